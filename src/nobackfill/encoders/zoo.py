@@ -1,0 +1,106 @@
+"""The model zoo: architectures as small TOML files (``zoo/<preset>.toml``) and one factory.
+
+``create_model("world-new", tokenizer)`` builds a freshly initialised :class:`CLIPDualEncoder`;
+the ``[train]`` table of the same file holds the recipe that produced the shipped checkpoint.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
+
+import torch
+from transformers import CLIPConfig, CLIPModel, PreTrainedTokenizerBase
+
+from ..config import ConfigError, from_dict, read_mapping
+from .clip import CLIPDualEncoder
+from .preprocess import ImagePreprocessor
+
+
+@dataclass
+class ModelSpec:
+    """Architecture of a tiny CLIP (fields map onto ``CLIPTextConfig`` / ``CLIPVisionConfig``)."""
+
+    embed_dim: int = 128
+    image_size: int = 64
+    patch_size: int = 8
+    vision_width: int = 128
+    vision_layers: int = 4
+    vision_heads: int = 4
+    text_width: int = 128
+    text_layers: int = 3
+    text_heads: int = 4
+    max_length: int = 40
+    vocab_size: int = 768
+    mlp_ratio: int = 4
+
+    def __post_init__(self) -> None:
+        if self.image_size % self.patch_size:
+            raise ValueError(f"image_size {self.image_size} is not a multiple of patch_size {self.patch_size}")
+        for w, h, n in ((self.vision_width, self.vision_heads, "vision"), (self.text_width, self.text_heads, "text")):
+            if w % h:
+                raise ValueError(f"{n}_width {w} is not divisible by {n}_heads {h}")
+
+
+@dataclass
+class RecipeSpec:
+    """How a preset is trained (``nobackfill train`` defaults)."""
+
+    steps: int = 3000
+    batch_size: int = 128
+    lr: float = 1e-3
+    warmup: int = 200
+    weight_decay: float = 0.05
+    shapes: list[str] | None = None
+    colours: list[str] | None = None
+
+
+@dataclass
+class Preset:
+    name: str
+    model: ModelSpec = field(default_factory=ModelSpec)
+    train: RecipeSpec = field(default_factory=RecipeSpec)
+
+
+def list_presets() -> list[str]:
+    """Names of the zoo's presets."""
+    return sorted(p.name[:-5] for p in resources.files(__package__).joinpath("zoo").iterdir()
+                  if p.name.endswith(".toml"))
+
+
+def get_preset(name_or_path: str | Path) -> Preset:
+    """A preset by zoo name (``world-new``) or path to a TOML file of the same layout."""
+    p = Path(name_or_path)
+    if not p.is_file():
+        if str(name_or_path) not in list_presets():
+            raise ConfigError(f"unknown preset {name_or_path!r}; zoo presets: {list_presets()}")
+        p = Path(str(resources.files(__package__).joinpath("zoo", f"{name_or_path}.toml")))
+    data = read_mapping(p)
+    unknown = set(data) - {"model", "train"}
+    if unknown:
+        raise ConfigError(f"{p}: unknown section(s) {sorted(unknown)}; expected [model] and [train]")
+    return Preset(name=p.stem, model=from_dict(ModelSpec, data.get("model", {}), f"{p} [model]"),
+                  train=from_dict(RecipeSpec, data.get("train", {}), f"{p} [train]"))
+
+
+def clip_config(spec: ModelSpec, tokenizer: PreTrainedTokenizerBase) -> CLIPConfig:
+    text = dict(vocab_size=len(tokenizer), hidden_size=spec.text_width, intermediate_size=spec.mlp_ratio * spec.text_width,
+                num_hidden_layers=spec.text_layers, num_attention_heads=spec.text_heads,
+                max_position_embeddings=spec.max_length, bos_token_id=tokenizer.bos_token_id,
+                eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id,
+                projection_dim=spec.embed_dim)
+    vision = dict(hidden_size=spec.vision_width, intermediate_size=spec.mlp_ratio * spec.vision_width,
+                  num_hidden_layers=spec.vision_layers, num_attention_heads=spec.vision_heads,
+                  image_size=spec.image_size, patch_size=spec.patch_size, projection_dim=spec.embed_dim)
+    return CLIPConfig(text_config=text, vision_config=vision, projection_dim=spec.embed_dim)
+
+
+def create_model(preset: str | Preset, tokenizer: PreTrainedTokenizerBase, seed: int = 0) -> CLIPDualEncoder:
+    """A freshly initialised world CLIP of ``preset`` with ``tokenizer`` (seeded init)."""
+    preset = preset if isinstance(preset, Preset) else get_preset(preset)
+    torch.manual_seed(seed)
+    model = CLIPModel(clip_config(preset.model, tokenizer))
+    world_mean, world_std = (0.5, 0.5, 0.5), (0.25, 0.25, 0.25)
+    pre = ImagePreprocessor(size=preset.model.image_size, crop=preset.model.image_size, mean=world_mean, std=world_std)
+    return CLIPDualEncoder(model, tokenizer, pre, meta={"name": preset.name, "preset": preset.name})

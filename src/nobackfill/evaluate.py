@@ -1,0 +1,92 @@
+"""Evaluation glue: embed a data folder with a model, and score "query model x gallery model"
+with the retrieval protocol of the XBT paper (Sec. 4.1; see :mod:`nobackfill.metrics`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+
+from .data.folder import PairDataset, load_pairs
+from .encoders.base import DualEncoder, l2_normalise
+from .metrics.retrieval import retrieval_metrics
+
+
+@dataclass
+class Embedded:
+    """Image and caption embeddings of one data set in one space."""
+
+    space_id: str
+    images: np.ndarray
+    texts: np.ndarray
+
+
+def resolve_data(data: str | Path, split: str = "test") -> Path:
+    """A user folder (has ``captions.jsonl``) as is; a world root resolved to ``data/split``."""
+    d = Path(data)
+    if (d / "captions.jsonl").is_file():
+        return d
+    if (d / split / "captions.jsonl").is_file():
+        return d / split
+    raise FileNotFoundError(f"{d}: no captions.jsonl here nor in {d / split}")
+
+
+def load_eval_data(data: str | Path, split: str = "test", langs: Sequence[str] = ("en",),
+                   limit: int | None = None, skip_bad: bool = False) -> PairDataset:
+    return load_pairs(resolve_data(data, split), langs=list(langs) if langs else None, limit=limit,
+                      skip_bad=skip_bad)
+
+
+def _data_key(data: PairDataset) -> str:
+    h = hashlib.sha256()
+    h.update(str(Path(data.root).resolve()).encode())
+    for x in data.images:
+        h.update(x.encode())
+    for c in data.captions:
+        h.update(c.encode())
+    return h.hexdigest()[:16]
+
+
+def embed_dataset(encoder: DualEncoder, data: PairDataset, *, cache_dir: str | Path | None = None,
+                  progress: bool = False, images: bool = True) -> Embedded:
+    """Embed every image and caption of ``data``; optionally cached on disk keyed by the model's
+    space id and the data's content."""
+    path = None
+    if cache_dir is not None:
+        path = Path(cache_dir) / f"{encoder.space_id}-{_data_key(data)}.npz"
+        if path.is_file():
+            z = np.load(path)
+            return Embedded(encoder.space_id, z["images"], z["texts"])
+    img = encoder.encode_images(data.image_paths(), progress=progress) if images else np.zeros((0, encoder.embed_dim), np.float32)
+    txt = encoder.encode_texts(data.captions, progress=progress)
+    if path is not None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(path.name + ".tmp.npz")
+        np.savez(tmp, images=img, texts=txt)
+        tmp.replace(path)
+    return Embedded(encoder.space_id, img, txt)
+
+
+def align_dims(query: np.ndarray, gallery: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The *raw* comparison of two spaces of different widths: keep the first ``min(d)``
+    coordinates of each and re-normalise. No bridge: this is what an un-upgraded system would
+    do, and it is expected to be near chance (the problem nobackfill solves)."""
+    d = min(query.shape[1], gallery.shape[1])
+    return l2_normalise(query[:, :d]), l2_normalise(gallery[:, :d])
+
+
+def cross_retrieval(query: Embedded, gallery: Embedded, text_to_image: np.ndarray,
+                    ks: Sequence[int] = (1, 5, 10)) -> dict:
+    """``{"t2i": query texts -> gallery images, "i2t": query images -> gallery texts}``."""
+    qt, gi = align_dims(query.texts, gallery.images)
+    qi, gt = align_dims(query.images, gallery.texts)
+    t2i = retrieval_metrics(gi, qt, text_to_image, ks=ks, directions=("t2i",))["t2i"]
+    i2t = retrieval_metrics(qi, gt, text_to_image, ks=ks, directions=("i2t",))["i2t"]
+    out = {"t2i": t2i, "i2t": i2t}
+    if query.images.shape[1] != gallery.images.shape[1]:
+        out["note"] = f"raw comparison of different widths ({query.images.shape[1]} vs {gallery.images.shape[1]}): first {min(query.images.shape[1], gallery.images.shape[1])} dims"
+    return out

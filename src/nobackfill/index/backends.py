@@ -1,0 +1,243 @@
+"""Vector-index backends behind one interface, chosen by a faiss-style spec string.
+
+A spec is ``"<kind>"`` or ``"<kind>:<opt>=<value>,..."``, e.g. ``"flat"``, ``"hnsw"``,
+``"hnsw:M=16,ef=64"``. Every backend scores by inner product, which is cosine similarity on the
+unit-norm rows a :class:`~nobackfill.encoders.base.DualEncoder` produces.
+
+Adding a backend (e.g. a Milvus collection) means subclassing :class:`VectorIndex`, declaring its
+``options`` and calling :func:`register_backend`; backends that live outside this process return
+``None`` from :meth:`VectorIndex.to_bytes` and the gallery simply does not cache them on disk.
+"""
+
+from __future__ import annotations
+
+import abc
+from typing import Any, ClassVar
+
+import numpy as np
+
+__all__ = [
+    "VectorIndex",
+    "FlatIndex",
+    "HNSWIndex",
+    "parse_spec",
+    "validate_spec",
+    "make_index",
+    "load_index",
+    "register_backend",
+    "known_backends",
+]
+
+
+class VectorIndex(abc.ABC):
+    """An inner-product index over ``dim``-dimensional float32 rows, addressed by position."""
+
+    #: the ``kind`` part of the spec string
+    kind: ClassVar[str] = "abstract"
+    #: accepted options and their types, e.g. ``{"M": int}``
+    options: ClassVar[dict[str, type]] = {}
+
+    def __init__(self, dim: int) -> None:
+        if int(dim) <= 0:
+            raise ValueError(f"dim must be positive, got {dim}")
+        self.dim = int(dim)
+
+    @property
+    @abc.abstractmethod
+    def ntotal(self) -> int:
+        """Number of stored vectors."""
+
+    @abc.abstractmethod
+    def _add(self, vectors: np.ndarray) -> None:
+        """Append already validated ``(N, dim)`` float32 C-contiguous rows."""
+
+    @abc.abstractmethod
+    def _search(self, queries: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+        """Top-``k`` (1 <= k <= ntotal) for validated queries; must never return position -1."""
+
+    def to_bytes(self) -> bytes | None:
+        """Serialised index for an on-disk cache, or ``None`` if this backend is not file-backed."""
+        return None
+
+    @classmethod
+    def from_bytes(cls, data: bytes, dim: int, **options: Any) -> "VectorIndex":
+        """Inverse of :meth:`to_bytes`."""
+        raise NotImplementedError(f"backend {cls.kind!r} cannot be loaded from bytes")
+
+    def _rows(self, x: np.ndarray, what: str) -> np.ndarray:
+        arr = np.asarray(x, dtype=np.float32)
+        if arr.ndim == 1:
+            arr = arr[None, :]
+        if arr.ndim != 2 or arr.shape[1] != self.dim:
+            raise ValueError(f"{what} must have shape (N, {self.dim}), got {np.shape(x)}")
+        if not np.isfinite(arr).all():
+            raise ValueError(f"{what} contain NaN or infinite values")
+        return np.ascontiguousarray(arr)
+
+    def add(self, vectors: np.ndarray) -> None:
+        """Append rows; their positions continue from the current :attr:`ntotal`."""
+        rows = self._rows(vectors, "vectors")
+        if len(rows):
+            self._add(rows)
+
+    def search(self, queries: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+        """Top-``k`` by inner product: ``(scores float32 (Q, k'), positions int64 (Q, k'))``.
+
+        ``k' = min(k, ntotal)``; positions are always valid (never -1).
+        """
+        if int(k) < 1:
+            raise ValueError(f"k must be >= 1, got {k}")
+        q = self._rows(queries, "queries")
+        k = min(int(k), self.ntotal)
+        if k == 0 or len(q) == 0:
+            return np.zeros((len(q), k), np.float32), np.zeros((len(q), k), np.int64)
+        scores, positions = self._search(q, k)
+        positions = np.asarray(positions, dtype=np.int64)
+        if (positions < 0).any():  # a backend bug, never hand it to callers
+            raise RuntimeError(f"backend {self.kind!r} returned invalid positions")
+        return np.asarray(scores, dtype=np.float32), positions
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(dim={self.dim}, ntotal={self.ntotal})"
+
+
+class _FaissIndex(VectorIndex):
+    """Shared plumbing for in-process faiss indexes."""
+
+    def __init__(self, dim: int, index: Any) -> None:
+        super().__init__(dim)
+        if int(index.d) != self.dim:
+            raise ValueError(f"faiss index has dim {index.d}, expected {self.dim}")
+        self._index = index
+
+    @property
+    def ntotal(self) -> int:
+        return int(self._index.ntotal)
+
+    def _add(self, vectors: np.ndarray) -> None:
+        self._index.add(vectors)
+
+    def _search(self, queries: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+        return self._index.search(queries, k)
+
+    def to_bytes(self) -> bytes:
+        import faiss
+
+        return faiss.serialize_index(self._index).tobytes()
+
+    @staticmethod
+    def _deserialize(data: bytes) -> Any:
+        import faiss
+
+        return faiss.deserialize_index(np.frombuffer(data, dtype=np.uint8))
+
+
+class FlatIndex(_FaissIndex):
+    """Exact search (``faiss.IndexFlatIP``)."""
+
+    kind = "flat"
+
+    def __init__(self, dim: int, _index: Any = None) -> None:
+        import faiss
+
+        super().__init__(dim, _index if _index is not None else faiss.IndexFlatIP(int(dim)))
+
+    @classmethod
+    def from_bytes(cls, data: bytes, dim: int, **options: Any) -> "FlatIndex":
+        return cls(dim, _index=cls._deserialize(data))
+
+
+class HNSWIndex(_FaissIndex):
+    """Approximate graph search (``faiss.IndexHNSWFlat`` with inner product).
+
+    Options: ``M`` (graph degree, default 32), ``ef`` (efSearch, default 128; raised to ``k`` when
+    smaller), ``efc`` (efConstruction, default 40).
+    """
+
+    kind = "hnsw"
+    options = {"M": int, "ef": int, "efc": int}
+
+    def __init__(self, dim: int, M: int = 32, ef: int = 128, efc: int = 40, _index: Any = None) -> None:
+        import faiss
+
+        if min(M, ef, efc) < 1:
+            raise ValueError(f"hnsw options must be >= 1, got M={M}, ef={ef}, efc={efc}")
+        if _index is None:
+            _index = faiss.IndexHNSWFlat(int(dim), int(M), faiss.METRIC_INNER_PRODUCT)
+            _index.hnsw.efConstruction = int(efc)
+        super().__init__(dim, _index)
+        self.ef = int(ef)
+
+    @classmethod
+    def from_bytes(cls, data: bytes, dim: int, **options: Any) -> "HNSWIndex":
+        return cls(dim, **options, _index=cls._deserialize(data))
+
+    def _search(self, queries: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+        import faiss
+
+        self._index.hnsw.efSearch = max(self.ef, k)
+        scores, positions = self._index.search(queries, k)
+        bad = (positions < 0).any(axis=1)
+        if bad.any():  # graph search came up short (tiny galleries, k ~ ntotal): answer exactly
+            storage = faiss.downcast_index(self._index.storage)
+            scores[bad], positions[bad] = storage.search(np.ascontiguousarray(queries[bad]), k)
+        return scores, positions
+
+
+_BACKENDS: dict[str, type[VectorIndex]] = {}
+
+
+def register_backend(cls: type[VectorIndex]) -> type[VectorIndex]:
+    """Make ``cls`` available under ``cls.kind`` (usable as a class decorator)."""
+    _BACKENDS[cls.kind] = cls
+    return cls
+
+
+def known_backends() -> list[str]:
+    """Registered backend kinds, sorted."""
+    return sorted(_BACKENDS)
+
+
+for _cls in (FlatIndex, HNSWIndex):
+    register_backend(_cls)
+
+
+def parse_spec(spec: str) -> tuple[str, dict[str, Any]]:
+    """``"hnsw:M=16,ef=64"`` -> ``("hnsw", {"M": 16, "ef": 64})``; validates kind and options."""
+    if not isinstance(spec, str) or not spec.strip():
+        raise ValueError(f"backend spec must be a non-empty string, got {spec!r}")
+    kind, _, rest = spec.strip().partition(":")
+    kind = kind.strip().lower()
+    if kind not in _BACKENDS:
+        raise ValueError(f"unknown index backend {kind!r} in {spec!r}; known: {', '.join(known_backends())}")
+    allowed = _BACKENDS[kind].options
+    opts: dict[str, Any] = {}
+    for item in filter(None, (s.strip() for s in rest.split(","))):
+        name, eq, value = item.partition("=")
+        name = name.strip()
+        if not eq or name not in allowed:
+            known = ", ".join(allowed) or "none"
+            raise ValueError(f"bad option {item!r} for backend {kind!r} in {spec!r}; options: {known}")
+        try:
+            opts[name] = allowed[name](value.strip())
+        except ValueError:
+            raise ValueError(f"option {name!r} of {spec!r} must be {allowed[name].__name__}") from None
+    return kind, opts
+
+
+def validate_spec(spec: str) -> str:
+    """Checks ``spec`` without building anything; returns it normalised (``kind[:k=v,...]``)."""
+    kind, opts = parse_spec(spec)
+    return kind + (":" + ",".join(f"{k}={v}" for k, v in opts.items()) if opts else "")
+
+
+def make_index(kind: str, dim: int) -> VectorIndex:
+    """A new empty index for spec ``kind`` (e.g. ``"flat"``, ``"hnsw:M=16,ef=64"``)."""
+    name, opts = parse_spec(kind)
+    return _BACKENDS[name](dim, **opts)
+
+
+def load_index(kind: str, dim: int, data: bytes) -> VectorIndex:
+    """Restore an index written by :meth:`VectorIndex.to_bytes` for the same spec."""
+    name, opts = parse_spec(kind)
+    return _BACKENDS[name].from_bytes(data, dim, **opts)

@@ -1,0 +1,726 @@
+"""A gallery on disk: embeddings of one embedding space, append-only and crash-safe.
+
+Layout of a gallery directory::
+
+    manifest.json               the only source of truth (format, space_id, dim, model, backend,
+                                committed chunks per modality with counts and sha256)
+    chunks/<modality>-<nnnnn>.npz    vectors (float32) + ids of one ``add`` call
+    chunks/<modality>-<nnnnn>.jsonl  one metadata dict per row
+    index-<modality>.faiss      cached search index (derived data, rebuilt when chunks change)
+    index-<modality>.json       which chunk list that cached index was built from
+    .lock                       advisory lock taken by writers
+
+Every file is written to a temporary name in its directory, fsynced, renamed into place and the
+directory fsynced. A chunk is committed only when the manifest naming it has been replaced, so a
+process killed at any point leaves either the old or the new gallery, never half of one; chunk
+files the manifest does not list are ignored and removed by the next writer.
+
+Vectors carry the gallery's ``space_id``: adding or searching with another space raises
+:class:`SpaceMismatchError` unless a bridge that maps the query space into the gallery space is
+given to :meth:`Gallery.search`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import io
+import json
+import logging
+import os
+import re
+import uuid
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, Iterator, Protocol, Sequence, runtime_checkable
+
+import numpy as np
+
+from .backends import VectorIndex, load_index, make_index, validate_spec
+
+try:  # POSIX advisory locks; elsewhere a gallery is single-writer by convention
+    import fcntl
+except ImportError:  # pragma: no cover
+    fcntl = None  # type: ignore[assignment]
+
+__all__ = [
+    "MODALITIES",
+    "FORMAT_VERSION",
+    "Bridge",
+    "Gallery",
+    "GalleryError",
+    "NotAGalleryError",
+    "CorruptGalleryError",
+    "SpaceMismatchError",
+    "DuplicateIdError",
+    "SearchResult",
+    "VerifyReport",
+    "atomic_write_bytes",
+]
+
+log = logging.getLogger(__name__)
+
+MODALITIES = ("image", "text")
+FORMAT_VERSION = 1
+FORMAT_NAME = "nobackfill-gallery"
+MANIFEST = "manifest.json"
+CHUNK_DIR = "chunks"
+LOCK = ".lock"
+_TMP = ".tmp-"
+_CHUNK_RE = re.compile(r"^(image|text)-\d{5,}\.(npz|jsonl)$")
+
+
+class GalleryError(Exception):
+    """Base class for gallery problems."""
+
+
+class NotAGalleryError(GalleryError, FileNotFoundError):
+    """The directory holds no gallery."""
+
+
+class CorruptGalleryError(GalleryError):
+    """The manifest or a committed chunk is unreadable or inconsistent."""
+
+
+class SpaceMismatchError(ValueError):
+    """Vectors or queries from one embedding space were used against a gallery of another."""
+
+    def __init__(self, gallery_space: str, other_space: str, action: str, *, what: str, hint: str = "") -> None:
+        self.gallery_space, self.other_space = gallery_space, other_space
+        msg = (f"cannot {action}: the gallery is in embedding space {gallery_space} "
+               f"but the {what} are in space {other_space}")
+        super().__init__(msg + (f"; {hint}" if hint else ""))
+
+
+class DuplicateIdError(ValueError):
+    """An id occurs twice in a batch, or is already in the gallery."""
+
+
+@runtime_checkable
+class Bridge(Protocol):
+    """Maps queries from space ``source`` into space ``target`` (e.g. a new model onto an old gallery)."""
+
+    source: str
+    target: str
+
+    def __call__(self, queries: np.ndarray) -> np.ndarray: ...
+
+
+@dataclass
+class SearchResult:
+    """Top-k hits per query; rows are sorted by descending score."""
+
+    scores: np.ndarray  # float32 (Q, k)
+    ids: list[list[str]]
+    positions: np.ndarray  # int64 (Q, k), rows of ``Gallery.vectors(modality)``
+
+
+@dataclass
+class VerifyReport:
+    """Outcome of :meth:`Gallery.verify`; ``orphans`` are uncommitted files (harmless)."""
+
+    problems: list[str] = field(default_factory=list)
+    orphans: list[str] = field(default_factory=list)
+    checked_chunks: int = 0
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+
+# --------------------------------------------------------------------------- atomic file helpers
+
+
+def _fsync_dir(path: Path) -> None:
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:  # pragma: no cover - platforms without directory fds
+        return
+    try:
+        os.fsync(fd)
+    except OSError:  # pragma: no cover
+        pass
+    finally:
+        os.close(fd)
+
+
+def atomic_write_bytes(path: str | Path, data: bytes) -> None:
+    """Write ``data`` to ``path`` so that readers see the old file or the whole new one."""
+    path = Path(path)
+    tmp = path.with_name(f"{_TMP}{path.name}.{uuid.uuid4().hex[:12]}")
+    try:
+        with open(tmp, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        raise
+    _fsync_dir(path.parent)
+
+
+def _sha256(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def _file_sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def _now() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="seconds")
+
+
+@contextlib.contextmanager
+def _dir_lock(root: Path, blocking: bool = True) -> Iterator[bool]:
+    """Exclusive advisory lock on ``root/.lock``; yields False if not taken (non-blocking/read-only)."""
+    if fcntl is None:  # pragma: no cover
+        yield True
+        return
+    try:
+        fd = os.open(root / LOCK, os.O_RDWR | os.O_CREAT, 0o644)
+    except OSError:
+        if blocking:
+            raise
+        fd = -1
+    try:
+        taken = fd >= 0
+        if taken:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | (0 if blocking else fcntl.LOCK_NB))
+            except BlockingIOError:
+                taken = False
+        yield taken
+    finally:
+        if fd >= 0:
+            os.close(fd)  # releases the lock
+
+
+# --------------------------------------------------------------------------- manifest
+
+
+def _check_modality(modality: str) -> str:
+    if modality not in MODALITIES:
+        raise ValueError(f"modality must be one of {MODALITIES}, got {modality!r}")
+    return modality
+
+
+def _read_manifest(root: Path) -> dict[str, Any]:
+    """Load and validate ``root/manifest.json``; errors name the file."""
+    path = root / MANIFEST
+    if not root.is_dir():
+        raise NotAGalleryError(f"{root} is not a gallery: no such directory")
+    if not path.is_file():
+        raise NotAGalleryError(f"{root} is not a gallery: {path} does not exist")
+    try:
+        m = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise CorruptGalleryError(f"corrupt gallery manifest {path}: {e}") from e
+    try:
+        if not isinstance(m, dict) or m.get("format") != FORMAT_NAME:
+            raise ValueError(f"not a {FORMAT_NAME} manifest")
+        version = m.get("format_version")
+        if not isinstance(version, int) or version > FORMAT_VERSION or version < 1:
+            raise ValueError(f"unsupported format_version {version!r} (this code reads <= {FORMAT_VERSION})")
+        for key, typ in (("space_id", str), ("dim", int), ("model", str), ("backend", str)):
+            if not isinstance(m.get(key), typ):
+                raise ValueError(f"field {key!r} missing or not {typ.__name__}")
+        if m["dim"] <= 0:
+            raise ValueError(f"dim must be positive, got {m['dim']}")
+        validate_spec(m["backend"])
+        mods = m.get("modalities")
+        if not isinstance(mods, dict) or set(mods) != set(MODALITIES):
+            raise ValueError(f"'modalities' must have exactly the keys {MODALITIES}")
+        for name, mod in mods.items():
+            chunks = mod.get("chunks") if isinstance(mod, dict) else None
+            if not isinstance(chunks, list):
+                raise ValueError(f"modalities.{name}.chunks must be a list")
+            for c in chunks:
+                if not isinstance(c, dict) or not all(
+                    isinstance(c.get(k), t) for k, t in _CHUNK_FIELDS.items()
+                ):
+                    raise ValueError(f"bad chunk entry in modalities.{name}: {c!r}")
+            if mod.get("count") != sum(c["count"] for c in chunks):
+                raise ValueError(f"modalities.{name}.count does not match its chunks")
+    except ValueError as e:
+        raise CorruptGalleryError(f"corrupt gallery manifest {path}: {e}") from e
+    return m
+
+
+_CHUNK_FIELDS = {"name": str, "count": int, "npz": str, "npz_sha256": str, "meta": str, "meta_sha256": str}
+
+
+def _write_manifest(root: Path, manifest: dict[str, Any]) -> None:
+    data = json.dumps(manifest, indent=2, sort_keys=True).encode("utf-8") + b"\n"
+    atomic_write_bytes(root / MANIFEST, data)
+
+
+def _chunk_key(manifest: dict[str, Any], modality: str) -> str:
+    """Fingerprint of what a cached index of ``modality`` must contain."""
+    chunks = [(c["name"], c["npz_sha256"], c["count"]) for c in manifest["modalities"][modality]["chunks"]]
+    blob = json.dumps({"backend": manifest["backend"], "dim": manifest["dim"], "chunks": chunks})
+    return _sha256(blob.encode())
+
+
+@dataclass
+class _Columns:
+    """In-memory copy of one modality, loaded chunk by chunk (chunks are append-only)."""
+
+    chunks: list[str] = field(default_factory=list)  # chunk names whose ids are loaded
+    ids: list[str] = field(default_factory=list)
+    id_set: set[str] = field(default_factory=set)
+    vectors: np.ndarray | None = None  # rows of the first ``vec_chunks`` chunks, read-only
+    vec_chunks: int = 0
+    metadata: list[dict[str, Any]] = field(default_factory=list)  # rows of the first ``meta_chunks``
+    meta_chunks: int = 0
+
+
+# --------------------------------------------------------------------------- gallery
+
+
+class Gallery:
+    """Embeddings of images and texts in one embedding space, stored under one directory.
+
+    Open with :meth:`create` (new or resume) or :meth:`open`. One writer at a time per directory
+    (enforced with an advisory lock while a chunk is committed); any number of readers.
+    """
+
+    def __init__(self, path: Path, manifest: dict[str, Any]) -> None:
+        """Internal; use :meth:`create` or :meth:`open`."""
+        self.path = path
+        self._manifest = manifest
+        self._cols: dict[str, _Columns] = {m: _Columns() for m in MODALITIES}
+        self._indexes: dict[str, tuple[str, VectorIndex]] = {}
+        self._closed = False
+
+    # ------------------------------------------------------------------ construction
+
+    @classmethod
+    def create(cls, path: str | Path, *, space_id: str, dim: int, model: str, backend: str = "flat") -> "Gallery":
+        """Create a gallery at ``path``, or resume the one there if it has the same ``space_id``.
+
+        Raises :class:`SpaceMismatchError` if a gallery of another space exists there, and
+        ``ValueError`` for a different ``dim`` or a non-empty directory that is not a gallery.
+        A different ``backend`` on resume replaces the stored one (the index is derived data).
+        """
+        if not isinstance(space_id, str) or not space_id:
+            raise ValueError("space_id must be a non-empty string")
+        if int(dim) <= 0:
+            raise ValueError(f"dim must be positive, got {dim}")
+        backend = validate_spec(backend)
+        root = Path(path)
+        root.mkdir(parents=True, exist_ok=True)
+        with _dir_lock(root):
+            if (root / MANIFEST).exists():
+                manifest = _read_manifest(root)
+                if manifest["space_id"] != space_id:
+                    raise SpaceMismatchError(manifest["space_id"], space_id, f"resume gallery {root}",
+                                             what="model's embeddings",
+                                             hint="use a new directory for a new embedding space")
+                if manifest["dim"] != int(dim):
+                    raise ValueError(f"gallery {root} has dim {manifest['dim']}, asked for {dim}")
+                if manifest["backend"] != backend:
+                    manifest["backend"], manifest["updated"] = backend, _now()
+                    _write_manifest(root, manifest)
+            else:
+                stray = [p.name for p in root.iterdir() if not p.name.startswith(".") and p.name != CHUNK_DIR]
+                if stray:
+                    raise ValueError(f"{root} is not empty and not a gallery (found {', '.join(sorted(stray)[:5])})")
+                now = _now()
+                manifest = {
+                    "format": FORMAT_NAME,
+                    "format_version": FORMAT_VERSION,
+                    "space_id": space_id,
+                    "dim": int(dim),
+                    "model": str(model),
+                    "backend": backend,
+                    "created": now,
+                    "updated": now,
+                    "modalities": {m: {"count": 0, "chunks": []} for m in MODALITIES},
+                }
+                (root / CHUNK_DIR).mkdir(exist_ok=True)
+                _write_manifest(root, manifest)
+            gallery = cls(root, manifest)
+            gallery._collect_garbage_locked()
+        return gallery
+
+    @classmethod
+    def open(cls, path: str | Path) -> "Gallery":
+        """Open an existing gallery; uncommitted leftovers of a crash are removed if possible."""
+        root = Path(path)
+        gallery = cls(root, _read_manifest(root))
+        with contextlib.suppress(OSError), _dir_lock(root, blocking=False) as taken:
+            if taken:
+                gallery._manifest = _read_manifest(root)
+                gallery._collect_garbage_locked()
+        return gallery
+
+    def close(self) -> None:
+        """Drop cached vectors and indexes; the object is unusable afterwards."""
+        self._cols.clear()
+        self._indexes.clear()
+        self._closed = True
+
+    def __enter__(self) -> "Gallery":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # ------------------------------------------------------------------ properties
+
+    @property
+    def space_id(self) -> str:
+        return self._manifest["space_id"]
+
+    @property
+    def dim(self) -> int:
+        return self._manifest["dim"]
+
+    @property
+    def model(self) -> str:
+        return self._manifest["model"]
+
+    @property
+    def backend(self) -> str:
+        return self._manifest["backend"]
+
+    @property
+    def manifest(self) -> dict[str, Any]:
+        """A copy of the committed manifest."""
+        return json.loads(json.dumps(self._manifest))
+
+    def count(self, modality: str) -> int:
+        return self._manifest["modalities"][_check_modality(modality)]["count"]
+
+    def __len__(self) -> int:
+        return sum(self.count(m) for m in MODALITIES)
+
+    def __repr__(self) -> str:
+        counts = ", ".join(f"{m}={self.count(m)}" for m in MODALITIES)
+        return f"Gallery({str(self.path)!r}, space={self.space_id[:12]}, dim={self.dim}, {counts})"
+
+    # ------------------------------------------------------------------ reading
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise GalleryError(f"gallery {self.path} is closed")
+
+    def _chunks(self, modality: str) -> list[dict[str, Any]]:
+        return self._manifest["modalities"][modality]["chunks"]
+
+    def _sync(self, modality: str) -> _Columns:
+        """Bring the id cache of ``modality`` up to the manifest (loads only new chunks)."""
+        self._check_open()
+        _check_modality(modality)
+        chunks = self._chunks(modality)
+        cols = self._cols[modality]
+        if cols.chunks != [c["name"] for c in chunks[: len(cols.chunks)]]:
+            cols = self._cols[modality] = _Columns()  # history changed under us: reload
+        for entry in chunks[len(cols.chunks):]:
+            ids = [str(i) for i in self._load_npz(entry, "ids")]
+            cols.chunks.append(entry["name"])
+            cols.ids.extend(ids)
+            cols.id_set.update(ids)
+        return cols
+
+    def _load_npz(self, entry: dict[str, Any], key: str) -> np.ndarray:
+        """Array ``key`` ("ids" or "vectors") of a committed chunk, shape-checked."""
+        path = self.path / entry["npz"]
+        try:
+            with np.load(path, allow_pickle=False) as z:
+                arr = z[key]
+        except (OSError, KeyError, ValueError) as e:
+            raise CorruptGalleryError(f"cannot read committed chunk {path}: {e!r}") from e
+        want = (entry["count"],) if key == "ids" else (entry["count"], self.dim)
+        if arr.shape != want:
+            raise CorruptGalleryError(f"chunk {path}: {key} has shape {arr.shape}, manifest implies {want}")
+        return arr if key == "ids" else arr.astype(np.float32, copy=False)
+
+    def _load_meta(self, entry: dict[str, Any]) -> list[dict[str, Any]]:
+        path = self.path / entry["meta"]
+        try:
+            rows = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line]
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+            raise CorruptGalleryError(f"cannot read committed metadata {path}: {e}") from e
+        if len(rows) != entry["count"]:
+            raise CorruptGalleryError(f"{path} has {len(rows)} rows, manifest says {entry['count']}")
+        return rows
+
+    def ids(self, modality: str) -> list[str]:
+        """Ids in insertion order (row ``i`` of :meth:`vectors`)."""
+        return list(self._sync(modality).ids)
+
+    def __contains__(self, item: tuple[str, str]) -> bool:
+        """``("image", "id7") in gallery``."""
+        modality, id_ = item
+        return id_ in self._sync(modality).id_set
+
+    def vectors(self, modality: str) -> np.ndarray:
+        """All vectors of ``modality``, float32 ``(N, dim)``, read-only."""
+        cols = self._sync(modality)
+        new = [self._load_npz(e, "vectors") for e in self._chunks(modality)[cols.vec_chunks:]]
+        if new or cols.vectors is None:
+            parts = ([cols.vectors] if cols.vectors is not None else []) + new
+            cat = np.concatenate(parts) if parts else np.zeros((0, self.dim), np.float32)
+            cat.flags.writeable = False
+            cols.vectors, cols.vec_chunks = cat, len(cols.chunks)
+        return cols.vectors
+
+    def metadata(self, modality: str) -> list[dict[str, Any]]:
+        """Metadata dicts in insertion order (copies)."""
+        cols = self._sync(modality)
+        for entry in self._chunks(modality)[cols.meta_chunks:]:
+            cols.metadata.extend(self._load_meta(entry))
+            cols.meta_chunks += 1
+        return [dict(m) for m in cols.metadata]
+
+    # ------------------------------------------------------------------ writing
+
+
+    def _check_rows(self, x: np.ndarray, what: str, n: int | None = None) -> np.ndarray:
+        arr = np.asarray(x)
+        if arr.ndim == 1 and n is None:
+            arr = arr[None, :]
+        if arr.ndim != 2 or arr.shape[1] != self.dim or (n is not None and arr.shape[0] != n):
+            want = f"({n if n is not None else 'N'}, {self.dim})"
+            raise ValueError(f"{what} must have shape {want} for gallery {self.path}, got {arr.shape}")
+        if not np.issubdtype(arr.dtype, np.number):
+            raise ValueError(f"{what} must be numeric, got dtype {arr.dtype}")
+        arr = np.ascontiguousarray(arr, dtype=np.float32)
+        if not np.isfinite(arr).all():
+            raise ValueError(f"{what} contain NaN or infinite values")
+        return arr
+
+    def add(
+        self,
+        modality: str,
+        ids: Sequence[str],
+        vectors: np.ndarray,
+        metadata: Sequence[dict[str, Any]] | None = None,
+        *,
+        space_id: str,
+        skip_existing: bool = False,
+    ) -> int:
+        """Commit one chunk of rows; returns how many rows were added.
+
+        ``space_id`` must be the gallery's (:class:`SpaceMismatchError` otherwise). Ids must be
+        unique strings; ids already in the gallery raise :class:`DuplicateIdError` unless
+        ``skip_existing``, which drops those rows. The chunk is durable once this returns.
+        """
+        self._check_open()
+        _check_modality(modality)
+        if space_id != self.space_id:
+            raise SpaceMismatchError(self.space_id, space_id, f"add {modality} vectors to gallery {self.path}",
+                                     what="vectors", hint="a gallery holds one embedding space")
+        ids = list(ids)
+        bad = [i for i in ids if not isinstance(i, str) or not i]
+        if bad:
+            raise ValueError(f"ids must be non-empty strings, got {bad[:3]!r}")
+        vecs = self._check_rows(vectors, "vectors", n=len(ids))
+        metas = [{} for _ in ids] if metadata is None else list(metadata)
+        if len(metas) != len(ids):
+            raise ValueError(f"got {len(metas)} metadata rows for {len(ids)} ids")
+        if not all(isinstance(m, dict) for m in metas):
+            raise ValueError("metadata rows must be dicts")
+        seen: set[str] = set()
+        dups = [i for i in ids if i in seen or seen.add(i)]  # type: ignore[func-returns-value]
+        if dups:
+            raise DuplicateIdError(f"ids repeated within one batch: {sorted(set(dups))[:5]}")
+
+        with _dir_lock(self.path):
+            self._manifest = _read_manifest(self.path)  # another writer may have committed
+            cols = self._sync(modality)
+            present = [i for i in ids if i in cols.id_set]
+            if present and not skip_existing:
+                raise DuplicateIdError(
+                    f"{len(present)} {modality} ids already in gallery {self.path}: {present[:5]} "
+                    "(pass skip_existing=True to drop them)")
+            if present:
+                keep = [i not in cols.id_set for i in ids]
+                ids = [i for i, k in zip(ids, keep) if k]
+                metas = [m for m, k in zip(metas, keep) if k]
+                vecs = vecs[np.asarray(keep, dtype=bool)]
+            if not ids:
+                return 0
+            self._commit_chunk(modality, ids, vecs, metas)
+        return len(ids)
+
+    def _commit_chunk(self, modality: str, ids: list[str], vecs: np.ndarray, metas: list[dict[str, Any]]) -> None:
+        """Write chunk files, then the manifest that names them (caller holds the lock)."""
+        chunks = self._chunks(modality)
+        name = f"{modality}-{len(chunks):05d}"
+        buf = io.BytesIO()
+        np.savez(buf, vectors=vecs, ids=np.asarray(ids, dtype=str))
+        npz = buf.getvalue()
+        try:
+            meta = "".join(json.dumps(m, sort_keys=True, ensure_ascii=False, allow_nan=False) + "\n"
+                           for m in metas).encode("utf-8")
+        except (TypeError, ValueError) as e:
+            raise ValueError(f"metadata must be JSON-serialisable: {e}") from e
+        entry = {
+            "name": name,
+            "count": len(ids),
+            "npz": f"{CHUNK_DIR}/{name}.npz",
+            "npz_sha256": _sha256(npz),
+            "meta": f"{CHUNK_DIR}/{name}.jsonl",
+            "meta_sha256": _sha256(meta),
+        }
+        (self.path / CHUNK_DIR).mkdir(exist_ok=True)
+        atomic_write_bytes(self.path / entry["npz"], npz)
+        atomic_write_bytes(self.path / entry["meta"], meta)
+        manifest = json.loads(json.dumps(self._manifest))
+        mod = manifest["modalities"][modality]
+        mod["chunks"].append(entry)
+        mod["count"] += len(ids)
+        manifest["updated"] = _now()
+        _write_manifest(self.path, manifest)  # <- the commit point
+        self._manifest = manifest
+        cols = self._cols[modality]  # vectors / metadata of the new chunk load lazily
+        cols.chunks.append(name)
+        cols.ids.extend(ids)
+        cols.id_set.update(ids)
+
+    def _orphans(self) -> list[Path]:
+        """Files that look like ours but are not committed (crash leftovers)."""
+        committed = {c[k] for m in MODALITIES for c in self._chunks(m) for k in ("npz", "meta")}
+        found: list[Path] = []
+        chunk_dir = self.path / CHUNK_DIR
+        if chunk_dir.is_dir():
+            found += [p for p in chunk_dir.iterdir() if p.name.startswith(_TMP)
+                      or (_CHUNK_RE.match(p.name) and f"{CHUNK_DIR}/{p.name}" not in committed)]
+        found += [p for p in self.path.iterdir() if p.name.startswith(_TMP)]
+        return sorted(found)
+
+    def _collect_garbage_locked(self) -> None:
+        """Delete crash leftovers; caller holds the lock and has just re-read the manifest."""
+        for p in self._orphans():
+            log.info("removing uncommitted file %s", p)
+            with contextlib.suppress(OSError):
+                p.unlink()
+
+    # ------------------------------------------------------------------ search
+
+    def _index(self, modality: str) -> tuple[VectorIndex, list[str]]:
+        """The search index of ``modality`` and the ids of its positions (built or loaded lazily)."""
+        cols = self._sync(modality)
+        key = _chunk_key(self._manifest, modality)
+        cached = self._indexes.get(modality)
+        if cached is not None and cached[0] == key:
+            return cached[1], cols.ids
+        index = self._load_cached_index(modality, key)
+        if index is None:
+            index = make_index(self.backend, self.dim)
+            index.add(self.vectors(modality))
+            self._save_cached_index(modality, key, index)
+        self._indexes[modality] = (key, index)
+        return index, cols.ids
+
+    def _index_paths(self, modality: str) -> tuple[Path, Path]:
+        return self.path / f"index-{modality}.faiss", self.path / f"index-{modality}.json"
+
+    def _load_cached_index(self, modality: str, key: str) -> VectorIndex | None:
+        data_path, key_path = self._index_paths(modality)
+        try:
+            stamp = json.loads(key_path.read_text(encoding="utf-8"))
+            if stamp.get("key") != key:
+                return None
+            index = load_index(self.backend, self.dim, data_path.read_bytes())
+        except Exception as e:  # any problem with a cache means: rebuild it
+            if not isinstance(e, FileNotFoundError):
+                log.warning("ignoring cached index %s: %s", data_path, e)
+            return None
+        return index if index.ntotal == self.count(modality) else None
+
+    def _save_cached_index(self, modality: str, key: str, index: VectorIndex) -> None:
+        data = index.to_bytes()
+        if data is None:
+            return
+        data_path, key_path = self._index_paths(modality)
+        try:
+            with _dir_lock(self.path, blocking=False) as taken:
+                if not taken:
+                    return  # a writer is busy (or read-only): keep the index in memory only
+                # key file gone first, so a crash can never pair the old key with a new index
+                with contextlib.suppress(FileNotFoundError):
+                    key_path.unlink()
+                _fsync_dir(self.path)
+                atomic_write_bytes(data_path, data)
+                stamp = {"key": key, "backend": self.backend, "ntotal": index.ntotal, "written": _now()}
+                atomic_write_bytes(key_path, json.dumps(stamp).encode("utf-8"))
+        except OSError as e:
+            log.warning("could not cache index %s: %s", data_path, e)
+
+    def search(
+        self,
+        modality: str,
+        queries: np.ndarray,
+        k: int = 10,
+        *,
+        space_id: str,
+        bridge: Bridge | None = None,
+    ) -> SearchResult:
+        """Top-``k`` rows of ``modality`` by inner product for each query row.
+
+        ``space_id`` is the space the queries were embedded in. If it is not the gallery's, a
+        ``bridge`` with ``bridge.source == space_id`` and ``bridge.target == gallery.space_id``
+        maps the queries across; otherwise :class:`SpaceMismatchError` is raised.
+        """
+        self._check_open()
+        _check_modality(modality)
+        q = np.asarray(queries)
+        if space_id != self.space_id:
+            action = f"search {modality} gallery {self.path}"
+            if bridge is None:
+                raise SpaceMismatchError(self.space_id, space_id, action, what="queries",
+                                         hint="embed them with the gallery's model or pass a bridge")
+            if (bridge.source, bridge.target) != (space_id, self.space_id):
+                raise SpaceMismatchError(self.space_id, space_id, action, what="queries",
+                                         hint=f"the given bridge maps {bridge.source} -> {bridge.target}")
+            q = np.asarray(bridge(q))
+        q = self._check_rows(q, "queries")
+        if int(k) < 1:
+            raise ValueError(f"k must be >= 1, got {k}")
+        index, ids = self._index(modality)
+        scores, positions = index.search(q, int(k))
+        return SearchResult(scores=scores, ids=[[ids[p] for p in row] for row in positions], positions=positions)
+
+    # ------------------------------------------------------------------ integrity
+
+    def verify(self) -> VerifyReport:
+        """Re-hash every committed chunk and check counts, shapes and id uniqueness."""
+        self._check_open()
+        report = VerifyReport()
+        for modality in MODALITIES:
+            seen: set[str] = set()
+            for entry in self._chunks(modality):
+                report.checked_chunks += 1
+                for kind in ("npz", "meta"):
+                    path = self.path / entry[kind]
+                    try:
+                        digest = _file_sha256(path)
+                    except OSError as e:
+                        report.problems.append(f"{path}: unreadable ({e.strerror or e})")
+                        continue
+                    if digest != entry[f"{kind}_sha256"]:
+                        report.problems.append(f"{path}: sha256 {digest[:12]}… != manifest {entry[f'{kind}_sha256'][:12]}…")
+                try:
+                    ids = [str(i) for i in self._load_npz(entry, "ids")]
+                    self._load_npz(entry, "vectors")
+                    self._load_meta(entry)
+                except CorruptGalleryError as e:
+                    report.problems.append(str(e))
+                    continue
+                dups = seen.intersection(ids)
+                if dups:
+                    report.problems.append(f"{entry['npz']}: ids also in an earlier chunk: {sorted(dups)[:5]}")
+                seen.update(ids)
+        report.orphans = [str(p.relative_to(self.path)) for p in self._orphans()]
+        return report

@@ -1,0 +1,10 @@
+"""Retrieval evaluation: R@K, median rank and mAP for image<->text retrieval."""
+
+from nobackfill.metrics.retrieval import (
+    format_table,
+    protocol_grid,
+    retrieval_metrics,
+    similarity,
+)
+
+__all__ = ["format_table", "protocol_grid", "retrieval_metrics", "similarity"]

@@ -1,0 +1,77 @@
+"""Human-readable outputs shared by the demo and the benchmarks: text tables, and a
+self-contained HTML report with embedded PNG plots (matplotlib, Agg backend)."""
+
+from __future__ import annotations
+
+import base64
+import html
+import io
+import os
+from pathlib import Path
+from typing import Sequence
+
+RECALL_COLUMNS = [("t2i", "R@1"), ("t2i", "R@5"), ("t2i", "R@10"), ("i2t", "R@1"), ("i2t", "R@5"), ("i2t", "R@10")]
+
+
+def recall_table_rows(rows: dict[str, dict]) -> tuple[list[str], list[list[str]]]:
+    header = ["row"] + [f"{d} {k}" for d, k in RECALL_COLUMNS]
+    body = []
+    for name, r in rows.items():
+        body.append([name] + [f"{100 * r[d][k]:.1f}" if r.get(d) else "-" for d, k in RECALL_COLUMNS])
+    return header, body
+
+
+def text_table(header: Sequence[str], body: Sequence[Sequence[str]]) -> str:
+    widths = [max(len(str(x)) for x in col) for col in zip(header, *body)]
+    line = lambda cells: "  ".join(str(c).ljust(w) if i == 0 else str(c).rjust(w) for i, (c, w) in enumerate(zip(cells, widths)))
+    return "\n".join([line(header), "  ".join("-" * w for w in widths)] + [line(r) for r in body])
+
+
+def html_table(header: Sequence[str], body: Sequence[Sequence[str]]) -> str:
+    th = "".join(f"<th>{html.escape(str(h))}</th>" for h in header)
+    trs = "".join("<tr>" + "".join(f"<td>{html.escape(str(c))}</td>" for c in row) + "</tr>" for row in body)
+    return f"<table><thead><tr>{th}</tr></thead><tbody>{trs}</tbody></table>"
+
+
+def figure_png(fig) -> str:
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=110, bbox_inches="tight")
+    return base64.b64encode(buf.getvalue()).decode()
+
+
+def recall_bar_plot(rows: dict[str, dict], title: str, k: str = "R@1"):
+    """Grouped bars of t2i / i2t ``k`` per row; returns a matplotlib figure."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    names = list(rows)
+    fig, ax = plt.subplots(figsize=(max(5, 1.3 * len(names)), 3.4))
+    width = 0.38
+    for j, d in enumerate(("t2i", "i2t")):
+        vals = [100 * rows[n][d][k] if rows[n].get(d) else 0 for n in names]
+        bars = ax.bar([i + (j - 0.5) * width for i in range(len(names))], vals, width, label=f"{d} {k}")
+        ax.bar_label(bars, fmt="%.1f", fontsize=7)
+    ax.set_xticks(range(len(names)), names, rotation=15)
+    ax.set_ylabel(f"{k} (%)")
+    ax.set_title(title)
+    ax.legend()
+    fig.tight_layout()
+    return fig
+
+
+def write_html(path: str | Path, title: str, sections: Sequence[tuple[str, str]], figures: Sequence = ()) -> Path:
+    """Write a standalone HTML page (sections are ``(heading, html)``), atomically."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    imgs = "".join(f'<img src="data:image/png;base64,{figure_png(f)}"/>' for f in figures)
+    body = "".join(f"<h2>{html.escape(h)}</h2>{content}" for h, content in sections)
+    page = (f"<!doctype html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title>"
+            "<style>body{font-family:sans-serif;max-width:1000px;margin:2em auto}table{border-collapse:collapse}"
+            "td,th{border:1px solid #ccc;padding:4px 8px;text-align:right}td:first-child{text-align:left}</style>"
+            f"</head><body><h1>{html.escape(title)}</h1>{imgs}{body}</body></html>")
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(page)
+    os.replace(tmp, path)
+    return path

@@ -1,0 +1,195 @@
+"""The one training loop of nobackfill. Every method (contrastive pre-training, XBT, the
+compatibility-learning family, CLL-CLIP, RECO, ...) is a :class:`Method` plug-in: it names its
+trainable parameter groups and its loss; the loop owns optimisation, schedules, logging,
+periodic crash-safe checkpoints, exact resume after a kill, and fixed seeds.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import random
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Callable, Iterable, Protocol
+
+import numpy as np
+import torch
+
+from ..progress import progress_bar
+
+
+@dataclass
+class LoopConfig:
+    """Optimisation settings shared by every method."""
+
+    steps: int = 1000
+    lr: float = 1e-3
+    warmup: int = 100
+    weight_decay: float = 0.05
+    grad_clip: float = 1.0
+    seed: int = 0
+    log_every: int = 50
+    checkpoint_every: int = 250
+    eval_every: int = 500
+    threads: int = 0  # 0 = leave torch's default
+    schedule: str = "cosine"  # cosine | constant
+
+    def __post_init__(self) -> None:
+        if self.steps <= 0:
+            raise ValueError(f"steps must be positive, got {self.steps}")
+        if self.schedule not in ("cosine", "constant"):
+            raise ValueError(f"schedule must be 'cosine' or 'constant', got {self.schedule!r}")
+
+
+class BatchSource(Protocol):
+    """Deterministic batches: ``batch(i)`` is the same on every call, so resume is exact."""
+
+    def batch(self, index: int) -> Any: ...
+
+
+class Method:
+    """A training method plug-in. Subclasses set :attr:`name` and implement the hooks."""
+
+    name: str = "method"
+
+    def param_groups(self) -> list[dict]:
+        """Optimiser parameter groups; a group may carry ``lr_scale`` (multiplies the base lr)."""
+        raise NotImplementedError
+
+    def loss(self, batch: Any, step: int) -> tuple[torch.Tensor, dict[str, float]]:
+        """The loss of one batch and scalars to log."""
+        raise NotImplementedError
+
+    def train_mode(self, training: bool) -> None:
+        """Switch modules between train and eval mode."""
+
+    def after_step(self, step: int) -> None:
+        """Called after every optimiser step (e.g. clamp a temperature)."""
+
+    def state_dict(self) -> dict:
+        raise NotImplementedError
+
+    def load_state_dict(self, state: dict) -> None:
+        raise NotImplementedError
+
+    def export(self, out: Path) -> None:
+        """Write the trained artefact (model directory, adapter, ...) to ``out``."""
+        raise NotImplementedError
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
+
+
+def lr_factor(step: int, cfg: LoopConfig) -> float:
+    """Linear warm-up then cosine decay to 0 (or constant)."""
+    if step < cfg.warmup:
+        return (step + 1) / max(1, cfg.warmup)
+    if cfg.schedule == "constant":
+        return 1.0
+    t = (step - cfg.warmup) / max(1, cfg.steps - cfg.warmup)
+    return 0.5 * (1 + math.cos(math.pi * min(1.0, t)))
+
+
+def _atomic_torch_save(obj: Any, path: Path) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "wb") as f:
+        torch.save(obj, f)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+@dataclass
+class TrainResult:
+    steps: int
+    seconds: float
+    last_loss: float
+    history: list[dict]
+    out: Path
+
+
+def train(method: Method, batches: BatchSource, cfg: LoopConfig, out: str | Path,
+          evaluate: Callable[[], dict[str, float]] | None = None, progress: bool = True,
+          export: bool = True) -> TrainResult:
+    """Run ``cfg.steps`` optimiser steps of ``method`` on ``batches``; resumes from
+    ``out/checkpoint.pt`` if present; writes ``out/train_log.jsonl`` and, at the end, the
+    method's export into ``out``."""
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    if cfg.threads:
+        torch.set_num_threads(cfg.threads)
+    seed_everything(cfg.seed)
+    groups = method.param_groups()
+    for g in groups:
+        g["base_lr"] = cfg.lr * g.pop("lr_scale", 1.0)
+        g.setdefault("weight_decay", cfg.weight_decay)
+        g["lr"] = g["base_lr"]
+    opt = torch.optim.AdamW(groups, lr=cfg.lr, weight_decay=cfg.weight_decay)
+    params = [p for g in groups for p in g["params"]]
+    ckpt_path = out / "checkpoint.pt"
+    log_path = out / "train_log.jsonl"
+    start, history, elapsed = 0, [], 0.0
+    if ckpt_path.is_file():
+        state = torch.load(ckpt_path, weights_only=False)
+        method.load_state_dict(state["method"])
+        opt.load_state_dict(state["optimizer"])
+        start, history, elapsed = state["step"], state["history"], state["elapsed"]
+        torch.set_rng_state(state["torch_rng"])
+        np.random.set_state(state["numpy_rng"])
+        random.setstate(state["python_rng"])
+    t0 = time.time() - elapsed
+    last = float("nan")
+    method.train_mode(True)
+    with progress_bar(progress, f"train {method.name}", cfg.steps) as advance:
+        advance(start)
+        for step in range(start, cfg.steps):
+            f = lr_factor(step, cfg)
+            for g in opt.param_groups:
+                g["lr"] = g["base_lr"] * f
+            loss, logs = method.loss(batches.batch(step), step)
+            if not torch.isfinite(loss):
+                raise FloatingPointError(f"{method.name}: loss is {loss.item()} at step {step}")
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            if cfg.grad_clip:
+                torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip)
+            opt.step()
+            method.after_step(step)
+            last = float(loss.item())
+            advance(1)
+            done = step + 1
+            record = None
+            if done % cfg.log_every == 0 or done == cfg.steps:
+                record = {"step": done, "loss": last, "lr": opt.param_groups[0]["lr"],
+                          "seconds": round(time.time() - t0, 2), **logs}
+            if evaluate is not None and (done % cfg.eval_every == 0 or done == cfg.steps):
+                method.train_mode(False)
+                record = dict(record or {"step": done, "loss": last, "seconds": round(time.time() - t0, 2)},
+                              **{f"eval/{k}": v for k, v in evaluate().items()})
+                method.train_mode(True)
+            if record is not None:
+                history.append(record)
+                with open(log_path, "a") as fh:
+                    fh.write(json.dumps(record) + "\n")
+            if done % cfg.checkpoint_every == 0 and done < cfg.steps:
+                _atomic_torch_save({"method": method.state_dict(), "optimizer": opt.state_dict(), "step": done,
+                                    "history": history, "elapsed": time.time() - t0,
+                                    "torch_rng": torch.get_rng_state(), "numpy_rng": np.random.get_state(),
+                                    "python_rng": random.getstate(), "config": asdict(cfg)}, ckpt_path)
+    method.train_mode(False)
+    seconds = time.time() - t0
+    if export:
+        method.export(out)
+    if ckpt_path.exists():
+        ckpt_path.unlink()
+    return TrainResult(steps=cfg.steps, seconds=seconds, last_loss=last, history=history, out=out)
+
+
+def trainable(params: Iterable[torch.nn.Parameter]) -> list[torch.nn.Parameter]:
+    return [p for p in params if p.requires_grad]

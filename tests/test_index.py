@@ -1,0 +1,349 @@
+"""Tests for nobackfill.index: backends, the versioned crash-safe gallery store, resumable builds."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Sequence
+
+import faiss
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from PIL import Image
+
+from nobackfill.encoders.base import DualEncoder, l2_normalise
+from nobackfill.index import (
+    CorruptGalleryError,
+    DuplicateIdError,
+    Gallery,
+    NotAGalleryError,
+    SpaceMismatchError,
+    build_gallery,
+    make_index,
+    parse_spec,
+)
+from nobackfill.index.build import KILL_AFTER_CHUNKS_ENV
+
+faiss.omp_set_num_threads(1)  # CPU is shared; the data here is tiny
+
+DIM = 16
+SPACE_A = "a" * 16
+SPACE_B = "b" * 16
+KILL_HELPER = Path(__file__).with_name("_index_kill_helper.py")
+
+
+def _unit_from_bytes(data: bytes, dim: int, salt: str) -> np.ndarray:
+    seed = int.from_bytes(hashlib.sha256(salt.encode() + data).digest()[:8], "little")
+    return l2_normalise(np.random.default_rng(seed).standard_normal(dim).astype(np.float32))
+
+
+class FakeEncoder(DualEncoder):
+    """Deterministic stand-in: a hash of the text / image pixels seeds a random unit vector."""
+
+    kind = "fake"
+
+    def __init__(self, dim: int = DIM, salt: str = "v1") -> None:
+        self._dim, self._salt = dim, salt
+
+    @property
+    def embed_dim(self) -> int:
+        return self._dim
+
+    @property
+    def space_id(self) -> str:
+        return hashlib.sha256(f"fake/{self._dim}/{self._salt}".encode()).hexdigest()[:16]
+
+    def encode_images(self, images: Sequence, batch_size: int = 128, progress: bool = False) -> np.ndarray:
+        rows = [_unit_from_bytes(Image.open(p).convert("RGB").tobytes(), self._dim, self._salt + "/img")
+                for p in images]
+        return np.stack(rows) if rows else np.zeros((0, self._dim), np.float32)
+
+    def encode_texts(self, texts: Sequence[str], batch_size: int = 256, progress: bool = False) -> np.ndarray:
+        rows = [_unit_from_bytes(t.encode(), self._dim, self._salt + "/txt") for t in texts]
+        return np.stack(rows) if rows else np.zeros((0, self._dim), np.float32)
+
+    def save(self, directory):  # pragma: no cover - not needed here
+        raise NotImplementedError
+
+
+def make_inputs(root: Path, n_images: int = 7, n_texts: int = 9):
+    """Small PNGs (distinct pixels) and captions for build_gallery."""
+    root.mkdir(parents=True, exist_ok=True)
+    images = []
+    for i in range(n_images):
+        p = root / f"img{i}.png"
+        if not p.exists():
+            Image.new("RGB", (4, 4), (i * 30 % 256, i * 7 % 256, 200)).save(p)
+        images.append((f"img{i}", p))
+    texts = [(f"txt{i}", f"a caption number {i}", {"lang": "en", "n": i}) for i in range(n_texts)]
+    return images, texts
+
+
+def unit_rows(n: int, dim: int = DIM, seed: int = 0) -> np.ndarray:
+    return l2_normalise(np.random.default_rng(seed).standard_normal((n, dim)).astype(np.float32))
+
+
+@pytest.fixture
+def gallery(tmp_path: Path) -> Gallery:
+    return Gallery.create(tmp_path / "g", space_id=SPACE_A, dim=DIM, model="models/fake-a")
+
+
+# ------------------------------------------------------------------------------------- backends
+
+
+def test_flat_and_hnsw_agree_on_top1():
+    base = unit_rows(400, seed=1)
+    queries = l2_normalise(base[:50] + 0.05 * unit_rows(50, seed=2))
+    top1 = {}
+    for spec in ("flat", "hnsw", "hnsw:M=16,ef=64"):
+        index = make_index(spec, DIM)
+        index.add(base)
+        scores, pos = index.search(queries, 5)
+        assert scores.dtype == np.float32 and pos.dtype == np.int64 and pos.shape == (50, 5)
+        assert np.all(np.diff(scores, axis=1) <= 1e-6)
+        top1[spec] = pos[:, 0]
+    np.testing.assert_array_equal(top1["flat"], np.arange(50))
+    np.testing.assert_array_equal(top1["hnsw"], top1["flat"])
+    np.testing.assert_array_equal(top1["hnsw:M=16,ef=64"], top1["flat"])
+
+
+@pytest.mark.parametrize("spec", ["flat", "hnsw"])
+def test_k_clipped_and_no_missing_positions(spec):
+    index = make_index(spec, DIM)
+    assert index.search(unit_rows(2), 3)[1].shape == (2, 0)
+    index.add(unit_rows(5))
+    scores, pos = index.search(unit_rows(3, seed=9), 50)
+    assert pos.shape == (3, 5) and (pos >= 0).all()
+    assert sorted(pos[0].tolist()) == list(range(5))
+
+
+def test_backend_spec_errors():
+    with pytest.raises(ValueError, match="known: flat, hnsw"):
+        make_index("ivf", DIM)
+    with pytest.raises(ValueError, match="options: M, ef, efc"):
+        make_index("hnsw:Q=3", DIM)
+    with pytest.raises(ValueError, match="int"):
+        make_index("hnsw:M=big", DIM)
+    assert parse_spec("HNSW:M=16, ef=64") == ("hnsw", {"M": 16, "ef": 64})
+
+
+# ------------------------------------------------------------------------------------- store
+
+
+def test_add_search_round_trip(gallery: Gallery):
+    vecs = unit_rows(20)
+    ids = [f"t{i}" for i in range(20)]
+    assert gallery.add("text", ids[:12], vecs[:12], [{"i": i} for i in range(12)], space_id=SPACE_A) == 12
+    assert gallery.add("text", ids[12:], vecs[12:], space_id=SPACE_A) == 8
+    assert gallery.ids("text") == ids and gallery.count("text") == 20 and len(gallery) == 20
+    np.testing.assert_array_equal(gallery.vectors("text"), vecs)
+    assert gallery.metadata("text")[:2] == [{"i": 0}, {"i": 1}] and gallery.metadata("text")[-1] == {}
+    res = gallery.search("text", vecs[[3, 15]], k=4, space_id=SPACE_A)
+    assert [row[0] for row in res.ids] == ["t3", "t15"]
+    assert res.scores.shape == (2, 4) and res.positions[0, 0] == 3
+    assert np.isclose(res.scores[0, 0], 1.0, atol=1e-5)
+    assert gallery.count("image") == 0
+    assert gallery.search("image", vecs[:1], k=3, space_id=SPACE_A).ids == [[]]
+    assert (gallery.path / "index-text.faiss").exists()
+    assert gallery.verify().ok
+
+
+def test_space_mismatch_on_add_and_search(gallery: Gallery):
+    with pytest.raises(SpaceMismatchError) as e:
+        gallery.add("image", ["x"], unit_rows(1), space_id=SPACE_B)
+    assert SPACE_A in str(e.value) and SPACE_B in str(e.value)
+    gallery.add("image", ["x"], unit_rows(1), space_id=SPACE_A)
+    with pytest.raises(SpaceMismatchError) as e:
+        gallery.search("image", unit_rows(1), space_id=SPACE_B)
+    assert SPACE_A in str(e.value) and SPACE_B in str(e.value)
+    assert isinstance(e.value, ValueError)
+    with pytest.raises(SpaceMismatchError, match=SPACE_B):
+        Gallery.create(gallery.path, space_id=SPACE_B, dim=DIM, model="other")
+
+
+def test_bad_input_errors(gallery: Gallery):
+    with pytest.raises(ValueError, match="shape"):
+        gallery.add("text", ["a"], unit_rows(1, dim=DIM + 1), space_id=SPACE_A)
+    nan = unit_rows(2)
+    nan[1, 3] = np.nan
+    with pytest.raises(ValueError, match="NaN"):
+        gallery.add("text", ["a", "b"], nan, space_id=SPACE_A)
+    with pytest.raises(DuplicateIdError, match="within one batch"):
+        gallery.add("text", ["a", "a"], unit_rows(2), space_id=SPACE_A)
+    gallery.add("text", ["a", "b"], unit_rows(2), space_id=SPACE_A)
+    with pytest.raises(DuplicateIdError, match="already in gallery"):
+        gallery.add("text", ["c", "b"], unit_rows(2, seed=3), space_id=SPACE_A)
+    assert gallery.add("text", ["c", "b"], unit_rows(2, seed=3), space_id=SPACE_A, skip_existing=True) == 1
+    assert gallery.ids("text") == ["a", "b", "c"]
+    np.testing.assert_array_equal(gallery.vectors("text")[2], unit_rows(2, seed=3)[0])
+    with pytest.raises(ValueError, match="modality"):
+        gallery.add("audio", ["z"], unit_rows(1), space_id=SPACE_A)
+    with pytest.raises(ValueError, match="shape"):
+        gallery.search("text", unit_rows(1, dim=DIM - 1), space_id=SPACE_A)
+    with pytest.raises(ValueError, match="dim"):
+        Gallery.create(gallery.path, space_id=SPACE_A, dim=DIM * 2, model="x")
+
+
+def test_reopen_after_close(gallery: Gallery):
+    vecs = unit_rows(6)
+    gallery.add("image", [f"i{i}" for i in range(6)], vecs, [{"path": f"p{i}"} for i in range(6)], space_id=SPACE_A)
+    first = gallery.search("image", vecs, k=2, space_id=SPACE_A)
+    path = gallery.path
+    gallery.close()
+    again = Gallery.open(path)
+    assert (again.space_id, again.dim, again.model, again.backend) == (SPACE_A, DIM, "models/fake-a", "flat")
+    assert again.ids("image") == [f"i{i}" for i in range(6)]
+    assert again.metadata("image")[5] == {"path": "p5"}
+    second = again.search("image", vecs, k=2, space_id=SPACE_A)  # served from the cached index file
+    assert second.ids == first.ids
+    np.testing.assert_allclose(second.scores, first.scores)
+    resumed = Gallery.create(path, space_id=SPACE_A, dim=DIM, model="ignored", backend="hnsw:M=8")
+    assert resumed.backend == "hnsw:M=8" and resumed.count("image") == 6
+    assert resumed.search("image", vecs, k=2, space_id=SPACE_A).ids == first.ids  # rebuilt for hnsw
+
+
+def test_index_rebuilt_after_add(gallery: Gallery):
+    gallery.add("text", ["a"], unit_rows(1), space_id=SPACE_A)
+    assert gallery.search("text", unit_rows(1), k=5, space_id=SPACE_A).ids == [["a"]]
+    new = unit_rows(1, seed=5)
+    gallery.add("text", ["b"], new, space_id=SPACE_A)
+    assert Gallery.open(gallery.path).search("text", new, k=1, space_id=SPACE_A).ids == [["b"]]
+
+
+class _Shift:
+    """A toy bridge from SPACE_B to SPACE_A: negates the queries."""
+
+    source, target = SPACE_B, SPACE_A
+
+    def __call__(self, queries: np.ndarray) -> np.ndarray:
+        return -queries
+
+
+def test_bridge_applied(gallery: Gallery):
+    vecs = unit_rows(10)
+    gallery.add("image", [str(i) for i in range(10)], vecs, space_id=SPACE_A)
+    res = gallery.search("image", -vecs[[4]], k=1, space_id=SPACE_B, bridge=_Shift())
+    assert res.ids == [["4"]] and np.isclose(res.scores[0, 0], 1.0, atol=1e-5)
+    wrong = _Shift()
+    wrong.source = "c" * 16
+    with pytest.raises(SpaceMismatchError, match="c" * 16):
+        gallery.search("image", -vecs[[4]], k=1, space_id=SPACE_B, bridge=wrong)
+    # a query already in the gallery's space ignores the bridge
+    assert gallery.search("image", vecs[[4]], k=1, space_id=SPACE_A, bridge=_Shift()).ids == [["4"]]
+
+
+def test_orphan_chunk_ignored_and_collected(gallery: Gallery):
+    gallery.add("text", ["a"], unit_rows(1), space_id=SPACE_A)
+    chunks = gallery.path / "chunks"
+    # simulate a kill between chunk write and manifest write: a complete chunk nobody lists
+    np.savez(chunks / "text-00001.npz", vectors=unit_rows(2, seed=8), ids=np.array(["b", "c"]))
+    (chunks / "text-00001.jsonl").write_text("{}\n{}\n")
+    (chunks / ".tmp-text-00002.npz.abc").write_bytes(b"partial")
+    assert sorted(gallery.verify().orphans) == ["chunks/.tmp-text-00002.npz.abc",
+                                                "chunks/text-00001.jsonl", "chunks/text-00001.npz"]
+    reopened = Gallery.open(gallery.path)
+    assert reopened.ids("text") == ["a"]
+    assert not (chunks / "text-00001.npz").exists() and not (chunks / ".tmp-text-00002.npz.abc").exists()
+    reopened.add("text", ["b"], unit_rows(1, seed=4), space_id=SPACE_A)
+    assert Gallery.open(gallery.path).ids("text") == ["a", "b"]
+
+
+def test_open_errors_name_the_path(tmp_path: Path):
+    with pytest.raises(NotAGalleryError, match=re.escape(str(tmp_path / "nothing"))):
+        Gallery.open(tmp_path / "nothing")
+    g = Gallery.create(tmp_path / "g", space_id=SPACE_A, dim=DIM, model="m")
+    manifest = g.path / "manifest.json"
+    manifest.write_text('{"format": "nobackfill-gallery", "format_ver')
+    with pytest.raises(CorruptGalleryError, match=re.escape(str(manifest))):
+        Gallery.open(g.path)
+    manifest.write_text(json.dumps({"format": "nobackfill-gallery", "format_version": 1}))
+    with pytest.raises(CorruptGalleryError, match="space_id"):
+        Gallery.open(g.path)
+    (tmp_path / "junk").mkdir()
+    (tmp_path / "junk" / "notes.txt").write_text("hi")
+    with pytest.raises(ValueError, match="not a gallery"):
+        Gallery.create(tmp_path / "junk", space_id=SPACE_A, dim=DIM, model="m")
+
+
+def test_verify_detects_tampering(gallery: Gallery):
+    gallery.add("text", ["a", "b"], unit_rows(2), space_id=SPACE_A)
+    (gallery.path / "chunks" / "text-00000.jsonl").write_text('{"x": 1}\n{}\n')
+    report = Gallery.open(gallery.path).verify()
+    assert not report.ok and "text-00000.jsonl" in report.problems[0] and "sha256" in report.problems[0]
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(st.lists(st.integers(0, 10**6), min_size=0, max_size=6), min_size=1, max_size=5))
+def test_property_ids_are_concatenation(batches):
+    seen: set[int] = set()
+    unique_batches = []
+    for batch in batches:  # make ids globally unique while keeping the batch structure
+        b = [x for x in dict.fromkeys(batch) if x not in seen]
+        seen.update(b)
+        unique_batches.append([f"id{x}" for x in b])
+    with tempfile.TemporaryDirectory() as d:
+        g = Gallery.create(Path(d) / "g", space_id=SPACE_A, dim=4, model="m")
+        expected: list[str] = []
+        for i, ids in enumerate(unique_batches):
+            added = g.add("text", ids, unit_rows(len(ids), dim=4, seed=i), space_id=SPACE_A)
+            assert added == len(ids)
+            expected += ids
+        assert g.ids("text") == expected
+        assert Gallery.open(g.path).ids("text") == expected
+        assert g.vectors("text").shape == (len(expected), 4)
+
+
+# ------------------------------------------------------------------------------------- build
+
+
+def test_build_gallery_contents(tmp_path: Path):
+    images, texts = make_inputs(tmp_path / "in")
+    enc = FakeEncoder()
+    g = build_gallery(enc, tmp_path / "g", images=images, texts=texts, model_ref="models/fake", chunk_size=4,
+                      progress=False)
+    assert g.space_id == enc.space_id and g.model == "models/fake"
+    assert g.ids("image") == [i for i, _ in images] and g.ids("text") == [t[0] for t in texts]
+    assert g.metadata("image")[0] == {"path": str(images[0][1])}
+    assert g.metadata("text")[2] == {"text": "a caption number 2", "lang": "en", "n": 2}
+    q = enc.encode_texts(["a caption number 5"])
+    assert g.search("text", q, k=1, space_id=enc.space_id).ids == [["txt5"]]
+    with pytest.raises(SpaceMismatchError):
+        build_gallery(FakeEncoder(salt="v2"), tmp_path / "g", images=images, model_ref="x", progress=False)
+
+
+def test_build_killed_then_resumed(tmp_path: Path):
+    inputs, out, clean = tmp_path / "in", tmp_path / "g", tmp_path / "clean"
+    images, texts = make_inputs(inputs)
+    env = {**os.environ, KILL_AFTER_CHUNKS_ENV: "2",
+           "PYTHONPATH": os.pathsep.join([str(Path(__file__).parents[1] / "src"), os.environ.get("PYTHONPATH", "")])}
+    proc = subprocess.run([sys.executable, str(KILL_HELPER), str(inputs), str(out)], env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == -9, proc.stderr
+    partial = Gallery.open(out)
+    assert partial.count("image") == 6 and partial.count("text") == 0  # two chunks of 3 committed
+
+    resumed = build_gallery(FakeEncoder(), out, images=images, texts=texts, model_ref="fake", chunk_size=3,
+                            progress=False)
+    reference = build_gallery(FakeEncoder(), clean, images=images, texts=texts, model_ref="fake", chunk_size=3,
+                              progress=False)
+    for modality in ("image", "text"):
+        ids = resumed.ids(modality)
+        assert len(ids) == len(set(ids))
+        assert ids == reference.ids(modality)
+        np.testing.assert_array_equal(resumed.vectors(modality), reference.vectors(modality))
+        assert resumed.metadata(modality) == reference.metadata(modality)
+    assert resumed.verify().ok
+
+
+def test_kill_env_must_be_integer(tmp_path: Path, monkeypatch):
+    monkeypatch.setenv(KILL_AFTER_CHUNKS_ENV, "soon")
+    with pytest.raises(ValueError, match=KILL_AFTER_CHUNKS_ENV):
+        build_gallery(FakeEncoder(), tmp_path / "g", texts=[("a", "b", {})], model_ref="m", progress=False)
