@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 from typing import List, Optional
 
@@ -59,6 +58,17 @@ def world(
     console.print(f"world written to {out} ({n_train}/{n_val}/{n_test} images, langs {','.join(lang_t)})")
 
 
+def _train_command(preset: str, data: Path, out: Path, steps: Optional[int], seed: int, threads: int,
+                   stream: bool) -> str:
+    """The exact ``nobackfill train`` command line that reproduces a run (saved in recipe.json)."""
+    parts = ["nobackfill train", f"--preset {preset}", f"--data {data}", f"--out {out}"]
+    parts += [f"--steps {steps}"] if steps is not None else []
+    parts += [f"--seed {seed}"] if seed else []
+    parts += [f"--threads {threads}"] if threads else []
+    parts += [] if stream else ["--no-stream"]
+    return " ".join(parts)
+
+
 @app.command("train")
 def train_cmd(
     preset: str = typer.Option(..., help="Zoo preset name (world-old, world-new, world-newer) or TOML path."),
@@ -75,7 +85,7 @@ def train_cmd(
 
     try:
         r = train_preset(preset, data, out, steps=steps, seed=seed, threads=threads, stream=stream,
-                         command="nobackfill " + " ".join(sys.argv[1:]))
+                         command=_train_command(preset, data, out, steps, seed, threads, stream))
     except (ConfigError, ValueError, FileNotFoundError) as e:
         _fail(str(e))
     console.print(f"trained {preset} for {r.steps} steps in {r.seconds:.0f}s -> {out}")

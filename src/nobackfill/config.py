@@ -27,17 +27,17 @@ def read_mapping(path: str | Path) -> dict:
     path = Path(path)
     if not path.is_file():
         raise ConfigError(f"{path}: config file not found")
+    import yaml
+
     try:
         if path.suffix == ".toml":
-            return tomllib.loads(path.read_text())
+            return tomllib.loads(path.read_text(encoding="utf-8"))
         if path.suffix in (".yaml", ".yml"):
-            import yaml
-
-            data = yaml.safe_load(path.read_text()) or {}
+            data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
             if not isinstance(data, dict):
                 raise ConfigError(f"{path}: top level must be a mapping")
             return data
-    except (tomllib.TOMLDecodeError, ValueError) as e:
+    except (tomllib.TOMLDecodeError, yaml.YAMLError, ValueError) as e:
         if isinstance(e, ConfigError):
             raise
         raise ConfigError(f"{path}: cannot parse: {e}") from None
@@ -65,6 +65,8 @@ def _coerce(tp: Any, value: Any, where: str) -> Any:
             except ConfigError as e:
                 errors.append(str(e))
         raise ConfigError(errors[0] if errors else f"{where}: bad value {value!r}")
+    if origin is None and tp in (tuple, list, dict):  # bare annotations
+        origin = tp
     if origin in (tuple, list):
         if not isinstance(value, (list, tuple)):
             raise ConfigError(f"{where}: expected a list, got {value!r}")
@@ -75,8 +77,10 @@ def _coerce(tp: Any, value: Any, where: str) -> Any:
         if not isinstance(value, dict):
             raise ConfigError(f"{where}: expected a mapping, got {value!r}")
         return dict(value)
-    if tp is float and isinstance(value, (int, float)) and not isinstance(value, bool):
-        return float(value)
+    if tp is float:
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+        raise ConfigError(f"{where}: expected float, got {value!r}")
     if tp in (int, str, bool) and not (isinstance(value, tp) and not (tp is int and isinstance(value, bool))):
         raise ConfigError(f"{where}: expected {tp.__name__}, got {value!r}")
     return value
@@ -84,6 +88,8 @@ def _coerce(tp: Any, value: Any, where: str) -> Any:
 
 def from_dict(cls: type[T], data: dict, source: str = "<config>") -> T:
     """Build dataclass ``cls`` from ``data``; ``source`` prefixes every error (file name)."""
+    if not isinstance(data, dict):
+        raise ConfigError(f"{source}: expected a table/mapping for {cls.__name__}, got {type(data).__name__}")
     hints = typing.get_type_hints(cls)
     names = {f.name for f in dataclasses.fields(cls) if f.init}
     unknown = sorted(set(data) - names)

@@ -18,9 +18,12 @@ def load_encoder(directory: str | Path) -> DualEncoder:
     if not cfg_path.is_file():
         raise FileNotFoundError(f"{directory}: not a model directory (no config.json)")
     try:
-        model_type = json.loads(cfg_path.read_text()).get("model_type", "")
-    except json.JSONDecodeError as e:
+        cfg = json.loads(cfg_path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise ValueError(f"{cfg_path}: invalid JSON: {e}") from None
+    if not isinstance(cfg, dict):
+        raise ValueError(f"{cfg_path}: expected a JSON object, got {type(cfg).__name__}")
+    model_type = cfg.get("model_type", "")
     if model_type == "clip":
         return CLIPDualEncoder.load(directory)
     if model_type in ("bert",):

@@ -56,7 +56,7 @@ class ImagePreprocessor:
     def to_array(self, image: ImageInput) -> np.ndarray:
         """One image as uint8 ``(crop, crop, 3)``."""
         if isinstance(image, np.ndarray):
-            if image.shape[:2] == (self.crop, self.crop) and image.dtype == np.uint8:
+            if self._is_final(image):
                 return image
             image = Image.fromarray(image)
         elif not isinstance(image, Image.Image):
@@ -67,19 +67,29 @@ class ImagePreprocessor:
                 raise ValueError(f"cannot read image {image}: {e}") from None
         image = image.convert("RGB")
         w, h = image.size
+        if min(w, h) != self.size:
+            # the output size of transformers' CLIPImageProcessor (shortest edge; the long edge
+            # is truncated, not rounded)
+            if w <= h:
+                new = (self.size, int(self.size * h / w))
+            else:
+                new = (int(self.size * w / h), self.size)
+            image = image.resize((max(1, new[0]), max(1, new[1])), Image.BICUBIC)
+        w, h = image.size
         if (w, h) != (self.crop, self.crop):
-            scale = self.size / min(w, h)
-            if scale != 1:
-                image = image.resize((max(1, round(w * scale)), max(1, round(h * scale))), Image.BICUBIC)
-            w, h = image.size
             left, top = (w - self.crop) // 2, (h - self.crop) // 2
             image = image.crop((left, top, left + self.crop, top + self.crop))
         return np.asarray(image, dtype=np.uint8)
 
+    def _is_final(self, arr: np.ndarray) -> bool:
+        """Whether uint8 ``arr`` (one HWC image or an NHWC batch) needs no resize or crop."""
+        return (arr.dtype == np.uint8 and arr.ndim >= 3 and arr.shape[-3:] == (self.crop, self.crop, 3)
+                and self.size == self.crop)
+
     def __call__(self, images: Sequence[ImageInput] | np.ndarray) -> torch.Tensor:
         """A batch as normalised float32 ``(N, 3, crop, crop)``."""
         if isinstance(images, np.ndarray) and images.ndim == 4:
-            arr = images if images.shape[1:3] == (self.crop, self.crop) else np.stack([self.to_array(i) for i in images])
+            arr = images if self._is_final(images) else np.stack([self.to_array(i) for i in images])
         else:
             arr = np.stack([self.to_array(i) for i in images])
         x = torch.from_numpy(np.ascontiguousarray(arr)).permute(0, 3, 1, 2).float().div_(255.0)

@@ -11,7 +11,10 @@ from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers,
 from transformers import PreTrainedTokenizerFast
 
 BOS, EOS, PAD = "<|startoftext|>", "<|endoftext|>", "<|pad|>"
-SPECIAL_TOKENS = (PAD, BOS, EOS)
+#: ids 0, 1, 2 in this order. EOS must not get id 2: ``transformers``' CLIP text model treats
+#: ``eos_token_id == 2`` as a legacy config and pools the token with the *largest id* instead of the
+#: EOS token (so with EOS = 2 the text embedding ignored every word after the max-id token).
+SPECIAL_TOKENS = (PAD, EOS, BOS)
 
 
 def bpe_trainer(vocab_size: int, min_frequency: int = 2, special_tokens: Iterable[str] = SPECIAL_TOKENS):

@@ -85,6 +85,11 @@ def get_preset(name_or_path: str | Path) -> Preset:
 
 
 def clip_config(spec: ModelSpec, tokenizer: PreTrainedTokenizerBase) -> CLIPConfig:
+    if tokenizer.eos_token_id == 2:
+        # transformers' CLIPTextTransformer pools argmax(input_ids) (not the EOS position) when
+        # eos_token_id == 2 (legacy openai configs, where EOS is the largest id)
+        raise ValueError("tokenizer EOS id 2 triggers CLIP's legacy argmax pooling; "
+                         "build tokenizers with nobackfill.encoders.tokenizer (EOS id 1)")
     text = dict(vocab_size=len(tokenizer), hidden_size=spec.text_width, intermediate_size=spec.mlp_ratio * spec.text_width,
                 num_hidden_layers=spec.text_layers, num_attention_heads=spec.text_heads,
                 max_position_embeddings=spec.max_length, bos_token_id=tokenizer.bos_token_id,

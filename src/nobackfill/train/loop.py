@@ -143,6 +143,10 @@ def train(method: Method, batches: BatchSource, cfg: LoopConfig, out: str | Path
         torch.set_rng_state(state["torch_rng"])
         np.random.set_state(state["numpy_rng"])
         random.setstate(state["python_rng"])
+        # drop log lines written after the checkpoint (the steps are re-run and logged again)
+        tmp_log = log_path.with_name(log_path.name + ".tmp")
+        tmp_log.write_text("".join(json.dumps(r) + "\n" for r in history))
+        os.replace(tmp_log, log_path)
     t0 = time.time() - elapsed
     last = float("nan")
     method.train_mode(True)

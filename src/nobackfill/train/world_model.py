@@ -44,8 +44,12 @@ def world_eval_set(spec: WorldSpec, n: int = 500, lang: str = "en", split: str =
 
 def train_preset(preset: str | Preset, data: str | Path, out: str | Path, *, steps: int | None = None,
                  seed: int = 0, threads: int = 0, stream: bool = True, eval_size: int = 500,
-                 progress: bool = True, command: str | None = None) -> TrainResult:
-    """Train ``preset`` on ``data`` into ``out`` (resumes from a checkpoint there)."""
+                 progress: bool = True, command: str | None = None, checkpoint_every: int | None = None,
+                 eval_every: int | None = None, log_every: int | None = None) -> TrainResult:
+    """Train ``preset`` on ``data`` into ``out`` (resumes from a checkpoint there).
+
+    ``checkpoint_every`` / ``eval_every`` / ``log_every`` override the loop's defaults (250 steps;
+    a tenth of the run but at least 250 steps; 50 steps)."""
     preset = preset if isinstance(preset, Preset) else get_preset(preset)
     rec = preset.train
     concepts = ConceptSet.parse(rec.shapes, rec.colours)
@@ -73,7 +77,8 @@ def train_preset(preset: str | Preset, data: str | Path, out: str | Path, *, ste
 
         train_data = load_pairs(split_dir(data, "train"), langs=["en"])
         batches = FolderBatches(train_data, rec.batch_size, seed=seed)
-        val = load_pairs(split_dir(data, "val"), langs=["en"]).subset_images(range(eval_size))
+        val = load_pairs(split_dir(data, "val"), langs=["en"])
+        val = val.subset_images(range(min(eval_size, len(val))))
         val_pixels, val_caps = val.image_paths(), val.captions
         val_map = val.caption_image
 
@@ -84,9 +89,10 @@ def train_preset(preset: str | Preset, data: str | Path, out: str | Path, *, ste
         m = retrieval_metrics(img, txt, t2i)
         return {"t2i_R@1": m["t2i"]["R@1"], "i2t_R@1": m["i2t"]["R@1"]}
 
-    cfg = LoopConfig(steps=steps or rec.steps, lr=rec.lr, warmup=rec.warmup, weight_decay=rec.weight_decay,
-                     seed=seed, threads=threads, eval_every=max(250, (steps or rec.steps) // 10),
-                     checkpoint_every=250)
+    n_steps = steps or rec.steps
+    cfg = LoopConfig(steps=n_steps, lr=rec.lr, warmup=rec.warmup, weight_decay=rec.weight_decay,
+                     seed=seed, threads=threads, eval_every=eval_every or max(250, n_steps // 10),
+                     checkpoint_every=checkpoint_every or 250, log_every=log_every or LoopConfig.log_every)
     result = train(method, batches, cfg, out, evaluate=evaluate, progress=progress)
     recipe = {"preset": preset.name, "model": asdict(preset.model), "train": asdict(rec), "loop": asdict(cfg),
               "data": str(data), "world": asdict(spec) if spec else None, "seconds": round(result.seconds, 1),

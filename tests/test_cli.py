@@ -1,0 +1,135 @@
+"""End-to-end through the public CLI: world -> train -> index -> search -> eval -> demo."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from nobackfill.cli import app
+
+TINY = """
+[model]
+embed_dim = {dim}
+image_size = 64
+patch_size = 16
+vision_width = 32
+vision_layers = 1
+vision_heads = 2
+text_width = 32
+text_layers = 1
+text_heads = 2
+max_length = 40
+vocab_size = 300
+
+[train]
+steps = 6
+batch_size = 16
+lr = 0.001
+warmup = 2
+"""
+
+runner = CliRunner()
+
+
+def invoke(*args: str):
+    result = runner.invoke(app, [str(a) for a in args])
+    return result
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory):
+    root = tmp_path_factory.mktemp("cli")
+    r = invoke("world", "--out", root / "world", "--n-train", 40, "--n-val", 20, "--n-test", 30, "--workers", 1)
+    assert r.exit_code == 0, r.output
+    for name, dim in (("world-old", 32), ("world-new", 48)):
+        preset = root / f"{name}.toml"
+        preset.write_text(TINY.format(dim=dim))
+        r = invoke("train", "--preset", preset, "--data", root / "world", "--out", root / "models" / name)
+        assert r.exit_code == 0, r.output
+    r = invoke("index", "--model", root / "models" / "world-old", "--data", root / "world", "--out", root / "g")
+    assert r.exit_code == 0, r.output
+    return root
+
+
+def test_world_layout(setup):
+    world = setup / "world"
+    assert (world / "world.json").is_file()
+    for split, n in (("train", 40), ("val", 20), ("test", 30)):
+        assert len(list((world / split / "images").glob("*.png"))) == n
+
+
+def test_train_writes_recipe_and_model(setup):
+    recipe = json.loads((setup / "models" / "world-old" / "recipe.json").read_text())
+    assert recipe["command"].startswith("nobackfill train")
+    assert recipe["loop"]["steps"] == 6
+    assert (setup / "models" / "world-old" / "model.safetensors").is_file()
+
+
+def test_search_text_and_image_json(setup):
+    r = invoke("search", "--gallery", setup / "g", "--model", setup / "models" / "world-old",
+               "--text", "a red circle", "--k", 3, "--json")
+    assert r.exit_code == 0, r.output
+    out = json.loads(r.stdout)
+    assert out["modality"] == "image" and len(out["hits"]) == 3
+    assert [h["rank"] for h in out["hits"]] == [1, 2, 3]
+    img = setup / "world" / "test" / "images" / "000001.png"
+    r = invoke("search", "--gallery", setup / "g", "--model", setup / "models" / "world-old", "--image", img, "--json")
+    assert r.exit_code == 0, r.output
+    assert json.loads(r.stdout)["modality"] == "text"
+
+
+def test_search_from_other_space_is_refused(setup):
+    r = invoke("search", "--gallery", setup / "g", "--model", setup / "models" / "world-new", "--text", "a red circle")
+    assert r.exit_code == 2
+    assert "space" in r.output.lower()
+
+
+def test_search_needs_exactly_one_query(setup):
+    r = invoke("search", "--gallery", setup / "g", "--model", setup / "models" / "world-old")
+    assert r.exit_code == 2
+
+
+def test_index_is_resumable_without_duplicates(setup):
+    r = invoke("index", "--model", setup / "models" / "world-old", "--data", setup / "world", "--out", setup / "g")
+    assert r.exit_code == 0, r.output
+    from nobackfill.index import Gallery
+
+    g = Gallery.open(setup / "g")
+    assert g.count("image") == 30
+    assert len(set(g.ids("text"))) == g.count("text") == 30 * 2 * 7  # 2 captions per image and language
+
+
+def test_eval_retrieval_json(setup, tmp_path):
+    out = tmp_path / "e.json"
+    r = invoke("eval", "retrieval", "--query-model", setup / "models" / "world-new", "--gallery-model",
+               setup / "models" / "world-old", "--data", setup / "world", "--json", out)
+    assert r.exit_code == 0, r.output
+    res = json.loads(out.read_text())
+    assert set(res["t2i"]) >= {"R@1", "R@5", "R@10", "median_rank", "mAP"}
+    assert res["n_images"] == 30 and "note" in res  # different widths: the raw comparison
+
+
+def test_bad_data_folder_error_names_the_file(setup, tmp_path):
+    bad = tmp_path / "bad"
+    bad.mkdir()
+    (bad / "captions.jsonl").write_text('{"image": "images/x.png", "caption": "a", "lang": "en"}\n{oops\n')
+    r = invoke("index", "--model", setup / "models" / "world-old", "--data", bad, "--out", tmp_path / "g2")
+    assert r.exit_code == 2
+    assert "captions.jsonl" in r.output and "line" in r.output
+
+
+def test_demo_json_keys(setup, tmp_path):
+    out = tmp_path / "demo.json"
+    r = invoke("demo", "--world", setup / "world", "--models", setup / "models", "--out", tmp_path / "demo",
+               "--json", out)
+    assert r.exit_code == 0, r.output
+    res = json.loads(out.read_text())
+    for key in ("old_old", "new_new", "new_old_raw"):
+        for d in ("t2i", "i2t"):
+            assert set(res[key][d]) >= {"R@1", "R@5", "R@10"}
+            assert 0.0 <= res[key][d]["R@1"] <= 1.0
+    assert res["n_images"] == 30
+    assert (tmp_path / "demo" / "report.html").read_text().count("<img") == 1

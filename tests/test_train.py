@@ -1,0 +1,260 @@
+"""Tests of the training loop, contrastive pre-training and ``train_preset`` (tiny models)."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from nobackfill.data.world import WorldSpec, generate_world
+from nobackfill.encoders import load_encoder
+from nobackfill.train.contrastive import info_nce
+from nobackfill.train.loop import LoopConfig, Method, lr_factor, train
+from nobackfill.train.world_model import train_preset
+
+SRC = Path(__file__).resolve().parents[1] / "src"
+
+PRESET = """
+[model]
+embed_dim = 32
+image_size = 64
+patch_size = 16
+vision_width = 32
+vision_layers = 1
+vision_heads = 2
+text_width = 32
+text_layers = 1
+text_heads = 2
+vocab_size = 300
+
+[train]
+steps = 12
+batch_size = 16
+lr = 0.001
+warmup = 2
+"""
+
+#: run train_preset in a child that SIGKILLs itself when the loop writes its second checkpoint
+#: (so the first one, at step 4, is on disk and the log already has lines past it)
+KILL_CHILD = r"""
+import os, signal, sys
+import torch
+torch.set_num_threads(1)
+import nobackfill.train.loop as loop
+from nobackfill.train.world_model import train_preset
+
+_save, calls = loop._atomic_torch_save, [0]
+
+def save(obj, path):
+    calls[0] += 1
+    if calls[0] == 2:
+        os.kill(os.getpid(), signal.SIGKILL)
+    _save(obj, path)
+
+loop._atomic_torch_save = save
+preset, data, out = sys.argv[1:4]
+train_preset(preset, data, out, eval_size=16, progress=False, checkpoint_every=4, log_every=2)
+sys.exit("training finished although it should have been killed")
+"""
+
+
+def _state(model_dir: Path) -> dict[str, torch.Tensor]:
+    return load_encoder(model_dir).model.state_dict()
+
+
+def _assert_same_weights(a: Path, b: Path) -> None:
+    sa, sb = _state(a), _state(b)
+    assert sa.keys() == sb.keys()
+    different = [k for k in sa if not torch.equal(sa[k], sb[k])]
+    assert not different, different[:5]
+
+
+def _log_steps(model_dir: Path) -> list[int]:
+    return [json.loads(line)["step"] for line in (model_dir / "train_log.jsonl").read_text().splitlines()]
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("train")
+    preset = root / "tiny.toml"
+    preset.write_text(PRESET)
+    world = root / "world"
+    world.mkdir()
+    (world / "world.json").write_text(json.dumps(dataclasses.asdict(WorldSpec())))
+    return {"root": root, "preset": preset, "world": world}
+
+
+@pytest.fixture(scope="module")
+def reference(setup) -> Path:
+    """An uninterrupted run (seed 0)."""
+    out = setup["root"] / "ref"
+    result = train_preset(setup["preset"], setup["world"], out, eval_size=16, progress=False, command="test")
+    assert result.steps == 12 and math.isfinite(result.last_loss)
+    return out
+
+
+# ----------------------------------------------------------------------------- pieces
+def test_info_nce_by_hand() -> None:
+    a = torch.tensor([[1.0, 0.0], [0.0, 1.0]])
+    b = torch.tensor([[0.6, 0.8], [1.0, 0.0]])
+    s = 2.0
+    # s * a @ b.T, by hand: row i of a against row j of b
+    logits = [[s * 0.6, s * 1.0], [s * 0.8, s * 0.0]]
+
+    def ce(row, target):
+        return -row[target] + math.log(sum(math.exp(x) for x in row))
+
+    rows = (ce(logits[0], 0) + ce(logits[1], 1)) / 2
+    cols = (ce([logits[0][0], logits[1][0]], 0) + ce([logits[0][1], logits[1][1]], 1)) / 2
+    want = 0.5 * (rows + cols)
+    got = info_nce(a, b, s)
+    assert got.shape == () and abs(float(got) - want) < 1e-6
+    assert abs(float(info_nce(a, b, torch.tensor(s))) - want) < 1e-6
+    # symmetric in its two arguments; perfectly aligned pairs with a large scale give ~0 loss
+    assert abs(float(info_nce(b, a, s)) - want) < 1e-6
+    assert float(info_nce(a, a, 100.0)) < 1e-6
+
+
+def test_lr_factor_shape() -> None:
+    cfg = LoopConfig(steps=100, warmup=10)
+    f = [lr_factor(i, cfg) for i in range(100)]
+    assert f[0] == pytest.approx(0.1) and f[9] == pytest.approx(1.0)
+    assert all(x < y for x, y in zip(f[:9], f[1:10]))  # linear warm-up
+    assert f[10] == pytest.approx(1.0)
+    assert all(x >= y for x, y in zip(f[10:], f[11:]))  # cosine decay
+    assert f[55] == pytest.approx(0.5)
+    assert 0 < f[99] < 0.01 and lr_factor(100, cfg) == pytest.approx(0.0) and lr_factor(500, cfg) == 0.0
+    const = LoopConfig(steps=100, warmup=10, schedule="constant")
+    assert lr_factor(5, const) == pytest.approx(0.6) and lr_factor(50, const) == lr_factor(99, const) == 1.0
+    assert lr_factor(0, LoopConfig(steps=10, warmup=0)) == 1.0
+    with pytest.raises(ValueError, match="steps"):
+        LoopConfig(steps=0)
+    with pytest.raises(ValueError, match="schedule"):
+        LoopConfig(schedule="linear")
+
+
+class _Quadratic(Method):
+    """A toy method: fit ``w`` to batch targets (the batch index)."""
+
+    name = "toy"
+
+    def __init__(self, nan_at: int | None = None) -> None:
+        self.w = torch.nn.Parameter(torch.zeros(3))
+        self.nan_at = nan_at
+
+    def param_groups(self):
+        return [{"params": [self.w], "lr_scale": 2.0}]
+
+    def loss(self, batch, step):
+        if step == self.nan_at:
+            return self.w.sum() * float("nan"), {}
+        return ((self.w - batch) ** 2).sum(), {"w0": float(self.w[0].detach())}
+
+    def state_dict(self):
+        return {"w": self.w.detach().clone()}
+
+    def load_state_dict(self, state):
+        with torch.no_grad():
+            self.w.copy_(state["w"])
+
+    def export(self, out):
+        torch.save(self.w.detach(), out / "w.pt")
+
+
+class _Batches:
+    def batch(self, index):
+        return torch.full((3,), float(index % 3))
+
+
+def test_loop_toy_method(tmp_path) -> None:
+    cfg = LoopConfig(steps=10, lr=0.1, warmup=2, log_every=3, checkpoint_every=4, weight_decay=0.0)
+    res = train(_Quadratic(), _Batches(), cfg, tmp_path, progress=False)
+    assert [r["step"] for r in res.history] == [3, 6, 9, 10] == _log_steps(tmp_path)
+    assert res.history[-1]["lr"] == pytest.approx(0.2 * lr_factor(9, cfg))  # lr_scale applied
+    assert (tmp_path / "w.pt").is_file() and not (tmp_path / "checkpoint.pt").exists()
+    with pytest.raises(FloatingPointError, match="step 2"):
+        train(_Quadratic(nan_at=2), _Batches(), cfg, tmp_path / "nan", progress=False)
+
+
+# ----------------------------------------------------------------------------- train_preset
+def test_train_preset_writes_model_dir(reference, setup) -> None:
+    enc = load_encoder(reference)
+    assert enc.embed_dim == 32 and enc.meta["name"] == "ref"
+    assert (reference / "recipe.json").is_file() and (reference / "train_log.jsonl").is_file()
+    assert not (reference / "checkpoint.pt").exists()
+    recipe = json.loads((reference / "recipe.json").read_text())
+    assert recipe["preset"] == "tiny" and recipe["loop"]["steps"] == 12 and recipe["command"] == "test"
+    assert recipe["world"]["seed"] == 0 and recipe["model"]["vocab_size"] == 300
+    assert "eval/t2i_R@1" in recipe["final_eval"]
+    log = [json.loads(x) for x in (reference / "train_log.jsonl").read_text().splitlines()]
+    assert log[-1]["step"] == 12 and "eval/i2t_R@1" in log[-1] and math.isfinite(log[-1]["loss"])
+    px = np.zeros((2, 64, 64, 3), np.uint8)
+    assert enc.encode_images(px).shape == (2, 32)
+    assert enc.encode_texts(["a red circle"]).shape == (1, 32)
+    assert len(enc.tokenizer) <= 300
+
+
+def test_train_preset_reproducible(reference, setup) -> None:
+    again = setup["root"] / "again"
+    train_preset(setup["preset"], setup["world"], again, eval_size=16, progress=False)
+    _assert_same_weights(reference, again)
+    assert load_encoder(again).space_id == load_encoder(reference).space_id
+    ref_log = [json.loads(x) for x in (reference / "train_log.jsonl").read_text().splitlines()]
+    new_log = [json.loads(x) for x in (again / "train_log.jsonl").read_text().splitlines()]
+    assert [r["loss"] for r in ref_log] == [r["loss"] for r in new_log]
+
+
+def test_train_preset_exact_resume_after_kill(reference, setup) -> None:
+    out = setup["root"] / "killed"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(SRC), os.environ.get("PYTHONPATH", "")]),
+           "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run([sys.executable, "-c", KILL_CHILD, str(setup["preset"]), str(setup["world"]), str(out)],
+                          env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == -9, proc.stderr[-2000:]
+    assert (out / "checkpoint.pt").is_file() and not (out / "config.json").exists()
+    assert torch.load(out / "checkpoint.pt", weights_only=False)["step"] == 4
+    assert _log_steps(out) == [2, 4, 6, 8]  # logged past the checkpoint before the kill
+
+    result = train_preset(setup["preset"], setup["world"], out, eval_size=16, progress=False,
+                          checkpoint_every=4, log_every=2)
+    assert result.steps == 12 and not (out / "checkpoint.pt").exists()
+    _assert_same_weights(reference, out)
+    assert load_encoder(out).space_id == load_encoder(reference).space_id
+    assert _log_steps(out) == [2, 4, 6, 8, 10, 12]  # steps 6 and 8 not logged twice
+    assert [r["step"] for r in result.history] == [2, 4, 6, 8, 10, 12]
+    ref_last = json.loads((reference / "train_log.jsonl").read_text().splitlines()[-1])
+    assert result.history[-1]["loss"] == ref_last["loss"]
+
+
+def test_train_preset_user_folder(setup) -> None:
+    """A user-format folder (no world.json): folder batches, English captions, small val split."""
+    data = generate_world(setup["root"] / "user", WorldSpec(seed=5, n_train=40, n_val=10, n_test=0,
+                                                            langs=("en", "de"), captions_per_image=2),
+                          workers=1, progress=False)
+    (data / "world.json").unlink()
+    out = setup["root"] / "user-model"
+    result = train_preset(setup["preset"], data, out, steps=5, progress=False)  # eval_size 500 > 10 images
+    assert result.steps == 5 and math.isfinite(result.last_loss)
+    recipe = json.loads((out / "recipe.json").read_text())
+    assert recipe["world"] is None and recipe["loop"]["steps"] == 5
+    assert "eval/t2i_R@1" in result.history[-1]
+    assert load_encoder(out).encode_texts(["a red circle"]).shape == (1, 32)
+
+
+def test_train_preset_world_folder_without_stream(setup) -> None:
+    """A generated world trained from its files (``stream=False``)."""
+    data = generate_world(setup["root"] / "files", WorldSpec(seed=6, n_train=32, n_val=8, n_test=0,
+                                                             langs=("en",), captions_per_image=1),
+                          workers=1, progress=False)
+    out = setup["root"] / "files-model"
+    result = train_preset(setup["preset"], data, out, steps=3, stream=False, eval_size=8, progress=False)
+    assert result.steps == 3 and (out / "config.json").is_file()
+    assert json.loads((out / "recipe.json").read_text())["world"]["seed"] == 6
