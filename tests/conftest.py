@@ -16,3 +16,31 @@ def _single_thread_offline():
     os.environ["HF_HUB_OFFLINE"] = "1"
     torch.set_num_threads(1)
     yield
+
+
+#: a tiny world CLIP preset (seconds to train); format with dim and steps
+TINY_PRESET = """
+[model]
+embed_dim = {dim}
+image_size = 64
+patch_size = 16
+vision_width = 32
+vision_layers = 1
+vision_heads = 2
+text_width = 32
+text_layers = 1
+text_heads = 2
+max_length = 40
+vocab_size = 300
+
+[train]
+steps = {steps}
+batch_size = 16
+lr = 0.001
+warmup = 2
+"""
+
+
+def tiny_preset(dim: int = 32, steps: int = 12) -> str:
+    """TOML text of :data:`TINY_PRESET`."""
+    return TINY_PRESET.format(dim=dim, steps=steps)

@@ -10,26 +10,9 @@ from typer.testing import CliRunner
 
 from nobackfill.cli import app
 
-TINY = """
-[model]
-embed_dim = {dim}
-image_size = 64
-patch_size = 16
-vision_width = 32
-vision_layers = 1
-vision_heads = 2
-text_width = 32
-text_layers = 1
-text_heads = 2
-max_length = 40
-vocab_size = 300
+from conftest import tiny_preset
 
-[train]
-steps = 6
-batch_size = 16
-lr = 0.001
-warmup = 2
-"""
+
 
 runner = CliRunner()
 
@@ -46,7 +29,7 @@ def setup(tmp_path_factory):
     assert r.exit_code == 0, r.output
     for name, dim in (("world-old", 32), ("world-new", 48)):
         preset = root / f"{name}.toml"
-        preset.write_text(TINY.format(dim=dim))
+        preset.write_text(tiny_preset(dim=dim, steps=6))
         r = invoke("train", "--preset", preset, "--data", root / "world", "--out", root / "models" / name)
         assert r.exit_code == 0, r.output
     r = invoke("index", "--model", root / "models" / "world-old", "--data", root / "world", "--out", root / "g")

@@ -20,27 +20,11 @@ from nobackfill.train.contrastive import info_nce
 from nobackfill.train.loop import LoopConfig, Method, lr_factor, train
 from nobackfill.train.world_model import train_preset
 
+from conftest import tiny_preset
+
 SRC = Path(__file__).resolve().parents[1] / "src"
 
-PRESET = """
-[model]
-embed_dim = 32
-image_size = 64
-patch_size = 16
-vision_width = 32
-vision_layers = 1
-vision_heads = 2
-text_width = 32
-text_layers = 1
-text_heads = 2
-vocab_size = 300
-
-[train]
-steps = 12
-batch_size = 16
-lr = 0.001
-warmup = 2
-"""
+PRESET = tiny_preset(dim=32, steps=12)
 
 #: run train_preset in a child that SIGKILLs itself when the loop writes its second checkpoint
 #: (so the first one, at step 4, is on disk and the log already has lines past it)

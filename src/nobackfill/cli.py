@@ -206,6 +206,29 @@ def demo(
     _write_json(json_out, result)
 
 
+@bench_app.command("encode")
+def bench_encode(
+    models: Path = typer.Option(Path("models"), help="Folder with world-old / world-new / world-newer."),
+    n_images: int = typer.Option(512, help="Images per timed pass."),
+    n_texts: int = typer.Option(2048, help="Texts per timed pass."),
+    threads: int = typer.Option(2, help="torch threads."),
+    minilm: bool = typer.Option(True, help="Also time all-MiniLM-L6-v2."),
+    json_out: Path = typer.Option(Path("runs/bench/encode.json"), "--json", help="JSON output (a .md table is written beside it)."),
+) -> None:
+    """Encoding throughput of each preset: ours vs a plain transformers loop (images/s, texts/s)."""
+    from .bench.encode import format_encode_table, run_encode_bench, write_report
+
+    dirs = {p.name: p for p in sorted(models.iterdir()) if (p / "config.json").is_file()} if models.is_dir() else {}
+    if not dirs:
+        _fail(f"{models}: no model directories found")
+    result = run_encode_bench(dirs, n_images=n_images, n_texts=n_texts, threads=threads,
+                              minilm="pretrained" if minilm else None)
+    write_report(result, json_out.parent)
+    if json_out.name != "encode.json":
+        _write_json(json_out, result)
+    typer.echo(format_encode_table(result))
+
+
 def main() -> None:
     app()
 

@@ -59,22 +59,23 @@ def torch_threads(n: int) -> Iterator[None]:
         torch.set_num_threads(old)
 
 
-def _time_paths(paths: Mapping[str, Callable[[], np.ndarray]], warmup: Mapping[str, Callable[[], object]],
-                n_items: int, repeats: int) -> tuple[dict[str, dict], dict[str, np.ndarray]]:
-    """Warm every path up, then time ``repeats`` interleaved passes; median items/s per path."""
-    for fn in warmup.values():
-        fn()
+def _time_paths(paths: Mapping[str, Callable[[Sequence], np.ndarray]], items: Sequence, batch_size: int,
+                repeats: int) -> tuple[dict[str, dict], dict[str, np.ndarray]]:
+    """Warm every path up on one batch, then time ``repeats`` interleaved passes over ``items``;
+    median items/s per path. ``paths[name](items)`` encodes a list of items."""
+    for fn in paths.values():
+        fn(items[:max(1, min(batch_size, len(items)))])
     times: dict[str, list[float]] = {k: [] for k in paths}
     last: dict[str, np.ndarray] = {}
     for _ in range(repeats):
         for name, fn in paths.items():
             t0 = time.perf_counter()
-            last[name] = fn()
+            last[name] = fn(items)
             times[name].append(time.perf_counter() - t0)
     stats = {}
     for name, ts in times.items():
         med = statistics.median(ts)
-        stats[name] = {"per_s": n_items / med if med > 0 else float("inf"), "median_s": med,
+        stats[name] = {"per_s": len(items) / med if med > 0 else float("inf"), "median_s": med,
                        "runs_s": [round(t, 6) for t in ts]}
     return stats, last
 
@@ -171,20 +172,12 @@ def bench_clip(directory: str | Path, images: Sequence[Image.Image], texts: Sequ
     if not hasattr(ours, "preprocessor"):
         raise ValueError(f"{directory}: not a CLIP dual encoder ({type(ours).__name__})")
     plain = PlainCLIP(directory)
-    wb = max(1, min(batch_size, len(images)))
     img_stats, img_out = _time_paths(
-        {"ours": lambda: ours.encode_images(images, batch_size=batch_size),
-         "plain_transformers": lambda: plain.encode_images(images, batch_size)},
-        {"ours": lambda: ours.encode_images(images[:wb], batch_size=batch_size),
-         "plain_transformers": lambda: plain.encode_images(images[:wb], batch_size)},
-        len(images), repeats)
-    wb = max(1, min(batch_size, len(texts)))
+        {"ours": lambda x: ours.encode_images(x, batch_size=batch_size),
+         "plain_transformers": lambda x: plain.encode_images(x, batch_size)}, images, batch_size, repeats)
     txt_stats, txt_out = _time_paths(
-        {"ours": lambda: ours.encode_texts(texts, batch_size=batch_size),
-         "plain_transformers": lambda: plain.encode_texts(texts, batch_size)},
-        {"ours": lambda: ours.encode_texts(texts[:wb], batch_size=batch_size),
-         "plain_transformers": lambda: plain.encode_texts(texts[:wb], batch_size)},
-        len(texts), repeats)
+        {"ours": lambda x: ours.encode_texts(x, batch_size=batch_size),
+         "plain_transformers": lambda x: plain.encode_texts(x, batch_size)}, texts, batch_size, repeats)
     res: dict = {"dir": str(directory), "space_id": ours.space_id, "embed_dim": ours.embed_dim,
                  "image_processor": type(plain.processor).__name__}
     for path in ("ours", "plain_transformers"):
@@ -210,13 +203,9 @@ def bench_minilm(directory: str | Path | None, texts: Sequence[str], batch_size:
     else:
         ours = MiniLMTextEncoder.load(directory)
     plain = PlainMeanPool(directory, ours.max_length)
-    wb = max(1, min(batch_size, len(texts)))
     stats, out = _time_paths(
-        {"ours": lambda: ours.encode_texts(texts, batch_size=batch_size),
-         "plain_transformers": lambda: plain.encode_texts(texts, batch_size)},
-        {"ours": lambda: ours.encode_texts(texts[:wb], batch_size=batch_size),
-         "plain_transformers": lambda: plain.encode_texts(texts[:wb], batch_size)},
-        len(texts), repeats)
+        {"ours": lambda x: ours.encode_texts(x, batch_size=batch_size),
+         "plain_transformers": lambda x: plain.encode_texts(x, batch_size)}, texts, batch_size, repeats)
     res: dict = {"dir": str(directory), "name": ours.name, "space_id": ours.space_id,
                  "embed_dim": ours.embed_dim}
     for path in ("ours", "plain_transformers"):

@@ -6,9 +6,6 @@ Pillow/NumPy preprocessing. Loads any local HF CLIP directory (e.g. a downloaded
 from __future__ import annotations
 
 import json
-import os
-import shutil
-import tempfile
 from pathlib import Path
 from typing import Sequence
 
@@ -21,16 +18,15 @@ hf_logging.disable_progress_bar()
 
 from ..progress import progress_bar
 from .base import DualEncoder, ImageInput, TokenOutput, l2_normalise
-from .fingerprint import fingerprint
+from .hf import NOBACKFILL_META, HFEncoderMixin
 from .preprocess import ImagePreprocessor
 
-NOBACKFILL_META = "nobackfill.json"
 
-
-class CLIPDualEncoder(DualEncoder):
+class CLIPDualEncoder(HFEncoderMixin, DualEncoder):
     """A ``CLIPModel`` behind the :class:`DualEncoder` interface."""
 
     kind = "hf-clip"
+    default_name = "clip"
 
     def __init__(self, model: CLIPModel, tokenizer: PreTrainedTokenizerBase,
                  preprocessor: ImagePreprocessor | None = None, meta: dict | None = None) -> None:
@@ -48,29 +44,8 @@ class CLIPDualEncoder(DualEncoder):
     def embed_dim(self) -> int:
         return int(self.model.config.projection_dim)
 
-    @property
-    def space_id(self) -> str:
-        if self._space_id is None:
-            vocab = sorted(self.tokenizer.get_vocab().items())
-            self._space_id = fingerprint(self.kind, self.model.config.to_dict(), self.model.state_dict(),
-                                         extra={"vocab": vocab, "pre": vars(self.preprocessor)})
-        return self._space_id
-
-    def invalidate_space_id(self) -> None:
-        """Call after changing weights in place (training) so the id is recomputed."""
-        self._space_id = None
-
-    @property
-    def name(self) -> str:
-        return str(self.meta.get("name") or self.model.config._name_or_path or "clip")
-
-    # ----------------------------------------------------------------- tokenisation
-    def tokenize(self, texts: Sequence[str]) -> dict[str, torch.Tensor]:
-        if isinstance(texts, str):
-            raise TypeError("encode_texts expects a sequence of strings, not one string")
-        enc = self.tokenizer(list(texts), padding=True, truncation=True, max_length=self.max_length,
-                             return_tensors="pt")
-        return {"input_ids": enc["input_ids"], "attention_mask": enc["attention_mask"]}
+    def _fingerprint_extra(self) -> dict:
+        return {"pre": vars(self.preprocessor)}
 
     # ----------------------------------------------------------------- differentiable features
     def image_features(self, pixel_values: torch.Tensor) -> torch.Tensor:
@@ -128,29 +103,9 @@ class CLIPDualEncoder(DualEncoder):
 
     # ----------------------------------------------------------------- persistence
     def save(self, directory: str | Path) -> Path:
-        """Write an HF-style directory atomically (temp dir, then rename over the target)."""
-        directory = Path(directory)
-        directory.parent.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(prefix=f".{directory.name}.", dir=directory.parent))
-        os.chmod(tmp, 0o755)
-        try:
-            self.model.save_pretrained(tmp, safe_serialization=True)
-            self.tokenizer.save_pretrained(tmp)
-            self.preprocessor.save(tmp)
-            meta = dict(self.meta, kind=self.kind, space_id=self.space_id, embed_dim=self.embed_dim)
-            (tmp / NOBACKFILL_META).write_text(json.dumps(meta, indent=2))
-            for f in tmp.iterdir():
-                os.chmod(f, 0o644)
-            if directory.exists():  # keep other files (logs); replace ours one by one, atomically
-                for f in sorted(tmp.iterdir(), key=lambda f: f.name == NOBACKFILL_META):
-                    os.replace(f, directory / f.name)
-                shutil.rmtree(tmp, ignore_errors=True)
-            else:
-                os.replace(tmp, directory)
-        except BaseException:
-            shutil.rmtree(tmp, ignore_errors=True)
-            raise
-        return directory
+        """Write an HF-style directory (model, tokenizer, preprocessor config) atomically."""
+        meta = dict(self.meta, kind=self.kind, space_id=self.space_id, embed_dim=self.embed_dim)
+        return self._save_dir(directory, meta, write_extra=self.preprocessor.save)
 
     @classmethod
     def load(cls, directory: str | Path) -> "CLIPDualEncoder":

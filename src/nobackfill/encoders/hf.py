@@ -1,0 +1,94 @@
+"""Plumbing shared by every Hugging Face encoder: space-id caching, tokenisation, and the
+atomic save of a model directory."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+import torch
+
+from .fingerprint import fingerprint
+
+NOBACKFILL_META = "nobackfill.json"
+
+
+class HFEncoderMixin:
+    """Needs ``self.model`` (a ``PreTrainedModel``), ``self.tokenizer``, ``self.meta``,
+    ``self.max_length`` and ``self._space_id``; subclasses add what else defines their space
+    via :meth:`_fingerprint_extra`."""
+
+    kind: str
+    default_name: str = "model"
+
+    def _fingerprint_extra(self) -> dict[str, Any]:
+        return {}
+
+    @property
+    def space_id(self) -> str:
+        if self._space_id is None:
+            extra = {"vocab": sorted(self.tokenizer.get_vocab().items()), **self._fingerprint_extra()}
+            self._space_id = fingerprint(self.kind, self.model.config.to_dict(), self.model.state_dict(), extra=extra)
+        return self._space_id
+
+    def invalidate_space_id(self) -> None:
+        """Call after changing weights in place (training) so the id is recomputed."""
+        self._space_id = None
+
+    @property
+    def name(self) -> str:
+        return str(self.meta.get("name") or self.model.config._name_or_path or self.default_name)
+
+    def tokenize(self, texts: Sequence[str]) -> dict[str, torch.Tensor]:
+        if isinstance(texts, str):
+            raise TypeError("encode_texts expects a sequence of strings, not one string")
+        enc = self.tokenizer(list(texts), padding=True, truncation=True, max_length=self.max_length,
+                             return_tensors="pt")
+        return {"input_ids": enc["input_ids"], "attention_mask": enc["attention_mask"]}
+
+    def _save_dir(self, directory: str | Path, meta: dict[str, Any],
+                  write_extra: Callable[[Path], None] | None = None) -> Path:
+        """Write model, tokenizer, ``nobackfill.json`` (+ ``write_extra``) atomically."""
+
+        def write(tmp: Path) -> None:
+            self.model.save_pretrained(tmp, safe_serialization=True)
+            self.tokenizer.save_pretrained(tmp)
+            if write_extra is not None:
+                write_extra(tmp)
+            (tmp / NOBACKFILL_META).write_text(json.dumps(meta, indent=2))
+
+        return atomic_model_dir(directory, write)
+
+
+def atomic_model_dir(directory: str | Path, write: Callable[[Path], None]) -> Path:
+    """Run ``write(tmp)`` into a temporary sibling folder, then move it into place.
+
+    A new directory appears whole (one rename). An existing one keeps its other files (training
+    logs); ours are replaced one by one with ``os.replace``, ``nobackfill.json`` last, so a reader
+    never sees a half-written file."""
+    directory = Path(directory)
+    directory.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{directory.name}.", dir=directory.parent))
+    os.chmod(tmp, 0o755)
+    try:
+        write(tmp)
+        for f in tmp.rglob("*"):
+            os.chmod(f, 0o755 if f.is_dir() else 0o644)
+        if directory.exists():
+            for f in sorted(tmp.rglob("*"), key=lambda f: (f.name == NOBACKFILL_META, len(f.parts))):
+                if f.is_dir():
+                    continue
+                dest = directory / f.relative_to(tmp)
+                dest.parent.mkdir(parents=True, exist_ok=True)
+                os.replace(f, dest)
+            shutil.rmtree(tmp, ignore_errors=True)
+        else:
+            os.replace(tmp, directory)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return directory
