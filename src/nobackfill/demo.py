@@ -52,12 +52,45 @@ def _new_old_raw(ctx: DemoContext) -> dict:
     return cross_retrieval(ctx.new_queries, ctx.gallery_vectors, ctx.data.caption_image)
 
 
+#: where the demo finds the shipped XBT upgrade (relative to the models folder's parent)
+XBT_UPGRADE = Path("upgrades") / "world-old-to-new"
+
+
+def _xbt(ctx: DemoContext) -> dict:
+    """New-model queries through the shipped XBT upgrade (seed 000) against the OLD gallery: the
+    gallery accepts them (same space id) and nothing is re-embedded."""
+    from .compat.upgrade import load_upgrade
+    from .index.store import SpaceMismatchError
+
+    up_dir = ctx.models_dir.parent / XBT_UPGRADE
+    upgrade = load_upgrade(up_dir)  # FileNotFoundError -> row skipped
+    new = load_encoder(ctx.models_dir / "world-new")  # a fresh copy: apply() attaches adapters in place
+    if upgrade.target_id != ctx.gallery.space_id:
+        raise FileNotFoundError(f"{up_dir} targets space {upgrade.target_id}, not this gallery's "
+                                f"{ctx.gallery.space_id}; re-run the command in its upgrade.json recipe")
+    try:
+        up = upgrade.apply(new)
+    except SpaceMismatchError as e:  # the shipped upgrade belongs to another world-new
+        raise FileNotFoundError(f"{up_dir}: {e}; re-run the command in its upgrade.json recipe") from None
+    q = embed_dataset(up, ctx.data)
+    ctx.gallery.search("image", q.texts[:1], k=1, space_id=up.space_id)  # refused unless compatible
+    with up.switched(False):
+        off = embed_dataset(up, ctx.data)
+    ctx.extras["xbt_onoff_max_abs_diff"] = float(max(np.abs(off.images - ctx.new_queries.images).max(),
+                                                     np.abs(off.texts - ctx.new_queries.texts).max()))
+    return cross_retrieval(q, ctx.gallery_vectors, ctx.data.caption_image)
+
+
 #: (json key, table label, function) — later issues append rows here
 DEMO_ROWS: list[tuple[str, str, Callable[[DemoContext], dict]]] = [
     ("old_old", "old/old", _old_old),
     ("new_new", "new/new", _new_new),
     ("new_old_raw", "raw new/old", _new_old_raw),
+    ("xbt", "XBT new/old", _xbt),
 ]
+
+#: the plot shows these rows first, in this order (old/old, raw, XBT, new/new side by side)
+PLOT_ORDER = ["old_old", "new_old_raw", "xbt", "new_new"]
 
 
 def _gallery_in_data_order(gallery: Gallery, data: PairDataset, space_id: str) -> Embedded:
@@ -87,7 +120,8 @@ def index_dataset(encoder: DualEncoder, data: PairDataset, out: str | Path, mode
 
 
 def run_demo(world: str | Path = "data/world", models_dir: str | Path = "models", out: str | Path = "runs/demo",
-             progress: bool = True, log: Callable[[str], None] = print) -> dict:
+             progress: bool = True, log: Callable[[str], None] = print, limit: int | None = None) -> dict:
+    """Run the demo; ``limit`` keeps only the first N test images (quick checks)."""
     world, models_dir, out = Path(world), Path(models_dir), Path(out)
     t0 = time.time()
     if not (world / "test" / "captions.jsonl").is_file():
@@ -95,7 +129,7 @@ def run_demo(world: str | Path = "data/world", models_dir: str | Path = "models"
 
         log(f"generating the world in {world} ...")
         generate_world(world, WorldSpec(**DEMO_WORLD), progress=progress)
-    data = load_eval_data(world, "test", langs=["en"])
+    data = load_eval_data(world, "test", langs=["en"], limit=limit)
     old = load_encoder(models_dir / "world-old")
     new = load_encoder(models_dir / "world-new")
     log(f"indexing {len(data)} test images + {len(data.captions)} captions with the old model ...")
@@ -118,11 +152,12 @@ def run_demo(world: str | Path = "data/world", models_dir: str | Path = "models"
     result = {k: {d: {m: v for m, v in r[d].items()} for d in ("t2i", "i2t")} for k, r in rows.items()}
     result.update({"n_images": len(data), "n_captions": len(data.captions),
                    "spaces": {"old": old.space_id, "new": new.space_id, "gallery": gallery.space_id},
-                   "seconds": round(time.time() - t0, 1)})
+                   "seconds": round(time.time() - t0, 1), **ctx.extras})
     header, body = recall_table_rows({labels[k]: rows[k] for k in rows})
     table = text_table(header, body)
     log(table)
-    fig = recall_bar_plot({labels[k]: rows[k] for k in rows}, f"world test split: {len(data)} images, {len(data.captions)} captions")
+    order = [k for k in PLOT_ORDER if k in rows] + [k for k in rows if k not in PLOT_ORDER]
+    fig = recall_bar_plot({labels[k]: rows[k] for k in order}, f"world test split: {len(data)} images, {len(data.captions)} captions")
     write_html(out / "report.html", "nobackfill demo: upgrading without a backfill",
                [("Retrieval (recall in %)", html_table(header, body)),
                 ("Details", f"<pre>{json.dumps(result, indent=2)}</pre>")], [fig])

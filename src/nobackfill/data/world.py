@@ -8,6 +8,7 @@ training can stream fresh scenes (:class:`WorldStream`) from a split no file eve
 
 from __future__ import annotations
 
+import io
 import json
 import os
 from concurrent.futures import ProcessPoolExecutor
@@ -76,9 +77,9 @@ def _write_block(args: tuple) -> list[dict]:
     for i in range(start, stop):
         scene, pixels = make_item(spec.seed, split, i, concepts)
         rel = f"images/{i:06d}.png"
-        tmp = img_dir / f".{i:06d}.png.tmp"
-        Image.fromarray(pixels).save(tmp, format="PNG", compress_level=1)
-        os.replace(tmp, img_dir / f"{i:06d}.png")
+        buf = io.BytesIO()  # stored (level 0): noise makes the pixels incompressible anyway
+        Image.fromarray(pixels).save(buf, format="PNG", compress_level=0)
+        (img_dir / f"{i:06d}.png").write_bytes(buf.getvalue())  # captions.jsonl, written last, commits
         vrng = np.random.default_rng([spec.seed, SPLIT_CODES[split], i, 7])
         labels = scene.labels()
         for g in grammars:
