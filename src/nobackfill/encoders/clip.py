@@ -69,16 +69,10 @@ class CLIPDualEncoder(HFEncoderMixin, DualEncoder):
                 advance(min(batch_size, n - s))
         return np.concatenate(out) if out else np.zeros((0, self.embed_dim), np.float32)
 
-    @torch.inference_mode()
     def encode_texts(self, texts: Sequence[str], batch_size: int = 256, progress: bool = False) -> np.ndarray:
-        out = []
-        n = len(texts)
-        with progress_bar(progress, "encode texts", n) as advance:
-            for s in range(0, n, batch_size):
-                enc = self.tokenize(texts[s:s + batch_size])
-                out.append(l2_normalise(self.text_features(**enc)).float().numpy())
-                advance(min(batch_size, n - s))
-        return np.concatenate(out) if out else np.zeros((0, self.embed_dim), np.float32)
+        """Unit-norm float32 ``(N, embed_dim)``. Texts are batched longest-first (CLIP's causal
+        mask and EOS pooling ignore padding, so less padding is pure savings); input order kept."""
+        return self._encode_texts_sorted(texts, batch_size, progress)
 
     @torch.inference_mode()
     def image_tokens(self, images: Sequence[ImageInput] | np.ndarray) -> TokenOutput:

@@ -10,7 +10,10 @@ import tempfile
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
+import numpy as np
 import torch
+
+from ..progress import progress_bar
 
 from .fingerprint import fingerprint
 
@@ -49,6 +52,40 @@ class HFEncoderMixin:
         enc = self.tokenizer(list(texts), padding=True, truncation=True, max_length=self.max_length,
                              return_tensors="pt")
         return {"input_ids": enc["input_ids"], "attention_mask": enc["attention_mask"]}
+
+    def _pad(self, seqs: list[list[int]]) -> dict[str, torch.Tensor]:
+        """Right-pad already tokenised sequences into one batch."""
+        width = max(len(s) for s in seqs)
+        pad = self.tokenizer.pad_token_id or 0
+        ids = torch.full((len(seqs), width), pad, dtype=torch.long)
+        mask = torch.zeros((len(seqs), width), dtype=torch.long)
+        for i, s in enumerate(seqs):
+            ids[i, :len(s)] = torch.as_tensor(s, dtype=torch.long)
+            mask[i, :len(s)] = 1
+        return {"input_ids": ids, "attention_mask": mask}
+
+    @torch.inference_mode()
+    def _encode_texts_sorted(self, texts: Sequence[str], batch_size: int, progress: bool) -> np.ndarray:
+        """``l2(text_features)`` of every text: tokenised once, batched longest-first (less
+        padding), rows returned in the input order."""
+        if isinstance(texts, str):
+            raise TypeError("encode_texts expects a sequence of strings, not one string")
+        if batch_size < 1:
+            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+        texts = list(texts)
+        n = len(texts)
+        out = np.zeros((n, self.embed_dim), np.float32)
+        if n == 0:
+            return out
+        ids = self.tokenizer(texts, truncation=True, max_length=self.max_length)["input_ids"]
+        order = sorted(range(n), key=lambda i: -len(ids[i]))  # stable: ties keep input order
+        with progress_bar(progress, "encode texts", n) as advance:
+            for s in range(0, n, batch_size):
+                idx = order[s:s + batch_size]
+                feats = self.text_features(**self._pad([ids[i] for i in idx]))
+                out[idx] = torch.nn.functional.normalize(feats, dim=-1).float().numpy()
+                advance(len(idx))
+        return out
 
     def _save_dir(self, directory: str | Path, meta: dict[str, Any],
                   write_extra: Callable[[Path], None] | None = None) -> Path:

@@ -102,17 +102,6 @@ class MiniLMTextEncoder(HFEncoderMixin, DualEncoder):
     def _fingerprint_extra(self) -> dict:
         return {"pooling": "mean", "normalize": True, "max_length": self.max_length}
 
-    def _pad(self, seqs: list[list[int]]) -> dict[str, torch.Tensor]:
-        """Right-pad already tokenised sequences into one batch."""
-        width = max(len(s) for s in seqs)
-        pad = self.tokenizer.pad_token_id or 0
-        ids = torch.full((len(seqs), width), pad, dtype=torch.long)
-        mask = torch.zeros((len(seqs), width), dtype=torch.long)
-        for i, s in enumerate(seqs):
-            ids[i, :len(s)] = torch.as_tensor(s, dtype=torch.long)
-            mask[i, :len(s)] = 1
-        return {"input_ids": ids, "attention_mask": mask}
-
     # ----------------------------------------------------------------- differentiable features
     def token_states(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
         """Last hidden states ``(N, L, D)``; differentiable."""
@@ -134,28 +123,9 @@ class MiniLMTextEncoder(HFEncoderMixin, DualEncoder):
         raise NotImplementedError(f"{type(self).__name__} ({self.name}) is a text-only encoder: "
                                   "it has no image tokens")
 
-    @torch.inference_mode()
     def encode_texts(self, texts: Sequence[str], batch_size: int = 256, progress: bool = False) -> np.ndarray:
-        """Unit-norm float32 ``(N, embed_dim)``. Texts are batched longest-first (less padding)
-        and the rows come back in the input order."""
-        if isinstance(texts, str):
-            raise TypeError("encode_texts expects a sequence of strings, not one string")
-        if batch_size < 1:
-            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
-        texts = list(texts)
-        n = len(texts)
-        out = np.zeros((n, self.embed_dim), np.float32)
-        if n == 0:
-            return out
-        ids = self.tokenizer(texts, truncation=True, max_length=self.max_length)["input_ids"]
-        order = sorted(range(n), key=lambda i: -len(ids[i]))  # stable: ties keep input order
-        with progress_bar(progress, "encode texts", n) as advance:
-            for s in range(0, n, batch_size):
-                idx = order[s:s + batch_size]
-                enc = self._pad([ids[i] for i in idx])
-                out[idx] = l2_normalise(self.text_features(**enc)).float().numpy()
-                advance(len(idx))
-        return out
+        """Unit-norm float32 ``(N, embed_dim)`` (longest-first batching, input order kept)."""
+        return self._encode_texts_sorted(texts, batch_size, progress)
 
     @torch.inference_mode()
     def text_tokens(self, texts: Sequence[str]) -> TokenOutput:
