@@ -450,3 +450,17 @@ def test_load_encoder_errors(tmp_path) -> None:
         load_encoder(bad)
     with pytest.raises(ConfigError):
         get_preset("no-such-preset")
+
+
+def test_float16_storage_round_trip(tokenizer, tmp_path, pixels) -> None:
+    """Stored as float16 (half the bytes), reloaded as float32, identical to the saved model."""
+    enc = create_model("world-old", tokenizer, seed=3)
+    full = enc.save(tmp_path / "f32")
+    enc.save(tmp_path / "f16", weights_dtype="float16")
+    assert (tmp_path / "f16" / "model.safetensors").stat().st_size < 0.6 * (full / "model.safetensors").stat().st_size
+    back = load_encoder(tmp_path / "f16")
+    assert next(back.model.parameters()).dtype == torch.float32
+    assert back.space_id == enc.space_id
+    np.testing.assert_array_equal(back.encode_images(pixels), enc.encode_images(pixels))
+    with pytest.raises(ValueError, match="weights_dtype"):
+        enc.save(tmp_path / "bad", weights_dtype="int8")

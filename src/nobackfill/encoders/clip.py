@@ -96,10 +96,15 @@ class CLIPDualEncoder(HFEncoderMixin, DualEncoder):
         return TokenOutput(tok.float(), enc["attention_mask"].bool() & ~special)
 
     # ----------------------------------------------------------------- persistence
-    def save(self, directory: str | Path) -> Path:
-        """Write an HF-style directory (model, tokenizer, preprocessor config) atomically."""
+    def save(self, directory: str | Path, weights_dtype: str = "float32") -> Path:
+        """Write an HF-style directory (model, tokenizer, preprocessor config) atomically.
+
+        ``weights_dtype="float16"`` halves the file: the in-memory weights are first rounded to
+        float16 values, so the saved-and-reloaded (float32) model equals this one exactly."""
+        if weights_dtype == "float16":
+            self.round_weights_to_float16()
         meta = dict(self.meta, kind=self.kind, space_id=self.space_id, embed_dim=self.embed_dim)
-        return self._save_dir(directory, meta, write_extra=self.preprocessor.save)
+        return self._save_dir(directory, meta, write_extra=self.preprocessor.save, weights_dtype=weights_dtype)
 
     @classmethod
     def load(cls, directory: str | Path) -> "CLIPDualEncoder":
@@ -107,7 +112,7 @@ class CLIPDualEncoder(HFEncoderMixin, DualEncoder):
         directory = Path(directory)
         if not (directory / "config.json").is_file():
             raise FileNotFoundError(f"{directory}: not a model directory (no config.json)")
-        model = CLIPModel.from_pretrained(directory, local_files_only=True)
+        model = CLIPModel.from_pretrained(directory, local_files_only=True, dtype=torch.float32)
         tokenizer = AutoTokenizer.from_pretrained(directory, local_files_only=True)
         pre = ImagePreprocessor.from_dir(directory, model.config.vision_config.image_size)
         meta_path = directory / NOBACKFILL_META

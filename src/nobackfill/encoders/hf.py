@@ -87,12 +87,27 @@ class HFEncoderMixin:
                 advance(len(idx))
         return out
 
+    @torch.no_grad()
+    def round_weights_to_float16(self) -> None:
+        """Round every floating-point weight to the nearest float16 value (kept as float32)."""
+        for t in self.model.state_dict().values():
+            if t.is_floating_point():
+                t.copy_(t.half().float())
+        self.invalidate_space_id()
+
     def _save_dir(self, directory: str | Path, meta: dict[str, Any],
-                  write_extra: Callable[[Path], None] | None = None) -> Path:
-        """Write model, tokenizer, ``nobackfill.json`` (+ ``write_extra``) atomically."""
+                  write_extra: Callable[[Path], None] | None = None, weights_dtype: str = "float32") -> Path:
+        """Write model, tokenizer, ``nobackfill.json`` (+ ``write_extra``) atomically; weights are
+        stored as ``weights_dtype`` ("float32" or "float16"; loading always gives float32)."""
+        if weights_dtype not in ("float32", "float16"):
+            raise ValueError(f"weights_dtype must be 'float32' or 'float16', got {weights_dtype!r}")
 
         def write(tmp: Path) -> None:
-            self.model.save_pretrained(tmp, safe_serialization=True)
+            if weights_dtype == "float16":
+                self.model.to(torch.float16).save_pretrained(tmp, safe_serialization=True)
+                self.model.to(torch.float32)
+            else:
+                self.model.save_pretrained(tmp, safe_serialization=True)
             self.tokenizer.save_pretrained(tmp)
             if write_extra is not None:
                 write_extra(tmp)

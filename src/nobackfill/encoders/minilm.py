@@ -84,7 +84,7 @@ class MiniLMTextEncoder(HFEncoderMixin, DualEncoder):
         directory = Path(directory)
         if not (directory / "config.json").is_file():
             raise FileNotFoundError(f"{directory}: not a model directory (no config.json)")
-        model = AutoModel.from_pretrained(directory, local_files_only=True)
+        model = AutoModel.from_pretrained(directory, local_files_only=True, dtype=torch.float32)
         tokenizer = AutoTokenizer.from_pretrained(directory, local_files_only=True)
         meta_path = directory / NOBACKFILL_META
         meta = json.loads(meta_path.read_text()) if meta_path.is_file() else {"name": directory.name}

@@ -52,6 +52,7 @@ class RecipeSpec:
     lr: float = 1e-3
     warmup: int = 200
     weight_decay: float = 0.05
+    save_dtype: str = "float32"  # "float16" halves the shipped file (weights rounded before saving)
     shapes: list[str] | None = None
     colours: list[str] | None = None
 

@@ -31,8 +31,9 @@ class ContrastivePretraining(Method):
 
     name = "contrastive"
 
-    def __init__(self, encoder: CLIPDualEncoder, max_logit_scale: float = 100.0) -> None:
+    def __init__(self, encoder: CLIPDualEncoder, max_logit_scale: float = 100.0, save_dtype: str = "float32") -> None:
         self.encoder = encoder
+        self.save_dtype = save_dtype
         self.max_log_scale = float(np.log(max_logit_scale))
 
     def param_groups(self) -> list[dict]:
@@ -69,4 +70,4 @@ class ContrastivePretraining(Method):
 
     def export(self, out: Path) -> None:
         self.encoder.invalidate_space_id()
-        self.encoder.save(out)
+        self.encoder.save(out, weights_dtype=self.save_dtype)

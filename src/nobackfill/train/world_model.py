@@ -65,7 +65,7 @@ def train_preset(preset: str | Preset, data: str | Path, out: str | Path, *, ste
     tokenizer = train_bpe_tokenizer(corpus, preset.model.vocab_size, preset.model.max_length)
     encoder = create_model(preset, tokenizer, seed=seed)
     encoder.meta.update({"name": out.name, "concepts": asdict(concepts)})
-    method = ContrastivePretraining(encoder)
+    method = ContrastivePretraining(encoder, save_dtype=rec.save_dtype)
     if spec is not None and stream:
         from ..data.batches import WorldBatches
 
