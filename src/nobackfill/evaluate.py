@@ -90,3 +90,53 @@ def cross_retrieval(query: Embedded, gallery: Embedded, text_to_image: np.ndarra
     if query.images.shape[1] != gallery.images.shape[1]:
         out["note"] = f"raw comparison of different widths ({query.images.shape[1]} vs {gallery.images.shape[1]}): first {min(query.images.shape[1], gallery.images.shape[1])} dims"
     return out
+
+
+#: captions per cache block of :func:`embed_texts_cached` (blocks at fixed offsets, so a prefix of a
+#: list reuses the blocks of the whole list)
+TEXT_CACHE_BLOCK = 5000
+
+
+def _texts_key(texts: Sequence[str]) -> str:
+    h = hashlib.sha256()
+    for t in texts:
+        h.update(t.encode("utf-8"))
+        h.update(b"\n")
+    return h.hexdigest()[:20]
+
+
+def embed_texts_cached(encoder: DualEncoder, texts: Sequence[str], cache_dir: str | Path | None, *,
+                       space_id: str | None = None, block: int = TEXT_CACHE_BLOCK, batch_size: int = 256,
+                       progress: bool = False, stats: dict | None = None) -> np.ndarray:
+    """``encoder.encode_texts(texts)``, cached on disk in blocks of ``block`` captions, each file
+    ``<cache_dir>/<space id>-t<sha256 of the block's texts>.npy``. A block is only recomputed
+    when its texts or the model's space id change. ``space_id`` overrides ``encoder.space_id``
+    (an upgraded query side names its own space). ``stats`` (if given) counts ``hits`` and
+    ``misses`` (blocks)."""
+    texts = list(texts)
+    sid = space_id or encoder.space_id
+    if cache_dir is None:
+        return encoder.encode_texts(texts, batch_size=batch_size, progress=progress)
+    cache = Path(cache_dir)
+    cache.mkdir(parents=True, exist_ok=True)
+    parts = []
+    for s in range(0, len(texts), block):
+        chunk = texts[s:s + block]
+        path = cache / f"{sid}-t{_texts_key(chunk)}.npy"
+        if path.is_file():
+            arr = np.load(path)
+            if arr.shape[0] == len(chunk):
+                parts.append(arr)
+                if stats is not None:
+                    stats["hits"] = stats.get("hits", 0) + 1
+                continue
+        arr = encoder.encode_texts(chunk, batch_size=batch_size, progress=progress)
+        tmp = path.with_name(path.name + ".tmp.npy")
+        np.save(tmp, arr)
+        tmp.replace(path)
+        parts.append(arr)
+        if stats is not None:
+            stats["misses"] = stats.get("misses", 0) + 1
+    if not parts:
+        return np.zeros((0, encoder.embed_dim), np.float32)
+    return np.concatenate(parts).astype(np.float32, copy=False)

@@ -6,6 +6,7 @@ periodic crash-safe checkpoints, exact resume after a kill, and fixed seeds.
 
 from __future__ import annotations
 
+import copy
 import json
 import math
 import os
@@ -36,10 +37,17 @@ class LoopConfig:
     eval_every: int = 500
     threads: int = 0  # 0 = leave torch's default
     schedule: str = "cosine"  # cosine | constant
+    #: early stopping: the key of ``evaluate()``'s result to watch (higher is better; "" = off).
+    #: Training stops after ``patience`` evaluations without a strict improvement and the method is
+    #: restored to its best evaluated state before export (``steps`` is then a budget).
+    early_stop: str = ""
+    patience: int = 3
 
     def __post_init__(self) -> None:
         if self.steps <= 0:
             raise ValueError(f"steps must be positive, got {self.steps}")
+        if self.early_stop and self.patience < 1:
+            raise ValueError(f"patience must be >= 1 with early_stop, got {self.patience}")
         if self.schedule not in ("cosine", "constant"):
             raise ValueError(f"schedule must be 'cosine' or 'constant', got {self.schedule!r}")
 
@@ -112,6 +120,10 @@ class TrainResult:
     last_loss: float
     history: list[dict]
     out: Path
+    #: with early stopping: the step whose state was kept, its value, and whether the run stopped early
+    best_step: int | None = None
+    best_value: float | None = None
+    stopped_early: bool = False
 
 
 def train(method: Method, batches: BatchSource, cfg: LoopConfig, out: str | Path,
@@ -135,6 +147,8 @@ def train(method: Method, batches: BatchSource, cfg: LoopConfig, out: str | Path
     ckpt_path = out / "checkpoint.pt"
     log_path = out / "train_log.jsonl"
     start, history, elapsed = 0, [], 0.0
+    # early-stopping state: best value, its step, evaluations since, a copy of the best state
+    es: dict = {"best": None, "step": None, "bad": 0, "state": None, "stopped": False}
     if ckpt_path.is_file():
         state = torch.load(ckpt_path, weights_only=False)
         method.load_state_dict(state["method"])
@@ -143,6 +157,7 @@ def train(method: Method, batches: BatchSource, cfg: LoopConfig, out: str | Path
         torch.set_rng_state(state["torch_rng"])
         np.random.set_state(state["numpy_rng"])
         random.setstate(state["python_rng"])
+        es = state.get("early_stop", es)
         # drop log lines written after the checkpoint (the steps are re-run and logged again)
         tmp_log = log_path.with_name(log_path.name + ".tmp")
         tmp_log.write_text("".join(json.dumps(r) + "\n" for r in history))
@@ -153,6 +168,8 @@ def train(method: Method, batches: BatchSource, cfg: LoopConfig, out: str | Path
     with progress_bar(progress, f"train {method.name}", cfg.steps) as advance:
         advance(start)
         for step in range(start, cfg.steps):
+            if es["stopped"]:
+                break
             f = lr_factor(step, cfg)
             for g in opt.param_groups:
                 g["lr"] = g["base_lr"] * f
@@ -174,8 +191,18 @@ def train(method: Method, batches: BatchSource, cfg: LoopConfig, out: str | Path
                           "seconds": round(time.time() - t0, 2), **logs}
             if evaluate is not None and (done % cfg.eval_every == 0 or done == cfg.steps):
                 method.train_mode(False)
+                metrics = evaluate()
                 record = dict(record or {"step": done, "loss": last, "seconds": round(time.time() - t0, 2)},
-                              **{f"eval/{k}": v for k, v in evaluate().items()})
+                              **{f"eval/{k}": v for k, v in metrics.items()})
+                if cfg.early_stop:
+                    if cfg.early_stop not in metrics:
+                        raise KeyError(f"early_stop key {cfg.early_stop!r} not in evaluate() result {sorted(metrics)}")
+                    value = float(metrics[cfg.early_stop])
+                    if es["best"] is None or value > es["best"]:
+                        es.update(best=value, step=done, bad=0, state=copy.deepcopy(method.state_dict()))
+                    else:
+                        es["bad"] += 1
+                        es["stopped"] = es["bad"] >= cfg.patience
                 method.train_mode(True)
             if record is not None:
                 history.append(record)
@@ -185,14 +212,19 @@ def train(method: Method, batches: BatchSource, cfg: LoopConfig, out: str | Path
                 _atomic_torch_save({"method": method.state_dict(), "optimizer": opt.state_dict(), "step": done,
                                     "history": history, "elapsed": time.time() - t0,
                                     "torch_rng": torch.get_rng_state(), "numpy_rng": np.random.get_state(),
-                                    "python_rng": random.getstate(), "config": asdict(cfg)}, ckpt_path)
+                                    "python_rng": random.getstate(), "config": asdict(cfg),
+                                    "early_stop": es}, ckpt_path)
     method.train_mode(False)
+    if cfg.early_stop and es["state"] is not None:
+        method.load_state_dict(es["state"])
     seconds = time.time() - t0
     if export:
         method.export(out)
     if ckpt_path.exists():
         ckpt_path.unlink()
-    return TrainResult(steps=cfg.steps, seconds=seconds, last_loss=last, history=history, out=out)
+    steps_done = history[-1]["step"] if es["stopped"] and history else cfg.steps
+    return TrainResult(steps=steps_done, seconds=seconds, last_loss=last, history=history, out=out,
+                       best_step=es["step"], best_value=es["best"], stopped_early=bool(es["stopped"]))
 
 
 def trainable(params: Iterable[torch.nn.Parameter]) -> list[torch.nn.Parameter]:

@@ -1,0 +1,289 @@
+"""Parameter-efficient, switchable additions to a CLIP model (XBT, seed 000, Sec. 3.3 and 4.1).
+
+Three kinds, each optional, none of which ever modifies a base weight:
+
+* **LoRA** (via ``peft``) on the attention projections of the new image and text encoders:
+  rank 16, alpha 16, dropout 0.1 (Sec. 4.1). The paper does not name the target layers; we adapt
+  ``q_proj, k_proj, v_proj, out_proj`` of every layer of both towers (configurable).
+* **Soft prompts** on the vision encoder only: ``n_prompts`` (10, App. A.2) learnable tokens
+  inserted after the CLS token, before the vision ``pre_layrnorm`` (VPT-shallow style; the
+  pooled CLS output is unchanged in position). No text prompts: phi was pretrained on the original
+  text distribution (Sec. 3.3).
+* **LayerNorms**: every LayerNorm of both towers gets a trainable copy of its weight and bias
+  (App. A.2: "layer normalization is set to be the only trainable component for all VLP image and
+  text encoders"); the original LayerNorm stays in the model, frozen.
+
+Switching off (:meth:`Adapters.set_enabled`) routes every wrapped layer back to its original
+module (LoRA: peft's disabled path ``base_layer(x)``; LayerNorm: the original module; prompts: not
+inserted), so the model's outputs equal the original model's **bit for bit**.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import re
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Iterator
+
+import torch
+import torch.nn.functional as F
+from safetensors.torch import load_file, save_file
+from torch import nn
+
+ADAPTER_WEIGHTS = "adapter_model.safetensors"
+ADAPTER_CONFIG = "adapter_config.json"
+PROMPT_MODULE = "nobackfill_vision_prompts"
+TOWERS = ("vision", "text")
+
+
+@dataclass
+class AdapterConfig:
+    """What to add. Defaults are XBT's (Sec. 4.1, App. A.2)."""
+
+    lora_rank: int = 16
+    lora_alpha: int = 16
+    lora_dropout: float = 0.1
+    lora_targets: tuple[str, ...] = ("q_proj", "k_proj", "v_proj", "out_proj")
+    lora_towers: tuple[str, ...] = TOWERS  # () = no LoRA
+    n_prompts: int = 10  # vision soft prompts; 0 = none
+    layernorm: bool = True  # trainable LayerNorm copies in both towers
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        self.lora_targets = tuple(self.lora_targets)
+        self.lora_towers = tuple(self.lora_towers)
+        bad = [t for t in self.lora_towers if t not in TOWERS]
+        if bad:
+            raise ValueError(f"lora_towers must be a subset of {TOWERS}, got {bad}")
+        if self.lora_towers and self.lora_rank < 1:
+            raise ValueError(f"lora_rank must be >= 1, got {self.lora_rank}")
+        if self.n_prompts < 0:
+            raise ValueError(f"n_prompts must be >= 0, got {self.n_prompts}")
+
+    @classmethod
+    def xbt(cls, **kw) -> "AdapterConfig":
+        """LoRA (both towers) + 10 vision prompts + LayerNorms (Sec. 3.3, App. A.2)."""
+        return cls(**kw)
+
+    @classmethod
+    def lora_only(cls, **kw) -> "AdapterConfig":
+        """The LoRA-only baseline of Table 1."""
+        return cls(**{"n_prompts": 0, "layernorm": False, **kw})
+
+    @classmethod
+    def base(cls, **kw) -> "AdapterConfig":
+        """The Base baseline of Table 1: LoRA-only plus the learnable prompts."""
+        return cls(**{"layernorm": False, **kw})
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d["lora_targets"], d["lora_towers"] = list(self.lora_targets), list(self.lora_towers)
+        return d
+
+
+class SwitchableLayerNorm(nn.Module):
+    """A LayerNorm with a trainable copy of its affine parameters; the original stays as
+    ``self.base`` (frozen) and is used verbatim when switched off."""
+
+    def __init__(self, base: nn.LayerNorm) -> None:
+        super().__init__()
+        self.base = base
+        self.enabled = True
+        w = base.weight.detach().clone() if base.weight is not None else torch.ones(base.normalized_shape)
+        b = base.bias.detach().clone() if getattr(base, "bias", None) is not None else torch.zeros(base.normalized_shape)
+        self.tuned_weight = nn.Parameter(w)
+        self.tuned_bias = nn.Parameter(b)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if not self.enabled:
+            return self.base(x)
+        return F.layer_norm(x, self.base.normalized_shape, self.tuned_weight, self.tuned_bias, self.base.eps)
+
+
+class VisionPrompts(nn.Module):
+    """``n`` learnable tokens inserted after the vision CLS token (a forward hook on the
+    vision embeddings)."""
+
+    def __init__(self, n: int, width: int) -> None:
+        super().__init__()
+        self.prompts = nn.Parameter(torch.randn(n, width) * 0.02)
+        self.enabled = True
+
+    def insert(self, hidden: torch.Tensor) -> torch.Tensor:
+        p = self.prompts.to(hidden.dtype).unsqueeze(0).expand(hidden.shape[0], -1, -1)
+        return torch.cat([hidden[:, :1], p, hidden[:, 1:]], dim=1)
+
+
+def _towers(model: nn.Module) -> dict[str, nn.Module]:
+    return {"vision": model.vision_model, "text": model.text_model}
+
+
+@contextlib.contextmanager
+def _seeded(seed: int) -> Iterator[None]:
+    state = torch.random.get_rng_state()
+    torch.manual_seed(seed)
+    try:
+        yield
+    finally:
+        torch.random.set_rng_state(state)
+
+
+class Adapters:
+    """Attach the additions of ``cfg`` to a ``transformers.CLIPModel`` *in place*.
+
+    Every base parameter is frozen; the added ones are trainable. Switched on by default.
+    ``base_state_dict()`` gives the base weights under their original names (to check they never
+    change); ``state_dict()`` only the added tensors (what an upgrade directory stores).
+    """
+
+    def __init__(self, model: nn.Module, cfg: AdapterConfig | None = None) -> None:
+        self.model = model
+        self.cfg = cfg = cfg or AdapterConfig()
+        self.lora_config = None
+        self._hook = None
+        model.requires_grad_(False)
+        with _seeded(cfg.seed):
+            if cfg.lora_towers:
+                from peft import LoraConfig, inject_adapter_in_model
+
+                prefixes = "|".join(f"{t}_model" for t in cfg.lora_towers)
+                targets = "|".join(re.escape(t) for t in cfg.lora_targets)
+                self.lora_config = LoraConfig(
+                    r=cfg.lora_rank, lora_alpha=cfg.lora_alpha, lora_dropout=cfg.lora_dropout, bias="none",
+                    target_modules=rf"^({prefixes})\.encoder\.layers\.\d+\.self_attn\.({targets})$")
+                inject_adapter_in_model(self.lora_config, model)
+            if cfg.layernorm:
+                for tower in _towers(model).values():
+                    for name, mod in list(tower.named_modules()):
+                        if isinstance(mod, nn.LayerNorm):
+                            parent = tower.get_submodule(name.rpartition(".")[0]) if "." in name else tower
+                            setattr(parent, name.rpartition(".")[2], SwitchableLayerNorm(mod))
+            if cfg.n_prompts:
+                width = model.config.vision_config.hidden_size
+                model.add_module(PROMPT_MODULE, VisionPrompts(cfg.n_prompts, width))
+                self._hook = model.vision_model.embeddings.register_forward_hook(self._prompt_hook)
+        for _, p in self.named_parameters():
+            p.requires_grad_(True)
+        self._enabled = True
+
+    # ----------------------------------------------------------------- structure
+    @property
+    def prompts(self) -> VisionPrompts | None:
+        return getattr(self.model, PROMPT_MODULE, None)
+
+    def _prompt_hook(self, module, inputs, output):
+        pr = self.prompts
+        if pr is None or not pr.enabled:
+            return None
+        return pr.insert(output)
+
+    @staticmethod
+    def is_adapter_name(name: str) -> bool:
+        return (".lora_" in name or name.startswith(PROMPT_MODULE + ".")
+                or name.endswith(".tuned_weight") or name.endswith(".tuned_bias"))
+
+    def named_parameters(self) -> list[tuple[str, nn.Parameter]]:
+        return [(n, p) for n, p in self.model.named_parameters() if self.is_adapter_name(n)]
+
+    def groups(self) -> dict[str, list[nn.Parameter]]:
+        """``{"lora": [...], "prompts": [...], "layernorm": [...]}`` (empty lists allowed)."""
+        out: dict[str, list[nn.Parameter]] = {"lora": [], "prompts": [], "layernorm": []}
+        for n, p in self.named_parameters():
+            key = "lora" if ".lora_" in n else "prompts" if n.startswith(PROMPT_MODULE) else "layernorm"
+            out[key].append(p)
+        return out
+
+    def num_parameters(self) -> dict[str, int]:
+        return {k: sum(p.numel() for p in v) for k, v in self.groups().items()}
+
+    def base_state_dict(self) -> dict[str, torch.Tensor]:
+        """The model's base weights under their original (pre-attachment) names."""
+        out = {}
+        for n, t in self.model.state_dict().items():
+            if self.is_adapter_name(n):
+                continue
+            out[n.replace(".base_layer.", ".").replace(".base.", ".")] = t
+        return out
+
+    # ----------------------------------------------------------------- on / off
+    @property
+    def enabled(self) -> bool:
+        return self._enabled
+
+    def set_enabled(self, enabled: bool) -> None:
+        """Switch every addition on or off (off = the original model, bit for bit)."""
+        from peft.tuners.tuners_utils import BaseTunerLayer
+
+        enabled = bool(enabled)
+        grads = {id(p): p.requires_grad for _, p in self.named_parameters()}
+        for m in self.model.modules():
+            if isinstance(m, BaseTunerLayer):
+                m.enable_adapters(enabled)  # peft also toggles requires_grad; restored below
+            elif isinstance(m, (SwitchableLayerNorm, VisionPrompts)):
+                m.enabled = enabled
+        for _, p in self.named_parameters():
+            p.requires_grad_(grads[id(p)])
+        self._enabled = enabled
+
+    @contextlib.contextmanager
+    def switched(self, enabled: bool) -> Iterator[None]:
+        prev = self._enabled
+        self.set_enabled(enabled)
+        try:
+            yield
+        finally:
+            self.set_enabled(prev)
+
+    def detach(self) -> None:
+        """Remove the prompt hook (LoRA and LayerNorm wrappers stay; switch them off)."""
+        if self._hook is not None:
+            self._hook.remove()
+            self._hook = None
+
+    # ----------------------------------------------------------------- persistence
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        return {n: p.detach().clone().contiguous() for n, p in self.named_parameters()}
+
+    def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
+        own = dict(self.named_parameters())
+        missing, unexpected = sorted(set(own) - set(state)), sorted(set(state) - set(own))
+        if missing or unexpected:
+            raise ValueError(f"adapter weights do not match the configuration: missing {missing[:4]}"
+                             f"{'...' if len(missing) > 4 else ''}, unexpected {unexpected[:4]}"
+                             f"{'...' if len(unexpected) > 4 else ''}")
+        with torch.no_grad():
+            for n, p in own.items():
+                if p.shape != state[n].shape:
+                    raise ValueError(f"adapter weight {n}: shape {tuple(state[n].shape)}, expected {tuple(p.shape)}")
+                p.copy_(state[n])
+
+    def save(self, directory: str | Path) -> None:
+        """``adapter_model.safetensors`` (every added tensor) and ``adapter_config.json`` (the peft
+        ``LoraConfig``, Hugging Face style, plus our additions under ``"nobackfill"``)."""
+        d = Path(directory)
+        d.mkdir(parents=True, exist_ok=True)
+        save_file(self.state_dict(), str(d / ADAPTER_WEIGHTS))
+        cfg = {}
+        if self.lora_config is not None:
+            cfg = {k: (sorted(v) if isinstance(v, set) else v) for k, v in self.lora_config.to_dict().items()}
+        cfg = json.loads(json.dumps(cfg, default=str))
+        cfg["nobackfill"] = self.cfg.to_dict()
+        (d / ADAPTER_CONFIG).write_text(json.dumps(cfg, indent=2))
+
+    @staticmethod
+    def read_config(directory: str | Path) -> AdapterConfig:
+        path = Path(directory) / ADAPTER_CONFIG
+        if not path.is_file():
+            raise FileNotFoundError(f"{directory}: no {ADAPTER_CONFIG}")
+        return AdapterConfig(**json.loads(path.read_text())["nobackfill"])
+
+    def load(self, directory: str | Path) -> None:
+        self.load_state_dict(load_file(str(Path(directory) / ADAPTER_WEIGHTS)))
+
+
+def trainable_names(model: nn.Module) -> set[str]:
+    """Names of the parameters of ``model`` that require grad."""
+    return {n for n, p in model.named_parameters() if p.requires_grad}
+

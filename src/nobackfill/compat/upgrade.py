@@ -1,0 +1,365 @@
+"""Upgrade directories: what an operator ships to serve a new model against an old gallery.
+
+Layout (Hugging Face style; everything small, the base models are referenced by space id, never
+copied)::
+
+    upgrade.json                 {"format": "nobackfill-upgrade", "version": 1, "kind": ...,
+                                  "source": {"space_id", "name", "embed_dim"},   (the new model)
+                                  "target": {"space_id", "name", "embed_dim"},   (the gallery's space)
+                                  "phi": {...}, "adapters": {...}, "recipe": {...}}
+    adapter_model.safetensors    LoRA / prompt / LayerNorm tensors        (kinds xbt, direct-*)
+    adapter_config.json          peft LoraConfig (+ "nobackfill": our AdapterConfig)
+    phi.safetensors, phi_config.json                                     (kinds xbt, direct-*, phi)
+    procrustes.safetensors                                               (kind procrustes)
+    encoder/                     a full fine-tuned model                 (kind direct-full only)
+
+Kinds: ``xbt`` (Sec. 3.3), ``direct-lora`` / ``direct-base`` / ``direct-full`` (Eq. 6 baselines),
+``phi`` (stage 1 only, Eq. 3: a vector bridge) and ``procrustes`` (a vector bridge).
+
+``load_upgrade(dir)`` reads one; ``upgrade.apply(new_encoder)`` gives an :class:`UpgradedEncoder`
+that embeds the new model's inputs into the target (old) space, and ``enabled = False`` gives
+back the original new model bit for bit. Vector kinds give a bridge (``upgrade.bridge()``) for
+:meth:`nobackfill.index.Gallery.search`. :func:`query_side` hides the difference.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Iterator, Sequence
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from ..encoders.base import DualEncoder
+from ..index.store import SpaceMismatchError
+from ..progress import progress_bar
+from .adapters import AdapterConfig, Adapters
+from .bridges import PhiBridge, ProcrustesBridge
+from .phi import Projection
+
+UPGRADE_FILE = "upgrade.json"
+FORMAT = "nobackfill-upgrade"
+VERSION = 1
+ADAPTER_KINDS = ("xbt", "direct-lora", "direct-base")
+ENCODER_KINDS = ADAPTER_KINDS + ("direct-full",)
+VECTOR_KINDS = ("phi", "procrustes")
+KINDS = ENCODER_KINDS + VECTOR_KINDS
+
+
+def space_info(encoder: DualEncoder, space_id: str | None = None, dim: int | None = None) -> dict:
+    return {"space_id": space_id or encoder.space_id, "name": str(getattr(encoder, "name", "")),
+            "embed_dim": int(dim or encoder.embed_dim)}
+
+
+class UpgradedEncoder(DualEncoder):
+    """A new CLIP model plus its upgrade: on, it embeds into the target (old) space
+    (``phi(E_new(x))`` with adapters active, Eq. 4); off, it *is* the original new model.
+
+    ``base`` is the new :class:`~nobackfill.encoders.CLIPDualEncoder` whose model carries the
+    ``adapters`` (switched on and off here, per call); ``off_space`` is the base's space id
+    *before* the adapters were attached.
+    """
+
+    kind = "upgraded"
+
+    def __init__(self, base, phi: Projection, adapters: Adapters | None, *, source: str, target: str,
+                 off_space: str | None = None, enabled: bool = True, upgrade_kind: str = "xbt",
+                 meta: dict | None = None) -> None:
+        self.base, self.phi, self.adapters = base, phi, adapters
+        self.source, self.target = source, target
+        self._off_space = off_space
+        self.enabled = bool(enabled)
+        self.upgrade_kind = upgrade_kind
+        self.meta = dict(meta or {})
+
+    # ----------------------------------------------------------------- identity
+    @property
+    def name(self) -> str:
+        return f"{getattr(self.base, 'name', 'new')}+{self.upgrade_kind}"
+
+    @property
+    def embed_dim(self) -> int:
+        return self.phi.out_dim if self.enabled else self.base.embed_dim
+
+    @property
+    def off_space(self) -> str:
+        """The space of the outputs when switched off: the original new model's (adapters), or the
+        fine-tuned model's own fingerprint (``direct-full``)."""
+        return self._off_space or self.base.space_id
+
+    @property
+    def space_id(self) -> str:
+        return self.target if self.enabled else self.off_space
+
+    @property
+    def preprocessor(self):
+        return self.base.preprocessor
+
+    def tokenize(self, texts: Sequence[str]) -> dict[str, torch.Tensor]:
+        return self.base.tokenize(texts)
+
+    @contextlib.contextmanager
+    def switched(self, enabled: bool) -> Iterator["UpgradedEncoder"]:
+        prev = self.enabled
+        self.enabled = bool(enabled)
+        try:
+            yield self
+        finally:
+            self.enabled = prev
+
+    def _sync(self) -> None:
+        if self.adapters is not None and self.adapters.enabled != self.enabled:
+            self.adapters.set_enabled(self.enabled)
+
+    def train(self, training: bool = True) -> None:
+        self.base.model.train(training)
+        self.phi.train(training)
+
+    # ----------------------------------------------------------------- differentiable features
+    def image_features(self, pixel_values: torch.Tensor) -> torch.Tensor:
+        """Unit rows: ``phi(v_new)`` when on (Eq. 4), the normalised new embedding when off."""
+        self._sync()
+        v = F.normalize(self.base.image_features(pixel_values), dim=-1)
+        return self.phi(v) if self.enabled else v
+
+    def text_features(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        self._sync()
+        w = F.normalize(self.base.text_features(input_ids, attention_mask), dim=-1)
+        return self.phi(w) if self.enabled else w
+
+    # ----------------------------------------------------------------- inference
+    def encode_images(self, images, batch_size: int = 128, progress: bool = False) -> np.ndarray:
+        self._sync()
+        if not self.enabled:
+            return self.base.encode_images(images, batch_size=batch_size, progress=progress)
+        out, n = [], len(images)
+        with torch.inference_mode(), progress_bar(progress, "encode images", n) as advance:
+            for s in range(0, n, batch_size):
+                pv = self.base.preprocessor(images[s:s + batch_size])
+                out.append(self.image_features(pv).float().numpy())
+                advance(min(batch_size, n - s))
+        return np.concatenate(out) if out else np.zeros((0, self.embed_dim), np.float32)
+
+    def encode_texts(self, texts, batch_size: int = 256, progress: bool = False) -> np.ndarray:
+        self._sync()
+        if not self.enabled:
+            return self.base.encode_texts(texts, batch_size=batch_size, progress=progress)
+        out, n = [], len(texts)
+        with torch.inference_mode(), progress_bar(progress, "encode texts", n) as advance:
+            for s in range(0, n, batch_size):
+                enc = self.base.tokenize(texts[s:s + batch_size])
+                out.append(self.text_features(**enc).float().numpy())
+                advance(min(batch_size, n - s))
+        return np.concatenate(out) if out else np.zeros((0, self.embed_dim), np.float32)
+
+    # ----------------------------------------------------------------- persistence
+    def save(self, directory: str | Path, recipe: dict | None = None) -> Path:
+        """Write the upgrade directory (not the base model)."""
+        target_info = dict(self.meta.get("target") or {"space_id": self.target, "name": "", "embed_dim": self.phi.out_dim})
+        source_info = dict(self.meta.get("source") or {"space_id": self.source, "name": getattr(self.base, "name", ""),
+                                                       "embed_dim": self.base.embed_dim})
+
+        def write(tmp: Path) -> None:
+            self.phi.save(tmp)
+            if self.adapters is not None:
+                self.adapters.save(tmp)
+            if self.upgrade_kind == "direct-full":
+                self.base.save(tmp / "encoder")
+            write_manifest(tmp, self.upgrade_kind, source_info, target_info, phi=self.phi.config(),
+                           adapters=self.adapters.cfg.to_dict() if self.adapters is not None else None,
+                           recipe=recipe or self.meta.get("recipe"))
+
+        return atomic_dir(directory, write)
+
+
+# ----------------------------------------------------------------------------- files
+def atomic_dir(directory: str | Path, write) -> Path:
+    """Run ``write(tmp)`` into a temporary sibling, then move it into place: a new directory
+    appears whole (one rename); into an existing one (e.g. a training folder with its log) our
+    files are moved one by one with ``os.replace``, ``upgrade.json`` last, so a reader sees the old
+    manifest or a complete new upgrade."""
+    directory = Path(directory)
+    directory.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{directory.name}.", dir=directory.parent))
+    try:
+        write(tmp)
+        for f in [tmp, *tmp.rglob("*")]:
+            os.chmod(f, 0o755 if f.is_dir() else 0o644)
+        if not directory.exists():
+            os.replace(tmp, directory)
+            return directory
+        for f in sorted(tmp.rglob("*"), key=lambda f: (f.name == UPGRADE_FILE, len(f.parts))):
+            if f.is_dir():
+                continue
+            dest = directory / f.relative_to(tmp)
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            os.replace(f, dest)
+        shutil.rmtree(tmp, ignore_errors=True)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return directory
+
+
+def write_manifest(directory: Path, kind: str, source: dict, target: dict, **extra) -> None:
+    if kind not in KINDS:
+        raise ValueError(f"unknown upgrade kind {kind!r}; kinds: {KINDS}")
+    manifest = {"format": FORMAT, "version": VERSION, "kind": kind, "source": source, "target": target,
+                "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+                **{k: v for k, v in extra.items() if v is not None}}
+    (Path(directory) / UPGRADE_FILE).write_text(json.dumps(manifest, indent=2, default=str))
+
+
+def save_vector_upgrade(directory: str | Path, bridge, source: dict, target: dict,
+                        recipe: dict | None = None) -> Path:
+    """Write a ``phi`` or ``procrustes`` upgrade directory."""
+
+    def write(tmp: Path) -> None:
+        if isinstance(bridge, PhiBridge):
+            bridge.phi.save(tmp)
+            write_manifest(tmp, "phi", source, target, phi=bridge.phi.config(), recipe=recipe)
+        elif isinstance(bridge, ProcrustesBridge):
+            bridge.save(tmp)
+            write_manifest(tmp, "procrustes", source, target, recipe=recipe)
+        else:
+            raise TypeError(f"cannot save a {type(bridge).__name__} as an upgrade")
+
+    return atomic_dir(directory, write)
+
+
+@dataclass
+class Upgrade:
+    """A loaded upgrade directory (see the module doc)."""
+
+    directory: Path
+    kind: str
+    source: dict
+    target: dict
+    manifest: dict = field(default_factory=dict)
+
+    @property
+    def source_id(self) -> str:
+        return self.source["space_id"]
+
+    @property
+    def target_id(self) -> str:
+        return self.target["space_id"]
+
+    @property
+    def is_bridge(self) -> bool:
+        return self.kind in VECTOR_KINDS
+
+    def bridge(self):
+        """The vector bridge of a ``phi`` / ``procrustes`` upgrade."""
+        if self.kind == "phi":
+            return PhiBridge(Projection.load(self.directory), self.source_id, self.target_id, name=self.directory.name)
+        if self.kind == "procrustes":
+            b = ProcrustesBridge.load(self.directory, self.source_id, self.target_id)
+            b.name = self.directory.name
+            return b
+        raise TypeError(f"{self.directory}: a {self.kind!r} upgrade changes the encoder; use .apply(encoder)")
+
+    def _check_source(self, encoder: DualEncoder) -> str:
+        sid = encoder.space_id
+        if sid != self.source_id:
+            raise SpaceMismatchError(self.source_id, sid, f"apply upgrade {self.directory}", what="model's embeddings",
+                                     hint="the upgrade was trained for another new model")
+        return sid
+
+    def apply(self, encoder, enabled: bool = True) -> UpgradedEncoder:
+        """Attach this upgrade to the new model ``encoder`` (modified in place: its model gets the
+        switchable adapters) and return the :class:`UpgradedEncoder`."""
+        if self.is_bridge:
+            raise TypeError(f"{self.directory}: a {self.kind!r} upgrade is a vector bridge; use .bridge()")
+        sid = self._check_source(encoder)
+        phi = Projection.load(self.directory)
+        meta = {"source": self.source, "target": self.target, "recipe": self.manifest.get("recipe")}
+        if self.kind == "direct-full":
+            from ..encoders import load_encoder
+
+            tuned = load_encoder(self.directory / "encoder")
+            return UpgradedEncoder(tuned, phi, None, source=sid, target=self.target_id, off_space=None,
+                                   enabled=enabled, upgrade_kind=self.kind, meta=meta)
+        adapters = Adapters(encoder.model, Adapters.read_config(self.directory))
+        adapters.load(self.directory)
+        encoder.model.eval()
+        up = UpgradedEncoder(encoder, phi.eval(), adapters, source=sid, target=self.target_id, off_space=sid,
+                             enabled=enabled, upgrade_kind=self.kind, meta=meta)
+        up._sync()
+        return up
+
+
+def load_upgrade(directory: str | Path) -> Upgrade:
+    """Read an upgrade directory (validates the manifest)."""
+    d = Path(directory)
+    path = d / UPGRADE_FILE
+    if not path.is_file():
+        raise FileNotFoundError(f"{d}: not an upgrade directory (no {UPGRADE_FILE})")
+    try:
+        m = json.loads(path.read_text())
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{path}: invalid JSON: {e}") from None
+    if not isinstance(m, dict) or m.get("format") != FORMAT:
+        raise ValueError(f"{path}: not a {FORMAT} manifest")
+    if int(m.get("version", 0)) > VERSION:
+        raise ValueError(f"{path}: format version {m.get('version')} is newer than this nobackfill ({VERSION})")
+    kind = m.get("kind")
+    if kind not in KINDS:
+        raise ValueError(f"{path}: unknown kind {kind!r}; kinds: {KINDS}")
+    for side in ("source", "target"):
+        if not isinstance(m.get(side), dict) or not m[side].get("space_id"):
+            raise ValueError(f"{path}: missing {side}.space_id")
+    return Upgrade(d, kind, m["source"], m["target"], m)
+
+
+def new_upgraded_encoder(new, phi: Projection, target: dict, adapter_cfg: AdapterConfig | None,
+                         kind: str = "xbt") -> UpgradedEncoder:
+    """Attach fresh adapters (``adapter_cfg``) to the new model for training. ``adapter_cfg=None``
+    means no adapters: the new model itself will be fine-tuned (``direct-full``; its off space is
+    then its own, changing, fingerprint)."""
+    sid = new.space_id
+    adapters = Adapters(new.model, adapter_cfg) if adapter_cfg is not None else None
+    return UpgradedEncoder(new, phi, adapters, source=sid, target=target["space_id"],
+                           off_space=sid if adapters is not None else None,
+                           upgrade_kind=kind, meta={"source": space_info(new, sid), "target": target})
+
+
+def query_side(encoder: DualEncoder, upgrades: Sequence[Upgrade], gallery_space: str):
+    """``(query_encoder, bridge_or_None)`` that turn ``encoder``'s queries into ``gallery_space``
+    vectors through ``upgrades`` (at most one encoder upgrade, applied first; then vector
+    bridges, composed along the shortest registered chain). Refuses with a
+    :class:`~nobackfill.index.store.SpaceMismatchError` when no chain connects them."""
+    from .bridges import BridgeRegistry
+
+    enc_ups = [u for u in upgrades if not u.is_bridge]
+    if len(enc_ups) > 1:
+        raise ValueError("at most one encoder upgrade (xbt / direct-*) can be applied to a model")
+    if enc_ups:
+        encoder = enc_ups[0].apply(encoder)
+    if encoder.space_id == gallery_space:
+        return encoder, None
+    reg = BridgeRegistry.from_bridges(u.bridge() for u in upgrades if u.is_bridge)
+    return encoder, reg.resolve(encoder.space_id, gallery_space)
+
+
+
+def bridged_embeddings(encoder, upgrade_dirs: Sequence[str | Path], gallery_space: str, data, *,
+                       progress: bool = False):
+    """Embed a :class:`~nobackfill.data.folder.PairDataset` with ``encoder`` taken into
+    ``gallery_space`` through the upgrades in ``upgrade_dirs`` (an
+    :class:`~nobackfill.evaluate.Embedded` in the gallery's space)."""
+    from ..evaluate import Embedded, embed_dataset
+
+    enc, br = query_side(encoder, [load_upgrade(d) for d in upgrade_dirs], gallery_space)
+    e = embed_dataset(enc, data, progress=progress)
+    if br is None:
+        return e
+    return Embedded(br.target, np.asarray(br(e.images)), np.asarray(br(e.texts)))
