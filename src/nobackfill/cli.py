@@ -238,7 +238,13 @@ def bench_encode(
     """Encoding throughput of each preset: ours vs a plain transformers loop (images/s, texts/s)."""
     from .bench.encode import format_encode_table, run_encode_bench, write_report
 
-    dirs = {p.name: p for p in sorted(models.iterdir()) if (p / "config.json").is_file()} if models.is_dir() else {}
+    def is_clip(p: Path) -> bool:  # text-only models (e.g. m30k-old-text) have no image tower to time
+        try:
+            return json.loads((p / "config.json").read_text()).get("model_type") == "clip"
+        except (OSError, ValueError):
+            return False
+
+    dirs = {p.name: p for p in sorted(models.iterdir()) if is_clip(p)} if models.is_dir() else {}
     if not dirs:
         _fail(f"{models}: no model directories found")
     result = run_encode_bench(dirs, n_images=n_images, n_texts=n_texts, threads=threads,
