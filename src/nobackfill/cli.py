@@ -553,6 +553,13 @@ def bench_xbt_text(
     console.print(f"wrote {json_out}")
 
 
+from .lingual.cli import bench_lingual_text, bench_lingual_world, lingual_app  # noqa: E402
+
+app.add_typer(lingual_app, name="lingual")
+bench_app.command("lingual-text")(bench_lingual_text)
+bench_app.command("lingual-world")(bench_lingual_world)
+
+
 def main() -> None:
     app()
 

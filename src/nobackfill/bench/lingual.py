@@ -1,0 +1,311 @@
+"""``nobackfill bench lingual-text`` and ``bench lingual-world``: continual language learning
+(CLL-CLIP with and without TEIR, seed 004) measured as a recall matrix ``a[j, i]`` with AR and F
+(:mod:`nobackfill.metrics.continual`).
+
+* **lingual-text** - start from the real all-MiniLM-L6-v2 (English only), learn de -> fr -> cs on
+  Multi30K task-1 train (parallel translations: ``L_cl`` alone, no images). After each task,
+  ``a[j, i]`` = R@1 of language ``i``'s ``test_2016_flickr`` captions retrieving their English line
+  (1,000 lines; English side encoded by the current model). English forgetting: caption-to-caption
+  R@1 on task-2 val (caption 1 -> caption 2) after each task.
+* **lingual-world** - start from the English-only world model ``models/world-new``, learn the
+  world's other languages in a fixed order with ``L_cm + L_cl`` (images through the frozen image
+  tower); text->image and image->text R@1 per language on the world's test split, plus a check
+  that the image embeddings are bit-identical before and after all languages.
+
+Frozen-model embeddings are cached on disk (:func:`nobackfill.evaluate.embed_texts_cached`).
+Hyper-parameters were chosen on validation splits (Multi30K task-1 val; world val), never on test.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import platform
+import time
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+from typing import Callable, Sequence
+
+import numpy as np
+import torch
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+from ..evaluate import embed_texts_cached
+from ..lingual.data import (foreign_to_english, multi30k_eval_lines, multi30k_tasks, recall_at_1, world_retrieval,
+                            world_tasks)
+from ..lingual.learner import CLLConfig, ContinualLearner, LanguageTask
+from ..metrics.continual import continual_summary
+
+TEXT_LANGS = ("de", "fr", "cs")
+#: the world's languages after English, in a fixed order (the grammars' order)
+WORLD_LANGS = ("de", "fr", "es", "ru", "el", "zh")
+DEFAULT_METHODS = ("cll_clip", "cll_clip_teir")
+ALL_METHODS = ("cll_clip", "cll_clip_teir", "oewc", "oewc_teir", "er", "er_teir", "der", "der_teir",
+               "cll_clip_oracle", "cll_clip_teir_oracle")
+#: measured references (frozen MiniLM, foreign -> English R@1 on test_2016; English caption-to-caption)
+MINILM_REFERENCE = {"de": 0.21, "fr": 0.34, "cs": 0.07, "en_caption": 0.58}
+
+
+def method_config(name: str, base: CLLConfig) -> CLLConfig:
+    """``cll_clip``, ``oewc_teir``, ``cll_clip_teir_oracle``, ... -> a :class:`CLLConfig`."""
+    parts = name.split("_")
+    oracle = parts[-1] == "oracle"
+    if oracle:
+        parts = parts[:-1]
+    teir = parts[-1] == "teir"
+    if teir:
+        parts = parts[:-1]
+    method = "_".join(parts)
+    try:
+        return replace(base, method=method, teir=teir, oracle_vocab=oracle)
+    except ValueError as e:
+        raise ValueError(f"unknown lingual method {name!r}: {e}") from None
+
+
+# ----------------------------------------------------------------------------- the shared runner
+StageEval = Callable[[object], dict]
+
+
+@dataclass
+class SequenceResult:
+    stages: list[dict]
+    history: list[dict]
+    seconds: float
+    learner: ContinualLearner
+
+
+def run_sequence(encoder, tasks: Sequence[LanguageTask], cfg: CLLConfig, evaluate: StageEval, *,
+                 english_corpus: Sequence[str], english_features, work_dir: Path,
+                 oracle_corpora: Sequence[Sequence[str]] = (), log=lambda m: None,
+                 after_all: Callable[[ContinualLearner], None] | None = None) -> SequenceResult:
+    """Evaluate the starting model, then learn ``tasks`` in order, evaluating after each."""
+    t0 = time.time()
+    learner = ContinualLearner(encoder, cfg, english_corpus, english_features=english_features,
+                               oracle_corpora=oracle_corpora, log=log)
+    stages = [evaluate(encoder)]
+    for task in tasks:
+        learner.learn(task, work_dir / cfg.label)
+        stages.append(evaluate(encoder))
+        log(f"{cfg.label} after {task.lang}: {json.dumps(stages[-1])}")
+    if after_all is not None:
+        after_all(learner)
+    return SequenceResult(stages, learner.history, time.time() - t0, learner)
+
+
+def summarise(stages: list[dict], langs: Sequence[str], key: str) -> dict:
+    """The ``len(langs)`` x ``len(langs)`` matrix of ``stages[1:][key][lang]`` and its AR / F."""
+    m = [[stages[j + 1][key][lang] for lang in langs] for j in range(len(langs))]
+    return continual_summary(m)
+
+
+# ----------------------------------------------------------------------------- lingual-text
+@dataclass
+class LingualTextConfig:
+    """CPU-sized CLL on Multi30K. ``cll`` holds the shared method settings; each task trains on
+    ``cll.steps`` batches of ``cll.batch_size`` drawn from the first ``train_lines`` task-1 lines
+    (the task's vocabulary is trained on the whole task-1 train split of that language)."""
+
+    langs: tuple[str, ...] = TEXT_LANGS
+    methods: tuple[str, ...] = DEFAULT_METHODS
+    train_lines: int = 29000
+    eval_split: str = "test_2016_flickr"
+    eval_limit: int | None = None
+    cll: CLLConfig = field(default_factory=lambda: CLLConfig(steps=200, batch_size=64, lr=2e-3,
+                                                               task_vocab_size=10_000))
+
+    @classmethod
+    def quick(cls, **kw) -> "LingualTextConfig":
+        c = cls(**kw)
+        c.cll = replace(c.cll, steps=min(c.cll.steps, 80))
+        c.train_lines = min(c.train_lines, c.cll.steps * c.cll.batch_size)
+        return c
+
+
+def run_lingual_text(data: str | Path, *, eval_dir: str | Path | None = None, quick: bool = False,
+                     config: LingualTextConfig | None = None, model: str | Path | None = None,
+                     cache_dir: str | Path = "runs/cache", work_dir: str | Path = "runs/lingual-text",
+                     log: Callable[[str], None] = lambda m: None) -> dict:
+    from ..data.multi30k import read_task2
+    from ..encoders.minilm import MiniLMTextEncoder
+
+    cfg = config or (LingualTextConfig.quick() if quick else LingualTextConfig())
+    torch.set_num_threads(cfg.cll.threads)
+    t_start = time.time()
+    base = MiniLMTextEncoder.pretrained() if model in (None, "", "pretrained") else MiniLMTextEncoder.load(model)
+    tasks, train_en = multi30k_tasks(data, cfg.langs, cfg.train_lines)
+    n = len(tasks[0].foreign)
+    ev = multi30k_eval_lines(data, cfg.eval_split, cfg.langs, eval_dir, cfg.eval_limit)
+    cap = read_task2(data, "val", "en", ks=(1, 2))
+    q_en, g_en = cap.column(1), cap.column(2)
+    frozen = copy.deepcopy(base)
+    english_features = lambda texts: embed_texts_cached(frozen, texts, cache_dir)  # noqa: E731
+
+    def evaluate(enc) -> dict:
+        enc.invalidate_space_id()
+        return {"f2e": foreign_to_english(enc, ev, cache_dir),
+                "en_caption": recall_at_1(embed_texts_cached(enc, q_en, cache_dir),
+                                          embed_texts_cached(enc, g_en, cache_dir))}
+
+    result: dict = {"methods": {}, "english_R@1_after": {}}
+    for name in cfg.methods:
+        mcfg = method_config(name, cfg.cll)
+        log(f"== {name}")
+        seq = run_sequence(copy.deepcopy(base), tasks, mcfg, evaluate, english_corpus=train_en,
+                           english_features=english_features, work_dir=Path(work_dir),
+                           oracle_corpora=[t.corpus for t in tasks], log=log)
+        s = summarise(seq.stages, cfg.langs, "f2e")
+        s["english_R@1"] = [st["en_caption"] for st in seq.stages[1:]]
+        s["final"] = {lang: seq.stages[-1]["f2e"][lang] for lang in cfg.langs}
+        s["tasks"] = seq.history
+        s["seconds"] = round(seq.seconds, 1)
+        result["methods"][name] = s
+        result["english_R@1_after"][name] = seq.stages[-1]["en_caption"]
+        result["zero_shot"] = seq.stages[0]["f2e"]
+        result["english_R@1_before"] = seq.stages[0]["en_caption"]
+    result.update({
+        "langs": list(cfg.langs), "eval_split": cfg.eval_split, "eval_dir": None if eval_dir is None else str(eval_dir),
+        "n_eval": len(ev["en"]), "train_lines": n, "quick": quick, "config": asdict(cfg),
+        "reference_frozen_minilm": MINILM_REFERENCE, "seconds": round(time.time() - t_start, 1),
+        "host": {"platform": platform.platform(), "torch_threads": torch.get_num_threads()},
+    })
+    result["done_when"] = text_done_when(result)
+    return result
+
+
+def text_done_when(result: dict) -> dict:
+    """The issue's acceptance checks, computed from the measured numbers (3 points = 0.03)."""
+    m = result["methods"]
+    out: dict = {}
+    if "cll_clip" in m and "cll_clip_teir" in m:
+        p, t = m["cll_clip"], m["cll_clip_teir"]
+        out["AR_gain"] = t["AR"] - p["AR"]
+        out["F_drop"] = p["F"] - t["F"]
+        out["teir_AR_+3"] = out["AR_gain"] >= 0.03
+        out["teir_F_-3_where_plain_forgets_5"] = bool(p["F"] < 0.05 or out["F_drop"] >= 0.03)
+        zs = result.get("zero_shot", {})
+        out["teir_final_minus_zero_shot"] = {lang: t["final"][lang] - zs.get(lang, 0.0) for lang in t["final"]}
+    return out
+
+
+# ----------------------------------------------------------------------------- lingual-world
+@dataclass
+class LingualWorldConfig:
+    """CLL on the world: each language's train captions (2 per image) paired with the English
+    caption of the same image and variant slot; images through the frozen image tower."""
+
+    langs: tuple[str, ...] = WORLD_LANGS
+    methods: tuple[str, ...] = DEFAULT_METHODS
+    train_images: int = 5000
+    eval_split: str = "test"
+    eval_limit: int | None = None
+    eta: float = 0.0  # translate-test score fusion weight (0 = the model alone)
+    cll: CLLConfig = field(default_factory=lambda: CLLConfig(steps=150, batch_size=64, lr=2e-3,
+                                                               task_vocab_size=1000))
+
+    @classmethod
+    def quick(cls, **kw) -> "LingualWorldConfig":
+        c = cls(**kw)
+        c.cll = replace(c.cll, steps=min(c.cll.steps, 60))
+        c.eval_limit = c.eval_limit or 500
+        return c
+
+
+def run_lingual_world(data: str | Path = "data/world", *, model: str | Path = "models/world-new", quick: bool = False,
+                      config: LingualWorldConfig | None = None, cache_dir: str | Path = "runs/cache",
+                      work_dir: str | Path = "runs/lingual-world", log: Callable[[str], None] = lambda m: None) -> dict:
+    from ..encoders import load_encoder
+    from ..evaluate import load_eval_data
+
+    cfg = config or (LingualWorldConfig.quick() if quick else LingualWorldConfig())
+    torch.set_num_threads(cfg.cll.threads)
+    t_start = time.time()
+    base = load_encoder(model)
+    langs_all = ("en", *cfg.langs)
+    train_data = load_eval_data(data, "train", langs=langs_all).subset_images(np.arange(cfg.train_images))
+    test_data = load_eval_data(data, cfg.eval_split, langs=langs_all)
+    if cfg.eval_limit:
+        test_data = test_data.subset_images(np.arange(min(cfg.eval_limit, len(test_data))))
+    train_imgs = base.encode_images(train_data.image_paths())
+    test_imgs = base.encode_images(test_data.image_paths())
+    tasks, english_corpus = world_tasks(train_data, train_imgs, cfg.langs)
+    frozen = copy.deepcopy(base)
+    english_features = lambda texts: embed_texts_cached(frozen, texts, cache_dir)  # noqa: E731
+
+    def evaluate(enc) -> dict:
+        enc.invalidate_space_id()
+        return world_retrieval(enc, test_data, test_imgs, ("en", *cfg.langs), cache_dir, eta=cfg.eta)
+
+    result: dict = {"methods": {}}
+    for name in cfg.methods:
+        mcfg = method_config(name, cfg.cll)
+        log(f"== {name}")
+        enc = copy.deepcopy(base)
+        checks: dict = {}
+
+        def after_all(learner, enc=enc, checks=checks):
+            after = enc.encode_images(test_data.image_paths())
+            checks["image_embeddings_bit_identical"] = bool(np.array_equal(after, test_imgs))
+            ref = {k: v for k, v in base.model.vision_model.state_dict().items()}
+            checks["image_tower_bit_identical"] = all(torch.equal(ref[k], v) for k, v in
+                                                      enc.model.vision_model.state_dict().items())
+
+        seq = run_sequence(enc, tasks, mcfg, evaluate, english_corpus=english_corpus,
+                           english_features=english_features, work_dir=Path(work_dir),
+                           oracle_corpora=[t.foreign for t in tasks], log=log, after_all=after_all)
+        res = {d: summarise(seq.stages, cfg.langs, d) for d in ("t2i", "i2t")}
+        res["english_t2i"] = [st["t2i"]["en"] for st in seq.stages]
+        res["english_i2t"] = [st["i2t"]["en"] for st in seq.stages]
+        res["zero_shot"] = {d: {lg: seq.stages[0][d][lg] for lg in cfg.langs} for d in ("t2i", "i2t")}
+        res.update(checks, tasks=seq.history, seconds=round(seq.seconds, 1))
+        result["methods"][name] = res
+    result.update({"langs": list(cfg.langs), "model": str(model), "eval_split": cfg.eval_split,
+                   "n_eval_images": len(test_data), "quick": quick, "config": asdict(cfg),
+                   "seconds": round(time.time() - t_start, 1),
+                   "host": {"platform": platform.platform(), "torch_threads": torch.get_num_threads()}})
+    return result
+
+
+# ----------------------------------------------------------------------------- output
+def format_markdown(result: dict) -> str:
+    lines = []
+    if "english_R@1_after" in result:  # text
+        langs = result["langs"]
+        lines.append(f"Multi30K foreign -> English R@1 on {result['eval_split']} ({result['n_eval']} lines), "
+                     f"English caption-to-caption R@1 (task2 val) as English forgetting")
+        lines.append("")
+        lines.append("| method | AR | F | " + " | ".join(f"{lg} final" for lg in langs) + " | English R@1 after |")
+        lines.append("|---|---|---|" + "---|" * len(langs) + "---|")
+        zs = result.get("zero_shot", {})
+        lines.append("| frozen MiniLM | - | - | " + " | ".join(f"{zs.get(lg, float('nan')):.3f}" for lg in langs)
+                     + f" | {result.get('english_R@1_before', float('nan')):.3f} |")
+        for name, m in result["methods"].items():
+            lines.append(f"| {name} | {m['AR']:.3f} | {m['F']:.3f} | " + " | ".join(f"{m['final'][lg]:.3f}" for lg in langs)
+                         + f" | {result['english_R@1_after'][name]:.3f} |")
+    else:
+        lines.append(f"World CLL from {result['model']}: R@1 per direction ({result['n_eval_images']} test images)")
+        lines.append("")
+        lines.append("| method | t2i AR | t2i F | i2t AR | i2t F | English t2i after | images bit-identical |")
+        lines.append("|---|---|---|---|---|---|---|")
+        for name, m in result["methods"].items():
+            lines.append(f"| {name} | {m['t2i']['AR']:.3f} | {m['t2i']['F']:.3f} | {m['i2t']['AR']:.3f} | "
+                         f"{m['i2t']['F']:.3f} | {m['english_t2i'][-1]:.3f} | {m.get('image_embeddings_bit_identical')} |")
+    return "\n".join(lines) + "\n"
+
+
+def write_outputs(result: dict, json_path: str | Path | None) -> str:
+    """Write ``json_path`` and the markdown table next to it (``.md``); return the markdown."""
+    md = format_markdown(result)
+    if json_path is not None:
+        p = Path(json_path)
+        p.parent.mkdir(parents=True, exist_ok=True)
+        tmp = p.with_name(p.name + ".tmp")
+        tmp.write_text(json.dumps(result, indent=2, default=float))
+        tmp.replace(p)
+        p.with_suffix(".md").write_text(md)
+    return md
+
+
+__all__ = ["run_lingual_text", "run_lingual_world", "LingualTextConfig", "LingualWorldConfig", "method_config",
+           "format_markdown", "write_outputs", "summarise", "run_sequence", "ALL_METHODS"]

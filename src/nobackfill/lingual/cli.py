@@ -1,0 +1,215 @@
+"""``nobackfill lingual learn`` / ``nobackfill lingual eval``: continual language learning from the
+command line (CLL-CLIP with optional TEIR, seed 004), plus the ``bench lingual-text`` /
+``bench lingual-world`` commands registered on the bench app by :mod:`nobackfill.cli`."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+lingual_app = typer.Typer(no_args_is_help=True,
+                          help="Continual language learning: teach a deployed text tower new languages "
+                               "(CLL-CLIP + TEIR; image embeddings never change).")
+
+
+def _cli():
+    from .. import cli
+
+    return cli
+
+
+def _load_model(model: str):
+    """``minilm`` / ``pretrained`` = the real all-MiniLM-L6-v2; otherwise a model directory."""
+    from ..encoders import load_encoder
+    from ..encoders.minilm import MiniLMTextEncoder
+
+    if model in ("minilm", "pretrained"):
+        return MiniLMTextEncoder.pretrained()
+    return load_encoder(model)
+
+
+def _split_langs(text: str) -> list[str]:
+    langs = [x.strip() for x in text.split(",") if x.strip()]
+    if not langs:
+        raise ValueError("no languages given")
+    return langs
+
+
+@lingual_app.command("learn")
+def learn(
+    model: str = typer.Option(..., help="Starting model directory (a CLIP world model or a text model), "
+                                        "'minilm' for the real all-MiniLM-L6-v2, or a model written by this command."),
+    tasks: str = typer.Option("en,de,fr,cs", help="Languages in order; those the model already knows "
+                                                  "(English first) are not trained."),
+    data: Path = typer.Option(..., help="Multi30K root (task1/raw; text only) or a world data folder (images + captions)."),
+    out: Path = typer.Option(..., help="Output model directory."),
+    method: str = typer.Option("cll_clip", help="cll_clip | oewc | er | der."),
+    teir: bool = typer.Option(True, help="TEIR initialisation and regularisation (Eq. 5-6)."),
+    oracle_vocab: bool = typer.Option(False, help="One vocabulary over all tasks' corpora (Table 3, setting 7)."),
+    steps: int = typer.Option(200, help="Optimiser steps per language."),
+    batch_size: int = typer.Option(64, help="Batch size (paper: 128)."),
+    lr: float = typer.Option(2e-3, help="Learning rate (constant after 10%% warm-up)."),
+    vocab_size: int = typer.Option(10_000, help="Per-task vocabulary size (paper: 10K)."),
+    train_lines: Optional[int] = typer.Option(None, help="Multi30K: train on the first N task-1 lines."),
+    train_images: Optional[int] = typer.Option(None, help="World: train on the first N train images."),
+    cache_dir: Path = typer.Option(Path("runs/cache"), help="Embedding cache for the frozen English targets."),
+    seed: int = typer.Option(0),
+    threads: int = typer.Option(1, help="torch threads."),
+) -> None:
+    """Learn languages one after another; writes a loadable model plus lingual.json (learned
+    languages, history) and the TEIR token statistics."""
+    import numpy as np
+    import torch
+
+    from ..evaluate import embed_texts_cached, load_eval_data
+    from .data import is_multi30k, multi30k_tasks, world_tasks
+    from .learner import CLLConfig, ContinualLearner, load_lingual_state
+
+    cli = _cli()
+    torch.set_num_threads(threads)
+    try:
+        langs = _split_langs(tasks)
+        cfg = CLLConfig(method=method, teir=teir, oracle_vocab=oracle_vocab, steps=steps, batch_size=batch_size,
+                        lr=lr, task_vocab_size=vocab_size, seed=seed, threads=threads)
+        enc = _load_model(model)
+        state, counts = load_lingual_state(model) if Path(model).is_dir() else ({"learned": ["en"]}, None)
+        todo = [lg for lg in langs if lg not in state["learned"]]
+        if is_multi30k(data):
+            task_list, english = multi30k_tasks(data, todo, train_lines)
+        else:
+            d = load_eval_data(data, "train", langs=["en", *todo])
+            if train_images:
+                d = d.subset_images(np.arange(min(train_images, len(d))))
+            task_list, english = world_tasks(d, enc.encode_images(d.image_paths()), todo)
+    except (ValueError, FileNotFoundError, ModuleNotFoundError) as e:
+        cli._fail(str(e))
+    import copy
+
+    frozen = copy.deepcopy(enc)
+    learner = ContinualLearner(enc, cfg, english, english_features=lambda t: embed_texts_cached(frozen, t, cache_dir),
+                               oracle_corpora=[t.corpus for t in task_list], log=lambda m: cli.console.print(m))
+    if counts is not None and len(counts) == len(learner.counts):
+        learner.counts = counts
+        learner.learned = list(state["learned"])
+    for task in task_list:
+        learner.learn(task, out.parent / f".{out.name}.work", progress=True)
+    learner.save(out)
+    cli.console.print(f"wrote {out} (languages: {', '.join(learner.learned)})")
+
+
+@lingual_app.command("eval")
+def evaluate(
+    model: str = typer.Option(..., help="Model directory (or 'minilm')."),
+    data: Path = typer.Option(..., help="Multi30K root or a world data folder."),
+    langs: str = typer.Option("de,fr,cs", help="Languages to evaluate."),
+    split: str = typer.Option("", help="Split (default: test_2016_flickr for Multi30K, test for the world)."),
+    eval_dir: Optional[Path] = typer.Option(None, help="Multi30K: folder holding {split}.{lang}.gz laid out like task1/raw."),
+    eta: float = typer.Option(0.0, help="World: translate-test score fusion weight (0 = the model alone)."),
+    limit: Optional[int] = typer.Option(None, help="Evaluate on the first N lines / images."),
+    cache_dir: Path = typer.Option(Path("runs/cache"), help="Embedding cache."),
+    json_out: Optional[Path] = typer.Option(None, "--json", help="Write the result as JSON."),
+    threads: int = typer.Option(1, help="torch threads."),
+) -> None:
+    """Multi30K: foreign -> English caption R@1 per language. World: text->image and image->text R@1."""
+    import numpy as np
+    import torch
+
+    from ..evaluate import load_eval_data
+    from .data import foreign_to_english, is_multi30k, multi30k_eval_lines, world_retrieval
+
+    cli = _cli()
+    torch.set_num_threads(threads)
+    try:
+        lang_list = _split_langs(langs)
+        enc = _load_model(model)
+        if is_multi30k(data) or eval_dir is not None:
+            lines = multi30k_eval_lines(data, split or "test_2016_flickr", lang_list, eval_dir, limit)
+            result = {"task": "multi30k foreign->English R@1", "split": split or "test_2016_flickr",
+                      "R@1": foreign_to_english(enc, lines, cache_dir)}
+        else:
+            d = load_eval_data(data, split or "test", langs=list(dict.fromkeys(["en", *lang_list])))
+            if limit:
+                d = d.subset_images(np.arange(min(limit, len(d))))
+            imgs = enc.encode_images(d.image_paths())
+            result = {"task": "world retrieval R@1", "split": split or "test", "eta": eta,
+                      **world_retrieval(enc, d, imgs, lang_list, cache_dir, eta=eta)}
+    except (ValueError, FileNotFoundError, ModuleNotFoundError, NotImplementedError) as e:
+        cli._fail(str(e))
+    result["model"] = str(model)
+    text = json.dumps(result, indent=2)
+    typer.echo(text)
+    if json_out is not None:
+        cli._write_json(json_out, result)
+
+
+def bench_lingual_text(
+    data: Optional[Path] = typer.Option(None, help="Multi30K root (default: $NOBACKFILL_SHARED/data/multi30k)."),
+    eval_dir: Optional[Path] = typer.Option(None, help="Folder holding test_2016_flickr.{en,de,fr,cs}.gz laid out "
+                                                       "like task1/raw: evaluate on it instead."),
+    quick: bool = typer.Option(False, help="Fewer steps per language (CPU minutes)."),
+    methods: str = typer.Option("cll_clip,cll_clip_teir", help="Comma list, e.g. cll_clip,cll_clip_teir,oewc,"
+                                                               "er_teir,der,cll_clip_teir_oracle."),
+    steps: Optional[int] = typer.Option(None, help="Override the steps per language."),
+    cache_dir: Path = typer.Option(Path("runs/cache"), help="Embedding cache."),
+    work_dir: Path = typer.Option(Path("runs/lingual-text"), help="Training scratch."),
+    threads: int = typer.Option(1, help="torch threads."),
+    json_out: Path = typer.Option(Path("runs/bench/lingual_text.json"), "--json", help="JSON output (.md beside it)."),
+) -> None:
+    """CLL on real text: MiniLM learns de -> fr -> cs (Multi30K task 1); a[j,i], AR, F per method and
+    English forgetting."""
+    from dataclasses import replace
+
+    from ..bench.lingual import LingualTextConfig, run_lingual_text, write_outputs
+    from ..data.multi30k import default_multi30k_dir
+
+    cli = _cli()
+    try:
+        kw = dict(methods=tuple(_split_langs(methods)))
+        cfg = LingualTextConfig.quick(**kw) if quick else LingualTextConfig(**kw)
+        cfg.cll = replace(cfg.cll, threads=threads, **({"steps": steps} if steps else {}))
+        result = run_lingual_text(data or default_multi30k_dir(), eval_dir=eval_dir, quick=quick, config=cfg,
+                                  cache_dir=cache_dir, work_dir=work_dir, log=lambda m: cli.console.print(m))
+    except (ValueError, FileNotFoundError, ModuleNotFoundError) as e:
+        cli._fail(str(e))
+    typer.echo(write_outputs(result, json_out))
+    cli.console.print(f"wrote {json_out}")
+
+
+def bench_lingual_world(
+    data: Path = typer.Option(Path("data/world"), help="World root."),
+    model: Path = typer.Option(Path("models/world-new"), help="The English-only starting model."),
+    quick: bool = typer.Option(False, help="Fewer steps and 500 test images (CPU minutes)."),
+    methods: str = typer.Option("cll_clip,cll_clip_teir", help="Comma list of methods (see bench lingual-text)."),
+    eta: float = typer.Option(0.0, help="Translate-test fusion weight for the evaluation."),
+    steps: Optional[int] = typer.Option(None, help="Override the steps per language."),
+    cache_dir: Path = typer.Option(Path("runs/cache"), help="Embedding cache."),
+    work_dir: Path = typer.Option(Path("runs/lingual-world"), help="Training scratch."),
+    threads: int = typer.Option(1, help="torch threads."),
+    json_out: Path = typer.Option(Path("runs/bench/lingual_world.json"), "--json", help="JSON output (.md beside it)."),
+) -> None:
+    """CLL on the world: the English-only world model learns de, fr, es, ru, el, zh in that order;
+    t2i / i2t AR and F per method; image embeddings checked bit-identical."""
+    from dataclasses import replace
+
+    from ..bench.lingual import LingualWorldConfig, run_lingual_world, write_outputs
+
+    cli = _cli()
+    try:
+        kw = dict(methods=tuple(_split_langs(methods)), eta=eta)
+        cfg = LingualWorldConfig.quick(**kw) if quick else LingualWorldConfig(**kw)
+        cfg.cll = replace(cfg.cll, threads=threads, **({"steps": steps} if steps else {}))
+        result = run_lingual_world(data, model=model, quick=quick, config=cfg, cache_dir=cache_dir,
+                                   work_dir=work_dir, log=lambda m: cli.console.print(m))
+    except (ValueError, FileNotFoundError) as e:
+        cli._fail(str(e))
+    typer.echo(write_outputs(result, json_out))
+    cli.console.print(f"wrote {json_out}")
+
+
+__all__ = ["lingual_app", "bench_lingual_text", "bench_lingual_world"]

@@ -1,0 +1,293 @@
+"""Continual language learning: a deployed model learns languages one after another (CLL-CLIP,
+seed 004). :class:`ContinualLearner` owns the state that survives between tasks - the growing
+vocabulary and table, the token statistics ``c_t`` of TEIR, the ER/DER memory, the EWC Fisher -
+and runs each task through the one training loop (:func:`nobackfill.train.loop.train`).
+
+English is task 1: the starting model already knows it, so it is not trained; its corpus only
+initialises the token statistics (``c = 1 + count in the English corpus``). The English targets
+``r^E`` of Eq. 3 always come from the *starting* model (``Omega_emb`` of Eq. 1), and images (when
+the data has them) only pass through the frozen image tower, before training.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Callable, Sequence
+
+import numpy as np
+import torch
+
+from ..train.loop import LoopConfig, train
+from .embeddings import PLAIN_INIT_STD, embedding_stats, expand_token_embeddings, token_embedding
+from .losses import PAPER_GAMMA_CL, PAPER_GAMMA_CM, PAPER_TEMPERATURE
+from .methods import METHODS, CLLCLIPMethod, LingualBatch, OnlineEWC
+from .teir import teir_row_scales
+from .vocab import ids_of, merge_vocab, oracle_vocab, task_token_set, token_counts, train_task_vocab
+
+LINGUAL_STATE = "lingual.json"
+COUNTS_FILE = "token_counts.npy"
+
+
+@dataclass
+class CLLConfig:
+    """Continual language learning settings. Paper values (Implementation Details / Reproducibility)
+    in comments; ours are CPU-sized, chosen on validation splits (see the benches)."""
+
+    method: str = "cll_clip"
+    teir: bool = False
+    task_vocab_size: int = 10_000       # paper: 10K per task
+    min_frequency: int = 2
+    oracle_vocab: bool = False          # Table 3 setting 7
+    gamma_cm: float = PAPER_GAMMA_CM    # 0.01
+    gamma_cl: float = PAPER_GAMMA_CL    # 1
+    temperature: float = PAPER_TEMPERATURE  # 0.07
+    batch_size: int = 128               # paper: 128
+    steps: int = 300                    # per task (paper: 3 epochs)
+    lr: float = 2e-3                    # paper: 5e-5 over ~14K steps/task; ours: far fewer steps
+    warmup_frac: float = 0.1            # paper: 10% warm-up, then fixed
+    weight_decay: float = 0.05          # paper: 0.05
+    grad_clip: float = 0.0
+    memory_size: int = 8000             # ER / DER buffer (paper: 8,000)
+    der_alpha: float = 1.0              # paper: 1
+    ewc_strength: float = 1000.0        # paper: lambda 1000
+    ewc_gamma: float = 1.0              # paper: 1
+    ewc_batches: int = 10
+    seed: int = 0
+    threads: int = 1
+
+    def __post_init__(self) -> None:
+        if self.method not in METHODS:
+            raise ValueError(f"method must be one of {', '.join(METHODS)}, got {self.method!r}")
+        if self.steps < 1 or self.batch_size < 1:
+            raise ValueError("steps and batch_size must be positive")
+
+    @property
+    def label(self) -> str:
+        return f"{self.method}{'_teir' if self.teir else ''}{'_oracle' if self.oracle_vocab else ''}"
+
+    def loop(self) -> LoopConfig:
+        return LoopConfig(steps=self.steps, lr=self.lr, warmup=max(1, int(self.warmup_frac * self.steps)),
+                          weight_decay=self.weight_decay, grad_clip=self.grad_clip, seed=self.seed,
+                          log_every=max(1, self.steps // 5), checkpoint_every=10 ** 9, eval_every=10 ** 9,
+                          threads=self.threads, schedule="constant")
+
+
+@dataclass
+class LanguageTask:
+    """Training triplets of one language: foreign texts, their English counterparts (parallel) and
+    optionally L2-normalised image features from the frozen image tower (one row per text); the
+    vocabulary may be trained on a larger corpus of the language (``vocab_texts``)."""
+
+    lang: str
+    foreign: list[str]
+    english: list[str]
+    images: np.ndarray | None = None
+    #: the task's corpus for its vocabulary ``V_hat_t`` and token statistics (default: ``foreign``)
+    vocab_texts: list[str] | None = None
+
+    @property
+    def corpus(self) -> list[str]:
+        return self.foreign if self.vocab_texts is None else self.vocab_texts
+
+    def __post_init__(self) -> None:
+        if len(self.foreign) != len(self.english):
+            raise ValueError(f"task {self.lang}: {len(self.foreign)} foreign texts but {len(self.english)} English")
+        if self.images is not None and len(self.images) != len(self.foreign):
+            raise ValueError(f"task {self.lang}: {len(self.images)} image rows for {len(self.foreign)} texts")
+        if not self.foreign:
+            raise ValueError(f"task {self.lang}: no training texts")
+
+
+@dataclass
+class Memory:
+    """Reservoir memory of earlier tasks' triplets (ER) and their features (DER)."""
+
+    capacity: int
+    foreign: list[str] = field(default_factory=list)
+    english: list[np.ndarray] = field(default_factory=list)
+    images: list[np.ndarray | None] = field(default_factory=list)
+    stored: list[np.ndarray | None] = field(default_factory=list)
+    seen: int = 0
+
+    def add(self, task: LanguageTask, english: np.ndarray, rng: np.random.Generator) -> list[int]:
+        """Reservoir-sample the task's items; returns the slots written."""
+        written = []
+        for i in range(len(task.foreign)):
+            slot = len(self.foreign) if len(self.foreign) < self.capacity else int(rng.integers(self.seen + 1))
+            self.seen += 1
+            if slot >= self.capacity:
+                continue
+            item = (task.foreign[i], english[i], None if task.images is None else task.images[i], None)
+            if slot == len(self.foreign):
+                for lst, v in zip((self.foreign, self.english, self.images, self.stored), item):
+                    lst.append(v)
+            else:
+                self.foreign[slot], self.english[slot], self.images[slot], self.stored[slot] = item
+            written.append(slot)
+        return sorted(set(written))
+
+    def __len__(self) -> int:
+        return len(self.foreign)
+
+
+class TaskBatches:
+    """Deterministic batches (epoch-wise permutations seeded by ``(seed, epoch)``) of a task, with
+    an optional replay batch drawn from :class:`Memory` (seeded by the step)."""
+
+    def __init__(self, task: LanguageTask, english: np.ndarray, batch_size: int, seed: int,
+                 memory: Memory | None = None, der: bool = False) -> None:
+        self.task, self.english = task, torch.from_numpy(np.asarray(english, np.float32))
+        self.images = None if task.images is None else torch.from_numpy(np.asarray(task.images, np.float32))
+        self.n = len(task.foreign)
+        self.bs = min(batch_size, self.n)
+        self.seed, self.memory, self.der = seed, memory, der
+
+    def batch(self, index: int) -> LingualBatch:
+        per_epoch = max(1, self.n // self.bs)
+        epoch, k = divmod(index, per_epoch)
+        perm = np.random.default_rng([self.seed, epoch]).permutation(self.n)
+        idx = perm[k * self.bs:(k + 1) * self.bs]
+        b = LingualBatch([self.task.foreign[i] for i in idx], self.english[idx],
+                         None if self.images is None else self.images[idx])
+        if self.memory is not None and len(self.memory):
+            m = self.memory
+            ridx = np.random.default_rng([self.seed, 7919, index]).choice(len(m), size=min(self.bs, len(m)), replace=False)
+            imgs = [m.images[i] for i in ridx]
+            b.replay = LingualBatch([m.foreign[i] for i in ridx], torch.from_numpy(np.stack([m.english[i] for i in ridx])),
+                                    None if any(x is None for x in imgs) else torch.from_numpy(np.stack(imgs)))
+            if self.der:
+                b.replay_targets = torch.from_numpy(np.stack([m.stored[i] for i in ridx]))
+        return b
+
+
+def frozen_english_features(encoder) -> Callable[[Sequence[str]], np.ndarray]:
+    """``r^E`` from a frozen copy of the starting model (Eq. 1 uses the original ``Omega_emb``)."""
+    frozen = copy.deepcopy(encoder)
+    return lambda texts: frozen.encode_texts(list(texts))
+
+
+class ContinualLearner:
+    """Learn languages one after another with CLL-CLIP (+ TEIR / baselines)."""
+
+    def __init__(self, encoder, cfg: CLLConfig, english_corpus: Sequence[str],
+                 english_features: Callable[[Sequence[str]], np.ndarray] | None = None,
+                 oracle_corpora: Sequence[Sequence[str]] = (), log: Callable[[str], None] = lambda m: None) -> None:
+        self.encoder, self.cfg, self.log = encoder, cfg, log
+        torch.manual_seed(cfg.seed)
+        self.english_features = english_features or frozen_english_features(encoder)
+        self.generator = torch.Generator().manual_seed(cfg.seed)
+        self.rng = np.random.default_rng(cfg.seed)
+        self.learned: list[str] = ["en"]
+        self.history: list[dict] = []
+        self.memory = Memory(cfg.memory_size) if cfg.method in ("er", "der") else None
+        self.ewc = OnlineEWC(cfg.ewc_strength, cfg.ewc_gamma) if cfg.method == "oewc" else None
+        if cfg.oracle_vocab:
+            if not oracle_corpora:
+                raise ValueError("oracle_vocab needs the corpora of all languages (oracle_corpora)")
+            merged = oracle_vocab(encoder.tokenizer, oracle_corpora, cfg.task_vocab_size, n_rows=self._rows())
+            self._grow(merged)
+        self.counts = 1.0 + token_counts(encoder.tokenizer, english_corpus, self._rows())
+
+    def _rows(self) -> int:
+        return int(token_embedding(self.encoder).weight.shape[0])
+
+    def _grow(self, merged) -> None:
+        w = token_embedding(self.encoder).weight
+        mean, std = embedding_stats(w) if self.cfg.teir else (0.0, PLAIN_INIT_STD)
+        expand_token_embeddings(self.encoder, merged, mean=mean, std=std, generator=self.generator)
+        self.log(f"vocabulary {merged.old_size} -> {merged.size} (+{len(merged.new_tokens)}); "
+                 f"new rows ~ N({mean:.4g}, {std:.4g}^2)")
+
+    def learn(self, task: LanguageTask, work_dir: str | Path, progress: bool = False) -> dict:
+        """Learn one language: grow the vocabulary, set TEIR's scales, train, update statistics."""
+        cfg, enc = self.cfg, self.encoder
+        if task.lang in self.learned:
+            raise ValueError(f"language {task.lang!r} was already learned ({', '.join(self.learned)})")
+        old_size = self._rows()
+        if cfg.oracle_vocab:  # V_hat_t: the oracle tokens this task's data uses
+            task_ids = np.flatnonzero(token_counts(enc.tokenizer, task.corpus, old_size))
+            n_new = 0
+        else:
+            tv = train_task_vocab(enc.tokenizer, task.corpus, cfg.task_vocab_size, cfg.min_frequency)
+            merged = merge_vocab(enc.tokenizer, tv, n_rows=old_size)
+            self._grow(merged)
+            task_ids = ids_of(enc.tokenizer, task_token_set(tv))
+            n_new = len(merged.new_tokens)
+        size = self._rows()
+        self.counts = np.concatenate([self.counts, np.ones(size - len(self.counts))])
+        scales = teir_row_scales(size, old_size, task_ids, self.counts) if cfg.teir else np.ones(size)
+        english = np.asarray(self.english_features(task.english), np.float32)
+        batches = TaskBatches(task, english, cfg.batch_size, cfg.seed + len(self.learned), self.memory,
+                              der=cfg.method == "der")
+        method = CLLCLIPMethod(enc, scales, cfg.loop(), method=cfg.method, teir=cfg.teir, gamma_cm=cfg.gamma_cm,
+                               gamma_cl=cfg.gamma_cl, temperature=cfg.temperature, ewc=self.ewc,
+                               der_alpha=cfg.der_alpha)
+        try:
+            res = train(method, batches, cfg.loop(), Path(work_dir) / task.lang, progress=progress, export=False)
+        finally:
+            method.close()
+        enc.model.requires_grad_(False)
+        enc.invalidate_space_id()
+        self._after_task(task, english, batches)
+        self.counts += token_counts(enc.tokenizer, task.corpus, size)
+        self.learned.append(task.lang)
+        info = {"lang": task.lang, "vocab_before": old_size, "vocab_after": size, "new_tokens": n_new,
+                "task_tokens": int(len(task_ids)), "steps": res.steps, "seconds": round(res.seconds, 1),
+                "last_loss": res.last_loss,
+                "lambda": {"zero": int((scales == 0).sum()), "overlap": int(((scales > 0) & (scales < 1)).sum()),
+                           "one": int((scales == 1).sum())}}
+        self.history.append(info)
+        self.log(f"learned {task.lang}: {info}")
+        return info
+
+    def _after_task(self, task: LanguageTask, english: np.ndarray, batches: TaskBatches) -> None:
+        cfg, enc = self.cfg, self.encoder
+        if self.ewc is not None:
+            w = token_embedding(enc).weight
+            w.requires_grad_(True)
+            method = CLLCLIPMethod(enc, np.ones(w.shape[0]), cfg.loop(), gamma_cm=cfg.gamma_cm, gamma_cl=cfg.gamma_cl,
+                                   temperature=cfg.temperature)
+            n = min(cfg.ewc_batches, max(1, len(task.foreign) // batches.bs))
+
+            def losses():
+                for i in range(n):
+                    yield method.loss(batches.batch(i), i)[0]
+
+            self.ewc.consolidate(w, losses)
+            method.close()
+            enc.model.requires_grad_(False)
+        if self.memory is not None:
+            slots = self.memory.add(task, english, self.rng)
+            if cfg.method == "der" and slots:
+                with torch.no_grad():
+                    feats = enc.encode_texts([self.memory.foreign[s] for s in slots])
+                for s, f in zip(slots, feats):
+                    self.memory.stored[s] = f
+
+    # ----------------------------------------------------------------- persistence
+    def save(self, out: str | Path) -> Path:
+        """The model (loadable with ``load_encoder``) plus ``lingual.json`` and the token counts."""
+        out = Path(out)
+        self.encoder.meta["lingual"] = {"learned": self.learned, "method": self.cfg.label}
+        self.encoder.invalidate_space_id()
+        self.encoder.save(out)
+        np.save(out / COUNTS_FILE, self.counts)
+        (out / LINGUAL_STATE).write_text(json.dumps({"learned": self.learned, "config": asdict(self.cfg),
+                                                     "history": self.history}, indent=2))
+        return out
+
+
+def load_lingual_state(model_dir: str | Path) -> tuple[dict, np.ndarray | None]:
+    """``lingual.json`` and the token counts of a model written by :meth:`ContinualLearner.save`."""
+    d = Path(model_dir)
+    path = d / LINGUAL_STATE
+    state = json.loads(path.read_text()) if path.is_file() else {"learned": ["en"]}
+    counts = np.load(d / COUNTS_FILE) if (d / COUNTS_FILE).is_file() else None
+    return state, counts
+
+
+__all__ = ["CLLConfig", "LanguageTask", "ContinualLearner", "Memory", "TaskBatches", "frozen_english_features",
+           "load_lingual_state"]
