@@ -41,6 +41,9 @@ class CLLConfig:
     task_vocab_size: int = 10_000       # paper: 10K per task
     min_frequency: int = 2
     oracle_vocab: bool = False          # Table 3 setting 7
+    #: how lambda acts with Adam: "grad" (literal Eq. 5: scale the gradient) or "update" (scale
+    #: each row's optimiser step, Eq. 5's per-row learning rate; see nobackfill.lingual.teir)
+    teir_scale: str = "grad"
     gamma_cm: float = PAPER_GAMMA_CM    # 0.01
     gamma_cl: float = PAPER_GAMMA_CL    # 1
     temperature: float = PAPER_TEMPERATURE  # 0.07
@@ -61,6 +64,8 @@ class CLLConfig:
     def __post_init__(self) -> None:
         if self.method not in METHODS:
             raise ValueError(f"method must be one of {', '.join(METHODS)}, got {self.method!r}")
+        if self.teir_scale not in ("grad", "update"):
+            raise ValueError(f"teir_scale must be 'grad' or 'update', got {self.teir_scale!r}")
         if self.steps < 1 or self.batch_size < 1:
             raise ValueError("steps and batch_size must be positive")
 
@@ -224,7 +229,7 @@ class ContinualLearner:
                               der=cfg.method == "der")
         method = CLLCLIPMethod(enc, scales, cfg.loop(), method=cfg.method, teir=cfg.teir, gamma_cm=cfg.gamma_cm,
                                gamma_cl=cfg.gamma_cl, temperature=cfg.temperature, ewc=self.ewc,
-                               der_alpha=cfg.der_alpha)
+                               der_alpha=cfg.der_alpha, scale_mode=cfg.teir_scale)
         try:
             res = train(method, batches, cfg.loop(), Path(work_dir) / task.lang, progress=progress, export=False)
         finally:

@@ -53,7 +53,7 @@ class CLLCLIPMethod(Method):
 
     def __init__(self, encoder, scales: np.ndarray, loop: LoopConfig, *, method: str = "cll_clip",
                  teir: bool = False, gamma_cm: float, gamma_cl: float, temperature: float,
-                 ewc: "OnlineEWC | None" = None, der_alpha: float = 1.0,
+                 ewc: "OnlineEWC | None" = None, der_alpha: float = 1.0, scale_mode: str = "grad",
                  extra_params: Sequence[torch.nn.Parameter] = ()) -> None:
         if method not in METHODS:
             raise ValueError(f"unknown method {method!r}; choose from {', '.join(METHODS)}")
@@ -65,7 +65,7 @@ class CLLCLIPMethod(Method):
         self.extra = list(extra_params)
         for p in self.extra:
             p.requires_grad_(True)
-        self.rows = RowScaledEmbedding(self.weight, scales, loop.weight_decay)
+        self.rows = RowScaledEmbedding(self.weight, scales, loop.weight_decay, mode=scale_mode)
         self.gamma_cm, self.gamma_cl, self.temperature = gamma_cm, gamma_cl, temperature
         self.ewc = ewc
         self.der_alpha = der_alpha
@@ -77,6 +77,7 @@ class CLLCLIPMethod(Method):
         return groups
 
     def loss(self, batch: LingualBatch, step: int) -> tuple[torch.Tensor, dict[str, float]]:
+        self.rows.before_step()  # the loop calls loss() right before backward and the optimiser step
         kw = dict(gamma_cm=self.gamma_cm, gamma_cl=self.gamma_cl, temperature=self.temperature)
         loss, logs = cll_clip_loss(batch.english, text_features(self.encoder, batch.foreign), batch.images, **kw)
         if batch.replay is not None:
@@ -102,7 +103,7 @@ class CLLCLIPMethod(Method):
         self.encoder.invalidate_space_id()
 
     def after_step(self, step: int) -> None:
-        self.rows.decay(self.loop.lr * lr_factor(step, self.loop))
+        self.rows.after_step(self.loop.lr * lr_factor(step, self.loop))
 
     def state_dict(self) -> dict:
         return {"weight": self.weight.detach().clone(), "extra": [p.detach().clone() for p in self.extra]}

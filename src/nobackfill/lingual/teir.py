@@ -17,6 +17,13 @@ and AdamW see ``lambda * grad``) and :meth:`RowScaledEmbedding.decay`, the AdamW
 ``theta_j <- (1 - alpha * beta * lambda_j) theta_j`` run by the method after every optimiser step
 (the loop's AdamW is given weight decay 0 for the table). Plain CLL-CLIP is the same code with
 ``lambda = 1`` everywhere.
+
+Adam divides each coordinate's step by the root of its running squared gradient, so a constant
+factor on a row's gradient (``0 < lambda < 1``) mostly cancels out: only ``lambda = 0`` survives
+exactly. ``mode="update"`` therefore scales the optimiser's *step* of each overlap row instead
+(``theta_j <- theta_j + lambda_j * delta_j``), which is Eq. 5's per-row effective learning rate
+``alpha * lambda_j`` for any optimiser; ``mode="grad"`` is the literal reading (scale the gradient).
+Both zero the gradient of ``lambda = 0`` rows and scale the weight decay.
 """
 
 from __future__ import annotations
@@ -44,18 +51,46 @@ def teir_row_scales(size: int, old_size: int, task_ids: Iterable[int], counts: n
     return lam
 
 
-class RowScaledEmbedding:
-    """Scale the gradient and the decoupled weight decay of each row of ``weight`` by ``scales``."""
+SCALE_MODES = ("grad", "update")
 
-    def __init__(self, weight: torch.nn.Parameter, scales: np.ndarray | torch.Tensor, weight_decay: float) -> None:
+
+class RowScaledEmbedding:
+    """Scale the gradient (``mode="grad"``) or the optimiser step (``mode="update"``) and the
+    decoupled weight decay of each row of ``weight`` by ``scales``. Call :meth:`before_step` before
+    and :meth:`after_step` after each optimiser step."""
+
+    def __init__(self, weight: torch.nn.Parameter, scales: np.ndarray | torch.Tensor, weight_decay: float,
+                 mode: str = "grad") -> None:
+        if mode not in SCALE_MODES:
+            raise ValueError(f"mode must be one of {SCALE_MODES}, got {mode!r}")
         s = torch.as_tensor(np.asarray(scales), dtype=weight.dtype)
         if s.shape != (weight.shape[0],):
             raise ValueError(f"scales has shape {tuple(s.shape)}, table has {weight.shape[0]} rows")
         self.weight = weight
         self.scales = s
+        self.mode = mode
         self.weight_decay = float(weight_decay)
         self._col = s.unsqueeze(1)
-        self._handle = weight.register_hook(lambda g: g * self._col)
+        grad_col = self._col if mode == "grad" else (self._col > 0).to(s.dtype)
+        self._handle = weight.register_hook(lambda g: g * grad_col)
+        self._partial = torch.nonzero((s > 0) & (s < 1)).flatten() if mode == "update" else None
+        self._snapshot: torch.Tensor | None = None
+
+    @torch.no_grad()
+    def before_step(self) -> None:
+        """``mode="update"``: remember the overlap rows before the optimiser moves them."""
+        if self._partial is not None and self._partial.numel():
+            self._snapshot = self.weight.index_select(0, self._partial).clone()
+
+    @torch.no_grad()
+    def after_step(self, lr: float) -> None:
+        """Scale the overlap rows' step (``mode="update"``), then apply the scaled weight decay."""
+        if self._snapshot is not None:
+            moved = self.weight.index_select(0, self._partial)
+            lam = self.scales.index_select(0, self._partial).unsqueeze(1)
+            self.weight.index_copy_(0, self._partial, self._snapshot + lam * (moved - self._snapshot))
+            self._snapshot = None
+        self.decay(lr)
 
     @torch.no_grad()
     def decay(self, lr: float) -> None:
@@ -67,4 +102,4 @@ class RowScaledEmbedding:
         self._handle.remove()
 
 
-__all__ = ["teir_row_scales", "RowScaledEmbedding"]
+__all__ = ["teir_row_scales", "RowScaledEmbedding", "SCALE_MODES"]
