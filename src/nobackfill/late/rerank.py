@@ -1,0 +1,124 @@
+"""CMLI re-ranking of a first-stage top-k (seed 003: late interaction as a re-ranking score).
+
+The first stage is the gallery's ordinary global search; the top ``rerank_k`` candidates are then
+re-scored with ``global + weight * CMLI`` from stored token outputs (``nobackfill.index.tokens``).
+A text query ranks images by the t2i score (Eq. 4: each query word's best patch), an image
+query ranks texts by the i2t score (Eq. 3: each query patch's best word). ``weight = inf``
+ranks by CMLI alone (ties broken by the global score).
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+import torch
+
+from ..encoders.base import DualEncoder
+from ..index.store import Gallery, SearchResult, SpaceMismatchError
+from ..index.tokens import TokenStore, write_tokens
+from ..progress import progress_bar
+from .cmli import cmli_scores, project_tokens
+
+__all__ = ["DEFAULT_WEIGHT", "fuse", "rerank_candidates", "rerank_search", "store_gallery_tokens",
+           "pca_projection", "encode_tokens"]
+
+#: fusion weight of the CLI (the bench tunes it on val; see ``bench late``)
+DEFAULT_WEIGHT = 1.0
+
+
+def fuse(global_scores: np.ndarray, cmli: np.ndarray, weight: float) -> np.ndarray:
+    """``global + weight * cmli``; ``weight = inf``: CMLI first, global as a tie-breaker."""
+    if math.isinf(weight):
+        return cmli + 1e-6 * global_scores
+    return global_scores + weight * cmli
+
+
+def rerank_candidates(direction: str, query_tokens: torch.Tensor, query_mask: torch.Tensor,
+                      cand_tokens: torch.Tensor, cand_mask: torch.Tensor) -> np.ndarray:
+    """CMLI score of one query against its candidates: ``direction="t2i"`` (text query, image
+    candidates; Eq. 4) or ``"i2t"`` (image query, text candidates; Eq. 3). Returns ``(k,)``."""
+    with torch.no_grad():
+        if direction == "t2i":
+            return cmli_scores(cand_tokens, cand_mask, query_tokens, query_mask).t2i[:, 0].numpy()
+        if direction == "i2t":
+            return cmli_scores(query_tokens, query_mask, cand_tokens, cand_mask).i2t[0, :].numpy()
+    raise ValueError(f"direction must be 't2i' or 'i2t', got {direction!r}")
+
+
+def encode_tokens(encoder: DualEncoder, modality: str, items: Sequence, projection: np.ndarray | None = None,
+                  batch_size: int = 64, progress: bool = False) -> list[np.ndarray]:
+    """Content-token outputs (masked tokens dropped) of each item, optionally projected:
+    a list of ``(L_i, d)`` float32 arrays."""
+    proj = None if projection is None else torch.from_numpy(np.asarray(projection, np.float32))
+    fn = encoder.image_tokens if modality == "image" else encoder.text_tokens
+    out: list[np.ndarray] = []
+    with progress_bar(progress, f"{modality} tokens", len(items)) as advance:
+        for s in range(0, len(items), batch_size):
+            t = fn(items[s:s + batch_size])
+            tok = project_tokens(t.tokens, proj)
+            out += [tok[i][t.mask[i]].numpy() for i in range(tok.shape[0])]
+            advance(tok.shape[0])
+    return out
+
+
+def pca_projection(samples: np.ndarray, dim: int) -> np.ndarray:
+    """``(D, dim)`` orthonormal top principal directions of token ``samples`` (uncentred, so
+    inner products of unit tokens are preserved as well as possible)."""
+    if not 0 < dim <= samples.shape[1]:
+        raise ValueError(f"token dim must be in 1..{samples.shape[1]}, got {dim}")
+    _, _, vt = np.linalg.svd(samples.astype(np.float64), full_matrices=False)
+    return np.ascontiguousarray(vt[:dim].T, dtype=np.float32)
+
+
+def store_gallery_tokens(encoder: DualEncoder, gallery_dir: str | Path, *, images: Sequence[tuple[str, str | Path]] = (),
+                         texts: Sequence[tuple[str, str]] = (), dtype: str = "float16", dim: int | None = None,
+                         batch_size: int = 64, progress: bool = True) -> TokenStore:
+    """Embed and store the token outputs of ``images`` (id, path) and ``texts`` (id, text) beside
+    the gallery at ``gallery_dir`` (its model must be ``encoder``). ``dim`` < the model's width
+    fits a PCA projection on the items' tokens and stores the projected tokens."""
+    g = Gallery.open(gallery_dir)
+    if g.space_id != encoder.space_id:
+        raise SpaceMismatchError(g.space_id, encoder.space_id, f"store tokens in {gallery_dir}", what="model",
+                                 hint="store tokens with the model that built the gallery")
+    jobs = [("image", [i for i, _ in images], [str(p) for _, p in images]),
+            ("text", [i for i, _ in texts], [t for _, t in texts])]
+    raw = {m: encode_tokens(encoder, m, items, batch_size=batch_size, progress=progress) for m, _, items in jobs if items}
+    projection = None
+    if dim is not None and dim < encoder.embed_dim:
+        sample = np.concatenate([t for toks in raw.values() for t in toks[:2000]])
+        projection = pca_projection(sample, dim)
+        for m, toks in raw.items():
+            raw[m] = [project_tokens(torch.from_numpy(t), torch.from_numpy(projection)).numpy() for t in toks]
+    store = None
+    for modality, ids, _ in jobs:
+        if modality in raw:
+            store = write_tokens(gallery_dir, modality, ids, raw[modality], space_id=encoder.space_id, dtype=dtype,
+                                 projection=projection, source_dim=encoder.embed_dim)
+    if store is None:
+        raise ValueError("no images or texts to store tokens for")
+    return store
+
+
+def rerank_search(gallery: Gallery, encoder: DualEncoder, modality: str, query, first: SearchResult, k: int,
+                  weight: float = DEFAULT_WEIGHT) -> SearchResult:
+    """Re-score the first-stage hits of one query (``query`` is the text, or the image path)
+    with CMLI from the gallery's token store; returns the new top ``k``."""
+    store = TokenStore.open(gallery.path)
+    if encoder.space_id != store.space_id:
+        raise SpaceMismatchError(store.space_id, encoder.space_id, f"re-rank with tokens of {gallery.path}",
+                                 what="query model", hint="CMLI re-ranking needs the gallery's own model (no bridge)")
+    proj = store.projection
+    q_mod = "text" if modality == "image" else "image"
+    q = encode_tokens(encoder, q_mod, [query], projection=proj)[0]
+    ids = first.ids[0]
+    cand, cmask = store.get(modality, ids)
+    cmli = rerank_candidates("t2i" if modality == "image" else "i2t", torch.from_numpy(q)[None],
+                             torch.ones((1, q.shape[0]), dtype=torch.bool), torch.from_numpy(cand),
+                             torch.from_numpy(cmask))
+    fused = fuse(np.asarray(first.scores[0], np.float32), cmli, weight)
+    order = np.argsort(-fused, kind="stable")[:k]
+    return SearchResult(scores=fused[order][None], ids=[[ids[i] for i in order]],
+                        positions=np.asarray(first.positions)[:, order])

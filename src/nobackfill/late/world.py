@@ -1,0 +1,60 @@
+"""Train world models for late interaction with the one training loop: a CMLI-trained (FILIP-style)
+model and Target-CMLI students, on fresh world scenes every step (never a val/test scene)."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict
+from pathlib import Path
+
+from ..data.batches import WorldBatches
+from ..data.world import WorldSpec, WorldStream
+from ..encoders.clip import CLIPDualEncoder
+from ..encoders.zoo import Preset, create_model, get_preset
+from ..train.contrastive import ContrastivePretraining
+from ..train.loop import LoopConfig, Method, TrainResult, train
+from .distill import KDConfig, TargetCMLIDistillation
+from .train import CMLIConfig, CMLIContrastive
+
+__all__ = ["LATE_PRESET", "train_world_method", "new_world_model"]
+
+#: the tiny zoo preset of the late-interaction experiments (world-old's size, all concepts)
+LATE_PRESET = "world-tiny"
+
+
+def new_world_model(preset: str | Preset, tokenizer, seed: int = 0) -> CLIPDualEncoder:
+    """A fresh model of ``preset`` that shares ``tokenizer`` (e.g. the teacher's, so that student
+    and teacher tokenise captions the same way)."""
+    return create_model(preset if isinstance(preset, Preset) else get_preset(preset), tokenizer, seed=seed)
+
+
+def train_world_method(kind: str, out: str | Path, spec: WorldSpec, tokenizer, *, preset: str | Preset = LATE_PRESET,
+                       steps: int = 600, batch_size: int = 64, lr: float = 2e-3, warmup: int = 50, seed: int = 0,
+                       threads: int = 1, cmli: CMLIConfig | None = None, kd: KDConfig | None = None,
+                       teacher: CLIPDualEncoder | None = None, progress: bool = False) -> tuple[Method, TrainResult]:
+    """Train a fresh ``preset`` model on the world stream with ``kind``: ``"global"`` (InfoNCE,
+    :class:`ContrastivePretraining`), ``"cmli"`` (:class:`CMLIContrastive`) or ``"kd"``
+    (:class:`TargetCMLIDistillation` from ``teacher``). Every kind sees the same batches (seeded
+    by ``spec.seed`` and ``seed``) and the same initial weights. Writes the model into ``out``."""
+    enc = new_world_model(preset, tokenizer, seed=seed)
+    enc.meta.update({"name": Path(out).name, "late_kind": kind})
+    if kind == "global":
+        method: Method = ContrastivePretraining(enc)
+    elif kind == "cmli":
+        method = CMLIContrastive(enc, cmli or CMLIConfig())
+    elif kind == "kd":
+        if teacher is None:
+            raise ValueError("kind 'kd' needs a teacher model")
+        method = TargetCMLIDistillation(enc, teacher, kd or KDConfig())
+    else:
+        raise ValueError(f"kind must be 'global', 'cmli' or 'kd', got {kind!r}")
+    batches = WorldBatches(WorldStream(batch_size, seed=spec.seed * 1000 + 500 + seed))
+    cfg = LoopConfig(steps=steps, lr=lr, warmup=min(warmup, max(1, steps // 5)), seed=seed, threads=threads,
+                     log_every=max(1, min(50, steps)), checkpoint_every=max(100, steps // 4))
+    result = train(method, batches, cfg, out, progress=progress)
+    recipe = {"kind": kind, "steps": steps, "batch_size": batch_size, "lr": lr, "seed": seed,
+              "preset": getattr(preset, "name", preset), "world_seed": spec.seed, "loop": asdict(cfg),
+              "cmli": asdict(cmli) if kind == "cmli" and cmli else None,
+              "kd": asdict(kd) if kind == "kd" and kd else None, "seconds": round(result.seconds, 1)}
+    (Path(out) / "recipe.json").write_text(json.dumps(recipe, indent=2, default=str))
+    return method, result
