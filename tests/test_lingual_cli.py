@@ -1,0 +1,130 @@
+"""CLI and bench tests for continual language learning (``nobackfill lingual``, ``bench lingual-*``)
+on a tiny fake Multi30K, a tiny world, a tiny BERT and a tiny CLIP."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from typer.testing import CliRunner
+
+from _compat_helpers import tiny_encoder
+from _fake_multi30k import caption, fake_multi30k, write_gz
+from test_lingual import tiny_bert
+
+runner = CliRunner()
+
+
+def _app():
+    from nobackfill.cli import app
+
+    return app
+
+
+@pytest.fixture(scope="module")
+def m30k(tmp_path_factory):
+    root = fake_multi30k(tmp_path_factory.mktemp("m30k"), n_train=32, n_val=12)
+    ev = root / "evaldir"
+    for lang in ("en", "de"):
+        write_gz(ev / f"test_2016_flickr.{lang}.gz", [f"{lang} {caption(i, 2)}" for i in range(10)])
+    model = tiny_bert().save(root / "tiny-bert")
+    return root, ev, model
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory):
+    from nobackfill.data.world import WorldSpec, generate_world
+
+    d = tmp_path_factory.mktemp("world")
+    data = generate_world(d / "w", WorldSpec(seed=3, n_train=12, n_val=6, n_test=6, langs=("en", "de")),
+                          workers=1, progress=False)
+    model = tiny_encoder().save(d / "tiny-clip")
+    return data, model
+
+
+def test_cli_learn_then_eval_on_multi30k(m30k, tmp_path):
+    root, ev, model = m30k
+    out = tmp_path / "learned"
+    r = runner.invoke(_app(), ["lingual", "learn", "--model", str(model), "--tasks", "en,de", "--data", str(root),
+                               "--out", str(out), "--steps", "2", "--batch-size", "8", "--vocab-size", "150",
+                               "--cache-dir", str(tmp_path / "cache")])
+    assert r.exit_code == 0, r.output
+    state = json.loads((out / "lingual.json").read_text())
+    assert state["learned"] == ["en", "de"] and state["config"]["teir"] is True
+    assert state["history"][0]["new_tokens"] > 0
+    j = tmp_path / "eval.json"
+    r = runner.invoke(_app(), ["lingual", "eval", "--model", str(out), "--data", str(root), "--langs", "de",
+                               "--eval-dir", str(ev), "--cache-dir", str(tmp_path / "cache"), "--json", str(j)])
+    assert r.exit_code == 0, r.output
+    res = json.loads(j.read_text())
+    assert set(res["R@1"]) == {"de"} and 0.0 <= res["R@1"]["de"] <= 1.0
+    # a second call continues from the saved state: nothing left to learn for en,de
+    r = runner.invoke(_app(), ["lingual", "learn", "--model", str(out), "--tasks", "en,de", "--data", str(root),
+                               "--out", str(tmp_path / "again"), "--steps", "1", "--cache-dir", str(tmp_path / "cache")])
+    assert r.exit_code == 0, r.output
+    assert json.loads((tmp_path / "again" / "lingual.json").read_text())["learned"] == ["en", "de"]
+
+
+def test_cli_errors_are_clear(m30k, tmp_path):
+    root, _, model = m30k
+    r = runner.invoke(_app(), ["lingual", "learn", "--model", str(model), "--tasks", "en,xx", "--data", str(root),
+                               "--out", str(tmp_path / "o")])
+    assert r.exit_code == 2 and "train.xx" in r.output
+    r = runner.invoke(_app(), ["lingual", "learn", "--model", str(model), "--tasks", "en,de", "--data", str(root),
+                               "--out", str(tmp_path / "o"), "--method", "nope"])
+    assert r.exit_code == 2 and "method" in r.output
+
+
+def test_cli_learn_and_eval_on_world_keeps_images(world, tmp_path):
+    from nobackfill.encoders import load_encoder
+    from nobackfill.evaluate import load_eval_data
+
+    data, model = world
+    out = tmp_path / "w-learned"
+    r = runner.invoke(_app(), ["lingual", "learn", "--model", str(model), "--tasks", "en,de", "--data", str(data),
+                               "--out", str(out), "--steps", "2", "--batch-size", "8", "--vocab-size", "400",
+                               "--cache-dir", str(tmp_path / "cache")])
+    assert r.exit_code == 0, r.output
+    test = load_eval_data(data, "test", langs=["en"])
+    before = load_encoder(model).encode_images(test.image_paths())
+    assert np.array_equal(load_encoder(out).encode_images(test.image_paths()), before)
+    r = runner.invoke(_app(), ["lingual", "eval", "--model", str(out), "--data", str(data), "--langs", "en,de",
+                               "--eta", "0.5", "--cache-dir", str(tmp_path / "cache")])
+    assert r.exit_code == 0, r.output
+    res = json.loads(r.stdout)
+    assert set(res["t2i"]) == {"en", "de"} and res["eta"] == 0.5
+
+
+def test_bench_lingual_text_on_fake_multi30k(m30k, tmp_path):
+    from nobackfill.bench.lingual import LingualTextConfig, run_lingual_text, write_outputs
+    from nobackfill.lingual.learner import CLLConfig
+
+    root, ev, model = m30k
+    cfg = LingualTextConfig(langs=("de",), methods=("cll_clip", "cll_clip_teir"), train_lines=16,
+                            cll=CLLConfig(steps=2, batch_size=8, task_vocab_size=150))
+    res = run_lingual_text(root, eval_dir=ev, config=cfg, model=model, cache_dir=tmp_path / "c", work_dir=tmp_path / "w")
+    assert set(res["methods"]) == {"cll_clip", "cll_clip_teir"}
+    m = res["methods"]["cll_clip_teir"]
+    assert len(m["matrix"]) == 1 and 0.0 <= m["AR"] <= 1.0 and m["F"] == 0.0
+    assert len(m["english_R@1"]) == 1 and "english_R@1_before" in res and res["n_eval"] == 10
+    assert "AR_gain" in res["done_when"]
+    md = write_outputs(res, tmp_path / "out.json")
+    assert "cll_clip_teir" in md and json.loads((tmp_path / "out.json").read_text())["methods"]
+
+
+def test_bench_lingual_world_on_tiny_world(world, tmp_path):
+    from nobackfill.bench.lingual import LingualWorldConfig, format_markdown, method_config, run_lingual_world
+    from nobackfill.lingual.learner import CLLConfig
+
+    data, model = world
+    cfg = LingualWorldConfig(langs=("de",), methods=("cll_clip_teir", "er"), train_images=12, eta=0.3,
+                             cll=CLLConfig(steps=2, batch_size=8, task_vocab_size=400, memory_size=4))
+    res = run_lingual_world(data, model=model, config=cfg, cache_dir=tmp_path / "c", work_dir=tmp_path / "w")
+    for m in res["methods"].values():
+        assert m["image_embeddings_bit_identical"] and m["image_tower_bit_identical"]
+        assert len(m["t2i"]["matrix"]) == 1 and len(m["english_t2i"]) == 2
+    assert "t2i AR" in format_markdown(res)
+    assert method_config("der_teir_oracle", CLLConfig()).oracle_vocab
+    with pytest.raises(ValueError):
+        method_config("bogus_teir", CLLConfig())
