@@ -46,6 +46,9 @@ ALL_METHODS = ("cll_clip", "cll_clip_teir", "oewc", "oewc_teir", "er", "er_teir"
                "cll_clip_oracle", "cll_clip_teir_oracle")
 #: measured references (frozen MiniLM, foreign -> English R@1 on test_2016; English caption-to-caption)
 MINILM_REFERENCE = {"de": 0.21, "fr": 0.34, "cs": 0.07, "en_caption": 0.58}
+#: steps per language of the --quick modes (sized for < 15 min on 2 CPU cores)
+QUICK_TEXT_STEPS = 80
+QUICK_WORLD_STEPS = 60
 
 
 def method_config(name: str, base: CLLConfig) -> CLLConfig:
@@ -100,6 +103,13 @@ def summarise(stages: list[dict], langs: Sequence[str], key: str) -> dict:
     return continual_summary(m)
 
 
+def _quick(cls, kw: dict, steps: int):
+    """``cls(**kw)`` with at most ``steps`` optimiser steps per language."""
+    c = cls(**kw)
+    c.cll = replace(c.cll, steps=min(c.cll.steps, steps))
+    return c
+
+
 # ----------------------------------------------------------------------------- lingual-text
 @dataclass
 class LingualTextConfig:
@@ -117,8 +127,7 @@ class LingualTextConfig:
 
     @classmethod
     def quick(cls, **kw) -> "LingualTextConfig":
-        c = cls(**kw)
-        c.cll = replace(c.cll, steps=min(c.cll.steps, 80))
+        c = _quick(cls, kw, QUICK_TEXT_STEPS)
         c.train_lines = min(c.train_lines, c.cll.steps * c.cll.batch_size)
         return c
 
@@ -206,8 +215,7 @@ class LingualWorldConfig:
 
     @classmethod
     def quick(cls, **kw) -> "LingualWorldConfig":
-        c = cls(**kw)
-        c.cll = replace(c.cll, steps=min(c.cll.steps, 60))
+        c = _quick(cls, kw, QUICK_WORLD_STEPS)
         c.eval_limit = c.eval_limit or 500
         return c
 
@@ -295,15 +303,15 @@ def format_markdown(result: dict) -> str:
 
 
 def write_outputs(result: dict, json_path: str | Path | None) -> str:
-    """Write ``json_path`` and the markdown table next to it (``.md``); return the markdown."""
+    """Write ``json_path`` and the markdown table next to it (``.md``), atomically; return the markdown."""
+    from ..index.store import atomic_write_bytes
+
     md = format_markdown(result)
     if json_path is not None:
         p = Path(json_path)
         p.parent.mkdir(parents=True, exist_ok=True)
-        tmp = p.with_name(p.name + ".tmp")
-        tmp.write_text(json.dumps(result, indent=2, default=float))
-        tmp.replace(p)
-        p.with_suffix(".md").write_text(md)
+        atomic_write_bytes(p, json.dumps(result, indent=2, default=float).encode())
+        atomic_write_bytes(p.with_suffix(".md"), md.encode())
     return md
 
 

@@ -145,7 +145,7 @@ def token_counts(tokenizer: PreTrainedTokenizerBase, texts: Sequence[str], size:
     counts = np.zeros(size, np.float64)
     texts = list(texts)
     for s in range(0, len(texts), batch):
-        for ids in tokenizer(texts[s:s + batch], truncation=False)["input_ids"]:
+        for ids in tokenizer(texts[s:s + batch], truncation=False, verbose=False)["input_ids"]:
             np.add.at(counts, np.asarray(ids, dtype=np.int64), 1.0)
     return counts
 
