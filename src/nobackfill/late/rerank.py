@@ -23,7 +23,7 @@ from ..progress import progress_bar
 from .cmli import cmli_scores, project_tokens
 
 __all__ = ["DEFAULT_WEIGHT", "fuse", "rerank_candidates", "rerank_search", "store_gallery_tokens",
-           "pca_projection", "encode_tokens"]
+           "pca_projection", "encode_tokens", "store_dataset_tokens"]
 
 #: fusion weight of the CLI (the bench tunes it on val; see ``bench late``)
 DEFAULT_WEIGHT = 1.0
@@ -100,6 +100,18 @@ def store_gallery_tokens(encoder: DualEncoder, gallery_dir: str | Path, *, image
     if store is None:
         raise ValueError("no images or texts to store tokens for")
     return store
+
+
+def store_dataset_tokens(encoder: DualEncoder, data, gallery_dir: str | Path, dtype: str = "float16",
+                         dim: int | None = None, progress: bool = True) -> TokenStore:
+    """Token outputs of every image and caption of a data folder, under the ids that
+    ``nobackfill index`` gives them (:func:`nobackfill.demo.index_dataset`)."""
+    from ..demo import image_id, text_id
+
+    images = [(image_id(p), str(Path(data.root) / p)) for p in data.images]
+    texts = [(text_id(line), cap) for line, cap in zip(data.caption_lines, data.captions)]
+    return store_gallery_tokens(encoder, gallery_dir, images=images, texts=texts, dtype=dtype, dim=dim,
+                                progress=progress)
 
 
 def rerank_search(gallery: Gallery, encoder: DualEncoder, modality: str, query, first: SearchResult, k: int,
