@@ -18,6 +18,8 @@ app.add_typer(bench_app, name="bench")
 upgrade_app = typer.Typer(no_args_is_help=True,
                           help="Backfill-free upgrades: XBT and training-free bridges from a new model to an old space.")
 app.add_typer(upgrade_app, name="upgrade")
+from .reco.cli import reco_app  # noqa: E402  (light: no torch at import)
+app.add_typer(reco_app, name="reco")
 console = Console(stderr=True)
 
 
@@ -139,6 +141,8 @@ def search(
     bridge: Optional[List[Path]] = typer.Option(None, "--bridge", help="Upgrade directory taking the model's "
                                                 "queries into the gallery's space (XBT, phi, Procrustes); repeat "
                                                 "to chain bridges."),
+    reco: Optional[Path] = typer.Option(None, "--reco", help="RECO directory: refine the query with its memory "
+                                        "(the gallery is searched as stored)."),
     rerank: str = typer.Option("", help="Re-score the first-stage top --rerank-k: cmli (needs index --tokens)."),
     rerank_k: int = typer.Option(100, help="First-stage candidates to re-rank."),
     rerank_weight: float = typer.Option(1.0, help="Re-rank score = global + weight * CMLI (inf: CMLI only)."),
@@ -160,6 +164,10 @@ def search(
             q, modality = enc.encode_texts([text]), "image"
         else:
             q, modality = enc.encode_images([image]), "text"
+        if reco is not None:
+            from .reco.cli import refine_query
+
+            q = refine_query(reco, enc, q, "text" if text is not None else "image")
         res = g.search(modality, q, k=max(k, rerank_k) if rerank else k, space_id=enc.space_id, bridge=br)
         if rerank:
             from .late.rerank import rerank_search
@@ -195,6 +203,8 @@ def eval_retrieval(
     json_out: Optional[Path] = typer.Option(None, "--json", help="Write results as JSON here."),
     bridge: Optional[List[Path]] = typer.Option(None, "--bridge", help="Upgrade directory taking the query model "
                                                 "into the gallery model's space; repeat to chain bridges."),
+    reco: Optional[Path] = typer.Option(None, "--reco", help="RECO directory: refine the queries (queries only; "
+                                        "the gallery embeddings stay the original ones)."),
 ) -> None:
     """Text->image and image->text R@1/5/10, median rank, mAP for a query model x gallery model."""
     from .encoders import load_encoder
@@ -213,12 +223,16 @@ def eval_retrieval(
         else:
             qe = embed_dataset(q, ds, progress=True)
             ge = qe if g is q else embed_dataset(g, ds, progress=True)
+        if reco is not None:
+            from .reco.cli import refined_embedded
+
+            qe = refined_embedded(reco, qe)
     except (ValueError, FileNotFoundError) as e:
         _fail(str(e))
     res = cross_retrieval(qe, ge, ds.caption_image)
     res.update({"query_model": str(query_model), "gallery_model": str(gallery_model), "n_images": len(ds),
                 "n_captions": len(ds.captions), "query_space": q.space_id, "gallery_space": g.space_id,
-                "bridges": [str(b) for b in bridge or []]})
+                "bridges": [str(b) for b in bridge or []], "reco": str(reco) if reco else None})
     typer.echo(text_table(*recall_table_rows({f"{query_model.name}/{gallery_model.name}": res})))
     _write_json(json_out, res)
 
@@ -573,6 +587,10 @@ from .lingual.cli import bench_lingual_text, bench_lingual_world, lingual_app  #
 app.add_typer(lingual_app, name="lingual")
 bench_app.command("lingual-text")(bench_lingual_text)
 bench_app.command("lingual-world")(bench_lingual_world)
+
+
+from .bench.reco import bench_reco  # noqa: E402
+bench_app.command("reco")(bench_reco)
 
 
 def main() -> None:

@@ -1,0 +1,139 @@
+"""``nobackfill reco ...`` commands (registered in :mod:`nobackfill.cli`) and the ``--reco DIR``
+helpers of ``search`` and ``eval retrieval``."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import List, Optional
+
+import numpy as np
+import typer
+
+reco_app = typer.Typer(no_args_is_help=True,
+                       help="RECO: refine frozen-encoder embeddings with knowledge retrieved from a memory (seed 001).")
+
+
+def _console():
+    from ..cli import console
+
+    return console
+
+
+def _fail(msg: str) -> None:
+    from ..cli import _fail as fail
+
+    fail(msg)
+
+
+@reco_app.command("build-memory")
+def build_memory_cmd(
+    model: Path = typer.Option(..., help="The frozen encoder (its space is the memory's)."),
+    data: Path = typer.Option(..., help="Image-text pairs: a user data folder or a world root (see --split)."),
+    out: Path = typer.Option(..., help="Memory directory to create."),
+    split: str = typer.Option("train", help="Split when --data is a world root."),
+    langs: str = typer.Option("en", help="Comma-separated caption languages kept in the memory."),
+    exclude: Optional[List[Path]] = typer.Option(None, "--exclude", help="Test data whose images, exact copies and "
+                                                 "near-duplicates are removed (data folder; repeat)."),
+    threshold: float = typer.Option(0.95, help="Near-duplicate cosine threshold (see --dedup)."),
+    dedup: str = typer.Option("pixels", help="Near-duplicate space: pixels (16x16 thumbnails) | embedding."),
+    backend: str = typer.Option("flat", help="FAISS backend of the memory's indexes."),
+    skip_bad: bool = typer.Option(False, help="Skip malformed lines / unreadable images."),
+) -> None:
+    """Embed a pair folder once with the frozen encoder into a memory (a gallery of both modalities),
+    without test items and their near-duplicates."""
+    from ..encoders import load_encoder
+    from ..evaluate import load_eval_data
+    from .memory import build_memory
+
+    lang_l = [x for x in langs.split(",") if x]
+    try:
+        ds = load_eval_data(data, split, langs=lang_l, skip_bad=skip_bad)
+        ex = [load_eval_data(p, "test", langs=None) for p in exclude or []]
+        enc = load_encoder(model)
+        mem = build_memory(enc, ds, out, exclude=ex, threshold=threshold, dedup=dedup, model_ref=str(model),
+                           backend=backend, progress=True)
+    except (ValueError, FileNotFoundError, FileExistsError) as e:
+        _fail(str(e))
+    r = mem.removal
+    _console().print(f"memory {out}: {r['kept_images']} images, {r['kept_texts']} texts, space {mem.space_id}; "
+                     f"removed {r['test_items']} test item(s) and {r['near_duplicates']} near-duplicate(s) "
+                     f"({r['dedup']} cosine > {r['threshold']})")
+
+
+@reco_app.command("train")
+def train_cmd(
+    memory: Path = typer.Option(..., help="Memory directory (from `reco build-memory`)."),
+    out: Path = typer.Option(..., help="RECO directory to write (reco.json + fusion.safetensors)."),
+    k: int = typer.Option(10, help="Retrieved neighbours per query."),
+    search: str = typer.Option("uni", help="kNN search: uni (v->v, t->t; the paper's) | cross (ablation)."),
+    fuse: str = typer.Option("cross", help="Fused modality: cross (image query gets texts; the paper's) | uni."),
+    fusion: str = typer.Option("transformer", help="transformer (one layer) | mean (ablation, untrained)."),
+    heads: int = typer.Option(4, help="Attention heads."),
+    steps: int = typer.Option(1500, help="Optimiser steps (a budget when --val is given)."),
+    batch_size: int = typer.Option(512, help="Pairs per step."),
+    lr: float = typer.Option(1e-3, help="Learning rate (paper: 1e-3)."),
+    val: Optional[Path] = typer.Option(None, help="Validation pairs (data folder or world root, val split): "
+                                                  "early stopping on mean R@1 with refined queries."),
+    model: Optional[Path] = typer.Option(None, help="The memory's encoder (needed with --val)."),
+    seed: int = typer.Option(0, help="Seed."),
+    threads: int = typer.Option(1, help="torch threads."),
+) -> None:
+    """Train phi_image and phi_text on the memory's pairs (each excluded from its own neighbours) with
+    L = NCE(V_bar, T_bar) + NCE(V_bar, T) + NCE(V, T_bar); the encoder stays frozen."""
+    from .memory import Memory
+    from .train import RecoTrainConfig, retrieval_evaluator, train_reco
+
+    try:
+        cfg = RecoTrainConfig(k=k, search=search, fuse=fuse, fusion=fusion, heads=heads, steps=steps,
+                              batch_size=batch_size, lr=lr, seed=seed, threads=threads,
+                              eval_every=max(1, min(250, steps)))
+        mem = Memory.open(memory)
+        evaluate = None
+        if val is not None:
+            if model is None:
+                raise ValueError("--val needs --model (the memory's encoder) to embed the validation pairs")
+            from ..encoders import load_encoder
+            from ..evaluate import embed_dataset, load_eval_data
+
+            enc = load_encoder(model)
+            if enc.space_id != mem.space_id:
+                raise ValueError(f"{model} is in space {enc.space_id}, the memory {memory} in {mem.space_id}")
+            vds = load_eval_data(val, "val")
+            ve = embed_dataset(enc, vds)
+            evaluate = retrieval_evaluator(mem, ve.images, ve.texts, vds.caption_image)
+        rm, res = train_reco(mem, out, cfg, evaluate=evaluate, early_stop="score" if evaluate else "",
+                             memory_ref=memory, progress=True,
+                             recipe={"command": " ".join(["nobackfill reco train", f"--memory {memory}", f"--out {out}",
+                                                          f"--k {k} --search {search} --fuse {fuse}",
+                                                          f"--fusion {fusion} --steps {steps}"])})
+    except (ValueError, FileNotFoundError) as e:
+        _fail(str(e))
+    msg = f"RECO {out}: k={k}, {search} search, {fuse} fusion, {fusion}"
+    if res is not None:
+        msg += f"; {res.steps} steps in {res.seconds:.0f}s, loss {res.last_loss:.3f}"
+        if res.best_step is not None:
+            msg += f", best val score {res.best_value:.3f} at step {res.best_step}"
+    _console().print(msg)
+
+
+def refine_query(reco: Path, encoder, queries: np.ndarray, modality: str) -> np.ndarray:
+    """``search --reco DIR``: refine the frozen encoder's query embeddings (queries-only mode: the
+    gallery is searched as stored). Refuses a RECO directory of another embedding space."""
+    from .model import load_reco
+
+    model, memory = load_reco(reco)
+    if model.spec.space_id != encoder.space_id:
+        raise ValueError(f"{reco} refines space {model.spec.space_id}, but the query model is in {encoder.space_id}")
+    return model.refine(memory, queries, modality)
+
+
+def refined_embedded(reco: Path, embedded):
+    """``eval retrieval --reco DIR``: the query side's embeddings refined (queries only)."""
+    from ..evaluate import Embedded
+    from .model import load_reco
+
+    model, memory = load_reco(reco)
+    if model.spec.space_id != embedded.space_id:
+        raise ValueError(f"{reco} refines space {model.spec.space_id}, but the query model is in {embedded.space_id}")
+    return Embedded(embedded.space_id, model.refine(memory, embedded.images, "image"),
+                    model.refine(memory, embedded.texts, "text"))
