@@ -67,15 +67,15 @@ class TextXBTConfig:
     weight_decay: float = 0.01
     warmup: int = 5
     schedule: str = "constant"
-    phi_train: str = "all"  # "all" (the issue: "and phi") | "layernorm" (App. A.2)
+    phi_train: str = "all"  # "all" (the issue: "and phi") | "layernorm" (App. A.2) | "none" (frozen)
     lora_rank: int = 16
     lora_alpha: int = 16
     lora_dropout: float = 0.1
     eval_every: int = 15
 
     def __post_init__(self) -> None:
-        if self.phi_train not in ("all", "layernorm"):
-            raise ValueError(f"phi_train must be 'all' or 'layernorm', got {self.phi_train!r}")
+        if self.phi_train not in ("all", "layernorm", "none"):
+            raise ValueError(f"phi_train must be 'all', 'layernorm' or 'none', got {self.phi_train!r}")
 
 
 def _stage1_default():
@@ -200,7 +200,8 @@ def train_text_xbt(new, phi, captions: Sequence[Sequence[str]], cfg: TextXBTConf
     counts = attach_text_lora(new.model, cfg.lora_rank, cfg.lora_alpha, cfg.lora_dropout, seed=seed)
     new.invalidate_space_id()
     phi = copy.deepcopy(phi)
-    phi_params = phi.layernorm_parameters() if cfg.phi_train == "layernorm" else list(phi.parameters())
+    phi_params = {"layernorm": phi.layernorm_parameters, "all": lambda: list(phi.parameters()),
+                  "none": list}[cfg.phi_train]()
     phi.requires_grad_(False)
     for p in phi_params:
         p.requires_grad_(True)
