@@ -42,27 +42,29 @@ TEXT_LANGS = ("de", "fr", "cs")
 #: the world's languages after English, in a fixed order (the grammars' order)
 WORLD_LANGS = ("de", "fr", "es", "ru", "el", "zh")
 DEFAULT_METHODS = ("cll_clip", "cll_clip_teir")
-ALL_METHODS = ("cll_clip", "cll_clip_teir", "oewc", "oewc_teir", "er", "er_teir", "der", "der_teir",
-               "cll_clip_oracle", "cll_clip_teir_oracle")
+ALL_METHODS = ("cll_clip", "cll_clip_teir", "cll_clip_teir_grad", "cll_clip_teir_update", "oewc", "oewc_teir",
+               "er", "er_teir", "der", "der_teir", "cll_clip_oracle", "cll_clip_teir_oracle")
 #: measured references (frozen MiniLM, foreign -> English R@1 on test_2016; English caption-to-caption)
 MINILM_REFERENCE = {"de": 0.21, "fr": 0.34, "cs": 0.07, "en_caption": 0.58}
 #: steps per language of the --quick modes (sized for < 15 min on 2 CPU cores)
-QUICK_TEXT_STEPS = 80
+QUICK_TEXT_STEPS = 60
 QUICK_WORLD_STEPS = 60
 
 
 def method_config(name: str, base: CLLConfig) -> CLLConfig:
-    """``cll_clip``, ``oewc_teir``, ``cll_clip_teir_oracle``, ... -> a :class:`CLLConfig`."""
+    """``cll_clip``, ``oewc_teir``, ``cll_clip_teir_grad``, ``der_teir_oracle``, ... -> a
+    :class:`CLLConfig` (``_grad`` / ``_update`` after ``teir`` pick how lambda acts with Adam)."""
     parts = name.split("_")
-    oracle = parts[-1] == "oracle"
-    if oracle:
+    kw: dict = {"oracle_vocab": parts[-1] == "oracle"}
+    if kw["oracle_vocab"]:
         parts = parts[:-1]
-    teir = parts[-1] == "teir"
-    if teir:
+    if parts[-1] in ("grad", "update") and len(parts) > 1 and parts[-2] == "teir":
+        kw["teir_scale"] = parts.pop()
+    kw["teir"] = parts[-1] == "teir"
+    if kw["teir"]:
         parts = parts[:-1]
-    method = "_".join(parts)
     try:
-        return replace(base, method=method, teir=teir, oracle_vocab=oracle)
+        return replace(base, method="_".join(parts), **kw)
     except ValueError as e:
         raise ValueError(f"unknown lingual method {name!r}: {e}") from None
 
@@ -132,51 +134,96 @@ class LingualTextConfig:
         return c
 
 
-def run_lingual_text(data: str | Path, *, eval_dir: str | Path | None = None, quick: bool = False,
-                     config: LingualTextConfig | None = None, model: str | Path | None = None,
-                     cache_dir: str | Path = "runs/cache", work_dir: str | Path = "runs/lingual-text",
-                     log: Callable[[str], None] = lambda m: None) -> dict:
+@dataclass
+class _TextSetup:
+    tasks: list
+    train_en: list
+    ev: dict
+    q_en: list
+    g_en: list
+    base: object
+
+    def english_features(self, frozen, cache_dir):
+        return lambda texts: embed_texts_cached(frozen, texts, cache_dir)
+
+    def evaluate(self, cache_dir) -> StageEval:
+        def evaluate(enc) -> dict:
+            enc.invalidate_space_id()
+            return {"f2e": foreign_to_english(enc, self.ev, cache_dir),
+                    "en_caption": recall_at_1(embed_texts_cached(enc, self.q_en, cache_dir),
+                                              embed_texts_cached(enc, self.g_en, cache_dir))}
+        return evaluate
+
+
+def _text_setup(data, eval_dir, cfg: "LingualTextConfig", model) -> _TextSetup:
     from ..data.multi30k import read_task2
     from ..encoders.minilm import MiniLMTextEncoder
 
+    base = MiniLMTextEncoder.pretrained() if model in (None, "", "pretrained") else MiniLMTextEncoder.load(model)
+    tasks, train_en = multi30k_tasks(data, cfg.langs, cfg.train_lines)
+    ev = multi30k_eval_lines(data, cfg.eval_split, cfg.langs, eval_dir, cfg.eval_limit)
+    cap = read_task2(data, "val", "en", ks=(1, 2))
+    return _TextSetup(tasks, train_en, ev, cap.column(1), cap.column(2), base)
+
+
+def _text_method(name: str, data, eval_dir, cfg: "LingualTextConfig", model, cache_dir, work_dir,
+                 log: Callable[[str], None] | None = None) -> tuple[dict, dict]:
+    """One method's whole sequence (run in the parent or in a worker process)."""
+    torch.set_num_threads(cfg.cll.threads)
+    log = log or _prefixed_print(name)
+    st = _text_setup(data, eval_dir, cfg, model)
+    seq = run_sequence(copy.deepcopy(st.base), st.tasks, method_config(name, cfg.cll), st.evaluate(cache_dir),
+                       english_corpus=st.train_en, english_features=st.english_features(st.base, cache_dir),
+                       work_dir=Path(work_dir), oracle_corpora=[t.corpus for t in st.tasks], log=log)
+    s = summarise(seq.stages, cfg.langs, "f2e")
+    s["english_R@1"] = [x["en_caption"] for x in seq.stages[1:]]
+    s["final"] = {lang: seq.stages[-1]["f2e"][lang] for lang in cfg.langs}
+    s["tasks"] = seq.history
+    s["seconds"] = round(seq.seconds, 1)
+    return s, seq.stages[0]
+
+
+def _prefixed_print(prefix: str) -> Callable[[str], None]:
+    return lambda m: print(f"[{prefix}] {m}", flush=True)
+
+
+def map_methods(fn: Callable, names: Sequence[str], args: tuple, jobs: int, log: Callable[[str], None]) -> list:
+    """``[fn(name, *args) for name in names]``, in ``jobs`` spawned worker processes when > 1 (one
+    torch thread each; workers log to stdout with the method name as prefix)."""
+    if jobs <= 1 or len(names) <= 1:
+        return [fn(name, *args, log=log) for name in names]
+    import multiprocessing as mp
+    from concurrent.futures import ProcessPoolExecutor
+
+    with ProcessPoolExecutor(max_workers=min(jobs, len(names)), mp_context=mp.get_context("spawn")) as pool:
+        futures = [pool.submit(fn, name, *args) for name in names]
+        return [f.result() for f in futures]
+
+
+def run_lingual_text(data: str | Path, *, eval_dir: str | Path | None = None, quick: bool = False,
+                     config: LingualTextConfig | None = None, model: str | Path | None = None,
+                     cache_dir: str | Path = "runs/cache", work_dir: str | Path = "runs/lingual-text",
+                     jobs: int = 1, log: Callable[[str], None] = lambda m: None) -> dict:
+    """The lingual-text benchmark; ``jobs > 1`` runs the methods in parallel processes (the
+    frozen-model embeddings are computed first, so workers only read the shared cache)."""
     cfg = config or (LingualTextConfig.quick() if quick else LingualTextConfig())
     torch.set_num_threads(cfg.cll.threads)
     t_start = time.time()
-    base = MiniLMTextEncoder.pretrained() if model in (None, "", "pretrained") else MiniLMTextEncoder.load(model)
-    tasks, train_en = multi30k_tasks(data, cfg.langs, cfg.train_lines)
-    n = len(tasks[0].foreign)
-    ev = multi30k_eval_lines(data, cfg.eval_split, cfg.langs, eval_dir, cfg.eval_limit)
-    cap = read_task2(data, "val", "en", ks=(1, 2))
-    q_en, g_en = cap.column(1), cap.column(2)
-    frozen = copy.deepcopy(base)
-    english_features = lambda texts: embed_texts_cached(frozen, texts, cache_dir)  # noqa: E731
-
-    def evaluate(enc) -> dict:
-        enc.invalidate_space_id()
-        return {"f2e": foreign_to_english(enc, ev, cache_dir),
-                "en_caption": recall_at_1(embed_texts_cached(enc, q_en, cache_dir),
-                                          embed_texts_cached(enc, g_en, cache_dir))}
-
-    result: dict = {"methods": {}, "english_R@1_after": {}}
+    st = _text_setup(data, eval_dir, cfg, model)
+    stage0 = st.evaluate(cache_dir)(st.base)  # warms the cache for every worker
+    st.english_features(st.base, cache_dir)(st.tasks[0].english)
     for name in cfg.methods:
-        mcfg = method_config(name, cfg.cll)
-        log(f"== {name}")
-        seq = run_sequence(copy.deepcopy(base), tasks, mcfg, evaluate, english_corpus=train_en,
-                           english_features=english_features, work_dir=Path(work_dir),
-                           oracle_corpora=[t.corpus for t in tasks], log=log)
-        s = summarise(seq.stages, cfg.langs, "f2e")
-        s["english_R@1"] = [st["en_caption"] for st in seq.stages[1:]]
-        s["final"] = {lang: seq.stages[-1]["f2e"][lang] for lang in cfg.langs}
-        s["tasks"] = seq.history
-        s["seconds"] = round(seq.seconds, 1)
+        method_config(name, cfg.cll)  # fail fast on a bad name
+    outs = map_methods(_text_method, cfg.methods, (data, eval_dir, cfg, model, cache_dir, work_dir), jobs, log)
+    result: dict = {"methods": {}, "english_R@1_after": {}, "zero_shot": stage0["f2e"],
+                    "english_R@1_before": stage0["en_caption"]}
+    for name, (s, _) in zip(cfg.methods, outs):
         result["methods"][name] = s
-        result["english_R@1_after"][name] = seq.stages[-1]["en_caption"]
-        result["zero_shot"] = seq.stages[0]["f2e"]
-        result["english_R@1_before"] = seq.stages[0]["en_caption"]
+        result["english_R@1_after"][name] = s["english_R@1"][-1]
     result.update({
         "langs": list(cfg.langs), "eval_split": cfg.eval_split, "eval_dir": None if eval_dir is None else str(eval_dir),
-        "n_eval": len(ev["en"]), "train_lines": n, "quick": quick, "config": asdict(cfg),
-        "reference_frozen_minilm": MINILM_REFERENCE, "seconds": round(time.time() - t_start, 1),
+        "n_eval": len(st.ev["en"]), "train_lines": len(st.tasks[0].foreign), "quick": quick, "config": asdict(cfg),
+        "jobs": jobs, "reference_frozen_minilm": MINILM_REFERENCE, "seconds": round(time.time() - t_start, 1),
         "host": {"platform": platform.platform(), "torch_threads": torch.get_num_threads()},
     })
     result["done_when"] = text_done_when(result)
@@ -220,59 +267,92 @@ class LingualWorldConfig:
         return c
 
 
-def run_lingual_world(data: str | Path = "data/world", *, model: str | Path = "models/world-new", quick: bool = False,
-                      config: LingualWorldConfig | None = None, cache_dir: str | Path = "runs/cache",
-                      work_dir: str | Path = "runs/lingual-world", log: Callable[[str], None] = lambda m: None) -> dict:
+def _world_setup(data, model, cfg: "LingualWorldConfig") -> dict:
     from ..encoders import load_encoder
     from ..evaluate import load_eval_data
 
-    cfg = config or (LingualWorldConfig.quick() if quick else LingualWorldConfig())
-    torch.set_num_threads(cfg.cll.threads)
-    t_start = time.time()
     base = load_encoder(model)
     langs_all = ("en", *cfg.langs)
-    train_data = load_eval_data(data, "train", langs=langs_all).subset_images(np.arange(cfg.train_images))
+    train_data = load_eval_data(data, "train", langs=langs_all)
+    train_data = train_data.subset_images(np.arange(min(cfg.train_images, len(train_data))))
     test_data = load_eval_data(data, cfg.eval_split, langs=langs_all)
     if cfg.eval_limit:
         test_data = test_data.subset_images(np.arange(min(cfg.eval_limit, len(test_data))))
     train_imgs = base.encode_images(train_data.image_paths())
     test_imgs = base.encode_images(test_data.image_paths())
     tasks, english_corpus = world_tasks(train_data, train_imgs, cfg.langs)
-    frozen = copy.deepcopy(base)
-    english_features = lambda texts: embed_texts_cached(frozen, texts, cache_dir)  # noqa: E731
+    return dict(base=base, test_data=test_data, test_imgs=test_imgs, tasks=tasks, english_corpus=english_corpus)
 
+
+def _world_evaluate(st: dict, cfg: "LingualWorldConfig", cache_dir) -> StageEval:
     def evaluate(enc) -> dict:
         enc.invalidate_space_id()
-        return world_retrieval(enc, test_data, test_imgs, ("en", *cfg.langs), cache_dir, eta=cfg.eta)
+        return world_retrieval(enc, st["test_data"], st["test_imgs"], ("en", *cfg.langs), cache_dir, eta=cfg.eta)
+    return evaluate
 
-    result: dict = {"methods": {}}
+
+def _world_method(name: str, data, model, cfg: "LingualWorldConfig", cache_dir, work_dir,
+                  log: Callable[[str], None] | None = None) -> dict:
+    torch.set_num_threads(cfg.cll.threads)
+    log = log or _prefixed_print(name)
+    st = _world_setup(data, model, cfg)
+    base, test_data, test_imgs = st["base"], st["test_data"], st["test_imgs"]
+    enc = copy.deepcopy(base)
+    checks: dict = {}
+
+    def after_all(learner) -> None:
+        checks["image_embeddings_bit_identical"] = bool(np.array_equal(enc.encode_images(test_data.image_paths()),
+                                                                       test_imgs))
+        ref = base.model.vision_model.state_dict()
+        checks["image_tower_bit_identical"] = all(torch.equal(ref[k], v)
+                                                  for k, v in enc.model.vision_model.state_dict().items())
+
+    frozen = copy.deepcopy(base)
+    seq = run_sequence(enc, st["tasks"], method_config(name, cfg.cll), _world_evaluate(st, cfg, cache_dir),
+                       english_corpus=st["english_corpus"],
+                       english_features=lambda texts: embed_texts_cached(frozen, texts, cache_dir),
+                       work_dir=Path(work_dir), oracle_corpora=[t.foreign for t in st["tasks"]], log=log,
+                       after_all=after_all)
+    res = {d: summarise(seq.stages, cfg.langs, d) for d in ("t2i", "i2t")}
+    res["english_t2i"] = [x["t2i"]["en"] for x in seq.stages]
+    res["english_i2t"] = [x["i2t"]["en"] for x in seq.stages]
+    res["zero_shot"] = {d: {lg: seq.stages[0][d][lg] for lg in cfg.langs} for d in ("t2i", "i2t")}
+    res.update(checks, tasks=seq.history, seconds=round(seq.seconds, 1))
+    return res
+
+
+def run_lingual_world(data: str | Path = "data/world", *, model: str | Path = "models/world-new", quick: bool = False,
+                      config: LingualWorldConfig | None = None, cache_dir: str | Path = "runs/cache",
+                      work_dir: str | Path = "runs/lingual-world", jobs: int = 1,
+                      log: Callable[[str], None] = lambda m: None) -> dict:
+    """The lingual-world benchmark (``jobs > 1``: methods in parallel processes)."""
+    cfg = config or (LingualWorldConfig.quick() if quick else LingualWorldConfig())
+    torch.set_num_threads(cfg.cll.threads)
+    t_start = time.time()
+    st = _world_setup(data, model, cfg)
+    _world_evaluate(st, cfg, cache_dir)(st["base"])  # warm the shared cache before any worker starts
+    embed_texts_cached(st["base"], [x for t in st["tasks"] for x in t.english], cache_dir)
     for name in cfg.methods:
-        mcfg = method_config(name, cfg.cll)
-        log(f"== {name}")
-        enc = copy.deepcopy(base)
-        checks: dict = {}
-
-        def after_all(learner, enc=enc, checks=checks):
-            after = enc.encode_images(test_data.image_paths())
-            checks["image_embeddings_bit_identical"] = bool(np.array_equal(after, test_imgs))
-            ref = {k: v for k, v in base.model.vision_model.state_dict().items()}
-            checks["image_tower_bit_identical"] = all(torch.equal(ref[k], v) for k, v in
-                                                      enc.model.vision_model.state_dict().items())
-
-        seq = run_sequence(enc, tasks, mcfg, evaluate, english_corpus=english_corpus,
-                           english_features=english_features, work_dir=Path(work_dir),
-                           oracle_corpora=[t.foreign for t in tasks], log=log, after_all=after_all)
-        res = {d: summarise(seq.stages, cfg.langs, d) for d in ("t2i", "i2t")}
-        res["english_t2i"] = [st["t2i"]["en"] for st in seq.stages]
-        res["english_i2t"] = [st["i2t"]["en"] for st in seq.stages]
-        res["zero_shot"] = {d: {lg: seq.stages[0][d][lg] for lg in cfg.langs} for d in ("t2i", "i2t")}
-        res.update(checks, tasks=seq.history, seconds=round(seq.seconds, 1))
-        result["methods"][name] = res
+        method_config(name, cfg.cll)
+    outs = map_methods(_world_method, cfg.methods, (data, model, cfg, cache_dir, work_dir), jobs, log)
+    result: dict = {"methods": dict(zip(cfg.methods, outs))}
     result.update({"langs": list(cfg.langs), "model": str(model), "eval_split": cfg.eval_split,
-                   "n_eval_images": len(test_data), "quick": quick, "config": asdict(cfg),
+                   "n_eval_images": len(st["test_data"]), "quick": quick, "config": asdict(cfg), "jobs": jobs,
                    "seconds": round(time.time() - t_start, 1),
                    "host": {"platform": platform.platform(), "torch_threads": torch.get_num_threads()}})
+    result["done_when"] = world_done_when(result)
     return result
+
+
+def world_done_when(result: dict) -> dict:
+    """Same direction as on text (TEIR: higher AR, lower F in both directions) and bit-identical images."""
+    m = result["methods"]
+    out: dict = {"images_bit_identical_all_methods": all(x.get("image_embeddings_bit_identical") for x in m.values())}
+    if "cll_clip" in m and "cll_clip_teir" in m:
+        for d in ("t2i", "i2t"):
+            out[f"{d}_AR_gain"] = m["cll_clip_teir"][d]["AR"] - m["cll_clip"][d]["AR"]
+            out[f"{d}_F_drop"] = m["cll_clip"][d]["F"] - m["cll_clip_teir"][d]["F"]
+    return out
 
 
 # ----------------------------------------------------------------------------- output

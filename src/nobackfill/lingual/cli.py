@@ -51,6 +51,8 @@ def learn(
     out: Path = typer.Option(..., help="Output model directory."),
     method: str = typer.Option("cll_clip", help="cll_clip | oewc | er | der."),
     teir: bool = typer.Option(True, help="TEIR initialisation and regularisation (Eq. 5-6)."),
+    teir_scale: str = typer.Option("update", help="How lambda acts with Adam: 'update' (scale each row's step) "
+                                                   "or 'grad' (scale the gradient, the literal Eq. 5)."),
     oracle_vocab: bool = typer.Option(False, help="One vocabulary over all tasks' corpora (Table 3, setting 7)."),
     steps: int = typer.Option(200, help="Optimiser steps per language."),
     batch_size: int = typer.Option(64, help="Batch size (paper: 128)."),
@@ -75,7 +77,7 @@ def learn(
     torch.set_num_threads(threads)
     try:
         langs = _split_langs(tasks)
-        cfg = CLLConfig(method=method, teir=teir, oracle_vocab=oracle_vocab, steps=steps, batch_size=batch_size,
+        cfg = CLLConfig(method=method, teir=teir, teir_scale=teir_scale, oracle_vocab=oracle_vocab, steps=steps, batch_size=batch_size,
                         lr=lr, task_vocab_size=vocab_size, seed=seed, threads=threads)
         enc = _load_model(model)
         state, counts = load_lingual_state(model) if Path(model).is_dir() else ({"learned": ["en"]}, None)
@@ -158,7 +160,8 @@ def bench_lingual_text(
     steps: Optional[int] = typer.Option(None, help="Override the steps per language."),
     cache_dir: Path = typer.Option(Path("runs/cache"), help="Embedding cache."),
     work_dir: Path = typer.Option(Path("runs/lingual-text"), help="Training scratch."),
-    threads: int = typer.Option(1, help="torch threads."),
+    threads: int = typer.Option(1, help="torch threads (per method process)."),
+    jobs: int = typer.Option(1, help="Run the methods in this many parallel processes (2 on 2 cores)."),
     json_out: Path = typer.Option(Path("runs/bench/lingual_text.json"), "--json", help="JSON output (.md beside it)."),
 ) -> None:
     """CLL on real text: MiniLM learns de -> fr -> cs (Multi30K task 1); a[j,i], AR, F per method and
@@ -174,7 +177,7 @@ def bench_lingual_text(
         cfg = LingualTextConfig.quick(**kw) if quick else LingualTextConfig(**kw)
         cfg.cll = replace(cfg.cll, threads=threads, **({"steps": steps} if steps else {}))
         result = run_lingual_text(data or default_multi30k_dir(), eval_dir=eval_dir, quick=quick, config=cfg,
-                                  cache_dir=cache_dir, work_dir=work_dir, log=lambda m: cli.console.print(m))
+                                  cache_dir=cache_dir, work_dir=work_dir, jobs=jobs, log=lambda m: cli.console.print(m))
     except (ValueError, FileNotFoundError, ModuleNotFoundError) as e:
         cli._fail(str(e))
     typer.echo(write_outputs(result, json_out))
@@ -190,7 +193,8 @@ def bench_lingual_world(
     steps: Optional[int] = typer.Option(None, help="Override the steps per language."),
     cache_dir: Path = typer.Option(Path("runs/cache"), help="Embedding cache."),
     work_dir: Path = typer.Option(Path("runs/lingual-world"), help="Training scratch."),
-    threads: int = typer.Option(1, help="torch threads."),
+    threads: int = typer.Option(1, help="torch threads (per method process)."),
+    jobs: int = typer.Option(1, help="Run the methods in this many parallel processes (2 on 2 cores)."),
     json_out: Path = typer.Option(Path("runs/bench/lingual_world.json"), "--json", help="JSON output (.md beside it)."),
 ) -> None:
     """CLL on the world: the English-only world model learns de, fr, es, ru, el, zh in that order;
@@ -205,7 +209,7 @@ def bench_lingual_world(
         cfg = LingualWorldConfig.quick(**kw) if quick else LingualWorldConfig(**kw)
         cfg.cll = replace(cfg.cll, threads=threads, **({"steps": steps} if steps else {}))
         result = run_lingual_world(data, model=model, quick=quick, config=cfg, cache_dir=cache_dir,
-                                   work_dir=work_dir, log=lambda m: cli.console.print(m))
+                                   work_dir=work_dir, jobs=jobs, log=lambda m: cli.console.print(m))
     except (ValueError, FileNotFoundError) as e:
         cli._fail(str(e))
     typer.echo(write_outputs(result, json_out))
