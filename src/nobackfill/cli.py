@@ -20,6 +20,9 @@ upgrade_app = typer.Typer(no_args_is_help=True,
 app.add_typer(upgrade_app, name="upgrade")
 from .reco.cli import reco_app  # noqa: E402  (light: no torch at import)
 app.add_typer(reco_app, name="reco")
+from .late.cli import bench_late, late_app  # noqa: E402  (light: no torch at import)
+app.add_typer(late_app, name="late")
+bench_app.command("late")(bench_late)
 console = Console(stderr=True)
 
 

@@ -16,14 +16,14 @@ from typing import Sequence
 import numpy as np
 import torch
 
-from ..encoders.base import DualEncoder
+from ..encoders.base import DualEncoder, TokenOutput
 from ..index.store import Gallery, SearchResult, SpaceMismatchError
 from ..index.tokens import TokenStore, write_tokens
 from ..progress import progress_bar
 from .cmli import cmli_scores, project_tokens
 
 __all__ = ["DEFAULT_WEIGHT", "fuse", "rerank_candidates", "rerank_search", "store_gallery_tokens",
-           "pca_projection", "encode_tokens", "store_dataset_tokens"]
+           "pca_projection", "encode_tokens", "encode_token_batch", "store_dataset_tokens"]
 
 #: fusion weight of the CLI (the bench tunes it on val; see ``bench late``)
 DEFAULT_WEIGHT = 1.0
@@ -48,20 +48,31 @@ def rerank_candidates(direction: str, query_tokens: torch.Tensor, query_mask: to
     raise ValueError(f"direction must be 't2i' or 'i2t', got {direction!r}")
 
 
+def encode_token_batch(encoder: DualEncoder, modality: str, items: Sequence, batch_size: int = 64,
+                       progress: bool = False) -> TokenOutput:
+    """Token outputs of ``items`` (images or texts), computed ``batch_size`` at a time and padded
+    into one ``TokenOutput`` (masks mark content tokens)."""
+    fn = encoder.image_tokens if modality == "image" else encoder.text_tokens
+    parts: list[TokenOutput] = []
+    with progress_bar(progress, f"{modality} tokens", len(items)) as advance:
+        for s in range(0, len(items), batch_size):
+            parts.append(fn(items[s:s + batch_size]))
+            advance(parts[-1].tokens.shape[0])
+    width = max(p.tokens.shape[1] for p in parts)
+    pad = [(p, width - p.tokens.shape[1]) for p in parts]
+    tokens = torch.cat([torch.nn.functional.pad(p.tokens, (0, 0, 0, w)) for p, w in pad])
+    mask = torch.cat([torch.nn.functional.pad(p.mask, (0, w), value=False) for p, w in pad])
+    return TokenOutput(tokens, mask)
+
+
 def encode_tokens(encoder: DualEncoder, modality: str, items: Sequence, projection: np.ndarray | None = None,
                   batch_size: int = 64, progress: bool = False) -> list[np.ndarray]:
     """Content-token outputs (masked tokens dropped) of each item, optionally projected:
     a list of ``(L_i, d)`` float32 arrays."""
     proj = None if projection is None else torch.from_numpy(np.asarray(projection, np.float32))
-    fn = encoder.image_tokens if modality == "image" else encoder.text_tokens
-    out: list[np.ndarray] = []
-    with progress_bar(progress, f"{modality} tokens", len(items)) as advance:
-        for s in range(0, len(items), batch_size):
-            t = fn(items[s:s + batch_size])
-            tok = project_tokens(t.tokens, proj)
-            out += [tok[i][t.mask[i]].numpy() for i in range(tok.shape[0])]
-            advance(tok.shape[0])
-    return out
+    t = encode_token_batch(encoder, modality, items, batch_size, progress)
+    tok = project_tokens(t.tokens, proj)
+    return [tok[i][t.mask[i]].numpy() for i in range(tok.shape[0])]
 
 
 def pca_projection(samples: np.ndarray, dim: int) -> np.ndarray:

@@ -136,11 +136,24 @@ def _relevant_ranks(
     ``c_1 >= ... >= c_m``, the j-th relevant item sits at rank ``j + #{irrelevant above c_j}``
     ("above" is ``>`` if optimistic, ``>=`` if pessimistic); AP is ``mean_j j / rank_j``.
     """
+    return ranks_from_score_blocks(_similarity_blocks(queries, gallery, chunk), queries.shape[0], indptr,
+                                   indices, ties=ties)
+
+
+def ranks_from_score_blocks(
+    blocks: Iterator[tuple[int, np.ndarray]],
+    n_q: int,
+    indptr: np.ndarray,
+    indices: np.ndarray,
+    *,
+    ties: str,
+) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`_relevant_ranks` over given ``(start, scores)`` blocks of any query x gallery score
+    matrix (e.g. re-ranked scores), rows in query order."""
     strict = ties == "optimistic"
-    n_q = queries.shape[0]
     best = np.empty(n_q, dtype=np.int64)
     ap = np.empty(n_q, dtype=np.float64)
-    for start, scores in _similarity_blocks(queries, gallery, chunk):
+    for start, scores in blocks:
         stop = start + scores.shape[0]
         counts = indptr[start + 1 : stop + 1] - indptr[start:stop]  # (B,) all >= 1
         slots = np.arange(int(counts.max()))
@@ -175,6 +188,19 @@ def _summarise(best: np.ndarray, ap: np.ndarray, ks: tuple[int, ...]) -> dict[st
     return out
 
 
+def relevance_csr(direction: str, text_to_image: np.ndarray, n_img: int
+                  ) -> tuple[np.ndarray | None, np.ndarray, np.ndarray]:
+    """Relevant gallery items of every query of ``direction`` in CSR layout: ``(keep, indptr,
+    indices)``. t2i: each caption -> its own image (``keep`` None: every caption is a query).
+    i2t: each image with captions -> all of its captions (``keep`` marks the images that query)."""
+    if direction == "t2i":
+        return None, np.arange(text_to_image.size + 1, dtype=np.int64), text_to_image
+    per_image = np.bincount(text_to_image, minlength=n_img)
+    keep = per_image > 0
+    indptr = np.concatenate([[0], np.cumsum(per_image[keep])]).astype(np.int64)
+    return keep, indptr, np.argsort(text_to_image, kind="stable").astype(np.int64)
+
+
 def _direction_metrics(
     direction: str,
     queries: np.ndarray,
@@ -185,15 +211,9 @@ def _direction_metrics(
     ties: str,
 ) -> dict[str, float]:
     """Metrics of one direction; arrays already validated (float32, same dim)."""
-    if direction == "t2i":  # each caption -> its own image
-        indptr = np.arange(text_to_image.size + 1, dtype=np.int64)
-        indices = text_to_image
-    else:  # each image with captions -> all of its captions
-        per_image = np.bincount(text_to_image, minlength=queries.shape[0])
-        has_caption = per_image > 0
-        queries = queries[has_caption]
-        indptr = np.concatenate([[0], np.cumsum(per_image[has_caption])]).astype(np.int64)
-        indices = np.argsort(text_to_image, kind="stable").astype(np.int64)
+    keep, indptr, indices = relevance_csr(direction, text_to_image, queries.shape[0])
+    if keep is not None:
+        queries = queries[keep]
     best, ap = _relevant_ranks(queries, gallery, indptr, indices, chunk=chunk, ties=ties)
     return _summarise(best, ap, ks)
 
