@@ -78,11 +78,14 @@ def _sha256_file(path: Path) -> str:
     return h.hexdigest()
 
 
-def tree_hashes(root: str | Path) -> dict[str, str]:
+def tree_hashes(root: str | Path, stored_only: bool = False) -> dict[str, str]:
     """sha256 of every file under ``root`` (relative path -> digest); used to show that RECO leaves
-    the encoder's weights and a stored gallery byte-for-byte unchanged."""
+    the encoder's weights and a stored gallery byte-for-byte unchanged. ``stored_only`` skips a
+    gallery's derived files (the cached search index ``index-*``, built on first search, and the
+    writers' ``.lock``)."""
     root = Path(root)
-    return {str(p.relative_to(root)): _sha256_file(p) for p in sorted(root.rglob("*")) if p.is_file()}
+    skip = (lambda p: p.name.startswith("index-") or p.name == ".lock") if stored_only else (lambda p: False)
+    return {str(p.relative_to(root)): _sha256_file(p) for p in sorted(root.rglob("*")) if p.is_file() and not skip(p)}
 
 
 def fine_classes() -> tuple[list[str], list[tuple[str, str, str]]]:
@@ -167,12 +170,12 @@ def measure_latency(model, memory, queries: np.ndarray, modality: str, n: int) -
     t1 = time.perf_counter()
     with torch.no_grad():
         for i in range(len(q)):
-            model.fuse(modality, torch.from_numpy(q[i:i + 1]), torch.from_numpy(rets[i]))
+            model.fuse(modality, torch.tensor(q[i:i + 1]), torch.tensor(rets[i]))
     t2 = time.perf_counter()
     r = model.retrieve(memory, q, modality)
     t3 = time.perf_counter()
     with torch.no_grad():
-        model.fuse(modality, torch.from_numpy(q), torch.from_numpy(r))
+        model.fuse(modality, torch.tensor(q), torch.tensor(r))
     t4 = time.perf_counter()
     ms = lambda s: round(1000 * s / len(q), 4)
     return {"queries": int(len(q)), "single_knn_ms": ms(t1 - t0), "single_fusion_ms": ms(t2 - t1),
@@ -226,7 +229,8 @@ def run_reco_bench(out_json: str | Path, cfg: RecoBenchConfig | None = None,
     from ..data.world import WorldSpec, generate_world, load_world_spec
     from ..data.grammars import get_grammar
     from ..encoders import load_encoder
-    from ..evaluate import load_eval_data
+    from ..data.folder import load_pairs
+    from ..evaluate import load_eval_data, resolve_data
     from ..reco.memory import MEMORY_FILE, Memory, build_memory
     from ..reco.train import RecoTrainConfig, train_reco
 
@@ -252,8 +256,9 @@ def run_reco_bench(out_json: str | Path, cfg: RecoBenchConfig | None = None,
                                             langs=("en",)), workers=1, progress=False)
     enc = load_encoder(model_dir)
     mem_dir = cache / f"memory-{enc.space_id[-12:]}-n{cfg.memory_size}-{cfg.dedup}{cfg.threshold:g}"
-    mem_src = load_eval_data(mem_world, "train", langs=["en"], check_images=False)
-    exclude = [load_eval_data(world, s, langs=["en"], check_images=False) for s in (cfg.eval_split, cfg.tune_split)]
+    mem_src = load_pairs(resolve_data(mem_world, "train"), langs=["en"], check_images=False)
+    exclude = [load_pairs(resolve_data(world, s), langs=["en"], check_images=False)
+               for s in (cfg.eval_split, cfg.tune_split)]
     if not (mem_dir / MEMORY_FILE).is_file():
         say(f"building the memory {mem_dir} (excluding {cfg.eval_split} + {cfg.tune_split}) ...")
         import shutil
@@ -262,7 +267,7 @@ def run_reco_bench(out_json: str | Path, cfg: RecoBenchConfig | None = None,
         build_memory(enc, load_eval_data(mem_world, "train", langs=["en"]), mem_dir, exclude=exclude,
                      threshold=cfg.threshold, dedup=cfg.dedup, model_ref=str(model_dir))
     memory = Memory.open(mem_dir)
-    gallery_hash_before = tree_hashes(mem_dir / "gallery")
+    gallery_hash_before = tree_hashes(mem_dir / "gallery", stored_only=True)
     removal = memory.removal
     say(f"memory: {removal['kept_images']} images / {removal['kept_texts']} texts; removed "
         f"{removal['test_items']} test items + {removal['near_duplicates']} near-duplicates")
@@ -311,7 +316,7 @@ def run_reco_bench(out_json: str | Path, cfg: RecoBenchConfig | None = None,
     say("near-duplicate calibration ...")
     calibration = near_duplicate_calibration(enc, spec, mem_src, exclude, cfg.threshold, cfg.calibration_scenes)
     unchanged = {"encoder_weights": tree_hashes(model_dir) == enc_hash_before,
-                 "memory_gallery": tree_hashes(mem_dir / "gallery") == gallery_hash_before}
+                 "memory_gallery": tree_hashes(mem_dir / "gallery", stored_only=True) == gallery_hash_before}
 
     zero_shot = {n: rows[n]["zero_shot"] for n in ("base", "reco", *ABLATIONS)}
     retrieval = {"base": rows["base"]["retrieval"]}

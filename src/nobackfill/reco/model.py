@@ -104,7 +104,7 @@ class RecoModel(nn.Module):
             chunk = q[s:s + batch_size]
             ex = None if exclude_images is None else exclude_images[s:s + batch_size]
             r = self.retrieve(memory, chunk, modality, ex)
-            out.append(self.fuse(modality, torch.from_numpy(chunk), torch.from_numpy(r)).numpy())
+            out.append(self.fuse(modality, torch.tensor(chunk), torch.tensor(r)).numpy())
         self.train(was)
         return np.concatenate(out) if out else np.zeros((0, self.spec.dim), np.float32)
 

@@ -115,8 +115,9 @@ def reco_loss(model: RecoModel, v: torch.Tensor, t: torch.Tensor, v_ret: torch.T
     t_bar = model.fuse("text", t, t_ret)
     scale = model.logit_scale.exp()
     both, img_only, txt_only = info_nce(v_bar, t_bar, scale), info_nce(v_bar, t, scale), info_nce(v, t_bar, scale)
-    return both + img_only + txt_only, {"nce_both": float(both), "nce_vbar_t": float(img_only),
-                                        "nce_v_tbar": float(txt_only)}
+    return both + img_only + txt_only, {"nce_both": float(both.detach()),
+                                        "nce_vbar_t": float(img_only.detach()),
+                                        "nce_v_tbar": float(txt_only.detach())}
 
 
 class RecoTraining(Method):

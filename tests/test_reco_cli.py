@@ -1,0 +1,105 @@
+"""RECO end to end on tiny inputs: the CLI (build-memory, train, search --reco, eval retrieval --reco),
+the guarantee that the encoder's weights and a stored gallery are unchanged, and a tiny bench."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from typer.testing import CliRunner
+
+from _compat_helpers import tiny_encoder
+from nobackfill.bench.reco import RecoBenchConfig, run_reco_bench, tree_hashes
+from nobackfill.cli import app
+from nobackfill.data.world import WorldSpec, generate_world
+
+runner = CliRunner()
+
+
+def invoke(*args):
+    r = runner.invoke(app, [str(a) for a in args])
+    assert r.exit_code == 0, r.output + repr(r.exception)
+    return r
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory):
+    root = tmp_path_factory.mktemp("reco-cli")
+    world = root / "world"
+    generate_world(world, WorldSpec(n_train=40, n_val=8, n_test=8, langs=("en",)), workers=1, progress=False)
+    model = root / "model"
+    tiny_encoder(dim=16).save(model)
+    gallery = root / "gallery"
+    invoke("index", "--model", model, "--data", world, "--split", "test", "--out", gallery)
+    before = {"model": tree_hashes(model), "gallery": tree_hashes(gallery)}
+    mem, reco = root / "mem", root / "reco"
+    r = invoke("reco", "build-memory", "--model", model, "--data", world, "--out", mem,
+               "--exclude", world / "test", "--exclude", world / "val")
+    invoke("reco", "train", "--memory", mem, "--out", reco, "--k", 3, "--steps", 4, "--batch-size", 8,
+           "--val", world, "--model", model)
+    return {"root": root, "world": world, "model": model, "gallery": gallery, "mem": mem, "reco": reco,
+            "before": before, "build_output": r.output}
+
+
+def test_build_memory_reports_removals(setup):
+    info = json.loads((setup["mem"] / "memory.json").read_text())
+    rem = info["removal"]
+    assert rem["source_images"] == 40 and rem["kept_images"] == 40 - rem["test_items"] - rem["near_duplicates"]
+    assert "near-duplicate" in setup["build_output"].replace("\n", " ")
+    r = runner.invoke(app, ["reco", "build-memory", "--model", str(setup["model"]), "--data", str(setup["world"]),
+                            "--out", str(setup["mem"])])
+    assert r.exit_code == 2 and "already built" in r.output.replace("\n", " ")
+
+
+def test_reco_dir_and_search(setup):
+    info = json.loads((setup["reco"] / "reco.json").read_text())
+    assert info["k"] == 3 and info["search"] == "uni" and info["fuse"] == "cross"
+    r = invoke("search", "--gallery", setup["gallery"], "--model", setup["model"], "--reco", setup["reco"],
+               "--text", "a small red circle on the left", "--k", 3, "--json")
+    hits = json.loads(r.stdout)["hits"]
+    assert len(hits) == 3
+    img = sorted((setup["world"] / "test" / "images").iterdir())[0]
+    r = invoke("search", "--gallery", setup["gallery"], "--model", setup["model"], "--reco", setup["reco"],
+               "--image", img, "--k", 2, "--json")
+    assert json.loads(r.stdout)["modality"] == "text"
+
+
+def test_eval_retrieval_with_reco(setup, tmp_path):
+    out = tmp_path / "e.json"
+    invoke("eval", "retrieval", "--query-model", setup["model"], "--gallery-model", setup["model"],
+           "--data", setup["world"], "--reco", setup["reco"], "--json", out)
+    res = json.loads(out.read_text())
+    assert res["reco"] == str(setup["reco"]) and 0 <= res["t2i"]["R@1"] <= 1
+
+
+def test_reco_refuses_other_space(setup, tmp_path):
+    other = tmp_path / "other"
+    tiny_encoder(dim=16, seed=1).save(other)
+    r = runner.invoke(app, ["search", "--gallery", str(setup["gallery"]), "--model", str(other), "--reco",
+                            str(setup["reco"]), "--text", "a red circle"])
+    assert r.exit_code == 2
+
+
+def test_encoder_and_gallery_unchanged_by_reco(setup):
+    # every RECO command above ran after the hashes were taken (build-memory, train, search, eval)
+    test_reco_dir_and_search(setup)
+    assert tree_hashes(setup["model"]) == setup["before"]["model"]
+    after = tree_hashes(setup["gallery"])
+    # the gallery may gain a cached search index (derived data); every committed file is identical
+    assert {k: v for k, v in after.items() if k in setup["before"]["gallery"]} == setup["before"]["gallery"]
+    assert set(after) - set(setup["before"]["gallery"]) <= {"index-image.faiss", "index-image.json",
+                                                             "index-text.faiss", "index-text.json"}
+    assert tree_hashes(setup["gallery"], stored_only=True) == {
+        k: v for k, v in setup["before"]["gallery"].items() if not k.startswith("index-") and k != ".lock"}
+
+
+def test_bench_reco_tiny(setup, tmp_path):
+    cfg = RecoBenchConfig(model=str(setup["model"]), world=str(setup["world"]), memory_size=40, k=2,
+                          k_sweep=(1, 2), steps=3, batch_size=8, eval_every=3, cache=str(tmp_path / "cache"),
+                          latency_queries=3, calibration_scenes=4)
+    res = run_reco_bench(tmp_path / "reco.json", cfg, log=lambda m: None)
+    assert set(res["zero_shot"]) == {"base", "reco", "cross_modal_search", "unimodal_fusion", "mean_fusion"}
+    assert set(res["k_sweep"]) == {"1", "2"} and "reco_queries_only" in res["retrieval"]
+    assert isinstance(res["memory_removed_near_duplicates"], int)
+    assert res["unchanged"] == {"encoder_weights": True, "memory_gallery": True}
+    assert (tmp_path / "reco.md").read_text().startswith("# RECO benchmark")
