@@ -23,6 +23,9 @@ app.add_typer(reco_app, name="reco")
 from .late.cli import bench_late, late_app  # noqa: E402  (light: no torch at import)
 app.add_typer(late_app, name="late")
 bench_app.command("late")(bench_late)
+from .bench.compat_steps_cli import bench_compat_steps, compat_app  # noqa: E402  (light: no torch at import)
+app.add_typer(compat_app, name="compat")
+bench_app.command("compat-steps")(bench_compat_steps)
 console = Console(stderr=True)
 
 

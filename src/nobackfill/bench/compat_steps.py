@@ -1,0 +1,225 @@
+"""``nobackfill bench compat-steps``: the compatibility-learning tutorial's tables (seed 002) on the
+world - AC / AA / ACA per method for ``T`` model updates side by side, NFR of the flip-reduction
+methods against the independently trained baseline, and a heatmap of every method's compatibility
+matrix ``C[t, k]`` in an HTML report.
+
+Setting: :mod:`nobackfill.compat.learning.data` (single-object world images, frozen backbone
+features, a training pool of classes arriving over the steps, open-set retrieval on the remaining
+classes); methods: :mod:`nobackfill.compat.learning`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Callable, Sequence
+
+import numpy as np
+
+
+def _learning():
+    """The compatibility-learning package, imported on first use (it pulls torch)."""
+    from ..compat import learning
+
+    return learning
+
+
+#: table order: the tutorial's rows first, then softmax features, continual methods, flip reduction
+METHOD_ORDER: tuple[str, ...] = ("baseline", "bct", "lce", "bt2", "advbct", "cores", "dsimplex-hoc", "cl2r",
+                                 "psp", "lsp", "fd-kl", "fd-lm", "elodi", "muscle")
+
+
+@dataclass
+class CompatStepsConfig:
+    """What the benchmark trains. ``quick()``: fewer optimiser steps and smaller ensembles."""
+
+    steps: tuple[int, ...] = (2, 5, 10)
+    methods: tuple[str, ...] = METHOD_ORDER
+    sequence: "SequenceConfig" = field(default_factory=lambda: _learning().SequenceConfig(train_steps=600))
+    data: "DataConfig" = field(default_factory=lambda: _learning().DataConfig())
+    options: dict = field(default_factory=dict)  # per-method option overrides {name: {field: value}}
+
+    @classmethod
+    def quick(cls, **kw) -> "CompatStepsConfig":
+        cfg = cls(**kw)
+        cfg.sequence.train_steps = min(cfg.sequence.train_steps, 200)
+        cfg.options.setdefault("elodi", {}).setdefault("ensemble", 2)
+        return cfg
+
+    def __post_init__(self) -> None:
+        known = set(_learning().method_names())
+        bad = [m for m in self.methods if m not in known]
+        if bad:
+            raise ValueError(f"unknown method(s) {bad}; choose from {', '.join(METHOD_ORDER)}")
+        if not self.steps or min(self.steps) < 2:
+            raise ValueError(f"steps must be >= 2 each, got {self.steps}")
+
+
+def run_compat_steps(cfg: CompatStepsConfig, json_out: str | Path, work_dir: str | Path = "runs/compat_steps/work",
+                     log: Callable[[str], None] = lambda m: None) -> dict:
+    """Train and evaluate every method for every T; write JSON, markdown and HTML; return the result."""
+    L = _learning()
+    t0 = time.time()
+    data = L.load_class_data(cfg.data)
+    log(f"data: {len(data.train_y)} training items ({data.n_train_classes} classes), {len(data.gallery_y)} gallery / "
+        f"{len(data.query_y)} query open-set items, {len(data.test_y)} closed-set test items ({time.time() - t0:.0f}s)")
+    result: dict = {"config": {"steps": list(cfg.steps), "methods": list(cfg.methods),
+                               "sequence": asdict(cfg.sequence), "data": asdict(cfg.data), "options": cfg.options},
+                    "nfr": {}}
+    for T in cfg.steps:
+        seq = L.SequenceConfig(**{**asdict(cfg.sequence), "steps": T})
+        rows, flips = {}, {}
+        for name in cfg.methods:
+            r = L.run_method(name, data, seq, Path(work_dir) / f"T{T}" / name, options=cfg.options.get(name))
+            rows[name] = {k: r[k] for k in ("AC", "AA", "ACA", "C", "criterion", "test_accuracy", "regime",
+                                            "init_from_previous", "seconds")}
+            flips[name] = r["flips"]
+            log(f"T={T} {name}: AC {r['AC']:.2f} AA {100 * r['AA']:.1f} ACA {100 * r['ACA']:.1f} "
+                f"NFR {100 * r['flips']['classification']['NFR']:.2f}% ({r['seconds']:.0f}s)")
+        result[f"T{T}"] = rows
+        result["nfr"][f"T{T}"] = flips
+    result["done_when"] = done_when(result)
+    result["seconds"] = round(time.time() - t0, 1)
+    write_compat_steps_outputs(result, json_out)
+    return result
+
+
+def _flip_methods(result: dict) -> list[str]:
+    return [m for m in result["config"]["methods"] if _learning().method_class(m).reduces_flips]
+
+
+def nfr_reduction(result: dict, method: str, T: int, kind: str = "classification") -> float | None:
+    """Relative NFR reduction of ``method`` against the baseline: ``1 - NFR_method / NFR_baseline``."""
+    flips = result["nfr"].get(f"T{T}", {})
+    if "baseline" not in flips or method not in flips or not flips[method]:
+        return None
+    base = flips["baseline"][kind]["NFR"]
+    return float(1 - flips[method][kind]["NFR"] / base) if base > 0 else None
+
+
+def done_when(result: dict) -> dict:
+    """The issue's measurable targets, checked on this result (None where a needed row is missing)."""
+    steps = result["config"]["steps"]
+    out: dict = {}
+
+    def ac(T, m):
+        return result.get(f"T{T}", {}).get(m, {}).get("AC")
+
+    if 2 in steps:
+        out["baseline_AC_T2_is_0"] = None if ac(2, "baseline") is None else ac(2, "baseline") == 0
+        for m in ("bct", "cores", "dsimplex-hoc"):
+            out[f"{m}_AC_T2_is_1"] = None if ac(2, m) is None else ac(2, m) == 1
+    for T in (t for t in steps if t > 2):
+        simplex = [ac(T, m) for m in ("cores", "dsimplex-hoc") if ac(T, m) is not None]
+        out[f"simplex_AC_above_bct_T{T}"] = (None if ac(T, "bct") is None or not simplex
+                                             else max(simplex) > ac(T, "bct"))
+    for m in ("fd-kl", "fd-lm"):
+        red = [nfr_reduction(result, m, T) for T in steps]
+        red = [r for r in red if r is not None]
+        out[f"{m}_NFR_reduction"] = float(np.mean(red)) if red else None
+        out[f"{m}_NFR_reduction_at_least_30pct"] = None if not red else float(np.mean(red)) >= 0.3
+    return out
+
+
+def _f(x: float | None, scale: float = 100.0, digits: int = 1) -> str:
+    return "-" if x is None or (isinstance(x, float) and np.isnan(x)) else f"{scale * x:.{digits}f}"
+
+
+def compat_table(result: dict) -> tuple[list[str], list[list[str]]]:
+    """One row per method, AC / AA / ACA for every T side by side (the tutorial's layout)."""
+    steps = result["config"]["steps"]
+    header = ["method"] + [f"T={T} {k}" for T in steps for k in ("AC", "AA", "ACA")]
+    body = []
+    for m in result["config"]["methods"]:
+        row = [m]
+        for T in steps:
+            r = result.get(f"T{T}", {}).get(m)
+            row += ["-"] * 3 if r is None else [f"{r['AC']:.2f}", _f(r["AA"]), _f(r["ACA"])]
+        body.append(row)
+    return header, body
+
+
+def nfr_table(result: dict, methods: Sequence[str] | None = None) -> tuple[list[str], list[list[str]]]:
+    """NFR (classification and retrieval top-1, %) and the relative reduction against the baseline."""
+    steps = result["config"]["steps"]
+    methods = list(methods) if methods is not None else ["baseline"] + _flip_methods(result)
+    header = ["method"] + [f"T={T} {k}" for T in steps for k in ("NFR cls", "relNFR", "vs base", "NFR ret")]
+    body = []
+    for m in methods:
+        row = [m]
+        for T in steps:
+            f = result["nfr"].get(f"T{T}", {}).get(m)
+            if not f:
+                row += ["-"] * 4
+                continue
+            red = nfr_reduction(result, m, T)
+            row += [_f(f["classification"]["NFR"], digits=2), _f(f["classification"]["rel_NFR"], 1, 2),
+                    "-" if m == "baseline" or red is None else f"{-100 * red:+.0f}%",
+                    _f(f["retrieval"]["NFR"], digits=2)]
+        body.append(row)
+    return header, body
+
+
+def format_compat_steps(result: dict) -> str:
+    """Markdown: the AC / AA / ACA table, the NFR table, the done-when checks."""
+    from ..report import text_table
+
+    parts = ["## AC / AA / ACA (AA, ACA in %, top-1 open-set search accuracy)", "",
+             text_table(*compat_table(result)), "", "## Negative flips between consecutive models (%)", "",
+             text_table(*nfr_table(result)), "", "## Done when", ""]
+    parts += [f"- {k}: {v}" for k, v in result.get("done_when", {}).items()]
+    return "\n".join(parts) + "\n"
+
+
+def heatmaps(result: dict, T: int):
+    """One figure: a ``C[t, k]`` heatmap per method for ``T`` models."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = result[f"T{T}"]
+    names = list(rows)
+    cols = min(5, len(names))
+    nrows = (len(names) + cols - 1) // cols
+    fig, axes = plt.subplots(nrows, cols, figsize=(2.6 * cols, 2.6 * nrows), squeeze=False)
+    for ax, name in zip(axes.flat, names):
+        c = np.array([[np.nan if v is None else v for v in row] for row in rows[name]["C"]], float)
+        ax.imshow(100 * c, vmin=0, vmax=100, cmap="viridis")
+        for t in range(T):
+            for k in range(t + 1):
+                if T <= 5:
+                    ax.text(k, t, f"{100 * c[t, k]:.0f}", ha="center", va="center", fontsize=7, color="w")
+                if k < t and c[t, k] > c[k, k]:
+                    ax.add_patch(plt.Rectangle((k - 0.5, t - 0.5), 1, 1, fill=False, ec="r", lw=1.2))
+        ax.set_title(f"{name} AC {rows[name]['AC']:.2f}", fontsize=8)
+        ax.set_xticks(range(T), [str(i + 1) for i in range(T)], fontsize=6)
+        ax.set_yticks(range(T), [str(i + 1) for i in range(T)], fontsize=6)
+        ax.set_xlabel("gallery k", fontsize=7)
+        ax.set_ylabel("query t", fontsize=7)
+    for ax in list(axes.flat)[len(names):]:
+        ax.axis("off")
+    fig.suptitle(f"C[t,k] (%), T = {T}; red: C[t,k] > C[k,k]", fontsize=9)
+    fig.tight_layout()
+    return fig
+
+
+def write_compat_steps_outputs(result: dict, json_out: str | Path) -> dict[str, Path]:
+    """``json_out`` plus ``.md`` and ``.html`` beside it."""
+    from ..report import html_table, write_html
+
+    json_out = Path(json_out)
+    json_out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = json_out.with_name(json_out.name + ".tmp")
+    tmp.write_text(json.dumps(result, indent=2))
+    os.replace(tmp, json_out)
+    md = json_out.with_suffix(".md")
+    md.write_text(format_compat_steps(result))
+    sections = [("AC / AA / ACA", html_table(*compat_table(result))), ("Negative flips", html_table(*nfr_table(result))),
+                ("Done when", "<ul>" + "".join(f"<li>{k}: {v}</li>" for k, v in result["done_when"].items()) + "</ul>")]
+    figs = [heatmaps(result, T) for T in result["config"]["steps"] if f"T{T}" in result]
+    page = write_html(json_out.with_suffix(".html"), "Compatibility learning over T model updates", sections, figs)
+    return {"json": json_out, "md": md, "html": page}

@@ -1,0 +1,142 @@
+"""CLI of the compatibility-learning family (:mod:`nobackfill.compat.learning`): ``nobackfill compat
+train`` (one method over T updates), ``nobackfill compat methods`` and ``bench compat-steps``
+(registered on the shared ``bench`` app in ``cli.py``).
+
+This module lives under ``bench/`` and imports nothing heavy at module level: importing
+``nobackfill.compat`` pulls transformers and peft, which would slow every ``nobackfill`` command."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import List, Optional
+
+import typer
+
+compat_app = typer.Typer(no_args_is_help=True,
+                         help="Compatibility learning over a sequence of model updates (seed 002).")
+
+
+def _parse_options(items: list[str] | None) -> dict:
+    """``key=value`` pairs; values parsed as JSON when possible (numbers, true/false), else strings."""
+    out = {}
+    for item in items or []:
+        if "=" not in item:
+            raise ValueError(f"--option {item!r}: expected key=value")
+        key, value = item.split("=", 1)
+        try:
+            out[key.strip().replace("-", "_")] = json.loads(value)
+        except json.JSONDecodeError:
+            out[key.strip().replace("-", "_")] = value
+    return out
+
+
+def _data_config(backbone: str, split: str, n_render_train: Optional[int], n_render_eval: Optional[int],
+                 n_train_classes: Optional[int], first_fraction: Optional[float], cache_dir: Path):
+    from ..compat.learning.data import DataConfig
+
+    kw = {"backbone": backbone, "eval_split": split, "cache_dir": str(cache_dir)}
+    for k, v in (("n_render_train", n_render_train), ("n_render_eval", n_render_eval),
+                 ("n_train_classes", n_train_classes), ("first_fraction", first_fraction)):
+        if v is not None:
+            kw[k] = v
+    return DataConfig(**kw)
+
+
+@compat_app.command("methods")
+def methods_cmd() -> None:
+    """List the registered methods."""
+    from ..compat.learning import method_class, method_names
+
+    for name in method_names():
+        cls = method_class(name)
+        typer.echo(f"{name:14s} regime={cls.regime:10s} fine-tune={cls.init_from_previous!s:5s} "
+                   f"simplex={cls.fixed_simplex!s:5s} {(cls.__doc__ or '').strip().splitlines()[0] if cls.__doc__ else ''}")
+
+
+@compat_app.command("train")
+def train_cmd(
+    method: str = typer.Option(..., help="Method name (see `nobackfill compat methods`)."),
+    steps: int = typer.Option(2, help="T, the number of models (model updates + 1)."),
+    out: Path = typer.Option(Path("runs/compat"), help="Output folder (step models, loop logs, result.json)."),
+    train_steps: int = typer.Option(600, help="Optimiser steps per model."),
+    option: Optional[List[str]] = typer.Option(None, "--option", help="Method option key=value (repeatable), "
+                                                                       "e.g. influence_weight=0.5, regime=continual."),
+    backbone: str = typer.Option("models/world-new", help="Frozen feature backbone: a world model dir or 'pixels'."),
+    split: str = typer.Option("test", help="Evaluation split: test (report) or val (tuning)."),
+    n_render_train: Optional[int] = typer.Option(None, help="Rendered training items (about 1/3 single-object)."),
+    n_render_eval: Optional[int] = typer.Option(None, help="Rendered evaluation items."),
+    n_train_classes: Optional[int] = typer.Option(None, help="Training pool size (the rest is the open set)."),
+    first_fraction: Optional[float] = typer.Option(None, help="Share of the pool seen at step 1."),
+    cache_dir: Path = typer.Option(Path("runs/compat_steps/cache"), help="Feature cache."),
+    seed: int = typer.Option(0, help="Seed."),
+    threads: int = typer.Option(1, help="torch threads."),
+) -> None:
+    """Train one method over T model updates with the one training loop and print C(t,k), AC, AA, ACA
+    and the flips between consecutive models."""
+    from ..cli import _fail, console
+    from ..report import text_table
+    from ..compat.learning.data import load_class_data
+    from ..compat.learning.sequence import SequenceConfig, run_method
+
+    try:
+        data = load_class_data(_data_config(backbone, split, n_render_train, n_render_eval, n_train_classes,
+                                            first_fraction, cache_dir))
+        seq = SequenceConfig(steps=steps, train_steps=train_steps, seed=seed, threads=threads)
+        result = run_method(method, data, seq, out, options=_parse_options(option),
+                            log=lambda m: console.print(m))
+    except (ValueError, FileNotFoundError) as e:
+        _fail(str(e))
+    n = len(result["C"])
+    header = ["query \\ gallery"] + [f"phi{k + 1}" for k in range(n)]
+    body = [[f"phi{t + 1}"] + ["" if v is None else f"{100 * v:.1f}" for v in row] for t, row in enumerate(result["C"])]
+    typer.echo(text_table(header, body))
+    typer.echo(f"{method} T={steps}: AC {result['AC']:.2f}  AA {100 * result['AA']:.1f}  ACA {100 * result['ACA']:.1f}"
+               f"  (ties incompatible: strict={result['strict']})")
+    if result["flips"]:
+        f = result["flips"]
+        typer.echo(f"NFR classification {100 * f['classification']['NFR']:.2f}% (relative "
+                   f"{f['classification']['rel_NFR']:.2f}), retrieval top-1 {100 * f['retrieval']['NFR']:.2f}%")
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "result.json").write_text(json.dumps(result, indent=2, default=str))
+    console.print(f"wrote {out / 'result.json'}")
+
+
+def bench_compat_steps(
+    steps: str = typer.Option("2,5,10", help="Comma-separated T values."),
+    quick: bool = typer.Option(False, help="200 optimiser steps per model, 2-model ELODI ensembles."),
+    json_out: Path = typer.Option(Path("runs/bench/compat_steps.json"), "--json",
+                                  help="JSON output (.md and .html with C heatmaps beside it)."),
+    methods: str = typer.Option("", help="Comma-separated subset of methods (default: all)."),
+    train_steps: Optional[int] = typer.Option(None, help="Override optimiser steps per model."),
+    backbone: str = typer.Option("models/world-new", help="Frozen feature backbone: a world model dir or 'pixels'."),
+    split: str = typer.Option("test", help="Evaluation split: test (report) or val (tuning)."),
+    n_render_train: Optional[int] = typer.Option(None, help="Rendered training items."),
+    n_render_eval: Optional[int] = typer.Option(None, help="Rendered evaluation items."),
+    n_train_classes: Optional[int] = typer.Option(None, help="Training pool size (the rest is the open set)."),
+    first_fraction: Optional[float] = typer.Option(None, help="Share of the pool seen at step 1."),
+    cache_dir: Path = typer.Option(Path("runs/compat_steps/cache"), help="Feature cache."),
+    work_dir: Path = typer.Option(Path("runs/compat_steps/work"), help="Step models and loop logs."),
+    seed: int = typer.Option(0, help="Seed."),
+    threads: int = typer.Option(1, help="torch threads."),
+) -> None:
+    """The compatibility-learning tutorial's tables on the world: AC / AA / ACA per method for each T,
+    NFR of the flip-reduction methods, C heatmaps (HTML)."""
+    from .compat_steps import METHOD_ORDER, CompatStepsConfig, format_compat_steps, run_compat_steps
+    from ..cli import _fail, console
+    from ..compat.learning.sequence import SequenceConfig
+
+    try:
+        kw = {"steps": tuple(int(s) for s in steps.split(",") if s.strip()),
+              "methods": tuple(m.strip() for m in methods.split(",") if m.strip()) or METHOD_ORDER,
+              "sequence": SequenceConfig(seed=seed, threads=threads, **({"train_steps": train_steps} if train_steps else {})),
+              "data": _data_config(backbone, split, n_render_train, n_render_eval, n_train_classes, first_fraction,
+                                   cache_dir)}
+        cfg = CompatStepsConfig.quick(**kw) if quick else CompatStepsConfig(**kw)
+        if quick and train_steps:
+            cfg.sequence.train_steps = train_steps
+        result = run_compat_steps(cfg, json_out, work_dir, log=lambda m: console.print(m))
+    except (ValueError, FileNotFoundError) as e:
+        _fail(str(e))
+    typer.echo(format_compat_steps(result))
+    console.print(f"wrote {json_out} (+ .md, .html) in {result['seconds']:.0f}s")

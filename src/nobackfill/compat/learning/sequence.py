@@ -1,0 +1,180 @@
+"""The step runner: train one method over ``T`` model updates with the ONE training loop
+(:func:`nobackfill.train.loop.train`), then measure the tutorial's metrics.
+
+``C[t, k]`` (:mod:`nobackfill.metrics.compat`) is the top-1 class-matched search accuracy of queries
+embedded by model ``t`` against the open-set gallery embedded by model ``k``; AC / AA / ACA follow the
+tutorial's equations. Flips (:mod:`nobackfill.metrics.flips`) are measured between consecutive
+models, for classification (closed-set held-out images of the classes the old model knows) and
+retrieval top-1 (open-set self-tests ``t/t`` vs ``t-1/t-1``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import shutil
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+import torch
+
+from ...metrics.class_search import common_space, search_accuracy, top1_hits
+from ...metrics.compat import compatibility_summary, criterion_rates
+from ...metrics.flips import flip_rates, prediction_flip_rates
+from ...train.loop import LoopConfig, train
+from .base import CompatMethod, StepContext, StepModel, to_numpy
+from .data import ClassData, ReplayMemory, StepBatches, class_schedule
+from .registry import create_method
+
+
+@dataclass
+class SequenceConfig:
+    """How the ``T`` models are trained (every model gets the same budget)."""
+
+    steps: int = 2  # T, the number of models
+    train_steps: int = 600  # optimiser steps per model
+    batch_size: int = 128
+    lr: float = 2e-3
+    warmup: int = 20
+    weight_decay: float = 5e-4
+    grad_clip: float = 5.0
+    memory_per_class: int = 10  # replay memory of the continual regime
+    first_fraction: float = 0.5
+    seed: int = 0
+    threads: int = 1
+    strict: bool = True  # a tie C[t,k] == C[k,k] is NOT compatible (the tutorial's ">")
+
+    def loop_config(self, seed: int) -> LoopConfig:
+        return LoopConfig(steps=self.train_steps, lr=self.lr, warmup=self.warmup, weight_decay=self.weight_decay,
+                          grad_clip=self.grad_clip, seed=seed, log_every=max(1, self.train_steps // 4),
+                          checkpoint_every=10 ** 9, eval_every=10 ** 9, threads=self.threads)
+
+
+def _fresh_dir(path: Path) -> Path:
+    if path.exists():
+        shutil.rmtree(path)
+    return path
+
+
+def train_sequence(method: CompatMethod, data: ClassData, cfg: SequenceConfig, out: str | Path,
+                   log: Callable[[str], None] | None = None) -> list[StepModel]:
+    """Train ``cfg.steps`` models of ``method`` (the class schedule of :func:`.data.class_schedule`);
+    writes each step's loop log and exported model to ``out/step{t}/``. Returns the frozen models."""
+    out = Path(out)
+    if cfg.threads:
+        torch.set_num_threads(cfg.threads)
+    schedule = class_schedule(data.n_train_classes, cfg.steps, cfg.first_fraction)
+    memory = ReplayMemory(cfg.memory_per_class, cfg.seed)
+    train_x, train_y = torch.from_numpy(data.train_x), torch.from_numpy(data.train_y)
+    models: list[StepModel] = []
+    for t, n_seen in enumerate(schedule):
+        n_prev = schedule[t - 1] if t else 0
+        if method.regime == "cumulative":
+            current, mem = np.flatnonzero(data.train_y < n_seen), np.zeros(0, np.int64)
+        else:
+            current = np.flatnonzero((data.train_y >= n_prev) & (data.train_y < n_seen))
+            mem = memory.indices.copy()
+        step_idx = torch.from_numpy(np.concatenate([current, mem]))
+        step_dir = _fresh_dir(out / f"step{t + 1}")
+        ctx = StepContext(t=t, n_seen=n_seen, n_prev=n_prev, previous=list(models), train_x=train_x[step_idx],
+                          train_y=train_y[step_idx], in_dim=data.in_dim, seed=cfg.seed)
+
+        def train_reference(i: int, ctx: StepContext = ctx, step_dir: Path = step_dir) -> StepModel:
+            """An independently trained model of this step (ELODI's ensemble, MUSCLE's reference)."""
+            ref = create_method("baseline", model=method.model_cfg)
+            rctx = dataclasses.replace(ctx, previous=[], seed=cfg.seed + 7919 * (i + 1))
+            ref.on_step_start(rctx)
+            rseed = rctx.seed * 100 + t
+            train(ref, StepBatches(data.train_x, data.train_y, current, mem, cfg.batch_size, rseed),
+                  cfg.loop_config(rseed), step_dir / f"reference{i}", progress=False, export=False)
+            model = ref.on_step_end(rctx)
+            model.n_seen = n_seen
+            return model
+
+        ctx.extra["train_reference"] = train_reference
+        method.on_step_start(ctx)
+        seed = cfg.seed * 100 + t
+        t0 = time.time()
+        train(method, StepBatches(data.train_x, data.train_y, current, mem, cfg.batch_size, seed),
+              cfg.loop_config(seed), step_dir, progress=False)
+        model = method.on_step_end(ctx)
+        model.n_seen = n_seen
+        models.append(model)
+        if method.regime == "continual":
+            memory.add_classes(data.train_y, range(n_prev, n_seen))
+        if log:
+            log(f"{method.name} T={cfg.steps} step {t + 1}: {n_seen} classes, {len(step_idx)} items, "
+                f"{time.time() - t0:.1f}s")
+    return models
+
+
+def _mean(rows: list[dict]) -> dict:
+    """Mean of every float over the updates (NaNs skipped), sum of the counts."""
+    out: dict = {}
+    for key, value in rows[0].items():
+        vals = [r[key] for r in rows]
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            continue
+        if isinstance(value, int):
+            out[key] = int(sum(vals))
+        else:
+            finite = [v for v in vals if not np.isnan(v)]
+            out[key] = float(np.mean(finite)) if finite else float("nan")
+    return out
+
+
+@torch.no_grad()
+def evaluate_sequence(method: CompatMethod, models: list[StepModel], data: ClassData, strict: bool = True,
+                      n_unpaired: int = 20000) -> dict:
+    """Compatibility matrix, AC / AA / ACA, consecutive-pair criterion rates and flips."""
+    q, g = torch.from_numpy(data.query_x), torch.from_numpy(data.gallery_x)
+    gallery = [to_numpy(method.retrieval_features(m, g)) for m in models]
+    query_self = [to_numpy(method.retrieval_features(m, q)) for m in models]
+
+    def score(t: int, k: int) -> float:
+        return search_accuracy(to_numpy(method.query_features(models, t, k, q)), gallery[k], data.query_y,
+                               data.gallery_y)
+
+    c = _matrix(score, len(models))
+    summary = compatibility_summary(c, strict=strict, names=[f"phi{t + 1}" for t in range(len(models))])
+    criterion, cls_flips, ret_flips = [], [], []
+    test_x = torch.from_numpy(data.test_x)
+    preds = [method.predict(m, test_x).numpy() for m in models]
+    hits = [top1_hits(query_self[t], gallery[t], data.query_y, data.gallery_y) for t in range(len(models))]
+    for t in range(1, len(models)):
+        qn = to_numpy(method.query_features(models, t, t - 1, q))
+        qn, qo = common_space(qn, query_self[t - 1])
+        _, go = common_space(qn, gallery[t - 1])
+        criterion.append(criterion_rates(qn, qo, go, data.query_y, data.gallery_y, n_unpaired=n_unpaired,
+                                         strict=strict, seed=t))
+        known = data.test_y < models[t - 1].n_seen
+        cls_flips.append(prediction_flip_rates(preds[t - 1][known], preds[t][known], data.test_y[known]))
+        ret_flips.append(flip_rates(hits[t - 1], hits[t]))
+    summary["criterion"] = ({"paired": float(np.mean([r["paired"] for r in criterion])),
+                             "unpaired": float(np.mean([r["unpaired"] for r in criterion])), "strict": strict}
+                            if criterion else None)
+    summary["flips"] = ({"classification": _mean(cls_flips), "retrieval": _mean(ret_flips),
+                         "per_update": {"classification": cls_flips, "retrieval": ret_flips}} if cls_flips else None)
+    summary["test_accuracy"] = [float((preds[t][data.test_y < m.n_seen] == data.test_y[data.test_y < m.n_seen]).mean())
+                                for t, m in enumerate(models)]
+    return summary
+
+
+def _matrix(score: Callable[[int, int], float], n: int) -> np.ndarray:
+    from ...metrics.compat import compatibility_matrix
+
+    return compatibility_matrix(score, n)
+
+
+def run_method(name: str, data: ClassData, cfg: SequenceConfig, out: str | Path, options: dict | None = None,
+               log: Callable[[str], None] | None = None) -> dict:
+    """Train ``name`` over ``cfg.steps`` models and evaluate it; returns the summary (+ seconds)."""
+    method = create_method(name, **(options or {}))
+    t0 = time.time()
+    models = train_sequence(method, data, cfg, out, log=log)
+    result = evaluate_sequence(method, models, data, strict=cfg.strict)
+    result.update(method=name, regime=method.regime, init_from_previous=method.init_from_previous,
+                  seconds=round(time.time() - t0, 2), steps=cfg.steps)
+    return result
