@@ -294,3 +294,32 @@ def test_token_counts_and_task_validation():
         CLLConfig(method="nope")
     assert freeze_all_but_token_embeddings(enc).requires_grad
     assert sum(p.requires_grad for p in enc.model.parameters()) == 1
+
+
+# ----------------------------------------------------------------------------- LoRA baseline
+@pytest.mark.parametrize("make", [tiny_encoder, tiny_bert])
+def test_task_lora_adapters_switch_by_language(make, tmp_path):
+    from nobackfill.lingual.adapters import add_task_lora, use_language
+
+    enc = make()
+    before = enc.encode_texts(ENGLISH[:3])
+    vision = None if not hasattr(enc.model, "vision_model") else {k: v.clone() for k, v in enc.model.vision_model.state_dict().items()}
+    cfg = CLLConfig(method="lora", teir=True, steps=3, batch_size=4, task_vocab_size=400, lr=5e-2)
+    learner = ContinualLearner(enc, cfg, ENGLISH)
+    learner.learn(LanguageTask("de", GERMAN, ENGLISH), tmp_path)
+    names = [n for n, _ in enc.model.named_parameters() if "lora_" in n]
+    assert names and all("vision" not in n for n in names)
+    use_language(enc, "en")  # no English adapter: the base text tower
+    sid_en = enc.space_id
+    base_en = enc.encode_texts(ENGLISH[:3])
+    use_language(enc, "de")
+    assert enc.space_id != sid_en
+    assert not np.allclose(enc.encode_texts(ENGLISH[:3]), base_en, atol=1e-4)  # the trained adapter acts
+    use_language(enc, "xx")  # unknown language: adapters off again
+    assert np.array_equal(enc.encode_texts(ENGLISH[:3]), base_en)
+    assert before.shape == base_en.shape
+    if vision is not None:
+        assert all(torch.equal(v, enc.model.vision_model.state_dict()[k]) for k, v in vision.items())
+    with pytest.raises(ValueError, match="LoRA"):
+        learner.save(tmp_path / "m")
+    assert add_task_lora(enc, "fr")  # a second adapter

@@ -33,6 +33,7 @@ import torch
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 from ..evaluate import embed_texts_cached
+from ..lingual.adapters import use_language
 from ..lingual.data import (foreign_to_english, multi30k_eval_lines, multi30k_tasks, recall_at_1, world_retrieval,
                             world_tasks)
 from ..lingual.learner import CLLConfig, ContinualLearner, LanguageTask
@@ -43,7 +44,7 @@ TEXT_LANGS = ("de", "fr", "cs")
 WORLD_LANGS = ("de", "fr", "es", "ru", "el", "zh")
 DEFAULT_METHODS = ("cll_clip", "cll_clip_teir")
 ALL_METHODS = ("cll_clip", "cll_clip_teir", "cll_clip_teir_grad", "cll_clip_teir_update", "oewc", "oewc_teir",
-               "er", "er_teir", "der", "der_teir", "cll_clip_oracle", "cll_clip_teir_oracle")
+               "er", "er_teir", "der", "der_teir", "lora", "lora_teir", "cll_clip_oracle", "cll_clip_teir_oracle")
 #: measured references (frozen MiniLM, foreign -> English R@1 on test_2016; English caption-to-caption)
 MINILM_REFERENCE = {"de": 0.21, "fr": 0.34, "cs": 0.07, "en_caption": 0.58}
 #: steps per language of the --quick modes (sized for < 15 min on 2 CPU cores)
@@ -149,7 +150,9 @@ class _TextSetup:
     def evaluate(self, cache_dir) -> StageEval:
         def evaluate(enc) -> dict:
             enc.invalidate_space_id()
-            return {"f2e": foreign_to_english(enc, self.ev, cache_dir),
+            f2e = foreign_to_english(enc, self.ev, cache_dir)
+            use_language(enc, "en")
+            return {"f2e": f2e,
                     "en_caption": recall_at_1(embed_texts_cached(enc, self.q_en, cache_dir),
                                               embed_texts_cached(enc, self.g_en, cache_dir))}
         return evaluate

@@ -17,6 +17,7 @@ import numpy as np
 
 from ..evaluate import embed_texts_cached
 from ..metrics.retrieval import retrieval_metrics
+from .adapters import use_language
 from .learner import LanguageTask
 
 
@@ -66,10 +67,15 @@ def multi30k_eval_lines(root: str | Path, split: str, langs: Sequence[str], eval
 
 def foreign_to_english(encoder, lines: dict[str, list[str]], cache_dir: str | Path | None = None) -> dict[str, float]:
     """R@1 of each non-English language's lines retrieving their English line (current model on
-    both sides)."""
+    both sides; a LoRA baseline uses each language's adapter)."""
+    use_language(encoder, "en")
     gallery = embed_texts_cached(encoder, lines["en"], cache_dir)
-    return {lang: recall_at_1(embed_texts_cached(encoder, texts, cache_dir), gallery)
-            for lang, texts in lines.items() if lang != "en"}
+    out = {}
+    for lang, texts in lines.items():
+        if lang != "en":
+            use_language(encoder, lang)
+            out[lang] = recall_at_1(embed_texts_cached(encoder, texts, cache_dir), gallery)
+    return out
 
 
 # ----------------------------------------------------------------------------- world
@@ -116,6 +122,7 @@ def world_retrieval(encoder, data, image_features: np.ndarray, langs: Sequence[s
     with ``eta > 0`` each foreign query is fused with its English translation (translate-test)."""
     out: dict = {"t2i": {}, "i2t": {}}
     for lang in langs:
+        use_language(encoder, lang)
         if lang == "en":
             texts = [c for c, lg in zip(data.captions, data.langs) if lg == "en"]
             img = np.asarray([i for i, lg in zip(data.caption_image, data.langs) if lg == "en"], np.int64)

@@ -21,6 +21,7 @@ import numpy as np
 import torch
 
 from ..train.loop import LoopConfig, train
+from .adapters import add_task_lora
 from .embeddings import PLAIN_INIT_STD, embedding_stats, expand_token_embeddings, token_embedding
 from .losses import PAPER_GAMMA_CL, PAPER_GAMMA_CM, PAPER_TEMPERATURE
 from .methods import METHODS, CLLCLIPMethod, LingualBatch, OnlineEWC
@@ -60,6 +61,8 @@ class CLLConfig:
     ewc_strength: float = 1000.0        # paper: lambda 1000
     ewc_gamma: float = 1.0              # paper: 1
     ewc_batches: int = 10
+    lora_rank: int = 8                  # paper: rank 8, scaling 8, on k and v
+    lora_alpha: int = 8
     seed: int = 0
     threads: int = 1
 
@@ -227,11 +230,12 @@ class ContinualLearner:
         self.counts = np.concatenate([self.counts, np.ones(size - len(self.counts))])
         scales = teir_row_scales(size, old_size, task_ids, self.counts) if cfg.teir else np.ones(size)
         english = np.asarray(self.english_features(task.english), np.float32)
+        extra = add_task_lora(enc, task.lang, cfg.lora_rank, cfg.lora_alpha, cfg.seed) if cfg.method == "lora" else []
         batches = TaskBatches(task, english, cfg.batch_size, cfg.seed + len(self.learned), self.memory,
                               der=cfg.method == "der")
         method = CLLCLIPMethod(enc, scales, cfg.loop(), method=cfg.method, teir=cfg.teir, gamma_cm=cfg.gamma_cm,
                                gamma_cl=cfg.gamma_cl, temperature=cfg.temperature, ewc=self.ewc,
-                               der_alpha=cfg.der_alpha, scale_mode=cfg.teir_scale)
+                               der_alpha=cfg.der_alpha, scale_mode=cfg.teir_scale, extra_params=extra)
         try:
             res = train(method, batches, cfg.loop(), Path(work_dir) / task.lang, progress=progress, export=False)
         finally:
@@ -277,6 +281,9 @@ class ContinualLearner:
     # ----------------------------------------------------------------- persistence
     def save(self, out: str | Path) -> Path:
         """The model (loadable with ``load_encoder``) plus ``lingual.json`` and the token counts."""
+        if self.cfg.method == "lora":
+            raise ValueError("the LoRA baseline needs the language at inference (one adapter per task); "
+                             "it runs in the benches and is not saved as a model")
         out = Path(out)
         self.encoder.meta["lingual"] = {"learned": self.learned, "method": self.cfg.label}
         self.encoder.invalidate_space_id()

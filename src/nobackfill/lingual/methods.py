@@ -4,7 +4,9 @@ baselines of the CLL-CLIP paper (seed 004, Sec. "Comparing Methods" and Reproduc
 * ``cll_clip`` - train only the token embeddings with Eq. 4;
 * ``oewc``     - + ``lambda/2 ||theta_t - theta*_{t-1}||^2_{gamma F*_{t-1}}`` (online EWC, diagonal Fisher);
 * ``er``       - + Eq. 4 on a replayed batch of earlier tasks' triplets (reservoir memory);
-* ``der``      - + ``alpha L_KD``, ``L_KD = 1/(2K) sum ||r^M_k - r^F_k||^2`` on stored features.
+* ``der``      - + ``alpha L_KD``, ``L_KD = 1/(2K) sum ||r^M_k - r^F_k||^2`` on stored features;
+* ``lora``     - + a task-specific LoRA adapter on the text tower's k/v projections (peft; the
+  language picks the adapter at inference, see :mod:`nobackfill.lingual.adapters`).
 
 Each can run with TEIR (``teir=True``: initialisation and the row scales of Eq. 5-6, see
 :mod:`nobackfill.lingual.teir`) or without (N(0, 0.02^2) rows, ``lambda = 1``).
@@ -25,7 +27,7 @@ from .embeddings import freeze_all_but_token_embeddings
 from .losses import cll_clip_loss, cross_lingual_loss
 from .teir import RowScaledEmbedding
 
-METHODS = ("cll_clip", "oewc", "er", "der")
+METHODS = ("cll_clip", "oewc", "er", "der", "lora")
 
 
 @dataclass
