@@ -45,6 +45,8 @@ INF = float("inf")
 class LateBenchConfig:
     """Sizes of ``bench late`` (``quick()`` for the <15-minute version)."""
 
+    #: zoo preset (or TOML path) of every trained model (CMLI / global models and KD students)
+    preset: str = "world-tiny"
     steps: int = 2000
     kd_steps: int = 1500
     batch_size: int = 64
@@ -63,11 +65,21 @@ class LateBenchConfig:
     memory_repeats: int = 3
     memory_chunk: int = 32
     world_new: bool = True
+    #: training processes at once (each with ``threads`` torch threads)
+    jobs: int = 1
     quick: bool = False
 
     @classmethod
+    def from_file(cls, path: str | Path, base: "LateBenchConfig") -> "LateBenchConfig":
+        """``base`` with the fields of a TOML / YAML file replaced (errors name the file and field)."""
+        from ..config import from_dict, read_mapping
+
+        return from_dict(cls, {**asdict(base), **read_mapping(path)}, str(path))
+
+    @classmethod
     def quick_preset(cls, **kw) -> "LateBenchConfig":
-        return replace(cls(steps=700, kd_steps=400, n_val=300, val_hard_pairs=200, memory_repeats=2, quick=True), **kw)
+        return replace(cls(steps=500, kd_steps=300, n_val=300, val_hard_pairs=200, memory_repeats=2, jobs=2,
+                           quick=True), **kw)
 
 
 # ----------------------------------------------------------------------------- memory
@@ -271,46 +283,75 @@ RUNS = {  # name -> (kind, KD config kwargs)
 }
 
 
-def train_runs(names: Sequence[str], work: Path, world: Path, teacher_dir: Path, cfg: LateBenchConfig,
-               log: Callable[[str], None]) -> dict[str, dict]:
-    """Train (or reuse, when ``work/<name>/recipe.json`` records the same settings) each run."""
-    from ..data.world import load_world_spec
+def _run_key(name: str, cfg: LateBenchConfig, world_seed: int) -> dict:
+    from ..late.distill import KDConfig
+
+    kind, kd_kw = RUNS[name]
+    return {"kind": kind, "steps": cfg.kd_steps if kind == "kd" else cfg.steps, "batch_size": cfg.batch_size,
+            "lr": cfg.lr, "seed": cfg.seed, "preset": cfg.preset, "world_seed": world_seed,
+            "kd": asdict(KDConfig(**kd_kw)) if kd_kw else None}
+
+
+def train_one(name: str, work: str, world: str, teacher_dir: str, cfg: LateBenchConfig) -> dict:
+    """Train run ``name`` into ``work/name`` (a separate process may call this)."""
+    import torch
+
+    from ..data.world import WorldStream, load_world_spec
     from ..encoders import load_encoder
     from ..late.distill import KDConfig
-    from ..late.world import LATE_PRESET, train_world_method
+    from ..late.world import train_world_method
 
+    torch.set_num_threads(cfg.threads)
     spec = load_world_spec(world)
     teacher = load_encoder(teacher_dir)
-    info = {}
-    for name in names:
-        kind, kd_kw = RUNS[name]
-        steps = cfg.kd_steps if kind == "kd" else cfg.steps
-        out = work / name
-        want = {"kind": kind, "steps": steps, "batch_size": cfg.batch_size, "lr": cfg.lr, "seed": cfg.seed,
-                "preset": LATE_PRESET, "world_seed": spec.seed, "kd": asdict(KDConfig(**kd_kw)) if kd_kw else None}
-        recipe_path = out / "recipe.json"
-        if recipe_path.is_file() and (out / "model.safetensors").is_file():
-            old = json.loads(recipe_path.read_text())
-            if all(old.get(k) == v for k, v in want.items() if k != "kd" or kind == "kd"):
-                log(f"reusing {out} ({name})")
-                info[name] = {"seconds": old.get("seconds"), "reused": True, "steps": steps}
-                continue
-        log(f"training {name} ({kind}, {steps} steps, batch {cfg.batch_size}) ...")
-        method, result = train_world_method(kind, out, spec, teacher.tokenizer, steps=steps,
-                                            batch_size=cfg.batch_size, lr=cfg.lr, seed=cfg.seed,
-                                            threads=cfg.threads, kd=KDConfig(**kd_kw) if kd_kw else None,
-                                            teacher=teacher if kind == "kd" else None)
-        info[name] = {"seconds": round(result.seconds, 1), "reused": False, "steps": steps,
-                      "last": result.history[-1] if result.history else None}
-        if name == "target_cmli_empty":
-            from ..data.world import WorldStream
+    kind, kd_kw = RUNS[name]
+    key = _run_key(name, cfg, spec.seed)
+    out = Path(work) / name
+    method, result = train_world_method(kind, out, spec, teacher.tokenizer, preset=cfg.preset, steps=key["steps"],
+                                        batch_size=cfg.batch_size, lr=cfg.lr, seed=cfg.seed, threads=cfg.threads,
+                                        kd=KDConfig(**kd_kw) if kd_kw else None,
+                                        teacher=teacher if kind == "kd" else None)
+    if name == "target_cmli_empty":  # which words the empty target excuses, on fresh (unseen) scenes
+        px, caps, _ = WorldStream(cfg.routing_pairs, seed=spec.seed * 1000 + 999).batch(0)
+        method.train_mode(False)
+        (out / "empty_routing.json").write_text(json.dumps(method.empty_routing(px, caps), indent=2))
+    return {"seconds": round(result.seconds, 1), "reused": False, "steps": key["steps"],
+            "last": result.history[-1] if result.history else None}
 
-            px, caps, _ = WorldStream(cfg.routing_pairs, seed=spec.seed * 1000 + 999).batch(0)
-            method.train_mode(False)
-            routing = method.empty_routing(px, caps)
-            (out / "empty_routing.json").write_text(json.dumps(routing, indent=2))
-        log(f"  {name}: {info[name]['seconds']} s")
-    return info
+
+def train_runs(names: Sequence[str], work: Path, world: Path, teacher_dir: Path, cfg: LateBenchConfig,
+               log: Callable[[str], None], jobs: int = 1) -> dict[str, dict]:
+    """Train (or reuse, when ``work/<name>/recipe.json`` records the same settings) each run;
+    ``jobs`` > 1 trains that many runs at once in separate processes (``cfg.threads`` each)."""
+    from ..data.world import load_world_spec
+
+    spec = load_world_spec(world)
+    info, todo = {}, []
+    for name in names:
+        out = work / name
+        want = _run_key(name, cfg, spec.seed)
+        if (out / "recipe.json").is_file() and (out / "model.safetensors").is_file():
+            old = json.loads((out / "recipe.json").read_text())
+            if all(old.get(k) == v for k, v in want.items()):
+                log(f"reusing {out} ({name})")
+                info[name] = {"seconds": old.get("seconds"), "reused": True, "steps": want["steps"]}
+                continue
+        todo.append(name)
+    args = [(n, str(work), str(world), str(teacher_dir), cfg) for n in todo]
+    log(f"training {', '.join(todo) or 'nothing'} ({jobs} at a time) ...")
+    if jobs > 1 and len(todo) > 1:
+        import multiprocessing as mp
+        from concurrent.futures import ProcessPoolExecutor
+
+        with ProcessPoolExecutor(min(jobs, len(todo)), mp_context=mp.get_context("spawn")) as ex:
+            for a, r in zip(args, ex.map(train_one, *zip(*args))):
+                info[a[0]] = r
+                log(f"  {a[0]}: {r['seconds']} s")
+    else:
+        for a in args:
+            info[a[0]] = train_one(*a)
+            log(f"  {a[0]}: {info[a[0]]['seconds']} s")
+    return {n: info[n] for n in names}
 
 
 # ----------------------------------------------------------------------------- the bench
@@ -331,7 +372,7 @@ def run_late_bench(models: Path, world: Path, json_out: Path | None, cfg: LateBe
     tests, vals = bench_sets(Path(world), cfg)
     log(f"sets: test {len(tests['test'].captions)} captions / {len(tests['test'].images)} images, "
         f"hard negatives {len(tests['hard_negatives'].captions)} (pairs of twins)")
-    train_info = train_runs(list(RUNS), work, Path(world), teacher_dir, cfg, log)
+    train_info = train_runs(list(RUNS), work, Path(world), teacher_dir, cfg, log, jobs=cfg.jobs)
     log("evaluating ...")
     by_model = {}
     for name in ("global", "cmli"):

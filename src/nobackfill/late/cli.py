@@ -68,16 +68,20 @@ def bench_late(
     steps: Optional[int] = typer.Option(None, help="Override the training steps of the CMLI / global models."),
     kd_steps: Optional[int] = typer.Option(None, help="Override the training steps of the KD students."),
     world_new: bool = typer.Option(True, help="Also score the shipped world-new globally and re-ranked."),
-    threads: int = typer.Option(1, help="torch threads."),
+    threads: int = typer.Option(1, help="torch threads per training process."),
+    jobs: Optional[int] = typer.Option(None, help="Models trained at once in separate processes (quick: 2, else 1)."),
+    config: Optional[Path] = typer.Option(None, help="TOML/YAML overriding any LateBenchConfig field (e.g. a toy run)."),
 ) -> None:
     """CMLI on the world: global vs re-ranked vs CMLI-trained R@K (incl. attribute-swap hard
     negatives), Target-CMLI students, naive vs streamed CMLI memory/time."""
     from ..bench.late import LateBenchConfig, format_markdown, run_late_bench
 
     kw = {"threads": threads, "world_new": world_new}
-    kw.update({k: v for k, v in {"steps": steps, "kd_steps": kd_steps}.items() if v is not None})
-    cfg = LateBenchConfig.quick_preset(**kw) if quick else LateBenchConfig(**kw)
+    kw.update({k: v for k, v in {"steps": steps, "kd_steps": kd_steps, "jobs": jobs}.items() if v is not None})
     try:
+        cfg = LateBenchConfig.quick_preset(**kw) if quick else LateBenchConfig(**kw)
+        if config is not None:
+            cfg = LateBenchConfig.from_file(config, cfg)
         result = run_late_bench(models, world, json_out, cfg, work=work, log=lambda m: _console().print(m))
     except (ValueError, FileNotFoundError, RuntimeError) as e:
         _fail(str(e))

@@ -38,7 +38,7 @@ def retrieval_metrics_from_scores(
     for direction, scores in (("t2i", t2i_scores), ("i2t", i2t_scores)):
         if scores is None:
             continue
-        scores = np.asarray(scores)
+        scores = np.asarray(scores, dtype=np.float32)  # the ranking code compares in float32
         expect = (n_txt, n_img) if direction == "t2i" else (n_img, n_txt)
         if scores.shape != expect:
             raise ValueError(f"{direction}_scores has shape {scores.shape}, expected {expect}")
@@ -56,10 +56,13 @@ def top_k_columns(first: np.ndarray, k: int) -> np.ndarray:
     return np.argpartition(-np.asarray(first), k - 1, axis=1)[:, :k]
 
 
-def lift_top_k(first: np.ndarray, top: np.ndarray, new_scores: np.ndarray, bonus: float = 1e3) -> np.ndarray:
-    """Re-ranked score matrix (float64): the ``top`` columns of each row get ``bonus +
-    new_scores`` (so they rank above every other item, in the new order); the other items keep
+def lift_top_k(first: np.ndarray, top: np.ndarray, new_scores: np.ndarray) -> np.ndarray:
+    """Re-ranked score matrix (float32): the ``top`` columns of each row get ``new_scores`` plus
+    a constant that puts them above every other item (in the new order); the other items keep
     their first-stage scores and order."""
-    out = np.asarray(first, dtype=np.float64).copy()
-    np.put_along_axis(out, top, bonus + np.asarray(new_scores, dtype=np.float64), axis=1)
+    first = np.asarray(first, dtype=np.float32)
+    new = np.asarray(new_scores, dtype=np.float32)
+    bonus = np.float32(float(first.max()) - float(new.min()) + 1.0)
+    out = first.copy()
+    np.put_along_axis(out, top, new + bonus, axis=1)
     return out

@@ -1,0 +1,132 @@
+"""``nobackfill bench late`` end to end on a toy config (tiny world, tiny models, a few steps),
+the memory measurement, the hard-negative twins and metrics from score matrices."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from typer.testing import CliRunner
+
+from nobackfill.cli import app
+
+runner = CliRunner()
+
+
+def invoke(*args):
+    return runner.invoke(app, [str(a) for a in args])
+
+
+def test_hard_negative_twins_swap_one_binding() -> None:
+    from nobackfill.data.world import WorldSpec, make_item
+    from nobackfill.late.hard_negatives import hard_negative_set
+
+    spec = WorldSpec(n_test=40)
+    hn = hard_negative_set(spec, "test", limit_pairs=5)
+    assert len(hn) == 10 and hn.caption_image.tolist() == list(range(10))
+    for k, i in enumerate(hn.source_index):
+        scene, px = make_item(spec.seed, "test", i, spec.concepts)
+        np.testing.assert_array_equal(hn.pixels[2 * k], px)  # the original is the world's test item
+        assert hn.captions[2 * k] != hn.captions[2 * k + 1]
+        assert sorted(hn.captions[2 * k].split()) == sorted(hn.captions[2 * k + 1].split())  # same bag of words
+        assert not np.array_equal(hn.pixels[2 * k], hn.pixels[2 * k + 1])
+
+
+def test_metrics_from_scores_match_embedding_metrics_and_lift_top_k() -> None:
+    from nobackfill.metrics import retrieval_metrics
+    from nobackfill.metrics.scored import lift_top_k, retrieval_metrics_from_scores, top_k_columns
+
+    rng = np.random.default_rng(0)
+    img, txt = rng.normal(size=(7, 5)), rng.normal(size=(11, 5))
+    img /= np.linalg.norm(img, axis=1, keepdims=True)
+    txt /= np.linalg.norm(txt, axis=1, keepdims=True)
+    c2i = rng.integers(0, 6, size=11)  # image 6 has no caption
+    ref = retrieval_metrics(img, txt, c2i)
+    got = retrieval_metrics_from_scores(txt @ img.T, img @ txt.T, c2i)
+    for d in ("t2i", "i2t"):
+        for key, v in ref[d].items():
+            assert got[d][key] == pytest.approx(v, abs=1e-6), (d, key)
+    first = np.array([[0.9, 0.1, 0.5, 0.3]])
+    top = top_k_columns(first, 2)
+    assert sorted(top[0].tolist()) == [0, 2]
+    new = np.where(top == 0, 0.0, 1.0)  # re-ranking puts column 2 before column 0
+    lifted = lift_top_k(first, top, new)
+    assert np.argsort(-lifted[0]).tolist() == [2, 0, 3, 1]
+
+
+def test_memory_worker_measures_a_rise() -> None:
+    from nobackfill.bench.late import memory_worker
+
+    naive = memory_worker("naive", 96, 8, 12, 16, 16, 1)
+    stream = memory_worker("stream", 96, 8, 12, 16, 16, 1)
+    assert naive["checksum"] == pytest.approx(stream["checksum"], rel=1e-4)
+    # 96 x 96 x 8 x 12 float32 = 3.4 MB for the naive tensor alone; blocks of 16 x 16 are 100x smaller
+    assert naive["peak_mb"] > 2.0 and stream["peak_mb"] < naive["peak_mb"]
+
+
+@pytest.fixture(scope="module")
+def toy(tmp_path_factory):
+    from nobackfill.data.world import WorldSpec, world_corpus
+    from nobackfill.encoders import create_model, get_preset
+    from nobackfill.encoders.tokenizer import train_bpe_tokenizer
+
+    from conftest import tiny_preset
+
+    root = tmp_path_factory.mktemp("late_bench")
+    r = invoke("world", "--out", root / "world", "--n-train", 0, "--n-val", 20, "--n-test", 16, "--langs", "en",
+               "--captions-per-image", 1, "--workers", 1)
+    assert r.exit_code == 0, r.output
+    (root / "student.toml").write_text(tiny_preset(dim=16))
+    (root / "teacher.toml").write_text(tiny_preset(dim=24))
+    tok = train_bpe_tokenizer(world_corpus(WorldSpec(), 500), 300, 40)
+    create_model(get_preset(root / "teacher.toml"), tok, seed=1).save(root / "models" / "world-new")
+    (root / "toy.toml").write_text(f"""
+preset = "{root / 'student.toml'}"
+steps = 2
+kd_steps = 2
+batch_size = 6
+n_val = 10
+val_hard_pairs = 4
+test_hard_pairs = 5
+routing_pairs = 6
+rerank_k = 4
+weights = [0.5, inf]
+memory_batches = [4, 8]
+memory_shape = [4, 5, 8]
+memory_repeats = 1
+memory_chunk = 2
+""")
+    return root
+
+
+def test_bench_late_cli_toy(toy) -> None:
+    out = toy / "runs" / "late.json"
+    r = invoke("bench", "late", "--json", out, "--models", toy / "models", "--world", toy / "world",
+               "--config", toy / "toy.toml", "--jobs", 1)
+    assert r.exit_code == 0, r.output
+    res = json.loads(out.read_text())
+    for sec in ("retrieval", "hard_negatives"):
+        assert {"global", "cmli_rerank", "cmli_trained"} <= set(res[sec])
+        for m in res[sec].values():
+            assert 0.0 <= m["t2i"]["R@1"] <= m["t2i"]["R@10"] <= 1.0
+    assert res["hard_negatives"]["global"]["t2i"]["n_queries"] == 10
+    assert {"student_no_kd", "global_kd", "target_cmli", "target_cmli_empty", "teacher_world_new"} <= set(res["kd"])
+    assert 0.0 <= res["kd"]["empty_routing"]["share"] <= 1.0
+    assert [m["batch"] for m in res["memory"]] == [4, 8]
+    assert all(set(m) >= {"batch", "naive_mb", "stream_mb", "naive_s", "stream_s"} for m in res["memory"])
+    assert set(res["weights"]) == {"global", "cmli", "world_new"}
+    assert out.with_suffix(".md").read_text().startswith("# bench late")
+    # a second run reuses the trained models (same recipe)
+    r = invoke("bench", "late", "--json", out, "--models", toy / "models", "--world", toy / "world",
+               "--config", toy / "toy.toml", "--no-world-new")
+    assert r.exit_code == 0, r.output
+    assert all(v["reused"] for v in json.loads(out.read_text())["training"].values())
+
+
+def test_bench_late_bad_config_names_the_field(toy, tmp_path) -> None:
+    bad = tmp_path / "bad.toml"
+    bad.write_text("stepz = 3\n")
+    r = invoke("bench", "late", "--json", tmp_path / "x.json", "--models", toy / "models", "--world", toy / "world",
+               "--config", bad)
+    assert r.exit_code == 2 and "stepz" in r.output
