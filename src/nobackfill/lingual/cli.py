@@ -150,6 +150,13 @@ def evaluate(
         cli._write_json(json_out, result)
 
 
+#: options shared by both benches
+_STEPS = typer.Option(None, help="Override the steps per language.")
+_CACHE = typer.Option(Path("runs/cache"), help="Embedding cache.")
+_THREADS = typer.Option(1, help="torch threads (per method process).")
+_JOBS = typer.Option(1, help="Run the methods in this many parallel processes (2 on 2 cores).")
+
+
 def bench_lingual_text(
     data: Optional[Path] = typer.Option(None, help="Multi30K root (default: $NOBACKFILL_SHARED/data/multi30k)."),
     eval_dir: Optional[Path] = typer.Option(None, help="Folder holding test_2016_flickr.{en,de,fr,cs}.gz laid out "
@@ -157,31 +164,42 @@ def bench_lingual_text(
     quick: bool = typer.Option(False, help="Fewer steps per language (CPU minutes)."),
     methods: str = typer.Option("cll_clip,cll_clip_teir", help="Comma list, e.g. cll_clip,cll_clip_teir,oewc,"
                                                                "er_teir,der,cll_clip_teir_oracle."),
-    steps: Optional[int] = typer.Option(None, help="Override the steps per language."),
-    cache_dir: Path = typer.Option(Path("runs/cache"), help="Embedding cache."),
+    steps: Optional[int] = _STEPS,
+    cache_dir: Path = _CACHE,
     work_dir: Path = typer.Option(Path("runs/lingual-text"), help="Training scratch."),
-    threads: int = typer.Option(1, help="torch threads (per method process)."),
-    jobs: int = typer.Option(1, help="Run the methods in this many parallel processes (2 on 2 cores)."),
+    threads: int = _THREADS,
+    jobs: int = _JOBS,
     json_out: Path = typer.Option(Path("runs/bench/lingual_text.json"), "--json", help="JSON output (.md beside it)."),
 ) -> None:
     """CLL on real text: MiniLM learns de -> fr -> cs (Multi30K task 1); a[j,i], AR, F per method and
     English forgetting."""
-    from dataclasses import replace
-
-    from ..bench.lingual import LingualTextConfig, run_lingual_text, write_outputs
+    from ..bench.lingual import LingualTextConfig, run_lingual_text
     from ..data.multi30k import default_multi30k_dir
 
     cli = _cli()
     try:
-        kw = dict(methods=tuple(_split_langs(methods)))
-        cfg = LingualTextConfig.quick(**kw) if quick else LingualTextConfig(**kw)
-        cfg.cll = replace(cfg.cll, threads=threads, **({"steps": steps} if steps else {}))
+        cfg = _bench_config(LingualTextConfig, quick, methods, threads, steps)
         result = run_lingual_text(data or default_multi30k_dir(), eval_dir=eval_dir, quick=quick, config=cfg,
                                   cache_dir=cache_dir, work_dir=work_dir, jobs=jobs, log=lambda m: cli.console.print(m))
     except (ValueError, FileNotFoundError, ModuleNotFoundError) as e:
         cli._fail(str(e))
+    _bench_done(result, json_out)
+
+
+def _bench_config(cls, quick: bool, methods: str, threads: int, steps: int | None, **kw):
+    """A bench config (``cls.quick`` with ``--quick``) with the command line's overrides."""
+    from dataclasses import replace
+
+    cfg = (cls.quick if quick else cls)(methods=tuple(_split_langs(methods)), **kw)
+    cfg.cll = replace(cfg.cll, threads=threads, **({"steps": steps} if steps else {}))
+    return cfg
+
+
+def _bench_done(result: dict, json_out: Path) -> None:
+    from ..bench.lingual import write_outputs
+
     typer.echo(write_outputs(result, json_out))
-    cli.console.print(f"wrote {json_out}")
+    _cli().console.print(f"wrote {json_out}")
 
 
 def bench_lingual_world(
@@ -190,30 +208,25 @@ def bench_lingual_world(
     quick: bool = typer.Option(False, help="Fewer steps and 500 test images (CPU minutes)."),
     methods: str = typer.Option("cll_clip,cll_clip_teir", help="Comma list of methods (see bench lingual-text)."),
     eta: float = typer.Option(0.0, help="Translate-test fusion weight for the evaluation."),
-    steps: Optional[int] = typer.Option(None, help="Override the steps per language."),
-    cache_dir: Path = typer.Option(Path("runs/cache"), help="Embedding cache."),
+    steps: Optional[int] = _STEPS,
+    cache_dir: Path = _CACHE,
     work_dir: Path = typer.Option(Path("runs/lingual-world"), help="Training scratch."),
-    threads: int = typer.Option(1, help="torch threads (per method process)."),
-    jobs: int = typer.Option(1, help="Run the methods in this many parallel processes (2 on 2 cores)."),
+    threads: int = _THREADS,
+    jobs: int = _JOBS,
     json_out: Path = typer.Option(Path("runs/bench/lingual_world.json"), "--json", help="JSON output (.md beside it)."),
 ) -> None:
     """CLL on the world: the English-only world model learns de, fr, es, ru, el, zh in that order;
     t2i / i2t AR and F per method; image embeddings checked bit-identical."""
-    from dataclasses import replace
-
-    from ..bench.lingual import LingualWorldConfig, run_lingual_world, write_outputs
+    from ..bench.lingual import LingualWorldConfig, run_lingual_world
 
     cli = _cli()
     try:
-        kw = dict(methods=tuple(_split_langs(methods)), eta=eta)
-        cfg = LingualWorldConfig.quick(**kw) if quick else LingualWorldConfig(**kw)
-        cfg.cll = replace(cfg.cll, threads=threads, **({"steps": steps} if steps else {}))
+        cfg = _bench_config(LingualWorldConfig, quick, methods, threads, steps, eta=eta)
         result = run_lingual_world(data, model=model, quick=quick, config=cfg, cache_dir=cache_dir,
                                    work_dir=work_dir, jobs=jobs, log=lambda m: cli.console.print(m))
     except (ValueError, FileNotFoundError) as e:
         cli._fail(str(e))
-    typer.echo(write_outputs(result, json_out))
-    cli.console.print(f"wrote {json_out}")
+    _bench_done(result, json_out)
 
 
 __all__ = ["lingual_app", "bench_lingual_text", "bench_lingual_world"]
