@@ -65,7 +65,8 @@ class RecoBenchConfig:
 
     @classmethod
     def quick_preset(cls, **kw) -> "RecoBenchConfig":
-        base = dict(quick=True, steps=450, eval_every=150, latency_queries=100, calibration_scenes=300)
+        base = dict(quick=True, steps=450, batch_size=256, eval_every=150, latency_queries=100,
+                    calibration_scenes=300)
         base.update(kw)
         return cls(**base)
 
@@ -116,8 +117,9 @@ class _Split:
     images: np.ndarray
     texts: np.ndarray
     c2i: np.ndarray
-    labels: np.ndarray
+    labels: np.ndarray  # fine class (size x colour x shape)
     single: np.ndarray
+    coarse: np.ndarray  # colour x shape class (the world's 64 "class" labels)
 
 
 def _load_split(enc, world: Path, split: str, names: list[str], cache: Path) -> _Split:
@@ -129,19 +131,31 @@ def _load_split(enc, world: Path, split: str, names: list[str], cache: Path) -> 
         raise ValueError(f"{ds.root}: image {ds.images[missing[0]]} has no labels.fine_class (needed for "
                          "fine-grained zero-shot)")
     e = embed_dataset(enc, ds, cache_dir=cache / "embeddings")
+    coarse_names = coarse_classes()
     return _Split(e.images, e.texts, ds.caption_image, np.array([names.index(lab["fine_class"]) for lab in ds.image_labels]),
-                  np.array([lab.get("n_objects", 0) == 1 for lab in ds.image_labels]))
+                  np.array([lab.get("n_objects", 0) == 1 for lab in ds.image_labels]),
+                  np.array([coarse_names.index(f"{lab['colour']} {lab['shape']}") for lab in ds.image_labels]))
 
 
-def _evaluate(model, memory, s: _Split, prompts: np.ndarray) -> dict:
+def coarse_classes() -> list[str]:
+    """The 64 ``"<colour> <shape>"`` classes (a secondary, less fine label set)."""
+    from ..data.scene import class_names
+
+    return class_names()
+
+
+def _evaluate(model, memory, s: _Split, prompts: np.ndarray, coarse_prompts: np.ndarray | None = None) -> dict:
     """Zero-shot and retrieval of one RECO model (or the base when ``model`` is None) on a split."""
     if model is None:
-        vb, tb, pb = s.images, s.texts, prompts
+        vb, tb, pb, cb = s.images, s.texts, prompts, coarse_prompts
     else:
         vb, tb = model.refine(memory, s.images, "image"), model.refine(memory, s.texts, "text")
         pb = model.refine(memory, prompts, "text")
+        cb = None if coarse_prompts is None else model.refine(memory, coarse_prompts, "text")
     out = {"zero_shot": zero_shot_accuracy(vb, pb, s.labels),
            "zero_shot_single_object": zero_shot_accuracy(vb, pb, s.labels, s.single)}
+    if cb is not None:
+        out["zero_shot_colour_shape"] = zero_shot_accuracy(vb, cb, s.coarse)
     if model is None:
         out["retrieval"] = _retrieval(s.images, s.texts, s.images, s.texts, s.c2i)
         return out
@@ -232,7 +246,7 @@ def run_reco_bench(out_json: str | Path, cfg: RecoBenchConfig | None = None,
     from ..data.folder import load_pairs
     from ..evaluate import load_eval_data, resolve_data
     from ..reco.memory import MEMORY_FILE, Memory, build_memory
-    from ..reco.train import RecoTrainConfig, train_reco
+    from ..reco.train import PairEmbeddings, RecoTrainConfig, train_reco
 
     cfg = cfg or RecoBenchConfig()
     t_all = time.time()
@@ -276,18 +290,22 @@ def run_reco_bench(out_json: str | Path, cfg: RecoBenchConfig | None = None,
     names, parts = fine_classes()
     g = get_grammar("en")
     prompts = enc.encode_texts([g.class_prompt(sh, c, sz) for sz, c, sh in parts])
+    coarse = enc.encode_texts([g.class_prompt(*reversed(n.split())) for n in coarse_classes()])
     val = _load_split(enc, world, cfg.tune_split, names, cache)
     test = _load_split(enc, world, cfg.eval_split, names, cache)
 
     # 3. train each variant (early stopping on val), evaluate on test
+    neighbours: dict = {}
+    pairs = PairEmbeddings.from_memory(memory)
     def variant(name: str, **kw) -> tuple[object, dict]:
         rc = RecoTrainConfig(k=kw.pop("k", cfg.k), steps=cfg.steps, batch_size=cfg.batch_size, lr=cfg.lr,
                              eval_every=cfg.eval_every, patience=cfg.patience, seed=cfg.seed, threads=cfg.threads,
                              **kw)
         t0 = time.time()
         m, res = train_reco(memory, work / name, rc, evaluate=lambda mm: _val_score(mm, memory, val, prompts),
-                            early_stop="score", memory_ref=mem_dir)
-        r = _evaluate(m, memory, test, prompts)
+                            early_stop="score", memory_ref=mem_dir, pairs=pairs, neighbour_cache=neighbours,
+                            k_max=max(cfg.k_sweep + (cfg.k,)))
+        r = _evaluate(m, memory, test, prompts, coarse)
         r["train"] = {"seconds": round(time.time() - t0, 1), "config": rc.to_dict()}
         if res is not None:
             r["train"].update(steps=res.steps, best_step=res.best_step, best_val_score=res.best_value,
@@ -297,7 +315,7 @@ def run_reco_bench(out_json: str | Path, cfg: RecoBenchConfig | None = None,
             f"{100 * r['retrieval']['queries_only']['t2i']['R@1']:.1f}% ({r['train']['seconds']:.0f}s)")
         return m, r
 
-    rows: dict[str, dict] = {"base": _evaluate(None, memory, test, prompts)}
+    rows: dict[str, dict] = {"base": _evaluate(None, memory, test, prompts, coarse)}
     rows["base"]["val"] = {"zero_shot": zero_shot_accuracy(val.images, prompts, val.labels)}
     say(f"base: test zero-shot {100 * rows['base']['zero_shot']:.1f}%, t2i R@1 "
         f"{100 * rows['base']['retrieval']['t2i']['R@1']:.1f}%")
@@ -326,6 +344,7 @@ def run_reco_bench(out_json: str | Path, cfg: RecoBenchConfig | None = None,
     result = {
         "zero_shot": zero_shot,
         "zero_shot_single_object": {n: rows[n]["zero_shot_single_object"] for n in zero_shot},
+        "zero_shot_colour_shape": {n: rows[n]["zero_shot_colour_shape"] for n in zero_shot},
         "retrieval": retrieval,
         "k_sweep": k_sweep,
         "memory_removed_near_duplicates": int(removal["near_duplicates"]),
@@ -363,8 +382,10 @@ def format_reco_tables(result: dict) -> str:
     lines = [f"Frozen encoder `{result['model']}`; {result['classes']} fine-grained classes (size x colour x shape); "
              f"test split ({result['eval']['images']} images, {result['eval']['captions']} captions); "
              f"tuned on {result['eval']['tuned_on']}.", "",
-             "| row | zero-shot (all) | zero-shot (single object) |", "|---|---|---|"]
-    lines += [f"| {n} | {_pct(zs[n])} | {_pct(zs1[n])} |" for n in zs] + [""]
+             "| row | zero-shot 128 (all) | zero-shot 128 (single object) | zero-shot 64 colour x shape (all) |",
+             "|---|---|---|---|"]
+    zc = result.get("zero_shot_colour_shape", {})
+    lines += [f"| {n} | {_pct(zs[n])} | {_pct(zs1[n])} | {_pct(zc.get(n))} |" for n in zs] + [""]
     cols = [("t2i", "R@1"), ("t2i", "R@5"), ("t2i", "R@10"), ("i2t", "R@1"), ("i2t", "R@5"), ("i2t", "R@10")]
     lines += ["| retrieval | " + " | ".join(f"{d} {k}" for d, k in cols) + " |", "|---" * (len(cols) + 1) + "|"]
     lines += [f"| {n} | " + " | ".join(_pct(r[d][k]) for d, k in cols) + " |" for n, r in R.items()] + [""]

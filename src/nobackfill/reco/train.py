@@ -77,7 +77,8 @@ class RecoBatches:
     """Deterministic batches: ``batch_size`` distinct images per step (reshuffled each epoch, seeded),
     each with one of its captions, plus the precomputed retrieved embeddings of both."""
 
-    def __init__(self, memory: Memory, pairs: PairEmbeddings, spec: RecoSpec, batch_size: int, seed: int = 0) -> None:
+    def __init__(self, memory: Memory, pairs: PairEmbeddings, spec: RecoSpec, batch_size: int, seed: int = 0,
+                 neighbour_cache: dict | None = None, k_max: int | None = None) -> None:
         n = pairs.images.shape[0]
         if n < batch_size:
             raise ValueError(f"{n} training images, fewer than the batch size {batch_size}")
@@ -86,11 +87,20 @@ class RecoBatches:
         self.caps_of = [[] for _ in range(n)]
         for c, i in enumerate(pairs.text_image):
             self.caps_of[int(i)].append(c)
-        kw = dict(search=spec.search, fuse=spec.fuse)
-        own = pairs.memory_rows
-        self.img_mod, self.img_rows = memory.retrieve_rows(pairs.images, "image", spec.k, exclude_images=own, **kw)
-        self.txt_mod, self.txt_rows = memory.retrieve_rows(pairs.texts, "text", spec.k,
-                                                           exclude_images=own[pairs.text_image], **kw)
+        # neighbours of every pair, own pair excluded; with a cache, computed once for k_max and
+        # sliced (the first k valid hits are a prefix of the first k_max)
+        key = (id(pairs), spec.search, spec.fuse)
+        k_max = max(spec.k, k_max or 0)
+        cached = neighbour_cache.get(key) if neighbour_cache is not None else None
+        if cached is None or cached[1].shape[1] < spec.k:
+            kw = dict(search=spec.search, fuse=spec.fuse)
+            own = pairs.memory_rows
+            cached = (*memory.retrieve_rows(pairs.images, "image", k_max, exclude_images=own, **kw),
+                      *memory.retrieve_rows(pairs.texts, "text", k_max, exclude_images=own[pairs.text_image], **kw))
+            if neighbour_cache is not None:
+                neighbour_cache[key] = cached
+        self.img_mod, self.txt_mod = cached[0], cached[2]
+        self.img_rows, self.txt_rows = cached[1][:, :spec.k], cached[3][:, :spec.k]
         self.memory = memory
 
     def indices(self, index: int) -> tuple[np.ndarray, np.ndarray]:
@@ -172,10 +182,13 @@ def train_reco(memory: Memory, out: str | Path, cfg: RecoTrainConfig | None = No
                pairs: PairEmbeddings | None = None,
                evaluate: Callable[[RecoModel], dict[str, float]] | None = None, early_stop: str = "",
                memory_ref: str | Path | None = None, recipe: dict | None = None,
+               neighbour_cache: dict | None = None, k_max: int | None = None,
                progress: bool = False) -> tuple[RecoModel, TrainResult | None]:
     """Train phi_image / phi_text on ``pairs`` (default: the memory's own pairs, each excluded from
     its own neighbours) and write the RECO directory ``out``. ``evaluate(model)`` (on a validation
-    split) enables early stopping on its key ``early_stop``. Mean fusion is written untrained."""
+    split) enables early stopping on its key ``early_stop``. Mean fusion is written untrained.
+    ``neighbour_cache`` (a dict shared between runs on the same ``pairs``) keeps the training-time
+    retrieval, computed for ``k_max`` neighbours, for the next run (e.g. a k sweep)."""
     cfg = cfg or RecoTrainConfig()
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
@@ -185,7 +198,7 @@ def train_reco(memory: Memory, out: str | Path, cfg: RecoTrainConfig | None = No
         model.save(out)
         return model, None
     pairs = pairs or PairEmbeddings.from_memory(memory)
-    batches = RecoBatches(memory, pairs, model.spec, cfg.batch_size, cfg.seed)
+    batches = RecoBatches(memory, pairs, model.spec, cfg.batch_size, cfg.seed, neighbour_cache, k_max)
     loop = LoopConfig(steps=cfg.steps, lr=cfg.lr, warmup=cfg.warmup, weight_decay=cfg.weight_decay, seed=cfg.seed,
                       threads=cfg.threads, eval_every=cfg.eval_every, log_every=min(50, cfg.steps),
                       checkpoint_every=max(cfg.steps // 4, 50), early_stop=early_stop if evaluate else "",
