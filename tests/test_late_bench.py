@@ -7,15 +7,7 @@ import json
 
 import numpy as np
 import pytest
-from typer.testing import CliRunner
-
-from nobackfill.cli import app
-
-runner = CliRunner()
-
-
-def invoke(*args):
-    return runner.invoke(app, [str(a) for a in args])
+from _late_helpers import invoke, tiny_model, tiny_tokenizer, tiny_world
 
 
 def test_hard_negative_twins_swap_one_binding() -> None:
@@ -67,20 +59,11 @@ def test_memory_worker_measures_a_rise() -> None:
 
 @pytest.fixture(scope="module")
 def toy(tmp_path_factory):
-    from nobackfill.data.world import WorldSpec, world_corpus
-    from nobackfill.encoders import create_model, get_preset
-    from nobackfill.encoders.tokenizer import train_bpe_tokenizer
-
-    from conftest import tiny_preset
-
     root = tmp_path_factory.mktemp("late_bench")
-    r = invoke("world", "--out", root / "world", "--n-train", 0, "--n-val", 20, "--n-test", 16, "--langs", "en",
-               "--captions-per-image", 1, "--workers", 1)
-    assert r.exit_code == 0, r.output
-    (root / "student.toml").write_text(tiny_preset(dim=16))
-    (root / "teacher.toml").write_text(tiny_preset(dim=24))
-    tok = train_bpe_tokenizer(world_corpus(WorldSpec(), 500), 300, 40)
-    create_model(get_preset(root / "teacher.toml"), tok, seed=1).save(root / "models" / "world-new")
+    tiny_world(root, n_val=20, n_test=16)
+    tok = tiny_tokenizer()
+    tiny_model(root, "student", 16, tok)
+    tiny_model(root, "teacher", 24, tok, seed=1).save(root / "models" / "world-new")
     (root / "toy.toml").write_text(f"""
 preset = "{root / 'student.toml'}"
 steps = 2
@@ -92,7 +75,7 @@ test_hard_pairs = 5
 routing_pairs = 6
 rerank_k = 4
 weights = [0.5, inf]
-memory_batches = [4, 8]
+memory_batches = [4]
 memory_shape = [4, 5, 8]
 memory_repeats = 1
 memory_chunk = 2
@@ -113,7 +96,7 @@ def test_bench_late_cli_toy(toy) -> None:
     assert res["hard_negatives"]["global"]["t2i"]["n_queries"] == 10
     assert {"student_no_kd", "global_kd", "target_cmli", "target_cmli_empty", "teacher_world_new"} <= set(res["kd"])
     assert 0.0 <= res["kd"]["empty_routing"]["share"] <= 1.0
-    assert [m["batch"] for m in res["memory"]] == [4, 8]
+    assert [m["batch"] for m in res["memory"]] == [4]
     assert all(set(m) >= {"batch", "naive_mb", "stream_mb", "naive_s", "stream_s"} for m in res["memory"])
     assert set(res["weights"]) == {"global", "cmli", "world_new"}
     assert out.with_suffix(".md").read_text().startswith("# bench late")

@@ -12,6 +12,8 @@ import torch
 from nobackfill.late.distill import KDConfig, empty_target_loss, route_tokens
 from nobackfill.late.train import CMLIConfig, cmli_info_nce
 
+from _late_helpers import tiny_model, tiny_tokenizer
+
 
 def test_route_tokens_hand_computed_with_empty_target() -> None:
     # student tokens: w1 = (1, 0), w2 = (0, 1), w3 masked; teacher patches p1 = (1, 0), p2 = (0.6, 0.8)
@@ -66,17 +68,10 @@ def test_configs_reject_bad_values() -> None:
 
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
-    from nobackfill.data.world import WorldSpec, world_corpus
-    from nobackfill.encoders import create_model, get_preset
-    from nobackfill.encoders.tokenizer import train_bpe_tokenizer
-
-    from conftest import tiny_preset
-
     root = tmp_path_factory.mktemp("late_kd")
-    (root / "student.toml").write_text(tiny_preset(dim=16))
-    (root / "teacher.toml").write_text(tiny_preset(dim=24))
-    tok = train_bpe_tokenizer(world_corpus(WorldSpec(), 500), 300, 40)
-    teacher = create_model(get_preset(root / "teacher.toml"), tok, seed=1)
+    tok = tiny_tokenizer()
+    tiny_model(root, "student", 16, tok)
+    teacher = tiny_model(root, "teacher", 24, tok, seed=1)
     return root, tok, teacher
 
 

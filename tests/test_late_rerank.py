@@ -7,19 +7,10 @@ import json
 import numpy as np
 import pytest
 import torch
-from typer.testing import CliRunner
-
-from nobackfill.cli import app
+from _late_helpers import invoke, tiny_model, tiny_tokenizer, tiny_world
 from nobackfill.index import Gallery, SpaceMismatchError
 from nobackfill.index.tokens import NoTokensError, TokenStore, write_tokens
 from nobackfill.index.store import CorruptGalleryError
-
-runner = CliRunner()
-
-
-def invoke(*args):
-    return runner.invoke(app, [str(a) for a in args])
-
 
 # ----------------------------------------------------------------------------- token store
 @pytest.fixture()
@@ -67,19 +58,9 @@ def test_token_store_refuses_other_space_and_detects_corruption(gallery):
 # ----------------------------------------------------------------------------- CLI
 @pytest.fixture(scope="module")
 def setup(tmp_path_factory):
-    from nobackfill.data.world import world_corpus, WorldSpec
-    from nobackfill.encoders import create_model, get_preset
-    from nobackfill.encoders.tokenizer import train_bpe_tokenizer
-
-    from conftest import tiny_preset
-
     root = tmp_path_factory.mktemp("late_rerank")
-    r = invoke("world", "--out", root / "world", "--n-train", 0, "--n-val", 0, "--n-test", 24, "--langs", "en",
-               "--captions-per-image", 1, "--workers", 1)
-    assert r.exit_code == 0, r.output
-    (root / "tiny.toml").write_text(tiny_preset(dim=16))
-    tok = train_bpe_tokenizer(world_corpus(WorldSpec(), 500), 300, 40)
-    enc = create_model(get_preset(root / "tiny.toml"), tok, seed=0)
+    tiny_world(root, n_val=0, n_test=24)
+    enc = tiny_model(root, "tiny", 16, tiny_tokenizer())
     enc.save(root / "model")
     r = invoke("index", "--model", root / "model", "--data", root / "world", "--out", root / "g", "--tokens", "float16")
     assert r.exit_code == 0, r.output

@@ -75,3 +75,16 @@ def write_html(path: str | Path, title: str, sections: Sequence[tuple[str, str]]
     tmp.write_text(page)
     os.replace(tmp, path)
     return path
+
+
+def write_json_and_markdown(result: dict, json_path: str | Path, markdown: str) -> str:
+    """Write ``result`` as JSON (atomically) and ``markdown`` beside it (``.md``); returns the markdown."""
+    import json
+
+    p = Path(json_path)
+    p.parent.mkdir(parents=True, exist_ok=True)
+    tmp = p.with_name(p.name + ".tmp")
+    tmp.write_text(json.dumps(result, indent=2, default=float))
+    os.replace(tmp, p)
+    p.with_suffix(".md").write_text(markdown)
+    return markdown

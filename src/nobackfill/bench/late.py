@@ -31,7 +31,7 @@ import os
 import subprocess
 import sys
 import time
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Callable, Sequence
 
@@ -464,14 +464,9 @@ def format_markdown(result: dict) -> str:
 
 def write_outputs(result: dict, json_path: str | Path) -> str:
     """Write the JSON and the markdown table beside it (``.md``); returns the markdown."""
-    md = format_markdown(result)
-    p = Path(json_path)
-    p.parent.mkdir(parents=True, exist_ok=True)
-    tmp = p.with_name(p.name + ".tmp")
-    tmp.write_text(json.dumps(result, indent=2, default=float))
-    tmp.replace(p)
-    p.with_suffix(".md").write_text(md)
-    return md
+    from ..report import write_json_and_markdown
+
+    return write_json_and_markdown(result, json_path, format_markdown(result))
 
 
 __all__ = ["LateBenchConfig", "run_late_bench", "measure_memory", "memory_worker", "score_set", "evaluate_model",
