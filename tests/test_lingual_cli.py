@@ -126,5 +126,7 @@ def test_bench_lingual_world_on_tiny_world(world, tmp_path):
         assert len(m["t2i"]["matrix"]) == 1 and len(m["english_t2i"]) == 2
     assert "t2i AR" in format_markdown(res)
     assert method_config("der_teir_oracle", CLLConfig()).oracle_vocab
+    grad, upd = method_config("cll_clip_teir_grad", CLLConfig()), method_config("cll_clip_teir_update", CLLConfig())
+    assert (grad.teir_scale, upd.teir_scale) == ("grad", "update") and grad.label != upd.label
     with pytest.raises(ValueError):
         method_config("bogus_teir", CLLConfig())

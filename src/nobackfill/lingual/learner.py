@@ -76,7 +76,8 @@ class CLLConfig:
 
     @property
     def label(self) -> str:
-        return f"{self.method}{'_teir' if self.teir else ''}{'_oracle' if self.oracle_vocab else ''}"
+        teir = f"_teir_{self.teir_scale}" if self.teir else ""
+        return f"{self.method}{teir}{'_oracle' if self.oracle_vocab else ''}"
 
     def loop(self) -> LoopConfig:
         return LoopConfig(steps=self.steps, lr=self.lr, warmup=max(1, int(self.warmup_frac * self.steps)),
