@@ -142,6 +142,18 @@ def test_training_batches_exclude_own_pair(memory):
     assert len(set(img.tolist())) == 8 and (pairs.text_image[cap] == img).all()
 
 
+def test_pairs_from_another_folder_find_their_memory_rows(memory, world):
+    train = load_eval_data(world, "train")
+    rows = memory.image_rows_by_hash(train.image_paths()[:12])
+    ids = memory.gallery.ids("image")
+    for i, r in enumerate(rows):
+        if train.images[i] in ids:
+            assert r == ids.index(train.images[i])
+        else:  # removed from the memory (test item / near-duplicate)
+            assert r == -1
+    assert (rows[[0, 5, 9]] == -1).all()
+
+
 # ----------------------------------------------------------------------------- training and files
 def test_train_reco_roundtrip_and_frozen_inputs(memory, tmp_path):
     V0, T0 = memory.vectors("image").copy(), memory.vectors("text").copy()

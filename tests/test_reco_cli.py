@@ -64,6 +64,15 @@ def test_reco_dir_and_search(setup):
     assert json.loads(r.stdout)["modality"] == "text"
 
 
+def test_train_on_other_pairs(setup, tmp_path):
+    r = invoke("reco", "train", "--memory", setup["mem"], "--out", tmp_path / "r2", "--k", 2, "--steps", 2,
+               "--batch-size", 8, "--pairs", setup["world"], "--model", setup["model"])
+    assert (tmp_path / "r2" / "reco.json").is_file() and "2 steps" in r.output.replace("\n", " ")
+    r = runner.invoke(app, ["reco", "train", "--memory", str(setup["mem"]), "--out", str(tmp_path / "r3"),
+                            "--pairs", str(setup["world"])])
+    assert r.exit_code == 2 and "--model" in r.output
+
+
 def test_eval_retrieval_with_reco(setup, tmp_path):
     out = tmp_path / "e.json"
     invoke("eval", "retrieval", "--query-model", setup["model"], "--gallery-model", setup["model"],

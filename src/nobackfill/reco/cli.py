@@ -74,7 +74,10 @@ def train_cmd(
     lr: float = typer.Option(1e-3, help="Learning rate (paper: 1e-3)."),
     val: Optional[Path] = typer.Option(None, help="Validation pairs (data folder or world root, val split): "
                                                   "early stopping on mean R@1 with refined queries."),
-    model: Optional[Path] = typer.Option(None, help="The memory's encoder (needed with --val)."),
+    model: Optional[Path] = typer.Option(None, help="The memory's encoder (needed with --val / --pairs)."),
+    pairs: Optional[Path] = typer.Option(None, help="Train on these pairs (data folder or world root, train split) "
+                                                    "instead of the memory's own; a pair whose image is in the "
+                                                    "memory is excluded from its own neighbours."),
     seed: int = typer.Option(0, help="Seed."),
     threads: int = typer.Option(1, help="torch threads."),
 ) -> None:
@@ -88,20 +91,28 @@ def train_cmd(
                               batch_size=batch_size, lr=lr, seed=seed, threads=threads,
                               eval_every=max(1, min(250, steps)))
         mem = Memory.open(memory)
-        evaluate = None
-        if val is not None:
+        evaluate, pair_emb = None, None
+        if val is not None or pairs is not None:
             if model is None:
-                raise ValueError("--val needs --model (the memory's encoder) to embed the validation pairs")
+                raise ValueError("--val and --pairs need --model (the memory's encoder) to embed them")
             from ..encoders import load_encoder
             from ..evaluate import embed_dataset, load_eval_data
 
             enc = load_encoder(model)
             if enc.space_id != mem.space_id:
                 raise ValueError(f"{model} is in space {enc.space_id}, the memory {memory} in {mem.space_id}")
+        if pairs is not None:
+            from .train import PairEmbeddings
+
+            pds = load_eval_data(pairs, "train", langs=mem.info.get("langs"))
+            pe = embed_dataset(enc, pds, progress=True)
+            pair_emb = PairEmbeddings(pe.images, pe.texts, pds.caption_image,
+                                      mem.image_rows_by_hash(pds.image_paths()))
+        if val is not None:
             vds = load_eval_data(val, "val")
             ve = embed_dataset(enc, vds)
             evaluate = retrieval_evaluator(mem, ve.images, ve.texts, vds.caption_image)
-        rm, res = train_reco(mem, out, cfg, evaluate=evaluate, early_stop="score" if evaluate else "",
+        rm, res = train_reco(mem, out, cfg, pairs=pair_emb, evaluate=evaluate, early_stop="score" if evaluate else "",
                              memory_ref=memory, progress=True,
                              recipe={"command": " ".join(["nobackfill reco train", f"--memory {memory}", f"--out {out}",
                                                           f"--k {k} --search {search} --fuse {fuse}",
