@@ -139,3 +139,16 @@ def test_run_method_summary(tmp_path):
                    options={"regime": "continual"})
     assert r["method"] == "psp" and r["regime"] == "continual" and r["strict"] is True
     assert set(r) >= {"AC", "AA", "ACA", "C", "criterion", "flips", "test_accuracy"}
+
+
+def test_psp_lsp_train_exactly_like_the_baseline(tmp_path):
+    """The bench reuses the baseline's models for PSP / LSP (``trains_like``): the training is the same."""
+    from nobackfill.compat.learning import method_class
+
+    data = synthetic()
+    base = train_sequence(create_method("baseline", model=SMALL), data, FAST, tmp_path / "b")
+    for name in ("psp", "lsp"):
+        assert method_class(name).trains_like == "baseline"
+        own = train_sequence(create_method(name, model=SMALL), data, FAST, tmp_path / name)
+        for a, b in zip(base, own):
+            assert all(torch.equal(x, y) for x, y in zip(a.state_dict().values(), b.state_dict().values()))

@@ -71,9 +71,13 @@ def run_compat_steps(cfg: CompatStepsConfig, json_out: str | Path, work_dir: str
                     "nfr": {}}
     for T in cfg.steps:
         seq = L.SequenceConfig(**{**asdict(cfg.sequence), "steps": T})
-        rows, flips = {}, {}
+        rows, flips, trained = {}, {}, {}
         for name in cfg.methods:
-            r = L.run_method(name, data, seq, Path(work_dir) / f"T{T}" / name, options=cfg.options.get(name))
+            like = L.method_class(name).trains_like
+            shared = trained.get(like) if like and not cfg.options.get(name) and not cfg.options.get(like) else None
+            r = L.run_method(name, data, seq, Path(work_dir) / f"T{T}" / name, options=cfg.options.get(name),
+                             models=shared, keep_models=True)
+            trained[name] = r.pop("models")
             rows[name] = {k: r[k] for k in ("AC", "AA", "ACA", "C", "criterion", "test_accuracy", "regime",
                                             "init_from_previous", "seconds")}
             flips[name] = r["flips"]

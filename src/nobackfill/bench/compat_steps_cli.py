@@ -62,7 +62,7 @@ def train_cmd(
     train_steps: int = typer.Option(600, help="Optimiser steps per model."),
     option: Optional[List[str]] = typer.Option(None, "--option", help="Method option key=value (repeatable), "
                                                                        "e.g. influence_weight=0.5, regime=continual."),
-    backbone: str = typer.Option("models/world-new", help="Frozen feature backbone: a world model dir or 'pixels'."),
+    backbone: str = typer.Option("randconv+models/world-new", help="Frozen feature extractors joined by +: world model dirs, randconv, pixels."),
     split: str = typer.Option("test", help="Evaluation split: test (report) or val (tuning)."),
     n_render_train: Optional[int] = typer.Option(None, help="Rendered training items (about 1/3 single-object)."),
     n_render_eval: Optional[int] = typer.Option(None, help="Rendered evaluation items."),
@@ -109,7 +109,7 @@ def bench_compat_steps(
                                   help="JSON output (.md and .html with C heatmaps beside it)."),
     methods: str = typer.Option("", help="Comma-separated subset of methods (default: all)."),
     train_steps: Optional[int] = typer.Option(None, help="Override optimiser steps per model."),
-    backbone: str = typer.Option("models/world-new", help="Frozen feature backbone: a world model dir or 'pixels'."),
+    backbone: str = typer.Option("randconv+models/world-new", help="Frozen feature extractors joined by +: world model dirs, randconv, pixels."),
     split: str = typer.Option("test", help="Evaluation split: test (report) or val (tuning)."),
     n_render_train: Optional[int] = typer.Option(None, help="Rendered training items."),
     n_render_eval: Optional[int] = typer.Option(None, help="Rendered evaluation items."),

@@ -63,6 +63,8 @@ class AdvBCTConfig(MethodConfig):
 
 @register
 class AdvBCT(CompatMethod):
+    """AdvBCT: classification + point-to-set boundary loss + adversarial (gradient-reversed) discriminator."""
+
     name = "advbct"
     Config = AdvBCTConfig
 

@@ -158,6 +158,9 @@ class CompatMethod(Method):
     fixed_simplex = False
     #: the method is about negative flips (its NFR is tabulated against the baseline)
     reduces_flips = False
+    #: the registered name of a method whose training this one repeats exactly (same loss, data,
+    #: initialisation and seeds), so a benchmark may reuse its models; "" = none
+    trains_like = ""
     #: extra_loss needs a previous model (False: it also runs at the first step, e.g. ELODI)
     needs_old = True
 

@@ -4,13 +4,26 @@
   class label (``"<colour> <shape>"``, 64 classes) is the only object in the picture. Items are
   rendered by index from the world's ``train`` / ``val`` / ``test`` streams (indices may go past the
   split files' sizes; every item is a pure function of ``(seed, split, index)``).
-* **Frozen features.** Each image is embedded once by a frozen backbone: a shipped world CLIP model
-  (default ``models/world-new``: its image embedding) or, backbone ``"pixels"``, 8x8 average-pooled
-  pixels (no model; used by the tests). Features are standardised with the training statistics and
-  cached under ``cache_dir``.
+* **Frozen features.** Each image is embedded once by frozen backbones whose features are
+  concatenated (``backbone="randconv+models/world-new"``, the default): a shipped world CLIP model's
+  image embedding, :func:`random_conv_features` (a seeded random CNN), or ``"pixels"`` (8x8
+  average-pooled pixels; no model, used by the tests). An MLP probe on val (64 classes; random conv
+  at full 64x64 resolution there, 2x down-sampled here for speed) gave world-new alone 43% top-1
+  classification, random conv 51%, both 59% - the concatenation leaves
+  the most for the embedding models to learn. Features are standardised with the training
+  statistics; pixels and features are cached under ``cache_dir``.
 * **Classes.** A seeded permutation of the 64 world classes: the first ``n_train_classes`` are the
-  training pool, in order of arrival; the rest never appear in training and form the **open-set**
-  evaluation (gallery and query from held-out images of those classes, matched by class).
+  training pool, in order of arrival; the rest never appear in training.
+* **Retrieval protocol (open set).** Gallery and query are held-out images (the eval split), matched
+  by class, split per class into alternate gallery / query items. ``eval_classes="all"`` (default)
+  uses every world class: the gallery holds classes no model was trained on (the 16 outside the
+  pool) and, for every model but the last, pool classes it has not seen yet - each model is tested
+  on an open set relative to its own training. ``eval_classes="unseen"`` keeps only the classes
+  outside the pool (the strict open set of CoReS' CIFAR-100 -> CIFAR-10 protocol). Why "all" is the
+  default: on this data a model trained on more world classes is *not* better on the 16 never-seen
+  classes (measured on val: 6 / 24 / 48 training classes give 0.67 / 0.76 / 0.72 top-1), so the
+  strict open set offers no improvement to be compatible with; the benchmark reports the strict
+  open-set matrix alongside (``open_set`` in the results).
 * **Steps.** Step 1 sees the first ``first_fraction`` of the training classes; the rest are split
   evenly over steps 2..T. ``cumulative``: step t trains on every image of the classes seen so far
   (``T_t = T_k U Delta T``); ``continual``: only the new classes' images plus a small replay memory.
@@ -36,12 +49,14 @@ N_WORLD_CLASSES = len(SHAPES) * len(COLOURS)
 class DataConfig:
     """Where the images come from and how classes are split (see the module docstring)."""
 
-    backbone: str = "models/world-new"  # a world CLIP model directory, or "pixels"
+    #: "+"-joined frozen feature extractors: world CLIP model directories, "randconv", "pixels"
+    backbone: str = "randconv+models/world-new"
     world_seed: int = 0
     n_render_train: int = 24000  # rendered train-stream items (about 1/3 are single-object)
     n_render_eval: int = 12000  # rendered eval-split items
     eval_split: str = "test"  # "val" for tuning, "test" for the report
-    n_train_classes: int = 48  # training pool; the other 64 - 48 classes are the open set
+    n_train_classes: int = 48  # training pool; the other 64 - 48 classes are never trained on
+    eval_classes: str = "all"  # "all" world classes, or "unseen" (outside the pool) only
     first_fraction: float = 0.5  # share of the training pool seen at step 1
     class_seed: int = 0
     cache_dir: str = "runs/compat_steps/cache"
@@ -51,6 +66,8 @@ class DataConfig:
             raise ValueError(f"n_train_classes must be in [2, {N_WORLD_CLASSES - 1}], got {self.n_train_classes}")
         if not 0 < self.first_fraction < 1:
             raise ValueError(f"first_fraction must be in (0, 1), got {self.first_fraction}")
+        if self.eval_classes not in ("all", "unseen"):
+            raise ValueError(f"eval_classes must be 'all' or 'unseen', got {self.eval_classes!r}")
         if self.eval_split not in ("val", "test"):
             raise ValueError(f"eval_split must be 'val' or 'test', got {self.eval_split!r}")
 
@@ -63,7 +80,7 @@ class ClassData:
     train_y: np.ndarray
     test_x: np.ndarray  # closed-set held-out images of the training pool (classification, NFR)
     test_y: np.ndarray
-    gallery_x: np.ndarray  # open-set classes
+    gallery_x: np.ndarray  # retrieval gallery (held-out images; see DataConfig.eval_classes)
     gallery_y: np.ndarray
     query_x: np.ndarray
     query_y: np.ndarray
@@ -102,34 +119,87 @@ def _render(seed: int, split: str, n: int, progress: bool) -> tuple[np.ndarray, 
     return np.stack(pixels), np.asarray(labels, np.int64)
 
 
+def random_conv_features(pixels: np.ndarray, seed: int = 0, batch: int = 256) -> np.ndarray:
+    """A frozen, randomly initialised 3-layer CNN (seeded) on 2x down-sampled images: max- and
+    mean-pooled channels of the last layer (256-d). Random convolutional features keep colour and
+    local shape that the world CLIP embedding (trained on whole-scene captions) partly discards."""
+    from torch import nn
+
+    gen = torch.Generator().manual_seed(seed)
+    convs = [nn.Conv2d(3, 32, 5, padding=2), nn.Conv2d(32, 64, 3, padding=1), nn.Conv2d(64, 128, 3, padding=1)]
+    with torch.no_grad():
+        for c in convs:
+            bound = 1.0 / np.sqrt(c.in_channels * c.kernel_size[0] * c.kernel_size[1])
+            c.weight.copy_(torch.rand(c.weight.shape, generator=gen) * 2 * bound - bound)
+            c.bias.zero_()
+    net = nn.Sequential(nn.AvgPool2d(2), convs[0], nn.ReLU(), nn.MaxPool2d(2), convs[1], nn.ReLU(), nn.MaxPool2d(2),
+                        convs[2], nn.ReLU()).eval()
+    out = []
+    with torch.no_grad():
+        for i in range(0, len(pixels), batch):
+            x = torch.from_numpy(pixels[i:i + batch]).permute(0, 3, 1, 2).float() / 255.0 - 0.5
+            h = net(x)
+            out.append(torch.cat([h.amax((2, 3)), h.mean((2, 3))], 1).numpy())
+    return np.concatenate(out)
+
+
 def _features(backbone: str, pixels: np.ndarray) -> np.ndarray:
     if backbone == "pixels":
         n = len(pixels)
         return pixels.astype(np.float32).reshape(n, 8, 8, 8, 8, 3).mean((2, 4)).reshape(n, -1) / 255.0
+    if backbone == "randconv":
+        return random_conv_features(pixels)
     from ...encoders import load_encoder
 
     enc = load_encoder(backbone)
     return np.concatenate([enc.encode_images(list(pixels[i:i + 512])) for i in range(0, len(pixels), 512)])
 
 
-def _cached_split(cfg: DataConfig, split: str, n: int, progress: bool) -> tuple[np.ndarray, np.ndarray]:
-    key = json.dumps({"backbone": cfg.backbone, "seed": cfg.world_seed, "split": split, "n": n, "v": 1})
-    if cfg.backbone != "pixels":
-        weights = Path(cfg.backbone) / "model.safetensors"
-        if not weights.is_file():
-            raise FileNotFoundError(f"backbone {cfg.backbone}: no model.safetensors (use a world model or 'pixels')")
-        key += str(weights.stat().st_size) + str(int(weights.stat().st_mtime))
-    path = Path(cfg.cache_dir) / f"{split}_{hashlib.sha1(key.encode()).hexdigest()[:12]}.npz"
-    if path.is_file():
-        z = np.load(path)
-        return z["x"], z["y"]
-    pixels, labels = _render(cfg.world_seed, split, n, progress)
-    feats = _features(cfg.backbone, pixels).astype(np.float32)
+def _atomic_savez(path: Path, **arrays: np.ndarray) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.stem + ".tmp.npz")
-    np.savez(tmp, x=feats, y=labels)
+    np.savez(tmp, **arrays)
     tmp.replace(path)
-    return feats, labels
+
+
+def _cached_split(cfg: DataConfig, split: str, n: int, progress: bool) -> tuple[np.ndarray, np.ndarray]:
+    """Features of the single-object items of ``split`` (``n`` rendered); each ``+``-joined backbone
+    part is cached on its own, and so are the rendered pixels."""
+    cache = Path(cfg.cache_dir)
+    pixels: list = []
+
+    def rendered() -> tuple[np.ndarray, np.ndarray]:
+        if not pixels:
+            path = cache / f"pixels_{split}_{cfg.world_seed}_{n}.npz"
+            if path.is_file():
+                z = np.load(path)
+                pixels.append((z["pixels"], z["y"]))
+            else:
+                px, y = _render(cfg.world_seed, split, n, progress)
+                _atomic_savez(path, pixels=px, y=y)
+                pixels.append((px, y))
+        return pixels[0]
+
+    parts, labels = [], None
+    for part in cfg.backbone.split("+"):
+        key = json.dumps({"backbone": part, "seed": cfg.world_seed, "split": split, "n": n, "v": 1})
+        if part not in ("pixels", "randconv"):
+            weights = Path(part) / "model.safetensors"
+            if not weights.is_file():
+                raise FileNotFoundError(f"backbone {part}: no model.safetensors (use a world model, 'randconv' "
+                                        "or 'pixels')")
+            key += str(weights.stat().st_size) + str(int(weights.stat().st_mtime))
+        path = cache / f"{split}_{hashlib.sha1(key.encode()).hexdigest()[:12]}.npz"
+        if path.is_file():
+            z = np.load(path)
+            feats, y = z["x"], z["y"]
+        else:
+            px, y = rendered()
+            feats = _features(part, px).astype(np.float32)
+            _atomic_savez(path, x=feats, y=y)
+        parts.append(feats)
+        labels = y
+    return np.concatenate(parts, 1), labels
 
 
 def load_class_data(cfg: DataConfig, progress: bool = True) -> ClassData:
@@ -144,8 +214,9 @@ def load_class_data(cfg: DataConfig, progress: bool = True) -> ClassData:
     mean, std = tx[pool].mean(0), tx[pool].std(0) + 1e-6
     norm = lambda a: ((a - mean) / std).astype(np.float32)
     closed = ey < cfg.n_train_classes
-    open_x, open_y = ex[~closed], ey[~closed]
-    # per open-set class: alternate items go to the gallery and to the queries
+    retrieval = ~closed if cfg.eval_classes == "unseen" else np.ones(len(ey), bool)
+    open_x, open_y = ex[retrieval], ey[retrieval]
+    # per class: alternate items go to the gallery and to the queries
     rank = np.zeros(len(open_y), np.int64)
     for c in np.unique(open_y):
         idx = np.flatnonzero(open_y == c)

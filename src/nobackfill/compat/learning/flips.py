@@ -86,6 +86,8 @@ class FocalConfig(MethodConfig):
 
 @register
 class FocalDistillationKL(_OldLogits):
+    """FD-KL: CE + focal-weighted tau-scaled KL to the old model's softmax on the old classes."""
+
     name = "fd-kl"
     Config = FocalConfig
     reduces_flips = True
@@ -98,6 +100,8 @@ class FocalDistillationKL(_OldLogits):
 
 @register
 class FocalDistillationLM(_OldLogits):
+    """FD-LM: CE + focal-weighted squared L2 distance to the old model's logits on the old classes."""
+
     name = "fd-lm"
     Config = FocalConfig
     reduces_flips = True
@@ -118,6 +122,8 @@ class ELODIConfig(MethodConfig):
 
 @register
 class ELODI(_OldLogits):
+    """ELODI: CE + logit difference inhibition towards an ensemble of independent references."""
+
     name = "elodi"
     Config = ELODIConfig
     reduces_flips = True
@@ -142,6 +148,8 @@ class MuscleConfig(MethodConfig):
 
 @register
 class MUSCLE(_OldLogits):
+    """MUSCLE: CE + KL to the old model where the new reference errs, to the reference elsewhere."""
+
     name = "muscle"
     Config = MuscleConfig
     reduces_flips = True

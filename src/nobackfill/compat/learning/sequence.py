@@ -137,8 +137,17 @@ def evaluate_sequence(method: CompatMethod, models: list[StepModel], data: Class
         return search_accuracy(to_numpy(method.query_features(models, t, k, q)), gallery[k], data.query_y,
                                data.gallery_y)
 
+    names = [f"phi{t + 1}" for t in range(len(models))]
     c = _matrix(score, len(models))
-    summary = compatibility_summary(c, strict=strict, names=[f"phi{t + 1}" for t in range(len(models))])
+    summary = compatibility_summary(c, strict=strict, names=names)
+    unseen_q, unseen_g = data.query_y >= data.n_train_classes, data.gallery_y >= data.n_train_classes
+    if unseen_q.any() and unseen_g.any() and not (unseen_q.all() and unseen_g.all()):
+        def score_unseen(t: int, k: int) -> float:
+            qf = to_numpy(method.query_features(models, t, k, q[torch.from_numpy(unseen_q)]))
+            return search_accuracy(qf, gallery[k][unseen_g], data.query_y[unseen_q], data.gallery_y[unseen_g])
+
+        sub = compatibility_summary(_matrix(score_unseen, len(models)), strict=strict, names=names)
+        summary["open_set"] = {k: sub[k] for k in ("C", "AC", "AA", "ACA")}
     criterion, cls_flips, ret_flips = [], [], []
     test_x = torch.from_numpy(data.test_x)
     preds = [method.predict(m, test_x).numpy() for m in models]
@@ -169,12 +178,18 @@ def _matrix(score: Callable[[int, int], float], n: int) -> np.ndarray:
 
 
 def run_method(name: str, data: ClassData, cfg: SequenceConfig, out: str | Path, options: dict | None = None,
-               log: Callable[[str], None] | None = None) -> dict:
-    """Train ``name`` over ``cfg.steps`` models and evaluate it; returns the summary (+ seconds)."""
+               log: Callable[[str], None] | None = None, models: list[StepModel] | None = None,
+               keep_models: bool = False) -> dict:
+    """Train ``name`` over ``cfg.steps`` models and evaluate it; returns the summary (+ seconds).
+    ``models``: evaluate these instead of training (a method that trains exactly like another, e.g.
+    PSP / LSP like the baseline, reuses its models). ``keep_models``: add them under ``"models"``."""
     method = create_method(name, **(options or {}))
     t0 = time.time()
-    models = train_sequence(method, data, cfg, out, log=log)
+    if models is None:
+        models = train_sequence(method, data, cfg, out, log=log)
     result = evaluate_sequence(method, models, data, strict=cfg.strict)
     result.update(method=name, regime=method.regime, init_from_previous=method.init_from_previous,
                   seconds=round(time.time() - t0, 2), steps=cfg.steps)
+    if keep_models:
+        result["models"] = models
     return result

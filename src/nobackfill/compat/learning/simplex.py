@@ -43,6 +43,8 @@ def feature_distillation(new_feats: torch.Tensor, old_feats: torch.Tensor, mask:
 
 @register
 class CoReS(CompatMethod):
+    """CoReS: cross-entropy on the fixed d-Simplex with pre-allocated classes, fine-tuned per step."""
+
     name = "cores"
     fixed_simplex = True
     init_from_previous = True
@@ -56,6 +58,8 @@ class HOCConfig(MethodConfig):
 
 @register
 class DSimplexHOC(CompatMethod):
+    """d-Simplex-HOC: lambda L_SCE + (1 - lambda) L_iNCE(phi_t, phi_{t-1}), continual with replay."""
+
     name = "dsimplex-hoc"
     Config = HOCConfig
     fixed_simplex = True
@@ -81,6 +85,8 @@ class CL2RConfig(MethodConfig):
 
 @register
 class CL2R(CompatMethod):
+    """CL2R (d-Simplex-FD): d-Simplex CE + feature distillation on replayed samples, continual."""
+
     name = "cl2r"
     Config = CL2RConfig
     fixed_simplex = True

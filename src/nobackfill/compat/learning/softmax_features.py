@@ -32,7 +32,10 @@ def logit_simplex_features(logits: torch.Tensor, n_seen: int, n_total: int) -> t
 
 @register
 class PSP(CompatMethod):
+    """PSP: independent training; index centred softmax outputs (zero-padded to the pool)."""
+
     name = "psp"
+    trains_like = "baseline"
 
     def retrieval_features(self, model: StepModel, x: torch.Tensor) -> torch.Tensor:
         return softmax_simplex_features(model.logits(model(x)), model.n_seen, self.model_cfg.n_classes)
@@ -40,7 +43,10 @@ class PSP(CompatMethod):
 
 @register
 class LSP(CompatMethod):
+    """LSP: independent training; index centred logits (zero-padded to the pool)."""
+
     name = "lsp"
+    trains_like = "baseline"
 
     def retrieval_features(self, model: StepModel, x: torch.Tensor) -> torch.Tensor:
         return logit_simplex_features(model.logits(model(x)), model.n_seen, self.model_cfg.n_classes)

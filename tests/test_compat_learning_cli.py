@@ -1,0 +1,52 @@
+"""`nobackfill compat train` and `nobackfill bench compat-steps` on a tiny rendered world (pixels
+backbone: no model needed)."""
+
+from __future__ import annotations
+
+import json
+
+from typer.testing import CliRunner
+
+from nobackfill.cli import app
+
+TINY = ["--backbone", "pixels", "--n-render-train", "900", "--n-render-eval", "600", "--n-train-classes", "8",
+        "--split", "val"]
+
+
+def test_compat_train_cli(tmp_path):
+    out = tmp_path / "bct"
+    r = CliRunner().invoke(app, ["compat", "train", "--method", "bct", "--steps", "2", "--train-steps", "3",
+                                 "--out", str(out), "--cache-dir", str(tmp_path / "cache"),
+                                 "--option", "influence_weight=2", *TINY])
+    assert r.exit_code == 0, r.output
+    assert "AC" in r.output and "phi2" in r.output
+    res = json.loads((out / "result.json").read_text())
+    assert res["method"] == "bct" and len(res["C"]) == 2
+    assert (out / "step2" / "step_model.json").is_file()
+    assert list((tmp_path / "cache").glob("*.npz"))  # features cached
+
+
+def test_compat_train_cli_errors(tmp_path):
+    bad = CliRunner().invoke(app, ["compat", "train", "--method", "nope", "--cache-dir", str(tmp_path), *TINY])
+    assert bad.exit_code == 2 and "unknown compatibility-learning method" in bad.output
+    bad = CliRunner().invoke(app, ["compat", "train", "--method", "bct", "--option", "oops", "--cache-dir",
+                                   str(tmp_path), *TINY])
+    assert bad.exit_code == 2 and "key=value" in bad.output
+    r = CliRunner().invoke(app, ["compat", "methods"])
+    assert r.exit_code == 0 and "dsimplex-hoc" in r.output
+
+
+def test_bench_compat_steps_cli(tmp_path):
+    out = tmp_path / "bench.json"
+    r = CliRunner().invoke(app, ["bench", "compat-steps", "--steps", "2,3", "--quick", "--train-steps", "2",
+                                 "--methods", "baseline,bct,fd-kl", "--json", str(out), "--work-dir",
+                                 str(tmp_path / "work"), "--cache-dir", str(tmp_path / "cache"), *TINY])
+    assert r.exit_code == 0, r.output
+    res = json.loads(out.read_text())
+    assert set(res["T2"]) == {"baseline", "bct", "fd-kl"} and set(res["T3"]["bct"]) >= {"AC", "AA", "ACA", "C"}
+    assert set(res["nfr"]) == {"T2", "T3"} and "classification" in res["nfr"]["T2"]["fd-kl"]
+    assert "baseline_AC_T2_is_0" in res["done_when"]
+    assert res["config"]["sequence"]["train_steps"] == 2
+    html = out.with_suffix(".html").read_text()
+    assert "data:image/png;base64" in html and "AC / AA / ACA" in html
+    assert "T=2 AC" in out.with_suffix(".md").read_text()
