@@ -98,7 +98,10 @@ def test_bench_late_cli_toy(toy) -> None:
     assert 0.0 <= res["kd"]["empty_routing"]["share"] <= 1.0
     assert [m["batch"] for m in res["memory"]] == [4]
     assert all(set(m) >= {"batch", "naive_mb", "stream_mb", "naive_s", "stream_s"} for m in res["memory"])
-    assert set(res["weights"]) == {"global", "cmli", "world_new"}
+    assert set(res["rerank_choice"]) == {"global", "cmli", "world_new"}
+    for choice in res["rerank_choice"].values():
+        assert {c["score"] for c in choice.values()} <= {"directional", "symmetric"}
+        assert {c["weight"] for c in choice.values()} <= {0.5, "inf"}
     assert out.with_suffix(".md").read_text().startswith("# bench late")
     # a second run reuses the trained models (same recipe)
     r = invoke("bench", "late", "--json", out, "--models", toy / "models", "--world", toy / "world",

@@ -67,8 +67,9 @@ def setup(tmp_path_factory):
     return root
 
 
-def _fused_reference(root, query: str, k_first: int, weight: float):
-    """global + weight * t2i (Eq. 4) of the first-stage top candidates, from the model directly."""
+def _fused_reference(root, query: str, k_first: int, weight: float, symmetric: bool = False):
+    """global + weight * t2i (Eq. 4; or the mean of Eq. 3 and 4) of the first-stage top
+    candidates, from the model directly."""
     from nobackfill.encoders import load_encoder
     from nobackfill.late.cmli import cmli_scores_naive
 
@@ -80,22 +81,24 @@ def _fused_reference(root, query: str, k_first: int, weight: float):
     ids = g.ids("image")
     cands = [paths[ids.index(i)] for i in first.ids[0]]
     it, tt = enc.image_tokens(cands), enc.text_tokens([query])
-    cmli = cmli_scores_naive(it.tokens, it.mask, tt.tokens, tt.mask).t2i[:, 0].numpy()
+    s = cmli_scores_naive(it.tokens, it.mask, tt.tokens, tt.mask)
+    cmli = (0.5 * (s.i2t + s.t2i) if symmetric else s.t2i)[:, 0].numpy()
     return first.ids[0], first.scores[0] + weight * cmli
 
 
-@pytest.mark.parametrize("weight", ["1.0", "inf"])
-def test_search_rerank_cmli_rescores_first_stage(setup, weight):
+@pytest.mark.parametrize("rerank,weight", [("cmli", "1.0"), ("cmli", "inf"), ("cmli-sym", "2.0")])
+def test_search_rerank_cmli_rescores_first_stage(setup, rerank, weight):
     query = "a large red circle on the left"
     r = invoke("search", "--gallery", setup / "g", "--model", setup / "model", "--text", query, "--k", 5,
-               "--rerank", "cmli", "--rerank-k", 12, "--rerank-weight", weight, "--json")
+               "--rerank", rerank, "--rerank-k", 12, "--rerank-weight", weight, "--json")
     assert r.exit_code == 0, r.output
     hits = json.loads(r.stdout)["hits"]
     assert len(hits) == 5
-    ids, fused = _fused_reference(setup, query, 12, 1.0 if weight == "1.0" else 1e6)
+    w = 1e6 if weight == "inf" else float(weight)
+    ids, fused = _fused_reference(setup, query, 12, w, symmetric=rerank == "cmli-sym")
     order = np.argsort(-fused, kind="stable")
     assert [h["id"] for h in hits] == [ids[i] for i in order[:5]]
-    if weight == "1.0":
+    if weight != "inf":
         np.testing.assert_allclose([h["score"] for h in hits], fused[order[:5]], atol=5e-3)  # float16 tokens
 
 

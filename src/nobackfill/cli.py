@@ -149,7 +149,8 @@ def search(
                                                 "to chain bridges."),
     reco: Optional[Path] = typer.Option(None, "--reco", help="RECO directory: refine the query with its memory "
                                         "(the gallery is searched as stored)."),
-    rerank: str = typer.Option("", help="Re-score the first-stage top --rerank-k: cmli (needs index --tokens)."),
+    rerank: str = typer.Option("", help="Re-score the first-stage top --rerank-k: cmli | cmli-sym (needs index "
+                                        "--tokens)."),
     rerank_k: int = typer.Option(100, help="First-stage candidates to re-rank."),
     rerank_weight: float = typer.Option(1.0, help="Re-rank score = global + weight * CMLI (inf: CMLI only)."),
 ) -> None:
@@ -178,9 +179,8 @@ def search(
         if rerank:
             from .late.rerank import rerank_search
 
-            if rerank != "cmli":
-                raise ValueError(f"--rerank must be 'cmli', got {rerank!r}")
-            res = rerank_search(g, enc, modality, text if text is not None else str(image), res, k, rerank_weight)
+            res = rerank_search(g, enc, modality, text if text is not None else str(image), res, k, rerank_weight,
+                                rerank)
     except (ValueError, FileNotFoundError) as e:
         _fail(str(e))
     meta = {i: m for i, m in zip(g.ids(modality), g.metadata(modality))}

@@ -54,7 +54,10 @@ class LateBenchConfig:
     seed: int = 0
     threads: int = 1
     rerank_k: int = 100
-    weights: tuple[float, ...] = (0.25, 0.5, 1.0, 2.0, 4.0, INF)
+    weights: tuple[float, ...] = (0.1, 0.25, 0.5, 1.0, 2.0, 4.0, INF)
+    #: candidate pair scores for re-ranking: "directional" (Eq. 4 for text queries, Eq. 3 for image
+    #: queries) and "symmetric" (their mean); chosen per direction on val with the weight
+    score_variants: tuple[str, ...] = ("directional", "symmetric")
     n_val: int = 500
     val_hard_pairs: int | None = 300
     test_hard_pairs: int | None = None  # None: every eligible test scene
@@ -164,18 +167,19 @@ class EvalSet:
 
 @dataclass
 class TopK:
-    """First-stage scores of one direction, each query's top-k columns and their CMLI scores."""
+    """First-stage scores of one direction, each query's top-k columns and their CMLI scores
+    (``directional``: Eq. 4 for text queries / Eq. 3 for image queries; ``symmetric``: the mean)."""
 
     first: np.ndarray
     top: np.ndarray
-    cmli: np.ndarray
+    cmli: dict[str, np.ndarray]
 
-    def scores(self, weight: float) -> np.ndarray:
+    def scores(self, weight: float, variant: str = "directional") -> np.ndarray:
         from ..late.rerank import fuse
         from ..metrics.scored import lift_top_k
 
         first_top = np.take_along_axis(self.first, self.top, axis=1)
-        return lift_top_k(self.first, self.top, fuse(first_top, self.cmli, weight))
+        return lift_top_k(self.first, self.top, fuse(first_top, self.cmli[variant], weight))
 
 
 def score_set(encoder, data: EvalSet, rerank_k: int, query_block: int = 16) -> dict[str, TopK]:
@@ -197,50 +201,62 @@ def score_set(encoder, data: EvalSet, rerank_k: int, query_block: int = 16) -> d
             ("i2t", img @ txt.T, (it.tokens, it.mask), (tt.tokens, tt.mask))):
         top = top_k_columns(first, rerank_k)
         k = top.shape[1]
-        cmli = np.empty(top.shape, np.float32)
+        cmli = {v: np.empty(top.shape, np.float32) for v in ("directional", "symmetric")}
         with torch.no_grad():
             for s in range(0, first.shape[0], query_block):
                 cols = torch.from_numpy(top[s:s + query_block]).reshape(-1)
                 q = torch.arange(s, min(s + query_block, first.shape[0])).repeat_interleave(k)
                 if direction == "t2i":  # candidates are images, queries texts
-                    r = pair_scores(g_tok[cols], g_mask[cols], q_tok[q], q_mask[q]).t2i
+                    r = pair_scores(g_tok[cols], g_mask[cols], q_tok[q], q_mask[q])
                 else:
-                    r = pair_scores(q_tok[q], q_mask[q], g_tok[cols], g_mask[cols]).i2t
-                cmli[s:s + query_block] = r.reshape(-1, k).numpy()
+                    r = pair_scores(q_tok[q], q_mask[q], g_tok[cols], g_mask[cols])
+                own = r.t2i if direction == "t2i" else r.i2t
+                cmli["directional"][s:s + query_block] = own.reshape(-1, k).numpy()
+                cmli["symmetric"][s:s + query_block] = (0.5 * (r.i2t + r.t2i)).reshape(-1, k).numpy()
         out[direction] = TopK(first, top, cmli)
     return out
 
 
-def metrics_at(scored: dict[str, TopK], data: EvalSet, weight: float | None) -> dict:
-    """R@K / median rank / mAP of global scoring (``weight`` None) or re-ranking with ``weight``."""
+Choice = dict  # direction -> (variant, weight); None = global scoring
+
+
+def metrics_at(scored: dict[str, TopK], data: EvalSet, choice: Choice | None) -> dict:
+    """R@K / median rank / mAP of global scoring (``choice`` None) or re-ranking with the
+    ``(variant, weight)`` of each direction."""
     from ..metrics.scored import retrieval_metrics_from_scores
 
-    pick = (lambda t: t.first) if weight is None else (lambda t: t.scores(weight))
-    return retrieval_metrics_from_scores(pick(scored["t2i"]), pick(scored["i2t"]), data.caption_image, KS)
+    def pick(d: str) -> np.ndarray:
+        return scored[d].first if choice is None else scored[d].scores(choice[d][1], choice[d][0])
+
+    return retrieval_metrics_from_scores(pick("t2i"), pick("i2t"), data.caption_image, KS)
 
 
-def _mean_r1(m: dict) -> float:
-    return 0.5 * (m["t2i"]["R@1"] + m["i2t"]["R@1"])
-
-
-def choose_weight(val_scored: Sequence[tuple[dict, EvalSet]], weights: Sequence[float]) -> tuple[float, dict]:
-    """The fusion weight with the best mean R@1 over the val sets (ties: the smaller weight)."""
-    table = {}
-    for w in weights:
-        table[w] = float(np.mean([_mean_r1(metrics_at(s, d, w)) for s, d in val_scored]))
-    best = max(table, key=lambda w: (table[w], -w))
-    return best, {str(w): round(v, 4) for w, v in table.items()}
+def choose_rerank(val_scored: Sequence[tuple[dict, EvalSet]], cfg: LateBenchConfig) -> tuple[Choice, dict]:
+    """Per direction, the (score variant, fusion weight) with the best R@1 averaged over the val
+    sets (ties: directional first, then the smaller weight). Returns the choice and the table."""
+    grid = [(v, w) for v in cfg.score_variants for w in cfg.weights]
+    table: dict[str, dict] = {"t2i": {}, "i2t": {}}
+    for v, w in grid:
+        ms = [metrics_at(s, d, {"t2i": (v, w), "i2t": (v, w)}) for s, d in val_scored]
+        for d in table:
+            table[d][(v, w)] = float(np.mean([m[d]["R@1"] for m in ms]))
+    choice = {d: max(grid, key=lambda vw: (t[vw], -cfg.score_variants.index(vw[0]), -vw[1])) for d, t in table.items()}
+    readable = {d: {f"{v}@{w}": round(x, 4) for (v, w), x in t.items()} for d, t in table.items()}
+    return choice, readable
 
 
 def evaluate_model(encoder, tests: dict[str, EvalSet], vals: list[EvalSet], cfg: LateBenchConfig) -> dict:
-    """Global, re-ranked (val-tuned weight) and CMLI-only metrics of one model on each test set."""
+    """Global, re-ranked (score variant and weight chosen on val) and CMLI-only metrics of one
+    model on each test set."""
     val_scored = [(score_set(encoder, v, cfg.rerank_k), v) for v in vals]
-    weight, table = choose_weight(val_scored, cfg.weights)
-    out: dict = {"weight": weight if math.isfinite(weight) else "inf", "val_mean_r1_by_weight": table}
+    choice, table = choose_rerank(val_scored, cfg)
+    cmli_only = {"t2i": ("directional", INF), "i2t": ("directional", INF)}
+    out: dict = {"choice": {d: {"score": v, "weight": w if math.isfinite(w) else "inf"} for d, (v, w) in choice.items()},
+                 "val_r1_by_choice": table}
     for name, data in tests.items():
         s = score_set(encoder, data, cfg.rerank_k)
-        out[name] = {"global": metrics_at(s, data, None), "rerank": metrics_at(s, data, weight),
-                     "cmli_only": metrics_at(s, data, INF)}
+        out[name] = {"global": metrics_at(s, data, None), "rerank": metrics_at(s, data, choice),
+                     "cmli_only": metrics_at(s, data, cmli_only)}
     return out
 
 
@@ -400,8 +416,8 @@ def run_late_bench(models: Path, world: Path, json_out: Path | None, cfg: LateBe
         "hard_negatives": section("hard_negatives"),
         "kd": kd,
         "memory": memory,
-        "weights": {n: m["weight"] for n, m in by_model.items()},
-        "val_mean_r1_by_weight": {n: m["val_mean_r1_by_weight"] for n, m in by_model.items()},
+        "rerank_choice": {n: m["choice"] for n, m in by_model.items()},
+        "val_r1_by_choice": {n: m["val_r1_by_choice"] for n, m in by_model.items()},
         "training": train_info,
         "config": {k: (list(v) if isinstance(v, tuple) else v) for k, v in asdict(cfg).items()},
         "notes": {
@@ -409,7 +425,9 @@ def run_late_bench(models: Path, world: Path, json_out: Path | None, cfg: LateBe
             "global": "trained with global InfoNCE, global cosine scoring",
             "cmli_rerank": "the global model's top-k re-scored with global + w * CMLI from its own tokens",
             "cmli_trained": "trained with global + CMLI InfoNCE (FILIP logits), top-k re-ranked with its tokens",
-            "weights": "fusion weight w chosen on val (regular + hard-negative val sets), never on test",
+            "rerank_choice": "per direction, the pair score (directional: Eq. 4 for text queries / Eq. 3 for image "
+                             "queries; symmetric: their mean) and fusion weight w chosen on val (regular + "
+                             "hard-negative val sets), never on test",
             "memory": "peak = rise of VmHWM over VmRSS after a warm-up, fresh subprocess, 1 thread, no grad",
             "hard_negatives": "test scenes with >= 2 objects + twins with the colours (else shapes) of objects "
                               "0 and 1 exchanged; retrieval among all originals and twins",
@@ -439,7 +457,8 @@ def format_markdown(result: dict) -> str:
     parts = ["# bench late (CMLI, seed 003)", "", "## Retrieval, world test split (en)", "",
              _md_table(head, _recall_rows(result["retrieval"])), "",
              "## Attribute-swap hard negatives (test)", "", _md_table(head, _recall_rows(result["hard_negatives"])), "",
-             f"Fusion weights (chosen on val): {result['weights']}", "", "## Target-CMLI distillation (test)", ""]
+             f"Re-ranking score and weight per direction (chosen on val): {json.dumps(result['rerank_choice'])}", "",
+             "## Target-CMLI distillation (test)", ""]
     kd_rows = []
     for name, m in result["kd"].items():
         if name == "empty_routing" or m is None:

@@ -4,7 +4,9 @@ The first stage is the gallery's ordinary global search; the top ``rerank_k`` ca
 re-scored with ``global + weight * CMLI`` from stored token outputs (``nobackfill.index.tokens``).
 A text query ranks images by the t2i score (Eq. 4: each query word's best patch), an image
 query ranks texts by the i2t score (Eq. 3: each query patch's best word). ``weight = inf``
-ranks by CMLI alone (ties broken by the global score).
+ranks by CMLI alone (ties broken by the global score). ``--rerank cmli-sym`` scores a pair in
+either direction with the mean of Eq. 3 and Eq. 4 (on the world's val split this helped text
+queries: the t2i mean over all query words is diluted by fill words; see ``bench late``).
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from ..index.tokens import TokenStore, write_tokens
 from ..progress import progress_bar
 from .cmli import cmli_scores, project_tokens
 
-__all__ = ["DEFAULT_WEIGHT", "fuse", "rerank_candidates", "rerank_search", "store_gallery_tokens",
+__all__ = ["DEFAULT_WEIGHT", "RERANK_SCORES", "fuse", "rerank_candidates", "rerank_search", "store_gallery_tokens",
            "pca_projection", "encode_tokens", "encode_token_batch", "store_dataset_tokens"]
 
 #: fusion weight of the CLI (the bench tunes it on val; see ``bench late``)
@@ -36,16 +38,29 @@ def fuse(global_scores: np.ndarray, cmli: np.ndarray, weight: float) -> np.ndarr
     return global_scores + weight * cmli
 
 
+#: ``--rerank`` values: the score of a candidate pair (see the module docstring)
+RERANK_SCORES = {"cmli": "directional", "cmli-sym": "symmetric"}
+
+
 def rerank_candidates(direction: str, query_tokens: torch.Tensor, query_mask: torch.Tensor,
-                      cand_tokens: torch.Tensor, cand_mask: torch.Tensor) -> np.ndarray:
+                      cand_tokens: torch.Tensor, cand_mask: torch.Tensor, score: str = "directional") -> np.ndarray:
     """CMLI score of one query against its candidates: ``direction="t2i"`` (text query, image
-    candidates; Eq. 4) or ``"i2t"`` (image query, text candidates; Eq. 3). Returns ``(k,)``."""
+    candidates; Eq. 4) or ``"i2t"`` (image query, text candidates; Eq. 3). ``score="symmetric"``
+    uses the mean of Eq. 3 and Eq. 4 for either direction. Returns ``(k,)``."""
+    if direction not in ("t2i", "i2t"):
+        raise ValueError(f"direction must be 't2i' or 'i2t', got {direction!r}")
+    if score not in ("directional", "symmetric"):
+        raise ValueError(f"score must be 'directional' or 'symmetric', got {score!r}")
     with torch.no_grad():
         if direction == "t2i":
-            return cmli_scores(cand_tokens, cand_mask, query_tokens, query_mask).t2i[:, 0].numpy()
-        if direction == "i2t":
-            return cmli_scores(query_tokens, query_mask, cand_tokens, cand_mask).i2t[0, :].numpy()
-    raise ValueError(f"direction must be 't2i' or 'i2t', got {direction!r}")
+            s = cmli_scores(cand_tokens, cand_mask, query_tokens, query_mask)
+            i2t, t2i = s.i2t[:, 0], s.t2i[:, 0]
+        else:
+            s = cmli_scores(query_tokens, query_mask, cand_tokens, cand_mask)
+            i2t, t2i = s.i2t[0, :], s.t2i[0, :]
+    if score == "symmetric":
+        return (0.5 * (i2t + t2i)).numpy()
+    return (t2i if direction == "t2i" else i2t).numpy()
 
 
 def encode_token_batch(encoder: DualEncoder, modality: str, items: Sequence, batch_size: int = 64,
@@ -126,9 +141,12 @@ def store_dataset_tokens(encoder: DualEncoder, data, gallery_dir: str | Path, dt
 
 
 def rerank_search(gallery: Gallery, encoder: DualEncoder, modality: str, query, first: SearchResult, k: int,
-                  weight: float = DEFAULT_WEIGHT) -> SearchResult:
+                  weight: float = DEFAULT_WEIGHT, rerank: str = "cmli") -> SearchResult:
     """Re-score the first-stage hits of one query (``query`` is the text, or the image path)
-    with CMLI from the gallery's token store; returns the new top ``k``."""
+    with CMLI from the gallery's token store; returns the new top ``k``. ``rerank``: ``cmli``
+    (Eq. 4 for text queries, Eq. 3 for image queries) or ``cmli-sym`` (their mean)."""
+    if rerank not in RERANK_SCORES:
+        raise ValueError(f"--rerank must be one of {sorted(RERANK_SCORES)}, got {rerank!r}")
     store = TokenStore.open(gallery.path)
     if encoder.space_id != store.space_id:
         raise SpaceMismatchError(store.space_id, encoder.space_id, f"re-rank with tokens of {gallery.path}",
@@ -140,7 +158,7 @@ def rerank_search(gallery: Gallery, encoder: DualEncoder, modality: str, query, 
     cand, cmask = store.get(modality, ids)
     cmli = rerank_candidates("t2i" if modality == "image" else "i2t", torch.from_numpy(q)[None],
                              torch.ones((1, q.shape[0]), dtype=torch.bool), torch.from_numpy(cand),
-                             torch.from_numpy(cmask))
+                             torch.from_numpy(cmask), score=RERANK_SCORES[rerank])
     fused = fuse(np.asarray(first.scores[0], np.float32), cmli, weight)
     order = np.argsort(-fused, kind="stable")[:k]
     return SearchResult(scores=fused[order][None], ids=[[ids[i] for i in order]],
