@@ -249,7 +249,7 @@ def run_reco_bench(out_json: str | Path, cfg: RecoBenchConfig | None = None,
     from ..reco.train import PairEmbeddings, RecoTrainConfig, train_reco
 
     cfg = cfg or RecoBenchConfig()
-    t_all = time.time()
+    t_all, cpu_all = time.time(), time.process_time()
     torch.set_num_threads(cfg.threads)
     out_json = Path(out_json)
     work = out_json.parent / "reco-work"
@@ -326,7 +326,7 @@ def run_reco_bench(out_json: str | Path, cfg: RecoBenchConfig | None = None,
     for k in cfg.k_sweep:
         r = rows["reco"] if k == cfg.k else variant(f"k{k}", k=k)[1]
         k_sweep[str(k)] = {"zero_shot": r["zero_shot"], "zero_shot_single_object": r["zero_shot_single_object"],
-                           "retrieval": r["retrieval"]}
+                           "retrieval": r["retrieval"], "val": r["val"]}
 
     # 4. latency, calibration, integrity
     latency = {"text": measure_latency(main_model, memory, test.texts, "text", cfg.latency_queries),
@@ -367,6 +367,9 @@ def run_reco_bench(out_json: str | Path, cfg: RecoBenchConfig | None = None,
                  "single_object_images": int(test.single.sum()), "tuned_on": cfg.tune_split},
         "model": str(model_dir), "space_id": enc.space_id,
         "seconds": round(time.time() - t_all, 1),
+        # wall time depends on what else runs on the machine; CPU time of this process does not
+        "cpu_seconds": round(time.process_time() - cpu_all, 1),
+        "load_average": [round(x, 2) for x in os.getloadavg()],
     }
     write_reco_report(result, out_json)
     return result
