@@ -15,7 +15,7 @@ TINY = ["--backbone", "pixels", "--n-render-train", "900", "--n-render-eval", "6
 
 def test_compat_train_cli(tmp_path):
     out = tmp_path / "bct"
-    r = CliRunner().invoke(app, ["compat", "train", "--method", "bct", "--steps", "2", "--train-steps", "3",
+    r = CliRunner().invoke(app, ["compat", "train", "--method", "bct", "--steps", "2", "--epochs", "0", "--train-steps", "3",
                                  "--out", str(out), "--cache-dir", str(tmp_path / "cache"),
                                  "--option", "influence_weight=2", *TINY])
     assert r.exit_code == 0, r.output

@@ -96,10 +96,15 @@ def test_focal_distillation_lm_and_kl():
     assert focal_weights(old, T([0]), 1.0, 5.0).item() == 6.0
     # old correct -> weight 6; 1/2 * ((2-1)^2 + 0^2) = 0.5
     assert focal_logit_matching(new, old, T([0]), 1.0, 5.0).item() == pytest.approx(3.0)
-    # old wrong -> weight alpha = 1; KL([.5,.5] || [.75,.25])
+    # a new-class sample (y = 2): weight alpha = 1; KL([.5,.5] || [.75,.25]) on the old classes only
     kl = 0.5 * math.log(0.5 / 0.75) + 0.5 * math.log(0.5 / 0.25)
-    val = focal_kl(T([[math.log(3.0), 0.0, 9.0]]), T([[0.0, 0.0]]), T([1]), 1.0, 5.0, 1.0)
+    val = focal_kl(T([[math.log(3.0), 0.0, 9.0]]), T([[0.0, 0.0]]), T([2]), 1.0, 5.0, 1.0)
     assert val.item() == pytest.approx(kl, abs=1e-6)
+    # an old-class sample the old model gets wrong (argmax of a tie is 0, y = 1): weight alpha; the
+    # target [.5, .5, 0] against the full new softmax [3, 1, 4] / 8
+    full = 0.5 * math.log(0.5 / (3 / 8)) + 0.5 * math.log(0.5 / (1 / 8))
+    val = focal_kl(T([[math.log(3.0), 0.0, math.log(4.0)]]), T([[0.0, 0.0]]), T([1]), 1.0, 5.0, 1.0)
+    assert val.item() == pytest.approx(full, abs=1e-6)
     # tau^2 scaling: at tau = 2 the logits are halved
     p, q = [0.5, 0.5], [math.sqrt(3) / (1 + math.sqrt(3)), 1 / (1 + math.sqrt(3))]
     kl2 = 4 * sum(a * math.log(a / b) for a, b in zip(p, q))

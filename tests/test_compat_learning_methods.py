@@ -152,3 +152,10 @@ def test_psp_lsp_train_exactly_like_the_baseline(tmp_path):
         own = train_sequence(create_method(name, model=SMALL), data, FAST, tmp_path / name)
         for a, b in zip(base, own):
             assert all(torch.equal(x, y) for x, y in zip(a.state_dict().values(), b.state_dict().values()))
+
+
+def test_epoch_budget_scales_with_the_step_size():
+    cfg = SequenceConfig(epochs=2, batch_size=10)
+    assert cfg.optimiser_steps(25) == 5 and cfg.optimiser_steps(50) == 10
+    assert SequenceConfig(train_steps=7).optimiser_steps(1000) == 7
+    assert cfg.loop_config(0, 50).steps == 10

@@ -59,7 +59,9 @@ def train_cmd(
     method: str = typer.Option(..., help="Method name (see `nobackfill compat methods`)."),
     steps: int = typer.Option(2, help="T, the number of models (model updates + 1)."),
     out: Path = typer.Option(Path("runs/compat"), help="Output folder (step models, loop logs, result.json)."),
-    train_steps: int = typer.Option(600, help="Optimiser steps per model."),
+    epochs: float = typer.Option(40, help="Passes over each step's items (0: use --train-steps)."),
+    train_steps: int = typer.Option(600, help="Optimiser steps per model when --epochs is 0."),
+    lr: float = typer.Option(3e-3, help="Peak learning rate."),
     option: Optional[List[str]] = typer.Option(None, "--option", help="Method option key=value (repeatable), "
                                                                        "e.g. influence_weight=0.5, regime=continual."),
     backbone: str = typer.Option("randconv+models/world-new", help="Frozen feature extractors joined by +: world model dirs, randconv, pixels."),
@@ -82,7 +84,8 @@ def train_cmd(
     try:
         data = load_class_data(_data_config(backbone, split, n_render_train, n_render_eval, n_train_classes,
                                             first_fraction, cache_dir))
-        seq = SequenceConfig(steps=steps, train_steps=train_steps, seed=seed, threads=threads)
+        seq = SequenceConfig(steps=steps, train_steps=train_steps, epochs=epochs, batch_size=256, lr=lr, seed=seed,
+                             threads=threads)
         result = run_method(method, data, seq, out, options=_parse_options(option),
                             log=lambda m: console.print(m))
     except (ValueError, FileNotFoundError) as e:
@@ -104,11 +107,12 @@ def train_cmd(
 
 def bench_compat_steps(
     steps: str = typer.Option("2,5,10", help="Comma-separated T values."),
-    quick: bool = typer.Option(False, help="200 optimiser steps per model, 2-model ELODI ensembles."),
+    quick: bool = typer.Option(False, help="12 epochs per model (instead of 40) at lr 5e-3, 2-model ELODI ensembles."),
     json_out: Path = typer.Option(Path("runs/bench/compat_steps.json"), "--json",
                                   help="JSON output (.md and .html with C heatmaps beside it)."),
     methods: str = typer.Option("", help="Comma-separated subset of methods (default: all)."),
-    train_steps: Optional[int] = typer.Option(None, help="Override optimiser steps per model."),
+    train_steps: Optional[int] = typer.Option(None, help="Fixed optimiser steps per model (instead of epochs)."),
+    epochs: Optional[float] = typer.Option(None, help="Passes over each step's items (default 40, quick 12)."),
     backbone: str = typer.Option("randconv+models/world-new", help="Frozen feature extractors joined by +: world model dirs, randconv, pixels."),
     split: str = typer.Option("test", help="Evaluation split: test (report) or val (tuning)."),
     n_render_train: Optional[int] = typer.Option(None, help="Rendered training items."),
@@ -129,12 +133,14 @@ def bench_compat_steps(
     try:
         kw = {"steps": tuple(int(s) for s in steps.split(",") if s.strip()),
               "methods": tuple(m.strip() for m in methods.split(",") if m.strip()) or METHOD_ORDER,
-              "sequence": SequenceConfig(seed=seed, threads=threads, **({"train_steps": train_steps} if train_steps else {})),
+              "sequence": SequenceConfig(seed=seed, threads=threads, epochs=40, batch_size=256, lr=3e-3),
               "data": _data_config(backbone, split, n_render_train, n_render_eval, n_train_classes, first_fraction,
                                    cache_dir)}
         cfg = CompatStepsConfig.quick(**kw) if quick else CompatStepsConfig(**kw)
-        if quick and train_steps:
-            cfg.sequence.train_steps = train_steps
+        if epochs is not None:
+            cfg.sequence.epochs = epochs
+        if train_steps:
+            cfg.sequence.epochs, cfg.sequence.train_steps = 0.0, train_steps
         result = run_compat_steps(cfg, json_out, work_dir, log=lambda m: console.print(m))
     except (ValueError, FileNotFoundError) as e:
         _fail(str(e))

@@ -116,6 +116,7 @@ class MethodConfig:
 
     regime: str = ""  # "" = the method's default ("cumulative" | "continual")
     init_from_previous: bool | None = None  # None = the method's default
+    lr_scale: float = 1.0  # multiplies the loop's learning rate for this method's parameters
 
 
 def frozen(model: StepModel) -> StepModel:
@@ -214,7 +215,7 @@ class CompatMethod(Method):
     def param_groups(self) -> list[dict]:
         params = [p for p in self.model.parameters() if p.requires_grad]
         params += [p for p in self.aux.parameters() if p.requires_grad]
-        return [{"params": params}]
+        return [{"params": params, "lr_scale": self.cfg.lr_scale}]
 
     def classification_loss(self, feats: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         """Cross-entropy over the seen classes (learned head) or over all K pre-allocated vertices

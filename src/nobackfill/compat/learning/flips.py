@@ -3,9 +3,9 @@ should not get wrong what the old one got right.
 
 * **Focal Distillation** (Positive-Congruent Training, Yan et al. CVPR 2021):
   ``L = L_CE + lambda F(x_i) D(new(x_i), q(x_i))`` with the filter
-  ``F = alpha + beta 1(yhat_old(x_i) = y_i)``; FD-KL: ``D`` = tau-scaled KL to ``q = p_old(y|x)``;
-  FD-LM: ``D`` = squared L2 distance between logits (``q`` = old logits). Both on the classes the
-  old model knows.
+  ``F = alpha + beta 1(yhat_old(x_i) = y_i)``; FD-KL: ``D`` = tau-scaled KL to ``q = p_old(y|x)``
+  (zero-padded over the classes the update adds, see :func:`focal_kl`); FD-LM: ``D`` = squared L2
+  distance between the logits of the classes the old model knows (``q`` = old logits).
 * **ELODI** (Zhao et al., TPAMI 2024): ``L_LDI(x) = sum_{k in K(x)} |z_k(x) - z_k^ens(x)|^p``, the
   logit difference to an ensemble of independently trained reference models on the top-``k``
   classes of the ensemble (where flips happen); ``L = L_CE + lambda L_LDI``. Every model of the
@@ -21,6 +21,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
 
 from .base import CompatMethod, MethodConfig, StepContext, kl_to_target, masked_logits
 from .registry import register
@@ -33,9 +34,17 @@ def focal_weights(old_logits: torch.Tensor, labels: torch.Tensor, alpha: float, 
 
 def focal_kl(new_logits: torch.Tensor, old_logits: torch.Tensor, labels: torch.Tensor, alpha: float,
              beta: float, tau: float) -> torch.Tensor:
-    """FD-KL over the old model's classes (``old_logits`` has ``K_old`` columns)."""
+    """FD-KL with classes added by the update (``old_logits``: the ``K_old`` old classes). For a sample
+    of an old class the target is the old softmax zero-padded over the new classes, so probability
+    the new model moves to a new class is penalised (PCT has no new classes; this is the natural
+    extension); for a sample of a new class only the old classes' renormalised distribution is
+    matched (the old model knows nothing of its class)."""
     k = old_logits.shape[1]
-    return (focal_weights(old_logits, labels, alpha, beta) * kl_to_target(new_logits[:, :k], old_logits, tau)).mean()
+    old_logp = F.log_softmax(old_logits / tau, dim=1)
+    full = tau * tau * (old_logp.exp() * (old_logp - F.log_softmax(new_logits / tau, dim=1)[:, :k])).sum(1)
+    restricted = kl_to_target(new_logits[:, :k], old_logits, tau)
+    d = torch.where(labels < k, full, restricted)
+    return (focal_weights(old_logits, labels, alpha, beta) * d).mean()
 
 
 def focal_logit_matching(new_logits: torch.Tensor, old_logits: torch.Tensor, labels: torch.Tensor,

@@ -34,7 +34,10 @@ class SequenceConfig:
     """How the ``T`` models are trained (every model gets the same budget)."""
 
     steps: int = 2  # T, the number of models
-    train_steps: int = 600  # optimiser steps per model
+    train_steps: int = 600  # optimiser steps per model (when epochs == 0)
+    #: > 0: every model trains for this many passes over its step's items (later, larger steps get
+    #: proportionally more optimiser steps, as a fixed-epoch schedule does); overrides train_steps
+    epochs: float = 0.0
     batch_size: int = 128
     lr: float = 2e-3
     warmup: int = 20
@@ -46,9 +49,16 @@ class SequenceConfig:
     threads: int = 1
     strict: bool = True  # a tie C[t,k] == C[k,k] is NOT compatible (the tutorial's ">")
 
-    def loop_config(self, seed: int) -> LoopConfig:
-        return LoopConfig(steps=self.train_steps, lr=self.lr, warmup=self.warmup, weight_decay=self.weight_decay,
-                          grad_clip=self.grad_clip, seed=seed, log_every=max(1, self.train_steps // 4),
+    def optimiser_steps(self, n_items: int) -> int:
+        """Optimiser steps for a step with ``n_items`` training items."""
+        if self.epochs > 0:
+            return max(1, int(np.ceil(self.epochs * n_items / self.batch_size)))
+        return self.train_steps
+
+    def loop_config(self, seed: int, n_items: int = 0) -> LoopConfig:
+        steps = self.optimiser_steps(n_items)
+        return LoopConfig(steps=steps, lr=self.lr, warmup=self.warmup, weight_decay=self.weight_decay,
+                          grad_clip=self.grad_clip, seed=seed, log_every=max(1, steps // 4),
                           checkpoint_every=10 ** 9, eval_every=10 ** 9, threads=self.threads)
 
 
@@ -88,7 +98,7 @@ def train_sequence(method: CompatMethod, data: ClassData, cfg: SequenceConfig, o
             ref.on_step_start(rctx)
             rseed = rctx.seed * 100 + t
             train(ref, StepBatches(data.train_x, data.train_y, current, mem, cfg.batch_size, rseed),
-                  cfg.loop_config(rseed), step_dir / f"reference{i}", progress=False, export=False)
+                  cfg.loop_config(rseed, len(step_idx)), step_dir / f"reference{i}", progress=False, export=False)
             model = ref.on_step_end(rctx)
             model.n_seen = n_seen
             return model
@@ -98,7 +108,7 @@ def train_sequence(method: CompatMethod, data: ClassData, cfg: SequenceConfig, o
         seed = cfg.seed * 100 + t
         t0 = time.time()
         train(method, StepBatches(data.train_x, data.train_y, current, mem, cfg.batch_size, seed),
-              cfg.loop_config(seed), step_dir, progress=False)
+              cfg.loop_config(seed, len(step_idx)), step_dir, progress=False)
         model = method.on_step_end(ctx)
         model.n_seen = n_seen
         models.append(model)
