@@ -128,5 +128,7 @@ def test_bench_lingual_world_on_tiny_world(world, tmp_path):
     assert method_config("der_teir_oracle", CLLConfig()).oracle_vocab
     grad, upd = method_config("cll_clip_teir_grad", CLLConfig()), method_config("cll_clip_teir_update", CLLConfig())
     assert (grad.teir_scale, upd.teir_scale) == ("grad", "update") and grad.label != upd.label
+    reg = method_config("cll_clip_teir_update_reg", CLLConfig())
+    assert reg.teir and not reg.teir_init and reg.teir_scale == "update" and reg.label != upd.label
     with pytest.raises(ValueError):
         method_config("bogus_teir", CLLConfig())

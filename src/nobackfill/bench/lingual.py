@@ -54,10 +54,14 @@ QUICK_WORLD_STEPS = 60
 
 def method_config(name: str, base: CLLConfig) -> CLLConfig:
     """``cll_clip``, ``oewc_teir``, ``cll_clip_teir_grad``, ``der_teir_oracle``, ... -> a
-    :class:`CLLConfig` (``_grad`` / ``_update`` after ``teir`` pick how lambda acts with Adam)."""
+    :class:`CLLConfig` (``_grad`` / ``_update`` after ``teir`` pick how lambda acts with Adam;
+    ``_reg`` keeps TEIR's regularisation but drops its initialisation)."""
     parts = name.split("_")
     kw: dict = {"oracle_vocab": parts[-1] == "oracle"}
     if kw["oracle_vocab"]:
+        parts = parts[:-1]
+    if parts[-1] == "reg" and "teir" in parts:  # TEIR's regularisation without its initialisation
+        kw["teir_init"] = False
         parts = parts[:-1]
     if parts[-1] in ("grad", "update") and len(parts) > 1 and parts[-2] == "teir":
         kw["teir_scale"] = parts.pop()

@@ -47,6 +47,9 @@ class CLLConfig:
     #: default "update": chosen a priori (Adam cancels a constant gradient factor, see the unit
     #: test) and checked on Multi30K val against "grad" (bench lingual-text runs both)
     teir_scale: str = "update"
+    #: TEIR's identical-distribution initialisation (False: the regularisation alone, new rows ~
+    #: N(0, 0.02^2) as in plain CLL-CLIP; the Table 3 ablation of the two halves)
+    teir_init: bool = True
     gamma_cm: float = PAPER_GAMMA_CM    # 0.01
     gamma_cl: float = PAPER_GAMMA_CL    # 1
     temperature: float = PAPER_TEMPERATURE  # 0.07
@@ -76,7 +79,7 @@ class CLLConfig:
 
     @property
     def label(self) -> str:
-        teir = f"_teir_{self.teir_scale}" if self.teir else ""
+        teir = f"_teir_{self.teir_scale}{'' if self.teir_init else '_reg'}" if self.teir else ""
         return f"{self.method}{teir}{'_oracle' if self.oracle_vocab else ''}"
 
     def loop(self) -> LoopConfig:
@@ -207,7 +210,7 @@ class ContinualLearner:
 
     def _grow(self, merged) -> None:
         w = token_embedding(self.encoder).weight
-        mean, std = embedding_stats(w) if self.cfg.teir else (0.0, PLAIN_INIT_STD)
+        mean, std = embedding_stats(w) if self.cfg.teir and self.cfg.teir_init else (0.0, PLAIN_INIT_STD)
         expand_token_embeddings(self.encoder, merged, mean=mean, std=std, generator=self.generator)
         self.log(f"vocabulary {merged.old_size} -> {merged.size} (+{len(merged.new_tokens)}); "
                  f"new rows ~ N({mean:.4g}, {std:.4g}^2)")
