@@ -69,6 +69,10 @@ class StepModel(nn.Module):
     def logits(self, feats: torch.Tensor) -> torch.Tensor:
         return classifier_logits(feats, self.weight(), self.cosine_scale)
 
+    def seen_logits(self, x: torch.Tensor) -> torch.Tensor:
+        """Logits of the ``n_seen`` classes this model was trained on, for inputs ``x``."""
+        return self.logits(self(x))[:, : self.n_seen]
+
 
 def classifier_logits(feats: torch.Tensor, weight: torch.Tensor, cosine_scale: float = 0.0) -> torch.Tensor:
     """``f . w`` per class, or ``s cos(f, w)`` with ``cosine_scale`` s > 0."""
@@ -260,7 +264,7 @@ class CompatMethod(Method):
 
     def predict(self, model: StepModel, x: torch.Tensor) -> torch.Tensor:
         """Class prediction among the model's seen classes."""
-        return masked_logits(model.logits(model(x)), model.n_seen).argmax(1)
+        return model.seen_logits(x).argmax(1)
 
 
 def save_step_model(model: StepModel, out: Path, meta: dict) -> None:

@@ -77,9 +77,8 @@ class _OldLogits(CompatMethod):
     """Shared: the frozen old model's logits on its own classes."""
 
     def old_logits(self, x: torch.Tensor) -> torch.Tensor:
-        old = self.ctx.old
         with torch.no_grad():
-            return masked_logits(old.logits(old(x)), self.ctx.n_prev)
+            return self.ctx.old.seen_logits(x)
 
     def new_logits(self, feats: torch.Tensor) -> torch.Tensor:
         return masked_logits(self.model.logits(feats), self.ctx.n_seen)
@@ -143,8 +142,7 @@ class ELODI(_OldLogits):
 
     def extra_loss(self, batch, feats, step):
         with torch.no_grad():
-            ens = torch.stack([masked_logits(r.logits(r(batch["x"])), self.ctx.n_seen)
-                               for r in self.references]).mean(0)
+            ens = torch.stack([r.seen_logits(batch["x"]) for r in self.references]).mean(0)
         ldi = logit_difference_inhibition(self.new_logits(feats), ens, self.cfg.top_k, self.cfg.p)
         return self.cfg.weight * ldi, {"ldi": float(ldi.detach())}
 
@@ -168,8 +166,7 @@ class MUSCLE(_OldLogits):
             self.reference = ctx.extra["train_reference"](0)
 
     def extra_loss(self, batch, feats, step):
-        r = self.reference
         with torch.no_grad():
-            ref = masked_logits(r.logits(r(batch["x"])), self.ctx.n_seen)
+            ref = self.reference.seen_logits(batch["x"])
         kl = muscle_masked_kl(self.new_logits(feats), self.old_logits(batch["x"]), ref, batch["y"], self.cfg.tau)
         return self.cfg.weight * kl, {"masked_kl": float(kl.detach())}

@@ -30,23 +30,31 @@ def logit_simplex_features(logits: torch.Tensor, n_seen: int, n_total: int) -> t
     return F.pad(z - z.mean(1, keepdim=True), (0, n_total - n_seen))
 
 
+class _OutputFeatures(CompatMethod):
+    """Independent cross-entropy training (as the baseline); ``output_features`` maps the seen-class
+    logits to what is indexed."""
+
+    trains_like = "baseline"
+
+    @staticmethod
+    def output_features(logits: torch.Tensor, n_seen: int, n_total: int) -> torch.Tensor:
+        raise NotImplementedError
+
+    def retrieval_features(self, model: StepModel, x: torch.Tensor) -> torch.Tensor:
+        return self.output_features(model.logits(model(x)), model.n_seen, self.model_cfg.n_classes)
+
+
 @register
-class PSP(CompatMethod):
+class PSP(_OutputFeatures):
     """PSP: independent training; index centred softmax outputs (zero-padded to the pool)."""
 
     name = "psp"
-    trains_like = "baseline"
-
-    def retrieval_features(self, model: StepModel, x: torch.Tensor) -> torch.Tensor:
-        return softmax_simplex_features(model.logits(model(x)), model.n_seen, self.model_cfg.n_classes)
+    output_features = staticmethod(softmax_simplex_features)
 
 
 @register
-class LSP(CompatMethod):
+class LSP(_OutputFeatures):
     """LSP: independent training; index centred logits (zero-padded to the pool)."""
 
     name = "lsp"
-    trains_like = "baseline"
-
-    def retrieval_features(self, model: StepModel, x: torch.Tensor) -> torch.Tensor:
-        return logit_simplex_features(model.logits(model(x)), model.n_seen, self.model_cfg.n_classes)
+    output_features = staticmethod(logit_simplex_features)
