@@ -4,7 +4,7 @@ VENV    := .venv
 BIN     := $(VENV)/bin
 STAMP   := $(VENV)/.installed
 
-.PHONY: setup test demo bench clean
+.PHONY: setup test demo bench bench-full clean
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -21,8 +21,26 @@ test: $(STAMP)
 demo: $(STAMP)
 	$(BIN)/nobackfill demo --json runs/demo/report.json
 
+# every benchmark in its quick mode (each writes JSON + a table/plot under runs/bench/)
 bench: $(STAMP)
 	$(BIN)/nobackfill bench encode --json runs/bench/encode.json
+	$(BIN)/nobackfill bench world --json runs/bench/world.json
+	$(BIN)/nobackfill bench xbt --quick --json runs/bench/quick/xbt.json
+	$(BIN)/nobackfill bench xbt-text --json runs/bench/xbt_text.json
+	$(BIN)/nobackfill bench compat-steps --steps 2,5,10 --quick --json runs/bench/quick/compat_steps.json
+	$(BIN)/nobackfill bench lingual-text --quick --json runs/bench/quick/lingual_text.json
+	$(BIN)/nobackfill bench lingual-world --quick --json runs/bench/quick/lingual_world.json
+	$(BIN)/nobackfill bench reco --quick --json runs/bench/quick/reco.json
+	$(BIN)/nobackfill bench late --quick --json runs/bench/quick/late.json
+
+# the reported (long) runs: hours on 2 cores
+bench-full: $(STAMP)
+	$(BIN)/nobackfill bench xbt --seeds 3 --json runs/bench/xbt.json
+	$(BIN)/nobackfill bench compat-steps --steps 2,5,10 --json runs/bench/compat_steps.json
+	$(BIN)/nobackfill bench lingual-text --json runs/bench/lingual_text.json
+	$(BIN)/nobackfill bench lingual-world --json runs/bench/lingual_world.json
+	$(BIN)/nobackfill bench reco --json runs/bench/reco.json
+	$(BIN)/nobackfill bench late --json runs/bench/late.json
 
 clean:
 	rm -rf runs/demo runs/bench
