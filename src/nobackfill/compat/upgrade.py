@@ -26,9 +26,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
-import shutil
-import tempfile
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
@@ -39,6 +36,7 @@ import torch
 import torch.nn.functional as F
 
 from ..encoders.base import DualEncoder
+from ..encoders.hf import atomic_model_dir
 from ..index.store import SpaceMismatchError
 from ..progress import progress_bar
 from .adapters import AdapterConfig, Adapters
@@ -182,31 +180,9 @@ class UpgradedEncoder(DualEncoder):
 
 # ----------------------------------------------------------------------------- files
 def atomic_dir(directory: str | Path, write) -> Path:
-    """Run ``write(tmp)`` into a temporary sibling, then move it into place: a new directory
-    appears whole (one rename); into an existing one (e.g. a training folder with its log) our
-    files are moved one by one with ``os.replace``, ``upgrade.json`` last, so a reader sees the old
-    manifest or a complete new upgrade."""
-    directory = Path(directory)
-    directory.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{directory.name}.", dir=directory.parent))
-    try:
-        write(tmp)
-        for f in [tmp, *tmp.rglob("*")]:
-            os.chmod(f, 0o755 if f.is_dir() else 0o644)
-        if not directory.exists():
-            os.replace(tmp, directory)
-            return directory
-        for f in sorted(tmp.rglob("*"), key=lambda f: (f.name == UPGRADE_FILE, len(f.parts))):
-            if f.is_dir():
-                continue
-            dest = directory / f.relative_to(tmp)
-            dest.parent.mkdir(parents=True, exist_ok=True)
-            os.replace(f, dest)
-        shutil.rmtree(tmp, ignore_errors=True)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    return directory
+    """Write an upgrade directory atomically (:func:`nobackfill.encoders.hf.atomic_model_dir`),
+    ``upgrade.json`` last, so a reader sees the old manifest or a complete new upgrade."""
+    return atomic_model_dir(directory, write, commit_last=UPGRADE_FILE)
 
 
 def write_manifest(directory: Path, kind: str, source: dict, target: dict, **extra) -> None:

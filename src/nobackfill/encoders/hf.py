@@ -116,12 +116,13 @@ class HFEncoderMixin:
         return atomic_model_dir(directory, write)
 
 
-def atomic_model_dir(directory: str | Path, write: Callable[[Path], None]) -> Path:
+def atomic_model_dir(directory: str | Path, write: Callable[[Path], None], commit_last: str = NOBACKFILL_META) -> Path:
     """Run ``write(tmp)`` into a temporary sibling folder, then move it into place.
 
     A new directory appears whole (one rename). An existing one keeps its other files (training
-    logs); ours are replaced one by one with ``os.replace``, ``nobackfill.json`` last, so a reader
-    never sees a half-written file."""
+    logs); ours are replaced one by one with ``os.replace``, ``commit_last`` (the manifest:
+    ``nobackfill.json`` for models, ``upgrade.json`` for upgrades) last, so a reader never sees a
+    half-written file."""
     directory = Path(directory)
     directory.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{directory.name}.", dir=directory.parent))
@@ -131,7 +132,7 @@ def atomic_model_dir(directory: str | Path, write: Callable[[Path], None]) -> Pa
         for f in tmp.rglob("*"):
             os.chmod(f, 0o755 if f.is_dir() else 0o644)
         if directory.exists():
-            for f in sorted(tmp.rglob("*"), key=lambda f: (f.name == NOBACKFILL_META, len(f.parts))):
+            for f in sorted(tmp.rglob("*"), key=lambda f: (f.name == commit_last, len(f.parts))):
                 if f.is_dir():
                     continue
                 dest = directory / f.relative_to(tmp)
