@@ -23,7 +23,6 @@ transformer, k = 10; the paper's), and the ablations ``cross_modal_search``, ``u
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import time
@@ -33,6 +32,8 @@ from typing import Callable, Optional
 
 import numpy as np
 import typer
+
+from ..index.store import file_sha256
 
 ABLATIONS = {"cross_modal_search": {"search": "cross"}, "unimodal_fusion": {"fuse": "uni"},
              "mean_fusion": {"fusion": "mean"}}
@@ -71,14 +72,6 @@ class RecoBenchConfig:
         return cls(**base)
 
 
-def _sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
-
-
 def tree_hashes(root: str | Path, stored_only: bool = False) -> dict[str, str]:
     """sha256 of every file under ``root`` (relative path -> digest); used to show that RECO leaves
     the encoder's weights and a stored gallery byte-for-byte unchanged. ``stored_only`` skips a
@@ -86,7 +79,7 @@ def tree_hashes(root: str | Path, stored_only: bool = False) -> dict[str, str]:
     writers' ``.lock``)."""
     root = Path(root)
     skip = (lambda p: p.name.startswith("index-") or p.name == ".lock") if stored_only else (lambda p: False)
-    return {str(p.relative_to(root)): _sha256_file(p) for p in sorted(root.rglob("*")) if p.is_file() and not skip(p)}
+    return {str(p.relative_to(root)): file_sha256(p) for p in sorted(root.rglob("*")) if p.is_file() and not skip(p)}
 
 
 def fine_classes() -> tuple[list[str], list[tuple[str, str, str]]]:

@@ -166,7 +166,7 @@ def _sha256(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
-def _file_sha256(path: Path) -> str:
+def file_sha256(path: Path) -> str:
     h = hashlib.sha256()
     with open(path, "rb") as f:
         for block in iter(lambda: f.read(1 << 20), b""):
@@ -705,7 +705,7 @@ class Gallery:
                 for kind in ("npz", "meta"):
                     path = self.path / entry[kind]
                     try:
-                        digest = _file_sha256(path)
+                        digest = file_sha256(path)
                     except OSError as e:
                         report.problems.append(f"{path}: unreadable ({e.strerror or e})")
                         continue
