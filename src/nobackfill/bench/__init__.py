@@ -1,5 +1,3 @@
-"""Benchmarks (encoding throughput: ours vs plain transformers)."""
-
-from .encode import format_encode_table, run_encode_bench, write_report
-
-__all__ = ["run_encode_bench", "format_encode_table", "write_report"]
+"""Benchmarks: one module per ``nobackfill bench`` command (encode, world, xbt, xbt_text,
+compat_steps, lingual, reco, late). Nothing is imported here, so registering the CLI commands
+does not load torch; import the module you need (e.g. ``nobackfill.bench.encode``)."""
