@@ -104,6 +104,19 @@ def test_bad_data_folder_error_names_the_file(setup, tmp_path):
     assert "captions.jsonl" in r.output and "line" in r.output
 
 
+def test_error_paths_stay_whole_and_literal_on_a_narrow_terminal(setup, tmp_path, monkeypatch):
+    """Errors are never wrapped (CI's terminal is 80 columns) and "[...]" in a path is not rich markup."""
+    from nobackfill import cli
+
+    monkeypatch.setattr(cli.console, "_width", 30)
+    bad = tmp_path / "a_rather_long_folder_name_[v2]_that_will_not_fit_in_thirty_columns"
+    bad.mkdir()
+    (bad / "captions.jsonl").write_text('{oops\n')
+    r = invoke("index", "--model", setup / "models" / "world-old", "--data", bad, "--out", tmp_path / "g3")
+    assert r.exit_code == 2
+    assert str(bad / "captions.jsonl") in r.output
+
+
 def test_demo_json_keys(setup, tmp_path):
     out = tmp_path / "demo.json"
     r = invoke("demo", "--world", setup / "world", "--models", setup / "models", "--out", tmp_path / "demo",

@@ -8,6 +8,7 @@ from typing import List, Optional
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 
 app = typer.Typer(add_completion=False, no_args_is_help=True,
                   help="Cross-modal retrieval whose embedding model improves without re-embedding the gallery.")
@@ -26,11 +27,12 @@ bench_app.command("late")(bench_late)
 from .bench.compat_steps_cli import bench_compat_steps, compat_app  # noqa: E402  (light: no torch at import)
 app.add_typer(compat_app, name="compat")
 bench_app.command("compat-steps")(bench_compat_steps)
-console = Console(stderr=True)
+console = Console(stderr=True, soft_wrap=True)  # never wrap: paths in messages stay whole at any width
 
 
 def _fail(msg: str) -> None:
-    console.print(f"[red]error:[/red] {msg}")
+    # escape: a path or value containing "[...]" is text, not rich markup.
+    console.print(f"[red]error:[/red] {escape(msg)}")
     raise typer.Exit(code=2)
 
 
