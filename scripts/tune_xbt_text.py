@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from nobackfill.bench.xbt_text import _load_text_encoder, caption_recall, train_stage1
+from nobackfill.bench.xbt_text import load_text_encoder, caption_recall, train_stage1
 from nobackfill.compat.xbt import Stage1Config
 from nobackfill.data.multi30k import CaptionSet, default_multi30k_dir, read_task2
 from nobackfill.evaluate import embed_texts_cached
@@ -45,7 +45,7 @@ def main() -> None:
     fit = CaptionSet([c[: n - a.dev] for c in cs.captions], cs.source)
     flat, _ = fit.flat()
     dev_q, dev_g = cs.column(1)[n - a.dev:], cs.column(2)[n - a.dev:]
-    old, new = _load_text_encoder(a.old), _load_text_encoder(None)
+    old, new = load_text_encoder(a.old), load_text_encoder(None)
     cache = "runs/cache"
     o_train, n_train = embed_texts_cached(old, flat, cache), embed_texts_cached(new, flat, cache)
     o_g, o_q = embed_texts_cached(old, dev_g, cache), embed_texts_cached(old, dev_q, cache)

@@ -188,7 +188,7 @@ class _StepMethod:
             self.w.copy_(state["w"])
 
     def export(self, out):
-        (Path(out) / "w.txt").write_text(str(float(self.w)))
+        (Path(out) / "w.txt").write_text(str(float(self.w.detach())))
 
 
 def test_loop_early_stopping_restores_best(tmp_path):

@@ -161,14 +161,16 @@ def _key(obj) -> str:
     return hashlib.sha256(json.dumps(obj, sort_keys=True, default=str).encode()).hexdigest()[:12]
 
 
-def _load_text_encoder(path: str | Path | None):
+def load_text_encoder(path: str | Path | None):
+    """A MiniLM text encoder: the shipped pretrained all-MiniLM-L6-v2 for ``None``/``"pretrained"``,
+    else a saved model directory."""
     from ..encoders.minilm import MiniLMTextEncoder
 
     return MiniLMTextEncoder.pretrained() if path in (None, "", "pretrained") else MiniLMTextEncoder.load(path)
 
 
 #: how the old model is opened (a module attribute so tests can watch it)
-load_old_model: Callable = _load_text_encoder
+load_old_model: Callable = load_text_encoder
 
 
 def train_stage1(w_new: np.ndarray, w_old: np.ndarray, cfg, out: Path, progress: bool = False):
@@ -281,7 +283,7 @@ def run_xbt_text(data: str | Path, *, eval_dir: str | Path | None = None, quick:
 
     # ---- new model (frozen) embeddings
     t0 = time.time()
-    new = _load_text_encoder(new_model)
+    new = load_text_encoder(new_model)
     new_id, new_name = new.space_id, new.name
     n_q, n_g = cached(new, q_val, "new_val_q"), cached(new, g_val, "new_val_g")
     n_train = cached(new, flat, "new_train")[corpus_idx]
