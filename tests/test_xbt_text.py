@@ -208,7 +208,7 @@ def test_loop_early_stopping_restores_best(tmp_path):
                      early_stop="R@1", patience=2)
     r = train(m, B(), cfg, tmp_path, evaluate=evaluate, progress=False)
     assert r.stopped_early and r.best_step == 4 and r.best_value == 0.5 and r.steps == 8
-    assert float(m.w) == values[1]  # restored to the state evaluated at step 4
+    assert float(m.w.detach()) == values[1]  # restored to the state evaluated at step 4
     assert float((tmp_path / "w.txt").read_text()) == values[1]
     with pytest.raises(ValueError):
         LoopConfig(early_stop="R@1", patience=0)
