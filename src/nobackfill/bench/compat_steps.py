@@ -85,8 +85,8 @@ def run_compat_steps(cfg: CompatStepsConfig, json_out: str | Path, work_dir: str
             r = L.run_method(name, data, seq, Path(work_dir) / f"T{T}" / name, options=cfg.options.get(name),
                              models=shared, keep_models=True)
             trained[name] = r.pop("models")
-            rows[name] = {k: r[k] for k in ("AC", "AA", "ACA", "C", "criterion", "test_accuracy", "regime",
-                                            "init_from_previous", "seconds")}
+            rows[name] = {k: r[k] for k in ("AC", "AA", "ACA", "C", "metric", "criterion", "test_accuracy", "regime",
+                                            "init_from_previous", "seconds") + tuple(_other_metrics(r))}
             flips[name] = r["flips"]
             log(f"T={T} {name}: AC {r['AC']:.2f} AA {100 * r['AA']:.1f} ACA {100 * r['ACA']:.1f} "
                 f"NFR {100 * r['flips']['classification']['NFR']:.2f}% ({r['seconds']:.0f}s)")
@@ -96,6 +96,13 @@ def run_compat_steps(cfg: CompatStepsConfig, json_out: str | Path, work_dir: str
     result["seconds"] = round(time.time() - t0, 1)
     write_compat_steps_outputs(result, json_out)
     return result
+
+
+def _other_metrics(row: dict) -> list[str]:
+    """The metrics besides the primary M whose C / AC / AA / ACA a result row also carries."""
+    from ..compat.learning.sequence import METRICS
+
+    return [m for m in METRICS if m in row]
 
 
 def _flip_methods(result: dict) -> list[str]:
@@ -139,8 +146,9 @@ def _f(x: float | None, scale: float = 100.0, digits: int = 1) -> str:
     return "-" if x is None or (isinstance(x, float) and np.isnan(x)) else f"{scale * x:.{digits}f}"
 
 
-def compat_table(result: dict) -> tuple[list[str], list[list[str]]]:
-    """One row per method, AC / AA / ACA for every T side by side (the tutorial's layout)."""
+def compat_table(result: dict, metric: str | None = None) -> tuple[list[str], list[list[str]]]:
+    """One row per method, AC / AA / ACA for every T side by side (the tutorial's layout); ``metric``:
+    a secondary M the rows carry (e.g. "verification") instead of the primary one."""
     steps = result["config"]["steps"]
     header = ["method"] + [f"T={T} {k}" for T in steps for k in ("AC", "AA", "ACA")]
     body = []
@@ -148,6 +156,7 @@ def compat_table(result: dict) -> tuple[list[str], list[list[str]]]:
         row = [m]
         for T in steps:
             r = result.get(f"T{T}", {}).get(m)
+            r = r.get(metric) if r is not None and metric else r
             row += ["-"] * 3 if r is None else [f"{r['AC']:.2f}", _f(r["AA"]), _f(r["ACA"])]
         body.append(row)
     return header, body
@@ -174,13 +183,24 @@ def nfr_table(result: dict, methods: Sequence[str] | None = None) -> tuple[list[
     return header, body
 
 
+_METRIC_NAMES = {"search": "top-1 open-set search accuracy",
+                 "verification": "open-set pair verification accuracy (CoReS protocol)"}
+
+
+def _has_metric(result: dict, metric: str) -> bool:
+    return any(metric in row for T in result["config"]["steps"] for row in result.get(f"T{T}", {}).values())
+
+
 def format_compat_steps(result: dict) -> str:
     """Markdown: the AC / AA / ACA table, the NFR table, the done-when checks."""
     from ..report import text_table
 
-    parts = ["## AC / AA / ACA (AA, ACA in %, top-1 open-set search accuracy)", "",
-             text_table(*compat_table(result)), "", "## Negative flips between consecutive models (%)", "",
-             text_table(*nfr_table(result)), "", "## Done when", ""]
+    primary = result["config"]["sequence"].get("metric", "search")
+    parts = [f"## AC / AA / ACA (AA, ACA in %; M = {_METRIC_NAMES[primary]})", "", text_table(*compat_table(result)), ""]
+    for other in (m for m in _METRIC_NAMES if m != primary and _has_metric(result, m)):
+        parts += [f"## AC / AA / ACA with M = {_METRIC_NAMES[other]}", "", text_table(*compat_table(result, other)), ""]
+    parts += ["## Negative flips between consecutive models (%)", "", text_table(*nfr_table(result)), "",
+              "## Done when", ""]
     parts += [f"- {k}: {v}" for k, v in result.get("done_when", {}).items()]
     return "\n".join(parts) + "\n"
 

@@ -17,6 +17,11 @@ compat_app = typer.Typer(no_args_is_help=True,
                          help="Compatibility learning over a sequence of model updates (seed 002).")
 
 
+STEP_BACKBONES_HELP = ("Backbone upgrades: per step (comma-separated) the +-joined parts of --backbone that step's "
+                       "model sees; later steps repeat the last. Empty: every step sees all parts.")
+METRIC_HELP = "M of C[t,k]: search (top-1 1:N search accuracy) or verification (pair verification accuracy)."
+
+
 def _parse_options(items: list[str] | None) -> dict:
     """``key=value`` pairs; values parsed as JSON when possible (numbers, true/false), else strings."""
     out = {}
@@ -32,10 +37,11 @@ def _parse_options(items: list[str] | None) -> dict:
 
 
 def _data_config(backbone: str, split: str, n_render_train: Optional[int], n_render_eval: Optional[int],
-                 n_train_classes: Optional[int], first_fraction: Optional[float], cache_dir: Path):
+                 n_train_classes: Optional[int], first_fraction: Optional[float], cache_dir: Path,
+                 step_backbones: str = ""):
     from ..compat.learning.data import DataConfig
 
-    kw = {"backbone": backbone, "eval_split": split, "cache_dir": str(cache_dir)}
+    kw = {"backbone": backbone, "eval_split": split, "cache_dir": str(cache_dir), "step_backbones": step_backbones}
     for k, v in (("n_render_train", n_render_train), ("n_render_eval", n_render_eval),
                  ("n_train_classes", n_train_classes), ("first_fraction", first_fraction)):
         if v is not None:
@@ -71,6 +77,8 @@ def train_cmd(
     n_train_classes: Optional[int] = typer.Option(None, help="Training pool size (the rest is the open set)."),
     first_fraction: Optional[float] = typer.Option(None, help="Share of the pool seen at step 1."),
     cache_dir: Path = typer.Option(Path("runs/compat_steps/cache"), help="Feature cache."),
+    step_backbones: str = typer.Option("", help=STEP_BACKBONES_HELP),
+    metric: str = typer.Option("search", help=METRIC_HELP),
     seed: int = typer.Option(0, help="Seed."),
     threads: int = typer.Option(1, help="torch threads."),
 ) -> None:
@@ -83,9 +91,9 @@ def train_cmd(
 
     try:
         data = load_class_data(_data_config(backbone, split, n_render_train, n_render_eval, n_train_classes,
-                                            first_fraction, cache_dir))
+                                            first_fraction, cache_dir, step_backbones))
         seq = SequenceConfig(steps=steps, train_steps=train_steps, epochs=epochs, batch_size=256, lr=lr, seed=seed,
-                             threads=threads)
+                             threads=threads, metric=metric)
         result = run_method(method, data, seq, out, options=_parse_options(option),
                             log=lambda m: console.print(m))
     except (ValueError, FileNotFoundError) as e:
@@ -121,6 +129,8 @@ def bench_compat_steps(
     first_fraction: Optional[float] = typer.Option(None, help="Share of the pool seen at step 1."),
     cache_dir: Path = typer.Option(Path("runs/compat_steps/cache"), help="Feature cache."),
     work_dir: Path = typer.Option(Path("runs/compat_steps/work"), help="Step models and loop logs."),
+    step_backbones: str = typer.Option("", help=STEP_BACKBONES_HELP),
+    metric: str = typer.Option("search", help=METRIC_HELP),
     seed: int = typer.Option(0, help="Seed."),
     threads: int = typer.Option(1, help="torch threads."),
 ) -> None:
@@ -133,9 +143,9 @@ def bench_compat_steps(
     try:
         kw = {"steps": tuple(int(s) for s in steps.split(",") if s.strip()),
               "methods": tuple(m.strip() for m in methods.split(",") if m.strip()) or METHOD_ORDER,
-              "sequence": SequenceConfig(seed=seed, threads=threads, epochs=40, batch_size=256, lr=3e-3),
+              "sequence": SequenceConfig(seed=seed, threads=threads, epochs=40, batch_size=256, lr=3e-3, metric=metric),
               "data": _data_config(backbone, split, n_render_train, n_render_eval, n_train_classes, first_fraction,
-                                   cache_dir)}
+                                   cache_dir, step_backbones)}
         cfg = CompatStepsConfig.quick(**kw) if quick else CompatStepsConfig(**kw)
         if epochs is not None:
             cfg.sequence.epochs = epochs

@@ -52,3 +52,59 @@ def search_accuracy(query: np.ndarray, gallery: np.ndarray, query_labels: Sequen
                     gallery_labels: Sequence[int]) -> float:
     """Top-1 class-matched search accuracy (the ``M`` of the compatibility matrix)."""
     return float(top1_hits(query, gallery, query_labels, gallery_labels).mean())
+
+
+def verification_pairs(query_labels: Sequence[int], gallery_labels: Sequence[int], n_pairs: int = 3000,
+                       seed: int = 0) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``n_pairs`` same-class and ``n_pairs`` different-class random ``(query i, gallery j)`` pairs
+    (the CoReS evaluation's 3000 + 3000 pairs of open-set images), seeded so every ``C[t, k]`` of a
+    matrix is scored on the same pairs. Returns ``(i, j, same)``."""
+    ql, gl = np.asarray(query_labels), np.asarray(gallery_labels)
+    if len(ql) == 0 or len(gl) == 0:
+        raise ValueError("verification pairs need a non-empty query and gallery")
+    rng = np.random.default_rng(seed)
+    same = ql[:, None] == gl[None, :]
+    out_i, out_j, out_s = [], [], []
+    for want in (True, False):
+        qi, gj = np.nonzero(same == want)
+        if len(qi) == 0:
+            raise ValueError(f"no {'same' if want else 'different'}-class (query, gallery) pair")
+        pick = rng.choice(len(qi), n_pairs, replace=len(qi) < n_pairs)
+        out_i.append(qi[pick])
+        out_j.append(gj[pick])
+        out_s.append(np.full(n_pairs, want))
+    order = rng.permutation(2 * n_pairs)
+    return np.concatenate(out_i)[order], np.concatenate(out_j)[order], np.concatenate(out_s)[order]
+
+
+def best_threshold_accuracy(dist: np.ndarray, same: np.ndarray) -> tuple[float, float]:
+    """The threshold ``d < thr -> same`` that maximises accuracy on ``(dist, same)``; returns
+    ``(threshold, accuracy)``. Candidates: midpoints between consecutive sorted distances."""
+    order = np.argsort(dist, kind="stable")
+    d, s = dist[order], same[order].astype(np.int64)
+    # accuracy when the first m sorted pairs are called "same": TP(m) + TN(m)
+    tp = np.concatenate([[0], np.cumsum(s)])
+    tn = (len(s) - s.sum()) - np.concatenate([[0], np.cumsum(1 - s)])
+    acc = (tp + tn) / len(s)
+    m = int(np.argmax(acc))
+    thr = -np.inf if m == 0 else (np.inf if m == len(d) else 0.5 * (d[m - 1] + d[m]))
+    return float(thr), float(acc[m])
+
+
+def verification_accuracy(query: np.ndarray, gallery: np.ndarray, query_labels: Sequence[int],
+                          gallery_labels: Sequence[int], n_pairs: int = 3000, folds: int = 10,
+                          seed: int = 0) -> float:
+    """Pair verification accuracy (the ``M`` of the tutorial's CoReS-vs-BCT comparison, "M =
+    Verification Accuracy"): squared L2 distance between the L2-normalised query-model and
+    gallery-model features of :func:`verification_pairs`; over ``folds`` contiguous folds, the
+    threshold that is best on the other folds is scored on the held-out fold; the mean is returned."""
+    i, j, same = verification_pairs(query_labels, gallery_labels, n_pairs, seed)
+    q, g = common_space(query, gallery)
+    dist = ((q[i] - g[j]) ** 2).sum(1)
+    accs = []
+    for held in np.array_split(np.arange(len(dist)), folds):
+        train = np.ones(len(dist), bool)
+        train[held] = False
+        thr, _ = best_threshold_accuracy(dist[train], same[train])
+        accs.append(float(((dist[held] < thr) == same[held]).mean()))
+    return float(np.mean(accs))

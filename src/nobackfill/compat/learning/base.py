@@ -55,12 +55,20 @@ class StepModel(nn.Module):
             self.head = nn.Linear(out_dim, cfg.n_classes, bias=False)
         self.n_seen = 0  # classes this model was trained on (set by the runner)
         self.cosine_scale = 0.0 if fixed_head is not None else float(cfg.cosine_scale)
+        #: 0/1 per input column: the frozen backbone parts this model sees (None: all of them)
+        self.register_buffer("input_mask", None)
+
+    def set_input_mask(self, mask: torch.Tensor | None) -> None:
+        """See only the input columns where ``mask`` is 1 (the step's backbone; ``None``: all)."""
+        self.input_mask = None if mask is None else mask.detach().clone().float()
 
     @property
     def out_dim(self) -> int:
         return int(self.body[-1].out_features)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.input_mask is not None:
+            x = x * self.input_mask
         return self.transform(self.body(x))
 
     def weight(self) -> torch.Tensor:
@@ -108,6 +116,7 @@ class StepContext:
     in_dim: int
     seed: int = 0
     extra: dict = field(default_factory=dict)  # runner services (e.g. "train_reference")
+    input_mask: torch.Tensor | None = None  # the step's backbone columns (``ClassData.input_mask``)
 
     @property
     def old(self) -> StepModel | None:
@@ -204,6 +213,7 @@ class CompatMethod(Method):
         self.ctx = ctx
         self.aux = nn.ModuleDict()
         self.model = self.new_model(ctx)
+        self.model.set_input_mask(ctx.input_mask)
         self.model.n_seen = ctx.n_seen
         if ctx.old is not None or not self.needs_old:
             self.prepare(ctx)

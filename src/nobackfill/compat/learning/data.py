@@ -58,6 +58,9 @@ class DataConfig:
     first_fraction: float = 0.5  # share of the training pool seen at step 1
     class_seed: int = 0
     cache_dir: str = "runs/compat_steps/cache"
+    #: backbone upgrades: ","-separated, per step, the "+"-joined parts of ``backbone`` that step's
+    #: model sees (the others are zeroed); later steps repeat the last entry. "" = all parts always
+    step_backbones: str = ""
 
     def __post_init__(self) -> None:
         if not 2 <= self.n_train_classes < N_WORLD_CLASSES:
@@ -68,6 +71,11 @@ class DataConfig:
             raise ValueError(f"eval_classes must be 'all' or 'unseen', got {self.eval_classes!r}")
         if self.eval_split not in ("val", "test"):
             raise ValueError(f"eval_split must be 'val' or 'test', got {self.eval_split!r}")
+        parts = self.backbone.split("+")
+        for step in filter(None, self.step_backbones.split(",")):
+            bad = [p for p in step.split("+") if p not in parts]
+            if bad:
+                raise ValueError(f"step_backbones: {bad} not among the backbone parts {parts}")
 
 
 @dataclass
@@ -84,10 +92,20 @@ class ClassData:
     query_y: np.ndarray
     n_train_classes: int
     class_order: list[int]  # world class ids in arrival order (pool first, open set after)
+    part_dims: list[tuple[str, int]] | None = None  # (backbone part, columns) in input order
+    step_backbones: list[list[str]] | None = None  # parts seen per step (last repeated); None: all
 
     @property
     def in_dim(self) -> int:
         return int(self.train_x.shape[1])
+
+    def input_mask(self, t: int) -> torch.Tensor | None:
+        """0/1 per input column: the backbone parts step ``t`` (0-based) sees; None when it sees all."""
+        if not self.step_backbones or not self.part_dims:
+            return None
+        seen = set(self.step_backbones[min(t, len(self.step_backbones) - 1)])
+        mask = torch.cat([torch.full((d,), float(name in seen)) for name, d in self.part_dims])
+        return None if bool(mask.all()) else mask
 
 
 def class_schedule(n_classes: int, steps: int, first_fraction: float = 0.5) -> list[int]:
@@ -160,7 +178,8 @@ def _atomic_savez(path: Path, **arrays: np.ndarray) -> None:
     tmp.replace(path)
 
 
-def _cached_split(cfg: DataConfig, split: str, n: int, progress: bool) -> tuple[np.ndarray, np.ndarray]:
+def _cached_split(cfg: DataConfig, split: str, n: int, progress: bool
+                  ) -> tuple[np.ndarray, np.ndarray, list[int]]:
     """Features of the single-object items of ``split`` (``n`` rendered); each ``+``-joined backbone
     part is cached on its own, and so are the rendered pixels."""
     cache = Path(cfg.cache_dir)
@@ -197,13 +216,13 @@ def _cached_split(cfg: DataConfig, split: str, n: int, progress: bool) -> tuple[
             _atomic_savez(path, x=feats, y=y)
         parts.append(feats)
         labels = y
-    return np.concatenate(parts, 1), labels
+    return np.concatenate(parts, 1), labels, [p.shape[1] for p in parts]
 
 
 def load_class_data(cfg: DataConfig, progress: bool = True) -> ClassData:
     """Render (or read from the cache), embed, standardise and split the items (module docstring)."""
-    tx, ty = _cached_split(cfg, "train", cfg.n_render_train, progress)
-    ex, ey = _cached_split(cfg, cfg.eval_split, cfg.n_render_eval, progress)
+    tx, ty, part_widths = _cached_split(cfg, "train", cfg.n_render_train, progress)
+    ex, ey, _ = _cached_split(cfg, cfg.eval_split, cfg.n_render_eval, progress)
     order = np.random.default_rng(cfg.class_seed).permutation(N_WORLD_CLASSES)
     arrival = np.empty(N_WORLD_CLASSES, np.int64)
     arrival[order] = np.arange(N_WORLD_CLASSES)
@@ -222,8 +241,10 @@ def load_class_data(cfg: DataConfig, progress: bool = True) -> ClassData:
     gal = rank % 2 == 0
     if not pool.any() or gal.sum() == 0 or (~gal).sum() == 0:
         raise ValueError(f"too few rendered items ({cfg.n_render_train} train, {cfg.n_render_eval} eval)")
+    dims = [(part, d) for part, d in zip(cfg.backbone.split("+"), part_widths)]
+    steps = [s.split("+") for s in cfg.step_backbones.split(",") if s] or None
     return ClassData(norm(tx[pool]), ty[pool], norm(ex[closed]), ey[closed], norm(open_x[gal]), open_y[gal],
-                     norm(open_x[~gal]), open_y[~gal], cfg.n_train_classes, [int(c) for c in order])
+                     norm(open_x[~gal]), open_y[~gal], cfg.n_train_classes, [int(c) for c in order], dims, steps)
 
 
 class ReplayMemory:

@@ -20,13 +20,17 @@ from typing import Callable
 import numpy as np
 import torch
 
-from ...metrics.class_search import common_space, search_accuracy, top1_hits
+from ...metrics.class_search import common_space, search_accuracy, top1_hits, verification_accuracy
 from ...metrics.compat import compatibility_summary, criterion_rates
 from ...metrics.flips import flip_rates, prediction_flip_rates
 from ...train.loop import LoopConfig, train
 from .base import CompatMethod, StepContext, StepModel, to_numpy
 from .data import ClassData, ReplayMemory, StepBatches, class_schedule
 from .registry import create_method
+
+
+#: the performance measures M a compatibility matrix can use (query, gallery, labels -> score)
+METRICS: dict[str, Callable[..., float]] = {"verification": verification_accuracy, "search": search_accuracy}
 
 
 @dataclass
@@ -48,6 +52,15 @@ class SequenceConfig:
     seed: int = 0
     threads: int = 1
     strict: bool = True  # a tie C[t,k] == C[k,k] is NOT compatible (the tutorial's ">")
+    #: M of C[t,k]: "search" (top-1 1:N class-matched search accuracy: the issue's open-set retrieval
+    #: protocol and the tutorial's M for its d-Simplex-HOC table) or "verification" (pair
+    #: verification accuracy, the tutorial's M for its CoReS / BCT / LCE / AdvBCT table); the other
+    #: one is reported too, under its name
+    metric: str = "search"
+
+    def __post_init__(self) -> None:
+        if self.metric not in METRICS:
+            raise ValueError(f"metric must be one of {sorted(METRICS)}, got {self.metric!r}")
 
     def optimiser_steps(self, n_items: int) -> int:
         """Optimiser steps for a step with ``n_items`` training items."""
@@ -89,7 +102,8 @@ def train_sequence(method: CompatMethod, data: ClassData, cfg: SequenceConfig, o
         step_idx = torch.from_numpy(np.concatenate([current, mem]))
         step_dir = _fresh_dir(out / f"step{t + 1}")
         ctx = StepContext(t=t, n_seen=n_seen, n_prev=n_prev, previous=list(models), train_x=train_x[step_idx],
-                          train_y=train_y[step_idx], in_dim=data.in_dim, seed=cfg.seed)
+                          train_y=train_y[step_idx], in_dim=data.in_dim, seed=cfg.seed,
+                          input_mask=data.input_mask(t))
 
         def train_reference(i: int, ctx: StepContext = ctx, step_dir: Path = step_dir) -> StepModel:
             """An independently trained model of this step (ELODI's ensemble, MUSCLE's reference)."""
@@ -137,24 +151,30 @@ def _mean(rows: list[dict]) -> dict:
 
 @torch.no_grad()
 def evaluate_sequence(method: CompatMethod, models: list[StepModel], data: ClassData, strict: bool = True,
-                      n_unpaired: int = 20000) -> dict:
-    """Compatibility matrix, AC / AA / ACA, consecutive-pair criterion rates and flips."""
+                      n_unpaired: int = 20000, metric: str = "verification") -> dict:
+    """Compatibility matrix (``metric`` as M, every other metric of :data:`METRICS` under its name),
+    AC / AA / ACA, consecutive-pair criterion rates and flips."""
     q, g = torch.from_numpy(data.query_x), torch.from_numpy(data.gallery_x)
     gallery = [to_numpy(method.retrieval_features(m, g)) for m in models]
     query_self = [to_numpy(method.retrieval_features(m, q)) for m in models]
-
-    def score(t: int, k: int) -> float:
-        return search_accuracy(to_numpy(method.query_features(models, t, k, q)), gallery[k], data.query_y,
-                               data.gallery_y)
-
+    queries = {(t, k): to_numpy(method.query_features(models, t, k, q)) for t in range(len(models)) for k in range(t + 1)}
     names = [f"phi{t + 1}" for t in range(len(models))]
-    c = _matrix(score, len(models))
-    summary = compatibility_summary(c, strict=strict, names=names)
+
+    def summary_for(name: str) -> dict:
+        fn = METRICS[name]
+        c = _matrix(lambda t, k: fn(queries[t, k], gallery[k], data.query_y, data.gallery_y), len(models))
+        return compatibility_summary(c, strict=strict, names=names)
+
+    summary = summary_for(metric)
+    summary["metric"] = metric
+    for other in METRICS:
+        if other != metric:
+            summary[other] = {k: v for k, v in summary_for(other).items() if k in ("C", "AC", "AA", "ACA")}
     unseen_q, unseen_g = data.query_y >= data.n_train_classes, data.gallery_y >= data.n_train_classes
     if unseen_q.any() and unseen_g.any() and not (unseen_q.all() and unseen_g.all()):
         def score_unseen(t: int, k: int) -> float:
-            qf = to_numpy(method.query_features(models, t, k, q[torch.from_numpy(unseen_q)]))
-            return search_accuracy(qf, gallery[k][unseen_g], data.query_y[unseen_q], data.gallery_y[unseen_g])
+            return METRICS[metric](queries[t, k][unseen_q], gallery[k][unseen_g], data.query_y[unseen_q],
+                                   data.gallery_y[unseen_g])
 
         sub = compatibility_summary(_matrix(score_unseen, len(models)), strict=strict, names=names)
         summary["open_set"] = {k: sub[k] for k in ("C", "AC", "AA", "ACA")}
@@ -163,8 +183,7 @@ def evaluate_sequence(method: CompatMethod, models: list[StepModel], data: Class
     preds = [method.predict(m, test_x).numpy() for m in models]
     hits = [top1_hits(query_self[t], gallery[t], data.query_y, data.gallery_y) for t in range(len(models))]
     for t in range(1, len(models)):
-        qn = to_numpy(method.query_features(models, t, t - 1, q))
-        qn, qo = common_space(qn, query_self[t - 1])
+        qn, qo = common_space(queries[t, t - 1], query_self[t - 1])
         _, go = common_space(qn, gallery[t - 1])
         criterion.append(criterion_rates(qn, qo, go, data.query_y, data.gallery_y, n_unpaired=n_unpaired,
                                          strict=strict, seed=t))
@@ -197,7 +216,7 @@ def run_method(name: str, data: ClassData, cfg: SequenceConfig, out: str | Path,
     t0 = time.time()
     if models is None:
         models = train_sequence(method, data, cfg, out, log=log)
-    result = evaluate_sequence(method, models, data, strict=cfg.strict)
+    result = evaluate_sequence(method, models, data, strict=cfg.strict, metric=cfg.metric)
     result.update(method=name, regime=method.regime, init_from_previous=method.init_from_previous,
                   seconds=round(time.time() - t0, 2), steps=cfg.steps)
     if keep_models:
