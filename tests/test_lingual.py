@@ -71,6 +71,35 @@ def test_merged_vocab_keeps_old_ids_and_appends_new(make, kind):
     assert max(ids_new) >= merged.old_size
 
 
+def test_wordpiece_task_vocab_is_reproducible():
+    """The raw WordPiece trainer numbers continuation symbols in hash-map order and breaks merge
+    ties by id, so repeated training on a tie-rich corpus gives different vocabularies; ours
+    registers them in sorted order first and must give the same vocabulary every time."""
+    import random
+
+    from tokenizers import Tokenizer, models, trainers
+
+    from nobackfill.lingual.vocab import continuation_symbols, tokenizer_json
+
+    rng = random.Random(0)
+    texts = [" ".join("".join(rng.choice("abcdefghijkłmnóp") for _ in range(rng.randint(2, 7))) for _ in range(8))
+             for _ in range(60)]
+    base = tiny_bert().tokenizer
+    assert len({train_task_vocab(base, texts, 150).to_str() for _ in range(5)}) == 1
+    ref = Tokenizer.from_str(json.dumps(tokenizer_json(base)))
+
+    def raw() -> str:
+        tok = Tokenizer(models.WordPiece(unk_token="[UNK]"))
+        tok.normalizer, tok.pre_tokenizer = ref.normalizer, ref.pre_tokenizer
+        tok.train_from_iterator(texts, trainers.WordPieceTrainer(vocab_size=150, special_tokens=["[PAD]", "[UNK]"],
+                                                                 show_progress=False))
+        return json.dumps(sorted(tok.get_vocab()))
+
+    assert len({raw() for _ in range(5)}) > 1  # the trainer alone is not reproducible on this corpus
+    syms = continuation_symbols(ref, ["Abc dé"], "##", exclude=["##c"])
+    assert syms == ["##b", "##e"]  # BERT normaliser: lowercase, accents stripped; first chars excluded
+
+
 def test_clip_eos_stays_one_and_english_features_unchanged_after_growth():
     enc = tiny_encoder()
     assert enc.tokenizer.eos_token_id == 1
@@ -323,3 +352,78 @@ def test_task_lora_adapters_switch_by_language(make, tmp_path):
     with pytest.raises(ValueError, match="LoRA"):
         learner.save(tmp_path / "m")
     assert add_task_lora(enc, "fr")  # a second adapter
+
+
+# ----------------------------------------------------------------------------- prompt-tuning baseline
+@pytest.mark.parametrize("make", [tiny_encoder, tiny_bert])
+def test_soft_prompt_is_inserted_after_the_first_token_and_dropped_before_pooling(make):
+    import copy
+
+    from nobackfill.lingual.adapters import use_language
+    from nobackfill.lingual.prompts import add_task_prompt, text_tower
+
+    enc = make()
+    en_before = enc.encode_texts(ENGLISH[:3])
+    n0 = token_embedding(enc).weight.shape[0]
+    ids = add_task_prompt(enc, "de", 3, mean=0.0, std=0.5, generator=torch.Generator().manual_seed(0))
+    assert ids.tolist() == [n0, n0 + 1, n0 + 2] and token_embedding(enc).weight.shape[0] == n0 + 3
+    batch = enc.tokenize(ENGLISH[:2])  # (short enough for the tiny towers' positions)
+    with torch.no_grad():
+        prompted = enc.text_features(**batch)  # "de" is active
+        # by hand: the ids with the prompt after position 0, through the tower with the prompt off
+        use_language(enc, "en")
+        x, m = batch["input_ids"], batch["attention_mask"]
+        x_p = torch.cat([x[:, :1], ids.expand(2, -1), x[:, 1:]], 1)
+        m_p = torch.cat([m[:, :1], torch.ones(2, 3, dtype=m.dtype), m[:, 1:]], 1)
+        if hasattr(enc.model, "text_model"):  # CLIP: EOS pooling inside the tower, then the projection
+            want = enc.model.text_projection(text_tower(enc)(input_ids=x_p, attention_mask=m_p).pooler_output)
+        else:  # MiniLM: mean over the text's own positions
+            hs = text_tower(enc)(input_ids=x_p, attention_mask=m_p).last_hidden_state
+            hs = torch.cat([hs[:, :1], hs[:, 4:]], 1)
+            want = (hs * m.unsqueeze(-1)).sum(1) / m.sum(1, keepdim=True)
+        plain = enc.text_features(**batch)
+    torch.testing.assert_close(prompted, want)
+    assert not torch.allclose(prompted, plain, atol=1e-4)
+    assert np.array_equal(enc.encode_texts(ENGLISH[:3]), en_before)  # English: the plain tower
+    sid_en = enc.space_id
+    use_language(enc, "de")
+    assert enc.space_id != sid_en
+    twin = copy.deepcopy(enc)  # the hooks travel with a copy
+    np.testing.assert_allclose(twin.encode_texts(GERMAN[:2]), enc.encode_texts(GERMAN[:2]), atol=1e-6)
+    with pytest.raises(ValueError, match="already has a prompt"):
+        add_task_prompt(enc, "de", 3, mean=0.0, std=0.02)
+    assert enc.encode_texts(["wort " * 200]).shape == (1, en_before.shape[1])  # over-long text: cut to fit
+
+
+def test_soft_prompt_fit_keeps_the_final_token():
+    from nobackfill.lingual.prompts import _fit
+
+    ids = torch.tensor([[2, 5, 6, 7, 8, 1], [2, 5, 1, 0, 0, 0]])
+    mask = (ids > 0).long()
+    out, m = _fit(ids, mask, 4)
+    assert out.tolist() == [[2, 5, 6, 1], [2, 5, 1, 0]] and m.tolist() == [[1, 1, 1, 1], [1, 1, 1, 0]]
+
+
+def test_prompt_baseline_learns_its_prompt_and_teir_freezes_earlier_prompts(tmp_path):
+    from nobackfill.lingual.prompts import soft_prompt
+
+    enc = tiny_bert()
+    cfg = CLLConfig(method="prompt", teir=True, steps=3, batch_size=4, task_vocab_size=150, lr=5e-2, prompt_length=4)
+    learner = ContinualLearner(enc, cfg, ENGLISH)
+    mu, sigma = embedding_stats(token_embedding(enc).weight)
+    learner.learn(LanguageTask("de", GERMAN, ENGLISH), tmp_path)
+    de = soft_prompt(enc).ids["de"]
+    assert de.tolist() == list(range(token_embedding(enc).weight.shape[0] - 4, token_embedding(enc).weight.shape[0]))
+    de_rows = token_embedding(enc).weight.detach()[de].clone()
+    w = freeze_all_but_token_embeddings(enc)
+    enc.text_features(**enc.tokenize(GERMAN[:2])).sum().backward()  # "de" active: its prompt gets gradient
+    assert w.grad[de].abs().sum(1).min() > 0
+    w.grad = None
+    info = learner.learn(LanguageTask("el", GREEK, ENGLISH), tmp_path)
+    w = token_embedding(enc).weight.detach()
+    el = soft_prompt(enc).ids["el"]
+    assert info["vocab_after"] == w.shape[0] == int(el[-1]) + 1 and info["lambda"]["one"] >= 4
+    assert torch.equal(w[de], de_rows)  # TEIR: lambda = 0 for the earlier language's prompt
+    assert de_rows.std() > 0.5 * sigma  # TEIR initialisation of the prompt rows, not N(0, 0.02^2)
+    with pytest.raises(ValueError, match="prompt-tuning"):
+        learner.save(tmp_path / "m")

@@ -101,10 +101,14 @@ def test_bench_lingual_text_on_fake_multi30k(m30k, tmp_path):
     from nobackfill.lingual.learner import CLLConfig
 
     root, ev, model = m30k
-    cfg = LingualTextConfig(langs=("de",), methods=("cll_clip", "cll_clip_teir"), train_lines=16,
-                            cll=CLLConfig(steps=2, batch_size=8, task_vocab_size=150))
+    cfg = LingualTextConfig(langs=("de",), methods=("cll_clip", "cll_clip_teir", "prompt_teir"), train_lines=16,
+                            cll=CLLConfig(steps=2, batch_size=8, task_vocab_size=150, prompt_length=2), teir_lr=5e-3)
+    assert (cfg.method_cll("cll_clip").lr, cfg.method_cll("prompt_teir").lr) == (cfg.cll.lr, 5e-3)
+    assert cfg.method_cll("prompt_teir").method == "prompt"
     res = run_lingual_text(root, eval_dir=ev, config=cfg, model=model, cache_dir=tmp_path / "c", work_dir=tmp_path / "w")
-    assert set(res["methods"]) == {"cll_clip", "cll_clip_teir"}
+    assert set(res["methods"]) == {"cll_clip", "cll_clip_teir", "prompt_teir"}
+    assert res["config"]["teir_lr"] == 5e-3
+    assert res["methods"]["prompt_teir"]["tasks"][0]["vocab_after"] == res["methods"]["cll_clip_teir"]["tasks"][0]["vocab_after"] + 2
     m = res["methods"]["cll_clip_teir"]
     assert len(m["matrix"]) == 1 and 0.0 <= m["AR"] <= 1.0 and m["F"] == 0.0
     assert len(m["english_R@1"]) == 1 and "english_R@1_before" in res and res["n_eval"] == 10

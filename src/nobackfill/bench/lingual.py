@@ -44,7 +44,8 @@ TEXT_LANGS = ("de", "fr", "cs")
 WORLD_LANGS = ("de", "fr", "es", "ru", "el", "zh")
 DEFAULT_METHODS = ("cll_clip", "cll_clip_teir")
 ALL_METHODS = ("cll_clip", "cll_clip_teir", "cll_clip_teir_grad", "cll_clip_teir_update", "oewc", "oewc_teir",
-               "er", "er_teir", "der", "der_teir", "lora", "lora_teir", "cll_clip_oracle", "cll_clip_teir_oracle")
+               "er", "er_teir", "der", "der_teir", "lora", "lora_teir", "prompt", "prompt_teir", "cll_clip_oracle",
+               "cll_clip_teir_oracle")
 #: measured references (frozen MiniLM, foreign -> English R@1 on test_2016; English caption-to-caption)
 MINILM_REFERENCE = {"de": 0.21, "fr": 0.34, "cs": 0.07, "en_caption": 0.58}
 #: steps per language of the --quick modes (sized for < 15 min on 2 CPU cores)
@@ -131,6 +132,14 @@ class LingualTextConfig:
     eval_limit: int | None = None
     cll: CLLConfig = field(default_factory=lambda: CLLConfig(steps=200, batch_size=64, lr=2e-3,
                                                                task_vocab_size=10_000))
+    #: learning rate of the methods with TEIR (None: ``cll.lr``); each family's rate is chosen on
+    #: Multi30K val with the same step budget (``cll.lr`` for plain CLL-CLIP, this for TEIR)
+    teir_lr: float | None = None
+
+    def method_cll(self, name: str) -> CLLConfig:
+        """The :class:`CLLConfig` of bench method ``name`` (with its family's learning rate)."""
+        c = method_config(name, self.cll)
+        return replace(c, lr=self.teir_lr) if c.teir and self.teir_lr is not None else c
 
     @classmethod
     def quick(cls, **kw) -> "LingualTextConfig":
@@ -179,7 +188,7 @@ def _text_method(name: str, data, eval_dir, cfg: "LingualTextConfig", model, cac
     torch.set_num_threads(cfg.cll.threads)
     log = log or _prefixed_print(name)
     st = _text_setup(data, eval_dir, cfg, model)
-    seq = run_sequence(copy.deepcopy(st.base), st.tasks, method_config(name, cfg.cll), st.evaluate(cache_dir),
+    seq = run_sequence(copy.deepcopy(st.base), st.tasks, cfg.method_cll(name), st.evaluate(cache_dir),
                        english_corpus=st.train_en, english_features=st.english_features(st.base, cache_dir),
                        work_dir=Path(work_dir), oracle_corpora=[t.corpus for t in st.tasks], log=log)
     s = summarise(seq.stages, cfg.langs, "f2e")

@@ -43,20 +43,30 @@ def add_task_lora(encoder, name: str, rank: int = 8, alpha: int = 8, seed: int =
 
 
 def use_language(encoder, lang: str | None) -> None:
-    """Activate ``lang``'s adapter, or disable every adapter when it has none (a no-op for a
-    model without LoRA)."""
+    """Activate ``lang``'s LoRA adapter and soft prompt (:mod:`nobackfill.lingual.prompts`), or
+    run the plain text tower where it has none (a no-op for a model with neither). The encoder's
+    space id names what is active, so cached embeddings never mix languages' adapters."""
+    from .prompts import soft_prompt
+
     layers = _lora_layers(encoder.model)
-    if not layers:
+    prompt = soft_prompt(encoder)
+    if not layers and prompt is None:
         return
-    has = any(lang in getattr(m, "lora_A", {}) for m in layers)
-    for m in layers:
-        if has:
-            m.enable_adapters(True)
-            m.set_adapter(lang, inference_mode=True)
-        else:
-            m.enable_adapters(False)
+    tags = []
+    if layers:
+        has = any(lang in getattr(m, "lora_A", {}) for m in layers)
+        for m in layers:
+            if has:
+                m.enable_adapters(True)
+                m.set_adapter(lang, inference_mode=True)
+            else:
+                m.enable_adapters(False)
+        tags.append(f"lora-{lang if has else 'none'}")
+    if prompt is not None:
+        prompt.active = lang if lang in prompt.ids else None
+        tags.append(f"prompt-{prompt.active or 'none'}")
     encoder.invalidate_space_id()
-    encoder._space_id = f"{encoder.space_id}-lora-{lang if has else 'none'}"
+    encoder._space_id = f"{encoder.space_id}-{'-'.join(tags)}"
 
 
 __all__ = ["add_task_lora", "use_language", "LORA_TARGETS"]

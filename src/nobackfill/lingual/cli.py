@@ -165,6 +165,10 @@ def bench_lingual_text(
     methods: str = typer.Option("cll_clip,cll_clip_teir", help="Comma list, e.g. cll_clip,cll_clip_teir,oewc,"
                                                                "er_teir,der,cll_clip_teir_oracle."),
     steps: Optional[int] = _STEPS,
+    lr: Optional[float] = typer.Option(None, help="Override the learning rate of the plain methods."),
+    teir_lr: Optional[float] = typer.Option(None, help="Override the learning rate of the TEIR methods."),
+    split: str = typer.Option("test_2016_flickr", help="Task-1 split to evaluate on ('val' for tuning)."),
+    limit: Optional[int] = typer.Option(None, help="Evaluate on the first N lines of the split."),
     cache_dir: Path = _CACHE,
     work_dir: Path = typer.Option(Path("runs/lingual-text"), help="Training scratch."),
     threads: int = _THREADS,
@@ -173,12 +177,17 @@ def bench_lingual_text(
 ) -> None:
     """CLL on real text: MiniLM learns de -> fr -> cs (Multi30K task 1); a[j,i], AR, F per method and
     English forgetting."""
+    from dataclasses import replace
+
     from ..bench.lingual import LingualTextConfig, run_lingual_text
     from ..data.multi30k import default_multi30k_dir
 
     cli = _cli()
     try:
-        cfg = _bench_config(LingualTextConfig, quick, methods, threads, steps)
+        cfg = _bench_config(LingualTextConfig, quick, methods, threads, steps, eval_split=split, eval_limit=limit,
+                            **({"teir_lr": teir_lr} if teir_lr else {}))
+        if lr:
+            cfg.cll = replace(cfg.cll, lr=lr)
         result = run_lingual_text(data or default_multi30k_dir(), eval_dir=eval_dir, quick=quick, config=cfg,
                                   cache_dir=cache_dir, work_dir=work_dir, jobs=jobs, log=lambda m: cli.console.print(m))
     except (ValueError, FileNotFoundError, ModuleNotFoundError) as e:

@@ -52,18 +52,29 @@ def expand_token_embeddings(encoder, merged: MergedVocab, *, mean: float, std: f
                             generator: torch.Generator | None = None) -> torch.Tensor:
     """Grow ``encoder``'s table to ``merged.size`` rows (new rows ~ N(mean, std^2)) and switch its
     tokenizer to ``merged.tokenizer``. Old rows are copied exactly. Returns the new rows."""
-    old = token_embedding(encoder)
-    n_old, dim = old.weight.shape
+    n_old = token_embedding(encoder).weight.shape[0]
     if merged.old_size != n_old:
         raise ValueError(f"merged vocabulary starts new ids at {merged.old_size}, but the table has {n_old} rows")
-    n_new = merged.size - n_old
-    emb = torch.nn.Embedding(merged.size, dim, padding_idx=old.padding_idx, dtype=old.weight.dtype)
+    rows = append_token_rows(encoder, merged.size - n_old, mean=mean, std=std, generator=generator)
+    encoder.tokenizer = merged.tokenizer
+    encoder.invalidate_space_id()
+    return rows
+
+
+@torch.no_grad()
+def append_token_rows(encoder, n_new: int, *, mean: float, std: float,
+                      generator: torch.Generator | None = None) -> torch.Tensor:
+    """Append ``n_new`` rows ~ N(mean, std^2) to ``encoder``'s token table (old rows copied
+    exactly; the tokenizer is left alone, e.g. for soft-prompt rows). Returns the new rows; their
+    ids are ``range(old height, old height + n_new)``."""
+    old = token_embedding(encoder)
+    n_old, dim = old.weight.shape
+    emb = torch.nn.Embedding(n_old + n_new, dim, padding_idx=old.padding_idx, dtype=old.weight.dtype)
     emb.weight.copy_(torch.cat([old.weight, torch.zeros(n_new, dim, dtype=old.weight.dtype)]))
     new_rows = torch.randn(n_new, dim, generator=generator, dtype=torch.float64) * std + mean
     emb.weight[n_old:] = new_rows.to(old.weight.dtype)
     emb.weight.requires_grad_(old.weight.requires_grad)
     _set_token_embedding(encoder, emb)
-    encoder.tokenizer = merged.tokenizer
     encoder.invalidate_space_id()
     return emb.weight[n_old:].detach().clone()
 
@@ -76,5 +87,5 @@ def freeze_all_but_token_embeddings(encoder) -> torch.nn.Parameter:
     return w
 
 
-__all__ = ["token_embedding", "expand_token_embeddings", "freeze_all_but_token_embeddings", "embedding_stats",
+__all__ = ["token_embedding", "expand_token_embeddings", "append_token_rows", "freeze_all_but_token_embeddings", "embedding_stats",
            "PLAIN_INIT_STD"]

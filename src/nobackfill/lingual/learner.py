@@ -23,6 +23,7 @@ import torch
 from ..train.loop import LoopConfig, train
 from .adapters import add_task_lora
 from .embeddings import PLAIN_INIT_STD, embedding_stats, expand_token_embeddings, token_embedding
+from .prompts import add_task_prompt
 from .losses import PAPER_GAMMA_CL, PAPER_GAMMA_CM, PAPER_TEMPERATURE
 from .methods import METHODS, CLLCLIPMethod, LingualBatch, OnlineEWC
 from .teir import teir_row_scales
@@ -66,6 +67,9 @@ class CLLConfig:
     ewc_batches: int = 10
     lora_rank: int = 8                  # paper: rank 8, scaling 8, on k and v
     lora_alpha: int = 8
+    #: soft-prompt tokens per language (paper's P-Tuning: 30 per layer, as prefixes in every layer;
+    #: ours: input-level prompt tuning, 8 tokens, CPU-sized)
+    prompt_length: int = 8
     seed: int = 0
     threads: int = 1
 
@@ -208,9 +212,14 @@ class ContinualLearner:
     def _rows(self) -> int:
         return int(token_embedding(self.encoder).weight.shape[0])
 
+    def _new_row_stats(self) -> tuple[float, float]:
+        """TEIR: ``(mu_{t-1}, sigma_{t-1})`` of the table so far; plain: ``(0, 0.02)``."""
+        if self.cfg.teir and self.cfg.teir_init:
+            return embedding_stats(token_embedding(self.encoder).weight)
+        return 0.0, PLAIN_INIT_STD
+
     def _grow(self, merged) -> None:
-        w = token_embedding(self.encoder).weight
-        mean, std = embedding_stats(w) if self.cfg.teir and self.cfg.teir_init else (0.0, PLAIN_INIT_STD)
+        mean, std = self._new_row_stats()
         expand_token_embeddings(self.encoder, merged, mean=mean, std=std, generator=self.generator)
         self.log(f"vocabulary {merged.old_size} -> {merged.size} (+{len(merged.new_tokens)}); "
                  f"new rows ~ N({mean:.4g}, {std:.4g}^2)")
@@ -230,6 +239,9 @@ class ContinualLearner:
             self._grow(merged)
             task_ids = ids_of(enc.tokenizer, task_token_set(tv))
             n_new = len(merged.new_tokens)
+        if cfg.method == "prompt":  # the language's soft prompt: new rows (lambda = 1) after V_t
+            mean, std = self._new_row_stats()
+            add_task_prompt(enc, task.lang, cfg.prompt_length, mean=mean, std=std, generator=self.generator)
         size = self._rows()
         self.counts = np.concatenate([self.counts, np.ones(size - len(self.counts))])
         scales = teir_row_scales(size, old_size, task_ids, self.counts) if cfg.teir else np.ones(size)
@@ -285,9 +297,10 @@ class ContinualLearner:
     # ----------------------------------------------------------------- persistence
     def save(self, out: str | Path) -> Path:
         """The model (loadable with ``load_encoder``) plus ``lingual.json`` and the token counts."""
-        if self.cfg.method == "lora":
-            raise ValueError("the LoRA baseline needs the language at inference (one adapter per task); "
-                             "it runs in the benches and is not saved as a model")
+        if self.cfg.method in ("lora", "prompt"):
+            kind = {"lora": "LoRA", "prompt": "prompt-tuning"}[self.cfg.method]
+            raise ValueError(f"the {kind} baseline needs the language at inference (one adapter or prompt per "
+                             "task); it runs in the benches and is not saved as a model")
         out = Path(out)
         self.encoder.meta["lingual"] = {"learned": self.learned, "method": self.cfg.label}
         self.encoder.invalidate_space_id()

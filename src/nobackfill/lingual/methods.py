@@ -6,7 +6,9 @@ baselines of the CLL-CLIP paper (seed 004, Sec. "Comparing Methods" and Reproduc
 * ``er``       - + Eq. 4 on a replayed batch of earlier tasks' triplets (reservoir memory);
 * ``der``      - + ``alpha L_KD``, ``L_KD = 1/(2K) sum ||r^M_k - r^F_k||^2`` on stored features;
 * ``lora``     - + a task-specific LoRA adapter on the text tower's k/v projections (peft; the
-  language picks the adapter at inference, see :mod:`nobackfill.lingual.adapters`).
+  language picks the adapter at inference, see :mod:`nobackfill.lingual.adapters`);
+* ``prompt``   - + a task-specific soft prompt (prompt tuning: learnable vectors inserted after the
+  first token; the language picks its prompt at inference, see :mod:`nobackfill.lingual.prompts`).
 
 Each can run with TEIR (``teir=True``: initialisation and the row scales of Eq. 5-6, see
 :mod:`nobackfill.lingual.teir`) or without (N(0, 0.02^2) rows, ``lambda = 1``).
@@ -27,7 +29,7 @@ from .embeddings import freeze_all_but_token_embeddings
 from .losses import cll_clip_loss, cross_lingual_loss
 from .teir import RowScaledEmbedding
 
-METHODS = ("cll_clip", "oewc", "er", "der", "lora")
+METHODS = ("cll_clip", "oewc", "er", "der", "lora", "prompt")
 
 
 @dataclass

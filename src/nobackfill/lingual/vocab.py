@@ -60,14 +60,33 @@ def train_task_vocab(base: PreTrainedTokenizerBase, texts: Iterable[str], vocab_
         j = tokenizer_json(base)
         tok = Tokenizer(models.WordPiece(unk_token=str(base.unk_token),
                                          continuing_subword_prefix=j["model"].get("continuing_subword_prefix", "##")))
+        prefix = j["model"].get("continuing_subword_prefix", "##")
         ref = Tokenizer.from_str(json.dumps(j))
         tok.normalizer = ref.normalizer
         tok.pre_tokenizer = ref.pre_tokenizer
+        texts = list(texts)
         trainer = trainers.WordPieceTrainer(vocab_size=vocab_size, min_frequency=min_frequency,
-                                            special_tokens=specials, show_progress=False,
-                                            continuing_subword_prefix=j["model"].get("continuing_subword_prefix", "##"))
+                                            special_tokens=specials + continuation_symbols(tok, texts, prefix, specials),
+                                            show_progress=False, continuing_subword_prefix=prefix)
     tok.train_from_iterator(list(texts), trainer=trainer)
     return tok
+
+
+def continuation_symbols(tok: Tokenizer, texts: Sequence[str], prefix: str, exclude: Sequence[str] = ()) -> list[str]:
+    """Every ``prefix + char`` the WordPiece trainer will create (a character after the first of
+    a pre-tokenised word), sorted. The trainer numbers these symbols in the order it meets them
+    while iterating a randomly seeded hash map of words, and breaks ties between equally frequent
+    merges by symbol id, so its vocabulary changed between runs (+-2 tokens). Registering them up
+    front, in sorted order, as the trainer's special tokens fixes their ids: training becomes
+    reproducible (they would be in the vocabulary anyway)."""
+    chars: set[str] = set()
+    for text in texts:
+        norm = tok.normalizer.normalize_str(text) if tok.normalizer is not None else text
+        words = tok.pre_tokenizer.pre_tokenize_str(norm) if tok.pre_tokenizer is not None else [(norm, None)]
+        for word, _ in words:
+            chars.update(word[1:])
+    skip = set(exclude)
+    return [s for s in (prefix + c for c in sorted(chars)) if s not in skip]
 
 
 def _ordered_specials(base: PreTrainedTokenizerBase) -> list[str]:
@@ -156,4 +175,5 @@ def ids_of(tokenizer: PreTrainedTokenizerBase, tokens: Iterable[str]) -> np.ndar
 
 
 __all__ = ["train_task_vocab", "merge_vocab", "MergedVocab", "oracle_vocab", "token_counts", "model_type",
-           "tokenizer_json", "rebuild_tokenizer", "task_token_set", "ids_of", "PAPER_TASK_VOCAB"]
+           "tokenizer_json", "rebuild_tokenizer", "task_token_set", "ids_of", "continuation_symbols",
+           "PAPER_TASK_VOCAB"]
