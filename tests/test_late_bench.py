@@ -25,6 +25,35 @@ def test_hard_negative_twins_swap_one_binding() -> None:
         assert not np.array_equal(hn.pixels[2 * k], hn.pixels[2 * k + 1])
 
 
+def test_swap_twin_batches_pair_each_scene_with_its_twin() -> None:
+    from nobackfill.data.world import WorldStream
+    from nobackfill.late.hard_negatives import SwapTwinBatches, swap_attributes
+
+    batches = SwapTwinBatches(9, seed=3)
+    px, caps = batches.batch(2)
+    assert px.shape == (9, 64, 64, 3) and len(caps) == 9
+    again_px, again_caps = batches.batch(2)
+    np.testing.assert_array_equal(px, again_px)  # reproducible
+    assert again_caps == caps
+    # the originals are the stream's scenes (ids 2 * 9 ...), each followed by its twin if it has one
+    stream_px, stream_caps, scenes = WorldStream(9, seed=3).batch(2)
+    i = k = 0
+    while i < 9:
+        np.testing.assert_array_equal(px[i], stream_px[k])
+        assert caps[i] == stream_caps[k]
+        i += 1
+        twin = swap_attributes(scenes[k])
+        if twin is not None and i < 9:  # the twin: same words, other binding, other pixels
+            assert sorted(caps[i].split()) == sorted(caps[i - 1].split()) and caps[i] != caps[i - 1]
+            assert not np.array_equal(px[i], px[i - 1])
+            i += 1
+        k += 1
+    assert k < 9 and any(swap_attributes(sc) is not None for sc in scenes[:k])
+    assert len(set(caps)) == 9
+    with pytest.raises(ValueError, match="batch_size"):
+        SwapTwinBatches(1)
+
+
 def test_metrics_from_scores_match_embedding_metrics_and_lift_top_k() -> None:
     from nobackfill.metrics import retrieval_metrics
     from nobackfill.metrics.scored import lift_top_k, retrieval_metrics_from_scores, top_k_columns
@@ -75,7 +104,9 @@ val_hard_pairs = 4
 test_hard_pairs = 5
 routing_pairs = 6
 rerank_k = 4
-weights = [0.5, inf]
+weights = [0.0, 0.5, inf]
+extra_seeds = [1]
+swap_twins = true
 memory_batches = [4]
 memory_shape = [4, 5, 8]
 memory_repeats = 1
@@ -99,10 +130,23 @@ def test_bench_late_cli_toy(toy) -> None:
     assert 0.0 <= res["kd"]["empty_routing"]["share"] <= 1.0
     assert [m["batch"] for m in res["memory"]] == [4]
     assert all(set(m) >= {"batch", "naive_mb", "stream_mb", "naive_s", "stream_s"} for m in res["memory"])
-    assert set(res["rerank_choice"]) == {"global", "cmli", "world_new"}
+    assert set(res["rerank_choice"]) == {"global", "cmli", "world_new", "global_seed1", "cmli_seed1"}
     for choice in res["rerank_choice"].values():
         assert {c["score"] for c in choice.values()} <= {"directional", "symmetric"}
-        assert {c["weight"] for c in choice.values()} <= {0.5, "inf"}
+        assert {c["weight"] for c in choice.values()} <= {0.0, 0.5, "inf"}
+    # the re-ranking gains: per training seed (0 and the extra seed 1) and their mean
+    seeds = res["seeds"]
+    assert seeds["n_seeds"] == 2 and set(seeds["per_seed"]) == {"0", "1"}
+    s0 = seeds["per_seed"]["0"]["hard_negatives"]
+    want = 100 * (res["hard_negatives"]["cmli_trained"]["t2i"]["R@1"] - res["hard_negatives"]["global"]["t2i"]["R@1"])
+    assert s0["over_global_model"]["t2i"] == pytest.approx(want, abs=0.01)
+    for t, gains in res["rerank_gain"].items():
+        for k, v in gains.items():
+            per = [seeds["per_seed"][sd][t][k]["i2t"] for sd in ("0", "1")]
+            assert v["i2t"] == pytest.approx(sum(per) / 2, abs=0.01)
+    assert json.loads((toy / "runs" / "late-work" / "cmli_seed1" / "recipe.json").read_text())["seed"] == 1
+    assert json.loads((toy / "runs" / "late-work" / "global" / "recipe.json").read_text())["swap_twins"] is True
+    assert json.loads((toy / "runs" / "late-work" / "global_kd" / "recipe.json").read_text())["swap_twins"] is False
     assert out.with_suffix(".md").read_text().startswith("# bench late")
     # a second run reuses the trained models (same recipe)
     r = invoke("bench", "late", "--json", out, "--models", toy / "models", "--world", toy / "world",

@@ -52,9 +52,16 @@ class LateBenchConfig:
     batch_size: int = 64
     lr: float = 2e-3
     seed: int = 0
+    #: extra training seeds of the global and CMLI-trained models (seed-to-seed spread of the
+    #: re-ranking gain; the tables show ``seed``, the ``seeds`` section every seed and the mean)
+    extra_seeds: tuple[int, ...] = ()
+    #: train the global and CMLI models on scenes + their attribute-swap twins (in-batch hard
+    #: negatives from training scenes; :class:`nobackfill.late.hard_negatives.SwapTwinBatches`)
+    swap_twins: bool = False
     threads: int = 1
     rerank_k: int = 100
-    weights: tuple[float, ...] = (0.1, 0.25, 0.5, 1.0, 2.0, 4.0, INF)
+    #: fusion weights w of ``global + w * CMLI`` tried on val; 0 is global scoring (re-ranking off)
+    weights: tuple[float, ...] = (0.0, 0.1, 0.25, 0.5, 1.0, 2.0, 4.0, INF)
     #: candidate pair scores for re-ranking: "directional" (Eq. 4 for text queries, Eq. 3 for image
     #: queries) and "symmetric" (their mean); chosen per direction on val with the weight
     score_variants: tuple[str, ...] = ("directional", "symmetric")
@@ -267,6 +274,32 @@ def global_metrics(encoder, tests: dict[str, EvalSet]) -> dict:
                                     d.caption_image, KS) for name, d in tests.items()}
 
 
+def _r1_gain(after: dict, before: dict) -> dict:
+    return {d: round(100 * (after[d]["R@1"] - before[d]["R@1"]), 2) for d in ("t2i", "i2t")}
+
+
+def seed_summary(by_model: dict, cfg: LateBenchConfig) -> dict:
+    """R@1 gains (points) of CMLI re-ranking per training seed and their mean, on each test set:
+    ``within_cmli_model`` = CMLI-trained model re-ranked minus the same model scored globally;
+    ``over_global_model`` = CMLI-trained model re-ranked minus the globally trained model (same
+    seed and steps) scored globally; ``global_model_rerank`` = the global model's own re-ranking."""
+    per_seed = {}
+    for sd in (cfg.seed, *cfg.extra_seeds):
+        g = by_model["global" if sd == cfg.seed else seed_run("global", sd)]
+        c = by_model["cmli" if sd == cfg.seed else seed_run("cmli", sd)]
+        per_seed[str(sd)] = {t: {"within_cmli_model": _r1_gain(c[t]["rerank"], c[t]["global"]),
+                                 "over_global_model": _r1_gain(c[t]["rerank"], g[t]["global"]),
+                                 "global_model_rerank": _r1_gain(g[t]["rerank"], g[t]["global"]),
+                                 "r1": {"global_model": {d: g[t]["global"][d]["R@1"] for d in ("t2i", "i2t")},
+                                        "cmli_model_global": {d: c[t]["global"][d]["R@1"] for d in ("t2i", "i2t")},
+                                        "cmli_model_rerank": {d: c[t]["rerank"][d]["R@1"] for d in ("t2i", "i2t")}}}
+                             for t in ("test", "hard_negatives")}
+    first = next(iter(per_seed.values()))
+    mean = {t: {k: {d: round(float(np.mean([v[t][k][d] for v in per_seed.values()])), 2) for d in ("t2i", "i2t")}
+                for k in ("within_cmli_model", "over_global_model", "global_model_rerank")} for t in first}
+    return {"per_seed": per_seed, "mean": mean, "n_seeds": len(per_seed)}
+
+
 # ----------------------------------------------------------------------------- data
 def bench_sets(world: Path, cfg: LateBenchConfig) -> tuple[dict[str, EvalSet], list[EvalSet]]:
     """Test sets (split "test" English captions; attribute-swap hard negatives) and val sets."""
@@ -299,13 +332,29 @@ RUNS = {  # name -> (kind, KD config kwargs)
 }
 
 
+def seed_run(name: str, seed: int) -> str:
+    """Run name of a global / CMLI model trained with an extra seed (``cmli_seed1``)."""
+    return f"{name}_seed{seed}"
+
+
+def _parse_run(name: str, cfg: LateBenchConfig) -> tuple[str, int]:
+    """``(RUNS key, training seed)`` of a run name (``cmli_seed1`` -> ``("cmli", 1)``)."""
+    base, _, tail = name.rpartition("_seed")
+    if base in RUNS and tail.isdigit():
+        return base, int(tail)
+    if name not in RUNS:
+        raise ValueError(f"unknown late bench run {name!r}")
+    return name, cfg.seed
+
+
 def _run_key(name: str, cfg: LateBenchConfig, world_seed: int) -> dict:
     from ..late.distill import KDConfig
 
-    kind, kd_kw = RUNS[name]
+    base, seed = _parse_run(name, cfg)
+    kind, kd_kw = RUNS[base]
     return {"kind": kind, "steps": cfg.kd_steps if kind == "kd" else cfg.steps, "batch_size": cfg.batch_size,
-            "lr": cfg.lr, "seed": cfg.seed, "preset": cfg.preset, "world_seed": world_seed,
-            "kd": asdict(KDConfig(**kd_kw)) if kd_kw else None}
+            "lr": cfg.lr, "seed": seed, "preset": cfg.preset, "world_seed": world_seed,
+            "swap_twins": cfg.swap_twins and kind != "kd", "kd": asdict(KDConfig(**kd_kw)) if kd_kw else None}
 
 
 def train_one(name: str, work: str, world: str, teacher_dir: str, cfg: LateBenchConfig) -> dict:
@@ -320,13 +369,13 @@ def train_one(name: str, work: str, world: str, teacher_dir: str, cfg: LateBench
     torch.set_num_threads(cfg.threads)
     spec = load_world_spec(world)
     teacher = load_encoder(teacher_dir)
-    kind, kd_kw = RUNS[name]
+    kind, kd_kw = RUNS[_parse_run(name, cfg)[0]]
     key = _run_key(name, cfg, spec.seed)
     out = Path(work) / name
     method, result = train_world_method(kind, out, spec, teacher.tokenizer, preset=cfg.preset, steps=key["steps"],
-                                        batch_size=cfg.batch_size, lr=cfg.lr, seed=cfg.seed, threads=cfg.threads,
+                                        batch_size=cfg.batch_size, lr=cfg.lr, seed=key["seed"], threads=cfg.threads,
                                         kd=KDConfig(**kd_kw) if kd_kw else None,
-                                        teacher=teacher if kind == "kd" else None)
+                                        teacher=teacher if kind == "kd" else None, swap_twins=key["swap_twins"])
     if name == "target_cmli_empty":  # which words the empty target excuses, on fresh (unseen) scenes
         px, caps, _ = WorldStream(cfg.routing_pairs, seed=spec.seed * 1000 + 999).batch(0)
         method.train_mode(False)
@@ -388,10 +437,11 @@ def run_late_bench(models: Path, world: Path, json_out: Path | None, cfg: LateBe
     tests, vals = bench_sets(Path(world), cfg)
     log(f"sets: test {len(tests['test'].captions)} captions / {len(tests['test'].images)} images, "
         f"hard negatives {len(tests['hard_negatives'].captions)} (pairs of twins)")
-    train_info = train_runs(list(RUNS), work, Path(world), teacher_dir, cfg, log, jobs=cfg.jobs)
+    extra = [seed_run(n, sd) for sd in cfg.extra_seeds for n in ("global", "cmli")]
+    train_info = train_runs(list(RUNS) + extra, work, Path(world), teacher_dir, cfg, log, jobs=cfg.jobs)
     log("evaluating ...")
     by_model = {}
-    for name in ("global", "cmli"):
+    for name in ["global", "cmli"] + extra:
         by_model[name] = evaluate_model(load_encoder(work / name), tests, vals, cfg)
     if cfg.world_new:
         by_model["world_new"] = evaluate_model(load_encoder(teacher_dir), tests, vals, cfg)
@@ -411,9 +461,12 @@ def run_late_bench(models: Path, world: Path, json_out: Path | None, cfg: LateBe
     kd["teacher_world_new"] = global_metrics(load_encoder(teacher_dir), tests)
     routing_path = work / "target_cmli_empty" / "empty_routing.json"
     kd["empty_routing"] = json.loads(routing_path.read_text()) if routing_path.is_file() else None
+    seeds = seed_summary(by_model, cfg)
     result = {
         "retrieval": section("test"),
         "hard_negatives": section("hard_negatives"),
+        "rerank_gain": seeds["mean"],
+        "seeds": seeds,
         "kd": kd,
         "memory": memory,
         "rerank_choice": {n: m["choice"] for n, m in by_model.items()},
@@ -458,6 +511,16 @@ def format_markdown(result: dict) -> str:
              _md_table(head, _recall_rows(result["retrieval"])), "",
              "## Attribute-swap hard negatives (test)", "", _md_table(head, _recall_rows(result["hard_negatives"])), "",
              f"Re-ranking score and weight per direction (chosen on val): {json.dumps(result['rerank_choice'])}", "",
+             f"## R@1 gain of CMLI re-ranking (points; mean of {result['seeds']['n_seeds']} training seed(s))", "",
+             _md_table(["set", "gain", "t2i", "i2t"],
+                       [[t, k, f"{v['t2i']:+.1f}", f"{v['i2t']:+.1f}"] for t, ks in result["rerank_gain"].items()
+                        for k, v in ks.items()]), "",
+             "Per seed: " + "; ".join(
+                 f"seed {sd}: hard negatives within {v['hard_negatives']['within_cmli_model']['t2i']:+.1f} / "
+                 f"{v['hard_negatives']['within_cmli_model']['i2t']:+.1f}, over global model "
+                 f"{v['hard_negatives']['over_global_model']['t2i']:+.1f} / "
+                 f"{v['hard_negatives']['over_global_model']['i2t']:+.1f}"
+                 for sd, v in result["seeds"]["per_seed"].items()), "",
              "## Target-CMLI distillation (test)", ""]
     kd_rows = []
     for name, m in result["kd"].items():
@@ -489,4 +552,4 @@ def write_outputs(result: dict, json_path: str | Path) -> str:
 
 
 __all__ = ["LateBenchConfig", "run_late_bench", "measure_memory", "memory_worker", "score_set", "evaluate_model",
-           "format_markdown", "write_outputs", "EvalSet"]
+           "format_markdown", "write_outputs", "EvalSet", "seed_summary", "seed_run"]

@@ -14,6 +14,7 @@ from ..encoders.zoo import Preset, create_model, get_preset
 from ..train.contrastive import ContrastivePretraining
 from ..train.loop import LoopConfig, Method, TrainResult, train
 from .distill import KDConfig, TargetCMLIDistillation
+from .hard_negatives import SwapTwinBatches
 from .train import CMLIConfig, CMLIContrastive
 
 __all__ = ["LATE_PRESET", "train_world_method", "new_world_model"]
@@ -31,11 +32,14 @@ def new_world_model(preset: str | Preset, tokenizer, seed: int = 0) -> CLIPDualE
 def train_world_method(kind: str, out: str | Path, spec: WorldSpec, tokenizer, *, preset: str | Preset = LATE_PRESET,
                        steps: int = 600, batch_size: int = 64, lr: float = 2e-3, warmup: int = 50, seed: int = 0,
                        threads: int = 1, cmli: CMLIConfig | None = None, kd: KDConfig | None = None,
-                       teacher: CLIPDualEncoder | None = None, progress: bool = False) -> tuple[Method, TrainResult]:
+                       teacher: CLIPDualEncoder | None = None, swap_twins: bool = False,
+                       progress: bool = False) -> tuple[Method, TrainResult]:
     """Train a fresh ``preset`` model on the world stream with ``kind``: ``"global"`` (InfoNCE,
     :class:`ContrastivePretraining`), ``"cmli"`` (:class:`CMLIContrastive`) or ``"kd"``
     (:class:`TargetCMLIDistillation` from ``teacher``). Every kind sees the same batches (seeded
-    by ``spec.seed`` and ``seed``) and the same initial weights. Writes the model into ``out``."""
+    by ``spec.seed`` and ``seed``) and the same initial weights. ``swap_twins``: batches of scenes
+    and their attribute-swap twins (:class:`nobackfill.late.hard_negatives.SwapTwinBatches`, in-batch
+    hard negatives from training scenes). Writes the model into ``out``."""
     enc = new_world_model(preset, tokenizer, seed=seed)
     enc.meta.update({"name": Path(out).name, "late_kind": kind})
     if kind == "global":
@@ -48,12 +52,15 @@ def train_world_method(kind: str, out: str | Path, spec: WorldSpec, tokenizer, *
         method = TargetCMLIDistillation(enc, teacher, kd or KDConfig())
     else:
         raise ValueError(f"kind must be 'global', 'cmli' or 'kd', got {kind!r}")
-    batches = WorldBatches(WorldStream(batch_size, seed=spec.seed * 1000 + 500 + seed))
+    stream_seed = spec.seed * 1000 + 500 + seed
+    batches = (SwapTwinBatches(batch_size, seed=stream_seed) if swap_twins
+               else WorldBatches(WorldStream(batch_size, seed=stream_seed)))
     cfg = LoopConfig(steps=steps, lr=lr, warmup=min(warmup, max(1, steps // 5)), seed=seed, threads=threads,
                      log_every=max(1, min(50, steps)), checkpoint_every=max(100, steps // 4))
     result = train(method, batches, cfg, out, progress=progress)
     recipe = {"kind": kind, "steps": steps, "batch_size": batch_size, "lr": lr, "seed": seed,
-              "preset": getattr(preset, "name", preset), "world_seed": spec.seed, "loop": asdict(cfg),
+              "preset": getattr(preset, "name", preset), "world_seed": spec.seed, "swap_twins": swap_twins,
+              "loop": asdict(cfg),
               "cmli": asdict(cmli) if kind == "cmli" and cmli else None,
               "kd": asdict(kd) if kind == "kd" and kd else None, "seconds": round(result.seconds, 1)}
     (Path(out) / "recipe.json").write_text(json.dumps(recipe, indent=2, default=str))
