@@ -17,11 +17,12 @@ def test_compat_train_cli(tmp_path):
     out = tmp_path / "bct"
     r = CliRunner().invoke(app, ["compat", "train", "--method", "bct", "--steps", "2", "--epochs", "0", "--train-steps", "3",
                                  "--out", str(out), "--cache-dir", str(tmp_path / "cache"),
-                                 "--option", "influence_weight=2", *TINY])
+                                 "--option", "influence_weight=2", "--metric", "verification", *TINY])
     assert r.exit_code == 0, r.output
     assert "AC" in r.output and "phi2" in r.output
     res = json.loads((out / "result.json").read_text())
     assert res["method"] == "bct" and len(res["C"]) == 2
+    assert res["metric"] == "verification" and len(res["search"]["C"]) == 2
     assert (out / "step2" / "step_model.json").is_file()
     assert list((tmp_path / "cache").glob("*.npz"))  # features cached
 
@@ -45,8 +46,10 @@ def test_bench_compat_steps_cli(tmp_path):
     res = json.loads(out.read_text())
     assert set(res["T2"]) == {"baseline", "bct", "fd-kl"} and set(res["T3"]["bct"]) >= {"AC", "AA", "ACA", "C"}
     assert set(res["nfr"]) == {"T2", "T3"} and "classification" in res["nfr"]["T2"]["fd-kl"]
-    assert "baseline_AC_T2_is_0" in res["done_when"]
+    assert "baseline_AC_T2_is_0" in res["done_when"] and "bct_AC_T2_is_1_verification" in res["done_when"]
+    assert res["T2"]["bct"]["metric"] == "search" and "AC" in res["T2"]["bct"]["verification"]
     assert res["config"]["sequence"]["train_steps"] == 2
     html = out.with_suffix(".html").read_text()
     assert "data:image/png;base64" in html and "AC / AA / ACA" in html
-    assert "T=2 AC" in out.with_suffix(".md").read_text()
+    md = out.with_suffix(".md").read_text()
+    assert "T=2 AC" in md and "M = open-set pair verification accuracy" in md

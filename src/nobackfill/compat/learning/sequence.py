@@ -151,7 +151,7 @@ def _mean(rows: list[dict]) -> dict:
 
 @torch.no_grad()
 def evaluate_sequence(method: CompatMethod, models: list[StepModel], data: ClassData, strict: bool = True,
-                      n_unpaired: int = 20000, metric: str = "verification") -> dict:
+                      n_unpaired: int = 20000, metric: str = "search") -> dict:
     """Compatibility matrix (``metric`` as M, every other metric of :data:`METRICS` under its name),
     AC / AA / ACA, consecutive-pair criterion rates and flips."""
     q, g = torch.from_numpy(data.query_x), torch.from_numpy(data.gallery_x)
