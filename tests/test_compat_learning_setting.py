@@ -97,3 +97,24 @@ def test_evaluation_reports_both_metrics(tmp_path):
     assert v["C"] == r["verification"]["C"] and v["search"]["C"] == r["C"]
     with pytest.raises(ValueError, match="metric"):
         SequenceConfig(metric="recall")
+
+
+def test_neighbour_agreement_hand_computed():
+    from nobackfill.metrics.class_search import neighbour_agreement
+
+    gallery = np.array([[1.0, 0.0], [0.0, 1.0]], np.float32)
+    query = np.array([[0.9, 0.1], [0.2, 0.8], [0.7, 0.3]], np.float32)  # nearest: 0, 1, 0
+    assert neighbour_agreement(query, gallery, ["sky", "sky", "grass"], ["sky", "grass"]) == pytest.approx(1 / 3)
+
+
+def test_gallery_and_query_rows_point_at_the_cached_items(tmp_path):
+    from nobackfill.compat.learning import load_class_data
+
+    cfg = DataConfig(backbone="pixels", n_render_train=300, n_render_eval=300, n_train_classes=40,
+                     eval_split="val", cache_dir=str(tmp_path))
+    d = load_class_data(cfg, progress=False)
+    z = np.load(tmp_path / "pixels_val_0_300.npz")
+    arrival = np.argsort(d.class_order)  # world class id -> arrival position
+    assert np.array_equal(arrival[z["y"][d.gallery_index]], d.gallery_y)
+    assert np.array_equal(arrival[z["y"][d.query_index]], d.query_y)
+    assert not set(d.gallery_index) & set(d.query_index)

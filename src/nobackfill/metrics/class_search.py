@@ -108,3 +108,11 @@ def verification_accuracy(query: np.ndarray, gallery: np.ndarray, query_labels: 
         thr, _ = best_threshold_accuracy(dist[train], same[train])
         accs.append(float(((dist[held] < thr) == same[held]).mean()))
     return float(np.mean(accs))
+
+
+def neighbour_agreement(query: np.ndarray, gallery: np.ndarray, query_attr: Sequence, gallery_attr: Sequence
+                        ) -> float:
+    """Fraction of queries whose nearest gallery item (cosine, as in :func:`top1_hits`) shares the
+    query's attribute - with a nuisance attribute (e.g. the background), how much an embedding's
+    neighbourhoods are organised by it."""
+    return float(top1_hits(query, gallery, query_attr, gallery_attr).mean())

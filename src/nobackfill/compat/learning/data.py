@@ -94,6 +94,9 @@ class ClassData:
     class_order: list[int]  # world class ids in arrival order (pool first, open set after)
     part_dims: list[tuple[str, int]] | None = None  # (backbone part, columns) in input order
     step_backbones: list[list[str]] | None = None  # parts seen per step (last repeated); None: all
+    #: rows of the eval split's cached single-object items behind gallery_x / query_x (diagnostics)
+    gallery_index: np.ndarray | None = None
+    query_index: np.ndarray | None = None
 
     @property
     def in_dim(self) -> int:
@@ -232,7 +235,7 @@ def load_class_data(cfg: DataConfig, progress: bool = True) -> ClassData:
     norm = lambda a: ((a - mean) / std).astype(np.float32)
     closed = ey < cfg.n_train_classes
     retrieval = ~closed if cfg.eval_classes == "unseen" else np.ones(len(ey), bool)
-    open_x, open_y = ex[retrieval], ey[retrieval]
+    open_x, open_y, open_index = ex[retrieval], ey[retrieval], np.flatnonzero(retrieval)
     # per class: alternate items go to the gallery and to the queries
     rank = np.zeros(len(open_y), np.int64)
     for c in np.unique(open_y):
@@ -244,7 +247,8 @@ def load_class_data(cfg: DataConfig, progress: bool = True) -> ClassData:
     dims = [(part, d) for part, d in zip(cfg.backbone.split("+"), part_widths)]
     steps = [s.split("+") for s in cfg.step_backbones.split(",") if s] or None
     return ClassData(norm(tx[pool]), ty[pool], norm(ex[closed]), ey[closed], norm(open_x[gal]), open_y[gal],
-                     norm(open_x[~gal]), open_y[~gal], cfg.n_train_classes, [int(c) for c in order], dims, steps)
+                     norm(open_x[~gal]), open_y[~gal], cfg.n_train_classes, [int(c) for c in order], dims, steps,
+                     open_index[gal], open_index[~gal])
 
 
 class ReplayMemory:
