@@ -76,6 +76,28 @@ def test_metrics_from_scores_match_embedding_metrics_and_lift_top_k() -> None:
     assert np.argsort(-lifted[0]).tolist() == [2, 0, 3, 1]
 
 
+def test_rerank_weight_zero_is_global_scoring_and_val_can_choose_it() -> None:
+    """w = 0 in the grid lets the val choice switch re-ranking off (CMLI that only hurts)."""
+    from nobackfill.bench.late import EvalSet, LateBenchConfig, TopK, choose_rerank, metrics_at
+    from nobackfill.metrics.scored import top_k_columns
+
+    rng = np.random.default_rng(1)
+    n = 12
+    data = EvalSet("toy", list(range(n)), [str(i) for i in range(n)], np.arange(n))
+    scored = {}
+    for d in ("t2i", "i2t"):
+        first = rng.normal(size=(n, n)) + 2.0 * np.eye(n)  # global scoring mostly right
+        top = top_k_columns(first, 5)
+        cmli = -np.take_along_axis(first, top, axis=1)  # CMLI reverses the first stage: only hurts
+        scored[d] = TopK(first, top, {"directional": cmli, "symmetric": cmli})
+    glob = metrics_at(scored, data, None)
+    off = metrics_at(scored, data, {"t2i": ("directional", 0.0), "i2t": ("directional", 0.0)})
+    assert off == glob
+    choice, _ = choose_rerank([(scored, data)], LateBenchConfig(weights=(0.0, 1.0, float("inf"))))
+    assert choice == {"t2i": ("directional", 0.0), "i2t": ("directional", 0.0)}
+    assert 0.0 in LateBenchConfig().weights
+
+
 def test_memory_worker_measures_a_rise() -> None:
     """Each measurement runs in a fresh subprocess (inside this long-lived test process, pages
     freed by earlier tests are reused and the peak RSS need not rise at all)."""
@@ -156,6 +178,9 @@ def test_bench_late_cli_toy(toy) -> None:
 
 
 def test_bench_late_bad_config_names_the_field(toy, tmp_path) -> None:
+    r = invoke("bench", "late", "--json", tmp_path / "x.json", "--models", toy / "models", "--world", toy / "world",
+               "--extra-seeds", "1,two")
+    assert r.exit_code != 0 and "--extra-seeds" in r.output
     bad = tmp_path / "bad.toml"
     bad.write_text("stepz = 3\n")
     r = invoke("bench", "late", "--json", tmp_path / "x.json", "--models", toy / "models", "--world", toy / "world",

@@ -104,6 +104,20 @@ def test_every_kind_trains_through_the_one_loop(tiny, kind, kd) -> None:
         assert 0.0 <= routing["share"] <= 1.0 and routing["n_tokens"] > 0
 
 
+def test_late_train_cli_with_swap_twins(tiny) -> None:
+    from _late_helpers import invoke, tiny_world
+
+    root, tok, teacher = tiny
+    world = tiny_world(root, n_val=2, n_test=2)
+    teacher.save(root / "teacher-model")
+    out = root / "cli-cmli"
+    r = invoke("late", "train", "--kind", "cmli", "--world", world, "--out", out, "--preset", root / "student.toml",
+               "--teacher", root / "teacher-model", "--steps", 2, "--batch-size", 6, "--swap-twins")
+    assert r.exit_code == 0, r.output
+    recipe = json.loads((out / "recipe.json").read_text())
+    assert recipe["swap_twins"] is True and recipe["kind"] == "cmli" and recipe["steps"] == 2
+
+
 def test_kd_needs_matching_patch_grid(tiny) -> None:
     from nobackfill.encoders import create_model, get_preset
     from nobackfill.late.distill import TargetCMLIDistillation

@@ -37,6 +37,8 @@ def late_train(
     kd_mode: str = typer.Option("target-cmli", help="kd: target-cmli (Eq. 5-7) | global (global targets only)."),
     seed: int = typer.Option(0, help="Seed."),
     threads: int = typer.Option(1, help="torch threads."),
+    swap_twins: bool = typer.Option(False, help="Batches of scenes + their attribute-swap twins (in-batch hard "
+                                                "negatives from training scenes)."),
 ) -> None:
     """Train a world model with CMLI logits, or a Target-CMLI student of a teacher, from scratch."""
     from ..data.world import load_world_spec
@@ -52,7 +54,7 @@ def late_train(
         kd = KDConfig(mode=kd_mode, empty_target=empty_target, seed=seed) if kind == "kd" else None
         _, r = train_world_method(kind, out, spec, t.tokenizer, preset=preset, steps=steps, batch_size=batch_size,
                                   lr=lr, seed=seed, threads=threads, kd=kd, teacher=t if kind == "kd" else None,
-                                  progress=True)
+                                  swap_twins=swap_twins, progress=True)
     except (ValueError, FileNotFoundError) as e:
         _fail(str(e))
     _console().print(f"trained {kind} model {out} in {r.seconds:.0f}s (last loss {r.last_loss:.3f})")
@@ -70,6 +72,10 @@ def bench_late(
     world_new: bool = typer.Option(True, help="Also score the shipped world-new globally and re-ranked."),
     threads: int = typer.Option(1, help="torch threads per training process."),
     jobs: Optional[int] = typer.Option(None, help="Models trained at once in separate processes (quick: 2, else 1)."),
+    extra_seeds: str = typer.Option("", help="Comma-separated extra training seeds of the global and CMLI models "
+                                              "(per-seed and mean re-ranking gains), e.g. 1,2."),
+    swap_twins: bool = typer.Option(False, help="Train the global and CMLI models with in-batch attribute-swap twins "
+                                                "of training scenes (hard negatives)."),
     config: Optional[Path] = typer.Option(None, help="TOML/YAML overriding any LateBenchConfig field (e.g. a toy run)."),
 ) -> None:
     """CMLI on the world: global vs re-ranked vs CMLI-trained R@K (incl. attribute-swap hard
@@ -77,6 +83,12 @@ def bench_late(
     from ..bench.late import LateBenchConfig, format_markdown, run_late_bench
 
     kw = {"threads": threads, "world_new": world_new}
+    try:
+        kw["extra_seeds"] = tuple(int(x) for x in extra_seeds.split(",") if x.strip())
+    except ValueError:
+        _fail(f"--extra-seeds must be comma-separated integers, got {extra_seeds!r}")
+    if swap_twins:
+        kw["swap_twins"] = True
     kw.update({k: v for k, v in {"steps": steps, "kd_steps": kd_steps, "jobs": jobs}.items() if v is not None})
     try:
         cfg = LateBenchConfig.quick_preset(**kw) if quick else LateBenchConfig(**kw)
