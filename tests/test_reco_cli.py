@@ -111,4 +111,10 @@ def test_bench_reco_tiny(setup, tmp_path):
     assert set(res["k_sweep"]) == {"1", "2"} and "reco_queries_only" in res["retrieval"]
     assert isinstance(res["memory_removed_near_duplicates"], int)
     assert res["unchanged"] == {"encoder_weights": True, "memory_gallery": True}
+    pr = res["premise"]
+    assert set(pr["image_neighbours"]) == {"size", "colour", "shape", "fine"} and 0 <= pr["knn_vote"]["all"] <= 1
+    assert 0 <= pr["linear_probe"]["fine_trained_on_all"]["all"] <= 1 and pr["chance"]["fine"] == 1 / 128
+    za = res["zero_shot_attributes"]["base"]["all"]
+    # an exact hit has every attribute right: no attribute can be rarer than the fine-class accuracy
+    assert min(za.values()) >= res["zero_shot"]["base"] - 1e-9
     assert (tmp_path / "reco.md").read_text().startswith("# RECO benchmark")

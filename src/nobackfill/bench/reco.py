@@ -34,6 +34,8 @@ import numpy as np
 import typer
 
 from ..index.store import file_sha256
+from ..metrics.zero_shot import (attribute_accuracy, knn_label_agreement, knn_neighbours, knn_vote_accuracy,
+                                   ridge_probe_accuracy, zero_shot_accuracy, zero_shot_predictions)
 
 ABLATIONS = {"cross_modal_search": {"search": "cross"}, "unimodal_fusion": {"fuse": "uni"},
              "mean_fusion": {"fusion": "mean"}}
@@ -90,13 +92,6 @@ def fine_classes() -> tuple[list[str], list[tuple[str, str, str]]]:
     return [" ".join(p) for p in parts], parts
 
 
-def zero_shot_accuracy(images: np.ndarray, prompts: np.ndarray, labels: np.ndarray,
-                       mask: np.ndarray | None = None) -> float:
-    """Top-1 accuracy of ``argmax_c cos(image, prompt_c)`` (rows are unit vectors)."""
-    hit = (images @ prompts.T).argmax(axis=1) == labels
-    return float(hit[mask].mean() if mask is not None else hit.mean())
-
-
 def _retrieval(q_img, q_txt, g_img, g_txt, c2i) -> dict:
     from ..metrics.retrieval import retrieval_metrics
 
@@ -113,9 +108,11 @@ class _Split:
     labels: np.ndarray  # fine class (size x colour x shape)
     single: np.ndarray
     coarse: np.ndarray  # colour x shape class (the world's 64 "class" labels)
+    unseen_colour: np.ndarray  # the main object's colour is one the base encoder was never trained on
 
 
-def _load_split(enc, world: Path, split: str, names: list[str], cache: Path) -> _Split:
+def _load_split(enc, world: Path, split: str, names: list[str], cache: Path,
+                seen_colours: tuple[str, ...] | None = None) -> _Split:
     from ..evaluate import embed_dataset, load_eval_data
 
     ds = load_eval_data(world, split, langs=["en"])
@@ -127,7 +124,82 @@ def _load_split(enc, world: Path, split: str, names: list[str], cache: Path) -> 
     coarse_names = coarse_classes()
     return _Split(e.images, e.texts, ds.caption_image, np.array([names.index(lab["fine_class"]) for lab in ds.image_labels]),
                   np.array([lab.get("n_objects", 0) == 1 for lab in ds.image_labels]),
-                  np.array([coarse_names.index(f"{lab['colour']} {lab['shape']}") for lab in ds.image_labels]))
+                  np.array([coarse_names.index(f"{lab['colour']} {lab['shape']}") for lab in ds.image_labels]),
+                  np.array([seen_colours is not None and lab["colour"] not in seen_colours for lab in ds.image_labels]))
+
+
+#: attributes of a fine class, in the order of :func:`fine_classes`' parts
+ATTRIBUTES = ("size", "colour", "shape")
+
+
+def trained_concepts(model_dir: str | Path) -> dict | None:
+    """The shapes / colours a world model was trained on (``nobackfill.json`` ``concepts``), if recorded."""
+    f = Path(model_dir) / "nobackfill.json"
+    if not f.is_file():
+        return None
+    concepts = json.loads(f.read_text()).get("concepts")
+    return concepts if isinstance(concepts, dict) else None
+
+
+def attribute_breakdown(images: np.ndarray, prompts: np.ndarray, s: "_Split") -> dict:
+    """Which part of the fine label zero-shot gets right: size / colour / shape accuracy of the predicted
+    class (all images and single-object images), and colour accuracy on images whose colour the base
+    encoder never saw in training (the knowledge only the memory's captions carry)."""
+    _, parts = fine_classes()
+    pred = zero_shot_predictions(images, prompts)
+    out = {"all": attribute_accuracy(pred, s.labels, parts, ATTRIBUTES),
+           "single_object": attribute_accuracy(pred, s.labels, parts, ATTRIBUTES, s.single)}
+    if s.unseen_colour.any():
+        out["colour_unseen_in_training"] = attribute_accuracy(pred, s.labels, parts, ATTRIBUTES, s.unseen_colour)["colour"]
+        out["colour_seen_in_training"] = attribute_accuracy(pred, s.labels, parts, ATTRIBUTES, ~s.unseen_colour)["colour"]
+    return out
+
+
+def premise_diagnostics(memory, memory_labels: np.ndarray, memory_single: np.ndarray, s: "_Split",
+                        prompts: np.ndarray, k: int) -> dict:
+    """Does the RECO premise hold for this base + memory (on split ``s``, no training)?
+
+    * ``image_neighbours``: for each image, how many of its ``k`` nearest memory IMAGES share the main
+      object's size / colour / shape / fine class (v->v search: what KNN_t^{v->v} hands to phi_image);
+    * ``prompt_neighbours``: for each class prompt, how many of its ``k`` nearest memory TEXTS describe a
+      scene whose main object has the prompt's attribute (t->t search: what KNN_v^{t->t} hands to phi_text);
+    * ``knn_vote``: fine-class accuracy of a majority vote over the image neighbours' labels;
+    * ``linear_probe``: a SUPERVISED ceiling - a ridge least-squares classifier fitted on the memory's
+      labelled frozen image embeddings, scored on the split: how much of the label the frozen image
+      embedding carries linearly (prompt-side refinement only moves the class vectors, i.e. is a linear
+      classifier of the frozen image embedding).
+    """
+    _, parts = fine_classes()
+    table = np.asarray(parts, dtype=object)
+    V, T = memory.vectors("image"), memory.vectors("text")
+    nn_img = knn_neighbours(s.images, V, k)
+    nn_txt = memory.text_image[knn_neighbours(prompts, T, k)]
+    classes = np.arange(len(parts))
+    out: dict = {"k": k, "image_neighbours": {}, "prompt_neighbours": {}}
+    for i, a in enumerate(ATTRIBUTES + ("fine",)):
+        q_img = s.labels if a == "fine" else table[s.labels, i]
+        q_cls = classes if a == "fine" else table[:, i]
+        mem = memory_labels if a == "fine" else table[memory_labels, i]
+        out["image_neighbours"][a] = {"all": knn_label_agreement(nn_img, q_img, mem),
+                                      "single_object": knn_label_agreement(nn_img, q_img, mem, s.single)}
+        out["prompt_neighbours"][a] = knn_label_agreement(nn_txt, q_cls, mem)
+    out["knn_vote"] = {"all": knn_vote_accuracy(nn_img, s.labels, memory_labels, len(parts)),
+                       "single_object": knn_vote_accuracy(nn_img, s.labels, memory_labels, len(parts), s.single)}
+    shape_ids = {sh: j for j, sh in enumerate(dict.fromkeys(table[:, 2]))}
+    mem_shape = np.array([shape_ids[x] for x in table[memory_labels, 2]])
+    s_shape = np.array([shape_ids[x] for x in table[s.labels, 2]])
+    out["linear_probe"] = {}
+    for train_name, rows in (("all", np.ones(len(V), bool)), ("single_object", memory_single)):
+        out["linear_probe"][f"fine_trained_on_{train_name}"] = {
+            "all": ridge_probe_accuracy(V[rows], memory_labels[rows], s.images, s.labels, len(parts)),
+            "single_object": ridge_probe_accuracy(V[rows], memory_labels[rows], s.images, s.labels, len(parts),
+                                                  mask=s.single)}
+        out["linear_probe"][f"shape_trained_on_{train_name}"] = {
+            "all": ridge_probe_accuracy(V[rows], mem_shape[rows], s.images, s_shape, len(shape_ids)),
+            "single_object": ridge_probe_accuracy(V[rows], mem_shape[rows], s.images, s_shape, len(shape_ids),
+                                                  mask=s.single)}
+    out["chance"] = {"fine": 1 / len(parts), "shape": 1 / len(shape_ids)}
+    return out
 
 
 def coarse_classes() -> list[str]:
@@ -149,6 +221,7 @@ def _evaluate(model, memory, s: _Split, prompts: np.ndarray, coarse_prompts: np.
            "zero_shot_single_object": zero_shot_accuracy(vb, pb, s.labels, s.single)}
     if cb is not None:
         out["zero_shot_colour_shape"] = zero_shot_accuracy(vb, cb, s.coarse)
+    out["zero_shot_attributes"] = attribute_breakdown(vb, pb, s)
     if model is None:
         out["retrieval"] = _retrieval(s.images, s.texts, s.images, s.texts, s.c2i)
         return out
@@ -284,8 +357,18 @@ def run_reco_bench(out_json: str | Path, cfg: RecoBenchConfig | None = None,
     g = get_grammar("en")
     prompts = enc.encode_texts([g.class_prompt(sh, c, sz) for sz, c, sh in parts])
     coarse = enc.encode_texts([g.class_prompt(*reversed(n.split())) for n in coarse_classes()])
-    val = _load_split(enc, world, cfg.tune_split, names, cache)
-    test = _load_split(enc, world, cfg.eval_split, names, cache)
+    concepts = trained_concepts(model_dir)
+    seen_colours = tuple(concepts["colours"]) if concepts and concepts.get("colours") else None
+    val = _load_split(enc, world, cfg.tune_split, names, cache, seen_colours)
+    test = _load_split(enc, world, cfg.eval_split, names, cache, seen_colours)
+    mem_labels = {im: lab for im, lab in zip(mem_src.images, mem_src.image_labels)}
+    mem_ids = memory.gallery.ids("image")
+    premise = premise_diagnostics(memory, np.array([names.index(mem_labels[i]["fine_class"]) for i in mem_ids]),
+                                  np.array([mem_labels[i].get("n_objects", 0) == 1 for i in mem_ids]), val, prompts,
+                                  cfg.k)
+    say(f"premise ({cfg.tune_split}): image neighbours share the shape "
+        f"{100 * premise['image_neighbours']['shape']['all']:.1f}% (chance {100 * premise['chance']['shape']:.1f}%); "
+        f"linear probe of the fine class {100 * premise['linear_probe']['fine_trained_on_all']['all']:.1f}%")
 
     # 3. train each variant (early stopping on val), evaluate on test
     neighbours: dict = {}
@@ -340,6 +423,8 @@ def run_reco_bench(out_json: str | Path, cfg: RecoBenchConfig | None = None,
         "zero_shot_colour_shape": {n: rows[n]["zero_shot_colour_shape"] for n in zero_shot},
         "retrieval": retrieval,
         "k_sweep": k_sweep,
+        "zero_shot_attributes": {n: rows[n]["zero_shot_attributes"] for n in zero_shot},
+        "premise": premise | {"split": cfg.tune_split},
         "memory_removed_near_duplicates": int(removal["near_duplicates"]),
         "memory_removed_test_items": int(removal["test_items"]),
         "memory": {k: v for k, v in removal.items() if k != "examples"} | {"path": str(mem_dir)},
@@ -382,6 +467,30 @@ def format_reco_tables(result: dict) -> str:
              "|---|---|---|---|"]
     zc = result.get("zero_shot_colour_shape", {})
     lines += [f"| {n} | {_pct(zs[n])} | {_pct(zs1[n])} | {_pct(zc.get(n))} |" for n in zs] + [""]
+    za = result.get("zero_shot_attributes")
+    if za:
+        lines += ["| zero-shot: right attribute of the predicted class | size | colour | shape | size (single) | "
+                  "colour (single) | shape (single) | colour never seen by the base |", "|---" * 8 + "|"]
+        for n, r in za.items():
+            lines.append(f"| {n} | " + " | ".join(_pct(r[m][a]) for m in ("all", "single_object") for a in ATTRIBUTES)
+                         + f" | {_pct(r.get('colour_unseen_in_training'))} |")
+        lines.append("")
+    pr = result.get("premise")
+    if pr:
+        im, pn, lp = pr["image_neighbours"], pr["prompt_neighbours"], pr["linear_probe"]
+        lines += [f"RECO premise on {pr['split']} (k={pr['k']}, no training): share of the k nearest memory items "
+                  "whose main object has the query's attribute.", "",
+                  "| neighbours | size | colour | shape | fine class |", "|---|---|---|---|---|",
+                  "| image -> memory images (all) | " + " | ".join(_pct(im[a]["all"]) for a in (*ATTRIBUTES, "fine")) + " |",
+                  "| image -> memory images (single object) | "
+                  + " | ".join(_pct(im[a]["single_object"]) for a in (*ATTRIBUTES, "fine")) + " |",
+                  "| prompt -> memory texts | " + " | ".join(_pct(pn[a]) for a in (*ATTRIBUTES, "fine")) + " |", "",
+                  f"Chance: shape {_pct(pr['chance']['shape'])}, fine {_pct(pr['chance']['fine'])}. kNN vote (fine): "
+                  f"{_pct(pr['knn_vote']['all'])} all / {_pct(pr['knn_vote']['single_object'])} single. Supervised "
+                  f"linear probe of the frozen image embedding (fitted on the labelled memory): fine "
+                  f"{_pct(lp['fine_trained_on_all']['all'])} all / {_pct(lp['fine_trained_on_single_object']['single_object'])} "
+                  f"single, shape {_pct(lp['shape_trained_on_all']['all'])} all / "
+                  f"{_pct(lp['shape_trained_on_single_object']['single_object'])} single.", ""]
     cols = [("t2i", "R@1"), ("t2i", "R@5"), ("t2i", "R@10"), ("i2t", "R@1"), ("i2t", "R@5"), ("i2t", "R@10")]
     lines += ["| retrieval | " + " | ".join(f"{d} {k}" for d, k in cols) + " |", "|---" * (len(cols) + 1) + "|"]
     lines += [f"| {n} | " + " | ".join(_pct(r[d][k]) for d, k in cols) + " |" for n, r in R.items()] + [""]

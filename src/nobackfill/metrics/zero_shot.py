@@ -1,0 +1,94 @@
+"""Zero-shot classification and the diagnostics that explain it (RECO benchmark, seed 001).
+
+* :func:`zero_shot_accuracy`: top-1 of ``argmax_c cos(image, prompt_c)`` (the RECO paper's zero-shot
+  transfer, Sec. 4.2: class-name prompts embedded by the text tower).
+* :func:`attribute_accuracy`: for composite classes (e.g. ``size x colour x shape``), how often the
+  predicted class has the right value of each attribute - which part of a fine-grained label a
+  model gets wrong.
+* :func:`knn_label_agreement` / :func:`knn_vote_accuracy`: how label-consistent the uni-modal
+  neighbourhoods are (the RECO premise, Sec. 1: "matching representations within the same modality
+  is simpler than across modalities"; retrieved knowledge helps only if the neighbours share the
+  query's label).
+* :func:`ridge_probe_accuracy`: a closed-form supervised linear probe (least squares to one-hot
+  targets), an estimate of how much of a label a frozen embedding carries at all: a refinement that
+  is a function of the embedding alone cannot separate what the embedding does not encode.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import numpy as np
+
+
+def _masked_mean(hit: np.ndarray, mask: np.ndarray | None) -> float:
+    hit = hit if mask is None else hit[np.asarray(mask, bool)]
+    return float(hit.mean()) if hit.size else float("nan")
+
+
+def zero_shot_accuracy(images: np.ndarray, prompts: np.ndarray, labels: np.ndarray,
+                       mask: np.ndarray | None = None) -> float:
+    """Top-1 accuracy of ``argmax_c cos(image, prompt_c)`` (rows are unit vectors); ``mask`` selects
+    the images scored."""
+    return _masked_mean(zero_shot_predictions(images, prompts) == np.asarray(labels), mask)
+
+
+def zero_shot_predictions(images: np.ndarray, prompts: np.ndarray) -> np.ndarray:
+    """``argmax_c cos(image, prompt_c)`` for every image row."""
+    return (np.asarray(images) @ np.asarray(prompts).T).argmax(axis=1)
+
+
+def attribute_accuracy(pred: np.ndarray, labels: np.ndarray, parts: Sequence[Sequence[str]],
+                       attributes: Sequence[str], mask: np.ndarray | None = None) -> dict[str, float]:
+    """Per attribute ``a``: the fraction of images whose predicted class has the labelled class's value
+    of ``a``. ``parts[c]`` are the attribute values of class ``c`` in the order of ``attributes``."""
+    table = np.asarray(parts, dtype=object)
+    if table.ndim != 2 or table.shape[1] != len(attributes):
+        raise ValueError(f"parts must be (classes, {len(attributes)}) attribute values, got shape {table.shape}")
+    pred, labels = np.asarray(pred), np.asarray(labels)
+    return {a: _masked_mean(table[pred, i] == table[labels, i], mask) for i, a in enumerate(attributes)}
+
+
+def knn_neighbours(queries: np.ndarray, keys: np.ndarray, k: int, chunk: int = 2048) -> np.ndarray:
+    """Rows ``(Q, k)`` of the ``k`` most cosine-similar keys of each query (unit rows), best first."""
+    if not 1 <= k <= keys.shape[0]:
+        raise ValueError(f"k must be in [1, {keys.shape[0]}], got {k}")
+    out = np.empty((queries.shape[0], k), np.int64)
+    for s in range(0, queries.shape[0], chunk):
+        sim = queries[s:s + chunk] @ keys.T
+        top = np.argpartition(-sim, k - 1, axis=1)[:, :k]
+        order = np.argsort(-np.take_along_axis(sim, top, axis=1), axis=1, kind="stable")
+        out[s:s + chunk] = np.take_along_axis(top, order, axis=1)
+    return out
+
+
+def knn_label_agreement(neighbours: np.ndarray, query_labels: Sequence, key_labels: Sequence,
+                        mask: np.ndarray | None = None) -> float:
+    """Fraction of (query, neighbour) pairs whose labels are equal; ``neighbours`` from
+    :func:`knn_neighbours`."""
+    q = np.asarray(query_labels, dtype=object)[:, None]
+    return _masked_mean((np.asarray(key_labels, dtype=object)[neighbours] == q).mean(axis=1), mask)
+
+
+def knn_vote_accuracy(neighbours: np.ndarray, query_labels: np.ndarray, key_labels: np.ndarray, n_classes: int,
+                      mask: np.ndarray | None = None) -> float:
+    """Accuracy of a majority vote over the neighbours' integer labels (ties: lowest class id)."""
+    votes = np.zeros((neighbours.shape[0], n_classes), np.int64)
+    np.add.at(votes, (np.repeat(np.arange(neighbours.shape[0]), neighbours.shape[1]), key_labels[neighbours].ravel()), 1)
+    return _masked_mean(votes.argmax(axis=1) == np.asarray(query_labels), mask)
+
+
+def ridge_probe_accuracy(train_x: np.ndarray, train_y: np.ndarray, test_x: np.ndarray, test_y: np.ndarray,
+                         n_classes: int, ridge: float = 1e-2, mask: np.ndarray | None = None) -> float:
+    """Accuracy of the least-squares linear classifier ``argmax_c [x, 1] W`` with
+    ``W = (X^T X + ridge * n * I)^{-1} X^T Y`` (``Y`` one-hot), fitted on ``train_*``, scored on ``test_*``."""
+    x = np.hstack([np.asarray(train_x, np.float64), np.ones((len(train_x), 1))])
+    y = np.zeros((len(train_y), n_classes))
+    y[np.arange(len(train_y)), np.asarray(train_y)] = 1.0
+    w = np.linalg.solve(x.T @ x + ridge * len(x) * np.eye(x.shape[1]), x.T @ y)
+    xt = np.hstack([np.asarray(test_x, np.float64), np.ones((len(test_x), 1))])
+    return _masked_mean((xt @ w).argmax(axis=1) == np.asarray(test_y), mask)
+
+
+__all__ = ["attribute_accuracy", "knn_label_agreement", "knn_neighbours", "knn_vote_accuracy",
+           "ridge_probe_accuracy", "zero_shot_accuracy", "zero_shot_predictions"]
