@@ -62,6 +62,8 @@ class LateBenchConfig:
     #: train the global and CMLI models on scenes + their attribute-swap twins (in-batch hard
     #: negatives from training scenes; :class:`nobackfill.late.hard_negatives.SwapTwinBatches`)
     swap_twins: bool = False
+    #: weight of the CMLI InfoNCE next to the global InfoNCE (weight 1) of the CMLI-trained model
+    cmli_loss_weight: float = 1.0
     threads: int = 1
     rerank_k: int = 100
     #: fusion weights w of ``global + w * CMLI`` tried on val; 0 is global scoring (re-ranking off)
@@ -357,11 +359,14 @@ def _parse_run(name: str, cfg: LateBenchConfig) -> tuple[str, int]:
 def _run_key(name: str, cfg: LateBenchConfig, world_seed: int) -> dict:
     from ..late.distill import KDConfig
 
+    from ..late.train import CMLIConfig
+
     base, seed = _parse_run(name, cfg)
     kind, kd_kw = RUNS[base]
     return {"kind": kind, "steps": cfg.kd_steps if kind == "kd" else cfg.steps, "batch_size": cfg.batch_size,
             "lr": cfg.lr, "seed": seed, "preset": cfg.preset, "world_seed": world_seed,
-            "swap_twins": cfg.swap_twins and kind != "kd", "kd": asdict(KDConfig(**kd_kw)) if kd_kw else None}
+            "swap_twins": cfg.swap_twins and kind != "kd", "kd": asdict(KDConfig(**kd_kw)) if kd_kw else None,
+            "cmli": asdict(CMLIConfig(cmli_weight=cfg.cmli_loss_weight)) if kind == "cmli" else None}
 
 
 def train_one(name: str, work: str, world: str, teacher_dir: str, cfg: LateBenchConfig) -> dict:
@@ -371,6 +376,7 @@ def train_one(name: str, work: str, world: str, teacher_dir: str, cfg: LateBench
     from ..data.world import WorldStream, load_world_spec
     from ..encoders import load_encoder
     from ..late.distill import KDConfig
+    from ..late.train import CMLIConfig
     from ..late.world import train_world_method
 
     torch.set_num_threads(cfg.threads)
@@ -382,6 +388,7 @@ def train_one(name: str, work: str, world: str, teacher_dir: str, cfg: LateBench
     method, result = train_world_method(kind, out, spec, teacher.tokenizer, preset=cfg.preset, steps=key["steps"],
                                         batch_size=cfg.batch_size, lr=cfg.lr, seed=key["seed"], threads=cfg.threads,
                                         kd=KDConfig(**kd_kw) if kd_kw else None,
+                                        cmli=CMLIConfig(**key["cmli"]) if key["cmli"] else None,
                                         teacher=teacher if kind == "kd" else None, swap_twins=key["swap_twins"])
     if name == "target_cmli_empty":  # which words the empty target excuses, on fresh (unseen) scenes
         px, caps, _ = WorldStream(cfg.routing_pairs, seed=spec.seed * 1000 + 999).batch(0)
