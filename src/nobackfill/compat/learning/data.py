@@ -25,6 +25,14 @@
 * **Steps.** Step 1 sees the first ``first_fraction`` of the training classes; the rest are split
   evenly over steps 2..T. ``cumulative``: step t trains on every image of the classes seen so far
   (``T_t = T_k U Delta T``); ``continual``: only the new classes' images plus a small replay memory.
+* **Backbone upgrades** (``step_backbones``, off by default). The tutorial's replacement slides
+  upgrade the backbone with the classes (ResNet18 on 100 classes -> SENet18 on 300 -> RegNetY on
+  600); here step t's model sees only its listed parts of ``backbone`` (the other columns are
+  zeroed by the model's input mask), e.g. ``backbone="randconv+models/world-old+models/world-new"``,
+  ``step_backbones="randconv+models/world-old,randconv+models/world-new"``. It makes the old model
+  genuinely weaker (val, T = 2, 12 epochs: independent models C[1,1] 0.669 -> C[2,2] 0.775 instead
+  of 0.722 -> 0.742), but no cross-test follows the new model up: C[2,1] BCT 0.609, CoReS 0.562,
+  d-Simplex-HOC 0.580, all below C[1,1] (``scripts/compat_steps_diagnose.py``).
 """
 
 from __future__ import annotations

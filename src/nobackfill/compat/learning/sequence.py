@@ -53,9 +53,10 @@ class SequenceConfig:
     threads: int = 1
     strict: bool = True  # a tie C[t,k] == C[k,k] is NOT compatible (the tutorial's ">")
     #: M of C[t,k]: "search" (top-1 1:N class-matched search accuracy: the issue's open-set retrieval
-    #: protocol and the tutorial's M for its d-Simplex-HOC table) or "verification" (pair
-    #: verification accuracy, the tutorial's M for its CoReS / BCT / LCE / AdvBCT table); the other
-    #: one is reported too, under its name
+    #: protocol, the M of the tutorial's d-Simplex-HOC table, and the only reading of its CoReS / BCT
+    #: table - a baseline AA of 29.6 % cannot be a best-threshold verification accuracy, which is >= 50 %
+    #: on balanced pairs) or "verification" (pair verification accuracy: the M named on the tutorial's
+    #: CoReS-vs-BCT comparison slide and computed by the CoReS code); the other is reported too
     metric: str = "search"
 
     def __post_init__(self) -> None:
