@@ -63,7 +63,8 @@ class LateBenchConfig:
     #: negatives from training scenes; :class:`nobackfill.late.hard_negatives.SwapTwinBatches`)
     swap_twins: bool = False
     #: weight of the CMLI InfoNCE next to the global InfoNCE (weight 1) of the CMLI-trained model
-    cmli_loss_weight: float = 1.0
+    #: (chosen on val: see :class:`nobackfill.late.train.CMLIConfig`)
+    cmli_loss_weight: float = 2.0
     threads: int = 1
     rerank_k: int = 100
     #: fusion weights w of ``global + w * CMLI`` tried on val; 0 is global scoring (re-ranking off)

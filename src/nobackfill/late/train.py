@@ -31,7 +31,9 @@ class CMLIConfig:
     """Weights of the two losses and the streaming block sizes (FILIP uses the CMLI loss only)."""
 
     global_weight: float = 1.0
-    cmli_weight: float = 1.0
+    #: chosen on val (world-tiny, 1000 steps, seed 0; val / val twin-pair R@1 with re-ranking):
+    #: 1.0 -> 73.8 / 62.0 (t2i), 2.0 -> 84.6 / 77.5; the global scores also gained (59.4 -> 68.4)
+    cmli_weight: float = 2.0
     #: initial CMLI temperature (CLIP / FILIP start at 0.07)
     temperature: float = 0.07
     image_chunk: int = 32
