@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from nobackfill.metrics.zero_shot import (attribute_accuracy, knn_label_agreement, knn_neighbours, knn_vote_accuracy,
-                                          ridge_probe_accuracy, zero_shot_accuracy, zero_shot_predictions)
+                                          zero_shot_accuracy, zero_shot_predictions)
 
 
 def unit(*rows):
@@ -53,10 +53,15 @@ def test_knn_neighbours_order_agreement_and_vote():
         knn_neighbours(queries, keys, 5)
 
 
-def test_ridge_probe_separable_and_uninformative():
+def test_linear_probe_separable_and_uninformative():
+    from nobackfill.reco.probe import linear_probe_predictions
+
     rng = np.random.default_rng(0)
     y = rng.integers(0, 3, 300)
     informative = np.eye(3)[y] + 0.05 * rng.standard_normal((300, 3))
-    assert ridge_probe_accuracy(informative[:200], y[:200], informative[200:], y[200:], 3) == 1.0
+    pred = linear_probe_predictions(informative[:200], y[:200], informative[200:], 3, steps=100)
+    assert (pred == y[200:]).mean() == 1.0
     noise = rng.standard_normal((300, 3))  # carries nothing about y: near chance (1/3)
-    assert ridge_probe_accuracy(noise[:200], y[:200], noise[200:], y[200:], 3) < 0.6
+    assert (linear_probe_predictions(noise[:200], y[:200], noise[200:], 3, steps=100) == y[200:]).mean() < 0.6
+    with pytest.raises(ValueError, match="as many labels"):
+        linear_probe_predictions(informative[:10], y[:5], informative, 3)

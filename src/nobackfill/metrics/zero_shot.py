@@ -9,9 +9,6 @@
   neighbourhoods are (the RECO premise, Sec. 1: "matching representations within the same modality
   is simpler than across modalities"; retrieved knowledge helps only if the neighbours share the
   query's label).
-* :func:`ridge_probe_accuracy`: a closed-form supervised linear probe (least squares to one-hot
-  targets), an estimate of how much of a label a frozen embedding carries at all: a refinement that
-  is a function of the embedding alone cannot separate what the embedding does not encode.
 """
 
 from __future__ import annotations
@@ -78,17 +75,5 @@ def knn_vote_accuracy(neighbours: np.ndarray, query_labels: np.ndarray, key_labe
     return _masked_mean(votes.argmax(axis=1) == np.asarray(query_labels), mask)
 
 
-def ridge_probe_accuracy(train_x: np.ndarray, train_y: np.ndarray, test_x: np.ndarray, test_y: np.ndarray,
-                         n_classes: int, ridge: float = 1e-2, mask: np.ndarray | None = None) -> float:
-    """Accuracy of the least-squares linear classifier ``argmax_c [x, 1] W`` with
-    ``W = (X^T X + ridge * n * I)^{-1} X^T Y`` (``Y`` one-hot), fitted on ``train_*``, scored on ``test_*``."""
-    x = np.hstack([np.asarray(train_x, np.float64), np.ones((len(train_x), 1))])
-    y = np.zeros((len(train_y), n_classes))
-    y[np.arange(len(train_y)), np.asarray(train_y)] = 1.0
-    w = np.linalg.solve(x.T @ x + ridge * len(x) * np.eye(x.shape[1]), x.T @ y)
-    xt = np.hstack([np.asarray(test_x, np.float64), np.ones((len(test_x), 1))])
-    return _masked_mean((xt @ w).argmax(axis=1) == np.asarray(test_y), mask)
-
-
 __all__ = ["attribute_accuracy", "knn_label_agreement", "knn_neighbours", "knn_vote_accuracy",
-           "ridge_probe_accuracy", "zero_shot_accuracy", "zero_shot_predictions"]
+           "zero_shot_accuracy", "zero_shot_predictions"]
