@@ -34,15 +34,14 @@ def main() -> None:
     ap.add_argument("--epochs", type=float, default=12)
     ap.add_argument("--lr", type=float, default=5e-3)
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--first-fraction", type=float, default=0.5)
+    ap.add_argument("--first-fraction", type=float, default=0.0, help="0: T equal tasks")
     ap.add_argument("--backbone", default="randconv+models/world-new")
     ap.add_argument("--step-backbones", default="")
     ap.add_argument("--options", default='{"bct": {"influence_weight": 3.0, "init_from_previous": true}}',
                     help="per-method options (JSON), the bench's defaults")
     args = ap.parse_args()
     torch.set_num_threads(1)
-    cfg = DataConfig(eval_split="val", backbone=args.backbone, step_backbones=args.step_backbones,
-                     first_fraction=args.first_fraction)
+    cfg = DataConfig(eval_split="val", backbone=args.backbone, step_backbones=args.step_backbones)
     data = load_class_data(cfg, progress=False)
     pixels = np.load(f"{cfg.cache_dir}/pixels_val_{cfg.world_seed}_{cfg.n_render_eval}.npz")["pixels"]
     g_bg, q_bg = backgrounds(pixels[data.gallery_index]), backgrounds(pixels[data.query_index])

@@ -17,13 +17,15 @@ def test_compat_train_cli(tmp_path):
     out = tmp_path / "bct"
     r = CliRunner().invoke(app, ["compat", "train", "--method", "bct", "--steps", "2", "--epochs", "0", "--train-steps", "3",
                                  "--out", str(out), "--cache-dir", str(tmp_path / "cache"),
-                                 "--option", "influence_weight=2", "--metric", "verification", *TINY])
+                                 "--option", "influence_weight=2", "--metric", "verification", "--first-fraction", "0.25",
+                                 *TINY])
     assert r.exit_code == 0, r.output
     assert "AC" in r.output and "phi2" in r.output
     res = json.loads((out / "result.json").read_text())
     assert res["method"] == "bct" and len(res["C"]) == 2
     assert res["metric"] == "verification" and len(res["search"]["C"]) == 2
-    assert (out / "step2" / "step_model.json").is_file()
+    assert json.loads((out / "step1" / "step_model.json").read_text())["n_seen"] == 2  # 0.25 of 8 classes
+    assert json.loads((out / "step2" / "step_model.json").read_text())["n_seen"] == 8
     assert list((tmp_path / "cache").glob("*.npz"))  # features cached
 
 

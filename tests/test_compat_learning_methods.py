@@ -129,9 +129,14 @@ def test_continual_regime_trains_on_new_classes_plus_memory(tmp_path):
 
 def test_class_schedule():
     assert class_schedule(48, 2) == [24, 48]
+    assert class_schedule(48, 5) == [10, 20, 30, 39, 48]  # T equal tasks (the tutorial's split)
     assert class_schedule(48, 10, 0.125) == [6, 11, 16, 21, 26, 31, 36, 40, 44, 48]
     with pytest.raises(ValueError, match="later steps"):
+        class_schedule(4, 5, 0.5)
+    with pytest.raises(ValueError, match="equal|tasks"):
         class_schedule(4, 5)
+    with pytest.raises(ValueError, match="first_fraction"):
+        class_schedule(48, 2, 1.5)
 
 
 def test_run_method_summary(tmp_path):

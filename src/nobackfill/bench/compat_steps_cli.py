@@ -37,13 +37,12 @@ def _parse_options(items: list[str] | None) -> dict:
 
 
 def _data_config(backbone: str, split: str, n_render_train: Optional[int], n_render_eval: Optional[int],
-                 n_train_classes: Optional[int], first_fraction: Optional[float], cache_dir: Path,
-                 step_backbones: str = ""):
+                 n_train_classes: Optional[int], cache_dir: Path, step_backbones: str = ""):
     from ..compat.learning.data import DataConfig
 
     kw = {"backbone": backbone, "eval_split": split, "cache_dir": str(cache_dir), "step_backbones": step_backbones}
     for k, v in (("n_render_train", n_render_train), ("n_render_eval", n_render_eval),
-                 ("n_train_classes", n_train_classes), ("first_fraction", first_fraction)):
+                 ("n_train_classes", n_train_classes)):
         if v is not None:
             kw[k] = v
     return DataConfig(**kw)
@@ -75,7 +74,7 @@ def train_cmd(
     n_render_train: Optional[int] = typer.Option(None, help="Rendered training items (about 1/3 single-object)."),
     n_render_eval: Optional[int] = typer.Option(None, help="Rendered evaluation items."),
     n_train_classes: Optional[int] = typer.Option(None, help="Training pool size (the rest is the open set)."),
-    first_fraction: Optional[float] = typer.Option(None, help="Share of the pool seen at step 1."),
+    first_fraction: Optional[float] = typer.Option(None, help="Share of the pool seen at step 1 (default: T equal tasks, the tutorial's split)."),
     cache_dir: Path = typer.Option(Path("runs/compat_steps/cache"), help="Feature cache."),
     step_backbones: str = typer.Option("", help=STEP_BACKBONES_HELP),
     metric: str = typer.Option("search", help=METRIC_HELP),
@@ -91,9 +90,9 @@ def train_cmd(
 
     try:
         data = load_class_data(_data_config(backbone, split, n_render_train, n_render_eval, n_train_classes,
-                                            first_fraction, cache_dir, step_backbones))
+                                            cache_dir, step_backbones))
         seq = SequenceConfig(steps=steps, train_steps=train_steps, epochs=epochs, batch_size=256, lr=lr, seed=seed,
-                             threads=threads, metric=metric)
+                             threads=threads, metric=metric, first_fraction=first_fraction or 0.0)
         result = run_method(method, data, seq, out, options=_parse_options(option),
                             log=lambda m: console.print(m))
     except (ValueError, FileNotFoundError) as e:
@@ -126,7 +125,7 @@ def bench_compat_steps(
     n_render_train: Optional[int] = typer.Option(None, help="Rendered training items."),
     n_render_eval: Optional[int] = typer.Option(None, help="Rendered evaluation items."),
     n_train_classes: Optional[int] = typer.Option(None, help="Training pool size (the rest is the open set)."),
-    first_fraction: Optional[float] = typer.Option(None, help="Share of the pool seen at step 1."),
+    first_fraction: Optional[float] = typer.Option(None, help="Share of the pool seen at step 1 (default: T equal tasks, the tutorial's split)."),
     cache_dir: Path = typer.Option(Path("runs/compat_steps/cache"), help="Feature cache."),
     work_dir: Path = typer.Option(Path("runs/compat_steps/work"), help="Step models and loop logs."),
     step_backbones: str = typer.Option("", help=STEP_BACKBONES_HELP),
@@ -143,9 +142,10 @@ def bench_compat_steps(
     try:
         kw = {"steps": tuple(int(s) for s in steps.split(",") if s.strip()),
               "methods": tuple(m.strip() for m in methods.split(",") if m.strip()) or METHOD_ORDER,
-              "sequence": SequenceConfig(seed=seed, threads=threads, epochs=40, batch_size=256, lr=3e-3, metric=metric),
-              "data": _data_config(backbone, split, n_render_train, n_render_eval, n_train_classes, first_fraction,
-                                   cache_dir, step_backbones)}
+              "sequence": SequenceConfig(seed=seed, threads=threads, epochs=40, batch_size=256, lr=3e-3, metric=metric,
+                                         first_fraction=first_fraction or 0.0),
+              "data": _data_config(backbone, split, n_render_train, n_render_eval, n_train_classes, cache_dir,
+                                   step_backbones)}
         cfg = CompatStepsConfig.quick(**kw) if quick else CompatStepsConfig(**kw)
         if epochs is not None:
             cfg.sequence.epochs = epochs

@@ -48,7 +48,7 @@ class SequenceConfig:
     weight_decay: float = 5e-4
     grad_clip: float = 5.0
     memory_per_class: int = 10  # replay memory of the continual regime
-    first_fraction: float = 0.5
+    first_fraction: float = 0.0  # share of the classes at step 1; 0: T equal tasks (data.class_schedule)
     seed: int = 0
     threads: int = 1
     strict: bool = True  # a tie C[t,k] == C[k,k] is NOT compatible (the tutorial's ">")
