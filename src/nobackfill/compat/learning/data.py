@@ -26,9 +26,8 @@
   equal tasks, as in the tutorial's CIFAR100/10 table (100 classes over 2 / 5 / 20 / 50 steps, so
   its 50-step column adds 2 classes per step). With ``first_fraction`` > 0, step 1 instead sees that
   share of the classes and the rest are split evenly over steps 2..T (the d-Simplex-HOC table's
-  "init 10 classes" protocol is ``first_fraction = 0.1``). Val, quick schedule, equal split against
-  half at step 1: AC at T = 10 for BCT / CoReS / d-Simplex-HOC was 0 / 0 / 0.07 against
-  0.18 / 0.02 / 0 (test, old default); at T = 5 it was 0.10 / 0 / 0. ``cumulative``: step t trains on every image of the classes seen so far
+  "init 10 classes" protocol is ``first_fraction = 0.1``). Val, quick schedule, equal split: AC of
+  BCT / CoReS / d-Simplex-HOC 0.10 / 0 / 0 at T = 5 and 0 / 0 / 0.07 at T = 10 (top-1 search). ``cumulative``: step t trains on every image of the classes seen so far
   (``T_t = T_k U Delta T``); ``continual``: only the new classes' images plus a small replay memory.
 * **Backbone upgrades** (``step_backbones``, off by default). The tutorial's replacement slides
   upgrade the backbone with the classes (ResNet18 on 100 classes -> SENet18 on 300 -> RegNetY on
