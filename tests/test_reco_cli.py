@@ -111,6 +111,8 @@ def test_bench_reco_tiny(setup, tmp_path):
     assert set(res["k_sweep"]) == {"1", "2"} and "reco_queries_only" in res["retrieval"]
     assert isinstance(res["memory_removed_near_duplicates"], int)
     assert res["unchanged"] == {"encoder_weights": True, "memory_gallery": True}
+    sel = res["k_selected_on_val"]
+    assert sel["k"] in (1, 2) and sel["val_score"] == max(r["val"]["score"] for r in res["k_sweep"].values())
     pr = res["premise"]
     assert set(pr["image_neighbours"]) == {"size", "colour", "shape", "fine"} and 0 <= pr["knn_vote"]["all"] <= 1
     assert 0 <= pr["linear_probe"]["fine_trained_on_all"]["all"] <= 1 and pr["chance"]["fine"] == 1 / 128

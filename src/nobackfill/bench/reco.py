@@ -429,6 +429,8 @@ def run_reco_bench(out_json: str | Path, cfg: RecoBenchConfig | None = None,
         "k_sweep": k_sweep,
         "zero_shot_attributes": {n: rows[n]["zero_shot_attributes"] for n in zero_shot},
         "premise": premise | {"split": cfg.tune_split},
+        # the k whose val score (zero-shot + mean queries-only R@1) is best, and its test numbers
+        "k_selected_on_val": _k_selected_on_val(k_sweep),
         "memory_removed_near_duplicates": int(removal["near_duplicates"]),
         "memory_removed_test_items": int(removal["test_items"]),
         "memory": {k: v for k, v in removal.items() if k != "examples"} | {"path": str(mem_dir)},
@@ -455,6 +457,14 @@ def run_reco_bench(out_json: str | Path, cfg: RecoBenchConfig | None = None,
     }
     write_reco_report(result, out_json)
     return result
+
+
+def _k_selected_on_val(k_sweep: dict) -> dict:
+    """The k of the sweep with the best val ``score`` (ties: the smaller k) and its test numbers."""
+    k = max(k_sweep, key=lambda kk: (k_sweep[kk]["val"]["score"], -int(kk)))
+    r = k_sweep[k]
+    return {"k": int(k), "val_score": r["val"]["score"], "zero_shot": r["zero_shot"],
+            "t2i_R@1_queries_only": r["retrieval"]["queries_only"]["t2i"]["R@1"]}
 
 
 def _pct(x: Optional[float]) -> str:
