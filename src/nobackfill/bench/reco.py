@@ -17,6 +17,13 @@ transformer, k = 10; the paper's), and the ablations ``cross_modal_search``, ``u
   Also reported on single-object scenes, where the label names the only object.
 * Retrieval R@1/5/10 both directions: ``queries_only`` (refined queries against the ORIGINAL
   gallery: backfill-free) and ``both`` (the gallery side refined too).
+* Which part of the fine label each row gets right (size / colour / shape of the predicted class, and
+  colour on the colours the base encoder never saw in training: knowledge only the memory carries).
+* The RECO premise on val, before any training (:func:`premise_diagnostics`): how often uni-modal
+  neighbours share the query's size / colour / shape, a kNN vote, and a supervised linear-probe
+  ceiling of the frozen image embedding. On the shipped world models the image embedding carries
+  almost no shape (probe ~17%, chance 12.5%), which is why zero-shot on size x colour x shape does
+  not rise (README, RECO section).
 * Extra latency per query of the kNN + fusion step (1 thread), near-duplicate calibration, and a
   check that the encoder's weights and the memory gallery's files are unchanged by RECO.
 """
