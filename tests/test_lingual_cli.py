@@ -136,3 +136,23 @@ def test_bench_lingual_world_on_tiny_world(world, tmp_path):
     assert reg.teir and not reg.teir_init and reg.teir_scale == "update" and reg.label != upd.label
     with pytest.raises(ValueError):
         method_config("bogus_teir", CLLConfig())
+
+
+def test_cli_bench_lingual_text_passes_split_and_lr(m30k, tmp_path, monkeypatch):
+    import nobackfill.bench.lingual as bench
+
+    seen = {}
+
+    def fake_run(data, *, config, **kw):
+        seen["cfg"] = config
+        raise FileNotFoundError(f"no split {config.eval_split}")
+
+    monkeypatch.setattr(bench, "run_lingual_text", fake_run)
+    root, _, _ = m30k
+    r = runner.invoke(_app(), ["bench", "lingual-text", "--data", str(root), "--quick", "--split", "val", "--limit",
+                               "7", "--lr", "0.003", "--teir-lr", "0.02", "--methods", "cll_clip,prompt_teir",
+                               "--json", str(tmp_path / "o.json")])
+    assert r.exit_code != 0 and "no split val" in r.output
+    cfg = seen["cfg"]
+    assert (cfg.eval_split, cfg.eval_limit, cfg.cll.lr, cfg.teir_lr) == ("val", 7, 0.003, 0.02)
+    assert cfg.methods == ("cll_clip", "prompt_teir") and cfg.method_cll("prompt_teir").lr == 0.02
