@@ -87,5 +87,5 @@ def freeze_all_but_token_embeddings(encoder) -> torch.nn.Parameter:
     return w
 
 
-__all__ = ["token_embedding", "expand_token_embeddings", "append_token_rows", "freeze_all_but_token_embeddings", "embedding_stats",
-           "PLAIN_INIT_STD"]
+__all__ = ["token_embedding", "expand_token_embeddings", "append_token_rows", "freeze_all_but_token_embeddings",
+           "embedding_stats", "PLAIN_INIT_STD"]

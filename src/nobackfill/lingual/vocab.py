@@ -65,9 +65,10 @@ def train_task_vocab(base: PreTrainedTokenizerBase, texts: Iterable[str], vocab_
         tok.normalizer = ref.normalizer
         tok.pre_tokenizer = ref.pre_tokenizer
         texts = list(texts)
+        symbols = continuation_symbols(tok, texts, prefix, specials)
         trainer = trainers.WordPieceTrainer(vocab_size=vocab_size, min_frequency=min_frequency,
-                                            special_tokens=specials + continuation_symbols(tok, texts, prefix, specials),
-                                            show_progress=False, continuing_subword_prefix=prefix)
+                                            special_tokens=specials + symbols, show_progress=False,
+                                            continuing_subword_prefix=prefix)
     tok.train_from_iterator(list(texts), trainer=trainer)
     return tok
 
