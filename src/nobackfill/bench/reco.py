@@ -147,15 +147,6 @@ def _load_split(enc, world: Path, split: str, names: list[str], cache: Path,
 ATTRIBUTES = ("size", "colour", "shape")
 
 
-def trained_concepts(model_dir: str | Path) -> dict | None:
-    """The shapes / colours a world model was trained on (``nobackfill.json`` ``concepts``), if recorded."""
-    f = Path(model_dir) / "nobackfill.json"
-    if not f.is_file():
-        return None
-    concepts = json.loads(f.read_text()).get("concepts")
-    return concepts if isinstance(concepts, dict) else None
-
-
 def attribute_breakdown(images: np.ndarray, prompts: np.ndarray, s: "_Split") -> dict:
     """Which part of the fine label zero-shot gets right: size / colour / shape accuracy of the predicted
     class (all images and single-object images), and colour accuracy on images whose colour the base
@@ -371,7 +362,7 @@ def run_reco_bench(out_json: str | Path, cfg: RecoBenchConfig | None = None,
     g = get_grammar("en")
     prompts = enc.encode_texts([g.class_prompt(sh, c, sz) for sz, c, sh in parts])
     coarse = enc.encode_texts([g.class_prompt(*reversed(n.split())) for n in coarse_classes()])
-    concepts = trained_concepts(model_dir)
+    concepts = enc.meta.get("concepts")  # nobackfill.json, read by load_encoder (as bench xbt uses it)
     seen_colours = tuple(concepts["colours"]) if concepts and concepts.get("colours") else None
     val = _load_split(enc, world, cfg.tune_split, names, cache, seen_colours)
     test = _load_split(enc, world, cfg.eval_split, names, cache, seen_colours)
