@@ -103,7 +103,7 @@ def test_encoder_and_gallery_unchanged_by_reco(setup):
 
 
 def test_bench_reco_tiny(setup, tmp_path):
-    cfg = RecoBenchConfig(model=str(setup["model"]), world=str(setup["world"]), memory_size=40, k=2,
+    cfg = RecoBenchConfig(model=str(setup["model"]), world=str(setup["world"]), memory_size=40, k=None,
                           k_sweep=(1, 2), steps=3, batch_size=8, eval_every=3, cache=str(tmp_path / "cache"),
                           latency_queries=3, calibration_scenes=4)
     res = run_reco_bench(tmp_path / "reco.json", cfg, log=lambda m: None)
@@ -113,10 +113,29 @@ def test_bench_reco_tiny(setup, tmp_path):
     assert res["unchanged"] == {"encoder_weights": True, "memory_gallery": True}
     sel = res["k_selected_on_val"]
     assert sel["k"] in (1, 2) and sel["val_score"] == max(r["val"]["score"] for r in res["k_sweep"].values())
+    # k=None: the main row IS the sweep's val-chosen k, and the ablations are trained at that k
+    assert res["label_set"]["k"] == sel["k"] and res["label_set"]["k_chosen_on_val"]
+    assert res["zero_shot"]["reco"] == res["k_sweep"][str(sel["k"])]["zero_shot"]
+    assert res["rows"]["mean_fusion"]["train"]["config"]["k"] == sel["k"]
+    # the main (done-when) label set is size x colour x texture; the others are reported beside it
+    assert res["label_set"]["name"] == "size_colour_texture" and res["label_set"]["classes"] == 64
+    assert res["label_set"]["prompts_per_class"] == 8 and res["classes"] == 64
+    assert set(res["zero_shot_by_label_set"]) == {"size_colour_texture", "size_colour_shape", "colour_shape"}
+    assert res["zero_shot_by_label_set"]["size_colour_texture"]["reco"]["all"] == res["zero_shot"]["reco"]
+    assert set(res["done_when"]["zero_shot_gain_points_by_label_set"]) == set(res["zero_shot_by_label_set"])
     pr = res["premise"]
-    assert set(pr["image_neighbours"]) == {"size", "colour", "shape", "fine"} and 0 <= pr["knn_vote"]["all"] <= 1
-    assert 0 <= pr["linear_probe"]["fine_trained_on_all"]["all"] <= 1 and pr["chance"]["fine"] == 1 / 128
-    za = res["zero_shot_attributes"]["base"]["all"]
-    # an exact hit has every attribute right: no attribute can be rarer than the fine-class accuracy
-    assert min(za.values()) >= res["zero_shot"]["base"] - 1e-9
+    attrs = {"size", "colour", "shape", "texture", "background"}
+    assert set(pr["image_neighbours"]) == attrs | {"fine"} and set(pr["prompt_neighbours"]) == {"size", "colour",
+                                                                                               "texture", "fine"}
+    assert 0 <= pr["knn_vote"]["fine"]["all"] <= 1 and pr["chance"]["fine"] == 1 / 64 and pr["chance"]["shape"] == 1 / 8
+    assert all(0 <= pr["linear_probe"][a]["all"] <= 1 for a in attrs | {"fine"})
+    assert pr["base_zero_shot"]["background"] is None and pr["base_zero_shot"]["fine"] == res["rows"]["base"]["val"]["zero_shot"]
+    for ls, za in res["zero_shot_attributes"].items():
+        # an exact hit has every attribute right: no attribute can be rarer than the class accuracy
+        assert min(za["base"]["all"].values()) >= res["zero_shot_by_label_set"][ls]["base"]["all"] - 1e-9
     assert (tmp_path / "reco.md").read_text().startswith("# RECO benchmark")
+
+
+def test_bench_reco_rejects_unknown_label_set(tmp_path):
+    r = runner.invoke(app, ["bench", "reco", "--label-set", "size_shape", "--json", str(tmp_path / "r.json")])
+    assert r.exit_code != 0 and "size_colour_texture" in r.output and not (tmp_path / "r.json").exists()

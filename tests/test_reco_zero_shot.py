@@ -65,3 +65,31 @@ def test_linear_probe_separable_and_uninformative():
     assert (linear_probe_predictions(noise[:200], y[:200], noise[200:], 3, steps=100) == y[200:]).mean() < 0.6
     with pytest.raises(ValueError, match="as many labels"):
         linear_probe_predictions(informative[:10], y[:5], informative, 3)
+
+
+def test_label_sets_prompts_and_labels():
+    from nobackfill.bench.reco import LABEL_SETS, label_set
+    from nobackfill.data.scene import SHAPES
+
+    sct = label_set("size_colour_texture")
+    assert len(sct.parts) == 2 * 8 * 4 and sct.attributes == LABEL_SETS["size_colour_texture"]
+    # no shape in the set: one prompt per shape (ensemble); a plain texture is not named, as in captions
+    i = sct.parts.index(("small", "red", "striped"))
+    assert sct.prompts[i] == [f"a photo of a small red striped {sh}" for sh in SHAPES]
+    assert sct.prompts[sct.parts.index(("large", "blue", "plain"))][0] == "a photo of a large blue circle"
+    scs = label_set("size_colour_shape")
+    assert len(scs.parts) == 128 and scs.prompts[scs.parts.index(("small", "red", "ring"))] == ["a photo of a small red ring"]
+    assert label_set("colour_shape").prompts[0] == ["a photo of a red circle"]
+    attrs = {"size": np.array(["large", "small"]), "colour": np.array(["blue", "red"]),
+             "texture": np.array(["plain", "striped"]), "shape": np.array(["ring", "star"])}
+    assert list(sct.labels(attrs)) == [sct.parts.index(("large", "blue", "plain")), i]
+    with pytest.raises(ValueError, match="unknown label set"):
+        label_set("shape_only")
+
+
+def test_class_vectors_average_normalised_prompts():
+    from nobackfill.bench.reco import class_vectors
+
+    E = np.array([[[2, 0], [0, 1]], [[0, 3], [0, 1]]], np.float32)  # (classes, prompts, dim), not unit
+    c = class_vectors(E)
+    assert np.allclose(c, [[math.sqrt(0.5), math.sqrt(0.5)], [0, 1]], atol=1e-6)

@@ -8,28 +8,31 @@ excluded from its own neighbours; early stopping and every choice is made on the
 reported numbers are on the TEST split.
 
 Rows: ``base`` (frozen encoder), ``reco`` (uni-modal search + cross-modal fusion, one-layer
-transformer, k = 10; the paper's), and the ablations ``cross_modal_search``, ``unimodal_fusion``,
-``mean_fusion``; the k sweep over {1, 5, 10, 20}.
+transformer; the paper's), and the ablations ``cross_modal_search``, ``unimodal_fusion``,
+``mean_fusion``, all at the k chosen on val from the k sweep over {1, 5, 10, 20}.
 
-* Zero-shot classification on a fine-grained label set: size x colour x shape of the main object
-  (2 x 8 x 8 = 128 classes), prompts ``"a photo of a {size} {colour} {shape}"`` from the world's
-  English grammar. RECO refines both the image and the prompt embeddings (the paper's setting).
-  Also reported on single-object scenes, where the label names the only object.
+* Zero-shot classification on fine-grained label sets of the main object (:data:`LABEL_SETS`), prompts
+  ``"a photo of a {size} {colour} {texture} {shape}"`` from the world's English grammar, averaged over
+  shapes when the set has none. The main set (``--label-set``, done-when) is chosen by the RECO premise on
+  val: size x colour x texture (64 classes), which world-old's image tower encodes and its text side names
+  weakly; size x colour x shape (128 classes) and colour x shape (64) are reported beside it. RECO refines
+  both the image and the prompt embeddings (the paper's setting). Also on single-object scenes.
 * Retrieval R@1/5/10 both directions: ``queries_only`` (refined queries against the ORIGINAL
   gallery: backfill-free) and ``both`` (the gallery side refined too).
-* Which part of the fine label each row gets right (size / colour / shape of the predicted class, and
-  colour on the colours the base encoder never saw in training: knowledge only the memory carries).
-* The RECO premise on val, before any training (:func:`premise_diagnostics`): how often uni-modal
-  neighbours share the query's size / colour / shape, a kNN vote, and a supervised linear-probe
-  ceiling of the frozen image embedding. On the shipped world models the image embedding carries
-  almost no shape (probe ~17%, chance 12.5%), which is why zero-shot on size x colour x shape does
-  not rise (README, RECO section).
+* Which part of the label each row gets right (per attribute of the predicted class, and colour on
+  the colours the base encoder never saw in training: knowledge only the memory carries).
+* The RECO premise on val, before any training (:func:`premise_diagnostics`), per attribute (size,
+  colour, shape, texture, background) and for the main label set's classes: a supervised linear probe of
+  the frozen image embedding, how often uni-modal neighbours share the value, a kNN vote, and how well
+  the base names it. On the shipped world models the image embedding carries almost no shape (probe
+  ~17%, chance 12.5%), which is why zero-shot on size x colour x shape does not rise (README, RECO).
 * Extra latency per query of the kNN + fusion step (1 thread), near-duplicate calibration, and a
   check that the encoder's weights and the memory gallery's files are unchanged by RECO.
 """
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import time
@@ -50,13 +53,23 @@ ABLATIONS = {"cross_modal_search": {"search": "cross"}, "unimodal_fusion": {"fus
 
 @dataclass
 class RecoBenchConfig:
-    """What ``bench reco`` runs; :meth:`quick_preset` fits in 15 minutes on 2 cores."""
+    """What ``bench reco`` runs; :meth:`quick_preset` fits in 15 minutes on 2 cores.
+
+    ``label_set`` (the done-when zero-shot; every set of :data:`LABEL_SETS` is reported beside it) is chosen
+    by the RECO premise measured on VAL (``runs/reco/s5/premise_attrs-world-old.json``; the bench's premise
+    block repeats it): a linear probe of world-old's frozen image embedding reads size 75.8 %, colour 67.1 %,
+    texture 53.3 % of the main object (chance 50 / 12.5 / 25) but shape only 17.4 % (chance 12.5), so the
+    image tower encodes size x colour x texture and not shape; the base names them weakly (zero-shot on
+    size x colour x texture 28.7 %; colour 48.8 %, 4.5 % on the 3 colours it never saw).
+    ``k`` None: the main row and the ablations use the k of ``k_sweep`` with the best val score
+    (zero-shot + mean queries-only R@1); the seed (Sec. 4) fixes no k."""
 
     quick: bool = False
     model: str = "models/world-old"
     world: str = "data/world"
+    label_set: str = "size_colour_texture"
     memory_size: int = 20000
-    k: int = 10
+    k: Optional[int] = None
     k_sweep: tuple[int, ...] = (1, 5, 10, 20)
     steps: int = 1500
     batch_size: int = 512
@@ -99,12 +112,69 @@ def tree_hashes(root: str | Path, stored_only: bool = False) -> dict[str, str]:
     return {str(p.relative_to(root)): file_sha256(p) for p in sorted(root.rglob("*")) if p.is_file() and not skip(p)}
 
 
-def fine_classes() -> tuple[list[str], list[tuple[str, str, str]]]:
-    """The 128 fine-grained class names ``"<size> <colour> <shape>"`` and their (size, colour, shape)."""
-    from ..data.scene import COLOURS, SHAPES, SIZES
+#: label sets for fine-grained zero-shot: name -> the attributes of the main object a class fixes
+LABEL_SETS: dict[str, tuple[str, ...]] = {
+    "size_colour_texture": ("size", "colour", "texture"),
+    "size_colour_shape": ("size", "colour", "shape"),
+    "colour_shape": ("colour", "shape"),
+}
+#: attributes whose premise (encoded by the image tower? named by the base?) the bench measures
+PREMISE_ATTRIBUTES = ("size", "colour", "shape", "texture", "background")
 
-    parts = [(sz, c, sh) for sz in SIZES for c in COLOURS for sh in SHAPES]
-    return [" ".join(p) for p in parts], parts
+
+def attribute_values() -> dict[str, tuple[str, ...]]:
+    """The values of every :data:`PREMISE_ATTRIBUTES` attribute in the world."""
+    from ..data.scene import BACKGROUNDS, COLOURS, SHAPES, SIZES, TEXTURES
+
+    return {"size": SIZES, "colour": COLOURS, "shape": SHAPES, "texture": TEXTURES, "background": BACKGROUNDS}
+
+
+@dataclass
+class LabelSet:
+    """A zero-shot label set: its classes (one value per attribute) and, per class, a prompt ensemble."""
+
+    name: str
+    attributes: tuple[str, ...]
+    parts: list[tuple[str, ...]]
+    prompts: list[list[str]]
+
+    @property
+    def names(self) -> list[str]:
+        return [" ".join(p) for p in self.parts]
+
+    def labels(self, attrs: dict[str, np.ndarray]) -> np.ndarray:
+        """Class ids of images whose attribute values are ``attrs`` (attribute -> values per image)."""
+        index = {p: i for i, p in enumerate(self.parts)}
+        return np.array([index[p] for p in zip(*(attrs[a] for a in self.attributes))], np.int64)
+
+
+def label_set(name: str, lang: str = "en") -> LabelSet:
+    """The classes of label set ``name`` and their prompts ``"a photo of a {size} {colour} {texture} {shape}"``
+    in the world's grammar (the paper adds prompts to the class names "as common in the literature", Sec. 4.1).
+    A set without shape averages one prompt per shape (prompt ensembling; a noun phrase needs a shape noun);
+    a set without texture names none (plain), one without size no size."""
+    from ..data.grammars import get_grammar
+
+    if name not in LABEL_SETS:
+        raise ValueError(f"unknown label set {name!r}; choose one of {sorted(LABEL_SETS)}")
+    attrs, values, g = LABEL_SETS[name], attribute_values(), get_grammar(lang)
+    parts = [tuple(p) for p in itertools.product(*(values[a] for a in attrs))]
+    prompts = []
+    for p in parts:
+        d = dict(zip(attrs, p))
+        prompts.append([g.class_prompt(sh, d["colour"], d.get("size"), d.get("texture", "plain"))
+                        for sh in ((d["shape"],) if "shape" in d else values["shape"])])
+    return LabelSet(name, attrs, parts, prompts)
+
+
+def _unit(x: np.ndarray) -> np.ndarray:
+    return x / np.maximum(np.linalg.norm(x, axis=-1, keepdims=True), 1e-12)
+
+
+def class_vectors(prompt_embeddings: np.ndarray) -> np.ndarray:
+    """Zero-shot classifier ``(C, d)`` from prompt embeddings ``(C, n, d)``: the normalised mean of each
+    class's (refined) prompt embeddings."""
+    return _unit(_unit(prompt_embeddings).mean(axis=1))
 
 
 def _retrieval(q_img, q_txt, g_img, g_txt, c2i) -> dict:
@@ -120,128 +190,145 @@ class _Split:
     images: np.ndarray
     texts: np.ndarray
     c2i: np.ndarray
-    labels: np.ndarray  # fine class (size x colour x shape)
+    attrs: dict[str, np.ndarray]  # PREMISE_ATTRIBUTES of the main object (background: the scene's)
+    labels: dict[str, np.ndarray]  # label set -> class id per image
     single: np.ndarray
-    coarse: np.ndarray  # colour x shape class (the world's 64 "class" labels)
     unseen_colour: np.ndarray  # the main object's colour is one the base encoder was never trained on
 
 
-def _load_split(enc, world: Path, split: str, names: list[str], cache: Path,
+def _attribute_labels(labels: list[dict], where: str) -> dict[str, np.ndarray]:
+    """Per attribute, the value of every image's labels (clear error naming the missing field)."""
+    for i, lab in enumerate(labels):
+        missing = [a for a in PREMISE_ATTRIBUTES if a not in lab]
+        if missing:
+            raise ValueError(f"{where}: image {i} has no labels.{missing[0]} (needed for fine-grained zero-shot)")
+    return {a: np.array([lab[a] for lab in labels], dtype=object) for a in PREMISE_ATTRIBUTES}
+
+
+def _load_split(enc, world: Path, split: str, label_sets: dict[str, LabelSet], cache: Path,
                 seen_colours: tuple[str, ...] | None = None) -> _Split:
     from ..evaluate import embed_dataset, load_eval_data
 
     ds = load_eval_data(world, split, langs=["en"])
-    missing = [i for i, lab in enumerate(ds.image_labels) if "fine_class" not in lab]
-    if missing:
-        raise ValueError(f"{ds.root}: image {ds.images[missing[0]]} has no labels.fine_class (needed for "
-                         "fine-grained zero-shot)")
+    attrs = _attribute_labels(ds.image_labels, str(ds.root))
     e = embed_dataset(enc, ds, cache_dir=cache / "embeddings")
-    coarse_names = coarse_classes()
-    return _Split(e.images, e.texts, ds.caption_image, np.array([names.index(lab["fine_class"]) for lab in ds.image_labels]),
+    return _Split(e.images, e.texts, ds.caption_image, attrs, {n: ls.labels(attrs) for n, ls in label_sets.items()},
                   np.array([lab.get("n_objects", 0) == 1 for lab in ds.image_labels]),
-                  np.array([coarse_names.index(f"{lab['colour']} {lab['shape']}") for lab in ds.image_labels]),
-                  np.array([seen_colours is not None and lab["colour"] not in seen_colours for lab in ds.image_labels]))
+                  np.array([seen_colours is not None and c not in seen_colours for c in attrs["colour"]]))
 
 
-#: attributes of a fine class, in the order of :func:`fine_classes`' parts
-ATTRIBUTES = ("size", "colour", "shape")
-
-
-def attribute_breakdown(images: np.ndarray, prompts: np.ndarray, s: "_Split") -> dict:
-    """Which part of the fine label zero-shot gets right: size / colour / shape accuracy of the predicted
-    class (all images and single-object images), and colour accuracy on images whose colour the base
+def attribute_breakdown(images: np.ndarray, classes: np.ndarray, s: "_Split", ls: LabelSet) -> dict:
+    """Which part of the label zero-shot gets right: per attribute of ``ls``, the accuracy of the predicted
+    class's value (all images and single-object images), and colour accuracy on images whose colour the base
     encoder never saw in training (the knowledge only the memory's captions carry)."""
-    _, parts = fine_classes()
-    pred = zero_shot_predictions(images, prompts)
-    out = {"all": attribute_accuracy(pred, s.labels, parts, ATTRIBUTES),
-           "single_object": attribute_accuracy(pred, s.labels, parts, ATTRIBUTES, s.single)}
-    if s.unseen_colour.any():
-        out["colour_unseen_in_training"] = attribute_accuracy(pred, s.labels, parts, ATTRIBUTES, s.unseen_colour)["colour"]
-        out["colour_seen_in_training"] = attribute_accuracy(pred, s.labels, parts, ATTRIBUTES, ~s.unseen_colour)["colour"]
+    pred, y = zero_shot_predictions(images, classes), s.labels[ls.name]
+    out = {"all": attribute_accuracy(pred, y, ls.parts, ls.attributes),
+           "single_object": attribute_accuracy(pred, y, ls.parts, ls.attributes, s.single)}
+    if s.unseen_colour.any() and "colour" in ls.attributes:
+        for key, mask in (("colour_unseen_in_training", s.unseen_colour), ("colour_seen_in_training", ~s.unseen_colour)):
+            out[key] = attribute_accuracy(pred, y, ls.parts, ls.attributes, mask)["colour"]
     return out
 
 
-def premise_diagnostics(memory, memory_labels: np.ndarray, memory_single: np.ndarray, s: "_Split",
-                        prompts: np.ndarray, k: int) -> dict:
-    """Does the RECO premise hold for this base + memory (on split ``s``, no training)?
+def premise_diagnostics(memory, memory_attrs: dict[str, np.ndarray], memory_single: np.ndarray, s: "_Split",
+                        ls: LabelSet, classes: np.ndarray, base_named: dict[str, float], k: int) -> dict:
+    """Does the RECO premise hold for this base + memory (on split ``s``, no training), per attribute of
+    :data:`PREMISE_ATTRIBUTES` and for the classes of label set ``ls`` (``"fine"``)?
 
-    * ``image_neighbours``: for each image, how many of its ``k`` nearest memory IMAGES share the main
-      object's size / colour / shape / fine class (v->v search: what KNN_t^{v->v} hands to phi_image);
-    * ``prompt_neighbours``: for each class prompt, how many of its ``k`` nearest memory TEXTS describe a
-      scene whose main object has the prompt's attribute (t->t search: what KNN_v^{t->t} hands to phi_text);
-    * ``knn_vote``: fine-class accuracy of a majority vote over the image neighbours' labels;
+    * ``image_neighbours``: how many of each image's ``k`` nearest memory IMAGES share its value (v->v search:
+      what KNN_t^{v->v} hands to phi_image);
+    * ``prompt_neighbours``: for each class of ``ls`` (its prompt-ensemble vector ``classes``), how many of its
+      ``k`` nearest memory TEXTS describe a scene with the class's value (t->t search: what phi_text gets);
+    * ``knn_vote``: accuracy of a majority vote over the image neighbours' labels;
     * ``linear_probe``: a SUPERVISED ceiling - softmax regression (:mod:`nobackfill.reco.probe`) fitted on
-      the memory's labelled frozen image embeddings (all of them, or the single-object ones), scored on
-      the split: how much of the label the frozen image embedding carries linearly (refining only the
-      prompts is a linear classifier of the frozen image embedding).
+      the memory's labelled frozen image embeddings, scored on the split: how much of the label the frozen
+      image embedding carries linearly (refining only the prompts is a linear classifier of it); the fine
+      class also with a probe fitted on single-object memory images;
+    * ``base_zero_shot``: how well the base NAMES each attribute (``base_named``: the attribute of the base's
+      zero-shot prediction, from a label set that contains it) - the premise is a label the image tower
+      encodes (probe far above chance) but the base names badly;
+    * ``chance``: 1 / number of values.
     """
-    _, parts = fine_classes()
-    table = np.asarray(parts, dtype=object)
-    V, T = memory.vectors("image"), memory.vectors("text")
-    nn_img = knn_neighbours(s.images, V, k)
-    nn_txt = memory.text_image[knn_neighbours(prompts, T, k)]
-    classes = np.arange(len(parts))
-    out: dict = {"k": k, "image_neighbours": {}, "prompt_neighbours": {}}
-    for i, a in enumerate(ATTRIBUTES + ("fine",)):
-        q_img = s.labels if a == "fine" else table[s.labels, i]
-        q_cls = classes if a == "fine" else table[:, i]
-        mem = memory_labels if a == "fine" else table[memory_labels, i]
-        out["image_neighbours"][a] = {"all": knn_label_agreement(nn_img, q_img, mem),
-                                      "single_object": knn_label_agreement(nn_img, q_img, mem, s.single)}
-        out["prompt_neighbours"][a] = knn_label_agreement(nn_txt, q_cls, mem)
-    out["knn_vote"] = {"all": knn_vote_accuracy(nn_img, s.labels, memory_labels, len(parts)),
-                       "single_object": knn_vote_accuracy(nn_img, s.labels, memory_labels, len(parts), s.single)}
     from ..reco.probe import linear_probe_predictions
 
-    shape_ids = {sh: j for j, sh in enumerate(dict.fromkeys(table[:, 2]))}
-    mem_shape = np.array([shape_ids[x] for x in table[memory_labels, 2]])
-    s_shape = np.array([shape_ids[x] for x in table[s.labels, 2]])
-    out["linear_probe"] = {}
-    for train_name, rows in (("all", np.ones(len(V), bool)), ("single_object", memory_single)):
-        for target, y_mem, y_s, n in (("fine", memory_labels, s.labels, len(parts)),
-                                      ("shape", mem_shape, s_shape, len(shape_ids))):
-            hit = linear_probe_predictions(V[rows], y_mem[rows], s.images, n) == y_s
-            out["linear_probe"][f"{target}_trained_on_{train_name}"] = {
-                "all": float(hit.mean()), "single_object": float(hit[s.single].mean()) if s.single.any() else None}
-    out["chance"] = {"fine": 1 / len(parts), "shape": 1 / len(shape_ids)}
+    V, T = memory.vectors("image"), memory.vectors("text")
+    nn_img = knn_neighbours(s.images, V, k)
+    nn_txt = memory.text_image[knn_neighbours(classes, T, k)]
+    values = attribute_values() | {"fine": ls.parts}
+    mem = dict(memory_attrs) | {"fine": ls.labels(memory_attrs)}
+    qry = dict(s.attrs) | {"fine": s.labels[ls.name]}
+    out: dict = {"k": k, "label_set": ls.name, "image_neighbours": {}, "prompt_neighbours": {}, "knn_vote": {},
+                 "linear_probe": {}, "base_zero_shot": {}, "chance": {}}
+    for a in (*PREMISE_ATTRIBUTES, "fine"):
+        ids = {v: i for i, v in enumerate(values[a])} if a != "fine" else None
+        y_mem = mem[a] if ids is None else np.array([ids[v] for v in mem[a]])
+        y_s = qry[a] if ids is None else np.array([ids[v] for v in qry[a]])
+        n = len(values[a])
+        out["image_neighbours"][a] = {"all": knn_label_agreement(nn_img, y_s, y_mem),
+                                      "single_object": knn_label_agreement(nn_img, y_s, y_mem, s.single)}
+        if a == "fine" or a in ls.attributes:
+            q_cls = np.arange(n) if a == "fine" else np.array([ids[p[ls.attributes.index(a)]] for p in ls.parts])
+            out["prompt_neighbours"][a] = knn_label_agreement(nn_txt, q_cls, y_mem)
+        out["knn_vote"][a] = {"all": knn_vote_accuracy(nn_img, y_s, y_mem, n),
+                              "single_object": knn_vote_accuracy(nn_img, y_s, y_mem, n, s.single)}
+        hit = linear_probe_predictions(V, y_mem, s.images, n) == y_s
+        out["linear_probe"][a] = {"all": float(hit.mean()),
+                                  "single_object": float(hit[s.single].mean()) if s.single.any() else None}
+        out["base_zero_shot"][a] = base_named.get(a)
+        out["chance"][a] = 1 / n
+    rows = np.asarray(memory_single, bool)
+    if rows.any():
+        hit = linear_probe_predictions(V[rows], mem["fine"][rows], s.images, len(ls.parts)) == qry["fine"]
+        out["linear_probe"]["fine_trained_on_single_object"] = {
+            "all": float(hit.mean()), "single_object": float(hit[s.single].mean()) if s.single.any() else None}
     return out
 
 
-def coarse_classes() -> list[str]:
-    """The 64 ``"<colour> <shape>"`` classes (a secondary, less fine label set)."""
-    from ..data.scene import class_names
-
-    return class_names()
-
-
-def _evaluate(model, memory, s: _Split, prompts: np.ndarray, coarse_prompts: np.ndarray | None = None) -> dict:
-    """Zero-shot and retrieval of one RECO model (or the base when ``model`` is None) on a split."""
+def _class_vectors(model, memory, prompt_embeddings: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """Zero-shot classifiers of every label set: base prompts, or each prompt refined by ``model`` and then
+    averaged per class (chosen on val over averaging first: size x colour x texture 31.4 vs 30.3 at k=10,
+    ``runs/reco/s5/exp-k10.json``)."""
     if model is None:
-        vb, tb, pb, cb = s.images, s.texts, prompts, coarse_prompts
+        return {n: class_vectors(E) for n, E in prompt_embeddings.items()}
+    out = {}
+    for n, E in prompt_embeddings.items():
+        c, m, d = E.shape
+        out[n] = class_vectors(model.refine(memory, E.reshape(c * m, d), "text").reshape(c, m, d))
+    return out
+
+
+def _evaluate(model, memory, s: _Split, label_sets: dict[str, LabelSet], prompt_embeddings: dict[str, np.ndarray]
+              ) -> dict:
+    """Zero-shot (every label set) and retrieval of one RECO model (or the base when ``model`` is None)."""
+    base_cls = _class_vectors(None, memory, prompt_embeddings)
+    if model is None:
+        vb, tb, cls = s.images, s.texts, base_cls
     else:
         vb, tb = model.refine(memory, s.images, "image"), model.refine(memory, s.texts, "text")
-        pb = model.refine(memory, prompts, "text")
-        cb = None if coarse_prompts is None else model.refine(memory, coarse_prompts, "text")
-    out = {"zero_shot": zero_shot_accuracy(vb, pb, s.labels),
-           "zero_shot_single_object": zero_shot_accuracy(vb, pb, s.labels, s.single)}
-    if cb is not None:
-        out["zero_shot_colour_shape"] = zero_shot_accuracy(vb, cb, s.coarse)
-    out["zero_shot_attributes"] = attribute_breakdown(vb, pb, s)
+        cls = _class_vectors(model, memory, prompt_embeddings)
+    out: dict = {"zero_shot": {}, "zero_shot_single_object": {}, "zero_shot_attributes": {}}
+    for n, ls in label_sets.items():
+        y = s.labels[n]
+        out["zero_shot"][n] = zero_shot_accuracy(vb, cls[n], y)
+        out["zero_shot_single_object"][n] = zero_shot_accuracy(vb, cls[n], y, s.single)
+        out["zero_shot_attributes"][n] = attribute_breakdown(vb, cls[n], s, ls)
+        if model is not None:
+            out.setdefault("zero_shot_images_only", {})[n] = zero_shot_accuracy(vb, base_cls[n], y)
+            out.setdefault("zero_shot_prompts_only", {})[n] = zero_shot_accuracy(s.images, cls[n], y)
     if model is None:
         out["retrieval"] = _retrieval(s.images, s.texts, s.images, s.texts, s.c2i)
         return out
-    out["zero_shot_images_only"] = zero_shot_accuracy(vb, prompts, s.labels)
-    out["zero_shot_prompts_only"] = zero_shot_accuracy(s.images, pb, s.labels)
     out["retrieval"] = {"queries_only": _retrieval(vb, tb, s.images, s.texts, s.c2i),
                         "both": _retrieval(vb, tb, vb, tb, s.c2i)}
     return out
 
 
-def _val_score(model, memory, s: _Split, prompts: np.ndarray) -> dict[str, float]:
-    r = _evaluate(model, memory, s, prompts)
+def _val_score(model, memory, s: _Split, ls: LabelSet, prompt_embeddings: np.ndarray) -> dict[str, float]:
+    """Early stopping / k selection on val: zero-shot on the main label set + mean queries-only R@1."""
+    r = _evaluate(model, memory, s, {ls.name: ls}, {ls.name: prompt_embeddings})
     q = r["retrieval"]["queries_only"]
     r1 = 0.5 * (q["t2i"]["R@1"] + q["i2t"]["R@1"])
-    return {"zero_shot": r["zero_shot"], "R@1_queries_only": r1, "score": r["zero_shot"] + r1}
+    return {"zero_shot": r["zero_shot"][ls.name], "R@1_queries_only": r1, "score": r["zero_shot"][ls.name] + r1}
 
 
 def measure_latency(model, memory, queries: np.ndarray, modality: str, n: int) -> dict:
@@ -357,57 +444,65 @@ def run_reco_bench(out_json: str | Path, cfg: RecoBenchConfig | None = None,
     say(f"memory: {removal['kept_images']} images / {removal['kept_texts']} texts; removed "
         f"{removal['test_items']} test items + {removal['near_duplicates']} near-duplicates")
 
-    # 2. evaluation data (val for every choice, test for the report) and the fine-grained prompts
-    names, parts = fine_classes()
-    g = get_grammar("en")
-    prompts = enc.encode_texts([g.class_prompt(sh, c, sz) for sz, c, sh in parts])
-    coarse = enc.encode_texts([g.class_prompt(*reversed(n.split())) for n in coarse_classes()])
+    # 2. evaluation data (val for every choice, test for the report) and the label sets' prompt ensembles
+    label_sets = {n: label_set(n) for n in dict.fromkeys((cfg.label_set, *LABEL_SETS))}
+    main_ls = label_sets[cfg.label_set]
+    pe = {n: np.stack([enc.encode_texts(group) for group in ls.prompts]) for n, ls in label_sets.items()}
     concepts = enc.meta.get("concepts")  # nobackfill.json, read by load_encoder (as bench xbt uses it)
     seen_colours = tuple(concepts["colours"]) if concepts and concepts.get("colours") else None
-    val = _load_split(enc, world, cfg.tune_split, names, cache, seen_colours)
-    test = _load_split(enc, world, cfg.eval_split, names, cache, seen_colours)
+    val = _load_split(enc, world, cfg.tune_split, label_sets, cache, seen_colours)
+    test = _load_split(enc, world, cfg.eval_split, label_sets, cache, seen_colours)
     mem_labels = {im: lab for im, lab in zip(mem_src.images, mem_src.image_labels)}
     mem_ids = memory.gallery.ids("image")
-    premise = premise_diagnostics(memory, np.array([names.index(mem_labels[i]["fine_class"]) for i in mem_ids]),
-                                  np.array([mem_labels[i].get("n_objects", 0) == 1 for i in mem_ids]), val, prompts,
-                                  cfg.k)
-    say(f"premise ({cfg.tune_split}): image neighbours share the shape "
-        f"{100 * premise['image_neighbours']['shape']['all']:.1f}% (chance {100 * premise['chance']['shape']:.1f}%); "
-        f"linear probe of the fine class {100 * premise['linear_probe']['fine_trained_on_all']['all']:.1f}%")
+    mem_attrs = _attribute_labels([mem_labels[i] for i in mem_ids], str(mem_src.root))
+    base_val = _evaluate(None, memory, val, label_sets, pe)
+    named = {}  # how well the base names each attribute on val (from the first label set that has it)
+    for n in label_sets:
+        for attr, acc in base_val["zero_shot_attributes"][n]["all"].items():
+            named.setdefault(attr, acc)
+    named["fine"] = base_val["zero_shot"][main_ls.name]
+    premise = premise_diagnostics(memory, mem_attrs, np.array([mem_labels[i].get("n_objects", 0) == 1 for i in mem_ids]),
+                                  val, main_ls, class_vectors(pe[main_ls.name]), named, cfg.k or 10)
+    say(f"premise ({cfg.tune_split}): linear probe " + ", ".join(
+        f"{a} {100 * premise['linear_probe'][a]['all']:.1f}% (chance {100 * premise['chance'][a]:.1f}%)"
+        for a in PREMISE_ATTRIBUTES))
 
-    # 3. train each variant (early stopping on val), evaluate on test
+    # 3. train each variant (early stopping on val), evaluate on test; k sweep first, then the main row and
+    #    the ablations at the k chosen on val (unless cfg.k is given)
     neighbours: dict = {}
     pairs = PairEmbeddings.from_memory(memory)
-    def variant(name: str, **kw) -> tuple[object, dict]:
-        rc = RecoTrainConfig(k=kw.pop("k", cfg.k), steps=cfg.steps, batch_size=cfg.batch_size, lr=cfg.lr,
-                             eval_every=cfg.eval_every, patience=cfg.patience, seed=cfg.seed, threads=cfg.threads,
-                             **kw)
+    k_max = max(cfg.k_sweep + ((cfg.k,) if cfg.k else ()))
+
+    def variant(name: str, k: int, **kw) -> tuple[object, dict]:
+        rc = RecoTrainConfig(k=k, steps=cfg.steps, batch_size=cfg.batch_size, lr=cfg.lr, eval_every=cfg.eval_every,
+                             patience=cfg.patience, seed=cfg.seed, threads=cfg.threads, **kw)
         t0 = time.time()
-        m, res = train_reco(memory, work / name, rc, evaluate=lambda mm: _val_score(mm, memory, val, prompts),
+        m, res = train_reco(memory, work / name, rc, evaluate=lambda mm: _val_score(mm, memory, val, main_ls,
+                                                                                   pe[main_ls.name]),
                             early_stop="score", memory_ref=mem_dir, pairs=pairs, neighbour_cache=neighbours,
-                            k_max=max(cfg.k_sweep + (cfg.k,)))
-        r = _evaluate(m, memory, test, prompts, coarse)
+                            k_max=k_max)
+        r = _evaluate(m, memory, test, label_sets, pe)
         r["train"] = {"seconds": round(time.time() - t0, 1), "config": rc.to_dict()}
         if res is not None:
             r["train"].update(steps=res.steps, best_step=res.best_step, best_val_score=res.best_value,
                               stopped_early=res.stopped_early)
-        r["val"] = _val_score(m, memory, val, prompts)
-        say(f"{name}: test zero-shot {100 * r['zero_shot']:.1f}%, t2i R@1 (queries only) "
-            f"{100 * r['retrieval']['queries_only']['t2i']['R@1']:.1f}% ({r['train']['seconds']:.0f}s)")
+        r["val"] = _val_score(m, memory, val, main_ls, pe[main_ls.name])
+        say(f"{name}: test zero-shot ({main_ls.name}) {100 * r['zero_shot'][main_ls.name]:.1f}%, t2i R@1 "
+            f"(queries only) {100 * r['retrieval']['queries_only']['t2i']['R@1']:.1f}% ({r['train']['seconds']:.0f}s)")
         return m, r
 
-    rows: dict[str, dict] = {"base": _evaluate(None, memory, test, prompts, coarse)}
-    rows["base"]["val"] = {"zero_shot": zero_shot_accuracy(val.images, prompts, val.labels)}
-    say(f"base: test zero-shot {100 * rows['base']['zero_shot']:.1f}%, t2i R@1 "
+    rows: dict[str, dict] = {"base": _evaluate(None, memory, test, label_sets, pe)}
+    rows["base"]["val"] = {"zero_shot": base_val["zero_shot"][main_ls.name]}
+    say(f"base: test zero-shot ({main_ls.name}) {100 * rows['base']['zero_shot'][main_ls.name]:.1f}%, t2i R@1 "
         f"{100 * rows['base']['retrieval']['t2i']['R@1']:.1f}%")
-    main_model, rows["reco"] = variant("reco")
+    swept = {k: variant(f"k{k}", k) for k in cfg.k_sweep}
+    k_sweep = {str(k): {"zero_shot": r["zero_shot"][main_ls.name], "zero_shot_by_label_set": r["zero_shot"],
+                        "zero_shot_single_object": r["zero_shot_single_object"][main_ls.name],
+                        "retrieval": r["retrieval"], "val": r["val"]} for k, (_, r) in swept.items()}
+    k_main = cfg.k or _k_selected_on_val(k_sweep)["k"]
+    main_model, rows["reco"] = swept[k_main] if k_main in swept else variant("reco", k_main)
     for name, kw in ABLATIONS.items():
-        _, rows[name] = variant(name, **kw)
-    k_sweep = {}
-    for k in cfg.k_sweep:
-        r = rows["reco"] if k == cfg.k else variant(f"k{k}", k=k)[1]
-        k_sweep[str(k)] = {"zero_shot": r["zero_shot"], "zero_shot_single_object": r["zero_shot_single_object"],
-                           "retrieval": r["retrieval"], "val": r["val"]}
+        _, rows[name] = variant(name, k_main, **kw)
 
     # 4. latency, calibration, integrity
     latency = {"text": measure_latency(main_model, memory, test.texts, "text", cfg.latency_queries),
@@ -417,18 +512,25 @@ def run_reco_bench(out_json: str | Path, cfg: RecoBenchConfig | None = None,
     unchanged = {"encoder_weights": tree_hashes(model_dir) == enc_hash_before,
                  "memory_gallery": tree_hashes(mem_dir / "gallery", stored_only=True) == gallery_hash_before}
 
-    zero_shot = {n: rows[n]["zero_shot"] for n in ("base", "reco", *ABLATIONS)}
+    names = ("base", "reco", *ABLATIONS)
+    zero_shot = {n: rows[n]["zero_shot"][main_ls.name] for n in names}
     retrieval = {"base": rows["base"]["retrieval"]}
     for n in ("reco", *ABLATIONS):
         retrieval[f"{n}_queries_only"] = rows[n]["retrieval"]["queries_only"]
         retrieval[f"{n}_both"] = rows[n]["retrieval"]["both"]
+    gain = {ls: round(100 * (rows["reco"]["zero_shot"][ls] - rows["base"]["zero_shot"][ls]), 2) for ls in label_sets}
     result = {
         "zero_shot": zero_shot,
-        "zero_shot_single_object": {n: rows[n]["zero_shot_single_object"] for n in zero_shot},
-        "zero_shot_colour_shape": {n: rows[n]["zero_shot_colour_shape"] for n in zero_shot},
+        "zero_shot_single_object": {n: rows[n]["zero_shot_single_object"][main_ls.name] for n in names},
+        "label_set": {"name": main_ls.name, "attributes": list(main_ls.attributes), "classes": len(main_ls.parts),
+                      "prompts_per_class": len(main_ls.prompts[0]), "example_prompts": main_ls.prompts[0][:3],
+                      "k": k_main, "k_chosen_on_val": cfg.k is None},
+        "zero_shot_by_label_set": {ls: {n: {"all": rows[n]["zero_shot"][ls],
+                                            "single_object": rows[n]["zero_shot_single_object"][ls]} for n in names}
+                                   for ls in label_sets},
         "retrieval": retrieval,
         "k_sweep": k_sweep,
-        "zero_shot_attributes": {n: rows[n]["zero_shot_attributes"] for n in zero_shot},
+        "zero_shot_attributes": {ls: {n: rows[n]["zero_shot_attributes"][ls] for n in names} for ls in label_sets},
         "premise": premise | {"split": cfg.tune_split},
         # the k whose val score (zero-shot + mean queries-only R@1) is best, and its test numbers
         "k_selected_on_val": _k_selected_on_val(k_sweep),
@@ -442,12 +544,14 @@ def run_reco_bench(out_json: str | Path, cfg: RecoBenchConfig | None = None,
         "done_when": {
             "zero_shot_gain_points": round(100 * (zero_shot["reco"] - zero_shot["base"]), 2),
             "zero_shot_gain_ge_5": bool(zero_shot["reco"] - zero_shot["base"] >= 0.05),
+            "label_set": main_ls.name,
+            "zero_shot_gain_points_by_label_set": gain,
             "t2i_R@1_queries_only_gain_points": round(100 * (retrieval["reco_queries_only"]["t2i"]["R@1"]
                                                              - retrieval["base"]["t2i"]["R@1"]), 2),
             "encoder_and_gallery_unchanged": bool(all(unchanged.values())),
         },
         "config": asdict(cfg) | {"k_sweep": list(cfg.k_sweep)},
-        "classes": len(names),
+        "classes": len(main_ls.parts),
         "eval": {"split": cfg.eval_split, "images": int(test.images.shape[0]), "captions": int(test.texts.shape[0]),
                  "single_object_images": int(test.single.sum()), "tuned_on": cfg.tune_split},
         "model": str(model_dir), "space_id": enc.space_id,
@@ -473,47 +577,55 @@ def _pct(x: Optional[float]) -> str:
 
 
 def format_reco_tables(result: dict) -> str:
-    """Markdown tables: zero-shot, retrieval, k sweep, latency, memory and checks."""
-    zs, zs1, R = result["zero_shot"], result["zero_shot_single_object"], result["retrieval"]
-    lines = [f"Frozen encoder `{result['model']}`; {result['classes']} fine-grained classes (size x colour x shape); "
-             f"test split ({result['eval']['images']} images, {result['eval']['captions']} captions); "
-             f"tuned on {result['eval']['tuned_on']}.", "",
-             "| row | zero-shot 128 (all) | zero-shot 128 (single object) | zero-shot 64 colour x shape (all) |",
-             "|---|---|---|---|"]
-    zc = result.get("zero_shot_colour_shape", {})
-    lines += [f"| {n} | {_pct(zs[n])} | {_pct(zs1[n])} | {_pct(zc.get(n))} |" for n in zs] + [""]
-    za = result.get("zero_shot_attributes")
-    if za:
-        lines += ["| zero-shot: right attribute of the predicted class | size | colour | shape | size (single) | "
-                  "colour (single) | shape (single) | colour never seen by the base |", "|---" * 8 + "|"]
-        for n, r in za.items():
-            lines.append(f"| {n} | " + " | ".join(_pct(r[m][a]) for m in ("all", "single_object") for a in ATTRIBUTES)
-                         + f" | {_pct(r.get('colour_unseen_in_training'))} |")
+    """Markdown tables: zero-shot per label set, premise, retrieval, k sweep, latency, memory and checks."""
+    R, ls, zb = result["retrieval"], result["label_set"], result["zero_shot_by_label_set"]
+    rows = list(result["zero_shot"])
+    sets = list(zb)
+    lines = [f"Frozen encoder `{result['model']}`; main label set `{ls['name']}` ({ls['classes']} classes, "
+             f"{ls['prompts_per_class']} prompt(s) per class, e.g. \"{ls['example_prompts'][0]}\"); RECO rows at k = "
+             f"{ls['k']}{' (chosen on val)' if ls['k_chosen_on_val'] else ''}; test split ({result['eval']['images']} "
+             f"images, {result['eval']['captions']} captions); tuned on {result['eval']['tuned_on']}.", "",
+             "| zero-shot (all / single object) | " + " | ".join(sets) + " |",
+             "|---" * (len(sets) + 1) + "|"]
+    lines += [f"| {r} | " + " | ".join(f"{_pct(zb[n][r]['all'])} / {_pct(zb[n][r]['single_object'])}" for n in sets)
+              + " |" for r in rows] + [""]
+    for n, za in result["zero_shot_attributes"].items():
+        attrs = list(next(iter(za.values()))["all"])
+        unseen = any("colour_unseen_in_training" in r for r in za.values())
+        lines += [f"| `{n}`: right attribute of the predicted class | " + " | ".join(attrs) + " | "
+                  + " | ".join(f"{a} (single)" for a in attrs) + (" | colour never seen by the base |" if unseen else " |"),
+                  "|---" * (2 * len(attrs) + 1 + unseen) + "|"]
+        for r, x in za.items():
+            lines.append(f"| {r} | " + " | ".join(_pct(x[m][a]) for m in ("all", "single_object") for a in attrs)
+                         + (f" | {_pct(x.get('colour_unseen_in_training'))} |" if unseen else " |"))
         lines.append("")
     pr = result.get("premise")
     if pr:
-        im, pn, lp = pr["image_neighbours"], pr["prompt_neighbours"], pr["linear_probe"]
-        lines += [f"RECO premise on {pr['split']} (k={pr['k']}, no training): share of the k nearest memory items "
-                  "whose main object has the query's attribute.", "",
-                  "| neighbours | size | colour | shape | fine class |", "|---|---|---|---|---|",
-                  "| image -> memory images (all) | " + " | ".join(_pct(im[a]["all"]) for a in (*ATTRIBUTES, "fine")) + " |",
-                  "| image -> memory images (single object) | "
-                  + " | ".join(_pct(im[a]["single_object"]) for a in (*ATTRIBUTES, "fine")) + " |",
-                  "| prompt -> memory texts | " + " | ".join(_pct(pn[a]) for a in (*ATTRIBUTES, "fine")) + " |", "",
-                  f"Chance: shape {_pct(pr['chance']['shape'])}, fine {_pct(pr['chance']['fine'])}. kNN vote (fine): "
-                  f"{_pct(pr['knn_vote']['all'])} all / {_pct(pr['knn_vote']['single_object'])} single. Supervised "
-                  f"linear probe of the frozen image embedding (fitted on the labelled memory): fine "
-                  f"{_pct(lp['fine_trained_on_all']['all'])} all / {_pct(lp['fine_trained_on_single_object']['single_object'])} "
-                  f"single, shape {_pct(lp['shape_trained_on_all']['all'])} all / "
-                  f"{_pct(lp['shape_trained_on_single_object']['single_object'])} single.", ""]
+        cols_p = list(pr["linear_probe"])[:-1] if "fine_trained_on_single_object" in pr["linear_probe"] else list(pr["linear_probe"])
+        lines += [f"RECO premise on {pr['split']} (no training; k={pr['k']} neighbours; `fine` = a class of "
+                  f"`{pr['label_set']}`): is the attribute encoded by the frozen image tower (probe, neighbours) "
+                  "but named badly by the base (zero-shot)?", "",
+                  "| premise | " + " | ".join(cols_p) + " |", "|---" * (len(cols_p) + 1) + "|"]
+        for title, get in (("chance", lambda a: pr["chance"][a]),
+                           ("linear probe of the image embedding (all)", lambda a: pr["linear_probe"][a]["all"]),
+                           ("linear probe (single object)", lambda a: pr["linear_probe"][a]["single_object"]),
+                           ("image -> memory images share it (all)", lambda a: pr["image_neighbours"][a]["all"]),
+                           ("image -> memory images share it (single)", lambda a: pr["image_neighbours"][a]["single_object"]),
+                           ("kNN vote (all)", lambda a: pr["knn_vote"][a]["all"]),
+                           ("prompt -> memory texts share it", lambda a: pr["prompt_neighbours"].get(a)),
+                           ("base zero-shot names it", lambda a: pr["base_zero_shot"].get(a))):
+            lines.append(f"| {title} | " + " | ".join(_pct(get(a)) for a in cols_p) + " |")
+        lines.append("")
     cols = [("t2i", "R@1"), ("t2i", "R@5"), ("t2i", "R@10"), ("i2t", "R@1"), ("i2t", "R@5"), ("i2t", "R@10")]
     lines += ["| retrieval | " + " | ".join(f"{d} {k}" for d, k in cols) + " |", "|---" * (len(cols) + 1) + "|"]
     lines += [f"| {n} | " + " | ".join(_pct(r[d][k]) for d, k in cols) + " |" for n, r in R.items()] + [""]
-    lines += ["| k | zero-shot | t2i R@1 (queries only) | i2t R@1 (queries only) | t2i R@1 (both) |", "|---|---|---|---|---|"]
+    lines += ["| k | " + " | ".join(f"zero-shot {n}" for n in sets) + " | t2i R@1 (queries only) | i2t R@1 (queries only) "
+              "| t2i R@1 (both) | val score |", "|---" * (len(sets) + 5) + "|"]
     for k, r in result["k_sweep"].items():
         q, b = r["retrieval"]["queries_only"], r["retrieval"]["both"]
-        lines.append(f"| {k} | {_pct(r['zero_shot'])} | {_pct(q['t2i']['R@1'])} | {_pct(q['i2t']['R@1'])} | "
-                     f"{_pct(b['t2i']['R@1'])} |")
+        lines.append(f"| {k} | " + " | ".join(_pct(r["zero_shot_by_label_set"][n]) for n in sets)
+                     + f" | {_pct(q['t2i']['R@1'])} | {_pct(q['i2t']['R@1'])} | {_pct(b['t2i']['R@1'])} | "
+                     f"{r['val']['score']:.3f} |")
     lines += ["", "| extra latency per query (ms) | kNN | fusion | total |", "|---|---|---|---|"]
     for mod, lat in result["latency_ms_per_query"].items():
         lines.append(f"| {mod}, one at a time | {lat['single_knn_ms']} | {lat['single_fusion_ms']} | {lat['single_total_ms']} |")
@@ -548,13 +660,17 @@ def bench_reco(
     world: Path = typer.Option(Path("data/world"), help="World root (val: tuning, test: report)."),
     memory_size: int = typer.Option(20000, help="Memory pairs (a fresh world train split, cached)."),
     steps: Optional[int] = typer.Option(None, help="Training step budget per variant (early stopping on val)."),
+    label_set: str = typer.Option("size_colour_texture", help=f"Main zero-shot label set: {', '.join(LABEL_SETS)}."),
+    k: Optional[int] = typer.Option(None, help="Neighbours of the main row and ablations (default: chosen on val)."),
     threads: int = typer.Option(1, help="torch threads."),
 ) -> None:
     """RECO on the world: fine-grained zero-shot and retrieval for base, RECO (queries only / both), the
     ablations (cross-modal search, uni-modal fusion, mean fusion) and k in {1, 5, 10, 20}; latency."""
     from ..cli import _fail, console
 
-    kw = dict(model=str(model), world=str(world), memory_size=memory_size, threads=threads)
+    if label_set not in LABEL_SETS:
+        _fail(f"--label-set: unknown label set {label_set!r}; choose one of {', '.join(LABEL_SETS)}")
+    kw = dict(model=str(model), world=str(world), memory_size=memory_size, threads=threads, label_set=label_set, k=k)
     if steps is not None:
         kw["steps"] = steps
     cfg = RecoBenchConfig.quick_preset(**kw) if quick else RecoBenchConfig(**kw)

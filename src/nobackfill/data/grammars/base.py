@@ -26,8 +26,8 @@ class Grammar(abc.ABC):
         """The caption of ``scene`` with paraphrase template ``variant`` (taken modulo n_variants)."""
 
     @abc.abstractmethod
-    def class_prompt(self, shape: str, colour: str, size: str | None = None) -> str:
-        """Zero-shot prompt, e.g. English ``"a photo of a red circle"``."""
+    def class_prompt(self, shape: str, colour: str, size: str | None = None, texture: str = "plain") -> str:
+        """Zero-shot prompt, e.g. English ``"a photo of a red circle"`` (``"plain"`` texture: no word, as in captions)."""
 
     def concept_words(self, shape: str, colour: str) -> tuple[str, ...]:
         """The colour and shape words of a main object of this shape and colour, in the form in
@@ -114,9 +114,9 @@ class TableGrammar(Grammar):
         clauses.append(self.BACKGROUND[scene.background][0 if v < 2 else 1])
         return self.SEP.join(clauses)
 
-    def class_prompt(self, shape: str, colour: str, size: str | None = None) -> str:
+    def class_prompt(self, shape: str, colour: str, size: str | None = None, texture: str = "plain") -> str:
         template, case, article = self.PROMPT
-        return template.format(np=self.noun_phrase(shape, colour, size, case=case, article=article))
+        return template.format(np=self.noun_phrase(shape, colour, size, texture, case=case, article=article))
 
     def concept_words(self, shape: str, colour: str) -> tuple[str, ...]:
         lemma, gender = self.SHAPE[shape]

@@ -54,6 +54,6 @@ class EnglishGrammar(Grammar):
         text = ", ".join(parts)
         return f"{text}, on a {bg} background" if v < 2 else f"{text}, {bg} background"
 
-    def class_prompt(self, shape: str, colour: str, size: str | None = None) -> str:
-        words = " ".join(w for w in (size, colour, shape) if w)
+    def class_prompt(self, shape: str, colour: str, size: str | None = None, texture: str = "plain") -> str:
+        words = " ".join(w for w in (size, colour, self.TEXTURE[texture], shape) if w)
         return f"a photo of a {words}"
