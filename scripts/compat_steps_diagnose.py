@@ -1,7 +1,8 @@
 """Why BCT / CoReS / d-Simplex-HOC miss AC = 1 at T = 2 on the world (issue 4): for one setting
 (val split), each method's self-tests C[1,1], C[2,2] and cross-test C[2,1] under both Ms (top-1
 search, pair verification), and how often the top-1 neighbour of a query shares its background (a
-nuisance factor of the world's images) in the old self-test vs the cross-test.
+nuisance factor of the world's images) in the old self-test vs the cross-test, and C[1,1] / C[2,1]
+when every query searches only the gallery items of its own background (the nuisance held fixed).
 
     python scripts/compat_steps_diagnose.py --methods baseline,bct,cores,dsimplex-hoc,cl2r [--seed 1]
         [--first-fraction 0.25] [--epochs 40] [--backbone A+B --step-backbones A,A+B]
@@ -18,7 +19,7 @@ import torch
 from nobackfill.compat.learning import DataConfig, SequenceConfig, load_class_data, run_method
 from nobackfill.compat.learning.base import to_numpy
 from nobackfill.data.scene import BACKGROUND_RGB
-from nobackfill.metrics.class_search import neighbour_agreement
+from nobackfill.metrics.class_search import neighbour_agreement, within_group_search_accuracy
 
 
 def backgrounds(pixels: np.ndarray) -> np.ndarray:
@@ -48,18 +49,21 @@ def main() -> None:
     seq = SequenceConfig(steps=2, epochs=args.epochs, batch_size=256, lr=args.lr, seed=args.seed,
                          first_fraction=args.first_fraction)
     options = json.loads(args.options)
-    print("method         M      C[1,1]  C[2,2]  C[2,1]  | top-1 neighbour shares the background: self 1/1, cross 2/1")
+    print("method         M      C[1,1]  C[2,2]  C[2,1]  | top-1 neighbour shares the background: self 1/1, "
+          "cross 2/1 | same-background gallery: C[1,1] C[2,1]")
     for name in args.methods.split(","):
         r = run_method(name, data, seq, f"runs/compat_steps/diagnose/{name}", options=options.get(name),
                        keep_models=True)
         old, new = r["models"]
         gallery = to_numpy(old(torch.from_numpy(data.gallery_x)))
-        agree = [neighbour_agreement(to_numpy(m(torch.from_numpy(data.query_x))), gallery, q_bg, g_bg)
-                 for m in (old, new)]
+        queries = [to_numpy(m(torch.from_numpy(data.query_x))) for m in (old, new)]
+        agree = [neighbour_agreement(q, gallery, q_bg, g_bg) for q in queries]
+        same_bg = [within_group_search_accuracy(q, gallery, data.query_y, data.gallery_y, q_bg, g_bg) for q in queries]
         for metric, res in (("search", r), ("verif.", r["verification"])):
             c = res["C"]
             print(f"{name:14s} {metric:6s} {c[0][0]:.3f}   {c[1][1]:.3f}   {c[1][0]:.3f}   |"
-                  + (f" {agree[0]:.3f}  {agree[1]:.3f}" if metric == "search" else ""), flush=True)
+                  + (f" {agree[0]:.3f}  {agree[1]:.3f} | {same_bg[0]:.3f}  {same_bg[1]:.3f}" if metric == "search"
+                     else ""), flush=True)
 
 
 if __name__ == "__main__":

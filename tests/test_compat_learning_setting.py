@@ -118,3 +118,95 @@ def test_gallery_and_query_rows_point_at_the_cached_items(tmp_path):
     assert np.array_equal(arrival[z["y"][d.gallery_index]], d.gallery_y)
     assert np.array_equal(arrival[z["y"][d.query_index]], d.query_y)
     assert not set(d.gallery_index) & set(d.query_index)
+
+
+# ---------------------------------------------------------------- image inputs: a CNN from pixels per step
+def test_downsampled_images_average_blocks():
+    from nobackfill.compat.learning.data import downsampled_images
+
+    px = np.zeros((1, 64, 64, 3), np.uint8)
+    px[0, :32, :32, 0] = 255  # top-left quarter red
+    px[0, 0, 0, 1] = 255  # one green pixel
+    out = downsampled_images(px, 2)
+    assert out.shape == (1, 3, 2, 2) and out.dtype == np.float32
+    assert out[0, 0].tolist() == [[1.0, 0.0], [0.0, 0.0]]
+    assert out[0, 1, 0, 0] == pytest.approx(1 / (32 * 32)) and out[0, 1].sum() == pytest.approx(1 / 1024)
+
+
+def test_image_backbone_config_is_checked():
+    DataConfig(backbone="image32")
+    for bad in ("image30", "imagex", "image32+randconv"):
+        with pytest.raises(ValueError, match="image"):
+            DataConfig(backbone=bad)
+
+
+def test_image_backbone_loads_standardised_images(tmp_path):
+    from nobackfill.compat.learning import load_class_data
+
+    cfg = DataConfig(backbone="image8", n_render_train=300, n_render_eval=300, n_train_classes=40,
+                     eval_split="val", cache_dir=str(tmp_path))
+    d = load_class_data(cfg, progress=False)
+    assert d.train_x.shape[1:] == (3, 8, 8) and d.gallery_x.shape[1:] == (3, 8, 8) and d.in_dim == (3, 8, 8)
+    assert np.allclose(d.train_x.mean((0, 2, 3)), 0, atol=1e-4)  # per channel, on the training pool
+    assert np.allclose(d.train_x.std((0, 2, 3)), 1, atol=1e-3)
+
+
+def synthetic_images(seed: int = 0) -> ClassData:
+    """Each class: a bright square at its own position on noise (3 x 8 x 8)."""
+    rng = np.random.default_rng(seed)
+
+    def draw(classes, n):
+        y = np.repeat(np.asarray(classes), n)
+        x = rng.normal(size=(len(y), 3, 8, 8)).astype(np.float32) * 0.3
+        for i, c in enumerate(y):
+            x[i, c % 3, 2 * (c // 3) % 8: 2 * (c // 3) % 8 + 2, 2 * c % 8: 2 * c % 8 + 2] += 3.0
+        return x, y.astype(np.int64)
+
+    tx, ty = draw(range(6), 12)
+    ex, ey = draw(range(6), 4)
+    gx, gy = draw(range(6, 9), 3)
+    qx, qy = draw(range(6, 9), 3)
+    return ClassData(tx, ty, ex, ey, gx, gy, qx, qy, 6, list(range(9)))
+
+
+CNN = ModelConfig(hidden=16, dim=9, n_classes=10, conv_widths=(4, 8))
+
+
+def test_step_model_is_a_cnn_on_images():
+    model = StepModel((3, 8, 8), CNN)
+    assert isinstance(model.body[0], torch.nn.Conv2d) and model.out_dim == 9
+    model.eval()
+    x = torch.randn(7, 3, 8, 8)
+    with torch.no_grad():
+        whole = model(x)
+        model.inference_chunk = 3  # chunked inference gives the same features
+        chunked = model(x)
+    assert whole.shape == (7, 9) and torch.allclose(whole, chunked, atol=1e-6)
+
+
+@pytest.mark.parametrize("name", ["baseline", "bct", "cores", "dsimplex-hoc"])
+def test_cnn_methods_train_from_pixels(name, tmp_path):
+    data = synthetic_images()
+    method = create_method(name, model=CNN)
+    models = train_sequence(method, data, SequenceConfig(steps=2, train_steps=4, batch_size=8, warmup=1,
+                                                          memory_per_class=2), tmp_path)
+    assert all(isinstance(m.body[0], torch.nn.Conv2d) for m in models)
+    r = evaluate_sequence(method, models, data)
+    assert np.isfinite(r["C"][1][0]) and 0 <= r["AA"] <= 1
+    if name == "baseline":  # independent models: different weights
+        assert not torch.allclose(models[0].body[0].weight, models[1].body[0].weight)
+
+
+def test_within_group_search_hand_computed():
+    from nobackfill.metrics.class_search import within_group_search_accuracy
+
+    gallery = np.array([[1.0, 0.0], [0.0, 1.0], [1.0, 0.1]], np.float32)  # classes 0, 1, 1; groups a, a, b
+    query = np.array([[1.0, 0.08], [0.1, 1.0]], np.float32)  # class 0 in group b, class 1 in group a
+    # over the whole gallery query 0's nearest is item 2 (class 1): wrong; query 1 finds item 1: right
+    assert within_group_search_accuracy(query, gallery, [0, 1], [0, 1, 1], ["x", "x"], ["x", "x", "x"]) == 0.5
+    # within its group query 0 only sees item 2 (wrong), query 1 items 0, 1 (right)
+    assert within_group_search_accuracy(query, gallery, [0, 1], [0, 1, 1], ["b", "a"], ["a", "a", "b"]) == 0.5
+    # query 0 moved to group a: it now finds item 0 (class 0)
+    assert within_group_search_accuracy(query, gallery, [0, 1], [0, 1, 1], ["a", "a"], ["a", "a", "b"]) == 1.0
+    with pytest.raises(ValueError, match="no query group"):
+        within_group_search_accuracy(query, gallery, [0, 1], [0, 1, 1], ["c", "c"], ["a", "a", "b"])

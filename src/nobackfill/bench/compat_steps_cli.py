@@ -19,6 +19,8 @@ compat_app = typer.Typer(no_args_is_help=True,
 
 STEP_BACKBONES_HELP = ("Backbone upgrades: per step (comma-separated) the +-joined parts of --backbone that step's "
                        "model sees; later steps repeat the last. Empty: every step sees all parts.")
+BACKBONE_HELP = ("Frozen feature extractors joined by + (world model dirs, randconv, pixels) for an MLP per step, "
+                 "or image<R> (e.g. image32): R x R pixels for a small CNN trained from scratch per step.")
 METRIC_HELP = "M of C[t,k]: search (top-1 1:N search accuracy) or verification (pair verification accuracy)."
 
 
@@ -69,7 +71,7 @@ def train_cmd(
     lr: float = typer.Option(3e-3, help="Peak learning rate."),
     option: Optional[List[str]] = typer.Option(None, "--option", help="Method option key=value (repeatable), "
                                                                        "e.g. influence_weight=0.5, regime=continual."),
-    backbone: str = typer.Option("randconv+models/world-new", help="Frozen feature extractors joined by +: world model dirs, randconv, pixels."),
+    backbone: str = typer.Option("randconv+models/world-new", help=BACKBONE_HELP),
     split: str = typer.Option("test", help="Evaluation split: test (report) or val (tuning)."),
     n_render_train: Optional[int] = typer.Option(None, help="Rendered training items (about 1/3 single-object)."),
     n_render_eval: Optional[int] = typer.Option(None, help="Rendered evaluation items."),
@@ -120,7 +122,7 @@ def bench_compat_steps(
     methods: str = typer.Option("", help="Comma-separated subset of methods (default: all)."),
     train_steps: Optional[int] = typer.Option(None, help="Fixed optimiser steps per model (instead of epochs)."),
     epochs: Optional[float] = typer.Option(None, help="Passes over each step's items (default 40, quick 12)."),
-    backbone: str = typer.Option("randconv+models/world-new", help="Frozen feature extractors joined by +: world model dirs, randconv, pixels."),
+    backbone: str = typer.Option("randconv+models/world-new", help=BACKBONE_HELP),
     split: str = typer.Option("test", help="Evaluation split: test (report) or val (tuning)."),
     n_render_train: Optional[int] = typer.Option(None, help="Rendered training items."),
     n_render_eval: Optional[int] = typer.Option(None, help="Rendered evaluation items."),

@@ -116,3 +116,21 @@ def neighbour_agreement(query: np.ndarray, gallery: np.ndarray, query_attr: Sequ
     query's attribute - with a nuisance attribute (e.g. the background), how much an embedding's
     neighbourhoods are organised by it."""
     return float(top1_hits(query, gallery, query_attr, gallery_attr).mean())
+
+
+def within_group_search_accuracy(query: np.ndarray, gallery: np.ndarray, query_labels: Sequence[int],
+                                 gallery_labels: Sequence[int], query_group: Sequence, gallery_group: Sequence
+                                 ) -> float:
+    """Top-1 search accuracy when each query searches only the gallery items of its own group (e.g.
+    the same background): a nuisance factor held fixed, so an embedding gains nothing from encoding
+    it the same way for query and gallery. Mean over queries (groups with no gallery item skipped)."""
+    ql, gl = np.asarray(query_labels), np.asarray(gallery_labels)
+    qg, gg = np.asarray(query_group), np.asarray(gallery_group)
+    hits = []
+    for group in np.unique(qg):
+        qi, gi = np.flatnonzero(qg == group), np.flatnonzero(gg == group)
+        if len(gi):
+            hits.append(top1_hits(np.asarray(query)[qi], np.asarray(gallery)[gi], ql[qi], gl[gi]))
+    if not hits:
+        raise ValueError("no query group has gallery items")
+    return float(np.concatenate(hits).mean())

@@ -26,9 +26,13 @@ from ...train.loop import Method
 
 @dataclass
 class ModelConfig:
-    """The per-step embedding model: an MLP over frozen backbone features."""
+    """The per-step embedding model: an MLP over frozen backbone features, or a small CNN trained
+    from pixels when the inputs are images (``DataConfig.backbone = "image32"``)."""
 
     hidden: int = 256
+    #: CNN body (image inputs): output channels of its 3x3 conv + BatchNorm + ReLU + 2x2 max-pool
+    #: blocks, then global average pooling and the MLP head (``hidden``) to the feature
+    conv_widths: tuple[int, ...] = (16, 32, 64)
     dim: int = 63  # = K - 1 for a d-Simplex with K = 64 pre-allocated classes (CoReS)
     n_classes: int = 64  # classifier rows allocated (>= classes ever seen)
     #: learned heads: ``s cos(f, w)`` (a normalised-softmax classifier, as in metric learning) when
@@ -36,15 +40,36 @@ class ModelConfig:
     cosine_scale: float = 16.0
 
 
-class StepModel(nn.Module):
-    """``phi_t``: body (MLP) -> optional basis transformation -> feature; a classifier head (learned,
-    or a fixed buffer for the d-Simplex); optionally a mapping to the previous step's space (LCE)."""
+def conv_body(in_channels: int, widths: tuple[int, ...], hidden: int, out_dim: int) -> nn.Sequential:
+    """A small CNN from pixels (the tutorial trains a fresh ResNet per step; this is its CPU-sized
+    stand-in): ``conv3x3-BN-ReLU-maxpool2`` per width, global average pooling, ``Linear-ReLU-Linear``."""
+    layers: list[nn.Module] = []
+    c = in_channels
+    for w in widths:
+        layers += [nn.Conv2d(c, w, 3, padding=1), nn.BatchNorm2d(w), nn.ReLU(), nn.MaxPool2d(2)]
+        c = w
+    return nn.Sequential(*layers, nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(c, hidden), nn.ReLU(),
+                         nn.Linear(hidden, out_dim))
 
-    def __init__(self, in_dim: int, cfg: ModelConfig, out_dim: int | None = None,
+
+class StepModel(nn.Module):
+    """``phi_t``: body (MLP over features, or :func:`conv_body` over images) -> optional basis
+    transformation -> feature; a classifier head (learned, or a fixed buffer for the d-Simplex);
+    optionally a mapping to the previous step's space (LCE). ``in_dim``: the input width, or the
+    ``(channels, height, width)`` of image inputs."""
+
+    #: inputs embedded per forward pass when no gradient is needed (bounds a CNN's activation memory)
+    inference_chunk = 1024
+
+    def __init__(self, in_dim: int | tuple[int, ...], cfg: ModelConfig, out_dim: int | None = None,
                  fixed_head: torch.Tensor | None = None) -> None:
         super().__init__()
         out_dim = out_dim or cfg.dim
-        self.body = nn.Sequential(nn.Linear(in_dim, cfg.hidden), nn.ReLU(), nn.Linear(cfg.hidden, out_dim))
+        if isinstance(in_dim, (tuple, list)) and len(in_dim) == 3:
+            self.body = conv_body(int(in_dim[0]), tuple(cfg.conv_widths), cfg.hidden, out_dim)
+        else:
+            width = int(in_dim[0]) if isinstance(in_dim, (tuple, list)) else int(in_dim)
+            self.body = nn.Sequential(nn.Linear(width, cfg.hidden), nn.ReLU(), nn.Linear(cfg.hidden, out_dim))
         self.transform: nn.Module = nn.Identity()
         self.to_previous: nn.Module | None = None
         if fixed_head is not None:
@@ -67,6 +92,8 @@ class StepModel(nn.Module):
         return int(self.body[-1].out_features)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if not torch.is_grad_enabled() and len(x) > self.inference_chunk:
+            return torch.cat([self(x[i:i + self.inference_chunk]) for i in range(0, len(x), self.inference_chunk)])
         if self.input_mask is not None:
             x = x * self.input_mask
         return self.transform(self.body(x))
@@ -113,7 +140,7 @@ class StepContext:
     previous: list[StepModel]  # frozen models of steps 0..t-1
     train_x: torch.Tensor  # this step's training items (cumulative or new + memory)
     train_y: torch.Tensor
-    in_dim: int
+    in_dim: int | tuple[int, ...]  # input width, or (channels, height, width) of images
     seed: int = 0
     extra: dict = field(default_factory=dict)  # runner services (e.g. "train_reference")
     input_mask: torch.Tensor | None = None  # the step's backbone columns (``ClassData.input_mask``)

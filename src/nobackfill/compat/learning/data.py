@@ -7,7 +7,10 @@
 * **Frozen features.** Each image is embedded once by frozen backbones whose features are
   concatenated (``backbone="randconv+models/world-new"``, the default): a shipped world CLIP model's
   image embedding, :func:`random_conv_features` (a seeded random CNN), or ``"pixels"`` (8x8
-  average-pooled pixels; no model, used by the tests). An MLP probe on val (64 classes; random conv
+  average-pooled pixels; no model, used by the tests). ``"image<R>"`` (e.g. ``image32``) is no
+  frozen feature: the images themselves, area-down-sampled to ``R x R`` and standardised per
+  channel, for a small CNN trained from pixels at every step (:func:`.base.conv_body`; it must be
+  the only part). An MLP probe on val (64 classes; random conv
   at full 64x64 resolution there, 2x down-sampled here for speed) gave world-new alone 43% top-1
   classification, random conv 51%, both 59% - the concatenation leaves
   the most for the embedding models to learn. Features are standardised with the training
@@ -81,6 +84,13 @@ class DataConfig:
         if self.eval_split not in ("val", "test"):
             raise ValueError(f"eval_split must be 'val' or 'test', got {self.eval_split!r}")
         parts = self.backbone.split("+")
+        images = [p for p in parts if p.startswith("image")]
+        for p in images:
+            res = p[len("image"):]
+            if not res.isdigit() or int(res) < 4 or 64 % int(res):
+                raise ValueError(f"backbone part {p!r}: expected image<R> with R a divisor of 64 (e.g. image32)")
+        if images and len(parts) > 1:
+            raise ValueError(f"backbone {self.backbone!r}: an image part ({images[0]}) cannot be joined with others")
         for step in filter(None, self.step_backbones.split(",")):
             bad = [p for p in step.split("+") if p not in parts]
             if bad:
@@ -108,8 +118,9 @@ class ClassData:
     query_index: np.ndarray | None = None
 
     @property
-    def in_dim(self) -> int:
-        return int(self.train_x.shape[1])
+    def in_dim(self) -> int | tuple[int, ...]:
+        """Input width of feature vectors, or ``(channels, height, width)`` of image inputs."""
+        return int(self.train_x.shape[1]) if self.train_x.ndim == 2 else tuple(int(d) for d in self.train_x.shape[1:])
 
     def input_mask(self, t: int) -> torch.Tensor | None:
         """0/1 per input column: the backbone parts step ``t`` (0-based) sees; None when it sees all."""
@@ -178,7 +189,17 @@ def random_conv_features(pixels: np.ndarray, seed: int = 0, batch: int = 256) ->
     return np.concatenate(out)
 
 
+def downsampled_images(pixels: np.ndarray, resolution: int) -> np.ndarray:
+    """``(N, 64, 64, 3)`` uint8 -> ``(N, 3, R, R)`` float32 in [0, 1], by averaging ``64/R`` blocks."""
+    n, size = len(pixels), pixels.shape[1]
+    f = size // resolution
+    out = pixels.reshape(n, resolution, f, resolution, f, 3).mean((2, 4), dtype=np.float32) / 255.0
+    return np.ascontiguousarray(out.transpose(0, 3, 1, 2))
+
+
 def _features(backbone: str, pixels: np.ndarray) -> np.ndarray:
+    if backbone.startswith("image"):
+        return downsampled_images(pixels, int(backbone[len("image"):]))
     if backbone == "pixels":
         n = len(pixels)
         return pixels.astype(np.float32).reshape(n, 8, 8, 8, 8, 3).mean((2, 4)).reshape(n, -1) / 255.0
@@ -218,6 +239,10 @@ def _cached_split(cfg: DataConfig, split: str, n: int, progress: bool
 
     parts, labels = [], None
     for part in cfg.backbone.split("+"):
+        if part.startswith("image"):  # cheap from the cached pixels: no feature cache
+            px, labels = rendered()
+            parts.append(_features(part, px))
+            continue
         key = json.dumps({"backbone": part, "seed": cfg.world_seed, "split": split, "n": n, "v": 1})
         if part not in ("pixels", "randconv"):
             weights = Path(part) / "model.safetensors"
@@ -247,7 +272,8 @@ def load_class_data(cfg: DataConfig, progress: bool = True) -> ClassData:
     arrival[order] = np.arange(N_WORLD_CLASSES)
     ty, ey = arrival[ty], arrival[ey]
     pool = ty < cfg.n_train_classes
-    mean, std = tx[pool].mean(0), tx[pool].std(0) + 1e-6
+    axes = (0,) if tx.ndim == 2 else (0, 2, 3)  # per column, or per channel of images
+    mean, std = tx[pool].mean(axes, keepdims=True)[0], tx[pool].std(axes, keepdims=True)[0] + 1e-6
     norm = lambda a: ((a - mean) / std).astype(np.float32)
     closed = ey < cfg.n_train_classes
     retrieval = ~closed if cfg.eval_classes == "unseen" else np.ones(len(ey), bool)
