@@ -123,13 +123,23 @@ def test_bench_lingual_world_on_tiny_world(world, tmp_path):
     from nobackfill.lingual.learner import CLLConfig
 
     data, model = world
-    cfg = LingualWorldConfig(langs=("de",), methods=("cll_clip_teir", "er"), train_images=12, eta=0.3,
+    cfg = LingualWorldConfig(langs=("de",), methods=("cll_clip_teir", "er"), train_images=12, eval_split="val",
+                             translate_test_etas=(0.3, 1.0), teir_lr=5e-3,
                              cll=CLLConfig(steps=2, batch_size=8, task_vocab_size=400, memory_size=4))
+    assert (cfg.method_cll("er").lr, cfg.method_cll("cll_clip_teir").lr) == (cfg.cll.lr, 5e-3)
     res = run_lingual_world(data, model=model, config=cfg, cache_dir=tmp_path / "c", work_dir=tmp_path / "w")
+    assert res["eval_split"] == "val" and res["n_eval_images"] == 6
     for m in res["methods"].values():
         assert m["image_embeddings_bit_identical"] and m["image_tower_bit_identical"]
         assert len(m["t2i"]["matrix"]) == 1 and len(m["english_t2i"]) == 2
-    assert "t2i AR" in format_markdown(res)
+        assert set(m["translate_test"]) == {"0.3", "1"}
+        assert len(m["translate_test"]["1"]["i2t"]["matrix"]) == 1
+    md = format_markdown(res)
+    assert "t2i AR" in md and "translate-test (eta 0.3)" in md and "6 val images" in md
+    with pytest.raises(ValueError, match="split"):
+        LingualWorldConfig(eval_split="train")
+    with pytest.raises(ValueError, match="eta"):
+        LingualWorldConfig(translate_test_etas=(0.0,))
     assert method_config("der_teir_oracle", CLLConfig()).oracle_vocab
     grad, upd = method_config("cll_clip_teir_grad", CLLConfig()), method_config("cll_clip_teir_update", CLLConfig())
     assert (grad.teir_scale, upd.teir_scale) == ("grad", "update") and grad.label != upd.label
@@ -157,3 +167,47 @@ def test_cli_bench_lingual_text_passes_split_and_lr(m30k, tmp_path, monkeypatch)
     cfg = seen["cfg"]
     assert (cfg.eval_split, cfg.eval_limit, cfg.cll.lr, cfg.teir_lr) == ("val", 7, 0.003, 0.02)
     assert cfg.methods == ("cll_clip", "prompt_teir") and cfg.method_cll("prompt_teir").lr == 0.02
+
+
+def test_world_retrieval_fusion_weights_match_single_eta(world, tmp_path):
+    """Each weight of ``etas`` scores exactly like a separate call with that ``eta``; eta 1 is the
+    English translation alone."""
+    from nobackfill.encoders import load_encoder
+    from nobackfill.evaluate import load_eval_data
+    from nobackfill.lingual.data import world_parallel, world_retrieval
+    from nobackfill.metrics.retrieval import retrieval_metrics
+
+    data, model = world
+    enc = load_encoder(model)
+    d = load_eval_data(data, "test", langs=["en", "de"])
+    imgs = enc.encode_images(d.image_paths())
+    out = world_retrieval(enc, d, imgs, ["en", "de"], tmp_path / "c", etas=(0.4, 1.0))
+    single = world_retrieval(enc, d, imgs, ["de"], tmp_path / "c", eta=0.4)
+    assert out["translate_test"]["0.4"] == single
+    _, english, img = world_parallel(d, "de")
+    m = retrieval_metrics(imgs, enc.encode_texts(english), img, ks=(1,), directions=("t2i", "i2t"))
+    assert out["translate_test"]["1"]["t2i"]["de"] == pytest.approx(m["t2i"]["R@1"])
+    assert "en" not in out["translate_test"]["1"]["t2i"]
+
+
+def test_cli_bench_lingual_world_passes_split_lr_langs_and_etas(world, tmp_path, monkeypatch):
+    import nobackfill.bench.lingual as bench
+
+    seen = {}
+
+    def fake_run(data, *, config, **kw):
+        seen["cfg"] = config
+        raise FileNotFoundError(f"no split {config.eval_split}")
+
+    monkeypatch.setattr(bench, "run_lingual_world", fake_run)
+    data, model = world
+    r = runner.invoke(_app(), ["bench", "lingual-world", "--data", str(data), "--model", str(model), "--quick",
+                               "--split", "val", "--limit", "9", "--lr", "0.003", "--teir-lr", "0.02", "--langs",
+                               "de,fr", "--etas", "0.5,1", "--json", str(tmp_path / "o.json")])
+    assert r.exit_code != 0 and "no split val" in r.output
+    cfg = seen["cfg"]
+    assert (cfg.eval_split, cfg.eval_limit, cfg.cll.lr, cfg.teir_lr) == ("val", 9, 0.003, 0.02)
+    assert cfg.langs == ("de", "fr") and cfg.translate_test_etas == (0.5, 1.0)
+    r = runner.invoke(_app(), ["bench", "lingual-world", "--data", str(data), "--split", "train",
+                               "--json", str(tmp_path / "o.json")])
+    assert r.exit_code == 2 and "split" in r.output

@@ -118,9 +118,22 @@ def _quick(cls, kw: dict, steps: int):
     return c
 
 
+class _FamilyRates:
+    """A bench config's ``cll`` (shared method settings) and ``teir_lr`` (the TEIR family's own
+    learning rate; None: ``cll.lr``)."""
+
+    cll: CLLConfig
+    teir_lr: float | None
+
+    def method_cll(self, name: str) -> CLLConfig:
+        """The :class:`CLLConfig` of bench method ``name`` (with its family's learning rate)."""
+        c = method_config(name, self.cll)
+        return replace(c, lr=self.teir_lr) if c.teir and self.teir_lr is not None else c
+
+
 # ----------------------------------------------------------------------------- lingual-text
 @dataclass
-class LingualTextConfig:
+class LingualTextConfig(_FamilyRates):
     """CPU-sized CLL on Multi30K. ``cll`` holds the shared method settings; each task trains on
     ``cll.steps`` batches of ``cll.batch_size`` drawn from the first ``train_lines`` task-1 lines
     (the task's vocabulary is trained on the whole task-1 train split of that language)."""
@@ -137,11 +150,6 @@ class LingualTextConfig:
     #: learning rate of the methods with TEIR (None: ``cll.lr``, the rate val chose for both);
     #: each family's rate is chosen on Multi30K val with the same step budget
     teir_lr: float | None = None
-
-    def method_cll(self, name: str) -> CLLConfig:
-        """The :class:`CLLConfig` of bench method ``name`` (with its family's learning rate)."""
-        c = method_config(name, self.cll)
-        return replace(c, lr=self.teir_lr) if c.teir and self.teir_lr is not None else c
 
     @classmethod
     def quick(cls, **kw) -> "LingualTextConfig":
@@ -265,18 +273,30 @@ def text_done_when(result: dict) -> dict:
 
 # ----------------------------------------------------------------------------- lingual-world
 @dataclass
-class LingualWorldConfig:
+class LingualWorldConfig(_FamilyRates):
     """CLL on the world: each language's train captions (2 per image) paired with the English
-    caption of the same image and variant slot; images through the frozen image tower."""
+    caption of the same image and variant slot; images through the frozen image tower.
+    ``translate_test_etas``: translate-test score fusion weights (Fig. 5 of the CLL-CLIP paper)
+    evaluated beside the model alone, the query being ``(1 - eta) q_F + eta q_E`` with ``q_E`` the
+    world's parallel English caption of the same scene (a perfect translation)."""
 
     langs: tuple[str, ...] = WORLD_LANGS
     methods: tuple[str, ...] = DEFAULT_METHODS
     train_images: int = 5000
     eval_split: str = "test"
     eval_limit: int | None = None
-    eta: float = 0.0  # translate-test score fusion weight (0 = the model alone)
+    translate_test_etas: tuple[float, ...] = ()
     cll: CLLConfig = field(default_factory=lambda: CLLConfig(steps=150, batch_size=64, lr=2e-3,
                                                                task_vocab_size=1000))
+    #: learning rate of the methods with TEIR (None: ``cll.lr``)
+    teir_lr: float | None = None
+
+    def __post_init__(self) -> None:
+        if self.eval_split not in ("val", "test"):
+            raise ValueError(f"world eval split must be 'val' or 'test', got {self.eval_split!r}")
+        for eta in self.translate_test_etas:
+            if not 0.0 < eta <= 1.0:
+                raise ValueError(f"translate-test eta must be in (0, 1], got {eta}")
 
     @classmethod
     def quick(cls, **kw) -> "LingualWorldConfig":
@@ -305,7 +325,8 @@ def _world_setup(data, model, cfg: "LingualWorldConfig") -> dict:
 def _world_evaluate(st: dict, cfg: "LingualWorldConfig", cache_dir) -> StageEval:
     def evaluate(enc) -> dict:
         enc.invalidate_space_id()
-        return world_retrieval(enc, st["test_data"], st["test_imgs"], ("en", *cfg.langs), cache_dir, eta=cfg.eta)
+        return world_retrieval(enc, st["test_data"], st["test_imgs"], ("en", *cfg.langs), cache_dir,
+                               etas=cfg.translate_test_etas)
     return evaluate
 
 
@@ -326,12 +347,15 @@ def _world_method(name: str, data, model, cfg: "LingualWorldConfig", cache_dir, 
                                                   for k, v in enc.model.vision_model.state_dict().items())
 
     frozen = copy.deepcopy(base)
-    seq = run_sequence(enc, st["tasks"], method_config(name, cfg.cll), _world_evaluate(st, cfg, cache_dir),
+    seq = run_sequence(enc, st["tasks"], cfg.method_cll(name), _world_evaluate(st, cfg, cache_dir),
                        english_corpus=st["english_corpus"],
                        english_features=lambda texts: embed_texts_cached(frozen, texts, cache_dir),
                        work_dir=Path(work_dir), oracle_corpora=[t.foreign for t in st["tasks"]], log=log,
                        after_all=after_all)
     res = {d: summarise(seq.stages, cfg.langs, d) for d in ("t2i", "i2t")}
+    if cfg.translate_test_etas:
+        res["translate_test"] = {key: {d: summarise([s["translate_test"][key] for s in seq.stages], cfg.langs, d)
+                                       for d in ("t2i", "i2t")} for key in seq.stages[0]["translate_test"]}
     res["english_t2i"] = [x["t2i"]["en"] for x in seq.stages]
     res["english_i2t"] = [x["i2t"]["en"] for x in seq.stages]
     res["zero_shot"] = {d: {lg: seq.stages[0][d][lg] for lg in cfg.langs} for d in ("t2i", "i2t")}
@@ -390,13 +414,17 @@ def format_markdown(result: dict) -> str:
             lines.append(f"| {name} | {m['AR']:.3f} | {m['F']:.3f} | " + " | ".join(f"{m['final'][lg]:.3f}" for lg in langs)
                          + f" | {result['english_R@1_after'][name]:.3f} |")
     else:
-        lines.append(f"World CLL from {result['model']}: R@1 per direction ({result['n_eval_images']} test images)")
+        lines.append(f"World CLL from {result['model']}: R@1 per direction ({result['n_eval_images']} "
+                     f"{result['eval_split']} images)")
         lines.append("")
         lines.append("| method | t2i AR | t2i F | i2t AR | i2t F | English t2i after | images bit-identical |")
         lines.append("|---|---|---|---|---|---|---|")
         for name, m in result["methods"].items():
             lines.append(f"| {name} | {m['t2i']['AR']:.3f} | {m['t2i']['F']:.3f} | {m['i2t']['AR']:.3f} | "
                          f"{m['i2t']['F']:.3f} | {m['english_t2i'][-1]:.3f} | {m.get('image_embeddings_bit_identical')} |")
+            for eta, tt in m.get("translate_test", {}).items():
+                lines.append(f"| {name} + translate-test (eta {eta}) | {tt['t2i']['AR']:.3f} | {tt['t2i']['F']:.3f} | "
+                             f"{tt['i2t']['AR']:.3f} | {tt['i2t']['F']:.3f} | - | - |")
     return "\n".join(lines) + "\n"
 
 

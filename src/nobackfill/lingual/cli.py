@@ -157,18 +157,24 @@ _THREADS = typer.Option(1, help="torch threads (per method process).")
 _JOBS = typer.Option(1, help="Run the methods in this many parallel processes (2 on 2 cores).")
 
 
+_METHODS = typer.Option("cll_clip,cll_clip_teir", help="Comma list, e.g. cll_clip,cll_clip_teir,oewc,er_teir,der,"
+                                                         "lora_teir,prompt,cll_clip_teir_oracle.")
+_LR = typer.Option(None, help="Override the learning rate of the plain methods.")
+_TEIR_LR = typer.Option(None, help="Override the learning rate of the TEIR methods.")
+_LIMIT = typer.Option(None, help="Evaluate on the first N lines / images of the split.")
+
+
 def bench_lingual_text(
     data: Optional[Path] = typer.Option(None, help="Multi30K root (default: $NOBACKFILL_SHARED/data/multi30k)."),
     eval_dir: Optional[Path] = typer.Option(None, help="Folder holding test_2016_flickr.{en,de,fr,cs}.gz laid out "
                                                        "like task1/raw: evaluate on it instead."),
     quick: bool = typer.Option(False, help="Fewer steps per language (CPU minutes)."),
-    methods: str = typer.Option("cll_clip,cll_clip_teir", help="Comma list, e.g. cll_clip,cll_clip_teir,oewc,"
-                                                               "er_teir,der,cll_clip_teir_oracle."),
+    methods: str = _METHODS,
     steps: Optional[int] = _STEPS,
-    lr: Optional[float] = typer.Option(None, help="Override the learning rate of the plain methods."),
-    teir_lr: Optional[float] = typer.Option(None, help="Override the learning rate of the TEIR methods."),
+    lr: Optional[float] = _LR,
+    teir_lr: Optional[float] = _TEIR_LR,
     split: str = typer.Option("test_2016_flickr", help="Task-1 split to evaluate on ('val' for tuning)."),
-    limit: Optional[int] = typer.Option(None, help="Evaluate on the first N lines of the split."),
+    limit: Optional[int] = _LIMIT,
     cache_dir: Path = _CACHE,
     work_dir: Path = typer.Option(Path("runs/lingual-text"), help="Training scratch."),
     threads: int = _THREADS,
@@ -177,17 +183,13 @@ def bench_lingual_text(
 ) -> None:
     """CLL on real text: MiniLM learns de -> fr -> cs (Multi30K task 1); a[j,i], AR, F per method and
     English forgetting."""
-    from dataclasses import replace
-
     from ..bench.lingual import LingualTextConfig, run_lingual_text
     from ..data.multi30k import default_multi30k_dir
 
     cli = _cli()
     try:
-        cfg = _bench_config(LingualTextConfig, quick, methods, threads, steps, eval_split=split, eval_limit=limit,
-                            **({"teir_lr": teir_lr} if teir_lr else {}))
-        if lr:
-            cfg.cll = replace(cfg.cll, lr=lr)
+        cfg = _bench_config(LingualTextConfig, quick, methods, threads, steps, lr, teir_lr, eval_split=split,
+                            eval_limit=limit)
         result = run_lingual_text(data or default_multi30k_dir(), eval_dir=eval_dir, quick=quick, config=cfg,
                                   cache_dir=cache_dir, work_dir=work_dir, jobs=jobs, log=lambda m: cli.console.print(m))
     except (ValueError, FileNotFoundError, ModuleNotFoundError) as e:
@@ -195,12 +197,14 @@ def bench_lingual_text(
     _bench_done(result, json_out)
 
 
-def _bench_config(cls, quick: bool, methods: str, threads: int, steps: int | None, **kw):
+def _bench_config(cls, quick: bool, methods: str, threads: int, steps: int | None, lr: float | None,
+                  teir_lr: float | None, **kw):
     """A bench config (``cls.quick`` with ``--quick``) with the command line's overrides."""
     from dataclasses import replace
 
-    cfg = (cls.quick if quick else cls)(methods=tuple(_split_langs(methods)), **kw)
-    cfg.cll = replace(cfg.cll, threads=threads, **({"steps": steps} if steps else {}))
+    cfg = (cls.quick if quick else cls)(methods=tuple(_split_langs(methods)), **kw,
+                                        **({"teir_lr": teir_lr} if teir_lr else {}))
+    cfg.cll = replace(cfg.cll, threads=threads, **({"steps": steps} if steps else {}), **({"lr": lr} if lr else {}))
     return cfg
 
 
@@ -211,13 +215,28 @@ def _bench_done(result: dict, json_out: Path) -> None:
     _cli().console.print(f"wrote {json_out}")
 
 
+def _floats(text: str) -> tuple[float, ...]:
+    try:
+        return tuple(float(x) for x in text.split(",") if x.strip())
+    except ValueError:
+        raise ValueError(f"not a comma list of numbers: {text!r}") from None
+
+
 def bench_lingual_world(
     data: Path = typer.Option(Path("data/world"), help="World root."),
     model: Path = typer.Option(Path("models/world-new"), help="The English-only starting model."),
-    quick: bool = typer.Option(False, help="Fewer steps and 500 test images (CPU minutes)."),
-    methods: str = typer.Option("cll_clip,cll_clip_teir", help="Comma list of methods (see bench lingual-text)."),
-    eta: float = typer.Option(0.0, help="Translate-test fusion weight for the evaluation."),
+    quick: bool = typer.Option(False, help="Fewer steps and 500 images (CPU minutes)."),
+    methods: str = _METHODS,
+    langs: Optional[str] = typer.Option(None, help="Languages to learn, in order (default: de,fr,es,ru,el,zh; "
+                                                   "fewer for quick trend checks)."),
+    etas: Optional[str] = typer.Option(None, help="Translate-test fusion weights evaluated beside the model alone, "
+                                                  "comma list in (0, 1] (default: the bench's val-chosen eta; "
+                                                  "'' for none)."),
+    split: str = typer.Option("test", help="World split to evaluate on: 'val' for tuning, 'test' to report."),
+    limit: Optional[int] = _LIMIT,
     steps: Optional[int] = _STEPS,
+    lr: Optional[float] = _LR,
+    teir_lr: Optional[float] = _TEIR_LR,
     cache_dir: Path = _CACHE,
     work_dir: Path = typer.Option(Path("runs/lingual-world"), help="Training scratch."),
     threads: int = _THREADS,
@@ -225,12 +244,17 @@ def bench_lingual_world(
     json_out: Path = typer.Option(Path("runs/bench/lingual_world.json"), "--json", help="JSON output (.md beside it)."),
 ) -> None:
     """CLL on the world: the English-only world model learns de, fr, es, ru, el, zh in that order;
-    t2i / i2t AR and F per method; image embeddings checked bit-identical."""
+    t2i / i2t AR and F per method (and with translate-test fusion); image embeddings checked
+    bit-identical."""
     from ..bench.lingual import LingualWorldConfig, run_lingual_world
 
     cli = _cli()
     try:
-        cfg = _bench_config(LingualWorldConfig, quick, methods, threads, steps, eta=eta)
+        kw = {} if etas is None else {"translate_test_etas": _floats(etas)}
+        if langs is not None:
+            kw["langs"] = tuple(_split_langs(langs))
+        cfg = _bench_config(LingualWorldConfig, quick, methods, threads, steps, lr, teir_lr,
+                            eval_split=split, eval_limit=limit, **kw)
         result = run_lingual_world(data, model=model, quick=quick, config=cfg, cache_dir=cache_dir,
                                    work_dir=work_dir, jobs=jobs, log=lambda m: cli.console.print(m))
     except (ValueError, FileNotFoundError) as e:

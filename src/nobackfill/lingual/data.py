@@ -117,10 +117,15 @@ def fuse_translate_test(foreign: np.ndarray, translated: np.ndarray, eta: float)
 
 
 def world_retrieval(encoder, data, image_features: np.ndarray, langs: Sequence[str],
-                    cache_dir: str | Path | None = None, eta: float = 0.0) -> dict:
+                    cache_dir: str | Path | None = None, eta: float = 0.0, etas: Sequence[float] = ()) -> dict:
     """``{"t2i": {lang: R@1}, "i2t": {lang: R@1}}`` for ``langs`` (English included if listed);
-    with ``eta > 0`` each foreign query is fused with its English translation (translate-test)."""
+    with ``eta > 0`` each foreign query is fused with its English translation (translate-test).
+    Each weight in ``etas`` adds ``out["translate_test"][f"{w:g}"]``: the same R@1 dicts of the
+    foreign languages with fusion weight ``w`` (one encoding pass serves every weight)."""
     out: dict = {"t2i": {}, "i2t": {}}
+    fused: dict = {f"{w:g}": {"t2i": {}, "i2t": {}} for w in etas}
+    if fused:
+        out["translate_test"] = fused
     for lang in langs:
         use_language(encoder, lang)
         if lang == "en":
@@ -130,8 +135,13 @@ def world_retrieval(encoder, data, image_features: np.ndarray, langs: Sequence[s
         else:
             foreign, english, img = world_parallel(data, lang)
             q = embed_texts_cached(encoder, foreign, cache_dir)
+            q_en = embed_texts_cached(encoder, english, cache_dir) if eta or etas else None
+            for w in etas:
+                m = retrieval_metrics(image_features, fuse_translate_test(q, q_en, w), img, ks=(1,),
+                                      directions=("t2i", "i2t"))
+                fused[f"{w:g}"]["t2i"][lang], fused[f"{w:g}"]["i2t"][lang] = m["t2i"]["R@1"], m["i2t"]["R@1"]
             if eta:
-                q = fuse_translate_test(q, embed_texts_cached(encoder, english, cache_dir), eta)
+                q = fuse_translate_test(q, q_en, eta)
         m = retrieval_metrics(image_features, q, img, ks=(1,), directions=("t2i", "i2t"))
         out["t2i"][lang], out["i2t"][lang] = m["t2i"]["R@1"], m["i2t"]["R@1"]
     return out
