@@ -5,7 +5,7 @@ nuisance factor of the world's images) in the old self-test vs the cross-test, a
 when every query searches only the gallery items of its own background (the nuisance held fixed).
 
     python scripts/compat_steps_diagnose.py --methods baseline,bct,cores,dsimplex-hoc,cl2r [--seed 1]
-        [--first-fraction 0.25] [--epochs 40] [--backbone A+B --step-backbones A,A+B]
+        [--first-fraction 0.25] [--epochs 40] [--backbone A+B --step-backbones A,A+B] [--open-set shapes]
 """
 
 from __future__ import annotations
@@ -38,11 +38,14 @@ def main() -> None:
     ap.add_argument("--first-fraction", type=float, default=0.0, help="0: T equal tasks")
     ap.add_argument("--backbone", default="randconv+models/world-new")
     ap.add_argument("--step-backbones", default="")
+    ap.add_argument("--n-render-train", type=int, default=24000, help="rendered training items (1/3 single-object)")
+    ap.add_argument("--open-set", default="classes", help="classes (unseen combinations) or shapes (unseen shapes)")
     ap.add_argument("--options", default='{"bct": {"influence_weight": 3.0, "init_from_previous": true}}',
                     help="per-method options (JSON), the bench's defaults")
     args = ap.parse_args()
     torch.set_num_threads(1)
-    cfg = DataConfig(eval_split="val", backbone=args.backbone, step_backbones=args.step_backbones)
+    cfg = DataConfig(eval_split="val", backbone=args.backbone, step_backbones=args.step_backbones,
+                     open_set=args.open_set, n_render_train=args.n_render_train)
     data = load_class_data(cfg, progress=False)
     pixels = np.load(f"{cfg.cache_dir}/pixels_val_{cfg.world_seed}_{cfg.n_render_eval}.npz")["pixels"]
     g_bg, q_bg = backgrounds(pixels[data.gallery_index]), backgrounds(pixels[data.query_index])

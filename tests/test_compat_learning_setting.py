@@ -210,3 +210,18 @@ def test_within_group_search_hand_computed():
     assert within_group_search_accuracy(query, gallery, [0, 1], [0, 1, 1], ["a", "a"], ["a", "a", "b"]) == 1.0
     with pytest.raises(ValueError, match="no query group"):
         within_group_search_accuracy(query, gallery, [0, 1], [0, 1, 1], ["c", "c"], ["a", "a", "b"])
+
+
+def test_open_set_of_unseen_shapes():
+    from nobackfill.compat.learning.data import class_arrival_order
+    from nobackfill.data.scene import SHAPES
+
+    order = class_arrival_order(DataConfig(open_set="shapes"))
+    assert sorted(order.tolist()) == list(range(64))
+    pool, held = set(order[:48] % len(SHAPES)), set(order[48:] % len(SHAPES))
+    assert len(held) == 2 and not pool & held  # two whole shapes, every colour, never trained on
+    assert np.array_equal(class_arrival_order(DataConfig()), np.random.default_rng(0).permutation(64))
+    with pytest.raises(ValueError, match="multiple"):
+        DataConfig(open_set="shapes", n_train_classes=50)
+    with pytest.raises(ValueError, match="open_set"):
+        DataConfig(open_set="colours")

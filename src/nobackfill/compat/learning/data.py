@@ -71,6 +71,11 @@ class DataConfig:
     n_train_classes: int = 48  # training pool; the other 64 - 48 classes are never trained on
     eval_classes: str = "unseen"  # retrieval on the classes outside the pool, or on "all" world classes
     class_seed: int = 0
+    #: which classes form the open set: "classes" (a seeded random ``64 - n_train_classes`` colour x
+    #: shape combinations, whose colour and shape are both seen in training) or "shapes" (every colour
+    #: of ``(64 - n_train_classes) / 8`` seeded shapes no model ever sees, like the tutorial's
+    #: CIFAR-100 -> CIFAR-10 object categories)
+    open_set: str = "classes"
     cache_dir: str = "runs/compat_steps/cache"
     #: backbone upgrades: ","-separated, per step, the "+"-joined parts of ``backbone`` that step's
     #: model sees (the others are zeroed); later steps repeat the last entry. "" = all parts always
@@ -81,6 +86,11 @@ class DataConfig:
             raise ValueError(f"n_train_classes must be in [2, {N_WORLD_CLASSES - 1}], got {self.n_train_classes}")
         if self.eval_classes not in ("all", "unseen"):
             raise ValueError(f"eval_classes must be 'all' or 'unseen', got {self.eval_classes!r}")
+        if self.open_set not in ("classes", "shapes"):
+            raise ValueError(f"open_set must be 'classes' or 'shapes', got {self.open_set!r}")
+        if self.open_set == "shapes" and (N_WORLD_CLASSES - self.n_train_classes) % len(COLOURS):
+            raise ValueError(f"open_set='shapes' holds out whole shapes ({len(COLOURS)} classes each): "
+                             f"64 - n_train_classes = {N_WORLD_CLASSES - self.n_train_classes} is not a multiple")
         if self.eval_split not in ("val", "test"):
             raise ValueError(f"eval_split must be 'val' or 'test', got {self.eval_split!r}")
         parts = self.backbone.split("+")
@@ -263,11 +273,23 @@ def _cached_split(cfg: DataConfig, split: str, n: int, progress: bool
     return np.concatenate(parts, 1), labels, [p.shape[1] for p in parts]
 
 
+def class_arrival_order(cfg: DataConfig) -> np.ndarray:
+    """World class ids in arrival order: a seeded permutation; with ``open_set="shapes"`` the classes
+    of the held-out shapes are moved (in permutation order) behind the training pool."""
+    order = np.random.default_rng(cfg.class_seed).permutation(N_WORLD_CLASSES)
+    if cfg.open_set == "shapes":
+        n_held = (N_WORLD_CLASSES - cfg.n_train_classes) // len(COLOURS)
+        held = np.random.default_rng([cfg.class_seed, 1]).permutation(len(SHAPES))[:n_held]
+        unseen = np.isin(order % len(SHAPES), held)  # class_id = colour * len(SHAPES) + shape
+        order = np.concatenate([order[~unseen], order[unseen]])
+    return order
+
+
 def load_class_data(cfg: DataConfig, progress: bool = True) -> ClassData:
     """Render (or read from the cache), embed, standardise and split the items (module docstring)."""
     tx, ty, part_widths = _cached_split(cfg, "train", cfg.n_render_train, progress)
     ex, ey, _ = _cached_split(cfg, cfg.eval_split, cfg.n_render_eval, progress)
-    order = np.random.default_rng(cfg.class_seed).permutation(N_WORLD_CLASSES)
+    order = class_arrival_order(cfg)
     arrival = np.empty(N_WORLD_CLASSES, np.int64)
     arrival[order] = np.arange(N_WORLD_CLASSES)
     ty, ey = arrival[ty], arrival[ey]
