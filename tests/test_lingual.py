@@ -427,3 +427,31 @@ def test_prompt_baseline_learns_its_prompt_and_teir_freezes_earlier_prompts(tmp_
     assert de_rows.std() > 0.5 * sigma  # TEIR initialisation of the prompt rows, not N(0, 0.02^2)
     with pytest.raises(ValueError, match="prompt-tuning"):
         learner.save(tmp_path / "m")
+
+
+def test_teir_used_task_tokens_give_every_used_row_a_nonzero_lambda(tmp_path):
+    """``teir_task_tokens="used"``: no row that the task's tokenised text uses is frozen (lambda 0);
+    the default ("vocab", the paper's sets) freezes exactly the old rows outside V_hat_t."""
+    from nobackfill.bench.lingual import method_config
+    from nobackfill.lingual.vocab import token_counts
+
+    seen = {}
+    for mode in ("vocab", "used"):
+        enc = tiny_encoder()
+        learner = ContinualLearner(enc, CLLConfig(teir=True, teir_task_tokens=mode, steps=1, batch_size=4,
+                                                  task_vocab_size=300), ENGLISH)
+        n0 = token_embedding(enc).weight.shape[0]
+        before = token_embedding(enc).weight.detach().clone()
+        info = learner.learn(LanguageTask("de", GERMAN, ENGLISH), tmp_path / mode)
+        used = np.flatnonzero(token_counts(enc.tokenizer, GERMAN, info["vocab_after"])[:n0])
+        moved = (token_embedding(enc).weight.detach()[:n0] != before).any(dim=1).numpy()
+        seen[mode] = (info["lambda"]["zero"], used, moved)
+    zero_vocab, used, moved = seen["vocab"]
+    assert not moved[used].all()  # the paper's sets: some rows the text uses stay frozen
+    zero_used, used_u, moved_u = seen["used"]
+    assert np.array_equal(used, used_u) and zero_used < zero_vocab
+    assert moved_u[used_u].all()  # every used old row trains (scaled by 1/(c+1))
+    assert method_config("cll_clip_teir_used", CLLConfig()).teir_task_tokens == "used"
+    assert method_config("cll_clip_teir_used", CLLConfig()).label == "cll_clip_teir_update_used"
+    with pytest.raises(ValueError, match="teir_task_tokens"):
+        CLLConfig(teir_task_tokens="all")

@@ -52,6 +52,9 @@ def test_cli_learn_then_eval_on_multi30k(m30k, tmp_path):
     assert r.exit_code == 0, r.output
     state = json.loads((out / "lingual.json").read_text())
     assert state["learned"] == ["en", "de"] and state["config"]["teir"] is True
+    from nobackfill.lingual.learner import CLLConfig
+
+    assert state["config"]["lr"] == CLLConfig().lr == 1e-2  # the val-chosen TEIR rate, CLI and library alike
     assert state["history"][0]["new_tokens"] > 0
     j = tmp_path / "eval.json"
     r = runner.invoke(_app(), ["lingual", "eval", "--model", str(out), "--data", str(root), "--langs", "de",
