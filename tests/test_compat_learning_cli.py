@@ -55,3 +55,16 @@ def test_bench_compat_steps_cli(tmp_path):
     assert "data:image/png;base64" in html and "AC / AA / ACA" in html
     md = out.with_suffix(".md").read_text()
     assert "T=2 AC" in md and "M = open-set pair verification accuracy" in md
+
+
+def test_compat_train_cli_cnn_from_pixels(tmp_path):
+    out = tmp_path / "cores"
+    tiny = [a if a != "pixels" else "image8" for a in TINY]
+    r = CliRunner().invoke(app, ["compat", "train", "--method", "cores", "--steps", "2", "--epochs", "0",
+                                 "--train-steps", "2", "--out", str(out), "--cache-dir", str(tmp_path / "cache"), *tiny])
+    assert r.exit_code == 0, r.output
+    state = __import__("torch").load(out / "step2" / "step_model.pt")["state"]
+    assert state["body.0.weight"].shape[1:] == (3, 3, 3)  # the first conv layer sees the 3 colour channels
+    bad = CliRunner().invoke(app, ["compat", "train", "--method", "cores", "--cache-dir", str(tmp_path),
+                                   *[a if a != "pixels" else "image8+pixels" for a in TINY]])
+    assert bad.exit_code == 2 and "cannot be joined" in bad.output

@@ -4,7 +4,8 @@ methods against the independently trained baseline, and a heatmap of every metho
 matrix ``C[t, k]`` in an HTML report.
 
 Setting: :mod:`nobackfill.compat.learning.data` (single-object world images, frozen backbone
-features, a training pool of classes arriving over the steps, open-set retrieval on the remaining
+features for an MLP per step - or, with ``backbone="image32"``, the pixels for a small CNN trained
+per step -, a training pool of classes arriving over the steps, open-set retrieval on the remaining
 classes); methods: :mod:`nobackfill.compat.learning`.
 """
 
