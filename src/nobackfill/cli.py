@@ -24,7 +24,7 @@ app.add_typer(reco_app, name="reco")
 from .late.cli import bench_late, late_app  # noqa: E402  (light: no torch at import)
 app.add_typer(late_app, name="late")
 bench_app.command("late")(bench_late)
-from .bench.compat_steps_cli import bench_compat_steps, compat_app  # noqa: E402  (light: no torch at import)
+from .compat.cli import bench_compat_steps, compat_app  # noqa: E402  (light: no torch at import)
 app.add_typer(compat_app, name="compat")
 bench_app.command("compat-steps")(bench_compat_steps)
 console = Console(stderr=True, soft_wrap=True)  # never wrap: paths in messages stay whole at any width

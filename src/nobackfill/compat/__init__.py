@@ -7,14 +7,38 @@
 * :mod:`.bridges` - Procrustes, SLERP, phi bridges, the bridge registry and chains.
 * :mod:`.upgrade` - upgrade directories, ``load_upgrade``, :class:`UpgradedEncoder` (on / off).
 * :mod:`.data` - text corpora, image-text pair sources, in-memory world splits.
+* :mod:`.learning` - compatibility learning over T model updates (seed 002): BCT, CoReS, ... as plug-ins.
+* :mod:`.cli` - ``nobackfill compat ...`` and ``bench compat-steps``.
+
+Names are exported lazily, so importing the package (and the CLI) does not load transformers or peft.
 """
 
-from .adapters import AdapterConfig, Adapters
-from .bridges import (BridgeRegistry, ComposedBridge, NoBridgeError, PairedEncoder, PhiBridge,
-                      ProcrustesBridge, SlerpBridge, procrustes, slerp)
-from .phi import Projection, random_projection
-from .upgrade import Upgrade, UpgradedEncoder, load_upgrade, query_side
+from __future__ import annotations
 
-__all__ = ["AdapterConfig", "Adapters", "BridgeRegistry", "ComposedBridge", "NoBridgeError", "PairedEncoder",
-           "PhiBridge", "ProcrustesBridge", "SlerpBridge", "procrustes", "slerp", "Projection",
-           "random_projection", "Upgrade", "UpgradedEncoder", "load_upgrade", "query_side"]
+import importlib
+from typing import Any
+
+#: public name -> submodule. Imported on first use (PEP 562), so that ``nobackfill.compat.learning``
+#: and the CLI do not pull transformers and peft in just by importing the package.
+_EXPORTS = {
+    "AdapterConfig": "adapters", "Adapters": "adapters",
+    "BridgeRegistry": "bridges", "ComposedBridge": "bridges", "NoBridgeError": "bridges",
+    "PairedEncoder": "bridges", "PhiBridge": "bridges", "ProcrustesBridge": "bridges",
+    "SlerpBridge": "bridges", "procrustes": "bridges", "slerp": "bridges",
+    "Projection": "phi", "random_projection": "phi",
+    "Upgrade": "upgrade", "UpgradedEncoder": "upgrade", "load_upgrade": "upgrade", "query_side": "upgrade",
+}
+
+__all__ = list(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _EXPORTS:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f".{_EXPORTS[name]}", __name__), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

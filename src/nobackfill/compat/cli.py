@@ -2,8 +2,8 @@
 train`` (one method over T updates), ``nobackfill compat methods`` and ``bench compat-steps``
 (registered on the shared ``bench`` app in ``cli.py``).
 
-This module lives under ``bench/`` and imports nothing heavy at module level: importing
-``nobackfill.compat`` pulls transformers and peft, which would slow every ``nobackfill`` command."""
+It imports nothing heavy at module level (``nobackfill.compat`` exports lazily), so registering it
+does not slow every ``nobackfill`` command."""
 
 from __future__ import annotations
 
@@ -40,7 +40,7 @@ def _parse_options(items: list[str] | None) -> dict:
 
 def _data_config(backbone: str, split: str, n_render_train: Optional[int], n_render_eval: Optional[int],
                  n_train_classes: Optional[int], cache_dir: Path, step_backbones: str = ""):
-    from ..compat.learning.data import DataConfig
+    from .learning.data import DataConfig
 
     kw = {"backbone": backbone, "eval_split": split, "cache_dir": str(cache_dir), "step_backbones": step_backbones}
     for k, v in (("n_render_train", n_render_train), ("n_render_eval", n_render_eval),
@@ -53,7 +53,7 @@ def _data_config(backbone: str, split: str, n_render_train: Optional[int], n_ren
 @compat_app.command("methods")
 def methods_cmd() -> None:
     """List the registered methods."""
-    from ..compat.learning import method_class, method_names
+    from .learning import method_class, method_names
 
     for name in method_names():
         cls = method_class(name)
@@ -87,8 +87,8 @@ def train_cmd(
     and the flips between consecutive models."""
     from ..cli import _fail, console
     from ..report import text_table
-    from ..compat.learning.data import load_class_data
-    from ..compat.learning.sequence import SequenceConfig, run_method
+    from .learning.data import load_class_data
+    from .learning.sequence import SequenceConfig, run_method
 
     try:
         data = load_class_data(_data_config(backbone, split, n_render_train, n_render_eval, n_train_classes,
@@ -137,9 +137,9 @@ def bench_compat_steps(
 ) -> None:
     """The compatibility-learning tutorial's tables on the world: AC / AA / ACA per method for each T,
     NFR of the flip-reduction methods, C heatmaps (HTML)."""
-    from .compat_steps import METHOD_ORDER, CompatStepsConfig, format_compat_steps, run_compat_steps
+    from ..bench.compat_steps import METHOD_ORDER, CompatStepsConfig, format_compat_steps, run_compat_steps
     from ..cli import _fail, console
-    from ..compat.learning.sequence import SequenceConfig
+    from .learning.sequence import SequenceConfig
 
     try:
         kw = {"steps": tuple(int(s) for s in steps.split(",") if s.strip()),
