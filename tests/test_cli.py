@@ -129,3 +129,17 @@ def test_demo_json_keys(setup, tmp_path):
             assert 0.0 <= res[key][d]["R@1"] <= 1.0
     assert res["n_images"] == 30
     assert (tmp_path / "demo" / "report.html").read_text().count("<img") == 1
+
+
+def test_importing_the_cli_and_compat_package_loads_no_heavy_library():
+    """Every command starts fast: the CLI and ``nobackfill.compat`` (lazy exports) import no torch,
+    transformers or peft until a command needs them; a lazy name still resolves on first use."""
+    import subprocess
+    import sys
+
+    code = ("import sys, nobackfill.cli, nobackfill.compat as c\n"
+            "print(sorted(m for m in ('torch', 'transformers', 'peft') if m in sys.modules))\n"
+            "print(c.Projection.__module__)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split("\n")
+    assert out[0] == "[]"
+    assert out[1] == "nobackfill.compat.phi"
