@@ -211,6 +211,7 @@ def test_cli_bench_lingual_world_passes_split_lr_langs_and_etas(world, tmp_path,
     cfg = seen["cfg"]
     assert (cfg.eval_split, cfg.eval_limit, cfg.cll.lr, cfg.teir_lr) == ("val", 9, 0.003, 0.02)
     assert cfg.langs == ("de", "fr") and cfg.translate_test_etas == (0.5, 1.0)
+    assert cfg.methods == bench.WORLD_METHODS and "cll_clip_teir_used" in cfg.methods
     r = runner.invoke(_app(), ["bench", "lingual-world", "--data", str(data), "--split", "train",
                                "--json", str(tmp_path / "o.json")])
     assert r.exit_code == 2 and "split" in r.output

@@ -228,7 +228,8 @@ def bench_lingual_world(
     data: Path = typer.Option(Path("data/world"), help="World root."),
     model: Path = typer.Option(Path("models/world-new"), help="The English-only starting model."),
     quick: bool = typer.Option(False, help="Fewer steps and 500 images (CPU minutes)."),
-    methods: str = _METHODS,
+    methods: Optional[str] = typer.Option(None, help="Comma list (default: cll_clip,cll_clip_teir,cll_clip_teir_used; "
+                                                     "see bench lingual-text for the others)."),
     langs: Optional[str] = typer.Option(None, help="Languages to learn, in order (default: de,fr,es,ru,el,zh; "
                                                    "fewer for quick trend checks)."),
     etas: Optional[str] = typer.Option(None, help="Translate-test fusion weights evaluated beside the model alone, "
@@ -253,6 +254,10 @@ def bench_lingual_world(
     cli = _cli()
     try:
         kw = {} if etas is None else {"translate_test_etas": _floats(etas)}
+        if methods is None:
+            from ..bench.lingual import WORLD_METHODS
+
+            methods = ",".join(WORLD_METHODS)
         if langs is not None:
             kw["langs"] = tuple(_split_langs(langs))
         cfg = _bench_config(LingualWorldConfig, quick, methods, threads, steps, lr, teir_lr,
