@@ -215,3 +215,21 @@ def test_cli_bench_lingual_world_passes_split_lr_langs_and_etas(world, tmp_path,
     r = runner.invoke(_app(), ["bench", "lingual-world", "--data", str(data), "--split", "train",
                                "--json", str(tmp_path / "o.json")])
     assert r.exit_code == 2 and "split" in r.output
+
+
+def test_world_done_when_reports_every_teir_variant():
+    from nobackfill.bench.lingual import world_done_when
+
+    def m(t2i, i2t):
+        return {"t2i": {"AR": t2i[0], "F": t2i[1]}, "i2t": {"AR": i2t[0], "F": i2t[1]},
+                "image_embeddings_bit_identical": True}
+
+    res = {"methods": {"cll_clip": m((0.70, 0.08), (0.75, 0.07)), "cll_clip_teir": m((0.67, 0.01), (0.71, 0.01)),
+                       "cll_clip_teir_used": m((0.73, 0.01), (0.76, 0.01))}}
+    out = world_done_when(res)
+    assert out["images_bit_identical_all_methods"] and out["same_direction"] is False
+    assert out["t2i_AR_gain"] == pytest.approx(-0.03) and out["t2i_F_drop"] == pytest.approx(0.07)
+    used = out["cll_clip_teir_used"]
+    assert used["same_direction"] and used["i2t_AR_gain"] == pytest.approx(0.01)
+    res["methods"]["cll_clip_teir_used"]["image_embeddings_bit_identical"] = False
+    assert not world_done_when(res)["images_bit_identical_all_methods"]

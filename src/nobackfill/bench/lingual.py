@@ -400,13 +400,23 @@ def run_lingual_world(data: str | Path = "data/world", *, model: str | Path = "m
 
 
 def world_done_when(result: dict) -> dict:
-    """Same direction as on text (TEIR: higher AR, lower F in both directions) and bit-identical images."""
+    """Same direction as on text (TEIR: higher AR, lower F in both directions) and bit-identical
+    images; the gains of ``cll_clip_teir`` at the top level, every TEIR variant of plain CLL-CLIP
+    (e.g. ``cll_clip_teir_used``) under its own name."""
     m = result["methods"]
     out: dict = {"images_bit_identical_all_methods": all(x.get("image_embeddings_bit_identical") for x in m.values())}
-    if "cll_clip" in m and "cll_clip_teir" in m:
+    if "cll_clip" not in m:
+        return out
+    for name in (n for n in m if n.startswith("cll_clip_teir")):
+        gains = {}
         for d in ("t2i", "i2t"):
-            out[f"{d}_AR_gain"] = m["cll_clip_teir"][d]["AR"] - m["cll_clip"][d]["AR"]
-            out[f"{d}_F_drop"] = m["cll_clip"][d]["F"] - m["cll_clip_teir"][d]["F"]
+            gains[f"{d}_AR_gain"] = m[name][d]["AR"] - m["cll_clip"][d]["AR"]
+            gains[f"{d}_F_drop"] = m["cll_clip"][d]["F"] - m[name][d]["F"]
+        gains["same_direction"] = all(v > 0 for v in gains.values())
+        if name == "cll_clip_teir":
+            out.update(gains)
+        else:
+            out[name] = gains
     return out
 
 
