@@ -87,8 +87,9 @@ def test_cli_learn_and_eval_on_world_keeps_images(world, tmp_path):
     out = tmp_path / "w-learned"
     r = runner.invoke(_app(), ["lingual", "learn", "--model", str(model), "--tasks", "en,de", "--data", str(data),
                                "--out", str(out), "--steps", "2", "--batch-size", "8", "--vocab-size", "400",
-                               "--cache-dir", str(tmp_path / "cache")])
+                               "--teir-tokens", "used", "--cache-dir", str(tmp_path / "cache")])
     assert r.exit_code == 0, r.output
+    assert json.loads((out / "lingual.json").read_text())["config"]["teir_task_tokens"] == "used"
     test = load_eval_data(data, "test", langs=["en"])
     before = load_encoder(model).encode_images(test.image_paths())
     assert np.array_equal(load_encoder(out).encode_images(test.image_paths()), before)

@@ -53,6 +53,9 @@ def learn(
     teir: bool = typer.Option(True, help="TEIR initialisation and regularisation (Eq. 5-6)."),
     teir_scale: str = typer.Option("update", help="How lambda acts with Adam: 'update' (scale each row's step) "
                                                    "or 'grad' (scale the gradient, the literal Eq. 5)."),
+    teir_tokens: str = typer.Option("vocab", help="TEIR's task tokens V_hat_t: 'vocab' (the task vocabulary, "
+                                                  "Eq. 6's sets) or 'used' (plus every old token the language's "
+                                                  "text uses; better on the world bench)."),
     oracle_vocab: bool = typer.Option(False, help="One vocabulary over all tasks' corpora (Table 3, setting 7)."),
     steps: int = typer.Option(200, help="Optimiser steps per language."),
     batch_size: int = typer.Option(64, help="Batch size (paper: 128)."),
@@ -79,8 +82,9 @@ def learn(
     torch.set_num_threads(threads)
     try:
         langs = _split_langs(tasks)
-        cfg = CLLConfig(method=method, teir=teir, teir_scale=teir_scale, oracle_vocab=oracle_vocab, steps=steps, batch_size=batch_size,
-                        lr=lr, task_vocab_size=vocab_size, seed=seed, threads=threads)
+        cfg = CLLConfig(method=method, teir=teir, teir_scale=teir_scale, teir_task_tokens=teir_tokens,
+                        oracle_vocab=oracle_vocab, steps=steps, batch_size=batch_size, lr=lr,
+                        task_vocab_size=vocab_size, seed=seed, threads=threads)
         enc = _load_model(model)
         state, counts = load_lingual_state(model) if Path(model).is_dir() else ({"learned": ["en"]}, None)
         todo = [lg for lg in langs if lg not in state["learned"]]
