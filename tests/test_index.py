@@ -347,3 +347,27 @@ def test_kill_env_must_be_integer(tmp_path: Path, monkeypatch):
     monkeypatch.setenv(KILL_AFTER_CHUNKS_ENV, "soon")
     with pytest.raises(ValueError, match=KILL_AFTER_CHUNKS_ENV):
         build_gallery(FakeEncoder(), tmp_path / "g", texts=[("a", "b", {})], model_ref="m", progress=False)
+
+
+def test_read_tagged_json_names_the_file_for_every_kind_of_bad_manifest(tmp_path):
+    """The one reader behind the gallery, token-store, memory, RECO and upgrade manifests."""
+    from nobackfill.index.store import read_tagged_json
+
+    class Bad(ValueError):
+        pass
+
+    path = tmp_path / "m.json"
+    path.write_text(json.dumps({"format": "fmt-a", "version": 2, "x": 1}))
+    assert read_tagged_json(path, "fmt-a", max_version=2)["x"] == 1
+    assert read_tagged_json(path, "fmt-a")["x"] == 1  # version unchecked without max_version
+    for text, match in ((json.dumps({"format": "fmt-a", "version": 3}), "unsupported version 3"),
+                        (json.dumps({"format": "fmt-a"}), "unsupported version None"),
+                        (json.dumps({"format": "fmt-b", "version": 1}), "not a fmt-a file"),
+                        (json.dumps([1, 2]), "not a fmt-a file"),
+                        ("{truncated", "unreadable")):
+        path.write_text(text)
+        with pytest.raises(Bad, match=match) as info:
+            read_tagged_json(path, "fmt-a", error=Bad, max_version=2)
+        assert str(path) in str(info.value)
+    with pytest.raises(Bad, match="unreadable"):
+        read_tagged_json(tmp_path / "absent.json", "fmt-a", error=Bad)

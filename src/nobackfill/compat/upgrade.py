@@ -37,7 +37,7 @@ import torch.nn.functional as F
 
 from ..encoders.base import DualEncoder
 from ..encoders.hf import atomic_model_dir
-from ..index.store import SpaceMismatchError
+from ..index.store import SpaceMismatchError, read_tagged_json
 from ..progress import progress_bar
 from .adapters import AdapterConfig, Adapters
 from .bridges import PhiBridge, ProcrustesBridge
@@ -279,14 +279,7 @@ def load_upgrade(directory: str | Path) -> Upgrade:
     path = d / UPGRADE_FILE
     if not path.is_file():
         raise FileNotFoundError(f"{d}: not an upgrade directory (no {UPGRADE_FILE})")
-    try:
-        m = json.loads(path.read_text())
-    except json.JSONDecodeError as e:
-        raise ValueError(f"{path}: invalid JSON: {e}") from None
-    if not isinstance(m, dict) or m.get("format") != FORMAT:
-        raise ValueError(f"{path}: not a {FORMAT} manifest")
-    if int(m.get("version", 0)) > VERSION:
-        raise ValueError(f"{path}: format version {m.get('version')} is newer than this nobackfill ({VERSION})")
+    m = read_tagged_json(path, FORMAT, max_version=VERSION)
     kind = m.get("kind")
     if kind not in KINDS:
         raise ValueError(f"{path}: unknown kind {kind!r}; kinds: {KINDS}")

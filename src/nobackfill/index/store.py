@@ -162,6 +162,26 @@ def atomic_write_bytes(path: str | Path, data: bytes) -> None:
     _fsync_dir(path.parent)
 
 
+def read_tagged_json(path: str | Path, fmt: str, *, error: type[Exception] = ValueError,
+                     version_key: str = "version", max_version: int | None = None) -> dict[str, Any]:
+    """Read a JSON file tagged ``{"format": fmt, version_key: n, ...}`` (gallery, token-store, memory,
+    RECO and upgrade manifests). Raises ``error`` naming ``path`` for an unreadable file or JSON, a
+    wrong format tag, or a version outside ``1..max_version`` (not checked when ``max_version`` is
+    None). Callers check that the file exists first, with their own hint on how to make one."""
+    path = Path(path)
+    try:
+        m = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise error(f"{path}: unreadable ({e})") from e
+    if not isinstance(m, dict) or m.get("format") != fmt:
+        raise error(f"{path}: not a {fmt} file")
+    if max_version is not None:
+        version = m.get(version_key)
+        if not isinstance(version, int) or not 1 <= version <= max_version:
+            raise error(f"{path}: unsupported {version_key} {version!r} (this nobackfill reads <= {max_version})")
+    return m
+
+
 def _sha256(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
@@ -219,16 +239,9 @@ def _read_manifest(root: Path) -> dict[str, Any]:
         raise NotAGalleryError(f"{root} is not a gallery: no such directory")
     if not path.is_file():
         raise NotAGalleryError(f"{root} is not a gallery: {path} does not exist")
+    m = read_tagged_json(path, FORMAT_NAME, error=CorruptGalleryError, version_key="format_version",
+                         max_version=FORMAT_VERSION)
     try:
-        m = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise CorruptGalleryError(f"corrupt gallery manifest {path}: {e}") from e
-    try:
-        if not isinstance(m, dict) or m.get("format") != FORMAT_NAME:
-            raise ValueError(f"not a {FORMAT_NAME} manifest")
-        version = m.get("format_version")
-        if not isinstance(version, int) or version > FORMAT_VERSION or version < 1:
-            raise ValueError(f"unsupported format_version {version!r} (this code reads <= {FORMAT_VERSION})")
         for key, typ in (("space_id", str), ("dim", int), ("model", str), ("backend", str)):
             if not isinstance(m.get(key), typ):
                 raise ValueError(f"field {key!r} missing or not {typ.__name__}")

@@ -24,7 +24,8 @@ from typing import Sequence
 
 import numpy as np
 
-from .store import MODALITIES, CorruptGalleryError, GalleryError, SpaceMismatchError, _sha256, atomic_write_bytes
+from .store import (MODALITIES, CorruptGalleryError, GalleryError, SpaceMismatchError, _sha256, atomic_write_bytes,
+                    read_tagged_json)
 
 __all__ = ["TOKENS_DIR", "TokenStore", "NoTokensError", "write_tokens"]
 
@@ -48,11 +49,9 @@ def _read_manifest(root: Path) -> dict:
     path = root / TOKENS_DIR / "manifest.json"
     if not path.is_file():
         raise NoTokensError(f"{root}: no token store ({path} missing); index with --tokens to store token outputs")
+    m = read_tagged_json(path, FORMAT_NAME, error=CorruptGalleryError, version_key="format_version",
+                         max_version=FORMAT_VERSION)
     try:
-        m = json.loads(path.read_text(encoding="utf-8"))
-        if m.get("format") != FORMAT_NAME or not isinstance(m.get("format_version"), int) \
-                or m["format_version"] > FORMAT_VERSION:
-            raise ValueError("not a token-store manifest this code can read")
         for key in ("space_id", "dim", "dtype", "modalities"):
             if key not in m:
                 raise ValueError(f"field {key!r} missing")

@@ -46,7 +46,7 @@ from PIL import Image
 
 from ..data.folder import PairDataset
 from ..index.build import build_gallery
-from ..index.store import Gallery, atomic_write_bytes
+from ..index.store import Gallery, atomic_write_bytes, read_tagged_json
 
 if TYPE_CHECKING:
     from ..encoders.base import DualEncoder
@@ -214,12 +214,7 @@ class Memory:
         if not f.is_file():
             raise MemoryFormatError(f"{path} is not a RECO memory: {f} does not exist (build it with "
                                "`nobackfill reco build-memory`)")
-        try:
-            info = json.loads(f.read_text(encoding="utf-8"))
-        except (OSError, json.JSONDecodeError) as e:
-            raise MemoryFormatError(f"{f}: unreadable ({e})") from e
-        if info.get("format") != MEMORY_FORMAT:
-            raise MemoryFormatError(f"{f}: not a {MEMORY_FORMAT} file")
+        info = read_tagged_json(f, MEMORY_FORMAT, error=MemoryFormatError)
         gallery = Gallery.open(path / GALLERY_DIR)
         if gallery.space_id != info.get("space_id"):
             raise MemoryFormatError(f"{f}: space {info.get('space_id')} but its gallery is in {gallery.space_id}")

@@ -24,7 +24,7 @@ import torch
 from safetensors.torch import load_file, save_file
 from torch import nn
 
-from ..index.store import atomic_write_bytes
+from ..index.store import atomic_write_bytes, read_tagged_json
 from .fusion import FusionConfig, make_fusion
 from .memory import FUSE_MODES, SEARCH_MODES, Memory
 
@@ -127,14 +127,12 @@ class RecoModel(nn.Module):
         if not f.is_file():
             raise FileNotFoundError(f"{d} is not a RECO directory: {f} does not exist (train one with "
                                     "`nobackfill reco train`)")
+        info = read_tagged_json(f, RECO_FORMAT)
         try:
-            info = json.loads(f.read_text(encoding="utf-8"))
-            if info.get("format") != RECO_FORMAT:
-                raise ValueError(f"not a {RECO_FORMAT} file")
             spec = RecoSpec(space_id=info["space_id"], dim=int(info["dim"]), k=int(info["k"]),
                             search=info["search"], fuse=info["fuse"], fusion=FusionConfig(**info["fusion"]),
                             memory=info.get("memory", ""), recipe=info.get("recipe") or {})
-        except (KeyError, TypeError, ValueError, json.JSONDecodeError) as e:
+        except (KeyError, TypeError, ValueError) as e:
             raise ValueError(f"{f}: malformed RECO file ({e})") from e
         model = cls(spec)
         if model.trainable:
