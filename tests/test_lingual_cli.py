@@ -153,16 +153,23 @@ def test_bench_lingual_world_on_tiny_world(world, tmp_path):
         method_config("bogus_teir", CLLConfig())
 
 
-def test_cli_bench_lingual_text_passes_split_and_lr(m30k, tmp_path, monkeypatch):
+def _capture_bench_config(monkeypatch, runner_name: str) -> dict:
+    """Replace ``nobackfill.bench.lingual.<runner_name>`` by a stub that records the config the CLI
+    built and then fails with a message naming the split (so no training runs)."""
     import nobackfill.bench.lingual as bench
 
-    seen = {}
+    seen: dict = {}
 
     def fake_run(data, *, config, **kw):
         seen["cfg"] = config
         raise FileNotFoundError(f"no split {config.eval_split}")
 
-    monkeypatch.setattr(bench, "run_lingual_text", fake_run)
+    monkeypatch.setattr(bench, runner_name, fake_run)
+    return seen
+
+
+def test_cli_bench_lingual_text_passes_split_and_lr(m30k, tmp_path, monkeypatch):
+    seen = _capture_bench_config(monkeypatch, "run_lingual_text")
     root, _, _ = m30k
     r = runner.invoke(_app(), ["bench", "lingual-text", "--data", str(root), "--quick", "--split", "val", "--limit",
                                "7", "--lr", "0.003", "--teir-lr", "0.02", "--methods", "cll_clip,prompt_teir",
@@ -197,13 +204,7 @@ def test_world_retrieval_fusion_weights_match_single_eta(world, tmp_path):
 def test_cli_bench_lingual_world_passes_split_lr_langs_and_etas(world, tmp_path, monkeypatch):
     import nobackfill.bench.lingual as bench
 
-    seen = {}
-
-    def fake_run(data, *, config, **kw):
-        seen["cfg"] = config
-        raise FileNotFoundError(f"no split {config.eval_split}")
-
-    monkeypatch.setattr(bench, "run_lingual_world", fake_run)
+    seen = _capture_bench_config(monkeypatch, "run_lingual_world")
     data, model = world
     r = runner.invoke(_app(), ["bench", "lingual-world", "--data", str(data), "--model", str(model), "--quick",
                                "--split", "val", "--limit", "9", "--lr", "0.003", "--teir-lr", "0.02", "--langs",
