@@ -50,7 +50,8 @@ class LinearProbe(Method):
 
 class _FullBatch:
     def __init__(self, x: np.ndarray, y: np.ndarray) -> None:
-        self.data = (torch.as_tensor(np.asarray(x, np.float32)), torch.as_tensor(np.asarray(y, np.int64)))
+        # copies: the inputs may be read-only views (e.g. a memory's memory-mapped vectors)
+        self.data = (torch.tensor(np.asarray(x, np.float32)), torch.tensor(np.asarray(y, np.int64)))
 
     def batch(self, index: int):
         return self.data
