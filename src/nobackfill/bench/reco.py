@@ -169,14 +169,12 @@ def label_set(name: str, lang: str = "en") -> LabelSet:
     return LabelSet(name, attrs, parts, prompts)
 
 
-def _unit(x: np.ndarray) -> np.ndarray:
-    return x / np.maximum(np.linalg.norm(x, axis=-1, keepdims=True), 1e-12)
-
-
 def class_vectors(prompt_embeddings: np.ndarray) -> np.ndarray:
     """Zero-shot classifier ``(C, d)`` from prompt embeddings ``(C, n, d)``: the normalised mean of each
     class's (refined) prompt embeddings."""
-    return _unit(_unit(prompt_embeddings).mean(axis=1))
+    from ..encoders.base import l2_normalise  # lazy: torch is not imported with the CLI
+
+    return l2_normalise(l2_normalise(prompt_embeddings).mean(axis=1))
 
 
 def _retrieval(q_img, q_txt, g_img, g_txt, c2i) -> dict:
@@ -401,7 +399,6 @@ def run_reco_bench(out_json: str | Path, cfg: RecoBenchConfig | None = None,
     import torch
 
     from ..data.world import WorldSpec, generate_world, load_world_spec
-    from ..data.grammars import get_grammar
     from ..encoders import load_encoder
     from ..data.folder import load_pairs
     from ..evaluate import load_eval_data, resolve_data
