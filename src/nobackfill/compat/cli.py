@@ -23,6 +23,20 @@ BACKBONE_HELP = ("Frozen feature extractors joined by + (world model dirs, randc
                  "or image<R> (e.g. image32): R x R pixels for a small CNN trained from scratch per step.")
 METRIC_HELP = "M of C[t,k]: search (top-1 1:N search accuracy) or verification (pair verification accuracy)."
 
+# options shared by `compat train` and `bench compat-steps`
+_BACKBONE = typer.Option("randconv+models/world-new", help=BACKBONE_HELP)
+_SPLIT = typer.Option("test", help="Evaluation split: test (report) or val (tuning).")
+_N_RENDER_TRAIN = typer.Option(None, help="Rendered training items (about 1/3 single-object).")
+_N_RENDER_EVAL = typer.Option(None, help="Rendered evaluation items.")
+_N_TRAIN_CLASSES = typer.Option(None, help="Training pool size (the rest is the open set).")
+_FIRST_FRACTION = typer.Option(None, help="Share of the pool seen at step 1 "
+                                           "(default: T equal tasks, the tutorial's split).")
+_CACHE_DIR = typer.Option(Path("runs/compat_steps/cache"), help="Feature cache.")
+_STEP_BACKBONES = typer.Option("", help=STEP_BACKBONES_HELP)
+_METRIC = typer.Option("search", help=METRIC_HELP)
+_SEED = typer.Option(0, help="Seed.")
+_THREADS = typer.Option(1, help="torch threads.")
+
 
 def _parse_options(items: list[str] | None) -> dict:
     """``key=value`` pairs; values parsed as JSON when possible (numbers, true/false), else strings."""
@@ -71,17 +85,17 @@ def train_cmd(
     lr: float = typer.Option(3e-3, help="Peak learning rate."),
     option: Optional[List[str]] = typer.Option(None, "--option", help="Method option key=value (repeatable), "
                                                                        "e.g. influence_weight=0.5, regime=continual."),
-    backbone: str = typer.Option("randconv+models/world-new", help=BACKBONE_HELP),
-    split: str = typer.Option("test", help="Evaluation split: test (report) or val (tuning)."),
-    n_render_train: Optional[int] = typer.Option(None, help="Rendered training items (about 1/3 single-object)."),
-    n_render_eval: Optional[int] = typer.Option(None, help="Rendered evaluation items."),
-    n_train_classes: Optional[int] = typer.Option(None, help="Training pool size (the rest is the open set)."),
-    first_fraction: Optional[float] = typer.Option(None, help="Share of the pool seen at step 1 (default: T equal tasks, the tutorial's split)."),
-    cache_dir: Path = typer.Option(Path("runs/compat_steps/cache"), help="Feature cache."),
-    step_backbones: str = typer.Option("", help=STEP_BACKBONES_HELP),
-    metric: str = typer.Option("search", help=METRIC_HELP),
-    seed: int = typer.Option(0, help="Seed."),
-    threads: int = typer.Option(1, help="torch threads."),
+    backbone: str = _BACKBONE,
+    split: str = _SPLIT,
+    n_render_train: Optional[int] = _N_RENDER_TRAIN,
+    n_render_eval: Optional[int] = _N_RENDER_EVAL,
+    n_train_classes: Optional[int] = _N_TRAIN_CLASSES,
+    first_fraction: Optional[float] = _FIRST_FRACTION,
+    cache_dir: Path = _CACHE_DIR,
+    step_backbones: str = _STEP_BACKBONES,
+    metric: str = _METRIC,
+    seed: int = _SEED,
+    threads: int = _THREADS,
 ) -> None:
     """Train one method over T model updates with the one training loop and print C(t,k), AC, AA, ACA
     and the flips between consecutive models."""
@@ -122,18 +136,18 @@ def bench_compat_steps(
     methods: str = typer.Option("", help="Comma-separated subset of methods (default: all)."),
     train_steps: Optional[int] = typer.Option(None, help="Fixed optimiser steps per model (instead of epochs)."),
     epochs: Optional[float] = typer.Option(None, help="Passes over each step's items (default 40, quick 12)."),
-    backbone: str = typer.Option("randconv+models/world-new", help=BACKBONE_HELP),
-    split: str = typer.Option("test", help="Evaluation split: test (report) or val (tuning)."),
-    n_render_train: Optional[int] = typer.Option(None, help="Rendered training items."),
-    n_render_eval: Optional[int] = typer.Option(None, help="Rendered evaluation items."),
-    n_train_classes: Optional[int] = typer.Option(None, help="Training pool size (the rest is the open set)."),
-    first_fraction: Optional[float] = typer.Option(None, help="Share of the pool seen at step 1 (default: T equal tasks, the tutorial's split)."),
-    cache_dir: Path = typer.Option(Path("runs/compat_steps/cache"), help="Feature cache."),
+    backbone: str = _BACKBONE,
+    split: str = _SPLIT,
+    n_render_train: Optional[int] = _N_RENDER_TRAIN,
+    n_render_eval: Optional[int] = _N_RENDER_EVAL,
+    n_train_classes: Optional[int] = _N_TRAIN_CLASSES,
+    first_fraction: Optional[float] = _FIRST_FRACTION,
+    cache_dir: Path = _CACHE_DIR,
     work_dir: Path = typer.Option(Path("runs/compat_steps/work"), help="Step models and loop logs."),
-    step_backbones: str = typer.Option("", help=STEP_BACKBONES_HELP),
-    metric: str = typer.Option("search", help=METRIC_HELP),
-    seed: int = typer.Option(0, help="Seed."),
-    threads: int = typer.Option(1, help="torch threads."),
+    step_backbones: str = _STEP_BACKBONES,
+    metric: str = _METRIC,
+    seed: int = _SEED,
+    threads: int = _THREADS,
 ) -> None:
     """The compatibility-learning tutorial's tables on the world: AC / AA / ACA per method for each T,
     NFR of the flip-reduction methods, C heatmaps (HTML)."""
