@@ -49,12 +49,16 @@ def test_bench_compat_steps_cli(tmp_path):
     assert set(res["T2"]) == {"baseline", "bct", "fd-kl"} and set(res["T3"]["bct"]) >= {"AC", "AA", "ACA", "C"}
     assert set(res["nfr"]) == {"T2", "T3"} and "classification" in res["nfr"]["T2"]["fd-kl"]
     assert "baseline_AC_T2_is_0" in res["done_when"] and "bct_AC_T2_is_1_verification" in res["done_when"]
+    assert "bct_AC_T2_is_1_search-with-duplicates" in res["done_when"]
     assert res["T2"]["bct"]["metric"] == "search" and "AC" in res["T2"]["bct"]["verification"]
+    assert "AC" in res["T2"]["bct"]["search-with-duplicates"]
+    assert res["config"]["options"]["dsimplex-hoc"] == {"ce_weight": 0.9}  # the val choice
     assert res["config"]["sequence"]["train_steps"] == 2
     html = out.with_suffix(".html").read_text()
     assert "data:image/png;base64" in html and "AC / AA / ACA" in html
     md = out.with_suffix(".md").read_text()
     assert "T=2 AC" in md and "M = open-set pair verification accuracy" in md
+    assert "near-duplicate renderings as junk" in md and "near-duplicate renderings kept" in md
 
 
 def test_compat_train_cli_cnn_from_pixels(tmp_path):

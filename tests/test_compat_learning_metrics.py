@@ -71,3 +71,36 @@ def test_class_search_with_padding():
         pad_to(query, 2)
     with pytest.raises(ValueError, match="labels"):
         top1_hits(query, gallery, [1], [1, 2])
+
+
+def test_junk_rule_drops_same_class_same_group_gallery_items():
+    """Market-1501's rule: the query's class in the query's group is junk; other classes in the
+    query's group stay as distractors; a query left without candidates is a miss."""
+    gallery = np.array([[1.0, 0.0], [0.9, 0.2], [0.0, 1.0]], np.float32)
+    g_labels, g_groups = [0, 1, 0], [5, 5, 6]
+    query = np.array([[1.0, 0.05]], np.float32)  # nearest: item 0 (class 0, group 5), then 1, then 2
+    assert top1_hits(query, gallery, [0], g_labels).tolist() == [True]
+    # item 0 is junk -> the nearest candidate is item 1 (class 1, same group: a distractor) -> miss
+    assert top1_hits(query, gallery, [0], g_labels, query_groups=[5], gallery_groups=g_groups).tolist() == [False]
+    # another group: nothing is junk
+    assert top1_hits(query, gallery, [0], g_labels, query_groups=[7], gallery_groups=g_groups).tolist() == [True]
+    # distractor gone: item 2 (class 0, other group) is found
+    assert search_accuracy(query, gallery[[0, 2]], [0], [0, 0], [5], [5, 6]) == 1.0
+    # every gallery item is junk -> a miss, not an error
+    assert top1_hits(query, gallery[[0]], [0], [0], query_groups=[5], gallery_groups=[5]).tolist() == [False]
+    with pytest.raises(ValueError, match="both or neither"):
+        top1_hits(query, gallery, [0], g_labels, query_groups=[5])
+    with pytest.raises(ValueError, match="groups"):
+        top1_hits(query, gallery, [0], g_labels, query_groups=[5], gallery_groups=[5])
+
+
+def test_verification_pairs_are_memoised_and_returned_as_copies():
+    from nobackfill.metrics.class_search import verification_pairs
+
+    ql, gl = np.arange(40) % 4, np.arange(60) % 4
+    a = verification_pairs(ql, gl, n_pairs=50, seed=3)
+    a[0][:] = -1  # the caller's copy only
+    b = verification_pairs(ql, gl, n_pairs=50, seed=3)
+    assert (b[0] >= 0).all() and np.array_equal(ql[b[0]] == gl[b[1]], b[2]) and b[2].sum() == 50
+    c = verification_pairs(ql, gl, n_pairs=50, seed=4)
+    assert not np.array_equal(b[0], c[0])

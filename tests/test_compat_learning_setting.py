@@ -97,6 +97,28 @@ def test_evaluation_reports_both_metrics(tmp_path):
     assert v["C"] == r["verification"]["C"] and v["search"]["C"] == r["C"]
     with pytest.raises(ValueError, match="metric"):
         SequenceConfig(metric="recall")
+    assert "search-with-duplicates" not in r  # no rendering groups: it would repeat "search"
+
+
+def test_junk_rule_applies_to_search_only_when_the_data_has_rendering_groups(tmp_path):
+    import dataclasses
+
+    from nobackfill.metrics.class_search import search_accuracy
+
+    data = synthetic()
+    method = create_method("baseline", model=SMALL)
+    models = train_sequence(method, data, FAST, tmp_path)
+    # every gallery item shares its query's group: the junk rule leaves only other classes -> 0
+    grouped = dataclasses.replace(data, gallery_groups=np.zeros(len(data.gallery_y), np.int64),
+                                  query_groups=np.zeros(len(data.query_y), np.int64))
+    r = evaluate_sequence(method, models, grouped)
+    assert np.allclose(np.nan_to_num(np.array(r["C"], float)), 0)
+    plain = evaluate_sequence(method, models, data)
+    assert r["search-with-duplicates"]["C"] == plain["C"]
+    with torch.no_grad():
+        g, q = models[0](torch.from_numpy(data.gallery_x)).numpy(), models[0](torch.from_numpy(data.query_x)).numpy()
+    assert plain["C"][0][0] == pytest.approx(search_accuracy(q, g, data.query_y, data.gallery_y))
+    assert plain["C"][0][0] > 0
 
 
 def test_neighbour_agreement_hand_computed():
@@ -118,6 +140,25 @@ def test_gallery_and_query_rows_point_at_the_cached_items(tmp_path):
     assert np.array_equal(arrival[z["y"][d.gallery_index]], d.gallery_y)
     assert np.array_equal(arrival[z["y"][d.query_index]], d.query_y)
     assert not set(d.gallery_index) & set(d.query_index)
+
+
+def test_rendering_groups_are_the_main_objects_size_texture_and_background(tmp_path):
+    from nobackfill.compat.learning import load_class_data
+    from nobackfill.compat.learning.data import rendering_group
+    from nobackfill.data.scene import BACKGROUNDS, SIZES, TEXTURES
+    from nobackfill.data.world import make_item
+
+    cfg = DataConfig(backbone="pixels", n_render_train=300, n_render_eval=300, n_train_classes=40,
+                     eval_split="val", cache_dir=str(tmp_path))
+    d = load_class_data(cfg, progress=False)
+    singles = [s for s in (make_item(0, "val", i)[0] for i in range(300)) if len(s.objects) == 1]
+    want = np.array([rendering_group(s) for s in singles])
+    assert np.array_equal(d.gallery_groups, want[d.gallery_index])
+    assert np.array_equal(d.query_groups, want[d.query_index])
+    s = singles[0]
+    size, texture, bg = SIZES.index(s.main.size), TEXTURES.index(s.main.texture), BACKGROUNDS.index(s.background)
+    assert rendering_group(s) == (size * 4 + texture) * 4 + bg
+    assert len(set(want)) > 10 and want.max() < 2 * 4 * 4
 
 
 # ---------------------------------------------------------------- image inputs: a CNN from pixels per step
@@ -195,21 +236,6 @@ def test_cnn_methods_train_from_pixels(name, tmp_path):
     assert np.isfinite(r["C"][1][0]) and 0 <= r["AA"] <= 1
     if name == "baseline":  # independent models: different weights
         assert not torch.allclose(models[0].body[0].weight, models[1].body[0].weight)
-
-
-def test_within_group_search_hand_computed():
-    from nobackfill.metrics.class_search import within_group_search_accuracy
-
-    gallery = np.array([[1.0, 0.0], [0.0, 1.0], [1.0, 0.1]], np.float32)  # classes 0, 1, 1; groups a, a, b
-    query = np.array([[1.0, 0.08], [0.1, 1.0]], np.float32)  # class 0 in group b, class 1 in group a
-    # over the whole gallery query 0's nearest is item 2 (class 1): wrong; query 1 finds item 1: right
-    assert within_group_search_accuracy(query, gallery, [0, 1], [0, 1, 1], ["x", "x"], ["x", "x", "x"]) == 0.5
-    # within its group query 0 only sees item 2 (wrong), query 1 items 0, 1 (right)
-    assert within_group_search_accuracy(query, gallery, [0, 1], [0, 1, 1], ["b", "a"], ["a", "a", "b"]) == 0.5
-    # query 0 moved to group a: it now finds item 0 (class 0)
-    assert within_group_search_accuracy(query, gallery, [0, 1], [0, 1, 1], ["a", "a"], ["a", "a", "b"]) == 1.0
-    with pytest.raises(ValueError, match="no query group"):
-        within_group_search_accuracy(query, gallery, [0, 1], [0, 1, 1], ["c", "c"], ["a", "a", "b"])
 
 
 def test_open_set_of_unseen_shapes():

@@ -43,10 +43,13 @@ class CompatStepsConfig:
     sequence: "SequenceConfig" = field(
         default_factory=lambda: _learning().SequenceConfig(epochs=40, batch_size=256, lr=3e-3))
     data: "DataConfig" = field(default_factory=lambda: _learning().DataConfig())
-    #: per-method option overrides {name: {field: value}}. BCT: lambda = 3 and a warm start from
-    #: phi_{t-1} (the paper's lambda = 1 from scratch reached a cross-test of 0.70 against the old
-    #: self-test 0.72 on val at T = 2; lambda = 3 warm-started 0.72, the closest setting tried)
-    options: dict = field(default_factory=lambda: {"bct": {"influence_weight": 3.0, "init_from_previous": True}})
+    #: per-method option overrides {name: {field: value}}, chosen on val (T = 2, quick schedule, seeds
+    #: 0-2, mean C[2,1] - C[1,1] with the junk rule) for each method alone; a tie goes to the paper.
+    #: BCT: none - lambda 1 / 3, from scratch or warm-started, all clear the old self-test by +0.229 to
+    #: +0.239, so the paper's lambda = 1 from scratch stays. d-Simplex-HOC: lambda = 0.9 (the slide
+    #: leaves lambda in [0, 1] open): per seed, 0.2 (rho 32) -0.05 -0.01 -0.06, 0.5 -0.00 +0.05 -0.01,
+    #: 0.7 +0.02 +0.06 +0.01, 0.9 +0.03 +0.09 +0.06.
+    options: dict = field(default_factory=lambda: {"dsimplex-hoc": {"ce_weight": 0.9}})
 
     @classmethod
     def quick(cls, **kw) -> "CompatStepsConfig":
@@ -121,17 +124,19 @@ def nfr_reduction(result: dict, method: str, T: int, kind: str = "classification
 
 def done_when(result: dict) -> dict:
     """The issue's measurable targets, checked on this result (None where a needed row is missing);
-    the AC checks are repeated with M = pair verification accuracy (keys ending ``_verification``)."""
+    the AC checks are repeated with every secondary M the rows carry (keys ending ``_<metric>``)."""
     steps = result["config"]["steps"]
     out: dict = {}
 
-    for metric in (None, "verification"):
+    for metric in (None, "search-with-duplicates", "verification"):
         suffix = f"_{metric}" if metric else ""
 
         def ac(T, m):
             row = result.get(f"T{T}", {}).get(m, {})
             return (row.get(metric) or {} if metric else row).get("AC")
 
+        if metric and not _has_metric(result, metric):
+            continue
         if 2 in steps:
             out[f"baseline_AC_T2_is_0{suffix}"] = None if ac(2, "baseline") is None else ac(2, "baseline") == 0
             for m in ("bct", "cores", "dsimplex-hoc"):
@@ -189,7 +194,8 @@ def nfr_table(result: dict, methods: Sequence[str] | None = None) -> tuple[list[
     return header, body
 
 
-_METRIC_NAMES = {"search": "top-1 open-set search accuracy",
+_METRIC_NAMES = {"search": "top-1 open-set search accuracy, near-duplicate renderings as junk (Market-1501)",
+                 "search-with-duplicates": "top-1 open-set search accuracy, near-duplicate renderings kept",
                  "verification": "open-set pair verification accuracy (CoReS protocol)"}
 
 

@@ -21,7 +21,9 @@ STEP_BACKBONES_HELP = ("Backbone upgrades: per step (comma-separated) the +-join
                        "model sees; later steps repeat the last. Empty: every step sees all parts.")
 BACKBONE_HELP = ("Frozen feature extractors joined by + (world model dirs, randconv, pixels) for an MLP per step, "
                  "or image<R> (e.g. image32): R x R pixels for a small CNN trained from scratch per step.")
-METRIC_HELP = "M of C[t,k]: search (top-1 1:N search accuracy) or verification (pair verification accuracy)."
+METRIC_HELP = ("M of C[t,k]: search (top-1 1:N search accuracy; a gallery item of the query's class rendered in the "
+               "query's size, texture and background is junk, as in Market-1501), search-with-duplicates (no junk "
+               "rule) or verification (pair verification accuracy).")
 
 # options shared by `compat train` and `bench compat-steps`
 _BACKBONE = typer.Option("randconv+models/world-new", help=BACKBONE_HELP)

@@ -10,6 +10,7 @@ exact ties do not occur in practice.
 
 from __future__ import annotations
 
+import hashlib
 from typing import Sequence
 
 import numpy as np
@@ -35,30 +36,51 @@ def common_space(query: np.ndarray, gallery: np.ndarray) -> tuple[np.ndarray, np
 
 
 def top1_hits(query: np.ndarray, gallery: np.ndarray, query_labels: Sequence[int],
-              gallery_labels: Sequence[int], chunk: int = 2048) -> np.ndarray:
-    """Boolean per query: its nearest gallery item (cosine) has the same label."""
+              gallery_labels: Sequence[int], chunk: int = 2048, query_groups: Sequence[int] | None = None,
+              gallery_groups: Sequence[int] | None = None) -> np.ndarray:
+    """Boolean per query: its nearest gallery item (cosine) has the same label.
+
+    With ``query_groups`` / ``gallery_groups`` (e.g. the camera, or the rendering condition), a gallery
+    item with the query's label *and* group is junk - not a candidate - as the Market-1501
+    re-identification protocol drops the query identity's images from the query's camera; items of
+    other labels in the query's group stay as distractors. A query left without candidates is a miss."""
     ql, gl = np.asarray(query_labels), np.asarray(gallery_labels)
     if len(ql) != len(query) or len(gl) != len(gallery):
         raise ValueError(f"labels ({len(ql)}, {len(gl)}) do not match query / gallery rows "
                          f"({len(query)}, {len(gallery)})")
     if len(gallery) == 0:
         raise ValueError("the gallery is empty")
+    if (query_groups is None) != (gallery_groups is None):
+        raise ValueError("query_groups and gallery_groups go together (both or neither)")
+    if query_groups is not None:
+        qg, gg = np.asarray(query_groups), np.asarray(gallery_groups)
+        if len(qg) != len(ql) or len(gg) != len(gl):
+            raise ValueError(f"groups ({len(qg)}, {len(gg)}) do not match query / gallery rows ({len(ql)}, {len(gl)})")
     q, g = common_space(query, gallery)
-    nearest = np.concatenate([np.argmax(q[i:i + chunk] @ g.T, axis=1) for i in range(0, len(q), chunk)])
-    return gl[nearest] == ql
+    nearest, valid = [], []
+    for i in range(0, len(q), chunk):
+        sim = q[i:i + chunk] @ g.T
+        if query_groups is not None:
+            junk = (ql[i:i + chunk, None] == gl[None, :]) & (qg[i:i + chunk, None] == gg[None, :])
+            sim = np.where(junk, -np.inf, sim)
+            valid.append(~junk.all(1))
+        nearest.append(np.argmax(sim, axis=1))
+    hits = gl[np.concatenate(nearest)] == ql
+    return hits & np.concatenate(valid) if valid else hits
 
 
 def search_accuracy(query: np.ndarray, gallery: np.ndarray, query_labels: Sequence[int],
-                    gallery_labels: Sequence[int]) -> float:
-    """Top-1 class-matched search accuracy (the ``M`` of the compatibility matrix)."""
-    return float(top1_hits(query, gallery, query_labels, gallery_labels).mean())
+                    gallery_labels: Sequence[int], query_groups: Sequence[int] | None = None,
+                    gallery_groups: Sequence[int] | None = None) -> float:
+    """Top-1 class-matched search accuracy (the ``M`` of the compatibility matrix); groups: the junk
+    rule of :func:`top1_hits`."""
+    return float(top1_hits(query, gallery, query_labels, gallery_labels, query_groups=query_groups,
+                           gallery_groups=gallery_groups).mean())
 
 
-def verification_pairs(query_labels: Sequence[int], gallery_labels: Sequence[int], n_pairs: int = 3000,
-                       seed: int = 0) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """``n_pairs`` same-class and ``n_pairs`` different-class random ``(query i, gallery j)`` pairs
-    (the CoReS evaluation's 3000 + 3000 pairs of open-set images), seeded so every ``C[t, k]`` of a
-    matrix is scored on the same pairs. Returns ``(i, j, same)``."""
+def _draw_verification_pairs(query_labels: Sequence[int], gallery_labels: Sequence[int], n_pairs: int,
+                             seed: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The draw behind :func:`verification_pairs`."""
     ql, gl = np.asarray(query_labels), np.asarray(gallery_labels)
     if len(ql) == 0 or len(gl) == 0:
         raise ValueError("verification pairs need a non-empty query and gallery")
@@ -75,6 +97,25 @@ def verification_pairs(query_labels: Sequence[int], gallery_labels: Sequence[int
         out_s.append(np.full(n_pairs, want))
     order = rng.permutation(2 * n_pairs)
     return np.concatenate(out_i)[order], np.concatenate(out_j)[order], np.concatenate(out_s)[order]
+
+
+_PAIRS_MEMO: dict[tuple, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
+
+
+def verification_pairs(query_labels: Sequence[int], gallery_labels: Sequence[int], n_pairs: int = 3000,
+                       seed: int = 0) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``n_pairs`` same-class and ``n_pairs`` different-class random ``(query i, gallery j)`` pairs
+    (the CoReS evaluation's 3000 + 3000 pairs of open-set images), seeded so every ``C[t, k]`` of a
+    matrix is scored on the same pairs. Returns ``(i, j, same)``; memoised on the label contents (a
+    matrix draws the same pairs for every entry)."""
+    ql, gl = np.asarray(query_labels), np.asarray(gallery_labels)
+    key = (hashlib.sha1(ql.tobytes()).hexdigest(), ql.dtype.str, hashlib.sha1(gl.tobytes()).hexdigest(),
+           gl.dtype.str, int(n_pairs), int(seed))
+    if key not in _PAIRS_MEMO:
+        if len(_PAIRS_MEMO) > 32:
+            _PAIRS_MEMO.clear()
+        _PAIRS_MEMO[key] = _draw_verification_pairs(ql, gl, n_pairs, seed)
+    return tuple(a.copy() for a in _PAIRS_MEMO[key])
 
 
 def best_threshold_accuracy(dist: np.ndarray, same: np.ndarray) -> tuple[float, float]:
@@ -116,21 +157,3 @@ def neighbour_agreement(query: np.ndarray, gallery: np.ndarray, query_attr: Sequ
     query's attribute - with a nuisance attribute (e.g. the background), how much an embedding's
     neighbourhoods are organised by it."""
     return float(top1_hits(query, gallery, query_attr, gallery_attr).mean())
-
-
-def within_group_search_accuracy(query: np.ndarray, gallery: np.ndarray, query_labels: Sequence[int],
-                                 gallery_labels: Sequence[int], query_group: Sequence, gallery_group: Sequence
-                                 ) -> float:
-    """Top-1 search accuracy when each query searches only the gallery items of its own group (e.g.
-    the same background): a nuisance factor held fixed, so an embedding gains nothing from encoding
-    it the same way for query and gallery. Mean over queries (groups with no gallery item skipped)."""
-    ql, gl = np.asarray(query_labels), np.asarray(gallery_labels)
-    qg, gg = np.asarray(query_group), np.asarray(gallery_group)
-    hits = []
-    for group in np.unique(qg):
-        qi, gi = np.flatnonzero(qg == group), np.flatnonzero(gg == group)
-        if len(gi):
-            hits.append(top1_hits(np.asarray(query)[qi], np.asarray(gallery)[gi], ql[qi], gl[gi]))
-    if not hits:
-        raise ValueError("no query group has gallery items")
-    return float(np.concatenate(hits).mean())
