@@ -161,6 +161,20 @@ def test_rendering_groups_are_the_main_objects_size_texture_and_background(tmp_p
     assert len(set(want)) > 10 and want.max() < 2 * 4 * 4
 
 
+def test_a_stale_eval_cache_is_named_in_the_error(tmp_path):
+    from nobackfill.compat.learning import load_class_data
+
+    cfg = DataConfig(backbone="pixels", n_render_train=300, n_render_eval=300, n_train_classes=40,
+                     eval_split="val", cache_dir=str(tmp_path))
+    load_class_data(cfg, progress=False)
+    (cached,) = tmp_path.glob("val_*.npz")
+    z = dict(np.load(cached))
+    np.savez(cached, x=z["x"][:-1], y=z["y"][:-1])  # one item short: not what the world renders
+    with pytest.raises(ValueError, match="stale cache") as err:
+        load_class_data(cfg, progress=False)
+    assert str(tmp_path) in str(err.value)
+
+
 # ---------------------------------------------------------------- image inputs: a CNN from pixels per step
 def test_downsampled_images_average_blocks():
     from nobackfill.compat.learning.data import downsampled_images
