@@ -193,6 +193,16 @@ def rendering_groups(seed: int, split: str, n: int) -> np.ndarray:
     return np.asarray([rendering_group(s) for s in scenes if len(s.objects) == 1], np.int64)
 
 
+def _cached_groups(cfg: DataConfig) -> np.ndarray:
+    """:func:`rendering_groups` of the eval split, cached beside its features."""
+    path = Path(cfg.cache_dir) / f"groups_{cfg.eval_split}_{cfg.world_seed}_{cfg.n_render_eval}.npz"
+    if path.is_file():
+        return np.load(path)["groups"]
+    groups = rendering_groups(cfg.world_seed, cfg.eval_split, cfg.n_render_eval)
+    _atomic_savez(path, groups=groups)
+    return groups
+
+
 def _render(seed: int, split: str, n: int, progress: bool) -> tuple[np.ndarray, np.ndarray]:
     from ...data.world import make_item
 
@@ -342,7 +352,7 @@ def load_class_data(cfg: DataConfig, progress: bool = True) -> ClassData:
         raise ValueError(f"too few rendered items ({cfg.n_render_train} train, {cfg.n_render_eval} eval)")
     dims = [(part, d) for part, d in zip(cfg.backbone.split("+"), part_widths)]
     steps = [s.split("+") for s in cfg.step_backbones.split(",") if s] or None
-    groups = rendering_groups(cfg.world_seed, cfg.eval_split, cfg.n_render_eval)
+    groups = _cached_groups(cfg)
     if len(groups) != len(ey):
         raise ValueError(f"{cfg.cache_dir}: the cached {cfg.eval_split} items ({len(ey)}) do not match the "
                          f"world's single-object items ({len(groups)}); delete the stale cache")

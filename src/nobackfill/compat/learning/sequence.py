@@ -30,13 +30,6 @@ from .data import ClassData, ReplayMemory, StepBatches, class_schedule
 from .registry import create_method
 
 
-def search_without_junk(query, gallery, query_labels, gallery_labels, query_groups=None,
-                        gallery_groups=None) -> float:
-    """Top-1 search where a gallery item of the query's class and rendering group is junk (the
-    Market-1501 rule; :mod:`.data` "Renderings and the junk rule")."""
-    return search_accuracy(query, gallery, query_labels, gallery_labels, query_groups, gallery_groups)
-
-
 def search_with_duplicates(query, gallery, query_labels, gallery_labels, query_groups=None,
                            gallery_groups=None) -> float:
     """Top-1 search over every gallery item, near-duplicate renderings of the query included."""
@@ -50,8 +43,10 @@ def verification(query, gallery, query_labels, gallery_labels, query_groups=None
 
 
 #: the performance measures M a compatibility matrix can use
-#: ``(query, gallery, query labels, gallery labels, query groups, gallery groups) -> score``
-METRICS: dict[str, Callable[..., float]] = {"search": search_without_junk,
+#: ``(query, gallery, query labels, gallery labels, query groups, gallery groups) -> score``; "search"
+#: treats a gallery item of the query's class and rendering group as junk (the Market-1501 rule;
+#: :mod:`.data` "Renderings and the junk rule")
+METRICS: dict[str, Callable[..., float]] = {"search": search_accuracy,
                                             "search-with-duplicates": search_with_duplicates,
                                             "verification": verification}
 
