@@ -88,6 +88,10 @@ class UpgradedEncoder(DualEncoder):
         return self.phi.out_dim if self.enabled else self.base.embed_dim
 
     @property
+    def modalities(self) -> tuple[str, ...]:
+        return tuple(getattr(self.base, "modalities", ("image", "text")))
+
+    @property
     def off_space(self) -> str:
         """The space of the outputs when switched off: the original new model's (adapters), or the
         fine-tuned model's own fingerprint (``direct-full``)."""

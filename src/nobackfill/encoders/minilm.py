@@ -51,6 +51,7 @@ class MiniLMTextEncoder(HFEncoderMixin, DualEncoder):
 
     kind = "hf-text-meanpool"
     default_name = "minilm"
+    modalities = ("text",)
 
     def __init__(self, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase,
                  meta: dict | None = None, max_length: int | None = None) -> None:

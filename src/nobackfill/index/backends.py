@@ -52,8 +52,14 @@ class VectorIndex(abc.ABC):
         """Append already validated ``(N, dim)`` float32 C-contiguous rows."""
 
     @abc.abstractmethod
-    def _search(self, queries: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
-        """Top-``k`` (1 <= k <= ntotal) for validated queries; must never return position -1."""
+    def _search(self, queries: np.ndarray, k: int, mask: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """Top-``k`` for validated queries among the positions where ``mask`` (bool, ``ntotal``) is
+        True (all when None); ``1 <= k <= `` the number of such positions. Position -1 marks a slot
+        the backend could not fill (the caller falls back to an exact search for those rows)."""
+
+    @abc.abstractmethod
+    def reconstruct(self, positions: np.ndarray) -> np.ndarray:
+        """The stored rows at ``positions`` (float32 ``(len, dim)``)."""
 
     def to_bytes(self) -> bytes | None:
         """Serialised index for an on-disk cache, or ``None`` if this backend is not file-backed."""
@@ -80,22 +86,43 @@ class VectorIndex(abc.ABC):
         if len(rows):
             self._add(rows)
 
-    def search(self, queries: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+    def search(self, queries: np.ndarray, k: int, mask: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
         """Top-``k`` by inner product: ``(scores float32 (Q, k'), positions int64 (Q, k'))``.
 
-        ``k' = min(k, ntotal)``; positions are always valid (never -1).
+        ``mask`` (bool, one per stored row) restricts the search to the rows where it is True
+        (deleted, superseded or filtered-out rows are False). ``k' = min(k, ntotal)`` or, with a
+        mask, ``min(k, mask.sum())``; positions are always valid (never -1): rows an approximate
+        backend could not fill are answered exactly over the allowed rows.
         """
         if int(k) < 1:
             raise ValueError(f"k must be >= 1, got {k}")
         q = self._rows(queries, "queries")
-        k = min(int(k), self.ntotal)
+        if mask is not None:
+            mask = np.asarray(mask, dtype=bool)
+            if mask.shape != (self.ntotal,):
+                raise ValueError(f"mask must have shape ({self.ntotal},), got {mask.shape}")
+            allowed = int(mask.sum())
+            if allowed == self.ntotal:
+                mask = None
+        else:
+            allowed = self.ntotal
+        k = min(int(k), allowed)
         if k == 0 or len(q) == 0:
             return np.zeros((len(q), k), np.float32), np.zeros((len(q), k), np.int64)
-        scores, positions = self._search(q, k)
-        positions = np.asarray(positions, dtype=np.int64)
-        if (positions < 0).any():  # a backend bug, never hand it to callers
-            raise RuntimeError(f"backend {self.kind!r} returned invalid positions")
-        return np.asarray(scores, dtype=np.float32), positions
+        scores, positions = self._search(q, k, mask)
+        scores = np.array(scores, dtype=np.float32)
+        positions = np.array(positions, dtype=np.int64)
+        short = (positions < 0).any(axis=1)
+        if short.any():  # graph search came up short (tiny or heavily filtered sets): answer exactly
+            scores[short], positions[short] = self._exact(q[short], k, mask)
+        return scores, positions
+
+    def _exact(self, queries: np.ndarray, k: int, mask: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
+        """Exact top-``k`` over the allowed rows (brute force on reconstructed vectors)."""
+        allowed = np.flatnonzero(mask) if mask is not None else np.arange(self.ntotal)
+        scores = queries @ self.reconstruct(allowed).T
+        top = np.argsort(-scores, axis=1, kind="stable")[:, :k]
+        return np.take_along_axis(scores, top, axis=1).astype(np.float32), allowed[top]
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(dim={self.dim}, ntotal={self.ntotal})"
@@ -117,8 +144,32 @@ class _FaissIndex(VectorIndex):
     def _add(self, vectors: np.ndarray) -> None:
         self._index.add(vectors)
 
-    def _search(self, queries: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
-        return self._index.search(queries, k)
+    def _params(self, mask: np.ndarray | None, **extra: Any) -> tuple[Any, tuple]:
+        """faiss search parameters restricting the search to ``mask``, and the objects they point
+        to (faiss keeps raw pointers: the caller holds them until the search returns)."""
+        import faiss
+
+        cls = faiss.SearchParametersHNSW if "efSearch" in extra else faiss.SearchParameters
+        if mask is None:
+            return (cls(**extra) if extra else None), ()
+        bitmap = np.packbits(mask, bitorder="little")
+        selector = faiss.IDSelectorBitmap(bitmap)
+        return cls(sel=selector, **extra), (bitmap, selector)
+
+    def _search(self, queries: np.ndarray, k: int, mask: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+        params, keep = self._params(mask)
+        out = self._index.search(queries, k, params=params)
+        del keep
+        return out
+
+    def _storage(self) -> Any:
+        return self._index
+
+    def reconstruct(self, positions: np.ndarray) -> np.ndarray:
+        positions = np.asarray(positions, dtype=np.int64)
+        if positions.size == 0:
+            return np.zeros((0, self.dim), np.float32)
+        return np.asarray(self._storage().reconstruct_batch(positions), dtype=np.float32)
 
     def to_bytes(self) -> bytes:
         import faiss
@@ -172,16 +223,16 @@ class HNSWIndex(_FaissIndex):
     def from_bytes(cls, data: bytes, dim: int, **options: Any) -> "HNSWIndex":
         return cls(dim, **options, _index=cls._deserialize(data))
 
-    def _search(self, queries: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+    def _search(self, queries: np.ndarray, k: int, mask: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+        params, keep = self._params(mask, efSearch=max(self.ef, k))
+        out = self._index.search(queries, k, params=params)
+        del keep
+        return out
+
+    def _storage(self) -> Any:
         import faiss
 
-        self._index.hnsw.efSearch = max(self.ef, k)
-        scores, positions = self._index.search(queries, k)
-        bad = (positions < 0).any(axis=1)
-        if bad.any():  # graph search came up short (tiny galleries, k ~ ntotal): answer exactly
-            storage = faiss.downcast_index(self._index.storage)
-            scores[bad], positions[bad] = storage.search(np.ascontiguousarray(queries[bad]), k)
-        return scores, positions
+        return faiss.downcast_index(self._index.storage)
 
 
 _BACKENDS: dict[str, type[VectorIndex]] = {}

@@ -29,6 +29,7 @@ import json
 import logging
 import os
 import re
+import threading
 import uuid
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
@@ -145,21 +146,46 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-def atomic_write_bytes(path: str | Path, data: bytes) -> None:
-    """Write ``data`` to ``path`` so that readers see the old file or the whole new one."""
+def atomic_write_bytes(path: str | Path, data: bytes, *, tmp_prefix: str = _TMP) -> None:
+    """Write ``data`` to ``path`` so that readers see the old file or the whole new one.
+
+    The data goes to ``<tmp_prefix><name>.<random>`` in the same directory first (a gallery removes
+    stray ``.tmp-`` files as crash leftovers; other owners of a directory pass their own prefix)."""
     path = Path(path)
-    tmp = path.with_name(f"{_TMP}{path.name}.{uuid.uuid4().hex[:12]}")
+    tmp = path.with_name(f"{tmp_prefix}{path.name}.{uuid.uuid4().hex[:12]}")
     try:
         with open(tmp, "wb") as f:
             f.write(data)
             f.flush()
             os.fsync(f.fileno())
+        _crash_point("before")
         os.replace(tmp, path)
     except BaseException:
         with contextlib.suppress(OSError):
             tmp.unlink()
         raise
     _fsync_dir(path.parent)
+    _crash_point("after")
+
+
+_WRITES = 0
+
+
+def _crash_point(when: str) -> None:
+    """Test-only crash injection (not an API): with ``NOBACKFILL_TEST_KILL_AT_WRITE=N`` the process
+    SIGKILLs itself just before the N-th atomic rename of its life, with ``N+`` just after it, so
+    tests can stop a writer between any two steps of a commit."""
+    global _WRITES
+    spec = os.environ.get("NOBACKFILL_TEST_KILL_AT_WRITE")
+    if not spec:
+        return
+    if when == "before":
+        _WRITES += 1
+    after = spec.endswith("+")
+    if int(spec.rstrip("+")) == _WRITES and after == (when == "after"):
+        import signal
+
+        os.kill(os.getpid(), signal.SIGKILL)
 
 
 def read_tagged_json(path: str | Path, fmt: str, *, error: type[Exception] = ValueError,
@@ -270,6 +296,15 @@ def _read_manifest(root: Path) -> dict[str, Any]:
 _CHUNK_FIELDS = {"name": str, "count": int, "npz": str, "npz_sha256": str, "meta": str, "meta_sha256": str}
 
 
+def _manifest_stat(root: Path) -> tuple[int, int, int] | None:
+    """(inode, size, mtime_ns) of the manifest: changes whenever a writer replaces it."""
+    try:
+        st = os.stat(root / MANIFEST)
+    except OSError:
+        return None
+    return st.st_ino, st.st_size, st.st_mtime_ns
+
+
 def _write_manifest(root: Path, manifest: dict[str, Any]) -> None:
     data = json.dumps(manifest, indent=2, sort_keys=True).encode("utf-8") + b"\n"
     atomic_write_bytes(root / MANIFEST, data)
@@ -310,7 +345,10 @@ class Gallery:
         self.path = path
         self._manifest = manifest
         self._cols: dict[str, _Columns] = {m: _Columns() for m in MODALITIES}
-        self._indexes: dict[str, tuple[str, VectorIndex]] = {}
+        # modality -> (chunk key, chunk names, index, ntotal last written to the on-disk cache)
+        self._indexes: dict[str, tuple[str, list[str], VectorIndex, int]] = {}
+        self._lock = threading.RLock()  # one thread at a time grows or searches an index
+        self._stat = _manifest_stat(path)
         self._closed = False
 
     # ------------------------------------------------------------------ construction
@@ -371,9 +409,20 @@ class Gallery:
         gallery = cls(root, _read_manifest(root))
         with contextlib.suppress(OSError), _dir_lock(root, blocking=False) as taken:
             if taken:
-                gallery._manifest = _read_manifest(root)
+                gallery._manifest, gallery._stat = _read_manifest(root), _manifest_stat(root)
                 gallery._collect_garbage_locked()
         return gallery
+
+    def refresh(self) -> bool:
+        """Re-read the manifest if another process committed since it was read; True if it changed.
+        Cheap when nothing changed (one ``stat``); loaded chunks and indexes are kept and grown."""
+        self._check_open()
+        st = _manifest_stat(self.path)
+        if st == self._stat:
+            return False
+        with self._lock:
+            self._manifest, self._stat = _read_manifest(self.path), st
+        return True
 
     def close(self) -> None:
         """Drop cached vectors and indexes; the object is unusable afterwards."""
@@ -595,7 +644,7 @@ class Gallery:
         mod["count"] += len(ids)
         manifest["updated"] = _now()
         _write_manifest(self.path, manifest)  # <- the commit point
-        self._manifest = manifest
+        self._manifest, self._stat = manifest, _manifest_stat(self.path)
         cols = self._cols[modality]  # vectors / metadata of the new chunk load lazily
         cols.chunks.append(name)
         cols.ids.extend(ids)
@@ -622,18 +671,31 @@ class Gallery:
     # ------------------------------------------------------------------ search
 
     def _index(self, modality: str) -> tuple[VectorIndex, list[str]]:
-        """The search index of ``modality`` and the ids of its positions (built or loaded lazily)."""
+        """The search index of ``modality`` and the ids of its positions (built or loaded lazily;
+        grown in place when chunks were appended since it was built). Caller holds ``_lock``."""
         cols = self._sync(modality)
         key = _chunk_key(self._manifest, modality)
+        chunks = self._chunks(modality)
+        names = [c["name"] for c in chunks]
         cached = self._indexes.get(modality)
-        if cached is not None and cached[0] == key:
-            return cached[1], cols.ids
+        if cached is not None:
+            ckey, cnames, index, saved = cached
+            if ckey == key:
+                return index, cols.ids
+            if names[:len(cnames)] == cnames and index.ntotal == sum(c["count"] for c in chunks[:len(cnames)]):
+                for entry in chunks[len(cnames):]:  # appended chunks only
+                    index.add(self._load_npz(entry, "vectors"))
+                if index.ntotal >= 1.25 * max(saved, 1):  # keep the on-disk cache roughly current
+                    self._save_cached_index(modality, key, index)
+                    saved = index.ntotal
+                self._indexes[modality] = (key, names, index, saved)
+                return index, cols.ids
         index = self._load_cached_index(modality, key)
         if index is None:
             index = make_index(self.backend, self.dim)
             index.add(self.vectors(modality))
             self._save_cached_index(modality, key, index)
-        self._indexes[modality] = (key, index)
+        self._indexes[modality] = (key, names, index, index.ntotal)
         return index, cols.ids
 
     def _index_paths(self, modality: str) -> tuple[Path, Path]:
@@ -679,12 +741,15 @@ class Gallery:
         *,
         space_id: str,
         bridge: Bridge | None = None,
+        mask: np.ndarray | None = None,
     ) -> SearchResult:
         """Top-``k`` rows of ``modality`` by inner product for each query row.
 
         ``space_id`` is the space the queries were embedded in. If it is not the gallery's, a
         ``bridge`` with ``bridge.source == space_id`` and ``bridge.target == gallery.space_id``
-        maps the queries across; otherwise :class:`SpaceMismatchError` is raised.
+        maps the queries across; otherwise :class:`SpaceMismatchError` is raised. ``mask`` (bool,
+        one per row in insertion order) restricts the search to the rows where it is True; rows
+        committed after the mask was made count as False (a reader's snapshot never sees them).
         """
         self._check_open()
         _check_modality(modality)
@@ -701,9 +766,16 @@ class Gallery:
         q = self._check_rows(q, "queries")
         if int(k) < 1:
             raise ValueError(f"k must be >= 1, got {k}")
-        index, ids = self._index(modality)
-        scores, positions = index.search(q, int(k))
-        return SearchResult(scores=scores, ids=[[ids[p] for p in row] for row in positions], positions=positions)
+        with self._lock:
+            index, ids = self._index(modality)
+            if mask is not None:
+                mask = np.asarray(mask, dtype=bool)
+                if mask.ndim != 1 or len(mask) > index.ntotal:
+                    raise ValueError(f"mask must be 1-D with at most {index.ntotal} entries, got shape {mask.shape}")
+                if len(mask) < index.ntotal:
+                    mask = np.concatenate([mask, np.zeros(index.ntotal - len(mask), bool)])
+            scores, positions = index.search(q, int(k), mask=mask)
+            return SearchResult(scores=scores, ids=[[ids[p] for p in row] for row in positions], positions=positions)
 
     # ------------------------------------------------------------------ integrity
 

@@ -348,3 +348,32 @@ def format_table(results: dict[str, dict], ks: Sequence[int] = (1, 5, 10)) -> st
     out += [line(r) + n for r, n in zip(rows, notes)]
     out.append("(recall in %)")
     return "\n".join(out)
+
+
+# --------------------------------------------------------------------------------- grouped relevance
+def group_ranks(queries: np.ndarray, gallery: np.ndarray, query_groups: Sequence[int] | np.ndarray,
+                gallery_groups: Sequence[int] | np.ndarray, *, scores: np.ndarray | None = None,
+                chunk: int = 1024) -> np.ndarray:
+    """Best rank (1-based, pessimistic ties) of a relevant gallery item for every query, where
+    gallery item ``j`` is relevant to query ``i`` iff ``gallery_groups[j] == query_groups[i]``
+    (t2i: a caption's image index vs each image's own index; t2t: two captions of one image).
+    ``scores`` (``(Q, G)``) replaces ``queries @ gallery.T`` (e.g. fused scores). A query with no
+    relevant item gets rank ``G + 1``."""
+    qg = np.asarray(query_groups).reshape(-1)
+    gg = np.asarray(gallery_groups).reshape(-1)
+    n_q = len(qg) if scores is None else scores.shape[0]
+    out = np.empty(n_q, dtype=np.int64)
+    for s in range(0, n_q, chunk):
+        block = (np.asarray(scores[s:s + chunk], np.float32) if scores is not None
+                 else np.asarray(queries[s:s + chunk], np.float32) @ np.asarray(gallery, np.float32).T)
+        rel = qg[s:s + chunk, None] == gg[None, :]
+        best = np.where(rel, block, -np.inf).max(axis=1)
+        above = ((block >= best[:, None]) & ~rel).sum(axis=1)
+        out[s:s + chunk] = np.where(np.isfinite(best), above + 1, block.shape[1] + 1)
+    return out
+
+
+def recall_from_ranks(ranks: np.ndarray, ks: Sequence[int] = (1, 5, 10)) -> dict[str, float]:
+    """``{"R@k": fraction of queries whose best relevant rank is <= k}``."""
+    r = np.asarray(ranks)
+    return {f"R@{k}": float(np.mean(r <= k)) if r.size else 0.0 for k in ks}

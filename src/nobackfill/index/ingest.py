@@ -1,0 +1,312 @@
+"""User data as collection items, and adding them (embedding only what is new).
+
+Ids are stable, never line numbers:
+
+* an image's id is ``img-`` + the first 20 hex digits of the sha256 of its bytes;
+* a caption's id is its line's own ``"id"`` field when given, otherwise ``txt-`` + a hash of the
+  caption text and its image's id (so inserting a line at the top of ``captions.jsonl`` changes
+  nothing, and the same caption of another image is another item);
+* a text from a plain text file: its own ``id`` (JSONL) or ``txt-`` + a hash of the text.
+
+An item's vector key (:func:`~nobackfill.index.collection.vector_key`) adds a hash of its content,
+so editing a caption under the same id (an upsert) embeds it again, and re-adding unchanged content
+embeds nothing. A data folder may hold images that no caption mentions, or no ``captions.jsonl`` at
+all (a folder of photos): every readable image file is an item.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import signal
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Sequence
+
+import numpy as np
+
+from ..data.folder import CAPTIONS_FILE, DataFormatError, load_pairs
+from ..progress import progress_bar
+from .build import _kill_after_from_env
+from .collection import Collection, Item, vector_key
+from .store import DuplicateIdError, SpaceMismatchError, file_sha256
+
+if TYPE_CHECKING:  # importing the encoder module pulls in torch
+    from ..encoders.base import DualEncoder
+
+__all__ = ["IMAGE_SUFFIXES", "AddReport", "FolderItems", "add_items", "folder_items", "image_item", "text_item",
+           "text_file_items"]
+
+IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".webp", ".bmp", ".gif", ".tif", ".tiff")
+
+
+def _hash(*parts: str) -> str:
+    h = hashlib.sha256()
+    for p in parts:
+        h.update(p.encode("utf-8"))
+        h.update(b"\x00")
+    return h.hexdigest()
+
+
+def image_item(path: str | Path, *, id: str | None = None, metadata: dict[str, Any] | None = None,
+               sha256: str | None = None) -> Item:
+    """An image item (its id from its bytes unless ``id`` is given)."""
+    p = Path(path).absolute()
+    digest = sha256 or file_sha256(p)
+    iid = id or f"img-{digest[:20]}"
+    return Item(id=iid, modality="image", key=vector_key(iid, digest[:16]),
+                source={"path": str(p), "sha256": digest}, metadata={"path": str(p), **(metadata or {})})
+
+
+def text_item(text: str, *, id: str | None = None, image_id: str = "", metadata: dict[str, Any] | None = None) -> Item:
+    """A caption / text item (its id from its text and its image's id unless ``id`` is given)."""
+    if not isinstance(text, str) or not text.strip():
+        raise ValueError(f"a text item needs a non-empty text, got {text!r}")
+    iid = id or f"txt-{_hash(image_id, text)[:20]}"
+    return Item(id=iid, modality="text", key=vector_key(iid, _hash(text)[:16]), source={"text": text},
+                metadata={"text": text, **(metadata or {})})
+
+
+def _decode_problem(path: Path) -> str | None:
+    """Why ``path`` is not an image that decodes completely (None if it does)."""
+    from PIL import Image
+
+    try:
+        with Image.open(path) as im:
+            im.load()  # the whole pixel stream: a truncated stream fails here, not at embedding time
+    except Exception as exc:  # Pillow raises many types for corrupt data
+        return f"cannot decode image ({type(exc).__name__}: {exc})"
+    return None
+
+
+@dataclass
+class FolderItems:
+    """What a data folder holds: items, and what was skipped (with ``skip_bad``)."""
+
+    items: list[Item]
+    skipped: int = 0
+    uncaptioned: int = 0
+    problems: list[str] = field(default_factory=list)
+
+    def count(self, modality: str) -> int:
+        return sum(1 for it in self.items if it.modality == modality)
+
+
+def folder_items(folder: str | Path, *, langs: Sequence[str] | None = None, skip_bad: bool = False,
+                 uncaptioned: bool = True) -> FolderItems:
+    """Items of a data folder: its captioned images and captions (``captions.jsonl``, validated
+    line by line as :func:`~nobackfill.data.folder.load_pairs` does), plus, with ``uncaptioned``,
+    every other image file under the folder. Bad lines or unreadable images raise
+    :class:`~nobackfill.data.folder.DataFormatError` naming the file (and line), or are skipped
+    and counted with ``skip_bad``."""
+    root = Path(folder).absolute()
+    if not root.is_dir():
+        raise DataFormatError("data folder not found", root)
+    out = FolderItems(items=[])
+    referenced: set[str] = set()
+    if (root / CAPTIONS_FILE).is_file():
+        ds = load_pairs(root, langs=langs, skip_bad=skip_bad)
+        out.skipped += ds.skipped
+        image_ids: list[str] = []
+        for rel, labels in zip(ds.images, ds.image_labels):
+            path = root / rel
+            problem = _decode_problem(path)
+            if problem:
+                if not skip_bad:
+                    raise DataFormatError(f"image {rel!r}: {problem}", path)
+                out.skipped += 1
+                out.problems.append(f"{path}: {problem}")
+                image_ids.append("")
+                continue
+            meta = {"labels": labels} if labels else {}
+            it = image_item(path, metadata=meta)
+            out.items.append(it)
+            image_ids.append(it.id)
+            referenced.add(rel)
+        for j, caption in enumerate(ds.captions):
+            i = int(ds.caption_image[j])
+            if not image_ids[i]:
+                continue  # its image was skipped
+            extra = dict(ds.extra[j])
+            own_id = extra.pop("id", None)
+            if own_id is not None and (not isinstance(own_id, str) or not own_id.strip()):
+                err = DataFormatError(f"field 'id' must be a non-empty string, got {own_id!r}", root / CAPTIONS_FILE,
+                                      ds.caption_lines[j])
+                if not skip_bad:
+                    raise err
+                out.skipped += 1
+                out.problems.append(str(err))
+                continue
+            meta = {"lang": ds.langs[j], "image": ds.images[i], "image_id": image_ids[i], **extra}
+            out.items.append(text_item(caption, id=own_id, image_id=image_ids[i], metadata=meta))
+    elif langs:
+        raise DataFormatError(f"{CAPTIONS_FILE} not found, so there are no captions in languages {list(langs)}",
+                              root / CAPTIONS_FILE)
+    if uncaptioned:
+        for path in sorted(p for p in root.rglob("*") if p.suffix.lower() in IMAGE_SUFFIXES and p.is_file()):
+            rel = path.relative_to(root).as_posix()
+            if rel in referenced or any(part.startswith(".") for part in path.relative_to(root).parts):
+                continue
+            problem = _decode_problem(path)
+            if problem:
+                if not skip_bad:
+                    raise DataFormatError(f"image {rel!r}: {problem}", path)
+                out.skipped += 1
+                out.problems.append(f"{path}: {problem}")
+                continue
+            out.items.append(image_item(path))
+            out.uncaptioned += 1
+    if not out.items:
+        raise DataFormatError("no images and no captions found (a data folder holds image files and/or "
+                              f"a {CAPTIONS_FILE})", root)
+    return out
+
+
+def text_file_items(path: str | Path, *, limit: int | None = None) -> list[Item]:
+    """Text items from a file: ``.jsonl`` lines ``{"text": .., "id": .. (optional), ...}`` (other
+    keys are metadata) or any other file, one text per non-blank line."""
+    p = Path(path)
+    if not p.is_file():
+        raise DataFormatError("text file not found", p)
+    items: list[Item] = []
+    with open(p, encoding="utf-8") as fh:
+        for no, line in enumerate(fh, start=1):
+            if not line.strip():
+                continue
+            if limit is not None and len(items) >= limit:
+                break
+            if p.suffix == ".jsonl":
+                try:
+                    obj = json.loads(line)
+                except json.JSONDecodeError as e:
+                    raise DataFormatError(f"invalid JSON: {e}", p, no) from None
+                if not isinstance(obj, dict) or not isinstance(obj.get("text"), str) or not obj["text"].strip():
+                    raise DataFormatError("each line needs a non-empty string field 'text'", p, no)
+                own = obj.pop("id", None)
+                if own is not None and (not isinstance(own, str) or not own.strip()):
+                    raise DataFormatError(f"field 'id' must be a non-empty string, got {own!r}", p, no)
+                text = obj.pop("text")
+                items.append(text_item(text, id=own, metadata=obj))
+            else:
+                items.append(text_item(line.rstrip("\n")))
+    if not items:
+        raise DataFormatError("no texts in the file", p)
+    return items
+
+
+@dataclass
+class AddReport:
+    """What :func:`add_items` did."""
+
+    added: int = 0  # embedded and committed (new ids, or new content under an existing id)
+    unchanged: int = 0  # already in the collection with the same content and metadata
+    metadata_updated: int = 0  # same content, new metadata: no embedding
+    recovered: int = 0  # vectors found in the store from an interrupted run: not embedded again
+    skipped: int = 0  # unreadable at embedding time (with skip_bad)
+    problems: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"added": self.added, "unchanged": self.unchanged, "metadata_updated": self.metadata_updated,
+                "recovered": self.recovered, "skipped": self.skipped}
+
+
+def _encode(encoder: "DualEncoder", modality: str, payloads: list[str]) -> np.ndarray:
+    if modality == "image":
+        return encoder.encode_images([Path(p) for p in payloads], progress=False)
+    return encoder.encode_texts(payloads, progress=False)
+
+
+def add_items(collection: Collection, encoder: "DualEncoder", items: Sequence[Item], *, chunk_size: int = 256,
+              skip_bad: bool = False, progress: bool = True, wait: bool = False) -> AddReport:
+    """Add or update ``items``: embed, with the collection's current model (``encoder``), only what
+    the collection does not hold yet, in chunks committed one at a time (a killed run resumes where
+    it stopped, embedding nothing twice). One adder at a time (:meth:`Collection.ingesting`).
+
+    Raises :class:`SpaceMismatchError` if ``encoder`` is not the current model, ``ValueError`` if it
+    cannot embed a modality of ``items`` (before anything is written), :class:`DuplicateIdError`
+    for one id given twice with different content.
+    """
+    if int(chunk_size) < 1:
+        raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
+    current = collection.current_space
+    entry = collection.space(current)
+    if encoder.space_id != current:
+        raise SpaceMismatchError(current, encoder.space_id, f"add items to collection {collection.path}",
+                                 what="given model's embeddings",
+                                 hint=f"embed new items with the collection's current model ({entry.get('name')}: "
+                                      f"{entry.get('model')})")
+    wanted = {it.modality for it in items}
+    can = set(getattr(encoder, "modalities", ("image", "text"))) & set(entry.get("modalities", wanted))
+    if wanted - can:
+        what = ", ".join(sorted(wanted - can))
+        raise ValueError(f"the current model of collection {collection.path} ({entry.get('name')}) embeds only "
+                         f"{', '.join(sorted(can)) or 'nothing'}: cannot add {what} items")
+    by_id: dict[str, Item] = {}
+    for it in items:
+        prev = by_id.get(it.id)
+        if prev is not None and (prev.key != it.key or prev.modality != it.modality):
+            raise DuplicateIdError(f"id {it.id!r} is given twice with different content")
+        by_id.setdefault(it.id, it)
+    kill_after = _kill_after_from_env()
+    report = AddReport()
+    with collection.ingesting(wait=wait):
+        live = collection.items()
+        gallery = collection.gallery(current)
+        quick: list[Item] = []
+        todo: dict[str, list[Item]] = {"image": [], "text": []}
+        for it in by_id.values():
+            old = live.get(it.id)
+            if old is not None and old.key == it.key and old.modality == it.modality:
+                if dict(old.metadata) == dict(it.metadata):
+                    report.unchanged += 1
+                else:
+                    quick.append(it)
+                    report.metadata_updated += 1
+            elif (it.modality, it.key) in gallery:
+                quick.append(it)
+                report.recovered += 1
+            else:
+                todo[it.modality].append(it)
+        collection.commit(quick)
+        committed = 0
+        for modality, rows in todo.items():
+            if not rows:
+                continue
+            with progress_bar(progress, f"embedding {modality}s", len(rows)) as advance:
+                for start in range(0, len(rows), int(chunk_size)):
+                    chunk = rows[start:start + int(chunk_size)]
+                    chunk, vectors = _embed_chunk(encoder, modality, chunk, skip_bad, report)
+                    if chunk:
+                        collection.put_vectors(current, modality, [it.key for it in chunk], vectors)
+                        collection.commit(chunk)  # <- the items become visible here
+                        report.added += len(chunk)
+                    committed += 1
+                    advance(len(rows[start:start + int(chunk_size)]))
+                    if kill_after and committed >= kill_after:
+                        os.kill(os.getpid(), signal.SIGKILL)  # test hook (index.build.KILL_AFTER_CHUNKS_ENV)
+    return report
+
+
+def _embed_chunk(encoder: "DualEncoder", modality: str, chunk: list[Item], skip_bad: bool,
+                 report: AddReport) -> tuple[list[Item], np.ndarray]:
+    """Vectors of ``chunk``; an item that fails to embed is named (or skipped with ``skip_bad``)."""
+    try:
+        return chunk, _encode(encoder, modality, [it.payload for it in chunk])
+    except (OSError, ValueError, SyntaxError) as first:  # find the bad item(s): one at a time
+        keep, rows = [], []
+        for it in chunk:
+            try:
+                rows.append(_encode(encoder, modality, [it.payload])[0])
+                keep.append(it)
+            except (OSError, ValueError, SyntaxError) as e:
+                msg = f"{it.payload if modality == 'image' else it.id}: cannot embed {modality} ({type(e).__name__}: {e})"
+                if not skip_bad:
+                    raise ValueError(msg + " (pass --skip-bad to skip it)") from e
+                report.skipped += 1
+                report.problems.append(msg)
+        if not keep and not report.skipped:
+            raise first
+        dim = int(getattr(encoder, "embed_dim"))
+        return keep, (np.stack(rows) if rows else np.zeros((0, dim), np.float32))
+

@@ -1,0 +1,125 @@
+"""Merging ranked lists from several embedding spaces, whose scores are not comparable.
+
+Each space answers a query with its own top-k (its own route, its own score scale); the merge
+decides the order of the union. Three methods:
+
+* ``raw`` - by raw score. With metric-compatible spaces this is the "distance rank merge" of Online
+  Backfilling (Seo et al., arXiv 2301.03767, Sec. 3.1: the two lists merged by their distances);
+  our spaces are not trained to be metric-compatible, so raw scores may favour one space.
+* ``calibrated`` - by a per-(space, route, direction) monotone map of the score to the chance that
+  the item is relevant, fitted on a calibration split (:class:`ScoreMap`, Platt scaling: a logistic
+  curve on the score), so that a score means the same chance of relevance in every space.
+* ``rank`` - by rank alone, scaled by each space's share of the items: an item ranked ``r`` (from
+  0) in a space holding a fraction ``f`` of the searchable items is placed at ``(r + 0.5) / f``,
+  where it would rank if that space's items were a random sample of all of them. No score is
+  compared across spaces.
+
+:func:`merge` returns the top-k of the union; an item appears in one space's list only (the
+collection serves each item from one space), so there is nothing to de-duplicate.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+import numpy as np
+
+__all__ = ["DEFAULT_MERGE", "MERGES", "Candidate", "ScoreMap", "merge", "merge_order"]
+
+MERGES = ("raw", "calibrated", "rank")
+#: the merge of a collection whose plan has not chosen one (no calibration): raw scores, the
+#: distance merge of Seo et al.; calibration replaces it with the best merge on the calibration split
+DEFAULT_MERGE = "raw"
+
+
+@dataclass
+class Candidate:
+    """One hit of one space's list: ``rank`` is its 0-based rank within that list."""
+
+    item_id: str
+    score: float
+    space: str
+    route: str
+    rank: int
+
+
+@dataclass
+class ScoreMap:
+    """``p(relevant | score) = sigmoid(a * score + b)``: Platt scaling (monotone for ``a > 0``)."""
+
+    a: float
+    b: float
+    n: int = 0
+
+    def __call__(self, scores: np.ndarray | float) -> np.ndarray:
+        z = self.a * np.asarray(scores, np.float64) + self.b
+        return 1.0 / (1.0 + np.exp(-np.clip(z, -60, 60)))
+
+    def to_json(self) -> dict[str, Any]:
+        return {"a": self.a, "b": self.b, "n": self.n}
+
+    @classmethod
+    def from_json(cls, obj: dict[str, Any]) -> "ScoreMap":
+        return cls(float(obj["a"]), float(obj["b"]), int(obj.get("n", 0)))
+
+    @classmethod
+    def fit(cls, scores: np.ndarray, relevant: np.ndarray, *, l2: float = 1e-3, steps: int = 50) -> "ScoreMap":
+        """Maximum-likelihood logistic fit of ``relevant`` (bool) on ``scores`` (Newton's method on
+        two parameters, a small L2 penalty on the slope; Platt's target smoothing for 0/1 labels).
+        The slope is kept >= 0 so the map stays monotone non-decreasing."""
+        s = np.asarray(scores, np.float64).ravel()
+        y = np.asarray(relevant, bool).ravel()
+        if s.size != y.size or s.size == 0:
+            raise ValueError(f"need as many labels as scores (got {s.size} scores, {y.size} labels)")
+        n_pos, n_neg = int(y.sum()), int((~y).sum())
+        t = np.where(y, (n_pos + 1.0) / (n_pos + 2.0), 1.0 / (n_neg + 2.0))  # Platt (1999)
+        mu, sd = float(s.mean()), float(s.std()) or 1.0
+        x = (s - mu) / sd
+        a, b = 1.0, math.log((n_pos + 1.0) / (n_neg + 1.0))
+        for _ in range(steps):
+            p = 1.0 / (1.0 + np.exp(-np.clip(a * x + b, -60, 60)))
+            w = np.maximum(p * (1 - p), 1e-12)
+            g = np.array([np.sum((p - t) * x) + l2 * a, np.sum(p - t)])
+            h = np.array([[np.sum(w * x * x) + l2, np.sum(w * x)], [np.sum(w * x), np.sum(w)]])
+            try:
+                step = np.linalg.solve(h, g)
+            except np.linalg.LinAlgError:
+                break
+            a, b = a - step[0], b - step[1]
+            if np.abs(step).max() < 1e-9:
+                break
+        a = max(a, 0.0)
+        return cls(a / sd, b - a * mu / sd, int(s.size))
+
+
+def merge_order(candidates: Sequence[Candidate], method: str, *, score_maps: dict[tuple[str, str], ScoreMap] | None = None,
+                shares: dict[str, float] | None = None) -> list[Candidate]:
+    """``candidates`` (from every space) in merged order. ``score_maps`` maps ``(space, route)`` to
+    a :class:`ScoreMap` (``calibrated``; a candidate without a map keeps its raw score); ``shares``
+    maps a space to its fraction of the searchable items (``rank``)."""
+    if method not in MERGES:
+        raise ValueError(f"merge must be one of {MERGES}, got {method!r}")
+    if method == "raw":
+        return sorted(candidates, key=lambda c: -c.score)
+    if method == "calibrated":
+        maps = score_maps or {}
+
+        def key(c: Candidate) -> tuple[float, float]:
+            m = maps.get((c.space, c.route))
+            return (-float(m(c.score)) if m is not None else -c.score, -c.score)
+
+        return sorted(candidates, key=key)
+    shares = shares or {}
+
+    def rank_key(c: Candidate) -> tuple[float, float]:
+        f = max(float(shares.get(c.space, 1.0)), 1e-9)
+        return ((c.rank + 0.5) / f, -c.score)
+
+    return sorted(candidates, key=rank_key)
+
+
+def merge(lists: dict[str, list[Candidate]], k: int, method: str, **kw: Any) -> list[Candidate]:
+    """The top ``k`` of the per-space ``lists`` merged with ``method`` (see :func:`merge_order`)."""
+    return merge_order([c for hits in lists.values() for c in hits], method, **kw)[: int(k)]

@@ -1,0 +1,80 @@
+"""Models kept warm for search: each model loaded once per process and checked against the space
+id the collection recorded for it, plus upgraded copies for bridge routes.
+
+A model reference is a model directory (any saved :class:`~nobackfill.encoders.base.DualEncoder`,
+e.g. a local ``openai/clip-vit-base-patch32``) or an alias of the shipped all-MiniLM-L6-v2
+(:data:`~nobackfill.encoders.PRETRAINED_TEXT_ALIASES`). An encoder upgrade (XBT) attaches adapters
+to the model it is applied to, so it gets its own copy: the plain model keeps serving native
+queries, unchanged, from other threads.
+"""
+
+from __future__ import annotations
+
+import copy
+import threading
+from pathlib import Path
+
+
+from ..encoders import PRETRAINED_TEXT_ALIASES, load_encoder
+from ..encoders.base import DualEncoder
+from ..index.store import SpaceMismatchError
+
+__all__ = ["ModelPool", "model_ref"]
+
+
+def model_ref(path: str | Path) -> str:
+    """How a collection records a model: the alias as is, a directory as an absolute path."""
+    s = str(path)
+    if s in PRETRAINED_TEXT_ALIASES and not Path(s).exists():
+        return s
+    return str(Path(s).resolve())
+
+
+class ModelPool:
+    """Encoders by model reference, loaded lazily, kept for the life of the pool (thread-safe)."""
+
+    def __init__(self) -> None:
+        self._models: dict[str, DualEncoder] = {}
+        self._upgraded: dict[tuple[str, tuple[str, ...]], DualEncoder] = {}
+        self._lock = threading.Lock()
+
+    def get(self, ref: str | Path, space_id: str | None = None, *, what: str = "model") -> DualEncoder:
+        """The encoder at ``ref``; with ``space_id``, refuse one whose space differs (the directory
+        now holds another model than the one the collection was built with)."""
+        key = str(ref)
+        with self._lock:
+            enc = self._models.get(key)
+            if enc is None:
+                enc = self._models[key] = load_encoder(key)
+        if space_id is not None and enc.space_id != space_id:
+            raise SpaceMismatchError(space_id, enc.space_id, f"load the {what} at {key}", what=f"model at {key}",
+                                     hint="the collection recorded another model for this space; restore that "
+                                          "model directory or re-register the upgrade")
+        return enc
+
+    def put(self, ref: str | Path, encoder: DualEncoder) -> None:
+        """Use an already loaded ``encoder`` for ``ref`` (callers that hold one)."""
+        with self._lock:
+            self._models[str(ref)] = encoder
+
+    def upgraded(self, ref: str | Path, upgrade_dir: str | Path, space_id: str | None = None) -> DualEncoder:
+        """A separate copy of the model at ``ref`` with the encoder upgrade at ``upgrade_dir``
+        applied (its outputs live in the upgrade's target space)."""
+        from ..compat.upgrade import load_upgrade
+
+        key = (str(ref), (str(upgrade_dir),))
+        with self._lock:
+            enc = self._upgraded.get(key)
+        if enc is None:
+            base = copy.deepcopy(self.get(ref, space_id))  # apply() attaches adapters in place
+            enc = load_upgrade(upgrade_dir).apply(base)
+            with self._lock:
+                enc = self._upgraded.setdefault(key, enc)
+        return enc
+
+    def loaded(self) -> list[str]:
+        """References of the models loaded so far (plain and upgraded)."""
+        with self._lock:
+            return sorted(self._models) + [f"{r}+{'+'.join(u)}" for r, u in sorted(self._upgraded)]
+
+

@@ -1,0 +1,185 @@
+"""Changing a collection's serving plan: registering an upgrade, calibrating routes, pinning one.
+
+``upgrade`` makes a new model the collection's current model at once: it creates the (empty) store
+of the new space, records the upgrades (XBT, phi, Procrustes ...) that carry the new model's
+queries into the older spaces, chooses a route per (old space, direction) -- calibrated on a
+calibration split when one is given, else the documented default (``bridge`` where a bridge chain
+exists, ``old-model`` otherwise) -- and commits the plan atomically. It re-embeds nothing: its cost
+is loading the models plus, with calibration, embedding the calibration split.
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+from ..index.collection import Collection
+from .calibrate import CalibrationTask, calibrate
+from .models import ModelPool, model_ref
+from .routes import DIRECTIONS, FUSED, ROUTES, RoutePlanner, upgrade_entry
+
+__all__ = ["UpgradeRefused", "calibrate_collection", "pin_route", "route_table", "upgrade_collection"]
+
+
+class UpgradeRefused(ValueError):
+    """An upgrade that cannot be registered (named reason; nothing was changed)."""
+
+
+def _space_label(plan: dict[str, Any], space_id: str) -> str:
+    for s in plan["spaces"]:
+        if s["space_id"] == space_id:
+            return f"{s.get('name') or Path(s['model']).name} ({space_id})"
+    return space_id
+
+
+def upgrade_collection(collection: Collection, model: str | Path, *, bridges: Sequence[str | Path] = (),
+                       calibration: Sequence[CalibrationTask] | None = None, calibration_label: str = "",
+                       pool: ModelPool | None = None, guard: Callable[[dict[str, Any]], None] | None = None,
+                       log: Callable[[str], None] | None = None) -> dict[str, Any]:
+    """Register ``model`` as the collection's current model (see the module doc); returns the
+    committed plan. ``bridges`` are upgrade directories; ``calibration`` tasks choose routes, fused
+    weights and the merge. ``guard(plan)`` may refuse (raise) under the commit lock, e.g. while a
+    backfill runs. Raises :class:`UpgradeRefused` for an upgrade that does not fit the collection."""
+    from ..compat.upgrade import load_upgrade
+
+    say = log or (lambda _m: None)
+    pool = pool or ModelPool()
+    ref = model_ref(model)
+    enc = pool.get(ref)
+    sid = enc.space_id
+    plan = collection.plan
+    known = {s["space_id"] for s in plan["spaces"]}
+    if sid == plan["current"]:
+        raise UpgradeRefused(f"{model} is already the current model of collection {collection.path} ({sid})")
+    if sid in known:
+        raise UpgradeRefused(f"{model} embeds into space {sid}, which collection {collection.path} already holds "
+                             f"({_space_label(plan, sid)}); an upgrade needs a new model")
+    ups = [load_upgrade(b) for b in bridges]
+    for u in ups:
+        for side, space in (("source", u.source_id), ("target", u.target_id)):
+            if space not in known | {sid}:
+                raise UpgradeRefused(
+                    f"upgrade {u.directory}: its {side} space {space} ({u.source.get('name') if side == 'source' else u.target.get('name')}) "
+                    f"is neither the new model's ({Path(str(model)).name}: {sid}) nor a space of collection "
+                    f"{collection.path} ({', '.join(_space_label(plan, s) for s in sorted(known))})")
+        if not u.is_bridge and u.source_id != sid:
+            raise UpgradeRefused(f"upgrade {u.directory} is an encoder upgrade of the model of space {u.source_id}, "
+                                 f"not of the new model {Path(str(model)).name} ({sid})")
+    entry = collection.add_space(space_id=sid, dim=int(enc.embed_dim), model=ref, name=getattr(enc, "name", ""),
+                                 modalities=list(getattr(enc, "modalities", ("image", "text"))))
+    new_plan = collection.plan
+    old_current = new_plan["current"]
+    new_plan["spaces"].append(entry)
+    new_plan["current"] = sid
+    paths = {u["path"] for u in new_plan.get("upgrades", [])}
+    new_plan["upgrades"] = list(new_plan.get("upgrades", [])) + [e for e in map(upgrade_entry, ups) if e["path"] not in paths]
+    new_plan["routes"] = {s: {d: r for d, r in dirs.items() if r.get("pinned")}
+                          for s, dirs in (new_plan.get("routes") or {}).items()}
+    new_plan["merge"] = None
+    new_plan["calibration"] = None
+    planner = RoutePlanner(new_plan, pool)
+    unreachable = [s for s in known if not any(planner.available(s, d) for d in DIRECTIONS)]
+    if unreachable:
+        raise UpgradeRefused("no route reaches space(s) " + ", ".join(_space_label(new_plan, s) for s in unreachable)
+                             + " from the new model; register a bridge (--bridge)")
+    if calibration:
+        say(f"calibrating routes on {calibration_label or 'the calibration split'} ...")
+        _apply_calibration(new_plan, calibrate(planner, calibration, data_label=calibration_label))
+
+    def commit(p: dict[str, Any]) -> dict[str, Any]:
+        if p["current"] != old_current:
+            raise UpgradeRefused(f"collection {collection.path} was upgraded by another process meanwhile "
+                                 f"(current space is now {p['current']}); nothing was changed")
+        if guard is not None:
+            guard(p)
+        return new_plan
+
+    try:
+        return collection.set_plan(commit)
+    except BaseException:
+        if sid not in {s["space_id"] for s in collection.plan["spaces"]}:  # leave nothing behind
+            shutil.rmtree(collection.path / entry["dir"], ignore_errors=True)
+        raise
+
+
+def _apply_calibration(plan: dict[str, Any], result: dict[str, Any]) -> None:
+    routes = plan.setdefault("routes", {})
+    for sid, dirs in result["routes"].items():
+        for d, r in dirs.items():
+            pinned = routes.get(sid, {}).get(d)
+            if pinned and pinned.get("pinned"):
+                pinned["calibration"] = r["calibration"]
+                continue
+            routes.setdefault(sid, {})[d] = r
+    plan["merge"] = result["merge"]
+    plan["calibration"] = {**result["calibration"], "new_new": result["new_new"]}
+
+
+def calibrate_collection(collection: Collection, tasks: Sequence[CalibrationTask], *, label: str = "",
+                         pool: ModelPool | None = None) -> dict[str, Any]:
+    """Re-run the calibration of the current plan (pinned routes stay; their numbers are updated)."""
+    plan = collection.plan
+    result = calibrate(RoutePlanner(plan, pool or ModelPool()), tasks, data_label=label)
+
+    def commit(p: dict[str, Any]) -> dict[str, Any]:
+        if p["current"] != plan["current"]:
+            raise UpgradeRefused("the collection was upgraded meanwhile; calibrate again")
+        _apply_calibration(p, result)
+        return p
+
+    return collection.set_plan(commit)
+
+
+def pin_route(collection: Collection, space_id: str, direction: str, route: str | None,
+              weight: float | None = None) -> dict[str, Any]:
+    """Pin ``route`` (and, for ``fused``, ``weight``) for one (space, direction); ``route=None``
+    unpins (the calibrated or default route applies again)."""
+    if direction not in DIRECTIONS:
+        raise ValueError(f"direction must be one of {sorted(DIRECTIONS)}, got {direction!r}")
+    if route is not None and route not in ROUTES:
+        raise ValueError(f"route must be one of {ROUTES}, got {route!r}")
+    if route == FUSED and (weight is None or not 0.0 <= weight <= 1.0):
+        raise ValueError(f"a fused route needs a weight in [0, 1] (--w), got {weight}")
+
+    def commit(p: dict[str, Any]) -> dict[str, Any]:
+        if space_id == p["current"]:
+            raise ValueError(f"space {space_id} is the current model's: it is always searched natively")
+        if space_id not in {s["space_id"] for s in p["spaces"]}:
+            raise ValueError(f"collection {collection.path} has no space {space_id}")
+        entry = p.setdefault("routes", {}).setdefault(space_id, {}).get(direction, {})
+        if route is None:
+            entry["pinned"] = False
+        else:
+            avail = RoutePlanner(p, ModelPool()).available(space_id, direction)
+            if route not in avail:
+                raise ValueError(f"route {route} is not available to space {space_id} for {direction} "
+                                 f"(available: {', '.join(avail) or 'none'})")
+            entry.update({"route": route, "w": weight if route == FUSED else None, "pinned": True})
+        p["routes"][space_id][direction] = entry
+        return p
+
+    return collection.set_plan(commit)
+
+
+def route_table(plan: dict[str, Any]) -> dict[str, Any]:
+    """Per old space and direction: the route in use, whether calibrated or pinned, and the
+    calibration numbers (what ``collection status`` shows)."""
+    planner = RoutePlanner(plan, ModelPool())
+    out: dict[str, Any] = {}
+    for s in plan["spaces"]:
+        sid = s["space_id"]
+        if sid == plan["current"] or s.get("retired"):
+            continue
+        rows = {}
+        for d in DIRECTIONS:
+            avail = planner.available(sid, d)
+            if not avail:
+                continue
+            route, w = planner.chosen(sid, d)
+            entry = (plan.get("routes") or {}).get(sid, {}).get(d) or {}
+            rows[d] = {"route": route, "w": w, "available": avail, "pinned": bool(entry.get("pinned")),
+                       "calibrated": "calibration" in entry,
+                       "calibration": {k: v for k, v in (entry.get("calibration") or {}).items() if k != "curve"}}
+        out[sid] = rows
+    return out

@@ -1,0 +1,299 @@
+"""Routes: how a query reaches a gallery space, and the query pipeline that search, ``eval`` and the
+benchmarks share.
+
+For a query embedded by the collection's current model and a space ``S`` of the collection:
+
+* ``native`` - ``S`` is the current model's space: the query as embedded.
+* ``old-model`` - the query embedded by ``S``'s own model, kept warm (old/old quality).
+* ``bridge`` - the current model's query carried into ``S`` by registered upgrades: at most one
+  encoder upgrade applied to the current model (XBT, seed 000 Eq. 4: ``phi(E_new(x))`` with the
+  upgrade's adapters on), then vector bridges (phi, Procrustes, SLERP) along the shortest chain.
+* ``fused`` - the score-level combination ``s = (1 - w) s_old + w s_bridge``. Both queries live in
+  ``S``, and a score is an inner product, so ``s = <(1 - w) q_old + w q_bridge, v>``: one search
+  with the combined query gives every item's fused score exactly. ``w`` is chosen per direction on a
+  calibration split (:mod:`nobackfill.search.calibrate`), never on the evaluated one.
+
+Directions name the query and gallery modalities: ``t2i``, ``i2t``, ``t2t``, ``i2i``.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+import numpy as np
+
+from ..encoders.base import DualEncoder
+from ..index.store import SpaceMismatchError
+from .models import ModelPool
+
+__all__ = ["BRIDGE", "DIRECTIONS", "FUSED", "NATIVE", "OLD_MODEL", "ROUTES", "BridgePath", "NoRouteError",
+           "QuerySide", "RoutePlanner", "direction_of", "find_bridge"]
+
+NATIVE, OLD_MODEL, BRIDGE, FUSED = "native", "old-model", "bridge", "fused"
+#: the routes to a space that is not the query model's own
+ROUTES = (OLD_MODEL, BRIDGE, FUSED)
+DIRECTIONS = {"t2i": ("text", "image"), "i2t": ("image", "text"), "t2t": ("text", "text"), "i2i": ("image", "image")}
+#: the route a space gets when no calibration chose one (and ``bridge`` is not available)
+DEFAULT_ROUTE = BRIDGE
+
+Refine = Callable[[np.ndarray, str, str], np.ndarray]
+
+
+class NoRouteError(SpaceMismatchError):
+    """No route reaches a space for a direction (e.g. a text-only old model and image queries)."""
+
+
+def direction_of(query_modality: str, gallery_modality: str) -> str:
+    for name, pair in DIRECTIONS.items():
+        if pair == (query_modality, gallery_modality):
+            return name
+    raise ValueError(f"no direction from {query_modality!r} queries to {gallery_modality!r} items")
+
+
+def _encode(encoder: DualEncoder, modality: str, inputs: Sequence[Any]) -> np.ndarray:
+    if modality == "image":
+        return np.asarray(encoder.encode_images(list(inputs)), np.float32)
+    return np.asarray(encoder.encode_texts(list(inputs)), np.float32)
+
+
+def _embeds(encoder: DualEncoder, modality: str) -> bool:
+    return modality in tuple(getattr(encoder, "modalities", ("image", "text")))
+
+
+# ----------------------------------------------------------------------------- bridge chains
+@dataclass(frozen=True)
+class BridgePath:
+    """Upgrades that take the current model's queries into a target space: an optional encoder
+    upgrade (applied to the model) and vector bridges (applied to its outputs), in order."""
+
+    encoder_upgrade: str | None
+    vector_upgrades: tuple[str, ...]
+
+    def describe(self) -> list[str]:
+        return ([self.encoder_upgrade] if self.encoder_upgrade else []) + list(self.vector_upgrades)
+
+
+def find_bridge(upgrades: Sequence[dict[str, Any]], source: str, target: str) -> BridgePath | None:
+    """The shortest chain of registered ``upgrades`` (plan entries: ``path``, ``kind``, ``source``,
+    ``target``, ``encoder``) from queries of the model of space ``source`` to space ``target``."""
+    vector = [u for u in upgrades if not u.get("encoder")]
+    starts: list[tuple[str | None, str]] = [(None, source)]
+    starts += [(u["path"], u["target"]) for u in upgrades if u.get("encoder") and u["source"] == source]
+    best: BridgePath | None = None
+    for enc_path, start in starts:
+        chain = _vector_chain(vector, start, target)
+        if chain is None or (enc_path is None and not chain):
+            continue  # no chain, or source == target (that is the native route, not a bridge)
+        cand = BridgePath(enc_path, tuple(chain))
+        if best is None or len(cand.describe()) < len(best.describe()):
+            best = cand
+    return best
+
+
+def _vector_chain(vector: Sequence[dict[str, Any]], start: str, target: str) -> list[str] | None:
+    if start == target:
+        return []
+    prev: dict[str, tuple[str, str]] = {}
+    seen, queue = {start}, deque([start])
+    while queue:
+        s = queue.popleft()
+        for u in vector:
+            if u["source"] != s or u["target"] in seen:
+                continue
+            prev[u["target"]] = (s, u["path"])
+            if u["target"] == target:
+                chain, node = [], target
+                while node != start:
+                    node, path = prev[node]
+                    chain.append(path)
+                return chain[::-1]
+            seen.add(u["target"])
+            queue.append(u["target"])
+    return None
+
+
+# ----------------------------------------------------------------------------- query sides
+class QuerySide:
+    """Embeds queries into space ``space_id`` along ``route``.
+
+    ``direct`` embeds straight into the space (native / old-model); ``bridged`` is the encoder of a
+    bridge route (the current model, upgraded or not) and ``bridge`` the vector bridge after it
+    (None when the encoder upgrade lands in the space); ``fused`` uses both with ``weight``.
+    ``refine`` (RECO, seed 001) refines an encoder's outputs in its own space before any vector
+    bridge: ``refine(vectors, modality, space_id)``.
+    """
+
+    def __init__(self, space_id: str, route: str, *, direct: DualEncoder | None = None,
+                 bridged: DualEncoder | None = None, bridge: Any = None, weight: float | None = None,
+                 path: BridgePath | None = None, refine: Refine | None = None) -> None:
+        if route in (NATIVE, OLD_MODEL) and direct is None:
+            raise ValueError(f"route {route} needs the space's own encoder")
+        if route in (BRIDGE, FUSED) and bridged is None:
+            raise ValueError(f"route {route} needs a bridge")
+        if route == FUSED and (direct is None or weight is None or not 0.0 <= weight <= 1.0):
+            raise ValueError(f"route fused needs the old model and a weight in [0, 1], got {weight}")
+        self.space_id, self.route = space_id, route
+        self.direct, self.bridged, self.bridge = direct, bridged, bridge
+        self.weight, self.path, self.refine = weight, path, refine
+
+    def describe(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"route": self.route}
+        if self.route == FUSED:
+            out["w"] = self.weight
+        if self.path is not None:
+            out["bridges"] = self.path.describe()
+        return out
+
+    def encoders(self) -> list[DualEncoder]:
+        return [e for e in (self.direct, self.bridged) if e is not None]
+
+    def can_embed(self, modality: str) -> bool:
+        return all(_embeds(e, modality) for e in self.encoders())
+
+    def _run(self, encoder: DualEncoder, modality: str, inputs: Sequence[Any], cache: dict | None) -> np.ndarray:
+        key = (id(encoder), modality)
+        if cache is not None and key in cache:
+            return cache[key]
+        q = _encode(encoder, modality, inputs)
+        if self.refine is not None:
+            q = self.refine(q, modality, encoder.space_id)
+        if cache is not None:
+            cache[key] = q
+        return q
+
+    def _bridged(self, modality: str, inputs: Sequence[Any], cache: dict | None) -> np.ndarray:
+        q = self._run(self.bridged, modality, inputs, cache)
+        return q if self.bridge is None else np.asarray(self.bridge(q), np.float32)
+
+    def embed(self, modality: str, inputs: Sequence[Any], cache: dict | None = None) -> np.ndarray:
+        """Query vectors in :attr:`space_id` for ``inputs`` (texts, or image paths / PIL images).
+        ``cache`` (a dict shared by the query sides of one search) embeds each encoder once."""
+        if not self.can_embed(modality):
+            names = ", ".join(getattr(e, "name", type(e).__name__) for e in self.encoders())
+            raise NoRouteError(self.space_id, "?", f"embed {modality} queries for space {self.space_id}",
+                               what=f"{modality} queries", hint=f"route {self.route} uses {names}, which cannot "
+                                                                f"embed {modality}s")
+        if self.route in (NATIVE, OLD_MODEL):
+            return self._run(self.direct, modality, inputs, cache)
+        if self.route == BRIDGE:
+            return self._bridged(modality, inputs, cache)
+        w = float(self.weight)
+        return ((1.0 - w) * self._run(self.direct, modality, inputs, cache)
+                + w * self._bridged(modality, inputs, cache)).astype(np.float32)
+
+
+# ----------------------------------------------------------------------------- planning
+def _space(plan: dict[str, Any], space_id: str) -> dict[str, Any]:
+    for s in plan["spaces"]:
+        if s["space_id"] == space_id:
+            return s
+    raise KeyError(f"no space {space_id} in the plan")
+
+
+class RoutePlanner:
+    """Routes of one collection plan (its current model, spaces and registered upgrades) over a
+    :class:`~nobackfill.search.models.ModelPool`."""
+
+    def __init__(self, plan: dict[str, Any], pool: ModelPool, refine: Refine | None = None) -> None:
+        self.plan, self.pool, self.refine = plan, pool, refine
+        self._bridges: dict[tuple, Any] = {}
+
+    @property
+    def current(self) -> str:
+        return self.plan["current"]
+
+    def encoder(self, space_id: str) -> DualEncoder:
+        """The own model of ``space_id`` (warm)."""
+        s = _space(self.plan, space_id)
+        return self.pool.get(s["model"], space_id, what=f"model of space {s.get('name') or space_id}")
+
+    def bridge_path(self, space_id: str) -> BridgePath | None:
+        return find_bridge(self.plan.get("upgrades", []), self.current, space_id)
+
+    def available(self, space_id: str, direction: str) -> list[str]:
+        """The routes to ``space_id`` usable for ``direction`` (model modalities considered; no
+        model is loaded)."""
+        qmod, gmod = DIRECTIONS[direction]
+        space = _space(self.plan, space_id)
+        if gmod not in space.get("modalities", ("image", "text")):
+            return []
+        cur = _space(self.plan, self.current)
+        cur_ok = qmod in cur.get("modalities", ("image", "text"))
+        if space_id == self.current:
+            return [NATIVE] if cur_ok else []
+        out = []
+        if qmod in space.get("modalities", ("image", "text")):
+            out.append(OLD_MODEL)
+        if cur_ok and self.bridge_path(space_id) is not None:
+            out.append(BRIDGE)
+            if OLD_MODEL in out:
+                out.append(FUSED)
+        return out
+
+    def chosen(self, space_id: str, direction: str) -> tuple[str, float | None]:
+        """The route (and fused weight) the plan chose for ``space_id`` and ``direction``; without
+        a choice in the plan, :data:`DEFAULT_ROUTE` if available, else ``old-model``."""
+        if space_id == self.current:
+            return NATIVE, None
+        avail = self.available(space_id, direction)
+        entry = (self.plan.get("routes") or {}).get(space_id, {}).get(direction)
+        if entry and entry.get("route") in avail:
+            return entry["route"], entry.get("w")
+        if DEFAULT_ROUTE in avail:
+            return DEFAULT_ROUTE, None
+        if OLD_MODEL in avail:
+            return OLD_MODEL, None
+        raise NoRouteError(space_id, self.current, f"search space {space_id} with {direction} queries",
+                           what="current model's queries",
+                           hint="no route reaches it (register a bridge, or keep a model that embeds this modality)")
+
+    def query_side(self, space_id: str, direction: str, route: str | None = None,
+                   weight: float | None = None) -> QuerySide:
+        """The query pipeline into ``space_id`` for ``direction`` along ``route`` (default: the
+        chosen one)."""
+        if route is None:
+            route, weight = self.chosen(space_id, direction)
+        avail = self.available(space_id, direction)
+        if route not in avail:
+            raise NoRouteError(space_id, self.current, f"use route {route!r} to space {space_id} for {direction}",
+                               what="current model's queries", hint=f"available routes: {', '.join(avail) or 'none'}")
+        if route == FUSED and weight is None:
+            entry = (self.plan.get("routes") or {}).get(space_id, {}).get(direction) or {}
+            weight = entry.get("w", entry.get("calibration", {}).get("w", 0.5))
+        cur = _space(self.plan, self.current)
+        current = self.pool.get(cur["model"], self.current, what="current model")
+        if route == NATIVE:
+            return QuerySide(space_id, NATIVE, direct=current, refine=self.refine)
+        direct = self.encoder(space_id) if route in (OLD_MODEL, FUSED) else None
+        bridged = bridge = path = None
+        if route in (BRIDGE, FUSED):
+            path = self.bridge_path(space_id)
+            bridged = (self.pool.upgraded(cur["model"], path.encoder_upgrade, self.current)
+                       if path.encoder_upgrade else current)
+            bridge = self._vector_bridge(path.vector_upgrades, bridged.space_id, space_id)
+        return QuerySide(space_id, route, direct=direct, bridged=bridged, bridge=bridge, weight=weight, path=path,
+                         refine=self.refine)
+
+    def _vector_bridge(self, dirs: Sequence[str], source: str, target: str):
+        if not dirs:
+            if source != target:
+                raise SpaceMismatchError(target, source, "bridge queries", what="upgraded queries",
+                                         hint="the encoder upgrade does not land in this space")
+            return None
+        key = tuple(dirs)
+        if key not in self._bridges:
+            from ..compat.bridges import BridgeRegistry
+            from ..compat.upgrade import load_upgrade
+
+            reg = BridgeRegistry.from_bridges(load_upgrade(d).bridge() for d in dirs)
+            self._bridges[key] = reg.resolve(source, target)
+        return self._bridges[key]
+
+
+def upgrade_entry(upgrade: Any) -> dict[str, Any]:
+    """The plan's record of a loaded :class:`~nobackfill.compat.upgrade.Upgrade`."""
+    return {"path": str(Path(upgrade.directory).resolve()), "kind": upgrade.kind, "source": upgrade.source_id,
+            "target": upgrade.target_id, "encoder": not upgrade.is_bridge, "name": Path(upgrade.directory).name}

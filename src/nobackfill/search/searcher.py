@@ -1,0 +1,310 @@
+"""The :class:`Searcher`: one object that answers text or image queries over a collection.
+
+It keeps the models warm (:class:`~nobackfill.search.models.ModelPool`) and, for each query, uses
+one :class:`~nobackfill.index.collection.Snapshot` of the collection from start to end: every space
+that serves items of the searched modality is searched with its own route (native for the current
+model's space; ``old-model``, ``bridge`` or ``fused`` for older spaces, see
+:mod:`nobackfill.search.routes`) restricted to the rows it serves (so an item is returned at most
+once and a deleted item never), and the per-space lists are merged (:mod:`nobackfill.search.merge`).
+
+Two ways to build one:
+
+* over a collection's plan (``Searcher(collection)``): the current model embeds the queries and the
+  plan's routes reach the older spaces (``nobackfill collection search``, the service);
+* with an explicit query model (``Searcher(collection, query_model=..., bridges=[...])``): the
+  given model's queries reach each space natively or through the given upgrades, and nothing else
+  (``nobackfill search --gallery G --model M [--bridge U]``).
+
+The CLI's ``search`` and ``collection search``, ``eval`` (through :meth:`Searcher.query_side`), the
+benchmarks and the HTTP service all go through this class.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+
+from ..encoders.base import DualEncoder
+from ..index.collection import Collection, Snapshot
+from ..index.store import SpaceMismatchError
+from .merge import DEFAULT_MERGE, MERGES, Candidate, ScoreMap, merge
+from .models import ModelPool, model_ref
+from .routes import BRIDGE, DIRECTIONS, NATIVE, NoRouteError, QuerySide, RoutePlanner, direction_of, upgrade_entry
+
+__all__ = ["DEFAULT_MERGE", "Hit", "SearchResponse", "Searcher", "matches_filter"]
+
+MAX_K = 1000
+
+
+@dataclass
+class Hit:
+    """One result: the item, its score under the route that answered, and where it came from."""
+
+    rank: int
+    score: float
+    id: str
+    space: str
+    route: str
+    metadata: dict[str, Any] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"rank": self.rank, "score": self.score, "id": self.id, "space": self.space, "route": self.route,
+                **self.metadata}
+
+
+@dataclass
+class SearchResponse:
+    """Hits of one query, and what answered it."""
+
+    query: str
+    modality: str  # the searched items' modality
+    direction: str
+    hits: list[Hit]
+    merge: str
+    generation: int
+
+    def to_json(self) -> dict[str, Any]:
+        return {"query": self.query, "modality": self.modality, "hits": [h.to_json() for h in self.hits]}
+
+
+def matches_filter(metadata: Mapping[str, Any], flt: Mapping[str, Any] | None) -> bool:
+    """``flt`` maps metadata keys (dotted for nested dicts: ``labels.colour``) to a value, or to a
+    list of accepted values; every key must match."""
+    if not flt:
+        return True
+    for key, want in flt.items():
+        value: Any = metadata
+        for part in str(key).split("."):
+            value = value.get(part) if isinstance(value, Mapping) else None
+        if isinstance(want, (list, tuple, set)):
+            if value not in want:
+                return False
+        elif value != want:
+            return False
+    return True
+
+
+class Searcher:
+    """Answers ``search(text=... | image=..., k, filter)`` over a collection (see the module doc).
+
+    ``query_model`` (a model directory or a loaded encoder) and ``bridges`` (upgrade directories)
+    switch to the explicit-query-model mode. ``reco`` (a RECO directory, seed 001) refines the
+    query embeddings of its own space; ``rerank`` (``cmli`` / ``cmli-sym``, seed 003) re-scores the
+    first-stage top ``rerank_k`` of a space that stores token outputs, when the query is embedded by
+    that space's own model. ``merge`` and ``routes`` (``{space: route}``) override the plan's.
+    """
+
+    def __init__(self, collection: Collection | str | Path, *, pool: ModelPool | None = None,
+                 query_model: str | Path | DualEncoder | None = None, bridges: Sequence[str | Path] = (),
+                 reco: str | Path | None = None, rerank: str = "", rerank_k: int = 100, rerank_weight: float = 1.0,
+                 merge: str | None = None, routes: Mapping[str, str] | None = None) -> None:
+        self.collection = collection if isinstance(collection, Collection) else Collection.open(collection)
+        self.pool = pool or ModelPool()
+        if merge is not None and merge not in MERGES:
+            raise ValueError(f"merge must be one of {MERGES}, got {merge!r}")
+        self.merge_override = merge
+        self.route_override = dict(routes or {})
+        self.rerank, self.rerank_k, self.rerank_weight = rerank, int(rerank_k), float(rerank_weight)
+        if rerank:
+            from ..late.rerank import RERANK_SCORES
+
+            if rerank not in RERANK_SCORES:
+                raise ValueError(f"rerank must be one of {sorted(RERANK_SCORES)}, got {rerank!r}")
+        self._reco = None
+        if reco is not None:
+            from ..reco.model import load_reco
+
+            self._reco = load_reco(Path(reco))
+            self._reco_dir = Path(reco)
+        self._query_model: DualEncoder | None = None
+        self._upgrades: list[dict[str, Any]] = []
+        if query_model is not None:
+            self._setup_query_model(query_model, bridges)
+        elif bridges:
+            raise ValueError("bridges are given with an explicit query model (query_model=...); a collection's own "
+                             "upgrades are registered with 'collection upgrade'")
+        self._planners: dict[str, RoutePlanner] = {}
+        self._lock = threading.Lock()
+
+    # ------------------------------------------------------------------ set-up
+    def _setup_query_model(self, query_model: str | Path | DualEncoder, bridges: Sequence[str | Path]) -> None:
+        from ..compat.upgrade import load_upgrade
+
+        if isinstance(query_model, DualEncoder):
+            enc, ref = query_model, f"<{getattr(query_model, 'name', 'model')}>"
+            self.pool.put(ref, enc)
+        else:
+            ref = model_ref(query_model)
+            enc = self.pool.get(ref)
+        self._query_model, self._query_ref = enc, ref
+        ups = [load_upgrade(b) for b in bridges]
+        if sum(1 for u in ups if not u.is_bridge) > 1:
+            raise ValueError("at most one encoder upgrade (xbt / direct-*) can be applied to a model")
+        for u in ups:
+            if not u.is_bridge and u.source_id != enc.space_id:
+                raise SpaceMismatchError(u.source_id, enc.space_id, f"apply upgrade {u.directory}",
+                                         what="query model's embeddings",
+                                         hint="the upgrade was trained for another new model")
+        self._upgrades = [upgrade_entry(u) for u in ups]
+
+    def _plan(self, snap: Snapshot) -> dict[str, Any]:
+        """The plan routes are resolved on: the collection's, or (explicit query model) its spaces
+        with the query model as the current one and the given upgrades."""
+        if self._query_model is None:
+            return snap.plan
+        q = self._query_model
+        spaces = [dict(s) for s in snap.plan["spaces"]]
+        if q.space_id not in {s["space_id"] for s in spaces}:
+            spaces.append({"space_id": q.space_id, "model": self._query_ref, "dim": int(q.embed_dim),
+                           "modalities": list(getattr(q, "modalities", ("image", "text"))), "dir": "-",
+                           "name": getattr(q, "name", "")})
+        else:  # the query model is a space's own model: use the loaded one
+            for s in spaces:
+                if s["space_id"] == q.space_id:
+                    s["model"] = self._query_ref
+        return {"current": q.space_id, "spaces": spaces, "upgrades": self._upgrades, "routes": {}, "merge": None,
+                "explicit": True}
+
+    def planner(self, snap: Snapshot | None = None) -> RoutePlanner:
+        """The route planner of the collection's current plan (cached per plan)."""
+        snap = snap or self.collection.snapshot()
+        plan = self._plan(snap)
+        key = repr(sorted(plan.items(), key=lambda kv: kv[0]))
+        with self._lock:
+            p = self._planners.get(key)
+            if p is None:
+                p = self._planners[key] = RoutePlanner(plan, self.pool, refine=self._refine if self._reco else None)
+            return p
+
+    def _refine(self, vectors: np.ndarray, modality: str, space_id: str) -> np.ndarray:
+        model, memory = self._reco
+        if model.spec.space_id != space_id:
+            return vectors  # RECO refines its own space only
+        return np.asarray(model.refine(memory, vectors, modality), np.float32)
+
+    def query_side(self, space_id: str, direction: str, route: str | None = None, weight: float | None = None,
+                   *, snap: Snapshot | None = None) -> QuerySide:
+        """The query pipeline into ``space_id`` (``eval`` and the benchmarks embed with it)."""
+        planner = self.planner(snap)
+        if self._query_model is not None and route is None:
+            route = NATIVE if space_id == planner.current else BRIDGE
+            if route == BRIDGE and BRIDGE not in planner.available(space_id, direction):
+                raise SpaceMismatchError(space_id, planner.current, f"search space {space_id}",
+                                         what="query model's embeddings",
+                                         hint="embed the queries with the gallery's model or pass a bridge (--bridge)")
+        return planner.query_side(space_id, direction, route, weight)
+
+    def warm(self) -> list[str]:
+        """Load every model the current plan's routes need (a service calls this at start-up)."""
+        snap = self.collection.snapshot()
+        for direction, (_, gmod) in DIRECTIONS.items():
+            for sid, view in snap.views(gmod).items():
+                if view.count == 0:
+                    continue
+                try:
+                    self._side(snap, sid, direction)
+                except (NoRouteError, SpaceMismatchError):
+                    continue
+        return self.pool.loaded()
+
+    # ------------------------------------------------------------------ search
+    def _side(self, snap: Snapshot, space_id: str, direction: str) -> QuerySide:
+        return self.query_side(space_id, direction, self.route_override.get(space_id), snap=snap)
+
+    def _target(self, snap: Snapshot, query_modality: str, target: str | None) -> str:
+        if target is not None:
+            if target not in ("image", "text"):
+                raise ValueError(f"target must be 'image' or 'text', got {target!r}")
+            return target
+        other = "image" if query_modality == "text" else "text"
+        has = {m: any(v.count for v in snap.views(m).values()) for m in ("image", "text")}
+        return other if has[other] or not has[query_modality] else query_modality
+
+    def search(self, *, text: str | None = None, image: Any = None, k: int = 10, target: str | None = None,
+               filter: Mapping[str, Any] | None = None) -> SearchResponse:
+        """Top ``k`` items for one text or image query (``target``: the items' modality; default
+        images for a text query and texts for an image query, when the collection holds them)."""
+        if (text is None) == (image is None):
+            raise ValueError("give exactly one of text= or image=")
+        if text is not None:
+            if not isinstance(text, str) or not text.strip():
+                raise ValueError("the text query is empty")
+            return self.search_batch(texts=[text], k=k, target=target, filter=filter)[0]
+        return self.search_batch(images=[image], k=k, target=target, filter=filter)[0]
+
+    def search_batch(self, *, texts: Sequence[str] | None = None, images: Sequence[Any] | None = None, k: int = 10,
+                     target: str | None = None, filter: Mapping[str, Any] | None = None) -> list[SearchResponse]:
+        """:meth:`search` for many queries of one modality at once (one snapshot, batched encoders)."""
+        if (texts is None) == (images is None):
+            raise ValueError("give exactly one of texts= or images=")
+        qmod = "text" if texts is not None else "image"
+        inputs = list(texts if texts is not None else images)
+        if not inputs:
+            return []
+        k = int(k)
+        if not 1 <= k <= MAX_K:
+            raise ValueError(f"k must be between 1 and {MAX_K}, got {k}")
+        snap = self.collection.snapshot()
+        gmod = self._target(snap, qmod, target)
+        direction = direction_of(qmod, gmod)
+        plan = self._plan(snap)
+        views = snap.views(gmod)
+        allowed = None
+        if filter:
+            allowed = {iid for iid, it in snap.items.items() if it.modality == gmod and matches_filter(it.metadata, filter)}
+        searched: dict[str, tuple[QuerySide, Any, np.ndarray]] = {}
+        cache: dict = {}
+        for sid, view in views.items():
+            mask = view.mask
+            if allowed is not None:
+                mask = mask & np.fromiter((i in allowed for i in view.item_ids), bool, len(view.item_ids))
+            if not mask.any():
+                continue
+            side = self._side(snap, sid, direction)
+            q = side.embed(qmod, inputs, cache)
+            depth = max(k, self.rerank_k) if self.rerank else k
+            res = view.gallery.search(gmod, q, depth, space_id=sid, mask=mask)
+            searched[sid] = (side, res, mask)
+        method = self.merge_override or (plan.get("merge") or {}).get("method") or DEFAULT_MERGE
+        maps = _score_maps(plan, direction)
+        total = sum(int(m.sum()) for _, _, m in searched.values()) or 1
+        shares = {sid: int(m.sum()) / total for sid, (_, _, m) in searched.items()}
+        out = []
+        for qi, query in enumerate(inputs):
+            lists: dict[str, list[Candidate]] = {}
+            for sid, (side, res, _) in searched.items():
+                scores, positions = res.scores[qi], res.positions[qi]
+                if self.rerank and side.route in ("native", "old-model"):
+                    scores, positions = self._rerank(views[sid], side, gmod, query, res, qi, k)
+                lists[sid] = [Candidate(views[sid].item_ids[int(p)], float(s), sid, side.route, r)
+                              for r, (s, p) in enumerate(zip(scores[:k], positions[:k]))]
+            merged = merge(lists, k, method, score_maps=maps, shares=shares)
+            hits = [Hit(rank=r + 1, score=c.score, id=c.item_id, space=c.space, route=c.route,
+                        metadata=dict(snap.items[c.item_id].metadata)) for r, c in enumerate(merged)]
+            label = query if isinstance(query, str) else str(getattr(query, "filename", "") or "<image>")
+            out.append(SearchResponse(query=label if qmod == "text" else str(label), modality=gmod,
+                                      direction=direction, hits=hits, merge=method, generation=snap.generation))
+        return out
+
+    def _rerank(self, view, side: QuerySide, gmod: str, query: Any, res, qi: int, k: int):
+        """CMLI re-ranking (seed 003) of one query's first-stage list in one space."""
+        from ..index.store import SearchResult
+        from ..late.rerank import rerank_search
+
+        first = SearchResult(scores=res.scores[qi:qi + 1], ids=[res.ids[qi]], positions=res.positions[qi:qi + 1])
+        out = rerank_search(view.gallery, side.direct, gmod, query if isinstance(query, str) else str(query), first,
+                            k, self.rerank_weight, self.rerank)
+        return out.scores[0], out.positions[0]
+
+
+def _score_maps(plan: dict[str, Any], direction: str) -> dict[tuple[str, str], ScoreMap]:
+    """``{(space, route): ScoreMap}`` of ``direction`` from the plan's calibration."""
+    out = {}
+    for key, obj in ((plan.get("merge") or {}).get("score_maps") or {}).get(direction, {}).items():
+        space, _, route = key.rpartition("/")
+        out[(space, route)] = ScoreMap.from_json(obj)
+    return out
