@@ -493,6 +493,11 @@ class Collection:
             raise ItemNotFoundError(f"no item with id {item_id!r} in collection {self.path}")
         return item
 
+    def lookup(self, item_id: str) -> Item | None:
+        """The live item ``item_id`` as last loaded, or None (no refresh, no copy: for hot loops
+        that call :meth:`refresh` themselves)."""
+        return self._items.get(item_id)
+
     def __len__(self) -> int:
         return len(self._items)
 
@@ -687,7 +692,7 @@ class Collection:
             plan = new if new is not None else plan
             _check_plan(plan, self.path)
             for s in plan["spaces"]:
-                if not (self.path / s["dir"] / GALLERY_MANIFEST).is_file():
+                if not s.get("retired") and not (self.path / s["dir"] / GALLERY_MANIFEST).is_file():
                     raise ValueError(f"plan names space {s['space_id']} but {self.path / s['dir']} holds no "
                                      "store (call add_space first)")
             if self._legacy_seed_needed(manifest):
@@ -740,6 +745,8 @@ class Collection:
                 except CorruptCollectionError as e:
                     problems.append(str(e))
         for s in self._manifest["plan"]["spaces"]:
+            if s.get("retired"):
+                continue
             try:
                 report = self.gallery(s["space_id"]).verify()
             except (CollectionError, GalleryError, OSError) as e:

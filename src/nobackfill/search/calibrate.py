@@ -142,7 +142,7 @@ def _merge_recall(s_new: np.ndarray, s_old: np.ndarray, task: CalibrationTask, i
     ``old_route``, merged with ``method`` (the ordering of :func:`~nobackfill.search.merge.merge_order`,
     vectorised over queries)."""
     parts = []
-    for name, mask, s, route in (("new", in_new, s_new, NATIVE), ("old", ~in_new, s_old, old_route)):
+    for prio, (name, mask, s, route) in enumerate((("new", in_new, s_new, NATIVE), ("old", ~in_new, s_old, old_route))):
         idx = np.flatnonzero(mask)
         if not idx.size:
             continue
@@ -155,11 +155,10 @@ def _merge_recall(s_new: np.ndarray, s_old: np.ndarray, task: CalibrationTask, i
             key = -(m(sc) if m is not None else sc)
         else:
             key = (ranks + 0.5) / max(float(mask.mean()), 1e-9)
-        parts.append((key, -sc, cols))
-    key = np.concatenate([p[0] for p in parts], axis=1)
-    tie = np.concatenate([p[1] for p in parts], axis=1)
-    cols = np.concatenate([p[2] for p in parts], axis=1)
-    order = np.lexsort((tie, key), axis=1)[:, :k]
+        tie = np.full(sc.shape, prio) if method == "rank" else np.zeros(sc.shape)  # the current space first
+        parts.append((key, tie, -sc, cols))
+    key, tie, by_score, cols = (np.concatenate([p[i] for p in parts], axis=1) for i in range(4))
+    order = np.lexsort((by_score, tie, key), axis=1)[:, :k]
     top = np.take_along_axis(cols, order, axis=1)
     rel = task.gallery_groups[top] == task.query_groups[:, None]
     ranks = np.where(rel.any(axis=1), rel.argmax(axis=1) + 1, k + 1)

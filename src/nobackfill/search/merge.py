@@ -12,7 +12,7 @@ decides the order of the union. Three methods:
 * ``rank`` - by rank alone, scaled by each space's share of the items: an item ranked ``r`` (from
   0) in a space holding a fraction ``f`` of the searchable items is placed at ``(r + 0.5) / f``,
   where it would rank if that space's items were a random sample of all of them. No score is
-  compared across spaces.
+  compared across spaces; equal places go to the space first in ``prefer`` (the current model's).
 
 :func:`merge` returns the top-k of the union; an item appears in one space's list only (the
 collection serves each item from one space), so there is nothing to de-duplicate.
@@ -95,10 +95,11 @@ class ScoreMap:
 
 
 def merge_order(candidates: Sequence[Candidate], method: str, *, score_maps: dict[tuple[str, str], ScoreMap] | None = None,
-                shares: dict[str, float] | None = None) -> list[Candidate]:
+                shares: dict[str, float] | None = None, prefer: Sequence[str] = ()) -> list[Candidate]:
     """``candidates`` (from every space) in merged order. ``score_maps`` maps ``(space, route)`` to
     a :class:`ScoreMap` (``calibrated``; a candidate without a map keeps its raw score); ``shares``
-    maps a space to its fraction of the searchable items (``rank``)."""
+    maps a space to its fraction of the searchable items and ``prefer`` orders spaces for equal
+    places (``rank``)."""
     if method not in MERGES:
         raise ValueError(f"merge must be one of {MERGES}, got {method!r}")
     if method == "raw":
@@ -112,10 +113,11 @@ def merge_order(candidates: Sequence[Candidate], method: str, *, score_maps: dic
 
         return sorted(candidates, key=key)
     shares = shares or {}
+    order = {s: i for i, s in enumerate(prefer)}
 
-    def rank_key(c: Candidate) -> tuple[float, float]:
+    def rank_key(c: Candidate) -> tuple[float, int, float]:
         f = max(float(shares.get(c.space, 1.0)), 1e-9)
-        return ((c.rank + 0.5) / f, -c.score)
+        return ((c.rank + 0.5) / f, order.get(c.space, len(order)), -c.score)
 
     return sorted(candidates, key=rank_key)
 

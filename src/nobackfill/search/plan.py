@@ -44,6 +44,7 @@ def upgrade_collection(collection: Collection, model: str | Path, *, bridges: Se
     from ..compat.upgrade import load_upgrade
 
     say = log or (lambda _m: None)
+    _refuse_during_backfill(collection)
     pool = pool or ModelPool()
     ref = model_ref(model)
     enc = pool.get(ref)
@@ -91,6 +92,7 @@ def upgrade_collection(collection: Collection, model: str | Path, *, bridges: Se
         if p["current"] != old_current:
             raise UpgradeRefused(f"collection {collection.path} was upgraded by another process meanwhile "
                                  f"(current space is now {p['current']}); nothing was changed")
+        _refuse_during_backfill(collection)
         if guard is not None:
             guard(p)
         return new_plan
@@ -101,6 +103,20 @@ def upgrade_collection(collection: Collection, model: str | Path, *, bridges: Se
         if sid not in {s["space_id"] for s in collection.plan["spaces"]}:  # leave nothing behind
             shutil.rmtree(collection.path / entry["dir"], ignore_errors=True)
         raise
+
+
+def _refuse_during_backfill(collection: Collection) -> None:
+    """An upgrade registered while a backfill runs is refused (decided: not queued): the backfill
+    would otherwise fill a space that is no longer the current one."""
+    from .backfill import backfill_running, backfill_status
+
+    job = backfill_running(collection)
+    if job is not None:
+        st = backfill_status(collection)
+        if st["done"] < st["total"]:
+            raise UpgradeRefused(f"a backfill of collection {collection.path} into space {job.target} is {job.state} "
+                                 f"({st['done']}/{st['total']} done); let it finish before registering another "
+                                 "upgrade (nothing was changed)")
 
 
 def _apply_calibration(plan: dict[str, Any], result: dict[str, Any]) -> None:

@@ -35,7 +35,7 @@ from .merge import DEFAULT_MERGE, MERGES, Candidate, ScoreMap, merge
 from .models import ModelPool, model_ref
 from .routes import BRIDGE, DIRECTIONS, NATIVE, NoRouteError, QuerySide, RoutePlanner, direction_of, upgrade_entry
 
-__all__ = ["DEFAULT_MERGE", "Hit", "SearchResponse", "Searcher", "matches_filter"]
+__all__ = ["DEFAULT_MERGE", "Hit", "SearchResponse", "Searcher", "explicit_plan", "matches_filter", "query_side_for"]
 
 MAX_K = 1000
 
@@ -114,12 +114,6 @@ class Searcher:
 
             if rerank not in RERANK_SCORES:
                 raise ValueError(f"rerank must be one of {sorted(RERANK_SCORES)}, got {rerank!r}")
-        self._reco = None
-        if reco is not None:
-            from ..reco.model import load_reco
-
-            self._reco = load_reco(Path(reco))
-            self._reco_dir = Path(reco)
         self._query_model: DualEncoder | None = None
         self._upgrades: list[dict[str, Any]] = []
         if query_model is not None:
@@ -127,6 +121,12 @@ class Searcher:
         elif bridges:
             raise ValueError("bridges are given with an explicit query model (query_model=...); a collection's own "
                              "upgrades are registered with 'collection upgrade'")
+        self._refine = None
+        if reco is not None:
+            spaces = {s["space_id"] for s in self.collection.plan["spaces"]}
+            if self._query_model is not None:
+                spaces |= {self._query_model.space_id} | {u["target"] for u in self._upgrades if u["encoder"]}
+            self._refine = _reco_refiner(Path(reco), spaces)
         self._planners: dict[str, RoutePlanner] = {}
         self._lock = threading.Lock()
 
@@ -142,13 +142,7 @@ class Searcher:
             enc = self.pool.get(ref)
         self._query_model, self._query_ref = enc, ref
         ups = [load_upgrade(b) for b in bridges]
-        if sum(1 for u in ups if not u.is_bridge) > 1:
-            raise ValueError("at most one encoder upgrade (xbt / direct-*) can be applied to a model")
-        for u in ups:
-            if not u.is_bridge and u.source_id != enc.space_id:
-                raise SpaceMismatchError(u.source_id, enc.space_id, f"apply upgrade {u.directory}",
-                                         what="query model's embeddings",
-                                         hint="the upgrade was trained for another new model")
+        _check_upgrades(ups, enc)
         self._upgrades = [upgrade_entry(u) for u in ups]
 
     def _plan(self, snap: Snapshot) -> dict[str, Any]:
@@ -156,18 +150,7 @@ class Searcher:
         with the query model as the current one and the given upgrades."""
         if self._query_model is None:
             return snap.plan
-        q = self._query_model
-        spaces = [dict(s) for s in snap.plan["spaces"]]
-        if q.space_id not in {s["space_id"] for s in spaces}:
-            spaces.append({"space_id": q.space_id, "model": self._query_ref, "dim": int(q.embed_dim),
-                           "modalities": list(getattr(q, "modalities", ("image", "text"))), "dir": "-",
-                           "name": getattr(q, "name", "")})
-        else:  # the query model is a space's own model: use the loaded one
-            for s in spaces:
-                if s["space_id"] == q.space_id:
-                    s["model"] = self._query_ref
-        return {"current": q.space_id, "spaces": spaces, "upgrades": self._upgrades, "routes": {}, "merge": None,
-                "explicit": True}
+        return explicit_plan(snap.plan["spaces"], self._query_ref, self._query_model, self._upgrades)
 
     def planner(self, snap: Snapshot | None = None) -> RoutePlanner:
         """The route planner of the collection's current plan (cached per plan)."""
@@ -177,14 +160,8 @@ class Searcher:
         with self._lock:
             p = self._planners.get(key)
             if p is None:
-                p = self._planners[key] = RoutePlanner(plan, self.pool, refine=self._refine if self._reco else None)
+                p = self._planners[key] = RoutePlanner(plan, self.pool, refine=self._refine)
             return p
-
-    def _refine(self, vectors: np.ndarray, modality: str, space_id: str) -> np.ndarray:
-        model, memory = self._reco
-        if model.spec.space_id != space_id:
-            return vectors  # RECO refines its own space only
-        return np.asarray(model.refine(memory, vectors, modality), np.float32)
 
     def query_side(self, space_id: str, direction: str, route: str | None = None, weight: float | None = None,
                    *, snap: Snapshot | None = None) -> QuerySide:
@@ -282,7 +259,7 @@ class Searcher:
                     scores, positions = self._rerank(views[sid], side, gmod, query, res, qi, k)
                 lists[sid] = [Candidate(views[sid].item_ids[int(p)], float(s), sid, side.route, r)
                               for r, (s, p) in enumerate(zip(scores[:k], positions[:k]))]
-            merged = merge(lists, k, method, score_maps=maps, shares=shares)
+            merged = merge(lists, k, method, score_maps=maps, shares=shares, prefer=snap.preference())
             hits = [Hit(rank=r + 1, score=c.score, id=c.item_id, space=c.space, route=c.route,
                         metadata=dict(snap.items[c.item_id].metadata)) for r, c in enumerate(merged)]
             label = query if isinstance(query, str) else str(getattr(query, "filename", "") or "<image>")
@@ -299,6 +276,78 @@ class Searcher:
         out = rerank_search(view.gallery, side.direct, gmod, query if isinstance(query, str) else str(query), first,
                             k, self.rerank_weight, self.rerank)
         return out.scores[0], out.positions[0]
+
+
+def explicit_plan(spaces: Sequence[dict[str, Any]], query_ref: str, query_model: DualEncoder,
+                  upgrades: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """A plan whose current model is ``query_model`` (loaded under ``query_ref``) over ``spaces``,
+    with ``upgrades`` only: queries reach a space natively or through those upgrades."""
+    q = query_model
+    spaces = [dict(s) for s in spaces]
+    if q.space_id not in {s["space_id"] for s in spaces}:
+        spaces.append({"space_id": q.space_id, "model": query_ref, "dim": int(q.embed_dim),
+                       "modalities": list(getattr(q, "modalities", ("image", "text"))), "dir": "-",
+                       "name": getattr(q, "name", "")})
+    else:  # the query model is a space's own model: use the loaded one
+        for s in spaces:
+            if s["space_id"] == q.space_id:
+                s["model"] = query_ref
+    return {"current": q.space_id, "spaces": spaces, "upgrades": list(upgrades), "routes": {}, "merge": None,
+            "explicit": True}
+
+
+def query_side_for(query_model: DualEncoder, gallery_space: str, *, bridges: Sequence[str | Path] = (),
+                   reco: str | Path | None = None, direction: str = "t2i",
+                   pool: ModelPool | None = None) -> QuerySide:
+    """The query pipeline of ``nobackfill search`` / ``eval retrieval`` without a collection: the
+    queries of ``query_model`` into ``gallery_space`` (natively, or through ``bridges``; refined by
+    ``reco``). Raises :class:`SpaceMismatchError` when no given bridge reaches the space."""
+    from ..compat.upgrade import load_upgrade
+
+    pool = pool or ModelPool()
+    ref = f"<{getattr(query_model, 'name', 'query model')}>"
+    pool.put(ref, query_model)
+    ups = [load_upgrade(b) for b in bridges]
+    _check_upgrades(ups, query_model)
+    gallery = {"space_id": gallery_space, "model": "-", "dim": 0, "modalities": ["image", "text"], "dir": "-"}
+    plan = explicit_plan([gallery], ref, query_model, [upgrade_entry(u) for u in ups])
+    refine = _reco_refiner(Path(reco), {query_model.space_id} | {u.target_id for u in ups if not u.is_bridge}) \
+        if reco is not None else None
+    planner = RoutePlanner(plan, pool, refine=refine)
+    if gallery_space == query_model.space_id:
+        return planner.query_side(gallery_space, direction, NATIVE)
+    if BRIDGE not in planner.available(gallery_space, direction):
+        raise SpaceMismatchError(gallery_space, query_model.space_id, "embed queries for the gallery",
+                                 what="query model's embeddings",
+                                 hint="embed them with the gallery's model or pass a bridge (--bridge)")
+    return planner.query_side(gallery_space, direction, BRIDGE)
+
+
+def _check_upgrades(ups: Sequence[Any], encoder: DualEncoder) -> None:
+    if sum(1 for u in ups if not u.is_bridge) > 1:
+        raise ValueError("at most one encoder upgrade (xbt / direct-*) can be applied to a model")
+    for u in ups:
+        if not u.is_bridge and u.source_id != encoder.space_id:
+            raise SpaceMismatchError(u.source_id, encoder.space_id, f"apply upgrade {u.directory}",
+                                     what="query model's embeddings", hint="the upgrade was trained for another new model")
+
+
+def _reco_refiner(reco: Path, spaces: set[str]):
+    """RECO's refinement (seed 001) of query vectors of its own space; refuses a RECO directory
+    of a space none of ``spaces`` is."""
+    from ..reco.model import load_reco
+
+    model, memory = load_reco(reco)
+    if model.spec.space_id not in spaces:
+        raise ValueError(f"{reco} refines space {model.spec.space_id}, but the query model is in "
+                         f"{', '.join(sorted(spaces))}")
+
+    def refine(vectors: np.ndarray, modality: str, space_id: str) -> np.ndarray:
+        if space_id != model.spec.space_id:
+            return vectors
+        return np.asarray(model.refine(memory, vectors, modality), np.float32)
+
+    return refine
 
 
 def _score_maps(plan: dict[str, Any], direction: str) -> dict[tuple[str, str], ScoreMap]:

@@ -1,0 +1,543 @@
+"""Progressive backfill: re-embedding a collection's items into its current model's space while it
+keeps serving queries, in an order chosen to gain the most first.
+
+Online Backfilling (Seo et al., arXiv 2301.03767): during the backfill the backfilled part is
+searched with the new query and the rest with an old-space query, and the two lists are merged, so
+accuracy rises from the upgraded system's to the new model's without a window of worse results.
+Here that is the collection's ordinary search: an item committed to the current space is served by
+it (native route) and never by its old space again; its old vector stays until ``retire``.
+
+FastFill (Jaeckle et al., ICLR 2023, arXiv 2303.04766): backfill in order of predicted uncertainty
+instead of at random. Order ``uncertainty`` backfills a random sample first; on it, a linear map
+``psi`` from each old space to the new one is fitted (cross-fitted: each sample item's target comes
+from a map fitted without it) and the target of an item is ``1 - cos(psi(v_old), v_new)``, how
+badly its old embedding determines its new one (FastFill's transformation error, Sec. 3). A small
+MLP head ``h(v_old)`` learns that target; the remaining items go worst-predicted first.
+
+The job lives in ``<collection>/backfill/``: ``job.json`` (target space, order, shards, state) and
+``order.json`` (item ids in backfill order), written atomically, and ``leases/shard-<i>.json``.
+Item ``order[j]`` belongs to shard ``j % shards``; a worker holds a shard's lease (renewed every
+batch, ``lease_s`` long) and a dead worker's shard is taken over when its lease expires. A batch is
+committed atomically (one gallery chunk of the target space, rows already there skipped) after the
+worker re-checks, under the backfill lock, that it still holds its lease: an item is committed at
+most once, and a SIGKILL at any point loses only uncommitted work.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import socket
+import time
+import uuid
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, Callable, Iterator, Sequence
+
+import numpy as np
+
+from ..index.collection import COMMIT_LOCK, Collection, Item, _flock
+from ..index.store import atomic_write_bytes
+
+__all__ = ["ORDERS", "BackfillBusy", "BackfillError", "BackfillJob", "backfill_status", "pause_backfill",
+           "retire_space", "run_backfill", "run_worker", "start_backfill"]
+
+ORDERS = ("sequential", "random", "uncertainty")
+JOB_DIR = "backfill"
+JOB_FILE = "job.json"
+ORDER_FILE = "order.json"
+LEASE_DIR = "leases"
+LOCK = ".lock"
+_TMP = ".bf-tmp-"
+DEFAULT_LEASE_S = 30.0
+
+
+class BackfillError(RuntimeError):
+    """A backfill that cannot start or go on (named reason)."""
+
+
+class BackfillBusy(BackfillError):
+    """Every unfinished shard is leased by a live worker."""
+
+
+def _now() -> float:
+    return time.time()
+
+
+def _iso(t: float | None = None) -> str:
+    return datetime.fromtimestamp(t or _now(), timezone.utc).isoformat(timespec="seconds")
+
+
+def _write(path: Path, obj: Any) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write_bytes(path, json.dumps(obj, indent=1).encode(), tmp_prefix=_TMP)
+
+
+def _read(path: Path) -> Any:
+    try:
+        return json.loads(path.read_text())
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError) as e:
+        raise BackfillError(f"{path}: unreadable ({e}); delete the backfill directory to start over") from e
+
+
+@dataclass
+class BackfillJob:
+    """The persisted state of a backfill (``<collection>/backfill/job.json``)."""
+
+    target: str
+    order: str
+    shards: int
+    seed: int = 0
+    state: str = "running"  # running | paused | done
+    created: str = ""
+    sample: int = 0
+    head: dict[str, Any] = field(default_factory=dict)
+    total: int = 0
+
+    @classmethod
+    def load(cls, collection: Collection) -> "BackfillJob | None":
+        obj = _read(collection.path / JOB_DIR / JOB_FILE)
+        if obj is None:
+            return None
+        try:
+            return cls(**obj)
+        except TypeError as e:
+            raise BackfillError(f"{collection.path / JOB_DIR / JOB_FILE}: {e}") from e
+
+    def save(self, collection: Collection) -> None:
+        _write(collection.path / JOB_DIR / JOB_FILE, self.__dict__)
+
+
+@contextlib.contextmanager
+def _job_lock(collection: Collection) -> Iterator[None]:
+    d = collection.path / JOB_DIR
+    d.mkdir(exist_ok=True)
+    with _flock(d / LOCK):
+        yield
+
+
+def _order_ids(collection: Collection) -> list[str]:
+    obj = _read(collection.path / JOB_DIR / ORDER_FILE)
+    if not isinstance(obj, list):
+        raise BackfillError(f"{collection.path / JOB_DIR / ORDER_FILE}: missing or damaged; delete "
+                            f"{collection.path / JOB_DIR} and start the backfill again")
+    return obj
+
+
+def _pending(collection: Collection, target: str, items: dict[str, Item] | None = None) -> list[Item]:
+    """Live items the target space can embed that it holds no vector for, in log order."""
+    g = collection.gallery(target)
+    g.refresh()
+    mods = set(collection.space(target).get("modalities", ("image", "text")))
+    items = items if items is not None else collection.items()
+    return [it for it in items.values() if it.modality in mods and (it.modality, it.key) not in g]
+
+
+# ----------------------------------------------------------------------------- orders
+def _encode(encoder: Any, items: Sequence[Item]) -> dict[str, np.ndarray]:
+    out = {}
+    for m in ("image", "text"):
+        rows = [it for it in items if it.modality == m]
+        if rows:
+            payload = [Path(it.payload) for it in rows] if m == "image" else [it.payload for it in rows]
+            out[m] = np.asarray(encoder.encode_images(payload) if m == "image" else encoder.encode_texts(payload),
+                                np.float32)
+    return out
+
+
+def _old_vectors(collection: Collection, items: Sequence[Item], target: str) -> dict[str, tuple[str, np.ndarray]]:
+    """Each item's vector in the first space other than ``target`` (in serving order) that holds
+    its current version: id -> (space, vector)."""
+    out: dict[str, tuple[str, np.ndarray]] = {}
+    for sid in collection.space_ids():
+        if sid == target:
+            continue
+        g = collection.gallery(sid)
+        for m in ("image", "text"):
+            todo = [it for it in items if it.modality == m and it.id not in out]
+            if not todo:
+                continue
+            pos = {k: i for i, k in enumerate(g.ids(m))}
+            hit = [it for it in todo if it.key in pos]
+            if hit:
+                vecs = np.asarray(g.vectors(m))
+                out.update({it.id: (sid, vecs[pos[it.key]]) for it in hit})
+    return out
+
+
+def _cross_fit_targets(x_old: np.ndarray, x_new: np.ndarray, folds: int = 5, ridge: float = 1e-2,
+                       seed: int = 0) -> np.ndarray:
+    """FastFill's transformation error, cross-fitted: ``1 - cos(psi(x_old), x_new)`` where ``psi``
+    (ridge least squares) never saw the item it scores."""
+    n = len(x_old)
+    fold = np.random.default_rng(seed).permutation(n) % max(2, min(folds, n))
+    out = np.zeros(n, np.float32)
+    for f in np.unique(fold):
+        tr, te = fold != f, fold == f
+        a = x_old[tr]
+        w = np.linalg.solve(a.T @ a + ridge * np.eye(a.shape[1]), a.T @ x_new[tr])
+        pred = x_old[te] @ w
+        pred /= np.maximum(np.linalg.norm(pred, axis=1, keepdims=True), 1e-12)
+        out[te] = 1.0 - (pred * x_new[te]).sum(axis=1)
+    return out
+
+
+def _fit_head(x: np.ndarray, y: np.ndarray, seed: int = 0, steps: int = 400) -> Callable[[np.ndarray], np.ndarray]:
+    """A small MLP ``h(v_old)`` (one hidden layer of 64, GELU) regressing ``y`` (MSE, Adam)."""
+    import torch
+
+    torch.manual_seed(seed)
+    xt, yt = torch.from_numpy(x.astype(np.float32)), torch.from_numpy(y.astype(np.float32))
+    mu, sd = float(yt.mean()), float(yt.std()) or 1.0
+    net = torch.nn.Sequential(torch.nn.Linear(x.shape[1], 64), torch.nn.GELU(), torch.nn.Linear(64, 1))
+    opt = torch.optim.Adam(net.parameters(), lr=3e-3, weight_decay=1e-4)
+    for _ in range(steps):
+        opt.zero_grad()
+        loss = torch.nn.functional.mse_loss(net(xt).squeeze(1), (yt - mu) / sd)
+        loss.backward()
+        opt.step()
+    net.eval()
+
+    def predict(v: np.ndarray) -> np.ndarray:
+        with torch.no_grad():
+            return net(torch.from_numpy(np.asarray(v, np.float32))).squeeze(1).numpy() * sd + mu
+
+    return predict
+
+
+def _uncertainty_order(collection: Collection, encoder: Any, target: str, pending: list[Item], sample: list[Item],
+                       seed: int) -> tuple[list[str], dict[str, Any]]:
+    """Remaining items (not in ``sample``) worst-predicted first; ``sample`` must be backfilled."""
+    g = collection.gallery(target)
+    g.refresh()
+    in_sample = {it.id for it in sample}
+    rest = [it for it in pending if it.id not in in_sample]
+    old = _old_vectors(collection, sample + rest, target)
+    scores: dict[str, float] = {}
+    info: dict[str, Any] = {}
+    for m in ("image", "text"):
+        new_pos = {k: i for i, k in enumerate(g.ids(m))}
+        new_vecs = np.asarray(g.vectors(m))
+        for sid in {old[it.id][0] for it in sample + rest if it.modality == m and it.id in old}:
+            train = [it for it in sample if it.modality == m and it.id in old and old[it.id][0] == sid
+                     and it.key in new_pos]
+            todo = [it for it in rest if it.modality == m and it.id in old and old[it.id][0] == sid]
+            if not todo:
+                continue
+            if len(train) < 8:  # too few to learn from: keep their log order after the scored ones
+                for it in todo:
+                    scores[it.id] = -np.inf
+                continue
+            x = np.stack([old[it.id][1] for it in train])
+            y = _cross_fit_targets(x, new_vecs[[new_pos[it.key] for it in train]], seed=seed)
+            head = _fit_head(x, y, seed=seed)
+            pred = head(np.stack([old[it.id][1] for it in todo]))
+            fit = head(x)
+            info[f"{sid}/{m}"] = {"sample": len(train), "target_mean": float(y.mean()),
+                                  "train_corr": float(np.corrcoef(fit, y)[0, 1]) if len(y) > 2 else None}
+            scores.update({it.id: float(p) for it, p in zip(todo, pred)})
+    ranked = sorted(rest, key=lambda it: -scores.get(it.id, -np.inf))
+    return [it.id for it in ranked], info
+
+
+# ----------------------------------------------------------------------------- job life cycle
+def start_backfill(collection: Collection, encoder: Any, *, order: str = "uncertainty", shards: int = 1,
+                   seed: int = 0, sample_fraction: float = 0.05, min_sample: int = 64,
+                   log: Callable[[str], None] | None = None) -> BackfillJob:
+    """Start (or return the running) backfill of ``collection`` into its current space. With
+    ``order="uncertainty"`` the sample is embedded and committed here, then the head is fitted and
+    the order written (see the module doc)."""
+    if order not in ORDERS:
+        raise ValueError(f"order must be one of {ORDERS}, got {order!r}")
+    if int(shards) < 1:
+        raise ValueError(f"shards must be >= 1, got {shards}")
+    say = log or (lambda _m: None)
+    target = collection.current_space
+    if encoder.space_id != target:
+        raise BackfillError(f"the backfill embeds with the current model of {collection.path} (space {target}); "
+                            f"the given model is in space {encoder.space_id}")
+    with _job_lock(collection):
+        job = BackfillJob.load(collection)
+        if job is not None and job.target == target and job.state != "done":
+            if job.state == "paused":
+                job.state = "running"
+                job.save(collection)
+            return job
+        pending = _pending(collection, target)
+        ids: list[str]
+        head: dict[str, Any] = {}
+        n_sample = 0
+        if order == "sequential":
+            ids = [it.id for it in pending]
+        elif order == "random":
+            ids = [pending[i].id for i in np.random.default_rng(seed).permutation(len(pending))]
+        else:
+            rng = np.random.default_rng(seed)
+            n_sample = min(len(pending), max(int(min_sample), int(round(sample_fraction * len(pending)))))
+            sample = [pending[i] for i in sorted(rng.choice(len(pending), n_sample, replace=False))] if n_sample else []
+            say(f"uncertainty order: backfilling a random sample of {n_sample} items first ...")
+            vecs = _encode(encoder, sample)
+            for m, v in vecs.items():
+                rows = [it for it in sample if it.modality == m]
+                collection.put_vectors(target, m, [it.key for it in rows], v)
+            rest, head = _uncertainty_order(collection, encoder, target, pending, sample, seed)
+            ids = [it.id for it in sample] + rest
+        _write(collection.path / JOB_DIR / ORDER_FILE, ids)
+        for p in (collection.path / JOB_DIR / LEASE_DIR).glob("*.json"):
+            p.unlink()
+        job = BackfillJob(target=target, order=order, shards=int(shards), seed=seed, created=_iso(),
+                          sample=n_sample, head=head, total=len(ids))
+        job.save(collection)
+        return job
+
+
+def pause_backfill(collection: Collection, paused: bool = True) -> BackfillJob:
+    """Pause (workers stop after their batch) or resume a backfill."""
+    with _job_lock(collection):
+        job = BackfillJob.load(collection)
+        if job is None:
+            raise BackfillError(f"no backfill in {collection.path}")
+        if job.state != "done":
+            job.state = "paused" if paused else "running"
+            job.save(collection)
+        return job
+
+
+def backfill_status(collection: Collection) -> dict[str, Any]:
+    """``{"done", "total", "fraction", "order", "state", "rate", "eta_s", "workers"}`` of the
+    current space (done: live items it serves)."""
+    snap = collection.snapshot()
+    target = snap.current_space
+    mods = [m for m in ("image", "text") if m in collection.space(target).get("modalities", ("image", "text"))]
+    per = {m: {"done": snap.views(m)[target].count,
+               "total": sum(1 for it in snap.items.values() if it.modality == m)} for m in mods}
+    total = sum(v["total"] for v in per.values())
+    done = sum(v["done"] for v in per.values())
+    job = BackfillJob.load(collection)
+    out: dict[str, Any] = {"done": done, "total": total, "fraction": done / total if total else 1.0, "per_modality": per,
+                           "order": job.order if job and job.target == target else None,
+                           "state": (job.state if job and job.target == target else "none"),
+                           "target": target}
+    leases = _leases(collection) if job else {}
+    now = _now()
+    live = [v for v in leases.values() if v.get("expires", 0) > now and not v.get("done")]
+    out["workers"] = len(live)
+    rates = [v.get("rate", 0.0) for v in live]
+    out["rate"] = float(sum(rates))
+    out["eta_s"] = (total - done) / out["rate"] if out["rate"] > 0 else None
+    if job and job.target == target and job.state == "running" and done >= total and total:
+        out["state"] = "done"
+    return out
+
+
+def _leases(collection: Collection) -> dict[int, dict[str, Any]]:
+    d = collection.path / JOB_DIR / LEASE_DIR
+    out = {}
+    for p in d.glob("shard-*.json") if d.is_dir() else []:
+        obj = _read(p)
+        if isinstance(obj, dict):
+            out[int(p.stem.split("-")[1])] = obj
+    return out
+
+
+def backfill_running(collection: Collection) -> BackfillJob | None:
+    """The job if a backfill into the current space is unfinished (running or paused)."""
+    job = BackfillJob.load(collection)
+    if job is None or job.target != collection.current_space or job.state == "done":
+        return None
+    return job
+
+
+# ----------------------------------------------------------------------------- workers
+@dataclass
+class WorkerReport:
+    committed: int = 0
+    batches: int = 0
+    shards: list[int] = field(default_factory=list)
+    stopped: str = ""
+
+
+def _take_shard(collection: Collection, job: BackfillJob, owner: str, lease_s: float) -> int | None:
+    """A shard nobody holds (or whose holder's lease expired), leased to ``owner``."""
+    leases = _leases(collection)
+    now = _now()
+    for s in range(job.shards):
+        lease = leases.get(s)
+        if lease is None or (not lease.get("done") and (lease.get("expires", 0) <= now or lease.get("owner") == owner)):
+            _write(collection.path / JOB_DIR / LEASE_DIR / f"shard-{s}.json",
+                   {"owner": owner, "expires": now + lease_s, "since": _iso(now), "rate": 0.0})
+            return s
+    return None
+
+
+def _renew(collection: Collection, shard: int, owner: str, lease_s: float, rate: float, done: bool = False) -> bool:
+    path = collection.path / JOB_DIR / LEASE_DIR / f"shard-{shard}.json"
+    lease = _read(path)
+    if not isinstance(lease, dict) or lease.get("owner") != owner:
+        return False
+    lease.update({"expires": _now() + lease_s, "rate": rate, "done": done})
+    _write(path, lease)
+    return True
+
+
+def run_worker(collection: Collection, encoder: Any, *, batch_size: int = 64, rate: float | None = None,
+               limit: int | None = None, lease_s: float = DEFAULT_LEASE_S, progress: Callable[[int], None] | None = None,
+               owner: str | None = None) -> WorkerReport:
+    """Backfill shards until none is left (or ``limit`` items were committed, or the job is paused).
+    ``rate`` caps items per second for this worker."""
+    owner = owner or f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+    rep = WorkerReport()
+    t_start = _now()
+    while True:
+        with _job_lock(collection):
+            job = BackfillJob.load(collection)
+            if job is None:
+                raise BackfillError(f"no backfill in {collection.path}: start one first")
+            if job.target != collection.current_space:
+                rep.stopped = "the collection was upgraded"
+                return rep
+            if job.state != "running":
+                rep.stopped = job.state
+                return rep
+            shard = _take_shard(collection, job, owner, lease_s)
+        if shard is None:
+            rep.stopped = "no free shard"
+            return rep
+        rep.shards.append(shard)
+        ids = _order_ids(collection)[shard::job.shards]
+        pos = 0
+        while pos < len(ids):
+            if limit is not None and rep.committed >= limit:
+                rep.stopped = "limit"
+                with _job_lock(collection):  # hand the shard back at once
+                    _renew(collection, shard, owner, -1.0, 0.0)
+                return rep
+            collection.refresh()
+            g = collection.gallery(job.target)
+            g.refresh()
+            batch: list[Item] = []
+            while pos < len(ids) and len(batch) < batch_size and (limit is None or rep.committed + len(batch) < limit):
+                it = collection.lookup(ids[pos])
+                pos += 1
+                if it is not None and (it.modality, it.key) not in g:
+                    batch.append(it)
+            if not batch:
+                continue
+            vecs = _encode(encoder, batch)
+            elapsed = max(_now() - t_start, 1e-6)
+            cur_rate = (rep.committed + len(batch)) / elapsed
+            with _job_lock(collection):
+                job_now = BackfillJob.load(collection)
+                if job_now is None or job_now.state != "running" or job_now.target != job.target:
+                    rep.stopped = job_now.state if job_now else "job removed"
+                    return rep
+                if not _renew(collection, shard, owner, lease_s, cur_rate):
+                    rep.stopped = f"lost the lease of shard {shard}"
+                    break
+                n = 0
+                for m, v in vecs.items():
+                    rows = [it for it in batch if it.modality == m]
+                    n += collection.put_vectors(job.target, m, [it.key for it in rows], v)
+            rep.committed += n
+            rep.batches += 1
+            if progress is not None:
+                progress(len(batch))
+            if rate:
+                wait = (rep.committed / rate) - (_now() - t_start)
+                if wait > 0:
+                    time.sleep(wait)
+        else:
+            with _job_lock(collection):
+                _renew(collection, shard, owner, lease_s, 0.0, done=True)
+                _finish_if_done(collection)
+            continue
+
+
+def _finish_if_done(collection: Collection) -> None:
+    job = BackfillJob.load(collection)
+    if job is None or job.state != "running":
+        return
+    leases = _leases(collection)
+    if len(leases) == job.shards and all(v.get("done") for v in leases.values()):
+        if not _pending(collection, job.target):
+            job.state = "done"
+            job.save(collection)
+
+
+def _worker_main(path: str, model: str, kwargs: dict) -> None:  # pragma: no cover - runs in a child process
+    import torch
+
+    from .models import ModelPool
+
+    torch.set_num_threads(1)
+    c = Collection.open(path)
+    enc = ModelPool().get(model, c.current_space)
+    run_worker(c, enc, **kwargs)
+
+
+def run_backfill(collection: Collection, encoder: Any, *, order: str = "uncertainty", workers: int = 1,
+                 batch_size: int = 64, rate: float | None = None, limit: int | None = None,
+                 lease_s: float = DEFAULT_LEASE_S, seed: int = 0, progress: Callable[[int], None] | None = None,
+                 log: Callable[[str], None] | None = None) -> dict[str, Any]:
+    """Start (or resume) the backfill and run ``workers`` workers until it is done, paused or
+    ``limit`` items were committed (``rate``: items per second in all). One worker runs in this
+    process; more run as processes (each loads the model)."""
+    job = start_backfill(collection, encoder, order=order, shards=max(workers, 1), seed=seed, log=log)
+    t0 = time.time()
+    before = backfill_status(collection)["done"]
+    per_rate = rate / workers if rate else None
+    per_limit = -(-limit // workers) if limit is not None else None
+    procs = []
+    if workers > 1:
+        import multiprocessing as mp
+
+        ctx = mp.get_context("spawn")
+        model = collection.space(job.target)["model"]
+        for _ in range(workers - 1):
+            p = ctx.Process(target=_worker_main, args=(str(collection.path), model,
+                                                       {"batch_size": batch_size, "rate": per_rate,
+                                                        "limit": per_limit, "lease_s": lease_s}))
+            p.start()
+            procs.append(p)
+    rep = run_worker(collection, encoder, batch_size=batch_size, rate=per_rate, limit=per_limit, lease_s=lease_s,
+                     progress=progress)
+    for p in procs:
+        p.join()
+    st = backfill_status(collection)
+    st.update({"committed": st["done"] - before, "seconds": round(time.time() - t0, 2), "stopped": rep.stopped,
+               "workers_exit": [p.exitcode for p in procs]})
+    return st
+
+
+# ----------------------------------------------------------------------------- retire
+def retire_space(collection: Collection, space_id: str) -> dict[str, Any]:
+    """Drop an old space (its vectors): refused while any live item that the current model can
+    embed has no vector in the current space, and for the current space itself."""
+    import shutil
+
+    if space_id == collection.current_space:
+        raise BackfillError(f"space {space_id} is the current model's; it cannot be retired")
+    entry = collection.space(space_id)
+    left = _pending(collection, collection.current_space)
+    if left:
+        raise BackfillError(f"cannot retire space {space_id} of {collection.path}: {len(left)} item(s) have no vector "
+                            f"in the current space yet (run `nobackfill collection backfill`)")
+
+    def commit(p: dict[str, Any]) -> dict[str, Any]:
+        if _pending(collection, p["current"]):
+            raise BackfillError(f"cannot retire space {space_id}: items were added meanwhile without a vector in "
+                                "the current space")
+        for s in p["spaces"]:
+            if s["space_id"] == space_id:
+                s["retired"] = True
+        p.get("routes", {}).pop(space_id, None)
+        return p
+
+    plan = collection.set_plan(commit)
+    if entry["dir"] not in (".", ""):  # an old gallery directory that is the collection's root keeps its files
+        shutil.rmtree(collection.path / entry["dir"], ignore_errors=True)
+    return plan
