@@ -310,7 +310,6 @@ class TextUpgradeTrainer:
                            "trainable": counts})
         up.meta["recipe"] = recipe
         up.save(out, recipe=recipe)
-        self.say(f"upgrade {out}: {self.source['space_id']} -> {self.target['space_id']}")
         return TextUpgradeResult(upgraded=up, phi_stage1=phi1, stage1=res1, xbt=res2, out=out, source=self.source,
                                  target=self.target, trainable=counts, corpus_size=recipe["corpus_size"],
                                  pair_images=recipe["pair_images"], old_embeddings=self.old_embeddings,
