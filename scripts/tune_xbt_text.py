@@ -16,8 +16,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from nobackfill.bench.xbt_text import load_text_encoder, caption_recall, train_stage1
-from nobackfill.compat.xbt import Stage1Config
+from nobackfill.bench.xbt_text import caption_recall
+from nobackfill.compat.text_upgrade import load_text_encoder
+from nobackfill.compat.xbt import Stage1Config, train_phi
 from nobackfill.data.multi30k import CaptionSet, default_multi30k_dir, read_task2
 from nobackfill.evaluate import embed_texts_cached
 
@@ -62,7 +63,7 @@ def main() -> None:
                                                      [float(x) for x in a.scale.split(",")]):
         cfg = replace(Stage1Config(), steps=steps, noise_std=noise, lr=lr, log_logit_scale=scale, threads=a.threads)
         tag = f"s{steps}-n{noise}-lr{lr}-sc{scale}"
-        phi, res = train_stage1(n_train, o_train, cfg, Path("runs/tune/xbt_text") / tag)
+        phi, res = train_phi(n_train, o_train, cfg, Path("runs/tune/xbt_text") / tag)
         r = caption_recall(phi.project(n_q), o_g)
         row = {"tag": tag, "steps": steps, "noise": noise, "lr": lr, "log_logit_scale": scale,
                "dev_R@1": r["R@1"], "dev_R@5": r["R@5"], "seconds": round(res.seconds, 1), **base}
@@ -75,8 +76,8 @@ def tune_stage2(a, cs, n, new, o_g, dev_q, out, base) -> None:
     """Stage 2 (text XBT) from a stage-1 phi of this script, on the non-dev train images."""
     import copy
 
-    from nobackfill.bench.xbt_text import TextXBTConfig, train_text_xbt
     from nobackfill.compat.phi import Projection
+    from nobackfill.compat.text_upgrade import TextXBTConfig, train_text_xbt
 
     phi1 = Projection.load(Path("runs/tune/xbt_text") / a.stage2)
     train_caps = [c[: n - a.dev] for c in cs.captions]
@@ -86,9 +87,10 @@ def tune_stage2(a, cs, n, new, o_g, dev_q, out, base) -> None:
                             eval_every=steps)
         enc = copy.deepcopy(new)
         tag = f"s2-{a.stage2}-{pt}-lr{lr}-st{steps}-b{a.s2_batch}"
-        phi2, res, _ = train_text_xbt(enc, phi1, train_caps, cfg, Path("runs/tune/xbt_text") / tag,
-                                      threads=a.threads)
-        r = caption_recall(phi2.project(enc.encode_texts(dev_q)), o_g)
+        up, res, _ = train_text_xbt(enc, phi1, train_caps, cfg, Path("runs/tune/xbt_text") / tag,
+                                    target={"space_id": "old", "name": a.old, "embed_dim": phi1.out_dim},
+                                    threads=a.threads)
+        r = caption_recall(up.encode_texts(dev_q), o_g)
         row = {"tag": tag, "phi_train": pt, "lr": lr, "steps": steps, "dev_R@1": r["R@1"], "dev_R@5": r["R@5"],
                "seconds": round(res.seconds, 1), **base}
         print(json.dumps(row))

@@ -95,3 +95,32 @@ def test_shipped_multi30k_old_text_model():
     enc = load_encoder(d)
     assert enc.space_id == json.loads((d / "nobackfill.json").read_text())["space_id"]
     assert enc.encode_texts(["a dog runs"]).shape == (1, 32)
+
+
+def test_shipped_xbt_text_upgrade_maps_minilm_into_the_old_text_space():
+    """upgrades/m30k-old-text-to-minilm: small, made by ``upgrade xbt-text``, source = the real
+    all-MiniLM-L6-v2, target = models/m30k-old-text; loaded from disk it embeds texts into the
+    old space and, switched off, is MiniLM bit for bit."""
+    import numpy as np
+
+    from nobackfill.compat.upgrade import TextUpgradedEncoder, load_upgrade
+    from nobackfill.encoders.minilm import MiniLMTextEncoder
+
+    d = UPGRADES / "m30k-old-text-to-minilm"
+    if not (d / "upgrade.json").is_file():
+        pytest.skip(f"{d} not shipped")
+    size = sum(f.stat().st_size for f in d.rglob("*") if f.is_file())
+    assert size < 5 * 2**20, f"{d} is {size / 2**20:.1f} MB"
+    meta = json.loads((d / "upgrade.json").read_text())
+    assert meta["kind"] == "xbt-text"
+    assert meta["recipe"]["command"].startswith("nobackfill upgrade xbt-text --old models/m30k-old-text --new pretrained")
+    new, old = MiniLMTextEncoder.pretrained(), load_encoder(MODELS / "m30k-old-text")
+    up = load_upgrade(d)
+    assert (up.source_id, up.target_id) == (new.space_id, old.space_id)
+    texts = ["a dog runs through the snow", "two men play guitar on a stage"]
+    ref = new.encode_texts(texts)
+    upgraded = up.apply(MiniLMTextEncoder.pretrained())
+    assert isinstance(upgraded, TextUpgradedEncoder) and upgraded.space_id == old.space_id
+    assert upgraded.encode_texts(texts).shape == (2, old.embed_dim)
+    with upgraded.switched(False):
+        assert np.array_equal(upgraded.encode_texts(texts), ref)

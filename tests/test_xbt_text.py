@@ -1,11 +1,13 @@
-"""XBT on real text (``bench xbt-text``): caption-pair training, the text-XBT loss, the embedding
-cache, early stopping in the loop, and a smoke run of the whole bench on a tiny fake Multi30K with
-tiny BERTs (seconds)."""
+"""XBT on real text (``bench xbt-text``, ``upgrade xbt-text``): caption-pair training, the text-XBT
+loss, adapters on a BERT, the ``xbt-text`` upgrade directory (save -> load -> apply, on / off, refusals),
+the embedding cache, early stopping in the loop, and smoke runs of the bench and the CLI on a tiny
+fake Multi30K with tiny BERTs (seconds)."""
 
 from __future__ import annotations
 
 import json
 import math
+import re
 from pathlib import Path
 
 import numpy as np
@@ -15,8 +17,14 @@ from typer.testing import CliRunner
 
 from _fake_multi30k import fake_multi30k, write_task2
 from nobackfill.bench import xbt_text
-from nobackfill.bench.xbt_text import ROWS, TextXBTConfig, XBTTextConfig, attach_text_lora, run_xbt_text
+from nobackfill.bench.xbt_text import ROWS, caption_recall, load_val, run_xbt_text
+from nobackfill.compat import text_upgrade
+from nobackfill.compat.adapters import AdapterConfig, Adapters, detect_architecture, trainable_names
+from nobackfill.compat.phi import Projection
+from nobackfill.compat.text_upgrade import TextXBTConfig, XBTTextConfig
+from nobackfill.compat.upgrade import TextUpgradedEncoder, load_upgrade, new_upgraded_encoder, query_side
 from nobackfill.compat.xbt import LOG_LOGIT_SCALE, Stage1Config
+from nobackfill.index.store import SpaceMismatchError
 from nobackfill.encoders.minilm import MiniLMTextEncoder
 from nobackfill.encoders.tokenizer import train_bpe_tokenizer
 from nobackfill.evaluate import embed_texts_cached
@@ -112,22 +120,109 @@ def test_text_xbt_loss_hand_case():
     assert names == {"head.weight"}
 
 
-def test_lora_and_layernorm_only_trainable():
-    tok = train_bpe_tokenizer(["a dog runs", "a cat sits"] * 5, 80, 16)
-    enc = tiny_bert_encoder(tok, TINY_NEW)
+BERT_LORA_RE = re.compile(r"^encoder\.layer\.\d+\.attention\.(self\.(query|key|value)|output\.dense)"
+                         r"\.lora_[AB]\.default\.weight$")
+
+
+def _tiny_bert(seed: int = 0) -> MiniLMTextEncoder:
+    tok = train_bpe_tokenizer(["a dog runs", "a cat sits", "two men walk"] * 5, 80, 16)
+    return tiny_bert_encoder(tok, TINY_NEW, seed=seed)
+
+
+def _perturb(adapters: Adapters, seed: int = 7) -> None:
+    """Move every added tensor off its initial value (LoRA B starts at zero: a no-op)."""
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for _, p in adapters.named_parameters():
+            p.add_(0.05 * torch.randn(p.shape, generator=g))
+
+
+def test_adapters_on_a_bert_trainable_set_and_on_off_exact(tmp_path):
+    enc, ref = _tiny_bert(), _tiny_bert()
+    enc.model.eval(), ref.model.eval()
+    texts = ["a dog runs", "two men walk on a long road", "hi"]
+    want = ref.encode_texts(texts)
     before = {n: p.detach().clone() for n, p in enc.model.named_parameters()}
-    counts = attach_text_lora(enc.model, rank=4, alpha=4, dropout=0.0)
-    assert counts["lora"] > 0 and counts["layernorm"] > 0
-    train_names = {n for n, p in enc.model.named_parameters() if p.requires_grad}
-    assert train_names and all(".lora_" in n or "LayerNorm" in n for n in train_names)
-    assert any("attention.self.query.lora_A" in n for n in train_names)
-    assert any("attention.output.dense.lora_B" in n for n in train_names)
-    # LoRA B starts at zero: the model's outputs are unchanged at initialisation
+    assert detect_architecture(enc.model) == "bert"
+    ad = Adapters(enc.model)  # the architecture picks the config: LoRA on attention + LayerNorms, no prompts
+    assert ad.cfg.architecture == "bert" and ad.cfg.n_prompts == 0 and ad.cfg.lora_towers == ("text",)
+    names = trainable_names(enc.model)
+    lora = {n for n in names if BERT_LORA_RE.match(n)}
+    n_ln = sum(isinstance(m, torch.nn.LayerNorm) for m in ref.model.modules())
+    assert len(lora) == TINY_NEW.layers * 4 * 2  # query, key, value, output.dense; A and B
+    assert names - lora == {n for n in names if n.endswith((".tuned_weight", ".tuned_bias"))}
+    assert len(names - lora) == 2 * n_ln
+    assert (ad.lora_config.r, ad.lora_config.lora_alpha, ad.lora_config.lora_dropout) == (16, 16, 0.1)
+    base = ad.base_state_dict()
+    assert base.keys() == before.keys() and all(torch.equal(base[n], before[n]) for n in before)
+    _perturb(ad)
     enc.invalidate_space_id()
-    x = enc.tokenize(["a dog runs"])
-    base = {n.replace(".base_layer", ""): p for n, p in enc.model.named_parameters() if ".lora_" not in n}
-    assert all(torch.equal(base[n], before[n]) for n in before)
-    assert enc.text_features(**x).shape == (1, TINY_NEW.hidden)
+    on = enc.encode_texts(texts)
+    assert not np.allclose(on, want)
+    with ad.switched(False):
+        assert np.array_equal(enc.encode_texts(texts), want)  # the original model, bit for bit
+    assert ad.enabled and np.array_equal(enc.encode_texts(texts), on)
+    # saved like CLIP adapters: adapter_model.safetensors + adapter_config.json (peft + ours)
+    ad.save(tmp_path / "ad")
+    cfg = json.loads((tmp_path / "ad" / "adapter_config.json").read_text())
+    assert cfg["r"] == 16 and cfg["nobackfill"]["architecture"] == "bert"
+    assert "attention" in cfg["target_modules"]
+    other = _tiny_bert()
+    ad2 = Adapters(other.model, Adapters.read_config(tmp_path / "ad"))
+    ad2.load(tmp_path / "ad")
+    other.model.eval()
+    assert np.array_equal(other.encode_texts(texts), on)
+    # refusals: a CLIP config on a BERT, prompts without a vision tower, a non-transformer
+    with pytest.raises(ValueError, match="'clip'"):
+        Adapters(_tiny_bert().model, AdapterConfig())
+    with pytest.raises(ValueError, match="no vision tower"):
+        AdapterConfig.text(n_prompts=10)
+    with pytest.raises(ValueError, match="Linear"):
+        Adapters(torch.nn.Linear(2, 2))
+
+
+def _text_upgrade(new: MiniLMTextEncoder, out: Path) -> TextUpgradedEncoder:
+    """A trained-looking xbt-text upgrade of ``new`` (perturbed adapters, random phi), saved to ``out``."""
+    torch.manual_seed(3)
+    up = new_upgraded_encoder(new, Projection(new.embed_dim, 16), {"space_id": "old-text-space", "name": "old",
+                                                                   "embed_dim": 16},
+                              TextXBTConfig(lora_rank=4, lora_alpha=4).adapters(), kind="xbt-text")
+    _perturb(up.adapters)
+    up.train(False)
+    up.save(out, recipe={"command": "test"})
+    return up
+
+
+def test_xbt_text_upgrade_round_trip_on_off_and_refusals(world, tmp_path):
+    texts = ["a dog runs on the grass", "two men", "a woman in a red dress sings"]
+    ref = MiniLMTextEncoder.load(world["new"])
+    want = ref.encode_texts(texts)
+    up = _text_upgrade(MiniLMTextEncoder.load(world["new"]), tmp_path / "up")
+    assert isinstance(up, TextUpgradedEncoder) and up.space_id == "old-text-space"
+    on = up.encode_texts(texts)
+    assert on.shape == (3, 16)
+    man = json.loads((tmp_path / "up" / "upgrade.json").read_text())
+    assert man["kind"] == "xbt-text" and man["source"]["space_id"] == ref.space_id
+    assert man["target"]["space_id"] == "old-text-space" and man["adapters"]["architecture"] == "bert"
+    for f in ("adapter_model.safetensors", "adapter_config.json", "phi.safetensors", "phi_config.json"):
+        assert (tmp_path / "up" / f).is_file()
+    u = load_upgrade(tmp_path / "up")
+    fresh = MiniLMTextEncoder.load(world["new"])
+    up2 = u.apply(fresh)
+    assert isinstance(up2, TextUpgradedEncoder) and up2.space_id == "old-text-space"
+    assert np.array_equal(up2.encode_texts(texts), on)  # the saved upgrade is the in-memory one
+    with up2.switched(False):
+        assert up2.space_id == ref.space_id and up2.embed_dim == TINY_NEW.hidden
+        assert np.array_equal(up2.encode_texts(texts), want)  # switched off: the new model bit for bit
+    assert np.array_equal(up2.encode_texts(texts), on)
+    with pytest.raises(NotImplementedError, match="no image tower"):
+        up2.encode_images([np.zeros((8, 8, 3), np.uint8)])
+    # another model: refused, naming the upgrade directory
+    with pytest.raises(SpaceMismatchError, match=re.escape(str(tmp_path / "up"))):
+        u.apply(MiniLMTextEncoder.load(world["old"]))
+    # query_side resolves it like the CLIP upgrades
+    enc, bridge = query_side(MiniLMTextEncoder.load(world["new"]), [u], "old-text-space")
+    assert bridge is None and enc.space_id == "old-text-space" and np.array_equal(enc.encode_texts(texts), on)
 
 
 class _CountingEncoder:
@@ -225,7 +320,7 @@ def test_old_model_is_a_minilm_encoder_with_recipe(world):
 
 def test_bench_smoke_and_old_model_never_loaded_in_xbt(world, monkeypatch, tmp_path):
     events: list[str] = []
-    real_load, real_xbt = xbt_text.load_old_model, xbt_text.train_text_xbt
+    real_load, real_xbt = text_upgrade.load_old_model, text_upgrade.train_text_xbt
 
     def watched_load(path):
         events.append("load_old")
@@ -234,7 +329,7 @@ def test_bench_smoke_and_old_model_never_loaded_in_xbt(world, monkeypatch, tmp_p
     def watched_xbt(*args, **kw):
         events.append("xbt_start")
         # nothing may open the old model from here on: make that an error
-        monkeypatch.setattr(xbt_text, "load_old_model", _sentinel)
+        monkeypatch.setattr(text_upgrade, "load_old_model", _sentinel)
         out = real_xbt(*args, **kw)
         events.append("xbt_end")
         return out
@@ -242,10 +337,10 @@ def test_bench_smoke_and_old_model_never_loaded_in_xbt(world, monkeypatch, tmp_p
     def _sentinel(path):
         raise AssertionError("the old model was loaded during the XBT stage")
 
-    monkeypatch.setattr(xbt_text, "load_old_model", watched_load)
-    monkeypatch.setattr(xbt_text, "train_text_xbt", watched_xbt)
+    monkeypatch.setattr(text_upgrade, "load_old_model", watched_load)
+    monkeypatch.setattr(text_upgrade, "train_text_xbt", watched_xbt)
     res = run_xbt_text(world["root"], old_model=world["old"], new_model=world["new"], cache_dir=tmp_path / "cache",
-                       work_dir=tmp_path / "work", config=tiny_config())
+                       work_dir=tmp_path / "work", config=tiny_config(), save_upgrade=tmp_path / "up")
     assert events == ["load_old", "xbt_start", "xbt_end"]
     assert res["xbt_old_model_alive"] is False
     assert set(res["rows"]) == set(ROWS)
@@ -255,9 +350,17 @@ def test_bench_smoke_and_old_model_never_loaded_in_xbt(world, monkeypatch, tmp_p
     md = xbt_text.write_outputs(res, tmp_path / "out.json")
     assert json.loads((tmp_path / "out.json").read_text())["rows"].keys() == res["rows"].keys()
     assert "xbt_new_old" in md and (tmp_path / "out.md").read_text() == md
+    # the reported XBT row is what the saved upgrade gives, reloaded from disk and applied to the new model
+    monkeypatch.setattr(text_upgrade, "load_old_model", real_load)
+    monkeypatch.setattr(text_upgrade, "train_text_xbt", real_xbt)
+    u = load_upgrade(tmp_path / "up")
+    assert u.kind == "xbt-text" and res["upgrade"] == str(tmp_path / "up")
+    q, g = load_val(world["root"])
+    o_g = MiniLMTextEncoder.load(world["old"]).encode_texts(g)
+    assert u.target_id == res["old"]["space_id"] and u.source_id == res["new"]["space_id"]
+    up = u.apply(MiniLMTextEncoder.load(world["new"]))
+    assert caption_recall(up.encode_texts(q), o_g) == res["rows_detail"]["xbt_new_old"]
     # a second run only trains: every frozen-model embedding comes from the cache
-    monkeypatch.setattr(xbt_text, "load_old_model", real_load)
-    monkeypatch.setattr(xbt_text, "train_text_xbt", real_xbt)
     res2 = run_xbt_text(world["root"], old_model=world["old"], new_model=world["new"], cache_dir=tmp_path / "cache",
                         work_dir=tmp_path / "work2", config=tiny_config())
     assert all("misses" not in st for st in res2["cache"]["blocks"].values())
@@ -288,3 +391,30 @@ def test_cli_train_text_and_bench_with_eval_dir(world, tmp_path):
     r = runner.invoke(app, ["bench", "xbt-text", "--data", str(world["root"]), "--eval-dir", str(tmp_path / "nope"),
                             "--old-model", str(old), "--json", str(out)])
     assert r.exit_code == 2 and "nope" in r.output
+
+
+def test_cli_upgrade_xbt_text(world, tmp_path):
+    from nobackfill.cli import app
+
+    out = tmp_path / "up"
+    r = CliRunner().invoke(app, ["upgrade", "xbt-text", "--old", str(world["old"]), "--new", str(world["new"]),
+                                 "--data", str(world["root"]), "--out", str(out), "--quick", "--stage1-steps", "4",
+                                 "--xbt-steps", "3", "--cache-dir", str(tmp_path / "cache")])
+    assert r.exit_code == 0, r.output
+    man = json.loads((out / "upgrade.json").read_text())
+    old, new = MiniLMTextEncoder.load(world["old"]), MiniLMTextEncoder.load(world["new"])
+    assert man["kind"] == "xbt-text"
+    assert (man["source"]["space_id"], man["target"]["space_id"]) == (new.space_id, old.space_id)
+    cmd = man["recipe"]["command"]
+    assert cmd.startswith(f"nobackfill upgrade xbt-text --old {world['old']} --new {world['new']} ") and "--quick" in cmd
+    assert "--stage1-steps 4 --xbt-steps 3" in cmd and man["recipe"]["xbt"]["steps"] == 3
+    assert json.loads((out / "stage1" / "upgrade.json").read_text())["kind"] == "phi"  # stage 1 is a phi bridge
+    assert not (out / "checkpoint.pt").exists()
+    texts = ["a dog runs", "a man sits"]
+    up = load_upgrade(out).apply(MiniLMTextEncoder.load(world["new"]))
+    assert up.encode_texts(texts).shape == (2, TINY_OLD.hidden)
+    with up.switched(False):
+        assert np.array_equal(up.encode_texts(texts), new.encode_texts(texts))
+    r = CliRunner().invoke(app, ["upgrade", "xbt-text", "--old", str(tmp_path / "missing"), "--new", str(world["new"]),
+                                 "--data", str(world["root"]), "--out", str(tmp_path / "up2")])
+    assert r.exit_code == 2 and "missing" in r.output

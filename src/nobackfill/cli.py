@@ -387,6 +387,51 @@ def upgrade_xbt(
     console.print(f"upgrade {out}: {up.source} -> {up.target} (stage 2 loss {r2.last_loss:.3f}, {r2.seconds:.0f}s)")
 
 
+@upgrade_app.command("xbt-text")
+def upgrade_xbt_text(
+    old: Path = typer.Option(Path("models/m30k-old-text"), help="The old text model (the gallery's space); "
+                                                                "used before stage 2 only."),
+    new: str = typer.Option("pretrained", help="The new text model: 'pretrained' (all-MiniLM-L6-v2, offline) or "
+                                               "a model directory."),
+    data: Optional[Path] = typer.Option(None, help="Multi30K root (default: $NOBACKFILL_SHARED/data/multi30k); "
+                                                   "task2 train captions only."),
+    out: Path = typer.Option(..., help="Upgrade directory to write (resumes a killed run)."),
+    quick: bool = typer.Option(False, help="Stage 1 on 8,000 images for 1,500 steps, pairs from the same images."),
+    cache_dir: Optional[Path] = typer.Option(Path("runs/cache"), help="Embedding cache of the frozen models "
+                                                                      "(space id + text hash)."),
+    stage1_steps: Optional[int] = typer.Option(None, help="Override the stage-1 (phi) steps."),
+    xbt_steps: Optional[int] = typer.Option(None, help="Override the stage-2 (XBT) steps."),
+    seed: int = typer.Option(0, help="Seed."),
+    threads: int = typer.Option(1, help="torch threads."),
+) -> None:
+    """XBT on a text model (kind xbt-text): stage 1 trains phi on cached caption embeddings (Eq. 3),
+    stage 2 trains LoRA + LayerNorms of the new text model with phi on Multi30K caption pairs (Eq. 5
+    with a second caption in place of the image), without the old model. Apply it with
+    load_upgrade(out).apply(MiniLMTextEncoder.pretrained())."""
+    from .compat.text_upgrade import XBTTextConfig, train_text_upgrade
+    from .data.multi30k import default_multi30k_dir
+
+    parts = ["nobackfill upgrade xbt-text", f"--old {old}", f"--new {new}"] + ([f"--data {data}"] if data else [])
+    parts += [f"--out {out}"] + (["--quick"] if quick else [])
+    parts += [f"--cache-dir {cache_dir}"] if cache_dir is not None and cache_dir != Path("runs/cache") else []
+    for flag, v in (("stage1-steps", stage1_steps), ("xbt-steps", xbt_steps)):
+        parts += [f"--{flag} {v}"] if v is not None else []
+    parts += ([f"--seed {seed}"] if seed else []) + ([f"--threads {threads}"] if threads != 1 else [])
+    cfg = XBTTextConfig.quick(seed=seed, threads=threads) if quick else XBTTextConfig(seed=seed, threads=threads)
+    if stage1_steps is not None:
+        cfg.stage1.steps = stage1_steps
+    if xbt_steps is not None:
+        cfg.xbt.steps = xbt_steps
+    try:
+        res = train_text_upgrade(old, new, data or default_multi30k_dir(), out, cfg, cache_dir=cache_dir,
+                                 command=" ".join(parts), progress=True, log=lambda m: console.print(m))
+    except (ValueError, FileNotFoundError) as e:
+        _fail(str(e))
+    console.print(f"upgrade {out}: {res.source['name']} {res.source['space_id']} -> {res.target['name']} "
+                  f"{res.target['space_id']} (stage 1 loss {res.stage1.last_loss:.3f}, stage 2 loss "
+                  f"{res.xbt.last_loss:.3f}, {res.stage1.seconds + res.xbt.seconds:.0f}s training)")
+
+
 @upgrade_app.command("procrustes")
 def upgrade_procrustes(
     old: Path = typer.Option(..., help="The old model (the gallery's space)."),
@@ -569,6 +614,8 @@ def bench_xbt_text(
     seed: int = typer.Option(0, help="Seed."),
     threads: int = typer.Option(1, help="torch threads."),
     json_out: Path = typer.Option(Path("runs/bench/xbt_text.json"), "--json", help="JSON output (a .md table beside it)."),
+    save_upgrade: Optional[Path] = typer.Option(None, help="Write the trained xbt-text upgrade here (default: "
+                                                           "under --work-dir); the xbt_new_old row is what it gives."),
 ) -> None:
     """XBT on real text: Multi30K caption-to-caption retrieval with an old small text model and MiniLM
     (rows old_old, new_new, phi_stage1_new_old, xbt_new_old; R@1/5/10 on val)."""
@@ -583,7 +630,7 @@ def bench_xbt_text(
     try:
         result = run_xbt_text(data or _multi30k_default(), eval_dir=eval_dir, quick=quick, old_model=old_model,
                               new_model=new_model, cache_dir=cache_dir, work_dir=work_dir, config=cfg,
-                              log=lambda m: console.print(m))
+                              save_upgrade=save_upgrade, log=lambda m: console.print(m))
     except (ValueError, FileNotFoundError) as e:
         _fail(str(e))
     typer.echo(write_outputs(result, json_out))

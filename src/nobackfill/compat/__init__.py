@@ -1,8 +1,9 @@
 """Backfill-free model upgrades (seed 000, XBT) and bridges between embedding spaces.
 
 * :mod:`.phi` - the projection phi (Sec. 4.1).
-* :mod:`.adapters` - switchable LoRA (peft) / vision soft prompts / LayerNorm copies.
+* :mod:`.adapters` - switchable LoRA (peft) / vision soft prompts / LayerNorm copies (CLIP or BERT).
 * :mod:`.xbt` - stage 1 text-only pretraining (Eq. 3) and stage 2 XBT (Eq. 4-5) as loop methods.
+* :mod:`.text_upgrade` - XBT on a text-only model (kind ``xbt-text``: MiniLM -> the Multi30K old model).
 * :mod:`.direct` - the Direct baselines (Eq. 6): Full-tune, LoRA-only, Base.
 * :mod:`.bridges` - Procrustes, SLERP, phi bridges, the bridge registry and chains.
 * :mod:`.upgrade` - upgrade directories, ``load_upgrade``, :class:`UpgradedEncoder` (on / off).
@@ -21,12 +22,15 @@ from typing import Any
 #: public name -> submodule. Imported on first use (PEP 562), so that ``nobackfill.compat.learning``
 #: and the CLI do not pull transformers and peft in just by importing the package.
 _EXPORTS = {
-    "AdapterConfig": "adapters", "Adapters": "adapters",
+    "AdapterConfig": "adapters", "Adapters": "adapters", "detect_architecture": "adapters",
     "BridgeRegistry": "bridges", "ComposedBridge": "bridges", "NoBridgeError": "bridges",
     "PairedEncoder": "bridges", "PhiBridge": "bridges", "ProcrustesBridge": "bridges",
     "SlerpBridge": "bridges", "procrustes": "bridges", "slerp": "bridges",
     "Projection": "phi", "random_projection": "phi",
-    "Upgrade": "upgrade", "UpgradedEncoder": "upgrade", "load_upgrade": "upgrade", "query_side": "upgrade",
+    "Upgrade": "upgrade", "UpgradedEncoder": "upgrade", "TextUpgradedEncoder": "upgrade",
+    "load_upgrade": "upgrade", "query_side": "upgrade",
+    "TextUpgradeTrainer": "text_upgrade", "XBTTextConfig": "text_upgrade", "TextXBTConfig": "text_upgrade",
+    "train_text_upgrade": "text_upgrade",
 }
 
 __all__ = list(_EXPORTS)

@@ -1,15 +1,21 @@
-"""Parameter-efficient, switchable additions to a CLIP model (XBT, seed 000, Sec. 3.3 and 4.1).
+"""Parameter-efficient, switchable additions to a CLIP model or a BERT-style text model (XBT, seed
+000, Sec. 3.3 and 4.1).
+
+The architecture (:data:`ARCHITECTURES`) decides where the additions go: ``"clip"`` (a
+``transformers.CLIPModel``: vision and text towers) or ``"bert"`` (a ``BertModel`` such as
+all-MiniLM-L6-v2: one text tower, the model itself; XBT applied to text, ``bench xbt-text``).
 
 Three kinds, each optional, none of which ever modifies a base weight:
 
-* **LoRA** (via ``peft``) on the attention projections of the new image and text encoders:
-  rank 16, alpha 16, dropout 0.1 (Sec. 4.1). The paper does not name the target layers; we adapt
-  ``q_proj, k_proj, v_proj, out_proj`` of every layer of both towers (configurable).
-* **Soft prompts** on the vision encoder only: ``n_prompts`` (10, App. A.2) learnable tokens
+* **LoRA** (via ``peft``) on the attention projections of the new encoders: rank 16, alpha 16,
+  dropout 0.1 (Sec. 4.1). The paper does not name the target layers; we adapt every layer's
+  ``q_proj, k_proj, v_proj, out_proj`` of both CLIP towers, and the BERT analogue
+  ``attention.self.{query,key,value}, attention.output.dense`` (configurable).
+* **Soft prompts** on the vision encoder only (CLIP): ``n_prompts`` (10, App. A.2) learnable tokens
   inserted after the CLS token, before the vision ``pre_layrnorm`` (VPT-shallow style; the
   pooled CLS output is unchanged in position). No text prompts: phi was pretrained on the original
   text distribution (Sec. 3.3).
-* **LayerNorms**: every LayerNorm of both towers gets a trainable copy of its weight and bias
+* **LayerNorms**: every LayerNorm of every tower gets a trainable copy of its weight and bias
   (App. A.2: "layer normalization is set to be the only trainable component for all VLP image and
   text encoders"); the original LayerNorm stays in the model, frozen.
 
@@ -38,34 +44,99 @@ PROMPT_MODULE = "nobackfill_vision_prompts"
 TOWERS = ("vision", "text")
 
 
+@dataclass(frozen=True)
+class Architecture:
+    """Where the additions go in one model family: ``towers`` (tower name -> attribute path of its
+    module, ``""`` = the model itself), the LoRA target pattern (``{towers}`` / ``{targets}`` are
+    filled with the module-path prefixes and the target names) and the defaults of
+    :class:`AdapterConfig`."""
+
+    towers: tuple[tuple[str, str], ...]
+    lora_pattern: str
+    lora_targets: tuple[str, ...]
+    n_prompts: int
+
+    @property
+    def tower_names(self) -> tuple[str, ...]:
+        return tuple(t for t, _ in self.towers)
+
+
+#: the supported model families; ``detect_architecture`` picks one from a model
+ARCHITECTURES: dict[str, Architecture] = {
+    # transformers.CLIPModel: vision_model / text_model, layers ...encoder.layers.N.self_attn.{q,k,v,out}_proj
+    "clip": Architecture(towers=(("vision", "vision_model"), ("text", "text_model")),
+                         lora_pattern=r"^({towers})\.encoder\.layers\.\d+\.self_attn\.({targets})$",
+                         lora_targets=("q_proj", "k_proj", "v_proj", "out_proj"), n_prompts=10),
+    # transformers.BertModel (all-MiniLM-L6-v2, the Multi30K old model): one text tower, the model
+    # itself; encoder.layer.N.attention.self.{query,key,value} and attention.output.dense
+    "bert": Architecture(towers=(("text", ""),),
+                         lora_pattern=r"^encoder\.layer\.\d+\.attention\.({targets})$",
+                         lora_targets=("self.query", "self.key", "self.value", "output.dense"), n_prompts=0),
+}
+
+
+def detect_architecture(model: nn.Module) -> str:
+    """``"clip"`` for a model with ``vision_model`` and ``text_model``, ``"bert"`` for a BERT-style
+    encoder (``embeddings`` + ``encoder.layer``); else a ``ValueError`` naming the model class."""
+    if hasattr(model, "vision_model") and hasattr(model, "text_model"):
+        return "clip"
+    if hasattr(model, "embeddings") and hasattr(getattr(model, "encoder", None), "layer"):
+        return "bert"
+    raise ValueError(f"adapters support CLIP and BERT-style models; {type(model).__name__} is neither "
+                     f"(architectures: {sorted(ARCHITECTURES)})")
+
+
 @dataclass
 class AdapterConfig:
-    """What to add. Defaults are XBT's (Sec. 4.1, App. A.2)."""
+    """What to add. Defaults are XBT's (Sec. 4.1, App. A.2) for the ``architecture``: ``None``
+    fields take the architecture's defaults (CLIP: q/k/v/out_proj of both towers, 10 vision
+    prompts; BERT: query/key/value/output.dense of the one text tower, no prompts)."""
 
     lora_rank: int = 16
     lora_alpha: int = 16
     lora_dropout: float = 0.1
-    lora_targets: tuple[str, ...] = ("q_proj", "k_proj", "v_proj", "out_proj")
-    lora_towers: tuple[str, ...] = TOWERS  # () = no LoRA
-    n_prompts: int = 10  # vision soft prompts; 0 = none
-    layernorm: bool = True  # trainable LayerNorm copies in both towers
+    lora_targets: tuple[str, ...] | None = None
+    lora_towers: tuple[str, ...] | None = None  # () = no LoRA
+    n_prompts: int | None = None  # vision soft prompts; 0 = none
+    layernorm: bool = True  # trainable LayerNorm copies in every tower
     seed: int = 0
+    architecture: str = "clip"  # a key of ARCHITECTURES (configs saved before it existed are CLIP's)
 
     def __post_init__(self) -> None:
-        self.lora_targets = tuple(self.lora_targets)
-        self.lora_towers = tuple(self.lora_towers)
-        bad = [t for t in self.lora_towers if t not in TOWERS]
+        if self.architecture not in ARCHITECTURES:
+            raise ValueError(f"architecture must be one of {sorted(ARCHITECTURES)}, got {self.architecture!r}")
+        arch = ARCHITECTURES[self.architecture]
+        self.lora_targets = tuple(arch.lora_targets if self.lora_targets is None else self.lora_targets)
+        self.lora_towers = tuple(arch.tower_names if self.lora_towers is None else self.lora_towers)
+        self.n_prompts = arch.n_prompts if self.n_prompts is None else int(self.n_prompts)
+        bad = [t for t in self.lora_towers if t not in arch.tower_names]
         if bad:
-            raise ValueError(f"lora_towers must be a subset of {TOWERS}, got {bad}")
+            raise ValueError(f"lora_towers must be a subset of {arch.tower_names} ({self.architecture}), got {bad}")
         if self.lora_towers and self.lora_rank < 1:
             raise ValueError(f"lora_rank must be >= 1, got {self.lora_rank}")
+        if self.lora_towers and not self.lora_targets:
+            raise ValueError("lora_targets is empty but lora_towers is not (use lora_towers=() for no LoRA)")
         if self.n_prompts < 0:
             raise ValueError(f"n_prompts must be >= 0, got {self.n_prompts}")
+        if self.n_prompts and "vision" not in arch.tower_names:
+            raise ValueError(f"n_prompts={self.n_prompts}: a {self.architecture} model has no vision tower "
+                             "for soft prompts")
 
     @classmethod
     def xbt(cls, **kw) -> "AdapterConfig":
         """LoRA (both towers) + 10 vision prompts + LayerNorms (Sec. 3.3, App. A.2)."""
         return cls(**kw)
+
+    @classmethod
+    def text(cls, **kw) -> "AdapterConfig":
+        """XBT on a BERT-style text model: LoRA on the attention projections + LayerNorms (no
+        prompts: there is no vision tower)."""
+        return cls(**{"architecture": "bert", **kw})
+
+    @classmethod
+    def for_model(cls, model: nn.Module, **kw) -> "AdapterConfig":
+        """XBT's defaults for ``model``'s architecture (:func:`detect_architecture`)."""
+        return cls(**{"architecture": detect_architecture(model), **kw})
 
     @classmethod
     def lora_only(cls, **kw) -> "AdapterConfig":
@@ -116,8 +187,9 @@ class VisionPrompts(nn.Module):
         return torch.cat([hidden[:, :1], p, hidden[:, 1:]], dim=1)
 
 
-def _towers(model: nn.Module) -> dict[str, nn.Module]:
-    return {"vision": model.vision_model, "text": model.text_model}
+def _towers(model: nn.Module, architecture: str = "clip") -> dict[str, nn.Module]:
+    """Tower name -> module of ``model`` for ``architecture``."""
+    return {name: (model.get_submodule(path) if path else model) for name, path in ARCHITECTURES[architecture].towers}
 
 
 @contextlib.contextmanager
@@ -131,7 +203,9 @@ def _seeded(seed: int) -> Iterator[None]:
 
 
 class Adapters:
-    """Attach the additions of ``cfg`` to a ``transformers.CLIPModel`` *in place*.
+    """Attach the additions of ``cfg`` *in place* to a ``transformers.CLIPModel`` or a BERT-style
+    text model (``cfg.architecture`` must be the model's, :func:`detect_architecture`; ``cfg=None``
+    takes XBT's defaults for it).
 
     Every base parameter is frozen; the added ones are trainable. Switched on by default.
     ``base_state_dict()`` gives the base weights under their original names (to check they never
@@ -139,8 +213,13 @@ class Adapters:
     """
 
     def __init__(self, model: nn.Module, cfg: AdapterConfig | None = None) -> None:
+        arch_name = detect_architecture(model)
         self.model = model
-        self.cfg = cfg = cfg or AdapterConfig()
+        self.cfg = cfg = cfg or AdapterConfig(architecture=arch_name)
+        if cfg.architecture != arch_name:
+            raise ValueError(f"adapter config for a {cfg.architecture!r} model, but {type(model).__name__} is a "
+                             f"{arch_name!r} model")
+        arch = ARCHITECTURES[arch_name]
         self.lora_config = None
         self._hook = None
         model.requires_grad_(False)
@@ -148,14 +227,18 @@ class Adapters:
             if cfg.lora_towers:
                 from peft import LoraConfig, inject_adapter_in_model
 
-                prefixes = "|".join(f"{t}_model" for t in cfg.lora_towers)
+                paths = dict(arch.towers)
+                prefixes = "|".join(re.escape(paths[t]) for t in cfg.lora_towers)
                 targets = "|".join(re.escape(t) for t in cfg.lora_targets)
                 self.lora_config = LoraConfig(
                     r=cfg.lora_rank, lora_alpha=cfg.lora_alpha, lora_dropout=cfg.lora_dropout, bias="none",
-                    target_modules=rf"^({prefixes})\.encoder\.layers\.\d+\.self_attn\.({targets})$")
+                    target_modules=arch.lora_pattern.format(towers=prefixes, targets=targets))
                 inject_adapter_in_model(self.lora_config, model)
+                if not any(".lora_" in n for n, _ in model.named_parameters()):
+                    raise ValueError(f"LoRA matched no attention projection of {type(model).__name__} "
+                                     f"(targets {list(cfg.lora_targets)})")
             if cfg.layernorm:
-                for tower in _towers(model).values():
+                for tower in _towers(model, arch_name).values():
                     for name, mod in list(tower.named_modules()):
                         if isinstance(mod, nn.LayerNorm):
                             parent = tower.get_submodule(name.rpartition(".")[0]) if "." in name else tower
@@ -166,6 +249,7 @@ class Adapters:
                 self._hook = model.vision_model.embeddings.register_forward_hook(self._prompt_hook)
         for _, p in self.named_parameters():
             p.requires_grad_(True)
+        model.train(model.training)  # new modules (LoRA dropout) follow the model's train / eval mode
         self._enabled = True
 
     # ----------------------------------------------------------------- structure

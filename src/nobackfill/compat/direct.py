@@ -40,7 +40,7 @@ def direct_adapter_config(mode: str, like: AdapterConfig | None = None) -> Adapt
     """The additions each Direct option trains (None = full fine-tuning, no adapters)."""
     like = like or AdapterConfig()
     kw = dict(lora_rank=like.lora_rank, lora_alpha=like.lora_alpha, lora_dropout=like.lora_dropout,
-              lora_targets=like.lora_targets, seed=like.seed)
+              lora_targets=like.lora_targets, seed=like.seed, architecture=like.architecture)
     if mode == "full":
         return None
     if mode == "lora":

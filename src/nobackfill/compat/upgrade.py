@@ -7,14 +7,16 @@ copied)::
                                   "source": {"space_id", "name", "embed_dim"},   (the new model)
                                   "target": {"space_id", "name", "embed_dim"},   (the gallery's space)
                                   "phi": {...}, "adapters": {...}, "recipe": {...}}
-    adapter_model.safetensors    LoRA / prompt / LayerNorm tensors        (kinds xbt, direct-*)
+    adapter_model.safetensors    LoRA / prompt / LayerNorm tensors        (kinds xbt, xbt-text, direct-*)
     adapter_config.json          peft LoraConfig (+ "nobackfill": our AdapterConfig)
-    phi.safetensors, phi_config.json                                     (kinds xbt, direct-*, phi)
+    phi.safetensors, phi_config.json                                     (kinds xbt, xbt-text, direct-*, phi)
     procrustes.safetensors                                               (kind procrustes)
     encoder/                     a full fine-tuned model                 (kind direct-full only)
 
-Kinds: ``xbt`` (Sec. 3.3), ``direct-lora`` / ``direct-base`` / ``direct-full`` (Eq. 6 baselines),
-``phi`` (stage 1 only, Eq. 3: a vector bridge) and ``procrustes`` (a vector bridge).
+Kinds: ``xbt`` (Sec. 3.3), ``xbt-text`` (the same recipe on a text-only BERT-style model, e.g.
+all-MiniLM-L6-v2 -> the Multi30K old text model: Eq. 5 with a second caption in place of the
+image, :mod:`.text_upgrade`), ``direct-lora`` / ``direct-base`` / ``direct-full`` (Eq. 6
+baselines), ``phi`` (stage 1 only, Eq. 3: a vector bridge) and ``procrustes`` (a vector bridge).
 
 ``load_upgrade(dir)`` reads one; ``upgrade.apply(new_encoder)`` gives an :class:`UpgradedEncoder`
 that embeds the new model's inputs into the target (old) space, and ``enabled = False`` gives
@@ -46,7 +48,9 @@ from .phi import Projection
 UPGRADE_FILE = "upgrade.json"
 FORMAT = "nobackfill-upgrade"
 VERSION = 1
-ADAPTER_KINDS = ("xbt", "direct-lora", "direct-base")
+ADAPTER_KINDS = ("xbt", "xbt-text", "direct-lora", "direct-base")
+#: kinds whose model is text-only (no image tower): applied, they give a :class:`TextUpgradedEncoder`
+TEXT_KINDS = ("xbt-text",)
 ENCODER_KINDS = ADAPTER_KINDS + ("direct-full",)
 VECTOR_KINDS = ("phi", "procrustes")
 KINDS = ENCODER_KINDS + VECTOR_KINDS
@@ -182,6 +186,35 @@ class UpgradedEncoder(DualEncoder):
         return atomic_dir(directory, write)
 
 
+class TextUpgradedEncoder(UpgradedEncoder):
+    """An :class:`UpgradedEncoder` over a text-only model (kind ``xbt-text``, e.g.
+    all-MiniLM-L6-v2 + LoRA + LayerNorms + phi): ``encode_texts`` gives ``phi(w_new)`` in the old
+    text model's space (Eq. 4, text side), switched off the original new model bit for bit.
+    Images are refused: the model has no image tower."""
+
+    def _no_images(self):
+        where = self.meta.get("directory")
+        raise NotImplementedError(f"{self.name} is a text-only upgrade{f' ({where})' if where else ''}: the model "
+                                  f"{getattr(self.base, 'name', 'new')!r} has no image tower, it cannot embed images")
+
+    @property
+    def preprocessor(self):
+        self._no_images()
+
+    def image_features(self, pixel_values: torch.Tensor) -> torch.Tensor:
+        self._no_images()
+
+    def encode_images(self, images, batch_size: int = 128, progress: bool = False) -> np.ndarray:
+        self._no_images()
+
+    def image_tokens(self, images):
+        self._no_images()
+
+
+def _upgraded_class(kind: str) -> type[UpgradedEncoder]:
+    return TextUpgradedEncoder if kind in TEXT_KINDS else UpgradedEncoder
+
+
 # ----------------------------------------------------------------------------- files
 def atomic_dir(directory: str | Path, write) -> Path:
     """Write an upgrade directory atomically (:func:`nobackfill.encoders.hf.atomic_model_dir`),
@@ -268,11 +301,16 @@ class Upgrade:
             tuned = load_encoder(self.directory / "encoder")
             return UpgradedEncoder(tuned, phi, None, source=sid, target=self.target_id, off_space=None,
                                    enabled=enabled, upgrade_kind=self.kind, meta=meta)
-        adapters = Adapters(encoder.model, Adapters.read_config(self.directory))
-        adapters.load(self.directory)
+        if self.kind in TEXT_KINDS:
+            meta["directory"] = str(self.directory)
+        try:
+            adapters = Adapters(encoder.model, Adapters.read_config(self.directory))
+            adapters.load(self.directory)
+        except ValueError as e:
+            raise ValueError(f"{self.directory}: {e}") from None
         encoder.model.eval()
-        up = UpgradedEncoder(encoder, phi.eval(), adapters, source=sid, target=self.target_id, off_space=sid,
-                             enabled=enabled, upgrade_kind=self.kind, meta=meta)
+        up = _upgraded_class(self.kind)(encoder, phi.eval(), adapters, source=sid, target=self.target_id,
+                                        off_space=sid, enabled=enabled, upgrade_kind=self.kind, meta=meta)
         up._sync()
         return up
 
@@ -298,11 +336,13 @@ def new_upgraded_encoder(new, phi: Projection, target: dict, adapter_cfg: Adapte
     """Attach fresh adapters (``adapter_cfg``) to the new model for training. ``adapter_cfg=None``
     means no adapters: the new model itself will be fine-tuned (``direct-full``; its off space is
     then its own, changing, fingerprint)."""
+    if kind not in KINDS:
+        raise ValueError(f"unknown upgrade kind {kind!r}; kinds: {KINDS}")
     sid = new.space_id
     adapters = Adapters(new.model, adapter_cfg) if adapter_cfg is not None else None
-    return UpgradedEncoder(new, phi, adapters, source=sid, target=target["space_id"],
-                           off_space=sid if adapters is not None else None,
-                           upgrade_kind=kind, meta={"source": space_info(new, sid), "target": target})
+    return _upgraded_class(kind)(new, phi, adapters, source=sid, target=target["space_id"],
+                                 off_space=sid if adapters is not None else None,
+                                 upgrade_kind=kind, meta={"source": space_info(new, sid), "target": target})
 
 
 def query_side(encoder: DualEncoder, upgrades: Sequence[Upgrade], gallery_space: str):
@@ -314,7 +354,7 @@ def query_side(encoder: DualEncoder, upgrades: Sequence[Upgrade], gallery_space:
 
     enc_ups = [u for u in upgrades if not u.is_bridge]
     if len(enc_ups) > 1:
-        raise ValueError("at most one encoder upgrade (xbt / direct-*) can be applied to a model")
+        raise ValueError("at most one encoder upgrade (xbt / xbt-text / direct-*) can be applied to a model")
     if enc_ups:
         encoder = enc_ups[0].apply(encoder)
     if encoder.space_id == gallery_space:
