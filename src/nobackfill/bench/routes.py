@@ -123,54 +123,84 @@ def _merge_on_test(c: Collection, pool: ModelPool, run: Callable[[Searcher], dic
 
 
 # ----------------------------------------------------------------------------- (a) world
-def run_world(cfg: RoutesBenchConfig, pool: ModelPool, log: Callable[[str], None]) -> dict[str, Any]:
-    from ..evaluate import load_eval_data, resolve_data
+@dataclass
+class WorldEval:
+    """The test split as collection items and as queries with their relevant item ids: captions
+    query images (their own image), images query captions (any of theirs)."""
 
-    test_dir = resolve_data(cfg.world, "test")
-    val = load_eval_data(cfg.world, "val", langs=["en"], limit=cfg.calib_images)
-    fi = folder_items(test_dir, langs=["en"], uncaptioned=False)
-    items = fi.items
-    if cfg.test_images is not None:
+    items: list[Any]
+    texts: list[Any]
+    images: list[Any]
+    t2i_rel: list[set[str]]
+    i2t_images: list[Any]
+    i2t_rel: list[set[str]]
+
+    def __post_init__(self) -> None:
+        self.cache: dict = {}  # query embeddings of every model, computed once per model
+
+    def measure(self, s: Searcher) -> dict[str, np.ndarray]:
+        """Rank (1..10, 11 = not in the top 10) of the first relevant hit, per query and direction."""
+        return {"t2i": _ranks(s.search_batch(texts=[t.payload for t in self.texts], k=10, target="image",
+                                             cache=self.cache), self.t2i_rel, 10),
+                "i2t": _ranks(s.search_batch(images=[Path(im.payload) for im in self.i2t_images], k=10, target="text",
+                                             cache=self.cache), self.i2t_rel, 10)}
+
+
+def world_eval(test_dir: Path, test_images: int | None = None) -> WorldEval:
+    """:class:`WorldEval` of a world split (English captions; the first ``test_images`` images)."""
+    items = folder_items(test_dir, langs=["en"], uncaptioned=False).items
+    if test_images is not None:
         keep = {it.id for it in items if it.modality == "image"}
-        keep = set(sorted(keep, key=[it.id for it in items].index)[: cfg.test_images])
+        order = [it.id for it in items if it.id in keep]
+        keep = set(order[:test_images])
         items = [it for it in items if (it.id if it.modality == "image" else it.metadata["image_id"]) in keep]
     images = [it for it in items if it.modality == "image"]
     texts = [it for it in items if it.modality == "text"]
+    by_image: dict[str, set[str]] = {}
+    for t in texts:
+        by_image.setdefault(t.metadata["image_id"], set()).add(t.id)
+    i2t = [im for im in images if im.id in by_image]
+    return WorldEval(items, texts, images, [{t.metadata["image_id"]} for t in texts], i2t, [by_image[im.id] for im in i2t])
+
+
+def upgraded_world_collection(cfg: "RoutesBenchConfig", pool: ModelPool, ev: WorldEval, path: Path,
+                              log: Callable[[str], None]) -> tuple[Collection, dict[str, Any], float]:
+    """A collection of ``ev``'s items embedded by world-old, upgraded to world-new with the shipped
+    upgrade and calibrated on the val split; returns it, its plan and the upgrade's seconds."""
+    from ..evaluate import load_eval_data
+
+    val = load_eval_data(cfg.world, "val", langs=["en"], limit=cfg.calib_images)
     old_ref, new_ref = model_ref(cfg.models / "world-old"), model_ref(cfg.models / "world-new")
-    log(f"world: {len(images)} test images, {len(texts)} captions; calibration on {len(val)} val images")
-    c = _collection(cfg.work / "world-old", pool, old_ref, items, log)
+    log(f"world: {len(ev.images)} test images, {len(ev.texts)} captions; calibration on {len(val)} val images")
+    c = _collection(path, pool, old_ref, ev.items, log)
     t0 = time.time()
     plan = upgrade_collection(c, new_ref, bridges=[cfg.upgrade], calibration=pair_tasks(val),
                               calibration_label=f"{cfg.world} val ({len(val)} images)", pool=pool)
-    upgrade_s = time.time() - t0
+    return c, plan, time.time() - t0
+
+
+def run_world(cfg: RoutesBenchConfig, pool: ModelPool, log: Callable[[str], None]) -> dict[str, Any]:
+    from ..evaluate import resolve_data
+
+    ev = world_eval(resolve_data(cfg.world, "test"), cfg.test_images)
+    c, plan, upgrade_s = upgraded_world_collection(cfg, pool, ev, cfg.work / "world-old", log)
+    new_ref = model_ref(cfg.models / "world-new")
     old_sid = next(s["space_id"] for s in plan["spaces"] if s["space_id"] != plan["current"])
     log(f"  upgrade + calibration in {upgrade_s:.0f}s: routes " + ", ".join(
         f"{d} {r['route']}" + (f" w={r['w']}" if r.get("w") is not None else "")
         for d, r in plan["routes"][old_sid].items()))
-    t2i_rel = [{t.metadata["image_id"]} for t in texts]
-    by_image: dict[str, set[str]] = {}
-    for t in texts:
-        by_image.setdefault(t.metadata["image_id"], set()).add(t.id)
-    i2t_imgs = [im for im in images if im.id in by_image]
-    i2t_rel = [by_image[im.id] for im in i2t_imgs]
-
-    def measure(s: Searcher) -> dict[str, np.ndarray]:
-        return {"t2i": _ranks(s.search_batch(texts=[t.payload for t in texts], k=10, target="image"), t2i_rel, 10),
-                "i2t": _ranks(s.search_batch(images=[Path(im.payload) for im in i2t_imgs], k=10, target="text"),
-                              i2t_rel, 10)}
-
     ranks: dict[str, dict[str, np.ndarray]] = {}
     for row, route in ROUTE_OF_ROW.items():
         t0 = time.time()
-        ranks[row] = measure(Searcher(c, pool=pool, routes={old_sid: route}))
+        ranks[row] = ev.measure(Searcher(c, pool=pool, routes={old_sid: route}))
         log(f"  {row}: t2i R@1 {np.mean(ranks[row]['t2i'] == 1):.3f}, i2t R@1 {np.mean(ranks[row]['i2t'] == 1):.3f} "
             f"({time.time() - t0:.0f}s)")
-    done = _collection(cfg.work / "world-new", pool, new_ref, items, log)
-    ranks["new_new"] = measure(Searcher(done, pool=pool))
+    done = _collection(cfg.work / "world-new", pool, new_ref, ev.items, log)
+    ranks["new_new"] = ev.measure(Searcher(done, pool=pool))
     moved = _backfill_half(c, done, cfg.backfill_fraction, cfg.seed)
     merge_test = {d: {} for d in ("t2i", "i2t")}
     for m in MERGES:
-        r = measure(Searcher(c, pool=pool, merge=m))
+        r = ev.measure(Searcher(c, pool=pool, merge=m))
         for d in merge_test:
             merge_test[d][m] = _row(r[d])
     out: dict[str, Any] = {d: {row: _row(ranks[row][d]) for row in ROWS} for d in ("t2i", "i2t")}
@@ -183,7 +213,8 @@ def run_world(cfg: RoutesBenchConfig, pool: ModelPool, log: Callable[[str], None
     out["merge"] = {"default": plan["merge"]["method"], "calibration": plan["merge"]["calibration"],
                     "test_partly_backfilled": {"fraction": cfg.backfill_fraction, "items_moved": moved, **merge_test}}
     out["nfr"] = {d: _flips({row: ranks[row][d] for row in ROWS}) for d in ("t2i", "i2t")}
-    out["n"] = {"images": len(images), "captions": len(texts), "val_images": len(val)}
+    out["n"] = {"images": len(ev.images), "captions": len(ev.texts),
+                "val_images": plan["calibration"]["sizes"]["t2i"]["gallery"]}
     out["upgrade_s"] = round(upgrade_s, 1)
     return out
 

@@ -7,12 +7,19 @@ accuracy rises from the upgraded system's to the new model's without a window of
 Here that is the collection's ordinary search: an item committed to the current space is served by
 it (native route) and never by its old space again; its old vector stays until ``retire``.
 
-FastFill (Jaeckle et al., ICLR 2023, arXiv 2303.04766): backfill in order of predicted uncertainty
-instead of at random. Order ``uncertainty`` backfills a random sample first; on it, a linear map
-``psi`` from each old space to the new one is fitted (cross-fitted: each sample item's target comes
-from a map fitted without it) and the target of an item is ``1 - cos(psi(v_old), v_new)``, how
-badly its old embedding determines its new one (FastFill's transformation error, Sec. 3). A small
-MLP head ``h(v_old)`` learns that target; the remaining items go worst-predicted first.
+FastFill (Jaeckle et al., ICLR 2023, arXiv 2303.04766): backfill in order of predicted
+uncertainty instead of at random. Order ``uncertainty`` takes a random sample (5 %, at least 64
+items), measures how badly each sampled item is served *now*, through the collection's own routes,
+using the pairs the collection holds (a caption's ``image_id``): an image's captions should find
+it first, an image should find one of its captions first. The sample is then backfilled. A small
+head ``h(v_old)`` (ridge regression on the old embedding, one per old space and modality) learns
+that failure, and the remaining items go worst-predicted first. Where the sample has no such
+pairs (uncaptioned images, text-only collections) the head learns FastFill's own target instead,
+the transformation error ``1 - cos(psi(v_old), v_new)`` of a linear map ``psi`` from the old space
+to the new one, cross-fitted on the sample. Two structural rules complete the order: modalities are
+interleaved in proportion (text->image search gains only from backfilled images, image->text only
+from captions), and captions go one per image first (an image query is answered once any of its
+captions is found).
 
 The job lives in ``<collection>/backfill/``: ``job.json`` (target space, order, shards, state) and
 ``order.json`` (item ids in backfill order), written atomically, and ``leases/shard-<i>.json``.
@@ -186,32 +193,87 @@ def _cross_fit_targets(x_old: np.ndarray, x_new: np.ndarray, folds: int = 5, rid
     return out
 
 
-def _fit_head(x: np.ndarray, y: np.ndarray, seed: int = 0, steps: int = 400) -> Callable[[np.ndarray], np.ndarray]:
-    """A small MLP ``h(v_old)`` (one hidden layer of 64, GELU) regressing ``y`` (MSE, Adam)."""
-    import torch
-
-    torch.manual_seed(seed)
-    xt, yt = torch.from_numpy(x.astype(np.float32)), torch.from_numpy(y.astype(np.float32))
-    mu, sd = float(yt.mean()), float(yt.std()) or 1.0
-    net = torch.nn.Sequential(torch.nn.Linear(x.shape[1], 64), torch.nn.GELU(), torch.nn.Linear(64, 1))
-    opt = torch.optim.Adam(net.parameters(), lr=3e-3, weight_decay=1e-4)
-    for _ in range(steps):
-        opt.zero_grad()
-        loss = torch.nn.functional.mse_loss(net(xt).squeeze(1), (yt - mu) / sd)
-        loss.backward()
-        opt.step()
-    net.eval()
+def _fit_head(x: np.ndarray, y: np.ndarray, ridge: float = 0.1) -> Callable[[np.ndarray], np.ndarray]:
+    """The head ``h(v_old)``: ridge regression on the old embedding (with a bias). On the world, a
+    linear head beat a one-hidden-layer MLP and a kNN regressor at predicting the per-item gain
+    from a 5-10 % sample (``scripts/backfill_order_study.py``)."""
+    a = np.c_[x, np.ones(len(x))]
+    w = np.linalg.solve(a.T @ a + ridge * np.eye(a.shape[1]), a.T @ np.asarray(y, np.float64))
 
     def predict(v: np.ndarray) -> np.ndarray:
-        with torch.no_grad():
-            return net(torch.from_numpy(np.asarray(v, np.float32))).squeeze(1).numpy() * sd + mu
+        return np.c_[np.asarray(v, np.float64), np.ones(len(v))] @ w
 
     return predict
 
 
-def _uncertainty_order(collection: Collection, encoder: Any, target: str, pending: list[Item], sample: list[Item],
-                       seed: int) -> tuple[list[str], dict[str, Any]]:
-    """Remaining items (not in ``sample``) worst-predicted first; ``sample`` must be backfilled."""
+def _captions_of(items: dict[str, Item]) -> dict[str, list[Item]]:
+    """Image id -> its captions, from the captions' ``image_id`` metadata (links inside the collection)."""
+    out: dict[str, list[Item]] = {}
+    for it in items.values():
+        img = it.metadata.get("image_id") if it.modality == "text" else None
+        if img in items and items[img].modality == "image":
+            out.setdefault(img, []).append(it)
+    return out
+
+
+def _route_failure(collection: Collection, pool: Any, sample: Sequence[Item],
+                   items: dict[str, Item]) -> dict[str, float]:
+    """How badly each linked sample item is served now (before it is backfilled): for an image, the
+    share of its captions whose query does not find it first; for a caption, whether its image's
+    query misses every caption of that image. Queries go through the collection's own routes."""
+    from .searcher import Searcher
+
+    caps = _captions_of(items)
+    s = Searcher(collection, pool=pool)
+    out: dict[str, float] = {}
+    imgs = [it for it in sample if it.modality == "image" and caps.get(it.id)]
+    if imgs:
+        qs = [(im.id, c.payload) for im in imgs for c in caps[im.id]]
+        res = s.search_batch(texts=[q for _, q in qs], k=1, target="image")
+        miss: dict[str, list[float]] = {}
+        for (iid, _), r in zip(qs, res):
+            miss.setdefault(iid, []).append(float(not r.hits or r.hits[0].id != iid))
+        out.update({iid: float(np.mean(v)) for iid, v in miss.items()})
+    texts = [it for it in sample if it.modality == "text" and it.metadata.get("image_id") in caps]
+    if texts:
+        img_ids = sorted({t.metadata["image_id"] for t in texts})
+        res = s.search_batch(images=[Path(items[i].payload) for i in img_ids], k=1, target="text")
+        hit = {i: bool(r.hits) and r.hits[0].id in {c.id for c in caps[i]} for i, r in zip(img_ids, res)}
+        out.update({t.id: float(not hit[t.metadata["image_id"]]) for t in texts})
+    return out
+
+
+def _interleave(per_modality: dict[str, list[str]]) -> list[str]:
+    """Modalities interleaved in proportion to their sizes, so every direction's gallery is
+    backfilled at the same pace (t2i gains only from images, i2t only from captions)."""
+    lists = {m: v for m, v in per_modality.items() if v}
+    idx = {m: 0 for m in lists}
+    out: list[str] = []
+    for _ in range(sum(len(v) for v in lists.values())):
+        m = min((m for m in lists if idx[m] < len(lists[m])), key=lambda m: (idx[m] + 1) / len(lists[m]))
+        out.append(lists[m][idx[m]])
+        idx[m] += 1
+    return out
+
+
+def _cover_images_first(ordered: list[Item], already: set[str]) -> list[Item]:
+    """Captions: one per image first (images without a backfilled caption), then the others, each
+    pass in the given order: an image query is answered once any of its captions is found."""
+    first, second, seen = [], [], set(already)
+    for it in ordered:
+        img = it.metadata.get("image_id")
+        (second if img in seen else first).append(it)
+        if img is not None:
+            seen.add(img)
+    return first + second
+
+
+def _uncertainty_order(collection: Collection, target: str, pending: list[Item], sample: list[Item],
+                       labels: dict[str, float], seed: int) -> tuple[list[str], dict[str, Any]]:
+    """The items not in ``sample`` (already backfilled), predicted worst-served first, per
+    modality, interleaved (see the module doc). ``labels`` are the sample's route failures; where
+    fewer than 8 sample items of a (space, modality) have one, the head learns FastFill's
+    transformation error instead."""
     g = collection.gallery(target)
     g.refresh()
     in_sample = {it.id for it in sample}
@@ -221,32 +283,40 @@ def _uncertainty_order(collection: Collection, encoder: Any, target: str, pendin
     info: dict[str, Any] = {}
     for m in ("image", "text"):
         new_pos = {k: i for i, k in enumerate(g.ids(m))}
-        new_vecs = np.asarray(g.vectors(m))
-        for sid in {old[it.id][0] for it in sample + rest if it.modality == m and it.id in old}:
-            train = [it for it in sample if it.modality == m and it.id in old and old[it.id][0] == sid
-                     and it.key in new_pos]
+        new_vecs = np.asarray(g.vectors(m)) if new_pos else None
+        for sid in sorted({old[it.id][0] for it in sample + rest if it.modality == m and it.id in old}):
             todo = [it for it in rest if it.modality == m and it.id in old and old[it.id][0] == sid]
+            train = [it for it in sample if it.modality == m and it.id in old and old[it.id][0] == sid]
             if not todo:
                 continue
-            if len(train) < 8:  # too few to learn from: keep their log order after the scored ones
-                for it in todo:
-                    scores[it.id] = -np.inf
-                continue
-            x = np.stack([old[it.id][1] for it in train])
-            y = _cross_fit_targets(x, new_vecs[[new_pos[it.key] for it in train]], seed=seed)
-            head = _fit_head(x, y, seed=seed)
+            labelled = [it for it in train if it.id in labels]
+            if len(labelled) >= 8:
+                kind, x = "route_failure", np.stack([old[it.id][1] for it in labelled])
+                y = np.array([labels[it.id] for it in labelled])
+            else:
+                train = [it for it in train if it.key in new_pos]
+                if len(train) < 8:  # nothing to learn from: log order
+                    continue
+                kind, x = "transformation_error", np.stack([old[it.id][1] for it in train])
+                y = _cross_fit_targets(x, new_vecs[[new_pos[it.key] for it in train]], seed=seed)
+            head = _fit_head(x, y)
             pred = head(np.stack([old[it.id][1] for it in todo]))
             fit = head(x)
-            info[f"{sid}/{m}"] = {"sample": len(train), "target_mean": float(y.mean()),
-                                  "train_corr": float(np.corrcoef(fit, y)[0, 1]) if len(y) > 2 else None}
+            info[f"{sid}/{m}"] = {"target": kind, "sample": len(y), "target_mean": float(np.mean(y)),
+                                  "train_corr": float(np.corrcoef(fit, y)[0, 1]) if len(y) > 2 and np.std(y) > 0 else None}
             scores.update({it.id: float(p) for it, p in zip(todo, pred)})
-    ranked = sorted(rest, key=lambda it: -scores.get(it.id, -np.inf))
-    return [it.id for it in ranked], info
+    per: dict[str, list[str]] = {}
+    for m in ("image", "text"):
+        ranked = sorted((it for it in rest if it.modality == m), key=lambda it: -scores.get(it.id, -np.inf))
+        if m == "text":
+            ranked = _cover_images_first(ranked, {it.metadata.get("image_id") for it in sample if it.modality == "text"})
+        per[m] = [it.id for it in ranked]
+    return _interleave(per), info
 
 
 # ----------------------------------------------------------------------------- job life cycle
 def start_backfill(collection: Collection, encoder: Any, *, order: str = "uncertainty", shards: int = 1,
-                   seed: int = 0, sample_fraction: float = 0.05, min_sample: int = 64,
+                   seed: int = 0, sample_fraction: float = 0.05, min_sample: int = 64, pool: Any = None,
                    log: Callable[[str], None] | None = None) -> BackfillJob:
     """Start (or return the running) backfill of ``collection`` into its current space. With
     ``order="uncertainty"`` the sample is embedded and committed here, then the head is fitted and
@@ -279,12 +349,18 @@ def start_backfill(collection: Collection, encoder: Any, *, order: str = "uncert
             rng = np.random.default_rng(seed)
             n_sample = min(len(pending), max(int(min_sample), int(round(sample_fraction * len(pending)))))
             sample = [pending[i] for i in sorted(rng.choice(len(pending), n_sample, replace=False))] if n_sample else []
-            say(f"uncertainty order: backfilling a random sample of {n_sample} items first ...")
+            say(f"uncertainty order: measuring how {n_sample} sampled items are served, then backfilling them ...")
+            from .models import ModelPool
+
+            if pool is None:
+                pool = ModelPool()
+                pool.put(collection.space(target)["model"], encoder)
+            labels = _route_failure(collection, pool, sample, collection.items())
             vecs = _encode(encoder, sample)
             for m, v in vecs.items():
                 rows = [it for it in sample if it.modality == m]
                 collection.put_vectors(target, m, [it.key for it in rows], v)
-            rest, head = _uncertainty_order(collection, encoder, target, pending, sample, seed)
+            rest, head = _uncertainty_order(collection, target, pending, sample, labels, seed)
             ids = [it.id for it in sample] + rest
         _write(collection.path / JOB_DIR / ORDER_FILE, ids)
         for p in (collection.path / JOB_DIR / LEASE_DIR).glob("*.json"):

@@ -214,8 +214,11 @@ class Searcher:
         return self.search_batch(images=[image], k=k, target=target, filter=filter)[0]
 
     def search_batch(self, *, texts: Sequence[str] | None = None, images: Sequence[Any] | None = None, k: int = 10,
-                     target: str | None = None, filter: Mapping[str, Any] | None = None) -> list[SearchResponse]:
-        """:meth:`search` for many queries of one modality at once (one snapshot, batched encoders)."""
+                     target: str | None = None, filter: Mapping[str, Any] | None = None,
+                     cache: dict | None = None) -> list[SearchResponse]:
+        """:meth:`search` for many queries of one modality at once (one snapshot, batched encoders).
+        ``cache`` (a dict kept by the caller) reuses query embeddings across calls with the same
+        queries and models (benchmarks that search one query set many times)."""
         if (texts is None) == (images is None):
             raise ValueError("give exactly one of texts= or images=")
         qmod = "text" if texts is not None else "image"
@@ -234,7 +237,7 @@ class Searcher:
         if filter:
             allowed = {iid for iid, it in snap.items.items() if it.modality == gmod and matches_filter(it.metadata, filter)}
         searched: dict[str, tuple[QuerySide, Any, np.ndarray]] = {}
-        cache: dict = {}
+        cache = {} if cache is None else cache.setdefault((qmod, hash(tuple(str(x) for x in inputs))), {})
         for sid, view in views.items():
             mask = view.mask
             if allowed is not None:
