@@ -401,6 +401,8 @@ def upgrade_xbt_text(
                                                                       "(space id + text hash)."),
     stage1_steps: Optional[int] = typer.Option(None, help="Override the stage-1 (phi) steps."),
     xbt_steps: Optional[int] = typer.Option(None, help="Override the stage-2 (XBT) steps."),
+    stage1_positives: str = typer.Option("same", help="Stage 1 aligns a caption with its own old embedding (same, "
+                                                      "Eq. 3) or with another caption of its image (sibling)."),
     seed: int = typer.Option(0, help="Seed."),
     threads: int = typer.Option(1, help="torch threads."),
 ) -> None:
@@ -416,8 +418,10 @@ def upgrade_xbt_text(
     parts += [f"--cache-dir {cache_dir}"] if cache_dir is not None and cache_dir != Path("runs/cache") else []
     for flag, v in (("stage1-steps", stage1_steps), ("xbt-steps", xbt_steps)):
         parts += [f"--{flag} {v}"] if v is not None else []
+    parts += [f"--stage1-positives {stage1_positives}"] if stage1_positives != "same" else []
     parts += ([f"--seed {seed}"] if seed else []) + ([f"--threads {threads}"] if threads != 1 else [])
-    cfg = XBTTextConfig.quick(seed=seed, threads=threads) if quick else XBTTextConfig(seed=seed, threads=threads)
+    kw = {"seed": seed, "threads": threads, "stage1_positives": stage1_positives}
+    cfg = XBTTextConfig.quick(**kw) if quick else XBTTextConfig(**kw)
     if stage1_steps is not None:
         cfg.stage1.steps = stage1_steps
     if xbt_steps is not None:

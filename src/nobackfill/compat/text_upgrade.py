@@ -92,8 +92,13 @@ class XBTTextConfig:
     xbt: TextXBTConfig = field(default_factory=TextXBTConfig)
     seed: int = 0
     threads: int = 1
+    #: stage 1's target for a caption: its own old embedding (``same``, Eq. 3 as written) or the old
+    #: embedding of another caption of the same image (``sibling``: a caption corpus with pairs)
+    stage1_positives: str = "same"
 
     def __post_init__(self) -> None:
+        if self.stage1_positives not in ("same", "sibling"):
+            raise ValueError(f"stage1_positives must be 'same' or 'sibling', got {self.stage1_positives!r}")
         if isinstance(self.stage1, dict):
             self.stage1 = Stage1Config(**self.stage1)
         if isinstance(self.xbt, dict):
@@ -137,6 +142,19 @@ def stage1_corpus(captions: Sequence[Sequence[str]], n_images: int) -> tuple[lis
     flat = [col[i] for i in range(min(n_images, len(captions[0]))) for col in captions]
     first = {t: i for i, t in reversed(list(enumerate(flat)))}
     return flat, np.array([first[t] for t in dedupe(flat)], np.int64)
+
+
+def stage1_targets(corpus_idx: np.ndarray, per_image: int, positives: str = "same", seed: int = 0) -> np.ndarray:
+    """Indices (into the image-major flat caption list) of the old embeddings stage 1 aligns each
+    corpus caption with: itself (``same``, Eq. 3), or a random other caption of its image
+    (``sibling``, fixed per caption by ``seed``)."""
+    idx = np.asarray(corpus_idx, np.int64)
+    if positives == "same" or per_image < 2:
+        return idx
+    rng = np.random.default_rng(seed)
+    slot = idx % per_image
+    other = (slot + rng.integers(1, per_image, size=idx.size)) % per_image
+    return idx - slot + other
 
 
 def _key(obj) -> str:
@@ -234,7 +252,9 @@ class TextUpgradeTrainer:
         old_enc = load_old_model(old)
         self.target = space_info(old_enc)
         self.old_embeddings = {name: self._cached(old_enc, texts, f"old_{name}") for name, texts in embed.items()}
-        self._o_train = self._cached(old_enc, self.flat, "old_train")[self.corpus_idx]
+        k = len(self.train_captions.captions)
+        self._o_train = self._cached(old_enc, self.flat, "old_train")[
+            stage1_targets(self.corpus_idx, k, cfg.stage1_positives, cfg.seed)]
         self._old_ref = weakref.ref(old_enc.model)
         del old_enc
         gc.collect()
