@@ -106,9 +106,9 @@ def test_bad_data_folder_error_names_the_file(setup, tmp_path):
 
 def test_error_paths_stay_whole_and_literal_on_a_narrow_terminal(setup, tmp_path, monkeypatch):
     """Errors are never wrapped (CI's terminal is 80 columns) and "[...]" in a path is not rich markup."""
-    from nobackfill import cli
+    from nobackfill.cli import _common
 
-    monkeypatch.setattr(cli.console, "_width", 30)
+    monkeypatch.setattr(_common.console, "_width", 30)
     bad = tmp_path / "a_rather_long_folder_name_[v2]_that_will_not_fit_in_thirty_columns"
     bad.mkdir()
     (bad / "captions.jsonl").write_text('{oops\n')

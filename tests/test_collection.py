@@ -360,3 +360,21 @@ def test_sigkill_at_every_write_of_add_and_upgrade_leaves_a_clean_build(tmp_path
                 assert _state(root) == want, f"{name} killed at write {n}{after}"
     print(f"kill trials: {trials}")
     assert trials >= 20
+
+
+def test_index_and_collection_add_give_the_same_stable_ids(tmp_path):
+    """``nobackfill index`` (a plain gallery) and ``collection add`` name items alike, so adding the
+    folder again to the gallery opened as a collection embeds nothing."""
+    from nobackfill.data.folder import load_pairs
+    from nobackfill.index.ingest import index_pairs
+
+    old, _, _ = related_pair()
+    data = make_folder(tmp_path / "d", n_images=3, captions_per_image=2)
+    g = index_pairs(old, load_pairs(data), tmp_path / "g", model_ref=OLD_REF, progress=False)
+    assert set(g.ids("image")) == {it.id for it in folder_items(data).items if it.modality == "image"}
+    c = Collection.open(g.path)
+    calls = old.calls
+    rep = add_items(c, old, folder_items(data).items, progress=False)
+    assert rep.added == 0 and rep.unchanged + rep.metadata_updated == 9 and old.calls == calls
+    assert len(Searcher(c, pool=pool_with((OLD_REF, old))).search(text="caption 0 of image 1 seed 0", k=20,
+                                                                 target="text").hits) == 6

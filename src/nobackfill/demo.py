@@ -19,7 +19,8 @@ from .data.folder import PairDataset
 from .encoders import load_encoder
 from .encoders.base import DualEncoder
 from .evaluate import Embedded, cross_retrieval, embed_dataset, load_eval_data
-from .index import Gallery, build_gallery
+from .index import Gallery
+from .index.ingest import index_pairs, pair_ids
 from .report import recall_bar_plot, recall_table_rows, text_table, html_table, write_html
 
 DEMO_WORLD = dict(n_train=5000, n_val=1000, n_test=1000)
@@ -94,29 +95,12 @@ PLOT_ORDER = ["old_old", "new_old_raw", "xbt", "new_new"]
 
 
 def _gallery_in_data_order(gallery: Gallery, data: PairDataset, space_id: str) -> Embedded:
+    img_ids, cap_ids = pair_ids(data)
     pos_img = {i: k for k, i in enumerate(gallery.ids("image"))}
     pos_txt = {i: k for k, i in enumerate(gallery.ids("text"))}
-    img = gallery.vectors("image")[[pos_img[image_id(p)] for p in data.images]]
-    txt = gallery.vectors("text")[[pos_txt[text_id(l)] for l in data.caption_lines]]
+    img = gallery.vectors("image")[[pos_img[i] for i in img_ids]]
+    txt = gallery.vectors("text")[[pos_txt[t] for t in cap_ids]]
     return Embedded(space_id, np.asarray(img), np.asarray(txt))
-
-
-def image_id(rel_path: str) -> str:
-    return f"img:{rel_path}"
-
-
-def text_id(line: int) -> str:
-    return f"txt:{line}"
-
-
-def index_dataset(encoder: DualEncoder, data: PairDataset, out: str | Path, model_ref: str,
-                  backend: str = "flat", progress: bool = True) -> Gallery:
-    """Embed a data folder's images and captions into a gallery (resumable)."""
-    images = [(image_id(p), str(Path(data.root) / p)) for p in data.images]
-    texts = [(text_id(line), cap, {"lang": lang, "image": data.images[int(i)]})
-              for line, cap, lang, i in zip(data.caption_lines, data.captions, data.langs, data.caption_image)]
-    return build_gallery(encoder, out, images=images, texts=texts, model_ref=model_ref, backend=backend,
-                         progress=progress)
 
 
 def run_demo(world: str | Path = "data/world", models_dir: str | Path = "models", out: str | Path = "runs/demo",
@@ -133,7 +117,7 @@ def run_demo(world: str | Path = "data/world", models_dir: str | Path = "models"
     old = load_encoder(models_dir / "world-old")
     new = load_encoder(models_dir / "world-new")
     log(f"indexing {len(data)} test images + {len(data.captions)} captions with the old model ...")
-    gallery = index_dataset(old, data, out / "gallery-old", model_ref=str(models_dir / "world-old"), progress=progress)
+    gallery = index_pairs(old, data, out / "gallery-old", model_ref=str(models_dir / "world-old"), progress=progress)
     ctx = DemoContext(
         data=data, old=old, new=new, gallery=gallery,
         old_queries=embed_dataset(old, data, progress=progress),

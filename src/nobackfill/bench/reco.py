@@ -36,12 +36,11 @@ import itertools
 import json
 import os
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Callable, Optional
 
 import numpy as np
-import typer
 
 from ..index.store import file_sha256
 from ..metrics.zero_shot import (attribute_accuracy, knn_label_agreement, knn_neighbours, knn_vote_accuracy,
@@ -651,32 +650,3 @@ def write_reco_report(result: dict, out_json: str | Path) -> None:
     tmp.write_text(json.dumps(result, indent=2, default=str))
     os.replace(tmp, out_json)
     out_json.with_suffix(".md").write_text("# RECO benchmark\n\n" + format_reco_tables(result) + "\n")
-
-
-def bench_reco(
-    quick: bool = typer.Option(False, help="Under 15 minutes on 2 cores: fewer training steps."),
-    json_out: Path = typer.Option(Path("runs/bench/reco.json"), "--json", help="JSON output (a .md table beside it)."),
-    model: Path = typer.Option(Path("models/world-old"), help="The frozen encoder."),
-    world: Path = typer.Option(Path("data/world"), help="World root (val: tuning, test: report)."),
-    memory_size: int = typer.Option(20000, help="Memory pairs (a fresh world train split, cached)."),
-    steps: Optional[int] = typer.Option(None, help="Training step budget per variant (early stopping on val)."),
-    label_set: str = typer.Option("size_colour_texture", help=f"Main zero-shot label set: {', '.join(LABEL_SETS)}."),
-    k: Optional[int] = typer.Option(None, help="Neighbours of the main row and ablations (default: chosen on val)."),
-    threads: int = typer.Option(1, help="torch threads."),
-) -> None:
-    """RECO on the world: fine-grained zero-shot and retrieval for base, RECO (queries only / both), the
-    ablations (cross-modal search, uni-modal fusion, mean fusion) and k in {1, 5, 10, 20}; latency."""
-    from ..cli import _fail, console
-
-    if label_set not in LABEL_SETS:
-        _fail(f"--label-set: unknown label set {label_set!r}; choose one of {', '.join(LABEL_SETS)}")
-    kw = dict(model=str(model), world=str(world), memory_size=memory_size, threads=threads, label_set=label_set, k=k)
-    if steps is not None:
-        kw["steps"] = steps
-    cfg = RecoBenchConfig.quick_preset(**kw) if quick else RecoBenchConfig(**kw)
-    try:
-        result = run_reco_bench(json_out, cfg, log=lambda m: console.print(m))
-    except (ValueError, FileNotFoundError) as e:
-        _fail(str(e))
-    typer.echo(format_reco_tables(result))
-    console.print(f"wrote {json_out} (+ .md) in {result['seconds']:.0f}s")

@@ -361,18 +361,3 @@ def query_side(encoder: DualEncoder, upgrades: Sequence[Upgrade], gallery_space:
         return encoder, None
     reg = BridgeRegistry.from_bridges(u.bridge() for u in upgrades if u.is_bridge)
     return encoder, reg.resolve(encoder.space_id, gallery_space)
-
-
-
-def bridged_embeddings(encoder, upgrade_dirs: Sequence[str | Path], gallery_space: str, data, *,
-                       progress: bool = False):
-    """Embed a :class:`~nobackfill.data.folder.PairDataset` with ``encoder`` taken into
-    ``gallery_space`` through the upgrades in ``upgrade_dirs`` (an
-    :class:`~nobackfill.evaluate.Embedded` in the gallery's space)."""
-    from ..evaluate import Embedded, embed_dataset
-
-    enc, br = query_side(encoder, [load_upgrade(d) for d in upgrade_dirs], gallery_space)
-    e = embed_dataset(enc, data, progress=progress)
-    if br is None:
-        return e
-    return Embedded(br.target, np.asarray(br(e.images)), np.asarray(br(e.texts)))

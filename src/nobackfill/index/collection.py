@@ -56,10 +56,8 @@ from .backends import validate_spec
 from .store import (
     MANIFEST as GALLERY_MANIFEST,
     MODALITIES,
-    CorruptGalleryError,
     Gallery,
     GalleryError,
-    SpaceMismatchError,
     atomic_write_bytes,
     read_tagged_json,
 )

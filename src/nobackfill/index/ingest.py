@@ -16,6 +16,7 @@ all (a folder of photos): every readable image file is an item.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import os
@@ -35,8 +36,8 @@ from .store import DuplicateIdError, SpaceMismatchError, file_sha256
 if TYPE_CHECKING:  # importing the encoder module pulls in torch
     from ..encoders.base import DualEncoder
 
-__all__ = ["IMAGE_SUFFIXES", "AddReport", "FolderItems", "add_items", "folder_items", "image_item", "text_item",
-           "text_file_items"]
+__all__ = ["IMAGE_SUFFIXES", "AddReport", "FolderItems", "add_items", "folder_items", "image_id", "image_item",
+           "index_pairs", "pair_ids", "text_file_items", "text_id", "text_item"]
 
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".webp", ".bmp", ".gif", ".tif", ".tiff")
 
@@ -49,12 +50,22 @@ def _hash(*parts: str) -> str:
     return h.hexdigest()
 
 
+def image_id(sha256: str) -> str:
+    """The id of an image given none: ``img-`` and the start of the sha256 of its bytes."""
+    return f"img-{sha256[:20]}"
+
+
+def text_id(text: str, image: str = "") -> str:
+    """The id of a caption given none: ``txt-`` and a hash of its text and its image's id."""
+    return f"txt-{_hash(image, text)[:20]}"
+
+
 def image_item(path: str | Path, *, id: str | None = None, metadata: dict[str, Any] | None = None,
                sha256: str | None = None) -> Item:
     """An image item (its id from its bytes unless ``id`` is given)."""
     p = Path(path).absolute()
     digest = sha256 or file_sha256(p)
-    iid = id or f"img-{digest[:20]}"
+    iid = id or image_id(digest)
     return Item(id=iid, modality="image", key=vector_key(iid, digest[:16]),
                 source={"path": str(p), "sha256": digest}, metadata={"path": str(p), **(metadata or {})})
 
@@ -63,9 +74,34 @@ def text_item(text: str, *, id: str | None = None, image_id: str = "", metadata:
     """A caption / text item (its id from its text and its image's id unless ``id`` is given)."""
     if not isinstance(text, str) or not text.strip():
         raise ValueError(f"a text item needs a non-empty text, got {text!r}")
-    iid = id or f"txt-{_hash(image_id, text)[:20]}"
+    iid = id or text_id(text, image_id)
     return Item(id=iid, modality="text", key=vector_key(iid, _hash(text)[:16]), source={"text": text},
                 metadata={"text": text, **(metadata or {})})
+
+
+def pair_ids(data: Any) -> tuple[list[str], list[str]]:
+    """The stable ids (those ``collection add`` gives) of a
+    :class:`~nobackfill.data.folder.PairDataset`'s images and captions, in its order: an image's
+    from its bytes, a caption's from its line's own ``id`` or its text and its image."""
+    images = [image_id(file_sha256(p)) for p in data.image_paths()]
+    caps = [str(extra["id"]) if isinstance(extra.get("id"), str) and extra["id"].strip()
+            else text_id(cap, images[int(i)])
+            for cap, i, extra in zip(data.captions, data.caption_image, data.extra)]
+    return images, caps
+
+
+def index_pairs(encoder: "DualEncoder", data: Any, out: str | Path, *, model_ref: str, backend: str = "flat",
+                progress: bool = True):
+    """Embed a data folder's images and captions into a single-space gallery under their stable ids
+    (:func:`pair_ids`; rows with the same id are embedded once). Resumable."""
+    from .build import build_gallery
+
+    img_ids, cap_ids = pair_ids(data)
+    images = list({i: (i, str(p)) for i, p in zip(img_ids, data.image_paths())}.values())
+    texts = list({t: (t, cap, {"lang": lang, "image": data.images[int(i)], "image_id": img_ids[int(i)]})
+                  for t, cap, lang, i in zip(cap_ids, data.captions, data.langs, data.caption_image)}.values())
+    return build_gallery(encoder, out, images=images, texts=texts, model_ref=model_ref, backend=backend,
+                         progress=progress)
 
 
 def _decode_problem(path: Path) -> str | None:
@@ -257,11 +293,12 @@ def add_items(collection: Collection, encoder: "DualEncoder", items: Sequence[It
         todo: dict[str, list[Item]] = {"image": [], "text": []}
         for it in by_id.values():
             old = live.get(it.id)
-            if old is not None and old.key == it.key and old.modality == it.modality:
+            legacy = old is not None and old.key == old.id  # a row of a plain gallery: its id names its content
+            if old is not None and (old.key == it.key or legacy) and old.modality == it.modality:
                 if dict(old.metadata) == dict(it.metadata):
                     report.unchanged += 1
-                else:
-                    quick.append(it)
+                else:  # same content: keep the stored vector (and its key)
+                    quick.append(dataclasses.replace(it, key=old.key))
                     report.metadata_updated += 1
             elif (it.modality, it.key) in gallery:
                 quick.append(it)

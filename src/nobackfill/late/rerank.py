@@ -131,11 +131,12 @@ def store_gallery_tokens(encoder: DualEncoder, gallery_dir: str | Path, *, image
 def store_dataset_tokens(encoder: DualEncoder, data, gallery_dir: str | Path, dtype: str = "float16",
                          dim: int | None = None, progress: bool = True) -> TokenStore:
     """Token outputs of every image and caption of a data folder, under the ids that
-    ``nobackfill index`` gives them (:func:`nobackfill.demo.index_dataset`)."""
-    from ..demo import image_id, text_id
+    ``nobackfill index`` gives them (:func:`nobackfill.index.ingest.pair_ids`)."""
+    from ..index.ingest import pair_ids
 
-    images = [(image_id(p), str(Path(data.root) / p)) for p in data.images]
-    texts = [(text_id(line), cap) for line, cap in zip(data.caption_lines, data.captions)]
+    img_ids, cap_ids = pair_ids(data)
+    images = list({i: (i, str(p)) for i, p in zip(img_ids, data.image_paths())}.values())
+    texts = list({t: (t, cap) for t, cap in zip(cap_ids, data.captions)}.values())
     return store_gallery_tokens(encoder, gallery_dir, images=images, texts=texts, dtype=dtype, dim=dim,
                                 progress=progress)
 

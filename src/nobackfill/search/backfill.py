@@ -45,10 +45,10 @@ from typing import Any, Callable, Iterator, Sequence
 
 import numpy as np
 
-from ..index.collection import COMMIT_LOCK, Collection, Item, _flock
+from ..index.collection import Collection, Item, _flock
 from ..index.store import atomic_write_bytes
 
-__all__ = ["ORDERS", "BackfillBusy", "BackfillError", "BackfillJob", "backfill_status", "pause_backfill",
+__all__ = ["ORDERS", "BackfillBusy", "BackfillError", "BackfillJob", "backfill_status", "cancel_backfill", "pause_backfill",
            "retire_space", "run_backfill", "run_worker", "start_backfill"]
 
 ORDERS = ("sequential", "random", "uncertainty")
@@ -383,6 +383,17 @@ def pause_backfill(collection: Collection, paused: bool = True) -> BackfillJob:
         return job
 
 
+def cancel_backfill(collection: Collection) -> None:
+    """Forget the backfill job (its order and leases); committed vectors stay and are served."""
+    import shutil
+
+    with _job_lock(collection):
+        for name in (JOB_FILE, ORDER_FILE):
+            with contextlib.suppress(FileNotFoundError):
+                (collection.path / JOB_DIR / name).unlink()
+        shutil.rmtree(collection.path / JOB_DIR / LEASE_DIR, ignore_errors=True)
+
+
 def backfill_status(collection: Collection) -> dict[str, Any]:
     """``{"done", "total", "fraction", "order", "state", "rate", "eta_s", "workers"}`` of the
     current space (done: live items it serves)."""
@@ -558,11 +569,11 @@ def _worker_main(path: str, model: str, kwargs: dict) -> None:  # pragma: no cov
 def run_backfill(collection: Collection, encoder: Any, *, order: str = "uncertainty", workers: int = 1,
                  batch_size: int = 64, rate: float | None = None, limit: int | None = None,
                  lease_s: float = DEFAULT_LEASE_S, seed: int = 0, progress: Callable[[int], None] | None = None,
-                 log: Callable[[str], None] | None = None) -> dict[str, Any]:
+                 pool: Any = None, log: Callable[[str], None] | None = None) -> dict[str, Any]:
     """Start (or resume) the backfill and run ``workers`` workers until it is done, paused or
     ``limit`` items were committed (``rate``: items per second in all). One worker runs in this
     process; more run as processes (each loads the model)."""
-    job = start_backfill(collection, encoder, order=order, shards=max(workers, 1), seed=seed, log=log)
+    job = start_backfill(collection, encoder, order=order, shards=max(workers, 1), seed=seed, pool=pool, log=log)
     t0 = time.time()
     before = backfill_status(collection)["done"]
     per_rate = rate / workers if rate else None

@@ -1,9 +1,4 @@
-"""CLI of the compatibility-learning family (:mod:`nobackfill.compat.learning`): ``nobackfill compat
-train`` (one method over T updates), ``nobackfill compat methods`` and ``bench compat-steps``
-(registered on the shared ``bench`` app in ``cli.py``).
-
-It imports nothing heavy at module level (``nobackfill.compat`` exports lazily), so registering it
-does not slow every ``nobackfill`` command."""
+"""``nobackfill compat ...``: compatibility learning over a sequence of model updates (seed 002)."""
 
 from __future__ import annotations
 
@@ -13,10 +8,11 @@ from typing import List, Optional
 
 import typer
 
+from ._common import console, fail
+
+
 compat_app = typer.Typer(no_args_is_help=True,
                          help="Compatibility learning over a sequence of model updates (seed 002).")
-
-
 STEP_BACKBONES_HELP = ("Backbone upgrades: per step (comma-separated) the +-joined parts of --backbone that step's "
                        "model sees; later steps repeat the last. Empty: every step sees all parts.")
 BACKBONE_HELP = ("Frozen feature extractors joined by + (world model dirs, randconv, pixels) for an MLP per step, "
@@ -24,8 +20,6 @@ BACKBONE_HELP = ("Frozen feature extractors joined by + (world model dirs, randc
 METRIC_HELP = ("M of C[t,k]: search (top-1 1:N search accuracy; a gallery item of the query's class rendered in the "
                "query's size, texture and background is junk, as in Market-1501), search-with-duplicates (no junk "
                "rule) or verification (pair verification accuracy).")
-
-# options shared by `compat train` and `bench compat-steps`
 _BACKBONE = typer.Option("randconv+models/world-new", help=BACKBONE_HELP)
 _SPLIT = typer.Option("test", help="Evaluation split: test (report) or val (tuning).")
 _N_RENDER_TRAIN = typer.Option(None, help="Rendered training items (about 1/3 single-object).")
@@ -56,7 +50,7 @@ def _parse_options(items: list[str] | None) -> dict:
 
 def _data_config(backbone: str, split: str, n_render_train: Optional[int], n_render_eval: Optional[int],
                  n_train_classes: Optional[int], cache_dir: Path, step_backbones: str = ""):
-    from .learning.data import DataConfig
+    from ..compat.learning.data import DataConfig
 
     kw = {"backbone": backbone, "eval_split": split, "cache_dir": str(cache_dir), "step_backbones": step_backbones}
     for k, v in (("n_render_train", n_render_train), ("n_render_eval", n_render_eval),
@@ -69,7 +63,7 @@ def _data_config(backbone: str, split: str, n_render_train: Optional[int], n_ren
 @compat_app.command("methods")
 def methods_cmd() -> None:
     """List the registered methods."""
-    from .learning import method_class, method_names
+    from ..compat.learning import method_class, method_names
 
     for name in method_names():
         cls = method_class(name)
@@ -101,10 +95,9 @@ def train_cmd(
 ) -> None:
     """Train one method over T model updates with the one training loop and print C(t,k), AC, AA, ACA
     and the flips between consecutive models."""
-    from ..cli import _fail, console
     from ..report import text_table
-    from .learning.data import load_class_data
-    from .learning.sequence import SequenceConfig, run_method
+    from ..compat.learning.data import load_class_data
+    from ..compat.learning.sequence import SequenceConfig, run_method
 
     try:
         data = load_class_data(_data_config(backbone, split, n_render_train, n_render_eval, n_train_classes,
@@ -114,7 +107,7 @@ def train_cmd(
         result = run_method(method, data, seq, out, options=_parse_options(option),
                             log=lambda m: console.print(m))
     except (ValueError, FileNotFoundError) as e:
-        _fail(str(e))
+        fail(str(e))
     n = len(result["C"])
     header = ["query \\ gallery"] + [f"phi{k + 1}" for k in range(n)]
     body = [[f"phi{t + 1}"] + ["" if v is None else f"{100 * v:.1f}" for v in row] for t, row in enumerate(result["C"])]
@@ -154,8 +147,7 @@ def bench_compat_steps(
     """The compatibility-learning tutorial's tables on the world: AC / AA / ACA per method for each T,
     NFR of the flip-reduction methods, C heatmaps (HTML)."""
     from ..bench.compat_steps import METHOD_ORDER, CompatStepsConfig, format_compat_steps, run_compat_steps
-    from ..cli import _fail, console
-    from .learning.sequence import SequenceConfig
+    from ..compat.learning.sequence import SequenceConfig
 
     try:
         kw = {"steps": tuple(int(s) for s in steps.split(",") if s.strip()),
@@ -171,6 +163,6 @@ def bench_compat_steps(
             cfg.sequence.epochs, cfg.sequence.train_steps = 0.0, train_steps
         result = run_compat_steps(cfg, json_out, work_dir, log=lambda m: console.print(m))
     except (ValueError, FileNotFoundError) as e:
-        _fail(str(e))
+        fail(str(e))
     typer.echo(format_compat_steps(result))
     console.print(f"wrote {json_out} (+ .md, .html) in {result['seconds']:.0f}s")

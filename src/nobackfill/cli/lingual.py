@@ -1,27 +1,28 @@
-"""``nobackfill lingual learn`` / ``nobackfill lingual eval``: continual language learning from the
-command line (CLL-CLIP with optional TEIR, seed 004), plus the ``bench lingual-text`` /
-``bench lingual-world`` commands registered on the bench app by :mod:`nobackfill.cli`."""
+"""``nobackfill lingual ...``: continual language learning (seed 004)."""
 
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 from typing import Optional
 
 import typer
 
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
+from ._common import console, fail, write_json
+
 
 lingual_app = typer.Typer(no_args_is_help=True,
                           help="Continual language learning: teach a deployed text tower new languages "
                                "(CLL-CLIP + TEIR; image embeddings never change).")
-
-
-def _cli():
-    from .. import cli
-
-    return cli
+_STEPS = typer.Option(None, help="Override the steps per language.")
+_CACHE = typer.Option(Path("runs/cache"), help="Embedding cache.")
+_THREADS = typer.Option(1, help="torch threads (per method process).")
+_JOBS = typer.Option(1, help="Run the methods in this many parallel processes (2 on 2 cores).")
+_METHODS = typer.Option("cll_clip,cll_clip_teir", help="Comma list, e.g. cll_clip,cll_clip_teir,oewc,er_teir,der,"
+                                                         "lora_teir,prompt,cll_clip_teir_oracle.")
+_LR = typer.Option(None, help="Override the learning rate of the plain methods.")
+_TEIR_LR = typer.Option(None, help="Override the learning rate of the TEIR methods.")
+_LIMIT = typer.Option(None, help="Evaluate on the first N lines / images of the split.")
 
 
 def _load_model(model: str):
@@ -75,10 +76,8 @@ def learn(
     import torch
 
     from ..evaluate import embed_texts_cached, load_eval_data
-    from .data import is_multi30k, multi30k_tasks, world_tasks
-    from .learner import CLLConfig, ContinualLearner, load_lingual_state
-
-    cli = _cli()
+    from ..lingual.data import is_multi30k, multi30k_tasks, world_tasks
+    from ..lingual.learner import CLLConfig, ContinualLearner, load_lingual_state
     torch.set_num_threads(threads)
     try:
         langs = _split_langs(tasks)
@@ -96,19 +95,19 @@ def learn(
                 d = d.subset_images(np.arange(min(train_images, len(d))))
             task_list, english = world_tasks(d, enc.encode_images(d.image_paths()), todo)
     except (ValueError, FileNotFoundError, ModuleNotFoundError) as e:
-        cli._fail(str(e))
+        fail(str(e))
     import copy
 
     frozen = copy.deepcopy(enc)
     learner = ContinualLearner(enc, cfg, english, english_features=lambda t: embed_texts_cached(frozen, t, cache_dir),
-                               oracle_corpora=[t.corpus for t in task_list], log=lambda m: cli.console.print(m))
+                               oracle_corpora=[t.corpus for t in task_list], log=lambda m: console.print(m))
     if counts is not None and len(counts) == len(learner.counts):
         learner.counts = counts
         learner.learned = list(state["learned"])
     for task in task_list:
         learner.learn(task, out.parent / f".{out.name}.work", progress=True)
     learner.save(out)
-    cli.console.print(f"wrote {out} (languages: {', '.join(learner.learned)})")
+    console.print(f"wrote {out} (languages: {', '.join(learner.learned)})")
 
 
 @lingual_app.command("eval")
@@ -129,9 +128,7 @@ def evaluate(
     import torch
 
     from ..evaluate import load_eval_data
-    from .data import foreign_to_english, is_multi30k, multi30k_eval_lines, world_retrieval
-
-    cli = _cli()
+    from ..lingual.data import foreign_to_english, is_multi30k, multi30k_eval_lines, world_retrieval
     torch.set_num_threads(threads)
     try:
         lang_list = _split_langs(langs)
@@ -148,26 +145,12 @@ def evaluate(
             result = {"task": "world retrieval R@1", "split": split or "test", "eta": eta,
                       **world_retrieval(enc, d, imgs, lang_list, cache_dir, eta=eta)}
     except (ValueError, FileNotFoundError, ModuleNotFoundError, NotImplementedError) as e:
-        cli._fail(str(e))
+        fail(str(e))
     result["model"] = str(model)
     text = json.dumps(result, indent=2)
     typer.echo(text)
     if json_out is not None:
-        cli._write_json(json_out, result)
-
-
-#: options shared by both benches
-_STEPS = typer.Option(None, help="Override the steps per language.")
-_CACHE = typer.Option(Path("runs/cache"), help="Embedding cache.")
-_THREADS = typer.Option(1, help="torch threads (per method process).")
-_JOBS = typer.Option(1, help="Run the methods in this many parallel processes (2 on 2 cores).")
-
-
-_METHODS = typer.Option("cll_clip,cll_clip_teir", help="Comma list, e.g. cll_clip,cll_clip_teir,oewc,er_teir,der,"
-                                                         "lora_teir,prompt,cll_clip_teir_oracle.")
-_LR = typer.Option(None, help="Override the learning rate of the plain methods.")
-_TEIR_LR = typer.Option(None, help="Override the learning rate of the TEIR methods.")
-_LIMIT = typer.Option(None, help="Evaluate on the first N lines / images of the split.")
+        write_json(json_out, result)
 
 
 def bench_lingual_text(
@@ -191,15 +174,13 @@ def bench_lingual_text(
     English forgetting."""
     from ..bench.lingual import LingualTextConfig, run_lingual_text
     from ..data.multi30k import default_multi30k_dir
-
-    cli = _cli()
     try:
         cfg = _bench_config(LingualTextConfig, quick, methods, threads, steps, lr, teir_lr, eval_split=split,
                             eval_limit=limit)
         result = run_lingual_text(data or default_multi30k_dir(), eval_dir=eval_dir, quick=quick, config=cfg,
-                                  cache_dir=cache_dir, work_dir=work_dir, jobs=jobs, log=lambda m: cli.console.print(m))
+                                  cache_dir=cache_dir, work_dir=work_dir, jobs=jobs, log=lambda m: console.print(m))
     except (ValueError, FileNotFoundError, ModuleNotFoundError) as e:
-        cli._fail(str(e))
+        fail(str(e))
     _bench_done(result, json_out)
 
 
@@ -218,7 +199,7 @@ def _bench_done(result: dict, json_out: Path) -> None:
     from ..bench.lingual import write_outputs
 
     typer.echo(write_outputs(result, json_out))
-    _cli().console.print(f"wrote {json_out}")
+    console.print(f"wrote {json_out}")
 
 
 def _floats(text: str) -> tuple[float, ...]:
@@ -254,8 +235,6 @@ def bench_lingual_world(
     t2i / i2t AR and F per method (and with translate-test fusion); image embeddings checked
     bit-identical."""
     from ..bench.lingual import LingualWorldConfig, run_lingual_world
-
-    cli = _cli()
     try:
         kw = {} if etas is None else {"translate_test_etas": _floats(etas)}
         if methods is None:
@@ -267,10 +246,7 @@ def bench_lingual_world(
         cfg = _bench_config(LingualWorldConfig, quick, methods, threads, steps, lr, teir_lr,
                             eval_split=split, eval_limit=limit, **kw)
         result = run_lingual_world(data, model=model, quick=quick, config=cfg, cache_dir=cache_dir,
-                                   work_dir=work_dir, jobs=jobs, log=lambda m: cli.console.print(m))
+                                   work_dir=work_dir, jobs=jobs, log=lambda m: console.print(m))
     except (ValueError, FileNotFoundError) as e:
-        cli._fail(str(e))
+        fail(str(e))
     _bench_done(result, json_out)
-
-
-__all__ = ["lingual_app", "bench_lingual_text", "bench_lingual_world"]

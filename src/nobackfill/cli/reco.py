@@ -1,28 +1,19 @@
-"""``nobackfill reco ...`` commands (registered in :mod:`nobackfill.cli`) and the ``--reco DIR``
-helpers of ``search`` and ``eval retrieval``."""
+"""``nobackfill reco ...``: retrieval-enhanced embeddings (seed 001)."""
 
 from __future__ import annotations
 
 from pathlib import Path
 from typing import List, Optional
 
-import numpy as np
 import typer
+
+from ._common import console, fail
+
+
+from ..bench.reco import LABEL_SETS
 
 reco_app = typer.Typer(no_args_is_help=True,
                        help="RECO: refine frozen-encoder embeddings with knowledge retrieved from a memory (seed 001).")
-
-
-def _console():
-    from ..cli import console
-
-    return console
-
-
-def _fail(msg: str) -> None:
-    from ..cli import _fail as fail
-
-    fail(msg)
 
 
 @reco_app.command("build-memory")
@@ -43,7 +34,7 @@ def build_memory_cmd(
     without test items and their near-duplicates."""
     from ..encoders import load_encoder
     from ..evaluate import load_eval_data
-    from .memory import build_memory
+    from ..reco.memory import build_memory
 
     lang_l = [x for x in langs.split(",") if x]
     try:
@@ -53,9 +44,9 @@ def build_memory_cmd(
         mem = build_memory(enc, ds, out, exclude=ex, threshold=threshold, dedup=dedup, model_ref=str(model),
                            backend=backend, progress=True)
     except (ValueError, FileNotFoundError, FileExistsError) as e:
-        _fail(str(e))
+        fail(str(e))
     r = mem.removal
-    _console().print(f"memory {out}: {r['kept_images']} images, {r['kept_texts']} texts, space {mem.space_id}; "
+    console.print(f"memory {out}: {r['kept_images']} images, {r['kept_texts']} texts, space {mem.space_id}; "
                      f"removed {r['test_items']} test item(s) and {r['near_duplicates']} near-duplicate(s) "
                      f"({r['dedup']} cosine > {r['threshold']})")
 
@@ -83,8 +74,8 @@ def train_cmd(
 ) -> None:
     """Train phi_image and phi_text on the memory's pairs (each excluded from its own neighbours) with
     L = NCE(V_bar, T_bar) + NCE(V_bar, T) + NCE(V, T_bar); the encoder stays frozen."""
-    from .memory import Memory
-    from .train import RecoTrainConfig, retrieval_evaluator, train_reco
+    from ..reco.memory import Memory
+    from ..reco.train import RecoTrainConfig, retrieval_evaluator, train_reco
 
     try:
         cfg = RecoTrainConfig(k=k, search=search, fuse=fuse, fusion=fusion, heads=heads, steps=steps,
@@ -102,7 +93,7 @@ def train_cmd(
             if enc.space_id != mem.space_id:
                 raise ValueError(f"{model} is in space {enc.space_id}, the memory {memory} in {mem.space_id}")
         if pairs is not None:
-            from .train import PairEmbeddings
+            from ..reco.train import PairEmbeddings
 
             pds = load_eval_data(pairs, "train", langs=mem.info.get("langs"))
             pe = embed_dataset(enc, pds, progress=True)
@@ -118,33 +109,40 @@ def train_cmd(
                                                           f"--k {k} --search {search} --fuse {fuse}",
                                                           f"--fusion {fusion} --steps {steps}"])})
     except (ValueError, FileNotFoundError) as e:
-        _fail(str(e))
+        fail(str(e))
     msg = f"RECO {out}: k={k}, {search} search, {fuse} fusion, {fusion}"
     if res is not None:
         msg += f"; {res.steps} steps in {res.seconds:.0f}s, loss {res.last_loss:.3f}"
         if res.best_step is not None:
             msg += f", best val score {res.best_value:.3f} at step {res.best_step}"
-    _console().print(msg)
+    console.print(msg)
 
 
-def refine_query(reco: Path, encoder, queries: np.ndarray, modality: str) -> np.ndarray:
-    """``search --reco DIR``: refine the frozen encoder's query embeddings (queries-only mode: the
-    gallery is searched as stored). Refuses a RECO directory of another embedding space."""
-    from .model import load_reco
 
-    model, memory = load_reco(reco)
-    if model.spec.space_id != encoder.space_id:
-        raise ValueError(f"{reco} refines space {model.spec.space_id}, but the query model is in {encoder.space_id}")
-    return model.refine(memory, queries, modality)
+def bench_reco(
+    quick: bool = typer.Option(False, help="Under 15 minutes on 2 cores: fewer training steps."),
+    json_out: Path = typer.Option(Path("runs/bench/reco.json"), "--json", help="JSON output (a .md table beside it)."),
+    model: Path = typer.Option(Path("models/world-old"), help="The frozen encoder."),
+    world: Path = typer.Option(Path("data/world"), help="World root (val: tuning, test: report)."),
+    memory_size: int = typer.Option(20000, help="Memory pairs (a fresh world train split, cached)."),
+    steps: Optional[int] = typer.Option(None, help="Training step budget per variant (early stopping on val)."),
+    label_set: str = typer.Option("size_colour_texture", help=f"Main zero-shot label set: {', '.join(LABEL_SETS)}."),
+    k: Optional[int] = typer.Option(None, help="Neighbours of the main row and ablations (default: chosen on val)."),
+    threads: int = typer.Option(1, help="torch threads."),
+) -> None:
+    """RECO on the world: fine-grained zero-shot and retrieval for base, RECO (queries only / both), the
+    ablations (cross-modal search, uni-modal fusion, mean fusion) and k in {1, 5, 10, 20}; latency."""
+    from ..bench.reco import RecoBenchConfig, format_reco_tables, run_reco_bench
 
-
-def refined_embedded(reco: Path, embedded):
-    """``eval retrieval --reco DIR``: the query side's embeddings refined (queries only)."""
-    from ..evaluate import Embedded
-    from .model import load_reco
-
-    model, memory = load_reco(reco)
-    if model.spec.space_id != embedded.space_id:
-        raise ValueError(f"{reco} refines space {model.spec.space_id}, but the query model is in {embedded.space_id}")
-    return Embedded(embedded.space_id, model.refine(memory, embedded.images, "image"),
-                    model.refine(memory, embedded.texts, "text"))
+    if label_set not in LABEL_SETS:
+        fail(f"--label-set: unknown label set {label_set!r}; choose one of {', '.join(LABEL_SETS)}")
+    kw = dict(model=str(model), world=str(world), memory_size=memory_size, threads=threads, label_set=label_set, k=k)
+    if steps is not None:
+        kw["steps"] = steps
+    cfg = RecoBenchConfig.quick_preset(**kw) if quick else RecoBenchConfig(**kw)
+    try:
+        result = run_reco_bench(json_out, cfg, log=lambda m: console.print(m))
+    except (ValueError, FileNotFoundError) as e:
+        fail(str(e))
+    typer.echo(format_reco_tables(result))
+    console.print(f"wrote {json_out} (+ .md) in {result['seconds']:.0f}s")

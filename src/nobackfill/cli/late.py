@@ -1,5 +1,4 @@
-"""CLI of late interaction: ``nobackfill late train`` and ``nobackfill bench late`` (registered in
-``nobackfill.cli``; ``index --tokens`` and ``search --rerank cmli`` live on those commands)."""
+"""``nobackfill late ...``: cross-modal late interaction (seed 003)."""
 
 from __future__ import annotations
 
@@ -8,19 +7,10 @@ from typing import Optional
 
 import typer
 
+from ._common import console, fail
+
+
 late_app = typer.Typer(no_args_is_help=True, help="Cross-modal late interaction (CMLI, Target-CMLI distillation).")
-
-
-def _console():
-    from ..cli import console
-
-    return console
-
-
-def _fail(msg: str) -> None:
-    from ..cli import _fail as fail
-
-    fail(msg)
 
 
 @late_app.command("train")
@@ -43,8 +33,8 @@ def late_train(
     """Train a world model with CMLI logits, or a Target-CMLI student of a teacher, from scratch."""
     from ..data.world import load_world_spec
     from ..encoders import load_encoder
-    from .distill import KDConfig
-    from .world import train_world_method
+    from ..late.distill import KDConfig
+    from ..late.world import train_world_method
 
     try:
         spec = load_world_spec(world)
@@ -56,8 +46,8 @@ def late_train(
                                   lr=lr, seed=seed, threads=threads, kd=kd, teacher=t if kind == "kd" else None,
                                   swap_twins=swap_twins, progress=True)
     except (ValueError, FileNotFoundError) as e:
-        _fail(str(e))
-    _console().print(f"trained {kind} model {out} in {r.seconds:.0f}s (last loss {r.last_loss:.3f})")
+        fail(str(e))
+    console.print(f"trained {kind} model {out} in {r.seconds:.0f}s (last loss {r.last_loss:.3f})")
 
 
 def bench_late(
@@ -86,7 +76,7 @@ def bench_late(
     try:
         kw["extra_seeds"] = tuple(int(x) for x in extra_seeds.split(",") if x.strip())
     except ValueError:
-        _fail(f"--extra-seeds must be comma-separated integers, got {extra_seeds!r}")
+        fail(f"--extra-seeds must be comma-separated integers, got {extra_seeds!r}")
     if swap_twins:
         kw["swap_twins"] = True
     kw.update({k: v for k, v in {"steps": steps, "kd_steps": kd_steps, "jobs": jobs}.items() if v is not None})
@@ -94,8 +84,8 @@ def bench_late(
         cfg = LateBenchConfig.quick_preset(**kw) if quick else LateBenchConfig(**kw)
         if config is not None:
             cfg = LateBenchConfig.from_file(config, cfg)
-        result = run_late_bench(models, world, json_out, cfg, work=work, log=lambda m: _console().print(m))
+        result = run_late_bench(models, world, json_out, cfg, work=work, log=lambda m: console.print(m))
     except (ValueError, FileNotFoundError, RuntimeError) as e:
-        _fail(str(e))
+        fail(str(e))
     typer.echo(format_markdown(result))
-    _console().print(f"wrote {json_out} (+ .md) in {result['seconds']:.0f}s")
+    console.print(f"wrote {json_out} (+ .md) in {result['seconds']:.0f}s")

@@ -1,0 +1,62 @@
+"""The ``nobackfill`` command line: one typer app assembled from one module per command group.
+
+Every command module imports only light modules at import time (heavy ones inside the commands),
+and nothing outside this package imports it: the library never depends on its command line.
+"""
+
+from __future__ import annotations
+
+import typer
+
+from . import bench, collection, compat, data, demo, evaluate, gallery, late, lingual, reco, upgrade
+
+app = typer.Typer(add_completion=False, no_args_is_help=True,
+                  help="Cross-modal retrieval whose embedding model improves without re-embedding the gallery.")
+
+# top-level commands
+app.command("world")(data.world)
+app.command("train")(data.train_cmd)
+app.command("train-text")(data.train_text_cmd)
+app.command("index")(gallery.index)
+app.command("search")(gallery.search)
+app.command("demo")(demo.demo)
+
+# groups
+eval_app = typer.Typer(no_args_is_help=True, help="Evaluate models and galleries.")
+eval_app.command("retrieval")(evaluate.eval_retrieval)
+eval_app.command("compat")(evaluate.eval_compat)
+app.add_typer(eval_app, name="eval")
+
+upgrade_app = typer.Typer(no_args_is_help=True,
+                          help="Backfill-free upgrades: XBT and training-free bridges from a new model to an old space.")
+upgrade_app.command("xbt")(upgrade.upgrade_xbt)
+upgrade_app.command("xbt-text")(upgrade.upgrade_xbt_text)
+upgrade_app.command("procrustes")(upgrade.upgrade_procrustes)
+app.add_typer(upgrade_app, name="upgrade")
+
+app.add_typer(collection.collection_app, name="collection")
+app.add_typer(reco.reco_app, name="reco")
+app.add_typer(late.late_app, name="late")
+app.add_typer(compat.compat_app, name="compat")
+app.add_typer(lingual.lingual_app, name="lingual")
+
+bench_app = typer.Typer(no_args_is_help=True, help="Benchmarks (JSON for machines, tables/plots for people).")
+bench_app.command("encode")(bench.bench_encode)
+bench_app.command("world")(bench.bench_world)
+bench_app.command("xbt")(bench.bench_xbt)
+bench_app.command("xbt-text")(bench.bench_xbt_text)
+bench_app.command("routes")(bench.bench_routes)
+bench_app.command("backfill")(bench.bench_backfill)
+bench_app.command("compat-steps")(compat.bench_compat_steps)
+bench_app.command("late")(late.bench_late)
+bench_app.command("lingual-text")(lingual.bench_lingual_text)
+bench_app.command("lingual-world")(lingual.bench_lingual_world)
+bench_app.command("reco")(reco.bench_reco)
+app.add_typer(bench_app, name="bench")
+
+
+def main() -> None:
+    app()
+
+
+__all__ = ["app", "main"]

@@ -1,0 +1,177 @@
+"""``nobackfill bench ...``: the benchmarks of the system (each writes JSON and a table or plot); the
+methods' benchmarks live beside their commands (compat, late, lingual, reco)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from ._common import console, fail, multi30k_default, user_errors, write_json
+
+
+def bench_encode(
+    models: Path = typer.Option(Path("models"), help="Folder with world-old / world-new / world-newer."),
+    n_images: int = typer.Option(512, help="Images per timed pass."),
+    n_texts: int = typer.Option(2048, help="Texts per timed pass."),
+    threads: int = typer.Option(2, help="torch threads."),
+    minilm: bool = typer.Option(True, help="Also time all-MiniLM-L6-v2."),
+    json_out: Path = typer.Option(Path("runs/bench/encode.json"), "--json", help="JSON output (a .md table is written beside it)."),
+) -> None:
+    """Encoding throughput of each preset: ours vs a plain transformers loop (images/s, texts/s)."""
+    from ..bench.encode import format_encode_table, run_encode_bench, write_report
+
+    def is_clip(p: Path) -> bool:  # text-only models (e.g. m30k-old-text) have no image tower to time
+        try:
+            return json.loads((p / "config.json").read_text()).get("model_type") == "clip"
+        except (OSError, ValueError):
+            return False
+
+    dirs = {p.name: p for p in sorted(models.iterdir()) if is_clip(p)} if models.is_dir() else {}
+    if not dirs:
+        fail(f"{models}: no model directories found")
+    result = run_encode_bench(dirs, n_images=n_images, n_texts=n_texts, threads=threads,
+                              minilm="pretrained" if minilm else None)
+    write_report(result, json_out.parent)
+    if json_out.name != "encode.json":
+        write_json(json_out, result)
+    typer.echo(format_encode_table(result))
+
+
+def bench_world(
+    n: int = typer.Option(50000, help="Items (images) to generate."),
+    workers: int = typer.Option(2, help="Processes."),
+    json_out: Path = typer.Option(Path("runs/bench/world.json"), "--json", help="JSON output."),
+) -> None:
+    """World generation throughput (items/s) into a scratch folder."""
+    from ..bench.world import run_world_bench
+
+    result = run_world_bench(n, workers=workers)
+    typer.echo(f"{result['n_items']} items ({result['n_captions']} captions, {len(result['languages'])} languages) "
+               f"in {result['seconds']} s = {result['items_per_s']} items/s, {result['disk_mb']} MB")
+    write_json(json_out, result)
+
+
+def bench_xbt(
+    quick: bool = typer.Option(False, help="Under 10 minutes on 2 cores: 1 seed, fewer steps, sweep 1k/4k."),
+    seeds: Optional[int] = typer.Option(None, help="Training seeds to average (default: 1 quick, 3 full)."),
+    json_out: Path = typer.Option(Path("runs/bench/xbt.json"), "--json", help="JSON output (.md and .html beside it)."),
+    models: Path = typer.Option(Path("models"), help="Folder with world-old / world-new (/ world-newer)."),
+    world: Path = typer.Option(Path("data/world"), help="World root (only world.json is read; splits are rendered)."),
+    split: str = typer.Option("test", help="Evaluation split: test (report) or val (tuning)."),
+    n_eval: int = typer.Option(1000, help="Evaluation images."),
+    n_pairs: Optional[int] = typer.Option(None, help="Image-text pairs of the main rows (default 4000)."),
+    threads: int = typer.Option(2, help="torch threads per training process."),
+    continual: bool = typer.Option(True, help="Also old -> new -> newer (needs models/world-newer)."),
+) -> None:
+    """XBT vs its baselines and training-free bridges on the world (tables, sweep, cost, matrix)."""
+    from ..bench.xbt import XBTBenchConfig, format_xbt_tables, run_xbt_bench
+
+    kw = {"split": split, "n_eval": n_eval, "threads": threads, "continual": continual}
+    if seeds is not None:
+        kw["seeds"] = seeds
+    if n_pairs is not None:
+        kw["n_pairs"] = n_pairs
+    cfg = XBTBenchConfig.quick_preset(**kw) if quick else XBTBenchConfig.full(**kw)
+    try:
+        result = run_xbt_bench(models, world, json_out, cfg, log=lambda m: console.print(m))
+    except (ValueError, FileNotFoundError, RuntimeError) as e:
+        fail(str(e))
+    typer.echo(format_xbt_tables(result))
+    console.print(f"wrote {json_out} (+ .md, .html) in {result['seconds']:.0f}s")
+
+
+def bench_xbt_text(
+    data: Optional[Path] = typer.Option(None, help="Multi30K root (default: $NOBACKFILL_SHARED/data/multi30k)."),
+    eval_dir: Optional[Path] = typer.Option(None, help="Folder laid out like task2/raw holding val.{1..5}.en.gz: "
+                                                       "evaluate on it instead of the shared val split."),
+    quick: bool = typer.Option(False, help="Smaller stage-1 corpus and fewer steps (minutes, given cached embeddings)."),
+    old_model: Path = typer.Option(Path("models/m30k-old-text"), help="The old text model (gallery side)."),
+    new_model: Optional[Path] = typer.Option(None, help="The new text model (default: the real all-MiniLM-L6-v2)."),
+    cache_dir: Path = typer.Option(Path("runs/cache"), help="Embedding cache (keyed by space id + text hash)."),
+    work_dir: Path = typer.Option(Path("runs/xbt-text"), help="Training scratch (checkpoints; resumable)."),
+    stage1_steps: Optional[int] = typer.Option(None, help="Override the stage-1 (phi) steps."),
+    xbt_steps: Optional[int] = typer.Option(None, help="Override the XBT (stage 2) steps."),
+    seed: int = typer.Option(0, help="Seed."),
+    threads: int = typer.Option(1, help="torch threads."),
+    json_out: Path = typer.Option(Path("runs/bench/xbt_text.json"), "--json", help="JSON output (a .md table beside it)."),
+    save_upgrade: Optional[Path] = typer.Option(None, help="Write the trained xbt-text upgrade here (default: "
+                                                           "under --work-dir); the xbt_new_old row is what it gives."),
+) -> None:
+    """XBT on real text: Multi30K caption-to-caption retrieval with an old small text model and MiniLM
+    (rows old_old, new_new, phi_stage1_new_old, xbt_new_old; R@1/5/10 on val)."""
+    from ..bench.xbt_text import XBTTextConfig, run_xbt_text, write_outputs
+
+    cfg = XBTTextConfig.quick(seed=seed, threads=threads) if quick else XBTTextConfig(seed=seed, threads=threads)
+    if stage1_steps is not None:
+        cfg.stage1.steps = stage1_steps
+    if xbt_steps is not None:
+        cfg.xbt.steps = xbt_steps
+        cfg.xbt.eval_every = min(cfg.xbt.eval_every, xbt_steps)
+    try:
+        result = run_xbt_text(data or multi30k_default(), eval_dir=eval_dir, quick=quick, old_model=old_model,
+                              new_model=new_model, cache_dir=cache_dir, work_dir=work_dir, config=cfg,
+                              save_upgrade=save_upgrade, log=lambda m: console.print(m))
+    except (ValueError, FileNotFoundError) as e:
+        fail(str(e))
+    typer.echo(write_outputs(result, json_out))
+    console.print(f"wrote {json_out}")
+
+
+
+def bench_routes(
+    quick: bool = typer.Option(False, help="Calibrate on half the world val split and 500 Multi30K train pairs."),
+    json_out: Path = typer.Option(Path("runs/bench/routes.json"), "--json", help="JSON output (a .md table beside it)."),
+    eval_dir: Optional[Path] = typer.Option(None, help="Folder laid out like Multi30K task2/raw holding "
+                                                       "val.{1..5}.en.gz: the text part evaluates on it."),
+    data: Optional[Path] = typer.Option(None, help="Multi30K root (default: $NOBACKFILL_SHARED/data/multi30k)."),
+    world: Path = typer.Option(Path("data/world"), help="World root (test: report, val: calibration)."),
+    models: Path = typer.Option(Path("models"), help="Folder with world-old / world-new / m30k-old-text."),
+    parts: str = typer.Option("world,text", help="Which parts to run: world, text."),
+    work: Path = typer.Option(Path("runs/bench/routes-work"), help="Scratch collections."),
+) -> None:
+    """Every route of a live-upgraded collection, through the Searcher: old/old, bridge, fused (w chosen
+    on a calibration split), new/new on the world (t2i, i2t) and on Multi30K (caption 1 -> 2); merges
+    and negative flips."""
+    from ..bench.routes import RoutesBenchConfig, format_markdown, run_routes_bench
+    from ..report import write_json_and_markdown
+
+    kw = dict(models=models, world=world, text_old=models / "m30k-old-text", multi30k=data, eval_dir=eval_dir,
+              work=work, parts=tuple(p.strip() for p in parts.split(",") if p.strip()))
+    cfg = RoutesBenchConfig.quick(**kw) if quick else RoutesBenchConfig(**kw)
+    try:
+        result = run_routes_bench(cfg, log=lambda m: console.print(m))
+    except user_errors() as e:
+        fail(str(e))
+    typer.echo(write_json_and_markdown(result, json_out, format_markdown(result)))
+    console.print(f"wrote {json_out} (+ .md) in {result['seconds']:.0f}s")
+
+
+def bench_backfill(
+    quick: bool = typer.Option(False, help="Calibrate on half the val split."),
+    json_out: Path = typer.Option(Path("runs/bench/backfill.json"), "--json", help="JSON output (.md, .png and "
+                                                                                  ".html beside it)."),
+    world: Path = typer.Option(Path("data/world"), help="World root (test: report, val: calibration, train: cost)."),
+    models: Path = typer.Option(Path("models"), help="Folder with world-old / world-new."),
+    orders: str = typer.Option("sequential,random,uncertainty", help="Backfill orders to compare."),
+    cost_sizes: str = typer.Option("1000,10000", help="Collection sizes whose upgrade and full backfill are timed "
+                                                      "('' to skip); 100k is extrapolated."),
+    work: Path = typer.Option(Path("runs/bench/backfill-work"), help="Scratch collections."),
+) -> None:
+    """R@1 while backfilling 0 -> 100 % for every order x merge (AUC, no-regret check, flips), and the
+    cost of an upgrade and of a full backfill."""
+    from ..bench.backfill import BackfillBenchConfig, run_backfill_bench, write_report
+
+    kw = dict(models=models, world=world, work=work, orders=tuple(o for o in orders.split(",") if o),
+              cost_sizes=tuple(int(x) for x in cost_sizes.split(",") if x.strip()))
+    if not kw["cost_sizes"]:
+        kw["extrapolate"] = ()
+    cfg = BackfillBenchConfig.quick(**kw) if quick else BackfillBenchConfig(**kw)
+    try:
+        result = run_backfill_bench(cfg, log=lambda m: console.print(m))
+    except user_errors() as e:
+        fail(str(e))
+    typer.echo(write_report(result, json_out))
+    console.print(f"wrote {json_out} (+ .md, .png, .html) in {result['seconds']:.0f}s")

@@ -1,0 +1,359 @@
+"""``nobackfill collection ...``: collections that hold several embedding spaces, searched across all
+of them (live upgrades). A collection is a directory; NAME is its path."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import List, Optional
+
+import typer
+from rich.markup import escape
+
+from ._common import console, fail, user_errors
+from .gallery import print_hits
+
+collection_app = typer.Typer(no_args_is_help=True, help="Collections: a gallery that keeps working across model "
+                                                        "upgrades (several embedding spaces, one search).")
+
+_NAME = typer.Argument(..., help="The collection's directory.")
+
+
+def _open(name: Path):
+    from ..index.collection import Collection
+
+    return Collection.open(name)
+
+
+@collection_app.command("create")
+def create(
+    name: Path = _NAME,
+    model: Path = typer.Option(..., help="The model that embeds the collection's items (a model directory, or "
+                                         "'minilm' for the shipped all-MiniLM-L6-v2)."),
+    backend: str = typer.Option("flat", help="Vector index of every space: flat | hnsw | hnsw:M=16,ef=64."),
+) -> None:
+    """Create an empty collection whose current model is MODEL."""
+    from ..index.collection import Collection
+    from ..search.models import ModelPool, model_ref
+
+    try:
+        ref = model_ref(model)
+        enc = ModelPool().get(ref)
+        c = Collection.create(name, space_id=enc.space_id, dim=enc.embed_dim, model=ref, name=getattr(enc, "name", ""),
+                              modalities=list(getattr(enc, "modalities", ("image", "text"))), backend=backend)
+    except user_errors() as e:
+        fail(str(e))
+    console.print(f"collection {c.path}: current model {getattr(enc, 'name', '')} (space {enc.space_id}, "
+                  f"embeds {', '.join(enc.modalities)})")
+
+
+@collection_app.command("add")
+def add(
+    name: Path = _NAME,
+    data: Optional[Path] = typer.Option(None, help="A data folder (images and/or captions.jsonl) or a world root "
+                                                   "(with --split). Images no caption mentions are added too."),
+    split: str = typer.Option("test", help="Split when --data is a world root."),
+    langs: str = typer.Option("", help="Comma-separated caption languages to add (default: all in the data)."),
+    texts: Optional[Path] = typer.Option(None, help="A text file (one text a line) or JSONL ({\"text\", \"id\", ...}) "
+                                                    "of texts to add."),
+    skip_bad: bool = typer.Option(False, help="Skip malformed lines and unreadable images (and report how many)."),
+    wait: bool = typer.Option(False, help="If another process is adding to this collection, wait for it instead "
+                                          "of stopping."),
+    chunk_size: int = typer.Option(256, help="Items embedded and committed together."),
+) -> None:
+    """Embed new items with the collection's current model (items already there are skipped; an
+    id with new content replaces its old version). Resumable: re-run after a crash."""
+    from ..evaluate import resolve_data
+    from ..index.ingest import add_items, folder_items, text_file_items
+    from ..search.models import ModelPool
+
+    if (data is None) == (texts is None):
+        fail("give exactly one of --data or --texts")
+    try:
+        c = _open(name)
+        if data is not None:
+            folder = resolve_data(data, split) if not (data / "captions.jsonl").is_file() and (data / split).is_dir() \
+                else data
+            fi = folder_items(folder, langs=[x for x in langs.split(",") if x] or None, skip_bad=skip_bad)
+            items, skipped, uncaptioned = fi.items, fi.skipped, fi.uncaptioned
+        else:
+            items, skipped, uncaptioned = text_file_items(texts), 0, 0
+        entry = c.space(c.current_space)
+        enc = ModelPool().get(entry["model"], c.current_space, what="collection's current model")
+        t0 = time.time()
+        rep = add_items(c, enc, items, chunk_size=chunk_size, skip_bad=skip_bad, progress=True, wait=wait)
+    except user_errors() as e:
+        fail(str(e))
+    n_img = sum(1 for it in items if it.modality == "image")
+    console.print(f"{len(items)} item(s) read ({n_img} images, {len(items) - n_img} texts"
+                  + (f"; {uncaptioned} images without captions" if uncaptioned else "") + ")")
+    console.print(f"added {rep.added}, already there {rep.unchanged}"
+                  + (f", metadata updated {rep.metadata_updated}" if rep.metadata_updated else "")
+                  + (f", recovered from an interrupted run {rep.recovered}" if rep.recovered else "")
+                  + f" in {time.time() - t0:.1f}s")
+    if skipped or rep.skipped:
+        console.print(f"[yellow]skipped {skipped + rep.skipped} bad line(s)/image(s)[/yellow]")
+    st = c.status()
+    console.print(f"collection {c.path}: {st['items']['image']} images, {st['items']['text']} texts")
+
+
+def _calibration(data: Path, split: str, limit: Optional[int], langs: str):
+    """Calibration tasks from a data folder / world root (t2i, i2t) or a Multi30K root (t2t: caption
+    1 -> caption 2 of ``split``)."""
+    from ..evaluate import load_eval_data
+    from ..search.calibrate import pair_tasks, text_pair_task
+
+    if (data / "task2" / "raw").is_dir():
+        from ..data.multi30k import read_task2
+
+        cs = read_task2(data, split, "en", ks=(1, 2), limit=limit)
+        return [text_pair_task(cs.column(1), cs.column(2))], f"Multi30K {split} ({cs.n_images} caption pairs)"
+    ds = load_eval_data(data, split, langs=[x for x in langs.split(",") if x], limit=limit)
+    return pair_tasks(ds), f"{data} {split} ({len(ds)} images, {len(ds.captions)} captions)"
+
+
+def _print_routes(plan: dict) -> None:
+    from ..search.plan import route_table
+
+    for sid, dirs in route_table(plan).items():
+        for d, r in dirs.items():
+            cal = r["calibration"]
+            nums = ", ".join(f"{k} R@1 {v['R@1']:.3f}" + (f" (w={v['w']})" if "w" in v else "")
+                             for k, v in cal.items() if isinstance(v, dict) and "R@1" in v)
+            how = "pinned" if r["pinned"] else "calibrated" if r["calibrated"] else "default, uncalibrated"
+            console.print(escape(f"  space {sid} {d}: {r['route']}" + (f" w={r['w']}" if r["w"] is not None else "")
+                                 + f" ({how})" + (f"  {nums}" if nums else "")))
+
+
+@collection_app.command("upgrade")
+def upgrade(
+    name: Path = _NAME,
+    model: Path = typer.Option(..., help="The new model (a model directory, or 'minilm')."),
+    bridge: Optional[List[Path]] = typer.Option(None, "--bridge", help="Upgrade directory taking the new model's "
+                                                "queries into an older space (XBT, phi, Procrustes); repeat to chain."),
+    calibrate: Optional[Path] = typer.Option(None, help="Labelled data to choose routes, fused weights and the "
+                                                        "merge on: a data folder / world root, or a Multi30K root."),
+    calibrate_split: str = typer.Option("val", help="Split of --calibrate (never the one you evaluate on)."),
+    calibrate_limit: Optional[int] = typer.Option(None, help="Use only the first N images / caption pairs."),
+    calibrate_langs: str = typer.Option("en", help="Caption languages of --calibrate."),
+) -> None:
+    """Make MODEL the current model at once: new items and queries use it, items of older spaces are
+    reached through the best route. Re-embeds nothing (see `collection backfill`)."""
+    from ..search.models import ModelPool
+    from ..search.plan import upgrade_collection
+
+    try:
+        c = _open(name)
+        tasks, label = _calibration(calibrate, calibrate_split, calibrate_limit, calibrate_langs) if calibrate \
+            else (None, "")
+        t0 = time.time()
+        plan = upgrade_collection(c, model, bridges=bridge or [], calibration=tasks, calibration_label=label,
+                                  pool=ModelPool(), log=lambda m: console.print(m))
+    except user_errors() as e:
+        fail(str(e))
+    cur = next(s for s in plan["spaces"] if s["space_id"] == plan["current"])
+    console.print(f"collection {c.path}: current model is now {cur['name']} (space {cur['space_id']}) "
+                  f"after {time.time() - t0:.1f}s; nothing was re-embedded")
+    _print_routes(plan)
+    if plan.get("merge"):
+        console.print(f"  merge: {plan['merge']['method']} (chosen on the calibration split)")
+    elif not calibrate:
+        console.print("  routes and merge are uncalibrated defaults (bridge where one exists; raw merge): pass "
+                      "--calibrate DATA to choose them on labelled data")
+
+
+def _parse_filter(items: Optional[List[str]]) -> dict:
+    out: dict = {}
+    for it in items or []:
+        key, eq, value = it.partition("=")
+        if not eq or not key:
+            raise ValueError(f"--filter must look like key=value (got {it!r})")
+        try:
+            out[key] = json.loads(value)
+        except json.JSONDecodeError:
+            out[key] = value
+    return out
+
+
+@collection_app.command("search")
+def search(
+    name: Path = _NAME,
+    text: Optional[str] = typer.Option(None, help="Text query."),
+    image: Optional[Path] = typer.Option(None, help="Image query."),
+    k: int = typer.Option(10, help="Number of results."),
+    target: Optional[str] = typer.Option(None, help="What to return: image | text (default: images for a text "
+                                                    "query and captions for an image query, when there are any)."),
+    filter: Optional[List[str]] = typer.Option(None, "--filter", help="Metadata filter key=value (dotted keys for "
+                                               "nested fields, JSON values; repeat to AND)."),
+    merge: Optional[str] = typer.Option(None, help="Override the plan's merge: raw | calibrated | rank."),
+    as_json: bool = typer.Option(False, "--json", help="Print JSON instead of a table."),
+) -> None:
+    """Search every space of the collection (each through its route) and print one merged list."""
+    from ..search import Searcher
+
+    if (text is None) == (image is None):
+        fail("give exactly one of --text or --image")
+    try:
+        s = Searcher(_open(name), merge=merge)
+        r = s.search(text=text, image=image, k=k, target=target, filter=_parse_filter(filter))
+    except user_errors() as e:
+        fail(str(e))
+    print_hits(r, as_json, k)
+
+
+@collection_app.command("status")
+def status(
+    name: Path = _NAME,
+    as_json: bool = typer.Option(False, "--json", help="Print JSON."),
+) -> None:
+    """Spaces with their item counts, the current model, and the route to every older space."""
+    from ..search.backfill import backfill_status
+    from ..search.plan import route_table
+
+    try:
+        c = _open(name)
+        st = c.status()
+        plan = c.plan
+        st["backfill"] = backfill_status(c)
+        st["routes"] = route_table(plan)
+        st["merge"] = (plan.get("merge") or {}).get("method") or "raw (uncalibrated default)"
+        st["calibrated"] = bool(plan.get("calibration"))
+    except user_errors() as e:
+        fail(str(e))
+    if as_json:
+        typer.echo(json.dumps(st, indent=2))
+        return
+    console.print(f"collection {st['path']}: {st['items']['image']} images, {st['items']['text']} texts "
+                  f"(generation {st['generation']})")
+    for sid, s in st["spaces"].items():
+        console.print(f"  {'*' if s['current'] else ' '} {s['name']:<16} {sid}  images {s.get('image', 0)}, texts "
+                      f"{s.get('text', 0)}  ({s['model']})")
+    _print_routes(plan)
+    console.print(f"  merge: {st['merge']}" + ("" if st["calibrated"] else "; routes uncalibrated"))
+    bf = st["backfill"]
+    per = ", ".join(f"{m} {v['done']}/{v['total']}" for m, v in bf["per_modality"].items())
+    eta = f", ETA {bf['eta_s']:.0f}s at {bf['rate']:.1f} items/s" if bf.get("eta_s") else ""
+    console.print(f"  backfill into the current space: {bf['done']}/{bf['total']} ({100 * bf['fraction']:.1f}%; {per})"
+                  f" [{bf['state']}{', order ' + bf['order'] if bf.get('order') else ''}{eta}]")
+
+
+@collection_app.command("delete")
+def delete(
+    name: Path = _NAME,
+    ids: List[str] = typer.Option(..., "--id", help="Item id to delete (repeat for several)."),
+) -> None:
+    """Delete items: they are never returned again (all or nothing: an unknown id changes nothing)."""
+    try:
+        c = _open(name)
+        n = c.delete(ids)
+    except user_errors() as e:
+        fail(str(e))
+    console.print(f"deleted {n} item(s) from {c.path}")
+
+
+@collection_app.command("route")
+def route(
+    name: Path = _NAME,
+    space: str = typer.Option(..., help="An older space id (see `collection status`)."),
+    direction: str = typer.Option(..., help="t2i | i2t | t2t | i2i."),
+    use: Optional[str] = typer.Option(None, "--route", help="Pin this route: old-model | bridge | fused."),
+    w: Optional[float] = typer.Option(None, help="Weight of the bridge score for a fused route, in [0, 1]."),
+    unpin: bool = typer.Option(False, help="Remove the pin (the calibrated or default route applies)."),
+) -> None:
+    """Pin the route to one older space for one direction (or unpin it)."""
+    from ..search.plan import pin_route
+
+    if (use is None) == (not unpin):
+        fail("give --route ROUTE or --unpin")
+    try:
+        plan = pin_route(_open(name), space, direction, None if unpin else use, w)
+    except user_errors() as e:
+        fail(str(e))
+    _print_routes(plan)
+
+
+@collection_app.command("calibrate")
+def calibrate(
+    name: Path = _NAME,
+    data: Path = typer.Option(..., help="Labelled data: a data folder / world root, or a Multi30K root."),
+    split: str = typer.Option("val", help="Split of --data (never the one you evaluate on)."),
+    limit: Optional[int] = typer.Option(None, help="Use only the first N images / caption pairs."),
+    langs: str = typer.Option("en", help="Caption languages."),
+) -> None:
+    """Choose routes, fused weights and the merge of the current plan on labelled data (pinned
+    routes stay; their numbers are refreshed)."""
+    from ..search.plan import calibrate_collection
+
+    try:
+        tasks, label = _calibration(data, split, limit, langs)
+        plan = calibrate_collection(_open(name), tasks, label=label)
+    except user_errors() as e:
+        fail(str(e))
+    _print_routes(plan)
+    console.print(f"  merge: {plan['merge']['method']} (chosen on the calibration split)")
+
+
+@collection_app.command("backfill")
+def backfill(
+    name: Path = _NAME,
+    order: str = typer.Option("uncertainty", help="sequential | random | uncertainty (FastFill-style: the items "
+                                                  "predicted worst served first)."),
+    workers: int = typer.Option(1, help="Worker processes (disjoint shards, leases in the collection)."),
+    limit: Optional[int] = typer.Option(None, help="Stop after this many items (resume later)."),
+    rate: Optional[float] = typer.Option(None, help="Items per second, all workers together."),
+    batch_size: int = typer.Option(64, help="Items embedded and committed together."),
+    pause: bool = typer.Option(False, help="Pause the running backfill (workers stop after their batch)."),
+    resume: bool = typer.Option(False, help="Resume a paused backfill (then run workers)."),
+    cancel: bool = typer.Option(False, help="Forget the backfill job (what was committed stays)."),
+) -> None:
+    """Re-embed the items of older spaces into the current model's space, in the chosen order, while
+    the collection keeps serving queries. Resumable; search sees each committed batch at once."""
+    from ..search.backfill import BackfillError, cancel_backfill, pause_backfill, run_backfill
+    from ..search.models import ModelPool
+
+    if sum([pause, resume, cancel]) > 1:
+        fail("give at most one of --pause, --resume, --cancel")
+    try:
+        c = _open(name)
+        if pause or cancel:
+            if pause:
+                job = pause_backfill(c)
+                console.print(f"backfill of {c.path} is {job.state}")
+            else:
+                cancel_backfill(c)
+                console.print(f"backfill job of {c.path} removed")
+            return
+        if resume:
+            pause_backfill(c, paused=False)
+        pool = ModelPool()
+        enc = pool.get(c.space(c.current_space)["model"], c.current_space, what="collection's current model")
+        from ..progress import progress_bar
+        from ..search.backfill import backfill_status
+
+        st0 = backfill_status(c)
+        todo = st0["total"] - st0["done"] if limit is None else min(limit, st0["total"] - st0["done"])
+        with progress_bar(True, f"backfilling ({order})", todo) as advance:
+            st = run_backfill(c, enc, order=order, workers=workers, limit=limit, rate=rate, batch_size=batch_size,
+                              pool=pool, progress=advance, log=lambda m: console.print(m))
+    except (BackfillError,) + user_errors() as e:
+        fail(str(e))
+    console.print(f"backfill of {c.path}: {st['done']}/{st['total']} items in the current space "
+                  f"({100 * st['fraction']:.1f}%); {st['committed']} committed in {st['seconds']:.1f}s"
+                  + (f" ({st['stopped']})" if st.get("stopped") else ""))
+
+
+@collection_app.command("retire")
+def retire(
+    name: Path = _NAME,
+    space: str = typer.Option(..., help="The old space to drop (see `collection status`)."),
+) -> None:
+    """Drop an old space's vectors once every item has a vector in the current space."""
+    from ..search.backfill import BackfillError, retire_space
+
+    try:
+        c = _open(name)
+        retire_space(c, space)
+    except (BackfillError,) + user_errors() as e:
+        fail(str(e))
+    console.print(f"space {space} of {c.path} retired; its vectors were removed")

@@ -1,0 +1,112 @@
+"""``nobackfill world``, ``train``, ``train-text``: data and models."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from ._common import console, fail, multi30k_default
+
+
+def world(
+    out: Path = typer.Option(Path("data/world"), help="Output folder (train/ val/ test/ + world.json)."),
+    n_train: int = typer.Option(20000, help="Training images."),
+    n_val: int = typer.Option(1000, help="Validation images."),
+    n_test: int = typer.Option(1000, help="Test images."),
+    seed: int = typer.Option(0, help="World seed (every item is a function of seed, split, index)."),
+    langs: str = typer.Option("", help="Comma-separated languages (default: all grammars)."),
+    captions_per_image: int = typer.Option(2, help="Captions per image and language."),
+    workers: int = typer.Option(0, help="Processes (0 = up to 2)."),
+) -> None:
+    """Generate the synthetic multilingual world in the user data format."""
+    from ..data.grammars import languages
+    from ..data.world import WorldSpec, generate_world
+
+    lang_t = tuple(x.strip() for x in langs.split(",") if x.strip()) or tuple(languages())
+    spec = WorldSpec(seed=seed, n_train=n_train, n_val=n_val, n_test=n_test, langs=lang_t,
+                     captions_per_image=captions_per_image)
+    try:
+        generate_world(out, spec, workers=workers or None)
+    except ValueError as e:
+        fail(str(e))
+    console.print(f"world written to {out} ({n_train}/{n_val}/{n_test} images, langs {','.join(lang_t)})")
+
+
+def _train_command(preset: str, data: Path, out: Path, steps: Optional[int], seed: int, threads: int,
+                   stream: bool) -> str:
+    """The exact ``nobackfill train`` command line that reproduces a run (saved in recipe.json)."""
+    parts = ["nobackfill train", f"--preset {preset}", f"--data {data}", f"--out {out}"]
+    parts += [f"--steps {steps}"] if steps is not None else []
+    parts += [f"--seed {seed}"] if seed else []
+    parts += [f"--threads {threads}"] if threads else []
+    parts += [] if stream else ["--no-stream"]
+    return " ".join(parts)
+
+
+def train_cmd(
+    preset: str = typer.Option(..., help="Zoo preset name (world-old, world-new, world-newer) or TOML path."),
+    data: Path = typer.Option(..., help="A world folder (streams fresh scenes) or a user data folder."),
+    out: Path = typer.Option(..., help="Output model directory (resumes from its checkpoint)."),
+    steps: Optional[int] = typer.Option(None, help="Override the preset's number of steps."),
+    seed: int = typer.Option(0, help="Training seed."),
+    threads: int = typer.Option(0, help="torch threads (0 = default)."),
+    stream: bool = typer.Option(True, help="On a world folder, sample fresh scenes every step."),
+) -> None:
+    """Contrastive training of a zoo preset (symmetric InfoNCE, learnable temperature)."""
+    from ..config import ConfigError
+    from ..train.world_model import train_preset
+
+    try:
+        r = train_preset(preset, data, out, steps=steps, seed=seed, threads=threads, stream=stream,
+                         command=_train_command(preset, data, out, steps, seed, threads, stream))
+    except (ConfigError, ValueError, FileNotFoundError) as e:
+        fail(str(e))
+    console.print(f"trained {preset} for {r.steps} steps in {r.seconds:.0f}s -> {out}")
+    if r.history:
+        console.print(json.dumps(r.history[-1]))
+
+
+def train_text_cmd(
+    data: Optional[Path] = typer.Option(None, help="Multi30K root (default: $NOBACKFILL_SHARED/data/multi30k, "
+                                                   "i.e. ../shared/data/multi30k)."),
+    out: Path = typer.Option(Path("models/m30k-old-text"), help="Output model directory (resumes from its checkpoint)."),
+    steps: Optional[int] = typer.Option(None, help="Step budget (early stopping on val R@1 ends it sooner)."),
+    batch_size: Optional[int] = typer.Option(None, help="Caption pairs per step."),
+    lr: Optional[float] = typer.Option(None, help="Peak learning rate."),
+    hidden: Optional[int] = typer.Option(None, help="BERT hidden size."),
+    layers: Optional[int] = typer.Option(None, help="BERT layers."),
+    eval_every: Optional[int] = typer.Option(None, help="Evaluate val R@1 every N steps."),
+    patience: Optional[int] = typer.Option(None, help="Stop after N evaluations without improvement."),
+    seed: int = typer.Option(0, help="Seed."),
+    threads: int = typer.Option(1, help="torch threads (1 is fastest on a shared 2-core machine)."),
+) -> None:
+    """Train the small Multi30K text encoder (the "old" model of `bench xbt-text`): a tiny BERT with its
+    own BPE vocabulary on task2 train caption pairs, until val R@1 (caption 1 -> caption 2) stops
+    improving."""
+    from dataclasses import replace
+
+    from ..data.multi30k import read_task2
+    from ..train.text_pairs import TextModelSpec, TextTrainSpec, train_text_model
+
+    model, ts = TextModelSpec(), TextTrainSpec(seed=seed, threads=threads)
+    overrides = {"steps": steps, "batch_size": batch_size, "lr": lr, "eval_every": eval_every, "patience": patience}
+    ts = replace(ts, **{k: v for k, v in overrides.items() if v is not None})
+    model = replace(model, **{k: v for k, v in {"hidden": hidden, "layers": layers}.items() if v is not None})
+    root = data or multi30k_default()
+    parts = ["nobackfill train-text"] + ([f"--data {data}"] if data else []) + [f"--out {out}"]
+    for flag, v in (("steps", steps), ("batch-size", batch_size), ("lr", lr), ("hidden", hidden), ("layers", layers),
+                    ("eval-every", eval_every), ("patience", patience)):
+        parts += [f"--{flag} {v}"] if v is not None else []
+    parts += ([f"--seed {seed}"] if seed else []) + ([f"--threads {threads}"] if threads != 1 else [])
+    try:
+        train_caps = read_task2(root, "train", "en")
+        val = read_task2(root, "val", "en", ks=(1, 2))
+        r = train_text_model(train_caps.captions, val.column(1), val.column(2), out, model=model, train_spec=ts,
+                             command=" ".join(parts), data=str(root))
+    except (ValueError, FileNotFoundError) as e:
+        fail(str(e))
+    console.print(f"trained {out} for {r.steps} steps in {r.seconds:.0f}s; best val R@1 {r.best_value:.3f} "
+                  f"at step {r.best_step}{' (early stop)' if r.stopped_early else ''}")

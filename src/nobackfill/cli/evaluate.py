@@ -1,0 +1,106 @@
+"""``nobackfill eval ...``: retrieval and backward compatibility of models and upgrades."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import List, Optional
+
+import typer
+
+from ._common import fail, user_errors, write_json
+
+
+def eval_retrieval(
+    query_model: Path = typer.Option(..., help="Model that embeds the queries."),
+    gallery_model: Path = typer.Option(..., help="Model that embedded the gallery."),
+    data: Path = typer.Option(..., help="User data folder or world root."),
+    split: str = typer.Option("test", help="Split when --data is a world root."),
+    langs: str = typer.Option("en", help="Comma-separated caption languages."),
+    json_out: Optional[Path] = typer.Option(None, "--json", help="Write results as JSON here."),
+    bridge: Optional[List[Path]] = typer.Option(None, "--bridge", help="Upgrade directory taking the query model "
+                                                "into the gallery model's space; repeat to chain bridges."),
+    reco: Optional[Path] = typer.Option(None, "--reco", help="RECO directory: refine the queries (queries only; "
+                                        "the gallery embeddings stay the original ones)."),
+) -> None:
+    """Text->image and image->text R@1/5/10, median rank, mAP for a query model x gallery model."""
+    from ..encoders import load_encoder
+    from ..evaluate import cross_retrieval, embed_dataset, load_eval_data
+    from ..report import recall_table_rows, text_table
+
+    try:
+        ds = load_eval_data(data, split, langs=[x for x in langs.split(",") if x])
+        q = load_encoder(query_model)
+        g = q if gallery_model == query_model else load_encoder(gallery_model)
+        ge = embed_dataset(g, ds, progress=True)
+        if bridge or reco is not None:  # the Searcher's query pipeline: bridges and RECO refinement
+            from ..evaluate import Embedded
+            from ..search.searcher import query_side_for
+
+            side = query_side_for(q, g.space_id, bridges=bridge or [], reco=reco)
+            qe = Embedded(g.space_id, side.embed("image", ds.image_paths()), side.embed("text", ds.captions))
+        else:  # the raw comparison (near chance across spaces: why upgrades exist)
+            qe = ge if g is q else embed_dataset(q, ds, progress=True)
+    except user_errors() as e:
+        fail(str(e))
+    res = cross_retrieval(qe, ge, ds.caption_image)
+    res.update({"query_model": str(query_model), "gallery_model": str(gallery_model), "n_images": len(ds),
+                "n_captions": len(ds.captions), "query_space": q.space_id, "gallery_space": g.space_id,
+                "bridges": [str(b) for b in bridge or []], "reco": str(reco) if reco else None})
+    typer.echo(text_table(*recall_table_rows({f"{query_model.name}/{gallery_model.name}": res})))
+    write_json(json_out, res)
+
+
+def eval_compat(
+    old: Path = typer.Option(..., help="The old model (gallery side)."),
+    new: Path = typer.Option(..., help="The new model (query side)."),
+    bridge: List[Path] = typer.Option(..., "--bridge", help="Upgrade directory new -> old (repeat to chain)."),
+    data: Path = typer.Option(..., help="User data folder or world root."),
+    split: str = typer.Option("test", help="Split when --data is a world root."),
+    langs: str = typer.Option("en", help="Comma-separated caption languages."),
+    strict: bool = typer.Option(False, help="Eq. 1 with strict inequalities (a tie fails); default: ties satisfy "
+                                            "<= / >= as written."),
+    n_unpaired: int = typer.Option(20000, help="Sampled unpaired (i, j) for the criterion rates."),
+    json_out: Optional[Path] = typer.Option(None, "--json", help="Write results as JSON here."),
+) -> None:
+    """Backward compatibility of an upgraded new model with an old gallery: old/old, new/new (upgrade
+    off), raw new/old, upgraded new/old R@1/5/10, gap closure, Eq. 1 criterion rates, on/off check."""
+    from ..compat.upgrade import load_upgrade, query_side
+    from ..encoders import load_encoder
+    from ..evaluate import Embedded, cross_retrieval, embed_dataset, load_eval_data
+    from ..metrics.compat import cross_modal_criterion
+    from ..report import recall_table_rows, text_table
+
+    try:
+        ds = load_eval_data(data, split, langs=[x for x in langs.split(",") if x])
+        o, n = load_encoder(old), load_encoder(new)
+        eo, en = embed_dataset(o, ds, progress=True), embed_dataset(n, ds, progress=True)
+        ups = [load_upgrade(b) for b in bridge]
+        enc, br = query_side(n, ups, o.space_id)
+        eu = embed_dataset(enc, ds, progress=True)
+        if br is not None:
+            eu = Embedded(br.target, br(eu.images), br(eu.texts))
+        onoff = None
+        if hasattr(enc, "switched"):
+            with enc.switched(False):
+                off = embed_dataset(enc, ds)
+            onoff = float(max(abs(off.images - en.images).max(), abs(off.texts - en.texts).max()))
+    except (ValueError, FileNotFoundError) as e:
+        fail(str(e))
+    c2i = ds.caption_image
+    rows = {"old_old": cross_retrieval(eo, eo, c2i), "new_new": cross_retrieval(en, en, c2i),
+            "new_old_raw": cross_retrieval(en, eo, c2i), "upgraded_new_old": cross_retrieval(eu, eo, c2i)}
+    gap = {d: ((rows["upgraded_new_old"][d]["R@1"] - rows["old_old"][d]["R@1"])
+               / (rows["new_new"][d]["R@1"] - rows["old_old"][d]["R@1"]))
+           if rows["new_new"][d]["R@1"] != rows["old_old"][d]["R@1"] else None for d in ("t2i", "i2t")}
+    crit = cross_modal_criterion(eu.texts, eu.images, eo.texts, eo.images, c2i, n_unpaired=n_unpaired, strict=strict)
+    labels = {"old_old": "old/old", "new_new": "new/new (off)", "new_old_raw": "raw new/old",
+              "upgraded_new_old": "upgraded new/old"}
+    typer.echo(text_table(*recall_table_rows({labels[k]: v for k, v in rows.items()})))
+    typer.echo("gap closure: " + ", ".join(f"{d} {v:.2f}" if v is not None else f"{d} -" for d, v in gap.items()))
+    for case, r in crit.items():
+        typer.echo(f"criterion {case}: paired {100 * r['paired']:.1f}%  unpaired {100 * r['unpaired']:.1f}%")
+    if onoff is not None:
+        typer.echo(f"upgrade off vs original new model: max abs diff {onoff}")
+    write_json(json_out, {"rows": rows, "gap_closure": gap, "criterion": crit, "onoff_max_abs_diff": onoff,
+                           "strict": strict, "n_images": len(ds), "n_captions": len(ds.captions),
+                           "bridges": [str(b) for b in bridge], "spaces": {"old": o.space_id, "new": n.space_id}})

@@ -1,0 +1,92 @@
+"""``nobackfill index`` and ``search``: single-space galleries (a gallery opens as a one-space collection)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import List, Optional
+
+import typer
+
+from ._common import console, fail, user_errors
+
+
+def index(
+    model: Path = typer.Option(..., help="Model directory that embeds the gallery."),
+    data: Path = typer.Option(..., help="User data folder (captions.jsonl + images) or a world root."),
+    out: Path = typer.Option(..., help="Gallery directory (created, or resumed if it exists)."),
+    split: str = typer.Option("test", help="Split to use when --data is a world root."),
+    langs: str = typer.Option("", help="Comma-separated caption languages to index (default: all)."),
+    backend: str = typer.Option("flat", help="Vector index backend: flat | hnsw | hnsw:M=16,ef=64."),
+    skip_bad: bool = typer.Option(False, help="Skip malformed lines and unreadable images (and report how many)."),
+    tokens: str = typer.Option("", help="Also store token outputs for CMLI re-ranking: float16 | float32."),
+    token_dim: Optional[int] = typer.Option(None, help="With --tokens: PCA-project the tokens to this many dims."),
+) -> None:
+    """Embed a data folder's images and captions into a model-versioned gallery (resumable)."""
+    from ..index.ingest import index_pairs
+    from ..encoders import load_encoder
+    from ..evaluate import load_eval_data
+
+    try:
+        ds = load_eval_data(data, split, langs=[x for x in langs.split(",") if x], skip_bad=skip_bad)
+        enc = load_encoder(model)
+        g = index_pairs(enc, ds, out, model_ref=str(model), backend=backend)
+        if tokens:
+            from ..late.rerank import store_dataset_tokens
+
+            store_dataset_tokens(enc, ds, out, dtype=tokens, dim=token_dim)
+    except (ValueError, FileNotFoundError) as e:
+        fail(str(e))
+    if ds.skipped:
+        console.print(f"[yellow]skipped {ds.skipped} bad line(s)/image(s)[/yellow]")
+    console.print(f"gallery {out}: {g.count('image')} images, {g.count('text')} texts, space {g.space_id}")
+
+
+def search(
+    gallery: Path = typer.Option(..., help="Gallery directory."),
+    model: Path = typer.Option(..., help="Model that embeds the query."),
+    text: Optional[str] = typer.Option(None, help="Text query (searches the gallery's images)."),
+    image: Optional[Path] = typer.Option(None, help="Image query (searches the gallery's captions)."),
+    k: int = typer.Option(10, help="Number of results."),
+    as_json: bool = typer.Option(False, "--json", help="Print JSON instead of a table."),
+    bridge: Optional[List[Path]] = typer.Option(None, "--bridge", help="Upgrade directory taking the model's "
+                                                "queries into the gallery's space (XBT, phi, Procrustes); repeat "
+                                                "to chain bridges."),
+    reco: Optional[Path] = typer.Option(None, "--reco", help="RECO directory: refine the query with its memory "
+                                        "(the gallery is searched as stored)."),
+    rerank: str = typer.Option("", help="Re-score the first-stage top --rerank-k: cmli | cmli-sym (needs index "
+                                        "--tokens)."),
+    rerank_k: int = typer.Option(100, help="First-stage candidates to re-rank."),
+    rerank_weight: float = typer.Option(1.0, help="Re-rank score = global + weight * CMLI (inf: CMLI only)."),
+) -> None:
+    """Search a gallery with a text or an image query (from another model through --bridge). A
+    collection directory works too (all its spaces, each reached natively or through --bridge)."""
+    from ..index.collection import Collection
+    from ..search import Searcher
+
+    if (text is None) == (image is None):
+        fail("give exactly one of --text or --image")
+    try:
+        s = Searcher(Collection.open(gallery), query_model=model, bridges=bridge or [], reco=reco, rerank=rerank,
+                     rerank_k=rerank_k, rerank_weight=rerank_weight)
+        r = s.search(text=text, image=image, k=k)
+    except user_errors() as e:
+        fail(str(e))
+    print_hits(r, as_json, k)
+
+
+def print_hits(r, as_json: bool, k: int) -> None:
+    """The hits of a :class:`~nobackfill.search.SearchResponse` as JSON (``--json``) or a table."""
+    if as_json:
+        typer.echo(json.dumps(r.to_json(), indent=2))
+        return
+    from rich.console import Console
+    from rich.table import Table
+
+    t = Table(title=f"top {k} {r.modality}s for {r.query}")
+    for col in ("rank", "score", "id", "space", "route", "item"):
+        t.add_column(col)
+    for h in r.hits:
+        t.add_row(str(h.rank), f"{h.score:.3f}", h.id, h.space[:24], h.route,
+                  str(h.metadata.get("path") or h.metadata.get("text", "")))
+    Console().print(t)

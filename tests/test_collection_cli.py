@@ -1,0 +1,123 @@
+"""``nobackfill collection ...`` end to end with the shipped world models and XBT upgrade: create, add,
+upgrade with calibration, search across spaces, status, delete, pin a route, backfill, retire."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from nobackfill.cli import app
+
+ROOT = Path(__file__).resolve().parents[1]
+MODELS, UPGRADE = ROOT / "models", ROOT / "upgrades" / "world-old-to-new"
+runner = CliRunner()
+
+
+def invoke(*args):
+    return runner.invoke(app, [str(a) for a in args])
+
+
+def js(*args) -> dict:
+    r = invoke(*args, "--json")
+    assert r.exit_code == 0, r.output
+    return json.loads(r.stdout)
+
+
+@pytest.fixture(scope="module")
+def coll(tmp_path_factory):
+    root = tmp_path_factory.mktemp("coll")
+    r = invoke("world", "--out", root / "world", "--n-train", 10, "--n-val", 24, "--n-test", 30, "--workers", 1,
+               "--langs", "en,de")
+    assert r.exit_code == 0, r.output
+    r = invoke("collection", "create", root / "photos", "--model", MODELS / "world-old")
+    assert r.exit_code == 0, r.output
+    r = invoke("collection", "add", root / "photos", "--data", root / "world", "--split", "test", "--langs", "en")
+    assert r.exit_code == 0, r.output
+    assert "added 90" in r.output
+    return root
+
+
+def test_readd_and_search_before_the_upgrade(coll):
+    r = invoke("collection", "add", coll / "photos", "--data", coll / "world", "--split", "test", "--langs", "en")
+    assert r.exit_code == 0 and "added 0, already there 90" in r.output
+    out = js("collection", "search", coll / "photos", "--text", "a red circle", "--k", 5)
+    assert out["modality"] == "image" and len(out["hits"]) == 5
+    h = out["hits"][0]
+    assert h["rank"] == 1 and h["route"] == "native" and h["space"].startswith("hf-clip-") and Path(h["path"]).is_file()
+    img = next((coll / "world" / "test" / "images").iterdir())
+    out = js("collection", "search", coll / "photos", "--image", img, "--k", 3)
+    assert out["modality"] == "text" and all("text" in h for h in out["hits"])
+
+
+def test_upgrade_calibrates_routes_and_search_spans_both_spaces(coll):
+    r = invoke("collection", "upgrade", coll / "photos", "--model", MODELS / "world-new", "--bridge", UPGRADE,
+               "--calibrate", coll / "world", "--calibrate-split", "val")
+    assert r.exit_code == 0, r.output
+    assert "nothing was re-embedded" in r.output and "(calibrated)" in r.output
+    st = js("collection", "status", coll / "photos")
+    assert len(st["spaces"]) == 2 and st["calibrated"]
+    (old_sid, old), (new_sid, new) = sorted(st["spaces"].items(), key=lambda kv: kv[1]["current"])
+    assert new["current"] and new["image"] == 0 and old["image"] == 30 and old["text"] == 60
+    assert set(st["routes"][old_sid]) >= {"t2i", "i2t"} and st["routes"][old_sid]["t2i"]["calibrated"]
+    assert st["backfill"]["done"] == 0 and st["backfill"]["total"] == 90
+    r = invoke("collection", "add", coll / "photos", "--texts", _texts(coll, ["a caption added after the upgrade"]))
+    assert r.exit_code == 0, r.output
+    out = js("collection", "search", coll / "photos", "--text", "a caption added after the upgrade", "--k", 100,
+             "--target", "text")
+    assert {h["space"] for h in out["hits"]} == {old_sid, new_sid} and len(out["hits"]) == 61
+    assert out["hits"][0]["text"] == "a caption added after the upgrade" and out["hits"][0]["route"] == "native"
+    assert len({h["id"] for h in out["hits"]}) == 61
+
+
+def _texts(root: Path, lines: list[str]) -> Path:
+    p = root / "texts.txt"
+    p.write_text("\n".join(lines) + "\n")
+    return p
+
+
+def test_delete_pin_and_errors_leave_the_collection_unchanged(coll):
+    before = js("collection", "status", coll / "photos")
+    r = invoke("collection", "delete", coll / "photos", "--id", "no-such-item")
+    assert r.exit_code == 2 and "no item with id 'no-such-item'" in r.output
+    r = invoke("collection", "create", coll / "photos", "--model", MODELS / "world-old")
+    assert r.exit_code == 2 and "already holds a collection" in r.output
+    r = invoke("collection", "search", coll / "photos", "--text", "")
+    assert r.exit_code == 2 and "empty" in r.output
+    r = invoke("collection", "upgrade", coll / "photos", "--model", MODELS / "world-new")
+    assert r.exit_code == 2 and "already the current model" in r.output
+    assert js("collection", "status", coll / "photos")["generation"] == before["generation"]
+    hit = js("collection", "search", coll / "photos", "--text", "a blue square", "--k", 1)["hits"][0]
+    r = invoke("collection", "delete", coll / "photos", "--id", hit["id"])
+    assert r.exit_code == 0, r.output
+    ids = {h["id"] for h in js("collection", "search", coll / "photos", "--text", "a blue square", "--k", 40)["hits"]}
+    assert hit["id"] not in ids
+    old_sid = next(s for s, v in before["spaces"].items() if not v["current"])
+    r = invoke("collection", "route", coll / "photos", "--space", old_sid, "--direction", "t2i", "--route", "old-model")
+    assert r.exit_code == 0 and "(pinned)" in r.output
+    out = js("collection", "search", coll / "photos", "--text", "a blue square", "--k", 5)
+    assert {h["route"] for h in out["hits"]} == {"old-model"}
+    invoke("collection", "route", coll / "photos", "--space", old_sid, "--direction", "t2i", "--unpin")
+
+
+def test_backfill_progress_and_retire(coll):
+    st = js("collection", "status", coll / "photos")
+    old_sid = next(s for s, v in st["spaces"].items() if not v["current"])
+    r = invoke("collection", "backfill", coll / "photos", "--order", "random", "--limit", 20, "--batch-size", 8)
+    assert r.exit_code == 0, r.output
+    st = js("collection", "status", coll / "photos")
+    assert st["backfill"]["done"] == 20 + 1 and st["backfill"]["order"] == "random"  # + the text added after
+    r = invoke("collection", "upgrade", coll / "photos", "--model", MODELS / "world-newer", "--bridge", UPGRADE)
+    assert r.exit_code == 2 and "let it finish" in r.output
+    r = invoke("collection", "retire", coll / "photos", "--space", old_sid)
+    assert r.exit_code == 2 and "no vector in the current space" in r.output
+    r = invoke("collection", "backfill", coll / "photos")
+    assert r.exit_code == 0, r.output
+    st = js("collection", "status", coll / "photos")
+    assert st["backfill"]["fraction"] == 1.0
+    r = invoke("collection", "retire", coll / "photos", "--space", old_sid)
+    assert r.exit_code == 0, r.output
+    out = js("collection", "search", coll / "photos", "--text", "a red circle", "--k", 5)
+    assert {h["route"] for h in out["hits"]} == {"native"}

@@ -1,0 +1,138 @@
+"""The shape of the tree: imports flow one way, cli/serve -> bench -> search -> methods -> core; only
+the command line imports typer; nothing imports the command line. Read from the source with ``ast``
+(module-level and function-level imports alike), nothing is imported."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+SRC = Path(__file__).resolve().parents[1] / "src" / "nobackfill"
+
+#: a unit (a top-level subpackage or module of nobackfill) may import units of its own rank or below
+RANKS = {
+    # core: models, data, storage, metrics, the training loop and their plumbing
+    "encoders": 0, "data": 0, "index": 0, "metrics": 0, "train": 0, "config": 0, "progress": 0, "report": 0,
+    "evaluate": 0, "__init__": 0,
+    # methods (the seeds)
+    "compat": 1, "late": 1, "lingual": 1, "reco": 1,
+    # the system: searcher, routes, backfill
+    "search": 2,
+    # benchmarks and the main job
+    "bench": 3, "demo": 3,
+    # applications: the command line, the service and its client
+    "cli": 4, "serve": 4, "client": 4,
+}
+APPS = {"cli"}
+
+
+def _modules():
+    for path in sorted(SRC.rglob("*.py")):
+        rel = path.relative_to(SRC).with_suffix("")
+        yield path, list(rel.parts)
+
+
+def _imports(path: Path, parts: list[str]) -> list[tuple[str, int]]:
+    """(imported dotted name inside nobackfill or an external top-level module, line)."""
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    pkg = parts[:-1] if parts[-1] != "__init__" else parts[:-1]
+    if parts[-1] == "__init__":
+        pkg = parts[:-1]
+    out = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            out += [(a.name, node.lineno) for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = pkg[: len(pkg) - (node.level - 1)] if node.level > 1 else pkg
+                name = ".".join(["nobackfill", *base] + ([node.module] if node.module else []))
+                if node.module is None:  # from . import a, b
+                    out += [(f"{name}.{a.name}", node.lineno) for a in node.names]
+                    continue
+            else:
+                name = node.module or ""
+            out.append((name, node.lineno))
+    return out
+
+
+def _unit(dotted: str) -> str | None:
+    parts = dotted.split(".")
+    return parts[1] if parts[0] == "nobackfill" and len(parts) > 1 else ("__init__" if dotted == "nobackfill" else None)
+
+
+def _graph():
+    edges: dict[str, dict[str, list[str]]] = {}
+    external: list[tuple[str, str, str]] = []
+    for path, parts in _modules():
+        src_unit = parts[0] if len(parts) > 1 else parts[0]
+        for name, line in _imports(path, parts):
+            u = _unit(name)
+            where = f"{path.relative_to(SRC.parent)}:{line}"
+            if u is None:
+                external.append((src_unit, name.split(".")[0], where))
+            elif u != src_unit:
+                edges.setdefault(src_unit, {}).setdefault(u, []).append(where)
+    return edges, external
+
+
+def test_every_unit_has_a_rank():
+    units = {parts[0] for _, parts in _modules()}
+    assert units <= set(RANKS), f"give these a rank in {__file__}: {sorted(units - set(RANKS))}"
+
+
+def test_only_the_command_line_imports_typer_or_click():
+    _, external = _graph()
+    bad = [f"{where} imports {mod}" for unit, mod, where in external if mod in ("typer", "click") and unit not in APPS]
+    assert not bad, "\n".join(bad)
+
+
+def test_nothing_imports_the_command_line():
+    edges, _ = _graph()
+    bad = [w for src, dst in edges.items() if src != "cli" for w in dst.get("cli", [])]
+    assert not bad, "imports of nobackfill.cli: " + ", ".join(bad)
+
+
+def test_imports_flow_one_way():
+    edges, _ = _graph()
+    bad = [f"{w}: {src} (rank {RANKS[src]}) imports {dst} (rank {RANKS[dst]})"
+           for src, dsts in edges.items() for dst, where in dsts.items() if RANKS[dst] > RANKS[src] for w in where]
+    assert not bad, "\n".join(bad)
+
+
+def test_no_cycle_between_units():
+    edges, _ = _graph()
+    graph = {s: set(d) for s, d in edges.items()}
+    state: dict[str, int] = {}
+    stack: list[str] = []
+
+    def visit(n: str) -> None:
+        state[n] = 1
+        stack.append(n)
+        for m in sorted(graph.get(n, ())):
+            if state.get(m) == 1:
+                cycle = stack[stack.index(m):] + [m]
+                pytest.fail("import cycle: " + " -> ".join(cycle) + "; e.g. " + ", ".join(
+                    edges[a][b][0] for a, b in zip(cycle, cycle[1:])))
+            if m not in state:
+                visit(m)
+        stack.pop()
+        state[n] = 2
+
+    for n in sorted(graph):
+        if n not in state:
+            visit(n)
+
+
+def test_the_checker_sees_a_violation(tmp_path, monkeypatch):
+    """The rules above can fail: a core module importing a method package is reported."""
+    fake = tmp_path / "nobackfill"
+    (fake / "index").mkdir(parents=True)
+    (fake / "compat").mkdir()
+    (fake / "index" / "x.py").write_text("def f():\n    from ..compat import upgrade\n")
+    (fake / "compat" / "upgrade.py").write_text("import typer\n")
+    monkeypatch.setattr(__import__(__name__), "SRC", fake)
+    edges, external = _graph()
+    assert "compat" in edges["index"] and RANKS["compat"] > RANKS["index"]
+    assert any(mod == "typer" and unit == "compat" for unit, mod, _ in external)
