@@ -32,6 +32,9 @@ bench: $(STAMP)
 	$(BIN)/nobackfill bench lingual-world --quick --json runs/bench/quick/lingual_world.json
 	$(BIN)/nobackfill bench reco --quick --json runs/bench/quick/reco.json
 	$(BIN)/nobackfill bench late --quick --json runs/bench/quick/late.json
+	$(BIN)/nobackfill bench routes --quick --json benchmarks/results/routes.json
+	$(BIN)/nobackfill bench backfill --quick --json benchmarks/results/backfill.json
+	$(BIN)/python scripts/readme_tables.py
 
 # the reported (long) runs: hours on 2 cores
 bench-full: $(STAMP)

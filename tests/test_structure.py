@@ -136,3 +136,13 @@ def test_the_checker_sees_a_violation(tmp_path, monkeypatch):
     edges, external = _graph()
     assert "compat" in edges["index"] and RANKS["compat"] > RANKS["index"]
     assert any(mod == "typer" and unit == "compat" for unit, mod, _ in external)
+
+
+def test_the_readme_tables_match_the_committed_results():
+    """Every table between ``<!-- results:NAME -->`` markers is benchmarks/results/NAME.md verbatim."""
+    import runpy
+
+    mod = runpy.run_path(str(SRC.parents[1] / "scripts" / "readme_tables.py"))
+    readme = (SRC.parents[1] / "README.md").read_text()
+    assert mod["refresh"](readme, SRC.parents[1] / "benchmarks" / "results") == readme, \
+        "README tables are stale: run python scripts/readme_tables.py"

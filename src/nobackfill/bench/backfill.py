@@ -213,7 +213,7 @@ def plot_curves(result: dict[str, Any]):
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4.2), sharey=False)
+    fig, axes = plt.subplots(1, 2, figsize=(11, 5.0), sharey=False)
     styles = {"calibrated": "-", "raw": "--", "rank": ":"}
     colours = {"uncertainty": "tab:red", "random": "tab:blue", "sequential": "tab:grey"}
     for ax, d in zip(axes, ("t2i", "i2t")):
@@ -228,8 +228,9 @@ def plot_curves(result: dict[str, Any]):
         ax.set_title(f"{d}: R@1 while backfilling (world test)")
         ax.set_xlabel("% of the gallery backfilled")
         ax.set_ylabel("R@1 %")
-    axes[1].legend(fontsize=7, loc="lower right")
-    fig.tight_layout()
+    handles, labels = axes[0].get_legend_handles_labels()
+    fig.legend(handles, labels, fontsize=7, loc="lower center", ncol=6, frameon=False)
+    fig.tight_layout(rect=(0, 0.1, 1, 1))
     return fig
 
 

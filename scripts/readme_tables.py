@@ -1,0 +1,45 @@
+"""Refresh the README's result tables from the committed benchmark outputs.
+
+Every ``<!-- results:NAME -->`` ... ``<!-- /results:NAME -->`` block of README.md is replaced by
+``benchmarks/results/NAME.md`` (written by ``nobackfill bench NAME --json benchmarks/results/NAME.json``,
+which ``make bench`` runs). ``--check`` exits 1 if the README is out of date instead of writing.
+
+    python scripts/readme_tables.py [--check]
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+BLOCK = re.compile(r"(<!-- results:(?P<name>[\w-]+) -->\n)(?P<body>.*?)(<!-- /results:(?P=name) -->)", re.S)
+
+
+def refresh(readme: str, results: Path) -> str:
+    def fill(m: re.Match) -> str:
+        src = results / f"{m.group('name')}.md"
+        if not src.is_file():
+            raise SystemExit(f"{src}: missing (run `make bench`)")
+        return m.group(1) + src.read_text().rstrip() + "\n" + m.group(4)
+
+    return BLOCK.sub(fill, readme)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--check", action="store_true", help="Exit 1 if the README's tables are out of date.")
+    args = ap.parse_args()
+    path = ROOT / "README.md"
+    old = path.read_text()
+    new = refresh(old, ROOT / "benchmarks" / "results")
+    if args.check:
+        sys.exit(0 if new == old else 1)
+    path.write_text(new)
+    print(f"refreshed {len(BLOCK.findall(old))} table(s) in {path}")
+
+
+if __name__ == "__main__":
+    main()
