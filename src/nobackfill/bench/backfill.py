@@ -196,7 +196,8 @@ def run_backfill_bench(cfg: BackfillBenchConfig, log: Callable[[str], None] | No
     if default in curves and f"random/{plan['merge']['method']}" in curves:
         rnd = curves[f"random/{plan['merge']['method']}"]
         out["default_vs_random_auc"] = {d: curves[default]["auc"][d] - rnd["auc"][d] for d in ("t2i", "i2t")}
-    say("cost of an upgrade and of a full backfill ...")
+    if cfg.cost_sizes:
+        say("cost of an upgrade and of a full backfill ...")
     out["cost"] = _cost(cfg, say)
     out["routes"] = {d: r["route"] + (f" w={r['w']}" if r.get("w") is not None else "")
                      for d, r in plan["routes"][old_sid].items() if d in ("t2i", "i2t")}

@@ -38,6 +38,8 @@ ROUTES = (OLD_MODEL, BRIDGE, FUSED)
 DIRECTIONS = {"t2i": ("text", "image"), "i2t": ("image", "text"), "t2t": ("text", "text"), "i2i": ("image", "image")}
 #: the route a space gets when no calibration chose one (and ``bridge`` is not available)
 DEFAULT_ROUTE = BRIDGE
+#: the weight of a fused route asked for without one (no pin, no calibration)
+DEFAULT_FUSED_WEIGHT = 0.5
 
 Refine = Callable[[np.ndarray, str, str], np.ndarray]
 
@@ -260,9 +262,11 @@ class RoutePlanner:
         if route not in avail:
             raise NoRouteError(space_id, self.current, f"use route {route!r} to space {space_id} for {direction}",
                                what="current model's queries", hint=f"available routes: {', '.join(avail) or 'none'}")
-        if route == FUSED and weight is None:
+        if route == FUSED and weight is None:  # the pinned / chosen w, else the calibrated best, else 0.5
             entry = (self.plan.get("routes") or {}).get(space_id, {}).get(direction) or {}
-            weight = entry.get("w", entry.get("calibration", {}).get("w", 0.5))
+            weight = entry.get("w")
+            if weight is None:
+                weight = ((entry.get("calibration") or {}).get(FUSED) or {}).get("w", DEFAULT_FUSED_WEIGHT)
         cur = _space(self.plan, self.current)
         current = self.pool.get(cur["model"], self.current, what="current model")
         if route == NATIVE:
