@@ -68,6 +68,12 @@ def test_eval_compat_and_retrieval_with_bridge(setup):
     assert res["onoff_max_abs_diff"] == 0.0
     assert set(res["rows"]) == {"old_old", "new_new", "new_old_raw", "upgraded_new_old"}
     assert set(res["criterion"]) == {"w_new/v_old", "v_new/w_old"}
+    assert set(res["flips"]) == {"new_new", "upgraded_new_old"}
+    for d in ("t2i", "i2t"):
+        f = res["flips"]["upgraded_new_old"][d]
+        assert 0 <= f["NFR"] <= 1 - res["rows"]["upgraded_new_old"][d]["R@1"] + 1e-9  # a flip is a miss now
+        assert f["PFR"] - f["NFR"] == pytest.approx(res["rows"]["upgraded_new_old"][d]["R@1"]
+                                                    - res["rows"]["old_old"][d]["R@1"], abs=1e-9)
     r = invoke("eval", "retrieval", "--query-model", setup / "models" / "world-new", "--gallery-model",
                setup / "models" / "world-old", "--data", setup / "world", "--bridge", setup / "up")
     assert r.exit_code == 0, r.output

@@ -304,3 +304,16 @@ def test_format_table():
     skipped = next(line for line in lines if line.startswith("old/wide"))
     assert "-" in skipped and "dim mismatch" in skipped
     assert len(lines) == 2 + len(grid) + 1
+
+
+def test_best_relevant_ranks_agree_with_retrieval_metrics():
+    from nobackfill.metrics.retrieval import best_relevant_ranks, retrieval_metrics
+
+    rng = np.random.default_rng(3)
+    img, txt = rng.standard_normal((12, 8)), rng.standard_normal((20, 8))
+    c2i = rng.integers(0, 10, 20)  # images 10 and 11 have no caption: no i2t query
+    m = retrieval_metrics(img, txt, c2i)
+    for d, (q, g) in (("t2i", (txt, img)), ("i2t", (img, txt))):
+        ranks = best_relevant_ranks(q, g, c2i, d)
+        assert len(ranks) == m[d]["n_queries"]
+        assert np.mean(ranks == 1) == pytest.approx(m[d]["R@1"]) and np.median(ranks) == m[d]["median_rank"]

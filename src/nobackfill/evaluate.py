@@ -92,6 +92,25 @@ def cross_retrieval(query: Embedded, gallery: Embedded, text_to_image: np.ndarra
     return out
 
 
+def cross_flips(rows: dict[str, tuple[Embedded, Embedded]], baseline: str, text_to_image: np.ndarray) -> dict:
+    """Negative / positive flips of every row against ``baseline`` (the tutorial's NFR / PFR applied
+    to retrieval: a query whose top-1 was right under the baseline and is wrong under the row, and
+    the reverse). ``rows`` maps a name to its (query, gallery) embeddings, as for :func:`cross_retrieval`."""
+    from .metrics.flips import flip_rates
+    from .metrics.retrieval import best_relevant_ranks
+
+    def top1(query: Embedded, gallery: Embedded) -> dict[str, np.ndarray]:
+        qt, gi = align_dims(query.texts, gallery.images)
+        qi, gt = align_dims(query.images, gallery.texts)
+        return {"t2i": best_relevant_ranks(qt, gi, text_to_image, "t2i") == 1,
+                "i2t": best_relevant_ranks(qi, gt, text_to_image, "i2t") == 1}
+
+    correct = {name: top1(q, g) for name, (q, g) in rows.items()}
+    base = correct[baseline]
+    return {name: {d: {k: v for k, v in flip_rates(base[d], c[d]).items() if k in ("NFR", "PFR", "rel_NFR")}
+                   for d in ("t2i", "i2t")} for name, c in correct.items() if name != baseline}
+
+
 #: captions per cache block of :func:`embed_texts_cached` (blocks at fixed offsets, so a prefix of a
 #: list reuses the blocks of the whole list)
 TEXT_CACHE_BLOCK = 5000

@@ -66,7 +66,7 @@ def eval_compat(
     off), raw new/old, upgraded new/old R@1/5/10, gap closure, Eq. 1 criterion rates, on/off check."""
     from ..compat.upgrade import load_upgrade, query_side
     from ..encoders import load_encoder
-    from ..evaluate import Embedded, cross_retrieval, embed_dataset, load_eval_data
+    from ..evaluate import Embedded, cross_flips, cross_retrieval, embed_dataset, load_eval_data
     from ..metrics.compat import cross_modal_criterion
     from ..report import recall_table_rows, text_table
 
@@ -92,6 +92,7 @@ def eval_compat(
     gap = {d: ((rows["upgraded_new_old"][d]["R@1"] - rows["old_old"][d]["R@1"])
                / (rows["new_new"][d]["R@1"] - rows["old_old"][d]["R@1"]))
            if rows["new_new"][d]["R@1"] != rows["old_old"][d]["R@1"] else None for d in ("t2i", "i2t")}
+    flips = cross_flips({"old_old": (eo, eo), "new_new": (en, en), "upgraded_new_old": (eu, eo)}, "old_old", c2i)
     crit = cross_modal_criterion(eu.texts, eu.images, eo.texts, eo.images, c2i, n_unpaired=n_unpaired, strict=strict)
     labels = {"old_old": "old/old", "new_new": "new/new (off)", "new_old_raw": "raw new/old",
               "upgraded_new_old": "upgraded new/old"}
@@ -99,8 +100,11 @@ def eval_compat(
     typer.echo("gap closure: " + ", ".join(f"{d} {v:.2f}" if v is not None else f"{d} -" for d, v in gap.items()))
     for case, r in crit.items():
         typer.echo(f"criterion {case}: paired {100 * r['paired']:.1f}%  unpaired {100 * r['unpaired']:.1f}%")
+    for name, f in flips.items():
+        typer.echo(f"flips vs old/old, {labels[name]}: " + ", ".join(
+            f"{d} NFR {100 * v['NFR']:.1f}% PFR {100 * v['PFR']:.1f}%" for d, v in f.items()))
     if onoff is not None:
         typer.echo(f"upgrade off vs original new model: max abs diff {onoff}")
-    write_json(json_out, {"rows": rows, "gap_closure": gap, "criterion": crit, "onoff_max_abs_diff": onoff,
+    write_json(json_out, {"rows": rows, "gap_closure": gap, "criterion": crit, "flips": flips, "onoff_max_abs_diff": onoff,
                            "strict": strict, "n_images": len(ds), "n_captions": len(ds.captions),
                            "bridges": [str(b) for b in bridge], "spaces": {"old": o.space_id, "new": n.space_id}})

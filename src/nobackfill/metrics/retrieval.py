@@ -258,6 +258,32 @@ def retrieval_metrics(
     return out
 
 
+def best_relevant_ranks(
+    query_emb: np.ndarray,
+    gallery_emb: np.ndarray,
+    text_to_image: np.ndarray | Sequence[int],
+    direction: str,
+    *,
+    chunk: int = 1024,
+    ties: Ties = "pessimistic",
+) -> np.ndarray:
+    """Per query of ``direction`` (``t2i``: caption queries, gallery of images; ``i2t``: image queries
+    with at least one caption, gallery of captions), the 1-based rank of its best relevant item:
+    what :func:`retrieval_metrics` summarises, per query (for flip rates: rank 1 = correct top-1)."""
+    if direction not in _DIRECTIONS:
+        raise ValueError(f"direction must be one of {_DIRECTIONS}, got {direction!r}")
+    q = _as_matrix(query_emb, "query_emb")
+    g = _as_matrix(gallery_emb, "gallery_emb")
+    _check_dims(q, g, "query_emb", "gallery_emb")
+    n_txt, n_img = (q.shape[0], g.shape[0]) if direction == "t2i" else (g.shape[0], q.shape[0])
+    t2i = _as_index(text_to_image, n_txt, n_img)
+    keep, indptr, indices = relevance_csr(direction, t2i, n_img)
+    if keep is not None:
+        q = q[keep]
+    best, _ = _relevant_ranks(q, g, indptr, indices, chunk=int(chunk), ties=ties)
+    return best
+
+
 # --------------------------------------------------------------------------------- model grid
 def protocol_grid(
     image_embs: dict[str, np.ndarray],
