@@ -15,8 +15,10 @@ $(STAMP): pyproject.toml
 
 setup: $(STAMP)
 
+# the suite, then the tests against a real Milvus server, in a loopback-only network namespace
 test: $(STAMP)
-	$(BIN)/python -m pytest -x -p no:cacheprovider
+	$(BIN)/python -m pytest -x -p no:cacheprovider -m "not milvus_server"
+	sh scripts/isolated.sh $(BIN)/python -m pytest -x -p no:cacheprovider -m milvus_server
 
 demo: $(STAMP)
 	$(BIN)/nobackfill demo --json runs/demo/report.json

@@ -44,3 +44,17 @@ warmup = 2
 def tiny_preset(dim: int = 32, steps: int = 12) -> str:
     """TOML text of :data:`TINY_PRESET`."""
     return TINY_PRESET.format(dim=dim, steps=steps)
+
+
+@pytest.fixture(scope="session")
+def milvus_server(tmp_path_factory):
+    """A real Milvus standalone server (pip package ``milvus``) for the whole session, in a fresh
+    base directory; ``HOST:PORT`` of its proxy. Skipped, saying why, when it cannot start."""
+    from nobackfill.index.milvus_server import MilvusServerError, start_server
+
+    try:
+        server = start_server(tmp_path_factory.mktemp("milvus-server"))
+    except MilvusServerError as e:
+        pytest.skip(f"no Milvus server: {e}")
+    yield server.address
+    server.stop()

@@ -42,7 +42,6 @@ import contextlib
 import hashlib
 import json
 import logging
-import os
 import re
 import threading
 from dataclasses import dataclass, field
@@ -53,19 +52,9 @@ from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
 import numpy as np
 
 from .backends import validate_spec
-from .store import (
-    MANIFEST as GALLERY_MANIFEST,
-    MODALITIES,
-    Gallery,
-    GalleryError,
-    atomic_write_bytes,
-    read_tagged_json,
-)
-
-try:  # POSIX advisory locks
-    import fcntl
-except ImportError:  # pragma: no cover
-    fcntl = None  # type: ignore[assignment]
+from .storage import MANIFEST_FILE as COLLECTION_FILE
+from .storage import LocalStorage, SpaceStore, Storage, flock, open_storage
+from .store import MODALITIES, Gallery, GalleryError
 
 __all__ = [
     "COLLECTION_FILE",
@@ -84,15 +73,12 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-COLLECTION_FILE = "collection.json"
 FORMAT = "nobackfill-collection"
 VERSION = 1
 LOG_DIR = "log"
 SPACE_DIR = "spaces"
-COMMIT_LOCK = ".collection-lock"
-INGEST_LOCK = ".ingest-lock"
-_TMP = ".coll-tmp-"
-_LOG_RE = re.compile(r"^\d{8,}\.jsonl$")
+COMMIT_LOCK = "collection"  # storage lock names
+INGEST_LOCK = "ingest"
 #: a commit writes a compacted log (the live items only) once the log has this many chunks
 COMPACT_AFTER = 256
 MAX_ID_LENGTH = 512
@@ -135,9 +121,9 @@ def vector_key(item_id: str, rev: str) -> str:
 
 
 def is_collection(path: str | Path) -> bool:
-    """True if ``path`` holds a collection or a single-space gallery (which opens as one)."""
-    p = Path(path)
-    return (p / COLLECTION_FILE).is_file() or (p / GALLERY_MANIFEST).is_file()
+    """True if ``path`` (a directory or a storage URI) holds a collection or a single-space gallery
+    (which opens as one)."""
+    return open_storage(path).exists()
 
 
 # --------------------------------------------------------------------------- items
@@ -203,30 +189,8 @@ class Item:
 # --------------------------------------------------------------------------- locks
 
 
-@contextlib.contextmanager
-def _flock(path: Path, blocking: bool = True) -> Iterator[bool]:
-    """Exclusive advisory lock on ``path``; yields False if it was not taken (non-blocking)."""
-    if fcntl is None:  # pragma: no cover
-        yield True
-        return
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
-    try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | (0 if blocking else fcntl.LOCK_NB))
-            taken = True
-        except BlockingIOError:
-            taken = False
-        yield taken
-    finally:
-        os.close(fd)
-
-
-def _stat(path: Path) -> tuple[int, int, int] | None:
-    try:
-        st = os.stat(path)
-    except OSError:
-        return None
-    return st.st_ino, st.st_size, st.st_mtime_ns
+#: kept for callers of the old name (the backfill job's file lock)
+_flock = flock
 
 
 # --------------------------------------------------------------------------- snapshot
@@ -342,15 +306,17 @@ class Collection:
     the state and applies its events on top. Readers take :meth:`snapshot`.
     """
 
-    def __init__(self, path: Path, manifest: dict[str, Any], *, legacy: bool = False) -> None:
+    def __init__(self, storage: Storage, manifest: dict[str, Any], *, legacy: bool = False) -> None:
         """Internal; use :meth:`create` or :meth:`open`."""
-        self.path = path
+        self.storage = storage
+        #: a local collection's directory, or the storage URI (messages name it)
+        self.path: Path | str = storage.root if isinstance(storage, LocalStorage) else storage.location
         self._legacy = legacy  # a plain gallery directory not yet written to as a collection
         self._manifest = manifest
         self._items: dict[str, Item] = {}
         self._loaded_log: list[str] = []
-        self._galleries: dict[str, Gallery] = {}
-        self._stat = _stat(path / COLLECTION_FILE)
+        self._galleries: dict[str, SpaceStore] = {}
+        self._stat = storage.manifest_token()
         self._snapshot: Snapshot | None = None
         self._snapshot_key: tuple | None = None
         self._lock = threading.RLock()
@@ -361,67 +327,67 @@ class Collection:
     def create(cls, path: str | Path, *, space_id: str, dim: int, model: str, name: str = "",
                modalities: Sequence[str] = MODALITIES, backend: str = "flat",
                collection_name: str | None = None) -> "Collection":
-        """A new collection at ``path`` whose current model embeds into ``space_id``.
+        """A new collection at ``path`` (a directory or a storage URI, :func:`~.storage.parse_uri`)
+        whose current model embeds into ``space_id``.
 
         ``model`` is where the model lives (a directory; recorded so a searcher can load it),
         ``name`` a readable name, ``modalities`` what the model embeds (a text-only model: texts).
-        Refuses a directory that already holds a collection, a gallery or other files.
+        Refuses a location that already holds a collection, a gallery or other files.
         """
-        root = Path(path)
-        if is_collection(root):
-            raise FileExistsError(f"{root} already holds a collection (open it, or delete the directory)")
+        storage = open_storage(path)
+        if storage.exists():
+            raise FileExistsError(f"{storage} already holds a collection (open it, or delete it)")
         own = f"{SPACE_DIR}/{_space_dirname(space_id)}"
-        if root.exists():  # empty, or what a killed create of the same collection left
-            stray = [p.name for p in root.iterdir() if not p.name.startswith(".") and p.name != SPACE_DIR] if \
-                root.is_dir() else [root.name]
-            if root.is_dir() and (root / SPACE_DIR).is_dir():
-                stray += [f"{SPACE_DIR}/{p.name}" for p in (root / SPACE_DIR).iterdir() if f"{SPACE_DIR}/{p.name}" != own]
-            if stray:
-                raise FileExistsError(f"{root} exists and is not empty ({', '.join(sorted(stray)[:3])}): choose a new "
-                                      "directory for the collection")
+        stray = storage.stray_entries(own)  # empty, or what a killed create of the same collection left
+        if stray:
+            raise FileExistsError(f"{storage} exists and is not empty ({', '.join(sorted(stray)[:3])}): choose a new "
+                                  "location for the collection")
         backend = validate_spec(backend)
         mods = [m for m in MODALITIES if m in set(modalities)]
         if not mods:
             raise ValueError(f"modalities must name at least one of {MODALITIES}, got {list(modalities)}")
-        root.mkdir(parents=True, exist_ok=True)
         now = _now()
         space = _space_entry(space_id, dim, model, name, mods, own)
+        default_name = Path(storage.location).resolve().name if isinstance(storage, LocalStorage) else \
+            storage.location.rpartition("#")[2] or "default"
         manifest = {
-            "format": FORMAT, "version": VERSION, "name": collection_name or root.resolve().name,
+            "format": FORMAT, "version": VERSION, "name": collection_name or default_name,
             "backend": backend, "created": now, "updated": now, "generation": 0, "log": [],
             "plan": {"current": space_id, "spaces": [space], "upgrades": [], "routes": {}, "merge": None},
         }
-        with _flock(root / COMMIT_LOCK):
-            Gallery.create(root / space["dir"], space_id=space_id, dim=int(dim), model=str(model), backend=backend)
-            _write_json(root / COLLECTION_FILE, manifest)
-        return cls.open(root)
+        with storage.lock(COMMIT_LOCK):
+            storage.create_space(space["dir"], space_id=space_id, dim=int(dim), model=str(model), backend=backend)
+            storage.write_manifest(_manifest_bytes(manifest))
+        return cls.open(storage)
 
     @classmethod
-    def open(cls, path: str | Path) -> "Collection":
-        """Open a collection, or a single-space gallery directory as a one-space collection."""
-        root = Path(path)
-        if (root / COLLECTION_FILE).is_file():
-            c = cls(root, _read_manifest(root))
+    def open(cls, path: "str | Path | Storage") -> "Collection":
+        """Open a collection (a directory or a storage URI), or a single-space gallery directory as
+        a one-space collection."""
+        storage = path if isinstance(path, Storage) else open_storage(path)
+        data = storage.read_manifest()
+        if data is not None:
+            c = cls(storage, _parse_manifest(data, storage))
             c._load_log()
             return c
-        if (root / GALLERY_MANIFEST).is_file():
-            return cls._open_legacy(root)
-        if not root.is_dir():
-            raise NotACollectionError(f"{root} is not a collection: no such directory")
-        raise NotACollectionError(f"{root} is not a collection: no {COLLECTION_FILE} (nor a gallery manifest.json) "
+        g = storage.legacy_gallery()
+        if g is not None:
+            return cls._open_legacy(storage, g)
+        if isinstance(storage, LocalStorage) and not storage.root.is_dir():
+            raise NotACollectionError(f"{storage} is not a collection: no such directory")
+        raise NotACollectionError(f"{storage} is not a collection: no {COLLECTION_FILE} (nor a gallery manifest.json) "
                                   f"in it; create one with 'nobackfill collection create'")
 
     @classmethod
-    def _open_legacy(cls, root: Path) -> "Collection":
-        g = Gallery.open(root)
+    def _open_legacy(cls, storage: Storage, g: Gallery) -> "Collection":
         space = _space_entry(g.space_id, g.dim, g.model, Path(g.model).name, list(MODALITIES), ".")
         manifest = {
-            "format": FORMAT, "version": VERSION, "name": root.resolve().name, "backend": g.backend,
+            "format": FORMAT, "version": VERSION, "name": Path(storage.location).resolve().name, "backend": g.backend,
             "created": g.manifest.get("created", _now()), "updated": g.manifest.get("updated", _now()),
             "generation": 0, "log": [],
             "plan": {"current": g.space_id, "spaces": [space], "upgrades": [], "routes": {}, "merge": None},
         }
-        c = cls(root, manifest, legacy=True)
+        c = cls(storage, manifest, legacy=True)
         c._galleries[g.space_id] = g
         c._items = _items_from_gallery(g)
         return c
@@ -466,16 +432,16 @@ class Collection:
         """Serving order: the current space first, then the others newest first."""
         return _preference(self._manifest["plan"])
 
-    def gallery(self, space_id: str) -> Gallery:
+    def gallery(self, space_id: str) -> SpaceStore:
         """The vector store of ``space_id`` (opened once and cached)."""
         with self._lock:
             g = self._galleries.get(space_id)
             if g is None:
                 entry = self.space(space_id)
-                g = self._galleries[space_id] = Gallery.open(self.path / entry["dir"])
+                g = self._galleries[space_id] = self.storage.open_space(entry["dir"])
                 if g.space_id != space_id:
-                    raise CorruptCollectionError(f"{self.path / entry['dir']} holds space {g.space_id}, but "
-                                                 f"{self.path / COLLECTION_FILE} says {space_id}")
+                    raise CorruptCollectionError(f"{self.storage}: space store {entry['dir']} holds space {g.space_id}, "
+                                                 f"but {COLLECTION_FILE} says {space_id}")
             return g
 
     def items(self) -> dict[str, Item]:
@@ -512,20 +478,21 @@ class Collection:
     def refresh(self) -> bool:
         """Pick up commits made by other processes (one ``stat`` when nothing changed)."""
         if self._legacy:
-            if (self.path / COLLECTION_FILE).is_file():  # someone converted it meanwhile
+            data = self.storage.read_manifest()
+            if data is not None:  # someone converted it meanwhile
                 with self._lock:
                     self._legacy = False
-                    self._manifest = _read_manifest(self.path)
-                    self._stat = _stat(self.path / COLLECTION_FILE)
+                    self._manifest = _parse_manifest(data, self.storage)
+                    self._stat = self.storage.manifest_token()
                     self._items, self._loaded_log = {}, []
                     self._load_log()
                 return True
             return False
-        st = _stat(self.path / COLLECTION_FILE)
+        st = self.storage.manifest_token()
         if st == self._stat:
             return False
         with self._lock:
-            self._manifest = _read_manifest(self.path)
+            self._manifest = _read_manifest(self.storage)
             self._stat = st
             self._load_log()
         return True
@@ -543,9 +510,10 @@ class Collection:
         self._items = items
 
     def _read_chunk(self, entry: dict[str, Any]) -> list[dict[str, Any]]:
-        path = self.path / entry["file"]
+        path = f"{self.storage}/{entry['file']}" if not isinstance(self.storage, LocalStorage) else \
+            self.storage.root / entry["file"]
         try:
-            data = path.read_bytes()
+            data = self.storage.read_chunk(entry["file"])
         except OSError as e:
             raise CorruptCollectionError(f"cannot read committed log chunk {path}: {e.strerror or e}; "
                                          f"run 'nobackfill verify {self.path}'") from e
@@ -587,17 +555,17 @@ class Collection:
     @contextlib.contextmanager
     def _committing(self) -> Iterator[dict[str, Any]]:
         """Commit lock + a fresh copy of the manifest to modify; the caller writes it."""
-        with _flock(self.path / COMMIT_LOCK):
-            if not self._legacy or (self.path / COLLECTION_FILE).is_file():
+        with self.storage.lock(COMMIT_LOCK):
+            if not self._legacy or self.storage.read_manifest() is not None:
                 self._legacy = False
-                self._manifest = _read_manifest(self.path)
+                self._manifest = _read_manifest(self.storage)
                 self._load_log()
             yield json.loads(json.dumps(self._manifest))
 
     def _write(self, manifest: dict[str, Any]) -> None:
         manifest["updated"] = _now()
-        _write_json(self.path / COLLECTION_FILE, manifest)
-        self._manifest, self._stat = manifest, _stat(self.path / COLLECTION_FILE)
+        self.storage.write_manifest(_manifest_bytes(manifest))
+        self._manifest, self._stat = manifest, self.storage.manifest_token()
         self._legacy = False
 
     def _append_log(self, manifest: dict[str, Any], events: list[dict[str, Any]]) -> None:
@@ -606,8 +574,7 @@ class Collection:
         data = "".join(json.dumps(e, sort_keys=True, ensure_ascii=False, allow_nan=False) + "\n"
                        for e in events).encode("utf-8")
         name = f"{LOG_DIR}/{gen:08d}.jsonl"
-        (self.path / LOG_DIR).mkdir(exist_ok=True)
-        atomic_write_bytes(self.path / name, data, tmp_prefix=_TMP)
+        self.storage.write_chunk(name, data)
         manifest["log"].append({"file": name, "count": len(events), "sha256": _sha256(data)})
         manifest["generation"] = gen
 
@@ -649,7 +616,7 @@ class Collection:
         return len(events)
 
     def _legacy_seed_needed(self, manifest: dict[str, Any]) -> bool:
-        return not (self.path / COLLECTION_FILE).is_file() and not manifest["log"] and bool(self._items)
+        return self._legacy and self.storage.read_manifest() is None and not manifest["log"] and bool(self._items)
 
     def _seed_legacy_log(self, manifest: dict[str, Any]) -> None:
         """First write to a plain gallery: its rows become the first log chunk."""
@@ -676,8 +643,8 @@ class Collection:
         commits a plan naming it. Returns the plan entry to put in ``plan["spaces"]``."""
         mods = [m for m in MODALITIES if m in set(modalities)]
         entry = _space_entry(space_id, dim, model, name, mods, f"{SPACE_DIR}/{_space_dirname(space_id)}")
-        Gallery.create(self.path / entry["dir"], space_id=space_id, dim=int(dim), model=str(model),
-                       backend=self.backend)
+        self.storage.create_space(entry["dir"], space_id=space_id, dim=int(dim), model=str(model),
+                                  backend=self.backend)
         return entry
 
     def set_plan(self, update: Callable[[dict[str, Any]], dict[str, Any] | None]) -> dict[str, Any]:
@@ -690,9 +657,9 @@ class Collection:
             plan = new if new is not None else plan
             _check_plan(plan, self.path)
             for s in plan["spaces"]:
-                if not s.get("retired") and not (self.path / s["dir"] / GALLERY_MANIFEST).is_file():
-                    raise ValueError(f"plan names space {s['space_id']} but {self.path / s['dir']} holds no "
-                                     "store (call add_space first)")
+                if not s.get("retired") and not self.storage.has_space(s["dir"]):
+                    raise ValueError(f"plan names space {s['space_id']} but {self.storage} has no store "
+                                     f"{s['dir']} (call add_space first)")
             if self._legacy_seed_needed(manifest):
                 self._seed_legacy_log(manifest)
             manifest["plan"] = plan
@@ -703,28 +670,16 @@ class Collection:
     def ingesting(self, *, wait: bool = False) -> Iterator[None]:
         """Hold the ingest lock (one ``add`` at a time). Without ``wait``, raise
         :class:`CollectionBusyError` naming the process that holds it."""
-        lock = self.path / INGEST_LOCK
-        with _flock(lock, blocking=wait) as taken:
+        with self.storage.lock(INGEST_LOCK, blocking=wait) as taken:
             if not taken:
-                holder = _read_holder(lock)
+                holder = self.storage.lock_holder(INGEST_LOCK)
                 raise CollectionBusyError(f"collection {self.path} is busy: {holder} is adding items; wait for it "
                                           "to finish or pass --wait to queue behind it")
-            _write_holder(lock)
+            self.storage.record_holder(INGEST_LOCK)
             yield
 
     def _collect_garbage_locked(self) -> None:
-        for p in self._orphans():
-            with contextlib.suppress(OSError):
-                p.unlink()
-
-    def _orphans(self) -> list[Path]:
-        listed = {c["file"] for c in self._manifest["log"]}
-        out = [p for p in self.path.glob(f"{_TMP}*")]
-        log_dir = self.path / LOG_DIR
-        if log_dir.is_dir():
-            out += [p for p in log_dir.iterdir()
-                    if p.name.startswith(_TMP) or (_LOG_RE.match(p.name) and f"{LOG_DIR}/{p.name}" not in listed)]
-        return sorted(out)
+        self.storage.remove_unlisted_chunks({c["file"] for c in self._manifest["log"]})
 
     # ------------------------------------------------------------------ integrity and status
 
@@ -763,7 +718,7 @@ class Collection:
             spaces[s["space_id"]] = {"name": s.get("name", ""), "model": s.get("model", ""), "dim": s.get("dim"),
                                      "current": s["space_id"] == plan["current"], "retired": bool(s.get("retired")),
                                      **counts.get(s["space_id"], {m: 0 for m in MODALITIES})}
-        return {"name": self.name, "path": str(self.path), "generation": snap.generation,
+        return {"name": self.name, "path": str(self.storage), "generation": snap.generation,
                 "items": {m: sum(1 for it in snap.items.values() if it.modality == m) for m in MODALITIES},
                 "current": plan["current"], "spaces": spaces, "unserved": len(snap.unserved()),
                 "backend": self.backend}
@@ -786,14 +741,28 @@ def _space_entry(space_id: str, dim: int, model: str, name: str, modalities: Seq
             "modalities": list(modalities), "dir": directory, "created": _now(), "retired": False}
 
 
-def _write_json(path: Path, obj: dict[str, Any]) -> None:
-    data = json.dumps(obj, indent=2, sort_keys=True, allow_nan=False).encode("utf-8") + b"\n"
-    atomic_write_bytes(path, data, tmp_prefix=_TMP)
+def _manifest_bytes(obj: dict[str, Any]) -> bytes:
+    return json.dumps(obj, indent=2, sort_keys=True, allow_nan=False).encode("utf-8") + b"\n"
 
 
-def _read_manifest(root: Path) -> dict[str, Any]:
-    path = root / COLLECTION_FILE
-    m = read_tagged_json(path, FORMAT, error=CorruptCollectionError, max_version=VERSION)
+def _read_manifest(storage: Storage) -> dict[str, Any]:
+    data = storage.read_manifest()
+    if data is None:
+        raise NotACollectionError(f"{storage} is not a collection: its {COLLECTION_FILE} is gone")
+    return _parse_manifest(data, storage)
+
+
+def _parse_manifest(data: bytes, storage: Storage) -> dict[str, Any]:
+    where = f"{storage}/{COLLECTION_FILE}"
+    try:
+        m = json.loads(data.decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise CorruptCollectionError(f"{where}: unreadable ({e})") from e
+    if not isinstance(m, dict) or m.get("format") != FORMAT:
+        raise CorruptCollectionError(f"{where}: not a {FORMAT} file")
+    if not isinstance(m.get("version"), int) or not 1 <= m["version"] <= VERSION:
+        raise CorruptCollectionError(f"{where}: unsupported version {m.get('version')!r} (this nobackfill reads <= "
+                                     f"{VERSION})")
     try:
         for key, typ in (("name", str), ("backend", str), ("generation", int), ("log", list), ("plan", dict)):
             if not isinstance(m.get(key), typ):
@@ -802,13 +771,13 @@ def _read_manifest(root: Path) -> dict[str, Any]:
             if not (isinstance(c, dict) and isinstance(c.get("file"), str) and isinstance(c.get("count"), int)
                     and isinstance(c.get("sha256"), str)):
                 raise ValueError(f"bad log entry {c!r}")
-        _check_plan(m["plan"], root)
+        _check_plan(m["plan"], storage.location)
     except ValueError as e:
-        raise CorruptCollectionError(f"corrupt collection manifest {path}: {e}") from e
+        raise CorruptCollectionError(f"corrupt collection manifest {where}: {e}") from e
     return m
 
 
-def _check_plan(plan: Any, root: Path) -> None:
+def _check_plan(plan: Any, root: Any) -> None:
     if not isinstance(plan, dict):
         raise ValueError("plan must be an object")
     spaces = plan.get("spaces")
@@ -860,16 +829,3 @@ def _items_from_gallery(g: Gallery) -> dict[str, Item]:
             src = {want: str(meta.get(want, ""))}
             items[id_] = Item(id=id_, modality=modality, key=id_, source=src, metadata=dict(meta))
     return items
-
-
-def _read_holder(lock: Path) -> str:
-    try:
-        info = json.loads((lock.parent / (lock.name + ".holder")).read_text())
-        return f"process {info['pid']} (started {info['since']})"
-    except (OSError, ValueError, KeyError, TypeError):
-        return "another process"
-
-
-def _write_holder(lock: Path) -> None:
-    with contextlib.suppress(OSError):
-        (lock.parent / (lock.name + ".holder")).write_text(json.dumps({"pid": os.getpid(), "since": _now()}))

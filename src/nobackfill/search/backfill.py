@@ -45,8 +45,7 @@ from typing import Any, Callable, Iterator, Sequence
 
 import numpy as np
 
-from ..index.collection import Collection, Item, _flock
-from ..index.store import atomic_write_bytes
+from ..index.collection import Collection, Item
 
 __all__ = ["ORDERS", "BackfillBusy", "BackfillError", "BackfillJob", "backfill_status", "cancel_backfill", "pause_backfill",
            "retire_space", "run_backfill", "run_worker", "start_backfill"]
@@ -56,8 +55,6 @@ JOB_DIR = "backfill"
 JOB_FILE = "job.json"
 ORDER_FILE = "order.json"
 LEASE_DIR = "leases"
-LOCK = ".lock"
-_TMP = ".bf-tmp-"
 DEFAULT_LEASE_S = 30.0
 
 
@@ -77,18 +74,19 @@ def _iso(t: float | None = None) -> str:
     return datetime.fromtimestamp(t or _now(), timezone.utc).isoformat(timespec="seconds")
 
 
-def _write(path: Path, obj: Any) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    atomic_write_bytes(path, json.dumps(obj, indent=1).encode(), tmp_prefix=_TMP)
+def _write(collection: Collection, name: str, obj: Any) -> None:
+    collection.storage.write_doc(f"{JOB_DIR}/{name}", json.dumps(obj, indent=1).encode())
 
 
-def _read(path: Path) -> Any:
-    try:
-        return json.loads(path.read_text())
-    except FileNotFoundError:
+def _read(collection: Collection, name: str) -> Any:
+    data = collection.storage.read_doc(f"{JOB_DIR}/{name}")
+    if data is None:
         return None
-    except (OSError, ValueError) as e:
-        raise BackfillError(f"{path}: unreadable ({e}); delete the backfill directory to start over") from e
+    try:
+        return json.loads(data)
+    except ValueError as e:
+        raise BackfillError(f"{collection.storage}/{JOB_DIR}/{name}: unreadable ({e}); cancel the backfill "
+                            "(`collection backfill --cancel`) and start it again") from e
 
 
 @dataclass
@@ -107,31 +105,29 @@ class BackfillJob:
 
     @classmethod
     def load(cls, collection: Collection) -> "BackfillJob | None":
-        obj = _read(collection.path / JOB_DIR / JOB_FILE)
+        obj = _read(collection, JOB_FILE)
         if obj is None:
             return None
         try:
             return cls(**obj)
         except TypeError as e:
-            raise BackfillError(f"{collection.path / JOB_DIR / JOB_FILE}: {e}") from e
+            raise BackfillError(f"{collection.storage}/{JOB_DIR}/{JOB_FILE}: {e}") from e
 
     def save(self, collection: Collection) -> None:
-        _write(collection.path / JOB_DIR / JOB_FILE, self.__dict__)
+        _write(collection, JOB_FILE, self.__dict__)
 
 
 @contextlib.contextmanager
 def _job_lock(collection: Collection) -> Iterator[None]:
-    d = collection.path / JOB_DIR
-    d.mkdir(exist_ok=True)
-    with _flock(d / LOCK):
+    with collection.storage.lock(JOB_DIR):
         yield
 
 
 def _order_ids(collection: Collection) -> list[str]:
-    obj = _read(collection.path / JOB_DIR / ORDER_FILE)
+    obj = _read(collection, ORDER_FILE)
     if not isinstance(obj, list):
-        raise BackfillError(f"{collection.path / JOB_DIR / ORDER_FILE}: missing or damaged; delete "
-                            f"{collection.path / JOB_DIR} and start the backfill again")
+        raise BackfillError(f"{collection.storage}/{JOB_DIR}/{ORDER_FILE}: missing or damaged; cancel the backfill "
+                            "(`collection backfill --cancel`) and start it again")
     return obj
 
 
@@ -362,9 +358,9 @@ def start_backfill(collection: Collection, encoder: Any, *, order: str = "uncert
                 collection.put_vectors(target, m, [it.key for it in rows], v)
             rest, head = _uncertainty_order(collection, target, pending, sample, labels, seed)
             ids = [it.id for it in sample] + rest
-        _write(collection.path / JOB_DIR / ORDER_FILE, ids)
-        for p in (collection.path / JOB_DIR / LEASE_DIR).glob("*.json"):
-            p.unlink()
+        _write(collection, ORDER_FILE, ids)
+        for name in collection.storage.list_docs(f"{JOB_DIR}/{LEASE_DIR}/"):
+            collection.storage.delete_doc(name)
         job = BackfillJob(target=target, order=order, shards=int(shards), seed=seed, created=_iso(),
                           sample=n_sample, head=head, total=len(ids))
         job.save(collection)
@@ -385,13 +381,10 @@ def pause_backfill(collection: Collection, paused: bool = True) -> BackfillJob:
 
 def cancel_backfill(collection: Collection) -> None:
     """Forget the backfill job (its order and leases); committed vectors stay and are served."""
-    import shutil
-
     with _job_lock(collection):
-        for name in (JOB_FILE, ORDER_FILE):
-            with contextlib.suppress(FileNotFoundError):
-                (collection.path / JOB_DIR / name).unlink()
-        shutil.rmtree(collection.path / JOB_DIR / LEASE_DIR, ignore_errors=True)
+        for name in [f"{JOB_DIR}/{JOB_FILE}", f"{JOB_DIR}/{ORDER_FILE}",
+                     *collection.storage.list_docs(f"{JOB_DIR}/{LEASE_DIR}/")]:
+            collection.storage.delete_doc(name)
 
 
 def backfill_status(collection: Collection) -> dict[str, Any]:
@@ -422,12 +415,11 @@ def backfill_status(collection: Collection) -> dict[str, Any]:
 
 
 def _leases(collection: Collection) -> dict[int, dict[str, Any]]:
-    d = collection.path / JOB_DIR / LEASE_DIR
     out = {}
-    for p in d.glob("shard-*.json") if d.is_dir() else []:
-        obj = _read(p)
+    for name in collection.storage.list_docs(f"{JOB_DIR}/{LEASE_DIR}/shard-"):
+        obj = _read(collection, name[len(JOB_DIR) + 1:])
         if isinstance(obj, dict):
-            out[int(p.stem.split("-")[1])] = obj
+            out[int(Path(name).stem.split("-")[1])] = obj
     return out
 
 
@@ -455,19 +447,19 @@ def _take_shard(collection: Collection, job: BackfillJob, owner: str, lease_s: f
     for s in range(job.shards):
         lease = leases.get(s)
         if lease is None or (not lease.get("done") and (lease.get("expires", 0) <= now or lease.get("owner") == owner)):
-            _write(collection.path / JOB_DIR / LEASE_DIR / f"shard-{s}.json",
+            _write(collection, f"{LEASE_DIR}/shard-{s}.json",
                    {"owner": owner, "expires": now + lease_s, "since": _iso(now), "rate": 0.0})
             return s
     return None
 
 
 def _renew(collection: Collection, shard: int, owner: str, lease_s: float, rate: float, done: bool = False) -> bool:
-    path = collection.path / JOB_DIR / LEASE_DIR / f"shard-{shard}.json"
-    lease = _read(path)
+    name = f"{LEASE_DIR}/shard-{shard}.json"
+    lease = _read(collection, name)
     if not isinstance(lease, dict) or lease.get("owner") != owner:
         return False
     lease.update({"expires": _now() + lease_s, "rate": rate, "done": done})
-    _write(path, lease)
+    _write(collection, name, lease)
     return True
 
 
@@ -604,7 +596,6 @@ def run_backfill(collection: Collection, encoder: Any, *, order: str = "uncertai
 def retire_space(collection: Collection, space_id: str) -> dict[str, Any]:
     """Drop an old space (its vectors): refused while any live item that the current model can
     embed has no vector in the current space, and for the current space itself."""
-    import shutil
 
     if space_id == collection.current_space:
         raise BackfillError(f"space {space_id} is the current model's; it cannot be retired")
@@ -625,6 +616,5 @@ def retire_space(collection: Collection, space_id: str) -> dict[str, Any]:
         return p
 
     plan = collection.set_plan(commit)
-    if entry["dir"] not in (".", ""):  # an old gallery directory that is the collection's root keeps its files
-        shutil.rmtree(collection.path / entry["dir"], ignore_errors=True)
+    collection.storage.drop_space(entry["dir"])
     return plan

@@ -10,7 +10,6 @@ is loading the models plus, with calibration, embedding the calibration split.
 
 from __future__ import annotations
 
-import shutil
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
@@ -101,7 +100,7 @@ def upgrade_collection(collection: Collection, model: str | Path, *, bridges: Se
         return collection.set_plan(commit)
     except BaseException:
         if sid not in {s["space_id"] for s in collection.plan["spaces"]}:  # leave nothing behind
-            shutil.rmtree(collection.path / entry["dir"], ignore_errors=True)
+            collection.storage.drop_space(entry["dir"])
         raise
 
 

@@ -1,0 +1,630 @@
+"""Collections in Milvus: the same :class:`~nobackfill.index.collection.Collection` over milvus-lite
+(embedded, ``milvus-lite:PATH#NAME``), a standalone server or a cluster (``milvus://HOST:PORT[/DB]#NAME``),
+through one client (pymilvus).
+
+A collection ``NAME`` is a set of Milvus collections named ``nb_<NAME>_...``:
+
+* ``nb_<NAME>_meta``: small documents by key (``k``) - the collection manifest (the commit point),
+  the item-log chunks, the backfill's job, order and leases, lock rows. A document larger than one
+  VARCHAR is split into parts written first under a fresh version; the single header row naming the
+  version is then upserted (one row: atomic), so readers see the old or the new document.
+* ``nb_<NAME>_s_<hash>``: one per embedding space (Milvus collections have one vector field, and a
+  missing vector would come back as zeros: never nullable vectors), rows ``key`` (the item
+  version's key, primary), ``modality``, ``seq`` (insertion time in ns: readers discover new rows
+  by it) and ``vec``.
+
+Everything a set of ``serve`` replicas or backfill workers must share lives here, so several
+processes on several machines can work on one collection. Consistency: every query and search
+uses consistency level ``Strong`` (a read sees every write acknowledged before it). Milvus has no
+compare-and-set, so the collection's commit lock is a lease row written, settled and read back
+(:meth:`MilvusStorage.lock`): it serialises writers that do not race within the settle time; the
+vector writes stay safe without it (a row's key names its content, rows already present are
+skipped, and search results are de-duplicated by key). milvus-lite allows one process per path.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import logging
+import os
+import re
+import socket
+import threading
+import time
+import uuid
+from typing import Any, Hashable, Iterator, Sequence
+
+import numpy as np
+
+from .backends import parse_spec
+from .storage import Storage
+from .store import DuplicateIdError, SearchResult, SpaceMismatchError, VerifyReport
+
+__all__ = ["MilvusSpaceStore", "MilvusStorage", "TOKEN_ENV", "TOKEN_FILE_ENV", "close_clients"]
+
+# pymilvus logs every failed call and a warning per query iterator on milvus-lite; our errors name
+# what failed, so its own log stays at errors of its own
+logging.getLogger("pymilvus").setLevel(logging.CRITICAL)
+
+TOKEN_ENV = "NOBACKFILL_MILVUS_TOKEN"
+TOKEN_FILE_ENV = "NOBACKFILL_MILVUS_TOKEN_FILE"
+VALUE_MAX = 60000  # characters of one VARCHAR value (Milvus allows 65535)
+KEY_MAX = 512
+STRONG = "Strong"
+#: rows inserted up to this long before the newest one a reader has seen are looked for again
+SEQ_MARGIN_NS = 10_000_000_000
+MAX_TOPK = 16384
+FILTER_IN_MAX = 1000  # a search restricted to this many keys or fewer filters on them directly
+
+
+def _q(s: str) -> str:
+    """A string literal for a Milvus filter expression."""
+    return json.dumps(s)
+
+
+def _safe(name: str) -> str:
+    out = re.sub(r"[^A-Za-z0-9_]", "_", name)
+    return out if re.match(r"^[A-Za-z_]", out) else f"_{out}"
+
+
+def _token() -> str | None:
+    """Credentials from ``$NOBACKFILL_MILVUS_TOKEN`` or the file ``$NOBACKFILL_MILVUS_TOKEN_FILE``
+    (``user:password`` or an API key); never logged."""
+    if os.environ.get(TOKEN_ENV):
+        return os.environ[TOKEN_ENV]
+    path = os.environ.get(TOKEN_FILE_ENV)
+    if path:
+        try:
+            return open(path, encoding="utf-8").read().strip() or None
+        except OSError as e:
+            raise ValueError(f"${TOKEN_FILE_ENV} names {path}, which cannot be read ({e.strerror})") from None
+    return None
+
+
+_CLIENTS: dict[str, Any] = {}
+_CLIENTS_LOCK = threading.Lock()
+
+
+def _client(kind: str, parts: dict[str, str]) -> Any:
+    """One pymilvus client per target in this process (milvus-lite allows one opener per path)."""
+    from pymilvus import MilvusClient
+
+    key = f"{kind}:{parts.get('path') or parts['uri']}/{parts.get('db', '')}"
+    with _CLIENTS_LOCK:
+        c = _CLIENTS.get(key)
+        if c is None:
+            if kind == "milvus-lite":
+                os.makedirs(os.path.dirname(os.path.abspath(parts["path"])) or ".", exist_ok=True)
+                c = MilvusClient(parts["path"])
+            else:
+                kw: dict[str, Any] = {"uri": parts["uri"]}
+                tok = _token()
+                if tok:
+                    kw["token"] = tok
+                c = MilvusClient(**kw)
+                if parts["db"] != "default":
+                    if parts["db"] not in c.list_databases():
+                        c.create_database(parts["db"])
+                    c.use_database(parts["db"])
+            _CLIENTS[key] = c
+        return c
+
+
+def close_clients() -> None:
+    """Close every client this process opened (a milvus-lite path can then be opened by another
+    process)."""
+    with _CLIENTS_LOCK:
+        for c in _CLIENTS.values():
+            with contextlib.suppress(Exception):
+                c.close()
+        _CLIENTS.clear()
+    with contextlib.suppress(ImportError):  # milvus-lite keeps its in-process server (and the path's lock)
+        from milvus_lite.server_manager import server_manager_instance
+
+        server_manager_instance.release_all()
+
+
+def _dead_holder(token: str) -> bool:
+    """A lease of a process of this host that is gone (killed): free at once, not after its TTL."""
+    host, _, rest = token.partition(":")
+    pid = rest.partition(":")[0]
+    if host != socket.gethostname() or not pid.isdigit() or int(pid) == os.getpid():
+        return False
+    try:
+        os.kill(int(pid), 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:
+        return False
+    return False
+
+
+def _schema_meta(client: Any):
+    from pymilvus import DataType
+
+    s = client.create_schema(auto_id=False, enable_dynamic_field=False)
+    s.add_field("k", DataType.VARCHAR, is_primary=True, max_length=KEY_MAX)
+    s.add_field("v", DataType.VARCHAR, max_length=65535)
+    s.add_field("_v", DataType.FLOAT_VECTOR, dim=2)  # Milvus needs one vector field; unused
+    idx = client.prepare_index_params()
+    idx.add_index(field_name="_v", index_type="FLAT", metric_type="L2")
+    return s, idx
+
+
+def milvus_index_params(spec: str) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Milvus index and search parameters for a backend spec (``flat``, ``hnsw:M=..,ef=..,efc=..``
+    or a faiss factory string such as ``HNSW32`` / ``IVF1024,PQ16`` / ``Flat``)."""
+    kind, opts = parse_spec(spec)
+    if kind == "hnsw":
+        return ({"index_type": "HNSW", "params": {"M": opts.get("M", 32), "efConstruction": opts.get("efc", 40)}},
+                {"ef": opts.get("ef", 128)})
+    if kind == "faiss":
+        factory = opts.get("factory", "")
+        m = re.match(r"^HNSW(\d+)", factory)
+        if m:
+            return ({"index_type": "HNSW", "params": {"M": int(m.group(1)), "efConstruction": 40}},
+                    {"ef": int(opts.get("efSearch", 128))})
+        m = re.match(r"^IVF(\d+)(?:,PQ(\d+))?", factory)
+        if m:
+            nlist = int(m.group(1))
+            if m.group(2):
+                return ({"index_type": "IVF_PQ", "params": {"nlist": nlist, "m": int(m.group(2)), "nbits": 8}},
+                        {"nprobe": int(opts.get("nprobe", 16))})
+            return {"index_type": "IVF_FLAT", "params": {"nlist": nlist}}, {"nprobe": int(opts.get("nprobe", 16))}
+    return {"index_type": "FLAT", "params": {}}, {}
+
+
+class MilvusSpaceStore:
+    """One embedding space in one Milvus collection (the :class:`~nobackfill.index.storage.SpaceStore`
+    protocol; see the module doc). Row positions are local: the order in which this reader
+    discovered the rows (by ``seq``)."""
+
+    def __init__(self, client: Any, name: str, *, space_id: str, dim: int, model: str, backend: str) -> None:
+        self.client, self.name = client, name
+        self.space_id, self._dim, self.model, self.backend = space_id, int(dim), model, backend
+        self._keys: dict[str, list[str]] = {"image": [], "text": []}
+        self._pos: dict[str, dict[str, int]] = {"image": {}, "text": {}}
+        self._last_seq = 0
+        self._lock = threading.RLock()
+        self._search_params = milvus_index_params(backend)[1]
+        self._loaded = False
+        self.path = name
+
+    @property
+    def dim(self) -> int:
+        return self._dim
+
+    # ------------------------------------------------------------------ schema
+    @classmethod
+    def create(cls, client: Any, name: str, *, space_id: str, dim: int, model: str, backend: str) -> "MilvusSpaceStore":
+        from pymilvus import DataType
+
+        if not client.has_collection(name):
+            s = client.create_schema(auto_id=False, enable_dynamic_field=False)
+            s.add_field("key", DataType.VARCHAR, is_primary=True, max_length=KEY_MAX)
+            s.add_field("modality", DataType.VARCHAR, max_length=8)
+            s.add_field("seq", DataType.INT64)
+            s.add_field("vec", DataType.FLOAT_VECTOR, dim=int(dim))
+            idx = client.prepare_index_params()
+            index, _ = milvus_index_params(backend)
+            idx.add_index(field_name="vec", metric_type="IP", **index)
+            client.create_collection(name, schema=s, index_params=idx, consistency_level=STRONG)
+        return cls(client, name, space_id=space_id, dim=dim, model=model, backend=backend)
+
+    def _ensure_loaded(self) -> None:
+        if not self._loaded:
+            with contextlib.suppress(Exception):  # collections come back unloaded after a restart
+                self.client.load_collection(self.name)
+            self._loaded = True
+
+    # ------------------------------------------------------------------ reading
+    def _all(self, fields: Sequence[str], filter: str = "seq >= 0") -> list[dict]:
+        it = self.client.query_iterator(self.name, batch_size=4096, filter=filter, output_fields=list(fields),
+                                        consistency_level=STRONG)
+        rows: list[dict] = []
+        try:
+            while True:
+                batch = it.next()
+                if not batch:
+                    break
+                rows.extend(batch)
+        finally:
+            it.close()
+        return rows
+
+    def refresh(self) -> bool:
+        """Discover rows inserted since the last refresh (by ``seq``, with a margin for clock skew
+        between writers and late visibility); True if any was new."""
+        self._ensure_loaded()
+        with self._lock:
+            rows = self._all(["key", "modality", "seq"], f"seq >= {max(0, self._last_seq - SEQ_MARGIN_NS)}")
+            changed = False
+            for r in sorted(rows, key=lambda r: (r["seq"], r["key"])):
+                m = r["modality"]
+                if m in self._pos and r["key"] not in self._pos[m]:
+                    self._pos[m][r["key"]] = len(self._keys[m])
+                    self._keys[m].append(r["key"])
+                    changed = True
+                self._last_seq = max(self._last_seq, int(r["seq"]))
+            return changed
+
+    def ids(self, modality: str) -> list[str]:
+        if not self._keys["image"] and not self._keys["text"]:
+            self.refresh()
+        return list(self._keys[modality])
+
+    def count(self, modality: str) -> int:
+        return len(self._keys[modality]) if (self._keys["image"] or self._keys["text"]) else len(self.ids(modality))
+
+    def __contains__(self, item: tuple[str, str]) -> bool:
+        modality, key = item
+        if key in self._pos.get(modality, {}):
+            return True
+        return bool(self._existing(modality, [key]))
+
+    def _existing(self, modality: str, keys: Sequence[str]) -> set[str]:
+        out: set[str] = set()
+        for s in range(0, len(keys), FILTER_IN_MAX):
+            part = list(keys[s:s + FILTER_IN_MAX])
+            rows = self.client.query(self.name, filter=f"key in {json.dumps(part)} and modality == {_q(modality)}",
+                                     output_fields=["key"], consistency_level=STRONG)
+            out.update(r["key"] for r in rows)
+        return out
+
+    def get_vectors(self, modality: str, keys: Sequence[str]) -> np.ndarray:
+        """The vectors of ``keys`` (in that order; every key must exist)."""
+        found: dict[str, list[float]] = {}
+        for s in range(0, len(keys), FILTER_IN_MAX):
+            part = list(keys[s:s + FILTER_IN_MAX])
+            for r in self.client.query(self.name, filter=f"key in {json.dumps(part)}", output_fields=["key", "vec"],
+                                       consistency_level=STRONG):
+                found[r["key"]] = r["vec"]
+        missing = [k for k in keys if k not in found]
+        if missing:
+            raise KeyError(f"{self.name}: no rows for {missing[:3]}")
+        return np.asarray([found[k] for k in keys], np.float32).reshape(len(keys), self._dim)
+
+    def vectors(self, modality: str) -> np.ndarray:
+        """All vectors of ``modality`` in local row order (reads the whole space)."""
+        keys = self.ids(modality)
+        return self.get_vectors(modality, keys) if keys else np.zeros((0, self._dim), np.float32)
+
+    # ------------------------------------------------------------------ writing
+    def add(self, modality: str, ids: Sequence[str], vectors: np.ndarray, metadata: Any = None, *, space_id: str,
+            skip_existing: bool = False) -> int:
+        if space_id != self.space_id:
+            raise SpaceMismatchError(self.space_id, space_id, f"add {modality} vectors to {self.name}", what="vectors",
+                                     hint="a space's store holds one embedding space")
+        ids = [str(i) for i in ids]
+        vecs = np.asarray(vectors, np.float32)
+        if vecs.ndim != 2 or vecs.shape != (len(ids), self._dim):
+            raise ValueError(f"vectors must have shape ({len(ids)}, {self._dim}) for {self.name}, got {vecs.shape}")
+        if not np.isfinite(vecs).all():
+            raise ValueError("vectors contain NaN or infinite values")
+        if len(set(ids)) != len(ids):
+            raise DuplicateIdError(f"ids repeated within one batch for {self.name}")
+        if not ids:
+            return 0
+        self._ensure_loaded()
+        present = self._existing(modality, ids)
+        if present and not skip_existing:
+            raise DuplicateIdError(f"{len(present)} {modality} ids already in {self.name}: {sorted(present)[:5]}")
+        keep = [i for i, k in enumerate(ids) if k not in present]
+        if not keep:
+            return 0
+        base = time.time_ns()
+        rows = [{"key": ids[i], "modality": modality, "seq": base + j, "vec": vecs[i].tolist()}
+                for j, i in enumerate(keep)]
+        for s in range(0, len(rows), 2000):
+            self.client.insert(self.name, rows[s:s + 2000])
+        self.refresh()
+        return len(rows)
+
+    # ------------------------------------------------------------------ search
+    def search(self, modality: str, queries: np.ndarray, k: int = 10, *, space_id: str, bridge: Any = None,
+               mask: np.ndarray | None = None) -> SearchResult:
+        """Top ``k`` rows of ``modality`` among the allowed ones (``mask`` over local row order):
+        filtered on the keys when they are few, else over-fetched and filtered here (deeper until
+        ``k`` allowed rows are found). Scores are inner products (cosine for unit vectors)."""
+        if space_id != self.space_id:
+            raise SpaceMismatchError(self.space_id, space_id, f"search {self.name}", what="queries",
+                                     hint="embed them with the space's model")
+        q = np.asarray(queries, np.float32)
+        if q.ndim == 1:
+            q = q[None]
+        if q.ndim != 2 or q.shape[1] != self._dim:
+            raise ValueError(f"queries must have shape (N, {self._dim}) for {self.name}, got {q.shape}")
+        if int(k) < 1:
+            raise ValueError(f"k must be >= 1, got {k}")
+        self._ensure_loaded()
+        keys = self._keys[modality]
+        if mask is None:
+            allowed = np.ones(len(keys), bool)
+        else:
+            mask = np.asarray(mask, bool)
+            allowed = np.zeros(len(keys), bool)
+            allowed[:min(len(mask), len(keys))] = mask[:len(keys)]
+        n_allowed = int(allowed.sum())
+        kk = min(int(k), n_allowed)
+        if kk == 0 or len(q) == 0:
+            return SearchResult(np.zeros((len(q), kk), np.float32), [[] for _ in q], np.zeros((len(q), kk), np.int64))
+        params = {"metric_type": "IP", "params": dict(self._search_params)}
+        if "ef" in params["params"]:
+            params["params"]["ef"] = max(params["params"]["ef"], kk)
+        pos = self._pos[modality]
+        if n_allowed <= FILTER_IN_MAX:
+            allowed_keys = [keys[i] for i in np.flatnonzero(allowed)]
+            expr = f"modality == {_q(modality)} and key in {json.dumps(allowed_keys)}"
+            hits = self._search(q, kk, expr, params)
+            rows = [self._take(h, kk, pos, allowed) for h in hits]
+        else:
+            rows, limit = [None] * len(q), min(MAX_TOPK, max(kk * 2, 16))
+            todo = list(range(len(q)))
+            while todo:
+                hits = self._search(q[todo], limit, f"modality == {_q(modality)}", params)
+                nxt = []
+                for qi, h in zip(todo, hits):
+                    got = self._take(h, kk, pos, allowed)
+                    if len(got) >= kk or limit >= min(MAX_TOPK, len(keys)):
+                        rows[qi] = got
+                    else:
+                        nxt.append(qi)
+                todo, limit = nxt, min(MAX_TOPK, limit * 4)
+        short = [i for i, r in enumerate(rows) if len(r) < kk]
+        for i in short:  # the index could not reach kk allowed rows: answer exactly
+            rows[i] = self._exact(q[i], kk, [keys[j] for j in np.flatnonzero(allowed)], pos)
+        scores = np.array([[s for s, _ in r] for r in rows], np.float32).reshape(len(q), kk)
+        positions = np.array([[p for _, p in r] for r in rows], np.int64).reshape(len(q), kk)
+        return SearchResult(scores, [[keys[p] for p in row] for row in positions], positions)
+
+    def _search(self, q: np.ndarray, limit: int, expr: str, params: dict) -> list[list[dict]]:
+        return self.client.search(self.name, data=q.tolist(), filter=expr, limit=int(limit), anns_field="vec",
+                                  output_fields=["key"], search_params=params, consistency_level=STRONG)
+
+    @staticmethod
+    def _take(hits: list[dict], k: int, pos: dict[str, int], allowed: np.ndarray) -> list[tuple[float, int]]:
+        out, seen = [], set()
+        for h in hits:
+            key = h.get("entity", {}).get("key", h.get("id"))
+            p = pos.get(key)
+            if p is None or p >= len(allowed) or not allowed[p] or key in seen:
+                continue
+            seen.add(key)
+            out.append((float(h["distance"]), p))
+            if len(out) == k:
+                break
+        return out
+
+    def _exact(self, q: np.ndarray, k: int, keys: list[str], pos: dict[str, int]) -> list[tuple[float, int]]:
+        vecs = self.get_vectors("", keys)
+        s = vecs @ q
+        top = np.argsort(-s, kind="stable")[:k]
+        return [(float(s[i]), pos[keys[i]]) for i in top]
+
+    # ------------------------------------------------------------------ integrity
+    def verify(self) -> VerifyReport:
+        report = VerifyReport()
+        try:
+            self.refresh()
+            rows = self._all(["key", "modality"])
+        except Exception as e:  # the server's own error, named
+            report.problems.append(f"{self.name}: cannot read ({type(e).__name__}: {e})")
+            return report
+        keys = [r["key"] for r in rows]
+        if len(set(keys)) != len(keys):
+            report.problems.append(f"{self.name}: {len(keys) - len(set(keys))} duplicated keys")
+        bad = [r for r in rows if r["modality"] not in ("image", "text")]
+        if bad:
+            report.problems.append(f"{self.name}: {len(bad)} rows of unknown modality")
+        report.checked_chunks = len(keys)
+        return report
+
+    def close(self) -> None:
+        self._keys = {"image": [], "text": []}
+
+
+class MilvusStorage(Storage):
+    """A collection's storage in Milvus (see the module doc)."""
+
+    SETTLE_S = 0.05  # lock rows are read back after this (longer for a server, see from_uri)
+    LOCK_TTL_S = 15.0  # a lease not renewed for this long is free (a killed holder's, say)
+
+    def __init__(self, client: Any, name: str, location: str, *, settle_s: float | None = None) -> None:
+        self.client = client
+        self.prefix = f"nb_{_safe(name)}"
+        self.location = location
+        self.meta = f"{self.prefix}_meta"
+        self._settle = self.SETTLE_S if settle_s is None else settle_s
+        self._local_locks: dict[str, threading.Lock] = {}
+        self._owner = f"{socket.gethostname()}:{os.getpid()}"
+        self._spaces: dict[str, MilvusSpaceStore] = {}
+        if not client.has_collection(self.meta):
+            schema, idx = _schema_meta(client)
+            client.create_collection(self.meta, schema=schema, index_params=idx, consistency_level=STRONG)
+        with contextlib.suppress(Exception):
+            client.load_collection(self.meta)
+
+    @classmethod
+    def from_uri(cls, uri: str, kind: str, parts: dict[str, str]) -> "MilvusStorage":
+        return cls(_client(kind, parts), parts["name"], uri, settle_s=0.05 if kind == "milvus-lite" else 0.15)
+
+    # ------------------------------------------------------------------ documents
+    def _rows(self, filter: str, fields: Sequence[str] = ("k", "v")) -> list[dict]:
+        return self.client.query(self.meta, filter=filter, output_fields=list(fields), consistency_level=STRONG)
+
+    def read_doc(self, name: str) -> bytes | None:
+        rows = self._rows(f"k == {_q(name)}")
+        if not rows:
+            return None
+        head = json.loads(rows[0]["v"])
+        if "inline" in head:
+            return head["inline"].encode("utf-8")
+        parts = self._rows(f'k like {_q(name + "@" + head["version"] + "#")[:-1]}%"')
+        by_index = {int(r["k"].rpartition("#")[2]): r["v"] for r in parts}
+        if len(by_index) != head["parts"]:
+            raise OSError(f"{self.location}: document {name} has {len(by_index)} of {head['parts']} parts")
+        data = "".join(by_index[i] for i in range(head["parts"])).encode("utf-8")
+        if hashlib.sha256(data).hexdigest() != head["sha256"]:
+            raise OSError(f"{self.location}: document {name} does not match its sha256")
+        return data
+
+    def write_doc(self, name: str, data: bytes) -> None:
+        if "@" in name or len(name) > KEY_MAX - 40:
+            raise ValueError(f"document name {name!r}: no '@', at most {KEY_MAX - 40} characters")
+        text = data.decode("utf-8")
+        old = self._rows(f"k == {_q(name)}")
+        head: dict[str, Any] = {"inline": text}
+        if len(json.dumps(head).encode("utf-8")) > VALUE_MAX:  # parts of at most VALUE_MAX bytes each
+            version = uuid.uuid4().hex[:12]
+            step = VALUE_MAX // 4  # characters: at most 4 bytes each in UTF-8
+            pieces = [text[i:i + step] for i in range(0, len(text), step)]
+            self.client.upsert(self.meta, [{"k": f"{name}@{version}#{i}", "v": p, "_v": [0.0, 0.0]}
+                                           for i, p in enumerate(pieces)])
+            head = {"version": version, "parts": len(pieces), "sha256": hashlib.sha256(data).hexdigest()}
+        self.client.upsert(self.meta, [{"k": name, "v": json.dumps(head), "_v": [0.0, 0.0]}])  # the switch
+        if old:
+            prev = json.loads(old[0]["v"]).get("version")
+            if prev:
+                self.client.delete(self.meta, filter=f'k like {_q(name + "@" + prev + "#")[:-1]}%"')
+
+    def delete_doc(self, name: str) -> None:
+        rows = self._rows(f"k == {_q(name)}")
+        if rows:
+            prev = json.loads(rows[0]["v"]).get("version")
+            self.client.delete(self.meta, filter=f"k == {_q(name)}")
+            if prev:
+                self.client.delete(self.meta, filter=f'k like {_q(name + "@" + prev + "#")[:-1]}%"')
+
+    def list_docs(self, prefix: str) -> list[str]:
+        rows = self._rows(f'k like {_q(prefix)[:-1]}%"', fields=("k",))
+        return sorted(r["k"] for r in rows if "@" not in r["k"])
+
+    # ------------------------------------------------------------------ manifest and log
+    def read_manifest(self) -> bytes | None:
+        return self.read_doc("collection.json")
+
+    def write_manifest(self, data: bytes) -> None:
+        self.write_doc("collection.json", data)
+
+    def manifest_token(self) -> Hashable:
+        rows = self._rows('k == "collection.json"')
+        return rows[0]["v"] if rows else None
+
+    def write_chunk(self, name: str, data: bytes) -> None:
+        self.write_doc(name, data)
+
+    def read_chunk(self, name: str) -> bytes:
+        data = self.read_doc(name)
+        if data is None:
+            raise FileNotFoundError(f"{self.location}: no document {name}")
+        return data
+
+    def remove_unlisted_chunks(self, listed: set[str]) -> None:
+        for name in self.list_docs("log/"):
+            if name not in listed:
+                self.delete_doc(name)
+
+    # ------------------------------------------------------------------ spaces
+    def _space_name(self, directory: str) -> str:
+        return f"{self.prefix}_s_{hashlib.sha256(directory.encode()).hexdigest()[:16]}"
+
+    def create_space(self, directory: str, *, space_id: str, dim: int, model: str, backend: str) -> MilvusSpaceStore:
+        info = self.read_doc(f"spaces/{directory}.json")
+        if info is not None:
+            got = json.loads(info)
+            if got["space_id"] != space_id:
+                raise SpaceMismatchError(got["space_id"], space_id, f"create space store {directory} in {self.location}",
+                                         what="new space", hint="a store holds one embedding space")
+        store = MilvusSpaceStore.create(self.client, self._space_name(directory), space_id=space_id, dim=dim,
+                                        model=model, backend=backend)
+        self.write_doc(f"spaces/{directory}.json", json.dumps({"space_id": space_id, "dim": int(dim), "model": model,
+                                                               "backend": backend}).encode())
+        self._spaces[directory] = store
+        return store
+
+    def open_space(self, directory: str) -> MilvusSpaceStore:
+        if directory in self._spaces:
+            return self._spaces[directory]
+        info = self.read_doc(f"spaces/{directory}.json")
+        if info is None or not self.client.has_collection(self._space_name(directory)):
+            raise FileNotFoundError(f"{self.location}: no space store {directory}")
+        got = json.loads(info)
+        store = MilvusSpaceStore(self.client, self._space_name(directory), space_id=got["space_id"], dim=got["dim"],
+                                 model=got["model"], backend=got["backend"])
+        self._spaces[directory] = store
+        return store
+
+    def has_space(self, directory: str) -> bool:
+        return self.read_doc(f"spaces/{directory}.json") is not None and \
+            self.client.has_collection(self._space_name(directory))
+
+    def drop_space(self, directory: str) -> None:
+        name = self._space_name(directory)
+        if self.client.has_collection(name):
+            self.client.drop_collection(name)
+        self.delete_doc(f"spaces/{directory}.json")
+        self._spaces.pop(directory, None)
+
+    # ------------------------------------------------------------------ locks
+    @contextlib.contextmanager
+    def lock(self, name: str, blocking: bool = True) -> Iterator[bool]:
+        """A lease row ``locks/<name>``: read; if free or expired, write it with this owner, wait
+        the settle time, read it back; held while it still names this owner (renewed in the
+        background). Threads of this process also queue on a local lock."""
+        local = self._local_locks.setdefault(name, threading.Lock())
+        if not local.acquire(blocking=blocking):
+            yield False
+            return
+        key = f"locks/{name}"
+        token = f"{self._owner}:{uuid.uuid4().hex[:6]}"
+        stop = threading.Event()
+        try:
+            while True:
+                rows = self._rows(f"k == {_q(key)}")
+                cur = json.loads(rows[0]["v"]) if rows else None
+                if cur is None or cur.get("expires", 0) < time.time() or _dead_holder(cur.get("owner", "")):
+                    self._put_lease(key, token)
+                    time.sleep(self._settle)
+                    rows = self._rows(f"k == {_q(key)}")
+                    if rows and json.loads(rows[0]["v"]).get("owner") == token:
+                        break
+                if not blocking:
+                    yield False
+                    return
+                time.sleep(self._settle + 0.05 * (1 + hash(token) % 5))
+            renew = threading.Thread(target=self._renew, args=(key, token, stop), daemon=True)
+            renew.start()
+            try:
+                yield True
+            finally:
+                stop.set()
+                rows = self._rows(f"k == {_q(key)}")
+                if rows and json.loads(rows[0]["v"]).get("owner") == token:
+                    self.client.delete(self.meta, filter=f"k == {_q(key)}")
+        finally:
+            local.release()
+
+    def _put_lease(self, key: str, token: str) -> None:
+        self.client.upsert(self.meta, [{"k": key, "v": json.dumps({"owner": token, "expires": time.time() + self.LOCK_TTL_S}),
+                                        "_v": [0.0, 0.0]}])
+
+    def _renew(self, key: str, token: str, stop: threading.Event) -> None:
+        while not stop.wait(self.LOCK_TTL_S / 3):
+            with contextlib.suppress(Exception):
+                self._put_lease(key, token)
+
+    # ------------------------------------------------------------------ existence
+    def stray_entries(self, own_space_dir: str) -> list[str]:
+        own = {self.meta, self._space_name(own_space_dir)}
+        return sorted(c for c in self.client.list_collections() if c.startswith(self.prefix + "_") and c not in own)
+
+    def exists(self) -> bool:
+        return self.read_manifest() is not None
+
+    def drop(self) -> None:
+        """Delete everything of this collection from Milvus."""
+        for c in self.client.list_collections():
+            if c.startswith(self.prefix + "_"):
+                self.client.drop_collection(c)
