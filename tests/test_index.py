@@ -371,3 +371,38 @@ def test_read_tagged_json_names_the_file_for_every_kind_of_bad_manifest(tmp_path
         assert str(path) in str(info.value)
     with pytest.raises(Bad, match="unreadable"):
         read_tagged_json(tmp_path / "absent.json", "fmt-a", error=Bad)
+
+
+# ----------------------------------------------------------------------------- faiss factory strings
+@pytest.mark.parametrize("spec", ["Flat", "HNSW16", "HNSW16:efSearch=64", "IVF16,Flat:nprobe=16", "IVF16,PQ4:nprobe=16",
+                                  "PQ4"])
+def test_factory_strings_search_masks_and_round_trip(spec, tmp_path):
+    rng = np.random.default_rng(0)
+    x = l2_normalise(rng.standard_normal((1200, DIM)).astype(np.float32))
+    idx = make_index(spec, DIM)
+    idx.add(x)
+    mask = np.zeros(len(x), bool)
+    mask[1::3] = True
+    scores, pos = idx.search(x[:5], 4, mask=mask)
+    assert pos.shape == (5, 4) and (pos % 3 == 1).all() and (pos >= 0).all()
+    exact = (x[:5] @ x[mask].T).max(axis=1)
+    tol = 0.1 if "PQ" in spec else 1e-4  # PQ scores are approximate (compressed codes)
+    assert (scores[:, 0] <= exact + tol).all()  # never (much) better than the best allowed row
+    g = Gallery.create(tmp_path / "g", space_id=SPACE_A, dim=DIM, model="m", backend=spec)
+    g.add("image", [f"i{k}" for k in range(len(x))], x, space_id=SPACE_A)
+    first = g.search("image", x[:3], k=3, space_id=SPACE_A)
+    again = Gallery.open(tmp_path / "g").search("image", x[:3], k=3, space_id=SPACE_A)  # from the cached index
+    assert first.ids == again.ids
+
+
+def test_factory_spec_parsing_and_errors():
+    assert parse_spec("IVF1024,PQ16:nprobe=32") == ("faiss", {"factory": "IVF1024,PQ16", "nprobe": 32})
+    assert parse_spec("flat") == ("flat", {}) and parse_spec("Flat") == ("flat", {})
+    assert parse_spec("hnsw:M=16,ef=64") == ("hnsw", {"M": 16, "ef": 64})  # the old spelling
+    with pytest.raises(ValueError, match="options: factory, efSearch, nprobe"):
+        parse_spec("HNSW32:ef=3")
+    with pytest.raises(ValueError, match="cannot build 'IVF8,PQ5' for dim 16"):
+        make_index("IVF8,PQ5", DIM)
+    idx = make_index("IVF64,Flat", DIM)
+    with pytest.raises(ValueError, match="could not be trained on 10 vectors"):
+        idx.add(l2_normalise(np.random.default_rng(1).standard_normal((10, DIM)).astype(np.float32)))

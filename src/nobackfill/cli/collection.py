@@ -31,7 +31,7 @@ def create(
     name: Path = _NAME,
     model: Path = typer.Option(..., help="The model that embeds the collection's items (a model directory, or "
                                          "'minilm' for the shipped all-MiniLM-L6-v2)."),
-    backend: str = typer.Option("flat", help="Vector index of every space: flat | hnsw | hnsw:M=16,ef=64."),
+    backend: str = typer.Option("flat", help="Vector index of every space: a faiss factory string (Flat, HNSW32, HNSW32:efSearch=128, IVF1024,PQ16:nprobe=32) or flat | hnsw:M=16,ef=64."),
 ) -> None:
     """Create an empty collection whose current model is MODEL."""
     from ..index.collection import Collection

@@ -17,7 +17,7 @@ def index(
     out: Path = typer.Option(..., help="Gallery directory (created, or resumed if it exists)."),
     split: str = typer.Option("test", help="Split to use when --data is a world root."),
     langs: str = typer.Option("", help="Comma-separated caption languages to index (default: all)."),
-    backend: str = typer.Option("flat", help="Vector index backend: flat | hnsw | hnsw:M=16,ef=64."),
+    backend: str = typer.Option("flat", help="Vector index: a faiss factory string (Flat, HNSW32, HNSW32:efSearch=128, IVF1024,PQ16:nprobe=32) or flat | hnsw:M=16,ef=64."),
     skip_bad: bool = typer.Option(False, help="Skip malformed lines and unreadable images (and report how many)."),
     tokens: str = typer.Option("", help="Also store token outputs for CMLI re-ranking: float16 | float32."),
     token_dim: Optional[int] = typer.Option(None, help="With --tokens: PCA-project the tokens to this many dims."),

@@ -1,8 +1,11 @@
-"""Vector-index backends behind one interface, chosen by a faiss-style spec string.
+"""Vector-index backends behind one interface, chosen by a spec string.
 
-A spec is ``"<kind>"`` or ``"<kind>:<opt>=<value>,..."``, e.g. ``"flat"``, ``"hnsw"``,
-``"hnsw:M=16,ef=64"``. Every backend scores by inner product, which is cosine similarity on the
-unit-norm rows a :class:`~nobackfill.encoders.base.DualEncoder` produces.
+A spec is a faiss index factory string, optionally followed by search parameters:
+``"Flat"``, ``"HNSW32"``, ``"HNSW32:efSearch=128"``, ``"IVF1024,PQ16:nprobe=32"`` (indexes that need
+training are trained on the vectors of their first build; search parameters are set through
+``faiss.ParameterSpace``). The hand-made spellings ``"flat"``, ``"hnsw"``, ``"hnsw:M=16,ef=64"``
+keep working. Every backend scores by inner product, which is cosine similarity on the unit-norm
+rows a :class:`~nobackfill.encoders.base.DualEncoder` produces.
 
 Adding a backend (e.g. a Milvus collection) means subclassing :class:`VectorIndex`, declaring its
 ``options`` and calling :func:`register_backend`; backends that live outside this process return
@@ -249,19 +252,129 @@ def known_backends() -> list[str]:
     return sorted(_BACKENDS)
 
 
-for _cls in (FlatIndex, HNSWIndex):
+class FactoryIndex(_FaissIndex):
+    """Any faiss index from a factory string (``faiss.index_factory`` with inner product), with
+    search parameters (``efSearch``, ``nprobe``, ...) applied through ``faiss.ParameterSpace``."""
+
+    kind = "faiss"
+    options = {"factory": str, "efSearch": int, "nprobe": int}
+
+    def __init__(self, dim: int, factory: str = "Flat", _index: Any = None, **params: Any) -> None:
+        import faiss
+
+        if _index is None:
+            try:
+                _index = faiss.index_factory(int(dim), factory, faiss.METRIC_INNER_PRODUCT)
+            except RuntimeError as e:
+                first = str(e).strip().splitlines()[-1] if str(e).strip() else "rejected"
+                raise ValueError(f"faiss cannot build {factory!r} for dim {dim}: {first}") from None
+        super().__init__(dim, _index)
+        self.factory, self.params = factory, dict(params)
+        for name, value in self.params.items():
+            faiss.ParameterSpace().set_index_parameter(self._index, name, value)
+
+    @classmethod
+    def from_bytes(cls, data: bytes, dim: int, **options: Any) -> "FactoryIndex":
+        return cls(dim, _index=cls._deserialize(data), **options)
+
+    def _add(self, vectors: np.ndarray) -> None:
+        if not self._index.is_trained:  # IVF / PQ: trained on the first build's vectors
+            try:
+                self._index.train(vectors)
+            except RuntimeError as e:
+                raise ValueError(f"faiss {self.factory!r} could not be trained on {len(vectors)} vectors "
+                                 f"({str(e).strip().splitlines()[-1]}); it needs more vectors or a smaller "
+                                 "index (e.g. fewer IVF lists)") from None
+        self._index.add(vectors)
+
+    def _inner(self) -> Any:
+        import faiss
+
+        return faiss.downcast_index(self._index.index if hasattr(self._index, "index") and
+                                    isinstance(self._index, faiss.IndexPreTransform) else self._index)
+
+    def _search(self, queries: np.ndarray, k: int, mask: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+        import faiss
+
+        inner = self._inner()
+        extra: dict[str, Any] = {}
+        if isinstance(inner, faiss.IndexHNSW):
+            extra["efSearch"] = max(int(inner.hnsw.efSearch), k)
+        elif isinstance(inner, faiss.IndexIVF):
+            extra["nprobe"] = int(inner.nprobe)
+        if mask is None and not extra:
+            return self._index.search(queries, k)
+        if isinstance(inner, faiss.IndexIVF):
+            sel = None if mask is None else faiss.IDSelectorBitmap(np.packbits(mask, bitorder="little"))
+            params = faiss.SearchParametersIVF(sel=sel, nprobe=extra["nprobe"]) if sel is not None else \
+                faiss.SearchParametersIVF(nprobe=extra["nprobe"])
+            keep = (params, sel)
+            out = self._index.search(queries, k, params=params)
+            del keep
+            return out
+        params, keep = self._params(mask, **extra)
+        try:
+            out = self._index.search(queries, k, params=params)
+        except RuntimeError:  # an index that takes no selector (e.g. IndexPQ): search deeper, filter here
+            return self._filtered(queries, k, mask)
+        del keep
+        return out
+
+    def _filtered(self, queries: np.ndarray, k: int, mask: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
+        depth = min(self.ntotal, max(4 * k, 32))
+        while True:
+            scores, positions = self._index.search(queries, depth)
+            ok = positions >= 0
+            if mask is not None:
+                ok &= mask[np.clip(positions, 0, None)]
+            out_s = np.full((len(queries), k), -np.inf, np.float32)
+            out_p = np.full((len(queries), k), -1, np.int64)
+            for i in range(len(queries)):
+                keep = np.flatnonzero(ok[i])[:k]
+                out_s[i, :len(keep)], out_p[i, :len(keep)] = scores[i, keep], positions[i, keep]
+            if (out_p >= 0).all() or depth >= self.ntotal:
+                return out_s, out_p  # rows still short fall back to the exact search of the caller
+            depth = min(self.ntotal, depth * 4)
+
+    def _storage(self) -> Any:
+        import faiss
+
+        inner = self._inner()
+        if isinstance(inner, faiss.IndexHNSW):
+            return faiss.downcast_index(inner.storage)
+        if isinstance(inner, faiss.IndexIVF):
+            inner.make_direct_map()
+        return self._index
+
+
+for _cls in (FlatIndex, HNSWIndex, FactoryIndex):
     register_backend(_cls)
+
+_FACTORY_RE = __import__("re").compile(r"^[A-Z][A-Za-z0-9_,.]*$")
 
 
 def parse_spec(spec: str) -> tuple[str, dict[str, Any]]:
-    """``"hnsw:M=16,ef=64"`` -> ``("hnsw", {"M": 16, "ef": 64})``; validates kind and options."""
+    """``"hnsw:M=16,ef=64"`` -> ``("hnsw", {"M": 16, "ef": 64})``; a faiss factory string
+    ``"IVF1024,PQ16:nprobe=32"`` -> ``("faiss", {"factory": "IVF1024,PQ16", "nprobe": 32})``
+    (``"Flat"`` is the hand-made ``"flat"``); validates kind and options."""
     if not isinstance(spec, str) or not spec.strip():
         raise ValueError(f"backend spec must be a non-empty string, got {spec!r}")
     kind, _, rest = spec.strip().partition(":")
-    kind = kind.strip().lower()
+    kind = kind.strip()
+    if kind.lower() not in _BACKENDS and _FACTORY_RE.match(kind):
+        opts = dict(_parse_options(rest, FactoryIndex.options, "faiss", spec))
+        opts.pop("factory", None)
+        return "faiss", {"factory": kind, **opts}
+    kind = kind.lower()
     if kind not in _BACKENDS:
-        raise ValueError(f"unknown index backend {kind!r} in {spec!r}; known: {', '.join(known_backends())}")
-    allowed = _BACKENDS[kind].options
+        names = ", ".join(k for k in known_backends() if k != "faiss")
+        raise ValueError(f"unknown index backend {kind!r} in {spec!r}; known: {names}, or a faiss index factory "
+                         "string such as Flat, HNSW32, IVF1024,PQ16 (search parameters after ':', e.g. "
+                         "HNSW32:efSearch=128)")
+    return kind, _parse_options(rest, _BACKENDS[kind].options, kind, spec)
+
+
+def _parse_options(rest: str, allowed: dict[str, type], kind: str, spec: str) -> dict[str, Any]:
     opts: dict[str, Any] = {}
     for item in filter(None, (s.strip() for s in rest.split(","))):
         name, eq, value = item.partition("=")
@@ -273,12 +386,17 @@ def parse_spec(spec: str) -> tuple[str, dict[str, Any]]:
             opts[name] = allowed[name](value.strip())
         except ValueError:
             raise ValueError(f"option {name!r} of {spec!r} must be {allowed[name].__name__}") from None
-    return kind, opts
+    return opts
 
 
 def validate_spec(spec: str) -> str:
-    """Checks ``spec`` without building anything; returns it normalised (``kind[:k=v,...]``)."""
+    """Checks ``spec`` without building anything; returns it normalised (``kind[:k=v,...]``, or the
+    factory string with its search parameters)."""
     kind, opts = parse_spec(spec)
+    if kind == "faiss":
+        opts = dict(opts)
+        factory = opts.pop("factory")
+        return factory + (":" + ",".join(f"{k}={v}" for k, v in opts.items()) if opts else "")
     return kind + (":" + ",".join(f"{k}={v}" for k, v in opts.items()) if opts else "")
 
 
