@@ -175,3 +175,36 @@ def bench_backfill(
         fail(str(e))
     typer.echo(write_report(result, json_out))
     console.print(f"wrote {json_out} (+ .md, .png, .html) in {result['seconds']:.0f}s")
+
+
+def bench_store(
+    quick: bool = typer.Option(False, help="N = 100k (full: 1M), 20k real MiniLM captions (full: 145k)."),
+    json_out: Path = typer.Option(Path("runs/bench/store.json"), "--json", help="JSON output (a .md table beside it)."),
+    n: Optional[int] = typer.Option(None, help="Vectors per row (overrides --quick's / the full default)."),
+    datasets: str = typer.Option("minilm,world,random", help="Comma list: minilm, world, random."),
+    backends: Optional[str] = typer.Option(None, help="Comma list of <kind>:<index> (faiss:HNSW32, milvus-lite:FLAT, "
+                                                      "milvus-server:HNSW32 ...)."),
+    server: Optional[str] = typer.Option(None, help="HOST:PORT of a running Milvus server (default: start one)."),
+    world: Path = typer.Option(Path("data/world"), help="World root (train: gallery, test: queries)."),
+    models: Path = typer.Option(Path("models"), help="Folder with world-new."),
+    cache_dir: Path = typer.Option(Path("runs/cache"), help="Embedding cache."),
+    work: Path = typer.Option(Path("runs/bench/store-work"), help="Scratch (stores, vectors)."),
+) -> None:
+    """Storage backends at scale: ingest, build, search latency (batch 1 / 64), recall@10 against exact
+    search, peak RSS, for real MiniLM, world and random vectors; a two-space search against one."""
+    from ..bench.store import StoreBenchConfig, format_markdown, run_store_bench
+    from ..report import write_json_and_markdown
+
+    kw: dict = dict(datasets=tuple(d for d in datasets.split(",") if d), world=world, models=models,
+                    cache_dir=cache_dir, work=work)
+    if backends:
+        kw["backends"] = tuple(b for b in backends.split(",") if b)
+    if n is not None:
+        kw["n"] = n
+    cfg = StoreBenchConfig.quick(**kw) if quick else StoreBenchConfig(**kw)
+    try:
+        result = run_store_bench(cfg, log=lambda m: console.print(m), server=server)
+    except user_errors() as e:
+        fail(str(e))
+    typer.echo(write_json_and_markdown(result, json_out, format_markdown(result)))
+    console.print(f"wrote {json_out} (+ .md) in {result['seconds']:.0f}s")

@@ -9,9 +9,9 @@ A collection ``NAME`` is a set of Milvus collections named ``nb_<NAME>_...``:
   VARCHAR is split into parts written first under a fresh version; the single header row naming the
   version is then upserted (one row: atomic), so readers see the old or the new document.
 * ``nb_<NAME>_s_<hash>``: one per embedding space (Milvus collections have one vector field, and a
-  missing vector would come back as zeros: never nullable vectors), rows ``key`` (the item
-  version's key, primary), ``modality``, ``seq`` (insertion time in ns: readers discover new rows
-  by it) and ``vec``.
+  missing vector would come back as zeros: never nullable vectors), one partition per modality,
+  rows ``key`` (the item version's key, primary), ``modality``, ``seq`` (insertion time in ns:
+  readers discover new rows by it) and ``vec``.
 
 Everything a set of ``serve`` replicas or backfill workers must share lives here, so several
 processes on several machines can work on one collection. Consistency: every query and search
@@ -54,8 +54,11 @@ VALUE_MAX = 60000  # characters of one VARCHAR value (Milvus allows 65535)
 KEY_MAX = 512
 STRONG = "Strong"
 #: rows inserted up to this long before the newest one a reader has seen are looked for again
-SEQ_MARGIN_NS = 10_000_000_000
+SEQ_MARGIN_NS = 5_000_000_000
 MAX_TOPK = 16384
+#: rows inserted since the last flush after which a store seals its segments (searching a large
+#: unsealed segment is slow, about 20x on milvus-lite)
+FLUSH_EVERY = 20000
 FILTER_IN_MAX = 1000  # a search restricted to this many keys or fewer filters on them directly
 
 
@@ -190,6 +193,7 @@ class MilvusSpaceStore:
         self._lock = threading.RLock()
         self._search_params = milvus_index_params(backend)[1]
         self._loaded = False
+        self._unflushed = 0
         self.path = name
 
     @property
@@ -211,6 +215,8 @@ class MilvusSpaceStore:
             index, _ = milvus_index_params(backend)
             idx.add_index(field_name="vec", metric_type="IP", **index)
             client.create_collection(name, schema=s, index_params=idx, consistency_level=STRONG)
+            for m in ("image", "text"):
+                client.create_partition(name, m)
         return cls(client, name, space_id=space_id, dim=dim, model=model, backend=backend)
 
     def _ensure_loaded(self) -> None:
@@ -265,11 +271,11 @@ class MilvusSpaceStore:
         return bool(self._existing(modality, [key]))
 
     def _existing(self, modality: str, keys: Sequence[str]) -> set[str]:
+        """Which of ``keys`` the server holds for ``modality`` (primary-key lookups)."""
         out: set[str] = set()
         for s in range(0, len(keys), FILTER_IN_MAX):
-            part = list(keys[s:s + FILTER_IN_MAX])
-            rows = self.client.query(self.name, filter=f"key in {json.dumps(part)} and modality == {_q(modality)}",
-                                     output_fields=["key"], consistency_level=STRONG)
+            rows = self.client.get(self.name, ids=list(keys[s:s + FILTER_IN_MAX]), output_fields=["key"],
+                                   partition_names=[modality], consistency_level=STRONG)
             out.update(r["key"] for r in rows)
         return out
 
@@ -277,9 +283,8 @@ class MilvusSpaceStore:
         """The vectors of ``keys`` (in that order; every key must exist)."""
         found: dict[str, list[float]] = {}
         for s in range(0, len(keys), FILTER_IN_MAX):
-            part = list(keys[s:s + FILTER_IN_MAX])
-            for r in self.client.query(self.name, filter=f"key in {json.dumps(part)}", output_fields=["key", "vec"],
-                                       consistency_level=STRONG):
+            for r in self.client.get(self.name, ids=list(keys[s:s + FILTER_IN_MAX]), output_fields=["key", "vec"],
+                                     consistency_level=STRONG):
                 found[r["key"]] = r["vec"]
         missing = [k for k in keys if k not in found]
         if missing:
@@ -318,9 +323,21 @@ class MilvusSpaceStore:
         rows = [{"key": ids[i], "modality": modality, "seq": base + j, "vec": vecs[i].tolist()}
                 for j, i in enumerate(keep)]
         for s in range(0, len(rows), 2000):
-            self.client.insert(self.name, rows[s:s + 2000])
-        self.refresh()
+            self.client.insert(self.name, rows[s:s + 2000], partition_name=modality)
+        with self._lock:  # our own rows are known at once; other writers' by refresh()
+            for r in rows:
+                if r["key"] not in self._pos[modality]:
+                    self._pos[modality][r["key"]] = len(self._keys[modality])
+                    self._keys[modality].append(r["key"])
+            self._unflushed += len(rows)
+        if self._unflushed >= FLUSH_EVERY:
+            self.flush()
         return len(rows)
+
+    def flush(self) -> None:
+        """Seal the rows inserted so far into indexed segments (Milvus builds their index)."""
+        self.client.flush(self.name)
+        self._unflushed = 0
 
     # ------------------------------------------------------------------ search
     def search(self, modality: str, queries: np.ndarray, k: int = 10, *, space_id: str, bridge: Any = None,
@@ -351,19 +368,16 @@ class MilvusSpaceStore:
         if kk == 0 or len(q) == 0:
             return SearchResult(np.zeros((len(q), kk), np.float32), [[] for _ in q], np.zeros((len(q), kk), np.int64))
         params = {"metric_type": "IP", "params": dict(self._search_params)}
-        if "ef" in params["params"]:
-            params["params"]["ef"] = max(params["params"]["ef"], kk)
         pos = self._pos[modality]
-        if n_allowed <= FILTER_IN_MAX:
+        if n_allowed <= FILTER_IN_MAX and n_allowed < len(keys):
             allowed_keys = [keys[i] for i in np.flatnonzero(allowed)]
-            expr = f"modality == {_q(modality)} and key in {json.dumps(allowed_keys)}"
-            hits = self._search(q, kk, expr, params)
+            hits = self._search(q, kk, modality, params, f"key in {json.dumps(allowed_keys)}")
             rows = [self._take(h, kk, pos, allowed) for h in hits]
         else:
-            rows, limit = [None] * len(q), min(MAX_TOPK, max(kk * 2, 16))
+            rows, limit = [None] * len(q), min(MAX_TOPK, kk if n_allowed == len(keys) else max(kk * 2, 16))
             todo = list(range(len(q)))
             while todo:
-                hits = self._search(q[todo], limit, f"modality == {_q(modality)}", params)
+                hits = self._search(q[todo], limit, modality, params)
                 nxt = []
                 for qi, h in zip(todo, hits):
                     got = self._take(h, kk, pos, allowed)
@@ -379,9 +393,12 @@ class MilvusSpaceStore:
         positions = np.array([[p for _, p in r] for r in rows], np.int64).reshape(len(q), kk)
         return SearchResult(scores, [[keys[p] for p in row] for row in positions], positions)
 
-    def _search(self, q: np.ndarray, limit: int, expr: str, params: dict) -> list[list[dict]]:
+    def _search(self, q: np.ndarray, limit: int, modality: str, params: dict, expr: str = "") -> list[list[dict]]:
+        if "ef" in params["params"]:  # HNSW needs ef >= the number of results asked for
+            params = {**params, "params": {**params["params"], "ef": max(params["params"]["ef"], int(limit))}}
         return self.client.search(self.name, data=q.tolist(), filter=expr, limit=int(limit), anns_field="vec",
-                                  output_fields=["key"], search_params=params, consistency_level=STRONG)
+                                  output_fields=["key"], search_params=params, partition_names=[modality],
+                                  consistency_level=STRONG)
 
     @staticmethod
     def _take(hits: list[dict], k: int, pos: dict[str, int], allowed: np.ndarray) -> list[tuple[float, int]]:
