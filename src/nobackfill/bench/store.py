@@ -228,7 +228,19 @@ def run_row(data_file: str, query_file: str, truth_file: str, backend: str, work
             "ingest_per_s": round(n / ingest_s, 1), "ingest_s": round(ingest_s, 2), "build_s": round(build_s, 3),
             "p50_ms": round(float(np.percentile(lat, 50)), 3), "p99_ms": round(float(np.percentile(lat, 99)), 3),
             "batch64_ms": round(float(np.median(b64)), 3), "recall@10": round(rec, 4),
-            "rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)}
+            "rss_mb": round(peak_rss_mb(), 1)}
+
+
+def peak_rss_mb() -> float:
+    """This process's peak resident memory (``VmHWM``: unlike ``ru_maxrss``, not inherited from the
+    parent across fork + exec)."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
 def _row_in_process(*args: Any) -> dict[str, Any]:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import typer
 
-from . import bench, collection, compat, data, demo, evaluate, gallery, late, lingual, reco, upgrade
+from . import bench, collection, compat, data, demo, evaluate, gallery, late, lingual, reco, serve, upgrade
 
 app = typer.Typer(add_completion=False, no_args_is_help=True,
                   help="Cross-modal retrieval whose embedding model improves without re-embedding the gallery.")
@@ -20,6 +20,7 @@ app.command("train-text")(data.train_text_cmd)
 app.command("index")(gallery.index)
 app.command("search")(gallery.search)
 app.command("demo")(demo.demo)
+app.command("serve")(serve.serve)
 
 # groups
 eval_app = typer.Typer(no_args_is_help=True, help="Evaluate models and galleries.")
@@ -48,6 +49,7 @@ bench_app.command("xbt-text")(bench.bench_xbt_text)
 bench_app.command("routes")(bench.bench_routes)
 bench_app.command("backfill")(bench.bench_backfill)
 bench_app.command("store")(bench.bench_store)
+bench_app.command("serve")(bench.bench_serve)
 bench_app.command("compat-steps")(compat.bench_compat_steps)
 bench_app.command("late")(late.bench_late)
 bench_app.command("lingual-text")(lingual.bench_lingual_text)

@@ -208,3 +208,27 @@ def bench_store(
         fail(str(e))
     typer.echo(write_json_and_markdown(result, json_out, format_markdown(result)))
     console.print(f"wrote {json_out} (+ .md) in {result['seconds']:.0f}s")
+
+
+
+def bench_serve(
+    quick: bool = typer.Option(False, help="2,000 requests and 20 fault trials (full: 2,400 and 24)."),
+    json_out: Path = typer.Option(Path("runs/bench/serve.json"), "--json", help="JSON output (a .md table beside it)."),
+    concurrency: int = typer.Option(8, help="Concurrent clients."),
+    world: Path = typer.Option(Path("data/world"), help="World root (test: the collection, val: calibration)."),
+    models: Path = typer.Option(Path("models"), help="Folder with world-old / world-new."),
+    work: Path = typer.Option(Path("runs/bench/serve-work"), help="Scratch (the served collection)."),
+) -> None:
+    """The service on 127.0.0.1 under a bounded load during a backfill, SIGKILL fault trials, and every
+    class of bad input."""
+    from ..bench.serve import ServeBenchConfig, format_markdown, run_serve_bench
+    from ..report import write_json_and_markdown
+
+    kw = dict(concurrency=concurrency, world=world, models=models, work=work)
+    cfg = ServeBenchConfig.quick(**kw) if quick else ServeBenchConfig(**kw)
+    try:
+        result = run_serve_bench(cfg, log=lambda m: console.print(m))
+    except user_errors() as e:
+        fail(str(e))
+    typer.echo(write_json_and_markdown(result, json_out, format_markdown(result)))
+    console.print(f"wrote {json_out} (+ .md) in {result['seconds']:.0f}s")

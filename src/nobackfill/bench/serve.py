@@ -1,0 +1,390 @@
+"""``nobackfill bench serve``: the service under load, under SIGKILL and under bad input.
+
+A world collection (test split, English captions) embedded by ``world-old`` and upgraded to
+``world-new`` with the shipped XBT upgrade (routes calibrated on 300 val images) is served by
+``nobackfill serve`` on 127.0.0.1 (a free port, its own process).
+
+* Load: ``concurrency`` asyncio httpx clients send ``requests`` searches (text, and an image one in
+  five) while a backfill runs in the server and another client adds captions; bounded by the request
+  count and a time cap. Latency per request (p50 / p95 / p99, text queries apart), throughput, errors.
+* Faults: ``trials`` times, the server is SIGKILLed while a client adds items (or while the backfill
+  runs), restarted and checked: every acknowledged item is there, no vector key is stored twice, the
+  collection verifies, and a restarted backfill goes on.
+* Bad input: every class of :func:`bad_input_cases` against the live server: a 4xx whose message
+  names the problem, and the collection unchanged.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+
+READ_KEY, ADMIN_KEY = "bench-read-key-0001", "bench-admin-key-0001"
+
+
+@dataclass
+class ServeBenchConfig:
+    models: Path = Path("models")
+    world: Path = Path("data/world")
+    upgrade: Path = Path("upgrades/world-old-to-new")
+    work: Path = Path("runs/bench/serve-work")
+    requests: int = 2400
+    concurrency: int = 8
+    time_cap_s: float = 600.0
+    trials: int = 24
+    backfill_rate: float = 40.0  # items/s, so the backfill lasts the whole load test
+    calib_images: int = 300
+
+    @classmethod
+    def quick(cls, **kw: Any) -> "ServeBenchConfig":
+        return cls(**{"requests": 2000, "trials": 20, **kw})
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class ServerProcess:
+    """``nobackfill serve`` in a subprocess on 127.0.0.1."""
+
+    def __init__(self, collection: Path, keys: Path, models_root: Path) -> None:
+        self.collection, self.keys, self.models_root = collection, keys, models_root
+        self.port = _free_port()
+        self.proc: subprocess.Popen | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self, timeout_s: float = 180) -> float:
+        import httpx
+
+        t0 = time.time()
+        cmd = [sys.executable, "-m", "nobackfill.cli", "serve", str(self.collection), "--port", str(self.port),
+               "--keys", str(self.keys), "--models-root", str(self.models_root)]
+        self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        while time.time() - t0 < timeout_s:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"the server exited: {self.proc.stderr.read()[-2000:]}")
+            try:
+                if httpx.get(self.url + "/healthz", timeout=2).status_code == 200:
+                    return time.time() - t0
+            except httpx.HTTPError:
+                time.sleep(0.2)
+        raise RuntimeError(f"the server did not answer within {timeout_s:.0f}s")
+
+    def kill(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGKILL)
+            self.proc.wait()
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                self.kill()
+
+
+# ----------------------------------------------------------------------------- bad input
+def _png(size: tuple[int, int] = (16, 16), seed: int = 0) -> bytes:
+    from PIL import Image
+
+    buf = io.BytesIO()
+    Image.fromarray(np.random.default_rng(seed).integers(0, 255, (*size, 3), dtype=np.uint8)).save(buf, "PNG")
+    return buf.getvalue()
+
+
+def bad_input_cases(read_key: str, admin_key: str, *, max_k: int, max_caption: int, max_batch: int,
+                    max_pixels: int, max_body: int) -> list[dict[str, Any]]:
+    """Classes of bad input: each ``{"name", "method", "path", "kw" (httpx kwargs), "key" (or None),
+    "status", "words"}``: the status and the words its message must contain."""
+    side = int(max_pixels ** 0.5) + 8
+    return [
+        {"name": "no key", "method": "POST", "path": "/v1/search", "kw": {"json": {"text": "x"}}, "key": None,
+         "status": 401, "words": ["API key"]},
+        {"name": "wrong key", "method": "POST", "path": "/v1/search", "kw": {"json": {"text": "x"}},
+         "key": "not-a-key-at-all", "status": 401, "words": ["API key"]},
+        {"name": "read key writes", "method": "POST", "path": "/v1/items", "kw": {"json": {"items": [{"text": "x"}]}},
+         "key": read_key, "status": 403, "words": ["admin"]},
+        {"name": "malformed JSON", "method": "POST", "path": "/v1/search",
+         "kw": {"content": b"{oops", "headers": {"content-type": "application/json"}}, "status": 400,
+         "words": ["malformed JSON"]},
+        {"name": "wrong type", "method": "POST", "path": "/v1/search", "kw": {"json": {"text": "x", "k": "many"}},
+         "status": 422, "words": ["k"]},
+        {"name": "missing field", "method": "POST", "path": "/v1/search", "kw": {"json": {"k": 3}}, "status": 422,
+         "words": ["text"]},
+        {"name": "unknown field", "method": "POST", "path": "/v1/search", "kw": {"json": {"text": "x", "kk": 3}},
+         "status": 422, "words": ["kk"]},
+        {"name": "empty query", "method": "POST", "path": "/v1/search", "kw": {"json": {"text": "   "}},
+         "status": 422, "words": ["text", "empty"]},
+        {"name": "k out of range", "method": "POST", "path": "/v1/search", "kw": {"json": {"text": "x", "k": max_k + 1}},
+         "status": 422, "words": ["k", str(max_k)]},
+        {"name": "unknown merge", "method": "POST", "path": "/v1/search",
+         "kw": {"json": {"text": "x", "merge": "best"}}, "status": 422, "words": ["merge"]},
+        {"name": "caption too long", "method": "POST", "path": "/v1/items",
+         "kw": {"json": {"items": [{"text": "y" * (max_caption + 1)}]}}, "status": 422,
+         "words": ["items[0].text", str(max_caption)]},
+        {"name": "batch too big", "method": "POST", "path": "/v1/items",
+         "kw": {"json": {"items": [{"text": f"t{i}"} for i in range(max_batch + 1)]}}, "status": 422,
+         "words": ["items", str(max_batch)]},
+        {"name": "same id, other content", "method": "POST", "path": "/v1/items",
+         "kw": {"json": {"items": [{"text": "a", "id": "dup"}, {"text": "b", "id": "dup"}]}}, "status": 409,
+         "words": ["'dup'"]},
+        {"name": "not an image", "method": "POST", "path": "/v1/search",
+         "kw": {"files": {"image": ("q.png", b"this is text")}}, "status": 422, "words": ["image", "not an image"]},
+        {"name": "corrupt image", "method": "POST", "path": "/v1/items",
+         "kw": {"files": {"images": ("q.png", _png()[:60])}}, "status": 422, "words": ["images[0]"]},
+        {"name": "pixel bomb", "method": "POST", "path": "/v1/search",
+         "kw": {"files": {"image": ("q.png", _png(size=(side, side)))}}, "status": 413, "words": ["image", "pixels"]},
+        {"name": "oversize body", "method": "POST", "path": "/v1/items",
+         "kw": {"files": {"images": ("q.png", b"x" * (max_body + 1000))}}, "status": 413, "words": ["body", "limit"]},
+        {"name": "unknown id", "method": "DELETE", "path": "/v1/items/no-such-item", "kw": {}, "status": 404,
+         "words": ["no-such-item"]},
+        {"name": "path outside the models root", "method": "POST", "path": "/v1/upgrade",
+         "kw": {"json": {"model": "../../etc"}}, "status": 400, "words": ["model", "outside"]},
+        {"name": "missing model dir", "method": "POST", "path": "/v1/upgrade",
+         "kw": {"json": {"model": "nothing-here"}}, "status": 404, "words": ["model"]},
+        {"name": "not a model dir", "method": "POST", "path": "/v1/upgrade", "kw": {"json": {"model": "docs"}},
+         "status": 422, "words": ["model", "config.json"]},
+    ]
+
+
+def _state(collection: Path) -> tuple:
+    from ..index.collection import Collection
+
+    c = Collection.open(collection)
+    st = c.status()
+    return c.generation, st["items"], sorted(c.items())
+
+
+def run_bad_inputs(url: str, collection: Path, limits: dict[str, int]) -> dict[str, Any]:
+    """Every case of :func:`bad_input_cases` for the server's own ``limits`` (from ``/v1/status``)."""
+    import httpx
+
+    cases = bad_input_cases(READ_KEY, ADMIN_KEY, max_k=limits["max_k"], max_caption=limits["max_caption_chars"],
+                            max_batch=limits["max_batch"], max_pixels=limits["max_image_pixels"],
+                            max_body=limits["max_body_bytes"])
+    out = {"tried": 0, "clear_4xx": 0, "store_unchanged": 0, "cases": []}
+    with httpx.Client(base_url=url, timeout=60) as http:
+        for case in cases:
+            before = _state(collection)
+            kw = dict(case["kw"])
+            headers = dict(kw.pop("headers", {}))
+            key = case.get("key", ADMIN_KEY)
+            if key is not None:
+                headers["Authorization"] = f"Bearer {key}"
+            r = http.request(case["method"], case["path"], headers=headers, **kw)
+            try:
+                detail = r.json().get("detail", "")
+            except ValueError:
+                detail = r.text
+            clear = r.status_code == case["status"] and all(w in detail for w in case["words"])
+            same = _state(collection) == before
+            out["tried"] += 1
+            out["clear_4xx"] += clear
+            out["store_unchanged"] += same
+            out["cases"].append({"name": case["name"], "status": r.status_code, "detail": detail[:200],
+                                 "clear": clear, "unchanged": same})
+    return out
+
+
+# ----------------------------------------------------------------------------- load
+async def _load(url: str, texts: list[str], images: list[bytes], cfg: ServeBenchConfig) -> dict[str, Any]:
+    import httpx
+
+    headers = {"Authorization": f"Bearer {READ_KEY}"}
+    lat: dict[str, list[float]] = {"text": [], "image": []}
+    errors: list[str] = []
+    counter = {"n": 0}
+    deadline = time.time() + cfg.time_cap_s
+
+    async def worker(i: int, http: httpx.AsyncClient) -> None:
+        rng = np.random.default_rng(i)
+        while counter["n"] < cfg.requests and time.time() < deadline:
+            counter["n"] += 1
+            kind = "image" if rng.random() < 0.2 else "text"
+            t0 = time.perf_counter()
+            try:
+                if kind == "text":
+                    r = await http.post("/v1/search", json={"text": texts[int(rng.integers(len(texts)))], "k": 10},
+                                        headers=headers)
+                else:
+                    r = await http.post("/v1/search", files={"image": ("q.png", images[int(rng.integers(len(images)))])},
+                                        data={"k": "10"}, headers=headers)
+                if r.status_code != 200:
+                    errors.append(f"{r.status_code} {r.text[:100]}")
+                    continue
+            except httpx.HTTPError as e:
+                errors.append(f"{type(e).__name__}: {e}")
+                continue
+            lat[kind].append(1000 * (time.perf_counter() - t0))
+
+    async def adder(http: httpx.AsyncClient) -> None:
+        j = 0
+        while counter["n"] < cfg.requests and time.time() < deadline:
+            r = await http.post("/v1/items", json={"items": [{"text": f"a caption added under load {j} {k}"}
+                                                             for k in range(4)]},
+                                headers={"Authorization": f"Bearer {ADMIN_KEY}"})
+            if r.status_code != 200:
+                errors.append(f"add {r.status_code} {r.text[:100]}")
+            j += 1
+            await asyncio.sleep(0.5)
+
+    limits = httpx.Limits(max_connections=cfg.concurrency + 2)
+    async with httpx.AsyncClient(base_url=url, timeout=120, limits=limits) as http:
+        t0 = time.time()
+        await asyncio.gather(adder(http), *(worker(i, http) for i in range(cfg.concurrency)))
+        wall = time.time() - t0
+    every = lat["text"] + lat["image"]
+    pct = lambda xs, q: round(float(np.percentile(xs, q)), 2) if xs else None  # noqa: E731
+    return {"requests": len(every) + len(errors), "errors": len(errors), "error_samples": errors[:5],
+            "concurrency": cfg.concurrency, "p50_ms": pct(every, 50), "p95_ms": pct(every, 95), "p99_ms": pct(every, 99),
+            "text_p50_ms": pct(lat["text"], 50), "text_p99_ms": pct(lat["text"], 99),
+            "image_p50_ms": pct(lat["image"], 50), "rps": round(len(every) / wall, 1), "seconds": round(wall, 1)}
+
+
+# ----------------------------------------------------------------------------- faults
+def run_faults(server: ServerProcess, collection: Path, trials: int, log: Callable[[str], None]) -> dict[str, Any]:
+    """SIGKILL during ingest (even trials) and during the backfill (odd trials); restart; check."""
+    import threading
+
+    from ..client import Client, ServiceError
+    from ..index.collection import Collection
+    from ..search.backfill import backfill_status
+
+    rng = np.random.default_rng(0)
+    out = {"trials": 0, "acknowledged_lost": 0, "duplicated": 0, "backfill_resumed": 0, "verify_failures": 0,
+           "restart_s": []}
+    acked: list[str] = []
+    for t in range(trials):
+        admin = Client(server.url, ADMIN_KEY, timeout=30)
+        stop = threading.Event()
+        during = "ingest" if t % 2 == 0 else "backfill"
+
+        def ingest() -> None:
+            i = 0
+            while not stop.is_set():
+                try:
+                    acked.extend(admin.add_texts([{"text": f"fault trial {t} caption {i} {j}", "id": f"f{t}-{i}-{j}"}
+                                                  for j in range(4)])["ids"])
+                except Exception:  # the server was killed mid-request: not acknowledged
+                    return
+                i += 1
+
+        if during == "ingest":
+            th = threading.Thread(target=ingest, daemon=True)
+            th.start()
+        else:
+            try:
+                admin.backfill_start(order="random", rate=200)
+            except ServiceError:
+                pass
+        time.sleep(float(rng.uniform(0.3, 1.5)))
+        before_kill = backfill_status(Collection.open(collection))["done"]
+        server.kill()
+        stop.set()
+        if during == "ingest":
+            th.join(timeout=30)
+        out["restart_s"].append(round(server.start(), 1))
+        c = Collection.open(collection)
+        if c.verify():
+            out["verify_failures"] += 1
+        live = c.items()
+        out["acknowledged_lost"] += sum(1 for i in acked if i not in live)
+        for sid in c.space_ids():
+            g = c.gallery(sid)
+            for m in ("image", "text"):
+                keys = g.ids(m)
+                out["duplicated"] += len(keys) - len(set(keys))
+        if during == "backfill":
+            admin = Client(server.url, ADMIN_KEY, timeout=30)
+            admin.backfill_start(order="random", rate=200)
+            time.sleep(1.5)
+            admin.backfill_pause()
+            after = backfill_status(Collection.open(collection))
+            out["backfill_resumed"] += after["done"] > before_kill or after["done"] == after["total"]
+        out["trials"] += 1
+        log(f"  fault trial {t + 1}/{trials} ({during}): {len(acked)} acknowledged so far, lost "
+            f"{out['acknowledged_lost']}, duplicated {out['duplicated']}")
+    out["backfill_trials"] = trials // 2
+    return out
+
+
+# ----------------------------------------------------------------------------- the bench
+def run_serve_bench(cfg: ServeBenchConfig, log: Callable[[str], None] | None = None) -> dict[str, Any]:
+    from ..client import Client
+    from ..evaluate import resolve_data
+    from ..search import ModelPool
+    from .routes import RoutesBenchConfig, upgraded_world_collection, world_eval
+
+    say = log or (lambda _m: None)
+    t_all = time.time()
+    shutil.rmtree(cfg.work, ignore_errors=True)
+    cfg.work.mkdir(parents=True)
+    ev = world_eval(resolve_data(cfg.world, "test"))
+    rcfg = RoutesBenchConfig(models=cfg.models, world=cfg.world, upgrade=cfg.upgrade, calib_images=cfg.calib_images)
+    c, _, _ = upgraded_world_collection(rcfg, ModelPool(), ev, cfg.work / "photos", say)
+    keys = cfg.work / "keys.toml"
+    keys.write_text(f'read = ["{READ_KEY}"]\nadmin = ["{ADMIN_KEY}"]\n')
+    server = ServerProcess(c.path, keys, Path.cwd())  # the project: models/, upgrades/, docs/ lie under it
+    startup = server.start()
+    say(f"server on {server.url} (started in {startup:.1f}s)")
+    try:
+        texts = [t.payload for t in ev.texts]
+        images = [Path(im.payload).read_bytes() for im in ev.images[:100]]
+        admin = Client(server.url, ADMIN_KEY)
+        admin.backfill_start(order="uncertainty", rate=cfg.backfill_rate)
+        before = admin.status()["backfill"]
+        say(f"load: {cfg.requests} searches at concurrency {cfg.concurrency} during the backfill ...")
+        load = asyncio.run(_load(server.url, texts, images, cfg))
+        after = admin.status()["backfill"]
+        load["during_backfill"] = after["done"] > before["done"] and after["state"] == "running"
+        load["backfill_progress"] = {"before": before["done"], "after": after["done"], "total": after["total"]}
+        say(f"  {load['requests']} requests, {load['errors']} errors, p50 {load['p50_ms']} ms, p99 {load['p99_ms']} ms, "
+            f"text p50 {load['text_p50_ms']} ms, {load['rps']} req/s; backfill {before['done']} -> {after['done']}")
+        admin.backfill_pause()
+        say("bad inputs ...")
+        bad = run_bad_inputs(server.url, c.path, admin.status()["limits"])
+        say(f"  {bad['tried']} classes: {bad['clear_4xx']} clear 4xx, {bad['store_unchanged']} left the store unchanged")
+        say(f"faults: {cfg.trials} SIGKILL trials ...")
+        faults = run_faults(server, c.path, cfg.trials, say)
+    finally:
+        server.stop()
+    return {"load": load, "faults": faults, "bad_inputs": bad, "startup_s": round(startup, 1),
+            "config": {k: str(v) if isinstance(v, Path) else v for k, v in asdict(cfg).items()},
+            "machine": {"cpus": os.cpu_count()}, "seconds": round(time.time() - t_all, 1)}
+
+
+def format_markdown(result: dict[str, Any]) -> str:
+    ld, f, b = result["load"], result["faults"], result["bad_inputs"]
+    lines = ["| load | requests | errors | concurrency | p50 ms | p95 ms | p99 ms | text p50 ms | image p50 ms | req/s | "
+             "during backfill |", "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|",
+             f"| mixed searches + adds | {ld['requests']} | {ld['errors']} | {ld['concurrency']} | {ld['p50_ms']} | "
+             f"{ld['p95_ms']} | {ld['p99_ms']} | {ld['text_p50_ms']} | {ld['image_p50_ms']} | {ld['rps']} | "
+             f"{'yes' if ld['during_backfill'] else 'no'} |", "",
+             "| faults | SIGKILL trials | acknowledged writes lost | duplicated | backfill resumed | verify failures |",
+             "|---|---:|---:|---:|---:|---:|",
+             f"| ingest + backfill | {f['trials']} | {f['acknowledged_lost']} | {f['duplicated']} | "
+             f"{f['backfill_resumed']} / {f['backfill_trials']} | {f['verify_failures']} |", "",
+             "| bad inputs | classes tried | clear 4xx | store unchanged |", "|---|---:|---:|---:|",
+             f"| every class | {b['tried']} | {b['clear_4xx']} | {b['store_unchanged']} |", ""]
+    return "\n".join(lines) + "\n"
+
+
+__all__ = ["ServeBenchConfig", "bad_input_cases", "format_markdown", "run_bad_inputs", "run_serve_bench"]

@@ -1,0 +1,6 @@
+"""``nobackfill serve``: an HTTP API (FastAPI) and a web page over one live-upgrading collection."""
+
+from .app import ApiError, create_app
+from .settings import KeyRing, Limits, ServeSettings
+
+__all__ = ["ApiError", "KeyRing", "Limits", "ServeSettings", "create_app"]
