@@ -134,3 +134,25 @@ def test_direct_modes_and_full_tune_export(tmp_path):
             assert (tmp_path / mode / "encoder" / "config.json").is_file()
         else:
             assert all(torch.equal(before[k], up.adapters.base_state_dict()[k]) for k in before)
+
+
+def test_merged_upgrade_equals_the_switchable_one_and_refuses_to_switch_off():
+    """Serving merges LoRA and the tuned LayerNorms into a copy of the model (prompts kept)."""
+    from pathlib import Path
+
+    from nobackfill.compat.upgrade import load_upgrade
+    from nobackfill.encoders import load_encoder
+
+    root = Path(__file__).resolve().parents[1]
+    up = load_upgrade(root / "upgrades" / "world-old-to-new").apply(load_encoder(root / "models" / "world-new"))
+    merged = up.merged()
+    texts = ["a red circle on the left", "two small blue squares"]
+    images = [np.random.default_rng(i).integers(0, 255, (64, 64, 3), dtype=np.uint8) for i in range(2)]
+    assert np.abs(up.encode_texts(texts) - merged.encode_texts(texts)).max() < 1e-5
+    assert np.abs(up.encode_images(images) - merged.encode_images(images)).max() < 1e-5
+    assert merged.space_id == up.space_id
+    with up.switched(False):  # the original keeps its adapters (and can still be switched off)
+        assert up.encode_texts(texts).shape[1] == 128 != merged.encode_texts(texts).shape[1]
+    with pytest.raises(ValueError, match="cannot be switched off"):
+        with merged.switched(False):
+            pass

@@ -320,6 +320,48 @@ class Adapters:
         finally:
             self.set_enabled(prev)
 
+    def merged_model(self) -> nn.Module:
+        """A copy of the model with every addition folded in, for serving (peft's
+        ``merge_and_unload``): LoRA merged into the base weights (``W + scale * B A``), the tuned
+        LayerNorms as plain LayerNorms, the prompts inserted by a hook of the copy's own. Its outputs
+        equal the switched-on model's; this object's model is left as it is (still switchable)."""
+        import copy
+
+        from peft.tuners.tuners_utils import BaseTunerLayer
+
+        if not self._enabled:
+            raise ValueError("switch the adapters on before merging them")
+        hook, self._hook = self._hook, None  # not copied into the merged model
+        if hook is not None:
+            hook.remove()
+        try:
+            merged = copy.deepcopy(self.model)
+        finally:
+            if hook is not None:
+                self._hook = self.model.vision_model.embeddings.register_forward_hook(self._prompt_hook)
+        replaced: list[str] = []
+        for name, mod in list(merged.named_modules()):
+            if any(name.startswith(r + ".") for r in replaced):
+                continue  # inside a wrapper already replaced
+            parent_name, _, attr = name.rpartition(".")
+            parent = merged.get_submodule(parent_name) if parent_name else merged
+            if isinstance(mod, (BaseTunerLayer, SwitchableLayerNorm)):
+                replaced.append(name)
+            if isinstance(mod, BaseTunerLayer):
+                mod.merge()
+                setattr(parent, attr, mod.get_base_layer())
+            elif isinstance(mod, SwitchableLayerNorm):
+                ln = mod.base
+                with torch.no_grad():
+                    ln.weight.copy_(mod.tuned_weight)
+                    ln.bias.copy_(mod.tuned_bias)
+                setattr(parent, attr, ln)
+        prompts = getattr(merged, PROMPT_MODULE, None)
+        if prompts is not None:
+            merged.vision_model.embeddings.register_forward_hook(lambda _m, _i, out: prompts.insert(out))
+        merged.requires_grad_(False)
+        return merged.eval()
+
     def detach(self) -> None:
         """Remove the prompt hook (LoRA and LayerNorm wrappers stay; switch them off)."""
         if self._hook is not None:

@@ -112,8 +112,25 @@ class UpgradedEncoder(DualEncoder):
     def tokenize(self, texts: Sequence[str]) -> dict[str, torch.Tensor]:
         return self.base.tokenize(texts)
 
+    def merged(self) -> "UpgradedEncoder":
+        """The same upgrade with its adapters merged into a copy of the model, for serving: equal
+        outputs, faster queries (no LoRA branches, no switchable wrappers); cannot be switched off.
+        This encoder is left as it is."""
+        import copy
+
+        if self.adapters is None:
+            return self
+        base = copy.copy(self.base)
+        base.model = self.adapters.merged_model()
+        out = type(self)(base, self.phi, None, source=self.source, target=self.target, off_space=None, enabled=True,
+                         upgrade_kind=self.upgrade_kind, meta={**self.meta, "merged": True})
+        out._merged = True
+        return out
+
     @contextlib.contextmanager
     def switched(self, enabled: bool) -> Iterator["UpgradedEncoder"]:
+        if not enabled and getattr(self, "_merged", False):
+            raise ValueError(f"{self.name}: a merged upgrade cannot be switched off (keep the unmerged one)")
         prev = self.enabled
         self.enabled = bool(enabled)
         try:

@@ -59,7 +59,8 @@ class ModelPool:
 
     def upgraded(self, ref: str | Path, upgrade_dir: str | Path, space_id: str | None = None) -> DualEncoder:
         """A separate copy of the model at ``ref`` with the encoder upgrade at ``upgrade_dir``
-        applied (its outputs live in the upgrade's target space)."""
+        applied and its adapters merged into the weights (its outputs live in the upgrade's target
+        space; merged, queries skip the LoRA branches and switchable wrappers)."""
         from ..compat.upgrade import load_upgrade
 
         key = (str(ref), (str(upgrade_dir),))
@@ -68,6 +69,7 @@ class ModelPool:
         if enc is None:
             base = copy.deepcopy(self.get(ref, space_id))  # apply() attaches adapters in place
             enc = load_upgrade(upgrade_dir).apply(base)
+            enc = enc.merged() if hasattr(enc, "merged") else enc
             with self._lock:
                 enc = self._upgraded.setdefault(key, enc)
         return enc

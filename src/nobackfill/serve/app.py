@@ -25,6 +25,7 @@ from fastapi.responses import FileResponse, JSONResponse, PlainTextResponse, Res
 from fastapi.staticfiles import StaticFiles
 from pydantic import BaseModel, ConfigDict, Field
 
+from .batching import SearchBatcher
 from .settings import ServeSettings
 
 log = logging.getLogger("nobackfill.serve")
@@ -95,9 +96,21 @@ class Service:
         else:
             raise ValueError("a collection outside the file system needs --uploads DIR for uploaded images")
         self.write_lock = threading.Lock()  # plan changes through this server, one at a time
+        self._merge_searchers: dict[str, Any] = {}
+        self.batcher = SearchBatcher(self.searcher_for)
         self.backfill_thread: threading.Thread | None = None
         self.backfill_error: str | None = None
         self._metrics()
+
+    def searcher_for(self, merge: str | None) -> Any:
+        """The warm searcher, or one with another merge (sharing the warm models)."""
+        from ..search import Searcher
+
+        if merge is None:
+            return self.searcher
+        if merge not in self._merge_searchers:
+            self._merge_searchers[merge] = Searcher(self.collection, pool=self.pool, merge=merge)
+        return self._merge_searchers[merge]
 
     def _metrics(self) -> None:
         from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
@@ -217,8 +230,6 @@ def create_app(settings: ServeSettings, pool: Any = None) -> FastAPI:
     # ------------------------------------------------------------------ search
     def _search(text: str | None, image: Any, k: int, target: str | None, flt: dict | None,
                 merge: str | None) -> dict[str, Any]:
-        from ..search import Searcher
-
         if not 1 <= k <= lim.max_k:
             raise ApiError(422, f"k: must be between 1 and {lim.max_k}, got {k}", "k")
         if text is not None:
@@ -226,10 +237,9 @@ def create_app(settings: ServeSettings, pool: Any = None) -> FastAPI:
                 raise ApiError(422, "text: the query is empty", "text")
             if len(text) > lim.max_caption_chars:
                 raise ApiError(422, f"text: {len(text)} characters, the limit is {lim.max_caption_chars}", "text")
-        s = svc.searcher if merge is None else Searcher(svc.collection, pool=svc.pool, merge=merge)
         t0 = time.perf_counter()
         try:
-            r = s.search(text=text, image=image, k=k, target=target, filter=flt)
+            r = svc.batcher.search(text=text, image=image, k=k, target=target, filter=flt, merge=merge)
         except (ValueError, KeyError) as e:
             raise ApiError(422, str(e)) from None
         spent = time.perf_counter() - t0
