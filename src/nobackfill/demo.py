@@ -114,6 +114,9 @@ def live_upgrade(world: Path, models_dir: Path, out: Path, limit: int | None,
     if not (upgrade / "upgrade.json").is_file():
         log(f"skipping the live upgrade: {upgrade} is not there")
         return None
+    if not (world / "val" / "captions.jsonl").is_file():
+        log(f"skipping the live upgrade: {world / 'val'} is not there (its routes are calibrated on val, never on test)")
+        return None
     log("live upgrade: a world-old collection upgraded to world-new and backfilled while it serves ...")
     cfg = BackfillBenchConfig(models=models_dir, world=world, upgrade=upgrade, work=out / "live", test_images=limit,
                               calib_images=300, orders=("uncertainty",), fractions=(0.0, 0.1, 0.3, 0.6, 1.0),
