@@ -31,6 +31,7 @@ from nobackfill.compat.upgrade import space_info
 from nobackfill.compat.xbt import Stage1Config, XBTConfig, train_phi, train_xbt
 from nobackfill.data.world import WorldSpec, load_world_spec, world_corpus
 from nobackfill.encoders import load_encoder
+from nobackfill.config import updated
 
 OUT = Path("runs/tune")
 
@@ -97,7 +98,7 @@ def main() -> None:
         s = dict(settings)
         noise = s.pop("noise", 0.02)
         n = int(s.pop("corpus_size", len(w_new)))
-        cfg = replace(Stage1Config(noise_std=noise, corpus_size=n), **s)
+        cfg = updated(Stage1Config(noise_std=noise, corpus_size=n), **s)
         key = OUT / ("phi-" + "-".join(f"{k}{v}" for k, v in sorted(asdict(cfg).items())))
         t0 = time.time()
         if (key / "phi_config.json").is_file():
@@ -118,7 +119,7 @@ def main() -> None:
     phi0, s1cfg, _ = stage1(parse_kv(args.stage1))
     pairs = world_pairs(spec, args.n_pairs, "train")
     for g in parse_grid(args.grid):
-        cfg = replace(XBTConfig(), **{k: v for k, v in g.items() if k != "n_pairs"})
+        cfg = updated(XBTConfig(), **{k: v for k, v in g.items() if k != "n_pairs"})
         n = int(g.get("n_pairs", args.n_pairs))
         fresh = load_encoder(f"{args.models}/world-new")
         t0 = time.time()

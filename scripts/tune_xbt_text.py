@@ -21,6 +21,7 @@ from nobackfill.compat.text_upgrade import load_text_encoder
 from nobackfill.compat.xbt import Stage1Config, train_phi
 from nobackfill.data.multi30k import CaptionSet, default_multi30k_dir, read_task2
 from nobackfill.evaluate import embed_texts_cached
+from nobackfill.config import updated
 
 
 def main() -> None:
@@ -61,7 +62,7 @@ def main() -> None:
                                                      [float(x) for x in a.noise.split(",")],
                                                      [float(x) for x in a.lr.split(",")],
                                                      [float(x) for x in a.scale.split(",")]):
-        cfg = replace(Stage1Config(), steps=steps, noise_std=noise, lr=lr, log_logit_scale=scale, threads=a.threads)
+        cfg = updated(Stage1Config(), steps=steps, noise_std=noise, lr=lr, log_logit_scale=scale, threads=a.threads)
         tag = f"s{steps}-n{noise}-lr{lr}-sc{scale}"
         phi, res = train_phi(n_train, o_train, cfg, Path("runs/tune/xbt_text") / tag)
         r = caption_recall(phi.project(n_q), o_g)
@@ -83,7 +84,7 @@ def tune_stage2(a, cs, n, new, o_g, dev_q, out, base) -> None:
     train_caps = [c[: n - a.dev] for c in cs.captions]
     for pt, lr, steps in itertools.product(a.phi_train.split(","), [float(x) for x in a.s2_lr.split(",")],
                                            [int(x) for x in a.s2_steps.split(",")]):
-        cfg = TextXBTConfig(images=n - a.dev, steps=steps, batch_size=a.s2_batch, lr=lr, phi_train=pt,
+        cfg = updated(TextXBTConfig(), images=n - a.dev, steps=steps, batch_size=a.s2_batch, lr=lr, phi_train=pt,
                             eval_every=steps)
         enc = copy.deepcopy(new)
         tag = f"s2-{a.stage2}-{pt}-lr{lr}-st{steps}-b{a.s2_batch}"

@@ -18,6 +18,7 @@ from nobackfill.compat.phi import Projection
 from nobackfill.compat.upgrade import load_upgrade, space_info
 from nobackfill.compat.xbt import XBTConfig, train_xbt
 from nobackfill.index.store import SpaceMismatchError
+from nobackfill.config import updated
 
 LORA_RE = re.compile(r"^(vision|text)_model\.encoder\.layers\.(\d+)\.self_attn\.(q|k|v|out)_proj\.lora_[AB]\.default\.weight$")
 LN_RE = re.compile(r"^(vision|text)_model\..*\.tuned_(weight|bias)$")
@@ -73,7 +74,7 @@ def test_on_off_exact_and_base_weights_never_change(tmp_path):
     original = {k: v.clone() for k, v in new.model.state_dict().items()}
     imgs, caps = images(5), captions(5)
     ref_i, ref_t = ref.encode_images(imgs), ref.encode_texts(caps)
-    cfg = XBTConfig(steps=3, batch_size=8, lr=1e-2, warmup=0)
+    cfg = updated(XBTConfig(), steps=3, batch_size=8, lr=1e-2, warmup=0)
     up, _ = train_xbt(new, Projection(32, 16), _pairs(), cfg, tmp_path / "up",
                       target={"space_id": "old-space", "name": "old", "embed_dim": 16})
     base = up.adapters.base_state_dict()
@@ -95,7 +96,7 @@ def test_on_off_exact_and_base_weights_never_change(tmp_path):
 
 def test_upgrade_round_trip_and_source_check(tmp_path):
     new = tiny_encoder(seed=2)
-    cfg = XBTConfig(steps=2, batch_size=8, lr=1e-2, warmup=0)
+    cfg = updated(XBTConfig(), steps=2, batch_size=8, lr=1e-2, warmup=0)
     up, _ = train_xbt(new, Projection(32, 16), _pairs(), cfg, tmp_path / "up",
                       target={"space_id": "old-space", "name": "old", "embed_dim": 16})
     imgs, caps = images(4), captions(4)
@@ -124,7 +125,7 @@ def test_direct_modes_and_full_tune_export(tmp_path):
     for mode, kind in (("lora", "direct-lora"), ("base", "direct-base"), ("full", "direct-full")):
         new = tiny_encoder(seed=6)
         before = {k: v.clone() for k, v in new.model.state_dict().items()}
-        up, res = train_direct(new, old, _pairs(), mode, XBTConfig(steps=2, batch_size=8, warmup=0),
+        up, res = train_direct(new, old, _pairs(), mode, updated(XBTConfig(), steps=2, batch_size=8, warmup=0),
                                tmp_path / mode)
         assert np.isfinite(res.last_loss)
         assert load_upgrade(tmp_path / mode).kind == kind

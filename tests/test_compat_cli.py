@@ -10,6 +10,7 @@ from typer.testing import CliRunner
 
 from conftest import tiny_preset
 from nobackfill.cli import app
+from nobackfill.config import updated
 
 runner = CliRunner()
 
@@ -44,6 +45,29 @@ def test_upgrade_directory(setup):
     assert man["kind"] == "xbt" and man["target"]["space_id"] == old["space_id"]
     assert man["recipe"]["command"].startswith("nobackfill upgrade xbt")
     assert json.loads((setup / "up" / "stage1" / "upgrade.json").read_text())["kind"] == "phi"
+
+
+def test_upgrade_xbt_config_file_and_set(setup, tmp_path):
+    """--config FILE.toml then --set (last wins); the recipe records both; --show-config prints the
+    effective config; a bad key exits 2 naming it."""
+    cfg = tmp_path / "my.toml"
+    cfg.write_text("n_pairs = 24\n[stage1]\ncorpus_size = 150\nsteps = 2\n[stage2]\nsteps = 3\nbatch_size = 8\n"
+                   "lr = 5e-4\n")
+    base = ("upgrade", "xbt", "--old", setup / "models" / "world-old", "--new", setup / "models" / "world-new",
+            "--text-corpus", setup / "world", "--pairs", setup / "world", "--config", cfg)
+    r = invoke(*base, "--out", tmp_path / "x", "--set", "stage2.lr=1e-4", "--show-config")
+    assert r.exit_code == 0, r.output
+    shown = json.loads(r.stdout)
+    assert shown["n_pairs"] == 24 and shown["stage2"]["loop"]["lr"] == 1e-4 and shown["stage2"]["loop"]["steps"] == 3
+    assert not (tmp_path / "x").exists()  # --show-config trains nothing
+    r = invoke(*base, "--out", tmp_path / "up", "--set", "stage2.lr=1e-4", "--set", "stage2.loop.steps=2")
+    assert r.exit_code == 0, r.output
+    man = json.loads((tmp_path / "up" / "upgrade.json").read_text())
+    rec = man["recipe"]
+    assert rec["n_pairs"] == 24 and rec["config"]["loop"]["lr"] == 1e-4 and rec["config"]["loop"]["steps"] == 2
+    assert rec["config"]["batch_size"] == 8 and "--config" in rec["command"] and "--set stage2.lr=1e-4" in rec["command"]
+    r = invoke(*base, "--out", tmp_path / "bad", "--set", "stage2.learning_rate=1")
+    assert r.exit_code == 2 and "learning_rate" in r.output and not (tmp_path / "bad").exists()
 
 
 def test_search_through_the_upgrade(setup):
@@ -102,7 +126,7 @@ def test_bench_xbt_tiny(setup):
     from nobackfill.compat.xbt import Stage1Config, XBTConfig
 
     cfg = XBTBenchConfig(seeds=1, n_eval=12, n_pairs=24, sweep=(16, 24), corpus_size=120,
-                         stage1=Stage1Config(steps=2, batch_size=32), stage2=XBTConfig(steps=1, batch_size=8),
+                         stage1=updated(Stage1Config(), steps=2, batch_size=32), stage2=updated(XBTConfig(), steps=1, batch_size=8),
                          threads=1, isolate=False, n_unpaired=100)
     res = run_xbt_bench(setup / "models", setup / "world", setup / "bench" / "xbt.json", cfg, log=lambda m: None)
     saved = json.loads((setup / "bench" / "xbt.json").read_text())

@@ -197,3 +197,61 @@ def test_zoo_presets_use_config(tmp_path):
         get_preset("world-nope")
     with pytest.raises(ConfigError, match="not a multiple"):
         get_preset(_write(tmp_path, "r.toml", "[model]\nimage_size = 60\npatch_size = 16\n"))
+
+
+# ----------------------------------------------------------------------------- --config / --set layers
+def test_build_config_layers_defaults_file_then_sets(tmp_path):
+    from nobackfill.compat.xbt import XBTUpgradeConfig
+    from nobackfill.config import build_config
+
+    f = _write(tmp_path, "my.toml", "n_pairs = 1000\n[stage2]\nbatch_size = 64\nlr = 3e-4\n[stage1.loop]\nsteps = 20\n")
+    cfg = build_config(XBTUpgradeConfig, file=f, sets=["stage2.lr=1e-4", "stage1.noise_std=0.1", "stage2.adapters.lora_rank=4"])
+    assert cfg.n_pairs == 1000 and cfg.stage2.batch_size == 64
+    assert cfg.stage2.loop.lr == 1e-4  # --set wins over the file; "lr" is the loop's, written one level up
+    assert cfg.stage1.loop.steps == 20 and cfg.stage1.noise_std == 0.1 and cfg.stage2.adapters.lora_rank == 4
+    assert cfg.stage2.loop.steps == XBTUpgradeConfig().stage2.loop.steps  # untouched keys keep their defaults
+
+
+def test_build_config_errors_name_their_source(tmp_path):
+    from nobackfill.compat.xbt import XBTUpgradeConfig
+    from nobackfill.config import build_config
+
+    with pytest.raises(ConfigError, match=r"bad\.toml.*'lr'.*expected float"):
+        build_config(XBTUpgradeConfig, file=_write(tmp_path, "bad.toml", "[stage2.loop]\nlr = 'fast'\n"))
+    with pytest.raises(ConfigError, match=r"--set.*unknown field.*'nope'"):
+        build_config(XBTUpgradeConfig, sets=["stage2.nope=1"])
+    with pytest.raises(ConfigError, match=r"--set 'stage2'.*dotted.key=value"):
+        build_config(XBTUpgradeConfig, sets=["stage2"])
+    with pytest.raises(ConfigError, match=r"--set.*steps must be positive"):
+        build_config(XBTUpgradeConfig, sets=["stage1.steps=0"])
+
+
+def test_parse_value_is_toml_else_text():
+    from nobackfill.config import parse_assignments, parse_value
+
+    assert parse_value("1e-4") == 1e-4 and parse_value("true") is True and parse_value("[1, 2]") == [1, 2]
+    assert parse_value("layernorm") == "layernorm" and parse_value('"a b"') == "a b"
+    assert parse_assignments(["a.b=1", "a.c=x", "d=2"]) == {"a": {"b": 1, "c": "x"}, "d": 2}
+
+
+def test_updated_is_a_checked_nested_replace():
+    from nobackfill.compat.xbt import XBTConfig
+    from nobackfill.config import updated
+
+    base = XBTConfig()
+    cfg = updated(base, steps=7, batch_size=8, adapters={"seed": 3})
+    assert cfg.loop.steps == 7 and cfg.batch_size == 8 and cfg.adapters.seed == 3
+    assert base.loop.steps != 7 and base.adapters.seed == 0  # the original is not modified
+    with pytest.raises(ConfigError, match="XBTConfig.*phi_train"):
+        updated(base, phi_train="everything")
+
+
+def test_loop_intervals_scale_with_steps():
+    from nobackfill.train.loop import LoopConfig
+
+    auto = LoopConfig(steps=400, log_every=0, checkpoint_every=0, eval_every=0)
+    assert (auto.log_interval, auto.checkpoint_interval, auto.eval_interval) == (20, 100, 400)
+    fixed = LoopConfig(steps=400)
+    assert (fixed.log_interval, fixed.checkpoint_interval, fixed.eval_interval) == (50, 250, 500)
+    with pytest.raises(ValueError, match="log_every"):
+        LoopConfig(log_every=-1)

@@ -16,6 +16,7 @@ from nobackfill.reco.memory import Memory, build_memory, find_removals, thumbnai
 from nobackfill.reco.model import RecoModel, RecoSpec, load_reco
 from nobackfill.reco.train import (PairEmbeddings, RecoBatches, RecoTrainConfig, reco_loss, retrieval_evaluator,
                                    train_reco)
+from nobackfill.config import updated
 
 
 @pytest.fixture(scope="module")
@@ -157,7 +158,7 @@ def test_pairs_from_another_folder_find_their_memory_rows(memory, world):
 # ----------------------------------------------------------------------------- training and files
 def test_train_reco_roundtrip_and_frozen_inputs(memory, tmp_path):
     V0, T0 = memory.vectors("image").copy(), memory.vectors("text").copy()
-    cfg = RecoTrainConfig(k=3, steps=6, batch_size=8, warmup=1, eval_every=3, threads=1)
+    cfg = updated(RecoTrainConfig(), k=3, steps=6, batch_size=8, warmup=1, eval_every=3, threads=1)
     ev = retrieval_evaluator(memory, V0[:8], T0[:16], np.arange(16) // 2)
     model, res = train_reco(memory, tmp_path / "r", cfg, evaluate=ev, early_stop="score")
     assert res.steps <= 6 and (tmp_path / "r" / "reco.json").is_file()

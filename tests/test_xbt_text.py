@@ -31,6 +31,7 @@ from nobackfill.evaluate import embed_texts_cached
 from nobackfill.train.loop import LoopConfig, train
 from nobackfill.train.text_pairs import (CaptionPairBatches, TextModelSpec, TextPairContrastive, TextTrainSpec,
                                          tiny_bert_encoder, train_text_model)
+from nobackfill.config import updated
 
 TINY_OLD = TextModelSpec(vocab_size=200, hidden=16, layers=1, heads=2, intermediate=32, max_length=24)
 TINY_NEW = TextModelSpec(vocab_size=300, hidden=32, layers=1, heads=2, intermediate=64, max_length=24)
@@ -58,8 +59,8 @@ def world(tmp_path_factory) -> dict:
 
 
 def tiny_config(**kw) -> XBTTextConfig:
-    return XBTTextConfig(stage1_images=40, stage1=Stage1Config(steps=6, batch_size=32, warmup=1, corpus_size=0),
-                         xbt=TextXBTConfig(images=40, steps=4, batch_size=8, warmup=1, eval_every=2), threads=1, **kw)
+    return XBTTextConfig(stage1_images=40, stage1=updated(Stage1Config(), steps=6, batch_size=32, warmup=1, corpus_size=0),
+                         xbt=updated(TextXBTConfig(), images=40, steps=4, batch_size=8, warmup=1, eval_every=2), threads=1, **kw)
 
 
 # ----------------------------------------------------------------------------- pieces

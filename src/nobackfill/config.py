@@ -1,5 +1,11 @@
 """One config system: dataclasses loaded from TOML or YAML (or dicts), with errors that name the
 file and the field. Nested dataclasses are filled recursively; unknown keys are refused.
+
+Every train / upgrade / bench command builds its config the same way (:func:`build_config`): the
+dataclass defaults (or a preset such as ``quick``), then ``--config FILE`` (TOML/YAML), then each
+``--set dotted.key=value`` in order. A method config holds its optimisation settings in one
+``loop: LoopConfig`` field; the loop's keys may be written one level up for short
+(``stage2.lr=1e-4`` is ``stage2.loop.lr=1e-4``).
 """
 
 from __future__ import annotations
@@ -77,6 +83,10 @@ def _coerce(tp: Any, value: Any, where: str) -> Any:
         if not isinstance(value, dict):
             raise ConfigError(f"{where}: expected a mapping, got {value!r}")
         return dict(value)
+    if tp is Path:
+        if isinstance(value, (str, Path)):
+            return Path(value)
+        raise ConfigError(f"{where}: expected a path, got {value!r}")
     if tp is float:
         if isinstance(value, (int, float)) and not isinstance(value, bool):
             return float(value)
@@ -92,6 +102,7 @@ def from_dict(cls: type[T], data: dict, source: str = "<config>") -> T:
         raise ConfigError(f"{source}: expected a table/mapping for {cls.__name__}, got {type(data).__name__}")
     hints = typing.get_type_hints(cls)
     names = {f.name for f in dataclasses.fields(cls) if f.init}
+    data = _route_loop_keys(cls, hints, names, data)
     unknown = sorted(set(data) - names)
     if unknown:
         raise ConfigError(f"{source}: unknown field(s) {unknown} for {cls.__name__}; known: {sorted(names)}")
@@ -100,6 +111,80 @@ def from_dict(cls: type[T], data: dict, source: str = "<config>") -> T:
         return cls(**kwargs)
     except (TypeError, ValueError) as e:
         raise ConfigError(f"{source}: {e}") from None
+
+
+def _route_loop_keys(cls: type, hints: dict, names: set[str], data: dict) -> dict:
+    """Move keys of a ``loop`` dataclass field given one level up (``lr`` for ``loop.lr``) into it;
+    they win over the same key inside ``loop`` (only a user writes the short form)."""
+    loop_tp = hints.get("loop")
+    if "loop" not in names or not dataclasses.is_dataclass(loop_tp):
+        return data
+    loop_names = {f.name for f in dataclasses.fields(loop_tp) if f.init}
+    short = {k: v for k, v in data.items() if k not in names and k in loop_names}
+    if not short:
+        return data
+    rest = {k: v for k, v in data.items() if k not in short}
+    loop = rest.get("loop", {})
+    rest["loop"] = {**(to_dict(loop) if dataclasses.is_dataclass(loop) else loop), **short}
+    return rest
+
+
+def parse_value(text: str) -> Any:
+    """A ``--set`` value: a TOML literal (``1e-4``, ``true``, ``"a b"``, ``[1, 2]``), else the text."""
+    try:
+        return tomllib.loads(f"v = {text}")["v"]
+    except tomllib.TOMLDecodeError:
+        return text
+
+
+def parse_assignments(assignments: typing.Sequence[str]) -> dict:
+    """``["a.b=1", "c=x"]`` -> ``{"a": {"b": 1}, "c": "x"}``; a malformed item names itself."""
+    out: dict = {}
+    for item in assignments:
+        key, sep, value = item.partition("=")
+        path = key.strip().split(".")
+        if not sep or not all(path):
+            raise ConfigError(f"--set {item!r}: expected dotted.key=value")
+        node = out
+        for part in path[:-1]:
+            node = node.setdefault(part, {})
+            if not isinstance(node, dict):
+                raise ConfigError(f"--set {item!r}: {part} is set to a value and used as a table")
+        node[path[-1]] = parse_value(value.strip())
+    return out
+
+
+def deep_merge(base: dict, over: dict) -> dict:
+    """``over`` on top of ``base``, tables merged key by key (neither is modified)."""
+    out = dict(base)
+    for k, v in over.items():
+        out[k] = deep_merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+    return out
+
+
+def build_config(cls: type[T], base: T | None = None, file: str | Path | None = None,
+                 sets: typing.Sequence[str] = (), section: str | None = None) -> T:
+    """``base`` (default: ``cls()``), then ``file`` (its ``section`` if given), then ``--set`` items.
+
+    Each layer is checked on its own, so an error names the file or ``--set`` it came from."""
+    cfg = cls() if base is None else base
+    if file is not None:
+        data = read_mapping(file)
+        source = str(file)
+        if section is not None:
+            if section not in data:
+                raise ConfigError(f"{file}: missing section [{section}]")
+            data, source = data[section], f"{file} [{section}]"
+        cfg = from_dict(cls, deep_merge(to_dict(cfg), data), source)
+    if sets:
+        cfg = from_dict(cls, deep_merge(to_dict(cfg), parse_assignments(sets)), "--set")
+    return cfg
+
+
+def updated(cfg: T, **changes: Any) -> T:
+    """A copy of ``cfg`` with ``changes`` (nested tables merged, short loop keys allowed), checked
+    like a config file: ``updated(XBTConfig(), steps=60, batch_size=32)``."""
+    return from_dict(type(cfg), deep_merge(to_dict(cfg), to_dict(changes)), type(cfg).__name__)
 
 
 def load_config(cls: type[T], path: str | Path, section: str | None = None) -> T:
@@ -114,4 +199,13 @@ def load_config(cls: type[T], path: str | Path, section: str | None = None) -> T
 
 
 def to_dict(obj: Any) -> dict:
-    return dataclasses.asdict(obj)
+    """A dataclass as a dict of its init fields, nested dataclasses as dicts (what ``from_dict`` takes)."""
+    def walk(v: Any) -> Any:
+        if dataclasses.is_dataclass(v) and not isinstance(v, type):
+            return {f.name: walk(getattr(v, f.name)) for f in dataclasses.fields(v) if f.init}
+        if isinstance(v, (list, tuple)):
+            return type(v)(walk(x) for x in v)
+        if isinstance(v, dict):
+            return {k: walk(x) for k, x in v.items()}
+        return v
+    return walk(obj)

@@ -20,12 +20,8 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-
-def _learning():
-    """The compatibility-learning package, imported on first use (it pulls torch)."""
-    from ..compat import learning
-
-    return learning
+from ..compat import learning
+from ..compat.learning import DataConfig, SequenceConfig
 
 
 #: table order: the tutorial's rows first, then softmax features, continual methods, flip reduction
@@ -40,9 +36,9 @@ class CompatStepsConfig:
     steps: tuple[int, ...] = (2, 5, 10)
     methods: tuple[str, ...] = METHOD_ORDER
     #: full: 40 passes over each step's items (every model near convergence); quick: 12 at a higher lr
-    sequence: "SequenceConfig" = field(
-        default_factory=lambda: _learning().SequenceConfig(epochs=40, batch_size=256, lr=3e-3))
-    data: "DataConfig" = field(default_factory=lambda: _learning().DataConfig())
+    sequence: SequenceConfig = field(
+        default_factory=lambda: SequenceConfig(epochs=40, batch_size=256, lr=3e-3))
+    data: DataConfig = field(default_factory=DataConfig)
     #: per-method option overrides {name: {field: value}}, chosen on val (T = 2, quick schedule, seeds
     #: 0-2, mean C[2,1] - C[1,1] with the junk rule) for each method alone; a tie goes to the paper.
     #: BCT: none - lambda 1 / 3, from scratch or warm-started, all clear the old self-test by +0.229 to
@@ -61,7 +57,7 @@ class CompatStepsConfig:
         return cfg
 
     def __post_init__(self) -> None:
-        known = set(_learning().method_names())
+        known = set(learning.method_names())
         bad = [m for m in self.methods if m not in known]
         if bad:
             raise ValueError(f"unknown method(s) {bad}; choose from {', '.join(METHOD_ORDER)}")
@@ -72,7 +68,7 @@ class CompatStepsConfig:
 def run_compat_steps(cfg: CompatStepsConfig, json_out: str | Path, work_dir: str | Path = "runs/compat_steps/work",
                      log: Callable[[str], None] = lambda m: None) -> dict:
     """Train and evaluate every method for every T; write JSON, markdown and HTML; return the result."""
-    L = _learning()
+    L = learning
     t0 = time.time()
     data = L.load_class_data(cfg.data)
     log(f"data: {len(data.train_y)} training items ({data.n_train_classes} classes), {len(data.gallery_y)} gallery / "
@@ -110,7 +106,7 @@ def _other_metrics(row: dict) -> list[str]:
 
 
 def _flip_methods(result: dict) -> list[str]:
-    return [m for m in result["config"]["methods"] if _learning().method_class(m).reduces_flips]
+    return [m for m in result["config"]["methods"] if learning.method_class(m).reduces_flips]
 
 
 def nfr_reduction(result: dict, method: str, T: int, kind: str = "classification") -> float | None:

@@ -87,13 +87,6 @@ class LateBenchConfig:
     quick: bool = False
 
     @classmethod
-    def from_file(cls, path: str | Path, base: "LateBenchConfig") -> "LateBenchConfig":
-        """``base`` with the fields of a TOML / YAML file replaced (errors name the file and field)."""
-        from ..config import from_dict, read_mapping
-
-        return from_dict(cls, {**asdict(base), **read_mapping(path)}, str(path))
-
-    @classmethod
     def quick_preset(cls, **kw) -> "LateBenchConfig":
         # 1000 steps: at 500 the CMLI-trained model had not caught up with the global one (val R@1
         # 52 vs 58); at 1000 both reach ~70 (runs of issue 7). Val sets of 500 scenes + 400 twin

@@ -42,6 +42,7 @@ from typing import Callable, Optional
 
 import numpy as np
 
+from ..config import updated
 from ..index.store import file_sha256
 from ..metrics.zero_shot import (attribute_accuracy, knn_label_agreement, knn_neighbours, knn_vote_accuracy,
                                    zero_shot_accuracy, zero_shot_predictions)
@@ -472,8 +473,8 @@ def run_reco_bench(out_json: str | Path, cfg: RecoBenchConfig | None = None,
     k_max = max(cfg.k_sweep + ((cfg.k,) if cfg.k else ()))
 
     def variant(name: str, k: int, **kw) -> tuple[object, dict]:
-        rc = RecoTrainConfig(k=k, steps=cfg.steps, batch_size=cfg.batch_size, lr=cfg.lr, eval_every=cfg.eval_every,
-                             patience=cfg.patience, seed=cfg.seed, threads=cfg.threads, **kw)
+        rc = updated(RecoTrainConfig(), k=k, steps=cfg.steps, batch_size=cfg.batch_size, lr=cfg.lr,
+                     eval_every=cfg.eval_every, patience=cfg.patience, seed=cfg.seed, threads=cfg.threads, **kw)
         t0 = time.time()
         m, res = train_reco(memory, work / name, rc, evaluate=lambda mm: _val_score(mm, memory, val, main_ls,
                                                                                    pe[main_ls.name]),

@@ -33,13 +33,14 @@ import resource
 import shutil
 import sys
 import time
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable, Sequence
 
 import numpy as np
 
 from ..compat.xbt import Stage1Config, XBTConfig
+from ..config import from_dict, to_dict, updated
 
 MAIN_ROWS = ["old_old", "new_new", "new_old_raw", "phi_text_only", "xbt", "direct_full", "direct_lora",
              "direct_base", "procrustes", "slerp"]
@@ -77,7 +78,7 @@ class XBTBenchConfig:
         """The reported run: 3 seeds, stage 1 as tuned (1,500 steps on 40k captions), stage 2 and the
         Direct baselines for 150 steps at batch 64 (the shipped upgrade used 300 x 128; halved twice
         so that 3 seeds fit in about 1.5 hours on 2 cores), sweep {1k, 4k, 16k}."""
-        base = dict(stage2=XBTConfig(steps=150, batch_size=64, warmup=10))
+        base = dict(stage2=updated(XBTConfig(), steps=150, batch_size=64, warmup=10))
         base.update(kw)
         return cls(**base)
 
@@ -86,14 +87,13 @@ class XBTBenchConfig:
         """About 10 minutes on 2 cores: 1 seed, stage 1 for 600 steps on 10k captions, stage 2 and
         the Direct baselines for 60 steps at batch 32, sweep {1k, 4k}."""
         base = dict(quick=True, seeds=1, sweep=(1000, 4000), corpus_size=10000,
-                    stage1=Stage1Config(steps=600, corpus_size=10000),
-                    stage2=XBTConfig(steps=60, batch_size=32, warmup=5))
+                    stage1=updated(Stage1Config(), steps=600, corpus_size=10000),
+                    stage2=updated(XBTConfig(), steps=60, batch_size=32, warmup=5))
         base.update(kw)
         return cls(**base)
 
     def to_dict(self) -> dict:
-        d = asdict(self)
-        d["stage2"] = self.stage2.to_dict()
+        d = to_dict(self)
         d["sweep"] = list(self.sweep)
         return d
 
@@ -149,7 +149,7 @@ def run_job(job: dict) -> dict:
         shutil.rmtree(out)
     res: dict = {"job": job["name"], "kind": job["kind"]}
     if job["kind"] == "stage1":
-        cfg = Stage1Config(**job["cfg"])
+        cfg = from_dict(Stage1Config, job["cfg"], "stage1")
         new, old = load(job["new"]), load(job["old"])
         if job.get("old_upgrade"):
             old = load_upgrade(job["old_upgrade"]).apply(old)
@@ -159,12 +159,12 @@ def run_job(job: dict) -> dict:
         texts, w_new, w_old = embed_corpus(new, old, corpus, cfg)
         embed_s = time.time() - t0
         phi, tr = train_phi(w_new, w_old, cfg, out, source=space_info(new), target=space_info(old),
-                            recipe={"stage": 1, "config": asdict(cfg), "corpus_size": len(texts)})
+                            recipe={"stage": 1, "config": to_dict(cfg), "corpus_size": len(texts)})
         np.savez(out / "corpus_embeddings.npz", new=w_new, old=w_old)
         res.update(train_seconds=embed_s + tr.seconds, embed_seconds=embed_s, loop_seconds=tr.seconds,
                    last_loss=tr.last_loss, corpus_size=len(texts))
     else:
-        cfg = XBTConfig(**job["cfg"])
+        cfg = from_dict(XBTConfig, job["cfg"], "stage2")
         start, n = job["pairs"]
         pairs = world_pairs(spec, n, "train", start=start)
         new = load(job["new"])
@@ -350,7 +350,7 @@ def run_xbt_bench(models_dir: str | Path = "models", world: str | Path = "data/w
         z = np.load(work / name / "eval_embeddings.npz")
         return {k: z[f"{which}_{k}"] for k in ("images", "texts", "prompts")}
 
-    s1cfg = replace(cfg.stage1, corpus_size=cfg.corpus_size)
+    s1cfg = updated(cfg.stage1, corpus_size=cfg.corpus_size)
     rows_per_seed: dict[str, list[dict]] = {k: [] for k in MAIN_ROWS}
     zs_per_seed: dict[str, list[float]] = {}
     sweep_per_seed: dict[str, list[dict]] = {}
@@ -376,11 +376,11 @@ def run_xbt_bench(models_dir: str | Path = "models", world: str | Path = "data/w
             c["loaded_models"].update(x["loaded_models"])
 
     for seed in range(cfg.seeds):
-        s1 = replace(s1cfg, seed=seed)
-        s2 = replace(cfg.stage2, seed=seed, adapters=replace(cfg.stage2.adapters, seed=seed))
+        s1 = updated(s1cfg, seed=seed)
+        s2 = updated(cfg.stage2, seed=seed, adapters={"seed": seed})
         # -- stage 1 (text only) and the training-free bridges fitted on its corpus embeddings
         name1 = f"s{seed}-stage1"
-        r1 = job(name1, kind="stage1", new=str(paths["new"]), old=str(paths["old"]), cfg=asdict(s1),
+        r1 = job(name1, kind="stage1", new=str(paths["new"]), old=str(paths["old"]), cfg=to_dict(s1),
                  corpus=(0, cfg.corpus_size))
         phi = Projection.load(work / name1)
         pb = PhiBridge(phi, space["new"], space["old"])
@@ -447,7 +447,7 @@ def run_xbt_bench(models_dir: str | Path = "models", world: str | Path = "data/w
         if cfg.continual and has_newer and seed < cfg.extra_seeds:
             name_n1 = f"s{seed}-newer-stage1"
             job(name_n1, kind="stage1", new=str(paths["newer"]), old=str(paths["new"]),
-                old_upgrade=str(work / name_x), cfg=asdict(s1), corpus=(cfg.corpus_size, cfg.corpus_size))
+                old_upgrade=str(work / name_x), cfg=to_dict(s1), corpus=(cfg.corpus_size, cfg.corpus_size))
             name_n2 = f"s{seed}-newer-xbt"
             job(name_n2, kind="xbt", new=str(paths["newer"]), phi=str(work / name_n1),
                 cfg=s2.to_dict(), pairs=(cfg.n_pairs, cfg.n_pairs))

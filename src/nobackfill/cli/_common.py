@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import NoReturn, Optional
+from typing import Any, List, NoReturn, Optional, TypeVar
 
 import typer
 from rich.console import Console
 from rich.markup import escape
+
+T = TypeVar("T")
 
 #: messages go to stderr and never wrap: paths in messages stay whole at any width
 console = Console(stderr=True, soft_wrap=True)
@@ -56,3 +58,49 @@ def user_errors() -> tuple[type[BaseException], ...]:
     from ..index.store import GalleryError
 
     return (ValueError, FileNotFoundError, FileExistsError, KeyError, CollectionError, GalleryError)
+
+
+def config_option() -> Any:
+    return typer.Option(None, "--config", help="A TOML or YAML file of this command's config fields (print them "
+                                               "with --show-config); applied over the defaults / preset.")
+
+
+def set_option() -> Any:
+    return typer.Option(None, "--set", help="dotted.key=value (a TOML value), repeatable, applied last: "
+                                            "--set stage2.lr=1e-4. Loop fields may skip 'loop.'.")
+
+
+def show_config_option() -> Any:
+    return typer.Option(False, "--show-config", help="Print the effective config as JSON and exit.")
+
+
+def resolve_config(cls: type[T], base: T | None, config: Optional[Path], sets: Optional[List[str]],
+                   flags: dict | None = None, show: bool = False) -> T:
+    """The one way a command builds its config (:func:`nobackfill.config.build_config`): ``base``
+    (defaults or a preset), then ``--config``, then the command's own flags that were given (not
+    None), then ``--set``. A bad file or key exits with one error naming it; ``show`` prints the
+    result and exits."""
+    from ..config import ConfigError, build_config, to_dict, updated
+
+    try:
+        cfg = build_config(cls, base, file=config)
+        given = _given(flags or {})
+        if given:
+            cfg = updated(cfg, **given)
+        cfg = build_config(cls, cfg, sets=sets or ())
+    except ConfigError as e:
+        fail(str(e))
+    if show:
+        typer.echo(json.dumps(to_dict(cfg), indent=2, default=str))
+        raise typer.Exit(0)
+    return cfg
+
+
+def _given(flags: dict) -> dict:
+    """``flags`` without the options left unset (None), nested tables included."""
+    out = {}
+    for k, v in flags.items():
+        v = _given(v) if isinstance(v, dict) else v
+        if v is not None and v != {}:
+            out[k] = v
+    return out

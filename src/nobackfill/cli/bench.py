@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Optional
+from typing import List, Optional
 
 import typer
 
-from ._common import console, fail, multi30k_default, user_errors, write_json
+from ._common import (config_option, console, fail, multi30k_default, resolve_config, set_option, show_config_option,
+                      user_errors, write_json)
 
 
 def bench_encode(
@@ -65,6 +66,9 @@ def bench_xbt(
     n_pairs: Optional[int] = typer.Option(None, help="Image-text pairs of the main rows (default 4000)."),
     threads: int = typer.Option(2, help="torch threads per training process."),
     continual: bool = typer.Option(True, help="Also old -> new -> newer (needs models/world-newer)."),
+    config: Optional[Path] = config_option(),
+    set_: Optional[List[str]] = set_option(),
+    show_config: bool = show_config_option(),
 ) -> None:
     """XBT vs its baselines and training-free bridges on the world (tables, sweep, cost, matrix)."""
     from ..bench.xbt import XBTBenchConfig, format_xbt_tables, run_xbt_bench
@@ -74,7 +78,8 @@ def bench_xbt(
         kw["seeds"] = seeds
     if n_pairs is not None:
         kw["n_pairs"] = n_pairs
-    cfg = XBTBenchConfig.quick_preset(**kw) if quick else XBTBenchConfig.full(**kw)
+    cfg = resolve_config(XBTBenchConfig, XBTBenchConfig.quick_preset(**kw) if quick else XBTBenchConfig.full(**kw),
+                         config, set_, show=show_config)
     try:
         result = run_xbt_bench(models, world, json_out, cfg, log=lambda m: console.print(m))
     except (ValueError, FileNotFoundError, RuntimeError) as e:
@@ -99,17 +104,18 @@ def bench_xbt_text(
     json_out: Path = typer.Option(Path("runs/bench/xbt_text.json"), "--json", help="JSON output (a .md table beside it)."),
     save_upgrade: Optional[Path] = typer.Option(None, help="Write the trained xbt-text upgrade here (default: "
                                                            "under --work-dir); the xbt_new_old row is what it gives."),
+    config: Optional[Path] = config_option(),
+    set_: Optional[List[str]] = set_option(),
+    show_config: bool = show_config_option(),
 ) -> None:
     """XBT on real text: Multi30K caption-to-caption retrieval with an old small text model and MiniLM
     (rows old_old, new_new, phi_stage1_new_old, xbt_new_old; R@1/5/10 on val)."""
     from ..bench.xbt_text import XBTTextConfig, run_xbt_text, write_outputs
 
-    cfg = XBTTextConfig.quick(seed=seed, threads=threads) if quick else XBTTextConfig(seed=seed, threads=threads)
-    if stage1_steps is not None:
-        cfg.stage1.steps = stage1_steps
-    if xbt_steps is not None:
-        cfg.xbt.steps = xbt_steps
-        cfg.xbt.eval_every = min(cfg.xbt.eval_every, xbt_steps)
+    base = XBTTextConfig.quick(seed=seed, threads=threads) if quick else XBTTextConfig(seed=seed, threads=threads)
+    cfg = resolve_config(XBTTextConfig, base, config, set_, show=show_config, flags={
+        "stage1": {"steps": stage1_steps},
+        "xbt": {"steps": xbt_steps, "eval_every": min(base.xbt.loop.eval_every, xbt_steps) if xbt_steps else None}})
     try:
         result = run_xbt_text(data or multi30k_default(), eval_dir=eval_dir, quick=quick, old_model=old_model,
                               new_model=new_model, cache_dir=cache_dir, work_dir=work_dir, config=cfg,
@@ -131,6 +137,9 @@ def bench_routes(
     models: Path = typer.Option(Path("models"), help="Folder with world-old / world-new / m30k-old-text."),
     parts: str = typer.Option("world,text", help="Which parts to run: world, text."),
     work: Path = typer.Option(Path("runs/bench/routes-work"), help="Scratch collections."),
+    config: Optional[Path] = config_option(),
+    set_: Optional[List[str]] = set_option(),
+    show_config: bool = show_config_option(),
 ) -> None:
     """Every route of a live-upgraded collection, through the Searcher: old/old, bridge, fused (w chosen
     on a calibration split), new/new on the world (t2i, i2t) and on Multi30K (caption 1 -> 2); merges
@@ -140,7 +149,8 @@ def bench_routes(
 
     kw = dict(models=models, world=world, text_old=models / "m30k-old-text", multi30k=data, eval_dir=eval_dir,
               work=work, parts=tuple(p.strip() for p in parts.split(",") if p.strip()))
-    cfg = RoutesBenchConfig.quick(**kw) if quick else RoutesBenchConfig(**kw)
+    cfg = resolve_config(RoutesBenchConfig, RoutesBenchConfig.quick(**kw) if quick else RoutesBenchConfig(**kw),
+                         config, set_, show=show_config)
     try:
         result = run_routes_bench(cfg, log=lambda m: console.print(m))
     except user_errors() as e:
@@ -159,6 +169,9 @@ def bench_backfill(
     cost_sizes: str = typer.Option("1000,10000", help="Collection sizes whose upgrade and full backfill are timed "
                                                       "('' to skip); 100k is extrapolated."),
     work: Path = typer.Option(Path("runs/bench/backfill-work"), help="Scratch collections."),
+    config: Optional[Path] = config_option(),
+    set_: Optional[List[str]] = set_option(),
+    show_config: bool = show_config_option(),
 ) -> None:
     """R@1 while backfilling 0 -> 100 % for every order x merge (AUC, no-regret check, flips), and the
     cost of an upgrade and of a full backfill."""
@@ -168,7 +181,8 @@ def bench_backfill(
               cost_sizes=tuple(int(x) for x in cost_sizes.split(",") if x.strip()))
     if not kw["cost_sizes"]:
         kw["extrapolate"] = ()
-    cfg = BackfillBenchConfig.quick(**kw) if quick else BackfillBenchConfig(**kw)
+    cfg = resolve_config(BackfillBenchConfig, BackfillBenchConfig.quick(**kw) if quick else BackfillBenchConfig(**kw),
+                         config, set_, show=show_config)
     try:
         result = run_backfill_bench(cfg, log=lambda m: console.print(m))
     except user_errors() as e:
@@ -189,6 +203,9 @@ def bench_store(
     models: Path = typer.Option(Path("models"), help="Folder with world-new."),
     cache_dir: Path = typer.Option(Path("runs/cache"), help="Embedding cache."),
     work: Path = typer.Option(Path("runs/bench/store-work"), help="Scratch (stores, vectors)."),
+    config: Optional[Path] = config_option(),
+    set_: Optional[List[str]] = set_option(),
+    show_config: bool = show_config_option(),
 ) -> None:
     """Storage backends at scale: ingest, build, search latency (batch 1 / 64), recall@10 against exact
     search, peak RSS, for real MiniLM, world and random vectors; a two-space search against one."""
@@ -201,7 +218,8 @@ def bench_store(
         kw["backends"] = tuple(b for b in backends.split(",") if b)
     if n is not None:
         kw["n"] = n
-    cfg = StoreBenchConfig.quick(**kw) if quick else StoreBenchConfig(**kw)
+    cfg = resolve_config(StoreBenchConfig, StoreBenchConfig.quick(**kw) if quick else StoreBenchConfig(**kw),
+                         config, set_, show=show_config)
     try:
         result = run_store_bench(cfg, log=lambda m: console.print(m), server=server)
     except user_errors() as e:
@@ -218,6 +236,9 @@ def bench_serve(
     world: Path = typer.Option(Path("data/world"), help="World root (test: the collection, val: calibration)."),
     models: Path = typer.Option(Path("models"), help="Folder with world-old / world-new."),
     work: Path = typer.Option(Path("runs/bench/serve-work"), help="Scratch (the served collection)."),
+    config: Optional[Path] = config_option(),
+    set_: Optional[List[str]] = set_option(),
+    show_config: bool = show_config_option(),
 ) -> None:
     """The service on 127.0.0.1 under a bounded load during a backfill, SIGKILL fault trials, and every
     class of bad input."""
@@ -225,7 +246,8 @@ def bench_serve(
     from ..report import write_json_and_markdown
 
     kw = dict(concurrency=concurrency, world=world, models=models, work=work)
-    cfg = ServeBenchConfig.quick(**kw) if quick else ServeBenchConfig(**kw)
+    cfg = resolve_config(ServeBenchConfig, ServeBenchConfig.quick(**kw) if quick else ServeBenchConfig(**kw),
+                         config, set_, show=show_config)
     try:
         result = run_serve_bench(cfg, log=lambda m: console.print(m))
     except user_errors() as e:

@@ -8,7 +8,7 @@ from typing import List, Optional
 
 import typer
 
-from ._common import console, fail
+from ._common import config_option, console, fail, resolve_config, set_option, show_config_option
 
 
 compat_app = typer.Typer(no_args_is_help=True,
@@ -143,6 +143,9 @@ def bench_compat_steps(
     metric: str = _METRIC,
     seed: int = _SEED,
     threads: int = _THREADS,
+    config: Optional[Path] = config_option(),
+    set_: Optional[List[str]] = set_option(),
+    show_config: bool = show_config_option(),
 ) -> None:
     """The compatibility-learning tutorial's tables on the world: AC / AA / ACA per method for each T,
     NFR of the flip-reduction methods, C heatmaps (HTML)."""
@@ -156,11 +159,9 @@ def bench_compat_steps(
                                          first_fraction=first_fraction or 0.0),
               "data": _data_config(backbone, split, n_render_train, n_render_eval, n_train_classes, cache_dir,
                                    step_backbones)}
-        cfg = CompatStepsConfig.quick(**kw) if quick else CompatStepsConfig(**kw)
-        if epochs is not None:
-            cfg.sequence.epochs = epochs
-        if train_steps:
-            cfg.sequence.epochs, cfg.sequence.train_steps = 0.0, train_steps
+        seq = {"epochs": 0.0, "train_steps": train_steps} if train_steps else {"epochs": epochs}
+        cfg = resolve_config(CompatStepsConfig, CompatStepsConfig.quick(**kw) if quick else CompatStepsConfig(**kw),
+                             config, set_, flags={"sequence": seq}, show=show_config)
         result = run_compat_steps(cfg, json_out, work_dir, log=lambda m: console.print(m))
     except (ValueError, FileNotFoundError) as e:
         fail(str(e))

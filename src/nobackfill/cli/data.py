@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Optional
+from typing import List, Optional
 
 import typer
 
-from ._common import console, fail, multi30k_default
+from ._common import config_option, console, fail, multi30k_default, resolve_config, set_option, show_config_option
 
 
 def world(
@@ -82,25 +82,29 @@ def train_text_cmd(
     patience: Optional[int] = typer.Option(None, help="Stop after N evaluations without improvement."),
     seed: int = typer.Option(0, help="Seed."),
     threads: int = typer.Option(1, help="torch threads (1 is fastest on a shared 2-core machine)."),
+    config: Optional[Path] = config_option(),
+    set_: Optional[List[str]] = set_option(),
+    show_config: bool = show_config_option(),
 ) -> None:
     """Train the small Multi30K text encoder (the "old" model of `bench xbt-text`): a tiny BERT with its
     own BPE vocabulary on task2 train caption pairs, until val R@1 (caption 1 -> caption 2) stops
     improving."""
-    from dataclasses import replace
-
     from ..data.multi30k import read_task2
-    from ..train.text_pairs import TextModelSpec, TextTrainSpec, train_text_model
+    from ..train.text_pairs import TextTrainRecipe, TextTrainSpec, train_text_model
 
-    model, ts = TextModelSpec(), TextTrainSpec(seed=seed, threads=threads)
-    overrides = {"steps": steps, "batch_size": batch_size, "lr": lr, "eval_every": eval_every, "patience": patience}
-    ts = replace(ts, **{k: v for k, v in overrides.items() if v is not None})
-    model = replace(model, **{k: v for k, v in {"hidden": hidden, "layers": layers}.items() if v is not None})
+    recipe = resolve_config(TextTrainRecipe, TextTrainRecipe(train=TextTrainSpec(seed=seed, threads=threads)), config,
+                            set_, show=show_config, flags={
+                                "train": {"steps": steps, "batch_size": batch_size, "lr": lr, "eval_every": eval_every,
+                                          "patience": patience},
+                                "model": {"hidden": hidden, "layers": layers}})
+    model, ts = recipe.model, recipe.train
     root = data or multi30k_default()
     parts = ["nobackfill train-text"] + ([f"--data {data}"] if data else []) + [f"--out {out}"]
     for flag, v in (("steps", steps), ("batch-size", batch_size), ("lr", lr), ("hidden", hidden), ("layers", layers),
                     ("eval-every", eval_every), ("patience", patience)):
         parts += [f"--{flag} {v}"] if v is not None else []
     parts += ([f"--seed {seed}"] if seed else []) + ([f"--threads {threads}"] if threads != 1 else [])
+    parts += ([f"--config {config}"] if config else []) + [f"--set {x}" for x in set_ or ()]
     try:
         train_caps = read_task2(root, "train", "en")
         val = read_task2(root, "val", "en", ks=(1, 2))

@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Optional
+from typing import List, Optional
 
 import typer
 
-from ._common import console, fail
+from ._common import config_option, console, fail, resolve_config, set_option, show_config_option
 
 
 late_app = typer.Typer(no_args_is_help=True, help="Cross-modal late interaction (CMLI, Target-CMLI distillation).")
@@ -66,7 +66,9 @@ def bench_late(
                                               "(per-seed and mean re-ranking gains), e.g. 1,2."),
     swap_twins: bool = typer.Option(False, help="Train the global and CMLI models with in-batch attribute-swap twins "
                                                 "of training scenes (hard negatives)."),
-    config: Optional[Path] = typer.Option(None, help="TOML/YAML overriding any LateBenchConfig field (e.g. a toy run)."),
+    config: Optional[Path] = config_option(),
+    set_: Optional[List[str]] = set_option(),
+    show_config: bool = show_config_option(),
 ) -> None:
     """CMLI on the world: global vs re-ranked vs CMLI-trained R@K (incl. attribute-swap hard
     negatives), Target-CMLI students, naive vs streamed CMLI memory/time."""
@@ -81,9 +83,8 @@ def bench_late(
         kw["swap_twins"] = True
     kw.update({k: v for k, v in {"steps": steps, "kd_steps": kd_steps, "jobs": jobs}.items() if v is not None})
     try:
-        cfg = LateBenchConfig.quick_preset(**kw) if quick else LateBenchConfig(**kw)
-        if config is not None:
-            cfg = LateBenchConfig.from_file(config, cfg)
+        cfg = resolve_config(LateBenchConfig, LateBenchConfig.quick_preset(**kw) if quick else LateBenchConfig(**kw),
+                         config, set_, show=show_config)
         result = run_late_bench(models, world, json_out, cfg, work=work, log=lambda m: console.print(m))
     except (ValueError, FileNotFoundError, RuntimeError) as e:
         fail(str(e))

@@ -7,7 +7,7 @@ from typing import List, Optional
 
 import typer
 
-from ._common import console, fail
+from ._common import config_option, console, fail, resolve_config, set_option, show_config_option
 
 
 from ..bench.reco import LABEL_SETS
@@ -55,22 +55,26 @@ def build_memory_cmd(
 def train_cmd(
     memory: Path = typer.Option(..., help="Memory directory (from `reco build-memory`)."),
     out: Path = typer.Option(..., help="RECO directory to write (reco.json + fusion.safetensors)."),
-    k: int = typer.Option(10, help="Retrieved neighbours per query."),
-    search: str = typer.Option("uni", help="kNN search: uni (v->v, t->t; the paper's) | cross (ablation)."),
-    fuse: str = typer.Option("cross", help="Fused modality: cross (image query gets texts; the paper's) | uni."),
-    fusion: str = typer.Option("transformer", help="transformer (one layer) | mean (ablation, untrained)."),
-    heads: int = typer.Option(4, help="Attention heads."),
-    steps: int = typer.Option(1500, help="Optimiser steps (a budget when --val is given)."),
-    batch_size: int = typer.Option(512, help="Pairs per step."),
-    lr: float = typer.Option(1e-3, help="Learning rate (paper: 1e-3)."),
+    k: Optional[int] = typer.Option(None, help="Retrieved neighbours per query (k; default 10)."),
+    search: Optional[str] = typer.Option(None, help="kNN search: uni (v->v, t->t; the paper's, default) | cross."),
+    fuse: Optional[str] = typer.Option(None, help="Fused modality: cross (image query gets texts; the paper's, "
+                                                  "default) | uni."),
+    fusion: Optional[str] = typer.Option(None, help="transformer (one layer, default) | mean (ablation, untrained)."),
+    heads: Optional[int] = typer.Option(None, help="Attention heads (default 4)."),
+    steps: Optional[int] = typer.Option(None, help="Optimiser steps (default 1500; a budget when --val is given)."),
+    batch_size: Optional[int] = typer.Option(None, help="Pairs per step (default 512)."),
+    lr: Optional[float] = typer.Option(None, help="Learning rate (default: the paper's 1e-3)."),
     val: Optional[Path] = typer.Option(None, help="Validation pairs (data folder or world root, val split): "
                                                   "early stopping on mean R@1 with refined queries."),
     model: Optional[Path] = typer.Option(None, help="The memory's encoder (needed with --val / --pairs)."),
     pairs: Optional[Path] = typer.Option(None, help="Train on these pairs (data folder or world root, train split) "
                                                     "instead of the memory's own; a pair whose image is in the "
                                                     "memory is excluded from its own neighbours."),
-    seed: int = typer.Option(0, help="Seed."),
-    threads: int = typer.Option(1, help="torch threads."),
+    seed: Optional[int] = typer.Option(None, help="Seed (default 0)."),
+    threads: Optional[int] = typer.Option(None, help="torch threads (default 1)."),
+    config: Optional[Path] = config_option(),
+    set_: Optional[List[str]] = set_option(),
+    show_config: bool = show_config_option(),
 ) -> None:
     """Train phi_image and phi_text on the memory's pairs (each excluded from its own neighbours) with
     L = NCE(V_bar, T_bar) + NCE(V_bar, T) + NCE(V, T_bar); the encoder stays frozen."""
@@ -78,9 +82,10 @@ def train_cmd(
     from ..reco.train import RecoTrainConfig, retrieval_evaluator, train_reco
 
     try:
-        cfg = RecoTrainConfig(k=k, search=search, fuse=fuse, fusion=fusion, heads=heads, steps=steps,
-                              batch_size=batch_size, lr=lr, seed=seed, threads=threads,
-                              eval_every=max(1, min(250, steps)))
+        cfg = resolve_config(RecoTrainConfig, None, config, set_, show=show_config, flags={
+            "k": k, "search": search, "fuse": fuse, "fusion": fusion, "heads": heads, "batch_size": batch_size,
+            "loop": {"steps": steps, "lr": lr, "seed": seed, "threads": threads,
+                     "eval_every": max(1, min(250, steps)) if steps else None}})
         mem = Memory.open(memory)
         evaluate, pair_emb = None, None
         if val is not None or pairs is not None:
@@ -129,6 +134,9 @@ def bench_reco(
     label_set: str = typer.Option("size_colour_texture", help=f"Main zero-shot label set: {', '.join(LABEL_SETS)}."),
     k: Optional[int] = typer.Option(None, help="Neighbours of the main row and ablations (default: chosen on val)."),
     threads: int = typer.Option(1, help="torch threads."),
+    config: Optional[Path] = config_option(),
+    set_: Optional[List[str]] = set_option(),
+    show_config: bool = show_config_option(),
 ) -> None:
     """RECO on the world: fine-grained zero-shot and retrieval for base, RECO (queries only / both), the
     ablations (cross-modal search, uni-modal fusion, mean fusion) and k in {1, 5, 10, 20}; latency."""
@@ -139,7 +147,8 @@ def bench_reco(
     kw = dict(model=str(model), world=str(world), memory_size=memory_size, threads=threads, label_set=label_set, k=k)
     if steps is not None:
         kw["steps"] = steps
-    cfg = RecoBenchConfig.quick_preset(**kw) if quick else RecoBenchConfig(**kw)
+    cfg = resolve_config(RecoBenchConfig, RecoBenchConfig.quick_preset(**kw) if quick else RecoBenchConfig(**kw),
+                         config, set_, show=show_config)
     try:
         result = run_reco_bench(json_out, cfg, log=lambda m: console.print(m))
     except (ValueError, FileNotFoundError) as e:

@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Optional
+from typing import List, Optional
 
 import typer
 
-from ._common import command_line, console, fail
+from ._common import command_line, config_option, console, fail, resolve_config, set_option, show_config_option
 
 
 def upgrade_xbt(
@@ -17,65 +17,57 @@ def upgrade_xbt(
                                                "(its train captions) or a world root (train-split captions)."),
     pairs: Path = typer.Option(..., help="Stage-2 image-text pairs: a data folder (train split) or a world root."),
     out: Path = typer.Option(..., help="Upgrade directory to write (resumes a killed run)."),
-    n_pairs: int = typer.Option(4000, help="Number of distinct image-text pairs for stage 2."),
-    corpus_size: int = typer.Option(40000, help="Maximum stage-1 captions (deduplicated)."),
-    stage1_steps: int = typer.Option(1500, help="Stage-1 optimiser steps."),
-    stage1_lr: float = typer.Option(1e-3, help="Stage-1 learning rate (paper: 1e-4 on GPUs)."),
-    steps: int = typer.Option(300, help="Stage-2 optimiser steps."),
-    batch_size: int = typer.Option(128, help="Stage-2 batch size (paper: 1,024)."),
-    lr: float = typer.Option(1e-4, help="Stage-2 learning rate (prompts x100; the paper's 1e-4)."),
-    phi_train: str = typer.Option("layernorm", help="Which part of phi stage 2 trains: layernorm (App. A.2) | all."),
     stage1: Optional[Path] = typer.Option(None, help="Reuse this stage-1 (phi) upgrade instead of training one."),
-    seed: int = typer.Option(0, help="Seed."),
+    config: Optional[Path] = config_option(),
+    set_: Optional[List[str]] = set_option(),
+    show_config: bool = show_config_option(),
+    n_pairs: Optional[int] = typer.Option(None, help="Distinct image-text pairs for stage 2 (n_pairs)."),
+    corpus_size: Optional[int] = typer.Option(None, help="Maximum stage-1 captions (stage1.corpus_size)."),
+    stage1_steps: Optional[int] = typer.Option(None, help="Stage-1 optimiser steps (stage1.steps)."),
+    stage1_lr: Optional[float] = typer.Option(None, help="Stage-1 learning rate (stage1.lr)."),
+    steps: Optional[int] = typer.Option(None, help="Stage-2 optimiser steps (stage2.steps)."),
+    batch_size: Optional[int] = typer.Option(None, help="Stage-2 batch size (stage2.batch_size)."),
+    lr: Optional[float] = typer.Option(None, help="Stage-2 learning rate (stage2.lr; prompts x100)."),
+    phi_train: Optional[str] = typer.Option(None, help="What of phi stage 2 trains: layernorm | all (stage2.phi_train)."),
+    seed: int = typer.Option(0, help="Seed of both stages and of the adapters."),
     threads: int = typer.Option(0, help="torch threads (0 = default)."),
 ) -> None:
     """XBT (seed 000): stage 1 trains phi on text only (Eq. 3), stage 2 trains LoRA + vision prompts +
-    LayerNorms of the new model with phi on image-text pairs (Eq. 5) without the old model."""
-    import gc
-    from dataclasses import replace
-
+    LayerNorms of the new model with phi on image-text pairs (Eq. 5) without the old model. Settings:
+    compat.xbt.XBTUpgradeConfig (defaults tuned on the world val split), from --config / --set."""
     import torch
 
-    from ..compat.adapters import AdapterConfig
-    from ..compat.data import load_pair_source, read_text_corpus
-    from ..compat.phi import Projection
-    from ..compat.upgrade import load_upgrade, space_info
-    from ..compat.xbt import Stage1Config, XBTConfig, pretrain_phi, train_xbt
-    from ..encoders import load_encoder
+    from ..compat.xbt import XBTUpgradeConfig
+    from ..compat.xbt import upgrade_xbt as run_upgrade
 
-    command = command_line("upgrade xbt", old=old, new=new, text_corpus=text_corpus, pairs=pairs, out=out, n_pairs=n_pairs,
-                   corpus_size=corpus_size, stage1_steps=stage1_steps, stage1_lr=stage1_lr, steps=steps,
-                   batch_size=batch_size, lr=lr, phi_train=phi_train, stage1=stage1, seed=seed, threads=threads or None)
+    base = XBTUpgradeConfig().with_seed(seed)
+    if threads:
+        base = updated_threads(base, threads)
+    cfg = resolve_config(XBTUpgradeConfig, base, config, set_, show=show_config, flags={
+        "n_pairs": n_pairs, "stage1": {"corpus_size": corpus_size, "steps": stage1_steps, "lr": stage1_lr},
+        "stage2": {"steps": steps, "batch_size": batch_size, "lr": lr, "phi_train": phi_train}})
+    command = command_line("upgrade xbt", old=old, new=new, text_corpus=text_corpus, pairs=pairs, out=out,
+                           stage1=stage1, config=config, n_pairs=n_pairs, corpus_size=corpus_size,
+                           stage1_steps=stage1_steps, stage1_lr=stage1_lr, steps=steps, batch_size=batch_size, lr=lr,
+                           phi_train=phi_train, seed=seed or None, threads=threads or None)
+    command += "".join(f" --set {s}" for s in set_ or ())
     if threads:
         torch.set_num_threads(threads)
     try:
-        s1 = Stage1Config(steps=stage1_steps, lr=stage1_lr, corpus_size=corpus_size, seed=seed, threads=threads)
-        s2 = XBTConfig(steps=steps, batch_size=batch_size, lr=lr, phi_train=phi_train, seed=seed, threads=threads,
-                       adapters=AdapterConfig(seed=seed))
-        new_enc = load_encoder(new)
-        if stage1 is None:
-            old_enc = load_encoder(old)
-            target = space_info(old_enc)
-            corpus = read_text_corpus(text_corpus, corpus_size)
-            console.print(f"stage 1: phi on {len(corpus)} captions (text only) ...")
-            phi, r1, info = pretrain_phi(new_enc, old_enc, corpus, s1, out / "stage1", progress=True,
-                                         command=command)
-            console.print(f"stage 1 done in {info['embed_seconds'] + info['train_seconds']:.0f}s "
-                          f"(loss {r1.last_loss:.3f})")
-            del old_enc  # stage 2 never touches the old model
-            gc.collect()
-        else:
-            up1 = load_upgrade(stage1)
-            if up1.kind != "phi" or up1.source_id != new_enc.space_id:
-                raise ValueError(f"{stage1}: not a stage-1 (phi) upgrade of {new}")
-            phi, target = Projection.load(stage1), up1.target
-        pair_data = load_pair_source(pairs, n_pairs)
-        console.print(f"stage 2: XBT on {len(pair_data)} image-text pairs (old model not loaded) ...")
-        up, r2 = train_xbt(new_enc, phi, pair_data, replace(s2), out, target=target, progress=True,
-                           command=command)
+        up, res = run_upgrade(old, new, text_corpus, pairs, out, cfg, stage1=stage1, progress=True, command=command,
+                              log=lambda m: console.print(m))
     except (ValueError, FileNotFoundError) as e:
         fail(str(e))
+    r2 = res["stage2"]
     console.print(f"upgrade {out}: {up.source} -> {up.target} (stage 2 loss {r2.last_loss:.3f}, {r2.seconds:.0f}s)")
+
+
+def updated_threads(cfg, threads: int):
+    """``cfg`` with ``threads`` in the loop of each stage it holds."""
+    from ..config import updated
+
+    stages = {name: {"loop": {"threads": threads}} for name in ("stage1", "stage2", "xbt") if hasattr(cfg, name)}
+    return updated(cfg, **stages)
 
 
 def upgrade_xbt_text(
@@ -95,6 +87,9 @@ def upgrade_xbt_text(
                                                       "Eq. 3) or with another caption of its image (sibling)."),
     seed: int = typer.Option(0, help="Seed."),
     threads: int = typer.Option(1, help="torch threads."),
+    config: Optional[Path] = config_option(),
+    set_: Optional[List[str]] = set_option(),
+    show_config: bool = show_config_option(),
 ) -> None:
     """XBT on a text model (kind xbt-text): stage 1 trains phi on cached caption embeddings (Eq. 3),
     stage 2 trains LoRA + LayerNorms of the new text model with phi on Multi30K caption pairs (Eq. 5
@@ -110,12 +105,10 @@ def upgrade_xbt_text(
         parts += [f"--{flag} {v}"] if v is not None else []
     parts += [f"--stage1-positives {stage1_positives}"] if stage1_positives != "same" else []
     parts += ([f"--seed {seed}"] if seed else []) + ([f"--threads {threads}"] if threads != 1 else [])
+    parts += ([f"--config {config}"] if config else []) + [f"--set {x}" for x in set_ or ()]
     kw = {"seed": seed, "threads": threads, "stage1_positives": stage1_positives}
-    cfg = XBTTextConfig.quick(**kw) if quick else XBTTextConfig(**kw)
-    if stage1_steps is not None:
-        cfg.stage1.steps = stage1_steps
-    if xbt_steps is not None:
-        cfg.xbt.steps = xbt_steps
+    cfg = resolve_config(XBTTextConfig, XBTTextConfig.quick(**kw) if quick else XBTTextConfig(**kw), config, set_,
+                         flags={"stage1": {"steps": stage1_steps}, "xbt": {"steps": xbt_steps}}, show=show_config)
     try:
         res = train_text_upgrade(old, new, data or default_multi30k_dir(), out, cfg, cache_dir=cache_dir,
                                  command=" ".join(parts), progress=True, log=lambda m: console.print(m))

@@ -95,11 +95,11 @@ def train_direct(new, old, pairs: Pairs, mode: str, cfg: XBTConfig, out: str | P
                  evaluate: Callable[[], dict] | None = None) -> tuple[UpgradedEncoder, TrainResult]:
     """Train one Direct baseline; ``new`` is modified in place (adapters, or its weights for
     ``full``); writes a ``direct-*`` upgrade into ``out``."""
-    phi = random_projection(new.embed_dim, old.embed_dim, seed=cfg.seed)
+    phi = random_projection(new.embed_dim, old.embed_dim, seed=cfg.loop.seed)
     up = new_upgraded_encoder(new, phi, space_info(old), direct_adapter_config(mode, cfg.adapters), kind=MODES[mode])
     recipe = {"method": MODES[mode], "config": cfg.to_dict(), "n_pairs": len(pairs), "command": command}
     method = DirectTraining(up, old, mode, cfg, recipe)
-    res = train(method, PairBatches(pairs, cfg.batch_size, cfg.seed), cfg.loop(), out, evaluate=evaluate,
+    res = train(method, PairBatches(pairs, cfg.batch_size, cfg.loop.seed), cfg.loop, out, evaluate=evaluate,
                 progress=progress)
     up.train(False)
     if up.adapters is None:

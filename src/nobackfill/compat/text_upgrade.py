@@ -22,22 +22,24 @@ it embeds the stage-1 corpus (and any caller texts, e.g. a val gallery) first an
 from __future__ import annotations
 
 import copy
+import dataclasses
 import gc
 import hashlib
 import json
 import time
 import weakref
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Mapping, Sequence
 
 import numpy as np
 import torch
 
-from ..train.loop import TrainResult
+from ..config import from_dict, to_dict, updated
+from ..train.loop import LoopConfig, TrainResult
 from .adapters import AdapterConfig
 from .phi import Projection
-from .xbt import LOG_LOGIT_SCALE, Stage1Config, train_phi
+from .xbt import LOG_LOGIT_SCALE, Stage1Config, scaled_loop, train_phi
 from .upgrade import TextUpgradedEncoder, new_upgraded_encoder, space_info
 
 KIND = "xbt-text"
@@ -55,17 +57,14 @@ class TextXBTConfig:
     longer runs drift away from the old space: no term of Eq. 5 anchors phi's output to it)."""
 
     images: int = 29000
-    steps: int = 60
     batch_size: int = 32
-    lr: float = 1e-4
-    weight_decay: float = 0.01
-    warmup: int = 5
-    schedule: str = "constant"
     phi_train: str = "all"  # "all" (the issue: "and phi") | "layernorm" (App. A.2) | "none" (frozen)
     lora_rank: int = 16
     lora_alpha: int = 16
     lora_dropout: float = 0.1
-    eval_every: int = 15
+    #: steps, lr, warm-up, schedule, evaluation interval (seed and threads: :class:`XBTTextConfig`'s)
+    loop: LoopConfig = field(default_factory=lambda: scaled_loop(steps=60, lr=1e-4, warmup=5, schedule="constant",
+                                                                 eval_every=15))
 
     def __post_init__(self) -> None:
         if self.phi_train not in ("all", "layernorm", "none"):
@@ -79,7 +78,7 @@ class TextXBTConfig:
 
 
 def _stage1_default() -> Stage1Config:
-    return Stage1Config(steps=3000, batch_size=1024, lr=1e-3, noise_std=0.02, corpus_size=0)
+    return Stage1Config(batch_size=1024, noise_std=0.02, corpus_size=0, loop=scaled_loop(steps=3000, lr=1e-3, warmup=50))
 
 
 @dataclass
@@ -100,22 +99,22 @@ class XBTTextConfig:
         if self.stage1_positives not in ("same", "sibling"):
             raise ValueError(f"stage1_positives must be 'same' or 'sibling', got {self.stage1_positives!r}")
         if isinstance(self.stage1, dict):
-            self.stage1 = Stage1Config(**self.stage1)
+            self.stage1 = from_dict(Stage1Config, self.stage1, "stage1")
         if isinstance(self.xbt, dict):
-            self.xbt = TextXBTConfig(**self.xbt)
+            self.xbt = from_dict(TextXBTConfig, self.xbt, "xbt")
         # one seed and thread count for both stages
-        self.stage1.seed, self.stage1.threads = self.seed, self.threads
+        for loop in (self.stage1.loop, self.xbt.loop):
+            loop.seed, loop.threads = self.seed, self.threads
 
     @classmethod
     def quick(cls, **kw) -> "XBTTextConfig":
         """``--quick``: stage 1 on 8,000 images (40k captions) for 1,500 steps; stage 2 pairs from
         the same 8,000 images."""
-        s1 = _stage1_default()
-        s1.steps = 1500
+        s1 = updated(_stage1_default(), steps=1500)
         return cls(stage1_images=8000, stage1=s1, xbt=TextXBTConfig(images=8000), **kw)
 
     def to_dict(self) -> dict:
-        return asdict(self)
+        return to_dict(self)
 
 
 # ----------------------------------------------------------------------------- models and data
@@ -172,7 +171,7 @@ def train_text_xbt(new, phi: Projection, captions: Sequence[Sequence[str]], cfg:
     (:func:`~.upgrade.space_info`). ``evaluate(upgraded)`` runs every ``cfg.eval_every`` steps.
     Checkpoints and the log go to ``out`` (nothing is exported there). Returns ``(the upgraded
     encoder (eval mode), TrainResult, trainable parameter counts)``."""
-    from ..train.loop import LoopConfig, train
+    from ..train.loop import train
     from ..train.text_pairs import CaptionPairBatches, TextPairContrastive
 
     up = new_upgraded_encoder(new, copy.deepcopy(phi), target, cfg.adapters(seed), kind=KIND)
@@ -186,9 +185,7 @@ def train_text_xbt(new, phi: Projection, captions: Sequence[Sequence[str]], cfg:
     counts = {"lora": counts["lora"], "layernorm": counts["layernorm"], "phi": sum(p.numel() for p in phi_params)}
     # L_c(phi(w_new(a)), phi(w_new(b)); tau_x) with tau_x fixed at the paper's log scale (App. A.2)
     method = TextPairContrastive(new, head=phi, learn_temperature=False, log_scale=LOG_LOGIT_SCALE)
-    loop = LoopConfig(steps=cfg.steps, lr=cfg.lr, warmup=cfg.warmup, weight_decay=cfg.weight_decay, seed=seed,
-                      threads=threads, schedule=cfg.schedule, log_every=max(1, min(25, cfg.steps)),
-                      checkpoint_every=max(25, cfg.eval_every), eval_every=cfg.eval_every)
+    loop = dataclasses.replace(cfg.loop, seed=seed, threads=threads)
     batches = CaptionPairBatches([c[:cfg.images] for c in captions], cfg.batch_size, seed=seed)
     ev = (lambda: evaluate(up)) if evaluate is not None else None
     res = train(method, batches, loop, out, evaluate=ev, progress=progress, export=False)

@@ -30,13 +30,14 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Sequence
 
 import numpy as np
 import torch
 
+from ..config import to_dict
 from ..train.contrastive import info_nce
 from ..train.loop import LoopConfig, Method, TrainResult, train
 from .adapters import AdapterConfig
@@ -47,6 +48,12 @@ from .upgrade import UpgradedEncoder, new_upgraded_encoder, save_vector_upgrade,
 
 #: App. A.2: "Temperature hyper-parameters tau_pre, tau_X and tau_N are fixed at 2.6592" (log scale)
 LOG_LOGIT_SCALE = 2.6592
+
+
+def scaled_loop(**kw) -> LoopConfig:
+    """The XBT stages' loop: AdamW with weight decay 0.01 (App. A.2), cosine schedule, log /
+    checkpoint / evaluation intervals scaled to the steps."""
+    return LoopConfig(**{"weight_decay": 0.01, "log_every": 0, "checkpoint_every": 0, "eval_every": 0, **kw})
 
 
 @dataclass
@@ -78,23 +85,12 @@ class Stage1Config:
     temperature stays the paper's (a larger logit scale helps i2t, hurts t2i).
     """
 
-    steps: int = 1500
     batch_size: int = 1024
-    lr: float = 1e-3
-    weight_decay: float = 0.01
     noise_std: float = 0.05
     log_logit_scale: float = LOG_LOGIT_SCALE
-    warmup: int = 50
-    schedule: str = "cosine"
     corpus_size: int = 40000
-    seed: int = 0
-    threads: int = 0
-
-    def loop(self) -> LoopConfig:
-        return LoopConfig(steps=self.steps, lr=self.lr, warmup=self.warmup, weight_decay=self.weight_decay,
-                          seed=self.seed, threads=self.threads, schedule=self.schedule,
-                          log_every=max(1, self.steps // 20), checkpoint_every=max(50, self.steps // 4),
-                          eval_every=max(1, self.steps))
+    #: steps, lr, warm-up, weight decay, schedule, seed, threads (intervals scaled to the steps)
+    loop: LoopConfig = field(default_factory=lambda: scaled_loop(steps=1500, lr=1e-3, warmup=50))
 
 
 @dataclass
@@ -119,18 +115,13 @@ class XBTConfig:
     in the paper's Table 1.
     """
 
-    steps: int = 300
     batch_size: int = 128
-    lr: float = 1e-4
-    weight_decay: float = 0.01
     prompt_lr_scale: float = 100.0
     log_logit_scale: float = LOG_LOGIT_SCALE
-    warmup: int = 20
-    schedule: str = "cosine"
     phi_train: str = "layernorm"  # "layernorm" (App. A.2) | "all"
     adapters: AdapterConfig = field(default_factory=AdapterConfig)
-    seed: int = 0
-    threads: int = 0
+    #: steps, lr, warm-up, weight decay, schedule, seed, threads (intervals scaled to the steps)
+    loop: LoopConfig = field(default_factory=lambda: scaled_loop(steps=300, lr=1e-4, warmup=20))
 
     def __post_init__(self) -> None:
         if self.phi_train not in ("layernorm", "all"):
@@ -138,16 +129,9 @@ class XBTConfig:
         if isinstance(self.adapters, dict):
             self.adapters = AdapterConfig(**self.adapters)
 
-    def loop(self) -> LoopConfig:
-        return LoopConfig(steps=self.steps, lr=self.lr, warmup=self.warmup, weight_decay=self.weight_decay,
-                          seed=self.seed, threads=self.threads, schedule=self.schedule,
-                          log_every=max(1, self.steps // 20), checkpoint_every=max(25, self.steps // 4),
-                          eval_every=max(1, self.steps))
 
     def to_dict(self) -> dict:
-        d = asdict(self)
-        d["adapters"] = self.adapters.to_dict()
-        return d
+        return to_dict(self)
 
 
 # ----------------------------------------------------------------------------- stage 1
@@ -215,11 +199,11 @@ def train_phi(w_new: np.ndarray, w_old: np.ndarray, cfg: Stage1Config, out: str 
               source: dict | None = None, target: dict | None = None, recipe: dict | None = None,
               progress: bool = False, evaluate: Callable[[], dict] | None = None) -> tuple[Projection, TrainResult]:
     """Eq. 3 on cached embeddings; writes a ``phi`` upgrade (or bare phi files) into ``out``."""
-    torch.manual_seed(cfg.seed)
+    torch.manual_seed(cfg.loop.seed)
     phi = Projection(w_new.shape[1], w_old.shape[1])
     method = TextOnlyProjectionPretraining(phi, w_new, w_old, cfg.noise_std, cfg.log_logit_scale,
                                            source=source, target=target, recipe=recipe)
-    res = train(method, IndexBatches(len(w_new), cfg.batch_size, cfg.seed), cfg.loop(), out,
+    res = train(method, IndexBatches(len(w_new), cfg.batch_size, cfg.loop.seed), cfg.loop, out,
                 evaluate=evaluate, progress=progress)
     phi.eval()
     return phi, res
@@ -235,7 +219,7 @@ def pretrain_phi(new, old, corpus: Sequence[str], cfg: Stage1Config, out: str | 
     texts, w_new, w_old = embed_corpus(new, old, corpus, cfg, progress)
     embed_s = time.time() - t0
     source, target = space_info(new), space_info(old)
-    recipe = {"stage": 1, "config": asdict(cfg), "corpus_size": len(texts), "command": command}
+    recipe = {"stage": 1, "config": to_dict(cfg), "corpus_size": len(texts), "command": command}
     phi, res = train_phi(w_new, w_old, cfg, out, source=source, target=target, recipe=recipe,
                          progress=progress, evaluate=evaluate)
     return phi, res, {"embed_seconds": embed_s, "train_seconds": res.seconds, "corpus_size": len(texts),
@@ -316,7 +300,63 @@ def train_xbt(new, phi: Projection, pairs: Pairs, cfg: XBTConfig, out: str | Pat
     up = new_upgraded_encoder(new, phi, target, cfg.adapters, kind="xbt")
     recipe = {"stage": 2, "config": cfg.to_dict(), "n_pairs": len(pairs), "command": command}
     method = XBTTraining(up, cfg, recipe)
-    res = train(method, PairBatches(pairs, cfg.batch_size, cfg.seed), cfg.loop(), out, evaluate=evaluate,
+    res = train(method, PairBatches(pairs, cfg.batch_size, cfg.loop.seed), cfg.loop, out, evaluate=evaluate,
                 progress=progress)
     up.train(False)
     return up, res
+
+
+# ----------------------------------------------------------------------------- both stages
+@dataclass
+class XBTUpgradeConfig:
+    """``nobackfill upgrade xbt``: stage 1 (:class:`Stage1Config`, Eq. 3) on at most
+    ``stage1.corpus_size`` captions, then stage 2 (:class:`XBTConfig`, Eq. 5) on ``n_pairs``
+    distinct image-text pairs. Written as ``--config FILE.toml`` with ``[stage1]`` / ``[stage2]``
+    tables, or ``--set stage2.lr=1e-4``."""
+
+    n_pairs: int = 4000
+    stage1: Stage1Config = field(default_factory=Stage1Config)
+    stage2: XBTConfig = field(default_factory=XBTConfig)
+
+    def with_seed(self, seed: int) -> "XBTUpgradeConfig":
+        """One seed for both stages' loops and the adapters' initialisation."""
+        from ..config import updated
+
+        return updated(self, stage1={"loop": {"seed": seed}}, stage2={"loop": {"seed": seed}, "adapters": {"seed": seed}})
+
+
+def upgrade_xbt(old: str | Path, new: str | Path, text_corpus: str | Path, pairs: str | Path, out: str | Path,
+                cfg: XBTUpgradeConfig, *, stage1: str | Path | None = None, progress: bool = False,
+                command: str | None = None, log: Callable[[str], None] = lambda m: None) -> tuple[UpgradedEncoder, dict]:
+    """Both XBT stages end to end, resumable: stage 1 trains phi on text only (Eq. 3) into
+    ``out/stage1`` (or reuses the phi upgrade ``stage1``), then the old model is dropped and stage 2
+    (Eq. 5) trains the new model's adapters with phi; writes the ``xbt`` upgrade into ``out``.
+    Returns the upgraded encoder and ``{"stage1": TrainResult | None, "stage2": TrainResult}``."""
+    import gc
+
+    from ..encoders import load_encoder
+    from .data import load_pair_source, read_text_corpus
+    from .upgrade import load_upgrade
+
+    out = Path(out)
+    new_enc = load_encoder(new)
+    r1 = None
+    if stage1 is None:
+        old_enc = load_encoder(old)
+        target = space_info(old_enc)
+        corpus = read_text_corpus(text_corpus, cfg.stage1.corpus_size)
+        log(f"stage 1: phi on {len(corpus)} captions (text only) ...")
+        phi, r1, info = pretrain_phi(new_enc, old_enc, corpus, cfg.stage1, out / "stage1", progress=progress,
+                                     command=command)
+        log(f"stage 1 done in {info['embed_seconds'] + info['train_seconds']:.0f}s (loss {r1.last_loss:.3f})")
+        del old_enc  # stage 2 never touches the old model
+        gc.collect()
+    else:
+        up1 = load_upgrade(stage1)
+        if up1.kind != "phi" or up1.source_id != new_enc.space_id:
+            raise ValueError(f"{stage1}: not a stage-1 (phi) upgrade of {new}")
+        phi, target = Projection.load(stage1), up1.target
+    pair_data = load_pair_source(pairs, cfg.n_pairs)
+    log(f"stage 2: XBT on {len(pair_data)} image-text pairs (old model not loaded) ...")
+    up, r2 = train_xbt(new_enc, phi, pair_data, cfg.stage2, out, target=target, progress=progress, command=command)
+    return up, {"stage1": r1, "stage2": r2}

@@ -18,13 +18,15 @@ metric (``val``), never on test.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+import dataclasses
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
 import numpy as np
 import torch
 
+from ..config import to_dict
 from ..train.contrastive import info_nce
 from ..train.loop import LoopConfig, Method, TrainResult, train
 from .fusion import FusionConfig
@@ -41,19 +43,14 @@ class RecoTrainConfig:
     fuse: str = "cross"
     fusion: str = "transformer"
     heads: int = 4
-    steps: int = 1500
     batch_size: int = 512
-    lr: float = 1e-3
-    warmup: int = 50
-    weight_decay: float = 0.05
     temperature: float = 0.05  # initial; learnable (clamped to >= 0.01)
-    seed: int = 0
-    threads: int = 1
-    eval_every: int = 250
-    patience: int = 3
+    #: steps (a budget with early stopping), lr, warm-up, weight decay, evaluation interval, patience
+    loop: LoopConfig = field(default_factory=lambda: LoopConfig(
+        steps=1500, lr=1e-3, warmup=50, weight_decay=0.05, threads=1, eval_every=250, log_every=0, checkpoint_every=0))
 
     def to_dict(self) -> dict:
-        return asdict(self)
+        return to_dict(self)
 
 
 @dataclass
@@ -174,7 +171,7 @@ def make_reco_model(memory: Memory, cfg: RecoTrainConfig, memory_ref: str | Path
                     fusion=FusionConfig(dim=memory.dim, kind=cfg.fusion, heads=cfg.heads),
                     memory=str(memory_ref if memory_ref is not None else memory.path),
                     recipe={"train": cfg.to_dict(), **(recipe or {})})
-    torch.manual_seed(cfg.seed)
+    torch.manual_seed(cfg.loop.seed)
     return RecoModel(spec, temperature=cfg.temperature)
 
 
@@ -190,19 +187,16 @@ def train_reco(memory: Memory, out: str | Path, cfg: RecoTrainConfig | None = No
     ``neighbour_cache`` (a dict shared between runs on the same ``pairs``) keeps the training-time
     retrieval, computed for ``k_max`` neighbours, for the next run (e.g. a k sweep)."""
     cfg = cfg or RecoTrainConfig()
-    if cfg.threads:
-        torch.set_num_threads(cfg.threads)
+    if cfg.loop.threads:
+        torch.set_num_threads(cfg.loop.threads)
     model = make_reco_model(memory, cfg, memory_ref, recipe)
     if not model.trainable:
         model.eval()
         model.save(out)
         return model, None
     pairs = pairs or PairEmbeddings.from_memory(memory)
-    batches = RecoBatches(memory, pairs, model.spec, cfg.batch_size, cfg.seed, neighbour_cache, k_max)
-    loop = LoopConfig(steps=cfg.steps, lr=cfg.lr, warmup=cfg.warmup, weight_decay=cfg.weight_decay, seed=cfg.seed,
-                      threads=cfg.threads, eval_every=cfg.eval_every, log_every=min(50, cfg.steps),
-                      checkpoint_every=max(cfg.steps // 4, 50), early_stop=early_stop if evaluate else "",
-                      patience=cfg.patience)
+    batches = RecoBatches(memory, pairs, model.spec, cfg.batch_size, cfg.loop.seed, neighbour_cache, k_max)
+    loop = dataclasses.replace(cfg.loop, early_stop=early_stop if evaluate else "")
     method = RecoTraining(model)
     result = train(method, batches, loop, out, evaluate=(lambda: evaluate(model)) if evaluate else None,
                    progress=progress)

@@ -32,6 +32,8 @@ class LoopConfig:
     weight_decay: float = 0.05
     grad_clip: float = 1.0
     seed: int = 0
+    #: intervals in steps; 0 = scaled to ``steps``: a log line every steps/20, a checkpoint every
+    #: steps/4 (at least 25), an evaluation at the end only
     log_every: int = 50
     checkpoint_every: int = 250
     eval_every: int = 500
@@ -50,6 +52,21 @@ class LoopConfig:
             raise ValueError(f"patience must be >= 1 with early_stop, got {self.patience}")
         if self.schedule not in ("cosine", "constant"):
             raise ValueError(f"schedule must be 'cosine' or 'constant', got {self.schedule!r}")
+        for name in ("log_every", "checkpoint_every", "eval_every"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name} must be >= 0 (0 = scaled to steps), got {getattr(self, name)}")
+
+    @property
+    def log_interval(self) -> int:
+        return self.log_every or max(1, self.steps // 20)
+
+    @property
+    def checkpoint_interval(self) -> int:
+        return self.checkpoint_every or max(25, self.steps // 4)
+
+    @property
+    def eval_interval(self) -> int:
+        return self.eval_every or self.steps
 
 
 class BatchSource(Protocol):
@@ -186,10 +203,10 @@ def train(method: Method, batches: BatchSource, cfg: LoopConfig, out: str | Path
             advance(1)
             done = step + 1
             record = None
-            if done % cfg.log_every == 0 or done == cfg.steps:
+            if done % cfg.log_interval == 0 or done == cfg.steps:
                 record = {"step": done, "loss": last, "lr": opt.param_groups[0]["lr"],
                           "seconds": round(time.time() - t0, 2), **logs}
-            if evaluate is not None and (done % cfg.eval_every == 0 or done == cfg.steps):
+            if evaluate is not None and (done % cfg.eval_interval == 0 or done == cfg.steps):
                 method.train_mode(False)
                 metrics = evaluate()
                 record = dict(record or {"step": done, "loss": last, "seconds": round(time.time() - t0, 2)},
@@ -208,7 +225,7 @@ def train(method: Method, batches: BatchSource, cfg: LoopConfig, out: str | Path
                 history.append(record)
                 with open(log_path, "a") as fh:
                     fh.write(json.dumps(record) + "\n")
-            if done % cfg.checkpoint_every == 0 and done < cfg.steps:
+            if done % cfg.checkpoint_interval == 0 and done < cfg.steps:
                 _atomic_torch_save({"method": method.state_dict(), "optimizer": opt.state_dict(), "step": done,
                                     "history": history, "elapsed": time.time() - t0,
                                     "torch_rng": torch.get_rng_state(), "numpy_rng": np.random.get_state(),

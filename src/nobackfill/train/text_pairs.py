@@ -15,7 +15,7 @@ from __future__ import annotations
 import json
 import math
 import sys
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Sequence
 
@@ -181,6 +181,14 @@ class TextTrainSpec:
     patience: int = 3
     seed: int = 0
     threads: int = 1
+
+
+@dataclass
+class TextTrainRecipe:
+    """What ``nobackfill train-text`` reads from ``--config`` / ``--set``: ``model.*`` and ``train.*``."""
+
+    model: TextModelSpec = field(default_factory=TextModelSpec)
+    train: TextTrainSpec = field(default_factory=TextTrainSpec)
 
 
 def tiny_bert_encoder(tokenizer, spec: TextModelSpec, seed: int = 0, name: str = "text") -> MiniLMTextEncoder:
