@@ -127,6 +127,30 @@ def _child(fn) -> int:
 
 
 @pytest.mark.slow
+def test_a_killed_holders_lease_is_taken_over_at_once(tmp_path):
+    """A restarted server must not wait out the lease of the process it replaced: a shard leased by a
+    process of this host that has exited is free, whatever its expiry; a live holder's is not."""
+    c, old, new, pool, data = _upgraded(tmp_path, n_images=12, captions=1)
+    start_backfill(c, new, order="sequential", shards=1)
+    pid = _child(lambda: time.sleep(60))
+    os.kill(pid, signal.SIGKILL)
+    os.waitpid(pid, 0)
+    import socket
+
+    from nobackfill.search.backfill import _write
+
+    dead = {"owner": f"{socket.gethostname()}:{pid}:dead", "expires": time.time() + 3600, "since": "", "rate": 0.0}
+    _write(c, "leases/shard-0.json", dead)
+    assert backfill_status(c)["workers"] == 0
+    rep = run_worker(Collection.open(c.path), new, batch_size=5, lease_s=3600)
+    total = backfill_status(c)["total"]
+    assert rep.committed == total and backfill_status(Collection.open(c.path))["done"] == total
+    live = dict(dead, owner=f"{socket.gethostname()}:{os.getpid()}:other-thread")
+    start_backfill(c, new, order="sequential", shards=1)  # nothing left to do, but the lease is checked first
+    _write(c, "leases/shard-0.json", live)
+    assert backfill_status(Collection.open(c.path))["workers"] == 1
+
+
 def test_sigkill_two_workers_at_random_times_loses_nothing_and_commits_nothing_twice(tmp_path):
     """>= 20 SIGKILLs of a 2-worker backfill; then the work is finished and compared with a clean
     full re-embed (same ids, vectors within 1e-6)."""

@@ -102,11 +102,14 @@ class ServerProcess:
 
 
 # ----------------------------------------------------------------------------- bad input
-def _png(size: tuple[int, int] = (16, 16), seed: int = 0) -> bytes:
+def _png(size: tuple[int, int] = (16, 16), seed: int = 0, noise: bool = True) -> bytes:
+    """A PNG of random pixels, or (``noise=False``) of one colour: a few hundred kB for a huge image."""
     from PIL import Image
 
     buf = io.BytesIO()
-    Image.fromarray(np.random.default_rng(seed).integers(0, 255, (*size, 3), dtype=np.uint8)).save(buf, "PNG")
+    img = (Image.fromarray(np.random.default_rng(seed).integers(0, 255, (*size, 3), dtype=np.uint8)) if noise
+           else Image.new("RGB", size, (200, 30, 30)))
+    img.save(buf, "PNG")
     return buf.getvalue()
 
 
@@ -151,7 +154,7 @@ def bad_input_cases(read_key: str, admin_key: str, *, max_k: int, max_caption: i
         {"name": "corrupt image", "method": "POST", "path": "/v1/items",
          "kw": {"files": {"images": ("q.png", _png()[:60])}}, "status": 422, "words": ["images[0]"]},
         {"name": "pixel bomb", "method": "POST", "path": "/v1/search",
-         "kw": {"files": {"image": ("q.png", _png(size=(side, side)))}}, "status": 413, "words": ["image", "pixels"]},
+         "kw": {"files": {"image": ("q.png", _png(size=(side, side), noise=False))}}, "status": 413, "words": ["image", "pixels"]},
         {"name": "oversize body", "method": "POST", "path": "/v1/items",
          "kw": {"files": {"images": ("q.png", b"x" * (max_body + 1000))}}, "status": 413, "words": ["body", "limit"]},
         {"name": "unknown id", "method": "DELETE", "path": "/v1/items/no-such-item", "kw": {}, "status": 404,

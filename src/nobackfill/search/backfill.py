@@ -24,7 +24,8 @@ captions is found).
 The job lives in ``<collection>/backfill/``: ``job.json`` (target space, order, shards, state) and
 ``order.json`` (item ids in backfill order), written atomically, and ``leases/shard-<i>.json``.
 Item ``order[j]`` belongs to shard ``j % shards``; a worker holds a shard's lease (renewed every
-batch, ``lease_s`` long) and a dead worker's shard is taken over when its lease expires. A batch is
+batch, ``lease_s`` long) and a dead worker's shard is taken over when its lease expires, or at once
+when the holder was a process of this host that no longer exists (a killed server). A batch is
 committed atomically (one gallery chunk of the target space, rows already there skipped) after the
 worker re-checks, under the backfill lock, that it still holds its lease: an item is committed at
 most once, and a SIGKILL at any point loses only uncommitted work.
@@ -404,7 +405,8 @@ def backfill_status(collection: Collection) -> dict[str, Any]:
                            "target": target}
     leases = _leases(collection) if job else {}
     now = _now()
-    live = [v for v in leases.values() if v.get("expires", 0) > now and not v.get("done")]
+    live = [v for v in leases.values() if v.get("expires", 0) > now and not v.get("done")
+            and not _holder_gone(str(v.get("owner", "")))]
     out["workers"] = len(live)
     rates = [v.get("rate", 0.0) for v in live]
     out["rate"] = float(sum(rates))
@@ -440,13 +442,29 @@ class WorkerReport:
     stopped: str = ""
 
 
+def _holder_gone(owner: str) -> bool:
+    """``owner`` (``host:pid:tag``) names a process of this host that has exited."""
+    host, _, rest = owner.partition(":")
+    pid = rest.partition(":")[0]
+    if host != socket.gethostname() or not pid.isdigit():
+        return False
+    try:
+        os.kill(int(pid), 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:  # alive, another user's
+        return False
+    return False
+
+
 def _take_shard(collection: Collection, job: BackfillJob, owner: str, lease_s: float) -> int | None:
     """A shard nobody holds (or whose holder's lease expired), leased to ``owner``."""
     leases = _leases(collection)
     now = _now()
     for s in range(job.shards):
         lease = leases.get(s)
-        if lease is None or (not lease.get("done") and (lease.get("expires", 0) <= now or lease.get("owner") == owner)):
+        if lease is None or (not lease.get("done") and (lease.get("expires", 0) <= now or lease.get("owner") == owner
+                                                        or _holder_gone(str(lease.get("owner", ""))))):
             _write(collection, f"{LEASE_DIR}/shard-{s}.json",
                    {"owner": owner, "expires": now + lease_s, "since": _iso(now), "rate": 0.0})
             return s
