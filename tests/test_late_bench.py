@@ -78,20 +78,21 @@ def test_metrics_from_scores_match_embedding_metrics_and_lift_top_k() -> None:
 
 def test_rerank_weight_zero_is_global_scoring_and_val_can_choose_it() -> None:
     """w = 0 in the grid lets the val choice switch re-ranking off (CMLI that only hurts)."""
-    from nobackfill.bench.late import EvalSet, LateBenchConfig, TopK, choose_rerank, metrics_at
+    from nobackfill.bench.late import LateBenchConfig, choose_rerank
+    from nobackfill.late.rerank import RerankedScores, RerankSet, rerank_metrics
     from nobackfill.metrics.scored import top_k_columns
 
     rng = np.random.default_rng(1)
     n = 12
-    data = EvalSet("toy", list(range(n)), [str(i) for i in range(n)], np.arange(n))
+    data = RerankSet("toy", list(range(n)), [str(i) for i in range(n)], np.arange(n))
     scored = {}
     for d in ("t2i", "i2t"):
         first = rng.normal(size=(n, n)) + 2.0 * np.eye(n)  # global scoring mostly right
         top = top_k_columns(first, 5)
         cmli = -np.take_along_axis(first, top, axis=1)  # CMLI reverses the first stage: only hurts
-        scored[d] = TopK(first, top, {"directional": cmli, "symmetric": cmli})
-    glob = metrics_at(scored, data, None)
-    off = metrics_at(scored, data, {"t2i": ("directional", 0.0), "i2t": ("directional", 0.0)})
+        scored[d] = RerankedScores(first, top, {"directional": cmli, "symmetric": cmli})
+    glob = rerank_metrics(scored, data, None)
+    off = rerank_metrics(scored, data, {"t2i": ("directional", 0.0), "i2t": ("directional", 0.0)})
     assert off == glob
     choice, _ = choose_rerank([(scored, data)], LateBenchConfig(weights=(0.0, 1.0, float("inf"))))
     assert choice == {"t2i": ("directional", 0.0), "i2t": ("directional", 0.0)}

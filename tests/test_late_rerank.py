@@ -133,3 +133,27 @@ def test_index_tokens_projected(setup, tmp_path):
     assert r.exit_code == 0, r.output
     assert len(json.loads(r.stdout)["hits"]) == 2
     assert torch.get_num_threads() >= 1
+
+
+def test_eval_retrieval_rerank_scores_every_query_at_once(setup, tmp_path):
+    """``eval retrieval --rerank``: its global row equals plain ``eval retrieval``; weight 0 changes
+    nothing; a rerank_k of the whole gallery with CMLI only equals full CMLI ranking of a query."""
+    base = ("eval", "retrieval", "--query-model", setup / "model", "--gallery-model", setup / "model",
+            "--data", setup / "world")
+    r = invoke(*base, "--json", tmp_path / "plain.json")
+    assert r.exit_code == 0, r.output
+    plain = json.loads((tmp_path / "plain.json").read_text())
+    r = invoke(*base, "--rerank", "cmli", "--rerank-k", 8, "--rerank-weight", 0.0, "--json", tmp_path / "w0.json")
+    assert r.exit_code == 0, r.output
+    w0 = json.loads((tmp_path / "w0.json").read_text())
+    for d in ("t2i", "i2t"):
+        assert w0["global"][d]["R@1"] == pytest.approx(plain[d]["R@1"])
+        assert w0["reranked"][d]["R@1"] == pytest.approx(w0["global"][d]["R@1"])
+    r = invoke(*base, "--rerank", "cmli", "--rerank-k", 8, "--rerank-weight", "inf", "--json", tmp_path / "inf.json")
+    assert r.exit_code == 0, r.output
+    inf = json.loads((tmp_path / "inf.json").read_text())
+    assert inf["reranked"] != inf["global"] and inf["rerank_k"] == 8
+    r = invoke(*base[:5], setup / "other", *base[6:], "--rerank", "cmli")
+    assert r.exit_code == 2 and "same" in r.output
+    r = invoke(*base, "--rerank", "colbert")
+    assert r.exit_code == 2 and "cmli" in r.output

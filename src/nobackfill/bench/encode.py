@@ -28,8 +28,6 @@ import numpy as np
 import torch
 from PIL import Image
 
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-
 PRETRAINED = "pretrained"
 
 

@@ -41,6 +41,8 @@ from typing import Callable, Sequence
 
 import numpy as np
 
+from ..late.rerank import RerankSet, rerank_metrics, rerank_pairs
+
 KS = (1, 5, 10)
 INF = float("inf")
 
@@ -165,89 +167,16 @@ def measure_memory(cfg: LateBenchConfig, log: Callable[[str], None] = print) -> 
 
 
 # ----------------------------------------------------------------------------- evaluation
-@dataclass
-class EvalSet:
-    """Images (pixels or paths) and captions; ``caption_image[j]`` is caption j's image."""
-
-    name: str
-    images: Sequence
-    captions: list[str]
-    caption_image: np.ndarray
-
-
-@dataclass
-class TopK:
-    """First-stage scores of one direction, each query's top-k columns and their CMLI scores
-    (``directional``: Eq. 4 for text queries / Eq. 3 for image queries; ``symmetric``: the mean)."""
-
-    first: np.ndarray
-    top: np.ndarray
-    cmli: dict[str, np.ndarray]
-
-    def scores(self, weight: float, variant: str = "directional") -> np.ndarray:
-        from ..late.rerank import fuse
-        from ..metrics.scored import lift_top_k
-
-        first_top = np.take_along_axis(self.first, self.top, axis=1)
-        return lift_top_k(self.first, self.top, fuse(first_top, self.cmli[variant], weight))
-
-
-def score_set(encoder, data: EvalSet, rerank_k: int, query_block: int = 16) -> dict[str, TopK]:
-    """Global scores and the CMLI scores of every query's first-stage top ``rerank_k``: t2i uses
-    Eq. 4 (query words' best patches), i2t Eq. 3 (query patches' best words)."""
-    import torch
-
-    from ..late.cmli import pair_scores
-    from ..late.rerank import encode_token_batch
-    from ..metrics.scored import top_k_columns
-
-    img = encoder.encode_images(data.images)
-    txt = encoder.encode_texts(data.captions)
-    it = encode_token_batch(encoder, "image", data.images)
-    tt = encode_token_batch(encoder, "text", data.captions)
-    out = {}
-    for direction, first, (q_tok, q_mask), (g_tok, g_mask) in (
-            ("t2i", txt @ img.T, (tt.tokens, tt.mask), (it.tokens, it.mask)),
-            ("i2t", img @ txt.T, (it.tokens, it.mask), (tt.tokens, tt.mask))):
-        top = top_k_columns(first, rerank_k)
-        k = top.shape[1]
-        cmli = {v: np.empty(top.shape, np.float32) for v in ("directional", "symmetric")}
-        with torch.no_grad():
-            for s in range(0, first.shape[0], query_block):
-                cols = torch.from_numpy(top[s:s + query_block]).reshape(-1)
-                q = torch.arange(s, min(s + query_block, first.shape[0])).repeat_interleave(k)
-                if direction == "t2i":  # candidates are images, queries texts
-                    r = pair_scores(g_tok[cols], g_mask[cols], q_tok[q], q_mask[q])
-                else:
-                    r = pair_scores(q_tok[q], q_mask[q], g_tok[cols], g_mask[cols])
-                own = r.t2i if direction == "t2i" else r.i2t
-                cmli["directional"][s:s + query_block] = own.reshape(-1, k).numpy()
-                cmli["symmetric"][s:s + query_block] = (0.5 * (r.i2t + r.t2i)).reshape(-1, k).numpy()
-        out[direction] = TopK(first, top, cmli)
-    return out
-
-
 Choice = dict  # direction -> (variant, weight); None = global scoring
 
 
-def metrics_at(scored: dict[str, TopK], data: EvalSet, choice: Choice | None) -> dict:
-    """R@K / median rank / mAP of global scoring (``choice`` None) or re-ranking with the
-    ``(variant, weight)`` of each direction."""
-    from ..metrics.scored import retrieval_metrics_from_scores
-
-    def pick(d: str) -> np.ndarray:
-        return scored[d].first if choice is None else scored[d].scores(choice[d][1], choice[d][0])
-
-    return retrieval_metrics_from_scores(pick("t2i"), pick("i2t"), data.caption_image, KS)
-
-
-def choose_rerank(val_scored: Sequence[tuple[dict, EvalSet]], cfg: LateBenchConfig) -> tuple[Choice, dict]:
+def choose_rerank(val_scored: Sequence[tuple[dict, RerankSet]], cfg: LateBenchConfig) -> tuple[Choice, dict]:
     """Per direction, the (score variant, fusion weight) with the best R@1 averaged over the val
     sets (ties: directional first, then the smaller weight). Returns the choice and the table."""
     grid = [(v, w) for v in cfg.score_variants for w in cfg.weights]
     table: dict[str, dict] = {"t2i": {}, "i2t": {}}
     for v, w in grid:
-        ms = [metrics_at(s, d, {"t2i": (v, w), "i2t": (v, w)}) for s, d in val_scored]
+        ms = [rerank_metrics(s, d, {"t2i": (v, w), "i2t": (v, w)}) for s, d in val_scored]
         for d in table:
             table[d][(v, w)] = float(np.mean([m[d]["R@1"] for m in ms]))
     choice = {d: max(grid, key=lambda vw: (t[vw], -cfg.score_variants.index(vw[0]), -vw[1])) for d, t in table.items()}
@@ -255,22 +184,22 @@ def choose_rerank(val_scored: Sequence[tuple[dict, EvalSet]], cfg: LateBenchConf
     return choice, readable
 
 
-def evaluate_model(encoder, tests: dict[str, EvalSet], vals: list[EvalSet], cfg: LateBenchConfig) -> dict:
+def evaluate_model(encoder, tests: dict[str, RerankSet], vals: list[RerankSet], cfg: LateBenchConfig) -> dict:
     """Global, re-ranked (score variant and weight chosen on val) and CMLI-only metrics of one
     model on each test set."""
-    val_scored = [(score_set(encoder, v, cfg.rerank_k), v) for v in vals]
+    val_scored = [(rerank_pairs(encoder, v, cfg.rerank_k), v) for v in vals]
     choice, table = choose_rerank(val_scored, cfg)
     cmli_only = {"t2i": ("directional", INF), "i2t": ("directional", INF)}
     out: dict = {"choice": {d: {"score": v, "weight": w if math.isfinite(w) else "inf"} for d, (v, w) in choice.items()},
                  "val_r1_by_choice": table}
     for name, data in tests.items():
-        s = score_set(encoder, data, cfg.rerank_k)
-        out[name] = {"global": metrics_at(s, data, None), "rerank": metrics_at(s, data, choice),
-                     "cmli_only": metrics_at(s, data, cmli_only)}
+        s = rerank_pairs(encoder, data, cfg.rerank_k)
+        out[name] = {"global": rerank_metrics(s, data, None), "rerank": rerank_metrics(s, data, choice),
+                     "cmli_only": rerank_metrics(s, data, cmli_only)}
     return out
 
 
-def global_metrics(encoder, tests: dict[str, EvalSet]) -> dict:
+def global_metrics(encoder, tests: dict[str, RerankSet]) -> dict:
     from ..metrics.retrieval import retrieval_metrics
 
     return {name: retrieval_metrics(encoder.encode_images(d.images), encoder.encode_texts(d.captions),
@@ -304,24 +233,24 @@ def seed_summary(by_model: dict, cfg: LateBenchConfig) -> dict:
 
 
 # ----------------------------------------------------------------------------- data
-def bench_sets(world: Path, cfg: LateBenchConfig) -> tuple[dict[str, EvalSet], list[EvalSet]]:
+def bench_sets(world: Path, cfg: LateBenchConfig) -> tuple[dict[str, RerankSet], list[RerankSet]]:
     """Test sets (split "test" English captions; attribute-swap hard negatives) and val sets."""
     from ..data.world import load_world_spec
     from ..evaluate import load_eval_data
     from ..late.hard_negatives import hard_negative_set
-    from ..train.world_model import world_eval_set
+    from ..train.world_model import canonical_val_scenes
 
     spec = load_world_spec(world)
     if spec is None:
         raise FileNotFoundError(f"{world}: no world.json (generate the world with `nobackfill world`)")
     test = load_eval_data(world, "test", langs=["en"])
     hard = hard_negative_set(spec, "test", limit_pairs=cfg.test_hard_pairs)
-    val_px, val_caps = world_eval_set(spec, cfg.n_val)
+    val_px, val_caps = canonical_val_scenes(spec, cfg.n_val)
     val_hard = hard_negative_set(spec, "val", limit_pairs=cfg.val_hard_pairs)
-    tests = {"test": EvalSet("test", test.image_paths(), list(test.captions), np.asarray(test.caption_image)),
-             "hard_negatives": EvalSet("hard_negatives", hard.pixels, hard.captions, hard.caption_image)}
-    vals = [EvalSet("val", val_px, val_caps, np.arange(len(val_caps))),
-            EvalSet("val_hard", val_hard.pixels, val_hard.captions, val_hard.caption_image)]
+    tests = {"test": RerankSet("test", test.image_paths(), list(test.captions), np.asarray(test.caption_image)),
+             "hard_negatives": RerankSet("hard_negatives", hard.pixels, hard.captions, hard.caption_image)}
+    vals = [RerankSet("val", val_px, val_caps, np.arange(len(val_caps))),
+            RerankSet("val_hard", val_hard.pixels, val_hard.captions, val_hard.caption_image)]
     return tests, vals
 
 
@@ -562,5 +491,5 @@ def write_outputs(result: dict, json_path: str | Path) -> str:
     return write_json_and_markdown(result, json_path, format_markdown(result))
 
 
-__all__ = ["LateBenchConfig", "run_late_bench", "measure_memory", "memory_worker", "score_set", "evaluate_model",
-           "format_markdown", "write_outputs", "EvalSet", "seed_summary", "seed_run"]
+__all__ = ["LateBenchConfig", "run_late_bench", "measure_memory", "memory_worker", "evaluate_model",
+           "format_markdown", "write_outputs", "seed_summary", "seed_run"]

@@ -43,8 +43,6 @@ import torch
 
 from ..compat.text_upgrade import DEFAULT_OLD_MODEL, TextXBTConfig, XBTTextConfig
 
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-
 ROWS = ("old_old", "new_new", "phi_stage1_new_old", "xbt_new_old")
 KS = (1, 5, 10)
 

@@ -12,6 +12,7 @@ queries: the t2i mean over all query words is diluted by fill words; see ``bench
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
@@ -25,7 +26,8 @@ from ..progress import progress_bar
 from .cmli import cmli_scores, project_tokens
 
 __all__ = ["DEFAULT_WEIGHT", "RERANK_SCORES", "fuse", "rerank_candidates", "rerank_search", "store_gallery_tokens",
-           "pca_projection", "encode_tokens", "encode_token_batch", "store_dataset_tokens"]
+           "pca_projection", "encode_tokens", "encode_token_batch", "store_dataset_tokens",
+           "RerankSet", "RerankedScores", "rerank_pairs", "rerank_metrics"]
 
 #: fusion weight of the CLI (the bench tunes it on val; see ``bench late``)
 DEFAULT_WEIGHT = 1.0
@@ -164,3 +166,75 @@ def rerank_search(gallery: Gallery, encoder: DualEncoder, modality: str, query, 
     order = np.argsort(-fused, kind="stable")[:k]
     return SearchResult(scores=fused[order][None], ids=[[ids[i] for i in order]],
                         positions=np.asarray(first.positions)[:, order])
+
+
+# ----------------------------------------------------------------------------- many queries at once
+@dataclass
+class RerankSet:
+    """An evaluation set scored at once: images (pixels or paths) and captions;
+    ``caption_image[j]`` is caption j's image."""
+
+    name: str
+    images: Sequence
+    captions: list[str]
+    caption_image: np.ndarray
+
+
+@dataclass
+class RerankedScores:
+    """First-stage scores of one direction, each query's top-k columns and their CMLI scores
+    (``directional``: Eq. 4 for text queries / Eq. 3 for image queries; ``symmetric``: the mean)."""
+
+    first: np.ndarray
+    top: np.ndarray
+    cmli: dict[str, np.ndarray]
+
+    def scores(self, weight: float, variant: str = "directional") -> np.ndarray:
+        from ..metrics.scored import lift_top_k
+
+        first_top = np.take_along_axis(self.first, self.top, axis=1)
+        return lift_top_k(self.first, self.top, fuse(first_top, self.cmli[variant], weight))
+
+
+def rerank_pairs(encoder, data: RerankSet, rerank_k: int, query_block: int = 16) -> dict[str, RerankedScores]:
+    """Global scores and the CMLI scores of every query's first-stage top ``rerank_k``: t2i uses
+    Eq. 4 (query words' best patches), i2t Eq. 3 (query patches' best words)."""
+    from ..metrics.scored import top_k_columns
+    from .cmli import pair_scores
+
+    img = encoder.encode_images(data.images)
+    txt = encoder.encode_texts(data.captions)
+    it = encode_token_batch(encoder, "image", data.images)
+    tt = encode_token_batch(encoder, "text", data.captions)
+    out = {}
+    for direction, first, (q_tok, q_mask), (g_tok, g_mask) in (
+            ("t2i", txt @ img.T, (tt.tokens, tt.mask), (it.tokens, it.mask)),
+            ("i2t", img @ txt.T, (it.tokens, it.mask), (tt.tokens, tt.mask))):
+        top = top_k_columns(first, rerank_k)
+        k = top.shape[1]
+        cmli = {v: np.empty(top.shape, np.float32) for v in ("directional", "symmetric")}
+        with torch.no_grad():
+            for s in range(0, first.shape[0], query_block):
+                cols = torch.from_numpy(top[s:s + query_block]).reshape(-1)
+                q = torch.arange(s, min(s + query_block, first.shape[0])).repeat_interleave(k)
+                if direction == "t2i":  # candidates are images, queries texts
+                    r = pair_scores(g_tok[cols], g_mask[cols], q_tok[q], q_mask[q])
+                else:
+                    r = pair_scores(q_tok[q], q_mask[q], g_tok[cols], g_mask[cols])
+                own = r.t2i if direction == "t2i" else r.i2t
+                cmli["directional"][s:s + query_block] = own.reshape(-1, k).numpy()
+                cmli["symmetric"][s:s + query_block] = (0.5 * (r.i2t + r.t2i)).reshape(-1, k).numpy()
+        out[direction] = RerankedScores(first, top, cmli)
+    return out
+
+
+def rerank_metrics(scored: dict[str, RerankedScores], data: RerankSet, choice: dict | None,
+                   ks: Sequence[int] = (1, 5, 10)) -> dict:
+    """R@K / median rank / mAP of global scoring (``choice`` None) or re-ranking with the
+    ``(variant, weight)`` of each direction."""
+    from ..metrics.scored import retrieval_metrics_from_scores
+
+    def pick(d: str) -> np.ndarray:
+        return scored[d].first if choice is None else scored[d].scores(choice[d][1], choice[d][0])
+
+    return retrieval_metrics_from_scores(pick("t2i"), pick("i2t"), data.caption_image, ks)

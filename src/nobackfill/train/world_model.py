@@ -31,8 +31,9 @@ def split_dir(data: str | Path, split: str) -> Path:
     return d / split if (d / split / "captions.jsonl").is_file() else d
 
 
-def world_eval_set(spec: WorldSpec, n: int = 500, lang: str = "en", split: str = "val"):
-    """``n`` scenes of a world split rendered in memory, one caption each (variant 0)."""
+def canonical_val_scenes(spec: WorldSpec, n: int = 500, lang: str = "en", split: str = "val"):
+    """``n`` scenes of a world split rendered in memory, each with its canonical caption (variant 0):
+    the training-time probe (``compat.data.world_eval_set`` gives the folder's captions instead)."""
     g = get_grammar(lang)
     pixels, caps = [], []
     for i in range(n):
@@ -70,7 +71,7 @@ def train_preset(preset: str | Preset, data: str | Path, out: str | Path, *, ste
         from ..data.batches import WorldBatches
 
         batches = WorldBatches(WorldStream(rec.batch_size, seed=spec.seed * 1000 + seed, concepts=concepts))
-        val_pixels, val_caps = world_eval_set(spec, eval_size)
+        val_pixels, val_caps = canonical_val_scenes(spec, eval_size)
     else:
         from ..data.batches import FolderBatches
         from ..data.folder import load_pairs
