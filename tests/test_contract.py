@@ -129,3 +129,30 @@ def _release(c: Collection) -> None:
 
     if not isinstance(c.path, Path):
         milvus.close_clients()
+
+
+def test_milvus_search_is_strong_only_while_the_space_has_fresh_rows(tmp_path, monkeypatch):
+    """A Strong search waits for the server's next time tick (~200 ms): a space whose rows this
+    process knows are all older than FRESH_S is searched Bounded, a fresh one Strong."""
+    pytest.importorskip("milvus_lite", reason="milvus-lite is not installed")
+    import numpy as np
+
+    from nobackfill.index import milvus as mv
+
+    client = mv._client("milvus-lite", {"path": str(tmp_path / "m.db")})
+    store = mv.MilvusSpaceStore.create(client, "fresh", space_id="s", dim=8, model="m", backend="flat")
+    x = np.eye(8, dtype=np.float32)
+    store.add("image", [f"k{i}" for i in range(8)], x, space_id="s")
+    levels = []
+    real = client.search
+
+    def spy(*a, **kw):
+        levels.append(kw.get("consistency_level"))
+        return real(*a, **kw)
+
+    monkeypatch.setattr(client, "search", spy)
+    assert store.search("image", x[:2], 1, space_id="s").ids == [["k0"], ["k1"]]
+    monkeypatch.setattr(mv, "FRESH_S", 0.0)
+    assert store.search("image", x[:2], 1, space_id="s").ids == [["k0"], ["k1"]]
+    assert levels == [mv.STRONG, mv.BOUNDED]
+    mv.close_clients()

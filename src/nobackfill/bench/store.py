@@ -199,10 +199,14 @@ def run_row(data_file: str, query_file: str, truth_file: str, backend: str, work
                   space_id="bench")
     ingest_s = time.perf_counter() - t0
     t0 = time.perf_counter()
-    if hasattr(store, "flush"):  # Milvus: seal the segments (their index is built)
-        store.flush()
+    if hasattr(store, "wait_indexed"):  # Milvus: seal the segments and wait for their index
+        store.wait_indexed()
     _search(store, qt[:1], K)  # the first search builds (faiss: loads or builds the index)
     build_s = time.perf_counter() - t0
+    if hasattr(store, "wait_indexed"):  # steady state: past the window of Strong searches after a write
+        from ..index.milvus import FRESH_S
+
+        time.sleep(max(0.0, FRESH_S - (time.perf_counter() - t0)))
     chosen = None
     if param:
         grid = GRIDS["efSearch" if param in ("efSearch", "ef") else "nprobe"]

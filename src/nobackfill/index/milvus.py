@@ -14,8 +14,11 @@ A collection ``NAME`` is a set of Milvus collections named ``nb_<NAME>_...``:
   readers discover new rows by it) and ``vec``.
 
 Everything a set of ``serve`` replicas or backfill workers must share lives here, so several
-processes on several machines can work on one collection. Consistency: every query and search
-uses consistency level ``Strong`` (a read sees every write acknowledged before it). Milvus has no
+processes on several machines can work on one collection. Consistency: every query uses level
+``Strong`` (a read sees every write acknowledged before it); a search does too while the space holds
+a row this process knows of that was written less than ``FRESH_S`` ago, and ``Bounded`` after that
+(then every such row is visible anyway, and the search does not wait for the next time tick: about
+200 ms on a server). Milvus has no
 compare-and-set, so the collection's commit lock is a lease row written, settled and read back
 (:meth:`MilvusStorage.lock`): it serialises writers that do not race within the settle time; the
 vector writes stay safe without it (a row's key names its content, rows already present are
@@ -53,6 +56,10 @@ TOKEN_FILE_ENV = "NOBACKFILL_MILVUS_TOKEN_FILE"
 VALUE_MAX = 60000  # characters of one VARCHAR value (Milvus allows 65535)
 KEY_MAX = 512
 STRONG = "Strong"
+BOUNDED = "Bounded"
+#: a search uses Strong consistency while the space has rows this young (Milvus' Bounded staleness,
+#: 5 s by default, plus a margin for clock skew between writers and the server), Bounded after that
+FRESH_S = 15.0
 #: rows inserted up to this long before the newest one a reader has seen are looked for again
 SEQ_MARGIN_NS = 5_000_000_000
 MAX_TOPK = 16384
@@ -190,6 +197,7 @@ class MilvusSpaceStore:
         self._keys: dict[str, list[str]] = {"image": [], "text": []}
         self._pos: dict[str, dict[str, int]] = {"image": {}, "text": {}}
         self._last_seq = 0
+        self._newest_ns = {"image": 0, "text": 0}  # the youngest row's seq this process knows of
         self._lock = threading.RLock()
         self._search_params = milvus_index_params(backend)[1]
         self._loaded = False
@@ -254,6 +262,8 @@ class MilvusSpaceStore:
                     self._keys[m].append(r["key"])
                     changed = True
                 self._last_seq = max(self._last_seq, int(r["seq"]))
+                if m in self._newest_ns:
+                    self._newest_ns[m] = max(self._newest_ns[m], int(r["seq"]))
             return changed
 
     def ids(self, modality: str) -> list[str]:
@@ -330,6 +340,7 @@ class MilvusSpaceStore:
                     self._pos[modality][r["key"]] = len(self._keys[modality])
                     self._keys[modality].append(r["key"])
             self._unflushed += len(rows)
+            self._newest_ns[modality] = max(self._newest_ns[modality], rows[-1]["seq"])
         if self._unflushed >= FLUSH_EVERY:
             self.flush()
         return len(rows)
@@ -338,6 +349,30 @@ class MilvusSpaceStore:
         """Seal the rows inserted so far into indexed segments (Milvus builds their index)."""
         self.client.flush(self.name)
         self._unflushed = 0
+
+    def wait_indexed(self, timeout_s: float = 900.0, poll_s: float = 0.2) -> dict:
+        """Flush, wait until Milvus has built the index of every sealed row, and have the server load
+        those segments (until then it answers from growing segments and their interim index: a
+        recall@10 of 0.42 against 0.98 measured on 20k random vectors). Returns the index's
+        description; raises TimeoutError naming the collection."""
+        self.flush()
+        deadline = time.monotonic() + timeout_s
+        desc = self._wait_index_built(deadline, timeout_s, poll_s)
+        with contextlib.suppress(Exception):  # a server: load the sealed, indexed segments now
+            self.client.refresh_load(self.name)
+        return desc
+
+    def _wait_index_built(self, deadline: float, timeout_s: float, poll_s: float) -> dict:
+        while True:
+            desc = {}
+            for name in self.client.list_indexes(self.name) or []:
+                desc = self.client.describe_index(self.name, name) or {}
+            total, done = int(desc.get("total_rows", 0)), int(desc.get("indexed_rows", 0))
+            if not desc or (int(desc.get("pending_index_rows", 0)) == 0 and done >= total):
+                return desc
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{self.name}: index built for {done} of {total} rows after {timeout_s:.0f}s")
+            time.sleep(poll_s)
 
     # ------------------------------------------------------------------ search
     def search(self, modality: str, queries: np.ndarray, k: int = 10, *, space_id: str, bridge: Any = None,
@@ -396,9 +431,10 @@ class MilvusSpaceStore:
     def _search(self, q: np.ndarray, limit: int, modality: str, params: dict, expr: str = "") -> list[list[dict]]:
         if "ef" in params["params"]:  # HNSW needs ef >= the number of results asked for
             params = {**params, "params": {**params["params"], "ef": max(params["params"]["ef"], int(limit))}}
+        fresh = time.time_ns() - self._newest_ns[modality] < FRESH_S * 1e9
         return self.client.search(self.name, data=q.tolist(), filter=expr, limit=int(limit), anns_field="vec",
                                   output_fields=["key"], search_params=params, partition_names=[modality],
-                                  consistency_level=STRONG)
+                                  consistency_level=STRONG if fresh else BOUNDED)
 
     @staticmethod
     def _take(hits: list[dict], k: int, pos: dict[str, int], allowed: np.ndarray) -> list[tuple[float, int]]:
