@@ -122,7 +122,7 @@ def test_bench_reco_tiny(setup, tmp_path):
     assert res["label_set"]["prompts_per_class"] == 8 and res["classes"] == 64
     assert set(res["zero_shot_by_label_set"]) == {"size_colour_texture", "size_colour_shape", "colour_shape"}
     assert res["zero_shot_by_label_set"]["size_colour_texture"]["reco"]["all"] == res["zero_shot"]["reco"]
-    assert set(res["done_when"]["zero_shot_gain_points_by_label_set"]) == set(res["zero_shot_by_label_set"])
+    assert set(res["summary"]["zero_shot_gain_points_by_label_set"]) == set(res["zero_shot_by_label_set"])
     pr = res["premise"]
     attrs = {"size", "colour", "shape", "texture", "background"}
     assert set(pr["image_neighbours"]) == attrs | {"fine"} and set(pr["prompt_neighbours"]) == {"size", "colour",
