@@ -16,13 +16,13 @@ import itertools
 import json
 import tempfile
 import time
-from dataclasses import asdict, replace
+from dataclasses import asdict
 from pathlib import Path
 
 import numpy as np
 import torch
 
-from nobackfill.bench.xbt import _cross
+from nobackfill.evaluate import Embedded, cross_retrieval
 from nobackfill.compat.bridges import PhiBridge
 from nobackfill.compat.data import dedupe, world_eval_set, world_pairs
 from nobackfill.compat.direct import train_direct
@@ -34,6 +34,10 @@ from nobackfill.encoders import load_encoder
 from nobackfill.config import updated
 
 OUT = Path("runs/tune")
+
+
+def _cross_arrays(q_texts, q_images, g_texts, g_images, c2i):
+    return cross_retrieval(Embedded("q", q_images, q_texts), Embedded("g", g_images, g_texts), c2i)
 
 
 def parse_grid(text: str) -> list[dict]:
@@ -72,13 +76,13 @@ def main() -> None:
     old, new = load_encoder(f"{args.models}/world-old"), load_encoder(f"{args.models}/world-new")
     E_old = {"images": old.encode_images(ev.images), "texts": old.encode_texts(ev.captions)}
     E_new = {"images": new.encode_images(ev.images), "texts": new.encode_texts(ev.captions)}
-    base = {"old_old": _cross(E_old["texts"], E_old["images"], E_old["texts"], E_old["images"], ev.caption_image),
-            "new_new": _cross(E_new["texts"], E_new["images"], E_new["texts"], E_new["images"], ev.caption_image)}
+    base = {"old_old": _cross_arrays(E_old["texts"], E_old["images"], E_old["texts"], E_old["images"], ev.caption_image),
+            "new_new": _cross_arrays(E_new["texts"], E_new["images"], E_new["texts"], E_new["images"], ev.caption_image)}
     print("val old/old R@1", base["old_old"]["t2i"]["R@1"], base["old_old"]["i2t"]["R@1"],
           "new/new", base["new_new"]["t2i"]["R@1"], base["new_new"]["i2t"]["R@1"], flush=True)
 
     def score(q: dict) -> dict:
-        r = _cross(q["texts"], q["images"], E_old["texts"], E_old["images"], ev.caption_image)
+        r = _cross_arrays(q["texts"], q["images"], E_old["texts"], E_old["images"], ev.caption_image)
         return {"t2i_R@1": r["t2i"]["R@1"], "i2t_R@1": r["i2t"]["R@1"], "t2i_R@5": r["t2i"]["R@5"],
                 "i2t_R@5": r["i2t"]["R@5"]}
 
@@ -131,7 +135,7 @@ def main() -> None:
                 up, res = train_direct(fresh, old, pairs.subset(n), args.mode, cfg, tmp)
         sec = time.time() - t0
         q = {"images": up.encode_images(ev.images), "texts": up.encode_texts(ev.captions)}
-        nn_ = _cross(q["texts"], q["images"], q["texts"], q["images"], ev.caption_image)
+        nn_ = _cross_arrays(q["texts"], q["images"], q["texts"], q["images"], ev.caption_image)
         log({"what": args.what if args.what == "stage2" else f"direct-{args.mode}", **g, "stage1": args.stage1,
              "seconds": round(sec, 1), "loss": res.last_loss, **score(q),
              "on_on_t2i_R@1": nn_["t2i"]["R@1"], "config": cfg.to_dict()})

@@ -122,7 +122,8 @@ def test_procrustes_bridge_and_stage1_reuse(setup):
 
 
 def test_bench_xbt_tiny(setup):
-    from nobackfill.bench.xbt import XBTBenchConfig, format_xbt_tables, run_xbt_bench
+    from nobackfill.bench.xbt import XBTBenchConfig, run_xbt_bench
+    from nobackfill.bench.xbt_report import format_xbt_tables
     from nobackfill.compat.xbt import Stage1Config, XBTConfig
 
     cfg = XBTBenchConfig(seeds=1, n_eval=12, n_pairs=24, sweep=(16, 24), corpus_size=120,

@@ -317,3 +317,24 @@ def test_best_relevant_ranks_agree_with_retrieval_metrics():
         ranks = best_relevant_ranks(q, g, c2i, d)
         assert len(ranks) == m[d]["n_queries"]
         assert np.mean(ranks == 1) == pytest.approx(m[d]["R@1"]) and np.median(ranks) == m[d]["median_rank"]
+
+
+def test_r1_by_image_subset_splits_hits_by_the_image_mask():
+    from nobackfill.metrics.retrieval import r1_by_image_subset
+
+    eye = np.eye(4, dtype=np.float32)
+    c2i = np.array([0, 1, 2, 3])
+    texts = eye.copy()
+    texts[3] = eye[2]  # caption 3 finds image 2: a t2i miss, and image 3 finds caption 2: an i2t miss
+    out = r1_by_image_subset(texts, eye, texts, eye, c2i, np.array([True, True, False, False]))
+    assert out["t2i_R@1_seen"] == 1.0 and out["t2i_R@1_unseen"] == 0.5
+    assert out["frac_images_seen"] == 0.5
+
+
+def test_mean_over_seeds_averages_numbers_and_keeps_the_rest():
+    from nobackfill.report import mean_over_seeds
+
+    rows = [{"t2i": {"R@1": 0.2}, "i2t": {"R@1": 0.4}, "note": "a"}, {"t2i": {"R@1": 0.4}, "i2t": {"R@1": 0.6}, "note": "b"}]
+    m = mean_over_seeds(rows)
+    assert m["t2i"]["R@1"] == pytest.approx(0.3) and m["note"] == "a" and m["n_seeds"] == 2
+    assert m["std"]["t2i_R@1"] == pytest.approx(0.1)

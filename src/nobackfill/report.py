@@ -10,6 +10,8 @@ import os
 from pathlib import Path
 from typing import Sequence
 
+import numpy as np
+
 RECALL_COLUMNS = [("t2i", "R@1"), ("t2i", "R@5"), ("t2i", "R@10"), ("i2t", "R@1"), ("i2t", "R@5"), ("i2t", "R@10")]
 
 
@@ -88,3 +90,25 @@ def write_json_and_markdown(result: dict, json_path: str | Path, markdown: str) 
     os.replace(tmp, p)
     p.with_suffix(".md").write_text(markdown)
     return markdown
+
+
+def mean_over_seeds(per_seed: list[dict]) -> dict:
+    """Mean (and std of R@1 per direction) of every numeric leaf of per-seed result rows; non-numeric
+    leaves from the first seed."""
+    def walk(items):
+        first = items[0]
+        if isinstance(first, dict):
+            return {k: walk([it[k] for it in items if isinstance(it, dict) and k in it]) for k in first}
+        if isinstance(first, bool):
+            return first if len(set(items)) == 1 else float(np.mean(items))
+        if isinstance(first, (int, float)) and first is not None:
+            vals = [float(x) for x in items]
+            return float(np.mean(vals))
+        return first
+
+    out = walk(per_seed)
+    if len(per_seed) > 1:
+        out["std"] = {f"{d}_R@1": float(np.std([r[d]["R@1"] for r in per_seed])) for d in ("t2i", "i2t")
+                      if all(d in r for r in per_seed)}
+    out["n_seeds"] = len(per_seed)
+    return out

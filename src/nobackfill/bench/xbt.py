@@ -28,27 +28,24 @@ stays under ``<json dir>/xbt-work/``.
 from __future__ import annotations
 
 import json
-import os
-import resource
 import shutil
-import sys
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import Callable
 
 import numpy as np
 
 from ..compat.xbt import Stage1Config, XBTConfig
-from ..config import from_dict, to_dict, updated
-
-MAIN_ROWS = ["old_old", "new_new", "new_old_raw", "phi_text_only", "xbt", "direct_full", "direct_lora",
-             "direct_base", "procrustes", "slerp"]
-LABELS = {"old_old": "old/old", "new_new": "new/new (upgrade off)", "new_old_raw": "raw new/old",
-          "phi_text_only": "text-only phi", "xbt": "XBT", "direct_full": "Direct Full-tune",
-          "direct_lora": "Direct LoRA-only", "direct_base": "Direct Base", "procrustes": "Procrustes",
-          "slerp": "SLERP"}
-
+from ..config import to_dict, updated
+from ..encoders.base import l2_normalise
+from ..evaluate import Embedded, cross_retrieval
+from ..metrics.compat import cross_modal_criterion
+from ..metrics.retrieval import r1_by_image_subset
+from ..metrics.zero_shot import zero_shot_accuracy
+from ..report import mean_over_seeds
+from .xbt_jobs import encode_eval, run_isolated
+from .xbt_report import MAIN_ROWS, write_xbt_report
 
 @dataclass
 class XBTBenchConfig:
@@ -98,192 +95,25 @@ class XBTBenchConfig:
         return d
 
 
-# ----------------------------------------------------------------------------- child jobs
-def _peak_rss_mb() -> float:
-    r = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    return r / 1024.0 if sys.platform != "darwin" else r / 2**20
-
-
-def _world_spec(d: dict):
-    from ..data.world import WorldSpec
-
-    d = dict(d)
-    for k in ("langs", "shapes", "colours"):
-        if d.get(k) is not None:
-            d[k] = tuple(d[k])
-    return WorldSpec(**d)
-
-
-def _encode_eval(enc, eval_dir: Path) -> dict[str, np.ndarray]:
-    images = np.load(eval_dir / "eval.npz")["images"]
-    texts = json.loads((eval_dir / "eval_texts.json").read_text())
-    return {"images": enc.encode_images(images), "texts": enc.encode_texts(texts["captions"]),
-            "prompts": enc.encode_texts(texts["prompts"])}
-
-
-def run_job(job: dict) -> dict:
-    """One training job (stage1 / xbt / direct) in this process; returns timings, peak RSS, the
-    models it loaded, and writes its upgrade + evaluation embeddings into ``job["out"]``."""
-    import torch
-
-    from ..compat.data import world_pairs
-    from ..compat.direct import train_direct
-    from ..compat.phi import Projection
-    from ..compat.upgrade import load_upgrade, space_info
-    from ..compat.xbt import embed_corpus, train_phi, train_xbt
-    from ..data.world import world_corpus
-    from ..encoders import load_encoder
-
-    torch.set_num_threads(int(job["threads"]))
-    t_start = time.time()
-    rss0 = _peak_rss_mb()
-    loaded: list[str] = []
-
-    def load(path):
-        loaded.append(Path(path).name)
-        return load_encoder(path)
-
-    spec = _world_spec(job["world"])
-    out = Path(job["out"])
-    if out.exists():
-        shutil.rmtree(out)
-    res: dict = {"job": job["name"], "kind": job["kind"]}
-    if job["kind"] == "stage1":
-        cfg = from_dict(Stage1Config, job["cfg"], "stage1")
-        new, old = load(job["new"]), load(job["old"])
-        if job.get("old_upgrade"):
-            old = load_upgrade(job["old_upgrade"]).apply(old)
-        start, n = job["corpus"]
-        corpus = world_corpus(spec, start + n, split="train")[start:]
-        t0 = time.time()
-        texts, w_new, w_old = embed_corpus(new, old, corpus, cfg)
-        embed_s = time.time() - t0
-        phi, tr = train_phi(w_new, w_old, cfg, out, source=space_info(new), target=space_info(old),
-                            recipe={"stage": 1, "config": to_dict(cfg), "corpus_size": len(texts)})
-        np.savez(out / "corpus_embeddings.npz", new=w_new, old=w_old)
-        res.update(train_seconds=embed_s + tr.seconds, embed_seconds=embed_s, loop_seconds=tr.seconds,
-                   last_loss=tr.last_loss, corpus_size=len(texts))
-    else:
-        cfg = from_dict(XBTConfig, job["cfg"], "stage2")
-        start, n = job["pairs"]
-        pairs = world_pairs(spec, n, "train", start=start)
-        new = load(job["new"])
-        t0 = time.time()
-        if job["kind"] == "xbt":
-            phi = Projection.load(job["phi"])
-            target = json.loads((Path(job["phi"]) / "upgrade.json").read_text())["target"]
-            up, tr = train_xbt(new, phi, pairs, cfg, out, target=target)
-        else:
-            old = load(job["old"])
-            up, tr = train_direct(new, old, pairs, job["mode"], cfg, out)
-        res.update(train_seconds=time.time() - t0, loop_seconds=tr.seconds, last_loss=tr.last_loss,
-                   n_pairs=len(pairs))
-        res["peak_rss_mb_train"] = _peak_rss_mb()
-        eval_dir = Path(job["eval_dir"])
-        on = _encode_eval(up, eval_dir)
-        with up.switched(False):
-            off = _encode_eval(up, eval_dir)
-        np.savez(out / "eval_embeddings.npz", **{f"on_{k}": v for k, v in on.items()},
-                 **{f"off_{k}": v for k, v in off.items()})
-    res.setdefault("peak_rss_mb_train", _peak_rss_mb())
-    res.update(peak_rss_mb_start=rss0, loaded_models=loaded, total_seconds=time.time() - t_start)
-    (out / "job.json").write_text(json.dumps(res, indent=2))
-    return res
-
-
-def _run(job: dict, isolate: bool) -> dict:
-    """Run ``job`` here, or (``isolate``) in a fresh ``python -m nobackfill.bench.xbt JOB.json``
-    process, so that its peak RSS and the models it loads are its own."""
-    if not isolate:
-        return run_job(job)
-    import subprocess
-
-    out = Path(job["out"])
-    spec_path = out.with_name(out.name + ".job.json")
-    spec_path.write_text(json.dumps(job, default=str))
-    proc = subprocess.run([sys.executable, "-m", "nobackfill.bench.xbt", str(spec_path)],
-                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    if proc.returncode != 0:
-        raise RuntimeError(f"bench job {job['name']} failed (exit {proc.returncode}):\n{proc.stderr[-4000:]}")
-    return json.loads((out / "job.json").read_text())
-
-
 # ----------------------------------------------------------------------------- metrics
 def _cross(q_texts, q_images, g_texts, g_images, c2i) -> dict:
-    from ..evaluate import align_dims
-    from ..metrics.retrieval import retrieval_metrics
-
-    qt, gi = align_dims(q_texts, g_images)
-    qi, gt = align_dims(q_images, g_texts)
-    t2i = retrieval_metrics(gi, qt, c2i, directions=("t2i",))["t2i"]
-    i2t = retrieval_metrics(qi, gt, c2i, directions=("i2t",))["i2t"]
-    return {"t2i": t2i, "i2t": i2t}
+    return cross_retrieval(Embedded("query", q_images, q_texts), Embedded("gallery", g_images, g_texts), c2i)
 
 
 def _zero_shot(images: np.ndarray, prompts: np.ndarray, labels: np.ndarray) -> float:
-    from ..encoders.base import l2_normalise
-
     if images.shape[1] != prompts.shape[1]:
         return float("nan")
-    pred = (l2_normalise(images) @ l2_normalise(prompts).T).argmax(1)
-    return float((pred == labels).mean())
-
-
-def _r1_by_subset(q_texts, q_images, g_texts, g_images, c2i: np.ndarray, mask: np.ndarray) -> dict:
-    """R@1 (pessimistic ties) split by an image mask: t2i over captions of masked / unmasked
-    images (gallery: all images), i2t over masked / unmasked query images (gallery: all captions)."""
-    from ..encoders.base import l2_normalise
-
-    if q_texts.shape[1] != g_images.shape[1]:
-        return {}
-    qt, gi, qi, gt = (l2_normalise(x) for x in (q_texts, g_images, q_images, g_texts))
-    s = qt @ gi.T
-    pos = s[np.arange(len(qt)), c2i]
-    t2i_hit = (s >= pos[:, None]).sum(1) <= 1
-    s = qi @ gt.T  # images x captions
-    rel = c2i[None, :] == np.arange(len(qi))[:, None]
-    best = np.where(rel, s, -np.inf).max(1)
-    i2t_hit = (np.where(rel, -np.inf, s) >= best[:, None]).sum(1) == 0
-    cap_mask = mask[c2i]
-    out = {}
-    for name, m_t, m_i in (("seen", cap_mask, mask), ("unseen", ~cap_mask, ~mask)):
-        out[f"t2i_R@1_{name}"] = float(t2i_hit[m_t].mean()) if m_t.any() else float("nan")
-        out[f"i2t_R@1_{name}"] = float(i2t_hit[m_i].mean()) if m_i.any() else float("nan")
-    out["frac_images_seen"] = float(mask.mean())
-    return out
+    return zero_shot_accuracy(l2_normalise(images), l2_normalise(prompts), labels)
 
 
 def _row(q: dict, old: dict, c2i: np.ndarray, n_unpaired: int, seed: int, seen: np.ndarray | None = None) -> dict:
-    from ..metrics.compat import cross_modal_criterion
-
     r = _cross(q["texts"], q["images"], old["texts"], old["images"], c2i)
-    if seen is not None:
-        r["by_concept"] = _r1_by_subset(q["texts"], q["images"], old["texts"], old["images"], c2i, seen)
+    if seen is not None and q["texts"].shape[1] == old["images"].shape[1]:
+        r["by_concept"] = r1_by_image_subset(q["texts"], q["images"], old["texts"], old["images"], c2i, seen)
     if q["texts"].shape[1] == old["texts"].shape[1]:
         r["criterion"] = cross_modal_criterion(q["texts"], q["images"], old["texts"], old["images"], c2i,
                                                n_unpaired=n_unpaired, seed=seed)
     return r
-
-
-def _mean_rows(per_seed: list[dict]) -> dict:
-    """Mean (and std) of every numeric leaf over seeds; non-numeric leaves from the first seed."""
-    def walk(items):
-        first = items[0]
-        if isinstance(first, dict):
-            return {k: walk([it[k] for it in items if isinstance(it, dict) and k in it]) for k in first}
-        if isinstance(first, bool):
-            return first if len(set(items)) == 1 else float(np.mean(items))
-        if isinstance(first, (int, float)) and first is not None:
-            vals = [float(x) for x in items]
-            return float(np.mean(vals))
-        return first
-
-    out = walk(per_seed)
-    if len(per_seed) > 1:
-        out["std"] = {f"{d}_R@1": float(np.std([r[d]["R@1"] for r in per_seed])) for d in ("t2i", "i2t")
-                      if all(d in r for r in per_seed)}
-    out["n_seeds"] = len(per_seed)
-    return out
 
 
 # ----------------------------------------------------------------------------- the benchmark
@@ -325,7 +155,7 @@ def run_xbt_bench(models_dir: str | Path = "models", world: str | Path = "data/w
     c2i = ev.caption_image
 
     old_enc, new_enc = load_encoder(paths["old"]), load_encoder(paths["new"])
-    E = {"old": _encode_eval(old_enc, work), "new": _encode_eval(new_enc, work)}
+    E = {"old": encode_eval(old_enc, work), "new": encode_eval(new_enc, work)}
     # images whose main object's colour and shape the old model was trained on
     concepts = old_enc.meta.get("concepts") or {}
     seen_s, seen_c = set(concepts.get("shapes") or SHAPES), set(concepts.get("colours") or COLOURS)
@@ -340,7 +170,7 @@ def run_xbt_bench(models_dir: str | Path = "models", world: str | Path = "data/w
     def job(name: str, **kw) -> dict:
         j = dict(common, name=name, out=str(work / name), **kw)
         log(f"[{time.time() - t_all:6.0f}s] {name} ...")
-        r = _run(j, cfg.isolate)
+        r = run_isolated(j, cfg.isolate)
         log(f"[{time.time() - t_all:6.0f}s] {name}: {r['train_seconds']:.1f}s training, "
             f"peak {r['peak_rss_mb_train']:.0f} MB, loaded {r['loaded_models']}")
         jobs_log.append(r)
@@ -470,17 +300,17 @@ def run_xbt_bench(models_dir: str | Path = "models", world: str | Path = "data/w
     rows_per_seed["old_old"] = [_row(E["old"], E["old"], c2i, cfg.n_unpaired, 0, seen)]
     rows_per_seed["old_old"][0].pop("criterion", None)  # old vs itself: every pair ties
     rows_per_seed["new_new"] = [dict(_cross(E["new"]["texts"], E["new"]["images"], E["new"]["texts"], E["new"]["images"], c2i),
-                                     by_concept=_r1_by_subset(E["new"]["texts"], E["new"]["images"], E["new"]["texts"],
+                                     by_concept=r1_by_image_subset(E["new"]["texts"], E["new"]["images"], E["new"]["texts"],
                                                               E["new"]["images"], c2i, seen))]
     rows_per_seed["new_old_raw"] = [_row(E["new"], E["old"], c2i, cfg.n_unpaired, 0)]
-    rows = {k: _mean_rows(v) for k, v in rows_per_seed.items() if v}
+    rows = {k: mean_over_seeds(v) for k, v in rows_per_seed.items() if v}
     for k, r in rows.items():
         r["gap_closure"] = {d: _gap(r[d]["R@1"], rows["old_old"][d]["R@1"], rows["new_new"][d]["R@1"])
                             for d in ("t2i", "i2t")}
     zero_shot = {"old": _zero_shot(E["old"]["images"], E["old"]["prompts"], ev.class_ids),
                  "new": _zero_shot(E["new"]["images"], E["new"]["prompts"], ev.class_ids),
                  **{k: float(np.mean(v)) for k, v in zs_per_seed.items()}}
-    sweep = {k: _mean_rows(v) for k, v in sweep_per_seed.items()}
+    sweep = {k: mean_over_seeds(v) for k, v in sweep_per_seed.items()}
     result: dict = {
         "rows": rows,
         "onoff_max_abs_diff": onoff,
@@ -534,131 +364,3 @@ def summary(result: dict) -> dict:
     return out
 
 
-# ----------------------------------------------------------------------------- reporting
-def _pct(x) -> str:
-    return "-" if x is None or (isinstance(x, float) and np.isnan(x)) else f"{100 * x:.1f}"
-
-
-def format_xbt_tables(result: dict) -> str:
-    """Markdown tables: main rows, pair sweep, cost, zero-shot, continual matrix, summary."""
-    rows = result["rows"]
-    lines = [f"XBT benchmark, world {result['split']} split: {result['n_images']} images, {result['n_captions']} "
-             f"captions; mean of {result['config']['seeds']} seed(s) (Direct Full-tune / LoRA-only, budgets "
-             f"above 4k and the continual matrix: the first {result['config'].get('extra_seeds', 1)}); recall in %", "",
-             "| row | t2i R@1 | R@5 | R@10 | i2t R@1 | R@5 | R@10 | gap closure t2i / i2t | criterion w/v paired / unpaired | criterion v/w paired / unpaired | new/new off t2i / i2t R@1 |",
-             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
-    for key in [k for k in MAIN_ROWS if k in rows] + [k for k in rows if k not in MAIN_ROWS]:
-        r = rows[key]
-        cr = r.get("criterion", {})
-        crit = [f"{_pct(cr[c]['paired'])} / {_pct(cr[c]['unpaired'])}" if c in cr else "-"
-                for c in ("w_new/v_old", "v_new/w_old")]
-        nn = r.get("new_new_off")
-        gc = r.get("gap_closure", {})
-        lines.append(f"| {LABELS.get(key, key)} | " + " | ".join(_pct(r['t2i'][f'R@{k}']) for k in (1, 5, 10)) + " | "
-                     + " | ".join(_pct(r['i2t'][f'R@{k}']) for k in (1, 5, 10))
-                     + f" | {gc.get('t2i', float('nan')):.2f} / {gc.get('i2t', float('nan')):.2f} | {crit[0]} | {crit[1]} | "
-                     + (f"{_pct(nn['t2i']['R@1'])} / {_pct(nn['i2t']['R@1'])}" if nn else "-") + " |")
-    lines += ["", f"upgrade off vs original new model: max abs diff = {result['onoff_max_abs_diff']}", ""]
-    bc = {k: r["by_concept"] for k, r in rows.items() if r.get("by_concept")}
-    if bc:
-        frac = next(iter(bc.values())).get("frac_images_seen", float("nan"))
-        lines += [f"R@1 % by the image's main object: concepts the old model was trained on (seen, "
-                  f"{100 * frac:.0f}% of images) vs not (unseen)", "",
-                  "| row | t2i seen | t2i unseen | i2t seen | i2t unseen |", "|---|---:|---:|---:|---:|"]
-        for k, b in bc.items():
-            lines.append(f"| {LABELS.get(k, k)} | " + " | ".join(_pct(b.get(f"{d}_R@1_{m}")) for d in ("t2i", "i2t")
-                                                                for m in ("seen", "unseen")) + " |")
-        lines.append("")
-    sw = result.get("sweep", {})
-    if sw:
-        budgets = sorted({int(k.split("@")[1]) for k in sw})
-        lines += ["Pair budget sweep (R@1 %, t2i / i2t)", "", "| pairs | XBT | Direct Base |", "|---:|---:|---:|"]
-        for n in budgets:
-            cells = []
-            for m in ("xbt", "direct_base"):
-                r = sw.get(f"{m}@{n}")
-                cells.append(f"{_pct(r['t2i']['R@1'])} / {_pct(r['i2t']['R@1'])}" if r else "-")
-            lines.append(f"| {n} | {cells[0]} | {cells[1]} |")
-        lines.append("")
-    if result.get("cost"):
-        lines += ["Cost (training wall time; peak RSS of the training process, and its growth over the process "
-                  "start with torch imported)", "",
-                  "| method | train s | peak RSS MB | RSS growth MB | models loaded | old model loaded |",
-                  "|---|---:|---:|---:|---|---|"]
-        for k, c in result["cost"].items():
-            lines.append(f"| {k} | {c['train_seconds']:.1f} | {c['peak_rss_mb']:.0f} | {c.get('rss_growth_mb', 0):.0f} | "
-                         f"{', '.join(c['loaded_models'])} | "
-                         f"{'yes' if c['old_model_loaded'] else 'no'} |")
-        lines.append("")
-    if result.get("zero_shot"):
-        lines += ["Zero-shot classification, 64 world classes ('a photo of a {colour} {shape}'), top-1 %", "",
-                  "| model | accuracy |", "|---|---:|"]
-        lines += [f"| {k} | {_pct(v)} |" for k, v in result["zero_shot"].items()] + [""]
-    if result.get("matrix"):
-        for d, m in result["matrix"].items():
-            s, ns = m["strict"], m["non_strict"]
-            lines += [f"Continual compatibility matrix C[t,k] ({d} R@1 %, query model t, gallery model k)", "",
-                      "| query \\ gallery | " + " | ".join(s["models"]) + " |", "|---|" + "---:|" * len(s["models"])]
-            for name, row in zip(s["models"], s["C"]):
-                lines.append(f"| {name} | " + " | ".join(_pct(v) if v is not None else "" for v in row) + " |")
-            lines += ["", f"strict (>): AC {s['AC']:.2f}, AA {100 * s['AA']:.1f}, ACA {100 * s['ACA']:.1f}; "
-                          f"non-strict (>=): AC {ns['AC']:.2f}, AA {100 * ns['AA']:.1f}, ACA {100 * ns['ACA']:.1f}", ""]
-    if result.get("summary"):
-        lines += ["Summary (R@1 pairs are [this row, the row compared])", ""]
-        lines += [f"- {k}: {json.dumps(v, default=str)}" for k, v in result["summary"].items()]
-    return "\n".join(lines) + "\n"
-
-
-def write_xbt_report(result: dict, out_json: str | Path) -> dict[str, Path]:
-    from ..report import recall_bar_plot, write_html
-
-    out_json = Path(out_json)
-    out_json.parent.mkdir(parents=True, exist_ok=True)
-    md = out_json.with_suffix(".md")
-    tmp = out_json.with_name(out_json.name + ".tmp")
-    tmp.write_text(json.dumps(result, indent=2, default=str))
-    os.replace(tmp, out_json)
-    text = format_xbt_tables(result)
-    md.write_text("# XBT benchmark\n\n" + text)
-    figs = []
-    try:
-        rows = {LABELS.get(k, k): result["rows"][k] for k in ("old_old", "new_old_raw", "phi_text_only", "xbt",
-                                                              "direct_base", "procrustes", "slerp", "new_new")
-                if k in result["rows"]}
-        figs.append(recall_bar_plot(rows, f"world {result['split']}: new queries vs old gallery (R@1)"))
-        figs.append(_sweep_plot(result))
-    except Exception:  # pragma: no cover - plotting must never lose the numbers
-        pass
-    html = out_json.with_suffix(".html")
-    write_html(html, "nobackfill: XBT benchmark", [("Tables", f"<pre>{text}</pre>")], [f for f in figs if f is not None])
-    return {"json": out_json, "md": md, "html": html}
-
-
-def _sweep_plot(result: dict):
-    sw = result.get("sweep", {})
-    if not sw:
-        return None
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    budgets = sorted({int(k.split("@")[1]) for k in sw})
-    fig, ax = plt.subplots(figsize=(5.5, 3.4))
-    for m, style in (("xbt", "-o"), ("direct_base", "--s")):
-        for d in ("t2i", "i2t"):
-            xs = [n for n in budgets if f"{m}@{n}" in sw]
-            ax.plot(xs, [100 * sw[f"{m}@{n}"][d]["R@1"] for n in xs], style, label=f"{LABELS.get(m, m)} {d}")
-    for d, c in (("t2i", "gray"), ("i2t", "black")):
-        ax.axhline(100 * result["rows"]["old_old"][d]["R@1"], color=c, lw=0.8, ls=":", label=f"old/old {d}")
-    ax.set_xscale("log")
-    ax.set_xlabel("image-text pairs")
-    ax.set_ylabel("R@1 (%)")
-    ax.set_title("pair budget sweep")
-    ax.legend(fontsize=7)
-    fig.tight_layout()
-    return fig
-
-
-if __name__ == "__main__":  # a child job: python -m nobackfill.bench.xbt JOB.json
-    run_job(json.loads(Path(sys.argv[1]).read_text()))

@@ -71,7 +71,8 @@ def bench_xbt(
     show_config: bool = show_config_option(),
 ) -> None:
     """XBT vs its baselines and training-free bridges on the world (tables, sweep, cost, matrix)."""
-    from ..bench.xbt import XBTBenchConfig, format_xbt_tables, run_xbt_bench
+    from ..bench.xbt import XBTBenchConfig, run_xbt_bench
+    from ..bench.xbt_report import format_xbt_tables
 
     kw = {"split": split, "n_eval": n_eval, "threads": threads, "continual": continual}
     if seeds is not None:

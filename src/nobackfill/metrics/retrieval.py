@@ -403,3 +403,24 @@ def recall_from_ranks(ranks: np.ndarray, ks: Sequence[int] = (1, 5, 10)) -> dict
     """``{"R@k": fraction of queries whose best relevant rank is <= k}``."""
     r = np.asarray(ranks)
     return {f"R@{k}": float(np.mean(r <= k)) if r.size else 0.0 for k in ks}
+
+
+def r1_by_image_subset(q_texts, q_images, g_texts, g_images, c2i: np.ndarray, mask: np.ndarray) -> dict:
+    """R@1 (pessimistic ties) split by an image mask: t2i over captions of masked / unmasked
+    images (gallery: all images), i2t over masked / unmasked query images (gallery: all captions).
+    (The XBT benchmark's split by concepts seen / unseen in the upgrade's training pairs.)"""
+    qt, gi, qi, gt = (_unit_rows(np.asarray(x, np.float32)) for x in (q_texts, g_images, q_images, g_texts))
+    s = qt @ gi.T
+    pos = s[np.arange(len(qt)), c2i]
+    t2i_hit = (s >= pos[:, None]).sum(1) <= 1
+    s = qi @ gt.T  # images x captions
+    rel = c2i[None, :] == np.arange(len(qi))[:, None]
+    best = np.where(rel, s, -np.inf).max(1)
+    i2t_hit = (np.where(rel, -np.inf, s) >= best[:, None]).sum(1) == 0
+    cap_mask = mask[c2i]
+    out = {}
+    for name, m_t, m_i in (("seen", cap_mask, mask), ("unseen", ~cap_mask, ~mask)):
+        out[f"t2i_R@1_{name}"] = float(t2i_hit[m_t].mean()) if m_t.any() else float("nan")
+        out[f"i2t_R@1_{name}"] = float(i2t_hit[m_i].mean()) if m_i.any() else float("nan")
+    out["frac_images_seen"] = float(mask.mean())
+    return out
