@@ -68,7 +68,7 @@ def test_linear_probe_separable_and_uninformative():
 
 
 def test_label_sets_prompts_and_labels():
-    from nobackfill.bench.reco import LABEL_SETS, label_set
+    from nobackfill.data.labels import LABEL_SETS, label_set
     from nobackfill.data.scene import SHAPES
 
     sct = label_set("size_colour_texture")
@@ -88,7 +88,7 @@ def test_label_sets_prompts_and_labels():
 
 
 def test_class_vectors_average_normalised_prompts():
-    from nobackfill.bench.reco import class_vectors
+    from nobackfill.metrics.zero_shot import class_vectors
 
     E = np.array([[[2, 0], [0, 1]], [[0, 3], [0, 1]]], np.float32)  # (classes, prompts, dim), not unit
     c = class_vectors(E)

@@ -32,8 +32,6 @@ transformer; the paper's), and the ablations ``cross_modal_search``, ``unimodal_
 
 from __future__ import annotations
 
-import itertools
-import json
 import os
 import time
 from dataclasses import asdict, dataclass
@@ -44,8 +42,11 @@ import numpy as np
 
 from ..config import updated
 from ..index.store import file_sha256
-from ..metrics.zero_shot import (attribute_accuracy, knn_label_agreement, knn_neighbours, knn_vote_accuracy,
-                                   zero_shot_accuracy, zero_shot_predictions)
+from ..data.labels import LABEL_SETS, PREMISE_ATTRIBUTES, LabelSet, label_set
+from ..evaluate import Embedded, cross_retrieval
+from ..metrics.zero_shot import attribute_accuracy, class_vectors, zero_shot_accuracy, zero_shot_predictions
+from .reco_diagnostics import measure_latency, near_duplicate_calibration, premise_diagnostics
+from .reco_report import write_reco_report
 
 ABLATIONS = {"cross_modal_search": {"search": "cross"}, "unimodal_fusion": {"fuse": "uni"},
              "mean_fusion": {"fusion": "mean"}}
@@ -114,75 +115,8 @@ def tree_hashes(root: str | Path, stored_only: bool = False) -> dict[str, str]:
     return {str(p.relative_to(root)): file_sha256(p) for p in sorted(root.rglob("*")) if p.is_file() and not skip(p)}
 
 
-#: label sets for fine-grained zero-shot: name -> the attributes of the main object a class fixes
-LABEL_SETS: dict[str, tuple[str, ...]] = {
-    "size_colour_texture": ("size", "colour", "texture"),
-    "size_colour_shape": ("size", "colour", "shape"),
-    "colour_shape": ("colour", "shape"),
-}
-#: attributes whose premise (encoded by the image tower? named by the base?) the bench measures
-PREMISE_ATTRIBUTES = ("size", "colour", "shape", "texture", "background")
-
-
-def attribute_values() -> dict[str, tuple[str, ...]]:
-    """The values of every :data:`PREMISE_ATTRIBUTES` attribute in the world."""
-    from ..data.scene import BACKGROUNDS, COLOURS, SHAPES, SIZES, TEXTURES
-
-    return {"size": SIZES, "colour": COLOURS, "shape": SHAPES, "texture": TEXTURES, "background": BACKGROUNDS}
-
-
-@dataclass
-class LabelSet:
-    """A zero-shot label set: its classes (one value per attribute) and, per class, a prompt ensemble."""
-
-    name: str
-    attributes: tuple[str, ...]
-    parts: list[tuple[str, ...]]
-    prompts: list[list[str]]
-
-    @property
-    def names(self) -> list[str]:
-        return [" ".join(p) for p in self.parts]
-
-    def labels(self, attrs: dict[str, np.ndarray]) -> np.ndarray:
-        """Class ids of images whose attribute values are ``attrs`` (attribute -> values per image)."""
-        index = {p: i for i, p in enumerate(self.parts)}
-        return np.array([index[p] for p in zip(*(attrs[a] for a in self.attributes))], np.int64)
-
-
-def label_set(name: str, lang: str = "en") -> LabelSet:
-    """The classes of label set ``name`` and their prompts ``"a photo of a {size} {colour} {texture} {shape}"``
-    in the world's grammar (the paper adds prompts to the class names "as common in the literature", Sec. 4.1).
-    A set without shape averages one prompt per shape (prompt ensembling; a noun phrase needs a shape noun);
-    a set without texture names none (plain), one without size no size."""
-    from ..data.grammars import get_grammar
-
-    if name not in LABEL_SETS:
-        raise ValueError(f"unknown label set {name!r}; choose one of {sorted(LABEL_SETS)}")
-    attrs, values, g = LABEL_SETS[name], attribute_values(), get_grammar(lang)
-    parts = [tuple(p) for p in itertools.product(*(values[a] for a in attrs))]
-    prompts = []
-    for p in parts:
-        d = dict(zip(attrs, p))
-        prompts.append([g.class_prompt(sh, d["colour"], d.get("size"), d.get("texture", "plain"))
-                        for sh in ((d["shape"],) if "shape" in d else values["shape"])])
-    return LabelSet(name, attrs, parts, prompts)
-
-
-def class_vectors(prompt_embeddings: np.ndarray) -> np.ndarray:
-    """Zero-shot classifier ``(C, d)`` from prompt embeddings ``(C, n, d)``: the normalised mean of each
-    class's (refined) prompt embeddings."""
-    from ..encoders.base import l2_normalise  # lazy: torch is not imported with the CLI
-
-    return l2_normalise(l2_normalise(prompt_embeddings).mean(axis=1))
-
-
-def _retrieval(q_img, q_txt, g_img, g_txt, c2i) -> dict:
-    from ..metrics.retrieval import retrieval_metrics
-
-    t2i = retrieval_metrics(g_img, q_txt, c2i, directions=("t2i",))["t2i"]
-    i2t = retrieval_metrics(q_img, g_txt, c2i, directions=("i2t",))["i2t"]
-    return {"t2i": t2i, "i2t": i2t}
+def _cross(q_img, q_txt, g_img, g_txt, c2i) -> dict:
+    return cross_retrieval(Embedded("query", q_img, q_txt), Embedded("gallery", g_img, g_txt), c2i)
 
 
 @dataclass
@@ -230,60 +164,6 @@ def attribute_breakdown(images: np.ndarray, classes: np.ndarray, s: "_Split", ls
     return out
 
 
-def premise_diagnostics(memory, memory_attrs: dict[str, np.ndarray], memory_single: np.ndarray, s: "_Split",
-                        ls: LabelSet, classes: np.ndarray, base_named: dict[str, float], k: int) -> dict:
-    """Does the RECO premise hold for this base + memory (on split ``s``, no training), per attribute of
-    :data:`PREMISE_ATTRIBUTES` and for the classes of label set ``ls`` (``"fine"``)?
-
-    * ``image_neighbours``: how many of each image's ``k`` nearest memory IMAGES share its value (v->v search:
-      what KNN_t^{v->v} hands to phi_image);
-    * ``prompt_neighbours``: for each class of ``ls`` (its prompt-ensemble vector ``classes``), how many of its
-      ``k`` nearest memory TEXTS describe a scene with the class's value (t->t search: what phi_text gets);
-    * ``knn_vote``: accuracy of a majority vote over the image neighbours' labels;
-    * ``linear_probe``: a SUPERVISED ceiling - softmax regression (:mod:`nobackfill.reco.probe`) fitted on
-      the memory's labelled frozen image embeddings, scored on the split: how much of the label the frozen
-      image embedding carries linearly (refining only the prompts is a linear classifier of it); the fine
-      class also with a probe fitted on single-object memory images;
-    * ``base_zero_shot``: how well the base NAMES each attribute (``base_named``: the attribute of the base's
-      zero-shot prediction, from a label set that contains it) - the premise is a label the image tower
-      encodes (probe far above chance) but the base names badly;
-    * ``chance``: 1 / number of values.
-    """
-    from ..reco.probe import linear_probe_predictions
-
-    V, T = memory.vectors("image"), memory.vectors("text")
-    nn_img = knn_neighbours(s.images, V, k)
-    nn_txt = memory.text_image[knn_neighbours(classes, T, k)]
-    values = attribute_values() | {"fine": ls.parts}
-    mem = dict(memory_attrs) | {"fine": ls.labels(memory_attrs)}
-    qry = dict(s.attrs) | {"fine": s.labels[ls.name]}
-    out: dict = {"k": k, "label_set": ls.name, "image_neighbours": {}, "prompt_neighbours": {}, "knn_vote": {},
-                 "linear_probe": {}, "base_zero_shot": {}, "chance": {}}
-    for a in (*PREMISE_ATTRIBUTES, "fine"):
-        ids = {v: i for i, v in enumerate(values[a])} if a != "fine" else None
-        y_mem = mem[a] if ids is None else np.array([ids[v] for v in mem[a]])
-        y_s = qry[a] if ids is None else np.array([ids[v] for v in qry[a]])
-        n = len(values[a])
-        out["image_neighbours"][a] = {"all": knn_label_agreement(nn_img, y_s, y_mem),
-                                      "single_object": knn_label_agreement(nn_img, y_s, y_mem, s.single)}
-        if a == "fine" or a in ls.attributes:
-            q_cls = np.arange(n) if a == "fine" else np.array([ids[p[ls.attributes.index(a)]] for p in ls.parts])
-            out["prompt_neighbours"][a] = knn_label_agreement(nn_txt, q_cls, y_mem)
-        out["knn_vote"][a] = {"all": knn_vote_accuracy(nn_img, y_s, y_mem, n),
-                              "single_object": knn_vote_accuracy(nn_img, y_s, y_mem, n, s.single)}
-        hit = linear_probe_predictions(V, y_mem, s.images, n) == y_s
-        out["linear_probe"][a] = {"all": float(hit.mean()),
-                                  "single_object": float(hit[s.single].mean()) if s.single.any() else None}
-        out["base_zero_shot"][a] = base_named.get(a)
-        out["chance"][a] = 1 / n
-    rows = np.asarray(memory_single, bool)
-    if rows.any():
-        hit = linear_probe_predictions(V[rows], mem["fine"][rows], s.images, len(ls.parts)) == qry["fine"]
-        out["linear_probe"]["fine_trained_on_single_object"] = {
-            "all": float(hit.mean()), "single_object": float(hit[s.single].mean()) if s.single.any() else None}
-    return out
-
-
 def _class_vectors(model, memory, prompt_embeddings: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     """Zero-shot classifiers of every label set: base prompts, or each prompt refined by ``model`` and then
     averaged per class (chosen on val over averaging first: size x colour x texture 31.4 vs 30.3 at k=10,
@@ -316,10 +196,10 @@ def _evaluate(model, memory, s: _Split, label_sets: dict[str, LabelSet], prompt_
             out.setdefault("zero_shot_images_only", {})[n] = zero_shot_accuracy(vb, base_cls[n], y)
             out.setdefault("zero_shot_prompts_only", {})[n] = zero_shot_accuracy(s.images, cls[n], y)
     if model is None:
-        out["retrieval"] = _retrieval(s.images, s.texts, s.images, s.texts, s.c2i)
+        out["retrieval"] = _cross(s.images, s.texts, s.images, s.texts, s.c2i)
         return out
-    out["retrieval"] = {"queries_only": _retrieval(vb, tb, s.images, s.texts, s.c2i),
-                        "both": _retrieval(vb, tb, vb, tb, s.c2i)}
+    out["retrieval"] = {"queries_only": _cross(vb, tb, s.images, s.texts, s.c2i),
+                        "both": _cross(vb, tb, vb, tb, s.c2i)}
     return out
 
 
@@ -329,68 +209,6 @@ def _val_score(model, memory, s: _Split, ls: LabelSet, prompt_embeddings: np.nda
     q = r["retrieval"]["queries_only"]
     r1 = 0.5 * (q["t2i"]["R@1"] + q["i2t"]["R@1"])
     return {"zero_shot": r["zero_shot"][ls.name], "R@1_queries_only": r1, "score": r["zero_shot"][ls.name] + r1}
-
-
-def measure_latency(model, memory, queries: np.ndarray, modality: str, n: int) -> dict:
-    """Milliseconds per query of the kNN search and of the fusion forward, one query at a time and
-    in one batch (current torch threads)."""
-    import torch
-
-    q = queries[:n]
-    t0 = time.perf_counter()
-    rets = [model.retrieve(memory, q[i:i + 1], modality) for i in range(len(q))]
-    t1 = time.perf_counter()
-    with torch.no_grad():
-        for i in range(len(q)):
-            model.fuse(modality, torch.tensor(q[i:i + 1]), torch.tensor(rets[i]))
-    t2 = time.perf_counter()
-    r = model.retrieve(memory, q, modality)
-    t3 = time.perf_counter()
-    with torch.no_grad():
-        model.fuse(modality, torch.tensor(q), torch.tensor(r))
-    t4 = time.perf_counter()
-    ms = lambda s: round(1000 * s / len(q), 4)
-    return {"queries": int(len(q)), "single_knn_ms": ms(t1 - t0), "single_fusion_ms": ms(t2 - t1),
-            "single_total_ms": ms(t2 - t0), "batched_knn_ms": ms(t3 - t2), "batched_fusion_ms": ms(t4 - t3),
-            "batched_total_ms": ms(t4 - t2), "memory_images": memory.gallery.count("image"),
-            "memory_texts": memory.gallery.count("text")}
-
-
-def near_duplicate_calibration(enc, spec, memory_ds, exclude_ds: list, threshold: float, n_scenes: int) -> dict:
-    """Catch rate of re-rendered copies (same scene, fresh pixel noise) and how much of the memory
-    each detector would remove, at ``threshold``: pixels (thumbnails) vs the encoder's embedding."""
-    from ..data.render import render_scene
-    from ..data.world import make_item
-    from ..reco.memory import thumbnail_features
-
-    orig, copy = [], []
-    for i in range(n_scenes):
-        scene, px = make_item(spec.seed, "test", i, spec.concepts)
-        orig.append(px)
-        copy.append(render_scene(scene, np.random.default_rng([12345, i])))
-    orig, copy = np.stack(orig), np.stack(copy)
-
-    def thumbs(px: np.ndarray) -> np.ndarray:
-        from PIL import Image
-
-        out = np.stack([np.asarray(Image.fromarray(p).resize((16, 16), Image.BOX), np.float32).ravel() for p in px])
-        out -= out.mean(axis=1, keepdims=True)
-        return out / np.maximum(np.linalg.norm(out, axis=1, keepdims=True), 1e-6)
-
-    ex_paths = [p for d in exclude_ds for p in d.image_paths()]
-    mem_paths = memory_ds.image_paths()
-    res = {"threshold": threshold, "scenes": n_scenes, "memory_source_images": len(mem_paths)}
-    for name, f_px, f_paths in (
-            ("pixels", thumbs, thumbnail_features),
-            ("embedding", enc.encode_images, enc.encode_images)):
-        a, b = f_px(orig), f_px(copy)
-        same = (a * b).sum(1)
-        mem, ex = f_paths(mem_paths), f_paths(ex_paths)
-        best = np.concatenate([(mem[s:s + 4096] @ ex.T).max(1) for s in range(0, len(mem), 4096)])
-        res[name] = {"copies_caught": float((same > threshold).mean()),
-                     "memory_removed": int((best > threshold).sum()),
-                     "memory_removed_frac": float((best > threshold).mean())}
-    return res
 
 
 def run_reco_bench(out_json: str | Path, cfg: RecoBenchConfig | None = None,
@@ -569,84 +387,3 @@ def _k_selected_on_val(k_sweep: dict) -> dict:
     r = k_sweep[k]
     return {"k": int(k), "val_score": r["val"]["score"], "zero_shot": r["zero_shot"],
             "t2i_R@1_queries_only": r["retrieval"]["queries_only"]["t2i"]["R@1"]}
-
-
-def _pct(x: Optional[float]) -> str:
-    return "-" if x is None else f"{100 * x:.1f}"
-
-
-def format_reco_tables(result: dict) -> str:
-    """Markdown tables: zero-shot per label set, premise, retrieval, k sweep, latency, memory and checks."""
-    R, ls, zb = result["retrieval"], result["label_set"], result["zero_shot_by_label_set"]
-    rows = list(result["zero_shot"])
-    sets = list(zb)
-    lines = [f"Frozen encoder `{result['model']}`; main label set `{ls['name']}` ({ls['classes']} classes, "
-             f"{ls['prompts_per_class']} prompt(s) per class, e.g. \"{ls['example_prompts'][0]}\"); RECO rows at k = "
-             f"{ls['k']}{' (chosen on val)' if ls['k_chosen_on_val'] else ''}; test split ({result['eval']['images']} "
-             f"images, {result['eval']['captions']} captions); tuned on {result['eval']['tuned_on']}.", "",
-             "| zero-shot (all / single object) | " + " | ".join(sets) + " |",
-             "|---" * (len(sets) + 1) + "|"]
-    lines += [f"| {r} | " + " | ".join(f"{_pct(zb[n][r]['all'])} / {_pct(zb[n][r]['single_object'])}" for n in sets)
-              + " |" for r in rows] + [""]
-    for n, za in result["zero_shot_attributes"].items():
-        attrs = list(next(iter(za.values()))["all"])
-        unseen = any("colour_unseen_in_training" in r for r in za.values())
-        lines += [f"| `{n}`: right attribute of the predicted class | " + " | ".join(attrs) + " | "
-                  + " | ".join(f"{a} (single)" for a in attrs) + (" | colour never seen by the base |" if unseen else " |"),
-                  "|---" * (2 * len(attrs) + 1 + unseen) + "|"]
-        for r, x in za.items():
-            lines.append(f"| {r} | " + " | ".join(_pct(x[m][a]) for m in ("all", "single_object") for a in attrs)
-                         + (f" | {_pct(x.get('colour_unseen_in_training'))} |" if unseen else " |"))
-        lines.append("")
-    pr = result.get("premise")
-    if pr:
-        cols_p = list(pr["linear_probe"])[:-1] if "fine_trained_on_single_object" in pr["linear_probe"] else list(pr["linear_probe"])
-        lines += [f"RECO premise on {pr['split']} (no training; k={pr['k']} neighbours; `fine` = a class of "
-                  f"`{pr['label_set']}`): is the attribute encoded by the frozen image tower (probe, neighbours) "
-                  "but named badly by the base (zero-shot)?", "",
-                  "| premise | " + " | ".join(cols_p) + " |", "|---" * (len(cols_p) + 1) + "|"]
-        for title, get in (("chance", lambda a: pr["chance"][a]),
-                           ("linear probe of the image embedding (all)", lambda a: pr["linear_probe"][a]["all"]),
-                           ("linear probe (single object)", lambda a: pr["linear_probe"][a]["single_object"]),
-                           ("image -> memory images share it (all)", lambda a: pr["image_neighbours"][a]["all"]),
-                           ("image -> memory images share it (single)", lambda a: pr["image_neighbours"][a]["single_object"]),
-                           ("kNN vote (all)", lambda a: pr["knn_vote"][a]["all"]),
-                           ("prompt -> memory texts share it", lambda a: pr["prompt_neighbours"].get(a)),
-                           ("base zero-shot names it", lambda a: pr["base_zero_shot"].get(a))):
-            lines.append(f"| {title} | " + " | ".join(_pct(get(a)) for a in cols_p) + " |")
-        lines.append("")
-    cols = [("t2i", "R@1"), ("t2i", "R@5"), ("t2i", "R@10"), ("i2t", "R@1"), ("i2t", "R@5"), ("i2t", "R@10")]
-    lines += ["| retrieval | " + " | ".join(f"{d} {k}" for d, k in cols) + " |", "|---" * (len(cols) + 1) + "|"]
-    lines += [f"| {n} | " + " | ".join(_pct(r[d][k]) for d, k in cols) + " |" for n, r in R.items()] + [""]
-    lines += ["| k | " + " | ".join(f"zero-shot {n}" for n in sets) + " | t2i R@1 (queries only) | i2t R@1 (queries only) "
-              "| t2i R@1 (both) | val score |", "|---" * (len(sets) + 5) + "|"]
-    for k, r in result["k_sweep"].items():
-        q, b = r["retrieval"]["queries_only"], r["retrieval"]["both"]
-        lines.append(f"| {k} | " + " | ".join(_pct(r["zero_shot_by_label_set"][n]) for n in sets)
-                     + f" | {_pct(q['t2i']['R@1'])} | {_pct(q['i2t']['R@1'])} | {_pct(b['t2i']['R@1'])} | "
-                     f"{r['val']['score']:.3f} |")
-    lines += ["", "| extra latency per query (ms) | kNN | fusion | total |", "|---|---|---|---|"]
-    for mod, lat in result["latency_ms_per_query"].items():
-        lines.append(f"| {mod}, one at a time | {lat['single_knn_ms']} | {lat['single_fusion_ms']} | {lat['single_total_ms']} |")
-        lines.append(f"| {mod}, batched | {lat['batched_knn_ms']} | {lat['batched_fusion_ms']} | {lat['batched_total_ms']} |")
-    m, cal = result["memory"], result["near_duplicate_calibration"]
-    lines += ["", f"Memory: {m['kept_images']} images / {m['kept_texts']} texts kept of {m['source_images']} / "
-              f"{m['source_texts']}; removed {m['test_items']} test items and {m['near_duplicates']} near-duplicates "
-              f"({m['dedup']} cosine > {m['threshold']}).",
-              f"Near-duplicate calibration at {cal['threshold']}: pixels catch {_pct(cal['pixels']['copies_caught'])}% of "
-              f"re-rendered copies and would remove {cal['pixels']['memory_removed']} memory images; the encoder "
-              f"embedding catches {_pct(cal['embedding']['copies_caught'])}% and would remove "
-              f"{cal['embedding']['memory_removed']}.",
-              f"Unchanged by RECO: encoder weights {result['unchanged']['encoder_weights']}, memory gallery files "
-              f"{result['unchanged']['memory_gallery']}.", "",
-              "Summary: " + json.dumps(result["summary"])]
-    return "\n".join(lines)
-
-
-def write_reco_report(result: dict, out_json: str | Path) -> None:
-    out_json = Path(out_json)
-    out_json.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out_json.with_name(out_json.name + ".tmp")
-    tmp.write_text(json.dumps(result, indent=2, default=str))
-    os.replace(tmp, out_json)
-    out_json.with_suffix(".md").write_text("# RECO benchmark\n\n" + format_reco_tables(result) + "\n")

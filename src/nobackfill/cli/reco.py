@@ -10,7 +10,7 @@ import typer
 from ._common import config_option, console, fail, resolve_config, set_option, show_config_option
 
 
-from ..bench.reco import LABEL_SETS
+from ..data.labels import LABEL_SETS
 
 reco_app = typer.Typer(no_args_is_help=True,
                        help="RECO: refine frozen-encoder embeddings with knowledge retrieved from a memory (seed 001).")
@@ -140,7 +140,8 @@ def bench_reco(
 ) -> None:
     """RECO on the world: fine-grained zero-shot and retrieval for base, RECO (queries only / both), the
     ablations (cross-modal search, uni-modal fusion, mean fusion) and k in {1, 5, 10, 20}; latency."""
-    from ..bench.reco import RecoBenchConfig, format_reco_tables, run_reco_bench
+    from ..bench.reco import RecoBenchConfig, run_reco_bench
+    from ..bench.reco_report import format_reco_tables
 
     if label_set not in LABEL_SETS:
         fail(f"--label-set: unknown label set {label_set!r}; choose one of {', '.join(LABEL_SETS)}")

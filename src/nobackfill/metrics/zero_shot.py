@@ -77,3 +77,12 @@ def knn_vote_accuracy(neighbours: np.ndarray, query_labels: np.ndarray, key_labe
 
 __all__ = ["attribute_accuracy", "knn_label_agreement", "knn_neighbours", "knn_vote_accuracy",
            "zero_shot_accuracy", "zero_shot_predictions"]
+
+
+def class_vectors(prompt_embeddings: np.ndarray) -> np.ndarray:
+    """Zero-shot classifier ``(C, d)`` from prompt embeddings ``(C, n, d)``: the normalised mean of each
+    class's (refined) prompt embeddings."""
+    def unit(x: np.ndarray) -> np.ndarray:
+        return x / np.maximum(np.linalg.norm(x, axis=-1, keepdims=True), 1e-12)
+
+    return unit(unit(np.asarray(prompt_embeddings, np.float32)).mean(axis=1)).astype(np.float32)
