@@ -102,7 +102,8 @@ def test_rerank_weight_zero_is_global_scoring_and_val_can_choose_it() -> None:
 def test_memory_worker_measures_a_rise() -> None:
     """Each measurement runs in a fresh subprocess (inside this long-lived test process, pages
     freed by earlier tests are reused and the peak RSS need not rise at all)."""
-    from nobackfill.bench.late import LateBenchConfig, measure_memory
+    from nobackfill.bench.late import LateBenchConfig
+    from nobackfill.bench.late_memory import measure_memory
 
     cfg = LateBenchConfig(memory_batches=(96,), memory_shape=(8, 12, 16), memory_chunk=16, memory_repeats=1)
     (row,) = measure_memory(cfg, log=lambda m: None)  # also checks naive == streamed scores

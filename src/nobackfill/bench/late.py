@@ -31,9 +31,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
-import subprocess
-import sys
 import time
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
@@ -42,6 +39,8 @@ from typing import Callable, Sequence
 import numpy as np
 
 from ..late.rerank import RerankSet, rerank_metrics, rerank_pairs
+from .late_memory import measure_memory
+from .late_report import write_outputs
 
 KS = (1, 5, 10)
 INF = float("inf")
@@ -95,75 +94,6 @@ class LateBenchConfig:
         # pairs: the weight choice on 300 + 200 was noisy (val +4 points, test +2).
         return replace(cls(steps=1000, kd_steps=300, n_val=500, val_hard_pairs=400, memory_repeats=2, jobs=2,
                            quick=True), **kw)
-
-
-# ----------------------------------------------------------------------------- memory
-def _rss_kb(field_name: str) -> int:
-    for line in open("/proc/self/status"):
-        if line.startswith(field_name + ":"):
-            return int(line.split()[1])
-    raise RuntimeError(f"/proc/self/status has no {field_name}")
-
-
-def memory_worker(impl: str, batch: int, n: int, m: int, d: int, chunk: int, repeats: int) -> dict:
-    """Run in a fresh process: peak RSS rise and median time of one ``B x B`` CMLI call."""
-    import torch
-
-    from ..late.cmli import cmli_scores, cmli_scores_naive
-
-    torch.set_num_threads(1)
-    gen = torch.Generator().manual_seed(0)
-    img = torch.nn.functional.normalize(torch.randn(batch, n, d, generator=gen), dim=-1)
-    txt = torch.nn.functional.normalize(torch.randn(batch, m, d, generator=gen), dim=-1)
-    img_mask = torch.ones(batch, n, dtype=torch.bool)
-    txt_mask = torch.arange(m)[None, :] < torch.randint(m // 2, m + 1, (batch, 1), generator=gen)
-
-    def call(k: int):
-        with torch.no_grad():
-            if impl == "naive":
-                return cmli_scores_naive(img[:k], img_mask[:k], txt[:k], txt_mask[:k])
-            return cmli_scores(img[:k], img_mask[:k], txt[:k], txt_mask[:k], image_chunk=chunk, text_chunk=chunk)
-
-    call(4)  # warm-up: kernels, allocator
-    with open("/proc/self/clear_refs", "w") as f:
-        f.write("5")  # reset the high-water mark to the current RSS
-    base = _rss_kb("VmRSS")
-    out = call(batch)
-    peak = _rss_kb("VmHWM")
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        call(batch)
-        times.append(time.perf_counter() - t0)
-    return {"impl": impl, "batch": batch, "peak_mb": round((peak - base) / 1024, 2),
-            "seconds": float(np.median(times)), "checksum": float(out.i2t.sum() + out.t2i.sum())}
-
-
-def measure_memory(cfg: LateBenchConfig, log: Callable[[str], None] = print) -> list[dict]:
-    """Naive vs streamed CMLI at each batch size, each measurement in a fresh subprocess."""
-    n, m, d = cfg.memory_shape
-    rows = []
-    for b in cfg.memory_batches:
-        res = {}
-        for impl in ("naive", "stream"):
-            code = ("import json,sys; from nobackfill.bench.late import memory_worker; "
-                    f"print(json.dumps(memory_worker({impl!r}, {b}, {n}, {m}, {d}, {cfg.memory_chunk}, "
-                    f"{cfg.memory_repeats})))")
-            env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
-            p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, check=False)
-            if p.returncode != 0:
-                raise RuntimeError(f"memory worker ({impl}, batch {b}) failed:\n{p.stderr[-2000:]}")
-            res[impl] = json.loads(p.stdout.strip().splitlines()[-1])
-        if not math.isclose(res["naive"]["checksum"], res["stream"]["checksum"], rel_tol=1e-4, abs_tol=1e-2):
-            raise RuntimeError(f"naive and streamed CMLI disagree at batch {b}: {res}")
-        row = {"batch": b, "naive_mb": res["naive"]["peak_mb"], "stream_mb": res["stream"]["peak_mb"],
-               "naive_s": round(res["naive"]["seconds"], 4), "stream_s": round(res["stream"]["seconds"], 4)}
-        row["memory_ratio"] = round(row["naive_mb"] / max(row["stream_mb"], 1e-3), 1)
-        row["time_ratio"] = round(row["stream_s"] / max(row["naive_s"], 1e-9), 2)
-        log(f"memory batch {b}: naive {row['naive_mb']} MB {row['naive_s']} s, stream {row['stream_mb']} MB "
-            f"{row['stream_s']} s")
-        rows.append(row)
-    return rows
 
 
 # ----------------------------------------------------------------------------- evaluation
@@ -432,64 +362,4 @@ def run_late_bench(models: Path, world: Path, json_out: Path | None, cfg: LateBe
     return result
 
 
-# ----------------------------------------------------------------------------- outputs
-def _md_table(header: list[str], rows: list[list[str]]) -> str:
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    return "\n".join(lines + ["| " + " | ".join(r) + " |" for r in rows])
-
-
-def _recall_rows(sec: dict) -> list[list[str]]:
-    rows = []
-    for name, m in sec.items():
-        rows.append([name] + [f"{100 * m[d][f'R@{k}']:.1f}" for d in ("t2i", "i2t") for k in KS])
-    return rows
-
-
-def format_markdown(result: dict) -> str:
-    head = ["row"] + [f"{d} R@{k}" for d in ("t2i", "i2t") for k in KS]
-    parts = ["# bench late (CMLI, seed 003)", "", "## Retrieval, world test split (en)", "",
-             _md_table(head, _recall_rows(result["retrieval"])), "",
-             "## Attribute-swap hard negatives (test)", "", _md_table(head, _recall_rows(result["hard_negatives"])), "",
-             f"Re-ranking score and weight per direction (chosen on val): {json.dumps(result['rerank_choice'])}", "",
-             f"## R@1 gain of CMLI re-ranking (points; mean of {result['seeds']['n_seeds']} training seed(s))", "",
-             _md_table(["set", "gain", "t2i", "i2t"],
-                       [[t, k, f"{v['t2i']:+.1f}", f"{v['i2t']:+.1f}"] for t, ks in result["rerank_gain"].items()
-                        for k, v in ks.items()]), "",
-             "Per seed: " + "; ".join(
-                 f"seed {sd}: hard negatives within {v['hard_negatives']['within_cmli_model']['t2i']:+.1f} / "
-                 f"{v['hard_negatives']['within_cmli_model']['i2t']:+.1f}, over global model "
-                 f"{v['hard_negatives']['over_global_model']['t2i']:+.1f} / "
-                 f"{v['hard_negatives']['over_global_model']['i2t']:+.1f}"
-                 for sd, v in result["seeds"]["per_seed"].items()), "",
-             "## Target-CMLI distillation (test)", ""]
-    kd_rows = []
-    for name, m in result["kd"].items():
-        if name == "empty_routing" or m is None:
-            continue
-        for split in ("test", "hard_negatives"):
-            kd_rows.append([f"{name} ({split})"] + [f"{100 * m[split][d][f'R@{k}']:.1f}" for d in ("t2i", "i2t")
-                                                   for k in KS])
-    parts += [_md_table(head, kd_rows), ""]
-    routing = result["kd"].get("empty_routing")
-    if routing:
-        words = ", ".join(f"{w['word']} {100 * w['empty_share']:.0f}%" for w in routing["words"][:10])
-        parts += [f"Empty target: {100 * routing['share']:.1f}% of {routing['n_tokens']} text tokens; "
-                  f"most excused words: {words}", ""]
-    parts += ["## Memory: naive vs streamed CMLI (B x B batch, no grad, 1 thread)", "",
-              _md_table(["batch", "naive MB", "stream MB", "naive s", "stream s", "memory ratio", "time ratio"],
-                        [[str(r["batch"]), f"{r['naive_mb']:.1f}", f"{r['stream_mb']:.1f}", f"{r['naive_s']:.3f}",
-                          f"{r['stream_s']:.3f}", f"{r['memory_ratio']}x", f"{r['time_ratio']}x"]
-                         for r in result["memory"]]), "",
-              f"Peak memory: {result['notes']['memory']}.", ""]
-    return "\n".join(parts)
-
-
-def write_outputs(result: dict, json_path: str | Path) -> str:
-    """Write the JSON and the markdown table beside it (``.md``); returns the markdown."""
-    from ..report import write_json_and_markdown
-
-    return write_json_and_markdown(result, json_path, format_markdown(result))
-
-
-__all__ = ["LateBenchConfig", "run_late_bench", "measure_memory", "memory_worker", "evaluate_model",
-           "format_markdown", "write_outputs", "seed_summary", "seed_run"]
+__all__ = ["LateBenchConfig", "run_late_bench", "evaluate_model", "seed_summary", "seed_run"]

@@ -72,7 +72,8 @@ def bench_late(
 ) -> None:
     """CMLI on the world: global vs re-ranked vs CMLI-trained R@K (incl. attribute-swap hard
     negatives), Target-CMLI students, naive vs streamed CMLI memory/time."""
-    from ..bench.late import LateBenchConfig, format_markdown, run_late_bench
+    from ..bench.late import LateBenchConfig, run_late_bench
+    from ..bench.late_report import format_markdown
 
     kw = {"threads": threads, "world_new": world_new}
     try:
