@@ -21,8 +21,6 @@ NO_CONFIG = {
     "upgrade procrustes": "training-free: a closed-form fit on a corpus",
     "train": "its --preset is the config file (a zoo TOML)",
     # not yet: their options map onto several dataclasses (a known gap of issue 17, listed in its note)
-    "compat train": "SequenceConfig + DataConfig + method options",
-    "late train": "CMLIConfig + KDConfig",
     "lingual learn": "CLLConfig (with the lingual plug-ins)",
     "bench lingual-text": "LingualTextConfig (with the lingual plug-ins)",
     "bench lingual-world": "LingualWorldConfig (with the lingual plug-ins)",
@@ -61,6 +59,10 @@ def test_every_train_upgrade_bench_command_takes_config_and_set():
     (["bench", "reco", "--set", "steps=5"], ("steps",), 5),
     (["train-text", "--steps", "9", "--set", "model.hidden=48"], ("model", "hidden"), 48),
     (["reco", "train", "--memory", "m", "--out", "o", "--steps", "8", "--set", "lr=2e-3"], ("loop", "lr"), 2e-3),
+    (["compat", "train", "--method", "bct", "--lr", "0.01", "--set", "options.lam=0.5"], ("options", "lam"), 0.5),
+    (["compat", "train", "--method", "bct", "--backbone", "pixels"], ("data", "backbone"), "pixels"),
+    (["late", "train", "--out", "o", "--kind", "kd", "--set", "kd.reg_weight=0.3"], ("kd", "reg_weight"), 0.3),
+    (["late", "train", "--out", "o", "--no-swap-twins"], ("swap_twins",), False),
 ])
 def test_show_config_applies_set_last(args, key, value):
     r = runner.invoke(app, args + ["--show-config"])

@@ -20,18 +20,18 @@ BACKBONE_HELP = ("Frozen feature extractors joined by + (world model dirs, randc
 METRIC_HELP = ("M of C[t,k]: search (top-1 1:N search accuracy; a gallery item of the query's class rendered in the "
                "query's size, texture and background is junk, as in Market-1501), search-with-duplicates (no junk "
                "rule) or verification (pair verification accuracy).")
-_BACKBONE = typer.Option("randconv+models/world-new", help=BACKBONE_HELP)
-_SPLIT = typer.Option("test", help="Evaluation split: test (report) or val (tuning).")
+_BACKBONE = typer.Option(None, help=BACKBONE_HELP + " Default: randconv+models/world-new.")
+_SPLIT = typer.Option(None, help="Evaluation split: test (report, default) or val (tuning).")
 _N_RENDER_TRAIN = typer.Option(None, help="Rendered training items (about 1/3 single-object).")
 _N_RENDER_EVAL = typer.Option(None, help="Rendered evaluation items.")
 _N_TRAIN_CLASSES = typer.Option(None, help="Training pool size (the rest is the open set).")
 _FIRST_FRACTION = typer.Option(None, help="Share of the pool seen at step 1 "
                                            "(default: T equal tasks, the tutorial's split).")
-_CACHE_DIR = typer.Option(Path("runs/compat_steps/cache"), help="Feature cache.")
-_STEP_BACKBONES = typer.Option("", help=STEP_BACKBONES_HELP)
-_METRIC = typer.Option("search", help=METRIC_HELP)
-_SEED = typer.Option(0, help="Seed.")
-_THREADS = typer.Option(1, help="torch threads.")
+_CACHE_DIR = typer.Option(None, help="Feature cache (default runs/compat_steps/cache).")
+_STEP_BACKBONES = typer.Option(None, help=STEP_BACKBONES_HELP)
+_METRIC = typer.Option(None, help=METRIC_HELP + " Default: search.")
+_SEED = typer.Option(None, help="Seed (default 0).")
+_THREADS = typer.Option(None, help="torch threads (default 1).")
 
 
 def _parse_options(items: list[str] | None) -> dict:
@@ -48,16 +48,13 @@ def _parse_options(items: list[str] | None) -> dict:
     return out
 
 
-def _data_config(backbone: str, split: str, n_render_train: Optional[int], n_render_eval: Optional[int],
-                 n_train_classes: Optional[int], cache_dir: Path, step_backbones: str = ""):
-    from ..compat.learning.data import DataConfig
-
-    kw = {"backbone": backbone, "eval_split": split, "cache_dir": str(cache_dir), "step_backbones": step_backbones}
-    for k, v in (("n_render_train", n_render_train), ("n_render_eval", n_render_eval),
-                 ("n_train_classes", n_train_classes)):
-        if v is not None:
-            kw[k] = v
-    return DataConfig(**kw)
+def _data_flags(backbone: Optional[str], split: Optional[str], n_render_train: Optional[int],
+                n_render_eval: Optional[int], n_train_classes: Optional[int], cache_dir: Optional[Path],
+                step_backbones: Optional[str]) -> dict:
+    """The DataConfig fields given on the command line (None: not given)."""
+    return {"backbone": backbone, "eval_split": split, "n_render_train": n_render_train, "n_render_eval": n_render_eval,
+            "n_train_classes": n_train_classes, "cache_dir": str(cache_dir) if cache_dir else None,
+            "step_backbones": step_backbones}
 
 
 @compat_app.command("methods")
@@ -74,11 +71,12 @@ def methods_cmd() -> None:
 @compat_app.command("train")
 def train_cmd(
     method: str = typer.Option(..., help="Method name (see `nobackfill compat methods`)."),
-    steps: int = typer.Option(2, help="T, the number of models (model updates + 1)."),
+    steps: Optional[int] = typer.Option(None, help="T, the number of models (model updates + 1; default 2)."),
     out: Path = typer.Option(Path("runs/compat"), help="Output folder (step models, loop logs, result.json)."),
-    epochs: float = typer.Option(40, help="Passes over each step's items (0: use --train-steps)."),
-    train_steps: int = typer.Option(600, help="Optimiser steps per model when --epochs is 0."),
-    lr: float = typer.Option(3e-3, help="Peak learning rate."),
+    epochs: Optional[float] = typer.Option(None, help="Passes over each step's items (default 40; 0: use "
+                                                      "--train-steps)."),
+    train_steps: Optional[int] = typer.Option(None, help="Optimiser steps per model when epochs is 0 (default 600)."),
+    lr: Optional[float] = typer.Option(None, help="Peak learning rate (default 3e-3)."),
     option: Optional[List[str]] = typer.Option(None, "--option", help="Method option key=value (repeatable), "
                                                                        "e.g. influence_weight=0.5, regime=continual."),
     backbone: str = _BACKBONE,
@@ -90,29 +88,34 @@ def train_cmd(
     cache_dir: Path = _CACHE_DIR,
     step_backbones: str = _STEP_BACKBONES,
     metric: str = _METRIC,
-    seed: int = _SEED,
-    threads: int = _THREADS,
+    seed: Optional[int] = _SEED,
+    threads: Optional[int] = _THREADS,
+    config: Optional[Path] = config_option(),
+    set_: Optional[List[str]] = set_option(),
+    show_config: bool = show_config_option(),
 ) -> None:
     """Train one method over T model updates with the one training loop and print C(t,k), AC, AA, ACA
     and the flips between consecutive models."""
     from ..report import text_table
     from ..compat.learning.data import load_class_data
-    from ..compat.learning.sequence import SequenceConfig, run_method
+    from ..compat.learning.sequence import MethodRunConfig, run_method
 
     try:
-        data = load_class_data(_data_config(backbone, split, n_render_train, n_render_eval, n_train_classes,
-                                            cache_dir, step_backbones))
-        seq = SequenceConfig(steps=steps, train_steps=train_steps, epochs=epochs, batch_size=256, lr=lr, seed=seed,
-                             threads=threads, metric=metric, first_fraction=first_fraction or 0.0)
-        result = run_method(method, data, seq, out, options=_parse_options(option),
-                            log=lambda m: console.print(m))
+        cfg = resolve_config(MethodRunConfig, None, config, set_, show=show_config, flags={
+            "sequence": {"steps": steps, "train_steps": train_steps, "epochs": epochs, "lr": lr, "seed": seed,
+                         "threads": threads, "metric": metric, "first_fraction": first_fraction},
+            "data": _data_flags(backbone, split, n_render_train, n_render_eval, n_train_classes, cache_dir,
+                                step_backbones),
+            "options": _parse_options(option)})
+        data = load_class_data(cfg.data)
+        result = run_method(method, data, cfg.sequence, out, options=cfg.options, log=lambda m: console.print(m))
     except (ValueError, FileNotFoundError) as e:
         fail(str(e))
     n = len(result["C"])
     header = ["query \\ gallery"] + [f"phi{k + 1}" for k in range(n)]
     body = [[f"phi{t + 1}"] + ["" if v is None else f"{100 * v:.1f}" for v in row] for t, row in enumerate(result["C"])]
     typer.echo(text_table(header, body))
-    typer.echo(f"{method} T={steps}: AC {result['AC']:.2f}  AA {100 * result['AA']:.1f}  ACA {100 * result['ACA']:.1f}"
+    typer.echo(f"{method} T={cfg.sequence.steps}: AC {result['AC']:.2f}  AA {100 * result['AA']:.1f}  ACA {100 * result['ACA']:.1f}"
                f"  (ties incompatible: strict={result['strict']})")
     if result["flips"]:
         f = result["flips"]
@@ -150,15 +153,18 @@ def bench_compat_steps(
     """The compatibility-learning tutorial's tables on the world: AC / AA / ACA per method for each T,
     NFR of the flip-reduction methods, C heatmaps (HTML)."""
     from ..bench.compat_steps import METHOD_ORDER, CompatStepsConfig, format_compat_steps, run_compat_steps
+    from ..compat.learning.data import DataConfig
     from ..compat.learning.sequence import SequenceConfig
+    from ..config import updated
 
     try:
         kw = {"steps": tuple(int(s) for s in steps.split(",") if s.strip()),
               "methods": tuple(m.strip() for m in methods.split(",") if m.strip()) or METHOD_ORDER,
-              "sequence": SequenceConfig(seed=seed, threads=threads, epochs=40, batch_size=256, lr=3e-3, metric=metric,
-                                         first_fraction=first_fraction or 0.0),
-              "data": _data_config(backbone, split, n_render_train, n_render_eval, n_train_classes, cache_dir,
-                                   step_backbones)}
+              "sequence": updated(SequenceConfig(epochs=40, batch_size=256, lr=3e-3), seed=seed or 0,
+                                  threads=threads or 1, metric=metric or "search", first_fraction=first_fraction or 0.0),
+              "data": updated(DataConfig(), **{k: v for k, v in _data_flags(
+                  backbone, split, n_render_train, n_render_eval, n_train_classes, cache_dir, step_backbones).items()
+                  if v is not None})}
         seq = {"epochs": 0.0, "train_steps": train_steps} if train_steps else {"epochs": epochs}
         cfg = resolve_config(CompatStepsConfig, CompatStepsConfig.quick(**kw) if quick else CompatStepsConfig(**kw),
                              config, set_, flags={"sequence": seq}, show=show_config)

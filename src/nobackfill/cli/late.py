@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 from pathlib import Path
 from typing import List, Optional
 
@@ -15,39 +17,51 @@ late_app = typer.Typer(no_args_is_help=True, help="Cross-modal late interaction 
 
 @late_app.command("train")
 def late_train(
-    kind: str = typer.Option("cmli", help="cmli (global + CMLI InfoNCE, FILIP-style) | global | kd (Target-CMLI)."),
+    kind: Optional[str] = typer.Option(None, help="cmli (global + CMLI InfoNCE, FILIP-style; default) | global | kd "
+                                                  "(Target-CMLI)."),
     world: Path = typer.Option(Path("data/world"), help="World root (only world.json is read; scenes are streamed)."),
     out: Path = typer.Option(..., help="Output model directory (resumes from its checkpoint)."),
-    preset: str = typer.Option("world-tiny", help="Zoo preset or TOML path of the model to train."),
+    preset: Optional[str] = typer.Option(None, help="Zoo preset or TOML path of the model to train (default "
+                                                    "world-tiny)."),
     teacher: Path = typer.Option(Path("models/world-new"), help="Teacher (kd) and tokenizer source."),
-    steps: int = typer.Option(2000, help="Optimiser steps."),
-    batch_size: int = typer.Option(64, help="Image-caption pairs per step."),
-    lr: float = typer.Option(2e-3, help="Peak learning rate."),
-    empty_target: bool = typer.Option(True, help="kd: the learnable empty target + L_Reg (Eq. 8)."),
-    kd_mode: str = typer.Option("target-cmli", help="kd: target-cmli (Eq. 5-7) | global (global targets only)."),
-    seed: int = typer.Option(0, help="Seed."),
-    threads: int = typer.Option(1, help="torch threads."),
-    swap_twins: bool = typer.Option(False, help="Batches of scenes + their attribute-swap twins (in-batch hard "
-                                                "negatives from training scenes)."),
+    steps: Optional[int] = typer.Option(None, help="Optimiser steps (default 2000)."),
+    batch_size: Optional[int] = typer.Option(None, help="Image-caption pairs per step (default 64)."),
+    lr: Optional[float] = typer.Option(None, help="Peak learning rate (default 2e-3)."),
+    empty_target: Optional[bool] = typer.Option(None, "--empty-target/--no-empty-target",
+                                                help="kd: the learnable empty target + L_Reg (Eq. 8; default on)."),
+    kd_mode: Optional[str] = typer.Option(None, help="kd: target-cmli (Eq. 5-7; default) | global (global targets "
+                                                     "only)."),
+    seed: Optional[int] = typer.Option(None, help="Seed (default 0)."),
+    threads: Optional[int] = typer.Option(None, help="torch threads (default 1)."),
+    swap_twins: Optional[bool] = typer.Option(None, "--swap-twins/--no-swap-twins",
+                                              help="Batches of scenes + their attribute-swap twins (in-batch hard "
+                                                   "negatives from training scenes)."),
+    config: Optional[Path] = config_option(),
+    set_: Optional[List[str]] = set_option(),
+    show_config: bool = show_config_option(),
 ) -> None:
-    """Train a world model with CMLI logits, or a Target-CMLI student of a teacher, from scratch."""
+    """Train a world model with CMLI logits, or a Target-CMLI student of a teacher, from scratch
+    (settings: late.world.LateTrainConfig, from --config / --set)."""
     from ..data.world import load_world_spec
     from ..encoders import load_encoder
-    from ..late.distill import KDConfig
-    from ..late.world import train_world_method
+    from ..late.world import LateTrainConfig, train_world_method
 
+    cfg = resolve_config(LateTrainConfig, None, config, set_, show=show_config, flags={
+        "kind": kind, "preset": preset, "steps": steps, "batch_size": batch_size, "lr": lr, "seed": seed,
+        "threads": threads, "swap_twins": swap_twins, "kd": {"mode": kd_mode, "empty_target": empty_target}})
     try:
         spec = load_world_spec(world)
         if spec is None:
             raise FileNotFoundError(f"{world}: no world.json")
         t = load_encoder(teacher)
-        kd = KDConfig(mode=kd_mode, empty_target=empty_target, seed=seed) if kind == "kd" else None
-        _, r = train_world_method(kind, out, spec, t.tokenizer, preset=preset, steps=steps, batch_size=batch_size,
-                                  lr=lr, seed=seed, threads=threads, kd=kd, teacher=t if kind == "kd" else None,
-                                  swap_twins=swap_twins, progress=True)
+        kd = dataclasses.replace(cfg.kd, seed=cfg.seed) if cfg.kind == "kd" else None
+        _, r = train_world_method(cfg.kind, out, spec, t.tokenizer, preset=cfg.preset, steps=cfg.steps,
+                                  batch_size=cfg.batch_size, lr=cfg.lr, warmup=cfg.warmup, seed=cfg.seed,
+                                  threads=cfg.threads, cmli=cfg.cmli, kd=kd, teacher=t if cfg.kind == "kd" else None,
+                                  swap_twins=cfg.swap_twins, progress=True)
     except (ValueError, FileNotFoundError) as e:
         fail(str(e))
-    console.print(f"trained {kind} model {out} in {r.seconds:.0f}s (last loss {r.last_loss:.3f})")
+    console.print(f"trained {cfg.kind} model {out} in {r.seconds:.0f}s (last loss {r.last_loss:.3f})")
 
 
 def bench_late(

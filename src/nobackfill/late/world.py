@@ -4,7 +4,7 @@ model and Target-CMLI students, on fresh world scenes every step (never a val/te
 from __future__ import annotations
 
 import json
-from dataclasses import asdict
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from ..data.batches import WorldBatches
@@ -17,10 +17,33 @@ from .distill import KDConfig, TargetCMLIDistillation
 from .hard_negatives import SwapTwinBatches
 from .train import CMLIConfig, CMLIContrastive
 
-__all__ = ["LATE_PRESET", "train_world_method", "new_world_model"]
+__all__ = ["LATE_PRESET", "LateTrainConfig", "train_world_method", "new_world_model"]
 
 #: the tiny zoo preset of the late-interaction experiments (world-old's size, all concepts)
 LATE_PRESET = "world-tiny"
+KINDS = ("cmli", "global", "kd")
+
+
+@dataclass
+class LateTrainConfig:
+    """``nobackfill late train``: the model, the kind of training and its optimisation; ``cmli`` and
+    ``kd`` hold the CMLI loss (Eq. 1-4 as logits) and the Target-CMLI distillation (Eq. 5-8)."""
+
+    kind: str = "cmli"
+    preset: str = LATE_PRESET
+    steps: int = 2000
+    batch_size: int = 64
+    lr: float = 2e-3
+    warmup: int = 50
+    seed: int = 0
+    threads: int = 1
+    swap_twins: bool = False
+    cmli: CMLIConfig = field(default_factory=CMLIConfig)
+    kd: KDConfig = field(default_factory=KDConfig)
+
+    def __post_init__(self) -> None:
+        if self.kind not in KINDS:
+            raise ValueError(f"kind must be one of {KINDS}, got {self.kind!r}")
 
 
 def new_world_model(preset: str | Preset, tokenizer, seed: int = 0) -> CLIPDualEncoder:

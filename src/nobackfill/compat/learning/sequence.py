@@ -14,7 +14,7 @@ from __future__ import annotations
 import dataclasses
 import shutil
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
@@ -26,7 +26,7 @@ from ...metrics.compat import compatibility_summary, criterion_rates
 from ...metrics.flips import flip_rates, prediction_flip_rates
 from ...train.loop import LoopConfig, train
 from .base import CompatMethod, StepContext, StepModel, to_numpy
-from .data import ClassData, ReplayMemory, StepBatches, class_schedule
+from .data import ClassData, DataConfig, ReplayMemory, StepBatches, class_schedule
 from .registry import create_method
 
 
@@ -94,6 +94,16 @@ class SequenceConfig:
         return LoopConfig(steps=steps, lr=self.lr, warmup=self.warmup, weight_decay=self.weight_decay,
                           grad_clip=self.grad_clip, seed=seed, log_every=max(1, steps // 4),
                           checkpoint_every=10 ** 9, eval_every=10 ** 9, threads=self.threads)
+
+
+@dataclass
+class MethodRunConfig:
+    """``nobackfill compat train``: how the T models are trained, where the images come from, and the
+    method's own options (``--config`` / ``--set sequence.lr=1e-3``, ``--set options.lam=0.5``)."""
+
+    sequence: SequenceConfig = field(default_factory=lambda: SequenceConfig(epochs=40, batch_size=256, lr=3e-3))
+    data: DataConfig = field(default_factory=DataConfig)
+    options: dict = field(default_factory=dict)
 
 
 def _fresh_dir(path: Path) -> Path:
