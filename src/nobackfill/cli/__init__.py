@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import typer
 
-from . import bench, collection, compat, data, demo, evaluate, gallery, late, lingual, reco, serve, upgrade
+from . import bench, collection, compat, data, demo, evaluate, gallery, late, lingual, reco, serve, upgrade, verify
 
 app = typer.Typer(add_completion=False, no_args_is_help=True,
                   help="Cross-modal retrieval whose embedding model improves without re-embedding the gallery.")
@@ -21,6 +21,7 @@ app.command("index")(gallery.index)
 app.command("search")(gallery.search)
 app.command("demo")(demo.demo)
 app.command("serve")(serve.serve)
+app.command("verify")(verify.verify)
 
 # groups
 eval_app = typer.Typer(no_args_is_help=True, help="Evaluate models and galleries.")

@@ -239,12 +239,23 @@ def atomic_dir(directory: str | Path, write) -> Path:
     return atomic_model_dir(directory, write, commit_last=UPGRADE_FILE)
 
 
+def _file_hashes(directory: Path) -> dict[str, str]:
+    """sha256 of every file of an upgrade directory but its manifest and training logs."""
+    from ..index.store import file_sha256
+
+    skip = {UPGRADE_FILE, "train_log.jsonl", "checkpoint.pt"}
+    return {str(p.relative_to(directory)): file_sha256(p) for p in sorted(Path(directory).rglob("*"))
+            if p.is_file() and p.name not in skip and not p.name.startswith(".")
+            and p.relative_to(directory).parts[0] != "stage1"}
+
+
 def write_manifest(directory: Path, kind: str, source: dict, target: dict, **extra) -> None:
+    """``upgrade.json``, with the sha256 of every file written before it (checked on load)."""
     if kind not in KINDS:
         raise ValueError(f"unknown upgrade kind {kind!r}; kinds: {KINDS}")
     manifest = {"format": FORMAT, "version": VERSION, "kind": kind, "source": source, "target": target,
                 "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-                **{k: v for k, v in extra.items() if v is not None}}
+                **{k: v for k, v in extra.items() if v is not None}, "files": _file_hashes(Path(directory))}
     (Path(directory) / UPGRADE_FILE).write_text(json.dumps(manifest, indent=2, default=str))
 
 
@@ -287,12 +298,46 @@ class Upgrade:
     def is_bridge(self) -> bool:
         return self.kind in VECTOR_KINDS
 
+    def check_files(self) -> list[str]:
+        """Problems with the files ``upgrade.json`` lists (missing, or another sha256). Upgrades saved
+        before the manifest kept hashes list none (their tensors are still checked as they load)."""
+        from ..index.store import file_sha256
+
+        problems = []
+        for rel, digest in (self.manifest.get("files") or {}).items():
+            path = self.directory / rel
+            try:
+                if file_sha256(path) != digest:
+                    problems.append(f"{path}: sha256 differs from {self.directory / UPGRADE_FILE} (changed or damaged; "
+                                    "train or copy the upgrade again)")
+            except OSError as e:
+                problems.append(f"{path}: {e.strerror or e} (listed in {self.directory / UPGRADE_FILE})")
+        return problems
+
+    def _checked(self) -> None:
+        problems = self.check_files()
+        if problems:
+            raise ValueError("; ".join(problems))
+
+    def _load(self, what: str, fn):
+        """Run a loader of this directory's files; any failure names the directory and the part."""
+        try:
+            return fn()
+        except (ValueError, FileNotFoundError, SpaceMismatchError):
+            raise
+        except Exception as e:  # safetensors' SafetensorError, torch's size-mismatch RuntimeError, ...
+            raise ValueError(f"{self.directory}: cannot load its {what}: {type(e).__name__}: "
+                             f"{str(e).splitlines()[0][:300]}") from None
+
     def bridge(self):
         """The vector bridge of a ``phi`` / ``procrustes`` upgrade."""
+        self._checked()
         if self.kind == "phi":
-            return PhiBridge(Projection.load(self.directory), self.source_id, self.target_id, name=self.directory.name)
+            return PhiBridge(self._load("phi (phi.safetensors, phi_config.json)", lambda: Projection.load(self.directory)),
+                             self.source_id, self.target_id, name=self.directory.name)
         if self.kind == "procrustes":
-            b = ProcrustesBridge.load(self.directory, self.source_id, self.target_id)
+            b = self._load("procrustes.safetensors",
+                           lambda: ProcrustesBridge.load(self.directory, self.source_id, self.target_id))
             b.name = self.directory.name
             return b
         raise TypeError(f"{self.directory}: a {self.kind!r} upgrade changes the encoder; use .apply(encoder)")
@@ -310,7 +355,8 @@ class Upgrade:
         if self.is_bridge:
             raise TypeError(f"{self.directory}: a {self.kind!r} upgrade is a vector bridge; use .bridge()")
         sid = self._check_source(encoder)
-        phi = Projection.load(self.directory)
+        self._checked()
+        phi = self._load("phi (phi.safetensors, phi_config.json)", lambda: Projection.load(self.directory))
         meta = {"source": self.source, "target": self.target, "recipe": self.manifest.get("recipe")}
         if self.kind == "direct-full":
             from ..encoders import load_encoder
@@ -322,9 +368,9 @@ class Upgrade:
             meta["directory"] = str(self.directory)
         try:
             adapters = Adapters(encoder.model, Adapters.read_config(self.directory))
-            adapters.load(self.directory)
         except ValueError as e:
             raise ValueError(f"{self.directory}: {e}") from None
+        self._load("adapters (adapter_model.safetensors, adapter_config.json)", lambda: adapters.load(self.directory))
         encoder.model.eval()
         up = _upgraded_class(self.kind)(encoder, phi.eval(), adapters, source=sid, target=self.target_id,
                                         off_space=sid, enabled=enabled, upgrade_kind=self.kind, meta=meta)

@@ -34,13 +34,19 @@ def load_encoder(directory: str | Path) -> DualEncoder:
     if not isinstance(cfg, dict):
         raise ValueError(f"{cfg_path}: expected a JSON object, got {type(cfg).__name__}")
     model_type = cfg.get("model_type", "")
-    if model_type == "clip":
-        return CLIPDualEncoder.load(directory)
-    if model_type in ("bert",):
+    if model_type not in ("clip", "bert"):
+        raise ValueError(f"{cfg_path}: unsupported model_type {model_type!r} (supported: clip, bert)")
+    try:
+        if model_type == "clip":
+            return CLIPDualEncoder.load(directory)
         from .minilm import MiniLMTextEncoder
 
         return MiniLMTextEncoder.load(directory)
-    raise ValueError(f"{cfg_path}: unsupported model_type {model_type!r} (supported: clip, bert)")
+    except FileNotFoundError:
+        raise
+    except Exception as e:  # a truncated model.safetensors, an edited config: name the directory
+        raise ValueError(f"{directory}: cannot load the model ({type(e).__name__}: {str(e).splitlines()[0][:300]}); "
+                         f"run `nobackfill verify {directory}`") from None
 
 
 __all__ = ["PRETRAINED_TEXT_ALIASES", "DualEncoder", "TokenOutput", "CLIPDualEncoder", "create_model", "get_preset", "list_presets",

@@ -7,13 +7,19 @@ Layout of a gallery directory::
     chunks/<modality>-<nnnnn>.npz    vectors (float32) + ids of one ``add`` call
     chunks/<modality>-<nnnnn>.jsonl  one metadata dict per row
     index-<modality>.faiss      cached search index (derived data, rebuilt when chunks change)
-    index-<modality>.json       which chunk list that cached index was built from
+    index-<modality>.json       which chunk list that cached index was built from, and its sha256
     .lock                       advisory lock taken by writers
 
 Every file is written to a temporary name in its directory, fsynced, renamed into place and the
 directory fsynced. A chunk is committed only when the manifest naming it has been replaced, so a
 process killed at any point leaves either the old or the new gallery, never half of one; chunk
 files the manifest does not list are ignored and removed by the next writer.
+
+Every read checks what it reads: a chunk's bytes against the manifest's sha256 (a damaged or
+edited chunk is an error naming the file and what to run, never data served), a cached index against
+the chunk list it was built from and its own sha256 (a damaged one is rebuilt). :meth:`Gallery.verify`
+reports every problem; :meth:`Gallery.repair` rebuilds what is derived and takes damaged chunks out
+of the manifest, listing the ids that must be added again.
 
 Vectors carry the gallery's ``space_id``: adding or searching with another space raises
 :class:`SpaceMismatchError` unless a bridge that maps the query space into the gallery space is
@@ -56,6 +62,8 @@ __all__ = [
     "SpaceMismatchError",
     "DuplicateIdError",
     "SearchResult",
+    "VerifyReport",
+    "RepairReport",
     "VerifyReport",
     "atomic_write_bytes",
 ]
@@ -124,10 +132,25 @@ class VerifyReport:
     problems: list[str] = field(default_factory=list)
     orphans: list[str] = field(default_factory=list)
     checked_chunks: int = 0
+    #: ``modality:chunk`` of every committed chunk that fails its checks (``repair`` drops them)
+    damaged_chunks: list[str] = field(default_factory=list)
+    #: problems of derived files (cached indexes): never served, rebuilt by ``repair``
+    derived: list[str] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
         return not self.problems
+
+
+@dataclass
+class RepairReport:
+    """Outcome of :meth:`Gallery.repair`: derived files rebuilt, damaged chunks dropped and the ids
+    they held (to be added again)."""
+
+    rebuilt: list[str] = field(default_factory=list)
+    lost_chunks: list[str] = field(default_factory=list)
+    lost_ids: dict[str, list[str]] = field(default_factory=lambda: {"image": [], "text": []})
+    lost_counts: dict[str, int] = field(default_factory=lambda: {"image": 0, "text": 0})
 
 
 # --------------------------------------------------------------------------- atomic file helpers
@@ -493,14 +516,35 @@ class Gallery:
             cols.id_set.update(ids)
         return cols
 
-    def _load_npz(self, entry: dict[str, Any], key: str) -> np.ndarray:
-        """Array ``key`` ("ids" or "vectors") of a committed chunk, shape-checked."""
-        path = self.path / entry["npz"]
+    def _read_checked(self, entry: dict[str, Any], kind: str) -> bytes:
+        """The bytes of a committed chunk file (``kind`` "npz" or "meta"), checked against the
+        manifest's sha256: a damaged or edited chunk is never served."""
+        path = self.path / entry[kind]
         try:
-            with np.load(path, allow_pickle=False) as z:
+            data = path.read_bytes()
+        except OSError as e:
+            raise CorruptGalleryError(f"cannot read committed chunk {path}: {e.strerror or e}; "
+                                      f"{self._what_to_run()}") from e
+        if _sha256(data) != entry[f"{kind}_sha256"]:
+            raise CorruptGalleryError(f"{path} was changed or damaged after it was committed (sha256 "
+                                      f"{_sha256(data)[:12]}… != manifest {entry[f'{kind}_sha256'][:12]}…); "
+                                      f"{self._what_to_run()}")
+        return data
+
+    def _what_to_run(self) -> str:
+        return (f"run `nobackfill verify {self.path}` to list every problem, `--repair` to drop the damaged chunks "
+                "and learn which items to add again")
+
+    def _load_npz(self, entry: dict[str, Any], key: str) -> np.ndarray:
+        """Array ``key`` ("ids" or "vectors") of a committed chunk, hash- and shape-checked."""
+        path = self.path / entry["npz"]
+        data = self._read_checked(entry, "npz")
+        try:
+            with np.load(io.BytesIO(data), allow_pickle=False) as z:
                 arr = z[key]
-        except (OSError, KeyError, ValueError) as e:
-            raise CorruptGalleryError(f"cannot read committed chunk {path}: {e!r}") from e
+        except Exception as e:  # a zip that matches its hash but not the format (written by a bug)
+            raise CorruptGalleryError(f"cannot read committed chunk {path}: {type(e).__name__}: {e}; "
+                                      f"{self._what_to_run()}") from e
         want = (entry["count"],) if key == "ids" else (entry["count"], self.dim)
         if arr.shape != want:
             raise CorruptGalleryError(f"chunk {path}: {key} has shape {arr.shape}, manifest implies {want}")
@@ -508,10 +552,11 @@ class Gallery:
 
     def _load_meta(self, entry: dict[str, Any]) -> list[dict[str, Any]]:
         path = self.path / entry["meta"]
+        data = self._read_checked(entry, "meta")
         try:
-            rows = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line]
-        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-            raise CorruptGalleryError(f"cannot read committed metadata {path}: {e}") from e
+            rows = [json.loads(line) for line in data.decode("utf-8").splitlines() if line]
+        except (UnicodeDecodeError, json.JSONDecodeError) as e:
+            raise CorruptGalleryError(f"cannot read committed metadata {path}: {e}; {self._what_to_run()}") from e
         if len(rows) != entry["count"]:
             raise CorruptGalleryError(f"{path} has {len(rows)} rows, manifest says {entry['count']}")
         return rows
@@ -618,7 +663,8 @@ class Gallery:
     def _commit_chunk(self, modality: str, ids: list[str], vecs: np.ndarray, metas: list[dict[str, Any]]) -> None:
         """Write chunk files, then the manifest that names them (caller holds the lock)."""
         chunks = self._chunks(modality)
-        name = f"{modality}-{len(chunks):05d}"
+        # one past the highest number (not the count: repair may have dropped a chunk)
+        name = f"{modality}-{1 + max((int(c['name'].rsplit('-', 1)[1]) for c in chunks), default=-1):05d}"
         buf = io.BytesIO()
         np.savez(buf, vectors=vecs, ids=np.asarray(ids, dtype=str))
         npz = buf.getvalue()
@@ -707,7 +753,11 @@ class Gallery:
             stamp = json.loads(key_path.read_text(encoding="utf-8"))
             if stamp.get("key") != key:
                 return None
-            index = load_index(self.backend, self.dim, data_path.read_bytes())
+            data = data_path.read_bytes()
+            if stamp.get("sha256") != _sha256(data):
+                log.warning("cached index %s does not match its sha256: rebuilding it", data_path)
+                return None
+            index = load_index(self.backend, self.dim, data)
         except Exception as e:  # any problem with a cache means: rebuild it
             if not isinstance(e, FileNotFoundError):
                 log.warning("ignoring cached index %s: %s", data_path, e)
@@ -728,7 +778,8 @@ class Gallery:
                     key_path.unlink()
                 _fsync_dir(self.path)
                 atomic_write_bytes(data_path, data)
-                stamp = {"key": key, "backend": self.backend, "ntotal": index.ntotal, "written": _now()}
+                stamp = {"key": key, "backend": self.backend, "ntotal": index.ntotal, "sha256": _sha256(data),
+                         "written": _now()}
                 atomic_write_bytes(key_path, json.dumps(stamp).encode("utf-8"))
         except OSError as e:
             log.warning("could not cache index %s: %s", data_path, e)
@@ -775,37 +826,113 @@ class Gallery:
                 if len(mask) < index.ntotal:
                     mask = np.concatenate([mask, np.zeros(index.ntotal - len(mask), bool)])
             scores, positions = index.search(q, int(k), mask=mask)
+            # inner products of unit vectors: a score outside [-1, 1] can only be rounding
+            scores = np.clip(scores, -1.0, 1.0)
             return SearchResult(scores=scores, ids=[[ids[p] for p in row] for row in positions], positions=positions)
 
     # ------------------------------------------------------------------ integrity
 
     def verify(self) -> VerifyReport:
-        """Re-hash every committed chunk and check counts, shapes and id uniqueness."""
+        """Re-hash every committed chunk, check counts, shapes and id uniqueness, and check the cached
+        indexes against their stamps. Never raises on damage: every problem is reported."""
         self._check_open()
         report = VerifyReport()
         for modality in MODALITIES:
             seen: set[str] = set()
             for entry in self._chunks(modality):
                 report.checked_chunks += 1
-                for kind in ("npz", "meta"):
-                    path = self.path / entry[kind]
-                    try:
-                        digest = file_sha256(path)
-                    except OSError as e:
-                        report.problems.append(f"{path}: unreadable ({e.strerror or e})")
-                        continue
-                    if digest != entry[f"{kind}_sha256"]:
-                        report.problems.append(f"{path}: sha256 {digest[:12]}… != manifest {entry[f'{kind}_sha256'][:12]}…")
                 try:
                     ids = [str(i) for i in self._load_npz(entry, "ids")]
                     self._load_npz(entry, "vectors")
                     self._load_meta(entry)
                 except CorruptGalleryError as e:
-                    report.problems.append(str(e))
+                    report.problems.append(str(e).split("; run `nobackfill verify")[0])
+                    report.damaged_chunks.append(f"{modality}:{entry['name']}")
                     continue
                 dups = seen.intersection(ids)
                 if dups:
                     report.problems.append(f"{entry['npz']}: ids also in an earlier chunk: {sorted(dups)[:5]}")
                 seen.update(ids)
+            problem = self._check_cached_index(modality)
+            if problem:
+                report.derived.append(problem)
         report.orphans = [str(p.relative_to(self.path)) for p in self._orphans()]
         return report
+
+    def _check_cached_index(self, modality: str) -> str | None:
+        """What is wrong with the cached index of ``modality`` (None: absent or sound)."""
+        data_path, key_path = self._index_paths(modality)
+        if not data_path.exists() and not key_path.exists():
+            return None
+        try:
+            stamp = json.loads(key_path.read_text(encoding="utf-8"))
+            if stamp.get("sha256") != file_sha256(data_path):
+                return f"{data_path}: does not match its sha256 (derived: rebuilt on the next search or by --repair)"
+            if stamp.get("key") != _chunk_key(self._manifest, modality):
+                return None  # stale, not damaged: rebuilt on the next search
+        except (OSError, ValueError) as e:
+            return f"{data_path}: unreadable cache ({type(e).__name__}; derived: rebuilt by --repair)"
+        return None
+
+    def repair(self) -> "RepairReport":
+        """Rebuild what is derived (the cached indexes) and take damaged chunks out of the manifest
+        (one atomic manifest write; their files move to ``lost/``), so the gallery serves again.
+        The report lists the ids that were in the damaged chunks: add those items again."""
+        self._check_open()
+        report = RepairReport()
+        with self._lock, _dir_lock(self.path):
+            self._manifest = _read_manifest(self.path)
+            damaged: dict[str, list[dict[str, Any]]] = {m: [] for m in MODALITIES}
+            for modality in MODALITIES:
+                for entry in self._chunks(modality):
+                    try:
+                        self._load_npz(entry, "ids")
+                        self._load_npz(entry, "vectors")
+                        self._load_meta(entry)
+                    except CorruptGalleryError:
+                        damaged[modality].append(entry)
+            if any(damaged.values()):
+                lost_dir = self.path / "lost"
+                lost_dir.mkdir(exist_ok=True)
+                for modality, entries in damaged.items():
+                    for entry in entries:
+                        report.lost_chunks.append(entry["npz"])
+                        report.lost_ids[modality].extend(self._readable_ids(entry))
+                        report.lost_counts[modality] += int(entry["count"])
+                manifest = json.loads(json.dumps(self._manifest))
+                for modality, entries in damaged.items():
+                    names = {e["name"] for e in entries}
+                    mod = manifest["modalities"][modality]
+                    mod["chunks"] = [c for c in mod["chunks"] if c["name"] not in names]
+                    mod["count"] = sum(int(c["count"]) for c in mod["chunks"])
+                manifest["updated"] = _now()
+                _write_manifest(self.path, manifest)
+                self._manifest = manifest
+                self._stat = _manifest_stat(self.path)
+                for entries in damaged.values():
+                    for entry in entries:
+                        for kind in ("npz", "meta"):
+                            with contextlib.suppress(OSError):
+                                os.replace(self.path / entry[kind], lost_dir / Path(entry[kind]).name)
+            for modality in MODALITIES:
+                for path in self._index_paths(modality):
+                    with contextlib.suppress(FileNotFoundError):
+                        path.unlink()
+                        report.rebuilt.append(path.name)
+            self._cols = {m: _Columns() for m in MODALITIES}
+            self._indexes = {}
+        for modality in MODALITIES:  # rebuild the caches now (outside the writer lock: it takes it)
+            if self.count(modality):
+                with self._lock:
+                    self._index(modality)
+        return report
+
+    def _readable_ids(self, entry: dict[str, Any]) -> list[str]:
+        """The ids of a damaged chunk as far as they can still be read (its metadata or its npz)."""
+        with contextlib.suppress(Exception):
+            with np.load(self.path / entry["npz"], allow_pickle=False) as z:
+                return [str(i) for i in z["ids"]]
+        with contextlib.suppress(Exception):
+            rows = [json.loads(x) for x in (self.path / entry["meta"]).read_text("utf-8").splitlines() if x]
+            return [str(r.get("id", "?")) for r in rows]
+        return []

@@ -1,0 +1,174 @@
+"""``nobackfill verify``: check what is stored, and repair what can be repaired.
+
+One entry point for every kind of directory the project writes:
+
+* a **gallery** (``manifest.json``): every committed chunk re-hashed against the manifest, shapes,
+  ids; the cached indexes against their stamps (:meth:`~nobackfill.index.store.Gallery.verify`).
+  ``repair`` rebuilds the indexes and drops damaged chunks, listing the ids to add again;
+* a **collection** (``collection.json`` or a storage URI): its item log chunks and every space's
+  store; ``repair`` repairs each local space store; items whose vectors were lost in the current
+  space are re-embedded by ``nobackfill collection backfill`` (their sources are in the item log);
+* an **upgrade** (``upgrade.json``): every file against the sha256 its manifest keeps, and its
+  tensors loadable;
+* a **model** (``config.json``): loadable, and its weights still give the space id that
+  ``nobackfill.json`` records.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+__all__ = ["PathReport", "verify_path"]
+
+
+@dataclass
+class PathReport:
+    """What :func:`verify_path` found (``problems``: stored data; ``derived``: caches, never served)."""
+
+    path: str
+    kind: str
+    problems: list[str] = field(default_factory=list)
+    derived: list[str] = field(default_factory=list)
+    repaired: dict[str, Any] = field(default_factory=dict)
+    advice: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "ok": self.ok}
+
+
+def _kind(path: str) -> str:
+    if "://" in path or path.startswith("milvus-lite:"):
+        return "collection"
+    p = Path(path)
+    if not p.exists():
+        raise FileNotFoundError(f"{p}: no such file or directory")
+    for marker, kind in (("collection.json", "collection"), ("manifest.json", "gallery"), ("upgrade.json", "upgrade"),
+                         ("config.json", "model")):
+        if (p / marker).is_file():
+            return kind
+    raise ValueError(f"{p}: not a gallery, collection, upgrade or model directory (none of collection.json, "
+                     "manifest.json, upgrade.json, config.json)")
+
+
+def verify_path(path: str | Path, repair: bool = False) -> PathReport:
+    """Check ``path`` (kind detected from its files); with ``repair``, rebuild what is derived and
+    take what is damaged out of service first, then check again."""
+    path = str(path)
+    kind = _kind(path)
+    report = PathReport(path, kind)
+    {"gallery": _gallery, "collection": _collection, "upgrade": _upgrade, "model": _model}[kind](path, report, repair)
+    return report
+
+
+def _gallery(path: str, report: PathReport, repair: bool) -> None:
+    from ..index.store import Gallery, GalleryError
+
+    try:
+        g = Gallery.open(path)
+    except GalleryError as e:
+        report.problems.append(str(e))
+        return
+    if repair:
+        r = g.repair()
+        report.repaired = {"rebuilt": r.rebuilt, "lost_chunks": r.lost_chunks, "lost_counts": r.lost_counts}
+        lost = {m: ids for m, ids in r.lost_ids.items() if ids}
+        if lost:
+            report.repaired["lost_ids"] = lost
+            report.advice.append(f"{sum(r.lost_counts.values())} item(s) were in damaged chunks (moved to "
+                                 f"{Path(path) / 'lost'}): add them again with `nobackfill index` (their ids are "
+                                 "listed under lost_ids)")
+    v = g.verify()
+    report.problems += v.problems
+    report.derived += v.derived
+    if v.derived and not repair:
+        report.advice.append(f"`nobackfill verify {path} --repair` rebuilds the derived files")
+    if v.problems and not repair:
+        report.advice.append(f"`nobackfill verify {path} --repair` takes the damaged chunks out and lists their ids")
+
+
+def _collection(path: str, report: PathReport, repair: bool) -> None:
+    from ..index.collection import Collection, CollectionError
+    from ..index.store import Gallery, GalleryError
+
+    try:
+        c = Collection.open(path)
+    except (CollectionError, GalleryError) as e:
+        report.problems.append(str(e))
+        return
+    if repair:
+        for sid in c.space_ids():
+            try:
+                g = c.gallery(sid)
+            except (CollectionError, GalleryError) as e:
+                report.problems.append(str(e))
+                continue
+            if isinstance(g, Gallery):
+                r = g.repair()
+                if r.lost_chunks or r.rebuilt:
+                    report.repaired[sid] = {"rebuilt": r.rebuilt, "lost_chunks": r.lost_chunks,
+                                            "lost_counts": r.lost_counts}
+                if r.lost_chunks:
+                    report.advice.append(f"space {sid}: {sum(r.lost_counts.values())} vector(s) lost; "
+                                         f"`nobackfill collection backfill {path}` re-embeds the current space's "
+                                         "from the items' sources")
+        c = Collection.open(path)
+    report.problems += c.verify()
+    if report.problems and not repair:
+        report.advice.append(f"`nobackfill verify {path} --repair` takes damaged vector chunks out of service")
+
+
+def _upgrade(path: str, report: PathReport, repair: bool) -> None:
+    from safetensors.torch import load_file
+
+    from ..compat.upgrade import load_upgrade
+
+    try:
+        up = load_upgrade(path)
+    except (ValueError, FileNotFoundError) as e:
+        report.problems.append(str(e))
+        return
+    report.problems += up.check_files()
+    if not up.manifest.get("files"):
+        report.advice.append(f"{path}/upgrade.json keeps no file hashes (saved by an older nobackfill): only "
+                             "loadability was checked")
+    for f in sorted(Path(path).glob("*.safetensors")):
+        try:
+            load_file(str(f))
+        except Exception as e:  # SafetensorError and friends
+            report.problems.append(f"{f}: unreadable ({type(e).__name__}: {str(e).splitlines()[0][:200]})")
+    for f in sorted(Path(path).glob("*config.json")):
+        try:
+            json.loads(f.read_text(encoding="utf-8"))
+        except (OSError, ValueError) as e:
+            report.problems.append(f"{f}: unreadable ({type(e).__name__}: {e})")
+    if up.is_bridge and not report.problems:
+        try:
+            up.bridge()
+        except (ValueError, FileNotFoundError) as e:
+            report.problems.append(str(e))
+    report.problems = list(dict.fromkeys(report.problems))
+
+
+def _model(path: str, report: PathReport, repair: bool) -> None:
+    from ..encoders import load_encoder
+
+    try:
+        enc = load_encoder(path)
+    except (ValueError, FileNotFoundError) as e:
+        report.problems.append(str(e))
+        return
+    meta_path = Path(path) / "nobackfill.json"
+    try:
+        recorded = json.loads(meta_path.read_text(encoding="utf-8")).get("space_id")
+    except (OSError, ValueError):
+        recorded = None
+    if recorded and recorded != enc.space_id:
+        report.problems.append(f"{path}: its weights give space {enc.space_id} but {meta_path} records {recorded}: "
+                               "the model files were changed after it was saved")
