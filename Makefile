@@ -21,7 +21,7 @@ test: $(STAMP)
 	sh scripts/isolated.sh $(BIN)/python -m pytest -x -p no:cacheprovider -m milvus_server
 
 demo: $(STAMP)
-	$(BIN)/nobackfill demo --json runs/demo/report.json
+	$(BIN)/nobackfill demo
 
 # every benchmark in its quick mode; each writes JSON + a table (and plots) under benchmarks/results/,
 # committed, and the README's tables are regenerated from them

@@ -161,8 +161,8 @@ def test_corrupt_image_error_and_skip(tmp_path, monkeypatch):
     assert "cannot decode image" in str(info.value)
 
     calls: list[Path] = []
-    real = folder_mod._image_problem
-    monkeypatch.setattr(folder_mod, "_image_problem", lambda p: calls.append(p) or real(p))
+    real = folder_mod.image_problem
+    monkeypatch.setattr(folder_mod, "image_problem", lambda p: calls.append(p) or real(p))
     ds = load_pairs(root, skip_bad=True)
     assert ds.skipped == 2  # both captions of images/a.png (lines 1 and 3)
     assert ds.images == ["images/b.png", "images/c.png"]

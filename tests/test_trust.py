@@ -169,3 +169,144 @@ def test_verify_refuses_what_it_does_not_know(tmp_path):
     assert r.exit_code == 2 and "not a gallery, collection, upgrade or model" in r.output
     r = runner.invoke(app, ["verify", str(tmp_path / "nope")])
     assert r.exit_code == 2 and "nope" in r.output
+
+
+# ----------------------------------------------------------------------------- ingest and messages
+def _truncated_stream_png(path: Path, size: int = 24) -> None:
+    """A PNG whose every chunk checksum is valid but whose pixel stream stops half-way."""
+    import struct
+    import zlib
+
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data) & 0xFFFFFFFF)
+
+    rows = bytes(np.random.default_rng(0).integers(0, 255, (size, 1 + 3 * size), dtype=np.uint8).ravel())
+    stream = zlib.compress(rows)[: len(rows) // 3]  # the deflate stream stops a third of the way in
+    ihdr = struct.pack(">IIBBBBB", size, size, 8, 2, 0, 0, 0)
+    path.write_bytes(b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", ihdr) + chunk(b"IDAT", stream) + chunk(b"IEND", b""))
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory):
+    """A user folder of 6 captioned images + a tiny model; a text-only model beside it."""
+    from PIL import Image
+    from _late_helpers import tiny_model, tiny_tokenizer
+
+    root = tmp_path_factory.mktemp("ingest")
+    data = root / "data"
+    (data / "images").mkdir(parents=True)
+    lines = []
+    for k in range(6):
+        Image.new("RGB", (32, 32), (40 * k, 100, 200)).save(data / "images" / f"p{k}.png")
+        lines.append(json.dumps({"image": f"images/p{k}.png", "caption": f"a photo number {k}", "lang": "en"}))
+    (data / "captions.jsonl").write_text("\n".join(lines) + "\n")
+    tiny_model(root, "tiny", 16, tiny_tokenizer()).save(root / "model")
+    return root
+
+
+def _snapshot(path: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(path)): p.read_bytes() for p in sorted(path.rglob("*")) if p.is_file()} if path.exists() else {}
+
+
+def test_a_truncated_pixel_stream_is_caught_before_embedding(folder, tmp_path):
+    from PIL import Image
+
+    data = tmp_path / "data"
+    shutil.copytree(folder / "data", data)
+    bad = data / "images" / "p3.png"
+    _truncated_stream_png(bad)
+    with Image.open(bad) as im:
+        im.verify()  # the checksums are fine: only a full decode finds it
+    out = tmp_path / "g"
+    r = runner.invoke(app, ["index", "--model", str(folder / "model"), "--data", str(data), "--out", str(out)])
+    assert r.exit_code == 2 and "p3.png" in r.output and "line 4" in r.output, r.output
+    assert not (out / "manifest.json").exists()  # nothing committed
+    r = runner.invoke(app, ["index", "--model", str(folder / "model"), "--data", str(data), "--out", str(out), "--skip-bad"])
+    assert r.exit_code == 0 and "skipped 1" in r.output, r.output
+    assert Gallery.open(out).count("image") == 5
+
+
+def test_a_second_writer_is_told_the_store_is_busy(folder, tmp_path):
+    import os
+
+    from nobackfill.index.storage import LocalStorage
+
+    out = tmp_path / "g"
+    st = LocalStorage(out)
+    out.mkdir()
+    args = ["index", "--model", str(folder / "model"), "--data", str(folder / "data"), "--out", str(out)]
+    with st.lock("ingest", blocking=False) as taken:
+        assert taken
+        st.record_holder("ingest")
+        before = _snapshot(out)
+        r = runner.invoke(app, args)
+        assert r.exit_code == 2 and "busy" in r.output and f"process {os.getpid()}" in r.output and "--wait" in r.output
+        assert _snapshot(out) == before
+    r = runner.invoke(app, args + ["--wait"])
+    assert r.exit_code == 0, r.output
+
+
+def test_long_captions_warn_with_the_count_and_empty_queries_are_refused(folder, tmp_path):
+    data = tmp_path / "data"
+    shutil.copytree(folder / "data", data)
+    lines = (data / "captions.jsonl").read_text().splitlines()
+    lines[1] = json.dumps({"image": "images/p1.png", "caption": "word " * 20000, "lang": "en"})
+    (data / "captions.jsonl").write_text("\n".join(lines) + "\n")
+    r = runner.invoke(app, ["index", "--model", str(folder / "model"), "--data", str(data), "--out", str(tmp_path / "g")])
+    assert r.exit_code == 0 and "1 caption(s) exceed" in r.output and "100000 characters" in r.output, r.output
+    assert "line 2" in r.output
+    r = runner.invoke(app, ["search", "--gallery", str(tmp_path / "g"), "--model", str(folder / "model"), "--text", ""])
+    assert r.exit_code == 2 and "empty" in r.output
+
+
+def test_a_text_only_model_is_refused_before_anything_is_created(folder, tmp_path):
+    out = tmp_path / "g"
+    r = runner.invoke(app, ["index", "--model", "models/m30k-old-text", "--data", str(folder / "data"), "--out", str(out)])
+    assert r.exit_code == 2 and "no image tower" in r.output, r.output
+    assert not out.exists()
+
+
+def test_a_bridge_for_another_model_names_every_space_by_role(tmp_path):
+    from nobackfill.compat.upgrade import load_upgrade
+    from nobackfill.encoders import load_encoder
+
+    with pytest.raises(SpaceMismatchError) as e:
+        load_upgrade("upgrades/world-old-to-new").apply(load_encoder("models/world-newer"))
+    msg = str(e.value)
+    assert "upgrade's source" in msg and "world-new" in msg and "world-newer" in msg and "gallery space" in msg
+
+
+def test_a_bridge_with_the_wrong_output_width_is_named(tmp_path):
+    from nobackfill.compat.bridges import ProcrustesBridge
+
+    g = Gallery.create(tmp_path / "g", space_id=SPACE, dim=DIM, model="m")
+    g.add("image", ["a"], _unit(np.ones((1, DIM))), space_id=SPACE)
+    b = ProcrustesBridge(np.eye(4, 6, dtype=np.float32), "q" * 16, SPACE, name="my-procrustes")
+    with pytest.raises(ValueError, match="bridge my-procrustes outputs 6-d vectors .* holds 8-d"):
+        g.search("image", np.ones((1, 4), np.float32), 1, space_id="q" * 16, bridge=b)
+
+
+def test_one_json_convention(folder, tmp_path):
+    """--json prints JSON on stdout, --out FILE writes it, and the old --json FILE still writes."""
+    g = tmp_path / "g"
+    assert runner.invoke(app, ["index", "--model", str(folder / "model"), "--data", str(folder / "data"),
+                               "--out", str(g)]).exit_code == 0
+    base = ["eval", "retrieval", "--query-model", str(folder / "model"), "--gallery-model", str(folder / "model"),
+            "--data", str(folder / "data")]
+    r = runner.invoke(app, base + ["--json"])
+    assert r.exit_code == 0 and json.loads(r.stdout)["t2i"]["R@1"] >= 0
+    r = runner.invoke(app, base + ["--out", str(tmp_path / "a.json")])
+    assert r.exit_code == 0 and "t2i" in json.loads((tmp_path / "a.json").read_text())
+    r = runner.invoke(app, base + ["--json", str(tmp_path / "b.json")])
+    assert r.exit_code == 0 and json.loads((tmp_path / "b.json").read_text()) == json.loads((tmp_path / "a.json").read_text())
+    r = runner.invoke(app, ["search", "--gallery", str(g), "--model", str(folder / "model"), "--text", "a photo", "--json"])
+    assert r.exit_code == 0 and json.loads(r.stdout)["hits"]
+    from typer.main import get_command
+
+    root = get_command(app)
+    for path in (["index"], ["eval", "retrieval"], ["eval", "compat"], ["collection", "add"], ["reco", "build-memory"]):
+        cmd = root
+        for part in path:
+            cmd = cmd.commands[part]
+        (langs,) = [p for p in cmd.params if p.name == "langs"]
+        assert langs.default == "" and "every language in the data" in langs.help, path

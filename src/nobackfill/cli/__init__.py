@@ -7,10 +7,21 @@ and nothing outside this package imports it: the library never depends on its co
 from __future__ import annotations
 
 import typer
+from typer.core import TyperGroup
 
+from ._common import normalise_json_args
 from . import bench, collection, compat, data, demo, evaluate, gallery, late, lingual, reco, serve, upgrade, verify
 
-app = typer.Typer(add_completion=False, no_args_is_help=True,
+
+
+class _Root(TyperGroup):
+    """The root command group: accepts the old ``--json FILE.json`` spelling (now ``--out``)."""
+
+    def parse_args(self, ctx, args):
+        return super().parse_args(ctx, normalise_json_args(list(args)))
+
+
+app = typer.Typer(cls=_Root, add_completion=False, no_args_is_help=True,
                   help="Cross-modal retrieval whose embedding model improves without re-embedding the gallery.")
 
 # top-level commands

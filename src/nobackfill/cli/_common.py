@@ -104,3 +104,54 @@ def _given(flags: dict) -> dict:
         if v is not None and v != {}:
             out[k] = v
     return out
+
+
+def warn_truncated(encoder, texts, where=None) -> int:
+    """Warn (with the count and the longest) about captions longer than the model's token limit."""
+    cut = encoder.truncated(texts) if hasattr(encoder, "truncated") and texts else []
+    if cut:
+        longest = max(cut, key=lambda i: len(texts[i]))
+        place = f" ({where[longest]})" if where else ""
+        console.print(f"[yellow]warning: {len(cut)} caption(s) exceed the model's {encoder.max_length} tokens and are "
+                      f"embedded truncated; the longest has {len(texts[longest])} characters{place}[/yellow]")
+    return len(cut)
+
+
+def json_flag() -> Any:
+    return typer.Option(False, "--json", help="Print the result as JSON on stdout (instead of the table); "
+                                              "--out FILE writes it to a file.")
+
+
+def quiet(as_json: bool):
+    """``typer.echo``, or a no-op when the command prints JSON instead (stdout stays parseable)."""
+    return (lambda *a, **k: None) if as_json else typer.echo
+
+
+def emit_json(obj: Any, as_json: bool) -> None:
+    """Print ``obj`` as JSON on stdout when ``--json`` was given."""
+    if as_json:
+        typer.echo(json.dumps(obj, indent=2, default=str))
+
+
+def normalise_json_args(args: list[str]) -> list[str]:
+    """The one JSON convention: ``--json`` prints to stdout and ``--out FILE`` writes. The old
+    spelling ``--json FILE.json`` (and ``--json=FILE.json``) still works: it means ``--out``."""
+    # ``demo --out`` is its output folder: there the old spelling becomes the hidden --json-file
+    dest = "--json-file" if args[:1] == ["demo"] else "--out"
+    out, i = [], 0
+    while i < len(args):
+        a = args[i]
+        if a == "--json" and i + 1 < len(args) and args[i + 1].endswith(".json") and not args[i + 1].startswith("-"):
+            out += [dest, args[i + 1]]
+            i += 2
+            continue
+        if a.startswith("--json=") and a.endswith(".json"):
+            a = dest + "=" + a[len("--json="):]
+        out.append(a)
+        i += 1
+    return out
+
+
+def langs_option() -> Any:
+    return typer.Option("", help="Comma-separated caption languages, e.g. en,de (default: every language in the "
+                                 "data; the same default in every command).")

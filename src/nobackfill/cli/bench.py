@@ -9,8 +9,8 @@ from typing import List, Optional
 
 import typer
 
-from ._common import (config_option, console, fail, multi30k_default, resolve_config, set_option, show_config_option,
-                      user_errors, write_json)
+from ._common import (config_option, console, emit_json, fail, json_flag, multi30k_default, quiet, resolve_config,
+                      set_option, show_config_option, user_errors, write_json)
 
 
 def bench_encode(
@@ -19,9 +19,11 @@ def bench_encode(
     n_texts: int = typer.Option(2048, help="Texts per timed pass."),
     threads: int = typer.Option(2, help="torch threads."),
     minilm: bool = typer.Option(True, help="Also time all-MiniLM-L6-v2."),
-    json_out: Path = typer.Option(Path("runs/bench/encode.json"), "--json", help="JSON output (a .md table is written beside it)."),
+    json_out: Path = typer.Option(Path("runs/bench/encode.json"), "--out", help="JSON output (a .md table is written beside it)."),
+    as_json: bool = json_flag(),
 ) -> None:
     """Encoding throughput of each preset: ours vs a plain transformers loop (images/s, texts/s)."""
+    echo = quiet(as_json)
     from ..bench.encode import format_encode_table, run_encode_bench, write_report
 
     def is_clip(p: Path) -> bool:  # text-only models (e.g. m30k-old-text) have no image tower to time
@@ -38,27 +40,29 @@ def bench_encode(
     write_report(result, json_out.parent)
     if json_out.name != "encode.json":
         write_json(json_out, result)
-    typer.echo(format_encode_table(result))
-
+    echo(format_encode_table(result))
+    emit_json(result, as_json)
 
 def bench_world(
     n: int = typer.Option(50000, help="Items (images) to generate."),
     workers: int = typer.Option(2, help="Processes."),
-    json_out: Path = typer.Option(Path("runs/bench/world.json"), "--json", help="JSON output."),
+    json_out: Path = typer.Option(Path("runs/bench/world.json"), "--out", help="JSON output."),
+    as_json: bool = json_flag(),
 ) -> None:
     """World generation throughput (items/s) into a scratch folder."""
+    echo = quiet(as_json)
     from ..bench.world import run_world_bench
 
     result = run_world_bench(n, workers=workers)
-    typer.echo(f"{result['n_items']} items ({result['n_captions']} captions, {len(result['languages'])} languages) "
+    echo(f"{result['n_items']} items ({result['n_captions']} captions, {len(result['languages'])} languages) "
                f"in {result['seconds']} s = {result['items_per_s']} items/s, {result['disk_mb']} MB")
     write_json(json_out, result)
-
+    emit_json(result, as_json)
 
 def bench_xbt(
     quick: bool = typer.Option(False, help="Under 10 minutes on 2 cores: 1 seed, fewer steps, sweep 1k/4k."),
     seeds: Optional[int] = typer.Option(None, help="Training seeds to average (default: 1 quick, 3 full)."),
-    json_out: Path = typer.Option(Path("runs/bench/xbt.json"), "--json", help="JSON output (.md and .html beside it)."),
+    json_out: Path = typer.Option(Path("runs/bench/xbt.json"), "--out", help="JSON output (.md and .html beside it)."),
     models: Path = typer.Option(Path("models"), help="Folder with world-old / world-new (/ world-newer)."),
     world: Path = typer.Option(Path("data/world"), help="World root (only world.json is read; splits are rendered)."),
     split: str = typer.Option("test", help="Evaluation split: test (report) or val (tuning)."),
@@ -69,8 +73,10 @@ def bench_xbt(
     config: Optional[Path] = config_option(),
     set_: Optional[List[str]] = set_option(),
     show_config: bool = show_config_option(),
+    as_json: bool = json_flag(),
 ) -> None:
     """XBT vs its baselines and training-free bridges on the world (tables, sweep, cost, matrix)."""
+    echo = quiet(as_json)
     from ..bench.xbt import XBTBenchConfig, run_xbt_bench
     from ..bench.xbt_report import format_xbt_tables
 
@@ -85,9 +91,9 @@ def bench_xbt(
         result = run_xbt_bench(models, world, json_out, cfg, log=lambda m: console.print(m))
     except (ValueError, FileNotFoundError, RuntimeError) as e:
         fail(str(e))
-    typer.echo(format_xbt_tables(result))
+    echo(format_xbt_tables(result))
     console.print(f"wrote {json_out} (+ .md, .html) in {result['seconds']:.0f}s")
-
+    emit_json(result, as_json)
 
 def bench_xbt_text(
     data: Optional[Path] = typer.Option(None, help="Multi30K root (default: $NOBACKFILL_SHARED/data/multi30k)."),
@@ -102,15 +108,17 @@ def bench_xbt_text(
     xbt_steps: Optional[int] = typer.Option(None, help="Override the XBT (stage 2) steps."),
     seed: int = typer.Option(0, help="Seed."),
     threads: int = typer.Option(1, help="torch threads."),
-    json_out: Path = typer.Option(Path("runs/bench/xbt_text.json"), "--json", help="JSON output (a .md table beside it)."),
+    json_out: Path = typer.Option(Path("runs/bench/xbt_text.json"), "--out", help="JSON output (a .md table beside it)."),
     save_upgrade: Optional[Path] = typer.Option(None, help="Write the trained xbt-text upgrade here (default: "
                                                            "under --work-dir); the xbt_new_old row is what it gives."),
     config: Optional[Path] = config_option(),
     set_: Optional[List[str]] = set_option(),
     show_config: bool = show_config_option(),
+    as_json: bool = json_flag(),
 ) -> None:
     """XBT on real text: Multi30K caption-to-caption retrieval with an old small text model and MiniLM
     (rows old_old, new_new, phi_stage1_new_old, xbt_new_old; R@1/5/10 on val)."""
+    echo = quiet(as_json)
     from ..bench.xbt_text import XBTTextConfig, run_xbt_text, write_outputs
 
     base = XBTTextConfig.quick(seed=seed, threads=threads) if quick else XBTTextConfig(seed=seed, threads=threads)
@@ -123,14 +131,13 @@ def bench_xbt_text(
                               save_upgrade=save_upgrade, log=lambda m: console.print(m))
     except (ValueError, FileNotFoundError) as e:
         fail(str(e))
-    typer.echo(write_outputs(result, json_out))
+    echo(write_outputs(result, json_out))
     console.print(f"wrote {json_out}")
-
-
+    emit_json(result, as_json)
 
 def bench_routes(
     quick: bool = typer.Option(False, help="Calibrate on half the world val split and 500 Multi30K train pairs."),
-    json_out: Path = typer.Option(Path("runs/bench/routes.json"), "--json", help="JSON output (a .md table beside it)."),
+    json_out: Path = typer.Option(Path("runs/bench/routes.json"), "--out", help="JSON output (a .md table beside it)."),
     eval_dir: Optional[Path] = typer.Option(None, help="Folder laid out like Multi30K task2/raw holding "
                                                        "val.{1..5}.en.gz: the text part evaluates on it."),
     data: Optional[Path] = typer.Option(None, help="Multi30K root (default: $NOBACKFILL_SHARED/data/multi30k)."),
@@ -141,10 +148,12 @@ def bench_routes(
     config: Optional[Path] = config_option(),
     set_: Optional[List[str]] = set_option(),
     show_config: bool = show_config_option(),
+    as_json: bool = json_flag(),
 ) -> None:
     """Every route of a live-upgraded collection, through the Searcher: old/old, bridge, fused (w chosen
     on a calibration split), new/new on the world (t2i, i2t) and on Multi30K (caption 1 -> 2); merges
     and negative flips."""
+    echo = quiet(as_json)
     from ..bench.routes import RoutesBenchConfig, format_markdown, run_routes_bench
     from ..report import write_json_and_markdown
 
@@ -156,13 +165,13 @@ def bench_routes(
         result = run_routes_bench(cfg, log=lambda m: console.print(m))
     except user_errors() as e:
         fail(str(e))
-    typer.echo(write_json_and_markdown(result, json_out, format_markdown(result)))
+    echo(write_json_and_markdown(result, json_out, format_markdown(result)))
     console.print(f"wrote {json_out} (+ .md) in {result['seconds']:.0f}s")
-
+    emit_json(result, as_json)
 
 def bench_backfill(
     quick: bool = typer.Option(False, help="Calibrate on half the val split."),
-    json_out: Path = typer.Option(Path("runs/bench/backfill.json"), "--json", help="JSON output (.md, .png and "
+    json_out: Path = typer.Option(Path("runs/bench/backfill.json"), "--out", help="JSON output (.md, .png and "
                                                                                   ".html beside it)."),
     world: Path = typer.Option(Path("data/world"), help="World root (test: report, val: calibration, train: cost)."),
     models: Path = typer.Option(Path("models"), help="Folder with world-old / world-new."),
@@ -173,9 +182,11 @@ def bench_backfill(
     config: Optional[Path] = config_option(),
     set_: Optional[List[str]] = set_option(),
     show_config: bool = show_config_option(),
+    as_json: bool = json_flag(),
 ) -> None:
     """R@1 while backfilling 0 -> 100 % for every order x merge (AUC, no-regret check, flips), and the
     cost of an upgrade and of a full backfill."""
+    echo = quiet(as_json)
     from ..bench.backfill import BackfillBenchConfig, run_backfill_bench, write_report
 
     kw = dict(models=models, world=world, work=work, orders=tuple(o for o in orders.split(",") if o),
@@ -188,13 +199,13 @@ def bench_backfill(
         result = run_backfill_bench(cfg, log=lambda m: console.print(m))
     except user_errors() as e:
         fail(str(e))
-    typer.echo(write_report(result, json_out))
+    echo(write_report(result, json_out))
     console.print(f"wrote {json_out} (+ .md, .png, .html) in {result['seconds']:.0f}s")
-
+    emit_json(result, as_json)
 
 def bench_store(
     quick: bool = typer.Option(False, help="N = 100k (full: 1M), 20k real MiniLM captions (full: 145k)."),
-    json_out: Path = typer.Option(Path("runs/bench/store.json"), "--json", help="JSON output (a .md table beside it)."),
+    json_out: Path = typer.Option(Path("runs/bench/store.json"), "--out", help="JSON output (a .md table beside it)."),
     n: Optional[int] = typer.Option(None, help="Vectors per row (overrides --quick's / the full default)."),
     datasets: str = typer.Option("minilm,world,random", help="Comma list: minilm, world, random."),
     backends: Optional[str] = typer.Option(None, help="Comma list of <kind>:<index> (faiss:HNSW32, milvus-lite:FLAT, "
@@ -207,9 +218,11 @@ def bench_store(
     config: Optional[Path] = config_option(),
     set_: Optional[List[str]] = set_option(),
     show_config: bool = show_config_option(),
+    as_json: bool = json_flag(),
 ) -> None:
     """Storage backends at scale: ingest, build, search latency (batch 1 / 64), recall@10 against exact
     search, peak RSS, for real MiniLM, world and random vectors; a two-space search against one."""
+    echo = quiet(as_json)
     from ..bench.store import StoreBenchConfig, format_markdown, run_store_bench
     from ..report import write_json_and_markdown
 
@@ -225,14 +238,13 @@ def bench_store(
         result = run_store_bench(cfg, log=lambda m: console.print(m), server=server)
     except user_errors() as e:
         fail(str(e))
-    typer.echo(write_json_and_markdown(result, json_out, format_markdown(result)))
+    echo(write_json_and_markdown(result, json_out, format_markdown(result)))
     console.print(f"wrote {json_out} (+ .md) in {result['seconds']:.0f}s")
-
-
+    emit_json(result, as_json)
 
 def bench_serve(
     quick: bool = typer.Option(False, help="2,000 requests and 20 fault trials (full: 2,400 and 24)."),
-    json_out: Path = typer.Option(Path("runs/bench/serve.json"), "--json", help="JSON output (a .md table beside it)."),
+    json_out: Path = typer.Option(Path("runs/bench/serve.json"), "--out", help="JSON output (a .md table beside it)."),
     concurrency: int = typer.Option(8, help="Concurrent clients."),
     world: Path = typer.Option(Path("data/world"), help="World root (test: the collection, val: calibration)."),
     models: Path = typer.Option(Path("models"), help="Folder with world-old / world-new."),
@@ -240,9 +252,11 @@ def bench_serve(
     config: Optional[Path] = config_option(),
     set_: Optional[List[str]] = set_option(),
     show_config: bool = show_config_option(),
+    as_json: bool = json_flag(),
 ) -> None:
     """The service on 127.0.0.1 under a bounded load during a backfill, SIGKILL fault trials, and every
     class of bad input."""
+    echo = quiet(as_json)
     from ..bench.serve import ServeBenchConfig, format_markdown, run_serve_bench
     from ..report import write_json_and_markdown
 
@@ -253,5 +267,6 @@ def bench_serve(
         result = run_serve_bench(cfg, log=lambda m: console.print(m))
     except user_errors() as e:
         fail(str(e))
-    typer.echo(write_json_and_markdown(result, json_out, format_markdown(result)))
+    echo(write_json_and_markdown(result, json_out, format_markdown(result)))
     console.print(f"wrote {json_out} (+ .md) in {result['seconds']:.0f}s")
+    emit_json(result, as_json)

@@ -11,7 +11,7 @@ from typing import List, Optional
 import typer
 from rich.markup import escape
 
-from ._common import console, fail, user_errors
+from ._common import console, fail, langs_option, user_errors, warn_truncated
 from .gallery import print_hits
 
 collection_app = typer.Typer(no_args_is_help=True, help="Collections: a gallery that keeps working across model "
@@ -54,7 +54,7 @@ def add(
     data: Optional[Path] = typer.Option(None, help="A data folder (images and/or captions.jsonl) or a world root "
                                                    "(with --split). Images no caption mentions are added too."),
     split: str = typer.Option("test", help="Split when --data is a world root."),
-    langs: str = typer.Option("", help="Comma-separated caption languages to add (default: all in the data)."),
+    langs: str = langs_option(),
     texts: Optional[Path] = typer.Option(None, help="A text file (one text a line) or JSONL ({\"text\", \"id\", ...}) "
                                                     "of texts to add."),
     skip_bad: bool = typer.Option(False, help="Skip malformed lines and unreadable images (and report how many)."),
@@ -81,6 +81,8 @@ def add(
             items, skipped, uncaptioned = text_file_items(texts), 0, 0
         entry = c.space(c.current_space)
         enc = ModelPool().get(entry["model"], c.current_space, what="collection's current model")
+        text_items = [it for it in items if it.modality == "text"]
+        warn_truncated(enc, [it.source["text"] for it in text_items], [f"item {it.id}" for it in text_items])
         t0 = time.time()
         rep = add_items(c, enc, items, chunk_size=chunk_size, skip_bad=skip_bad, progress=True, wait=wait)
     except user_errors() as e:

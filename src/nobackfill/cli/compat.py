@@ -8,7 +8,8 @@ from typing import List, Optional
 
 import typer
 
-from ._common import config_option, console, fail, resolve_config, set_option, show_config_option
+from ._common import (config_option, console, emit_json, fail, json_flag, quiet, resolve_config, set_option,
+                      show_config_option)
 
 
 compat_app = typer.Typer(no_args_is_help=True,
@@ -129,7 +130,7 @@ def train_cmd(
 def bench_compat_steps(
     steps: str = typer.Option("2,5,10", help="Comma-separated T values."),
     quick: bool = typer.Option(False, help="12 epochs per model (instead of 40) at lr 5e-3, 2-model ELODI ensembles."),
-    json_out: Path = typer.Option(Path("runs/bench/compat_steps.json"), "--json",
+    json_out: Path = typer.Option(Path("runs/bench/compat_steps.json"), "--out",
                                   help="JSON output (.md and .html with C heatmaps beside it)."),
     methods: str = typer.Option("", help="Comma-separated subset of methods (default: all)."),
     train_steps: Optional[int] = typer.Option(None, help="Fixed optimiser steps per model (instead of epochs)."),
@@ -149,9 +150,11 @@ def bench_compat_steps(
     config: Optional[Path] = config_option(),
     set_: Optional[List[str]] = set_option(),
     show_config: bool = show_config_option(),
+    as_json: bool = json_flag(),
 ) -> None:
     """The compatibility-learning tutorial's tables on the world: AC / AA / ACA per method for each T,
     NFR of the flip-reduction methods, C heatmaps (HTML)."""
+    echo = quiet(as_json)
     from ..bench.compat_steps import METHOD_ORDER, CompatStepsConfig, format_compat_steps, run_compat_steps
     from ..compat.learning.data import DataConfig
     from ..compat.learning.sequence import SequenceConfig
@@ -171,5 +174,6 @@ def bench_compat_steps(
         result = run_compat_steps(cfg, json_out, work_dir, log=lambda m: console.print(m))
     except (ValueError, FileNotFoundError) as e:
         fail(str(e))
-    typer.echo(format_compat_steps(result))
+    echo(format_compat_steps(result))
     console.print(f"wrote {json_out} (+ .md, .html) in {result['seconds']:.0f}s")
+    emit_json(result, as_json)

@@ -7,7 +7,7 @@ from typing import List, Optional
 
 import typer
 
-from ._common import fail, user_errors, write_json
+from ._common import emit_json, fail, json_flag, langs_option, quiet, user_errors, write_json
 
 
 def eval_retrieval(
@@ -15,8 +15,8 @@ def eval_retrieval(
     gallery_model: Path = typer.Option(..., help="Model that embedded the gallery."),
     data: Path = typer.Option(..., help="User data folder or world root."),
     split: str = typer.Option("test", help="Split when --data is a world root."),
-    langs: str = typer.Option("en", help="Comma-separated caption languages."),
-    json_out: Optional[Path] = typer.Option(None, "--json", help="Write results as JSON here."),
+    langs: str = langs_option(),
+    json_out: Optional[Path] = typer.Option(None, "--out", help="Write results as JSON here."),
     bridge: Optional[List[Path]] = typer.Option(None, "--bridge", help="Upgrade directory taking the query model "
                                                 "into the gallery model's space; repeat to chain bridges."),
     reco: Optional[Path] = typer.Option(None, "--reco", help="RECO directory: refine the queries (queries only; "
@@ -25,9 +25,11 @@ def eval_retrieval(
                                         "by direction) | cmli-sym (their mean); one model on both sides."),
     rerank_k: int = typer.Option(100, help="First-stage candidates to re-rank."),
     rerank_weight: float = typer.Option(1.0, help="Re-rank score = global + weight * CMLI (inf: CMLI only)."),
+    as_json: bool = json_flag(),
 ) -> None:
     """Text->image and image->text R@1/5/10, median rank, mAP for a query model x gallery model
     (optionally through bridges, RECO-refined queries, or CMLI re-ranking of the top-k)."""
+    echo = quiet(as_json)
     from ..encoders import load_encoder
     from ..evaluate import cross_retrieval, embed_dataset, load_eval_data
     from ..report import recall_table_rows, text_table
@@ -35,7 +37,7 @@ def eval_retrieval(
     try:
         ds = load_eval_data(data, split, langs=[x for x in langs.split(",") if x])
         if rerank:
-            return _eval_reranked(query_model, gallery_model, ds, rerank, rerank_k, rerank_weight, json_out)
+            return _eval_reranked(query_model, gallery_model, ds, rerank, rerank_k, rerank_weight, json_out, as_json)
         q = load_encoder(query_model)
         g = q if gallery_model == query_model else load_encoder(gallery_model)
         ge = embed_dataset(g, ds, progress=True)
@@ -53,12 +55,12 @@ def eval_retrieval(
     res.update({"query_model": str(query_model), "gallery_model": str(gallery_model), "n_images": len(ds),
                 "n_captions": len(ds.captions), "query_space": q.space_id, "gallery_space": g.space_id,
                 "bridges": [str(b) for b in bridge or []], "reco": str(reco) if reco else None})
-    typer.echo(text_table(*recall_table_rows({f"{query_model.name}/{gallery_model.name}": res})))
+    echo(text_table(*recall_table_rows({f"{query_model.name}/{gallery_model.name}": res})))
     write_json(json_out, res)
-
+    emit_json(res, as_json)
 
 def _eval_reranked(query_model: Path, gallery_model: Path, ds, rerank: str, rerank_k: int, weight: float,
-                   json_out: Optional[Path]) -> None:
+                   json_out: Optional[Path], as_json: bool) -> None:
     """``eval retrieval --rerank``: global and re-ranked metrics side by side, all queries at once."""
     import numpy as np
 
@@ -80,8 +82,9 @@ def _eval_reranked(query_model: Path, gallery_model: Path, ds, rerank: str, rera
            "reranked": rerank_metrics(scored, data, {"t2i": (variant, weight), "i2t": (variant, weight)}),
            "rerank": rerank, "rerank_k": rerank_k, "weight": weight, "model": str(query_model),
            "n_images": len(ds), "n_captions": len(ds.captions), "space": enc.space_id}
-    typer.echo(text_table(*recall_table_rows({"global": res["global"], f"+ {rerank} @ {weight}": res["reranked"]})))
+    quiet(as_json)(text_table(*recall_table_rows({"global": res["global"], f"+ {rerank} @ {weight}": res["reranked"]})))
     write_json(json_out, res)
+    emit_json(res, as_json)
 
 
 def eval_compat(
@@ -90,14 +93,16 @@ def eval_compat(
     bridge: List[Path] = typer.Option(..., "--bridge", help="Upgrade directory new -> old (repeat to chain)."),
     data: Path = typer.Option(..., help="User data folder or world root."),
     split: str = typer.Option("test", help="Split when --data is a world root."),
-    langs: str = typer.Option("en", help="Comma-separated caption languages."),
+    langs: str = langs_option(),
     strict: bool = typer.Option(False, help="Eq. 1 with strict inequalities (a tie fails); default: ties satisfy "
                                             "<= / >= as written."),
     n_unpaired: int = typer.Option(20000, help="Sampled unpaired (i, j) for the criterion rates."),
-    json_out: Optional[Path] = typer.Option(None, "--json", help="Write results as JSON here."),
+    json_out: Optional[Path] = typer.Option(None, "--out", help="Write results as JSON here."),
+    as_json: bool = json_flag(),
 ) -> None:
     """Backward compatibility of an upgraded new model with an old gallery: old/old, new/new (upgrade
     off), raw new/old, upgraded new/old R@1/5/10, gap closure, Eq. 1 criterion rates, on/off check."""
+    echo = quiet(as_json)
     from ..compat.upgrade import load_upgrade, query_side
     from ..encoders import load_encoder
     from ..evaluate import Embedded, cross_flips, cross_retrieval, embed_dataset, load_eval_data
@@ -130,15 +135,17 @@ def eval_compat(
     crit = cross_modal_criterion(eu.texts, eu.images, eo.texts, eo.images, c2i, n_unpaired=n_unpaired, strict=strict)
     labels = {"old_old": "old/old", "new_new": "new/new (off)", "new_old_raw": "raw new/old",
               "upgraded_new_old": "upgraded new/old"}
-    typer.echo(text_table(*recall_table_rows({labels[k]: v for k, v in rows.items()})))
-    typer.echo("gap closure: " + ", ".join(f"{d} {v:.2f}" if v is not None else f"{d} -" for d, v in gap.items()))
+    echo(text_table(*recall_table_rows({labels[k]: v for k, v in rows.items()})))
+    echo("gap closure: " + ", ".join(f"{d} {v:.2f}" if v is not None else f"{d} -" for d, v in gap.items()))
     for case, r in crit.items():
-        typer.echo(f"criterion {case}: paired {100 * r['paired']:.1f}%  unpaired {100 * r['unpaired']:.1f}%")
+        echo(f"criterion {case}: paired {100 * r['paired']:.1f}%  unpaired {100 * r['unpaired']:.1f}%")
     for name, f in flips.items():
-        typer.echo(f"flips vs old/old, {labels[name]}: " + ", ".join(
+        echo(f"flips vs old/old, {labels[name]}: " + ", ".join(
             f"{d} NFR {100 * v['NFR']:.1f}% PFR {100 * v['PFR']:.1f}%" for d, v in f.items()))
     if onoff is not None:
-        typer.echo(f"upgrade off vs original new model: max abs diff {onoff}")
-    write_json(json_out, {"rows": rows, "gap_closure": gap, "criterion": crit, "flips": flips, "onoff_max_abs_diff": onoff,
-                           "strict": strict, "n_images": len(ds), "n_captions": len(ds.captions),
-                           "bridges": [str(b) for b in bridge], "spaces": {"old": o.space_id, "new": n.space_id}})
+        echo(f"upgrade off vs original new model: max abs diff {onoff}")
+    result = {"rows": rows, "gap_closure": gap, "criterion": crit, "flips": flips, "onoff_max_abs_diff": onoff,
+              "strict": strict, "n_images": len(ds), "n_captions": len(ds.captions),
+              "bridges": [str(b) for b in bridge], "spaces": {"old": o.space_id, "new": n.space_id}}
+    write_json(json_out, result)
+    emit_json(result, as_json)

@@ -8,7 +8,7 @@ from typing import List, Optional
 
 import typer
 
-from ._common import console, fail, user_errors
+from ._common import console, fail, langs_option, user_errors, warn_truncated
 
 
 def index(
@@ -16,13 +16,16 @@ def index(
     data: Path = typer.Option(..., help="User data folder (captions.jsonl + images) or a world root."),
     out: Path = typer.Option(..., help="Gallery directory (created, or resumed if it exists)."),
     split: str = typer.Option("test", help="Split to use when --data is a world root."),
-    langs: str = typer.Option("", help="Comma-separated caption languages to index (default: all)."),
+    langs: str = langs_option(),
     backend: str = typer.Option("flat", help="Vector index: a faiss factory string (Flat, HNSW32, HNSW32:efSearch=128, IVF1024,PQ16:nprobe=32) or flat | hnsw:M=16,ef=64."),
     skip_bad: bool = typer.Option(False, help="Skip malformed lines and unreadable images (and report how many)."),
     tokens: str = typer.Option("", help="Also store token outputs for CMLI re-ranking: float16 | float32."),
     token_dim: Optional[int] = typer.Option(None, help="With --tokens: PCA-project the tokens to this many dims."),
+    wait: bool = typer.Option(False, help="If another process is adding to the gallery, wait for it instead of "
+                                          "stopping."),
 ) -> None:
     """Embed a data folder's images and captions into a model-versioned gallery (resumable)."""
+    from ..index.build import StoreBusyError
     from ..index.ingest import index_pairs
     from ..encoders import load_encoder
     from ..evaluate import load_eval_data
@@ -30,12 +33,13 @@ def index(
     try:
         ds = load_eval_data(data, split, langs=[x for x in langs.split(",") if x], skip_bad=skip_bad)
         enc = load_encoder(model)
-        g = index_pairs(enc, ds, out, model_ref=str(model), backend=backend)
+        warn_truncated(enc, ds.captions, [f"{ds.root / 'captions.jsonl'} line {n}" for n in ds.caption_lines])
+        g = index_pairs(enc, ds, out, model_ref=str(model), backend=backend, wait=wait)
         if tokens:
             from ..late.rerank import store_dataset_tokens
 
             store_dataset_tokens(enc, ds, out, dtype=tokens, dim=token_dim)
-    except (ValueError, FileNotFoundError) as e:
+    except (ValueError, FileNotFoundError, StoreBusyError) as e:
         fail(str(e))
     if ds.skipped:
         console.print(f"[yellow]skipped {ds.skipped} bad line(s)/image(s)[/yellow]")

@@ -9,7 +9,8 @@ from typing import List, Optional
 
 import typer
 
-from ._common import config_option, console, fail, resolve_config, set_option, show_config_option
+from ._common import (config_option, console, emit_json, fail, json_flag, quiet, resolve_config, set_option,
+                      show_config_option)
 
 
 late_app = typer.Typer(no_args_is_help=True, help="Cross-modal late interaction (CMLI, Target-CMLI distillation).")
@@ -66,7 +67,7 @@ def late_train(
 
 def bench_late(
     quick: bool = typer.Option(False, help="Under 15 minutes on 2 cores: fewer steps, smaller val sets."),
-    json_out: Path = typer.Option(Path("runs/bench/late.json"), "--json", help="JSON output (a .md table beside it)."),
+    json_out: Path = typer.Option(Path("runs/bench/late.json"), "--out", help="JSON output (a .md table beside it)."),
     models: Path = typer.Option(Path("models"), help="Folder with world-new (teacher and reference)."),
     world: Path = typer.Option(Path("data/world"), help="World root (test split files + world.json)."),
     work: Optional[Path] = typer.Option(None, help="Trained models (reused when their recipe matches); "
@@ -83,9 +84,11 @@ def bench_late(
     config: Optional[Path] = config_option(),
     set_: Optional[List[str]] = set_option(),
     show_config: bool = show_config_option(),
+    as_json: bool = json_flag(),
 ) -> None:
     """CMLI on the world: global vs re-ranked vs CMLI-trained R@K (incl. attribute-swap hard
     negatives), Target-CMLI students, naive vs streamed CMLI memory/time."""
+    echo = quiet(as_json)
     from ..bench.late import LateBenchConfig, run_late_bench
     from ..bench.late_report import format_markdown
 
@@ -103,5 +106,6 @@ def bench_late(
         result = run_late_bench(models, world, json_out, cfg, work=work, log=lambda m: console.print(m))
     except (ValueError, FileNotFoundError, RuntimeError) as e:
         fail(str(e))
-    typer.echo(format_markdown(result))
+    echo(format_markdown(result))
     console.print(f"wrote {json_out} (+ .md) in {result['seconds']:.0f}s")
+    emit_json(result, as_json)

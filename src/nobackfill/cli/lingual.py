@@ -8,7 +8,7 @@ from typing import Optional
 
 import typer
 
-from ._common import console, fail, write_json
+from ._common import console, emit_json, fail, json_flag, quiet, write_json
 
 
 lingual_app = typer.Typer(no_args_is_help=True,
@@ -120,10 +120,12 @@ def evaluate(
     eta: float = typer.Option(0.0, help="World: translate-test score fusion weight (0 = the model alone)."),
     limit: Optional[int] = typer.Option(None, help="Evaluate on the first N lines / images."),
     cache_dir: Path = typer.Option(Path("runs/cache"), help="Embedding cache."),
-    json_out: Optional[Path] = typer.Option(None, "--json", help="Write the result as JSON."),
+    json_out: Optional[Path] = typer.Option(None, "--out", help="Write the result as JSON."),
     threads: int = typer.Option(1, help="torch threads."),
+    as_json: bool = json_flag(),
 ) -> None:
     """Multi30K: foreign -> English caption R@1 per language. World: text->image and image->text R@1."""
+    echo = quiet(as_json)
     import numpy as np
     import torch
 
@@ -148,10 +150,10 @@ def evaluate(
         fail(str(e))
     result["model"] = str(model)
     text = json.dumps(result, indent=2)
-    typer.echo(text)
+    echo(text)
     if json_out is not None:
         write_json(json_out, result)
-
+    emit_json(result, as_json)
 
 def bench_lingual_text(
     data: Optional[Path] = typer.Option(None, help="Multi30K root (default: $NOBACKFILL_SHARED/data/multi30k)."),
@@ -168,7 +170,8 @@ def bench_lingual_text(
     work_dir: Path = typer.Option(Path("runs/lingual-text"), help="Training scratch."),
     threads: int = _THREADS,
     jobs: int = _JOBS,
-    json_out: Path = typer.Option(Path("runs/bench/lingual_text.json"), "--json", help="JSON output (.md beside it)."),
+    json_out: Path = typer.Option(Path("runs/bench/lingual_text.json"), "--out", help="JSON output (.md beside it)."),
+    as_json: bool = json_flag(),
 ) -> None:
     """CLL on real text: MiniLM learns de -> fr -> cs (Multi30K task 1); a[j,i], AR, F per method and
     English forgetting."""
@@ -181,8 +184,8 @@ def bench_lingual_text(
                                   cache_dir=cache_dir, work_dir=work_dir, jobs=jobs, log=lambda m: console.print(m))
     except (ValueError, FileNotFoundError, ModuleNotFoundError) as e:
         fail(str(e))
-    _bench_done(result, json_out)
-
+    _bench_done(result, json_out, as_json)
+    emit_json(result, as_json)
 
 def _bench_config(cls, quick: bool, methods: str, threads: int, steps: int | None, lr: float | None,
                   teir_lr: float | None, **kw):
@@ -195,10 +198,10 @@ def _bench_config(cls, quick: bool, methods: str, threads: int, steps: int | Non
     return cfg
 
 
-def _bench_done(result: dict, json_out: Path) -> None:
+def _bench_done(result: dict, json_out: Path, as_json: bool) -> None:
     from ..bench.lingual import write_outputs
 
-    typer.echo(write_outputs(result, json_out))
+    quiet(as_json)(write_outputs(result, json_out))
     console.print(f"wrote {json_out}")
 
 
@@ -229,7 +232,8 @@ def bench_lingual_world(
     work_dir: Path = typer.Option(Path("runs/lingual-world"), help="Training scratch."),
     threads: int = _THREADS,
     jobs: int = _JOBS,
-    json_out: Path = typer.Option(Path("runs/bench/lingual_world.json"), "--json", help="JSON output (.md beside it)."),
+    json_out: Path = typer.Option(Path("runs/bench/lingual_world.json"), "--out", help="JSON output (.md beside it)."),
+    as_json: bool = json_flag(),
 ) -> None:
     """CLL on the world: the English-only world model learns de, fr, es, ru, el, zh in that order;
     t2i / i2t AR and F per method (and with translate-test fusion); image embeddings checked
@@ -249,4 +253,5 @@ def bench_lingual_world(
                                    work_dir=work_dir, jobs=jobs, log=lambda m: console.print(m))
     except (ValueError, FileNotFoundError) as e:
         fail(str(e))
-    _bench_done(result, json_out)
+    _bench_done(result, json_out, as_json)
+    emit_json(result, as_json)

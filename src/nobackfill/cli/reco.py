@@ -7,7 +7,8 @@ from typing import List, Optional
 
 import typer
 
-from ._common import config_option, console, fail, resolve_config, set_option, show_config_option
+from ._common import (config_option, console, emit_json, fail, json_flag, langs_option, quiet, resolve_config,
+                      set_option, show_config_option)
 
 
 from ..data.labels import LABEL_SETS
@@ -22,7 +23,7 @@ def build_memory_cmd(
     data: Path = typer.Option(..., help="Image-text pairs: a user data folder or a world root (see --split)."),
     out: Path = typer.Option(..., help="Memory directory to create."),
     split: str = typer.Option("train", help="Split when --data is a world root."),
-    langs: str = typer.Option("en", help="Comma-separated caption languages kept in the memory."),
+    langs: str = langs_option(),
     exclude: Optional[List[Path]] = typer.Option(None, "--exclude", help="Test data whose images, exact copies and "
                                                  "near-duplicates are removed (data folder; repeat)."),
     threshold: float = typer.Option(0.95, help="Near-duplicate cosine threshold (see --dedup)."),
@@ -126,7 +127,7 @@ def train_cmd(
 
 def bench_reco(
     quick: bool = typer.Option(False, help="Under 15 minutes on 2 cores: fewer training steps."),
-    json_out: Path = typer.Option(Path("runs/bench/reco.json"), "--json", help="JSON output (a .md table beside it)."),
+    json_out: Path = typer.Option(Path("runs/bench/reco.json"), "--out", help="JSON output (a .md table beside it)."),
     model: Path = typer.Option(Path("models/world-old"), help="The frozen encoder."),
     world: Path = typer.Option(Path("data/world"), help="World root (val: tuning, test: report)."),
     memory_size: int = typer.Option(20000, help="Memory pairs (a fresh world train split, cached)."),
@@ -137,9 +138,11 @@ def bench_reco(
     config: Optional[Path] = config_option(),
     set_: Optional[List[str]] = set_option(),
     show_config: bool = show_config_option(),
+    as_json: bool = json_flag(),
 ) -> None:
     """RECO on the world: fine-grained zero-shot and retrieval for base, RECO (queries only / both), the
     ablations (cross-modal search, uni-modal fusion, mean fusion) and k in {1, 5, 10, 20}; latency."""
+    echo = quiet(as_json)
     from ..bench.reco import RecoBenchConfig, run_reco_bench
     from ..bench.reco_report import format_reco_tables
 
@@ -154,5 +157,6 @@ def bench_reco(
         result = run_reco_bench(json_out, cfg, log=lambda m: console.print(m))
     except (ValueError, FileNotFoundError) as e:
         fail(str(e))
-    typer.echo(format_reco_tables(result))
+    echo(format_reco_tables(result))
     console.print(f"wrote {json_out} (+ .md) in {result['seconds']:.0f}s")
+    emit_json(result, as_json)

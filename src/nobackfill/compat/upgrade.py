@@ -345,8 +345,11 @@ class Upgrade:
     def _check_source(self, encoder: DualEncoder) -> str:
         sid = encoder.space_id
         if sid != self.source_id:
-            raise SpaceMismatchError(self.source_id, sid, f"apply upgrade {self.directory}", what="model's embeddings",
-                                     hint="the upgrade was trained for another new model")
+            raise SpaceMismatchError(self.source_id, sid, f"apply upgrade {self.directory}", what="given model's embeddings",
+                                     expected="upgrade's source (the new model it was trained for)",
+                                     expected_name=self.source.get("name", ""), other_name=getattr(encoder, "name", ""),
+                                     hint=f"its target is the gallery space {self.target_id} "
+                                          f"({self.target.get('name', '')}); give the model it was trained for")
         return sid
 
     def apply(self, encoder, enabled: bool = True) -> UpgradedEncoder:

@@ -173,13 +173,17 @@ def _normalise_image_path(image: str) -> str:
     return norm
 
 
-def _image_problem(path: Path) -> str | None:
-    """Why ``path`` is not a readable image, or None if it is fine."""
+def image_problem(path: Path) -> str | None:
+    """Why ``path`` is not an image that decodes completely, or None if it is fine: the checksums
+    (``verify``) and then the whole pixel stream (``load``; a PNG whose chunks are intact but whose
+    stream is cut short passes ``verify`` and would abort the embedding later)."""
     if not path.is_file():
         return "image file not found"
     try:
         with Image.open(path) as im:
             im.verify()
+        with Image.open(path) as im:
+            im.load()
     except Exception as exc:  # Pillow raises many types for corrupt data
         return f"cannot decode image ({type(exc).__name__}: {exc})"
     return None
@@ -274,7 +278,7 @@ def load_pairs(
             continue
         if check_images:
             if image not in problems:
-                problems[image] = _image_problem(root / image)
+                problems[image] = image_problem(root / image)
             if problems[image] is not None:
                 bad(no, f"image {image!r}: {problems[image]}")
                 continue

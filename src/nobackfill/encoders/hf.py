@@ -53,6 +53,11 @@ class HFEncoderMixin:
                              return_tensors="pt")
         return {"input_ids": enc["input_ids"], "attention_mask": enc["attention_mask"]}
 
+    def truncated(self, texts: Sequence[str]) -> list[int]:
+        """Indexes of the ``texts`` longer than the model's ``max_length`` tokens (embedded truncated)."""
+        lengths = [len(ids) for ids in self.tokenizer(list(texts), truncation=False)["input_ids"]]
+        return [i for i, n in enumerate(lengths) if n > self.max_length]
+
     def _pad(self, seqs: list[list[int]]) -> dict[str, torch.Tensor]:
         """Right-pad already tokenised sequences into one batch."""
         width = max(len(s) for s in seqs)

@@ -10,11 +10,12 @@ hard kill mid-build loses nothing committed and duplicates nothing on resume.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Sequence
 
 import numpy as np
 
@@ -24,7 +25,7 @@ from .store import DuplicateIdError, Gallery
 if TYPE_CHECKING:  # importing the encoder module pulls in torch
     from ..encoders.base import DualEncoder
 
-__all__ = ["build_gallery", "KILL_AFTER_CHUNKS_ENV"]
+__all__ = ["build_gallery", "StoreBusyError", "KILL_AFTER_CHUNKS_ENV"]
 
 KILL_AFTER_CHUNKS_ENV = "NOBACKFILL_TEST_KILL_AFTER_CHUNKS"
 
@@ -67,18 +68,54 @@ def build_gallery(
     backend: str = "flat",
     chunk_size: int = 512,
     progress: bool = True,
+    wait: bool = False,
 ) -> Gallery:
     """Embed ``images`` (id, path) and ``texts`` (id, text, metadata) into the gallery at ``out``.
 
     Creates the gallery (space and dim from ``encoder``, ``model_ref`` recorded as its model) or
     resumes it: ids already committed are skipped. Image metadata is ``{"path": str(path)}``;
     text metadata is ``{"text": text, **metadata}``. Returns the open gallery.
+
+    One build at a time per gallery: another process building into ``out`` makes this one raise
+    :class:`StoreBusyError` naming it, or (``wait``) queue behind it. A model that cannot embed a
+    modality given (a text-only model and images) is refused before anything is created.
     """
     if int(chunk_size) < 1:
         raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
     kill_after = _kill_after_from_env()
+    can = tuple(getattr(encoder, "modalities", ("image", "text")))
+    for modality, given in (("image", images), ("text", texts)):
+        if given and modality not in can:
+            raise ValueError(f"{model_ref}: the model embeds only {', '.join(can)} (it has no {modality} tower): "
+                             f"cannot index {len(given)} {modality}(s); nothing was written")
     space = encoder.space_id
-    gallery = Gallery.create(out, space_id=space, dim=encoder.embed_dim, model=model_ref, backend=backend)
+    with _build_lock(Path(out), wait):
+        gallery = Gallery.create(out, space_id=space, dim=encoder.embed_dim, model=model_ref, backend=backend)
+        _embed_into(gallery, encoder, images, texts, chunk_size, progress, kill_after)
+    return gallery
+
+
+class StoreBusyError(RuntimeError):
+    """Another process is adding to the same gallery."""
+
+
+@contextlib.contextmanager
+def _build_lock(root: Path, wait: bool) -> Iterator[None]:
+    from .storage import LocalStorage
+
+    root.mkdir(parents=True, exist_ok=True)
+    st = LocalStorage(root)
+    with st.lock("ingest", blocking=wait) as taken:
+        if not taken:
+            raise StoreBusyError(f"{root} is busy: {st.lock_holder('ingest')} is adding to it; wait for it to finish "
+                                 "or pass --wait to queue behind it")
+        st.record_holder("ingest")
+        yield
+
+
+def _embed_into(gallery: Gallery, encoder: "DualEncoder", images, texts, chunk_size: int, progress: bool,
+                kill_after: int) -> None:
+    space = gallery.space_id
 
     jobs = [
         _Job("image", [str(i) for i, _ in images], [Path(p) for _, p in images],
@@ -104,4 +141,3 @@ def build_gallery(
                 advance(len(rows))
                 if kill_after and committed >= kill_after:
                     os.kill(os.getpid(), signal.SIGKILL)  # test hook, see module docstring
-    return gallery

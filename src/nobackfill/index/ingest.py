@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any, Sequence
 
 import numpy as np
 
-from ..data.folder import CAPTIONS_FILE, DataFormatError, load_pairs
+from ..data.folder import CAPTIONS_FILE, DataFormatError, image_problem, load_pairs
 from ..progress import progress_bar
 from .build import _kill_after_from_env
 from .collection import Collection, Item, vector_key
@@ -91,7 +91,7 @@ def pair_ids(data: Any) -> tuple[list[str], list[str]]:
 
 
 def index_pairs(encoder: "DualEncoder", data: Any, out: str | Path, *, model_ref: str, backend: str = "flat",
-                progress: bool = True):
+                progress: bool = True, wait: bool = False):
     """Embed a data folder's images and captions into a single-space gallery under their stable ids
     (:func:`pair_ids`; rows with the same id are embedded once). Resumable."""
     from .build import build_gallery
@@ -101,19 +101,7 @@ def index_pairs(encoder: "DualEncoder", data: Any, out: str | Path, *, model_ref
     texts = list({t: (t, cap, {"lang": lang, "image": data.images[int(i)], "image_id": img_ids[int(i)]})
                   for t, cap, lang, i in zip(cap_ids, data.captions, data.langs, data.caption_image)}.values())
     return build_gallery(encoder, out, images=images, texts=texts, model_ref=model_ref, backend=backend,
-                         progress=progress)
-
-
-def _decode_problem(path: Path) -> str | None:
-    """Why ``path`` is not an image that decodes completely (None if it does)."""
-    from PIL import Image
-
-    try:
-        with Image.open(path) as im:
-            im.load()  # the whole pixel stream: a truncated stream fails here, not at embedding time
-    except Exception as exc:  # Pillow raises many types for corrupt data
-        return f"cannot decode image ({type(exc).__name__}: {exc})"
-    return None
+                         progress=progress, wait=wait)
 
 
 @dataclass
@@ -147,7 +135,7 @@ def folder_items(folder: str | Path, *, langs: Sequence[str] | None = None, skip
         image_ids: list[str] = []
         for rel, labels in zip(ds.images, ds.image_labels):
             path = root / rel
-            problem = _decode_problem(path)
+            problem = image_problem(path)
             if problem:
                 if not skip_bad:
                     raise DataFormatError(f"image {rel!r}: {problem}", path)
@@ -184,7 +172,7 @@ def folder_items(folder: str | Path, *, langs: Sequence[str] | None = None, skip
             rel = path.relative_to(root).as_posix()
             if rel in referenced or any(part.startswith(".") for part in path.relative_to(root).parts):
                 continue
-            problem = _decode_problem(path)
+            problem = image_problem(path)
             if problem:
                 if not skip_bad:
                     raise DataFormatError(f"image {rel!r}: {problem}", path)

@@ -368,7 +368,8 @@ class MilvusSpaceStore:
             for name in self.client.list_indexes(self.name) or []:
                 desc = self.client.describe_index(self.name, name) or {}
             total, done = int(desc.get("total_rows", 0)), int(desc.get("indexed_rows", 0))
-            if not desc or (int(desc.get("pending_index_rows", 0)) == 0 and done >= total):
+            if (not desc or desc.get("index_type") == "FLAT"  # nothing to build (milvus-lite reports no progress)
+                    or (int(desc.get("pending_index_rows", 0)) == 0 and done >= total)):
                 return desc
             if time.monotonic() > deadline:
                 raise TimeoutError(f"{self.name}: index built for {done} of {total} rows after {timeout_s:.0f}s")

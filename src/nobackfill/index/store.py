@@ -95,10 +95,12 @@ class CorruptGalleryError(GalleryError):
 class SpaceMismatchError(ValueError):
     """Vectors or queries from one embedding space were used against a gallery of another."""
 
-    def __init__(self, gallery_space: str, other_space: str, action: str, *, what: str, hint: str = "") -> None:
+    def __init__(self, gallery_space: str, other_space: str, action: str, *, what: str, hint: str = "",
+                 expected: str = "gallery", expected_name: str = "", other_name: str = "") -> None:
         self.gallery_space, self.other_space = gallery_space, other_space
-        msg = (f"cannot {action}: the gallery is in embedding space {gallery_space} "
-               f"but the {what} are in space {other_space}")
+        named = lambda sid, name: f"{sid} ({name})" if name else sid  # noqa: E731
+        msg = (f"cannot {action}: the {expected} is in embedding space {named(gallery_space, expected_name)} "
+               f"but the {what} are in space {named(other_space, other_name)}")
         super().__init__(msg + (f"; {hint}" if hint else ""))
 
 
@@ -808,12 +810,17 @@ class Gallery:
         if space_id != self.space_id:
             action = f"search {modality} gallery {self.path}"
             if bridge is None:
-                raise SpaceMismatchError(self.space_id, space_id, action, what="queries",
+                raise SpaceMismatchError(self.space_id, space_id, action, what="queries", expected_name=self.model,
                                          hint="embed them with the gallery's model or pass a bridge")
+            name = getattr(bridge, "name", "") or type(bridge).__name__
             if (bridge.source, bridge.target) != (space_id, self.space_id):
-                raise SpaceMismatchError(self.space_id, space_id, action, what="queries",
-                                         hint=f"the given bridge maps {bridge.source} -> {bridge.target}")
+                raise SpaceMismatchError(self.space_id, space_id, action, what="queries", expected_name=self.model,
+                                         hint=f"the bridge {name} maps {bridge.source} (its source) -> "
+                                              f"{bridge.target} (its target)")
             q = np.asarray(bridge(q))
+            if q.ndim == 2 and q.shape[1] != self.dim:
+                raise ValueError(f"bridge {name} outputs {q.shape[1]}-d vectors but gallery {self.path} holds "
+                                 f"{self.dim}-d vectors: the bridge was fitted for another model")
         q = self._check_rows(q, "queries")
         if int(k) < 1:
             raise ValueError(f"k must be >= 1, got {k}")

@@ -293,7 +293,13 @@ class RoutePlanner:
             from ..compat.upgrade import load_upgrade
 
             reg = BridgeRegistry.from_bridges(load_upgrade(d).bridge() for d in dirs)
-            self._bridges[key] = reg.resolve(source, target)
+            bridge = reg.resolve(source, target)
+            want, out = _space(self.plan, target).get("dim"), getattr(bridge, "target_dim", None)
+            if want and out and int(out) != int(want):
+                raise ValueError(f"bridge {', '.join(str(d) for d in dirs)} outputs {out}-d vectors but space "
+                                 f"{_space(self.plan, target).get('name') or target} holds {want}-d vectors: the "
+                                 "bridge was fitted for another model")
+            self._bridges[key] = bridge
         return self._bridges[key]
 
 
