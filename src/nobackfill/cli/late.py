@@ -55,10 +55,11 @@ def late_train(
         if spec is None:
             raise FileNotFoundError(f"{world}: no world.json")
         t = load_encoder(teacher)
-        kd = dataclasses.replace(cfg.kd, seed=cfg.seed) if cfg.kind == "kd" else None
-        _, r = train_world_method(cfg.kind, out, spec, t.tokenizer, preset=cfg.preset, steps=cfg.steps,
-                                  batch_size=cfg.batch_size, lr=cfg.lr, warmup=cfg.warmup, seed=cfg.seed,
-                                  threads=cfg.threads, cmli=cfg.cmli, kd=kd, teacher=t if cfg.kind == "kd" else None,
+        loop = cfg.loop
+        kd = dataclasses.replace(cfg.kd, seed=loop.seed) if cfg.kind == "kd" else None
+        _, r = train_world_method(cfg.kind, out, spec, t.tokenizer, preset=cfg.preset, steps=loop.steps,
+                                  batch_size=cfg.batch_size, lr=loop.lr, warmup=loop.warmup, seed=loop.seed,
+                                  threads=loop.threads, cmli=cfg.cmli, kd=kd, teacher=t if cfg.kind == "kd" else None,
                                   swap_twins=cfg.swap_twins, progress=True)
     except (ValueError, FileNotFoundError) as e:
         fail(str(e))

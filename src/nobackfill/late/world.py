@@ -31,13 +31,10 @@ class LateTrainConfig:
 
     kind: str = "cmli"
     preset: str = LATE_PRESET
-    steps: int = 2000
     batch_size: int = 64
-    lr: float = 2e-3
-    warmup: int = 50
-    seed: int = 0
-    threads: int = 1
     swap_twins: bool = False
+    #: steps, lr, warm-up, seed, threads (``--set steps=500`` is short for ``loop.steps``)
+    loop: LoopConfig = field(default_factory=lambda: LoopConfig(steps=2000, lr=2e-3, warmup=50, threads=1))
     cmli: CMLIConfig = field(default_factory=CMLIConfig)
     kd: KDConfig = field(default_factory=KDConfig)
 
