@@ -108,6 +108,7 @@ def _client(kind: str, parts: dict[str, str]) -> Any:
             if kind == "milvus-lite":
                 os.makedirs(os.path.dirname(os.path.abspath(parts["path"])) or ".", exist_ok=True)
                 c = MilvusClient(parts["path"])
+                c._nobackfill_embedded = True  # milvus-lite: no segment loading to wait for
             else:
                 kw: dict[str, Any] = {"uri": parts["uri"]}
                 tok = _token()
@@ -358,8 +359,9 @@ class MilvusSpaceStore:
         self.flush()
         deadline = time.monotonic() + timeout_s
         desc = self._wait_index_built(deadline, timeout_s, poll_s)
-        with contextlib.suppress(Exception):  # a server: load the sealed, indexed segments now
-            self.client.refresh_load(self.name)
+        if not getattr(self.client, "_nobackfill_embedded", False) and desc.get("index_type") != "FLAT":
+            with contextlib.suppress(Exception):  # a server: load the sealed, indexed segments now
+                self.client.refresh_load(self.name, timeout=max(1.0, deadline - time.monotonic()))
         return desc
 
     def _wait_index_built(self, deadline: float, timeout_s: float, poll_s: float) -> dict:
