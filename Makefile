@@ -30,7 +30,7 @@ bench: $(STAMP)
 	$(BIN)/nobackfill bench xbt --quick --json runs/bench/quick/xbt.json
 	$(BIN)/nobackfill bench xbt-text --json runs/bench/xbt_text.json
 	$(BIN)/nobackfill bench compat-steps --steps 2,5,10 --quick --json runs/bench/quick/compat_steps.json
-	$(BIN)/nobackfill bench lingual-text --quick --json runs/bench/quick/lingual_text.json
+	$(BIN)/nobackfill bench lingual-text --quick --jobs 2 --json benchmarks/results/lingual_text.json
 	$(BIN)/nobackfill bench lingual-world --quick --json runs/bench/quick/lingual_world.json
 	$(BIN)/nobackfill bench reco --quick --json runs/bench/quick/reco.json
 	$(BIN)/nobackfill bench late --quick --json runs/bench/quick/late.json

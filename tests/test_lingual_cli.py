@@ -69,6 +69,32 @@ def test_cli_learn_then_eval_on_multi30k(m30k, tmp_path):
     assert json.loads((tmp_path / "again" / "lingual.json").read_text())["learned"] == ["en", "de"]
 
 
+@pytest.mark.parametrize("method", ["lora", "prompt", "dualprompt"])
+def test_cli_learn_saves_and_reloads_per_language_methods(m30k, tmp_path, method):
+    """``lingual learn --method lora`` (and prompt, dualprompt) saves a model that ``lingual eval``
+    and :func:`open_learned` reload with the same embeddings."""
+    from nobackfill.lingual.adapters import use_language
+    from nobackfill.lingual.learner import open_learned
+
+    root, ev, model = m30k
+    out = tmp_path / method
+    r = runner.invoke(_app(), ["lingual", "learn", "--model", str(model), "--tasks", "en,de", "--data", str(root),
+                               "--out", str(out), "--steps", "2", "--batch-size", "8", "--vocab-size", "150",
+                               "--method", method, "--cache-dir", str(tmp_path / "cache")])
+    assert r.exit_code == 0, r.output
+    state = json.loads((out / "lingual.json").read_text())
+    assert state["method"]["name"] == method and state["learned"] == ["en", "de"]
+    j = tmp_path / "eval.json"
+    r = runner.invoke(_app(), ["lingual", "eval", "--model", str(out), "--data", str(root), "--langs", "de",
+                               "--eval-dir", str(ev), "--cache-dir", str(tmp_path / "cache"), "--json", str(j)])
+    assert r.exit_code == 0, r.output
+    a, _ = open_learned(out)
+    b, _ = open_learned(out)
+    use_language(a, "de")
+    use_language(b, "de")
+    np.testing.assert_allclose(a.encode_texts(["ein hund"]), b.encode_texts(["ein hund"]), atol=1e-6)
+
+
 def test_cli_errors_are_clear(m30k, tmp_path):
     root, _, model = m30k
     r = runner.invoke(_app(), ["lingual", "learn", "--model", str(model), "--tasks", "en,xx", "--data", str(root),

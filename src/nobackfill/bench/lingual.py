@@ -26,15 +26,12 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Callable
 
-import numpy as np
 import torch
 
 from ..evaluate import embed_texts_cached
-from ..lingual.adapters import use_language
-from ..lingual.data import (foreign_to_english, multi30k_eval_lines, multi30k_tasks, recall_at_1, world_retrieval,
-                            world_tasks)
+from ..lingual.data import multi30k_sequence, world_sequence
 from ..lingual.learner import CLLConfig
-from ..lingual.sequence import StageEval, map_methods, method_config, prefixed_print, run_sequence, summarise
+from ..lingual.sequence import map_methods, method_config, prefixed_print, run_sequence, summarise
 
 TEXT_LANGS = ("de", "fr", "cs")
 #: the world's languages after English, in a fixed order (the grammars' order)
@@ -97,55 +94,31 @@ class LingualTextConfig(_FamilyRates):
         return c
 
 
-@dataclass
-class _TextSetup:
-    tasks: list
-    train_en: list
-    ev: dict
-    q_en: list
-    g_en: list
-    base: object
-
-    def english_features(self, frozen, cache_dir):
-        return lambda texts: embed_texts_cached(frozen, texts, cache_dir)
-
-    def evaluate(self, cache_dir) -> StageEval:
-        def evaluate(enc) -> dict:
-            enc.invalidate_space_id()
-            f2e = foreign_to_english(enc, self.ev, cache_dir)
-            use_language(enc, "en")
-            return {"f2e": f2e,
-                    "en_caption": recall_at_1(embed_texts_cached(enc, self.q_en, cache_dir),
-                                              embed_texts_cached(enc, self.g_en, cache_dir))}
-        return evaluate
-
-
-def _text_setup(data, eval_dir, cfg: "LingualTextConfig", model) -> _TextSetup:
-    from ..data.multi30k import read_task2
+def _text_setup(data, eval_dir, cfg: "LingualTextConfig", model):
     from ..encoders.minilm import MiniLMTextEncoder
 
     base = MiniLMTextEncoder.pretrained() if model in (None, "", "pretrained") else MiniLMTextEncoder.load(model)
-    tasks, train_en = multi30k_tasks(data, cfg.langs, cfg.train_lines)
-    ev = multi30k_eval_lines(data, cfg.eval_split, cfg.langs, eval_dir, cfg.eval_limit)
-    cap = read_task2(data, "val", "en", ks=(1, 2))
-    return _TextSetup(tasks, train_en, ev, cap.column(1), cap.column(2), base)
+    return base, multi30k_sequence(data, cfg.langs, cfg.train_lines, cfg.eval_split, eval_dir, cfg.eval_limit)
 
 
 def _text_method(name: str, data, eval_dir, cfg: "LingualTextConfig", model, cache_dir, work_dir,
-                 log: Callable[[str], None] | None = None) -> tuple[dict, dict]:
+                 log: Callable[[str], None] | None = None) -> dict:
     """One method's whole sequence (run in the parent or in a worker process)."""
     torch.set_num_threads(cfg.cll.threads)
-    log = log or prefixed_print(name)
-    st = _text_setup(data, eval_dir, cfg, model)
-    seq = run_sequence(copy.deepcopy(st.base), st.tasks, cfg.method_cll(name), st.evaluate(cache_dir),
-                       english_corpus=st.train_en, english_features=st.english_features(st.base, cache_dir),
-                       work_dir=Path(work_dir), oracle_corpora=[t.corpus for t in st.tasks], log=log)
+    base, st = _text_setup(data, eval_dir, cfg, model)
+    seq = run_sequence(copy.deepcopy(base), st.tasks, cfg.method_cll(name), st.evaluator(cache_dir),
+                       english_corpus=st.english_corpus, english_features=_cached(base, cache_dir),
+                       work_dir=Path(work_dir), oracle_corpora=[t.corpus for t in st.tasks],
+                       log=log or prefixed_print(name))
     s = summarise(seq.stages, cfg.langs, "f2e")
-    s["english_R@1"] = [x["en_caption"] for x in seq.stages[1:]]
-    s["final"] = {lang: seq.stages[-1]["f2e"][lang] for lang in cfg.langs}
-    s["tasks"] = seq.history
-    s["seconds"] = round(seq.seconds, 1)
-    return s, seq.stages[0]
+    s.update({"english_R@1": [x["en_caption"] for x in seq.stages[1:]], "tasks": seq.history,
+              "final": {lang: seq.stages[-1]["f2e"][lang] for lang in cfg.langs}, "seconds": round(seq.seconds, 1)})
+    return s
+
+
+def _cached(frozen, cache_dir) -> Callable:
+    """Texts -> the frozen model's embeddings, cached on disk (the English targets r^E)."""
+    return lambda texts: embed_texts_cached(frozen, texts, cache_dir)
 
 
 def run_lingual_text(data: str | Path, *, eval_dir: str | Path | None = None, quick: bool = False,
@@ -157,20 +130,20 @@ def run_lingual_text(data: str | Path, *, eval_dir: str | Path | None = None, qu
     cfg = config or (LingualTextConfig.quick() if quick else LingualTextConfig())
     torch.set_num_threads(cfg.cll.threads)
     t_start = time.time()
-    st = _text_setup(data, eval_dir, cfg, model)
-    stage0 = st.evaluate(cache_dir)(st.base)  # warms the cache for every worker
-    st.english_features(st.base, cache_dir)(st.tasks[0].english)
+    base, st = _text_setup(data, eval_dir, cfg, model)
+    stage0 = st.evaluator(cache_dir)(base)  # warms the cache for every worker
+    _cached(base, cache_dir)(st.tasks[0].english)
     for name in cfg.methods:
         method_config(name, cfg.cll)  # fail fast on a bad name
     outs = map_methods(_text_method, cfg.methods, (data, eval_dir, cfg, model, cache_dir, work_dir), jobs, log)
     result: dict = {"methods": {}, "english_R@1_after": {}, "zero_shot": stage0["f2e"],
                     "english_R@1_before": stage0["en_caption"]}
-    for name, (s, _) in zip(cfg.methods, outs):
+    for name, s in zip(cfg.methods, outs):
         result["methods"][name] = s
         result["english_R@1_after"][name] = s["english_R@1"][-1]
     result.update({
         "langs": list(cfg.langs), "eval_split": cfg.eval_split, "eval_dir": None if eval_dir is None else str(eval_dir),
-        "n_eval": len(st.ev["en"]), "train_lines": len(st.tasks[0].foreign), "quick": quick, "config": asdict(cfg),
+        "n_eval": len(st.eval_lines["en"]), "train_lines": len(st.tasks[0].foreign), "quick": quick, "config": asdict(cfg),
         "jobs": jobs, "reference_frozen_minilm": MINILM_REFERENCE, "seconds": round(time.time() - t_start, 1),
         "host": {"platform": platform.platform(), "torch_threads": torch.get_num_threads()},
     })
@@ -220,53 +193,18 @@ class LingualWorldConfig(_FamilyRates):
         return c
 
 
-def _world_setup(data, model, cfg: "LingualWorldConfig") -> dict:
-    from ..encoders import load_encoder
-    from ..evaluate import load_eval_data
-
-    base = load_encoder(model)
-    langs_all = ("en", *cfg.langs)
-    train_data = load_eval_data(data, "train", langs=langs_all)
-    train_data = train_data.subset_images(np.arange(min(cfg.train_images, len(train_data))))
-    test_data = load_eval_data(data, cfg.eval_split, langs=langs_all)
-    if cfg.eval_limit:
-        test_data = test_data.subset_images(np.arange(min(cfg.eval_limit, len(test_data))))
-    train_imgs = base.encode_images(train_data.image_paths())
-    test_imgs = base.encode_images(test_data.image_paths())
-    tasks, english_corpus = world_tasks(train_data, train_imgs, cfg.langs)
-    return dict(base=base, test_data=test_data, test_imgs=test_imgs, tasks=tasks, english_corpus=english_corpus)
-
-
-def _world_evaluate(st: dict, cfg: "LingualWorldConfig", cache_dir) -> StageEval:
-    def evaluate(enc) -> dict:
-        enc.invalidate_space_id()
-        return world_retrieval(enc, st["test_data"], st["test_imgs"], ("en", *cfg.langs), cache_dir,
-                               etas=cfg.translate_test_etas)
-    return evaluate
-
-
 def _world_method(name: str, data, model, cfg: "LingualWorldConfig", cache_dir, work_dir,
                   log: Callable[[str], None] | None = None) -> dict:
+    from ..encoders import load_encoder
+
     torch.set_num_threads(cfg.cll.threads)
-    log = log or prefixed_print(name)
-    st = _world_setup(data, model, cfg)
-    base, test_data, test_imgs = st["base"], st["test_data"], st["test_imgs"]
-    enc = copy.deepcopy(base)
-    checks: dict = {}
-
-    def after_all(learner) -> None:
-        checks["image_embeddings_bit_identical"] = bool(np.array_equal(enc.encode_images(test_data.image_paths()),
-                                                                       test_imgs))
-        ref = base.model.vision_model.state_dict()
-        checks["image_tower_bit_identical"] = all(torch.equal(ref[k], v)
-                                                  for k, v in enc.model.vision_model.state_dict().items())
-
-    frozen = copy.deepcopy(base)
-    seq = run_sequence(enc, st["tasks"], cfg.method_cll(name), _world_evaluate(st, cfg, cache_dir),
-                       english_corpus=st["english_corpus"],
-                       english_features=lambda texts: embed_texts_cached(frozen, texts, cache_dir),
-                       work_dir=Path(work_dir), oracle_corpora=[t.foreign for t in st["tasks"]], log=log,
-                       after_all=after_all)
+    base = load_encoder(model)
+    st = world_sequence(data, base, cfg.langs, cfg.train_images, cfg.eval_split, cfg.eval_limit)
+    enc, checks = copy.deepcopy(base), {}
+    seq = run_sequence(enc, st.tasks, cfg.method_cll(name), st.evaluator(cfg.langs, cache_dir, cfg.translate_test_etas),
+                       english_corpus=st.english_corpus, english_features=_cached(copy.deepcopy(base), cache_dir),
+                       work_dir=Path(work_dir), oracle_corpora=[t.foreign for t in st.tasks],
+                       log=log or prefixed_print(name), after_all=lambda _: checks.update(st.images_unchanged(base, enc)))
     res = {d: summarise(seq.stages, cfg.langs, d) for d in ("t2i", "i2t")}
     if cfg.translate_test_etas:
         res["translate_test"] = {key: {d: summarise([s["translate_test"][key] for s in seq.stages], cfg.langs, d)
@@ -286,15 +224,18 @@ def run_lingual_world(data: str | Path = "data/world", *, model: str | Path = "m
     cfg = config or (LingualWorldConfig.quick() if quick else LingualWorldConfig())
     torch.set_num_threads(cfg.cll.threads)
     t_start = time.time()
-    st = _world_setup(data, model, cfg)
-    _world_evaluate(st, cfg, cache_dir)(st["base"])  # warm the shared cache before any worker starts
-    embed_texts_cached(st["base"], [x for t in st["tasks"] for x in t.english], cache_dir)
+    from ..encoders import load_encoder
+
+    base = load_encoder(model)
+    st = world_sequence(data, base, cfg.langs, cfg.train_images, cfg.eval_split, cfg.eval_limit)
+    st.evaluator(cfg.langs, cache_dir, cfg.translate_test_etas)(base)  # warm the shared cache for the workers
+    _cached(base, cache_dir)([x for t in st.tasks for x in t.english])
     for name in cfg.methods:
         method_config(name, cfg.cll)
     outs = map_methods(_world_method, cfg.methods, (data, model, cfg, cache_dir, work_dir), jobs, log)
     result: dict = {"methods": dict(zip(cfg.methods, outs))}
     result.update({"langs": list(cfg.langs), "model": str(model), "eval_split": cfg.eval_split,
-                   "n_eval_images": len(st["test_data"]), "quick": quick, "config": asdict(cfg), "jobs": jobs,
+                   "n_eval_images": len(st.eval_data), "quick": quick, "config": asdict(cfg), "jobs": jobs,
                    "seconds": round(time.time() - t_start, 1),
                    "host": {"platform": platform.platform(), "torch_threads": torch.get_num_threads()}})
     result["teir_gains"] = teir_gains(result, ("t2i", "i2t"))
