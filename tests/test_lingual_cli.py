@@ -206,6 +206,11 @@ def test_cli_bench_lingual_text_passes_split_and_lr(m30k, tmp_path, monkeypatch)
     cfg = seen["cfg"]
     assert (cfg.eval_split, cfg.eval_limit, cfg.cll.lr, cfg.teir_lr) == ("val", 7, 0.003, 0.02)
     assert cfg.methods == ("cll_clip", "prompt_teir") and cfg.method_cll("prompt_teir").lr == 0.02
+    r = runner.invoke(_app(), ["bench", "lingual-text", "--data", str(root), "--quick", "--split", "val",
+                               "--json", str(tmp_path / "o.json")])
+    from nobackfill.bench.lingual import DEFAULT_METHODS
+
+    assert seen["cfg"].methods == DEFAULT_METHODS and "coda_prompt_teir" in DEFAULT_METHODS
 
 
 def test_world_retrieval_fusion_weights_match_single_eta(world, tmp_path):

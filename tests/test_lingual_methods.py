@@ -174,21 +174,3 @@ def test_teir_snapshot_runs_in_before_backward_not_in_loss(tmp_path):
     assert m.rows._snapshot is not None
     m.close()
 
-
-def test_lingual_package_imports_no_typer_bench_or_cli():
-    import ast
-    from pathlib import Path
-
-    import nobackfill.lingual as pkg
-
-    for path in Path(pkg.__file__).parent.glob("*.py"):
-        for node in ast.walk(ast.parse(path.read_text())):
-            if isinstance(node, ast.ImportFrom):
-                names = [("." * node.level) + (node.module or "")]
-            elif isinstance(node, ast.Import):
-                names = [a.name for a in node.names]
-            else:
-                continue
-            for name in names:
-                assert not name.startswith(("typer", "..bench", "..cli", "nobackfill.bench", "nobackfill.cli")), \
-                    f"{path.name} imports {name}"

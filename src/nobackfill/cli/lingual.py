@@ -18,8 +18,9 @@ _STEPS = typer.Option(None, help="Override the steps per language.")
 _CACHE = typer.Option(Path("runs/cache"), help="Embedding cache.")
 _THREADS = typer.Option(1, help="torch threads (per method process).")
 _JOBS = typer.Option(1, help="Run the methods in this many parallel processes (2 on 2 cores).")
-_METHODS = typer.Option("cll_clip,cll_clip_teir", help="Comma list, e.g. cll_clip,cll_clip_teir,oewc,er_teir,der,"
-                                                         "lora_teir,prompt,cll_clip_teir_oracle.")
+_METHODS = typer.Option(None, help="Comma list (default: cll_clip, dualprompt, coda_prompt, each with and "
+                                         "without _teir), e.g. cll_clip,oewc,er_teir,der,lora_teir,prompt,"
+                                         "cll_clip_teir_oracle: <method>[_teir[_grad|_update][_reg][_used]][_oracle].")
 _LR = typer.Option(None, help="Override the learning rate of the plain methods.")
 _TEIR_LR = typer.Option(None, help="Override the learning rate of the TEIR methods.")
 _LIMIT = typer.Option(None, help="Evaluate on the first N lines / images of the split.")
@@ -169,7 +170,7 @@ def bench_lingual_text(
     eval_dir: Optional[Path] = typer.Option(None, help="Folder holding test_2016_flickr.{en,de,fr,cs}.gz laid out "
                                                        "like task1/raw: evaluate on it instead."),
     quick: bool = typer.Option(False, help="Fewer steps per language (CPU minutes)."),
-    methods: str = _METHODS,
+    methods: Optional[str] = _METHODS,
     steps: Optional[int] = _STEPS,
     lr: Optional[float] = _LR,
     teir_lr: Optional[float] = _TEIR_LR,
@@ -183,10 +184,11 @@ def bench_lingual_text(
 ) -> None:
     """CLL on real text: MiniLM learns de -> fr -> cs (Multi30K task 1); a[j,i], AR, F per method and
     English forgetting."""
-    from ..bench.lingual import LingualTextConfig, run_lingual_text
+    from ..bench.lingual import DEFAULT_METHODS, LingualTextConfig, run_lingual_text
     from ..data.multi30k import default_multi30k_dir
     try:
-        cfg = _bench_config(LingualTextConfig, quick, methods, threads, steps, lr, teir_lr, eval_split=split,
+        cfg = _bench_config(LingualTextConfig, quick, methods or ",".join(DEFAULT_METHODS), threads, steps, lr, teir_lr,
+                            eval_split=split,
                             eval_limit=limit)
         result = run_lingual_text(data or default_multi30k_dir(), eval_dir=eval_dir, quick=quick, config=cfg,
                                   cache_dir=cache_dir, work_dir=work_dir, jobs=jobs, log=lambda m: console.print(m))
