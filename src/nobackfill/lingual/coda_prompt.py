@@ -80,6 +80,8 @@ class CodaPromptPool(torch.nn.Module):
 
 @register
 class CodaPrompt(PromptPoolMethod):
+    """The plug-in: a :class:`CodaPromptPool` trained end to end through Eq. 4 (no extra loss)."""
+
     NAME = "coda_prompt"
 
     def make_pool(self, query: FrozenQuery) -> CodaPromptPool:

@@ -74,6 +74,8 @@ class DualPromptPool(torch.nn.Module):
 
 @register
 class DualPrompt(PromptPoolMethod):
+    """The plug-in: a :class:`DualPromptPool`, plus the key matching loss in ``observe``."""
+
     NAME = "dualprompt"
 
     def make_pool(self, query: FrozenQuery) -> DualPromptPool:

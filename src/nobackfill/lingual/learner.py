@@ -16,7 +16,7 @@ import copy
 import json
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 import torch
@@ -330,7 +330,7 @@ def load_lingual_state(model_dir: str | Path) -> tuple[dict, np.ndarray | None]:
     return state, counts
 
 
-def open_learned(model_dir: str | Path):
+def open_learned(model_dir: str | Path) -> tuple[Any, LearnedState]:
     """Load a model written by :meth:`ContinualLearner.save` with its method's per-language
     modules (adapters, prompts) attached; returns ``(encoder, LearnedState)``."""
     from ..encoders import load_encoder

@@ -19,7 +19,7 @@ from typing import Any
 import torch
 
 from .base import LingualMethod, Tensors
-from .embeddings import append_token_rows, embedding_stats, token_embedding
+from .embeddings import append_token_rows, token_embedding
 from .registry import register
 
 
@@ -174,6 +174,15 @@ def install_prompt(encoder, state: SoftPrompt) -> SoftPrompt:
     return state
 
 
+@torch.no_grad()
+def embedding_output_stats(encoder, texts) -> tuple[float, float]:
+    """``(mu, sigma)`` of the text tower's embedding-layer outputs over ``texts``' tokens."""
+    enc = encoder.tokenize(list(texts))
+    out = text_tower(encoder).embeddings(input_ids=enc["input_ids"])
+    x = out[enc["attention_mask"].bool()].double()
+    return float(x.mean()), float(x.std())
+
+
 def max_positions(encoder) -> int | None:
     """The text tower's position limit."""
     return getattr(text_tower(encoder).config, "max_position_embeddings", None)
@@ -231,8 +240,9 @@ class PromptPoolMethod(LingualMethod):
     """The shared part of the key-query prompt methods (DualPrompt, CODA-Prompt): a prompt pool
     (an ``nn.Module`` with a :class:`FrozenQuery` ``query``, ``add_task(mean, std, generator)``
     returning the task's trainable parameters, ``end_task()`` and ``n_tasks``) behind
-    :class:`PromptVectors` hooks. New prompt vectors start at the table's ``N(mu, sigma^2)`` (the
-    scale of the embeddings they stand beside); the pool is saved with safetensors."""
+    :class:`PromptVectors` hooks. New prompt vectors start at ``N(mu, sigma^2)`` of the embedding
+    layer's outputs on the task's texts (the vectors they stand beside: BERT's are layer-normed,
+    CLIP's are token + position); the pool is saved with safetensors."""
 
     PER_LANGUAGE = False
 
@@ -254,7 +264,7 @@ class PromptPoolMethod(LingualMethod):
             self._attach(learner.encoder, FrozenQuery(w))
         else:
             self.pool.query.extend(w)
-        mean, std = embedding_stats(w)
+        mean, std = embedding_output_stats(learner.encoder, task.foreign[:64])
         return self.pool.add_task(mean, std, learner.generator)
 
     def end_task(self, learner, task, english, batches) -> None:
