@@ -130,7 +130,7 @@ def test_key_query_prompts_need_no_language_id_and_leave_english_alone(method, t
 
 def test_dualprompt_trains_only_the_current_e_prompt_and_the_shared_g_prompt(tmp_path):
     enc = tiny_bert()
-    cfg = CLLConfig(method="dualprompt", teir=True, steps=3, batch_size=4, task_vocab_size=150, lr=5e-2,
+    cfg = CLLConfig(method="dualprompt", teir=True, steps=25, batch_size=4, task_vocab_size=150, lr=5e-2,
                     prompt_length=2)
     learner = ContinualLearner(enc, cfg, ENGLISH)
     learner.learn(LanguageTask("de", GERMAN, ENGLISH), tmp_path)
@@ -142,6 +142,8 @@ def test_dualprompt_trains_only_the_current_e_prompt_and_the_shared_g_prompt(tmp
     ids = enc.tokenize(GREEK[:4])
     q = pool.query(ids["input_ids"], ids["attention_mask"])
     assert (pool.pick(q) == 1).all()  # the match loss pulled el's key to el's queries
+    ids = enc.tokenize(GERMAN[:4])
+    assert (pool.pick(pool.query(ids["input_ids"], ids["attention_mask"])) == 0).all()  # and de's to de's
 
 
 def test_coda_prompt_freezes_earlier_components(tmp_path):
