@@ -27,29 +27,30 @@ demo: $(STAMP)
 # committed, and the README's tables are regenerated from them
 R := benchmarks/results
 bench: $(STAMP)
-	$(BIN)/nobackfill bench encode --json $(R)/encode.json
-	$(BIN)/nobackfill bench world --n 10000 --json $(R)/world.json
-	$(BIN)/nobackfill bench xbt --quick --json $(R)/xbt.json
-	$(BIN)/nobackfill bench xbt-text --quick --json $(R)/xbt_text.json
-	$(BIN)/nobackfill bench compat-steps --steps 2,5,10 --quick --json $(R)/compat_steps.json
-	$(BIN)/nobackfill bench lingual-text --quick --json $(R)/lingual_text.json
-	$(BIN)/nobackfill bench lingual-world --quick --json $(R)/lingual_world.json
-	$(BIN)/nobackfill bench reco --quick --json $(R)/reco.json
-	$(BIN)/nobackfill bench late --quick --json $(R)/late.json
-	$(BIN)/nobackfill bench routes --quick --json $(R)/routes.json
-	$(BIN)/nobackfill bench backfill --quick --json $(R)/backfill.json
-	$(BIN)/nobackfill bench serve --quick --json $(R)/serve.json
-	sh scripts/isolated.sh $(BIN)/nobackfill bench store --quick --json $(R)/store.json
+	$(BIN)/nobackfill bench encode --out $(R)/encode.json
+	$(BIN)/nobackfill bench world --n 10000 --out $(R)/world.json
+	$(BIN)/nobackfill bench xbt --quick --out $(R)/xbt.json
+	$(BIN)/nobackfill bench xbt-text --quick --out $(R)/xbt_text.json
+	$(BIN)/nobackfill bench compat-steps --steps 2,5,10 --quick --out $(R)/compat_steps.json
+	$(BIN)/nobackfill bench lingual-text --quick --out $(R)/lingual_text.json
+	$(BIN)/nobackfill bench lingual-world --quick --out $(R)/lingual_world.json
+	$(BIN)/nobackfill bench reco --quick --out $(R)/reco.json
+	$(BIN)/nobackfill bench late --quick --out $(R)/late.json
+	$(BIN)/nobackfill bench routes --quick --out $(R)/routes.json
+	$(BIN)/nobackfill bench backfill --quick --out $(R)/backfill.json
+	$(BIN)/nobackfill bench serve --quick --out $(R)/serve.json
+	sh scripts/isolated.sh $(BIN)/nobackfill bench store --quick --out $(R)/store.json
+	$(BIN)/python scripts/merged_speedup.py --out $(R)/merged.json
 	$(BIN)/python scripts/readme_tables.py
 
 # the reported (long) runs: hours on 2 cores
 bench-full: $(STAMP)
-	$(BIN)/nobackfill bench xbt --seeds 3 --json runs/bench/xbt.json
-	$(BIN)/nobackfill bench compat-steps --steps 2,5,10 --json runs/bench/compat_steps.json
-	$(BIN)/nobackfill bench lingual-text --json runs/bench/lingual_text.json
-	$(BIN)/nobackfill bench lingual-world --json runs/bench/lingual_world.json
-	$(BIN)/nobackfill bench reco --json runs/bench/reco.json
-	$(BIN)/nobackfill bench late --json runs/bench/late.json
+	$(BIN)/nobackfill bench xbt --seeds 3 --out runs/bench/xbt.json
+	$(BIN)/nobackfill bench compat-steps --steps 2,5,10 --out runs/bench/compat_steps.json
+	$(BIN)/nobackfill bench lingual-text --out runs/bench/lingual_text.json
+	$(BIN)/nobackfill bench lingual-world --out runs/bench/lingual_world.json
+	$(BIN)/nobackfill bench reco --out runs/bench/reco.json
+	$(BIN)/nobackfill bench late --out runs/bench/late.json
 
 clean:
 	rm -rf runs/demo runs/bench

@@ -305,11 +305,11 @@ def test_baselines_run_two_tasks(tmp_path, method):
     learner.learn(LanguageTask("de", GERMAN, ENGLISH), tmp_path)
     learner.learn(LanguageTask("el", GREEK, ENGLISH), tmp_path)
     if method == "oewc":
-        assert learner.ewc.fisher is not None and learner.ewc.fisher.shape == token_embedding(enc).weight.shape
+        assert learner.method.fisher is not None and learner.method.fisher.shape == token_embedding(enc).weight.shape
     else:
-        assert len(learner.memory) == 6
+        assert len(learner.method.buffer) == 6
         if method == "der":
-            assert all(s is not None for s in learner.memory.stored)
+            assert all(s is not None for s in learner.method.buffer.stored)
 
 
 def test_token_counts_and_task_validation():
@@ -349,8 +349,6 @@ def test_task_lora_adapters_switch_by_language(make, tmp_path):
     assert before.shape == base_en.shape
     if vision is not None:
         assert all(torch.equal(v, enc.model.vision_model.state_dict()[k]) for k, v in vision.items())
-    with pytest.raises(ValueError, match="LoRA"):
-        learner.save(tmp_path / "m")
     assert add_task_lora(enc, "fr")  # a second adapter
 
 
@@ -425,14 +423,12 @@ def test_prompt_baseline_learns_its_prompt_and_teir_freezes_earlier_prompts(tmp_
     assert info["vocab_after"] == w.shape[0] == int(el[-1]) + 1 and info["lambda"]["one"] >= 4
     assert torch.equal(w[de], de_rows)  # TEIR: lambda = 0 for the earlier language's prompt
     assert de_rows.std() > 0.5 * sigma  # TEIR initialisation of the prompt rows, not N(0, 0.02^2)
-    with pytest.raises(ValueError, match="prompt-tuning"):
-        learner.save(tmp_path / "m")
 
 
 def test_teir_used_task_tokens_give_every_used_row_a_nonzero_lambda(tmp_path):
     """``teir_task_tokens="used"``: no row that the task's tokenised text uses is frozen (lambda 0);
     the default ("vocab", the paper's sets) freezes exactly the old rows outside V_hat_t."""
-    from nobackfill.bench.lingual import method_config
+    from nobackfill.lingual.sequence import method_config
     from nobackfill.lingual.vocab import token_counts
 
     seen = {}

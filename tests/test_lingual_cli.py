@@ -69,6 +69,32 @@ def test_cli_learn_then_eval_on_multi30k(m30k, tmp_path):
     assert json.loads((tmp_path / "again" / "lingual.json").read_text())["learned"] == ["en", "de"]
 
 
+@pytest.mark.parametrize("method", ["lora", "prompt", "dualprompt"])
+def test_cli_learn_saves_and_reloads_per_language_methods(m30k, tmp_path, method):
+    """``lingual learn --method lora`` (and prompt, dualprompt) saves a model that ``lingual eval``
+    and :func:`open_learned` reload with the same embeddings."""
+    from nobackfill.lingual.adapters import use_language
+    from nobackfill.lingual.learner import open_learned
+
+    root, ev, model = m30k
+    out = tmp_path / method
+    r = runner.invoke(_app(), ["lingual", "learn", "--model", str(model), "--tasks", "en,de", "--data", str(root),
+                               "--out", str(out), "--steps", "2", "--batch-size", "8", "--vocab-size", "150",
+                               "--method", method, "--cache-dir", str(tmp_path / "cache")])
+    assert r.exit_code == 0, r.output
+    state = json.loads((out / "lingual.json").read_text())
+    assert state["method"]["name"] == method and state["learned"] == ["en", "de"]
+    j = tmp_path / "eval.json"
+    r = runner.invoke(_app(), ["lingual", "eval", "--model", str(out), "--data", str(root), "--langs", "de",
+                               "--eval-dir", str(ev), "--cache-dir", str(tmp_path / "cache"), "--json", str(j)])
+    assert r.exit_code == 0, r.output
+    a, _ = open_learned(out)
+    b, _ = open_learned(out)
+    use_language(a, "de")
+    use_language(b, "de")
+    np.testing.assert_allclose(a.encode_texts(["ein hund"]), b.encode_texts(["ein hund"]), atol=1e-6)
+
+
 def test_cli_errors_are_clear(m30k, tmp_path):
     root, _, model = m30k
     r = runner.invoke(_app(), ["lingual", "learn", "--model", str(model), "--tasks", "en,xx", "--data", str(root),
@@ -117,14 +143,16 @@ def test_bench_lingual_text_on_fake_multi30k(m30k, tmp_path):
     m = res["methods"]["cll_clip_teir"]
     assert len(m["matrix"]) == 1 and 0.0 <= m["AR"] <= 1.0 and m["F"] == 0.0
     assert len(m["english_R@1"]) == 1 and "english_R@1_before" in res and res["n_eval"] == 10
-    assert "AR_gain" in res["done_when"]
+    assert set(res["teir_gains"]) == {"cll_clip_teir"}  # prompt_teir has no plain twin in this run
+    assert res["teir_gains"]["cll_clip_teir"]["AR_gain"] == pytest.approx(m["AR"] - res["methods"]["cll_clip"]["AR"])
     md = write_outputs(res, tmp_path / "out.json")
     assert "cll_clip_teir" in md and json.loads((tmp_path / "out.json").read_text())["methods"]
 
 
 def test_bench_lingual_world_on_tiny_world(world, tmp_path):
-    from nobackfill.bench.lingual import LingualWorldConfig, format_markdown, method_config, run_lingual_world
+    from nobackfill.bench.lingual import LingualWorldConfig, format_markdown, run_lingual_world
     from nobackfill.lingual.learner import CLLConfig
+    from nobackfill.lingual.sequence import method_config
 
     data, model = world
     cfg = LingualWorldConfig(langs=("de",), methods=("cll_clip_teir", "er"), train_images=12, eval_split="val",
@@ -178,6 +206,11 @@ def test_cli_bench_lingual_text_passes_split_and_lr(m30k, tmp_path, monkeypatch)
     cfg = seen["cfg"]
     assert (cfg.eval_split, cfg.eval_limit, cfg.cll.lr, cfg.teir_lr) == ("val", 7, 0.003, 0.02)
     assert cfg.methods == ("cll_clip", "prompt_teir") and cfg.method_cll("prompt_teir").lr == 0.02
+    r = runner.invoke(_app(), ["bench", "lingual-text", "--data", str(root), "--quick", "--split", "val",
+                               "--json", str(tmp_path / "o.json")])
+    from nobackfill.bench.lingual import DEFAULT_METHODS
+
+    assert seen["cfg"].methods == DEFAULT_METHODS and "coda_prompt_teir" in DEFAULT_METHODS
 
 
 def test_world_retrieval_fusion_weights_match_single_eta(world, tmp_path):
@@ -219,19 +252,18 @@ def test_cli_bench_lingual_world_passes_split_lr_langs_and_etas(world, tmp_path,
     assert r.exit_code == 2 and "split" in r.output
 
 
-def test_world_done_when_reports_every_teir_variant():
-    from nobackfill.bench.lingual import world_done_when
+def test_teir_gains_reports_every_teir_variant_per_direction():
+    from nobackfill.bench.lingual import teir_gains
 
     def m(t2i, i2t):
-        return {"t2i": {"AR": t2i[0], "F": t2i[1]}, "i2t": {"AR": i2t[0], "F": i2t[1]},
-                "image_embeddings_bit_identical": True}
+        return {"t2i": {"AR": t2i[0], "F": t2i[1]}, "i2t": {"AR": i2t[0], "F": i2t[1]}}
 
     res = {"methods": {"cll_clip": m((0.70, 0.08), (0.75, 0.07)), "cll_clip_teir": m((0.67, 0.01), (0.71, 0.01)),
-                       "cll_clip_teir_used": m((0.73, 0.01), (0.76, 0.01))}}
-    out = world_done_when(res)
-    assert out["images_bit_identical_all_methods"] and out["same_direction"] is False
-    assert out["t2i_AR_gain"] == pytest.approx(-0.03) and out["t2i_F_drop"] == pytest.approx(0.07)
-    used = out["cll_clip_teir_used"]
-    assert used["same_direction"] and used["i2t_AR_gain"] == pytest.approx(0.01)
-    res["methods"]["cll_clip_teir_used"]["image_embeddings_bit_identical"] = False
-    assert not world_done_when(res)["images_bit_identical_all_methods"]
+                       "cll_clip_teir_used": m((0.73, 0.01), (0.76, 0.01)), "dualprompt_teir": m((0.5, 0), (0.5, 0))}}
+    out = teir_gains(res, ("t2i", "i2t"))
+    assert set(out) == {"cll_clip_teir", "cll_clip_teir_used"}  # dualprompt_teir has no plain twin here
+    assert out["cll_clip_teir"]["t2i_AR_gain"] == pytest.approx(-0.03)
+    assert out["cll_clip_teir"]["t2i_F_drop"] == pytest.approx(0.07)
+    assert out["cll_clip_teir_used"]["i2t_AR_gain"] == pytest.approx(0.01)
+    flat = teir_gains({"methods": {"er": {"AR": 0.5, "F": 0.1}, "er_teir": {"AR": 0.6, "F": 0.0}}})
+    assert flat["er_teir"] == pytest.approx({"AR_gain": 0.1, "F_drop": 0.1})

@@ -20,100 +20,31 @@ from __future__ import annotations
 
 import copy
 import json
-import os
 import platform
 import time
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import Callable
 
-import numpy as np
 import torch
 
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-
 from ..evaluate import embed_texts_cached
-from ..lingual.adapters import use_language
-from ..lingual.data import (foreign_to_english, multi30k_eval_lines, multi30k_tasks, recall_at_1, world_retrieval,
-                            world_tasks)
-from ..lingual.learner import CLLConfig, ContinualLearner, LanguageTask
-from ..metrics.continual import continual_summary
+from ..lingual.data import multi30k_sequence, world_sequence
+from ..lingual.learner import CLLConfig
+from ..lingual.sequence import map_methods, method_config, prefixed_print, run_sequence, summarise
 
 TEXT_LANGS = ("de", "fr", "cs")
 #: the world's languages after English, in a fixed order (the grammars' order)
 WORLD_LANGS = ("de", "fr", "es", "ru", "el", "zh")
-DEFAULT_METHODS = ("cll_clip", "cll_clip_teir")
+#: plain CLL-CLIP and the key-query prompt baselines (DualPrompt, CODA-Prompt), each with and without
+#: TEIR; every other registered method runs with ``--methods`` (``lingual.sequence.method_variants``)
+DEFAULT_METHODS = ("cll_clip", "cll_clip_teir", "dualprompt", "dualprompt_teir", "coda_prompt", "coda_prompt_teir")
 WORLD_METHODS = ("cll_clip", "cll_clip_teir", "cll_clip_teir_used")
-ALL_METHODS = ("cll_clip", "cll_clip_teir", "cll_clip_teir_grad", "cll_clip_teir_update", "oewc", "oewc_teir",
-               "er", "er_teir", "der", "der_teir", "lora", "lora_teir", "prompt", "prompt_teir", "cll_clip_oracle",
-               "cll_clip_teir_oracle", "cll_clip_teir_used")
 #: measured references (frozen MiniLM, foreign -> English R@1 on test_2016; English caption-to-caption)
 MINILM_REFERENCE = {"de": 0.21, "fr": 0.34, "cs": 0.07, "en_caption": 0.58}
 #: steps per language of the --quick modes (sized for < 15 min on 2 CPU cores)
 QUICK_TEXT_STEPS = 60
 QUICK_WORLD_STEPS = 60
-
-
-def method_config(name: str, base: CLLConfig) -> CLLConfig:
-    """``cll_clip``, ``oewc_teir``, ``cll_clip_teir_grad``, ``der_teir_oracle``, ... -> a
-    :class:`CLLConfig` (``_grad`` / ``_update`` after ``teir`` pick how lambda acts with Adam;
-    ``_reg`` keeps TEIR's regularisation but drops its initialisation; ``_used`` counts every
-    token the task's text uses as a task token, ``CLLConfig.teir_task_tokens``)."""
-    parts = name.split("_")
-    kw: dict = {"oracle_vocab": parts[-1] == "oracle"}
-    if kw["oracle_vocab"]:
-        parts = parts[:-1]
-    if parts[-1] == "used" and "teir" in parts:
-        kw["teir_task_tokens"] = "used"
-        parts = parts[:-1]
-    if parts[-1] == "reg" and "teir" in parts:  # TEIR's regularisation without its initialisation
-        kw["teir_init"] = False
-        parts = parts[:-1]
-    if parts[-1] in ("grad", "update") and len(parts) > 1 and parts[-2] == "teir":
-        kw["teir_scale"] = parts.pop()
-    kw["teir"] = parts[-1] == "teir"
-    if kw["teir"]:
-        parts = parts[:-1]
-    try:
-        return replace(base, method="_".join(parts), **kw)
-    except ValueError as e:
-        raise ValueError(f"unknown lingual method {name!r}: {e}") from None
-
-
-# ----------------------------------------------------------------------------- the shared runner
-StageEval = Callable[[object], dict]
-
-
-@dataclass
-class SequenceResult:
-    stages: list[dict]
-    history: list[dict]
-    seconds: float
-    learner: ContinualLearner
-
-
-def run_sequence(encoder, tasks: Sequence[LanguageTask], cfg: CLLConfig, evaluate: StageEval, *,
-                 english_corpus: Sequence[str], english_features, work_dir: Path,
-                 oracle_corpora: Sequence[Sequence[str]] = (), log=lambda m: None,
-                 after_all: Callable[[ContinualLearner], None] | None = None) -> SequenceResult:
-    """Evaluate the starting model, then learn ``tasks`` in order, evaluating after each."""
-    t0 = time.time()
-    learner = ContinualLearner(encoder, cfg, english_corpus, english_features=english_features,
-                               oracle_corpora=oracle_corpora, log=log)
-    stages = [evaluate(encoder)]
-    for task in tasks:
-        learner.learn(task, work_dir / cfg.label)
-        stages.append(evaluate(encoder))
-        log(f"{cfg.label} after {task.lang}: {json.dumps(stages[-1])}")
-    if after_all is not None:
-        after_all(learner)
-    return SequenceResult(stages, learner.history, time.time() - t0, learner)
-
-
-def summarise(stages: list[dict], langs: Sequence[str], key: str) -> dict:
-    """The ``len(langs)`` x ``len(langs)`` matrix of ``stages[1:][key][lang]`` and its AR / F."""
-    m = [[stages[j + 1][key][lang] for lang in langs] for j in range(len(langs))]
-    return continual_summary(m)
 
 
 def _quick(cls, kw: dict, steps: int):
@@ -163,72 +94,31 @@ class LingualTextConfig(_FamilyRates):
         return c
 
 
-@dataclass
-class _TextSetup:
-    tasks: list
-    train_en: list
-    ev: dict
-    q_en: list
-    g_en: list
-    base: object
-
-    def english_features(self, frozen, cache_dir):
-        return lambda texts: embed_texts_cached(frozen, texts, cache_dir)
-
-    def evaluate(self, cache_dir) -> StageEval:
-        def evaluate(enc) -> dict:
-            enc.invalidate_space_id()
-            f2e = foreign_to_english(enc, self.ev, cache_dir)
-            use_language(enc, "en")
-            return {"f2e": f2e,
-                    "en_caption": recall_at_1(embed_texts_cached(enc, self.q_en, cache_dir),
-                                              embed_texts_cached(enc, self.g_en, cache_dir))}
-        return evaluate
-
-
-def _text_setup(data, eval_dir, cfg: "LingualTextConfig", model) -> _TextSetup:
-    from ..data.multi30k import read_task2
+def _text_setup(data, eval_dir, cfg: "LingualTextConfig", model):
     from ..encoders.minilm import MiniLMTextEncoder
 
     base = MiniLMTextEncoder.pretrained() if model in (None, "", "pretrained") else MiniLMTextEncoder.load(model)
-    tasks, train_en = multi30k_tasks(data, cfg.langs, cfg.train_lines)
-    ev = multi30k_eval_lines(data, cfg.eval_split, cfg.langs, eval_dir, cfg.eval_limit)
-    cap = read_task2(data, "val", "en", ks=(1, 2))
-    return _TextSetup(tasks, train_en, ev, cap.column(1), cap.column(2), base)
+    return base, multi30k_sequence(data, cfg.langs, cfg.train_lines, cfg.eval_split, eval_dir, cfg.eval_limit)
 
 
 def _text_method(name: str, data, eval_dir, cfg: "LingualTextConfig", model, cache_dir, work_dir,
-                 log: Callable[[str], None] | None = None) -> tuple[dict, dict]:
+                 log: Callable[[str], None] | None = None) -> dict:
     """One method's whole sequence (run in the parent or in a worker process)."""
     torch.set_num_threads(cfg.cll.threads)
-    log = log or _prefixed_print(name)
-    st = _text_setup(data, eval_dir, cfg, model)
-    seq = run_sequence(copy.deepcopy(st.base), st.tasks, cfg.method_cll(name), st.evaluate(cache_dir),
-                       english_corpus=st.train_en, english_features=st.english_features(st.base, cache_dir),
-                       work_dir=Path(work_dir), oracle_corpora=[t.corpus for t in st.tasks], log=log)
+    base, st = _text_setup(data, eval_dir, cfg, model)
+    seq = run_sequence(copy.deepcopy(base), st.tasks, cfg.method_cll(name), st.evaluator(cache_dir),
+                       english_corpus=st.english_corpus, english_features=_cached(base, cache_dir),
+                       work_dir=Path(work_dir), oracle_corpora=[t.corpus for t in st.tasks],
+                       log=log or prefixed_print(name))
     s = summarise(seq.stages, cfg.langs, "f2e")
-    s["english_R@1"] = [x["en_caption"] for x in seq.stages[1:]]
-    s["final"] = {lang: seq.stages[-1]["f2e"][lang] for lang in cfg.langs}
-    s["tasks"] = seq.history
-    s["seconds"] = round(seq.seconds, 1)
-    return s, seq.stages[0]
+    s.update({"english_R@1": [x["en_caption"] for x in seq.stages[1:]], "tasks": seq.history,
+              "final": {lang: seq.stages[-1]["f2e"][lang] for lang in cfg.langs}, "seconds": round(seq.seconds, 1)})
+    return s
 
 
-def _prefixed_print(prefix: str) -> Callable[[str], None]:
-    return lambda m: print(f"[{prefix}] {m}", flush=True)
-
-
-def map_methods(fn: Callable, names: Sequence[str], args: tuple, jobs: int, log: Callable[[str], None]) -> list:
-    """``[fn(name, *args) for name in names]``, in ``jobs`` spawned worker processes when > 1 (one
-    torch thread each; workers log to stdout with the method name as prefix)."""
-    if jobs <= 1 or len(names) <= 1:
-        return [fn(name, *args, log=log) for name in names]
-    import multiprocessing as mp
-    from concurrent.futures import ProcessPoolExecutor
-
-    with ProcessPoolExecutor(max_workers=min(jobs, len(names)), mp_context=mp.get_context("spawn")) as pool:
-        futures = [pool.submit(fn, name, *args) for name in names]
-        return [f.result() for f in futures]
+def _cached(frozen, cache_dir) -> Callable:
+    """Texts -> the frozen model's embeddings, cached on disk (the English targets r^E)."""
+    return lambda texts: embed_texts_cached(frozen, texts, cache_dir)
 
 
 def run_lingual_text(data: str | Path, *, eval_dir: str | Path | None = None, quick: bool = False,
@@ -240,40 +130,25 @@ def run_lingual_text(data: str | Path, *, eval_dir: str | Path | None = None, qu
     cfg = config or (LingualTextConfig.quick() if quick else LingualTextConfig())
     torch.set_num_threads(cfg.cll.threads)
     t_start = time.time()
-    st = _text_setup(data, eval_dir, cfg, model)
-    stage0 = st.evaluate(cache_dir)(st.base)  # warms the cache for every worker
-    st.english_features(st.base, cache_dir)(st.tasks[0].english)
+    base, st = _text_setup(data, eval_dir, cfg, model)
+    stage0 = st.evaluator(cache_dir)(base)  # warms the cache for every worker
+    _cached(base, cache_dir)(st.tasks[0].english)
     for name in cfg.methods:
         method_config(name, cfg.cll)  # fail fast on a bad name
     outs = map_methods(_text_method, cfg.methods, (data, eval_dir, cfg, model, cache_dir, work_dir), jobs, log)
     result: dict = {"methods": {}, "english_R@1_after": {}, "zero_shot": stage0["f2e"],
                     "english_R@1_before": stage0["en_caption"]}
-    for name, (s, _) in zip(cfg.methods, outs):
+    for name, s in zip(cfg.methods, outs):
         result["methods"][name] = s
         result["english_R@1_after"][name] = s["english_R@1"][-1]
     result.update({
         "langs": list(cfg.langs), "eval_split": cfg.eval_split, "eval_dir": None if eval_dir is None else str(eval_dir),
-        "n_eval": len(st.ev["en"]), "train_lines": len(st.tasks[0].foreign), "quick": quick, "config": asdict(cfg),
+        "n_eval": len(st.eval_lines["en"]), "train_lines": len(st.tasks[0].foreign), "quick": quick, "config": asdict(cfg),
         "jobs": jobs, "reference_frozen_minilm": MINILM_REFERENCE, "seconds": round(time.time() - t_start, 1),
         "host": {"platform": platform.platform(), "torch_threads": torch.get_num_threads()},
     })
-    result["done_when"] = text_done_when(result)
+    result["teir_gains"] = teir_gains(result)
     return result
-
-
-def text_done_when(result: dict) -> dict:
-    """The issue's acceptance checks, computed from the measured numbers (3 points = 0.03)."""
-    m = result["methods"]
-    out: dict = {}
-    if "cll_clip" in m and "cll_clip_teir" in m:
-        p, t = m["cll_clip"], m["cll_clip_teir"]
-        out["AR_gain"] = t["AR"] - p["AR"]
-        out["F_drop"] = p["F"] - t["F"]
-        out["teir_AR_+3"] = out["AR_gain"] >= 0.03
-        out["teir_F_-3_where_plain_forgets_5"] = bool(p["F"] < 0.05 or out["F_drop"] >= 0.03)
-        zs = result.get("zero_shot", {})
-        out["teir_final_minus_zero_shot"] = {lang: t["final"][lang] - zs.get(lang, 0.0) for lang in t["final"]}
-    return out
 
 
 # ----------------------------------------------------------------------------- lingual-world
@@ -318,53 +193,18 @@ class LingualWorldConfig(_FamilyRates):
         return c
 
 
-def _world_setup(data, model, cfg: "LingualWorldConfig") -> dict:
-    from ..encoders import load_encoder
-    from ..evaluate import load_eval_data
-
-    base = load_encoder(model)
-    langs_all = ("en", *cfg.langs)
-    train_data = load_eval_data(data, "train", langs=langs_all)
-    train_data = train_data.subset_images(np.arange(min(cfg.train_images, len(train_data))))
-    test_data = load_eval_data(data, cfg.eval_split, langs=langs_all)
-    if cfg.eval_limit:
-        test_data = test_data.subset_images(np.arange(min(cfg.eval_limit, len(test_data))))
-    train_imgs = base.encode_images(train_data.image_paths())
-    test_imgs = base.encode_images(test_data.image_paths())
-    tasks, english_corpus = world_tasks(train_data, train_imgs, cfg.langs)
-    return dict(base=base, test_data=test_data, test_imgs=test_imgs, tasks=tasks, english_corpus=english_corpus)
-
-
-def _world_evaluate(st: dict, cfg: "LingualWorldConfig", cache_dir) -> StageEval:
-    def evaluate(enc) -> dict:
-        enc.invalidate_space_id()
-        return world_retrieval(enc, st["test_data"], st["test_imgs"], ("en", *cfg.langs), cache_dir,
-                               etas=cfg.translate_test_etas)
-    return evaluate
-
-
 def _world_method(name: str, data, model, cfg: "LingualWorldConfig", cache_dir, work_dir,
                   log: Callable[[str], None] | None = None) -> dict:
+    from ..encoders import load_encoder
+
     torch.set_num_threads(cfg.cll.threads)
-    log = log or _prefixed_print(name)
-    st = _world_setup(data, model, cfg)
-    base, test_data, test_imgs = st["base"], st["test_data"], st["test_imgs"]
-    enc = copy.deepcopy(base)
-    checks: dict = {}
-
-    def after_all(learner) -> None:
-        checks["image_embeddings_bit_identical"] = bool(np.array_equal(enc.encode_images(test_data.image_paths()),
-                                                                       test_imgs))
-        ref = base.model.vision_model.state_dict()
-        checks["image_tower_bit_identical"] = all(torch.equal(ref[k], v)
-                                                  for k, v in enc.model.vision_model.state_dict().items())
-
-    frozen = copy.deepcopy(base)
-    seq = run_sequence(enc, st["tasks"], cfg.method_cll(name), _world_evaluate(st, cfg, cache_dir),
-                       english_corpus=st["english_corpus"],
-                       english_features=lambda texts: embed_texts_cached(frozen, texts, cache_dir),
-                       work_dir=Path(work_dir), oracle_corpora=[t.foreign for t in st["tasks"]], log=log,
-                       after_all=after_all)
+    base = load_encoder(model)
+    st = world_sequence(data, base, cfg.langs, cfg.train_images, cfg.eval_split, cfg.eval_limit)
+    enc, checks = copy.deepcopy(base), {}
+    seq = run_sequence(enc, st.tasks, cfg.method_cll(name), st.evaluator(cfg.langs, cache_dir, cfg.translate_test_etas),
+                       english_corpus=st.english_corpus, english_features=_cached(copy.deepcopy(base), cache_dir),
+                       work_dir=Path(work_dir), oracle_corpora=[t.foreign for t in st.tasks],
+                       log=log or prefixed_print(name), after_all=lambda _: checks.update(st.images_unchanged(base, enc)))
     res = {d: summarise(seq.stages, cfg.langs, d) for d in ("t2i", "i2t")}
     if cfg.translate_test_etas:
         res["translate_test"] = {key: {d: summarise([s["translate_test"][key] for s in seq.stages], cfg.langs, d)
@@ -384,39 +224,37 @@ def run_lingual_world(data: str | Path = "data/world", *, model: str | Path = "m
     cfg = config or (LingualWorldConfig.quick() if quick else LingualWorldConfig())
     torch.set_num_threads(cfg.cll.threads)
     t_start = time.time()
-    st = _world_setup(data, model, cfg)
-    _world_evaluate(st, cfg, cache_dir)(st["base"])  # warm the shared cache before any worker starts
-    embed_texts_cached(st["base"], [x for t in st["tasks"] for x in t.english], cache_dir)
+    from ..encoders import load_encoder
+
+    base = load_encoder(model)
+    st = world_sequence(data, base, cfg.langs, cfg.train_images, cfg.eval_split, cfg.eval_limit)
+    st.evaluator(cfg.langs, cache_dir, cfg.translate_test_etas)(base)  # warm the shared cache for the workers
+    _cached(base, cache_dir)([x for t in st.tasks for x in t.english])
     for name in cfg.methods:
         method_config(name, cfg.cll)
     outs = map_methods(_world_method, cfg.methods, (data, model, cfg, cache_dir, work_dir), jobs, log)
     result: dict = {"methods": dict(zip(cfg.methods, outs))}
     result.update({"langs": list(cfg.langs), "model": str(model), "eval_split": cfg.eval_split,
-                   "n_eval_images": len(st["test_data"]), "quick": quick, "config": asdict(cfg), "jobs": jobs,
+                   "n_eval_images": len(st.eval_data), "quick": quick, "config": asdict(cfg), "jobs": jobs,
                    "seconds": round(time.time() - t_start, 1),
                    "host": {"platform": platform.platform(), "torch_threads": torch.get_num_threads()}})
-    result["done_when"] = world_done_when(result)
+    result["teir_gains"] = teir_gains(result, ("t2i", "i2t"))
+    result["images_bit_identical_all_methods"] = all(m.get("image_embeddings_bit_identical") for m in outs)
     return result
 
 
-def world_done_when(result: dict) -> dict:
-    """Same direction as on text (TEIR: higher AR, lower F in both directions) and bit-identical
-    images; the gains of ``cll_clip_teir`` at the top level, every TEIR variant of plain CLL-CLIP
-    (e.g. ``cll_clip_teir_used``) under its own name."""
+def teir_gains(result: dict, directions: tuple[str, ...] = ()) -> dict:
+    """For every ``<method>_teir*`` beside its ``<method>``: AR gain and F drop (per direction of
+    ``directions`` when the results have them, e.g. world t2i / i2t)."""
     m = result["methods"]
-    out: dict = {"images_bit_identical_all_methods": all(x.get("image_embeddings_bit_identical") for x in m.values())}
-    if "cll_clip" not in m:
-        return out
-    for name in (n for n in m if n.startswith("cll_clip_teir")):
-        gains = {}
-        for d in ("t2i", "i2t"):
-            gains[f"{d}_AR_gain"] = m[name][d]["AR"] - m["cll_clip"][d]["AR"]
-            gains[f"{d}_F_drop"] = m["cll_clip"][d]["F"] - m[name][d]["F"]
-        gains["same_direction"] = all(v > 0 for v in gains.values())
-        if name == "cll_clip_teir":
-            out.update(gains)
-        else:
-            out[name] = gains
+    out: dict = {}
+    for name in m:
+        base = name.split("_teir")[0]
+        if "_teir" not in name or base not in m:
+            continue
+        parts = [(f"{d}_", m[name][d], m[base][d]) for d in directions] or [("", m[name], m[base])]
+        out[name] = {k: v for p, t, b in parts for k, v in ((f"{p}AR_gain", t["AR"] - b["AR"]),
+                                                            (f"{p}F_drop", b["F"] - t["F"]))}
     return out
 
 
@@ -464,5 +302,5 @@ def write_outputs(result: dict, json_path: str | Path | None) -> str:
     return md
 
 
-__all__ = ["run_lingual_text", "run_lingual_world", "LingualTextConfig", "LingualWorldConfig", "method_config",
-           "format_markdown", "write_outputs", "summarise", "run_sequence", "ALL_METHODS"]
+__all__ = ["run_lingual_text", "run_lingual_world", "LingualTextConfig", "LingualWorldConfig", "format_markdown",
+           "write_outputs", "teir_gains"]

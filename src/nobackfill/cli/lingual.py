@@ -18,21 +18,24 @@ _STEPS = typer.Option(None, help="Override the steps per language.")
 _CACHE = typer.Option(Path("runs/cache"), help="Embedding cache.")
 _THREADS = typer.Option(1, help="torch threads (per method process).")
 _JOBS = typer.Option(1, help="Run the methods in this many parallel processes (2 on 2 cores).")
-_METHODS = typer.Option("cll_clip,cll_clip_teir", help="Comma list, e.g. cll_clip,cll_clip_teir,oewc,er_teir,der,"
-                                                         "lora_teir,prompt,cll_clip_teir_oracle.")
+_METHODS = typer.Option(None, help="Comma list (default: cll_clip, dualprompt, coda_prompt, each with and "
+                                         "without _teir), e.g. cll_clip,oewc,er_teir,der,lora_teir,prompt,"
+                                         "cll_clip_teir_oracle: <method>[_teir[_grad|_update][_reg][_used]][_oracle].")
 _LR = typer.Option(None, help="Override the learning rate of the plain methods.")
 _TEIR_LR = typer.Option(None, help="Override the learning rate of the TEIR methods.")
 _LIMIT = typer.Option(None, help="Evaluate on the first N lines / images of the split.")
 
 
 def _load_model(model: str):
-    """``minilm`` / ``pretrained`` = the real all-MiniLM-L6-v2; otherwise a model directory."""
-    from ..encoders import load_encoder
+    """``(encoder, LearnedState | None)``: ``minilm`` / ``pretrained`` = the real
+    all-MiniLM-L6-v2; otherwise a model directory, with the per-language modules (adapters,
+    prompts) and the state of a model written by ``lingual learn``."""
     from ..encoders.minilm import MiniLMTextEncoder
+    from ..lingual.learner import open_learned
 
     if model in ("minilm", "pretrained"):
-        return MiniLMTextEncoder.pretrained()
-    return load_encoder(model)
+        return MiniLMTextEncoder.pretrained(), None
+    return open_learned(model)
 
 
 def _split_langs(text: str) -> list[str]:
@@ -40,6 +43,14 @@ def _split_langs(text: str) -> list[str]:
     if not langs:
         raise ValueError("no languages given")
     return langs
+
+
+def _english_side(encoder):
+    """``encoder`` with English active (no adapter or prompt): the frozen ``r^E`` targets."""
+    from ..lingual.adapters import use_language
+
+    use_language(encoder, "en")
+    return encoder
 
 
 @lingual_app.command("learn")
@@ -50,7 +61,8 @@ def learn(
                                                   "(English first) are not trained."),
     data: Path = typer.Option(..., help="Multi30K root (task1/raw; text only) or a world data folder (images + captions)."),
     out: Path = typer.Option(..., help="Output model directory."),
-    method: str = typer.Option("cll_clip", help="cll_clip | oewc | er | der."),
+    method: str = typer.Option("cll_clip", help="cll_clip | oewc | er | der | lora | prompt | dualprompt | "
+                                                "coda_prompt (nobackfill.lingual.registry); each with --teir or not."),
     teir: bool = typer.Option(True, help="TEIR initialisation and regularisation (Eq. 5-6)."),
     teir_scale: str = typer.Option("update", help="How lambda acts with Adam: 'update' (scale each row's step) "
                                                    "or 'grad' (scale the gradient, the literal Eq. 5)."),
@@ -77,16 +89,15 @@ def learn(
 
     from ..evaluate import embed_texts_cached, load_eval_data
     from ..lingual.data import is_multi30k, multi30k_tasks, world_tasks
-    from ..lingual.learner import CLLConfig, ContinualLearner, load_lingual_state
+    from ..lingual.learner import CLLConfig, ContinualLearner
     torch.set_num_threads(threads)
     try:
         langs = _split_langs(tasks)
         cfg = CLLConfig(method=method, teir=teir, teir_scale=teir_scale, teir_task_tokens=teir_tokens,
                         oracle_vocab=oracle_vocab, steps=steps, batch_size=batch_size, lr=lr,
                         task_vocab_size=vocab_size, seed=seed, threads=threads)
-        enc = _load_model(model)
-        state, counts = load_lingual_state(model) if Path(model).is_dir() else ({"learned": ["en"]}, None)
-        todo = [lg for lg in langs if lg not in state["learned"]]
+        enc, saved = _load_model(model)
+        todo = [lg for lg in langs if lg not in (saved.learned if saved is not None else ["en"])]
         if is_multi30k(data):
             task_list, english = multi30k_tasks(data, todo, train_lines)
         else:
@@ -98,12 +109,13 @@ def learn(
         fail(str(e))
     import copy
 
-    frozen = copy.deepcopy(enc)
-    learner = ContinualLearner(enc, cfg, english, english_features=lambda t: embed_texts_cached(frozen, t, cache_dir),
-                               oracle_corpora=[t.corpus for t in task_list], log=lambda m: console.print(m))
-    if counts is not None and len(counts) == len(learner.counts):
-        learner.counts = counts
-        learner.learned = list(state["learned"])
+    frozen = _english_side(copy.deepcopy(enc))
+    try:
+        learner = ContinualLearner(enc, cfg, english, english_features=lambda t: embed_texts_cached(frozen, t, cache_dir),
+                                   oracle_corpora=[t.corpus for t in task_list], log=lambda m: console.print(m),
+                                   resume=saved if saved is not None and saved.counts is not None else None)
+    except ValueError as e:
+        fail(str(e))
     for task in task_list:
         learner.learn(task, out.parent / f".{out.name}.work", progress=True)
     learner.save(out)
@@ -134,7 +146,7 @@ def evaluate(
     torch.set_num_threads(threads)
     try:
         lang_list = _split_langs(langs)
-        enc = _load_model(model)
+        enc, _ = _load_model(model)
         if is_multi30k(data) or eval_dir is not None:
             lines = multi30k_eval_lines(data, split or "test_2016_flickr", lang_list, eval_dir, limit)
             result = {"task": "multi30k foreign->English R@1", "split": split or "test_2016_flickr",
@@ -160,7 +172,7 @@ def bench_lingual_text(
     eval_dir: Optional[Path] = typer.Option(None, help="Folder holding test_2016_flickr.{en,de,fr,cs}.gz laid out "
                                                        "like task1/raw: evaluate on it instead."),
     quick: bool = typer.Option(False, help="Fewer steps per language (CPU minutes)."),
-    methods: str = _METHODS,
+    methods: Optional[str] = _METHODS,
     steps: Optional[int] = _STEPS,
     lr: Optional[float] = _LR,
     teir_lr: Optional[float] = _TEIR_LR,
@@ -175,10 +187,11 @@ def bench_lingual_text(
 ) -> None:
     """CLL on real text: MiniLM learns de -> fr -> cs (Multi30K task 1); a[j,i], AR, F per method and
     English forgetting."""
-    from ..bench.lingual import LingualTextConfig, run_lingual_text
+    from ..bench.lingual import DEFAULT_METHODS, LingualTextConfig, run_lingual_text
     from ..data.multi30k import default_multi30k_dir
     try:
-        cfg = _bench_config(LingualTextConfig, quick, methods, threads, steps, lr, teir_lr, eval_split=split,
+        cfg = _bench_config(LingualTextConfig, quick, methods or ",".join(DEFAULT_METHODS), threads, steps, lr, teir_lr,
+                            eval_split=split,
                             eval_limit=limit)
         result = run_lingual_text(data or default_multi30k_dir(), eval_dir=eval_dir, quick=quick, config=cfg,
                                   cache_dir=cache_dir, work_dir=work_dir, jobs=jobs, log=lambda m: console.print(m))

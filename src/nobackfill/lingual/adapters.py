@@ -7,9 +7,14 @@ encoder a space id of its own per adapter, so cached embeddings never mix adapte
 
 from __future__ import annotations
 
+import copy
 import warnings
+from typing import Any
 
 import torch
+
+from .base import LingualMethod, Tensors
+from .registry import register
 
 #: CLIP text tower k/v projections (never the vision tower) or BERT self-attention key/value
 LORA_TARGETS = r"(.*text_model\.encoder\.layers\.\d+\.self_attn\.(k_proj|v_proj)|(.*\.)?encoder\.layer\.\d+\.attention\.self\.(key|value))$"
@@ -63,10 +68,65 @@ def use_language(encoder, lang: str | None) -> None:
                 m.enable_adapters(False)
         tags.append(f"lora-{lang if has else 'none'}")
     if prompt is not None:
-        prompt.active = lang if lang in prompt.ids else None
-        tags.append(f"prompt-{prompt.active or 'none'}")
+        tags.append(prompt.select(lang))
     encoder.invalidate_space_id()
     encoder._space_id = f"{encoder.space_id}-{'-'.join(tags)}"
 
 
-__all__ = ["add_task_lora", "use_language", "LORA_TARGETS"]
+def without_adapters(encoder):
+    """A copy of ``encoder`` whose LoRA-wrapped layers are replaced by their base layers (the
+    model as it was before any adapter; ``save_pretrained`` cannot write injected adapters)."""
+    twin = copy.deepcopy(encoder)
+    wrapped = {id(m) for m in _lora_layers(twin.model)}
+    for name, module in list(twin.model.named_modules()):
+        if name and id(module) in wrapped:
+            parent, _, leaf = name.rpartition(".")
+            setattr(twin.model.get_submodule(parent) if parent else twin.model, leaf, module.get_base_layer())
+    return twin
+
+
+def lora_tensors(encoder, lang: str) -> Tensors:
+    """The LoRA parameters of ``lang``'s adapter, by parameter name."""
+    return {n: p.detach().contiguous() for n, p in encoder.model.named_parameters()
+            if "lora_" in n and n.split(".")[-2] == lang}
+
+
+@register
+class TaskLoRA(LingualMethod):
+    """``lora``: a LoRA adapter per language on the text tower's k/v projections (Hu et al. 2022;
+    seed 004 Reproducibility: rank 8, scaling 8); the language picks its adapter at inference.
+    The adapters are saved beside the model (safetensors) and re-injected on load."""
+
+    NAME = "lora"
+    PER_LANGUAGE = True
+
+    def __init__(self, cfg) -> None:
+        super().__init__(cfg)
+        self.langs: list[str] = []
+        self.encoder = None
+
+    def begin_task(self, learner, task) -> list[torch.nn.Parameter]:
+        self.encoder = learner.encoder
+        self.langs.append(task.lang)
+        return add_task_lora(learner.encoder, task.lang, self.cfg.lora_rank, self.cfg.lora_alpha, self.cfg.seed)
+
+    def state(self) -> tuple[Tensors, dict[str, Any]]:
+        tensors = {k: v for lang in self.langs for k, v in lora_tensors(self.encoder, lang).items()}
+        return tensors, {"langs": list(self.langs)}
+
+    def load_state(self, encoder, tensors: Tensors, meta: dict[str, Any]) -> None:
+        self.encoder, self.langs = encoder, list(meta.get("langs", []))
+        for lang in self.langs:
+            add_task_lora(encoder, lang, self.cfg.lora_rank, self.cfg.lora_alpha, self.cfg.seed)
+        with torch.no_grad():
+            for name, p in encoder.model.named_parameters():
+                if name in tensors:
+                    p.copy_(tensors[name])
+                    p.requires_grad_(False)
+        use_language(encoder, None)
+
+    def model_to_save(self, encoder):
+        return without_adapters(encoder)
+
+
+__all__ = ["add_task_lora", "use_language", "without_adapters", "TaskLoRA", "LORA_TARGETS"]

@@ -10,8 +10,9 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence
+from typing import Callable, Sequence
 
 import numpy as np
 
@@ -147,5 +148,83 @@ def world_retrieval(encoder, data, image_features: np.ndarray, langs: Sequence[s
     return out
 
 
-__all__ = ["multi30k_tasks", "multi30k_eval_lines", "foreign_to_english", "world_parallel", "world_tasks",
+# ----------------------------------------------------------------------------- task sequences
+@dataclass
+class Multi30KSequence:
+    """Multi30K's tasks and evaluation lines: ``eval_lines`` (foreign -> English R@1) and the
+    English task-2 val captions 1 -> 2 (English forgetting)."""
+
+    tasks: list[LanguageTask]
+    english_corpus: list[str]
+    eval_lines: dict[str, list[str]]
+    caption_queries: list[str]
+    caption_gallery: list[str]
+
+    def evaluator(self, cache_dir: str | Path | None) -> Callable[[object], dict]:
+        """``encoder -> {"f2e": {lang: R@1}, "en_caption": R@1}``."""
+        def evaluate(enc) -> dict:
+            enc.invalidate_space_id()
+            f2e = foreign_to_english(enc, self.eval_lines, cache_dir)
+            use_language(enc, "en")
+            return {"f2e": f2e, "en_caption": recall_at_1(embed_texts_cached(enc, self.caption_queries, cache_dir),
+                                                          embed_texts_cached(enc, self.caption_gallery, cache_dir))}
+        return evaluate
+
+
+def multi30k_sequence(root: str | Path, langs: Sequence[str], train_lines: int | None, split: str,
+                      eval_dir: str | Path | None = None, limit: int | None = None) -> Multi30KSequence:
+    """Multi30K's tasks for ``langs`` and the evaluation lines of ``split``."""
+    from ..data.multi30k import read_task2
+
+    tasks, english = multi30k_tasks(root, langs, train_lines)
+    cap = read_task2(root, "val", "en", ks=(1, 2))
+    return Multi30KSequence(tasks, english, multi30k_eval_lines(root, split, langs, eval_dir, limit),
+                            cap.column(1), cap.column(2))
+
+
+@dataclass
+class WorldSequence:
+    """The world's tasks (train images through ``base``'s frozen image tower) and its evaluation
+    split with frozen image features."""
+
+    tasks: list[LanguageTask]
+    english_corpus: list[str]
+    eval_data: object
+    eval_images: np.ndarray
+
+    def evaluator(self, langs: Sequence[str], cache_dir: str | Path | None,
+                  etas: Sequence[float] = ()) -> Callable[[object], dict]:
+        """``encoder -> world_retrieval(...)`` over English and ``langs``."""
+        def evaluate(enc) -> dict:
+            enc.invalidate_space_id()
+            return world_retrieval(enc, self.eval_data, self.eval_images, ("en", *langs), cache_dir, etas=etas)
+        return evaluate
+
+    def images_unchanged(self, base, encoder) -> dict[str, bool]:
+        """Are ``encoder``'s image embeddings and image tower bit-identical to ``base``'s?"""
+        import torch
+
+        ref = base.model.vision_model.state_dict()
+        return {"image_embeddings_bit_identical": bool(np.array_equal(
+                    encoder.encode_images(self.eval_data.image_paths()), self.eval_images)),
+                "image_tower_bit_identical": all(torch.equal(ref[k], v) for k, v in
+                                                 encoder.model.vision_model.state_dict().items())}
+
+
+def world_sequence(root: str | Path, base, langs: Sequence[str], train_images: int, split: str,
+                   limit: int | None = None) -> WorldSequence:
+    """The world's tasks for ``langs`` on the first ``train_images`` train images, and ``split``."""
+    from ..evaluate import load_eval_data
+
+    langs_all = ("en", *langs)
+    train = load_eval_data(root, "train", langs=langs_all)
+    train = train.subset_images(np.arange(min(train_images, len(train))))
+    test = load_eval_data(root, split, langs=langs_all)
+    if limit:
+        test = test.subset_images(np.arange(min(limit, len(test))))
+    tasks, english = world_tasks(train, base.encode_images(train.image_paths()), langs)
+    return WorldSequence(tasks, english, test, base.encode_images(test.image_paths()))
+
+
+__all__ = ["multi30k_sequence", "Multi30KSequence", "world_sequence", "WorldSequence", "multi30k_tasks", "multi30k_eval_lines", "foreign_to_english", "world_parallel", "world_tasks",
            "world_retrieval", "fuse_translate_test", "recall_at_1", "is_multi30k"]

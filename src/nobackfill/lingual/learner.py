@@ -1,7 +1,8 @@
 """Continual language learning: a deployed model learns languages one after another (CLL-CLIP,
 seed 004). :class:`ContinualLearner` owns the state that survives between tasks - the growing
-vocabulary and table, the token statistics ``c_t`` of TEIR, the ER/DER memory, the EWC Fisher -
-and runs each task through the one training loop (:func:`nobackfill.train.loop.train`).
+vocabulary and table, the token statistics ``c_t`` of TEIR and the registered method (its ER/DER
+buffer, EWC Fisher, adapters, prompts) - and runs each task through the one training loop
+(:func:`nobackfill.train.loop.train`), calling the method's hooks around it.
 
 English is task 1: the starting model already knows it, so it is not trained; its corpus only
 initialises the token statistics (``c = 1 + count in the English corpus``). The English targets
@@ -13,24 +14,29 @@ from __future__ import annotations
 
 import copy
 import json
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, fields
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 import torch
+from safetensors.torch import load_file, save_file
 
 from ..train.loop import LoopConfig, train
-from .adapters import add_task_lora
+from .adapters import use_language
+from .base import LingualMethod, scoped
 from .embeddings import PLAIN_INIT_STD, embedding_stats, expand_token_embeddings, token_embedding
-from .prompts import add_task_prompt
 from .losses import PAPER_GAMMA_CL, PAPER_GAMMA_CM, PAPER_TEMPERATURE
-from .methods import METHODS, CLLCLIPMethod, LingualBatch, OnlineEWC
+from .methods import CLLCLIPMethod, LingualBatch
+from .registry import create_lingual_method, lingual_method_names
+from .replay import ReplayBuffer
 from .teir import teir_row_scales
 from .vocab import ids_of, merge_vocab, oracle_vocab, task_token_set, token_counts, train_task_vocab
 
 LINGUAL_STATE = "lingual.json"
-COUNTS_FILE = "token_counts.npy"
+#: token counts and the method's tensors (safetensors; never pickle)
+LINGUAL_TENSORS = "lingual.safetensors"
+LEGACY_COUNTS_FILE = "token_counts.npy"
 
 
 @dataclass
@@ -77,12 +83,18 @@ class CLLConfig:
     #: soft-prompt tokens per language (paper's P-Tuning: 30 per layer, as prefixes in every layer;
     #: ours: input-level prompt tuning, 8 tokens, CPU-sized)
     prompt_length: int = 8
+    #: DualPrompt's shared G-prompt length (paper: 2); its E-prompts have ``prompt_length``
+    g_prompt_length: int = 2
+    #: weight of DualPrompt's key-query matching loss
+    key_match_weight: float = 1.0
+    #: CODA-Prompt components added per task (paper: 5 per task, pool 36 x 5); each ``prompt_length`` long
+    coda_components: int = 5
     seed: int = 0
     threads: int = 1
 
     def __post_init__(self) -> None:
-        if self.method not in METHODS:
-            raise ValueError(f"method must be one of {', '.join(METHODS)}, got {self.method!r}")
+        if self.method not in lingual_method_names():
+            raise ValueError(f"method must be one of {', '.join(lingual_method_names())}, got {self.method!r}")
         if self.teir_scale not in ("grad", "update"):
             raise ValueError(f"teir_scale must be 'grad' or 'update', got {self.teir_scale!r}")
         if self.teir_task_tokens not in ("vocab", "used"):
@@ -129,49 +141,18 @@ class LanguageTask:
             raise ValueError(f"task {self.lang}: no training texts")
 
 
-@dataclass
-class Memory:
-    """Reservoir memory of earlier tasks' triplets (ER) and their features (DER)."""
-
-    capacity: int
-    foreign: list[str] = field(default_factory=list)
-    english: list[np.ndarray] = field(default_factory=list)
-    images: list[np.ndarray | None] = field(default_factory=list)
-    stored: list[np.ndarray | None] = field(default_factory=list)
-    seen: int = 0
-
-    def add(self, task: LanguageTask, english: np.ndarray, rng: np.random.Generator) -> list[int]:
-        """Reservoir-sample the task's items; returns the slots written."""
-        written = []
-        for i in range(len(task.foreign)):
-            slot = len(self.foreign) if len(self.foreign) < self.capacity else int(rng.integers(self.seen + 1))
-            self.seen += 1
-            if slot >= self.capacity:
-                continue
-            item = (task.foreign[i], english[i], None if task.images is None else task.images[i], None)
-            if slot == len(self.foreign):
-                for lst, v in zip((self.foreign, self.english, self.images, self.stored), item):
-                    lst.append(v)
-            else:
-                self.foreign[slot], self.english[slot], self.images[slot], self.stored[slot] = item
-            written.append(slot)
-        return sorted(set(written))
-
-    def __len__(self) -> int:
-        return len(self.foreign)
-
-
 class TaskBatches:
     """Deterministic batches (epoch-wise permutations seeded by ``(seed, epoch)``) of a task, with
-    an optional replay batch drawn from :class:`Memory` (seeded by the step)."""
+    an optional replay batch drawn from a :class:`~.replay.ReplayBuffer` (seeded by the step;
+    with the stored features ``r^M`` when every drawn item has them, as DER's do)."""
 
     def __init__(self, task: LanguageTask, english: np.ndarray, batch_size: int, seed: int,
-                 memory: Memory | None = None, der: bool = False) -> None:
+                 memory: ReplayBuffer | None = None) -> None:
         self.task, self.english = task, torch.from_numpy(np.asarray(english, np.float32))
         self.images = None if task.images is None else torch.from_numpy(np.asarray(task.images, np.float32))
         self.n = len(task.foreign)
         self.bs = min(batch_size, self.n)
-        self.seed, self.memory, self.der = seed, memory, der
+        self.seed, self.memory = seed, memory
 
     def batch(self, index: int) -> LingualBatch:
         per_epoch = max(1, self.n // self.bs)
@@ -186,8 +167,9 @@ class TaskBatches:
             imgs = [m.images[i] for i in ridx]
             b.replay = LingualBatch([m.foreign[i] for i in ridx], torch.from_numpy(np.stack([m.english[i] for i in ridx])),
                                     None if any(x is None for x in imgs) else torch.from_numpy(np.stack(imgs)))
-            if self.der:
-                b.replay_targets = torch.from_numpy(np.stack([m.stored[i] for i in ridx]))
+            stored = [m.stored[i] for i in ridx]
+            if all(x is not None for x in stored):
+                b.replay_targets = torch.from_numpy(np.stack(stored))
         return b
 
 
@@ -197,12 +179,28 @@ def frozen_english_features(encoder) -> Callable[[Sequence[str]], np.ndarray]:
     return lambda texts: frozen.encode_texts(list(texts))
 
 
+@dataclass
+class LearnedState:
+    """What :func:`open_learned` restores from a saved model besides the encoder: the languages,
+    the history, TEIR's token statistics and the method with its state (buffer, Fisher, adapters,
+    prompts), already attached to the encoder."""
+
+    learned: list[str]
+    history: list[dict]
+    counts: np.ndarray | None
+    config: dict
+    method: LingualMethod | None
+
+
 class ContinualLearner:
-    """Learn languages one after another with CLL-CLIP (+ TEIR / baselines)."""
+    """Learn languages one after another with CLL-CLIP (+ TEIR); the baseline is the registered
+    :class:`~.base.LingualMethod` that ``cfg.method`` names, driven through its hooks.
+    ``resume``: a saved model's state (:func:`open_learned`) to continue from."""
 
     def __init__(self, encoder, cfg: CLLConfig, english_corpus: Sequence[str],
                  english_features: Callable[[Sequence[str]], np.ndarray] | None = None,
-                 oracle_corpora: Sequence[Sequence[str]] = (), log: Callable[[str], None] = lambda m: None) -> None:
+                 oracle_corpora: Sequence[Sequence[str]] = (), log: Callable[[str], None] = lambda m: None,
+                 resume: LearnedState | None = None) -> None:
         self.encoder, self.cfg, self.log = encoder, cfg, log
         torch.manual_seed(cfg.seed)
         self.english_features = english_features or frozen_english_features(encoder)
@@ -210,8 +208,10 @@ class ContinualLearner:
         self.rng = np.random.default_rng(cfg.seed)
         self.learned: list[str] = ["en"]
         self.history: list[dict] = []
-        self.memory = Memory(cfg.memory_size) if cfg.method in ("er", "der") else None
-        self.ewc = OnlineEWC(cfg.ewc_strength, cfg.ewc_gamma) if cfg.method == "oewc" else None
+        self.method = create_lingual_method(cfg)
+        if resume is not None:
+            self._resume(resume)
+            return
         if cfg.oracle_vocab:
             if not oracle_corpora:
                 raise ValueError("oracle_vocab needs the corpora of all languages (oracle_corpora)")
@@ -219,23 +219,42 @@ class ContinualLearner:
             self._grow(merged)
         self.counts = 1.0 + token_counts(encoder.tokenizer, english_corpus, self._rows())
 
+    def _resume(self, state: LearnedState) -> None:
+        if state.method is not None and state.method.NAME != self.cfg.method:
+            raise ValueError(f"the model was learned with method {state.method.NAME!r}; continue it with that method")
+        if state.counts is None or len(state.counts) != self._rows():
+            raise ValueError("the saved token statistics do not match the model's table")
+        self.counts = np.asarray(state.counts, np.float64)
+        self.learned, self.history = list(state.learned), list(state.history)
+        if state.method is not None:
+            self.method = state.method
+
     def _rows(self) -> int:
         return int(token_embedding(self.encoder).weight.shape[0])
 
-    def _new_row_stats(self) -> tuple[float, float]:
+    def new_row_stats(self) -> tuple[float, float]:
         """TEIR: ``(mu_{t-1}, sigma_{t-1})`` of the table so far; plain: ``(0, 0.02)``."""
         if self.cfg.teir and self.cfg.teir_init:
             return embedding_stats(token_embedding(self.encoder).weight)
         return 0.0, PLAIN_INIT_STD
 
     def _grow(self, merged) -> None:
-        mean, std = self._new_row_stats()
+        mean, std = self.new_row_stats()
         expand_token_embeddings(self.encoder, merged, mean=mean, std=std, generator=self.generator)
         self.log(f"vocabulary {merged.old_size} -> {merged.size} (+{len(merged.new_tokens)}); "
                  f"new rows ~ N({mean:.4g}, {std:.4g}^2)")
 
+    def trainer(self, scales: np.ndarray, extra: Sequence[torch.nn.Parameter] = (),
+                plugin: LingualMethod | None = None) -> CLLCLIPMethod:
+        """The loop plug-in that trains the table (row scales ``scales``) and ``extra``."""
+        cfg = self.cfg
+        return CLLCLIPMethod(self.encoder, scales, cfg.loop(), plugin=plugin, teir=cfg.teir, gamma_cm=cfg.gamma_cm,
+                             gamma_cl=cfg.gamma_cl, temperature=cfg.temperature, scale_mode=cfg.teir_scale,
+                             extra_params=extra)
+
     def learn(self, task: LanguageTask, work_dir: str | Path, progress: bool = False) -> dict:
-        """Learn one language: grow the vocabulary, set TEIR's scales, train, update statistics."""
+        """Learn one language: grow the vocabulary, ``begin_task``, set TEIR's scales, train,
+        ``end_task``, update the token statistics."""
         cfg, enc = self.cfg, self.encoder
         if task.lang in self.learned:
             raise ValueError(f"language {task.lang!r} was already learned ({', '.join(self.learned)})")
@@ -249,28 +268,23 @@ class ContinualLearner:
             self._grow(merged)
             task_ids = ids_of(enc.tokenizer, task_token_set(tv))
             n_new = len(merged.new_tokens)
-        if cfg.method == "prompt":  # the language's soft prompt: new rows (lambda = 1) after V_t
-            mean, std = self._new_row_stats()
-            add_task_prompt(enc, task.lang, cfg.prompt_length, mean=mean, std=std, generator=self.generator)
+        extra = self.method.begin_task(self, task)  # rows it appends (prompts) are V_{t,new}
+        use_language(enc, task.lang)
         size = self._rows()
         if cfg.teir_task_tokens == "used":
             task_ids = np.union1d(task_ids, np.flatnonzero(token_counts(enc.tokenizer, task.corpus, size)))
         self.counts = np.concatenate([self.counts, np.ones(size - len(self.counts))])
         scales = teir_row_scales(size, old_size, task_ids, self.counts) if cfg.teir else np.ones(size)
         english = np.asarray(self.english_features(task.english), np.float32)
-        extra = add_task_lora(enc, task.lang, cfg.lora_rank, cfg.lora_alpha, cfg.seed) if cfg.method == "lora" else []
-        batches = TaskBatches(task, english, cfg.batch_size, cfg.seed + len(self.learned), self.memory,
-                              der=cfg.method == "der")
-        method = CLLCLIPMethod(enc, scales, cfg.loop(), method=cfg.method, teir=cfg.teir, gamma_cm=cfg.gamma_cm,
-                               gamma_cl=cfg.gamma_cl, temperature=cfg.temperature, ewc=self.ewc,
-                               der_alpha=cfg.der_alpha, scale_mode=cfg.teir_scale, extra_params=extra)
+        batches = TaskBatches(task, english, cfg.batch_size, cfg.seed + len(self.learned), self.method.replay())
+        trainer = self.trainer(scales, extra, plugin=self.method)
         try:
-            res = train(method, batches, cfg.loop(), Path(work_dir) / task.lang, progress=progress, export=False)
+            res = train(trainer, batches, cfg.loop(), Path(work_dir) / task.lang, progress=progress, export=False)
         finally:
-            method.close()
+            trainer.close()
         enc.model.requires_grad_(False)
         enc.invalidate_space_id()
-        self._after_task(task, english, batches)
+        self.method.end_task(self, task, english, batches)
         self.counts += token_counts(enc.tokenizer, task.corpus, size)
         self.learned.append(task.lang)
         info = {"lang": task.lang, "vocab_before": old_size, "vocab_after": size, "new_tokens": n_new,
@@ -282,44 +296,23 @@ class ContinualLearner:
         self.log(f"learned {task.lang}: {info}")
         return info
 
-    def _after_task(self, task: LanguageTask, english: np.ndarray, batches: TaskBatches) -> None:
-        cfg, enc = self.cfg, self.encoder
-        if self.ewc is not None:
-            w = token_embedding(enc).weight
-            w.requires_grad_(True)
-            method = CLLCLIPMethod(enc, np.ones(w.shape[0]), cfg.loop(), gamma_cm=cfg.gamma_cm, gamma_cl=cfg.gamma_cl,
-                                   temperature=cfg.temperature)
-            n = min(cfg.ewc_batches, max(1, len(task.foreign) // batches.bs))
-
-            def losses():
-                for i in range(n):
-                    yield method.loss(batches.batch(i), i)[0]
-
-            self.ewc.consolidate(w, losses)
-            method.close()
-            enc.model.requires_grad_(False)
-        if self.memory is not None:
-            slots = self.memory.add(task, english, self.rng)
-            if cfg.method == "der" and slots:
-                with torch.no_grad():
-                    feats = enc.encode_texts([self.memory.foreign[s] for s in slots])
-                for s, f in zip(slots, feats):
-                    self.memory.stored[s] = f
-
     # ----------------------------------------------------------------- persistence
     def save(self, out: str | Path) -> Path:
-        """The model (loadable with ``load_encoder``) plus ``lingual.json`` and the token counts."""
-        if self.cfg.method in ("lora", "prompt"):
-            kind = {"lora": "LoRA", "prompt": "prompt-tuning"}[self.cfg.method]
-            raise ValueError(f"the {kind} baseline needs the language at inference (one adapter or prompt per "
-                             "task); it runs in the benches and is not saved as a model")
+        """The model (loadable with ``load_encoder``; :func:`open_learned` also restores the
+        method's per-language modules) plus ``lingual.json`` (languages, config, history, the
+        method's metadata) and ``lingual.safetensors`` (token counts, the method's tensors)."""
         out = Path(out)
-        self.encoder.meta["lingual"] = {"learned": self.learned, "method": self.cfg.label}
-        self.encoder.invalidate_space_id()
-        self.encoder.save(out)
-        np.save(out / COUNTS_FILE, self.counts)
-        (out / LINGUAL_STATE).write_text(json.dumps({"learned": self.learned, "config": asdict(self.cfg),
-                                                     "history": self.history}, indent=2))
+        model = self.method.model_to_save(self.encoder)
+        model.meta["lingual"] = {"learned": self.learned, "method": self.cfg.label}
+        model.invalidate_space_id()
+        model.save(out)
+        tensors, meta = self.method.state()
+        blob = {f"method/{k}": v.detach().contiguous() for k, v in tensors.items()}
+        blob["counts"] = torch.from_numpy(np.asarray(self.counts, np.float64))
+        save_file(blob, str(out / LINGUAL_TENSORS))
+        (out / LINGUAL_STATE).write_text(json.dumps({
+            "learned": self.learned, "config": asdict(self.cfg), "history": self.history,
+            "method": {"name": self.method.NAME, "state": meta}}, indent=2))
         return out
 
 
@@ -328,9 +321,34 @@ def load_lingual_state(model_dir: str | Path) -> tuple[dict, np.ndarray | None]:
     d = Path(model_dir)
     path = d / LINGUAL_STATE
     state = json.loads(path.read_text()) if path.is_file() else {"learned": ["en"]}
-    counts = np.load(d / COUNTS_FILE) if (d / COUNTS_FILE).is_file() else None
+    if (d / LINGUAL_TENSORS).is_file():
+        counts = load_file(str(d / LINGUAL_TENSORS))["counts"].numpy()
+    elif (d / LEGACY_COUNTS_FILE).is_file():  # written before lingual.safetensors
+        counts = np.load(d / LEGACY_COUNTS_FILE, allow_pickle=False)
+    else:
+        counts = None
     return state, counts
 
 
-__all__ = ["CLLConfig", "LanguageTask", "ContinualLearner", "Memory", "TaskBatches", "frozen_english_features",
-           "load_lingual_state"]
+def open_learned(model_dir: str | Path) -> tuple[Any, LearnedState]:
+    """Load a model written by :meth:`ContinualLearner.save` with its method's per-language
+    modules (adapters, prompts) attached; returns ``(encoder, LearnedState)``."""
+    from ..encoders import load_encoder
+
+    d = Path(model_dir)
+    encoder = load_encoder(d)
+    state, counts = load_lingual_state(d)
+    method = None
+    if "method" in state:
+        known = {f.name for f in fields(CLLConfig)}
+        cfg = CLLConfig(**{k: v for k, v in state["config"].items() if k in known})
+        method = create_lingual_method(cfg)
+        tensors = load_file(str(d / LINGUAL_TENSORS)) if (d / LINGUAL_TENSORS).is_file() else {}
+        method.load_state(encoder, scoped(tensors, "method"), state["method"]["state"])
+        encoder.invalidate_space_id()
+    return encoder, LearnedState(list(state.get("learned", ["en"])), list(state.get("history", [])), counts,
+                                 dict(state.get("config", {})), method)
+
+
+__all__ = ["CLLConfig", "LanguageTask", "ContinualLearner", "LearnedState", "TaskBatches", "frozen_english_features",
+           "load_lingual_state", "open_learned"]

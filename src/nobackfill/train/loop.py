@@ -91,6 +91,10 @@ class Method:
     def train_mode(self, training: bool) -> None:
         """Switch modules between train and eval mode."""
 
+    def before_backward(self, step: int) -> None:
+        """Called after :meth:`loss` and before ``backward()`` and the optimiser step (e.g. take
+        a snapshot of parameters whose update the method rescales in :meth:`after_step`)."""
+
     def after_step(self, step: int) -> None:
         """Called after every optimiser step (e.g. clamp a temperature)."""
 
@@ -193,6 +197,7 @@ def train(method: Method, batches: BatchSource, cfg: LoopConfig, out: str | Path
             loss, logs = method.loss(batches.batch(step), step)
             if not torch.isfinite(loss):
                 raise FloatingPointError(f"{method.name}: loss is {loss.item()} at step {step}")
+            method.before_backward(step)
             opt.zero_grad(set_to_none=True)
             loss.backward()
             if cfg.grad_clip:

@@ -1,0 +1,16 @@
+"""``cll_clip``: plain CLL-CLIP (seed 004, Fig. 2a): only the token embeddings train, on Eq. 4."""
+
+from __future__ import annotations
+
+from .base import LingualMethod
+from .registry import register
+
+
+@register
+class CLLCLIP(LingualMethod):
+    """Every hook is the base's: nothing beside the token table."""
+
+    NAME = "cll_clip"
+
+
+__all__ = ["CLLCLIP"]
