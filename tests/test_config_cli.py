@@ -22,8 +22,6 @@ NO_CONFIG = {
     "train": "its --preset is the config file (a zoo TOML)",
     # not yet: their options map onto several dataclasses (a known gap of issue 17, listed in its note)
     "lingual learn": "CLLConfig (with the lingual plug-ins)",
-    "bench lingual-text": "LingualTextConfig (with the lingual plug-ins)",
-    "bench lingual-world": "LingualWorldConfig (with the lingual plug-ins)",
 }
 
 

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Optional
+from typing import List, Optional
 
 import typer
 
-from ._common import console, emit_json, fail, json_flag, quiet, write_json
+from ._common import (config_option, console, emit_json, fail, json_flag, quiet, resolve_config, set_option,
+                      show_config_option, write_json)
 
 
 lingual_app = typer.Typer(no_args_is_help=True,
@@ -184,6 +185,9 @@ def bench_lingual_text(
     jobs: int = _JOBS,
     json_out: Path = typer.Option(Path("runs/bench/lingual_text.json"), "--out", help="JSON output (.md beside it)."),
     as_json: bool = json_flag(),
+    config: Optional[Path] = config_option(),
+    set_: Optional[List[str]] = set_option(),
+    show_config: bool = show_config_option(),
 ) -> None:
     """CLL on real text: MiniLM learns de -> fr -> cs (Multi30K task 1); a[j,i], AR, F per method and
     English forgetting."""
@@ -193,6 +197,7 @@ def bench_lingual_text(
         cfg = _bench_config(LingualTextConfig, quick, methods or ",".join(DEFAULT_METHODS), threads, steps, lr, teir_lr,
                             eval_split=split,
                             eval_limit=limit)
+        cfg = resolve_config(LingualTextConfig, cfg, config, set_, show=show_config)
         result = run_lingual_text(data or default_multi30k_dir(), eval_dir=eval_dir, quick=quick, config=cfg,
                                   cache_dir=cache_dir, work_dir=work_dir, jobs=jobs, log=lambda m: console.print(m))
     except (ValueError, FileNotFoundError, ModuleNotFoundError) as e:
@@ -247,6 +252,9 @@ def bench_lingual_world(
     jobs: int = _JOBS,
     json_out: Path = typer.Option(Path("runs/bench/lingual_world.json"), "--out", help="JSON output (.md beside it)."),
     as_json: bool = json_flag(),
+    config: Optional[Path] = config_option(),
+    set_: Optional[List[str]] = set_option(),
+    show_config: bool = show_config_option(),
 ) -> None:
     """CLL on the world: the English-only world model learns de, fr, es, ru, el, zh in that order;
     t2i / i2t AR and F per method (and with translate-test fusion); image embeddings checked
@@ -262,6 +270,7 @@ def bench_lingual_world(
             kw["langs"] = tuple(_split_langs(langs))
         cfg = _bench_config(LingualWorldConfig, quick, methods, threads, steps, lr, teir_lr,
                             eval_split=split, eval_limit=limit, **kw)
+        cfg = resolve_config(LingualWorldConfig, cfg, config, set_, show=show_config)
         result = run_lingual_world(data, model=model, quick=quick, config=cfg, cache_dir=cache_dir,
                                    work_dir=work_dir, jobs=jobs, log=lambda m: console.print(m))
     except (ValueError, FileNotFoundError) as e:
