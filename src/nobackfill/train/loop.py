@@ -186,6 +186,7 @@ def train(method: Method, batches: BatchSource, cfg: LoopConfig, out: str | Path
     t0 = time.time() - elapsed
     last = float("nan")
     method.train_mode(True)
+    before_backward = getattr(method, "before_backward", None)  # duck-typed methods may lack the hook
     with progress_bar(progress, f"train {method.name}", cfg.steps) as advance:
         advance(start)
         for step in range(start, cfg.steps):
@@ -197,7 +198,8 @@ def train(method: Method, batches: BatchSource, cfg: LoopConfig, out: str | Path
             loss, logs = method.loss(batches.batch(step), step)
             if not torch.isfinite(loss):
                 raise FloatingPointError(f"{method.name}: loss is {loss.item()} at step {step}")
-            method.before_backward(step)
+            if before_backward is not None:
+                before_backward(step)
             opt.zero_grad(set_to_none=True)
             loss.backward()
             if cfg.grad_clip:
