@@ -20,8 +20,6 @@ NO_CONFIG = {
     "bench world": "the world generator's own spec",
     "upgrade procrustes": "training-free: a closed-form fit on a corpus",
     "train": "its --preset is the config file (a zoo TOML)",
-    # not yet: their options map onto several dataclasses (a known gap of issue 17, listed in its note)
-    "lingual learn": "CLLConfig (with the lingual plug-ins)",
 }
 
 
@@ -61,6 +59,11 @@ def test_every_train_upgrade_bench_command_takes_config_and_set():
     (["compat", "train", "--method", "bct", "--backbone", "pixels"], ("data", "backbone"), "pixels"),
     (["late", "train", "--out", "o", "--kind", "kd", "--set", "kd.reg_weight=0.3"], ("kd", "reg_weight"), 0.3),
     (["late", "train", "--out", "o", "--no-swap-twins"], ("swap_twins",), False),
+    (["lingual", "learn", "--model", "m", "--data", "d", "--out", "o", "--set", "lora_rank=4"], ("lora_rank",), 4),
+    (["lingual", "learn", "--model", "m", "--data", "d", "--out", "o", "--no-teir"], ("teir",), False),
+    (["lingual", "learn", "--model", "m", "--data", "d", "--out", "o"], ("teir",), True),
+    (["lingual", "learn", "--model", "m", "--data", "d", "--out", "o", "--steps", "7", "--set", "lr=0.5"],
+     ("steps",), 7),
 ])
 def test_show_config_applies_set_last(args, key, value):
     r = runner.invoke(app, args + ["--show-config"])

@@ -15,7 +15,7 @@ pytest.importorskip("fastapi")
 from fastapi.testclient import TestClient  # noqa: E402
 
 from _collection_helpers import NEW_REF, OLD_REF, make_folder, pool_with, related_pair, write_procrustes_upgrade  # noqa: E402
-from nobackfill.bench.serve import bad_input_cases  # noqa: E402
+from nobackfill.bench.serve_inputs import bad_input_cases  # noqa: E402
 from nobackfill.index.collection import Collection  # noqa: E402
 from nobackfill.index.ingest import add_items, folder_items  # noqa: E402
 from nobackfill.search.plan import upgrade_collection  # noqa: E402

@@ -148,3 +148,10 @@ def test_the_readme_tables_match_the_committed_results():
     readme = (SRC.parents[1] / "README.md").read_text()
     assert mod["refresh"](readme, SRC.parents[1] / "benchmarks" / "results") == readme, \
         "README tables are stale: run python scripts/readme_tables.py"
+
+
+def test_bench_modules_stay_small():
+    """A benchmark is a config, a loop over methods and a table: method code lives in its package,
+    report tables and shared set-ups in their own modules, so no bench module grows past ~300 lines."""
+    long = {p.name: n for p in (SRC / "bench").glob("*.py") if (n := len(p.read_text().splitlines())) > 320}
+    assert not long, f"bench modules over 320 lines: {long}"

@@ -30,7 +30,7 @@ from ..search import MERGES, ModelPool, Searcher
 from ..search.backfill import ORDERS, backfill_status, run_backfill, run_worker, start_backfill
 from ..search.models import model_ref
 from ..search.plan import upgrade_collection
-from .routes import _collection, _fresh, upgraded_world_collection, world_eval
+from .world_collection import embedded_collection, fresh_dir, upgraded_world_collection, world_eval
 
 FRACTIONS = (0.0, 0.05, 0.1, 0.2, 0.4, 0.6, 0.8, 1.0)
 #: the order ``collection backfill`` uses unless told
@@ -95,7 +95,7 @@ def _cost(cfg: BackfillBenchConfig, log: Callable[[str], None]) -> list[dict[str
         items = _take(train, n)
         pool = ModelPool()
         old_ref, new_ref = model_ref(cfg.models / "world-old"), model_ref(cfg.models / "world-new")
-        c = _collection(cfg.work / f"cost-{n}", pool, old_ref, items, log)
+        c = embedded_collection(cfg.work / f"cost-{n}", pool, old_ref, items, log)
         fresh = ModelPool()  # the upgrade's own cost: load the new model, register, first query
         t0 = time.time()
         upgrade_collection(c, new_ref, bridges=[cfg.upgrade], pool=fresh)
@@ -147,7 +147,7 @@ def run_backfill_bench(cfg: BackfillBenchConfig, log: Callable[[str], None] | No
     new_ref = model_ref(cfg.models / "world-new")
     new = pool.get(new_ref)
     old_old = ev.measure(Searcher(base, pool=pool, routes={old_sid: "old-model"}))
-    done = _collection(cfg.work / "new", pool, new_ref, ev.items, say)
+    done = embedded_collection(cfg.work / "new", pool, new_ref, ev.items, say)
     new_new = ev.measure(Searcher(done, pool=pool))
     ref = {"old_old": {d: {"R@1": float(np.mean(r == 1))} for d, r in old_old.items()},
            "new_new": {d: {"R@1": float(np.mean(r == 1))} for d, r in new_new.items()}}
@@ -156,7 +156,7 @@ def run_backfill_bench(cfg: BackfillBenchConfig, log: Callable[[str], None] | No
     zero = {m: ev.measure(Searcher(base, pool=pool, merge=m)) for m in cfg.merges}  # 0 %: the same for every order
     curves: dict[str, Any] = {}
     for order in cfg.orders:
-        path = _fresh(cfg.work / order)
+        path = fresh_dir(cfg.work / order)
         shutil.copytree(base.path, path)
         c = Collection.open(path)
         t0 = time.time()

@@ -178,7 +178,7 @@ def _has_metric(result: dict, metric: str) -> bool:
 
 
 def format_compat_steps(result: dict) -> str:
-    """Markdown: the AC / AA / ACA table, the NFR table, the done-when checks."""
+    """Markdown: the AC / AA / ACA table, the NFR table, the relative NFR reductions."""
     from ..report import text_table
 
     primary = result["config"]["sequence"].get("metric", "search")

@@ -13,7 +13,7 @@ transformer; the paper's), and the ablations ``cross_modal_search``, ``unimodal_
 
 * Zero-shot classification on fine-grained label sets of the main object (:data:`LABEL_SETS`), prompts
   ``"a photo of a {size} {colour} {texture} {shape}"`` from the world's English grammar, averaged over
-  shapes when the set has none. The main set (``--label-set``, done-when) is chosen by the RECO premise on
+  shapes when the set has none. The main set (``--label-set``) is chosen by the RECO premise on
   val: size x colour x texture (64 classes), which world-old's image tower encodes and its text side names
   weakly; size x colour x shape (128 classes) and colour x shape (64) are reported beside it. RECO refines
   both the image and the prompt embeddings (the paper's setting). Also on single-object scenes.
@@ -42,10 +42,10 @@ import numpy as np
 
 from ..config import updated
 from ..index.store import file_sha256
-from ..data.labels import LABEL_SETS, PREMISE_ATTRIBUTES, LabelSet, label_set
-from ..evaluate import Embedded, cross_retrieval
-from ..metrics.zero_shot import attribute_accuracy, class_vectors, zero_shot_accuracy, zero_shot_predictions
+from ..data.labels import LABEL_SETS, PREMISE_ATTRIBUTES, label_set
+from ..metrics.zero_shot import class_vectors
 from .reco_diagnostics import measure_latency, near_duplicate_calibration, premise_diagnostics
+from .reco_eval import attribute_labels, evaluate_reco, load_split, val_score
 from .reco_report import write_reco_report
 
 ABLATIONS = {"cross_modal_search": {"search": "cross"}, "unimodal_fusion": {"fuse": "uni"},
@@ -56,7 +56,7 @@ ABLATIONS = {"cross_modal_search": {"search": "cross"}, "unimodal_fusion": {"fus
 class RecoBenchConfig:
     """What ``bench reco`` runs; :meth:`quick_preset` fits in 15 minutes on 2 cores.
 
-    ``label_set`` (the done-when zero-shot; every set of :data:`LABEL_SETS` is reported beside it) is chosen
+    ``label_set`` (the main zero-shot set; every set of :data:`LABEL_SETS` is reported beside it) is chosen
     by the RECO premise measured on VAL (``runs/reco/s5/premise_attrs-world-old.json``; the bench's premise
     block repeats it): a linear probe of world-old's frozen image embedding reads size 75.8 %, colour 67.1 %,
     texture 53.3 % of the main object (chance 50 / 12.5 / 25) but shape only 17.4 % (chance 12.5), so the
@@ -115,102 +115,6 @@ def tree_hashes(root: str | Path, stored_only: bool = False) -> dict[str, str]:
     return {str(p.relative_to(root)): file_sha256(p) for p in sorted(root.rglob("*")) if p.is_file() and not skip(p)}
 
 
-def _cross(q_img, q_txt, g_img, g_txt, c2i) -> dict:
-    return cross_retrieval(Embedded("query", q_img, q_txt), Embedded("gallery", g_img, g_txt), c2i)
-
-
-@dataclass
-class _Split:
-    images: np.ndarray
-    texts: np.ndarray
-    c2i: np.ndarray
-    attrs: dict[str, np.ndarray]  # PREMISE_ATTRIBUTES of the main object (background: the scene's)
-    labels: dict[str, np.ndarray]  # label set -> class id per image
-    single: np.ndarray
-    unseen_colour: np.ndarray  # the main object's colour is one the base encoder was never trained on
-
-
-def _attribute_labels(labels: list[dict], where: str) -> dict[str, np.ndarray]:
-    """Per attribute, the value of every image's labels (clear error naming the missing field)."""
-    for i, lab in enumerate(labels):
-        missing = [a for a in PREMISE_ATTRIBUTES if a not in lab]
-        if missing:
-            raise ValueError(f"{where}: image {i} has no labels.{missing[0]} (needed for fine-grained zero-shot)")
-    return {a: np.array([lab[a] for lab in labels], dtype=object) for a in PREMISE_ATTRIBUTES}
-
-
-def _load_split(enc, world: Path, split: str, label_sets: dict[str, LabelSet], cache: Path,
-                seen_colours: tuple[str, ...] | None = None) -> _Split:
-    from ..evaluate import embed_dataset, load_eval_data
-
-    ds = load_eval_data(world, split, langs=["en"])
-    attrs = _attribute_labels(ds.image_labels, str(ds.root))
-    e = embed_dataset(enc, ds, cache_dir=cache / "embeddings")
-    return _Split(e.images, e.texts, ds.caption_image, attrs, {n: ls.labels(attrs) for n, ls in label_sets.items()},
-                  np.array([lab.get("n_objects", 0) == 1 for lab in ds.image_labels]),
-                  np.array([seen_colours is not None and c not in seen_colours for c in attrs["colour"]]))
-
-
-def attribute_breakdown(images: np.ndarray, classes: np.ndarray, s: "_Split", ls: LabelSet) -> dict:
-    """Which part of the label zero-shot gets right: per attribute of ``ls``, the accuracy of the predicted
-    class's value (all images and single-object images), and colour accuracy on images whose colour the base
-    encoder never saw in training (the knowledge only the memory's captions carry)."""
-    pred, y = zero_shot_predictions(images, classes), s.labels[ls.name]
-    out = {"all": attribute_accuracy(pred, y, ls.parts, ls.attributes),
-           "single_object": attribute_accuracy(pred, y, ls.parts, ls.attributes, s.single)}
-    if s.unseen_colour.any() and "colour" in ls.attributes:
-        for key, mask in (("colour_unseen_in_training", s.unseen_colour), ("colour_seen_in_training", ~s.unseen_colour)):
-            out[key] = attribute_accuracy(pred, y, ls.parts, ls.attributes, mask)["colour"]
-    return out
-
-
-def _class_vectors(model, memory, prompt_embeddings: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-    """Zero-shot classifiers of every label set: base prompts, or each prompt refined by ``model`` and then
-    averaged per class (chosen on val over averaging first: size x colour x texture 31.4 vs 30.3 at k=10,
-    ``runs/reco/s5/exp-k10.json``)."""
-    if model is None:
-        return {n: class_vectors(E) for n, E in prompt_embeddings.items()}
-    out = {}
-    for n, E in prompt_embeddings.items():
-        c, m, d = E.shape
-        out[n] = class_vectors(model.refine(memory, E.reshape(c * m, d), "text").reshape(c, m, d))
-    return out
-
-
-def _evaluate(model, memory, s: _Split, label_sets: dict[str, LabelSet], prompt_embeddings: dict[str, np.ndarray]
-              ) -> dict:
-    """Zero-shot (every label set) and retrieval of one RECO model (or the base when ``model`` is None)."""
-    base_cls = _class_vectors(None, memory, prompt_embeddings)
-    if model is None:
-        vb, tb, cls = s.images, s.texts, base_cls
-    else:
-        vb, tb = model.refine(memory, s.images, "image"), model.refine(memory, s.texts, "text")
-        cls = _class_vectors(model, memory, prompt_embeddings)
-    out: dict = {"zero_shot": {}, "zero_shot_single_object": {}, "zero_shot_attributes": {}}
-    for n, ls in label_sets.items():
-        y = s.labels[n]
-        out["zero_shot"][n] = zero_shot_accuracy(vb, cls[n], y)
-        out["zero_shot_single_object"][n] = zero_shot_accuracy(vb, cls[n], y, s.single)
-        out["zero_shot_attributes"][n] = attribute_breakdown(vb, cls[n], s, ls)
-        if model is not None:
-            out.setdefault("zero_shot_images_only", {})[n] = zero_shot_accuracy(vb, base_cls[n], y)
-            out.setdefault("zero_shot_prompts_only", {})[n] = zero_shot_accuracy(s.images, cls[n], y)
-    if model is None:
-        out["retrieval"] = _cross(s.images, s.texts, s.images, s.texts, s.c2i)
-        return out
-    out["retrieval"] = {"queries_only": _cross(vb, tb, s.images, s.texts, s.c2i),
-                        "both": _cross(vb, tb, vb, tb, s.c2i)}
-    return out
-
-
-def _val_score(model, memory, s: _Split, ls: LabelSet, prompt_embeddings: np.ndarray) -> dict[str, float]:
-    """Early stopping / k selection on val: zero-shot on the main label set + mean queries-only R@1."""
-    r = _evaluate(model, memory, s, {ls.name: ls}, {ls.name: prompt_embeddings})
-    q = r["retrieval"]["queries_only"]
-    r1 = 0.5 * (q["t2i"]["R@1"] + q["i2t"]["R@1"])
-    return {"zero_shot": r["zero_shot"][ls.name], "R@1_queries_only": r1, "score": r["zero_shot"][ls.name] + r1}
-
-
 def run_reco_bench(out_json: str | Path, cfg: RecoBenchConfig | None = None,
                    log: Callable[[str], None] = print) -> dict:
     """Run the benchmark; writes ``out_json`` and a Markdown table beside it."""
@@ -267,12 +171,12 @@ def run_reco_bench(out_json: str | Path, cfg: RecoBenchConfig | None = None,
     pe = {n: np.stack([enc.encode_texts(group) for group in ls.prompts]) for n, ls in label_sets.items()}
     concepts = enc.meta.get("concepts")  # nobackfill.json, read by load_encoder (as bench xbt uses it)
     seen_colours = tuple(concepts["colours"]) if concepts and concepts.get("colours") else None
-    val = _load_split(enc, world, cfg.tune_split, label_sets, cache, seen_colours)
-    test = _load_split(enc, world, cfg.eval_split, label_sets, cache, seen_colours)
+    val = load_split(enc, world, cfg.tune_split, label_sets, cache, seen_colours)
+    test = load_split(enc, world, cfg.eval_split, label_sets, cache, seen_colours)
     mem_labels = {im: lab for im, lab in zip(mem_src.images, mem_src.image_labels)}
     mem_ids = memory.gallery.ids("image")
-    mem_attrs = _attribute_labels([mem_labels[i] for i in mem_ids], str(mem_src.root))
-    base_val = _evaluate(None, memory, val, label_sets, pe)
+    mem_attrs = attribute_labels([mem_labels[i] for i in mem_ids], str(mem_src.root))
+    base_val = evaluate_reco(None, memory, val, label_sets, pe)
     named = {}  # how well the base names each attribute on val (from the first label set that has it)
     for n in label_sets:
         for attr, acc in base_val["zero_shot_attributes"][n]["all"].items():
@@ -294,21 +198,21 @@ def run_reco_bench(out_json: str | Path, cfg: RecoBenchConfig | None = None,
         rc = updated(RecoTrainConfig(), k=k, steps=cfg.steps, batch_size=cfg.batch_size, lr=cfg.lr,
                      eval_every=cfg.eval_every, patience=cfg.patience, seed=cfg.seed, threads=cfg.threads, **kw)
         t0 = time.time()
-        m, res = train_reco(memory, work / name, rc, evaluate=lambda mm: _val_score(mm, memory, val, main_ls,
+        m, res = train_reco(memory, work / name, rc, evaluate=lambda mm: val_score(mm, memory, val, main_ls,
                                                                                    pe[main_ls.name]),
                             early_stop="score", memory_ref=mem_dir, pairs=pairs, neighbour_cache=neighbours,
                             k_max=k_max)
-        r = _evaluate(m, memory, test, label_sets, pe)
+        r = evaluate_reco(m, memory, test, label_sets, pe)
         r["train"] = {"seconds": round(time.time() - t0, 1), "config": rc.to_dict()}
         if res is not None:
             r["train"].update(steps=res.steps, best_step=res.best_step, best_val_score=res.best_value,
                               stopped_early=res.stopped_early)
-        r["val"] = _val_score(m, memory, val, main_ls, pe[main_ls.name])
+        r["val"] = val_score(m, memory, val, main_ls, pe[main_ls.name])
         say(f"{name}: test zero-shot ({main_ls.name}) {100 * r['zero_shot'][main_ls.name]:.1f}%, t2i R@1 "
             f"(queries only) {100 * r['retrieval']['queries_only']['t2i']['R@1']:.1f}% ({r['train']['seconds']:.0f}s)")
         return m, r
 
-    rows: dict[str, dict] = {"base": _evaluate(None, memory, test, label_sets, pe)}
+    rows: dict[str, dict] = {"base": evaluate_reco(None, memory, test, label_sets, pe)}
     rows["base"]["val"] = {"zero_shot": base_val["zero_shot"][main_ls.name]}
     say(f"base: test zero-shot ({main_ls.name}) {100 * rows['base']['zero_shot'][main_ls.name]:.1f}%, t2i R@1 "
         f"{100 * rows['base']['retrieval']['t2i']['R@1']:.1f}%")

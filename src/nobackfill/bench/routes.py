@@ -17,20 +17,21 @@ against old/old (a query right before the upgrade and wrong after, and the rever
 
 from __future__ import annotations
 
-import shutil
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any, Callable
 
 import numpy as np
 
+from .world_collection import embedded_collection, hit_ranks, upgraded_world_collection, world_eval
+
 from ..index.collection import Collection
-from ..index.ingest import add_items, folder_items, text_item
+from ..index.ingest import text_item
 from ..metrics.flips import flip_rates
 from ..metrics.retrieval import recall_from_ranks
 from ..search import MERGES, ModelPool, Searcher
-from ..search.calibrate import pair_tasks, text_pair_task
+from ..search.calibrate import text_pair_task
 from ..search.models import model_ref
 from ..search.plan import upgrade_collection
 
@@ -66,33 +67,8 @@ class RoutesBenchConfig:
         return cls(**{"calib_images": 500, "text_calib": 500, **kw})
 
 
-def _ranks(responses, relevant: Sequence[set[str]], k: int) -> np.ndarray:
-    out = np.full(len(responses), k + 1, np.int64)
-    for i, (r, rel) in enumerate(zip(responses, relevant)):
-        for h in r.hits:
-            if h.id in rel:
-                out[i] = h.rank
-                break
-    return out
-
-
 def _row(ranks: np.ndarray) -> dict[str, float]:
     return recall_from_ranks(ranks, KS)
-
-
-def _fresh(path: Path) -> Path:
-    shutil.rmtree(path, ignore_errors=True)
-    return path
-
-
-def _collection(path: Path, pool: ModelPool, ref: str, items, log) -> Collection:
-    enc = pool.get(ref)
-    c = Collection.create(_fresh(path), space_id=enc.space_id, dim=enc.embed_dim, model=ref,
-                          name=getattr(enc, "name", ""), modalities=enc.modalities)
-    t0 = time.time()
-    add_items(c, enc, items, progress=False)
-    log(f"  {path.name}: {len(items)} items embedded by {getattr(enc, 'name', ref)} in {time.time() - t0:.0f}s")
-    return c
 
 
 def _flips(rows_ranks: dict[str, np.ndarray]) -> dict[str, dict[str, float]]:
@@ -123,62 +99,6 @@ def _merge_on_test(c: Collection, pool: ModelPool, run: Callable[[Searcher], dic
 
 
 # ----------------------------------------------------------------------------- (a) world
-@dataclass
-class WorldEval:
-    """The test split as collection items and as queries with their relevant item ids: captions
-    query images (their own image), images query captions (any of theirs)."""
-
-    items: list[Any]
-    texts: list[Any]
-    images: list[Any]
-    t2i_rel: list[set[str]]
-    i2t_images: list[Any]
-    i2t_rel: list[set[str]]
-
-    def __post_init__(self) -> None:
-        self.cache: dict = {}  # query embeddings of every model, computed once per model
-
-    def measure(self, s: Searcher) -> dict[str, np.ndarray]:
-        """Rank (1..10, 11 = not in the top 10) of the first relevant hit, per query and direction."""
-        return {"t2i": _ranks(s.search_batch(texts=[t.payload for t in self.texts], k=10, target="image",
-                                             cache=self.cache), self.t2i_rel, 10),
-                "i2t": _ranks(s.search_batch(images=[Path(im.payload) for im in self.i2t_images], k=10, target="text",
-                                             cache=self.cache), self.i2t_rel, 10)}
-
-
-def world_eval(test_dir: Path, test_images: int | None = None) -> WorldEval:
-    """:class:`WorldEval` of a world split (English captions; the first ``test_images`` images)."""
-    items = folder_items(test_dir, langs=["en"], uncaptioned=False).items
-    if test_images is not None:
-        keep = {it.id for it in items if it.modality == "image"}
-        order = [it.id for it in items if it.id in keep]
-        keep = set(order[:test_images])
-        items = [it for it in items if (it.id if it.modality == "image" else it.metadata["image_id"]) in keep]
-    images = [it for it in items if it.modality == "image"]
-    texts = [it for it in items if it.modality == "text"]
-    by_image: dict[str, set[str]] = {}
-    for t in texts:
-        by_image.setdefault(t.metadata["image_id"], set()).add(t.id)
-    i2t = [im for im in images if im.id in by_image]
-    return WorldEval(items, texts, images, [{t.metadata["image_id"]} for t in texts], i2t, [by_image[im.id] for im in i2t])
-
-
-def upgraded_world_collection(cfg: "RoutesBenchConfig", pool: ModelPool, ev: WorldEval, path: Path,
-                              log: Callable[[str], None]) -> tuple[Collection, dict[str, Any], float]:
-    """A collection of ``ev``'s items embedded by world-old, upgraded to world-new with the shipped
-    upgrade and calibrated on the val split; returns it, its plan and the upgrade's seconds."""
-    from ..evaluate import load_eval_data
-
-    val = load_eval_data(cfg.world, "val", langs=["en"], limit=cfg.calib_images)
-    old_ref, new_ref = model_ref(cfg.models / "world-old"), model_ref(cfg.models / "world-new")
-    log(f"world: {len(ev.images)} test images, {len(ev.texts)} captions; calibration on {len(val)} val images")
-    c = _collection(path, pool, old_ref, ev.items, log)
-    t0 = time.time()
-    plan = upgrade_collection(c, new_ref, bridges=[cfg.upgrade], calibration=pair_tasks(val),
-                              calibration_label=f"{cfg.world} val ({len(val)} images)", pool=pool)
-    return c, plan, time.time() - t0
-
-
 def run_world(cfg: RoutesBenchConfig, pool: ModelPool, log: Callable[[str], None]) -> dict[str, Any]:
     from ..evaluate import resolve_data
 
@@ -195,7 +115,7 @@ def run_world(cfg: RoutesBenchConfig, pool: ModelPool, log: Callable[[str], None
         ranks[row] = ev.measure(Searcher(c, pool=pool, routes={old_sid: route}))
         log(f"  {row}: t2i R@1 {np.mean(ranks[row]['t2i'] == 1):.3f}, i2t R@1 {np.mean(ranks[row]['i2t'] == 1):.3f} "
             f"({time.time() - t0:.0f}s)")
-    done = _collection(cfg.work / "world-new", pool, new_ref, ev.items, log)
+    done = embedded_collection(cfg.work / "world-new", pool, new_ref, ev.items, log)
     ranks["new_new"] = ev.measure(Searcher(done, pool=pool))
     moved = _backfill_half(c, done, cfg.backfill_fraction, cfg.seed)
     merge_test = {d: {} for d in ("t2i", "i2t")}
@@ -231,7 +151,7 @@ def run_text(cfg: RoutesBenchConfig, pool: ModelPool, log: Callable[[str], None]
     log(f"text: {len(q)} val caption pairs ({cfg.eval_dir or 'Multi30K task2 val'}); calibration on "
         f"{train.n_images} train pairs")
     items = [text_item(t, id=f"val-{i}") for i, t in enumerate(g)]
-    c = _collection(cfg.work / "text-old", pool, old_ref, items, log)
+    c = embedded_collection(cfg.work / "text-old", pool, old_ref, items, log)
     t0 = time.time()
     plan = upgrade_collection(c, new_ref, bridges=[cfg.text_upgrade],
                               calibration=[text_pair_task(train.column(1), train.column(2))],
@@ -241,13 +161,13 @@ def run_text(cfg: RoutesBenchConfig, pool: ModelPool, log: Callable[[str], None]
     rel = [{f"val-{i}"} for i in range(len(q))]
     ranks = {}
     for row, route in ROUTE_OF_ROW.items():
-        ranks[row] = _ranks(Searcher(c, pool=pool, routes={old_sid: route}).search_batch(texts=q, k=10, target="text"),
+        ranks[row] = hit_ranks(Searcher(c, pool=pool, routes={old_sid: route}).search_batch(texts=q, k=10, target="text"),
                             rel, 10)
         log(f"  {row}: R@1 {np.mean(ranks[row] == 1):.3f}")
-    done = _collection(cfg.work / "text-new", pool, new_ref, items, log)
-    ranks["new_new"] = _ranks(Searcher(done, pool=pool).search_batch(texts=q, k=10, target="text"), rel, 10)
+    done = embedded_collection(cfg.work / "text-new", pool, new_ref, items, log)
+    ranks["new_new"] = hit_ranks(Searcher(done, pool=pool).search_batch(texts=q, k=10, target="text"), rel, 10)
     moved = _backfill_half(c, done, cfg.backfill_fraction, cfg.seed)
-    merge_test = {m: _row(_ranks(Searcher(c, pool=pool, merge=m).search_batch(texts=q, k=10, target="text"), rel, 10))
+    merge_test = {m: _row(hit_ranks(Searcher(c, pool=pool, merge=m).search_batch(texts=q, k=10, target="text"), rel, 10))
                   for m in MERGES}
     r = plan["routes"][old_sid]["t2t"]
     return {**{row: _row(ranks[row]) for row in ROWS},

@@ -35,9 +35,11 @@ from typing import Any, Callable
 
 import numpy as np
 
+from .store_data import K, exact_top, make_data, recall_at
+from .store_merged import merged_search
+
 GRIDS = {"efSearch": (16, 32, 64, 128, 256, 512, 1024), "nprobe": (1, 2, 4, 8, 16, 32, 64, 128)}
 TARGET_RECALL = 0.95
-K = 10
 
 
 @dataclass
@@ -64,76 +66,6 @@ class StoreBenchConfig:
         return cls(**{"n": 100_000, "real_minilm": 20_000, "merged_n": 20_000,
                       "backends": ("faiss:Flat", "faiss:HNSW32", "faiss:IVF256,PQ64", "milvus-lite:FLAT",
                                    "milvus-server:HNSW32"), **kw})
-
-
-# ----------------------------------------------------------------------------- data
-def _unit(x: np.ndarray) -> np.ndarray:
-    return (x / np.maximum(np.linalg.norm(x, axis=1, keepdims=True), 1e-12)).astype(np.float32)
-
-
-def _tile(real: np.ndarray, n: int, rng: np.random.Generator, sigma: float = 0.01) -> np.ndarray:
-    if n <= len(real):
-        return real[:n].copy()
-    out = np.empty((n, real.shape[1]), np.float32)
-    out[:len(real)] = real
-    for s in range(len(real), n, 100_000):
-        e = min(n, s + 100_000)
-        src = real[np.arange(s, e) % len(real)]
-        out[s:e] = _unit(src + sigma * rng.standard_normal(src.shape).astype(np.float32))
-    return out
-
-
-def make_data(name: str, cfg: StoreBenchConfig, log: Callable[[str], None]) -> tuple[np.ndarray, np.ndarray]:
-    """(gallery (n, d), queries (val + test, d)) of dataset ``name``, unit rows."""
-    rng = np.random.default_rng(cfg.seed)
-    nq = cfg.n_val_queries + cfg.n_test_queries
-    if name == "random":
-        return _unit(rng.standard_normal((cfg.n, 128)).astype(np.float32)), \
-            _unit(rng.standard_normal((nq, 128)).astype(np.float32))
-    from ..evaluate import embed_texts_cached
-
-    if name == "minilm":
-        from ..compat.text_upgrade import stage1_corpus
-        from ..data.multi30k import default_multi30k_dir, read_task2
-        from ..encoders.minilm import MiniLMTextEncoder
-
-        root = cfg.multi30k or default_multi30k_dir()
-        flat, _ = stage1_corpus(read_task2(root, "train", "en").captions, 29000)
-        enc = MiniLMTextEncoder.pretrained()
-        real_texts = list(dict.fromkeys(flat[:cfg.real_minilm]))  # distinct captions
-        log(f"  minilm: embedding {len(real_texts)} real captions (cached in {cfg.cache_dir}) ...")
-        real = embed_texts_cached(enc, flat[:cfg.real_minilm], cfg.cache_dir)
-        keep = {t: i for i, t in reversed(list(enumerate(flat[:cfg.real_minilm])))}
-        real = _unit(real[sorted(keep.values())])
-        queries = embed_texts_cached(enc, read_task2(root, "val", "en", ks=(1,)).column(1)[:nq], cfg.cache_dir)
-        return _tile(real, cfg.n, rng), _unit(queries)
-    if name == "world":
-        from ..data.folder import load_pairs
-        from ..encoders import load_encoder
-        from ..evaluate import resolve_data
-
-        enc = load_encoder(cfg.models / "world-new")
-        train = load_pairs(resolve_data(cfg.world, "train"))
-        log(f"  world: embedding {len(train)} images and {len(train.captions)} captions with world-new ...")
-        real = np.concatenate([embed_texts_cached(enc, train.captions, cfg.cache_dir),
-                               enc.encode_images(train.image_paths())])
-        real = _unit(real[rng.permutation(len(real))])
-        test = load_pairs(resolve_data(cfg.world, "test"), langs=["en"])
-        return _tile(real, cfg.n, rng), _unit(enc.encode_texts(test.captions[:nq]))
-    raise ValueError(f"unknown dataset {name!r}; datasets: minilm, world, random")
-
-
-def exact_top(gallery: np.ndarray, queries: np.ndarray, k: int = K) -> np.ndarray:
-    """Exact top-``k`` row indices by inner product (faiss Flat)."""
-    import faiss
-
-    idx = faiss.IndexFlatIP(gallery.shape[1])
-    idx.add(gallery)
-    return idx.search(queries, k)[1]
-
-
-def _recall(found: np.ndarray, truth: np.ndarray) -> float:
-    return float(np.mean([len(set(f.tolist()) & set(t.tolist())) / len(t) for f, t in zip(found, truth)]))
 
 
 # ----------------------------------------------------------------------------- one row (own process)
@@ -213,10 +145,10 @@ def run_row(data_file: str, query_file: str, truth_file: str, backend: str, work
         for v in grid:
             _set_param(store, param, v)
             chosen = v
-            if _recall(_search(store, qv, K), tv) >= TARGET_RECALL:
+            if recall_at(_search(store, qv, K), tv) >= TARGET_RECALL:
                 break
     found = _search(store, qt, K)
-    rec = _recall(found, tt)
+    rec = recall_at(found, tt)
     lat = []
     for i in range(min(batch1, len(qt))):
         t0 = time.perf_counter()
@@ -251,74 +183,6 @@ def _row_in_process(*args: Any) -> dict[str, Any]:
     ctx = mp.get_context("spawn")
     with ctx.Pool(1) as pool:
         return pool.apply(run_row, args)
-
-
-# ----------------------------------------------------------------------------- merged search
-def merged_search(x: np.ndarray, q: np.ndarray, work: Path, n_queries: int = 200) -> dict[str, Any]:
-    """Per-query p50 of the Searcher over ``x`` in one space vs split between two spaces."""
-    from ..compat.bridges import ProcrustesBridge
-    from ..compat.upgrade import save_vector_upgrade
-    from ..encoders.base import DualEncoder
-    from ..index.collection import Collection
-    from ..index.ingest import add_items, text_item
-    from ..search import ModelPool, Searcher
-    from ..search.plan import upgrade_collection
-
-    class Lookup(DualEncoder):
-        """Texts ``g<i>`` / ``q<j>`` -> the precomputed rows (a stand-in model)."""
-
-        kind = "lookup"
-        modalities = ("text",)
-
-        def __init__(self, tag: str) -> None:
-            self.tag = tag
-
-        @property
-        def embed_dim(self) -> int:
-            return x.shape[1]
-
-        @property
-        def space_id(self) -> str:
-            return f"lookup-{self.tag}"
-
-        def encode_texts(self, texts, batch_size=256, progress=False):
-            return np.stack([x[int(t[1:])] if t[0] == "g" else q[int(t[1:])] for t in texts]).astype(np.float32)
-
-        def encode_images(self, images, batch_size=128, progress=False):
-            raise NotImplementedError
-
-        def save(self, directory):
-            raise NotImplementedError
-
-    a, b = Lookup("a"), Lookup("b")
-    pool = ModelPool()
-    pool.put("/lookup/a", a)
-    pool.put("/lookup/b", b)
-    items = [text_item(f"g{i}", id=f"i{i}") for i in range(len(x))]
-    shutil.rmtree(work, ignore_errors=True)
-    one = Collection.create(work / "one", space_id=b.space_id, dim=b.embed_dim, model="/lookup/b", modalities=["text"])
-    add_items(one, b, items, chunk_size=20_000, progress=False)
-    two = Collection.create(work / "two", space_id=a.space_id, dim=a.embed_dim, model="/lookup/a", modalities=["text"])
-    add_items(two, a, items[: len(items) // 2], chunk_size=20_000, progress=False)
-    up = save_vector_upgrade(work / "bridge", ProcrustesBridge(np.eye(x.shape[1], dtype=np.float32), b.space_id,
-                                                               a.space_id),
-                             {"space_id": b.space_id, "name": "b", "embed_dim": x.shape[1]},
-                             {"space_id": a.space_id, "name": "a", "embed_dim": x.shape[1]})
-    upgrade_collection(two, "/lookup/b", bridges=[up], pool=pool)
-    add_items(two, b, items[len(items) // 2:], chunk_size=20_000, progress=False)
-    out = {}
-    for name, c in (("one_space", one), ("two_spaces", two)):
-        s = Searcher(c, pool=pool)
-        s.search(text="q0", k=K)  # warm: indexes, snapshot
-        lat = []
-        for j in range(n_queries):
-            t0 = time.perf_counter()
-            s.search(text=f"q{j % len(q)}", k=K)
-            lat.append(1000 * (time.perf_counter() - t0))
-        out[name] = {"p50_ms": round(float(np.percentile(lat, 50)), 3), "p99_ms": round(float(np.percentile(lat, 99)), 3)}
-    out["n"] = len(x)
-    out["ratio_p50"] = round(out["two_spaces"]["p50_ms"] / out["one_space"]["p50_ms"], 2)
-    return out
 
 
 # ----------------------------------------------------------------------------- the bench

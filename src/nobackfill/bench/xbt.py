@@ -38,14 +38,11 @@ import numpy as np
 
 from ..compat.xbt import Stage1Config, XBTConfig
 from ..config import to_dict, updated
-from ..encoders.base import l2_normalise
-from ..evaluate import Embedded, cross_retrieval
-from ..metrics.compat import cross_modal_criterion
 from ..metrics.retrieval import r1_by_image_subset
-from ..metrics.zero_shot import zero_shot_accuracy
 from ..report import mean_over_seeds
 from .xbt_jobs import encode_eval, run_isolated
 from .xbt_report import MAIN_ROWS, write_xbt_report
+from .xbt_rows import cross, gap_closure, prompt_zero_shot, row_metrics, summary
 
 @dataclass
 class XBTBenchConfig:
@@ -93,27 +90,6 @@ class XBTBenchConfig:
         d = to_dict(self)
         d["sweep"] = list(self.sweep)
         return d
-
-
-# ----------------------------------------------------------------------------- metrics
-def _cross(q_texts, q_images, g_texts, g_images, c2i) -> dict:
-    return cross_retrieval(Embedded("query", q_images, q_texts), Embedded("gallery", g_images, g_texts), c2i)
-
-
-def _zero_shot(images: np.ndarray, prompts: np.ndarray, labels: np.ndarray) -> float:
-    if images.shape[1] != prompts.shape[1]:
-        return float("nan")
-    return zero_shot_accuracy(l2_normalise(images), l2_normalise(prompts), labels)
-
-
-def _row(q: dict, old: dict, c2i: np.ndarray, n_unpaired: int, seed: int, seen: np.ndarray | None = None) -> dict:
-    r = _cross(q["texts"], q["images"], old["texts"], old["images"], c2i)
-    if seen is not None and q["texts"].shape[1] == old["images"].shape[1]:
-        r["by_concept"] = r1_by_image_subset(q["texts"], q["images"], old["texts"], old["images"], c2i, seen)
-    if q["texts"].shape[1] == old["texts"].shape[1]:
-        r["criterion"] = cross_modal_criterion(q["texts"], q["images"], old["texts"], old["images"], c2i,
-                                               n_unpaired=n_unpaired, seed=seed)
-    return r
 
 
 # ----------------------------------------------------------------------------- the benchmark
@@ -215,14 +191,14 @@ def run_xbt_bench(models_dir: str | Path = "models", world: str | Path = "data/w
         phi = Projection.load(work / name1)
         pb = PhiBridge(phi, space["new"], space["old"])
         phi_q = {"texts": pb(E["new"]["texts"]), "images": pb(E["new"]["images"]), "prompts": pb(E["new"]["prompts"])}
-        rows_per_seed["phi_text_only"].append(_row(phi_q, E["old"], c2i, cfg.n_unpaired, seed, seen))
+        rows_per_seed["phi_text_only"].append(row_metrics(phi_q, E["old"], c2i, cfg.n_unpaired, seed, seen))
         ce = np.load(work / name1 / "corpus_embeddings.npz")
         pro = ProcrustesBridge.fit(ce["new"], ce["old"], space["new"], space["old"])
         pro_q = {k: pro(E["new"][k]) for k in ("texts", "images")}
-        rows_per_seed["procrustes"].append(_row(pro_q, E["old"], c2i, cfg.n_unpaired, seed, seen))
+        rows_per_seed["procrustes"].append(row_metrics(pro_q, E["old"], c2i, cfg.n_unpaired, seed, seen))
         sl = SlerpBridge(pro, cfg.slerp_t)
         sl_q = {k: sl.blend(E["new"][k], E["old"][k]) for k in ("texts", "images")}
-        rows_per_seed["slerp"].append(_row(sl_q, E["old"], c2i, cfg.n_unpaired, seed, seen))
+        rows_per_seed["slerp"].append(row_metrics(sl_q, E["old"], c2i, cfg.n_unpaired, seed, seen))
         # -- stage 2 (XBT): the old model is not passed to the job at all
         name_x = f"s{seed}-xbt-{cfg.n_pairs}"
         rx = job(name_x, kind="xbt", new=str(paths["new"]), phi=str(work / name1), cfg=s2.to_dict(),
@@ -231,16 +207,16 @@ def run_xbt_bench(models_dir: str | Path = "models", world: str | Path = "data/w
         note_cost("xbt stage 1 (text only)", r1)
         note_cost("xbt stage 2", rx)
         x_on = emb(name_x)
-        row = _row(x_on, E["old"], c2i, cfg.n_unpaired, seed, seen)
+        row = row_metrics(x_on, E["old"], c2i, cfg.n_unpaired, seed, seen)
         off = emb(name_x, "off")
-        row["new_new_off"] = _cross(off["texts"], off["images"], off["texts"], off["images"], c2i)
-        row["new_new_on"] = _cross(x_on["texts"], x_on["images"], x_on["texts"], x_on["images"], c2i)
+        row["new_new_off"] = cross(off["texts"], off["images"], off["texts"], off["images"], c2i)
+        row["new_new_on"] = cross(x_on["texts"], x_on["images"], x_on["texts"], x_on["images"], c2i)
         row["onoff_max_abs_diff"] = onoff_diff(name_x)
         onoff = max(onoff, row["onoff_max_abs_diff"])
         rows_per_seed["xbt"].append(row)
-        add_zs("xbt (v_bar_new vs w_bar_new prompts)", _zero_shot(x_on["images"], x_on["prompts"], ev.class_ids))
-        add_zs("xbt prompts vs old images (w_bar_new / v_old)", _zero_shot(E["old"]["images"], x_on["prompts"], ev.class_ids))
-        add_zs("text-only phi prompts vs old images", _zero_shot(E["old"]["images"], phi_q["prompts"], ev.class_ids))
+        add_zs("xbt (v_bar_new vs w_bar_new prompts)", prompt_zero_shot(x_on["images"], x_on["prompts"], ev.class_ids))
+        add_zs("xbt prompts vs old images (w_bar_new / v_old)", prompt_zero_shot(E["old"]["images"], x_on["prompts"], ev.class_ids))
+        add_zs("text-only phi prompts vs old images", prompt_zero_shot(E["old"]["images"], phi_q["prompts"], ev.class_ids))
         sweep_per_seed.setdefault(f"xbt@{cfg.n_pairs}", []).append(row)
         # -- Direct baselines (Eq. 6): the old model runs inside the training loop
         if cfg.direct:
@@ -250,9 +226,9 @@ def run_xbt_bench(models_dir: str | Path = "models", world: str | Path = "data/w
                          cfg=s2.to_dict(), pairs=(0, cfg.n_pairs))
                 note_cost(f"direct {mode}", rd)
                 d_on = emb(name_d)
-                row = _row(d_on, E["old"], c2i, cfg.n_unpaired, seed, seen)
+                row = row_metrics(d_on, E["old"], c2i, cfg.n_unpaired, seed, seen)
                 off = emb(name_d, "off")
-                row["new_new_off"] = _cross(off["texts"], off["images"], off["texts"], off["images"], c2i)
+                row["new_new_off"] = cross(off["texts"], off["images"], off["texts"], off["images"], c2i)
                 if mode != "full":
                     row["onoff_max_abs_diff"] = onoff_diff(name_d)
                     onoff = max(onoff, row["onoff_max_abs_diff"])
@@ -271,7 +247,7 @@ def run_xbt_bench(models_dir: str | Path = "models", world: str | Path = "data/w
                 else:
                     job(name_s, kind="direct", mode="base", new=str(paths["new"]), old=str(paths["old"]),
                         cfg=s2.to_dict(), pairs=(0, n))
-                sweep_per_seed.setdefault(f"{meth}@{n}", []).append(_row(emb(name_s), E["old"], c2i,
+                sweep_per_seed.setdefault(f"{meth}@{n}", []).append(row_metrics(emb(name_s), E["old"], c2i,
                                                                           cfg.n_unpaired, seed))
         # -- continual (A.3): newer made compatible with XBT-new (second halves of corpus and pairs)
         if cfg.continual and has_newer and seed < cfg.extra_seeds:
@@ -285,7 +261,7 @@ def run_xbt_bench(models_dir: str | Path = "models", world: str | Path = "data/w
 
             def score(t: int, k: int, d: str) -> float:
                 q, gal = deployed[t], deployed[k]
-                r = _cross(q["texts"], q["images"], gal["texts"], gal["images"], c2i)
+                r = cross(q["texts"], q["images"], gal["texts"], gal["images"], c2i)
                 return r[d]["R@1"]
 
             from ..metrics.compat import compatibility_matrix
@@ -293,22 +269,22 @@ def run_xbt_bench(models_dir: str | Path = "models", world: str | Path = "data/w
             matrix_per_seed.append(np.stack([compatibility_matrix(lambda t, k: score(t, k, d), 3)
                                              for d in ("t2i", "i2t")]))
             newer_on = deployed[2]
-            rows_newer = _row(newer_on, E["old"], c2i, cfg.n_unpaired, seed)
+            rows_newer = row_metrics(newer_on, E["old"], c2i, cfg.n_unpaired, seed)
             rows_per_seed.setdefault("newer_xbt_old", []).append(rows_newer)
 
     # -- static rows
-    rows_per_seed["old_old"] = [_row(E["old"], E["old"], c2i, cfg.n_unpaired, 0, seen)]
+    rows_per_seed["old_old"] = [row_metrics(E["old"], E["old"], c2i, cfg.n_unpaired, 0, seen)]
     rows_per_seed["old_old"][0].pop("criterion", None)  # old vs itself: every pair ties
-    rows_per_seed["new_new"] = [dict(_cross(E["new"]["texts"], E["new"]["images"], E["new"]["texts"], E["new"]["images"], c2i),
+    rows_per_seed["new_new"] = [dict(cross(E["new"]["texts"], E["new"]["images"], E["new"]["texts"], E["new"]["images"], c2i),
                                      by_concept=r1_by_image_subset(E["new"]["texts"], E["new"]["images"], E["new"]["texts"],
                                                               E["new"]["images"], c2i, seen))]
-    rows_per_seed["new_old_raw"] = [_row(E["new"], E["old"], c2i, cfg.n_unpaired, 0)]
+    rows_per_seed["new_old_raw"] = [row_metrics(E["new"], E["old"], c2i, cfg.n_unpaired, 0)]
     rows = {k: mean_over_seeds(v) for k, v in rows_per_seed.items() if v}
     for k, r in rows.items():
-        r["gap_closure"] = {d: _gap(r[d]["R@1"], rows["old_old"][d]["R@1"], rows["new_new"][d]["R@1"])
+        r["gap_closure"] = {d: gap_closure(r[d]["R@1"], rows["old_old"][d]["R@1"], rows["new_new"][d]["R@1"])
                             for d in ("t2i", "i2t")}
-    zero_shot = {"old": _zero_shot(E["old"]["images"], E["old"]["prompts"], ev.class_ids),
-                 "new": _zero_shot(E["new"]["images"], E["new"]["prompts"], ev.class_ids),
+    zero_shot = {"old": prompt_zero_shot(E["old"]["images"], E["old"]["prompts"], ev.class_ids),
+                 "new": prompt_zero_shot(E["new"]["images"], E["new"]["prompts"], ev.class_ids),
                  **{k: float(np.mean(v)) for k, v in zs_per_seed.items()}}
     sweep = {k: mean_over_seeds(v) for k, v in sweep_per_seed.items()}
     result: dict = {
@@ -336,31 +312,3 @@ def run_xbt_bench(models_dir: str | Path = "models", world: str | Path = "data/w
     result["seconds"] = round(time.time() - t_all, 1)
     write_xbt_report(result, out_json)
     return result
-
-
-def _gap(x: float, lo: float, hi: float) -> float:
-    return float((x - lo) / (hi - lo)) if hi != lo else float("nan")
-
-
-def summary(result: dict) -> dict:
-    """The measured numbers a reader compares first: XBT against old/old per direction, its gap
-    closure, XBT against Direct-Base per pair budget, what stage 2 loaded, on/off difference."""
-    rows = result["rows"]
-    out: dict = {}
-    if "xbt" in rows:
-        x, o = rows["xbt"], rows["old_old"]
-        out["xbt_vs_old_old_R@1"] = {d: [x[d]["R@1"], o[d]["R@1"]] for d in ("t2i", "i2t")}
-        out["gap_closure"] = {d: x["gap_closure"][d] for d in ("t2i", "i2t")}
-    sw = result.get("sweep", {})
-    budgets = sorted({int(k.split("@")[1]) for k in sw})
-    per = {n: {d: [sw[f"xbt@{n}"][d]["R@1"], sw[f"direct_base@{n}"][d]["R@1"]] for d in ("t2i", "i2t")}
-           for n in budgets if f"xbt@{n}" in sw and f"direct_base@{n}" in sw}
-    if per:
-        out["xbt_vs_direct_base_R@1"] = per
-    c = result.get("cost", {}).get("xbt stage 2")
-    if c is not None:
-        out["xbt_stage2_loaded_models"] = c["loaded_models"]
-    out["onoff_max_abs_diff"] = result["onoff_max_abs_diff"]
-    return out
-
-

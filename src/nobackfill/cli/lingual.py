@@ -62,26 +62,30 @@ def learn(
                                                   "(English first) are not trained."),
     data: Path = typer.Option(..., help="Multi30K root (task1/raw; text only) or a world data folder (images + captions)."),
     out: Path = typer.Option(..., help="Output model directory."),
-    method: str = typer.Option("cll_clip", help="cll_clip | oewc | er | der | lora | prompt | dualprompt | "
-                                                "coda_prompt (nobackfill.lingual.registry); each with --teir or not."),
-    teir: bool = typer.Option(True, help="TEIR initialisation and regularisation (Eq. 5-6)."),
-    teir_scale: str = typer.Option("update", help="How lambda acts with Adam: 'update' (scale each row's step) "
-                                                   "or 'grad' (scale the gradient, the literal Eq. 5)."),
-    teir_tokens: str = typer.Option("vocab", help="TEIR's task tokens V_hat_t: 'vocab' (the task vocabulary, "
-                                                  "Eq. 6's sets) or 'used' (plus every old token the language's "
-                                                  "text uses; better on the world bench)."),
-    oracle_vocab: bool = typer.Option(False, help="One vocabulary over all tasks' corpora (Table 3, setting 7)."),
-    steps: int = typer.Option(200, help="Optimiser steps per language."),
-    batch_size: int = typer.Option(64, help="Batch size (paper: 128)."),
-    lr: float = typer.Option(1e-2, help="Learning rate (constant after 10%% warm-up). 1e-2: chosen for TEIR on "
-                                        "Multi30K val and world val (60-200 steps per language); plain CLL-CLIP "
-                                        "did best at 5e-3 on world val."),
-    vocab_size: int = typer.Option(10_000, help="Per-task vocabulary size (paper: 10K)."),
+    method: Optional[str] = typer.Option(None, help="cll_clip (default) | oewc | er | der | lora | prompt | dualprompt "
+                                                   "| coda_prompt (nobackfill.lingual.registry); each with --teir or not."),
+    teir: Optional[bool] = typer.Option(None, "--teir/--no-teir", help="TEIR initialisation and regularisation "
+                                                                       "(Eq. 5-6; default on)."),
+    teir_scale: Optional[str] = typer.Option(None, help="How lambda acts with Adam: 'update' (default: scale each "
+                                                        "row's step) or 'grad' (scale the gradient, the literal Eq. 5)."),
+    teir_tokens: Optional[str] = typer.Option(None, help="TEIR's task tokens V_hat_t: 'vocab' (default: the task "
+                                                         "vocabulary, Eq. 6's sets) or 'used' (plus every old token the "
+                                                         "language's text uses; better on the world bench)."),
+    oracle_vocab: Optional[bool] = typer.Option(None, "--oracle-vocab/--no-oracle-vocab",
+                                                help="One vocabulary over all tasks' corpora (Table 3, setting 7)."),
+    steps: Optional[int] = typer.Option(None, help="Optimiser steps per language."),
+    batch_size: Optional[int] = typer.Option(None, help="Batch size (paper: 128)."),
+    lr: Optional[float] = typer.Option(None, help="Learning rate (constant after 10%% warm-up); the default was "
+                                                  "chosen for TEIR on Multi30K val and world val."),
+    vocab_size: Optional[int] = typer.Option(None, help="Per-task vocabulary size (paper: 10K)."),
     train_lines: Optional[int] = typer.Option(None, help="Multi30K: train on the first N task-1 lines."),
     train_images: Optional[int] = typer.Option(None, help="World: train on the first N train images."),
     cache_dir: Path = typer.Option(Path("runs/cache"), help="Embedding cache for the frozen English targets."),
-    seed: int = typer.Option(0),
-    threads: int = typer.Option(1, help="torch threads."),
+    seed: Optional[int] = typer.Option(None),
+    threads: Optional[int] = typer.Option(None, help="torch threads."),
+    config: Optional[Path] = config_option(),
+    set_: Optional[List[str]] = set_option(),
+    show_config: bool = show_config_option(),
 ) -> None:
     """Learn languages one after another; writes a loadable model plus lingual.json (learned
     languages, history) and the TEIR token statistics."""
@@ -90,13 +94,14 @@ def learn(
 
     from ..evaluate import embed_texts_cached, load_eval_data
     from ..lingual.data import is_multi30k, multi30k_tasks, world_tasks
-    from ..lingual.learner import CLLConfig, ContinualLearner
-    torch.set_num_threads(threads)
+    from ..lingual.learner import LEARN_DEFAULTS, CLLConfig, ContinualLearner
+    cfg = resolve_config(CLLConfig, LEARN_DEFAULTS, config, set_, show=show_config, flags={
+        "method": method, "teir": teir, "teir_scale": teir_scale, "teir_task_tokens": teir_tokens,
+        "oracle_vocab": oracle_vocab, "steps": steps, "batch_size": batch_size, "lr": lr,
+        "task_vocab_size": vocab_size, "seed": seed, "threads": threads})
+    torch.set_num_threads(cfg.threads)
     try:
         langs = _split_langs(tasks)
-        cfg = CLLConfig(method=method, teir=teir, teir_scale=teir_scale, teir_task_tokens=teir_tokens,
-                        oracle_vocab=oracle_vocab, steps=steps, batch_size=batch_size, lr=lr,
-                        task_vocab_size=vocab_size, seed=seed, threads=threads)
         enc, saved = _load_model(model)
         todo = [lg for lg in langs if lg not in (saved.learned if saved is not None else ["en"])]
         if is_multi30k(data):

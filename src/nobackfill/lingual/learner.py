@@ -115,6 +115,10 @@ class CLLConfig:
                           threads=self.threads, schedule="constant")
 
 
+
+#: ``nobackfill lingual learn``'s starting config: TEIR on, CPU-sized steps and batches
+LEARN_DEFAULTS = CLLConfig(teir=True, steps=200, batch_size=64)
+
 @dataclass
 class LanguageTask:
     """Training triplets of one language: foreign texts, their English counterparts (parallel) and
