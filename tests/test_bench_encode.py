@@ -85,3 +85,17 @@ def test_skip_minilm_and_validation(tiny_dir):
     assert r["minilm"] is None and "all-MiniLM" not in format_encode_table(r)
     with pytest.raises(ValueError):
         run_encode_bench({"tiny": tiny_dir}, n_images=0, minilm=None)
+
+
+def test_bench_world_writes_json_and_a_table(tmp_path):
+    from typer.testing import CliRunner
+
+    from nobackfill.cli import app
+
+    out = tmp_path / "world.json"
+    r = CliRunner().invoke(app, ["bench", "world", "--n", "12", "--workers", "1", "--out", str(out)])
+    assert r.exit_code == 0, r.output
+    res = json.loads(out.read_text())
+    assert res["n_items"] == 12 and res["n_captions"] == 12 * 2 * len(res["languages"])
+    md = out.with_suffix(".md").read_text()
+    assert "items/s" in md and f"| 12 | {res['n_captions']} |" in md

@@ -28,3 +28,12 @@ def run_world_bench(n_items: int = 50000, workers: int = 2, seed: int = 0,
     return {"n_items": n_items, "n_captions": n_captions, "languages": list(spec.langs), "workers": workers,
             "seconds": round(seconds, 2), "items_per_s": round(n_items / seconds, 1),
             "disk_mb": round(size_mb, 1), "spec": asdict(spec)}
+
+
+def format_markdown(result: dict) -> str:
+    """One table row: items, captions, languages, processes, seconds, items/s, disk."""
+    r = result
+    return ("| items | captions | languages | processes | seconds | items/s | disk MB |\n"
+            "|---:|---:|---:|---:|---:|---:|---:|\n"
+            f"| {r['n_items']:,} | {r['n_captions']:,} | {len(r['languages'])} | {r['workers']} | {r['seconds']} | "
+            f"{r['items_per_s']:,} | {r['disk_mb']} |\n")

@@ -49,14 +49,15 @@ def bench_world(
     json_out: Path = typer.Option(Path("runs/bench/world.json"), "--out", help="JSON output."),
     as_json: bool = json_flag(),
 ) -> None:
-    """World generation throughput (items/s) into a scratch folder."""
+    """World generation throughput (items/s) into a scratch folder; a .md table beside the JSON."""
     echo = quiet(as_json)
-    from ..bench.world import run_world_bench
+    from ..bench.world import format_markdown, run_world_bench
 
     result = run_world_bench(n, workers=workers)
     echo(f"{result['n_items']} items ({result['n_captions']} captions, {len(result['languages'])} languages) "
                f"in {result['seconds']} s = {result['items_per_s']} items/s, {result['disk_mb']} MB")
     write_json(json_out, result)
+    json_out.with_suffix(".md").write_text(format_markdown(result))
     emit_json(result, as_json)
 
 def bench_xbt(
