@@ -1,8 +1,8 @@
 """Refresh the README's result tables from the committed benchmark outputs.
 
 Every ``<!-- results:NAME -->`` ... ``<!-- /results:NAME -->`` block of README.md is replaced by
-``benchmarks/results/NAME.md`` (written by ``nobackfill bench NAME --json benchmarks/results/NAME.json``,
-which ``make bench`` runs). ``--check`` exits 1 if the README is out of date instead of writing.
+``benchmarks/results/NAME.md``, its title line dropped and its headings made bold (written by
+``nobackfill bench NAME --out benchmarks/results/NAME.json``, which ``make bench`` runs). ``--check`` exits 1 if the README is out of date instead of writing.
 
     python scripts/readme_tables.py [--check]
 """
@@ -18,12 +18,24 @@ ROOT = Path(__file__).resolve().parents[1]
 BLOCK = re.compile(r"(<!-- results:(?P<name>[\w-]+) -->\n)(?P<body>.*?)(<!-- /results:(?P=name) -->)", re.S)
 
 
+HEADING = re.compile(r"^(#{1,6}) +(.+?) *$", re.M)
+
+
+def as_block(md: str) -> str:
+    """A result file as a README block: its leading ``# title`` dropped (the README's section names
+    it) and its other headings turned into bold lines, so they do not break the README's outline."""
+    md = md.strip()
+    if md.startswith("# "):
+        md = md.split("\n", 1)[1].lstrip("\n") if "\n" in md else ""
+    return HEADING.sub(lambda h: f"**{h.group(2)}**", md)
+
+
 def refresh(readme: str, results: Path) -> str:
     def fill(m: re.Match) -> str:
         src = results / f"{m.group('name')}.md"
         if not src.is_file():
             raise SystemExit(f"{src}: missing (run `make bench`)")
-        return m.group(1) + src.read_text().rstrip() + "\n" + m.group(4)
+        return m.group(1) + as_block(src.read_text()) + "\n" + m.group(4)
 
     return BLOCK.sub(fill, readme)
 

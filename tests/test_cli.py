@@ -51,6 +51,19 @@ def test_train_writes_recipe_and_model(setup):
     assert (setup / "models" / "world-old" / "model.safetensors").is_file()
 
 
+def test_train_takes_config_and_set_and_records_them(setup, tmp_path):
+    preset = setup / "world-old.toml"
+    extra = tmp_path / "more.toml"
+    extra.write_text("[train]\nsteps = 3\n")
+    out = tmp_path / "m"
+    r = invoke("train", "--preset", preset, "--data", setup / "world", "--out", out, "--config", extra,
+               "--set", "train.batch_size=8", "--set", "train.lr=2e-3")
+    assert r.exit_code == 0, r.output
+    recipe = json.loads((out / "recipe.json").read_text())
+    assert (recipe["loop"]["steps"], recipe["train"]["batch_size"], recipe["loop"]["lr"]) == (3, 8, 2e-3)
+    assert f"--config {extra}" in recipe["command"] and "--set train.batch_size=8" in recipe["command"]
+
+
 def test_search_text_and_image_json(setup):
     r = invoke("search", "--gallery", setup / "g", "--model", setup / "models" / "world-old",
                "--text", "a red circle", "--k", 3, "--json")

@@ -14,13 +14,8 @@ from nobackfill.cli import app
 
 runner = CliRunner()
 
-#: commands with no config dataclass behind them, each with the reason
-NO_CONFIG = {
-    "bench encode": "timing knobs only (sizes, threads)",
-    "bench world": "the world generator's own spec",
-    "upgrade procrustes": "training-free: a closed-form fit on a corpus",
-    "train": "its --preset is the config file (a zoo TOML)",
-}
+#: commands with no config dataclass behind them, each with the reason (none today)
+NO_CONFIG: dict[str, str] = {}
 
 
 def _commands() -> dict[str, object]:
@@ -60,6 +55,14 @@ def test_every_train_upgrade_bench_command_takes_config_and_set():
     (["late", "train", "--out", "o", "--kind", "kd", "--set", "kd.reg_weight=0.3"], ("kd", "reg_weight"), 0.3),
     (["late", "train", "--out", "o", "--no-swap-twins"], ("swap_twins",), False),
     (["lingual", "learn", "--model", "m", "--data", "d", "--out", "o", "--set", "lora_rank=4"], ("lora_rank",), 4),
+    (["train", "--preset", "world-old", "--data", "d", "--out", "o", "--steps", "9"], ("train", "steps"), 9),
+    (["train", "--preset", "world-old", "--data", "d", "--out", "o", "--set", "model.text_layers=1"],
+     ("model", "text_layers"), 1),
+    (["bench", "encode", "--n-texts", "64", "--set", "repeats=1"], ("repeats",), 1),
+    (["bench", "encode", "--no-minilm"], ("minilm",), False),
+    (["bench", "world", "--n", "30", "--set", "workers=1"], ("workers",), 1),
+    (["upgrade", "procrustes", "--old", "a", "--new", "b", "--text-corpus", "c", "--out", "o", "--set",
+      "corpus_size=500"], ("corpus_size",), 500),
     (["lingual", "learn", "--model", "m", "--data", "d", "--out", "o", "--no-teir"], ("teir",), False),
     (["lingual", "learn", "--model", "m", "--data", "d", "--out", "o"], ("teir",), True),
     (["lingual", "learn", "--model", "m", "--data", "d", "--out", "o", "--steps", "7", "--set", "lr=0.5"],

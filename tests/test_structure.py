@@ -155,3 +155,19 @@ def test_bench_modules_stay_small():
     report tables and shared set-ups in their own modules, so no bench module grows past ~300 lines."""
     long = {p.name: n for p in (SRC / "bench").glob("*.py") if (n := len(p.read_text().splitlines())) > 320}
     assert not long, f"bench modules over 320 lines: {long}"
+
+
+def test_the_readme_cites_only_committed_results():
+    """Numbers come from files a reader can open: outside the command examples (fenced blocks, where
+    ``runs/`` is where a user's own outputs go), no file under ``runs/`` (ignored by git) is cited,
+    and every ``benchmarks/results/`` file named exists."""
+    import re
+
+    root = SRC.parents[1]
+    readme = (root / "README.md").read_text()
+    prose = re.sub(r"```.*?```", "", readme, flags=re.S)
+    cited_runs = sorted(set(re.findall(r"runs/[\w./{},*-]+\.(?:json|md|html)", prose)))
+    assert not cited_runs, f"README cites files under runs/ (not committed): {cited_runs}"
+    named = set(re.findall(r"benchmarks/results/([\w.-]+\.(?:json|md|html|png))", readme))
+    missing = [n for n in sorted(named) if not (root / "benchmarks" / "results" / n).is_file()]
+    assert not missing, f"README names results that are not committed: {missing}"

@@ -21,6 +21,7 @@ import os
 import platform
 import statistics
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterator, Mapping, Sequence
 
@@ -212,6 +213,24 @@ def bench_minilm(directory: str | Path | None, texts: Sequence[str], batch_size:
     return res
 
 
+@dataclass
+class EncodeBenchConfig:
+    """``bench encode``'s settings: inputs per timed pass, batch, threads, passes, and whether the
+    real all-MiniLM-L6-v2 is timed too."""
+
+    n_images: int = 512
+    n_texts: int = 2048
+    batch_size: int = 128
+    threads: int = 2
+    repeats: int = 3
+    seed: int = 0
+    minilm: bool = True
+
+    def __post_init__(self) -> None:
+        if min(self.n_images, self.n_texts, self.batch_size, self.repeats, self.threads) < 1:
+            raise ValueError("n_images, n_texts, batch_size, repeats and threads must be >= 1")
+
+
 def run_encode_bench(model_dirs: Mapping[str, str | Path], n_images: int = 512, n_texts: int = 2048,
                      batch_size: int = 128, threads: int = 2, seed: int = 0,
                      minilm: str | Path | None = PRETRAINED, repeats: int = 3) -> dict:
@@ -284,7 +303,7 @@ def write_report(result: Mapping, out_dir: str | Path) -> dict[str, Path]:
     out_dir.mkdir(parents=True, exist_ok=True)
     paths = {"json": out_dir / "encode.json", "md": out_dir / "encode.md"}
     for key, text in (("json", json.dumps(result, indent=2, default=str) + "\n"),
-                      ("md", "# Encoding benchmark\n\n" + format_encode_table(result))):
+                      ("md", format_encode_table(result))):
         tmp = paths[key].with_name(f".{paths[key].name}.tmp")
         tmp.write_text(text)
         os.replace(tmp, paths[key])

@@ -6,10 +6,23 @@ from __future__ import annotations
 import shutil
 import tempfile
 import time
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from ..data.world import WorldSpec, generate_world
+
+
+@dataclass
+class WorldBenchConfig:
+    """``bench world``'s settings: train items to generate, worker processes, world seed."""
+
+    n: int = 50000
+    workers: int = 2
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.n < 1 or self.workers < 1:
+            raise ValueError("n and workers must be >= 1")
 
 
 def run_world_bench(n_items: int = 50000, workers: int = 2, seed: int = 0,

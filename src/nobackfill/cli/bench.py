@@ -15,16 +15,22 @@ from ._common import (config_option, console, emit_json, fail, json_flag, multi3
 
 def bench_encode(
     models: Path = typer.Option(Path("models"), help="Folder with world-old / world-new / world-newer."),
-    n_images: int = typer.Option(512, help="Images per timed pass."),
-    n_texts: int = typer.Option(2048, help="Texts per timed pass."),
-    threads: int = typer.Option(2, help="torch threads."),
-    minilm: bool = typer.Option(True, help="Also time all-MiniLM-L6-v2."),
+    n_images: Optional[int] = typer.Option(None, help="Images per timed pass (default 512)."),
+    n_texts: Optional[int] = typer.Option(None, help="Texts per timed pass (default 2048)."),
+    threads: Optional[int] = typer.Option(None, help="torch threads (default 2)."),
+    minilm: Optional[bool] = typer.Option(None, "--minilm/--no-minilm", help="Also time all-MiniLM-L6-v2 (default on)."),
     json_out: Path = typer.Option(Path("runs/bench/encode.json"), "--out", help="JSON output (a .md table is written beside it)."),
     as_json: bool = json_flag(),
+    config: Optional[Path] = config_option(),
+    set_: Optional[List[str]] = set_option(),
+    show_config: bool = show_config_option(),
 ) -> None:
     """Encoding throughput of each preset: ours vs a plain transformers loop (images/s, texts/s)."""
     echo = quiet(as_json)
-    from ..bench.encode import format_encode_table, run_encode_bench, write_report
+    from ..bench.encode import EncodeBenchConfig, format_encode_table, run_encode_bench, write_report
+
+    cfg = resolve_config(EncodeBenchConfig, None, config, set_, show=show_config, flags={
+        "n_images": n_images, "n_texts": n_texts, "threads": threads, "minilm": minilm})
 
     def is_clip(p: Path) -> bool:  # text-only models (e.g. m30k-old-text) have no image tower to time
         try:
@@ -35,8 +41,9 @@ def bench_encode(
     dirs = {p.name: p for p in sorted(models.iterdir()) if is_clip(p)} if models.is_dir() else {}
     if not dirs:
         fail(f"{models}: no model directories found")
-    result = run_encode_bench(dirs, n_images=n_images, n_texts=n_texts, threads=threads,
-                              minilm="pretrained" if minilm else None)
+    result = run_encode_bench(dirs, n_images=cfg.n_images, n_texts=cfg.n_texts, batch_size=cfg.batch_size,
+                              threads=cfg.threads, seed=cfg.seed, repeats=cfg.repeats,
+                              minilm="pretrained" if cfg.minilm else None)
     write_report(result, json_out.parent)
     if json_out.name != "encode.json":
         write_json(json_out, result)
@@ -44,16 +51,20 @@ def bench_encode(
     emit_json(result, as_json)
 
 def bench_world(
-    n: int = typer.Option(50000, help="Items (images) to generate."),
-    workers: int = typer.Option(2, help="Processes."),
+    n: Optional[int] = typer.Option(None, help="Items (images) to generate (default 50000)."),
+    workers: Optional[int] = typer.Option(None, help="Processes (default 2)."),
     json_out: Path = typer.Option(Path("runs/bench/world.json"), "--out", help="JSON output."),
     as_json: bool = json_flag(),
+    config: Optional[Path] = config_option(),
+    set_: Optional[List[str]] = set_option(),
+    show_config: bool = show_config_option(),
 ) -> None:
     """World generation throughput (items/s) into a scratch folder; a .md table beside the JSON."""
     echo = quiet(as_json)
-    from ..bench.world import format_markdown, run_world_bench
+    from ..bench.world import WorldBenchConfig, format_markdown, run_world_bench
 
-    result = run_world_bench(n, workers=workers)
+    cfg = resolve_config(WorldBenchConfig, None, config, set_, show=show_config, flags={"n": n, "workers": workers})
+    result = run_world_bench(cfg.n, workers=cfg.workers, seed=cfg.seed)
     echo(f"{result['n_items']} items ({result['n_captions']} captions, {len(result['languages'])} languages) "
                f"in {result['seconds']} s = {result['items_per_s']} items/s, {result['disk_mb']} MB")
     write_json(json_out, result)

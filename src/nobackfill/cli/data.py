@@ -36,10 +36,14 @@ def world(
 
 
 def _train_command(preset: str, data: Path, out: Path, steps: Optional[int], seed: int, threads: int,
-                   stream: bool) -> str:
+                   stream: bool, config: Optional[Path] = None, sets: Optional[List[str]] = None) -> str:
     """The exact ``nobackfill train`` command line that reproduces a run (saved in recipe.json)."""
+    import shlex
+
     parts = ["nobackfill train", f"--preset {preset}", f"--data {data}", f"--out {out}"]
     parts += [f"--steps {steps}"] if steps is not None else []
+    parts += [f"--config {config}"] if config is not None else []
+    parts += [f"--set {shlex.quote(a)}" for a in sets or ()]
     parts += [f"--seed {seed}"] if seed else []
     parts += [f"--threads {threads}"] if threads else []
     parts += [] if stream else ["--no-stream"]
@@ -54,14 +58,24 @@ def train_cmd(
     seed: int = typer.Option(0, help="Training seed."),
     threads: int = typer.Option(0, help="torch threads (0 = default)."),
     stream: bool = typer.Option(True, help="On a world folder, sample fresh scenes every step."),
+    config: Optional[Path] = config_option(),
+    set_: Optional[List[str]] = set_option(),
+    show_config: bool = show_config_option(),
 ) -> None:
-    """Contrastive training of a zoo preset (symmetric InfoNCE, learnable temperature)."""
+    """Contrastive training of a zoo preset (symmetric InfoNCE, learnable temperature). The preset
+    (its [model] and [train] tables) is the config: ``--config`` and ``--set train.lr=...`` go over it."""
     from ..config import ConfigError
+    from ..encoders.zoo import Preset, get_preset
     from ..train.world_model import train_preset
 
     try:
-        r = train_preset(preset, data, out, steps=steps, seed=seed, threads=threads, stream=stream,
-                         command=_train_command(preset, data, out, steps, seed, threads, stream))
+        base = get_preset(preset)
+    except (ConfigError, FileNotFoundError) as e:
+        fail(str(e))
+    cfg = resolve_config(Preset, base, config, set_, show=show_config, flags={"train": {"steps": steps}})
+    try:
+        r = train_preset(cfg, data, out, seed=seed, threads=threads, stream=stream,
+                         command=_train_command(preset, data, out, steps, seed, threads, stream, config, set_))
     except (ConfigError, ValueError, FileNotFoundError) as e:
         fail(str(e))
     console.print(f"trained {preset} for {r.steps} steps in {r.seconds:.0f}s -> {out}")

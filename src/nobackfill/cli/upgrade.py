@@ -124,24 +124,28 @@ def upgrade_procrustes(
     new: Path = typer.Option(..., help="The new model."),
     text_corpus: Path = typer.Option(..., help="Paired text: a text file, a data folder or a world root."),
     out: Path = typer.Option(..., help="Upgrade directory to write."),
-    corpus_size: int = typer.Option(40000, help="Maximum captions (deduplicated)."),
+    corpus_size: Optional[int] = typer.Option(None, help="Maximum captions, deduplicated (default 40000)."),
+    config: Optional[Path] = config_option(),
+    set_: Optional[List[str]] = set_option(),
+    show_config: bool = show_config_option(),
 ) -> None:
     """A training-free orthogonal Procrustes bridge new -> old, fitted on the corpus embedded by both
     text encoders."""
-    from ..compat.bridges import ProcrustesBridge
+    from ..compat.bridges import ProcrustesBridge, ProcrustesConfig
     from ..compat.data import dedupe, read_text_corpus
     from ..compat.upgrade import save_vector_upgrade, space_info
     from ..encoders import load_encoder
 
+    cfg = resolve_config(ProcrustesConfig, None, config, set_, show=show_config, flags={"corpus_size": corpus_size})
     try:
         o, n = load_encoder(old), load_encoder(new)
-        texts = dedupe(read_text_corpus(text_corpus, corpus_size))[:corpus_size]
+        texts = dedupe(read_text_corpus(text_corpus, cfg.corpus_size))[:cfg.corpus_size]
         b = ProcrustesBridge.fit(n.encode_texts(texts, progress=True), o.encode_texts(texts, progress=True),
                                  n.space_id, o.space_id)
         save_vector_upgrade(out, b, space_info(n), space_info(o),
                             recipe={"corpus_size": len(texts), "command": command_line(
                                 "upgrade procrustes", old=old, new=new, text_corpus=text_corpus, out=out,
-                                corpus_size=corpus_size)})
+                                corpus_size=cfg.corpus_size)})
     except (ValueError, FileNotFoundError) as e:
         fail(str(e))
     console.print(f"procrustes bridge {out}: {n.space_id} -> {o.space_id} ({len(texts)} captions)")

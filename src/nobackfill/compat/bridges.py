@@ -133,6 +133,17 @@ class PhiBridge(VectorBridge):
         return self.phi.project(self._check(queries))
 
 
+@dataclass
+class ProcrustesConfig:
+    """``upgrade procrustes``: the most distinct captions of the corpus the bridge is fitted on."""
+
+    corpus_size: int = 40000
+
+    def __post_init__(self) -> None:
+        if self.corpus_size < 2:
+            raise ValueError("corpus_size must be at least 2")
+
+
 class ProcrustesBridge(VectorBridge):
     """``normalise(q W)`` with the Procrustes ``W`` (see :func:`procrustes`)."""
 
