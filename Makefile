@@ -34,6 +34,9 @@ bench: $(STAMP)
 	$(BIN)/nobackfill bench compat-steps --steps 2,5,10 --quick --out $(R)/compat_steps.json
 	$(BIN)/nobackfill bench lingual-text --quick --out $(R)/lingual_text.json
 	$(BIN)/nobackfill bench lingual-world --quick --out $(R)/lingual_world.json
+	$(BIN)/python scripts/lingual_lambda_usage.py --out $(R)/lingual_lambda_world.json
+	$(BIN)/python scripts/lingual_lambda_usage.py --data ../shared/data/multi30k --model minilm --langs de,fr,cs \
+		--out $(R)/lingual_lambda_text.json
 	$(BIN)/nobackfill bench reco --quick --out $(R)/reco.json
 	$(BIN)/nobackfill bench late --quick --out $(R)/late.json
 	$(BIN)/nobackfill bench routes --quick --out $(R)/routes.json

@@ -6,6 +6,7 @@ and English-only.
 
     python scripts/lingual_lambda_usage.py --data data/world --model models/world-new
     python scripts/lingual_lambda_usage.py --data ../shared/data/multi30k --model minilm --langs de,fr,cs
+    (--out FILE.json writes the rows; ``make bench`` writes benchmarks/results/lingual_lambda_*.json)
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ def main() -> None:
     ap.add_argument("--vocab-size", type=int, default=None, help="default: the bench's (world 1000, text 10000)")
     ap.add_argument("--train-images", type=int, default=5000)
     ap.add_argument("--train-lines", type=int, default=3840, help="Multi30K: lines trained on (quick: 60 x 64)")
+    ap.add_argument("--out", default=None, help="Write the JSON here (default: print it)")
     args = ap.parse_args()
 
     from nobackfill.lingual.data import is_multi30k, multi30k_tasks, world_parallel
@@ -73,7 +75,14 @@ def main() -> None:
                                                                     / max(occ[overlap].sum(), 1)), 4)}
         rows.append(row)
         counts += token_counts(tokenizer, corpus, size)
-    print(json.dumps(rows, indent=1))
+    text = json.dumps(rows, indent=1)
+    if args.out:
+        from pathlib import Path
+
+        Path(args.out).write_text(text + "\n")
+        print(f"wrote {args.out}")
+    else:
+        print(text)
 
 
 if __name__ == "__main__":

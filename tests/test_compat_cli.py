@@ -128,7 +128,7 @@ def test_bench_xbt_tiny(setup):
 
     cfg = XBTBenchConfig(seeds=1, n_eval=12, n_pairs=24, sweep=(16, 24), corpus_size=120,
                          stage1=updated(Stage1Config(), steps=2, batch_size=32), stage2=updated(XBTConfig(), steps=1, batch_size=8),
-                         threads=1, isolate=False, n_unpaired=100)
+                         threads=1, isolate=False, n_unpaired=100, work=setup / "bench" / "xbt-work")
     res = run_xbt_bench(setup / "models", setup / "world", setup / "bench" / "xbt.json", cfg, log=lambda m: None)
     saved = json.loads((setup / "bench" / "xbt.json").read_text())
     for row in ("old_old", "new_new", "new_old_raw", "phi_text_only", "xbt", "direct_full", "direct_lora",

@@ -29,6 +29,12 @@ def text_table(header: Sequence[str], body: Sequence[Sequence[str]]) -> str:
     return "\n".join([line(header), "  ".join("-" * w for w in widths)] + [line(r) for r in body])
 
 
+def markdown_table(header: Sequence[str], body: Sequence[Sequence[str]]) -> str:
+    """A GitHub-flavoured Markdown table: the first column left-aligned, the others right-aligned."""
+    rows = [list(map(str, header)), [":---"] + ["---:"] * (len(header) - 1)] + [list(map(str, r)) for r in body]
+    return "\n".join("| " + " | ".join(r) + " |" for r in rows)
+
+
 def html_table(header: Sequence[str], body: Sequence[Sequence[str]]) -> str:
     th = "".join(f"<th>{html.escape(str(h))}</th>" for h in header)
     trs = "".join("<tr>" + "".join(f"<td>{html.escape(str(c))}</td>" for c in row) + "</tr>" for row in body)

@@ -179,13 +179,13 @@ def _has_metric(result: dict, metric: str) -> bool:
 
 def format_compat_steps(result: dict) -> str:
     """Markdown: the AC / AA / ACA table, the NFR table, the relative NFR reductions."""
-    from ..report import text_table
+    from ..report import markdown_table
 
     primary = result["config"]["sequence"].get("metric", "search")
-    parts = [f"## AC / AA / ACA (AA, ACA in %; M = {_METRIC_NAMES[primary]})", "", text_table(*compat_table(result)), ""]
+    parts = [f"## AC / AA / ACA (AA, ACA in %; M = {_METRIC_NAMES[primary]})", "", markdown_table(*compat_table(result)), ""]
     for other in (m for m in _METRIC_NAMES if m != primary and _has_metric(result, m)):
-        parts += [f"## AC / AA / ACA with M = {_METRIC_NAMES[other]}", "", text_table(*compat_table(result, other)), ""]
-    parts += ["## Negative flips between consecutive models (%)", "", text_table(*nfr_table(result)), "",
+        parts += [f"## AC / AA / ACA with M = {_METRIC_NAMES[other]}", "", markdown_table(*compat_table(result, other)), ""]
+    parts += ["## Negative flips between consecutive models (%)", "", markdown_table(*nfr_table(result)), "",
               "## Relative NFR reduction against the baseline (mean over T)", ""]
     parts += [f"- {k}: {_f(v)}%" for k, v in result.get("nfr_reduction", {}).items()]
     return "\n".join(parts) + "\n"

@@ -22,7 +22,7 @@ classification on the world's 64 classes (Table 8 style). Means over ``--seeds``
 
 Budgets above 4k, Direct Full-tune / LoRA-only and the continual chain are trained for the first
 ``extra_seeds`` seeds only (CPU time); XBT, Direct-Base and budgets <= 4k for every seed. Each training job runs in a spawned child process (``isolate=True``); its upgrade directory
-stays under ``<json dir>/xbt-work/``.
+stays under ``cfg.work`` (``runs/bench/xbt-work/``).
 """
 
 from __future__ import annotations
@@ -66,6 +66,8 @@ class XBTBenchConfig:
     threads: int = 2
     isolate: bool = True
     n_unpaired: int = 20000
+    #: scratch: every job's upgrade directory and embeddings (emptied at the start of a run)
+    work: Path = Path("runs/bench/xbt-work")
 
     @classmethod
     def full(cls, **kw) -> "XBTBenchConfig":
@@ -116,7 +118,7 @@ def run_xbt_bench(models_dir: str | Path = "models", world: str | Path = "data/w
             raise FileNotFoundError(f"{paths[k]}: no trained model (model.safetensors)")
     has_newer = (paths["newer"] / "model.safetensors").is_file()
     spec = load_world_spec(world) or WorldSpec()
-    work = out_json.parent / "xbt-work"
+    work = Path(cfg.work)
     if work.exists():
         shutil.rmtree(work)
     work.mkdir(parents=True)
