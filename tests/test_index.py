@@ -30,7 +30,6 @@ from nobackfill.index import (
     make_index,
     parse_spec,
 )
-from nobackfill.index.build import KILL_AFTER_CHUNKS_ENV
 
 faiss.omp_set_num_threads(1)  # CPU is shared; the data here is tiny
 
@@ -322,9 +321,9 @@ def test_build_gallery_contents(tmp_path: Path):
 def test_build_killed_then_resumed(tmp_path: Path):
     inputs, out, clean = tmp_path / "in", tmp_path / "g", tmp_path / "clean"
     images, texts = make_inputs(inputs)
-    env = {**os.environ, KILL_AFTER_CHUNKS_ENV: "2",
+    env = {**os.environ,
            "PYTHONPATH": os.pathsep.join([str(Path(__file__).parents[1] / "src"), os.environ.get("PYTHONPATH", "")])}
-    proc = subprocess.run([sys.executable, str(KILL_HELPER), str(inputs), str(out)], env=env,
+    proc = subprocess.run([sys.executable, str(KILL_HELPER), str(inputs), str(out), "2"], env=env,
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == -9, proc.stderr
     partial = Gallery.open(out)
@@ -343,10 +342,15 @@ def test_build_killed_then_resumed(tmp_path: Path):
     assert resumed.verify().ok
 
 
-def test_kill_env_must_be_integer(tmp_path: Path, monkeypatch):
-    monkeypatch.setenv(KILL_AFTER_CHUNKS_ENV, "soon")
-    with pytest.raises(ValueError, match=KILL_AFTER_CHUNKS_ENV):
-        build_gallery(FakeEncoder(), tmp_path / "g", texts=[("a", "b", {})], model_ref="m", progress=False)
+def test_on_commit_is_called_after_each_committed_chunk(tmp_path: Path):
+    images, texts = make_inputs(tmp_path / "in")
+    seen: list[tuple[int, int]] = []
+    out = tmp_path / "g"
+    build_gallery(FakeEncoder(), out, images=images, texts=texts, model_ref="fake", chunk_size=3, progress=False,
+                  on_commit=lambda n: seen.append((n, Gallery.open(out).count("image") + Gallery.open(out).count("text"))))
+    n_chunks = -(-len(images) // 3) + -(-len(texts) // 3)
+    assert [n for n, _ in seen] == list(range(1, n_chunks + 1))
+    assert all(stored > 0 for _, stored in seen) and seen[-1][1] == len(images) + len(texts)
 
 
 def test_read_tagged_json_names_the_file_for_every_kind_of_bad_manifest(tmp_path):

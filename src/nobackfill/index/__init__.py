@@ -8,7 +8,7 @@
 """
 
 from .backends import VectorIndex, known_backends, load_index, make_index, parse_spec, register_backend
-from .build import KILL_AFTER_CHUNKS_ENV, build_gallery
+from .build import build_gallery
 from .store import (
     MODALITIES,
     Bridge,
@@ -29,7 +29,6 @@ __all__ = [
     "DuplicateIdError",
     "Gallery",
     "GalleryError",
-    "KILL_AFTER_CHUNKS_ENV",
     "NotAGalleryError",
     "SearchResult",
     "SpaceMismatchError",

@@ -3,16 +3,13 @@
 Each chunk of ``chunk_size`` items is embedded and committed on its own, so a run that dies is
 resumed by calling :func:`build_gallery` again with the same inputs: committed ids are skipped.
 
-Test hook: with the environment variable ``NOBACKFILL_TEST_KILL_AFTER_CHUNKS=N`` (N >= 1) the
-process sends itself SIGKILL right after committing its N-th chunk, so tests can check that a
-hard kill mid-build loses nothing committed and duplicates nothing on resume.
+``on_commit(n)`` is called after the n-th chunk of the run is committed (progress reporting, or a
+test that kills the process there to check that nothing committed is lost or duplicated on resume).
 """
 
 from __future__ import annotations
 
 import contextlib
-import os
-import signal
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterator, Sequence
@@ -25,9 +22,7 @@ from .store import DuplicateIdError, Gallery
 if TYPE_CHECKING:  # importing the encoder module pulls in torch
     from ..encoders.base import DualEncoder
 
-__all__ = ["build_gallery", "StoreBusyError", "KILL_AFTER_CHUNKS_ENV"]
-
-KILL_AFTER_CHUNKS_ENV = "NOBACKFILL_TEST_KILL_AFTER_CHUNKS"
+__all__ = ["build_gallery", "StoreBusyError"]
 
 
 @dataclass
@@ -39,16 +34,6 @@ class _Job:
     payloads: list[Any]
     metadata: list[dict[str, Any]]
     encode: Callable[[list[Any]], np.ndarray]
-
-
-def _kill_after_from_env() -> int:
-    raw = os.environ.get(KILL_AFTER_CHUNKS_ENV, "").strip()
-    if not raw:
-        return 0
-    try:
-        return max(int(raw), 0)
-    except ValueError:
-        raise ValueError(f"{KILL_AFTER_CHUNKS_ENV} must be an integer, got {raw!r}") from None
 
 
 def _check_unique(modality: str, ids: list[str]) -> None:
@@ -69,6 +54,7 @@ def build_gallery(
     chunk_size: int = 512,
     progress: bool = True,
     wait: bool = False,
+    on_commit: Callable[[int], None] | None = None,
 ) -> Gallery:
     """Embed ``images`` (id, path) and ``texts`` (id, text, metadata) into the gallery at ``out``.
 
@@ -79,10 +65,10 @@ def build_gallery(
     One build at a time per gallery: another process building into ``out`` makes this one raise
     :class:`StoreBusyError` naming it, or (``wait``) queue behind it. A model that cannot embed a
     modality given (a text-only model and images) is refused before anything is created.
+    ``on_commit(n)``: called after the run's n-th chunk is committed.
     """
     if int(chunk_size) < 1:
         raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
-    kill_after = _kill_after_from_env()
     can = tuple(getattr(encoder, "modalities", ("image", "text")))
     for modality, given in (("image", images), ("text", texts)):
         if given and modality not in can:
@@ -91,7 +77,7 @@ def build_gallery(
     space = encoder.space_id
     with _build_lock(Path(out), wait):
         gallery = Gallery.create(out, space_id=space, dim=encoder.embed_dim, model=model_ref, backend=backend)
-        _embed_into(gallery, encoder, images, texts, chunk_size, progress, kill_after)
+        _embed_into(gallery, encoder, images, texts, chunk_size, progress, on_commit)
     return gallery
 
 
@@ -114,7 +100,7 @@ def _build_lock(root: Path, wait: bool) -> Iterator[None]:
 
 
 def _embed_into(gallery: Gallery, encoder: "DualEncoder", images, texts, chunk_size: int, progress: bool,
-                kill_after: int) -> None:
+                on_commit: Callable[[int], None] | None) -> None:
     space = gallery.space_id
 
     jobs = [
@@ -139,5 +125,5 @@ def _embed_into(gallery: Gallery, encoder: "DualEncoder", images, texts, chunk_s
                             [job.metadata[i] for i in rows], space_id=space)
                 committed += 1
                 advance(len(rows))
-                if kill_after and committed >= kill_after:
-                    os.kill(os.getpid(), signal.SIGKILL)  # test hook, see module docstring
+                if on_commit is not None:
+                    on_commit(committed)

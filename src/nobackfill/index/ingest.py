@@ -19,17 +19,14 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
-import os
-import signal
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 import numpy as np
 
 from ..data.folder import CAPTIONS_FILE, DataFormatError, image_problem, load_pairs
 from ..progress import progress_bar
-from .build import _kill_after_from_env
 from .collection import Collection, Item, vector_key
 from .store import DuplicateIdError, SpaceMismatchError, file_sha256
 
@@ -242,14 +239,16 @@ def _encode(encoder: "DualEncoder", modality: str, payloads: list[str]) -> np.nd
 
 
 def add_items(collection: Collection, encoder: "DualEncoder", items: Sequence[Item], *, chunk_size: int = 256,
-              skip_bad: bool = False, progress: bool = True, wait: bool = False) -> AddReport:
+              skip_bad: bool = False, progress: bool = True, wait: bool = False,
+              on_commit: Callable[[int], None] | None = None) -> AddReport:
     """Add or update ``items``: embed, with the collection's current model (``encoder``), only what
     the collection does not hold yet, in chunks committed one at a time (a killed run resumes where
     it stopped, embedding nothing twice). One adder at a time (:meth:`Collection.ingesting`).
 
     Raises :class:`SpaceMismatchError` if ``encoder`` is not the current model, ``ValueError`` if it
     cannot embed a modality of ``items`` (before anything is written), :class:`DuplicateIdError`
-    for one id given twice with different content.
+    for one id given twice with different content. ``on_commit(n)``: called after the run's n-th
+    chunk is committed.
     """
     if int(chunk_size) < 1:
         raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
@@ -272,7 +271,6 @@ def add_items(collection: Collection, encoder: "DualEncoder", items: Sequence[It
         if prev is not None and (prev.key != it.key or prev.modality != it.modality):
             raise DuplicateIdError(f"id {it.id!r} is given twice with different content")
         by_id.setdefault(it.id, it)
-    kill_after = _kill_after_from_env()
     report = AddReport()
     with collection.ingesting(wait=wait):
         live = collection.items()
@@ -308,8 +306,8 @@ def add_items(collection: Collection, encoder: "DualEncoder", items: Sequence[It
                         report.added += len(chunk)
                     committed += 1
                     advance(len(rows[start:start + int(chunk_size)]))
-                    if kill_after and committed >= kill_after:
-                        os.kill(os.getpid(), signal.SIGKILL)  # test hook (index.build.KILL_AFTER_CHUNKS_ENV)
+                    if on_commit is not None:
+                        on_commit(committed)  # after the run's n-th committed chunk
     return report
 
 
