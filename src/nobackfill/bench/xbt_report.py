@@ -86,8 +86,19 @@ def format_xbt_tables(result: dict) -> str:
                           f"non-strict (>=): AC {ns['AC']:.2f}, AA {100 * ns['AA']:.1f}, ACA {100 * ns['ACA']:.1f}", ""]
     if result.get("summary"):
         lines += ["Summary (R@1 pairs are [this row, the row compared])", ""]
-        lines += [f"- {k}: {json.dumps(v, default=str)}" for k, v in result["summary"].items()]
+        lines += [f"- {k}: {json.dumps(_rounded(v), default=str)}" for k, v in result["summary"].items()]
     return "\n".join(lines) + "\n"
+
+
+def _rounded(v, digits: int = 3):
+    """``v`` with every float rounded (the summary's numbers as a reader compares them)."""
+    if isinstance(v, float):
+        return round(v, digits)
+    if isinstance(v, dict):
+        return {k: _rounded(x, digits) for k, x in v.items()}
+    if isinstance(v, (list, tuple)):
+        return [_rounded(x, digits) for x in v]
+    return v
 
 
 def write_xbt_report(result: dict, out_json: str | Path) -> dict[str, Path]:
