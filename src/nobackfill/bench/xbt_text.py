@@ -139,11 +139,6 @@ def run_xbt_text(data: str | Path, *, eval_dir: str | Path | None = None, quick:
         "timings_s": {k: round(v, 1) for k, v in timings.items()},
         "cache": {"dir": str(cache_dir) if cache_dir else None, "blocks": res.cache},
         "machine": {"cpus": os.cpu_count(), "torch_threads": torch.get_num_threads(), "python": platform.python_version()},
-        "criteria": {
-            "old_old_R@1>=0.40": rows["old_old"]["R@1"] >= 0.40,
-            "xbt_new_old_R@1>old_old_R@1": rows["xbt_new_old"]["R@1"] > rows["old_old"]["R@1"],
-            "|phi_stage1-old_old|<=0.03": abs(rows["phi_stage1_new_old"]["R@1"] - rows["old_old"]["R@1"]) <= 0.03,
-        },
     }
 
 
