@@ -32,8 +32,10 @@ bench: $(STAMP)
 	$(BIN)/nobackfill bench xbt --quick --out $(R)/xbt.json
 	$(BIN)/nobackfill bench xbt-text --quick --out $(R)/xbt_text.json
 	$(BIN)/nobackfill bench compat-steps --steps 2,5,10 --quick --out $(R)/compat_steps.json
-	$(BIN)/nobackfill bench lingual-text --quick --out $(R)/lingual_text.json
-	$(BIN)/nobackfill bench lingual-world --quick --out $(R)/lingual_world.json
+	$(BIN)/nobackfill bench lingual-text --quick --jobs 2 --out $(R)/lingual_text.json
+	$(BIN)/nobackfill bench lingual-text --quick --jobs 2 --out $(R)/lingual_text_baselines.json \
+		--methods oewc,oewc_teir,er,er_teir,der,der_teir,lora,lora_teir,prompt,prompt_teir,cll_clip_oracle,cll_clip_teir_oracle
+	$(BIN)/nobackfill bench lingual-world --quick --jobs 2 --out $(R)/lingual_world.json
 	$(BIN)/python scripts/lingual_lambda_usage.py --out $(R)/lingual_lambda_world.json
 	$(BIN)/python scripts/lingual_lambda_usage.py --data ../shared/data/multi30k --model minilm --langs de,fr,cs \
 		--out $(R)/lingual_lambda_text.json
@@ -54,6 +56,8 @@ bench-full: $(STAMP)
 	$(BIN)/nobackfill bench lingual-world --out runs/bench/lingual_world.json
 	$(BIN)/nobackfill bench reco --out runs/bench/reco.json
 	$(BIN)/nobackfill bench late --out runs/bench/late.json
+	sh scripts/isolated.sh $(BIN)/nobackfill bench store --n 1000000 --datasets minilm,random --backends faiss:HNSW32 \
+		--out $(R)/store_1m.json
 
 clean:
 	rm -rf runs/demo runs/bench
