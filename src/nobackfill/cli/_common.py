@@ -23,6 +23,39 @@ def fail(msg: str) -> NoReturn:
     raise typer.Exit(code=2)
 
 
+def skip_bad_hint(e: BaseException) -> str:
+    """``str(e)``, plus that ``--skip-bad`` skips it for a bad line or unreadable image."""
+    msg = str(e)
+    return msg + " (pass --skip-bad to skip it)" if getattr(e, "skippable", False) and "--skip-bad" not in msg \
+        else msg
+
+
+#: print as is: a file name is neither rich markup nor an :emoji: code
+_PLAIN = dict(markup=False, emoji=False, highlight=False)
+
+
+def report_skipped(count: int, images: Any = (), problems: Any = (), root: Optional[Path] = None,
+                   limit: int = 20) -> None:
+    """Say how much ``--skip-bad`` skipped: every skipped image file (relative to ``root``; a dict
+    path -> why, or paths) and the first ``limit`` skipped-line messages."""
+    if not count:
+        return
+    console.print(f"[yellow]skipped {count} bad line(s)/image(s)[/yellow]")
+    why = images if isinstance(images, dict) else dict.fromkeys(images, "")
+    for path, reason in why.items():
+        if root is not None and Path(path).is_absolute():
+            try:
+                path = Path(path).relative_to(Path(root).absolute()).as_posix()
+            except ValueError:
+                pass
+        console.print(f"  skipped image {path}" + (f": {reason}" if reason else ""), **_PLAIN)
+    lines = [p for p in problems if not p.startswith("image ")]
+    for p in lines[:limit]:
+        console.print(f"  skipped {p}", **_PLAIN)
+    if len(lines) > limit:
+        console.print(f"  ... and {len(lines) - limit} more skipped line(s)")
+
+
 def write_json(path: Optional[Path], obj: dict) -> None:
     """Write ``obj`` to ``path`` atomically (nothing when ``path`` is None) and say so."""
     if path is None:

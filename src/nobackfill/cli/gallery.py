@@ -8,7 +8,7 @@ from typing import List, Optional
 
 import typer
 
-from ._common import console, fail, langs_option, user_errors, warn_truncated
+from ._common import console, fail, langs_option, report_skipped, skip_bad_hint, user_errors, warn_truncated
 
 
 def index(
@@ -40,9 +40,8 @@ def index(
 
             store_dataset_tokens(enc, ds, out, dtype=tokens, dim=token_dim)
     except (ValueError, FileNotFoundError, StoreBusyError) as e:
-        fail(str(e))
-    if ds.skipped:
-        console.print(f"[yellow]skipped {ds.skipped} bad line(s)/image(s)[/yellow]")
+        fail(skip_bad_hint(e))
+    report_skipped(ds.skipped, ds.skipped_images, ds.problems, root=ds.root)
     console.print(f"gallery {out}: {g.count('image')} images, {g.count('text')} texts, space {g.space_id}")
 
 
@@ -86,11 +85,24 @@ def print_hits(r, as_json: bool, k: int) -> None:
         return
     from rich.console import Console
     from rich.table import Table
+    from rich.text import Text
 
-    t = Table(title=f"top {k} {r.modality}s for {r.query}")
-    for col in ("rank", "score", "id", "space", "route", "item"):
-        t.add_column(col)
-    for h in r.hits:
-        t.add_row(str(h.rank), f"{h.score:.3f}", h.id, h.space[:24], h.route,
-                  str(h.metadata.get("path") or h.metadata.get("text", "")))
-    Console().print(t)
+    rows = [(str(h.rank), f"{h.score:.3f}", h.id, h.space[:24], h.route,
+             str(h.metadata.get("path") or h.metadata.get("text", ""))) for h in r.hits]
+    # cells are text, not rich markup (a caption or an id may hold "[...]"); ids are printed whole at
+    # any width, since `collection delete --id` takes them: rank, score and id never shrink, the other
+    # columns give way (down to 3 characters), and a terminal narrower than that gets a wider table
+    # (its lines wrap) rather than a cut id
+    fixed = [max([len(name)] + [len(row[i]) for row in rows]) for i, name in enumerate(("rank", "score", "id"))]
+    needed = sum(w + 2 for w in fixed) + 3 * (3 + 2) + 7  # + padding, 3 narrow columns, 7 borders
+    t = Table(title=Text(f"top {k} {r.modality}s for {r.query}"))
+    for col, w in zip(("rank", "score", "id"), fixed):
+        t.add_column(col, no_wrap=True, min_width=w)
+    for col in ("space", "route", "item"):
+        t.add_column(col, min_width=3)
+    for row in rows:
+        t.add_row(*(Text(cell) for cell in row))
+    console = Console()
+    if console.width < needed:
+        console = Console(width=needed)
+    console.print(t)

@@ -7,6 +7,7 @@ from typing import List, Optional
 
 import typer
 
+from ._common import report_skipped, skip_bad_hint
 from ._common import (config_option, console, emit_json, fail, json_flag, langs_option, quiet, resolve_config,
                       set_option, show_config_option)
 
@@ -45,7 +46,8 @@ def build_memory_cmd(
         mem = build_memory(enc, ds, out, exclude=ex, threshold=threshold, dedup=dedup, model_ref=str(model),
                            backend=backend, progress=True)
     except (ValueError, FileNotFoundError, FileExistsError) as e:
-        fail(str(e))
+        fail(skip_bad_hint(e))
+    report_skipped(ds.skipped, ds.skipped_images, ds.problems, root=ds.root)
     r = mem.removal
     console.print(f"memory {out}: {r['kept_images']} images, {r['kept_texts']} texts, space {mem.space_id}; "
                      f"removed {r['test_items']} test item(s) and {r['near_duplicates']} near-duplicate(s) "

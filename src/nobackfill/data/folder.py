@@ -24,6 +24,8 @@ from typing import Any, Iterable, Iterator, Sequence
 import numpy as np
 from PIL import Image
 
+from .images import open_rgb
+
 logger = logging.getLogger(__name__)
 
 CAPTIONS_FILE = "captions.jsonl"
@@ -33,11 +35,14 @@ _MAX_LOGGED_SKIPS = 20
 
 
 class DataFormatError(ValueError):
-    """A data folder that does not follow the format; ``path`` and ``line`` locate the problem."""
+    """A data folder that does not follow the format; ``path`` and ``line`` locate the problem.
+    ``skippable``: a bad line or unreadable image that ``skip_bad`` (``--skip-bad``) would skip."""
 
-    def __init__(self, message: str, path: Path | str | None = None, line: int | None = None):
+    def __init__(self, message: str, path: Path | str | None = None, line: int | None = None, *,
+                 skippable: bool = False):
         self.path = None if path is None else Path(path)
         self.line = line
+        self.skippable = skippable
         where = "" if path is None else f"{path}" + ("" if line is None else f" line {line}")
         super().__init__(f"{where}: {message}" if where else message)
 
@@ -55,6 +60,10 @@ class PairDataset:
     caption_lines: list[int]
     skipped: int = 0
     extra: list[dict] = field(default_factory=list)
+    #: with ``skip_bad``: every skipped image file (path relative to ``root``) -> why
+    skipped_images: dict[str, str] = field(default_factory=dict)
+    #: with ``skip_bad``: one message per skipped line (naming the file and the line)
+    problems: list[str] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         self.caption_image = np.asarray(self.caption_image, dtype=np.int64)
@@ -120,6 +129,8 @@ class PairDataset:
             caption_lines=[self.caption_lines[j] for j in keep],
             skipped=self.skipped,
             extra=[dict(self.extra[j]) for j in keep],
+            skipped_images=dict(self.skipped_images),
+            problems=list(self.problems),
         )
 
     def to_records(self) -> Iterator[dict]:
@@ -182,9 +193,9 @@ def image_problem(path: Path) -> str | None:
     try:
         with Image.open(path) as im:
             im.verify()
-        with Image.open(path) as im:
-            im.load()
+        open_rgb(path)  # the whole stream, converted as it will be embedded
     except Exception as exc:  # Pillow raises many types for corrupt data
+        exc = exc.__cause__ or exc  # open_rgb's ImageReadError wraps Pillow's error
         return f"cannot decode image ({type(exc).__name__}: {exc})"
     return None
 
@@ -215,8 +226,8 @@ def load_pairs(
     Args:
         folder: the folder holding ``captions.jsonl`` and the images.
         langs: keep only captions in these languages (other lines are ignored, not "skipped").
-        skip_bad: skip bad lines / images (counted in ``skipped``, logged as warnings) instead
-            of raising :class:`DataFormatError`.
+        skip_bad: skip bad lines / images (counted in ``skipped``, named in ``problems`` and
+            ``skipped_images``, logged as warnings) instead of raising :class:`DataFormatError`.
         check_images: check each image exists and decodes (``PIL.Image.verify``, once per
             image). ``False`` reads captions only.
         limit: keep at most this many images (the first ones in file order) with all their
@@ -245,14 +256,17 @@ def load_pairs(
     caption_lines: list[int] = []
     extras: list[dict] = []
     problems: dict[str, str | None] = {}  # image path -> problem (checked once)
+    skipped_images: dict[str, str] = {}
+    skipped_lines: list[str] = []
     skipped = 0
 
     def bad(line: int, message: str) -> None:
         nonlocal skipped
-        err = DataFormatError(message, path, line)
+        err = DataFormatError(message, path, line, skippable=True)
         if not skip_bad:
             raise err
         skipped += 1
+        skipped_lines.append(str(err))
         if skipped <= _MAX_LOGGED_SKIPS:
             logger.warning("skipping %s", err)
 
@@ -281,6 +295,7 @@ def load_pairs(
                 problems[image] = image_problem(root / image)
             if problems[image] is not None:
                 bad(no, f"image {image!r}: {problems[image]}")
+                skipped_images[image] = problems[image]
                 continue
         if image not in image_index:
             image_index[image] = len(images)
@@ -294,12 +309,16 @@ def load_pairs(
 
     if skipped > _MAX_LOGGED_SKIPS:
         logger.warning("%s: skipped %d bad lines in total", path, skipped)
+    if skipped_images:
+        logger.warning("%s: skipped %d unreadable image file(s): %s", root, len(skipped_images),
+                       ", ".join(skipped_images))
     if not captions:
         what = "" if wanted is None else f" in languages {sorted(wanted)}"
         raise DataFormatError(f"no valid captions{what} (skipped {skipped} bad lines)", path)
     return PairDataset(root=root, images=images, image_labels=image_labels, captions=captions,
                        langs=caption_langs, caption_image=np.asarray(caption_image, np.int64),
-                       caption_lines=caption_lines, skipped=skipped, extra=extras)
+                       caption_lines=caption_lines, skipped=skipped, extra=extras,
+                       skipped_images=skipped_images, problems=skipped_lines)
 
 
 def write_pairs(folder: str | os.PathLike, records: Iterable[dict]) -> Path:

@@ -14,6 +14,7 @@ import numpy as np
 import torch
 from PIL import Image
 
+from ..data.images import open_rgb, to_rgb
 from .base import ImageInput
 
 CLIP_MEAN = (0.48145466, 0.4578275, 0.40821073)
@@ -54,18 +55,16 @@ class ImagePreprocessor:
         (Path(directory) / "preprocessor_config.json").write_text(json.dumps(cfg, indent=2))
 
     def to_array(self, image: ImageInput) -> np.ndarray:
-        """One image as uint8 ``(crop, crop, 3)``."""
+        """One image as uint8 ``(crop, crop, 3)``, read as a person sees it
+        (:func:`~nobackfill.data.images.to_rgb`: upright, transparency on white, 16-bit scaled)."""
         if isinstance(image, np.ndarray):
             if self._is_final(image):
                 return image
             image = Image.fromarray(image)
-        elif not isinstance(image, Image.Image):
-            try:
-                with Image.open(image) as im:
-                    image = im.convert("RGB")
-            except (OSError, ValueError) as e:
-                raise ValueError(f"cannot read image {image}: {e}") from None
-        image = image.convert("RGB")
+        if isinstance(image, Image.Image):
+            image = to_rgb(image)
+        else:
+            image = open_rgb(image)  # ImageReadError (a ValueError) names an unreadable file
         w, h = image.size
         if min(w, h) != self.size:
             # the output size of transformers' CLIPImageProcessor (shortest edge; the long edge

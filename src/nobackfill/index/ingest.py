@@ -108,7 +108,10 @@ class FolderItems:
     items: list[Item]
     skipped: int = 0
     uncaptioned: int = 0
+    #: one message per skipped line or image
     problems: list[str] = field(default_factory=list)
+    #: every skipped image file (path relative to the folder) -> why
+    skipped_images: dict[str, str] = field(default_factory=dict)
 
     def count(self, modality: str) -> int:
         return sum(1 for it in self.items if it.modality == modality)
@@ -119,8 +122,8 @@ def folder_items(folder: str | Path, *, langs: Sequence[str] | None = None, skip
     """Items of a data folder: its captioned images and captions (``captions.jsonl``, validated
     line by line as :func:`~nobackfill.data.folder.load_pairs` does), plus, with ``uncaptioned``,
     every other image file under the folder. Bad lines or unreadable images raise
-    :class:`~nobackfill.data.folder.DataFormatError` naming the file (and line), or are skipped
-    and counted with ``skip_bad``."""
+    :class:`~nobackfill.data.folder.DataFormatError` naming the file (and line), or are skipped,
+    counted and named (``problems``, ``skipped_images``) with ``skip_bad``."""
     root = Path(folder).absolute()
     if not root.is_dir():
         raise DataFormatError("data folder not found", root)
@@ -129,15 +132,18 @@ def folder_items(folder: str | Path, *, langs: Sequence[str] | None = None, skip
     if (root / CAPTIONS_FILE).is_file():
         ds = load_pairs(root, langs=langs, skip_bad=skip_bad)
         out.skipped += ds.skipped
+        out.problems.extend(ds.problems)
+        out.skipped_images.update(ds.skipped_images)
         image_ids: list[str] = []
         for rel, labels in zip(ds.images, ds.image_labels):
             path = root / rel
             problem = image_problem(path)
             if problem:
                 if not skip_bad:
-                    raise DataFormatError(f"image {rel!r}: {problem}", path)
+                    raise DataFormatError(f"image {rel!r}: {problem}", path, skippable=True)
                 out.skipped += 1
-                out.problems.append(f"{path}: {problem}")
+                out.problems.append(f"image {rel!r}: {problem}")
+                out.skipped_images[rel] = problem
                 image_ids.append("")
                 continue
             meta = {"labels": labels} if labels else {}
@@ -153,7 +159,7 @@ def folder_items(folder: str | Path, *, langs: Sequence[str] | None = None, skip
             own_id = extra.pop("id", None)
             if own_id is not None and (not isinstance(own_id, str) or not own_id.strip()):
                 err = DataFormatError(f"field 'id' must be a non-empty string, got {own_id!r}", root / CAPTIONS_FILE,
-                                      ds.caption_lines[j])
+                                      ds.caption_lines[j], skippable=True)
                 if not skip_bad:
                     raise err
                 out.skipped += 1
@@ -167,14 +173,16 @@ def folder_items(folder: str | Path, *, langs: Sequence[str] | None = None, skip
     if uncaptioned:
         for path in sorted(p for p in root.rglob("*") if p.suffix.lower() in IMAGE_SUFFIXES and p.is_file()):
             rel = path.relative_to(root).as_posix()
-            if rel in referenced or any(part.startswith(".") for part in path.relative_to(root).parts):
+            if rel in referenced or rel in out.skipped_images \
+                    or any(part.startswith(".") for part in path.relative_to(root).parts):
                 continue
             problem = image_problem(path)
             if problem:
                 if not skip_bad:
-                    raise DataFormatError(f"image {rel!r}: {problem}", path)
+                    raise DataFormatError(f"image {rel!r}: {problem}", path, skippable=True)
                 out.skipped += 1
-                out.problems.append(f"{path}: {problem}")
+                out.problems.append(f"image {rel!r}: {problem}")
+                out.skipped_images[rel] = problem
                 continue
             out.items.append(image_item(path))
             out.uncaptioned += 1
@@ -226,6 +234,7 @@ class AddReport:
     recovered: int = 0  # vectors found in the store from an interrupted run: not embedded again
     skipped: int = 0  # unreadable at embedding time (with skip_bad)
     problems: list[str] = field(default_factory=list)
+    skipped_images: dict[str, str] = field(default_factory=dict)  # image path (as given) -> why
 
     def to_dict(self) -> dict[str, Any]:
         return {"added": self.added, "unchanged": self.unchanged, "metadata_updated": self.metadata_updated,
@@ -240,7 +249,8 @@ def _encode(encoder: "DualEncoder", modality: str, payloads: list[str]) -> np.nd
 
 def add_items(collection: Collection, encoder: "DualEncoder", items: Sequence[Item], *, chunk_size: int = 256,
               skip_bad: bool = False, progress: bool = True, wait: bool = False,
-              on_commit: Callable[[int], None] | None = None) -> AddReport:
+              on_commit: Callable[[int], None] | None = None,
+              before_embed: Callable[[list[Item]], None] | None = None) -> AddReport:
     """Add or update ``items``: embed, with the collection's current model (``encoder``), only what
     the collection does not hold yet, in chunks committed one at a time (a killed run resumes where
     it stopped, embedding nothing twice). One adder at a time (:meth:`Collection.ingesting`).
@@ -248,7 +258,8 @@ def add_items(collection: Collection, encoder: "DualEncoder", items: Sequence[It
     Raises :class:`SpaceMismatchError` if ``encoder`` is not the current model, ``ValueError`` if it
     cannot embed a modality of ``items`` (before anything is written), :class:`DuplicateIdError`
     for one id given twice with different content. ``on_commit(n)``: called after the run's n-th
-    chunk is committed.
+    chunk is committed. ``before_embed(items)``: called once with the items that will be embedded
+    (none of those already held), before the first is.
     """
     if int(chunk_size) < 1:
         raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
@@ -292,6 +303,8 @@ def add_items(collection: Collection, encoder: "DualEncoder", items: Sequence[It
             else:
                 todo[it.modality].append(it)
         collection.commit(quick)
+        if before_embed is not None and (todo["image"] or todo["text"]):
+            before_embed(todo["image"] + todo["text"])
         committed = 0
         for modality, rows in todo.items():
             if not rows:
@@ -323,11 +336,14 @@ def _embed_chunk(encoder: "DualEncoder", modality: str, chunk: list[Item], skip_
                 rows.append(_encode(encoder, modality, [it.payload])[0])
                 keep.append(it)
             except (OSError, ValueError, SyntaxError) as e:
-                msg = f"{it.payload if modality == 'image' else it.id}: cannot embed {modality} ({type(e).__name__}: {e})"
+                why = f"cannot embed {modality} ({type(e).__name__}: {e})"
+                msg = f"{it.payload if modality == 'image' else it.id}: {why}"
                 if not skip_bad:
                     raise ValueError(msg + " (pass --skip-bad to skip it)") from e
                 report.skipped += 1
                 report.problems.append(msg)
+                if modality == "image":
+                    report.skipped_images[str(it.payload)] = why
         if not keep and not report.skipped:
             raise first
         dim = int(getattr(encoder, "embed_dim"))

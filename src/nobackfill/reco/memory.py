@@ -45,6 +45,7 @@ import numpy as np
 from PIL import Image
 
 from ..data.folder import PairDataset
+from ..data.images import open_rgb
 from ..index.build import build_gallery
 from ..index.store import Gallery, atomic_write_bytes, read_tagged_json
 
@@ -69,8 +70,7 @@ class MemoryFormatError(ValueError):
 
 def image_content_hash(path: str | Path) -> str:
     """sha256 of the decoded RGB pixels (and size): equal for the same picture stored twice."""
-    with Image.open(path) as im:
-        arr = np.asarray(im.convert("RGB"))
+    arr = np.asarray(open_rgb(path))
     h = hashlib.sha256(np.asarray(arr.shape, np.int64).tobytes())
     h.update(arr.tobytes())
     return h.hexdigest()
@@ -80,8 +80,7 @@ def thumbnail_features(paths: Sequence[str | Path]) -> np.ndarray:
     """Copy-detection features: 16x16 RGB thumbnails (box filter), mean-centred, unit rows."""
     out = np.empty((len(paths), THUMBNAIL * THUMBNAIL * 3), np.float32)
     for i, p in enumerate(paths):
-        with Image.open(p) as im:
-            out[i] = np.asarray(im.convert("RGB").resize((THUMBNAIL, THUMBNAIL), Image.BOX), np.float32).ravel()
+        out[i] = np.asarray(open_rgb(p).resize((THUMBNAIL, THUMBNAIL), Image.BOX), np.float32).ravel()
     out -= out.mean(axis=1, keepdims=True)
     return out / np.maximum(np.linalg.norm(out, axis=1, keepdims=True), 1e-6)
 
