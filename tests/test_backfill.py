@@ -108,10 +108,13 @@ def test_an_upgrade_during_a_backfill_is_refused(tmp_path):
 def test_uncertainty_order_backfills_a_sample_first_and_fits_a_head(tmp_path):
     c, old, new, pool, _ = _upgraded(tmp_path, n_images=20, captions=2)
     job = start_backfill(c, new, order="uncertainty", min_sample=20, sample_fraction=0.1)
-    assert job.sample == 20 and backfill_status(c)["done"] == 20
-    assert job.head and all(v["sample"] >= 8 for v in job.head.values())
-    run_worker(c, new, batch_size=8)
-    assert backfill_status(c)["fraction"] == 1.0
+    assert job.sample == 20 and job.phase == "sample" and backfill_status(c)["done"] == 0  # the workers embed it
+    rep = run_worker(c, new, batch_size=8, limit=20)
+    assert rep.committed == rep.sample == 20 and backfill_status(c)["done"] == 20
+    rep = run_worker(c, new, batch_size=8)
+    job = BackfillJob.load(c)
+    assert job.phase == "order" and job.head and all(v["sample"] >= 8 for v in job.head.values())
+    assert rep.sample == 0 and backfill_status(c)["fraction"] == 1.0
 
 
 def _child(fn) -> int:
@@ -192,3 +195,347 @@ def test_sigkill_two_workers_at_random_times_loses_nothing_and_commits_nothing_t
         clean = (new.encode_images([Path(live[k].payload) for k in keys]) if m == "image"
                  else new.encode_texts([live[k].payload for k in keys]))
         assert np.abs(vecs - clean).max() < 1e-6
+
+
+# ----------------------------------------------------------------------------- issue 24: limits, leases, pause/resume
+import socket  # noqa: E402
+import threading  # noqa: E402
+
+from nobackfill.search.backfill import BackfillJob, cancel_backfill  # noqa: E402
+
+HOST = socket.gethostname()
+
+
+def _gated(new):
+    """``new``'s encoder whose calls listed in ``hold`` (1-based) wait until :meth:`open` lets them
+    go; ``fail_at``: the call that raises; ``only_thread``: count only the calls of that thread."""
+
+    class Gated(type(new)):
+        def __init__(self, *a, **kw) -> None:
+            super().__init__(*a, **kw)
+            self.n = 0
+            self.hold: dict[int, threading.Event] = {}
+            self.reached: dict[int, threading.Event] = {}
+            self.fail_at: int | None = None
+            self.only_thread: str | None = None
+            self._lock = threading.Lock()
+
+        def hold_calls(self, *ks: int) -> None:
+            for k in ks:
+                self.hold[k], self.reached[k] = threading.Event(), threading.Event()
+
+        def open(self, k: int) -> None:
+            self.hold[k].set()
+
+        def wait_reached(self, k: int, timeout: float = 30) -> None:
+            assert self.reached[k].wait(timeout), f"call {k} of the encoder never came"
+
+        def _rows(self, datas, what):
+            if self.only_thread and threading.current_thread().name != self.only_thread:
+                return super()._rows(datas, what)
+            with self._lock:
+                self.n += 1
+                k = self.n
+            if k in self.hold:
+                self.reached[k].set()
+                assert self.hold[k].wait(30), f"call {k} was never let go"
+            if k == self.fail_at:
+                raise RuntimeError("the model ran out of memory")
+            return super()._rows(datas, what)
+
+    return Gated(new._dim, new._salt, base=new.base, mix=new.mix, name="new")
+
+
+def _poll(cond, what: str, timeout: float = 60.0, every: float = 0.05):
+    """``cond()`` once it is truthy; fails after ``timeout`` seconds naming ``what``."""
+    deadline = time.monotonic() + timeout
+    while True:
+        v = cond()
+        if v:
+            return v
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(every)
+
+
+@pytest.mark.parametrize("order,limit", [("uncertainty", 7), ("uncertainty", 0), ("uncertainty", 25),
+                                         ("uncertainty", 100), ("random", 0), ("random", 9), ("sequential", 100)])
+def test_limit_bounds_everything_embedded_the_uncertainty_sample_included(tmp_path, order, limit):
+    """``limit`` bounds the items embedded, the uncertainty order's training sample included, and the
+    report counts every one (the sample said as such); the next run goes on from there."""
+    c, old, new, pool, _ = _upgraded(tmp_path, n_images=12, captions=2)  # 36 items
+    total = backfill_status(c)["total"]
+    if order == "uncertainty":
+        job = start_backfill(c, new, order=order, min_sample=20, sample_fraction=0.1, pool=pool)
+        assert job.sample == 20 and job.phase == "sample" and backfill_status(c)["done"] == 0
+    out = run_backfill(c, new, order=order, batch_size=4, limit=limit, pool=pool)
+    want = min(limit, total)
+    assert out["done"] == want and out["committed"] == want and out["embedded"] == want
+    assert out["sample_committed"] == (min(limit, 20) if order == "uncertainty" else 0)
+    assert out["stopped"] == ("done" if limit >= total else "limit")
+    job = BackfillJob.load(c)
+    if order == "uncertainty":
+        assert (job.phase == "order") == (limit >= 20) and bool(job.head) == (limit >= 20)
+    out = run_backfill(c, new, order=order, batch_size=4, pool=pool)  # the rest
+    assert out["done"] == total and out["committed"] == total - want and out["stopped"] == "done"
+    assert out["sample_committed"] == (20 - min(limit, 20) if order == "uncertainty" else 0)
+    assert backfill_status(c)["state"] == "done" and not c.verify()
+
+
+def test_a_limit_is_shared_out_over_workers_exactly():
+    from nobackfill.search.backfill import _split
+
+    assert _split(5, 2) == [3, 2] and _split(1, 3) == [1, 0, 0] and _split(None, 2) == [None, None]
+    assert all(sum(_split(n, w)) == n for n in range(0, 20) for w in range(1, 5))
+
+
+def test_a_collection_smaller_than_the_sample_is_reported_in_full(tmp_path):
+    """45 items, limit 100: all 45 are the sample; the report says 45 committed, all of them the sample."""
+    c, old, new, pool, _ = _upgraded(tmp_path, n_images=15, captions=2)
+    out = run_backfill(c, new, order="uncertainty", batch_size=8, limit=100, pool=pool)
+    assert out["done"] == out["total"] == 45 and out["committed"] == 45 and out["sample_committed"] == 45
+    assert out["stopped"] == "done"
+
+
+def test_two_workers_share_the_uncertainty_sample_then_the_order(tmp_path):
+    """With two shards, the sample is split between the workers; the worker done first waits for the
+    other and both go on with the fitted order, nothing embedded twice."""
+    c, old, new, pool, _ = _upgraded(tmp_path, n_images=20, captions=2)
+    start_backfill(c, new, order="uncertainty", shards=2, min_sample=20, sample_fraction=0.1, pool=pool)
+    reps = [None, None]
+
+    def work(i: int) -> None:
+        reps[i] = run_worker(Collection.open(c.path), new, batch_size=3, lease_s=30)
+
+    ts = [threading.Thread(target=work, args=(i,)) for i in range(2)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join(120)
+    assert all(r is not None for r in reps) and "done" in {r.stopped for r in reps}, reps
+    for r, other in zip(reps, reps[::-1]):  # the one done first may leave the last shard to the other
+        assert r.stopped == "done" or (r.stopped == "no free shard" and [b["owner"] for b in r.busy] == [other.owner])
+    assert sum(r.committed for r in reps) == 60 and sum(r.sample for r in reps) == 20
+    assert BackfillJob.load(c).head and backfill_status(c)["state"] == "done"
+
+
+def test_a_worker_that_finds_every_shard_taken_says_who_holds_it(tmp_path):
+    """Of two workers on a one-shard job the second reports the first (pid, host), not a silent 0."""
+    c, old, new, pool, _ = _upgraded(tmp_path)
+    enc = _gated(new)
+    enc.hold_calls(1)
+    start_backfill(c, new, order="sequential", shards=1)
+    first = threading.Thread(target=lambda: run_worker(Collection.open(c.path), enc, batch_size=4))
+    first.start()
+    enc.wait_reached(1)  # the first worker holds shard 0
+    out = run_backfill(Collection.open(c.path), new, order="sequential", batch_size=4)
+    enc.open(1)
+    first.join(60)
+    assert out["committed"] == 0 and out["stopped"].startswith("no free shard")
+    assert f"pid {os.getpid()} on {HOST}" in out["stopped"] and "another worker" in out["stopped"]
+    assert out["busy"] == [{"shard": 0, "owner": out["busy"][0]["owner"], "host": HOST, "pid": os.getpid(),
+                            "since": out["busy"][0]["since"]}]
+    assert backfill_status(c)["state"] == "done"
+
+
+def test_pause_resume_pause_resume_through_the_library(tmp_path):
+    """A paused worker hands its shard back: a new worker of the same process goes on at once, and
+    again after a second pause; after a cancel a new job starts."""
+    c, old, new, pool, _ = _upgraded(tmp_path, n_images=10, captions=2)  # 30 items
+    enc = _gated(new)
+    start_backfill(c, new, order="sequential")
+    for round_ in range(2):
+        k = enc.n + 1
+        enc.hold_calls(k)
+        rep: list = []
+        t = threading.Thread(target=lambda: rep.append(run_worker(Collection.open(c.path), enc, batch_size=4)))
+        t.start()
+        enc.wait_reached(k)
+        pause_backfill(c)
+        enc.open(k)
+        t.join(60)
+        assert rep[0].stopped == "paused" and backfill_status(c)["state"] == "paused"
+        assert backfill_status(c)["workers"] == 0  # the shard was handed back
+        pause_backfill(c, paused=False)
+        rep2 = run_worker(Collection.open(c.path), enc, batch_size=4, limit=8)
+        assert rep2.committed == 8 and rep2.stopped == "limit", rep2
+    cancel_backfill(c)
+    assert backfill_status(c)["state"] == "none"
+    out = run_backfill(c, new, order="random", batch_size=4)
+    assert out["done"] == out["total"] == 30 and out["stopped"] == "done"
+
+
+def test_a_worker_that_fails_leaves_status_idle_with_the_reason(tmp_path):
+    """A worker that dies of an error hands its shard back and status says so, never 'running'."""
+    c, old, new, pool, _ = _upgraded(tmp_path)
+    enc = _gated(new)
+    enc.fail_at = 3
+    start_backfill(c, new, order="sequential")
+    with pytest.raises(RuntimeError, match="out of memory"):
+        run_worker(c, enc, batch_size=4)
+    st = backfill_status(c)
+    assert st["state"] == "idle" and st["workers"] == 0
+    assert st["last_worker"]["pid"] == os.getpid() and "out of memory" in st["last_worker"]["stopped"]
+    assert "out of memory" in st["note"] and "no worker" in st["note"]
+    out = run_backfill(c, new, order="sequential", batch_size=4)  # a new worker takes the shard at once
+    assert out["done"] == out["total"] and backfill_status(c)["state"] == "done"
+
+
+# ----------------------------------------------------------------------------- through the CLI
+def _words(text: str) -> str:
+    """``text`` with its line wrapping undone."""
+    return " ".join(text.split())
+
+
+def _cli(monkeypatch, pool):
+    """The CLI runner with the stand-in models of ``pool``."""
+    from typer.testing import CliRunner
+
+    import nobackfill.search.models as models
+    from nobackfill.cli import app
+
+    monkeypatch.setattr(models, "ModelPool", lambda: pool)
+    runner = CliRunner()
+    return lambda *a: runner.invoke(app, [str(x) for x in a])
+
+
+def test_cli_limit_counts_the_sample_and_a_busy_run_names_the_other_process(tmp_path, monkeypatch):
+    c, old, new, pool, _ = _upgraded(tmp_path, n_images=15, captions=2)
+    cli = _cli(monkeypatch, pool)
+    r = cli("collection", "backfill", c.path, "--limit", 100, "--batch-size", 8)
+    assert r.exit_code == 0, r.output
+    assert "45 committed" in _words(r.output) and "45 of them the training sample" in _words(r.output)
+    c2, old, new, pool, _ = _upgraded(tmp_path / "two")
+    cli = _cli(monkeypatch, pool_with((OLD_REF, old), (NEW_REF, new)))
+    start_backfill(c2, new, order="sequential", shards=1)
+    pid = _child(lambda: time.sleep(60))  # a live process of this host holds the one shard
+    try:
+        from nobackfill.search.backfill import _write
+
+        _write(c2, "leases/shard-0.json", {"owner": f"{HOST}:{pid}:cli", "expires": time.time() + 3600,
+                                           "since": "2024-01-01T00:00:00+00:00", "rate": 0.0})
+        r = cli("collection", "backfill", c2.path, "--order", "sequential")
+        assert r.exit_code == 0, r.output
+        out = _words(r.output)
+        assert "another process is doing the work" in out and f"pid {pid} on {HOST}" in out
+        assert "0 committed" not in out
+        r = cli("collection", "status", c2.path)
+        assert r.exit_code == 0 and f"pid {pid} on {HOST}" in _words(r.output), r.output
+    finally:
+        os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+
+
+def test_cli_status_says_when_no_worker_runs(tmp_path, monkeypatch):
+    c, old, new, pool, _ = _upgraded(tmp_path)
+    enc = _gated(new)
+    enc.fail_at = 2
+    start_backfill(c, new, order="sequential")
+    with pytest.raises(RuntimeError):
+        run_worker(c, enc, batch_size=4)
+    r = _cli(monkeypatch, pool)("collection", "status", c.path)
+    assert r.exit_code == 0, r.output
+    out = _words(r.output)
+    assert "[idle, order sequential]" in out and "out of memory" in out and "no worker is running" in out, out
+    assert "running]" not in out
+
+
+# ----------------------------------------------------------------------------- through the HTTP API
+READ, ADMIN = "read-key-0123456789", "admin-key-0123456789"
+
+
+@pytest.fixture
+def served(tmp_path):
+    """A TestClient over an upgraded 60-item collection whose new model is gated (:func:`_gated`)."""
+    pytest.importorskip("fastapi")
+    from fastapi.testclient import TestClient
+
+    from nobackfill.serve import KeyRing, ServeSettings, create_app
+
+    c, old, new, _, _ = _upgraded(tmp_path, n_images=40, captions=2)  # 120 items: 4 batches of the server's 32
+    enc = _gated(new)
+    enc.only_thread = "backfill"  # the server's worker thread, not the queries of the uncertainty sample
+    pool = pool_with((OLD_REF, old), (NEW_REF, enc))
+    settings = ServeSettings(collection=str(c.path), keys=KeyRing({"read": [READ], "admin": [ADMIN]}))
+    return TestClient(create_app(settings, pool=pool)), c, enc
+
+
+def _api(api, path: str, body: dict | None = None) -> dict:
+    r = api.post(path, json=body or {}, headers={"Authorization": f"Bearer {ADMIN}"}) if path != "/v1/status" else \
+        api.get(path, headers={"Authorization": f"Bearer {READ}"})
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
+def _bf(api) -> dict:
+    return _api(api, "/v1/status")["backfill"]
+
+
+def _finished(api) -> bool:
+    b = _bf(api)
+    return b["fraction"] == 1.0 and b["worker"] == "idle"
+
+
+def test_api_pause_then_resume_goes_on_at_once(served):
+    api, c, enc = served
+    enc.hold_calls(1, 5)
+    _api(api, "/v1/backfill/start", {"order": "sequential"})
+    for k in (1, 5):  # pause, let the blocked batch go, wait for the worker to stop; resume
+        enc.wait_reached(k)
+        assert _api(api, "/v1/backfill/pause")["state"] == "paused"
+        enc.open(k)
+        _poll(lambda: _bf(api)["worker"] == "idle", "the paused worker to stop")
+        b = _bf(api)
+        assert b["state"] == "paused" and b["workers"] == 0 and b["fraction"] < 1.0
+        assert _api(api, "/v1/backfill/resume", {"order": "sequential"})["state"] in ("running", "idle")
+    _poll(lambda: _finished(api), "the resumed backfill to finish")
+    assert _bf(api)["state"] == "done" and not c.verify()
+
+
+def test_api_resume_before_the_paused_worker_stopped(served):
+    """A resume while the paused worker is still in its batch: that worker goes on."""
+    api, c, enc = served
+    enc.hold_calls(1)
+    _api(api, "/v1/backfill/start", {"order": "uncertainty"})
+    enc.wait_reached(1)
+    _api(api, "/v1/backfill/pause")
+    _api(api, "/v1/backfill/resume", {"order": "uncertainty"})
+    enc.open(1)
+    _poll(lambda: _finished(api), "the backfill to finish")
+    assert _bf(api)["state"] == "done"
+
+
+def test_api_resume_after_cancel_starts_a_new_job(served):
+    api, c, enc = served
+    enc.hold_calls(1)
+    _api(api, "/v1/backfill/start", {"order": "sequential"})
+    enc.wait_reached(1)
+    cancel_backfill(c)
+    assert _bf(api)["state"] == "none"
+    _api(api, "/v1/backfill/resume", {"order": "random"})  # the worker is still in its batch of the old job
+    enc.open(1)
+    _poll(lambda: _finished(api), "the new job to finish")
+    assert _bf(api)["order"] == "random" and _bf(api)["state"] == "done"
+
+
+def test_api_status_of_a_worker_that_gave_up(served):
+    """A worker that fails, or finds every shard leased by another process, says so in /v1/status."""
+    api, c, enc = served
+    enc.fail_at = 2
+    _api(api, "/v1/backfill/start", {"order": "sequential"})
+    _poll(lambda: _bf(api)["worker"] == "idle", "the failing worker to stop")
+    b = _bf(api)
+    assert b["state"] == "idle" and "out of memory" in b["error"] and "out of memory" in b["note"]
+    from nobackfill.search.backfill import _write
+
+    pid = _child(lambda: time.sleep(60))
+    try:
+        _write(c, "leases/shard-0.json", {"owner": f"{HOST}:{pid}:other", "expires": time.time() + 3600,
+                                          "since": "2024-01-01T00:00:00+00:00", "rate": 0.0})
+        _api(api, "/v1/backfill/start", {"order": "sequential"})
+        _poll(lambda: _bf(api)["worker"] == "idle", "the second worker to stop")
+        b = _bf(api)
+        assert b["state"] == "running" and b["workers"] == 1  # the other process works
+        assert "no free shard" in b["worker_stopped"] and f"pid {pid} on {HOST}" in b["worker_stopped"]
+    finally:
+        os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)

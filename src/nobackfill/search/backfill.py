@@ -11,7 +11,10 @@ FastFill (Jaeckle et al., ICLR 2023, arXiv 2303.04766): backfill in order of pre
 uncertainty instead of at random. Order ``uncertainty`` takes a random sample (5 %, at least 64
 items), measures how badly each sampled item is served *now*, through the collection's own routes,
 using the pairs the collection holds (a caption's ``image_id``): an image's captions should find
-it first, an image should find one of its captions first. The sample is then backfilled. A small
+it first, an image should find one of its captions first. The workers then backfill the sample
+first, like any other items (the job's ``sample`` phase: it counts against a worker's ``limit`` and
+may take several runs); once it is all committed, the worker that notices fits the head and writes
+the order of the rest (phase ``order``). A small
 head ``h(v_old)`` (ridge regression on the old embedding, one per old space and modality) learns
 that failure, and the remaining items go worst-predicted first. Where the sample has no such
 pairs (uncaptioned images, text-only collections) the head learns FastFill's own target instead,
@@ -21,14 +24,19 @@ interleaved in proportion (text->image search gains only from backfilled images,
 from captions), and captions go one per image first (an image query is answered once any of its
 captions is found).
 
-The job lives in ``<collection>/backfill/``: ``job.json`` (target space, order, shards, state) and
-``order.json`` (item ids in backfill order), written atomically, and ``leases/shard-<i>.json``.
+The job lives in ``<collection>/backfill/``: ``job.json`` (target space, order, shards, state, phase),
+``order.json`` (item ids in backfill order), ``sample.json`` (the uncertainty sample and its
+measured failures), ``workers.json`` (how the last workers stopped), written atomically, and
+``leases/shard-<i>.json``.
 Item ``order[j]`` belongs to shard ``j % shards``; a worker holds a shard's lease (renewed every
 batch, ``lease_s`` long) and a dead worker's shard is taken over when its lease expires, or at once
 when the holder was a process of this host that no longer exists (a killed server). A batch is
 committed atomically (one gallery chunk of the target space, rows already there skipped) after the
 worker re-checks, under the backfill lock, that it still holds its lease: an item is committed at
-most once, and a SIGKILL at any point loses only uncommitted work.
+most once, and a SIGKILL at any point loses only uncommitted work. A worker that stops for any
+other reason (paused, limit, error, the job removed) hands its shard back at once, so a worker
+started next (a resume, in this process or another) goes on without waiting out the lease; a worker
+that finds every unfinished shard leased reports who holds them.
 """
 
 from __future__ import annotations
@@ -48,13 +56,16 @@ import numpy as np
 
 from ..index.collection import Collection, Item
 
-__all__ = ["ORDERS", "BackfillBusy", "BackfillError", "BackfillJob", "backfill_status", "cancel_backfill", "pause_backfill",
-           "retire_space", "run_backfill", "run_worker", "start_backfill"]
+__all__ = ["ORDERS", "BackfillBusy", "BackfillError", "BackfillJob", "WorkerReport", "backfill_status",
+           "cancel_backfill", "describe_holders", "pause_backfill", "retire_space", "run_backfill", "run_worker",
+           "start_backfill"]
 
 ORDERS = ("sequential", "random", "uncertainty")
 JOB_DIR = "backfill"
 JOB_FILE = "job.json"
 ORDER_FILE = "order.json"
+SAMPLE_FILE = "sample.json"
+WORKERS_FILE = "workers.json"
 LEASE_DIR = "leases"
 DEFAULT_LEASE_S = 30.0
 
@@ -100,9 +111,10 @@ class BackfillJob:
     seed: int = 0
     state: str = "running"  # running | paused | done
     created: str = ""
-    sample: int = 0
+    sample: int = 0  # the uncertainty order's training sample: the first ``sample`` ids of the order
     head: dict[str, Any] = field(default_factory=dict)
     total: int = 0
+    phase: str = "order"  # sample (the training sample is being embedded; the order holds it alone) | order
 
     @classmethod
     def load(cls, collection: Collection) -> "BackfillJob | None":
@@ -119,7 +131,15 @@ class BackfillJob:
 
 
 @contextlib.contextmanager
-def _job_lock(collection: Collection) -> Iterator[None]:
+def _job_lock(collection: Collection, say: Callable[[str], None] | None = None) -> Iterator[None]:
+    """The backfill lock; ``say`` is told when another process holds it (then this one waits)."""
+    if say is not None:
+        with collection.storage.lock(JOB_DIR, blocking=False) as taken:
+            if taken:
+                yield
+                return
+        say("another worker (another process?) is starting or changing the backfill of this collection; "
+            "waiting for it ...")
     with collection.storage.lock(JOB_DIR):
         yield
 
@@ -315,9 +335,9 @@ def _uncertainty_order(collection: Collection, target: str, pending: list[Item],
 def start_backfill(collection: Collection, encoder: Any, *, order: str = "uncertainty", shards: int = 1,
                    seed: int = 0, sample_fraction: float = 0.05, min_sample: int = 64, pool: Any = None,
                    log: Callable[[str], None] | None = None) -> BackfillJob:
-    """Start (or return the running) backfill of ``collection`` into its current space. With
-    ``order="uncertainty"`` the sample is embedded and committed here, then the head is fitted and
-    the order written (see the module doc)."""
+    """Start (or return the unfinished, resumed) backfill of ``collection`` into its current space.
+    Embeds nothing: with ``order="uncertainty"`` the sample is drawn and how it is served now is
+    measured; the workers embed it first (see the module doc)."""
     if order not in ORDERS:
         raise ValueError(f"order must be one of {ORDERS}, got {order!r}")
     if int(shards) < 1:
@@ -327,7 +347,7 @@ def start_backfill(collection: Collection, encoder: Any, *, order: str = "uncert
     if encoder.space_id != target:
         raise BackfillError(f"the backfill embeds with the current model of {collection.path} (space {target}); "
                             f"the given model is in space {encoder.space_id}")
-    with _job_lock(collection):
+    with _job_lock(collection, log):
         job = BackfillJob.load(collection)
         if job is not None and job.target == target and job.state != "done":
             if job.state == "paused":
@@ -336,8 +356,7 @@ def start_backfill(collection: Collection, encoder: Any, *, order: str = "uncert
             return job
         pending = _pending(collection, target)
         ids: list[str]
-        head: dict[str, Any] = {}
-        n_sample = 0
+        n_sample, phase = 0, "order"
         if order == "sequential":
             ids = [it.id for it in pending]
         elif order == "random":
@@ -346,30 +365,63 @@ def start_backfill(collection: Collection, encoder: Any, *, order: str = "uncert
             rng = np.random.default_rng(seed)
             n_sample = min(len(pending), max(int(min_sample), int(round(sample_fraction * len(pending)))))
             sample = [pending[i] for i in sorted(rng.choice(len(pending), n_sample, replace=False))] if n_sample else []
-            say(f"uncertainty order: measuring how {n_sample} sampled items are served, then backfilling them ...")
+            say(f"uncertainty order: measuring how {n_sample} sampled items are served now; they are backfilled "
+                "first (they count against --limit), then the order of the rest is fitted")
             from .models import ModelPool
 
             if pool is None:
                 pool = ModelPool()
                 pool.put(collection.space(target)["model"], encoder)
             labels = _route_failure(collection, pool, sample, collection.items())
-            vecs = _encode(encoder, sample)
-            for m, v in vecs.items():
-                rows = [it for it in sample if it.modality == m]
-                collection.put_vectors(target, m, [it.key for it in rows], v)
-            rest, head = _uncertainty_order(collection, target, pending, sample, labels, seed)
-            ids = [it.id for it in sample] + rest
+            ids = [it.id for it in sample]
+            _write(collection, SAMPLE_FILE, {"ids": ids, "labels": labels})
+            phase = "sample" if n_sample else "order"
         _write(collection, ORDER_FILE, ids)
-        for name in collection.storage.list_docs(f"{JOB_DIR}/{LEASE_DIR}/"):
+        for name in [*collection.storage.list_docs(f"{JOB_DIR}/{LEASE_DIR}/"), f"{JOB_DIR}/{WORKERS_FILE}"]:
             collection.storage.delete_doc(name)
         job = BackfillJob(target=target, order=order, shards=int(shards), seed=seed, created=_iso(),
-                          sample=n_sample, head=head, total=len(ids))
+                          sample=n_sample, total=len(pending), phase=phase)
         job.save(collection)
         return job
 
 
+def _sample_complete(collection: Collection, job: BackfillJob) -> bool:
+    """Every live item of the training sample is committed (or every shard is done)."""
+    leases = _leases(collection)
+    if len(leases) == job.shards and all(v.get("done") for v in leases.values()):
+        return True
+    obj = _read(collection, SAMPLE_FILE) or {}
+    collection.refresh()
+    g = collection.gallery(job.target)
+    g.refresh()
+    for i in obj.get("ids", []):
+        it = collection.lookup(i)
+        if it is not None and (it.modality, it.key) not in g:
+            return False
+    return True
+
+
+def _finalize_order(collection: Collection, job: BackfillJob) -> BackfillJob:
+    """The sample is in: fit the head, write sample + the rest as the order, free every shard
+    (caller holds the backfill lock)."""
+    obj = _read(collection, SAMPLE_FILE) or {}
+    sample_ids = list(obj.get("ids", []))
+    labels = {str(k): float(v) for k, v in (obj.get("labels") or {}).items()}
+    items = collection.items()
+    sample = [items[i] for i in sample_ids if i in items]
+    pending = _pending(collection, job.target, items)
+    rest, head = _uncertainty_order(collection, job.target, pending, sample, labels, job.seed)
+    ids = sample_ids + rest
+    _write(collection, ORDER_FILE, ids)
+    for name in collection.storage.list_docs(f"{JOB_DIR}/{LEASE_DIR}/"):
+        collection.storage.delete_doc(name)
+    job.phase, job.head, job.sample, job.total = "order", head, len(sample_ids), len(ids)
+    job.save(collection)
+    return job
+
+
 def pause_backfill(collection: Collection, paused: bool = True) -> BackfillJob:
-    """Pause (workers stop after their batch) or resume a backfill."""
+    """Pause (workers stop after their batch and hand their shards back) or resume a backfill."""
     with _job_lock(collection):
         job = BackfillJob.load(collection)
         if job is None:
@@ -383,14 +435,35 @@ def pause_backfill(collection: Collection, paused: bool = True) -> BackfillJob:
 def cancel_backfill(collection: Collection) -> None:
     """Forget the backfill job (its order and leases); committed vectors stay and are served."""
     with _job_lock(collection):
-        for name in [f"{JOB_DIR}/{JOB_FILE}", f"{JOB_DIR}/{ORDER_FILE}",
-                     *collection.storage.list_docs(f"{JOB_DIR}/{LEASE_DIR}/")]:
+        for name in [f"{JOB_DIR}/{JOB_FILE}", f"{JOB_DIR}/{ORDER_FILE}", f"{JOB_DIR}/{SAMPLE_FILE}",
+                     f"{JOB_DIR}/{WORKERS_FILE}", *collection.storage.list_docs(f"{JOB_DIR}/{LEASE_DIR}/")]:
             collection.storage.delete_doc(name)
 
 
+def _parse_owner(owner: str) -> tuple[str, int | None]:
+    """``host:pid:tag`` -> (host, pid)."""
+    host, _, rest = owner.partition(":")
+    pid = rest.partition(":")[0]
+    return host, int(pid) if pid.isdigit() else None
+
+
+def describe_holders(holders: Sequence[dict[str, Any]]) -> str:
+    """``pid 12 on host-a (shard 0, since ...)``, joined; a holder in this process is said so."""
+    me = (socket.gethostname(), os.getpid())
+    out = []
+    for h in holders:
+        who = f"pid {h.get('pid')} on {h.get('host')}"
+        if (h.get("host"), h.get("pid")) == me:
+            who += " (this process)"
+        out.append(f"{who}, shard {h.get('shard')} since {h.get('since') or '?'}")
+    return "; ".join(out)
+
+
 def backfill_status(collection: Collection) -> dict[str, Any]:
-    """``{"done", "total", "fraction", "order", "state", "rate", "eta_s", "workers"}`` of the
-    current space (done: live items it serves)."""
+    """``{"done", "total", "fraction", "order", "state", "rate", "eta_s", "workers", "holders", ...}``
+    of the current space (done: live items it serves). ``state``: none | running (a live worker
+    holds a shard) | idle (unfinished, but no worker runs: ``note`` and ``last_worker`` say why) |
+    paused | done."""
     snap = collection.snapshot()
     target = snap.current_space
     mods = [m for m in ("image", "text") if m in collection.space(target).get("modalities", ("image", "text"))]
@@ -399,21 +472,39 @@ def backfill_status(collection: Collection) -> dict[str, Any]:
     total = sum(v["total"] for v in per.values())
     done = sum(v["done"] for v in per.values())
     job = BackfillJob.load(collection)
+    mine = job is not None and job.target == target
     out: dict[str, Any] = {"done": done, "total": total, "fraction": done / total if total else 1.0, "per_modality": per,
-                           "order": job.order if job and job.target == target else None,
-                           "state": (job.state if job and job.target == target else "none"),
+                           "order": job.order if mine else None,
+                           "state": job.state if mine else "none",
                            "target": target}
     leases = _leases(collection) if job else {}
     now = _now()
-    live = [v for v in leases.values() if v.get("expires", 0) > now and not v.get("done")
-            and not _holder_gone(str(v.get("owner", "")))]
+    live = {s: v for s, v in leases.items() if v.get("expires", 0) > now and not v.get("done")
+            and not _holder_gone(str(v.get("owner", "")))}
     out["workers"] = len(live)
-    rates = [v.get("rate", 0.0) for v in live]
+    out["holders"] = [_holder(s, v) for s, v in sorted(live.items())]
+    rates = [v.get("rate", 0.0) for v in live.values()]
     out["rate"] = float(sum(rates))
     out["eta_s"] = (total - done) / out["rate"] if out["rate"] > 0 else None
-    if job and job.target == target and job.state == "running" and done >= total and total:
+    if mine:
+        out["phase"] = job.phase
+        out["sample"] = job.sample
+    if mine and job.state == "running" and done >= total and total:
         out["state"] = "done"
+    elif mine and job.state == "running" and not live:
+        out["state"] = "idle"
+        last = _last_worker(collection)
+        out["last_worker"] = last
+        why = (f"; the last one (pid {last['pid']} on {last['host']}) stopped at {last['at']}: {last['stopped']}"
+               if last else "")
+        out["note"] = (f"no worker is running{why}. Run `nobackfill collection backfill` or POST /v1/backfill/start "
+                       "to go on")
     return out
+
+
+def _holder(shard: int, lease: dict[str, Any]) -> dict[str, Any]:
+    host, pid = _parse_owner(str(lease.get("owner", "")))
+    return {"shard": shard, "owner": lease.get("owner"), "host": host, "pid": pid, "since": lease.get("since")}
 
 
 def _leases(collection: Collection) -> dict[int, dict[str, Any]]:
@@ -423,6 +514,16 @@ def _leases(collection: Collection) -> dict[int, dict[str, Any]]:
         if isinstance(obj, dict):
             out[int(Path(name).stem.split("-")[1])] = obj
     return out
+
+
+def _last_worker(collection: Collection) -> dict[str, Any] | None:
+    try:
+        obj = _read(collection, WORKERS_FILE)
+    except BackfillError:
+        return None
+    if not isinstance(obj, dict) or not obj:
+        return None
+    return max(obj.values(), key=lambda v: v.get("t", 0.0))
 
 
 def backfill_running(collection: Collection) -> BackfillJob | None:
@@ -436,20 +537,38 @@ def backfill_running(collection: Collection) -> BackfillJob | None:
 # ----------------------------------------------------------------------------- workers
 @dataclass
 class WorkerReport:
+    """What one worker did: items ``embedded``, ``committed`` (of them ``sample``: the uncertainty
+    order's training sample), why it ``stopped`` (done | limit | paused | no free shard | job
+    removed | the collection was upgraded | error: ...) and, for no free shard, who holds them
+    (``busy``)."""
+
     committed: int = 0
     batches: int = 0
     shards: list[int] = field(default_factory=list)
     stopped: str = ""
+    embedded: int = 0
+    sample: int = 0
+    busy: list[dict[str, Any]] = field(default_factory=list)
+    owner: str = ""
+
+    def reason(self) -> str:
+        """``stopped`` in words (who holds the shards, for no free shard)."""
+        if self.stopped == "no free shard" and self.busy:
+            return (f"no free shard: another worker is doing the work ({describe_holders(self.busy)}); "
+                    "nothing was left for this one")
+        return self.stopped
+
+    def as_dict(self) -> dict[str, Any]:
+        return {**self.__dict__, "reason": self.reason()}
 
 
 def _holder_gone(owner: str) -> bool:
     """``owner`` (``host:pid:tag``) names a process of this host that has exited."""
-    host, _, rest = owner.partition(":")
-    pid = rest.partition(":")[0]
-    if host != socket.gethostname() or not pid.isdigit():
+    host, pid = _parse_owner(owner)
+    if host != socket.gethostname() or pid is None:
         return False
     try:
-        os.kill(int(pid), 0)
+        os.kill(pid, 0)
     except ProcessLookupError:
         return True
     except PermissionError:  # alive, another user's
@@ -457,18 +576,23 @@ def _holder_gone(owner: str) -> bool:
     return False
 
 
-def _take_shard(collection: Collection, job: BackfillJob, owner: str, lease_s: float) -> int | None:
-    """A shard nobody holds (or whose holder's lease expired), leased to ``owner``."""
+def _take_shard(collection: Collection, job: BackfillJob, owner: str,
+                lease_s: float) -> tuple[int | None, list[dict[str, Any]]]:
+    """A shard nobody holds (or whose holder's lease expired), leased to ``owner``; else None and the
+    live holders of the unfinished shards (none: every shard is done)."""
     leases = _leases(collection)
     now = _now()
+    busy = []
     for s in range(job.shards):
         lease = leases.get(s)
         if lease is None or (not lease.get("done") and (lease.get("expires", 0) <= now or lease.get("owner") == owner
                                                         or _holder_gone(str(lease.get("owner", ""))))):
             _write(collection, f"{LEASE_DIR}/shard-{s}.json",
                    {"owner": owner, "expires": now + lease_s, "since": _iso(now), "rate": 0.0})
-            return s
-    return None
+            return s, []
+        if not lease.get("done"):
+            busy.append(_holder(s, lease))
+    return None, busy
 
 
 def _renew(collection: Collection, shard: int, owner: str, lease_s: float, rate: float, done: bool = False) -> bool:
@@ -481,82 +605,144 @@ def _renew(collection: Collection, shard: int, owner: str, lease_s: float, rate:
     return True
 
 
+def _release(collection: Collection, shard: int, owner: str) -> None:
+    """Hand ``owner``'s lease of ``shard`` back (free at once; done stays done)."""
+    name = f"{LEASE_DIR}/shard-{shard}.json"
+    lease = _read(collection, name)
+    if isinstance(lease, dict) and lease.get("owner") == owner:
+        lease.update({"expires": 0.0, "rate": 0.0})
+        _write(collection, name, lease)
+
+
+def _record_stop(collection: Collection, rep: WorkerReport) -> None:
+    """Remember how a worker stopped (``workers.json``, the last 16), for status."""
+    host, pid = _parse_owner(rep.owner)
+    with _job_lock(collection):
+        if BackfillJob.load(collection) is None:
+            return
+        try:
+            obj = _read(collection, WORKERS_FILE)
+        except BackfillError:
+            obj = None
+        obj = obj if isinstance(obj, dict) else {}
+        obj[rep.owner] = {"owner": rep.owner, "host": host, "pid": pid, "stopped": rep.reason(), "at": _iso(),
+                          "t": _now(), "committed": rep.committed, "sample": rep.sample}
+        keep = sorted(obj.values(), key=lambda v: v.get("t", 0.0))[-16:]
+        _write(collection, WORKERS_FILE, {v["owner"]: v for v in keep})
+
+
 def run_worker(collection: Collection, encoder: Any, *, batch_size: int = 64, rate: float | None = None,
                limit: int | None = None, lease_s: float = DEFAULT_LEASE_S, progress: Callable[[int], None] | None = None,
-               owner: str | None = None) -> WorkerReport:
-    """Backfill shards until none is left (or ``limit`` items were committed, or the job is paused).
-    ``rate`` caps items per second for this worker."""
+               owner: str | None = None, poll_s: float = 0.2) -> WorkerReport:
+    """Backfill shards until none is left, ``limit`` items were embedded (the uncertainty sample
+    included), the job is paused or removed, or every unfinished shard is leased by another worker.
+    ``rate`` caps items per second for this worker. Whatever stops it, it hands its shard back and
+    records why (``backfill_status``); a SIGKILL leaves the lease to expire (or to be taken over at
+    once on this host)."""
     owner = owner or f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
-    rep = WorkerReport()
+    rep = WorkerReport(owner=owner)
     t_start = _now()
-    while True:
-        with _job_lock(collection):
-            job = BackfillJob.load(collection)
-            if job is None:
-                raise BackfillError(f"no backfill in {collection.path}: start one first")
-            if job.target != collection.current_space:
-                rep.stopped = "the collection was upgraded"
-                return rep
-            if job.state != "running":
-                rep.stopped = job.state
-                return rep
-            shard = _take_shard(collection, job, owner, lease_s)
-        if shard is None:
-            rep.stopped = "no free shard"
-            return rep
-        rep.shards.append(shard)
-        ids = _order_ids(collection)[shard::job.shards]
-        pos = 0
-        while pos < len(ids):
-            if limit is not None and rep.committed >= limit:
+    held: int | None = None
+    try:
+        while True:
+            if limit is not None and rep.embedded >= limit:
                 rep.stopped = "limit"
-                with _job_lock(collection):  # hand the shard back at once
-                    _renew(collection, shard, owner, -1.0, 0.0)
                 return rep
-            collection.refresh()
-            g = collection.gallery(job.target)
-            g.refresh()
-            batch: list[Item] = []
-            while pos < len(ids) and len(batch) < batch_size and (limit is None or rep.committed + len(batch) < limit):
-                it = collection.lookup(ids[pos])
-                pos += 1
-                if it is not None and (it.modality, it.key) not in g:
-                    batch.append(it)
-            if not batch:
-                continue
-            vecs = _encode(encoder, batch)
-            elapsed = max(_now() - t_start, 1e-6)
-            cur_rate = (rep.committed + len(batch)) / elapsed
             with _job_lock(collection):
-                job_now = BackfillJob.load(collection)
-                if job_now is None or job_now.state != "running" or job_now.target != job.target:
-                    rep.stopped = job_now.state if job_now else "job removed"
+                job = BackfillJob.load(collection)
+                if job is None:
+                    if rep.batches or rep.shards:
+                        rep.stopped = "job removed"
+                        return rep
+                    raise BackfillError(f"no backfill in {collection.path}: start one first")
+                if job.target != collection.current_space:
+                    rep.stopped = "the collection was upgraded"
                     return rep
-                if not _renew(collection, shard, owner, lease_s, cur_rate):
-                    rep.stopped = f"lost the lease of shard {shard}"
-                    break
-                n = 0
-                for m, v in vecs.items():
-                    rows = [it for it in batch if it.modality == m]
-                    n += collection.put_vectors(job.target, m, [it.key for it in rows], v)
-            rep.committed += n
-            rep.batches += 1
-            if progress is not None:
-                progress(len(batch))
-            if rate:
-                wait = (rep.committed / rate) - (_now() - t_start)
-                if wait > 0:
-                    time.sleep(wait)
-        else:
+                if job.state != "running":
+                    rep.stopped = job.state
+                    return rep
+                if job.phase == "sample" and _sample_complete(collection, job):
+                    job = _finalize_order(collection, job)
+                shard, busy = _take_shard(collection, job, owner, lease_s)
+            if shard is None:
+                if not busy:
+                    rep.stopped = "done"
+                    return rep
+                if job.phase == "sample" and job.shards > 1:  # every shard is free again once the sample is in
+                    time.sleep(poll_s)
+                    continue
+                rep.stopped, rep.busy = "no free shard", busy
+                return rep
+            held = shard
+            if shard not in rep.shards:
+                rep.shards.append(shard)
+            all_ids = _order_ids(collection)
+            ids = all_ids[shard::job.shards]
+            sample_ids = set(all_ids[:job.sample]) if job.order == "uncertainty" else set()
+            pos, lost = 0, False
+            while pos < len(ids):
+                if limit is not None and rep.embedded >= limit:
+                    rep.stopped = "limit"
+                    return rep
+                collection.refresh()
+                g = collection.gallery(job.target)
+                g.refresh()
+                batch: list[Item] = []
+                while pos < len(ids) and len(batch) < batch_size and (limit is None or rep.embedded + len(batch) < limit):
+                    it = collection.lookup(ids[pos])
+                    pos += 1
+                    if it is not None and (it.modality, it.key) not in g:
+                        batch.append(it)
+                if not batch:
+                    continue
+                vecs = _encode(encoder, batch)
+                rep.embedded += len(batch)
+                elapsed = max(_now() - t_start, 1e-6)
+                cur_rate = (rep.committed + len(batch)) / elapsed
+                with _job_lock(collection):
+                    job_now = BackfillJob.load(collection)
+                    if job_now is None or job_now.state != "running" or job_now.target != job.target:
+                        rep.stopped = job_now.state if job_now else "job removed"
+                        return rep
+                    if not _renew(collection, shard, owner, lease_s, cur_rate):
+                        lost = True
+                        break
+                    g.refresh()
+                    fresh = {it.id for it in batch if (it.modality, it.key) not in g}
+                    n = 0
+                    for m, v in vecs.items():
+                        rows = [it for it in batch if it.modality == m]
+                        n += collection.put_vectors(job.target, m, [it.key for it in rows], v)
+                rep.committed += n
+                rep.sample += len(fresh & sample_ids)
+                rep.batches += 1
+                if progress is not None:
+                    progress(len(batch))
+                if rate:
+                    wait = (rep.embedded / rate) - (_now() - t_start)
+                    if wait > 0:
+                        time.sleep(wait)
+            if lost:  # taken over after our lease expired: look for another shard
+                held = None
+                continue
             with _job_lock(collection):
                 _renew(collection, shard, owner, lease_s, 0.0, done=True)
                 _finish_if_done(collection)
-            continue
+            held = None
+    except BaseException as e:
+        rep.stopped = f"error: {type(e).__name__}: {e}"
+        raise
+    finally:
+        with contextlib.suppress(Exception):
+            if held is not None:
+                with _job_lock(collection):
+                    _release(collection, held, owner)
+            _record_stop(collection, rep)
 
 
 def _finish_if_done(collection: Collection) -> None:
     job = BackfillJob.load(collection)
-    if job is None or job.state != "running":
+    if job is None or job.state != "running" or job.phase != "order":
         return
     leases = _leases(collection)
     if len(leases) == job.shards and all(v.get("done") for v in leases.values()):
@@ -565,7 +751,7 @@ def _finish_if_done(collection: Collection) -> None:
             job.save(collection)
 
 
-def _worker_main(path: str, model: str, kwargs: dict) -> None:  # pragma: no cover - runs in a child process
+def _worker_main(path: str, model: str, kwargs: dict, report: str) -> None:  # pragma: no cover - a child process
     import torch
 
     from .models import ModelPool
@@ -573,7 +759,15 @@ def _worker_main(path: str, model: str, kwargs: dict) -> None:  # pragma: no cov
     torch.set_num_threads(1)
     c = Collection.open(path)
     enc = ModelPool().get(model, c.current_space)
-    run_worker(c, enc, **kwargs)
+    rep = run_worker(c, enc, **kwargs)
+    Path(report).write_text(json.dumps(rep.as_dict()))
+
+
+def _split(limit: int | None, workers: int) -> list[int | None]:
+    """``limit`` shared out over ``workers`` (summing to it exactly)."""
+    if limit is None:
+        return [None] * workers
+    return [limit // workers + (i < limit % workers) for i in range(workers)]
 
 
 def run_backfill(collection: Collection, encoder: Any, *, order: str = "uncertainty", workers: int = 1,
@@ -581,32 +775,50 @@ def run_backfill(collection: Collection, encoder: Any, *, order: str = "uncertai
                  lease_s: float = DEFAULT_LEASE_S, seed: int = 0, progress: Callable[[int], None] | None = None,
                  pool: Any = None, log: Callable[[str], None] | None = None) -> dict[str, Any]:
     """Start (or resume) the backfill and run ``workers`` workers until it is done, paused or
-    ``limit`` items were committed (``rate``: items per second in all). One worker runs in this
-    process; more run as processes (each loads the model)."""
+    ``limit`` items were embedded, the uncertainty order's training sample included (``rate``: items
+    per second in all). One worker runs in this process; more run as processes (each loads the
+    model). The status, plus what these workers did: ``committed`` (of it ``sample_committed``),
+    ``embedded``, ``stopped`` (in words; for no free shard, who holds the shards), ``busy``."""
     job = start_backfill(collection, encoder, order=order, shards=max(workers, 1), seed=seed, pool=pool, log=log)
     t0 = time.time()
-    before = backfill_status(collection)["done"]
     per_rate = rate / workers if rate else None
-    per_limit = -(-limit // workers) if limit is not None else None
+    limits = _split(limit, max(workers, 1))
     procs = []
     if workers > 1:
         import multiprocessing as mp
+        import tempfile
 
         ctx = mp.get_context("spawn")
         model = collection.space(job.target)["model"]
-        for _ in range(workers - 1):
+        tmp = Path(tempfile.mkdtemp(prefix="nobackfill-workers-"))
+        for i in range(1, workers):
+            if limits[i] == 0:
+                continue
+            out = tmp / f"worker-{i}.json"
             p = ctx.Process(target=_worker_main, args=(str(collection.path), model,
                                                        {"batch_size": batch_size, "rate": per_rate,
-                                                        "limit": per_limit, "lease_s": lease_s}))
+                                                        "limit": limits[i], "lease_s": lease_s}, str(out)))
             p.start()
-            procs.append(p)
-    rep = run_worker(collection, encoder, batch_size=batch_size, rate=per_rate, limit=per_limit, lease_s=lease_s,
+            procs.append((p, out))
+    rep = run_worker(collection, encoder, batch_size=batch_size, rate=per_rate, limit=limits[0], lease_s=lease_s,
                      progress=progress)
-    for p in procs:
+    reports = [rep.as_dict()]
+    for p, out in procs:
         p.join()
+        with contextlib.suppress(OSError, ValueError):
+            reports.append(json.loads(out.read_text()))
+            out.unlink()
+    if procs:
+        with contextlib.suppress(OSError):
+            procs[0][1].parent.rmdir()
     st = backfill_status(collection)
-    st.update({"committed": st["done"] - before, "seconds": round(time.time() - t0, 2), "stopped": rep.stopped,
-               "workers_exit": [p.exitcode for p in procs]})
+    done = st["state"] == "done"
+    st.update({"committed": sum(r["committed"] for r in reports), "embedded": sum(r["embedded"] for r in reports),
+               "sample_committed": sum(r["sample"] for r in reports), "seconds": round(time.time() - t0, 2),
+               "stopped": "done" if done else rep.reason(),
+               # who works on, where this process found every shard taken (its own workers have exited)
+               "busy": st["holders"] if rep.stopped == "no free shard" and not done else [],
+               "workers_exit": [p.exitcode for p, _ in procs], "worker_reports": reports})
     return st
 
 
