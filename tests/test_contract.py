@@ -156,3 +156,139 @@ def test_milvus_search_is_strong_only_while_the_space_has_fresh_rows(tmp_path, m
     assert store.search("image", x[:2], 1, space_id="s").ids == [["k0"], ["k1"]]
     assert levels == [mv.STRONG, mv.BOUNDED]
     mv.close_clients()
+
+
+MILVUS = ["milvus-lite", pytest.param("milvus-server", marks=pytest.mark.milvus_server)]
+
+
+@pytest.fixture(params=MILVUS)
+def milvus_location(request, tmp_path):
+    if request.param == "milvus-lite":
+        pytest.importorskip("milvus_lite", reason="milvus-lite is not installed")
+        return f"milvus-lite:{tmp_path}/milvus.db#c{uuid.uuid4().hex[:6]}"
+    return f"milvus://{request.getfixturevalue('milvus_server')}#c{uuid.uuid4().hex[:8]}"
+
+
+def _release_all(c: Collection) -> None:
+    """What a server restart (or a fresh milvus-lite process) leaves: every collection released."""
+    st = c.storage
+    for name in st.client.list_collections():
+        if name.startswith(st.prefix + "_"):
+            st.client.release_collection(name)
+
+
+def test_every_read_works_on_a_released_collection(tmp_path, milvus_location):
+    """Issue 24 item 4: reads of a released collection (a fresh process, a restarted server) load it
+    first - contains, existing keys, get, ids, count, search, verify, the documents - and an add of
+    new items, a search and a delete after reopening work."""
+    from nobackfill.index import milvus
+
+    c, old, new, w, data, pool = _world(tmp_path, milvus_location)
+    add_items(c, old, folder_items(data).items, progress=False)
+    store = c.gallery(c.current_space)
+    texts, images = store.ids("text"), store.ids("image")
+    q = store.get_vectors("text", texts[:2])
+    milvus.close_clients()  # a fresh process: milvus-lite reopens the path with every collection released
+
+    c = Collection.open(milvus_location)
+    store = c.gallery(c.current_space)
+    fresh = lambda: type(store)(store.client, store.name, space_id=store.space_id, dim=store.dim,  # noqa: E731
+                                model=store.model, backend=store.backend)
+    checks = {
+        "contains": lambda s: ("text", texts[0]) in s and ("image", texts[0]) not in s,
+        "existing": lambda s: s._existing("image", images + ["nope"]) == set(images),
+        "get": lambda s: np.allclose(s.get_vectors("text", texts[:2]), q),
+        "ids": lambda s: sorted(s.ids("text")) == sorted(texts),
+        "count": lambda s: s.count("image") == len(images),
+        "search": lambda s: s.search("text", q, 1, space_id=store.space_id).ids == [[texts[0]], [texts[1]]],
+        "verify": lambda s: not s.verify().problems and s.verify().checked_chunks == len(texts) + len(images),
+        "vectors": lambda s: s.vectors("image").shape == (len(images), store.dim),
+        "manifest": lambda s: c.storage.read_manifest() is not None and c.storage.list_docs("spaces/"),
+    }
+    used = fresh()
+    for what, check in checks.items():
+        _release_all(c)
+        assert check(fresh()), f"{what} on a store that never loaded"
+        _release_all(c)
+        assert check(used), f"{what} on a store that had loaded, then released"
+
+    _release_all(c)
+    c = Collection.open(milvus_location)
+    rep = add_items(c, old, folder_items(data).items + [text_item("new after reopening", id="n")], progress=False)
+    assert rep.added == 1 and rep.unchanged == 16
+    _release_all(c)
+    hits = Searcher(Collection.open(milvus_location), pool=pool).search(text="new after reopening", k=3,
+                                                                      target="text").hits
+    assert hits[0].id == "n"
+    _release_all(c)
+    Collection.open(milvus_location).delete(["n"])
+    _release_all(c)
+    c = Collection.open(milvus_location)
+    assert c.count() == 16 and not c.verify()
+    milvus.close_clients()
+
+
+def _cli(*args, check: bool = True) -> subprocess.CompletedProcess:
+    """``nobackfill ARGS`` in a fresh process (milvus-lite: one process per path, so each command
+    reopens it with its collections released)."""
+    env = {**os.environ, "COLUMNS": "200"}
+    for var in ("TRANSFORMERS_VERBOSITY", "HF_HUB_VERBOSITY"):
+        env.pop(var, None)
+    r = subprocess.run([sys.executable, "-m", "nobackfill.cli", *map(str, args)], capture_output=True, text=True,
+                       env=env, timeout=600)
+    if check:
+        assert r.returncode == 0, r.stdout + r.stderr
+    return r
+
+
+NOISE = ("Token indices", "[WARNING]", "MilvusException", "Traceback", "[ERROR]")
+
+
+def _quiet(r: subprocess.CompletedProcess) -> str:
+    out = r.stdout + r.stderr
+    assert not [n for n in NOISE if n in out], out
+    return out
+
+
+def test_cli_collection_on_milvus_lite_fresh_processes_and_quiet(tmp_path):
+    """Issue 24 items 4 and 12: ``collection create / add / add again with new items / search /
+    delete / status`` and ``verify`` through the command line, each in a fresh process, on
+    milvus-lite: every one exits 0 and prints our messages only (no tokenizer warning, no pymilvus
+    log lines); ``-v`` lets the libraries' warnings through."""
+    pytest.importorskip("milvus_lite", reason="milvus-lite is not installed")
+    import json
+
+    root = Path(__file__).resolve().parents[1]
+    data = make_folder(tmp_path / "data", n_images=3, captions_per_image=2)
+    long = " ".join(["a very long caption about a red circle"] * 20)  # far over the model's 40 tokens
+    with open(data / "captions.jsonl", "a") as f:
+        f.write(json.dumps({"image": "images/000.png", "caption": long, "lang": "en"}) + "\n")
+    uri = f"milvus-lite:{tmp_path}/m.db#photos"
+
+    _quiet(_cli("collection", "create", uri, "--model", root / "models" / "world-old"))
+    out = _quiet(_cli("collection", "add", uri, "--data", data))
+    assert "added 10, already there 0" in out and out.count("exceed the model's 40 tokens") == 1
+
+    more = make_folder(tmp_path / "more", n_images=2, captions_per_image=1, seed=1)
+    for p in (more / "images").iterdir():
+        p.rename(data / "images" / f"new-{p.name}")
+    lines = (more / "captions.jsonl").read_text().replace("images/", "images/new-")
+    with open(data / "captions.jsonl", "a") as f:
+        f.write(lines)
+    out = _quiet(_cli("collection", "add", uri, "--data", data))  # new items after reopening
+    assert "added 4, already there 10" in out and "exceed" not in out  # the long caption is not embedded again
+
+    r = _cli("collection", "search", uri, "--text", "caption 0 of image 1 seed 1", "--k", 20, "--target", "text",
+             "--json")
+    _quiet(r)
+    hits = json.loads(r.stdout)["hits"]
+    assert len(hits) == 9 and hits[0]["text"] == "caption 0 of image 1 seed 1"
+    out = _quiet(_cli("collection", "delete", uri, "--id", hits[0]["id"]))
+    assert "deleted 1" in out
+    r = _cli("collection", "status", uri, "--json")
+    _quiet(r)
+    st = json.loads(r.stdout)
+    assert st["items"] == {"image": 5, "text": 8}
+    assert "OK" in _quiet(_cli("verify", uri))
+    loud = _cli("-v", "collection", "add", uri, "--data", data)  # -v: library warnings may appear
+    assert "already there 13" in loud.stdout + loud.stderr

@@ -15,7 +15,7 @@ SRC = Path(__file__).resolve().parents[1] / "src" / "nobackfill"
 RANKS = {
     # core: models, data, storage, metrics, the training loop and their plumbing
     "encoders": 0, "data": 0, "index": 0, "metrics": 0, "train": 0, "config": 0, "progress": 0, "report": 0,
-    "evaluate": 0, "__init__": 0,
+    "evaluate": 0, "__init__": 0, "_logging": 0,
     # the HTTP client of the service imports nothing of the library (benchmarks drive the service with it)
     "client": 0,
     # methods (the seeds)

@@ -55,7 +55,8 @@ class HFEncoderMixin:
 
     def truncated(self, texts: Sequence[str]) -> list[int]:
         """Indexes of the ``texts`` longer than the model's ``max_length`` tokens (embedded truncated)."""
-        lengths = [len(ids) for ids in self.tokenizer(list(texts), truncation=False)["input_ids"]]
+        # verbose=False: no "longer than the specified maximum" warning, measuring them is the point
+        lengths = [len(ids) for ids in self.tokenizer(list(texts), truncation=False, verbose=False)["input_ids"]]
         return [i for i, n in enumerate(lengths) if n > self.max_length]
 
     def _pad(self, seqs: list[list[int]]) -> dict[str, torch.Tensor]:

@@ -30,7 +30,6 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
-import logging
 import os
 import re
 import socket
@@ -47,9 +46,6 @@ from .store import DuplicateIdError, SearchResult, SpaceMismatchError, VerifyRep
 
 __all__ = ["MilvusSpaceStore", "MilvusStorage", "TOKEN_ENV", "TOKEN_FILE_ENV", "close_clients"]
 
-# pymilvus logs every failed call and a warning per query iterator on milvus-lite; our errors name
-# what failed, so its own log stays at errors of its own
-logging.getLogger("pymilvus").setLevel(logging.CRITICAL)
 
 TOKEN_ENV = "NOBACKFILL_MILVUS_TOKEN"
 TOKEN_FILE_ENV = "NOBACKFILL_MILVUS_TOKEN_FILE"
@@ -97,9 +93,31 @@ _CLIENTS: dict[str, Any] = {}
 _CLIENTS_LOCK = threading.Lock()
 
 
+def _not_loaded(e: BaseException) -> bool:
+    """Whether a Milvus error says the collection is not loaded (released: after a server or
+    milvus-lite restart, or by another client)."""
+    msg = str(getattr(e, "message", "") or e).lower()
+    return getattr(e, "code", None) == 101 or "not loaded" in msg or "released" in msg or "call load()" in msg
+
+
+def _loaded(client: Any, name: str, call: Any) -> Any:
+    """``call()``; if Milvus answers that collection ``name`` is not loaded, load it and call again."""
+    try:
+        return call()
+    except Exception as e:
+        if not _not_loaded(e):
+            raise
+    client.load_collection(name)
+    return call()
+
+
 def _client(kind: str, parts: dict[str, str]) -> Any:
     """One pymilvus client per target in this process (milvus-lite allows one opener per path)."""
     from pymilvus import MilvusClient
+
+    from .._logging import tame_library_loggers
+
+    tame_library_loggers(("pymilvus", "milvus_lite"))  # pymilvus installs its own handlers on import
 
     key = f"{kind}:{parts.get('path') or parts['uri']}/{parts.get('db', '')}"
     with _CLIENTS_LOCK:
@@ -168,6 +186,10 @@ def milvus_index_params(spec: str) -> tuple[dict[str, Any], dict[str, Any]]:
     """Milvus index and search parameters for a backend spec (``flat``, ``hnsw:M=..,ef=..,efc=..``
     or a faiss factory string such as ``HNSW32`` / ``IVF1024,PQ16`` / ``Flat``)."""
     kind, opts = parse_spec(spec)
+    if kind == "auto":  # Milvus searches growing segments exactly and indexes sealed ones: HNSW
+        m = re.match(r"^HNSW(\d+)", str(opts.get("graph", "HNSW32")))
+        return ({"index_type": "HNSW", "params": {"M": int(m.group(1)) if m else 32, "efConstruction": 40}},
+                {"ef": int(opts.get("efSearch", 128))})
     if kind == "hnsw":
         return ({"index_type": "HNSW", "params": {"M": opts.get("M", 32), "efConstruction": opts.get("efc", 40)}},
                 {"ef": opts.get("ef", 128)})
@@ -229,30 +251,42 @@ class MilvusSpaceStore:
         return cls(client, name, space_id=space_id, dim=dim, model=model, backend=backend)
 
     def _ensure_loaded(self) -> None:
+        """Load the collection once per process: a collection comes back released after a server
+        or milvus-lite restart, and a fresh process finds it so (reads then fail)."""
         if not self._loaded:
-            with contextlib.suppress(Exception):  # collections come back unloaded after a restart
+            try:
                 self.client.load_collection(self.name)
-            self._loaded = True
+                self._loaded = True
+            except Exception:  # the read that follows names the problem (and tries to load again)
+                pass
+
+    def _read(self, call: Any) -> Any:
+        """``call()`` (a read) on a loaded collection: loaded first, and loaded again if it was
+        released meanwhile (a server restart)."""
+        self._ensure_loaded()
+        return _loaded(self.client, self.name, call)
 
     # ------------------------------------------------------------------ reading
     def _all(self, fields: Sequence[str], filter: str = "seq >= 0") -> list[dict]:
-        it = self.client.query_iterator(self.name, batch_size=4096, filter=filter, output_fields=list(fields),
-                                        consistency_level=STRONG)
-        rows: list[dict] = []
-        try:
-            while True:
-                batch = it.next()
-                if not batch:
-                    break
-                rows.extend(batch)
-        finally:
-            it.close()
-        return rows
+        def read() -> list[dict]:
+            it = self.client.query_iterator(self.name, batch_size=4096, filter=filter, output_fields=list(fields),
+                                            consistency_level=STRONG)
+            rows: list[dict] = []
+            try:
+                while True:
+                    batch = it.next()
+                    if not batch:
+                        break
+                    rows.extend(batch)
+            finally:
+                it.close()
+            return rows
+
+        return self._read(read)
 
     def refresh(self) -> bool:
         """Discover rows inserted since the last refresh (by ``seq``, with a margin for clock skew
         between writers and late visibility); True if any was new."""
-        self._ensure_loaded()
         with self._lock:
             rows = self._all(["key", "modality", "seq"], f"seq >= {max(0, self._last_seq - SEQ_MARGIN_NS)}")
             changed = False
@@ -285,8 +319,9 @@ class MilvusSpaceStore:
         """Which of ``keys`` the server holds for ``modality`` (primary-key lookups)."""
         out: set[str] = set()
         for s in range(0, len(keys), FILTER_IN_MAX):
-            rows = self.client.get(self.name, ids=list(keys[s:s + FILTER_IN_MAX]), output_fields=["key"],
-                                   partition_names=[modality], consistency_level=STRONG)
+            batch = list(keys[s:s + FILTER_IN_MAX])
+            rows = self._read(lambda: self.client.get(self.name, ids=batch, output_fields=["key"],
+                                                      partition_names=[modality], consistency_level=STRONG))
             out.update(r["key"] for r in rows)
         return out
 
@@ -294,8 +329,9 @@ class MilvusSpaceStore:
         """The vectors of ``keys`` (in that order; every key must exist)."""
         found: dict[str, list[float]] = {}
         for s in range(0, len(keys), FILTER_IN_MAX):
-            for r in self.client.get(self.name, ids=list(keys[s:s + FILTER_IN_MAX]), output_fields=["key", "vec"],
-                                     consistency_level=STRONG):
+            batch = list(keys[s:s + FILTER_IN_MAX])
+            for r in self._read(lambda: self.client.get(self.name, ids=batch, output_fields=["key", "vec"],
+                                                        consistency_level=STRONG)):
                 found[r["key"]] = r["vec"]
         missing = [k for k in keys if k not in found]
         if missing:
@@ -323,7 +359,6 @@ class MilvusSpaceStore:
             raise DuplicateIdError(f"ids repeated within one batch for {self.name}")
         if not ids:
             return 0
-        self._ensure_loaded()
         present = self._existing(modality, ids)
         if present and not skip_existing:
             raise DuplicateIdError(f"{len(present)} {modality} ids already in {self.name}: {sorted(present)[:5]}")
@@ -393,7 +428,8 @@ class MilvusSpaceStore:
             raise ValueError(f"queries must have shape (N, {self._dim}) for {self.name}, got {q.shape}")
         if int(k) < 1:
             raise ValueError(f"k must be >= 1, got {k}")
-        self._ensure_loaded()
+        if not self._keys["image"] and not self._keys["text"]:
+            self.refresh()  # a fresh process: discover the rows first
         keys = self._keys[modality]
         if mask is None:
             allowed = np.ones(len(keys), bool)
@@ -435,9 +471,9 @@ class MilvusSpaceStore:
         if "ef" in params["params"]:  # HNSW needs ef >= the number of results asked for
             params = {**params, "params": {**params["params"], "ef": max(params["params"]["ef"], int(limit))}}
         fresh = time.time_ns() - self._newest_ns[modality] < FRESH_S * 1e9
-        return self.client.search(self.name, data=q.tolist(), filter=expr, limit=int(limit), anns_field="vec",
-                                  output_fields=["key"], search_params=params, partition_names=[modality],
-                                  consistency_level=STRONG if fresh else BOUNDED)
+        return self._read(lambda: self.client.search(
+            self.name, data=q.tolist(), filter=expr, limit=int(limit), anns_field="vec", output_fields=["key"],
+            search_params=params, partition_names=[modality], consistency_level=STRONG if fresh else BOUNDED))
 
     @staticmethod
     def _take(hits: list[dict], k: int, pos: dict[str, int], allowed: np.ndarray) -> list[tuple[float, int]]:
@@ -478,7 +514,12 @@ class MilvusSpaceStore:
         return report
 
     def close(self) -> None:
-        self._keys = {"image": [], "text": []}
+        """Forget what this process discovered (the next read discovers the rows and loads again)."""
+        with self._lock:
+            self._keys = {"image": [], "text": []}
+            self._pos = {"image": {}, "text": {}}
+            self._last_seq = 0
+            self._loaded = False
 
 
 class MilvusStorage(Storage):
@@ -508,7 +549,8 @@ class MilvusStorage(Storage):
 
     # ------------------------------------------------------------------ documents
     def _rows(self, filter: str, fields: Sequence[str] = ("k", "v")) -> list[dict]:
-        return self.client.query(self.meta, filter=filter, output_fields=list(fields), consistency_level=STRONG)
+        return _loaded(self.client, self.meta, lambda: self.client.query(
+            self.meta, filter=filter, output_fields=list(fields), consistency_level=STRONG))
 
     def read_doc(self, name: str) -> bytes | None:
         rows = self._rows(f"k == {_q(name)}")
