@@ -156,3 +156,158 @@ def test_importing_the_cli_and_compat_package_loads_no_heavy_library():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split("\n")
     assert out[0] == "[]"
     assert out[1] == "nobackfill.compat.phi"
+
+
+# --- a small real collection (the shipped world-old model): cold commands, whole ids ----------------
+
+MODELS = Path(__file__).resolve().parents[1] / "models"
+
+
+@pytest.fixture(scope="module")
+def small_coll(tmp_path_factory):
+    """A collection of the shipped world-old model holding 6 world images and their English captions."""
+    root = tmp_path_factory.mktemp("small-coll")
+    r = invoke("world", "--out", root / "world", "--n-train", 2, "--n-val", 2, "--n-test", 6, "--workers", 1,
+               "--langs", "en")
+    assert r.exit_code == 0, r.output
+    r = invoke("collection", "create", root / "c", "--model", MODELS / "world-old")
+    assert r.exit_code == 0, r.output
+    r = invoke("collection", "add", root / "c", "--data", root / "world", "--split", "test", "--langs", "en")
+    assert r.exit_code == 0, r.output
+    return root / "c"
+
+
+def _copy(coll: Path, tmp_path: Path) -> Path:
+    import shutil
+
+    return Path(shutil.copytree(coll, tmp_path / "c"))
+
+
+def _hit_ids(*args: str) -> list[str]:
+    r = invoke(*args, "--json")
+    assert r.exit_code == 0, r.output
+    return [h["id"] for h in json.loads(r.stdout)["hits"]]
+
+
+def test_commands_that_embed_nothing_import_no_torch(small_coll, tmp_path):
+    """`collection status`, `verify`, `collection delete` and every --help run in a fresh process
+    without importing torch, transformers or peft (they cost seconds of start-up)."""
+    import subprocess
+    import sys
+
+    coll = _copy(small_coll, tmp_path)
+    victim = _hit_ids("collection", "search", coll, "--text", "a red circle", "--k", 1)[0]
+    runs = [["--help"], ["collection", "--help"], ["collection", "search", "--help"], ["verify", "--help"],
+            ["collection", "status", str(coll)], ["collection", "status", str(coll), "--json"],
+            ["verify", str(coll)], ["verify", str(coll), "--json"],
+            ["collection", "delete", str(coll), "--id", victim]]
+    code = ("import json, sys\n"
+            "from typer.testing import CliRunner\n"
+            "from nobackfill.cli import app\n"
+            f"runs = json.loads({json.dumps(json.dumps(runs))})\n"
+            "results = [CliRunner().invoke(app, args) for args in runs]\n"
+            "print(json.dumps({'codes': [r.exit_code for r in results], 'outputs': [r.output for r in results],\n"
+            "                  'heavy': sorted({m.split('.')[0] for m in sys.modules} & {'torch', 'transformers', "
+            "'peft'})}))\n")
+    res = json.loads(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                                    check=True).stdout)
+    assert res["codes"] == [0] * len(runs), res["outputs"]
+    assert "deleted 1 item(s)" in res["outputs"][-1]
+    assert res["heavy"] == []
+
+
+def _table_ids(output: str) -> list[str]:
+    """The id column of a results table."""
+    return [line.split("│")[3].strip() for line in output.splitlines()
+            if line.startswith("│") and line.split("│")[1].strip().isdigit()]
+
+
+@pytest.mark.parametrize("columns", ["60", "40"])
+def test_results_table_prints_whole_ids_that_delete_takes(small_coll, tmp_path, columns):
+    """At any terminal width the table's ids are whole (not cut with "…"), and `collection delete --id`
+    takes an id copied from it; the gallery `search` prints the same table."""
+    coll = _copy(small_coll, tmp_path)
+    query = ("--text", "a red circle", "--k", "4")
+    want = _hit_ids("collection", "search", coll, *query)
+    r = runner.invoke(app, ["collection", "search", str(coll), *query], env={"COLUMNS": columns})
+    assert r.exit_code == 0, r.output
+    assert _table_ids(r.stdout) == want and "…" not in "".join(_table_ids(r.stdout))
+    r = runner.invoke(app, ["search", "--gallery", str(coll), "--model", str(MODELS / "world-old"), *query],
+                      env={"COLUMNS": columns})
+    assert r.exit_code == 0, r.output
+    assert _table_ids(r.stdout) == want
+    r = invoke("collection", "delete", coll, "--id", _table_ids(r.stdout)[0])
+    assert r.exit_code == 0 and "deleted 1 item(s)" in r.output, r.output
+    assert want[0] not in _hit_ids("collection", "search", coll, *query)
+
+
+def test_results_table_prints_captions_as_written(small_coll, tmp_path):
+    """A caption holding "[...]" is text, not rich markup, in the table."""
+    coll = _copy(small_coll, tmp_path)
+    texts = tmp_path / "t.txt"
+    texts.write_text("a [red] circle on [bold]gray\n")
+    r = invoke("collection", "add", coll, "--texts", texts)
+    assert r.exit_code == 0, r.output
+    r = runner.invoke(app, ["collection", "search", str(coll), "--text", "a [red] circle on [bold]gray", "--k", "1",
+                            "--target", "text"], env={"COLUMNS": "200"})
+    assert r.exit_code == 0, r.output
+    assert "a [red] circle on [bold]gray" in r.stdout and "for a [red] circle on [bold]gray" in r.stdout
+
+
+# --- help texts render as written ------------------------------------------------------------------
+
+def _help_pages():
+    """(command path, its help texts as written in the source, its subcommands' first paragraphs) for
+    the app and every group and command under it, read from typer's registrations (not the rendered
+    click tree)."""
+    import inspect
+
+    from typer.models import DefaultPlaceholder, ParameterInfo
+
+    def param_helps(callback):
+        if callback is None or isinstance(callback, DefaultPlaceholder):
+            return []
+        return [p.default.help for p in inspect.signature(callback).parameters.values()
+                if isinstance(p.default, ParameterInfo) and p.default.help and not getattr(p.default, "hidden", False)]
+
+    def group(typer_app, path, help_):
+        subs, pages = [], []
+        for info in typer_app.registered_commands:
+            name = info.name or info.callback.__name__.replace("_", "-")
+            doc = info.help or inspect.getdoc(info.callback) or ""
+            subs.append(doc.split("\n\n")[0])
+            pages.append((path + (name,), [doc] + param_helps(info.callback), []))
+        for info in typer_app.registered_groups:
+            sub = info.typer_instance
+            doc = info.help if isinstance(info.help, str) else sub.info.help
+            doc = doc if isinstance(doc, str) else ""
+            subs.append(doc.split("\n\n")[0])
+            pages += group(sub, path + (info.name,), doc)
+        cb = typer_app.registered_callback
+        return [(path, [help_] + param_helps(cb.callback if cb else None), subs)] + pages
+
+    from nobackfill.cli import app as root
+
+    return group(root, (), root.info.help)
+
+
+def test_every_help_text_renders_as_written():
+    """`--help` of every command and group shows its help texts word for word at 80 columns: no
+    "[model]" eaten as rich markup, no word cut with "…", and each subcommand's summary in its group."""
+    import re
+
+    pages = _help_pages()
+    assert len(pages) > 40
+    bad = []
+    for path, texts, subs in pages:
+        r = runner.invoke(app, [*path, "--help"], env={"COLUMNS": "80"})
+        assert r.exit_code == 0, (path, r.output)
+        words = set(r.stdout.split())
+        for text in texts + subs:
+            for word in text.split():
+                if word not in words:
+                    bad.append((" ".join(path), word))
+            for bracketed in re.findall(r"\[[^\]\s]*\]", text):
+                if bracketed not in r.stdout:
+                    bad.append((" ".join(path), bracketed))
+    assert not bad, bad

@@ -84,7 +84,7 @@ def train_cmd(
 
 
 def train_text_cmd(
-    data: Optional[Path] = typer.Option(None, help="Multi30K root (default: $NOBACKFILL_SHARED/data/multi30k, "
+    data: Optional[Path] = typer.Option(None, help="Multi30K root (default: data/multi30k under $NOBACKFILL_SHARED, "
                                                    "i.e. ../shared/data/multi30k)."),
     out: Path = typer.Option(Path("models/m30k-old-text"), help="Output model directory (resumes from its checkpoint)."),
     steps: Optional[int] = typer.Option(None, help="Step budget (early stopping on val R@1 ends it sooner)."),

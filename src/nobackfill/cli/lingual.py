@@ -19,9 +19,10 @@ _STEPS = typer.Option(None, help="Override the steps per language.")
 _CACHE = typer.Option(Path("runs/cache"), help="Embedding cache.")
 _THREADS = typer.Option(1, help="torch threads (per method process).")
 _JOBS = typer.Option(1, help="Run the methods in this many parallel processes (2 on 2 cores).")
-_METHODS = typer.Option(None, help="Comma list (default: cll_clip, dualprompt, coda_prompt, each with and "
-                                         "without _teir), e.g. cll_clip,oewc,er_teir,der,lora_teir,prompt,"
-                                         "cll_clip_teir_oracle: <method>[_teir[_grad|_update][_reg][_used]][_oracle].")
+_METHODS = typer.Option(None, help="Comma list, e.g. cll_clip,oewc,er_teir or lora_teir,cll_clip_teir_oracle "
+                                         "(default: cll_clip, dualprompt, coda_prompt, each with and without _teir). "
+                                         "A name is a method, then optionally _teir (itself optionally followed by "
+                                         "_grad or _update, then _reg, then _used), then optionally _oracle.")
 _LR = typer.Option(None, help="Override the learning rate of the plain methods.")
 _TEIR_LR = typer.Option(None, help="Override the learning rate of the TEIR methods.")
 _LIMIT = typer.Option(None, help="Evaluate on the first N lines / images of the split.")
@@ -63,7 +64,7 @@ def learn(
     data: Path = typer.Option(..., help="Multi30K root (task1/raw; text only) or a world data folder (images + captions)."),
     out: Path = typer.Option(..., help="Output model directory."),
     method: Optional[str] = typer.Option(None, help="cll_clip (default) | oewc | er | der | lora | prompt | dualprompt "
-                                                   "| coda_prompt (nobackfill.lingual.registry); each with --teir or not."),
+                                                   "| coda_prompt (the registry of nobackfill.lingual); each with --teir or not."),
     teir: Optional[bool] = typer.Option(None, "--teir/--no-teir", help="TEIR initialisation and regularisation "
                                                                        "(Eq. 5-6; default on)."),
     teir_scale: Optional[str] = typer.Option(None, help="How lambda acts with Adam: 'update' (default: scale each "
@@ -174,9 +175,9 @@ def evaluate(
     emit_json(result, as_json)
 
 def bench_lingual_text(
-    data: Optional[Path] = typer.Option(None, help="Multi30K root (default: $NOBACKFILL_SHARED/data/multi30k)."),
-    eval_dir: Optional[Path] = typer.Option(None, help="Folder holding test_2016_flickr.{en,de,fr,cs}.gz laid out "
-                                                       "like task1/raw: evaluate on it instead."),
+    data: Optional[Path] = typer.Option(None, help="Multi30K root (default: data/multi30k under $NOBACKFILL_SHARED)."),
+    eval_dir: Optional[Path] = typer.Option(None, help="Folder holding test_2016_flickr.LANG.gz (LANG: en, de, fr, "
+                                                       "cs) laid out like task1/raw: evaluate on it instead."),
     quick: bool = typer.Option(False, help="Fewer steps per language (CPU minutes)."),
     methods: Optional[str] = _METHODS,
     steps: Optional[int] = _STEPS,
@@ -239,7 +240,7 @@ def bench_lingual_world(
     data: Path = typer.Option(Path("data/world"), help="World root."),
     model: Path = typer.Option(Path("models/world-new"), help="The English-only starting model."),
     quick: bool = typer.Option(False, help="Fewer steps and 500 images (CPU minutes)."),
-    methods: Optional[str] = typer.Option(None, help="Comma list (default: cll_clip,cll_clip_teir,cll_clip_teir_used; "
+    methods: Optional[str] = typer.Option(None, help="Comma list (default: cll_clip, cll_clip_teir and cll_clip_teir_used; "
                                                      "see bench lingual-text for the others)."),
     langs: Optional[str] = typer.Option(None, help="Languages to learn, in order (default: de,fr,es,ru,el,zh; "
                                                    "fewer for quick trend checks)."),

@@ -75,7 +75,7 @@ def upgrade_xbt_text(
                                                                 "used before stage 2 only."),
     new: str = typer.Option("pretrained", help="The new text model: 'pretrained' (all-MiniLM-L6-v2, offline) or "
                                                "a model directory."),
-    data: Optional[Path] = typer.Option(None, help="Multi30K root (default: $NOBACKFILL_SHARED/data/multi30k); "
+    data: Optional[Path] = typer.Option(None, help="Multi30K root (default: data/multi30k under $NOBACKFILL_SHARED); "
                                                    "task2 train captions only."),
     out: Path = typer.Option(..., help="Upgrade directory to write (resumes a killed run)."),
     quick: bool = typer.Option(False, help="Stage 1 on 8,000 images for 1,500 steps, pairs from the same images."),

