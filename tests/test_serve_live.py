@@ -1,6 +1,9 @@
 """``nobackfill serve`` as a real process on 127.0.0.1 over a world collection in the middle of an
 upgrade (shipped world models and XBT upgrade): the Python client, a SIGKILL during ingest and a
-restart that keeps every acknowledged write, and the web page in a real headless Chromium."""
+restart that keeps every acknowledged write, and the web page in a real headless Chromium: at desktop
+and phone widths (nothing overflows), its error states (each gone once the next action succeeds, stale
+results never left under an error) and its favicon. Screenshots go to $NOBACKFILL_SCREENS (e.g.
+runs/screens) and the README's one to $NOBACKFILL_SCREENSHOT (docs/serve.png)."""
 
 from __future__ import annotations
 
@@ -109,7 +112,7 @@ def test_sigkill_during_ingest_keeps_every_acknowledged_write(live):
     assert not Collection.open(live.root / "photos").verify()
 
 
-def _chrome():
+def _chrome(profile: Path):
     pytest.importorskip("selenium", reason="selenium is not installed")
     chromium, driver = shutil.which("chromium"), shutil.which("chromedriver")
     if not chromium or not driver:
@@ -120,43 +123,211 @@ def _chrome():
 
     opts = webdriver.ChromeOptions()
     opts.binary_location = chromium
-    for flag in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--no-first-run",
-                 "--disable-background-networking", "--disable-component-update", "--disable-sync",
-                 "--window-size=1280,900"):
+    for flag in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--disable-quic",
+                 "--no-first-run", "--disable-background-networking", "--disable-component-update",
+                 "--disable-sync", f"--user-data-dir={profile}", "--window-size=1280,900"):
         opts.add_argument(flag)
     return webdriver.Chrome(service=Service(driver), options=opts)
 
 
-def test_web_page_in_a_real_browser(live, tmp_path):
+@pytest.fixture
+def browser(tmp_path):
+    b = _chrome(tmp_path / "chrome-profile")
+    try:
+        yield b
+    finally:
+        b.quit()
+
+
+def _screens(tmp_path: Path) -> Path:
+    """Where the screenshots go: $NOBACKFILL_SCREENS (e.g. runs/screens) or the test's tmp dir."""
+    d = Path(os.environ.get("NOBACKFILL_SCREENS", tmp_path / "screens"))
+    d.mkdir(parents=True, exist_ok=True)
+    return d
+
+
+def _viewport(browser, width: int, height: int) -> None:
+    """An exact CSS viewport (a window can't be made this narrow everywhere; the emulation can)."""
+    browser.execute_cdp_cmd("Emulation.setDeviceMetricsOverride",
+                            {"width": width, "height": height, "deviceScaleFactor": 1, "mobile": False})
+
+
+def _full_page(browser, path: Path) -> Path:
+    """A screenshot of the whole page (not just the viewport)."""
+    import base64
+
+    w, h = browser.execute_script("return [window.innerWidth, document.documentElement.scrollHeight];")
+    shot = browser.execute_cdp_cmd("Page.captureScreenshot", {
+        "format": "png", "captureBeyondViewport": True,
+        "clip": {"x": 0, "y": 0, "width": w, "height": min(h, 6000), "scale": 1}})
+    path.write_bytes(base64.b64decode(shot["data"]))
+    assert path.stat().st_size > 5_000
+    return path
+
+
+_LAYOUT = """
+const de = document.documentElement, vw = de.clientWidth;
+const boxes = {};
+for (const sel of ["header", "#text-form", "#query", "#text-form button", "#drop", "#message", "#results",
+                   "#status", "#results .hit"]) {
+  const el = document.querySelector(sel);
+  if (el) { const r = el.getBoundingClientRect(); boxes[sel] = [r.left, r.right, r.width, r.top]; }
+}
+return {scrollWidth: de.scrollWidth, clientWidth: vw, innerWidth: window.innerWidth, boxes};
+"""
+
+
+def _fits(browser) -> dict:
+    """No horizontal overflow: the page scrolls no wider than the viewport and every panel lies in it."""
+    lay = browser.execute_script(_LAYOUT)
+    assert lay["scrollWidth"] <= lay["innerWidth"] and lay["scrollWidth"] <= lay["clientWidth"], lay
+    for sel, (left, right, width, _top) in lay["boxes"].items():
+        assert left >= 0 and right <= lay["clientWidth"] + 0.5 and width > 0, (sel, lay)
+    return lay
+
+
+def _open(browser, live, key: str | None = READ) -> None:
+    browser.get(live.url + "/")
+    browser.execute_script("localStorage.setItem('nobackfill-key', arguments[0]);", key or "")
+    browser.get(live.url + "/")
+
+
+def _search(browser, wait, text: str, images: int = 12) -> None:
     from selenium.webdriver.common.by import By
-    from selenium.webdriver.support import expected_conditions as ec
+
+    q = browser.find_element(By.ID, "query")
+    q.clear()
+    q.send_keys(text)
+    browser.find_element(By.CSS_SELECTOR, "#text-form button").click()
+    if images:
+        wait.until(lambda b: len(b.find_elements(By.CSS_SELECTOR, "#results .hit img[src^='blob:']")) >= images
+                   and "answered by" in b.find_element(By.ID, "message").text)
+
+
+def _errors(browser) -> list[str]:
+    """The texts of the error states visible on the page now."""
+    return browser.execute_script(
+        "return [...document.querySelectorAll('.error')].filter((e) => e.offsetParent !== null"
+        " && e.textContent.trim()).map((e) => e.id + ': ' + e.textContent.trim());")
+
+
+def test_web_page_in_a_real_browser(live, browser, tmp_path):
+    from selenium.webdriver.common.by import By
     from selenium.webdriver.support.ui import WebDriverWait
 
-    browser = _chrome()
-    try:
-        browser.get(live.url + "/")
-        browser.execute_script("localStorage.setItem('nobackfill-key', arguments[0]);", READ)
-        browser.get(live.url + "/")
-        wait = WebDriverWait(browser, 60)
-        wait.until(lambda b: "images" in b.find_element(By.ID, "collection").text)
-        assert len(browser.find_elements(By.CSS_SELECTOR, "#spaces .space")) == 2
-        browser.find_element(By.ID, "query").send_keys("a red circle on the left")
-        browser.find_element(By.CSS_SELECTOR, "#text-form button").click()
-        wait.until(lambda b: len(b.find_elements(By.CSS_SELECTOR, "#results .hit img[src^='blob:']")) >= 12)
-        assert "answered by" in browser.find_element(By.ID, "message").text
-        img = next((live.root / "world" / "test" / "images").iterdir())
-        browser.find_element(By.ID, "file").send_keys(str(img))
-        wait.until(ec.text_to_be_present_in_element((By.ID, "message"), "the image"))
-        captions = browser.find_elements(By.CSS_SELECTOR, "#results .hit .caption")
-        assert captions and captions[0].text.strip()
-        browser.find_element(By.ID, "query").clear()
-        browser.find_element(By.ID, "query").send_keys("a large blue square")
-        browser.find_element(By.CSS_SELECTOR, "#text-form button").click()
-        wait.until(lambda b: len(b.find_elements(By.CSS_SELECTOR, "#results .hit img[src^='blob:']")) >= 12)
-        time.sleep(0.5)
-        shot = Path(os.environ.get("NOBACKFILL_SCREENSHOT", tmp_path / "serve.png"))
-        shot.parent.mkdir(parents=True, exist_ok=True)
-        browser.save_screenshot(str(shot))
-        assert shot.stat().st_size > 10_000
-    finally:
-        browser.quit()
+    _viewport(browser, 1280, 900)
+    _open(browser, live)
+    wait = WebDriverWait(browser, 60)
+    wait.until(lambda b: "images" in b.find_element(By.ID, "collection").text)
+    assert len(browser.find_elements(By.CSS_SELECTOR, "#spaces .space")) == 2
+    _search(browser, wait, "a red circle on the left")
+    img = next((live.root / "world" / "test" / "images").iterdir())
+    browser.find_element(By.ID, "file").send_keys(str(img))
+    wait.until(lambda b: "answered by" in b.find_element(By.ID, "message").text
+               and "the image" in b.find_element(By.ID, "message").text)
+    captions = browser.find_elements(By.CSS_SELECTOR, "#results .hit .caption")
+    assert captions and captions[0].text.strip()
+    _search(browser, wait, "a large blue square")
+    # desktop: the status panel beside the results, in the viewport, nothing overflowing
+    lay = _fits(browser)
+    assert lay["boxes"]["#status"][0] >= lay["boxes"]["#results"][1], lay
+    assert lay["boxes"]["#status"][3] < 200, lay
+    wait.until(lambda b: b.execute_script("return [...document.images].every((i) => i.complete);"))
+    shot = Path(os.environ.get("NOBACKFILL_SCREENSHOT", tmp_path / "serve.png"))
+    shot.parent.mkdir(parents=True, exist_ok=True)
+    browser.save_screenshot(str(shot))
+    assert shot.stat().st_size > 10_000
+    _full_page(browser, _screens(tmp_path) / "desktop-1280.png")
+
+
+@pytest.mark.parametrize("width,height", [(400, 800), (360, 740)])
+def test_web_page_fits_a_narrow_viewport(live, browser, tmp_path, width, height):
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    _viewport(browser, width, height)
+    _open(browser, live)
+    wait = WebDriverWait(browser, 60)
+    assert browser.execute_script("return window.innerWidth;") == width
+    wait.until(lambda b: "images" in b.find_element(By.ID, "collection").text)
+    _fits(browser)
+    _search(browser, wait, "a red circle on the left")
+    wait.until(lambda b: b.execute_script("return [...document.images].every((i) => i.complete);"))
+    lay = _fits(browser)
+    # the search row and the first results are on the first screen; the collection panel is reachable
+    assert lay["boxes"]["#query"][3] < height and lay["boxes"]["#results .hit"][3] < height, lay
+    browser.save_screenshot(str(_screens(tmp_path) / f"narrow-{width}.png"))
+    status = browser.find_element(By.ID, "status")
+    browser.execute_script("arguments[0].scrollIntoView();", status)
+    assert status.is_displayed()
+    browser.save_screenshot(str(_screens(tmp_path) / f"narrow-{width}-status.png"))
+    # an error (a long unbroken query over the server's limit) fits too, and the next search clears it
+    browser.execute_script("window.scrollTo(0, 0);")
+    _search(browser, wait, "x" * 2001, images=0)
+    wait.until(lambda b: any("limit" in e for e in _errors(b)))
+    _fits(browser)
+    browser.save_screenshot(str(_screens(tmp_path) / f"narrow-{width}-error.png"))
+    _search(browser, wait, "a large blue square")
+    assert not _errors(browser)
+    _full_page(browser, _screens(tmp_path) / f"narrow-{width}-full.png")
+
+
+def test_web_page_error_states_clear_on_the_next_success(live, browser, tmp_path):
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.common.keys import Keys
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    _viewport(browser, 1280, 900)
+    _open(browser, live, key="not-a-key")
+    wait = WebDriverWait(browser, 60)
+    # a wrong key: said, in red, and no collection or spaces shown as if they belonged to it
+    wait.until(lambda b: _errors(b))
+    assert not browser.find_elements(By.CSS_SELECTOR, "#spaces .space")
+    _search(browser, wait, "a red circle on the left", images=0)
+    wait.until(lambda b: any("key" in e for e in _errors(b))
+               and "Searching" not in b.find_element(By.ID, "message").text)
+    assert not browser.find_elements(By.CSS_SELECTOR, "#results .hit")
+    browser.save_screenshot(str(_screens(tmp_path) / "error-wrong-key.png"))
+    # the right key: every error goes, the collection comes
+    key = browser.find_element(By.ID, "key")
+    key.clear()
+    key.send_keys(READ, Keys.ENTER)
+    wait.until(lambda b: "images" in b.find_element(By.ID, "collection").text)
+    wait.until(lambda b: not _errors(b))
+    assert len(browser.find_elements(By.CSS_SELECTOR, "#spaces .space")) == 2
+    # results, then a failing upload: the old results go, the error stays until the next success
+    _search(browser, wait, "a large blue square")
+    bad = tmp_path / "not-an-image.png"
+    bad.write_text("this is not an image")
+    browser.find_element(By.ID, "file").send_keys(str(bad))
+    wait.until(lambda b: any("not an image" in e for e in _errors(b)))
+    assert not browser.find_elements(By.CSS_SELECTOR, "#results .hit"), "results of the last search stayed"
+    browser.save_screenshot(str(_screens(tmp_path) / "error-upload.png"))
+    # the same file chosen again is a new action too (the input was reset)
+    browser.find_element(By.ID, "file").send_keys(str(bad))
+    wait.until(lambda b: any("not an image" in e for e in _errors(b)))
+    _search(browser, wait, "a large blue square")
+    assert not _errors(browser)
+    # a bad query (blank, then one over the server's limit): said, stale results gone; a good one clears it
+    _search(browser, wait, "   ", images=0)
+    wait.until(lambda b: _errors(b))
+    assert not browser.find_elements(By.CSS_SELECTOR, "#results .hit"), "results of the last search stayed"
+    _search(browser, wait, "a large blue square")
+    _search(browser, wait, "x" * 2001, images=0)
+    wait.until(lambda b: any("limit" in e for e in _errors(b)))
+    assert not browser.find_elements(By.CSS_SELECTOR, "#results .hit")
+    browser.save_screenshot(str(_screens(tmp_path) / "error-bad-query.png"))
+    _search(browser, wait, "a red circle on the left")
+    assert not _errors(browser)
+
+
+def test_favicon(live):
+    import httpx
+
+    page = httpx.get(live.url + "/", timeout=10)
+    assert 'rel="icon"' in page.text
+    svg = httpx.get(live.url + "/static/favicon.svg", timeout=10)
+    assert svg.status_code == 200 and svg.text.lstrip().startswith("<svg")
+    r = httpx.get(live.url + "/favicon.ico", timeout=10)
+    assert r.status_code == 200, r.text
+    assert r.headers["content-type"].startswith("image/") and r.content == svg.content

@@ -1,88 +1,178 @@
 // nobackfill web page: text / image search, thumbnails, collection status with a live backfill bar.
+// Every action (a text search, an image search, a key change) starts from a clean slate: the reply to
+// an older action is dropped, results that no longer answer the page's question go, and an error
+// stays only until the next action succeeds.
 const $ = (id) => document.getElementById(id);
 const keyInput = $("key");
 keyInput.value = localStorage.getItem("nobackfill-key") || "";
-keyInput.addEventListener("change", () => { localStorage.setItem("nobackfill-key", keyInput.value.trim()); refresh(); });
-const headers = () => ({ Authorization: "Bearer " + keyInput.value.trim() });
-const thumbs = new Map();
+const key = () => keyInput.value.trim();
+const headers = () => ({ Authorization: "Bearer " + key() });
+let thumbs = new Map(); // item id -> promise of an object URL, fetched with the current key
+let action = 0; // the latest search: replies to older ones are dropped
+let statusCall = 0; // the latest status request: likewise
 
-function say(text, error = false) { const m = $("message"); m.textContent = text; m.className = error ? "error" : ""; }
+class ApiError extends Error {
+  constructor(message, status) { super(message); this.status = status; }
+}
 
 async function api(path, options = {}) {
   const res = await fetch(path, { ...options, headers: { ...headers(), ...(options.headers || {}) } });
-  const body = res.headers.get("content-type")?.includes("json") ? await res.json() : null;
-  if (!res.ok) throw new Error(body?.detail || res.statusText);
+  const json = res.headers.get("content-type")?.includes("json");
+  const body = json ? await res.json().catch(() => null) : null;
+  if (!res.ok) throw new ApiError(body?.detail || `${res.status} ${res.statusText}`, res.status);
   return body;
 }
 
-async function thumbnail(id) {
-  if (thumbs.has(id)) return thumbs.get(id);
-  const res = await fetch(`/v1/items/${encodeURIComponent(id)}/thumbnail?size=200`, { headers: headers() });
-  const url = res.ok ? URL.createObjectURL(await res.blob()) : "";
-  thumbs.set(id, url);
-  return url;
+function explain(err) {
+  if (err instanceof ApiError && err.status === 401) return "the API key was refused: enter a read or admin key above.";
+  if (err instanceof ApiError) return err.message;
+  if (err instanceof TypeError) return `the server did not answer (${err.message}).`;
+  return err.message;
+}
+
+function say(text, state = "") { const m = $("message"); m.textContent = text; m.className = state; }
+function note(text, state = "") { const n = $("key-note"); n.textContent = text; n.className = state; }
+
+function clearResults() {
+  const grid = $("results");
+  grid.replaceChildren();
+  grid.classList.remove("stale");
+  grid.removeAttribute("aria-busy");
+}
+
+// ------------------------------------------------------------------ results
+function thumbnail(id) {
+  if (!thumbs.has(id)) {
+    const cache = thumbs;
+    const url = fetch(`/v1/items/${encodeURIComponent(id)}/thumbnail?size=200`, { headers: headers() })
+      .then(async (res) => {
+        if (!res.ok) throw new Error(res.statusText);
+        return URL.createObjectURL(await res.blob());
+      });
+    url.catch(() => cache.delete(id)); // not remembered: the next search tries again
+    cache.set(id, url);
+  }
+  return thumbs.get(id);
 }
 
 function card(hit) {
   const el = document.createElement("div");
   el.className = "hit";
   el.dataset.id = hit.id;
-  const route = `<span class="tag ${hit.route === "native" ? "native" : ""}">${hit.route}</span>`;
+  const route = `<span class="tag ${hit.route === "native" ? "native" : ""}"></span>`;
   const meta = `<div class="meta"><span>#${hit.rank} · ${hit.score.toFixed(3)}</span>${route}</div>`;
   if (hit.text !== undefined) {
     el.innerHTML = `<div class="caption"></div>${meta}`;
     el.querySelector(".caption").textContent = hit.text;
   } else {
     el.innerHTML = `<img alt="">${meta}`;
-    thumbnail(hit.id).then((url) => { el.querySelector("img").src = url; });
+    thumbnail(hit.id).then((url) => { el.querySelector("img").src = url; }, () => el.classList.add("missing"));
   }
+  el.querySelector(".tag").textContent = hit.route;
   el.title = `${hit.id}\nspace ${hit.space}\nroute ${hit.route}`;
   return el;
 }
 
-function show(result, label) {
+function begin(text) {
+  const n = ++action;
+  say(text, "busy");
   const grid = $("results");
-  grid.replaceChildren(...result.hits.map(card));
+  if (grid.children.length) { grid.classList.add("stale"); grid.setAttribute("aria-busy", "true"); }
+  return n;
+}
+
+function show(n, result, label) {
+  if (n !== action) return;
+  clearResults();
+  $("results").replaceChildren(...result.hits.map(card));
   const spaces = new Set(result.hits.map((h) => h.space)).size;
+  if (!result.hits.length) return say(`No ${result.modality}s for ${label}.`);
   say(`${result.hits.length} ${result.modality}s for ${label} · answered by ${spaces} space${spaces === 1 ? "" : "s"}`);
+}
+
+function fail(n, err, what = "") {
+  if (n !== action) return;
+  clearResults(); // the old results answer another question
+  const why = explain(err);
+  say(what ? `${what}: ${why}` : why.charAt(0).toUpperCase() + why.slice(1), "error");
 }
 
 $("text-form").addEventListener("submit", async (e) => {
   e.preventDefault();
   const text = $("query").value.trim();
-  if (!text) return say("Type a query first.", true);
-  say("Searching…");
+  const n = begin("Searching…");
+  if (!text) return fail(n, new Error("type a query first."));
+  if (!key()) return fail(n, new Error("enter an API key first (top right)."));
   try {
     const body = { text, k: Number($("k").value) };
     if ($("target").value) body.target = $("target").value;
-    show(await api("/v1/search", { method: "POST", headers: { "Content-Type": "application/json" }, body: JSON.stringify(body) }), `“${text}”`);
-  } catch (err) { say(err.message, true); }
+    const result = await api("/v1/search", { method: "POST", headers: { "Content-Type": "application/json" },
+                                             body: JSON.stringify(body) });
+    show(n, result, `“${text}”`);
+  } catch (err) { fail(n, err, "Search failed"); }
 });
 
 async function searchImage(file) {
   if (!file) return;
-  say("Searching by image…");
+  const n = begin(`Searching by the image ${file.name}…`);
+  if (!key()) return fail(n, new Error("enter an API key first (top right)."));
   const form = new FormData();
   form.append("image", file);
   form.append("k", $("k").value);
   if ($("target").value) form.append("target", $("target").value);
-  try { show(await api("/v1/search", { method: "POST", body: form }), `the image ${file.name}`); }
-  catch (err) { say(err.message, true); }
+  try { show(n, await api("/v1/search", { method: "POST", body: form }), `the image ${file.name}`); }
+  catch (err) { fail(n, err, `Search by the image ${file.name} failed`); }
 }
 
 const drop = $("drop");
 drop.addEventListener("click", () => $("file").click());
-$("file").addEventListener("change", (e) => searchImage(e.target.files[0]));
+drop.addEventListener("keydown", (e) => { if (e.key === "Enter" || e.key === " ") { e.preventDefault(); $("file").click(); } });
+$("file").addEventListener("change", (e) => {
+  const file = e.target.files[0];
+  e.target.value = ""; // choosing the same file again is a new search
+  searchImage(file);
+});
 drop.addEventListener("dragover", (e) => { e.preventDefault(); drop.classList.add("over"); });
 drop.addEventListener("dragleave", () => drop.classList.remove("over"));
 drop.addEventListener("drop", (e) => { e.preventDefault(); drop.classList.remove("over"); searchImage(e.dataTransfer.files[0]); });
 
+// ------------------------------------------------------------------ the key
+keyInput.addEventListener("change", () => {
+  localStorage.setItem("nobackfill-key", key());
+  action++; // a search in flight asked with the old key
+  clearResults();
+  say("");
+  for (const url of thumbs.values()) url.then(URL.revokeObjectURL, () => {});
+  thumbs = new Map();
+  refresh();
+});
+
+// ------------------------------------------------------------------ the collection panel
+function clearStatus(text, error = false) {
+  const c = $("collection");
+  c.textContent = text;
+  c.className = error ? "error" : "";
+  $("spaces").replaceChildren();
+  $("bar-fill").style.width = "0";
+  $("backfill-text").textContent = "-";
+  $("backfill-text").className = "";
+}
+
 async function refresh() {
-  if (!keyInput.value.trim()) { $("collection").textContent = "Enter an API key to see the collection."; return; }
+  const n = ++statusCall;
+  if (!key()) {
+    note("needed to search", "hint");
+    clearStatus("Enter an API key to see the collection.");
+    return;
+  }
   try {
     const st = await api("/v1/status");
-    $("collection").innerHTML = `<b></b><br>${st.items.image} images · ${st.items.text} captions · merge ${st.merge}`;
-    $("collection").querySelector("b").textContent = st.name;
+    if (n !== statusCall) return;
+    note("");
+    const c = $("collection");
+    c.className = "";
+    c.innerHTML = `<b></b><br>${st.items.image} images · ${st.items.text} captions<br><span class="sub">merge ${st.merge}</span>`;
+    c.querySelector("b").textContent = st.name;
     $("spaces").replaceChildren(...Object.entries(st.spaces).filter(([, s]) => !s.retired).map(([id, s]) => {
       const el = document.createElement("div");
       el.className = "space" + (s.current ? " current" : "");
@@ -96,9 +186,20 @@ async function refresh() {
     const bf = st.backfill;
     $("bar-fill").style.width = `${(100 * bf.fraction).toFixed(1)}%`;
     const state = bf.state === "none" ? "no backfill started" : bf.state;
-    $("backfill-text").textContent = `${bf.done} / ${bf.total} items (${(100 * bf.fraction).toFixed(1)}%) · ${state}` +
-      (bf.rate ? ` · ${bf.rate.toFixed(0)} items/s` : "");
-  } catch (err) { $("collection").textContent = err.message; }
+    const text = $("backfill-text");
+    text.textContent = `${bf.done} / ${bf.total} items (${(100 * bf.fraction).toFixed(1)}%) · ${state}` +
+      (bf.rate ? ` · ${bf.rate.toFixed(0)} items/s` : "") + (bf.error ? ` · worker failed: ${bf.error}` : "");
+    text.className = bf.error ? "error" : "";
+  } catch (err) {
+    if (n !== statusCall) return;
+    if (err instanceof ApiError && err.status === 401) {
+      note("key refused", "error");
+      clearStatus("The API key was refused: enter a read or admin key.", true);
+    } else {
+      note("");
+      clearStatus(`No status: ${explain(err)}`, true);
+    }
+  }
 }
 refresh();
 setInterval(refresh, 2000);
