@@ -125,7 +125,7 @@ def test_k_clipped_and_no_missing_positions(spec):
 
 
 def test_backend_spec_errors():
-    with pytest.raises(ValueError, match="known: flat, hnsw"):
+    with pytest.raises(ValueError, match="known: auto, flat, hnsw"):
         make_index("ivf", DIM)
     with pytest.raises(ValueError, match="options: M, ef, efc"):
         make_index("hnsw:Q=3", DIM)

@@ -10,12 +10,18 @@ import typer
 from typer.core import TyperGroup
 
 from ._common import normalise_json_args
+from ._help import literal_tree
 from . import bench, collection, compat, data, demo, evaluate, gallery, late, lingual, reco, serve, upgrade, verify
 
 
 
 class _Root(TyperGroup):
-    """The root command group: accepts the old ``--json FILE.json`` spelling (now ``--out``)."""
+    """The root command group: accepts the old ``--json FILE.json`` spelling (now ``--out``), and its
+    tree's help texts render as written (not as rich markup: :mod:`._help`)."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        literal_tree(self)  # typer builds the whole tree, subcommands first, on every run
 
     def parse_args(self, ctx, args):
         return super().parse_args(ctx, normalise_json_args(list(args)))
@@ -23,6 +29,16 @@ class _Root(TyperGroup):
 
 app = typer.Typer(cls=_Root, add_completion=False, no_args_is_help=True,
                   help="Cross-modal retrieval whose embedding model improves without re-embedding the gallery.")
+
+
+@app.callback()
+def _root_options(verbose: bool = typer.Option(False, "--verbose", "-v",
+                                               help="Also show the warnings of the libraries underneath "
+                                                    "(transformers, huggingface_hub, pymilvus, milvus-lite) "
+                                                    "and our own log.")) -> None:
+    from .._logging import set_verbose
+
+    set_verbose(verbose)
 
 # top-level commands
 app.command("world")(data.world)
@@ -62,6 +78,7 @@ bench_app.command("routes")(bench.bench_routes)
 bench_app.command("backfill")(bench.bench_backfill)
 bench_app.command("store")(bench.bench_store)
 bench_app.command("serve")(bench.bench_serve)
+bench_app.command("scale")(bench.bench_scale)
 bench_app.command("compat-steps")(compat.bench_compat_steps)
 bench_app.command("late")(late.bench_late)
 bench_app.command("lingual-text")(lingual.bench_lingual_text)

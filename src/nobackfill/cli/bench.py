@@ -108,7 +108,7 @@ def bench_xbt(
     emit_json(result, as_json)
 
 def bench_xbt_text(
-    data: Optional[Path] = typer.Option(None, help="Multi30K root (default: $NOBACKFILL_SHARED/data/multi30k)."),
+    data: Optional[Path] = typer.Option(None, help="Multi30K root (default: data/multi30k under $NOBACKFILL_SHARED)."),
     eval_dir: Optional[Path] = typer.Option(None, help="Folder laid out like task2/raw holding val.{1..5}.en.gz: "
                                                        "evaluate on it instead of the shared val split."),
     quick: bool = typer.Option(False, help="Smaller stage-1 corpus and fewer steps (minutes, given cached embeddings)."),
@@ -152,7 +152,7 @@ def bench_routes(
     json_out: Path = typer.Option(Path("runs/bench/routes.json"), "--out", help="JSON output (a .md table beside it)."),
     eval_dir: Optional[Path] = typer.Option(None, help="Folder laid out like Multi30K task2/raw holding "
                                                        "val.{1..5}.en.gz: the text part evaluates on it."),
-    data: Optional[Path] = typer.Option(None, help="Multi30K root (default: $NOBACKFILL_SHARED/data/multi30k)."),
+    data: Optional[Path] = typer.Option(None, help="Multi30K root (default: data/multi30k under $NOBACKFILL_SHARED)."),
     world: Path = typer.Option(Path("data/world"), help="World root (test: report, val: calibration)."),
     models: Path = typer.Option(Path("models"), help="Folder with world-old / world-new / m30k-old-text."),
     parts: str = typer.Option("world,text", help="Which parts to run: world, text."),
@@ -277,6 +277,40 @@ def bench_serve(
                          config, set_, show=show_config)
     try:
         result = run_serve_bench(cfg, log=lambda m: console.print(m))
+    except user_errors() as e:
+        fail(str(e))
+    echo(write_json_and_markdown(result, json_out, format_markdown(result)))
+    console.print(f"wrote {json_out} (+ .md) in {result['seconds']:.0f}s")
+    emit_json(result, as_json)
+
+def bench_scale(
+    quick: bool = typer.Option(False, help="N = 100k only (full: 100k and 1M)."),
+    json_out: Path = typer.Option(Path("runs/bench/scale.json"), "--out", help="JSON output (a .md table beside it)."),
+    sizes: Optional[str] = typer.Option(None, help="Comma list of N (overrides --quick's / the full default)."),
+    indexes: Optional[str] = typer.Option(None, help="Comma list of faiss factory strings (default Flat,HNSW32)."),
+    model: Path = typer.Option(Path("models/world-new"), help="The model the collection records (CLI search loads it)."),
+    work: Path = typer.Option(Path("runs/bench/scale-work"), help="Scratch (collections, vectors)."),
+    config: Optional[Path] = config_option(),
+    set_: Optional[List[str]] = set_option(),
+    show_config: bool = show_config_option(),
+    as_json: bool = json_flag(),
+) -> None:
+    """A collection at 100k / 1M items as a user runs it: add, open, search through the Searcher beside the
+    raw index, memory, disk, search during a backfill, filtered search, cold CLI commands; Chroma and LanceDB
+    beside it where installed."""
+    echo = quiet(as_json)
+    from ..bench.scale import ScaleBenchConfig, format_markdown, run_scale_bench
+    from ..report import write_json_and_markdown
+
+    kw: dict = dict(model=model, work=work)
+    if sizes:
+        kw["sizes"] = tuple(int(s) for s in sizes.split(",") if s)
+    if indexes:
+        kw["indexes"] = tuple(i for i in indexes.split(",") if i)
+    cfg = resolve_config(ScaleBenchConfig, ScaleBenchConfig.quick(**kw) if quick else ScaleBenchConfig(**kw),
+                         config, set_, show=show_config)
+    try:
+        result = run_scale_bench(cfg, log=lambda m: console.print(m))
     except user_errors() as e:
         fail(str(e))
     echo(write_json_and_markdown(result, json_out, format_markdown(result)))

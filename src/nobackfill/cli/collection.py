@@ -11,7 +11,7 @@ from typing import List, Optional
 import typer
 from rich.markup import escape
 
-from ._common import console, fail, langs_option, user_errors, warn_truncated
+from ._common import console, fail, langs_option, report_skipped, skip_bad_hint, user_errors, warn_truncated
 from .gallery import print_hits
 
 collection_app = typer.Typer(no_args_is_help=True, help="Collections: a gallery that keeps working across model "
@@ -31,7 +31,7 @@ def create(
     name: Path = _NAME,
     model: Path = typer.Option(..., help="The model that embeds the collection's items (a model directory, or "
                                          "'minilm' for the shipped all-MiniLM-L6-v2)."),
-    backend: str = typer.Option("flat", help="Vector index of every space: a faiss factory string (Flat, HNSW32, HNSW32:efSearch=128, IVF1024,PQ16:nprobe=32) or flat | hnsw:M=16,ef=64."),
+    backend: str = typer.Option("auto", help="Vector index of every space: auto (exact search below 50,000 vectors, an HNSW32 graph index past it, built in the background), a faiss factory string (Flat, HNSW32, HNSW32:efSearch=128, IVF1024,PQ16:nprobe=32) or flat | hnsw:M=16,ef=64."),
 ) -> None:
     """Create an empty collection whose current model is MODEL."""
     from ..index.collection import Collection
@@ -70,6 +70,7 @@ def add(
 
     if (data is None) == (texts is None):
         fail("give exactly one of --data or --texts")
+    folder, bad_images, bad_lines = None, {}, []
     try:
         c = _open(name)
         if data is not None:
@@ -77,16 +78,21 @@ def add(
                 else data
             fi = folder_items(folder, langs=[x for x in langs.split(",") if x] or None, skip_bad=skip_bad)
             items, skipped, uncaptioned = fi.items, fi.skipped, fi.uncaptioned
+            bad_images, bad_lines = dict(fi.skipped_images), list(fi.problems)
         else:
             items, skipped, uncaptioned = text_file_items(texts), 0, 0
         entry = c.space(c.current_space)
         enc = ModelPool().get(entry["model"], c.current_space, what="collection's current model")
-        text_items = [it for it in items if it.modality == "text"]
-        warn_truncated(enc, [it.source["text"] for it in text_items], [f"item {it.id}" for it in text_items])
+
+        def warn(todo):  # only about the captions embedded now
+            text_items = [it for it in todo if it.modality == "text"]
+            warn_truncated(enc, [it.source["text"] for it in text_items], [f"item {it.id}" for it in text_items])
+
         t0 = time.time()
-        rep = add_items(c, enc, items, chunk_size=chunk_size, skip_bad=skip_bad, progress=True, wait=wait)
+        rep = add_items(c, enc, items, chunk_size=chunk_size, skip_bad=skip_bad, progress=True, wait=wait,
+                        before_embed=warn)
     except user_errors() as e:
-        fail(str(e))
+        fail(skip_bad_hint(e))
     n_img = sum(1 for it in items if it.modality == "image")
     console.print(f"{len(items)} item(s) read ({n_img} images, {len(items) - n_img} texts"
                   + (f"; {uncaptioned} images without captions" if uncaptioned else "") + ")")
@@ -94,8 +100,11 @@ def add(
                   + (f", metadata updated {rep.metadata_updated}" if rep.metadata_updated else "")
                   + (f", recovered from an interrupted run {rep.recovered}" if rep.recovered else "")
                   + f" in {time.time() - t0:.1f}s")
-    if skipped or rep.skipped:
-        console.print(f"[yellow]skipped {skipped + rep.skipped} bad line(s)/image(s)[/yellow]")
+    bad_images.update(rep.skipped_images)
+    bad_lines += [p for p in rep.problems if not any(p.startswith(f"{k}: ") for k in rep.skipped_images)]
+    report_skipped(skipped + rep.skipped, bad_images, bad_lines, root=folder)
+    if rep.added:
+        c.build_graph_indexes(log=console.print)
     st = c.status()
     console.print(f"collection {c.path}: {st['items']['image']} images, {st['items']['text']} texts")
 
@@ -196,12 +205,29 @@ def search(
 
     if (text is None) == (image is None):
         fail("give exactly one of --text or --image")
+    from ..index.store import Gallery
+
+    # one search, then exit: a background graph build would only compete with it (add builds it)
+    background, Gallery.build_in_background = Gallery.build_in_background, False
     try:
         s = Searcher(_open(name), merge=merge)
         r = s.search(text=text, image=image, k=k, target=target, filter=_parse_filter(filter))
     except user_errors() as e:
         fail(str(e))
+    finally:
+        Gallery.build_in_background = background
     print_hits(r, as_json, k)
+
+
+def _index_line(info: dict) -> str:
+    """``auto: HNSW32 for 1200000 images, Flat for 3000 texts (graph index building)``."""
+    parts = []
+    for m, i in info.items():
+        what = i.get("in_use") or "not loaded yet"
+        parts.append(f"{what} for {i['count']} {m}s" + (" (graph index building; searches exact meanwhile)"
+                                                        if i.get("building") else ""))
+    backend = next(iter(info.values()))["backend"]
+    return f"{backend}: " + ", ".join(parts)
 
 
 @collection_app.command("status")
@@ -231,13 +257,19 @@ def status(
     for sid, s in st["spaces"].items():
         console.print(f"  {'*' if s['current'] else ' '} {s['name']:<16} {sid}  images {s.get('image', 0)}, texts "
                       f"{s.get('text', 0)}  ({s['model']})")
+        if s.get("index"):
+            console.print("      index: " + _index_line(s["index"]))
     _print_routes(plan)
     console.print(f"  merge: {st['merge']}" + ("" if st["calibrated"] else "; routes uncalibrated"))
     bf = st["backfill"]
     per = ", ".join(f"{m} {v['done']}/{v['total']}" for m, v in bf["per_modality"].items())
     eta = f", ETA {bf['eta_s']:.0f}s at {bf['rate']:.1f} items/s" if bf.get("eta_s") else ""
     console.print(f"  backfill into the current space: {bf['done']}/{bf['total']} ({100 * bf['fraction']:.1f}%; {per})"
-                  f" [{bf['state']}{', order ' + bf['order'] if bf.get('order') else ''}{eta}]")
+                  + escape(f" [{bf['state']}{', order ' + bf['order'] if bf.get('order') else ''}{eta}]"))
+    for w in bf.get("holders", []):
+        console.print(f"    worker: pid {w['pid']} on {w['host']} (shard {w['shard']}, since {w['since']})")
+    if bf.get("note"):
+        console.print(f"    [yellow]{escape(bf['note'])}[/yellow]")
 
 
 @collection_app.command("delete")
@@ -340,9 +372,18 @@ def backfill(
                               pool=pool, progress=advance, log=lambda m: console.print(m))
     except (BackfillError,) + user_errors() as e:
         fail(str(e))
-    console.print(f"backfill of {c.path}: {st['done']}/{st['total']} items in the current space "
-                  f"({100 * st['fraction']:.1f}%); {st['committed']} committed in {st['seconds']:.1f}s"
-                  + (f" ({st['stopped']})" if st.get("stopped") else ""))
+    head = f"backfill of {c.path}: {st['done']}/{st['total']} items in the current space ({100 * st['fraction']:.1f}%)"
+    sample = (f" ({st['sample_committed']} of them the training sample of the uncertainty order)"
+              if st.get("sample_committed") else "")
+    done = f"{st['committed']} committed{sample} in {st['seconds']:.1f}s"
+    if st.get("busy"):  # every unfinished shard is leased: say who works, not a silent "0 committed"
+        who = "; ".join(f"pid {w['pid']} on {w['host']} (shard {w['shard']}, since {w['since']})" for w in st["busy"])
+        console.print(f"{head}; another process is doing the work: {who}; nothing was left for this one"
+                      + (f" ({done} before that)" if st["committed"] else "")
+                      + ". Follow it with `nobackfill collection status`.")
+        return
+    stopped = {"limit": f"stopped at --limit {limit}; run again to go on"}.get(st.get("stopped"), st.get("stopped"))
+    console.print(f"{head}; {done}" + (f" ({escape(stopped)})" if stopped else ""))
 
 
 @collection_app.command("retire")

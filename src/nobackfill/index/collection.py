@@ -39,6 +39,7 @@ beside the gallery's files, which stay a valid gallery.
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import json
 import logging
@@ -51,7 +52,7 @@ from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
 
 import numpy as np
 
-from .backends import validate_spec
+from .backends import AUTO_GRAPH_AT, parse_spec, validate_spec
 from .storage import MANIFEST_FILE as COLLECTION_FILE
 from .storage import LocalStorage, SpaceStore, Storage, flock, open_storage
 from .store import MODALITIES, Gallery, GalleryError
@@ -207,9 +208,10 @@ class SpaceView:
     mask: np.ndarray
     item_ids: list[str | None]
 
-    @property
+    @functools.cached_property
     def count(self) -> int:
-        return int(self.mask.sum())
+        """Rows this view serves (computed once: a snapshot's views never change)."""
+        return int(np.count_nonzero(self.mask))
 
 
 class Snapshot:
@@ -325,14 +327,17 @@ class Collection:
 
     @classmethod
     def create(cls, path: str | Path, *, space_id: str, dim: int, model: str, name: str = "",
-               modalities: Sequence[str] = MODALITIES, backend: str = "flat",
+               modalities: Sequence[str] = MODALITIES, backend: str = "auto",
                collection_name: str | None = None) -> "Collection":
         """A new collection at ``path`` (a directory or a storage URI, :func:`~.storage.parse_uri`)
         whose current model embeds into ``space_id``.
 
         ``model`` is where the model lives (a directory; recorded so a searcher can load it),
         ``name`` a readable name, ``modalities`` what the model embeds (a text-only model: texts).
-        Refuses a location that already holds a collection, a gallery or other files.
+        ``backend`` is every space's vector index: ``auto`` (exact search below
+        :data:`~nobackfill.index.backends.AUTO_GRAPH_AT` vectors, an HNSW32 graph built in the
+        background past it), a faiss factory string (``Flat``, ``HNSW32``, ...) or ``flat`` /
+        ``hnsw:...``. Refuses a location that already holds a collection, a gallery or other files.
         """
         storage = open_storage(path)
         if storage.exists():
@@ -544,8 +549,11 @@ class Collection:
                 g.refresh()
                 for m in MODALITIES:
                     lengths[(sid, m)] = g.count(m)
-            key = (self.generation, self._legacy, tuple(sorted(lengths.items())), json.dumps(self._manifest["plan"]))
-            if self._snapshot is None or key != self._snapshot_key:
+            # the manifest object is replaced whenever it is re-read or written, so its identity
+            # (kept alive by the key) stands for the plan it holds
+            key = (self.generation, self._legacy, lengths, self._manifest)
+            old = self._snapshot_key
+            if self._snapshot is None or old is None or key[:3] != old[:3] or key[3] is not old[3]:
                 self._snapshot = Snapshot(self, self.generation, dict(self._items), self.plan, lengths)
                 self._snapshot_key = key
             return self._snapshot
@@ -683,6 +691,31 @@ class Collection:
 
     # ------------------------------------------------------------------ integrity and status
 
+    def build_graph_indexes(self, log: Callable[[str], None] | None = None) -> dict[str, dict[str, Any]]:
+        """Build now the graph index of every ``auto`` space past its threshold (or extend its
+        cached graph with the rows added since): a command that adds items calls it before it exits,
+        so the next reader loads the graph instead of searching exactly or extending it. Returns
+        ``{space: index info}`` of the spaces it touched."""
+        say = log or (lambda _m: None)
+        out: dict[str, dict[str, Any]] = {}
+        for sid in self.space_ids():
+            g = self.gallery(sid)
+            if not str(getattr(g, "backend", "")).startswith("auto") or not hasattr(g, "build_index"):
+                continue
+            g.refresh()
+            _, opts = parse_spec(g.backend)
+            at = int(opts.get("at", AUTO_GRAPH_AT))
+            graph = str(opts.get("graph", "HNSW32"))
+            for m in MODALITIES:
+                n = g.count(m)
+                if n < at:
+                    continue
+                if g.index_info().get(m, {}).get("in_use") != graph:
+                    say(f"building the {graph} index of {n} {m} vectors in space {sid} (searches stay exact "
+                        "until it is ready) ...")
+                out[sid] = g.build_index(m)  # or extends the cached graph with the rows added since
+        return out
+
     def verify(self) -> list[str]:
         """Problems found (empty when all is well): every log chunk re-hashed and parsed, every
         space's store verified, every plan entry's store present."""
@@ -718,6 +751,9 @@ class Collection:
             spaces[s["space_id"]] = {"name": s.get("name", ""), "model": s.get("model", ""), "dim": s.get("dim"),
                                      "current": s["space_id"] == plan["current"], "retired": bool(s.get("retired")),
                                      **counts.get(s["space_id"], {m: 0 for m in MODALITIES})}
+            if not s.get("retired"):
+                info = getattr(self.gallery(s["space_id"]), "index_info", None)
+                spaces[s["space_id"]]["index"] = info() if info else {}
         return {"name": self.name, "path": str(self.storage), "generation": snap.generation,
                 "items": {m: sum(1 for it in snap.items.values() if it.modality == m) for m in MODALITIES},
                 "current": plan["current"], "spaces": spaces, "unserved": len(snap.unserved()),

@@ -197,6 +197,7 @@ class LocalStorage(Storage):
     def __init__(self, root: str | Path) -> None:
         self.root = Path(root)
         self.location = str(self.root)
+        self._manifest_path = str(self.root / MANIFEST_FILE)  # stat()ed by every snapshot: no Path ops
 
     # manifest
     def read_manifest(self) -> bytes | None:
@@ -211,7 +212,7 @@ class LocalStorage(Storage):
 
     def manifest_token(self) -> Hashable:
         try:
-            st = os.stat(self.root / MANIFEST_FILE)
+            st = os.stat(self._manifest_path)
         except OSError:
             return None
         return st.st_ino, st.st_size, st.st_mtime_ns

@@ -44,7 +44,7 @@ from typing import Any, Iterator, Protocol, Sequence, runtime_checkable
 
 import numpy as np
 
-from .backends import VectorIndex, load_index, make_index, validate_spec
+from .backends import AutoIndex, VectorIndex, load_index, make_index, validate_spec
 
 try:  # POSIX advisory locks; elsewhere a gallery is single-writer by convention
     import fcntl
@@ -321,10 +321,12 @@ def _read_manifest(root: Path) -> dict[str, Any]:
 _CHUNK_FIELDS = {"name": str, "count": int, "npz": str, "npz_sha256": str, "meta": str, "meta_sha256": str}
 
 
-def _manifest_stat(root: Path) -> tuple[int, int, int] | None:
-    """(inode, size, mtime_ns) of the manifest: changes whenever a writer replaces it."""
+def _manifest_stat(root: Path | str) -> tuple[int, int, int] | None:
+    """(inode, size, mtime_ns) of the manifest (``root``: the gallery directory, or the manifest's
+    path as a string: the hot path of every search builds no path object): changes whenever a
+    writer replaces it."""
     try:
-        st = os.stat(root / MANIFEST)
+        st = os.stat(root if isinstance(root, str) else root / MANIFEST)
     except OSError:
         return None
     return st.st_ino, st.st_size, st.st_mtime_ns
@@ -335,9 +337,10 @@ def _write_manifest(root: Path, manifest: dict[str, Any]) -> None:
     atomic_write_bytes(root / MANIFEST, data)
 
 
-def _chunk_key(manifest: dict[str, Any], modality: str) -> str:
-    """Fingerprint of what a cached index of ``modality`` must contain."""
-    chunks = [(c["name"], c["npz_sha256"], c["count"]) for c in manifest["modalities"][modality]["chunks"]]
+def _chunk_key(manifest: dict[str, Any], modality: str, upto: int | None = None) -> str:
+    """Fingerprint of what a cached index of ``modality`` must contain (its first ``upto`` chunks:
+    a cache of a prefix is extended with the chunks appended since)."""
+    chunks = [(c["name"], c["npz_sha256"], c["count"]) for c in manifest["modalities"][modality]["chunks"][:upto]]
     blob = json.dumps({"backend": manifest["backend"], "dim": manifest["dim"], "chunks": chunks})
     return _sha256(blob.encode())
 
@@ -368,10 +371,12 @@ class Gallery:
     def __init__(self, path: Path, manifest: dict[str, Any]) -> None:
         """Internal; use :meth:`create` or :meth:`open`."""
         self.path = path
+        self._manifest_path = str(path / MANIFEST)
         self._manifest = manifest
         self._cols: dict[str, _Columns] = {m: _Columns() for m in MODALITIES}
         # modality -> (chunk key, chunk names, index, ntotal last written to the on-disk cache)
         self._indexes: dict[str, tuple[str, list[str], VectorIndex, int]] = {}
+        self._index_manifest: dict[str, dict[str, Any]] = {}  # modality -> the manifest its index matches
         self._lock = threading.RLock()  # one thread at a time grows or searches an index
         self._stat = _manifest_stat(path)
         self._closed = False
@@ -442,7 +447,7 @@ class Gallery:
         """Re-read the manifest if another process committed since it was read; True if it changed.
         Cheap when nothing changed (one ``stat``); loaded chunks and indexes are kept and grown."""
         self._check_open()
-        st = _manifest_stat(self.path)
+        st = _manifest_stat(self._manifest_path)
         if st == self._stat:
             return False
         with self._lock:
@@ -453,6 +458,7 @@ class Gallery:
         """Drop cached vectors and indexes; the object is unusable afterwards."""
         self._cols.clear()
         self._indexes.clear()
+        self._index_manifest.clear()
         self._closed = True
 
     def __enter__(self) -> "Gallery":
@@ -721,11 +727,14 @@ class Gallery:
     def _index(self, modality: str) -> tuple[VectorIndex, list[str]]:
         """The search index of ``modality`` and the ids of its positions (built or loaded lazily;
         grown in place when chunks were appended since it was built). Caller holds ``_lock``."""
+        cached = self._indexes.get(modality)
+        if cached is not None and self._index_manifest.get(modality) is self._manifest:
+            return cached[2], self._cols[modality].ids  # nothing committed since: the hot path
         cols = self._sync(modality)
         key = _chunk_key(self._manifest, modality)
         chunks = self._chunks(modality)
         names = [c["name"] for c in chunks]
-        cached = self._indexes.get(modality)
+        manifest = self._manifest
         if cached is not None:
             ckey, cnames, index, saved = cached
             if ckey == key:
@@ -734,39 +743,128 @@ class Gallery:
                 for entry in chunks[len(cnames):]:  # appended chunks only
                     index.add(self._load_npz(entry, "vectors"))
                 if index.ntotal >= 1.25 * max(saved, 1):  # keep the on-disk cache roughly current
-                    self._save_cached_index(modality, key, index)
+                    self._save_cached_index(modality, key, index, len(names))
                     saved = index.ntotal
                 self._indexes[modality] = (key, names, index, saved)
+                self._index_manifest[modality] = manifest
+                self._watch(modality, index)
                 return index, cols.ids
-        index = self._load_cached_index(modality, key)
+        index, saved = self._load_cached_index(modality)
         if index is None:
             index = make_index(self.backend, self.dim)
             index.add(self.vectors(modality))
-            self._save_cached_index(modality, key, index)
-        self._indexes[modality] = (key, names, index, index.ntotal)
+            self._save_cached_index(modality, key, index, len(names))
+            saved = index.ntotal
+        elif index.ntotal >= 1.25 * max(saved, 1):  # a cache of a prefix, extended by many rows
+            self._save_cached_index(modality, key, index, len(names))
+            saved = index.ntotal
+        self._indexes[modality] = (key, names, index, saved)
+        self._index_manifest[modality] = manifest
+        self._watch(modality, index)
         return index, cols.ids
+
+    def _watch(self, modality: str, index: VectorIndex) -> None:
+        """An ``auto`` index past its threshold starts its graph in the background."""
+        if isinstance(index, AutoIndex):
+            if index.on_built is None:
+                index.on_built = lambda built, m=modality: self._index_built(m, built)
+            if self.build_in_background and index.needs_graph:
+                index.start_build()
+
+    #: start an ``auto`` space's graph index in a background thread when a search needs it (a
+    #: one-shot command turns this off: it would exit before the build ends; see :meth:`build_index`)
+    build_in_background = True
+
+    def _index_built(self, modality: str, index: VectorIndex) -> None:
+        """An ``auto`` index swapped to its graph: cache the graph on disk (if still current)."""
+        with self._lock:
+            cached = self._indexes.get(modality)
+            if cached is None or cached[2] is not index:
+                return
+            key, n_chunks = cached[0], len(cached[1])
+        # outside the gallery's lock: searches go on (a row appended meanwhile makes the cache's
+        # row count disagree with its chunks, and such a cache is never loaded)
+        self._save_cached_index(modality, key, index, n_chunks)
+        with self._lock:
+            cached = self._indexes.get(modality)
+            if cached is not None and cached[2] is index:
+                self._indexes[modality] = (cached[0], cached[1], index, index.ntotal)
+
+    def build_index(self, modality: str | None = None) -> dict[str, dict[str, Any]]:
+        """Build (and cache) the search index of ``modality`` (default: every modality with
+        rows) now, waiting for it: for an ``auto`` space past its threshold, the graph index.
+        Returns :meth:`index_info`. Searches in other threads keep running meanwhile."""
+        mods = [modality] if modality else [m for m in MODALITIES if self.count(m)]
+        for m in mods:
+            with self._lock:
+                index, _ = self._index(m)
+            if isinstance(index, AutoIndex):
+                index.build()
+        return self.index_info()
+
+    def index_info(self) -> dict[str, dict[str, Any]]:
+        """Per modality with rows: the backend spec, the index answering searches now (``Flat`` or a
+        graph's factory string; None before the first search of this process loaded it), whether a
+        graph index is being built, and the row count."""
+        out: dict[str, dict[str, Any]] = {}
+        for m in MODALITIES:
+            n = self.count(m)
+            if not n:
+                continue
+            cached = self._indexes.get(m)
+            index = cached[2] if cached else None
+            if isinstance(index, AutoIndex):
+                in_use, building = index.in_use, index.building
+            elif index is not None:
+                in_use, building = self.backend, False
+            else:
+                in_use, building = self._cached_kind(m), False
+            out[m] = {"backend": self.backend, "in_use": in_use, "building": building, "count": n}
+        return out
+
+    def _cached_kind(self, modality: str) -> str | None:
+        """What the on-disk index cache of ``modality`` holds (its stamp), without loading it."""
+        if not self.backend.startswith("auto"):
+            return self.backend
+        try:
+            stamp = json.loads(self._index_paths(modality)[1].read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            return None
+        return stamp.get("in_use")
 
     def _index_paths(self, modality: str) -> tuple[Path, Path]:
         return self.path / f"index-{modality}.faiss", self.path / f"index-{modality}.json"
 
-    def _load_cached_index(self, modality: str, key: str) -> VectorIndex | None:
+    def _load_cached_index(self, modality: str) -> tuple[VectorIndex | None, int]:
+        """The on-disk index of ``modality`` and the rows it held on disk, extended with the chunks
+        committed after it was written; ``(None, 0)`` when there is none or it does not fit."""
         data_path, key_path = self._index_paths(modality)
+        chunks = self._chunks(modality)
         try:
             stamp = json.loads(key_path.read_text(encoding="utf-8"))
-            if stamp.get("key") != key:
-                return None
+            upto = stamp.get("chunks", len(chunks))  # older caches cover every chunk of their key
+            if not isinstance(upto, int) or not 0 <= upto <= len(chunks) or \
+                    stamp.get("key") != _chunk_key(self._manifest, modality, upto):
+                return None, 0
             data = data_path.read_bytes()
             if stamp.get("sha256") != _sha256(data):
                 log.warning("cached index %s does not match its sha256: rebuilding it", data_path)
-                return None
+                return None, 0
             index = load_index(self.backend, self.dim, data)
         except Exception as e:  # any problem with a cache means: rebuild it
             if not isinstance(e, FileNotFoundError):
                 log.warning("ignoring cached index %s: %s", data_path, e)
-            return None
-        return index if index.ntotal == self.count(modality) else None
+            return None, 0
+        if index.ntotal != sum(c["count"] for c in chunks[:upto]):
+            return None, 0
+        saved = index.ntotal
+        for entry in chunks[upto:]:  # appended since the cache was written
+            index.add(self._load_npz(entry, "vectors"))
+        return index, saved
 
-    def _save_cached_index(self, modality: str, key: str, index: VectorIndex) -> None:
+    def _save_cached_index(self, modality: str, key: str, index: VectorIndex, n_chunks: int) -> None:
+        """Write ``index`` (the rows of the first ``n_chunks`` chunks, fingerprint ``key``) as the
+        on-disk cache of ``modality``."""
         data = index.to_bytes()
         if data is None:
             return
@@ -780,8 +878,10 @@ class Gallery:
                     key_path.unlink()
                 _fsync_dir(self.path)
                 atomic_write_bytes(data_path, data)
-                stamp = {"key": key, "backend": self.backend, "ntotal": index.ntotal, "sha256": _sha256(data),
-                         "written": _now()}
+                stamp = {"key": key, "chunks": int(n_chunks), "backend": self.backend, "ntotal": index.ntotal,
+                         "sha256": _sha256(data), "written": _now()}
+                if isinstance(index, AutoIndex):
+                    stamp["in_use"] = index.in_use
                 atomic_write_bytes(key_path, json.dumps(stamp).encode("utf-8"))
         except OSError as e:
             log.warning("could not cache index %s: %s", data_path, e)
@@ -928,6 +1028,7 @@ class Gallery:
                         report.rebuilt.append(path.name)
             self._cols = {m: _Columns() for m in MODALITIES}
             self._indexes = {}
+            self._index_manifest = {}
         for modality in MODALITIES:  # rebuild the caches now (outside the writer lock: it takes it)
             if self.count(modality):
                 with self._lock:

@@ -128,6 +128,7 @@ class Searcher:
                 spaces |= {self._query_model.space_id} | {u["target"] for u in self._upgrades if u["encoder"]}
             self._refine = _reco_refiner(Path(reco), spaces)
         self._planners: dict[str, RoutePlanner] = {}
+        self._last_planner: tuple[Snapshot, RoutePlanner] | None = None  # the planner of the last snapshot
         self._lock = threading.Lock()
 
     # ------------------------------------------------------------------ set-up
@@ -155,13 +156,17 @@ class Searcher:
     def planner(self, snap: Snapshot | None = None) -> RoutePlanner:
         """The route planner of the collection's current plan (cached per plan)."""
         snap = snap or self.collection.snapshot()
+        last = self._last_planner
+        if last is not None and last[0] is snap:  # one snapshot, one plan: the hot path
+            return last[1]
         plan = self._plan(snap)
         key = repr(sorted(plan.items(), key=lambda kv: kv[0]))
         with self._lock:
             p = self._planners.get(key)
             if p is None:
                 p = self._planners[key] = RoutePlanner(plan, self.pool, refine=self._refine)
-            return p
+        self._last_planner = (snap, p)
+        return p
 
     def query_side(self, space_id: str, direction: str, route: str | None = None, weight: float | None = None,
                    *, snap: Snapshot | None = None) -> QuerySide:
@@ -236,23 +241,24 @@ class Searcher:
         allowed = None
         if filter:
             allowed = {iid for iid, it in snap.items.items() if it.modality == gmod and matches_filter(it.metadata, filter)}
-        searched: dict[str, tuple[QuerySide, Any, np.ndarray]] = {}
+        searched: dict[str, tuple[QuerySide, Any, int]] = {}
         cache = {} if cache is None else cache.setdefault((qmod, hash(tuple(str(x) for x in inputs))), {})
         for sid, view in views.items():
-            mask = view.mask
+            mask, n_allowed = view.mask, view.count
             if allowed is not None:
                 mask = mask & np.fromiter((i in allowed for i in view.item_ids), bool, len(view.item_ids))
-            if not mask.any():
+                n_allowed = int(np.count_nonzero(mask))
+            if not n_allowed:
                 continue
             side = self._side(snap, sid, direction)
             q = side.embed(qmod, inputs, cache)
             depth = max(k, self.rerank_k) if self.rerank else k
             res = view.gallery.search(gmod, q, depth, space_id=sid, mask=mask)
-            searched[sid] = (side, res, mask)
+            searched[sid] = (side, res, n_allowed)
         method = self.merge_override or (plan.get("merge") or {}).get("method") or DEFAULT_MERGE
         maps = _score_maps(plan, direction)
-        total = sum(int(m.sum()) for _, _, m in searched.values()) or 1
-        shares = {sid: int(m.sum()) / total for sid, (_, _, m) in searched.items()}
+        total = sum(n for _, _, n in searched.values()) or 1
+        shares = {sid: n / total for sid, (_, _, n) in searched.items()}
         out = []
         for qi, query in enumerate(inputs):
             lists: dict[str, list[Candidate]] = {}

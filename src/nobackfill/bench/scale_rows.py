@@ -1,0 +1,183 @@
+"""The rows of ``bench scale`` (see :mod:`nobackfill.bench.scale`), each meant to run in a fresh
+process: the writer (create + add + build the index), the reader (open, search, filtered search,
+search during a backfill) and the backfill worker it starts."""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import shutil
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from .store import peak_rss_mb
+
+K = 10
+
+
+def lookup_encoder(x: np.ndarray, q: np.ndarray, space_id: str):
+    """A stand-in text model: ``g<i>`` -> gallery row i, ``q<j>`` -> query j."""
+    from ..encoders.base import DualEncoder
+
+    class Lookup(DualEncoder):
+        kind = "lookup"
+        modalities = ("text",)
+
+        @property
+        def embed_dim(self) -> int:
+            return int(x.shape[1])
+
+        @property
+        def space_id(self) -> str:
+            return space_id
+
+        def encode_texts(self, texts, batch_size=256, progress=False):
+            return np.stack([x[int(t[1:])] if t[0] == "g" else q[int(t[1:])] for t in texts]).astype(np.float32)
+
+        def encode_images(self, images, batch_size=128, progress=False):
+            raise NotImplementedError("a lookup encoder embeds texts only")
+
+        def save(self, directory):
+            raise NotImplementedError("a lookup encoder is not saved")
+
+    return Lookup()
+
+
+def rss_mb() -> float:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return 0.0
+
+
+def dir_bytes(path: Path) -> int:
+    return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
+
+
+def pct(lat: list[float], p: float) -> float:
+    return round(float(np.percentile(lat, p)), 3)
+
+
+# ----------------------------------------------------------------------------- rows (own processes)
+def write_collection(x_file: str, q_file: str, path: str, index: str, model: str, space_id: str,
+                     chunk: int) -> dict[str, Any]:
+    """Create the collection and add every row of ``x_file`` (a fresh process)."""
+    from ..index.collection import Collection
+    from ..index.ingest import add_items, text_item
+
+    x = np.load(x_file, mmap_mode="r")
+    q = np.load(q_file)
+    enc = lookup_encoder(x, q, space_id)
+    shutil.rmtree(path, ignore_errors=True)
+    c = Collection.create(path, space_id=space_id, dim=int(x.shape[1]), model=model, modalities=["text"],
+                          backend=index)
+    t0 = time.perf_counter()
+    for s in range(0, len(x), chunk):
+        items = [text_item(f"g{i}", id=f"i{i}", metadata={"group": i % 10}) for i in range(s, min(len(x), s + chunk))]
+        add_items(c, enc, items, chunk_size=chunk, progress=False)
+    add_s = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    c.gallery(space_id).build_index()  # readers open a cached index
+    return {"add_per_s": round(len(x) / add_s, 1), "add_s": round(add_s, 2),
+            "index_build_s": round(time.perf_counter() - t0, 2)}
+
+
+def _backfill_worker(x_file: str, q_file: str, path: str, space_id: str, rate: int, limit: int) -> None:
+    """Backfill into the lookup space ``space_id`` at ``rate`` items/s, one batch a second."""
+    from ..index.collection import Collection
+    from ..search.backfill import run_backfill
+
+    x = np.load(x_file, mmap_mode="r")
+    q = np.load(q_file)
+    c = Collection.open(path)
+    run_backfill(c, lookup_encoder(x, q, space_id), order="sequential", batch_size=rate, rate=rate, limit=limit)
+
+
+def read_collection(x_file: str, q_file: str, path: str, model: str, space_id: str, rate: int,
+                    seconds: float) -> dict[str, Any]:
+    """Open, search (Searcher and raw index), filtered search, then search during a backfill (a
+    fresh process: ``open_s`` and memory are a reader's)."""
+    import faiss  # imported before the memory baseline is read
+
+    from ..compat.bridges import ProcrustesBridge
+    from ..compat.upgrade import save_vector_upgrade
+    from ..index.collection import Collection
+    from ..search import ModelPool, Searcher
+    from ..search.plan import upgrade_collection
+
+    x = np.load(x_file, mmap_mode="r")
+    q = np.load(q_file)
+    base_mb = rss_mb()
+    t0 = time.perf_counter()
+    c = Collection.open(path)
+    open_s = time.perf_counter() - t0
+    pool = ModelPool()
+    pool.put(model, lookup_encoder(x, q, space_id))
+    s = Searcher(c, pool=pool)
+    s.search(text="q0", k=K)
+    first_s = time.perf_counter() - t0
+    lat = []
+    for j in range(len(q)):
+        t1 = time.perf_counter()
+        s.search(text=f"q{j}", k=K)
+        lat.append(1000 * (time.perf_counter() - t1))
+    g = c.gallery(space_id)
+    with g._lock:
+        index, _ = g._index("text")
+    raw = index._index
+    raw_lat = []
+    for j in range(len(q)):
+        t1 = time.perf_counter()
+        raw.search(q[j:j + 1], K)
+        raw_lat.append(1000 * (time.perf_counter() - t1))
+    flt = []
+    for j in range(len(q)):
+        t1 = time.perf_counter()
+        s.search(text=f"q{j}", k=K, filter={"group": 3})
+        flt.append(1000 * (time.perf_counter() - t1))
+    rss_now = rss_mb()
+    index_mb = len(faiss.serialize_index(raw)) / 2**20
+    vector_mb = x.nbytes / 2**20
+    extra = rss_now - base_mb - vector_mb - (index_mb if index_mb > vector_mb * 1.01 else 0.0)
+    row = {"open_s": round(open_s, 3), "open_first_search_s": round(first_s, 3), "p50_ms": pct(lat, 50),
+           "p99_ms": pct(lat, 99), "raw_p50_ms": pct(raw_lat, 50), "filtered_p50_ms": pct(flt, 50),
+           "rss_extra_mb": round(extra, 1), "index_mb": round(index_mb, 1), "vector_mb": round(vector_mb, 1)}
+    # the upgrade to a second lookup space (identity bridge: nothing re-embedded), then a backfill
+    new_sid = space_id + "-b"
+    new_model = model + "#b"
+    pool.put(new_model, lookup_encoder(x, q, new_sid))
+    dim = int(x.shape[1])
+    up = save_vector_upgrade(Path(path).parent / f"{Path(path).name}-bridge",
+                             ProcrustesBridge(np.eye(dim, dtype=np.float32), new_sid, space_id),
+                             {"space_id": new_sid, "name": "b", "embed_dim": dim},
+                             {"space_id": space_id, "name": "a", "embed_dim": dim})
+    upgrade_collection(c, new_model, bridges=[up], pool=pool)
+    s = Searcher(c, pool=pool)
+    s.search(text="q0", k=K)
+    idle = []
+    for j in range(len(q)):
+        t1 = time.perf_counter()
+        s.search(text=f"q{j}", k=K)
+        idle.append(1000 * (time.perf_counter() - t1))
+    ctx = mp.get_context("spawn")
+    worker = ctx.Process(target=_backfill_worker, args=(x_file, q_file, path, new_sid, rate, int(rate * seconds)))
+    worker.start()
+    during, gens = [], set()
+    t_end = time.perf_counter() + seconds + 30.0  # the worker loads numpy and opens first
+    j = 0
+    while worker.is_alive() and time.perf_counter() < t_end:
+        t1 = time.perf_counter()
+        s.search(text=f"q{j % len(q)}", k=K)
+        during.append(1000 * (time.perf_counter() - t1))
+        gens.add(c.generation)
+        j += 1
+    worker.join(timeout=60)
+    if worker.is_alive():
+        worker.terminate()
+    row.update({"p50_upgraded_idle_ms": pct(idle, 50),
+                "p50_during_backfill_ms": pct(during, 50) if during else None,
+                "searches_during_backfill": len(during), "generations_seen": len(gens),
+                "reader_peak_rss_mb": round(peak_rss_mb(), 1)})
+    return row
