@@ -5,7 +5,6 @@ problem, and the collection unchanged)."""
 from __future__ import annotations
 
 import io
-import json
 
 import numpy as np
 import pytest
@@ -31,10 +30,10 @@ def env(tmp_path):
     c = Collection.create(tmp_path / "c", space_id=old.space_id, dim=old.embed_dim, model=OLD_REF, name="old")
     add_items(c, old, folder_items(data).items, progress=False)
     pool = pool_with((OLD_REF, old), (NEW_REF, new))
-    up = write_procrustes_upgrade(tmp_path / "up", w, new, old)
+    up = write_procrustes_upgrade(tmp_path / "upgrades" / "up", w, new, old)
     upgrade_collection(c, NEW_REF, bridges=[up], pool=pool)
     settings = ServeSettings(collection=str(c.path), keys=KeyRing({"read": [READ], "admin": [ADMIN]}),
-                             models_root=tmp_path / "models", limits=LIMITS)
+                             models_root=tmp_path / "models", upgrades_root=tmp_path / "upgrades", limits=LIMITS)
     (tmp_path / "models" / "docs").mkdir(parents=True)  # a directory that is not a model
     app = create_app(settings, pool=pool)
     return TestClient(app), c, data, tmp_path
@@ -87,8 +86,8 @@ def test_items_add_get_thumbnail_delete(env):
     assert r.json()["unchanged"] == 1
     item = api.get("/v1/items/h1", headers=h(READ)).json()
     assert item["modality"] == "text" and item["metadata"]["lang"] == "en"
-    r = api.post("/v1/items", files=[("images", ("a.png", png(seed=3))), ("images", ("b.png", png(seed=4)))],
-                 data={"ids": json.dumps(["up-a", None])}, headers=h(ADMIN))
+    r = api.post("/v1/items", files=[("images", ("a.png", png(seed=3), "image/png", {"X-Item-Id": "up-a"})),
+                                     ("images", ("b.png", png(seed=4)))], headers=h(ADMIN))
     assert r.status_code == 200 and r.json()["added"] == 2, r.text
     thumb = api.get("/v1/items/up-a/thumbnail", headers=h(READ))
     assert thumb.status_code == 200 and thumb.headers["content-type"] == "image/png"
@@ -146,3 +145,195 @@ def test_upgrade_during_a_backfill_is_a_409(env):
     r = api.post("/v1/upgrade", json={"model": "newer"}, headers=h(ADMIN))
     assert r.status_code == 409 and "let it finish" in r.json()["detail"]
     assert state(c) == before
+
+
+# ----------------------------------------------------------------------------- issue 24, items 6, 7, 9, 10
+def uploads(c: Collection) -> list:
+    folder = c.path / "uploads"
+    return sorted(p.name for p in folder.iterdir()) if folder.exists() else []
+
+
+def test_every_multipart_part_is_checked_for_its_kind(env):
+    """A plain field where a file goes, a file where a plain field goes, an unknown or repeated part:
+    a 422 naming the part (never a 500), nothing stored."""
+    api, c, _, _ = env
+    before, stored = state(c), uploads(c)
+    cases = [
+        ("/v1/items", [("images", (None, "not a file"))], "images[0]"),
+        ("/v1/items", [("images", ("a.png", png(seed=7))), ("images", (None, "plain"))], "images[1]"),
+        ("/v1/items", [("images", ("a.png", png(seed=7))), ("ids", (None, "x"))], "ids"),
+        ("/v1/items", [("images", ("a.png", png(seed=7), "image/png", {"X-Item-Id": "../x"}))], "images[0]"),
+        ("/v1/search", [("image", (None, "plain"))], "image"),
+        ("/v1/search", [("image", ("q.png", png())), ("k", ("k.txt", b"3"))], "k"),
+        ("/v1/search", [("image", ("q.png", png())), ("filter", ("f.json", b"{}"))], "filter"),
+        ("/v1/search", [("image", ("q.png", png())), ("image", ("r.png", png(seed=1)))], "image"),
+        ("/v1/search", [("image", ("q.png", png())), ("filter", (None, '{"a": {"b": 1}}'))], "filter"),
+        ("/v1/search", [("image", ("q.png", png())), ("k", (None, "2.5"))], "k"),
+    ]
+    for path, files, field in cases:
+        r = api.post(path, files=files, headers=h(ADMIN))
+        assert r.status_code == 422, (path, field, r.text)
+        assert r.json()["field"] == field and field in r.json()["detail"], r.text
+    assert state(c) == before and uploads(c) == stored
+    # an image part with an image Content-Type but no filename is a file (RFC 7578), k as a JSON number
+    r = api.post("/v1/search", files=[("image", (None, png(seed=2), "image/png")), ("k", (None, "3.0")),
+                                      ("filter", (None, '{"labels.n": [0, 1, 2]}'))], headers=h(READ))
+    assert r.status_code == 200 and len(r.json()["hits"]) <= 3, r.text
+
+
+def test_a_rejected_upload_stores_nothing(env, monkeypatch):
+    """A failed request changes nothing stored: no image file under uploads/, no item, no vector;
+    whether an image is refused (422, 413), the ids conflict (409) or the server fails (500)."""
+    from fastapi.testclient import TestClient
+
+    api, c, _, _ = env
+    before, stored = state(c), uploads(c)
+    cases = [
+        ([("images", ("a.png", png(seed=11))), ("images", ("b.png", png()[:60]))], 422),
+        ([("images", ("a.png", png(seed=12))), ("images", ("big.png", png(size=(80, 80))))], 413),
+        ([("images", ("a.png", png(seed=13), "image/png", {"X-Item-Id": "same"})),
+          ("images", ("b.png", png(seed=14), "image/png", {"X-Item-Id": "same"}))], 409),
+    ]
+    for files, status in cases:
+        r = api.post("/v1/items", files=files, headers=h(ADMIN))
+        assert r.status_code == status, r.text
+        assert uploads(c) == stored and state(c) == before, r.text
+
+    import nobackfill.index.ingest as ingest
+
+    def broken(*a, **kw):
+        raise RuntimeError("the store went away")
+
+    monkeypatch.setattr(ingest, "add_items", broken)
+    r = TestClient(api.app, raise_server_exceptions=False).post(
+        "/v1/items", files=[("images", ("a.png", png(seed=15)))], headers=h(ADMIN))
+    assert r.status_code == 500 and r.json() == {"detail": "internal error (RuntimeError)", "field": None}
+    assert uploads(c) == stored and state(c) == before
+
+
+def _strings(node):
+    if isinstance(node, str):
+        yield node
+    elif isinstance(node, dict):
+        for k, v in node.items():
+            yield k
+            yield from _strings(v)
+    elif isinstance(node, list):
+        for v in node:
+            yield from _strings(v)
+
+
+def test_no_response_shows_a_server_path(env):
+    """Items, hits, status and error messages name files relative to the collection (uploads/...)
+    or by their name, for every role: never the server's file system."""
+    api, c, data, tmp = env
+    r = api.post("/v1/items", files=[("images", ("mine.png", png(seed=21), "image/png", {"X-Item-Id": "u1"}))],
+                 headers=h(ADMIN))
+    assert r.status_code == 200, r.text
+    roots = {str(tmp), str(tmp.resolve())}
+    bodies = []
+    for key in (READ, ADMIN):
+        bodies.append(api.get("/v1/status", headers=h(key)))
+        hits = api.post("/v1/search", json={"text": "caption 0 of image 1 seed 0", "k": 20, "target": "image"},
+                        headers=h(key))
+        bodies.append(hits)
+        bodies += [api.get(f"/v1/items/{x['id']}", headers=h(key)) for x in hits.json()["hits"]]
+        bodies.append(api.post("/v1/search", files={"image": ("q.png", png(seed=21))}, data={"target": "image"},
+                               headers=h(key)))
+    bodies.append(api.post("/v1/backfill/pause", headers=h(ADMIN)))  # 409: no backfill in <the collection>
+    bodies.append(api.post("/v1/upgrade", json={"model": "docs", "bridges": ["nothing"]}, headers=h(ADMIN)))
+    for r in bodies:
+        assert not any(root in r.text for root in roots), r.text
+        assert not [x for x in _strings(r.json()) if x.startswith("/")], r.text
+    assert bodies[-2].status_code == 409 and set(bodies[-2].json()) == {"detail", "field"}
+    st = bodies[0].json()
+    assert st["path"] == "c" and {s["model"] for s in st["spaces"].values()} == {"old", "new"}
+    item = api.get("/v1/items/u1", headers=h(READ)).json()
+    assert item["metadata"]["path"].startswith("uploads/") and item["metadata"]["filename"] == "mine.png"
+    shown = {x["path"] for x in hits.json()["hits"]}
+    assert "uploads/" + item["metadata"]["path"].split("/", 1)[1] in shown
+    assert {p for p in shown if not p.startswith("uploads/")} <= {p.name for p in (data / "images").iterdir()}
+
+
+def test_bridges_lie_under_the_upgrades_root_and_models_under_the_models_root(env):
+    api, c, _, _ = env
+    before = state(c)
+    r = api.post("/v1/upgrade", json={"model": "docs", "bridges": ["up"]}, headers=h(ADMIN))
+    assert r.status_code == 422 and r.json()["field"] == "model", r.text  # the bridge was found
+    r = api.post("/v1/upgrade", json={"model": "docs", "bridges": ["docs"]}, headers=h(ADMIN))
+    assert r.status_code == 404 and r.json()["field"] == "bridges[0]" and "--upgrades-root" in r.json()["detail"]
+    r = api.post("/v1/upgrade", json={"model": "up"}, headers=h(ADMIN))
+    assert r.status_code == 404 and r.json()["field"] == "model" and "--models-root" in r.json()["detail"]
+    r = api.post("/v1/upgrade", json={"model": "docs", "bridges": ["../upgrades/up"]}, headers=h(ADMIN))
+    assert r.status_code == 400 and "outside" in r.json()["detail"]
+    assert state(c) == before
+
+
+def test_serve_cli_roots(tmp_path, monkeypatch):
+    """--models-root and --upgrades-root are separate options, documented, with defaults models/ and
+    upgrades/ (the project's layout, as in the README)."""
+    from pathlib import Path
+
+    import uvicorn
+    from typer.testing import CliRunner
+
+    import nobackfill.serve as serve
+    from nobackfill.cli import app as cli
+
+    seen = []
+
+    class Fake:
+        class state:
+            service = None
+
+    monkeypatch.setattr(serve, "create_app", lambda settings: seen.append(settings) or Fake())
+    monkeypatch.setattr(uvicorn, "run", lambda *a, **kw: None)
+    keys = tmp_path / "keys.toml"
+    keys.write_text(f'read = ["{READ}"]\n')
+    runner = CliRunner()
+    r = runner.invoke(cli, ["serve", "photos", "--keys", str(keys)])
+    assert r.exit_code == 0, r.output
+    r = runner.invoke(cli, ["serve", "photos", "--keys", str(keys), "--models-root", "m", "--upgrades-root", "u"])
+    assert r.exit_code == 0, r.output
+    assert (seen[0].models_root, seen[0].upgrades_root) == (Path("models"), Path("upgrades"))
+    assert (seen[1].models_root, seen[1].upgrades_root) == (Path("m"), Path("u"))
+    help_text = runner.invoke(cli, ["serve", "--help"], terminal_width=200).output
+    assert "--models-root" in help_text and "--upgrades-root" in help_text
+
+
+def test_a_body_past_the_limit_is_a_413_without_a_length(env):
+    api, c, _, _ = env
+
+    def chunks():
+        for _ in range(LIMITS.max_body_bytes // 65536 + 2):
+            yield b" " * 65536
+
+    r = api.post("/v1/items", content=chunks(), headers={**h(ADMIN), "content-type": "application/json"})
+    assert r.status_code == 413 and r.json()["field"] == "body", r.text
+
+
+def test_an_encoded_slash_never_reaches_another_route(env):
+    api, c, _, _ = env
+    before = state(c)
+    for method in ("GET", "DELETE"):
+        r = api.request(method, "/v1/items/img-x%2Fthumbnail", headers=h(ADMIN))
+        assert r.status_code == 404 and set(r.json()) == {"detail", "field"}, r.text
+    assert state(c) == before
+
+
+def test_the_client_names_any_id(env, tmp_path):
+    """The Python client: image ids in the part header, ids with URL-reserved or non-ASCII characters
+    escaped in paths, a nested filter of an image search sent flat."""
+    from nobackfill.client import Client
+
+    api, c, data, _ = env
+    client = Client("http://testserver", ADMIN, http=api)
+    img = tmp_path / "odd.png"
+    img.write_bytes(png(seed=31))
+    odd = "a?b#c é+&=;"  # (no "%": the TestClient decodes a path twice)
+    assert client.add_images([img, next((data / "images").iterdir())], ids=[odd, None])["ids"][0] == odd
+    assert client.get(odd)["metadata"]["filename"] == "odd.png"
+    assert client.thumbnail(odd)[:8] == b"\x89PNG\r\n\x1a\n"
+    hits = client.search(image=img, k=3, target="image", filter={"labels": {"n": [0, 1, 2]}})["hits"]
+    assert hits and all(x["labels"]["n"] in (0, 1, 2) for x in hits)
+    assert client.delete(odd) == {"deleted": odd}

@@ -16,8 +16,13 @@ import httpx
 __all__ = ["Client", "ServiceError"]
 
 
+#: the part header that names an uploaded image's item id
+ID_HEADER = "X-Item-Id"
+
+
 class ServiceError(RuntimeError):
-    """A 4xx / 5xx answer: ``status`` and the server's ``detail`` (and ``field``)."""
+    """A 4xx / 5xx answer: ``status`` and the server's ``detail`` and ``field`` (the request field to
+    blame, or None)."""
 
     def __init__(self, status: int, detail: str, field: str | None = None) -> None:
         super().__init__(f"{status}: {detail}")
@@ -57,7 +62,8 @@ class Client:
                 body["filter"] = filter
             return self._call("POST", "/v1/search", json=body)
         data = Path(image).read_bytes() if not isinstance(image, bytes) else image
-        form = {"k": str(k), **({"target": target} if target else {}), **({"filter": json.dumps(filter)} if filter else {})}
+        form = {"k": str(k), **({"target": target} if target else {}),
+                **({"filter": json.dumps(_flat(filter), ensure_ascii=False)} if filter else {})}
         return self._call("POST", "/v1/search", files={"image": ("query.png", data)}, data=form)
 
     def add_texts(self, items: Sequence[dict]) -> dict:
@@ -65,18 +71,24 @@ class Client:
         return self._call("POST", "/v1/items", json={"items": list(items)})
 
     def add_images(self, images: Sequence[str | Path], ids: Sequence[str | None] | None = None) -> dict:
-        files = [("images", (Path(p).name, Path(p).read_bytes())) for p in images]
-        data = {"ids": json.dumps(list(ids))} if ids is not None else {}
-        return self._call("POST", "/v1/items", files=files, data=data)
+        """Image files, each with its id from ``ids`` (None: the id from the image's content), sent
+        as one part each with the id in the part's ``X-Item-Id`` header."""
+        ids = list(ids) if ids is not None else [None] * len(images)
+        if len(ids) != len(images):
+            raise ValueError(f"{len(ids)} ids for {len(images)} images")
+        files = [("images", (Path(p).name, Path(p).read_bytes(), "application/octet-stream",
+                             {ID_HEADER: own} if own is not None else {}))
+                 for p, own in zip(images, ids)]
+        return self._call("POST", "/v1/items", files=files)
 
     def get(self, item_id: str) -> dict:
-        return self._call("GET", f"/v1/items/{item_id}")
+        return self._call("GET", f"/v1/items/{_segment(item_id)}")
 
     def thumbnail(self, item_id: str, size: int = 160) -> bytes:
-        return self._call("GET", f"/v1/items/{item_id}/thumbnail", params={"size": size})
+        return self._call("GET", f"/v1/items/{_segment(item_id)}/thumbnail", params={"size": size})
 
     def delete(self, item_id: str) -> dict:
-        return self._call("DELETE", f"/v1/items/{item_id}")
+        return self._call("DELETE", f"/v1/items/{_segment(item_id)}")
 
     def status(self) -> dict:
         return self._call("GET", "/v1/status")
@@ -92,9 +104,30 @@ class Client:
 
     def upgrade(self, model: str, bridges: Sequence[str] = (), calibrate: str | None = None,
                 calibrate_split: str = "val", calibrate_limit: int | None = None) -> dict:
+        """``model`` relative to the server's ``--models-root``, ``bridges`` to its ``--upgrades-root``,
+        ``calibrate`` to its ``--data-root``."""
         body = {"model": model, "bridges": list(bridges), "calibrate": calibrate, "calibrate_split": calibrate_split,
                 "calibrate_limit": calibrate_limit}
         return self._call("POST", "/v1/upgrade", json=body)
 
     def healthz(self) -> dict:
         return self._call("GET", "/healthz")
+
+
+def _segment(item_id: str) -> str:
+    """An item id as one URL path segment (every reserved character escaped: '?', '#', '%'...)."""
+    from urllib.parse import quote
+
+    return quote(item_id, safe="")
+
+
+def _flat(flt: dict, prefix: str = "") -> dict:
+    """A filter with nested objects as dotted keys (``{"labels": {"colour": "red"}}`` ->
+    ``{"labels.colour": "red"}``): the form of an image search takes flat objects only."""
+    out: dict = {}
+    for key, value in flt.items():
+        if isinstance(value, dict):
+            out.update(_flat(value, f"{prefix}{key}."))
+        else:
+            out[f"{prefix}{key}"] = value
+    return out

@@ -15,7 +15,10 @@ def serve(
     host: str = typer.Option("127.0.0.1", help="Address to bind (loopback unless told)."),
     port: int = typer.Option(8000, help="Port."),
     keys: Path = typer.Option(..., help="TOML file of API keys: read = [...], admin = [...]."),
-    models_root: Path = typer.Option(..., help="Model and upgrade directories that requests may name lie under it."),
+    models_root: Path = typer.Option(Path("models"), help="Model directories that POST /v1/upgrade may name "
+                                     "('model') lie under it."),
+    upgrades_root: Path = typer.Option(Path("upgrades"), help="Upgrade directories (bridges) that POST /v1/upgrade "
+                                       "may name ('bridges') lie under it."),
     data_root: Optional[Path] = typer.Option(None, help="Calibration data that upgrade requests may name lies under it."),
     uploads: Optional[Path] = typer.Option(None, help="Where uploaded images are kept (default: <collection>/uploads)."),
     max_body_mb: float = typer.Option(20.0, help="Largest request body (MB)."),
@@ -33,7 +36,7 @@ def serve(
 
     try:
         settings = ServeSettings(collection=collection, keys=KeyRing.load(keys), models_root=models_root,
-                                 data_root=data_root, uploads=uploads,
+                                 upgrades_root=upgrades_root, data_root=data_root, uploads=uploads,
                                  limits=Limits(max_body_bytes=int(max_body_mb * 2**20), max_image_pixels=max_image_pixels,
                                                max_k=max_k, max_batch=max_batch))
         app = create_app(settings)

@@ -5,6 +5,12 @@ Every search takes one snapshot of the collection (:class:`~nobackfill.search.Se
 warm for the life of the process; writes go through the collection's commits (durable once
 acknowledged). A backfill runs as a thread of the server or as a separate ``collection backfill``
 process on the same collection. Keys and roles: :class:`~nobackfill.serve.settings.KeyRing`.
+
+The OpenAPI schema is the truth (:mod:`~nobackfill.serve.schema`): request bodies are validated by
+the models it publishes, every 2xx body has a response model, every error is one
+``{"detail", "field"}`` with a status the operation documents, and a failed request changes
+nothing stored. Responses name files relative to the collection or a root the server was started
+with (:mod:`~nobackfill.serve.paths`), never by their path on the server.
 """
 
 from __future__ import annotations
@@ -14,18 +20,25 @@ import hashlib
 import io
 import json
 import logging
+import re
 import threading
 import time
 from pathlib import Path
-from typing import Any, Literal, Optional
+from typing import Any, Optional
 
-from fastapi import Depends, FastAPI, Header, Request
+from fastapi import Depends, FastAPI, Query, Request
 from fastapi.exceptions import RequestValidationError
+from fastapi.openapi.utils import get_openapi
 from fastapi.responses import FileResponse, JSONResponse, PlainTextResponse, Response
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from fastapi.staticfiles import StaticFiles
-from pydantic import BaseModel, ConfigDict, Field
+from starlette.datastructures import UploadFile
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from .batching import SearchBatcher
+from .paths import PublicPaths
+from .schema import (AddResult, BackfillRequest, BackfillStatus, Deleted, Health, ItemOut, SearchResults,
+                     Status, UpgradeRequest, UpgradeResult, errors, finish_openapi, form_encodings, request_models)
 from .settings import ServeSettings
 
 log = logging.getLogger("nobackfill.serve")
@@ -40,40 +53,12 @@ class ApiError(Exception):
         self.status, self.detail, self.field = status, detail, field
 
 
-# ----------------------------------------------------------------------------- request models
-class SearchRequest(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    text: str = Field(..., description="The query text.")
-    k: int = Field(10, description="Number of results.")
-    target: Optional[Literal["image", "text"]] = Field(None, description="Modality of the results.")
-    filter: Optional[dict[str, Any]] = Field(None, description="Metadata filter {key: value | [values]}.")
-    merge: Optional[Literal["raw", "calibrated", "rank"]] = None
+class _TooLarge(StarletteHTTPException):
+    """A body that grows past the limit while it is read (chunked, or longer than it said)."""
 
-
-class TextItem(BaseModel):
-    model_config = ConfigDict(extra="allow")
-    text: str
-    id: Optional[str] = None
-
-
-class AddTexts(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    items: list[TextItem]
-
-
-class UpgradeRequest(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    model: str = Field(..., description="The new model: a directory relative to --models-root.")
-    bridges: list[str] = Field(default_factory=list, description="Upgrade directories relative to --models-root.")
-    calibrate: Optional[str] = Field(None, description="Calibration data relative to --data-root.")
-    calibrate_split: str = "val"
-    calibrate_limit: Optional[int] = None
-
-
-class BackfillRequest(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    order: Literal["sequential", "random", "uncertainty"] = "uncertainty"
-    rate: Optional[float] = Field(None, gt=0)
+    def __init__(self, limit: int) -> None:
+        super().__init__(413, f"body exceeds the limit of {limit} bytes")
+        self.field = "body"
 
 
 # ----------------------------------------------------------------------------- the service state
@@ -96,10 +81,17 @@ class Service:
         else:
             raise ValueError("a collection outside the file system needs --uploads DIR for uploaded images")
         self.write_lock = threading.Lock()  # plan changes through this server, one at a time
+        self.upload_lock = threading.Lock()  # image adds: stored files and their commit, or neither
+        local = self.collection.path if isinstance(self.collection.path, Path) else None
+        self.paths = PublicPaths([(local, ""), (self.uploads, "uploads/"), (settings.data_root, ""),
+                                  (settings.models_root, ""), (settings.upgrades_root, "")])
         self._merge_searchers: dict[str, Any] = {}
         self.batcher = SearchBatcher(self.searcher_for)
         self.backfill_thread: threading.Thread | None = None
         self.backfill_error: str | None = None
+        self.backfill_stopped: str | None = None  # why this server's last worker stopped
+        self.backfill_active = False  # a worker thread runs, or is deciding whether to go on
+        self._backfill_lock = threading.Lock()
         self._metrics()
 
     def searcher_for(self, merge: str | None) -> Any:
@@ -129,44 +121,75 @@ class Service:
         self.g_items = Gauge("nobackfill_items", "Live items", ["modality"], registry=r)
 
     # ------------------------------------------------------------------ paths from requests
-    def under(self, root: Path | None, rel: str, what: str) -> Path:
+    def under(self, root: Path | None, rel: str, what: str, option: str) -> Path:
         """``root / rel`` if it stays inside ``root`` (a path from a request is never used as is)."""
         if root is None:
-            raise ApiError(403, f"{what}: this server takes no such paths (start it with the root option)", what)
+            raise ApiError(403, f"{what}: this server takes no such paths (start it with {option})", what)
         if not isinstance(rel, str) or not rel or "\x00" in rel:
             raise ApiError(422, f"{what}: a relative path is required", what)
-        base = root.resolve()
-        target = (base / rel).resolve()
-        if base != target and base not in target.parents:
-            raise ApiError(400, f"{what}: {rel!r} lies outside the allowed root", what)
-        if not target.exists():
-            raise ApiError(404, f"{what}: {rel!r} does not exist under the allowed root", what)
+        try:
+            base = root.resolve()
+            target = (base / rel).resolve()
+            if base != target and base not in target.parents:
+                raise ApiError(400, f"{what}: {rel!r} lies outside the allowed root ({option})", what)
+            if not target.is_dir():
+                raise ApiError(404, f"{what}: {rel!r} is no directory under {option}", what)
+        except OSError as e:  # a name too long, a loop of links, no permission: nothing usable there
+            raise ApiError(404, f"{what}: {rel!r} is not readable under {option} ({type(e).__name__})", what) from None
         return target
 
     # ------------------------------------------------------------------ backfill thread
     def start_backfill(self, order: str, rate: float | None) -> dict[str, Any]:
-        from ..search.backfill import backfill_status, pause_backfill, run_worker, start_backfill
+        """Start or resume the job (a paused one runs again) and make sure a worker thread runs: a
+        thread still in its batch goes on, since it re-checks the job before it stops."""
+        from ..search.backfill import backfill_running, run_worker, start_backfill
 
         with self.write_lock:
-            if self.backfill_thread is not None and self.backfill_thread.is_alive():
-                return backfill_status(self.collection)
             sid = self.collection.current_space
             enc = self.pool.get(self.collection.space(sid)["model"], sid, what="collection's current model")
-            job = start_backfill(self.collection, enc, order=order, pool=self.pool)
-            if job.state == "paused":
-                pause_backfill(self.collection, paused=False)
-            self.backfill_error = None
+            start_backfill(self.collection, enc, order=order, pool=self.pool)  # resumes a paused job
+            with self._backfill_lock:
+                if self.backfill_active:
+                    return self.backfill_status()
+                self.backfill_active, self.backfill_error, self.backfill_stopped = True, None, None
 
             def work() -> None:
                 try:
-                    run_worker(self.collection, enc, rate=rate, batch_size=32)
+                    while True:
+                        rep = run_worker(self.collection, enc, rate=rate, batch_size=32)
+                        with self._backfill_lock:
+                            job = backfill_running(self.collection)
+                            if rep.stopped in ("paused", "job removed") and job is not None and job.state == "running":
+                                continue  # resumed (or started anew) while this worker was stopping
+                            self.backfill_stopped, self.backfill_active = rep.reason(), False
+                            return
                 except Exception as e:  # reported by /v1/status, never silent
-                    self.backfill_error = f"{type(e).__name__}: {e}"
+                    with self._backfill_lock:
+                        self.backfill_error = f"{type(e).__name__}: {e}"
+                        self.backfill_stopped, self.backfill_active = f"error: {self.backfill_error}", False
                     log.exception("backfill worker failed")
 
             self.backfill_thread = threading.Thread(target=work, name="backfill", daemon=True)
             self.backfill_thread.start()
-        return backfill_status(self.collection)
+        return self.backfill_status()
+
+    def backfill_status(self) -> dict[str, Any]:
+        """The collection's backfill status with this server's worker: ``worker`` (running | idle),
+        ``worker_stopped`` (why it last stopped), ``error``."""
+        from ..search.backfill import backfill_status
+
+        st = backfill_status(self.collection)
+        active = self.backfill_active
+        st["worker"] = "running" if active else "idle"
+        if active and st["state"] == "idle":  # this server's worker is about to take a shard
+            st["state"] = "running"
+            st.pop("note", None)
+            st.pop("last_worker", None)
+        if self.backfill_error:
+            st["error"] = self.backfill_error
+        if self.backfill_stopped and not active:
+            st["worker_stopped"] = self.backfill_stopped  # this server's worker gave up, and why
+        return st
 
 
 # ----------------------------------------------------------------------------- the app
@@ -176,31 +199,64 @@ def create_app(settings: ServeSettings, pool: Any = None) -> FastAPI:
     svc = Service(settings, pool)
     if settings.warm:
         svc.searcher.warm()
-    lim = settings.limits
+    from ..search.searcher import MAX_K
+
+    lim = dataclasses.replace(settings.limits, max_k=min(settings.limits.max_k, MAX_K))
+    models = request_models(lim.max_k, lim.max_caption_chars, lim.max_batch, lim.max_image_bytes)
     app = FastAPI(title="nobackfill", version="1",
-                  description="Cross-modal search over a collection whose model upgrades without a re-index.")
+                  description="Cross-modal search over a collection whose model upgrades without a re-index. "
+                              "Every error is one JSON object {detail, field} (schema Error).",
+                  default_response_class=_FastJSON, generate_unique_id_function=lambda route: route.name)
+    app.router.redirect_slashes = False  # /v1/items/ is no item, not a redirect to another route
     app.state.service = svc
+
+    def openapi() -> dict[str, Any]:
+        if app.openapi_schema is None:
+            doc = get_openapi(title=app.title, version=app.version, description=app.description, routes=app.routes)
+            app.openapi_schema = finish_openapi(doc, models)
+        return app.openapi_schema
+
+    app.openapi = openapi
 
     # ------------------------------------------------------------------ middleware / errors
     app.add_middleware(_LimitsAndMetrics, max_body=lim.max_body_bytes, service=svc)
 
     @app.exception_handler(ApiError)
     async def api_error(_request: Request, exc: ApiError):
-        return _error(exc.status, exc.detail, exc.field)
+        return _error(exc.status, svc.paths.text(exc.detail), exc.field)
 
     @app.exception_handler(RequestValidationError)
     async def invalid(_request: Request, exc: RequestValidationError):
-        errs = exc.errors()
-        first = errs[0] if errs else {}
-        loc = ".".join(str(x) for x in first.get("loc", ()) if x not in ("body", "query", "path", "form"))
-        msg = first.get("msg", "invalid request")
-        if first.get("type") == "json_invalid":
-            return _error(400, f"malformed JSON: {msg}", "body")
-        return _error(422, f"{loc or 'body'}: {msg}", loc or "body")
+        err = _validation(exc.errors())
+        return _error(err.status, svc.paths.text(err.detail), err.field)
 
-    async def role(authorization: Optional[str] = Header(None)) -> str:  # async: no thread-pool hop
-        key = authorization[7:].strip() if authorization and authorization.lower().startswith("bearer ") else None
-        r = settings.keys.role_of(key)
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(request: Request, exc: StarletteHTTPException):
+        headers = dict(exc.headers or {})
+        field = getattr(exc, "field", None)
+        detail = exc.detail if isinstance(exc.detail, str) else str(exc.detail)
+        if exc.status_code == 404:
+            detail, field = f"not found: {request.method} {request.url.path}", "path"
+        elif exc.status_code == 405:
+            allowed = _allowed_methods(request)
+            headers["Allow"] = ", ".join(allowed)
+            detail, field = f"{request.method} is not allowed here (allowed: {', '.join(allowed)})", "method"
+        elif exc.status_code == 400 and field is None:
+            field = "body"  # a multipart body that does not parse
+            detail = f"malformed body: {detail}"
+        if exc.status_code not in (404, 405):  # those name the client's own path
+            detail = svc.paths.text(detail)
+        return _error(exc.status_code, detail, field, headers=headers)
+
+    @app.exception_handler(Exception)
+    async def server_error(_request: Request, exc: Exception):
+        log.error("unhandled error", exc_info=exc)
+        return _error(500, f"internal error ({type(exc).__name__})", None)
+
+    bearer = HTTPBearer(auto_error=False, description="An API key: `Authorization: Bearer KEY`.")
+
+    async def role(cred: Optional[HTTPAuthorizationCredentials] = Depends(bearer)) -> str:
+        r = settings.keys.role_of(cred.credentials.strip() if cred else None)  # async: no thread-pool hop
         if r is None:
             raise ApiError(401, "missing or unknown API key (send Authorization: Bearer KEY)", "authorization")
         return r
@@ -213,110 +269,101 @@ def create_app(settings: ServeSettings, pool: Any = None) -> FastAPI:
             raise ApiError(403, "this needs an admin key", "authorization")
         return r
 
+    async def admin_json(request: Request, _r: str = Depends(admin)) -> None:
+        """An admin key, then 415 for a body that is not JSON (a route-level dependency: it runs
+        before the body is validated)."""
+        _content_type(request, multipart=False)
+
     # ------------------------------------------------------------------ search
     def _search(text: str | None, image: Any, k: int, target: str | None, flt: dict | None,
-                merge: str | None) -> dict[str, Any]:
-        if not 1 <= k <= lim.max_k:
-            raise ApiError(422, f"k: must be between 1 and {lim.max_k}, got {k}", "k")
-        if text is not None:
-            if not text.strip():
-                raise ApiError(422, "text: the query is empty", "text")
-            if len(text) > lim.max_caption_chars:
-                raise ApiError(422, f"text: {len(text)} characters, the limit is {lim.max_caption_chars}", "text")
+                merge: str | None) -> Response:
         t0 = time.perf_counter()
         try:
             r = svc.batcher.search(text=text, image=image, k=k, target=target, filter=flt, merge=merge)
         except (ValueError, KeyError) as e:
-            raise ApiError(422, str(e)) from None
+            raise ApiError(422, str(e), "text" if text is not None else "image") from None
         spent = time.perf_counter() - t0
         for h in r.hits:
             svc.m_hits.labels(h.space, h.route).inc()
         for space in {h.space for h in r.hits} or {"none"}:
             svc.m_space.labels(space).observe(spent)
-        return _FastJSON(r.to_json())  # serialised once, without FastAPI's per-field encoder walk
+        public = svc.paths.metadata
+        hits = [{**public(h.metadata), "rank": h.rank, "score": h.score, "id": h.id, "space": h.space, "route": h.route}
+                for h in r.hits]  # the hit's own fields win over metadata keys of the same name
+        return _FastJSON({"query": r.query, "modality": r.modality, "hits": hits})
 
-    search_body = {"requestBody": {"required": True, "content": {
-        "application/json": {"schema": SearchRequest.model_json_schema()},
-        "multipart/form-data": {"schema": {"type": "object", "required": ["image"], "properties": {
-            "image": {"type": "string", "format": "binary"}, "k": {"type": "integer", "default": 10},
-            "target": {"type": "string", "enum": ["image", "text"]},
-            "filter": {"type": "string", "description": "a JSON object"}}}}}}}
-    add_body = {"requestBody": {"required": True, "content": {
-        "application/json": {"schema": AddTexts.model_json_schema()},
-        "multipart/form-data": {"schema": {"type": "object", "required": ["images"], "properties": {
-            "images": {"type": "array", "items": {"type": "string", "format": "binary"}},
-            "ids": {"type": "string", "description": "a JSON list of ids (or nulls), one per image"}}}}}}}
+    def _item_links(item_id: str) -> dict[str, Any]:
+        """OpenAPI links from an added item to the operations on it (schemathesis' stateful phase)."""
+        return {name: {"operationId": op, "parameters": {"item_id": item_id}}
+                for name, op in (("GetItem", "get_item"), ("GetThumbnail", "thumbnail"), ("DeleteItem", "delete"))}
 
-    @app.post("/v1/search", summary="Search by text (JSON) or by an image (multipart)", openapi_extra=search_body)
+    def _bodies(json_model: str, form: str) -> dict[str, Any]:
+        return {"requestBody": {"required": True, "content": {
+            "application/json": {"schema": {"$ref": f"#/components/schemas/{json_model}"}},
+            "multipart/form-data": {"schema": {"$ref": f"#/components/schemas/{form}"},
+                                    "encoding": form_encodings()[form]}}}}
+
+    @app.post("/v1/search", summary="Search by text (JSON) or by an image (multipart)", response_model=SearchResults,
+              openapi_extra=_bodies("SearchRequest", "SearchByImage"), responses=errors(400, 401, 413, 415, 422))
     async def search(request: Request, _r: str = Depends(reader)) -> Any:
-        ctype = request.headers.get("content-type", "")
-        if ctype.startswith("multipart/form-data"):
-            form = await request.form()
-            file = form.get("image")
-            if file is None or not hasattr(file, "read"):
-                raise ApiError(422, "image: a multipart search needs an image file field named 'image'", "image")
-            img = _decode_image(await file.read(), lim, "image")
-            k = _form_int(form.get("k", "10"), "k")
-            target = form.get("target") or None
+        if _content_type(request, multipart=True) == "multipart":
+            form = await _form(request, files={"image": (1, 1)}, fields={"k": 1, "target": 1, "filter": 1})
+            try:
+                data = await form["image"].read()
+            finally:
+                await form.close()
+            k = _form_int(form.get("k", "10"), "k", 1, lim.max_k)
+            target = form.get("target")
             if target not in (None, "image", "text"):
-                raise ApiError(422, "target: must be 'image' or 'text'", "target")
-            flt = _form_json(form.get("filter"), "filter")
+                raise ApiError(422, f"target: must be 'image' or 'text', got {target!r}", "target")
+            flt = _form_filter(form.get("filter"))
+            img = await _run(_decode_image, data, lim, "image")
             return await _run(_search, None, img, k, target, flt, None)
-        try:
-            body = await request.json()
-        except (json.JSONDecodeError, UnicodeDecodeError) as e:
-            raise ApiError(400, f"malformed JSON: {e}", "body") from None
-        try:
-            req = SearchRequest.model_validate(body)
-        except Exception as e:
-            raise _validation(e) from None
+        req = await _json_body(request, models.search)
         return await _run(_search, req.text, None, req.k, req.target, req.filter, req.merge)
 
     # ------------------------------------------------------------------ items
-    @app.post("/v1/items", summary="Add texts (JSON) or images (multipart: files 'images', optional 'ids')",
-              openapi_extra=add_body)
+    @app.post("/v1/items", summary="Add texts (JSON) or images (multipart: file parts 'images', ids in X-Item-Id)",
+              response_model=AddResult, openapi_extra=_bodies("AddTexts", "AddImages"),
+              responses={200: {"links": _item_links("$response.body#/ids/0")},
+                         **errors(400, 401, 403, 409, 413, 415, 422)})
     async def add(request: Request, _r: str = Depends(admin)) -> Any:
-        from ..index.ingest import image_item, text_item
+        from ..index.ingest import text_item
 
-        ctype = request.headers.get("content-type", "")
-        if ctype.startswith("multipart/form-data"):
-            form = await request.form()
+        if _content_type(request, multipart=True) == "multipart":
+            form = await _form(request, files={"images": (1, lim.max_batch)}, fields={})
             files = form.getlist("images")
-            if not files:
-                raise ApiError(422, "images: no image files (field 'images')", "images")
-            if len(files) > lim.max_batch:
-                raise ApiError(422, f"images: {len(files)} files, the limit is {lim.max_batch} per request", "images")
-            ids = _form_json(form.get("ids"), "ids") or [None] * len(files)
-            if not isinstance(ids, list) or len(ids) != len(files):
-                raise ApiError(422, f"ids: a JSON list of {len(files)} ids (or null) is required", "ids")
-            items = []
-            for i, (f, own) in enumerate(zip(files, ids)):
-                data = await f.read()
-                _decode_image(data, lim, f"images[{i}]")
-                path = _keep_upload(svc.uploads, data)
-                items.append(image_item(path, id=_check_id(own, f"ids[{i}]"),
-                                        metadata={"filename": getattr(f, "filename", "") or ""}))
-        else:
             try:
-                req = AddTexts.model_validate(await request.json())
-            except (json.JSONDecodeError, UnicodeDecodeError) as e:
-                raise ApiError(400, f"malformed JSON: {e}", "body") from None
-            except Exception as e:
-                raise _validation(e) from None
-            if not req.items:
-                raise ApiError(422, "items: empty", "items")
-            if len(req.items) > lim.max_batch:
-                raise ApiError(422, f"items: {len(req.items)} items, the limit is {lim.max_batch} per request", "items")
-            items = []
-            for i, it in enumerate(req.items):
-                if not it.text.strip():
-                    raise ApiError(422, f"items[{i}].text: empty", f"items[{i}].text")
-                if len(it.text) > lim.max_caption_chars:
-                    raise ApiError(422, f"items[{i}].text: {len(it.text)} characters, the limit is "
-                                        f"{lim.max_caption_chars}", f"items[{i}].text")
-                meta = {k: v for k, v in (it.model_extra or {}).items()}
-                items.append(text_item(it.text, id=_check_id(it.id, f"items[{i}].id"), metadata=meta))
+                ids = [_part_id(f, i) for i, f in enumerate(files)]
+                uploads = [(await f.read(), f.filename or "") for f in files]
+            finally:
+                await form.close()
+            return await _run(_add_images, uploads, ids)
+        req = await _json_body(request, models.add_texts)
+        items = [text_item(it.text, id=it.id, metadata=dict(it.model_extra or {})) for it in req.items]
         return await _run(_add_items, items)
+
+    def _add_images(uploads: list[tuple[bytes, str]], ids: list[str | None]) -> dict[str, Any]:
+        """Every image decoded before any is kept; the files this request stored are removed again
+        if its commit does not happen (a failed request changes nothing stored)."""
+        from ..index.ingest import image_item
+
+        for i, (data, _name) in enumerate(uploads):
+            _decode_image(data, lim, f"images[{i}]")
+        with svc.upload_lock:  # no other request sees (or removes) a file between its write and commit
+            created: list[Path] = []
+            try:
+                items = []
+                for (data, name), own in zip(uploads, ids):
+                    path, new = _keep_upload(svc.uploads, data)
+                    if new:
+                        created.append(path)
+                    items.append(image_item(path, id=own, metadata={"filename": name}))
+                return _add_items(items)
+            except BaseException:
+                for path in created:
+                    path.unlink(missing_ok=True)
+                raise
 
     def _add_items(items: list) -> dict[str, Any]:
         from ..index.ingest import add_items
@@ -326,14 +373,15 @@ def create_app(settings: ServeSettings, pool: Any = None) -> FastAPI:
         sid = c.current_space
         enc = svc.pool.get(c.space(sid)["model"], sid, what="collection's current model")
         try:
-            rep = add_items(c, enc, items, progress=False, wait=True)
+            rep = add_items(c, enc, items, progress=False, wait=True, chunk_size=max(1, len(items)))
         except DuplicateIdError as e:
             raise ApiError(409, str(e), "id") from None
         except (SpaceMismatchError, ValueError) as e:
-            raise ApiError(422, str(e)) from None
+            raise ApiError(422, str(e), "images" if items and items[0].modality == "image" else "items") from None
         return {**rep.to_dict(), "ids": [it.id for it in items]}
 
-    @app.get("/v1/items/{item_id}", summary="One item: modality, metadata, the space that serves it")
+    @app.get("/v1/items/{item_id}", summary="One item: modality, metadata, the space that serves it",
+             response_model=ItemOut, responses=errors(401, 404))
     async def get_item(item_id: str, _r: str = Depends(reader)) -> Any:
         from ..index.collection import ItemNotFoundError
 
@@ -341,22 +389,25 @@ def create_app(settings: ServeSettings, pool: Any = None) -> FastAPI:
         item = snap.items.get(item_id)
         if item is None:
             raise ApiError(404, str(ItemNotFoundError(f"no item with id {item_id!r}")), "id")
-        return {"id": item.id, "modality": item.modality, "metadata": dict(item.metadata),
+        return {"id": item.id, "modality": item.modality, "metadata": svc.paths.metadata(item.metadata),
                 "space": snap.serving_space(item_id)}
 
-    @app.get("/v1/items/{item_id}/thumbnail", summary="A small PNG of an image item")
-    async def thumbnail(item_id: str, size: int = 160, _r: str = Depends(reader)) -> Any:
+    @app.get("/v1/items/{item_id}/thumbnail", summary="A small PNG of an image item", response_class=Response,
+             responses={200: {"description": "A PNG at most `size` pixels on its longer side.",
+                              "content": {"image/png": {"schema": {"type": "string", "format": "binary"}}}},
+                        **errors(401, 404, 422)})
+    async def thumbnail(item_id: str, size: int = Query(160, ge=16, le=512, description="Longer side, pixels."),
+                        _r: str = Depends(reader)) -> Any:
         item = svc.collection.snapshot().items.get(item_id)
         if item is None:
             raise ApiError(404, f"no item with id {item_id!r}", "id")
         if item.modality != "image":
             raise ApiError(404, f"item {item_id!r} is a text: it has no thumbnail", "id")
-        if not 16 <= size <= 512:
-            raise ApiError(422, "size: between 16 and 512", "size")
         return Response(content=await _run(_thumb, Path(item.payload), size), media_type="image/png",
                         headers={"Cache-Control": "max-age=3600"})
 
-    @app.delete("/v1/items/{item_id}", summary="Delete an item (never returned again)")
+    @app.delete("/v1/items/{item_id}", summary="Delete an item (never returned again)", response_model=Deleted,
+                responses=errors(401, 403, 404))
     async def delete(item_id: str, _r: str = Depends(admin)) -> Any:
         from ..index.collection import ItemNotFoundError
 
@@ -367,12 +418,12 @@ def create_app(settings: ServeSettings, pool: Any = None) -> FastAPI:
         return {"deleted": item_id}
 
     # ------------------------------------------------------------------ status / control
-    @app.get("/v1/status", summary="Spaces, counts, current model, routes, backfill progress")
+    @app.get("/v1/status", summary="Spaces, counts, current model, routes, backfill progress",
+             response_model=Status, responses=errors(401))
     async def status(_r: str = Depends(reader)) -> Any:
         return await _run(_status)
 
     def _status() -> dict[str, Any]:
-        from ..search.backfill import backfill_status
         from ..search.plan import route_table
 
         c = svc.collection
@@ -381,50 +432,55 @@ def create_app(settings: ServeSettings, pool: Any = None) -> FastAPI:
         st["routes"] = route_table(plan)
         st["merge"] = (plan.get("merge") or {}).get("method") or "raw"
         st["calibrated"] = bool(plan.get("calibration"))
-        st["backfill"] = backfill_status(c)
+        st["backfill"] = svc.backfill_status()
         st["limits"] = dataclasses.asdict(lim)
-        st["backfill"]["worker"] = "running" if svc.backfill_thread and svc.backfill_thread.is_alive() else "idle"
-        if svc.backfill_error:
-            st["backfill"]["error"] = svc.backfill_error
         svc.g_done.set(st["backfill"]["done"])
         svc.g_total.set(st["backfill"]["total"])
         for m, n in st["items"].items():
             svc.g_items.labels(m).set(n)
-        return st
+        return svc.paths.deep(st)  # the collection, models and messages by name, no server path
 
-    @app.post("/v1/backfill/start", summary="Start (or resume) the backfill in this server")
+    @app.post("/v1/backfill/start", summary="Start (or resume) the backfill in this server",
+              response_model=BackfillStatus, dependencies=[Depends(admin_json)],
+              responses=errors(400, 401, 403, 409, 413, 415, 422))
     async def backfill_start(req: BackfillRequest, _r: str = Depends(admin)) -> Any:
         from ..search.backfill import BackfillError
 
         try:
             return await _run(svc.start_backfill, req.order, req.rate)
         except BackfillError as e:
-            raise ApiError(409, str(e)) from None
+            raise ApiError(409, str(e), "backfill") from None
 
-    @app.post("/v1/backfill/pause", summary="Pause the backfill (every worker stops after its batch)")
+    @app.post("/v1/backfill/pause", summary="Pause the backfill (every worker stops after its batch)",
+              response_model=BackfillStatus, responses=errors(401, 403, 409))
     async def backfill_pause(_r: str = Depends(admin)) -> Any:
         from ..search.backfill import BackfillError, backfill_status, pause_backfill
 
         try:
             await _run(pause_backfill, svc.collection)
         except BackfillError as e:
-            raise ApiError(409, str(e)) from None
+            raise ApiError(409, str(e), "backfill") from None
         return backfill_status(svc.collection)
 
-    @app.post("/v1/backfill/resume", summary="Resume a paused backfill in this server")
+    @app.post("/v1/backfill/resume", summary="Resume a paused backfill in this server",
+              response_model=BackfillStatus, dependencies=[Depends(admin_json)],
+              responses=errors(400, 401, 403, 409, 413, 415, 422))
     async def backfill_resume(req: BackfillRequest, _r: str = Depends(admin)) -> Any:
         return await backfill_start(req, _r)
 
-    @app.post("/v1/upgrade", summary="Register a new model (and its bridges) as the current one")
+    @app.post("/v1/upgrade", summary="Register a new model (and its bridges) as the current one",
+              response_model=UpgradeResult, dependencies=[Depends(admin_json)],
+              responses=errors(400, 401, 403, 404, 409, 413, 415, 422))
     async def upgrade(req: UpgradeRequest, _r: str = Depends(admin)) -> Any:
-        model = svc.under(settings.models_root, req.model, "model")
-        bridges = [svc.under(settings.models_root, b, f"bridges[{i}]") for i, b in enumerate(req.bridges)]
+        model = svc.under(settings.models_root, req.model, "model", "--models-root")
+        bridges = [svc.under(settings.upgrades_root, b, f"bridges[{i}]", "--upgrades-root")
+                   for i, b in enumerate(req.bridges)]
         if not (model / "config.json").is_file():
             raise ApiError(422, f"model: {req.model!r} is not a model directory (no config.json)", "model")
         for i, b in enumerate(bridges):
             if not (b / "upgrade.json").is_file():
                 raise ApiError(422, f"bridges[{i}]: {req.bridges[i]!r} is not an upgrade directory", f"bridges[{i}]")
-        data = svc.under(settings.data_root, req.calibrate, "calibrate") if req.calibrate else None
+        data = svc.under(settings.data_root, req.calibrate, "calibrate", "--data-root") if req.calibrate else None
         return await _run(_upgrade, model, bridges, data, req.calibrate_split, req.calibrate_limit)
 
     def _upgrade(model: Path, bridges: list[Path], data: Path | None, split: str, limit: int | None) -> dict:
@@ -445,7 +501,7 @@ def create_app(settings: ServeSettings, pool: Any = None) -> FastAPI:
                 plan = upgrade_collection(svc.collection, model, bridges=bridges, calibration=tasks,
                                           calibration_label=label, pool=svc.pool)
             except UpgradeRefused as e:
-                raise ApiError(409, str(e)) from None
+                raise ApiError(409, str(e), "model") from None
             except (ValueError, KeyError) as e:
                 raise ApiError(422, str(e)) from None
         svc.searcher.warm()
@@ -453,7 +509,7 @@ def create_app(settings: ServeSettings, pool: Any = None) -> FastAPI:
                 "merge": (plan.get("merge") or {}).get("method")}
 
     # ------------------------------------------------------------------ health, metrics, page
-    @app.get("/healthz", summary="Liveness and the collection's generation")
+    @app.get("/healthz", summary="Liveness and the collection's generation", response_model=Health)
     async def healthz() -> Any:
         return {"ok": True, "generation": svc.collection.generation, "models": len(svc.pool.loaded())}
 
@@ -468,24 +524,35 @@ def create_app(settings: ServeSettings, pool: Any = None) -> FastAPI:
     async def page() -> Any:
         return FileResponse(STATIC / "index.html", media_type="text/html")
 
+    @app.get("/favicon.ico", include_in_schema=False)
+    @app.get("/favicon.svg", include_in_schema=False)
+    async def favicon() -> Any:
+        return FileResponse(STATIC / "favicon.svg", media_type="image/svg+xml",
+                            headers={"Cache-Control": "max-age=86400"})
+
     app.mount("/static", StaticFiles(directory=STATIC), name="static")
     return app
 
 
 # ----------------------------------------------------------------------------- helpers
 class _FastJSON(JSONResponse):
-    """A JSON response serialised by orjson (several times faster than json for hit lists)."""
+    """A JSON response serialised by orjson (several times faster than json for hit lists); what
+    orjson refuses (integers past 64 bits, very deep nesting) goes through the json module."""
 
     def render(self, content: Any) -> bytes:
         import orjson
 
-        return orjson.dumps(content)
+        try:
+            return orjson.dumps(content)
+        except TypeError:  # orjson.JSONEncodeError is a TypeError
+            return json.dumps(content, ensure_ascii=False, separators=(",", ":"), default=str).encode("utf-8")
 
 
 class _LimitsAndMetrics:
     """Pure ASGI middleware (no per-request task, unlike ``@app.middleware``): refuses a body whose
-    declared length is over the limit before it is read, and records each request's count and
-    latency by route for ``/metrics``."""
+    declared length is over the limit before it is read (and one that grows past it while read),
+    answers 404 for a path whose segment holds an encoded '/' (it would route elsewhere once
+    decoded), and records each request's count and latency by route for ``/metrics``."""
 
     def __init__(self, app, *, max_body: int, service) -> None:
         self.app, self.max_body, self.svc = app, int(max_body), service
@@ -503,8 +570,21 @@ class _LimitsAndMetrics:
                 await _error(413, f"body of {int(length)} bytes exceeds the limit of {self.max_body}",
                              "body")(scope, receive, send)
                 return
+        if b"%2f" in (scope.get("raw_path") or b"").lower():
+            await _error(404, f"not found: {scope['method']} {scope['path']} (a path segment holds an encoded '/')",
+                         "path")(scope, receive, send)
+            return
         t0 = time.perf_counter()
         status = {"code": 500}
+        seen = {"bytes": 0}
+
+        async def counted() -> dict:
+            message = await receive()
+            if message["type"] == "http.request":
+                seen["bytes"] += len(message.get("body", b""))
+                if seen["bytes"] > self.max_body:
+                    raise _TooLarge(self.max_body)
+            return message
 
         async def send_status(message) -> None:
             if message["type"] == "http.response.start":
@@ -512,22 +592,201 @@ class _LimitsAndMetrics:
             await send(message)
 
         try:
-            await self.app(scope, receive, send_status)
+            await self.app(scope, counted, send_status)
         finally:
             endpoint = getattr(scope.get("route"), "path", "other")
             self.svc.m_requests.labels(endpoint, scope["method"], str(status["code"])).inc()
             self.svc.m_latency.labels(endpoint).observe(time.perf_counter() - t0)
 
 
-def _error(status: int, detail: str, field: str | None = None) -> JSONResponse:
-    return JSONResponse({"detail": detail, **({"field": field} if field else {})}, status_code=status)
+def _error(status: int, detail: str, field: str | None = None, headers: dict | None = None) -> JSONResponse:
+    """The one error body (:class:`~nobackfill.serve.schema.ErrorBody`): ``field`` always present."""
+    return _FastJSON({"detail": detail, "field": field}, status_code=status, headers=headers)
 
 
-def _validation(e: Exception) -> ApiError:
-    errs = getattr(e, "errors", lambda: [])()
+def _loc(parts: Any) -> str:
+    """``("items", 0, "text")`` -> ``items[0].text``."""
+    out = ""
+    for x in parts:
+        out += f"[{x}]" if isinstance(x, int) else (f".{x}" if out else str(x))
+    return out
+
+
+def _validation(errs: list[dict]) -> ApiError:
+    """The first of pydantic's errors as one message that names the field (``items[0].text``)."""
+    from .schema import ID_PATTERN, NONBLANK, REL_PATH, SEGMENT
+
     first = errs[0] if errs else {}
-    loc = ".".join(str(x) for x in first.get("loc", ()))
-    return ApiError(422, f"{loc or 'body'}: {first.get('msg', str(e))}", loc or "body")
+    field = _loc([x for x in first.get("loc", ()) if x not in ("body", "query", "path", "header")]) or "body"
+    kind, ctx, value = first.get("type", ""), first.get("ctx") or {}, first.get("input")
+    msg = first.get("msg", "invalid")
+    if kind == "json_invalid":
+        return ApiError(400, f"malformed JSON: {ctx.get('error', msg)}", "body")
+    if kind == "string_pattern_mismatch":
+        pattern = ctx.get("pattern")
+        if pattern == NONBLANK:
+            msg = "empty (only white space)"
+        elif pattern == ID_PATTERN:
+            msg = "not a valid id (no '/', '\\\\' or control characters; not starting with '.', '[' or a space)"
+        elif pattern in (REL_PATH, SEGMENT):
+            if isinstance(value, str) and (value.startswith("/") or ".." in value.replace("\\", "/").split("/")):
+                return ApiError(400, f"{field}: {value!r} lies outside the allowed root", field)
+            msg = "a path relative to the root: segments of letters, digits, '_', '-', '+', '.', none starting with '.'"
+    elif kind == "string_too_long":
+        msg = f"{len(value) if isinstance(value, str) else '?'} characters, the limit is {ctx.get('max_length')}"
+    elif kind == "too_long":
+        n = len(value) if isinstance(value, (list, tuple)) else "?"
+        msg = f"{n} items, the limit is {ctx.get('max_length')} per request"
+    elif kind in ("too_short", "string_too_short"):
+        msg = "empty"
+    elif kind in ("less_than_equal", "greater_than_equal", "greater_than", "less_than"):
+        msg = f"{msg}, got {value!r}"
+    elif kind == "extra_forbidden":
+        msg = "unknown field"
+    elif kind == "missing":
+        msg = "required"
+    return ApiError(422, f"{field}: {msg}", field)
+
+
+def _content_type(request: Request, *, multipart: bool) -> str:
+    """``json`` or ``multipart`` (where the operation takes it) from the Content-Type; 415 else. No
+    Content-Type at all is read as JSON."""
+    raw = request.headers.get("content-type")
+    if raw is None:
+        return "json"
+    main = raw.split(";", 1)[0].strip().lower()
+    if main == "application/json" or (main.startswith("application/") and main.endswith("+json")):
+        return "json"
+    if multipart and main == "multipart/form-data":
+        return "multipart"
+    takes = "application/json or multipart/form-data" if multipart else "application/json"
+    raise ApiError(415, f"content-type: {main or raw!r} is not taken here (send {takes})", "content-type")
+
+
+def _parse_json(raw: bytes) -> Any:
+    """Strict JSON (RFC 8259: no NaN / Infinity, UTF-8, no lone surrogates); 400 else."""
+    def constant(name: str) -> Any:
+        raise ValueError(f"{name} is not JSON")
+
+    try:
+        obj = json.loads(raw.decode("utf-8"), parse_constant=constant)
+        json.dumps(obj, ensure_ascii=False).encode("utf-8")  # lone surrogates fail here
+    except (ValueError, UnicodeError, RecursionError) as e:  # JSONDecodeError is a ValueError
+        raise ApiError(400, f"malformed JSON: {e}" if raw.strip() else "malformed JSON: the body is empty",
+                       "body") from None
+    return obj
+
+
+async def _json_body(request: Request, model: Any) -> Any:
+    """The request's JSON body validated by ``model`` (strict: 400 malformed, 422 invalid)."""
+    from pydantic import ValidationError
+
+    obj = _parse_json(await request.body())
+    try:
+        return model.model_validate(obj)
+    except ValidationError as e:
+        raise _validation(e.errors()) from None
+
+
+async def _form(request: Request, *, files: dict[str, tuple[int, int]], fields: dict[str, int]):
+    """The multipart form, every part checked: ``files`` (name -> (min, max) count) must be file
+    parts, ``fields`` (name -> max count) plain fields; any other part is refused. 422 naming the part."""
+    form = await _read_form(request)
+    try:
+        _check_parts(form, files, fields)
+    except ApiError:
+        await form.close()
+        raise
+    return form
+
+
+def _check_parts(form, files: dict[str, tuple[int, int]], fields: dict[str, int]) -> None:
+    allowed = [*files, *fields]
+    for name in form.keys():
+        if name not in allowed:
+            raise ApiError(422, f"{name}: unknown part (this operation takes {', '.join(allowed)})", name)
+    for name, (lo, hi) in files.items():
+        parts = form.getlist(name)
+        for i, part in enumerate(parts):
+            if not isinstance(part, UploadFile):
+                at = f"{name}[{i}]" if hi > 1 else name
+                raise ApiError(422, f"{at}: must be a file part (a filename or an image Content-Type), not a "
+                                    "plain field", at)
+        if len(parts) < lo:
+            raise ApiError(422, f"{name}: a file part named {name!r} is required", name)
+        if len(parts) > hi:
+            raise ApiError(422, f"{name}: {len(parts)} files, the limit is {hi} per request", name)
+    for name, hi in fields.items():
+        parts = form.getlist(name)
+        for i, part in enumerate(parts):
+            if not isinstance(part, str):
+                at = f"{name}[{i}]" if hi > 1 else name
+                raise ApiError(422, f"{at}: must be a plain field, not a file part", at)
+        if len(parts) > hi:
+            raise ApiError(422, f"{name}: given {len(parts)} times, at most {hi}", name)
+
+
+async def _read_form(request: Request):
+    """The multipart body, a part counted as a file when it has a filename or a Content-Type other
+    than text (RFC 7578: a part's type defaults to text/plain; data carries its own), so an image
+    sent without a filename stays bytes. 400 for a body that does not parse."""
+    from starlette.formparsers import MultiPartException, MultiPartParser, parse_options_header
+
+    class Parser(MultiPartParser):
+        def on_headers_finished(self) -> None:
+            part = self._current_part
+            ctype = dict(part.item_headers).get(b"content-type", b"").split(b";")[0].strip().lower()
+            _, options = parse_options_header(part.content_disposition)
+            if b"filename" not in options and ctype and not ctype.startswith(b"text/"):
+                part.content_disposition += b'; filename=""'
+            super().on_headers_finished()
+
+    try:
+        form = await Parser(request.headers, request.stream()).parse()
+    except MultiPartException as e:
+        raise ApiError(400, f"malformed multipart body: {e.message}", "body") from None
+    return form
+
+
+def _part_id(part: UploadFile, i: int) -> str | None:
+    """The item id an image part names in its ``X-Item-Id`` header (None: one from its content)."""
+    from .schema import ID_HEADER, ID_PATTERN, MAX_ID
+
+    own = part.headers.get(ID_HEADER)
+    if own is None:
+        return None
+    try:  # part headers arrive as bytes read as latin-1; an id is UTF-8
+        own = own.encode("latin-1").decode("utf-8")
+    except UnicodeError:
+        pass
+    if not own or len(own) > MAX_ID or not re.search(ID_PATTERN, own):
+        raise ApiError(422, f"images[{i}]: {ID_HEADER} {own!r} is not a valid id (1 to {MAX_ID} characters, no "
+                            "'/', '\\' or control characters, not starting with '.', '[' or a space)", f"images[{i}]")
+    return own
+
+
+def _form_filter(value: str | None) -> dict | None:
+    """The ``filter`` field of an image search: a flat JSON object (exactly the schema's pattern)."""
+    from .schema import FILTER_FIELD
+
+    if value is None:
+        return None
+    if not re.search(FILTER_FIELD, value):
+        raise ApiError(422, "filter: a JSON object {key: value | [values]} whose values are strings, numbers, "
+                            "booleans, null or lists of them", "filter")
+    return _form_json(value, "filter")
+
+
+def _allowed_methods(request: Request) -> list[str]:
+    """Every method some route takes at this path (for ``Allow``)."""
+    from starlette.routing import Match, Route
+
+    methods: set[str] = set()
+    for route in request.scope["app"].router.routes:
+        if isinstance(route, Route) and route.methods and route.matches(request.scope)[0] != Match.NONE:
+            methods |= route.methods
+    order = ["GET", "HEAD", "POST", "PUT", "PATCH", "DELETE"]
+    return sorted(methods, key=lambda m: (order.index(m) if m in order else len(order), m))
 
 
 async def _run(fn, *args):
@@ -538,8 +797,11 @@ async def _run(fn, *args):
 
 
 def _decode_image(data: bytes, lim, field: str):
-    """A PIL image from uploaded bytes, refusing non-images, corrupt files and pixel bombs."""
+    """An RGB PIL image from uploaded bytes as a person sees it (:func:`~nobackfill.data.images.to_rgb`:
+    EXIF orientation, every mode), refusing non-images, corrupt files and pixel bombs."""
     from PIL import Image
+
+    from ..data.images import to_rgb
 
     if not data:
         raise ApiError(422, f"{field}: empty file", field)
@@ -548,62 +810,76 @@ def _decode_image(data: bytes, lim, field: str):
     try:
         im = Image.open(io.BytesIO(data))
         w, h = im.size
+    except Image.DecompressionBombError as e:
+        raise ApiError(413, f"{field}: too many pixels ({e}), the limit is {lim.max_image_pixels}", field) from None
     except Exception as e:
         raise ApiError(422, f"{field}: not an image ({type(e).__name__})", field) from None
     if w * h > lim.max_image_pixels:
         raise ApiError(413, f"{field}: {w}x{h} pixels, the limit is {lim.max_image_pixels}", field)
     try:
         im.load()
-        return im.convert("RGB")
+        out = to_rgb(im)
+        out.load()
+        return out
+    except MemoryError:
+        raise ApiError(413, f"{field}: too large to decode", field) from None
     except Exception as e:
         raise ApiError(422, f"{field}: corrupt image ({type(e).__name__}: {e})", field) from None
 
 
-def _keep_upload(folder: Path, data: bytes) -> Path:
-    """Store an uploaded image by its content hash (atomic, idempotent): its item's source."""
+def _keep_upload(folder: Path, data: bytes) -> tuple[Path, bool]:
+    """Store an uploaded image by its content hash (atomic, idempotent): its item's source, and
+    whether this call created the file."""
     from ..index.store import atomic_write_bytes
 
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / f"{hashlib.sha256(data).hexdigest()[:32]}.img"
-    if not path.exists():
-        atomic_write_bytes(path, data)
-    return path
+    if path.exists():
+        return path, False
+    atomic_write_bytes(path, data)
+    return path, True
 
 
 def _thumb(path: Path, size: int) -> bytes:
     from PIL import Image
 
+    from ..data.images import to_rgb
+
     try:
         with Image.open(path) as im:
-            im.thumbnail((size, size))
+            im.draft("RGB", (size * 2, size * 2))  # JPEG: decode at a reduced scale
+            rgb = to_rgb(im)
+            rgb = rgb.copy() if rgb is im else rgb
+            rgb.thumbnail((size, size))
             buf = io.BytesIO()
-            im.convert("RGB").save(buf, format="PNG")
+            rgb.save(buf, format="PNG")
             return buf.getvalue()
-    except OSError as e:
+    except (OSError, ValueError) as e:
         raise ApiError(404, f"the item's image is not readable here ({e.__class__.__name__})", "id") from None
 
 
-def _check_id(value: Any, field: str) -> str | None:
-    if value is None:
-        return None
-    if not isinstance(value, str) or not value.strip() or len(value) > 512:
-        raise ApiError(422, f"{field}: an id is a non-empty string of at most 512 characters", field)
-    return value
-
-
-def _form_int(value: Any, field: str) -> int:
+def _form_int(value: Any, field: str, lo: int, hi: int) -> int:
+    """An integer form field: its text as a JSON number with no fraction (``7``, ``7.0``, ``7e0``)."""
     try:
-        return int(value)
-    except (TypeError, ValueError):
-        raise ApiError(422, f"{field}: not an integer: {value!r}", field) from None
+        number = json.loads(value) if isinstance(value, str) else None
+    except ValueError:
+        number = None
+    if isinstance(number, float) and number.is_integer():
+        number = int(number)
+    if not isinstance(number, int) or isinstance(number, bool):
+        raise ApiError(422, f"{field}: not an integer: {value!r}", field)
+    k = number
+    if not lo <= k <= hi:
+        raise ApiError(422, f"{field}: must be between {lo} and {hi}, got {k}", field)
+    return k
 
 
 def _form_json(value: Any, field: str) -> Any:
-    if value in (None, ""):
+    if value is None:
         return None
     try:
-        return json.loads(value)
-    except (TypeError, json.JSONDecodeError):
+        return _parse_json(value.encode("utf-8"))
+    except (ApiError, UnicodeError):
         raise ApiError(422, f"{field}: not valid JSON", field) from None
 
 

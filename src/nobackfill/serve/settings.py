@@ -68,9 +68,15 @@ class Limits:
 
 @dataclass
 class ServeSettings:
+    """``models_root``: the model directories ``POST /v1/upgrade`` may name (``model``) lie under it;
+    ``upgrades_root``: the upgrade directories (bridges) it may name (``bridges``); ``data_root``: the
+    calibration data (``calibrate``). A root left None refuses such paths (403). Responses show paths
+    relative to these roots or to the collection, never the server's file system."""
+
     collection: str
     keys: KeyRing
-    models_root: Path
+    models_root: Path | None = None
+    upgrades_root: Path | None = None
     data_root: Path | None = None  # calibration data a request may name must lie under it
     uploads: Path | None = None  # where uploaded images are kept (default: <collection>/uploads)
     limits: Limits = field(default_factory=Limits)

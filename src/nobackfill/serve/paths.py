@@ -1,0 +1,105 @@
+"""What the service shows of a file system path: relative to the collection or to a root the server
+was started with (uploads, data, models, upgrades), never the server's own absolute path.
+
+Every response and error message goes through :class:`PublicPaths`: a path under a known root
+becomes its path relative to that root (``uploads/3fa1….img``, ``images/p0.png``, ``world-new``);
+any other absolute path becomes its last component. A client of any role learns the names it may
+use in requests, nothing about where the server keeps them.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path, PurePosixPath
+from typing import Any, Iterable, Mapping
+
+__all__ = ["PublicPaths"]
+
+# an absolute POSIX path inside free text (after an optional URI scheme): starts at a '/' that does
+# not continue a word or a relative path, and runs to whitespace, a quote, a bracket or a separator
+_ABS_IN_TEXT = re.compile(r"(?<![\w.~\-/])(?P<scheme>[A-Za-z][\w+.\-]*:)?(?P<path>/[^\s'\"`,;:()<>\[\]{}|]+)")
+
+
+class PublicPaths:
+    """``roots``: ``(directory, prefix)`` pairs; a path under ``directory`` is shown as ``prefix``
+    followed by its path relative to the directory. The deepest matching root wins."""
+
+    def __init__(self, roots: Iterable[tuple[str | Path | None, str]]) -> None:
+        seen: dict[str, str] = {}
+        for root, prefix in roots:
+            if root is None:
+                continue
+            for form in _forms(Path(root)):
+                seen.setdefault(form, prefix)
+        self._roots = sorted(seen.items(), key=lambda kv: -len(kv[0]))
+
+    # ------------------------------------------------------------------ one path
+    def path(self, value: str) -> str:
+        """``value`` as a client may see it (unchanged unless it is an absolute path)."""
+        if not isinstance(value, str) or not value.startswith("/"):
+            return value
+        norm = os.path.normpath(value)
+        if norm.startswith("//"):
+            norm = "/" + norm.lstrip("/")
+        for root, prefix in self._roots:
+            if norm == root:
+                return prefix.rstrip("/") or PurePosixPath(root).name
+            if norm.startswith(root.rstrip("/") + "/"):
+                return prefix + norm[len(root.rstrip("/")) + 1:]
+        return PurePosixPath(norm).name
+
+    def known(self, value: str) -> bool:
+        """Whether ``value`` is an absolute path under one of the roots."""
+        if not isinstance(value, str) or not value.startswith("/"):
+            return False
+        norm = os.path.normpath(value)
+        return any(norm == r or norm.startswith(r.rstrip("/") + "/") for r, _ in self._roots)
+
+    # ------------------------------------------------------------------ structures and text
+    def text(self, message: str) -> str:
+        """Every absolute path inside ``message`` replaced by its public form."""
+        if not isinstance(message, str) or "/" not in message:
+            return message
+        return _ABS_IN_TEXT.sub(self._in_text, message)
+
+    def _in_text(self, m: re.Match) -> str:
+        scheme, raw = m.group("scheme") or "", m.group("path")
+        if scheme and raw.startswith("//") and not raw.startswith("///"):
+            return m.group(0)  # a URI with a host (milvus://host:port/db): no path of this server
+        tail = ""
+        while raw and raw[-1] in ".!?":
+            raw, tail = raw[:-1], raw[-1] + tail
+        return scheme + (self.path(raw) if raw else "") + tail
+
+    def metadata(self, meta: Mapping[str, Any]) -> dict[str, Any]:
+        """An item's metadata with the paths the server stored (``path``, or any value under a
+        known root) made public; other values, a client's own data, are left as they are."""
+        out = {}
+        for k, v in meta.items():
+            if isinstance(v, str) and v.startswith("/") and (k == "path" or self.known(v)):
+                v = self.path(v)
+            out[k] = v
+        return out
+
+    def deep(self, value: Any) -> Any:
+        """Every string of a structure the server built (status, plans) made public: absolute paths
+        by :meth:`path`, paths inside messages by :meth:`text`."""
+        if isinstance(value, str):
+            whole = value.startswith("/") and (" " not in value or self.known(value))
+            return self.path(value) if whole else self.text(value)
+        if isinstance(value, Mapping):
+            return {k: self.deep(v) for k, v in value.items()}
+        if isinstance(value, (list, tuple)):
+            return [self.deep(v) for v in value]
+        return value
+
+
+def _forms(p: Path) -> list[str]:
+    """The spellings of a directory a path may arrive in: as given (absolute) and resolved."""
+    out = []
+    for q in (p.absolute(), p.resolve()):
+        s = os.path.normpath(str(q))
+        if s not in out:
+            out.append(s)
+    return out

@@ -1,0 +1,307 @@
+"""The API's types: request bodies (with every constraint the service enforces, so the OpenAPI
+schema says what is validated), response bodies, the one error body, and the OpenAPI document built
+from them (``GET /openapi.json``; ``schemathesis`` checks it against the running service).
+
+Request models depend on the server's :class:`~nobackfill.serve.settings.Limits` (``k``, caption
+length, batch size), so :func:`request_models` builds them per app.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Annotated, Any, Literal, Optional
+
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
+
+__all__ = ["ERROR_STATUSES", "FILTER_FIELD", "ID_HEADER", "ID_PATTERN", "IMAGE_TYPES", "NONBLANK", "REL_PATH",
+           "BackfillRequest", "ErrorBody", "RequestModels", "UpgradeRequest", "errors", "finish_openapi",
+           "form_encodings", "request_models"]
+
+#: a text with at least one character that is white space neither to JSON Schema's regular
+#: expressions (ECMA-262 ``\s``) nor to Python (``str.isspace``, what ``strip`` removes): the same
+#: texts are blank to the schema, to its validators and to the service
+NONBLANK = r"[^\t\n\x0b\x0c\r \x1c-\x1f\x85\xa0\u1680\u2000-\u200a\u2028\u2029\u202f\u205f\u3000\ufeff]"
+#: an item id a client can name in a URL path: no '/', '\\' or control characters, and not starting
+#: with '.' (no '.' / '..'), '[' or white space (so it is never blank, to Python or to the schema)
+ID_PATTERN = (r"^[^./\\\[\x00-\x20\x7f\x85\xa0\u1680\u2000-\u200a\u2028\u2029\u202f\u205f\u3000\ufeff]"
+              r"[^/\\\x00-\x1f\x7f]*$")
+#: a path relative to a root: segments of letters, digits, '_', '-', '+', '.' (at most 255), none
+#: starting with '.'
+REL_PATH = r"^[A-Za-z0-9_][A-Za-z0-9_.+\-]{0,254}(/[A-Za-z0-9_][A-Za-z0-9_.+\-]{0,254})*$"
+#: one such segment (a split's folder)
+SEGMENT = r"^[A-Za-z0-9_][A-Za-z0-9_.+\-]{0,254}$"
+MAX_ID = 512
+#: the image types a part may be declared as (the server reads any image Pillow decodes, whatever
+#: the part's Content-Type says)
+IMAGE_TYPES = "image/png, image/jpeg, image/gif, image/webp, image/tiff, image/bmp"
+#: the item id header of an image part (multipart ``POST /v1/items``)
+ID_HEADER = "X-Item-Id"
+
+# A JSON object as a form field (``filter`` of an image search): flat, its values scalars or lists
+# of scalars (dotted keys reach nested metadata). A regular language, so the schema's pattern is
+# exactly what the server takes: JSON whitespace, strings with JSON escapes (no lone surrogates).
+_WS = r"[ \t\n\r]*"
+_STR = (r'"(?:[^"\\\x00-\x1f]|\\["\\/bfnrt]|\\u(?:[0-9a-cA-CeEfF][0-9a-fA-F]{3}|[dD][0-7][0-9a-fA-F]{2})'
+        r'|\\u[dD][89abAB][0-9a-fA-F]{2}\\u[dD][c-fC-F][0-9a-fA-F]{2})*"')
+_NUM = r"-?(?:0|[1-9][0-9]*)(?:\.[0-9]+)?(?:[eE][+\-]?[0-9]+)?"
+_SCALAR = rf"(?:{_STR}|{_NUM}|true|false|null)"
+_VALUE = rf"(?:{_SCALAR}|\[{_WS}(?:{_SCALAR}(?:{_WS},{_WS}{_SCALAR})*)?{_WS}\])"
+_PAIR = rf"{_STR}{_WS}:{_WS}{_VALUE}"
+FILTER_FIELD = rf"^{_WS}\{{{_WS}(?:{_PAIR}(?:{_WS},{_WS}{_PAIR})*)?{_WS}\}}{_WS}$"
+
+_STRICT = ConfigDict(extra="forbid", strict=True, regex_engine="python-re")
+
+
+def _integral(value: Any) -> Any:
+    """JSON Schema counts 3.0 as an integer; so does the service (3.5, "3" and true stay refused)."""
+    return int(value) if isinstance(value, float) and value.is_integer() else value
+
+
+#: an integer field, strict but for JSON numbers with a zero fraction
+Integer = Annotated[int, BeforeValidator(_integral)]
+
+ERROR_STATUSES = {
+    400: "Malformed request: JSON or multipart that does not parse, a bad Content-Length, a path outside "
+         "the allowed root.",
+    401: "Missing or unknown API key (send `Authorization: Bearer KEY`).",
+    403: "The key's role may not do this (writes need an admin key), or the server takes no such paths.",
+    404: "No such item, model directory or data.",
+    405: "The path exists but not with this method (`Allow` lists the methods).",
+    409: "Conflicts with the collection's state: an id given twice with other content, an upgrade during a "
+         "backfill, no backfill to pause.",
+    413: "Body, image or image pixels over the server's limits.",
+    415: "A Content-Type the operation does not take.",
+    422: "Well-formed but invalid: a field out of range, an image that does not decode, an empty text.",
+    500: "An error of the server (never expected; reported with the exception's type).",
+}
+
+
+class ErrorBody(BaseModel):
+    """Every error: a message naming the problem and, when one is to blame, the request field
+    (``k``, ``items[2].text``, ``images[0]``, ``authorization``, ``id``...)."""
+
+    model_config = ConfigDict(title="Error")
+    detail: str = Field(..., description="What went wrong, naming the field or the problem.")
+    field: Optional[str] = Field(..., description="The request field to blame, or null.")
+
+
+def errors(*statuses: int) -> dict[int | str, dict[str, Any]]:
+    """``responses=`` of an operation that may answer these error statuses (all with :class:`ErrorBody`)."""
+    return {s: {"model": ErrorBody, "description": ERROR_STATUSES[s]} for s in statuses}
+
+
+# ----------------------------------------------------------------------------- requests
+def form_encodings() -> dict[str, dict[str, Any]]:
+    """The ``encoding`` of the multipart bodies: what each part carries."""
+    item_id = {"description": "The image's item id (default: one from its content).", "required": False,
+               "schema": {"type": "string", "minLength": 1, "maxLength": MAX_ID, "pattern": ID_PATTERN}}
+    return {"SearchByImage": {"image": {"contentType": IMAGE_TYPES}},
+            "AddImages": {"images": {"contentType": IMAGE_TYPES, "headers": {ID_HEADER: item_id}}}}
+
+
+@dataclass
+class RequestModels:
+    search: type[BaseModel]
+    text_item: type[BaseModel]
+    add_texts: type[BaseModel]
+    search_form: dict[str, Any]
+    add_form: dict[str, Any]
+
+
+def request_models(max_k: int, max_caption: int, max_batch: int, max_image_bytes: int) -> RequestModels:
+    """The JSON and multipart request bodies of search and add under these limits."""
+
+    class SearchRequest(BaseModel):
+        """A text query."""
+
+        model_config = _STRICT
+        text: str = Field(..., min_length=1, max_length=max_caption, pattern=NONBLANK,
+                          description="The query text (not blank).")
+        k: Integer = Field(10, ge=1, le=max_k, description="Number of results.")
+        target: Optional[Literal["image", "text"]] = Field(
+            None, description="Modality of the results (default: images when the collection holds any).")
+        filter: Optional[dict[str, Any]] = Field(
+            None, description="Metadata filter {key: value | [values]}; dotted keys reach nested metadata.")
+        merge: Optional[Literal["raw", "calibrated", "rank"]] = Field(
+            None, description="How the spaces' lists are merged (default: the collection's).")
+
+    class TextItem(BaseModel):
+        """A caption; any other property is kept as the item's metadata."""
+
+        model_config = ConfigDict(extra="allow", strict=True, regex_engine="python-re",
+                                  json_schema_extra={"additionalProperties": True})
+        text: str = Field(..., min_length=1, max_length=max_caption, pattern=NONBLANK,
+                          description="The caption (not blank).")
+        id: Optional[str] = Field(None, min_length=1, max_length=MAX_ID, pattern=ID_PATTERN,
+                                  description="The item's id (default: one from its text).")
+
+    class AddTexts(BaseModel):
+        """Captions to add (idempotent by id)."""
+
+        model_config = _STRICT
+        items: list[TextItem] = Field(..., min_length=1, max_length=max_batch)
+
+    image_part = {"type": "string", "format": "binary", "minLength": 1,
+                  "description": "An image file (PNG, JPEG, GIF, WebP, TIFF, BMP...): any image Pillow decodes, "
+                                 f"of at most {max_image_bytes} bytes and the server's pixel limit (413 beyond)."}
+    search_form = {
+        "type": "object", "title": "SearchByImage", "required": ["image"], "additionalProperties": False,
+        "properties": {
+            "image": image_part,
+            "k": {"type": "integer", "minimum": 1, "maximum": max_k, "default": 10},
+            "target": {"type": "string", "enum": ["image", "text"]},
+            "filter": {"type": "string", "pattern": FILTER_FIELD,
+                       "description": "The metadata filter as a JSON object {key: value | [values]} whose values "
+                                      "are strings, numbers, booleans, null or lists of them (dotted keys reach "
+                                      "nested metadata)."},
+        }}
+    add_form = {
+        "type": "object", "title": "AddImages", "required": ["images"], "additionalProperties": False,
+        "properties": {
+            "images": {"type": "array", "minItems": 1, "maxItems": max_batch, "items": image_part,
+                       "description": f"The images, one file part each; a part's `{ID_HEADER}` header gives "
+                                      "its item's id (default: one from the image's content)."},
+        }}
+    return RequestModels(SearchRequest, TextItem, AddTexts, search_form, add_form)
+
+
+class BackfillRequest(BaseModel):
+    """How to backfill: the order items are re-embedded in, and an optional rate cap."""
+
+    model_config = _STRICT
+    order: Literal["sequential", "random", "uncertainty"] = "uncertainty"
+    rate: Optional[float] = Field(None, gt=0, allow_inf_nan=False, description="Items per second at most.")
+
+
+class UpgradeRequest(BaseModel):
+    """A new model, its bridges from the older spaces and optional calibration data."""
+
+    model_config = _STRICT
+    model: str = Field(..., max_length=1024, pattern=REL_PATH,
+                       description="The new model: a directory relative to --models-root.")
+    bridges: list[Annotated[str, Field(max_length=1024, pattern=REL_PATH)]] = Field(
+        default_factory=list, max_length=64, description="Upgrade directories (bridges) relative to --upgrades-root.")
+    calibrate: Optional[str] = Field(None, max_length=1024, pattern=REL_PATH,
+                                     description="Calibration data relative to --data-root.")
+    calibrate_split: str = Field("val", max_length=255, pattern=SEGMENT,
+                                 description="The split of a world data root (a folder name).")
+    calibrate_limit: Optional[Annotated[int, Field(ge=1, le=1_000_000), BeforeValidator(_integral)]] = None
+
+
+# ----------------------------------------------------------------------------- responses
+class _Open(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+
+class Hit(_Open):
+    """One result; the item's metadata (``text`` of a caption, ``path`` of an image relative to the
+    collection or the data root...) is flattened in."""
+
+    rank: int
+    score: float
+    id: str
+    space: str
+    route: str
+
+
+class SearchResults(_Open):
+    query: str
+    modality: Literal["image", "text"]
+    hits: list[Hit]
+
+
+class AddResult(_Open):
+    added: int
+    unchanged: int
+    metadata_updated: int
+    recovered: int
+    skipped: int
+    ids: list[str]
+
+
+class ItemOut(BaseModel):
+    id: str
+    modality: Literal["image", "text"]
+    metadata: dict[str, Any]
+    space: Optional[str]
+
+
+class Deleted(BaseModel):
+    deleted: str
+
+
+class BackfillStatus(_Open):
+    done: int
+    total: int
+    fraction: float
+    state: str
+    order: Optional[str] = None
+    target: Optional[str] = None
+    workers: int = 0
+    rate: float = 0.0
+    eta_s: Optional[float] = None
+
+
+class SpaceStatus(_Open):
+    name: str
+    model: str
+    dim: Optional[int]
+    current: bool
+    retired: bool
+
+
+class Status(_Open):
+    name: str
+    path: str = Field(..., description="The collection's name (never a path on the server).")
+    generation: int
+    items: dict[str, int]
+    current: str
+    spaces: dict[str, SpaceStatus]
+    unserved: int
+    backend: str
+    routes: dict[str, Any]
+    merge: str
+    calibrated: bool
+    backfill: BackfillStatus
+    limits: dict[str, int]
+
+
+class UpgradeResult(BaseModel):
+    current: str
+    spaces: list[str]
+    merge: Optional[str]
+
+
+class Health(BaseModel):
+    ok: bool
+    generation: int
+    models: int
+
+
+# ----------------------------------------------------------------------------- the document
+def finish_openapi(schema: dict[str, Any], models: RequestModels) -> dict[str, Any]:
+    """FastAPI's document made exact: the per-app request models and the form bodies under
+    ``components/schemas`` (every ``$ref`` resolves), FastAPI's own validation-error shapes gone
+    (every error is :class:`ErrorBody`), 422 only where an operation can answer it."""
+    comps = schema.setdefault("components", {}).setdefault("schemas", {})
+    for model in (models.search, models.text_item, models.add_texts):
+        js = model.model_json_schema(ref_template="#/components/schemas/{model}")
+        comps.update(js.pop("$defs", {}))
+        comps[model.__name__] = js
+    comps["SearchByImage"] = models.search_form
+    comps["AddImages"] = models.add_form
+    for name in ("HTTPValidationError", "ValidationError"):
+        comps.pop(name, None)
+    for ops in schema.get("paths", {}).values():
+        for op in ops.values():
+            if not isinstance(op, dict):
+                continue
+            for status, resp in list(op.get("responses", {}).items()):
+                ref = (((resp.get("content") or {}).get("application/json") or {}).get("schema") or {}).get("$ref", "")
+                if ref.endswith("/HTTPValidationError"):
+                    del op["responses"][status]
+            for status in (400, 413):  # any request: a Content-Length that is no number, or over the limit
+                op["responses"].setdefault(str(status), {
+                    "description": ERROR_STATUSES[status],
+                    "content": {"application/json": {"schema": {"$ref": "#/components/schemas/ErrorBody"}}}})
+    return schema
