@@ -10,7 +10,7 @@ from typing import List, Optional
 import typer
 
 from ._common import (config_option, console, emit_json, fail, json_flag, multi30k_default, quiet, resolve_config,
-                      set_option, show_config_option, user_errors, write_json)
+                      run_bench, set_option, show_config_option, user_errors, write_json)
 
 
 def bench_encode(
@@ -165,21 +165,13 @@ def bench_routes(
     """Every route of a live-upgraded collection, through the Searcher: old/old, bridge, fused (w chosen
     on a calibration split), new/new on the world (t2i, i2t) and on Multi30K (caption 1 -> 2); merges
     and negative flips."""
-    echo = quiet(as_json)
     from ..bench.routes import RoutesBenchConfig, format_markdown, run_routes_bench
-    from ..report import write_json_and_markdown
 
     kw = dict(models=models, world=world, text_old=models / "m30k-old-text", multi30k=data, eval_dir=eval_dir,
               work=work, parts=tuple(p.strip() for p in parts.split(",") if p.strip()))
     cfg = resolve_config(RoutesBenchConfig, RoutesBenchConfig.quick(**kw) if quick else RoutesBenchConfig(**kw),
                          config, set_, show=show_config)
-    try:
-        result = run_routes_bench(cfg, log=lambda m: console.print(m))
-    except user_errors() as e:
-        fail(str(e))
-    echo(write_json_and_markdown(result, json_out, format_markdown(result)))
-    console.print(f"wrote {json_out} (+ .md) in {result['seconds']:.0f}s")
-    emit_json(result, as_json)
+    run_bench(lambda log: run_routes_bench(cfg, log=log), json_out, format_markdown, as_json)
 
 def bench_backfill(
     quick: bool = typer.Option(False, help="Calibrate on half the val split."),
@@ -234,9 +226,7 @@ def bench_store(
 ) -> None:
     """Storage backends at scale: ingest, build, search latency (batch 1 / 64), recall@10 against exact
     search, peak RSS, for real MiniLM, world and random vectors; a two-space search against one."""
-    echo = quiet(as_json)
     from ..bench.store import StoreBenchConfig, format_markdown, run_store_bench
-    from ..report import write_json_and_markdown
 
     kw: dict = dict(datasets=tuple(d for d in datasets.split(",") if d), world=world, models=models,
                     cache_dir=cache_dir, work=work)
@@ -246,13 +236,7 @@ def bench_store(
         kw["n"] = n
     cfg = resolve_config(StoreBenchConfig, StoreBenchConfig.quick(**kw) if quick else StoreBenchConfig(**kw),
                          config, set_, show=show_config)
-    try:
-        result = run_store_bench(cfg, log=lambda m: console.print(m), server=server)
-    except user_errors() as e:
-        fail(str(e))
-    echo(write_json_and_markdown(result, json_out, format_markdown(result)))
-    console.print(f"wrote {json_out} (+ .md) in {result['seconds']:.0f}s")
-    emit_json(result, as_json)
+    run_bench(lambda log: run_store_bench(cfg, log=log, server=server), json_out, format_markdown, as_json)
 
 def bench_serve(
     quick: bool = typer.Option(False, help="2,000 requests and 20 fault trials (full: 2,400 and 24)."),
@@ -268,20 +252,12 @@ def bench_serve(
 ) -> None:
     """The service on 127.0.0.1 under a bounded load during a backfill, SIGKILL fault trials, and every
     class of bad input."""
-    echo = quiet(as_json)
     from ..bench.serve import ServeBenchConfig, format_markdown, run_serve_bench
-    from ..report import write_json_and_markdown
 
     kw = dict(concurrency=concurrency, world=world, models=models, work=work)
     cfg = resolve_config(ServeBenchConfig, ServeBenchConfig.quick(**kw) if quick else ServeBenchConfig(**kw),
                          config, set_, show=show_config)
-    try:
-        result = run_serve_bench(cfg, log=lambda m: console.print(m))
-    except user_errors() as e:
-        fail(str(e))
-    echo(write_json_and_markdown(result, json_out, format_markdown(result)))
-    console.print(f"wrote {json_out} (+ .md) in {result['seconds']:.0f}s")
-    emit_json(result, as_json)
+    run_bench(lambda log: run_serve_bench(cfg, log=log), json_out, format_markdown, as_json)
 
 def bench_scale(
     quick: bool = typer.Option(False, help="N = 100k only (full: 100k and 1M)."),
@@ -298,9 +274,7 @@ def bench_scale(
     """A collection at 100k / 1M items as a user runs it: add, open, search through the Searcher beside the
     raw index, memory, disk, search during a backfill, filtered search, cold CLI commands; Chroma and LanceDB
     beside it where installed."""
-    echo = quiet(as_json)
     from ..bench.scale import ScaleBenchConfig, format_markdown, run_scale_bench
-    from ..report import write_json_and_markdown
 
     kw: dict = dict(model=model, work=work)
     if sizes:
@@ -309,10 +283,4 @@ def bench_scale(
         kw["indexes"] = tuple(i for i in indexes.split(",") if i)
     cfg = resolve_config(ScaleBenchConfig, ScaleBenchConfig.quick(**kw) if quick else ScaleBenchConfig(**kw),
                          config, set_, show=show_config)
-    try:
-        result = run_scale_bench(cfg, log=lambda m: console.print(m))
-    except user_errors() as e:
-        fail(str(e))
-    echo(write_json_and_markdown(result, json_out, format_markdown(result)))
-    console.print(f"wrote {json_out} (+ .md) in {result['seconds']:.0f}s")
-    emit_json(result, as_json)
+    run_bench(lambda log: run_scale_bench(cfg, log=log), json_out, format_markdown, as_json)

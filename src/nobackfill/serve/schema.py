@@ -234,12 +234,23 @@ class BackfillStatus(_Open):
     done: int
     total: int
     fraction: float
-    state: str
+    state: str = Field(..., description="none | running | paused | idle (no worker runs: see `note`) | done")
     order: Optional[str] = None
     target: Optional[str] = None
     workers: int = 0
     rate: float = 0.0
     eta_s: Optional[float] = None
+    per_modality: dict[str, dict[str, int]] = Field(default_factory=dict,
+                                                    description="{modality: {done, total}} in the current space.")
+    holders: list[dict[str, Any]] = Field(default_factory=list,
+                                          description="Live workers: shard, owner, host, pid, since.")
+    phase: Optional[str] = Field(None, description="Uncertainty order: 'sample' until its sample is in, then 'order'.")
+    sample: Optional[int] = Field(None, description="Items in the uncertainty order's training sample.")
+    last_worker: Optional[dict[str, Any]] = Field(None, description="The last worker to stop, when none runs.")
+    note: Optional[str] = Field(None, description="What to do when no worker runs.")
+    worker: Optional[str] = Field(None, description="This server's worker: running | idle.")
+    worker_stopped: Optional[str] = Field(None, description="Why this server's worker stopped, when it gave up.")
+    error: Optional[str] = Field(None, description="The error that stopped this server's worker.")
 
 
 class SpaceStatus(_Open):
@@ -248,6 +259,11 @@ class SpaceStatus(_Open):
     dim: Optional[int]
     current: bool
     retired: bool
+    image: int = Field(0, description="Images this space serves.")
+    text: int = Field(0, description="Captions this space serves.")
+    index: dict[str, dict[str, Any]] = Field(
+        default_factory=dict, description="{modality: {backend, in_use, building, count}}: the vector index that "
+                                          "answers (auto: Flat while small, the graph past its threshold).")
 
 
 class Status(_Open):
