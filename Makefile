@@ -45,6 +45,7 @@ bench: $(STAMP)
 	$(BIN)/nobackfill bench backfill --quick --out $(R)/backfill.json
 	$(BIN)/nobackfill bench serve --quick --out $(R)/serve.json
 	sh scripts/isolated.sh $(BIN)/nobackfill bench store --quick --out $(R)/store.json
+	$(BIN)/nobackfill bench scale --quick --out $(R)/scale.json
 	$(BIN)/python scripts/merged_speedup.py --out $(R)/merged.json
 	$(BIN)/python scripts/readme_tables.py
 
@@ -58,6 +59,7 @@ bench-full: $(STAMP)
 	$(BIN)/nobackfill bench late --out runs/bench/late.json
 	sh scripts/isolated.sh $(BIN)/nobackfill bench store --n 1000000 --datasets minilm,random --backends faiss:HNSW32 \
 		--out $(R)/store_1m.json
+	$(BIN)/nobackfill bench scale --sizes 1000000 --indexes HNSW32 --set 'peers=[]' --out $(R)/scale_1m.json
 
 clean:
 	rm -rf runs/demo runs/bench

@@ -49,6 +49,7 @@ class ScaleBenchConfig:
     clusters: int = 2048
     noise: float = 0.05
     n_queries: int = 300
+    filtered_queries: int = 30  # each one a Python pass over every item today
     add_chunk: int = 50_000
     backfill_rate: int = 2_000  # items a second: one committed batch a second
     backfill_seconds: float = 8.0
@@ -149,7 +150,7 @@ def run_scale_bench(cfg: ScaleBenchConfig, log: Callable[[str], None] | None = N
             say(f"  add {row['add_per_s']:.0f}/s; CLI status {row.get('cli_status_s')} s, search "
                 f"{row.get('cli_search_s')} s; reading ...")
             row.update(_in_process(read_collection, x_file, q_file, path, model, space_id, cfg.backfill_rate,
-                                   cfg.backfill_seconds))
+                                   cfg.backfill_seconds, cfg.filtered_queries))
             say(f"  open {row['open_s']} s, open+first search {row['open_first_search_s']} s, p50 {row['p50_ms']} ms "
                 f"(raw {row['raw_p50_ms']} ms), filtered {row['filtered_p50_ms']} ms, during backfill "
                 f"{row['p50_during_backfill_ms']} ms (idle after upgrade {row['p50_upgraded_idle_ms']} ms), "

@@ -96,7 +96,7 @@ def _backfill_worker(x_file: str, q_file: str, path: str, space_id: str, rate: i
 
 
 def read_collection(x_file: str, q_file: str, path: str, model: str, space_id: str, rate: int,
-                    seconds: float) -> dict[str, Any]:
+                    seconds: float, filtered_queries: int = 100) -> dict[str, Any]:
     """Open, search (Searcher and raw index), filtered search, then search during a backfill (a
     fresh process: ``open_s`` and memory are a reader's)."""
     import faiss  # imported before the memory baseline is read
@@ -133,7 +133,7 @@ def read_collection(x_file: str, q_file: str, path: str, model: str, space_id: s
         raw.search(q[j:j + 1], K)
         raw_lat.append(1000 * (time.perf_counter() - t1))
     flt = []
-    for j in range(min(len(q), 100)):  # a filter is a Python loop over the items today: fewer queries
+    for j in range(min(len(q), filtered_queries)):  # a filter is a Python loop over the items today
         t1 = time.perf_counter()
         s.search(text=f"q{j}", k=K, filter={"group": 3})
         flt.append(1000 * (time.perf_counter() - t1))
