@@ -162,22 +162,31 @@ def read_collection(x_file: str, q_file: str, path: str, model: str, space_id: s
         s.search(text=f"q{j}", k=K)
         idle.append(1000 * (time.perf_counter() - t1))
     ctx = mp.get_context("spawn")
-    worker = ctx.Process(target=_backfill_worker, args=(x_file, q_file, path, new_sid, rate, int(rate * seconds)))
+    limit = int(rate * seconds)
+    worker = ctx.Process(target=_backfill_worker, args=(x_file, q_file, path, new_sid, rate, limit))
     worker.start()
-    during, gens = [], set()
-    t_end = time.perf_counter() + seconds + 30.0  # the worker loads numpy and opens first
+    target = c.gallery(new_sid)
+
+    def backfilled() -> int:  # rows the worker has committed to the new space so far
+        target.refresh()
+        return target.count("text")
+
+    t_wait = time.perf_counter() + 600.0  # the worker opens the collection first (seconds at 1M)
+    while worker.is_alive() and backfilled() == 0 and time.perf_counter() < t_wait:
+        s.search(text="q0", k=K)  # the reader goes on meanwhile; measured from the first commit on
+    during, seen = [], set()
     j = 0
-    while worker.is_alive() and time.perf_counter() < t_end:
+    while worker.is_alive() and backfilled() < limit:
         t1 = time.perf_counter()
         s.search(text=f"q{j % len(q)}", k=K)
         during.append(1000 * (time.perf_counter() - t1))
-        gens.add(c.generation)
+        seen.add(target.count("text"))
         j += 1
-    worker.join(timeout=60)
+    worker.join(timeout=120)
     if worker.is_alive():
         worker.terminate()
     row.update({"p50_upgraded_idle_ms": pct(idle, 50),
                 "p50_during_backfill_ms": pct(during, 50) if during else None,
-                "searches_during_backfill": len(during), "generations_seen": len(gens),
-                "reader_peak_rss_mb": round(peak_rss_mb(), 1)})
+                "searches_during_backfill": len(during), "backfill_commits_seen": len(seen),
+                "backfilled_rows": backfilled(), "reader_peak_rss_mb": round(peak_rss_mb(), 1)})
     return row
