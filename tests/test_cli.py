@@ -10,6 +10,7 @@ from typer.testing import CliRunner
 
 from nobackfill.cli import app
 
+from _cli_helpers import world_collection
 from conftest import tiny_preset
 
 
@@ -167,13 +168,7 @@ MODELS = Path(__file__).resolve().parents[1] / "models"
 def small_coll(tmp_path_factory):
     """A collection of the shipped world-old model holding 6 world images and their English captions."""
     root = tmp_path_factory.mktemp("small-coll")
-    r = invoke("world", "--out", root / "world", "--n-train", 2, "--n-val", 2, "--n-test", 6, "--workers", 1,
-               "--langs", "en")
-    assert r.exit_code == 0, r.output
-    r = invoke("collection", "create", root / "c", "--model", MODELS / "world-old")
-    assert r.exit_code == 0, r.output
-    r = invoke("collection", "add", root / "c", "--data", root / "world", "--split", "test", "--langs", "en")
-    assert r.exit_code == 0, r.output
+    world_collection(root, "c", MODELS / "world-old", n_train=2, n_val=2, n_test=6)
     return root / "c"
 
 

@@ -11,6 +11,8 @@ from typer.testing import CliRunner
 
 from nobackfill.cli import app
 
+from _cli_helpers import world_collection
+
 ROOT = Path(__file__).resolve().parents[1]
 MODELS, UPGRADE = ROOT / "models", ROOT / "upgrades" / "world-old-to-new"
 runner = CliRunner()
@@ -29,13 +31,7 @@ def js(*args) -> dict:
 @pytest.fixture(scope="module")
 def coll(tmp_path_factory):
     root = tmp_path_factory.mktemp("coll")
-    r = invoke("world", "--out", root / "world", "--n-train", 10, "--n-val", 24, "--n-test", 30, "--workers", 1,
-               "--langs", "en,de")
-    assert r.exit_code == 0, r.output
-    r = invoke("collection", "create", root / "photos", "--model", MODELS / "world-old")
-    assert r.exit_code == 0, r.output
-    r = invoke("collection", "add", root / "photos", "--data", root / "world", "--split", "test", "--langs", "en")
-    assert r.exit_code == 0, r.output
+    r = world_collection(root, "photos", MODELS / "world-old", n_train=10, n_val=24, n_test=30, langs="en,de")
     assert "added 90" in r.output
     return root
 

@@ -135,26 +135,13 @@ def folder_items(folder: str | Path, *, langs: Sequence[str] | None = None, skip
         out.problems.extend(ds.problems)
         out.skipped_images.update(ds.skipped_images)
         image_ids: list[str] = []
-        for rel, labels in zip(ds.images, ds.image_labels):
-            path = root / rel
-            problem = image_problem(path)
-            if problem:
-                if not skip_bad:
-                    raise DataFormatError(f"image {rel!r}: {problem}", path, skippable=True)
-                out.skipped += 1
-                out.problems.append(f"image {rel!r}: {problem}")
-                out.skipped_images[rel] = problem
-                image_ids.append("")
-                continue
-            meta = {"labels": labels} if labels else {}
-            it = image_item(path, metadata=meta)
+        for rel, labels in zip(ds.images, ds.image_labels):  # load_pairs decoded each one already
+            it = image_item(root / rel, metadata={"labels": labels} if labels else {})
             out.items.append(it)
             image_ids.append(it.id)
             referenced.add(rel)
         for j, caption in enumerate(ds.captions):
             i = int(ds.caption_image[j])
-            if not image_ids[i]:
-                continue  # its image was skipped
             extra = dict(ds.extra[j])
             own_id = extra.pop("id", None)
             if own_id is not None and (not isinstance(own_id, str) or not own_id.strip()):
