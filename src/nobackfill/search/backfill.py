@@ -385,10 +385,14 @@ def start_backfill(collection: Collection, encoder: Any, *, order: str = "uncert
         return job
 
 
+def _all_shards_done(collection: Collection, job: BackfillJob) -> bool:
+    leases = _leases(collection)
+    return len(leases) == job.shards and all(v.get("done") for v in leases.values())
+
+
 def _sample_complete(collection: Collection, job: BackfillJob) -> bool:
     """Every live item of the training sample is committed (or every shard is done)."""
-    leases = _leases(collection)
-    if len(leases) == job.shards and all(v.get("done") for v in leases.values()):
+    if _all_shards_done(collection, job):
         return True
     obj = _read(collection, SAMPLE_FILE) or {}
     collection.refresh()
@@ -516,14 +520,18 @@ def _leases(collection: Collection) -> dict[int, dict[str, Any]]:
     return out
 
 
-def _last_worker(collection: Collection) -> dict[str, Any] | None:
+def _stopped_workers(collection: Collection) -> dict[str, dict[str, Any]]:
+    """``workers.json`` by owner (empty where missing or damaged: it is only for status)."""
     try:
         obj = _read(collection, WORKERS_FILE)
     except BackfillError:
-        return None
-    if not isinstance(obj, dict) or not obj:
-        return None
-    return max(obj.values(), key=lambda v: v.get("t", 0.0))
+        return {}
+    return obj if isinstance(obj, dict) else {}
+
+
+def _last_worker(collection: Collection) -> dict[str, Any] | None:
+    obj = _stopped_workers(collection)
+    return max(obj.values(), key=lambda v: v.get("t", 0.0)) if obj else None
 
 
 def backfill_running(collection: Collection) -> BackfillJob | None:
@@ -620,11 +628,7 @@ def _record_stop(collection: Collection, rep: WorkerReport) -> None:
     with _job_lock(collection):
         if BackfillJob.load(collection) is None:
             return
-        try:
-            obj = _read(collection, WORKERS_FILE)
-        except BackfillError:
-            obj = None
-        obj = obj if isinstance(obj, dict) else {}
+        obj = _stopped_workers(collection)
         obj[rep.owner] = {"owner": rep.owner, "host": host, "pid": pid, "stopped": rep.reason(), "at": _iso(),
                           "t": _now(), "committed": rep.committed, "sample": rep.sample}
         keep = sorted(obj.values(), key=lambda v: v.get("t", 0.0))[-16:]
@@ -707,14 +711,16 @@ def run_worker(collection: Collection, encoder: Any, *, batch_size: int = 64, ra
                     if not _renew(collection, shard, owner, lease_s, cur_rate):
                         lost = True
                         break
-                    g.refresh()
-                    fresh = {it.id for it in batch if (it.modality, it.key) not in g}
+                    in_sample = [it for it in batch if it.id in sample_ids]
+                    if in_sample:  # which of them this batch commits (not another worker)
+                        g.refresh()
+                        in_sample = [it for it in in_sample if (it.modality, it.key) not in g]
                     n = 0
                     for m, v in vecs.items():
                         rows = [it for it in batch if it.modality == m]
                         n += collection.put_vectors(job.target, m, [it.key for it in rows], v)
                 rep.committed += n
-                rep.sample += len(fresh & sample_ids)
+                rep.sample += len(in_sample)
                 rep.batches += 1
                 if progress is not None:
                     progress(len(batch))
@@ -744,8 +750,7 @@ def _finish_if_done(collection: Collection) -> None:
     job = BackfillJob.load(collection)
     if job is None or job.state != "running" or job.phase != "order":
         return
-    leases = _leases(collection)
-    if len(leases) == job.shards and all(v.get("done") for v in leases.values()):
+    if _all_shards_done(collection, job):
         if not _pending(collection, job.target):
             job.state = "done"
             job.save(collection)
