@@ -175,7 +175,8 @@ class Service:
 
     def backfill_status(self) -> dict[str, Any]:
         """The collection's backfill status with this server's worker: ``worker`` (running | idle),
-        ``worker_stopped`` (why it last stopped), ``error``."""
+        ``worker_stopped`` (why it last stopped), ``error``; no server path in it (every backfill
+        reply is this)."""
         from ..search.backfill import backfill_status
 
         st = backfill_status(self.collection)
@@ -189,7 +190,7 @@ class Service:
             st["error"] = self.backfill_error
         if self.backfill_stopped and not active:
             st["worker_stopped"] = self.backfill_stopped  # this server's worker gave up, and why
-        return st
+        return self.paths.deep(st)
 
 
 # ----------------------------------------------------------------------------- the app
@@ -355,10 +356,10 @@ def create_app(settings: ServeSettings, pool: Any = None) -> FastAPI:
             try:
                 items = []
                 for (data, name), own in zip(uploads, ids):
-                    path, new = _keep_upload(svc.uploads, data)
+                    path, digest, new = _keep_upload(svc.uploads, data)
                     if new:
                         created.append(path)
-                    items.append(image_item(path, id=own, metadata={"filename": name}))
+                    items.append(image_item(path, id=own, metadata={"filename": name}, sha256=digest))
                 return _add_items(items)
             except BaseException:
                 for path in created:
@@ -383,12 +384,10 @@ def create_app(settings: ServeSettings, pool: Any = None) -> FastAPI:
     @app.get("/v1/items/{item_id}", summary="One item: modality, metadata, the space that serves it",
              response_model=ItemOut, responses=errors(401, 404))
     async def get_item(item_id: str, _r: str = Depends(reader)) -> Any:
-        from ..index.collection import ItemNotFoundError
-
         snap = svc.collection.snapshot()
         item = snap.items.get(item_id)
         if item is None:
-            raise ApiError(404, str(ItemNotFoundError(f"no item with id {item_id!r}")), "id")
+            raise ApiError(404, f"no item with id {item_id!r}", "id")
         return {"id": item.id, "modality": item.modality, "metadata": svc.paths.metadata(item.metadata),
                 "space": snap.serving_space(item_id)}
 
@@ -454,13 +453,13 @@ def create_app(settings: ServeSettings, pool: Any = None) -> FastAPI:
     @app.post("/v1/backfill/pause", summary="Pause the backfill (every worker stops after its batch)",
               response_model=BackfillStatus, responses=errors(401, 403, 409))
     async def backfill_pause(_r: str = Depends(admin)) -> Any:
-        from ..search.backfill import BackfillError, backfill_status, pause_backfill
+        from ..search.backfill import BackfillError, pause_backfill
 
         try:
             await _run(pause_backfill, svc.collection)
         except BackfillError as e:
             raise ApiError(409, str(e), "backfill") from None
-        return backfill_status(svc.collection)
+        return svc.backfill_status()
 
     @app.post("/v1/backfill/resume", summary="Resume a paused backfill in this server",
               response_model=BackfillStatus, dependencies=[Depends(admin_json)],
@@ -827,17 +826,19 @@ def _decode_image(data: bytes, lim, field: str):
         raise ApiError(422, f"{field}: corrupt image ({type(e).__name__}: {e})", field) from None
 
 
-def _keep_upload(folder: Path, data: bytes) -> tuple[Path, bool]:
-    """Store an uploaded image by its content hash (atomic, idempotent): its item's source, and
-    whether this call created the file."""
+def _keep_upload(folder: Path, data: bytes) -> tuple[Path, str, bool]:
+    """Store an uploaded image by its content hash (atomic, idempotent): its item's source, the
+    sha256 of its bytes (so the item need not read the file back to hash it) and whether this call
+    created the file."""
     from ..index.store import atomic_write_bytes
 
     folder.mkdir(parents=True, exist_ok=True)
-    path = folder / f"{hashlib.sha256(data).hexdigest()[:32]}.img"
+    digest = hashlib.sha256(data).hexdigest()
+    path = folder / f"{digest[:32]}.img"
     if path.exists():
-        return path, False
+        return path, digest, False
     atomic_write_bytes(path, data)
-    return path, True
+    return path, digest, True
 
 
 def _thumb(path: Path, size: int) -> bytes:
@@ -868,10 +869,9 @@ def _form_int(value: Any, field: str, lo: int, hi: int) -> int:
         number = int(number)
     if not isinstance(number, int) or isinstance(number, bool):
         raise ApiError(422, f"{field}: not an integer: {value!r}", field)
-    k = number
-    if not lo <= k <= hi:
-        raise ApiError(422, f"{field}: must be between {lo} and {hi}, got {k}", field)
-    return k
+    if not lo <= number <= hi:
+        raise ApiError(422, f"{field}: must be between {lo} and {hi}, got {number}", field)
+    return number
 
 
 def _form_json(value: Any, field: str) -> Any:

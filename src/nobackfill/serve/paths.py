@@ -39,22 +39,22 @@ class PublicPaths:
         """``value`` as a client may see it (unchanged unless it is an absolute path)."""
         if not isinstance(value, str) or not value.startswith("/"):
             return value
-        norm = os.path.normpath(value)
-        if norm.startswith("//"):
-            norm = "/" + norm.lstrip("/")
+        norm = _norm(value)
+        public = self._under(norm)
+        return public if public is not None else PurePosixPath(norm).name
+
+    def known(self, value: str) -> bool:
+        """Whether ``value`` is an absolute path under one of the roots."""
+        return isinstance(value, str) and value.startswith("/") and self._under(_norm(value)) is not None
+
+    def _under(self, norm: str) -> str | None:
+        """The public form of normalised absolute path ``norm`` under the deepest root, or None."""
         for root, prefix in self._roots:
             if norm == root:
                 return prefix.rstrip("/") or PurePosixPath(root).name
             if norm.startswith(root.rstrip("/") + "/"):
                 return prefix + norm[len(root.rstrip("/")) + 1:]
-        return PurePosixPath(norm).name
-
-    def known(self, value: str) -> bool:
-        """Whether ``value`` is an absolute path under one of the roots."""
-        if not isinstance(value, str) or not value.startswith("/"):
-            return False
-        norm = os.path.normpath(value)
-        return any(norm == r or norm.startswith(r.rstrip("/") + "/") for r, _ in self._roots)
+        return None
 
     # ------------------------------------------------------------------ structures and text
     def text(self, message: str) -> str:
@@ -93,6 +93,12 @@ class PublicPaths:
         if isinstance(value, (list, tuple)):
             return [self.deep(v) for v in value]
         return value
+
+
+def _norm(value: str) -> str:
+    """An absolute path normalised (POSIX keeps a leading '//': one '/' here)."""
+    norm = os.path.normpath(value)
+    return "/" + norm.lstrip("/") if norm.startswith("//") else norm
 
 
 def _forms(p: Path) -> list[str]:

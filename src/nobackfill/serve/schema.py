@@ -13,6 +13,8 @@ from typing import Annotated, Any, Literal, Optional
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 
+from ..index.collection import MAX_ID_LENGTH
+
 __all__ = ["ERROR_STATUSES", "FILTER_FIELD", "ID_HEADER", "ID_PATTERN", "IMAGE_TYPES", "NONBLANK", "REL_PATH",
            "BackfillRequest", "ErrorBody", "RequestModels", "UpgradeRequest", "errors", "finish_openapi",
            "form_encodings", "request_models"]
@@ -30,7 +32,7 @@ ID_PATTERN = (r"^[^./\\\[\x00-\x20\x7f\x85\xa0\u1680\u2000-\u200a\u2028\u2029\u2
 REL_PATH = r"^[A-Za-z0-9_][A-Za-z0-9_.+\-]{0,254}(/[A-Za-z0-9_][A-Za-z0-9_.+\-]{0,254})*$"
 #: one such segment (a split's folder)
 SEGMENT = r"^[A-Za-z0-9_][A-Za-z0-9_.+\-]{0,254}$"
-MAX_ID = 512
+MAX_ID = MAX_ID_LENGTH  # the collection's own limit
 #: the image types a part may be declared as (the server reads any image Pillow decodes, whatever
 #: the part's Content-Type says)
 IMAGE_TYPES = "image/png, image/jpeg, image/gif, image/webp, image/tiff, image/bmp"
