@@ -58,3 +58,46 @@ def milvus_server(tmp_path_factory):
         pytest.skip(f"no Milvus server: {e}")
     yield server.address
     server.stop()
+
+
+@pytest.fixture(scope="session")
+def postgres_server(tmp_path_factory):
+    """A real PostgreSQL server (``initdb`` + ``postgres`` of the system; run as ``nobody`` when we
+    are root) for the whole session, on 127.0.0.1; the
+    :class:`~nobackfill.index.postgres_server.RunningPostgres`. Skipped, saying why, when it cannot
+    start (no PostgreSQL binaries installed)."""
+    from nobackfill.index.postgres_server import PostgresServerError, start_postgres
+
+    try:
+        server = start_postgres(tmp_path_factory.mktemp("postgres-server"))
+    except PostgresServerError as e:
+        pytest.skip(f"no PostgreSQL server: {e}")
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="session")
+def postgres_url(postgres_server):
+    """``postgresql://nobackfill@127.0.0.1:PORT/nobackfill`` of the session's server (superuser
+    ``nobackfill``, trust authentication). Tests share this database: use ``postgres_db`` for one
+    of a test's own."""
+    return postgres_server.url
+
+
+@pytest.fixture
+def postgres_db(postgres_server):
+    """A fresh, empty database on the session's server for one test (``t_<uuid>``), dropped after
+    it; its URL."""
+    import uuid
+
+    import psycopg
+
+    name = f"t_{uuid.uuid4().hex}"
+    with psycopg.connect(postgres_server.url, autocommit=True) as conn:
+        conn.execute(f'CREATE DATABASE "{name}"')
+    yield postgres_server.url_for(name)
+    try:
+        with psycopg.connect(postgres_server.url, autocommit=True) as conn:
+            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    except psycopg.Error:
+        pass

@@ -20,6 +20,7 @@ from _collection_helpers import NEW_REF, OLD_REF, HashEncoder, make_folder, pool
 from nobackfill.data.folder import DataFormatError
 from nobackfill.index import Gallery, build_gallery
 from nobackfill.index.collection import (
+    CATALOG_FILE,
     COLLECTION_FILE,
     Collection,
     CollectionBusyError,
@@ -165,16 +166,77 @@ def test_open_errors_name_the_directory(tmp_path):
         _new_collection(c.path, old)
 
 
-def test_damaged_log_chunk_is_detected_and_named(tmp_path):
+def _as_format_1(root: Path) -> None:
+    """Rewrite the collection at ``root`` in the previous format: ``collection.json`` + one log chunk
+    (what nobackfill wrote before the catalog), the catalog removed."""
+    import hashlib
+    import json
+
+    c = Collection.open(root)
+    events = "".join(json.dumps({"op": "put", "item": it.to_json()}, sort_keys=True) + "\n"
+                     for it in c.items().values()).encode()
+    (root / "log").mkdir()
+    (root / "log" / "00000001.jsonl").write_bytes(events)
+    manifest = {"format": "nobackfill-collection", "version": 1, "name": c.name, "backend": c.backend,
+                "created": "2026-01-01T00:00:00+00:00", "updated": "2026-01-01T00:00:00+00:00", "generation": 1,
+                "log": [{"file": "log/00000001.jsonl", "count": len(c), "sha256": hashlib.sha256(events).hexdigest()}],
+                "plan": c.plan}
+    (root / "collection.json").write_text(json.dumps(manifest))
+    c.catalog.close()
+    for p in root.glob(CATALOG_FILE + "*"):
+        p.unlink()
+
+
+def test_a_collection_of_the_previous_format_is_converted_once_and_keeps_its_results(tmp_path):
+    c, old, _, _, data, pool = _setup(tmp_path)
+    add_items(c, old, folder_items(data).items, progress=False)
+    c.delete([next(iter(c.items()))])
+    s = Searcher(c, pool=pool_with((OLD_REF, old)))
+    queries = ["caption 0 of image 1 seed 0", "caption 1 of image 3 seed 0"]
+    before = [[(h.id, round(h.score, 5)) for h in s.search(text=q, k=8).hits] for q in queries]
+    items = {i: it.to_json() for i, it in c.items().items()}
+    _as_format_1(c.path)
+    again = Collection.open(c.path)
+    assert (c.path / CATALOG_FILE).is_file() and (c.path / "collection.json.v1").is_file()
+    assert not (c.path / "collection.json").exists() and (c.path / "log").is_dir()  # kept, set aside
+    assert {i: it.to_json() for i, it in again.items().items()} == items
+    s = Searcher(again, pool=pool_with((OLD_REF, old)))
+    assert [[(h.id, round(h.score, 5)) for h in s.search(text=q, k=8).hits] for q in queries] == before
+    assert not again.verify()
+
+
+def test_a_damaged_log_chunk_of_the_previous_format_is_named_and_nothing_is_converted(tmp_path):
     c, old, _, _, data, _ = _setup(tmp_path)
     add_items(c, old, folder_items(data).items, progress=False)
-    chunk = sorted((c.path / "log").iterdir())[0]
+    _as_format_1(c.path)
+    chunk = c.path / "log" / "00000001.jsonl"
     raw = bytearray(chunk.read_bytes())
     raw[len(raw) // 2] ^= 0x01
     chunk.write_bytes(bytes(raw))
     with pytest.raises(CorruptCollectionError, match=chunk.name):
         Collection.open(c.path)
-    assert any(chunk.name in p for p in c.verify())
+    assert not (c.path / CATALOG_FILE).exists() and (c.path / "collection.json").is_file()
+
+
+def test_a_damaged_catalog_is_named_by_open_or_verify(tmp_path):
+    c, old, _, _, data, _ = _setup(tmp_path)
+    add_items(c, old, folder_items(data).items, progress=False)
+    c.catalog.close()
+    db = c.path / CATALOG_FILE
+    import sqlite3
+
+    conn = sqlite3.connect(db)
+    conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    conn.close()
+    raw = bytearray(db.read_bytes())
+    for i in range(len(raw) // 2, len(raw) // 2 + 64):
+        raw[i] ^= 0xFF
+    db.write_bytes(bytes(raw))
+    try:
+        problems = Collection.open(c.path).verify()
+    except CorruptCollectionError as e:
+        problems = [str(e)]
+    assert problems and any(CATALOG_FILE in p for p in problems)
 
 
 def test_busy_ingest_lock_names_the_holder(tmp_path):

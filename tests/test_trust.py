@@ -113,8 +113,8 @@ def test_verify_cli_names_the_damage_and_repair_restores_service(template, tmp_p
     npz.write_bytes(bytes(data))
     (root / "index-text.faiss").write_bytes(b"garbage")
     manifest_before = (root / "manifest.json").read_bytes()
-    with pytest.raises(CorruptGalleryError, match="verify"):
-        Gallery.open(root).search("image", np.ones((1, DIM), np.float32), 3, space_id=SPACE)
+    with pytest.raises(CorruptGalleryError, match="verify"):  # the hits' ids come from the damaged chunk
+        Gallery.open(root).search("image", np.ones((1, DIM), np.float32), 3, space_id=SPACE).ids
     r = runner.invoke(app, ["verify", str(root), "--json"])
     assert r.exit_code == 1
     rep = json.loads(r.stdout)

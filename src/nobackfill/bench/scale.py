@@ -25,6 +25,7 @@ and RSS on the same vectors, each in its own process.
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing as mp
 import os
 import shutil
@@ -33,7 +34,7 @@ import sys
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import numpy as np
 
@@ -49,7 +50,7 @@ class ScaleBenchConfig:
     clusters: int = 2048
     noise: float = 0.05
     n_queries: int = 300
-    filtered_queries: int = 30  # each one a Python pass over every item today
+    filtered_queries: int = 30
     add_chunk: int = 50_000
     backfill_rate: int = 2_000  # items a second: one committed batch a second
     backfill_seconds: float = 8.0
@@ -57,6 +58,9 @@ class ScaleBenchConfig:
     cli: bool = True
     peers: tuple[str, ...] = ("chroma", "lancedb")
     work: Path = Path("runs/bench/scale-work")
+    #: also a row at the smallest N with a PostgreSQL catalog and a Milvus server (both started here,
+    #: on 127.0.0.1; run it in a loopback-only namespace: ``scripts/isolated.sh``)
+    shared: bool = False
     seed: int = 0
 
     @classmethod
@@ -141,23 +145,14 @@ def run_scale_bench(cfg: ScaleBenchConfig, log: Callable[[str], None] | None = N
         for index in cfg.indexes:
             path = str(cfg.work / f"coll-{n}-{index}")
             say(f"N={n} {index}: adding ...")
-            row: dict[str, Any] = {"n": n, "catalog": "json-log", "vectors": f"faiss:{index}"}
-            row.update(_in_process(write_collection, x_file, q_file, path, index, model, space_id, cfg.add_chunk))
-            row["disk_ratio"] = round(dir_bytes(Path(path)) / (n * cfg.dim * 4), 2)
-            if cfg.cli:
-                row["cli_status_s"] = _cli_seconds(["collection", "status", path])
-                row["cli_search_s"] = _cli_seconds(["collection", "search", path, "--text", "a red circle", "--k", str(K)])
-            say(f"  add {row['add_per_s']:.0f}/s; CLI status {row.get('cli_status_s')} s, search "
-                f"{row.get('cli_search_s')} s; reading ...")
-            row.update(_in_process(read_collection, x_file, q_file, path, model, space_id, cfg.backfill_rate,
-                                   cfg.backfill_seconds, cfg.filtered_queries))
-            say(f"  open {row['open_s']} s, open+first search {row['open_first_search_s']} s, p50 {row['p50_ms']} ms "
-                f"(raw {row['raw_p50_ms']} ms), filtered {row['filtered_p50_ms']} ms, during backfill "
-                f"{row['p50_during_backfill_ms']} ms (idle after upgrade {row['p50_upgraded_idle_ms']} ms), "
-                f"RSS extra {row['rss_extra_mb']} MB, disk x{row['disk_ratio']}")
-            rows.append(row)
-            shutil.rmtree(path, ignore_errors=True)
-            shutil.rmtree(f"{path}-bridge", ignore_errors=True)
+            row: dict[str, Any] = {"n": n, "catalog": "sqlite", "vectors": f"faiss:{index}"}
+            rows.append(_measure(cfg, row, x_file, q_file, path, index, model, space_id, say))
+        if cfg.shared and n == min(cfg.sizes):
+            with _servers(cfg, say) as (pg_url, milvus_addr):
+                name = f"scale{n}"
+                path = f"milvus://{milvus_addr}#{name}?catalog={pg_url}#{name}"
+                row = {"n": n, "catalog": "postgresql", "vectors": "milvus-server:HNSW32"}
+                rows.append(_measure(cfg, row, x_file, q_file, path, "HNSW32", model, space_id, say))
         if n == min(cfg.sizes):
             for name in cfg.peers:
                 module, fn = PEERS[name]
@@ -175,6 +170,52 @@ def run_scale_bench(cfg: ScaleBenchConfig, log: Callable[[str], None] | None = N
     return {"rows": rows, "peers": peers, "config": {k: str(v) if isinstance(v, Path) else v
                                                      for k, v in asdict(cfg).items()},
             "machine": {"cpus": os.cpu_count()}, "seconds": round(time.time() - t_all, 1)}
+
+
+def _measure(cfg: ScaleBenchConfig, row: dict[str, Any], x_file: str, q_file: str, path: str, index: str, model: str,
+             space_id: str, say: Callable[[str], None]) -> dict[str, Any]:
+    """One row: the writer, the cold CLI commands and the reader, each in a fresh process."""
+    n = row["n"]
+    say(f"N={n} {row['catalog']} + {row['vectors']}: adding ...")
+    row.update(_in_process(write_collection, x_file, q_file, path, index, model, space_id, cfg.add_chunk))
+    local = "://" not in path
+    row["disk_ratio"] = round(dir_bytes(Path(path)) / (n * cfg.dim * 4), 2) if local else None
+    if cfg.cli:
+        row["cli_status_s"] = _cli_seconds(["collection", "status", path])
+        row["cli_search_s"] = _cli_seconds(["collection", "search", path, "--text", "a red circle", "--k", str(K)])
+    say(f"  add {row['add_per_s']:.0f}/s; CLI status {row.get('cli_status_s')} s, search "
+        f"{row.get('cli_search_s')} s; reading ...")
+    row.update(_in_process(read_collection, x_file, q_file, path, model, space_id, cfg.backfill_rate,
+                           cfg.backfill_seconds, cfg.filtered_queries))
+    say(f"  open {row['open_s']} s, open+first search {row['open_first_search_s']} s, p50 {row['p50_ms']} ms "
+        f"(raw {row['raw_p50_ms']} ms), filtered {row['filtered_p50_ms']} ms, during backfill "
+        f"{row['p50_during_backfill_ms']} ms (idle after upgrade {row['p50_upgraded_idle_ms']} ms), "
+        f"RSS extra {row['rss_extra_mb']} MB, disk x{row['disk_ratio']}")
+    if local:
+        shutil.rmtree(path, ignore_errors=True)
+        shutil.rmtree(f"{path}-bridge", ignore_errors=True)
+    return row
+
+
+@contextlib.contextmanager
+def _servers(cfg: ScaleBenchConfig, say: Callable[[str], None]) -> Iterator[tuple[str, str]]:
+    """A PostgreSQL and a Milvus server in ``cfg.work`` for the shared row (stopped afterwards)."""
+    from ..index.milvus_server import start_server
+    from ..index.postgres_server import start_postgres
+
+    base = cfg.work / f"servers-{os.getpid()}"
+    shutil.rmtree(base, ignore_errors=True)
+    say("starting PostgreSQL and a Milvus server on 127.0.0.1 ...")
+    pg = start_postgres(base / "pg")
+    try:
+        milvus = start_server(base / "milvus")
+        try:
+            yield pg.url, milvus.address
+        finally:
+            milvus.stop()
+    finally:
+        pg.stop()
+        shutil.rmtree(base, ignore_errors=True)
 
 
 def format_markdown(result: dict[str, Any]) -> str:

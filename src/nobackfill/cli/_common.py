@@ -87,10 +87,11 @@ def multi30k_default() -> Path:
 def user_errors() -> tuple[type[BaseException], ...]:
     """Exceptions that mean bad input or a damaged store: a command prints them as one error line
     and exits 2 (``except user_errors() as e: fail(str(e))``)."""
+    from ..index.catalog import CatalogError
     from ..index.collection import CollectionError
     from ..index.store import GalleryError
 
-    return (ValueError, FileNotFoundError, FileExistsError, KeyError, CollectionError, GalleryError)
+    return (ValueError, FileNotFoundError, FileExistsError, KeyError, CollectionError, CatalogError, GalleryError)
 
 
 def config_option() -> Any:

@@ -266,6 +266,8 @@ def bench_scale(
     indexes: Optional[str] = typer.Option(None, help="Comma list of faiss factory strings (default Flat,HNSW32)."),
     model: Path = typer.Option(Path("models/world-new"), help="The model the collection records (CLI search loads it)."),
     work: Path = typer.Option(Path("runs/bench/scale-work"), help="Scratch (collections, vectors)."),
+    shared: bool = typer.Option(False, help="Also a row at the smallest N with a PostgreSQL catalog and a Milvus "
+                                            "server, both started on 127.0.0.1 (run it under scripts/isolated.sh)."),
     config: Optional[Path] = config_option(),
     set_: Optional[List[str]] = set_option(),
     show_config: bool = show_config_option(),
@@ -276,7 +278,7 @@ def bench_scale(
     beside it where installed."""
     from ..bench.scale import ScaleBenchConfig, format_markdown, run_scale_bench
 
-    kw: dict = dict(model=model, work=work)
+    kw: dict = dict(model=model, work=work, shared=shared)
     if sizes:
         kw["sizes"] = tuple(int(s) for s in sizes.split(",") if s)
     if indexes:

@@ -2,38 +2,30 @@
 
 A :class:`Collection` is what a live upgrade needs: after a better model is registered, items
 embedded by the old model stay searchable (through a route, see :mod:`nobackfill.search`) while
-new items, and later backfilled ones, live in the new model's space. Layout::
+new items, and later backfilled ones, live in the new model's space. It is two things:
 
-    collection.json          the only commit point: format, name, index backend, generation, the
-                             item-log chunks (count + sha256) and the serving plan (spaces, current
-                             model, upgrades, routes, merge)
-    log/<generation>.jsonl   the item events of one commit, one JSON object a line:
-                             {"op": "put", "item": {...}} or {"op": "delete", "id": ...}
-    spaces/<space>/          one crash-safe :class:`~nobackfill.index.store.Gallery` per space; its
-                             rows are keyed by the item's *vector key* ``<id>#<rev>`` (``rev``: a
-                             hash of the item's source), so an upserted item never reuses a vector
-                             of its old content
-    .collection-lock         commit lock (advisory ``flock``); ``.ingest-lock``: one adder at a time
+* a **catalog** (:mod:`nobackfill.index.catalog`; SQLite ``catalog.sqlite`` in the collection's
+  directory, or PostgreSQL for a collection shared by several machines): the items (id, modality,
+  source reference, metadata, the *vector key* ``<id>#<rev>`` of their current version), the serving
+  plan (spaces, current model, upgrades, routes, merge), which store row serves each item, and the
+  backfill's documents. Opening reads its header; nothing is replayed.
+* one **vector store per space** (a crash-safe :class:`~nobackfill.index.store.Gallery` under
+  ``spaces/<space>/``, or a Milvus collection), whose rows are keyed by vector key, so an upserted
+  item never reuses a vector of its old content.
 
-What is stored once and what is derived:
+The space that *serves* an item is the first space of the plan's preference order (current model
+first, then the newer spaces before the older) whose store holds its key; the catalog keeps that
+up to date at every commit (an item's row, and per store row the item it serves), so a reader never
+derives it. Every live item is served by at most one space, so a search over all spaces returns it
+at most once.
 
-* an item (id, modality, source reference, metadata, vector key) lives in the item log; the live
-  items are the log replayed (a delete is a tombstone: the id is gone from every later snapshot);
-* which spaces hold a vector for an item is derived from the galleries (the spaces whose gallery
-  holds its key);
-* the space that *serves* an item is the first space of the plan's preference order (current
-  model first, then the newer spaces before the older) holding its key. Every live item is served
-  by at most one space, so a search over all spaces returns it at most once.
+Every change is atomic and survives SIGKILL: vectors are committed to a space's store first (its
+own atomic manifest), then one catalog transaction records the items and what serves them. A kill
+before the transaction commits leaves vectors that no item references (invisible, and reused
+without re-embedding when the item is added again).
 
-Every change is atomic and survives SIGKILL: vectors are committed to a space's gallery first (its
-own atomic manifest), then the item events are written to a new log chunk and ``collection.json``
-is replaced. A kill before the last step leaves vectors that no item references (invisible, and
-reused without re-embedding when the item is added again) and an unlisted log file (ignored,
-removed by the next commit).
-
-An existing single-space gallery directory opens as a one-space collection: its rows become items
-(``key == id``) and its directory is the space's store. The first write adds ``collection.json``
-beside the gallery's files, which stay a valid gallery.
+A collection of the previous format (``collection.json`` + ``log/``) and a plain single-space
+gallery directory are converted into a catalog the first time they are opened (:mod:`.migrate`).
 """
 
 from __future__ import annotations
@@ -43,6 +35,7 @@ import functools
 import hashlib
 import json
 import logging
+import os
 import re
 import threading
 from dataclasses import dataclass, field
@@ -53,11 +46,14 @@ from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
 import numpy as np
 
 from .backends import AUTO_GRAPH_AT, parse_spec, validate_spec
-from .storage import MANIFEST_FILE as COLLECTION_FILE
-from .storage import LocalStorage, SpaceStore, Storage, flock, open_storage
-from .store import MODALITIES, Gallery, GalleryError
+from .catalog import CATALOG_FILE, PAGE, Catalog, CatalogError, Row, Writer, memory_catalog
+from .migrate import check_plan, gallery_items, read_v1
+from .storage import MANIFEST_FILE as V1_FILE
+from .storage import LocalStorage, SpaceStore, Storage, open_storage
+from .store import MODALITIES, GalleryError
 
 __all__ = [
+    "CATALOG_FILE",
     "COLLECTION_FILE",
     "Collection",
     "CollectionError",
@@ -74,14 +70,10 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-FORMAT = "nobackfill-collection"
-VERSION = 1
-LOG_DIR = "log"
 SPACE_DIR = "spaces"
-COMMIT_LOCK = "collection"  # storage lock names
-INGEST_LOCK = "ingest"
-#: a commit writes a compacted log (the live items only) once the log has this many chunks
-COMPACT_AFTER = 256
+#: the file whose presence means a (local) collection exists: its catalog
+COLLECTION_FILE = CATALOG_FILE
+INGEST_LOCK = "ingest"  # catalog lock names
 MAX_ID_LENGTH = 512
 
 
@@ -94,7 +86,8 @@ class NotACollectionError(CollectionError, FileNotFoundError):
 
 
 class CorruptCollectionError(CollectionError):
-    """``collection.json`` or a committed log chunk is unreadable or inconsistent."""
+    """The catalog (or, when converting, ``collection.json`` or a log chunk) is unreadable or
+    inconsistent."""
 
 
 class ItemNotFoundError(CollectionError, KeyError):
@@ -187,45 +180,59 @@ class Item:
         return self.source["path"] if self.modality == "image" else self.source["text"]
 
 
-# --------------------------------------------------------------------------- locks
-
-
-#: kept for callers of the old name (the backfill job's file lock)
-_flock = flock
-
-
 # --------------------------------------------------------------------------- snapshot
 
 
-@dataclass
 class SpaceView:
-    """What one space serves for one modality in a snapshot: the rows of its gallery that are
-    searchable (``mask``) and the item id of each such row (``item_ids[pos]``, None elsewhere)."""
+    """What one space serves for one modality in a snapshot: per row of its store, the rid of the
+    item that row serves (``rids``; 0: none). ``mask``, ``count`` and ``item_ids`` derive from it."""
 
-    space_id: str
-    modality: str
-    gallery: Gallery
-    mask: np.ndarray
-    item_ids: list[str | None]
+    def __init__(self, snapshot: "Snapshot", space_id: str, modality: str, gallery: SpaceStore,
+                 rids: np.ndarray) -> None:
+        self.snapshot = snapshot
+        self.space_id = space_id
+        self.modality = modality
+        self.gallery = gallery
+        self.rids = rids
+
+    @functools.cached_property
+    def mask(self) -> np.ndarray:
+        """The rows this space serves (bool, one per row)."""
+        return self.rids > 0
 
     @functools.cached_property
     def count(self) -> int:
         """Rows this view serves (computed once: a snapshot's views never change)."""
-        return int(np.count_nonzero(self.mask))
+        return int(np.count_nonzero(self.rids))
+
+    @functools.cached_property
+    def full(self) -> bool:
+        """Every row of the store serves an item (a search needs no mask)."""
+        return self.count == len(self.rids)
+
+    @functools.cached_property
+    def item_ids(self) -> list[str | None]:
+        """The item id served by each row (None elsewhere): resolves every served row, so meant for
+        checks and small collections; searches resolve their hits only (:meth:`Snapshot.resolve`)."""
+        items = self.snapshot.resolve(self.rids[self.rids > 0])
+        return [items[r].id if r > 0 and r in items else None for r in self.rids.tolist()]
 
 
 class Snapshot:
-    """One consistent state of a collection: its live items, its plan and, per space and modality,
-    which gallery rows serve which item. Immutable; a search uses one snapshot from start to end."""
+    """One consistent state of a collection: its plan and, per space and modality, which store rows
+    serve which item. Immutable; a search uses one snapshot from start to end. Items are read from
+    the catalog when asked for (:meth:`item`, :meth:`resolve`), never all at once unless
+    :attr:`items` is used."""
 
-    def __init__(self, collection: "Collection", generation: int, items: dict[str, Item], plan: dict[str, Any],
-                 lengths: dict[tuple[str, str], int]) -> None:
+    def __init__(self, collection: "Collection", generation: int, plan: dict[str, Any],
+                 serving: dict[tuple[str, str], np.ndarray], counts: dict[str, int]) -> None:
         self.collection = collection
         self.generation = generation
-        self.items = items
         self.plan = plan
-        self._lengths = lengths  # (space, modality) -> gallery rows visible to this snapshot
+        self._serving = serving  # (space, modality) -> rids of the rows this snapshot sees
+        self._item_counts = counts
         self._views: dict[str, dict[str, SpaceView]] = {}
+        self._filtered: dict[tuple[str, str, str], np.ndarray] = {}
         self._lock = threading.Lock()
 
     @property
@@ -238,39 +245,41 @@ class Snapshot:
 
     def views(self, modality: str) -> dict[str, SpaceView]:
         """``{space id: SpaceView}`` for ``modality`` in preference order (spaces serving nothing
-        of it included, with an all-False mask)."""
-        with self._lock:
-            if modality not in self._views:
-                self._views[modality] = self._build_views(modality)
-            return self._views[modality]
+        of it included)."""
+        views = self._views.get(modality)
+        if views is None:
+            with self._lock:
+                views = self._views[modality] = {
+                    sid: SpaceView(self, sid, modality, self.collection.gallery(sid),
+                                   self._serving.get((sid, modality), _EMPTY)) for sid in self.preference()}
+        return views
 
-    def _build_views(self, modality: str) -> dict[str, SpaceView]:
-        by_key = {it.key: it.id for it in self.items.values() if it.modality == modality}
-        served: set[str] = set()
-        out: dict[str, SpaceView] = {}
-        for sid in self.preference():
-            g = self.collection.gallery(sid)
-            keys = g.ids(modality)[: self._lengths.get((sid, modality), 0)]
-            mask = np.zeros(len(keys), dtype=bool)
-            item_ids: list[str | None] = [None] * len(keys)
-            for pos, key in enumerate(keys):
-                iid = by_key.get(key)
-                if iid is not None and iid not in served:
-                    served.add(iid)
-                    mask[pos] = True
-                    item_ids[pos] = iid
-            out[sid] = SpaceView(sid, modality, g, mask, item_ids)
-        return out
+    def item_count(self, modality: str | None = None) -> int:
+        """Live items (of ``modality``)."""
+        return sum(n for m, n in self._item_counts.items() if modality in (None, m))
+
+    def resolve(self, rids: Iterable[int]) -> dict[int, Item]:
+        """The items of catalog rows ``rids`` (rows deleted since this snapshot are left out)."""
+        return self.collection._resolve(rids)
+
+    def hits(self, rids: Iterable[int]) -> dict[int, tuple[str, str]]:
+        """``rid -> (item id, metadata JSON)`` of served rows, from memory (what a search names)."""
+        return self.collection._hit_rows(rids)
+
+    def item(self, item_id: str) -> Item | None:
+        """The live item ``item_id`` (as the catalog holds it now), or None."""
+        return self.collection.lookup(item_id)
+
+    @functools.cached_property
+    def items(self) -> dict[str, Item]:
+        """Every live item by id, read once (a full read of the catalog: for checks and small
+        collections, not for the hot path)."""
+        return {r.id: _item(r) for r in self.collection.catalog.rows()}
 
     def serving_space(self, item_id: str) -> str | None:
         """The space that serves ``item_id`` (None if no space holds its current vector)."""
-        item = self.items.get(item_id)
-        if item is None:
-            return None
-        for sid, view in self.views(item.modality).items():
-            if item_id in _served_ids(view):
-                return sid
-        return None
+        row = self.collection.catalog.rows_by_id([item_id]).get(item_id)
+        return None if row is None else row.space
 
     def counts(self) -> dict[str, dict[str, int]]:
         """``{space id: {"image": n, "text": n}}``: items each space serves."""
@@ -282,13 +291,87 @@ class Snapshot:
 
     def unserved(self, modality: str | None = None) -> list[str]:
         """Ids of live items that no space holds a current vector for (to be embedded)."""
-        mods = [modality] if modality else list(MODALITIES)
-        served = {iid for m in mods for v in self.views(m).values() for iid in _served_ids(v)}
-        return sorted(i for i, it in self.items.items() if it.modality in mods and i not in served)
+        return sorted(r.id for r in self.collection.catalog.rows(modality, "space IS NULL"))
+
+    def filtered_mask(self, view: SpaceView, flt: Mapping[str, Any]) -> np.ndarray:
+        """The rows of ``view`` serving an item whose metadata matches ``flt`` (the filter runs in
+        the catalog's database, once per snapshot and filter)."""
+        key = (view.space_id, view.modality, json.dumps(flt, sort_keys=True, default=str))
+        cache = self._filtered
+        if key not in cache:
+            if len(cache) > 64:
+                cache.clear()
+            allowed = self.collection.catalog.rids_matching(view.modality, flt)
+            cache[key] = np.isin(view.rids, allowed) & view.mask
+        return cache[key]
 
 
-def _served_ids(view: SpaceView) -> set[str]:
-    return {i for i in view.item_ids if i is not None}
+_EMPTY = np.zeros(0, np.int64)
+
+
+class _HitTable:
+    """``rid -> (item id, metadata JSON)`` of every item version read so far, in memory, compact
+    (per segment: the sorted rids, and the ids and metadata as one UTF-8 blob each with offsets).
+    A rid names one version of one item for ever, so the table only grows: a reader extends it
+    with the rows inserted since (``rid > last``) and a search names its hits without a database
+    round trip (a random-row lookup costs about 5 us of B-tree per hit; this, well under 1 us)."""
+
+    def __init__(self) -> None:
+        self.segments: list[tuple[np.ndarray, np.ndarray, bytes, np.ndarray, bytes]] = []
+        self.starts = np.zeros(0, np.int64)
+        self.last = 0  # the largest rid loaded
+        self._lock = threading.Lock()
+
+    def extend(self, rows: Sequence[tuple[int, str, str]]) -> None:
+        """Append ``(rid, id, metadata json)`` rows (rids ascending, all above :attr:`last`)."""
+        if not rows:
+            return
+        rids = np.fromiter((r[0] for r in rows), np.int64, len(rows))
+        ids = [r[1].encode("utf-8") for r in rows]
+        metas = [r[2].encode("utf-8") for r in rows]
+        seg = (rids, _offsets(ids), b"".join(ids), _offsets(metas), b"".join(metas))
+        with self._lock:
+            self.segments = self.segments + [seg]
+            if len(self.segments) > 16:  # merged now and then: a lookup searches few segments
+                self.segments = [_merge_segments(self.segments)]
+            self.starts = np.array([sg[0][0] for sg in self.segments], np.int64)
+            self.last = int(rids[-1])
+
+    def get(self, rids: Sequence[int]) -> dict[int, tuple[str, str]]:
+        segments, starts = self.segments, self.starts
+        out: dict[int, tuple[str, str]] = {}
+        if not rids or not segments:
+            return out
+        arr = np.fromiter(rids, np.int64, len(rids))
+        seg_of = np.searchsorted(starts, arr, side="right") - 1
+        for si in np.unique(seg_of).tolist():
+            if si < 0:
+                continue
+            srids, ioff, iblob, moff, mblob = segments[si]
+            want = arr[seg_of == si]
+            js = np.searchsorted(srids, want)
+            js[js >= len(srids)] = 0
+            found = srids[js] == want
+            for rid, j in zip(want[found].tolist(), js[found].tolist()):
+                a, b, c, d = int(ioff[j]), int(ioff[j + 1]), int(moff[j]), int(moff[j + 1])
+                out[rid] = (iblob[a:b].decode("utf-8"), mblob[c:d].decode("utf-8"))
+        return out
+
+
+def _offsets(parts: Sequence[bytes]) -> np.ndarray:
+    out = np.zeros(len(parts) + 1, np.int64)
+    np.cumsum([len(p) for p in parts], out=out[1:])
+    return out
+
+
+def _merge_segments(segments: Sequence[tuple]) -> tuple:
+    rids = np.concatenate([sg[0] for sg in segments])
+    out = [rids]
+    for o, b in ((1, 2), (3, 4)):
+        shift = np.cumsum([0] + [len(sg[b]) for sg in segments[:-1]])
+        out.append(np.concatenate([sg[o][:-1] + sh for sg, sh in zip(segments, shift)] + [[sum(len(sg[b]) for sg in segments)]]))
+        out.append(b"".join(sg[b] for sg in segments))
+    return tuple(out)
 
 
 def _preference(plan: dict[str, Any]) -> list[str]:
@@ -297,31 +380,46 @@ def _preference(plan: dict[str, Any]) -> list[str]:
     return [current] + [s for s in reversed(spaces) if s != current]
 
 
+def _item(r: Row) -> Item:
+    return Item(id=r.id, modality=r.modality, key=r.key, source=r.source, metadata=r.metadata)
+
+
+def _item_json(it: Item) -> tuple[str, str, str, str, str]:
+    return (it.id, it.modality, it.key, json.dumps(dict(it.source), sort_keys=True, ensure_ascii=False, allow_nan=False),
+            json.dumps(dict(it.metadata), sort_keys=True, ensure_ascii=False, allow_nan=False))
+
+
 # --------------------------------------------------------------------------- collection
 
 
 class Collection:
-    """Items in several embedding spaces under one directory (see the module doc).
+    """Items in several embedding spaces: a catalog plus one vector store per space (see the module
+    doc).
 
     Open with :meth:`create` or :meth:`open`. Writers (:meth:`commit`, :meth:`put_vectors`,
-    :meth:`set_plan`) may run in several processes; each commit takes the commit lock, re-reads
-    the state and applies its events on top. Readers take :meth:`snapshot`.
+    :meth:`set_plan`) may run in several processes; each is one catalog transaction. Readers take
+    :meth:`snapshot`.
     """
 
-    def __init__(self, storage: Storage, manifest: dict[str, Any], *, legacy: bool = False) -> None:
+    #: items resolved by rid and kept (a rid names one item version for ever)
+    RESOLVED_CACHE = 65536
+
+    def __init__(self, storage: Storage, catalog: Catalog) -> None:
         """Internal; use :meth:`create` or :meth:`open`."""
         self.storage = storage
+        self.catalog = catalog
         #: a local collection's directory, or the storage URI (messages name it)
         self.path: Path | str = storage.root if isinstance(storage, LocalStorage) else storage.location
-        self._legacy = legacy  # a plain gallery directory not yet written to as a collection
-        self._manifest = manifest
-        self._items: dict[str, Item] = {}
-        self._loaded_log: list[str] = []
+        self._header = catalog.header()
         self._galleries: dict[str, SpaceStore] = {}
-        self._stat = storage.manifest_token()
+        self._serving: dict[tuple[str, str], np.ndarray] = {}
+        self._serving_gen = -1  # the generation self._serving is at (-1: not loaded)
         self._snapshot: Snapshot | None = None
-        self._snapshot_key: tuple | None = None
+        self._resolved: dict[int, Item] = {}
+        self._hit_table: _HitTable | None = None  # loaded by the first search
+        self._epoch = catalog.epoch
         self._lock = threading.RLock()
+        self._plan_cache: tuple[int, dict[str, Any]] | None = None
 
     # ------------------------------------------------------------------ construction
 
@@ -355,236 +453,296 @@ class Collection:
         space = _space_entry(space_id, dim, model, name, mods, own)
         default_name = Path(storage.location).resolve().name if isinstance(storage, LocalStorage) else \
             storage.location.rpartition("#")[2] or "default"
-        manifest = {
-            "format": FORMAT, "version": VERSION, "name": collection_name or default_name,
-            "backend": backend, "created": now, "updated": now, "generation": 0, "log": [],
-            "plan": {"current": space_id, "spaces": [space], "upgrades": [], "routes": {}, "merge": None},
-        }
-        with storage.lock(COMMIT_LOCK):
-            storage.create_space(space["dir"], space_id=space_id, dim=int(dim), model=str(model), backend=backend)
-            storage.write_manifest(_manifest_bytes(manifest))
+        header = {"name": collection_name or default_name, "backend": backend, "created": now, "updated": now,
+                  "plan": {"current": space_id, "spaces": [space], "upgrades": [], "routes": {}, "merge": None}}
+        storage.create_space(space["dir"], space_id=space_id, dim=int(dim), model=str(model), backend=backend)
+        storage.create_catalog(header)
         return cls.open(storage)
 
     @classmethod
     def open(cls, path: "str | Path | Storage") -> "Collection":
-        """Open a collection (a directory or a storage URI), or a single-space gallery directory as
-        a one-space collection."""
+        """Open a collection (a directory or a storage URI). A collection of the previous format
+        (``collection.json`` + item log) or a single-space gallery directory is converted once into
+        a catalog (its old files are kept until the catalog is in place)."""
         storage = path if isinstance(path, Storage) else open_storage(path)
-        data = storage.read_manifest()
-        if data is not None:
-            c = cls(storage, _parse_manifest(data, storage))
-            c._load_log()
-            return c
-        g = storage.legacy_gallery()
-        if g is not None:
-            return cls._open_legacy(storage, g)
-        if isinstance(storage, LocalStorage) and not storage.root.is_dir():
-            raise NotACollectionError(f"{storage} is not a collection: no such directory")
-        raise NotACollectionError(f"{storage} is not a collection: no {COLLECTION_FILE} (nor a gallery manifest.json) "
-                                  f"in it; create one with 'nobackfill collection create'")
+        catalog = storage.catalog()
+        if catalog is None:
+            catalog = cls._migrate(storage)
+        try:
+            return cls(storage, catalog)
+        except CatalogError as e:
+            raise CorruptCollectionError(str(e)) from e
 
     @classmethod
-    def _open_legacy(cls, storage: Storage, g: Gallery) -> "Collection":
-        space = _space_entry(g.space_id, g.dim, g.model, Path(g.model).name, list(MODALITIES), ".")
-        manifest = {
-            "format": FORMAT, "version": VERSION, "name": Path(storage.location).resolve().name, "backend": g.backend,
-            "created": g.manifest.get("created", _now()), "updated": g.manifest.get("updated", _now()),
-            "generation": 0, "log": [],
-            "plan": {"current": g.space_id, "spaces": [space], "upgrades": [], "routes": {}, "merge": None},
-        }
-        c = cls(storage, manifest, legacy=True)
-        c._galleries[g.space_id] = g
-        c._items = _items_from_gallery(g)
-        return c
+    def _migrate(cls, storage: Storage) -> Catalog:
+        """The catalog of a format-1 collection (written now, once) or of a plain gallery (in
+        memory until the first write; see :mod:`.migrate`)."""
+        if storage.read_manifest() is not None:  # locked only when there is something to convert
+            with storage.migration_lock():
+                catalog = storage.catalog()
+                if catalog is not None:  # another process converted it meanwhile
+                    return catalog
+                v1 = read_v1(storage, CorruptCollectionError)
+                assert v1 is not None
+                m = v1.manifest
+                header = {"name": m["name"], "backend": m["backend"], "created": m.get("created", _now()),
+                          "updated": _now(), "plan": m["plan"]}
+                log.info("converting %s to a catalog (%d items)", storage, len(v1.items))
+                catalog = storage.create_catalog(header, _filler(storage, header, v1.items, v1.docs))
+                storage.retire_v1()
+                return catalog
+        g = storage.legacy_gallery()
+        if g is None:
+            if isinstance(storage, LocalStorage) and not storage.root.is_dir():
+                raise NotACollectionError(f"{storage} is not a collection: no such directory")
+            raise NotACollectionError(f"{storage} is not a collection: no {CATALOG_FILE} (nor a {V1_FILE} or "
+                                      "gallery manifest.json) in it; create one with 'nobackfill collection create'")
+        assert isinstance(storage, LocalStorage)
+        header = _gallery_header(storage, g)
+        return memory_catalog(header, _filler(storage, header, gallery_items(g), {}), storage.root,
+                              lambda: cls._convert_gallery(storage))
+
+    @staticmethod
+    def _convert_gallery(storage: Storage) -> Catalog:
+        """The first write to a plain gallery: its catalog is written beside its files (which stay
+        a valid gallery)."""
+        with storage.migration_lock():
+            catalog = storage.catalog()
+            if catalog is None:
+                g = storage.legacy_gallery()
+                assert g is not None
+                header = _gallery_header(storage, g)
+                catalog = storage.create_catalog(header, _filler(storage, header, gallery_items(g), {}))
+            return catalog
 
     # ------------------------------------------------------------------ properties
 
     @property
     def name(self) -> str:
-        return self._manifest["name"]
+        return self._header["name"]
 
     @property
     def backend(self) -> str:
-        return self._manifest["backend"]
+        return self._header["backend"]
 
     @property
     def generation(self) -> int:
-        return int(self._manifest["generation"])
+        return int(self._header["generation"])
 
     @property
     def plan(self) -> dict[str, Any]:
         """A copy of the serving plan."""
-        return json.loads(json.dumps(self._manifest["plan"]))
+        return json.loads(json.dumps(self._header["plan"]))
 
     @property
     def current_space(self) -> str:
-        return self._manifest["plan"]["current"]
+        return self._header["plan"]["current"]
 
     @property
     def is_legacy_gallery(self) -> bool:
-        """True while this is a plain gallery directory that no collection write has touched."""
-        return self._legacy
+        """True while this is a plain gallery directory that no collection write has touched (its
+        catalog is in memory; the first write puts it beside the gallery's files)."""
+        return self.catalog.before_write is not None
 
     def space(self, space_id: str) -> dict[str, Any]:
         """The plan's entry of a space (a copy); ``KeyError`` naming the known spaces."""
-        for s in self._manifest["plan"]["spaces"]:
+        for s in self._header["plan"]["spaces"]:
             if s["space_id"] == space_id:
                 return dict(s)
-        known = ", ".join(s["space_id"] for s in self._manifest["plan"]["spaces"])
+        known = ", ".join(s["space_id"] for s in self._header["plan"]["spaces"])
         raise KeyError(f"collection {self.path} has no space {space_id} (spaces: {known})")
 
     def space_ids(self) -> list[str]:
         """Serving order: the current space first, then the others newest first."""
-        return _preference(self._manifest["plan"])
+        return _preference(self._header["plan"])
 
-    def gallery(self, space_id: str) -> SpaceStore:
-        """The vector store of ``space_id`` (opened once and cached)."""
-        with self._lock:
-            g = self._galleries.get(space_id)
-            if g is None:
-                entry = self.space(space_id)
-                g = self._galleries[space_id] = self.storage.open_space(entry["dir"])
-                if g.space_id != space_id:
-                    raise CorruptCollectionError(f"{self.storage}: space store {entry['dir']} holds space {g.space_id}, "
-                                                 f"but {COLLECTION_FILE} says {space_id}")
-            return g
+    def gallery(self, space_id: str, plan: dict[str, Any] | None = None) -> SpaceStore:
+        """The vector store of ``space_id`` (opened once and cached; ``plan``: the plan naming it,
+        default the committed one)."""
+        g = self._galleries.get(space_id)
+        if g is None:
+            with self._lock:
+                g = self._galleries.get(space_id)
+                if g is None:
+                    entry = self.space_of(plan, space_id) if plan is not None else self.space(space_id)
+                    g = self.storage.open_space(entry["dir"])
+                    if g.space_id != space_id:
+                        raise CorruptCollectionError(f"{self.storage}: space store {entry['dir']} holds space "
+                                                     f"{g.space_id}, but the catalog says {space_id}")
+                    self._galleries[space_id] = g
+        return g
 
     def items(self) -> dict[str, Item]:
-        """The live items by id (a shallow copy)."""
-        self.refresh()
-        return dict(self._items)
+        """Every live item by id, in insertion order (a full read of the catalog)."""
+        return {r.id: _item(r) for r in self.catalog.rows()}
+
+    def iter_items(self, modality: str | None = None) -> Iterator[Item]:
+        """Every live item (of ``modality``) in insertion order."""
+        return map(_item, self.catalog.rows(modality))
 
     def get(self, item_id: str) -> Item:
         """The live item ``item_id``; :class:`ItemNotFoundError` if there is none."""
-        self.refresh()
-        item = self._items.get(item_id)
+        item = self.lookup(item_id)
         if item is None:
             raise ItemNotFoundError(f"no item with id {item_id!r} in collection {self.path}")
         return item
 
     def lookup(self, item_id: str) -> Item | None:
-        """The live item ``item_id`` as last loaded, or None (no refresh, no copy: for hot loops
-        that call :meth:`refresh` themselves)."""
-        return self._items.get(item_id)
+        """The live item ``item_id``, or None."""
+        row = self.catalog.rows_by_id([item_id]).get(item_id)
+        return None if row is None else _item(row)
+
+    def get_many(self, ids: Iterable[str]) -> dict[str, Item]:
+        """The live items among ``ids`` (one query per 500 ids)."""
+        return {i: _item(r) for i, r in self.catalog.rows_by_id(list(ids)).items()}
+
+    def serving(self, ids: Iterable[str]) -> dict[str, tuple[Item, str | None]]:
+        """The live items among ``ids`` with the space serving each (None: no space holds it)."""
+        return {i: (_item(r), r.space) for i, r in self.catalog.rows_by_id(list(ids)).items()}
+
+    def not_served_by(self, space_id: str, modalities: Iterable[str] = MODALITIES) -> list[Item]:
+        """Live items of ``modalities`` that ``space_id`` does not serve, in insertion order."""
+        mods = set(modalities)
+        return [_item(r) for r in self.catalog.rows(where="(space IS NULL OR space <> ?)", params=(space_id,))
+                if r.modality in mods]
+
+    def _resolve(self, rids: Iterable[int]) -> dict[int, Item]:
+        rids = [int(r) for r in rids]
+        cache = self._resolved
+        missing = [r for r in rids if r not in cache]
+        if missing:
+            got = {rid: _item(row) for rid, row in self.catalog.rows_by_rid(missing).items()}
+            if len(cache) + len(got) > self.RESOLVED_CACHE:
+                cache.clear()
+            cache.update(got)
+        return {r: cache[r] for r in rids if r in cache}
+
+    def _hit_rows(self, rids: Iterable[int]) -> dict[int, tuple[str, str]]:
+        rids = list(rids)
+        table = self._hit_table
+        if table is None:
+            with self._lock:
+                if self._hit_table is None:
+                    table = _HitTable()
+                    table.extend(self.catalog.query("SELECT rid, id, metadata FROM items ORDER BY rid"))
+                    self._hit_table = table
+                table = self._hit_table
+        if rids and max(rids) > table.last:  # inserted since: read the new rows only
+            with self._lock:
+                table.extend(self.catalog.query("SELECT rid, id, metadata FROM items WHERE rid > ? ORDER BY rid",
+                                                (table.last,)))
+        return table.get(rids)
 
     def __len__(self) -> int:
-        return len(self._items)
+        self.refresh()
+        return self._header["n_image"] + self._header["n_text"]
 
     def count(self, modality: str | None = None) -> int:
-        if modality is None:
-            return len(self._items)
-        return sum(1 for it in self._items.values() if it.modality == modality)
+        self.refresh()
+        return sum(self._header[f"n_{m}"] for m in MODALITIES if modality in (None, m))
 
     def __repr__(self) -> str:
-        return f"Collection({str(self.path)!r}, items={len(self._items)}, spaces={len(self.space_ids())})"
+        return f"Collection({str(self.path)!r}, items={len(self)}, spaces={len(self.space_ids())})"
 
     # ------------------------------------------------------------------ reading
 
     def refresh(self) -> bool:
-        """Pick up commits made by other processes (one ``stat`` when nothing changed)."""
-        if self._legacy:
-            data = self.storage.read_manifest()
-            if data is not None:  # someone converted it meanwhile
-                with self._lock:
-                    self._legacy = False
-                    self._manifest = _parse_manifest(data, self.storage)
-                    self._stat = self.storage.manifest_token()
-                    self._items, self._loaded_log = {}, []
-                    self._load_log()
-                return True
-            return False
-        st = self.storage.manifest_token()
-        if st == self._stat:
+        """Pick up commits made by other processes (one indexed read when nothing changed)."""
+        gen, plan_gen = self.catalog.generation()
+        if gen == self._header["generation"]:
             return False
         with self._lock:
-            self._manifest = _read_manifest(self.storage)
-            self._stat = st
-            self._load_log()
+            self._header = self.catalog.header()
         return True
 
-    def _load_log(self) -> None:
-        """Replay the log chunks not loaded yet (all of them if the history was rewritten)."""
-        names = [c["file"] for c in self._manifest["log"]]
-        if names[: len(self._loaded_log)] != self._loaded_log:
-            self._items, self._loaded_log = {}, []
-        items = dict(self._items)
-        for entry in self._manifest["log"][len(self._loaded_log):]:
-            for event in self._read_chunk(entry):
-                _apply(items, event)
-            self._loaded_log.append(entry["file"])
-        self._items = items
-
-    def _read_chunk(self, entry: dict[str, Any]) -> list[dict[str, Any]]:
-        path = f"{self.storage}/{entry['file']}" if not isinstance(self.storage, LocalStorage) else \
-            self.storage.root / entry["file"]
-        try:
-            data = self.storage.read_chunk(entry["file"])
-        except OSError as e:
-            raise CorruptCollectionError(f"cannot read committed log chunk {path}: {e.strerror or e}; "
-                                         f"run 'nobackfill verify {self.path}'") from e
-        if _sha256(data) != entry["sha256"]:
-            raise CorruptCollectionError(f"log chunk {path} does not match the sha256 in {COLLECTION_FILE} "
-                                         f"(changed or damaged on disk); run 'nobackfill verify {self.path}'")
-        events = []
-        for no, line in enumerate(data.decode("utf-8").splitlines(), start=1):
-            if not line.strip():
-                continue
-            where = f"{path} line {no}"
-            try:
-                ev = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise CorruptCollectionError(f"{where}: invalid JSON ({e})") from None
-            events.append(_check_event(ev, where))
-        if len(events) != entry["count"]:
-            raise CorruptCollectionError(f"{path} has {len(events)} events, {COLLECTION_FILE} says {entry['count']}")
-        return events
-
     def snapshot(self) -> Snapshot:
-        """The current consistent state (cached while nothing changed on disk)."""
+        """The current consistent state (cached while nothing was committed)."""
+        if self.catalog.epoch != self._epoch:  # a plain gallery's catalog went from memory to disk
+            with self._lock:
+                self._epoch, self._serving_gen, self._snapshot = self.catalog.epoch, -1, None
+                self._hit_table, self._resolved = None, {}
+        gen, _ = self.catalog.generation()
+        snap = self._snapshot
+        if snap is not None and snap.generation == gen:
+            return snap
         with self._lock:
-            self.refresh()
-            lengths: dict[tuple[str, str], int] = {}
-            for sid in self.space_ids():
+            with self.catalog.reading():
+                header = self.catalog.header()
+                pages = self.catalog.pages(self._serving_gen) if self._serving_gen >= 0 else self.catalog.pages(-1)
+            if self._serving_gen < 0:
+                self._serving = {}
+            changed: dict[tuple[str, str], np.ndarray] = {}
+            for space, modality, page, data in pages:
+                k = (space, modality)
+                arr = changed.get(k)
+                if arr is None:
+                    arr = changed[k] = self._serving.get(k, _EMPTY).copy()  # a snapshot's arrays never change
+                end = (page + 1) * PAGE
+                if len(arr) < end:
+                    arr = changed[k] = np.concatenate([arr, np.zeros(end - len(arr), np.int64)])
+                arr[page * PAGE:end] = np.frombuffer(data, np.int64)
+            self._serving = {**self._serving, **changed}
+            self._serving_gen = header["generation"]
+            self._header = header
+            plan = header["plan"]
+            serving: dict[tuple[str, str], np.ndarray] = {}
+            for sid in _preference(plan):
                 g = self.gallery(sid)
                 g.refresh()
                 for m in MODALITIES:
-                    lengths[(sid, m)] = g.count(m)
-            # the manifest object is replaced whenever it is re-read or written, so its identity
-            # (kept alive by the key) stands for the plan it holds
-            key = (self.generation, self._legacy, lengths, self._manifest)
-            old = self._snapshot_key
-            if self._snapshot is None or old is None or key[:3] != old[:3] or key[3] is not old[3]:
-                self._snapshot = Snapshot(self, self.generation, dict(self._items), self.plan, lengths)
-                self._snapshot_key = key
+                    if not getattr(g, "stable_positions", False):
+                        serving[(sid, m)] = self._served_by_key(g, sid, m)
+                        continue
+                    arr = self._serving.get((sid, m), _EMPTY)
+                    n = g.count(m)
+                    serving[(sid, m)] = arr[:n] if len(arr) >= n else np.concatenate([arr, np.zeros(n - len(arr), np.int64)])
+            self._snapshot = Snapshot(self, header["generation"], json.loads(json.dumps(plan)), serving,
+                                      {m: header[f"n_{m}"] for m in MODALITIES})
             return self._snapshot
+
+    def _served_by_key(self, g: SpaceStore, space_id: str, modality: str) -> np.ndarray:
+        """Rids by this process's rows of a store without lasting positions (read from the items
+        the catalog says the space serves, mapped by key)."""
+        rows = self.catalog.query("SELECT rid, key FROM items WHERE space = ? AND modality = ?", (space_id, modality))
+        pos = g.positions(modality, [k for _, k in rows])
+        out = np.zeros(g.count(modality), np.int64)
+        for rid, key in rows:
+            p = pos.get(key)
+            if p is not None and p < len(out):
+                out[p] = rid
+        return out
 
     # ------------------------------------------------------------------ writing
 
     @contextlib.contextmanager
-    def _committing(self) -> Iterator[dict[str, Any]]:
-        """Commit lock + a fresh copy of the manifest to modify; the caller writes it."""
-        with self.storage.lock(COMMIT_LOCK):
-            if not self._legacy or self.storage.read_manifest() is not None:
-                self._legacy = False
-                self._manifest = _read_manifest(self.storage)
-                self._load_log()
-            yield json.loads(json.dumps(self._manifest))
+    def _writing(self) -> Iterator[Writer]:
+        """One catalog transaction; the in-memory header follows it once committed."""
+        with self._lock, self.catalog.writing() as w:
+            yield w
+            w.finish(_now())
+        self._header = self.catalog.header()
 
-    def _write(self, manifest: dict[str, Any]) -> None:
-        manifest["updated"] = _now()
-        self.storage.write_manifest(_manifest_bytes(manifest))
-        self._manifest, self._stat = manifest, self.storage.manifest_token()
-        self._legacy = False
+    def _locate(self, w: Writer, plan: dict[str, Any], modality: str, keys: Sequence[str]) -> dict[str, tuple[str, int]]:
+        """Key -> (space, row) of the first space in serving order whose store holds it (read inside
+        the write transaction: a vector committed by a racing writer is seen, or that writer's own
+        transaction finds this one's items)."""
+        out: dict[str, tuple[str, int]] = {}
+        todo = list(dict.fromkeys(keys))
+        for sid in _preference(plan):
+            if not todo:
+                break
+            if modality not in self.space_of(plan, sid).get("modalities", MODALITIES):
+                continue
+            g = self.gallery(sid, plan)
+            g.refresh()
+            found = g.positions(modality, todo)
+            out.update((k, (sid, _row_of(g, p))) for k, p in found.items())
+            todo = [k for k in todo if k not in found]
+        return out
 
-    def _append_log(self, manifest: dict[str, Any], events: list[dict[str, Any]]) -> None:
-        """Write ``events`` as the next log chunk and list it in ``manifest`` (not yet committed)."""
-        gen = int(manifest["generation"]) + 1
-        data = "".join(json.dumps(e, sort_keys=True, ensure_ascii=False, allow_nan=False) + "\n"
-                       for e in events).encode("utf-8")
-        name = f"{LOG_DIR}/{gen:08d}.jsonl"
-        self.storage.write_chunk(name, data)
-        manifest["log"].append({"file": name, "count": len(events), "sha256": _sha256(data)})
-        manifest["generation"] = gen
+    @staticmethod
+    def space_of(plan: dict[str, Any], space_id: str) -> dict[str, Any]:
+        return next(s for s in plan["spaces"] if s["space_id"] == space_id)
 
     def commit(self, puts: Sequence[Item] = (), deletes: Sequence[str] = (), *,
                missing_ok: bool = False) -> int:
@@ -597,53 +755,69 @@ class Collection:
             if problem:
                 raise ValueError(problem)
         try:
-            [json.dumps(it.to_json(), allow_nan=False) for it in puts]
+            rows_in = [_item_json(it) for it in puts]
         except (TypeError, ValueError) as e:
             raise ValueError(f"item metadata must be JSON-serialisable: {e}") from None
         if not puts and not deletes:
             return 0
-        with self._lock, self._committing() as manifest:
-            missing = [i for i in deletes if i not in self._items and i not in {p.id for p in puts}]
+        with self._writing() as w:
+            put_ids = {p.id for p in puts}
+            old = w.rows_by_id(list(put_ids | set(deletes)))
+            missing = [i for i in deletes if i not in old and i not in put_ids]
             if missing and not missing_ok:
                 raise ItemNotFoundError(f"no item with id {missing[0]!r} in collection {self.path}"
                                         + (f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""))
-            events = [{"op": "put", "item": it.to_json()} for it in puts]
-            events += [{"op": "delete", "id": i} for i in deletes if i not in missing]
-            if self._legacy_seed_needed(manifest):
-                self._seed_legacy_log(manifest)
-            self._append_log(manifest, events)
-            items = dict(self._items)
-            for e in events:
-                _apply(items, e)
-            if len(manifest["log"]) > COMPACT_AFTER:
-                self._compact(manifest, items)
-            self._write(manifest)
-            self._items = items
-            self._loaded_log = [c["file"] for c in manifest["log"]]
-            self._collect_garbage_locked()
-        return len(events)
-
-    def _legacy_seed_needed(self, manifest: dict[str, Any]) -> bool:
-        return self._legacy and self.storage.read_manifest() is None and not manifest["log"] and bool(self._items)
-
-    def _seed_legacy_log(self, manifest: dict[str, Any]) -> None:
-        """First write to a plain gallery: its rows become the first log chunk."""
-        self._append_log(manifest, [{"op": "put", "item": it.to_json()} for it in self._items.values()])
-
-    def _compact(self, manifest: dict[str, Any], items: dict[str, Item]) -> None:
-        """Replace the log by one chunk of the live items (tombstones are not needed any more)."""
-        manifest["log"] = []
-        self._append_log(manifest, [{"op": "put", "item": it.to_json()} for it in items.values()])
+            gone = [old[i] for i in dict.fromkeys(deletes) if i in old and i not in put_ids]
+            replaced = [old[p.id] for p in puts if p.id in old]
+            w.delete(gone + replaced)
+            last = {p.id: (p, r) for p, r in zip(puts, rows_in)}  # an id put twice: the last one
+            puts = [p for p, _ in last.values()]
+            plan = w.header["plan"]
+            placed: dict[tuple[str, str], tuple[str, int]] = {}
+            for r in replaced:  # same content: the row that served it serves it again
+                if r.space is not None and r.pos is not None:
+                    placed[(r.modality, r.key)] = (r.space, r.pos)
+            for m in MODALITIES:
+                keys = [p.key for p in puts if p.modality == m and (m, p.key) not in placed]
+                if keys:
+                    placed.update(((m, k), v) for k, v in self._locate(w, plan, m, keys).items())
+            w.insert([r for _, r in last.values()], [placed.get((p.modality, p.key), (None, None)) for p in puts])
+        return len(puts) + len(gone)
 
     def delete(self, ids: Iterable[str], *, missing_ok: bool = False) -> int:
-        """Delete items by id (tombstones); they are never returned again."""
+        """Delete items by id; they are never returned again."""
         return self.commit(deletes=list(ids), missing_ok=missing_ok)
 
     def put_vectors(self, space_id: str, modality: str, keys: Sequence[str], vectors: np.ndarray) -> int:
         """Commit vectors of ``space_id`` for item versions ``keys`` (rows already present are
-        skipped, so a retried batch never stores a vector twice); returns how many were added."""
+        skipped, so a retried batch never stores a vector twice); live items of those versions that
+        a later space in serving order served move to this one. Returns how many rows were added."""
         g = self.gallery(space_id)
-        return g.add(modality, list(keys), vectors, [{} for _ in keys], space_id=space_id, skip_existing=True)
+        added = g.add(modality, list(keys), vectors, [{} for _ in keys], space_id=space_id, skip_existing=True)
+        self.serve_stored(space_id, modality, keys)
+        return added
+
+    def serve_stored(self, space_id: str, modality: str, keys: Sequence[str]) -> None:
+        """Live items of versions ``keys`` that ``space_id``'s store holds and that a later space in
+        serving order (or none) served are served by ``space_id`` from now on (the catalog half of
+        :meth:`put_vectors`; alone, it finishes the commit of vectors stored by a process killed
+        before its catalog transaction)."""
+        if not keys:
+            return
+        g = self.gallery(space_id)
+        with self._writing() as w:
+            rows = [r for r in w.rows_by_key(list(keys)) if r.modality == modality]
+            pref = _preference(w.header["plan"])
+            if space_id not in pref:
+                return
+            rank = {s: i for i, s in enumerate(pref)}
+            move = [r for r in rows if r.space is None or rank.get(r.space, len(pref)) > rank[space_id]]
+            if move:
+                g.refresh()
+                pos = g.positions(modality, [r.key for r in move])
+                for r in move:
+                    if r.key in pos:
+                        w.serve(r.rid, modality, (r.space, r.pos), (space_id, _row_of(g, pos[r.key])))
 
     def add_space(self, *, space_id: str, dim: int, model: str, name: str = "",
                   modalities: Sequence[str] = MODALITIES) -> dict[str, Any]:
@@ -657,37 +831,95 @@ class Collection:
 
     def set_plan(self, update: Callable[[dict[str, Any]], dict[str, Any] | None]) -> dict[str, Any]:
         """Atomically replace the plan by ``update(plan)`` (``update`` may modify its argument in
-        place and return None). ``update`` runs under the commit lock on the latest plan, so it can
-        refuse (raise) based on it. Returns the committed plan."""
-        with self._lock, self._committing() as manifest:
-            plan = manifest["plan"]
+        place and return None). ``update`` runs inside the write transaction on the latest plan, so
+        it can refuse (raise) based on it. Where the serving order changes (a space retired, the
+        current model changed back), every item affected is served again by the first space that
+        holds it. Returns the committed plan."""
+        with self._writing() as w:
+            before = w.header["plan"]
+            plan = json.loads(json.dumps(before))
             new = update(plan)
             plan = new if new is not None else plan
-            _check_plan(plan, self.path)
+            try:
+                check_plan(plan, self.path)
+            except ValueError as e:
+                raise ValueError(f"collection {self.path}: {e}") from None
             for s in plan["spaces"]:
                 if not s.get("retired") and not self.storage.has_space(s["dir"]):
                     raise ValueError(f"plan names space {s['space_id']} but {self.storage} has no store "
                                      f"{s['dir']} (call add_space first)")
-            if self._legacy_seed_needed(manifest):
-                self._seed_legacy_log(manifest)
-            manifest["plan"] = plan
-            self._write(manifest)
+            self._reserve(w, before, plan)
+            w.set_plan(plan)
         return self.plan
+
+    def _reserve(self, w: Writer, before: dict[str, Any], after: dict[str, Any]) -> None:
+        """Serve every item again by the serving order of ``after`` where it differs from ``before``."""
+        old, new = _preference(before), _preference(after)
+        dropped = [s for s in old if s not in new]
+        added = [s for s in new if s not in old]
+        empty_added = all(not self.gallery(s, after).count(m) for s in added for m in MODALITIES)
+        if [s for s in new if s not in added] == [s for s in old if s not in dropped] and empty_added and not dropped:
+            return  # a new, empty space in front: nothing moves
+        if [s for s in new if s not in added] == [s for s in old if s not in dropped] and empty_added:
+            rows = [r for s in dropped for r in w.rows_served_by(s)]
+        else:
+            rows = w.all_rows()
+        for s in dropped:
+            w.drop_serving(s)
+        for m in MODALITIES:
+            mine = [r for r in rows if r.modality == m]
+            where = self._locate(w, after, m, [r.key for r in mine]) if mine else {}
+            for r in mine:
+                target = where.get(r.key)
+                if target != (r.space, r.pos):
+                    w.serve(r.rid, m, (None, None) if r.space in dropped else (r.space, r.pos),
+                            target if target is not None else (None, None))
+
+    def rebuild_serving(self) -> int:
+        """Work out again, from the stores, which row serves each item (after a store lost or
+        renumbered rows: ``verify --repair``); returns how many items no space holds now."""
+        with self._writing() as w:
+            plan = w.header["plan"]
+            for sid in _preference(plan):
+                w.drop_serving(sid)
+            rows = w.all_rows()
+            unserved = 0
+            for m in MODALITIES:
+                mine = [r for r in rows if r.modality == m]
+                where = self._locate(w, plan, m, [r.key for r in mine]) if mine else {}
+                for r in mine:
+                    target = where.get(r.key, (None, None))
+                    unserved += target[0] is None
+                    w.serve(r.rid, m, (None, None), target)
+        return unserved
 
     @contextlib.contextmanager
     def ingesting(self, *, wait: bool = False) -> Iterator[None]:
         """Hold the ingest lock (one ``add`` at a time). Without ``wait``, raise
         :class:`CollectionBusyError` naming the process that holds it."""
-        with self.storage.lock(INGEST_LOCK, blocking=wait) as taken:
+        with self.catalog.lock(INGEST_LOCK, blocking=wait) as taken:
             if not taken:
-                holder = self.storage.lock_holder(INGEST_LOCK)
+                holder = self.lock_holder(INGEST_LOCK)
                 raise CollectionBusyError(f"collection {self.path} is busy: {holder} is adding items; wait for it "
                                           "to finish or pass --wait to queue behind it")
-            self.storage.record_holder(INGEST_LOCK)
+            self._record_holder(INGEST_LOCK)
             yield
 
-    def _collect_garbage_locked(self) -> None:
-        self.storage.remove_unlisted_chunks({c["file"] for c in self._manifest["log"]})
+    def lock_holder(self, name: str) -> str:
+        """Who holds lock ``name`` (as its holder recorded)."""
+        try:
+            info = json.loads(self.catalog.read_doc(f"locks/{name}.holder") or b"")
+            host = f" on {info['host']}" if info.get("host") else ""
+            return f"process {info['pid']}{host} (started {info['since']})"
+        except (ValueError, KeyError, TypeError):
+            return "another process"
+
+    def _record_holder(self, name: str) -> None:
+        import socket
+
+        info = {"pid": os.getpid(), "host": socket.gethostname(), "since": _now()}
+        with contextlib.suppress(CatalogError):
+            self.catalog.write_doc(f"locks/{name}.holder", json.dumps(info).encode())
 
     # ------------------------------------------------------------------ integrity and status
 
@@ -717,28 +949,31 @@ class Collection:
         return out
 
     def verify(self) -> list[str]:
-        """Problems found (empty when all is well): every log chunk re-hashed and parsed, every
-        space's store verified, every plan entry's store present."""
-        problems: list[str] = []
+        """Problems found (empty when all is well): the catalog database's own check and its
+        invariants, every space's store verified, every served row inside its store."""
         try:
             self.refresh()
-        except (CollectionError, GalleryError) as e:
+            problems = self.catalog.check()
+            if problems:
+                return problems
+            self.snapshot()
+        except (CollectionError, CatalogError) as e:
             return [str(e)]
-        if not self._legacy:
-            for entry in self._manifest["log"]:
-                try:
-                    self._read_chunk(entry)
-                except CorruptCollectionError as e:
-                    problems.append(str(e))
-        for s in self._manifest["plan"]["spaces"]:
+        for s in self._header["plan"]["spaces"]:
             if s.get("retired"):
                 continue
             try:
-                report = self.gallery(s["space_id"]).verify()
+                g = self.gallery(s["space_id"])
+                report = g.verify()
             except (CollectionError, GalleryError, OSError) as e:
                 problems.append(str(e))
                 continue
             problems += report.problems
+            for m in MODALITIES:
+                arr = self._serving.get((s["space_id"], m), _EMPTY)
+                if np.any(arr[g.count(m):]):
+                    problems.append(f"{self.catalog}: space {s['space_id']} serves {m} rows past the "
+                                    f"{g.count(m)} its store holds")
         return problems
 
     def status(self) -> dict[str, Any]:
@@ -754,10 +989,56 @@ class Collection:
             if not s.get("retired"):
                 info = getattr(self.gallery(s["space_id"]), "index_info", None)
                 spaces[s["space_id"]]["index"] = info() if info else {}
+        served = sum(n for c in counts.values() for n in c.values())
         return {"name": self.name, "path": str(self.storage), "generation": snap.generation,
-                "items": {m: sum(1 for it in snap.items.values() if it.modality == m) for m in MODALITIES},
-                "current": plan["current"], "spaces": spaces, "unserved": len(snap.unserved()),
+                "items": {m: snap.item_count(m) for m in MODALITIES}, "catalog": self.catalog.dialect,
+                "current": plan["current"], "spaces": spaces, "unserved": snap.item_count() - served,
                 "backend": self.backend}
+
+
+def _gallery_header(storage: Storage, g: Any) -> dict[str, Any]:
+    space = _space_entry(g.space_id, g.dim, g.model, Path(g.model).name, list(MODALITIES), ".")
+    return {"name": Path(storage.location).resolve().name, "backend": g.backend,
+            "created": g.manifest.get("created", _now()), "updated": _now(),
+            "plan": {"current": g.space_id, "spaces": [space], "upgrades": [], "routes": {}, "merge": None}}
+
+
+def _filler(storage: Storage, header: dict[str, Any], items: Mapping[str, Any],
+            docs: Mapping[str, bytes]) -> Callable[[Writer], None]:
+    """Fills a new catalog: ``items`` (JSON objects) in order, each served by the first space of
+    the plan holding its key, and ``docs``."""
+
+    def fill(w: Writer) -> None:
+        rows = [Item.from_json(obj, f"{storage} item") for obj in items.values()]
+        placed = _locate_all(storage, header["plan"], rows)
+        w.insert([_item_json(it) for it in rows], [placed.get((it.modality, it.key), (None, None)) for it in rows])
+        for name, data in docs.items():
+            w.put_doc(name, data)
+        w.finish(_now())
+
+    return fill
+
+
+def _row_of(store: SpaceStore, pos: int) -> int | None:
+    """What the catalog records of a store row: its position where the store keeps positions for
+    ever (a gallery), else nothing (Milvus numbers rows per process; readers map keys)."""
+    return pos if getattr(store, "stable_positions", False) else None
+
+
+def _locate_all(storage: Storage, plan: dict[str, Any], items: Sequence[Item]) -> dict[tuple[str, str], tuple[str, int]]:
+    """(modality, key) -> (space, row) of the first space in serving order holding each item's key
+    (a conversion: every store's keys read once)."""
+    out: dict[tuple[str, str], tuple[str, int]] = {}
+    for sid in _preference(plan):
+        entry = next(s for s in plan["spaces"] if s["space_id"] == sid)
+        if not storage.has_space(entry["dir"]):
+            continue
+        g = storage.open_space(entry["dir"])
+        for m in MODALITIES:
+            todo = [it.key for it in items if it.modality == m and (m, it.key) not in out]
+            if todo:
+                out.update(((m, k), (sid, _row_of(g, p))) for k, p in g.positions(m, todo).items())
+    return out
 
 
 # --------------------------------------------------------------------------- helpers
@@ -775,93 +1056,3 @@ def _space_entry(space_id: str, dim: int, model: str, name: str, modalities: Seq
         raise ValueError(f"dim must be positive, got {dim}")
     return {"space_id": space_id, "dim": int(dim), "model": str(model), "name": name or Path(str(model)).name,
             "modalities": list(modalities), "dir": directory, "created": _now(), "retired": False}
-
-
-def _manifest_bytes(obj: dict[str, Any]) -> bytes:
-    return json.dumps(obj, indent=2, sort_keys=True, allow_nan=False).encode("utf-8") + b"\n"
-
-
-def _read_manifest(storage: Storage) -> dict[str, Any]:
-    data = storage.read_manifest()
-    if data is None:
-        raise NotACollectionError(f"{storage} is not a collection: its {COLLECTION_FILE} is gone")
-    return _parse_manifest(data, storage)
-
-
-def _parse_manifest(data: bytes, storage: Storage) -> dict[str, Any]:
-    where = f"{storage}/{COLLECTION_FILE}"
-    try:
-        m = json.loads(data.decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise CorruptCollectionError(f"{where}: unreadable ({e})") from e
-    if not isinstance(m, dict) or m.get("format") != FORMAT:
-        raise CorruptCollectionError(f"{where}: not a {FORMAT} file")
-    if not isinstance(m.get("version"), int) or not 1 <= m["version"] <= VERSION:
-        raise CorruptCollectionError(f"{where}: unsupported version {m.get('version')!r} (this nobackfill reads <= "
-                                     f"{VERSION})")
-    try:
-        for key, typ in (("name", str), ("backend", str), ("generation", int), ("log", list), ("plan", dict)):
-            if not isinstance(m.get(key), typ):
-                raise ValueError(f"field {key!r} missing or not {typ.__name__}")
-        for c in m["log"]:
-            if not (isinstance(c, dict) and isinstance(c.get("file"), str) and isinstance(c.get("count"), int)
-                    and isinstance(c.get("sha256"), str)):
-                raise ValueError(f"bad log entry {c!r}")
-        _check_plan(m["plan"], storage.location)
-    except ValueError as e:
-        raise CorruptCollectionError(f"corrupt collection manifest {where}: {e}") from e
-    return m
-
-
-def _check_plan(plan: Any, root: Any) -> None:
-    if not isinstance(plan, dict):
-        raise ValueError("plan must be an object")
-    spaces = plan.get("spaces")
-    if not isinstance(spaces, list) or not spaces:
-        raise ValueError("plan.spaces must be a non-empty list")
-    ids = []
-    for s in spaces:
-        if not (isinstance(s, dict) and isinstance(s.get("space_id"), str) and isinstance(s.get("dir"), str)
-                and isinstance(s.get("dim"), int)):
-            raise ValueError(f"bad space entry {s!r}")
-        d = Path(s["dir"])
-        if d.is_absolute() or ".." in d.parts:
-            raise ValueError(f"space directory {s['dir']!r} must lie inside {root}")
-        ids.append(s["space_id"])
-    if len(set(ids)) != len(ids):
-        raise ValueError("plan.spaces lists a space twice")
-    if plan.get("current") not in ids:
-        raise ValueError(f"plan.current {plan.get('current')!r} is not one of the plan's spaces")
-    if any(s.get("retired") for s in spaces if s["space_id"] == plan["current"]):
-        raise ValueError("the current space cannot be retired")
-
-
-def _check_event(ev: Any, where: str) -> dict[str, Any]:
-    if not isinstance(ev, dict) or ev.get("op") not in ("put", "delete"):
-        raise CorruptCollectionError(f"{where}: an event must be an object with op 'put' or 'delete'")
-    if ev["op"] == "put":
-        ev = {"op": "put", "item": Item.from_json(ev.get("item"), where)}
-    elif not isinstance(ev.get("id"), str):
-        raise CorruptCollectionError(f"{where}: a delete needs a string 'id'")
-    return ev
-
-
-def _apply(items: dict[str, Item], event: dict[str, Any]) -> None:
-    if event["op"] == "put":
-        item = event["item"]
-        if not isinstance(item, Item):
-            item = Item.from_json(item, "event")
-        items[item.id] = item
-    else:
-        items.pop(event["id"], None)
-
-
-def _items_from_gallery(g: Gallery) -> dict[str, Item]:
-    """The rows of a plain gallery as items (``key == id``; sources from its metadata)."""
-    items: dict[str, Item] = {}
-    for modality in MODALITIES:
-        for id_, meta in zip(g.ids(modality), g.metadata(modality)):
-            want = "path" if modality == "image" else "text"
-            src = {want: str(meta.get(want, ""))}
-            items[id_] = Item(id=id_, modality=modality, key=id_, source=src, metadata=dict(meta))
-    return items

@@ -271,7 +271,7 @@ def add_items(collection: Collection, encoder: "DualEncoder", items: Sequence[It
         by_id.setdefault(it.id, it)
     report = AddReport()
     with collection.ingesting(wait=wait):
-        live = collection.items()
+        live = collection.get_many(by_id)
         gallery = collection.gallery(current)
         quick: list[Item] = []
         todo: dict[str, list[Item]] = {"image": [], "text": []}

@@ -4,25 +4,23 @@ through one client (pymilvus).
 
 A collection ``NAME`` is a set of Milvus collections named ``nb_<NAME>_...``:
 
-* ``nb_<NAME>_meta``: small documents by key (``k``) - the collection manifest (the commit point),
-  the item-log chunks, the backfill's job, order and leases, lock rows. A document larger than one
-  VARCHAR is split into parts written first under a fresh version; the single header row naming the
-  version is then upserted (one row: atomic), so readers see the old or the new document.
+* ``nb_<NAME>_meta``: small documents by key (``k``): which store holds which space. (The
+  collection's catalog -- items, plan, backfill -- is a database: SQLite beside a milvus-lite file,
+  ``PATH.NAME.catalog.sqlite``, and PostgreSQL for a server, named by ``?catalog=postgresql://...``;
+  collections of the previous format kept it here as documents and are converted when opened.)
 * ``nb_<NAME>_s_<hash>``: one per embedding space (Milvus collections have one vector field, and a
   missing vector would come back as zeros: never nullable vectors), one partition per modality,
   rows ``key`` (the item version's key, primary), ``modality``, ``seq`` (insertion time in ns:
   readers discover new rows by it) and ``vec``.
 
-Everything a set of ``serve`` replicas or backfill workers must share lives here, so several
-processes on several machines can work on one collection. Consistency: every query uses level
-``Strong`` (a read sees every write acknowledged before it); a search does too while the space holds
-a row this process knows of that was written less than ``FRESH_S`` ago, and ``Bounded`` after that
-(then every such row is visible anyway, and the search does not wait for the next time tick: about
-200 ms on a server). Milvus has no
-compare-and-set, so the collection's commit lock is a lease row written, settled and read back
-(:meth:`MilvusStorage.lock`): it serialises writers that do not race within the settle time; the
-vector writes stay safe without it (a row's key names its content, rows already present are
-skipped, and search results are de-duplicated by key). milvus-lite allows one process per path.
+The catalog and the vectors are everything a set of ``serve`` replicas or backfill workers must
+share, so several processes on several machines can work on one collection. Consistency: every query
+uses level ``Strong`` (a read sees every write acknowledged before it); a search does too while the
+space holds a row this process knows of that was written less than ``FRESH_S`` ago, and ``Bounded``
+after that (then every such row is visible anyway, and the search does not wait for the next time
+tick: about 200 ms on a server). Vector writes are safe without a lock (a row's key names its
+content, rows already present are skipped, and search results are de-duplicated by key); commits
+and locks are the catalog's (transactions, advisory locks). milvus-lite allows one process per path.
 """
 
 from __future__ import annotations
@@ -36,13 +34,17 @@ import socket
 import threading
 import time
 import uuid
-from typing import Any, Hashable, Iterator, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Sequence
 
 import numpy as np
 
 from .backends import parse_spec
 from .storage import Storage
 from .store import DuplicateIdError, SearchResult, SpaceMismatchError, VerifyReport
+
+if TYPE_CHECKING:
+    from .catalog import Catalog
 
 __all__ = ["MilvusSpaceStore", "MilvusStorage", "TOKEN_ENV", "TOKEN_FILE_ENV", "close_clients"]
 
@@ -309,6 +311,25 @@ class MilvusSpaceStore:
     def count(self, modality: str) -> int:
         return len(self._keys[modality]) if (self._keys["image"] or self._keys["text"]) else len(self.ids(modality))
 
+    #: rows are numbered in the order this process discovered them: not shared with other processes,
+    #: so a catalog records which space serves an item, not its row here
+    stable_positions = False
+
+    def positions(self, modality: str, keys: Sequence[str]) -> dict[str, int]:
+        """This process's row of each of ``keys`` the server holds (absent keys are left out)."""
+        with self._lock:
+            if not self._keys["image"] and not self._keys["text"]:
+                self.refresh()
+            known = self._pos[modality]
+            rest = [k for k in keys if k not in known]
+            if rest:
+                for k in sorted(self._existing(modality, rest)):
+                    if k not in known:  # on the server but not discovered yet: number it now
+                        known[k] = len(self._keys[modality])
+                        self._keys[modality].append(k)
+                        self._newest_ns[modality] = time.time_ns()  # searches stay Strong a while
+            return {k: known[k] for k in keys if k in known}
+
     def __contains__(self, item: tuple[str, str]) -> bool:
         modality, key = item
         if key in self._pos.get(modality, {}):
@@ -525,17 +546,15 @@ class MilvusSpaceStore:
 class MilvusStorage(Storage):
     """A collection's storage in Milvus (see the module doc)."""
 
-    SETTLE_S = 0.05  # lock rows are read back after this (longer for a server, see from_uri)
-    LOCK_TTL_S = 15.0  # a lease not renewed for this long is free (a killed holder's, say)
-
-    def __init__(self, client: Any, name: str, location: str, *, settle_s: float | None = None) -> None:
+    def __init__(self, client: Any, name: str, location: str, *, catalog_uri: str | None = None,
+                 catalog_path: Path | None = None) -> None:
         self.client = client
         self.prefix = f"nb_{_safe(name)}"
         self.location = location
         self.meta = f"{self.prefix}_meta"
-        self._settle = self.SETTLE_S if settle_s is None else settle_s
-        self._local_locks: dict[str, threading.Lock] = {}
-        self._owner = f"{socket.gethostname()}:{os.getpid()}"
+        self._catalog_uri = catalog_uri
+        self._catalog_path = catalog_path
+        self._catalog: Catalog | None = None
         self._spaces: dict[str, MilvusSpaceStore] = {}
         if not client.has_collection(self.meta):
             schema, idx = _schema_meta(client)
@@ -545,7 +564,9 @@ class MilvusStorage(Storage):
 
     @classmethod
     def from_uri(cls, uri: str, kind: str, parts: dict[str, str]) -> "MilvusStorage":
-        return cls(_client(kind, parts), parts["name"], uri, settle_s=0.05 if kind == "milvus-lite" else 0.15)
+        path = Path(parts["path"]) if kind == "milvus-lite" else None
+        beside = path.with_name(f"{path.name}.{_safe(parts['name'])}.catalog.sqlite") if path is not None else None
+        return cls(_client(kind, parts), parts["name"], uri, catalog_uri=parts.get("catalog"), catalog_path=beside)
 
     # ------------------------------------------------------------------ documents
     def _rows(self, filter: str, fields: Sequence[str] = ("k", "v")) -> list[dict]:
@@ -599,19 +620,38 @@ class MilvusStorage(Storage):
         rows = self._rows(f'k like {_q(prefix)[:-1]}%"', fields=("k",))
         return sorted(r["k"] for r in rows if "@" not in r["k"])
 
-    # ------------------------------------------------------------------ manifest and log
+    # ------------------------------------------------------------------ catalog and the previous format
+    def catalog(self) -> "Catalog | None":
+        if self._catalog is None:
+            from .catalog import open_catalog, sqlite_catalog
+
+            if self._catalog_uri:
+                cat = open_catalog(self._catalog_uri)
+                if not cat.exists():
+                    return None
+            elif self._catalog_path is not None and self._catalog_path.is_file():
+                cat = sqlite_catalog(self._catalog_path)
+            else:
+                return None
+            self._catalog = cat
+        return self._catalog
+
+    def create_catalog(self, header: dict[str, Any], fill: Any = None) -> "Catalog":
+        from .catalog import create_sqlite, open_catalog
+
+        if self._catalog_uri:
+            cat = open_catalog(self._catalog_uri)
+            cat.create(header, fill)
+        elif self._catalog_path is not None:
+            cat = create_sqlite(self._catalog_path, header, fill)
+        else:
+            raise ValueError(f"{self.location}: a collection on a Milvus server keeps its catalog in PostgreSQL; "
+                             "add ?catalog=postgresql://USER@HOST:PORT/DB to the URI")
+        self._catalog = cat
+        return cat
+
     def read_manifest(self) -> bytes | None:
         return self.read_doc("collection.json")
-
-    def write_manifest(self, data: bytes) -> None:
-        self.write_doc("collection.json", data)
-
-    def manifest_token(self) -> Hashable:
-        rows = self._rows('k == "collection.json"')
-        return rows[0]["v"] if rows else None
-
-    def write_chunk(self, name: str, data: bytes) -> None:
-        self.write_doc(name, data)
 
     def read_chunk(self, name: str) -> bytes:
         data = self.read_doc(name)
@@ -619,10 +659,11 @@ class MilvusStorage(Storage):
             raise FileNotFoundError(f"{self.location}: no document {name}")
         return data
 
-    def remove_unlisted_chunks(self, listed: set[str]) -> None:
-        for name in self.list_docs("log/"):
-            if name not in listed:
-                self.delete_doc(name)
+    def retire_v1(self) -> None:
+        data = self.read_manifest()
+        if data is not None:
+            self.write_doc("collection.json.v1", data)
+            self.delete_doc("collection.json")
 
     # ------------------------------------------------------------------ spaces
     def _space_name(self, directory: str) -> str:
@@ -665,61 +706,14 @@ class MilvusStorage(Storage):
         self.delete_doc(f"spaces/{directory}.json")
         self._spaces.pop(directory, None)
 
-    # ------------------------------------------------------------------ locks
-    @contextlib.contextmanager
-    def lock(self, name: str, blocking: bool = True) -> Iterator[bool]:
-        """A lease row ``locks/<name>``: read; if free or expired, write it with this owner, wait
-        the settle time, read it back; held while it still names this owner (renewed in the
-        background). Threads of this process also queue on a local lock."""
-        local = self._local_locks.setdefault(name, threading.Lock())
-        if not local.acquire(blocking=blocking):
-            yield False
-            return
-        key = f"locks/{name}"
-        token = f"{self._owner}:{uuid.uuid4().hex[:6]}"
-        stop = threading.Event()
-        try:
-            while True:
-                rows = self._rows(f"k == {_q(key)}")
-                cur = json.loads(rows[0]["v"]) if rows else None
-                if cur is None or cur.get("expires", 0) < time.time() or _dead_holder(cur.get("owner", "")):
-                    self._put_lease(key, token)
-                    time.sleep(self._settle)
-                    rows = self._rows(f"k == {_q(key)}")
-                    if rows and json.loads(rows[0]["v"]).get("owner") == token:
-                        break
-                if not blocking:
-                    yield False
-                    return
-                time.sleep(self._settle + 0.05 * (1 + hash(token) % 5))
-            renew = threading.Thread(target=self._renew, args=(key, token, stop), daemon=True)
-            renew.start()
-            try:
-                yield True
-            finally:
-                stop.set()
-                rows = self._rows(f"k == {_q(key)}")
-                if rows and json.loads(rows[0]["v"]).get("owner") == token:
-                    self.client.delete(self.meta, filter=f"k == {_q(key)}")
-        finally:
-            local.release()
-
-    def _put_lease(self, key: str, token: str) -> None:
-        self.client.upsert(self.meta, [{"k": key, "v": json.dumps({"owner": token, "expires": time.time() + self.LOCK_TTL_S}),
-                                        "_v": [0.0, 0.0]}])
-
-    def _renew(self, key: str, token: str, stop: threading.Event) -> None:
-        while not stop.wait(self.LOCK_TTL_S / 3):
-            with contextlib.suppress(Exception):
-                self._put_lease(key, token)
-
     # ------------------------------------------------------------------ existence
     def stray_entries(self, own_space_dir: str) -> list[str]:
         own = {self.meta, self._space_name(own_space_dir)}
         return sorted(c for c in self.client.list_collections() if c.startswith(self.prefix + "_") and c not in own)
 
-    def exists(self) -> bool:
-        return self.read_manifest() is not None
+    def close(self) -> None:
+        if self._catalog is not None:
+            self._catalog.close()
 
     def drop(self) -> None:
         """Delete everything of this collection from Milvus."""

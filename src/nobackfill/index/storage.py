@@ -1,12 +1,13 @@
-"""Where a collection keeps its state: the storage behind :class:`~nobackfill.index.collection.Collection`.
+"""Where a collection lives: the storage behind :class:`~nobackfill.index.collection.Collection`.
 
-A collection needs, from its storage: one small manifest that is replaced atomically (the commit
-point), write-once log chunks, one vector store per embedding space, small named documents (the
-backfill's job, order and leases) and named locks. :class:`LocalStorage` keeps them in a
-directory (files written atomically, ``flock`` locks, a crash-safe
-:class:`~nobackfill.index.store.Gallery` per space); :mod:`nobackfill.index.milvus` keeps them in
-Milvus. A collection is opened by a URI (:func:`parse_uri`): a local path, ``milvus-lite:PATH#NAME``
-or ``milvus://HOST:PORT[/DB]#NAME``.
+A collection needs, from its storage: a catalog (:mod:`nobackfill.index.catalog`: the items, the
+plan, the backfill's documents and named locks, in SQLite or PostgreSQL) and one vector store per
+embedding space. :class:`LocalStorage` keeps them in a directory (``catalog.sqlite``, a crash-safe
+:class:`~nobackfill.index.store.Gallery` per space); :mod:`nobackfill.index.milvus` keeps the vectors
+in Milvus. A collection is opened by a URI (:func:`parse_uri`): a local path,
+``milvus-lite:PATH#NAME`` or ``milvus://HOST:PORT[/DB]#NAME``; any of them may name a PostgreSQL
+catalog with ``?catalog=postgresql://USER@HOST:PORT/DB`` (a collection shared by several machines;
+a Milvus server needs one).
 
 A space's vector store (:class:`SpaceStore`) holds rows keyed by an item version's key, per
 modality, in insertion order; a search takes a mask over that order (the rows this space serves
@@ -21,12 +22,15 @@ import json
 import os
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Hashable, Iterator, Protocol, Sequence, runtime_checkable
+from typing import TYPE_CHECKING, Any, Iterator, Protocol, Sequence, runtime_checkable
 
 import numpy as np
 
 from .store import MANIFEST as GALLERY_MANIFEST
-from .store import Gallery, SearchResult, VerifyReport, atomic_write_bytes
+from .store import Gallery, SearchResult, VerifyReport
+
+if TYPE_CHECKING:
+    from .catalog import Catalog
 
 try:  # POSIX advisory locks
     import fcntl
@@ -36,7 +40,6 @@ except ImportError:  # pragma: no cover
 __all__ = ["LocalStorage", "SpaceStore", "Storage", "open_storage", "parse_uri"]
 
 MANIFEST_FILE = "collection.json"
-_TMP = ".coll-tmp-"
 
 
 @runtime_checkable
@@ -49,6 +52,10 @@ class SpaceStore(Protocol):
     def dim(self) -> int: ...
 
     def ids(self, modality: str) -> list[str]: ...
+
+    def positions(self, modality: str, keys: Sequence[str]) -> dict[str, int]:
+        """Row of each of ``keys`` that the store holds (absent keys are left out)."""
+        ...
 
     def count(self, modality: str) -> int: ...
 
@@ -68,7 +75,8 @@ class SpaceStore(Protocol):
 
 
 class Storage(abc.ABC):
-    """What a collection stores and where (see the module doc)."""
+    """Where a collection lives: its catalog (:mod:`nobackfill.index.catalog`) and one vector store
+    per space (see the module doc)."""
 
     #: the URI or path this storage was opened from (messages name it)
     location: str
@@ -76,30 +84,18 @@ class Storage(abc.ABC):
     def __str__(self) -> str:
         return self.location
 
-    # manifest: the single commit point
+    # the catalog
     @abc.abstractmethod
-    def read_manifest(self) -> bytes | None:
-        """The manifest's bytes, or None if there is none yet."""
+    def catalog(self) -> "Catalog | None":
+        """The collection's catalog, or None if there is none yet."""
 
     @abc.abstractmethod
-    def write_manifest(self, data: bytes) -> None:
-        """Replace the manifest atomically (readers see the old or the new one)."""
+    def create_catalog(self, header: dict[str, Any], fill: Any = None) -> "Catalog":
+        """Create the catalog (``fill(writer)`` adds rows in the same transaction); atomic."""
 
-    @abc.abstractmethod
-    def manifest_token(self) -> Hashable:
-        """Changes whenever the manifest was replaced (cheap: a stat, a version)."""
-
-    # write-once log chunks
-    @abc.abstractmethod
-    def write_chunk(self, name: str, data: bytes) -> None: ...
-
-    @abc.abstractmethod
-    def read_chunk(self, name: str) -> bytes:
-        """A log chunk's bytes; ``OSError`` if it is missing."""
-
-    @abc.abstractmethod
-    def remove_unlisted_chunks(self, listed: set[str]) -> None:
-        """Remove chunks the manifest does not list (what a killed commit left)."""
+    def migration_lock(self) -> contextlib.AbstractContextManager[bool]:
+        """Held while a collection of the previous format is converted."""
+        return contextlib.nullcontext(True)
 
     # spaces
     @abc.abstractmethod
@@ -116,41 +112,24 @@ class Storage(abc.ABC):
     def drop_space(self, directory: str) -> None:
         """Delete a space's vectors (retire)."""
 
-    # small documents (the backfill job)
-    @abc.abstractmethod
-    def read_doc(self, name: str) -> bytes | None: ...
+    # the previous format (read once, when converting; see :mod:`nobackfill.index.migrate`)
+    def read_manifest(self) -> bytes | None:
+        """``collection.json`` of format 1, or None."""
+        return None
 
-    @abc.abstractmethod
-    def write_doc(self, name: str, data: bytes) -> None:
-        """Replace document ``name`` atomically."""
+    def read_chunk(self, name: str) -> bytes:
+        """A format-1 log chunk; ``OSError`` if it is missing."""
+        raise FileNotFoundError(name)
 
-    @abc.abstractmethod
-    def delete_doc(self, name: str) -> None: ...
+    def read_doc(self, name: str) -> bytes | None:
+        """A format-1 document (the backfill's job), or None."""
+        return None
 
-    @abc.abstractmethod
-    def list_docs(self, prefix: str) -> list[str]: ...
+    def list_docs(self, prefix: str) -> list[str]:
+        return []
 
-    # locks
-    @abc.abstractmethod
-    def lock(self, name: str, blocking: bool = True) -> contextlib.AbstractContextManager[bool]:
-        """An exclusive lock; yields False when not taken (``blocking=False`` and held)."""
-
-    def lock_holder(self, name: str) -> str:
-        """Who holds lock ``name`` (as recorded by :meth:`record_holder`)."""
-        data = self.read_doc(f"locks/{name}.holder")
-        try:
-            info = json.loads(data or b"")
-            return f"process {info['pid']} on {info.get('host', '?')} (since {info['since']})"
-        except (ValueError, KeyError, TypeError):
-            return "another process"
-
-    def record_holder(self, name: str) -> None:
-        import socket
-
-        info = {"pid": os.getpid(), "host": socket.gethostname(),
-                "since": datetime.now(timezone.utc).isoformat(timespec="seconds")}
-        with contextlib.suppress(OSError):
-            self.write_doc(f"locks/{name}.holder", json.dumps(info).encode())
+    def retire_v1(self) -> None:
+        """After a conversion: set the format-1 files aside (kept, never read again)."""
 
     # existence
     @abc.abstractmethod
@@ -163,7 +142,7 @@ class Storage(abc.ABC):
         return None
 
     def exists(self) -> bool:
-        return self.read_manifest() is not None or self.legacy_gallery() is not None
+        return self.catalog() is not None or self.read_manifest() is not None or self.legacy_gallery() is not None
 
     def close(self) -> None:
         """Release connections (no-op for files)."""
@@ -192,51 +171,77 @@ def flock(path: Path, blocking: bool = True) -> Iterator[bool]:
 
 
 class LocalStorage(Storage):
-    """A collection in a directory (the layout of :mod:`nobackfill.index.collection`)."""
+    """A collection in a directory: ``catalog.sqlite`` and ``spaces/<space>/`` galleries."""
 
-    def __init__(self, root: str | Path) -> None:
+    def __init__(self, root: str | Path, catalog_uri: str | None = None) -> None:
         self.root = Path(root)
         self.location = str(self.root)
-        self._manifest_path = str(self.root / MANIFEST_FILE)  # stat()ed by every snapshot: no Path ops
+        self._catalog_uri = catalog_uri  # a PostgreSQL catalog for a directory shared by several machines
+        self._catalog: Catalog | None = None
 
-    # manifest
+    # catalog
+    def _catalog_path(self) -> Path:
+        from .catalog import CATALOG_FILE
+
+        return self.root / CATALOG_FILE
+
+    def catalog(self) -> "Catalog | None":
+        if self._catalog is not None:
+            return self._catalog
+        from .catalog import open_catalog, sqlite_catalog
+
+        if self._catalog_uri:
+            cat = open_catalog(self._catalog_uri)
+            if not cat.exists():
+                return None
+        elif self._catalog_path().is_file():
+            cat = sqlite_catalog(self._catalog_path())
+        else:
+            return None
+        self._catalog = cat
+        return cat
+
+    def create_catalog(self, header: dict[str, Any], fill: Any = None) -> "Catalog":
+        from .catalog import create_sqlite, open_catalog
+
+        self.root.mkdir(parents=True, exist_ok=True)
+        if self._catalog_uri:
+            cat = open_catalog(self._catalog_uri)
+            cat.create(header, fill)
+        else:
+            cat = create_sqlite(self._catalog_path(), header, fill)
+        self._catalog = cat
+        return cat
+
+    def migration_lock(self) -> contextlib.AbstractContextManager[bool]:
+        return flock(self.root / ".migrate-lock") if self.root.is_dir() else contextlib.nullcontext(True)
+
+    # the previous format
     def read_manifest(self) -> bytes | None:
         try:
             return (self.root / MANIFEST_FILE).read_bytes()
-        except FileNotFoundError:
+        except (FileNotFoundError, NotADirectoryError):
             return None
-
-    def write_manifest(self, data: bytes) -> None:
-        self.root.mkdir(parents=True, exist_ok=True)
-        atomic_write_bytes(self.root / MANIFEST_FILE, data, tmp_prefix=_TMP)
-
-    def manifest_token(self) -> Hashable:
-        try:
-            st = os.stat(self._manifest_path)
-        except OSError:
-            return None
-        return st.st_ino, st.st_size, st.st_mtime_ns
-
-    # log chunks
-    def write_chunk(self, name: str, data: bytes) -> None:
-        path = self.root / name
-        path.parent.mkdir(parents=True, exist_ok=True)
-        atomic_write_bytes(path, data, tmp_prefix=_TMP)
 
     def read_chunk(self, name: str) -> bytes:
         return (self.root / name).read_bytes()
 
-    def remove_unlisted_chunks(self, listed: set[str]) -> None:
-        dirs = {str(Path(n).parent) for n in listed} | {"log"}
-        doomed = [p for p in self.root.glob(f"{_TMP}*")]
-        for d in dirs:
-            folder = self.root / d
-            if folder.is_dir():
-                doomed += [p for p in folder.iterdir() if p.name.startswith(_TMP) or
-                           (p.suffix == ".jsonl" and f"{d}/{p.name}" not in listed)]
-        for p in doomed:
-            with contextlib.suppress(OSError):
-                p.unlink()
+    def read_doc(self, name: str) -> bytes | None:
+        try:
+            return (self.root / name).read_bytes()
+        except FileNotFoundError:
+            return None
+
+    def list_docs(self, prefix: str) -> list[str]:
+        base = self.root / prefix
+        if not base.is_dir():
+            return []
+        return sorted(str(p.relative_to(self.root)) for p in base.rglob("*")
+                      if p.is_file() and not p.name.startswith("."))
+
+    def retire_v1(self) -> None:
+        with contextlib.suppress(FileNotFoundError):
+            os.replace(self.root / MANIFEST_FILE, self.root / f"{MANIFEST_FILE}.v1")
 
     # spaces
     def create_space(self, directory: str, *, space_id: str, dim: int, model: str, backend: str) -> Gallery:
@@ -255,31 +260,7 @@ class LocalStorage(Storage):
             return
         shutil.rmtree(self.root / directory, ignore_errors=True)
 
-    # documents
-    def read_doc(self, name: str) -> bytes | None:
-        try:
-            return (self.root / name).read_bytes()
-        except FileNotFoundError:
-            return None
-
-    def write_doc(self, name: str, data: bytes) -> None:
-        path = self.root / name
-        path.parent.mkdir(parents=True, exist_ok=True)
-        atomic_write_bytes(path, data, tmp_prefix=_TMP)
-
-    def delete_doc(self, name: str) -> None:
-        with contextlib.suppress(FileNotFoundError):
-            (self.root / name).unlink()
-
-    def list_docs(self, prefix: str) -> list[str]:
-        base = self.root / prefix
-        folder = base if base.is_dir() else base.parent
-        if not folder.is_dir():
-            return []
-        return sorted(str(p.relative_to(self.root)) for p in folder.iterdir()
-                      if p.is_file() and str(p.relative_to(self.root)).startswith(prefix) and not p.name.startswith("."))
-
-    # locks
+    # directory locks (a plain gallery's build; a collection's locks are its catalog's)
     def lock(self, name: str, blocking: bool = True) -> contextlib.AbstractContextManager[bool]:
         return flock(self.root / f".{name}-lock", blocking=blocking)
 
@@ -308,12 +289,17 @@ class LocalStorage(Storage):
         return stray
 
     def legacy_gallery(self) -> Gallery | None:
-        if (self.root / GALLERY_MANIFEST).is_file() and not (self.root / MANIFEST_FILE).is_file():
+        if (self.root / GALLERY_MANIFEST).is_file():
             return Gallery.open(self.root)
         return None
 
     def exists(self) -> bool:
-        return (self.root / MANIFEST_FILE).is_file() or (self.root / GALLERY_MANIFEST).is_file()
+        return self.catalog() is not None or (self.root / MANIFEST_FILE).is_file() or \
+            (self.root / GALLERY_MANIFEST).is_file()
+
+    def close(self) -> None:
+        if self._catalog is not None:
+            self._catalog.close()
 
 
 # --------------------------------------------------------------------------- URIs
@@ -321,33 +307,39 @@ class LocalStorage(Storage):
 
 def parse_uri(uri: str | Path) -> tuple[str, dict[str, str]]:
     """``("local", {"path"})``, ``("milvus-lite", {"path", "name"})`` or ``("milvus", {"uri", "db",
-    "name"})``. A collection in Milvus is named by the URI's fragment (``#photos``; default
-    ``default``): ``milvus-lite:/data/m.db#photos``, ``milvus://127.0.0.1:19530/db1#photos``."""
+    "name"})``, each with ``"catalog"`` when the URI ends in ``?catalog=postgresql://...``. A
+    collection in Milvus is named by the URI's fragment (``#photos``; default ``default``):
+    ``milvus-lite:/data/m.db#photos``, ``milvus://127.0.0.1:19530/db1#photos?catalog=postgresql://
+    nb@db-host:5432/nb``."""
     s = str(uri)
+    s, sep, catalog = s.partition("?catalog=")
+    extra = {"catalog": catalog} if sep else {}
+    if sep and not catalog.startswith(("postgresql://", "postgres://")):
+        raise ValueError(f"{uri}: the catalog must be a postgresql:// URL, got {catalog!r}")
     if s.startswith("milvus-lite:"):
         rest = s[len("milvus-lite:"):]
         path, _, name = rest.partition("#")
         if not path:
             raise ValueError(f"{s}: a milvus-lite URI needs a path (milvus-lite:PATH#NAME)")
-        return "milvus-lite", {"path": path, "name": name or "default"}
+        return "milvus-lite", {"path": path, "name": name or "default", **extra}
     if s.startswith("milvus://"):
         rest = s[len("milvus://"):]
         rest, _, name = rest.partition("#")
         hostport, _, db = rest.partition("/")
         if not hostport:
             raise ValueError(f"{s}: a milvus URI needs a host and port (milvus://HOST:PORT[/DB]#NAME)")
-        return "milvus", {"uri": f"http://{hostport}", "db": db or "default", "name": name or "default"}
+        return "milvus", {"uri": f"http://{hostport}", "db": db or "default", "name": name or "default", **extra}
     if "://" in s:
         raise ValueError(f"{s}: unknown storage URI scheme (use a local path, milvus-lite:PATH#NAME or "
-                         "milvus://HOST:PORT[/DB]#NAME)")
-    return "local", {"path": s}
+                         "milvus://HOST:PORT[/DB]#NAME, optionally ?catalog=postgresql://...)")
+    return "local", {"path": s, **extra}
 
 
 def open_storage(uri: str | Path) -> Storage:
     """The storage a URI names (:func:`parse_uri`)."""
     kind, parts = parse_uri(uri)
     if kind == "local":
-        return LocalStorage(parts["path"])
+        return LocalStorage(parts["path"], parts.get("catalog"))
     from .milvus import MilvusStorage
 
     return MilvusStorage.from_uri(str(uri), kind, parts)

@@ -118,13 +118,27 @@ class Bridge(Protocol):
     def __call__(self, queries: np.ndarray) -> np.ndarray: ...
 
 
-@dataclass
 class SearchResult:
-    """Top-k hits per query; rows are sorted by descending score."""
+    """Top-k hits per query; rows are sorted by descending score. ``scores``: float32 (Q, k);
+    ``positions``: int64 (Q, k), rows of ``Gallery.vectors(modality)``; ``ids``: the row keys, given
+    or looked up from ``names`` (the store's keys by row) the first time they are asked for."""
 
-    scores: np.ndarray  # float32 (Q, k)
-    ids: list[list[str]]
-    positions: np.ndarray  # int64 (Q, k), rows of ``Gallery.vectors(modality)``
+    def __init__(self, scores: np.ndarray, ids: list[list[str]] | None = None, positions: np.ndarray | None = None,
+                 *, names: Any = None) -> None:
+        self.scores = scores
+        self.positions = positions if positions is not None else np.zeros(scores.shape, np.int64)
+        self._ids = ids
+        self._names = names
+
+    @property
+    def ids(self) -> list[list[str]]:
+        if self._ids is None:
+            names = self._names() if callable(self._names) else self._names
+            self._ids = [[names[p] for p in row if p >= 0] for row in self.positions.tolist()]
+        return self._ids
+
+    def __repr__(self) -> str:
+        return f"SearchResult(scores={self.scores!r}, positions={self.positions!r})"
 
 
 @dataclass
@@ -351,7 +365,7 @@ class _Columns:
 
     chunks: list[str] = field(default_factory=list)  # chunk names whose ids are loaded
     ids: list[str] = field(default_factory=list)
-    id_set: set[str] = field(default_factory=set)
+    pos: dict[str, int] = field(default_factory=dict)  # id -> row
     vectors: np.ndarray | None = None  # rows of the first ``vec_chunks`` chunks, read-only
     vec_chunks: int = 0
     metadata: list[dict[str, Any]] = field(default_factory=list)  # rows of the first ``meta_chunks``
@@ -520,8 +534,8 @@ class Gallery:
         for entry in chunks[len(cols.chunks):]:
             ids = [str(i) for i in self._load_npz(entry, "ids")]
             cols.chunks.append(entry["name"])
+            cols.pos.update(zip(ids, range(len(cols.ids), len(cols.ids) + len(ids))))
             cols.ids.extend(ids)
-            cols.id_set.update(ids)
         return cols
 
     def _read_checked(self, entry: dict[str, Any], kind: str) -> bytes:
@@ -573,10 +587,18 @@ class Gallery:
         """Ids in insertion order (row ``i`` of :meth:`vectors`)."""
         return list(self._sync(modality).ids)
 
+    #: a row keeps its position for ever (rows are only appended): a catalog may record it
+    stable_positions = True
+
+    def positions(self, modality: str, keys: Sequence[str]) -> dict[str, int]:
+        """Row of each of ``keys`` held (absent keys are left out)."""
+        pos = self._sync(modality).pos
+        return {k: pos[k] for k in keys if k in pos}
+
     def __contains__(self, item: tuple[str, str]) -> bool:
         """``("image", "id7") in gallery``."""
         modality, id_ = item
-        return id_ in self._sync(modality).id_set
+        return id_ in self._sync(modality).pos
 
     def vectors(self, modality: str) -> np.ndarray:
         """All vectors of ``modality``, float32 ``(N, dim)``, read-only."""
@@ -653,13 +675,13 @@ class Gallery:
         with _dir_lock(self.path):
             self._manifest = _read_manifest(self.path)  # another writer may have committed
             cols = self._sync(modality)
-            present = [i for i in ids if i in cols.id_set]
+            present = [i for i in ids if i in cols.pos]
             if present and not skip_existing:
                 raise DuplicateIdError(
                     f"{len(present)} {modality} ids already in gallery {self.path}: {present[:5]} "
                     "(pass skip_existing=True to drop them)")
             if present:
-                keep = [i not in cols.id_set for i in ids]
+                keep = [i not in cols.pos for i in ids]
                 ids = [i for i, k in zip(ids, keep) if k]
                 metas = [m for m, k in zip(metas, keep) if k]
                 vecs = vecs[np.asarray(keep, dtype=bool)]
@@ -701,8 +723,8 @@ class Gallery:
         self._manifest, self._stat = manifest, _manifest_stat(self.path)
         cols = self._cols[modality]  # vectors / metadata of the new chunk load lazily
         cols.chunks.append(name)
+        cols.pos.update(zip(ids, range(len(cols.ids), len(cols.ids) + len(ids))))
         cols.ids.extend(ids)
-        cols.id_set.update(ids)
 
     def _orphans(self) -> list[Path]:
         """Files that look like ours but are not committed (crash leftovers)."""
@@ -724,13 +746,12 @@ class Gallery:
 
     # ------------------------------------------------------------------ search
 
-    def _index(self, modality: str) -> tuple[VectorIndex, list[str]]:
-        """The search index of ``modality`` and the ids of its positions (built or loaded lazily;
-        grown in place when chunks were appended since it was built). Caller holds ``_lock``."""
+    def _index(self, modality: str) -> VectorIndex:
+        """The search index of ``modality`` (built or loaded lazily; grown in place when chunks were
+        appended since it was built). Caller holds ``_lock``."""
         cached = self._indexes.get(modality)
         if cached is not None and self._index_manifest.get(modality) is self._manifest:
-            return cached[2], self._cols[modality].ids  # nothing committed since: the hot path
-        cols = self._sync(modality)
+            return cached[2]  # nothing committed since: the hot path
         key = _chunk_key(self._manifest, modality)
         chunks = self._chunks(modality)
         names = [c["name"] for c in chunks]
@@ -738,7 +759,7 @@ class Gallery:
         if cached is not None:
             ckey, cnames, index, saved = cached
             if ckey == key:
-                return index, cols.ids
+                return index
             if names[:len(cnames)] == cnames and index.ntotal == sum(c["count"] for c in chunks[:len(cnames)]):
                 for entry in chunks[len(cnames):]:  # appended chunks only
                     index.add(self._load_npz(entry, "vectors"))
@@ -748,7 +769,7 @@ class Gallery:
                 self._indexes[modality] = (key, names, index, saved)
                 self._index_manifest[modality] = manifest
                 self._watch(modality, index)
-                return index, cols.ids
+                return index
         index, saved = self._load_cached_index(modality)
         if index is None:
             index = make_index(self.backend, self.dim)
@@ -761,7 +782,7 @@ class Gallery:
         self._indexes[modality] = (key, names, index, saved)
         self._index_manifest[modality] = manifest
         self._watch(modality, index)
-        return index, cols.ids
+        return index
 
     def _watch(self, modality: str, index: VectorIndex) -> None:
         """An ``auto`` index past its threshold starts its graph in the background."""
@@ -797,7 +818,7 @@ class Gallery:
         mods = [modality] if modality else [m for m in MODALITIES if self.count(m)]
         for m in mods:
             with self._lock:
-                index, _ = self._index(m)
+                index = self._index(m)
             if isinstance(index, AutoIndex):
                 index.build()
         return self.index_info()
@@ -925,7 +946,7 @@ class Gallery:
         if int(k) < 1:
             raise ValueError(f"k must be >= 1, got {k}")
         with self._lock:
-            index, ids = self._index(modality)
+            index = self._index(modality)
             if mask is not None:
                 mask = np.asarray(mask, dtype=bool)
                 if mask.ndim != 1 or len(mask) > index.ntotal:
@@ -935,7 +956,20 @@ class Gallery:
             scores, positions = index.search(q, int(k), mask=mask)
             # inner products of unit vectors: a score outside [-1, 1] can only be rounding
             scores = np.clip(scores, -1.0, 1.0)
-            return SearchResult(scores=scores, ids=[[ids[p] for p in row] for row in positions], positions=positions)
+            return SearchResult(scores=scores, positions=positions, names=self._names_at(modality))
+
+    def _names_at(self, modality: str) -> Any:
+        """The row keys of ``modality`` as committed now, read only when asked for (a search result
+        names its hits lazily: most callers map positions, and a large gallery's keys are not
+        loaded for them), even after the gallery was closed."""
+        chunks = list(self._chunks(modality))
+
+        def names() -> list[str]:
+            if not self._closed:
+                return self._sync(modality).ids
+            return [str(i) for e in chunks for i in self._load_npz(e, "ids")]
+
+        return names
 
     # ------------------------------------------------------------------ integrity
 

@@ -87,11 +87,11 @@ def _iso(t: float | None = None) -> str:
 
 
 def _write(collection: Collection, name: str, obj: Any) -> None:
-    collection.storage.write_doc(f"{JOB_DIR}/{name}", json.dumps(obj, indent=1).encode())
+    collection.catalog.write_doc(f"{JOB_DIR}/{name}", json.dumps(obj, indent=1).encode())
 
 
 def _read(collection: Collection, name: str) -> Any:
-    data = collection.storage.read_doc(f"{JOB_DIR}/{name}")
+    data = collection.catalog.read_doc(f"{JOB_DIR}/{name}")
     if data is None:
         return None
     try:
@@ -134,13 +134,13 @@ class BackfillJob:
 def _job_lock(collection: Collection, say: Callable[[str], None] | None = None) -> Iterator[None]:
     """The backfill lock; ``say`` is told when another process holds it (then this one waits)."""
     if say is not None:
-        with collection.storage.lock(JOB_DIR, blocking=False) as taken:
+        with collection.catalog.lock(JOB_DIR, blocking=False) as taken:
             if taken:
                 yield
                 return
         say("another worker (another process?) is starting or changing the backfill of this collection; "
             "waiting for it ...")
-    with collection.storage.lock(JOB_DIR):
+    with collection.catalog.lock(JOB_DIR):
         yield
 
 
@@ -154,10 +154,11 @@ def _order_ids(collection: Collection) -> list[str]:
 
 def _pending(collection: Collection, target: str, items: dict[str, Item] | None = None) -> list[Item]:
     """Live items the target space can embed that it holds no vector for, in log order."""
+    mods = set(collection.space(target).get("modalities", ("image", "text")))
+    if items is None:  # the catalog knows what the target serves (the current space: first in order)
+        return collection.not_served_by(target, mods)
     g = collection.gallery(target)
     g.refresh()
-    mods = set(collection.space(target).get("modalities", ("image", "text")))
-    items = items if items is not None else collection.items()
     return [it for it in items.values() if it.modality in mods and (it.modality, it.key) not in g]
 
 
@@ -377,8 +378,8 @@ def start_backfill(collection: Collection, encoder: Any, *, order: str = "uncert
             _write(collection, SAMPLE_FILE, {"ids": ids, "labels": labels})
             phase = "sample" if n_sample else "order"
         _write(collection, ORDER_FILE, ids)
-        for name in [*collection.storage.list_docs(f"{JOB_DIR}/{LEASE_DIR}/"), f"{JOB_DIR}/{WORKERS_FILE}"]:
-            collection.storage.delete_doc(name)
+        for name in [*collection.catalog.list_docs(f"{JOB_DIR}/{LEASE_DIR}/"), f"{JOB_DIR}/{WORKERS_FILE}"]:
+            collection.catalog.delete_doc(name)
         job = BackfillJob(target=target, order=order, shards=int(shards), seed=seed, created=_iso(),
                           sample=n_sample, total=len(pending), phase=phase)
         job.save(collection)
@@ -398,11 +399,8 @@ def _sample_complete(collection: Collection, job: BackfillJob) -> bool:
     collection.refresh()
     g = collection.gallery(job.target)
     g.refresh()
-    for i in obj.get("ids", []):
-        it = collection.lookup(i)
-        if it is not None and (it.modality, it.key) not in g:
-            return False
-    return True
+    live = collection.serving(obj.get("ids", []))
+    return all(space == job.target for _, space in live.values())
 
 
 def _finalize_order(collection: Collection, job: BackfillJob) -> BackfillJob:
@@ -417,8 +415,8 @@ def _finalize_order(collection: Collection, job: BackfillJob) -> BackfillJob:
     rest, head = _uncertainty_order(collection, job.target, pending, sample, labels, job.seed)
     ids = sample_ids + rest
     _write(collection, ORDER_FILE, ids)
-    for name in collection.storage.list_docs(f"{JOB_DIR}/{LEASE_DIR}/"):
-        collection.storage.delete_doc(name)
+    for name in collection.catalog.list_docs(f"{JOB_DIR}/{LEASE_DIR}/"):
+        collection.catalog.delete_doc(name)
     job.phase, job.head, job.sample, job.total = "order", head, len(sample_ids), len(ids)
     job.save(collection)
     return job
@@ -440,8 +438,8 @@ def cancel_backfill(collection: Collection) -> None:
     """Forget the backfill job (its order and leases); committed vectors stay and are served."""
     with _job_lock(collection):
         for name in [f"{JOB_DIR}/{JOB_FILE}", f"{JOB_DIR}/{ORDER_FILE}", f"{JOB_DIR}/{SAMPLE_FILE}",
-                     f"{JOB_DIR}/{WORKERS_FILE}", *collection.storage.list_docs(f"{JOB_DIR}/{LEASE_DIR}/")]:
-            collection.storage.delete_doc(name)
+                     f"{JOB_DIR}/{WORKERS_FILE}", *collection.catalog.list_docs(f"{JOB_DIR}/{LEASE_DIR}/")]:
+            collection.catalog.delete_doc(name)
 
 
 def _parse_owner(owner: str) -> tuple[str, int | None]:
@@ -471,8 +469,7 @@ def backfill_status(collection: Collection) -> dict[str, Any]:
     snap = collection.snapshot()
     target = snap.current_space
     mods = [m for m in ("image", "text") if m in collection.space(target).get("modalities", ("image", "text"))]
-    per = {m: {"done": snap.views(m)[target].count,
-               "total": sum(1 for it in snap.items.values() if it.modality == m)} for m in mods}
+    per = {m: {"done": snap.views(m)[target].count, "total": snap.item_count(m)} for m in mods}
     total = sum(v["total"] for v in per.values())
     done = sum(v["done"] for v in per.values())
     job = BackfillJob.load(collection)
@@ -513,7 +510,7 @@ def _holder(shard: int, lease: dict[str, Any]) -> dict[str, Any]:
 
 def _leases(collection: Collection) -> dict[int, dict[str, Any]]:
     out = {}
-    for name in collection.storage.list_docs(f"{JOB_DIR}/{LEASE_DIR}/shard-"):
+    for name in collection.catalog.list_docs(f"{JOB_DIR}/{LEASE_DIR}/shard-"):
         obj = _read(collection, name[len(JOB_DIR) + 1:])
         if isinstance(obj, dict):
             out[int(Path(name).stem.split("-")[1])] = obj
@@ -692,11 +689,18 @@ def run_worker(collection: Collection, encoder: Any, *, batch_size: int = 64, ra
                 g = collection.gallery(job.target)
                 g.refresh()
                 batch: list[Item] = []
-                while pos < len(ids) and len(batch) < batch_size and (limit is None or rep.embedded + len(batch) < limit):
-                    it = collection.lookup(ids[pos])
-                    pos += 1
-                    if it is not None and (it.modality, it.key) not in g:
-                        batch.append(it)
+                cap = batch_size if limit is None else min(batch_size, limit - rep.embedded)
+                while pos < len(ids) and len(batch) < cap:
+                    window = ids[pos:pos + cap - len(batch)]
+                    live = collection.serving(window)  # one catalog read per window
+                    pos += len(window)
+                    batch += [live[i][0] for i in window if i in live and live[i][1] != job.target]
+                if not batch:
+                    continue
+                stored = [it for it in batch if (it.modality, it.key) in g]  # by a worker killed before its commit
+                for m in ("image", "text"):
+                    collection.serve_stored(job.target, m, [it.key for it in stored if it.modality == m])
+                batch = [it for it in batch if (it.modality, it.key) not in g]
                 if not batch:
                     continue
                 vecs = _encode(encoder, batch)

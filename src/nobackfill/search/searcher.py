@@ -21,6 +21,7 @@ benchmarks and the HTTP service all go through this class.
 
 from __future__ import annotations
 
+import json
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -88,6 +89,20 @@ def matches_filter(metadata: Mapping[str, Any], flt: Mapping[str, Any] | None) -
     return True
 
 
+@dataclass
+class _Prepared:
+    """A snapshot's search set-up for one kind of query (see :meth:`Searcher._prepare`)."""
+
+    gmod: str
+    direction: str
+    views: dict[str, Any]
+    spaces: list[tuple[str, QuerySide, Any, int]]  # (space, query side, mask or None, rows allowed)
+    method: str
+    maps: dict[str, Any]
+    shares: dict[str, float]
+    prefer: list[str]
+
+
 class Searcher:
     """Answers ``search(text=... | image=..., k, filter)`` over a collection (see the module doc).
 
@@ -129,6 +144,7 @@ class Searcher:
             self._refine = _reco_refiner(Path(reco), spaces)
         self._planners: dict[str, RoutePlanner] = {}
         self._last_planner: tuple[Snapshot, RoutePlanner] | None = None  # the planner of the last snapshot
+        self._prepared: tuple[Snapshot | None, dict[tuple, _Prepared]] = (None, {})  # per query kind, last snapshot
         self._lock = threading.Lock()
 
     # ------------------------------------------------------------------ set-up
@@ -234,47 +250,73 @@ class Searcher:
         if not 1 <= k <= MAX_K:
             raise ValueError(f"k must be between 1 and {MAX_K}, got {k}")
         snap = self.collection.snapshot()
-        gmod = self._target(snap, qmod, target)
-        direction = direction_of(qmod, gmod)
-        plan = self._plan(snap)
-        views = snap.views(gmod)
-        allowed = None
-        if filter:
-            allowed = {iid for iid, it in snap.items.items() if it.modality == gmod and matches_filter(it.metadata, filter)}
+        prep = self._prepare(snap, qmod, target, filter)
+        gmod, direction, method, views = prep.gmod, prep.direction, prep.method, prep.views
         searched: dict[str, tuple[QuerySide, Any, int]] = {}
         cache = {} if cache is None else cache.setdefault((qmod, hash(tuple(str(x) for x in inputs))), {})
-        for sid, view in views.items():
-            mask, n_allowed = view.mask, view.count
-            if allowed is not None:
-                mask = mask & np.fromiter((i in allowed for i in view.item_ids), bool, len(view.item_ids))
-                n_allowed = int(np.count_nonzero(mask))
-            if not n_allowed:
-                continue
-            side = self._side(snap, sid, direction)
+        depth = max(k, self.rerank_k) if self.rerank else k
+        for sid, side, mask, n_allowed in prep.spaces:
             q = side.embed(qmod, inputs, cache)
-            depth = max(k, self.rerank_k) if self.rerank else k
-            res = view.gallery.search(gmod, q, depth, space_id=sid, mask=mask)
+            res = views[sid].gallery.search(gmod, q, depth, space_id=sid, mask=mask)
             searched[sid] = (side, res, n_allowed)
-        method = self.merge_override or (plan.get("merge") or {}).get("method") or DEFAULT_MERGE
-        maps = _score_maps(plan, direction)
-        total = sum(n for _, _, n in searched.values()) or 1
-        shares = {sid: n / total for sid, (_, _, n) in searched.items()}
-        out = []
+        maps, shares = prep.maps, prep.shares
+        ranked: list[dict[str, tuple[QuerySide, list[float], list[int]]]] = []
         for qi, query in enumerate(inputs):
-            lists: dict[str, list[Candidate]] = {}
+            per: dict[str, tuple[QuerySide, list[float], list[int]]] = {}
             for sid, (side, res, _) in searched.items():
                 scores, positions = res.scores[qi], res.positions[qi]
                 if self.rerank and side.route in ("native", "old-model"):
                     scores, positions = self._rerank(views[sid], side, gmod, query, res, qi, k)
-                lists[sid] = [Candidate(views[sid].item_ids[int(p)], float(s), sid, side.route, r)
-                              for r, (s, p) in enumerate(zip(scores[:k], positions[:k]))]
-            merged = merge(lists, k, method, score_maps=maps, shares=shares, prefer=snap.preference())
+                rids = views[sid].rids
+                pos = [p for p in positions[:k].tolist() if p >= 0]
+                per[sid] = (side, scores[:len(pos)].tolist(), rids[pos].tolist())
+            ranked.append(per)
+        named = snap.hits({r for per in ranked for _, _, rids in per.values() for r in rids})
+        out = []
+        for query, per in zip(inputs, ranked):
+            lists = {sid: [Candidate(named[rid][0], s, sid, side.route, r)
+                           for r, (s, rid) in enumerate(zip(scores, rids)) if rid in named]
+                     for sid, (side, scores, rids) in per.items()}
+            merged = merge(lists, k, method, score_maps=maps, shares=shares, prefer=prep.prefer)
+            meta = {named[r][0]: named[r][1] for _, _, rids in per.values() for r in rids if r in named}
             hits = [Hit(rank=r + 1, score=c.score, id=c.item_id, space=c.space, route=c.route,
-                        metadata=dict(snap.items[c.item_id].metadata)) for r, c in enumerate(merged)]
+                        metadata=json.loads(meta[c.item_id])) for r, c in enumerate(merged)]
             label = query if isinstance(query, str) else str(getattr(query, "filename", "") or "<image>")
             out.append(SearchResponse(query=label if qmod == "text" else str(label), modality=gmod,
                                       direction=direction, hits=hits, merge=method, generation=snap.generation))
         return out
+
+    def _prepare(self, snap: Snapshot, qmod: str, target: str | None, flt: Mapping[str, Any] | None) -> "_Prepared":
+        """What every query of one kind needs from a snapshot -- the target modality, the spaces to
+        search with their query sides and masks, the merge -- worked out once per snapshot."""
+        key = (qmod, target, repr(sorted(flt.items())) if flt else "")
+        cached = self._prepared
+        if cached[0] is not snap:
+            cached = self._prepared = (snap, {})
+        prep = cached[1].get(key)
+        if prep is not None:
+            return prep
+        gmod = self._target(snap, qmod, target)
+        direction = direction_of(qmod, gmod)
+        plan = self._plan(snap)
+        views = snap.views(gmod)
+        spaces = []
+        for sid, view in views.items():
+            if flt:
+                mask = snap.filtered_mask(view, flt)  # the filter runs in the catalog's database
+                n_allowed = int(np.count_nonzero(mask))
+            else:
+                mask, n_allowed = (None if view.full else view.mask), view.count
+            if n_allowed:
+                spaces.append((sid, self._side(snap, sid, direction), mask, n_allowed))
+        total = sum(n for *_, n in spaces) or 1
+        prep = _Prepared(gmod=gmod, direction=direction, views=views, spaces=spaces,
+                         method=self.merge_override or (plan.get("merge") or {}).get("method") or DEFAULT_MERGE,
+                         maps=_score_maps(plan, direction), shares={sid: n / total for sid, *_, n in spaces},
+                         prefer=snap.preference())
+        if len(cached[1]) < 64:
+            cached[1][key] = prep
+        return prep
 
     def _rerank(self, view, side: QuerySide, gmod: str, query: Any, res, qi: int, k: int):
         """CMLI re-ranking (seed 003) of one query's first-stage list in one space."""

@@ -5,9 +5,10 @@ One entry point for every kind of directory the project writes:
 * a **gallery** (``manifest.json``): every committed chunk re-hashed against the manifest, shapes,
   ids; the cached indexes against their stamps (:meth:`~nobackfill.index.store.Gallery.verify`).
   ``repair`` rebuilds the indexes and drops damaged chunks, listing the ids to add again;
-* a **collection** (``collection.json`` or a storage URI): its item log chunks and every space's
-  store; ``repair`` repairs each local space store; items whose vectors were lost in the current
-  space are re-embedded by ``nobackfill collection backfill`` (their sources are in the item log);
+* a **collection** (``catalog.sqlite``, a previous-format ``collection.json``, or a storage URI): the
+  catalog database's own check (``PRAGMA quick_check``) and its invariants, and every space's store;
+  ``repair`` repairs each local space store; items whose vectors were lost in the current space are
+  re-embedded by ``nobackfill collection backfill`` (their sources are in the catalog);
 * an **upgrade** (``upgrade.json``): every file against the sha256 its manifest keeps, and its
   tensors loadable;
 * a **model** (``config.json``): loadable, and its weights still give the space id that
@@ -44,17 +45,17 @@ class PathReport:
 
 
 def _kind(path: str) -> str:
-    if "://" in path or path.startswith("milvus-lite:"):
+    if "://" in path or path.startswith("milvus-lite:") or "?catalog=" in path:
         return "collection"
     p = Path(path)
     if not p.exists():
         raise FileNotFoundError(f"{p}: no such file or directory")
-    for marker, kind in (("collection.json", "collection"), ("manifest.json", "gallery"), ("upgrade.json", "upgrade"),
+    for marker, kind in (("catalog.sqlite", "collection"), ("collection.json", "collection"), ("manifest.json", "gallery"), ("upgrade.json", "upgrade"),
                          ("config.json", "model")):
         if (p / marker).is_file():
             return kind
-    raise ValueError(f"{p}: not a gallery, collection, upgrade or model directory (none of collection.json, "
-                     "manifest.json, upgrade.json, config.json)")
+    raise ValueError(f"{p}: not a gallery, collection, upgrade or model directory (none of catalog.sqlite, "
+                     "collection.json, manifest.json, upgrade.json, config.json)")
 
 
 def verify_path(path: str | Path, repair: bool = False) -> PathReport:
@@ -119,6 +120,11 @@ def _collection(path: str, report: PathReport, repair: bool) -> None:
                                          f"`nobackfill collection backfill {path}` re-embeds the current space's "
                                          "from the items' sources")
         c = Collection.open(path)
+        if report.repaired:  # rows were dropped: which row serves which item is worked out again
+            lost = c.rebuild_serving()
+            if lost:
+                report.advice.append(f"{lost} item(s) have no vector in any space now; `nobackfill collection "
+                                     f"backfill {path}` re-embeds them from their sources")
     report.problems += c.verify()
     if report.problems and not repair:
         report.advice.append(f"`nobackfill verify {path} --repair` takes damaged vector chunks out of service")

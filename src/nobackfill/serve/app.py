@@ -385,7 +385,7 @@ def create_app(settings: ServeSettings, pool: Any = None) -> FastAPI:
              response_model=ItemOut, responses=errors(401, 404))
     async def get_item(item_id: str, _r: str = Depends(reader)) -> Any:
         snap = svc.collection.snapshot()
-        item = snap.items.get(item_id)
+        item = snap.item(item_id)
         if item is None:
             raise ApiError(404, f"no item with id {item_id!r}", "id")
         return {"id": item.id, "modality": item.modality, "metadata": svc.paths.metadata(item.metadata),
@@ -397,7 +397,7 @@ def create_app(settings: ServeSettings, pool: Any = None) -> FastAPI:
                         **errors(401, 404, 422)})
     async def thumbnail(item_id: str, size: int = Query(160, ge=16, le=512, description="Longer side, pixels."),
                         _r: str = Depends(reader)) -> Any:
-        item = svc.collection.snapshot().items.get(item_id)
+        item = svc.collection.lookup(item_id)
         if item is None:
             raise ApiError(404, f"no item with id {item_id!r}", "id")
         if item.modality != "image":
