@@ -1,6 +1,7 @@
-"""One contract for every collection storage: the local FAISS store, milvus-lite and (tests marked
-``milvus_server``) a real Milvus standalone server. Add, re-add, upsert, delete, upgrade, search
-across two spaces, backfill, retire, and a writer killed mid-add then restarted."""
+"""One contract for every collection storage: local vectors with a SQLite or a PostgreSQL catalog,
+milvus-lite (its SQLite catalog beside its file) and (tests marked ``milvus_server``) a real Milvus
+standalone server with a PostgreSQL catalog. Add, re-add, upsert, delete, upgrade, search across two
+spaces, backfill, retire, and a writer killed mid-add then restarted."""
 
 from __future__ import annotations
 
@@ -22,24 +23,38 @@ from nobackfill.search import Searcher
 from nobackfill.search.backfill import backfill_status, retire_space, run_worker, start_backfill
 from nobackfill.search.plan import upgrade_collection
 
-BACKENDS = ["local", "milvus-lite", pytest.param("milvus-server", marks=pytest.mark.milvus_server)]
+BACKENDS = ["local", "local+postgresql", "milvus-lite",
+            pytest.param("milvus-server+postgresql", marks=pytest.mark.milvus_server)]
+
+
+def _milvus_server_location(request) -> str:
+    """A fresh collection on the session's Milvus server, its catalog in a fresh PostgreSQL
+    database (a Milvus server keeps no catalog of its own)."""
+    server = request.getfixturevalue("milvus_server")
+    name = f"c{uuid.uuid4().hex[:8]}"
+    return f"milvus://{server}#{name}?catalog={request.getfixturevalue('postgres_db')}#{name}"
 
 
 @pytest.fixture(params=BACKENDS)
 def location(request, tmp_path):
     if request.param == "local":
         return str(tmp_path / "c")
+    if request.param == "local+postgresql":  # a directory for the vectors, the catalog in PostgreSQL
+        return f"{tmp_path / 'c'}?catalog={request.getfixturevalue('postgres_db')}#c"
     if request.param == "milvus-lite":
         pytest.importorskip("milvus_lite", reason="milvus-lite is not installed")
         return f"milvus-lite:{tmp_path}/milvus.db#c{uuid.uuid4().hex[:6]}"
-    server = request.getfixturevalue("milvus_server")
-    return f"milvus://{server}#c{uuid.uuid4().hex[:8]}"
+    return _milvus_server_location(request)
 
 
 def _world(tmp_path: Path, location: str, n_images: int = 5):
     old, new, w = related_pair()
     data = make_folder(tmp_path / "data", n_images=n_images, captions_per_image=2, extra_images=1)
     c = Collection.create(location, space_id=old.space_id, dim=old.embed_dim, model=OLD_REF, name="old")
+    shared = "?catalog=postgresql://" in location  # the catalog is where the URI says, nowhere else
+    assert c.catalog.dialect == ("postgresql" if shared else "sqlite")
+    if shared and not location.startswith("milvus"):
+        assert not (tmp_path / "c" / "catalog.sqlite").exists()
     return c, old, new, w, data, pool_with((OLD_REF, old), (NEW_REF, new))
 
 
@@ -158,7 +173,7 @@ def test_milvus_search_is_strong_only_while_the_space_has_fresh_rows(tmp_path, m
     mv.close_clients()
 
 
-MILVUS = ["milvus-lite", pytest.param("milvus-server", marks=pytest.mark.milvus_server)]
+MILVUS = ["milvus-lite", pytest.param("milvus-server+postgresql", marks=pytest.mark.milvus_server)]
 
 
 @pytest.fixture(params=MILVUS)
@@ -166,7 +181,7 @@ def milvus_location(request, tmp_path):
     if request.param == "milvus-lite":
         pytest.importorskip("milvus_lite", reason="milvus-lite is not installed")
         return f"milvus-lite:{tmp_path}/milvus.db#c{uuid.uuid4().hex[:6]}"
-    return f"milvus://{request.getfixturevalue('milvus_server')}#c{uuid.uuid4().hex[:8]}"
+    return _milvus_server_location(request)
 
 
 def _release_all(c: Collection) -> None:
@@ -203,7 +218,7 @@ def test_every_read_works_on_a_released_collection(tmp_path, milvus_location):
         "search": lambda s: s.search("text", q, 1, space_id=store.space_id).ids == [[texts[0]], [texts[1]]],
         "verify": lambda s: not s.verify().problems and s.verify().checked_chunks == len(texts) + len(images),
         "vectors": lambda s: s.vectors("image").shape == (len(images), store.dim),
-        "manifest": lambda s: c.storage.read_manifest() is not None and c.storage.list_docs("spaces/"),
+        "documents": lambda s: bool(c.storage.list_docs("spaces/")),
     }
     used = fresh()
     lite = str(milvus_location).startswith("milvus-lite:")

@@ -34,6 +34,8 @@ def lookup_encoder(x: np.ndarray, q: np.ndarray, space_id: str):
             return space_id
 
         def encode_texts(self, texts, batch_size=256, progress=False):
+            if all(t[0] == "g" for t in texts):  # gallery rows: one read of the (memory-mapped) vectors
+                return np.asarray(x[[int(t[1:]) for t in texts]], np.float32)
             return np.stack([x[int(t[1:])] if t[0] == "g" else q[int(t[1:])] for t in texts]).astype(np.float32)
 
         def encode_images(self, images, batch_size=128, progress=False):

@@ -91,7 +91,8 @@ class VectorIndex(abc.ABC):
         if len(rows):
             self._add(rows)
 
-    def search(self, queries: np.ndarray, k: int, mask: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+    def search(self, queries: np.ndarray, k: int, mask: np.ndarray | None = None, *,
+               checked: bool = False) -> tuple[np.ndarray, np.ndarray]:
         """Top-``k`` by inner product: ``(scores float32 (Q, k'), positions int64 (Q, k'))``.
 
         ``mask`` (bool, one per stored row) restricts the search to the rows where it is True
@@ -101,26 +102,39 @@ class VectorIndex(abc.ABC):
         """
         if int(k) < 1:
             raise ValueError(f"k must be >= 1, got {k}")
-        q = self._rows(queries, "queries")
+        q = queries if checked else self._rows(queries, "queries")  # checked: C-contiguous finite float32 rows
         if mask is not None:
-            mask = np.asarray(mask, dtype=bool)
-            if mask.shape != (self.ntotal,):
-                raise ValueError(f"mask must have shape ({self.ntotal},), got {mask.shape}")
-            allowed = int(np.count_nonzero(mask))
-            if allowed == self.ntotal:
-                mask = None
+            mask, allowed = self._mask(mask)
         else:
             allowed = self.ntotal
         k = min(int(k), allowed)
         if k == 0 or len(q) == 0:
             return np.zeros((len(q), k), np.float32), np.zeros((len(q), k), np.int64)
         scores, positions = self._search(q, k, mask)
-        scores = np.array(scores, dtype=np.float32)
-        positions = np.array(positions, dtype=np.int64)
-        short = (positions < 0).any(axis=1)
-        if short.any():  # graph search came up short (tiny or heavily filtered sets): answer exactly
+        scores = np.asarray(scores, dtype=np.float32)
+        positions = np.asarray(positions, dtype=np.int64)
+        if positions.min() < 0:
+            short = (positions < 0).any(axis=1)  # a graph search came up short (tiny or filtered sets): exact
             scores[short], positions[short] = self._exact(q[short], k, mask)
         return scores, positions
+
+    def _mask(self, mask: np.ndarray) -> tuple[np.ndarray | None, int]:
+        """``(mask padded with False to ntotal rows, or None when it allows every row; rows
+        allowed)``. A reader passes the same (never modified) mask object to every search of a
+        snapshot: the last one's answer is kept, so a large mask is not counted per search."""
+        n = self.ntotal
+        last = self.__dict__.get("_last_mask")
+        if last is not None and last[0] is mask and last[1] == n:
+            return last[2], last[3]
+        m = np.asarray(mask, dtype=bool)
+        if m.ndim != 1 or len(m) > n:
+            raise ValueError(f"mask must be 1-D with at most {n} entries (one per row), got shape {m.shape}")
+        if len(m) < n:  # rows added after the mask was made are not allowed
+            m = np.concatenate([m, np.zeros(n - len(m), bool)])
+        allowed = int(np.count_nonzero(m))
+        out = (None if allowed == n else m), allowed
+        self._last_mask = (mask, n, *out)
+        return out
 
     def _exact(self, queries: np.ndarray, k: int, mask: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
         """Exact top-``k`` over the allowed rows (brute force on reconstructed vectors)."""
@@ -144,10 +158,14 @@ class _FaissIndex(VectorIndex):
 
     @property
     def ntotal(self) -> int:
-        return int(self._index.ntotal)
+        n = self.__dict__.get("_ntotal")
+        if n is None:  # read from faiss once (a SWIG attribute read costs microseconds), then kept
+            n = self._ntotal = int(self._index.ntotal)
+        return n
 
     def _add(self, vectors: np.ndarray) -> None:
         self._index.add(vectors)
+        self._ntotal = int(self._index.ntotal)
 
     def _params(self, mask: np.ndarray | None, **extra: Any) -> tuple[Any, tuple]:
         """faiss search parameters restricting the search to ``mask``, and the objects they point
@@ -157,7 +175,12 @@ class _FaissIndex(VectorIndex):
         cls = faiss.SearchParametersHNSW if "efSearch" in extra else faiss.SearchParameters
         if mask is None:
             return (cls(**extra) if extra else None), ()
-        bitmap = np.packbits(mask, bitorder="little")
+        last = self.__dict__.get("_last_bitmap")
+        if last is not None and last[0] is mask:
+            bitmap = last[1]
+        else:  # the padded mask of :meth:`_mask` is reused while the snapshot is: so is its bitmap
+            bitmap = np.packbits(mask, bitorder="little")
+            self._last_bitmap = (mask, bitmap)
         selector = faiss.IDSelectorBitmap(bitmap)
         return cls(sel=selector, **extra), (bitmap, selector)
 
@@ -288,6 +311,18 @@ class FactoryIndex(_FaissIndex):
                                  f"({str(e).strip().splitlines()[-1]}); it needs more vectors or a smaller "
                                  "index (e.g. fewer IVF lists)") from None
         self._index.add(vectors)
+        self._ntotal = int(self._index.ntotal)
+
+    def _plain_k(self) -> float:
+        """The largest k a search without a mask may ask with the construction's parameters (an
+        HNSW graph's efSearch; read from the index once: SWIG attribute reads are slow)."""
+        ef = self.__dict__.get("_plain_k_value")
+        if ef is None:
+            import faiss
+
+            inner = self._inner()
+            ef = self._plain_k_value = float(inner.hnsw.efSearch) if isinstance(inner, faiss.IndexHNSW) else np.inf
+        return ef
 
     def _inner(self) -> Any:
         inner = self.__dict__.get("_inner_index")
@@ -300,11 +335,11 @@ class FactoryIndex(_FaissIndex):
         return inner
 
     def _search(self, queries: np.ndarray, k: int, mask: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+        if mask is None and k <= self._plain_k():
+            return self._index.search(queries, k)  # the parameters set at construction apply
         import faiss
 
         inner = self._inner()
-        if mask is None and not (isinstance(inner, faiss.IndexHNSW) and k > inner.hnsw.efSearch):
-            return self._index.search(queries, k)  # the parameters set at construction apply
         extra: dict[str, Any] = {}
         if isinstance(inner, faiss.IndexHNSW):
             extra["efSearch"] = max(int(inner.hnsw.efSearch), k)

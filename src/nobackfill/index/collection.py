@@ -38,6 +38,8 @@ import logging
 import os
 import re
 import threading
+import time
+from array import array
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
@@ -159,18 +161,18 @@ class Item:
         """Why this item is not valid, or None."""
         if not isinstance(self.id, str) or not self.id.strip():
             return f"item id must be a non-empty string, got {self.id!r}"
-        if len(self.id) > MAX_ID_LENGTH or any(ord(c) < 32 for c in self.id):
+        if len(self.id) > MAX_ID_LENGTH or (not self.id.isprintable() and any(ord(c) < 32 for c in self.id)):
             return f"item id {self.id[:40]!r} is longer than {MAX_ID_LENGTH} characters or has control characters"
         if self.modality not in MODALITIES:
             return f"item {self.id!r}: modality must be one of {MODALITIES}, got {self.modality!r}"
         if not isinstance(self.key, str) or not self.key:
             return f"item {self.id!r}: empty vector key"
-        if not isinstance(self.source, Mapping):
+        if not isinstance(self.source, (dict, Mapping)):  # dict first: the ABC check is slow
             return f"item {self.id!r}: source must be an object"
         want = "path" if self.modality == "image" else "text"
         if not isinstance(self.source.get(want), str):  # may be empty for rows of an old gallery
             return f"item {self.id!r}: a {self.modality} source needs a string {want!r}"
-        if not isinstance(self.metadata, Mapping):
+        if not isinstance(self.metadata, (dict, Mapping)):
             return f"item {self.id!r}: metadata must be an object"
         return None
 
@@ -307,71 +309,52 @@ class Snapshot:
 
 
 _EMPTY = np.zeros(0, np.int64)
+#: commits made by this process (readers of other Collection objects then re-check at once)
+_WRITES = [0]
 
 
 class _HitTable:
-    """``rid -> (item id, metadata JSON)`` of every item version read so far, in memory, compact
-    (per segment: the sorted rids, and the ids and metadata as one UTF-8 blob each with offsets).
-    A rid names one version of one item for ever, so the table only grows: a reader extends it
-    with the rows inserted since (``rid > last``) and a search names its hits without a database
-    round trip (a random-row lookup costs about 5 us of B-tree per hit; this, well under 1 us)."""
+    """``rid -> (item id, metadata JSON)`` of every item version read so far, in memory and compact:
+    the ids and the metadata as one UTF-8 buffer each with their offsets, and per rid its entry
+    (rids are nearly dense: inserts only ever append them). A rid names one version of one item for
+    ever, so the table only grows: a reader extends it with the rows inserted since (``rid >
+    last``) and a search names its hits without a database round trip (a B-tree lookup costs about
+    5 us a hit from Python; this, well under one)."""
 
     def __init__(self) -> None:
-        self.segments: list[tuple[np.ndarray, np.ndarray, bytes, np.ndarray, bytes]] = []
-        self.starts = np.zeros(0, np.int64)
+        self.entry = array("q")  # rid - 1 -> entry, or -1 (a rid deleted before it was read)
+        self.id_off, self.meta_off = array("q", [0]), array("q", [0])
+        self.ids, self.metas = bytearray(), bytearray()
         self.last = 0  # the largest rid loaded
         self._lock = threading.Lock()
 
-    def extend(self, rows: Sequence[tuple[int, str, str]]) -> None:
+    def extend(self, rows: Iterable[tuple[int, str, str]]) -> None:
         """Append ``(rid, id, metadata json)`` rows (rids ascending, all above :attr:`last`)."""
-        if not rows:
-            return
-        rids = np.fromiter((r[0] for r in rows), np.int64, len(rows))
-        ids = [r[1].encode("utf-8") for r in rows]
-        metas = [r[2].encode("utf-8") for r in rows]
-        seg = (rids, _offsets(ids), b"".join(ids), _offsets(metas), b"".join(metas))
         with self._lock:
-            self.segments = self.segments + [seg]
-            if len(self.segments) > 16:  # merged now and then: a lookup searches few segments
-                self.segments = [_merge_segments(self.segments)]
-            self.starts = np.array([sg[0][0] for sg in self.segments], np.int64)
-            self.last = int(rids[-1])
+            entry, id_off, meta_off, ids, metas = self.entry, self.id_off, self.meta_off, self.ids, self.metas
+            n = len(id_off) - 1
+            for rid, item_id, meta in rows:
+                if rid - 1 > len(entry):
+                    entry.extend([-1] * (rid - 1 - len(entry)))
+                entry.append(n)
+                ids += item_id.encode("utf-8")
+                metas += meta.encode("utf-8")
+                id_off.append(len(ids))
+                meta_off.append(len(metas))
+                n += 1
+            self.last = len(entry)
 
-    def get(self, rids: Sequence[int]) -> dict[int, tuple[str, str]]:
-        segments, starts = self.segments, self.starts
+    def get(self, rids: Iterable[int]) -> dict[int, tuple[str, str]]:
+        entry, id_off, meta_off, ids, metas = self.entry, self.id_off, self.meta_off, self.ids, self.metas
         out: dict[int, tuple[str, str]] = {}
-        if not rids or not segments:
-            return out
-        arr = np.fromiter(rids, np.int64, len(rids))
-        seg_of = np.searchsorted(starts, arr, side="right") - 1
-        for si in np.unique(seg_of).tolist():
-            if si < 0:
-                continue
-            srids, ioff, iblob, moff, mblob = segments[si]
-            want = arr[seg_of == si]
-            js = np.searchsorted(srids, want)
-            js[js >= len(srids)] = 0
-            found = srids[js] == want
-            for rid, j in zip(want[found].tolist(), js[found].tolist()):
-                a, b, c, d = int(ioff[j]), int(ioff[j + 1]), int(moff[j]), int(moff[j + 1])
-                out[rid] = (iblob[a:b].decode("utf-8"), mblob[c:d].decode("utf-8"))
+        n = len(entry)
+        for rid in rids:
+            if 0 < rid <= n:
+                j = entry[rid - 1]
+                if j >= 0:
+                    out[rid] = (ids[id_off[j]:id_off[j + 1]].decode("utf-8"),
+                                metas[meta_off[j]:meta_off[j + 1]].decode("utf-8"))
         return out
-
-
-def _offsets(parts: Sequence[bytes]) -> np.ndarray:
-    out = np.zeros(len(parts) + 1, np.int64)
-    np.cumsum([len(p) for p in parts], out=out[1:])
-    return out
-
-
-def _merge_segments(segments: Sequence[tuple]) -> tuple:
-    rids = np.concatenate([sg[0] for sg in segments])
-    out = [rids]
-    for o, b in ((1, 2), (3, 4)):
-        shift = np.cumsum([0] + [len(sg[b]) for sg in segments[:-1]])
-        out.append(np.concatenate([sg[o][:-1] + sh for sg, sh in zip(segments, shift)] + [[sum(len(sg[b]) for sg in segments)]]))
-        out.append(b"".join(sg[b] for sg in segments))
-    return tuple(out)
 
 
 def _preference(plan: dict[str, Any]) -> list[str]:
@@ -384,9 +367,18 @@ def _item(r: Row) -> Item:
     return Item(id=r.id, modality=r.modality, key=r.key, source=r.source, metadata=r.metadata)
 
 
+_JSON = json.JSONEncoder(sort_keys=True, ensure_ascii=False, allow_nan=False, separators=(", ", ": "))
+if json.encoder.c_make_encoder is not None:  # the encoder json.dumps uses, without its per-call set-up
+    _c_json = json.encoder.c_make_encoder(None, _JSON.default, json.encoder.py_encode_basestring, None, ": ", ", ",
+                                          True, False, False)
+    _JSON.encode = lambda o: "".join(_c_json(o, 0))  # type: ignore[method-assign]
+
+
 def _item_json(it: Item) -> tuple[str, str, str, str, str]:
-    return (it.id, it.modality, it.key, json.dumps(dict(it.source), sort_keys=True, ensure_ascii=False, allow_nan=False),
-            json.dumps(dict(it.metadata), sort_keys=True, ensure_ascii=False, allow_nan=False))
+    """The catalog row of an item: ``(id, modality, key, source JSON, metadata JSON)``."""
+    src = it.source if type(it.source) is dict else dict(it.source)
+    meta = it.metadata if type(it.metadata) is dict else dict(it.metadata)
+    return it.id, it.modality, it.key, _JSON.encode(src), _JSON.encode(meta)
 
 
 # --------------------------------------------------------------------------- collection
@@ -403,6 +395,9 @@ class Collection:
 
     #: items resolved by rid and kept (a rid names one item version for ever)
     RESOLVED_CACHE = 65536
+    #: a snapshot is reused without asking the catalog for this long (seconds), unless this process
+    #: committed meanwhile: a commit of another process is seen at most this late
+    RECHECK_S = 0.002
 
     def __init__(self, storage: Storage, catalog: Catalog) -> None:
         """Internal; use :meth:`create` or :meth:`open`."""
@@ -418,6 +413,8 @@ class Collection:
         self._resolved: dict[int, Item] = {}
         self._hit_table: _HitTable | None = None  # loaded by the first search
         self._epoch = catalog.epoch
+        self._checked = 0.0  # monotonic time of the last generation read
+        self._seen_writes = -1
         self._lock = threading.RLock()
         self._plan_cache: tuple[int, dict[str, Any]] | None = None
 
@@ -661,8 +658,13 @@ class Collection:
             with self._lock:
                 self._epoch, self._serving_gen, self._snapshot = self.catalog.epoch, -1, None
                 self._hit_table, self._resolved = None, {}
-        gen, _ = self.catalog.generation()
         snap = self._snapshot
+        now = time.monotonic()
+        if snap is not None and now - self._checked < self.RECHECK_S and self._seen_writes == _WRITES[0]:
+            return snap  # checked a moment ago, and nothing was committed in this process since
+        self._seen_writes = _WRITES[0]
+        gen, _ = self.catalog.generation()
+        self._checked = now
         if snap is not None and snap.generation == gen:
             return snap
         with self._lock:
@@ -717,9 +719,12 @@ class Collection:
     @contextlib.contextmanager
     def _writing(self) -> Iterator[Writer]:
         """One catalog transaction; the in-memory header follows it once committed."""
-        with self._lock, self.catalog.writing() as w:
-            yield w
-            w.finish(_now())
+        try:
+            with self._lock, self.catalog.writing() as w:
+                yield w
+                w.finish(_now())
+        finally:
+            _WRITES[0] += 1  # every reader of this process asks the catalog again
         self._header = self.catalog.header()
 
     def _locate(self, w: Writer, plan: dict[str, Any], modality: str, keys: Sequence[str]) -> dict[str, tuple[str, int]]:

@@ -28,7 +28,7 @@ import numpy as np
 from ..data.folder import CAPTIONS_FILE, DataFormatError, image_problem, load_pairs
 from ..progress import progress_bar
 from .collection import Collection, Item, vector_key
-from .store import DuplicateIdError, SpaceMismatchError, file_sha256
+from .store import MODALITIES, DuplicateIdError, SpaceMismatchError, file_sha256
 
 if TYPE_CHECKING:  # importing the encoder module pulls in torch
     from ..encoders.base import DualEncoder
@@ -273,6 +273,8 @@ def add_items(collection: Collection, encoder: "DualEncoder", items: Sequence[It
     with collection.ingesting(wait=wait):
         live = collection.get_many(by_id)
         gallery = collection.gallery(current)
+        held = {m: set(gallery.positions(m, [it.key for it in by_id.values() if it.modality == m]))
+                for m in MODALITIES}  # vectors already stored (e.g. by a run killed before its commit)
         quick: list[Item] = []
         todo: dict[str, list[Item]] = {"image": [], "text": []}
         for it in by_id.values():
@@ -284,7 +286,7 @@ def add_items(collection: Collection, encoder: "DualEncoder", items: Sequence[It
                 else:  # same content: keep the stored vector (and its key)
                     quick.append(dataclasses.replace(it, key=old.key))
                     report.metadata_updated += 1
-            elif (it.modality, it.key) in gallery:
+            elif it.key in held[it.modality]:
                 quick.append(it)
                 report.recovered += 1
             else:

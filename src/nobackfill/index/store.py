@@ -623,6 +623,11 @@ class Gallery:
 
 
     def _check_rows(self, x: np.ndarray, what: str, n: int | None = None) -> np.ndarray:
+        if isinstance(x, np.ndarray) and x.dtype == np.float32 and x.ndim == 2 and x.shape[1] == self.dim and \
+                n is None and x.flags.c_contiguous:  # the common case, checked cheaply
+            if not np.isfinite(x).all():
+                raise ValueError(f"{what} contain NaN or infinite values")
+            return x
         arr = np.asarray(x)
         if arr.ndim == 1 and n is None:
             arr = arr[None, :]
@@ -699,7 +704,7 @@ class Gallery:
         np.savez(buf, vectors=vecs, ids=np.asarray(ids, dtype=str))
         npz = buf.getvalue()
         try:
-            meta = "".join(json.dumps(m, sort_keys=True, ensure_ascii=False, allow_nan=False) + "\n"
+            meta = "".join(json.dumps(m, sort_keys=True, ensure_ascii=False, allow_nan=False) + "\n" if m else "{}\n"
                            for m in metas).encode("utf-8")
         except (TypeError, ValueError) as e:
             raise ValueError(f"metadata must be JSON-serialisable: {e}") from e
@@ -947,15 +952,10 @@ class Gallery:
             raise ValueError(f"k must be >= 1, got {k}")
         with self._lock:
             index = self._index(modality)
-            if mask is not None:
-                mask = np.asarray(mask, dtype=bool)
-                if mask.ndim != 1 or len(mask) > index.ntotal:
-                    raise ValueError(f"mask must be 1-D with at most {index.ntotal} entries, got shape {mask.shape}")
-                if len(mask) < index.ntotal:
-                    mask = np.concatenate([mask, np.zeros(index.ntotal - len(mask), bool)])
-            scores, positions = index.search(q, int(k), mask=mask)
+            scores, positions = index.search(q, int(k), mask=mask, checked=True)  # a shorter mask: padded
             # inner products of unit vectors: a score outside [-1, 1] can only be rounding
-            scores = np.clip(scores, -1.0, 1.0)
+            np.minimum(scores, 1.0, out=scores)
+            np.maximum(scores, -1.0, out=scores)
             return SearchResult(scores=scores, positions=positions, names=self._names_at(modality))
 
     def _names_at(self, modality: str) -> Any:

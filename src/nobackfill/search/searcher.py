@@ -89,6 +89,12 @@ def matches_filter(metadata: Mapping[str, Any], flt: Mapping[str, Any] | None) -
     return True
 
 
+try:  # metadata of the hits is parsed per search: orjson where installed (about 5x faster)
+    from orjson import loads as _loads
+except ImportError:  # pragma: no cover
+    _loads = json.loads
+
+
 @dataclass
 class _Prepared:
     """A snapshot's search set-up for one kind of query (see :meth:`Searcher._prepare`)."""
@@ -260,27 +266,29 @@ class Searcher:
             res = views[sid].gallery.search(gmod, q, depth, space_id=sid, mask=mask)
             searched[sid] = (side, res, n_allowed)
         maps, shares = prep.maps, prep.shares
-        ranked: list[dict[str, tuple[QuerySide, list[float], list[int]]]] = []
+        ranked: list[dict[str, tuple[str, list[float], list[int]]]] = []
         for qi, query in enumerate(inputs):
-            per: dict[str, tuple[QuerySide, list[float], list[int]]] = {}
+            per: dict[str, tuple[str, list[float], list[int]]] = {}
             for sid, (side, res, _) in searched.items():
                 scores, positions = res.scores[qi], res.positions[qi]
                 if self.rerank and side.route in ("native", "old-model"):
                     scores, positions = self._rerank(views[sid], side, gmod, query, res, qi, k)
-                rids = views[sid].rids
-                pos = [p for p in positions[:k].tolist() if p >= 0]
-                per[sid] = (side, scores[:len(pos)].tolist(), rids[pos].tolist())
+                positions = positions[:k]
+                per[sid] = (side.route, scores[:len(positions)].tolist(), views[sid].rids[positions].tolist())
             ranked.append(per)
         named = snap.hits({r for per in ranked for _, _, rids in per.values() for r in rids})
         out = []
         for query, per in zip(inputs, ranked):
-            lists = {sid: [Candidate(named[rid][0], s, sid, side.route, r)
-                           for r, (s, rid) in enumerate(zip(scores, rids)) if rid in named]
-                     for sid, (side, scores, rids) in per.items()}
-            merged = merge(lists, k, method, score_maps=maps, shares=shares, prefer=prep.prefer)
-            meta = {named[r][0]: named[r][1] for _, _, rids in per.values() for r in rids if r in named}
-            hits = [Hit(rank=r + 1, score=c.score, id=c.item_id, space=c.space, route=c.route,
-                        metadata=json.loads(meta[c.item_id])) for r, c in enumerate(merged)]
+            if len(per) == 1:  # one list: every merge keeps its order
+                (sid, (route, scores, rids)), = per.items()
+                top = [(named[rid], s, sid, route) for s, rid in zip(scores, rids) if rid in named][:k]
+            else:
+                lists = {sid: [Candidate(rid, s, sid, route, r) for r, (s, rid) in enumerate(zip(scores, rids))
+                               if rid in named] for sid, (route, scores, rids) in per.items()}
+                top = [(named[c.item_id], c.score, c.space, c.route)
+                       for c in merge(lists, k, method, score_maps=maps, shares=shares, prefer=prep.prefer)]
+            hits = [Hit(rank=r + 1, score=s, id=row[0], space=sid, route=route, metadata=_loads(row[1]))
+                    for r, (row, s, sid, route) in enumerate(top)]
             label = query if isinstance(query, str) else str(getattr(query, "filename", "") or "<image>")
             out.append(SearchResponse(query=label if qmod == "text" else str(label), modality=gmod,
                                       direction=direction, hits=hits, merge=method, generation=snap.generation))
