@@ -253,7 +253,7 @@ def status(
         typer.echo(json.dumps(st, indent=2))
         return
     console.print(f"collection {st['path']}: {st['items']['image']} images, {st['items']['text']} texts "
-                  f"(generation {st['generation']})")
+                  f"(generation {st['generation']}, catalog in {st['catalog']})")
     for sid, s in st["spaces"].items():
         console.print(f"  {'*' if s['current'] else ' '} {s['name']:<16} {sid}  images {s.get('image', 0)}, texts "
                       f"{s.get('text', 0)}  ({s['model']})")

@@ -621,14 +621,23 @@ class Collection:
             with self._lock:
                 if self._hit_table is None:
                     table = _HitTable()
-                    table.extend(self.catalog.query("SELECT rid, id, metadata FROM items ORDER BY rid"))
+                    self._read_hit_rows(table)
                     self._hit_table = table
                 table = self._hit_table
         if rids and max(rids) > table.last:  # inserted since: read the new rows only
             with self._lock:
-                table.extend(self.catalog.query("SELECT rid, id, metadata FROM items WHERE rid > ? ORDER BY rid",
-                                                (table.last,)))
+                self._read_hit_rows(table)
         return table.get(rids)
+
+    def _read_hit_rows(self, table: "_HitTable", page: int = 65536) -> None:
+        """Extend ``table`` with the rows past its last rid, a page at a time (the first search of
+        a large collection never holds every row as Python objects at once)."""
+        while True:
+            rows = self.catalog.query("SELECT rid, id, metadata FROM items WHERE rid > ? ORDER BY rid LIMIT ?",
+                                      (table.last, page))
+            table.extend(rows)
+            if len(rows) < page:
+                return
 
     def __len__(self) -> int:
         self.refresh()

@@ -1,0 +1,158 @@
+"""The catalog of a collection (SQLite / PostgreSQL): opening reads a header, serving rows are kept
+up to date by commits, metadata filters run in the database with the semantics of
+``matches_filter``, hits are named from memory, snapshots never change under a reader, a repaired
+store's rows are served again."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from _collection_helpers import OLD_REF, HashEncoder, pool_with
+from nobackfill.index.catalog import CatalogError, sqlite_catalog
+from nobackfill.index.collection import CATALOG_FILE, Collection, _HitTable
+from nobackfill.index.ingest import add_items, text_item
+from nobackfill.search import Searcher
+from nobackfill.search.searcher import matches_filter
+
+
+def _coll(tmp_path, n: int = 40, location: str | None = None):
+    enc = HashEncoder(16, "cat")
+    loc = location or str(tmp_path / "c")
+    c = Collection.create(loc, space_id=enc.space_id, dim=16, model=OLD_REF, modalities=["text"])
+    items = [text_item(f"text number {i}", id=f"t{i}", metadata={"group": i % 4, "tag": ["a", "b"][i % 2],
+                                                                 "nested": {"x": i % 3}}) for i in range(n)]
+    add_items(c, enc, items, progress=False)
+    return c, enc, pool_with((OLD_REF, enc))
+
+
+def test_open_reads_the_header_not_the_items(tmp_path, monkeypatch):
+    c, enc, pool = _coll(tmp_path)
+    from nobackfill.index import catalog as cat
+
+    def refuse(*_a, **_k):
+        raise AssertionError("read every item")
+
+    monkeypatch.setattr(cat.Catalog, "rows", refuse)
+    again = Collection.open(c.path)
+    st_ = again.status()
+    assert st_["items"]["text"] == 40 and st_["unserved"] == 0 and st_["catalog"] == "sqlite"
+    hits = Searcher(again, pool=pool).search(text="text number 7", k=3, target="text").hits
+    assert hits[0].id == "t7" and hits[0].metadata["group"] == 3
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(flt=st.dictionaries(st.sampled_from(["group", "tag", "nested.x", "missing"]),
+                           st.one_of(st.integers(0, 4), st.sampled_from(["a", "b", "c"]), st.booleans(), st.none(),
+                                     st.lists(st.one_of(st.integers(0, 4), st.sampled_from(["a", "b"])), max_size=3)),
+                           min_size=1, max_size=3))
+def test_filters_in_the_database_match_the_python_filter(tmp_path_factory, flt):
+    c = _filter_coll(tmp_path_factory)
+    want = sorted(i for i, it in c.items().items() if matches_filter(it.metadata, flt))
+    got = sorted(r.id for r in c.catalog.rows_by_rid(c.catalog.rids_matching("text", flt).tolist()).values())
+    assert got == want
+
+
+_FILTER_COLL: dict[str, Collection] = {}
+
+
+def _filter_coll(factory) -> Collection:
+    if "c" not in _FILTER_COLL:
+        _FILTER_COLL["c"] = _coll(factory.mktemp("flt"), n=24)[0]
+    return _FILTER_COLL["c"]
+
+
+def test_filtered_search_on_postgresql_matches_sqlite(tmp_path, postgres_db):
+    local, _, pool = _coll(tmp_path / "a")
+    shared, _, _ = _coll(tmp_path / "b", location=f"{tmp_path}/b?catalog={postgres_db}#flt")
+    assert shared.catalog.dialect == "postgresql" and not (tmp_path / "b" / CATALOG_FILE).exists()
+    for flt in ({"group": 1}, {"tag": ["a"], "nested.x": 2}, {"group": [0, 3], "tag": "b"}, {"missing": None}):
+        a = Searcher(local, pool=pool).search(text="text number 5", k=50, target="text", filter=flt).hits
+        b = Searcher(shared, pool=pool).search(text="text number 5", k=50, target="text", filter=flt).hits
+        assert [h.id for h in a] == [h.id for h in b] and a, flt
+        assert all(matches_filter(h.metadata, flt) for h in a)
+
+
+def test_hit_table_names_rows_across_gaps_and_extensions():
+    t = _HitTable()
+    t.extend([(1, "a", "{}"), (4, "dé", '{"x": 1}')])  # rids 2 and 3 were deleted before they were read
+    t.extend([(9, "z", "[]")])
+    assert t.last == 9
+    assert t.get([1, 2, 4, 9, 10, 0, -3]) == {1: ("a", "{}"), 4: ("dé", '{"x": 1}'), 9: ("z", "[]")}
+
+
+def test_a_snapshot_never_changes_under_its_reader(tmp_path):
+    c, enc, pool = _coll(tmp_path)
+    snap = c.snapshot()
+    view = snap.views("text")[enc.space_id]
+    rids = view.rids.copy()
+    c.delete(["t3"])
+    add_items(c, enc, [text_item("a late text", id="late")], progress=False)
+    assert np.array_equal(view.rids, rids) and snap.item_count("text") == 40
+    new = c.snapshot()
+    assert new is not snap and new.item_count("text") == 40 and new.views("text")[enc.space_id].count == 40
+    ids = {h.id for h in Searcher(c, pool=pool).search(text="a late text", k=50, target="text").hits}
+    assert "late" in ids and "t3" not in ids
+
+
+def test_a_commit_of_another_process_is_seen(tmp_path):
+    c, enc, pool = _coll(tmp_path)
+    s = Searcher(c, pool=pool)
+    assert "t5" in {h.id for h in s.search(text="text number 5", k=3, target="text").hits}
+    code = ("import sys\nfrom nobackfill.index.collection import Collection\n"
+            f"Collection.open(sys.argv[1]).delete(['t5'])\n")
+    subprocess.run([sys.executable, "-c", code, str(c.path)], check=True, timeout=120)
+    import time
+
+    time.sleep(2 * Collection.RECHECK_S)
+    assert "t5" not in {h.id for h in s.search(text="text number 5", k=3, target="text").hits}
+
+
+def test_verify_runs_the_databases_own_check_and_the_catalogs_invariants(tmp_path):
+    c, enc, _ = _coll(tmp_path)
+    assert not c.verify()
+    conn = sqlite_catalog(tmp_path / "c" / CATALOG_FILE)._connect()
+    conn.execute("UPDATE header SET n_text = n_text + 1")  # a header that lies about the items
+    conn.close()
+    problems = Collection.open(c.path).verify()
+    assert any("header says 41 text items" in p for p in problems)
+
+
+def test_a_repaired_store_is_served_again_from_its_new_rows(tmp_path):
+    """``verify --repair`` drops a damaged chunk: later rows move down, and the catalog's serving
+    rows are worked out again, so every hit still names the right item."""
+    from typer.testing import CliRunner
+
+    from nobackfill.cli import app
+
+    enc = HashEncoder(16, "rep")
+    c = Collection.create(tmp_path / "c", space_id=enc.space_id, dim=16, model=OLD_REF, modalities=["text"])
+    for part in range(3):  # three chunks
+        add_items(c, enc, [text_item(f"part {part} text {i}", id=f"p{part}-{i}") for i in range(5)], progress=False)
+    g = c.gallery(enc.space_id)
+    npz = g.path / g.manifest["modalities"]["text"]["chunks"][0]["npz"]
+    npz.write_bytes(npz.read_bytes()[:-20])
+    r = CliRunner().invoke(app, ["verify", str(c.path), "--repair", "--json"])
+    rep = json.loads(r.stdout)
+    assert rep["ok"] and any("5 item(s) have no vector" in a for a in rep["advice"]), r.stdout
+    again = Collection.open(c.path)
+    hits = Searcher(again, pool=pool_with((OLD_REF, enc))).search(text="part 2 text 3", k=20, target="text").hits
+    assert hits[0].id == "p2-3" and len(hits) == 10 and all(h.id.startswith(("p1", "p2")) for h in hits)
+    assert again.status()["unserved"] == 5
+
+
+def test_a_catalog_that_is_not_ours_is_named(tmp_path):
+    import sqlite3
+
+    (tmp_path / "c").mkdir()
+    conn = sqlite3.connect(tmp_path / "c" / CATALOG_FILE)
+    conn.execute("CREATE TABLE header (x)")
+    conn.close()
+    with pytest.raises((CatalogError, Exception), match=CATALOG_FILE):
+        Collection.open(tmp_path / "c")
