@@ -101,6 +101,20 @@ def test_a_snapshot_never_changes_under_its_reader(tmp_path):
     assert "late" in ids and "t3" not in ids
 
 
+def test_rows_a_store_gained_after_the_snapshot_are_never_returned(tmp_path, monkeypatch):
+    """A backfill stores its vectors before its catalog commit: a reader whose snapshot is older
+    (the store refreshed meanwhile, by anyone) searches only the rows its snapshot serves."""
+    c, enc, pool = _coll(tmp_path, n=12)
+    monkeypatch.setattr(Collection, "RECHECK_S", 3600.0)
+    s = Searcher(c, pool=pool)
+    before = [h.id for h in s.search(text="text number 4", k=20, target="text").hits]
+    g = c.gallery(enc.space_id)
+    keys = [f"stray{i}" for i in range(30)]
+    g.add("text", keys, enc.encode_texts(["text number 4"] * 30), space_id=enc.space_id)
+    g.refresh()
+    assert [h.id for h in s.search(text="text number 4", k=20, target="text").hits] == before
+
+
 def test_a_commit_of_another_process_is_seen(tmp_path):
     c, enc, pool = _coll(tmp_path)
     s = Searcher(c, pool=pool)

@@ -144,7 +144,6 @@ def run_scale_bench(cfg: ScaleBenchConfig, log: Callable[[str], None] | None = N
         del x
         for index in cfg.indexes:
             path = str(cfg.work / f"coll-{n}-{index}")
-            say(f"N={n} {index}: adding ...")
             row: dict[str, Any] = {"n": n, "catalog": "sqlite", "vectors": f"faiss:{index}"}
             rows.append(_measure(cfg, row, x_file, q_file, path, index, model, space_id, say))
         if cfg.shared and n == min(cfg.sizes):

@@ -331,6 +331,20 @@ class Catalog:
         with self.writing() as w:
             w.execute("DELETE FROM docs WHERE name = ?", (name,))
 
+    def swap_doc(self, name: str, expected: bytes | None, data: bytes) -> bool:
+        """Compare-and-set: replace document ``name`` by ``data`` only if it still holds
+        ``expected`` (None: only if there is none); True if this call replaced it. One statement
+        that returns a row when it matched (``UPDATE ... WHERE data = expected RETURNING``), so of
+        two processes swapping the same document from the same state exactly one wins."""
+        with self.writing() as w:
+            if expected is None:
+                row = w.execute("INSERT INTO docs (name, data, version) VALUES (?, ?, 1) ON CONFLICT (name) DO NOTHING "
+                                "RETURNING version", (name, data)).fetchone()
+            else:
+                row = w.execute("UPDATE docs SET data = ?, version = version + 1 WHERE name = ? AND data = ? "
+                                "RETURNING version", (data, name, expected)).fetchone()
+        return row is not None
+
     def list_docs(self, prefix: str) -> list[str]:
         return sorted(r[0] for r in self.query("SELECT name FROM docs WHERE substr(name, 1, ?) = ?",
                                                (len(prefix), prefix)))

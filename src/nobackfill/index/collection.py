@@ -208,11 +208,6 @@ class SpaceView:
         return int(np.count_nonzero(self.rids))
 
     @functools.cached_property
-    def full(self) -> bool:
-        """Every row of the store serves an item (a search needs no mask)."""
-        return self.count == len(self.rids)
-
-    @functools.cached_property
     def item_ids(self) -> list[str | None]:
         """The item id served by each row (None elsewhere): resolves every served row, so meant for
         checks and small collections; searches resolve their hits only (:meth:`Snapshot.resolve`)."""

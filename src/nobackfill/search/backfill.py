@@ -91,7 +91,10 @@ def _write(collection: Collection, name: str, obj: Any) -> None:
 
 
 def _read(collection: Collection, name: str) -> Any:
-    data = collection.catalog.read_doc(f"{JOB_DIR}/{name}")
+    return _parse(collection, name, collection.catalog.read_doc(f"{JOB_DIR}/{name}"))
+
+
+def _parse(collection: Collection, name: str, data: bytes | None) -> Any:
     if data is None:
         return None
     try:
@@ -508,12 +511,14 @@ def _holder(shard: int, lease: dict[str, Any]) -> dict[str, Any]:
     return {"shard": shard, "owner": lease.get("owner"), "host": host, "pid": pid, "since": lease.get("since")}
 
 
-def _leases(collection: Collection) -> dict[int, dict[str, Any]]:
-    out = {}
+def _leases(collection: Collection, raw: bool = False) -> dict[int, Any]:
+    """Shard -> lease (with ``raw``: ``(stored bytes, lease)``, for a compare-and-set)."""
+    out: dict[int, Any] = {}
     for name in collection.catalog.list_docs(f"{JOB_DIR}/{LEASE_DIR}/shard-"):
-        obj = _read(collection, name[len(JOB_DIR) + 1:])
+        data = collection.catalog.read_doc(name)
+        obj = _parse(collection, name[len(JOB_DIR) + 1:], data)
         if isinstance(obj, dict):
-            out[int(Path(name).stem.split("-")[1])] = obj
+            out[int(Path(name).stem.split("-")[1])] = (data, obj) if raw else obj
     return out
 
 
@@ -585,38 +590,41 @@ def _take_shard(collection: Collection, job: BackfillJob, owner: str,
                 lease_s: float) -> tuple[int | None, list[dict[str, Any]]]:
     """A shard nobody holds (or whose holder's lease expired), leased to ``owner``; else None and the
     live holders of the unfinished shards (none: every shard is done)."""
-    leases = _leases(collection)
+    leases = _leases(collection, raw=True)
     now = _now()
     busy = []
     for s in range(job.shards):
-        lease = leases.get(s)
+        raw, lease = leases.get(s, (None, None))
         if lease is None or (not lease.get("done") and (lease.get("expires", 0) <= now or lease.get("owner") == owner
                                                         or _holder_gone(str(lease.get("owner", ""))))):
-            _write(collection, f"{LEASE_DIR}/shard-{s}.json",
-                   {"owner": owner, "expires": now + lease_s, "since": _iso(now), "rate": 0.0})
-            return s, []
-        if not lease.get("done"):
+            new = {"owner": owner, "expires": now + lease_s, "since": _iso(now), "rate": 0.0}
+            if _swap(collection, s, raw, new):
+                return s, []
+            lease = _leases(collection).get(s)  # taken by another worker meanwhile
+        if lease is not None and not lease.get("done"):
             busy.append(_holder(s, lease))
     return None, busy
 
 
+def _swap(collection: Collection, shard: int, raw: bytes | None, lease: dict[str, Any]) -> bool:
+    """Compare-and-set of a shard's lease: written only if it still is ``raw`` (None: absent)."""
+    return collection.catalog.swap_doc(f"{JOB_DIR}/{LEASE_DIR}/shard-{shard}.json", raw,
+                                       json.dumps(lease, indent=1).encode())
+
+
 def _renew(collection: Collection, shard: int, owner: str, lease_s: float, rate: float, done: bool = False) -> bool:
-    name = f"{LEASE_DIR}/shard-{shard}.json"
-    lease = _read(collection, name)
+    """Extend ``owner``'s lease of ``shard`` (compare-and-set); False if it is not ``owner``'s any more."""
+    raw, lease = _leases(collection, raw=True).get(shard, (None, None))
     if not isinstance(lease, dict) or lease.get("owner") != owner:
         return False
-    lease.update({"expires": _now() + lease_s, "rate": rate, "done": done})
-    _write(collection, name, lease)
-    return True
+    return _swap(collection, shard, raw, {**lease, "expires": _now() + lease_s, "rate": rate, "done": done})
 
 
 def _release(collection: Collection, shard: int, owner: str) -> None:
     """Hand ``owner``'s lease of ``shard`` back (free at once; done stays done)."""
-    name = f"{LEASE_DIR}/shard-{shard}.json"
-    lease = _read(collection, name)
+    raw, lease = _leases(collection, raw=True).get(shard, (None, None))
     if isinstance(lease, dict) and lease.get("owner") == owner:
-        lease.update({"expires": 0.0, "rate": 0.0})
-        _write(collection, name, lease)
+        _swap(collection, shard, raw, {**lease, "expires": 0.0, "rate": 0.0})
 
 
 def _record_stop(collection: Collection, rep: WorkerReport) -> None:

@@ -313,8 +313,8 @@ class Searcher:
             if flt:
                 mask = snap.filtered_mask(view, flt)  # the filter runs in the catalog's database
                 n_allowed = int(np.count_nonzero(mask))
-            else:
-                mask, n_allowed = (None if view.full else view.mask), view.count
+            else:  # never None: rows the store gained after this snapshot must stay out
+                mask, n_allowed = view.mask, view.count
             if n_allowed:
                 spaces.append((sid, self._side(snap, sid, direction), mask, n_allowed))
         total = sum(n for *_, n in spaces) or 1
