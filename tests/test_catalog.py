@@ -16,7 +16,8 @@ from hypothesis import strategies as st
 
 from _collection_helpers import OLD_REF, HashEncoder, pool_with
 from nobackfill.index.catalog import CatalogError, sqlite_catalog
-from nobackfill.index.collection import CATALOG_FILE, Collection, _HitTable
+from nobackfill.index.collection import CATALOG_FILE, Collection
+from nobackfill.index.snapshot import HitTable
 from nobackfill.index.ingest import add_items, text_item
 from nobackfill.search import Searcher
 from nobackfill.search.searcher import matches_filter
@@ -80,7 +81,7 @@ def test_filtered_search_on_postgresql_matches_sqlite(tmp_path, postgres_db):
 
 
 def test_hit_table_names_rows_across_gaps_and_extensions():
-    t = _HitTable()
+    t = HitTable()
     t.extend([(1, "a", "{}"), (4, "dé", '{"x": 1}')])  # rids 2 and 3 were deleted before they were read
     t.extend([(9, "z", "[]")])
     assert t.last == 9

@@ -113,7 +113,8 @@ class VectorIndex(abc.ABC):
         scores, positions = self._search(q, k, mask)
         scores = np.asarray(scores, dtype=np.float32)
         positions = np.asarray(positions, dtype=np.int64)
-        if positions.min() < 0:
+        last = positions[:, -1]  # a row that came up short ends in -1
+        if (last[0] < 0) if len(last) == 1 else (last.min() < 0):
             short = (positions < 0).any(axis=1)  # a graph search came up short (tiny or filtered sets): exact
             scores[short], positions[short] = self._exact(q[short], k, mask)
         return scores, positions

@@ -31,7 +31,6 @@ gallery directory are converted into a catalog the first time they are opened (:
 from __future__ import annotations
 
 import contextlib
-import functools
 import hashlib
 import json
 import logging
@@ -39,7 +38,6 @@ import os
 import re
 import threading
 import time
-from array import array
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
@@ -50,6 +48,7 @@ import numpy as np
 from .backends import AUTO_GRAPH_AT, parse_spec, validate_spec
 from .catalog import CATALOG_FILE, PAGE, Catalog, CatalogError, Row, Writer, memory_catalog
 from .migrate import check_plan, gallery_items, read_v1
+from .snapshot import EMPTY, HitTable, Snapshot, SpaceView, preference
 from .storage import MANIFEST_FILE as V1_FILE
 from .storage import LocalStorage, SpaceStore, Storage, open_storage
 from .store import MODALITIES, GalleryError
@@ -182,180 +181,8 @@ class Item:
         return self.source["path"] if self.modality == "image" else self.source["text"]
 
 
-# --------------------------------------------------------------------------- snapshot
-
-
-class SpaceView:
-    """What one space serves for one modality in a snapshot: per row of its store, the rid of the
-    item that row serves (``rids``; 0: none). ``mask``, ``count`` and ``item_ids`` derive from it."""
-
-    def __init__(self, snapshot: "Snapshot", space_id: str, modality: str, gallery: SpaceStore,
-                 rids: np.ndarray) -> None:
-        self.snapshot = snapshot
-        self.space_id = space_id
-        self.modality = modality
-        self.gallery = gallery
-        self.rids = rids
-
-    @functools.cached_property
-    def mask(self) -> np.ndarray:
-        """The rows this space serves (bool, one per row)."""
-        return self.rids > 0
-
-    @functools.cached_property
-    def count(self) -> int:
-        """Rows this view serves (computed once: a snapshot's views never change)."""
-        return int(np.count_nonzero(self.rids))
-
-    @functools.cached_property
-    def item_ids(self) -> list[str | None]:
-        """The item id served by each row (None elsewhere): resolves every served row, so meant for
-        checks and small collections; searches resolve their hits only (:meth:`Snapshot.resolve`)."""
-        items = self.snapshot.resolve(self.rids[self.rids > 0])
-        return [items[r].id if r > 0 and r in items else None for r in self.rids.tolist()]
-
-
-class Snapshot:
-    """One consistent state of a collection: its plan and, per space and modality, which store rows
-    serve which item. Immutable; a search uses one snapshot from start to end. Items are read from
-    the catalog when asked for (:meth:`item`, :meth:`resolve`), never all at once unless
-    :attr:`items` is used."""
-
-    def __init__(self, collection: "Collection", generation: int, plan: dict[str, Any],
-                 serving: dict[tuple[str, str], np.ndarray], counts: dict[str, int]) -> None:
-        self.collection = collection
-        self.generation = generation
-        self.plan = plan
-        self._serving = serving  # (space, modality) -> rids of the rows this snapshot sees
-        self._item_counts = counts
-        self._views: dict[str, dict[str, SpaceView]] = {}
-        self._filtered: dict[tuple[str, str, str], np.ndarray] = {}
-        self._lock = threading.Lock()
-
-    @property
-    def current_space(self) -> str:
-        return self.plan["current"]
-
-    def preference(self) -> list[str]:
-        """Space ids in serving order: the current space, then the others newest first."""
-        return _preference(self.plan)
-
-    def views(self, modality: str) -> dict[str, SpaceView]:
-        """``{space id: SpaceView}`` for ``modality`` in preference order (spaces serving nothing
-        of it included)."""
-        views = self._views.get(modality)
-        if views is None:
-            with self._lock:
-                views = self._views[modality] = {
-                    sid: SpaceView(self, sid, modality, self.collection.gallery(sid),
-                                   self._serving.get((sid, modality), _EMPTY)) for sid in self.preference()}
-        return views
-
-    def item_count(self, modality: str | None = None) -> int:
-        """Live items (of ``modality``)."""
-        return sum(n for m, n in self._item_counts.items() if modality in (None, m))
-
-    def resolve(self, rids: Iterable[int]) -> dict[int, Item]:
-        """The items of catalog rows ``rids`` (rows deleted since this snapshot are left out)."""
-        return self.collection._resolve(rids)
-
-    def hits(self, rids: Iterable[int]) -> dict[int, tuple[str, str]]:
-        """``rid -> (item id, metadata JSON)`` of served rows, from memory (what a search names)."""
-        return self.collection._hit_rows(rids)
-
-    def item(self, item_id: str) -> Item | None:
-        """The live item ``item_id`` (as the catalog holds it now), or None."""
-        return self.collection.lookup(item_id)
-
-    @functools.cached_property
-    def items(self) -> dict[str, Item]:
-        """Every live item by id, read once (a full read of the catalog: for checks and small
-        collections, not for the hot path)."""
-        return {r.id: _item(r) for r in self.collection.catalog.rows()}
-
-    def serving_space(self, item_id: str) -> str | None:
-        """The space that serves ``item_id`` (None if no space holds its current vector)."""
-        row = self.collection.catalog.rows_by_id([item_id]).get(item_id)
-        return None if row is None else row.space
-
-    def counts(self) -> dict[str, dict[str, int]]:
-        """``{space id: {"image": n, "text": n}}``: items each space serves."""
-        out: dict[str, dict[str, int]] = {sid: {} for sid in self.preference()}
-        for m in MODALITIES:
-            for sid, view in self.views(m).items():
-                out[sid][m] = view.count
-        return out
-
-    def unserved(self, modality: str | None = None) -> list[str]:
-        """Ids of live items that no space holds a current vector for (to be embedded)."""
-        return sorted(r.id for r in self.collection.catalog.rows(modality, "space IS NULL"))
-
-    def filtered_mask(self, view: SpaceView, flt: Mapping[str, Any]) -> np.ndarray:
-        """The rows of ``view`` serving an item whose metadata matches ``flt`` (the filter runs in
-        the catalog's database, once per snapshot and filter)."""
-        key = (view.space_id, view.modality, json.dumps(flt, sort_keys=True, default=str))
-        cache = self._filtered
-        if key not in cache:
-            if len(cache) > 64:
-                cache.clear()
-            allowed = self.collection.catalog.rids_matching(view.modality, flt)
-            cache[key] = np.isin(view.rids, allowed) & view.mask
-        return cache[key]
-
-
-_EMPTY = np.zeros(0, np.int64)
 #: commits made by this process (readers of other Collection objects then re-check at once)
 _WRITES = [0]
-
-
-class _HitTable:
-    """``rid -> (item id, metadata JSON)`` of every item version read so far, in memory and compact:
-    the ids and the metadata as one UTF-8 buffer each with their offsets, and per rid its entry
-    (rids are nearly dense: inserts only ever append them). A rid names one version of one item for
-    ever, so the table only grows: a reader extends it with the rows inserted since (``rid >
-    last``) and a search names its hits without a database round trip (a B-tree lookup costs about
-    5 us a hit from Python; this, well under one)."""
-
-    def __init__(self) -> None:
-        self.entry = array("q")  # rid - 1 -> entry, or -1 (a rid deleted before it was read)
-        self.id_off, self.meta_off = array("q", [0]), array("q", [0])
-        self.ids, self.metas = bytearray(), bytearray()
-        self.last = 0  # the largest rid loaded
-        self._lock = threading.Lock()
-
-    def extend(self, rows: Iterable[tuple[int, str, str]]) -> None:
-        """Append ``(rid, id, metadata json)`` rows (rids ascending, all above :attr:`last`)."""
-        with self._lock:
-            entry, id_off, meta_off, ids, metas = self.entry, self.id_off, self.meta_off, self.ids, self.metas
-            n = len(id_off) - 1
-            for rid, item_id, meta in rows:
-                if rid - 1 > len(entry):
-                    entry.extend([-1] * (rid - 1 - len(entry)))
-                entry.append(n)
-                ids += item_id.encode("utf-8")
-                metas += meta.encode("utf-8")
-                id_off.append(len(ids))
-                meta_off.append(len(metas))
-                n += 1
-            self.last = len(entry)
-
-    def get(self, rids: Iterable[int]) -> dict[int, tuple[str, str]]:
-        entry, id_off, meta_off, ids, metas = self.entry, self.id_off, self.meta_off, self.ids, self.metas
-        out: dict[int, tuple[str, str]] = {}
-        n = len(entry)
-        for rid in rids:
-            if 0 < rid <= n:
-                j = entry[rid - 1]
-                if j >= 0:
-                    out[rid] = (ids[id_off[j]:id_off[j + 1]].decode("utf-8"),
-                                metas[meta_off[j]:meta_off[j + 1]].decode("utf-8"))
-        return out
-
-
-def _preference(plan: dict[str, Any]) -> list[str]:
-    spaces = [s["space_id"] for s in plan["spaces"] if not s.get("retired")]
-    current = plan["current"]
-    return [current] + [s for s in reversed(spaces) if s != current]
 
 
 def _item(r: Row) -> Item:
@@ -406,7 +233,7 @@ class Collection:
         self._serving_gen = -1  # the generation self._serving is at (-1: not loaded)
         self._snapshot: Snapshot | None = None
         self._resolved: dict[int, Item] = {}
-        self._hit_table: _HitTable | None = None  # loaded by the first search
+        self._hit_table: HitTable | None = None  # loaded by the first search
         self._epoch = catalog.epoch
         self._checked = 0.0  # monotonic time of the last generation read
         self._seen_writes = -1
@@ -546,7 +373,7 @@ class Collection:
 
     def space_ids(self) -> list[str]:
         """Serving order: the current space first, then the others newest first."""
-        return _preference(self._header["plan"])
+        return preference(self._header["plan"])
 
     def gallery(self, space_id: str, plan: dict[str, Any] | None = None) -> SpaceStore:
         """The vector store of ``space_id`` (opened once and cached; ``plan``: the plan naming it,
@@ -615,7 +442,7 @@ class Collection:
         if table is None:
             with self._lock:
                 if self._hit_table is None:
-                    table = _HitTable()
+                    table = HitTable()
                     self._read_hit_rows(table)
                     self._hit_table = table
                 table = self._hit_table
@@ -624,7 +451,7 @@ class Collection:
                 self._read_hit_rows(table)
         return table.get(rids)
 
-    def _read_hit_rows(self, table: "_HitTable", page: int = 65536) -> None:
+    def _read_hit_rows(self, table: "HitTable", page: int = 65536) -> None:
         """Extend ``table`` with the rows past its last rid, a page at a time (the first search of
         a large collection never holds every row as Python objects at once)."""
         while True:
@@ -677,29 +504,29 @@ class Collection:
                 pages = self.catalog.pages(self._serving_gen) if self._serving_gen >= 0 else self.catalog.pages(-1)
             if self._serving_gen < 0:
                 self._serving = {}
+            size: dict[tuple[str, str], int] = {}
+            for space, modality, page, _ in pages:
+                size[(space, modality)] = max(size.get((space, modality), 0), (page + 1) * PAGE)
             changed: dict[tuple[str, str], np.ndarray] = {}
+            for k, n in size.items():  # a snapshot's arrays never change: the changed ones are new arrays
+                old = self._serving.get(k, EMPTY)
+                arr = changed[k] = np.zeros(max(n, len(old)), np.int64)
+                arr[:len(old)] = old
             for space, modality, page, data in pages:
-                k = (space, modality)
-                arr = changed.get(k)
-                if arr is None:
-                    arr = changed[k] = self._serving.get(k, _EMPTY).copy()  # a snapshot's arrays never change
-                end = (page + 1) * PAGE
-                if len(arr) < end:
-                    arr = changed[k] = np.concatenate([arr, np.zeros(end - len(arr), np.int64)])
-                arr[page * PAGE:end] = np.frombuffer(data, np.int64)
+                changed[(space, modality)][page * PAGE:(page + 1) * PAGE] = np.frombuffer(data, np.int64)
             self._serving = {**self._serving, **changed}
             self._serving_gen = header["generation"]
             self._header = header
             plan = header["plan"]
             serving: dict[tuple[str, str], np.ndarray] = {}
-            for sid in _preference(plan):
+            for sid in preference(plan):
                 g = self.gallery(sid)
                 g.refresh()
                 for m in MODALITIES:
                     if not getattr(g, "stable_positions", False):
                         serving[(sid, m)] = self._served_by_key(g, sid, m)
                         continue
-                    arr = self._serving.get((sid, m), _EMPTY)
+                    arr = self._serving.get((sid, m), EMPTY)
                     n = g.count(m)
                     serving[(sid, m)] = arr[:n] if len(arr) >= n else np.concatenate([arr, np.zeros(n - len(arr), np.int64)])
             self._snapshot = Snapshot(self, header["generation"], json.loads(json.dumps(plan)), serving,
@@ -737,7 +564,7 @@ class Collection:
         transaction finds this one's items)."""
         out: dict[str, tuple[str, int]] = {}
         todo = list(dict.fromkeys(keys))
-        for sid in _preference(plan):
+        for sid in preference(plan):
             if not todo:
                 break
             if modality not in self.space_of(plan, sid).get("modalities", MODALITIES):
@@ -816,7 +643,7 @@ class Collection:
         g = self.gallery(space_id)
         with self._writing() as w:
             rows = [r for r in w.rows_by_key(list(keys)) if r.modality == modality]
-            pref = _preference(w.header["plan"])
+            pref = preference(w.header["plan"])
             if space_id not in pref:
                 return
             rank = {s: i for i, s in enumerate(pref)}
@@ -863,7 +690,7 @@ class Collection:
 
     def _reserve(self, w: Writer, before: dict[str, Any], after: dict[str, Any]) -> None:
         """Serve every item again by the serving order of ``after`` where it differs from ``before``."""
-        old, new = _preference(before), _preference(after)
+        old, new = preference(before), preference(after)
         dropped = [s for s in old if s not in new]
         added = [s for s in new if s not in old]
         empty_added = all(not self.gallery(s, after).count(m) for s in added for m in MODALITIES)
@@ -889,7 +716,7 @@ class Collection:
         renumbered rows: ``verify --repair``); returns how many items no space holds now."""
         with self._writing() as w:
             plan = w.header["plan"]
-            for sid in _preference(plan):
+            for sid in preference(plan):
                 w.drop_serving(sid)
             rows = w.all_rows()
             unserved = 0
@@ -979,7 +806,7 @@ class Collection:
                 continue
             problems += report.problems
             for m in MODALITIES:
-                arr = self._serving.get((s["space_id"], m), _EMPTY)
+                arr = self._serving.get((s["space_id"], m), EMPTY)
                 if np.any(arr[g.count(m):]):
                     problems.append(f"{self.catalog}: space {s['space_id']} serves {m} rows past the "
                                     f"{g.count(m)} its store holds")
@@ -1038,7 +865,7 @@ def _locate_all(storage: Storage, plan: dict[str, Any], items: Sequence[Item]) -
     """(modality, key) -> (space, row) of the first space in serving order holding each item's key
     (a conversion: every store's keys read once)."""
     out: dict[tuple[str, str], tuple[str, int]] = {}
-    for sid in _preference(plan):
+    for sid in preference(plan):
         entry = next(s for s in plan["spaces"] if s["space_id"] == sid)
         if not storage.has_space(entry["dir"]):
             continue

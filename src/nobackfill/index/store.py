@@ -962,12 +962,12 @@ class Gallery:
         """The row keys of ``modality`` as committed now, read only when asked for (a search result
         names its hits lazily: most callers map positions, and a large gallery's keys are not
         loaded for them), even after the gallery was closed."""
-        chunks = list(self._chunks(modality))
+        manifest = self._manifest  # replaced, never changed, by a commit: it stands for this moment
 
         def names() -> list[str]:
             if not self._closed:
                 return self._sync(modality).ids
-            return [str(i) for e in chunks for i in self._load_npz(e, "ids")]
+            return [str(i) for e in manifest["modalities"][modality]["chunks"] for i in self._load_npz(e, "ids")]
 
         return names
 
