@@ -37,7 +37,7 @@ def test_bench_scale_writes_the_rows(tmp_path):
     res = json.loads(out.read_text())
     assert out.with_suffix(".md").is_file()
     (row,) = res["rows"]
-    assert row["n"] == 3000 and row["vectors"] == "faiss:Flat"
+    assert row["n"] == 3000 and row["vectors"] == "faiss:Flat" and row["catalog"] == "sqlite"
     for key in ("add_per_s", "open_s", "open_first_search_s", "disk_ratio", "p50_ms", "p99_ms", "raw_p50_ms",
                 "filtered_p50_ms", "p50_upgraded_idle_ms", "p50_during_backfill_ms"):
         assert isinstance(row[key], (int, float)) and row[key] > 0, key

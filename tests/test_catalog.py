@@ -171,3 +171,21 @@ def test_a_catalog_that_is_not_ours_is_named(tmp_path):
     conn.close()
     with pytest.raises((CatalogError, Exception), match=CATALOG_FILE):
         Collection.open(tmp_path / "c")
+
+
+def test_the_cli_takes_a_collection_uri_as_written(tmp_path, postgres_db):
+    """A collection argument is a URI, not a path: ``postgresql://`` keeps its two slashes (a path
+    would fold them, and the catalog would not be found)."""
+    from pathlib import Path
+
+    from typer.testing import CliRunner
+
+    from nobackfill.cli import app
+
+    uri = f"{tmp_path}/c?catalog={postgres_db}#cli"
+    model = Path(__file__).resolve().parents[1] / "models" / "world-old"
+    r = CliRunner().invoke(app, ["collection", "create", uri, "--model", str(model)])
+    assert r.exit_code == 0, r.output
+    r = CliRunner().invoke(app, ["collection", "status", uri, "--json"])
+    assert r.exit_code == 0, r.output
+    assert json.loads(r.stdout)["catalog"] == "postgresql" and not (tmp_path / "c" / CATALOG_FILE).exists()

@@ -17,10 +17,11 @@ from .gallery import print_hits
 collection_app = typer.Typer(no_args_is_help=True, help="Collections: a gallery that keeps working across model "
                                                         "upgrades (several embedding spaces, one search).")
 
-_NAME = typer.Argument(..., help="The collection's directory.")
+_NAME = typer.Argument(..., help="The collection: a directory, or a storage URI (milvus-lite:PATH#NAME, "
+                       "milvus://HOST:PORT#NAME?catalog=postgresql://USER@HOST:PORT/DB, DIR?catalog=postgresql://...).")
 
 
-def _open(name: Path):
+def _open(name: str):
     from ..index.collection import Collection
 
     return Collection.open(name)
@@ -28,7 +29,7 @@ def _open(name: Path):
 
 @collection_app.command("create")
 def create(
-    name: Path = _NAME,
+    name: str = _NAME,
     model: Path = typer.Option(..., help="The model that embeds the collection's items (a model directory, or "
                                          "'minilm' for the shipped all-MiniLM-L6-v2)."),
     backend: str = typer.Option("auto", help="Vector index of every space: auto (exact search below 50,000 vectors, an HNSW32 graph index past it, built in the background), a faiss factory string (Flat, HNSW32, HNSW32:efSearch=128, IVF1024,PQ16:nprobe=32) or flat | hnsw:M=16,ef=64."),
@@ -50,7 +51,7 @@ def create(
 
 @collection_app.command("add")
 def add(
-    name: Path = _NAME,
+    name: str = _NAME,
     data: Optional[Path] = typer.Option(None, help="A data folder (images and/or captions.jsonl) or a world root "
                                                    "(with --split). Images no caption mentions are added too."),
     split: str = typer.Option("test", help="Split when --data is a world root."),
@@ -139,7 +140,7 @@ def _print_routes(plan: dict) -> None:
 
 @collection_app.command("upgrade")
 def upgrade(
-    name: Path = _NAME,
+    name: str = _NAME,
     model: Path = typer.Option(..., help="The new model (a model directory, or 'minilm')."),
     bridge: Optional[List[Path]] = typer.Option(None, "--bridge", help="Upgrade directory taking the new model's "
                                                 "queries into an older space (XBT, phi, Procrustes); repeat to chain."),
@@ -189,7 +190,7 @@ def _parse_filter(items: Optional[List[str]]) -> dict:
 
 @collection_app.command("search")
 def search(
-    name: Path = _NAME,
+    name: str = _NAME,
     text: Optional[str] = typer.Option(None, help="Text query."),
     image: Optional[Path] = typer.Option(None, help="Image query."),
     k: int = typer.Option(10, help="Number of results."),
@@ -232,7 +233,7 @@ def _index_line(info: dict) -> str:
 
 @collection_app.command("status")
 def status(
-    name: Path = _NAME,
+    name: str = _NAME,
     as_json: bool = typer.Option(False, "--json", help="Print JSON."),
 ) -> None:
     """Spaces with their item counts, the current model, and the route to every older space."""
@@ -274,7 +275,7 @@ def status(
 
 @collection_app.command("delete")
 def delete(
-    name: Path = _NAME,
+    name: str = _NAME,
     ids: List[str] = typer.Option(..., "--id", help="Item id to delete (repeat for several)."),
 ) -> None:
     """Delete items: they are never returned again (all or nothing: an unknown id changes nothing)."""
@@ -288,7 +289,7 @@ def delete(
 
 @collection_app.command("route")
 def route(
-    name: Path = _NAME,
+    name: str = _NAME,
     space: str = typer.Option(..., help="An older space id (see `collection status`)."),
     direction: str = typer.Option(..., help="t2i | i2t | t2t | i2i."),
     use: Optional[str] = typer.Option(None, "--route", help="Pin this route: old-model | bridge | fused."),
@@ -309,7 +310,7 @@ def route(
 
 @collection_app.command("calibrate")
 def calibrate(
-    name: Path = _NAME,
+    name: str = _NAME,
     data: Path = typer.Option(..., help="Labelled data: a data folder / world root, or a Multi30K root."),
     split: str = typer.Option("val", help="Split of --data (never the one you evaluate on)."),
     limit: Optional[int] = typer.Option(None, help="Use only the first N images / caption pairs."),
@@ -330,7 +331,7 @@ def calibrate(
 
 @collection_app.command("backfill")
 def backfill(
-    name: Path = _NAME,
+    name: str = _NAME,
     order: str = typer.Option("uncertainty", help="sequential | random | uncertainty (FastFill-style: the items "
                                                   "predicted worst served first)."),
     workers: int = typer.Option(1, help="Worker processes (disjoint shards, leases in the collection)."),
@@ -388,7 +389,7 @@ def backfill(
 
 @collection_app.command("retire")
 def retire(
-    name: Path = _NAME,
+    name: str = _NAME,
     space: str = typer.Option(..., help="The old space to drop (see `collection status`)."),
 ) -> None:
     """Drop an old space's vectors once every item has a vector in the current space."""

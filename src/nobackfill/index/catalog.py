@@ -669,7 +669,13 @@ def postgres_catalog(url: str, name: str) -> Catalog:
         conn.execute(f'SET search_path TO "{schema}"')
         return conn
 
-    return Catalog(f"{url}#{name}", "postgresql", connect, None, schema=schema)
+    return Catalog(redact(f"{url}#{name}"), "postgresql", connect, None, schema=schema)
+
+
+def redact(uri: str) -> str:
+    """``uri`` with any password in a ``postgresql://USER:PASSWORD@HOST`` part replaced by ``***``
+    (what messages, logs and status show)."""
+    return re.sub(r"(postgres(?:ql)?://[^:@/?#]+):[^@/?#]*@", r"\1:***@", uri)
 
 
 def open_catalog(uri: str) -> Catalog:

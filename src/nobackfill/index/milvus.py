@@ -566,7 +566,10 @@ class MilvusStorage(Storage):
     def from_uri(cls, uri: str, kind: str, parts: dict[str, str]) -> "MilvusStorage":
         path = Path(parts["path"]) if kind == "milvus-lite" else None
         beside = path.with_name(f"{path.name}.{_safe(parts['name'])}.catalog.sqlite") if path is not None else None
-        return cls(_client(kind, parts), parts["name"], uri, catalog_uri=parts.get("catalog"), catalog_path=beside)
+        from .catalog import redact
+
+        return cls(_client(kind, parts), parts["name"], redact(uri), catalog_uri=parts.get("catalog"),
+                   catalog_path=beside)
 
     # ------------------------------------------------------------------ documents
     def _rows(self, filter: str, fields: Sequence[str] = ("k", "v")) -> list[dict]:
