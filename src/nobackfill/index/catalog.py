@@ -171,6 +171,7 @@ class Catalog:
             try:
                 return self._reader().execute(self._sql(sql), tuple(params)).fetchall()
             except Exception as e:
+                self._drop_if_broken("_read_conn")
                 raise self._error(e) from e
 
     @contextlib.contextmanager
@@ -207,9 +208,10 @@ class Catalog:
                     conn.execute("BEGIN")
                     conn.execute("SELECT generation FROM header WHERE id = 1 FOR UPDATE")
             except Exception as e:
+                self._drop_if_broken("_write_conn")
                 raise self._error(e) from e
-            w = Writer(self, conn)
             try:
+                w = Writer(self, conn)
                 yield w
                 _crash_point("before")  # test-only kill points around the commit (see store._crash_point)
                 conn.execute("COMMIT")
@@ -218,6 +220,13 @@ class Catalog:
                     conn.execute("ROLLBACK")
                 raise
             _crash_point("after")
+
+    def _drop_if_broken(self, attr: str) -> None:
+        """Forget a connection the server closed (a restart, a network cut): the next call opens a
+        new one instead of failing for ever."""
+        conn = getattr(self, attr)
+        if conn is not None and (getattr(conn, "closed", False) or getattr(conn, "broken", False)):
+            setattr(self, attr, None)
 
     def _become(self, real: "Catalog") -> None:
         with self._rlock, self._wlock:

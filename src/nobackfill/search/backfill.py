@@ -162,7 +162,14 @@ def _pending(collection: Collection, target: str, items: dict[str, Item] | None 
         return collection.not_served_by(target, mods)
     g = collection.gallery(target)
     g.refresh()
-    return [it for it in items.values() if it.modality in mods and (it.modality, it.key) not in g]
+    held = _held(g, [it for it in items.values() if it.modality in mods])
+    return [it for it in items.values() if it.modality in mods and it.key not in held[it.modality]]
+
+
+def _held(store: Any, items: Sequence[Item]) -> dict[str, set[str]]:
+    """Per modality, the keys of ``items`` that ``store`` holds (one batched lookup per modality: a
+    Milvus store answers a key at a time in a round trip)."""
+    return {m: set(store.positions(m, [it.key for it in items if it.modality == m])) for m in ("image", "text")}
 
 
 # ----------------------------------------------------------------------------- orders
@@ -705,10 +712,11 @@ def run_worker(collection: Collection, encoder: Any, *, batch_size: int = 64, ra
                     batch += [live[i][0] for i in window if i in live and live[i][1] != job.target]
                 if not batch:
                     continue
-                stored = [it for it in batch if (it.modality, it.key) in g]  # by a worker killed before its commit
+                have = _held(g, batch)  # stored by a worker killed before its commit: served, not embedded again
                 for m in ("image", "text"):
-                    collection.serve_stored(job.target, m, [it.key for it in stored if it.modality == m])
-                batch = [it for it in batch if (it.modality, it.key) not in g]
+                    collection.serve_stored(job.target, m, [it.key for it in batch
+                                                            if it.modality == m and it.key in have[m]])
+                batch = [it for it in batch if it.key not in have[it.modality]]
                 if not batch:
                     continue
                 vecs = _encode(encoder, batch)
@@ -726,7 +734,8 @@ def run_worker(collection: Collection, encoder: Any, *, batch_size: int = 64, ra
                     in_sample = [it for it in batch if it.id in sample_ids]
                     if in_sample:  # which of them this batch commits (not another worker)
                         g.refresh()
-                        in_sample = [it for it in in_sample if (it.modality, it.key) not in g]
+                        have = _held(g, in_sample)
+                        in_sample = [it for it in in_sample if it.key not in have[it.modality]]
                     n = 0
                     for m, v in vecs.items():
                         rows = [it for it in batch if it.modality == m]
