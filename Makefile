@@ -45,7 +45,9 @@ bench: $(STAMP)
 	$(BIN)/nobackfill bench backfill --quick --out $(R)/backfill.json
 	$(BIN)/nobackfill bench serve --quick --out $(R)/serve.json
 	sh scripts/isolated.sh $(BIN)/nobackfill bench store --quick --out $(R)/store.json
-	sh scripts/isolated.sh $(BIN)/nobackfill bench scale --quick --shared --out $(R)/scale.json
+	$(BIN)/nobackfill bench scale --quick --out $(R)/scale.json
+	sh scripts/isolated.sh $(BIN)/nobackfill bench scale --quick --shared --set 'indexes=[]' --set 'peers=[]' \
+		--out $(R)/scale_shared.json
 	$(BIN)/python scripts/merged_speedup.py --out $(R)/merged.json
 	$(BIN)/python scripts/readme_tables.py
 

@@ -17,8 +17,8 @@ from .gallery import print_hits
 collection_app = typer.Typer(no_args_is_help=True, help="Collections: a gallery that keeps working across model "
                                                         "upgrades (several embedding spaces, one search).")
 
-_NAME = typer.Argument(..., help="The collection: a directory, or a storage URI (milvus-lite:PATH#NAME, "
-                       "milvus://HOST:PORT#NAME?catalog=postgresql://USER@HOST:PORT/DB, DIR?catalog=postgresql://...).")
+_NAME = typer.Argument(..., help="The collection: a directory or a storage URI (milvus-lite:PATH#NAME or "
+                       "milvus://HOST:PORT#NAME), either followed by ?catalog=postgresql://... for a shared catalog.")
 
 
 def _open(name: str):
