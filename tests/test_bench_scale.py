@@ -46,3 +46,5 @@ def test_bench_scale_writes_the_rows(tmp_path):
     assert row["disk_ratio"] >= 1.0  # the vectors are stored
     assert row["searches_during_backfill"] > 0
     assert res["peers"] == []
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["scale.json", "scale.md", "work"]  # nothing elsewhere
+    assert not list((tmp_path / "work").glob("bridge-*"))  # the row's upgrade is removed with it

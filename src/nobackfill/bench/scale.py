@@ -39,7 +39,7 @@ from typing import Any, Callable, Iterator
 import numpy as np
 
 from .scale_peers import PEERS
-from .scale_rows import K, dir_bytes, read_collection, write_collection
+from .scale_rows import K, bridge_dir, dir_bytes, read_collection, write_collection
 
 
 @dataclass
@@ -190,9 +190,9 @@ def _measure(cfg: ScaleBenchConfig, row: dict[str, Any], x_file: str, q_file: st
         f"(raw {row['raw_p50_ms']} ms), filtered {row['filtered_p50_ms']} ms, during backfill "
         f"{row['p50_during_backfill_ms']} ms (idle after upgrade {row['p50_upgraded_idle_ms']} ms), "
         f"RSS extra {row['rss_extra_mb']} MB, disk x{row['disk_ratio']}")
+    shutil.rmtree(bridge_dir(x_file, path), ignore_errors=True)
     if local:
         shutil.rmtree(path, ignore_errors=True)
-        shutil.rmtree(f"{path}-bridge", ignore_errors=True)
     return row
 
 

@@ -47,6 +47,14 @@ def lookup_encoder(x: np.ndarray, q: np.ndarray, space_id: str):
     return Lookup()
 
 
+def bridge_dir(x_file: str, path: str) -> Path:
+    """Where a row's upgrade is written: beside the vectors in the work directory (never derived
+    from the collection's location, which may be a URI)."""
+    import hashlib
+
+    return Path(x_file).parent / f"bridge-{hashlib.sha256(path.encode()).hexdigest()[:12]}"
+
+
 def rss_mb() -> float:
     for line in Path("/proc/self/status").read_text().splitlines():
         if line.startswith("VmRSS:"):
@@ -162,7 +170,7 @@ def read_collection(x_file: str, q_file: str, path: str, model: str, space_id: s
     new_model = model + "#b"
     pool.put(new_model, lookup_encoder(x, q, new_sid))
     dim = int(x.shape[1])
-    up = save_vector_upgrade(Path(path).parent / f"{Path(path).name}-bridge",
+    up = save_vector_upgrade(bridge_dir(x_file, path),
                              ProcrustesBridge(np.eye(dim, dtype=np.float32), new_sid, space_id),
                              {"space_id": new_sid, "name": "b", "embed_dim": dim},
                              {"space_id": space_id, "name": "a", "embed_dim": dim})
