@@ -95,7 +95,8 @@ def _chunks(seq: Sequence[Any], n: int = 500) -> Iterator[Sequence[Any]]:
 
 def filter_sql(flt: Mapping[str, Any], dialect: str) -> tuple[str, list[Any]]:
     """A metadata filter (``{"key": value | [values]}``, dotted keys for nested objects) as a SQL
-    condition on ``items.metadata`` and its parameters; every key must match (see
+    condition on ``items.metadata`` (``?`` placeholders, as :meth:`Catalog.query` takes) and its
+    parameters; every key must match (see
     :func:`nobackfill.search.searcher.matches_filter`)."""
     conds, params = [], []
     for key, want in flt.items():
@@ -118,10 +119,10 @@ def filter_sql(flt: Mapping[str, Any], dialect: str) -> tuple[str, list[Any]]:
             ors = []
             for w in wants:
                 if w is None:
-                    ors.append("((metadata::jsonb #> %s) IS NULL OR (metadata::jsonb #> %s) = 'null'::jsonb)")
+                    ors.append("((metadata::jsonb #> ?) IS NULL OR (metadata::jsonb #> ?) = 'null'::jsonb)")
                     params += [parts, parts]
                 else:
-                    ors.append("((metadata::jsonb #> %s) = %s::jsonb)")
+                    ors.append("((metadata::jsonb #> ?) = ?::jsonb)")
                     params += [parts, json.dumps(w)]
         conds.append("(" + " OR ".join(ors or ["0 = 1"]) + ")")
     return " AND ".join(conds) or "1 = 1", params
@@ -311,14 +312,7 @@ class Catalog:
 
     def rids_matching(self, modality: str, flt: Mapping[str, Any]) -> np.ndarray:
         cond, params = filter_sql(flt, self.dialect)
-        sql = f"SELECT rid FROM items WHERE modality = ? AND {cond}"
-        if self.dialect == "postgresql":
-            sql = sql.replace("?", "%s")
-        with self._rlock:
-            try:
-                rows = self._reader().execute(sql, (modality, *params)).fetchall()
-            except Exception as e:
-                raise self._error(e) from e
+        rows = self.query(f"SELECT rid FROM items WHERE modality = ? AND {cond}", (modality, *params))
         return np.fromiter((r[0] for r in rows), np.int64, len(rows))
 
     # ------------------------------------------------------------------ serving pages

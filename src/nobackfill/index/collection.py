@@ -215,8 +215,6 @@ class Collection:
     :meth:`snapshot`.
     """
 
-    #: items resolved by rid and kept (a rid names one item version for ever)
-    RESOLVED_CACHE = 65536
     #: a snapshot is reused without asking the catalog for this long (seconds), unless this process
     #: committed meanwhile: a commit of another process is seen at most this late
     RECHECK_S = 0.002
@@ -232,7 +230,6 @@ class Collection:
         self._serving: dict[tuple[str, str], np.ndarray] = {}
         self._serving_gen = -1  # the generation self._serving is at (-1: not loaded)
         self._snapshot: Snapshot | None = None
-        self._resolved: dict[int, Item] = {}
         self._hit_table: HitTable | None = None  # loaded by the first search
         self._epoch = catalog.epoch
         self._checked = 0.0  # monotonic time of the last generation read
@@ -425,17 +422,6 @@ class Collection:
         return [_item(r) for r in self.catalog.rows(where="(space IS NULL OR space <> ?)", params=(space_id,))
                 if r.modality in mods]
 
-    def _resolve(self, rids: Iterable[int]) -> dict[int, Item]:
-        rids = [int(r) for r in rids]
-        cache = self._resolved
-        missing = [r for r in rids if r not in cache]
-        if missing:
-            got = {rid: _item(row) for rid, row in self.catalog.rows_by_rid(missing).items()}
-            if len(cache) + len(got) > self.RESOLVED_CACHE:
-                cache.clear()
-            cache.update(got)
-        return {r: cache[r] for r in rids if r in cache}
-
     def _hit_rows(self, rids: Iterable[int]) -> dict[int, tuple[str, str]]:
         rids = list(rids)
         table = self._hit_table
@@ -488,7 +474,7 @@ class Collection:
         if self.catalog.epoch != self._epoch:  # a plain gallery's catalog went from memory to disk
             with self._lock:
                 self._epoch, self._serving_gen, self._snapshot = self.catalog.epoch, -1, None
-                self._hit_table, self._resolved = None, {}
+                self._hit_table = None
         snap = self._snapshot
         now = time.monotonic()
         if snap is not None and now - self._checked < self.RECHECK_S and self._seen_writes == _WRITES[0]:
@@ -558,23 +544,17 @@ class Collection:
             _WRITES[0] += 1  # every reader of this process asks the catalog again
         self._header = self.catalog.header()
 
-    def _locate(self, w: Writer, plan: dict[str, Any], modality: str, keys: Sequence[str]) -> dict[str, tuple[str, int]]:
-        """Key -> (space, row) of the first space in serving order whose store holds it (read inside
-        the write transaction: a vector committed by a racing writer is seen, or that writer's own
-        transaction finds this one's items)."""
-        out: dict[str, tuple[str, int]] = {}
-        todo = list(dict.fromkeys(keys))
-        for sid in preference(plan):
-            if not todo:
-                break
-            if modality not in self.space_of(plan, sid).get("modalities", MODALITIES):
-                continue
+    def _locate(self, plan: dict[str, Any], modality: str, keys: Sequence[str]) -> dict[str, tuple[str, int | None]]:
+        """Key -> (space, row) of the first space in serving order whose store holds it; called inside
+        the write transaction (a vector committed by a racing writer is seen, or that writer's own
+        transaction finds this one's items), each store refreshed first."""
+
+        def store(sid: str) -> SpaceStore:
             g = self.gallery(sid, plan)
             g.refresh()
-            found = g.positions(modality, todo)
-            out.update((k, (sid, _row_of(g, p))) for k, p in found.items())
-            todo = [k for k in todo if k not in found]
-        return out
+            return g
+
+        return _first_holders(plan, modality, keys, store)
 
     @staticmethod
     def space_of(plan: dict[str, Any], space_id: str) -> dict[str, Any]:
@@ -616,7 +596,7 @@ class Collection:
             for m in MODALITIES:
                 keys = [p.key for p in puts if p.modality == m and (m, p.key) not in placed]
                 if keys:
-                    placed.update(((m, k), v) for k, v in self._locate(w, plan, m, keys).items())
+                    placed.update(((m, k), v) for k, v in self._locate(plan, m, keys).items())
             w.insert([r for _, r in last.values()], [placed.get((p.modality, p.key), (None, None)) for p in puts])
         return len(puts) + len(gone)
 
@@ -704,7 +684,7 @@ class Collection:
             w.drop_serving(s)
         for m in MODALITIES:
             mine = [r for r in rows if r.modality == m]
-            where = self._locate(w, after, m, [r.key for r in mine]) if mine else {}
+            where = self._locate(after, m, [r.key for r in mine]) if mine else {}
             for r in mine:
                 target = where.get(r.key)
                 if target != (r.space, r.pos):
@@ -722,7 +702,7 @@ class Collection:
             unserved = 0
             for m in MODALITIES:
                 mine = [r for r in rows if r.modality == m]
-                where = self._locate(w, plan, m, [r.key for r in mine]) if mine else {}
+                where = self._locate(plan, m, [r.key for r in mine]) if mine else {}
                 for r in mine:
                     target = where.get(r.key, (None, None))
                     unserved += target[0] is None
@@ -861,20 +841,38 @@ def _row_of(store: SpaceStore, pos: int) -> int | None:
     return pos if getattr(store, "stable_positions", False) else None
 
 
-def _locate_all(storage: Storage, plan: dict[str, Any], items: Sequence[Item]) -> dict[tuple[str, str], tuple[str, int]]:
-    """(modality, key) -> (space, row) of the first space in serving order holding each item's key
-    (a conversion: every store's keys read once)."""
-    out: dict[tuple[str, str], tuple[str, int]] = {}
+def _first_holders(plan: dict[str, Any], modality: str, keys: Sequence[str],
+                   store: Callable[[str], SpaceStore | None]) -> dict[str, tuple[str, int | None]]:
+    """Key -> (space, row as the catalog records it) of the first space in ``plan``'s serving order
+    whose store (``store(space)``; None: none) holds it."""
+    out: dict[str, tuple[str, int | None]] = {}
+    todo = list(dict.fromkeys(keys))
     for sid in preference(plan):
+        if not todo:
+            break
         entry = next(s for s in plan["spaces"] if s["space_id"] == sid)
-        if not storage.has_space(entry["dir"]):
+        g = store(sid) if modality in entry.get("modalities", MODALITIES) else None
+        if g is None:
             continue
-        g = storage.open_space(entry["dir"])
-        for m in MODALITIES:
-            todo = [it.key for it in items if it.modality == m and (m, it.key) not in out]
-            if todo:
-                out.update(((m, k), (sid, _row_of(g, p))) for k, p in g.positions(m, todo).items())
+        found = g.positions(modality, todo)
+        out.update((k, (sid, _row_of(g, p))) for k, p in found.items())
+        todo = [k for k in todo if k not in found]
     return out
+
+
+def _locate_all(storage: Storage, plan: dict[str, Any], items: Sequence[Item]) -> dict[tuple[str, str], tuple]:
+    """(modality, key) -> (space, row) for a conversion (no collection yet: stores opened from
+    the plan's directories)."""
+    dirs = {s["space_id"]: s["dir"] for s in plan["spaces"]}
+    opened: dict[str, SpaceStore | None] = {}
+
+    def store(sid: str) -> SpaceStore | None:
+        if sid not in opened:
+            opened[sid] = storage.open_space(dirs[sid]) if storage.has_space(dirs[sid]) else None
+        return opened[sid]
+
+    return {(m, k): v for m in MODALITIES
+            for k, v in _first_holders(plan, m, [it.key for it in items if it.modality == m], store).items()}
 
 
 # --------------------------------------------------------------------------- helpers

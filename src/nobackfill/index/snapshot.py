@@ -48,8 +48,8 @@ class SpaceView:
     def item_ids(self) -> list[str | None]:
         """The item id served by each row (None elsewhere): resolves every served row, so meant for
         checks and small collections; searches resolve their hits only (:meth:`Snapshot.resolve`)."""
-        items = self.snapshot.resolve(self.rids[self.rids > 0])
-        return [items[r].id if r > 0 and r in items else None for r in self.rids.tolist()]
+        named = self.snapshot.hits(self.rids[self.rids > 0].tolist())
+        return [named[r][0] if r in named else None for r in self.rids.tolist()]
 
 
 class Snapshot:
@@ -91,10 +91,6 @@ class Snapshot:
     def item_count(self, modality: str | None = None) -> int:
         """Live items (of ``modality``)."""
         return sum(n for m, n in self._item_counts.items() if modality in (None, m))
-
-    def resolve(self, rids: Iterable[int]) -> dict[int, Item]:
-        """The items of catalog rows ``rids`` (rows deleted since this snapshot are left out)."""
-        return self.collection._resolve(rids)
 
     def hits(self, rids: Iterable[int]) -> dict[int, tuple[str, str]]:
         """``rid -> (item id, metadata JSON)`` of served rows, from memory (what a search names)."""
