@@ -50,7 +50,7 @@ def test_sequential_backfill_moves_every_item_and_search_answers_natively(tmp_pa
     hits = Searcher(c, pool=pool).search(text="caption 1 of image 2 seed 0", k=18, target="text").hits
     assert {h.route for h in hits} == {"native"} and len(hits) == 12
     retire_space(c, old.space_id)
-    assert not (c.path / c.space(old.space_id)["dir"]).exists()
+    assert not (c.path / c.space(old.space_id).dir).exists()
     assert Searcher(c, pool=pool).search(text="caption 1 of image 2 seed 0", k=1, target="text").hits[0].route == "native"
     assert not c.verify()
 

@@ -180,7 +180,7 @@ def _as_format_1(root: Path) -> None:
     manifest = {"format": "nobackfill-collection", "version": 1, "name": c.name, "backend": c.backend,
                 "created": "2026-01-01T00:00:00+00:00", "updated": "2026-01-01T00:00:00+00:00", "generation": 1,
                 "log": [{"file": "log/00000001.jsonl", "count": len(c), "sha256": hashlib.sha256(events).hexdigest()}],
-                "plan": c.plan}
+                "plan": c.plan.to_json()}
     (root / "collection.json").write_text(json.dumps(manifest))
     c.catalog.close()
     for p in root.glob(CATALOG_FILE + "*"):
@@ -368,8 +368,8 @@ def _state(root: Path) -> dict:
     c = Collection.open(root)
     snap = c.snapshot()
     out = {"items": {i: (it.key, it.modality, dict(it.metadata)) for i, it in snap.items.items()},
-           "current": c.current_space, "spaces": [s["space_id"] for s in c.plan["spaces"]],
-           "upgrades": [u["path"] for u in c.plan["upgrades"]], "routes": c.plan["routes"]}
+           "current": c.current_space, "spaces": c.plan.space_ids,
+           "upgrades": [u.path for u in c.plan.upgrades], "routes": c.plan.routes}
     for m in ("image", "text"):
         for sid, view in snap.views(m).items():
             vecs = np.asarray(view.gallery.vectors(m))[: len(view.mask)][view.mask]

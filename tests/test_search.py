@@ -17,6 +17,7 @@ from nobackfill.search import Searcher
 from nobackfill.search.calibrate import CalibrationTask, calibrate, text_pair_task
 from nobackfill.search.merge import Candidate, ScoreMap, merge
 from nobackfill.search.plan import pin_route, route_table, upgrade_collection
+from nobackfill.index.plan import Plan, UpgradeRecord
 from nobackfill.search.routes import RoutePlanner, find_bridge
 
 
@@ -64,9 +65,9 @@ def test_the_three_merges_order_as_documented():
 
 # ----------------------------------------------------------------------------- routes
 def test_find_bridge_prefers_the_shortest_chain():
-    ups = [{"path": "u1", "source": "B", "target": "A", "encoder": False},
-           {"path": "u2", "source": "C", "target": "B", "encoder": False},
-           {"path": "x", "source": "C", "target": "A", "encoder": True}]
+    ups = [UpgradeRecord(path="u1", kind="procrustes", source="B", target="A"),
+           UpgradeRecord(path="u2", kind="procrustes", source="C", target="B"),
+           UpgradeRecord(path="x", kind="xbt", source="C", target="A", encoder=True)]
     assert find_bridge(ups, "C", "A").describe() == ["x"]
     assert find_bridge(ups, "C", "B").describe() == ["u2"]
     assert find_bridge(ups, "A", "C") is None
@@ -120,13 +121,13 @@ def test_calibration_measures_every_route_and_chooses_the_best_on_its_own_split(
     cal_q = [f"calib caption {i}" for i in range(80)]
     task = text_pair_task(cal_q, cal_q)  # each query's own text is its match: old-model gets R@1 = 1
     plan = upgrade_collection(c, NEW_REF, bridges=[up], calibration=[task], calibration_label="toy", pool=pool)
-    entry = plan["routes"][old.space_id]["t2t"]
-    cal = entry["calibration"]
+    entry = plan.route(old.space_id, "t2t")
+    cal = entry.calibration
     assert set(cal) >= {"old-model", "bridge", "fused", "curve"} and len(cal["curve"]) == 11
     assert cal["old-model"]["R@1"] == 1.0 and cal["bridge"]["R@1"] < 1.0
-    assert entry["route"] == "old-model"  # w = 0 wins: named old-model
-    assert plan["merge"]["method"] in ("raw", "calibrated", "rank")
-    assert plan["merge"]["score_maps"]["t2t"]
+    assert entry.route == "old-model"  # w = 0 wins: named old-model
+    assert plan.merge_method in ("raw", "calibrated", "rank")
+    assert plan.merge.score_maps["t2t"]
     table = route_table(plan)[old.space_id]["t2t"]
     assert table["calibrated"] and not table["pinned"]
 
@@ -140,11 +141,11 @@ def test_calibration_fused_weight_is_the_argmax_of_its_curve():
 
     with tempfile.TemporaryDirectory() as d:
         up = write_procrustes_upgrade(Path(d) / "up", w, new, old)
-        plan = {"current": new.space_id, "spaces": [
+        plan = Plan.from_json({"current": new.space_id, "spaces": [
             {"space_id": old.space_id, "model": OLD_REF, "dim": 12, "modalities": ["text"], "dir": "x"},
             {"space_id": new.space_id, "model": NEW_REF, "dim": 12, "modalities": ["text"], "dir": "y"}],
             "upgrades": [{"path": str(up), "source": new.space_id, "target": old.space_id, "encoder": False}],
-            "routes": {}}
+            "routes": {}})
         res = calibrate(RoutePlanner(plan, pool_with((OLD_REF, old), (NEW_REF, new))),
                         [CalibrationTask("t2t", noisy_q, texts, np.arange(50), np.arange(50))])
     cal = res["routes"][old.space_id]["t2t"]["calibration"]

@@ -143,7 +143,7 @@ def run_backfill_bench(cfg: BackfillBenchConfig, log: Callable[[str], None] | No
     pool = ModelPool()
     ev = world_eval(resolve_data(cfg.world, "test"), cfg.test_images)
     base, plan, calib_s = upgraded_world_collection(cfg, pool, ev, cfg.work / "base", say)
-    old_sid = next(s["space_id"] for s in plan["spaces"] if s["space_id"] != plan["current"])
+    old_sid = plan.old_spaces()[0].space_id
     new_ref = model_ref(cfg.models / "world-new")
     new = pool.get(new_ref)
     old_old = ev.measure(Searcher(base, pool=pool, routes={old_sid: "old-model"}))
@@ -192,16 +192,16 @@ def run_backfill_bench(cfg: BackfillBenchConfig, log: Callable[[str], None] | No
         job = BackfillJob.load(c) or job  # the head is fitted once the workers have embedded the sample
         if job.head:
             curves[f"{order}/{cfg.merges[0]}"]["head"] = job.head
-    default = f"{DEFAULT_ORDER}/{plan['merge']['method']}"
+    default = f"{DEFAULT_ORDER}/{plan.merge_method}"
     out: dict[str, Any] = {**ref, "default": default, "curves": curves}
-    if default in curves and f"random/{plan['merge']['method']}" in curves:
-        rnd = curves[f"random/{plan['merge']['method']}"]
+    if default in curves and f"random/{plan.merge_method}" in curves:
+        rnd = curves[f"random/{plan.merge_method}"]
         out["default_vs_random_auc"] = {d: curves[default]["auc"][d] - rnd["auc"][d] for d in ("t2i", "i2t")}
     if cfg.cost_sizes:
         say("cost of an upgrade and of a full backfill ...")
     out["cost"] = _cost(cfg, say)
-    out["routes"] = {d: r["route"] + (f" w={r['w']}" if r.get("w") is not None else "")
-                     for d, r in plan["routes"][old_sid].items() if d in ("t2i", "i2t")}
+    out["routes"] = {d: r.route + (f" w={r.w}" if r.w is not None else "")
+                     for d, r in plan.routes[old_sid].items() if d in ("t2i", "i2t")}
     out["calibration_s"] = round(calib_s, 1)
     out["config"] = {k: str(v) if isinstance(v, Path) else v for k, v in asdict(cfg).items()}
     out["seconds"] = round(time.time() - t_all, 1)

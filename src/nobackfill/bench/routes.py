@@ -105,10 +105,10 @@ def run_world(cfg: RoutesBenchConfig, pool: ModelPool, log: Callable[[str], None
     ev = world_eval(resolve_data(cfg.world, "test"), cfg.test_images)
     c, plan, upgrade_s = upgraded_world_collection(cfg, pool, ev, cfg.work / "world-old", log)
     new_ref = model_ref(cfg.models / "world-new")
-    old_sid = next(s["space_id"] for s in plan["spaces"] if s["space_id"] != plan["current"])
+    old_sid = plan.old_spaces()[0].space_id
     log(f"  upgrade + calibration in {upgrade_s:.0f}s: routes " + ", ".join(
-        f"{d} {r['route']}" + (f" w={r['w']}" if r.get("w") is not None else "")
-        for d, r in plan["routes"][old_sid].items()))
+        f"{d} {r.route}" + (f" w={r.w}" if r.w is not None else "")
+        for d, r in plan.routes[old_sid].items()))
     ranks: dict[str, dict[str, np.ndarray]] = {}
     for row, route in ROUTE_OF_ROW.items():
         t0 = time.time()
@@ -124,17 +124,17 @@ def run_world(cfg: RoutesBenchConfig, pool: ModelPool, log: Callable[[str], None
         for d in merge_test:
             merge_test[d][m] = _row(r[d])
     out: dict[str, Any] = {d: {row: _row(ranks[row][d]) for row in ROWS} for d in ("t2i", "i2t")}
-    out["weights"] = {d: r.get("w") if r["route"] == "fused" else r["calibration"].get("fused", {}).get("w")
-                      for d, r in plan["routes"][old_sid].items() if d in ("t2i", "i2t")}
-    out["routes_chosen"] = {d: r["route"] for d, r in plan["routes"][old_sid].items()}
-    out["calibration"] = {d: {k: v for k, v in r["calibration"].items() if k != "curve"}
-                          for d, r in plan["routes"][old_sid].items()}
-    out["fused_curve_val"] = {d: r["calibration"].get("curve") for d, r in plan["routes"][old_sid].items()}
-    out["merge"] = {"default": plan["merge"]["method"], "calibration": plan["merge"]["calibration"],
+    out["weights"] = {d: r.w if r.route == "fused" else r.calibration.get("fused", {}).get("w")
+                      for d, r in plan.routes[old_sid].items() if d in ("t2i", "i2t")}
+    out["routes_chosen"] = {d: r.route for d, r in plan.routes[old_sid].items()}
+    out["calibration"] = {d: {k: v for k, v in r.calibration.items() if k != "curve"}
+                          for d, r in plan.routes[old_sid].items()}
+    out["fused_curve_val"] = {d: r.calibration.get("curve") for d, r in plan.routes[old_sid].items()}
+    out["merge"] = {"default": plan.merge.method, "calibration": dict(plan.merge.calibration),
                     "test_partly_backfilled": {"fraction": cfg.backfill_fraction, "items_moved": moved, **merge_test}}
     out["nfr"] = {d: _flips({row: ranks[row][d] for row in ROWS}) for d in ("t2i", "i2t")}
     out["n"] = {"images": len(ev.images), "captions": len(ev.texts),
-                "val_images": plan["calibration"]["sizes"]["t2i"]["gallery"]}
+                "val_images": plan.calibration["sizes"]["t2i"]["gallery"]}
     out["upgrade_s"] = round(upgrade_s, 1)
     return out
 
@@ -157,7 +157,7 @@ def run_text(cfg: RoutesBenchConfig, pool: ModelPool, log: Callable[[str], None]
                               calibration=[text_pair_task(train.column(1), train.column(2))],
                               calibration_label=f"Multi30K task2 train, first {train.n_images} images", pool=pool)
     upgrade_s = time.time() - t0
-    old_sid = next(s["space_id"] for s in plan["spaces"] if s["space_id"] != plan["current"])
+    old_sid = plan.old_spaces()[0].space_id
     rel = [{f"val-{i}"} for i in range(len(q))]
     ranks = {}
     for row, route in ROUTE_OF_ROW.items():
@@ -169,13 +169,13 @@ def run_text(cfg: RoutesBenchConfig, pool: ModelPool, log: Callable[[str], None]
     moved = _backfill_half(c, done, cfg.backfill_fraction, cfg.seed)
     merge_test = {m: _row(hit_ranks(Searcher(c, pool=pool, merge=m).search_batch(texts=q, k=10, target="text"), rel, 10))
                   for m in MERGES}
-    r = plan["routes"][old_sid]["t2t"]
+    r = plan.routes[old_sid]["t2t"]
     return {**{row: _row(ranks[row]) for row in ROWS},
-            "weights": {"t2t": r.get("w") if r["route"] == "fused" else r["calibration"].get("fused", {}).get("w")},
-            "routes_chosen": {"t2t": r["route"]},
-            "calibration": {"t2t": {k: v for k, v in r["calibration"].items() if k != "curve"}},
-            "fused_curve_calibration": r["calibration"].get("curve"),
-            "merge": {"default": plan["merge"]["method"], "calibration": plan["merge"]["calibration"],
+            "weights": {"t2t": r.w if r.route == "fused" else r.calibration.get("fused", {}).get("w")},
+            "routes_chosen": {"t2t": r.route},
+            "calibration": {"t2t": {k: v for k, v in r.calibration.items() if k != "curve"}},
+            "fused_curve_calibration": r.calibration.get("curve"),
+            "merge": {"default": plan.merge.method, "calibration": dict(plan.merge.calibration),
                       "test_partly_backfilled": {"fraction": cfg.backfill_fraction, "items_moved": moved,
                                                  "t2t": merge_test}},
             "nfr": {"t2t": _flips(ranks)}, "n": {"val_pairs": len(q), "calibration_pairs": train.n_images},

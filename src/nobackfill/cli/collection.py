@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import time
 from pathlib import Path
-from typing import List, Optional
+from typing import Any, List, Optional
 
 import typer
 from rich.markup import escape
@@ -83,7 +83,7 @@ def add(
         else:
             items, skipped, uncaptioned = text_file_items(texts), 0, 0
         entry = c.space(c.current_space)
-        enc = ModelPool().get(entry["model"], c.current_space, what="collection's current model")
+        enc = ModelPool().get(entry.model, c.current_space, what="collection's current model")
 
         def warn(todo):  # only about the captions embedded now
             text_items = [it for it in todo if it.modality == "text"]
@@ -125,7 +125,7 @@ def _calibration(data: Path, split: str, limit: Optional[int], langs: str):
     return pair_tasks(ds), f"{data} {split} ({len(ds)} images, {len(ds.captions)} captions)"
 
 
-def _print_routes(plan: dict) -> None:
+def _print_routes(plan: Any) -> None:
     from ..search.plan import route_table
 
     for sid, dirs in route_table(plan).items():
@@ -164,12 +164,12 @@ def upgrade(
                                   pool=ModelPool(), log=lambda m: console.print(m))
     except user_errors() as e:
         fail(str(e))
-    cur = next(s for s in plan["spaces"] if s["space_id"] == plan["current"])
-    console.print(f"collection {c.path}: current model is now {cur['name']} (space {cur['space_id']}) "
+    cur = plan.current_space
+    console.print(f"collection {c.path}: current model is now {cur.name} (space {cur.space_id}) "
                   f"after {time.time() - t0:.1f}s; nothing was re-embedded")
     _print_routes(plan)
-    if plan.get("merge"):
-        console.print(f"  merge: {plan['merge']['method']} (chosen on the calibration split)")
+    if plan.merge is not None:
+        console.print(f"  merge: {plan.merge.method} (chosen on the calibration split)")
     elif not calibrate:
         console.print("  routes and merge are uncalibrated defaults (bridge where one exists; raw merge): pass "
                       "--calibrate DATA to choose them on labelled data")
@@ -246,8 +246,8 @@ def status(
         plan = c.plan
         st["backfill"] = backfill_status(c)
         st["routes"] = route_table(plan)
-        st["merge"] = (plan.get("merge") or {}).get("method") or "raw (uncalibrated default)"
-        st["calibrated"] = bool(plan.get("calibration"))
+        st["merge"] = plan.merge_method or "raw (uncalibrated default)"
+        st["calibrated"] = bool(plan.calibration)
     except user_errors() as e:
         fail(str(e))
     if as_json:
@@ -326,7 +326,7 @@ def calibrate(
     except user_errors() as e:
         fail(str(e))
     _print_routes(plan)
-    console.print(f"  merge: {plan['merge']['method']} (chosen on the calibration split)")
+    console.print(f"  merge: {plan.merge_method} (chosen on the calibration split)")
 
 
 @collection_app.command("backfill")
@@ -362,7 +362,7 @@ def backfill(
         if resume:
             pause_backfill(c, paused=False)
         pool = ModelPool()
-        enc = pool.get(c.space(c.current_space)["model"], c.current_space, what="collection's current model")
+        enc = pool.get(c.space(c.current_space).model, c.current_space, what="collection's current model")
         from ..progress import progress_bar
         from ..search.backfill import backfill_status
 

@@ -32,6 +32,7 @@ from typing import Any, Iterable, Iterator, Mapping, Sequence
 
 import numpy as np
 
+from .plan import Plan
 from .storage import flock
 
 __all__ = ["CATALOG_FILE", "PAGE", "Catalog", "CatalogError", "Row", "filter_sql", "open_catalog"]
@@ -420,7 +421,7 @@ class Writer:
         self.generation = self.header["generation"] + 1  # what this transaction commits
         self._pages: dict[tuple[str, str, int], np.ndarray] = {}
         self._counts = {"image": 0, "text": 0}
-        self._plan: dict[str, Any] | None = None
+        self._plan: Plan | None = None
 
     def execute(self, sql: str, params: Sequence[Any] = ()) -> Any:
         try:
@@ -521,7 +522,7 @@ class Writer:
             self._pages[k][:] = 0
 
     # plan, documents
-    def set_plan(self, plan: dict[str, Any]) -> None:
+    def set_plan(self, plan: Plan) -> None:
         self._plan = plan
 
     def put_doc(self, name: str, data: bytes) -> None:
@@ -537,7 +538,8 @@ class Writer:
                          [(s, m, p, self.generation, blob(a.tobytes())) for (s, m, p), a in self._pages.items()])
         h = self.header
         plan_gen = self.generation if self._plan is not None else h["plan_generation"]
-        plan = json.dumps(self._plan if self._plan is not None else h["plan"], sort_keys=True, allow_nan=False)
+        plan = json.dumps((self._plan if self._plan is not None else h["plan"]).to_json(), sort_keys=True,
+                          allow_nan=False)
         self.execute("UPDATE header SET generation = ?, updated = ?, plan = ?, plan_generation = ?, n_image = ?, "
                      "n_text = ? WHERE id = 1",
                      (self.generation, now, plan, plan_gen, h["n_image"] + self._counts["image"],
@@ -562,7 +564,7 @@ def _header(r: Sequence[Any], where: str) -> dict[str, Any]:
     if not isinstance(h["version"], int) or not 1 <= h["version"] <= VERSION:
         raise CatalogError(f"catalog {where}: unsupported version {h['version']!r} (this nobackfill reads <= {VERSION})")
     try:
-        h["plan"] = json.loads(h["plan"])
+        h["plan"] = Plan.from_json(json.loads(h["plan"]))
     except ValueError as e:
         raise CatalogError(f"catalog {where}: unreadable plan ({e})") from e
     for k in ("generation", "plan_generation", "n_image", "n_text"):
@@ -581,7 +583,7 @@ def _create_tables(conn: Any, dialect: str, header: Mapping[str, Any]) -> None:
     conn.execute(f"INSERT INTO header (id, format, version, name, backend, created, updated, generation, plan, "
                  f"plan_generation, n_image, n_text) VALUES (1, {', '.join([ph] * 11)})",
                  (FORMAT, VERSION, header["name"], header["backend"], header["created"], header["updated"],
-                  int(header.get("generation", 0)), json.dumps(header["plan"], sort_keys=True), 0, 0, 0))
+                  int(header.get("generation", 0)), json.dumps(header["plan"].to_json(), sort_keys=True), 0, 0, 0))
 
 
 # --------------------------------------------------------------------------- SQLite

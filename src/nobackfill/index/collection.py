@@ -47,8 +47,9 @@ import numpy as np
 
 from .backends import AUTO_GRAPH_AT, parse_spec, validate_spec
 from .catalog import CATALOG_FILE, PAGE, Catalog, CatalogError, Row, Writer, memory_catalog
-from .migrate import check_plan, gallery_items, read_v1
-from .snapshot import EMPTY, HitTable, Snapshot, SpaceView, preference
+from .migrate import gallery_items, read_v1
+from .plan import Plan, PlanError, Space
+from .snapshot import EMPTY, HitTable, Snapshot, SpaceView
 from .storage import MANIFEST_FILE as V1_FILE
 from .storage import LocalStorage, SpaceStore, Storage, open_storage
 from .store import MODALITIES, GalleryError
@@ -235,7 +236,6 @@ class Collection:
         self._checked = 0.0  # monotonic time of the last generation read
         self._seen_writes = -1
         self._lock = threading.RLock()
-        self._plan_cache: tuple[int, dict[str, Any]] | None = None
 
     # ------------------------------------------------------------------ construction
 
@@ -270,8 +270,8 @@ class Collection:
         default_name = Path(storage.location).resolve().name if isinstance(storage, LocalStorage) else \
             storage.location.rpartition("#")[2] or "default"
         header = {"name": collection_name or default_name, "backend": backend, "created": now, "updated": now,
-                  "plan": {"current": space_id, "spaces": [space], "upgrades": [], "routes": {}, "merge": None}}
-        storage.create_space(space["dir"], space_id=space_id, dim=int(dim), model=str(model), backend=backend)
+                  "plan": Plan.single(space)}
+        storage.create_space(space.dir, space_id=space_id, dim=int(dim), model=str(model), backend=backend)
         storage.create_catalog(header)
         return cls.open(storage)
 
@@ -346,13 +346,13 @@ class Collection:
         return int(self._header["generation"])
 
     @property
-    def plan(self) -> dict[str, Any]:
-        """A copy of the serving plan."""
-        return json.loads(json.dumps(self._header["plan"]))
+    def plan(self) -> Plan:
+        """The serving plan (immutable; change it with :meth:`set_plan`)."""
+        return self._header["plan"]
 
     @property
     def current_space(self) -> str:
-        return self._header["plan"]["current"]
+        return self.plan.current
 
     @property
     def is_legacy_gallery(self) -> bool:
@@ -360,19 +360,19 @@ class Collection:
         catalog is in memory; the first write puts it beside the gallery's files)."""
         return self.catalog.before_write is not None
 
-    def space(self, space_id: str) -> dict[str, Any]:
-        """The plan's entry of a space (a copy); ``KeyError`` naming the known spaces."""
-        for s in self._header["plan"]["spaces"]:
-            if s["space_id"] == space_id:
-                return dict(s)
-        known = ", ".join(s["space_id"] for s in self._header["plan"]["spaces"])
-        raise KeyError(f"collection {self.path} has no space {space_id} (spaces: {known})")
+    def space(self, space_id: str) -> Space:
+        """The plan's entry of a space; ``KeyError`` naming the known spaces."""
+        try:
+            return self.plan.space(space_id)
+        except KeyError:
+            raise KeyError(f"collection {self.path} has no space {space_id} (spaces: "
+                           f"{', '.join(self.plan.space_ids)})") from None
 
     def space_ids(self) -> list[str]:
         """Serving order: the current space first, then the others newest first."""
-        return preference(self._header["plan"])
+        return self.plan.serving_order()
 
-    def gallery(self, space_id: str, plan: dict[str, Any] | None = None) -> SpaceStore:
+    def gallery(self, space_id: str, plan: Plan | None = None) -> SpaceStore:
         """The vector store of ``space_id`` (opened once and cached; ``plan``: the plan naming it,
         default the committed one)."""
         g = self._galleries.get(space_id)
@@ -380,10 +380,10 @@ class Collection:
             with self._lock:
                 g = self._galleries.get(space_id)
                 if g is None:
-                    entry = self.space_of(plan, space_id) if plan is not None else self.space(space_id)
-                    g = self.storage.open_space(entry["dir"])
+                    entry = plan.space(space_id) if plan is not None else self.space(space_id)
+                    g = self.storage.open_space(entry.dir)
                     if g.space_id != space_id:
-                        raise CorruptCollectionError(f"{self.storage}: space store {entry['dir']} holds space "
+                        raise CorruptCollectionError(f"{self.storage}: space store {entry.dir} holds space "
                                                      f"{g.space_id}, but the catalog says {space_id}")
                     self._galleries[space_id] = g
         return g
@@ -505,7 +505,7 @@ class Collection:
             self._header = header
             plan = header["plan"]
             serving: dict[tuple[str, str], np.ndarray] = {}
-            for sid in preference(plan):
+            for sid in plan.serving_order():
                 g = self.gallery(sid)
                 g.refresh()
                 for m in MODALITIES:
@@ -515,7 +515,7 @@ class Collection:
                     arr = self._serving.get((sid, m), EMPTY)
                     n = g.count(m)
                     serving[(sid, m)] = arr[:n] if len(arr) >= n else np.concatenate([arr, np.zeros(n - len(arr), np.int64)])
-            self._snapshot = Snapshot(self, header["generation"], json.loads(json.dumps(plan)), serving,
+            self._snapshot = Snapshot(self, header["generation"], plan, serving,
                                       {m: header[f"n_{m}"] for m in MODALITIES})
             return self._snapshot
 
@@ -544,7 +544,7 @@ class Collection:
             _WRITES[0] += 1  # every reader of this process asks the catalog again
         self._header = self.catalog.header()
 
-    def _locate(self, plan: dict[str, Any], modality: str, keys: Sequence[str]) -> dict[str, tuple[str, int | None]]:
+    def _locate(self, plan: Plan, modality: str, keys: Sequence[str]) -> dict[str, tuple[str, int | None]]:
         """Key -> (space, row) of the first space in serving order whose store holds it; called inside
         the write transaction (a vector committed by a racing writer is seen, or that writer's own
         transaction finds this one's items), each store refreshed first."""
@@ -555,10 +555,6 @@ class Collection:
             return g
 
         return _first_holders(plan, modality, keys, store)
-
-    @staticmethod
-    def space_of(plan: dict[str, Any], space_id: str) -> dict[str, Any]:
-        return next(s for s in plan["spaces"] if s["space_id"] == space_id)
 
     def commit(self, puts: Sequence[Item] = (), deletes: Sequence[str] = (), *,
                missing_ok: bool = False) -> int:
@@ -623,7 +619,7 @@ class Collection:
         g = self.gallery(space_id)
         with self._writing() as w:
             rows = [r for r in w.rows_by_key(list(keys)) if r.modality == modality]
-            pref = preference(w.header["plan"])
+            pref = w.header["plan"].serving_order()
             if space_id not in pref:
                 return
             rank = {s: i for i, s in enumerate(pref)}
@@ -636,41 +632,39 @@ class Collection:
                         w.serve(r.rid, modality, (r.space, r.pos), (space_id, _row_of(g, pos[r.key])))
 
     def add_space(self, *, space_id: str, dim: int, model: str, name: str = "",
-                  modalities: Sequence[str] = MODALITIES) -> dict[str, Any]:
+                  modalities: Sequence[str] = MODALITIES) -> Space:
         """Create the (empty) store of a new space; the plan lists it once :meth:`set_plan`
-        commits a plan naming it. Returns the plan entry to put in ``plan["spaces"]``."""
+        commits a plan naming it (:meth:`Plan.with_space`). Returns its plan entry."""
         mods = [m for m in MODALITIES if m in set(modalities)]
         entry = _space_entry(space_id, dim, model, name, mods, f"{SPACE_DIR}/{_space_dirname(space_id)}")
-        self.storage.create_space(entry["dir"], space_id=space_id, dim=int(dim), model=str(model),
+        self.storage.create_space(entry.dir, space_id=space_id, dim=int(dim), model=str(model),
                                   backend=self.backend)
         return entry
 
-    def set_plan(self, update: Callable[[dict[str, Any]], dict[str, Any] | None]) -> dict[str, Any]:
-        """Atomically replace the plan by ``update(plan)`` (``update`` may modify its argument in
-        place and return None). ``update`` runs inside the write transaction on the latest plan, so
-        it can refuse (raise) based on it. Where the serving order changes (a space retired, the
-        current model changed back), every item affected is served again by the first space that
-        holds it. Returns the committed plan."""
+    def set_plan(self, update: Callable[[Plan], Plan]) -> Plan:
+        """Atomically replace the plan by ``update(plan)``, the one way a plan changes. ``update``
+        runs inside the write transaction on the latest plan, so it can refuse (raise) based on it.
+        Where the serving order changes (a space retired, the current model changed back), every
+        item affected is served again by the first space that holds it. Returns the committed plan."""
         with self._writing() as w:
             before = w.header["plan"]
-            plan = json.loads(json.dumps(before))
-            new = update(plan)
-            plan = new if new is not None else plan
             try:
-                check_plan(plan, self.path)
-            except ValueError as e:
-                raise ValueError(f"collection {self.path}: {e}") from None
-            for s in plan["spaces"]:
-                if not s.get("retired") and not self.storage.has_space(s["dir"]):
-                    raise ValueError(f"plan names space {s['space_id']} but {self.storage} has no store "
-                                     f"{s['dir']} (call add_space first)")
+                plan = update(before)
+            except PlanError as e:
+                raise PlanError(f"collection {self.path}: {e}") from None
+            if not isinstance(plan, Plan):
+                raise TypeError(f"a plan update must return a Plan, got {type(plan).__name__}")
+            for s in plan.spaces:
+                if not s.retired and not self.storage.has_space(s.dir):
+                    raise ValueError(f"plan names space {s.space_id} but {self.storage} has no store "
+                                     f"{s.dir} (call add_space first)")
             self._reserve(w, before, plan)
             w.set_plan(plan)
         return self.plan
 
-    def _reserve(self, w: Writer, before: dict[str, Any], after: dict[str, Any]) -> None:
+    def _reserve(self, w: Writer, before: Plan, after: Plan) -> None:
         """Serve every item again by the serving order of ``after`` where it differs from ``before``."""
-        old, new = preference(before), preference(after)
+        old, new = before.serving_order(), after.serving_order()
         dropped = [s for s in old if s not in new]
         added = [s for s in new if s not in old]
         empty_added = all(not self.gallery(s, after).count(m) for s in added for m in MODALITIES)
@@ -696,7 +690,7 @@ class Collection:
         renumbered rows: ``verify --repair``); returns how many items no space holds now."""
         with self._writing() as w:
             plan = w.header["plan"]
-            for sid in preference(plan):
+            for sid in plan.serving_order():
                 w.drop_serving(sid)
             rows = w.all_rows()
             unserved = 0
@@ -775,20 +769,20 @@ class Collection:
             self.snapshot()
         except (CollectionError, CatalogError) as e:
             return [str(e)]
-        for s in self._header["plan"]["spaces"]:
-            if s.get("retired"):
+        for s in self.plan.spaces:
+            if s.retired:
                 continue
             try:
-                g = self.gallery(s["space_id"])
+                g = self.gallery(s.space_id)
                 report = g.verify()
             except (CollectionError, GalleryError, OSError) as e:
                 problems.append(str(e))
                 continue
             problems += report.problems
             for m in MODALITIES:
-                arr = self._serving.get((s["space_id"], m), EMPTY)
+                arr = self._serving.get((s.space_id, m), EMPTY)
                 if np.any(arr[g.count(m):]):
-                    problems.append(f"{self.catalog}: space {s['space_id']} serves {m} rows past the "
+                    problems.append(f"{self.catalog}: space {s.space_id} serves {m} rows past the "
                                     f"{g.count(m)} its store holds")
         return problems
 
@@ -798,17 +792,16 @@ class Collection:
         plan = snap.plan
         counts = snap.counts()
         spaces = {}
-        for s in plan["spaces"]:
-            spaces[s["space_id"]] = {"name": s.get("name", ""), "model": s.get("model", ""), "dim": s.get("dim"),
-                                     "current": s["space_id"] == plan["current"], "retired": bool(s.get("retired")),
-                                     **counts.get(s["space_id"], {m: 0 for m in MODALITIES})}
-            if not s.get("retired"):
-                info = getattr(self.gallery(s["space_id"]), "index_info", None)
-                spaces[s["space_id"]]["index"] = info() if info else {}
+        for s in plan.spaces:
+            spaces[s.space_id] = {"name": s.name, "model": s.model, "dim": s.dim, "current": s.space_id == plan.current,
+                                  "retired": s.retired, **counts.get(s.space_id, {m: 0 for m in MODALITIES})}
+            if not s.retired:
+                info = getattr(self.gallery(s.space_id), "index_info", None)
+                spaces[s.space_id]["index"] = info() if info else {}
         served = sum(n for c in counts.values() for n in c.values())
         return {"name": self.name, "path": str(self.storage), "generation": snap.generation,
                 "items": {m: snap.item_count(m) for m in MODALITIES}, "catalog": self.catalog.dialect,
-                "current": plan["current"], "spaces": spaces, "unserved": snap.item_count() - served,
+                "current": plan.current, "spaces": spaces, "unserved": snap.item_count() - served,
                 "backend": self.backend}
 
 
@@ -816,7 +809,7 @@ def _gallery_header(storage: Storage, g: Any) -> dict[str, Any]:
     space = _space_entry(g.space_id, g.dim, g.model, Path(g.model).name, list(MODALITIES), ".")
     return {"name": Path(storage.location).resolve().name, "backend": g.backend,
             "created": g.manifest.get("created", _now()), "updated": _now(),
-            "plan": {"current": g.space_id, "spaces": [space], "upgrades": [], "routes": {}, "merge": None}}
+            "plan": Plan.single(space)}
 
 
 def _filler(storage: Storage, header: dict[str, Any], items: Mapping[str, Any],
@@ -841,17 +834,16 @@ def _row_of(store: SpaceStore, pos: int) -> int | None:
     return pos if getattr(store, "stable_positions", False) else None
 
 
-def _first_holders(plan: dict[str, Any], modality: str, keys: Sequence[str],
+def _first_holders(plan: Plan, modality: str, keys: Sequence[str],
                    store: Callable[[str], SpaceStore | None]) -> dict[str, tuple[str, int | None]]:
     """Key -> (space, row as the catalog records it) of the first space in ``plan``'s serving order
     whose store (``store(space)``; None: none) holds it."""
     out: dict[str, tuple[str, int | None]] = {}
     todo = list(dict.fromkeys(keys))
-    for sid in preference(plan):
+    for sid in plan.serving_order():
         if not todo:
             break
-        entry = next(s for s in plan["spaces"] if s["space_id"] == sid)
-        g = store(sid) if modality in entry.get("modalities", MODALITIES) else None
+        g = store(sid) if plan.space(sid).embeds(modality) else None
         if g is None:
             continue
         found = g.positions(modality, todo)
@@ -860,10 +852,10 @@ def _first_holders(plan: dict[str, Any], modality: str, keys: Sequence[str],
     return out
 
 
-def _locate_all(storage: Storage, plan: dict[str, Any], items: Sequence[Item]) -> dict[tuple[str, str], tuple]:
+def _locate_all(storage: Storage, plan: Plan, items: Sequence[Item]) -> dict[tuple[str, str], tuple]:
     """(modality, key) -> (space, row) for a conversion (no collection yet: stores opened from
     the plan's directories)."""
-    dirs = {s["space_id"]: s["dir"] for s in plan["spaces"]}
+    dirs = {s.space_id: s.dir for s in plan.spaces}
     opened: dict[str, SpaceStore | None] = {}
 
     def store(sid: str) -> SpaceStore | None:
@@ -883,10 +875,10 @@ def _space_dirname(space_id: str) -> str:
     return safe[:48] + "-" + _sha256(space_id.encode())[:8] if len(safe) > 48 or safe != space_id else safe
 
 
-def _space_entry(space_id: str, dim: int, model: str, name: str, modalities: Sequence[str], directory: str) -> dict:
+def _space_entry(space_id: str, dim: int, model: str, name: str, modalities: Sequence[str], directory: str) -> Space:
     if not isinstance(space_id, str) or not space_id:
         raise ValueError("space_id must be a non-empty string")
     if int(dim) <= 0:
         raise ValueError(f"dim must be positive, got {dim}")
-    return {"space_id": space_id, "dim": int(dim), "model": str(model), "name": name or Path(str(model)).name,
-            "modalities": list(modalities), "dir": directory, "created": _now(), "retired": False}
+    return Space(space_id=space_id, dim=int(dim), model=str(model), name=name or Path(str(model)).name,
+                 modalities=tuple(modalities), dir=directory, created=_now())

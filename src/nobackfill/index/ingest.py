@@ -255,13 +255,13 @@ def add_items(collection: Collection, encoder: "DualEncoder", items: Sequence[It
     if encoder.space_id != current:
         raise SpaceMismatchError(current, encoder.space_id, f"add items to collection {collection.path}",
                                  what="given model's embeddings",
-                                 hint=f"embed new items with the collection's current model ({entry.get('name')}: "
-                                      f"{entry.get('model')})")
+                                 hint=f"embed new items with the collection's current model ({entry.name}: "
+                                      f"{entry.model})")
     wanted = {it.modality for it in items}
-    can = set(getattr(encoder, "modalities", ("image", "text"))) & set(entry.get("modalities", wanted))
+    can = set(getattr(encoder, "modalities", ("image", "text"))) & set(entry.modalities)
     if wanted - can:
         what = ", ".join(sorted(wanted - can))
-        raise ValueError(f"the current model of collection {collection.path} ({entry.get('name')}) embeds only "
+        raise ValueError(f"the current model of collection {collection.path} ({entry.name}) embeds only "
                          f"{', '.join(sorted(can)) or 'nothing'}: cannot add {what} items")
     by_id: dict[str, Item] = {}
     for it in items:

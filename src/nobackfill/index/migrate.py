@@ -15,9 +15,10 @@ import json
 from pathlib import Path
 from typing import Any
 
+from .plan import Plan
 from .store import MODALITIES, Gallery
 
-__all__ = ["V1", "check_plan", "gallery_items", "read_v1"]
+__all__ = ["V1", "gallery_items", "read_v1"]
 
 FORMAT = "nobackfill-collection"
 VERSION = 1
@@ -49,7 +50,7 @@ def read_v1(storage: Any, error: type[Exception]) -> V1 | None:
         for key, typ in (("name", str), ("backend", str), ("generation", int), ("log", list), ("plan", dict)):
             if not isinstance(m.get(key), typ):
                 raise ValueError(f"field {key!r} missing or not {typ.__name__}")
-        check_plan(m["plan"], storage.location)
+        m["plan"] = Plan.from_json(m["plan"])
     except ValueError as e:
         raise error(f"corrupt collection manifest {where}: {e}") from e
     items: dict[str, dict[str, Any]] = {}
@@ -93,27 +94,3 @@ def gallery_items(g: Gallery) -> dict[str, dict[str, Any]]:
             items[id_] = {"id": id_, "modality": modality, "key": id_, "source": {want: str(meta.get(want, ""))},
                           "metadata": dict(meta)}
     return items
-
-
-def check_plan(plan: Any, root: Any) -> None:
-    """``ValueError`` naming what is wrong with a serving plan (as stored)."""
-    if not isinstance(plan, dict):
-        raise ValueError("plan must be an object")
-    spaces = plan.get("spaces")
-    if not isinstance(spaces, list) or not spaces:
-        raise ValueError("plan.spaces must be a non-empty list")
-    ids = []
-    for s in spaces:
-        if not (isinstance(s, dict) and isinstance(s.get("space_id"), str) and isinstance(s.get("dir"), str)
-                and isinstance(s.get("dim"), int)):
-            raise ValueError(f"bad space entry {s!r}")
-        d = Path(s["dir"])
-        if d.is_absolute() or ".." in d.parts:
-            raise ValueError(f"space directory {s['dir']!r} must lie inside {root}")
-        ids.append(s["space_id"])
-    if len(set(ids)) != len(ids):
-        raise ValueError("plan.spaces lists a space twice")
-    if plan.get("current") not in ids:
-        raise ValueError(f"plan.current {plan.get('current')!r} is not one of the plan's spaces")
-    if any(s.get("retired") for s in spaces if s["space_id"] == plan["current"]):
-        raise ValueError("the current space cannot be retired")

@@ -18,8 +18,9 @@ from .store import MODALITIES
 
 if TYPE_CHECKING:
     from .collection import Collection, Item
+    from .plan import Plan
 
-__all__ = ["EMPTY", "HitTable", "Snapshot", "SpaceView", "preference"]
+__all__ = ["EMPTY", "HitTable", "Snapshot", "SpaceView"]
 
 
 class SpaceView:
@@ -58,7 +59,7 @@ class Snapshot:
     the catalog when asked for (:meth:`item`, :meth:`resolve`), never all at once unless
     :attr:`items` is used."""
 
-    def __init__(self, collection: "Collection", generation: int, plan: dict[str, Any],
+    def __init__(self, collection: "Collection", generation: int, plan: "Plan",
                  serving: dict[tuple[str, str], np.ndarray], counts: dict[str, int]) -> None:
         self.collection = collection
         self.generation = generation
@@ -71,11 +72,11 @@ class Snapshot:
 
     @property
     def current_space(self) -> str:
-        return self.plan["current"]
+        return self.plan.current
 
     def preference(self) -> list[str]:
         """Space ids in serving order: the current space, then the others newest first."""
-        return preference(self.plan)
+        return self.plan.serving_order()
 
     def views(self, modality: str) -> dict[str, SpaceView]:
         """``{space id: SpaceView}`` for ``modality`` in preference order (spaces serving nothing
@@ -177,8 +178,3 @@ class HitTable:
                     out[rid] = (item_id, meta)
         return out
 
-
-def preference(plan: dict[str, Any]) -> list[str]:
-    spaces = [s["space_id"] for s in plan["spaces"] if not s.get("retired")]
-    current = plan["current"]
-    return [current] + [s for s in reversed(spaces) if s != current]

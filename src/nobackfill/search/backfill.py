@@ -55,6 +55,7 @@ from typing import Any, Callable, Iterator, Sequence
 import numpy as np
 
 from ..index.collection import Collection, Item
+from ..index.plan import Plan
 
 __all__ = ["ORDERS", "BackfillBusy", "BackfillError", "BackfillJob", "WorkerReport", "backfill_status",
            "cancel_backfill", "describe_holders", "pause_backfill", "retire_space", "run_backfill", "run_worker",
@@ -157,7 +158,7 @@ def _order_ids(collection: Collection) -> list[str]:
 
 def _pending(collection: Collection, target: str, items: dict[str, Item] | None = None) -> list[Item]:
     """Live items the target space can embed that it holds no vector for, in log order."""
-    mods = set(collection.space(target).get("modalities", ("image", "text")))
+    mods = set(collection.space(target).modalities)
     if items is None:  # the catalog knows what the target serves (the current space: first in order)
         return collection.not_served_by(target, mods)
     g = collection.gallery(target)
@@ -382,7 +383,7 @@ def start_backfill(collection: Collection, encoder: Any, *, order: str = "uncert
 
             if pool is None:
                 pool = ModelPool()
-                pool.put(collection.space(target)["model"], encoder)
+                pool.put(collection.space(target).model, encoder)
             labels = _route_failure(collection, pool, sample, collection.items())
             ids = [it.id for it in sample]
             _write(collection, SAMPLE_FILE, {"ids": ids, "labels": labels})
@@ -478,7 +479,7 @@ def backfill_status(collection: Collection) -> dict[str, Any]:
     paused | done."""
     snap = collection.snapshot()
     target = snap.current_space
-    mods = [m for m in ("image", "text") if m in collection.space(target).get("modalities", ("image", "text"))]
+    mods = [m for m in ("image", "text") if collection.space(target).embeds(m)]
     per = {m: {"done": snap.views(m)[target].count, "total": snap.item_count(m)} for m in mods}
     total = sum(v["total"] for v in per.values())
     done = sum(v["done"] for v in per.values())
@@ -815,7 +816,7 @@ def run_backfill(collection: Collection, encoder: Any, *, order: str = "uncertai
         import tempfile
 
         ctx = mp.get_context("spawn")
-        model = collection.space(job.target)["model"]
+        model = collection.space(job.target).model
         tmp = Path(tempfile.mkdtemp(prefix="nobackfill-workers-"))
         for i in range(1, workers):
             if limits[i] == 0:
@@ -849,7 +850,7 @@ def run_backfill(collection: Collection, encoder: Any, *, order: str = "uncertai
 
 
 # ----------------------------------------------------------------------------- retire
-def retire_space(collection: Collection, space_id: str) -> dict[str, Any]:
+def retire_space(collection: Collection, space_id: str) -> Plan:
     """Drop an old space (its vectors): refused while any live item that the current model can
     embed has no vector in the current space, and for the current space itself."""
 
@@ -861,16 +862,12 @@ def retire_space(collection: Collection, space_id: str) -> dict[str, Any]:
         raise BackfillError(f"cannot retire space {space_id} of {collection.path}: {len(left)} item(s) have no vector "
                             f"in the current space yet (run `nobackfill collection backfill`)")
 
-    def commit(p: dict[str, Any]) -> dict[str, Any]:
-        if _pending(collection, p["current"]):
+    def commit(p: Plan) -> Plan:
+        if _pending(collection, p.current):
             raise BackfillError(f"cannot retire space {space_id}: items were added meanwhile without a vector in "
                                 "the current space")
-        for s in p["spaces"]:
-            if s["space_id"] == space_id:
-                s["retired"] = True
-        p.get("routes", {}).pop(space_id, None)
-        return p
+        return p.retire(space_id)
 
     plan = collection.set_plan(commit)
-    collection.storage.drop_space(entry["dir"])
+    collection.storage.drop_space(entry.dir)
     return plan

@@ -178,7 +178,7 @@ def calibrate(planner: RoutePlanner, tasks: Sequence[CalibrationTask], *, weight
     new_new: dict[str, dict[str, float]] = {}
     score_maps: dict[str, dict[str, dict[str, Any]]] = {}
     merge_runs: dict[str, dict[str, list[dict[str, float]]]] = {}
-    old_spaces = [s["space_id"] for s in planner.plan["spaces"] if s["space_id"] != current and not s.get("retired")]
+    old_spaces = [s.space_id for s in planner.plan.old_spaces()]
     emb = _Embeddings()
     for task in tasks:
         qmod, gmod = DIRECTIONS[task.direction]

@@ -10,10 +10,12 @@ is loading the models plus, with calibration, embedding the calibration split.
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from ..index.collection import Collection
+from ..index.plan import Merge, Plan, RouteChoice
 from .calibrate import CalibrationTask, calibrate
 from .models import ModelPool, model_ref
 from .routes import DIRECTIONS, FUSED, ROUTES, RoutePlanner, upgrade_entry
@@ -25,17 +27,14 @@ class UpgradeRefused(ValueError):
     """An upgrade that cannot be registered (named reason; nothing was changed)."""
 
 
-def _space_label(plan: dict[str, Any], space_id: str) -> str:
-    for s in plan["spaces"]:
-        if s["space_id"] == space_id:
-            return f"{s.get('name') or Path(s['model']).name} ({space_id})"
-    return space_id
+def _space_label(plan: Plan, space_id: str) -> str:
+    return plan.space(space_id).label if plan.has(space_id) else space_id
 
 
 def upgrade_collection(collection: Collection, model: str | Path, *, bridges: Sequence[str | Path] = (),
                        calibration: Sequence[CalibrationTask] | None = None, calibration_label: str = "",
-                       pool: ModelPool | None = None, guard: Callable[[dict[str, Any]], None] | None = None,
-                       log: Callable[[str], None] | None = None) -> dict[str, Any]:
+                       pool: ModelPool | None = None, guard: Callable[[Plan], None] | None = None,
+                       log: Callable[[str], None] | None = None) -> Plan:
     """Register ``model`` as the collection's current model (see the module doc); returns the
     committed plan. ``bridges`` are upgrade directories; ``calibration`` tasks choose routes, fused
     weights and the merge. ``guard(plan)`` may refuse (raise) under the commit lock, e.g. while a
@@ -49,8 +48,8 @@ def upgrade_collection(collection: Collection, model: str | Path, *, bridges: Se
     enc = pool.get(ref)
     sid = enc.space_id
     plan = collection.plan
-    known = {s["space_id"] for s in plan["spaces"]}
-    if sid == plan["current"]:
+    known = set(plan.space_ids)
+    if sid == plan.current:
         raise UpgradeRefused(f"{model} is already the current model of collection {collection.path} ({sid})")
     if sid in known:
         raise UpgradeRefused(f"{model} embeds into space {sid}, which collection {collection.path} already holds "
@@ -68,16 +67,8 @@ def upgrade_collection(collection: Collection, model: str | Path, *, bridges: Se
                                  f"not of the new model {Path(str(model)).name} ({sid})")
     entry = collection.add_space(space_id=sid, dim=int(enc.embed_dim), model=ref, name=getattr(enc, "name", ""),
                                  modalities=list(getattr(enc, "modalities", ("image", "text"))))
-    new_plan = collection.plan
-    old_current = new_plan["current"]
-    new_plan["spaces"].append(entry)
-    new_plan["current"] = sid
-    paths = {u["path"] for u in new_plan.get("upgrades", [])}
-    new_plan["upgrades"] = list(new_plan.get("upgrades", [])) + [e for e in map(upgrade_entry, ups) if e["path"] not in paths]
-    new_plan["routes"] = {s: {d: r for d, r in dirs.items() if r.get("pinned")}
-                          for s, dirs in (new_plan.get("routes") or {}).items()}
-    new_plan["merge"] = None
-    new_plan["calibration"] = None
+    old_current = collection.plan.current
+    new_plan = collection.plan.with_space(entry, current=True).with_upgrades(map(upgrade_entry, ups)).pinned_only()
     planner = RoutePlanner(new_plan, pool)
     unreachable = [s for s in known if not any(planner.available(s, d) for d in DIRECTIONS)]
     if unreachable:
@@ -85,12 +76,12 @@ def upgrade_collection(collection: Collection, model: str | Path, *, bridges: Se
                              + " from the new model; register a bridge (--bridge)")
     if calibration:
         say(f"calibrating routes on {calibration_label or 'the calibration split'} ...")
-        _apply_calibration(new_plan, calibrate(planner, calibration, data_label=calibration_label))
+        new_plan = _apply_calibration(new_plan, calibrate(planner, calibration, data_label=calibration_label))
 
-    def commit(p: dict[str, Any]) -> dict[str, Any]:
-        if p["current"] != old_current:
+    def commit(p: Plan) -> Plan:
+        if p.current != old_current:
             raise UpgradeRefused(f"collection {collection.path} was upgraded by another process meanwhile "
-                                 f"(current space is now {p['current']}); nothing was changed")
+                                 f"(current space is now {p.current}); nothing was changed")
         _refuse_during_backfill(collection)
         if guard is not None:
             guard(p)
@@ -99,8 +90,8 @@ def upgrade_collection(collection: Collection, model: str | Path, *, bridges: Se
     try:
         return collection.set_plan(commit)
     except BaseException:
-        if sid not in {s["space_id"] for s in collection.plan["spaces"]}:  # leave nothing behind
-            collection.storage.drop_space(entry["dir"])
+        if not collection.plan.has(sid):  # leave nothing behind
+            collection.storage.drop_space(entry.dir)
         raise
 
 
@@ -118,36 +109,36 @@ def _refuse_during_backfill(collection: Collection) -> None:
                                  "upgrade (nothing was changed)")
 
 
-def _apply_calibration(plan: dict[str, Any], result: dict[str, Any]) -> None:
-    routes = plan.setdefault("routes", {})
+def _apply_calibration(plan: Plan, result: dict[str, Any]) -> Plan:
+    """``plan`` with what calibration chose (a pinned route keeps its choice; its numbers are
+    updated)."""
     for sid, dirs in result["routes"].items():
         for d, r in dirs.items():
-            pinned = routes.get(sid, {}).get(d)
-            if pinned and pinned.get("pinned"):
-                pinned["calibration"] = r["calibration"]
-                continue
-            routes.setdefault(sid, {})[d] = r
-    plan["merge"] = result["merge"]
-    plan["calibration"] = {**result["calibration"], "new_new": result["new_new"]}
+            pinned = plan.route(sid, d)
+            if pinned is not None and pinned.pinned:
+                plan = plan.with_route(sid, d, dataclasses.replace(pinned, calibration=r["calibration"]))
+            else:
+                plan = plan.with_route(sid, d, RouteChoice.from_json(r))
+    return dataclasses.replace(plan, merge=Merge.from_json(result["merge"]),
+                               calibration={**result["calibration"], "new_new": result["new_new"]})
 
 
 def calibrate_collection(collection: Collection, tasks: Sequence[CalibrationTask], *, label: str = "",
-                         pool: ModelPool | None = None) -> dict[str, Any]:
+                         pool: ModelPool | None = None) -> Plan:
     """Re-run the calibration of the current plan (pinned routes stay; their numbers are updated)."""
     plan = collection.plan
     result = calibrate(RoutePlanner(plan, pool or ModelPool()), tasks, data_label=label)
 
-    def commit(p: dict[str, Any]) -> dict[str, Any]:
-        if p["current"] != plan["current"]:
+    def commit(p: Plan) -> Plan:
+        if p.current != plan.current:
             raise UpgradeRefused("the collection was upgraded meanwhile; calibrate again")
-        _apply_calibration(p, result)
-        return p
+        return _apply_calibration(p, result)
 
     return collection.set_plan(commit)
 
 
 def pin_route(collection: Collection, space_id: str, direction: str, route: str | None,
-              weight: float | None = None) -> dict[str, Any]:
+              weight: float | None = None) -> Plan:
     """Pin ``route`` (and, for ``fused``, ``weight``) for one (space, direction); ``route=None``
     unpins (the calibrated or default route applies again)."""
     if direction not in DIRECTIONS:
@@ -157,44 +148,40 @@ def pin_route(collection: Collection, space_id: str, direction: str, route: str 
     if route == FUSED and (weight is None or not 0.0 <= weight <= 1.0):
         raise ValueError(f"a fused route needs a weight in [0, 1] (--w), got {weight}")
 
-    def commit(p: dict[str, Any]) -> dict[str, Any]:
-        if space_id == p["current"]:
+    def commit(p: Plan) -> Plan:
+        if space_id == p.current:
             raise ValueError(f"space {space_id} is the current model's: it is always searched natively")
-        if space_id not in {s["space_id"] for s in p["spaces"]}:
+        if not p.has(space_id):
             raise ValueError(f"collection {collection.path} has no space {space_id}")
-        entry = p.setdefault("routes", {}).setdefault(space_id, {}).get(direction, {})
+        entry = p.route(space_id, direction) or RouteChoice()
         if route is None:
-            entry["pinned"] = False
-        else:
-            avail = RoutePlanner(p, ModelPool()).available(space_id, direction)
-            if route not in avail:
-                raise ValueError(f"route {route} is not available to space {space_id} for {direction} "
-                                 f"(available: {', '.join(avail) or 'none'})")
-            entry.update({"route": route, "w": weight if route == FUSED else None, "pinned": True})
-        p["routes"][space_id][direction] = entry
-        return p
+            return p.with_route(space_id, direction, dataclasses.replace(entry, pinned=False))
+        avail = RoutePlanner(p, ModelPool()).available(space_id, direction)
+        if route not in avail:
+            raise ValueError(f"route {route} is not available to space {space_id} for {direction} "
+                             f"(available: {', '.join(avail) or 'none'})")
+        return p.with_route(space_id, direction,
+                            dataclasses.replace(entry, route=route, w=weight if route == FUSED else None, pinned=True))
 
     return collection.set_plan(commit)
 
 
-def route_table(plan: dict[str, Any]) -> dict[str, Any]:
+def route_table(plan: Plan) -> dict[str, Any]:
     """Per old space and direction: the route in use, whether calibrated or pinned, and the
     calibration numbers (what ``collection status`` shows)."""
     planner = RoutePlanner(plan, ModelPool())
     out: dict[str, Any] = {}
-    for s in plan["spaces"]:
-        sid = s["space_id"]
-        if sid == plan["current"] or s.get("retired"):
-            continue
+    for s in plan.old_spaces():
+        sid = s.space_id
         rows = {}
         for d in DIRECTIONS:
             avail = planner.available(sid, d)
             if not avail:
                 continue
             route, w = planner.chosen(sid, d)
-            entry = (plan.get("routes") or {}).get(sid, {}).get(d) or {}
-            rows[d] = {"route": route, "w": w, "available": avail, "pinned": bool(entry.get("pinned")),
-                       "calibrated": "calibration" in entry,
-                       "calibration": {k: v for k, v in (entry.get("calibration") or {}).items() if k != "curve"}}
+            entry = plan.route(sid, d) or RouteChoice()
+            rows[d] = {"route": route, "w": w, "available": avail, "pinned": entry.pinned,
+                       "calibrated": entry.calibration is not None,
+                       "calibration": {k: v for k, v in (entry.calibration or {}).items() if k != "curve"}}
         out[sid] = rows
     return out

@@ -26,6 +26,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from ..encoders.base import DualEncoder
+from ..index.plan import Plan, RouteChoice, UpgradeRecord
 from ..index.store import SpaceMismatchError
 from .models import ModelPool
 
@@ -78,12 +79,12 @@ class BridgePath:
         return ([self.encoder_upgrade] if self.encoder_upgrade else []) + list(self.vector_upgrades)
 
 
-def find_bridge(upgrades: Sequence[dict[str, Any]], source: str, target: str) -> BridgePath | None:
-    """The shortest chain of registered ``upgrades`` (plan entries: ``path``, ``kind``, ``source``,
-    ``target``, ``encoder``) from queries of the model of space ``source`` to space ``target``."""
-    vector = [u for u in upgrades if not u.get("encoder")]
+def find_bridge(upgrades: Sequence[UpgradeRecord], source: str, target: str) -> BridgePath | None:
+    """The shortest chain of registered ``upgrades`` from queries of the model of space ``source``
+    to space ``target``."""
+    vector = [u for u in upgrades if not u.encoder]
     starts: list[tuple[str | None, str]] = [(None, source)]
-    starts += [(u["path"], u["target"]) for u in upgrades if u.get("encoder") and u["source"] == source]
+    starts += [(u.path, u.target) for u in upgrades if u.encoder and u.source == source]
     best: BridgePath | None = None
     for enc_path, start in starts:
         chain = _vector_chain(vector, start, target)
@@ -95,7 +96,7 @@ def find_bridge(upgrades: Sequence[dict[str, Any]], source: str, target: str) ->
     return best
 
 
-def _vector_chain(vector: Sequence[dict[str, Any]], start: str, target: str) -> list[str] | None:
+def _vector_chain(vector: Sequence[UpgradeRecord], start: str, target: str) -> list[str] | None:
     if start == target:
         return []
     prev: dict[str, tuple[str, str]] = {}
@@ -103,17 +104,17 @@ def _vector_chain(vector: Sequence[dict[str, Any]], start: str, target: str) -> 
     while queue:
         s = queue.popleft()
         for u in vector:
-            if u["source"] != s or u["target"] in seen:
+            if u.source != s or u.target in seen:
                 continue
-            prev[u["target"]] = (s, u["path"])
-            if u["target"] == target:
+            prev[u.target] = (s, u.path)
+            if u.target == target:
                 chain, node = [], target
                 while node != start:
                     node, path = prev[node]
                     chain.append(path)
                 return chain[::-1]
-            seen.add(u["target"])
-            queue.append(u["target"])
+            seen.add(u.target)
+            queue.append(u.target)
     return None
 
 
@@ -188,46 +189,38 @@ class QuerySide:
 
 
 # ----------------------------------------------------------------------------- planning
-def _space(plan: dict[str, Any], space_id: str) -> dict[str, Any]:
-    for s in plan["spaces"]:
-        if s["space_id"] == space_id:
-            return s
-    raise KeyError(f"no space {space_id} in the plan")
-
-
 class RoutePlanner:
     """Routes of one collection plan (its current model, spaces and registered upgrades) over a
     :class:`~nobackfill.search.models.ModelPool`."""
 
-    def __init__(self, plan: dict[str, Any], pool: ModelPool, refine: Refine | None = None) -> None:
+    def __init__(self, plan: Plan, pool: ModelPool, refine: Refine | None = None) -> None:
         self.plan, self.pool, self.refine = plan, pool, refine
         self._bridges: dict[tuple, Any] = {}
 
     @property
     def current(self) -> str:
-        return self.plan["current"]
+        return self.plan.current
 
     def encoder(self, space_id: str) -> DualEncoder:
         """The own model of ``space_id`` (warm)."""
-        s = _space(self.plan, space_id)
-        return self.pool.get(s["model"], space_id, what=f"model of space {s.get('name') or space_id}")
+        s = self.plan.space(space_id)
+        return self.pool.get(s.model, space_id, what=f"model of space {s.name or space_id}")
 
     def bridge_path(self, space_id: str) -> BridgePath | None:
-        return find_bridge(self.plan.get("upgrades", []), self.current, space_id)
+        return find_bridge(self.plan.upgrades, self.current, space_id)
 
     def available(self, space_id: str, direction: str) -> list[str]:
         """The routes to ``space_id`` usable for ``direction`` (model modalities considered; no
         model is loaded)."""
         qmod, gmod = DIRECTIONS[direction]
-        space = _space(self.plan, space_id)
-        if gmod not in space.get("modalities", ("image", "text")):
+        space = self.plan.space(space_id)
+        if not space.embeds(gmod):
             return []
-        cur = _space(self.plan, self.current)
-        cur_ok = qmod in cur.get("modalities", ("image", "text"))
+        cur_ok = self.plan.current_space.embeds(qmod)
         if space_id == self.current:
             return [NATIVE] if cur_ok else []
         out = []
-        if qmod in space.get("modalities", ("image", "text")):
+        if space.embeds(qmod):
             out.append(OLD_MODEL)
         if cur_ok and self.bridge_path(space_id) is not None:
             out.append(BRIDGE)
@@ -241,9 +234,9 @@ class RoutePlanner:
         if space_id == self.current:
             return NATIVE, None
         avail = self.available(space_id, direction)
-        entry = (self.plan.get("routes") or {}).get(space_id, {}).get(direction)
-        if entry and entry.get("route") in avail:
-            return entry["route"], entry.get("w")
+        entry = self.plan.route(space_id, direction)
+        if entry is not None and entry.route in avail:
+            return entry.route, entry.w
         if DEFAULT_ROUTE in avail:
             return DEFAULT_ROUTE, None
         if OLD_MODEL in avail:
@@ -263,19 +256,19 @@ class RoutePlanner:
             raise NoRouteError(space_id, self.current, f"use route {route!r} to space {space_id} for {direction}",
                                what="current model's queries", hint=f"available routes: {', '.join(avail) or 'none'}")
         if route == FUSED and weight is None:  # the pinned / chosen w, else the calibrated best, else 0.5
-            entry = (self.plan.get("routes") or {}).get(space_id, {}).get(direction) or {}
-            weight = entry.get("w")
+            entry = self.plan.route(space_id, direction) or RouteChoice()
+            weight = entry.w
             if weight is None:
-                weight = ((entry.get("calibration") or {}).get(FUSED) or {}).get("w", DEFAULT_FUSED_WEIGHT)
-        cur = _space(self.plan, self.current)
-        current = self.pool.get(cur["model"], self.current, what="current model")
+                weight = ((entry.calibration or {}).get(FUSED) or {}).get("w", DEFAULT_FUSED_WEIGHT)
+        cur = self.plan.current_space
+        current = self.pool.get(cur.model, self.current, what="current model")
         if route == NATIVE:
             return QuerySide(space_id, NATIVE, direct=current, refine=self.refine)
         direct = self.encoder(space_id) if route in (OLD_MODEL, FUSED) else None
         bridged = bridge = path = None
         if route in (BRIDGE, FUSED):
             path = self.bridge_path(space_id)
-            bridged = (self.pool.upgraded(cur["model"], path.encoder_upgrade, self.current)
+            bridged = (self.pool.upgraded(cur.model, path.encoder_upgrade, self.current)
                        if path.encoder_upgrade else current)
             bridge = self._vector_bridge(path.vector_upgrades, bridged.space_id, space_id)
         return QuerySide(space_id, route, direct=direct, bridged=bridged, bridge=bridge, weight=weight, path=path,
@@ -294,16 +287,16 @@ class RoutePlanner:
 
             reg = BridgeRegistry.from_bridges(load_upgrade(d).bridge() for d in dirs)
             bridge = reg.resolve(source, target)
-            want, out = _space(self.plan, target).get("dim"), getattr(bridge, "target_dim", None)
+            want, out = self.plan.space(target).dim, getattr(bridge, "target_dim", None)
             if want and out and int(out) != int(want):
                 raise ValueError(f"bridge {', '.join(str(d) for d in dirs)} outputs {out}-d vectors but space "
-                                 f"{_space(self.plan, target).get('name') or target} holds {want}-d vectors: the "
+                                 f"{self.plan.space(target).name or target} holds {want}-d vectors: the "
                                  "bridge was fitted for another model")
             self._bridges[key] = bridge
         return self._bridges[key]
 
 
-def upgrade_entry(upgrade: Any) -> dict[str, Any]:
+def upgrade_entry(upgrade: Any) -> UpgradeRecord:
     """The plan's record of a loaded :class:`~nobackfill.compat.upgrade.Upgrade`."""
-    return {"path": str(Path(upgrade.directory).resolve()), "kind": upgrade.kind, "source": upgrade.source_id,
-            "target": upgrade.target_id, "encoder": not upgrade.is_bridge, "name": Path(upgrade.directory).name}
+    return UpgradeRecord(path=str(Path(upgrade.directory).resolve()), kind=upgrade.kind, source=upgrade.source_id,
+                         target=upgrade.target_id, encoder=not upgrade.is_bridge, name=Path(upgrade.directory).name)

@@ -21,6 +21,7 @@ benchmarks and the HTTP service all go through this class.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import threading
 from dataclasses import dataclass, field
@@ -31,6 +32,7 @@ import numpy as np
 
 from ..encoders.base import DualEncoder
 from ..index.collection import Collection, Snapshot
+from ..index.plan import Plan, Space, UpgradeRecord
 from ..index.store import SpaceMismatchError
 from .merge import DEFAULT_MERGE, MERGES, Candidate, ScoreMap, merge
 from .models import ModelPool, model_ref
@@ -144,9 +146,9 @@ class Searcher:
                              "upgrades are registered with 'collection upgrade'")
         self._refine = None
         if reco is not None:
-            spaces = {s["space_id"] for s in self.collection.plan["spaces"]}
+            spaces = set(self.collection.plan.space_ids)
             if self._query_model is not None:
-                spaces |= {self._query_model.space_id} | {u["target"] for u in self._upgrades if u["encoder"]}
+                spaces |= {self._query_model.space_id} | {u.target for u in self._upgrades if u.encoder}
             self._refine = _reco_refiner(Path(reco), spaces)
         self._planners: dict[str, RoutePlanner] = {}
         self._last_planner: tuple[Snapshot, RoutePlanner] | None = None  # the planner of the last snapshot
@@ -168,12 +170,12 @@ class Searcher:
         _check_upgrades(ups, enc)
         self._upgrades = [upgrade_entry(u) for u in ups]
 
-    def _plan(self, snap: Snapshot) -> dict[str, Any]:
+    def _plan(self, snap: Snapshot) -> Plan:
         """The plan routes are resolved on: the collection's, or (explicit query model) its spaces
         with the query model as the current one and the given upgrades."""
         if self._query_model is None:
             return snap.plan
-        return explicit_plan(snap.plan["spaces"], self._query_ref, self._query_model, self._upgrades)
+        return explicit_plan(snap.plan.spaces, self._query_ref, self._query_model, self._upgrades)
 
     def planner(self, snap: Snapshot | None = None) -> RoutePlanner:
         """The route planner of the collection's current plan (cached per plan)."""
@@ -182,7 +184,7 @@ class Searcher:
         if last is not None and last[0] is snap:  # one snapshot, one plan: the hot path
             return last[1]
         plan = self._plan(snap)
-        key = repr(sorted(plan.items(), key=lambda kv: kv[0]))
+        key = repr(plan)
         with self._lock:
             p = self._planners.get(key)
             if p is None:
@@ -319,7 +321,7 @@ class Searcher:
                 spaces.append((sid, self._side(snap, sid, direction), mask, n_allowed))
         total = sum(n for *_, n in spaces) or 1
         prep = _Prepared(gmod=gmod, direction=direction, views=views, spaces=spaces,
-                         method=self.merge_override or (plan.get("merge") or {}).get("method") or DEFAULT_MERGE,
+                         method=self.merge_override or plan.merge_method or DEFAULT_MERGE,
                          maps=_score_maps(plan, direction), shares={sid: n / total for sid, *_, n in spaces},
                          prefer=snap.preference())
         if len(cached[1]) < 64:
@@ -337,22 +339,19 @@ class Searcher:
         return out.scores[0], out.positions[0]
 
 
-def explicit_plan(spaces: Sequence[dict[str, Any]], query_ref: str, query_model: DualEncoder,
-                  upgrades: Sequence[dict[str, Any]]) -> dict[str, Any]:
-    """A plan whose current model is ``query_model`` (loaded under ``query_ref``) over ``spaces``,
-    with ``upgrades`` only: queries reach a space natively or through those upgrades."""
+def explicit_plan(spaces: Sequence[Space], query_ref: str, query_model: DualEncoder,
+                  upgrades: Sequence[UpgradeRecord]) -> Plan:
+    """A plan (to plan routes on) whose current model is ``query_model`` (loaded under ``query_ref``)
+    over ``spaces``, with ``upgrades`` only: queries reach a space natively or through those upgrades."""
     q = query_model
-    spaces = [dict(s) for s in spaces]
-    if q.space_id not in {s["space_id"] for s in spaces}:
-        spaces.append({"space_id": q.space_id, "model": query_ref, "dim": int(q.embed_dim),
-                       "modalities": list(getattr(q, "modalities", ("image", "text"))), "dir": "-",
-                       "name": getattr(q, "name", "")})
-    else:  # the query model is a space's own model: use the loaded one
-        for s in spaces:
-            if s["space_id"] == q.space_id:
-                s["model"] = query_ref
-    return {"current": q.space_id, "spaces": spaces, "upgrades": list(upgrades), "routes": {}, "merge": None,
-            "explicit": True}
+    if any(s.space_id == q.space_id for s in spaces):  # the query model is a space's own model: use the loaded one
+        spaces = [dataclasses.replace(s, model=query_ref, retired=False) if s.space_id == q.space_id else s
+                  for s in spaces]
+    else:
+        spaces = [*spaces, Space(space_id=q.space_id, model=query_ref, dim=int(q.embed_dim), dir="-",
+                                 modalities=tuple(getattr(q, "modalities", ("image", "text"))),
+                                 name=getattr(q, "name", ""))]
+    return Plan(current=q.space_id, spaces=tuple(spaces), upgrades=tuple(upgrades))
 
 
 def query_side_for(query_model: DualEncoder, gallery_space: str, *, bridges: Sequence[str | Path] = (),
@@ -368,7 +367,7 @@ def query_side_for(query_model: DualEncoder, gallery_space: str, *, bridges: Seq
     pool.put(ref, query_model)
     ups = [load_upgrade(b) for b in bridges]
     _check_upgrades(ups, query_model)
-    gallery = {"space_id": gallery_space, "model": "-", "dim": 0, "modalities": ["image", "text"], "dir": "-"}
+    gallery = Space(space_id=gallery_space, model="-", dim=0, dir="-")
     plan = explicit_plan([gallery], ref, query_model, [upgrade_entry(u) for u in ups])
     refine = _reco_refiner(Path(reco), {query_model.space_id} | {u.target_id for u in ups if not u.is_bridge}) \
         if reco is not None else None
@@ -409,10 +408,11 @@ def _reco_refiner(reco: Path, spaces: set[str]):
     return refine
 
 
-def _score_maps(plan: dict[str, Any], direction: str) -> dict[tuple[str, str], ScoreMap]:
+def _score_maps(plan: Plan, direction: str) -> dict[tuple[str, str], ScoreMap]:
     """``{(space, route): ScoreMap}`` of ``direction`` from the plan's calibration."""
     out = {}
-    for key, obj in ((plan.get("merge") or {}).get("score_maps") or {}).get(direction, {}).items():
+    maps = plan.merge.score_maps if plan.merge is not None else {}
+    for key, obj in (maps.get(direction) or {}).items():
         space, _, route = key.rpartition("/")
         out[(space, route)] = ScoreMap.from_json(obj)
     return out

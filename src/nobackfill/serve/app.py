@@ -146,7 +146,7 @@ class Service:
 
         with self.write_lock:
             sid = self.collection.current_space
-            enc = self.pool.get(self.collection.space(sid)["model"], sid, what="collection's current model")
+            enc = self.pool.get(self.collection.space(sid).model, sid, what="collection's current model")
             start_backfill(self.collection, enc, order=order, pool=self.pool)  # resumes a paused job
             with self._backfill_lock:
                 if self.backfill_active:
@@ -372,7 +372,7 @@ def create_app(settings: ServeSettings, pool: Any = None) -> FastAPI:
 
         c = svc.collection
         sid = c.current_space
-        enc = svc.pool.get(c.space(sid)["model"], sid, what="collection's current model")
+        enc = svc.pool.get(c.space(sid).model, sid, what="collection's current model")
         try:
             rep = add_items(c, enc, items, progress=False, wait=True, chunk_size=max(1, len(items)))
         except DuplicateIdError as e:
@@ -429,8 +429,8 @@ def create_app(settings: ServeSettings, pool: Any = None) -> FastAPI:
         st = c.status()
         plan = c.plan
         st["routes"] = route_table(plan)
-        st["merge"] = (plan.get("merge") or {}).get("method") or "raw"
-        st["calibrated"] = bool(plan.get("calibration"))
+        st["merge"] = plan.merge_method or "raw"
+        st["calibrated"] = bool(plan.calibration)
         st["backfill"] = svc.backfill_status()
         st["limits"] = dataclasses.asdict(lim)
         svc.g_done.set(st["backfill"]["done"])
@@ -504,8 +504,7 @@ def create_app(settings: ServeSettings, pool: Any = None) -> FastAPI:
             except (ValueError, KeyError) as e:
                 raise ApiError(422, str(e)) from None
         svc.searcher.warm()
-        return {"current": plan["current"], "spaces": [s["space_id"] for s in plan["spaces"]],
-                "merge": (plan.get("merge") or {}).get("method")}
+        return {"current": plan.current, "spaces": plan.space_ids, "merge": plan.merge_method}
 
     # ------------------------------------------------------------------ health, metrics, page
     @app.get("/healthz", summary="Liveness and the collection's generation", response_model=Health)
