@@ -34,6 +34,9 @@ def lookup_encoder(x: np.ndarray, q: np.ndarray, space_id: str):
             return space_id
 
         def encode_texts(self, texts, batch_size=256, progress=False):
+            if len(texts) == 1 and texts[0][0] == "q":  # one query: a view of its row, no copy
+                j = int(texts[0][1:])
+                return q[j:j + 1]
             if all(t[0] == "g" for t in texts):  # gallery rows: one read of the (memory-mapped) vectors
                 return np.asarray(x[[int(t[1:]) for t in texts]], np.float32)
             return np.stack([x[int(t[1:])] if t[0] == "g" else q[int(t[1:])] for t in texts]).astype(np.float32)
@@ -73,20 +76,21 @@ def pct(lat: list[float], p: float) -> float:
 # ----------------------------------------------------------------------------- rows (own processes)
 def write_collection(x_file: str, q_file: str, path: str, index: str, model: str, space_id: str,
                      chunk: int) -> dict[str, Any]:
-    """Create the collection and add every row of ``x_file`` (a fresh process)."""
+    """Create the collection and add every row of ``x_file`` (a fresh process) as precomputed
+    vectors (:func:`~nobackfill.index.importing.add_vectors`, what ``collection import`` runs);
+    each item's source is ``g<row>``, which the lookup model embeds again for the backfill."""
     from ..index.collection import Collection
-    from ..index.ingest import add_items, text_item
+    from ..index.importing import add_vectors
 
     x = np.load(x_file, mmap_mode="r")
-    q = np.load(q_file)
-    enc = lookup_encoder(x, q, space_id)
     shutil.rmtree(path, ignore_errors=True)
     c = Collection.create(path, space_id=space_id, dim=int(x.shape[1]), model=model, modalities=["text"],
                           backend=index)
     t0 = time.perf_counter()
     for s in range(0, len(x), chunk):
-        items = [text_item(f"g{i}", id=f"i{i}", metadata={"group": i % 10}) for i in range(s, min(len(x), s + chunk))]
-        add_items(c, enc, items, chunk_size=chunk, progress=False)
+        rows = range(s, min(len(x), s + chunk))
+        add_vectors(c, [f"i{i}" for i in rows], x[s:s + len(rows)], modality="text",
+                    sources=[{"text": f"g{i}"} for i in rows], metadata=[{"group": i % 10} for i in rows])
     add_s = time.perf_counter() - t0
     t0 = time.perf_counter()
     g = c.gallery(space_id)

@@ -89,7 +89,7 @@ def _row(r: Sequence[Any]) -> Row:
                None if r[7] is None else int(r[7]))
 
 
-def _chunks(seq: Sequence[Any], n: int = 500) -> Iterator[Sequence[Any]]:
+def _chunks(seq: Sequence[Any], n: int = 4000) -> Iterator[Sequence[Any]]:
     for i in range(0, len(seq), n):
         yield seq[i:i + n]
 
@@ -422,6 +422,8 @@ class Writer:
         self._pages: dict[tuple[str, str, int], np.ndarray] = {}
         self._counts = {"image": 0, "text": 0}
         self._plan: Plan | None = None
+        #: set by a caller that found nothing to change: :meth:`finish` is not called
+        self.unchanged = False
 
     def execute(self, sql: str, params: Sequence[Any] = ()) -> Any:
         try:
@@ -476,11 +478,15 @@ class Writer:
         else:  # pragma: no cover - a sequence with gaps
             got = self.rows_by_id([it[0] for it in items])
             rids = [got[it[0]].rid for it in items]
-        for it in items:
-            self._counts[it[1]] += 1
+        groups: dict[tuple[str, str], tuple[list[int], list[int]]] = {}
         for rid, it, (sp, pos) in zip(rids, items, served):
+            self._counts[it[1]] += 1
             if sp is not None and pos is not None:
-                self.set_serving(sp, it[1], pos, rid)
+                g = groups.setdefault((sp, it[1]), ([], []))
+                g[0].append(pos)
+                g[1].append(rid)
+        for (sp, modality), (pos, rid) in groups.items():
+            self.set_serving_many(sp, modality, np.asarray(pos, np.int64), np.asarray(rid, np.int64))
         return rids
 
     def delete(self, rows: Sequence[Row]) -> None:
@@ -502,6 +508,13 @@ class Writer:
         page, off = divmod(int(pos), PAGE)
         arr = self._page(space, modality, page)
         arr[off] = rid
+
+    def set_serving_many(self, space: str, modality: str, pos: np.ndarray, rids: np.ndarray) -> None:
+        """:meth:`set_serving` of many rows at once (a page at a time)."""
+        pages, offs = np.divmod(pos, PAGE)
+        for page in np.unique(pages):
+            sel = pages == page
+            self._page(space, modality, int(page))[offs[sel]] = rids[sel]
 
     def _page(self, space: str, modality: str, page: int) -> np.ndarray:
         k = (space, modality, page)
@@ -595,6 +608,7 @@ def _sqlite_connect(path: Path) -> Any:
         conn.execute("PRAGMA journal_mode = WAL")
         conn.execute("PRAGMA synchronous = NORMAL")  # WAL: a commit survives a process kill
         conn.execute("PRAGMA busy_timeout = 60000")
+        conn.execute("PRAGMA cache_size = -32768")  # up to 32 MiB of pages: bulk commits at millions of items
         return conn
 
     return connect

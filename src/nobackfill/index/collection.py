@@ -192,9 +192,14 @@ def _item(r: Row) -> Item:
 
 _JSON = json.JSONEncoder(sort_keys=True, ensure_ascii=False, allow_nan=False, separators=(", ", ": "))
 if json.encoder.c_make_encoder is not None:  # the encoder json.dumps uses, without its per-call set-up
-    _c_json = json.encoder.c_make_encoder(None, _JSON.default, json.encoder.py_encode_basestring, None, ": ", ", ",
+    _c_json = json.encoder.c_make_encoder(None, _JSON.default, json.encoder.encode_basestring, None, ": ", ", ",
                                           True, False, False)
     _JSON.encode = lambda o: "".join(_c_json(o, 0))  # type: ignore[method-assign]
+
+
+def _row_json(r: Row) -> tuple[str, str, str, str, str]:
+    """A stored row in the form :meth:`Collection.commit_rows` takes."""
+    return r.id, r.modality, r.key, _JSON.encode(r.source), _JSON.encode(r.metadata)
 
 
 def _item_json(it: Item) -> tuple[str, str, str, str, str]:
@@ -539,7 +544,8 @@ class Collection:
         try:
             with self._lock, self.catalog.writing() as w:
                 yield w
-                w.finish(_now())
+                if not w.unchanged:
+                    w.finish(_now())
         finally:
             _WRITES[0] += 1  # every reader of this process asks the catalog again
         self._header = self.catalog.header()
@@ -561,40 +567,69 @@ class Collection:
         """Apply item puts (add or replace by id) and deletes in one atomic commit; returns the
         number of events written. Deleting an id that is not live raises
         :class:`ItemNotFoundError` (nothing is written) unless ``missing_ok``."""
-        puts, deletes = list(puts), list(deletes)
+        puts = list(puts)
         for it in puts:
             problem = it.problem()
             if problem:
                 raise ValueError(problem)
         try:
-            rows_in = [_item_json(it) for it in puts]
+            rows = [_item_json(it) for it in puts]
         except (TypeError, ValueError) as e:
             raise ValueError(f"item metadata must be JSON-serialisable: {e}") from None
-        if not puts and not deletes:
+        return self.commit_rows(rows, deletes, missing_ok=missing_ok)
+
+    def commit_rows(self, rows: Sequence[tuple[str, str, str, str, str]], deletes: Sequence[str] = (), *,
+                    missing_ok: bool = False, stored: tuple[str, Mapping[str, int]] | None = None,
+                    skip_unchanged: bool = False) -> int:
+        """:meth:`commit` of items given as catalog rows ``(id, modality, key, source JSON,
+        metadata JSON)`` that the caller validated (the bulk path of
+        :func:`~nobackfill.index.importing.add_vectors`). ``stored = (space, {key: row})``: where
+        the caller just stored the rows' vectors; used (without asking the store) while that space
+        is still the current one, which serves first. ``skip_unchanged``: rows equal to the live
+        item are left alone (not counted)."""
+        rows, deletes = list(rows), list(deletes)
+        if not rows and not deletes:
             return 0
         with self._writing() as w:
-            put_ids = {p.id for p in puts}
+            put_ids = {r[0] for r in rows}
             old = w.rows_by_id(list(put_ids | set(deletes)))
+            if skip_unchanged and old:
+                rows = [r for r in rows if r[0] not in old or _row_json(old[r[0]]) != r]
+                put_ids = {r[0] for r in rows}
+                if not rows and not deletes:
+                    w.unchanged = True  # no new generation: readers keep their snapshot
+                    return 0
             missing = [i for i in deletes if i not in old and i not in put_ids]
             if missing and not missing_ok:
                 raise ItemNotFoundError(f"no item with id {missing[0]!r} in collection {self.path}"
                                         + (f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""))
             gone = [old[i] for i in dict.fromkeys(deletes) if i in old and i not in put_ids]
-            replaced = [old[p.id] for p in puts if p.id in old]
+            replaced = [old[r[0]] for r in rows if r[0] in old]
             w.delete(gone + replaced)
-            last = {p.id: (p, r) for p, r in zip(puts, rows_in)}  # an id put twice: the last one
-            puts = [p for p, _ in last.values()]
+            if len(put_ids) < len(rows):  # an id put twice: the last one
+                rows = list({r[0]: r for r in rows}.values())
             plan = w.header["plan"]
-            placed: dict[tuple[str, str], tuple[str, int]] = {}
-            for r in replaced:  # same content: the row that served it serves it again
-                if r.space is not None and r.pos is not None:
-                    placed[(r.modality, r.key)] = (r.space, r.pos)
+            placed: dict[tuple[str, str], tuple[str, int | None]] = {}
+            for o in replaced:  # same content: the row that served it serves it again
+                if o.space is not None and o.pos is not None:
+                    placed[(o.modality, o.key)] = (o.space, o.pos)
+            hint_space, hint = stored if stored is not None and stored[0] == plan.current else (None, {})
+            if hint_space is not None and not placed and all(r[2] in hint for r in rows):  # the bulk path
+                stable = getattr(self.gallery(hint_space, plan), "stable_positions", False)
+                w.insert(rows, [(hint_space, hint[r[2]] if stable else None) for r in rows])
+                return len(rows) + len(gone)
             for m in MODALITIES:
-                keys = [p.key for p in puts if p.modality == m and (m, p.key) not in placed]
+                keys = [r[2] for r in rows if r[1] == m]
+                if placed:
+                    keys = [k for k in keys if (m, k) not in placed]
+                if hint_space is not None:
+                    g = self.gallery(hint_space, plan)
+                    placed.update(((m, k), (hint_space, _row_of(g, hint[k]))) for k in keys if k in hint)
+                    keys = [k for k in keys if k not in hint]
                 if keys:
                     placed.update(((m, k), v) for k, v in self._locate(plan, m, keys).items())
-            w.insert([r for _, r in last.values()], [placed.get((p.modality, p.key), (None, None)) for p in puts])
-        return len(puts) + len(gone)
+            w.insert(rows, [placed.get((r[1], r[2]), (None, None)) for r in rows])
+        return len(rows) + len(gone)
 
     def delete(self, ids: Iterable[str], *, missing_ok: bool = False) -> int:
         """Delete items by id; they are never returned again."""

@@ -57,9 +57,10 @@ def direction_of(query_modality: str, gallery_modality: str) -> str:
 
 
 def _encode(encoder: DualEncoder, modality: str, inputs: Sequence[Any]) -> np.ndarray:
+    rows = inputs if type(inputs) is list else list(inputs)
     if modality == "image":
-        return np.asarray(encoder.encode_images(list(inputs)), np.float32)
-    return np.asarray(encoder.encode_texts(list(inputs)), np.float32)
+        return np.asarray(encoder.encode_images(rows), np.float32)
+    return np.asarray(encoder.encode_texts(rows), np.float32)
 
 
 def _embeds(encoder: DualEncoder, modality: str) -> bool:
@@ -154,7 +155,10 @@ class QuerySide:
         return [e for e in (self.direct, self.bridged) if e is not None]
 
     def can_embed(self, modality: str) -> bool:
-        return all(_embeds(e, modality) for e in self.encoders())
+        known = self.__dict__.setdefault("_can_embed", {})
+        if modality not in known:
+            known[modality] = all(_embeds(e, modality) for e in self.encoders())
+        return known[modality]
 
     def _run(self, encoder: DualEncoder, modality: str, inputs: Sequence[Any], cache: dict | None) -> np.ndarray:
         key = (id(encoder), modality)

@@ -43,7 +43,7 @@ __all__ = ["DEFAULT_MERGE", "Hit", "SearchResponse", "Searcher", "explicit_plan"
 MAX_K = 1000
 
 
-@dataclass
+@dataclass(slots=True)
 class Hit:
     """One result: the item, its score under the route that answered, and where it came from."""
 
@@ -260,8 +260,16 @@ class Searcher:
         snap = self.collection.snapshot()
         prep = self._prepare(snap, qmod, target, filter)
         gmod, direction, method, views = prep.gmod, prep.direction, prep.method, prep.views
-        searched: dict[str, tuple[QuerySide, Any, int]] = {}
         cache = {} if cache is None else cache.setdefault((qmod, hash(tuple(str(x) for x in inputs))), {})
+        if len(prep.spaces) == 1 and not self.rerank:  # one list: no merge, no per-space bookkeeping
+            sid, side, mask, _ = prep.spaces[0]
+            res = views[sid].gallery.search(gmod, side.embed(qmod, inputs, cache), k, space_id=sid, mask=mask)
+            rid_rows = views[sid].rids[res.positions].tolist()
+            named = snap.hits({r for row in rid_rows for r in row})
+            return [self._response(snap, qmod, gmod, direction, method, query,
+                                   [(named[rid], s, sid, side.route) for s, rid in zip(scores, rids) if rid in named])
+                    for query, scores, rids in zip(inputs, res.scores.tolist(), rid_rows)]
+        searched: dict[str, tuple[QuerySide, Any, int]] = {}
         depth = max(k, self.rerank_k) if self.rerank else k
         for sid, side, mask, n_allowed in prep.spaces:
             q = side.embed(qmod, inputs, cache)
@@ -289,12 +297,17 @@ class Searcher:
                                if rid in named] for sid, (route, scores, rids) in per.items()}
                 top = [(named[c.item_id], c.score, c.space, c.route)
                        for c in merge(lists, k, method, score_maps=maps, shares=shares, prefer=prep.prefer)]
-            hits = [Hit(rank=r + 1, score=s, id=row[0], space=sid, route=route, metadata=_loads(row[1]))
-                    for r, (row, s, sid, route) in enumerate(top)]
-            label = query if isinstance(query, str) else str(getattr(query, "filename", "") or "<image>")
-            out.append(SearchResponse(query=label if qmod == "text" else str(label), modality=gmod,
-                                      direction=direction, hits=hits, merge=method, generation=snap.generation))
+            out.append(self._response(snap, qmod, gmod, direction, method, query, top))
         return out
+
+    @staticmethod
+    def _response(snap: Snapshot, qmod: str, gmod: str, direction: str, method: str, query: Any,
+                  top: Sequence[tuple[tuple[str, str], float, str, str]]) -> SearchResponse:
+        """The response of one query from its ranked ``((id, metadata JSON), score, space, route)``."""
+        hits = [Hit(r + 1, s, row[0], sid, route, _loads(row[1])) for r, (row, s, sid, route) in enumerate(top)]
+        label = query if isinstance(query, str) else str(getattr(query, "filename", "") or "<image>")
+        return SearchResponse(query=label if qmod == "text" else str(label), modality=gmod, direction=direction,
+                              hits=hits, merge=method, generation=snap.generation)
 
     def _prepare(self, snap: Snapshot, qmod: str, target: str | None, flt: Mapping[str, Any] | None) -> "_Prepared":
         """What every query of one kind needs from a snapshot -- the target modality, the spaces to

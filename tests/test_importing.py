@@ -1,0 +1,104 @@
+"""Adding precomputed vectors in bulk (``index/importing.py``): the same guarantees as ``add``."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from _collection_helpers import OLD_REF, HashEncoder, pool_with
+
+from nobackfill.index.collection import Collection
+from nobackfill.index.importing import add_vectors, vector_rev
+from nobackfill.index.store import DuplicateIdError, SpaceMismatchError
+from nobackfill.search.searcher import Searcher
+
+
+def _unit(n: int, dim: int = 8, seed: int = 0) -> np.ndarray:
+    x = np.random.default_rng(seed).standard_normal((n, dim)).astype(np.float32)
+    return x / np.linalg.norm(x, axis=1, keepdims=True)
+
+
+def _collection(tmp_path, modalities=("image", "text")) -> Collection:
+    return Collection.create(tmp_path / "c", space_id="s", dim=8, model="/m/s", modalities=list(modalities))
+
+
+def _ids(n: int, start: int = 0) -> list[str]:
+    return [f"id{i}" for i in range(start, start + n)]
+
+
+def test_vectors_are_served_under_their_ids_and_a_second_run_changes_nothing(tmp_path):
+    c = _collection(tmp_path)
+    x = _unit(20)
+    r = add_vectors(c, _ids(20), x, modality="image", sources=[{"path": f"/p/{i}.jpg"} for i in range(20)],
+                    metadata=[{"group": i % 3} for i in range(20)])
+    assert (r.added, r.unchanged, r.stored) == (20, 0, 20)
+    gen = c.generation
+    again = add_vectors(c, _ids(20), x, modality="image", sources=[{"path": f"/p/{i}.jpg"} for i in range(20)],
+                        metadata=[{"group": i % 3} for i in range(20)])
+    assert (again.added, again.unchanged, again.stored) == (0, 20, 0) and c.generation == gen
+    snap = c.snapshot()
+    view = snap.views("image")["s"]
+    assert view.count == 20 and snap.item_count("image") == 20
+    assert c.get("id7").key == f"id7#{vector_rev(x[7:8])[0]}" and c.get("id7").metadata == {"group": 1}
+    hit = view.gallery.search("image", x[7:8], k=1, mask=view.mask, space_id="s")
+    assert view.item_ids[int(hit.positions[0][0])] == "id7"
+
+
+def test_a_new_vector_or_new_metadata_under_an_id_replaces_it(tmp_path):
+    c = _collection(tmp_path)
+    x = _unit(6)
+    add_vectors(c, _ids(6), x, modality="text", sources=[{"text": f"t{i}"} for i in range(6)])
+    y = x.copy()
+    y[2] = _unit(1, seed=9)[0]
+    r = add_vectors(c, _ids(6), y, modality="text", sources=[{"text": f"t{i}"} for i in range(6)],
+                    metadata=[{"v": 2} if i == 4 else {} for i in range(6)])
+    assert (r.added, r.unchanged, r.stored) == (2, 4, 1)
+    assert c.get("id2").key.endswith(vector_rev(y[2:3])[0]) and c.get("id4").metadata == {"v": 2}
+    assert len(c) == 6 and c.snapshot().views("text")["s"].count == 6
+
+
+def test_vectors_stored_by_a_killed_run_are_served_by_the_next_without_being_stored_twice(tmp_path):
+    c = _collection(tmp_path)
+    x = _unit(10)
+    keys = [f"{i}#{r}" for i, r in zip(_ids(10), vector_rev(x))]
+    c.gallery("s").add("text", keys, x, None, space_id="s")  # what a run killed before its commit left
+    r = add_vectors(c, _ids(10), x, modality="text", sources=[{"text": f"t{i}"} for i in range(10)])
+    assert (r.added, r.stored) == (10, 0) and c.gallery("s").count("text") == 10
+    assert c.snapshot().views("text")["s"].count == 10 and not c.verify()
+
+
+@pytest.mark.parametrize("kwargs, error, words", [
+    (dict(ids=["a", "b", "a"]), DuplicateIdError, "id 'a' is given twice (rows 1 and 3)"),
+    (dict(ids=["a", "", "c"]), ValueError, "row 2: ids must be non-empty"),
+    (dict(nan_row=1), ValueError, "row 2 holds NaN or inf"),
+    (dict(dim=5), ValueError, "5-d but the current model"),
+    (dict(modality="audio"), ValueError, "modality must be one of"),
+    (dict(metadata=[{"x": object()}] * 3), ValueError, "JSON"),
+    (dict(sources=[{}]), ValueError, "1 sources rows for 3 ids"),
+])
+def test_a_bad_batch_is_refused_and_writes_nothing(tmp_path, kwargs, error, words):
+    c = _collection(tmp_path)
+    x = _unit(3, dim=kwargs.pop("dim", 8))
+    if "nan_row" in kwargs:
+        x[kwargs.pop("nan_row"), 0] = np.nan
+    ids = kwargs.pop("ids", ["a", "b", "c"])
+    with pytest.raises(error, match=words.replace("(", r"\(").replace(")", r"\)")):
+        add_vectors(c, ids, x, **{"modality": "text", "where": "batch.npy", **kwargs})
+    assert len(c) == 0 and c.gallery("s").count("text") == 0
+
+
+def test_vectors_of_another_space_or_modality_the_model_lacks_are_refused(tmp_path):
+    c = _collection(tmp_path, modalities=("text",))
+    with pytest.raises(SpaceMismatchError):
+        add_vectors(c, ["a"], _unit(1), modality="text", space_id="other")
+    with pytest.raises(ValueError, match="embeds only text"):
+        add_vectors(c, ["a"], _unit(1), modality="image")
+
+
+def test_imported_items_are_searched_like_added_ones(tmp_path):
+    enc = HashEncoder(8, "s")
+    c = Collection.create(tmp_path / "c", space_id=enc.space_id, dim=8, model=OLD_REF)
+    texts = [f"caption {i}" for i in range(12)]
+    add_vectors(c, _ids(12), enc.encode_texts(texts), modality="text", sources=[{"text": t} for t in texts])
+    pool = pool_with((OLD_REF, enc))
+    hits = Searcher(c, pool=pool).search(text="caption 5", k=3, target="text").hits
+    assert hits[0].id == "id5" and hits[0].score == pytest.approx(1.0, abs=1e-5)
