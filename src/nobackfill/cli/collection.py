@@ -110,6 +110,57 @@ def add(
     console.print(f"collection {c.path}: {st['items']['image']} images, {st['items']['text']} texts")
 
 
+@collection_app.command("import")
+def import_(
+    name: str = _NAME,
+    model: Path = typer.Option(..., help="The model that made the vectors (a model directory, or 'minilm'): the "
+                                         "collection's current model, checked on a sample unless --trust-model."),
+    from_: str = typer.Option(..., "--from", help="What to import: clip-retrieval:DIR (its inference output), "
+                                                  "npy:FILE.npy, npz:FILE.npz[:KEY] or faiss:FILE (with --table)."),
+    table: Optional[Path] = typer.Option(None, help="Parquet, JSONL or CSV table of the vectors' rows (ids, "
+                                                    "sources, metadata), row for row."),
+    id_column: Optional[str] = typer.Option(None, help="The table's id column (default: ids from content, as add "
+                                                       "gives them)."),
+    source_column: Optional[str] = typer.Option(None, help="The table's column of image paths / urls or caption "
+                                                           "texts (what a backfill embeds again)."),
+    modality: Optional[str] = typer.Option(None, help="image or text, for a table without a 'modality' column."),
+    images_root: Optional[Path] = typer.Option(None, help="Where relative image paths are resolved."),
+    trust_model: bool = typer.Option(False, help="Skip the model check (the plan records that it was skipped)."),
+    lossy: bool = typer.Option(False, help="Accept a faiss index that stores vectors lossily (PQ, SQ): its "
+                                           "reconstructions are imported."),
+    samples: int = typer.Option(64, help="Items re-embedded by the model check."),
+    backend: str = typer.Option("auto", help="Vector index of a collection created by this import (see create)."),
+    wait: bool = typer.Option(False, help="If another process is adding to this collection, wait for it."),
+) -> None:
+    """Adopt vectors embedded elsewhere: nothing is embedded again but a small sample that checks
+    they were made by MODEL. Resumable: re-run after a crash."""
+    from ..index.importing import import_source
+    from ..index.sources import open_source
+    from ..search.models import ModelPool, model_ref
+
+    try:
+        ref = model_ref(model)
+        enc = ModelPool().get(ref)
+        src = open_source(from_, table=table, id_column=id_column, source_column=source_column, modality=modality,
+                          images_root=images_root, lossy=lossy, expect_dim=int(enc.embed_dim))
+        rep = import_source(name, src, enc, model=ref, trust_model=trust_model, samples=samples, backend=backend,
+                            progress=True, wait=wait)
+    except user_errors() as e:
+        fail(str(e))
+    for w in rep.warnings:
+        console.print(f"[yellow]warning:[/yellow] {escape(w)}")
+    mc = rep.model_check
+    console.print("model check: skipped (--trust-model)" if mc.get("skipped") else f"model check: {escape(mc['message'])}")
+    console.print(f"{rep.items} item(s) read from {escape(rep.source)}: added {rep.added}, already there "
+                  f"{rep.unchanged} in {rep.seconds:.1f}s ({rep.items_per_s:,.0f} items/s)")
+    c = _open(name)
+    if rep.added:
+        c.build_graph_indexes(log=console.print)
+    st = c.status()
+    console.print(f"collection {c.path}: {st['items']['image']} images, {st['items']['text']} texts"
+                  + (f"; {st['unsourced']} without a source (cannot be backfilled)" if st.get("unsourced") else ""))
+
+
 def _calibration(data: Path, split: str, limit: Optional[int], langs: str):
     """Calibration tasks from a data folder / world root (t2i, i2t) or a Multi30K root (t2t: caption
     1 -> caption 2 of ``split``)."""
@@ -258,6 +309,12 @@ def status(
     for sid, s in st["spaces"].items():
         console.print(f"  {'*' if s['current'] else ' '} {s['name']:<16} {sid}  images {s.get('image', 0)}, texts "
                       f"{s.get('text', 0)}  ({s['model']})")
+        for imp in s.get("imports", []):
+            mc = imp.get("model_check") or {}
+            how = "model check skipped (--trust-model)" if mc.get("skipped") else \
+                f"model check median cosine {mc.get('median_cosine', 0):.4f} over {mc.get('n')} items"
+            console.print(escape(f"      imported {imp.get('items')} item(s) from {imp.get('from')} at {imp.get('at')}; "
+                                 + how))
         if s.get("index"):
             console.print("      index: " + _index_line(s["index"]))
     _print_routes(plan)
@@ -267,6 +324,9 @@ def status(
     eta = f", ETA {bf['eta_s']:.0f}s at {bf['rate']:.1f} items/s" if bf.get("eta_s") else ""
     console.print(f"  backfill into the current space: {bf['done']}/{bf['total']} ({100 * bf['fraction']:.1f}%; {per})"
                   + escape(f" [{bf['state']}{', order ' + bf['order'] if bf.get('order') else ''}{eta}]"))
+    if bf.get("no_source"):
+        console.print(f"    no source: cannot be backfilled: {bf['no_source']} item(s) (imported without one; "
+                      "searched in their space until it is retired)")
     for w in bf.get("holders", []):
         console.print(f"    worker: pid {w['pid']} on {w['host']} (shard {w['shard']}, since {w['since']})")
     if bf.get("note"):
@@ -391,13 +451,17 @@ def backfill(
 def retire(
     name: str = _NAME,
     space: str = typer.Option(..., help="The old space to drop (see `collection status`)."),
+    drop_unsourced: bool = typer.Option(False, help="Delete the items it serves that have no source (imported "
+                                                    "without one: they cannot be backfilled) with it."),
 ) -> None:
     """Drop an old space's vectors once every item has a vector in the current space."""
     from ..search.backfill import BackfillError, retire_space
 
     try:
         c = _open(name)
-        retire_space(c, space)
+        dropped = len(c.unsourced_ids(space)) if drop_unsourced else 0
+        retire_space(c, space, drop_unsourced=drop_unsourced)
     except (BackfillError,) + user_errors() as e:
         fail(str(e))
-    console.print(f"space {space} of {c.path} retired; its vectors were removed")
+    console.print(f"space {space} of {c.path} retired; its vectors were removed"
+                  + (f"; {dropped} item(s) without a source were deleted with it" if dropped else ""))

@@ -129,6 +129,21 @@ def filter_sql(flt: Mapping[str, Any], dialect: str) -> tuple[str, list[Any]]:
     return " AND ".join(conds) or "1 = 1", params
 
 
+def unsourced_sql(dialect: str) -> str:
+    """A condition on ``items`` true for an item with nothing to embed it again from (an image
+    without a path, a text without a text: imported from a url or without a source column)."""
+    if dialect == "sqlite":
+        get = "coalesce(json_extract(source, '$.{}'), '')"
+    else:
+        get = "coalesce(source::jsonb ->> '{}', '')"
+    return f"((modality = 'image' AND {get.format('path')} = '') OR (modality = 'text' AND {get.format('text')} = ''))"
+
+
+def _unsourced_index(dialect: str) -> str:
+    """A partial index of the items without a source: counting them reads only those."""
+    return f"CREATE INDEX IF NOT EXISTS items_unsourced ON items (modality) WHERE {unsourced_sql(dialect)}"
+
+
 def _json_type_sql(w: Any) -> str:
     """The JSON types that equal Python value ``w`` (1 == 1.0 == True, as in Python)."""
     if isinstance(w, str):
@@ -146,6 +161,7 @@ class Catalog:
         self._connect = connect
         self._lock_dir = lock_dir
         self._schema = schema
+        self._indexed = False
         self._read_conn: Any = None
         self._write_conn: Any = None
         self._rlock = threading.RLock()
@@ -213,6 +229,9 @@ class Catalog:
                 self._drop_if_broken("_write_conn")
                 raise self._error(e) from e
             try:
+                if not self._indexed:  # catalogs written before the index existed get it at their first write
+                    conn.execute(_unsourced_index(self.dialect))
+                    self._indexed = True
                 w = Writer(self, conn)
                 yield w
                 _crash_point("before")  # test-only kill points around the commit (see store._crash_point)
@@ -592,6 +611,7 @@ def _create_tables(conn: Any, dialect: str, header: Mapping[str, Any]) -> None:
         ddl = ddl.replace("rid INTEGER PRIMARY KEY", "rid INTEGER PRIMARY KEY AUTOINCREMENT")
     for stmt in [s for s in ddl.split(";") if s.strip()]:
         conn.execute(stmt)
+    conn.execute(_unsourced_index(dialect))
     ph = "?" if dialect == "sqlite" else "%s"
     conn.execute(f"INSERT INTO header (id, format, version, name, backend, created, updated, generation, plan, "
                  f"plan_generation, n_image, n_text) VALUES (1, {', '.join([ph] * 11)})",

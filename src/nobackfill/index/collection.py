@@ -46,7 +46,7 @@ from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
 import numpy as np
 
 from .backends import AUTO_GRAPH_AT, parse_spec, validate_spec
-from .catalog import CATALOG_FILE, PAGE, Catalog, CatalogError, Row, Writer, memory_catalog
+from .catalog import CATALOG_FILE, PAGE, Catalog, CatalogError, Row, Writer, memory_catalog, unsourced_sql
 from .migrate import gallery_items, read_v1
 from .plan import Plan, PlanError, Space
 from .snapshot import EMPTY, HitTable, Snapshot, SpaceView
@@ -421,11 +421,13 @@ class Collection:
         """The live items among ``ids`` with the space serving each (None: no space holds it)."""
         return {i: (_item(r), r.space) for i, r in self.catalog.rows_by_id(list(ids)).items()}
 
-    def not_served_by(self, space_id: str, modalities: Iterable[str] = MODALITIES) -> list[Item]:
-        """Live items of ``modalities`` that ``space_id`` does not serve, in insertion order."""
+    def not_served_by(self, space_id: str, modalities: Iterable[str] = MODALITIES, *,
+                      sourced: bool = False) -> list[Item]:
+        """Live items of ``modalities`` that ``space_id`` does not serve, in insertion order (with
+        ``sourced``, only those that have a source to embed them from)."""
         mods = set(modalities)
-        return [_item(r) for r in self.catalog.rows(where="(space IS NULL OR space <> ?)", params=(space_id,))
-                if r.modality in mods]
+        where = "(space IS NULL OR space <> ?)" + (f" AND NOT {unsourced_sql(self.catalog.dialect)}" if sourced else "")
+        return [_item(r) for r in self.catalog.rows(where=where, params=(space_id,)) if r.modality in mods]
 
     def _hit_rows(self, rids: Iterable[int]) -> dict[int, tuple[str, str]]:
         rids = list(rids)
@@ -821,6 +823,20 @@ class Collection:
                                     f"{g.count(m)} its store holds")
         return problems
 
+    def count_unsourced(self, space_id: str | None = None) -> dict[str, int]:
+        """Per modality, live items (served by ``space_id``, if given) with no source to embed them
+        again from: searchable where their vectors are, never backfilled
+        (:func:`~nobackfill.index.catalog.unsourced_sql`)."""
+        where, params = (" AND space = ?", (space_id,)) if space_id is not None else ("", ())
+        rows = self.catalog.query(f"SELECT modality, count(*) FROM items WHERE {unsourced_sql(self.catalog.dialect)}"
+                                  f"{where} GROUP BY modality", params)
+        return {m: int(n) for m, n in rows}
+
+    def unsourced_ids(self, space_id: str) -> list[str]:
+        """Ids of the live items without a source that ``space_id`` serves."""
+        sql = f"SELECT id FROM items WHERE {unsourced_sql(self.catalog.dialect)} AND space = ? ORDER BY rid"
+        return [r[0] for r in self.catalog.query(sql, (space_id,))]
+
     def status(self) -> dict[str, Any]:
         """Counts per space and modality, the current space, and what the plan says."""
         snap = self.snapshot()
@@ -830,6 +846,8 @@ class Collection:
         for s in plan.spaces:
             spaces[s.space_id] = {"name": s.name, "model": s.model, "dim": s.dim, "current": s.space_id == plan.current,
                                   "retired": s.retired, **counts.get(s.space_id, {m: 0 for m in MODALITIES})}
+            if s.imports:
+                spaces[s.space_id]["imports"] = [dict(i) for i in s.imports]
             if not s.retired:
                 info = getattr(self.gallery(s.space_id), "index_info", None)
                 spaces[s.space_id]["index"] = info() if info else {}
@@ -837,6 +855,7 @@ class Collection:
         return {"name": self.name, "path": str(self.storage), "generation": snap.generation,
                 "items": {m: snap.item_count(m) for m in MODALITIES}, "catalog": self.catalog.dialect,
                 "current": plan.current, "spaces": spaces, "unserved": snap.item_count() - served,
+                "unsourced": sum(self.count_unsourced().values()),
                 "backend": self.backend}
 
 

@@ -1,4 +1,13 @@
-"""Adding vectors computed elsewhere: the bulk path (no model runs, no per-item objects).
+"""Adopting vectors computed elsewhere: :func:`import_source` and its bulk path :func:`add_vectors`.
+
+:func:`import_source` reads an :class:`~nobackfill.index.sources.ImportSource` (clip-retrieval's
+output, npy / npz / faiss with a table) batch by batch into a collection whose current model is the
+declared one, after the model check (:mod:`.model_check`: a random sample re-embedded with the
+declared model must match the stored vectors) has accepted the vectors; nothing is created or
+committed when it refuses. Killed at any point, the same call again finishes the job: committed
+batches are found unchanged, vectors stored by a killed batch are served without being stored
+again. The plan records each import (where from, how many, the check's verdict or that it was
+skipped).
 
 :func:`add_vectors` stores one batch of precomputed vectors in the collection's current space and
 commits their items in one catalog transaction. An item's vector key is its id plus a hash of its
@@ -11,15 +20,29 @@ next run without being stored twice (the same guarantees as
 from __future__ import annotations
 
 import hashlib
-from dataclasses import dataclass
-from typing import Any, Mapping, Sequence
+import time
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 
 import numpy as np
 
-from .collection import MAX_ID_LENGTH, Collection, _JSON
+from ..progress import progress_bar
+from .collection import MAX_ID_LENGTH, Collection, _JSON, is_collection
+from .model_check import DEFAULT_SAMPLES, DEFAULT_THRESHOLD, check_model, sample_rows
 from .store import MODALITIES, DuplicateIdError, SpaceMismatchError
 
-__all__ = ["VectorsReport", "add_vectors", "vector_rev"]
+if TYPE_CHECKING:  # the encoder module pulls in torch
+    from ..encoders.base import DualEncoder
+    from .sources import ImportSource
+
+__all__ = ["ImportReport", "ModelCheckRefused", "VectorsReport", "add_vectors", "import_source", "vector_rev"]
+
+
+class ModelCheckRefused(ValueError):
+    """The stored vectors were not made by the declared model (the message gives the numbers);
+    nothing was created or committed."""
 
 
 @dataclass
@@ -121,4 +144,93 @@ def add_vectors(collection: Collection, ids: Sequence[str], vectors: np.ndarray,
         pos.update(g.positions(m, mk))
     report.added = collection.commit_rows(rows, stored=(current, pos), skip_unchanged=True)
     report.unchanged = n - report.added
+    return report
+
+
+@dataclass
+class ImportReport:
+    """What :func:`import_source` did."""
+
+    source: str
+    collection: str
+    created: bool
+    items: int = 0  # items read from the source
+    added: int = 0
+    unchanged: int = 0
+    stored: int = 0
+    seconds: float = 0.0
+    model_check: dict[str, Any] = field(default_factory=dict)
+    warnings: list[str] = field(default_factory=list)
+
+    @property
+    def items_per_s(self) -> float:
+        return self.items / self.seconds if self.seconds > 0 else 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"source": self.source, "collection": self.collection, "created": self.created, "items": self.items,
+                "added": self.added, "unchanged": self.unchanged, "stored": self.stored,
+                "seconds": round(self.seconds, 3), "items_per_s": round(self.items_per_s, 1),
+                "model_check": self.model_check, "warnings": list(self.warnings)}
+
+
+def run_model_check(source: "ImportSource", encoder: "DualEncoder", model: str, *, samples: int = DEFAULT_SAMPLES,
+                    threshold: float = DEFAULT_THRESHOLD, seed: int = 0) -> dict[str, Any]:
+    """The model check of ``source`` against ``encoder`` (see :mod:`.model_check`); returns its
+    verdict as JSON, or raises :class:`ModelCheckRefused` naming the numbers."""
+    picked = sample_rows(source, samples, seed)
+    if not picked:
+        raise ModelCheckRefused(f"no item of {source.describe()} has a readable source (an image file that exists, "
+                                f"a caption) to check that {model} made its vectors; pass --trust-model to import "
+                                "them unchecked (the plan records that the check was skipped)")
+    verdict = check_model(encoder, picked, threshold=threshold, model=model)
+    if not verdict.accepted:
+        raise ModelCheckRefused(verdict.message + " (nothing was imported; --trust-model skips the check)")
+    return verdict.to_json()
+
+
+def import_source(target: "str | Path | Collection", source: "ImportSource", encoder: "DualEncoder", *, model: str,
+                  trust_model: bool = False, samples: int = DEFAULT_SAMPLES, threshold: float = DEFAULT_THRESHOLD,
+                  backend: str = "auto", progress: bool = True, wait: bool = False,
+                  on_batch: Callable[[int], None] | None = None) -> ImportReport:
+    """Import ``source`` into the collection ``target`` (created with ``encoder`` as its model when
+    it does not exist; otherwise its current model must be ``encoder``'s space). ``model`` is where
+    the declared model lives (recorded in the plan). ``on_batch(n)``: called after the n-th batch is
+    committed. Raises :class:`ModelCheckRefused`, or ``ValueError`` for vectors that do not fit the
+    model (nothing created or committed in both cases); see the module doc."""
+    t0 = time.perf_counter()
+    dim = int(encoder.embed_dim)
+    if int(source.dim) != dim:
+        raise ValueError(f"{source.describe()}: vectors are {source.dim}-d but {model} embeds {dim}-d vectors")
+    where = str(target.path) if isinstance(target, Collection) else str(target)
+    existing = target if isinstance(target, Collection) else Collection.open(target) if is_collection(target) else None
+    if existing is not None and existing.current_space != encoder.space_id:
+        cur = existing.space(existing.current_space)
+        raise SpaceMismatchError(cur.space_id, encoder.space_id, f"import vectors into collection {where}",
+                                 what=f"vectors declared as {model}'s", expected_name=cur.name,
+                                 hint="import into a new collection, or declare the collection's current model")
+    check = {"skipped": True, "model": model} if trust_model else \
+        run_model_check(source, encoder, model, samples=samples, threshold=threshold)
+    c = existing or Collection.create(target, space_id=encoder.space_id, dim=dim, model=model,
+                                      name=getattr(encoder, "name", ""), backend=backend,
+                                      modalities=list(getattr(encoder, "modalities", MODALITIES)))
+    report = ImportReport(source=source.describe(), collection=where, created=existing is None, model_check=check)
+    total = VectorsReport()
+    with c.ingesting(wait=wait), progress_bar(progress, f"importing {Path(where).name}", int(source.rows)) as advance:
+        done = 0
+        for n, batch in enumerate(source.batches(), start=1):
+            got = add_vectors(c, batch.ids, batch.vectors, modality=batch.modality, sources=batch.sources,
+                              metadata=batch.metadata, space_id=encoder.space_id,
+                              where=f"{source.describe()} rows {batch.row0 + 1}-{batch.row_end}")
+            total.merge(got)
+            report.items += len(batch)
+            advance(batch.row_end - done)
+            done = batch.row_end
+            if on_batch is not None:
+                on_batch(n)
+        record = {"from": source.describe(), "items": report.items, "added": total.added, "model_check": check,
+                  "at": datetime.now(timezone.utc).isoformat(timespec="seconds")}
+        c.set_plan(lambda p: p.with_import(encoder.space_id, record))
+    report.added, report.unchanged, report.stored = total.added, total.unchanged, total.stored
+    report.warnings = list(source.warnings)
+    report.seconds = time.perf_counter() - t0
     return report

@@ -41,6 +41,9 @@ class Space:
     modalities: tuple[str, ...] = _MODALITIES
     created: str = ""
     retired: bool = False
+    #: vectors imported into this space from elsewhere: per import, where from, how many, and the
+    #: model check's verdict (or that it was skipped)
+    imports: tuple[Mapping[str, Any], ...] = ()
 
     @property
     def label(self) -> str:
@@ -51,8 +54,11 @@ class Space:
         return modality in self.modalities
 
     def to_json(self) -> dict[str, Any]:
-        return {"space_id": self.space_id, "dim": self.dim, "model": self.model, "name": self.name,
-                "modalities": list(self.modalities), "dir": self.dir, "created": self.created, "retired": self.retired}
+        out = {"space_id": self.space_id, "dim": self.dim, "model": self.model, "name": self.name,
+               "modalities": list(self.modalities), "dir": self.dir, "created": self.created, "retired": self.retired}
+        if self.imports:
+            out["imports"] = [dict(i) for i in self.imports]
+        return out
 
     @classmethod
     def from_json(cls, obj: Any) -> "Space":
@@ -68,7 +74,7 @@ class Space:
                             f"got {mods!r}")
         return cls(space_id=obj["space_id"], dim=int(obj["dim"]), model=str(obj.get("model", "")), dir=obj["dir"],
                    name=str(obj.get("name") or ""), modalities=tuple(mods), created=str(obj.get("created") or ""),
-                   retired=bool(obj.get("retired")))
+                   retired=bool(obj.get("retired")), imports=tuple(obj.get("imports") or ()))
 
 
 @dataclass(frozen=True)
@@ -230,6 +236,12 @@ class Plan:
         calibration (what an upgrade starts from: the numbers were measured for another model)."""
         routes = {s: {d: r for d, r in dirs.items() if r.pinned} for s, dirs in self.routes.items()}
         return dataclasses.replace(self, routes={s: d for s, d in routes.items() if d}, merge=None, calibration=None)
+
+    def with_import(self, space_id: str, record: Mapping[str, Any]) -> "Plan":
+        """This plan with an import into ``space_id`` recorded."""
+        return dataclasses.replace(self, spaces=tuple(
+            dataclasses.replace(s, imports=(*s.imports, dict(record))) if s.space_id == space_id else s
+            for s in self.spaces))
 
     def retire(self, space_id: str) -> "Plan":
         """This plan with ``space_id`` retired (its routes dropped)."""

@@ -157,10 +157,11 @@ def _order_ids(collection: Collection) -> list[str]:
 
 
 def _pending(collection: Collection, target: str, items: dict[str, Item] | None = None) -> list[Item]:
-    """Live items the target space can embed that it holds no vector for, in log order."""
+    """Live items the target space can embed that it holds no vector for, in log order (items
+    without a source are never pending: nothing can embed them)."""
     mods = set(collection.space(target).modalities)
     if items is None:  # the catalog knows what the target serves (the current space: first in order)
-        return collection.not_served_by(target, mods)
+        return collection.not_served_by(target, mods, sourced=True)
     g = collection.gallery(target)
     g.refresh()
     held = _held(g, [it for it in items.values() if it.modality in mods])
@@ -480,13 +481,17 @@ def backfill_status(collection: Collection) -> dict[str, Any]:
     snap = collection.snapshot()
     target = snap.current_space
     mods = [m for m in ("image", "text") if collection.space(target).embeds(m)]
-    per = {m: {"done": snap.views(m)[target].count, "total": snap.item_count(m)} for m in mods}
+    lost = collection.count_unsourced()  # only those the target serves already count as done
+    held = collection.count_unsourced(target)
+    per = {m: {"done": snap.views(m)[target].count, "total": snap.item_count(m) - lost.get(m, 0) + held.get(m, 0)}
+           for m in mods}
     total = sum(v["total"] for v in per.values())
     done = sum(v["done"] for v in per.values())
     job = BackfillJob.load(collection)
     mine = job is not None and job.target == target
     out: dict[str, Any] = {"done": done, "total": total, "fraction": done / total if total else 1.0, "per_modality": per,
                            "order": job.order if mine else None,
+                           "no_source": sum(lost.values()) - sum(held.get(m, 0) for m in lost),
                            "state": job.state if mine else "none",
                            "target": target}
     leases = _leases(collection) if job else {}
@@ -850,9 +855,11 @@ def run_backfill(collection: Collection, encoder: Any, *, order: str = "uncertai
 
 
 # ----------------------------------------------------------------------------- retire
-def retire_space(collection: Collection, space_id: str) -> Plan:
+def retire_space(collection: Collection, space_id: str, *, drop_unsourced: bool = False) -> Plan:
     """Drop an old space (its vectors): refused while any live item that the current model can
-    embed has no vector in the current space, and for the current space itself."""
+    embed has no vector in the current space, and for the current space itself. Items the space
+    serves that have no source (imported from urls, say) would be lost: refused while there are
+    any, unless ``drop_unsourced``, which deletes them first (:func:`unsourced_to_drop` counts them)."""
 
     if space_id == collection.current_space:
         raise BackfillError(f"space {space_id} is the current model's; it cannot be retired")
@@ -861,6 +868,13 @@ def retire_space(collection: Collection, space_id: str) -> Plan:
     if left:
         raise BackfillError(f"cannot retire space {space_id} of {collection.path}: {len(left)} item(s) have no vector "
                             f"in the current space yet (run `nobackfill collection backfill`)")
+    orphans = collection.unsourced_ids(space_id)
+    if orphans and not drop_unsourced:
+        raise BackfillError(f"cannot retire space {space_id} of {collection.path}: {len(orphans)} item(s) it serves "
+                            "have no source to embed them again from (imported without one), so retiring it would "
+                            "lose them; pass --drop-unsourced to delete them with it")
+    if orphans:
+        collection.delete(orphans, missing_ok=True)
 
     def commit(p: Plan) -> Plan:
         if _pending(collection, p.current):

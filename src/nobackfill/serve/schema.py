@@ -239,6 +239,7 @@ class BackfillStatus(_Open):
     state: str = Field(..., description="none | running | paused | idle (no worker runs: see `note`) | done")
     order: Optional[str] = None
     target: Optional[str] = None
+    no_source: int = Field(0, description="Items the backfill skips: no source to embed them from.")
     workers: int = 0
     rate: float = 0.0
     eta_s: Optional[float] = None
@@ -266,6 +267,8 @@ class SpaceStatus(_Open):
     index: dict[str, dict[str, Any]] = Field(
         default_factory=dict, description="{modality: {backend, in_use, building, count}}: the vector index that "
                                           "answers (auto: Flat while small, the graph past its threshold).")
+    imports: list[dict[str, Any]] = Field(default_factory=list, description="Vectors imported into this space: "
+                                                                            "from, items, model_check, at.")
 
 
 class Status(_Open):
@@ -276,6 +279,8 @@ class Status(_Open):
     current: str
     spaces: dict[str, SpaceStatus]
     unserved: int
+    unsourced: int = Field(0, description="Items with no source to embed them again from (imported without one): "
+                                          "searched in their space, never backfilled.")
     backend: str
     routes: dict[str, Any]
     merge: str
