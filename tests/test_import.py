@@ -148,3 +148,20 @@ def test_the_cli_imports_a_clip_retrieval_folder_with_a_real_model(tmp_path):
     assert r.exit_code == 2 and "64-d" in r.output and "128-d" in r.output and not (tmp_path / "c2").exists()
     r = runner.invoke(app, ["collection", "status", str(tmp_path / "c")])
     assert r.exit_code == 0 and "imported 10 item(s) from" in r.output and "median cosine" in r.output
+
+
+def test_verify_model_check_accepts_the_models_own_vectors_and_names_a_swapped_store(tmp_path, monkeypatch):
+    import nobackfill.search.models as models
+    from nobackfill.search.verify import check_models
+
+    enc = HashEncoder(16, "old")
+    folder = make_folder(tmp_path / "d", n_images=8, captions_per_image=1)
+    src = open_source(f"clip-retrieval:{_clip_folder(folder, enc, tmp_path / 'emb')}")
+    import_source(tmp_path / "c", src, enc, model=OLD_REF, progress=False)
+    c = Collection.open(tmp_path / "c")
+    monkeypatch.setattr(models.ModelPool, "get", lambda self, ref, *a, **k: enc)  # the space's model, loaded
+    ok = check_models(c)[enc.space_id]
+    monkeypatch.setattr(models.ModelPool, "get", lambda self, ref, *a, **k: HashEncoder(16, "stranger"))  # swapped
+    bad = check_models(c)[enc.space_id]
+    assert ok["accepted"] and ok["n"] == 16 and ok["median_cosine"] == pytest.approx(1.0)
+    assert not bad["accepted"] and "were not made by /fake/models/old" in bad["message"]

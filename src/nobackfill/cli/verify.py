@@ -16,6 +16,8 @@ def verify(
     repair: bool = typer.Option(False, help="Rebuild derived files (cached indexes) and take damaged chunks out of "
                                             "service, listing the items to add again."),
     json_out: bool = typer.Option(False, "--json", help="Print one JSON report per path instead of text."),
+    model_check: bool = typer.Option(False, help="Collections: re-embed a sample of each space's items with its "
+                                                 "model and compare with the stored vectors."),
 ) -> None:
     """Check what is stored against its hashes and formats; exit 1 when a problem remains."""
     from ..search.verify import verify_path
@@ -23,7 +25,7 @@ def verify(
     reports = []
     for p in paths:
         try:
-            reports.append(verify_path(p, repair=repair))
+            reports.append(verify_path(p, repair=repair, model_check=model_check))
         except user_errors() as e:
             fail(str(e))
     if json_out:
@@ -36,6 +38,8 @@ def verify(
                 console.print(f"  problem: {line}", markup=False)
             for line in r.derived:
                 console.print(f"  derived: {line}", markup=False)
+            for sid, v in r.model_check.items():
+                console.print(f"  model check of space {sid}: {v['message']}", markup=False)
             if r.repaired:
                 console.print(f"  repaired: {json.dumps(r.repaired)[:2000]}", markup=False)
             for line in r.advice:

@@ -476,29 +476,39 @@ class Writer:
         return list(map(_row, self.execute(f"SELECT {_ROW_COLS} FROM items ORDER BY rid").fetchall()))
 
     def insert(self, items: Sequence[tuple[str, str, str, str, str]],
-               served: Sequence[tuple[str | None, int | None]] | None = None) -> list[int]:
+               served: Sequence[tuple[str | None, int | None]] | None = None, *,
+               new_ids_only: bool = False) -> list[int | None]:
         """Insert ``(id, modality, key, source json, metadata json)`` rows, each served by
-        ``served[i]`` (space, row) if given; their rids, in order."""
+        ``served[i]`` (space, row) if given; their rids, in order. ``new_ids_only``: a row whose id
+        is live already is left out (its rid is None), without a lookup per row first."""
         if not items:
             return []
         served = served if served is not None else [(None, None)] * len(items)
         sql = self.catalog._sql("INSERT INTO items (id, modality, key, source, metadata, space, pos, generation) "
-                                "VALUES (?, ?, ?, ?, ?, ?, ?, ?)")
+                                "VALUES (?, ?, ?, ?, ?, ?, ?, ?)" + (" ON CONFLICT (id) DO NOTHING" if new_ids_only else ""))
         rows = [(*it, sp, pos, self.generation) for it, (sp, pos) in zip(items, served)]
+        before = int(self.execute("SELECT coalesce(max(rid), 0) FROM items").fetchone()[0]) if new_ids_only else 0
         try:
             cur = self.conn.cursor()
             cur.executemany(sql, rows)
         except Exception as e:
             raise self.catalog._error(e) from e
-        first = self.execute("SELECT rid FROM items WHERE id = ?", (items[0][0],)).fetchone()[0]
-        last = self.execute("SELECT rid FROM items WHERE id = ?", (items[-1][0],)).fetchone()[0]
-        if last - first + 1 == len(items):  # one writer at a time: consecutive rids
-            rids = list(range(int(first), int(last) + 1))
-        else:  # pragma: no cover - a sequence with gaps
-            got = self.rows_by_id([it[0] for it in items])
-            rids = [got[it[0]].rid for it in items]
+        rids: list[int | None]
+        if new_ids_only:  # one writer at a time: the rows past ``before`` are this insert's
+            got = dict((i, int(r)) for r, i in self.execute("SELECT rid, id FROM items WHERE rid > ?", (before,)))
+            rids = [got.get(it[0]) for it in items]
+        else:
+            first = self.execute("SELECT rid FROM items WHERE id = ?", (items[0][0],)).fetchone()[0]
+            last = self.execute("SELECT rid FROM items WHERE id = ?", (items[-1][0],)).fetchone()[0]
+            if last - first + 1 == len(items):  # one writer at a time: consecutive rids
+                rids = list(range(int(first), int(last) + 1))
+            else:  # pragma: no cover - a sequence with gaps
+                by_id = self.rows_by_id([it[0] for it in items])
+                rids = [by_id[it[0]].rid for it in items]
         groups: dict[tuple[str, str], tuple[list[int], list[int]]] = {}
         for rid, it, (sp, pos) in zip(rids, items, served):
+            if rid is None:
+                continue
             self._counts[it[1]] += 1
             if sp is not None and pos is not None:
                 g = groups.setdefault((sp, it[1]), ([], []))

@@ -247,7 +247,7 @@ class Collection:
     @classmethod
     def create(cls, path: str | Path, *, space_id: str, dim: int, model: str, name: str = "",
                modalities: Sequence[str] = MODALITIES, backend: str = "auto",
-               collection_name: str | None = None) -> "Collection":
+               collection_name: str | None = None, adopt: Mapping[str, Any] | None = None) -> "Collection":
         """A new collection at ``path`` (a directory or a storage URI, :func:`~.storage.parse_uri`)
         whose current model embeds into ``space_id``.
 
@@ -257,6 +257,8 @@ class Collection:
         :data:`~nobackfill.index.backends.AUTO_GRAPH_AT` vectors, an HNSW32 graph built in the
         background past it), a faiss factory string (``Flat``, ``HNSW32``, ...) or ``flat`` /
         ``hnsw:...``. Refuses a location that already holds a collection, a gallery or other files.
+        ``adopt``: the space's vectors are a collection the user already has, registered in place
+        (:meth:`~.storage.Storage.adopt_space`; Milvus storage only).
         """
         storage = open_storage(path)
         if storage.exists():
@@ -276,7 +278,11 @@ class Collection:
             storage.location.rpartition("#")[2] or "default"
         header = {"name": collection_name or default_name, "backend": backend, "created": now, "updated": now,
                   "plan": Plan.single(space)}
-        storage.create_space(space.dir, space_id=space_id, dim=int(dim), model=str(model), backend=backend)
+        if adopt is not None:
+            storage.adopt_space(space.dir, space_id=space_id, dim=int(dim), model=str(model), backend=backend,
+                                external=adopt)
+        else:
+            storage.create_space(space.dir, space_id=space_id, dim=int(dim), model=str(model), backend=backend)
         storage.create_catalog(header)
         return cls.open(storage)
 
@@ -594,13 +600,27 @@ class Collection:
             return 0
         with self._writing() as w:
             put_ids = {r[0] for r in rows}
+            if len(put_ids) < len(rows):  # an id put twice: the last one
+                rows = list({r[0]: r for r in rows}.values())
+            plan = w.header["plan"]
+            hint_space, hint = stored if stored is not None and stored[0] == plan.current else (None, {})
+            new = 0
+            if skip_unchanged and not deletes and hint_space is not None and all(r[2] in hint for r in rows):
+                # the bulk path: new ids go in at once, without a lookup each; the others below
+                stable = getattr(self.gallery(hint_space, plan), "stable_positions", False)
+                rids = w.insert(rows, [(hint_space, hint[r[2]] if stable else None) for r in rows], new_ids_only=True)
+                rows = [r for r, rid in zip(rows, rids) if rid is None]
+                new = len(rids) - len(rows)
+                if not rows:
+                    return new
+                put_ids = {r[0] for r in rows}
             old = w.rows_by_id(list(put_ids | set(deletes)))
             if skip_unchanged and old:
                 rows = [r for r in rows if r[0] not in old or _row_json(old[r[0]]) != r]
                 put_ids = {r[0] for r in rows}
                 if not rows and not deletes:
-                    w.unchanged = True  # no new generation: readers keep their snapshot
-                    return 0
+                    w.unchanged = not new  # nothing written: no new generation, readers keep their snapshot
+                    return new
             missing = [i for i in deletes if i not in old and i not in put_ids]
             if missing and not missing_ok:
                 raise ItemNotFoundError(f"no item with id {missing[0]!r} in collection {self.path}"
@@ -608,18 +628,14 @@ class Collection:
             gone = [old[i] for i in dict.fromkeys(deletes) if i in old and i not in put_ids]
             replaced = [old[r[0]] for r in rows if r[0] in old]
             w.delete(gone + replaced)
-            if len(put_ids) < len(rows):  # an id put twice: the last one
-                rows = list({r[0]: r for r in rows}.values())
-            plan = w.header["plan"]
             placed: dict[tuple[str, str], tuple[str, int | None]] = {}
             for o in replaced:  # same content: the row that served it serves it again
                 if o.space is not None and o.pos is not None:
                     placed[(o.modality, o.key)] = (o.space, o.pos)
-            hint_space, hint = stored if stored is not None and stored[0] == plan.current else (None, {})
-            if hint_space is not None and not placed and all(r[2] in hint for r in rows):  # the bulk path
+            if hint_space is not None and not placed and all(r[2] in hint for r in rows):  # all just stored
                 stable = getattr(self.gallery(hint_space, plan), "stable_positions", False)
                 w.insert(rows, [(hint_space, hint[r[2]] if stable else None) for r in rows])
-                return len(rows) + len(gone)
+                return new + len(rows) + len(gone)
             for m in MODALITIES:
                 keys = [r[2] for r in rows if r[1] == m]
                 if placed:
@@ -631,7 +647,7 @@ class Collection:
                 if keys:
                     placed.update(((m, k), v) for k, v in self._locate(plan, m, keys).items())
             w.insert(rows, [placed.get((r[1], r[2]), (None, None)) for r in rows])
-        return len(rows) + len(gone)
+        return new + len(rows) + len(gone)
 
     def delete(self, ids: Iterable[str], *, missing_ok: bool = False) -> int:
         """Delete items by id; they are never returned again."""

@@ -21,7 +21,8 @@ if TYPE_CHECKING:  # the encoder module pulls in torch only where it is used
     from ..encoders.base import DualEncoder
     from .sources import ImportSource
 
-__all__ = ["DEFAULT_SAMPLES", "DEFAULT_THRESHOLD", "ModelCheck", "Sample", "check_model", "sample_rows"]
+__all__ = ["DEFAULT_SAMPLES", "DEFAULT_THRESHOLD", "ModelCheck", "Sample", "check_model", "collection_samples",
+           "sample_rows"]
 
 DEFAULT_SAMPLES = 64
 DEFAULT_THRESHOLD = 0.99
@@ -195,3 +196,33 @@ def sample_rows(source: "ImportSource", n: int = DEFAULT_SAMPLES, seed: int = 0,
         step *= 2
     picked.sort(key=lambda t: t[0])
     return sorted((s for _, s in picked[:n]), key=lambda s: s.row)
+
+
+def collection_samples(collection: Any, space_id: str, n: int = DEFAULT_SAMPLES, seed: int = 0) -> list[Sample]:
+    """A random sample (fixed ``seed``) of up to ``n`` items that ``space_id`` serves and whose
+    source is readable, with their stored vectors (read from the space's store): what ``verify
+    --model-check`` re-embeds with the space's model."""
+    from .catalog import unsourced_sql
+
+    cat = collection.catalog
+    rows = cat.query(f"SELECT rid, id, modality, key, source FROM items WHERE space = ? AND NOT "
+                     f"{unsourced_sql(cat.dialect)}", (space_id,))
+    order = np.random.default_rng(seed).permutation(len(rows))
+    picked: list[tuple[int, str, str, str, str]] = []
+    import json
+
+    for i in order:
+        rid, item_id, modality, key, source = rows[int(i)]
+        payload = _readable(modality, json.loads(source))
+        if payload:
+            picked.append((int(rid), item_id, modality, key, payload))
+            if len(picked) >= n:
+                break
+    store = collection.gallery(space_id)
+    out: list[Sample] = []
+    for modality in ("image", "text"):
+        mine = [p for p in picked if p[2] == modality]
+        if mine:
+            vecs = store.get_vectors(modality, [p[3] for p in mine])
+            out += [Sample(modality, p[4], v, p[0], p[1]) for p, v in zip(mine, vecs)]
+    return sorted(out, key=lambda s: s.row)

@@ -22,7 +22,7 @@ import json
 import os
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Iterator, Protocol, Sequence, runtime_checkable
+from typing import TYPE_CHECKING, Any, Iterator, Mapping, Protocol, Sequence, runtime_checkable
 
 import numpy as np
 
@@ -101,6 +101,14 @@ class Storage(abc.ABC):
     @abc.abstractmethod
     def create_space(self, directory: str, *, space_id: str, dim: int, model: str, backend: str) -> SpaceStore:
         """Create (or resume) the vector store ``directory`` of a space."""
+
+    def adopt_space(self, directory: str, *, space_id: str, dim: int, model: str, backend: str,
+                    external: Mapping[str, Any]) -> SpaceStore:
+        """Register a vector collection the user already has (``external``: where it is and which
+        fields hold the vectors, ids and sources) as the read-only store ``directory`` of a space:
+        nothing is copied, written to it or dropped from it (``drop_space`` forgets it)."""
+        raise ValueError(f"{self} cannot adopt a vector store in place (only Milvus storage can: a collection "
+                         "URI milvus://HOST:PORT#NAME?catalog=...)")
 
     @abc.abstractmethod
     def open_space(self, directory: str) -> SpaceStore: ...

@@ -611,6 +611,26 @@ class Gallery:
             cols.vectors, cols.vec_chunks = cat, len(cols.chunks)
         return cols.vectors
 
+    def get_vectors(self, modality: str, keys: Sequence[str]) -> np.ndarray:
+        """The vectors of ``keys`` (all held: ``KeyError`` naming one that is not), reading only
+        the chunks that hold them (hash-checked), not the whole store."""
+        cols = self._sync(modality)
+        missing = [k for k in keys if k not in cols.pos]
+        if missing:
+            raise KeyError(f"gallery {self.path} holds no {modality} vector {missing[0]!r}")
+        rows = np.asarray([cols.pos[k] for k in keys], np.int64)
+        if cols.vectors is not None and len(cols.vectors) > (rows.max() if len(rows) else -1):
+            return np.array(cols.vectors[rows])
+        chunks = self._chunks(modality)
+        ends = np.cumsum([c["count"] for c in chunks])
+        which = np.searchsorted(ends, rows, side="right")
+        out = np.zeros((len(rows), self.dim), np.float32)
+        for c in np.unique(which):
+            sel = which == c
+            start = int(ends[c] - chunks[c]["count"])
+            out[sel] = self._load_npz(chunks[c], "vectors")[rows[sel] - start]
+        return out
+
     def metadata(self, modality: str) -> list[dict[str, Any]]:
         """Metadata dicts in insertion order (copies)."""
         cols = self._sync(modality)

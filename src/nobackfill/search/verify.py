@@ -35,6 +35,8 @@ class PathReport:
     derived: list[str] = field(default_factory=list)
     repaired: dict[str, Any] = field(default_factory=dict)
     advice: list[str] = field(default_factory=list)
+    #: ``--model-check``: per space, the model check's verdict
+    model_check: dict[str, Any] = field(default_factory=dict)
 
     @property
     def ok(self) -> bool:
@@ -58,14 +60,46 @@ def _kind(path: str) -> str:
                      "collection.json, manifest.json, upgrade.json, config.json)")
 
 
-def verify_path(path: str | Path, repair: bool = False) -> PathReport:
+def verify_path(path: str | Path, repair: bool = False, model_check: bool = False) -> PathReport:
     """Check ``path`` (kind detected from its files); with ``repair``, rebuild what is derived and
-    take what is damaged out of service first, then check again."""
+    take what is damaged out of service first, then check again. ``model_check`` (a collection):
+    also re-embed a sample of each space's items with its model and compare with the stored
+    vectors (:func:`check_models`)."""
     path = str(path)
     kind = _kind(path)
     report = PathReport(path, kind)
     {"gallery": _gallery, "collection": _collection, "upgrade": _upgrade, "model": _model}[kind](path, report, repair)
+    if model_check:
+        if kind != "collection":
+            raise ValueError(f"{path}: --model-check checks a collection's spaces; this is a {kind}")
+        from ..index.collection import Collection
+
+        for sid, verdict in check_models(Collection.open(path)).items():
+            report.model_check[sid] = verdict
+            if not verdict["accepted"]:
+                report.problems.append(f"space {sid}: {verdict['message']}")
     return report
+
+
+def check_models(collection: Any, samples: int = 64, seed: int = 0) -> dict[str, dict[str, Any]]:
+    """Per live space: the model check of a random sample of the items it serves (re-embedded with
+    the space's model, compared with the stored vectors), as JSON; a space serving no item with a
+    readable source is reported as not checked (accepted, ``n`` 0)."""
+    from ..index.model_check import check_model, collection_samples
+    from .models import ModelPool
+
+    pool = ModelPool()
+    out: dict[str, dict[str, Any]] = {}
+    for sid in collection.space_ids():
+        space = collection.space(sid)
+        picked = collection_samples(collection, sid, samples, seed)
+        if not picked:
+            out[sid] = {"model": space.model, "n": 0, "accepted": True,
+                        "message": f"not checked: space {sid} serves no item with a readable source"}
+            continue
+        enc = pool.get(space.model, sid, what=f"model of space {space.label}")
+        out[sid] = check_model(enc, picked, model=space.model).to_json()
+    return out
 
 
 def _gallery(path: str, report: PathReport, repair: bool) -> None:
