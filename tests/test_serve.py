@@ -337,3 +337,43 @@ def test_the_client_names_any_id(env, tmp_path):
     hits = client.search(image=img, k=3, target="image", filter={"labels": {"n": [0, 1, 2]}})["hits"]
     assert hits and all(x["labels"]["n"] in (0, 1, 2) for x in hits)
     assert client.delete(odd) == {"deleted": odd}
+
+
+def test_import_takes_vectors_under_the_data_root_after_the_model_check(env):
+    """POST /v1/import: 403 without --data-root, 409 for vectors of another model (nothing changed),
+    then the current model's vectors imported and searchable."""
+    import json
+
+    from _collection_helpers import HashEncoder
+
+    api, c, _, tmp = env
+    svc = api.app.state.service
+    old, new = svc.pool.get(OLD_REF), svc.pool.get(NEW_REF)
+    root = tmp / "imports"
+    root.mkdir()
+    texts = [f"imported caption {i}" for i in range(12)]
+    (root / "t.jsonl").write_text("".join(json.dumps({"id": f"imp{i}", "text": t}) + "\n" for i, t in enumerate(texts)))
+    np.save(root / "new.npy", new.encode_texts(texts))
+    np.save(root / "old.npy", old.encode_texts(texts))  # another width: a 422
+    np.save(root / "stranger.npy", HashEncoder(new.embed_dim, "stranger").encode_texts(texts))  # same width
+    body = {"format": "npy", "path": "new.npy", "table": "t.jsonl", "id_column": "id", "source_column": "text",
+            "modality": "text"}
+    r = api.post("/v1/import", json=body, headers=h(ADMIN))
+    assert r.status_code == 403 and "--data-root" in r.json()["detail"]
+    settings = ServeSettings(collection=str(c.path), keys=KeyRing({"read": [READ], "admin": [ADMIN]}),
+                             data_root=root, limits=LIMITS)
+    api = TestClient(create_app(settings, pool=svc.pool))
+    before = state(c)
+    assert api.post("/v1/import", json=body, headers=h(READ)).status_code == 403
+    r = api.post("/v1/import", json={**body, "path": "old.npy"}, headers=h(ADMIN))
+    assert r.status_code == 422 and "12-d" in r.json()["detail"] and state(c) == before
+    r = api.post("/v1/import", json={**body, "path": "stranger.npy"}, headers=h(ADMIN))
+    assert r.status_code == 409 and "were not made by" in r.json()["detail"] and state(c) == before
+    r = api.post("/v1/import", json={**body, "path": "../t.jsonl"}, headers=h(ADMIN))
+    assert r.status_code == 400 and "outside the allowed root" in r.json()["detail"] and state(c) == before
+    r = api.post("/v1/import", json=body, headers=h(ADMIN))
+    assert r.status_code == 200, r.text
+    out = r.json()
+    assert out["added"] == 12 and out["model_check"]["accepted"] and str(tmp) not in r.text
+    hits = api.post("/v1/search", json={"text": texts[4], "k": 1, "target": "text"}, headers=h(READ)).json()["hits"]
+    assert hits[0]["id"] == "imp4" and hits[0]["route"] == "native"

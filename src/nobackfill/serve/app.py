@@ -37,8 +37,9 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from .batching import SearchBatcher
 from .paths import PublicPaths
-from .schema import (AddResult, BackfillRequest, BackfillStatus, Deleted, Health, ItemOut, SearchResults,
-                     Status, UpgradeRequest, UpgradeResult, errors, finish_openapi, form_encodings, request_models)
+from .schema import (AddResult, BackfillRequest, BackfillStatus, Deleted, Health, ImportRequest, ImportResult, ItemOut,
+                     SearchResults, Status, UpgradeRequest, UpgradeResult, errors, finish_openapi, form_encodings,
+                     request_models)
 from .settings import ServeSettings
 
 log = logging.getLogger("nobackfill.serve")
@@ -121,8 +122,9 @@ class Service:
         self.g_items = Gauge("nobackfill_items", "Live items", ["modality"], registry=r)
 
     # ------------------------------------------------------------------ paths from requests
-    def under(self, root: Path | None, rel: str, what: str, option: str) -> Path:
-        """``root / rel`` if it stays inside ``root`` (a path from a request is never used as is)."""
+    def under(self, root: Path | None, rel: str, what: str, option: str, *, file: bool = False) -> Path:
+        """``root / rel`` if it stays inside ``root`` (a path from a request is never used as is): a
+        directory, or with ``file`` a file."""
         if root is None:
             raise ApiError(403, f"{what}: this server takes no such paths (start it with {option})", what)
         if not isinstance(rel, str) or not rel or "\x00" in rel:
@@ -132,8 +134,8 @@ class Service:
             target = (base / rel).resolve()
             if base != target and base not in target.parents:
                 raise ApiError(400, f"{what}: {rel!r} lies outside the allowed root ({option})", what)
-            if not target.is_dir():
-                raise ApiError(404, f"{what}: {rel!r} is no directory under {option}", what)
+            if not (target.is_file() if file else target.is_dir()):
+                raise ApiError(404, f"{what}: {rel!r} is no {'file' if file else 'directory'} under {option}", what)
         except OSError as e:  # a name too long, a loop of links, no permission: nothing usable there
             raise ApiError(404, f"{what}: {rel!r} is not readable under {option} ({type(e).__name__})", what) from None
         return target
@@ -505,6 +507,36 @@ def create_app(settings: ServeSettings, pool: Any = None) -> FastAPI:
                 raise ApiError(422, str(e)) from None
         svc.searcher.warm()
         return {"current": plan.current, "spaces": plan.space_ids, "merge": plan.merge_method}
+
+    @app.post("/v1/import", summary="Import vectors embedded elsewhere (a path under --data-root)",
+              response_model=ImportResult, dependencies=[Depends(admin_json)],
+              responses=errors(400, 401, 403, 404, 409, 413, 415, 422))
+    async def import_(req: ImportRequest, _r: str = Depends(admin)) -> Any:
+        root = settings.data_root
+        path = svc.under(root, req.path, "path", "--data-root", file=req.format != "clip-retrieval")
+        table = svc.under(root, req.table, "table", "--data-root", file=True) if req.table else None
+        images = svc.under(root, req.images_root, "images_root", "--data-root") if req.images_root else None
+        return await _run(_import, req, path, table, images)
+
+    def _import(req: ImportRequest, path: Path, table: Path | None, images: Path | None) -> dict:
+        from ..index.importing import ModelCheckRefused, import_source
+        from ..index.sources import open_source
+
+        c = svc.collection
+        cur = c.space(c.current_space)
+        enc = svc.pool.get(cur.model, cur.space_id, what="collection's current model")
+        with svc.write_lock:
+            try:
+                src = open_source(f"{req.format}:{path}", table=table, id_column=req.id_column,
+                                  source_column=req.source_column, modality=req.modality, images_root=images,
+                                  lossy=req.lossy, expect_dim=int(enc.embed_dim))
+                rep = import_source(c, src, enc, model=cur.model, trust_model=req.trust_model, progress=False)
+            except ModelCheckRefused as e:
+                raise ApiError(409, str(e), "path") from None
+            except (ValueError, KeyError) as e:
+                raise ApiError(422, str(e)) from None
+        out = {k: v for k, v in rep.to_dict().items() if k in ImportResult.model_fields}
+        return svc.paths.deep(out)
 
     # ------------------------------------------------------------------ health, metrics, page
     @app.get("/healthz", summary="Liveness and the collection's generation", response_model=Health)

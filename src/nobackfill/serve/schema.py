@@ -190,6 +190,26 @@ class UpgradeRequest(BaseModel):
     calibrate_limit: Optional[Annotated[int, Field(ge=1, le=1_000_000), BeforeValidator(_integral)]] = None
 
 
+class ImportRequest(BaseModel):
+    """Vectors embedded elsewhere, under --data-root, imported into the collection (its current
+    model must be the one that made them: checked on a sample unless ``trust_model``)."""
+
+    model_config = _STRICT
+    format: Literal["clip-retrieval", "npy", "npz", "faiss"] = Field(
+        ..., description="clip-retrieval: its inference output folder; npy / npz / faiss: a vector file with a table.")
+    path: str = Field(..., max_length=1024, pattern=REL_PATH, description="The folder or file, relative to --data-root.")
+    table: Optional[str] = Field(None, max_length=1024, pattern=REL_PATH,
+                                 description="Parquet / JSONL / CSV table of the rows, relative to --data-root.")
+    id_column: Optional[str] = Field(None, max_length=255, description="The table's id column.")
+    source_column: Optional[str] = Field(None, max_length=255,
+                                         description="The table's column of image paths / urls or caption texts.")
+    modality: Optional[Literal["image", "text"]] = Field(None, description="For a table without a modality column.")
+    images_root: Optional[str] = Field(None, max_length=1024, pattern=REL_PATH,
+                                       description="Where relative image paths resolve, relative to --data-root.")
+    trust_model: bool = Field(False, description="Skip the model check (the plan records that it was skipped).")
+    lossy: bool = Field(False, description="Accept a faiss index that stores vectors lossily (PQ, SQ).")
+
+
 # ----------------------------------------------------------------------------- responses
 class _Open(BaseModel):
     model_config = ConfigDict(extra="allow")
@@ -287,6 +307,15 @@ class Status(_Open):
     calibrated: bool
     backfill: BackfillStatus
     limits: dict[str, int]
+
+
+class ImportResult(BaseModel):
+    items: int = Field(..., description="Items read from the source.")
+    added: int
+    unchanged: int
+    seconds: float
+    model_check: dict[str, Any] = Field(..., description="The model check's verdict, or {skipped: true}.")
+    warnings: list[str] = Field(default_factory=list)
 
 
 class UpgradeResult(BaseModel):
