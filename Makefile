@@ -46,6 +46,7 @@ bench: $(STAMP)
 	$(BIN)/nobackfill bench serve --quick --out $(R)/serve.json
 	sh scripts/isolated.sh $(BIN)/nobackfill bench store --quick --out $(R)/store.json
 	$(BIN)/nobackfill bench scale --quick --out $(R)/scale.json
+	$(BIN)/nobackfill bench import --quick --out $(R)/import.json
 	sh scripts/isolated.sh $(BIN)/nobackfill bench scale --quick --shared --set 'indexes=[]' --set 'peers=[]' \
 		--out $(R)/scale_shared.json
 	$(BIN)/python scripts/merged_speedup.py --out $(R)/merged.json

@@ -286,3 +286,32 @@ def bench_scale(
     cfg = resolve_config(ScaleBenchConfig, ScaleBenchConfig.quick(**kw) if quick else ScaleBenchConfig(**kw),
                          config, set_, show=show_config)
     run_bench(lambda log: run_scale_bench(cfg, log=log), json_out, format_markdown, as_json)
+
+def bench_import(
+    quick: bool = typer.Option(False, help="N = 100k only (full: 100k and 1M), a 300-image world, 20 trials per case "
+                                           "(full: 50)."),
+    json_out: Path = typer.Option(Path("runs/bench/import.json"), "--out", help="JSON output (a .md table beside it)."),
+    sizes: Optional[str] = typer.Option(None, help="Comma list of N for the throughput rows (overrides --quick's / "
+                                                   "the full default)."),
+    world: Optional[Path] = typer.Option(None, help="World root or split folder (its test split is used; default: a "
+                                                    "world generated in --work)."),
+    models: Path = typer.Option(Path("models"), help="Folder with world-old / world-new / m30k-old-text."),
+    data: Optional[Path] = typer.Option(None, help="Multi30K root (default: data/multi30k under $NOBACKFILL_SHARED)."),
+    work: Path = typer.Option(Path("runs/bench/import-work"), help="Scratch (world, clip-retrieval folders, "
+                                                                   "collections, vectors)."),
+    config: Optional[Path] = config_option(),
+    set_: Optional[List[str]] = set_option(),
+    show_config: bool = show_config_option(),
+    as_json: bool = json_flag(),
+) -> None:
+    """Bring your own index: hits of imported clip-retrieval folders vs the same collection built with add
+    (t2i, i2t, t2t), import rows/s and peak RSS, and model-check trials with the right and wrong models
+    declared."""
+    from ..bench.importing import ImportBenchConfig, format_markdown, run_import_bench
+
+    kw: dict = dict(world=world, models=models, multi30k=data, work=work)
+    if sizes:
+        kw["sizes"] = tuple(int(s) for s in sizes.split(",") if s)
+    cfg = resolve_config(ImportBenchConfig, ImportBenchConfig.quick(**kw) if quick else ImportBenchConfig(**kw),
+                         config, set_, show=show_config)
+    run_bench(lambda log: run_import_bench(cfg, log=log), json_out, format_markdown, as_json)
