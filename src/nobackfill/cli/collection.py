@@ -116,14 +116,21 @@ def import_(
     model: Path = typer.Option(..., help="The model that made the vectors (a model directory, or 'minilm'): the "
                                          "collection's current model, checked on a sample unless --trust-model."),
     from_: str = typer.Option(..., "--from", help="What to import: clip-retrieval:DIR (its inference output), "
-                                                  "npy:FILE.npy, npz:FILE.npz[:KEY] or faiss:FILE (with --table)."),
+                                                  "npy:FILE.npy, npz:FILE.npz[:KEY] or faiss:FILE (with --table), or a "
+                                                  "Milvus collection to adopt in place (milvus://HOST:PORT#NAME or "
+                                                  "milvus-lite:PATH#NAME, in the Milvus that holds NAME's collection)."),
     table: Optional[Path] = typer.Option(None, help="Parquet, JSONL or CSV table of the vectors' rows (ids, "
                                                     "sources, metadata), row for row."),
     id_column: Optional[str] = typer.Option(None, help="The table's id column (default: ids from content, as add "
                                                        "gives them)."),
     source_column: Optional[str] = typer.Option(None, help="The table's column of image paths / urls or caption "
                                                            "texts (what a backfill embeds again)."),
-    modality: Optional[str] = typer.Option(None, help="image or text, for a table without a 'modality' column."),
+    modality: Optional[str] = typer.Option(None, help="image or text, for a table without a 'modality' column "
+                                                      "(and for an adopted Milvus collection)."),
+    vector_field: Optional[str] = typer.Option(None, help="Milvus in place: the field holding the vectors."),
+    id_field: Optional[str] = typer.Option(None, help="Milvus in place: the primary-key field (the item ids)."),
+    source_field: Optional[str] = typer.Option(None, help="Milvus in place: the field with image paths / caption "
+                                                          "texts (what a backfill embeds again)."),
     images_root: Optional[Path] = typer.Option(None, help="Where relative image paths are resolved."),
     trust_model: bool = typer.Option(False, help="Skip the model check (the plan records that it was skipped)."),
     lossy: bool = typer.Option(False, help="Accept a faiss index that stores vectors lossily (PQ, SQ): its "
@@ -133,11 +140,15 @@ def import_(
     wait: bool = typer.Option(False, help="If another process is adding to this collection, wait for it."),
 ) -> None:
     """Adopt vectors embedded elsewhere: nothing is embedded again but a small sample that checks
-    they were made by MODEL. Resumable: re-run after a crash."""
+    they were made by MODEL. A Milvus collection is adopted in place: never copied, written to or
+    dropped. Resumable: re-run after a crash."""
     from ..index.importing import import_source
     from ..index.sources import open_source
     from ..search.models import ModelPool, model_ref
 
+    if from_.startswith(("milvus://", "milvus-lite:")):
+        return _adopt(name, model, from_, vector_field, id_field, source_field, modality, images_root, trust_model,
+                      samples, backend, wait)
     try:
         ref = model_ref(model)
         enc = ModelPool().get(ref)
@@ -159,6 +170,33 @@ def import_(
     st = c.status()
     console.print(f"collection {c.path}: {st['items']['image']} images, {st['items']['text']} texts"
                   + (f"; {st['unsourced']} without a source (cannot be backfilled)" if st.get("unsourced") else ""))
+
+
+def _adopt(name: str, model: Path, source: str, vector_field: Optional[str], id_field: Optional[str],
+           source_field: Optional[str], modality: Optional[str], images_root: Optional[Path], trust_model: bool,
+           samples: int, backend: str, wait: bool) -> None:
+    """``collection import --from milvus://...``: the user's Milvus collection adopted in place."""
+    from ..index.adopt import adopt_milvus
+    from ..search.models import ModelPool, model_ref
+
+    missing = [o for o, v in (("--vector-field", vector_field), ("--id-field", id_field), ("--modality", modality))
+               if not v]
+    if missing:
+        fail(f"adopting a Milvus collection needs {', '.join(missing)}")
+    try:
+        ref = model_ref(model)
+        rep = adopt_milvus(name, source, ModelPool().get(ref), model=ref, vector_field=vector_field,
+                           id_field=id_field, source_field=source_field, modality=modality, trust_model=trust_model,
+                           samples=samples, images_root=str(images_root) if images_root else None, backend=backend,
+                           progress=True, wait=wait)
+    except user_errors() as e:
+        fail(str(e))
+    mc = rep["model_check"]
+    console.print("model check: skipped (--trust-model)" if mc.get("skipped") else f"model check: {escape(mc['message'])}")
+    console.print(f"adopted {escape(source)} in place: {rep['items']} item(s), added {rep['added']}, already there "
+                  f"{rep['unchanged']}" + (f"; {rep['unsourced']} without a source (cannot be backfilled)"
+                                          if rep.get("unsourced") else "")
+                  + "; its vectors were not copied and nobackfill never writes to it")
 
 
 def _calibration(data: Path, split: str, limit: Optional[int], langs: str):

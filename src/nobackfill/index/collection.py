@@ -44,6 +44,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
 
 import numpy as np
+import orjson
 
 from .backends import AUTO_GRAPH_AT, parse_spec, validate_spec
 from .catalog import CATALOG_FILE, PAGE, Catalog, CatalogError, Row, Writer, memory_catalog, unsourced_sql
@@ -197,9 +198,20 @@ if json.encoder.c_make_encoder is not None:  # the encoder json.dumps uses, with
     _JSON.encode = lambda o: "".join(_c_json(o, 0))  # type: ignore[method-assign]
 
 
+def row_json(obj: Mapping[str, Any]) -> str:
+    """The JSON of an item's source or metadata in rows given to :meth:`Collection.commit_rows`
+    (orjson, keys sorted: canonical, so equal objects give equal text; a NaN becomes null)."""
+    if not obj:
+        return "{}"
+    try:
+        return orjson.dumps(obj, option=orjson.OPT_SORT_KEYS | orjson.OPT_SERIALIZE_NUMPY).decode("utf-8")
+    except TypeError as e:  # orjson.JSONEncodeError
+        raise ValueError(f"not a JSON object of JSON values: {e}") from None
+
+
 def _row_json(r: Row) -> tuple[str, str, str, str, str]:
     """A stored row in the form :meth:`Collection.commit_rows` takes."""
-    return r.id, r.modality, r.key, _JSON.encode(r.source), _JSON.encode(r.metadata)
+    return r.id, r.modality, r.key, row_json(r.source), row_json(r.metadata)
 
 
 def _item_json(it: Item) -> tuple[str, str, str, str, str]:
