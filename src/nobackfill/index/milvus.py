@@ -503,10 +503,15 @@ class MilvusSpaceStore:
             search_params=params, partition_names=[modality], consistency_level=STRONG if fresh else BOUNDED))
 
     @staticmethod
-    def _take(hits: list[dict], k: int, pos: dict[str, int], allowed: np.ndarray) -> list[tuple[float, int]]:
+    def _hit_key(hit: dict) -> str:
+        """The store key of one Milvus hit."""
+        return hit.get("entity", {}).get("key", hit.get("id"))
+
+    def _take(self, hits: list[dict], k: int, pos: dict[str, int], allowed: np.ndarray) -> list[tuple[float, int]]:
+        """Up to ``k`` ``(score, row)`` of ``hits`` whose rows ``allowed`` admits, each key once."""
         out, seen = [], set()
         for h in hits:
-            key = h.get("entity", {}).get("key", h.get("id"))
+            key = self._hit_key(h)
             p = pos.get(key)
             if p is None or p >= len(allowed) or not allowed[p] or key in seen:
                 continue
@@ -824,20 +829,10 @@ class MilvusAdoptedStore(MilvusSpaceStore):
             output_fields=[self.id_field], search_params={"metric_type": self.metric, "params": p},
             consistency_level=STRONG if fresh else BOUNDED))
 
-    def _take(self, hits: list[dict], k: int, pos: dict[str, int], allowed: np.ndarray) -> list[tuple[float, int]]:
-        out, seen = [], set()
-        for h in hits:
-            ent = h.get("entity") or {}
-            raw = ent.get(self.id_field, h.get(self.id_field, h.get("id")))
-            key = str(raw)
-            p = pos.get(key)
-            if p is None or p >= len(allowed) or not allowed[p] or key in seen:
-                continue
-            seen.add(key)
-            out.append((float(h["distance"]), p))
-            if len(out) == k:
-                break
-        return out
+    def _hit_key(self, hit: dict) -> str:  # type: ignore[override]
+        """The user's primary key of one hit, as a string (the catalog's key)."""
+        ent = hit.get("entity") or {}
+        return str(ent.get(self.id_field, hit.get(self.id_field, hit.get("id"))))
 
     def _exact(self, q: np.ndarray, k: int, keys: list[str], pos: dict[str, int]) -> list[tuple[float, int]]:
         found = self._fetch(keys)

@@ -504,6 +504,17 @@ def _string_id(value: Any) -> str:
     return _text(value)
 
 
+def _own_ids(chunk: "_Chunk", column: str | None, path: Any, first_row: int) -> list[str] | None:
+    """The ids of ``column`` in ``chunk`` (None without an id column); an empty one is an error
+    naming its row (``first_row``: the chunk's first row, 0-based)."""
+    if not column:
+        return None
+    own = [_string_id(v) for v in chunk.column(column)]
+    if not all(own):
+        raise SourceError(f"column {column!r} is empty (every row needs an id)", path, first_row + own.index("") + 1)
+    return own
+
+
 def _chunk_metas(chunk: _Chunk, skip: set[str]) -> list[dict]:
     """Each row's metadata: its columns but ``skip``, JSON-able."""
     n = len(chunk)
@@ -872,12 +883,7 @@ class ClipRetrievalSource(ImportSource):
         n, k = len(chunk), seg.k
         mods = [layer.modality for layer in seg.layers]
         has_image, has_text = "image" in mods, "text" in mods
-        own: list[str] | None = None
-        if self._id_col:
-            own = [_string_id(v) for v in chunk.column(self._id_col)]
-            if not all(own):
-                raise SourceError(f"column {self._id_col!r} is empty (every row needs an id)", seg.file,
-                                  m + own.index("") + 1)
+        own = _own_ids(chunk, self._id_col, seg.file, m)
         cols = chunk.columns
         paths = chunk.column("image_path")
         urls = chunk.column("url")
@@ -1019,12 +1025,7 @@ class TableSource(ImportSource):
                 mods.append(modality)
         else:
             mods = [str(self._modality)] * n
-        own: list[str] | None = None
-        if self._id_col:
-            own = [_string_id(v) for v in chunk.column(self._id_col)]
-            if not all(own):
-                raise SourceError(f"column {self._id_col!r} is empty (every row needs an id)", seg.file,
-                                  m + own.index("") + 1)
+        own = _own_ids(chunk, self._id_col, seg.file, m)
         metas = _chunk_metas(chunk, self._skip)
         imgs = chunk.column(self._img_col) if self._img_col and "image" in mods else None
         urls = chunk.column(self._url_col) if self._url_col and "image" in mods else None
