@@ -1,6 +1,6 @@
 """``nobackfill bench import`` on a tiny world, a fake Multi30K and 2,000 rows through the CLI: the JSON
-shape the issue asks for, hits identical to ``add``, no false refusal and no false accept (no timing is
-asserted)."""
+shape the issue asks for, hits identical to ``add``, no false refusal and no false accept, a milvus-lite
+collection adopted in place and left untouched (no timing is asserted)."""
 
 from __future__ import annotations
 
@@ -38,7 +38,7 @@ def test_bench_import_writes_the_issue_json(tmp_path):
     r = CliRunner().invoke(app, ["bench", "import", "--sizes", "2000", "--models", str(ROOT / "models"),
                                  "--data", str(m30k), "--work", str(tmp_path / "work"), "--out", str(out),
                                  "--set", "world_test=12", "--set", "trials=20", "--set", "samples=8",
-                                 "--set", "minilm_captions=60"])
+                                 "--set", "minilm_captions=60", "--set", "milvus_queries=5"])
     assert r.exit_code == 0, r.output
     res = json.loads(out.read_text())
     assert out.with_suffix(".md").is_file()
@@ -62,5 +62,11 @@ def test_bench_import_writes_the_issue_json(tmp_path):
         assert cases[name]["trials"] == 20 and cases[name]["refused_by_width"] == 0
         assert cases[name]["median_cosine"]["max"] < 0.99
     assert all(c["trials"] == 20 and c["refused"] == 0 for c in mc["right"]["by_case"].values())
-    assert "skipped" in res["milvus_in_place"] or res["milvus_in_place"].get("adopted") is True
+    mil = res["milvus_in_place"]  # the user's collection: adopted, upgraded, backfilled, retired, untouched
+    assert mil["adopted"] is True and mil["storage"] == "milvus-lite", mil
+    assert mil["rows_before"] == mil["rows_after"] == 12
+    assert mil["checksum_equal"] is True and all(mil["checksum_equal_after"].values())
+    assert mil["backfilled"] is True and mil["searches_ok"] is True and mil["user_collection_kept"] is True
+    assert set(mil["search_upgraded"]["routes"]) == {"bridge"} and set(mil["search_retired"]["routes"]) == {"native"}
+    assert "Milvus in place (milvus-lite)" in out.with_suffix(".md").read_text()
     assert not list((tmp_path / "work").glob("rows-*"))  # the throughput rows are removed

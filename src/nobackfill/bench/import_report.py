@@ -43,8 +43,42 @@ def format_markdown(result: dict[str, Any]) -> str:
         lines += ["", f"False refusals: {mc['right']['refused']} of {mc['right']['trials']}; false accepts: "
                   f"{mc['wrong']['accepted']} of {mc['wrong']['trials']} ({mc['samples']} samples a check, "
                   f"threshold {mc['threshold']}).", ""]
-    lines.append(f"Milvus in place: {result.get('milvus_in_place')}")
+    lines += _milvus(result.get("milvus_in_place"))
     return "\n".join(lines) + "\n"
+
+
+def _mix(d: dict[str, int]) -> str:
+    return ", ".join(f"{k} {v}" for k, v in sorted(d.items())) or "-"
+
+
+def _milvus(m: dict[str, Any] | None) -> list[str]:
+    """The user's Milvus collection through adopt, upgrade, backfill and retire."""
+    if not m or "rows_before" not in m:
+        return [f"Milvus in place: {m}"]
+    lines = ["| step | search p50 ms | p50 ms, query embedded | R@10 | routes of the hits | "
+             "user's collection unchanged |", "|---|---:|---:|---:|---|---|"]
+    checks = m.get("checksum_equal_after", {})
+    for key, step, check in (("search_adopted", "adopted (world-old, their HNSW index)", "after_adopt"),
+                             ("search_upgraded", "upgraded to world-new (bridge)", "after_upgrade"),
+                             ("search_backfilled", "backfilled", "after_backfill"),
+                             ("search_retired", "adopted space retired", "after_retire")):
+        x = m[key]
+        lines.append(f"| {step} | {x['p50_ms']} | {x.get('p50_embedded_ms')} | {x['r_at_10']} | {_mix(x['routes'])} "
+                     f"| {checks.get(check)} |")
+    mc = m.get("model_check", {})
+    steps = ", ".join(f"{k} {v}s" for k, v in m.get("steps_s", {}).items())
+    lines += ["", f"Milvus in place ({m['storage']}): the user's collection of {m['items']} world test images "
+              f"(pk INT64, embedding, image_path; {m['index']}), adopted {m['adopted']} (model check accepted "
+              f"{mc.get('accepted')}: median cosine {mc.get('median_cosine', float('nan')):.4f} over {mc.get('n')} "
+              f"items); rows {m['rows_before']} before, {m['rows_after']} after; checksum of "
+              f"their vectors equal: {m['checksum_equal']}; backfilled: {m['backfilled']}; searches ok: "
+              f"{m['searches_ok']} ({m['queries']} caption queries per step, k = 10; p50 end to end, the query "
+              f"embedded on CPU, and with the query vectors embedded beforehand); {steps}; {m['seconds']}s in all."]
+    if m["storage"] == "milvus-server":
+        lines += ["", f"Each step opens the collection anew: searches of the adopted collection run at Strong "
+                  f"consistency for {m.get('strong_window_s')} s after a process discovers its rows (a wait for "
+                  "the server's time tick)."]
+    return lines
 
 
 __all__ = ["format_markdown"]

@@ -25,15 +25,19 @@ Four parts, each a key of the JSON:
   image and caption vectors swapped (``img_emb`` <-> ``text_emb``), and world-new vectors cut to
   world-old's 64 dimensions and renormalised (a different model at the declared width: the check
   must compare cosines, not widths).
-* ``milvus_in_place``: skipped (``nobackfill.index.adopt.adopt_milvus`` is not benchmarked yet).
+* ``milvus_in_place``: a user's own Milvus collection (the world test images embedded by world-old, their
+  schema and HNSW / COSINE index) adopted in place, searched, upgraded to world-new with the shipped
+  bridge, backfilled, searched, its space retired: its row count and a checksum of its vectors before
+  and after (:mod:`.import_milvus`; milvus-lite, or a Milvus server with a PostgreSQL catalog: ``shared``
+  starts both on 127.0.0.1, ``milvus_uri`` / ``catalog`` name running ones).
 
 The data and folders are in :mod:`.import_data`, the throughput rows in :mod:`.import_rows`, the
-model-check trials in :mod:`.import_checks`, the tables in :mod:`.import_report`.
+model-check trials in :mod:`.import_checks`, the Milvus flow in :mod:`.import_milvus`, the tables in
+:mod:`.import_report`.
 """
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import shutil
 import time
@@ -43,6 +47,7 @@ from typing import Any, Callable, Sequence
 
 from .import_checks import run_model_checks
 from .import_data import Text, World, embeddings, load_text, load_world
+from .import_milvus import run_milvus_in_place
 from .import_report import format_markdown
 from .import_rows import run_throughput
 
@@ -75,8 +80,18 @@ class ImportBenchConfig:
     samples: int = 64
     threshold: float = 0.99
     work: Path = Path("runs/bench/import-work")
-    parts: tuple[str, ...] = ("identical", "throughput", "model_check")
+    parts: tuple[str, ...] = ("identical", "throughput", "model_check", "milvus_in_place")
     seed: int = 0
+    #: milvus_in_place: the shipped world-old -> world-new upgrade (None: ``upgrades/world-old-to-new``
+    #: beside ``models``), text queries per search pass
+    upgrade: Path | None = None
+    milvus_queries: int = 20
+    #: milvus_in_place on a Milvus server (``HOST:PORT``; None: milvus-lite in ``work``) with the
+    #: PostgreSQL catalog ``catalog`` (None: one started in ``work``); ``shared``: start both on
+    #: 127.0.0.1 in ``work`` and stop them after (run it under ``scripts/isolated.sh``)
+    milvus_uri: str | None = None
+    catalog: str | None = None
+    shared: bool = False
 
     @classmethod
     def quick(cls, **kw: Any) -> "ImportBenchConfig":
@@ -183,19 +198,6 @@ def run_identical(cfg: ImportBenchConfig, pool: Any, w: World, t: Text, emb: dic
 
 
 
-def _milvus() -> dict[str, Any]:
-    try:
-        found = importlib.util.find_spec("nobackfill.index.adopt") is not None
-    except (ImportError, ValueError):
-        found = False
-    if found:
-        from ..index import adopt  # type: ignore[attr-defined]
-
-        if hasattr(adopt, "adopt_milvus"):
-            return {"skipped": "nobackfill.index.adopt.adopt_milvus exists but this benchmark does not run it yet"}
-    return {"skipped": "not implemented yet"}
-
-
 def run_import_bench(cfg: ImportBenchConfig, log: Callable[[str], None] | None = None) -> dict[str, Any]:
     """Every part of ``cfg.parts``; the JSON of the issue (see the module doc)."""
     from ..search import ModelPool
@@ -205,6 +207,8 @@ def run_import_bench(cfg: ImportBenchConfig, log: Callable[[str], None] | None =
     cfg.work.mkdir(parents=True, exist_ok=True)
     out: dict[str, Any] = {}
     n: dict[str, Any] = {}
+    pool: Any = None
+    w: World | None = None
     if "identical" in cfg.parts or "model_check" in cfg.parts:
         pool = ModelPool()
         w = load_world(cfg, say)
@@ -220,7 +224,12 @@ def run_import_bench(cfg: ImportBenchConfig, log: Callable[[str], None] | None =
     if "model_check" in cfg.parts:
         say(f"model check: {cfg.trials} trials per case, {cfg.samples} samples, threshold {cfg.threshold}")
         out["model_check"] = run_model_checks(cfg, pool, w, t, emb, say)
-    out["milvus_in_place"] = _milvus()
+    if "milvus_in_place" in cfg.parts:
+        try:
+            out["milvus_in_place"] = run_milvus_in_place(cfg, say, pool=pool, world=w)
+        except Exception as e:  # a refusal or a server that does not start is a result, not a crash
+            say(f"milvus in place: {type(e).__name__}: {e}")
+            out["milvus_in_place"] = {"adopted": False, "error": f"{type(e).__name__}: {e}"}
     out["data"] = n
     out["config"] = {k: str(v) if isinstance(v, Path) else v for k, v in asdict(cfg).items()}
     out["machine"] = {"cpus": os.cpu_count()}

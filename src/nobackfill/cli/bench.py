@@ -299,6 +299,9 @@ def bench_import(
     data: Optional[Path] = typer.Option(None, help="Multi30K root (default: data/multi30k under $NOBACKFILL_SHARED)."),
     work: Path = typer.Option(Path("runs/bench/import-work"), help="Scratch (world, clip-retrieval folders, "
                                                                    "collections, vectors)."),
+    shared: bool = typer.Option(False, help="Adopt in place on a Milvus server with a PostgreSQL catalog, both "
+                                            "started on 127.0.0.1 (run it under scripts/isolated.sh); default "
+                                            "milvus-lite."),
     config: Optional[Path] = config_option(),
     set_: Optional[List[str]] = set_option(),
     show_config: bool = show_config_option(),
@@ -309,7 +312,7 @@ def bench_import(
     declared."""
     from ..bench.importing import ImportBenchConfig, format_markdown, run_import_bench
 
-    kw: dict = dict(world=world, models=models, multi30k=data, work=work)
+    kw: dict = dict(world=world, models=models, multi30k=data, work=work, shared=shared)
     if sizes:
         kw["sizes"] = tuple(int(s) for s in sizes.split(",") if s)
     cfg = resolve_config(ImportBenchConfig, ImportBenchConfig.quick(**kw) if quick else ImportBenchConfig(**kw),
