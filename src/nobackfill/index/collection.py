@@ -855,10 +855,14 @@ class Collection:
         """Per modality, live items (served by ``space_id``, if given) with no source to embed them
         again from: searchable where their vectors are, never backfilled
         (:func:`~nobackfill.index.catalog.unsourced_sql`)."""
-        where, params = (" AND space = ?", (space_id,)) if space_id is not None else ("", ())
-        rows = self.catalog.query(f"SELECT modality, count(*) FROM items WHERE {unsourced_sql(self.catalog.dialect)}"
-                                  f"{where} GROUP BY modality", params)
-        return {m: int(n) for m, n in rows}
+        # read through the partial index of unsourced items, counted here: a condition on ``space``
+        # or a GROUP BY sends SQLite's planner to the index of served items, over every row
+        out: dict[str, int] = {}
+        for space, m in self.catalog.query(f"SELECT space, modality FROM items WHERE "
+                                           f"{unsourced_sql(self.catalog.dialect)}"):
+            if space_id is None or space == space_id:
+                out[m] = out.get(m, 0) + 1
+        return out
 
     def unsourced_ids(self, space_id: str) -> list[str]:
         """Ids of the live items without a source that ``space_id`` serves."""
