@@ -47,6 +47,8 @@ bench: $(STAMP)
 	sh scripts/isolated.sh $(BIN)/nobackfill bench store --quick --out $(R)/store.json
 	$(BIN)/nobackfill bench scale --quick --out $(R)/scale.json
 	$(BIN)/nobackfill bench import --quick --out $(R)/import.json
+	sh scripts/isolated.sh $(BIN)/nobackfill bench import --quick --shared --set 'parts=["milvus_in_place"]' \
+		--out $(R)/import_shared.json
 	sh scripts/isolated.sh $(BIN)/nobackfill bench scale --quick --shared --set 'indexes=[]' --set 'peers=[]' \
 		--out $(R)/scale_shared.json
 	$(BIN)/python scripts/merged_speedup.py --out $(R)/merged.json
