@@ -100,8 +100,8 @@ def add_vectors(collection: Collection, ids: Sequence[str], vectors: np.ndarray,
     """Add one batch of items with their precomputed vectors (of the collection's current model).
 
     ``modality``: one for the batch or one per row; ``sources``: per row, what the item can be
-    embedded again from (an image ``{"path": ...}``, a text ``{"text": ...}``; ``""`` when there is
-    none: the item is searchable but cannot be backfilled); ``metadata``: per row, returned with
+    embedded again from (an image ``{"path": ...}``, a text ``{"text": ...}``; empty when there
+    is none: the item is searchable but cannot be backfilled); ``metadata``: per row, returned with
     hits and filterable. ``space_id`` (default: the current one) must be the current space.
     ``where`` names the batch in errors. Raises ``ValueError`` (nothing written) for a bad id, an id
     given twice in the batch, lengths that differ, or vectors that are not finite ``(n, dim)``."""
