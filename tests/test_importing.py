@@ -102,3 +102,30 @@ def test_imported_items_are_searched_like_added_ones(tmp_path):
     pool = pool_with((OLD_REF, enc))
     hits = Searcher(c, pool=pool).search(text="caption 5", k=3, target="text").hits
     assert hits[0].id == "id5" and hits[0].score == pytest.approx(1.0, abs=1e-5)
+
+
+@pytest.mark.parametrize("where", ["sqlite", "postgresql", "milvus-lite"])
+def test_the_bulk_path_on_each_catalog_and_store(tmp_path, request, where):
+    """New ids inserted at once, a repeat unchanged, a changed vector replacing its item, and
+    unsourced items counted: the same on SQLite, PostgreSQL and a Milvus store."""
+    if where == "sqlite":
+        location = str(tmp_path / "c")
+    elif where == "postgresql":
+        location = f"{tmp_path / 'c'}?catalog={request.getfixturevalue('postgres_db')}#c"
+    else:
+        pytest.importorskip("milvus_lite", reason="milvus-lite is not installed")
+        location = f"milvus-lite:{tmp_path}/m.db#c"
+    c = Collection.create(location, space_id="s", dim=8, model="/m/s")
+    x = _unit(30)
+    srcs = [{"text": f"t{i}"} if i % 5 else {} for i in range(30)]
+    r = add_vectors(c, _ids(30), x, modality="text", sources=srcs)
+    assert (r.added, r.stored) == (30, 30)
+    assert (add_vectors(c, _ids(30), x, modality="text", sources=srcs).unchanged, c.generation) == (30, 1)
+    y = x.copy()
+    y[3] = _unit(1, seed=7)[0]
+    assert add_vectors(c, _ids(30), y, modality="text", sources=srcs).added == 1
+    c = Collection.open(location)
+    assert len(c) == 30 and c.snapshot().views("text")["s"].count == 30 and c.count_unsourced() == {"text": 6}
+    view = c.snapshot().views("text")["s"]
+    hit = view.gallery.search("text", y[3:4], k=1, mask=view.mask, space_id="s")
+    assert c.snapshot().hits([int(view.rids[hit.positions[0][0]])]).popitem()[1][0] == "id3"
