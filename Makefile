@@ -65,6 +65,7 @@ bench-full: $(STAMP)
 	sh scripts/isolated.sh $(BIN)/nobackfill bench store --n 1000000 --datasets minilm,random --backends faiss:HNSW32 \
 		--out $(R)/store_1m.json
 	$(BIN)/nobackfill bench scale --sizes 1000000 --indexes HNSW32 --set 'peers=[]' --out $(R)/scale_1m.json
+	$(BIN)/nobackfill bench import --sizes 1000000 --set 'parts=["throughput"]' --out $(R)/import_1m.json
 
 clean:
 	rm -rf runs/demo runs/bench

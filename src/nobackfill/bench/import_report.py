@@ -53,7 +53,9 @@ def _mix(d: dict[str, int]) -> str:
 
 def _milvus(m: dict[str, Any] | None) -> list[str]:
     """The user's Milvus collection through adopt, upgrade, backfill and retire."""
-    if not m or "rows_before" not in m:
+    if not m:  # not run (--set parts=...)
+        return []
+    if "rows_before" not in m:
         return [f"Milvus in place: {m}"]
     lines = ["| step | search p50 ms | p50 ms, query embedded | R@10 | routes of the hits | "
              "user's collection unchanged |", "|---|---:|---:|---:|---|---|"]

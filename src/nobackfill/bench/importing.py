@@ -75,7 +75,7 @@ class ImportBenchConfig:
     minilm: str = "minilm"
     sizes: tuple[int, ...] = (100_000, 1_000_000)
     dim: int = 128
-    batch_rows: int = 65536
+    batch_rows: int = 16384
     trials: int = 50
     samples: int = 64
     threshold: float = 0.99

@@ -1250,7 +1250,7 @@ def _faiss_source(path: Path, *, table: str | Path | None, id_column: str | None
 
 def open_source(spec: str, *, table: str | Path | None = None, id_column: str | None = None,
                 source_column: str | None = None, modality: str | None = None,
-                images_root: str | Path | None = None, lossy: bool = False, batch_rows: int = 65536,
+                images_root: str | Path | None = None, lossy: bool = False, batch_rows: int = 16384,
                 expect_dim: int | None = None) -> ImportSource:
     """Open vectors embedded elsewhere: ``clip-retrieval:DIR``, ``npy:FILE.npy``,
     ``npz:FILE.npz[:KEY]`` or ``faiss:FILE`` (see the module docstring).
