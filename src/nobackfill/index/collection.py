@@ -617,10 +617,14 @@ class Collection:
             plan = w.header["plan"]
             hint_space, hint = stored if stored is not None and stored[0] == plan.current else (None, {})
             new = 0
+
+            def stored_rows(rs: Sequence[tuple]) -> list[tuple[str, int | None]]:  # (space, row) from the hint
+                stable = getattr(self.gallery(hint_space, plan), "stable_positions", False)
+                return [(hint_space, hint[r[2]] if stable else None) for r in rs]
+
             if skip_unchanged and not deletes and hint_space is not None and all(r[2] in hint for r in rows):
                 # the bulk path: new ids go in at once, without a lookup each; the others below
-                stable = getattr(self.gallery(hint_space, plan), "stable_positions", False)
-                rids = w.insert(rows, [(hint_space, hint[r[2]] if stable else None) for r in rows], new_ids_only=True)
+                rids = w.insert(rows, stored_rows(rows), new_ids_only=True)
                 rows = [r for r, rid in zip(rows, rids) if rid is None]
                 new = len(rids) - len(rows)
                 if not rows:
@@ -645,8 +649,7 @@ class Collection:
                 if o.space is not None and o.pos is not None:
                     placed[(o.modality, o.key)] = (o.space, o.pos)
             if hint_space is not None and not placed and all(r[2] in hint for r in rows):  # all just stored
-                stable = getattr(self.gallery(hint_space, plan), "stable_positions", False)
-                w.insert(rows, [(hint_space, hint[r[2]] if stable else None) for r in rows])
+                w.insert(rows, stored_rows(rows))
                 return new + len(rows) + len(gone)
             for m in MODALITIES:
                 keys = [r[2] for r in rows if r[1] == m]
@@ -851,17 +854,23 @@ class Collection:
                                     f"{g.count(m)} its store holds")
         return problems
 
-    def count_unsourced(self, space_id: str | None = None) -> dict[str, int]:
-        """Per modality, live items (served by ``space_id``, if given) with no source to embed them
+    def unsourced_counts(self) -> dict[tuple[str | None, str], int]:
+        """``{(serving space or None, modality): n}`` of the live items with no source to embed them
         again from: searchable where their vectors are, never backfilled
-        (:func:`~nobackfill.index.catalog.unsourced_sql`)."""
-        # read through the partial index of unsourced items, counted here: a condition on ``space``
-        # or a GROUP BY sends SQLite's planner to the index of served items, over every row
+        (:func:`~nobackfill.index.catalog.unsourced_sql`). One read through their partial index,
+        counted here: a condition on ``space`` or a GROUP BY sends SQLite's planner to the index of
+        served items, over every row."""
+        out: dict[tuple[str | None, str], int] = {}
+        for key in self.catalog.query(f"SELECT space, modality FROM items WHERE {unsourced_sql(self.catalog.dialect)}"):
+            out[(key[0], key[1])] = out.get((key[0], key[1]), 0) + 1
+        return out
+
+    def count_unsourced(self, space_id: str | None = None) -> dict[str, int]:
+        """Per modality, the live items without a source (served by ``space_id``, if given)."""
         out: dict[str, int] = {}
-        for space, m in self.catalog.query(f"SELECT space, modality FROM items WHERE "
-                                           f"{unsourced_sql(self.catalog.dialect)}"):
+        for (space, m), n in self.unsourced_counts().items():
             if space_id is None or space == space_id:
-                out[m] = out.get(m, 0) + 1
+                out[m] = out.get(m, 0) + n
         return out
 
     def unsourced_ids(self, space_id: str) -> list[str]:

@@ -155,8 +155,9 @@ def add_vectors(collection: Collection, ids: Sequence[str], vectors: np.ndarray,
         return report
     g = collection.gallery(current)
     pos: dict[str, int] = {}
+    mixed = len(set(mods)) > 1
     for m in dict.fromkeys(mods):  # vectors first (held keys are skipped), then the items: one commit
-        if len(set(mods)) > 1:
+        if mixed:
             sel = [j for j in range(n) if mods[j] == m]
             mk, mv = [keys[j] for j in sel], v[sel]
         else:

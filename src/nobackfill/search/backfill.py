@@ -481,17 +481,18 @@ def backfill_status(collection: Collection) -> dict[str, Any]:
     snap = collection.snapshot()
     target = snap.current_space
     mods = [m for m in ("image", "text") if collection.space(target).embeds(m)]
-    lost = collection.count_unsourced()  # only those the target serves already count as done
-    held = collection.count_unsourced(target)
-    per = {m: {"done": snap.views(m)[target].count, "total": snap.item_count(m) - lost.get(m, 0) + held.get(m, 0)}
-           for m in mods}
+    skipped: dict[str, int] = {}  # no source, and not served by the target already (those count as done)
+    for (space, m), n in collection.unsourced_counts().items():
+        if space != target:
+            skipped[m] = skipped.get(m, 0) + n
+    per = {m: {"done": snap.views(m)[target].count, "total": snap.item_count(m) - skipped.get(m, 0)} for m in mods}
     total = sum(v["total"] for v in per.values())
     done = sum(v["done"] for v in per.values())
     job = BackfillJob.load(collection)
     mine = job is not None and job.target == target
     out: dict[str, Any] = {"done": done, "total": total, "fraction": done / total if total else 1.0, "per_modality": per,
                            "order": job.order if mine else None,
-                           "no_source": sum(lost.values()) - sum(held.get(m, 0) for m in lost),
+                           "no_source": sum(skipped.values()),
                            "state": job.state if mine else "none",
                            "target": target}
     leases = _leases(collection) if job else {}
