@@ -1,8 +1,8 @@
-"""Refresh the README's result tables from the committed benchmark outputs.
+"""Refresh the result tables of the README and the docs pages from the committed benchmark outputs.
 
-Every ``<!-- results:NAME -->`` ... ``<!-- /results:NAME -->`` block of README.md is replaced by
+Every ``<!-- results:NAME -->`` ... ``<!-- /results:NAME -->`` block of README.md and docs/*.md is replaced by
 ``benchmarks/results/NAME.md``, its title line dropped and its headings made bold (written by
-``nobackfill bench NAME --out benchmarks/results/NAME.json``, which ``make bench`` runs). ``--check`` exits 1 if the README is out of date instead of writing.
+``nobackfill bench NAME --out benchmarks/results/NAME.json``, which ``make bench`` runs). ``--check`` exits 1 if a page is out of date instead of writing.
 
     python scripts/readme_tables.py [--check]
 """
@@ -40,17 +40,27 @@ def refresh(readme: str, results: Path) -> str:
     return BLOCK.sub(fill, readme)
 
 
+def documents() -> list[Path]:
+    """The files whose result blocks are refreshed: the README and the docs pages."""
+    return [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--check", action="store_true", help="Exit 1 if the README's tables are out of date.")
     args = ap.parse_args()
-    path = ROOT / "README.md"
-    old = path.read_text()
-    new = refresh(old, ROOT / "benchmarks" / "results")
+    stale = []
+    for path in documents():
+        old = path.read_text()
+        new = refresh(old, ROOT / "benchmarks" / "results")
+        if new != old:
+            stale.append(path)
+            if not args.check:
+                path.write_text(new)
+        if not args.check:
+            print(f"refreshed {len(BLOCK.findall(old))} table(s) in {path}")
     if args.check:
-        sys.exit(0 if new == old else 1)
-    path.write_text(new)
-    print(f"refreshed {len(BLOCK.findall(old))} table(s) in {path}")
+        sys.exit(1 if stale else 0)
 
 
 if __name__ == "__main__":

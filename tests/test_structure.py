@@ -145,9 +145,10 @@ def test_the_readme_tables_match_the_committed_results():
     import runpy
 
     mod = runpy.run_path(str(SRC.parents[1] / "scripts" / "readme_tables.py"))
-    readme = (SRC.parents[1] / "README.md").read_text()
-    assert mod["refresh"](readme, SRC.parents[1] / "benchmarks" / "results") == readme, \
-        "README tables are stale: run python scripts/readme_tables.py"
+    for path in mod["documents"]():  # the README and the docs pages
+        text = path.read_text()
+        assert mod["refresh"](text, SRC.parents[1] / "benchmarks" / "results") == text, \
+            f"{path.name}: result tables are stale: run python scripts/readme_tables.py"
 
 
 def test_bench_modules_stay_small():
@@ -164,7 +165,7 @@ def test_the_readme_cites_only_committed_results():
     import re
 
     root = SRC.parents[1]
-    readme = (root / "README.md").read_text()
+    readme = "\n".join(p.read_text() for p in [root / "README.md", *sorted((root / "docs").glob("*.md"))])
     prose = re.sub(r"```.*?```", "", readme, flags=re.S)
     cited_runs = sorted(set(re.findall(r"runs/[\w./{},*-]+\.(?:json|md|html)", prose)))
     assert not cited_runs, f"README cites files under runs/ (not committed): {cited_runs}"

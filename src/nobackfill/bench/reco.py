@@ -25,7 +25,7 @@ transformer; the paper's), and the ablations ``cross_modal_search``, ``unimodal_
   colour, shape, texture, background) and for the main label set's classes: a supervised linear probe of
   the frozen image embedding, how often uni-modal neighbours share the value, a kNN vote, and how well
   the base names it. On the shipped world models the image embedding carries almost no shape (probe
-  ~17%, chance 12.5%), which is why zero-shot on size x colour x shape does not rise (README, RECO).
+  ~17%, chance 12.5%), which is why zero-shot on size x colour x shape does not rise (docs/methods.md, RECO).
 * Extra latency per query of the kNN + fusion step (1 thread), near-duplicate calibration, and a
   check that the encoder's weights and the memory gallery's files are unchanged by RECO.
 """
