@@ -1,4 +1,4 @@
-"""Why the ``uncertainty`` backfill order is built the way it is (``nobackfill.search.backfill``).
+"""Why the ``uncertainty`` backfill order is built the way it is (``nobackfill.lifecycle.backfill``).
 
 On the world test split (the collection of ``bench backfill``: world-old items upgraded to world-new,
 routes calibrated on val) every item's gain from being backfilled is measured: for an image, how
@@ -31,7 +31,7 @@ import numpy as np
 from nobackfill.bench.backfill import FRACTIONS
 from nobackfill.bench.routes import RoutesBenchConfig, _collection, upgraded_world_collection, world_eval
 from nobackfill.search import ModelPool, Searcher
-from nobackfill.search.backfill import _cover_images_first, _cross_fit_targets, _fit_head, _interleave
+from nobackfill.lifecycle.backfill import _cover_images_first, _cross_fit_targets, _fit_head, _interleave
 from nobackfill.search.models import model_ref
 
 

@@ -22,7 +22,7 @@ pytest.importorskip("fastapi")
 from _collection_helpers import NEW_REF, OLD_REF, make_folder, pool_with, related_pair, write_procrustes_upgrade  # noqa: E402
 from nobackfill.index.collection import Collection  # noqa: E402
 from nobackfill.index.ingest import add_items, folder_items  # noqa: E402
-from nobackfill.search.plan import upgrade_collection  # noqa: E402
+from nobackfill.lifecycle.plan_changes import upgrade_collection  # noqa: E402
 from nobackfill.serve import KeyRing, Limits, ServeSettings, create_app  # noqa: E402
 from nobackfill.serve.schema import NONBLANK  # noqa: E402
 

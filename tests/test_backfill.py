@@ -16,7 +16,7 @@ from _collection_helpers import NEW_REF, OLD_REF, make_folder, pool_with, relate
 from nobackfill.index.collection import Collection
 from nobackfill.index.ingest import add_items, folder_items, text_item
 from nobackfill.search import Searcher
-from nobackfill.search.backfill import (
+from nobackfill.lifecycle.backfill import (
     BackfillError,
     backfill_status,
     pause_backfill,
@@ -25,7 +25,7 @@ from nobackfill.search.backfill import (
     run_worker,
     start_backfill,
 )
-from nobackfill.search.plan import UpgradeRefused, upgrade_collection
+from nobackfill.lifecycle.plan_changes import UpgradeRefused, upgrade_collection
 
 
 def _upgraded(tmp_path: Path, n_images: int = 6, captions: int = 2):
@@ -140,7 +140,7 @@ def test_a_killed_holders_lease_is_taken_over_at_once(tmp_path):
     os.waitpid(pid, 0)
     import socket
 
-    from nobackfill.search.backfill import _write
+    from nobackfill.lifecycle.backfill import _write
 
     dead = {"owner": f"{socket.gethostname()}:{pid}:dead", "expires": time.time() + 3600, "since": "", "rate": 0.0}
     _write(c, "leases/shard-0.json", dead)
@@ -201,7 +201,7 @@ def test_sigkill_two_workers_at_random_times_loses_nothing_and_commits_nothing_t
 import socket  # noqa: E402
 import threading  # noqa: E402
 
-from nobackfill.search.backfill import BackfillJob, cancel_backfill  # noqa: E402
+from nobackfill.lifecycle.backfill import BackfillJob, cancel_backfill  # noqa: E402
 
 HOST = socket.gethostname()
 
@@ -282,7 +282,7 @@ def test_limit_bounds_everything_embedded_the_uncertainty_sample_included(tmp_pa
 
 
 def test_a_limit_is_shared_out_over_workers_exactly():
-    from nobackfill.search.backfill import _split
+    from nobackfill.lifecycle.backfill import _split
 
     assert _split(5, 2) == [3, 2] and _split(1, 3) == [1, 0, 0] and _split(None, 2) == [None, None]
     assert all(sum(_split(n, w)) == n for n in range(0, 20) for w in range(1, 5))
@@ -409,7 +409,7 @@ def test_cli_limit_counts_the_sample_and_a_busy_run_names_the_other_process(tmp_
     start_backfill(c2, new, order="sequential", shards=1)
     pid = _child(lambda: time.sleep(60))  # a live process of this host holds the one shard
     try:
-        from nobackfill.search.backfill import _write
+        from nobackfill.lifecycle.backfill import _write
 
         _write(c2, "leases/shard-0.json", {"owner": f"{HOST}:{pid}:cli", "expires": time.time() + 3600,
                                            "since": "2024-01-01T00:00:00+00:00", "rate": 0.0})
@@ -525,7 +525,7 @@ def test_api_status_of_a_worker_that_gave_up(served):
     _poll(lambda: _bf(api)["worker"] == "idle", "the failing worker to stop")
     b = _bf(api)
     assert b["state"] == "idle" and "out of memory" in b["error"] and "out of memory" in b["note"]
-    from nobackfill.search.backfill import _write
+    from nobackfill.lifecycle.backfill import _write
 
     pid = _child(lambda: time.sleep(60))
     try:

@@ -31,7 +31,7 @@ from nobackfill.index.collection import (
 from nobackfill.index.ingest import add_items, folder_items, text_file_items, text_item
 from nobackfill.index.store import DuplicateIdError, SpaceMismatchError
 from nobackfill.search import Searcher
-from nobackfill.search.plan import UpgradeRefused, upgrade_collection
+from nobackfill.lifecycle.plan_changes import UpgradeRefused, upgrade_collection
 
 
 def _new_collection(path: Path, enc: HashEncoder, ref: str = OLD_REF) -> Collection:

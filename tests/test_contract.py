@@ -20,8 +20,8 @@ from _collection_helpers import NEW_REF, OLD_REF, make_folder, pool_with, relate
 from nobackfill.index.collection import Collection, ItemNotFoundError
 from nobackfill.index.ingest import add_items, folder_items, text_item
 from nobackfill.search import Searcher
-from nobackfill.search.backfill import backfill_status, retire_space, run_worker, start_backfill
-from nobackfill.search.plan import upgrade_collection
+from nobackfill.lifecycle.backfill import backfill_status, retire_space, run_worker, start_backfill
+from nobackfill.lifecycle.plan_changes import upgrade_collection
 
 BACKENDS = ["local", "local+postgresql", "milvus-lite",
             pytest.param("milvus-server+postgresql", marks=pytest.mark.milvus_server)]

@@ -16,8 +16,8 @@ from nobackfill.index.collection import Collection
 from nobackfill.index.importing import ModelCheckRefused, import_source
 from nobackfill.index.ingest import add_items, folder_items
 from nobackfill.index.sources import open_source
-from nobackfill.search.backfill import BackfillError, backfill_status, retire_space, run_backfill
-from nobackfill.search.plan import upgrade_collection
+from nobackfill.lifecycle.backfill import BackfillError, backfill_status, retire_space, run_backfill
+from nobackfill.lifecycle.plan_changes import upgrade_collection
 from nobackfill.search.searcher import Searcher
 
 from _collection_helpers import NEW_REF, OLD_REF, HashEncoder, make_folder, pool_with, related_pair, \
@@ -152,7 +152,7 @@ def test_the_cli_imports_a_clip_retrieval_folder_with_a_real_model(tmp_path):
 
 def test_verify_model_check_accepts_the_models_own_vectors_and_names_a_swapped_store(tmp_path, monkeypatch):
     import nobackfill.search.models as models
-    from nobackfill.search.verify import check_models
+    from nobackfill.lifecycle.verify import check_models
 
     enc = HashEncoder(16, "old")
     folder = make_folder(tmp_path / "d", n_images=8, captions_per_image=1)

@@ -20,8 +20,8 @@ from nobackfill.index.collection import Collection, is_collection
 from nobackfill.index.importing import ModelCheckRefused
 from nobackfill.index.storage import parse_uri
 from nobackfill.search import Searcher
-from nobackfill.search.backfill import backfill_status, retire_space, run_backfill
-from nobackfill.search.plan import upgrade_collection
+from nobackfill.lifecycle.backfill import backfill_status, retire_space, run_backfill
+from nobackfill.lifecycle.plan_changes import upgrade_collection
 
 N_IMAGES = 12
 

@@ -14,9 +14,9 @@ from nobackfill.index.collection import Collection
 from nobackfill.index.ingest import add_items, folder_items, text_item
 from nobackfill.index.store import SpaceMismatchError
 from nobackfill.search import Searcher
-from nobackfill.search.calibrate import CalibrationTask, calibrate, text_pair_task
+from nobackfill.lifecycle.calibrate import CalibrationTask, calibrate, text_pair_task
 from nobackfill.search.merge import Candidate, ScoreMap, merge
-from nobackfill.search.plan import pin_route, route_table, upgrade_collection
+from nobackfill.lifecycle.plan_changes import pin_route, route_table, upgrade_collection
 from nobackfill.index.plan import Plan, UpgradeRecord
 from nobackfill.search.routes import RoutePlanner, find_bridge
 

@@ -17,7 +17,7 @@ from _collection_helpers import NEW_REF, OLD_REF, make_folder, pool_with, relate
 from nobackfill.bench.serve_inputs import bad_input_cases  # noqa: E402
 from nobackfill.index.collection import Collection  # noqa: E402
 from nobackfill.index.ingest import add_items, folder_items  # noqa: E402
-from nobackfill.search.plan import upgrade_collection  # noqa: E402
+from nobackfill.lifecycle.plan_changes import upgrade_collection  # noqa: E402
 from nobackfill.serve import KeyRing, Limits, ServeSettings, create_app  # noqa: E402
 
 READ, ADMIN = "read-key-0123456789", "admin-key-0123456789"
@@ -135,7 +135,7 @@ def test_bad_input_gets_a_clear_4xx_and_changes_nothing(env, case):
 
 def test_upgrade_during_a_backfill_is_a_409(env):
     api, c, _, tmp = env
-    from nobackfill.search.backfill import start_backfill
+    from nobackfill.lifecycle.backfill import start_backfill
 
     start_backfill(c, api.app.state.service.pool.get(NEW_REF), order="sequential")
     model = tmp / "models" / "newer"

@@ -23,8 +23,8 @@ import pytest
 from _collection_helpers import NEW_REF, OLD_REF, make_folder, pool_with, related_pair, write_procrustes_upgrade
 from nobackfill.index.collection import Collection
 from nobackfill.index.ingest import add_items, folder_items
-from nobackfill.search.backfill import _read, _write, backfill_status, run_worker, start_backfill
-from nobackfill.search.plan import upgrade_collection
+from nobackfill.lifecycle.backfill import _read, _write, backfill_status, run_worker, start_backfill
+from nobackfill.lifecycle.plan_changes import upgrade_collection
 
 TESTS = Path(__file__).parent
 HOST = socket.gethostname()

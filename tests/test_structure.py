@@ -1,4 +1,4 @@
-"""The shape of the tree: imports flow one way, cli/serve -> bench -> search -> methods -> core; only
+"""The shape of the tree: imports flow one way, cli/serve -> bench -> lifecycle -> search -> methods -> core; only
 the command line imports typer; nothing imports the command line. Read from the source with ``ast``
 (module-level and function-level imports alike), nothing is imported."""
 
@@ -20,8 +20,9 @@ RANKS = {
     "client": 0,
     # methods (the seeds)
     "compat": 1, "late": 1, "lingual": 1, "reco": 1,
-    # the system: searcher, routes, backfill
-    "search": 2,
+    # the system: searcher, routes, merges, the model pool; then the life of a collection (plan changes,
+    # calibration, the backfill, verify), which searches
+    "search": 2, "lifecycle": 2.5,
     # benchmarks and the main job
     "bench": 3, "demo": 3,
     # applications: the command line, the service and its client

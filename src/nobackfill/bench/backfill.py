@@ -2,7 +2,7 @@
 
 World test split (English captions): a collection embedded by ``world-old`` is upgraded to
 ``world-new`` with the shipped XBT upgrade (routes and merge calibrated on val), then backfilled by
-the real backfill job (:mod:`nobackfill.search.backfill`) to 0, 5, 10, 20, 40, 60, 80 and 100 %. At
+the real backfill job (:mod:`nobackfill.lifecycle.backfill`) to 0, 5, 10, 20, 40, 60, 80 and 100 %. At
 each step every merge answers the test queries through the :class:`~nobackfill.search.Searcher`:
 t2i / i2t R@1, negative flips against old/old, the step's wall time; per curve the area under it
 (mean R@1 over the steps, Online Backfilling / FastFill's metric) and the no-regret check (every
@@ -27,9 +27,9 @@ from ..index.collection import Collection
 from ..index.ingest import folder_items
 from ..metrics.flips import flip_rates
 from ..search import MERGES, ModelPool, Searcher
-from ..search.backfill import ORDERS, BackfillJob, backfill_status, run_backfill, run_worker, start_backfill
+from ..lifecycle.backfill import ORDERS, BackfillJob, backfill_status, run_backfill, run_worker, start_backfill
 from ..search.models import model_ref
-from ..search.plan import upgrade_collection
+from ..lifecycle.plan_changes import upgrade_collection
 from .world_collection import embedded_collection, fresh_dir, upgraded_world_collection, world_eval
 
 FRACTIONS = (0.0, 0.05, 0.1, 0.2, 0.4, 0.6, 0.8, 1.0)

@@ -179,9 +179,9 @@ def _flow(cfg: "ImportBenchConfig", pool: Any, w: "World", base: Path, address: 
     from ..index.adopt import adopt_milvus
     from ..index.collection import Collection
     from ..index.storage import parse_uri
-    from ..search.backfill import backfill_status, retire_space, run_backfill
+    from ..lifecycle.backfill import backfill_status, retire_space, run_backfill
     from ..search.models import model_ref
-    from ..search.plan import upgrade_collection
+    from ..lifecycle.plan_changes import upgrade_collection
 
     t_all = time.time()
     tag = uuid.uuid4().hex[:8]

@@ -31,9 +31,9 @@ from ..index.ingest import text_item
 from ..metrics.flips import flip_rates
 from ..metrics.retrieval import recall_from_ranks
 from ..search import MERGES, ModelPool, Searcher
-from ..search.calibrate import text_pair_task
+from ..lifecycle.calibrate import text_pair_task
 from ..search.models import model_ref
-from ..search.plan import upgrade_collection
+from ..lifecycle.plan_changes import upgrade_collection
 
 KS = (1, 5, 10)
 ROWS = ("old_old", "bridge", "fused", "new_new")

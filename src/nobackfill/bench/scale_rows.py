@@ -106,7 +106,7 @@ def write_collection(x_file: str, q_file: str, path: str, index: str, model: str
 def _backfill_worker(x_file: str, q_file: str, path: str, space_id: str, rate: int, limit: int) -> None:
     """Backfill into the lookup space ``space_id`` at ``rate`` items/s, one batch a second."""
     from ..index.collection import Collection
-    from ..search.backfill import run_backfill
+    from ..lifecycle.backfill import run_backfill
 
     x = np.load(x_file, mmap_mode="r")
     q = np.load(q_file)
@@ -124,7 +124,7 @@ def read_collection(x_file: str, q_file: str, path: str, model: str, space_id: s
     from ..compat.upgrade import save_vector_upgrade
     from ..index.collection import Collection
     from ..search import ModelPool, Searcher
-    from ..search.plan import upgrade_collection
+    from ..lifecycle.plan_changes import upgrade_collection
 
     x = np.load(x_file, mmap_mode="r")
     q = np.load(q_file)

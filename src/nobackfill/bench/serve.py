@@ -162,7 +162,7 @@ def run_faults(server: ServerProcess, collection: Path, trials: int, log: Callab
 
     from ..client import Client, ServiceError
     from ..index.collection import Collection
-    from ..search.backfill import backfill_status
+    from ..lifecycle.backfill import backfill_status
 
     rng = np.random.default_rng(0)
     out = {"trials": 0, "acknowledged_lost": 0, "duplicated": 0, "backfill_resumed": 0, "verify_failures": 0,

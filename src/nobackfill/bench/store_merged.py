@@ -21,7 +21,7 @@ def merged_search(x: np.ndarray, q: np.ndarray, work: Path, n_queries: int = 200
     from ..index.collection import Collection
     from ..index.ingest import add_items, text_item
     from ..search import ModelPool, Searcher
-    from ..search.plan import upgrade_collection
+    from ..lifecycle.plan_changes import upgrade_collection
 
     class Lookup(DualEncoder):
         """Texts ``g<i>`` / ``q<j>`` -> the precomputed rows (a stand-in model)."""

@@ -15,9 +15,9 @@ import numpy as np
 from ..index.collection import Collection
 from ..index.ingest import add_items, folder_items
 from ..search import ModelPool, Searcher
-from ..search.calibrate import pair_tasks
+from ..lifecycle.calibrate import pair_tasks
 from ..search.models import model_ref
-from ..search.plan import upgrade_collection
+from ..lifecycle.plan_changes import upgrade_collection
 
 
 def hit_ranks(responses, relevant: Sequence[set[str]], k: int) -> np.ndarray:

@@ -203,7 +203,7 @@ def _calibration(data: Path, split: str, limit: Optional[int], langs: str):
     """Calibration tasks from a data folder / world root (t2i, i2t) or a Multi30K root (t2t: caption
     1 -> caption 2 of ``split``)."""
     from ..evaluate import load_eval_data
-    from ..search.calibrate import pair_tasks, text_pair_task
+    from ..lifecycle.calibrate import pair_tasks, text_pair_task
 
     if (data / "task2" / "raw").is_dir():
         from ..data.multi30k import read_task2
@@ -215,7 +215,7 @@ def _calibration(data: Path, split: str, limit: Optional[int], langs: str):
 
 
 def _print_routes(plan: Any) -> None:
-    from ..search.plan import route_table
+    from ..lifecycle.plan_changes import route_table
 
     for sid, dirs in route_table(plan).items():
         for d, r in dirs.items():
@@ -242,7 +242,7 @@ def upgrade(
     """Make MODEL the current model at once: new items and queries use it, items of older spaces are
     reached through the best route. Re-embeds nothing (see `collection backfill`)."""
     from ..search.models import ModelPool
-    from ..search.plan import upgrade_collection
+    from ..lifecycle.plan_changes import upgrade_collection
 
     try:
         c = _open(name)
@@ -326,8 +326,8 @@ def status(
     as_json: bool = typer.Option(False, "--json", help="Print JSON."),
 ) -> None:
     """Spaces with their item counts, the current model, and the route to every older space."""
-    from ..search.backfill import backfill_status
-    from ..search.plan import route_table
+    from ..lifecycle.backfill import backfill_status
+    from ..lifecycle.plan_changes import route_table
 
     try:
         c = _open(name)
@@ -395,7 +395,7 @@ def route(
     unpin: bool = typer.Option(False, help="Remove the pin (the calibrated or default route applies)."),
 ) -> None:
     """Pin the route to one older space for one direction (or unpin it)."""
-    from ..search.plan import pin_route
+    from ..lifecycle.plan_changes import pin_route
 
     if (use is None) == (not unpin):
         fail("give --route ROUTE or --unpin")
@@ -416,7 +416,7 @@ def calibrate(
 ) -> None:
     """Choose routes, fused weights and the merge of the current plan on labelled data (pinned
     routes stay; their numbers are refreshed)."""
-    from ..search.plan import calibrate_collection
+    from ..lifecycle.plan_changes import calibrate_collection
 
     try:
         tasks, label = _calibration(data, split, limit, langs)
@@ -442,7 +442,7 @@ def backfill(
 ) -> None:
     """Re-embed the items of older spaces into the current model's space, in the chosen order, while
     the collection keeps serving queries. Resumable; search sees each committed batch at once."""
-    from ..search.backfill import BackfillError, cancel_backfill, pause_backfill, run_backfill
+    from ..lifecycle.backfill import BackfillError, cancel_backfill, pause_backfill, run_backfill
     from ..search.models import ModelPool
 
     if sum([pause, resume, cancel]) > 1:
@@ -462,7 +462,7 @@ def backfill(
         pool = ModelPool()
         enc = pool.get(c.space(c.current_space).model, c.current_space, what="collection's current model")
         from ..progress import progress_bar
-        from ..search.backfill import backfill_status
+        from ..lifecycle.backfill import backfill_status
 
         st0 = backfill_status(c)
         todo = st0["total"] - st0["done"] if limit is None else min(limit, st0["total"] - st0["done"])
@@ -493,7 +493,7 @@ def retire(
                                                     "without one: they cannot be backfilled) with it."),
 ) -> None:
     """Drop an old space's vectors once every item has a vector in the current space."""
-    from ..search.backfill import BackfillError, retire_space
+    from ..lifecycle.backfill import BackfillError, retire_space
 
     try:
         c = _open(name)

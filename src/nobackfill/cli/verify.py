@@ -20,7 +20,7 @@ def verify(
                                                  "model and compare with the stored vectors."),
 ) -> None:
     """Check what is stored against its hashes and formats; exit 1 when a problem remains."""
-    from ..search.verify import verify_path
+    from ..lifecycle.verify import verify_path
 
     reports = []
     for p in paths:

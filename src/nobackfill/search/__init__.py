@@ -1,11 +1,11 @@
 """Search over collections: the :class:`Searcher`, routes between embedding spaces, merging ranked
-lists from several spaces, calibration, and changes to a collection's serving plan.
+lists from several spaces and the pool of loaded models (plan changes, calibration, the backfill and
+``verify`` live in :mod:`nobackfill.lifecycle`).
 
 * :class:`Searcher` - ``search(text=... | image=..., k, filter)`` over all spaces of a collection.
 * :mod:`.routes` - ``native``, ``old-model``, ``bridge``, ``fused`` and the shared query pipeline.
 * :mod:`.merge` - raw, calibrated and rank merges of per-space lists.
-* :mod:`.calibrate` - routes, fused weights, score maps and the merge chosen on a calibration split.
-* :mod:`.plan` - ``upgrade_collection``, ``calibrate_collection``, ``pin_route``.
+* :mod:`.models` - :class:`ModelPool`, the encoders loaded once per process.
 """
 
 from .merge import DEFAULT_MERGE, MERGES

@@ -11,7 +11,7 @@ For a query embedded by the collection's current model and a space ``S`` of the 
 * ``fused`` - the score-level combination ``s = (1 - w) s_old + w s_bridge``. Both queries live in
   ``S``, and a score is an inner product, so ``s = <(1 - w) q_old + w q_bridge, v>``: one search
   with the combined query gives every item's fused score exactly. ``w`` is chosen per direction on a
-  calibration split (:mod:`nobackfill.search.calibrate`), never on the evaluated one.
+  calibration split (:mod:`nobackfill.lifecycle.calibrate`), never on the evaluated one.
 
 Directions name the query and gallery modalities: ``t2i``, ``i2t``, ``t2t``, ``i2i``.
 """

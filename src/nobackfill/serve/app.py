@@ -144,7 +144,7 @@ class Service:
     def start_backfill(self, order: str, rate: float | None) -> dict[str, Any]:
         """Start or resume the job (a paused one runs again) and make sure a worker thread runs: a
         thread still in its batch goes on, since it re-checks the job before it stops."""
-        from ..search.backfill import backfill_running, run_worker, start_backfill
+        from ..lifecycle.backfill import backfill_running, run_worker, start_backfill
 
         with self.write_lock:
             sid = self.collection.current_space
@@ -179,7 +179,7 @@ class Service:
         """The collection's backfill status with this server's worker: ``worker`` (running | idle),
         ``worker_stopped`` (why it last stopped), ``error``; no server path in it (every backfill
         reply is this)."""
-        from ..search.backfill import backfill_status
+        from ..lifecycle.backfill import backfill_status
 
         st = backfill_status(self.collection)
         active = self.backfill_active
@@ -425,7 +425,7 @@ def create_app(settings: ServeSettings, pool: Any = None) -> FastAPI:
         return await _run(_status)
 
     def _status() -> dict[str, Any]:
-        from ..search.plan import route_table
+        from ..lifecycle.plan_changes import route_table
 
         c = svc.collection
         st = c.status()
@@ -445,7 +445,7 @@ def create_app(settings: ServeSettings, pool: Any = None) -> FastAPI:
               response_model=BackfillStatus, dependencies=[Depends(admin_json)],
               responses=errors(400, 401, 403, 409, 413, 415, 422))
     async def backfill_start(req: BackfillRequest, _r: str = Depends(admin)) -> Any:
-        from ..search.backfill import BackfillError
+        from ..lifecycle.backfill import BackfillError
 
         try:
             return await _run(svc.start_backfill, req.order, req.rate)
@@ -455,7 +455,7 @@ def create_app(settings: ServeSettings, pool: Any = None) -> FastAPI:
     @app.post("/v1/backfill/pause", summary="Pause the backfill (every worker stops after its batch)",
               response_model=BackfillStatus, responses=errors(401, 403, 409))
     async def backfill_pause(_r: str = Depends(admin)) -> Any:
-        from ..search.backfill import BackfillError, pause_backfill
+        from ..lifecycle.backfill import BackfillError, pause_backfill
 
         try:
             await _run(pause_backfill, svc.collection)
@@ -485,12 +485,12 @@ def create_app(settings: ServeSettings, pool: Any = None) -> FastAPI:
         return await _run(_upgrade, model, bridges, data, req.calibrate_split, req.calibrate_limit)
 
     def _upgrade(model: Path, bridges: list[Path], data: Path | None, split: str, limit: int | None) -> dict:
-        from ..search.plan import UpgradeRefused, upgrade_collection
+        from ..lifecycle.plan_changes import UpgradeRefused, upgrade_collection
 
         tasks, label = (None, "")
         if data is not None:
             from ..evaluate import load_eval_data
-            from ..search.calibrate import pair_tasks
+            from ..lifecycle.calibrate import pair_tasks
 
             try:
                 ds = load_eval_data(data, split, langs=["en"], limit=limit)

@@ -17,8 +17,8 @@ from typing import Any, Callable, Sequence
 from ..index.collection import Collection
 from ..index.plan import Merge, Plan, RouteChoice
 from .calibrate import CalibrationTask, calibrate
-from .models import ModelPool, model_ref
-from .routes import DIRECTIONS, FUSED, ROUTES, RoutePlanner, upgrade_entry
+from ..search.models import ModelPool, model_ref
+from ..search.routes import DIRECTIONS, FUSED, ROUTES, RoutePlanner, upgrade_entry
 
 __all__ = ["UpgradeRefused", "calibrate_collection", "pin_route", "route_table", "upgrade_collection"]
 

@@ -86,7 +86,7 @@ def check_models(collection: Any, samples: int = 64, seed: int = 0) -> dict[str,
     the space's model, compared with the stored vectors), as JSON; a space serving no item with a
     readable source is reported as not checked (accepted, ``n`` 0)."""
     from ..index.model_check import check_model, collection_samples
-    from .models import ModelPool
+    from ..search.models import ModelPool
 
     pool = ModelPool()
     out: dict[str, dict[str, Any]] = {}

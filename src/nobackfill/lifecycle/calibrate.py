@@ -26,8 +26,8 @@ from typing import Any, Sequence
 import numpy as np
 
 from ..metrics.retrieval import group_ranks, recall_from_ranks
-from .merge import DEFAULT_MERGE, MERGES, ScoreMap
-from .routes import BRIDGE, DIRECTIONS, FUSED, NATIVE, OLD_MODEL, RoutePlanner
+from ..search.merge import DEFAULT_MERGE, MERGES, ScoreMap
+from ..search.routes import BRIDGE, DIRECTIONS, FUSED, NATIVE, OLD_MODEL, RoutePlanner
 
 __all__ = ["CalibrationTask", "calibrate", "pair_tasks", "text_pair_task", "WEIGHTS"]
 

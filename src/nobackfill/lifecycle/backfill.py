@@ -39,6 +39,7 @@ started next (a resume, in this process or another) goes on without waiting out 
 that finds every unfinished shard leased reports who holds them.
 """
 
+
 from __future__ import annotations
 
 import contextlib
@@ -48,300 +49,22 @@ import socket
 import time
 import uuid
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Callable, Iterator, Sequence
+from typing import Any, Callable
 
 import numpy as np
 
 from ..index.collection import Collection, Item
 from ..index.plan import Plan
+from .backfill_jobs import (DEFAULT_LEASE_S, JOB_DIR, JOB_FILE, LEASE_DIR, ORDER_FILE, SAMPLE_FILE, WORKERS_FILE,
+                            BackfillBusy, BackfillError, BackfillJob, _holder, _holder_gone, _iso, _job_lock, _last_worker,
+                            _leases, _now, _order_ids, _parse_owner, _read, _release, _renew, _stopped_workers,
+                            _take_shard, _write, backfill_running, describe_holders)
+from .backfill_order import ORDERS, _encode, _held, _pending, _route_failure, _uncertainty_order
 
-__all__ = ["ORDERS", "BackfillBusy", "BackfillError", "BackfillJob", "WorkerReport", "backfill_status",
-           "cancel_backfill", "describe_holders", "pause_backfill", "retire_space", "run_backfill", "run_worker",
-           "start_backfill"]
-
-ORDERS = ("sequential", "random", "uncertainty")
-JOB_DIR = "backfill"
-JOB_FILE = "job.json"
-ORDER_FILE = "order.json"
-SAMPLE_FILE = "sample.json"
-WORKERS_FILE = "workers.json"
-LEASE_DIR = "leases"
-DEFAULT_LEASE_S = 30.0
-
-
-class BackfillError(RuntimeError):
-    """A backfill that cannot start or go on (named reason)."""
-
-
-class BackfillBusy(BackfillError):
-    """Every unfinished shard is leased by a live worker."""
-
-
-def _now() -> float:
-    return time.time()
-
-
-def _iso(t: float | None = None) -> str:
-    return datetime.fromtimestamp(t or _now(), timezone.utc).isoformat(timespec="seconds")
-
-
-def _write(collection: Collection, name: str, obj: Any) -> None:
-    collection.catalog.write_doc(f"{JOB_DIR}/{name}", json.dumps(obj, indent=1).encode())
-
-
-def _read(collection: Collection, name: str) -> Any:
-    return _parse(collection, name, collection.catalog.read_doc(f"{JOB_DIR}/{name}"))
-
-
-def _parse(collection: Collection, name: str, data: bytes | None) -> Any:
-    if data is None:
-        return None
-    try:
-        return json.loads(data)
-    except ValueError as e:
-        raise BackfillError(f"{collection.storage}/{JOB_DIR}/{name}: unreadable ({e}); cancel the backfill "
-                            "(`collection backfill --cancel`) and start it again") from e
-
-
-@dataclass
-class BackfillJob:
-    """The persisted state of a backfill (``<collection>/backfill/job.json``)."""
-
-    target: str
-    order: str
-    shards: int
-    seed: int = 0
-    state: str = "running"  # running | paused | done
-    created: str = ""
-    sample: int = 0  # the uncertainty order's training sample: the first ``sample`` ids of the order
-    head: dict[str, Any] = field(default_factory=dict)
-    total: int = 0
-    phase: str = "order"  # sample (the training sample is being embedded; the order holds it alone) | order
-
-    @classmethod
-    def load(cls, collection: Collection) -> "BackfillJob | None":
-        obj = _read(collection, JOB_FILE)
-        if obj is None:
-            return None
-        try:
-            return cls(**obj)
-        except TypeError as e:
-            raise BackfillError(f"{collection.storage}/{JOB_DIR}/{JOB_FILE}: {e}") from e
-
-    def save(self, collection: Collection) -> None:
-        _write(collection, JOB_FILE, self.__dict__)
-
-
-@contextlib.contextmanager
-def _job_lock(collection: Collection, say: Callable[[str], None] | None = None) -> Iterator[None]:
-    """The backfill lock; ``say`` is told when another process holds it (then this one waits)."""
-    if say is not None:
-        with collection.catalog.lock(JOB_DIR, blocking=False) as taken:
-            if taken:
-                yield
-                return
-        say("another worker (another process?) is starting or changing the backfill of this collection; "
-            "waiting for it ...")
-    with collection.catalog.lock(JOB_DIR):
-        yield
-
-
-def _order_ids(collection: Collection) -> list[str]:
-    obj = _read(collection, ORDER_FILE)
-    if not isinstance(obj, list):
-        raise BackfillError(f"{collection.storage}/{JOB_DIR}/{ORDER_FILE}: missing or damaged; cancel the backfill "
-                            "(`collection backfill --cancel`) and start it again")
-    return obj
-
-
-def _pending(collection: Collection, target: str, items: dict[str, Item] | None = None) -> list[Item]:
-    """Live items the target space can embed that it holds no vector for, in log order (items
-    without a source are never pending: nothing can embed them)."""
-    mods = set(collection.space(target).modalities)
-    if items is None:  # the catalog knows what the target serves (the current space: first in order)
-        return collection.not_served_by(target, mods, sourced=True)
-    g = collection.gallery(target)
-    g.refresh()
-    held = _held(g, [it for it in items.values() if it.modality in mods])
-    return [it for it in items.values() if it.modality in mods and it.key not in held[it.modality]]
-
-
-def _held(store: Any, items: Sequence[Item]) -> dict[str, set[str]]:
-    """Per modality, the keys of ``items`` that ``store`` holds (one batched lookup per modality: a
-    Milvus store answers a key at a time in a round trip)."""
-    return {m: set(store.positions(m, [it.key for it in items if it.modality == m])) for m in ("image", "text")}
-
-
-# ----------------------------------------------------------------------------- orders
-def _encode(encoder: Any, items: Sequence[Item]) -> dict[str, np.ndarray]:
-    out = {}
-    for m in ("image", "text"):
-        rows = [it for it in items if it.modality == m]
-        if rows:
-            payload = [Path(it.payload) for it in rows] if m == "image" else [it.payload for it in rows]
-            out[m] = np.asarray(encoder.encode_images(payload) if m == "image" else encoder.encode_texts(payload),
-                                np.float32)
-    return out
-
-
-def _old_vectors(collection: Collection, items: Sequence[Item], target: str) -> dict[str, tuple[str, np.ndarray]]:
-    """Each item's vector in the first space other than ``target`` (in serving order) that holds
-    its current version: id -> (space, vector)."""
-    out: dict[str, tuple[str, np.ndarray]] = {}
-    for sid in collection.space_ids():
-        if sid == target:
-            continue
-        g = collection.gallery(sid)
-        for m in ("image", "text"):
-            todo = [it for it in items if it.modality == m and it.id not in out]
-            if not todo:
-                continue
-            pos = {k: i for i, k in enumerate(g.ids(m))}
-            hit = [it for it in todo if it.key in pos]
-            if hit:
-                vecs = np.asarray(g.vectors(m))
-                out.update({it.id: (sid, vecs[pos[it.key]]) for it in hit})
-    return out
-
-
-def _cross_fit_targets(x_old: np.ndarray, x_new: np.ndarray, folds: int = 5, ridge: float = 1e-2,
-                       seed: int = 0) -> np.ndarray:
-    """FastFill's transformation error, cross-fitted: ``1 - cos(psi(x_old), x_new)`` where ``psi``
-    (ridge least squares) never saw the item it scores."""
-    n = len(x_old)
-    fold = np.random.default_rng(seed).permutation(n) % max(2, min(folds, n))
-    out = np.zeros(n, np.float32)
-    for f in np.unique(fold):
-        tr, te = fold != f, fold == f
-        a = x_old[tr]
-        w = np.linalg.solve(a.T @ a + ridge * np.eye(a.shape[1]), a.T @ x_new[tr])
-        pred = x_old[te] @ w
-        pred /= np.maximum(np.linalg.norm(pred, axis=1, keepdims=True), 1e-12)
-        out[te] = 1.0 - (pred * x_new[te]).sum(axis=1)
-    return out
-
-
-def _fit_head(x: np.ndarray, y: np.ndarray, ridge: float = 0.1) -> Callable[[np.ndarray], np.ndarray]:
-    """The head ``h(v_old)``: ridge regression on the old embedding (with a bias). On the world, a
-    linear head beat a one-hidden-layer MLP and a kNN regressor at predicting the per-item gain
-    from a 5-10 % sample (``scripts/backfill_order_study.py``)."""
-    a = np.c_[x, np.ones(len(x))]
-    w = np.linalg.solve(a.T @ a + ridge * np.eye(a.shape[1]), a.T @ np.asarray(y, np.float64))
-
-    def predict(v: np.ndarray) -> np.ndarray:
-        return np.c_[np.asarray(v, np.float64), np.ones(len(v))] @ w
-
-    return predict
-
-
-def _captions_of(items: dict[str, Item]) -> dict[str, list[Item]]:
-    """Image id -> its captions, from the captions' ``image_id`` metadata (links inside the collection)."""
-    out: dict[str, list[Item]] = {}
-    for it in items.values():
-        img = it.metadata.get("image_id") if it.modality == "text" else None
-        if img in items and items[img].modality == "image":
-            out.setdefault(img, []).append(it)
-    return out
-
-
-def _route_failure(collection: Collection, pool: Any, sample: Sequence[Item],
-                   items: dict[str, Item]) -> dict[str, float]:
-    """How badly each linked sample item is served now (before it is backfilled): for an image, the
-    share of its captions whose query does not find it first; for a caption, whether its image's
-    query misses every caption of that image. Queries go through the collection's own routes."""
-    from .searcher import Searcher
-
-    caps = _captions_of(items)
-    s = Searcher(collection, pool=pool)
-    out: dict[str, float] = {}
-    imgs = [it for it in sample if it.modality == "image" and caps.get(it.id)]
-    if imgs:
-        qs = [(im.id, c.payload) for im in imgs for c in caps[im.id]]
-        res = s.search_batch(texts=[q for _, q in qs], k=1, target="image")
-        miss: dict[str, list[float]] = {}
-        for (iid, _), r in zip(qs, res):
-            miss.setdefault(iid, []).append(float(not r.hits or r.hits[0].id != iid))
-        out.update({iid: float(np.mean(v)) for iid, v in miss.items()})
-    texts = [it for it in sample if it.modality == "text" and it.metadata.get("image_id") in caps]
-    if texts:
-        img_ids = sorted({t.metadata["image_id"] for t in texts})
-        res = s.search_batch(images=[Path(items[i].payload) for i in img_ids], k=1, target="text")
-        hit = {i: bool(r.hits) and r.hits[0].id in {c.id for c in caps[i]} for i, r in zip(img_ids, res)}
-        out.update({t.id: float(not hit[t.metadata["image_id"]]) for t in texts})
-    return out
-
-
-def _interleave(per_modality: dict[str, list[str]]) -> list[str]:
-    """Modalities interleaved in proportion to their sizes, so every direction's gallery is
-    backfilled at the same pace (t2i gains only from images, i2t only from captions)."""
-    lists = {m: v for m, v in per_modality.items() if v}
-    idx = {m: 0 for m in lists}
-    out: list[str] = []
-    for _ in range(sum(len(v) for v in lists.values())):
-        m = min((m for m in lists if idx[m] < len(lists[m])), key=lambda m: (idx[m] + 1) / len(lists[m]))
-        out.append(lists[m][idx[m]])
-        idx[m] += 1
-    return out
-
-
-def _cover_images_first(ordered: list[Item], already: set[str]) -> list[Item]:
-    """Captions: one per image first (images without a backfilled caption), then the others, each
-    pass in the given order: an image query is answered once any of its captions is found."""
-    first, second, seen = [], [], set(already)
-    for it in ordered:
-        img = it.metadata.get("image_id")
-        (second if img in seen else first).append(it)
-        if img is not None:
-            seen.add(img)
-    return first + second
-
-
-def _uncertainty_order(collection: Collection, target: str, pending: list[Item], sample: list[Item],
-                       labels: dict[str, float], seed: int) -> tuple[list[str], dict[str, Any]]:
-    """The items not in ``sample`` (already backfilled), predicted worst-served first, per
-    modality, interleaved (see the module doc). ``labels`` are the sample's route failures; where
-    fewer than 8 sample items of a (space, modality) have one, the head learns FastFill's
-    transformation error instead."""
-    g = collection.gallery(target)
-    g.refresh()
-    in_sample = {it.id for it in sample}
-    rest = [it for it in pending if it.id not in in_sample]
-    old = _old_vectors(collection, sample + rest, target)
-    scores: dict[str, float] = {}
-    info: dict[str, Any] = {}
-    for m in ("image", "text"):
-        new_pos = {k: i for i, k in enumerate(g.ids(m))}
-        new_vecs = np.asarray(g.vectors(m)) if new_pos else None
-        for sid in sorted({old[it.id][0] for it in sample + rest if it.modality == m and it.id in old}):
-            todo = [it for it in rest if it.modality == m and it.id in old and old[it.id][0] == sid]
-            train = [it for it in sample if it.modality == m and it.id in old and old[it.id][0] == sid]
-            if not todo:
-                continue
-            labelled = [it for it in train if it.id in labels]
-            if len(labelled) >= 8:
-                kind, x = "route_failure", np.stack([old[it.id][1] for it in labelled])
-                y = np.array([labels[it.id] for it in labelled])
-            else:
-                train = [it for it in train if it.key in new_pos]
-                if len(train) < 8:  # nothing to learn from: log order
-                    continue
-                kind, x = "transformation_error", np.stack([old[it.id][1] for it in train])
-                y = _cross_fit_targets(x, new_vecs[[new_pos[it.key] for it in train]], seed=seed)
-            head = _fit_head(x, y)
-            pred = head(np.stack([old[it.id][1] for it in todo]))
-            fit = head(x)
-            info[f"{sid}/{m}"] = {"target": kind, "sample": len(y), "target_mean": float(np.mean(y)),
-                                  "train_corr": float(np.corrcoef(fit, y)[0, 1]) if len(y) > 2 and np.std(y) > 0 else None}
-            scores.update({it.id: float(p) for it, p in zip(todo, pred)})
-    per: dict[str, list[str]] = {}
-    for m in ("image", "text"):
-        ranked = sorted((it for it in rest if it.modality == m), key=lambda it: -scores.get(it.id, -np.inf))
-        if m == "text":
-            ranked = _cover_images_first(ranked, {it.metadata.get("image_id") for it in sample if it.modality == "text"})
-        per[m] = [it.id for it in ranked]
-    return _interleave(per), info
+__all__ = ["ORDERS", "BackfillBusy", "BackfillError", "BackfillJob", "WorkerReport", "backfill_running",
+           "backfill_status", "cancel_backfill", "describe_holders", "pause_backfill", "retire_space", "run_backfill",
+           "run_worker", "start_backfill"]
 
 
 # ----------------------------------------------------------------------------- job life cycle
@@ -380,7 +103,7 @@ def start_backfill(collection: Collection, encoder: Any, *, order: str = "uncert
             sample = [pending[i] for i in sorted(rng.choice(len(pending), n_sample, replace=False))] if n_sample else []
             say(f"uncertainty order: measuring how {n_sample} sampled items are served now; they are backfilled "
                 "first (they count against --limit), then the order of the rest is fitted")
-            from .models import ModelPool
+            from ..search.models import ModelPool
 
             if pool is None:
                 pool = ModelPool()
@@ -454,25 +177,6 @@ def cancel_backfill(collection: Collection) -> None:
             collection.catalog.delete_doc(name)
 
 
-def _parse_owner(owner: str) -> tuple[str, int | None]:
-    """``host:pid:tag`` -> (host, pid)."""
-    host, _, rest = owner.partition(":")
-    pid = rest.partition(":")[0]
-    return host, int(pid) if pid.isdigit() else None
-
-
-def describe_holders(holders: Sequence[dict[str, Any]]) -> str:
-    """``pid 12 on host-a (shard 0, since ...)``, joined; a holder in this process is said so."""
-    me = (socket.gethostname(), os.getpid())
-    out = []
-    for h in holders:
-        who = f"pid {h.get('pid')} on {h.get('host')}"
-        if (h.get("host"), h.get("pid")) == me:
-            who += " (this process)"
-        out.append(f"{who}, shard {h.get('shard')} since {h.get('since') or '?'}")
-    return "; ".join(out)
-
-
 def backfill_status(collection: Collection) -> dict[str, Any]:
     """``{"done", "total", "fraction", "order", "state", "rate", "eta_s", "workers", "holders", ...}``
     of the current space (done: live items it serves). ``state``: none | running (a live worker
@@ -520,45 +224,6 @@ def backfill_status(collection: Collection) -> dict[str, Any]:
     return out
 
 
-def _holder(shard: int, lease: dict[str, Any]) -> dict[str, Any]:
-    host, pid = _parse_owner(str(lease.get("owner", "")))
-    return {"shard": shard, "owner": lease.get("owner"), "host": host, "pid": pid, "since": lease.get("since")}
-
-
-def _leases(collection: Collection, raw: bool = False) -> dict[int, Any]:
-    """Shard -> lease (with ``raw``: ``(stored bytes, lease)``, for a compare-and-set)."""
-    out: dict[int, Any] = {}
-    for name in collection.catalog.list_docs(f"{JOB_DIR}/{LEASE_DIR}/shard-"):
-        data = collection.catalog.read_doc(name)
-        obj = _parse(collection, name[len(JOB_DIR) + 1:], data)
-        if isinstance(obj, dict):
-            out[int(Path(name).stem.split("-")[1])] = (data, obj) if raw else obj
-    return out
-
-
-def _stopped_workers(collection: Collection) -> dict[str, dict[str, Any]]:
-    """``workers.json`` by owner (empty where missing or damaged: it is only for status)."""
-    try:
-        obj = _read(collection, WORKERS_FILE)
-    except BackfillError:
-        return {}
-    return obj if isinstance(obj, dict) else {}
-
-
-def _last_worker(collection: Collection) -> dict[str, Any] | None:
-    obj = _stopped_workers(collection)
-    return max(obj.values(), key=lambda v: v.get("t", 0.0)) if obj else None
-
-
-def backfill_running(collection: Collection) -> BackfillJob | None:
-    """The job if a backfill into the current space is unfinished (running or paused)."""
-    job = BackfillJob.load(collection)
-    if job is None or job.target != collection.current_space or job.state == "done":
-        return None
-    return job
-
-
-# ----------------------------------------------------------------------------- workers
 @dataclass
 class WorkerReport:
     """What one worker did: items ``embedded``, ``committed`` (of them ``sample``: the uncertainty
@@ -586,59 +251,6 @@ class WorkerReport:
         return {**self.__dict__, "reason": self.reason()}
 
 
-def _holder_gone(owner: str) -> bool:
-    """``owner`` (``host:pid:tag``) names a process of this host that has exited."""
-    host, pid = _parse_owner(owner)
-    if host != socket.gethostname() or pid is None:
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return True
-    except PermissionError:  # alive, another user's
-        return False
-    return False
-
-
-def _take_shard(collection: Collection, job: BackfillJob, owner: str,
-                lease_s: float) -> tuple[int | None, list[dict[str, Any]]]:
-    """A shard nobody holds (or whose holder's lease expired), leased to ``owner``; else None and the
-    live holders of the unfinished shards (none: every shard is done)."""
-    leases = _leases(collection, raw=True)
-    now = _now()
-    busy = []
-    for s in range(job.shards):
-        raw, lease = leases.get(s, (None, None))
-        if lease is None or (not lease.get("done") and (lease.get("expires", 0) <= now or lease.get("owner") == owner
-                                                        or _holder_gone(str(lease.get("owner", ""))))):
-            new = {"owner": owner, "expires": now + lease_s, "since": _iso(now), "rate": 0.0}
-            if _swap(collection, s, raw, new):
-                return s, []
-            lease = _leases(collection).get(s)  # taken by another worker meanwhile
-        if lease is not None and not lease.get("done"):
-            busy.append(_holder(s, lease))
-    return None, busy
-
-
-def _swap(collection: Collection, shard: int, raw: bytes | None, lease: dict[str, Any]) -> bool:
-    """Compare-and-set of a shard's lease: written only if it still is ``raw`` (None: absent)."""
-    return collection.catalog.swap_doc(f"{JOB_DIR}/{LEASE_DIR}/shard-{shard}.json", raw,
-                                       json.dumps(lease, indent=1).encode())
-
-
-def _renew(collection: Collection, shard: int, owner: str, lease_s: float, rate: float, done: bool = False) -> bool:
-    """Extend ``owner``'s lease of ``shard`` (compare-and-set); False if it is not ``owner``'s any more."""
-    raw, lease = _leases(collection, raw=True).get(shard, (None, None))
-    if not isinstance(lease, dict) or lease.get("owner") != owner:
-        return False
-    return _swap(collection, shard, raw, {**lease, "expires": _now() + lease_s, "rate": rate, "done": done})
-
-
-def _release(collection: Collection, shard: int, owner: str) -> None:
-    """Hand ``owner``'s lease of ``shard`` back (free at once; done stays done)."""
-    raw, lease = _leases(collection, raw=True).get(shard, (None, None))
-    if isinstance(lease, dict) and lease.get("owner") == owner:
-        _swap(collection, shard, raw, {**lease, "expires": 0.0, "rate": 0.0})
 
 
 def _record_stop(collection: Collection, rep: WorkerReport) -> None:
@@ -787,7 +399,7 @@ def _finish_if_done(collection: Collection) -> None:
 def _worker_main(path: str, model: str, kwargs: dict, report: str) -> None:  # pragma: no cover - a child process
     import torch
 
-    from .models import ModelPool
+    from ..search.models import ModelPool
 
     torch.set_num_threads(1)
     c = Collection.open(path)

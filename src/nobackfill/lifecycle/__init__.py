@@ -1,0 +1,9 @@
+"""The life of a collection after it is created: changes to its serving plan (an upgrade, a pinned
+route, a calibration), the progressive backfill and ``verify``.
+
+* :mod:`.plan_changes` - ``upgrade_collection``, ``calibrate_collection``, ``pin_route``.
+* :mod:`.calibrate` - routes, fused weights, score maps and the merge chosen on a calibration split.
+* :mod:`.backfill` - start / pause / cancel / run the backfill, its status, ``retire_space``;
+  :mod:`.backfill_order` its order policies, :mod:`.backfill_jobs` its job and lease store.
+* :mod:`.verify` - every stored file of a gallery or collection checked (and the model check).
+"""

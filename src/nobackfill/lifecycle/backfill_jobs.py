@@ -1,0 +1,226 @@
+"""The backfill's job and lease store, reached through the collection's catalog: the job
+(``backfill/job.json``), the order (``order.json``), the uncertainty sample (``sample.json``), how the
+last workers stopped (``workers.json``) and one lease per shard (``leases/shard-<i>.json``), each a
+catalog document written atomically; a lease changes only by compare-and-set
+(:meth:`Catalog.swap_doc`), so two workers never hold one shard.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import socket
+import time
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, Callable, Iterator, Sequence
+
+from ..index.collection import Collection
+
+JOB_DIR = "backfill"
+JOB_FILE = "job.json"
+ORDER_FILE = "order.json"
+SAMPLE_FILE = "sample.json"
+WORKERS_FILE = "workers.json"
+LEASE_DIR = "leases"
+DEFAULT_LEASE_S = 30.0
+
+
+class BackfillError(RuntimeError):
+    """A backfill that cannot start or go on (named reason)."""
+
+
+class BackfillBusy(BackfillError):
+    """Every unfinished shard is leased by a live worker."""
+
+
+def _now() -> float:
+    return time.time()
+
+
+def _iso(t: float | None = None) -> str:
+    return datetime.fromtimestamp(t or _now(), timezone.utc).isoformat(timespec="seconds")
+
+
+def _write(collection: Collection, name: str, obj: Any) -> None:
+    collection.catalog.write_doc(f"{JOB_DIR}/{name}", json.dumps(obj, indent=1).encode())
+
+
+def _read(collection: Collection, name: str) -> Any:
+    return _parse(collection, name, collection.catalog.read_doc(f"{JOB_DIR}/{name}"))
+
+
+def _parse(collection: Collection, name: str, data: bytes | None) -> Any:
+    if data is None:
+        return None
+    try:
+        return json.loads(data)
+    except ValueError as e:
+        raise BackfillError(f"{collection.storage}/{JOB_DIR}/{name}: unreadable ({e}); cancel the backfill "
+                            "(`collection backfill --cancel`) and start it again") from e
+
+
+@dataclass
+class BackfillJob:
+    """The persisted state of a backfill (``<collection>/backfill/job.json``)."""
+
+    target: str
+    order: str
+    shards: int
+    seed: int = 0
+    state: str = "running"  # running | paused | done
+    created: str = ""
+    sample: int = 0  # the uncertainty order's training sample: the first ``sample`` ids of the order
+    head: dict[str, Any] = field(default_factory=dict)
+    total: int = 0
+    phase: str = "order"  # sample (the training sample is being embedded; the order holds it alone) | order
+
+    @classmethod
+    def load(cls, collection: Collection) -> "BackfillJob | None":
+        obj = _read(collection, JOB_FILE)
+        if obj is None:
+            return None
+        try:
+            return cls(**obj)
+        except TypeError as e:
+            raise BackfillError(f"{collection.storage}/{JOB_DIR}/{JOB_FILE}: {e}") from e
+
+    def save(self, collection: Collection) -> None:
+        _write(collection, JOB_FILE, self.__dict__)
+
+
+@contextlib.contextmanager
+def _job_lock(collection: Collection, say: Callable[[str], None] | None = None) -> Iterator[None]:
+    """The backfill lock; ``say`` is told when another process holds it (then this one waits)."""
+    if say is not None:
+        with collection.catalog.lock(JOB_DIR, blocking=False) as taken:
+            if taken:
+                yield
+                return
+        say("another worker (another process?) is starting or changing the backfill of this collection; "
+            "waiting for it ...")
+    with collection.catalog.lock(JOB_DIR):
+        yield
+
+
+def _order_ids(collection: Collection) -> list[str]:
+    obj = _read(collection, ORDER_FILE)
+    if not isinstance(obj, list):
+        raise BackfillError(f"{collection.storage}/{JOB_DIR}/{ORDER_FILE}: missing or damaged; cancel the backfill "
+                            "(`collection backfill --cancel`) and start it again")
+    return obj
+
+
+def _parse_owner(owner: str) -> tuple[str, int | None]:
+    """``host:pid:tag`` -> (host, pid)."""
+    host, _, rest = owner.partition(":")
+    pid = rest.partition(":")[0]
+    return host, int(pid) if pid.isdigit() else None
+
+
+def describe_holders(holders: Sequence[dict[str, Any]]) -> str:
+    """``pid 12 on host-a (shard 0, since ...)``, joined; a holder in this process is said so."""
+    me = (socket.gethostname(), os.getpid())
+    out = []
+    for h in holders:
+        who = f"pid {h.get('pid')} on {h.get('host')}"
+        if (h.get("host"), h.get("pid")) == me:
+            who += " (this process)"
+        out.append(f"{who}, shard {h.get('shard')} since {h.get('since') or '?'}")
+    return "; ".join(out)
+
+
+def _holder(shard: int, lease: dict[str, Any]) -> dict[str, Any]:
+    host, pid = _parse_owner(str(lease.get("owner", "")))
+    return {"shard": shard, "owner": lease.get("owner"), "host": host, "pid": pid, "since": lease.get("since")}
+
+
+def _leases(collection: Collection, raw: bool = False) -> dict[int, Any]:
+    """Shard -> lease (with ``raw``: ``(stored bytes, lease)``, for a compare-and-set)."""
+    out: dict[int, Any] = {}
+    for name in collection.catalog.list_docs(f"{JOB_DIR}/{LEASE_DIR}/shard-"):
+        data = collection.catalog.read_doc(name)
+        obj = _parse(collection, name[len(JOB_DIR) + 1:], data)
+        if isinstance(obj, dict):
+            out[int(Path(name).stem.split("-")[1])] = (data, obj) if raw else obj
+    return out
+
+
+def _stopped_workers(collection: Collection) -> dict[str, dict[str, Any]]:
+    """``workers.json`` by owner (empty where missing or damaged: it is only for status)."""
+    try:
+        obj = _read(collection, WORKERS_FILE)
+    except BackfillError:
+        return {}
+    return obj if isinstance(obj, dict) else {}
+
+
+def _last_worker(collection: Collection) -> dict[str, Any] | None:
+    obj = _stopped_workers(collection)
+    return max(obj.values(), key=lambda v: v.get("t", 0.0)) if obj else None
+
+
+def backfill_running(collection: Collection) -> BackfillJob | None:
+    """The job if a backfill into the current space is unfinished (running or paused)."""
+    job = BackfillJob.load(collection)
+    if job is None or job.target != collection.current_space or job.state == "done":
+        return None
+    return job
+
+
+# ----------------------------------------------------------------------------- workers
+def _holder_gone(owner: str) -> bool:
+    """``owner`` (``host:pid:tag``) names a process of this host that has exited."""
+    host, pid = _parse_owner(owner)
+    if host != socket.gethostname() or pid is None:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:  # alive, another user's
+        return False
+    return False
+
+
+def _take_shard(collection: Collection, job: BackfillJob, owner: str,
+                lease_s: float) -> tuple[int | None, list[dict[str, Any]]]:
+    """A shard nobody holds (or whose holder's lease expired), leased to ``owner``; else None and the
+    live holders of the unfinished shards (none: every shard is done)."""
+    leases = _leases(collection, raw=True)
+    now = _now()
+    busy = []
+    for s in range(job.shards):
+        raw, lease = leases.get(s, (None, None))
+        if lease is None or (not lease.get("done") and (lease.get("expires", 0) <= now or lease.get("owner") == owner
+                                                        or _holder_gone(str(lease.get("owner", ""))))):
+            new = {"owner": owner, "expires": now + lease_s, "since": _iso(now), "rate": 0.0}
+            if _swap(collection, s, raw, new):
+                return s, []
+            lease = _leases(collection).get(s)  # taken by another worker meanwhile
+        if lease is not None and not lease.get("done"):
+            busy.append(_holder(s, lease))
+    return None, busy
+
+
+def _swap(collection: Collection, shard: int, raw: bytes | None, lease: dict[str, Any]) -> bool:
+    """Compare-and-set of a shard's lease: written only if it still is ``raw`` (None: absent)."""
+    return collection.catalog.swap_doc(f"{JOB_DIR}/{LEASE_DIR}/shard-{shard}.json", raw,
+                                       json.dumps(lease, indent=1).encode())
+
+
+def _renew(collection: Collection, shard: int, owner: str, lease_s: float, rate: float, done: bool = False) -> bool:
+    """Extend ``owner``'s lease of ``shard`` (compare-and-set); False if it is not ``owner``'s any more."""
+    raw, lease = _leases(collection, raw=True).get(shard, (None, None))
+    if not isinstance(lease, dict) or lease.get("owner") != owner:
+        return False
+    return _swap(collection, shard, raw, {**lease, "expires": _now() + lease_s, "rate": rate, "done": done})
+
+
+def _release(collection: Collection, shard: int, owner: str) -> None:
+    """Hand ``owner``'s lease of ``shard`` back (free at once; done stays done)."""
+    raw, lease = _leases(collection, raw=True).get(shard, (None, None))
+    if isinstance(lease, dict) and lease.get("owner") == owner:
+        _swap(collection, shard, raw, {**lease, "expires": 0.0, "rate": 0.0})
