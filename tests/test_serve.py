@@ -104,7 +104,7 @@ def test_backfill_through_the_api(env):
     r = api.post("/v1/backfill/start", json={"order": "sequential"}, headers=h(ADMIN))
     assert r.status_code == 200, r.text
     svc = api.app.state.service
-    svc.backfill_thread.join(timeout=60)
+    svc.client.backfill_thread.join(timeout=60)
     st = api.get("/v1/status", headers=h(READ)).json()
     assert st["backfill"]["fraction"] == 1.0 and st["backfill"]["worker"] == "idle"
     hits = api.post("/v1/search", json={"text": "anything", "k": 18, "target": "text"}, headers=h(READ)).json()["hits"]
@@ -331,12 +331,12 @@ def test_the_client_names_any_id(env, tmp_path):
     img = tmp_path / "odd.png"
     img.write_bytes(png(seed=31))
     odd = "a?b#c é+&=;"  # (no "%": the TestClient decodes a path twice)
-    assert client.add_images([img, next((data / "images").iterdir())], ids=[odd, None])["ids"][0] == odd
-    assert client.get(odd)["metadata"]["filename"] == "odd.png"
+    assert client.add(images=[img, next((data / "images").iterdir())], ids=[odd, None]).ids[0] == odd
+    assert client.get(odd).metadata["filename"] == "odd.png"
     assert client.thumbnail(odd)[:8] == b"\x89PNG\r\n\x1a\n"
-    hits = client.search(image=img, k=3, target="image", filter={"labels": {"n": [0, 1, 2]}})["hits"]
-    assert hits and all(x["labels"]["n"] in (0, 1, 2) for x in hits)
-    assert client.delete(odd) == {"deleted": odd}
+    hits = client.search(image=img, k=3, target="image", filter={"labels": {"n": [0, 1, 2]}}).hits
+    assert hits and all(x.metadata["labels"]["n"] in (0, 1, 2) for x in hits)
+    assert client.delete(odd) == 1
 
 
 def test_import_takes_vectors_under_the_data_root_after_the_model_check(env):

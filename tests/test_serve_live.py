@@ -22,7 +22,7 @@ from typer.testing import CliRunner
 pytest.importorskip("fastapi")
 
 from nobackfill.cli import app  # noqa: E402
-from nobackfill.client import Client, ServiceError  # noqa: E402
+from nobackfill.client import Client, ClientError  # noqa: E402
 from nobackfill.index.collection import Collection  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -89,11 +89,11 @@ def live(tmp_path_factory):
 def test_client_round_trip(live):
     c = Client(live.url, READ)
     out = c.search(text="a red circle", k=5)
-    assert out["modality"] == "image" and len(out["hits"]) == 5 and {h["route"] for h in out["hits"]} <= {"bridge"}
+    assert out.modality == "image" and len(out.hits) == 5 and {h.route for h in out.hits} <= {"bridge"}
     img = next((live.root / "world" / "test" / "images").iterdir())
-    assert len(c.search(image=img, k=3)["hits"]) == 3
-    with pytest.raises(ServiceError) as e:
-        c.add_texts([{"text": "x"}])
+    assert len(c.search(image=img, k=3).hits) == 3
+    with pytest.raises(ClientError) as e:
+        c.add(texts=[{"text": "x"}])
     assert e.value.status == 403
     st = c.status()
     assert st["items"] == {"image": 24, "text": 48} and st["backfill"]["total"] == 72
@@ -103,12 +103,12 @@ def test_sigkill_during_ingest_keeps_every_acknowledged_write(live):
     admin = Client(live.url, ADMIN, timeout=30)
     acked: list[str] = []
     for i in range(6):
-        acked += admin.add_texts([{"text": f"kill test caption {i} {j}", "id": f"k{i}-{j}"} for j in range(3)])["ids"]
+        acked += admin.add(texts=[{"text": f"kill test caption {i} {j}", "id": f"k{i}-{j}"} for j in range(3)]).ids
     live.kill()
     live.start()
     admin = Client(live.url, ADMIN, timeout=30)
     for i in acked:
-        assert admin.get(i)["modality"] == "text"
+        assert admin.get(i).modality == "text"
     assert not Collection.open(live.root / "photos").verify()
 
 

@@ -87,11 +87,13 @@ def multi30k_default() -> Path:
 def user_errors() -> tuple[type[BaseException], ...]:
     """Exceptions that mean bad input or a damaged store: a command prints them as one error line
     and exits 2 (``except user_errors() as e: fail(str(e))``)."""
+    from ..client import ClientError
     from ..index.catalog import CatalogError
     from ..index.collection import CollectionError
     from ..index.store import GalleryError
 
-    return (ValueError, FileNotFoundError, FileExistsError, KeyError, CollectionError, CatalogError, GalleryError)
+    return (ValueError, FileNotFoundError, FileExistsError, KeyError, CollectionError, CatalogError, GalleryError,
+            ClientError)
 
 
 def config_option() -> Any:

@@ -41,7 +41,7 @@ def serve(
                                                max_k=max_k, max_batch=max_batch))
         app = create_app(settings)
         if backfill:
-            app.state.service.start_backfill(backfill, None)
+            app.state.service.client.backfill_start(backfill)
     except user_errors() as e:
         fail(str(e))
     console.print(f"serving {collection} on http://{host}:{port}/ (API docs: /docs)")

@@ -33,15 +33,13 @@ import numpy as np
 from ..encoders.base import DualEncoder
 from ..index.collection import Collection, Snapshot
 from ..index.plan import Plan, Space, UpgradeRecord
+from .limits import Limits
 from ..index.store import SpaceMismatchError
 from .merge import DEFAULT_MERGE, MERGES, Candidate, ScoreMap, merge
 from .models import ModelPool, model_ref
 from .routes import BRIDGE, DIRECTIONS, NATIVE, NoRouteError, QuerySide, RoutePlanner, direction_of, upgrade_entry
 
 __all__ = ["DEFAULT_MERGE", "Hit", "SearchResponse", "Searcher", "explicit_plan", "matches_filter", "query_side_for"]
-
-MAX_K = 1000
-
 
 @dataclass(slots=True)
 class Hit:
@@ -124,7 +122,9 @@ class Searcher:
     def __init__(self, collection: Collection | str | Path, *, pool: ModelPool | None = None,
                  query_model: str | Path | DualEncoder | None = None, bridges: Sequence[str | Path] = (),
                  reco: str | Path | None = None, rerank: str = "", rerank_k: int = 100, rerank_weight: float = 1.0,
-                 merge: str | None = None, routes: Mapping[str, str] | None = None) -> None:
+                 merge: str | None = None, routes: Mapping[str, str] | None = None,
+                 limits: Limits | None = None) -> None:
+        self.limits = limits or Limits()
         self.collection = collection if isinstance(collection, Collection) else Collection.open(collection)
         self.pool = pool or ModelPool()
         if merge is not None and merge not in MERGES:
@@ -255,8 +255,8 @@ class Searcher:
         if not inputs:
             return []
         k = int(k)
-        if not 1 <= k <= MAX_K:
-            raise ValueError(f"k must be between 1 and {MAX_K}, got {k}")
+        if not 1 <= k <= self.limits.max_k:
+            raise ValueError(f"k must be between 1 and {self.limits.max_k}, got {k}")
         snap = self.collection.snapshot()
         prep = self._prepare(snap, qmod, target, filter)
         gmod, direction, method, views = prep.gmod, prep.direction, prep.method, prep.views

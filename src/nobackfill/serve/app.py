@@ -15,7 +15,6 @@ with (:mod:`~nobackfill.serve.paths`), never by their path on the server.
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import io
 import json
@@ -37,7 +36,8 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from .batching import SearchBatcher
 from .paths import PublicPaths
-from .schema import (AddResult, BackfillRequest, BackfillStatus, Deleted, Health, ImportRequest, ImportResult, ItemOut,
+from .schema import (AddResult, BackfillRequest, BackfillStatus, CalibrateRequest, Deleted, Health, ImportRequest,
+                     ImportResult, ItemOut, RetireRequest, Retired, RouteRequest, Routes, VerifyReport, VerifyRequest,
                      SearchResults, Status, UpgradeRequest, UpgradeResult, errors, finish_openapi, form_encodings,
                      request_models)
 from .settings import ServeSettings
@@ -64,46 +64,28 @@ class _TooLarge(StarletteHTTPException):
 
 # ----------------------------------------------------------------------------- the service state
 class Service:
-    """What the app holds for its life: the collection, warm models, the searcher, the backfill
-    thread and the metrics."""
+    """What the app holds for its life: the in-process client of the collection (warm models and
+    searchers, the backfill thread), the path rules and the metrics."""
 
     def __init__(self, settings: ServeSettings, pool: Any = None) -> None:
-        from ..index.collection import Collection
-        from ..search import ModelPool, Searcher
+        from ..client.local import LocalClient
 
         self.settings = settings
-        self.collection = Collection.open(settings.collection)
-        self.pool = pool or ModelPool()
-        self.searcher = Searcher(self.collection, pool=self.pool)
+        self.client = LocalClient(settings.collection, pool=pool, limits=settings.limits)
+        self.collection = self.client.collection
+        self.pool = self.client.pool
         if settings.uploads is not None:
             self.uploads = Path(settings.uploads)
         elif isinstance(self.collection.path, Path):
             self.uploads = self.collection.path / "uploads"
         else:
             raise ValueError("a collection outside the file system needs --uploads DIR for uploaded images")
-        self.write_lock = threading.Lock()  # plan changes through this server, one at a time
         self.upload_lock = threading.Lock()  # image adds: stored files and their commit, or neither
         local = self.collection.path if isinstance(self.collection.path, Path) else None
         self.paths = PublicPaths([(local, ""), (self.uploads, "uploads/"), (settings.data_root, ""),
                                   (settings.models_root, ""), (settings.upgrades_root, "")])
-        self._merge_searchers: dict[str, Any] = {}
-        self.batcher = SearchBatcher(self.searcher_for)
-        self.backfill_thread: threading.Thread | None = None
-        self.backfill_error: str | None = None
-        self.backfill_stopped: str | None = None  # why this server's last worker stopped
-        self.backfill_active = False  # a worker thread runs, or is deciding whether to go on
-        self._backfill_lock = threading.Lock()
+        self.batcher = SearchBatcher(self.client.searcher)
         self._metrics()
-
-    def searcher_for(self, merge: str | None) -> Any:
-        """The warm searcher, or one with another merge (sharing the warm models)."""
-        from ..search import Searcher
-
-        if merge is None:
-            return self.searcher
-        if merge not in self._merge_searchers:
-            self._merge_searchers[merge] = Searcher(self.collection, pool=self.pool, merge=merge)
-        return self._merge_searchers[merge]
 
     def _metrics(self) -> None:
         from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
@@ -140,59 +122,22 @@ class Service:
             raise ApiError(404, f"{what}: {rel!r} is not readable under {option} ({type(e).__name__})", what) from None
         return target
 
-    # ------------------------------------------------------------------ backfill thread
-    def start_backfill(self, order: str, rate: float | None) -> dict[str, Any]:
-        """Start or resume the job (a paused one runs again) and make sure a worker thread runs: a
-        thread still in its batch goes on, since it re-checks the job before it stops."""
-        from ..lifecycle.backfill import backfill_running, run_worker, start_backfill
-
-        with self.write_lock:
-            sid = self.collection.current_space
-            enc = self.pool.get(self.collection.space(sid).model, sid, what="collection's current model")
-            start_backfill(self.collection, enc, order=order, pool=self.pool)  # resumes a paused job
-            with self._backfill_lock:
-                if self.backfill_active:
-                    return self.backfill_status()
-                self.backfill_active, self.backfill_error, self.backfill_stopped = True, None, None
-
-            def work() -> None:
-                try:
-                    while True:
-                        rep = run_worker(self.collection, enc, rate=rate, batch_size=32)
-                        with self._backfill_lock:
-                            job = backfill_running(self.collection)
-                            if rep.stopped in ("paused", "job removed") and job is not None and job.state == "running":
-                                continue  # resumed (or started anew) while this worker was stopping
-                            self.backfill_stopped, self.backfill_active = rep.reason(), False
-                            return
-                except Exception as e:  # reported by /v1/status, never silent
-                    with self._backfill_lock:
-                        self.backfill_error = f"{type(e).__name__}: {e}"
-                        self.backfill_stopped, self.backfill_active = f"error: {self.backfill_error}", False
-                    log.exception("backfill worker failed")
-
-            self.backfill_thread = threading.Thread(target=work, name="backfill", daemon=True)
-            self.backfill_thread.start()
-        return self.backfill_status()
-
     def backfill_status(self) -> dict[str, Any]:
-        """The collection's backfill status with this server's worker: ``worker`` (running | idle),
-        ``worker_stopped`` (why it last stopped), ``error``; no server path in it (every backfill
+        """The backfill's status with this server's worker, no server path in it (every backfill
         reply is this)."""
-        from ..lifecycle.backfill import backfill_status
+        return self.paths.deep(self.client.backfill_status())
 
-        st = backfill_status(self.collection)
-        active = self.backfill_active
-        st["worker"] = "running" if active else "idle"
-        if active and st["state"] == "idle":  # this server's worker is about to take a shard
-            st["state"] = "running"
-            st.pop("note", None)
-            st.pop("last_worker", None)
-        if self.backfill_error:
-            st["error"] = self.backfill_error
-        if self.backfill_stopped and not active:
-            st["worker_stopped"] = self.backfill_stopped  # this server's worker gave up, and why
-        return self.paths.deep(st)
+    def call(self, fn: Any, *args: Any, field: str | None = None, **kw: Any) -> Any:
+        """``fn(*args, **kw)`` of the client, its refusals as API errors (ClientError: its status;
+        ValueError / KeyError: 422 naming ``field``)."""
+        from ..client import ClientError
+
+        try:
+            return fn(*args, **kw)
+        except ClientError as e:
+            raise ApiError(e.status, e.detail, e.field or field) from None
+        except (ValueError, KeyError, FileNotFoundError) as e:
+            raise ApiError(422, str(e.args[0]) if isinstance(e, KeyError) and e.args else str(e), field) from None
 
 
 # ----------------------------------------------------------------------------- the app
@@ -201,10 +146,8 @@ def create_app(settings: ServeSettings, pool: Any = None) -> FastAPI:
     :class:`~nobackfill.search.ModelPool` to use (tests hand in stand-in models)."""
     svc = Service(settings, pool)
     if settings.warm:
-        svc.searcher.warm()
-    from ..search.searcher import MAX_K
-
-    lim = dataclasses.replace(settings.limits, max_k=min(settings.limits.max_k, MAX_K))
+        svc.client.warm()
+    lim = settings.limits
     models = request_models(lim.max_k, lim.max_caption_chars, lim.max_batch, lim.max_image_bytes)
     app = FastAPI(title="nobackfill", version="1",
                   description="Cross-modal search over a collection whose model upgrades without a re-index. "
@@ -331,8 +274,6 @@ def create_app(settings: ServeSettings, pool: Any = None) -> FastAPI:
               responses={200: {"links": _item_links("$response.body#/ids/0")},
                          **errors(400, 401, 403, 409, 413, 415, 422)})
     async def add(request: Request, _r: str = Depends(admin)) -> Any:
-        from ..index.ingest import text_item
-
         if _content_type(request, multipart=True) == "multipart":
             form = await _form(request, files={"images": (1, lim.max_batch)}, fields={})
             files = form.getlist("images")
@@ -343,55 +284,40 @@ def create_app(settings: ServeSettings, pool: Any = None) -> FastAPI:
                 await form.close()
             return await _run(_add_images, uploads, ids)
         req = await _json_body(request, models.add_texts)
-        items = [text_item(it.text, id=it.id, metadata=dict(it.model_extra or {})) for it in req.items]
-        return await _run(_add_items, items)
+        texts = [{**(it.model_extra or {}), "text": it.text, "id": it.id} for it in req.items]
+        return await _run(_add_items, texts)
 
     def _add_images(uploads: list[tuple[bytes, str]], ids: list[str | None]) -> dict[str, Any]:
         """Every image decoded before any is kept; the files this request stored are removed again
         if its commit does not happen (a failed request changes nothing stored)."""
-        from ..index.ingest import image_item
-
         for i, (data, _name) in enumerate(uploads):
             _decode_image(data, lim, f"images[{i}]")
         with svc.upload_lock:  # no other request sees (or removes) a file between its write and commit
             created: list[Path] = []
             try:
-                items = []
+                images = []
                 for (data, name), own in zip(uploads, ids):
                     path, digest, new = _keep_upload(svc.uploads, data)
                     if new:
                         created.append(path)
-                    items.append(image_item(path, id=own, metadata={"filename": name}, sha256=digest))
-                return _add_items(items)
+                    images.append({"path": path, "id": own, "sha256": digest, "filename": name})
+                return _add_items(images=images)
             except BaseException:
                 for path in created:
                     path.unlink(missing_ok=True)
                 raise
 
-    def _add_items(items: list) -> dict[str, Any]:
-        from ..index.ingest import add_items
-        from ..index.store import DuplicateIdError, SpaceMismatchError
-
-        c = svc.collection
-        sid = c.current_space
-        enc = svc.pool.get(c.space(sid).model, sid, what="collection's current model")
-        try:
-            rep = add_items(c, enc, items, progress=False, wait=True, chunk_size=max(1, len(items)))
-        except DuplicateIdError as e:
-            raise ApiError(409, str(e), "id") from None
-        except (SpaceMismatchError, ValueError) as e:
-            raise ApiError(422, str(e), "images" if items and items[0].modality == "image" else "items") from None
-        return {**rep.to_dict(), "ids": [it.id for it in items]}
+    def _add_items(texts: list | None = None, images: list | None = None) -> dict[str, Any]:
+        field = "images" if images is not None else "items"
+        rep = svc.call(svc.client.add, texts=texts, images=images, wait=True, chunk_size=max(1, len(texts or images)),
+                       field=field)
+        return rep.to_dict()
 
     @app.get("/v1/items/{item_id}", summary="One item: modality, metadata, the space that serves it",
              response_model=ItemOut, responses=errors(401, 404))
     async def get_item(item_id: str, _r: str = Depends(reader)) -> Any:
-        snap = svc.collection.snapshot()
-        item = snap.item(item_id)
-        if item is None:
-            raise ApiError(404, f"no item with id {item_id!r}", "id")
-        return {"id": item.id, "modality": item.modality, "metadata": svc.paths.metadata(item.metadata),
-                "space": snap.serving_space(item_id)}
+        item = svc.call(svc.client.get, item_id, field="id")
+        return {**item.to_dict(), "metadata": svc.paths.metadata(item.metadata)}
 
     @app.get("/v1/items/{item_id}/thumbnail", summary="A small PNG of an image item", response_class=Response,
              responses={200: {"description": "A PNG at most `size` pixels on its longer side.",
@@ -410,12 +336,7 @@ def create_app(settings: ServeSettings, pool: Any = None) -> FastAPI:
     @app.delete("/v1/items/{item_id}", summary="Delete an item (never returned again)", response_model=Deleted,
                 responses=errors(401, 403, 404))
     async def delete(item_id: str, _r: str = Depends(admin)) -> Any:
-        from ..index.collection import ItemNotFoundError
-
-        try:
-            await _run(svc.collection.delete, [item_id])
-        except ItemNotFoundError as e:
-            raise ApiError(404, str(e), "id") from None
+        await _run(svc.call, svc.client.delete, item_id, field="id")
         return {"deleted": item_id}
 
     # ------------------------------------------------------------------ status / control
@@ -425,49 +346,43 @@ def create_app(settings: ServeSettings, pool: Any = None) -> FastAPI:
         return await _run(_status)
 
     def _status() -> dict[str, Any]:
-        from ..lifecycle.plan_changes import route_table
-
-        c = svc.collection
-        st = c.status()
-        plan = c.plan
-        st["routes"] = route_table(plan)
-        st["merge"] = plan.merge_method or "raw"
-        st["calibrated"] = bool(plan.calibration)
-        st["backfill"] = svc.backfill_status()
-        st["limits"] = dataclasses.asdict(lim)
+        st = svc.client.status()
         svc.g_done.set(st["backfill"]["done"])
         svc.g_total.set(st["backfill"]["total"])
         for m, n in st["items"].items():
             svc.g_items.labels(m).set(n)
         return svc.paths.deep(st)  # the collection, models and messages by name, no server path
 
+    def _backfill(fn: Any, *args: Any) -> dict[str, Any]:
+        from ..lifecycle.backfill import BackfillError
+
+        try:
+            svc.call(fn, *args, field="backfill")
+        except BackfillError as e:
+            raise ApiError(409, str(e), "backfill") from None
+        return svc.backfill_status()
+
     @app.post("/v1/backfill/start", summary="Start (or resume) the backfill in this server",
               response_model=BackfillStatus, dependencies=[Depends(admin_json)],
               responses=errors(400, 401, 403, 409, 413, 415, 422))
     async def backfill_start(req: BackfillRequest, _r: str = Depends(admin)) -> Any:
-        from ..lifecycle.backfill import BackfillError
-
-        try:
-            return await _run(svc.start_backfill, req.order, req.rate)
-        except BackfillError as e:
-            raise ApiError(409, str(e), "backfill") from None
+        return await _run(_backfill, svc.client.backfill_start, req.order, req.rate)
 
     @app.post("/v1/backfill/pause", summary="Pause the backfill (every worker stops after its batch)",
               response_model=BackfillStatus, responses=errors(401, 403, 409))
     async def backfill_pause(_r: str = Depends(admin)) -> Any:
-        from ..lifecycle.backfill import BackfillError, pause_backfill
-
-        try:
-            await _run(pause_backfill, svc.collection)
-        except BackfillError as e:
-            raise ApiError(409, str(e), "backfill") from None
-        return svc.backfill_status()
+        return await _run(_backfill, svc.client.backfill_pause)
 
     @app.post("/v1/backfill/resume", summary="Resume a paused backfill in this server",
               response_model=BackfillStatus, dependencies=[Depends(admin_json)],
               responses=errors(400, 401, 403, 409, 413, 415, 422))
     async def backfill_resume(req: BackfillRequest, _r: str = Depends(admin)) -> Any:
-        return await backfill_start(req, _r)
+        return await _run(_backfill, svc.client.backfill_resume, req.order, req.rate)
+
+    @app.post("/v1/backfill/cancel", summary="Forget the backfill job (what was committed stays and is served)",
+              response_model=BackfillStatus, responses=errors(401, 403, 409))
+    async def backfill_cancel(_r: str = Depends(admin)) -> Any:
+        return await _run(_backfill, svc.client.backfill_cancel)
 
     @app.post("/v1/upgrade", summary="Register a new model (and its bridges) as the current one",
               response_model=UpgradeResult, dependencies=[Depends(admin_json)],
@@ -482,31 +397,47 @@ def create_app(settings: ServeSettings, pool: Any = None) -> FastAPI:
             if not (b / "upgrade.json").is_file():
                 raise ApiError(422, f"bridges[{i}]: {req.bridges[i]!r} is not an upgrade directory", f"bridges[{i}]")
         data = svc.under(settings.data_root, req.calibrate, "calibrate", "--data-root") if req.calibrate else None
-        return await _run(_upgrade, model, bridges, data, req.calibrate_split, req.calibrate_limit)
+        rep = await _run(svc.call, svc.client.upgrade, model, bridges=bridges, calibrate=data,
+                         calibrate_split=req.calibrate_split, calibrate_limit=req.calibrate_limit,
+                         calibrate_langs=req.calibrate_langs, field="calibrate" if data is not None else "model")
+        return svc.paths.deep(rep.to_dict())
 
-    def _upgrade(model: Path, bridges: list[Path], data: Path | None, split: str, limit: int | None) -> dict:
-        from ..lifecycle.plan_changes import UpgradeRefused, upgrade_collection
+    @app.post("/v1/routes", summary="Pin (or unpin) the route to an older space for one direction",
+              response_model=Routes, dependencies=[Depends(admin_json)],
+              responses=errors(400, 401, 403, 413, 415, 422))
+    async def pin_route(req: RouteRequest, _r: str = Depends(admin)) -> Any:
+        table = await _run(svc.call, svc.client.route, req.space, req.direction, req.route, w=req.w, field="space")
+        return svc.paths.deep({"routes": table, "merge": svc.collection.plan.merge_method})
 
-        tasks, label = (None, "")
-        if data is not None:
-            from ..evaluate import load_eval_data
-            from ..lifecycle.calibrate import pair_tasks
+    @app.post("/v1/calibrate", summary="Choose routes and the merge on labelled data (a path under --data-root)",
+              response_model=Routes, dependencies=[Depends(admin_json)],
+              responses=errors(400, 401, 403, 404, 409, 413, 415, 422))
+    async def calibrate(req: CalibrateRequest, _r: str = Depends(admin)) -> Any:
+        data = svc.under(settings.data_root, req.data, "data", "--data-root")
+        out = await _run(svc.call, svc.client.calibrate, data, split=req.split, limit=req.limit, langs=req.langs,
+                         field="data")
+        return svc.paths.deep(out)
 
-            try:
-                ds = load_eval_data(data, split, langs=["en"], limit=limit)
-            except (ValueError, FileNotFoundError) as e:
-                raise ApiError(422, f"calibrate: {e}", "calibrate") from None
-            tasks, label = pair_tasks(ds), f"{data.name} {split}"
-        with svc.write_lock:
-            try:
-                plan = upgrade_collection(svc.collection, model, bridges=bridges, calibration=tasks,
-                                          calibration_label=label, pool=svc.pool)
-            except UpgradeRefused as e:
-                raise ApiError(409, str(e), "model") from None
-            except (ValueError, KeyError) as e:
-                raise ApiError(422, str(e)) from None
-        svc.searcher.warm()
-        return {"current": plan.current, "spaces": plan.space_ids, "merge": plan.merge_method}
+    @app.post("/v1/retire", summary="Drop an old space once the current space serves every item",
+              response_model=Retired, dependencies=[Depends(admin_json)],
+              responses=errors(400, 401, 403, 409, 413, 415, 422))
+    async def retire(req: RetireRequest, _r: str = Depends(admin)) -> Any:
+        from ..lifecycle.backfill import BackfillError
+
+        try:
+            return await _run(svc.call, svc.client.retire, req.space, drop_unsourced=req.drop_unsourced,
+                              field="space")
+        except BackfillError as e:
+            raise ApiError(409, str(e), "space") from None
+
+    @app.post("/v1/verify", summary="Check every stored file of the collection (read only)",
+              response_model=VerifyReport, dependencies=[Depends(admin_json)],
+              responses=errors(400, 401, 403, 413, 415, 422))
+    async def verify(req: VerifyRequest, _r: str = Depends(admin)) -> Any:
+        rep = await _run(svc.call, svc.client.verify, model_check=req.model_check)
+        rep.pop("path", None)
+        rep.pop("repaired", None)
+        return svc.paths.deep(rep)
 
     @app.post("/v1/import", summary="Import vectors embedded elsewhere (a path under --data-root)",
               response_model=ImportResult, dependencies=[Depends(admin_json)],
@@ -516,25 +447,9 @@ def create_app(settings: ServeSettings, pool: Any = None) -> FastAPI:
         path = svc.under(root, req.path, "path", "--data-root", file=req.format != "clip-retrieval")
         table = svc.under(root, req.table, "table", "--data-root", file=True) if req.table else None
         images = svc.under(root, req.images_root, "images_root", "--data-root") if req.images_root else None
-        return await _run(_import, req, path, table, images)
-
-    def _import(req: ImportRequest, path: Path, table: Path | None, images: Path | None) -> dict:
-        from ..index.importing import ModelCheckRefused, import_source
-        from ..index.sources import open_source
-
-        c = svc.collection
-        cur = c.space(c.current_space)
-        enc = svc.pool.get(cur.model, cur.space_id, what="collection's current model")
-        with svc.write_lock:
-            try:
-                src = open_source(f"{req.format}:{path}", table=table, id_column=req.id_column,
-                                  source_column=req.source_column, modality=req.modality, images_root=images,
-                                  lossy=req.lossy, expect_dim=int(enc.embed_dim))
-                rep = import_source(c, src, enc, model=cur.model, trust_model=req.trust_model, progress=False)
-            except ModelCheckRefused as e:
-                raise ApiError(409, str(e), "path") from None
-            except (ValueError, KeyError) as e:
-                raise ApiError(422, str(e)) from None
+        rep = await _run(svc.call, svc.client.import_, f"{req.format}:{path}", table=table, id_column=req.id_column,
+                         source_column=req.source_column, modality=req.modality, images_root=images,
+                         trust_model=req.trust_model, lossy=req.lossy, field="path")
         out = {k: v for k, v in rep.to_dict().items() if k in ImportResult.model_fields}
         return svc.paths.deep(out)
 
@@ -819,11 +734,11 @@ def _allowed_methods(request: Request) -> list[str]:
     return sorted(methods, key=lambda m: (order.index(m) if m in order else len(order), m))
 
 
-async def _run(fn, *args):
+async def _run(fn, *args, **kw):
     """Run blocking library code in the thread pool (the event loop keeps serving)."""
     from starlette.concurrency import run_in_threadpool
 
-    return await run_in_threadpool(fn, *args)
+    return await run_in_threadpool(fn, *args, **kw)
 
 
 def _decode_image(data: bytes, lim, field: str):

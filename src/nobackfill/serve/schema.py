@@ -13,6 +13,7 @@ from typing import Annotated, Any, Literal, Optional
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 
+from ..client.remote import ID_HEADER
 from ..index.collection import MAX_ID_LENGTH
 
 __all__ = ["ERROR_STATUSES", "FILTER_FIELD", "ID_HEADER", "ID_PATTERN", "IMAGE_TYPES", "NONBLANK", "REL_PATH",
@@ -37,7 +38,6 @@ MAX_ID = MAX_ID_LENGTH  # the collection's own limit
 #: the part's Content-Type says)
 IMAGE_TYPES = "image/png, image/jpeg, image/gif, image/webp, image/tiff, image/bmp"
 #: the item id header of an image part (multipart ``POST /v1/items``)
-ID_HEADER = "X-Item-Id"
 
 # A JSON object as a form field (``filter`` of an image search): flat, its values scalars or lists
 # of scalars (dotted keys reach nested metadata). A regular language, so the schema's pattern is
@@ -188,6 +188,46 @@ class UpgradeRequest(BaseModel):
     calibrate_split: str = Field("val", max_length=255, pattern=SEGMENT,
                                  description="The split of a world data root (a folder name).")
     calibrate_limit: Optional[Annotated[int, Field(ge=1, le=1_000_000), BeforeValidator(_integral)]] = None
+    calibrate_langs: str = Field("en", max_length=255, pattern=r"^[a-z]{2,3}(,[a-z]{2,3})*$",
+                                 description="Caption languages of the calibration data, comma-separated.")
+
+
+class RouteRequest(BaseModel):
+    """Pin the route one older space is reached through for one direction (``route`` null: unpin)."""
+
+    model_config = _STRICT
+    space: str = Field(..., max_length=255, description="An older space id (see /v1/status).")
+    direction: Literal["t2i", "i2t", "t2t", "i2i"]
+    route: Optional[Literal["old-model", "bridge", "fused"]] = Field(None, description="null removes the pin.")
+    w: Optional[float] = Field(None, ge=0, le=1, allow_inf_nan=False,
+                               description="Weight of the bridge score of a fused route.")
+
+
+class CalibrateRequest(BaseModel):
+    """Labelled data under --data-root to choose routes, fused weights and the merge on."""
+
+    model_config = _STRICT
+    data: str = Field(..., max_length=1024, pattern=REL_PATH, description="A data folder / world root or a "
+                                                                          "Multi30K root, relative to --data-root.")
+    split: str = Field("val", max_length=255, pattern=SEGMENT, description="Never the split evaluated on.")
+    limit: Optional[Annotated[int, Field(ge=1, le=1_000_000), BeforeValidator(_integral)]] = None
+    langs: str = Field("en", max_length=255, pattern=r"^[a-z]{2,3}(,[a-z]{2,3})*$")
+
+
+class RetireRequest(BaseModel):
+    """An old space to drop once the current space serves every item."""
+
+    model_config = _STRICT
+    space: str = Field(..., max_length=255, description="The old space id (see /v1/status).")
+    drop_unsourced: bool = Field(False, description="Delete the items without a source it serves, with it.")
+
+
+class VerifyRequest(BaseModel):
+    """Check every stored file of the collection (read only: repairs are made offline with
+    `nobackfill verify --repair`)."""
+
+    model_config = _STRICT
+    model_check: bool = Field(False, description="Also re-embed a sample of each space with its model.")
 
 
 class ImportRequest(BaseModel):
@@ -322,6 +362,25 @@ class UpgradeResult(BaseModel):
     current: str
     spaces: list[str]
     merge: Optional[str]
+    routes: dict[str, Any] = Field(default_factory=dict, description="Per older space and direction, its route.")
+
+
+class Routes(BaseModel):
+    routes: dict[str, Any] = Field(..., description="Per older space and direction: route, weight, calibration.")
+    merge: Optional[str] = None
+
+
+class Retired(BaseModel):
+    retired: str
+    dropped_unsourced: int
+
+
+class VerifyReport(_Open):
+    kind: str
+    problems: list[str] = Field(..., description="Stored data that is wrong (empty: all checked files are sound).")
+    derived: list[str] = Field(default_factory=list, description="Caches that are stale (never served; rebuilt).")
+    advice: list[str] = Field(default_factory=list)
+    model_check: dict[str, Any] = Field(default_factory=dict)
 
 
 class Health(BaseModel):

@@ -8,6 +8,8 @@ import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ..search.limits import Limits
+
 __all__ = ["KeyRing", "Limits", "ServeSettings", "ROLES"]
 
 #: read: search, get, status, thumbnails; admin: everything read may, plus writes and control
@@ -52,18 +54,6 @@ class KeyRing:
             if hmac.compare_digest(given, stored) and (found is None or role == "admin"):
                 found = role
         return found
-
-
-@dataclass
-class Limits:
-    """What one request may carry (413 / 422 beyond them)."""
-
-    max_body_bytes: int = 20 * 2**20
-    max_image_bytes: int = 10 * 2**20
-    max_image_pixels: int = 40_000_000  # decompression bombs
-    max_caption_chars: int = 2000
-    max_k: int = 200
-    max_batch: int = 256
 
 
 @dataclass

@@ -1,0 +1,110 @@
+"""What ``nobackfill collection`` commands print: the results of :class:`nobackfill.Client` calls
+(routes, spaces, the backfill, an import) as lines for a person; ``--json`` prints them as they are."""
+
+from __future__ import annotations
+
+import json
+from typing import Any, List, Optional
+
+from rich.markup import escape
+
+from ._common import console
+
+
+def print_import(client: Any, source: str, rep: Any) -> None:
+    """What an import (a dict for Milvus in place) did, and the collection after it."""
+    adopted = isinstance(rep, dict)
+    for w in ([] if adopted else rep.warnings):
+        console.print(f"[yellow]warning:[/yellow] {escape(w)}")
+    mc = rep["model_check"] if adopted else rep.model_check
+    console.print("model check: skipped (--trust-model)" if mc.get("skipped") else f"model check: {escape(mc['message'])}")
+    if adopted:
+        console.print(f"adopted {escape(source)} in place: {rep['items']} item(s), added {rep['added']}, already "
+                      f"there {rep['unchanged']}; its vectors were not copied and nobackfill never writes to it")
+    else:
+        console.print(f"{rep.items} item(s) read from {escape(rep.source)}: added {rep.added}, already there "
+                      f"{rep.unchanged} in {rep.seconds:.1f}s ({rep.items_per_s:,.0f} items/s)")
+    if (rep["added"] if adopted else rep.added):
+        client.collection.build_graph_indexes(log=console.print)
+    st = client.status()
+    console.print(f"collection {st['path']}: {st['items']['image']} images, {st['items']['text']} texts"
+                  + (f"; {st['unsourced']} without a source (cannot be backfilled)" if st.get("unsourced") else ""))
+
+
+def print_routes(routes: dict) -> None:
+    """The route table (per older space and direction) a client call returned."""
+    for sid, dirs in routes.items():
+        for d, r in dirs.items():
+            cal = r["calibration"]
+            nums = ", ".join(f"{k} R@1 {v['R@1']:.3f}" + (f" (w={v['w']})" if "w" in v else "")
+                             for k, v in cal.items() if isinstance(v, dict) and "R@1" in v)
+            how = "pinned" if r["pinned"] else "calibrated" if r["calibrated"] else "default, uncalibrated"
+            console.print(escape(f"  space {sid} {d}: {r['route']}" + (f" w={r['w']}" if r["w"] is not None else "")
+                                 + f" ({how})" + (f"  {nums}" if nums else "")))
+
+
+def parse_filter(items: Optional[List[str]]) -> dict:
+    out: dict = {}
+    for it in items or []:
+        key, eq, value = it.partition("=")
+        if not eq or not key:
+            raise ValueError(f"--filter must look like key=value (got {it!r})")
+        try:
+            out[key] = json.loads(value)
+        except json.JSONDecodeError:
+            out[key] = value
+    return out
+
+
+def index_line(info: dict) -> str:
+    """``auto: HNSW32 for 1200000 images, Flat for 3000 texts (graph index building)``."""
+    parts = []
+    for m, i in info.items():
+        what = i.get("in_use") or "not loaded yet"
+        parts.append(f"{what} for {i['count']} {m}s" + (" (graph index building; searches exact meanwhile)"
+                                                        if i.get("building") else ""))
+    backend = next(iter(info.values()))["backend"]
+    return f"{backend}: " + ", ".join(parts)
+
+
+def print_spaces(spaces: dict) -> None:
+    for sid, s in spaces.items():
+        console.print(f"  {'*' if s['current'] else ' '} {s['name']:<16} {sid}  images {s.get('image', 0)}, texts "
+                      f"{s.get('text', 0)}  ({s['model']})")
+        for imp in s.get("imports", []):
+            mc = imp.get("model_check") or {}
+            how = "model check skipped (--trust-model)" if mc.get("skipped") else \
+                f"model check median cosine {mc.get('median_cosine', 0):.4f} over {mc.get('n')} items"
+            console.print(escape(f"      imported {imp.get('items')} item(s) from {imp.get('from')} at {imp.get('at')}; "
+                                 + how))
+        if s.get("index"):
+            console.print("      index: " + index_line(s["index"]))
+
+
+def print_backfill(bf: dict) -> None:
+    per = ", ".join(f"{m} {v['done']}/{v['total']}" for m, v in bf["per_modality"].items())
+    eta = f", ETA {bf['eta_s']:.0f}s at {bf['rate']:.1f} items/s" if bf.get("eta_s") else ""
+    console.print(f"  backfill into the current space: {bf['done']}/{bf['total']} ({100 * bf['fraction']:.1f}%; {per})"
+                  + escape(f" [{bf['state']}{', order ' + bf['order'] if bf.get('order') else ''}{eta}]"))
+    if bf.get("no_source"):
+        console.print(f"    no source: cannot be backfilled: {bf['no_source']} item(s) (imported without one; "
+                      "searched in their space until it is retired)")
+    for w in bf.get("holders", []):
+        console.print(f"    worker: pid {w['pid']} on {w['host']} (shard {w['shard']}, since {w['since']})")
+    if bf.get("note"):
+        console.print(f"    [yellow]{escape(bf['note'])}[/yellow]")
+
+
+def print_backfill_run(name: str, st: dict, limit: Optional[int]) -> None:
+    head = f"backfill of {name}: {st['done']}/{st['total']} items in the current space ({100 * st['fraction']:.1f}%)"
+    sample = (f" ({st['sample_committed']} of them the training sample of the uncertainty order)"
+              if st.get("sample_committed") else "")
+    done = f"{st['committed']} committed{sample} in {st['seconds']:.1f}s"
+    if st.get("busy"):  # every unfinished shard is leased: say who works, not a silent "0 committed"
+        who = "; ".join(f"pid {w['pid']} on {w['host']} (shard {w['shard']}, since {w['since']})" for w in st["busy"])
+        console.print(f"{head}; another process is doing the work: {who}; nothing was left for this one"
+                      + (f" ({done} before that)" if st["committed"] else "")
+                      + ". Follow it with `nobackfill collection status`.")
+        return
+    stopped = {"limit": f"stopped at --limit {limit}; run again to go on"}.get(st.get("stopped"), st.get("stopped"))
+    console.print(f"{head}; {done}" + (f" ({escape(stopped)})" if stopped else ""))

@@ -1,0 +1,123 @@
+"""The one face of nobackfill: :class:`Client`, in process or over HTTP with the same methods and
+the same return types (in the manner of qdrant-client's local and remote modes).
+
+    from nobackfill import Client
+    photos = Client("photos")                                   # a path or storage URI: in process
+    photos = Client("http://127.0.0.1:8000", api_key="...")     # a running `nobackfill serve`
+    photos.search(text="a red circle", k=5).hits[0].id
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+from .types import AddResult, ImportResult, ItemInfo, SearchResults, UpgradeResult
+
+__all__ = ["Client"]
+
+
+class Client:
+    """A collection, in process (``target`` a directory or storage URI: ``milvus-lite:PATH#NAME``,
+    ``milvus://HOST:PORT#NAME``, ``...?catalog=postgresql://...``) or served over HTTP (``target``
+    an ``http(s)://`` URL of ``nobackfill serve``, with ``api_key``). ``Client(...)`` returns a
+    :class:`~nobackfill.client.local.LocalClient` or a :class:`~nobackfill.client.remote.RemoteClient`;
+    both have every method below and return the same types. A refused call raises
+    :class:`~nobackfill.client.types.ClientError` (with the HTTP status it maps to) or ValueError
+    for an invalid argument; over HTTP a ValueError arrives as ClientError 422."""
+
+    def __new__(cls, target: str | Path = "", *args: Any, **kw: Any) -> "Client":
+        if cls is Client:
+            if str(target).startswith(("http://", "https://")):
+                from .remote import RemoteClient as impl
+            else:
+                from .local import LocalClient as impl  # type: ignore[assignment]
+            return super().__new__(impl)
+        return super().__new__(cls)
+
+    def __enter__(self) -> "Client":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Release what the client holds (an HTTP connection pool)."""
+
+    # every call a collection answers; the subclasses implement them
+    def create(self, model: str | Path, *, backend: str = "auto") -> dict[str, Any]:
+        """Create the collection with ``model`` as its current model; returns its status."""
+        raise NotImplementedError
+
+    def add(self, *, texts: Sequence[str | Mapping[str, Any]] | None = None, images: Sequence[str | Path] | None = None,
+            ids: Sequence[str | None] | None = None, **kw: Any) -> AddResult:
+        """Embed and add texts (strings, or ``{"text", "id", ...metadata}``) or image files with the
+        current model; an id already there with the same content is left as it is."""
+        raise NotImplementedError
+
+    def import_(self, source: str, **kw: Any) -> ImportResult:
+        """Import vectors embedded elsewhere (``clip-retrieval:DIR``, ``npy:F``, ``npz:F``,
+        ``faiss:F`` with ``table=``), after the model check."""
+        raise NotImplementedError
+
+    def upgrade(self, model: str | Path, *, bridges: Sequence[str | Path] = (), calibrate: str | Path | None = None,
+                calibrate_split: str = "val", calibrate_limit: int | None = None,
+                calibrate_langs: Sequence[str] | str = ("en",), log: Any = None) -> UpgradeResult:
+        """Make ``model`` the current model at once (nothing re-embedded): older spaces are reached
+        through ``bridges``; ``calibrate`` chooses routes and the merge on labelled data (``log``:
+        told of each step, in process)."""
+        raise NotImplementedError
+
+    def route(self, space: str, direction: str, route: str | None = None, *, w: float | None = None) -> dict[str, Any]:
+        """Pin ``route`` (old-model | bridge | fused, ``w`` for fused) for ``direction`` (t2i | i2t |
+        t2t | i2i) to the older ``space``; None unpins. Returns the route table."""
+        raise NotImplementedError
+
+    def calibrate(self, data: str | Path, *, split: str = "val", limit: int | None = None) -> dict[str, Any]:
+        """Choose routes, fused weights and the merge on labelled ``data`` (never the evaluated split)."""
+        raise NotImplementedError
+
+    def search(self, *, text: str | None = None, image: Any = None, k: int = 10, target: str | None = None,
+               filter: Mapping[str, Any] | None = None, merge: str | None = None) -> SearchResults:
+        """Top ``k`` items for a text or an image (a path), every space through its route, one merged list."""
+        raise NotImplementedError
+
+    def get(self, item_id: str) -> ItemInfo:
+        """One item: modality, metadata, the space that serves it (ClientError 404 if unknown)."""
+        raise NotImplementedError
+
+    def delete(self, *ids: str) -> int:
+        """Delete items (all or nothing: an unknown id deletes none, ClientError 404); returns how many."""
+        raise NotImplementedError
+
+    def status(self) -> dict[str, Any]:
+        """Spaces and their counts, the current model, routes, merge, the backfill, the limits."""
+        raise NotImplementedError
+
+    def backfill_start(self, order: str = "uncertainty", rate: float | None = None, **kw: Any) -> dict[str, Any]:
+        """Start (or resume) the progressive backfill into the current space; returns its status."""
+        raise NotImplementedError
+
+    def backfill_pause(self) -> dict[str, Any]:
+        """Pause the backfill (workers stop after their batch)."""
+        raise NotImplementedError
+
+    def backfill_resume(self, order: str = "uncertainty", rate: float | None = None) -> dict[str, Any]:
+        """Resume a paused backfill."""
+        raise NotImplementedError
+
+    def backfill_cancel(self) -> dict[str, Any]:
+        """Forget the backfill job (what was committed stays and is served)."""
+        raise NotImplementedError
+
+    def backfill_status(self) -> dict[str, Any]:
+        """``{"done", "total", "fraction", "state", "order", ...}`` of the current space."""
+        raise NotImplementedError
+
+    def retire(self, space: str, *, drop_unsourced: bool = False) -> dict[str, Any]:
+        """Drop an old space's vectors once every item has a vector in the current space."""
+        raise NotImplementedError
+
+    def verify(self, *, repair: bool = False, model_check: bool = False) -> dict[str, Any]:
+        """Check every stored file of the collection (``problems``: stored data; ``derived``: caches)."""
+        raise NotImplementedError

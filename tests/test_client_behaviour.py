@@ -1,0 +1,220 @@
+"""One behaviour suite for every face of nobackfill: ``Client`` in process, ``Client`` over HTTP
+(the service, through FastAPI's test client) and the command line (``nobackfill collection ...
+--json``, read back into the client's types). Each face runs the same life of a collection with
+the shipped world models: add, search, get, status, upgrade with a bridge, pin a route, backfill,
+cancel, retire, delete, verify, and the same refusals."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from typer.testing import CliRunner
+
+from nobackfill import Client, ClientError
+from nobackfill.cli import app
+from nobackfill.client import AddResult, ImportResult, ItemInfo, SearchHit, SearchResults, UpgradeResult
+
+from _cli_helpers import ok
+
+ROOT = Path(__file__).resolve().parents[1]
+MODELS, UPGRADES = ROOT / "models", ROOT / "upgrades"
+ADMIN = "admin-key-0123456789"
+STATUS_KEYS = {"name", "path", "generation", "items", "current", "spaces", "routes", "merge", "calibrated",
+               "backfill", "limits", "unsourced"}
+
+
+class CliFace:
+    """The command line with the client's methods: each call one ``nobackfill collection`` command
+    with ``--json``, its output read back into the client's types; a failed command raises
+    ClientError with what it printed."""
+
+    def __init__(self, path: Path, scratch: Path) -> None:
+        self.path, self.scratch, self.runner = path, scratch, CliRunner()
+
+    def _run(self, *args: Any, json_out: bool = True) -> Any:
+        r = self.runner.invoke(app, [str(a) for a in args] + (["--json"] if json_out else []))
+        if r.exit_code != 0:
+            raise ClientError(0, r.output)
+        return json.loads(r.stdout) if json_out else r.output
+
+    def _c(self, cmd: str, *args: Any) -> Any:
+        return self._run("collection", cmd, self.path, *args)
+
+    def add(self, *, texts: list[dict]) -> AddResult:
+        f = self.scratch / f"texts-{time.monotonic_ns()}.jsonl"
+        f.write_text("".join(json.dumps(t) + "\n" for t in texts))
+        return AddResult.from_dict(self._c("add", "--texts", f))
+
+    def search(self, *, text: str, k: int = 10, target: str | None = None) -> SearchResults:
+        return SearchResults.from_dict(self._c("search", "--text", text, "--k", k, *(["--target", target] if target
+                                                                                   else [])))
+
+    def get(self, item_id: str) -> ItemInfo:
+        return ItemInfo.from_dict(self._c("get", "--id", item_id))
+
+    def delete(self, *ids: str) -> int:
+        return self._c("delete", *[a for i in ids for a in ("--id", i)])["deleted"]
+
+    def status(self) -> dict:
+        return self._c("status")
+
+    def upgrade(self, model: Path, *, bridges: list[Path]) -> UpgradeResult:
+        return UpgradeResult.from_dict(self._c("upgrade", "--model", model, *[a for b in bridges for a in ("--bridge", b)]))
+
+    def route(self, space: str, direction: str, route: str | None = None, *, w: float | None = None) -> dict:
+        return self._c("route", "--space", space, "--direction", direction,
+                       *(["--route", route] if route else ["--unpin"]), *(["--w", w] if w is not None else []))
+
+    def backfill_start(self, order: str = "uncertainty", rate: float | None = None) -> dict:
+        return self._c("backfill", "--order", order)
+
+    def backfill_status(self) -> dict:
+        return self.status()["backfill"]
+
+    def backfill_cancel(self) -> dict:
+        return self._c("backfill", "--cancel")
+
+    def retire(self, space: str, *, drop_unsourced: bool = False) -> dict:
+        return self._c("retire", "--space", space)
+
+    def verify(self) -> dict:
+        return self._run("verify", self.path)
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("behaviour")
+    ok("world", "--out", root / "world", "--n-train", 4, "--n-val", 8, "--n-test", 10, "--workers", 1, "--langs", "en")
+    return root / "world"
+
+
+@pytest.fixture(params=["local", "remote", "cli"])
+def face(request, world, tmp_path):
+    """(the face, how it names a model, how it names a bridge), over a new collection of the world's
+    test split (created and filled through the face itself where it can: a server serves a collection
+    that exists)."""
+    path = tmp_path / "photos"
+    if request.param == "cli":
+        ok("collection", "create", path, "--model", MODELS / "world-old")
+        ok("collection", "add", path, "--data", world, "--split", "test")
+        yield CliFace(path, tmp_path), (lambda m: MODELS / m), (lambda b: UPGRADES / b)
+        return
+    local = Client(path)
+    local.create(MODELS / "world-old")
+    local.add(folder=world, split="test")
+    if request.param == "local":
+        yield local, (lambda m: MODELS / m), (lambda b: UPGRADES / b)
+        return
+    from fastapi.testclient import TestClient
+
+    from nobackfill.serve import KeyRing, ServeSettings, create_app
+
+    settings = ServeSettings(collection=str(path), keys=KeyRing({"admin": [ADMIN]}), models_root=MODELS,
+                             upgrades_root=UPGRADES, data_root=world.parent)
+    with TestClient(create_app(settings)) as http:
+        remote = Client("http://testserver", api_key=ADMIN, http=http)
+        assert type(remote).__name__ == "RemoteClient" and type(local).__name__ == "LocalClient"
+        yield remote, (lambda m: m), (lambda b: b)
+
+
+def _wait_done(c: Any, timeout: float = 120.0) -> dict:
+    t0 = time.monotonic()
+    while True:
+        st = c.backfill_status()
+        if st["state"] == "done" or st["done"] == st["total"]:
+            return st
+        assert time.monotonic() - t0 < timeout, f"the backfill did not finish: {st}"
+        time.sleep(0.2)
+
+
+def test_one_life_of_a_collection(face):
+    c, model, bridge = face
+    # add: a new id, then the same again (unchanged)
+    rep = c.add(texts=[{"text": "a caption only this test added", "id": "mine-1", "source": "behaviour"}])
+    assert isinstance(rep, AddResult) and rep.added == 1 and rep.ids == ["mine-1"]
+    assert c.add(texts=[{"text": "a caption only this test added", "id": "mine-1", "source": "behaviour"}]).unchanged == 1
+    # search / get
+    r = c.search(text="a caption only this test added", k=3, target="text")
+    assert isinstance(r, SearchResults) and r.modality == "text" and len(r.hits) == 3
+    assert isinstance(r.hits[0], SearchHit) and r.hits[0].id == "mine-1" and r.hits[0].route == "native"
+    assert [h.rank for h in r.hits] == [1, 2, 3] and r.hits[0].score >= r.hits[1].score
+    item = c.get("mine-1")
+    assert isinstance(item, ItemInfo) and item.modality == "text" and item.metadata["source"] == "behaviour"
+    st = c.status()
+    assert STATUS_KEYS <= set(st) and item.space == st["current"]
+    assert st["items"] == {"image": 10, "text": 21} and st["backfill"]["state"] == "none"
+    old = st["current"]
+    # upgrade through the shipped XBT bridge: nothing re-embedded, old items reached through the bridge
+    up = c.upgrade(model("world-new"), bridges=[bridge("world-old-to-new")])
+    assert isinstance(up, UpgradeResult) and up.current != old and set(up.spaces) == {old, up.current}
+    assert up.routes[old]["t2i"]["route"] == "bridge"
+    hits = c.search(text="a red circle", k=5).hits
+    assert len(hits) == 5 and {(h.space, h.route) for h in hits} == {(old, "bridge")}
+    # pin a route, then unpin it
+    assert c.route(old, "t2i", "old-model")[old]["t2i"]["pinned"]
+    assert {h.route for h in c.search(text="a red circle", k=5).hits} == {"old-model"}
+    assert not c.route(old, "t2i", None)[old]["t2i"]["pinned"]
+    # the backfill into the new space, then its job forgotten, then the old space retired
+    c.backfill_start("sequential")
+    st = _wait_done(c)
+    assert st["done"] == st["total"] == 31
+    assert {h.route for h in c.search(text="a red circle", k=5).hits} == {"native"}
+    assert c.backfill_cancel()["state"] == "none"
+    assert c.retire(old)["retired"] == old
+    st = c.status()
+    assert st["spaces"][old]["retired"] and c.get("mine-1").space == up.current
+    # delete, and the refusals every face shares
+    assert c.delete("mine-1") == 1
+    with pytest.raises(ClientError) as e:
+        c.get("mine-1")
+    assert "mine-1" in str(e.value)
+    with pytest.raises(ValueError, match="k"):
+        c.search(text="a red circle", k=0)
+    with pytest.raises(ClientError, match="nope"):
+        c.delete("nope")
+    rep = c.verify()
+    assert rep["problems"] == [] and rep["kind"] == "collection"
+
+
+def test_the_faces_are_one_class():
+    """``Client(...)`` picks the implementation from the target; both have every method of the base."""
+    from nobackfill.client.base import Client as Base
+    from nobackfill.client.local import LocalClient
+    from nobackfill.client.remote import RemoteClient
+
+    assert isinstance(Client("somewhere"), LocalClient)
+    remote = Client("http://127.0.0.1:9", api_key="k" * 12)
+    assert isinstance(remote, RemoteClient) and isinstance(remote, Base)
+    public = {n for n in vars(Base) if not n.startswith("_") and callable(getattr(Base, n))}
+    for impl in (LocalClient, RemoteClient):
+        missing = {n for n in public if getattr(impl, n) is getattr(Base, n) and n != "close"}
+        assert not missing, f"{impl.__name__} does not implement {sorted(missing)}"
+    with pytest.raises(ClientError, match="create it where it is stored"):
+        remote.create("m")
+    with pytest.raises(ClientError, match="runs in the server"):
+        remote.backfill_start("sequential", wait=True)
+    assert ImportResult(items=10, seconds=2.0).items_per_s == 5.0
+
+
+def test_the_readme_python_example_runs_as_written(world, tmp_path, monkeypatch):
+    """README's Python client example, run as written (models and upgrades linked in, a world as
+    data/world, the last line's server not called)."""
+    import re
+
+    text = (ROOT / "README.md").read_text()
+    code = re.search(r"<!-- python-client -->\n```python\n(.*?)```\n<!-- /python-client -->", text, re.S).group(1)
+    for d in ("models", "upgrades"):
+        (tmp_path / d).symlink_to(ROOT / d)
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "world").symlink_to(world)
+    monkeypatch.chdir(tmp_path)
+    scope: dict = {}
+    exec(compile(code, "README.md (python-client)", "exec"), scope)
+    st = scope["photos"].status()
+    assert st["current"] != scope["old"] and st["spaces"][scope["old"]]["retired"]
+    assert st["backfill"]["done"] == st["backfill"]["total"] == 30
+    assert type(scope["served"]).__name__ == "RemoteClient"
