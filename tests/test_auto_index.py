@@ -12,7 +12,7 @@ import pytest
 from typer.testing import CliRunner
 
 from nobackfill.cli import app
-from nobackfill.index import backends, store
+from nobackfill.index import backends, gallery_index
 from nobackfill.index.backends import AutoIndex, FactoryIndex, make_index, validate_spec
 from nobackfill.index.collection import Collection
 from nobackfill.index.store import Gallery
@@ -115,7 +115,7 @@ def test_gallery_caches_the_graph_and_extends_it_instead_of_rebuilding(tmp_path,
     g.add("text", [f"i{i}" for i in range(2000, 3000)], x[2000:], space_id="s")
     g.close()
     # a new reader loads the cached graph and appends the new chunk: nothing is built from scratch
-    monkeypatch.setattr(store, "make_index", lambda *a, **k: pytest.fail("the cached graph was rebuilt"))
+    monkeypatch.setattr(gallery_index, "make_index", lambda *a, **k: pytest.fail("the cached graph was rebuilt"))
     g = Gallery.open(tmp_path / "g")
     assert g.index_info()["text"]["in_use"] == "HNSW32"  # from the cache's stamp, nothing loaded
     r = g.search("text", x[2500:2501], 1, space_id="s")

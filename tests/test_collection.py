@@ -347,13 +347,13 @@ def test_random_add_delete_upgrade_search_match_brute_force(tmp_path_factory, op
 # ----------------------------------------------------------------------------- kill trials
 def _in_child(fn, kill_at: str | None) -> int:
     """Run ``fn`` in a forked child with the crash hook armed; its exit status (negative: signal)."""
-    import nobackfill.index.store as store
+    import nobackfill.index.atomic_files as atomic_files
 
     pid = os.fork()
     if pid == 0:  # pragma: no cover - the child
         code = 1
         try:
-            store._WRITES = 0
+            atomic_files._WRITES = 0
             if kill_at is not None:
                 os.environ["NOBACKFILL_TEST_KILL_AT_WRITE"] = kill_at
             fn()

@@ -9,7 +9,8 @@ import pytest
 from nobackfill.compat.bridges import (BridgeRegistry, ComposedBridge, IdentityBridge, NoBridgeError, PhiBridge,
                                        ProcrustesBridge, SlerpBridge, procrustes, slerp)
 from nobackfill.compat.phi import Projection
-from nobackfill.compat.upgrade import load_upgrade, query_side, save_vector_upgrade
+from nobackfill.compat.upgrade import load_upgrade, save_vector_upgrade
+from nobackfill.search.searcher import query_side_for
 from nobackfill.encoders.base import l2_normalise
 from nobackfill.index.store import Gallery, SpaceMismatchError
 
@@ -105,7 +106,8 @@ def test_gallery_accepts_bridged_queries_only(tmp_path):
         g.search("image", q, k=2, space_id="newer")
     reg = BridgeRegistry.from_bridges([ProcrustesBridge(_orthogonal(8, 8), "newer", "new"),
                                        ProcrustesBridge(_orthogonal(8, 9)[:, :4], "new", "old")])
-    res = g.search("image", q, k=2, space_id="newer", bridge=reg.resolve("newer", "old"))
+    bridge = reg.resolve("newer", "old")
+    res = g.search("image", bridge(q), k=2, space_id=bridge.target)
     assert len(res.ids[0]) == 2
 
 
@@ -121,10 +123,10 @@ def test_vector_upgrades_round_trip_and_chain(tmp_path):
     expect = phi.project(ProcrustesBridge(w, "newer", "new")(x))
 
     class _Enc:
-        space_id = "newer"
+        space_id, embed_dim, name = "newer", 12, "newer"
 
-    enc, br = query_side(_Enc(), [up_phi, up_pro], "old")
-    assert br.source == "newer" and br.target == "old"
-    assert np.allclose(br(x), expect, atol=1e-6)
-    with pytest.raises(NoBridgeError):
-        query_side(_Enc(), [up_phi], "old")
+    side = query_side_for(_Enc(), "old", bridges=[tmp_path / "phi", tmp_path / "pro"])
+    assert side.route == "bridge" and side.path.vector_upgrades and side.bridge.target == "old"
+    assert np.allclose(side.bridge(x), expect, atol=1e-6)
+    with pytest.raises(SpaceMismatchError):
+        query_side_for(_Enc(), "old", bridges=[tmp_path / "phi"])

@@ -167,7 +167,7 @@ def test_milvus_search_is_strong_only_while_the_space_has_fresh_rows(tmp_path, m
 
     monkeypatch.setattr(client, "search", spy)
     assert store.search("image", x[:2], 1, space_id="s").ids == [["k0"], ["k1"]]
-    monkeypatch.setattr(mv, "FRESH_S", 0.0)
+    monkeypatch.setattr(mv.space_store, "FRESH_S", 0.0)  # looked up where the search runs
     assert store.search("image", x[:2], 1, space_id="s").ids == [["k0"], ["k1"]]
     assert levels == [mv.STRONG, mv.BOUNDED]
     mv.close_clients()

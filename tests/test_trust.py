@@ -282,8 +282,8 @@ def test_a_bridge_with_the_wrong_output_width_is_named(tmp_path):
     g = Gallery.create(tmp_path / "g", space_id=SPACE, dim=DIM, model="m")
     g.add("image", ["a"], _unit(np.ones((1, DIM))), space_id=SPACE)
     b = ProcrustesBridge(np.eye(4, 6, dtype=np.float32), "q" * 16, SPACE, name="my-procrustes")
-    with pytest.raises(ValueError, match="bridge my-procrustes outputs 6-d vectors .* holds 8-d"):
-        g.search("image", np.ones((1, 4), np.float32), 1, space_id="q" * 16, bridge=b)
+    with pytest.raises(ValueError, match=r"queries must have shape \(N, 8\) .* got \(1, 6\)"):
+        g.search("image", b(np.ones((1, 4), np.float32)), 1, space_id=b.target)
 
 
 def test_one_json_convention(folder, tmp_path):

@@ -15,140 +15,35 @@ Opening reads the header, never the history. A reader keeps each space's serving
 re-reads only the pages written since its generation. Writers serialise on the header row
 (``BEGIN IMMEDIATE`` on SQLite, ``SELECT ... FOR UPDATE`` on PostgreSQL); a commit is one
 transaction, so a SIGKILL at any point leaves the old or the new catalog.
+
+The schema, the header and the SQL of rows live in :mod:`.catalog_schema`, the statements of a write
+transaction in :mod:`.catalog_writer`; this module holds :class:`Catalog` and opens one (SQLite,
+in memory, PostgreSQL), and is the one to import.
 """
 
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import re
 import sqlite3
 import threading
 import uuid
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable, Iterator, Mapping, Sequence
+from typing import Any, Iterator, Mapping, Sequence
 
 import numpy as np
 
-from .plan import Plan
+from .atomic_files import _crash_point, _fsync_dir
+from .catalog_schema import (_ROW_COLS, CATALOG_FILE, PAGE, CatalogError, Row, _chunks, _create_tables,
+                             _header, _row, _rows_by, _unsourced_index, filter_sql, unsourced_sql)
+from .catalog_writer import Writer
 from .storage import flock
 
 __all__ = ["CATALOG_FILE", "PAGE", "Catalog", "CatalogError", "Row", "filter_sql", "open_catalog"]
 
-CATALOG_FILE = "catalog.sqlite"
-FORMAT = "nobackfill-catalog"
-VERSION = 2
-#: store rows per serving page (a page is PAGE int64 rids)
-PAGE = 4096
-
-_SCHEMA = """
-CREATE TABLE IF NOT EXISTS header (
-    id INTEGER PRIMARY KEY CHECK (id = 1),
-    format TEXT NOT NULL, version INTEGER NOT NULL, name TEXT NOT NULL, backend TEXT NOT NULL,
-    created TEXT NOT NULL, updated TEXT NOT NULL, generation BIGINT NOT NULL, plan TEXT NOT NULL,
-    plan_generation BIGINT NOT NULL, n_image BIGINT NOT NULL, n_text BIGINT NOT NULL);
-CREATE TABLE IF NOT EXISTS items (
-    rid {rid} PRIMARY KEY, id TEXT NOT NULL UNIQUE, modality TEXT NOT NULL, key TEXT NOT NULL,
-    source TEXT NOT NULL, metadata TEXT NOT NULL, space TEXT, pos BIGINT, generation BIGINT NOT NULL);
-CREATE INDEX IF NOT EXISTS items_key ON items (key);
-CREATE INDEX IF NOT EXISTS items_served ON items (space, modality);
-CREATE TABLE IF NOT EXISTS serving (
-    space TEXT NOT NULL, modality TEXT NOT NULL, page BIGINT NOT NULL, generation BIGINT NOT NULL,
-    data {blob} NOT NULL, PRIMARY KEY (space, modality, page));
-CREATE INDEX IF NOT EXISTS serving_generation ON serving (generation);
-CREATE TABLE IF NOT EXISTS docs (name TEXT PRIMARY KEY, data {blob} NOT NULL, version BIGINT NOT NULL);
-"""
-
-
-class CatalogError(Exception):
-    """The catalog database is missing, unreadable or inconsistent (the message names it)."""
-
-
-@dataclass(frozen=True)
-class Row:
-    """One live item as stored: ``rid`` (its row, never reused), the item's fields, and the space
-    serving it with its row there (None: no space holds its vector)."""
-
-    rid: int
-    id: str
-    modality: str
-    key: str
-    source: dict[str, Any]
-    metadata: dict[str, Any]
-    space: str | None
-    pos: int | None
-
-
-_ROW_COLS = "rid, id, modality, key, source, metadata, space, pos"
-
-
-def _row(r: Sequence[Any]) -> Row:
-    return Row(int(r[0]), r[1], r[2], r[3], json.loads(r[4]), json.loads(r[5]), r[6],
-               None if r[7] is None else int(r[7]))
-
-
-def _chunks(seq: Sequence[Any], n: int = 4000) -> Iterator[Sequence[Any]]:
-    for i in range(0, len(seq), n):
-        yield seq[i:i + n]
-
-
-def filter_sql(flt: Mapping[str, Any], dialect: str) -> tuple[str, list[Any]]:
-    """A metadata filter (``{"key": value | [values]}``, dotted keys for nested objects) as a SQL
-    condition on ``items.metadata`` (``?`` placeholders, as :meth:`Catalog.query` takes) and its
-    parameters; every key must match (see
-    :func:`nobackfill.search.searcher.matches_filter`)."""
-    conds, params = [], []
-    for key, want in flt.items():
-        parts = [str(p) for p in str(key).split(".")]
-        wants = list(want) if isinstance(want, (list, tuple, set)) else [want]
-        if dialect == "sqlite":
-            path = "$" + "".join('."' + p.replace('"', '""') + '"' for p in parts)
-            expr, ors = "json_extract(metadata, ?)", []
-            for w in wants:
-                if w is None:
-                    ors.append(f"({expr} IS NULL)")
-                    params.append(path)
-                elif isinstance(w, (dict, list)):
-                    ors.append("(json(json_extract(metadata, ?)) = json(?))")
-                    params += [path, json.dumps(w, sort_keys=True)]
-                else:
-                    ors.append(f"({expr} = ? AND json_type(metadata, ?) {_json_type_sql(w)})")
-                    params += [path, int(w) if isinstance(w, bool) else w, path]
-        else:
-            ors = []
-            for w in wants:
-                if w is None:
-                    ors.append("((metadata::jsonb #> ?) IS NULL OR (metadata::jsonb #> ?) = 'null'::jsonb)")
-                    params += [parts, parts]
-                else:
-                    ors.append("((metadata::jsonb #> ?) = ?::jsonb)")
-                    params += [parts, json.dumps(w)]
-        conds.append("(" + " OR ".join(ors or ["0 = 1"]) + ")")
-    return " AND ".join(conds) or "1 = 1", params
-
-
-def unsourced_sql(dialect: str) -> str:
-    """A condition on ``items`` true for an item with nothing to embed it again from (an image
-    without a path, a text without a text: imported from a url or without a source column)."""
-    if dialect == "sqlite":
-        get = "coalesce(json_extract(source, '$.{}'), '')"
-    else:
-        get = "coalesce(source::jsonb ->> '{}', '')"
-    return f"((modality = 'image' AND {get.format('path')} = '') OR (modality = 'text' AND {get.format('text')} = ''))"
-
-
-def _unsourced_index(dialect: str) -> str:
-    """A partial index of the items without a source: counting them reads only those."""
-    return f"CREATE INDEX IF NOT EXISTS items_unsourced ON items (modality) WHERE {unsourced_sql(dialect)}"
-
-
-def _json_type_sql(w: Any) -> str:
-    """The JSON types that equal Python value ``w`` (1 == 1.0 == True, as in Python)."""
-    if isinstance(w, str):
-        return "= 'text'"
-    return "IN ('integer', 'real', 'true', 'false')"
+# importable from here as before the split (nobackfill modules use it)
+_REEXPORTED = (unsourced_sql,)
 
 
 class Catalog:
@@ -211,8 +106,6 @@ class Catalog:
     def writing(self) -> Iterator["Writer"]:
         """A write transaction, serialised with every other writer of this catalog (any process,
         any machine); committed when the block ends, rolled back if it raises."""
-        from .store import _crash_point
-
         if self.before_write is not None:
             self._become(self.before_write())
         with self._wlock:
@@ -426,209 +319,6 @@ class Catalog:
         return problems
 
 
-class Writer:
-    """The statements of one write transaction (:meth:`Catalog.writing`)."""
-
-    def __init__(self, catalog: Catalog, conn: Any) -> None:
-        self.catalog = catalog
-        self.conn = conn
-        h = self.execute("SELECT format, version, name, backend, created, updated, generation, plan, plan_generation, "
-                         "n_image, n_text FROM header WHERE id = 1").fetchone()
-        if h is None:
-            raise CatalogError(f"catalog {catalog.location} has no header row")
-        self.header = _header(h, catalog.location)
-        self.generation = self.header["generation"] + 1  # what this transaction commits
-        self._pages: dict[tuple[str, str, int], np.ndarray] = {}
-        self._counts = {"image": 0, "text": 0}
-        self._plan: Plan | None = None
-        #: set by a caller that found nothing to change: :meth:`finish` is not called
-        self.unchanged = False
-
-    def execute(self, sql: str, params: Sequence[Any] = ()) -> Any:
-        try:
-            return self.conn.execute(self.catalog._sql(sql), tuple(params))
-        except Exception as e:
-            raise self.catalog._error(e) from e
-
-    def executemany(self, sql: str, rows: Iterable[Sequence[Any]]) -> None:
-        try:
-            cur = self.conn.cursor()
-            cur.executemany(self.catalog._sql(sql), list(rows))
-        except Exception as e:
-            raise self.catalog._error(e) from e
-
-    # items
-    def rows_by_id(self, ids: Sequence[str]) -> dict[str, Row]:
-        return _rows_by(lambda s, p: self.execute(s, p).fetchall(), "id", ids)
-
-    def rows_by_key(self, keys: Sequence[str]) -> list[Row]:
-        out: list[Row] = []
-        for part in _chunks(list(keys)):
-            sql = f"SELECT {_ROW_COLS} FROM items WHERE key IN ({','.join('?' * len(part))})"
-            out += map(_row, self.execute(sql, list(part)).fetchall())
-        return out
-
-    def rows_served_by(self, space: str) -> list[Row]:
-        return list(map(_row, self.execute(f"SELECT {_ROW_COLS} FROM items WHERE space = ? ORDER BY rid",
-                                           (space,)).fetchall()))
-
-    def all_rows(self) -> list[Row]:
-        return list(map(_row, self.execute(f"SELECT {_ROW_COLS} FROM items ORDER BY rid").fetchall()))
-
-    def insert(self, items: Sequence[tuple[str, str, str, str, str]],
-               served: Sequence[tuple[str | None, int | None]] | None = None, *,
-               new_ids_only: bool = False) -> list[int | None]:
-        """Insert ``(id, modality, key, source json, metadata json)`` rows, each served by
-        ``served[i]`` (space, row) if given; their rids, in order. ``new_ids_only``: a row whose id
-        is live already is left out (its rid is None), without a lookup per row first."""
-        if not items:
-            return []
-        served = served if served is not None else [(None, None)] * len(items)
-        sql = self.catalog._sql("INSERT INTO items (id, modality, key, source, metadata, space, pos, generation) "
-                                "VALUES (?, ?, ?, ?, ?, ?, ?, ?)" + (" ON CONFLICT (id) DO NOTHING" if new_ids_only else ""))
-        rows = [(*it, sp, pos, self.generation) for it, (sp, pos) in zip(items, served)]
-        before = int(self.execute("SELECT coalesce(max(rid), 0) FROM items").fetchone()[0]) if new_ids_only else 0
-        try:
-            cur = self.conn.cursor()
-            cur.executemany(sql, rows)
-        except Exception as e:
-            raise self.catalog._error(e) from e
-        rids: list[int | None]
-        if new_ids_only:  # one writer at a time: the rows past ``before`` are this insert's
-            got = dict((i, int(r)) for r, i in self.execute("SELECT rid, id FROM items WHERE rid > ?", (before,)))
-            rids = [got.get(it[0]) for it in items]
-        else:
-            first = self.execute("SELECT rid FROM items WHERE id = ?", (items[0][0],)).fetchone()[0]
-            last = self.execute("SELECT rid FROM items WHERE id = ?", (items[-1][0],)).fetchone()[0]
-            if last - first + 1 == len(items):  # one writer at a time: consecutive rids
-                rids = list(range(int(first), int(last) + 1))
-            else:  # pragma: no cover - a sequence with gaps
-                by_id = self.rows_by_id([it[0] for it in items])
-                rids = [by_id[it[0]].rid for it in items]
-        groups: dict[tuple[str, str], tuple[list[int], list[int]]] = {}
-        for rid, it, (sp, pos) in zip(rids, items, served):
-            if rid is None:
-                continue
-            self._counts[it[1]] += 1
-            if sp is not None and pos is not None:
-                g = groups.setdefault((sp, it[1]), ([], []))
-                g[0].append(pos)
-                g[1].append(rid)
-        for (sp, modality), (pos, rid) in groups.items():
-            self.set_serving_many(sp, modality, np.asarray(pos, np.int64), np.asarray(rid, np.int64))
-        return rids
-
-    def delete(self, rows: Sequence[Row]) -> None:
-        for r in rows:
-            if r.space is not None and r.pos is not None:
-                self.set_serving(r.space, r.modality, r.pos, 0)
-            self._counts[r.modality] -= 1
-        self.executemany("DELETE FROM items WHERE rid = ?", [(r.rid,) for r in rows])
-
-    def serve(self, rid: int, modality: str, old: tuple[str | None, int | None], new: tuple[str | None, int | None]) -> None:
-        """Move the serving of item ``rid`` from ``old`` (space, row) to ``new``."""
-        if old[0] is not None and old[1] is not None:
-            self.set_serving(old[0], modality, old[1], 0)
-        if new[0] is not None and new[1] is not None:
-            self.set_serving(new[0], modality, new[1], rid)
-        self.execute("UPDATE items SET space = ?, pos = ? WHERE rid = ?", (new[0], new[1], rid))
-
-    def set_serving(self, space: str, modality: str, pos: int, rid: int) -> None:
-        page, off = divmod(int(pos), PAGE)
-        arr = self._page(space, modality, page)
-        arr[off] = rid
-
-    def set_serving_many(self, space: str, modality: str, pos: np.ndarray, rids: np.ndarray) -> None:
-        """:meth:`set_serving` of many rows at once (a page at a time)."""
-        pages, offs = np.divmod(pos, PAGE)
-        for page in np.unique(pages):
-            sel = pages == page
-            self._page(space, modality, int(page))[offs[sel]] = rids[sel]
-
-    def _page(self, space: str, modality: str, page: int) -> np.ndarray:
-        k = (space, modality, page)
-        arr = self._pages.get(k)
-        if arr is None:
-            r = self.execute("SELECT data FROM serving WHERE space = ? AND modality = ? AND page = ?",
-                             (space, modality, page)).fetchone()
-            arr = np.frombuffer(bytes(r[0]), np.int64).copy() if r else np.zeros(PAGE, np.int64)
-            self._pages[k] = arr
-        return arr
-
-    def drop_serving(self, space: str) -> None:
-        """Clear every serving page of ``space`` (retired, or rows renumbered by a repair): written as
-        zeros with this generation, so readers holding the pages see the change."""
-        for modality, page in self.execute("SELECT modality, page FROM serving WHERE space = ?", (space,)).fetchall():
-            self._pages[(space, modality, int(page))] = np.zeros(PAGE, np.int64)
-        for k in [k for k in self._pages if k[0] == space]:
-            self._pages[k][:] = 0
-
-    # plan, documents
-    def set_plan(self, plan: Plan) -> None:
-        self._plan = plan
-
-    def put_doc(self, name: str, data: bytes) -> None:
-        self.execute("INSERT INTO docs (name, data, version) VALUES (?, ?, 1) ON CONFLICT (name) DO UPDATE SET "
-                     "data = excluded.data, version = docs.version + 1", (name, data))
-
-    def finish(self, now: str) -> None:
-        """Write the touched pages and the header (called once, last)."""
-        blob = (lambda b: b) if self.catalog.dialect == "sqlite" else bytes
-        self.executemany("INSERT INTO serving (space, modality, page, generation, data) VALUES (?, ?, ?, ?, ?) "
-                         "ON CONFLICT (space, modality, page) DO UPDATE SET generation = excluded.generation, "
-                         "data = excluded.data",
-                         [(s, m, p, self.generation, blob(a.tobytes())) for (s, m, p), a in self._pages.items()])
-        h = self.header
-        plan_gen = self.generation if self._plan is not None else h["plan_generation"]
-        plan = json.dumps((self._plan if self._plan is not None else h["plan"]).to_json(), sort_keys=True,
-                          allow_nan=False)
-        self.execute("UPDATE header SET generation = ?, updated = ?, plan = ?, plan_generation = ?, n_image = ?, "
-                     "n_text = ? WHERE id = 1",
-                     (self.generation, now, plan, plan_gen, h["n_image"] + self._counts["image"],
-                      h["n_text"] + self._counts["text"]))
-
-
-def _rows_by(query: Any, column: str, values: Sequence[str]) -> dict[str, Row]:
-    out: dict[str, Row] = {}
-    for part in _chunks(list(values)):
-        sql = f"SELECT {_ROW_COLS} FROM items WHERE {column} IN ({','.join('?' * len(part))})"
-        for r in map(_row, query(sql, list(part))):
-            out[getattr(r, column)] = r
-    return out
-
-
-def _header(r: Sequence[Any], where: str) -> dict[str, Any]:
-    keys = ("format", "version", "name", "backend", "created", "updated", "generation", "plan", "plan_generation",
-            "n_image", "n_text")
-    h = dict(zip(keys, r))
-    if h["format"] != FORMAT:
-        raise CatalogError(f"catalog {where}: not a {FORMAT} database")
-    if not isinstance(h["version"], int) or not 1 <= h["version"] <= VERSION:
-        raise CatalogError(f"catalog {where}: unsupported version {h['version']!r} (this nobackfill reads <= {VERSION})")
-    try:
-        h["plan"] = Plan.from_json(json.loads(h["plan"]))
-    except ValueError as e:
-        raise CatalogError(f"catalog {where}: unreadable plan ({e})") from e
-    for k in ("generation", "plan_generation", "n_image", "n_text"):
-        h[k] = int(h[k])
-    return h
-
-
-def _create_tables(conn: Any, dialect: str, header: Mapping[str, Any]) -> None:
-    ddl = _SCHEMA.format(rid="INTEGER" if dialect == "sqlite" else "BIGSERIAL",
-                         blob="BLOB" if dialect == "sqlite" else "BYTEA")
-    if dialect == "sqlite":
-        ddl = ddl.replace("rid INTEGER PRIMARY KEY", "rid INTEGER PRIMARY KEY AUTOINCREMENT")
-    for stmt in [s for s in ddl.split(";") if s.strip()]:
-        conn.execute(stmt)
-    conn.execute(_unsourced_index(dialect))
-    ph = "?" if dialect == "sqlite" else "%s"
-    conn.execute(f"INSERT INTO header (id, format, version, name, backend, created, updated, generation, plan, "
-                 f"plan_generation, n_image, n_text) VALUES (1, {', '.join([ph] * 11)})",
-                 (FORMAT, VERSION, header["name"], header["backend"], header["created"], header["updated"],
-                  int(header.get("generation", 0)), json.dumps(header["plan"].to_json(), sort_keys=True), 0, 0, 0))
-
-
 # --------------------------------------------------------------------------- SQLite
 
 
@@ -655,8 +345,6 @@ def create_sqlite(path: str | Path, header: Mapping[str, Any],
     """Create the SQLite catalog ``path`` atomically: built in a temporary file (``fill(writer)``
     may add rows in the same transaction), then renamed into place, so ``path`` exists only once
     it is whole."""
-    from .store import _crash_point, _fsync_dir
-
     path = Path(path)
     if path.exists():
         raise FileExistsError(f"{path} already exists")

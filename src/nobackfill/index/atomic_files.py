@@ -1,0 +1,141 @@
+"""Crash-safe files: atomic writes (temporary file, fsync, rename, directory fsync), the test-only
+crash points between those steps, tagged JSON manifests, sha256 of bytes and files, and the
+advisory writer lock of a directory. Shared by the gallery, the catalog and every other on-disk
+format of nobackfill."""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import uuid
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, Iterator
+
+try:  # POSIX advisory locks; elsewhere a gallery is single-writer by convention
+    import fcntl
+except ImportError:  # pragma: no cover
+    fcntl = None  # type: ignore[assignment]
+
+__all__ = ["atomic_write_bytes", "file_sha256", "read_tagged_json"]
+
+LOCK = ".lock"
+_TMP = ".tmp-"
+
+
+def _fsync_dir(path: Path) -> None:
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:  # pragma: no cover - platforms without directory fds
+        return
+    try:
+        os.fsync(fd)
+    except OSError:  # pragma: no cover
+        pass
+    finally:
+        os.close(fd)
+
+
+def atomic_write_bytes(path: str | Path, data: bytes, *, tmp_prefix: str = _TMP) -> None:
+    """Write ``data`` to ``path`` so that readers see the old file or the whole new one.
+
+    The data goes to ``<tmp_prefix><name>.<random>`` in the same directory first (a gallery removes
+    stray ``.tmp-`` files as crash leftovers; other owners of a directory pass their own prefix)."""
+    path = Path(path)
+    tmp = path.with_name(f"{tmp_prefix}{path.name}.{uuid.uuid4().hex[:12]}")
+    try:
+        with open(tmp, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        _crash_point("before")
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        raise
+    _fsync_dir(path.parent)
+    _crash_point("after")
+
+
+_WRITES = 0
+
+
+def _crash_point(when: str) -> None:
+    """Test-only crash injection (not an API): with ``NOBACKFILL_TEST_KILL_AT_WRITE=N`` the process
+    SIGKILLs itself just before the N-th atomic rename of its life, with ``N+`` just after it, so
+    tests can stop a writer between any two steps of a commit."""
+    global _WRITES
+    spec = os.environ.get("NOBACKFILL_TEST_KILL_AT_WRITE")
+    if not spec:
+        return
+    if when == "before":
+        _WRITES += 1
+    after = spec.endswith("+")
+    if int(spec.rstrip("+")) == _WRITES and after == (when == "after"):
+        import signal
+
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+def read_tagged_json(path: str | Path, fmt: str, *, error: type[Exception] = ValueError,
+                     version_key: str = "version", max_version: int | None = None) -> dict[str, Any]:
+    """Read a JSON file tagged ``{"format": fmt, version_key: n, ...}`` (gallery, token-store, memory,
+    RECO and upgrade manifests). Raises ``error`` naming ``path`` for an unreadable file or JSON, a
+    wrong format tag, or a version outside ``1..max_version`` (not checked when ``max_version`` is
+    None). Callers check that the file exists first, with their own hint on how to make one."""
+    path = Path(path)
+    try:
+        m = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise error(f"{path}: unreadable ({e})") from e
+    if not isinstance(m, dict) or m.get("format") != fmt:
+        raise error(f"{path}: not a {fmt} file")
+    if max_version is not None:
+        version = m.get(version_key)
+        if not isinstance(version, int) or not 1 <= version <= max_version:
+            raise error(f"{path}: unsupported {version_key} {version!r} (this nobackfill reads <= {max_version})")
+    return m
+
+
+def _sha256(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def file_sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def _now() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="seconds")
+
+
+@contextlib.contextmanager
+def _dir_lock(root: Path, blocking: bool = True) -> Iterator[bool]:
+    """Exclusive advisory lock on ``root/.lock``; yields False if not taken (non-blocking/read-only)."""
+    if fcntl is None:  # pragma: no cover
+        yield True
+        return
+    try:
+        fd = os.open(root / LOCK, os.O_RDWR | os.O_CREAT, 0o644)
+    except OSError:
+        if blocking:
+            raise
+        fd = -1
+    try:
+        taken = fd >= 0
+        if taken:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | (0 if blocking else fcntl.LOCK_NB))
+            except BlockingIOError:
+                taken = False
+        yield taken
+    finally:
+        if fd >= 0:
+            os.close(fd)  # releases the lock

@@ -1,0 +1,180 @@
+"""The statements of one catalog write transaction (:class:`Writer`, handed out by
+:meth:`~nobackfill.index.catalog.Catalog.writing`): inserting, deleting and re-serving items, the
+serving pages it touched, the plan and documents, and the header written last."""
+
+from __future__ import annotations
+
+import json
+from typing import TYPE_CHECKING, Any, Iterable, Sequence
+
+import numpy as np
+
+from .catalog_schema import _ROW_COLS, PAGE, CatalogError, Row, _chunks, _header, _row, _rows_by
+from .plan import Plan
+
+if TYPE_CHECKING:
+    from .catalog import Catalog
+
+__all__ = ["Writer"]
+
+
+class Writer:
+    """The statements of one write transaction (:meth:`Catalog.writing`)."""
+
+    def __init__(self, catalog: Catalog, conn: Any) -> None:
+        self.catalog = catalog
+        self.conn = conn
+        h = self.execute("SELECT format, version, name, backend, created, updated, generation, plan, plan_generation, "
+                         "n_image, n_text FROM header WHERE id = 1").fetchone()
+        if h is None:
+            raise CatalogError(f"catalog {catalog.location} has no header row")
+        self.header = _header(h, catalog.location)
+        self.generation = self.header["generation"] + 1  # what this transaction commits
+        self._pages: dict[tuple[str, str, int], np.ndarray] = {}
+        self._counts = {"image": 0, "text": 0}
+        self._plan: Plan | None = None
+        #: set by a caller that found nothing to change: :meth:`finish` is not called
+        self.unchanged = False
+
+    def execute(self, sql: str, params: Sequence[Any] = ()) -> Any:
+        try:
+            return self.conn.execute(self.catalog._sql(sql), tuple(params))
+        except Exception as e:
+            raise self.catalog._error(e) from e
+
+    def executemany(self, sql: str, rows: Iterable[Sequence[Any]]) -> None:
+        try:
+            cur = self.conn.cursor()
+            cur.executemany(self.catalog._sql(sql), list(rows))
+        except Exception as e:
+            raise self.catalog._error(e) from e
+
+    # items
+    def rows_by_id(self, ids: Sequence[str]) -> dict[str, Row]:
+        return _rows_by(lambda s, p: self.execute(s, p).fetchall(), "id", ids)
+
+    def rows_by_key(self, keys: Sequence[str]) -> list[Row]:
+        out: list[Row] = []
+        for part in _chunks(list(keys)):
+            sql = f"SELECT {_ROW_COLS} FROM items WHERE key IN ({','.join('?' * len(part))})"
+            out += map(_row, self.execute(sql, list(part)).fetchall())
+        return out
+
+    def rows_served_by(self, space: str) -> list[Row]:
+        return list(map(_row, self.execute(f"SELECT {_ROW_COLS} FROM items WHERE space = ? ORDER BY rid",
+                                           (space,)).fetchall()))
+
+    def all_rows(self) -> list[Row]:
+        return list(map(_row, self.execute(f"SELECT {_ROW_COLS} FROM items ORDER BY rid").fetchall()))
+
+    def insert(self, items: Sequence[tuple[str, str, str, str, str]],
+               served: Sequence[tuple[str | None, int | None]] | None = None, *,
+               new_ids_only: bool = False) -> list[int | None]:
+        """Insert ``(id, modality, key, source json, metadata json)`` rows, each served by
+        ``served[i]`` (space, row) if given; their rids, in order. ``new_ids_only``: a row whose id
+        is live already is left out (its rid is None), without a lookup per row first."""
+        if not items:
+            return []
+        served = served if served is not None else [(None, None)] * len(items)
+        sql = self.catalog._sql("INSERT INTO items (id, modality, key, source, metadata, space, pos, generation) "
+                                "VALUES (?, ?, ?, ?, ?, ?, ?, ?)" + (" ON CONFLICT (id) DO NOTHING" if new_ids_only else ""))
+        rows = [(*it, sp, pos, self.generation) for it, (sp, pos) in zip(items, served)]
+        before = int(self.execute("SELECT coalesce(max(rid), 0) FROM items").fetchone()[0]) if new_ids_only else 0
+        try:
+            cur = self.conn.cursor()
+            cur.executemany(sql, rows)
+        except Exception as e:
+            raise self.catalog._error(e) from e
+        rids: list[int | None]
+        if new_ids_only:  # one writer at a time: the rows past ``before`` are this insert's
+            got = dict((i, int(r)) for r, i in self.execute("SELECT rid, id FROM items WHERE rid > ?", (before,)))
+            rids = [got.get(it[0]) for it in items]
+        else:
+            first = self.execute("SELECT rid FROM items WHERE id = ?", (items[0][0],)).fetchone()[0]
+            last = self.execute("SELECT rid FROM items WHERE id = ?", (items[-1][0],)).fetchone()[0]
+            if last - first + 1 == len(items):  # one writer at a time: consecutive rids
+                rids = list(range(int(first), int(last) + 1))
+            else:  # pragma: no cover - a sequence with gaps
+                by_id = self.rows_by_id([it[0] for it in items])
+                rids = [by_id[it[0]].rid for it in items]
+        groups: dict[tuple[str, str], tuple[list[int], list[int]]] = {}
+        for rid, it, (sp, pos) in zip(rids, items, served):
+            if rid is None:
+                continue
+            self._counts[it[1]] += 1
+            if sp is not None and pos is not None:
+                g = groups.setdefault((sp, it[1]), ([], []))
+                g[0].append(pos)
+                g[1].append(rid)
+        for (sp, modality), (pos, rid) in groups.items():
+            self.set_serving_many(sp, modality, np.asarray(pos, np.int64), np.asarray(rid, np.int64))
+        return rids
+
+    def delete(self, rows: Sequence[Row]) -> None:
+        for r in rows:
+            if r.space is not None and r.pos is not None:
+                self.set_serving(r.space, r.modality, r.pos, 0)
+            self._counts[r.modality] -= 1
+        self.executemany("DELETE FROM items WHERE rid = ?", [(r.rid,) for r in rows])
+
+    def serve(self, rid: int, modality: str, old: tuple[str | None, int | None], new: tuple[str | None, int | None]) -> None:
+        """Move the serving of item ``rid`` from ``old`` (space, row) to ``new``."""
+        if old[0] is not None and old[1] is not None:
+            self.set_serving(old[0], modality, old[1], 0)
+        if new[0] is not None and new[1] is not None:
+            self.set_serving(new[0], modality, new[1], rid)
+        self.execute("UPDATE items SET space = ?, pos = ? WHERE rid = ?", (new[0], new[1], rid))
+
+    def set_serving(self, space: str, modality: str, pos: int, rid: int) -> None:
+        page, off = divmod(int(pos), PAGE)
+        arr = self._page(space, modality, page)
+        arr[off] = rid
+
+    def set_serving_many(self, space: str, modality: str, pos: np.ndarray, rids: np.ndarray) -> None:
+        """:meth:`set_serving` of many rows at once (a page at a time)."""
+        pages, offs = np.divmod(pos, PAGE)
+        for page in np.unique(pages):
+            sel = pages == page
+            self._page(space, modality, int(page))[offs[sel]] = rids[sel]
+
+    def _page(self, space: str, modality: str, page: int) -> np.ndarray:
+        k = (space, modality, page)
+        arr = self._pages.get(k)
+        if arr is None:
+            r = self.execute("SELECT data FROM serving WHERE space = ? AND modality = ? AND page = ?",
+                             (space, modality, page)).fetchone()
+            arr = np.frombuffer(bytes(r[0]), np.int64).copy() if r else np.zeros(PAGE, np.int64)
+            self._pages[k] = arr
+        return arr
+
+    def drop_serving(self, space: str) -> None:
+        """Clear every serving page of ``space`` (retired, or rows renumbered by a repair): written as
+        zeros with this generation, so readers holding the pages see the change."""
+        for modality, page in self.execute("SELECT modality, page FROM serving WHERE space = ?", (space,)).fetchall():
+            self._pages[(space, modality, int(page))] = np.zeros(PAGE, np.int64)
+        for k in [k for k in self._pages if k[0] == space]:
+            self._pages[k][:] = 0
+
+    # plan, documents
+    def set_plan(self, plan: Plan) -> None:
+        self._plan = plan
+
+    def put_doc(self, name: str, data: bytes) -> None:
+        self.execute("INSERT INTO docs (name, data, version) VALUES (?, ?, 1) ON CONFLICT (name) DO UPDATE SET "
+                     "data = excluded.data, version = docs.version + 1", (name, data))
+
+    def finish(self, now: str) -> None:
+        """Write the touched pages and the header (called once, last)."""
+        blob = (lambda b: b) if self.catalog.dialect == "sqlite" else bytes
+        self.executemany("INSERT INTO serving (space, modality, page, generation, data) VALUES (?, ?, ?, ?, ?) "
+                         "ON CONFLICT (space, modality, page) DO UPDATE SET generation = excluded.generation, "
+                         "data = excluded.data",
+                         [(s, m, p, self.generation, blob(a.tobytes())) for (s, m, p), a in self._pages.items()])
+        h = self.header
+        plan_gen = self.generation if self._plan is not None else h["plan_generation"]
+        plan = json.dumps((self._plan if self._plan is not None else h["plan"]).to_json(), sort_keys=True,
+                          allow_nan=False)
+        self.execute("UPDATE header SET generation = ?, updated = ?, plan = ?, plan_generation = ?, n_image = ?, "
+                     "n_text = ? WHERE id = 1",
+                     (self.generation, now, plan, plan_gen, h["n_image"] + self._counts["image"],
+                      h["n_text"] + self._counts["text"]))

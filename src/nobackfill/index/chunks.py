@@ -1,0 +1,277 @@
+"""The chunks of a gallery: reading committed chunks (each checked against the manifest's sha256)
+into the in-memory columns, and committing new ones (:meth:`GalleryChunks.add`), plus the removal of
+the uncommitted files a crash leaves. A mixin of :class:`~nobackfill.index.store.Gallery`."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import logging
+from pathlib import Path
+from typing import Any, Sequence
+
+import numpy as np
+
+from .atomic_files import _TMP, _dir_lock, _now, _sha256, atomic_write_bytes
+from .gallery_manifest import (_CHUNK_RE, CHUNK_DIR, MODALITIES, _check_modality, _Columns, _manifest_stat,
+                               _read_manifest, _write_manifest)
+from .gallery_types import CorruptGalleryError, DuplicateIdError, SpaceMismatchError
+
+__all__ = ["GalleryChunks"]
+
+log = logging.getLogger("nobackfill.index.store")  # the gallery's logger, as before the split
+
+
+class GalleryChunks:
+    """Reading and committing the chunks of a :class:`~nobackfill.index.store.Gallery` (which sets
+    ``path``, ``_manifest``, ``_cols``, ``_stat`` and ``_check_open``)."""
+
+    def _chunks(self, modality: str) -> list[dict[str, Any]]:
+        return self._manifest["modalities"][modality]["chunks"]
+
+    def _sync(self, modality: str) -> _Columns:
+        """Bring the id cache of ``modality`` up to the manifest (loads only new chunks)."""
+        self._check_open()
+        _check_modality(modality)
+        chunks = self._chunks(modality)
+        cols = self._cols[modality]
+        if cols.chunks != [c["name"] for c in chunks[: len(cols.chunks)]]:
+            cols = self._cols[modality] = _Columns()  # history changed under us: reload
+        for entry in chunks[len(cols.chunks):]:
+            ids = [str(i) for i in self._load_npz(entry, "ids")]
+            cols.chunks.append(entry["name"])
+            cols.pos.update(zip(ids, range(len(cols.ids), len(cols.ids) + len(ids))))
+            cols.ids.extend(ids)
+        return cols
+
+    def _read_checked(self, entry: dict[str, Any], kind: str) -> bytes:
+        """The bytes of a committed chunk file (``kind`` "npz" or "meta"), checked against the
+        manifest's sha256: a damaged or edited chunk is never served."""
+        path = self.path / entry[kind]
+        try:
+            data = path.read_bytes()
+        except OSError as e:
+            raise CorruptGalleryError(f"cannot read committed chunk {path}: {e.strerror or e}; "
+                                      f"{self._what_to_run()}") from e
+        if _sha256(data) != entry[f"{kind}_sha256"]:
+            raise CorruptGalleryError(f"{path} was changed or damaged after it was committed (sha256 "
+                                      f"{_sha256(data)[:12]}… != manifest {entry[f'{kind}_sha256'][:12]}…); "
+                                      f"{self._what_to_run()}")
+        return data
+
+    def _what_to_run(self) -> str:
+        return (f"run `nobackfill verify {self.path}` to list every problem, `--repair` to drop the damaged chunks "
+                "and learn which items to add again")
+
+    def _load_npz(self, entry: dict[str, Any], key: str) -> np.ndarray:
+        """Array ``key`` ("ids" or "vectors") of a committed chunk, hash- and shape-checked."""
+        path = self.path / entry["npz"]
+        data = self._read_checked(entry, "npz")
+        try:
+            with np.load(io.BytesIO(data), allow_pickle=False) as z:
+                arr = z[key]
+        except Exception as e:  # a zip that matches its hash but not the format (written by a bug)
+            raise CorruptGalleryError(f"cannot read committed chunk {path}: {type(e).__name__}: {e}; "
+                                      f"{self._what_to_run()}") from e
+        want = (entry["count"],) if key == "ids" else (entry["count"], self.dim)
+        if arr.shape != want:
+            raise CorruptGalleryError(f"chunk {path}: {key} has shape {arr.shape}, manifest implies {want}")
+        return arr if key == "ids" else arr.astype(np.float32, copy=False)
+
+    def _load_meta(self, entry: dict[str, Any]) -> list[dict[str, Any]]:
+        path = self.path / entry["meta"]
+        data = self._read_checked(entry, "meta")
+        try:
+            rows = [json.loads(line) for line in data.decode("utf-8").splitlines() if line]
+        except (UnicodeDecodeError, json.JSONDecodeError) as e:
+            raise CorruptGalleryError(f"cannot read committed metadata {path}: {e}; {self._what_to_run()}") from e
+        if len(rows) != entry["count"]:
+            raise CorruptGalleryError(f"{path} has {len(rows)} rows, manifest says {entry['count']}")
+        return rows
+
+    def ids(self, modality: str) -> list[str]:
+        """Ids in insertion order (row ``i`` of :meth:`vectors`)."""
+        return list(self._sync(modality).ids)
+
+    #: a row keeps its position for ever (rows are only appended): a catalog may record it
+    stable_positions = True
+
+    def positions(self, modality: str, keys: Sequence[str]) -> dict[str, int]:
+        """Row of each of ``keys`` held (absent keys are left out)."""
+        pos = self._sync(modality).pos
+        return {k: pos[k] for k in keys if k in pos}
+
+    def __contains__(self, item: tuple[str, str]) -> bool:
+        """``("image", "id7") in gallery``."""
+        modality, id_ = item
+        return id_ in self._sync(modality).pos
+
+    def vectors(self, modality: str) -> np.ndarray:
+        """All vectors of ``modality``, float32 ``(N, dim)``, read-only."""
+        cols = self._sync(modality)
+        new = [self._load_npz(e, "vectors") for e in self._chunks(modality)[cols.vec_chunks:]]
+        if new or cols.vectors is None:
+            parts = ([cols.vectors] if cols.vectors is not None else []) + new
+            cat = np.concatenate(parts) if parts else np.zeros((0, self.dim), np.float32)
+            cat.flags.writeable = False
+            cols.vectors, cols.vec_chunks = cat, len(cols.chunks)
+        return cols.vectors
+
+    def get_vectors(self, modality: str, keys: Sequence[str]) -> np.ndarray:
+        """The vectors of ``keys`` (all held: ``KeyError`` naming one that is not), reading only
+        the chunks that hold them (hash-checked), not the whole store."""
+        cols = self._sync(modality)
+        missing = [k for k in keys if k not in cols.pos]
+        if missing:
+            raise KeyError(f"gallery {self.path} holds no {modality} vector {missing[0]!r}")
+        rows = np.asarray([cols.pos[k] for k in keys], np.int64)
+        if cols.vectors is not None and len(cols.vectors) > (rows.max() if len(rows) else -1):
+            return np.array(cols.vectors[rows])
+        chunks = self._chunks(modality)
+        ends = np.cumsum([c["count"] for c in chunks])
+        which = np.searchsorted(ends, rows, side="right")
+        out = np.zeros((len(rows), self.dim), np.float32)
+        for c in np.unique(which):
+            sel = which == c
+            start = int(ends[c] - chunks[c]["count"])
+            out[sel] = self._load_npz(chunks[c], "vectors")[rows[sel] - start]
+        return out
+
+    def metadata(self, modality: str) -> list[dict[str, Any]]:
+        """Metadata dicts in insertion order (copies)."""
+        cols = self._sync(modality)
+        for entry in self._chunks(modality)[cols.meta_chunks:]:
+            cols.metadata.extend(self._load_meta(entry))
+            cols.meta_chunks += 1
+        return [dict(m) for m in cols.metadata]
+
+    # ------------------------------------------------------------------ writing
+
+
+    def _check_rows(self, x: np.ndarray, what: str, n: int | None = None) -> np.ndarray:
+        if isinstance(x, np.ndarray) and x.dtype == np.float32 and x.ndim == 2 and x.shape[1] == self.dim and \
+                n is None and x.flags.c_contiguous:  # the common case, checked cheaply
+            if not np.isfinite(x).all():
+                raise ValueError(f"{what} contain NaN or infinite values")
+            return x
+        arr = np.asarray(x)
+        if arr.ndim == 1 and n is None:
+            arr = arr[None, :]
+        if arr.ndim != 2 or arr.shape[1] != self.dim or (n is not None and arr.shape[0] != n):
+            want = f"({n if n is not None else 'N'}, {self.dim})"
+            raise ValueError(f"{what} must have shape {want} for gallery {self.path}, got {arr.shape}")
+        if not np.issubdtype(arr.dtype, np.number):
+            raise ValueError(f"{what} must be numeric, got dtype {arr.dtype}")
+        arr = np.ascontiguousarray(arr, dtype=np.float32)
+        if not np.isfinite(arr).all():
+            raise ValueError(f"{what} contain NaN or infinite values")
+        return arr
+
+    def add(
+        self,
+        modality: str,
+        ids: Sequence[str],
+        vectors: np.ndarray,
+        metadata: Sequence[dict[str, Any]] | None = None,
+        *,
+        space_id: str,
+        skip_existing: bool = False,
+    ) -> int:
+        """Commit one chunk of rows; returns how many rows were added.
+
+        ``space_id`` must be the gallery's (:class:`SpaceMismatchError` otherwise). Ids must be
+        unique strings; ids already in the gallery raise :class:`DuplicateIdError` unless
+        ``skip_existing``, which drops those rows. The chunk is durable once this returns.
+        """
+        self._check_open()
+        _check_modality(modality)
+        if space_id != self.space_id:
+            raise SpaceMismatchError(self.space_id, space_id, f"add {modality} vectors to gallery {self.path}",
+                                     what="vectors", hint="a gallery holds one embedding space")
+        ids = list(ids)
+        bad = [i for i in ids if not isinstance(i, str) or not i]
+        if bad:
+            raise ValueError(f"ids must be non-empty strings, got {bad[:3]!r}")
+        vecs = self._check_rows(vectors, "vectors", n=len(ids))
+        metas = [{} for _ in ids] if metadata is None else list(metadata)
+        if len(metas) != len(ids):
+            raise ValueError(f"got {len(metas)} metadata rows for {len(ids)} ids")
+        if not all(isinstance(m, dict) for m in metas):
+            raise ValueError("metadata rows must be dicts")
+        seen: set[str] = set()
+        dups = [i for i in ids if i in seen or seen.add(i)]  # type: ignore[func-returns-value]
+        if dups:
+            raise DuplicateIdError(f"ids repeated within one batch: {sorted(set(dups))[:5]}")
+
+        with _dir_lock(self.path):
+            self._manifest = _read_manifest(self.path)  # another writer may have committed
+            cols = self._sync(modality)
+            present = [i for i in ids if i in cols.pos]
+            if present and not skip_existing:
+                raise DuplicateIdError(
+                    f"{len(present)} {modality} ids already in gallery {self.path}: {present[:5]} "
+                    "(pass skip_existing=True to drop them)")
+            if present:
+                keep = [i not in cols.pos for i in ids]
+                ids = [i for i, k in zip(ids, keep) if k]
+                metas = [m for m, k in zip(metas, keep) if k]
+                vecs = vecs[np.asarray(keep, dtype=bool)]
+            if not ids:
+                return 0
+            self._commit_chunk(modality, ids, vecs, metas)
+        return len(ids)
+
+    def _commit_chunk(self, modality: str, ids: list[str], vecs: np.ndarray, metas: list[dict[str, Any]]) -> None:
+        """Write chunk files, then the manifest that names them (caller holds the lock)."""
+        chunks = self._chunks(modality)
+        # one past the highest number (not the count: repair may have dropped a chunk)
+        name = f"{modality}-{1 + max((int(c['name'].rsplit('-', 1)[1]) for c in chunks), default=-1):05d}"
+        buf = io.BytesIO()
+        np.savez(buf, vectors=vecs, ids=np.asarray(ids, dtype=str))
+        npz = buf.getvalue()
+        try:
+            meta = "".join(json.dumps(m, sort_keys=True, ensure_ascii=False, allow_nan=False) + "\n" if m else "{}\n"
+                           for m in metas).encode("utf-8")
+        except (TypeError, ValueError) as e:
+            raise ValueError(f"metadata must be JSON-serialisable: {e}") from e
+        entry = {
+            "name": name,
+            "count": len(ids),
+            "npz": f"{CHUNK_DIR}/{name}.npz",
+            "npz_sha256": _sha256(npz),
+            "meta": f"{CHUNK_DIR}/{name}.jsonl",
+            "meta_sha256": _sha256(meta),
+        }
+        (self.path / CHUNK_DIR).mkdir(exist_ok=True)
+        atomic_write_bytes(self.path / entry["npz"], npz)
+        atomic_write_bytes(self.path / entry["meta"], meta)
+        manifest = json.loads(json.dumps(self._manifest))
+        mod = manifest["modalities"][modality]
+        mod["chunks"].append(entry)
+        mod["count"] += len(ids)
+        manifest["updated"] = _now()
+        _write_manifest(self.path, manifest)  # <- the commit point
+        self._manifest, self._stat = manifest, _manifest_stat(self.path)
+        cols = self._cols[modality]  # vectors / metadata of the new chunk load lazily
+        cols.chunks.append(name)
+        cols.pos.update(zip(ids, range(len(cols.ids), len(cols.ids) + len(ids))))
+        cols.ids.extend(ids)
+
+    def _orphans(self) -> list[Path]:
+        """Files that look like ours but are not committed (crash leftovers)."""
+        committed = {c[k] for m in MODALITIES for c in self._chunks(m) for k in ("npz", "meta")}
+        found: list[Path] = []
+        chunk_dir = self.path / CHUNK_DIR
+        if chunk_dir.is_dir():
+            found += [p for p in chunk_dir.iterdir() if p.name.startswith(_TMP)
+                      or (_CHUNK_RE.match(p.name) and f"{CHUNK_DIR}/{p.name}" not in committed)]
+        found += [p for p in self.path.iterdir() if p.name.startswith(_TMP)]
+        return sorted(found)
+
+    def _collect_garbage_locked(self) -> None:
+        """Delete crash leftovers; caller holds the lock and has just re-read the manifest."""
+        for p in self._orphans():
+            log.info("removing uncommitted file %s", p)
+            with contextlib.suppress(OSError):
+                p.unlink()

@@ -1,0 +1,245 @@
+"""The in-process faiss backends: :class:`FlatIndex` (exact), :class:`HNSWIndex` (the hand-made
+``hnsw`` spelling) and :class:`FactoryIndex` (any faiss factory string with search parameters),
+over shared plumbing (:class:`_FaissIndex`: masks as faiss selectors, serialisation)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from .vector_index import VectorIndex
+
+__all__ = ["FactoryIndex", "FlatIndex", "HNSWIndex"]
+
+#: what a faiss index factory string looks like (``Flat``, ``HNSW32``, ``IVF1024,PQ16``)
+_FACTORY_RE = __import__("re").compile(r"^[A-Z][A-Za-z0-9_,.]*$")
+
+
+class _FaissIndex(VectorIndex):
+    """Shared plumbing for in-process faiss indexes."""
+
+    def __init__(self, dim: int, index: Any) -> None:
+        super().__init__(dim)
+        if int(index.d) != self.dim:
+            raise ValueError(f"faiss index has dim {index.d}, expected {self.dim}")
+        self._index = index
+
+    @property
+    def ntotal(self) -> int:
+        n = self.__dict__.get("_ntotal")
+        if n is None:  # read from faiss once (a SWIG attribute read costs microseconds), then kept
+            n = self._ntotal = int(self._index.ntotal)
+        return n
+
+    def _add(self, vectors: np.ndarray) -> None:
+        self._index.add(vectors)
+        self._ntotal = int(self._index.ntotal)
+
+    def _params(self, mask: np.ndarray | None, **extra: Any) -> tuple[Any, tuple]:
+        """faiss search parameters restricting the search to ``mask``, and the objects they point
+        to (faiss keeps raw pointers: the caller holds them until the search returns)."""
+        import faiss
+
+        cls = faiss.SearchParametersHNSW if "efSearch" in extra else faiss.SearchParameters
+        if mask is None:
+            return (cls(**extra) if extra else None), ()
+        last = self.__dict__.get("_last_bitmap")
+        if last is not None and last[0] is mask:
+            bitmap = last[1]
+        else:  # the padded mask of :meth:`_mask` is reused while the snapshot is: so is its bitmap
+            bitmap = np.packbits(mask, bitorder="little")
+            self._last_bitmap = (mask, bitmap)
+        selector = faiss.IDSelectorBitmap(bitmap)
+        return cls(sel=selector, **extra), (bitmap, selector)
+
+    def _search(self, queries: np.ndarray, k: int, mask: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+        params, keep = self._params(mask)
+        out = self._index.search(queries, k, params=params)
+        del keep
+        return out
+
+    def _storage(self) -> Any:
+        return self._index
+
+    def reconstruct(self, positions: np.ndarray) -> np.ndarray:
+        positions = np.asarray(positions, dtype=np.int64)
+        if positions.size == 0:
+            return np.zeros((0, self.dim), np.float32)
+        return np.asarray(self._storage().reconstruct_batch(positions), dtype=np.float32)
+
+    def to_bytes(self) -> bytes:
+        import faiss
+
+        return faiss.serialize_index(self._index).tobytes()
+
+    @staticmethod
+    def _deserialize(data: bytes) -> Any:
+        import faiss
+
+        return faiss.deserialize_index(np.frombuffer(data, dtype=np.uint8))
+
+
+class FlatIndex(_FaissIndex):
+    """Exact search (``faiss.IndexFlatIP``)."""
+
+    kind = "flat"
+
+    def __init__(self, dim: int, _index: Any = None) -> None:
+        import faiss
+
+        super().__init__(dim, _index if _index is not None else faiss.IndexFlatIP(int(dim)))
+
+    @classmethod
+    def from_bytes(cls, data: bytes, dim: int, **options: Any) -> "FlatIndex":
+        return cls(dim, _index=cls._deserialize(data))
+
+
+class HNSWIndex(_FaissIndex):
+    """Approximate graph search (``faiss.IndexHNSWFlat`` with inner product).
+
+    Options: ``M`` (graph degree, default 32), ``ef`` (efSearch, default 128; raised to ``k`` when
+    smaller), ``efc`` (efConstruction, default 40).
+    """
+
+    kind = "hnsw"
+    options = {"M": int, "ef": int, "efc": int}
+
+    def __init__(self, dim: int, M: int = 32, ef: int = 128, efc: int = 40, _index: Any = None) -> None:
+        import faiss
+
+        if min(M, ef, efc) < 1:
+            raise ValueError(f"hnsw options must be >= 1, got M={M}, ef={ef}, efc={efc}")
+        if _index is None:
+            _index = faiss.IndexHNSWFlat(int(dim), int(M), faiss.METRIC_INNER_PRODUCT)
+            _index.hnsw.efConstruction = int(efc)
+        super().__init__(dim, _index)
+        self.ef = int(ef)
+
+    @classmethod
+    def from_bytes(cls, data: bytes, dim: int, **options: Any) -> "HNSWIndex":
+        return cls(dim, **options, _index=cls._deserialize(data))
+
+    def _search(self, queries: np.ndarray, k: int, mask: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+        params, keep = self._params(mask, efSearch=max(self.ef, k))
+        out = self._index.search(queries, k, params=params)
+        del keep
+        return out
+
+    def _storage(self) -> Any:
+        import faiss
+
+        return faiss.downcast_index(self._index.storage)
+
+
+class FactoryIndex(_FaissIndex):
+    """Any faiss index from a factory string (``faiss.index_factory`` with inner product), with
+    search parameters (``efSearch``, ``nprobe``, ...) applied through ``faiss.ParameterSpace``."""
+
+    kind = "faiss"
+    options = {"factory": str, "efSearch": int, "nprobe": int}
+
+    def __init__(self, dim: int, factory: str = "Flat", _index: Any = None, **params: Any) -> None:
+        import faiss
+
+        if _index is None:
+            try:
+                _index = faiss.index_factory(int(dim), factory, faiss.METRIC_INNER_PRODUCT)
+            except RuntimeError as e:
+                first = str(e).strip().splitlines()[-1] if str(e).strip() else "rejected"
+                raise ValueError(f"faiss cannot build {factory!r} for dim {dim}: {first}") from None
+        super().__init__(dim, _index)
+        self.factory, self.params = factory, dict(params)
+        for name, value in self.params.items():
+            faiss.ParameterSpace().set_index_parameter(self._index, name, value)
+
+    @classmethod
+    def from_bytes(cls, data: bytes, dim: int, **options: Any) -> "FactoryIndex":
+        return cls(dim, _index=cls._deserialize(data), **options)
+
+    def _add(self, vectors: np.ndarray) -> None:
+        if not self._index.is_trained:  # IVF / PQ: trained on the first build's vectors
+            try:
+                self._index.train(vectors)
+            except RuntimeError as e:
+                raise ValueError(f"faiss {self.factory!r} could not be trained on {len(vectors)} vectors "
+                                 f"({str(e).strip().splitlines()[-1]}); it needs more vectors or a smaller "
+                                 "index (e.g. fewer IVF lists)") from None
+        self._index.add(vectors)
+        self._ntotal = int(self._index.ntotal)
+
+    def _plain_k(self) -> float:
+        """The largest k a search without a mask may ask with the construction's parameters (an
+        HNSW graph's efSearch; read from the index once: SWIG attribute reads are slow)."""
+        ef = self.__dict__.get("_plain_k_value")
+        if ef is None:
+            import faiss
+
+            inner = self._inner()
+            ef = self._plain_k_value = float(inner.hnsw.efSearch) if isinstance(inner, faiss.IndexHNSW) else np.inf
+        return ef
+
+    def _inner(self) -> Any:
+        inner = self.__dict__.get("_inner_index")
+        if inner is None:  # the index object never changes: downcast it once
+            import faiss
+
+            inner = self._inner_index = faiss.downcast_index(
+                self._index.index if hasattr(self._index, "index") and isinstance(self._index, faiss.IndexPreTransform)
+                else self._index)
+        return inner
+
+    def _search(self, queries: np.ndarray, k: int, mask: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+        if mask is None and k <= self._plain_k():
+            return self._index.search(queries, k)  # the parameters set at construction apply
+        import faiss
+
+        inner = self._inner()
+        extra: dict[str, Any] = {}
+        if isinstance(inner, faiss.IndexHNSW):
+            extra["efSearch"] = max(int(inner.hnsw.efSearch), k)
+        elif isinstance(inner, faiss.IndexIVF):
+            extra["nprobe"] = int(inner.nprobe)
+        if mask is None and not extra:
+            return self._index.search(queries, k)
+        if isinstance(inner, faiss.IndexIVF):
+            sel = None if mask is None else faiss.IDSelectorBitmap(np.packbits(mask, bitorder="little"))
+            params = faiss.SearchParametersIVF(sel=sel, nprobe=extra["nprobe"]) if sel is not None else \
+                faiss.SearchParametersIVF(nprobe=extra["nprobe"])
+            keep = (params, sel)
+            out = self._index.search(queries, k, params=params)
+            del keep
+            return out
+        params, keep = self._params(mask, **extra)
+        try:
+            out = self._index.search(queries, k, params=params)
+        except RuntimeError:  # an index that takes no selector (e.g. IndexPQ): search deeper, filter here
+            return self._filtered(queries, k, mask)
+        del keep
+        return out
+
+    def _filtered(self, queries: np.ndarray, k: int, mask: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
+        depth = min(self.ntotal, max(4 * k, 32))
+        while True:
+            scores, positions = self._index.search(queries, depth)
+            ok = positions >= 0
+            if mask is not None:
+                ok &= mask[np.clip(positions, 0, None)]
+            out_s = np.full((len(queries), k), -np.inf, np.float32)
+            out_p = np.full((len(queries), k), -1, np.int64)
+            for i in range(len(queries)):
+                keep = np.flatnonzero(ok[i])[:k]
+                out_s[i, :len(keep)], out_p[i, :len(keep)] = scores[i, keep], positions[i, keep]
+            if (out_p >= 0).all() or depth >= self.ntotal:
+                return out_s, out_p  # rows still short fall back to the exact search of the caller
+            depth = min(self.ntotal, depth * 4)
+
+    def _storage(self) -> Any:
+        import faiss
+
+        inner = self._inner()
+        if isinstance(inner, faiss.IndexHNSW):
+            return faiss.downcast_index(inner.storage)
+        if isinstance(inner, faiss.IndexIVF):
+            inner.make_direct_map()
+        return self._index

@@ -1,0 +1,220 @@
+"""The :class:`Gallery` itself: embeddings of one embedding space under one directory (see
+:mod:`nobackfill.index.store` for the layout and its guarantees): creating, opening and
+refreshing it, its properties and :meth:`Gallery.search`. Reading and committing chunks, the
+search index and verify / repair come from the mixins in :mod:`.chunks`, :mod:`.gallery_index` and
+:mod:`.gallery_repair`."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import threading
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from .atomic_files import _dir_lock, _now
+from .backends import VectorIndex, validate_spec
+from .chunks import GalleryChunks
+from .gallery_index import GalleryIndex
+from .gallery_manifest import (CHUNK_DIR, FORMAT_NAME, FORMAT_VERSION, MANIFEST, MODALITIES, _check_modality,
+                               _Columns, _manifest_stat, _read_manifest, _write_manifest)
+from .gallery_repair import GalleryIntegrity
+from .gallery_types import GalleryError, SearchResult, SpaceMismatchError
+
+__all__ = ["Gallery"]
+
+
+class Gallery(GalleryChunks, GalleryIndex, GalleryIntegrity):
+    """Embeddings of images and texts in one embedding space, stored under one directory.
+
+    Open with :meth:`create` (new or resume) or :meth:`open`. One writer at a time per directory
+    (enforced with an advisory lock while a chunk is committed); any number of readers.
+    """
+
+    def __init__(self, path: Path, manifest: dict[str, Any]) -> None:
+        """Internal; use :meth:`create` or :meth:`open`."""
+        self.path = path
+        self._manifest_path = str(path / MANIFEST)
+        self._manifest = manifest
+        self._cols: dict[str, _Columns] = {m: _Columns() for m in MODALITIES}
+        # modality -> (chunk key, chunk names, index, ntotal last written to the on-disk cache)
+        self._indexes: dict[str, tuple[str, list[str], VectorIndex, int]] = {}
+        self._index_manifest: dict[str, dict[str, Any]] = {}  # modality -> the manifest its index matches
+        self._lock = threading.RLock()  # one thread at a time grows or searches an index
+        self._stat = _manifest_stat(path)
+        self._closed = False
+
+    # ------------------------------------------------------------------ construction
+
+    @classmethod
+    def create(cls, path: str | Path, *, space_id: str, dim: int, model: str, backend: str = "flat") -> "Gallery":
+        """Create a gallery at ``path``, or resume the one there if it has the same ``space_id``.
+
+        Raises :class:`SpaceMismatchError` if a gallery of another space exists there, and
+        ``ValueError`` for a different ``dim`` or a non-empty directory that is not a gallery.
+        A different ``backend`` on resume replaces the stored one (the index is derived data).
+        """
+        if not isinstance(space_id, str) or not space_id:
+            raise ValueError("space_id must be a non-empty string")
+        if int(dim) <= 0:
+            raise ValueError(f"dim must be positive, got {dim}")
+        backend = validate_spec(backend)
+        root = Path(path)
+        root.mkdir(parents=True, exist_ok=True)
+        with _dir_lock(root):
+            if (root / MANIFEST).exists():
+                manifest = _read_manifest(root)
+                if manifest["space_id"] != space_id:
+                    raise SpaceMismatchError(manifest["space_id"], space_id, f"resume gallery {root}",
+                                             what="model's embeddings",
+                                             hint="use a new directory for a new embedding space")
+                if manifest["dim"] != int(dim):
+                    raise ValueError(f"gallery {root} has dim {manifest['dim']}, asked for {dim}")
+                if manifest["backend"] != backend:
+                    manifest["backend"], manifest["updated"] = backend, _now()
+                    _write_manifest(root, manifest)
+            else:
+                stray = [p.name for p in root.iterdir() if not p.name.startswith(".") and p.name != CHUNK_DIR]
+                if stray:
+                    raise ValueError(f"{root} is not empty and not a gallery (found {', '.join(sorted(stray)[:5])})")
+                now = _now()
+                manifest = {
+                    "format": FORMAT_NAME,
+                    "format_version": FORMAT_VERSION,
+                    "space_id": space_id,
+                    "dim": int(dim),
+                    "model": str(model),
+                    "backend": backend,
+                    "created": now,
+                    "updated": now,
+                    "modalities": {m: {"count": 0, "chunks": []} for m in MODALITIES},
+                }
+                (root / CHUNK_DIR).mkdir(exist_ok=True)
+                _write_manifest(root, manifest)
+            gallery = cls(root, manifest)
+            gallery._collect_garbage_locked()
+        return gallery
+
+    @classmethod
+    def open(cls, path: str | Path) -> "Gallery":
+        """Open an existing gallery; uncommitted leftovers of a crash are removed if possible."""
+        root = Path(path)
+        gallery = cls(root, _read_manifest(root))
+        with contextlib.suppress(OSError), _dir_lock(root, blocking=False) as taken:
+            if taken:
+                gallery._manifest, gallery._stat = _read_manifest(root), _manifest_stat(root)
+                gallery._collect_garbage_locked()
+        return gallery
+
+    def refresh(self) -> bool:
+        """Re-read the manifest if another process committed since it was read; True if it changed.
+        Cheap when nothing changed (one ``stat``); loaded chunks and indexes are kept and grown."""
+        self._check_open()
+        st = _manifest_stat(self._manifest_path)
+        if st == self._stat:
+            return False
+        with self._lock:
+            self._manifest, self._stat = _read_manifest(self.path), st
+        return True
+
+    def close(self) -> None:
+        """Drop cached vectors and indexes; the object is unusable afterwards."""
+        self._cols.clear()
+        self._indexes.clear()
+        self._index_manifest.clear()
+        self._closed = True
+
+    def __enter__(self) -> "Gallery":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # ------------------------------------------------------------------ properties
+
+    @property
+    def space_id(self) -> str:
+        return self._manifest["space_id"]
+
+    @property
+    def dim(self) -> int:
+        return self._manifest["dim"]
+
+    @property
+    def model(self) -> str:
+        return self._manifest["model"]
+
+    @property
+    def backend(self) -> str:
+        return self._manifest["backend"]
+
+    @property
+    def manifest(self) -> dict[str, Any]:
+        """A copy of the committed manifest."""
+        return json.loads(json.dumps(self._manifest))
+
+    def count(self, modality: str) -> int:
+        return self._manifest["modalities"][_check_modality(modality)]["count"]
+
+    def __len__(self) -> int:
+        return sum(self.count(m) for m in MODALITIES)
+
+    def __repr__(self) -> str:
+        counts = ", ".join(f"{m}={self.count(m)}" for m in MODALITIES)
+        return f"Gallery({str(self.path)!r}, space={self.space_id[:12]}, dim={self.dim}, {counts})"
+
+    # ------------------------------------------------------------------ reading
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise GalleryError(f"gallery {self.path} is closed")
+
+    def search(
+        self,
+        modality: str,
+        queries: np.ndarray,
+        k: int = 10,
+        *,
+        space_id: str,
+        mask: np.ndarray | None = None,
+    ) -> SearchResult:
+        """Top-``k`` rows of ``modality`` by inner product for each query row.
+
+        ``space_id`` is the space the queries were embedded in; it must be the gallery's, otherwise
+        :class:`SpaceMismatchError` is raised (queries of another space are carried into the
+        gallery's by a :class:`Bridge` before the search: see ``nobackfill.search.routes``).
+        ``mask`` (bool, one per row in insertion order) restricts the search to the rows where it
+        is True; rows committed after the mask was made count as False (a reader's snapshot never
+        sees them).
+        """
+        self._check_open()
+        _check_modality(modality)
+        if space_id != self.space_id:
+            raise SpaceMismatchError(self.space_id, space_id, f"search {modality} gallery {self.path}",
+                                     what="queries", expected_name=self.model,
+                                     hint="embed them with the gallery's model, or map them into its space with a "
+                                          "bridge first")
+        q = self._check_rows(np.asarray(queries), "queries")
+        if int(k) < 1:
+            raise ValueError(f"k must be >= 1, got {k}")
+        with self._lock:
+            index = self._index(modality)
+            scores, positions = index.search(q, int(k), mask=mask, checked=True)  # a shorter mask: padded
+            # inner products of unit vectors: a score outside [-1, 1] can only be rounding
+            np.clip(scores, -1.0, 1.0, out=scores)
+            return SearchResult(scores=scores, positions=positions, names=self._names_at(modality))
+
+    def _names_at(self, modality: str) -> Any:
+        """The row keys of ``modality`` as committed now, read only when asked for (a search result
+        names its hits lazily: most callers map positions, and a large gallery's keys are not
+        loaded for them), even after the gallery was closed."""
+        manifest = self._manifest  # replaced, never changed, by a commit: it stands for this moment
+
+        def names() -> list[str]:
+            if not self._closed:
+                return self._sync(modality).ids
+            return [str(i) for e in manifest["modalities"][modality]["chunks"] for i in self._load_npz(e, "ids")]
+
+        return names

@@ -1,0 +1,148 @@
+"""The items of a collection (:class:`Item`: an image or a caption with what is needed to embed it
+again, and the vector key of its version), their catalog rows in JSON, and the errors a collection
+raises."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+import orjson
+
+from .catalog import Row
+from .store import MODALITIES
+
+__all__ = [
+    "CollectionBusyError",
+    "CollectionError",
+    "CorruptCollectionError",
+    "Item",
+    "ItemNotFoundError",
+    "MAX_ID_LENGTH",
+    "NotACollectionError",
+    "row_json",
+    "vector_key",
+]
+
+MAX_ID_LENGTH = 512
+
+
+class CollectionError(Exception):
+    """Base class for collection problems."""
+
+
+class NotACollectionError(CollectionError, FileNotFoundError):
+    """The directory holds neither a collection nor a gallery."""
+
+
+class CorruptCollectionError(CollectionError):
+    """The catalog (or, when converting, ``collection.json`` or a log chunk) is unreadable or
+    inconsistent."""
+
+
+class ItemNotFoundError(CollectionError, KeyError):
+    """No live item has this id."""
+
+    def __str__(self) -> str:  # KeyError would quote the message
+        return str(self.args[0]) if self.args else ""
+
+
+class CollectionBusyError(CollectionError):
+    """Another process holds the collection's ingest lock."""
+
+
+def vector_key(item_id: str, rev: str) -> str:
+    """The gallery row key of an item version: ``<id>#<rev>`` (``rev`` is hex, so unambiguous)."""
+    return f"{item_id}#{rev}" if rev else item_id
+
+
+@dataclass(frozen=True)
+class Item:
+    """One gallery item: an image or a caption, with what is needed to embed it again.
+
+    ``source`` is ``{"path": absolute image path, "sha256": hash of its bytes}`` for an image and
+    ``{"text": caption}`` for a text; ``key`` is the gallery row key of this version of the item
+    (:func:`vector_key`)."""
+
+    id: str
+    modality: str
+    key: str
+    source: Mapping[str, Any]
+    metadata: Mapping[str, Any] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"id": self.id, "modality": self.modality, "key": self.key, "source": dict(self.source),
+                "metadata": dict(self.metadata)}
+
+    @classmethod
+    def from_json(cls, obj: Any, where: str) -> "Item":
+        if not isinstance(obj, dict):
+            raise CorruptCollectionError(f"{where}: item must be an object, got {type(obj).__name__}")
+        try:
+            item = cls(id=obj["id"], modality=obj["modality"], key=obj["key"], source=obj["source"],
+                       metadata=obj.get("metadata") or {})
+        except KeyError as e:
+            raise CorruptCollectionError(f"{where}: item is missing field {e}") from None
+        problem = item.problem()
+        if problem:
+            raise CorruptCollectionError(f"{where}: {problem}")
+        return item
+
+    def problem(self) -> str | None:
+        """Why this item is not valid, or None."""
+        if not isinstance(self.id, str) or not self.id.strip():
+            return f"item id must be a non-empty string, got {self.id!r}"
+        if len(self.id) > MAX_ID_LENGTH or (not self.id.isprintable() and any(ord(c) < 32 for c in self.id)):
+            return f"item id {self.id[:40]!r} is longer than {MAX_ID_LENGTH} characters or has control characters"
+        if self.modality not in MODALITIES:
+            return f"item {self.id!r}: modality must be one of {MODALITIES}, got {self.modality!r}"
+        if not isinstance(self.key, str) or not self.key:
+            return f"item {self.id!r}: empty vector key"
+        if not isinstance(self.source, (dict, Mapping)):  # dict first: the ABC check is slow
+            return f"item {self.id!r}: source must be an object"
+        want = "path" if self.modality == "image" else "text"
+        if not isinstance(self.source.get(want), str):  # may be empty for rows of an old gallery
+            return f"item {self.id!r}: a {self.modality} source needs a string {want!r}"
+        if not isinstance(self.metadata, (dict, Mapping)):
+            return f"item {self.id!r}: metadata must be an object"
+        return None
+
+    @property
+    def payload(self) -> str:
+        """What an encoder embeds: the image path or the caption text."""
+        return self.source["path"] if self.modality == "image" else self.source["text"]
+
+
+def _item(r: Row) -> Item:
+    return Item(id=r.id, modality=r.modality, key=r.key, source=r.source, metadata=r.metadata)
+
+
+_JSON = json.JSONEncoder(sort_keys=True, ensure_ascii=False, allow_nan=False, separators=(", ", ": "))
+if json.encoder.c_make_encoder is not None:  # the encoder json.dumps uses, without its per-call set-up
+    _c_json = json.encoder.c_make_encoder(None, _JSON.default, json.encoder.encode_basestring, None, ": ", ", ",
+                                          True, False, False)
+    _JSON.encode = lambda o: "".join(_c_json(o, 0))  # type: ignore[method-assign]
+
+
+def row_json(obj: Mapping[str, Any]) -> str:
+    """The JSON of an item's source or metadata in rows given to :meth:`Collection.commit_rows`
+    (orjson, keys sorted: canonical, so equal objects give equal text; a NaN becomes null)."""
+    if not obj:
+        return "{}"
+    try:
+        return orjson.dumps(obj, option=orjson.OPT_SORT_KEYS | orjson.OPT_SERIALIZE_NUMPY).decode("utf-8")
+    except TypeError as e:  # orjson.JSONEncodeError
+        raise ValueError(f"not a JSON object of JSON values: {e}") from None
+
+
+def _row_json(r: Row) -> tuple[str, str, str, str, str]:
+    """A stored row in the form :meth:`Collection.commit_rows` takes."""
+    return r.id, r.modality, r.key, row_json(r.source), row_json(r.metadata)
+
+
+def _item_json(it: Item) -> tuple[str, str, str, str, str]:
+    """The catalog row of an item: ``(id, modality, key, source JSON, metadata JSON)``."""
+    src = it.source if type(it.source) is dict else dict(it.source)
+    meta = it.metadata if type(it.metadata) is dict else dict(it.metadata)
+    return it.id, it.modality, it.key, _JSON.encode(src), _JSON.encode(meta)

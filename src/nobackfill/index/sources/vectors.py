@@ -1,0 +1,111 @@
+"""Stored vector blocks for :mod:`nobackfill.index.sources`: the block protocol, npy / npz
+arrays, the scan that checks every vector, and unit rows."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from .common import _SCAN_ROWS, NORM_TOLERANCE, SourceError
+
+
+class _Vectors:
+    """A ``(n, dim)`` block of stored vectors; ``raw`` reads in storage order, ``read`` / ``take``
+    in the source's row order (the same unless a faiss id map reorders it)."""
+
+    path: Path
+    n: int
+    dim: int
+    dtype: str
+
+    def raw(self, start: int, stop: int) -> np.ndarray:
+        raise NotImplementedError
+
+    def read(self, start: int, stop: int) -> np.ndarray:
+        return self.raw(start, stop)
+
+    def take(self, rows: np.ndarray) -> np.ndarray:
+        raise NotImplementedError
+
+    def where(self, i: int) -> str:
+        return f"row {i + 1}"
+
+
+class _ArrayVectors(_Vectors):
+    def __init__(self, arr: np.ndarray, path: Path) -> None:
+        if arr.ndim != 2:
+            raise SourceError(f"expected a 2-d array (rows, dim), got shape {tuple(arr.shape)}", path)
+        if arr.dtype.kind != "f":
+            raise SourceError(f"vectors must be floating point (float16 / float32 / float64), got {arr.dtype}", path)
+        self._arr, self.path = arr, path
+        self.n, self.dim, self.dtype = int(arr.shape[0]), int(arr.shape[1]), str(arr.dtype)
+
+    def raw(self, start: int, stop: int) -> np.ndarray:
+        return np.asarray(self._arr[start:stop], dtype=np.float32)
+
+    def take(self, rows: np.ndarray) -> np.ndarray:
+        return np.asarray(self._arr[np.asarray(rows, dtype=np.int64)], dtype=np.float32)
+
+
+def _load_npy(path: Path) -> _ArrayVectors:
+    if not path.is_file():
+        raise SourceError("vector file not found", path)
+    try:
+        arr = np.load(path, mmap_mode="r", allow_pickle=False)
+    except (ValueError, OSError) as e:
+        raise SourceError(f"not a readable .npy array ({e})", path) from None
+    return _ArrayVectors(arr, path)
+
+
+def _load_npz(path: Path, key: str | None) -> _ArrayVectors:
+    if not path.is_file():
+        raise SourceError("vector file not found", path)
+    try:
+        with np.load(path, allow_pickle=False) as z:
+            keys = list(z.files)
+            if key is None:
+                if len(keys) != 1:
+                    raise SourceError(f"holds {len(keys)} arrays ({', '.join(keys) or 'none'}): name one as "
+                                      f"npz:{path}:KEY", path)
+                key = keys[0]
+            if key not in keys:
+                raise SourceError(f"no array {key!r}; its arrays: {', '.join(keys) or 'none'}", path)
+            arr = z[key]
+    except SourceError:
+        raise
+    except (ValueError, OSError) as e:
+        raise SourceError(f"not a readable .npz file ({e})", path) from None
+    return _ArrayVectors(arr, path)
+
+
+def _scan(vec: _Vectors, expect_dim: int | None) -> int:
+    """Check every stored vector (finite, non-zero, width); returns how many are not unit length."""
+    if expect_dim is not None and vec.dim != int(expect_dim):
+        raise SourceError(f"vectors are {vec.dim}-d (shape ({vec.n}, {vec.dim})) but the model embeds "
+                          f"{int(expect_dim)}-d vectors", vec.path)
+    off = 0
+    for s in range(0, vec.n, _SCAN_ROWS):
+        x = vec.raw(s, min(vec.n, s + _SCAN_ROWS))
+        finite = np.isfinite(x).all(axis=1)
+        if not finite.all():
+            i = s + int(np.argmin(finite))
+            raise SourceError("the vector has NaN or infinite values", vec.path, i + 1, where=vec.where(i))
+        norms = np.sqrt(np.einsum("ij,ij->i", x, x, dtype=np.float64))
+        zero = norms < 1e-12
+        if zero.any():
+            i = s + int(np.argmax(zero))
+            raise SourceError("the vector is all zeros: it has no direction (cannot be normalised)", vec.path,
+                              i + 1, where=vec.where(i))
+        off += int((np.abs(norms - 1.0) > NORM_TOLERANCE).sum())
+    return off
+
+
+def _unit(x: np.ndarray) -> np.ndarray:
+    """Unit rows; a row already unit to float32 rounding (1e-6) is kept bit for bit."""
+    x = np.array(x, dtype=np.float32, copy=True)
+    norms = np.sqrt(np.einsum("ij,ij->i", x, x, dtype=np.float64))
+    off = np.abs(norms - 1.0) > 1e-6
+    if off.any():
+        x[off] = (x[off] / np.maximum(norms[off], 1e-12)[:, None]).astype(np.float32)
+    return x

@@ -1,0 +1,127 @@
+"""The interface every vector-index backend implements (:class:`VectorIndex`): an inner-product
+index over float32 rows addressed by position, with checked ``add`` / ``search``, masks and an
+exact fallback. The backends themselves are in :mod:`.faiss_indexes` and :mod:`.auto_index`,
+chosen by spec string in :mod:`nobackfill.index.backends`."""
+
+from __future__ import annotations
+
+import abc
+from typing import Any, ClassVar
+
+import numpy as np
+
+__all__ = ["VectorIndex"]
+
+
+class VectorIndex(abc.ABC):
+    """An inner-product index over ``dim``-dimensional float32 rows, addressed by position."""
+
+    #: the ``kind`` part of the spec string
+    kind: ClassVar[str] = "abstract"
+    #: accepted options and their types, e.g. ``{"M": int}``
+    options: ClassVar[dict[str, type]] = {}
+
+    def __init__(self, dim: int) -> None:
+        if int(dim) <= 0:
+            raise ValueError(f"dim must be positive, got {dim}")
+        self.dim = int(dim)
+
+    @property
+    @abc.abstractmethod
+    def ntotal(self) -> int:
+        """Number of stored vectors."""
+
+    @abc.abstractmethod
+    def _add(self, vectors: np.ndarray) -> None:
+        """Append already validated ``(N, dim)`` float32 C-contiguous rows."""
+
+    @abc.abstractmethod
+    def _search(self, queries: np.ndarray, k: int, mask: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """Top-``k`` for validated queries among the positions where ``mask`` (bool, ``ntotal``) is
+        True (all when None); ``1 <= k <= `` the number of such positions. Position -1 marks a slot
+        the backend could not fill (the caller falls back to an exact search for those rows)."""
+
+    @abc.abstractmethod
+    def reconstruct(self, positions: np.ndarray) -> np.ndarray:
+        """The stored rows at ``positions`` (float32 ``(len, dim)``)."""
+
+    def to_bytes(self) -> bytes | None:
+        """Serialised index for an on-disk cache, or ``None`` if this backend is not file-backed."""
+        return None
+
+    @classmethod
+    def from_bytes(cls, data: bytes, dim: int, **options: Any) -> "VectorIndex":
+        """Inverse of :meth:`to_bytes`."""
+        raise NotImplementedError(f"backend {cls.kind!r} cannot be loaded from bytes")
+
+    def _rows(self, x: np.ndarray, what: str) -> np.ndarray:
+        arr = np.asarray(x, dtype=np.float32)
+        if arr.ndim == 1:
+            arr = arr[None, :]
+        if arr.ndim != 2 or arr.shape[1] != self.dim:
+            raise ValueError(f"{what} must have shape (N, {self.dim}), got {np.shape(x)}")
+        if not np.isfinite(arr).all():
+            raise ValueError(f"{what} contain NaN or infinite values")
+        return np.ascontiguousarray(arr)
+
+    def add(self, vectors: np.ndarray) -> None:
+        """Append rows; their positions continue from the current :attr:`ntotal`."""
+        rows = self._rows(vectors, "vectors")
+        if len(rows):
+            self._add(rows)
+
+    def search(self, queries: np.ndarray, k: int, mask: np.ndarray | None = None, *,
+               checked: bool = False) -> tuple[np.ndarray, np.ndarray]:
+        """Top-``k`` by inner product: ``(scores float32 (Q, k'), positions int64 (Q, k'))``.
+
+        ``mask`` (bool, one per stored row) restricts the search to the rows where it is True
+        (deleted, superseded or filtered-out rows are False). ``k' = min(k, ntotal)`` or, with a
+        mask, ``min(k, mask.sum())``; positions are always valid (never -1): rows an approximate
+        backend could not fill are answered exactly over the allowed rows.
+        """
+        if int(k) < 1:
+            raise ValueError(f"k must be >= 1, got {k}")
+        q = queries if checked else self._rows(queries, "queries")  # checked: C-contiguous finite float32 rows
+        if mask is not None:
+            mask, allowed = self._mask(mask)
+        else:
+            allowed = self.ntotal
+        k = min(int(k), allowed)
+        if k == 0 or len(q) == 0:
+            return np.zeros((len(q), k), np.float32), np.zeros((len(q), k), np.int64)
+        scores, positions = self._search(q, k, mask)
+        scores = np.asarray(scores, dtype=np.float32)
+        positions = np.asarray(positions, dtype=np.int64)
+        last = positions[:, -1]  # a row that came up short ends in -1
+        if (last[0] < 0) if len(last) == 1 else (last.min() < 0):
+            short = (positions < 0).any(axis=1)  # a graph search came up short (tiny or filtered sets): exact
+            scores[short], positions[short] = self._exact(q[short], k, mask)
+        return scores, positions
+
+    def _mask(self, mask: np.ndarray) -> tuple[np.ndarray | None, int]:
+        """``(mask padded with False to ntotal rows, or None when it allows every row; rows
+        allowed)``. A reader passes the same (never modified) mask object to every search of a
+        snapshot: the last one's answer is kept, so a large mask is not counted per search."""
+        n = self.ntotal
+        last = self.__dict__.get("_last_mask")
+        if last is not None and last[0] is mask and last[1] == n:
+            return last[2], last[3]
+        m = np.asarray(mask, dtype=bool)
+        if m.ndim != 1 or len(m) > n:
+            raise ValueError(f"mask must be 1-D with at most {n} entries (one per row), got shape {m.shape}")
+        if len(m) < n:  # rows added after the mask was made are not allowed
+            m = np.concatenate([m, np.zeros(n - len(m), bool)])
+        allowed = int(np.count_nonzero(m))
+        out = (None if allowed == n else m), allowed
+        self._last_mask = (mask, n, *out)
+        return out
+
+    def _exact(self, queries: np.ndarray, k: int, mask: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
+        """Exact top-``k`` over the allowed rows (brute force on reconstructed vectors)."""
+        allowed = np.flatnonzero(mask) if mask is not None else np.arange(self.ntotal)
+        scores = queries @ self.reconstruct(allowed).T
+        top = np.argsort(-scores, axis=1, kind="stable")[:, :k]
+        return np.take_along_axis(scores, top, axis=1).astype(np.float32), allowed[top]
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(dim={self.dim}, ntotal={self.ntotal})"
