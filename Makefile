@@ -36,8 +36,8 @@ bench: $(STAMP)
 	$(BIN)/nobackfill bench lingual-text --quick --jobs 2 --out $(R)/lingual_text_baselines.json \
 		--methods oewc,oewc_teir,er,er_teir,der,der_teir,lora,lora_teir,prompt,prompt_teir,cll_clip_oracle,cll_clip_teir_oracle
 	$(BIN)/nobackfill bench lingual-world --quick --jobs 2 --out $(R)/lingual_world.json
-	$(BIN)/python scripts/lingual_lambda_usage.py --out $(R)/lingual_lambda_world.json
-	$(BIN)/python scripts/lingual_lambda_usage.py --data ../shared/data/multi30k --model minilm --langs de,fr,cs \
+	$(BIN)/nobackfill bench lingual-lambda --out $(R)/lingual_lambda_world.json
+	$(BIN)/nobackfill bench lingual-lambda --data ../shared/data/multi30k --model minilm --langs de,fr,cs \
 		--out $(R)/lingual_lambda_text.json
 	$(BIN)/nobackfill bench reco --quick --out $(R)/reco.json
 	$(BIN)/nobackfill bench late --quick --out $(R)/late.json
@@ -51,8 +51,8 @@ bench: $(STAMP)
 		--out $(R)/import_shared.json
 	sh scripts/isolated.sh $(BIN)/nobackfill bench scale --quick --shared --set 'indexes=[]' --set 'peers=[]' \
 		--out $(R)/scale_shared.json
-	$(BIN)/python scripts/merged_speedup.py --out $(R)/merged.json
-	$(BIN)/python scripts/readme_tables.py
+	$(BIN)/nobackfill bench merged --out $(R)/merged.json
+	$(BIN)/nobackfill bench tables
 
 # the reported (long) runs: hours on 2 cores
 bench-full: $(STAMP)

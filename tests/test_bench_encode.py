@@ -14,7 +14,8 @@ import pytest
 import torch
 from PIL import Image
 
-from nobackfill.bench.encode import format_encode_table, run_encode_bench, write_report
+from nobackfill.bench.encode import run_encode_bench
+from nobackfill.bench.encode_report import format_encode_table, write_report
 from nobackfill.bench.encode import PlainCLIP, bench_images, bench_texts
 from nobackfill.data.world import WorldSpec, world_corpus
 from nobackfill.encoders import create_model, load_encoder

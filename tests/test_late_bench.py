@@ -78,7 +78,8 @@ def test_metrics_from_scores_match_embedding_metrics_and_lift_top_k() -> None:
 
 def test_rerank_weight_zero_is_global_scoring_and_val_can_choose_it() -> None:
     """w = 0 in the grid lets the val choice switch re-ranking off (CMLI that only hurts)."""
-    from nobackfill.bench.late import LateBenchConfig, choose_rerank
+    from nobackfill.bench.late import LateBenchConfig
+    from nobackfill.late.choose import choose_rerank
     from nobackfill.late.rerank import RerankedScores, RerankSet, rerank_metrics
     from nobackfill.metrics.scored import top_k_columns
 
@@ -94,7 +95,7 @@ def test_rerank_weight_zero_is_global_scoring_and_val_can_choose_it() -> None:
     glob = rerank_metrics(scored, data, None)
     off = rerank_metrics(scored, data, {"t2i": ("directional", 0.0), "i2t": ("directional", 0.0)})
     assert off == glob
-    choice, _ = choose_rerank([(scored, data)], LateBenchConfig(weights=(0.0, 1.0, float("inf"))))
+    choice, _ = choose_rerank([(scored, data)], weights=(0.0, 1.0, float("inf")))
     assert choice == {"t2i": ("directional", 0.0), "i2t": ("directional", 0.0)}
     assert 0.0 in LateBenchConfig().weights
 

@@ -121,8 +121,9 @@ def live_upgrade(world: Path, models_dir: Path, out: Path, limit: int | None,
                  log: Callable[[str], None]) -> dict | None:
     """The system end to end on the test split: a collection embedded by world-old is upgraded to
     world-new (the shipped XBT upgrade; routes calibrated on 300 val images) and backfilled in the
-    default order, every merge measured at 0, 10, 30, 60 and 100 % (``bench backfill``, small)."""
-    from .bench.backfill import BackfillBenchConfig, run_backfill_bench
+    default order, every merge measured at 0, 10, 30, 60 and 100 %
+    (:func:`nobackfill.lifecycle.backfill_curve.measure_backfill`, what ``bench backfill`` runs, small)."""
+    from .lifecycle.backfill_curve import BackfillCurveConfig, measure_backfill
 
     upgrade = models_dir.parent / XBT_UPGRADE
     if not (upgrade / "upgrade.json").is_file():
@@ -132,10 +133,10 @@ def live_upgrade(world: Path, models_dir: Path, out: Path, limit: int | None,
         log(f"skipping the live upgrade: {world / 'val'} is not there (its routes are calibrated on val, never on test)")
         return None
     log("live upgrade: a world-old collection upgraded to world-new and backfilled while it serves ...")
-    cfg = BackfillBenchConfig(models=models_dir, world=world, upgrade=upgrade, work=out / "live", test_images=limit,
-                              calib_images=300, orders=("uncertainty",), fractions=(0.0, 0.1, 0.3, 0.6, 1.0),
-                              cost_sizes=(), extrapolate=())
-    return run_backfill_bench(cfg, log=log)
+    cfg = BackfillCurveConfig(old_model=models_dir / "world-old", new_model=models_dir / "world-new", upgrade=upgrade,
+                              data=world, work=out / "live", test_images=limit, calib_images=300,
+                              orders=("uncertainty",), fractions=(0.0, 0.1, 0.3, 0.6, 1.0))
+    return measure_backfill(cfg, log=log)
 
 
 def run_demo(world: str | Path = "data/world", models_dir: str | Path = "models", out: str | Path = "runs/demo",
@@ -184,12 +185,12 @@ def run_demo(world: str | Path = "data/world", models_dir: str | Path = "models"
                                 ("Retrieval (recall in %, higher is better)", html_table(header, body))]
     live = live_upgrade(world, models_dir, out, limit, log)
     if live is not None:
-        from .bench.backfill import format_markdown, plot_curves
+        from .lifecycle.backfill_curve import curves_markdown, plot_curves
 
         result["live_upgrade"] = {k: live[k] for k in ("old_old", "new_new", "default", "routes")}
         result["live_upgrade"]["curve"] = live["curves"][live["default"]]
         figures.append(plot_curves(live))
-        sections.append(("Live upgrade: R@1 while the collection is backfilled", f"<pre>{format_markdown(live)}</pre>"))
+        sections.append(("Live upgrade: R@1 while the collection is backfilled", f"<pre>{curves_markdown(live)}</pre>"))
     sections.append(("Details", "<details><summary>every number above, as JSON (also in report.json)</summary>"
                                 f"<pre>{json.dumps(result, indent=2)}</pre></details>"))
     write_html(out / "report.html", "nobackfill demo: upgrading without a backfill", sections, figures)

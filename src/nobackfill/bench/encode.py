@@ -17,7 +17,6 @@ from __future__ import annotations
 import contextlib
 import importlib.util
 import json
-import os
 import platform
 import statistics
 import time
@@ -264,47 +263,23 @@ def run_encode_bench(model_dirs: Mapping[str, str | Path], n_images: int = 512, 
     return result
 
 
-# ----------------------------------------------------------------------------- reporting
-def _ratio(a: float, b: float) -> str:
-    return f"{a / b:.2f}x" if b else "-"
+def clip_model_dirs(models: Path) -> dict[str, Path]:
+    """The CLIP model directories in ``models`` by name (text-only models, e.g. m30k-old-text, have no
+    image tower to time)."""
+    def is_clip(p: Path) -> bool:
+        try:
+            return json.loads((p / "config.json").read_text()).get("model_type") == "clip"
+        except (OSError, ValueError):
+            return False
+
+    dirs = {p.name: p for p in sorted(Path(models).iterdir()) if is_clip(p)} if Path(models).is_dir() else {}
+    if not dirs:
+        raise FileNotFoundError(f"{models}: no model directories found")
+    return dirs
 
 
-def format_encode_table(result: Mapping) -> str:
-    """A Markdown table: one row per (model, modality), ours vs plain transformers."""
-    lines = [
-        f"Encoding throughput on {result.get('device', 'cpu')}, {result.get('threads')} thread(s), "
-        f"batch {result.get('batch_size')}, median of {result.get('repeats', 3)} runs "
-        f"({result.get('n_images')} images, {result.get('n_texts')} texts)",
-        "",
-        "| model | input | ours /s | plain transformers /s | speed-up | max abs diff |",
-        "|---|---|---:|---:|---:|---:|",
-    ]
-    for name, r in result.get("models", {}).items():
-        for kind, key in (("images", "images_per_s"), ("texts", "texts_per_s")):
-            o, p = r["ours"][key], r["plain_transformers"][key]
-            lines.append(f"| {name} | {kind} | {o:,.1f} | {p:,.1f} | {_ratio(o, p)} | "
-                         f"{r[f'max_abs_diff_{kind}']:.2e} |")
-    m = result.get("minilm")
-    if m:
-        o, p = m["ours"]["texts_per_s"], m["plain_transformers"]["texts_per_s"]
-        lines.append(f"| {m.get('name', 'minilm')} | texts | {o:,.1f} | {p:,.1f} | {_ratio(o, p)} | "
-                     f"{m['max_abs_diff_texts']:.2e} |")
-    notes = [f"- {name}: pixel max abs diff vs {r.get('image_processor', 'CLIPImageProcessor')} = "
-             f"{r['max_abs_diff_pixels']:.2e}" for name, r in result.get("models", {}).items()
-             if "max_abs_diff_pixels" in r]
-    if notes:
-        lines += ["", *notes]
-    return "\n".join(lines) + "\n"
-
-
-def write_report(result: Mapping, out_dir: str | Path) -> dict[str, Path]:
-    """Write ``encode.json`` and ``encode.md`` (the table) into ``out_dir``."""
-    out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    paths = {"json": out_dir / "encode.json", "md": out_dir / "encode.md"}
-    for key, text in (("json", json.dumps(result, indent=2, default=str) + "\n"),
-                      ("md", format_encode_table(result))):
-        tmp = paths[key].with_name(f".{paths[key].name}.tmp")
-        tmp.write_text(text)
-        os.replace(tmp, paths[key])
-    return paths
+def run_encode_config(cfg: EncodeBenchConfig, models: Path) -> dict:
+    """:func:`run_encode_bench` of every CLIP model in ``models`` with ``cfg``'s settings."""
+    return run_encode_bench(clip_model_dirs(models), n_images=cfg.n_images, n_texts=cfg.n_texts,
+                            batch_size=cfg.batch_size, threads=cfg.threads, seed=cfg.seed, repeats=cfg.repeats,
+                            minilm=PRETRAINED if cfg.minilm else None)

@@ -77,23 +77,16 @@ def write_rows(folder: Path, n: int, dim: int, seed: int, chunk: int = 65536) ->
     return npy, table
 
 
-def _rss_now_mb() -> float:
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) / 1024
-    return 0.0
-
-
 def throughput_row(npy: str, table: str, path: str, dim: int, space_id: str, batch_rows: int) -> dict[str, Any]:
     """Open and import the rows (runs in a fresh process: its memory is the import's)."""
     import resource
 
     from ..index.importing import import_source
     from ..index.sources import open_source
-    from .store import peak_rss_mb
+    from ..memory import peak_rss_mb, rss_mb
 
     enc = _standin_encoder(dim, space_id)
-    base = _rss_now_mb()
+    base = rss_mb()
     t0 = time.perf_counter()
     src = open_source(f"npy:{npy}", table=table, id_column="id", source_column="image_path", modality="image",
                       batch_rows=batch_rows, expect_dim=dim)

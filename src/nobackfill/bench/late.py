@@ -30,21 +30,20 @@
 from __future__ import annotations
 
 import json
-import math
 import time
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import Callable
 
 import numpy as np
 
-from ..late.rerank import RerankSet, rerank_metrics, rerank_pairs
+from ..late.choose import INF, evaluate_reranking
+from ..late.rerank import RerankSet
 from .late_memory import measure_memory
 from .late_report import write_outputs
 from .late_runs import RUNS, seed_run, train_runs
 
 KS = (1, 5, 10)
-INF = float("inf")
 
 
 @dataclass
@@ -98,36 +97,11 @@ class LateBenchConfig:
 
 
 # ----------------------------------------------------------------------------- evaluation
-Choice = dict  # direction -> (variant, weight); None = global scoring
-
-
-def choose_rerank(val_scored: Sequence[tuple[dict, RerankSet]], cfg: LateBenchConfig) -> tuple[Choice, dict]:
-    """Per direction, the (score variant, fusion weight) with the best R@1 averaged over the val
-    sets (ties: directional first, then the smaller weight). Returns the choice and the table."""
-    grid = [(v, w) for v in cfg.score_variants for w in cfg.weights]
-    table: dict[str, dict] = {"t2i": {}, "i2t": {}}
-    for v, w in grid:
-        ms = [rerank_metrics(s, d, {"t2i": (v, w), "i2t": (v, w)}) for s, d in val_scored]
-        for d in table:
-            table[d][(v, w)] = float(np.mean([m[d]["R@1"] for m in ms]))
-    choice = {d: max(grid, key=lambda vw: (t[vw], -cfg.score_variants.index(vw[0]), -vw[1])) for d, t in table.items()}
-    readable = {d: {f"{v}@{w}": round(x, 4) for (v, w), x in t.items()} for d, t in table.items()}
-    return choice, readable
-
-
 def evaluate_model(encoder, tests: dict[str, RerankSet], vals: list[RerankSet], cfg: LateBenchConfig) -> dict:
     """Global, re-ranked (score variant and weight chosen on val) and CMLI-only metrics of one
-    model on each test set."""
-    val_scored = [(rerank_pairs(encoder, v, cfg.rerank_k), v) for v in vals]
-    choice, table = choose_rerank(val_scored, cfg)
-    cmli_only = {"t2i": ("directional", INF), "i2t": ("directional", INF)}
-    out: dict = {"choice": {d: {"score": v, "weight": w if math.isfinite(w) else "inf"} for d, (v, w) in choice.items()},
-                 "val_r1_by_choice": table}
-    for name, data in tests.items():
-        s = rerank_pairs(encoder, data, cfg.rerank_k)
-        out[name] = {"global": rerank_metrics(s, data, None), "rerank": rerank_metrics(s, data, choice),
-                     "cmli_only": rerank_metrics(s, data, cmli_only)}
-    return out
+    model on each test set (:func:`nobackfill.late.choose.evaluate_reranking` at the bench's grid)."""
+    return evaluate_reranking(encoder, tests, vals, rerank_k=cfg.rerank_k, weights=cfg.weights,
+                              variants=cfg.score_variants)
 
 
 def global_metrics(encoder, tests: dict[str, RerankSet]) -> dict:

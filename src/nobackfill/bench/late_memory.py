@@ -13,11 +13,7 @@ from typing import Callable
 
 import numpy as np
 
-def _rss_kb(field_name: str) -> int:
-    for line in open("/proc/self/status"):
-        if line.startswith(field_name + ":"):
-            return int(line.split()[1])
-    raise RuntimeError(f"/proc/self/status has no {field_name}")
+from ..memory import peak_rss_mb, reset_peak_rss, rss_mb
 
 
 def memory_worker(impl: str, batch: int, n: int, m: int, d: int, chunk: int, repeats: int) -> dict:
@@ -40,17 +36,16 @@ def memory_worker(impl: str, batch: int, n: int, m: int, d: int, chunk: int, rep
             return cmli_scores(img[:k], img_mask[:k], txt[:k], txt_mask[:k], image_chunk=chunk, text_chunk=chunk)
 
     call(4)  # warm-up: kernels, allocator
-    with open("/proc/self/clear_refs", "w") as f:
-        f.write("5")  # reset the high-water mark to the current RSS
-    base = _rss_kb("VmRSS")
+    reset_peak_rss()  # the high-water mark back to the current RSS
+    base = rss_mb()
     out = call(batch)
-    peak = _rss_kb("VmHWM")
+    peak = peak_rss_mb()
     times = []
     for _ in range(repeats):
         t0 = time.perf_counter()
         call(batch)
         times.append(time.perf_counter() - t0)
-    return {"impl": impl, "batch": batch, "peak_mb": round((peak - base) / 1024, 2),
+    return {"impl": impl, "batch": batch, "peak_mb": round(peak - base, 2),
             "seconds": float(np.median(times)), "checksum": float(out.i2t.sum() + out.t2i.sum())}
 
 

@@ -45,7 +45,7 @@ from ..index.store import file_sha256
 from ..data.labels import LABEL_SETS, PREMISE_ATTRIBUTES, label_set
 from ..metrics.zero_shot import class_vectors
 from .reco_diagnostics import measure_latency, near_duplicate_calibration, premise_diagnostics
-from .reco_eval import attribute_labels, evaluate_reco, load_split, val_score
+from ..reco.evaluation import attribute_labels, evaluate_reco, load_split, val_score
 from .reco_report import write_reco_report
 
 ABLATIONS = {"cross_modal_search": {"search": "cross"}, "unimodal_fusion": {"fuse": "uni"},

@@ -9,7 +9,8 @@ from typing import Any
 
 import numpy as np
 
-from .scale_rows import K, pct, rss_mb
+from ..memory import rss_mb
+from .scale_rows import K, pct
 
 def chroma_row(x_file: str, q_file: str, path: str) -> dict[str, Any]:
     """Chroma (SQLite + HNSW segments) on the same vectors: add, reopen, p50, RSS."""

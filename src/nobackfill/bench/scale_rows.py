@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from .store import peak_rss_mb
+from ..memory import peak_rss_mb, rss_mb
 
 K = 10
 
@@ -56,13 +56,6 @@ def bridge_dir(x_file: str, path: str) -> Path:
     import hashlib
 
     return Path(x_file).parent / f"bridge-{hashlib.sha256(path.encode()).hexdigest()[:12]}"
-
-
-def rss_mb() -> float:
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) / 1024
-    return 0.0
 
 
 def dir_bytes(path: Path) -> int:

@@ -160,7 +160,7 @@ def run_faults(server: ServerProcess, collection: Path, trials: int, log: Callab
     """SIGKILL during ingest (even trials) and during the backfill (odd trials); restart; check."""
     import threading
 
-    from ..client import Client, ServiceError
+    from ..client import Client, ClientError
     from ..index.collection import Collection
     from ..lifecycle.backfill import backfill_status
 
@@ -177,8 +177,8 @@ def run_faults(server: ServerProcess, collection: Path, trials: int, log: Callab
             i = 0
             while not stop.is_set():
                 try:
-                    acked.extend(admin.add_texts([{"text": f"fault trial {t} caption {i} {j}", "id": f"f{t}-{i}-{j}"}
-                                                  for j in range(4)])["ids"])
+                    acked.extend(admin.add(texts=[{"text": f"fault trial {t} caption {i} {j}", "id": f"f{t}-{i}-{j}"}
+                                                  for j in range(4)]).ids)
                 except Exception:  # the server was killed mid-request: not acknowledged
                     return
                 i += 1
@@ -189,7 +189,7 @@ def run_faults(server: ServerProcess, collection: Path, trials: int, log: Callab
         else:
             try:
                 admin.backfill_start(order="random", rate=200)
-            except ServiceError:
+            except ClientError:
                 pass
         time.sleep(float(rng.uniform(0.3, 1.5)))
         before_kill = backfill_status(Collection.open(collection))["done"]

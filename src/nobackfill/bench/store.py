@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import os
-import resource
 import shutil
 import time
 from dataclasses import asdict, dataclass
@@ -34,6 +33,8 @@ from pathlib import Path
 from typing import Any, Callable
 
 import numpy as np
+
+from ..memory import peak_rss_mb
 
 from .store_data import K, exact_top, make_data, recall_at
 from .store_merged import merged_search
@@ -165,18 +166,6 @@ def run_row(data_file: str, query_file: str, truth_file: str, backend: str, work
             "p50_ms": round(float(np.percentile(lat, 50)), 3), "p99_ms": round(float(np.percentile(lat, 99)), 3),
             "batch64_ms": round(float(np.median(b64)), 3), "recall@10": round(rec, 4),
             "rss_mb": round(peak_rss_mb(), 1)}
-
-
-def peak_rss_mb() -> float:
-    """This process's peak resident memory (``VmHWM``: unlike ``ru_maxrss``, not inherited from the
-    parent across fork + exec)."""
-    try:
-        for line in Path("/proc/self/status").read_text().splitlines():
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) / 1024
-    except OSError:
-        pass
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
 def _row_in_process(*args: Any) -> dict[str, Any]:

@@ -10,6 +10,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from ..data.world import WorldSpec, generate_world
+from .runner import Report
 
 
 @dataclass
@@ -50,3 +51,16 @@ def format_markdown(result: dict) -> str:
             "|---:|---:|---:|---:|---:|---:|---:|\n"
             f"| {r['n_items']:,} | {r['n_captions']:,} | {len(r['languages'])} | {r['workers']} | {r['seconds']} | "
             f"{r['items_per_s']:,} | {r['disk_mb']} |\n")
+
+
+def write_report(result: dict, json_path: Path) -> str:
+    """The JSON and its one-row table beside it (``.md``); returns a line saying what was generated."""
+    from ..report import write_json_and_markdown
+
+    r = result
+    write_json_and_markdown(r, json_path, format_markdown(r))
+    return (f"{r['n_items']} items ({r['n_captions']} captions, {len(r['languages'])} languages) "
+            f"in {r['seconds']} s = {r['items_per_s']} items/s, {r['disk_mb']} MB")
+
+
+REPORT = Report(write_report)

@@ -5,7 +5,6 @@ models it loads are its own (the cost table). The training itself is :mod:`nobac
 from __future__ import annotations
 
 import json
-import resource
 import shutil
 import sys
 import time
@@ -15,14 +14,10 @@ import numpy as np
 
 from ..compat.xbt import Stage1Config, XBTConfig
 from ..config import from_dict, to_dict
+from ..memory import peak_rss_mb
 
 
 # ----------------------------------------------------------------------------- child jobs
-def _peak_rss_mb() -> float:
-    r = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    return r / 1024.0 if sys.platform != "darwin" else r / 2**20
-
-
 def _world_spec(d: dict):
     from ..data.world import WorldSpec
 
@@ -55,7 +50,7 @@ def run_job(job: dict) -> dict:
 
     torch.set_num_threads(int(job["threads"]))
     t_start = time.time()
-    rss0 = _peak_rss_mb()
+    rss0 = peak_rss_mb()
     loaded: list[str] = []
 
     def load(path):
@@ -97,14 +92,14 @@ def run_job(job: dict) -> dict:
             up, tr = train_direct(new, old, pairs, job["mode"], cfg, out)
         res.update(train_seconds=time.time() - t0, loop_seconds=tr.seconds, last_loss=tr.last_loss,
                    n_pairs=len(pairs))
-        res["peak_rss_mb_train"] = _peak_rss_mb()
+        res["peak_rss_mb_train"] = peak_rss_mb()
         eval_dir = Path(job["eval_dir"])
         on = encode_eval(up, eval_dir)
         with up.switched(False):
             off = encode_eval(up, eval_dir)
         np.savez(out / "eval_embeddings.npz", **{f"on_{k}": v for k, v in on.items()},
                  **{f"off_{k}": v for k, v in off.items()})
-    res.setdefault("peak_rss_mb_train", _peak_rss_mb())
+    res.setdefault("peak_rss_mb_train", peak_rss_mb())
     res.update(peak_rss_mb_start=rss0, loaded_models=loaded, total_seconds=time.time() - t_start)
     (out / "job.json").write_text(json.dumps(res, indent=2))
     return res

@@ -8,6 +8,8 @@ from pathlib import Path
 
 import numpy as np
 
+from .runner import Report
+
 MAIN_ROWS = ["old_old", "new_new", "new_old_raw", "phi_text_only", "xbt", "direct_full", "direct_lora",
              "direct_base", "procrustes", "slerp"]
 LABELS = {"old_old": "old/old", "new_new": "new/new (upgrade off)", "new_old_raw": "raw new/old",
@@ -150,3 +152,8 @@ def _sweep_plot(result: dict):
     ax.legend(fontsize=7)
     fig.tight_layout()
     return fig
+
+
+#: ``bench xbt``'s report as the command shows it: :func:`~nobackfill.bench.xbt.run_xbt_bench` has
+#: already written the JSON, the tables (``.md``) and the page (``.html``), as its jobs write under it
+REPORT = Report(lambda result, _json_path: format_xbt_tables(result), (".md", ".html"))

@@ -42,6 +42,7 @@ import numpy as np
 import torch
 
 from ..compat.text_upgrade import DEFAULT_OLD_MODEL, TextXBTConfig, XBTTextConfig
+from .runner import Report
 
 ROWS = ("old_old", "new_new", "phi_stage1_new_old", "xbt_new_old")
 KS = (1, 5, 10)
@@ -155,5 +156,8 @@ def write_outputs(result: dict, json_path: str | Path | None) -> str:
     return md
 
 
-__all__ = ["run_xbt_text", "XBTTextConfig", "TextXBTConfig", "format_markdown", "write_outputs", "load_val",
+#: the JSON and its table beside it (``.md``), shown
+REPORT = Report(write_outputs)
+
+__all__ = ["REPORT", "run_xbt_text", "XBTTextConfig", "TextXBTConfig", "format_markdown", "write_outputs", "load_val",
            "caption_recall", "ROWS"]

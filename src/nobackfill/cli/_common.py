@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any, Callable, List, NoReturn, Optional, TypeVar
+from typing import Any, List, NoReturn, Optional, TypeVar
 
 import typer
 from rich.console import Console
@@ -191,21 +191,3 @@ def normalise_json_args(args: list[str]) -> list[str]:
 def langs_option() -> Any:
     return typer.Option("", help="Comma-separated caption languages, e.g. en,de (default: every language in the "
                                  "data; the same default in every command).")
-
-
-def run_bench(run: Callable[[Callable[[str], None]], dict], json_out: Path, markdown: Callable[[dict], str],
-              as_json: bool) -> dict:
-    """The tail every benchmark command shares: ``run(log)`` (a user error ends the command with
-    its message), the JSON and its markdown table written (``.md`` beside the JSON), where they
-    went said, and the result printed as JSON with ``--json``."""
-    from ..report import write_json_and_markdown
-
-    echo = quiet(as_json)
-    try:
-        result = run(lambda m: console.print(m))
-    except user_errors() as e:
-        fail(str(e))
-    echo(write_json_and_markdown(result, json_out, markdown(result)))
-    console.print(f"wrote {json_out} (+ .md) in {result['seconds']:.0f}s")
-    emit_json(result, as_json)
-    return result

@@ -1,16 +1,33 @@
 """``nobackfill bench ...``: the benchmarks of the system (each writes JSON and a table or plot); the
-methods' benchmarks live beside their commands (compat, late, lingual, reco)."""
+methods' benchmarks live beside their commands (compat, late, lingual, reco). A command parses its
+arguments into its benchmark's config and hands it, with the benchmark's ``run`` and ``report``, to
+:func:`nobackfill.bench.runner.run_bench` (through :func:`_bench`)."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
-from typing import List, Optional
+from typing import TYPE_CHECKING, Any, Callable, List, Optional
 
 import typer
 
 from ._common import (config_option, console, emit_json, fail, json_flag, multi30k_default, quiet, resolve_config,
-                      run_bench, set_option, show_config_option, user_errors, write_json)
+                      set_option, show_config_option, user_errors)
+
+if TYPE_CHECKING:
+    from ..bench.runner import Report
+
+
+def _bench(cfg: Any, run: Callable[[Any, Callable[[str], None]], Any], report: "Report", json_out: Path, as_json: bool,
+           errors: tuple[type[BaseException], ...] = ()) -> None:
+    """:func:`nobackfill.bench.runner.run_bench` on the console: a user error (or one of ``errors``)
+    ends the command with its one line; ``--json`` prints the result instead of the table."""
+    from ..bench.runner import run_bench
+
+    try:
+        result = run_bench(cfg, run, report, out=json_out, log=lambda m: console.print(m), echo=quiet(as_json))
+    except (*user_errors(), *errors) as e:
+        fail(str(e))
+    emit_json(result, as_json)
 
 
 def bench_encode(
@@ -26,29 +43,13 @@ def bench_encode(
     show_config: bool = show_config_option(),
 ) -> None:
     """Encoding throughput of each preset: ours vs a plain transformers loop (images/s, texts/s)."""
-    echo = quiet(as_json)
-    from ..bench.encode import EncodeBenchConfig, format_encode_table, run_encode_bench, write_report
+    from ..bench.encode import EncodeBenchConfig, run_encode_config
+    from ..bench.encode_report import REPORT
 
     cfg = resolve_config(EncodeBenchConfig, None, config, set_, show=show_config, flags={
         "n_images": n_images, "n_texts": n_texts, "threads": threads, "minilm": minilm})
+    _bench(cfg, lambda c, _log: run_encode_config(c, models), REPORT, json_out, as_json)
 
-    def is_clip(p: Path) -> bool:  # text-only models (e.g. m30k-old-text) have no image tower to time
-        try:
-            return json.loads((p / "config.json").read_text()).get("model_type") == "clip"
-        except (OSError, ValueError):
-            return False
-
-    dirs = {p.name: p for p in sorted(models.iterdir()) if is_clip(p)} if models.is_dir() else {}
-    if not dirs:
-        fail(f"{models}: no model directories found")
-    result = run_encode_bench(dirs, n_images=cfg.n_images, n_texts=cfg.n_texts, batch_size=cfg.batch_size,
-                              threads=cfg.threads, seed=cfg.seed, repeats=cfg.repeats,
-                              minilm="pretrained" if cfg.minilm else None)
-    write_report(result, json_out.parent)
-    if json_out.name != "encode.json":
-        write_json(json_out, result)
-    echo(format_encode_table(result))
-    emit_json(result, as_json)
 
 def bench_world(
     n: Optional[int] = typer.Option(None, help="Items (images) to generate (default 50000)."),
@@ -60,16 +61,11 @@ def bench_world(
     show_config: bool = show_config_option(),
 ) -> None:
     """World generation throughput (items/s) into a scratch folder; a .md table beside the JSON."""
-    echo = quiet(as_json)
-    from ..bench.world import WorldBenchConfig, format_markdown, run_world_bench
+    from ..bench.world import REPORT, WorldBenchConfig, run_world_bench
 
     cfg = resolve_config(WorldBenchConfig, None, config, set_, show=show_config, flags={"n": n, "workers": workers})
-    result = run_world_bench(cfg.n, workers=cfg.workers, seed=cfg.seed)
-    echo(f"{result['n_items']} items ({result['n_captions']} captions, {len(result['languages'])} languages) "
-               f"in {result['seconds']} s = {result['items_per_s']} items/s, {result['disk_mb']} MB")
-    write_json(json_out, result)
-    json_out.with_suffix(".md").write_text(format_markdown(result))
-    emit_json(result, as_json)
+    _bench(cfg, lambda c, _log: run_world_bench(c.n, workers=c.workers, seed=c.seed), REPORT, json_out, as_json)
+
 
 def bench_xbt(
     quick: bool = typer.Option(False, help="Under 10 minutes on 2 cores: 1 seed, fewer steps, sweep 1k/4k."),
@@ -88,24 +84,16 @@ def bench_xbt(
     as_json: bool = json_flag(),
 ) -> None:
     """XBT vs its baselines and training-free bridges on the world (tables, sweep, cost, matrix)."""
-    echo = quiet(as_json)
     from ..bench.xbt import XBTBenchConfig, run_xbt_bench
-    from ..bench.xbt_report import format_xbt_tables
+    from ..bench.xbt_report import REPORT
 
     kw = {"split": split, "n_eval": n_eval, "threads": threads, "continual": continual}
-    if seeds is not None:
-        kw["seeds"] = seeds
-    if n_pairs is not None:
-        kw["n_pairs"] = n_pairs
+    kw.update({k: v for k, v in (("seeds", seeds), ("n_pairs", n_pairs)) if v is not None})
     cfg = resolve_config(XBTBenchConfig, XBTBenchConfig.quick_preset(**kw) if quick else XBTBenchConfig.full(**kw),
                          config, set_, show=show_config)
-    try:
-        result = run_xbt_bench(models, world, json_out, cfg, log=lambda m: console.print(m))
-    except (ValueError, FileNotFoundError, RuntimeError) as e:
-        fail(str(e))
-    echo(format_xbt_tables(result))
-    console.print(f"wrote {json_out} (+ .md, .html) in {result['seconds']:.0f}s")
-    emit_json(result, as_json)
+    _bench(cfg, lambda c, log: run_xbt_bench(models, world, json_out, c, log=log), REPORT, json_out, as_json,
+           errors=(RuntimeError,))
+
 
 def bench_xbt_text(
     data: Optional[Path] = typer.Option(None, help="Multi30K root (default: data/multi30k under $NOBACKFILL_SHARED)."),
@@ -130,22 +118,17 @@ def bench_xbt_text(
 ) -> None:
     """XBT on real text: Multi30K caption-to-caption retrieval with an old small text model and MiniLM
     (rows old_old, new_new, phi_stage1_new_old, xbt_new_old; R@1/5/10 on val)."""
-    echo = quiet(as_json)
-    from ..bench.xbt_text import XBTTextConfig, run_xbt_text, write_outputs
+    from ..bench.xbt_text import REPORT, XBTTextConfig, run_xbt_text
 
     base = XBTTextConfig.quick(seed=seed, threads=threads) if quick else XBTTextConfig(seed=seed, threads=threads)
     cfg = resolve_config(XBTTextConfig, base, config, set_, show=show_config, flags={
         "stage1": {"steps": stage1_steps},
         "xbt": {"steps": xbt_steps, "eval_every": min(base.xbt.loop.eval_every, xbt_steps) if xbt_steps else None}})
-    try:
-        result = run_xbt_text(data or multi30k_default(), eval_dir=eval_dir, quick=quick, old_model=old_model,
-                              new_model=new_model, cache_dir=cache_dir, work_dir=work_dir, config=cfg,
-                              save_upgrade=save_upgrade, log=lambda m: console.print(m))
-    except (ValueError, FileNotFoundError) as e:
-        fail(str(e))
-    echo(write_outputs(result, json_out))
-    console.print(f"wrote {json_out}")
-    emit_json(result, as_json)
+    _bench(cfg, lambda c, log: run_xbt_text(data or multi30k_default(), eval_dir=eval_dir, quick=quick,
+                                            old_model=old_model, new_model=new_model, cache_dir=cache_dir,
+                                            work_dir=work_dir, config=c, save_upgrade=save_upgrade, log=log),
+           REPORT, json_out, as_json)
+
 
 def bench_routes(
     quick: bool = typer.Option(False, help="Calibrate on half the world val split and 500 Multi30K train pairs."),
@@ -166,12 +149,14 @@ def bench_routes(
     on a calibration split), new/new on the world (t2i, i2t) and on Multi30K (caption 1 -> 2); merges
     and negative flips."""
     from ..bench.routes import RoutesBenchConfig, format_markdown, run_routes_bench
+    from ..bench.runner import markdown_report
 
     kw = dict(models=models, world=world, text_old=models / "m30k-old-text", multi30k=data, eval_dir=eval_dir,
               work=work, parts=tuple(p.strip() for p in parts.split(",") if p.strip()))
     cfg = resolve_config(RoutesBenchConfig, RoutesBenchConfig.quick(**kw) if quick else RoutesBenchConfig(**kw),
                          config, set_, show=show_config)
-    run_bench(lambda log: run_routes_bench(cfg, log=log), json_out, format_markdown, as_json)
+    _bench(cfg, lambda c, log: run_routes_bench(c, log=log), markdown_report(format_markdown), json_out, as_json)
+
 
 def bench_backfill(
     quick: bool = typer.Option(False, help="Calibrate on half the val split."),
@@ -190,8 +175,7 @@ def bench_backfill(
 ) -> None:
     """R@1 while backfilling 0 -> 100 % for every order x merge (AUC, no-regret check, flips), and the
     cost of an upgrade and of a full backfill."""
-    echo = quiet(as_json)
-    from ..bench.backfill import BackfillBenchConfig, run_backfill_bench, write_report
+    from ..bench.backfill import REPORT, BackfillBenchConfig, run_backfill_bench
 
     kw = dict(models=models, world=world, work=work, orders=tuple(o for o in orders.split(",") if o),
               cost_sizes=tuple(int(x) for x in cost_sizes.split(",") if x.strip()))
@@ -199,13 +183,8 @@ def bench_backfill(
         kw["extrapolate"] = ()
     cfg = resolve_config(BackfillBenchConfig, BackfillBenchConfig.quick(**kw) if quick else BackfillBenchConfig(**kw),
                          config, set_, show=show_config)
-    try:
-        result = run_backfill_bench(cfg, log=lambda m: console.print(m))
-    except user_errors() as e:
-        fail(str(e))
-    echo(write_report(result, json_out))
-    console.print(f"wrote {json_out} (+ .md, .png, .html) in {result['seconds']:.0f}s")
-    emit_json(result, as_json)
+    _bench(cfg, lambda c, log: run_backfill_bench(c, log=log), REPORT, json_out, as_json)
+
 
 def bench_store(
     quick: bool = typer.Option(False, help="N = 100k (full: 1M), 20k real MiniLM captions (full: 145k)."),
@@ -227,6 +206,7 @@ def bench_store(
     """Storage backends at scale: ingest, build, search latency (batch 1 / 64), recall@10 against exact
     search, peak RSS, for real MiniLM, world and random vectors; a two-space search against one."""
     from ..bench.store import StoreBenchConfig, format_markdown, run_store_bench
+    from ..bench.runner import markdown_report
 
     kw: dict = dict(datasets=tuple(d for d in datasets.split(",") if d), world=world, models=models,
                     cache_dir=cache_dir, work=work)
@@ -236,7 +216,8 @@ def bench_store(
         kw["n"] = n
     cfg = resolve_config(StoreBenchConfig, StoreBenchConfig.quick(**kw) if quick else StoreBenchConfig(**kw),
                          config, set_, show=show_config)
-    run_bench(lambda log: run_store_bench(cfg, log=log, server=server), json_out, format_markdown, as_json)
+    _bench(cfg, lambda c, log: run_store_bench(c, log=log, server=server), markdown_report(format_markdown), json_out, as_json)
+
 
 def bench_serve(
     quick: bool = typer.Option(False, help="2,000 requests and 20 fault trials (full: 2,400 and 24)."),
@@ -253,11 +234,13 @@ def bench_serve(
     """The service on 127.0.0.1 under a bounded load during a backfill, SIGKILL fault trials, and every
     class of bad input."""
     from ..bench.serve import ServeBenchConfig, format_markdown, run_serve_bench
+    from ..bench.runner import markdown_report
 
     kw = dict(concurrency=concurrency, world=world, models=models, work=work)
     cfg = resolve_config(ServeBenchConfig, ServeBenchConfig.quick(**kw) if quick else ServeBenchConfig(**kw),
                          config, set_, show=show_config)
-    run_bench(lambda log: run_serve_bench(cfg, log=log), json_out, format_markdown, as_json)
+    _bench(cfg, lambda c, log: run_serve_bench(c, log=log), markdown_report(format_markdown), json_out, as_json)
+
 
 def bench_scale(
     quick: bool = typer.Option(False, help="N = 100k only (full: 100k and 1M)."),
@@ -277,6 +260,7 @@ def bench_scale(
     raw index, memory, disk, search during a backfill, filtered search, cold CLI commands; Chroma and LanceDB
     beside it where installed."""
     from ..bench.scale import ScaleBenchConfig, format_markdown, run_scale_bench
+    from ..bench.runner import markdown_report
 
     kw: dict = dict(model=model, work=work, shared=shared)
     if sizes:
@@ -285,7 +269,8 @@ def bench_scale(
         kw["indexes"] = tuple(i for i in indexes.split(",") if i)
     cfg = resolve_config(ScaleBenchConfig, ScaleBenchConfig.quick(**kw) if quick else ScaleBenchConfig(**kw),
                          config, set_, show=show_config)
-    run_bench(lambda log: run_scale_bench(cfg, log=log), json_out, format_markdown, as_json)
+    _bench(cfg, lambda c, log: run_scale_bench(c, log=log), markdown_report(format_markdown), json_out, as_json)
+
 
 def bench_import(
     quick: bool = typer.Option(False, help="N = 100k only (full: 100k and 1M), a 300-image world, 20 trials per case "
@@ -311,10 +296,78 @@ def bench_import(
     (t2i, i2t, t2t), import rows/s and peak RSS, and model-check trials with the right and wrong models
     declared."""
     from ..bench.importing import ImportBenchConfig, format_markdown, run_import_bench
+    from ..bench.runner import markdown_report
 
     kw: dict = dict(world=world, models=models, multi30k=data, work=work, shared=shared)
     if sizes:
         kw["sizes"] = tuple(int(s) for s in sizes.split(",") if s)
     cfg = resolve_config(ImportBenchConfig, ImportBenchConfig.quick(**kw) if quick else ImportBenchConfig(**kw),
                          config, set_, show=show_config)
-    run_bench(lambda log: run_import_bench(cfg, log=log), json_out, format_markdown, as_json)
+    _bench(cfg, lambda c, log: run_import_bench(c, log=log), markdown_report(format_markdown), json_out, as_json)
+
+
+def bench_lingual_lambda(
+    data: str = typer.Option("data/world", help="World root, or the Multi30K root (then --model minilm)."),
+    model: str = typer.Option("models/world-new", help="The model whose tokenizer is the base vocabulary."),
+    langs: str = typer.Option("de,fr,es,ru,el,zh", help="Languages in task order."),
+    vocab_size: Optional[int] = typer.Option(None, help="Task vocabulary size (default: the bench's, world 1000, "
+                                                        "text 10000)."),
+    train_images: Optional[int] = typer.Option(None, help="World: training images (default 5000)."),
+    train_lines: Optional[int] = typer.Option(None, help="Multi30K: lines trained on (default 3840; quick: 60 x 64)."),
+    json_out: Path = typer.Option(Path("runs/bench/lingual_lambda.json"), "--out", help="JSON output (the rows)."),
+    config: Optional[Path] = config_option(),
+    set_: Optional[List[str]] = set_option(),
+    show_config: bool = show_config_option(),
+    as_json: bool = json_flag(),
+) -> None:
+    """Where each language's training tokens land under TEIR (Eq. 6): shares of token occurrences on
+    rows with lambda = 0, overlap and lambda = 1, and the mean lambda, per language."""
+    from ..bench.lingual_lambda import REPORT, LingualLambdaConfig, lambda_usage
+
+    cfg = resolve_config(LingualLambdaConfig, None, config, set_, show=show_config, flags={
+        "data": data, "model": model, "langs": tuple(x for x in langs.split(",") if x), "vocab_size": vocab_size,
+        "train_images": train_images, "train_lines": train_lines})
+    _bench(cfg, lambda c, _log: lambda_usage(c), REPORT, json_out, as_json)
+
+
+def bench_merged(
+    repeats: Optional[int] = typer.Option(None, help="Timed text queries per encoder (default 200)."),
+    world: Path = typer.Option(Path("data/world"), help="World root (its val captions and images are compared)."),
+    models: Path = typer.Option(Path("models"), help="Folder with world-new."),
+    upgrades: Path = typer.Option(Path("upgrades"), help="Folder with world-old-to-new and m30k-old-text-to-minilm."),
+    json_out: Path = typer.Option(Path("runs/bench/merged.json"), "--out", help="JSON output (a .md table beside it)."),
+    config: Optional[Path] = config_option(),
+    set_: Optional[List[str]] = set_option(),
+    show_config: bool = show_config_option(),
+    as_json: bool = json_flag(),
+) -> None:
+    """An upgrade's adapters merged into the weights (what the Searcher serves) against the switchable
+    upgrade: equal outputs, and the time of one text query (1 thread)."""
+    from ..bench.merged import MergedBenchConfig, format_markdown, run_merged_bench
+    from ..bench.runner import markdown_report
+
+    cfg = resolve_config(MergedBenchConfig, MergedBenchConfig(world=world, models=models, upgrades=upgrades), config,
+                         set_, show=show_config, flags={"repeats": repeats})
+    _bench(cfg, lambda c, _log: run_merged_bench(c), markdown_report(format_markdown), json_out, as_json)
+
+
+def bench_tables(
+    check: bool = typer.Option(False, "--check", help="Exit 1 if a page's tables are out of date (write nothing)."),
+    results: Optional[Path] = typer.Option(None, help="The benchmark outputs (default: benchmarks/results)."),
+    config: Optional[Path] = config_option(),
+    set_: Optional[List[str]] = set_option(),
+    show_config: bool = show_config_option(),
+) -> None:
+    """Refresh the result tables of the README and docs/*.md from the committed benchmark outputs
+    (each <!-- results:NAME --> block is benchmarks/results/NAME.md)."""
+    from ..bench.tables import TablesConfig, refresh_documents
+
+    cfg = resolve_config(TablesConfig, None, config, set_, show=show_config, flags={"check": check or None,
+                                                                                   "results": results})
+    try:
+        stale = refresh_documents(cfg, log=typer.echo)
+    except FileNotFoundError as e:
+        fail(str(e))
+    if cfg.check and stale:
+        typer.echo("out of date: " + ", ".join(str(p) for p in stale))
+        raise typer.Exit(1)

@@ -1,6 +1,6 @@
-"""How ``bench reco`` scores a RECO model (seed 002): zero-shot on every label set with the base
-or refined class vectors, which attributes a prediction gets right, and retrieval with refined
-queries against the original gallery (``queries_only``) or both sides refined (``both``)."""
+"""How a RECO model (seed 002) is scored, as ``bench reco`` reports it: zero-shot on every label set
+with the base or refined class vectors, which attributes a prediction gets right, and retrieval with
+refined queries against the original gallery (``queries_only``) or both sides refined (``both``)."""
 
 from __future__ import annotations
 
