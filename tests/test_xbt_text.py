@@ -22,7 +22,8 @@ from nobackfill.compat import text_upgrade
 from nobackfill.compat.adapters import AdapterConfig, Adapters, detect_architecture, trainable_names
 from nobackfill.compat.phi import Projection
 from nobackfill.compat.text_upgrade import TextXBTConfig, XBTTextConfig
-from nobackfill.compat.upgrade import TextUpgradedEncoder, load_upgrade, new_upgraded_encoder, query_side
+from nobackfill.compat.upgrade import TextUpgradedEncoder, load_upgrade, new_upgraded_encoder
+from nobackfill.search.searcher import query_side_for
 from nobackfill.compat.xbt import LOG_LOGIT_SCALE, Stage1Config
 from nobackfill.index.store import SpaceMismatchError
 from nobackfill.encoders.minilm import MiniLMTextEncoder
@@ -221,9 +222,11 @@ def test_xbt_text_upgrade_round_trip_on_off_and_refusals(world, tmp_path):
     # another model: refused, naming the upgrade directory
     with pytest.raises(SpaceMismatchError, match=re.escape(str(tmp_path / "up"))):
         u.apply(MiniLMTextEncoder.load(world["old"]))
-    # query_side resolves it like the CLIP upgrades
-    enc, bridge = query_side(MiniLMTextEncoder.load(world["new"]), [u], "old-text-space")
-    assert bridge is None and enc.space_id == "old-text-space" and np.array_equal(enc.encode_texts(texts), on)
+    # the query pipeline resolves it like the CLIP upgrades
+    side = query_side_for(MiniLMTextEncoder.load(world["new"]), "old-text-space", bridges=[tmp_path / "up"],
+                          direction="t2t")
+    assert side.bridge is None and side.bridged.space_id == "old-text-space"
+    assert np.allclose(side.embed("text", texts), on, atol=1e-5)
 
 
 class _CountingEncoder:

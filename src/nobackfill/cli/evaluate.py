@@ -103,38 +103,20 @@ def eval_compat(
     """Backward compatibility of an upgraded new model with an old gallery: old/old, new/new (upgrade
     off), raw new/old, upgraded new/old R@1/5/10, gap closure, Eq. 1 criterion rates, on/off check."""
     echo = quiet(as_json)
-    from ..compat.upgrade import load_upgrade, query_side
     from ..encoders import load_encoder
-    from ..evaluate import Embedded, cross_flips, cross_retrieval, embed_dataset, load_eval_data
-    from ..metrics.compat import cross_modal_criterion
+    from ..evaluate import load_eval_data
     from ..report import recall_table_rows, text_table
+    from ..search.compat_report import LABELS, compat_report
 
     try:
         ds = load_eval_data(data, split, langs=[x for x in langs.split(",") if x])
-        o, n = load_encoder(old), load_encoder(new)
-        eo, en = embed_dataset(o, ds, progress=True), embed_dataset(n, ds, progress=True)
-        ups = [load_upgrade(b) for b in bridge]
-        enc, br = query_side(n, ups, o.space_id)
-        eu = embed_dataset(enc, ds, progress=True)
-        if br is not None:
-            eu = Embedded(br.target, br(eu.images), br(eu.texts))
-        onoff = None
-        if hasattr(enc, "switched"):
-            with enc.switched(False):
-                off = embed_dataset(enc, ds)
-            onoff = float(max(abs(off.images - en.images).max(), abs(off.texts - en.texts).max()))
+        result = compat_report(load_encoder(old), load_encoder(new), ds, bridges=bridge, strict=strict,
+                               n_unpaired=n_unpaired, progress=True)
     except (ValueError, FileNotFoundError) as e:
         fail(str(e))
-    c2i = ds.caption_image
-    rows = {"old_old": cross_retrieval(eo, eo, c2i), "new_new": cross_retrieval(en, en, c2i),
-            "new_old_raw": cross_retrieval(en, eo, c2i), "upgraded_new_old": cross_retrieval(eu, eo, c2i)}
-    gap = {d: ((rows["upgraded_new_old"][d]["R@1"] - rows["old_old"][d]["R@1"])
-               / (rows["new_new"][d]["R@1"] - rows["old_old"][d]["R@1"]))
-           if rows["new_new"][d]["R@1"] != rows["old_old"][d]["R@1"] else None for d in ("t2i", "i2t")}
-    flips = cross_flips({"old_old": (eo, eo), "new_new": (en, en), "upgraded_new_old": (eu, eo)}, "old_old", c2i)
-    crit = cross_modal_criterion(eu.texts, eu.images, eo.texts, eo.images, c2i, n_unpaired=n_unpaired, strict=strict)
-    labels = {"old_old": "old/old", "new_new": "new/new (off)", "new_old_raw": "raw new/old",
-              "upgraded_new_old": "upgraded new/old"}
+    rows, gap, crit, flips, onoff = (result[k] for k in ("rows", "gap_closure", "criterion", "flips",
+                                                         "onoff_max_abs_diff"))
+    labels = LABELS
     echo(text_table(*recall_table_rows({labels[k]: v for k, v in rows.items()})))
     echo("gap closure: " + ", ".join(f"{d} {v:.2f}" if v is not None else f"{d} -" for d, v in gap.items()))
     for case, r in crit.items():
@@ -144,8 +126,5 @@ def eval_compat(
             f"{d} NFR {100 * v['NFR']:.1f}% PFR {100 * v['PFR']:.1f}%" for d, v in f.items()))
     if onoff is not None:
         echo(f"upgrade off vs original new model: max abs diff {onoff}")
-    result = {"rows": rows, "gap_closure": gap, "criterion": crit, "flips": flips, "onoff_max_abs_diff": onoff,
-              "strict": strict, "n_images": len(ds), "n_captions": len(ds.captions),
-              "bridges": [str(b) for b in bridge], "spaces": {"old": o.space_id, "new": n.space_id}}
     write_json(json_out, result)
     emit_json(result, as_json)

@@ -28,7 +28,7 @@ _EXPORTS = {
     "SlerpBridge": "bridges", "procrustes": "bridges", "slerp": "bridges",
     "Projection": "phi", "random_projection": "phi",
     "Upgrade": "upgrade", "UpgradedEncoder": "upgrade", "TextUpgradedEncoder": "upgrade",
-    "load_upgrade": "upgrade", "query_side": "upgrade",
+    "load_upgrade": "upgrade",
     "TextUpgradeTrainer": "text_upgrade", "XBTTextConfig": "text_upgrade", "TextXBTConfig": "text_upgrade",
     "train_text_upgrade": "text_upgrade",
 }

@@ -28,12 +28,14 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterable, Sequence
+from typing import Callable, Iterable, Sequence, TypeVar
 
 import numpy as np
 
 from ..encoders.base import DualEncoder, l2_normalise
 from ..index.store import SpaceMismatchError
+
+T = TypeVar("T")
 
 
 class NoBridgeError(SpaceMismatchError):
@@ -225,6 +227,32 @@ class ComposedBridge(VectorBridge):
 
 
 # ----------------------------------------------------------------------------- registry
+def shortest_chain(edges: Callable[[str], Iterable[tuple[str, T]]], start: str, target: str) -> list[T] | None:
+    """The labels of a shortest path ``start -> target`` in a graph of spaces (breadth first;
+    ``edges(space)`` gives ``(next space, label)`` pairs), [] when they are equal, None when no
+    path exists. The one chain search of bridges and of a collection's registered upgrades."""
+    if start == target:
+        return []
+    prev: dict[str, tuple[str, T]] = {}
+    seen, queue = {start}, deque([start])
+    while queue:
+        s = queue.popleft()
+        for nxt, label in edges(s):
+            if nxt in seen:
+                continue
+            prev[nxt] = (s, label)
+            if nxt == target:
+                chain, node = [], target
+                while node != start:
+                    node, lab = prev[node]
+                    chain.append(lab)
+                return chain[::-1]
+            seen.add(nxt)
+            queue.append(nxt)
+    return None
+
+
+
 @dataclass
 class SpaceInfo:
     space_id: str
@@ -270,24 +298,9 @@ class BridgeRegistry:
 
     def path(self, source: str, target: str) -> list:
         """The shortest bridge chain ``source -> target`` ([] if equal); :class:`NoBridgeError`."""
-        if source == target:
-            return []
-        prev: dict[str, tuple[str, object]] = {}
-        seen, queue = {source}, deque([source])
-        while queue:
-            s = queue.popleft()
-            for b in self._out.get(s, []):
-                if b.target in seen:
-                    continue
-                prev[b.target] = (s, b)
-                if b.target == target:
-                    chain, node = [], target
-                    while node != source:
-                        node, br = prev[node][0], prev[node][1]
-                        chain.append(br)
-                    return chain[::-1]
-                seen.add(b.target)
-                queue.append(b.target)
+        chain = shortest_chain(lambda s: [(b.target, b) for b in self._out.get(s, [])], source, target)
+        if chain is not None:
+            return chain
         raise NoBridgeError(source, target, [f"{b.source}->{b.target}" for b in self.bridges()])
 
     def resolve(self, source: str, target: str):

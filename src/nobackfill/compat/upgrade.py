@@ -20,8 +20,9 @@ baselines), ``phi`` (stage 1 only, Eq. 3: a vector bridge) and ``procrustes`` (a
 
 ``load_upgrade(dir)`` reads one; ``upgrade.apply(new_encoder)`` gives an :class:`UpgradedEncoder`
 that embeds the new model's inputs into the target (old) space, and ``enabled = False`` gives
-back the original new model bit for bit. Vector kinds give a bridge (``upgrade.bridge()``) for
-:meth:`nobackfill.index.Gallery.search`. :func:`query_side` hides the difference.
+back the original new model bit for bit. Vector kinds give a bridge (``upgrade.bridge()``) applied
+to the new model's vectors. The query pipeline (:func:`nobackfill.search.searcher.query_side_for`,
+the searcher's routes) hides the difference.
 """
 
 from __future__ import annotations
@@ -410,20 +411,3 @@ def new_upgraded_encoder(new, phi: Projection, target: dict, adapter_cfg: Adapte
                                  off_space=sid if adapters is not None else None,
                                  upgrade_kind=kind, meta={"source": space_info(new, sid), "target": target})
 
-
-def query_side(encoder: DualEncoder, upgrades: Sequence[Upgrade], gallery_space: str):
-    """``(query_encoder, bridge_or_None)`` that turn ``encoder``'s queries into ``gallery_space``
-    vectors through ``upgrades`` (at most one encoder upgrade, applied first; then vector
-    bridges, composed along the shortest registered chain). Refuses with a
-    :class:`~nobackfill.index.store.SpaceMismatchError` when no chain connects them."""
-    from .bridges import BridgeRegistry
-
-    enc_ups = [u for u in upgrades if not u.is_bridge]
-    if len(enc_ups) > 1:
-        raise ValueError("at most one encoder upgrade (xbt / xbt-text / direct-*) can be applied to a model")
-    if enc_ups:
-        encoder = enc_ups[0].apply(encoder)
-    if encoder.space_id == gallery_space:
-        return encoder, None
-    reg = BridgeRegistry.from_bridges(u.bridge() for u in upgrades if u.is_bridge)
-    return encoder, reg.resolve(encoder.space_id, gallery_space)

@@ -13,7 +13,7 @@ import abc
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Sequence, Union
+from typing import TYPE_CHECKING, Any, Sequence, Union
 
 import numpy as np
 from PIL import Image
@@ -84,3 +84,17 @@ def l2_normalise(x: np.ndarray | torch.Tensor, eps: float = 1e-12):
         return torch.nn.functional.normalize(x, dim=-1, eps=eps)
     n = np.linalg.norm(x, axis=-1, keepdims=True)
     return (x / np.maximum(n, eps)).astype(np.float32)
+
+
+def encode(encoder: Any, modality: str, inputs: Sequence[Any], *, progress: bool = False) -> np.ndarray:
+    """``inputs`` of one ``modality`` embedded by ``encoder``, as float32 rows: texts, or images
+    (paths, given as ``str`` or ``Path``, or PIL images). The one encode-by-modality step of the
+    searcher's query pipeline, adding items and the backfill."""
+    rows = inputs if type(inputs) is list else list(inputs)
+    kw = {"progress": True} if progress else {}
+    if modality == "image":
+        rows = [Path(p) if isinstance(p, str) else p for p in rows]
+        return np.asarray(encoder.encode_images(rows, **kw), np.float32)
+    if modality == "text":
+        return np.asarray(encoder.encode_texts(rows, **kw), np.float32)
+    raise ValueError(f"modality must be 'image' or 'text', got {modality!r}")

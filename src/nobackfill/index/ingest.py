@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any, Callable, Sequence
 import numpy as np
 
 from ..data.folder import CAPTIONS_FILE, DataFormatError, image_problem, load_pairs
+from ..encoders.base import encode
 from ..progress import progress_bar
 from .collection import Collection, Item, vector_key
 from .store import MODALITIES, DuplicateIdError, SpaceMismatchError, file_sha256
@@ -228,12 +229,6 @@ class AddReport:
                 "recovered": self.recovered, "skipped": self.skipped}
 
 
-def _encode(encoder: "DualEncoder", modality: str, payloads: list[str]) -> np.ndarray:
-    if modality == "image":
-        return encoder.encode_images([Path(p) for p in payloads], progress=False)
-    return encoder.encode_texts(payloads, progress=False)
-
-
 def add_items(collection: Collection, encoder: "DualEncoder", items: Sequence[Item], *, chunk_size: int = 256,
               skip_bad: bool = False, progress: bool = True, wait: bool = False,
               on_commit: Callable[[int], None] | None = None,
@@ -317,12 +312,12 @@ def _embed_chunk(encoder: "DualEncoder", modality: str, chunk: list[Item], skip_
                  report: AddReport) -> tuple[list[Item], np.ndarray]:
     """Vectors of ``chunk``; an item that fails to embed is named (or skipped with ``skip_bad``)."""
     try:
-        return chunk, _encode(encoder, modality, [it.payload for it in chunk])
+        return chunk, encode(encoder, modality, [it.payload for it in chunk])
     except (OSError, ValueError, SyntaxError) as first:  # find the bad item(s): one at a time
         keep, rows = [], []
         for it in chunk:
             try:
-                rows.append(_encode(encoder, modality, [it.payload])[0])
+                rows.append(encode(encoder, modality, [it.payload])[0])
                 keep.append(it)
             except (OSError, ValueError, SyntaxError) as e:
                 why = f"cannot embed {modality} ({type(e).__name__}: {e})"

@@ -10,6 +10,7 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
+from ..encoders.base import encode
 from ..index.collection import Collection, Item
 
 ORDERS = ("sequential", "random", "uncertainty")
@@ -35,13 +36,12 @@ def _held(store: Any, items: Sequence[Item]) -> dict[str, set[str]]:
 
 # ----------------------------------------------------------------------------- orders
 def _encode(encoder: Any, items: Sequence[Item]) -> dict[str, np.ndarray]:
+    """Per modality, the vectors of ``items`` of that modality (in their order)."""
     out = {}
     for m in ("image", "text"):
-        rows = [it for it in items if it.modality == m]
+        rows = [it.payload for it in items if it.modality == m]
         if rows:
-            payload = [Path(it.payload) for it in rows] if m == "image" else [it.payload for it in rows]
-            out[m] = np.asarray(encoder.encode_images(payload) if m == "image" else encoder.encode_texts(payload),
-                                np.float32)
+            out[m] = encode(encoder, m, rows)
     return out
 
 

@@ -25,6 +25,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from ..encoders.base import encode
 from ..metrics.retrieval import group_ranks, recall_from_ranks
 from ..search.merge import DEFAULT_MERGE, MERGES, ScoreMap
 from ..search.routes import BRIDGE, DIRECTIONS, FUSED, NATIVE, OLD_MODEL, RoutePlanner
@@ -101,13 +102,7 @@ class _Embeddings:
         cache = self.cache(inputs)
         key = (id(encoder), modality)
         if key not in cache:
-            from pathlib import Path
-
-            if modality == "image":
-                cache[key] = np.asarray(encoder.encode_images([Path(p) if isinstance(p, str) else p for p in inputs]),
-                                        np.float32)
-            else:
-                cache[key] = np.asarray(encoder.encode_texts(list(inputs)), np.float32)
+            cache[key] = encode(encoder, modality, inputs)
         return cache[key]
 
 

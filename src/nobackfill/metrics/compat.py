@@ -128,6 +128,12 @@ def cross_modal_criterion(new_texts: np.ndarray, new_images: np.ndarray, old_tex
 
 
 # ----------------------------------------------------------------------------- empirical / matrix
+def gap_closure(x: float, lo: float, hi: float) -> float | None:
+    """Share of the old -> new gap a row closes: ``(x - lo) / (hi - lo)`` (``lo`` old/old, ``hi``
+    new/new, ``x`` the upgraded row); None when there is no gap."""
+    return float((x - lo) / (hi - lo)) if hi != lo else None
+
+
 def empirical_criterion(cross: float, self_old: float, strict: bool = True) -> bool:
     """Cross-test beats the old self-test: ``M(new_Q, old_G) > M(old_Q, old_G)`` (``>=`` if not strict)."""
     return bool(cross > self_old) if strict else bool(cross >= self_old)

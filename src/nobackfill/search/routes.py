@@ -18,14 +18,13 @@ Directions name the query and gallery modalities: ``t2i``, ``i2t``, ``t2t``, ``i
 
 from __future__ import annotations
 
-from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from ..encoders.base import DualEncoder
+from ..encoders.base import DualEncoder, encode
 from ..index.plan import Plan, RouteChoice, UpgradeRecord
 from ..index.store import SpaceMismatchError
 from .models import ModelPool
@@ -54,13 +53,6 @@ def direction_of(query_modality: str, gallery_modality: str) -> str:
         if pair == (query_modality, gallery_modality):
             return name
     raise ValueError(f"no direction from {query_modality!r} queries to {gallery_modality!r} items")
-
-
-def _encode(encoder: DualEncoder, modality: str, inputs: Sequence[Any]) -> np.ndarray:
-    rows = inputs if type(inputs) is list else list(inputs)
-    if modality == "image":
-        return np.asarray(encoder.encode_images(rows), np.float32)
-    return np.asarray(encoder.encode_texts(rows), np.float32)
 
 
 def _embeds(encoder: DualEncoder, modality: str) -> bool:
@@ -98,25 +90,9 @@ def find_bridge(upgrades: Sequence[UpgradeRecord], source: str, target: str) -> 
 
 
 def _vector_chain(vector: Sequence[UpgradeRecord], start: str, target: str) -> list[str] | None:
-    if start == target:
-        return []
-    prev: dict[str, tuple[str, str]] = {}
-    seen, queue = {start}, deque([start])
-    while queue:
-        s = queue.popleft()
-        for u in vector:
-            if u.source != s or u.target in seen:
-                continue
-            prev[u.target] = (s, u.path)
-            if u.target == target:
-                chain, node = [], target
-                while node != start:
-                    node, path = prev[node]
-                    chain.append(path)
-                return chain[::-1]
-            seen.add(u.target)
-            queue.append(u.target)
-    return None
+    from ..compat.bridges import shortest_chain
+
+    return shortest_chain(lambda s: [(u.target, u.path) for u in vector if u.source == s], start, target)
 
 
 # ----------------------------------------------------------------------------- query sides
@@ -164,7 +140,7 @@ class QuerySide:
         key = (id(encoder), modality)
         if cache is not None and key in cache:
             return cache[key]
-        q = _encode(encoder, modality, inputs)
+        q = encode(encoder, modality, inputs)
         if self.refine is not None:
             q = self.refine(q, modality, encoder.space_id)
         if cache is not None:

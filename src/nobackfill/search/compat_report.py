@@ -1,0 +1,69 @@
+"""The compatibility report of an upgrade: how a new model's queries, carried through its upgrades
+into an old space, search a gallery embedded by the old model. Rows old/old (today), new/new (a
+full backfill, the upgrade off), raw new/old (incompatible spaces, near chance) and upgraded
+new/old; gap closure ``(upgraded - old/old) / (new/new - old/old)`` per direction; the compatibility
+criterion of Eq. 1 (seed 000, XBT: Jang et al., "Backward-compatible Training for Cross-modal
+Retrieval"); prediction flips against old/old; and the on/off check (the upgraded model with its
+adapters off gives the original new model's vectors). Queries go through the one query pipeline
+(:func:`~nobackfill.search.searcher.query_side_for`), as the searcher's do."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Sequence
+
+import numpy as np
+
+from ..evaluate import Embedded, cross_flips, cross_retrieval, embed_dataset
+from ..metrics.compat import cross_modal_criterion, gap_closure
+
+__all__ = ["LABELS", "compat_report", "embed_through"]
+
+#: the report's rows in words
+LABELS = {"old_old": "old/old", "new_new": "new/new (off)", "new_old_raw": "raw new/old",
+          "upgraded_new_old": "upgraded new/old"}
+
+
+def embed_through(side: Any, data: Any, *, progress: bool = False) -> Embedded:
+    """Every image and caption of ``data`` embedded as queries into ``side``'s space."""
+    return Embedded(side.space_id, side.embed("image", data.image_paths()), side.embed("text", data.captions))
+
+
+def compat_report(old: Any, new: Any, data: Any, *, bridges: Sequence[str | Path] = (), strict: bool = False,
+                  n_unpaired: int = 20000, progress: bool = False) -> dict[str, Any]:
+    """The report (see the module doc) of ``new``'s queries through ``bridges`` (upgrade
+    directories) against ``old``'s gallery of ``data`` (a :class:`PairDataset`)."""
+    from .searcher import query_side_for
+
+    eo, en = embed_dataset(old, data, progress=progress), embed_dataset(new, data, progress=progress)
+    side = query_side_for(new, old.space_id, bridges=bridges)
+    eu = embed_through(side, data, progress=progress)
+    c2i = data.caption_image
+    rows = {"old_old": cross_retrieval(eo, eo, c2i), "new_new": cross_retrieval(en, en, c2i),
+            "new_old_raw": cross_retrieval(en, eo, c2i), "upgraded_new_old": cross_retrieval(eu, eo, c2i)}
+    gap = {d: gap_closure(rows["upgraded_new_old"][d]["R@1"], rows["old_old"][d]["R@1"], rows["new_new"][d]["R@1"])
+           for d in ("t2i", "i2t")}
+    return {"rows": rows, "gap_closure": gap,
+            "criterion": cross_modal_criterion(eu.texts, eu.images, eo.texts, eo.images, c2i, n_unpaired=n_unpaired,
+                                               strict=strict),
+            "flips": cross_flips({"old_old": (eo, eo), "new_new": (en, en), "upgraded_new_old": (eu, eo)}, "old_old",
+                                 c2i),
+            "onoff_max_abs_diff": onoff_max_abs_diff(new, side, data, en),
+            "strict": strict, "n_images": len(data), "n_captions": len(data.captions),
+            "bridges": [str(b) for b in bridges], "spaces": {"old": old.space_id, "new": new.space_id}}
+
+
+def onoff_max_abs_diff(new: Any, side: Any, data: Any, original: Embedded) -> float | None:
+    """The largest difference between the encoder upgrade on ``side``'s route, applied to a copy of
+    ``new`` and switched off, and the original new model's vectors ``original`` (0.0 when its
+    adapters leave the model untouched); None when the route has no encoder upgrade."""
+    import copy
+
+    from ..compat.upgrade import load_upgrade
+
+    if side.path is None or not side.path.encoder_upgrade:
+        return None
+    encoder = load_upgrade(side.path.encoder_upgrade).apply(copy.deepcopy(new))
+    with encoder.switched(False):
+        off = embed_dataset(encoder, data)
+    return float(max(np.abs(off.images - original.images).max(), np.abs(off.texts - original.texts).max()))
