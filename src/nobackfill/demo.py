@@ -1,85 +1,63 @@
 """The main job (``nobackfill demo``): show the backfill problem on the world test split.
 
-Indexes the test split with the OLD model into a model-versioned gallery, then scores
-old/old, new/new and the raw new-query/old-gallery comparison (near chance: the reason to
-upgrade without backfilling). Later capabilities append rows via :data:`DEMO_ROWS`.
+Indexes the test split with the OLD model into a model-versioned gallery, then scores old/old,
+new/new, the raw new-query/old-gallery comparison (near chance: the reason to upgrade without
+backfilling) and new-model queries through the shipped XBT upgrade, all from the one compatibility
+report; then a collection upgraded live and backfilled while it serves.
 """
 
 from __future__ import annotations
 
 import json
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
-
-import numpy as np
 
 from .data.folder import PairDataset
 from .encoders import load_encoder
 from .encoders.base import DualEncoder
-from .evaluate import Embedded, cross_retrieval, embed_dataset, load_eval_data
+from .evaluate import load_eval_data
 from .index import Gallery
-from .index.ingest import index_pairs, pair_ids
+from .index.ingest import index_pairs
 from .report import recall_bar_plot, recall_table_rows, text_table, html_table, write_html
 
 DEMO_WORLD = dict(n_train=5000, n_val=1000, n_test=1000)
-
-
-@dataclass
-class DemoContext:
-    """What every demo row can use."""
-
-    data: PairDataset
-    old: DualEncoder
-    new: DualEncoder
-    gallery: Gallery
-    old_queries: Embedded
-    new_queries: Embedded
-    gallery_vectors: Embedded
-    models_dir: Path
-    extras: dict = field(default_factory=dict)
-
-
-def _old_old(ctx: DemoContext) -> dict:
-    return cross_retrieval(ctx.old_queries, ctx.gallery_vectors, ctx.data.caption_image)
-
-
-def _new_new(ctx: DemoContext) -> dict:
-    return cross_retrieval(ctx.new_queries, ctx.new_queries, ctx.data.caption_image)
-
-
-def _new_old_raw(ctx: DemoContext) -> dict:
-    return cross_retrieval(ctx.new_queries, ctx.gallery_vectors, ctx.data.caption_image)
 
 
 #: where the demo finds the shipped XBT upgrade (relative to the models folder's parent)
 XBT_UPGRADE = Path("upgrades") / "world-old-to-new"
 
 
-def _xbt(ctx: DemoContext) -> dict:
-    """New-model queries through the shipped XBT upgrade (seed 000) against the OLD gallery: the
-    gallery accepts them (same space id) and nothing is re-embedded."""
+def compat_rows(old: DualEncoder, new: DualEncoder, data: PairDataset, gallery: Gallery, models_dir: Path,
+                log: Callable[[str], None]) -> tuple[dict, dict]:
+    """The demo's rows from the one compatibility report (:func:`~nobackfill.search.compat_report.compat_report`):
+    old/old, new/new, raw new/old and, where the shipped XBT upgrade (XBT, Jang & Lim, Eq. 3-5) fits
+    these models, new-model queries through it against the old gallery, which accepts them (same
+    space id) with nothing re-embedded. Returns (rows, extras)."""
     from .compat.upgrade import load_upgrade
-    from .index.store import SpaceMismatchError
+    from .search.compat_report import compat_report
 
-    up_dir = ctx.models_dir.parent / XBT_UPGRADE
-    upgrade = load_upgrade(up_dir)  # FileNotFoundError -> row skipped
-    new = load_encoder(ctx.models_dir / "world-new")  # a fresh copy: apply() attaches adapters in place
-    if upgrade.target_id != ctx.gallery.space_id:
-        raise FileNotFoundError(f"{up_dir} targets space {upgrade.target_id}, not this gallery's "
-                                f"{ctx.gallery.space_id}; re-run the command in its upgrade.json recipe")
+    up_dir = models_dir.parent / XBT_UPGRADE
+    bridges: list[Path] = []
     try:
-        up = upgrade.apply(new)
-    except SpaceMismatchError as e:  # the shipped upgrade belongs to another world-new
-        raise FileNotFoundError(f"{up_dir}: {e}; re-run the command in its upgrade.json recipe") from None
-    q = embed_dataset(up, ctx.data)
-    ctx.gallery.search("image", q.texts[:1], k=1, space_id=up.space_id)  # refused unless compatible
-    with up.switched(False):
-        off = embed_dataset(up, ctx.data)
-    ctx.extras["xbt_onoff_max_abs_diff"] = float(max(np.abs(off.images - ctx.new_queries.images).max(),
-                                                     np.abs(off.texts - ctx.new_queries.texts).max()))
-    return cross_retrieval(q, ctx.gallery_vectors, ctx.data.caption_image)
+        upgrade = load_upgrade(up_dir)
+        if upgrade.target_id != gallery.space_id or upgrade.source_id != new.space_id:
+            raise FileNotFoundError(f"{up_dir} takes space {upgrade.source_id} to {upgrade.target_id}, not this "
+                                    f"demo's {new.space_id} to {gallery.space_id}; re-run the command in its "
+                                    "upgrade.json recipe")
+        bridges = [up_dir]
+    except FileNotFoundError as e:  # the row is skipped, the others stand
+        log(f"skipping row XBT new/old: {e}")
+    rep = compat_report(old, new, data, bridges=bridges)
+    rows = {k: rep["rows"][k] for k in ("old_old", "new_new", "new_old_raw")}
+    if not bridges:
+        return rows, {}
+    from .search.searcher import query_side_for
+
+    side = query_side_for(new, gallery.space_id, bridges=bridges)
+    gallery.search("image", side.embed("text", data.captions[:1]), k=1, space_id=side.space_id)  # refused unless compatible
+    rows["xbt"] = rep["rows"]["upgraded_new_old"]
+    return rows, {"xbt_onoff_max_abs_diff": rep["onoff_max_abs_diff"], "xbt_gap_closure": rep["gap_closure"]}
 
 
 _READING_GUIDE = """<p>A gallery of the world's test images and captions was embedded once, with the
@@ -96,25 +74,11 @@ re-embedded.</li></ul>
 <p>The live-upgrade plot below shows a collection upgraded to world-new while it keeps serving, and how
 R@1 rises as the backfill re-embeds more of it (never below old/old).</p>"""
 
-#: (json key, table label, function) — later issues append rows here
-DEMO_ROWS: list[tuple[str, str, Callable[[DemoContext], dict]]] = [
-    ("old_old", "old/old", _old_old),
-    ("new_new", "new/new", _new_new),
-    ("new_old_raw", "raw new/old", _new_old_raw),
-    ("xbt", "XBT new/old", _xbt),
-]
+#: the rows' labels, in the table's order
+LABELS = {"old_old": "old/old", "new_new": "new/new", "new_old_raw": "raw new/old", "xbt": "XBT new/old"}
 
 #: the plot shows these rows first, in this order (old/old, raw, XBT, new/new side by side)
 PLOT_ORDER = ["old_old", "new_old_raw", "xbt", "new_new"]
-
-
-def _gallery_in_data_order(gallery: Gallery, data: PairDataset, space_id: str) -> Embedded:
-    img_ids, cap_ids = pair_ids(data)
-    pos_img = {i: k for k, i in enumerate(gallery.ids("image"))}
-    pos_txt = {i: k for k, i in enumerate(gallery.ids("text"))}
-    img = gallery.vectors("image")[[pos_img[i] for i in img_ids]]
-    txt = gallery.vectors("text")[[pos_txt[t] for t in cap_ids]]
-    return Embedded(space_id, np.asarray(img), np.asarray(txt))
 
 
 def live_upgrade(world: Path, models_dir: Path, out: Path, limit: int | None,
@@ -155,27 +119,13 @@ def run_demo(world: str | Path = "data/world", models_dir: str | Path = "models"
     new = load_encoder(models_dir / "world-new")
     log(f"indexing {len(data)} test images + {len(data.captions)} captions with the old model ...")
     gallery = index_pairs(old, data, out / "gallery-old", model_ref=str(models_dir / "world-old"), progress=progress)
-    log("embedding the queries with both models ...")
-    ctx = DemoContext(
-        data=data, old=old, new=new, gallery=gallery,
-        old_queries=embed_dataset(old, data, progress=progress),
-        new_queries=embed_dataset(new, data, progress=progress),
-        gallery_vectors=_gallery_in_data_order(gallery, data, gallery.space_id),
-        models_dir=models_dir,
-    )
-    rows = {}
-    labels = {}
-    for key, label, fn in DEMO_ROWS:
-        log(f"row {label} ...")
-        try:
-            rows[key] = fn(ctx)
-            labels[key] = label
-        except FileNotFoundError as e:  # a row whose artefact is not shipped yet
-            log(f"skipping row {label}: {e}")
+    log("scoring old/old, new/new, raw new/old and XBT new/old (one compatibility report) ...")
+    rows, extras = compat_rows(old, new, data, gallery, models_dir, log)
+    labels = {k: LABELS[k] for k in rows}
     result = {k: {d: {m: v for m, v in r[d].items()} for d in ("t2i", "i2t")} for k, r in rows.items()}
     result.update({"n_images": len(data), "n_captions": len(data.captions),
                    "spaces": {"old": old.space_id, "new": new.space_id, "gallery": gallery.space_id},
-                   "seconds": round(time.time() - t0, 1), **ctx.extras})
+                   "seconds": round(time.time() - t0, 1), **extras})
     header, body = recall_table_rows({labels[k]: rows[k] for k in rows})
     table = text_table(header, body)
     log(table)

@@ -42,7 +42,8 @@ from ..metrics.retrieval import r1_by_image_subset
 from ..report import mean_over_seeds
 from .xbt_jobs import encode_eval, run_isolated
 from .xbt_report import MAIN_ROWS, write_xbt_report
-from .xbt_rows import cross, gap_closure, prompt_zero_shot, row_metrics, summary
+from ..metrics.compat import gap_closure
+from .xbt_rows import cross, prompt_zero_shot, row_metrics, summary
 
 @dataclass
 class XBTBenchConfig:

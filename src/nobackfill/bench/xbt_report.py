@@ -22,6 +22,10 @@ def _pct(x) -> str:
     return "-" if x is None or (isinstance(x, float) and np.isnan(x)) else f"{100 * x:.1f}"
 
 
+def _ratio(x) -> str:
+    return "-" if x is None or (isinstance(x, float) and np.isnan(x)) else f"{x:.2f}"
+
+
 def format_xbt_tables(result: dict) -> str:
     """Markdown tables: main rows, pair sweep, cost, zero-shot, continual matrix, summary."""
     rows = result["rows"]
@@ -39,7 +43,7 @@ def format_xbt_tables(result: dict) -> str:
         gc = r.get("gap_closure", {})
         lines.append(f"| {LABELS.get(key, key)} | " + " | ".join(_pct(r['t2i'][f'R@{k}']) for k in (1, 5, 10)) + " | "
                      + " | ".join(_pct(r['i2t'][f'R@{k}']) for k in (1, 5, 10))
-                     + f" | {gc.get('t2i', float('nan')):.2f} / {gc.get('i2t', float('nan')):.2f} | {crit[0]} | {crit[1]} | "
+                     + f" | {_ratio(gc.get('t2i'))} / {_ratio(gc.get('i2t'))} | {crit[0]} | {crit[1]} | "
                      + (f"{_pct(nn['t2i']['R@1'])} / {_pct(nn['i2t']['R@1'])}" if nn else "-") + " |")
     lines += ["", f"upgrade off vs original new model: max abs diff = {result['onoff_max_abs_diff']}", ""]
     bc = {k: r["by_concept"] for k, r in rows.items() if r.get("by_concept")}

@@ -36,11 +36,6 @@ def row_metrics(q: dict, old: dict, c2i: np.ndarray, n_unpaired: int, seed: int,
     return r
 
 
-def gap_closure(x: float, lo: float, hi: float) -> float:
-    """Share of the old -> new gap a row closes: ``(x - lo) / (hi - lo)``."""
-    return float((x - lo) / (hi - lo)) if hi != lo else float("nan")
-
-
 def summary(result: dict) -> dict:
     """The measured numbers a reader compares first: XBT against old/old per direction, its gap
     closure, XBT against Direct-Base per pair budget, what stage 2 loaded, on/off difference."""
