@@ -82,7 +82,7 @@ def train_cmd(
     """Train phi_image and phi_text on the memory's pairs (each excluded from its own neighbours) with
     L = NCE(V_bar, T_bar) + NCE(V_bar, T) + NCE(V, T_bar); the encoder stays frozen."""
     from ..reco.memory import Memory
-    from ..reco.train import RecoTrainConfig, retrieval_evaluator, train_reco
+    from ..reco.train import RecoTrainConfig, train_reco, training_inputs
 
     try:
         cfg = resolve_config(RecoTrainConfig, None, config, set_, show=show_config, flags={
@@ -90,27 +90,7 @@ def train_cmd(
             "loop": {"steps": steps, "lr": lr, "seed": seed, "threads": threads,
                      "eval_every": max(1, min(250, steps)) if steps else None}})
         mem = Memory.open(memory)
-        evaluate, pair_emb = None, None
-        if val is not None or pairs is not None:
-            if model is None:
-                raise ValueError("--val and --pairs need --model (the memory's encoder) to embed them")
-            from ..encoders import load_encoder
-            from ..evaluate import embed_dataset, load_eval_data
-
-            enc = load_encoder(model)
-            if enc.space_id != mem.space_id:
-                raise ValueError(f"{model} is in space {enc.space_id}, the memory {memory} in {mem.space_id}")
-        if pairs is not None:
-            from ..reco.train import PairEmbeddings
-
-            pds = load_eval_data(pairs, "train", langs=mem.info.get("langs"))
-            pe = embed_dataset(enc, pds, progress=True)
-            pair_emb = PairEmbeddings(pe.images, pe.texts, pds.caption_image,
-                                      mem.image_rows_by_hash(pds.image_paths()))
-        if val is not None:
-            vds = load_eval_data(val, "val")
-            ve = embed_dataset(enc, vds)
-            evaluate = retrieval_evaluator(mem, ve.images, ve.texts, vds.caption_image)
+        pair_emb, evaluate = training_inputs(mem, model, pairs=pairs, val=val, progress=True)
         rm, res = train_reco(mem, out, cfg, pairs=pair_emb, evaluate=evaluate, early_stop="score" if evaluate else "",
                              memory_ref=memory, progress=True,
                              recipe={"command": " ".join(["nobackfill reco train", f"--memory {memory}", f"--out {out}",

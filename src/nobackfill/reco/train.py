@@ -221,3 +221,31 @@ def retrieval_evaluator(memory: Memory, images: np.ndarray, texts: np.ndarray, t
 
 __all__ = ["PairEmbeddings", "RecoBatches", "RecoTrainConfig", "RecoTraining", "make_reco_model", "reco_loss",
            "retrieval_evaluator", "train_reco"]
+
+
+def training_inputs(memory: Memory, model: str | Path | None, *, pairs: str | Path | None = None,
+                    val: str | Path | None = None, progress: bool = False) -> tuple[PairEmbeddings | None, Callable | None]:
+    """What ``reco train`` trains and stops on besides the memory's own pairs: ``pairs`` (a data
+    folder / world root, train split) embedded by ``model`` (the memory's encoder), each image's
+    own memory row excluded from its neighbours; ``val`` (val split) as an early-stopping evaluator
+    on mean R@1 of refined queries. (None, None) when neither is given."""
+    if pairs is None and val is None:
+        return None, None
+    if model is None:
+        raise ValueError("--val and --pairs need --model (the memory's encoder) to embed them")
+    from ..encoders import load_encoder
+    from ..evaluate import embed_dataset, load_eval_data
+
+    enc = load_encoder(model)
+    if enc.space_id != memory.space_id:
+        raise ValueError(f"{model} is in space {enc.space_id}, the memory in {memory.space_id}")
+    pair_emb = evaluate = None
+    if pairs is not None:
+        pds = load_eval_data(pairs, "train", langs=memory.info.get("langs"))
+        pe = embed_dataset(enc, pds, progress=progress)
+        pair_emb = PairEmbeddings(pe.images, pe.texts, pds.caption_image, memory.image_rows_by_hash(pds.image_paths()))
+    if val is not None:
+        vds = load_eval_data(val, "val")
+        ve = embed_dataset(enc, vds)
+        evaluate = retrieval_evaluator(memory, ve.images, ve.texts, vds.caption_image)
+    return pair_emb, evaluate
