@@ -16,7 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
-from nobackfill.compat.text_upgrade import TextXBTConfig, XBTTextConfig, train_text_upgrade
+from nobackfill.compat.text_upgrade import TextXBTConfig, TextXBTUpgradeConfig, train_text_upgrade
 from nobackfill.compat.upgrade import load_upgrade
 from nobackfill.data.multi30k import default_multi30k_dir, read_task2
 from nobackfill.encoders import load_encoder
@@ -48,7 +48,7 @@ def main() -> None:
     old = load_encoder("models/m30k-old-text")
     out = {}
     for mode in ("same", "sibling"):
-        cfg = XBTTextConfig(stage1_images=DEV[0], xbt=TextXBTConfig(images=DEV[0]), stage1_positives=mode)
+        cfg = TextXBTUpgradeConfig(stage1_images=DEV[0], xbt=TextXBTConfig(images=DEV[0]), stage1_positives=mode)
         train_text_upgrade("models/m30k-old-text", "pretrained", root, args.work / mode, cfg,
                            cache_dir=args.cache_dir, log=print)
         up = load_upgrade(args.work / mode).apply(MiniLMTextEncoder.pretrained())

@@ -15,7 +15,7 @@ from nobackfill.cli import app
 from nobackfill.index import backends, gallery_index
 from nobackfill.index.backends import AutoIndex, FactoryIndex, make_index, validate_spec
 from nobackfill.index.collection import Collection
-from nobackfill.index.store import Gallery
+from nobackfill.index.gallery import Gallery
 
 ROOT = Path(__file__).resolve().parents[1]
 

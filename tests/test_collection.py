@@ -29,7 +29,7 @@ from nobackfill.index.collection import (
     NotACollectionError,
 )
 from nobackfill.index.ingest import add_items, folder_items, text_file_items, text_item
-from nobackfill.index.store import DuplicateIdError, SpaceMismatchError
+from nobackfill.index.gallery_types import DuplicateIdError, SpaceMismatchError
 from nobackfill.search import Searcher
 from nobackfill.lifecycle.plan_changes import UpgradeRefused, upgrade_collection
 

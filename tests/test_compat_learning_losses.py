@@ -1,4 +1,4 @@
-"""Hand-computed cases for every loss of the compatibility-learning methods (seed 002)."""
+"""Hand-computed cases for every loss of the compatibility-learning methods (Biondi et al.'s tutorial)."""
 
 from __future__ import annotations
 

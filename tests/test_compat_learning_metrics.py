@@ -1,4 +1,4 @@
-"""Compatibility metrics as the tutorial defines them (seed 002), flips, and class-matched search."""
+"""Compatibility metrics as the tutorial defines them (Biondi et al.'s tutorial), flips, and class-matched search."""
 
 from __future__ import annotations
 

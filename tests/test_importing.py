@@ -8,7 +8,7 @@ from _collection_helpers import OLD_REF, HashEncoder, pool_with
 
 from nobackfill.index.collection import Collection
 from nobackfill.index.importing import add_vectors, vector_rev
-from nobackfill.index.store import DuplicateIdError, SpaceMismatchError
+from nobackfill.index.gallery_types import DuplicateIdError, SpaceMismatchError
 from nobackfill.search.searcher import Searcher
 
 

@@ -354,7 +354,7 @@ def test_on_commit_is_called_after_each_committed_chunk(tmp_path: Path):
 
 def test_read_tagged_json_names_the_file_for_every_kind_of_bad_manifest(tmp_path):
     """The one reader behind the gallery, token-store, memory, RECO and upgrade manifests."""
-    from nobackfill.index.store import read_tagged_json
+    from nobackfill.index.atomic_files import read_tagged_json
 
     class Bad(ValueError):
         pass

@@ -1,4 +1,4 @@
-"""CMLI scoring (seed 003, Eq. 1-4): the streamed implementation against an independent per-pair
+"""CMLI scoring (the Target-CMLI paper, Eq. 1-4): the streamed implementation against an independent per-pair
 loop, masks, projection, gradients, pair scores and Eq. 2 matches."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Target-CMLI distillation (seed 003, Eq. 5-8) and CMLI training: hand-computed routing / empty
+"""Target-CMLI distillation (the Target-CMLI paper, Eq. 5-8) and CMLI training: hand-computed routing / empty
 target cases, and every training kind for a few steps through the one loop."""
 
 from __future__ import annotations

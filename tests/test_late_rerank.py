@@ -10,7 +10,7 @@ import torch
 from _late_helpers import invoke, tiny_model, tiny_tokenizer, tiny_world
 from nobackfill.index import Gallery, SpaceMismatchError
 from nobackfill.index.tokens import NoTokensError, TokenStore, write_tokens
-from nobackfill.index.store import CorruptGalleryError
+from nobackfill.index.gallery_types import CorruptGalleryError
 
 # ----------------------------------------------------------------------------- token store
 @pytest.fixture()

@@ -1,4 +1,4 @@
-"""Tests for nobackfill.lingual (CLL-CLIP + TEIR, seed 004) and metrics.continual, on tiny models."""
+"""Tests for nobackfill.lingual (CLL-CLIP + TEIR, Yang et al. 2024) and metrics.continual, on tiny models."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""RECO (seed 001): fusion, memory (near-duplicates, self-exclusion), the loss, training, files."""
+"""RECO (Iscen et al. 2023): fusion, memory (near-duplicates, self-exclusion), the loss, training, files."""
 
 from __future__ import annotations
 

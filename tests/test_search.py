@@ -12,7 +12,7 @@ from _collection_helpers import NEW_REF, OLD_REF, HashEncoder, make_folder, pool
     write_procrustes_upgrade
 from nobackfill.index.collection import Collection
 from nobackfill.index.ingest import add_items, folder_items, text_item
-from nobackfill.index.store import SpaceMismatchError
+from nobackfill.index.gallery_types import SpaceMismatchError
 from nobackfill.search import Searcher
 from nobackfill.lifecycle.calibrate import CalibrationTask, calibrate, text_pair_task
 from nobackfill.search.merge import Candidate, ScoreMap, merge

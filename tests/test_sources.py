@@ -18,7 +18,7 @@ from nobackfill.data.clip_retrieval import write_clip_retrieval
 from nobackfill.index.ingest import folder_items, image_id, text_id
 from nobackfill.index.model_check import ModelCheck, check_model, sample_rows
 from nobackfill.index.sources import ImportSource, SourceError, open_source
-from nobackfill.index.store import file_sha256
+from nobackfill.index.atomic_files import file_sha256
 
 DIM = 16
 

@@ -13,7 +13,8 @@ import pytest
 from typer.testing import CliRunner
 
 from nobackfill.cli import app
-from nobackfill.index.store import CorruptGalleryError, Gallery, GalleryError, SpaceMismatchError
+from nobackfill.index.gallery import Gallery
+from nobackfill.index.gallery_types import CorruptGalleryError, GalleryError, SpaceMismatchError
 
 SPACE = "s" * 16
 DIM = 8

@@ -21,11 +21,11 @@ from nobackfill.bench.xbt_text import ROWS, caption_recall, load_val, run_xbt_te
 from nobackfill.compat import text_upgrade
 from nobackfill.compat.adapters import AdapterConfig, Adapters, detect_architecture, trainable_names
 from nobackfill.compat.phi import Projection
-from nobackfill.compat.text_upgrade import TextXBTConfig, XBTTextConfig
+from nobackfill.compat.text_upgrade import TextXBTConfig, TextXBTUpgradeConfig
 from nobackfill.compat.upgrade import TextUpgradedEncoder, load_upgrade, new_upgraded_encoder
 from nobackfill.search.searcher import query_side_for
 from nobackfill.compat.xbt import LOG_LOGIT_SCALE, Stage1Config
-from nobackfill.index.store import SpaceMismatchError
+from nobackfill.index.gallery_types import SpaceMismatchError
 from nobackfill.encoders.minilm import MiniLMTextEncoder
 from nobackfill.encoders.tokenizer import train_bpe_tokenizer
 from nobackfill.evaluate import embed_texts_cached
@@ -59,8 +59,8 @@ def world(tmp_path_factory) -> dict:
     return {"root": root, "old": old_dir, "new": new_dir, "tmp": tmp}
 
 
-def tiny_config(**kw) -> XBTTextConfig:
-    return XBTTextConfig(stage1_images=40, stage1=updated(Stage1Config(), steps=6, batch_size=32, warmup=1, corpus_size=0),
+def tiny_config(**kw) -> TextXBTUpgradeConfig:
+    return TextXBTUpgradeConfig(stage1_images=40, stage1=updated(Stage1Config(), steps=6, batch_size=32, warmup=1, corpus_size=0),
                          xbt=updated(TextXBTConfig(), images=40, steps=4, batch_size=8, warmup=1, eval_every=2), threads=1, **kw)
 
 

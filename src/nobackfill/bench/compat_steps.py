@@ -1,4 +1,4 @@
-"""``nobackfill bench compat-steps``: the compatibility-learning tutorial's tables (seed 002) on the
+"""``nobackfill bench compat-steps``: the compatibility-learning tutorial's tables (Biondi et al.'s tutorial) on the
 world - AC / AA / ACA per method for ``T`` model updates side by side, NFR of the flip-reduction
 methods against the independently trained baseline, and a heatmap of every method's compatibility
 matrix ``C[t, k]`` in an HTML report.

@@ -1,4 +1,4 @@
-"""``nobackfill bench late``: cross-modal late interaction (seed 003) on the world.
+"""``nobackfill bench late``: cross-modal late interaction (the Target-CMLI paper) on the world.
 
 * **Retrieval** on the world test split (English captions) and on an attribute-swap hard-negative
   subset (every test scene with two objects plus its twin with the two objects' colours - or

@@ -21,7 +21,7 @@ def _recall_rows(sec: dict) -> list[list[str]]:
 
 def format_markdown(result: dict) -> str:
     head = ["row"] + [f"{d} R@{k}" for d in ("t2i", "i2t") for k in KS]
-    parts = ["# bench late (CMLI, seed 003)", "", "## Retrieval, world test split (en)", "",
+    parts = ["# bench late (CMLI, the Target-CMLI paper)", "", "## Retrieval, world test split (en)", "",
              _md_table(head, _recall_rows(result["retrieval"])), "",
              "## Attribute-swap hard negatives (test)", "", _md_table(head, _recall_rows(result["hard_negatives"])), "",
              f"Re-ranking score and weight per direction (chosen on val): {json.dumps(result['rerank_choice'])}", "",

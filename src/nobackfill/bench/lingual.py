@@ -1,5 +1,5 @@
 """``nobackfill bench lingual-text`` and ``bench lingual-world``: continual language learning
-(CLL-CLIP with and without TEIR, seed 004) measured as a recall matrix ``a[j, i]`` with AR and F
+(CLL-CLIP with and without TEIR, Yang et al. 2024) measured as a recall matrix ``a[j, i]`` with AR and F
 (:mod:`nobackfill.metrics.continual`).
 
 * **lingual-text** - start from the real all-MiniLM-L6-v2 (English only), learn de -> fr -> cs on
@@ -291,7 +291,7 @@ def format_markdown(result: dict) -> str:
 
 def write_outputs(result: dict, json_path: str | Path | None) -> str:
     """Write ``json_path`` and the markdown table next to it (``.md``), atomically; return the markdown."""
-    from ..index.store import atomic_write_bytes
+    from ..index.atomic_files import atomic_write_bytes
 
     md = format_markdown(result)
     if json_path is not None:

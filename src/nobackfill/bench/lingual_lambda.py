@@ -1,5 +1,5 @@
 """``nobackfill bench lingual-lambda``: where a language's training tokens land under TEIR (Eq. 6 of
-the CLL-CLIP paper, seed 004): the share of token occurrences in each task's training texts
+the CLL-CLIP paper, Yang et al. 2024): the share of token occurrences in each task's training texts
 (tokenised by the merged vocabulary V_t) on rows with lambda = 0, lambda = 1/(c+1) (overlap) and
 lambda = 1 (new), and the occurrence-weighted mean lambda. Diagnoses the world benchmark, whose base
 vocabulary is small and English-only; on Multi30K (``--data .../multi30k --model minilm``) the

@@ -10,7 +10,7 @@ Data (unit vectors; queries are held out of the gallery):
 * ``random`` - uniform random unit vectors (128-d): the worst case for graph indexes, unlike real
   embeddings.
 
-Backends: the local FAISS store (:class:`~nobackfill.index.store.Gallery` over faiss factory
+Backends: the local FAISS store (:class:`~nobackfill.index.gallery.Gallery` over faiss factory
 strings: ``Flat``, ``HNSW32``, ``IVF<n>,PQ<m>``), milvus-lite and a real Milvus standalone server
 (:class:`~nobackfill.index.milvus.MilvusSpaceStore`). Each (data, backend) runs in its own process
 (peak RSS is that process's, the vectors it holds included). Per row: ingest rows/s, build seconds,
@@ -74,7 +74,7 @@ def _open_store(backend: str, dim: int, work: Path, server: str | None):
     """(store, spec, search-parameter name or None) for ``backend`` = ``<kind>:<index>``."""
     kind, _, spec = backend.partition(":")
     if kind == "faiss":
-        from ..index.store import Gallery
+        from ..index.gallery import Gallery
 
         shutil.rmtree(work, ignore_errors=True)
         g = Gallery.create(work, space_id="bench", dim=dim, model="bench", backend=spec)

@@ -1,6 +1,6 @@
 """The numbers of one XBT table row (``bench xbt``): R@1/5/10 both directions of new-model
 queries against the old gallery, R@1 on images of concepts the old model saw, the Eq. 1 criterion
-rates (XBT paper, seed 001), zero-shot accuracy, and the summary a reader compares first."""
+rates (XBT paper, Iscen et al. 2023), zero-shot accuracy, and the summary a reader compares first."""
 
 from __future__ import annotations
 

@@ -41,7 +41,7 @@ from typing import Callable
 import numpy as np
 import torch
 
-from ..compat.text_upgrade import DEFAULT_OLD_MODEL, TextXBTConfig, XBTTextConfig
+from ..compat.text_upgrade import DEFAULT_OLD_MODEL, TextXBTConfig, TextXBTUpgradeConfig
 from .runner import Report
 
 ROWS = ("old_old", "new_new", "phi_stage1_new_old", "xbt_new_old")
@@ -83,7 +83,7 @@ def format_markdown(result: dict) -> str:
 def run_xbt_text(data: str | Path, *, eval_dir: str | Path | None = None, quick: bool = False,
                  old_model: str | Path = DEFAULT_OLD_MODEL, new_model: str | Path | None = None,
                  cache_dir: str | Path | None = "runs/cache", work_dir: str | Path = "runs/xbt-text",
-                 config: XBTTextConfig | None = None, save_upgrade: str | Path | None = None,
+                 config: TextXBTUpgradeConfig | None = None, save_upgrade: str | Path | None = None,
                  command: str | None = None, progress: bool = False,
                  log: Callable[[str], None] | None = None) -> dict:
     """Run every row; return the result dict (``{"rows": {...}, ...}``). The trained ``xbt-text``
@@ -92,7 +92,7 @@ def run_xbt_text(data: str | Path, *, eval_dir: str | Path | None = None, quick:
     from ..compat import text_upgrade
 
     say = log or (lambda s: None)
-    cfg = config or (XBTTextConfig.quick() if quick else XBTTextConfig())
+    cfg = config or (TextXBTUpgradeConfig.quick() if quick else TextXBTUpgradeConfig())
     t_all = time.time()
     q_val, g_val = load_val(data, eval_dir)
 
@@ -159,5 +159,5 @@ def write_outputs(result: dict, json_path: str | Path | None) -> str:
 #: the JSON and its table beside it (``.md``), shown
 REPORT = Report(write_outputs)
 
-__all__ = ["REPORT", "run_xbt_text", "XBTTextConfig", "TextXBTConfig", "format_markdown", "write_outputs", "load_val",
+__all__ = ["REPORT", "run_xbt_text", "TextXBTUpgradeConfig", "TextXBTConfig", "format_markdown", "write_outputs", "load_val",
            "caption_recall", "ROWS"]

@@ -90,7 +90,7 @@ def user_errors() -> tuple[type[BaseException], ...]:
     from ..client import ClientError
     from ..index.catalog import CatalogError
     from ..index.collection import CollectionError
-    from ..index.store import GalleryError
+    from ..index.gallery_types import GalleryError
 
     return (ValueError, FileNotFoundError, FileExistsError, KeyError, CollectionError, CatalogError, GalleryError,
             ClientError)

@@ -118,10 +118,10 @@ def bench_xbt_text(
 ) -> None:
     """XBT on real text: Multi30K caption-to-caption retrieval with an old small text model and MiniLM
     (rows old_old, new_new, phi_stage1_new_old, xbt_new_old; R@1/5/10 on val)."""
-    from ..bench.xbt_text import REPORT, XBTTextConfig, run_xbt_text
+    from ..bench.xbt_text import REPORT, TextXBTUpgradeConfig, run_xbt_text
 
-    base = XBTTextConfig.quick(seed=seed, threads=threads) if quick else XBTTextConfig(seed=seed, threads=threads)
-    cfg = resolve_config(XBTTextConfig, base, config, set_, show=show_config, flags={
+    base = TextXBTUpgradeConfig.quick(seed=seed, threads=threads) if quick else TextXBTUpgradeConfig(seed=seed, threads=threads)
+    cfg = resolve_config(TextXBTUpgradeConfig, base, config, set_, show=show_config, flags={
         "stage1": {"steps": stage1_steps},
         "xbt": {"steps": xbt_steps, "eval_every": min(base.xbt.loop.eval_every, xbt_steps) if xbt_steps else None}})
     _bench(cfg, lambda c, log: run_xbt_text(data or multi30k_default(), eval_dir=eval_dir, quick=quick,

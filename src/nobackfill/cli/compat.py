@@ -1,4 +1,4 @@
-"""``nobackfill compat ...``: compatibility learning over a sequence of model updates (seed 002)."""
+"""``nobackfill compat ...``: compatibility learning over a sequence of model updates (Biondi et al.'s tutorial)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from ._common import (config_option, console, emit_json, fail, json_flag, quiet,
 
 
 compat_app = typer.Typer(no_args_is_help=True,
-                         help="Compatibility learning over a sequence of model updates (seed 002).")
+                         help="Compatibility learning over a sequence of model updates (Biondi et al.'s tutorial).")
 STEP_BACKBONES_HELP = ("Backbone upgrades: per step (comma-separated) the +-joined parts of --backbone that step's "
                        "model sees; later steps repeat the last. Empty: every step sees all parts.")
 BACKBONE_HELP = ("Frozen feature extractors joined by + (world model dirs, randconv, pixels) for an MLP per step, "

@@ -1,4 +1,4 @@
-"""``nobackfill late ...``: cross-modal late interaction (seed 003)."""
+"""``nobackfill late ...``: cross-modal late interaction (the Target-CMLI paper)."""
 
 from __future__ import annotations
 

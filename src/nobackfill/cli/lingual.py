@@ -1,4 +1,4 @@
-"""``nobackfill lingual ...``: continual language learning (seed 004)."""
+"""``nobackfill lingual ...``: continual language learning (Yang et al. 2024)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""``nobackfill reco ...``: retrieval-enhanced embeddings (seed 001)."""
+"""``nobackfill reco ...``: retrieval-enhanced embeddings (Iscen et al. 2023)."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from ._common import (config_option, console, emit_json, fail, json_flag, langs_
 from ..data.labels import LABEL_SETS
 
 reco_app = typer.Typer(no_args_is_help=True,
-                       help="RECO: refine frozen-encoder embeddings with knowledge retrieved from a memory (seed 001).")
+                       help="RECO: refine frozen-encoder embeddings with knowledge retrieved from a memory (Iscen et al. 2023).")
 
 
 @reco_app.command("build-memory")

@@ -32,7 +32,7 @@ def upgrade_xbt(
     seed: int = typer.Option(0, help="Seed of both stages and of the adapters."),
     threads: int = typer.Option(0, help="torch threads (0 = default)."),
 ) -> None:
-    """XBT (seed 000): stage 1 trains phi on text only (Eq. 3), stage 2 trains LoRA + vision prompts +
+    """XBT (Jang & Lim 2024): stage 1 trains phi on text only (Eq. 3), stage 2 trains LoRA + vision prompts +
     LayerNorms of the new model with phi on image-text pairs (Eq. 5) without the old model. Settings:
     compat.xbt.XBTUpgradeConfig (defaults tuned on the world val split), from --config / --set."""
     import torch
@@ -95,7 +95,7 @@ def upgrade_xbt_text(
     stage 2 trains LoRA + LayerNorms of the new text model with phi on Multi30K caption pairs (Eq. 5
     with a second caption in place of the image), without the old model. Apply it with
     load_upgrade(out).apply(MiniLMTextEncoder.pretrained())."""
-    from ..compat.text_upgrade import XBTTextConfig, train_text_upgrade
+    from ..compat.text_upgrade import TextXBTUpgradeConfig, train_text_upgrade
     from ..data.multi30k import default_multi30k_dir
 
     parts = ["nobackfill upgrade xbt-text", f"--old {old}", f"--new {new}"] + ([f"--data {data}"] if data else [])
@@ -107,7 +107,7 @@ def upgrade_xbt_text(
     parts += ([f"--seed {seed}"] if seed else []) + ([f"--threads {threads}"] if threads != 1 else [])
     parts += ([f"--config {config}"] if config else []) + [f"--set {x}" for x in set_ or ()]
     kw = {"seed": seed, "threads": threads, "stage1_positives": stage1_positives}
-    cfg = resolve_config(XBTTextConfig, XBTTextConfig.quick(**kw) if quick else XBTTextConfig(**kw), config, set_,
+    cfg = resolve_config(TextXBTUpgradeConfig, TextXBTUpgradeConfig.quick(**kw) if quick else TextXBTUpgradeConfig(**kw), config, set_,
                          flags={"stage1": {"steps": stage1_steps}, "xbt": {"steps": xbt_steps}}, show=show_config)
     try:
         res = train_text_upgrade(old, new, data or default_multi30k_dir(), out, cfg, cache_dir=cache_dir,

@@ -113,7 +113,7 @@ class LocalClient(Client):
         ``{"path", "id", "sha256", ...metadata}``. ``build_indexes``: build the graph indexes now
         (before a short-lived process exits) rather than in the background."""
         from ..index.ingest import FolderItems, add_items, text_file_items
-        from ..index.store import DuplicateIdError
+        from ..index.gallery_types import DuplicateIdError
 
         if folder is not None:
             folder = Path(folder)

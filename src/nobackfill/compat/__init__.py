@@ -1,4 +1,4 @@
-"""Backfill-free model upgrades (seed 000, XBT) and bridges between embedding spaces.
+"""Backfill-free model upgrades (Jang & Lim 2024, XBT) and bridges between embedding spaces.
 
 * :mod:`.phi` - the projection phi (Sec. 4.1).
 * :mod:`.adapters` - switchable LoRA (peft) / vision soft prompts / LayerNorm copies (CLIP or BERT).
@@ -8,7 +8,7 @@
 * :mod:`.bridges` - Procrustes, SLERP, phi bridges, the bridge registry and chains.
 * :mod:`.upgrade` - upgrade directories, ``load_upgrade``, :class:`UpgradedEncoder` (on / off).
 * :mod:`.data` - text corpora, image-text pair sources, in-memory world splits.
-* :mod:`.learning` - compatibility learning over T model updates (seed 002): BCT, CoReS, ... as plug-ins.
+* :mod:`.learning` - compatibility learning over T model updates (Biondi et al.'s tutorial): BCT, CoReS, ... as plug-ins.
 * :mod:`.cli` - ``nobackfill compat ...`` and ``bench compat-steps``.
 
 Names are exported lazily, so importing the package (and the CLI) does not load transformers or peft.
@@ -29,7 +29,7 @@ _EXPORTS = {
     "Projection": "phi", "random_projection": "phi",
     "Upgrade": "upgrade", "UpgradedEncoder": "upgrade", "TextUpgradedEncoder": "upgrade",
     "load_upgrade": "upgrade",
-    "TextUpgradeTrainer": "text_upgrade", "XBTTextConfig": "text_upgrade", "TextXBTConfig": "text_upgrade",
+    "TextUpgradeTrainer": "text_upgrade", "TextXBTUpgradeConfig": "text_upgrade", "TextXBTConfig": "text_upgrade",
     "train_text_upgrade": "text_upgrade",
 }
 

@@ -33,7 +33,7 @@ from typing import Callable, Iterable, Sequence, TypeVar
 import numpy as np
 
 from ..encoders.base import DualEncoder, l2_normalise
-from ..index.store import SpaceMismatchError
+from ..index.gallery_types import SpaceMismatchError
 
 T = TypeVar("T")
 

@@ -1,4 +1,4 @@
-"""The Direct baselines of XBT's Table 1 (seed 000, Sec. 4.2, Eq. 6)::
+"""The Direct baselines of XBT's Table 1 (Jang & Lim 2024, Sec. 4.2, Eq. 6)::
 
     L_Direct = E_{(x,t) ~ D} [ L_c(v_bar_new, w_old; tau_N) + L_c(w_bar_new, v_old; tau_N) ]
 

@@ -1,4 +1,4 @@
-"""The projection module phi of XBT (Jang & Lim, seed 000, Sec. 4.1).
+"""The projection module phi of XBT (Jang & Lim 2024, Sec. 4.1).
 
 ``phi`` maps a new model's L2-normalised embedding (dimension ``in_dim``) into the old model's
 space (dimension ``out_dim``):

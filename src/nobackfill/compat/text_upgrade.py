@@ -1,4 +1,4 @@
-"""XBT on a text-only model (seed 000's recipe with a second caption in place of the image): the
+"""XBT on a text-only model (Jang & Lim 2024's recipe with a second caption in place of the image): the
 ``xbt-text`` upgrade kind, e.g. all-MiniLM-L6-v2 (new) -> the Multi30K old text model.
 
 Stage 1 (Eq. 3) on cached embeddings of the train captions (both text encoders frozen)::
@@ -48,7 +48,8 @@ DEFAULT_OLD_MODEL = "models/m30k-old-text"
 
 @dataclass
 class TextXBTConfig:
-    """Stage 2 (Eq. 5 on caption pairs) on the first ``images`` train images.
+    """Stage 2 (Eq. 5 on caption pairs) on the first ``images`` train images (the text model's
+    :class:`~.xbt.XBTConfig`; both stages: :class:`TextXBTUpgradeConfig`).
 
     Paper (App. A.2): AdamW lr 1e-4 constant, wd 0.01, batch 1,024, tau fixed (log scale 2.6592),
     one epoch over 4M pairs. Ours (CPU, a few seconds per MiniLM step): lr 1e-4 constant, batch 32
@@ -62,7 +63,7 @@ class TextXBTConfig:
     lora_rank: int = 16
     lora_alpha: int = 16
     lora_dropout: float = 0.1
-    #: steps, lr, warm-up, schedule, evaluation interval (seed and threads: :class:`XBTTextConfig`'s)
+    #: steps, lr, warm-up, schedule, evaluation interval (seed and threads: :class:`TextXBTUpgradeConfig`'s)
     loop: LoopConfig = field(default_factory=lambda: scaled_loop(steps=60, lr=1e-4, warmup=5, schedule="constant",
                                                                  eval_every=15))
 
@@ -82,9 +83,10 @@ def _stage1_default() -> Stage1Config:
 
 
 @dataclass
-class XBTTextConfig:
-    """Stage 1 (:class:`~.xbt.Stage1Config`) on the captions of the first ``stage1_images`` train
-    images (all 5 each, deduplicated), then stage 2 (:class:`TextXBTConfig`)."""
+class TextXBTUpgradeConfig:
+    """The whole text upgrade (the text model's :class:`~.xbt.XBTUpgradeConfig`): stage 1
+    (:class:`~.xbt.Stage1Config`) on the captions of the first ``stage1_images`` train images (all
+    5 each, deduplicated), then stage 2 (:class:`TextXBTConfig`)."""
 
     stage1_images: int = 29000
     stage1: Stage1Config = field(default_factory=_stage1_default)
@@ -107,7 +109,7 @@ class XBTTextConfig:
             loop.seed, loop.threads = self.seed, self.threads
 
     @classmethod
-    def quick(cls, **kw) -> "XBTTextConfig":
+    def quick(cls, **kw) -> "TextXBTUpgradeConfig":
         """``--quick``: stage 1 on 8,000 images (40k captions) for 1,500 steps; stage 2 pairs from
         the same 8,000 images."""
         s1 = updated(_stage1_default(), steps=1500)
@@ -226,13 +228,13 @@ class TextUpgradeTrainer:
     ``None`` for all-MiniLM-L6-v2, or an encoder, which :meth:`run` modifies in place). Embeddings
     are cached in ``cache_dir`` by space id and text hash."""
 
-    def __init__(self, old: str | Path, new, data: str | Path, config: XBTTextConfig | None = None, *,
+    def __init__(self, old: str | Path, new, data: str | Path, config: TextXBTUpgradeConfig | None = None, *,
                  cache_dir: str | Path | None = None, embed: Mapping[str, Sequence[str]] | None = None,
                  progress: bool = False, log: Callable[[str], None] | None = None) -> None:
         from ..data.multi30k import read_task2
 
         self.say = log or (lambda s: None)
-        self.cfg = cfg = config or XBTTextConfig()
+        self.cfg = cfg = config or TextXBTUpgradeConfig()
         if cfg.threads:
             torch.set_num_threads(cfg.threads)
         self.old_path, self.data, self.cache_dir, self.progress = old, data, cache_dir, progress
@@ -334,7 +336,7 @@ class TextUpgradeTrainer:
                                  timings=dict(self.timings), cache=self.cache, recipe=recipe)
 
 
-def train_text_upgrade(old: str | Path, new, data: str | Path, out: str | Path, config: XBTTextConfig | None = None,
+def train_text_upgrade(old: str | Path, new, data: str | Path, out: str | Path, config: TextXBTUpgradeConfig | None = None,
                        *, cache_dir: str | Path | None = None, work_dir: str | Path | None = None,
                        evaluate: Callable[[TextUpgradedEncoder], dict] | None = None, command: str | None = None,
                        progress: bool = False, log: Callable[[str], None] | None = None) -> TextUpgradeResult:
@@ -346,6 +348,6 @@ def train_text_upgrade(old: str | Path, new, data: str | Path, out: str | Path, 
     return trainer.run(out, work_dir=work_dir, evaluate=evaluate, command=command)
 
 
-__all__ = ["KIND", "TextXBTConfig", "XBTTextConfig", "TextUpgradeResult", "TextUpgradeTrainer", "train_text_upgrade",
+__all__ = ["KIND", "TextXBTConfig", "TextXBTUpgradeConfig", "TextUpgradeResult", "TextUpgradeTrainer", "train_text_upgrade",
            "train_text_xbt",
            "stage1_corpus", "load_text_encoder", "DEFAULT_OLD_MODEL"]

@@ -1,4 +1,4 @@
-"""XBT, cross-modal backward-compatible training (Jang & Lim, seed 000), as two
+"""XBT, cross-modal backward-compatible training (Jang & Lim 2024), as two
 :class:`~nobackfill.train.loop.Method` plug-ins of the one training loop.
 
 Stage 1 - :class:`TextOnlyProjectionPretraining` (Sec. 3.2, Eq. 3)::

@@ -1,6 +1,6 @@
 """Fine-grained zero-shot label sets of the world's main object: classes fixed by some of its
 attributes (size, colour, texture, shape), each with a prompt ensemble in the world's grammar (the
-RECO benchmark's zero-shot task, seed 001 Sec. 4.1: class names in prompts)."""
+RECO benchmark's zero-shot task, Iscen et al. 2023, Sec. 4.1: class names in prompts)."""
 
 from __future__ import annotations
 

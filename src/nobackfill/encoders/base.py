@@ -26,7 +26,7 @@ ImageInput = Union[Image.Image, np.ndarray, str, Path]
 
 @dataclass
 class TokenOutput:
-    """Token-level outputs of one tower (needed by late interaction, seed 003).
+    """Token-level outputs of one tower (needed by late interaction, the Target-CMLI paper).
 
     ``tokens``: float32 ``(N, L, D)`` projected, L2-normalised token embeddings in the shared space.
     ``mask``: bool ``(N, L)``; True for real content tokens (CLS / EOS / padding excluded).

@@ -18,7 +18,7 @@ SPECIAL_TOKENS = (PAD, EOS, BOS)
 
 
 def bpe_trainer(vocab_size: int, min_frequency: int = 2, special_tokens: Iterable[str] = SPECIAL_TOKENS):
-    """The trainer used for every nobackfill BPE vocabulary (base and per-language, seed 004)."""
+    """The trainer used for every nobackfill BPE vocabulary (base and per-language, Yang et al. 2024)."""
     return trainers.BpeTrainer(
         vocab_size=vocab_size,
         min_frequency=min_frequency,

@@ -9,18 +9,9 @@
 
 from .backends import VectorIndex, known_backends, load_index, make_index, parse_spec, register_backend
 from .build import build_gallery
-from .store import (
-    MODALITIES,
-    Bridge,
-    CorruptGalleryError,
-    DuplicateIdError,
-    Gallery,
-    GalleryError,
-    NotAGalleryError,
-    SearchResult,
-    SpaceMismatchError,
-    VerifyReport,
-)
+from .gallery import Gallery
+from .gallery_manifest import MODALITIES
+from .gallery_types import Bridge, CorruptGalleryError, DuplicateIdError, GalleryError, NotAGalleryError, SearchResult, SpaceMismatchError, VerifyReport
 
 __all__ = [
     "MODALITIES",

@@ -35,7 +35,8 @@ from .collection import Collection, is_collection, row_json
 from .importing import ModelCheckRefused, _id_problem
 from .model_check import DEFAULT_SAMPLES, DEFAULT_THRESHOLD, Sample, check_model
 from .storage import parse_uri
-from .store import MODALITIES, SpaceMismatchError
+from .gallery_manifest import MODALITIES
+from .gallery_types import SpaceMismatchError
 
 if TYPE_CHECKING:  # the encoder module pulls in torch
     from ..encoders.base import DualEncoder

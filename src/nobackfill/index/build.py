@@ -1,4 +1,4 @@
-"""Embed images and texts into a :class:`~nobackfill.index.store.Gallery`, resumably.
+"""Embed images and texts into a :class:`~nobackfill.index.gallery.Gallery`, resumably.
 
 Each chunk of ``chunk_size`` items is embedded and committed on its own, so a run that dies is
 resumed by calling :func:`build_gallery` again with the same inputs: committed ids are skipped.
@@ -17,7 +17,8 @@ from typing import TYPE_CHECKING, Any, Callable, Iterator, Sequence
 import numpy as np
 
 from ..progress import progress_bar
-from .store import DuplicateIdError, Gallery
+from .gallery import Gallery
+from .gallery_types import DuplicateIdError
 
 if TYPE_CHECKING:  # importing the encoder module pulls in torch
     from ..encoders.base import DualEncoder

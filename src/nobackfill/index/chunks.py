@@ -1,6 +1,6 @@
 """The chunks of a gallery: reading committed chunks (each checked against the manifest's sha256)
 into the in-memory columns, and committing new ones (:meth:`GalleryChunks.add`), plus the removal of
-the uncommitted files a crash leaves. A mixin of :class:`~nobackfill.index.store.Gallery`."""
+the uncommitted files a crash leaves. A mixin of :class:`~nobackfill.index.gallery.Gallery`."""
 
 from __future__ import annotations
 
@@ -20,11 +20,11 @@ from .gallery_types import CorruptGalleryError, DuplicateIdError, SpaceMismatchE
 
 __all__ = ["GalleryChunks"]
 
-log = logging.getLogger("nobackfill.index.store")  # the gallery's logger, as before the split
+log = logging.getLogger("nobackfill.index.gallery")
 
 
 class GalleryChunks:
-    """Reading and committing the chunks of a :class:`~nobackfill.index.store.Gallery` (which sets
+    """Reading and committing the chunks of a :class:`~nobackfill.index.gallery.Gallery` (which sets
     ``path``, ``_manifest``, ``_cols``, ``_stat`` and ``_check_open``)."""
 
     def _chunks(self, modality: str) -> list[dict[str, Any]]:

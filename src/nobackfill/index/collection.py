@@ -9,7 +9,7 @@ new items, and later backfilled ones, live in the new model's space. It is two t
   source reference, metadata, the *vector key* ``<id>#<rev>`` of their current version), the serving
   plan (spaces, current model, upgrades, routes, merge), which store row serves each item, and the
   backfill's documents. Opening reads its header; nothing is replayed.
-* one **vector store per space** (a crash-safe :class:`~nobackfill.index.store.Gallery` under
+* one **vector store per space** (a crash-safe :class:`~nobackfill.index.gallery.Gallery` under
   ``spaces/<space>/``, or a Milvus collection), whose rows are keyed by vector key, so an upserted
   item never reuses a vector of its old content.
 
@@ -56,7 +56,7 @@ from .plan import Plan, Space
 from .snapshot import EMPTY, HitTable, Snapshot, SpaceView
 from .storage import MANIFEST_FILE as V1_FILE
 from .storage import LocalStorage, SpaceStore, Storage, open_storage
-from .store import MODALITIES
+from .gallery_manifest import MODALITIES
 
 __all__ = [
     "CATALOG_FILE",

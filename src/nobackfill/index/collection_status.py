@@ -16,7 +16,8 @@ from .backends import AUTO_GRAPH_AT, parse_spec
 from .catalog import CatalogError, unsourced_sql
 from .items import CollectionBusyError, CollectionError
 from .snapshot import EMPTY
-from .store import MODALITIES, GalleryError
+from .gallery_manifest import MODALITIES
+from .gallery_types import GalleryError
 
 __all__ = ["CollectionStatus"]
 

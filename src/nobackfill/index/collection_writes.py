@@ -16,7 +16,7 @@ from .items import Item, ItemNotFoundError, _item_json, _row_json
 from .placement import SPACE_DIR, _first_holders, _row_of, _space_dirname, _space_entry
 from .plan import Plan, PlanError, Space
 from .storage import SpaceStore
-from .store import MODALITIES
+from .gallery_manifest import MODALITIES
 
 __all__ = ["CollectionWrites"]
 

@@ -1,6 +1,6 @@
 """The search index of a gallery: built or loaded lazily per modality, grown in place when chunks
 are appended, cached on disk (``index-<modality>.faiss`` and its stamp) and, for an ``auto`` space,
-swapped to its graph in the background. A mixin of :class:`~nobackfill.index.store.Gallery`."""
+swapped to its graph in the background. A mixin of :class:`~nobackfill.index.gallery.Gallery`."""
 
 from __future__ import annotations
 
@@ -16,11 +16,11 @@ from .gallery_manifest import MODALITIES, _chunk_key
 
 __all__ = ["GalleryIndex"]
 
-log = logging.getLogger("nobackfill.index.store")  # the gallery's logger, as before the split
+log = logging.getLogger("nobackfill.index.gallery")
 
 
 class GalleryIndex:
-    """The search indexes of a :class:`~nobackfill.index.store.Gallery` (which sets ``path``,
+    """The search indexes of a :class:`~nobackfill.index.gallery.Gallery` (which sets ``path``,
     ``_manifest``, ``_indexes``, ``_index_manifest`` and ``_lock``)."""
 
     def _index(self, modality: str) -> VectorIndex:

@@ -1,7 +1,7 @@
 """Checking and repairing a gallery: :meth:`GalleryIntegrity.verify` re-hashes every committed
 chunk and checks the cached indexes; :meth:`GalleryIntegrity.repair` rebuilds what is derived and
 takes damaged chunks out of the manifest, listing the ids to add again. A mixin of
-:class:`~nobackfill.index.store.Gallery`."""
+:class:`~nobackfill.index.gallery.Gallery`."""
 
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ __all__ = ["GalleryIntegrity"]
 
 
 class GalleryIntegrity:
-    """:meth:`verify` and :meth:`repair` of a :class:`~nobackfill.index.store.Gallery`."""
+    """:meth:`verify` and :meth:`repair` of a :class:`~nobackfill.index.gallery.Gallery`."""
 
     def verify(self) -> VerifyReport:
         """Re-hash every committed chunk, check counts, shapes and id uniqueness, and check the cached

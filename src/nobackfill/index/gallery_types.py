@@ -1,6 +1,6 @@
 """What a gallery raises and returns: its errors (:class:`SpaceMismatchError` and the
 :class:`GalleryError` family), the :class:`Bridge` protocol, :class:`SearchResult` and the reports
-of :meth:`~nobackfill.index.store.Gallery.verify` and :meth:`~nobackfill.index.store.Gallery.repair`."""
+of :meth:`~nobackfill.index.gallery.Gallery.verify` and :meth:`~nobackfill.index.gallery.Gallery.repair`."""
 
 from __future__ import annotations
 

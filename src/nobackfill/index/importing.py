@@ -32,7 +32,8 @@ import numpy as np
 from ..progress import progress_bar
 from .collection import MAX_ID_LENGTH, Collection, is_collection, row_json
 from .model_check import DEFAULT_SAMPLES, DEFAULT_THRESHOLD, check_model, sample_rows
-from .store import MODALITIES, DuplicateIdError, SpaceMismatchError
+from .gallery_manifest import MODALITIES
+from .gallery_types import DuplicateIdError, SpaceMismatchError
 
 if TYPE_CHECKING:  # the encoder module pulls in torch
     from ..encoders.base import DualEncoder

@@ -29,7 +29,9 @@ from ..data.folder import CAPTIONS_FILE, DataFormatError, image_problem, load_pa
 from ..encoders.base import encode
 from ..progress import progress_bar
 from .collection import Collection, Item, vector_key
-from .store import MODALITIES, DuplicateIdError, SpaceMismatchError, file_sha256
+from .atomic_files import file_sha256
+from .gallery_manifest import MODALITIES
+from .gallery_types import DuplicateIdError, SpaceMismatchError
 
 if TYPE_CHECKING:  # importing the encoder module pulls in torch
     from ..encoders.base import DualEncoder

@@ -11,7 +11,7 @@ from typing import Any, Mapping
 import orjson
 
 from .catalog import Row
-from .store import MODALITIES
+from .gallery_manifest import MODALITIES
 
 __all__ = [
     "CollectionBusyError",

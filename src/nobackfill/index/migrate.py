@@ -16,7 +16,8 @@ from pathlib import Path
 from typing import Any
 
 from .plan import Plan
-from .store import MODALITIES, Gallery
+from .gallery import Gallery
+from .gallery_manifest import MODALITIES
 
 __all__ = ["V1", "gallery_items", "read_v1"]
 

@@ -13,7 +13,7 @@ from .catalog import Writer
 from .items import Item, _item_json
 from .plan import Plan, Space
 from .storage import SpaceStore, Storage
-from .store import MODALITIES
+from .gallery_manifest import MODALITIES
 
 __all__ = ["SPACE_DIR"]
 

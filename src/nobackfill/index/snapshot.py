@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any, Iterable, Mapping
 import numpy as np
 
 from .storage import SpaceStore
-from .store import MODALITIES
+from .gallery_manifest import MODALITIES
 
 if TYPE_CHECKING:
     from .collection import Collection, Item

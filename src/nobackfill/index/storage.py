@@ -3,7 +3,7 @@
 A collection needs, from its storage: a catalog (:mod:`nobackfill.index.catalog`: the items, the
 plan, the backfill's documents and named locks, in SQLite or PostgreSQL) and one vector store per
 embedding space. :class:`LocalStorage` keeps them in a directory (``catalog.sqlite``, a crash-safe
-:class:`~nobackfill.index.store.Gallery` per space); :mod:`nobackfill.index.milvus` keeps the vectors
+:class:`~nobackfill.index.gallery.Gallery` per space); :mod:`nobackfill.index.milvus` keeps the vectors
 in Milvus. A collection is opened by a URI (:func:`parse_uri`): a local path,
 ``milvus-lite:PATH#NAME`` or ``milvus://HOST:PORT[/DB]#NAME``; any of them may name a PostgreSQL
 catalog with ``?catalog=postgresql://USER@HOST:PORT/DB`` (a collection shared by several machines;
@@ -26,8 +26,9 @@ from typing import TYPE_CHECKING, Any, Iterator, Mapping, Protocol, Sequence, ru
 
 import numpy as np
 
-from .store import MANIFEST as GALLERY_MANIFEST
-from .store import Gallery, SearchResult, VerifyReport
+from .gallery_manifest import MANIFEST as GALLERY_MANIFEST
+from .gallery import Gallery
+from .gallery_types import SearchResult, VerifyReport
 
 if TYPE_CHECKING:
     from .catalog import Catalog
@@ -44,7 +45,7 @@ MANIFEST_FILE = "collection.json"
 
 @runtime_checkable
 class SpaceStore(Protocol):
-    """The vectors of one embedding space (a :class:`~nobackfill.index.store.Gallery` is one)."""
+    """The vectors of one embedding space (a :class:`~nobackfill.index.gallery.Gallery` is one)."""
 
     space_id: str
 

@@ -1,4 +1,4 @@
-"""Per-item token outputs stored beside a gallery, for late-interaction re-ranking (seed 003).
+"""Per-item token outputs stored beside a gallery, for late-interaction re-ranking (the Target-CMLI paper).
 
 Layout (a ``tokens/`` folder inside the gallery directory; the gallery itself is untouched and
 ignores it)::
@@ -24,8 +24,9 @@ from typing import Sequence
 
 import numpy as np
 
-from .store import (MODALITIES, CorruptGalleryError, GalleryError, SpaceMismatchError, _sha256, atomic_write_bytes,
-                    read_tagged_json)
+from .atomic_files import _sha256, atomic_write_bytes, read_tagged_json
+from .gallery_manifest import MODALITIES
+from .gallery_types import CorruptGalleryError, GalleryError, SpaceMismatchError
 
 __all__ = ["TOKENS_DIR", "TokenStore", "NoTokensError", "write_tokens"]
 

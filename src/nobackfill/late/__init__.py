@@ -1,4 +1,4 @@
-"""Cross-modal late interaction (seed 003): streamed CMLI scoring (``cmli``), token stores and
+"""Cross-modal late interaction (the Target-CMLI paper): streamed CMLI scoring (``cmli``), token stores and
 re-ranking (``rerank``, ``nobackfill.index.tokens``), CMLI as contrastive logits (``train``),
 Target-CMLI distillation with the empty target (``distill``), world training drivers (``world``),
 attribute-swap hard negatives (``hard_negatives``) and the CLI (``cli``).

@@ -1,4 +1,4 @@
-"""Cross-modal late interaction (CMLI) after FILIP, seed 003 ("Target Cross-Modal Late
+"""Cross-modal late interaction (CMLI) after FILIP, the Target-CMLI paper ("Target Cross-Modal Late
 Interaction"), Eq. 1-4.
 
 For an image with patch tokens ``h_v,k`` (k = 1..N) and a text with word tokens ``h_w,j``

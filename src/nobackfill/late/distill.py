@@ -1,4 +1,4 @@
-"""Target-CMLI knowledge distillation (seed 003, Eq. 5-8), a :class:`Method` plug-in.
+"""Target-CMLI knowledge distillation (the Target-CMLI paper, Eq. 5-8), a :class:`Method` plug-in.
 
 A small student CLIP learns from a larger frozen teacher. As in the seed, the teacher is used as
 an *image* model only: every student output regresses teacher image outputs (the teacher's text

@@ -1,4 +1,4 @@
-"""CMLI re-ranking of a first-stage top-k (seed 003: late interaction as a re-ranking score).
+"""CMLI re-ranking of a first-stage top-k (the Target-CMLI paper: late interaction as a re-ranking score).
 
 The first stage is the gallery's ordinary global search; the top ``rerank_k`` candidates are then
 re-scored with ``global + weight * CMLI`` from stored token outputs (``nobackfill.index.tokens``).
@@ -20,7 +20,8 @@ import numpy as np
 import torch
 
 from ..encoders.base import DualEncoder, TokenOutput
-from ..index.store import Gallery, SearchResult, SpaceMismatchError
+from ..index.gallery import Gallery
+from ..index.gallery_types import SearchResult, SpaceMismatchError
 from ..index.tokens import TokenStore, write_tokens
 from ..progress import progress_bar
 from .cmli import cmli_scores, project_tokens

@@ -18,7 +18,7 @@ __all__ = ["TowerOutputs", "encode_towers", "content_mask"]
 @dataclass
 class TowerOutputs:
     """Unit-norm global embeddings ``(B, D)`` and token embeddings ``(B, L, D)`` with content masks
-    (image CLS and text BOS / EOS / padding excluded, seed 003 Sec. "CMLI")."""
+    (image CLS and text BOS / EOS / padding excluded, the Target-CMLI paper, Sec. "CMLI")."""
 
     image: torch.Tensor | None
     image_tokens: torch.Tensor | None

@@ -1,4 +1,4 @@
-"""Training with CMLI as the contrastive logits (FILIP; seed 003 Eq. 3-4), a :class:`Method`
+"""Training with CMLI as the contrastive logits (FILIP; the Target-CMLI paper, Eq. 3-4), a :class:`Method`
 plug-in of the one training loop.
 
 Loss: ``global_weight * InfoNCE(global) + cmli_weight * L_cmli`` where ``L_cmli`` is FILIP's

@@ -3,7 +3,7 @@
 One entry point for every kind of directory the project writes:
 
 * a **gallery** (``manifest.json``): every committed chunk re-hashed against the manifest, shapes,
-  ids; the cached indexes against their stamps (:meth:`~nobackfill.index.store.Gallery.verify`).
+  ids; the cached indexes against their stamps (:meth:`~nobackfill.index.gallery.Gallery.verify`).
   ``repair`` rebuilds the indexes and drops damaged chunks, listing the ids to add again;
 * a **collection** (``catalog.sqlite``, a previous-format ``collection.json``, or a storage URI): the
   catalog database's own check (``PRAGMA quick_check``) and its invariants, and every space's store;
@@ -103,7 +103,8 @@ def check_models(collection: Any, samples: int = 64, seed: int = 0) -> dict[str,
 
 
 def _gallery(path: str, report: PathReport, repair: bool) -> None:
-    from ..index.store import Gallery, GalleryError
+    from ..index.gallery import Gallery
+    from ..index.gallery_types import GalleryError
 
     try:
         g = Gallery.open(path)
@@ -130,7 +131,8 @@ def _gallery(path: str, report: PathReport, repair: bool) -> None:
 
 def _collection(path: str, report: PathReport, repair: bool) -> None:
     from ..index.collection import Collection, CollectionError
-    from ..index.store import Gallery, GalleryError
+    from ..index.gallery import Gallery
+    from ..index.gallery_types import GalleryError
 
     try:
         c = Collection.open(path)

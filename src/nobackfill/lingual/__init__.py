@@ -1,4 +1,4 @@
-"""Continual language learning (CLL-CLIP with TEIR; seed 004): a deployed text tower learns new
+"""Continual language learning (CLL-CLIP with TEIR; Yang et al. 2024): a deployed text tower learns new
 languages one after another by growing and training only its token embeddings, so the image tower
 and every stored image embedding stay valid.
 

@@ -1,4 +1,4 @@
-"""Task-specific LoRA for the LoRA baseline of the CLL-CLIP paper (seed 004, Reproducibility: LoRA
+"""Task-specific LoRA for the LoRA baseline of the CLL-CLIP paper (Yang et al. 2024, Reproducibility: LoRA
 on the key and value projections of the text tower's self-attention, rank 8, scaling 8; task
 identity needed at inference). One peft adapter per language; :func:`use_language` switches the
 text tower to a language's adapter (or to none, for English and unlearned languages) and gives the
@@ -94,7 +94,7 @@ def lora_tensors(encoder, lang: str) -> Tensors:
 @register
 class TaskLoRA(LingualMethod):
     """``lora``: a LoRA adapter per language on the text tower's k/v projections (Hu et al. 2022;
-    seed 004 Reproducibility: rank 8, scaling 8); the language picks its adapter at inference.
+    Yang et al. 2024 Reproducibility: rank 8, scaling 8); the language picks its adapter at inference.
     The adapters are saved beside the model (safetensors) and re-injected on load."""
 
     NAME = "lora"

@@ -1,4 +1,4 @@
-"""The plug-in base of continual language learning (CLL-CLIP, seed 004): a :class:`LingualMethod`
+"""The plug-in base of continual language learning (CLL-CLIP, Yang et al. 2024): a :class:`LingualMethod`
 says what a baseline adds to CLL-CLIP through hooks that :class:`~.learner.ContinualLearner` and
 the one training loop call (the shape of mammoth's ``NAME`` / ``begin_task`` / ``observe`` /
 ``end_task``):

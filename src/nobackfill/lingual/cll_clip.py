@@ -1,4 +1,4 @@
-"""``cll_clip``: plain CLL-CLIP (seed 004, Fig. 2a): only the token embeddings train, on Eq. 4."""
+"""``cll_clip``: plain CLL-CLIP (Yang et al. 2024, Fig. 2a): only the token embeddings train, on Eq. 4."""
 
 from __future__ import annotations
 

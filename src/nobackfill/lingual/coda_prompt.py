@@ -1,5 +1,5 @@
 """``coda_prompt``: CODA-Prompt-style prompting (Smith et al., CVPR 2023; a baseline of the
-CLL-CLIP paper, seed 004, Reproducibility: E-prompts in the first five layers, 5 components per
+CLL-CLIP paper, Yang et al. 2024, Reproducibility: E-prompts in the first five layers, 5 components per
 task). The prompt is an attention-weighted sum of learnable components ``P_m``:
 
     ``alpha_m(x) = cos(q(x) * A_m, K_m)``                     (CODA-Prompt Eq. 4: keys K, attention A)

@@ -1,4 +1,4 @@
-"""Language tasks and their evaluation for continual language learning (seed 004).
+"""Language tasks and their evaluation for continual language learning (Yang et al. 2024).
 
 * Multi30K task 1 (parallel translations en/de/fr/cs, text only): a task is a language's captions
   paired with the English line of the same image; evaluation is foreign -> English caption

@@ -1,5 +1,5 @@
 """``dualprompt``: DualPrompt-style prompting (Wang et al., ECCV 2022; a baseline of the CLL-CLIP
-paper, seed 004, Reproducibility: G-prompt length 2, E-prompt length 16, pool size = tasks, k = 1).
+paper, Yang et al. 2024, Reproducibility: G-prompt length 2, E-prompt length 16, pool size = tasks, k = 1).
 
 A shared **G(eneral)-prompt** ``g`` (trained in every task) and one **E(xpert)-prompt** ``e_t``
 with a key ``k_t`` per task. A text's query ``q(x)`` (:class:`~.prompts.FrozenQuery`) picks

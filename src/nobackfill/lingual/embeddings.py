@@ -1,4 +1,4 @@
-"""The expandable token embedding layer of CLL-CLIP (Fig. 2a of the CLL-CLIP paper, seed 004) for
+"""The expandable token embedding layer of CLL-CLIP (Fig. 2a of the CLL-CLIP paper, Yang et al. 2024) for
 any Hugging Face text tower we ship: a CLIP text model (:class:`CLIPDualEncoder`) or a BERT-style
 sentence encoder (:class:`MiniLMTextEncoder`).
 

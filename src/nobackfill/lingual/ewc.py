@@ -1,5 +1,5 @@
 """``oewc``: online EWC on the token embeddings (Schwarz et al. 2018; the CLL-CLIP paper's
-baseline, seed 004, Reproducibility: lambda 1000, gamma 1): the loss becomes
+baseline, Yang et al. 2024, Reproducibility: lambda 1000, gamma 1): the loss becomes
 
     ``L + lambda/2 ||theta_t - theta*_{t-1}||^2_{gamma F*_{t-1}}``
 

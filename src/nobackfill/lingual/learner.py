@@ -1,5 +1,5 @@
 """Continual language learning: a deployed model learns languages one after another (CLL-CLIP,
-seed 004). :class:`ContinualLearner` owns the state that survives between tasks - the growing
+Yang et al. 2024). :class:`ContinualLearner` owns the state that survives between tasks - the growing
 vocabulary and table, the token statistics ``c_t`` of TEIR and the registered method (its ER/DER
 buffer, EWC Fisher, adapters, prompts) - and runs each task through the one training loop
 (:func:`nobackfill.train.loop.train`), calling the method's hooks around it.

@@ -1,4 +1,4 @@
-"""CLL-CLIP's training objectives (Eq. 2-4 of the CLL-CLIP paper, seed 004)."""
+"""CLL-CLIP's training objectives (Eq. 2-4 of the CLL-CLIP paper, Yang et al. 2024)."""
 
 from __future__ import annotations
 

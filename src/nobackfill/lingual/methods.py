@@ -1,5 +1,5 @@
 """CLL-CLIP as a :class:`nobackfill.train.loop.Method`: the one training loop trains a task's
-token embeddings (and a method's own parameters) on Eq. 4 of the CLL-CLIP paper (seed 004),
+token embeddings (and a method's own parameters) on Eq. 4 of the CLL-CLIP paper (Yang et al. 2024),
 
     ``L = gamma_1 L_cm + gamma_2 L_cl``                                        (Eq. 4)
 

@@ -1,4 +1,4 @@
-"""Task-specific soft prompts: the prompt-tuning baseline of the CLL-CLIP paper (seed 004, Table 2
+"""Task-specific soft prompts: the prompt-tuning baseline of the CLL-CLIP paper (Yang et al. 2024, Table 2
 "P-Tuning", task identity needed at inference; Reproducibility: 30 prompt tokens).
 
 Each language gets ``length`` learnable prompt vectors. They are extra rows of the token embedding

@@ -1,4 +1,4 @@
-"""Rehearsal baselines of the CLL-CLIP paper (seed 004, Reproducibility; buffer 8,000, reservoir
+"""Rehearsal baselines of the CLL-CLIP paper (Yang et al. 2024, Reproducibility; buffer 8,000, reservoir
 sampling):
 
 * ``er``  (Chaudhry et al. 2019): Eq. 4 also on a replayed batch of earlier tasks' triplets;

@@ -1,5 +1,5 @@
 """TEIR: Token Embedding Initialization and Regularization (Sec. "TEIR" of the CLL-CLIP paper,
-seed 004).
+Yang et al. 2024).
 
 * Initialisation: rows of new tokens ~ N(mu_{t-1}, sigma_{t-1}^2), the statistics of the table
   learned so far (plain CLL-CLIP uses N(0, 0.02^2)).

@@ -1,5 +1,5 @@
 """Per-task vocabularies and their union (CLL-CLIP's expandable vocabulary, Sec. "CLL-CLIP" and
-Fig. 2a of the CLL-CLIP paper, seed 004).
+Fig. 2a of the CLL-CLIP paper, Yang et al. 2024).
 
 For task ``t`` a vocabulary ``V_hat_t`` is trained on the task's texts with Hugging Face
 ``tokenizers`` the way the base tokenizer was trained (byte-level BPE for our CLIP models, see

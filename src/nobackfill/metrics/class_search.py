@@ -1,4 +1,4 @@
-"""Class-matched search (seed 002's "1:N search accuracy"): a query is answered correctly when its
+"""Class-matched search (Biondi et al.'s tutorial's "1:N search accuracy"): a query is answered correctly when its
 nearest gallery item (cosine similarity) has the query's class. Query and gallery may be embedded by
 different models (the cross-test ``M(phi_new^Q, phi_old^G)``); when their dimensions differ the
 shorter side is zero-padded (the tutorial's ``P = [V | 0]`` projection of softmax features, and the

@@ -1,5 +1,5 @@
-"""Compatibility metrics, shared by the backward-compatible upgrade methods (XBT, seed 000) and
-the compatibility-learning family (seed 002).
+"""Compatibility metrics, shared by the backward-compatible upgrade methods (XBT, Jang & Lim 2024) and
+the compatibility-learning family (Biondi et al.'s tutorial).
 
 **Criterion (XBT Eq. 1, after BCT).** With cosine distance ``d`` and labels ``y`` (paired
 image-text or same class), a new query model is compatible with the old gallery when
@@ -12,7 +12,7 @@ paired / unpaired ``(i, j)`` that satisfy each inequality. For cross-modal retri
 (:func:`cross_modal_criterion`) the two cases are ``w_new / v_old`` (text queries, image
 gallery) and ``v_new / w_old`` (image queries, text gallery).
 
-**Empirical criterion and the compatibility matrix (seed 002).** ``C[t, k]`` is the performance
+**Empirical criterion and the compatibility matrix (Biondi et al.'s tutorial).** ``C[t, k]`` is the performance
 (e.g. R@1) of query model ``t`` against a gallery indexed by model ``k`` (``k <= t``); ``C[k, k]``
 is model ``k``'s self-test. Model ``t`` is compatible with ``k`` when the cross-test beats the
 older self-test, ``C[t, k] > C[k, k]``. Over ``T`` models::

@@ -1,4 +1,4 @@
-"""Continual-learning metrics over a recall matrix (CLL-CLIP paper, seed 004, Sec. "Metrics").
+"""Continual-learning metrics over a recall matrix (CLL-CLIP paper, Yang et al. 2024, Sec. "Metrics").
 
 ``a[j][i]`` is Recall@1 on task ``i`` after training on task ``j`` (0-based here; only ``j >= i``
 enters the metrics, so a full matrix with zero-shot entries ``j < i`` is accepted):

@@ -1,4 +1,4 @@
-"""Negative / positive flips between two model versions (seed 002, "Negative Flips Reduction").
+"""Negative / positive flips between two model versions (Biondi et al.'s tutorial, "Negative Flips Reduction").
 
 A *negative flip* is a sample the old model got right and the new model gets wrong. For a
 discriminative model (classification), or any per-sample correctness such as retrieval top-1

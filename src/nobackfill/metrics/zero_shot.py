@@ -1,4 +1,4 @@
-"""Zero-shot classification and the diagnostics that explain it (RECO benchmark, seed 001).
+"""Zero-shot classification and the diagnostics that explain it (RECO benchmark, Iscen et al. 2023).
 
 * :func:`zero_shot_accuracy`: top-1 of ``argmax_c cos(image, prompt_c)`` (the RECO paper's zero-shot
   transfer, Sec. 4.2: class-name prompts embedded by the text tower).

@@ -1,4 +1,4 @@
-"""RECO, retrieval-enhanced contrastive embeddings (seed 001): refine frozen-encoder embeddings with
+"""RECO, retrieval-enhanced contrastive embeddings (Iscen et al. 2023): refine frozen-encoder embeddings with
 cross-modal knowledge retrieved from an external memory, without retraining the encoder or
 re-embedding the gallery.
 

@@ -1,4 +1,4 @@
-"""How a RECO model (seed 002) is scored, as ``bench reco`` reports it: zero-shot on every label set
+"""How a RECO model (Iscen et al. 2023) is scored, as ``bench reco`` reports it: zero-shot on every label set
 with the base or refined class vectors, which attributes a prediction gets right, and retrieval with
 refined queries against the original gallery (``queries_only``) or both sides refined (``both``)."""
 

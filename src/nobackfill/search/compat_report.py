@@ -2,8 +2,8 @@
 into an old space, search a gallery embedded by the old model. Rows old/old (today), new/new (a
 full backfill, the upgrade off), raw new/old (incompatible spaces, near chance) and upgraded
 new/old; gap closure ``(upgraded - old/old) / (new/new - old/old)`` per direction; the compatibility
-criterion of Eq. 1 (seed 000, XBT: Jang et al., "Backward-compatible Training for Cross-modal
-Retrieval"); prediction flips against old/old; and the on/off check (the upgraded model with its
+criterion of Eq. 1 of XBT (Jang & Lim 2024, "Towards Cross-modal Backward-compatible Representation
+Learning for Vision-Language Models"); prediction flips against old/old; and the on/off check (the upgraded model with its
 adapters off gives the original new model's vectors). Queries go through the one query pipeline
 (:func:`~nobackfill.search.searcher.query_side_for`), as the searcher's do."""
 

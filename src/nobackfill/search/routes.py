@@ -6,7 +6,7 @@ For a query embedded by the collection's current model and a space ``S`` of the 
 * ``native`` - ``S`` is the current model's space: the query as embedded.
 * ``old-model`` - the query embedded by ``S``'s own model, kept warm (old/old quality).
 * ``bridge`` - the current model's query carried into ``S`` by registered upgrades: at most one
-  encoder upgrade applied to the current model (XBT, seed 000 Eq. 4: ``phi(E_new(x))`` with the
+  encoder upgrade applied to the current model (XBT, Jang & Lim 2024, Eq. 4: ``phi(E_new(x))`` with the
   upgrade's adapters on), then vector bridges (phi, Procrustes, SLERP) along the shortest chain.
 * ``fused`` - the score-level combination ``s = (1 - w) s_old + w s_bridge``. Both queries live in
   ``S``, and a score is an inner product, so ``s = <(1 - w) q_old + w q_bridge, v>``: one search
@@ -26,7 +26,7 @@ import numpy as np
 
 from ..encoders.base import DualEncoder, encode
 from ..index.plan import Plan, RouteChoice, UpgradeRecord
-from ..index.store import SpaceMismatchError
+from ..index.gallery_types import SpaceMismatchError
 from .models import ModelPool
 
 __all__ = ["BRIDGE", "DIRECTIONS", "FUSED", "NATIVE", "OLD_MODEL", "ROUTES", "BridgePath", "NoRouteError",
@@ -102,7 +102,7 @@ class QuerySide:
     ``direct`` embeds straight into the space (native / old-model); ``bridged`` is the encoder of a
     bridge route (the current model, upgraded or not) and ``bridge`` the vector bridge after it
     (None when the encoder upgrade lands in the space); ``fused`` uses both with ``weight``.
-    ``refine`` (RECO, seed 001) refines an encoder's outputs in its own space before any vector
+    ``refine`` (RECO, Iscen et al. 2023) refines an encoder's outputs in its own space before any vector
     bridge: ``refine(vectors, modality, space_id)``.
     """
 

@@ -34,7 +34,7 @@ from ..encoders.base import DualEncoder
 from ..index.collection import Collection, Snapshot
 from ..index.plan import Plan, Space, UpgradeRecord
 from .limits import Limits
-from ..index.store import SpaceMismatchError
+from ..index.gallery_types import SpaceMismatchError
 from .merge import DEFAULT_MERGE, MERGES, Candidate, ScoreMap, merge
 from .models import ModelPool, model_ref
 from .routes import BRIDGE, DIRECTIONS, NATIVE, NoRouteError, QuerySide, RoutePlanner, direction_of, upgrade_entry
@@ -113,8 +113,8 @@ class Searcher:
     """Answers ``search(text=... | image=..., k, filter)`` over a collection (see the module doc).
 
     ``query_model`` (a model directory or a loaded encoder) and ``bridges`` (upgrade directories)
-    switch to the explicit-query-model mode. ``reco`` (a RECO directory, seed 001) refines the
-    query embeddings of its own space; ``rerank`` (``cmli`` / ``cmli-sym``, seed 003) re-scores the
+    switch to the explicit-query-model mode. ``reco`` (a RECO directory, Iscen et al. 2023) refines the
+    query embeddings of its own space; ``rerank`` (``cmli`` / ``cmli-sym``, the Target-CMLI paper) re-scores the
     first-stage top ``rerank_k`` of a space that stores token outputs, when the query is embedded by
     that space's own model. ``merge`` and ``routes`` (``{space: route}``) override the plan's.
     """
@@ -342,8 +342,8 @@ class Searcher:
         return prep
 
     def _rerank(self, view, side: QuerySide, gmod: str, query: Any, res, qi: int, k: int):
-        """CMLI re-ranking (seed 003) of one query's first-stage list in one space."""
-        from ..index.store import SearchResult
+        """CMLI re-ranking (the Target-CMLI paper) of one query's first-stage list in one space."""
+        from ..index.gallery_types import SearchResult
         from ..late.rerank import rerank_search
 
         first = SearchResult(scores=res.scores[qi:qi + 1], ids=[res.ids[qi]], positions=res.positions[qi:qi + 1])
@@ -404,7 +404,7 @@ def _check_upgrades(ups: Sequence[Any], encoder: DualEncoder) -> None:
 
 
 def _reco_refiner(reco: Path, spaces: set[str]):
-    """RECO's refinement (seed 001) of query vectors of its own space; refuses a RECO directory
+    """RECO's refinement (Iscen et al. 2023) of query vectors of its own space; refuses a RECO directory
     of a space none of ``spaces`` is."""
     from ..reco.model import load_reco
 

@@ -1,4 +1,4 @@
-"""Compatibility learning over a sequence of model updates (seed 002, the compatibility-learning
+"""Compatibility learning over a sequence of model updates (Biondi et al.'s tutorial, the compatibility-learning
 tutorial): every method is a :class:`~.base.CompatMethod` plug-in of the one training loop,
 registered by name.
 

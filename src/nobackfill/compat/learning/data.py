@@ -1,4 +1,4 @@
-"""Class-incremental data for the compatibility-learning family (seed 002's setting on our world).
+"""Class-incremental data for the compatibility-learning family (Biondi et al.'s tutorial's setting on our world).
 
 * **Items.** Scenes of the world (``nobackfill.data.world.make_item``) with a single object, so the
   class label (``"<colour> <shape>"``, 64 classes) is the only object in the picture. Items are

@@ -10,7 +10,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from ..store import VerifyReport
+from ..gallery_types import VerifyReport
 from .connection import BOUNDED, FILTER_IN_MAX, FRESH_S, STRONG
 from .space_store import MilvusSpaceStore
 

@@ -12,7 +12,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from ..store import DuplicateIdError, SearchResult, SpaceMismatchError, VerifyReport
+from ..gallery_types import DuplicateIdError, SearchResult, SpaceMismatchError, VerifyReport
 from .connection import (BOUNDED, FILTER_IN_MAX, FLUSH_EVERY, FRESH_S, KEY_MAX, MAX_TOPK, SEQ_MARGIN_NS, STRONG,
                          _loaded, milvus_index_params)
 

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 from ..storage import Storage
-from ..store import SpaceMismatchError
+from ..gallery_types import SpaceMismatchError
 from .adopted import MilvusAdoptedStore
 from .connection import KEY_MAX, STRONG, VALUE_MAX, _client, _loaded, _q, _safe
 from .space_store import MilvusSpaceStore

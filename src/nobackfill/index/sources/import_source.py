@@ -11,7 +11,7 @@ from typing import Any, Iterator, Sequence
 import numpy as np
 
 from ..ingest import image_id
-from ..store import file_sha256
+from ..atomic_files import file_sha256
 from .common import ImportBatch, SourceError
 from .items import _Items, _Segment
 from .tables import _Chunk
