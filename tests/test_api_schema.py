@@ -131,7 +131,7 @@ def test_schemathesis_finds_nothing(live, tmp_path):
     result = json.loads(report.read_text())
     assert result["complete"] and not result["failures"] and not result["errors"], out[-12000:]
     assert result["test_cases"]["with_failures"] == 0 and result["test_cases"]["generated"] >= 200, result["test_cases"]
-    assert result["operations"]["tested"] == result["operations"]["selected"] == 13, result["operations"]
+    assert result["operations"]["tested"] == result["operations"]["selected"] == 18, result["operations"]
     assert {name: phase["status"] for name, phase in result["phases"].items() if name != "examples"} == \
         {"coverage": "success", "fuzzing": "success", "stateful": "success"}, result["phases"]
 
@@ -179,14 +179,17 @@ def test_the_schema_documents_every_error_with_one_model(live):
         if op.get("security"):
             assert "401" in op["responses"], (method, path)
     admin_ops = [("POST", "/v1/items"), ("DELETE", "/v1/items/{item_id}"), ("POST", "/v1/upgrade"),
-                 ("POST", "/v1/backfill/start"), ("POST", "/v1/backfill/pause"), ("POST", "/v1/backfill/resume")]
+                 ("POST", "/v1/backfill/start"), ("POST", "/v1/backfill/pause"), ("POST", "/v1/backfill/resume"),
+                 ("POST", "/v1/backfill/cancel"), ("POST", "/v1/routes"), ("POST", "/v1/calibrate"),
+                 ("POST", "/v1/retire"), ("POST", "/v1/verify"), ("POST", "/v1/import")]
     for key in admin_ops:
         assert "403" in ops[key]["responses"], key
     for key, statuses in {("POST", "/v1/search"): {"400", "413", "415", "422"},
                           ("POST", "/v1/items"): {"400", "409", "413", "415", "422"},
                           ("GET", "/v1/items/{item_id}"): {"404"}, ("DELETE", "/v1/items/{item_id}"): {"404"},
                           ("POST", "/v1/upgrade"): {"400", "404", "409", "415", "422"},
-                          ("POST", "/v1/backfill/pause"): {"409"}}.items():
+                          ("POST", "/v1/backfill/pause"): {"409"}, ("POST", "/v1/routes"): {"404", "422"},
+                          ("POST", "/v1/retire"): {"404", "409"}, ("POST", "/v1/calibrate"): {"403", "404"}}.items():
         assert statuses <= set(ops[key]["responses"]), (key, sorted(ops[key]["responses"]))
     # 2xx bodies are typed, and the enforced constraints are in the schema
     for key in [("POST", "/v1/search"), ("POST", "/v1/items"), ("GET", "/v1/items/{item_id}"), ("GET", "/v1/status"),

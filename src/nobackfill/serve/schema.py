@@ -3,7 +3,8 @@ schema says what is validated), response bodies, the one error body, and the Ope
 from them (``GET /openapi.json``; ``schemathesis`` checks it against the running service).
 
 Request models depend on the server's :class:`~nobackfill.serve.settings.Limits` (``k``, caption
-length, batch size), so :func:`request_models` builds them per app.
+length, batch size), so :func:`request_models` builds them per app. The response bodies live in
+:mod:`~nobackfill.serve.responses` (re-exported here).
 """
 
 from __future__ import annotations
@@ -16,9 +17,16 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 from ..client.remote import ID_HEADER
 from ..index.collection import MAX_ID_LENGTH
 
+from .responses import (AddResult, BackfillStatus, Deleted, Health, Hit, ImportResult, ItemOut, Retired, Routes,
+                        SearchResults, SpaceStatus, Status, UpgradeResult, VerifyReport)
+
 __all__ = ["ERROR_STATUSES", "FILTER_FIELD", "ID_HEADER", "ID_PATTERN", "IMAGE_TYPES", "NONBLANK", "REL_PATH",
-           "BackfillRequest", "ErrorBody", "RequestModels", "UpgradeRequest", "errors", "finish_openapi",
-           "form_encodings", "request_models"]
+           "BackfillRequest", "CalibrateRequest", "ErrorBody", "ImportRequest", "RequestModels", "RetireRequest",
+           "RouteRequest", "UpgradeRequest", "VerifyRequest", "any_request_errors", "errors", "finish_openapi",
+           "form_encodings", "item_links", "json_or_form", "request_models",
+           # the response bodies (:mod:`~nobackfill.serve.responses`)
+           "AddResult", "BackfillStatus", "Deleted", "Health", "Hit", "ImportResult", "ItemOut", "Retired", "Routes",
+           "SearchResults", "SpaceStatus", "Status", "UpgradeResult", "VerifyReport"]
 
 #: a text with at least one character that is white space neither to JSON Schema's regular
 #: expressions (ECMA-262 ``\s``) nor to Python (``str.isspace``, what ``strip`` removes): the same
@@ -200,7 +208,8 @@ class RouteRequest(BaseModel):
     direction: Literal["t2i", "i2t", "t2t", "i2i"]
     route: Optional[Literal["old-model", "bridge", "fused"]] = Field(None, description="null removes the pin.")
     w: Optional[float] = Field(None, ge=0, le=1, allow_inf_nan=False,
-                               description="Weight of the bridge score of a fused route.")
+                               description="Weight of the bridge score of a fused route (default: the "
+                                           "calibrated weight, else 0.5).")
 
 
 class CalibrateRequest(BaseModel):
@@ -250,150 +259,37 @@ class ImportRequest(BaseModel):
     lossy: bool = Field(False, description="Accept a faiss index that stores vectors lossily (PQ, SQ).")
 
 
-# ----------------------------------------------------------------------------- responses
-class _Open(BaseModel):
-    model_config = ConfigDict(extra="allow")
-
-
-class Hit(_Open):
-    """One result; the item's metadata (``text`` of a caption, ``path`` of an image relative to the
-    collection or the data root...) is flattened in."""
-
-    rank: int
-    score: float
-    id: str
-    space: str
-    route: str
-
-
-class SearchResults(_Open):
-    query: str
-    modality: Literal["image", "text"]
-    hits: list[Hit]
-
-
-class AddResult(_Open):
-    added: int
-    unchanged: int
-    metadata_updated: int
-    recovered: int
-    skipped: int
-    ids: list[str]
-
-
-class ItemOut(BaseModel):
-    id: str
-    modality: Literal["image", "text"]
-    metadata: dict[str, Any]
-    space: Optional[str]
-
-
-class Deleted(BaseModel):
-    deleted: str
-
-
-class BackfillStatus(_Open):
-    done: int
-    total: int
-    fraction: float
-    state: str = Field(..., description="none | running | paused | idle (no worker runs: see `note`) | done")
-    order: Optional[str] = None
-    target: Optional[str] = None
-    no_source: int = Field(0, description="Items the backfill skips: no source to embed them from.")
-    workers: int = 0
-    rate: float = 0.0
-    eta_s: Optional[float] = None
-    per_modality: dict[str, dict[str, int]] = Field(default_factory=dict,
-                                                    description="{modality: {done, total}} in the current space.")
-    holders: list[dict[str, Any]] = Field(default_factory=list,
-                                          description="Live workers: shard, owner, host, pid, since.")
-    phase: Optional[str] = Field(None, description="Uncertainty order: 'sample' until its sample is in, then 'order'.")
-    sample: Optional[int] = Field(None, description="Items in the uncertainty order's training sample.")
-    last_worker: Optional[dict[str, Any]] = Field(None, description="The last worker to stop, when none runs.")
-    note: Optional[str] = Field(None, description="What to do when no worker runs.")
-    worker: Optional[str] = Field(None, description="This server's worker: running | idle.")
-    worker_stopped: Optional[str] = Field(None, description="Why this server's worker stopped, when it gave up.")
-    error: Optional[str] = Field(None, description="The error that stopped this server's worker.")
-
-
-class SpaceStatus(_Open):
-    name: str
-    model: str
-    dim: Optional[int]
-    current: bool
-    retired: bool
-    image: int = Field(0, description="Images this space serves.")
-    text: int = Field(0, description="Captions this space serves.")
-    index: dict[str, dict[str, Any]] = Field(
-        default_factory=dict, description="{modality: {backend, in_use, building, count}}: the vector index that "
-                                          "answers (auto: Flat while small, the graph past its threshold).")
-    imports: list[dict[str, Any]] = Field(default_factory=list, description="Vectors imported into this space: "
-                                                                            "from, items, model_check, at.")
-
-
-class Status(_Open):
-    name: str
-    path: str = Field(..., description="The collection's name (never a path on the server).")
-    generation: int
-    items: dict[str, int]
-    current: str
-    spaces: dict[str, SpaceStatus]
-    unserved: int
-    unsourced: int = Field(0, description="Items with no source to embed them again from (imported without one): "
-                                          "searched in their space, never backfilled.")
-    backend: str
-    routes: dict[str, Any]
-    merge: str
-    calibrated: bool
-    backfill: BackfillStatus
-    limits: dict[str, int]
-
-
-class ImportResult(BaseModel):
-    items: int = Field(..., description="Items read from the source.")
-    added: int
-    unchanged: int
-    seconds: float
-    model_check: dict[str, Any] = Field(..., description="The model check's verdict, or {skipped: true}.")
-    warnings: list[str] = Field(default_factory=list)
-
-
-class UpgradeResult(BaseModel):
-    current: str
-    spaces: list[str]
-    merge: Optional[str]
-    routes: dict[str, Any] = Field(default_factory=dict, description="Per older space and direction, its route.")
-
-
-class Routes(BaseModel):
-    routes: dict[str, Any] = Field(..., description="Per older space and direction: route, weight, calibration.")
-    merge: Optional[str] = None
-
-
-class Retired(BaseModel):
-    retired: str
-    dropped_unsourced: int
-
-
-class VerifyReport(_Open):
-    kind: str
-    problems: list[str] = Field(..., description="Stored data that is wrong (empty: all checked files are sound).")
-    derived: list[str] = Field(default_factory=list, description="Caches that are stale (never served; rebuilt).")
-    advice: list[str] = Field(default_factory=list)
-    model_check: dict[str, Any] = Field(default_factory=dict)
-
-
-class Health(BaseModel):
-    ok: bool
-    generation: int
-    models: int
-
-
 # ----------------------------------------------------------------------------- the document
+_ERROR_REF = {"$ref": "#/components/schemas/ErrorBody"}
+
+
+def any_request_errors() -> dict[int | str, dict[str, Any]]:
+    """``responses=`` of the app: what any request may get before it reaches its operation (a
+    Content-Length that is no number, a body over the limit), JSON whatever the operation answers."""
+    return {s: {"description": ERROR_STATUSES[s], "content": {"application/json": {"schema": dict(_ERROR_REF)}}}
+            for s in (400, 413)}
+
+
+def json_or_form(json_model: str, form: str) -> dict[str, Any]:
+    """``openapi_extra=`` of an operation that takes JSON (schema ``json_model``) or multipart (schema
+    ``form``) on one path: its two request bodies, whose schemas :func:`finish_openapi` adds."""
+    return {"requestBody": {"required": True, "content": {
+        "application/json": {"schema": {"$ref": f"#/components/schemas/{json_model}"}},
+        "multipart/form-data": {"schema": {"$ref": f"#/components/schemas/{form}"},
+                                "encoding": form_encodings()[form]}}}}
+
+
+def item_links(item_id: str) -> dict[str, Any]:
+    """OpenAPI links from an added item to the operations on it (schemathesis' stateful phase)."""
+    return {name: {"operationId": op, "parameters": {"item_id": item_id}}
+            for name, op in (("GetItem", "get_item"), ("GetThumbnail", "thumbnail"), ("DeleteItem", "delete"))}
+
+
 def finish_openapi(schema: dict[str, Any], models: RequestModels) -> dict[str, Any]:
-    """FastAPI's document made exact: the per-app request models and the form bodies under
-    ``components/schemas`` (every ``$ref`` resolves), FastAPI's own validation-error shapes gone
-    (every error is :class:`ErrorBody`), 422 only where an operation can answer it."""
+    """FastAPI's document completed with what it cannot express: the per-app request models and the
+    form bodies of the JSON-or-multipart operations (:func:`json_or_form`) under
+    ``components/schemas`` (every ``$ref`` resolves), and FastAPI's own validation-error shapes gone
+    (every error is :class:`ErrorBody`; 422 only where an operation can answer it)."""
     comps = schema.setdefault("components", {}).setdefault("schemas", {})
     for model in (models.search, models.text_item, models.add_texts):
         js = model.model_json_schema(ref_template="#/components/schemas/{model}")
@@ -405,14 +301,9 @@ def finish_openapi(schema: dict[str, Any], models: RequestModels) -> dict[str, A
         comps.pop(name, None)
     for ops in schema.get("paths", {}).values():
         for op in ops.values():
-            if not isinstance(op, dict):
-                continue
-            for status, resp in list(op.get("responses", {}).items()):
+            responses = op.get("responses", {}) if isinstance(op, dict) else {}
+            for status, resp in list(responses.items()):
                 ref = (((resp.get("content") or {}).get("application/json") or {}).get("schema") or {}).get("$ref", "")
                 if ref.endswith("/HTTPValidationError"):
-                    del op["responses"][status]
-            for status in (400, 413):  # any request: a Content-Length that is no number, or over the limit
-                op["responses"].setdefault(str(status), {
-                    "description": ERROR_STATUSES[status],
-                    "content": {"application/json": {"schema": {"$ref": "#/components/schemas/ErrorBody"}}}})
+                    del responses[status]
     return schema

@@ -1,0 +1,161 @@
+"""Every failure as one JSON body ``{"detail", "field"}`` (:class:`~nobackfill.serve.schema.ErrorBody`):
+:class:`ApiError` (what a client caused), the exception handlers that turn it, FastAPI's validation
+errors and Starlette's HTTP errors into that body, and :class:`FastJSON`, the response class every
+JSON reply (errors included) is rendered by.
+
+Messages name files as :mod:`~nobackfill.serve.paths` shows them (never a path on the server),
+except for a 404 / 405, which name the client's own request path.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from .schema import ID_PATTERN, NONBLANK, REL_PATH, SEGMENT
+
+__all__ = ["ApiError", "FastJSON", "allowed_methods", "error_response", "install_handlers", "loc",
+           "validation_error"]
+
+log = logging.getLogger("nobackfill.serve")
+
+
+class ApiError(Exception):
+    """An error a client caused: ``status`` and a message naming the field or the problem."""
+
+    def __init__(self, status: int, detail: str, field: str | None = None) -> None:
+        super().__init__(detail)
+        self.status, self.detail, self.field = status, detail, field
+
+
+class FastJSON(JSONResponse):
+    """A JSON response serialised by orjson (several times faster than json for hit lists); what
+    orjson refuses (integers past 64 bits, very deep nesting) goes through the json module."""
+
+    def render(self, content: Any) -> bytes:
+        import orjson
+
+        try:
+            return orjson.dumps(content)
+        except TypeError:  # orjson.JSONEncodeError is a TypeError
+            return json.dumps(content, ensure_ascii=False, separators=(",", ":"), default=str).encode("utf-8")
+
+
+def error_response(status: int, detail: str, field: str | None = None, headers: dict | None = None) -> JSONResponse:
+    """The one error body (:class:`~nobackfill.serve.schema.ErrorBody`): ``field`` always present."""
+    return FastJSON({"detail": detail, "field": field}, status_code=status, headers=headers)
+
+
+def loc(parts: Any) -> str:
+    """``("items", 0, "text")`` -> ``items[0].text``."""
+    out = ""
+    for x in parts:
+        out += f"[{x}]" if isinstance(x, int) else (f".{x}" if out else str(x))
+    return out
+
+
+def validation_error(errs: list[dict]) -> ApiError:
+    """The first of pydantic's errors as one message that names the field (``items[0].text``)."""
+    first = errs[0] if errs else {}
+    field = loc([x for x in first.get("loc", ()) if x not in ("body", "query", "path", "header")]) or "body"
+    kind, ctx, value = first.get("type", ""), first.get("ctx") or {}, first.get("input")
+    msg = first.get("msg", "invalid")
+    if kind == "json_invalid":
+        return ApiError(400, f"malformed JSON: {ctx.get('error', msg)}", "body")
+    if kind == "string_pattern_mismatch":
+        pattern = ctx.get("pattern")
+        if pattern == NONBLANK:
+            msg = "empty (only white space)"
+        elif pattern == ID_PATTERN:
+            msg = "not a valid id (no '/', '\\\\' or control characters; not starting with '.', '[' or a space)"
+        elif pattern in (REL_PATH, SEGMENT):
+            if isinstance(value, str) and (value.startswith("/") or ".." in value.replace("\\", "/").split("/")):
+                return ApiError(400, f"{field}: {value!r} lies outside the allowed root", field)
+            msg = "a path relative to the root: segments of letters, digits, '_', '-', '+', '.', none starting with '.'"
+    elif kind == "string_too_long":
+        msg = f"{len(value) if isinstance(value, str) else '?'} characters, the limit is {ctx.get('max_length')}"
+    elif kind == "too_long":
+        n = len(value) if isinstance(value, (list, tuple)) else "?"
+        msg = f"{n} items, the limit is {ctx.get('max_length')} per request"
+    elif kind in ("too_short", "string_too_short"):
+        msg = "empty"
+    elif kind in ("less_than_equal", "greater_than_equal", "greater_than", "less_than"):
+        msg = f"{msg}, got {value!r}"
+    elif kind == "extra_forbidden":
+        msg = "unknown field"
+    elif kind == "missing":
+        msg = "required"
+    return ApiError(422, f"{field}: {msg}", field)
+
+
+def allowed_methods(request: Request) -> list[str]:
+    """Every method some route takes at this path (for ``Allow``), the routes of the included
+    routers too (a FastAPI that keeps an included router as one route lists them by
+    ``iter_route_contexts``; an older one copies them into the app's routes)."""
+    from starlette.routing import Match
+
+    try:
+        from fastapi.routing import iter_route_contexts
+    except ImportError:  # FastAPI before nested routers
+        def iter_route_contexts(routes):
+            return routes
+
+    methods: set[str] = set()
+    for route in iter_route_contexts(request.scope["app"].router.routes):
+        allowed = getattr(route, "methods", None)  # a Mount takes every method of its own app
+        if allowed and route.matches(request.scope)[0] != Match.NONE:
+            methods |= set(allowed)
+    order = ["GET", "HEAD", "POST", "PUT", "PATCH", "DELETE"]
+    return sorted(methods, key=lambda m: (order.index(m) if m in order else len(order), m))
+
+
+def _public(request: Request, text: str) -> str:
+    """``text`` with the server's paths shown as the service shows them."""
+    return request.app.state.service.paths.text(text)
+
+
+# ----------------------------------------------------------------------------- the handlers
+async def api_error(request: Request, exc: ApiError) -> JSONResponse:
+    return error_response(exc.status, _public(request, exc.detail), exc.field)
+
+
+async def invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
+    err = validation_error(exc.errors())
+    return error_response(err.status, _public(request, err.detail), err.field)
+
+
+async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+    headers = dict(exc.headers or {})
+    field = getattr(exc, "field", None)
+    detail = exc.detail if isinstance(exc.detail, str) else str(exc.detail)
+    if exc.status_code == 404:
+        detail, field = f"not found: {request.method} {request.url.path}", "path"
+    elif exc.status_code == 405:
+        allowed = allowed_methods(request)
+        headers["Allow"] = ", ".join(allowed)
+        detail, field = f"{request.method} is not allowed here (allowed: {', '.join(allowed)})", "method"
+    elif exc.status_code == 400 and field is None:
+        field = "body"  # a multipart body that does not parse
+        detail = f"malformed body: {detail}"
+    if exc.status_code not in (404, 405):  # those name the client's own path
+        detail = _public(request, detail)
+    return error_response(exc.status_code, detail, field, headers=headers)
+
+
+async def server_error(_request: Request, exc: Exception) -> JSONResponse:
+    log.error("unhandled error", exc_info=exc)
+    return error_response(500, f"internal error ({type(exc).__name__})", None)
+
+
+def install_handlers(app: FastAPI) -> None:
+    """Every error of ``app`` as one :class:`~nobackfill.serve.schema.ErrorBody`."""
+    app.add_exception_handler(ApiError, api_error)
+    app.add_exception_handler(RequestValidationError, invalid)
+    app.add_exception_handler(StarletteHTTPException, http_error)
+    app.add_exception_handler(Exception, server_error)

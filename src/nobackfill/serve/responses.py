@@ -1,0 +1,151 @@
+"""The API's response bodies: a model for every 2xx JSON reply (``response_model`` of each operation),
+open (``extra="allow"``) where the collection may add fields a client should pass through.
+
+Re-exported by :mod:`~nobackfill.serve.schema`, which holds the request bodies and the document."""
+
+from __future__ import annotations
+
+from typing import Any, Literal, Optional
+
+from pydantic import BaseModel, ConfigDict, Field
+
+__all__ = ["AddResult", "BackfillStatus", "Deleted", "Health", "Hit", "ImportResult", "ItemOut", "Retired", "Routes",
+           "SearchResults", "SpaceStatus", "Status", "UpgradeResult", "VerifyReport"]
+
+
+class _Open(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+
+class Hit(_Open):
+    """One result; the item's metadata (``text`` of a caption, ``path`` of an image relative to the
+    collection or the data root...) is flattened in."""
+
+    rank: int
+    score: float
+    id: str
+    space: str
+    route: str
+
+
+class SearchResults(_Open):
+    query: str
+    modality: Literal["image", "text"]
+    hits: list[Hit]
+
+
+class AddResult(_Open):
+    added: int
+    unchanged: int
+    metadata_updated: int
+    recovered: int
+    skipped: int
+    ids: list[str]
+
+
+class ItemOut(BaseModel):
+    id: str
+    modality: Literal["image", "text"]
+    metadata: dict[str, Any]
+    space: Optional[str]
+
+
+class Deleted(BaseModel):
+    deleted: str
+
+
+class BackfillStatus(_Open):
+    done: int
+    total: int
+    fraction: float
+    state: str = Field(..., description="none | running | paused | idle (no worker runs: see `note`) | done")
+    order: Optional[str] = None
+    target: Optional[str] = None
+    no_source: int = Field(0, description="Items the backfill skips: no source to embed them from.")
+    workers: int = 0
+    rate: float = 0.0
+    eta_s: Optional[float] = None
+    per_modality: dict[str, dict[str, int]] = Field(default_factory=dict,
+                                                    description="{modality: {done, total}} in the current space.")
+    holders: list[dict[str, Any]] = Field(default_factory=list,
+                                          description="Live workers: shard, owner, host, pid, since.")
+    phase: Optional[str] = Field(None, description="Uncertainty order: 'sample' until its sample is in, then 'order'.")
+    sample: Optional[int] = Field(None, description="Items in the uncertainty order's training sample.")
+    last_worker: Optional[dict[str, Any]] = Field(None, description="The last worker to stop, when none runs.")
+    note: Optional[str] = Field(None, description="What to do when no worker runs.")
+    worker: Optional[str] = Field(None, description="This server's worker: running | idle.")
+    worker_stopped: Optional[str] = Field(None, description="Why this server's worker stopped, when it gave up.")
+    error: Optional[str] = Field(None, description="The error that stopped this server's worker.")
+
+
+class SpaceStatus(_Open):
+    name: str
+    model: str
+    dim: Optional[int]
+    current: bool
+    retired: bool
+    image: int = Field(0, description="Images this space serves.")
+    text: int = Field(0, description="Captions this space serves.")
+    index: dict[str, dict[str, Any]] = Field(
+        default_factory=dict, description="{modality: {backend, in_use, building, count}}: the vector index that "
+                                          "answers (auto: Flat while small, the graph past its threshold).")
+    imports: list[dict[str, Any]] = Field(default_factory=list, description="Vectors imported into this space: "
+                                                                            "from, items, model_check, at.")
+
+
+class Status(_Open):
+    name: str
+    path: str = Field(..., description="The collection's name (never a path on the server).")
+    generation: int
+    items: dict[str, int]
+    current: str
+    spaces: dict[str, SpaceStatus]
+    unserved: int
+    unsourced: int = Field(0, description="Items with no source to embed them again from (imported without one): "
+                                          "searched in their space, never backfilled.")
+    backend: str
+    routes: dict[str, Any]
+    merge: str
+    calibrated: bool
+    backfill: BackfillStatus
+    limits: dict[str, int]
+
+
+class ImportResult(BaseModel):
+    items: int = Field(..., description="Items read from the source.")
+    added: int
+    unchanged: int
+    seconds: float
+    model_check: dict[str, Any] = Field(..., description="The model check's verdict, or {skipped: true}.")
+    warnings: list[str] = Field(default_factory=list)
+
+
+class UpgradeResult(BaseModel):
+    current: str
+    spaces: list[str]
+    merge: Optional[str]
+    routes: dict[str, Any] = Field(default_factory=dict, description="Per older space and direction, its route.")
+
+
+class Routes(BaseModel):
+    routes: dict[str, Any] = Field(..., description="Per older space and direction: route, weight, calibration.")
+    merge: Optional[str] = None
+
+
+class Retired(BaseModel):
+    retired: str
+    dropped_unsourced: int
+
+
+class VerifyReport(_Open):
+    kind: str
+    problems: list[str] = Field(..., description="Stored data that is wrong (empty: all checked files are sound).")
+    derived: list[str] = Field(default_factory=list, description="Caches that are stale (never served; rebuilt).")
+    advice: list[str] = Field(default_factory=list)
+    model_check: dict[str, Any] = Field(default_factory=dict)
+
+
+class Health(BaseModel):
+    ok: bool
+    generation: int
+    models: int

@@ -1,0 +1,61 @@
+"""``POST /v1/search``: by text (a JSON body) or by an image (a multipart body) on one path."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from fastapi import APIRouter, Depends, Request
+from fastapi.concurrency import run_in_threadpool
+from fastapi.responses import Response
+
+from ..bodies import content_type, decode_image, form, form_filter, form_int, json_body
+from ..deps import get_limits, get_service, reader
+from ..errors import ApiError, FastJSON
+from ..schema import SearchResults, errors, json_or_form
+from ..service import Service
+from ..settings import Limits
+
+__all__ = ["router"]
+
+router = APIRouter(prefix="/v1")
+
+
+@router.post("/search", summary="Search by text (JSON) or by an image (multipart)", response_model=SearchResults,
+             openapi_extra=json_or_form("SearchRequest", "SearchByImage"), responses=errors(400, 401, 413, 415, 422))
+async def search(request: Request, _r: str = Depends(reader), svc: Service = Depends(get_service),
+                 lim: Limits = Depends(get_limits)) -> Any:
+    if content_type(request, multipart=True) == "multipart":
+        parts = await form(request, files={"image": (1, 1)}, fields={"k": 1, "target": 1, "filter": 1})
+        try:
+            data = await parts["image"].read()
+        finally:
+            await parts.close()
+        k = form_int(parts.get("k", "10"), "k", 1, lim.max_k)
+        target = parts.get("target")
+        if target not in (None, "image", "text"):
+            raise ApiError(422, f"target: must be 'image' or 'text', got {target!r}", "target")
+        flt = form_filter(parts.get("filter"))
+        img = await run_in_threadpool(decode_image, data, lim, "image")
+        return await run_in_threadpool(_search, svc, None, img, k, target, flt, None)
+    req = await json_body(request, svc.models.search)
+    return await run_in_threadpool(_search, svc, req.text, None, req.k, req.target, req.filter, req.merge)
+
+
+def _search(svc: Service, text: str | None, image: Any, k: int, target: str | None, flt: dict | None,
+            merge: str | None) -> Response:
+    """One search through the batcher, counted in the metrics; the hits with public metadata."""
+    t0 = time.perf_counter()
+    try:
+        r = svc.batcher.search(text=text, image=image, k=k, target=target, filter=flt, merge=merge)
+    except (ValueError, KeyError) as e:
+        raise ApiError(422, str(e), "text" if text is not None else "image") from None
+    spent = time.perf_counter() - t0
+    for h in r.hits:
+        svc.m_hits.labels(h.space, h.route).inc()
+    for space in {h.space for h in r.hits} or {"none"}:
+        svc.m_space.labels(space).observe(spent)
+    public = svc.paths.metadata
+    hits = [{**public(h.metadata), "rank": h.rank, "score": h.score, "id": h.id, "space": h.space, "route": h.route}
+            for h in r.hits]  # the hit's own fields win over metadata keys of the same name
+    return FastJSON({"query": r.query, "modality": r.modality, "hits": hits})

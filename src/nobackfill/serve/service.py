@@ -1,0 +1,107 @@
+"""What the app holds for its life (:class:`Service`, ``app.state.service``): the in-process client
+of the collection, the request models under the server's limits, the path rules and the metrics.
+The routers reach it through :func:`~nobackfill.serve.deps.get_service`."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+from typing import Any
+
+from .batching import SearchBatcher
+from .errors import ApiError
+from .paths import PublicPaths
+from .schema import request_models
+from .settings import ServeSettings
+
+__all__ = ["Service"]
+
+
+class Service:
+    """What the app holds for its life: the in-process client of the collection (warm models and
+    searchers, the backfill thread), the path rules and the metrics."""
+
+    def __init__(self, settings: ServeSettings, pool: Any = None) -> None:
+        from ..client.local import LocalClient
+
+        self.settings = settings
+        self.client = LocalClient(settings.collection, pool=pool, limits=settings.limits)
+        self.collection = self.client.collection
+        self.pool = self.client.pool
+        lim = settings.limits
+        self.models = request_models(lim.max_k, lim.max_caption_chars, lim.max_batch, lim.max_image_bytes)
+        if settings.uploads is not None:
+            self.uploads = Path(settings.uploads)
+        elif isinstance(self.collection.path, Path):
+            self.uploads = self.collection.path / "uploads"
+        else:
+            raise ValueError("a collection outside the file system needs --uploads DIR for uploaded images")
+        self.upload_lock = threading.Lock()  # image adds: stored files and their commit, or neither
+        local = self.collection.path if isinstance(self.collection.path, Path) else None
+        self.paths = PublicPaths([(local, ""), (self.uploads, "uploads/"), (settings.data_root, ""),
+                                  (settings.models_root, ""), (settings.upgrades_root, "")])
+        self.batcher = SearchBatcher(self.client.searcher)
+        self._metrics()
+
+    def _metrics(self) -> None:
+        from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+        self.registry = r = CollectorRegistry()
+        self.m_requests = Counter("nobackfill_requests_total", "HTTP requests", ["endpoint", "method", "status"],
+                                  registry=r)
+        self.m_latency = Histogram("nobackfill_request_seconds", "HTTP request latency", ["endpoint"], registry=r,
+                                   buckets=(0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1, 2, 5))
+        self.m_hits = Counter("nobackfill_search_hits_total", "Search hits returned, by space and route",
+                              ["space", "route"], registry=r)
+        self.m_space = Histogram("nobackfill_search_seconds", "Search latency by the spaces that answered",
+                                 ["space"], registry=r, buckets=(0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1))
+        self.g_done = Gauge("nobackfill_backfill_done", "Items served by the current space", registry=r)
+        self.g_total = Gauge("nobackfill_backfill_total", "Items the current model can embed", registry=r)
+        self.g_items = Gauge("nobackfill_items", "Live items", ["modality"], registry=r)
+
+    # ------------------------------------------------------------------ paths from requests
+    def under(self, root: Path | None, rel: str, what: str, option: str, *, file: bool = False) -> Path:
+        """``root / rel`` if it stays inside ``root`` (a path from a request is never used as is): a
+        directory, or with ``file`` a file."""
+        if root is None:
+            raise ApiError(403, f"{what}: this server takes no such paths (start it with {option})", what)
+        if not isinstance(rel, str) or not rel or "\x00" in rel:
+            raise ApiError(422, f"{what}: a relative path is required", what)
+        try:
+            base = root.resolve()
+            target = (base / rel).resolve()
+            if base != target and base not in target.parents:
+                raise ApiError(400, f"{what}: {rel!r} lies outside the allowed root ({option})", what)
+            if not (target.is_file() if file else target.is_dir()):
+                raise ApiError(404, f"{what}: {rel!r} is no {'file' if file else 'directory'} under {option}", what)
+        except OSError as e:  # a name too long, a loop of links, no permission: nothing usable there
+            raise ApiError(404, f"{what}: {rel!r} is not readable under {option} ({type(e).__name__})", what) from None
+        return target
+
+    # ------------------------------------------------------------------ the client
+    def status(self) -> dict[str, Any]:
+        """The collection's status (the collection, models and messages by name, no server path);
+        refreshes the gauges of ``/metrics``. Blocking: call it in the thread pool."""
+        st = self.client.status()
+        self.g_done.set(st["backfill"]["done"])
+        self.g_total.set(st["backfill"]["total"])
+        for m, n in st["items"].items():
+            self.g_items.labels(m).set(n)
+        return self.paths.deep(st)
+
+    def backfill_status(self) -> dict[str, Any]:
+        """The backfill's status with this server's worker, no server path in it (every backfill
+        reply is this)."""
+        return self.paths.deep(self.client.backfill_status())
+
+    def call(self, fn: Any, *args: Any, field: str | None = None, **kw: Any) -> Any:
+        """``fn(*args, **kw)`` of the client, its refusals as API errors (ClientError: its status;
+        ValueError / KeyError: 422 naming ``field``)."""
+        from ..client import ClientError
+
+        try:
+            return fn(*args, **kw)
+        except ClientError as e:
+            raise ApiError(e.status, e.detail, e.field or field) from None
+        except (ValueError, KeyError, FileNotFoundError) as e:
+            raise ApiError(422, str(e.args[0]) if isinstance(e, KeyError) and e.args else str(e), field) from None
