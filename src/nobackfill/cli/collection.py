@@ -291,7 +291,8 @@ def route(
     space: str = typer.Option(..., help="An older space id (see `collection status`)."),
     direction: str = typer.Option(..., help="t2i | i2t | t2t | i2i."),
     use: Optional[str] = typer.Option(None, "--route", help="Pin this route: old-model | bridge | fused."),
-    w: Optional[float] = typer.Option(None, help="Weight of the bridge score for a fused route, in [0, 1]."),
+    w: Optional[float] = typer.Option(None, help="Weight of the bridge score for a fused route, in [0, 1] (default: the "
+                                                 "calibrated weight, else 0.5)."),
     unpin: bool = typer.Option(False, help="Remove the pin (the calibrated or default route applies)."),
     as_json: bool = _JSON,
 ) -> None:

@@ -237,11 +237,22 @@ class LocalClient(Client):
         return UpgradeResult(current=plan.current, spaces=list(plan.space_ids), merge=plan.merge_method,
                              routes=route_table(plan))
 
-    def route(self, space: str, direction: str, route: str | None = None, *, w: float | None = None) -> dict[str, Any]:
-        from ..lifecycle.plan_changes import pin_route, route_table
+    def _known_space(self, space: str) -> None:
+        """ClientError 404 unless ``space`` is one of the collection's spaces."""
+        plan = self.collection.plan
+        if not plan.has(space):
+            raise ClientError(404, f"collection {self.collection.path} has no space {space!r} (spaces: "
+                                   f"{', '.join(plan.space_ids)})", "space")
 
+    def route(self, space: str, direction: str, route: str | None = None, *, w: float | None = None) -> dict[str, Any]:
+        from ..lifecycle.plan_changes import RouteRefused, pin_route, route_table
+
+        self._known_space(space)
         with self.write_lock:
-            return route_table(pin_route(self.collection, space, direction, route, w))
+            try:
+                return route_table(pin_route(self.collection, space, direction, route, w))
+            except RouteRefused as e:
+                raise ClientError(409, str(e), "route") from None
 
     def calibrate(self, data: str | Path, *, split: str = "val", limit: int | None = None,
                   langs: Sequence[str] | str = ("en",)) -> dict[str, Any]:
@@ -255,6 +266,7 @@ class LocalClient(Client):
     def retire(self, space: str, *, drop_unsourced: bool = False) -> dict[str, Any]:
         from ..lifecycle.backfill import retire_space
 
+        self._known_space(space)
         with self.write_lock:
             dropped = len(self.collection.unsourced_ids(space)) if drop_unsourced else 0
             retire_space(self.collection, space, drop_unsourced=drop_unsourced)
@@ -301,7 +313,7 @@ class LocalClient(Client):
     def verify(self, *, repair: bool = False, model_check: bool = False) -> dict[str, Any]:
         from ..lifecycle.verify import verify_path
 
-        return verify_path(self.target, repair=repair, model_check=model_check).to_dict()
+        return verify_path(self.target, repair=repair, model_check=model_check, pool=self.pool).to_dict()
 
     # ------------------------------------------------------------------ the backfill
     def backfill_start(self, order: str = "uncertainty", rate: float | None = None, *, wait: bool = False,

@@ -23,6 +23,11 @@ from ..search.routes import DIRECTIONS, FUSED, ROUTES, RoutePlanner, upgrade_ent
 __all__ = ["UpgradeRefused", "calibrate_collection", "pin_route", "route_table", "upgrade_collection"]
 
 
+class RouteRefused(ValueError):
+    """A route the collection's plan cannot take now: the current space (always native) or a route
+    not available to that space and direction (its models or bridges are missing)."""
+
+
 class UpgradeRefused(ValueError):
     """An upgrade that cannot be registered (named reason; nothing was changed)."""
 
@@ -139,18 +144,19 @@ def calibrate_collection(collection: Collection, tasks: Sequence[CalibrationTask
 
 def pin_route(collection: Collection, space_id: str, direction: str, route: str | None,
               weight: float | None = None) -> Plan:
-    """Pin ``route`` (and, for ``fused``, ``weight``) for one (space, direction); ``route=None``
-    unpins (the calibrated or default route applies again)."""
+    """Pin ``route`` (and, for ``fused``, ``weight``; default: the calibrated weight, else 0.5) for
+    one (space, direction); ``route=None`` unpins (the calibrated or default route applies again).
+    :class:`RouteRefused` for the current space or a route the space cannot take."""
     if direction not in DIRECTIONS:
         raise ValueError(f"direction must be one of {sorted(DIRECTIONS)}, got {direction!r}")
     if route is not None and route not in ROUTES:
         raise ValueError(f"route must be one of {ROUTES}, got {route!r}")
-    if route == FUSED and (weight is None or not 0.0 <= weight <= 1.0):
-        raise ValueError(f"a fused route needs a weight in [0, 1] (--w), got {weight}")
+    if route == FUSED and weight is not None and not 0.0 <= weight <= 1.0:
+        raise ValueError(f"a fused route's weight must lie in [0, 1] (--w), got {weight}")
 
     def commit(p: Plan) -> Plan:
         if space_id == p.current:
-            raise ValueError(f"space {space_id} is the current model's: it is always searched natively")
+            raise RouteRefused(f"space {space_id} is the current model's: it is always searched natively")
         if not p.has(space_id):
             raise ValueError(f"collection {collection.path} has no space {space_id}")
         entry = p.route(space_id, direction) or RouteChoice()
@@ -158,10 +164,10 @@ def pin_route(collection: Collection, space_id: str, direction: str, route: str 
             return p.with_route(space_id, direction, dataclasses.replace(entry, pinned=False))
         avail = RoutePlanner(p, ModelPool()).available(space_id, direction)
         if route not in avail:
-            raise ValueError(f"route {route} is not available to space {space_id} for {direction} "
-                             f"(available: {', '.join(avail) or 'none'})")
-        return p.with_route(space_id, direction,
-                            dataclasses.replace(entry, route=route, w=weight if route == FUSED else None, pinned=True))
+            raise RouteRefused(f"route {route} is not available to space {space_id} for {direction} "
+                               f"(available: {', '.join(avail) or 'none'})")
+        w = (weight if weight is not None else entry.w if entry.w is not None else 0.5) if route == FUSED else None
+        return p.with_route(space_id, direction, dataclasses.replace(entry, route=route, w=w, pinned=True))
 
     return collection.set_plan(commit)
 

@@ -60,11 +60,11 @@ def _kind(path: str) -> str:
                      "collection.json, manifest.json, upgrade.json, config.json)")
 
 
-def verify_path(path: str | Path, repair: bool = False, model_check: bool = False) -> PathReport:
+def verify_path(path: str | Path, repair: bool = False, model_check: bool = False, *, pool: Any = None) -> PathReport:
     """Check ``path`` (kind detected from its files); with ``repair``, rebuild what is derived and
     take what is damaged out of service first, then check again. ``model_check`` (a collection):
     also re-embed a sample of each space's items with its model and compare with the stored
-    vectors (:func:`check_models`)."""
+    vectors (:func:`check_models`; ``pool``: the :class:`ModelPool` to load them from)."""
     path = str(path)
     kind = _kind(path)
     report = PathReport(path, kind)
@@ -74,21 +74,21 @@ def verify_path(path: str | Path, repair: bool = False, model_check: bool = Fals
             raise ValueError(f"{path}: --model-check checks a collection's spaces; this is a {kind}")
         from ..index.collection import Collection
 
-        for sid, verdict in check_models(Collection.open(path)).items():
+        for sid, verdict in check_models(Collection.open(path), pool=pool).items():
             report.model_check[sid] = verdict
             if not verdict["accepted"]:
                 report.problems.append(f"space {sid}: {verdict['message']}")
     return report
 
 
-def check_models(collection: Any, samples: int = 64, seed: int = 0) -> dict[str, dict[str, Any]]:
+def check_models(collection: Any, samples: int = 64, seed: int = 0, pool: Any = None) -> dict[str, dict[str, Any]]:
     """Per live space: the model check of a random sample of the items it serves (re-embedded with
     the space's model, compared with the stored vectors), as JSON; a space serving no item with a
     readable source is reported as not checked (accepted, ``n`` 0)."""
     from ..index.model_check import check_model, collection_samples
     from ..search.models import ModelPool
 
-    pool = ModelPool()
+    pool = pool or ModelPool()
     out: dict[str, dict[str, Any]] = {}
     for sid in collection.space_ids():
         space = collection.space(sid)
