@@ -22,6 +22,7 @@ import numpy as np
 
 from ..compat import learning
 from ..compat.learning import DataConfig, SequenceConfig
+from .runner import Report
 
 
 #: table order: the tutorial's rows first, then softmax features, continual methods, flip reduction
@@ -65,9 +66,10 @@ class CompatStepsConfig:
             raise ValueError(f"steps must be >= 2 each, got {self.steps}")
 
 
-def run_compat_steps(cfg: CompatStepsConfig, json_out: str | Path, work_dir: str | Path = "runs/compat_steps/work",
-                     log: Callable[[str], None] = lambda m: None) -> dict:
-    """Train and evaluate every method for every T; write JSON, markdown and HTML; return the result."""
+def run_compat_steps(cfg: CompatStepsConfig, json_out: str | Path | None,
+                     work_dir: str | Path = "runs/compat_steps/work", log: Callable[[str], None] = lambda m: None) -> dict:
+    """Train and evaluate every method for every T; write JSON, markdown and HTML at ``json_out``
+    (None: nothing, the command line writes them through :data:`REPORT`); return the result."""
     L = learning
     t0 = time.time()
     data = L.load_class_data(cfg.data)
@@ -94,7 +96,8 @@ def run_compat_steps(cfg: CompatStepsConfig, json_out: str | Path, work_dir: str
         result["nfr"][f"T{T}"] = flips
     result["nfr_reduction"] = nfr_reductions(result)
     result["seconds"] = round(time.time() - t0, 1)
-    write_compat_steps_outputs(result, json_out)
+    if json_out is not None:
+        write_compat_steps_outputs(result, json_out)
     return result
 
 
@@ -241,3 +244,12 @@ def write_compat_steps_outputs(result: dict, json_out: str | Path) -> dict[str, 
     figs = [heatmaps(result, T) for T in result["config"]["steps"] if f"T{T}" in result]
     page = write_html(json_out.with_suffix(".html"), "Compatibility learning over T model updates", sections, figs)
     return {"json": json_out, "md": md, "html": page}
+
+
+def _write_report(result: dict, json_out: Path) -> str:
+    write_compat_steps_outputs(result, json_out)
+    return format_compat_steps(result)
+
+
+#: how ``bench compat-steps`` reports: the JSON, the tables (``.md``, shown) and the C heatmaps (``.html``)
+REPORT = Report(_write_report, (".md", ".html"))

@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from .runner import Report
+
 KS = (1, 5, 10)
 
 def _md_table(header: list[str], rows: list[list[str]]) -> str:
@@ -63,3 +65,7 @@ def write_outputs(result: dict, json_path: str | Path) -> str:
     from ..report import write_json_and_markdown
 
     return write_json_and_markdown(result, json_path, format_markdown(result))
+
+
+#: how ``bench late`` reports: the JSON and its markdown tables beside it (``.md``, shown)
+REPORT = Report(write_outputs)

@@ -32,6 +32,7 @@ from ..evaluate import embed_texts_cached
 from ..lingual.data import multi30k_sequence, world_sequence
 from ..lingual.learner import CLLConfig
 from ..lingual.sequence import map_methods, method_config, prefixed_print, run_sequence, summarise
+from .runner import Report
 
 TEXT_LANGS = ("de", "fr", "cs")
 #: the world's languages after English, in a fixed order (the grammars' order)
@@ -302,5 +303,8 @@ def write_outputs(result: dict, json_path: str | Path | None) -> str:
     return md
 
 
+#: how ``bench lingual-text`` / ``lingual-world`` report: the JSON and its table beside it (``.md``, shown)
+REPORT = Report(write_outputs)
+
 __all__ = ["run_lingual_text", "run_lingual_world", "LingualTextConfig", "LingualWorldConfig", "format_markdown",
-           "write_outputs", "teir_gains"]
+           "write_outputs", "teir_gains", "REPORT"]

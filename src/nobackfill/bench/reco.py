@@ -116,8 +116,9 @@ def tree_hashes(root: str | Path, stored_only: bool = False) -> dict[str, str]:
 
 
 def run_reco_bench(out_json: str | Path, cfg: RecoBenchConfig | None = None,
-                   log: Callable[[str], None] = print) -> dict:
-    """Run the benchmark; writes ``out_json`` and a Markdown table beside it."""
+                   log: Callable[[str], None] = print, write: bool = True) -> dict:
+    """Run the benchmark (its scratch beside ``out_json``); writes ``out_json`` and a Markdown table
+    beside it unless ``write`` is False (the command line writes them through ``reco_report.REPORT``)."""
     import torch
 
     from ..data.world import WorldSpec, generate_world, load_world_spec
@@ -281,7 +282,8 @@ def run_reco_bench(out_json: str | Path, cfg: RecoBenchConfig | None = None,
         "cpu_seconds": round(time.process_time() - cpu_all, 1),
         "load_average": [round(x, 2) for x in os.getloadavg()],
     }
-    write_reco_report(result, out_json)
+    if write:
+        write_reco_report(result, out_json)
     return result
 
 

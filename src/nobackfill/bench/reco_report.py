@@ -7,6 +7,9 @@ import os
 from pathlib import Path
 from typing import Optional
 
+from .runner import Report
+
+
 def _pct(x: Optional[float]) -> str:
     return "-" if x is None else f"{100 * x:.1f}"
 
@@ -79,10 +82,17 @@ def format_reco_tables(result: dict) -> str:
     return "\n".join(lines)
 
 
-def write_reco_report(result: dict, out_json: str | Path) -> None:
+def write_reco_report(result: dict, out_json: str | Path) -> str:
+    """Write ``out_json`` and its tables beside it (``.md``); returns the tables (what the command shows)."""
     out_json = Path(out_json)
     out_json.parent.mkdir(parents=True, exist_ok=True)
     tmp = out_json.with_name(out_json.name + ".tmp")
     tmp.write_text(json.dumps(result, indent=2, default=str))
     os.replace(tmp, out_json)
-    out_json.with_suffix(".md").write_text("# RECO benchmark\n\n" + format_reco_tables(result) + "\n")
+    tables = format_reco_tables(result)
+    out_json.with_suffix(".md").write_text("# RECO benchmark\n\n" + tables + "\n")
+    return tables
+
+
+#: how ``bench reco`` reports: the JSON and its tables beside it (``.md``)
+REPORT = Report(write_reco_report)

@@ -5,11 +5,14 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any, List, NoReturn, Optional, TypeVar
+from typing import TYPE_CHECKING, Any, Callable, List, NoReturn, Optional, TypeVar
 
 import typer
 from rich.console import Console
 from rich.markup import escape
+
+if TYPE_CHECKING:
+    from ..bench.runner import Report
 
 T = TypeVar("T")
 
@@ -167,6 +170,20 @@ def emit_json(obj: Any, as_json: bool) -> None:
     """Print ``obj`` as JSON on stdout when ``--json`` was given."""
     if as_json:
         typer.echo(json.dumps(obj, indent=2, default=str))
+
+
+def _bench(cfg: Any, run: Callable[[Any, Callable[[str], None]], Any], report: "Report", json_out: Path, as_json: bool,
+           errors: tuple[type[BaseException], ...] = ()) -> None:
+    """The tail of every ``bench`` command: :func:`nobackfill.bench.runner.run_bench` on the console.
+    A user error (or one of ``errors``) ends the command with its one line; ``--json`` prints the
+    result instead of the table."""
+    from ..bench.runner import run_bench
+
+    try:
+        result = run_bench(cfg, run, report, out=json_out, log=lambda m: console.print(m), echo=quiet(as_json))
+    except (*user_errors(), *errors) as e:
+        fail(str(e))
+    emit_json(result, as_json)
 
 
 def normalise_json_args(args: list[str]) -> list[str]:

@@ -1,33 +1,17 @@
 """``nobackfill bench ...``: the benchmarks of the system (each writes JSON and a table or plot); the
 methods' benchmarks live beside their commands (compat, late, lingual, reco). A command parses its
 arguments into its benchmark's config and hands it, with the benchmark's ``run`` and ``report``, to
-:func:`nobackfill.bench.runner.run_bench` (through :func:`_bench`)."""
+:func:`nobackfill.bench.runner.run_bench` (through :func:`._common._bench`)."""
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, List, Optional
+from typing import List, Optional
 
 import typer
 
-from ._common import (config_option, console, emit_json, fail, json_flag, multi30k_default, quiet, resolve_config,
-                      set_option, show_config_option, user_errors)
-
-if TYPE_CHECKING:
-    from ..bench.runner import Report
-
-
-def _bench(cfg: Any, run: Callable[[Any, Callable[[str], None]], Any], report: "Report", json_out: Path, as_json: bool,
-           errors: tuple[type[BaseException], ...] = ()) -> None:
-    """:func:`nobackfill.bench.runner.run_bench` on the console: a user error (or one of ``errors``)
-    ends the command with its one line; ``--json`` prints the result instead of the table."""
-    from ..bench.runner import run_bench
-
-    try:
-        result = run_bench(cfg, run, report, out=json_out, log=lambda m: console.print(m), echo=quiet(as_json))
-    except (*user_errors(), *errors) as e:
-        fail(str(e))
-    emit_json(result, as_json)
+from ._common import (_bench, config_option, fail, json_flag, multi30k_default, resolve_config, set_option,
+                      show_config_option)
 
 
 def bench_encode(

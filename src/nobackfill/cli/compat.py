@@ -8,8 +8,7 @@ from typing import List, Optional
 
 import typer
 
-from ._common import (config_option, console, emit_json, fail, json_flag, quiet, resolve_config, set_option,
-                      show_config_option)
+from ._common import _bench, config_option, console, fail, json_flag, resolve_config, set_option, show_config_option
 
 
 compat_app = typer.Typer(no_args_is_help=True,
@@ -154,8 +153,7 @@ def bench_compat_steps(
 ) -> None:
     """The compatibility-learning tutorial's tables on the world: AC / AA / ACA per method for each T,
     NFR of the flip-reduction methods, C heatmaps (HTML)."""
-    echo = quiet(as_json)
-    from ..bench.compat_steps import METHOD_ORDER, CompatStepsConfig, format_compat_steps, run_compat_steps
+    from ..bench.compat_steps import METHOD_ORDER, REPORT, CompatStepsConfig, run_compat_steps
     from ..compat.learning.data import DataConfig
     from ..compat.learning.sequence import SequenceConfig
     from ..config import updated
@@ -171,9 +169,6 @@ def bench_compat_steps(
         seq = {"epochs": 0.0, "train_steps": train_steps} if train_steps else {"epochs": epochs}
         cfg = resolve_config(CompatStepsConfig, CompatStepsConfig.quick(**kw) if quick else CompatStepsConfig(**kw),
                              config, set_, flags={"sequence": seq}, show=show_config)
-        result = run_compat_steps(cfg, json_out, work_dir, log=lambda m: console.print(m))
     except (ValueError, FileNotFoundError) as e:
         fail(str(e))
-    echo(format_compat_steps(result))
-    console.print(f"wrote {json_out} (+ .md, .html) in {result['seconds']:.0f}s")
-    emit_json(result, as_json)
+    _bench(cfg, lambda c, log: run_compat_steps(c, None, work_dir, log=log), REPORT, json_out, as_json)

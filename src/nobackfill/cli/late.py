@@ -9,8 +9,7 @@ from typing import List, Optional
 
 import typer
 
-from ._common import (config_option, console, emit_json, fail, json_flag, quiet, resolve_config, set_option,
-                      show_config_option)
+from ._common import _bench, config_option, console, fail, json_flag, resolve_config, set_option, show_config_option
 
 
 late_app = typer.Typer(no_args_is_help=True, help="Cross-modal late interaction (CMLI, Target-CMLI distillation).")
@@ -89,9 +88,8 @@ def bench_late(
 ) -> None:
     """CMLI on the world: global vs re-ranked vs CMLI-trained R@K (incl. attribute-swap hard
     negatives), Target-CMLI students, naive vs streamed CMLI memory/time."""
-    echo = quiet(as_json)
     from ..bench.late import LateBenchConfig, run_late_bench
-    from ..bench.late_report import format_markdown
+    from ..bench.late_report import REPORT
 
     kw = {"threads": threads, "world_new": world_new}
     try:
@@ -103,10 +101,10 @@ def bench_late(
     kw.update({k: v for k, v in {"steps": steps, "kd_steps": kd_steps, "jobs": jobs}.items() if v is not None})
     try:
         cfg = resolve_config(LateBenchConfig, LateBenchConfig.quick_preset(**kw) if quick else LateBenchConfig(**kw),
-                         config, set_, show=show_config)
-        result = run_late_bench(models, world, json_out, cfg, work=work, log=lambda m: console.print(m))
-    except (ValueError, FileNotFoundError, RuntimeError) as e:
+                             config, set_, show=show_config)
+    except ValueError as e:
         fail(str(e))
-    echo(format_markdown(result))
-    console.print(f"wrote {json_out} (+ .md) in {result['seconds']:.0f}s")
-    emit_json(result, as_json)
+    # the trained models go beside the JSON unless --work says where; the report writes the JSON
+    work = work or json_out.parent / "late-work"
+    _bench(cfg, lambda c, log: run_late_bench(models, world, None, c, work=work, log=log), REPORT, json_out, as_json,
+           errors=(RuntimeError,))

@@ -8,8 +8,8 @@ from typing import List, Optional
 
 import typer
 
-from ._common import (config_option, console, emit_json, fail, json_flag, quiet, resolve_config, set_option,
-                      show_config_option, write_json)
+from ._common import (_bench, config_option, console, emit_json, fail, json_flag, multi30k_default, quiet,
+                      resolve_config, set_option, show_config_option, write_json)
 
 
 lingual_app = typer.Typer(no_args_is_help=True,
@@ -174,6 +174,7 @@ def evaluate(
         write_json(json_out, result)
     emit_json(result, as_json)
 
+
 def bench_lingual_text(
     data: Optional[Path] = typer.Option(None, help="Multi30K root (default: data/multi30k under $NOBACKFILL_SHARED)."),
     eval_dir: Optional[Path] = typer.Option(None, help="Folder holding test_2016_flickr.LANG.gz (LANG: en, de, fr, "
@@ -197,19 +198,18 @@ def bench_lingual_text(
 ) -> None:
     """CLL on real text: MiniLM learns de -> fr -> cs (Multi30K task 1); a[j,i], AR, F per method and
     English forgetting."""
-    from ..bench.lingual import DEFAULT_METHODS, LingualTextConfig, run_lingual_text
-    from ..data.multi30k import default_multi30k_dir
+    from ..bench.lingual import DEFAULT_METHODS, REPORT, LingualTextConfig, run_lingual_text
+
     try:
         cfg = _bench_config(LingualTextConfig, quick, methods or ",".join(DEFAULT_METHODS), threads, steps, lr, teir_lr,
-                            eval_split=split,
-                            eval_limit=limit)
+                            eval_split=split, eval_limit=limit)
         cfg = resolve_config(LingualTextConfig, cfg, config, set_, show=show_config)
-        result = run_lingual_text(data or default_multi30k_dir(), eval_dir=eval_dir, quick=quick, config=cfg,
-                                  cache_dir=cache_dir, work_dir=work_dir, jobs=jobs, log=lambda m: console.print(m))
-    except (ValueError, FileNotFoundError, ModuleNotFoundError) as e:
+    except ValueError as e:
         fail(str(e))
-    _bench_done(result, json_out, as_json)
-    emit_json(result, as_json)
+    _bench(cfg, lambda c, log: run_lingual_text(data or multi30k_default(), eval_dir=eval_dir, quick=quick, config=c,
+                                                cache_dir=cache_dir, work_dir=work_dir, jobs=jobs, log=log),
+           REPORT, json_out, as_json, errors=(ModuleNotFoundError,))
+
 
 def _bench_config(cls, quick: bool, methods: str, threads: int, steps: int | None, lr: float | None,
                   teir_lr: float | None, **kw):
@@ -220,13 +220,6 @@ def _bench_config(cls, quick: bool, methods: str, threads: int, steps: int | Non
                                         **({"teir_lr": teir_lr} if teir_lr else {}))
     cfg.cll = replace(cfg.cll, threads=threads, **({"steps": steps} if steps else {}), **({"lr": lr} if lr else {}))
     return cfg
-
-
-def _bench_done(result: dict, json_out: Path, as_json: bool) -> None:
-    from ..bench.lingual import write_outputs
-
-    quiet(as_json)(write_outputs(result, json_out))
-    console.print(f"wrote {json_out}")
 
 
 def _floats(text: str) -> tuple[float, ...]:
@@ -265,21 +258,16 @@ def bench_lingual_world(
     """CLL on the world: the English-only world model learns de, fr, es, ru, el, zh in that order;
     t2i / i2t AR and F per method (and with translate-test fusion); image embeddings checked
     bit-identical."""
-    from ..bench.lingual import LingualWorldConfig, run_lingual_world
+    from ..bench.lingual import REPORT, WORLD_METHODS, LingualWorldConfig, run_lingual_world
+
     try:
         kw = {} if etas is None else {"translate_test_etas": _floats(etas)}
-        if methods is None:
-            from ..bench.lingual import WORLD_METHODS
-
-            methods = ",".join(WORLD_METHODS)
         if langs is not None:
             kw["langs"] = tuple(_split_langs(langs))
-        cfg = _bench_config(LingualWorldConfig, quick, methods, threads, steps, lr, teir_lr,
-                            eval_split=split, eval_limit=limit, **kw)
+        cfg = _bench_config(LingualWorldConfig, quick, ",".join(WORLD_METHODS) if methods is None else methods, threads,
+                            steps, lr, teir_lr, eval_split=split, eval_limit=limit, **kw)
         cfg = resolve_config(LingualWorldConfig, cfg, config, set_, show=show_config)
-        result = run_lingual_world(data, model=model, quick=quick, config=cfg, cache_dir=cache_dir,
-                                   work_dir=work_dir, jobs=jobs, log=lambda m: console.print(m))
-    except (ValueError, FileNotFoundError) as e:
+    except ValueError as e:
         fail(str(e))
-    _bench_done(result, json_out, as_json)
-    emit_json(result, as_json)
+    _bench(cfg, lambda c, log: run_lingual_world(data, model=model, quick=quick, config=c, cache_dir=cache_dir,
+                                                 work_dir=work_dir, jobs=jobs, log=log), REPORT, json_out, as_json)

@@ -8,8 +8,8 @@ from typing import List, Optional
 import typer
 
 from ._common import report_skipped, skip_bad_hint
-from ._common import (config_option, console, emit_json, fail, json_flag, langs_option, quiet, resolve_config,
-                      set_option, show_config_option)
+from ._common import (_bench, config_option, console, fail, json_flag, langs_option, resolve_config, set_option,
+                      show_config_option)
 
 
 from ..data.labels import LABEL_SETS
@@ -124,9 +124,8 @@ def bench_reco(
 ) -> None:
     """RECO on the world: fine-grained zero-shot and retrieval for base, RECO (queries only / both), the
     ablations (cross-modal search, uni-modal fusion, mean fusion) and k in {1, 5, 10, 20}; latency."""
-    echo = quiet(as_json)
     from ..bench.reco import RecoBenchConfig, run_reco_bench
-    from ..bench.reco_report import format_reco_tables
+    from ..bench.reco_report import REPORT
 
     if label_set not in LABEL_SETS:
         fail(f"--label-set: unknown label set {label_set!r}; choose one of {', '.join(LABEL_SETS)}")
@@ -135,10 +134,4 @@ def bench_reco(
         kw["steps"] = steps
     cfg = resolve_config(RecoBenchConfig, RecoBenchConfig.quick_preset(**kw) if quick else RecoBenchConfig(**kw),
                          config, set_, show=show_config)
-    try:
-        result = run_reco_bench(json_out, cfg, log=lambda m: console.print(m))
-    except (ValueError, FileNotFoundError) as e:
-        fail(str(e))
-    echo(format_reco_tables(result))
-    console.print(f"wrote {json_out} (+ .md) in {result['seconds']:.0f}s")
-    emit_json(result, as_json)
+    _bench(cfg, lambda c, log: run_reco_bench(json_out, c, log=log, write=False), REPORT, json_out, as_json)
