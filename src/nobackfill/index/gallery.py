@@ -230,8 +230,10 @@ class Gallery(GalleryChunks, GalleryIndex, GalleryIntegrity):
         with self._lock:
             index = self._index(modality)
             scores, positions = index.search(q, int(k), mask=mask, checked=True)  # a shorter mask: padded
-            # inner products of unit vectors: a score outside [-1, 1] can only be rounding
-            np.clip(scores, -1.0, 1.0, out=scores)
+            # inner products of unit vectors: a score outside [-1, 1] can only be rounding (the ufuncs
+            # themselves: np.clip's dispatch costs more than the clipping of a few rows)
+            np.minimum(scores, 1.0, out=scores)
+            np.maximum(scores, -1.0, out=scores)
             return SearchResult(scores=scores, positions=positions, names=self._names_at(modality))
 
     def _names_at(self, modality: str) -> Any:

@@ -151,6 +151,7 @@ class HitTable:
 
     def __init__(self) -> None:
         self.start = array("q")  # rid - 1 -> offset of its record in ``data``, or -1 (deleted before read)
+        self.stop = array("q")  # rid - 1 -> offset of its record's end (its 0x1e), so a read never scans
         self.data = bytearray()
         self.last = 0  # the largest rid loaded
         self._lock = threading.Lock()
@@ -158,23 +159,26 @@ class HitTable:
     def extend(self, rows: Iterable[tuple[int, str, str]]) -> None:
         """Append ``(rid, id, metadata json)`` rows (rids ascending, all above :attr:`last`)."""
         with self._lock:
-            start, data = self.start, self.data
+            start, stop, data = self.start, self.stop, self.data
             for rid, item_id, meta in rows:
                 if rid - 1 > len(start):
-                    start.extend([-1] * (rid - 1 - len(start)))
+                    gap = [-1] * (rid - 1 - len(start))
+                    start.extend(gap)
+                    stop.extend(gap)
                 start.append(len(data))
                 data += f"{item_id}\x1f{meta}\x1e".encode("utf-8")
+                stop.append(len(data) - 1)
             self.last = len(start)
 
     def get(self, rids: Iterable[int]) -> dict[int, tuple[str, str]]:
-        start, data = self.start, self.data
-        find, n = data.find, len(start)
+        start, stop, data = self.start, self.stop, self.data
+        n = len(stop)  # appended last by :meth:`extend`: a rid up to it has its start and its record
         out: dict[int, tuple[str, str]] = {}
         for rid in rids:
             if 0 < rid <= n:
                 a = start[rid - 1]
                 if a >= 0:
-                    item_id, _, meta = data[a:find(b"\x1e", a)].decode("utf-8").partition("\x1f")
+                    item_id, _, meta = data[a:stop[rid - 1]].decode("utf-8").partition("\x1f")
                     out[rid] = (item_id, meta)
         return out
 

@@ -24,7 +24,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import threading
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
@@ -41,16 +41,34 @@ from .routes import BRIDGE, DIRECTIONS, NATIVE, NoRouteError, QuerySide, RoutePl
 
 __all__ = ["DEFAULT_MERGE", "Hit", "SearchResponse", "Searcher", "explicit_plan", "matches_filter", "query_side_for"]
 
-@dataclass(slots=True)
 class Hit:
-    """One result: the item, its score under the route that answered, and where it came from."""
+    """One result: the item, its score under the route that answered, and where it came from. Its
+    ``metadata`` is parsed from the catalog's JSON when first read (most callers read a hit's id
+    and score only: a search then parses nothing)."""
 
-    rank: int
-    score: float
-    id: str
-    space: str
-    route: str
-    metadata: dict[str, Any] = field(default_factory=dict)
+    __slots__ = ("rank", "score", "id", "space", "route", "_metadata")
+
+    def __init__(self, rank: int, score: float, id: str, space: str, route: str,
+                 metadata: dict[str, Any] | str | None = None) -> None:
+        self.rank, self.score, self.id, self.space, self.route = rank, score, id, space, route
+        self._metadata = {} if metadata is None else metadata
+
+    @property
+    def metadata(self) -> dict[str, Any]:
+        m = self._metadata
+        if type(m) is str:
+            m = self._metadata = _loads(m)
+        return m
+
+    def __repr__(self) -> str:
+        return (f"Hit(rank={self.rank}, score={self.score!r}, id={self.id!r}, space={self.space!r}, "
+                f"route={self.route!r}, metadata={self.metadata!r})")
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Hit) and (self.rank, self.score, self.id, self.space, self.route, self.metadata) == \
+            (other.rank, other.score, other.id, other.space, other.route, other.metadata)
+
+    __hash__ = None  # type: ignore[assignment]  # mutable, like the dataclass it was
 
     def to_json(self) -> dict[str, Any]:
         return {"rank": self.rank, "score": self.score, "id": self.id, "space": self.space, "route": self.route,
@@ -304,7 +322,7 @@ class Searcher:
     def _response(snap: Snapshot, qmod: str, gmod: str, direction: str, method: str, query: Any,
                   top: Sequence[tuple[tuple[str, str], float, str, str]]) -> SearchResponse:
         """The response of one query from its ranked ``((id, metadata JSON), score, space, route)``."""
-        hits = [Hit(r + 1, s, row[0], sid, route, _loads(row[1])) for r, (row, s, sid, route) in enumerate(top)]
+        hits = [Hit(r + 1, s, row[0], sid, route, row[1]) for r, (row, s, sid, route) in enumerate(top)]
         label = query if isinstance(query, str) else str(getattr(query, "filename", "") or "<image>")
         return SearchResponse(query=label if qmod == "text" else str(label), modality=gmod, direction=direction,
                               hits=hits, merge=method, generation=snap.generation)
