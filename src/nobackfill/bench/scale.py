@@ -6,11 +6,12 @@ captions ``g<i>`` whose vectors a lookup encoder returns (precomputed vectors, a
 does), each with metadata ``{"group": i % 10}``. The collection records ``model`` (world-new by
 default), so ``nobackfill collection search`` in a cold process loads a real model.
 
-Each (N, index) row: ``add_per_s`` (items/s through :func:`~nobackfill.index.ingest.add_items`, in
+Each (N, index) row: ``add_per_s`` (items/s through :func:`~nobackfill.index.importing.add_vectors`, in
 chunks), then in a fresh process ``open_s`` (:meth:`Collection.open`), ``open_first_search_s``
 (open + a :class:`~nobackfill.search.Searcher` + its first search, the index cached on disk),
 ``p50_ms`` / ``p99_ms`` (one query, k = 10, through the Searcher) and ``raw_p50_ms`` (the same
-queries on the faiss index itself), ``filtered_p50_ms`` (``filter={"group": 3}``),
+queries on the faiss index itself; both measured in the same cache state: one unmeasured pass,
+then two alternating passes of each), ``filtered_p50_ms`` (``filter={"group": 3}``),
 ``index_build_s`` (the writer builds and caches the index after adding),
 ``rss_extra_mb`` (that process's resident memory beyond its imports, the vectors and the index),
 ``disk_ratio`` (collection bytes / vector bytes); then the collection is upgraded to a second
