@@ -29,9 +29,10 @@ from pathlib import Path
 import numpy as np
 
 from nobackfill.bench.backfill import FRACTIONS
-from nobackfill.bench.routes import RoutesBenchConfig, _collection, upgraded_world_collection, world_eval
+from nobackfill.bench.routes import RoutesBenchConfig
+from nobackfill.bench.world_collection import embedded_collection, upgraded_world_collection, world_eval
 from nobackfill.search import ModelPool, Searcher
-from nobackfill.lifecycle.backfill import _cover_images_first, _cross_fit_targets, _fit_head, _interleave
+from nobackfill.lifecycle.backfill_order import _cover_images_first, _cross_fit_targets, _fit_head, _interleave
 from nobackfill.search.models import model_ref
 
 
@@ -63,7 +64,7 @@ def main() -> None:
     pool = ModelPool()
     ev = world_eval(args.world / "test")
     base, plan, _ = upgraded_world_collection(cfg, pool, ev, args.work / "base", print)
-    new = _collection(args.work / "new", pool, model_ref(cfg.models / "world-new"), ev.items, print)
+    new = embedded_collection(args.work / "new", pool, model_ref(cfg.models / "world-new"), ev.items, print)
     r_old, r_new = ev.measure(Searcher(base, pool=pool)), ev.measure(Searcher(new, pool=pool))
     gain: dict[str, float] = {}
     fail: dict[str, list[float]] = {}
