@@ -218,3 +218,28 @@ def test_the_readme_python_example_runs_as_written(world, tmp_path, monkeypatch)
     assert st["current"] != scope["old"] and st["spaces"][scope["old"]]["retired"]
     assert st["backfill"]["done"] == st["backfill"]["total"] == 30
     assert type(scope["served"]).__name__ == "RemoteClient"
+
+
+def _docs_python(page: str, name: str) -> str:
+    import re
+
+    text = (ROOT / "docs" / page).read_text()
+    found = re.search(rf"<!-- docs-python: {name} -->\n```python\n(.*?)```", text, re.S)
+    assert found, f"docs/{page} has no python block {name!r}"
+    return found.group(1)
+
+
+def test_the_docs_python_examples_run_as_written(world, tmp_path, monkeypatch):
+    """docs/own-data.md's and then docs/upgrade.md's Python examples, run as written on a folder of
+    the user's kind (models and upgrades linked in)."""
+    for d in ("models", "upgrades"):
+        (tmp_path / d).symlink_to(ROOT / d)
+    (tmp_path / "my_photos").symlink_to(world / "test")
+    monkeypatch.chdir(tmp_path)
+    first: dict = {}
+    exec(compile(_docs_python("own-data.md", "own-data"), "docs/own-data.md", "exec"), first)
+    assert first["photos"].status()["items"] == {"image": 10, "text": 20}
+    second: dict = {}
+    exec(compile(_docs_python("upgrade.md", "upgrade"), "docs/upgrade.md", "exec"), second)
+    st = second["photos"].status()
+    assert st["current"] == second["up"].current != second["old"] and st["backfill"]["done"] == 30
