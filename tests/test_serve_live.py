@@ -99,6 +99,20 @@ def test_client_round_trip(live):
     assert st["items"] == {"image": 24, "text": 48} and st["backfill"]["total"] == 72
 
 
+def test_the_command_line_takes_a_server_url(live, monkeypatch):
+    """``nobackfill collection ... URL`` runs the same commands over HTTP (the key from
+    NOBACKFILL_API_KEY): status and search as JSON, a refusal as one error line."""
+    import json
+
+    monkeypatch.setenv("NOBACKFILL_API_KEY", READ)
+    st = json.loads(_invoke("collection", "status", live.url, "--json").stdout)
+    assert st["items"]["image"] == 24 and st["path"] == "photos"  # the server names, never its paths
+    hits = json.loads(_invoke("collection", "search", live.url, "--text", "a red circle", "--k", 3, "--json").stdout)
+    assert len(hits["hits"]) == 3 and hits["modality"] == "image"
+    r = runner.invoke(app, ["collection", "delete", live.url, "--id", "anything"])
+    assert r.exit_code == 2 and "403" in r.output and "admin" in r.output, r.output
+
+
 def test_sigkill_during_ingest_keeps_every_acknowledged_write(live):
     admin = Client(live.url, ADMIN, timeout=30)
     acked: list[str] = []
