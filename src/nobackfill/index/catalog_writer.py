@@ -77,8 +77,9 @@ class Writer:
             return []
         served = served if served is not None else [(None, None)] * len(items)
         sql = self.catalog._sql("INSERT INTO items (id, modality, key, source, metadata, space, pos, generation) "
-                                "VALUES (?, ?, ?, ?, ?, ?, ?, ?)" + (" ON CONFLICT (id) DO NOTHING" if new_ids_only else ""))
-        rows = [(*it, sp, pos, self.generation) for it, (sp, pos) in zip(items, served)]
+                                f"VALUES (?, ?, ?, ?, ?, ?, ?, {int(self.generation)})"
+                                + (" ON CONFLICT (id) DO NOTHING" if new_ids_only else ""))
+        rows = list(map(tuple.__add__, map(tuple, items), map(tuple, served)))
         before = int(self.execute("SELECT coalesce(max(rid), 0) FROM items").fetchone()[0]) if new_ids_only else 0
         try:
             cur = self.conn.cursor()

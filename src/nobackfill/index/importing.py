@@ -30,7 +30,8 @@ from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping, Sequence
 import numpy as np
 
 from ..progress import progress_bar
-from .collection import MAX_ID_LENGTH, Collection, is_collection, row_json
+from .collection import MAX_ID_LENGTH, Collection, is_collection
+from .items import rows_json
 from .model_check import DEFAULT_SAMPLES, DEFAULT_THRESHOLD, check_model, sample_rows
 from .gallery_manifest import MODALITIES
 from .gallery_types import DuplicateIdError, SpaceMismatchError
@@ -147,8 +148,7 @@ def add_vectors(collection: Collection, ids: Sequence[str], vectors: np.ndarray,
                 raise DuplicateIdError(f"{where}: id {i!r} is given twice (rows {seen[i] + 1} and {row + 1})")
     keys = [f"{i}#{r}" for i, r in zip(ids, vector_rev(v))]
     try:
-        rows = [(i, m, k, row_json(s if type(s) is dict else dict(s)), row_json(me if type(me) is dict else dict(me)))
-                for i, m, k, s, me in zip(ids, mods, keys, srcs, metas)]
+        rows = list(zip(ids, mods, keys, rows_json(srcs), rows_json(metas)))
     except (TypeError, ValueError) as e:
         raise ValueError(f"{where}: sources and metadata must be JSON objects of JSON values: {e}") from None
     report = VectorsReport()
