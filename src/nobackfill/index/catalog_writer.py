@@ -88,8 +88,13 @@ class Writer:
             raise self.catalog._error(e) from e
         rids: list[int | None]
         if new_ids_only:  # one writer at a time: the rows past ``before`` are this insert's
-            got = dict((i, int(r)) for r, i in self.execute("SELECT rid, id FROM items WHERE rid > ?", (before,)))
-            rids = [got.get(it[0]) for it in items]
+            n_new, lo, hi = self.execute("SELECT count(*), min(rid), max(rid) FROM items WHERE rid > ?",
+                                         (before,)).fetchone()
+            if n_new == len(items) and hi - lo + 1 == n_new:  # every row went in, in order: consecutive rids
+                rids = list(range(int(lo), int(hi) + 1))
+            else:
+                got = dict((i, int(r)) for r, i in self.execute("SELECT rid, id FROM items WHERE rid > ?", (before,)))
+                rids = [got.get(it[0]) for it in items]
         else:
             first = self.execute("SELECT rid FROM items WHERE id = ?", (items[0][0],)).fetchone()[0]
             last = self.execute("SELECT rid FROM items WHERE id = ?", (items[-1][0],)).fetchone()[0]

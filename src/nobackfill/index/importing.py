@@ -84,7 +84,8 @@ def vector_rev(vectors: np.ndarray) -> list[str]:
         h ^= h >> np.uint64(27)
         h *= np.uint64(0x94D049BB133111EB)
         h ^= h >> np.uint64(31)
-    return [f"{x:016x}" for x in h.tolist()]
+    hexed = h.astype(">u8").tobytes().hex()  # big-endian words: each row's 16 digits, most significant first
+    return [hexed[i:i + 16] for i in range(0, 16 * len(h), 16)]
 
 
 def _id_problem(i: Any) -> str | None:
