@@ -82,3 +82,59 @@ def test_the_collection_guides_run_as_written(sandbox, pages):
     st = json.loads(runner.invoke(app, ["collection", "status", "photos", "--json"]).stdout)
     old = filled["<old space id>"]
     assert st["spaces"][old]["retired"] and st["backfill"]["done"] == st["backfill"]["total"]
+
+
+def test_the_import_guide_runs_as_written(sandbox):
+    """docs/import.md's commands, in order: a clip-retrieval folder (the world's test images and
+    captions, embedded by world-old, image paths under data/images), then an .npy of image vectors
+    with its parquet table, then a faiss index of caption vectors with its JSONL table (both the
+    val split, world-old), then the upgrade, the backfill and the model check."""
+    import faiss
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from nobackfill.data.clip_retrieval import write_clip_retrieval
+    from nobackfill.evaluate import load_eval_data
+    from nobackfill.encoders import load_encoder
+
+    runner = sandbox
+    old = load_encoder(ROOT / "models" / "world-old")
+    test = load_eval_data("data/world", "test", langs=["en"])
+    (Path("data") / "images").symlink_to(Path("data/world/test/images").absolute())
+    rows = [test.image_paths()[i] for i in test.caption_image]
+    write_clip_retrieval("embeddings_folder", image_paths=[Path(p).name for p in rows],
+                         image_vectors=old.encode_images(rows), captions=test.captions,
+                         text_vectors=old.encode_texts(test.captions), dtype=np.float32)
+    val = load_eval_data("data/world", "val", langs=["en"])
+    np.save("emb.npy", old.encode_images(val.image_paths()))
+    pq.write_table(pa.table({"id": [f"val-img-{i}" for i in range(len(val))],
+                             "image_path": [str(Path(p).absolute()) for p in val.image_paths()]}), "meta.parquet")
+    txt = np.ascontiguousarray(old.encode_texts(val.captions), np.float32)
+    index = faiss.IndexFlatIP(txt.shape[1])
+    index.add(txt)
+    faiss.write_index(index, "index.faiss")
+    Path("ids.jsonl").write_text("".join(json.dumps({"id": f"val-cap-{i}", "text": c}) + "\n"
+                                         for i, c in enumerate(val.captions)))
+    ran = []
+    for cmd in doc_commands([ROOT / "docs" / "import.md"]):
+        if "milvus" in cmd.text:  # a Milvus server's collection: tests/test_milvus_adopt.py starts one
+            continue
+        r = runner.invoke(app, _args(cmd.text, {}))
+        assert r.exit_code == 0, f"{cmd.where}: {cmd.text}\n{r.output}"
+        ran.append(cmd.where)
+    assert len(ran) >= 6, ran
+    st = json.loads(runner.invoke(app, ["collection", "status", "photos", "--json"]).stdout)
+    assert st["items"]["image"] == 10 + len(val) and st["items"]["text"] == len(test.captions) + len(val.captions)
+    assert len(st["spaces"]) == 2 and st["backfill"]["done"] == st["backfill"]["total"]
+
+
+def test_an_unreachable_milvus_server_is_one_clear_error():
+    """A Milvus address nobody listens on: one error line naming it (not pymilvus' exception)."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    r = CliRunner().invoke(app, ["collection", "status", f"milvus://127.0.0.1:{port}#photos"])
+    assert r.exit_code == 2 and f"cannot reach the Milvus server at http://127.0.0.1:{port}" in r.output, r.output

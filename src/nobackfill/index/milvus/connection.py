@@ -100,13 +100,27 @@ def _client(kind: str, parts: dict[str, str]) -> Any:
                 tok = _token()
                 if tok:
                     kw["token"] = tok
-                c = MilvusClient(**kw)
+                c = _connect(MilvusClient, kw)
                 if parts["db"] != "default":
                     if parts["db"] not in c.list_databases():
                         c.create_database(parts["db"])
                     c.use_database(parts["db"])
             _CLIENTS[key] = c
         return c
+
+
+def _connect(client_class: Any, kw: dict[str, Any]) -> Any:
+    """A client of the Milvus server at ``kw["uri"]``; a server that cannot be reached is a
+    :class:`~nobackfill.index.items.CollectionError` naming it (not pymilvus' own exception)."""
+    from pymilvus.exceptions import MilvusException
+
+    from ..items import CollectionError
+
+    try:
+        return client_class(**kw)
+    except MilvusException as e:
+        raise CollectionError(f"cannot reach the Milvus server at {kw['uri']} ({getattr(e, 'message', e)}); is it "
+                              "running, and is the address right? (docs/milvus.md)") from None
 
 
 def close_clients() -> None:
