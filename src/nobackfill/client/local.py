@@ -192,7 +192,7 @@ class LocalClient(Client):
                                     samples=samples, backend=backend, progress=progress, wait=wait)
             except ModelCheckRefused as e:
                 raise ClientError(409, str(e), "model") from None
-        self._reopen()
+        # an open collection took the rows itself; an unopened one is opened on first use
         return ImportResult(items=rep.items, added=rep.added, unchanged=rep.unchanged, seconds=round(rep.seconds, 3),
                             model_check=rep.model_check, warnings=list(rep.warnings), source=rep.source)
 
@@ -215,7 +215,8 @@ class LocalClient(Client):
         return rep
 
     def _reopen(self) -> None:
-        """Forget the open collection (an import may have created it) and its searchers."""
+        """Forget the open collection (adopting wrote its plan through another handle) and its
+        searchers."""
         self._collection, self._searchers = None, {}
 
     # ------------------------------------------------------------------ plan changes

@@ -24,7 +24,7 @@ LABELS = {"old_old": "old/old", "new_new": "new/new (off)", "new_old_raw": "raw 
           "upgraded_new_old": "upgraded new/old"}
 
 
-def embed_through(side: Any, data: Any, *, progress: bool = False) -> Embedded:
+def embed_through(side: Any, data: Any) -> Embedded:
     """Every image and caption of ``data`` embedded as queries into ``side``'s space."""
     return Embedded(side.space_id, side.embed("image", data.image_paths()), side.embed("text", data.captions))
 
@@ -45,7 +45,7 @@ def compat_report(old: Any, new: Any, data: Any, *, bridges: Sequence[str | Path
     if not bridges:  # no upgrade given: the three reference rows only
         return out
     side = query_side_for(new, old.space_id, bridges=bridges)
-    eu = embed_through(side, data, progress=progress)
+    eu = embed_through(side, data)
     rows["upgraded_new_old"] = cross_retrieval(eu, eo, c2i)
     out["gap_closure"] = {d: gap_closure(rows["upgraded_new_old"][d]["R@1"], rows["old_old"][d]["R@1"],
                                          rows["new_new"][d]["R@1"]) for d in ("t2i", "i2t")}

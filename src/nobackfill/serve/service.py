@@ -26,8 +26,6 @@ class Service:
 
         self.settings = settings
         self.client = LocalClient(settings.collection, pool=pool, limits=settings.limits)
-        self.collection = self.client.collection
-        self.pool = self.client.pool
         lim = settings.limits
         self.models = request_models(lim.max_k, lim.max_caption_chars, lim.max_batch, lim.max_image_bytes)
         if settings.uploads is not None:
@@ -42,6 +40,15 @@ class Service:
                                   (settings.models_root, ""), (settings.upgrades_root, "")])
         self.batcher = SearchBatcher(self.client.searcher)
         self._metrics()
+
+    @property
+    def collection(self) -> Any:
+        """The client's open collection (never a copy of it that could go stale)."""
+        return self.client.collection
+
+    @property
+    def pool(self) -> Any:
+        return self.client.pool
 
     def _metrics(self) -> None:
         from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
