@@ -42,7 +42,7 @@ from ..metrics.retrieval import r1_by_image_subset
 from ..report import mean_over_seeds
 from .xbt_jobs import encode_eval, run_isolated
 from .xbt_report import MAIN_ROWS, write_xbt_report
-from ..metrics.compat import gap_closure
+from ..search.compat_report import gap_closures
 from .xbt_rows import cross, prompt_zero_shot, row_metrics, summary
 
 @dataclass
@@ -284,8 +284,7 @@ def run_xbt_bench(models_dir: str | Path = "models", world: str | Path = "data/w
     rows_per_seed["new_old_raw"] = [row_metrics(E["new"], E["old"], c2i, cfg.n_unpaired, 0)]
     rows = {k: mean_over_seeds(v) for k, v in rows_per_seed.items() if v}
     for k, r in rows.items():
-        r["gap_closure"] = {d: gap_closure(r[d]["R@1"], rows["old_old"][d]["R@1"], rows["new_new"][d]["R@1"])
-                            for d in ("t2i", "i2t")}
+        r["gap_closure"] = gap_closures(r, rows["old_old"], rows["new_new"])
     zero_shot = {"old": prompt_zero_shot(E["old"]["images"], E["old"]["prompts"], ev.class_ids),
                  "new": prompt_zero_shot(E["new"]["images"], E["new"]["prompts"], ev.class_ids),
                  **{k: float(np.mean(v)) for k, v in zs_per_seed.items()}}

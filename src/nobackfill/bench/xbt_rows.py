@@ -7,15 +7,16 @@ from __future__ import annotations
 import numpy as np
 
 from ..encoders.base import l2_normalise
-from ..evaluate import Embedded, cross_retrieval
-from ..metrics.compat import cross_modal_criterion
+from ..evaluate import Embedded
 from ..metrics.retrieval import r1_by_image_subset
 from ..metrics.zero_shot import zero_shot_accuracy
+from ..search.compat_report import report_row
 
 
 def cross(q_texts, q_images, g_texts, g_images, c2i) -> dict:
     """R@1/5/10 both directions of the query embeddings against the gallery's."""
-    return cross_retrieval(Embedded("query", q_images, q_texts), Embedded("gallery", g_images, g_texts), c2i)
+    return report_row(Embedded("query", q_images, q_texts), Embedded("gallery", g_images, g_texts), c2i,
+                      criterion=False)
 
 
 def prompt_zero_shot(images: np.ndarray, prompts: np.ndarray, labels: np.ndarray) -> float:
@@ -26,13 +27,12 @@ def prompt_zero_shot(images: np.ndarray, prompts: np.ndarray, labels: np.ndarray
 
 
 def row_metrics(q: dict, old: dict, c2i: np.ndarray, n_unpaired: int, seed: int, seen: np.ndarray | None = None) -> dict:
-    """One table row: :func:`cross` of ``q`` against ``old``, R@1 by seen concept, Eq. 1 rates."""
-    r = cross(q["texts"], q["images"], old["texts"], old["images"], c2i)
+    """One table row: the compatibility report's row (:func:`~nobackfill.search.compat_report.report_row`)
+    of ``q`` against ``old``, and R@1 by seen concept."""
+    r = report_row(Embedded("query", q["images"], q["texts"]), Embedded("old", old["images"], old["texts"]), c2i,
+                   n_unpaired=n_unpaired, seed=seed)
     if seen is not None and q["texts"].shape[1] == old["images"].shape[1]:
         r["by_concept"] = r1_by_image_subset(q["texts"], q["images"], old["texts"], old["images"], c2i, seen)
-    if q["texts"].shape[1] == old["texts"].shape[1]:
-        r["criterion"] = cross_modal_criterion(q["texts"], q["images"], old["texts"], old["images"], c2i,
-                                               n_unpaired=n_unpaired, seed=seed)
     return r
 
 

@@ -17,7 +17,7 @@ import numpy as np
 from ..evaluate import Embedded, cross_flips, cross_retrieval, embed_dataset
 from ..metrics.compat import cross_modal_criterion, gap_closure
 
-__all__ = ["LABELS", "compat_report", "embed_through"]
+__all__ = ["LABELS", "compat_report", "embed_through", "gap_closures", "report_row"]
 
 #: the report's rows in words
 LABELS = {"old_old": "old/old", "new_new": "new/new (off)", "new_old_raw": "raw new/old",
@@ -27,6 +27,22 @@ LABELS = {"old_old": "old/old", "new_new": "new/new (off)", "new_old_raw": "raw 
 def embed_through(side: Any, data: Any) -> Embedded:
     """Every image and caption of ``data`` embedded as queries into ``side``'s space."""
     return Embedded(side.space_id, side.embed("image", data.image_paths()), side.embed("text", data.captions))
+
+
+def report_row(query: Embedded, gallery: Embedded, c2i: Sequence[int], *, criterion: bool = True,
+               n_unpaired: int = 20000, strict: bool = False, seed: int = 0) -> dict[str, Any]:
+    """One row of the report: R@1/5/10 both directions of ``query``'s vectors against
+    ``gallery``'s, and (``criterion``, same widths) the rates of Eq. 1 under ``"criterion"``."""
+    row = cross_retrieval(query, gallery, c2i)
+    if criterion and query.texts.shape[1] == gallery.texts.shape[1]:
+        row["criterion"] = cross_modal_criterion(query.texts, query.images, gallery.texts, gallery.images, c2i,
+                                                 n_unpaired=n_unpaired, strict=strict, seed=seed)
+    return row
+
+
+def gap_closures(row: dict[str, Any], old_old: dict[str, Any], new_new: dict[str, Any]) -> dict[str, float | None]:
+    """:func:`~nobackfill.metrics.compat.gap_closure` of ``row``'s R@1, per direction."""
+    return {d: gap_closure(row[d]["R@1"], old_old[d]["R@1"], new_new[d]["R@1"]) for d in ("t2i", "i2t")}
 
 
 def compat_report(old: Any, new: Any, data: Any, *, bridges: Sequence[str | Path] = (), strict: bool = False,
@@ -46,11 +62,9 @@ def compat_report(old: Any, new: Any, data: Any, *, bridges: Sequence[str | Path
         return out
     side = query_side_for(new, old.space_id, bridges=bridges)
     eu = embed_through(side, data)
-    rows["upgraded_new_old"] = cross_retrieval(eu, eo, c2i)
-    out["gap_closure"] = {d: gap_closure(rows["upgraded_new_old"][d]["R@1"], rows["old_old"][d]["R@1"],
-                                         rows["new_new"][d]["R@1"]) for d in ("t2i", "i2t")}
-    out["criterion"] = cross_modal_criterion(eu.texts, eu.images, eo.texts, eo.images, c2i, n_unpaired=n_unpaired,
-                                             strict=strict)
+    rows["upgraded_new_old"] = report_row(eu, eo, c2i, n_unpaired=n_unpaired, strict=strict)
+    out["criterion"] = rows["upgraded_new_old"].pop("criterion")
+    out["gap_closure"] = gap_closures(rows["upgraded_new_old"], rows["old_old"], rows["new_new"])
     out["flips"] = cross_flips({"old_old": (eo, eo), "new_new": (en, en), "upgraded_new_old": (eu, eo)}, "old_old",
                                c2i)
     out["onoff_max_abs_diff"] = onoff_max_abs_diff(new, side, data, en)
