@@ -5,6 +5,7 @@ serving pages it touched, the plan and documents, and the header written last.""
 from __future__ import annotations
 
 import json
+from operator import itemgetter
 from typing import TYPE_CHECKING, Any, Iterable, Sequence
 
 import numpy as np
@@ -103,13 +104,26 @@ class Writer:
             else:  # pragma: no cover - a sequence with gaps
                 by_id = self.rows_by_id([it[0] for it in items])
                 rids = [by_id[it[0]].rid for it in items]
+        mods = list(map(itemgetter(1), items))
+        spaces = set(map(itemgetter(0), served))
+        if None not in rids and len(spaces) == 1 and None not in spaces and len(set(mods)) == 1:
+            # one space, one modality, every row inserted (the bulk path): whole arrays at once
+            self._counts[mods[0]] += len(items)
+            try:
+                pos = np.fromiter(map(itemgetter(1), served), np.int64, len(served))
+            except TypeError:  # a row without a position: row by row below
+                pass
+            else:
+                self.set_serving_many(spaces.pop(), mods[0], pos, np.asarray(rids, np.int64))
+                return rids
+            self._counts[mods[0]] -= len(items)
         groups: dict[tuple[str, str], tuple[list[int], list[int]]] = {}
-        for rid, it, (sp, pos) in zip(rids, items, served):
+        for rid, m, (sp, pos) in zip(rids, mods, served):
             if rid is None:
                 continue
-            self._counts[it[1]] += 1
+            self._counts[m] += 1
             if sp is not None and pos is not None:
-                g = groups.setdefault((sp, it[1]), ([], []))
+                g = groups.setdefault((sp, m), ([], []))
                 g[0].append(pos)
                 g[1].append(rid)
         for (sp, modality), (pos, rid) in groups.items():

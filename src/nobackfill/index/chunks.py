@@ -16,6 +16,7 @@ import numpy as np
 from .atomic_files import _TMP, _dir_lock, _now, _sha256, atomic_write_bytes
 from .gallery_manifest import (_CHUNK_RE, CHUNK_DIR, MODALITIES, _check_modality, _Columns, _manifest_stat,
                                _read_manifest, _write_manifest)
+from .key_index import key_hashes
 from .gallery_types import CorruptGalleryError, DuplicateIdError, SpaceMismatchError
 
 __all__ = ["GalleryChunks"]
@@ -25,25 +26,30 @@ log = logging.getLogger("nobackfill.index.gallery")
 
 class GalleryChunks:
     """Reading and committing the chunks of a :class:`~nobackfill.index.gallery.Gallery` (which sets
-    ``path``, ``_manifest``, ``_cols``, ``_stat`` and ``_check_open``)."""
+    ``path``, ``_manifest``, ``_cols``, ``_stat``, ``_lock`` and ``_check_open``). A commit and the
+    readers of the id cache hold ``_lock``: one thread may add while another looks keys up."""
 
     def _chunks(self, modality: str) -> list[dict[str, Any]]:
         return self._manifest["modalities"][modality]["chunks"]
 
     def _sync(self, modality: str) -> _Columns:
-        """Bring the id cache of ``modality`` up to the manifest (loads only new chunks)."""
+        """Bring the id cache of ``modality`` up to the manifest (loads only new chunks; under the
+        gallery's lock, which a commit holds while it grows the cache)."""
         self._check_open()
         _check_modality(modality)
-        chunks = self._chunks(modality)
-        cols = self._cols[modality]
-        if cols.chunks != [c["name"] for c in chunks[: len(cols.chunks)]]:
-            cols = self._cols[modality] = _Columns()  # history changed under us: reload
-        for entry in chunks[len(cols.chunks):]:
-            ids = [str(i) for i in self._load_npz(entry, "ids")]
-            cols.chunks.append(entry["name"])
-            cols.pos.update(zip(ids, range(len(cols.ids), len(cols.ids) + len(ids))))
-            cols.ids.extend(ids)
-        return cols
+        with self._lock:
+            chunks = self._chunks(modality)
+            cols = self._cols[modality]
+            if cols.chunks != [c["name"] for c in chunks[: len(cols.chunks)]]:
+                cols = self._cols[modality] = _Columns()  # history changed under us: reload
+            for entry in chunks[len(cols.chunks):]:
+                ids = self._load_npz(entry, "ids")
+                cols.keys.add(ids, cols.count)
+                if cols.ids is not None:
+                    cols.ids.extend(ids.tolist())
+                cols.chunks.append(entry["name"])
+                cols.count += len(ids)
+            return cols
 
     def _read_checked(self, entry: dict[str, Any], kind: str) -> bytes:
         """The bytes of a committed chunk file (``kind`` "npz" or "meta"), checked against the
@@ -92,20 +98,30 @@ class GalleryChunks:
 
     def ids(self, modality: str) -> list[str]:
         """Ids in insertion order (row ``i`` of :meth:`vectors`)."""
-        return list(self._sync(modality).ids)
+        return list(self._ids(modality))
+
+    def _ids(self, modality: str) -> list[str]:
+        """The cached ids of ``modality`` in row order (not a copy), read from the chunks the first
+        time they are asked for (most uses of a store ask only :meth:`positions`)."""
+        cols = self._sync(modality)
+        if cols.ids is None:
+            cols.ids = [i for e in self._chunks(modality)[:len(cols.chunks)] for i in self._load_npz(e, "ids").tolist()]
+        return cols.ids
 
     #: a row keeps its position for ever (rows are only appended): a catalog may record it
     stable_positions = True
 
     def positions(self, modality: str, keys: Sequence[str]) -> dict[str, int]:
         """Row of each of ``keys`` held (absent keys are left out)."""
-        pos = self._sync(modality).pos
-        return {k: pos[k] for k in keys if k in pos}
+        with self._lock:
+            rows = self._sync(modality).keys.rows(keys).tolist()
+        return {k: r for k, r in zip(keys, rows) if r >= 0}
 
     def __contains__(self, item: tuple[str, str]) -> bool:
         """``("image", "id7") in gallery``."""
         modality, id_ = item
-        return id_ in self._sync(modality).pos
+        with self._lock:
+            return bool(self._sync(modality).keys.rows([id_])[0] >= 0)
 
     def vectors(self, modality: str) -> np.ndarray:
         """All vectors of ``modality``, float32 ``(N, dim)``, read-only."""
@@ -121,11 +137,11 @@ class GalleryChunks:
     def get_vectors(self, modality: str, keys: Sequence[str]) -> np.ndarray:
         """The vectors of ``keys`` (all held: ``KeyError`` naming one that is not), reading only
         the chunks that hold them (hash-checked), not the whole store."""
-        cols = self._sync(modality)
-        missing = [k for k in keys if k not in cols.pos]
-        if missing:
-            raise KeyError(f"gallery {self.path} holds no {modality} vector {missing[0]!r}")
-        rows = np.asarray([cols.pos[k] for k in keys], np.int64)
+        with self._lock:
+            cols = self._sync(modality)
+            rows = cols.keys.rows(keys)
+        if (rows < 0).any():
+            raise KeyError(f"gallery {self.path} holds no {modality} vector {keys[int(np.argmax(rows < 0))]!r}")
         if cols.vectors is not None and len(cols.vectors) > (rows.max() if len(rows) else -1):
             return np.array(cols.vectors[rows])
         chunks = self._chunks(modality)
@@ -190,40 +206,49 @@ class GalleryChunks:
             raise SpaceMismatchError(self.space_id, space_id, f"add {modality} vectors to gallery {self.path}",
                                      what="vectors", hint="a gallery holds one embedding space")
         ids = list(ids)
-        bad = [i for i in ids if not isinstance(i, str) or not i]
-        if bad:
-            raise ValueError(f"ids must be non-empty strings, got {bad[:3]!r}")
+        try:
+            distinct = set(ids)
+        except TypeError:
+            distinct = {None}  # an unhashable id: refused below
+        if not set(map(type, distinct)) <= {str} or "" in distinct or "\0" in "".join(distinct):
+            bad = [i for i in ids if not isinstance(i, str) or not i or "\0" in i]
+            raise ValueError(f"ids must be non-empty strings without NUL characters, got {bad[:3]!r}")
         vecs = self._check_rows(vectors, "vectors", n=len(ids))
-        metas = [{} for _ in ids] if metadata is None else list(metadata)
-        if len(metas) != len(ids):
+        metas = None if metadata is None else list(metadata)
+        if metas is not None and len(metas) != len(ids):
             raise ValueError(f"got {len(metas)} metadata rows for {len(ids)} ids")
-        if not all(isinstance(m, dict) for m in metas):
+        if metas is not None and not all(isinstance(m, dict) for m in metas):
             raise ValueError("metadata rows must be dicts")
-        seen: set[str] = set()
-        dups = [i for i in ids if i in seen or seen.add(i)]  # type: ignore[func-returns-value]
-        if dups:
+        if len(distinct) < len(ids):
+            seen: set[str] = set()
+            dups = [i for i in ids if i in seen or seen.add(i)]  # type: ignore[func-returns-value]
             raise DuplicateIdError(f"ids repeated within one batch: {sorted(set(dups))[:5]}")
+        hashes = key_hashes(ids)
 
         with _dir_lock(self.path):
-            self._manifest = _read_manifest(self.path)  # another writer may have committed
-            cols = self._sync(modality)
-            present = [i for i in ids if i in cols.pos]
-            if present and not skip_existing:
-                raise DuplicateIdError(
-                    f"{len(present)} {modality} ids already in gallery {self.path}: {present[:5]} "
-                    "(pass skip_existing=True to drop them)")
-            if present:
-                keep = [i not in cols.pos for i in ids]
+            with self._lock:
+                self._manifest = _read_manifest(self.path)  # another writer may have committed
+                held = self._sync(modality).keys.rows_of(*hashes) >= 0
+            if held.any():
+                if not skip_existing:
+                    present = [i for i, h in zip(ids, held.tolist()) if h]
+                    raise DuplicateIdError(
+                        f"{len(present)} {modality} ids already in gallery {self.path}: {present[:5]} "
+                        "(pass skip_existing=True to drop them)")
+                keep = (~held).tolist()
                 ids = [i for i, k in zip(ids, keep) if k]
-                metas = [m for m, k in zip(metas, keep) if k]
-                vecs = vecs[np.asarray(keep, dtype=bool)]
+                metas = None if metas is None else [m for m, k in zip(metas, keep) if k]
+                vecs = vecs[~held]
+                hashes = (hashes[0][~held], hashes[1][~held])
             if not ids:
                 return 0
-            self._commit_chunk(modality, ids, vecs, metas)
+            self._commit_chunk(modality, ids, vecs, metas, hashes)
         return len(ids)
 
-    def _commit_chunk(self, modality: str, ids: list[str], vecs: np.ndarray, metas: list[dict[str, Any]]) -> None:
-        """Write chunk files, then the manifest that names them (caller holds the lock)."""
+    def _commit_chunk(self, modality: str, ids: list[str], vecs: np.ndarray, metas: list[dict[str, Any]] | None,
+                      hashes: tuple[np.ndarray, np.ndarray]) -> None:
+        """Write chunk files, then the manifest that names them (caller holds the lock); ``metas``
+        None: no metadata; ``hashes``: the ids' :func:`~nobackfill.index.key_index.key_hashes`."""
         chunks = self._chunks(modality)
         # one past the highest number (not the count: repair may have dropped a chunk)
         name = f"{modality}-{1 + max((int(c['name'].rsplit('-', 1)[1]) for c in chunks), default=-1):05d}"
@@ -231,8 +256,9 @@ class GalleryChunks:
         np.savez(buf, vectors=vecs, ids=np.asarray(ids, dtype=str))
         npz = buf.getvalue()
         try:
-            meta = "".join(json.dumps(m, sort_keys=True, ensure_ascii=False, allow_nan=False) + "\n" if m else "{}\n"
-                           for m in metas).encode("utf-8")
+            meta = b"{}\n" * len(ids) if metas is None else \
+                "".join(json.dumps(m, sort_keys=True, ensure_ascii=False, allow_nan=False) + "\n" if m else "{}\n"
+                        for m in metas).encode("utf-8")
         except (TypeError, ValueError) as e:
             raise ValueError(f"metadata must be JSON-serialisable: {e}") from e
         entry = {
@@ -252,11 +278,14 @@ class GalleryChunks:
         mod["count"] += len(ids)
         manifest["updated"] = _now()
         _write_manifest(self.path, manifest)  # <- the commit point
-        self._manifest, self._stat = manifest, _manifest_stat(self.path)
-        cols = self._cols[modality]  # vectors / metadata of the new chunk load lazily
-        cols.chunks.append(name)
-        cols.pos.update(zip(ids, range(len(cols.ids), len(cols.ids) + len(ids))))
-        cols.ids.extend(ids)
+        with self._lock:  # readers of other threads see the manifest and the cache grown together
+            self._manifest, self._stat = manifest, _manifest_stat(self.path)
+            cols = self._cols[modality]  # vectors / metadata of the new chunk load lazily
+            cols.keys.add_hashes(*hashes, cols.count)
+            if cols.ids is not None:
+                cols.ids.extend(ids)
+            cols.chunks.append(name)
+            cols.count += len(ids)
 
     def _orphans(self) -> list[Path]:
         """Files that look like ours but are not committed (crash leftovers)."""

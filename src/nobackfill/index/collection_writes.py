@@ -6,6 +6,8 @@ new spaces and plan changes, each one catalog transaction. A mixin of
 from __future__ import annotations
 
 import contextlib
+from itertools import repeat
+from operator import itemgetter
 from typing import Callable, Iterable, Iterator, Mapping, Sequence
 
 import numpy as np
@@ -81,7 +83,7 @@ class CollectionWrites:
         if not rows and not deletes:
             return 0
         with self._writing() as w:
-            put_ids = {r[0] for r in rows}
+            put_ids = set(map(itemgetter(0), rows))
             if len(put_ids) < len(rows):  # an id put twice: the last one
                 rows = list({r[0]: r for r in rows}.values())
             plan = w.header["plan"]
@@ -90,9 +92,11 @@ class CollectionWrites:
 
             def stored_rows(rs: Sequence[tuple]) -> list[tuple[str, int | None]]:  # (space, row) from the hint
                 stable = getattr(self.gallery(hint_space, plan), "stable_positions", False)
-                return [(hint_space, hint[r[2]] if stable else None) for r in rs]
+                return list(zip(repeat(hint_space), map(hint.__getitem__, map(itemgetter(2), rs)) if stable
+                                else repeat(None, len(rs))))
 
-            if skip_unchanged and not deletes and hint_space is not None and all(r[2] in hint for r in rows):
+            if skip_unchanged and not deletes and hint_space is not None and \
+                    all(map(hint.__contains__, map(itemgetter(2), rows))):
                 # the bulk path: new ids go in at once, without a lookup each; the others below
                 rids = w.insert(rows, stored_rows(rows), new_ids_only=True)
                 rows = [r for r, rid in zip(rows, rids) if rid is None]

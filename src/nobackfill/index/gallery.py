@@ -244,7 +244,7 @@ class Gallery(GalleryChunks, GalleryIndex, GalleryIntegrity):
 
         def names() -> list[str]:
             if not self._closed:
-                return self._sync(modality).ids
+                return self._ids(modality)
             return [str(i) for e in manifest["modalities"][modality]["chunks"] for i in self._load_npz(e, "ids")]
 
         return names

@@ -13,6 +13,8 @@ from typing import Any
 
 import numpy as np
 
+from .key_index import KeyIndex
+
 from .atomic_files import _sha256, atomic_write_bytes, read_tagged_json
 from .backends import validate_spec
 from .gallery_types import CorruptGalleryError, NotAGalleryError
@@ -100,8 +102,9 @@ class _Columns:
     """In-memory copy of one modality, loaded chunk by chunk (chunks are append-only)."""
 
     chunks: list[str] = field(default_factory=list)  # chunk names whose ids are loaded
-    ids: list[str] = field(default_factory=list)
-    pos: dict[str, int] = field(default_factory=dict)  # id -> row
+    count: int = 0  # rows of those chunks
+    keys: KeyIndex = field(default_factory=KeyIndex)  # id -> row, compact
+    ids: list[str] | None = None  # the ids in row order, loaded only when asked for
     vectors: np.ndarray | None = None  # rows of the first ``vec_chunks`` chunks, read-only
     vec_chunks: int = 0
     metadata: list[dict[str, Any]] = field(default_factory=list)  # rows of the first ``meta_chunks``

@@ -78,7 +78,7 @@ def vector_rev(vectors: np.ndarray) -> list[str]:
     if words.shape[1] > len(_MIX):
         raise ValueError(f"vectors wider than {2 * len(_MIX)} dimensions are not supported")
     with np.errstate(over="ignore"):
-        h = (words * _MIX[:words.shape[1]]).sum(axis=1, dtype=np.uint64)
+        h = np.einsum("ij,j->i", words, _MIX[:words.shape[1]])  # the multiply-sum, without a temporary
         h ^= h >> np.uint64(30)
         h *= np.uint64(0xBF58476D1CE4E5B9)
         h ^= h >> np.uint64(27)

@@ -57,7 +57,7 @@ def _old_vectors(collection: Collection, items: Sequence[Item], target: str) -> 
             todo = [it for it in items if it.modality == m and it.id not in out]
             if not todo:
                 continue
-            pos = {k: i for i, k in enumerate(g.ids(m))}
+            pos = g.positions(m, [it.key for it in todo])
             hit = [it for it in todo if it.key in pos]
             if hit:
                 vecs = np.asarray(g.vectors(m))
@@ -171,7 +171,7 @@ def _uncertainty_order(collection: Collection, target: str, pending: list[Item],
     scores: dict[str, float] = {}
     info: dict[str, Any] = {}
     for m in ("image", "text"):
-        new_pos = {k: i for i, k in enumerate(g.ids(m))}
+        new_pos = g.positions(m, [it.key for it in sample if it.modality == m])
         new_vecs = np.asarray(g.vectors(m)) if new_pos else None
         for sid in sorted({old[it.id][0] for it in sample + rest if it.modality == m and it.id in old}):
             todo = [it for it in rest if it.modality == m and it.id in old and old[it.id][0] == sid]

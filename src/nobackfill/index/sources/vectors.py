@@ -3,6 +3,7 @@ arrays, the scan that checks every vector, and unit rows."""
 
 from __future__ import annotations
 
+import mmap
 from pathlib import Path
 
 import numpy as np
@@ -40,12 +41,34 @@ class _ArrayVectors(_Vectors):
             raise SourceError(f"vectors must be floating point (float16 / float32 / float64), got {arr.dtype}", path)
         self._arr, self.path = arr, path
         self.n, self.dim, self.dtype = int(arr.shape[0]), int(arr.shape[1]), str(arr.dtype)
+        self._map, self._map_offset = _mapping_of(arr)
 
     def raw(self, start: int, stop: int) -> np.ndarray:
-        return np.asarray(self._arr[start:stop], dtype=np.float32)
+        """Rows ``start:stop`` as float32 (a copy). Read from a memory-mapped ``.npy``, their pages
+        are then released: a stream of batches holds one batch of vectors in memory, not the file."""
+        x = np.array(self._arr[start:stop], dtype=np.float32)
+        if self._map is not None and stop > start:
+            row = self._arr.strides[0]
+            lo = (self._map_offset + start * row) // mmap.PAGESIZE * mmap.PAGESIZE
+            hi = min(len(self._map), -(-(self._map_offset + stop * row) // mmap.PAGESIZE) * mmap.PAGESIZE)
+            self._map.madvise(mmap.MADV_DONTNEED, lo, hi - lo)
+        return x
 
     def take(self, rows: np.ndarray) -> np.ndarray:
         return np.asarray(self._arr[np.asarray(rows, dtype=np.int64)], dtype=np.float32)
+
+
+def _mapping_of(arr: np.ndarray) -> tuple["mmap.mmap | None", int]:
+    """The memory map under ``arr`` (a C-ordered ``np.memmap``) and where its first row lies in the
+    map; (None, 0) for an array in memory or a platform without ``madvise``."""
+    m = getattr(arr, "_mmap", None)
+    if not isinstance(m, mmap.mmap) or not hasattr(m, "madvise") or not hasattr(mmap, "MADV_DONTNEED") \
+            or not arr.flags.c_contiguous:
+        return None, 0
+    base = np.frombuffer(m, np.uint8)
+    offset = arr.ctypes.data - base.ctypes.data
+    del base  # a live export would stop the map from closing
+    return m, int(offset)
 
 
 def _load_npy(path: Path) -> _ArrayVectors:

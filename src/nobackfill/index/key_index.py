@@ -1,0 +1,105 @@
+"""The row of each key a store holds, in 24 bytes a key (:class:`KeyIndex`).
+
+A gallery's chunks hold their rows' keys; the store must answer "which row holds key k" for every
+add (keys already held are skipped) and every lookup. A Python ``dict`` of the key strings costs
+about 200 bytes a key (200 MB at a million rows). Here each key is reduced to a 128-bit hash
+(:func:`key_hashes`), kept in two sorted arrays: a large one and a small one that new keys are merged into,
+itself merged into the large one when it outgrows a quarter of it (amortised O(log n) a key). Two
+different keys share a 128-bit hash with probability about n^2 / 2^129 (1e-27 at a million keys).
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import numpy as np
+
+__all__ = ["KeyIndex", "key_hashes"]
+
+
+def key_hashes(keys: Sequence[str] | np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Two 64-bit hashes of each key (``hi``, ``lo``): Python's own string hash (SipHash, keyed
+    afresh by each process: the index lives in memory only) of the key and of the key behind a
+    one-character prefix."""
+    if isinstance(keys, np.ndarray):
+        keys = keys.tolist()
+    n = len(keys)
+    hi = np.fromiter(map(hash, keys), np.int64, n).view(np.uint64)
+    lo = np.fromiter(map(hash, map("\x01".__add__, keys)), np.int64, n).view(np.uint64)
+    return hi, lo
+
+
+class _Sorted:
+    """Keys' hashes sorted by hi, with their rows (built from sorted runs: the stable sort merges
+    them in linear time)."""
+
+    def __init__(self, hi: np.ndarray, lo: np.ndarray, rows: np.ndarray) -> None:
+        order = np.argsort(hi, kind="stable")
+        self.hi, self.lo, self.rows = hi[order], lo[order], rows[order]
+
+    def __len__(self) -> int:
+        return len(self.hi)
+
+    def find(self, hi: np.ndarray, lo: np.ndarray) -> np.ndarray:
+        """The row of each (hi, lo), -1 where absent."""
+        out = np.full(len(hi), -1, np.int64)
+        if not len(self.hi) or not len(hi):
+            return out
+        at = np.empty(len(hi), np.int64)
+        order = np.argsort(hi)  # sorted needles: each binary search starts where the last one ended
+        at[order] = np.searchsorted(self.hi, hi[order])
+        inside = at < len(self.hi)
+        at_c = np.minimum(at, len(self.hi) - 1)
+        same_hi = inside & (self.hi[at_c] == hi)
+        hit = same_hi & (self.lo[at_c] == lo)
+        out[hit] = self.rows[at_c[hit]]
+        for q in np.flatnonzero(same_hi & ~hit):  # keys sharing this hi (rare): walk their run
+            j = int(at_c[q])
+            while j < len(self.hi) and self.hi[j] == hi[q]:
+                if self.lo[j] == lo[q]:
+                    out[q] = self.rows[j]
+                    break
+                j += 1
+        return out
+
+
+def _empty() -> _Sorted:
+    return _Sorted(np.zeros(0, np.uint64), np.zeros(0, np.uint64), np.zeros(0, np.int64))
+
+
+class KeyIndex:
+    """Key -> row of a store's rows (rows are only appended, keys unique)."""
+
+    def __init__(self) -> None:
+        self._big = _empty()
+        self._small = _empty()
+
+    def __len__(self) -> int:
+        return len(self._big) + len(self._small)
+
+    def add(self, keys: Sequence[str] | np.ndarray, first_row: int) -> None:
+        """Record ``keys`` at rows ``first_row, first_row + 1, ...`` (keys not held yet)."""
+        self.add_hashes(*key_hashes(keys), first_row)
+
+    def add_hashes(self, hi: np.ndarray, lo: np.ndarray, first_row: int) -> None:
+        """:meth:`add` of keys given by their :func:`key_hashes`."""
+        rows = np.arange(first_row, first_row + len(hi), dtype=np.int64)
+        s = self._small
+        self._small = _Sorted(np.concatenate([s.hi, hi]), np.concatenate([s.lo, lo]), np.concatenate([s.rows, rows]))
+        if len(self._small) > max(65536, len(self._big) // 4):
+            b, s = self._big, self._small
+            self._big = _Sorted(np.concatenate([b.hi, s.hi]), np.concatenate([b.lo, s.lo]),
+                                np.concatenate([b.rows, s.rows]))
+            self._small = _empty()
+
+    def rows(self, keys: Sequence[str] | np.ndarray) -> np.ndarray:
+        """The row of each key, -1 for a key not held."""
+        return self.rows_of(*key_hashes(keys))
+
+    def rows_of(self, hi: np.ndarray, lo: np.ndarray) -> np.ndarray:
+        """:meth:`rows` of keys given by their :func:`key_hashes`."""
+        out = self._big.find(hi, lo)
+        miss = out < 0
+        if miss.any() and len(self._small):
+            out[miss] = self._small.find(hi[miss], lo[miss])
+        return out
