@@ -189,3 +189,18 @@ def test_the_cli_takes_a_collection_uri_as_written(tmp_path, postgres_db):
     r = CliRunner().invoke(app, ["collection", "status", uri, "--json"])
     assert r.exit_code == 0, r.output
     assert json.loads(r.stdout)["catalog"] == "postgresql" and not (tmp_path / "c" / CATALOG_FILE).exists()
+
+
+def test_a_milvus_uri_names_its_postgresql_catalog_by_its_fragment():
+    """Two Milvus collections in one PostgreSQL database have a catalog each (docs/milvus.md: the
+    collection's name in the database is the URI's #NAME); a catalog URL naming its own wins."""
+    from nobackfill.index.storage import parse_uri
+
+    pg = "postgresql://nb@127.0.0.1:5432/nb"
+    a = parse_uri(f"milvus://127.0.0.1:19530/default#photos?catalog={pg}")[1]
+    b = parse_uri(f"milvus://127.0.0.1:19530#products?catalog={pg}")[1]
+    assert (a["name"], a["catalog"]) == ("photos", f"{pg}#photos") and b["catalog"] == f"{pg}#products"
+    assert parse_uri(f"milvus://127.0.0.1:19530?catalog={pg}")[1]["catalog"] == f"{pg}#default"
+    assert parse_uri(f"milvus-lite:/d/m.db#x?catalog={pg}")[1]["catalog"] == f"{pg}#x"
+    assert parse_uri(f"milvus://h:1#photos?catalog={pg}#shared")[1]["catalog"] == f"{pg}#shared"
+    assert parse_uri(f"/data/c?catalog={pg}#c")[1]["catalog"] == f"{pg}#c"

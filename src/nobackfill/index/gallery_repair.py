@@ -71,7 +71,7 @@ class GalleryIntegrity:
         The report lists the ids that were in the damaged chunks: add those items again."""
         self._check_open()
         report = RepairReport()
-        with self._lock, _dir_lock(self.path):
+        with _dir_lock(self.path), self._lock:  # the order of add: the file lock, then the thread lock
             self._manifest = _read_manifest(self.path)
             damaged: dict[str, list[dict[str, Any]]] = {m: [] for m in MODALITIES}
             for modality in MODALITIES:

@@ -319,7 +319,8 @@ def parse_uri(uri: str | Path) -> tuple[str, dict[str, str]]:
     "name"})``, each with ``"catalog"`` when the URI ends in ``?catalog=postgresql://...``. A
     collection in Milvus is named by the URI's fragment (``#photos``; default ``default``):
     ``milvus-lite:/data/m.db#photos``, ``milvus://127.0.0.1:19530/db1#photos?catalog=postgresql://
-    nb@db-host:5432/nb``."""
+    nb@db-host:5432/nb``. A Milvus collection's PostgreSQL catalog is named by the same fragment
+    (unless the catalog URL names its own): two collections may share one database."""
     s = str(uri)
     s, sep, catalog = s.partition("?catalog=")
     extra = {"catalog": catalog} if sep else {}
@@ -330,18 +331,26 @@ def parse_uri(uri: str | Path) -> tuple[str, dict[str, str]]:
         path, _, name = rest.partition("#")
         if not path:
             raise ValueError(f"{s}: a milvus-lite URI needs a path (milvus-lite:PATH#NAME)")
-        return "milvus-lite", {"path": path, "name": name or "default", **extra}
+        return "milvus-lite", {"path": path, "name": name or "default", **_named(extra, name)}
     if s.startswith("milvus://"):
         rest = s[len("milvus://"):]
         rest, _, name = rest.partition("#")
         hostport, _, db = rest.partition("/")
         if not hostport:
             raise ValueError(f"{s}: a milvus URI needs a host and port (milvus://HOST:PORT[/DB]#NAME)")
-        return "milvus", {"uri": f"http://{hostport}", "db": db or "default", "name": name or "default", **extra}
+        return "milvus", {"uri": f"http://{hostport}", "db": db or "default", "name": name or "default",
+                          **_named(extra, name)}
     if "://" in s:
         raise ValueError(f"{s}: unknown storage URI scheme (use a local path, milvus-lite:PATH#NAME or "
                          "milvus://HOST:PORT[/DB]#NAME, optionally ?catalog=postgresql://...)")
     return "local", {"path": s, **extra}
+
+
+def _named(extra: dict[str, str], name: str) -> dict[str, str]:
+    """``extra``'s catalog URL named ``#name`` when it names no catalog itself."""
+    if "catalog" in extra and "#" not in extra["catalog"]:
+        return {**extra, "catalog": f"{extra['catalog']}#{name or 'default'}"}
+    return extra
 
 
 def open_storage(uri: str | Path) -> Storage:
