@@ -68,7 +68,7 @@ def test_vectors_stored_by_a_killed_run_are_served_by_the_next_without_being_sto
 
 @pytest.mark.parametrize("kwargs, error, words", [
     (dict(ids=["a", "b", "a"]), DuplicateIdError, "id 'a' is given twice (rows 1 and 3)"),
-    (dict(ids=["a", "", "c"]), ValueError, "row 2: ids must be non-empty"),
+    (dict(ids=["a", "", "c"]), ValueError, "row 2: id must be a non-empty string"),
     (dict(nan_row=1), ValueError, "row 2 holds NaN or inf"),
     (dict(dim=5), ValueError, "5-d but the current model"),
     (dict(modality="audio"), ValueError, "modality must be one of"),

@@ -31,7 +31,7 @@ import numpy as np
 
 from ..progress import progress_bar
 from .collection import MAX_ID_LENGTH, Collection, is_collection
-from .items import rows_json
+from .items import id_problem, rows_json
 from .model_check import DEFAULT_SAMPLES, DEFAULT_THRESHOLD, check_model, sample_rows
 from .gallery_manifest import MODALITIES
 from .gallery_types import DuplicateIdError, SpaceMismatchError
@@ -88,14 +88,6 @@ def vector_rev(vectors: np.ndarray) -> list[str]:
     return [hexed[i:i + 16] for i in range(0, 16 * len(h), 16)]
 
 
-def _id_problem(i: Any) -> str | None:
-    if not isinstance(i, str) or not i.strip():
-        return f"ids must be non-empty strings, got {i!r}"
-    if len(i) > MAX_ID_LENGTH or (not i.isprintable() and any(ord(c) < 32 for c in i)):
-        return f"id {i[:40]!r} is longer than {MAX_ID_LENGTH} characters or has control characters"
-    return None
-
-
 def add_vectors(collection: Collection, ids: Sequence[str], vectors: np.ndarray, *,
                 modality: str | Sequence[str], sources: Sequence[Mapping[str, Any]] | None = None,
                 metadata: Sequence[Mapping[str, Any]] | None = None, space_id: str | None = None,
@@ -139,7 +131,7 @@ def add_vectors(collection: Collection, ids: Sequence[str], vectors: np.ndarray,
     ids = list(ids)
     if not all(type(i) is str and 0 < len(i) <= MAX_ID_LENGTH and i.isprintable() and not i.isspace() for i in ids):
         for row, i in enumerate(ids):  # the cheap test failed: find the row (non-printable is not always bad)
-            problem = _id_problem(i)
+            problem = id_problem(i)
             if problem:
                 raise ValueError(f"{where}: row {row + 1}: {problem}")
     if len(set(ids)) < n:

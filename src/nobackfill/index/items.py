@@ -21,6 +21,7 @@ __all__ = [
     "Item",
     "ItemNotFoundError",
     "MAX_ID_LENGTH",
+    "id_problem",
     "NotACollectionError",
     "row_json",
     "vector_key",
@@ -58,6 +59,16 @@ def vector_key(item_id: str, rev: str) -> str:
     return f"{item_id}#{rev}" if rev else item_id
 
 
+def id_problem(item_id: object) -> str | None:
+    """Why ``item_id`` cannot be an item's id (a non-empty string of at most
+    :data:`MAX_ID_LENGTH` characters, none of them a control character), or None."""
+    if not isinstance(item_id, str) or not item_id.strip():
+        return f"id must be a non-empty string, got {item_id!r}"
+    if len(item_id) > MAX_ID_LENGTH or (not item_id.isprintable() and any(ord(c) < 32 for c in item_id)):
+        return f"id {item_id[:40]!r} is longer than {MAX_ID_LENGTH} characters or has control characters"
+    return None
+
+
 @dataclass(frozen=True)
 class Item:
     """One gallery item: an image or a caption, with what is needed to embed it again.
@@ -92,10 +103,9 @@ class Item:
 
     def problem(self) -> str | None:
         """Why this item is not valid, or None."""
-        if not isinstance(self.id, str) or not self.id.strip():
-            return f"item id must be a non-empty string, got {self.id!r}"
-        if len(self.id) > MAX_ID_LENGTH or (not self.id.isprintable() and any(ord(c) < 32 for c in self.id)):
-            return f"item id {self.id[:40]!r} is longer than {MAX_ID_LENGTH} characters or has control characters"
+        problem = id_problem(self.id)
+        if problem:
+            return f"item {problem}"
         if self.modality not in MODALITIES:
             return f"item {self.id!r}: modality must be one of {MODALITIES}, got {self.modality!r}"
         if not isinstance(self.key, str) or not self.key:
