@@ -5,7 +5,6 @@ raises."""
 from __future__ import annotations
 
 import functools
-import json
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
 
@@ -129,13 +128,6 @@ def _item(r: Row) -> Item:
     return Item(id=r.id, modality=r.modality, key=r.key, source=r.source, metadata=r.metadata)
 
 
-_JSON = json.JSONEncoder(sort_keys=True, ensure_ascii=False, allow_nan=False, separators=(", ", ": "))
-if json.encoder.c_make_encoder is not None:  # the encoder json.dumps uses, without its per-call set-up
-    _c_json = json.encoder.c_make_encoder(None, _JSON.default, json.encoder.encode_basestring, None, ": ", ", ",
-                                          True, False, False)
-    _JSON.encode = lambda o: "".join(_c_json(o, 0))  # type: ignore[method-assign]
-
-
 def row_json(obj: Mapping[str, Any]) -> str:
     """The JSON of an item's source or metadata in rows given to :meth:`Collection.commit_rows`
     (orjson, keys sorted: canonical, so equal objects give equal text; a NaN becomes null)."""
@@ -168,4 +160,4 @@ def _item_json(it: Item) -> tuple[str, str, str, str, str]:
     """The catalog row of an item: ``(id, modality, key, source JSON, metadata JSON)``."""
     src = it.source if type(it.source) is dict else dict(it.source)
     meta = it.metadata if type(it.metadata) is dict else dict(it.metadata)
-    return it.id, it.modality, it.key, _JSON.encode(src), _JSON.encode(meta)
+    return it.id, it.modality, it.key, row_json(src), row_json(meta)
