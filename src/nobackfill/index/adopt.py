@@ -32,7 +32,8 @@ import numpy as np
 
 from ..progress import progress_bar
 from .collection import Collection, is_collection, row_json
-from .importing import ModelCheckRefused, _id_problem
+from .importing import ModelCheckRefused
+from .items import id_problem
 from .model_check import DEFAULT_SAMPLES, DEFAULT_THRESHOLD, Sample, check_model
 from .storage import parse_uri
 from .gallery_manifest import MODALITIES
@@ -246,7 +247,7 @@ def adopt_milvus(collection_uri: str, source_uri: str, encoder: "DualEncoder", *
             rows = []
             for r in batch:
                 item_id = str(r[id_field])
-                problem = _id_problem(item_id)
+                problem = id_problem(item_id)
                 if problem:
                     raise ValueError(f"Milvus collection {name!r}, primary key {r[id_field]!r}: {problem}")
                 source = _source_json(modality, r.get(source_field), images_root) if source_field else {}
