@@ -129,3 +129,19 @@ def test_the_bulk_path_on_each_catalog_and_store(tmp_path, request, where):
     view = c.snapshot().views("text")["s"]
     hit = view.gallery.search("text", y[3:4], k=1, mask=view.mask, space_id="s")
     assert c.snapshot().hits([int(view.rids[hit.positions[0][0]])]).popitem()[1][0] == "id3"
+
+
+def test_catalog_json_is_one_canonical_form_and_takes_every_json_value():
+    """Items added one by one, bulk rows and imported rows share one JSON writer: keys sorted,
+    compact, NaN as null, an integer beyond 64 bits kept (orjson cannot write it: the standard
+    library does, in the same form); a value JSON has no form for is refused, naming its type."""
+    from nobackfill.index.items import Item, _item_json, row_json, rows_json
+
+    assert row_json({"b": 1, "a": [1.5, None]}) == '{"a":[1.5,null],"b":1}'
+    assert row_json({"x": float("nan")}) == '{"x":null}'
+    assert row_json({"big": 2**70, "a": 1}) == '{"a":1,"big":1180591620717411303424}'
+    assert rows_json([{"a": 1}, {"big": -2**80}]) == ['{"a":1}', '{"big":-1208925819614629174706176}']
+    it = Item(id="i", modality="text", key="i#0", source={"text": "t"}, metadata={"n": 2**65, "a": "é"})
+    assert _item_json(it)[3:] == ('{"text":"t"}', '{"a":"é","n":36893488147419103232}')
+    with pytest.raises(ValueError, match="not a JSON object of JSON values.*object"):
+        row_json({"x": object()})

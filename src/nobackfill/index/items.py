@@ -5,6 +5,7 @@ raises."""
 from __future__ import annotations
 
 import functools
+import json
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
 
@@ -130,13 +131,18 @@ def _item(r: Row) -> Item:
 
 def row_json(obj: Mapping[str, Any]) -> str:
     """The JSON of an item's source or metadata in rows given to :meth:`Collection.commit_rows`
-    (orjson, keys sorted: canonical, so equal objects give equal text; a NaN becomes null)."""
+    (orjson, keys sorted: canonical, so equal objects give equal text; a NaN becomes null). What
+    orjson cannot write but JSON can (an integer beyond 64 bits) is written by the standard
+    library, as compact and sorted."""
     if not obj:
         return "{}"
     try:
         return orjson.dumps(obj, option=orjson.OPT_SORT_KEYS | orjson.OPT_SERIALIZE_NUMPY).decode("utf-8")
     except TypeError as e:  # orjson.JSONEncodeError
-        raise ValueError(f"not a JSON object of JSON values: {e}") from None
+        try:
+            return json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+        except (TypeError, ValueError):
+            raise ValueError(f"not a JSON object of JSON values: {e}") from None
 
 
 _DUMPS = functools.partial(orjson.dumps, option=orjson.OPT_SORT_KEYS | orjson.OPT_SERIALIZE_NUMPY)
