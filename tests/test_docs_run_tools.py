@@ -39,7 +39,7 @@ DOCS = ROOT / "docs"
 # ----------------------------------------------------------------------------- what is shrunk
 #: command (its words after ``nobackfill``) -> arguments appended to it as written; nothing else changes
 SIZES: dict[str, list[str]] = {
-    "train": ["--steps", "1"],
+    "train": ["--steps", "1", "--set", "train.batch_size=8", "--set", "train.warmup=1"],
     "world": ["--n-train", "8", "--n-val", "8", "--n-test", "8", "--workers", "1"],
     "bench encode": ["--n-images", "8", "--n-texts", "16", "--set", "repeats=1"],
     "upgrade xbt": ["--n-pairs", "8", "--corpus-size", "16", "--stage1-steps", "1", "--steps", "1",

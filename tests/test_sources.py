@@ -434,3 +434,24 @@ def test_clip_retrieval_id_column_names_images_and_repeats_across_shards(tmp_pat
     with pytest.raises(SourceError, match=r"metadata_1\.parquet row 2: id 'k2' repeats the id of .*metadata_0\.parquet "
                                           r"row 3"):
         _all(open_source(f"clip-retrieval:{out}", id_column="key"))
+
+
+def test_with_ids_from_the_table_no_image_file_is_touched(tmp_path, folder, monkeypatch):
+    """A million images with their ids are not each stat-ed and hashed: the reader records their
+    paths; the backfill reads each file when it embeds it."""
+    import os
+
+    import nobackfill.index.sources.import_source as import_source
+
+    np.save(tmp_path / "emb.npy", _rand(3))
+    _parquet(tmp_path / "m.parquet", pk=["a", "b", "c"], image_path=["images/000.png", "images/001.png", "x/y.png"])
+    src = open_source(f"npy:{tmp_path / 'emb.npy'}", table=tmp_path / "m.parquet", id_column="pk",
+                      modality="image", images_root=folder)
+
+    def touched(*a, **k):
+        raise AssertionError(f"an image file was touched: {a}")
+
+    monkeypatch.setattr(import_source, "file_sha256", touched)
+    monkeypatch.setattr(os.path, "isfile", touched)
+    ids, _, sources, _, _, _ = _all(src)
+    assert ids == ["a", "b", "c"] and sources[2] == {"path": str(folder / "x/y.png")}

@@ -78,8 +78,9 @@ class ImportSource:
     def _image(self, raw_path: str, url: str, cheap: bool, need_id: bool = True) -> tuple[str, dict]:
         """(derived id, source) of an image given its path (as written) and / or url. With
         ``cheap``, no file is read and the id is "" when the file's bytes would give it; without
-        ``need_id`` (the table names the ids) no file is read either: an import of a million images
-        with their ids does not hash a million files (the backfill reads each one when it embeds it)."""
+        ``need_id`` (the table names the ids) no file is touched at all: an import of a million
+        images with their ids neither stats nor hashes a million files (the backfill reads each one
+        when it embeds it, and counts those it cannot read)."""
         if raw_path and "://" in raw_path:  # a url in the path column
             url, raw_path = url or raw_path, ""
         source: dict[str, Any] = {"path": ""}
@@ -89,8 +90,10 @@ class ImportSource:
         if raw_path:
             path = self._abspath(raw_path)
             source["path"] = path
+            if not need_id:
+                return "", source
             if self._is_file(path):
-                if cheap or not need_id:
+                if cheap:
                     return "", source
                 try:
                     digest = file_sha256(Path(path))
