@@ -15,10 +15,9 @@ $(STAMP): pyproject.toml
 
 setup: $(STAMP)
 
-# the suite, then the tests against a real Milvus server, in a loopback-only network namespace
+# the suite, and beside it the tests against a real Milvus server, in a loopback-only network namespace
 test: $(STAMP)
-	$(BIN)/python -m pytest -x -p no:cacheprovider -m "not milvus_server"
-	sh scripts/isolated.sh $(BIN)/python -m pytest -x -p no:cacheprovider -m milvus_server
+	sh scripts/test.sh $(BIN)/python
 
 demo: $(STAMP)
 	$(BIN)/nobackfill demo
