@@ -103,10 +103,12 @@ class GalleryChunks:
     def _ids(self, modality: str) -> list[str]:
         """The cached ids of ``modality`` in row order (not a copy), read from the chunks the first
         time they are asked for (most uses of a store ask only :meth:`positions`)."""
-        cols = self._sync(modality)
-        if cols.ids is None:
-            cols.ids = [i for e in self._chunks(modality)[:len(cols.chunks)] for i in self._load_npz(e, "ids").tolist()]
-        return cols.ids
+        with self._lock:  # a commit meanwhile would extend a cache that is not there yet
+            cols = self._sync(modality)
+            if cols.ids is None:
+                cols.ids = [i for e in self._chunks(modality)[:len(cols.chunks)]
+                            for i in self._load_npz(e, "ids").tolist()]
+            return cols.ids
 
     #: a row keeps its position for ever (rows are only appended): a catalog may record it
     stable_positions = True
@@ -281,11 +283,12 @@ class GalleryChunks:
         with self._lock:  # readers of other threads see the manifest and the cache grown together
             self._manifest, self._stat = manifest, _manifest_stat(self.path)
             cols = self._cols[modality]  # vectors / metadata of the new chunk load lazily
-            cols.keys.add_hashes(*hashes, cols.count)
-            if cols.ids is not None:
-                cols.ids.extend(ids)
-            cols.chunks.append(name)
-            cols.count += len(ids)
+            if cols.chunks[-1:] != [name]:  # (a refresh by another thread may have loaded it already)
+                cols.keys.add_hashes(*hashes, cols.count)
+                if cols.ids is not None:
+                    cols.ids.extend(ids)
+                cols.chunks.append(name)
+                cols.count += len(ids)
 
     def _orphans(self) -> list[Path]:
         """Files that look like ours but are not committed (crash leftovers)."""
