@@ -108,15 +108,14 @@ class Writer:
         spaces = set(map(itemgetter(0), served))
         if None not in rids and len(spaces) == 1 and None not in spaces and len(set(mods)) == 1:
             # one space, one modality, every row inserted (the bulk path): whole arrays at once
-            self._counts[mods[0]] += len(items)
             try:
                 pos = np.fromiter(map(itemgetter(1), served), np.int64, len(served))
             except TypeError:  # a row without a position: row by row below
-                pass
-            else:
+                pos = None
+            if pos is not None:
+                self._counts[mods[0]] += len(items)
                 self.set_serving_many(spaces.pop(), mods[0], pos, np.asarray(rids, np.int64))
                 return rids
-            self._counts[mods[0]] -= len(items)
         groups: dict[tuple[str, str], tuple[list[int], list[int]]] = {}
         for rid, m, (sp, pos) in zip(rids, mods, served):
             if rid is None:

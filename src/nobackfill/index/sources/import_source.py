@@ -12,6 +12,7 @@ import numpy as np
 
 from ..ingest import image_id
 from ..atomic_files import file_sha256
+from ..key_index import KeyIndex, key_hashes
 from .common import ImportBatch, SourceError
 from .items import _Items, _Segment
 from .tables import _Chunk
@@ -255,23 +256,18 @@ class ImportSource:
 
 
 class _SeenIds:
-    """The ids read so far, as a sorted array of their 64-bit hashes (8 bytes an id rather than a
-    Python string each); a hit on a table id is confirmed against the table before it is called a
-    duplicate."""
+    """The ids read so far, in a :class:`~nobackfill.index.key_index.KeyIndex` (24 bytes an id
+    rather than a Python string each); a hit on a table id is confirmed against the table before it
+    is called a duplicate."""
 
     def __init__(self) -> None:
-        self._h = np.zeros(0, np.int64)
+        self._keys = KeyIndex()
 
     def add(self, ids: list[str]) -> np.ndarray:
-        """Add ``ids``; True where an id's hash was seen before (earlier, or earlier in ``ids``)."""
-        h = np.fromiter(map(hash, ids), dtype=np.int64, count=len(ids))
-        hit = np.zeros(h.size, bool)
-        if self._h.size and h.size:
-            pos = np.minimum(np.searchsorted(self._h, h), self._h.size - 1)
-            hit = self._h[pos] == h
-        order = np.argsort(h, kind="stable")
-        hit[order[1:]] |= h[order[1:]] == h[order[:-1]]
-        new = np.unique(h[~hit])
-        if new.size:
-            self._h = np.insert(self._h, np.searchsorted(self._h, new), new)
+        """Add ``ids``; True where an id was seen before (earlier, or earlier in ``ids``)."""
+        hi, lo = key_hashes(ids)
+        hit = self._keys.rows_of(hi, lo) >= 0
+        order = np.lexsort((lo, hi))  # stable: of equal ids, the first keeps its place
+        hit[order[1:]] |= (hi[order[1:]] == hi[order[:-1]]) & (lo[order[1:]] == lo[order[:-1]])
+        self._keys.add_hashes(hi[~hit], lo[~hit], len(self._keys))
         return hit
