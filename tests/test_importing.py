@@ -66,6 +66,18 @@ def test_vectors_stored_by_a_killed_run_are_served_by_the_next_without_being_sto
     assert c.snapshot().views("text")["s"].count == 10 and not c.verify()
 
 
+def test_a_local_store_says_where_each_key_of_a_batch_is_as_it_stores_it(tmp_path):
+    g = _collection(tmp_path).gallery("s")
+    x = _unit(12)
+    g.add("text", _ids(5), x[:5], None, space_id="s")
+    added, rows = g.add_rows("text", _ids(8, 3), x[3:11], space_id="s")  # ids 3, 4 held; 5..10 new
+    assert added == 6 and rows.tolist() == [3, 4, 5, 6, 7, 8, 9, 10]
+    assert g.positions("text", _ids(8, 3)) == dict(zip(_ids(8, 3), rows.tolist()))
+    added, rows = g.add_rows("text", ["id11", "id0"], x[[11, 0]], space_id="s")
+    assert added == 1 and rows.tolist() == [11, 0] and g.count("text") == 12
+    assert np.allclose(g.get_vectors("text", ["id9", "id11"]), x[[9, 11]])
+
+
 @pytest.mark.parametrize("kwargs, error, words", [
     (dict(ids=["a", "b", "a"]), DuplicateIdError, "id 'a' is given twice (rows 1 and 3)"),
     (dict(ids=["a", "", "c"]), ValueError, "row 2: id must be a non-empty string"),

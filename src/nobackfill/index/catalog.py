@@ -123,7 +123,8 @@ class Catalog:
                 raise self._error(e) from e
             try:
                 if not self._indexed:  # catalogs written before the index existed get it at their first write
-                    conn.execute(_unsourced_index(self.dialect))
+                    for stmt in _unsourced_index(self.dialect):
+                        conn.execute(stmt)
                     self._indexed = True
                 w = Writer(self, conn)
                 yield w

@@ -28,7 +28,6 @@ CREATE TABLE IF NOT EXISTS header (
 CREATE TABLE IF NOT EXISTS items (
     rid {rid} PRIMARY KEY, id TEXT NOT NULL UNIQUE, modality TEXT NOT NULL, key TEXT NOT NULL,
     source TEXT NOT NULL, metadata TEXT NOT NULL, space TEXT, pos BIGINT, generation BIGINT NOT NULL);
-CREATE INDEX IF NOT EXISTS items_key ON items (key);
 CREATE INDEX IF NOT EXISTS items_served ON items (space, modality);
 CREATE TABLE IF NOT EXISTS serving (
     space TEXT NOT NULL, modality TEXT NOT NULL, page BIGINT NOT NULL, generation BIGINT NOT NULL,
@@ -109,15 +108,30 @@ def unsourced_sql(dialect: str) -> str:
     """A condition on ``items`` true for an item with nothing to embed it again from (an image
     without a path, a text without a text: imported from a url or without a source column)."""
     if dialect == "sqlite":
-        get = "coalesce(json_extract(source, '$.{}'), '')"
+        # a text test first, so that an insert parses the JSON of no item that has its source: a
+        # source that opens with this key and a non-empty string (as the sorted JSON of ours does)
+        # has one; any other is parsed
+        def get(key: str) -> str:
+            head = f'{{"{key}":"'
+            return (f"(substr(source, 1, {len(head)}) <> '{head}' OR substr(source, {len(head) + 1}, 1) = '\"') "
+                    f"AND coalesce(json_extract(source, '$.{key}'), '')")
     else:
-        get = "coalesce(source::jsonb ->> '{}', '')"
-    return f"((modality = 'image' AND {get.format('path')} = '') OR (modality = 'text' AND {get.format('text')} = ''))"
+        def get(key: str) -> str:
+            return f"coalesce(source::jsonb ->> '{key}', '')"
+    return f"((modality = 'image' AND {get('path')} = '') OR (modality = 'text' AND {get('text')} = ''))"
 
 
-def _unsourced_index(dialect: str) -> str:
-    """A partial index of the items without a source: counting them reads only those."""
-    return f"CREATE INDEX IF NOT EXISTS items_unsourced ON items (modality) WHERE {unsourced_sql(dialect)}"
+#: the partial index of items without a source (SQLite: the name of the one with the text test;
+#: the first write to a catalog made before it replaces the older one)
+UNSOURCED_INDEX = {"sqlite": "items_unsourced_v2", "postgresql": "items_unsourced"}
+
+
+def _unsourced_index(dialect: str) -> list[str]:
+    """The statements that give the catalog its partial index of the items without a source
+    (counting them reads only those), replacing an older one."""
+    name = UNSOURCED_INDEX.get(dialect, "items_unsourced")
+    older = ["DROP INDEX IF EXISTS items_unsourced"] if name != "items_unsourced" else []
+    return older + [f"CREATE INDEX IF NOT EXISTS {name} ON items (modality) WHERE {unsourced_sql(dialect)}"]
 
 
 def _json_type_sql(w: Any) -> str:
@@ -160,7 +174,8 @@ def _create_tables(conn: Any, dialect: str, header: Mapping[str, Any]) -> None:
         ddl = ddl.replace("rid INTEGER PRIMARY KEY", "rid INTEGER PRIMARY KEY AUTOINCREMENT")
     for stmt in [s for s in ddl.split(";") if s.strip()]:
         conn.execute(stmt)
-    conn.execute(_unsourced_index(dialect))
+    for stmt in _unsourced_index(dialect):
+        conn.execute(stmt)
     ph = "?" if dialect == "sqlite" else "%s"
     conn.execute(f"INSERT INTO header (id, format, version, name, backend, created, updated, generation, plan, "
                  f"plan_generation, n_image, n_text) VALUES (1, {', '.join([ph] * 11)})",

@@ -5,18 +5,24 @@ serving pages it touched, the plan and documents, and the header written last.""
 from __future__ import annotations
 
 import json
+import sqlite3
+from itertools import chain
 from operator import itemgetter
 from typing import TYPE_CHECKING, Any, Iterable, Sequence
 
 import numpy as np
 
-from .catalog_schema import _ROW_COLS, PAGE, CatalogError, Row, _chunks, _header, _row, _rows_by
+from .catalog_schema import _ROW_COLS, PAGE, CatalogError, Row, _header, _row, _rows_by
 from .plan import Plan
 
 if TYPE_CHECKING:
     from .catalog import Catalog
 
-__all__ = ["Writer"]
+__all__ = ["ROWS_PER_INSERT", "Writer"]
+
+#: item rows per INSERT statement (7 parameters each: within SQLite's limit of 32766 since 3.32,
+#: and its older one of 999)
+ROWS_PER_INSERT = 512 if sqlite3.sqlite_version_info >= (3, 32) else 128
 
 
 class Writer:
@@ -55,11 +61,12 @@ class Writer:
         return _rows_by(lambda s, p: self.execute(s, p).fetchall(), "id", ids)
 
     def rows_by_key(self, keys: Sequence[str]) -> list[Row]:
-        out: list[Row] = []
-        for part in _chunks(list(keys)):
-            sql = f"SELECT {_ROW_COLS} FROM items WHERE key IN ({','.join('?' * len(part))})"
-            out += map(_row, self.execute(sql, list(part)).fetchall())
-        return out
+        """The live rows of item versions ``keys``, found by id: a key is its item's id, or the id,
+        ``#`` and a hex version (:func:`~nobackfill.index.items.vector_key`), so the id index
+        serves (the catalog keeps no index of keys)."""
+        want = set(keys)
+        ids = {k.rpartition("#")[0] for k in want if "#" in k} | want
+        return [r for r in self.rows_by_id(list(ids)).values() if r.key in want]
 
     def rows_served_by(self, space: str) -> list[Row]:
         return list(map(_row, self.execute(f"SELECT {_ROW_COLS} FROM items WHERE space = ? ORDER BY rid",
@@ -68,25 +75,21 @@ class Writer:
     def all_rows(self) -> list[Row]:
         return list(map(_row, self.execute(f"SELECT {_ROW_COLS} FROM items ORDER BY rid").fetchall()))
 
-    def insert(self, items: Sequence[tuple[str, str, str, str, str]],
-               served: Sequence[tuple[str | None, int | None]] | None = None, *,
-               new_ids_only: bool = False) -> list[int | None]:
+    def insert(self, items: Sequence[tuple], served: Sequence[tuple[str | None, int | None]] | None = None, *,
+               new_ids_only: bool = False, placed: bool = False) -> list[int | None]:
         """Insert ``(id, modality, key, source json, metadata json)`` rows, each served by
-        ``served[i]`` (space, row) if given; their rids, in order. ``new_ids_only``: a row whose id
-        is live already is left out (its rid is None), without a lookup per row first."""
+        ``served[i]`` (space, row) if given (``placed``: the rows carry their space and row as two
+        more fields); their rids, in order. ``new_ids_only``: a row whose id is live already is left
+        out (its rid is None), without a lookup per row first."""
         if not items:
             return []
-        served = served if served is not None else [(None, None)] * len(items)
-        sql = self.catalog._sql("INSERT INTO items (id, modality, key, source, metadata, space, pos, generation) "
-                                f"VALUES (?, ?, ?, ?, ?, ?, ?, {int(self.generation)})"
-                                + (" ON CONFLICT (id) DO NOTHING" if new_ids_only else ""))
-        rows = list(map(tuple.__add__, map(tuple, items), map(tuple, served)))
+        if placed:
+            rows = items if isinstance(items, list) else list(items)
+        else:
+            served = served if served is not None else [(None, None)] * len(items)
+            rows = list(map(tuple.__add__, map(tuple, items), map(tuple, served)))
         before = int(self.execute("SELECT coalesce(max(rid), 0) FROM items").fetchone()[0]) if new_ids_only else 0
-        try:
-            cur = self.conn.cursor()
-            cur.executemany(sql, rows)
-        except Exception as e:
-            raise self.catalog._error(e) from e
+        self._insert_rows(rows, " ON CONFLICT (id) DO NOTHING" if new_ids_only else "")
         rids: list[int | None]
         if new_ids_only:  # one writer at a time: the rows past ``before`` are this insert's
             n_new, lo, hi = self.execute("SELECT count(*), min(rid), max(rid) FROM items WHERE rid > ?",
@@ -104,12 +107,12 @@ class Writer:
             else:  # pragma: no cover - a sequence with gaps
                 by_id = self.rows_by_id([it[0] for it in items])
                 rids = [by_id[it[0]].rid for it in items]
-        mods = list(map(itemgetter(1), items))
-        spaces = set(map(itemgetter(0), served))
+        mods = list(map(itemgetter(1), rows))
+        spaces = set(map(itemgetter(5), rows))
         if None not in rids and len(spaces) == 1 and None not in spaces and len(set(mods)) == 1:
             # one space, one modality, every row inserted (the bulk path): whole arrays at once
             try:
-                pos = np.fromiter(map(itemgetter(1), served), np.int64, len(served))
+                pos = np.fromiter(map(itemgetter(6), rows), np.int64, len(rows))
             except TypeError:  # a row without a position: row by row below
                 pos = None
             if pos is not None:
@@ -117,7 +120,7 @@ class Writer:
                 self.set_serving_many(spaces.pop(), mods[0], pos, np.asarray(rids, np.int64))
                 return rids
         groups: dict[tuple[str, str], tuple[list[int], list[int]]] = {}
-        for rid, m, (sp, pos) in zip(rids, mods, served):
+        for rid, m, sp, pos in zip(rids, mods, map(itemgetter(5), rows), map(itemgetter(6), rows)):
             if rid is None:
                 continue
             self._counts[m] += 1
@@ -128,6 +131,26 @@ class Writer:
         for (sp, modality), (pos, rid) in groups.items():
             self.set_serving_many(sp, modality, np.asarray(pos, np.int64), np.asarray(rid, np.int64))
         return rids
+
+    def _insert_rows(self, rows: list[tuple], tail: str) -> None:
+        """INSERT ``(id, modality, key, source, metadata, space, pos)`` rows, :data:`ROWS_PER_INSERT`
+        to a statement (in order: their rids ascend with them). One statement of many rows costs
+        about half as much a row as one statement a row."""
+        head = "INSERT INTO items (id, modality, key, source, metadata, space, pos, generation) VALUES "
+        one = f"(?, ?, ?, ?, ?, ?, ?, {int(self.generation)})"
+        m = ROWS_PER_INSERT
+        whole = len(rows) - len(rows) % m
+        try:
+            cur = self.conn.cursor()
+            if whole:
+                cur.executemany(self.catalog._sql(head + ", ".join([one] * m) + tail),
+                                [list(chain.from_iterable(rows[i:i + m])) for i in range(0, whole, m)])
+            if whole < len(rows):
+                rest = rows[whole:]
+                cur.execute(self.catalog._sql(head + ", ".join([one] * len(rest)) + tail),
+                            list(chain.from_iterable(rest)))
+        except Exception as e:
+            raise self.catalog._error(e) from e
 
     def delete(self, rows: Sequence[Row]) -> None:
         for r in rows:

@@ -202,6 +202,16 @@ class GalleryChunks:
         unique strings; ids already in the gallery raise :class:`DuplicateIdError` unless
         ``skip_existing``, which drops those rows. The chunk is durable once this returns.
         """
+        return self._add(modality, ids, vectors, metadata, space_id=space_id, skip_existing=skip_existing)[0]
+
+    def add_rows(self, modality: str, ids: Sequence[str], vectors: np.ndarray, *,
+                 space_id: str) -> tuple[int, np.ndarray]:
+        """:meth:`add` with ``skip_existing``, also returning each id's row (held already, or
+        added now): :meth:`positions` of the batch without hashing its keys again."""
+        return self._add(modality, ids, vectors, None, space_id=space_id, skip_existing=True)
+
+    def _add(self, modality: str, ids: Sequence[str], vectors: np.ndarray, metadata: Sequence[dict[str, Any]] | None,
+             *, space_id: str, skip_existing: bool) -> tuple[int, np.ndarray]:
         self._check_open()
         _check_modality(modality)
         if space_id != self.space_id:
@@ -230,7 +240,11 @@ class GalleryChunks:
         with _dir_lock(self.path):
             with self._lock:
                 self._manifest = _read_manifest(self.path)  # another writer may have committed
-                held = self._sync(modality).keys.rows_of(*hashes) >= 0
+                cols = self._sync(modality)
+                rows = cols.keys.rows_of(*hashes)
+                first = cols.count
+            held = rows >= 0
+            rows[~held] = np.arange(first, first + int((~held).sum()), dtype=np.int64)  # appended in order
             if held.any():
                 if not skip_existing:
                     present = [i for i, h in zip(ids, held.tolist()) if h]
@@ -243,9 +257,9 @@ class GalleryChunks:
                 vecs = vecs[~held]
                 hashes = (hashes[0][~held], hashes[1][~held])
             if not ids:
-                return 0
+                return 0, rows
             self._commit_chunk(modality, ids, vecs, metas, hashes)
-        return len(ids)
+        return len(ids), rows
 
     def _commit_chunk(self, modality: str, ids: list[str], vecs: np.ndarray, metas: list[dict[str, Any]] | None,
                       hashes: tuple[np.ndarray, np.ndarray]) -> None:

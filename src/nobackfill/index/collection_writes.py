@@ -138,6 +138,29 @@ class CollectionWrites:
             w.insert(rows, [placed.get((r[1], r[2]), (None, None)) for r in rows])
         return new + len(rows) + len(gone)
 
+    def commit_placed_rows(self, rows: Sequence[tuple[str, str, str, str, str, str, int]]) -> int:
+        """:meth:`commit_rows` (``skip_unchanged``) of rows that carry where their vectors were just
+        stored, ``(id, modality, key, source JSON, metadata JSON, space, row)`` (one space): an
+        import's worker commits batches so. While that space is the current one, rows of new ids
+        go in as given, without a lookup or a new tuple each; the others (a repeated import) are
+        compared with the live items by :meth:`commit_rows`, in a transaction of their own."""
+        rows = rows if isinstance(rows, list) else list(rows)
+        if not rows:
+            return 0
+        space = rows[0][5]
+        left, new = rows, 0
+        with self._writing() as w:
+            plan = w.header["plan"]
+            if space == plan.current and getattr(self.gallery(space, plan), "stable_positions", False):
+                rids = w.insert(rows, new_ids_only=True, placed=True)
+                left = [r for r, rid in zip(rows, rids) if rid is None]
+                new = len(rows) - len(left)
+            w.unchanged = not new  # nothing written: no new generation
+        if left:
+            new += self.commit_rows([r[:5] for r in left], stored=(space, {r[2]: r[6] for r in left}),
+                                    skip_unchanged=True)
+        return new
+
     def delete(self, ids: Iterable[str], *, missing_ok: bool = False) -> int:
         """Delete items by id; they are never returned again."""
         return self.commit(deletes=list(ids), missing_ok=missing_ok)

@@ -23,6 +23,7 @@ import queue
 import threading
 import time
 from dataclasses import dataclass, field
+from itertools import repeat
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping, Sequence
@@ -31,6 +32,7 @@ import numpy as np
 
 from ..progress import progress_bar
 from .collection import MAX_ID_LENGTH, Collection, is_collection
+from .commit_worker import CommitWorker
 from .items import id_problem, rows_json
 from .model_check import DEFAULT_SAMPLES, DEFAULT_THRESHOLD, check_model, sample_rows
 from .gallery_manifest import MODALITIES
@@ -100,6 +102,45 @@ def add_vectors(collection: Collection, ids: Sequence[str], vectors: np.ndarray,
     hits and filterable. ``space_id`` (default: the current one) must be the current space.
     ``where`` names the batch in errors. Raises ``ValueError`` (nothing written) for a bad id, an id
     given twice in the batch, lengths that differ, or vectors that are not finite ``(n, dim)``."""
+    staged = _stage_vectors(collection, ids, vectors, modality=modality, sources=sources, metadata=metadata,
+                            space_id=space_id, where=where)
+    report = VectorsReport(stored=staged.stored)
+    rows = staged.rows()
+    if rows:
+        hint = {k: p for k, p in zip(staged.keys, staged.positions) if p is not None}
+        report.added = collection.commit_rows(rows, stored=(staged.space, hint), skip_unchanged=True)
+    report.unchanged = len(rows) - report.added
+    return report
+
+
+@dataclass
+class _Staged:
+    """One batch of :func:`add_vectors` with its vectors stored, its catalog rows still to commit
+    (column by column)."""
+
+    ids: list[str]
+    modality: list[str]
+    keys: list[str]
+    sources: list[str]  # JSON
+    metadata: list[str]  # JSON
+    space: str
+    positions: list[int | None]  # each row's row in the space's store (None: the store does not say)
+    stored: int = 0  # vectors written (the others were held already)
+
+    def rows(self) -> list[tuple[str, str, str, str, str]]:
+        """The rows :meth:`~nobackfill.index.collection.Collection.commit_rows` takes."""
+        return list(zip(self.ids, self.modality, self.keys, self.sources, self.metadata))
+
+    def placed_rows(self) -> list[tuple[str, str, str, str, str, str, int]]:
+        """The rows :meth:`~nobackfill.index.collection.Collection.commit_placed_rows` takes."""
+        return list(zip(self.ids, self.modality, self.keys, self.sources, self.metadata, repeat(self.space),
+                        self.positions))
+
+
+def _stage_vectors(collection: Collection, ids: Sequence[str], vectors: np.ndarray, *,
+                   modality: str | Sequence[str], sources: Sequence[Mapping[str, Any]] | None,
+                   metadata: Sequence[Mapping[str, Any]] | None, space_id: str | None, where: str) -> _Staged:
+    """The checks of :func:`add_vectors`, then the batch's vectors stored: what is left to commit."""
     n = len(ids)
     current = collection.current_space
     if space_id is not None and space_id != current:
@@ -129,7 +170,8 @@ def add_vectors(collection: Collection, ids: Sequence[str], vectors: np.ndarray,
             raise ValueError(f"{where}: the current model of collection {collection.path} ({entry.name}) embeds "
                              f"only {', '.join(entry.modalities)}: cannot add {m} items")
     ids = list(ids)
-    if not all(type(i) is str and 0 < len(i) <= MAX_ID_LENGTH and i.isprintable() and not i.isspace() for i in ids):
+    if ids and not (set(map(type, ids)) == {str} and 0 < min(map(len, ids)) and max(map(len, ids)) <= MAX_ID_LENGTH
+                    and all(map(str.isprintable, ids)) and not any(map(str.isspace, ids))):  # each pass in C
         for row, i in enumerate(ids):  # the cheap test failed: find the row (non-printable is not always bad)
             problem = id_problem(i)
             if problem:
@@ -141,26 +183,33 @@ def add_vectors(collection: Collection, ids: Sequence[str], vectors: np.ndarray,
                 raise DuplicateIdError(f"{where}: id {i!r} is given twice (rows {seen[i] + 1} and {row + 1})")
     keys = [f"{i}#{r}" for i, r in zip(ids, vector_rev(v))]
     try:
-        rows = list(zip(ids, mods, keys, rows_json(srcs), rows_json(metas)))
+        staged = _Staged(ids, mods, keys, rows_json(srcs), rows_json(metas), current, [])
     except (TypeError, ValueError) as e:
         raise ValueError(f"{where}: sources and metadata must be JSON objects of JSON values: {e}") from None
-    report = VectorsReport()
     if not n:
-        return report
+        return staged
     g = collection.gallery(current)
-    pos: dict[str, int] = {}
-    mixed = len(set(mods)) > 1
+    if len(set(mods)) == 1:
+        staged.stored, staged.positions = _store(g, mods[0], keys, v, current)
+        return staged
+    staged.positions = [None] * n
     for m in dict.fromkeys(mods):  # vectors first (held keys are skipped), then the items: one commit
-        if mixed:
-            sel = [j for j in range(n) if mods[j] == m]
-            mk, mv = [keys[j] for j in sel], v[sel]
-        else:
-            mk, mv = keys, v
-        report.stored += g.add(m, mk, mv, None, space_id=current, skip_existing=True)
-        pos.update(g.positions(m, mk))
-    report.added = collection.commit_rows(rows, stored=(current, pos), skip_unchanged=True)
-    report.unchanged = n - report.added
-    return report
+        sel = [j for j in range(n) if mods[j] == m]
+        added, at = _store(g, m, [keys[j] for j in sel], v[sel], current)
+        staged.stored += added
+        for j, p in zip(sel, at):
+            staged.positions[j] = p
+    return staged
+
+
+def _store(g: Any, modality: str, keys: list[str], vectors: np.ndarray, space: str) -> tuple[int, list[int | None]]:
+    """Store ``vectors`` under ``keys`` (held keys skipped): (how many were written, each key's row)."""
+    if hasattr(g, "add_rows"):  # a local store says where each key is as it stores the batch
+        added, at = g.add_rows(modality, keys, vectors, space_id=space)
+        return added, at.tolist()
+    added = g.add(modality, keys, vectors, None, space_id=space, skip_existing=True)
+    pos = g.positions(modality, keys)
+    return added, [pos.get(k) for k in keys]  # (None: a store that does not say)
 
 
 @dataclass
@@ -177,6 +226,8 @@ class ImportReport:
     seconds: float = 0.0
     model_check: dict[str, Any] = field(default_factory=dict)
     warnings: list[str] = field(default_factory=list)
+    #: the peak resident memory (MB) of the process that committed the catalog's rows, when one did
+    commit_worker_peak_rss_mb: float = 0.0
 
     @property
     def items_per_s(self) -> float:
@@ -226,6 +277,22 @@ def _prefetched(batches: Iterator[Any]) -> Iterator[Any]:
         t.join(timeout=5)
 
 
+#: sources of at least this many items commit their catalog rows in a process of their own
+COMMIT_APART_ROWS = 200_000
+
+
+def _commit_apart(c: Collection, source: "ImportSource", asked: bool | None) -> bool:
+    """Whether an import commits in a :class:`~.commit_worker.CommitWorker` (a local directory
+    with an SQLite catalog only: the worker opens the collection by its path)."""
+    local = isinstance(c.path, Path) and c.catalog.dialect == "sqlite"
+    if asked is None:
+        return local and int(source.rows) >= COMMIT_APART_ROWS
+    if asked and not local:
+        raise ValueError(f"collection {c.path}: only a local collection with an embedded catalog commits an import "
+                         "in a process of its own")
+    return asked
+
+
 def run_model_check(source: "ImportSource", encoder: "DualEncoder", model: str, *, samples: int = DEFAULT_SAMPLES,
                     threshold: float = DEFAULT_THRESHOLD, seed: int = 0) -> dict[str, Any]:
     """The model check of ``source`` against ``encoder`` (see :mod:`.model_check`); returns its
@@ -244,12 +311,15 @@ def run_model_check(source: "ImportSource", encoder: "DualEncoder", model: str, 
 def import_source(target: "str | Path | Collection", source: "ImportSource", encoder: "DualEncoder", *, model: str,
                   trust_model: bool = False, samples: int = DEFAULT_SAMPLES, threshold: float = DEFAULT_THRESHOLD,
                   backend: str = "auto", progress: bool = True, wait: bool = False,
-                  on_batch: Callable[[int], None] | None = None) -> ImportReport:
+                  on_batch: Callable[[int], None] | None = None, commit_process: bool | None = None) -> ImportReport:
     """Import ``source`` into the collection ``target`` (created with ``encoder`` as its model when
     it does not exist; otherwise its current model must be ``encoder``'s space). ``model`` is where
     the declared model lives (recorded in the plan). ``on_batch(n)``: called after the n-th batch is
-    committed. Raises :class:`ModelCheckRefused`, or ``ValueError`` for vectors that do not fit the
-    model (nothing created or committed in both cases); see the module doc."""
+    committed. ``commit_process``: commit the catalog's rows in a child process
+    (:mod:`.commit_worker`) while this one reads and stores the next batches; by default for a
+    source of at least :data:`COMMIT_APART_ROWS` items into an embedded (SQLite) catalog. Raises
+    :class:`ModelCheckRefused`, or ``ValueError`` for vectors that do not fit the model (nothing
+    created or committed in both cases); see the module doc."""
     t0 = time.perf_counter()
     dim = int(encoder.embed_dim)
     if int(source.dim) != dim:
@@ -269,17 +339,37 @@ def import_source(target: "str | Path | Collection", source: "ImportSource", enc
     report = ImportReport(source=source.describe(), collection=where, created=existing is None, model_check=check)
     total = VectorsReport()
     with c.ingesting(wait=wait), progress_bar(progress, f"importing {Path(where).name}", int(source.rows)) as advance:
-        done = 0
-        for n, batch in enumerate(_prefetched(source.batches()), start=1):
-            got = add_vectors(c, batch.ids, batch.vectors, modality=batch.modality, sources=batch.sources,
-                              metadata=batch.metadata, space_id=encoder.space_id,
-                              where=f"{source.describe()} rows {batch.row0 + 1}-{batch.row_end}")
-            total.merge(got)
-            report.items += len(batch)
-            advance(batch.row_end - done)
-            done = batch.row_end
-            if on_batch is not None:
-                on_batch(n)
+        worker = CommitWorker(c.path) if _commit_apart(c, source, commit_process) else None
+        try:
+            done = 0
+            for n, batch in enumerate(_prefetched(source.batches()), start=1):
+                at = f"{source.describe()} rows {batch.row0 + 1}-{batch.row_end}"
+                if worker is None:
+                    total.merge(add_vectors(c, batch.ids, batch.vectors, modality=batch.modality,
+                                            sources=batch.sources, metadata=batch.metadata,
+                                            space_id=encoder.space_id, where=at))
+                    committed = [n]
+                else:
+                    staged = _stage_vectors(c, batch.ids, batch.vectors, modality=batch.modality,
+                                            sources=batch.sources, metadata=batch.metadata,
+                                            space_id=encoder.space_id, where=at)
+                    total.stored += staged.stored
+                    committed = worker.submit(staged.placed_rows())
+                report.items += len(batch)
+                advance(batch.row_end - done)
+                done = batch.row_end
+                for k in committed if on_batch is not None else ():
+                    on_batch(k)
+            if worker is not None:
+                for k in worker.close():
+                    if on_batch is not None:
+                        on_batch(k)
+                total.added, total.unchanged = worker.added, report.items - worker.added
+                report.commit_worker_peak_rss_mb = worker.peak_rss_mb
+        except BaseException:
+            if worker is not None:
+                worker.abort()
+            raise
         record = {"from": source.describe(), "items": report.items, "added": total.added, "model_check": check,
                   "at": datetime.now(timezone.utc).isoformat(timespec="seconds")}
         c.set_plan(lambda p: p.with_import(encoder.space_id, record))

@@ -14,9 +14,16 @@ from ..ingest import image_id
 from ..atomic_files import file_sha256
 from ..key_index import KeyIndex, key_hashes
 from .common import ImportBatch, SourceError
-from .items import _Items, _Segment
+from .items import _Items, _Segment, _text, _texts
 from .tables import _Chunk
 from .vectors import _unit
+
+#: a path with one of these is normalised (``os.path.normpath``)
+_DOT, _DOUBLE = os.sep + ".", os.sep * 2
+#: first characters of a path cell that :meth:`ImportSource._image_sources` leaves to :meth:`ImportSource._image`:
+#: empty, '~' (a home), '.' or a separator (normalised, or absolute) and spaces (perhaps a blank cell; no
+#: character past U+3000 is a space to ``str.strip``)
+_ODD_FIRST = frozenset({"", "~", ".", os.sep} | {c for c in map(chr, range(0x3001)) if c.isspace()})
 
 
 class ImportSource:
@@ -62,7 +69,7 @@ class ImportSource:
         if raw.startswith("~"):
             raw = os.path.expanduser(raw)
         path = raw if raw.startswith(os.sep) else self._root_str + raw
-        if f"{os.sep}." in path or os.sep * 2 in path:
+        if _DOT in path or _DOUBLE in path:
             path = os.path.normpath(path)
         return path
 
@@ -109,6 +116,26 @@ class ImportSource:
             return "", source
         return image_id(hashlib.sha256(name.encode("utf-8")).hexdigest()), source
 
+    def _image_sources(self, paths: list, urls: list | None) -> list[dict]:
+        """The sources of image rows whose ids the table gives, from their path and url cells:
+        ``_image(_text(path), _text(url), need_id=False)``, or {} for a row with neither. Column by
+        column: paths relative to a plain root, absolute paths that need no normalising and urls in
+        the path column in one pass; each other row (blank, '~', '.', '//', not text) by ``_image``."""
+        root = self._root_str
+        rel = _DOT not in root and _DOUBLE not in root  # root + a plain relative path needs no normpath
+        out = [({"path": "", "url": r} if "://" in r
+                else {"path": root + r} if rel and r[:1] not in _ODD_FIRST and _DOUBLE not in r and _DOT not in r
+                else {"path": r} if r[:1] == os.sep and _DOUBLE not in r and _DOT not in r
+                else None) if r.__class__ is str else None for r in paths]
+        if urls is not None:
+            for source, url in zip(out, _texts(urls)):
+                if url and source is not None:
+                    source["url"] = url  # after "path", as _image sets them; it wins over a url in the path column
+        for j in [j for j, source in enumerate(out) if source is None]:
+            raw, url = _text(paths[j]), _text(urls[j]) if urls is not None else ""
+            out[j] = self._image(raw, url, False, need_id=False)[1] if raw or url else {}
+        return out
+
     # -- items, chunk by chunk
     def _chunk_items(self, seg: _Segment, chunk: _Chunk, m: int, skip: int, cheap: bool = False,
                      layers: Sequence[Sequence[int]] | None = None) -> _Items:
@@ -142,7 +169,7 @@ class ImportSource:
             m, skip = divmod(max(0, start_row - seg.offset), k)
             for chunk in self._chunks(seg, m, max(1, self.batch_rows // k)):
                 stop = m + len(chunk)
-                vecs = [_unit(layer.vectors.read(m, stop)) for layer in seg.layers]
+                vecs = [layer.vectors.unit(m, stop) for layer in seg.layers]
                 items = self._chunk_items(seg, chunk, m, skip)
                 hits = seen.add(items.ids)
                 keep = None

@@ -27,7 +27,14 @@ def _text(value: Any) -> str:
     return text if text.strip() else ""
 
 
+def _texts(values: list) -> list[str]:
+    """:func:`_text` of each cell of a column."""
+    return [v if v.__class__ is str and v.strip() else _text(v) for v in values]
+
+
 _PLAIN = (str, int, bool, type(None))
+_PLAIN_TYPES = frozenset(_PLAIN)
+_PLAIN_OR_FLOAT = _PLAIN_TYPES | {float}
 
 
 def _jsonable(v: Any) -> Any:
@@ -67,7 +74,10 @@ def _own_ids(chunk: "_Chunk", column: str | None, path: Any, first_row: int) -> 
     naming its row (``first_row``: the chunk's first row, 0-based)."""
     if not column:
         return None
-    own = [_string_id(v) for v in chunk.column(column)]
+    own = chunk.column(column)
+    if {*map(type, own)} == {str} and all(map(str.strip, own)):
+        return own  # every id a string with more than spaces: as written
+    own = [_string_id(v) for v in own]
     if not all(own):
         raise SourceError(f"column {column!r} is empty (every row needs an id)", path, first_row + own.index("") + 1)
     return own
@@ -77,19 +87,35 @@ def _chunk_metas(chunk: _Chunk, skip: set[str]) -> list[dict]:
     """Each row's metadata: its columns but ``skip``, JSON-able."""
     n = len(chunk)
     cols = chunk.columns
+    if cols is None:
+        cols = _shared_keys(chunk.records)
     if cols is not None:  # every row has the same columns
         keys = [c for c in cols if c not in skip]
         if not keys:
             return [{} for _ in range(n)]
-        values = []
-        for c in keys:
-            col = chunk.column(c)
-            if not all(v.__class__ in _PLAIN for v in col):
-                col = [_jsonable(v) for v in col]
-            values.append(col)
-        return [dict(zip(keys, row)) for row in zip(*values)]
+        out = [{keys[0]: v} for v in _json_column(chunk.column(keys[0]))]
+        for key in keys[1:]:
+            for meta, v in zip(out, _json_column(chunk.column(key))):
+                meta[key] = v
+        return out
     return [{k: (v if v.__class__ in _PLAIN else _jsonable(v)) for k, v in r.items() if k not in skip}
             if not r.keys() <= skip else {} for r in chunk.records]
+
+
+def _shared_keys(records: list[dict]) -> list[str] | None:
+    """The keys of every record when each has the same, in the same order (as CSV rows do)."""
+    keys = {*map(tuple, records)}
+    return list(keys.pop()) if len(keys) == 1 else None
+
+
+def _json_column(values: list) -> list:
+    """A column's cells, JSON-able (:func:`_jsonable` of each)."""
+    kinds = {*map(type, values)}
+    if kinds <= _PLAIN_TYPES:
+        return values
+    if kinds <= _PLAIN_OR_FLOAT:
+        return [v if v.__class__ is not float or math.isfinite(v) else None for v in values]
+    return [_jsonable(v) for v in values]
 
 
 class _Items:

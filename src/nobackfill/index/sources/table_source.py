@@ -12,7 +12,7 @@ import numpy as np
 from ..ingest import text_id
 from .common import _IMAGE_SOURCE_COLUMNS, _MODALITIES, _TEXT_SOURCE_COLUMNS, SourceError
 from .import_source import ImportSource
-from .items import _chunk_metas, _Items, _Layer, _own_ids, _Segment, _text
+from .items import _chunk_metas, _Items, _Layer, _own_ids, _Segment, _text, _texts
 from .tables import _Chunk, _open_table, _Table
 from .vectors import _ArrayVectors, _scan
 
@@ -20,6 +20,10 @@ from .vectors import _ArrayVectors, _scan
 class TableSource(ImportSource):
     """A block of vectors (npy, npz, faiss) with a table of ids and sources, row for row (or a
     faiss IndexIDMap's own ids when there is no table)."""
+
+    #: build the items of a chunk of one modality whose ids the table gives column by column (False:
+    #: row by row, as every other chunk; the tests compare the two)
+    _columnwise = True
 
     def __init__(self, segments: list[_Segment], *, kind: str, id_column: str | None, modality_column: str | None,
                  modality: str | None, image_column: str | None, text_column: str | None, url_column: str | None,
@@ -53,6 +57,8 @@ class TableSource(ImportSource):
             mods = [str(self._modality)] * n
         own = _own_ids(chunk, self._id_col, seg.file, m)
         metas = _chunk_metas(chunk, self._skip)
+        if own is not None and not self._mod_col and self._columnwise:  # the table's ids, one modality
+            return _Items(zeros, list(range(n)), own, mods, self._listed_sources(chunk, cheap), metas, [False] * n)
         imgs = chunk.column(self._img_col) if self._img_col and "image" in mods else None
         urls = chunk.column(self._url_col) if self._url_col and "image" in mods else None
         texts = chunk.column(self._txt_col) if self._txt_col and "text" in mods else None
@@ -87,6 +93,18 @@ class TableSource(ImportSource):
                                           m + j + 1)
                     ids.append(text_id(text))
         return _Items(zeros, list(range(n)), ids, mods, sources, metas, derived)
+
+    def _listed_sources(self, chunk: _Chunk, cheap: bool) -> list[dict]:
+        """The sources of a chunk of rows of one modality whose ids the table gives (no file is
+        touched): those the row by row loop of :meth:`_chunk_items` makes, column by column."""
+        n = len(chunk)
+        if self._modality != "image":
+            texts = _texts(chunk.column(self._txt_col)) if self._txt_col else [""] * n
+            return [{"text": t} if t else {} for t in texts]
+        if cheap or not (self._img_col or self._url_col):
+            return [{} for _ in range(n)]
+        return self._image_sources(chunk.column(self._img_col) if self._img_col else [None] * n,
+                                   chunk.column(self._url_col) if self._url_col else None)
 
 
 def _table_columns(table: _Table, *, id_column: str | None, source_column: str | None, modality: str | None

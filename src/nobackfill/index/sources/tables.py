@@ -173,13 +173,20 @@ class _LineTable(_Table):
                     yield self._parse(line, row + 1)
         else:
             with open(self.path, newline="", encoding="utf-8") as fh:
-                for rec in csv.DictReader(fh, delimiter=self._delimiter):
+                reader = csv.reader(fh, delimiter=self._delimiter)
+                header = next(reader, [])
+                pad = [None] * len(header)
+                for cells in reader:  # as csv.DictReader reads them, empty cells as None
+                    if not cells:  # a blank line: no row
+                        continue
                     row += 1
                     if last is not None and row > last:
                         return
                     if row < start or (rows is not None and row not in rows):
                         continue
-                    yield {k: (v if v != "" else None) for k, v in rec.items() if k is not None}
+                    if len(cells) < len(header):
+                        cells += pad[len(cells):]
+                    yield {k: v or None for k, v in zip(header, cells)}
 
     def chunks(self, start: int, size: int) -> Iterator[_Chunk]:
         buf: list[dict] = []
