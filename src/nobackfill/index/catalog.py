@@ -36,7 +36,7 @@ import numpy as np
 
 from .atomic_files import _crash_point, _fsync_dir
 from .catalog_schema import (_ROW_COLS, CATALOG_FILE, PAGE, CatalogError, Row, _chunks, _create_tables,
-                             _header, _row, _rows_by, _unsourced_index, filter_sql, unsourced_sql)
+                             _header, _index_upgrades, _row, _rows_by, filter_sql, unsourced_sql)
 from .catalog_writer import Writer
 from .storage import flock
 
@@ -122,8 +122,8 @@ class Catalog:
                 self._drop_if_broken("_write_conn")
                 raise self._error(e) from e
             try:
-                if not self._indexed:  # catalogs written before the index existed get it at their first write
-                    for stmt in _unsourced_index(self.dialect):
+                if not self._indexed:  # catalogs written before an index changed get it at their first write
+                    for stmt in _index_upgrades(self.dialect):
                         conn.execute(stmt)
                     self._indexed = True
                 w = Writer(self, conn)

@@ -126,12 +126,14 @@ def unsourced_sql(dialect: str) -> str:
 UNSOURCED_INDEX = {"sqlite": "items_unsourced_v2", "postgresql": "items_unsourced"}
 
 
-def _unsourced_index(dialect: str) -> list[str]:
-    """The statements that give the catalog its partial index of the items without a source
-    (counting them reads only those), replacing an older one."""
+def _index_upgrades(dialect: str) -> list[str]:
+    """The statements that bring a catalog's indexes to this version (run at its first write): the
+    partial index of the items without a source (counting them reads only those) replaces an older
+    one, and the index of keys that older catalogs kept goes (keys are found through ids)."""
     name = UNSOURCED_INDEX.get(dialect, "items_unsourced")
     older = ["DROP INDEX IF EXISTS items_unsourced"] if name != "items_unsourced" else []
-    return older + [f"CREATE INDEX IF NOT EXISTS {name} ON items (modality) WHERE {unsourced_sql(dialect)}"]
+    return older + ["DROP INDEX IF EXISTS items_key",
+                    f"CREATE INDEX IF NOT EXISTS {name} ON items (modality) WHERE {unsourced_sql(dialect)}"]
 
 
 def _json_type_sql(w: Any) -> str:
@@ -174,7 +176,7 @@ def _create_tables(conn: Any, dialect: str, header: Mapping[str, Any]) -> None:
         ddl = ddl.replace("rid INTEGER PRIMARY KEY", "rid INTEGER PRIMARY KEY AUTOINCREMENT")
     for stmt in [s for s in ddl.split(";") if s.strip()]:
         conn.execute(stmt)
-    for stmt in _unsourced_index(dialect):
+    for stmt in _index_upgrades(dialect):
         conn.execute(stmt)
     ph = "?" if dialect == "sqlite" else "%s"
     conn.execute(f"INSERT INTO header (id, format, version, name, backend, created, updated, generation, plan, "

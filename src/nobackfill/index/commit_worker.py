@@ -67,10 +67,8 @@ class CommitWorker:
     collection at ``path`` (a local directory), batch after batch (see the module doc)."""
 
     def __init__(self, path: str | Path, *, max_pending: int = 4) -> None:
-        import nobackfill
-
         env = dict(os.environ)
-        root = str(Path(nobackfill.__file__).resolve().parent.parent)  # the package, however it was found
+        root = str(Path(__file__).resolve().parents[2])  # where this package lies, however it was found
         env["PYTHONPATH"] = os.pathsep.join([root] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
         self.path = str(path)
         self.max_pending = int(max_pending)
