@@ -22,7 +22,6 @@ key, source JSON, metadata JSON, space, row], ...]}``; back
 
 from __future__ import annotations
 
-import os
 import queue
 import struct
 import subprocess
@@ -67,13 +66,16 @@ class CommitWorker:
     collection at ``path`` (a local directory), batch after batch (see the module doc)."""
 
     def __init__(self, path: str | Path, *, max_pending: int = 4) -> None:
-        env = dict(os.environ)
         root = str(Path(__file__).resolve().parents[2])  # where this package lies, however it was found
-        env["PYTHONPATH"] = os.pathsep.join([root] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
         self.path = str(path)
         self.max_pending = int(max_pending)
-        self._proc = subprocess.Popen([sys.executable, "-m", "nobackfill.index.commit_worker", self.path],
-                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
+        # the package's folder goes last on the worker's path: found when nothing else provides it,
+        # never ahead of the standard library (as PYTHONPATH would put it)
+        launch = ("import sys; sys.path.append(sys.argv[1]); "
+                  "from nobackfill.index.commit_worker import main; main(sys.argv[2])")
+        isolated = ["-P"] if sys.version_info >= (3, 11) else []  # nor the working directory ahead of it
+        self._proc = subprocess.Popen([sys.executable, *isolated, "-c", launch, root, self.path],
+                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
         self._acks: queue.Queue = queue.Queue()
         self._stderr: list[bytes] = []
         self._sent = 0
@@ -209,5 +211,6 @@ def _serve(path: str, inp: IO[bytes], out: IO[bytes]) -> None:
     _write_frame(out, {"end": True, "peak_rss_mb": round(peak_rss_mb(), 1)})
 
 
-if __name__ == "__main__":  # pragma: no cover - run as the child of CommitWorker (its tests run it)
-    _serve(sys.argv[1], sys.stdin.buffer, sys.stdout.buffer)
+def main(path: str) -> None:
+    """The worker process's entry point (:class:`CommitWorker` starts it): serve stdin / stdout."""
+    _serve(path, sys.stdin.buffer, sys.stdout.buffer)
