@@ -148,6 +148,8 @@ class CollectionWrites:
         if not rows:
             return 0
         space = rows[0][5]
+        if len(set(map(itemgetter(5), rows))) > 1:
+            raise ValueError("placed rows must all be of one space")
         left, new = rows, 0
         with self._writing() as w:
             plan = w.header["plan"]

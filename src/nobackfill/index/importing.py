@@ -23,8 +23,8 @@ import queue
 import threading
 import time
 from dataclasses import dataclass, field
-from itertools import repeat
 from datetime import datetime, timezone
+from itertools import repeat
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping, Sequence
 
@@ -340,6 +340,7 @@ def import_source(target: "str | Path | Collection", source: "ImportSource", enc
     total = VectorsReport()
     with c.ingesting(wait=wait), progress_bar(progress, f"importing {Path(where).name}", int(source.rows)) as advance:
         worker = CommitWorker(c.path) if _commit_apart(c, source, commit_process) else None
+        tell = on_batch or (lambda _n: None)
         try:
             done = 0
             for n, batch in enumerate(_prefetched(source.batches()), start=1):
@@ -358,12 +359,11 @@ def import_source(target: "str | Path | Collection", source: "ImportSource", enc
                 report.items += len(batch)
                 advance(batch.row_end - done)
                 done = batch.row_end
-                for k in committed if on_batch is not None else ():
-                    on_batch(k)
+                for k in committed:
+                    tell(k)
             if worker is not None:
                 for k in worker.close():
-                    if on_batch is not None:
-                        on_batch(k)
+                    tell(k)
                 total.added, total.unchanged = worker.added, report.items - worker.added
                 report.commit_worker_peak_rss_mb = worker.peak_rss_mb
         except BaseException:
