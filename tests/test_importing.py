@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from _collection_helpers import OLD_REF, HashEncoder, pool_with
 
 from nobackfill.index.collection import Collection
 from nobackfill.index.importing import add_vectors, vector_rev
+from nobackfill.index.items import row_json, rows_json
 from nobackfill.index.gallery_types import DuplicateIdError, SpaceMismatchError
 from nobackfill.search.searcher import Searcher
 
@@ -157,3 +160,16 @@ def test_catalog_json_is_one_canonical_form_and_takes_every_json_value():
     assert _item_json(it)[3:] == ('{"text":"t"}', '{"a":"é","n":36893488147419103232}')
     with pytest.raises(ValueError, match="not a JSON object of JSON values.*object"):
         row_json({"x": object()})
+
+
+_values = st.recursive(st.none() | st.booleans() | st.integers(-2**70, 2**70) | st.floats(allow_nan=True)
+                       | st.text(alphabet='{},:"\\ab\n\u00e9', max_size=8),
+                       lambda kids: st.lists(kids, max_size=3) | st.dictionaries(st.text(alphabet='{},"ab', max_size=3),
+                                                                                 kids, max_size=3), max_leaves=6)
+
+
+@settings(max_examples=300, deadline=None)
+@given(objs=st.lists(st.dictionaries(st.text(alphabet='{},:"ab', max_size=4), _values, max_size=4), max_size=6))
+def test_the_json_of_a_batch_is_each_objects_own_json(objs):
+    # written as one array and cut between objects: a string holding '},{' must not cut it wrongly
+    assert rows_json(objs) == [row_json(o) for o in objs]
