@@ -172,4 +172,10 @@ _values = st.recursive(st.none() | st.booleans() | st.integers(-2**70, 2**70) | 
 @given(objs=st.lists(st.dictionaries(st.text(alphabet='{},:"ab', max_size=4), _values, max_size=4), max_size=6))
 def test_the_json_of_a_batch_is_each_objects_own_json(objs):
     # written as one array and cut between objects: a string holding '},{' must not cut it wrongly
-    assert rows_json(objs) == [row_json(o) for o in objs]
+    try:
+        want = [row_json(o) for o in objs]
+    except ValueError:  # (inf beside an integer orjson cannot write: no JSON takes it)
+        with pytest.raises(ValueError, match="not a JSON object"):
+            rows_json(objs)
+        return
+    assert rows_json(objs) == want
