@@ -125,22 +125,30 @@ def test_a_worker_that_cannot_open_the_collection_fails_the_import_naming_why(tm
     worker.abort()
 
 
-def test_an_import_stopped_by_its_caller_stops_its_worker_and_finishes_when_run_again(tmp_path):
+def test_an_import_stopped_by_its_caller_stops_its_worker_and_finishes_when_run_again(tmp_path, monkeypatch):
     enc = HashEncoder(16, "old")
-    data = _data(tmp_path / "d", 300, enc)
+    data = _data(tmp_path / "d", 1000, enc)
+    workers: list[CommitWorker] = []
+
+    class Spy(CommitWorker):
+        def __init__(self, path, **kw):
+            super().__init__(path, **kw)
+            workers.append(self)
 
     def stop(n: int) -> None:
         if n == 2:
             raise KeyboardInterrupt
 
+    monkeypatch.setattr(importing, "CommitWorker", Spy)
     with pytest.raises(KeyboardInterrupt):
         import_source(tmp_path / "c", _source(data), enc, model=OLD_REF, trust_model=True, progress=False,
                       commit_process=True, on_batch=stop)
-    assert 80 <= len(Collection.open(tmp_path / "c")) < 300  # two batches committed, maybe a few more in flight
+    assert workers[0]._proc.poll() is not None  # the worker was stopped with the import
+    assert 80 <= len(Collection.open(tmp_path / "c")) <= 1000  # two batches committed, maybe more in flight
     rep = import_source(tmp_path / "c", _source(data), enc, model=OLD_REF, trust_model=True, progress=False,
                         commit_process=True)
     import_source(tmp_path / "ref", _source(data), enc, model=OLD_REF, trust_model=True, progress=False)
-    assert rep.added + rep.unchanged == 300 and _state(tmp_path / "c") == _state(tmp_path / "ref")
+    assert rep.added + rep.unchanged == 1000 and _state(tmp_path / "c") == _state(tmp_path / "ref")
 
 
 def _children(pid: int) -> list[int]:

@@ -12,7 +12,9 @@ and stores batch ``k + 1``. Nothing of the import's guarantees changes:
 - a kill of either process leaves the catalog at the last committed transaction; the import, run
   again, finds what was committed (the worker ends when the import's end of the pipe closes, a
   killed import included, after at most the transaction under way);
-- at most ``max_pending`` batches are in flight: memory stays bounded by a few batches.
+- at most ``max_pending`` batches are in flight (16: with random ids, each transaction rewrites
+  most of the id index's pages, so fewer, larger ones pay; about 300 MB for the worker at 1M rows
+  of random ids), and a transaction takes at most :data:`GROUP_ROWS` rows.
 
 The pipe carries length-prefixed JSON frames (orjson): to the worker ``{"rows": [[id, modality,
 key, source JSON, metadata JSON, space, row], ...]}``; back
@@ -37,7 +39,7 @@ __all__ = ["CommitWorker", "CommitWorkerError"]
 
 _LEN = struct.Struct("<Q")
 #: a group commit takes at most this many rows in one transaction
-GROUP_ROWS = 131072
+GROUP_ROWS = 262144
 
 
 class CommitWorkerError(RuntimeError):
@@ -65,7 +67,7 @@ class CommitWorker:
     """A child process committing :func:`~nobackfill.index.importing.add_vectors`' rows into the
     collection at ``path`` (a local directory), batch after batch (see the module doc)."""
 
-    def __init__(self, path: str | Path, *, max_pending: int = 4) -> None:
+    def __init__(self, path: str | Path, *, max_pending: int = 16) -> None:
         root = str(Path(__file__).resolve().parents[2])  # where this package lies, however it was found
         self.path = str(path)
         self.max_pending = int(max_pending)
