@@ -97,22 +97,28 @@ def test_placed_rows_commit_as_commit_rows_does_new_changed_and_unchanged_alike(
     assert len(c) == 8 and np.allclose(served, [y[4], x[2]], atol=1e-6) and not c.verify()
 
 
-def test_large_sources_into_local_collections_commit_apart_by_default(tmp_path, monkeypatch):
+@pytest.fixture
+def started(monkeypatch) -> list[CommitWorker]:
+    """The workers the imports of a test start, in order."""
+    workers: list[CommitWorker] = []
+
+    class Recorded(CommitWorker):
+        def __init__(self, path, **kw):
+            super().__init__(path, **kw)
+            workers.append(self)
+
+    monkeypatch.setattr(importing, "CommitWorker", Recorded)
+    return workers
+
+
+def test_large_sources_into_local_collections_commit_apart_by_default(tmp_path, monkeypatch, started):
     enc = HashEncoder(16, "old")
     data = _data(tmp_path / "d", 60, enc)
-    started: list[str] = []
-
-    class Spy(CommitWorker):
-        def __init__(self, path, **kw):
-            started.append(str(path))
-            super().__init__(path, **kw)
-
-    monkeypatch.setattr(importing, "CommitWorker", Spy)
     import_source(tmp_path / "small", _source(data), enc, model=OLD_REF, trust_model=True, progress=False)
     assert started == []  # below the threshold: in process
     monkeypatch.setattr(importing, "COMMIT_APART_ROWS", 50)
     import_source(tmp_path / "large", _source(data), enc, model=OLD_REF, trust_model=True, progress=False)
-    assert started == [str(tmp_path / "large")] and len(Collection.open(tmp_path / "large")) == 60
+    assert [w.path for w in started] == [str(tmp_path / "large")] and len(Collection.open(tmp_path / "large")) == 60
 
 
 def test_a_worker_that_cannot_open_the_collection_fails_the_import_naming_why(tmp_path):
@@ -125,25 +131,18 @@ def test_a_worker_that_cannot_open_the_collection_fails_the_import_naming_why(tm
     worker.abort()
 
 
-def test_an_import_stopped_by_its_caller_stops_its_worker_and_finishes_when_run_again(tmp_path, monkeypatch):
+def test_an_import_stopped_by_its_caller_stops_its_worker_and_finishes_when_run_again(tmp_path, started):
     enc = HashEncoder(16, "old")
     data = _data(tmp_path / "d", 1000, enc)
-    workers: list[CommitWorker] = []
-
-    class Spy(CommitWorker):
-        def __init__(self, path, **kw):
-            super().__init__(path, **kw)
-            workers.append(self)
 
     def stop(n: int) -> None:
         if n == 2:
             raise KeyboardInterrupt
 
-    monkeypatch.setattr(importing, "CommitWorker", Spy)
     with pytest.raises(KeyboardInterrupt):
         import_source(tmp_path / "c", _source(data), enc, model=OLD_REF, trust_model=True, progress=False,
                       commit_process=True, on_batch=stop)
-    assert workers[0]._proc.poll() is not None  # the worker was stopped with the import
+    assert started[0]._proc.poll() is not None  # the worker was stopped with the import
     assert 80 <= len(Collection.open(tmp_path / "c")) <= 1000  # two batches committed, maybe more in flight
     rep = import_source(tmp_path / "c", _source(data), enc, model=OLD_REF, trust_model=True, progress=False,
                         commit_process=True)
@@ -165,25 +164,29 @@ def test_sigkills_of_the_import_or_of_its_worker_lose_and_duplicate_nothing(tmp_
     target = tmp_path / "c"
     rng = random.Random(7)
     cmd = [sys.executable, str(HERE / "_import_kill_helper.py"), str(data), str(target)]
-    kills = 0
-    for round_ in range(6):
+    kills = rounds = 0
+    while kills < 6 and rounds < 15:
+        rounds += 1
         proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
         deadline = time.monotonic() + 60
         victim = None
         while victim is None and proc.poll() is None and time.monotonic() < deadline:
             kids = _children(proc.pid)  # wait until the worker runs, then let some batches through
             if kids:
-                time.sleep(rng.uniform(0.0, 1.0))
-                victim = kids[0] if round_ % 2 else proc.pid  # the worker, or the import
+                time.sleep(rng.uniform(0.0, 0.6))
+                victim = kids[0] if rounds % 2 else proc.pid  # the worker, or the import
             else:
                 time.sleep(0.02)
         if victim is not None:
-            os.kill(victim, signal.SIGKILL)
-            kills += 1
+            try:
+                os.kill(victim, signal.SIGKILL)
+                kills += 1
+            except ProcessLookupError:  # it had finished already
+                pass
         proc.wait(timeout=60)
         for kid in _children(proc.pid):
             os.kill(kid, signal.SIGKILL)
-    assert kills >= 4
+    assert kills >= 6
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     import_source(tmp_path / "ref", _source(data), enc, model=OLD_REF, trust_model=True, progress=False)

@@ -165,3 +165,16 @@ def test_verify_model_check_accepts_the_models_own_vectors_and_names_a_swapped_s
     bad = check_models(c)[enc.space_id]
     assert ok["accepted"] and ok["n"] == 16 and ok["median_cosine"] == pytest.approx(1.0)
     assert not bad["accepted"] and "were not made by /fake/models/old" in bad["message"]
+
+
+def test_an_import_into_a_collection_that_exists_but_is_empty_fills_it(tmp_path):
+    # (what an import killed before its first commit leaves: an empty collection is falsy, and was
+    # taken for none, so the same command again tried to create it and failed)
+    enc = HashEncoder(16, "old")
+    np.save(tmp_path / "e.npy", enc.encode_texts([f"text {i}" for i in range(5)]))
+    (tmp_path / "t.jsonl").write_text("".join(json.dumps({"id": f"t{i}", "text": f"text {i}"}) + "\n" for i in range(5)))
+    Collection.create(tmp_path / "c", space_id=enc.space_id, dim=16, model=OLD_REF)
+    src = open_source(f"npy:{tmp_path / 'e.npy'}", table=tmp_path / "t.jsonl", id_column="id", source_column="text",
+                      modality="text")
+    rep = import_source(tmp_path / "c", src, enc, model=OLD_REF, progress=False)
+    assert not rep.created and rep.added == 5 and len(Collection.open(tmp_path / "c")) == 5

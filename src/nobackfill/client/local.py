@@ -188,8 +188,9 @@ class LocalClient(Client):
             src = open_source(source, table=table, id_column=id_column, source_column=source_column,
                               modality=modality, images_root=images_root, lossy=lossy, expect_dim=int(enc.embed_dim))
             try:
-                rep = import_source(self._collection or self.target, src, enc, model=ref, trust_model=trust_model,
-                                    samples=samples, backend=backend, progress=progress, wait=wait)
+                target = self._collection if self._collection is not None else self.target  # (an empty one is falsy)
+                rep = import_source(target, src, enc, model=ref, trust_model=trust_model, samples=samples,
+                                    backend=backend, progress=progress, wait=wait)
             except ModelCheckRefused as e:
                 raise ClientError(409, str(e), "model") from None
         # an open collection took the rows itself; an unopened one is opened on first use

@@ -233,9 +233,10 @@ def adopt_milvus(collection_uri: str, source_uri: str, encoder: "DualEncoder", *
             raise ModelCheckRefused(verdict.message + " (nothing was adopted; trust_model=True skips the check)")
         check = verdict.to_json()
 
-    c = existing or Collection.create(collection_uri, space_id=encoder.space_id, dim=dim, model=model,
-                                      name=getattr(encoder, "name", ""), backend=backend,
-                                      modalities=list(getattr(encoder, "modalities", MODALITIES)), adopt=ext)
+    c = existing if existing is not None else \
+        Collection.create(collection_uri, space_id=encoder.space_id, dim=dim, model=model,
+                          name=getattr(encoder, "name", ""), backend=backend,
+                          modalities=list(getattr(encoder, "modalities", MODALITIES)), adopt=ext)
     space_id = encoder.space_id
     store = c.gallery(space_id)
     total = store._row_count(STRONG) if isinstance(store, MilvusAdoptedStore) else None

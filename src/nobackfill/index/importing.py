@@ -333,9 +333,9 @@ def import_source(target: "str | Path | Collection", source: "ImportSource", enc
                                  hint="import into a new collection, or declare the collection's current model")
     check = {"skipped": True, "model": model} if trust_model else \
         run_model_check(source, encoder, model, samples=samples, threshold=threshold)
-    c = existing or Collection.create(target, space_id=encoder.space_id, dim=dim, model=model,
-                                      name=getattr(encoder, "name", ""), backend=backend,
-                                      modalities=list(getattr(encoder, "modalities", MODALITIES)))
+    c = existing if existing is not None else \
+        Collection.create(target, space_id=encoder.space_id, dim=dim, model=model, name=getattr(encoder, "name", ""),
+                          backend=backend, modalities=list(getattr(encoder, "modalities", MODALITIES)))
     report = ImportReport(source=source.describe(), collection=where, created=existing is None, model_check=check)
     total = VectorsReport()
     with c.ingesting(wait=wait), progress_bar(progress, f"importing {Path(where).name}", int(source.rows)) as advance:
