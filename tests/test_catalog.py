@@ -270,3 +270,27 @@ def test_the_text_test_of_unsourced_items_never_changes_the_answer_of_the_json(s
     fast = {r[0] for r in db.execute(f"SELECT id FROM items WHERE {unsourced_sql('sqlite')}")}
     plain = {r[0] for r in db.execute(f"SELECT id FROM items WHERE {_PLAIN_UNSOURCED}")}
     assert fast == plain
+
+
+def test_hit_table_grows_past_its_buffers_and_old_views_stay_valid():
+    """Thousands of rows in several extends (with gaps) outgrow the initial buffers; a reader that
+    took the table's view before a growth still reads what it saw."""
+    t = HitTable()
+    model: dict[int, tuple[str, str]] = {}
+    rid = 0
+    for part in range(4):
+        rows = []
+        for i in range(1500):
+            rid += 1 + (i % 7 == 0)  # every seventh rid was deleted before it was read
+            rows.append((rid, f"item-{rid}-é", json.dumps({"part": part, "pad": "x" * (i % 50)})))
+        before = t._view
+        t.extend(rows)
+        model.update((r, (i, m)) for r, i, m in rows)
+        assert t._view is not before and t.last == rid
+        if part == 0:
+            first_view, first_model = t._view, dict(model)
+    assert t.get(range(rid + 2)) == model
+    assert t.get([rid + 1, 0, -1]) == {}
+    reader = HitTable()
+    reader._view = first_view  # a reader holding the view taken before three growths
+    assert reader.get(range(rid + 2)) == first_model

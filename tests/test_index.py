@@ -409,3 +409,48 @@ def test_factory_spec_parsing_and_errors():
     idx = make_index("IVF64,Flat", DIM)
     with pytest.raises(ValueError, match="could not be trained on 10 vectors"):
         idx.add(l2_normalise(np.random.default_rng(1).standard_normal((10, DIM)).astype(np.float32)))
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.floats(width=32, allow_nan=True, allow_infinity=True), min_size=0, max_size=40),
+       st.integers(1, 4))
+def test_all_finite_agrees_with_isfinite(values, rows):
+    """The sum-of-squares shortcut says what ``isfinite(x).all()`` says, for NaN, inf and finite
+    values whose squares overflow alike."""
+    from nobackfill.index.chunks import all_finite
+
+    x = np.array(values * rows, np.float32).reshape(rows, -1) if values else np.zeros((rows, 0), np.float32)
+    assert all_finite(x) == bool(np.isfinite(x).all())
+    assert all_finite(np.full((2, 3), 3e38, np.float32))  # squares overflow: settled entry by entry
+
+
+@pytest.mark.parametrize("bad", [np.nan, np.inf, -np.inf])
+def test_search_refuses_queries_that_are_not_finite(gallery: Gallery, bad):
+    gallery.add("text", ["a", "b"], unit_rows(2), space_id=SPACE_A)
+    q = unit_rows(3, seed=1)
+    q[1, 2] = bad
+    with pytest.raises(ValueError, match="NaN or infinite"):
+        gallery.search("text", q, k=1, space_id=SPACE_A)
+    with pytest.raises(ValueError, match="NaN or infinite"):
+        gallery.search("text", q[1:2], k=1, space_id=SPACE_A)
+
+
+@pytest.mark.parametrize("queries", [1, 3])
+def test_scores_past_one_by_rounding_are_clipped_at_both_ends(gallery: Gallery, queries):
+    """Scores of unit vectors lie in [-1, 1]: a query a hair longer than unit length scores its own
+    row above 1 and its opposite below -1; both are clipped, for one query and for several."""
+    v = unit_rows(1)[0]
+    gallery.add("text", ["same", "opposite"], np.stack([v, -v]), space_id=SPACE_A)
+    q = np.repeat((v * np.float32(1.0001))[None], queries, axis=0)
+    res = gallery.search("text", q, k=2, space_id=SPACE_A)
+    assert res.ids == [["same", "opposite"]] * queries
+    assert (res.scores[:, 0] == 1.0).all() and (res.scores[:, 1] == -1.0).all()
+    inside = gallery.search("text", unit_rows(1, seed=5), k=2, space_id=SPACE_A).scores
+    assert (np.abs(inside) < 1.0).all()  # nothing to clip: left as computed
+    # only the last score past -1: the top one is well inside
+    other = Gallery.create(gallery.path.parent / "g2", space_id=SPACE_A, dim=DIM, model="models/fake-a")
+    w = l2_normalise(v + unit_rows(1, seed=9)[0])
+    other.add("text", ["near", "opposite"], np.stack([w, -v]), space_id=SPACE_A)
+    res = other.search("text", q, k=2, space_id=SPACE_A)
+    assert res.ids == [["near", "opposite"]] * queries
+    assert (res.scores[:, 0] < 1.0).all() and (res.scores[:, 1] == -1.0).all()

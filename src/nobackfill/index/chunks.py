@@ -8,6 +8,7 @@ import contextlib
 import io
 import json
 import logging
+import math
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -19,7 +20,14 @@ from .gallery_manifest import (_CHUNK_RE, CHUNK_DIR, MODALITIES, _check_modality
 from .key_index import key_hashes
 from .gallery_types import CorruptGalleryError, DuplicateIdError, SpaceMismatchError
 
-__all__ = ["GalleryChunks"]
+__all__ = ["GalleryChunks", "all_finite"]
+
+
+def all_finite(x: np.ndarray) -> bool:
+    """Whether every entry of the float array ``x`` is finite. Its sum of squares is finite only
+    then (NaN and inf carry through it) and costs half of ``isfinite(x).all()`` (a query's check is
+    on the hot path); finite entries whose squares overflow are settled entry by entry."""
+    return math.isfinite(np.vdot(x, x)) or bool(np.isfinite(x).all())
 
 log = logging.getLogger("nobackfill.index.gallery")
 
@@ -170,7 +178,7 @@ class GalleryChunks:
     def _check_rows(self, x: np.ndarray, what: str, n: int | None = None) -> np.ndarray:
         if isinstance(x, np.ndarray) and x.dtype == np.float32 and x.ndim == 2 and x.shape[1] == self.dim and \
                 n is None and x.flags.c_contiguous:  # the common case, checked cheaply
-            if not np.isfinite(x).all():
+            if not all_finite(x):
                 raise ValueError(f"{what} contain NaN or infinite values")
             return x
         arr = np.asarray(x)
@@ -182,7 +190,7 @@ class GalleryChunks:
         if not np.issubdtype(arr.dtype, np.number):
             raise ValueError(f"{what} must be numeric, got dtype {arr.dtype}")
         arr = np.ascontiguousarray(arr, dtype=np.float32)
-        if not np.isfinite(arr).all():
+        if not all_finite(arr):
             raise ValueError(f"{what} contain NaN or infinite values")
         return arr
 

@@ -102,8 +102,10 @@ class Collection(CollectionWrites, CollectionStatus):
     """
 
     #: a snapshot is reused without asking the catalog for this long (seconds), unless this process
-    #: committed meanwhile: a commit of another process is seen at most this late
-    RECHECK_S = 0.002
+    #: committed meanwhile: a commit of another process is seen at most this late (the question is
+    #: a read transaction: 10-100 us, and up to 0.3 ms right after a graph search; asked every 2 ms
+    #: it was a few percent of a 1M-item query's mean time)
+    RECHECK_S = 0.01
 
     def __init__(self, storage: Storage, catalog: Catalog) -> None:
         """Internal; use :meth:`create` or :meth:`open`."""

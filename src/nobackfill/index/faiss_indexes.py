@@ -12,6 +12,18 @@ from .vector_index import VectorIndex
 
 __all__ = ["FactoryIndex", "FlatIndex", "HNSWIndex"]
 
+#: faiss' ``swig_ptr``, imported by the first search (importing nobackfill does not import faiss;
+#: a ``from faiss import`` per search costs a microsecond)
+_SWIG_PTR: list[Any] = []
+
+
+def _load_swig_ptr() -> Any:
+    from faiss import swig_ptr
+
+    _SWIG_PTR.append(swig_ptr)
+    return swig_ptr
+
+
 #: what a faiss index factory string looks like (``Flat``, ``HNSW32``, ``IVF1024,PQ16``)
 _FACTORY_RE = __import__("re").compile(r"^[A-Z][A-Za-z0-9_,.]*$")
 
@@ -40,8 +52,7 @@ class _FaissIndex(VectorIndex):
         """The index's own search with the parameters it was built with, on rows already checked
         (C-contiguous float32 of width ``dim``): faiss' C entry point, without its Python wrapper's
         copies and assertions (a few microseconds of a sub-millisecond search)."""
-        from faiss import swig_ptr
-
+        swig_ptr = _SWIG_PTR[0] if _SWIG_PTR else _load_swig_ptr()
         n = len(queries)
         scores, positions = np.empty((n, k), np.float32), np.empty((n, k), np.int64)
         self._index.search_c(n, swig_ptr(queries), k, swig_ptr(scores), swig_ptr(positions), None)

@@ -217,8 +217,10 @@ class Gallery(GalleryChunks, GalleryIndex, GalleryIntegrity):
         is True; rows committed after the mask was made count as False (a reader's snapshot never
         sees them).
         """
-        self._check_open()
-        _check_modality(modality)
+        if self._closed:
+            self._check_open()
+        if modality not in MODALITIES:
+            _check_modality(modality)
         if space_id != self.space_id:
             raise SpaceMismatchError(self.space_id, space_id, f"search {modality} gallery {self.path}",
                                      what="queries", expected_name=self.model,
@@ -230,10 +232,12 @@ class Gallery(GalleryChunks, GalleryIndex, GalleryIntegrity):
         with self._lock:
             index = self._index(modality)
             scores, positions = index.search(q, int(k), mask=mask, checked=True)  # a shorter mask: padded
-            # inner products of unit vectors: a score outside [-1, 1] can only be rounding (the ufuncs
-            # themselves: np.clip's dispatch costs more than the clipping of a few rows)
-            np.minimum(scores, 1.0, out=scores)
-            np.maximum(scores, -1.0, out=scores)
+            # inner products of unit vectors: a score outside [-1, 1] can only be rounding. Rows are
+            # sorted by descending score, so one query's row is checked at its two ends (the ufuncs
+            # cost more than the search's other steps together)
+            if len(scores) != 1 or scores.shape[1] and (scores[0, 0] > 1.0 or scores[0, -1] < -1.0):
+                np.minimum(scores, 1.0, out=scores)
+                np.maximum(scores, -1.0, out=scores)
             return SearchResult(scores=scores, positions=positions, names=self._names_at(modality))
 
     def _names_at(self, modality: str) -> Any:

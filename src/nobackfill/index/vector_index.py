@@ -92,8 +92,8 @@ class VectorIndex(abc.ABC):
         scores, positions = self._search(q, k, mask)
         scores = np.asarray(scores, dtype=np.float32)
         positions = np.asarray(positions, dtype=np.int64)
-        last = positions[:, -1]  # a row that came up short ends in -1
-        if (last[0] < 0) if len(last) == 1 else (last.min() < 0):
+        # a row that came up short ends in -1 (one query's row: its last entry read alone)
+        if (positions[0, -1] < 0) if len(positions) == 1 else (positions[:, -1].min() < 0):
             short = (positions < 0).any(axis=1)  # a graph search came up short (tiny or filtered sets): exact
             scores[short], positions[short] = self._exact(q[short], k, mask)
         return scores, positions

@@ -164,6 +164,7 @@ class QuerySide:
         if self.route == BRIDGE:
             return self._bridged(modality, inputs, cache)
         w = float(self.weight)
+        cache = {} if cache is None else cache  # the two encoders may be one: it embeds once
         return ((1.0 - w) * self._run(self.direct, modality, inputs, cache)
                 + w * self._bridged(modality, inputs, cache)).astype(np.float32)
 

@@ -278,17 +278,26 @@ class Searcher:
         snap = self.collection.snapshot()
         prep = self._prepare(snap, qmod, target, filter)
         gmod, direction, method, views = prep.gmod, prep.direction, prep.method, prep.views
-        cache = {} if cache is None else cache.setdefault((qmod, hash(tuple(str(x) for x in inputs))), {})
+        if cache is not None:
+            cache = cache.setdefault((qmod, hash(tuple(str(x) for x in inputs))), {})
         if len(prep.spaces) == 1 and not self.rerank:  # one list: no merge, no per-space bookkeeping
             sid, side, mask, _ = prep.spaces[0]
             res = views[sid].gallery.search(gmod, side.embed(qmod, inputs, cache), k, space_id=sid, mask=mask)
             rid_rows = views[sid].rids[res.positions].tolist()
-            named = snap.hits({r for row in rid_rows for r in row})
-            return [self._response(snap, qmod, gmod, direction, method, query,
-                                   [(named[rid], s, sid, side.route) for s, rid in zip(scores, rids) if rid in named])
-                    for query, scores, rids in zip(inputs, res.scores.tolist(), rid_rows)]
+            named = snap.hits(rid_rows[0] if len(rid_rows) == 1 else {r for row in rid_rows for r in row})
+            route, out = side.route, []
+            for query, scores, rids in zip(inputs, res.scores.tolist(), rid_rows):
+                hits: list[Hit] = []
+                for s, rid in zip(scores, rids):
+                    row = named.get(rid)
+                    if row is not None:
+                        hits.append(Hit(len(hits) + 1, s, row[0], sid, route, row[1]))
+                out.append(self._response(snap, qmod, gmod, direction, method, query, hits))
+            return out
         searched: dict[str, tuple[QuerySide, Any, int]] = {}
         depth = max(k, self.rerank_k) if self.rerank else k
+        if cache is None:  # the spaces' query sides embed with each encoder once
+            cache = {}
         for sid, side, mask, n_allowed in prep.spaces:
             q = side.embed(qmod, inputs, cache)
             res = views[sid].gallery.search(gmod, q, depth, space_id=sid, mask=mask)
@@ -315,14 +324,14 @@ class Searcher:
                                if rid in named] for sid, (route, scores, rids) in per.items()}
                 top = [(named[c.item_id], c.score, c.space, c.route)
                        for c in merge(lists, k, method, score_maps=maps, shares=shares, prefer=prep.prefer)]
-            out.append(self._response(snap, qmod, gmod, direction, method, query, top))
+            hits = [Hit(r + 1, s, row[0], sid, route, row[1]) for r, (row, s, sid, route) in enumerate(top)]
+            out.append(self._response(snap, qmod, gmod, direction, method, query, hits))
         return out
 
     @staticmethod
     def _response(snap: Snapshot, qmod: str, gmod: str, direction: str, method: str, query: Any,
-                  top: Sequence[tuple[tuple[str, str], float, str, str]]) -> SearchResponse:
-        """The response of one query from its ranked ``((id, metadata JSON), score, space, route)``."""
-        hits = [Hit(r + 1, s, row[0], sid, route, row[1]) for r, (row, s, sid, route) in enumerate(top)]
+                  hits: list[Hit]) -> SearchResponse:
+        """The response of one query from its ranked hits."""
         label = query if isinstance(query, str) else str(getattr(query, "filename", "") or "<image>")
         return SearchResponse(query=label if qmod == "text" else str(label), modality=gmod, direction=direction,
                               hits=hits, merge=method, generation=snap.generation)
