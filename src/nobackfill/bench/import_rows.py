@@ -77,6 +77,17 @@ def write_rows(folder: Path, n: int, dim: int, seed: int, chunk: int = 65536) ->
     return npy, table
 
 
+def python_loop_s(n: int = 10_000_000) -> float:
+    """Seconds of ``n`` additions in a Python loop: how fast this machine runs Python at this
+    moment (a shared VM's speed moves by up to 2x from minute to minute), so that rows/s of runs at
+    different moments can be told apart."""
+    t0 = time.perf_counter()
+    total = 0
+    for i in range(n):
+        total += i
+    return round(time.perf_counter() - t0, 3)
+
+
 def throughput_row(npy: str, table: str, path: str, dim: int, space_id: str, batch_rows: int) -> dict[str, Any]:
     """Open and import the rows (runs in a fresh process: its memory is the import's)."""
     import resource
@@ -85,6 +96,7 @@ def throughput_row(npy: str, table: str, path: str, dim: int, space_id: str, bat
     from ..index.sources import open_source
     from ..memory import peak_rss_mb, rss_mb
 
+    loop_s = python_loop_s()
     enc = _standin_encoder(dim, space_id)
     base = rss_mb()
     t0 = time.perf_counter()
@@ -98,7 +110,7 @@ def throughput_row(npy: str, table: str, path: str, dim: int, space_id: str, bat
     # of what the two held at once
     return {"items": rep.items, "added": rep.added, "seconds": round(seconds, 3), "open_s": round(open_s, 3),
             "base_rss_mb": round(base, 1), "peak_rss_mb": round(peak_rss_mb() + rep.commit_worker_peak_rss_mb, 1),
-            "worker_peak_rss_mb": rep.commit_worker_peak_rss_mb,
+            "worker_peak_rss_mb": rep.commit_worker_peak_rss_mb, "python_loop_s": loop_s,
             "ru_maxrss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)}
 
 
@@ -122,10 +134,11 @@ def run_throughput(cfg: "ImportBenchConfig", say: Callable[[str], None]) -> list
                "peak_rss_mb": r["peak_rss_mb"], "vector_mb": round(vector_mb, 1),
                "rss_over_vectors_mb": round(r["peak_rss_mb"] - vector_mb, 1), "base_rss_mb": r["base_rss_mb"],
                "ru_maxrss_mb": r["ru_maxrss_mb"], "worker_peak_rss_mb": r["worker_peak_rss_mb"], "items": r["items"],
-               "disk_mb": round(_dir_mb(coll), 1)}
+               "disk_mb": round(_dir_mb(coll), 1), "python_loop_s": r["python_loop_s"]}
         if r["items"] != n or r["added"] != n:
             raise RuntimeError(f"the import of {n} rows read {r['items']} and added {r['added']}")
-        say(f"  {row['rows_per_s']:.0f} rows/s ({row['import_s']} s), peak RSS {row['peak_rss_mb']} MB "
+        say(f"  {row['rows_per_s']:.0f} rows/s ({row['import_s']} s; Python loop {row['python_loop_s']} s), "
+            f"peak RSS {row['peak_rss_mb']} MB "
             f"(vectors {row['vector_mb']} MB: +{row['rss_over_vectors_mb']} MB; {row['base_rss_mb']} MB before)")
         rows.append(row)
         shutil.rmtree(folder, ignore_errors=True)
