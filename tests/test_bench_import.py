@@ -52,6 +52,7 @@ def test_bench_import_writes_the_issue_json(tmp_path):
     for key in ("rows_per_s", "peak_rss_mb", "vector_mb", "rss_over_vectors_mb"):
         assert isinstance(row[key], (int, float)), key
     assert row["rows_per_s"] > 0 and row["peak_rss_mb"] > row["vector_mb"] > 0 and row["python_loop_s"] > 0
+    assert row["cpu_s"] > 0 and row["worker_cpu_s"] >= 0  # 2000 rows: no worker
     assert "| Python loop s |" in out.with_suffix(".md").read_text()
     mc = res["model_check"]
     assert mc["right"]["trials"] >= 20 and mc["right"]["refused"] == 0

@@ -294,3 +294,29 @@ def test_hit_table_grows_past_its_buffers_and_old_views_stay_valid():
     reader = HitTable()
     reader._view = first_view  # a reader holding the view taken before three growths
     assert reader.get(range(rid + 2)) == first_model
+
+
+def test_checkpoints_apart_copy_the_log_in_a_thread_and_restore_sqlites_own(tmp_path):
+    """Inside ``checkpoints_apart`` commits do not checkpoint themselves: a thread does, woken by
+    each commit, so the database file grows while the writer goes on; at the end the log is
+    checkpointed, commits checkpoint themselves again, and every row is there."""
+    import time
+
+    c, enc, pool = _coll(tmp_path, n=4)
+    cat = c.catalog
+    db = tmp_path / "c" / CATALOG_FILE
+    assert db.is_file()
+    size0 = db.stat().st_size
+    with cat.checkpoints_apart():
+        with cat.checkpoints_apart():  # nested: the outer one runs the thread
+            assert cat._write_conn.execute("PRAGMA wal_autocheckpoint").fetchone()[0] == 0
+            add_items(c, enc, [text_item(f"bulk text {i}", id=f"b{i}") for i in range(300)], progress=False)
+            deadline = time.monotonic() + 30
+            while db.stat().st_size <= size0 and time.monotonic() < deadline:
+                time.sleep(0.05)
+            assert db.stat().st_size > size0  # the thread copied pages into the database file
+    assert cat._committed is None
+    assert cat._write_conn.execute("PRAGMA wal_autocheckpoint").fetchone()[0] == 1000
+    busy, log, done = cat._write_conn.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchone()
+    assert busy == 0 and log == done  # nothing left in the log that is not in the database
+    assert len(Collection.open(tmp_path / "c")) == 304

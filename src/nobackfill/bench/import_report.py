@@ -20,11 +20,12 @@ def format_markdown(result: dict[str, Any]) -> str:
                   f"{ident['details']['world']['items_imported']} items, Multi30K: "
                   f"{ident['details']['text']['items_imported']} items.", ""]
     if result.get("throughput"):
-        lines += ["| N | rows/s | import s | peak RSS MB | vectors MB | RSS - vectors MB | RSS before MB | disk MB "
-                  "| Python loop s |",
-                  "|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+        lines += ["| N | rows/s | import s | CPU s (import + worker) | peak RSS MB | vectors MB | RSS - vectors MB "
+                  "| RSS before MB | disk MB | Python loop s |",
+                  "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
         for r in result["throughput"]:
-            lines.append(f"| {r['n']:,} | {r['rows_per_s']:,.0f} | {r['import_s']} | {r['peak_rss_mb']} | "
+            cpu = f"{r['cpu_s']} + {r['worker_cpu_s']}" if "cpu_s" in r else ""
+            lines.append(f"| {r['n']:,} | {r['rows_per_s']:,.0f} | {r['import_s']} | {cpu} | {r['peak_rss_mb']} | "
                          f"{r['vector_mb']} | {r['rss_over_vectors_mb']} | {r['base_rss_mb']} | {r['disk_mb']} | "
                          f"{r.get('python_loop_s', '')} |")
         lines += ["", "A fresh process opens and imports an .npy + parquet table (trusted: no model check; "

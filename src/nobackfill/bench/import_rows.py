@@ -99,6 +99,12 @@ def throughput_row(npy: str, table: str, path: str, dim: int, space_id: str, bat
     loop_s = python_loop_s()
     enc = _standin_encoder(dim, space_id)
     base = rss_mb()
+
+    def cpu(who: int) -> float:
+        r = resource.getrusage(who)
+        return r.ru_utime + r.ru_stime
+
+    cpu0, children0 = cpu(resource.RUSAGE_SELF), cpu(resource.RUSAGE_CHILDREN)
     t0 = time.perf_counter()
     src = open_source(f"npy:{npy}", table=table, id_column="id", source_column="image_path", modality="image",
                       batch_rows=batch_rows, expect_dim=dim)
@@ -106,11 +112,15 @@ def throughput_row(npy: str, table: str, path: str, dim: int, space_id: str, bat
     rep = import_source(path, src, enc, model="bench-import-stand-in", trust_model=True, backend="Flat",
                         progress=False)
     seconds = time.perf_counter() - t0
+    # CPU seconds of the import's threads and of its catalog worker (a child process, waited for):
+    # near the wall time each, the two cores are both busy
+    cpu_s, worker_cpu_s = cpu(resource.RUSAGE_SELF) - cpu0, cpu(resource.RUSAGE_CHILDREN) - children0
     # the import's peak and its catalog worker's (when it committed in one), added: an upper bound
     # of what the two held at once
     return {"items": rep.items, "added": rep.added, "seconds": round(seconds, 3), "open_s": round(open_s, 3),
             "base_rss_mb": round(base, 1), "peak_rss_mb": round(peak_rss_mb() + rep.commit_worker_peak_rss_mb, 1),
             "worker_peak_rss_mb": rep.commit_worker_peak_rss_mb, "python_loop_s": loop_s,
+            "cpu_s": round(cpu_s, 2), "worker_cpu_s": round(worker_cpu_s, 2),
             "ru_maxrss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)}
 
 
@@ -134,10 +144,12 @@ def run_throughput(cfg: "ImportBenchConfig", say: Callable[[str], None]) -> list
                "peak_rss_mb": r["peak_rss_mb"], "vector_mb": round(vector_mb, 1),
                "rss_over_vectors_mb": round(r["peak_rss_mb"] - vector_mb, 1), "base_rss_mb": r["base_rss_mb"],
                "ru_maxrss_mb": r["ru_maxrss_mb"], "worker_peak_rss_mb": r["worker_peak_rss_mb"], "items": r["items"],
-               "disk_mb": round(_dir_mb(coll), 1), "python_loop_s": r["python_loop_s"]}
+               "disk_mb": round(_dir_mb(coll), 1), "python_loop_s": r["python_loop_s"], "cpu_s": r["cpu_s"],
+               "worker_cpu_s": r["worker_cpu_s"]}
         if r["items"] != n or r["added"] != n:
             raise RuntimeError(f"the import of {n} rows read {r['items']} and added {r['added']}")
-        say(f"  {row['rows_per_s']:.0f} rows/s ({row['import_s']} s; Python loop {row['python_loop_s']} s), "
+        say(f"  {row['rows_per_s']:.0f} rows/s ({row['import_s']} s; CPU: import {row['cpu_s']} s, worker "
+            f"{row['worker_cpu_s']} s; Python loop {row['python_loop_s']} s), "
             f"peak RSS {row['peak_rss_mb']} MB "
             f"(vectors {row['vector_mb']} MB: +{row['rss_over_vectors_mb']} MB; {row['base_rss_mb']} MB before)")
         rows.append(row)

@@ -65,6 +65,7 @@ class Catalog:
         #: write: it returns the real catalog, which this object becomes (see :func:`memory_catalog`)
         self.before_write: Any = None
         self.epoch = 0  # bumped when this object starts to stand for another database
+        self._committed: threading.Event | None = None  # set by each commit while checkpoints run apart
 
     def __str__(self) -> str:
         return self.location
@@ -130,11 +131,56 @@ class Catalog:
                 yield w
                 _crash_point("before")  # test-only kill points around the commit (see store._crash_point)
                 conn.execute("COMMIT")
+                if self._committed is not None:
+                    self._committed.set()
             except BaseException:
                 with contextlib.suppress(Exception):
                     conn.execute("ROLLBACK")
                 raise
             _crash_point("after")
+
+    @contextlib.contextmanager
+    def checkpoints_apart(self) -> Iterator[None]:
+        """While inside, this process's commits leave the checkpoints of SQLite's write-ahead log
+        (copying committed pages into the database file, fsyncs included) to a thread of its own,
+        woken by each commit: a bulk writer (an import's catalog worker) inserts its next rows
+        meanwhile. A checkpoint never blocks a writer or a reader (PASSIVE) and one that falls behind
+        only lets the log grow; the last one runs when the block ends, and commits checkpoint
+        themselves again after it. Durability is unchanged: a commit is in the log either way.
+        A no-op on PostgreSQL."""
+        if self.dialect != "sqlite" or self._committed is not None or self.before_write is not None:
+            yield
+            return
+        with self._wlock:
+            if self._write_conn is None:
+                self._write_conn = self._connect()
+            self._write_conn.execute("PRAGMA wal_autocheckpoint = 0")
+        woken, stop = threading.Event(), threading.Event()
+
+        def checkpoint() -> None:
+            conn = self._connect()
+            try:
+                while not stop.is_set():
+                    woken.wait()
+                    woken.clear()
+                    conn.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchall()
+            finally:
+                conn.close()
+
+        thread = threading.Thread(target=checkpoint, name="catalog-checkpoints", daemon=True)
+        self._committed = woken
+        thread.start()
+        try:
+            yield
+        finally:
+            stop.set()
+            woken.set()
+            thread.join()
+            self._committed = None
+            with self._wlock:
+                if self._write_conn is not None:
+                    self._write_conn.execute("PRAGMA wal_autocheckpoint = 1000")  # SQLite's default
+                    self._write_conn.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchall()
 
     def _drop_if_broken(self, attr: str) -> None:
         """Forget a connection the server closed (a restart, a network cut): the next call opens a

@@ -182,6 +182,16 @@ def _serve(path: str, inp: IO[bytes], out: IO[bytes]) -> None:
                 return
 
     threading.Thread(target=read, name="commit-worker-inbox", daemon=True).start()
+    with collection.catalog.checkpoints_apart():  # the log's checkpoints overlap the next inserts
+        if not _commit_batches(collection, inbox, out):
+            return  # an error, told to the import
+    _write_frame(out, {"end": True, "peak_rss_mb": round(peak_rss_mb(), 1)})
+
+
+def _commit_batches(collection: Any, inbox: queue.Queue, out: IO[bytes]) -> bool:
+    """Commit the batches of ``inbox`` in order (a group of those waiting at most
+    :data:`GROUP_ROWS` rows to a transaction), saying on ``out`` how far it got; False when a
+    commit failed (its error was said instead)."""
     upto, carried, ended = 0, None, False
     while not ended:
         msg = carried if carried is not None else inbox.get()
@@ -207,10 +217,10 @@ def _serve(path: str, inp: IO[bytes], out: IO[bytes]) -> None:
             added = collection.commit_placed_rows(rows)
         except Exception as e:  # told to the import, which raises it
             _write_frame(out, {"error": str(e), "type": type(e).__name__})
-            return
+            return False
         upto += len(group)
         _write_frame(out, {"upto": upto, "added": added})
-    _write_frame(out, {"end": True, "peak_rss_mb": round(peak_rss_mb(), 1)})
+    return True
 
 
 def main(path: str) -> None:
