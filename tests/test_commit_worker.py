@@ -125,7 +125,7 @@ def test_a_worker_that_cannot_open_the_collection_fails_the_import_naming_why(tm
     worker = CommitWorker(tmp_path / "nothing-here")
     with pytest.raises(CommitWorkerError, match=r"nothing-here.*(exit status|not a collection|no collection)"):
         for _ in range(3):
-            worker.submit([("a", "text", "a#00", "{}", "{}", "s", 0)])
+            worker.submit("s", [["a"], ["text"], ["a#00"], ["{}"], ["{}"], [0]])
             time.sleep(0.5)
         worker.close()
     worker.abort()
@@ -198,3 +198,14 @@ def test_sigkills_of_the_import_or_of_its_worker_lose_and_duplicate_nothing(tmp_
     assert not c.verify()
     hit = c.gallery(c.current_space).get_vectors("text", [rows[5][2]])
     assert np.allclose(hit[0], enc.encode_texts(["caption number 5"])[0], atol=1e-6)
+
+
+def test_a_batch_is_six_columns_of_one_length(tmp_path):
+    worker = CommitWorker(tmp_path / "nothing-here")
+    try:
+        with pytest.raises(ValueError, match="six columns of one length"):
+            worker.submit("s", [["a"], ["text"], ["a#00"], ["{}"], ["{}"]])
+        with pytest.raises(ValueError, match="six columns of one length"):
+            worker.submit("s", [["a", "b"], ["text"], ["a#00"], ["{}"], ["{}"], [0]])
+    finally:
+        worker.abort()

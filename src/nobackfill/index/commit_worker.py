@@ -16,8 +16,9 @@ and stores batch ``k + 1``. Nothing of the import's guarantees changes:
   most of the id index's pages, so fewer, larger ones pay; about 300 MB for the worker at 1M rows
   of random ids), and a transaction takes at most :data:`GROUP_ROWS` rows.
 
-The pipe carries length-prefixed JSON frames (orjson): to the worker ``{"rows": [[id, modality,
-key, source JSON, metadata JSON, space, row], ...]}``; back
+The pipe carries length-prefixed JSON frames (orjson): to the worker ``{"space": space,
+"columns": [ids, modalities, keys, sources JSON, metadata JSON, rows]}`` (columns: fewer, larger
+JSON arrays to decode, zipped into rows in C); back
 ``{"upto": batches committed, "added": items}`` or ``{"error": ..., "type": ...}``, and last
 ``{"end": true, "peak_rss_mb": ...}`` (the worker's own peak memory, which an import reports).
 """
@@ -29,7 +30,7 @@ import struct
 import subprocess
 import sys
 import threading
-from itertools import chain
+from itertools import chain, repeat
 from pathlib import Path
 from typing import IO, Any, Sequence
 
@@ -104,15 +105,18 @@ class CommitWorker:
             self._stderr.append(line)
             del self._stderr[:-20]
 
-    def submit(self, rows: Sequence[tuple[str, str, str, str, str, str, int]]) -> list[int]:
-        """Hand over one batch: ``(id, modality, key, source JSON, metadata JSON, space, row)``
-        rows whose vectors are stored already (see
-        :meth:`~nobackfill.index.collection.Collection.commit_placed_rows`). Returns the numbers
-        (from 1) of the batches whose commits completed meanwhile; waits while ``max_pending``
-        batches are in flight."""
+    def submit(self, space: str, columns: Sequence[Sequence[Any]]) -> list[int]:
+        """Hand over one batch of items whose vectors are stored already in ``space``, column by
+        column: ids, modalities, keys, sources JSON, metadata JSON and each vector's row in the
+        store (the rows of :meth:`~nobackfill.index.collection.Collection.commit_placed_rows`;
+        columns cost the pipe and the worker less than rows). Returns the numbers (from 1) of the
+        batches whose commits completed meanwhile; waits while ``max_pending`` batches are in
+        flight."""
         assert self._proc.stdin is not None
+        if len(columns) != 6 or len({len(c) for c in columns}) > 1:
+            raise ValueError("a batch is six columns of one length: ids, modalities, keys, sources, metadata, rows")
         try:
-            _write_frame(self._proc.stdin, {"rows": rows})
+            _write_frame(self._proc.stdin, {"space": space, "columns": columns})
         except (BrokenPipeError, OSError):
             self._take(block=True)  # the worker is gone: its last answer says why
             raise self._died() from None
@@ -198,7 +202,7 @@ def _commit_batches(collection: Any, inbox: queue.Queue, out: IO[bytes]) -> bool
         carried = None
         if msg is None:
             break
-        group, n = [msg], len(msg["rows"])
+        group, n = [msg], len(msg["columns"][0])
         while n < GROUP_ROWS:
             try:
                 nxt = inbox.get_nowait()
@@ -207,12 +211,12 @@ def _commit_batches(collection: Any, inbox: queue.Queue, out: IO[bytes]) -> bool
             if nxt is None:
                 ended = True
                 break
-            if nxt["rows"] and msg["rows"] and nxt["rows"][0][5] != msg["rows"][0][5]:
+            if nxt["space"] != msg["space"]:
                 carried = nxt  # another space: its own transaction, next time round
                 break
             group.append(nxt)
-            n += len(nxt["rows"])
-        rows = list(map(tuple, chain.from_iterable(m["rows"] for m in group)))
+            n += len(nxt["columns"][0])
+        rows = list(chain.from_iterable(zip(*m["columns"][:5], repeat(m["space"]), m["columns"][5]) for m in group))
         try:
             added = collection.commit_placed_rows(rows)
         except Exception as e:  # told to the import, which raises it

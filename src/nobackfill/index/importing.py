@@ -131,6 +131,10 @@ class _Staged:
         """The rows :meth:`~nobackfill.index.collection.Collection.commit_rows` takes."""
         return list(zip(self.ids, self.modality, self.keys, self.sources, self.metadata))
 
+    def columns(self) -> tuple[list[Any], ...]:
+        """The placed rows column by column, without the space (what a commit worker takes)."""
+        return self.ids, self.modality, self.keys, self.sources, self.metadata, self.positions
+
     def placed_rows(self) -> list[tuple[str, str, str, str, str, str, int]]:
         """The rows :meth:`~nobackfill.index.collection.Collection.commit_placed_rows` takes."""
         return list(zip(self.ids, self.modality, self.keys, self.sources, self.metadata, repeat(self.space),
@@ -355,7 +359,7 @@ def import_source(target: "str | Path | Collection", source: "ImportSource", enc
                                             sources=batch.sources, metadata=batch.metadata,
                                             space_id=encoder.space_id, where=at)
                     total.stored += staged.stored
-                    committed = worker.submit(staged.placed_rows())
+                    committed = worker.submit(staged.space, staged.columns())
                 report.items += len(batch)
                 advance(batch.row_end - done)
                 done = batch.row_end
