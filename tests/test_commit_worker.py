@@ -150,6 +150,35 @@ def test_an_import_stopped_by_its_caller_stops_its_worker_and_finishes_when_run_
     assert rep.added + rep.unchanged == 1000 and _state(tmp_path / "c") == _state(tmp_path / "ref")
 
 
+def test_a_store_that_fails_in_the_storing_thread_fails_the_import_with_its_error(tmp_path, monkeypatch, started):
+    """Vectors are stored in a thread of the import while it checks the next batch: a failure there
+    is raised by the import as it was, its worker is stopped, and what was committed stays (the
+    same command again finishes the job)."""
+    enc = HashEncoder(16, "old")
+    data = _data(tmp_path / "d", 400, enc)
+    real = importing._store_batch
+    calls = []
+
+    def failing(collection, staged, v):
+        calls.append(len(staged.ids))
+        if len(calls) == 3:
+            raise OSError("disk full (a test)")
+        real(collection, staged, v)
+
+    monkeypatch.setattr(importing, "_store_batch", failing)
+    with pytest.raises(OSError, match="disk full"):
+        import_source(tmp_path / "c", _source(data), enc, model=OLD_REF, trust_model=True, progress=False,
+                      commit_process=True)
+    assert started[0]._proc.poll() is not None
+    assert len(calls) == 3  # nothing stored after the failure
+    assert len(Collection.open(tmp_path / "c")) <= 80  # at most the two batches stored before it
+    monkeypatch.setattr(importing, "_store_batch", real)
+    rep = import_source(tmp_path / "c", _source(data), enc, model=OLD_REF, trust_model=True, progress=False,
+                        commit_process=True)
+    import_source(tmp_path / "ref", _source(data), enc, model=OLD_REF, trust_model=True, progress=False)
+    assert rep.added + rep.unchanged == 400 and _state(tmp_path / "c") == _state(tmp_path / "ref")
+
+
 def _children(pid: int) -> list[int]:
     try:
         return [int(p) for p in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]

@@ -2,7 +2,8 @@
 
 On an embedded (SQLite) catalog the inserts of an import take about half of its time, and Python
 threads share one core: a child process commits batch ``k`` on another core while the import reads
-and stores batch ``k + 1``. Nothing of the import's guarantees changes:
+and stores batch ``k + 1`` (storing in a thread of its own, while the batch after is checked:
+:func:`~nobackfill.index.importing.import_source`). Nothing of the import's guarantees changes:
 
 - a batch's vectors are stored (their chunk committed) before its rows are handed over, and the
   worker commits batches in the order given, each in one catalog transaction

@@ -19,6 +19,7 @@ next run without being stored twice (the same guarantees as
 
 from __future__ import annotations
 
+import contextlib
 import queue
 import threading
 import time
@@ -145,6 +146,18 @@ def _stage_vectors(collection: Collection, ids: Sequence[str], vectors: np.ndarr
                    modality: str | Sequence[str], sources: Sequence[Mapping[str, Any]] | None,
                    metadata: Sequence[Mapping[str, Any]] | None, space_id: str | None, where: str) -> _Staged:
     """The checks of :func:`add_vectors`, then the batch's vectors stored: what is left to commit."""
+    staged, v = _checked_batch(collection, ids, vectors, modality=modality, sources=sources, metadata=metadata,
+                               space_id=space_id, where=where)
+    _store_batch(collection, staged, v)
+    return staged
+
+
+def _checked_batch(collection: Collection, ids: Sequence[str], vectors: np.ndarray, *,
+                   modality: str | Sequence[str], sources: Sequence[Mapping[str, Any]] | None,
+                   metadata: Sequence[Mapping[str, Any]] | None, space_id: str | None,
+                   where: str) -> tuple[_Staged, np.ndarray]:
+    """The checks of :func:`add_vectors`, keys and JSON: the batch ready to store (its vectors as
+    checked float32 rows beside it), nothing written yet."""
     n = len(ids)
     current = collection.current_space
     if space_id is not None and space_id != current:
@@ -187,23 +200,28 @@ def _stage_vectors(collection: Collection, ids: Sequence[str], vectors: np.ndarr
                 raise DuplicateIdError(f"{where}: id {i!r} is given twice (rows {seen[i] + 1} and {row + 1})")
     keys = [f"{i}#{r}" for i, r in zip(ids, vector_rev(v))]
     try:
-        staged = _Staged(ids, mods, keys, rows_json(srcs), rows_json(metas), current, [])
+        return _Staged(ids, mods, keys, rows_json(srcs), rows_json(metas), current, []), v
     except (TypeError, ValueError) as e:
         raise ValueError(f"{where}: sources and metadata must be JSON objects of JSON values: {e}") from None
+
+
+def _store_batch(collection: Collection, staged: _Staged, v: np.ndarray) -> None:
+    """Store the vectors ``v`` of a checked batch in its space (held keys are skipped), noting
+    how many were written and each one's row."""
+    n, mods, keys, space = len(staged.ids), staged.modality, staged.keys, staged.space
     if not n:
-        return staged
-    g = collection.gallery(current)
+        return
+    g = collection.gallery(space)
     if len(set(mods)) == 1:
-        staged.stored, staged.positions = _store(g, mods[0], keys, v, current)
-        return staged
+        staged.stored, staged.positions = _store(g, mods[0], keys, v, space)
+        return
     staged.positions = [None] * n
     for m in dict.fromkeys(mods):  # vectors first (held keys are skipped), then the items: one commit
         sel = [j for j in range(n) if mods[j] == m]
-        added, at = _store(g, m, [keys[j] for j in sel], v[sel], current)
+        added, at = _store(g, m, [keys[j] for j in sel], v[sel], space)
         staged.stored += added
         for j, p in zip(sel, at):
             staged.positions[j] = p
-    return staged
 
 
 def _store(g: Any, modality: str, keys: list[str], vectors: np.ndarray, space: str) -> tuple[int, list[int | None]]:
@@ -281,6 +299,72 @@ def _prefetched(batches: Iterator[Any]) -> Iterator[Any]:
         t.join(timeout=5)
 
 
+class _StoreAndHandOver:
+    """A thread that stores each checked batch's vectors, then hands its rows to a commit worker
+    (in the order given: a batch's vectors are durable before its rows leave), while the import
+    checks the next batch. Storing is mostly writing, hashing and fsyncing a chunk, which run
+    without the GIL: they overlap the next batch's checks, keys and JSON."""
+
+    def __init__(self, collection: Collection, worker: CommitWorker) -> None:
+        self.collection, self.worker = collection, worker
+        self.stored = 0  # vectors written
+        self._todo: queue.Queue = queue.Queue(maxsize=1)  # one batch checked ahead of the one stored
+        self._committed: queue.Queue = queue.Queue()  # numbers of the batches the worker committed
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, name="import-store", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        try:
+            while True:
+                job = self._todo.get()
+                if job is None:
+                    return
+                staged, v = job
+                _store_batch(self.collection, staged, v)
+                self.stored += staged.stored
+                for k in self.worker.submit(staged.space, staged.columns()):
+                    self._committed.put(k)
+        except BaseException as e:  # raised by the import at its next call
+            self._error = e
+            while self._todo.get() is not None:  # the import's next batches are dropped until it ends
+                pass
+
+    def _raise(self) -> None:
+        if self._error is not None:
+            raise self._error
+
+    def committed(self) -> list[int]:
+        """The numbers of the batches committed since the last call."""
+        out = []
+        while True:
+            try:
+                out.append(self._committed.get_nowait())
+            except queue.Empty:
+                return out
+
+    def put(self, staged: _Staged, v: np.ndarray) -> list[int]:
+        """Queue a checked batch (waits while one is queued already); returns :meth:`committed`."""
+        self._raise()
+        self._todo.put((staged, v))
+        return self.committed()
+
+    def close(self) -> list[int]:
+        """Store and hand over what is queued, then wait for the worker: the batches committed since
+        the last call."""
+        self._todo.put(None)
+        self._thread.join()
+        self._raise()
+        return self.committed() + self.worker.close()
+
+    def abort(self) -> None:
+        """Stop the worker (a storing thread waiting on it then ends with its error) and the thread."""
+        self.worker.abort()
+        with contextlib.suppress(queue.Full):  # taken at once by a thread that failed (it drains)
+            self._todo.put(None, timeout=30)
+        self._thread.join(timeout=30)
+
+
 #: sources of at least this many items commit their catalog rows in a process of their own
 COMMIT_APART_ROWS = 200_000
 
@@ -343,36 +427,36 @@ def import_source(target: "str | Path | Collection", source: "ImportSource", enc
     report = ImportReport(source=source.describe(), collection=where, created=existing is None, model_check=check)
     total = VectorsReport()
     with c.ingesting(wait=wait), progress_bar(progress, f"importing {Path(where).name}", int(source.rows)) as advance:
-        worker = CommitWorker(c.path) if _commit_apart(c, source, commit_process) else None
+        apart = _StoreAndHandOver(c, CommitWorker(c.path)) if _commit_apart(c, source, commit_process) else None
         tell = on_batch or (lambda _n: None)
         try:
             done = 0
             for n, batch in enumerate(_prefetched(source.batches()), start=1):
                 at = f"{source.describe()} rows {batch.row0 + 1}-{batch.row_end}"
-                if worker is None:
+                if apart is None:
                     total.merge(add_vectors(c, batch.ids, batch.vectors, modality=batch.modality,
                                             sources=batch.sources, metadata=batch.metadata,
                                             space_id=encoder.space_id, where=at))
                     committed = [n]
                 else:
-                    staged = _stage_vectors(c, batch.ids, batch.vectors, modality=batch.modality,
-                                            sources=batch.sources, metadata=batch.metadata,
-                                            space_id=encoder.space_id, where=at)
-                    total.stored += staged.stored
-                    committed = worker.submit(staged.space, staged.columns())
+                    committed = apart.put(*_checked_batch(c, batch.ids, batch.vectors, modality=batch.modality,
+                                                          sources=batch.sources, metadata=batch.metadata,
+                                                          space_id=encoder.space_id, where=at))
                 report.items += len(batch)
                 advance(batch.row_end - done)
                 done = batch.row_end
                 for k in committed:
                     tell(k)
-            if worker is not None:
-                for k in worker.close():
+            if apart is not None:
+                for k in apart.close():
                     tell(k)
+                worker = apart.worker
+                total.stored = apart.stored
                 total.added, total.unchanged = worker.added, report.items - worker.added
                 report.commit_worker_peak_rss_mb = worker.peak_rss_mb
         except BaseException:
-            if worker is not None:
-                worker.abort()
+            if apart is not None:
+                apart.abort()
             raise
         record = {"from": source.describe(), "items": report.items, "added": total.added, "model_check": check,
                   "at": datetime.now(timezone.utc).isoformat(timespec="seconds")}
