@@ -152,13 +152,15 @@ def rows_json(objs: Sequence[Mapping[str, Any]]) -> list[str]:
     """:func:`row_json` of many objects (the JSON written in C, one call for the lot; a Mapping
     that is not a dict, or a value orjson refuses, goes through :func:`row_json`, which names it).
     The lot is written as one array and cut between its objects: orjson writes ``},{`` between
-    two, so as many pieces as objects means no string held that text and the cuts are exact."""
+    two, so as many pieces as objects means no string held that text and the cuts are exact. The
+    cut marks each place with a NUL first (which orjson never writes raw: it escapes control
+    characters), so each piece keeps its braces without a string built per object."""
     objs = objs if isinstance(objs, list) else list(objs)
     try:
-        if objs and all(type(o) is dict for o in objs):
-            parts = _DUMPS(objs).decode("utf-8")[2:-2].split("},{")
+        if objs and set(map(type, objs)) == {dict}:
+            parts = _DUMPS(objs).decode("utf-8")[1:-1].replace("},{", "}\x00{").split("\x00")
             if len(parts) == len(objs):
-                return ["{" + p + "}" for p in parts]
+                return parts
         return list(map(bytes.decode, map(_DUMPS, objs)))
     except TypeError:
         return [row_json(o if type(o) is dict else dict(o)) for o in objs]
