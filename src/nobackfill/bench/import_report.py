@@ -33,9 +33,10 @@ def format_markdown(result: dict[str, Any]) -> str:
                   "peak of the worker process that commits the catalog's rows when one does (from 200,000 "
                   "rows): the .npy is memory-mapped and each batch's pages are released once read, so the "
                   "vectors are never resident all at once (RSS - vectors < 0 when the processes hold less "
-                  "than the vector file). Python loop s: 10M additions in a Python loop just before the import, "
-                  "in the same process (this shared machine's speed moves by up to 2x between minutes: rows/s "
-                  "of two runs compare only at similar loop times).", ""]
+                  "than the vector file). CPU s: the import's threads and its worker's. Python loop s: 10M "
+                  "additions in a Python loop just before the import, in the same process: how fast this shared "
+                  "machine ran plain Python at that moment (the import also moves with its disk and memory, "
+                  "which this does not show).", ""]
     mc = result.get("model_check")
     if mc:
         lines += ["| declared | case | trials | accepted | refused (by width) | median cosine |",
