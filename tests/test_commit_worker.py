@@ -179,6 +179,23 @@ def test_a_store_that_fails_in_the_storing_thread_fails_the_import_with_its_erro
     assert rep.added + rep.unchanged == 400 and _state(tmp_path / "c") == _state(tmp_path / "ref")
 
 
+def test_a_bad_row_in_a_later_batch_stops_the_import_and_its_worker_naming_the_row(tmp_path, started):
+    """The reader refuses a repeated id while earlier batches are being stored and committed: the
+    import raises the reader's error (not the stopped worker's), the worker is stopped, and the
+    batches before the bad row are all that was committed."""
+    enc = HashEncoder(16, "old")
+    data = _data(tmp_path / "d", 400, enc)
+    lines = (data / "t.jsonl").read_text().splitlines(keepends=True)
+    lines[250] = lines[250].replace('"t00250"', '"t00003"')
+    (data / "t.jsonl").write_text("".join(lines))
+    with pytest.raises(ValueError, match=r"t00003.*(row 4|unique)|row 251"):
+        import_source(tmp_path / "c", _source(data), enc, model=OLD_REF, trust_model=True, progress=False,
+                      commit_process=True)
+    assert started[0]._proc.poll() is not None
+    c = Collection.open(tmp_path / "c")
+    assert len(c) <= 240 and all(int(i.id[1:]) < 240 for i in c.items().values()) and not c.verify()
+
+
 def _children(pid: int) -> list[int]:
     try:
         return [int(p) for p in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
