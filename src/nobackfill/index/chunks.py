@@ -8,7 +8,6 @@ import contextlib
 import io
 import json
 import logging
-import math
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -18,16 +17,10 @@ from .atomic_files import _TMP, _dir_lock, _now, _sha256, atomic_write_bytes
 from .gallery_manifest import (_CHUNK_RE, CHUNK_DIR, MODALITIES, _check_modality, _Columns, _manifest_stat,
                                _read_manifest, _write_manifest)
 from .key_index import key_hashes
+from .vector_index import all_finite
 from .gallery_types import CorruptGalleryError, DuplicateIdError, SpaceMismatchError
 
-__all__ = ["GalleryChunks", "all_finite"]
-
-
-def all_finite(x: np.ndarray) -> bool:
-    """Whether every entry of the float array ``x`` is finite. Its sum of squares is finite only
-    then (NaN and inf carry through it) and costs half of ``isfinite(x).all()`` (a query's check is
-    on the hot path); finite entries whose squares overflow are settled entry by entry."""
-    return math.isfinite(np.vdot(x, x)) or bool(np.isfinite(x).all())
+__all__ = ["GalleryChunks"]
 
 log = logging.getLogger("nobackfill.index.gallery")
 

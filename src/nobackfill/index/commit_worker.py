@@ -33,11 +33,11 @@ import sys
 import threading
 from itertools import chain, repeat
 from pathlib import Path
-from typing import IO, Any, Sequence
+from typing import IO, Any, Iterator, Sequence
 
 import orjson
 
-__all__ = ["CommitWorker", "CommitWorkerError"]
+__all__ = ["CommitWorker", "CommitWorkerError", "placed_rows"]
 
 _LEN = struct.Struct("<Q")
 #: a group commit takes at most this many rows in one transaction
@@ -171,6 +171,14 @@ class CommitWorker:
                                  f"{self.committed} of {self._sent} batches" + (f": {said[-2000:]}" if said else ""))
 
 
+def placed_rows(space: str, columns: Sequence[Sequence[Any]]) -> Iterator[tuple]:
+    """The ``(id, modality, key, source JSON, metadata JSON, space, row)`` rows of
+    :meth:`~nobackfill.index.collection.Collection.commit_placed_rows` from a batch's columns (as
+    :meth:`CommitWorker.submit` takes them), zipped in C."""
+    ids, modalities, keys, sources, metadata, rows = columns
+    return zip(ids, modalities, keys, sources, metadata, repeat(space), rows)
+
+
 def _serve(path: str, inp: IO[bytes], out: IO[bytes]) -> None:
     """The worker: commit the batches read from ``inp`` in order, grouping those already waiting."""
     from ..memory import peak_rss_mb
@@ -217,7 +225,7 @@ def _commit_batches(collection: Any, inbox: queue.Queue, out: IO[bytes]) -> bool
                 break
             group.append(nxt)
             n += len(nxt["columns"][0])
-        rows = list(chain.from_iterable(zip(*m["columns"][:5], repeat(m["space"]), m["columns"][5]) for m in group))
+        rows = list(chain.from_iterable(placed_rows(m["space"], m["columns"]) for m in group))
         try:
             added = collection.commit_placed_rows(rows)
         except Exception as e:  # told to the import, which raises it

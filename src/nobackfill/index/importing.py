@@ -25,7 +25,6 @@ import threading
 import time
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
-from itertools import repeat
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping, Sequence
 
@@ -33,7 +32,7 @@ import numpy as np
 
 from ..progress import progress_bar
 from .collection import MAX_ID_LENGTH, Collection, is_collection
-from .commit_worker import CommitWorker
+from .commit_worker import CommitWorker, placed_rows
 from .items import id_problem, rows_json
 from .model_check import DEFAULT_SAMPLES, DEFAULT_THRESHOLD, check_model, sample_rows
 from .gallery_manifest import MODALITIES
@@ -138,8 +137,7 @@ class _Staged:
 
     def placed_rows(self) -> list[tuple[str, str, str, str, str, str, int]]:
         """The rows :meth:`~nobackfill.index.collection.Collection.commit_placed_rows` takes."""
-        return list(zip(self.ids, self.modality, self.keys, self.sources, self.metadata, repeat(self.space),
-                        self.positions))
+        return list(placed_rows(self.space, self.columns()))
 
 
 def _stage_vectors(collection: Collection, ids: Sequence[str], vectors: np.ndarray, *,
