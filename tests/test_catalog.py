@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 
 from _collection_helpers import OLD_REF, HashEncoder, pool_with
 from nobackfill.index.catalog import CatalogError, sqlite_catalog, unsourced_sql
+from nobackfill.index.catalog_schema import UNSOURCED_INDEX
 from nobackfill.index.collection import CATALOG_FILE, Collection
 from nobackfill.index.items import row_json
 from nobackfill.index.snapshot import HitTable
@@ -228,30 +229,39 @@ def test_items_without_a_source_are_counted_through_their_index_whatever_json_wr
     assert got == want and sum(c.count_unsourced().values()) == len(want)
     plan = " ".join(str(r) for r in c.catalog.query(f"EXPLAIN QUERY PLAN SELECT space, modality FROM items WHERE "
                                                     f"{unsourced_sql('sqlite')}"))
-    assert "items_unsourced_v2" in plan
+    assert UNSOURCED_INDEX["sqlite"] in plan
 
 
-def test_a_catalog_with_older_indexes_gets_this_versions_at_its_first_write(tmp_path):
+#: the partial indexes of unsourced items that older versions made (their names, their conditions)
+_OLDER_UNSOURCED = {
+    "items_unsourced": "((modality = 'image' AND coalesce(json_extract(source, '$.path'), '') = '') OR "
+                       "(modality = 'text' AND coalesce(json_extract(source, '$.text'), '') = ''))",
+    "items_unsourced_v2": "((modality = 'image' AND (substr(source, 1, 9) <> '{\"path\":\"' OR "
+                          "substr(source, 10, 1) = '\"') AND coalesce(json_extract(source, '$.path'), '') = '') OR "
+                          "(modality = 'text' AND (substr(source, 1, 9) <> '{\"text\":\"' OR "
+                          "substr(source, 10, 1) = '\"') AND coalesce(json_extract(source, '$.text'), '') = ''))"}
+
+
+@pytest.mark.parametrize("older", sorted(_OLDER_UNSOURCED))
+def test_a_catalog_with_older_indexes_gets_this_versions_at_its_first_write(tmp_path, older):
     c = Collection.create(tmp_path / "c", space_id="s", dim=8, model=OLD_REF)
-    c.commit_rows([("a", "image", "a", '{"path":""}', "{}"), ("b", "image", "b", '{"path":"/b.jpg"}', "{}")])
+    c.commit_rows([("a", "image", "a", '{"path":""}', "{}"), ("b", "image", "b", '{"path":"/b.jpg"}', "{}"),
+                   ("u", "image", "u", '{"path":"","url":"https://x/u.jpg"}', "{}")])
     db = sqlite3.connect(tmp_path / "c" / CATALOG_FILE)  # the catalog as an older nobackfill left it
-    db.execute("DROP INDEX items_unsourced_v2")
-    db.execute("CREATE INDEX items_unsourced ON items (modality) WHERE ((modality = 'image' AND "
-               "coalesce(json_extract(source, '$.path'), '') = '') OR (modality = 'text' AND "
-               "coalesce(json_extract(source, '$.text'), '') = ''))")
+    db.execute(f"DROP INDEX {UNSOURCED_INDEX['sqlite']}")
+    db.execute(f"CREATE INDEX {older} ON items (modality) WHERE {_OLDER_UNSOURCED[older]}")
     db.execute("CREATE INDEX items_key ON items (key)")
     db.commit()
     db.close()
     c = Collection.open(tmp_path / "c")
-    assert sum(c.count_unsourced().values()) == 1  # read before any write: right, by a scan
+    assert sum(c.count_unsourced().values()) == 2  # read before any write: right, through the older index or a scan
     c.commit_rows([("c", "text", "c", '{"text":""}', "{}")])
     names = {r[0] for r in c.catalog.query("SELECT name FROM sqlite_master WHERE type = 'index'")}
-    assert "items_unsourced_v2" in names and not names & {"items_unsourced", "items_key"}
-    assert sum(c.count_unsourced().values()) == 2 and not c.verify()
+    assert UNSOURCED_INDEX["sqlite"] in names and not names & {*_OLDER_UNSOURCED, "items_key"}
+    assert sum(c.count_unsourced().values()) == 3 and not c.verify()
 
 
-_PLAIN_UNSOURCED = ("((modality = 'image' AND coalesce(json_extract(source, '$.path'), '') = '') OR "
-                    "(modality = 'text' AND coalesce(json_extract(source, '$.text'), '') = ''))")
+_PLAIN_UNSOURCED = _OLDER_UNSOURCED["items_unsourced"]
 _json_values = st.recursive(
     st.none() | st.booleans() | st.integers(-5, 5) | st.sampled_from(["", "x", '"', "path", "null"]),
     lambda kids: st.lists(kids, max_size=2) | st.dictionaries(st.sampled_from(["path", "text", "url", "a"]), kids,

@@ -18,6 +18,7 @@ import numpy as np
 import pytest
 
 import nobackfill.index.importing as importing
+from nobackfill.index.atomic_files import AHEAD
 from nobackfill.index.collection import Collection
 from nobackfill.index.commit_worker import CommitWorker, CommitWorkerError
 from nobackfill.index.importing import _stage_vectors, add_vectors, import_source
@@ -159,11 +160,11 @@ def test_a_store_that_fails_in_the_storing_thread_fails_the_import_with_its_erro
     real = importing._store_batch
     calls = []
 
-    def failing(collection, staged, v):
+    def failing(collection, staged, v, prepared=None):
         calls.append(len(staged.ids))
         if len(calls) == 3:
             raise OSError("disk full (a test)")
-        real(collection, staged, v)
+        real(collection, staged, v, prepared)
 
     monkeypatch.setattr(importing, "_store_batch", failing)
     with pytest.raises(OSError, match="disk full"):
@@ -242,6 +243,7 @@ def test_sigkills_of_the_import_or_of_its_worker_lose_and_duplicate_nothing(tmp_
     assert stored == len({r[2] for r in rows}) == 3000  # no vector stored twice
     c = Collection.open(target)
     assert not c.verify()
+    assert not list((c.gallery(c.current_space).path / AHEAD).glob("*"))  # the killed runs' files written ahead: swept
     hit = c.gallery(c.current_space).get_vectors("text", [rows[5][2]])
     assert np.allclose(hit[0], enc.encode_texts(["caption number 5"])[0], atol=1e-6)
 

@@ -15,7 +15,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from nobackfill.index.sources import ImportSource, SourceError, open_source
+from nobackfill.index.items import JsonRows, rows_json
+from nobackfill.index.sources import ImportBatch, ImportSource, SourceError, open_source
+from nobackfill.index.sources.arrow_json import image_sources_json, metadata_json, text_sources_json
 from nobackfill.index.sources.import_source import _ODD_FIRST
 from nobackfill.index.sources.items import _chunk_metas, _jsonable, _own_ids, _string_id, _text, _texts
 from nobackfill.index.sources.table_source import TableSource
@@ -68,10 +70,16 @@ def _write(tmp_path: Path, fmt: str, cols: dict[str, list]) -> Path:
     return path
 
 
+def _shown(b: ImportBatch) -> tuple:
+    """A batch's fields, its sources and metadata as the catalog's JSON (value types included; a
+    reader may hand them over as that JSON already)."""
+    return b.row0, b.row_end, b.ids, b.modality, rows_json(b.sources), rows_json(b.metadata), b.rows
+
+
 def _dump(src: ImportSource, start_row: int = 0) -> tuple[str, list[bytes]]:
-    """Every batch as one string (types and key order included) and its vectors' bytes."""
+    """Every batch as one string and its vectors' bytes."""
     batches = list(src.batches(start_row))
-    text = repr([(b.row0, b.row_end, b.ids, b.modality, b.sources, b.metadata, b.rows) for b in batches])
+    text = repr([_shown(b) for b in batches])
     return text, [b.vectors.tobytes() for b in batches] + [repr(src.warnings).encode()]
 
 
@@ -81,7 +89,8 @@ def _both(monkeypatch, open_it, check=None):
     calls = []
     real = TableSource._listed_sources
     monkeypatch.setattr(TableSource, "_listed_sources", lambda self, *a: calls.append(1) or real(self, *a))
-    check = check or (lambda s: (_dump(s), _dump(s, 5), repr(vars(s.read_rows([9, 2, 17, 3])))))
+    check = check or (lambda s: (_dump(s), _dump(s, 5), repr(_shown(rows := s.read_rows([9, 2, 17, 3]))),
+                                 rows.vectors.tobytes()))
     fast = check(open_it())
     assert calls, "the column-wise path did not run"
     monkeypatch.setattr(TableSource, "_columnwise", False)
@@ -114,8 +123,8 @@ def test_image_tables_read_the_same_column_by_column(tmp_path, monkeypatch, fmt,
                                                  source_column="image_path", modality="image", images_root=images,
                                                  batch_rows=4))
     text = got[0][0]
-    assert "'path': '', 'url': 'https://x.org/j.jpg'" in text  # a url in the path column
-    assert ("'path': '', 'url': 'http://u/11'" in text) == url  # a url column's cell wins over it
+    assert '"path":"","url":"https://x.org/j.jpg"' in text  # a url in the path column
+    assert ('"path":"","url":"http://u/11"' in text) == url  # a url column's cell wins over it
 
 
 @pytest.mark.parametrize("fmt", ["parquet", "jsonl"])
@@ -288,3 +297,90 @@ def test_the_scan_reads_no_vector_twice_and_still_finds_bad_rows(tmp_path):
     big = np.full((3, 4), 3e38, np.float32)  # squares overflow float32 but not the float64 sum
     np.save(tmp_path / "big.npy", big)
     assert _scan(_load_npy(tmp_path / "big.npy"), None) == 3
+
+
+# ------------------------------------------------------------------- JSON written column by column in Arrow
+
+#: path cells of every kind the Arrow rules take or leave: plain, absolute, urls, and those to normalise or escape
+PATH_CELLS = st.one_of(st.sampled_from(["images/a.jpg", "b.jpg", "_x/c.png", "Z", "/abs/d.jpg", "https://x.org/e.jpg",
+                                        "s3://b/f", "9/g.jpg", "images/./h.jpg", "a//i.jpg", ".j.jpg", "~/k.jpg",
+                                        "/", "ö/l.jpg", 'q"m.jpg', "n\\o.jpg", "tab\t.jpg", "日本/画像.jpg"]),
+                       st.text(alphabet='/.~:a"\\\t é', max_size=6))
+ARROW_TYPED = {pa.int64(): st.integers(-2 ** 63, 2 ** 63 - 1), pa.uint64(): st.integers(0, 2 ** 64 - 1),
+               pa.int8(): st.integers(-128, 127), pa.bool_(): st.booleans(), pa.null(): st.none(),
+               pa.string(): st.text(alphabet='ab "\\\n\x01é😀', max_size=4), pa.large_string(): st.text(max_size=3),
+               pa.float64(): st.floats()}
+
+
+@settings(max_examples=300, deadline=None)
+@given(paths=st.lists(PATH_CELLS, max_size=10))
+def test_image_sources_written_in_arrow_are_those_of_each_row(sources, paths):
+    for src in sources:
+        made = image_sources_json(pa.chunked_array([pa.array(paths, pa.string())]), src._root_str)
+        if made is not None:  # (None: the dicts are made row by row)
+            assert made.texts == rows_json(src._image_sources(paths, None))
+    plain = [p for p in paths if (p[:1].isascii() and p[:1].isalnum() or p[:1] == "/") and "//" not in p
+             and "/." not in p and not any(c in p for c in '"\\\t')]
+    assert image_sources_json(pa.chunked_array([pa.array(plain, pa.string())]), sources[0]._root_str) is not None
+
+
+@settings(max_examples=300, deadline=None)
+@given(cells=st.lists(st.text(alphabet='ab "\\\n\x01 \u3000é', max_size=5), max_size=8))
+def test_text_sources_written_in_arrow_are_those_of_each_row(cells):
+    made = text_sources_json(pa.chunked_array([pa.array(cells, pa.string())]))
+    if made is not None:
+        assert made.texts == rows_json([{"text": t} if t else {} for t in _texts(cells)])
+    else:
+        assert any(not any(c.isalpha() and c.isascii() for c in t) or set(t) & set('"\\\n\x01') for t in cells)
+
+
+@settings(max_examples=300, deadline=None)
+@given(data=st.data())
+def test_metadata_written_in_arrow_is_that_of_each_row(data):
+    n = data.draw(st.integers(0, 6))
+    names = data.draw(st.lists(st.sampled_from(["b", "a", "z9", "é", 'q"', "a b", "_"]), min_size=1, max_size=4,
+                               unique=True))
+    types = [data.draw(st.sampled_from(list(ARROW_TYPED))) for _ in names]
+    table = pa.table({k: pa.array(data.draw(st.lists(st.one_of(st.none(), ARROW_TYPED[t]), min_size=n, max_size=n)),
+                                  type=t) for k, t in zip(names, types)})
+    keys = [k for k in names if k != "a"]
+    made = metadata_json(table, keys)
+    want = rows_json(_chunk_metas(_Chunk(n, arrow=table), {"a"}))
+    if made is not None:
+        assert made.texts == want
+    escaped = (lambda cells: any(c in '"\\' or c < " " for s in cells if s for c in s))
+    plain = all(k.isascii() and k.isalnum() or k == "_" for k in keys) and not any(
+        pa.types.is_floating(t) or (not pa.types.is_integer(t) and escaped(table.column(k).to_pylist()))
+        for k, t in zip(names, types) if k in keys and not pa.types.is_boolean(t) and not pa.types.is_null(t))
+    if plain:  # (plain columns are written in Arrow)
+        assert made is not None
+
+
+def test_a_plain_parquet_table_is_read_as_json_columns_equal_to_the_rows(tmp_path, monkeypatch):
+    """Plain paths, urls and int / bool / string / null metadata: the batches carry the JSON written in
+    Arrow (no dict per row), equal to the row-by-row reading's."""
+    n = 23
+    cols = {"pk": [f"id{i}" for i in range(n)],
+            "image_path": [f"images/{i}.jpg" if i % 3 else f"https://x.org/{i}.jpg" for i in range(n)],
+            "group": [None if i % 5 == 0 else i % 4 for i in range(n)], "ok": [i % 2 == 0 for i in range(n)],
+            "tag": [f"t{i}" if i % 7 else None for i in range(n)], "empty": pa.nulls(n)}
+    table, emb = tmp_path / "plain.parquet", _vectors(tmp_path, n)
+    pq.write_table(pa.table(cols), table, row_group_size=5)
+    src = open_source(f"npy:{emb}", table=table, id_column="pk", source_column="image_path", modality="image",
+                      images_root=tmp_path / "root", batch_rows=8)
+    first = next(iter(src.batches()))
+    assert isinstance(first.sources, JsonRows) and isinstance(first.metadata, JsonRows)
+    assert first.metadata.texts[1] == '{"empty":null,"group":1,"ok":false,"tag":"t1"}'
+    assert first.sources[0] == {"path": "", "url": "https://x.org/0.jpg"}
+    assert first.sources[1] == {"path": str(tmp_path / "root" / "images" / "1.jpg")}
+    _both(monkeypatch, lambda: open_source(f"npy:{emb}", table=table, id_column="pk", source_column="image_path",
+                                           modality="image", images_root=tmp_path / "root", batch_rows=8))
+
+
+def test_json_rows_read_as_a_list_of_dicts():
+    rows = JsonRows(['{"a":1}', "{}", '{"b":[1,null]}'])
+    assert len(rows) == 3 and rows[0] == {"a": 1} and rows[-1] == {"b": [1, None]} and list(rows)[1] == {}
+    assert rows == [{"a": 1}, {}, {"b": [1, None]}] and rows != [{"a": 1}] and rows != "x"
+    assert rows[1:].texts == ["{}", '{"b":[1,null]}'] and rows.where([True, False, True]).texts == ['{"a":1}',
+                                                                                                  '{"b":[1,null]}']
+    assert rows_json(rows) == rows.texts and rows_json(rows) is not rows.texts

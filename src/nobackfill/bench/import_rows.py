@@ -4,6 +4,7 @@ fresh process."""
 
 from __future__ import annotations
 
+import os
 import shutil
 import time
 from pathlib import Path
@@ -136,6 +137,7 @@ def run_throughput(cfg: "ImportBenchConfig", say: Callable[[str], None]) -> list
         shutil.rmtree(folder, ignore_errors=True)
         t0 = time.time()
         npy, table = write_rows(folder, n, cfg.dim, cfg.seed + n)
+        os.sync()  # the rows on disk before the import starts: their write-back is not the import's
         say(f"throughput N={n}: rows written in {time.time() - t0:.1f}s; importing in a fresh process ...")
         coll = folder / "collection"
         r = _in_process(throughput_row, str(npy), str(table), str(coll), cfg.dim, THROUGHPUT_SPACE, cfg.batch_rows)

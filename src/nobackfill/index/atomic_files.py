@@ -19,7 +19,7 @@ try:  # POSIX advisory locks; elsewhere a gallery is single-writer by convention
 except ImportError:  # pragma: no cover
     fcntl = None  # type: ignore[assignment]
 
-__all__ = ["atomic_write_bytes", "file_sha256", "read_tagged_json"]
+__all__ = ["AheadFile", "atomic_write_bytes", "file_sha256", "read_tagged_json", "stale_ahead_files"]
 
 LOCK = ".lock"
 _TMP = ".tmp-"
@@ -58,6 +58,91 @@ def atomic_write_bytes(path: str | Path, data: bytes, *, tmp_prefix: str = _TMP)
         raise
     _fsync_dir(path.parent)
     _crash_point("after")
+
+
+#: the folder (beside a store's files) of files written ahead of their commit (:class:`AheadFile`)
+AHEAD = ".ahead"
+
+
+class AheadFile:
+    """A file written ahead of its commit, in the folder :data:`AHEAD` under a name that holds its
+    writer's process id (no sweep of stray ``.tmp-`` files takes it while that process lives), its
+    write-back to disk started as it is written; :meth:`name` makes it durable under its path as
+    :func:`atomic_write_bytes` would (fsync, rename, directory fsync), :meth:`close` drops it.
+    A writer killed meanwhile leaves it behind: :func:`stale_ahead_files` finds those."""
+
+    def __init__(self, path: Path, fd: int) -> None:
+        self.path, self._fd = path, fd
+
+    @classmethod
+    def write(cls, folder: str | Path, data: bytes) -> "AheadFile":
+        """Write ``data`` to a new file in ``folder`` / :data:`AHEAD`."""
+        ahead = Path(folder) / AHEAD
+        ahead.mkdir(exist_ok=True)
+        path = ahead / f"{os.getpid()}-{uuid.uuid4().hex[:12]}"
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+        made = cls(path, fd)
+        try:
+            view = memoryview(data).cast("B")
+            while view:
+                view = view[os.write(fd, view):]
+            if hasattr(os, "posix_fadvise"):  # Linux starts writing the pages out: fsync finds less to do
+                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        except BaseException:
+            made.close()
+            raise
+        return made
+
+    def name(self, path: str | Path) -> None:
+        """Make the file durable as ``path`` (on the same file system); closes it."""
+        if self._fd is None:
+            raise ValueError(f"{self.path} was closed")
+        path = Path(path)
+        try:
+            os.fsync(self._fd)
+            _crash_point("before")
+            os.replace(self.path, path)
+        except BaseException:
+            self.close()
+            raise
+        os.close(self._fd)
+        self._fd = None
+        _fsync_dir(path.parent)
+        _crash_point("after")
+
+    def close(self) -> None:
+        """Drop the file (unless it was named)."""
+        if self._fd is not None:
+            fd, self._fd = self._fd, None
+            os.close(fd)
+            with contextlib.suppress(OSError):
+                self.path.unlink()
+
+    def __del__(self) -> None:
+        with contextlib.suppress(Exception):
+            self.close()
+
+
+def stale_ahead_files(folder: str | Path) -> list[Path]:
+    """Files in ``folder`` / :data:`AHEAD` whose writer is gone (crash leftovers of :class:`AheadFile`)."""
+    ahead = Path(folder) / AHEAD
+    if not ahead.is_dir():
+        return []
+    out = []
+    for p in ahead.iterdir():
+        pid = p.name.split("-", 1)[0]
+        alive = False
+        if pid.isdigit():
+            try:
+                os.kill(int(pid), 0)
+                alive = True
+            except PermissionError:  # another user's live process
+                alive = True
+            except OSError:
+                pass
+        if not alive:
+            out.append(p)
+    return sorted(out)
 
 
 _WRITES = 0

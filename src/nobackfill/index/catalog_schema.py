@@ -108,22 +108,24 @@ def unsourced_sql(dialect: str) -> str:
     """A condition on ``items`` true for an item with nothing to embed it again from (an image
     without a path, a text without a text: imported from a url or without a source column)."""
     if dialect == "sqlite":
-        # a text test first, so that an insert parses the JSON of no item that has its source: a
-        # source that opens with this key and a non-empty string (as the sorted JSON of ours does)
-        # has one; any other is parsed
-        def get(key: str) -> str:
+        # text tests first, so that an insert parses the JSON of no item that the sorted JSON of
+        # ours wrote: a source that opens with this key and an empty string has none, one that
+        # opens with it and a non-empty string has one; any other is parsed
+        def empty(key: str) -> str:
             head = f'{{"{key}":"'
-            return (f"(substr(source, 1, {len(head)}) <> '{head}' OR substr(source, {len(head) + 1}, 1) = '\"') "
-                    f"AND coalesce(json_extract(source, '$.{key}'), '')")
+            return (f"(substr(source, 1, {len(head) + 2}) = '{head}\",' OR "
+                    f"(substr(source, 1, {len(head)}) <> '{head}' OR substr(source, {len(head) + 1}, 1) = '\"') "
+                    f"AND coalesce(json_extract(source, '$.{key}'), '') = '')")
     else:
-        def get(key: str) -> str:
-            return f"coalesce(source::jsonb ->> '{key}', '')"
-    return f"((modality = 'image' AND {get('path')} = '') OR (modality = 'text' AND {get('text')} = ''))"
+        def empty(key: str) -> str:
+            return f"coalesce(source::jsonb ->> '{key}', '') = ''"
+    return f"((modality = 'image' AND {empty('path')}) OR (modality = 'text' AND {empty('text')}))"
 
 
-#: the partial index of items without a source (SQLite: the name of the one with the text test;
-#: the first write to a catalog made before it replaces the older one)
-UNSOURCED_INDEX = {"sqlite": "items_unsourced_v2", "postgresql": "items_unsourced"}
+#: the partial index of items without a source (SQLite: the name of the one with the text tests;
+#: the first write to a catalog made before it replaces the older ones)
+UNSOURCED_INDEX = {"sqlite": "items_unsourced_v3", "postgresql": "items_unsourced"}
+_OLDER_UNSOURCED_INDEXES = ("items_unsourced", "items_unsourced_v2")
 
 
 def _index_upgrades(dialect: str) -> list[str]:
@@ -131,7 +133,7 @@ def _index_upgrades(dialect: str) -> list[str]:
     partial index of the items without a source (counting them reads only those) replaces an older
     one, and the index of keys that older catalogs kept goes (keys are found through ids)."""
     name = UNSOURCED_INDEX.get(dialect, "items_unsourced")
-    older = ["DROP INDEX IF EXISTS items_unsourced"] if name != "items_unsourced" else []
+    older = [f"DROP INDEX IF EXISTS {old}" for old in _OLDER_UNSOURCED_INDEXES if old != name]
     return older + ["DROP INDEX IF EXISTS items_key",
                     f"CREATE INDEX IF NOT EXISTS {name} ON items (modality) WHERE {unsourced_sql(dialect)}"]
 

@@ -8,21 +8,57 @@ import contextlib
 import io
 import json
 import logging
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
 
 import numpy as np
 
-from .atomic_files import _TMP, _dir_lock, _now, _sha256, atomic_write_bytes
+from .atomic_files import _TMP, AheadFile, _dir_lock, _now, _sha256, atomic_write_bytes, stale_ahead_files
 from .gallery_manifest import (_CHUNK_RE, CHUNK_DIR, MODALITIES, _check_modality, _Columns, _manifest_stat,
                                _read_manifest, _write_manifest)
 from .key_index import key_hashes
+from .npz_bytes import npz_bytes
 from .vector_index import all_finite
 from .gallery_types import CorruptGalleryError, DuplicateIdError, SpaceMismatchError
 
-__all__ = ["GalleryChunks"]
+__all__ = ["GalleryChunks", "PreparedChunk"]
 
 log = logging.getLogger("nobackfill.index.gallery")
+
+
+def _chunk_files(ids: list[str], vecs: np.ndarray, metas: list[dict[str, Any]] | None) -> tuple[bytes, str, bytes, str]:
+    """A chunk's two files and their SHA-256: the ``.npz`` of its vectors and ids, the JSON lines
+    of its metadata (``metas`` None: none)."""
+    npz = npz_bytes({"vectors": vecs, "ids": np.asarray(ids, dtype=str)})
+    try:
+        meta = b"{}\n" * len(ids) if metas is None else \
+            "".join(json.dumps(m, sort_keys=True, ensure_ascii=False, allow_nan=False) + "\n" if m else "{}\n"
+                    for m in metas).encode("utf-8")
+    except (TypeError, ValueError) as e:
+        raise ValueError(f"metadata must be JSON-serialisable: {e}") from e
+    return npz, _sha256(npz), meta, _sha256(meta)
+
+
+@dataclass
+class PreparedChunk:
+    """The rows of an add, checked and hashed, with the files of their chunk
+    (:meth:`GalleryChunks.prepare_rows`)."""
+
+    ids: list[str]
+    vectors: np.ndarray
+    hashes: tuple[np.ndarray, np.ndarray]
+    npz: bytes
+    npz_sha256: str
+    meta: bytes
+    meta_sha256: str
+    #: the ``.npz`` written ahead (None: written at the commit)
+    npz_file: AheadFile | None = None
+
+    def discard(self) -> None:
+        """Drop the file written ahead (the commit wrote other files, or none)."""
+        if self.npz_file is not None:
+            self.npz_file.close()
 
 
 class GalleryChunks:
@@ -206,18 +242,25 @@ class GalleryChunks:
         return self._add(modality, ids, vectors, metadata, space_id=space_id, skip_existing=skip_existing)[0]
 
     def add_rows(self, modality: str, ids: Sequence[str], vectors: np.ndarray, *,
-                 space_id: str) -> tuple[int, np.ndarray]:
+                 space_id: str, prepared: "PreparedChunk | None" = None) -> tuple[int, np.ndarray]:
         """:meth:`add` with ``skip_existing``, also returning each id's row (held already, or
-        added now): :meth:`positions` of the batch without hashing its keys again."""
-        return self._add(modality, ids, vectors, None, space_id=space_id, skip_existing=True)
+        added now): :meth:`positions` of the batch without hashing its keys again. ``prepared``:
+        these rows' :meth:`prepare_rows` (made ahead, by another thread), whose files are written
+        as they are when none of the ids is held."""
+        return self._add(modality, ids, vectors, None, space_id=space_id, skip_existing=True, prepared=prepared)
 
-    def _add(self, modality: str, ids: Sequence[str], vectors: np.ndarray, metadata: Sequence[dict[str, Any]] | None,
-             *, space_id: str, skip_existing: bool) -> tuple[int, np.ndarray]:
-        self._check_open()
+    def prepare_rows(self, modality: str, ids: Sequence[str], vectors: np.ndarray) -> "PreparedChunk":
+        """The checks of :meth:`add_rows` and the files of the chunk its rows would make, with no
+        lock taken and nothing written: the hashing and packing, done ahead of the commit."""
         _check_modality(modality)
-        if space_id != self.space_id:
-            raise SpaceMismatchError(self.space_id, space_id, f"add {modality} vectors to gallery {self.path}",
-                                     what="vectors", hint="a gallery holds one embedding space")
+        ids, vecs, _, hashes = self._checked(ids, vectors, None)
+        npz, npz_sha256, meta, meta_sha256 = _chunk_files(ids, vecs, None)
+        return PreparedChunk(ids, vecs, hashes, npz, npz_sha256, meta, meta_sha256,
+                             AheadFile.write(self.path, npz))
+
+    def _checked(self, ids: Sequence[str], vectors: np.ndarray, metadata: Sequence[dict[str, Any]] | None
+                 ) -> tuple[list[str], np.ndarray, list[dict[str, Any]] | None, tuple[np.ndarray, np.ndarray]]:
+        """Ids, vectors and metadata of an add, checked (no lock needed), and the ids' hashes."""
         ids = list(ids)
         try:
             distinct = set(ids)
@@ -236,8 +279,32 @@ class GalleryChunks:
             seen: set[str] = set()
             dups = [i for i in ids if i in seen or seen.add(i)]  # type: ignore[func-returns-value]
             raise DuplicateIdError(f"ids repeated within one batch: {sorted(set(dups))[:5]}")
-        hashes = key_hashes(ids)
+        return ids, vecs, metas, key_hashes(ids)
 
+    def _add(self, modality: str, ids: Sequence[str], vectors: np.ndarray, metadata: Sequence[dict[str, Any]] | None,
+             *, space_id: str, skip_existing: bool, prepared: "PreparedChunk | None" = None) -> tuple[int, np.ndarray]:
+        self._check_open()
+        _check_modality(modality)
+        if space_id != self.space_id:
+            raise SpaceMismatchError(self.space_id, space_id, f"add {modality} vectors to gallery {self.path}",
+                                     what="vectors", hint="a gallery holds one embedding space")
+        if prepared is not None and metadata is None and prepared.ids == list(ids):
+            ids, vecs, metas, hashes = prepared.ids, prepared.vectors, None, prepared.hashes
+        else:
+            if prepared is not None:
+                prepared.discard()
+            ids, vecs, metas, hashes = self._checked(ids, vectors, metadata)
+            prepared = None
+        try:
+            return self._add_checked(modality, ids, vecs, metas, hashes, skip_existing, prepared)
+        finally:
+            if prepared is not None:
+                prepared.discard()  # (named by the commit, or not used)
+
+    def _add_checked(self, modality: str, ids: list[str], vecs: np.ndarray, metas: list[dict[str, Any]] | None,
+                     hashes: tuple[np.ndarray, np.ndarray], skip_existing: bool,
+                     prepared: "PreparedChunk | None") -> tuple[int, np.ndarray]:
+        """:meth:`_add` under the gallery's lock, its rows checked."""
         with _dir_lock(self.path):
             with self._lock:
                 self._manifest = _read_manifest(self.path)  # another writer may have committed
@@ -257,37 +324,39 @@ class GalleryChunks:
                 metas = None if metas is None else [m for m, k in zip(metas, keep) if k]
                 vecs = vecs[~held]
                 hashes = (hashes[0][~held], hashes[1][~held])
+                prepared = None  # its files hold every row
             if not ids:
                 return 0, rows
-            self._commit_chunk(modality, ids, vecs, metas, hashes)
+            if prepared is not None:
+                files, npz_file = (prepared.npz, prepared.npz_sha256, prepared.meta, prepared.meta_sha256), \
+                    prepared.npz_file
+            else:
+                files, npz_file = _chunk_files(ids, vecs, metas), None
+            self._commit_chunk(modality, ids, hashes, files, npz_file)
         return len(ids), rows
 
-    def _commit_chunk(self, modality: str, ids: list[str], vecs: np.ndarray, metas: list[dict[str, Any]] | None,
-                      hashes: tuple[np.ndarray, np.ndarray]) -> None:
-        """Write chunk files, then the manifest that names them (caller holds the lock); ``metas``
-        None: no metadata; ``hashes``: the ids' :func:`~nobackfill.index.key_index.key_hashes`."""
+    def _commit_chunk(self, modality: str, ids: list[str], hashes: tuple[np.ndarray, np.ndarray],
+                      files: tuple[bytes, str, bytes, str], npz_file: AheadFile | None = None) -> None:
+        """Write a chunk's files (:func:`_chunk_files`; the ``.npz`` is ``npz_file`` when it was
+        written ahead), then the manifest that names them (caller holds the lock); ``hashes``:
+        the ids' :func:`~nobackfill.index.key_index.key_hashes`."""
         chunks = self._chunks(modality)
         # one past the highest number (not the count: repair may have dropped a chunk)
         name = f"{modality}-{1 + max((int(c['name'].rsplit('-', 1)[1]) for c in chunks), default=-1):05d}"
-        buf = io.BytesIO()
-        np.savez(buf, vectors=vecs, ids=np.asarray(ids, dtype=str))
-        npz = buf.getvalue()
-        try:
-            meta = b"{}\n" * len(ids) if metas is None else \
-                "".join(json.dumps(m, sort_keys=True, ensure_ascii=False, allow_nan=False) + "\n" if m else "{}\n"
-                        for m in metas).encode("utf-8")
-        except (TypeError, ValueError) as e:
-            raise ValueError(f"metadata must be JSON-serialisable: {e}") from e
+        npz, npz_sha256, meta, meta_sha256 = files
         entry = {
             "name": name,
             "count": len(ids),
             "npz": f"{CHUNK_DIR}/{name}.npz",
-            "npz_sha256": _sha256(npz),
+            "npz_sha256": npz_sha256,
             "meta": f"{CHUNK_DIR}/{name}.jsonl",
-            "meta_sha256": _sha256(meta),
+            "meta_sha256": meta_sha256,
         }
         (self.path / CHUNK_DIR).mkdir(exist_ok=True)
-        atomic_write_bytes(self.path / entry["npz"], npz)
+        if npz_file is not None:
+            npz_file.name(self.path / entry["npz"])
+        else:
+            atomic_write_bytes(self.path / entry["npz"], npz)
         atomic_write_bytes(self.path / entry["meta"], meta)
         manifest = json.loads(json.dumps(self._manifest))
         mod = manifest["modalities"][modality]
@@ -314,7 +383,7 @@ class GalleryChunks:
             found += [p for p in chunk_dir.iterdir() if p.name.startswith(_TMP)
                       or (_CHUNK_RE.match(p.name) and f"{CHUNK_DIR}/{p.name}" not in committed)]
         found += [p for p in self.path.iterdir() if p.name.startswith(_TMP)]
-        return sorted(found)
+        return sorted(found + stale_ahead_files(self.path))
 
     def _collect_garbage_locked(self) -> None:
         """Delete crash leftovers; caller holds the lock and has just re-read the manifest."""

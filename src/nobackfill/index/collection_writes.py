@@ -155,7 +155,7 @@ class CollectionWrites:
             plan = w.header["plan"]
             if space == plan.current and getattr(self.gallery(space, plan), "stable_positions", False):
                 rids = w.insert(rows, new_ids_only=True, placed=True)
-                left = [r for r, rid in zip(rows, rids) if rid is None]
+                left = [r for r, rid in zip(rows, rids) if rid is None] if None in rids else []
                 new = len(rows) - len(left)
             w.unchanged = not new  # nothing written: no new generation
         if left:

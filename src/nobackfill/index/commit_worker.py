@@ -181,7 +181,7 @@ def placed_rows(space: str, columns: Sequence[Sequence[Any]]) -> Iterator[tuple]
 
 def _serve(path: str, inp: IO[bytes], out: IO[bytes]) -> None:
     """The worker: commit the batches read from ``inp`` in order, grouping those already waiting."""
-    from ..memory import peak_rss_mb
+    from ..memory import cyclic_gc_paused, peak_rss_mb
     from .collection import Collection
 
     collection = Collection.open(path)
@@ -195,7 +195,8 @@ def _serve(path: str, inp: IO[bytes], out: IO[bytes]) -> None:
                 return
 
     threading.Thread(target=read, name="commit-worker-inbox", daemon=True).start()
-    with collection.catalog.checkpoints_apart():  # the log's checkpoints overlap the next inserts
+    # the log's checkpoints overlap the next inserts; the rows made and freed batch by batch hold no cycle
+    with collection.catalog.checkpoints_apart(), cyclic_gc_paused():
         if not _commit_batches(collection, inbox, out):
             return  # an error, told to the import
     _write_frame(out, {"end": True, "peak_rss_mb": round(peak_rss_mb(), 1)})

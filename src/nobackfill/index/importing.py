@@ -30,10 +30,11 @@ from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping, Sequence
 
 import numpy as np
 
+from ..memory import cyclic_gc_paused
 from ..progress import progress_bar
 from .collection import MAX_ID_LENGTH, Collection, is_collection
 from .commit_worker import CommitWorker, placed_rows
-from .items import id_problem, rows_json
+from .items import JsonRows, id_problem, rows_json
 from .model_check import DEFAULT_SAMPLES, DEFAULT_THRESHOLD, check_model, sample_rows
 from .gallery_manifest import MODALITIES
 from .gallery_types import DuplicateIdError, SpaceMismatchError
@@ -69,10 +70,11 @@ class VectorsReport:
 _MIX = np.random.default_rng(0x5EED).integers(1, 2**63, size=1 << 15, dtype=np.uint64) | np.uint64(1)
 
 
-def vector_rev(vectors: np.ndarray) -> list[str]:
+def vector_rev(vectors: np.ndarray, prefix: str = "") -> list[str]:
     """Per row, 16 hex digits that change when any bit of its float32 vector does (the version part
-    of an imported item's vector key): a multiply-sum of its 64-bit words with fixed odd constants,
-    finalised with splitmix64's mixer (vectorised: a million rows take about a second)."""
+    of an imported item's vector key), after ``prefix`` (ASCII): a multiply-sum of its 64-bit words
+    with fixed odd constants, finalised with splitmix64's mixer (vectorised: a million rows take
+    about a second)."""
     v = np.ascontiguousarray(vectors, np.float32)
     if v.shape[1] % 2:  # whole 64-bit words: pad with a zero column
         v = np.concatenate([v, np.zeros((len(v), 1), np.float32)], axis=1)
@@ -86,8 +88,13 @@ def vector_rev(vectors: np.ndarray) -> list[str]:
         h ^= h >> np.uint64(27)
         h *= np.uint64(0x94D049BB133111EB)
         h ^= h >> np.uint64(31)
-    hexed = h.astype(">u8").tobytes().hex()  # big-endian words: each row's 16 digits, most significant first
-    return [hexed[i:i + 16] for i in range(0, 16 * len(h), 16)]
+    # big-endian words: each row's 16 digits, most significant first, in lines cut apart in C
+    digits = np.frombuffer(h.astype(">u8").tobytes().hex().encode("ascii"), np.uint8).reshape(-1, 16)
+    lines = np.empty((len(h), len(prefix) + 17), np.uint8)
+    lines[:, :len(prefix)] = np.frombuffer(prefix.encode("ascii"), np.uint8)
+    lines[:, len(prefix):-1] = digits
+    lines[:, -1] = ord("\n")
+    return lines.tobytes().decode("ascii").split("\n")[:-1]
 
 
 def add_vectors(collection: Collection, ids: Sequence[str], vectors: np.ndarray, *,
@@ -163,8 +170,9 @@ def _checked_batch(collection: Collection, ids: Sequence[str], vectors: np.ndarr
                                  what="given vectors", hint="import vectors of the collection's current model")
     entry = collection.space(current)
     mods = [modality] * n if isinstance(modality, str) else list(modality)
-    srcs = [{} for _ in range(n)] if sources is None else list(sources)
-    metas = [{} for _ in range(n)] if metadata is None else list(metadata)
+    srcs = [{} for _ in range(n)] if sources is None else sources if isinstance(sources, JsonRows) else list(sources)
+    metas = [{} for _ in range(n)] if metadata is None else metadata if isinstance(metadata, JsonRows) else \
+        list(metadata)
     for name, col in (("modality", mods), ("sources", srcs), ("metadata", metas)):
         if len(col) != n:
             raise ValueError(f"{where}: {len(col)} {name} rows for {n} ids")
@@ -196,22 +204,31 @@ def _checked_batch(collection: Collection, ids: Sequence[str], vectors: np.ndarr
         for row, i in enumerate(ids):
             if seen.setdefault(i, row) != row:
                 raise DuplicateIdError(f"{where}: id {i!r} is given twice (rows {seen[i] + 1} and {row + 1})")
-    keys = [f"{i}#{r}" for i, r in zip(ids, vector_rev(v))]
+    keys = list(map(str.__add__, ids, vector_rev(v, prefix="#")))
     try:
         return _Staged(ids, mods, keys, rows_json(srcs), rows_json(metas), current, []), v
     except (TypeError, ValueError) as e:
         raise ValueError(f"{where}: sources and metadata must be JSON objects of JSON values: {e}") from None
 
 
-def _store_batch(collection: Collection, staged: _Staged, v: np.ndarray) -> None:
+def _prepared(collection: Collection, staged: _Staged, v: np.ndarray) -> Any:
+    """The chunk a one-modality batch would make in a local store, packed and hashed ahead of
+    storing (:meth:`~nobackfill.index.chunks.GalleryChunks.prepare_rows`); None elsewhere."""
+    g = collection.gallery(staged.space)
+    if not staged.ids or len(set(staged.modality)) != 1 or not hasattr(g, "prepare_rows"):
+        return None
+    return g.prepare_rows(staged.modality[0], staged.keys, v)
+
+
+def _store_batch(collection: Collection, staged: _Staged, v: np.ndarray, prepared: Any = None) -> None:
     """Store the vectors ``v`` of a checked batch in its space (held keys are skipped), noting
-    how many were written and each one's row."""
+    how many were written and each one's row; ``prepared``: the batch's :func:`_prepared`."""
     n, mods, keys, space = len(staged.ids), staged.modality, staged.keys, staged.space
     if not n:
         return
     g = collection.gallery(space)
     if len(set(mods)) == 1:
-        staged.stored, staged.positions = _store(g, mods[0], keys, v, space)
+        staged.stored, staged.positions = _store(g, mods[0], keys, v, space, prepared)
         return
     staged.positions = [None] * n
     for m in dict.fromkeys(mods):  # vectors first (held keys are skipped), then the items: one commit
@@ -222,10 +239,11 @@ def _store_batch(collection: Collection, staged: _Staged, v: np.ndarray) -> None
             staged.positions[j] = p
 
 
-def _store(g: Any, modality: str, keys: list[str], vectors: np.ndarray, space: str) -> tuple[int, list[int | None]]:
+def _store(g: Any, modality: str, keys: list[str], vectors: np.ndarray, space: str,
+           prepared: Any = None) -> tuple[int, list[int | None]]:
     """Store ``vectors`` under ``keys`` (held keys skipped): (how many were written, each key's row)."""
     if hasattr(g, "add_rows"):  # a local store says where each key is as it stores the batch
-        added, at = g.add_rows(modality, keys, vectors, space_id=space)
+        added, at = g.add_rows(modality, keys, vectors, space_id=space, prepared=prepared)
         return added, at.tolist()
     added = g.add(modality, keys, vectors, None, space_id=space, skip_existing=True)
     pos = g.positions(modality, keys)
@@ -300,8 +318,8 @@ def _prefetched(batches: Iterator[Any]) -> Iterator[Any]:
 class _StoreAndHandOver:
     """A thread that stores each checked batch's vectors, then hands its rows to a commit worker
     (in the order given: a batch's vectors are durable before its rows leave), while the import
-    checks the next batch. Storing is mostly writing, hashing and fsyncing a chunk, which run
-    without the GIL: they overlap the next batch's checks, keys and JSON."""
+    checks and packs the next batch. Storing is mostly writing and fsyncing a chunk, which run
+    without the GIL: they overlap the next batch's checks, keys, JSON and packing."""
 
     def __init__(self, collection: Collection, worker: CommitWorker) -> None:
         self.collection, self.worker = collection, worker
@@ -318,8 +336,8 @@ class _StoreAndHandOver:
                 job = self._todo.get()
                 if job is None:
                     return
-                staged, v = job
-                _store_batch(self.collection, staged, v)
+                staged, v, prepared = job
+                _store_batch(self.collection, staged, v, prepared)
                 self.stored += staged.stored
                 for k in self.worker.submit(staged.space, staged.columns()):
                     self._committed.put(k)
@@ -342,9 +360,11 @@ class _StoreAndHandOver:
                 return out
 
     def put(self, staged: _Staged, v: np.ndarray) -> list[int]:
-        """Queue a checked batch (waits while one is queued already); returns :meth:`committed`."""
+        """Pack a checked batch's chunk (:func:`_prepared`: in the calling thread, which has time
+        to spare while this one writes) and queue it (waits while one is queued already); returns
+        :meth:`committed`."""
         self._raise()
-        self._todo.put((staged, v))
+        self._todo.put((staged, v, _prepared(self.collection, staged, v)))
         return self.committed()
 
     def close(self) -> list[int]:
@@ -403,7 +423,8 @@ def import_source(target: "str | Path | Collection", source: "ImportSource", enc
     the declared model lives (recorded in the plan). ``on_batch(n)``: called after the n-th batch is
     committed. ``commit_process``: commit the catalog's rows in a child process
     (:mod:`.commit_worker`) while this one reads and stores the next batches; by default for a
-    source of at least :data:`COMMIT_APART_ROWS` items into an embedded (SQLite) catalog. Raises
+    source of at least :data:`COMMIT_APART_ROWS` items into an embedded (SQLite) catalog. Python's
+cyclic garbage collector is paused while the batches go in (:func:`~nobackfill.memory.cyclic_gc_paused`). Raises
     :class:`ModelCheckRefused`, or ``ValueError`` for vectors that do not fit the model (nothing
     created or committed in both cases); see the module doc."""
     t0 = time.perf_counter()
@@ -424,7 +445,8 @@ def import_source(target: "str | Path | Collection", source: "ImportSource", enc
                           backend=backend, modalities=list(getattr(encoder, "modalities", MODALITIES)))
     report = ImportReport(source=source.describe(), collection=where, created=existing is None, model_check=check)
     total = VectorsReport()
-    with c.ingesting(wait=wait), progress_bar(progress, f"importing {Path(where).name}", int(source.rows)) as advance:
+    with c.ingesting(wait=wait), cyclic_gc_paused(), \
+            progress_bar(progress, f"importing {Path(where).name}", int(source.rows)) as advance:
         apart = _StoreAndHandOver(c, CommitWorker(c.path)) if _commit_apart(c, source, commit_process) else None
         tell = on_batch or (lambda _n: None)
         try:

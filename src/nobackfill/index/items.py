@@ -20,6 +20,7 @@ __all__ = [
     "CorruptCollectionError",
     "Item",
     "ItemNotFoundError",
+    "JsonRows",
     "MAX_ID_LENGTH",
     "id_problem",
     "NotACollectionError",
@@ -148,13 +149,52 @@ def row_json(obj: Mapping[str, Any]) -> str:
 _DUMPS = functools.partial(orjson.dumps, option=orjson.OPT_SORT_KEYS | orjson.OPT_SERIALIZE_NUMPY)
 
 
+class JsonRows(Sequence[dict]):
+    """Rows of JSON objects held as the text :func:`rows_json` writes for them (a reader that
+    makes that text column by column, without a dict per row, hands it over as it is); read as a
+    sequence of dicts, each decoded when it is read."""
+
+    __slots__ = ("texts",)
+
+    def __init__(self, texts: list[str]) -> None:
+        self.texts = texts
+
+    def __len__(self) -> int:
+        return len(self.texts)
+
+    def __getitem__(self, i: Any) -> Any:
+        if isinstance(i, slice):
+            return JsonRows(self.texts[i])
+        return orjson.loads(self.texts[i])
+
+    def __iter__(self) -> Any:
+        return map(orjson.loads, self.texts)
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, JsonRows):
+            return self.texts == other.texts
+        return isinstance(other, Sequence) and not isinstance(other, str) and list(self) == list(other)
+
+    __hash__ = None  # type: ignore[assignment]  # mutable, as a list
+
+    def __repr__(self) -> str:
+        return f"JsonRows({self.texts!r})"
+
+    def where(self, keep: Sequence[bool]) -> "JsonRows":
+        """The rows where ``keep`` is true."""
+        return JsonRows([t for t, k in zip(self.texts, keep) if k])
+
+
 def rows_json(objs: Sequence[Mapping[str, Any]]) -> list[str]:
     """:func:`row_json` of many objects (the JSON written in C, one call for the lot; a Mapping
     that is not a dict, or a value orjson refuses, goes through :func:`row_json`, which names it).
     The lot is written as one array and cut between its objects: orjson writes ``},{`` between
     two, so as many pieces as objects means no string held that text and the cuts are exact. The
     cut marks each place with a NUL first (which orjson never writes raw: it escapes control
-    characters), so each piece keeps its braces without a string built per object."""
+    characters), so each piece keeps its braces without a string built per object. Rows given as
+    :class:`JsonRows` are that text already."""
+    if isinstance(objs, JsonRows):
+        return list(objs.texts)
     objs = objs if isinstance(objs, list) else list(objs)
     try:
         if objs and set(map(type, objs)) == {dict}:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Sequence
 
 import numpy as np
 
@@ -38,8 +39,9 @@ class ImportBatch:
     row0: int
     ids: list[str]
     modality: list[str]
-    sources: list[dict]
-    metadata: list[dict]
+    #: per item (a :class:`~nobackfill.index.items.JsonRows` where the reader wrote their JSON already)
+    sources: Sequence[dict]
+    metadata: Sequence[dict]
     #: float32 ``(n, dim)``, unit rows
     vectors: np.ndarray
     #: each item's row (0-based, in the source's item order)

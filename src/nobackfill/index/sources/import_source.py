@@ -294,7 +294,8 @@ class _SeenIds:
         """Add ``ids``; True where an id was seen before (earlier, or earlier in ``ids``)."""
         hi, lo = key_hashes(ids)
         hit = self._keys.rows_of(hi, lo) >= 0
-        order = np.lexsort((lo, hi))  # stable: of equal ids, the first keeps its place
-        hit[order[1:]] |= (hi[order[1:]] == hi[order[:-1]]) & (lo[order[1:]] == lo[order[:-1]])
+        if len(set(ids)) < len(ids):  # (a set of strings is quicker to build than a sort of hashes)
+            order = np.lexsort((lo, hi))  # stable: of equal ids, the first keeps its place
+            hit[order[1:]] |= (hi[order[1:]] == hi[order[:-1]]) & (lo[order[1:]] == lo[order[:-1]])
         self._keys.add_hashes(hi[~hit], lo[~hit], len(self._keys))
         return hit

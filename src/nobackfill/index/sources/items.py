@@ -6,10 +6,11 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
 import numpy as np
 
+from ..items import JsonRows
 from .common import ImportBatch, SourceError
 from .tables import _Chunk, _Table
 from .vectors import _Vectors
@@ -124,8 +125,8 @@ class _Items:
     __slots__ = ("layer", "j", "ids", "modality", "sources", "metadata", "derived")
 
     def __init__(self, layer: list[int] | None = None, j: list[int] | None = None, ids: list[str] | None = None,
-                 modality: list[str] | None = None, sources: list[dict] | None = None,
-                 metadata: list[dict] | None = None, derived: list[bool] | None = None) -> None:
+                 modality: list[str] | None = None, sources: Sequence[dict] | None = None,
+                 metadata: Sequence[dict] | None = None, derived: list[bool] | None = None) -> None:
         self.layer, self.j = layer if layer is not None else [], j if j is not None else []
         self.ids = ids if ids is not None else []
         self.modality = modality if modality is not None else []
@@ -149,7 +150,8 @@ class _Items:
         n = len(self.ids)
         layer = np.asarray(self.layer, dtype=np.int64)
         j = np.asarray(self.j, dtype=np.int64)
-        pick = (lambda xs: xs) if keep is None else (lambda xs: [x for x, k in zip(xs, keep.tolist()) if k])
+        pick = (lambda xs: xs) if keep is None else \
+            (lambda xs: xs.where(keep.tolist()) if isinstance(xs, JsonRows) else [x for x, k in zip(xs, keep.tolist()) if k])
         if keep is not None:
             layer, j = layer[keep], j[keep]
         table_rows = (j + m) if metas is None else np.asarray(metas, dtype=np.int64)[j] if j.size else j

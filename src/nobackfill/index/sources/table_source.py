@@ -12,6 +12,7 @@ import numpy as np
 from ..ingest import text_id
 from .common import _IMAGE_SOURCE_COLUMNS, _MODALITIES, _TEXT_SOURCE_COLUMNS, SourceError
 from .import_source import ImportSource
+from .arrow_json import image_sources_json, metadata_json, text_sources_json
 from .items import _chunk_metas, _Items, _Layer, _own_ids, _Segment, _text, _texts
 from .tables import _Chunk, _open_table, _Table
 from .vectors import _ArrayVectors, _scan
@@ -56,9 +57,12 @@ class TableSource(ImportSource):
         else:
             mods = [str(self._modality)] * n
         own = _own_ids(chunk, self._id_col, seg.file, m)
-        metas = _chunk_metas(chunk, self._skip)
         if own is not None and not self._mod_col and self._columnwise:  # the table's ids, one modality
-            return _Items(zeros, list(range(n)), own, mods, self._listed_sources(chunk, cheap), metas, [False] * n)
+            metas = (None if cheap or chunk.arrow is None else
+                     metadata_json(chunk.arrow, [c for c in chunk.arrow.column_names if c not in self._skip]))
+            return _Items(zeros, list(range(n)), own, mods, self._listed_sources(chunk, cheap),
+                          _chunk_metas(chunk, self._skip) if metas is None else metas, [False] * n)
+        metas = _chunk_metas(chunk, self._skip)
         imgs = chunk.column(self._img_col) if self._img_col and "image" in mods else None
         urls = chunk.column(self._url_col) if self._url_col and "image" in mods else None
         texts = chunk.column(self._txt_col) if self._txt_col and "text" in mods else None
@@ -94,10 +98,17 @@ class TableSource(ImportSource):
                     ids.append(text_id(text))
         return _Items(zeros, list(range(n)), ids, mods, sources, metas, derived)
 
-    def _listed_sources(self, chunk: _Chunk, cheap: bool) -> list[dict]:
+    def _listed_sources(self, chunk: _Chunk, cheap: bool) -> Sequence[dict]:
         """The sources of a chunk of rows of one modality whose ids the table gives (no file is
         touched): those the row by row loop of :meth:`_chunk_items` makes, column by column."""
         n = len(chunk)
+        cells = chunk.arrow.column(self._img_col if self._modality == "image" else self._txt_col) \
+            if chunk.arrow is not None and not cheap and not self._url_col and \
+            (self._img_col if self._modality == "image" else self._txt_col) else None
+        made = None if cells is None else image_sources_json(cells, self._root_str) \
+            if self._modality == "image" else text_sources_json(cells)
+        if made is not None:  # the common cases, written column by column
+            return made
         if self._modality != "image":
             texts = _texts(chunk.column(self._txt_col)) if self._txt_col else [""] * n
             return [{"text": t} if t else {} for t in texts]

@@ -29,6 +29,11 @@ class _Chunk:
         return self._records
 
     @property
+    def arrow(self) -> Any:
+        """The rows as an Arrow table (None for a table read as records)."""
+        return self._arrow
+
+    @property
     def columns(self) -> list[str] | None:
         """The columns every row has (None: records may differ, as JSONL lines do)."""
         if self._arrow is not None:

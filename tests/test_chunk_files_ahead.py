@@ -1,0 +1,93 @@
+"""A chunk's files packed and written ahead of its commit (index/npz_bytes, index/atomic_files,
+index/chunks): the ``.npz`` as np.load reads it, files written ahead named or dropped, and the
+leftovers of a killed writer swept."""
+
+from __future__ import annotations
+
+import io
+import os
+import subprocess
+import sys
+import zipfile
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from nobackfill.index.atomic_files import AHEAD, AheadFile, stale_ahead_files
+from nobackfill.index.gallery import Gallery
+from nobackfill.index.npz_bytes import npz_bytes
+
+DIM = 8
+
+
+@settings(max_examples=60, deadline=None)
+@given(n=st.integers(0, 40), dim=st.integers(1, 9), ids=st.lists(st.text(min_size=1, max_size=6), max_size=40))
+def test_npz_bytes_are_read_by_np_load_as_savez_writes_them(n, dim, ids):
+    vectors = np.random.default_rng(n).standard_normal((n, dim)).astype(np.float32)
+    arrays = {"vectors": vectors, "ids": np.asarray(ids, dtype=str), "big": np.arange(n, dtype=np.int64)[::-1]}
+    data = npz_bytes(arrays)
+    assert zipfile.ZipFile(io.BytesIO(data)).testzip() is None  # every member's CRC holds
+    with np.load(io.BytesIO(data), allow_pickle=False) as ours:
+        ref = io.BytesIO()
+        np.savez(ref, **arrays)
+        with np.load(io.BytesIO(ref.getvalue()), allow_pickle=False) as theirs:
+            assert sorted(ours.files) == sorted(theirs.files)
+            for k in theirs.files:
+                assert ours[k].dtype == theirs[k].dtype and ours[k].shape == theirs[k].shape
+                assert np.array_equal(ours[k], theirs[k])
+
+
+def test_a_file_written_ahead_is_named_durably_or_dropped(tmp_path):
+    first = AheadFile.write(tmp_path, b"abc" * 1000)
+    second = AheadFile.write(tmp_path, b"xyz")
+    assert first.path.parent == tmp_path / AHEAD and str(os.getpid()) in first.path.name
+    first.name(tmp_path / "chunk.npz")
+    assert (tmp_path / "chunk.npz").read_bytes() == b"abc" * 1000
+    with pytest.raises(ValueError, match="closed"):
+        first.name(tmp_path / "again.npz")
+    second.close()
+    assert not list((tmp_path / AHEAD).iterdir()) and not (tmp_path / "again.npz").exists()
+    third = AheadFile.write(tmp_path, b"dropped")
+    path = third.path
+    del third  # dropped unnamed: gone with it
+    assert not path.exists()
+
+
+def test_files_written_ahead_by_a_process_that_is_gone_are_swept_by_the_next_open(tmp_path):
+    g = Gallery.create(tmp_path / "g", space_id="s", dim=DIM, model="m")
+    g.add("image", ["a"], np.ones((1, DIM), np.float32), space_id="s")
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    (tmp_path / "g" / AHEAD).mkdir(exist_ok=True)
+    stale = tmp_path / "g" / AHEAD / f"{int(dead.stdout)}-0123456789ab"
+    stale.write_bytes(b"half a chunk")
+    live = AheadFile.write(tmp_path / "g", b"this process's")
+    odd = tmp_path / "g" / AHEAD / "not-a-pid"
+    odd.write_bytes(b"?")
+    assert stale_ahead_files(tmp_path / "g") == sorted([stale, odd])
+    Gallery.open(tmp_path / "g")
+    assert not stale.exists() and not odd.exists() and live.path.exists()  # a live writer's file is left to it
+    live.close()
+    assert Gallery.open(tmp_path / "g").count("image") == 1
+
+
+def test_a_prepared_chunk_is_stored_as_prepared_or_rebuilt_when_some_rows_are_held(tmp_path):
+    g = Gallery.create(tmp_path / "g", space_id="s", dim=DIM, model="m")
+    x = np.random.default_rng(0).standard_normal((6, DIM)).astype(np.float32)
+    ready = g.prepare_rows("image", ["a", "b", "c"], x[:3])
+    assert ready.npz_file is not None and ready.npz_file.path.exists()
+    added, rows = g.add_rows("image", ["a", "b", "c"], x[:3], space_id="s", prepared=ready)
+    assert added == 3 and rows.tolist() == [0, 1, 2]
+    again = g.prepare_rows("image", ["c", "d"], x[2:4])  # "c" is held: its files are not the chunk's
+    added, rows = g.add_rows("image", ["c", "d"], x[2:4], space_id="s", prepared=again)
+    assert added == 1 and rows.tolist() == [2, 3]
+    other = g.prepare_rows("image", ["e"], x[4:5])  # prepared for other ids than those added: not used
+    added, rows = g.add_rows("image", ["f"], x[5:6], space_id="s", prepared=other)
+    assert added == 1 and rows.tolist() == [4]
+    assert not list((tmp_path / "g" / AHEAD).iterdir())  # every file written ahead was named or dropped
+    g = Gallery.open(tmp_path / "g")
+    assert np.allclose(g.get_vectors("image", ["a", "b", "c", "d", "f"]), x[[0, 1, 2, 3, 5]])
+    assert g.verify().ok
+    with pytest.raises(ValueError, match="NaN"):
+        g.prepare_rows("image", ["z"], np.full((1, DIM), np.nan, np.float32))
