@@ -125,3 +125,19 @@ def test_a_memory_mapped_npy_reads_the_same_rows_after_its_pages_are_released(tm
     np.testing.assert_array_equal(first, vecs)
     np.testing.assert_array_equal(again, vecs)
     np.testing.assert_array_equal(layer.raw(1234, 1300), vecs[1234:1300])
+
+
+def test_keys_not_held_mostly_skip_the_binary_searches(monkeypatch):
+    """The filter of held keys: across its growths every held key is still found, and of keys not
+    held only about one in 16 (at most one in 8 here) reaches the sorted arrays."""
+    ki = KeyIndex()
+    held = [f"held-{i}" for i in range(100_000)]
+    for s in range(0, len(held), 7000):  # the filter grows several times
+        ki.add(held[s:s + 7000], s)
+    searched = []
+    real = K._Sorted.find
+    monkeypatch.setattr(K._Sorted, "find", lambda self, hi, lo: searched.append(len(hi)) or real(self, hi, lo))
+    absent = [f"absent-{i}" for i in range(20_000)]
+    assert (ki.rows(absent) == -1).all()
+    assert sum(searched) < len(absent) // 8 * 2  # (the large array, then the small one for its misses)
+    assert ki.rows(held[::101]).tolist() == list(range(0, len(held), 101))

@@ -12,7 +12,7 @@ import os
 import uuid
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Iterator, Sequence
 
 try:  # POSIX advisory locks; elsewhere a gallery is single-writer by convention
     import fcntl
@@ -75,17 +75,18 @@ class AheadFile:
         self.path, self._fd = path, fd
 
     @classmethod
-    def write(cls, folder: str | Path, data: bytes) -> "AheadFile":
-        """Write ``data`` to a new file in ``folder`` / :data:`AHEAD`."""
+    def write(cls, folder: str | Path, data: "bytes | Sequence[bytes | memoryview]") -> "AheadFile":
+        """Write ``data`` (bytes, or consecutive buffers) to a new file in ``folder`` / :data:`AHEAD`."""
         ahead = Path(folder) / AHEAD
         ahead.mkdir(exist_ok=True)
         path = ahead / f"{os.getpid()}-{uuid.uuid4().hex[:12]}"
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
         made = cls(path, fd)
         try:
-            view = memoryview(data).cast("B")
-            while view:
-                view = view[os.write(fd, view):]
+            for part in [data] if isinstance(data, bytes) else data:
+                view = memoryview(part).cast("B")
+                while view:
+                    view = view[os.write(fd, view):]
             if hasattr(os, "posix_fadvise"):  # Linux starts writing the pages out: fsync finds less to do
                 os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
         except BaseException:
@@ -185,8 +186,14 @@ def read_tagged_json(path: str | Path, fmt: str, *, error: type[Exception] = Val
     return m
 
 
-def _sha256(data: bytes) -> str:
-    return hashlib.sha256(data).hexdigest()
+def _sha256(data: "bytes | Sequence[bytes | memoryview]") -> str:
+    """The SHA-256 of ``data`` (bytes, or consecutive buffers)."""
+    if isinstance(data, bytes):
+        return hashlib.sha256(data).hexdigest()
+    h = hashlib.sha256()
+    for part in data:
+        h.update(part)
+    return h.hexdigest()
 
 
 def file_sha256(path: Path) -> str:

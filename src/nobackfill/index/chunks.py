@@ -18,7 +18,7 @@ from .atomic_files import _TMP, AheadFile, _dir_lock, _now, _sha256, atomic_writ
 from .gallery_manifest import (_CHUNK_RE, CHUNK_DIR, MODALITIES, _check_modality, _Columns, _manifest_stat,
                                _read_manifest, _write_manifest)
 from .key_index import key_hashes
-from .npz_bytes import npz_bytes
+from .npz_bytes import npz_parts
 from .vector_index import all_finite
 from .gallery_types import CorruptGalleryError, DuplicateIdError, SpaceMismatchError
 
@@ -27,10 +27,12 @@ __all__ = ["GalleryChunks", "PreparedChunk"]
 log = logging.getLogger("nobackfill.index.gallery")
 
 
-def _chunk_files(ids: list[str], vecs: np.ndarray, metas: list[dict[str, Any]] | None) -> tuple[bytes, str, bytes, str]:
-    """A chunk's two files and their SHA-256: the ``.npz`` of its vectors and ids, the JSON lines
-    of its metadata (``metas`` None: none)."""
-    npz = npz_bytes({"vectors": vecs, "ids": np.asarray(ids, dtype=str)})
+def _chunk_files(ids: list[str], vecs: np.ndarray, metas: list[dict[str, Any]] | None
+                 ) -> tuple[list[bytes | memoryview], str, bytes, str]:
+    """A chunk's two files and their SHA-256: the ``.npz`` of its vectors and ids (in parts:
+    :func:`~nobackfill.index.npz_bytes.npz_parts`), the JSON lines of its metadata (``metas``
+    None: none)."""
+    npz = npz_parts({"vectors": vecs, "ids": np.asarray(ids, dtype=str)})
     try:
         meta = b"{}\n" * len(ids) if metas is None else \
             "".join(json.dumps(m, sort_keys=True, ensure_ascii=False, allow_nan=False) + "\n" if m else "{}\n"
@@ -48,7 +50,7 @@ class PreparedChunk:
     ids: list[str]
     vectors: np.ndarray
     hashes: tuple[np.ndarray, np.ndarray]
-    npz: bytes
+    npz: list[bytes | memoryview]
     npz_sha256: str
     meta: bytes
     meta_sha256: str
@@ -336,7 +338,8 @@ class GalleryChunks:
         return len(ids), rows
 
     def _commit_chunk(self, modality: str, ids: list[str], hashes: tuple[np.ndarray, np.ndarray],
-                      files: tuple[bytes, str, bytes, str], npz_file: AheadFile | None = None) -> None:
+                      files: tuple[list[bytes | memoryview], str, bytes, str],
+                      npz_file: AheadFile | None = None) -> None:
         """Write a chunk's files (:func:`_chunk_files`; the ``.npz`` is ``npz_file`` when it was
         written ahead), then the manifest that names them (caller holds the lock); ``hashes``:
         the ids' :func:`~nobackfill.index.key_index.key_hashes`."""
@@ -356,7 +359,7 @@ class GalleryChunks:
         if npz_file is not None:
             npz_file.name(self.path / entry["npz"])
         else:
-            atomic_write_bytes(self.path / entry["npz"], npz)
+            atomic_write_bytes(self.path / entry["npz"], b"".join(npz))
         atomic_write_bytes(self.path / entry["meta"], meta)
         manifest = json.loads(json.dumps(self._manifest))
         mod = manifest["modalities"][modality]

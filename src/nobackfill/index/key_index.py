@@ -1,4 +1,4 @@
-"""The row of each key a store holds, in 24 bytes a key (:class:`KeyIndex`).
+"""The row of each key a store holds, in about 26 bytes a key (:class:`KeyIndex`).
 
 A gallery's chunks hold their rows' keys; the store must answer "which row holds key k" for every
 add (keys already held are skipped) and every lookup. A Python ``dict`` of the key strings costs
@@ -6,6 +6,7 @@ about 200 bytes a key (200 MB at a million rows). Here each key is reduced to a 
 (:func:`key_hashes`), kept in two sorted arrays: a large one and a small one that new keys are merged into,
 itself merged into the large one when it outgrows a quarter of it (amortised O(log n) a key). Two
 different keys share a 128-bit hash with probability about n^2 / 2^129 (1e-27 at a million keys).
+A filter of 16 bits a key sends only the keys that may be held to the binary searches.
 """
 
 from __future__ import annotations
@@ -67,15 +68,44 @@ def _empty() -> _Sorted:
     return _Sorted(np.zeros(0, np.uint64), np.zeros(0, np.uint64), np.zeros(0, np.int64))
 
 
+#: bits of the filter of held keys per key held (at least): about 1 in 16 absent keys passes it
+FILTER_BITS_PER_KEY = 16
+
+
 class KeyIndex:
-    """Key -> row of a store's rows (rows are only appended, keys unique)."""
+    """Key -> row of a store's rows (rows are only appended, keys unique). A bit per
+    :data:`FILTER_BITS_PER_KEY` held keys' slots (set where a held key's first hash falls) sends
+    only the keys that may be held to the binary searches: a batch of new keys, the common case of
+    an add, mostly skips them."""
 
     def __init__(self) -> None:
         self._big = _empty()
         self._small = _empty()
+        self._bits = np.zeros(1 << 13, np.uint8)  # 2^16 slots
+        self._shift = np.uint64(64 - 16)
 
     def __len__(self) -> int:
         return len(self._big) + len(self._small)
+
+    def _slots(self, hi: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Each hash's filter byte and the bit in it."""
+        slot = hi >> self._shift
+        return slot >> np.uint64(3), np.left_shift(np.uint8(1), (slot & np.uint64(7)).astype(np.uint8))
+
+    def _mark(self, hi: np.ndarray) -> None:
+        if (len(self) + len(hi)) * FILTER_BITS_PER_KEY > 8 * len(self._bits):  # grown: a larger filter, refilled
+            bits = 16
+            while (1 << bits) < 2 * (len(self) + len(hi)) * FILTER_BITS_PER_KEY:
+                bits += 1
+            self._bits, self._shift = np.zeros(1 << (bits - 3), np.uint8), np.uint64(64 - bits)
+            hi = np.concatenate([self._big.hi, self._small.hi, hi])
+        byte, bit = self._slots(hi)
+        np.bitwise_or.at(self._bits, byte, bit)
+
+    def _maybe(self, hi: np.ndarray) -> np.ndarray:
+        """False where no held key has this first hash."""
+        byte, bit = self._slots(hi)
+        return (self._bits[byte] & bit) != 0
 
     def add(self, keys: Sequence[str] | np.ndarray, first_row: int) -> None:
         """Record ``keys`` at rows ``first_row, first_row + 1, ...`` (keys not held yet)."""
@@ -84,6 +114,7 @@ class KeyIndex:
     def add_hashes(self, hi: np.ndarray, lo: np.ndarray, first_row: int) -> None:
         """:meth:`add` of keys given by their :func:`key_hashes`."""
         rows = np.arange(first_row, first_row + len(hi), dtype=np.int64)
+        self._mark(hi)
         s = self._small
         self._small = _Sorted(np.concatenate([s.hi, hi]), np.concatenate([s.lo, lo]), np.concatenate([s.rows, rows]))
         if len(self._small) > max(65536, len(self._big) // 4):
@@ -98,8 +129,14 @@ class KeyIndex:
 
     def rows_of(self, hi: np.ndarray, lo: np.ndarray) -> np.ndarray:
         """:meth:`rows` of keys given by their :func:`key_hashes`."""
-        out = self._big.find(hi, lo)
-        miss = out < 0
+        maybe = np.flatnonzero(self._maybe(hi))
+        out = np.full(len(hi), -1, np.int64)
+        if not len(maybe):
+            return out
+        hi, lo = hi[maybe], lo[maybe]
+        found = self._big.find(hi, lo)
+        miss = found < 0
         if miss.any() and len(self._small):
-            out[miss] = self._small.find(hi[miss], lo[miss])
+            found[miss] = self._small.find(hi[miss], lo[miss])
+        out[maybe] = found
         return out

@@ -12,7 +12,7 @@ from typing import Mapping
 
 import numpy as np
 
-__all__ = ["npz_bytes"]
+__all__ = ["npz_bytes", "npz_parts"]
 
 _LOCAL = struct.Struct("<IHHHHHIIIHH")  # local file header, before the name
 _CENTRAL = struct.Struct("<IHHHHHHIIIHHHHHII")  # central directory header, before the name
@@ -34,13 +34,14 @@ def _npy(array: np.ndarray) -> tuple[bytes, np.ndarray]:
     return head.getvalue(), a
 
 
-def npz_bytes(arrays: Mapping[str, np.ndarray]) -> bytes:
-    """The ``.npz`` of ``arrays`` (no object arrays); archives past 4 GiB go through ``np.savez``."""
+def npz_parts(arrays: Mapping[str, np.ndarray]) -> list[bytes | memoryview]:
+    """The ``.npz`` of ``arrays`` (no object arrays) as consecutive buffers (the arrays' own, not
+    copied: written and hashed part by part); archives past 4 GiB go through ``np.savez``."""
     members = [(f"{name}.npy".encode("utf-8"), *_npy(a)) for name, a in arrays.items()]
     if sum(len(h) + a.nbytes + 100 for _, h, a in members) >= _LIMIT or any(a.dtype.hasobject for _, _, a in members):
         buf = io.BytesIO()
         np.savez(buf, **arrays)
-        return buf.getvalue()
+        return [buf.getvalue()]
     parts: list[bytes | memoryview] = []
     central: list[bytes] = []
     offset = 0
@@ -55,5 +56,9 @@ def npz_bytes(arrays: Mapping[str, np.ndarray]) -> bytes:
         parts += [local, head, data]
         offset += len(local) + size
     directory = b"".join(central)
-    parts += [directory, _END.pack(0x06054B50, 0, 0, len(central), len(central), len(directory), offset, 0)]
-    return b"".join(parts)
+    return parts + [directory, _END.pack(0x06054B50, 0, 0, len(central), len(central), len(directory), offset, 0)]
+
+
+def npz_bytes(arrays: Mapping[str, np.ndarray]) -> bytes:
+    """The ``.npz`` of ``arrays`` in one piece (:func:`npz_parts` joined)."""
+    return b"".join(npz_parts(arrays))
