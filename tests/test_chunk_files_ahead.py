@@ -85,9 +85,13 @@ def test_a_prepared_chunk_is_stored_as_prepared_or_rebuilt_when_some_rows_are_he
     other = g.prepare_rows("image", ["e"], x[4:5])  # prepared for other ids than those added: not used
     added, rows = g.add_rows("image", ["f"], x[5:6], space_id="s", prepared=other)
     assert added == 1 and rows.tolist() == [4]
+    stale = g.prepare_rows("image", ["g"], x[4:5])  # prepared for other vectors: not used either
+    added, rows = g.add_rows("image", ["g"], x[5:6] * 2, space_id="s", prepared=stale)
+    assert added == 1 and rows.tolist() == [5]
     assert not list((tmp_path / "g" / AHEAD).iterdir())  # every file written ahead was named or dropped
     g = Gallery.open(tmp_path / "g")
-    assert np.allclose(g.get_vectors("image", ["a", "b", "c", "d", "f"]), x[[0, 1, 2, 3, 5]])
+    assert np.allclose(g.get_vectors("image", ["a", "b", "c", "d", "f", "g"]), np.concatenate([x[[0, 1, 2, 3, 5]],
+                                                                                          x[5:6] * 2]))
     assert g.verify().ok
     with pytest.raises(ValueError, match="NaN"):
         g.prepare_rows("image", ["z"], np.full((1, DIM), np.nan, np.float32))

@@ -28,7 +28,8 @@ def format_markdown(result: dict[str, Any]) -> str:
             lines.append(f"| {r['n']:,} | {r['rows_per_s']:,.0f} | {r['import_s']} | {cpu} | {r['peak_rss_mb']} | "
                          f"{r['vector_mb']} | {r['rss_over_vectors_mb']} | {r['base_rss_mb']} | {r['disk_mb']} | "
                          f"{r.get('python_loop_s', '')} |")
-        lines += ["", "A fresh process opens and imports an .npy + parquet table (trusted: no model check; "
+        lines += ["", "A fresh process opens and imports an .npy + parquet table, written and synced to disk "
+                  "before (trusted: no model check; "
                   "Flat backend: no index built). Peak RSS is the whole process, vectors included, plus the "
                   "peak of the worker process that commits the catalog's rows when one does (from 200,000 "
                   "rows): the .npy is memory-mapped and each batch's pages are released once read, so the "

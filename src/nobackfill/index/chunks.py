@@ -290,18 +290,17 @@ class GalleryChunks:
         if space_id != self.space_id:
             raise SpaceMismatchError(self.space_id, space_id, f"add {modality} vectors to gallery {self.path}",
                                      what="vectors", hint="a gallery holds one embedding space")
-        if prepared is not None and metadata is None and prepared.ids == list(ids):
-            ids, vecs, metas, hashes = prepared.ids, prepared.vectors, None, prepared.hashes
-        else:
-            if prepared is not None:
-                prepared.discard()
-            ids, vecs, metas, hashes = self._checked(ids, vectors, metadata)
-            prepared = None
+        usable = prepared is not None and metadata is None and prepared.ids == list(ids) and \
+            (prepared.vectors is vectors or np.array_equal(prepared.vectors, vectors))
         try:
-            return self._add_checked(modality, ids, vecs, metas, hashes, skip_existing, prepared)
+            if usable:
+                ids, vecs, metas, hashes = prepared.ids, prepared.vectors, None, prepared.hashes
+            else:
+                ids, vecs, metas, hashes = self._checked(ids, vectors, metadata)
+            return self._add_checked(modality, ids, vecs, metas, hashes, skip_existing, prepared if usable else None)
         finally:
             if prepared is not None:
-                prepared.discard()  # (named by the commit, or not used)
+                prepared.discard()  # (a no-op once the commit named its file)
 
     def _add_checked(self, modality: str, ids: list[str], vecs: np.ndarray, metas: list[dict[str, Any]] | None,
                      hashes: tuple[np.ndarray, np.ndarray], skip_existing: bool,
