@@ -90,7 +90,7 @@ def test_placed_rows_commit_as_commit_rows_does_new_changed_and_unchanged_alike(
             assert (r.added, r.unchanged) == (4, 2)
         else:
             staged = _stage_vectors(c, ids[2:], vecs, sources=None, **batch)
-            assert c.commit_placed_rows(staged.placed_rows()) == 4
+            assert c.commit_placed_columns(staged.space, staged.columns()) == 4
         twins[how] = _state(tmp_path / how)
     assert twins["rows"] == twins["placed"]
     c = Collection.open(tmp_path / "placed")

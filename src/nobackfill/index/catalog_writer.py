@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import json
 import sqlite3
-from itertools import chain
-from operator import itemgetter
 from typing import TYPE_CHECKING, Any, Iterable, Sequence
 
 import numpy as np
@@ -76,79 +74,91 @@ class Writer:
         return list(map(_row, self.execute(f"SELECT {_ROW_COLS} FROM items ORDER BY rid").fetchall()))
 
     def insert(self, items: Sequence[tuple], served: Sequence[tuple[str | None, int | None]] | None = None, *,
-               new_ids_only: bool = False, placed: bool = False) -> list[int | None]:
+               new_ids_only: bool = False) -> list[int | None]:
         """Insert ``(id, modality, key, source json, metadata json)`` rows, each served by
-        ``served[i]`` (space, row) if given (``placed``: the rows carry their space and row as two
-        more fields); their rids, in order. ``new_ids_only``: a row whose id is live already is left
-        out (its rid is None), without a lookup per row first."""
+        ``served[i]`` (space, row) if given; their rids, in order. ``new_ids_only``: a row whose id
+        is live already is left out (its rid is None), without a lookup per row first."""
         if not items:
             return []
-        if placed:
-            rows = items if isinstance(items, list) else list(items)
-        else:
-            served = served if served is not None else [(None, None)] * len(items)
-            rows = list(map(tuple.__add__, map(tuple, items), map(tuple, served)))
+        served = served if served is not None else [(None, None)] * len(items)
+        ids, modalities, keys, sources, metadata = (list(c) for c in zip(*items))
+        spaces, rows = (list(c) for c in zip(*served))
+        return self.insert_columns([ids, modalities, keys, sources, metadata, spaces, rows], new_ids_only=new_ids_only)
+
+    def insert_columns(self, columns: Sequence[list], *, new_ids_only: bool = False) -> list[int | None]:
+        """:meth:`insert` of rows given column by column: ids, modalities, keys, source JSON,
+        metadata JSON, serving spaces and serving rows (lists of one length; a space or row may be
+        None)."""
+        ids, mods, _, _, _, spaces, pos = columns
+        if not ids:
+            return []
         before = int(self.execute("SELECT coalesce(max(rid), 0) FROM items").fetchone()[0]) if new_ids_only else 0
-        self._insert_rows(rows, " ON CONFLICT (id) DO NOTHING" if new_ids_only else "")
+        self._insert_columns(columns, " ON CONFLICT (id) DO NOTHING" if new_ids_only else "")
         rids: list[int | None]
         if new_ids_only:  # one writer at a time: the rows past ``before`` are this insert's
             n_new, lo, hi = self.execute("SELECT count(*), min(rid), max(rid) FROM items WHERE rid > ?",
                                          (before,)).fetchone()
-            if n_new == len(items) and hi - lo + 1 == n_new:  # every row went in, in order: consecutive rids
+            if n_new == len(ids) and hi - lo + 1 == n_new:  # every row went in, in order: consecutive rids
                 rids = list(range(int(lo), int(hi) + 1))
             else:
                 got = dict((i, int(r)) for r, i in self.execute("SELECT rid, id FROM items WHERE rid > ?", (before,)))
-                rids = [got.get(it[0]) for it in items]
+                rids = [got.get(i) for i in ids]
         else:
-            first = self.execute("SELECT rid FROM items WHERE id = ?", (items[0][0],)).fetchone()[0]
-            last = self.execute("SELECT rid FROM items WHERE id = ?", (items[-1][0],)).fetchone()[0]
-            if last - first + 1 == len(items):  # one writer at a time: consecutive rids
+            first = self.execute("SELECT rid FROM items WHERE id = ?", (ids[0],)).fetchone()[0]
+            last = self.execute("SELECT rid FROM items WHERE id = ?", (ids[-1],)).fetchone()[0]
+            if last - first + 1 == len(ids):  # one writer at a time: consecutive rids
                 rids = list(range(int(first), int(last) + 1))
             else:  # pragma: no cover - a sequence with gaps
-                by_id = self.rows_by_id([it[0] for it in items])
-                rids = [by_id[it[0]].rid for it in items]
-        mods = list(map(itemgetter(1), rows))
-        spaces = set(map(itemgetter(5), rows))
-        if None not in rids and len(spaces) == 1 and None not in spaces and len(set(mods)) == 1:
+                by_id = self.rows_by_id(ids)
+                rids = [by_id[i].rid for i in ids]
+        kinds, places = set(mods), set(spaces)
+        if None not in rids and len(places) == 1 and None not in places and len(kinds) == 1:
             # one space, one modality, every row inserted (the bulk path): whole arrays at once
             try:
-                pos = np.fromiter(map(itemgetter(6), rows), np.int64, len(rows))
-            except TypeError:  # a row without a position: row by row below
-                pos = None
-            if pos is not None:
-                self._counts[mods[0]] += len(items)
-                self.set_serving_many(spaces.pop(), mods[0], pos, np.asarray(rids, np.int64))
+                at = np.asarray(pos, np.int64)
+            except (TypeError, ValueError):  # a row without a position: row by row below
+                at = None
+            if at is not None:
+                self._counts[mods[0]] += len(ids)
+                self.set_serving_many(places.pop(), mods[0], at, np.asarray(rids, np.int64))
                 return rids
         groups: dict[tuple[str, str], tuple[list[int], list[int]]] = {}
-        for rid, m, sp, pos in zip(rids, mods, map(itemgetter(5), rows), map(itemgetter(6), rows)):
+        for rid, m, sp, p in zip(rids, mods, spaces, pos):
             if rid is None:
                 continue
             self._counts[m] += 1
-            if sp is not None and pos is not None:
+            if sp is not None and p is not None:
                 g = groups.setdefault((sp, m), ([], []))
-                g[0].append(pos)
+                g[0].append(p)
                 g[1].append(rid)
-        for (sp, modality), (pos, rid) in groups.items():
-            self.set_serving_many(sp, modality, np.asarray(pos, np.int64), np.asarray(rid, np.int64))
+        for (sp, modality), (p, rid) in groups.items():
+            self.set_serving_many(sp, modality, np.asarray(p, np.int64), np.asarray(rid, np.int64))
         return rids
 
-    def _insert_rows(self, rows: list[tuple], tail: str) -> None:
-        """INSERT ``(id, modality, key, source, metadata, space, pos)`` rows, :data:`ROWS_PER_INSERT`
-        to a statement (in order: their rids ascend with them). One statement of many rows costs
-        about half as much a row as one statement a row."""
+    def _insert_columns(self, columns: Sequence[list], tail: str) -> None:
+        """INSERT rows given column by column (``(id, modality, key, source, metadata, space, pos)``),
+        :data:`ROWS_PER_INSERT` to a statement (in order: their rids ascend with them). One
+        statement of many rows costs about half as much a row as one statement a row; its
+        parameters are laid out by slice assignment, a column at a time (no tuple per row)."""
         head = "INSERT INTO items (id, modality, key, source, metadata, space, pos, generation) VALUES "
         one = f"(?, ?, ?, ?, ?, ?, ?, {int(self.generation)})"
+        width, n = len(columns), len(columns[0])
+
+        def params(a: int, b: int) -> list:
+            flat: list = [None] * (width * (b - a))
+            for j, col in enumerate(columns):
+                flat[j::width] = col[a:b]
+            return flat
+
         m = ROWS_PER_INSERT
-        whole = len(rows) - len(rows) % m
+        whole = n - n % m
         try:
             cur = self.conn.cursor()
             if whole:
                 cur.executemany(self.catalog._sql(head + ", ".join([one] * m) + tail),
-                                [list(chain.from_iterable(rows[i:i + m])) for i in range(0, whole, m)])
-            if whole < len(rows):
-                rest = rows[whole:]
-                cur.execute(self.catalog._sql(head + ", ".join([one] * len(rest)) + tail),
-                            list(chain.from_iterable(rest)))
+                                [params(a, a + m) for a in range(0, whole, m)])
+            if whole < n:
+                cur.execute(self.catalog._sql(head + ", ".join([one] * (n - whole)) + tail), params(whole, n))
         except Exception as e:
             raise self.catalog._error(e) from e
 

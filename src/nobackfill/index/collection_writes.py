@@ -138,29 +138,30 @@ class CollectionWrites:
             w.insert(rows, [placed.get((r[1], r[2]), (None, None)) for r in rows])
         return new + len(rows) + len(gone)
 
-    def commit_placed_rows(self, rows: Sequence[tuple[str, str, str, str, str, str, int]]) -> int:
+    def commit_placed_columns(self, space: str, columns: Sequence[list]) -> int:
         """:meth:`commit_rows` (``skip_unchanged``) of rows that carry where their vectors were just
-        stored, ``(id, modality, key, source JSON, metadata JSON, space, row)`` (one space): an
-        import's worker commits batches so. While that space is the current one, rows of new ids
-        go in as given, without a lookup or a new tuple each; the others (a repeated import) are
-        compared with the live items by :meth:`commit_rows`, in a transaction of their own."""
-        rows = rows if isinstance(rows, list) else list(rows)
-        if not rows:
+        stored in ``space``, given column by column: ids, modalities, keys, source JSON, metadata
+        JSON and rows (an import's worker commits batches so). While that space is the current one,
+        rows of new ids go in as given, without a lookup or a tuple each; the others (a repeated
+        import) are compared with the live items by :meth:`commit_rows`, in a transaction of their
+        own."""
+        ids, modalities, keys, sources, metadata, rows = (list(c) for c in columns)
+        if len({len(ids), len(modalities), len(keys), len(sources), len(metadata), len(rows)}) > 1:
+            raise ValueError("placed columns must be of one length")
+        if not ids:
             return 0
-        space = rows[0][5]
-        if len(set(map(itemgetter(5), rows))) > 1:
-            raise ValueError("placed rows must all be of one space")
-        left, new = rows, 0
+        left, new = list(range(len(ids))), 0
         with self._writing() as w:
             plan = w.header["plan"]
             if space == plan.current and getattr(self.gallery(space, plan), "stable_positions", False):
-                rids = w.insert(rows, new_ids_only=True, placed=True)
-                left = [r for r, rid in zip(rows, rids) if rid is None] if None in rids else []
-                new = len(rows) - len(left)
+                rids = w.insert_columns([ids, modalities, keys, sources, metadata, [space] * len(ids), rows],
+                                        new_ids_only=True)
+                left = [j for j, rid in enumerate(rids) if rid is None] if None in rids else []
+                new = len(ids) - len(left)
             w.unchanged = not new  # nothing written: no new generation
         if left:
-            new += self.commit_rows([r[:5] for r in left], stored=(space, {r[2]: r[6] for r in left}),
-                                    skip_unchanged=True)
+            new += self.commit_rows([(ids[j], modalities[j], keys[j], sources[j], metadata[j]) for j in left],
+                                    stored=(space, {keys[j]: rows[j] for j in left}), skip_unchanged=True)
         return new
 
     def delete(self, ids: Iterable[str], *, missing_ok: bool = False) -> int:

@@ -7,8 +7,8 @@ and stores batch ``k + 1`` (storing in a thread of its own, while the batch afte
 
 - a batch's vectors are stored (their chunk committed) before its rows are handed over, and the
   worker commits batches in the order given, each in one catalog transaction
-  (:meth:`~nobackfill.index.collection.Collection.commit_rows`, the same call an import makes in
-  process); batches that queued up while the worker was busy go in one transaction together (a
+  (:meth:`~nobackfill.index.collection.Collection.commit_placed_columns`: the rows of new ids
+  as given, the others through ``commit_rows``, the call an import makes in process); batches that queued up while the worker was busy go in one transaction together (a
   group commit: fewer, larger transactions when the catalog is the slower side);
 - a kill of either process leaves the catalog at the last committed transaction; the import, run
   again, finds what was committed (the worker ends when the import's end of the pipe closes, a
@@ -19,7 +19,7 @@ and stores batch ``k + 1`` (storing in a thread of its own, while the batch afte
 
 The pipe carries length-prefixed JSON frames (orjson): to the worker ``{"space": space,
 "columns": [ids, modalities, keys, sources JSON, metadata JSON, rows]}`` (columns: fewer, larger
-JSON arrays to decode, zipped into rows in C); back
+JSON arrays to decode, laid out as the INSERTs' parameters by slice assignment); back
 ``{"upto": batches committed, "added": items}`` or ``{"error": ..., "type": ...}``, and last
 ``{"end": true, "peak_rss_mb": ...}`` (the worker's own peak memory, which an import reports).
 """
@@ -31,13 +31,13 @@ import struct
 import subprocess
 import sys
 import threading
-from itertools import chain, repeat
+from itertools import chain
 from pathlib import Path
-from typing import IO, Any, Iterator, Sequence
+from typing import IO, Any, Sequence
 
 import orjson
 
-__all__ = ["CommitWorker", "CommitWorkerError", "placed_rows"]
+__all__ = ["CommitWorker", "CommitWorkerError"]
 
 _LEN = struct.Struct("<Q")
 #: a group commit takes at most this many rows in one transaction
@@ -109,7 +109,7 @@ class CommitWorker:
     def submit(self, space: str, columns: Sequence[Sequence[Any]]) -> list[int]:
         """Hand over one batch of items whose vectors are stored already in ``space``, column by
         column: ids, modalities, keys, sources JSON, metadata JSON and each vector's row in the
-        store (the rows of :meth:`~nobackfill.index.collection.Collection.commit_placed_rows`;
+        store (the columns of :meth:`~nobackfill.index.collection.Collection.commit_placed_columns`;
         columns cost the pipe and the worker less than rows). Returns the numbers (from 1) of the
         batches whose commits completed meanwhile; waits while ``max_pending`` batches are in
         flight."""
@@ -171,14 +171,6 @@ class CommitWorker:
                                  f"{self.committed} of {self._sent} batches" + (f": {said[-2000:]}" if said else ""))
 
 
-def placed_rows(space: str, columns: Sequence[Sequence[Any]]) -> Iterator[tuple]:
-    """The ``(id, modality, key, source JSON, metadata JSON, space, row)`` rows of
-    :meth:`~nobackfill.index.collection.Collection.commit_placed_rows` from a batch's columns (as
-    :meth:`CommitWorker.submit` takes them), zipped in C."""
-    ids, modalities, keys, sources, metadata, rows = columns
-    return zip(ids, modalities, keys, sources, metadata, repeat(space), rows)
-
-
 def _serve(path: str, inp: IO[bytes], out: IO[bytes]) -> None:
     """The worker: commit the batches read from ``inp`` in order, grouping those already waiting."""
     from ..memory import cyclic_gc_paused, peak_rss_mb
@@ -226,9 +218,9 @@ def _commit_batches(collection: Any, inbox: queue.Queue, out: IO[bytes]) -> bool
                 break
             group.append(nxt)
             n += len(nxt["columns"][0])
-        rows = list(chain.from_iterable(placed_rows(m["space"], m["columns"]) for m in group))
+        columns = [list(chain.from_iterable(m["columns"][j] for m in group)) for j in range(6)]
         try:
-            added = collection.commit_placed_rows(rows)
+            added = collection.commit_placed_columns(msg["space"], columns)
         except Exception as e:  # told to the import, which raises it
             _write_frame(out, {"error": str(e), "type": type(e).__name__})
             return False

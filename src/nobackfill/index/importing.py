@@ -33,7 +33,7 @@ import numpy as np
 from ..memory import cyclic_gc_paused
 from ..progress import progress_bar
 from .collection import MAX_ID_LENGTH, Collection, is_collection
-from .commit_worker import CommitWorker, placed_rows
+from .commit_worker import CommitWorker
 from .items import JsonRows, id_problem, rows_json
 from .model_check import DEFAULT_SAMPLES, DEFAULT_THRESHOLD, check_model, sample_rows
 from .gallery_manifest import MODALITIES
@@ -139,12 +139,9 @@ class _Staged:
         return list(zip(self.ids, self.modality, self.keys, self.sources, self.metadata))
 
     def columns(self) -> tuple[list[Any], ...]:
-        """The placed rows column by column, without the space (what a commit worker takes)."""
+        """The placed rows column by column, without the space (what a commit worker takes:
+        :meth:`~nobackfill.index.collection.Collection.commit_placed_columns`)."""
         return self.ids, self.modality, self.keys, self.sources, self.metadata, self.positions
-
-    def placed_rows(self) -> list[tuple[str, str, str, str, str, str, int]]:
-        """The rows :meth:`~nobackfill.index.collection.Collection.commit_placed_rows` takes."""
-        return list(placed_rows(self.space, self.columns()))
 
 
 def _stage_vectors(collection: Collection, ids: Sequence[str], vectors: np.ndarray, *,
