@@ -38,8 +38,10 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-def atomic_write_bytes(path: str | Path, data: bytes, *, tmp_prefix: str = _TMP) -> None:
-    """Write ``data`` to ``path`` so that readers see the old file or the whole new one.
+def atomic_write_bytes(path: str | Path, data: "bytes | Sequence[bytes | memoryview]", *,
+                       tmp_prefix: str = _TMP) -> None:
+    """Write ``data`` (bytes, or consecutive buffers) to ``path`` so that readers see the old file
+    or the whole new one.
 
     The data goes to ``<tmp_prefix><name>.<random>`` in the same directory first (a gallery removes
     stray ``.tmp-`` files as crash leftovers; other owners of a directory pass their own prefix)."""
@@ -47,15 +49,21 @@ def atomic_write_bytes(path: str | Path, data: bytes, *, tmp_prefix: str = _TMP)
     tmp = path.with_name(f"{tmp_prefix}{path.name}.{uuid.uuid4().hex[:12]}")
     try:
         with open(tmp, "wb") as f:
-            f.write(data)
+            f.write(data) if isinstance(data, bytes) else f.writelines(data)
             f.flush()
             os.fsync(f.fileno())
-        _crash_point("before")
-        os.replace(tmp, path)
+        _publish(tmp, path)
     except BaseException:
         with contextlib.suppress(OSError):
             tmp.unlink()
         raise
+
+
+def _publish(written: Path, path: Path) -> None:
+    """Rename the fsynced file ``written`` to ``path`` and fsync its directory (the commit step of
+    :func:`atomic_write_bytes` and :meth:`AheadFile.name`, between the test-only crash points)."""
+    _crash_point("before")
+    os.replace(written, path)
     _fsync_dir(path.parent)
     _crash_point("after")
 
@@ -98,18 +106,19 @@ class AheadFile:
         """Make the file durable as ``path`` (on the same file system); closes it."""
         if self._fd is None:
             raise ValueError(f"{self.path} was closed")
-        path = Path(path)
         try:
             os.fsync(self._fd)
-            _crash_point("before")
-            os.replace(self.path, path)
         except BaseException:
             self.close()
             raise
-        os.close(self._fd)
-        self._fd = None
-        _fsync_dir(path.parent)
-        _crash_point("after")
+        fd, self._fd = self._fd, None
+        os.close(fd)
+        try:
+            _publish(self.path, Path(path))
+        except BaseException:
+            with contextlib.suppress(OSError):
+                self.path.unlink()
+            raise
 
     def close(self) -> None:
         """Drop the file (unless it was named)."""

@@ -358,7 +358,7 @@ class GalleryChunks:
         if npz_file is not None:
             npz_file.name(self.path / entry["npz"])
         else:
-            atomic_write_bytes(self.path / entry["npz"], b"".join(npz))
+            atomic_write_bytes(self.path / entry["npz"], npz)
         atomic_write_bytes(self.path / entry["meta"], meta)
         manifest = json.loads(json.dumps(self._manifest))
         mod = manifest["modalities"][modality]

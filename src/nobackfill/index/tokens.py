@@ -27,6 +27,7 @@ import numpy as np
 from .atomic_files import _sha256, atomic_write_bytes, read_tagged_json
 from .gallery_manifest import MODALITIES
 from .gallery_types import CorruptGalleryError, GalleryError, SpaceMismatchError
+from .npz_bytes import npz_bytes
 
 __all__ = ["TOKENS_DIR", "TokenStore", "NoTokensError", "write_tokens"]
 
@@ -38,12 +39,6 @@ DTYPES = ("float16", "float32")
 
 class NoTokensError(GalleryError, FileNotFoundError):
     """The gallery has no stored tokens (of a modality)."""
-
-
-def _npz_bytes(**arrays: np.ndarray) -> bytes:
-    buf = io.BytesIO()
-    np.savez(buf, **arrays)
-    return buf.getvalue()
 
 
 def _read_manifest(root: Path) -> dict:
@@ -114,7 +109,7 @@ def write_tokens(gallery_dir: str | Path, modality: str, ids: Sequence[str], tok
     lengths = np.array([t.shape[0] for t in tokens], dtype=np.int64)
     offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
     flat = np.concatenate([np.asarray(t, dtype=np.float32) for t in tokens]) if tokens else np.zeros((0, dim))
-    data = _npz_bytes(ids=np.array(ids, dtype=str), offsets=offsets, tokens=flat.astype(dtype))
+    data = npz_bytes({"ids": np.array(ids, dtype=str), "offsets": offsets, "tokens": flat.astype(dtype)})
     atomic_write_bytes(folder / f"{modality}.npz", data)
     manifest["modalities"][modality] = {"file": f"{modality}.npz", "sha256": _sha256(data), "count": len(ids),
                                         "n_tokens": int(offsets[-1])}
