@@ -411,6 +411,43 @@ def test_factory_spec_parsing_and_errors():
         idx.add(l2_normalise(np.random.default_rng(1).standard_normal((10, DIM)).astype(np.float32)))
 
 
+@pytest.mark.parametrize("spec", ["Flat", "flat", "HNSW16", "hnsw:M=16,ef=32", "IVF16,Flat:nprobe=16"])
+def test_a_masks_search_parameters_are_made_once_and_follow_a_new_mask(spec):
+    """A snapshot's searches pass one mask object: its faiss parameters (bitmap, selector) are made
+    for the first search and reused; another mask (a later snapshot) gets its own, and every answer
+    is the exact one over the allowed rows."""
+    rng = np.random.default_rng(3)
+    x = l2_normalise(rng.standard_normal((600, DIM)).astype(np.float32))
+    idx = make_index(spec, DIM)
+    idx.add(x)
+    for keep in (2, 5):
+        mask = np.zeros(len(x), bool)
+        mask[::keep] = True
+        for q in (x[1:2], x[7:8], x[:4]):
+            scores, pos = idx.search(q, 5, mask=mask)
+            assert (pos % keep == 0).all()
+            best = np.sort(q @ x[mask].T, axis=1)[:, ::-1][:, :5]
+            assert np.allclose(scores[:, 0], best[:, 0], atol=1e-5)
+            if "IVF" not in spec:  # IVF makes its own parameters (nprobe) per search
+                made = idx._last_params
+                assert made is not None and made[0] is idx._last_mask[2]
+                scores2, pos2 = idx.search(q, 5, mask=mask)
+                assert idx._last_params is made and np.array_equal(pos, pos2)
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.sampled_from([np.float16, np.float32, np.float64]), st.sampled_from([(1, 8), (3, 5), (4,), (2, 3, 6)]),
+       st.sampled_from([1e-30, 1e-3, 1.0, 1e3, 1e30]), st.integers(0, 2**16))
+def test_l2_normalise_is_numpys_norm_bit_for_bit(dtype, shape, scale, seed):
+    """The query path's normalisation is ``x / max(norm(x), eps)`` as ``np.linalg.norm`` computes
+    it, to the last bit, for every float width (including squares that overflow or underflow)."""
+    with np.errstate(all="ignore"):
+        x = (np.random.default_rng(seed).standard_normal(shape) * scale).astype(dtype)
+        want = (x / np.maximum(np.linalg.norm(x, axis=-1, keepdims=True), 1e-12)).astype(np.float32)
+        got = l2_normalise(x)
+    assert got.dtype == np.float32 and np.array_equal(got, want, equal_nan=True)
+
+
 @settings(max_examples=200, deadline=None)
 @given(st.lists(st.floats(width=32, allow_nan=True, allow_infinity=True), min_size=0, max_size=40),
        st.integers(1, 4))

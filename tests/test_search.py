@@ -7,15 +7,17 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from _collection_helpers import NEW_REF, OLD_REF, HashEncoder, make_folder, pool_with, related_pair, \
     write_procrustes_upgrade
 from nobackfill.index.collection import Collection
 from nobackfill.index.ingest import add_items, folder_items, text_item
 from nobackfill.index.gallery_types import SpaceMismatchError
-from nobackfill.search import Searcher
+from nobackfill.search import Hit, Searcher
 from nobackfill.lifecycle.calibrate import CalibrationTask, calibrate, text_pair_task
-from nobackfill.search.merge import Candidate, ScoreMap, merge
+from nobackfill.search.merge import Candidate, ScoreMap, candidates, merge
 from nobackfill.lifecycle.plan_changes import pin_route, route_table, upgrade_collection
 from nobackfill.index.plan import Plan, UpgradeRecord
 from nobackfill.search.routes import RoutePlanner, find_bridge
@@ -61,6 +63,36 @@ def test_the_three_merges_order_as_documented():
     assert got == ["b1", "b2", "a1", "a2"]
     with pytest.raises(ValueError, match="merge must be one of"):
         merge(lists, 1, "average")
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(st.lists(st.sampled_from([0.9, 0.5, 0.5, 0.1, -0.2]), max_size=6), min_size=1, max_size=3),
+       st.integers(1, 12))
+def test_raw_merge_is_a_stable_sort_by_descending_score(score_lists, k):
+    """Candidates made in C (``candidates``) equal those made one by one, and the raw merge keeps
+    equal scores in list order, as the sort on the negated score did."""
+    lists = {}
+    for i, scores in enumerate(score_lists):
+        ids = [f"s{i}-{r}" for r in range(len(scores))]
+        made = candidates(f"s{i}", "native", scores, ids)
+        assert made == [Candidate(x, sc, f"s{i}", "native", r) for r, (x, sc) in enumerate(zip(ids, scores))]
+        assert all(type(c) is Candidate for c in made)
+        lists[f"s{i}"] = made
+    flat = [c for hits in lists.values() for c in hits]
+    assert merge(lists, k, "raw") == sorted(flat, key=lambda c: -c.score)[:k]
+
+
+def test_a_hit_is_a_named_tuple_whose_metadata_is_parsed_once():
+    h = Hit(1, 0.5, "a", "S", "native", '{"x": [1, 2]}')
+    assert (h.rank, h.score, h.id, h.space, h.route) == (1, 0.5, "a", "S", "native")
+    assert h.metadata == {"x": [1, 2]} and h.metadata is h.metadata  # parsed at the first read only
+    assert h == Hit(1, 0.5, "a", "S", "native", {"x": [1, 2]})  # JSON or dict: the same hit
+    assert h != Hit(1, 0.5, "a", "S", "native", {"x": [1]}) and h != Hit(2, 0.5, "a", "S", "native", {"x": [1, 2]})
+    assert Hit(1, 0.5, "a", "S", "native").metadata == {}
+    assert h.to_json() == {"rank": 1, "score": 0.5, "id": "a", "space": "S", "route": "native", "x": [1, 2]}
+    assert repr(h) == "Hit(rank=1, score=0.5, id='a', space='S', route='native', metadata={'x': [1, 2]})"
+    with pytest.raises(TypeError):
+        hash(h)
 
 
 # ----------------------------------------------------------------------------- routes

@@ -82,8 +82,12 @@ def l2_normalise(x: np.ndarray | torch.Tensor, eps: float = 1e-12):
     torch = sys.modules.get("torch")  # a tensor exists only once torch is imported
     if torch is not None and isinstance(x, torch.Tensor):
         return torch.nn.functional.normalize(x, dim=-1, eps=eps)
-    n = np.linalg.norm(x, axis=-1, keepdims=True)
-    return (x / np.maximum(n, eps)).astype(np.float32)
+    x = np.asarray(x)
+    if x.dtype.kind == "f":  # np.linalg.norm's own arithmetic, without its Python checks (a query's hot path)
+        n = np.sqrt(np.add.reduce(x * x, axis=-1, keepdims=True))
+    else:
+        n = np.linalg.norm(x, axis=-1, keepdims=True)
+    return (x / np.maximum(n, eps)).astype(np.float32, copy=False)
 
 
 def encode(encoder: Any, modality: str, inputs: Sequence[Any], *, progress: bool = False) -> np.ndarray:

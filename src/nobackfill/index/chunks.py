@@ -8,6 +8,7 @@ import contextlib
 import io
 import json
 import logging
+import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
@@ -61,6 +62,10 @@ class PreparedChunk:
         """Drop the file written ahead (the commit wrote other files, or none)."""
         if self.npz_file is not None:
             self.npz_file.close()
+
+
+#: float32's dtype (one object: a query's dtype is compared by identity)
+_F32 = np.dtype(np.float32)
 
 
 class GalleryChunks:
@@ -207,9 +212,9 @@ class GalleryChunks:
 
 
     def _check_rows(self, x: np.ndarray, what: str, n: int | None = None) -> np.ndarray:
-        if isinstance(x, np.ndarray) and x.dtype == np.float32 and x.ndim == 2 and x.shape[1] == self.dim and \
-                n is None and x.flags.c_contiguous:  # the common case, checked cheaply
-            if not all_finite(x):
+        if type(x) is np.ndarray and x.dtype is _F32 and x.ndim == 2 and x.shape[1] == self._manifest["dim"] and \
+                n is None and x.flags.c_contiguous:  # the common case (a search's query), checked cheaply
+            if not (math.isfinite(np.vdot(x, x)) or all_finite(x)):
                 raise ValueError(f"{what} contain NaN or infinite values")
             return x
         arr = np.asarray(x)

@@ -318,7 +318,8 @@ class Collection(CollectionWrites, CollectionStatus):
         return [_item(r) for r in self.catalog.rows(where=where, params=(space_id,)) if r.modality in mods]
 
     def _hit_rows(self, rids: Iterable[int]) -> dict[int, tuple[str, str]]:
-        rids = list(rids)
+        if type(rids) is not list:
+            rids = list(rids)
         table = self._hit_table
         if table is None:
             with self._lock:

@@ -48,40 +48,43 @@ class _FaissIndex(VectorIndex):
         self._index.add(vectors)
         self._ntotal = int(self._index.ntotal)
 
-    def _plain_search(self, queries: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
-        """The index's own search with the parameters it was built with, on rows already checked
-        (C-contiguous float32 of width ``dim``): faiss' C entry point, without its Python wrapper's
-        copies and assertions (a few microseconds of a sub-millisecond search)."""
+    def _plain_search(self, queries: np.ndarray, k: int, params: Any = None) -> tuple[np.ndarray, np.ndarray]:
+        """The index's own search on rows already checked (C-contiguous float32 of width ``dim``),
+        with ``params`` (faiss search parameters; None: those it was built with): faiss' C entry
+        point, without its Python wrapper's copies and assertions (a few microseconds of a
+        sub-millisecond search)."""
         swig_ptr = _SWIG_PTR[0] if _SWIG_PTR else _load_swig_ptr()
         n = len(queries)
         scores, positions = np.empty((n, k), np.float32), np.empty((n, k), np.int64)
-        self._index.search_c(n, swig_ptr(queries), k, swig_ptr(scores), swig_ptr(positions), None)
+        self._index.search_c(n, swig_ptr(queries), k, swig_ptr(scores), swig_ptr(positions), params)
         return scores, positions
+
+    #: ``(mask, parameters, faiss parameters, the objects they point to)`` of the last :meth:`_params`
+    _last_params: tuple[Any, tuple, Any, tuple] | None = None
 
     def _params(self, mask: np.ndarray | None, **extra: Any) -> tuple[Any, tuple]:
         """faiss search parameters restricting the search to ``mask``, and the objects they point
-        to (faiss keeps raw pointers: the caller holds them until the search returns)."""
+        to (faiss keeps raw pointers: they live as long as the parameters are kept). A snapshot's
+        searches pass one (never modified) mask: its bitmap, selector and parameters are made
+        once, for the first of them (SWIG objects cost microseconds to make and to fill)."""
+        key = tuple(sorted(extra.items()))
+        last = self._last_params
+        if last is not None and last[0] is mask and last[1] == key:
+            return last[2], last[3]
         import faiss
 
         cls = faiss.SearchParametersHNSW if "efSearch" in extra else faiss.SearchParameters
         if mask is None:
-            return (cls(**extra) if extra else None), ()
-        last = self.__dict__.get("_last_bitmap")
-        if last is not None and last[0] is mask:
-            bitmap = last[1]
-        else:  # the padded mask of :meth:`_mask` is reused while the snapshot is: so is its bitmap
+            out: tuple[Any, tuple] = ((cls(**extra) if extra else None), ())
+        else:
             bitmap = np.packbits(mask, bitorder="little")
-            self._last_bitmap = (mask, bitmap)
-        selector = faiss.IDSelectorBitmap(bitmap)
-        return cls(sel=selector, **extra), (bitmap, selector)
+            selector = faiss.IDSelectorBitmap(bitmap)
+            out = cls(sel=selector, **extra), (bitmap, selector)
+        self._last_params = (mask, key, *out)
+        return out
 
     def _search(self, queries: np.ndarray, k: int, mask: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
-        if mask is None:
-            return self._plain_search(queries, k)
-        params, keep = self._params(mask)
-        out = self._index.search(queries, k, params=params)
-        del keep
-        return out
+        return self._plain_search(queries, k, None if mask is None else self._params(mask)[0])
 
     def _storage(self) -> Any:
         return self._index
@@ -145,10 +148,7 @@ class HNSWIndex(_FaissIndex):
         return cls(dim, **options, _index=cls._deserialize(data))
 
     def _search(self, queries: np.ndarray, k: int, mask: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
-        params, keep = self._params(mask, efSearch=max(self.ef, k))
-        out = self._index.search(queries, k, params=params)
-        del keep
-        return out
+        return self._plain_search(queries, k, self._params(mask, efSearch=max(self.ef, k))[0])
 
     def _storage(self) -> Any:
         import faiss
@@ -192,10 +192,12 @@ class FactoryIndex(_FaissIndex):
         self._index.add(vectors)
         self._ntotal = int(self._index.ntotal)
 
+    #: the largest k a search without a mask may ask with the construction's parameters (an HNSW
+    #: graph's efSearch): read from the index once (SWIG attribute reads are slow), by :meth:`_plain_k`
+    _plain_k_value: float | None = None
+
     def _plain_k(self) -> float:
-        """The largest k a search without a mask may ask with the construction's parameters (an
-        HNSW graph's efSearch; read from the index once: SWIG attribute reads are slow)."""
-        ef = self.__dict__.get("_plain_k_value")
+        ef = self._plain_k_value
         if ef is None:
             import faiss
 
@@ -214,14 +216,14 @@ class FactoryIndex(_FaissIndex):
         return inner
 
     def _search(self, queries: np.ndarray, k: int, mask: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
-        if mask is None and k <= self._plain_k():
+        if mask is None and k <= (self._plain_k_value or self._plain_k()):
             return self._plain_search(queries, k)  # the parameters set at construction apply
         import faiss
 
         inner = self._inner()
         extra: dict[str, Any] = {}
         if isinstance(inner, faiss.IndexHNSW):
-            extra["efSearch"] = max(int(inner.hnsw.efSearch), k)
+            extra["efSearch"] = max(int(self._plain_k()), k)
         elif isinstance(inner, faiss.IndexIVF):
             extra["nprobe"] = int(inner.nprobe)
         if mask is None and not extra:
@@ -234,13 +236,10 @@ class FactoryIndex(_FaissIndex):
             out = self._index.search(queries, k, params=params)
             del keep
             return out
-        params, keep = self._params(mask, **extra)
         try:
-            out = self._index.search(queries, k, params=params)
+            return self._plain_search(queries, k, self._params(mask, **extra)[0])
         except RuntimeError:  # an index that takes no selector (e.g. IndexPQ): search deeper, filter here
             return self._filtered(queries, k, mask)
-        del keep
-        return out
 
     def _filtered(self, queries: np.ndarray, k: int, mask: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
         depth = min(self.ntotal, max(4 * k, 32))

@@ -35,6 +35,7 @@ reports, :mod:`.atomic_files` the crash-safe writes.
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import threading
 from pathlib import Path
@@ -221,34 +222,32 @@ class Gallery(GalleryChunks, GalleryIndex, GalleryIntegrity):
             self._check_open()
         if modality not in MODALITIES:
             _check_modality(modality)
-        if space_id != self.space_id:
+        if space_id != self._manifest["space_id"]:  # (the property costs a call: this is every search)
             raise SpaceMismatchError(self.space_id, space_id, f"search {modality} gallery {self.path}",
                                      what="queries", expected_name=self.model,
                                      hint="embed them with the gallery's model, or map them into its space with a "
                                           "bridge first")
-        q = self._check_rows(np.asarray(queries), "queries")
-        if int(k) < 1:
+        q = self._check_rows(queries, "queries")
+        k = int(k)
+        if k < 1:
             raise ValueError(f"k must be >= 1, got {k}")
         with self._lock:
             index = self._index(modality)
-            scores, positions = index.search(q, int(k), mask=mask, checked=True)  # a shorter mask: padded
+            scores, positions = index.search(q, k, mask=mask, checked=True)  # a shorter mask: padded
             # inner products of unit vectors: a score outside [-1, 1] can only be rounding. Rows are
             # sorted by descending score, so one query's row is checked at its two ends (the ufuncs
             # cost more than the search's other steps together)
-            if len(scores) != 1 or scores.shape[1] and (scores[0, 0] > 1.0 or scores[0, -1] < -1.0):
+            if len(scores) != 1 or scores.shape[1] and (scores.item(0) > 1.0 or scores.item(-1) < -1.0):
                 np.minimum(scores, 1.0, out=scores)
                 np.maximum(scores, -1.0, out=scores)
-            return SearchResult(scores=scores, positions=positions, names=self._names_at(modality))
+            # the hits' keys are named lazily (most callers map positions; a large gallery's keys are
+            # not loaded for them), as committed now: the manifest is replaced, never changed, by a commit
+            return SearchResult(scores, None, positions, names=functools.partial(self._names_at, self._manifest,
+                                                                                    modality))
 
-    def _names_at(self, modality: str) -> Any:
-        """The row keys of ``modality`` as committed now, read only when asked for (a search result
-        names its hits lazily: most callers map positions, and a large gallery's keys are not
-        loaded for them), even after the gallery was closed."""
-        manifest = self._manifest  # replaced, never changed, by a commit: it stands for this moment
-
-        def names() -> list[str]:
-            if not self._closed:
-                return self._ids(modality)
-            return [str(i) for e in manifest["modalities"][modality]["chunks"] for i in self._load_npz(e, "ids")]
-
-        return names
+    def _names_at(self, manifest: dict[str, Any], modality: str) -> list[str]:
+        """The row keys of ``modality`` as ``manifest`` committed them (the current ones while the
+        gallery is open; read from its chunks after it was closed)."""
+        if not self._closed:
+            return self._ids(modality)
+        return [str(i) for e in manifest["modalities"][modality]["chunks"] for i in self._load_npz(e, "ids")]

@@ -185,15 +185,24 @@ class HitTable:
             self.last = n + len(ends) - 1
 
     def get(self, rids: Iterable[int]) -> dict[int, tuple[str, str]]:
+        """The records of ``rids`` that hold one, decoded at once: the records are joined by the
+        separator they use inside (one decode and one split for a search's hits, not one each)."""
         end, data, n = self._view
-        out: dict[int, tuple[str, str]] = {}
+        found: list[int] = []
+        records: list[memoryview] = []
         for rid in rids:
             if 0 < rid < n:
                 a, b = end[rid - 1], end[rid]
                 if a < b:
-                    item_id, _, meta = data[a:b].tobytes().decode("utf-8").partition("\x1f")
-                    out[rid] = (item_id, meta)
-        return out
+                    found.append(rid)
+                    records.append(data[a:b])
+        if not found:
+            return {}
+        fields = b"\x1f".join(records).decode("utf-8").split("\x1f")
+        if len(fields) != 2 * len(found):  # a separator inside a record (the writer broke the rule): one by one
+            pairs = [bytes(r).decode("utf-8").partition("\x1f") for r in records]
+            return {rid: (p[0], p[2]) for rid, p in zip(found, pairs)}
+        return dict(zip(found, zip(fields[0::2], fields[1::2])))
 
 
 def _room(arr: np.ndarray, n: int) -> np.ndarray:

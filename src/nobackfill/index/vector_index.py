@@ -13,6 +13,8 @@ import numpy as np
 
 __all__ = ["VectorIndex", "all_finite"]
 
+_F32, _I64 = np.dtype(np.float32), np.dtype(np.int64)
+
 
 def all_finite(x: np.ndarray) -> bool:
     """Whether every entry of the float array ``x`` is finite. Its sum of squares is finite only
@@ -23,6 +25,9 @@ def all_finite(x: np.ndarray) -> bool:
 
 class VectorIndex(abc.ABC):
     """An inner-product index over ``dim``-dimensional float32 rows, addressed by position."""
+
+    #: ``(mask given, ntotal, mask padded or None, rows allowed)`` of the last masked search
+    _last_mask: tuple[Any, int, np.ndarray | None, int] | None = None
 
     #: the ``kind`` part of the spec string
     kind: ClassVar[str] = "abstract"
@@ -88,21 +93,27 @@ class VectorIndex(abc.ABC):
         mask, ``min(k, mask.sum())``; positions are always valid (never -1): rows an approximate
         backend could not fill are answered exactly over the allowed rows.
         """
-        if int(k) < 1:
+        k = int(k)
+        if k < 1:
             raise ValueError(f"k must be >= 1, got {k}")
         q = queries if checked else self._rows(queries, "queries")  # checked: C-contiguous finite float32 rows
-        if mask is not None:
-            mask, allowed = self._mask(mask)
-        else:
+        if mask is None:
             allowed = self.ntotal
-        k = min(int(k), allowed)
+        else:
+            last = self._last_mask  # a snapshot's mask, seen by the last search: its answer is kept
+            if last is not None and last[0] is mask and last[1] == self.ntotal:
+                mask, allowed = last[2], last[3]
+            else:
+                mask, allowed = self._mask(mask)
+        if k > allowed:
+            k = allowed
         if k == 0 or len(q) == 0:
             return np.zeros((len(q), k), np.float32), np.zeros((len(q), k), np.int64)
         scores, positions = self._search(q, k, mask)
-        scores = np.asarray(scores, dtype=np.float32)
-        positions = np.asarray(positions, dtype=np.int64)
+        if scores.dtype is not _F32 or positions.dtype is not _I64:
+            scores, positions = np.asarray(scores, dtype=np.float32), np.asarray(positions, dtype=np.int64)
         # a row that came up short ends in -1 (one query's row: its last entry read alone)
-        if (positions[0, -1] < 0) if len(positions) == 1 else (positions[:, -1].min() < 0):
+        if (positions.item(-1) < 0) if len(positions) == 1 else (positions[:, -1].min() < 0):
             short = (positions < 0).any(axis=1)  # a graph search came up short (tiny or filtered sets): exact
             scores[short], positions[short] = self._exact(q[short], k, mask)
         return scores, positions
@@ -110,11 +121,9 @@ class VectorIndex(abc.ABC):
     def _mask(self, mask: np.ndarray) -> tuple[np.ndarray | None, int]:
         """``(mask padded with False to ntotal rows, or None when it allows every row; rows
         allowed)``. A reader passes the same (never modified) mask object to every search of a
-        snapshot: the last one's answer is kept, so a large mask is not counted per search."""
+        snapshot: the last one's answer is kept (:meth:`search` reads it first), so a large mask is
+        not counted per search."""
         n = self.ntotal
-        last = self.__dict__.get("_last_mask")
-        if last is not None and last[0] is mask and last[1] == n:
-            return last[2], last[3]
         m = np.asarray(mask, dtype=bool)
         if m.ndim != 1 or len(m) > n:
             raise ValueError(f"mask must be 1-D with at most {n} entries (one per row), got shape {m.shape}")

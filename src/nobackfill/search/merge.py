@@ -22,11 +22,13 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, Sequence
+from itertools import chain, count, repeat
+from operator import itemgetter
+from typing import Any, NamedTuple, Sequence
 
 import numpy as np
 
-__all__ = ["DEFAULT_MERGE", "MERGES", "Candidate", "ScoreMap", "merge", "merge_order"]
+__all__ = ["DEFAULT_MERGE", "MERGES", "Candidate", "ScoreMap", "candidates", "merge", "merge_order"]
 
 MERGES = ("raw", "calibrated", "rank")
 #: the merge of a collection whose plan has not chosen one (no calibration): raw scores, the
@@ -34,15 +36,22 @@ MERGES = ("raw", "calibrated", "rank")
 DEFAULT_MERGE = "raw"
 
 
-@dataclass
-class Candidate:
-    """One hit of one space's list: ``rank`` is its 0-based rank within that list."""
+class Candidate(NamedTuple):
+    """One hit of one space's list: ``rank`` is its 0-based rank within that list. A named tuple: a
+    search makes one for every hit of every space it merges (see :func:`candidates`)."""
 
-    item_id: str
+    item_id: Any
     score: float
     space: str
     route: str
     rank: int
+
+
+def candidates(space: str, route: str, scores: Sequence[float], item_ids: Sequence[Any]) -> list[Candidate]:
+    """One space's ranked list (``scores`` and ``item_ids`` in rank order) as candidates, made in C
+    (``Candidate(...)`` is a Python call per hit, each a microsecond or more once the index search
+    has evicted the interpreter's caches)."""
+    return list(map(tuple.__new__, repeat(Candidate), zip(item_ids, scores, repeat(space), repeat(route), count())))
 
 
 @dataclass
@@ -94,6 +103,9 @@ class ScoreMap:
         return cls(a / sd, b - a * mu / sd, int(s.size))
 
 
+_SCORE = itemgetter(1)  # a candidate's score (a C call, where a lambda is a Python one)
+
+
 def merge_order(candidates: Sequence[Candidate], method: str, *, score_maps: dict[tuple[str, str], ScoreMap] | None = None,
                 shares: dict[str, float] | None = None, prefer: Sequence[str] = ()) -> list[Candidate]:
     """``candidates`` (from every space) in merged order. ``score_maps`` maps ``(space, route)`` to
@@ -102,8 +114,8 @@ def merge_order(candidates: Sequence[Candidate], method: str, *, score_maps: dic
     places (``rank``)."""
     if method not in MERGES:
         raise ValueError(f"merge must be one of {MERGES}, got {method!r}")
-    if method == "raw":
-        return sorted(candidates, key=lambda c: -c.score)
+    if method == "raw":  # by descending score; equal scores keep their order (the sort is stable)
+        return sorted(candidates, key=_SCORE, reverse=True)
     if method == "calibrated":
         maps = score_maps or {}
 
@@ -124,4 +136,4 @@ def merge_order(candidates: Sequence[Candidate], method: str, *, score_maps: dic
 
 def merge(lists: dict[str, list[Candidate]], k: int, method: str, **kw: Any) -> list[Candidate]:
     """The top ``k`` of the per-space ``lists`` merged with ``method`` (see :func:`merge_order`)."""
-    return merge_order([c for hits in lists.values() for c in hits], method, **kw)[: int(k)]
+    return merge_order(list(chain.from_iterable(lists.values())), method, **kw)[: int(k)]

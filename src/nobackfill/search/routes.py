@@ -118,6 +118,7 @@ class QuerySide:
         self.space_id, self.route = space_id, route
         self.direct, self.bridged, self.bridge = direct, bridged, bridge
         self.weight, self.path, self.refine = weight, path, refine
+        self._can_embed: dict[str, bool] = {}  # modality -> whether every encoder of the route embeds it
 
     def describe(self) -> dict[str, Any]:
         out: dict[str, Any] = {"route": self.route}
@@ -131,7 +132,7 @@ class QuerySide:
         return [e for e in (self.direct, self.bridged) if e is not None]
 
     def can_embed(self, modality: str) -> bool:
-        known = self.__dict__.setdefault("_can_embed", {})
+        known = self._can_embed
         if modality not in known:
             known[modality] = all(_embeds(e, modality) for e in self.encoders())
         return known[modality]
@@ -154,7 +155,7 @@ class QuerySide:
     def embed(self, modality: str, inputs: Sequence[Any], cache: dict | None = None) -> np.ndarray:
         """Query vectors in :attr:`space_id` for ``inputs`` (texts, or image paths / PIL images).
         ``cache`` (a dict shared by the query sides of one search) embeds each encoder once."""
-        if not self.can_embed(modality):
+        if not (self._can_embed.get(modality) or self.can_embed(modality)):
             names = ", ".join(getattr(e, "name", type(e).__name__) for e in self.encoders())
             raise NoRouteError(self.space_id, "?", f"embed {modality} queries for space {self.space_id}",
                                what=f"{modality} queries", hint=f"route {self.route} uses {names}, which cannot "

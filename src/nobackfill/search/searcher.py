@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import operator
 import threading
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,29 +36,38 @@ from ..index.collection import Collection, Snapshot
 from ..index.plan import Plan, Space, UpgradeRecord
 from .limits import Limits
 from ..index.gallery_types import SpaceMismatchError
-from .merge import DEFAULT_MERGE, MERGES, Candidate, ScoreMap, merge
+from .merge import DEFAULT_MERGE, MERGES, Candidate, ScoreMap, candidates, merge
 from .models import ModelPool, model_ref
 from .routes import BRIDGE, DIRECTIONS, NATIVE, NoRouteError, QuerySide, RoutePlanner, direction_of, upgrade_entry
 
 __all__ = ["DEFAULT_MERGE", "Hit", "SearchResponse", "Searcher", "explicit_plan", "matches_filter", "query_side_for"]
 
-class Hit:
-    """One result: the item, its score under the route that answered, and where it came from. Its
+class Hit(tuple):
+    """One result: the item, its score under the route that answered, and where it came from.
+
+    A named tuple ``(rank, score, id, space, route, metadata JSON)``: a search makes ``k`` of them
+    per query, and a tuple is made in C (a class with ``__init__`` runs a Python call per hit, each
+    a microsecond or more once the index search has evicted the interpreter's caches). Its
     ``metadata`` is parsed from the catalog's JSON when first read (most callers read a hit's id
     and score only: a search then parses nothing)."""
 
-    __slots__ = ("rank", "score", "id", "space", "route", "_metadata")
+    def __new__(cls, rank: int, score: float, id: str, space: str, route: str,
+                metadata: dict[str, Any] | str | None = None) -> "Hit":
+        return tuple.__new__(cls, (rank, score, id, space, route, {} if metadata is None else metadata))
 
-    def __init__(self, rank: int, score: float, id: str, space: str, route: str,
-                 metadata: dict[str, Any] | str | None = None) -> None:
-        self.rank, self.score, self.id, self.space, self.route = rank, score, id, space, route
-        self._metadata = {} if metadata is None else metadata
+    rank = property(operator.itemgetter(0), doc="1-based rank in the merged list")
+    score = property(operator.itemgetter(1), doc="the score under the route that answered")
+    id = property(operator.itemgetter(2), doc="the item's id")
+    space = property(operator.itemgetter(3), doc="the space whose vector answered")
+    route = property(operator.itemgetter(4), doc="the route that reached that space")
 
     @property
     def metadata(self) -> dict[str, Any]:
-        m = self._metadata
-        if type(m) is str:
-            m = self._metadata = _loads(m)
+        m = self[5]
+        if type(m) is str:  # parsed once, kept beside the tuple
+            m = self.__dict__.get("_metadata")
+            if m is None:
+                m = self.__dict__["_metadata"] = _loads(self[5])
         return m
 
     def __repr__(self) -> str:
@@ -65,10 +75,12 @@ class Hit:
                 f"route={self.route!r}, metadata={self.metadata!r})")
 
     def __eq__(self, other: object) -> bool:
-        return isinstance(other, Hit) and (self.rank, self.score, self.id, self.space, self.route, self.metadata) == \
-            (other.rank, other.score, other.id, other.space, other.route, other.metadata)
+        return isinstance(other, Hit) and self[:5] == other[:5] and self.metadata == other.metadata
 
-    __hash__ = None  # type: ignore[assignment]  # mutable, like the dataclass it was
+    def __ne__(self, other: object) -> bool:
+        return not self == other
+
+    __hash__ = None  # type: ignore[assignment]  # its metadata is a mutable dict
 
     def to_json(self) -> dict[str, Any]:
         return {"rank": self.rank, "score": self.score, "id": self.id, "space": self.space, "route": self.route,
@@ -282,16 +294,18 @@ class Searcher:
             cache = cache.setdefault((qmod, hash(tuple(str(x) for x in inputs))), {})
         if len(prep.spaces) == 1 and not self.rerank:  # one list: no merge, no per-space bookkeeping
             sid, side, mask, _ = prep.spaces[0]
-            res = views[sid].gallery.search(gmod, side.embed(qmod, inputs, cache), k, space_id=sid, mask=mask)
-            rid_rows = views[sid].rids[res.positions].tolist()
+            view = views[sid]
+            res = view.gallery.search(gmod, side.embed(qmod, inputs, cache), k, space_id=sid, mask=mask)
+            rid_rows = view.rids[res.positions].tolist()
             named = snap.hits(rid_rows[0] if len(rid_rows) == 1 else {r for row in rid_rows for r in row})
-            route, out = side.route, []
+            # the hot path of every search: plain loops (a comprehension is a Python call of its own)
+            route, out, make, get = side.route, [], tuple.__new__, named.get
             for query, scores, rids in zip(inputs, res.scores.tolist(), rid_rows):
                 hits: list[Hit] = []
                 for s, rid in zip(scores, rids):
-                    row = named.get(rid)
-                    if row is not None:
-                        hits.append(Hit(len(hits) + 1, s, row[0], sid, route, row[1]))
+                    row = get(rid)
+                    if row is not None:  # None: deleted since the snapshot's rows were read
+                        hits.append(make(Hit, (len(hits) + 1, s, row[0], sid, route, row[1])))
                 out.append(self._response(snap, qmod, gmod, direction, method, query, hits))
             return out
         searched: dict[str, tuple[QuerySide, Any, int]] = {}
@@ -314,17 +328,22 @@ class Searcher:
                 per[sid] = (side.route, scores[:len(positions)].tolist(), views[sid].rids[positions].tolist())
             ranked.append(per)
         named = snap.hits({r for per in ranked for _, _, rids in per.values() for r in rids})
-        out = []
+        # plain loops and candidates made in C: this runs for every search while a backfill moves items
+        out, make = [], tuple.__new__
         for query, per in zip(inputs, ranked):
-            if len(per) == 1:  # one list: every merge keeps its order
-                (sid, (route, scores, rids)), = per.items()
-                top = [(named[rid], s, sid, route) for s, rid in zip(scores, rids) if rid in named][:k]
-            else:
-                lists = {sid: [Candidate(rid, s, sid, route, r) for r, (s, rid) in enumerate(zip(scores, rids))
-                               if rid in named] for sid, (route, scores, rids) in per.items()}
-                top = [(named[c.item_id], c.score, c.space, c.route)
-                       for c in merge(lists, k, method, score_maps=maps, shares=shares, prefer=prep.prefer)]
-            hits = [Hit(r + 1, s, row[0], sid, route, row[1]) for r, (row, s, sid, route) in enumerate(top)]
+            lists: dict[str, list[Candidate]] = {}
+            for sid, (route, scores, rids) in per.items():
+                listed = candidates(sid, route, scores, rids)
+                if not named.keys() >= set(rids):  # rows deleted since the snapshot's rows were read
+                    listed = [c for c in listed if c.item_id in named]
+                lists[sid] = listed
+            # one list: every merge keeps its order
+            top = lists.popitem()[1][:k] if len(lists) == 1 else \
+                merge(lists, k, method, score_maps=maps, shares=shares, prefer=prep.prefer)
+            hits: list[Hit] = []
+            for c in top:
+                row = named[c.item_id]
+                hits.append(make(Hit, (len(hits) + 1, c.score, row[0], c.space, c.route, row[1])))
             out.append(self._response(snap, qmod, gmod, direction, method, query, hits))
         return out
 
