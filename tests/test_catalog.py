@@ -36,6 +36,29 @@ def _coll(tmp_path, n: int = 40, location: str | None = None):
     return c, enc, pool_with((OLD_REF, enc))
 
 
+def test_a_new_sqlite_catalog_has_large_pages_and_an_old_one_keeps_its_own(tmp_path):
+    """A catalog is created with 16 KiB pages (a bulk insert costs less); a catalog of 4 KiB pages,
+    as older versions made, opens and takes writes as it is."""
+    from nobackfill.index.catalog import PAGE_BYTES
+
+    c, enc, pool = _coll(tmp_path, n=5)
+    db = sqlite3.connect(tmp_path / "c" / CATALOG_FILE)
+    assert db.execute("PRAGMA page_size").fetchone()[0] == PAGE_BYTES == 16384
+    db.close()
+    old = tmp_path / "old"
+    import nobackfill.index.catalog as catalog_module
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(catalog_module, "PAGE_BYTES", 4096)
+        c4 = Collection.create(str(old), space_id=enc.space_id, dim=16, model=OLD_REF, modalities=["text"])
+    add_items(c4, enc, [text_item("a text", id="a")], progress=False)
+    again = Collection.open(str(old))
+    assert again.lookup("a") is not None and len(again) == 1
+    db = sqlite3.connect(old / CATALOG_FILE)
+    assert db.execute("PRAGMA page_size").fetchone()[0] == 4096
+    db.close()
+
+
 def test_open_reads_the_header_not_the_items(tmp_path, monkeypatch):
     c, enc, pool = _coll(tmp_path)
     from nobackfill.index import catalog as cat

@@ -95,3 +95,41 @@ def test_a_prepared_chunk_is_stored_as_prepared_or_rebuilt_when_some_rows_are_he
     assert g.verify().ok
     with pytest.raises(ValueError, match="NaN"):
         g.prepare_rows("image", ["z"], np.full((1, DIM), np.nan, np.float32))
+
+
+def test_keys_checked_by_their_maker_make_the_chunk_plain_ids_make(tmp_path):
+    """An import's keys come checked (``CheckedIds``): the add takes them without its own pass and
+    makes the same chunk, held keys and rows as from a plain list; a plain list is still checked."""
+    from nobackfill.index.chunks import CheckedIds
+
+    x = np.random.default_rng(0).standard_normal((5, DIM)).astype(np.float32)
+    keys = [f"k{i}#{i:016x}" for i in range(5)]
+    made = {}
+    for kind, given_ids in (("plain", list(keys)), ("checked", CheckedIds(keys))):
+        g = Gallery.create(tmp_path / kind, space_id="s" * 16, dim=DIM, model="m")
+        p = g.prepare_rows("image", given_ids, x)
+        added, rows = g.add_rows("image", given_ids, x, space_id="s" * 16, prepared=p)
+        made[kind] = (p.npz_sha256, added, rows.tolist(), g.positions("image", keys))
+        assert g.add_rows("image", given_ids, x, space_id="s" * 16)[0] == 0  # held now: skipped
+    assert made["plain"] == made["checked"]
+    g = Gallery.create(tmp_path / "bad", space_id="s" * 16, dim=DIM, model="m")
+    with pytest.raises(ValueError, match="without NUL"):
+        g.prepare_rows("image", ["a", ""], x[:2])
+
+
+def test_an_imports_keys_are_marked_checked_only_after_the_ids_were(tmp_path):
+    from _collection_helpers import OLD_REF, HashEncoder
+
+    from nobackfill.index.chunks import CheckedIds
+    from nobackfill.index.collection import Collection
+    from nobackfill.index.importing import _checked_batch
+
+    enc = HashEncoder(DIM, "ck")
+    c = Collection.create(str(tmp_path / "c"), space_id=enc.space_id, dim=DIM, model=OLD_REF, modalities=["text"])
+    x = np.random.default_rng(1).standard_normal((3, DIM)).astype(np.float32)
+    staged, _ = _checked_batch(c, ["a", "b c", " d"], x, modality="text", sources=None, metadata=None,
+                               space_id=None, where="t")
+    assert type(staged.keys) is CheckedIds and [k.split("#")[0] for k in staged.keys] == ["a", "b c", " d"]
+    for bad in (["a", "a", "b"], ["a", "", "b"], ["a", "x\0y", "b"]):
+        with pytest.raises(ValueError):
+            _checked_batch(c, bad, x, modality="text", sources=None, metadata=None, space_id=None, where="t")

@@ -179,3 +179,20 @@ def test_the_json_of_a_batch_is_each_objects_own_json(objs):
             rows_json(objs)
         return
     assert rows_json(objs) == want
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.lists(st.one_of(st.text(max_size=6), st.text(alphabet=" \t\u00a0\u3000ab\x01", max_size=4),
+                          st.text(min_size=510, max_size=515), st.integers()), min_size=1, max_size=6))
+def test_the_joined_id_test_passes_only_ids_each_test_passes(ids):
+    """``_plain_ids`` (one test on the ids joined) says yes only where ``id_problem`` finds nothing
+    in any id, and yes for every list of good ids without spaces at their ends."""
+    from nobackfill.index.importing import _plain_ids
+    from nobackfill.index.items import id_problem
+
+    good = all(id_problem(i) is None for i in ids)
+    if _plain_ids(ids):
+        assert good
+    elif good:  # a good list it sends to the one-by-one test: spaces at an id's end, or a character
+        # that is allowed but not printable
+        assert any(i[:1] == " " or i[-1:] == " " or not i.isprintable() for i in ids)

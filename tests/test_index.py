@@ -435,6 +435,33 @@ def test_a_masks_search_parameters_are_made_once_and_follow_a_new_mask(spec):
                 assert idx._last_params is made and np.array_equal(pos, pos2)
 
 
+_JSON_LEAF = st.one_of(st.none(), st.booleans(), st.integers(-2**53, 2**53), st.text(max_size=12))
+_MANIFESTS = st.recursive(_JSON_LEAF, lambda kids: st.lists(kids, max_size=4) |
+                          st.dictionaries(st.text(max_size=8), kids, max_size=4), max_leaves=25)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.dictionaries(st.text(max_size=8), _MANIFESTS, max_size=5))
+def test_a_manifest_is_written_as_json_dumps_wrote_it(manifest):
+    """The manifest writer (orjson) writes what ``json.dumps(indent=2, sort_keys=True)`` wrote for
+    ASCII text, and for any text the same document; its copy is deep and equal."""
+    import json as std_json
+
+    from nobackfill.index.gallery_manifest import _copy_manifest, _write_manifest
+
+    with tempfile.TemporaryDirectory() as d:
+        _write_manifest(Path(d), manifest)
+        data = (Path(d) / "manifest.json").read_bytes()
+    assert std_json.loads(data) == manifest
+    if "\\u" not in std_json.dumps(manifest):  # nothing json escapes as \\uXXXX (non-ASCII, control characters)
+        assert data == std_json.dumps(manifest, indent=2, sort_keys=True).encode() + b"\n"
+    copy = _copy_manifest(manifest)
+    assert copy == manifest
+    for key, value in manifest.items():
+        if isinstance(value, (dict, list)):
+            assert copy[key] is not value
+
+
 @settings(max_examples=100, deadline=None)
 @given(st.sampled_from([np.float16, np.float32, np.float64]), st.sampled_from([(1, 8), (3, 5), (4,), (2, 3, 6)]),
        st.sampled_from([1e-30, 1e-3, 1.0, 1e3, 1e30]), st.integers(0, 2**16))

@@ -17,7 +17,7 @@ import numpy as np
 
 from .atomic_files import _TMP, AheadFile, _dir_lock, _now, _sha256, atomic_write_bytes, stale_ahead_files
 from .gallery_manifest import (_CHUNK_RE, CHUNK_DIR, MODALITIES, _check_modality, _Columns, _manifest_stat,
-                               _read_manifest, _write_manifest)
+                               _copy_manifest, _read_manifest, _write_manifest)
 from .key_index import key_hashes
 from .npz_bytes import npz_parts
 from .vector_index import all_finite
@@ -62,6 +62,14 @@ class PreparedChunk:
         """Drop the file written ahead (the commit wrote other files, or none)."""
         if self.npz_file is not None:
             self.npz_file.close()
+
+
+class CheckedIds(list):
+    """Ids their maker has checked as an add checks them (distinct, non-empty strings without NUL):
+    an add is given them as they are, without a set and a pass over them (an import's keys, made
+    from its checked item ids: see :func:`~nobackfill.index.importing._checked_batch`)."""
+
+    __slots__ = ()
 
 
 #: float32's dtype (one object: a query's dtype is compared by identity)
@@ -268,21 +276,23 @@ class GalleryChunks:
     def _checked(self, ids: Sequence[str], vectors: np.ndarray, metadata: Sequence[dict[str, Any]] | None
                  ) -> tuple[list[str], np.ndarray, list[dict[str, Any]] | None, tuple[np.ndarray, np.ndarray]]:
         """Ids, vectors and metadata of an add, checked (no lock needed), and the ids' hashes."""
-        ids = list(ids)
-        try:
-            distinct = set(ids)
-        except TypeError:
-            distinct = {None}  # an unhashable id: refused below
-        if not set(map(type, distinct)) <= {str} or "" in distinct or "\0" in "".join(distinct):
-            bad = [i for i in ids if not isinstance(i, str) or not i or "\0" in i]
-            raise ValueError(f"ids must be non-empty strings without NUL characters, got {bad[:3]!r}")
+        distinct: set | None = None  # None: checked by their maker (CheckedIds)
+        if type(ids) is not CheckedIds:
+            ids = list(ids)
+            try:
+                distinct = set(ids)
+            except TypeError:
+                distinct = {None}  # an unhashable id: refused below
+            if not set(map(type, distinct)) <= {str} or "" in distinct or "\0" in "".join(distinct):
+                bad = [i for i in ids if not isinstance(i, str) or not i or "\0" in i]
+                raise ValueError(f"ids must be non-empty strings without NUL characters, got {bad[:3]!r}")
         vecs = self._check_rows(vectors, "vectors", n=len(ids))
         metas = None if metadata is None else list(metadata)
         if metas is not None and len(metas) != len(ids):
             raise ValueError(f"got {len(metas)} metadata rows for {len(ids)} ids")
         if metas is not None and not all(isinstance(m, dict) for m in metas):
             raise ValueError("metadata rows must be dicts")
-        if len(distinct) < len(ids):
+        if distinct is not None and len(distinct) < len(ids):
             seen: set[str] = set()
             dups = [i for i in ids if i in seen or seen.add(i)]  # type: ignore[func-returns-value]
             raise DuplicateIdError(f"ids repeated within one batch: {sorted(set(dups))[:5]}")
@@ -365,7 +375,7 @@ class GalleryChunks:
         else:
             atomic_write_bytes(self.path / entry["npz"], npz)
         atomic_write_bytes(self.path / entry["meta"], meta)
-        manifest = json.loads(json.dumps(self._manifest))
+        manifest = _copy_manifest(self._manifest)
         mod = manifest["modalities"][modality]
         mod["chunks"].append(entry)
         mod["count"] += len(ids)

@@ -36,7 +36,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import json
 import threading
 from pathlib import Path
 from typing import Any
@@ -48,7 +47,7 @@ from .backends import VectorIndex, validate_spec
 from .chunks import GalleryChunks
 from .gallery_index import GalleryIndex
 from .gallery_manifest import (CHUNK_DIR, FORMAT_NAME, FORMAT_VERSION, MANIFEST, MODALITIES, _check_modality,
-                               _Columns, _manifest_stat, _read_manifest, _write_manifest)
+                               _Columns, _copy_manifest, _manifest_stat, _read_manifest, _write_manifest)
 from .gallery_repair import GalleryIntegrity
 from .gallery_types import GalleryError, SearchResult, SpaceMismatchError
 
@@ -182,7 +181,7 @@ class Gallery(GalleryChunks, GalleryIndex, GalleryIntegrity):
     @property
     def manifest(self) -> dict[str, Any]:
         """A copy of the committed manifest."""
-        return json.loads(json.dumps(self._manifest))
+        return _copy_manifest(self._manifest)
 
     def count(self, modality: str) -> int:
         return self._manifest["modalities"][_check_modality(modality)]["count"]

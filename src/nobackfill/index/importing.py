@@ -36,8 +36,10 @@ from .collection import MAX_ID_LENGTH, Collection, is_collection
 from .commit_worker import CommitWorker
 from .items import JsonRows, id_problem, rows_json
 from .model_check import DEFAULT_SAMPLES, DEFAULT_THRESHOLD, check_model, sample_rows
+from .chunks import CheckedIds
 from .gallery_manifest import MODALITIES
 from .gallery_types import DuplicateIdError, SpaceMismatchError
+from .vector_index import all_finite
 
 if TYPE_CHECKING:  # the encoder module pulls in torch
     from ..encoders.base import DualEncoder
@@ -180,7 +182,7 @@ def _checked_batch(collection: Collection, ids: Sequence[str], vectors: np.ndarr
         raise ValueError(f"{where}: vectors are {v.shape[1]}-d but the current model of collection "
                          f"{collection.path} ({entry.name}) embeds {entry.dim}-d")
     v = np.ascontiguousarray(v, np.float32)
-    if not np.isfinite(v).all():
+    if not all_finite(v):
         row = int(np.flatnonzero(~np.isfinite(v).all(axis=1))[0])
         raise ValueError(f"{where}: row {row + 1} holds NaN or inf")
     for m in set(mods):
@@ -190,8 +192,7 @@ def _checked_batch(collection: Collection, ids: Sequence[str], vectors: np.ndarr
             raise ValueError(f"{where}: the current model of collection {collection.path} ({entry.name}) embeds "
                              f"only {', '.join(entry.modalities)}: cannot add {m} items")
     ids = list(ids)
-    if ids and not (set(map(type, ids)) == {str} and 0 < min(map(len, ids)) and max(map(len, ids)) <= MAX_ID_LENGTH
-                    and all(map(str.isprintable, ids)) and not any(map(str.isspace, ids))):  # each pass in C
+    if ids and not _plain_ids(ids):
         for row, i in enumerate(ids):  # the cheap test failed: find the row (non-printable is not always bad)
             problem = id_problem(i)
             if problem:
@@ -201,11 +202,28 @@ def _checked_batch(collection: Collection, ids: Sequence[str], vectors: np.ndarr
         for row, i in enumerate(ids):
             if seen.setdefault(i, row) != row:
                 raise DuplicateIdError(f"{where}: id {i!r} is given twice (rows {seen[i] + 1} and {row + 1})")
-    keys = list(map(str.__add__, ids, vector_rev(v, prefix="#")))
+    # distinct ids, each printable: their keys are distinct non-empty strings without NUL
+    keys = CheckedIds(map(str.__add__, ids, vector_rev(v, prefix="#")))
     try:
         return _Staged(ids, mods, keys, rows_json(srcs), rows_json(metas), current, []), v
     except (TypeError, ValueError) as e:
         raise ValueError(f"{where}: sources and metadata must be JSON objects of JSON values: {e}") from None
+
+
+def _plain_ids(ids: list) -> bool:
+    """Whether every id is a printable string of 1 to :data:`MAX_ID_LENGTH` characters, not all
+    spaces (so :func:`~nobackfill.index.items.id_problem` has nothing to say), tested on the ids
+    joined by spaces, in C: a non-string fails the join; after the printable test, the only
+    whitespace left is the space, so an empty or all-space id shows as two spaces in a row or a
+    space at either end (a single empty id: nothing joined). False may also mean good ids with
+    spaces at their ends or characters that are not printable but allowed (the caller then asks
+    each id)."""
+    try:
+        joined = " ".join(ids)
+    except TypeError:
+        return False
+    return bool(joined) and joined.isprintable() and "  " not in joined and joined[0] != " " and \
+        joined[-1] != " " and max(map(len, ids)) <= MAX_ID_LENGTH
 
 
 def _prepared(collection: Collection, staged: _Staged, v: np.ndarray) -> Any:
