@@ -93,6 +93,11 @@ def test_a_hit_is_a_named_tuple_whose_metadata_is_parsed_once():
     assert repr(h) == "Hit(rank=1, score=0.5, id='a', space='S', route='native', metadata={'x': [1, 2]})"
     with pytest.raises(TypeError):
         hash(h)
+    import copy
+    import pickle
+
+    for again in (copy.copy(h), copy.deepcopy(h), pickle.loads(pickle.dumps(h))):
+        assert type(again) is Hit and again == h and again.metadata == {"x": [1, 2]}
 
 
 # ----------------------------------------------------------------------------- routes

@@ -55,6 +55,9 @@ class Hit(tuple):
                 metadata: dict[str, Any] | str | None = None) -> "Hit":
         return tuple.__new__(cls, (rank, score, id, space, route, {} if metadata is None else metadata))
 
+    def __getnewargs__(self) -> tuple:  # copy and pickle make it again from its six fields
+        return tuple(self)
+
     rank = property(operator.itemgetter(0), doc="1-based rank in the merged list")
     score = property(operator.itemgetter(1), doc="the score under the route that answered")
     id = property(operator.itemgetter(2), doc="the item's id")
