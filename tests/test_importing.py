@@ -187,7 +187,7 @@ def test_the_json_of_a_batch_is_each_objects_own_json(objs):
 def test_the_joined_id_test_passes_only_ids_each_test_passes(ids):
     """``_plain_ids`` (one test on the ids joined) says yes only where ``id_problem`` finds nothing
     in any id, and yes for every list of good ids without spaces at their ends."""
-    from nobackfill.index.importing import _plain_ids
+    from nobackfill.index.items import plain_ids as _plain_ids
     from nobackfill.index.items import id_problem
 
     good = all(id_problem(i) is None for i in ids)

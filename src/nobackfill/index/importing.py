@@ -32,9 +32,9 @@ import numpy as np
 
 from ..memory import cyclic_gc_paused
 from ..progress import progress_bar
-from .collection import MAX_ID_LENGTH, Collection, is_collection
+from .collection import Collection, is_collection
 from .commit_worker import CommitWorker
-from .items import JsonRows, id_problem, rows_json
+from .items import JsonRows, id_problem, plain_ids, rows_json
 from .model_check import DEFAULT_SAMPLES, DEFAULT_THRESHOLD, check_model, sample_rows
 from .chunks import CheckedIds
 from .gallery_manifest import MODALITIES
@@ -192,7 +192,7 @@ def _checked_batch(collection: Collection, ids: Sequence[str], vectors: np.ndarr
             raise ValueError(f"{where}: the current model of collection {collection.path} ({entry.name}) embeds "
                              f"only {', '.join(entry.modalities)}: cannot add {m} items")
     ids = list(ids)
-    if ids and not _plain_ids(ids):
+    if ids and not plain_ids(ids):
         for row, i in enumerate(ids):  # the cheap test failed: find the row (non-printable is not always bad)
             problem = id_problem(i)
             if problem:
@@ -208,22 +208,6 @@ def _checked_batch(collection: Collection, ids: Sequence[str], vectors: np.ndarr
         return _Staged(ids, mods, keys, rows_json(srcs), rows_json(metas), current, []), v
     except (TypeError, ValueError) as e:
         raise ValueError(f"{where}: sources and metadata must be JSON objects of JSON values: {e}") from None
-
-
-def _plain_ids(ids: list) -> bool:
-    """Whether every id is a printable string of 1 to :data:`MAX_ID_LENGTH` characters, not all
-    spaces (so :func:`~nobackfill.index.items.id_problem` has nothing to say), tested on the ids
-    joined by spaces, in C: a non-string fails the join; after the printable test, the only
-    whitespace left is the space, so an empty or all-space id shows as two spaces in a row or a
-    space at either end (a single empty id: nothing joined). False may also mean good ids with
-    spaces at their ends or characters that are not printable but allowed (the caller then asks
-    each id)."""
-    try:
-        joined = " ".join(ids)
-    except TypeError:
-        return False
-    return bool(joined) and joined.isprintable() and "  " not in joined and joined[0] != " " and \
-        joined[-1] != " " and max(map(len, ids)) <= MAX_ID_LENGTH
 
 
 def _prepared(collection: Collection, staged: _Staged, v: np.ndarray) -> Any:

@@ -23,6 +23,7 @@ __all__ = [
     "JsonRows",
     "MAX_ID_LENGTH",
     "id_problem",
+    "plain_ids",
     "NotACollectionError",
     "row_json",
     "vector_key",
@@ -68,6 +69,22 @@ def id_problem(item_id: object) -> str | None:
     if len(item_id) > MAX_ID_LENGTH or (not item_id.isprintable() and any(ord(c) < 32 for c in item_id)):
         return f"id {item_id[:40]!r} is longer than {MAX_ID_LENGTH} characters or has control characters"
     return None
+
+
+def plain_ids(ids: list) -> bool:
+    """Whether every id is a printable string of 1 to :data:`MAX_ID_LENGTH` characters, not all
+    spaces (so :func:`id_problem` has nothing to say), tested on the ids joined by spaces, in C
+    (an import's batch, of thousands of ids): a non-string fails the join; after the printable test, the only
+    whitespace left is the space, so an empty or all-space id shows as two spaces in a row or a
+    space at either end (a single empty id: nothing joined). False may also mean good ids with
+    spaces at their ends or characters that are not printable but allowed (the caller then asks
+    each id)."""
+    try:
+        joined = " ".join(ids)
+    except TypeError:
+        return False
+    return bool(joined) and joined.isprintable() and "  " not in joined and joined[0] != " " and \
+        joined[-1] != " " and max(map(len, ids)) <= MAX_ID_LENGTH
 
 
 @dataclass(frozen=True)
