@@ -317,9 +317,9 @@ class Collection(CollectionWrites, CollectionStatus):
         where = "(space IS NULL OR space <> ?)" + (f" AND NOT {unsourced_sql(self.catalog.dialect)}" if sourced else "")
         return [_item(r) for r in self.catalog.rows(where=where, params=(space_id,)) if r.modality in mods]
 
-    def _hit_rows(self, rids: Iterable[int]) -> dict[int, tuple[str, str]]:
-        if type(rids) is not list:
-            rids = list(rids)
+    def _hits_for(self, rids: list[int]) -> "HitTable":
+        """The table naming hits, holding ``rids`` if the catalog does (read on first use; the rows
+        inserted since are read when a rid past its last is asked for)."""
         table = self._hit_table
         if table is None:
             with self._lock:
@@ -331,7 +331,7 @@ class Collection(CollectionWrites, CollectionStatus):
         if rids and max(rids) > table.last:  # inserted since: read the new rows only
             with self._lock:
                 self._read_hit_rows(table)
-        return table.get(rids)
+        return table
 
     def _read_hit_rows(self, table: "HitTable", page: int = 65536) -> None:
         """Extend ``table`` with the rows past its last rid, a page at a time (the first search of

@@ -8,7 +8,7 @@ from __future__ import annotations
 import functools
 import json
 import threading
-from typing import TYPE_CHECKING, Any, Iterable, Mapping
+from typing import TYPE_CHECKING, Any, Iterable, Mapping, Sequence
 
 import numpy as np
 
@@ -94,7 +94,12 @@ class Snapshot:
 
     def hits(self, rids: Iterable[int]) -> dict[int, tuple[str, str]]:
         """``rid -> (item id, metadata JSON)`` of served rows, from memory (what a search names)."""
-        return self.collection._hit_rows(rids)
+        rids = rids if type(rids) is list else list(rids)
+        return self.collection._hits_for(rids).get(rids)
+
+    def hit_fields(self, rids: list[int]) -> list[str] | None:
+        """:meth:`HitTable.fields` of ``rids`` (None when one of them is not served)."""
+        return self.collection._hits_for(rids).fields(rids)
 
     def item(self, item_id: str) -> Item | None:
         """The live item ``item_id`` (as the catalog holds it now), or None."""
@@ -185,8 +190,19 @@ class HitTable:
             self.last = n + len(ends) - 1
 
     def get(self, rids: Iterable[int]) -> dict[int, tuple[str, str]]:
-        """The records of ``rids`` that hold one, decoded at once: the records are joined by the
-        separator they use inside (one decode and one split for a search's hits, not one each)."""
+        """The records of ``rids`` that hold one."""
+        found, records = self._records(rids)
+        fields = _split(records)
+        return dict(zip(found, zip(fields[0::2], fields[1::2])))
+
+    def fields(self, rids: Sequence[int]) -> list[str] | None:
+        """``[id, metadata JSON, id, metadata JSON, ...]`` of ``rids`` in their order, or None when
+        one of them holds no record (:meth:`get` then says which do): a search's hits, made from
+        it without a dict."""
+        found, records = self._records(rids)
+        return _split(records) if len(found) == len(rids) else None
+
+    def _records(self, rids: Iterable[int]) -> tuple[list[int], list[memoryview]]:
         end, data, n = self._view
         found: list[int] = []
         records: list[memoryview] = []
@@ -196,13 +212,21 @@ class HitTable:
                 if a < b:
                     found.append(rid)
                     records.append(data[a:b])
-        if not found:
-            return {}
-        fields = b"\x1f".join(records).decode("utf-8").split("\x1f")
-        if len(fields) != 2 * len(found):  # a separator inside a record (the writer broke the rule): one by one
-            pairs = [bytes(r).decode("utf-8").partition("\x1f") for r in records]
-            return {rid: (p[0], p[2]) for rid, p in zip(found, pairs)}
-        return dict(zip(found, zip(fields[0::2], fields[1::2])))
+        return found, records
+
+
+def _split(records: list[memoryview]) -> list[str]:
+    """``[id, metadata JSON, ...]`` of ``records``, decoded at once: they are joined by the separator
+    they use inside (one decode and one split for a search's hits, not one each)."""
+    if not records:
+        return []
+    fields = b"\x1f".join(records).decode("utf-8").split("\x1f")
+    if len(fields) != 2 * len(records):  # a separator inside a record (the writer broke the rule): one by one
+        fields = []
+        for r in records:
+            item_id, _, meta = bytes(r).decode("utf-8").partition("\x1f")
+            fields += (item_id, meta)
+    return fields
 
 
 def _room(arr: np.ndarray, n: int) -> np.ndarray:
