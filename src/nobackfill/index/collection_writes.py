@@ -145,7 +145,7 @@ class CollectionWrites:
         rows of new ids go in as given, without a lookup or a tuple each; the others (a repeated
         import) are compared with the live items by :meth:`commit_rows`, in a transaction of their
         own."""
-        ids, modalities, keys, sources, metadata, rows = (list(c) for c in columns)
+        ids, modalities, keys, sources, metadata, rows = (c if type(c) is list else list(c) for c in columns)
         if len({len(ids), len(modalities), len(keys), len(sources), len(metadata), len(rows)}) > 1:
             raise ValueError("placed columns must be of one length")
         if not ids:

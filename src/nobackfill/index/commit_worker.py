@@ -8,8 +8,9 @@ and stores batch ``k + 1`` (storing in a thread of its own, while the batch afte
 - a batch's vectors are stored (their chunk committed) before its rows are handed over, and the
   worker commits batches in the order given, each in one catalog transaction
   (:meth:`~nobackfill.index.collection.Collection.commit_placed_columns`: the rows of new ids
-  as given, the others through ``commit_rows``, the call an import makes in process); batches that queued up while the worker was busy go in one transaction together (a
-  group commit: fewer, larger transactions when the catalog is the slower side);
+  as given, the others through ``commit_rows``, the call an import makes in process); batches that
+  queued up while the worker was busy go in one transaction together (a group commit: fewer,
+  larger transactions when the catalog is the slower side);
 - a kill of either process leaves the catalog at the last committed transaction; the import, run
   again, finds what was committed (the worker ends when the import's end of the pipe closes, a
   killed import included, after at most the transaction under way);

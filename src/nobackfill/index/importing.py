@@ -423,8 +423,8 @@ def import_source(target: "str | Path | Collection", source: "ImportSource", enc
     committed. ``commit_process``: commit the catalog's rows in a child process
     (:mod:`.commit_worker`) while this one reads and stores the next batches; by default for a
     source of at least :data:`COMMIT_APART_ROWS` items into an embedded (SQLite) catalog. Python's
-cyclic garbage collector is paused while the batches go in (:func:`~nobackfill.memory.cyclic_gc_paused`). Raises
-    :class:`ModelCheckRefused`, or ``ValueError`` for vectors that do not fit the model (nothing
+    cyclic garbage collector is paused while the batches go in
+    (:func:`~nobackfill.memory.cyclic_gc_paused`). Raises :class:`ModelCheckRefused`, or ``ValueError`` for vectors that do not fit the model (nothing
     created or committed in both cases); see the module doc."""
     t0 = time.perf_counter()
     dim = int(encoder.embed_dim)

@@ -74,11 +74,11 @@ def id_problem(item_id: object) -> str | None:
 def plain_ids(ids: list) -> bool:
     """Whether every id is a printable string of 1 to :data:`MAX_ID_LENGTH` characters, not all
     spaces (so :func:`id_problem` has nothing to say), tested on the ids joined by spaces, in C
-    (an import's batch, of thousands of ids): a non-string fails the join; after the printable test, the only
-    whitespace left is the space, so an empty or all-space id shows as two spaces in a row or a
-    space at either end (a single empty id: nothing joined). False may also mean good ids with
-    spaces at their ends or characters that are not printable but allowed (the caller then asks
-    each id)."""
+    (an import's batch, of thousands of ids): a non-string fails the join; after the printable
+    test, the only whitespace left is the space, so an empty or all-space id shows as two spaces in
+    a row or a space at either end (a single empty id: nothing joined). False may also mean good
+    ids with spaces at their ends or characters that are not printable but allowed (the caller
+    then asks each id)."""
     try:
         joined = " ".join(ids)
     except TypeError:

@@ -154,9 +154,9 @@ class HitTable:
     grows: a reader extends it with the rows inserted since (``rid > last``) and a search names its
     hits with two memory reads each, no database round trip (a B-tree lookup costs about 5 us a hit
     from Python). Both buffers are numpy arrays, which numpy asks Linux to back with huge pages when
-    large (granted only where the kernel finds them: a small part of them on this machine; asking it to
-    collapse the rest did not change the search's time). A search's records are decoded at once
-    (:meth:`fields`)."""
+    large (granted only where the kernel finds them: a small part of them on this machine; asking
+    it to collapse the rest did not change the search's time). A search's records are decoded at
+    once (:meth:`fields`)."""
 
     def __init__(self) -> None:
         self._end = np.zeros(1024, np.int64)  # end[rid]: offset just past rid's record; end[0] = 0

@@ -102,13 +102,13 @@ class TableSource(ImportSource):
         """The sources of a chunk of rows of one modality whose ids the table gives (no file is
         touched): those the row by row loop of :meth:`_chunk_items` makes, column by column."""
         n = len(chunk)
-        cells = chunk.arrow.column(self._img_col if self._modality == "image" else self._txt_col) \
-            if chunk.arrow is not None and not cheap and not self._url_col and \
-            (self._img_col if self._modality == "image" else self._txt_col) else None
-        made = None if cells is None else image_sources_json(cells, self._root_str) \
-            if self._modality == "image" else text_sources_json(cells)
-        if made is not None:  # the common cases, written column by column
-            return made
+        image = self._modality == "image"
+        column = self._img_col if image else self._txt_col
+        if column and chunk.arrow is not None and not cheap and not self._url_col:
+            cells = chunk.arrow.column(column)
+            made = image_sources_json(cells, self._root_str) if image else text_sources_json(cells)
+            if made is not None:  # the common cases, written column by column
+                return made
         if self._modality != "image":
             texts = _texts(chunk.column(self._txt_col)) if self._txt_col else [""] * n
             return [{"text": t} if t else {} for t in texts]
