@@ -75,6 +75,38 @@ def test_search_during_backfill_returns_each_item_once(tmp_path):
     assert len(hits) == 12 and len({h.id for h in hits}) == 12
     assert {h.route for h in hits} == {"native", "bridge"}
     assert sum(h.route == "native" for h in hits) == backfill_status(c)["per_modality"]["text"]["done"]
+    snap = c.snapshot()  # each hit named as the catalog names it, in the space that serves it
+    for h in hits:
+        assert h.space == snap.serving_space(h.id) and h.metadata == snap.items[h.id].metadata
+        assert h.route == ("native" if h.space == new.space_id else "bridge")
+
+
+def test_a_search_of_two_spaces_names_its_hits_and_leaves_out_items_deleted_after_its_snapshot(tmp_path,
+                                                                                               monkeypatch):
+    """During a backfill a search names the hits of both spaces at once. A reader still on a
+    snapshot from before a delete (the hit table, read after it, holds no record of the deleted
+    items) leaves them out of whichever space served them; the other hits keep their names,
+    metadata, spaces and routes, and the ranks close up."""
+    c, old, new, pool, _ = _upgraded(tmp_path)
+    start_backfill(c, new, order="sequential")
+    run_worker(c, new, batch_size=3, limit=7)
+    snap = c.snapshot()
+    texts = {i: it for i, it in snap.items.items() if it.modality == "text"}
+    first_of = {}  # one text item served by each space
+    for i in sorted(texts):
+        first_of.setdefault(snap.serving_space(i), i)
+    assert set(first_of) == {old.space_id, new.space_id}
+    served_by = {i: snap.serving_space(i) for i in texts}
+    victims = set(first_of.values())
+    c.delete(sorted(victims))
+    monkeypatch.setattr(c, "snapshot", lambda: snap)  # a reader still on the snapshot before the delete
+    hits = Searcher(c, pool=pool).search(text="caption 0 of image 0 seed 0", k=50, target="text").hits
+    assert len(hits) == len(texts) - 2 and not victims & {h.id for h in hits}
+    assert [h.rank for h in hits] == list(range(1, len(hits) + 1))
+    assert [h.score for h in hits] == sorted((h.score for h in hits), reverse=True)  # the raw merge
+    for h in hits:
+        assert h.space == served_by[h.id] and h.metadata == texts[h.id].metadata
+        assert h.route == ("native" if h.space == new.space_id else "bridge")
 
 
 def test_adds_during_a_backfill_go_to_the_new_space_and_deletes_stay_deleted(tmp_path):

@@ -69,14 +69,17 @@ def test_the_three_merges_order_as_documented():
 @given(st.lists(st.lists(st.sampled_from([0.9, 0.5, 0.5, 0.1, -0.2]), max_size=6), min_size=1, max_size=3),
        st.integers(1, 12))
 def test_raw_merge_is_a_stable_sort_by_descending_score(score_lists, k):
-    """Candidates made in C (``candidates``) equal those made one by one, and the raw merge keeps
-    equal scores in list order, as the sort on the negated score did."""
+    """Candidates made in C (``candidates``) equal those made one by one (with their metadata when
+    given), and the raw merge keeps equal scores in list order, as the sort on the negated score
+    did."""
     lists = {}
     for i, scores in enumerate(score_lists):
         ids = [f"s{i}-{r}" for r in range(len(scores))]
         made = candidates(f"s{i}", "native", scores, ids)
         assert made == [Candidate(x, sc, f"s{i}", "native", r) for r, (x, sc) in enumerate(zip(ids, scores))]
         assert all(type(c) is Candidate for c in made)
+        metas = [f'{{"r": {r}}}' for r in range(len(scores))]
+        assert candidates(f"s{i}", "native", scores, ids, metas) == [c._replace(metadata=m) for c, m in zip(made, metas)]
         lists[f"s{i}"] = made
     flat = [c for hits in lists.values() for c in hits]
     assert merge(lists, k, "raw") == sorted(flat, key=lambda c: -c.score)[:k]

@@ -16,8 +16,9 @@ then two alternating passes of each), ``filtered_p50_ms`` (``filter={"group": 3}
 ``rss_extra_mb`` (that process's resident memory beyond its imports, the vectors and the index),
 ``disk_ratio`` (collection bytes / vector bytes); then the collection is upgraded to a second
 lookup space (identity bridge, nothing re-embedded) and a backfill worker in another process
-commits one batch a second while the reader measures ``p50_upgraded_idle_ms`` (before) and
-``p50_during_backfill_ms``. ``cli_status_s`` / ``cli_search_s``: wall time of
+commits one batch a second while the reader measures ``p50_upgraded_idle_ms`` (before: one space
+serves every item), ``p50_during_backfill_ms`` and ``p50_backfilled_idle_ms`` (after the worker
+stopped: the same two spaces searched, nothing committing). ``cli_status_s`` / ``cli_search_s``: wall time of
 ``nobackfill collection status`` / ``search`` in a cold process, before the upgrade.
 
 Peers (``chroma``, ``lancedb``), where installed (optional, never dependencies): add, reopen, p50
@@ -189,7 +190,8 @@ def _measure(cfg: ScaleBenchConfig, row: dict[str, Any], x_file: str, q_file: st
                            cfg.backfill_seconds, cfg.filtered_queries))
     say(f"  open {row['open_s']} s, open+first search {row['open_first_search_s']} s, p50 {row['p50_ms']} ms "
         f"(raw {row['raw_p50_ms']} ms), filtered {row['filtered_p50_ms']} ms, during backfill "
-        f"{row['p50_during_backfill_ms']} ms (idle after upgrade {row['p50_upgraded_idle_ms']} ms), "
+        f"{row['p50_during_backfill_ms']} ms (idle after upgrade {row['p50_upgraded_idle_ms']} ms, after the "
+        f"backfill {row['p50_backfilled_idle_ms']} ms), "
         f"RSS extra {row['rss_extra_mb']} MB, disk x{row['disk_ratio']}")
     shutil.rmtree(bridge_dir(x_file, path), ignore_errors=True)
     if local:
@@ -220,8 +222,8 @@ def _servers(cfg: ScaleBenchConfig, say: Callable[[str], None]) -> Iterator[tupl
 
 def format_markdown(result: dict[str, Any]) -> str:
     cols = ["n", "catalog", "vectors", "add_per_s", "open_s", "open_first_search_s", "rss_extra_mb", "disk_ratio",
-            "p50_ms", "p99_ms", "raw_p50_ms", "p50_upgraded_idle_ms", "p50_during_backfill_ms", "filtered_p50_ms",
-            "cli_status_s", "cli_search_s"]
+            "p50_ms", "p99_ms", "raw_p50_ms", "p50_upgraded_idle_ms", "p50_during_backfill_ms",
+            "p50_backfilled_idle_ms", "filtered_p50_ms", "cli_status_s", "cli_search_s"]
     lines = ["| " + " | ".join(cols) + " |", "|" + "---:|" * len(cols)]
     for r in result["rows"]:
         lines.append("| " + " | ".join("" if r.get(c) is None else str(r[c]) for c in cols) + " |")

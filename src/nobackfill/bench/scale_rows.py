@@ -216,8 +216,14 @@ def read_collection(x_file: str, q_file: str, path: str, model: str, space_id: s
     worker.join(timeout=120)
     if worker.is_alive():
         worker.terminate()
+    after = []  # the same two spaces, nothing committing: what the backfill's commits add to a search
+    for j in range(2 * len(q)):
+        t1 = time.perf_counter()
+        s.search(text=f"q{j % len(q)}", k=K)
+        after.append(1000 * (time.perf_counter() - t1))
     row.update({"p50_upgraded_idle_ms": pct(idle, 50),
                 "p50_during_backfill_ms": pct(during, 50) if during else None,
+                "p50_backfilled_idle_ms": pct(after, 50),
                 "searches_during_backfill": len(during), "backfill_commits_seen": len(seen),
                 "backfilled_rows": backfilled(), "reader_peak_rss_mb": round(peak_rss_mb(), 1)})
     return row

@@ -37,21 +37,25 @@ DEFAULT_MERGE = "raw"
 
 
 class Candidate(NamedTuple):
-    """One hit of one space's list: ``rank`` is its 0-based rank within that list. A named tuple: a
-    search makes one for every hit of every space it merges (see :func:`candidates`)."""
+    """One hit of one space's list: ``rank`` is its 0-based rank within that list; ``metadata`` the
+    item's metadata JSON, carried to its hit. A named tuple: a search makes one for every hit of
+    every space it merges (see :func:`candidates`)."""
 
     item_id: Any
     score: float
     space: str
     route: str
     rank: int
+    metadata: str = ""
 
 
-def candidates(space: str, route: str, scores: Sequence[float], item_ids: Sequence[Any]) -> list[Candidate]:
-    """One space's ranked list (``scores`` and ``item_ids`` in rank order) as candidates, made in C
-    (``Candidate(...)`` is a Python call per hit, each a microsecond or more once the index search
-    has evicted the interpreter's caches)."""
-    return list(map(tuple.__new__, repeat(Candidate), zip(item_ids, scores, repeat(space), repeat(route), count())))
+def candidates(space: str, route: str, scores: Sequence[float], item_ids: Sequence[Any],
+               metadata: Sequence[str] | None = None) -> list[Candidate]:
+    """One space's ranked list (``scores``, ``item_ids`` and their ``metadata`` in rank order) as
+    candidates, made in C (``Candidate(...)`` is a Python call per hit, each a microsecond or more
+    once the index search has evicted the interpreter's caches)."""
+    return list(map(tuple.__new__, repeat(Candidate), zip(item_ids, scores, repeat(space), repeat(route), count(),
+                                                          repeat("") if metadata is None else metadata)))
 
 
 @dataclass

@@ -319,42 +319,30 @@ class Searcher:
                         hits.append(make(Hit, (len(hits) + 1, s, row[0], sid, route, row[1])))
                 out.append(self._response(snap, qmod, gmod, direction, method, query, hits))
             return out
-        searched: dict[str, tuple[QuerySide, Any, int]] = {}
         depth = max(k, self.rerank_k) if self.rerank else k
         if cache is None:  # the spaces' query sides embed with each encoder once
             cache = {}
-        for sid, side, mask, n_allowed in prep.spaces:
-            q = side.embed(qmod, inputs, cache)
-            res = views[sid].gallery.search(gmod, q, depth, space_id=sid, mask=mask)
-            searched[sid] = (side, res, n_allowed)
-        maps, shares = prep.maps, prep.shares
-        ranked: list[dict[str, tuple[str, list[float], list[int]]]] = []
-        for qi, query in enumerate(inputs):
-            per: dict[str, tuple[str, list[float], list[int]]] = {}
-            for sid, (side, res, _) in searched.items():
+        searched = []
+        for sid, side, mask, _ in prep.spaces:
+            view = views[sid]
+            searched.append((sid, side, view, view.gallery.search(gmod, side.embed(qmod, inputs, cache), depth,
+                                                                  space_id=sid, mask=mask)))
+        kw = {"score_maps": prep.maps, "shares": prep.shares, "prefer": prep.prefer}
+        out, make = [], tuple.__new__
+        for qi, query in enumerate(inputs):  # plain loops: this runs for every search while a backfill moves items
+            ranked = []
+            for sid, side, view, res in searched:
                 scores, positions = res.scores[qi], res.positions[qi]
                 if self.rerank and side.route in ("native", "old-model"):
-                    scores, positions = self._rerank(views[sid], side, gmod, query, res, qi, k)
-                positions = positions[:k]
-                per[sid] = (side.route, scores[:len(positions)].tolist(), views[sid].rids[positions].tolist())
-            ranked.append(per)
-        named = snap.hits({r for per in ranked for _, _, rids in per.values() for r in rids})
-        # plain loops and candidates made in C: this runs for every search while a backfill moves items
-        out, make = [], tuple.__new__
-        for query, per in zip(inputs, ranked):
-            lists: dict[str, list[Candidate]] = {}
-            for sid, (route, scores, rids) in per.items():
-                listed = candidates(sid, route, scores, rids)
-                if not named.keys() >= set(rids):  # rows deleted since the snapshot's rows were read
-                    listed = [c for c in listed if c.item_id in named]
-                lists[sid] = listed
+                    scores, positions = self._rerank(view, side, gmod, query, res, qi, k)
+                if depth > k:  # (searched deeper for the re-ranking)
+                    positions = positions[:k]
+                    scores = scores[:len(positions)]
+                ranked.append((sid, side.route, scores.tolist(), view.rids[positions].tolist()))
+            lists = _named_lists(snap, ranked)
             # one list: every merge keeps its order
-            top = lists.popitem()[1][:k] if len(lists) == 1 else \
-                merge(lists, k, method, score_maps=maps, shares=shares, prefer=prep.prefer)
-            hits: list[Hit] = []
-            for c in top:
-                row = named[c.item_id]
-                hits.append(make(Hit, (len(hits) + 1, c.score, row[0], c.space, c.route, row[1])))
+            top = lists.popitem()[1][:k] if len(lists) == 1 else merge(lists, k, method, **kw)
+            hits = [make(Hit, (r, c.score, c.item_id, c.space, c.route, c.metadata)) for r, c in enumerate(top, 1)]
             out.append(self._response(snap, qmod, gmod, direction, method, query, hits))
         return out
 
@@ -476,6 +464,28 @@ def _reco_refiner(reco: Path, spaces: set[str]):
         return np.asarray(model.refine(memory, vectors, modality), np.float32)
 
     return refine
+
+
+def _named_lists(snap: Snapshot, ranked: list[tuple[str, str, list[float], list[int]]]) -> dict[str, list[Candidate]]:
+    """Each space's ranked list ``(space, route, scores, rids)`` as candidates named from the
+    snapshot's hit table, all spaces' records decoded at once; rows deleted since the snapshot's
+    rows were read are left out (the others keep their rank)."""
+    rids = [r for *_, space_rids in ranked for r in space_rids]
+    fields = snap.hit_fields(rids)
+    lists: dict[str, list[Candidate]] = {}
+    if fields is None:  # a row deleted since: named one by one
+        named = snap.hits(rids)
+        for sid, route, scores, space_rids in ranked:
+            rows = [named.get(r, (None, "")) for r in space_rids]
+            listed = candidates(sid, route, scores, [row[0] for row in rows], [row[1] for row in rows])
+            lists[sid] = [c for c in listed if c.item_id is not None]
+        return lists
+    at = 0
+    for sid, route, scores, space_rids in ranked:
+        end = at + 2 * len(space_rids)
+        lists[sid] = candidates(sid, route, scores, fields[at:end:2], fields[at + 1:end:2])
+        at = end
+    return lists
 
 
 def _score_maps(plan: Plan, direction: str) -> dict[tuple[str, str], ScoreMap]:
