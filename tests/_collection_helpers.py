@@ -112,3 +112,14 @@ def pool_with(*pairs) -> "object":
     for ref, enc in pairs:
         pool.put(ref, enc)
     return pool
+
+
+def milvus_server_location(request) -> str:
+    """A fresh collection on the session's Milvus server (the ``milvus_server`` fixture), its
+    catalog in a fresh PostgreSQL database (``postgres_db``: a Milvus server keeps no catalog of its
+    own)."""
+    import uuid
+
+    server = request.getfixturevalue("milvus_server")
+    name = f"c{uuid.uuid4().hex[:8]}"
+    return f"milvus://{server}#{name}?catalog={request.getfixturevalue('postgres_db')}#{name}"

@@ -2,12 +2,13 @@
 
 Usage: python _shared_worker.py URI MACHINE BATCH RATE LEASE_S
 
-Opens the collection URI (a local vectors directory + a PostgreSQL catalog), writes ``ready.<pid>``
-in its working directory, then runs backfill workers (the new model of ``related_pair``) until the
-job is done: a worker that finds every unfinished shard leased by the other machine waits and tries
-again. Its leases name ``MACHINE`` as their host (``MACHINE:<pid>:<tag>``), so neither machine can
-tell whether the other's processes are alive: a killed worker's lease is taken over only once it
-expires, as between two real machines. Exits 0 when the backfill is done.
+Opens the collection URI (a vectors directory or a Milvus server, and a PostgreSQL catalog), writes
+``ready.<pid>`` in its working directory, then runs backfill workers (the new model of
+``related_pair``) until the job is done: a worker that finds every unfinished shard leased by the
+other machine waits and tries again. Its leases name ``MACHINE`` as their host
+(``MACHINE:<pid>:<tag>``), so neither machine can tell whether the other's processes are alive: a
+killed worker's lease is taken over only once it expires, as between two real machines. Exits 0
+when the backfill is done.
 """
 
 from __future__ import annotations

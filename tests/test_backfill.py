@@ -109,6 +109,38 @@ def test_a_search_of_two_spaces_names_its_hits_and_leaves_out_items_deleted_afte
         assert h.route == ("native" if h.space == new.space_id else "bridge")
 
 
+def test_a_snapshot_of_stores_without_lasting_positions_is_one_committed_state(tmp_path, monkeypatch):
+    """A store that numbers its rows per process (a Milvus collection) is mapped through the keys
+    the catalog says each space serves. Those keys are read in the snapshot's own transaction: a
+    backfill batch committed by another process while a reader builds its snapshot shows in the
+    new space or still in the old one, never in neither (the reader's counts match its items)."""
+    c, old, new, pool, _ = _upgraded(tmp_path)
+    start_backfill(c, new, order="sequential")
+    run_worker(c, new, batch_size=3, limit=6)
+    reader = Collection.open(c.path)
+    for sid in (old.space_id, new.space_id):  # the local stores, read as a Milvus store is
+        monkeypatch.setattr(reader.gallery(sid), "stable_positions", False, raising=False)
+    real, moved = reader.catalog.query, []
+
+    def query(sql, params=()):
+        rows = real(sql, params)
+        if sql.startswith("SELECT rid, key FROM items") and not moved:  # the first space's keys are read:
+            moved.append(run_worker(c, new, batch_size=2, limit=2).committed)  # a batch lands meanwhile
+        return rows
+
+    monkeypatch.setattr(reader.catalog, "query", query)
+    snap = reader.snapshot()
+    assert moved == [2]
+    counts = snap.counts()
+    for m in ("image", "text"):
+        assert sum(counts[sid][m] for sid in counts) == snap.item_count(m)
+    assert counts[new.space_id]["image"] + counts[new.space_id]["text"] == 6  # the snapshot before the batch
+    monkeypatch.setattr(reader.catalog, "query", real)
+    reader._checked = float("-inf")  # (the reader asks the catalog again at once)
+    after = reader.snapshot().counts()
+    assert after[new.space_id]["image"] + after[new.space_id]["text"] == 8
+
+
 def test_adds_during_a_backfill_go_to_the_new_space_and_deletes_stay_deleted(tmp_path):
     c, old, new, pool, _ = _upgraded(tmp_path)
     start_backfill(c, new, order="sequential")

@@ -16,7 +16,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from _collection_helpers import NEW_REF, OLD_REF, make_folder, pool_with, related_pair, write_procrustes_upgrade
+from _collection_helpers import (NEW_REF, OLD_REF, make_folder, milvus_server_location, pool_with, related_pair,
+                                write_procrustes_upgrade)
 from nobackfill.index.collection import Collection, ItemNotFoundError
 from nobackfill.index.ingest import add_items, folder_items, text_item
 from nobackfill.search import Searcher
@@ -25,14 +26,6 @@ from nobackfill.lifecycle.plan_changes import upgrade_collection
 
 BACKENDS = ["local", "local+postgresql", "milvus-lite",
             pytest.param("milvus-server+postgresql", marks=pytest.mark.milvus_server)]
-
-
-def _milvus_server_location(request) -> str:
-    """A fresh collection on the session's Milvus server, its catalog in a fresh PostgreSQL
-    database (a Milvus server keeps no catalog of its own)."""
-    server = request.getfixturevalue("milvus_server")
-    name = f"c{uuid.uuid4().hex[:8]}"
-    return f"milvus://{server}#{name}?catalog={request.getfixturevalue('postgres_db')}#{name}"
 
 
 @pytest.fixture(params=BACKENDS)
@@ -44,7 +37,7 @@ def location(request, tmp_path):
     if request.param == "milvus-lite":
         pytest.importorskip("milvus_lite", reason="milvus-lite is not installed")
         return f"milvus-lite:{tmp_path}/milvus.db#c{uuid.uuid4().hex[:6]}"
-    return _milvus_server_location(request)
+    return milvus_server_location(request)
 
 
 def _world(tmp_path: Path, location: str, n_images: int = 5):
@@ -181,7 +174,7 @@ def milvus_location(request, tmp_path):
     if request.param == "milvus-lite":
         pytest.importorskip("milvus_lite", reason="milvus-lite is not installed")
         return f"milvus-lite:{tmp_path}/milvus.db#c{uuid.uuid4().hex[:6]}"
-    return _milvus_server_location(request)
+    return milvus_server_location(request)
 
 
 def _release_all(c: Collection) -> None:

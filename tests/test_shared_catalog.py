@@ -1,5 +1,6 @@
-"""A collection shared by several machines: its vectors in a directory every machine reaches, its
-catalog (items, plan, serving rows, the backfill's job and leases) in PostgreSQL.
+"""A collection shared by several machines: its vectors in a directory every machine reaches (or on
+a Milvus server), its catalog (items, plan, serving rows, the backfill's job and leases) in
+PostgreSQL.
 
 Two processes with different working directories stand for two machines backfilling one collection
 while either is SIGKILLed at random moments; leases are taken over only once they expire or their
@@ -20,7 +21,8 @@ from pathlib import Path
 
 import pytest
 
-from _collection_helpers import NEW_REF, OLD_REF, make_folder, pool_with, related_pair, write_procrustes_upgrade
+from _collection_helpers import (NEW_REF, OLD_REF, make_folder, milvus_server_location, pool_with, related_pair,
+                                write_procrustes_upgrade)
 from nobackfill.index.collection import Collection
 from nobackfill.index.ingest import add_items, folder_items
 from nobackfill.lifecycle.backfill import _read, _write, backfill_status, run_worker, start_backfill
@@ -91,23 +93,29 @@ def _served_once(c: Collection) -> None:
 
 # ----------------------------------------------------------------------------- a. two machines, SIGKILLs
 @pytest.mark.slow
-def test_two_machines_backfill_one_collection_through_sigkills(tmp_path, postgres_db):
+@pytest.mark.parametrize("vectors", ["directory", pytest.param("milvus-server", marks=pytest.mark.milvus_server)])
+def test_two_machines_backfill_one_collection_through_sigkills(tmp_path, postgres_db, request, vectors):
     """Two worker processes (two working directories, leases naming two hosts: neither can see
     whether the other's processes live) backfill one collection, 2 shards, while either is
     SIGKILLed at random moments (>= 20 kills, each restarted at once); then every live item is served
     by the new space exactly once, no key is stored twice in its store, nothing is lost, and the
-    collection verifies."""
-    uri = _shared_uri(tmp_path, postgres_db)
-    c, old, new = _upgraded(tmp_path, uri, n_images=100, captions=2)  # 300 items: 100 images, 200 captions
+    collection verifies. The vectors are in a directory both reach, or on a Milvus server (fewer
+    items there: a batch of two waits seconds on the server's Strong reads)."""
+    if vectors == "directory":  # per worker: batch, items a second, lease seconds
+        uri, n_images, life, work = _shared_uri(tmp_path, postgres_db), 100, (0.05, 1.0), ["2", "10", "0.5"]
+    else:  # a batch waits seconds on Strong reads: larger batches, longer leases and lives
+        uri, n_images, life, work = milvus_server_location(request), 20, (0.5, 4.0), ["6", "10", "10"]
+    c, old, new = _upgraded(tmp_path, uri, n_images=n_images, captions=2)  # an image and two captions each
     before = {i: (it.modality, it.key) for i, it in c.items().items()}
-    assert len(before) == 300
+    total = 3 * n_images
+    assert len(before) == total
     start_backfill(c, new, order="random", shards=2, seed=7)
-    total = backfill_status(c)["total"]
-    assert total == 300
+    assert backfill_status(c)["total"] == total
     # per worker: batches of 2, at most 10 items a second, leases of 0.5 s renewed every batch; a
-    # worker lives 0.05-1 s after it opened the collection, so 20 lives embed at most ~250 items:
-    # the backfill cannot be over before the 20th kill
-    machines = [_Machine(name, tmp_path / name, [str(TESTS / "_shared_worker.py"), uri, name, "2", "10", "0.5"])
+    # worker lives 0.05-1 s after it opened the collection, so 20 lives embed at most ~250 items
+    # (on the Milvus server: batches of 6, lives of 0.5-4 s, each batch seconds): the backfill cannot
+    # be over before the 20th kill
+    machines = [_Machine(name, tmp_path / name, [str(TESTS / "_shared_worker.py"), uri, name, *work])
                 for name in ("machine-a", "machine-b")]
     rng = random.Random(0)
     kills, t0 = 0, time.monotonic()
@@ -121,7 +129,7 @@ def test_two_machines_backfill_one_collection_through_sigkills(tmp_path, postgre
                 assert rc is None, f"{m.name} exited ({rc}) before the 20th kill:\n{m.output()}"
                 now = time.monotonic()
                 if m.kill_at is None and m.ready():
-                    m.kill_at = now + rng.uniform(0.05, 1.0)
+                    m.kill_at = now + rng.uniform(*life)
                 if m.kill_at is not None and now >= m.kill_at:
                     assert m.kill(), f"{m.name} had exited:\n{m.output()}"
                     kills += 1
@@ -145,10 +153,12 @@ def test_two_machines_backfill_one_collection_through_sigkills(tmp_path, postgre
     c = Collection.open(uri)
     st = backfill_status(c)
     assert st["done"] == st["total"] == total and st["state"] == "done", st
-    assert st["per_modality"] == {"image": {"done": 100, "total": 100}, "text": {"done": 200, "total": 200}}
+    assert st["per_modality"] == {"image": {"done": n_images, "total": n_images},
+                                  "text": {"done": 2 * n_images, "total": 2 * n_images}}
     status = c.status()
     assert status["catalog"] == "postgresql" and status["unserved"] == 0
-    assert {m: status["spaces"][new.space_id][m] for m in ("image", "text")} == {"image": 100, "text": 200}
+    assert {m: status["spaces"][new.space_id][m] for m in ("image", "text")} == {"image": n_images,
+                                                                                "text": 2 * n_images}
     assert {m: status["spaces"][old.space_id][m] for m in ("image", "text")} == {"image": 0, "text": 0}
     assert {i: (it.modality, it.key) for i, it in c.items().items()} == before  # nothing lost, keys kept
     g = c.gallery(new.space_id)

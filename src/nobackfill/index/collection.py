@@ -381,9 +381,12 @@ class Collection(CollectionWrites, CollectionStatus):
         if snap is not None and snap.generation == gen:
             return snap
         with self._lock:
-            with self.catalog.reading():
-                header = self.catalog.header()
+            with self.catalog.reading():  # one committed state: a commit moving items between two spaces
+                header = self.catalog.header()  # shows in both or in neither
                 pages = self.catalog.pages(self._serving_gen) if self._serving_gen >= 0 else self.catalog.pages(-1)
+                plan = header["plan"]
+                keyed = {(sid, m): self._keys_served(sid, m) for sid in plan.serving_order()
+                         if not getattr(self.gallery(sid, plan), "stable_positions", False) for m in MODALITIES}
             if self._serving_gen < 0:
                 self._serving = {}
             size: dict[tuple[str, str], int] = {}
@@ -399,14 +402,13 @@ class Collection(CollectionWrites, CollectionStatus):
             self._serving = {**self._serving, **changed}
             self._serving_gen = header["generation"]
             self._header = header
-            plan = header["plan"]
             serving: dict[tuple[str, str], np.ndarray] = {}
             for sid in plan.serving_order():
-                g = self.gallery(sid)
-                g.refresh()
+                g = self.gallery(sid, plan)
+                g.refresh()  # after the catalog was read: a store holds its rows before the catalog names them
                 for m in MODALITIES:
-                    if not getattr(g, "stable_positions", False):
-                        serving[(sid, m)] = self._served_by_key(g, sid, m)
+                    if (sid, m) in keyed:
+                        serving[(sid, m)] = self._served_by_key(g, m, keyed[(sid, m)])
                         continue
                     arr = self._serving.get((sid, m), EMPTY)
                     n = g.count(m)
@@ -415,10 +417,14 @@ class Collection(CollectionWrites, CollectionStatus):
                                       {m: header[f"n_{m}"] for m in MODALITIES})
             return self._snapshot
 
-    def _served_by_key(self, g: SpaceStore, space_id: str, modality: str) -> np.ndarray:
-        """Rids by this process's rows of a store without lasting positions (read from the items
-        the catalog says the space serves, mapped by key)."""
-        rows = self.catalog.query("SELECT rid, key FROM items WHERE space = ? AND modality = ?", (space_id, modality))
+    def _keys_served(self, space_id: str, modality: str) -> list[tuple[int, str]]:
+        """``(rid, key)`` of the items the catalog says ``space_id`` serves (for a store without
+        lasting positions; read in the snapshot's transaction)."""
+        return self.catalog.query("SELECT rid, key FROM items WHERE space = ? AND modality = ?", (space_id, modality))
+
+    def _served_by_key(self, g: SpaceStore, modality: str, rows: list[tuple[int, str]]) -> np.ndarray:
+        """Rids by this process's rows of a store without lasting positions: the ``(rid, key)`` rows
+        the catalog says it serves, mapped by key."""
         pos = g.positions(modality, [k for _, k in rows])
         out = np.zeros(g.count(modality), np.int64)
         for rid, key in rows:
