@@ -3,9 +3,9 @@ a Milvus server), its catalog (items, plan, serving rows, the backfill's job and
 PostgreSQL.
 
 Two processes with different working directories stand for two machines backfilling one collection
-while either is SIGKILLed at random moments; leases are taken over only once they expire or their
-holder (a process of this host) is gone; an ``add`` SIGKILLed at random moments and restarted adds
-every item exactly once."""
+while either is SIGKILLed at random moments, or for one machine serving it over HTTP while another
+backfills it; leases are taken over only once they expire or their holder (a process of this host)
+is gone; an ``add`` SIGKILLed at random moments and restarted adds every item exactly once."""
 
 from __future__ import annotations
 
@@ -80,6 +80,12 @@ class _Machine:
 
     def output(self) -> str:
         return self.log.read_text(errors="replace")[-4000:]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 def _served_once(c: Collection) -> None:
@@ -170,6 +176,53 @@ def test_two_machines_backfill_one_collection_through_sigkills(tmp_path, postgre
         served = [i for i in snap.views(m)[new.space_id].item_ids if i is not None]
         assert len(served) == len(set(served)) == sum(mod == m for mod, _ in before.values())  # each exactly once
     assert not c.verify()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("vectors", ["directory", pytest.param("milvus-server", marks=pytest.mark.milvus_server)])
+def test_one_machine_serves_while_another_backfills(tmp_path, postgres_db, request, vectors):
+    """One process serves the collection over HTTP while another, in its own working directory,
+    backfills it: every answer during the backfill holds every image exactly once (moved or not
+    yet), both routes appear while it runs, and the server answers natively once it is over."""
+    pytest.importorskip("fastapi")
+    from nobackfill.client import Client
+
+    if vectors == "directory":
+        uri, work = _shared_uri(tmp_path, postgres_db), ["2", "20", "5"]
+    else:
+        uri, work = milvus_server_location(request), ["6", "20", "10"]
+    n_images = 12
+    c, old, new = _upgraded(tmp_path, uri, n_images=n_images, captions=2)
+    start_backfill(c, new, order="random", seed=3)
+    key, port = "shared-read-key-0123", _free_port()
+    server = _Machine("server", tmp_path / "server", [str(TESTS / "_shared_server.py"), uri, str(port), key])
+    worker = _Machine("worker", tmp_path / "worker", [str(TESTS / "_shared_worker.py"), uri, "worker", *work])
+    server.start()
+    try:
+        api = Client(f"http://127.0.0.1:{port}", key, timeout=60)
+        deadline = time.monotonic() + 120
+        while True:
+            try:
+                if api.healthz()["ok"]:
+                    break
+            except Exception:
+                assert time.monotonic() < deadline and server.proc.poll() is None, server.output()
+                time.sleep(0.2)
+        routes: list[tuple[str, ...]] = []
+        worker.start()
+        while worker.proc.poll() is None:
+            hits = api.search(text="caption 0 of image 0 seed 0", k=50, target="image").hits
+            ids = [h.id for h in hits]
+            assert len(ids) == len(set(ids)) == n_images, ids  # none missing, none twice
+            routes.append(tuple(sorted({h.route for h in hits})))
+        assert worker.proc.wait() == 0, worker.output()
+        assert ("bridge", "native") in routes, routes  # answered from both spaces while it ran
+        print(f"{len(routes)} searches during the backfill, {routes.count(('bridge', 'native'))} from both spaces")
+        hits = api.search(text="caption 0 of image 0 seed 0", k=50, target="image").hits
+        assert len(hits) == n_images and {h.route for h in hits} == {"native"}
+    finally:
+        server.kill()
+    assert backfill_status(Collection.open(uri))["state"] == "done"
 
 
 # ----------------------------------------------------------------------------- b. lease takeover

@@ -381,8 +381,10 @@ class Collection(CollectionWrites, CollectionStatus):
         if snap is not None and snap.generation == gen:
             return snap
         with self._lock:
-            with self.catalog.reading():  # one committed state: a commit moving items between two spaces
-                header = self.catalog.header()  # shows in both or in neither
+            # one committed state, the keys served by stores without lasting positions included: a
+            # batch moved between two spaces is seen moved or not, never out of both
+            with self.catalog.reading():
+                header = self.catalog.header()
                 pages = self.catalog.pages(self._serving_gen) if self._serving_gen >= 0 else self.catalog.pages(-1)
                 plan = header["plan"]
                 keyed = {(sid, m): self._keys_served(sid, m) for sid in plan.serving_order()
