@@ -88,6 +88,14 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+def _answers(api) -> bool:
+    """The server answers its health check."""
+    try:
+        return bool(api.healthz()["ok"])
+    except Exception:  # not listening yet
+        return False
+
+
 def _served_once(c: Collection) -> None:
     """Each live item is served by exactly one space (one consistent snapshot)."""
     st = c.status()
@@ -201,13 +209,9 @@ def test_one_machine_serves_while_another_backfills(tmp_path, postgres_db, reque
     try:
         api = Client(f"http://127.0.0.1:{port}", key, timeout=60)
         deadline = time.monotonic() + 120
-        while True:
-            try:
-                if api.healthz()["ok"]:
-                    break
-            except Exception:
-                assert time.monotonic() < deadline and server.proc.poll() is None, server.output()
-                time.sleep(0.2)
+        while not _answers(api):
+            assert time.monotonic() < deadline and server.proc.poll() is None, server.output()
+            time.sleep(0.2)
         routes: list[tuple[str, ...]] = []
         worker.start()
         while worker.proc.poll() is None:
