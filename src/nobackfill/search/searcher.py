@@ -296,29 +296,6 @@ class Searcher:
         gmod, direction, method, views = prep.gmod, prep.direction, prep.method, prep.views
         if cache is not None:
             cache = cache.setdefault((qmod, hash(tuple(str(x) for x in inputs))), {})
-        if len(prep.spaces) == 1 and not self.rerank:  # one list: no merge, no per-space bookkeeping
-            sid, side, mask, _ = prep.spaces[0]
-            view = views[sid]
-            res = view.gallery.search(gmod, side.embed(qmod, inputs, cache), k, space_id=sid, mask=mask)
-            rid_rows = view.rids[res.positions].tolist()
-            route, make = side.route, tuple.__new__
-            if len(rid_rows) == 1:  # one query, the hot path of every search: its hits made in C
-                fields = snap.hit_fields(rid_rows[0])
-                if fields is not None:  # (None: a row deleted since the snapshot's rows were read)
-                    hits = list(map(make, repeat(Hit), zip(count(1), res.scores.tolist()[0], fields[0::2],
-                                                           repeat(sid), repeat(route), fields[1::2])))
-                    return [self._response(snap, qmod, gmod, direction, method, inputs[0], hits)]
-            named = snap.hits({r for row in rid_rows for r in row})
-            # plain loops (a comprehension is a Python call of its own)
-            out, get = [], named.get
-            for query, scores, rids in zip(inputs, res.scores.tolist(), rid_rows):
-                hits = []
-                for s, rid in zip(scores, rids):
-                    row = get(rid)
-                    if row is not None:  # None: deleted since the snapshot's rows were read
-                        hits.append(make(Hit, (len(hits) + 1, s, row[0], sid, route, row[1])))
-                out.append(self._response(snap, qmod, gmod, direction, method, query, hits))
-            return out
         depth = max(k, self.rerank_k) if self.rerank else k
         if cache is None:  # the spaces' query sides embed with each encoder once
             cache = {}
@@ -327,9 +304,16 @@ class Searcher:
             view = views[sid]
             searched.append((sid, side, view, view.gallery.search(gmod, side.embed(qmod, inputs, cache), depth,
                                                                   space_id=sid, mask=mask)))
+        if len(searched) == 1 and len(inputs) == 1 and not self.rerank:  # the hot path: one query, one list
+            sid, side, view, res = searched[0]
+            fields = snap.hit_fields(view.rids[res.positions[0]].tolist())
+            if fields is not None:  # its hits made in C (None: a row deleted since the snapshot's rows were read)
+                hits = list(map(tuple.__new__, repeat(Hit), zip(count(1), res.scores.tolist()[0], fields[0::2],
+                                                                repeat(sid), repeat(side.route), fields[1::2])))
+                return [self._response(snap, qmod, gmod, direction, method, inputs[0], hits)]
         kw = {"score_maps": prep.maps, "shares": prep.shares, "prefer": prep.prefer}
         out, make = [], tuple.__new__
-        for qi, query in enumerate(inputs):  # plain loops: this runs for every search while a backfill moves items
+        for qi, query in enumerate(inputs):  # plain loops: every search of several spaces (a backfill) runs this
             ranked = []
             for sid, side, view, res in searched:
                 scores, positions = res.scores[qi], res.positions[qi]
