@@ -14,8 +14,8 @@ sys.path.insert(0, str(Path(__file__).parent))
 
 from _collection_helpers import OLD_REF, HashEncoder  # noqa: E402
 
-from nobackfill.index.importing import import_source  # noqa: E402
-from nobackfill.index.sources import open_source  # noqa: E402
+from nobackfill.adopt.importing import import_source  # noqa: E402
+from nobackfill.adopt.sources import open_source  # noqa: E402
 
 if __name__ == "__main__":
     data, target = Path(sys.argv[1]), Path(sys.argv[2])

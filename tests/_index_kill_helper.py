@@ -15,7 +15,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 
 from test_index import FakeEncoder, make_inputs  # noqa: E402
 
-from nobackfill.index import build_gallery  # noqa: E402
+from nobackfill.gallery import build_gallery  # noqa: E402
 
 if __name__ == "__main__":
     images, texts = make_inputs(Path(sys.argv[1]))

@@ -20,8 +20,8 @@ sys.path.insert(0, str(Path(__file__).parent))
 
 from _collection_helpers import HashEncoder, related_pair  # noqa: E402
 
-from nobackfill.index.collection import Collection  # noqa: E402
-from nobackfill.index.ingest import add_items, folder_items, text_item  # noqa: E402
+from nobackfill.collection.collection import Collection  # noqa: E402
+from nobackfill.collection.ingest import add_items, folder_items, text_item  # noqa: E402
 
 
 def items(data: str | Path, n_texts: int) -> list:

@@ -23,7 +23,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 
 from _collection_helpers import related_pair  # noqa: E402
 
-from nobackfill.index.collection import Collection  # noqa: E402
+from nobackfill.collection.collection import Collection  # noqa: E402
 from nobackfill.lifecycle.backfill import run_worker  # noqa: E402
 
 if __name__ == "__main__":

@@ -50,7 +50,7 @@ def tiny_preset(dim: int = 32, steps: int = 12) -> str:
 def milvus_server(tmp_path_factory):
     """A real Milvus standalone server (pip package ``milvus``) for the whole session, in a fresh
     base directory; ``HOST:PORT`` of its proxy. Skipped, saying why, when it cannot start."""
-    from nobackfill.index.milvus_server import MilvusServerError, start_server
+    from nobackfill.testing.milvus_server import MilvusServerError, start_server
 
     try:
         server = start_server(tmp_path_factory.mktemp("milvus-server"))
@@ -64,9 +64,9 @@ def milvus_server(tmp_path_factory):
 def postgres_server(tmp_path_factory):
     """A real PostgreSQL server (``initdb`` + ``postgres`` of the system; run as ``nobody`` when we
     are root) for the whole session, on 127.0.0.1; the
-    :class:`~nobackfill.index.postgres_server.RunningPostgres`. Skipped, saying why, when it cannot
+    :class:`~nobackfill.testing.postgres_server.RunningPostgres`. Skipped, saying why, when it cannot
     start (no PostgreSQL binaries installed)."""
-    from nobackfill.index.postgres_server import PostgresServerError, start_postgres
+    from nobackfill.testing.postgres_server import PostgresServerError, start_postgres
 
     try:
         server = start_postgres(tmp_path_factory.mktemp("postgres-server"))

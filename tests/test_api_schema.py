@@ -20,8 +20,8 @@ import pytest
 pytest.importorskip("fastapi")
 
 from _collection_helpers import NEW_REF, OLD_REF, make_folder, pool_with, related_pair, write_procrustes_upgrade  # noqa: E402
-from nobackfill.index.collection import Collection  # noqa: E402
-from nobackfill.index.ingest import add_items, folder_items  # noqa: E402
+from nobackfill.collection.collection import Collection  # noqa: E402
+from nobackfill.collection.ingest import add_items, folder_items  # noqa: E402
 from nobackfill.lifecycle.plan_changes import upgrade_collection  # noqa: E402
 from nobackfill.serve import KeyRing, Limits, ServeSettings, create_app  # noqa: E402
 from nobackfill.serve.schema import NONBLANK  # noqa: E402

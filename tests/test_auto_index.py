@@ -12,10 +12,11 @@ import pytest
 from typer.testing import CliRunner
 
 from nobackfill.cli import app
-from nobackfill.index import backends, gallery_index
-from nobackfill.index.backends import AutoIndex, FactoryIndex, make_index, validate_spec
-from nobackfill.index.collection import Collection
-from nobackfill.index.gallery import Gallery
+from nobackfill.ann import backends
+from nobackfill.gallery import search_index as gallery_index
+from nobackfill.ann.backends import AutoIndex, FactoryIndex, make_index, validate_spec
+from nobackfill.collection.collection import Collection
+from nobackfill.gallery.gallery import Gallery
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -151,7 +152,7 @@ def test_collection_default_is_auto_and_status_names_the_index(tmp_path):
 
 
 def test_milvus_maps_auto_to_hnsw():
-    from nobackfill.index.milvus import milvus_index_params
+    from nobackfill.milvus import milvus_index_params
 
     index, search = milvus_index_params("auto:efSearch=64")
     assert index["index_type"] == "HNSW" and index["params"]["M"] == 32 and search == {"ef": 64}

@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 
 from _collection_helpers import NEW_REF, OLD_REF, make_folder, pool_with, related_pair, write_procrustes_upgrade
-from nobackfill.index.collection import Collection
-from nobackfill.index.ingest import add_items, folder_items, text_item
+from nobackfill.collection.collection import Collection
+from nobackfill.collection.ingest import add_items, folder_items, text_item
 from nobackfill.search import Searcher
 from nobackfill.lifecycle.backfill import (
     BackfillError,

@@ -16,12 +16,12 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from _collection_helpers import OLD_REF, HashEncoder, pool_with
-from nobackfill.index.catalog import CatalogError, sqlite_catalog, unsourced_sql
-from nobackfill.index.catalog_schema import UNSOURCED_INDEX
-from nobackfill.index.collection import CATALOG_FILE, Collection
-from nobackfill.index.items import row_json
-from nobackfill.index.snapshot import HitTable
-from nobackfill.index.ingest import add_items, text_item
+from nobackfill.catalog.catalog import CatalogError, sqlite_catalog, unsourced_sql
+from nobackfill.catalog.schema import UNSOURCED_INDEX
+from nobackfill.collection.collection import CATALOG_FILE, Collection
+from nobackfill.catalog.items import row_json
+from nobackfill.collection.snapshot import HitTable
+from nobackfill.collection.ingest import add_items, text_item
 from nobackfill.search import Searcher
 from nobackfill.search.searcher import matches_filter
 
@@ -39,14 +39,14 @@ def _coll(tmp_path, n: int = 40, location: str | None = None):
 def test_a_new_sqlite_catalog_has_large_pages_and_an_old_one_keeps_its_own(tmp_path):
     """A catalog is created with 16 KiB pages (a bulk insert costs less); a catalog of 4 KiB pages,
     as older versions made, opens and takes writes as it is."""
-    from nobackfill.index.catalog import PAGE_BYTES
+    from nobackfill.catalog.catalog import PAGE_BYTES
 
     c, enc, pool = _coll(tmp_path, n=5)
     db = sqlite3.connect(tmp_path / "c" / CATALOG_FILE)
     assert db.execute("PRAGMA page_size").fetchone()[0] == PAGE_BYTES == 16384
     db.close()
     old = tmp_path / "old"
-    import nobackfill.index.catalog as catalog_module
+    import nobackfill.catalog.catalog as catalog_module
 
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(catalog_module, "PAGE_BYTES", 4096)
@@ -61,7 +61,7 @@ def test_a_new_sqlite_catalog_has_large_pages_and_an_old_one_keeps_its_own(tmp_p
 
 def test_open_reads_the_header_not_the_items(tmp_path, monkeypatch):
     c, enc, pool = _coll(tmp_path)
-    from nobackfill.index import catalog as cat
+    from nobackfill.catalog import catalog as cat
 
     def refuse(*_a, **_k):
         raise AssertionError("read every item")
@@ -177,7 +177,7 @@ def test_a_commit_of_another_process_is_seen(tmp_path):
     c, enc, pool = _coll(tmp_path)
     s = Searcher(c, pool=pool)
     assert "t5" in {h.id for h in s.search(text="text number 5", k=3, target="text").hits}
-    code = ("import sys\nfrom nobackfill.index.collection import Collection\n"
+    code = ("import sys\nfrom nobackfill.collection.collection import Collection\n"
             f"Collection.open(sys.argv[1]).delete(['t5'])\n")
     subprocess.run([sys.executable, "-c", code, str(c.path)], check=True, timeout=120)
     import time
@@ -251,7 +251,7 @@ def test_the_cli_takes_a_collection_uri_as_written(tmp_path, postgres_db):
 def test_a_milvus_uri_names_its_postgresql_catalog_by_its_fragment():
     """Two Milvus collections in one PostgreSQL database have a catalog each (docs/milvus.md: the
     collection's name in the database is the URI's #NAME); a catalog URL naming its own wins."""
-    from nobackfill.index.storage import parse_uri
+    from nobackfill.collection.uri import parse_uri
 
     pg = "postgresql://nb@127.0.0.1:5432/nb"
     a = parse_uri(f"milvus://127.0.0.1:19530/default#photos?catalog={pg}")[1]

@@ -15,9 +15,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from nobackfill.index.atomic_files import AHEAD, AheadFile, stale_ahead_files
-from nobackfill.index.gallery import Gallery
-from nobackfill.index.npz_bytes import npz_bytes
+from nobackfill.gallery.atomic_files import AHEAD, AheadFile, stale_ahead_files
+from nobackfill.gallery.gallery import Gallery
+from nobackfill.gallery.npz_bytes import npz_bytes
 
 DIM = 8
 
@@ -100,7 +100,7 @@ def test_a_prepared_chunk_is_stored_as_prepared_or_rebuilt_when_some_rows_are_he
 def test_keys_checked_by_their_maker_make_the_chunk_plain_ids_make(tmp_path):
     """An import's keys come checked (``CheckedIds``): the add takes them without its own pass and
     makes the same chunk, held keys and rows as from a plain list; a plain list is still checked."""
-    from nobackfill.index.chunks import CheckedIds
+    from nobackfill.gallery.chunks import CheckedIds
 
     x = np.random.default_rng(0).standard_normal((5, DIM)).astype(np.float32)
     keys = [f"k{i}#{i:016x}" for i in range(5)]
@@ -120,9 +120,9 @@ def test_keys_checked_by_their_maker_make_the_chunk_plain_ids_make(tmp_path):
 def test_an_imports_keys_are_marked_checked_only_after_the_ids_were(tmp_path):
     from _collection_helpers import OLD_REF, HashEncoder
 
-    from nobackfill.index.chunks import CheckedIds
-    from nobackfill.index.collection import Collection
-    from nobackfill.index.importing import _checked_batch
+    from nobackfill.gallery.chunks import CheckedIds
+    from nobackfill.collection.collection import Collection
+    from nobackfill.adopt.importing import _checked_batch
 
     enc = HashEncoder(DIM, "ck")
     c = Collection.create(str(tmp_path / "c"), space_id=enc.space_id, dim=DIM, model=OLD_REF, modalities=["text"])

@@ -92,7 +92,7 @@ def test_search_needs_exactly_one_query(setup):
 def test_index_is_resumable_without_duplicates(setup):
     r = invoke("index", "--model", setup / "models" / "world-old", "--data", setup / "world", "--out", setup / "g")
     assert r.exit_code == 0, r.output
-    from nobackfill.index import Gallery
+    from nobackfill.gallery import Gallery
 
     g = Gallery.open(setup / "g")
     assert g.count("image") == 30

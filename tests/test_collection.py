@@ -18,18 +18,11 @@ from hypothesis import strategies as st
 from _collection_helpers import NEW_REF, OLD_REF, HashEncoder, make_folder, pool_with, related_pair, \
     write_procrustes_upgrade
 from nobackfill.data.folder import DataFormatError
-from nobackfill.index import Gallery, build_gallery
-from nobackfill.index.collection import (
-    CATALOG_FILE,
-    COLLECTION_FILE,
-    Collection,
-    CollectionBusyError,
-    CorruptCollectionError,
-    ItemNotFoundError,
-    NotACollectionError,
-)
-from nobackfill.index.ingest import add_items, folder_items, text_file_items, text_item
-from nobackfill.index.gallery_types import DuplicateIdError, SpaceMismatchError
+from nobackfill.gallery import Gallery, build_gallery
+from nobackfill.collection.collection import (CATALOG_FILE, COLLECTION_FILE, Collection, CollectionBusyError,
+                                              CorruptCollectionError, ItemNotFoundError, NotACollectionError)
+from nobackfill.collection.ingest import add_items, folder_items, text_file_items, text_item
+from nobackfill.gallery.types import DuplicateIdError, SpaceMismatchError
 from nobackfill.search import Searcher
 from nobackfill.lifecycle.plan_changes import UpgradeRefused, upgrade_collection
 
@@ -347,7 +340,7 @@ def test_random_add_delete_upgrade_search_match_brute_force(tmp_path_factory, op
 # ----------------------------------------------------------------------------- kill trials
 def _in_child(fn, kill_at: str | None) -> int:
     """Run ``fn`` in a forked child with the crash hook armed; its exit status (negative: signal)."""
-    import nobackfill.index.atomic_files as atomic_files
+    import nobackfill.gallery.atomic_files as atomic_files
 
     pid = os.fork()
     if pid == 0:  # pragma: no cover - the child
@@ -428,7 +421,7 @@ def test_index_and_collection_add_give_the_same_stable_ids(tmp_path):
     """``nobackfill index`` (a plain gallery) and ``collection add`` name items alike, so adding the
     folder again to the gallery opened as a collection embeds nothing."""
     from nobackfill.data.folder import load_pairs
-    from nobackfill.index.ingest import index_pairs
+    from nobackfill.collection.ingest import index_pairs
 
     old, _, _ = related_pair()
     data = make_folder(tmp_path / "d", n_images=3, captions_per_image=2)

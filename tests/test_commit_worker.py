@@ -1,4 +1,4 @@
-"""An import whose catalog commits run in a worker process (:mod:`nobackfill.index.commit_worker`):
+"""An import whose catalog commits run in a worker process (:mod:`nobackfill.collection.commit_worker`):
 the same collection as an import that commits in process, batches reported in order, errors of the
 worker raised by the import, and SIGKILLs of the import or of its worker at any moment losing and
 duplicating nothing."""
@@ -17,12 +17,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-import nobackfill.index.importing as importing
-from nobackfill.index.atomic_files import AHEAD
-from nobackfill.index.collection import Collection
-from nobackfill.index.commit_worker import CommitWorker, CommitWorkerError
-from nobackfill.index.importing import _stage_vectors, add_vectors, import_source
-from nobackfill.index.sources import open_source
+import nobackfill.adopt.importing as importing
+from nobackfill.gallery.atomic_files import AHEAD
+from nobackfill.collection.collection import Collection
+from nobackfill.collection.commit_worker import CommitWorker, CommitWorkerError
+from nobackfill.adopt.importing import _stage_vectors, add_vectors, import_source
+from nobackfill.adopt.sources import open_source
 
 from _collection_helpers import OLD_REF, HashEncoder
 

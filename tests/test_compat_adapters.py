@@ -17,7 +17,7 @@ from nobackfill.compat.direct import train_direct
 from nobackfill.compat.phi import Projection
 from nobackfill.compat.upgrade import load_upgrade, space_info
 from nobackfill.compat.xbt import XBTConfig, train_xbt
-from nobackfill.index.gallery_types import SpaceMismatchError
+from nobackfill.gallery.types import SpaceMismatchError
 from nobackfill.config import updated
 
 LORA_RE = re.compile(r"^(vision|text)_model\.encoder\.layers\.(\d+)\.self_attn\.(q|k|v|out)_proj\.lora_[AB]\.default\.weight$")

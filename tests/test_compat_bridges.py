@@ -12,8 +12,8 @@ from nobackfill.compat.phi import Projection
 from nobackfill.compat.upgrade import load_upgrade, save_vector_upgrade
 from nobackfill.search.searcher import query_side_for
 from nobackfill.encoders.base import l2_normalise
-from nobackfill.index.gallery import Gallery
-from nobackfill.index.gallery_types import SpaceMismatchError
+from nobackfill.gallery.gallery import Gallery
+from nobackfill.gallery.types import SpaceMismatchError
 
 
 def _orthogonal(d: int, seed: int) -> np.ndarray:

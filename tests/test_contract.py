@@ -18,8 +18,8 @@ import pytest
 
 from _collection_helpers import (NEW_REF, OLD_REF, make_folder, milvus_server_location, pool_with, related_pair,
                                 write_procrustes_upgrade)
-from nobackfill.index.collection import Collection, ItemNotFoundError
-from nobackfill.index.ingest import add_items, folder_items, text_item
+from nobackfill.collection.collection import Collection, ItemNotFoundError
+from nobackfill.collection.ingest import add_items, folder_items, text_item
 from nobackfill.search import Searcher
 from nobackfill.lifecycle.backfill import backfill_status, retire_space, run_worker, start_backfill
 from nobackfill.lifecycle.plan_changes import upgrade_collection
@@ -97,8 +97,8 @@ KILLED_ADDER = r"""
 import sys, time
 sys.path.insert(0, {tests!r})
 from _collection_helpers import *
-from nobackfill.index.collection import Collection
-from nobackfill.index.ingest import add_items, folder_items
+from nobackfill.collection.collection import Collection
+from nobackfill.collection.ingest import add_items, folder_items
 old, new, w = related_pair()
 class Slow(type(old)):
     def _rows(self, datas, what):
@@ -133,7 +133,7 @@ def test_a_writer_killed_mid_add_then_restarted(tmp_path, location):
 
 def _release(c: Collection) -> None:
     """Let another process open the storage (milvus-lite allows one process per path)."""
-    from nobackfill.index import milvus
+    from nobackfill import milvus
 
     if not isinstance(c.path, Path):
         milvus.close_clients()
@@ -145,7 +145,7 @@ def test_milvus_search_is_strong_only_while_the_space_has_fresh_rows(tmp_path, m
     pytest.importorskip("milvus_lite", reason="milvus-lite is not installed")
     import numpy as np
 
-    from nobackfill.index import milvus as mv
+    from nobackfill import milvus as mv
 
     client = mv._client("milvus-lite", {"path": str(tmp_path / "m.db")})
     store = mv.MilvusSpaceStore.create(client, "fresh", space_id="s", dim=8, model="m", backend="flat")
@@ -189,7 +189,7 @@ def test_every_read_works_on_a_released_collection(tmp_path, milvus_location):
     """Reads of a released collection (a fresh process, a restarted server) load it first -
     contains, existing keys, get, ids, count, search, verify, the documents - and an add of new
     items, a search and a delete after reopening work."""
-    from nobackfill.index import milvus
+    from nobackfill import milvus
 
     c, old, new, w, data, pool = _world(tmp_path, milvus_location)
     add_items(c, old, folder_items(data).items, progress=False)

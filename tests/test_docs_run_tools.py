@@ -410,7 +410,7 @@ def test_the_milvus_and_postgresql_lines_run_as_written(sandbox, milvus_server, 
     server): a collection created, and a user's Milvus collection of world-old image vectors
     (``products``: pk, embedding, image_path) adopted in place."""
     from nobackfill.encoders import load_encoder
-    from nobackfill.index import milvus
+    from nobackfill import milvus
 
     from test_milvus_adopt import _client, _fingerprint, _user_collection
 

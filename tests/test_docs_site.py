@@ -53,7 +53,7 @@ def test_the_site_builds_strict_and_offline(tmp_path):
                  "reference/client/index.html", "assets/results/backfill.png", "serve.png"]:
         assert (site / page).is_file(), f"{page} missing from the built site"
     ref = (site / "reference" / "collection" / "index.html").read_text(encoding="utf-8")
-    assert 'id="nobackfill.index.collection.Collection"' in ref  # mkdocstrings rendered the class
+    assert 'id="nobackfill.collection.collection.Collection"' in ref  # mkdocstrings rendered the class
     assert ":class:<code>" not in ref  # Sphinx roles cleaned up by docs/_hooks/site.py
 
 

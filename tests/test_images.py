@@ -275,7 +275,7 @@ def test_arrays_and_pil_images_of_any_mode_in_preprocessing():
 
 
 def test_odd_names_in_nested_folders(tmp_path, enc):
-    from nobackfill.index.ingest import folder_items
+    from nobackfill.collection.ingest import folder_items
 
     names = ["a b/c d/photo one.png", "ñandú/über/café.png", "emoji 🙂/🎉 party.png"]
     for k, rel in enumerate(names):

@@ -12,10 +12,10 @@ from typer.testing import CliRunner
 
 from nobackfill.cli import app
 from nobackfill.data.clip_retrieval import write_clip_retrieval
-from nobackfill.index.collection import Collection
-from nobackfill.index.importing import ModelCheckRefused, import_source
-from nobackfill.index.ingest import add_items, folder_items
-from nobackfill.index.sources import open_source
+from nobackfill.collection.collection import Collection
+from nobackfill.adopt.importing import ModelCheckRefused, import_source
+from nobackfill.collection.ingest import add_items, folder_items
+from nobackfill.adopt.sources import open_source
 from nobackfill.lifecycle.backfill import BackfillError, backfill_status, retire_space, run_backfill
 from nobackfill.lifecycle.plan_changes import upgrade_collection
 from nobackfill.search.searcher import Searcher

@@ -8,10 +8,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from _collection_helpers import OLD_REF, HashEncoder, pool_with
 
-from nobackfill.index.collection import Collection
-from nobackfill.index.importing import add_vectors, vector_rev
-from nobackfill.index.items import row_json, rows_json
-from nobackfill.index.gallery_types import DuplicateIdError, SpaceMismatchError
+from nobackfill.collection.collection import Collection
+from nobackfill.adopt.importing import add_vectors, vector_rev
+from nobackfill.catalog.items import row_json, rows_json
+from nobackfill.gallery.types import DuplicateIdError, SpaceMismatchError
 from nobackfill.search.searcher import Searcher
 
 
@@ -150,7 +150,7 @@ def test_catalog_json_is_one_canonical_form_and_takes_every_json_value():
     """Items added one by one, bulk rows and imported rows share one JSON writer: keys sorted,
     compact, NaN as null, an integer beyond 64 bits kept (orjson cannot write it: the standard
     library does, in the same form); a value JSON has no form for is refused, naming its type."""
-    from nobackfill.index.items import Item, _item_json, row_json, rows_json
+    from nobackfill.catalog.items import Item, _item_json, row_json, rows_json
 
     assert row_json({"b": 1, "a": [1.5, None]}) == '{"a":[1.5,null],"b":1}'
     assert row_json({"x": float("nan")}) == '{"x":null}'
@@ -187,8 +187,8 @@ def test_the_json_of_a_batch_is_each_objects_own_json(objs):
 def test_the_joined_id_test_passes_only_ids_each_test_passes(ids):
     """``_plain_ids`` (one test on the ids joined) says yes only where ``id_problem`` finds nothing
     in any id, and yes for every list of good ids without spaces at their ends."""
-    from nobackfill.index.items import plain_ids as _plain_ids
-    from nobackfill.index.items import id_problem
+    from nobackfill.catalog.items import plain_ids as _plain_ids
+    from nobackfill.catalog.items import id_problem
 
     good = all(id_problem(i) is None for i in ids)
     if _plain_ids(ids):

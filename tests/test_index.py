@@ -1,4 +1,4 @@
-"""Tests for nobackfill.index: backends, the versioned crash-safe gallery store, resumable builds."""
+"""Tests for nobackfill.ann and nobackfill.gallery: backends, the versioned crash-safe gallery store, resumable builds."""
 
 from __future__ import annotations
 
@@ -20,16 +20,9 @@ from hypothesis import strategies as st
 from PIL import Image
 
 from nobackfill.encoders.base import DualEncoder, l2_normalise
-from nobackfill.index import (
-    CorruptGalleryError,
-    DuplicateIdError,
-    Gallery,
-    NotAGalleryError,
-    SpaceMismatchError,
-    build_gallery,
-    make_index,
-    parse_spec,
-)
+from nobackfill.gallery import (CorruptGalleryError, DuplicateIdError, Gallery, NotAGalleryError, SpaceMismatchError,
+                                build_gallery)
+from nobackfill.ann import make_index, parse_spec
 
 faiss.omp_set_num_threads(1)  # CPU is shared; the data here is tiny
 
@@ -354,7 +347,7 @@ def test_on_commit_is_called_after_each_committed_chunk(tmp_path: Path):
 
 def test_read_tagged_json_names_the_file_for_every_kind_of_bad_manifest(tmp_path):
     """The one reader behind the gallery, token-store, memory, RECO and upgrade manifests."""
-    from nobackfill.index.atomic_files import read_tagged_json
+    from nobackfill.gallery.atomic_files import read_tagged_json
 
     class Bad(ValueError):
         pass
@@ -447,7 +440,7 @@ def test_a_manifest_is_written_as_json_dumps_wrote_it(manifest):
     ASCII text, and for any text the same document; its copy is deep and equal."""
     import json as std_json
 
-    from nobackfill.index.gallery_manifest import _copy_manifest, _write_manifest
+    from nobackfill.gallery.manifest import _copy_manifest, _write_manifest
 
     with tempfile.TemporaryDirectory() as d:
         _write_manifest(Path(d), manifest)
@@ -481,7 +474,7 @@ def test_l2_normalise_is_numpys_norm_bit_for_bit(dtype, shape, scale, seed):
 def test_all_finite_agrees_with_isfinite(values, rows):
     """The sum-of-squares shortcut says what ``isfinite(x).all()`` says, for NaN, inf and finite
     values whose squares overflow alike."""
-    from nobackfill.index.chunks import all_finite
+    from nobackfill.gallery.chunks import all_finite
 
     x = np.array(values * rows, np.float32).reshape(rows, -1) if values else np.zeros((rows, 0), np.float32)
     assert all_finite(x) == bool(np.isfinite(x).all())

@@ -1,4 +1,4 @@
-"""The store's compact key index (nobackfill.index.key_index) and what rests on it: a gallery's
+"""The store's compact key index (nobackfill.ann.key_index) and what rests on it: a gallery's
 key lookups, ids and duplicate checks, one thread adding while another looks keys up, and import
 sources that release the pages of a memory-mapped .npy once read."""
 
@@ -11,10 +11,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from nobackfill.index import DuplicateIdError, Gallery
-from nobackfill.index import key_index as K
-from nobackfill.index.key_index import KeyIndex, key_hashes
-from nobackfill.index.sources import open_source
+from nobackfill.gallery import DuplicateIdError, Gallery
+from nobackfill.ann import key_index as K
+from nobackfill.ann.key_index import KeyIndex, key_hashes
+from nobackfill.adopt.sources import open_source
 
 SPACE = "s" * 16
 

@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 import torch
 from _late_helpers import invoke, tiny_model, tiny_tokenizer, tiny_world
-from nobackfill.index import Gallery, SpaceMismatchError
-from nobackfill.index.tokens import NoTokensError, TokenStore, write_tokens
-from nobackfill.index.gallery_types import CorruptGalleryError
+from nobackfill.gallery import Gallery, SpaceMismatchError
+from nobackfill.gallery.tokens import NoTokensError, TokenStore, write_tokens
+from nobackfill.gallery.types import CorruptGalleryError
 
 # ----------------------------------------------------------------------------- token store
 @pytest.fixture()

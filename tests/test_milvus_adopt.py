@@ -1,4 +1,4 @@
-"""A user's own Milvus collection adopted in place (:func:`nobackfill.index.adopt.adopt_milvus`):
+"""A user's own Milvus collection adopted in place (:func:`nobackfill.adopt.in_place.adopt_milvus`):
 their schema and their index, searched as it is, upgraded, backfilled, retired, while their row
 count and a checksum of their vectors never change; and what is refused (a width, a field, a model,
 a metric that does not fit, another Milvus). milvus-lite here; one flow on a real Milvus server with
@@ -15,10 +15,10 @@ import pytest
 
 from _collection_helpers import NEW_REF, OLD_REF, HashEncoder, make_folder, pool_with, related_pair, \
     write_procrustes_upgrade
-from nobackfill.index.adopt import adopt_milvus
-from nobackfill.index.collection import Collection, is_collection
-from nobackfill.index.importing import ModelCheckRefused
-from nobackfill.index.storage import parse_uri
+from nobackfill.adopt.in_place import adopt_milvus
+from nobackfill.collection.collection import Collection, is_collection
+from nobackfill.adopt.importing import ModelCheckRefused
+from nobackfill.collection.uri import parse_uri
 from nobackfill.search import Searcher
 from nobackfill.lifecycle.backfill import backfill_status, retire_space, run_backfill
 from nobackfill.lifecycle.plan_changes import upgrade_collection
@@ -27,7 +27,7 @@ N_IMAGES = 12
 
 
 def _client(uri: str):
-    from nobackfill.index.milvus import _client
+    from nobackfill.milvus import _client
 
     return _client(*parse_uri(uri))
 
@@ -164,7 +164,7 @@ def _flow(tmp_path: Path, uri: str, source_uri: str, *, pk: str, index: str, met
 @pytest.fixture
 def lite(tmp_path):
     pytest.importorskip("milvus_lite", reason="milvus-lite is not installed")
-    from nobackfill.index import milvus
+    from nobackfill import milvus
 
     yield f"{tmp_path}/milvus.db"
     milvus.close_clients()
@@ -260,7 +260,7 @@ def test_adopt_in_place_on_a_milvus_server(tmp_path, milvus_server, postgres_db)
         _flow(tmp_path, uri, f"milvus://{milvus_server}#products_{name}", pk="str", index="IVF_FLAT", metric="IP",
               params={"nlist": 4}, scale=False)
     finally:
-        from nobackfill.index import milvus
+        from nobackfill import milvus
 
         client = _client(f"milvus://{milvus_server}#x")
         if client.has_collection(f"products_{name}"):  # the test's own "user" collection

@@ -6,7 +6,7 @@ import dataclasses
 
 import pytest
 
-from nobackfill.index.plan import Merge, Plan, PlanError, RouteChoice, Space, UpgradeRecord
+from nobackfill.catalog.plan import Merge, Plan, PlanError, RouteChoice, Space, UpgradeRecord
 
 
 def _plan() -> Plan:

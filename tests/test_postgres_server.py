@@ -1,4 +1,4 @@
-"""The PostgreSQL server of the tests (``nobackfill.index.postgres_server``): it starts, answers on
+"""The PostgreSQL server of the tests (``nobackfill.testing.postgres_server``): it starts, answers on
 127.0.0.1 only, gives each test its own database, and stops."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import psycopg
 import pytest
 
-from nobackfill.index.postgres_server import PostgresServerError, start_postgres
+from nobackfill.testing.postgres_server import PostgresServerError, start_postgres
 
 
 def test_server_answers_on_loopback(postgres_url):
@@ -78,7 +78,7 @@ def test_stop_stops_it(tmp_path):
 
 
 def test_missing_binaries_are_named(tmp_path, monkeypatch):
-    import nobackfill.index.postgres_server as ps
+    import nobackfill.testing.postgres_server as ps
 
     monkeypatch.setenv("PATH", str(tmp_path))
     monkeypatch.setattr(ps, "PG_LIB", tmp_path / "no-postgresql")

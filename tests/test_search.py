@@ -12,14 +12,14 @@ from hypothesis import strategies as st
 
 from _collection_helpers import NEW_REF, OLD_REF, HashEncoder, make_folder, pool_with, related_pair, \
     write_procrustes_upgrade
-from nobackfill.index.collection import Collection
-from nobackfill.index.ingest import add_items, folder_items, text_item
-from nobackfill.index.gallery_types import SpaceMismatchError
+from nobackfill.collection.collection import Collection
+from nobackfill.collection.ingest import add_items, folder_items, text_item
+from nobackfill.gallery.types import SpaceMismatchError
 from nobackfill.search import Hit, Searcher
 from nobackfill.lifecycle.calibrate import CalibrationTask, calibrate, text_pair_task
 from nobackfill.search.merge import Candidate, ScoreMap, candidates, merge
 from nobackfill.lifecycle.plan_changes import pin_route, route_table, upgrade_collection
-from nobackfill.index.plan import Plan, UpgradeRecord
+from nobackfill.catalog.plan import Plan, UpgradeRecord
 from nobackfill.search.routes import RoutePlanner, find_bridge
 
 

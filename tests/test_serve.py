@@ -15,8 +15,8 @@ from fastapi.testclient import TestClient  # noqa: E402
 
 from _collection_helpers import NEW_REF, OLD_REF, make_folder, pool_with, related_pair, write_procrustes_upgrade  # noqa: E402
 from nobackfill.bench.serve_inputs import bad_input_cases  # noqa: E402
-from nobackfill.index.collection import Collection  # noqa: E402
-from nobackfill.index.ingest import add_items, folder_items  # noqa: E402
+from nobackfill.collection.collection import Collection  # noqa: E402
+from nobackfill.collection.ingest import add_items, folder_items  # noqa: E402
 from nobackfill.lifecycle.plan_changes import upgrade_collection  # noqa: E402
 from nobackfill.serve import KeyRing, Limits, ServeSettings, create_app  # noqa: E402
 
@@ -199,7 +199,7 @@ def test_a_rejected_upload_stores_nothing(env, monkeypatch):
         assert r.status_code == status, r.text
         assert uploads(c) == stored and state(c) == before, r.text
 
-    import nobackfill.index.ingest as ingest
+    import nobackfill.collection.ingest as ingest
 
     def broken(*a, **kw):
         raise RuntimeError("the store went away")

@@ -23,7 +23,7 @@ pytest.importorskip("fastapi")
 
 from nobackfill.cli import app  # noqa: E402
 from nobackfill.client import Client, ClientError  # noqa: E402
-from nobackfill.index.collection import Collection  # noqa: E402
+from nobackfill.collection.collection import Collection  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 READ, ADMIN = "live-read-key-0123", "live-admin-key-0123"

@@ -23,8 +23,8 @@ import pytest
 
 from _collection_helpers import (NEW_REF, OLD_REF, make_folder, milvus_server_location, pool_with, related_pair,
                                 write_procrustes_upgrade)
-from nobackfill.index.collection import Collection
-from nobackfill.index.ingest import add_items, folder_items
+from nobackfill.collection.collection import Collection
+from nobackfill.collection.ingest import add_items, folder_items
 from nobackfill.lifecycle.backfill import _read, _write, backfill_status, run_worker, start_backfill
 from nobackfill.lifecycle.plan_changes import upgrade_collection
 

@@ -15,10 +15,10 @@ import pytest
 
 from _collection_helpers import HashEncoder, make_folder
 from nobackfill.data.clip_retrieval import write_clip_retrieval
-from nobackfill.index.ingest import folder_items, image_id, text_id
-from nobackfill.index.model_check import ModelCheck, check_model, sample_rows
-from nobackfill.index.sources import ImportSource, SourceError, open_source
-from nobackfill.index.atomic_files import file_sha256
+from nobackfill.collection.ingest import folder_items, image_id, text_id
+from nobackfill.adopt.model_check import ModelCheck, check_model, sample_rows
+from nobackfill.adopt.sources import ImportSource, SourceError, open_source
+from nobackfill.gallery.atomic_files import file_sha256
 
 DIM = 16
 
@@ -408,7 +408,7 @@ def test_read_rows_scattered_jsonl_and_clip_pairs(tmp_path, cr_dir):
 
 
 def test_a_hash_collision_is_not_a_duplicate(tmp_path, monkeypatch):
-    from nobackfill.index import sources
+    from nobackfill.adopt import sources
 
     np.save(tmp_path / "e.npy", _rand(4))
     table = _ids_table(tmp_path, 4)
@@ -441,7 +441,7 @@ def test_with_ids_from_the_table_no_image_file_is_touched(tmp_path, folder, monk
     paths; the backfill reads each file when it embeds it."""
     import os
 
-    import nobackfill.index.sources.import_source as import_source
+    import nobackfill.adopt.sources.import_source as import_source
 
     np.save(tmp_path / "emb.npy", _rand(3))
     _parquet(tmp_path / "m.parquet", pk=["a", "b", "c"], image_path=["images/000.png", "images/001.png", "x/y.png"])

@@ -15,15 +15,15 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from nobackfill.index.items import JsonRows, rows_json
-from nobackfill.index.sources import ImportBatch, ImportSource, SourceError, open_source
-from nobackfill.index.sources.arrow_json import image_sources_json, metadata_json, text_sources_json
-from nobackfill.index.sources.import_source import _ODD_FIRST
-from nobackfill.index.sources.items import _chunk_metas, _jsonable, _own_ids, _string_id, _text, _texts
-from nobackfill.index.sources.table_source import TableSource
-from nobackfill.index.sources.tables import _Chunk, _open_table
-from nobackfill.index.sources import vectors
-from nobackfill.index.sources.vectors import _ArrayVectors, _load_npy, _scan, _unit
+from nobackfill.catalog.items import JsonRows, rows_json
+from nobackfill.adopt.sources import ImportBatch, ImportSource, SourceError, open_source
+from nobackfill.adopt.sources.arrow_json import image_sources_json, metadata_json, text_sources_json
+from nobackfill.adopt.sources.import_source import _ODD_FIRST
+from nobackfill.adopt.sources.items import _chunk_metas, _jsonable, _own_ids, _string_id, _text, _texts
+from nobackfill.adopt.sources.table_source import TableSource
+from nobackfill.adopt.sources.tables import _Chunk, _open_table
+from nobackfill.adopt.sources import vectors
+from nobackfill.adopt.sources.vectors import _ArrayVectors, _load_npy, _scan, _unit
 
 DIM = 8
 

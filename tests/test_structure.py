@@ -1,6 +1,8 @@
-"""The shape of the tree: imports flow one way, cli/serve -> bench -> lifecycle -> search -> methods -> core; only
-the command line imports typer; nothing imports the command line. Read from the source with ``ast``
-(module-level and function-level imports alike), nothing is imported."""
+"""The shape of the tree: imports flow one way, cli/serve -> bench -> lifecycle -> search -> methods -> the storage
+layers (adopt -> collection -> milvus -> storage -> catalog -> gallery -> ann) -> core; no import cycle between
+modules; every package says what it holds and what it may import, and imports nothing else; only the command line
+imports typer; nothing imports the command line. Read from the source with ``ast`` (module-level, function-level and
+type-only imports alike), nothing is imported."""
 
 from __future__ import annotations
 
@@ -14,8 +16,11 @@ SRC = Path(__file__).resolve().parents[1] / "src" / "nobackfill"
 #: a unit (a top-level subpackage or module of nobackfill) may import units of its own rank or below
 RANKS = {
     # core: models, data, storage, metrics, the training loop and their plumbing
-    "encoders": 0, "data": 0, "index": 0, "metrics": 0, "train": 0, "config": 0, "progress": 0, "report": 0,
-    "evaluate": 0, "_logging": 0, "memory": 0,
+    "encoders": 0, "data": 0, "metrics": 0, "train": 0, "config": 0, "progress": 0, "report": 0,
+    "evaluate": 0, "_logging": 0, "memory": 0, "testing": 0,
+    # the storage layers, lowest first: vector and key indexes; one space's files; the catalog database; the
+    # storage interface and its directory implementation; Milvus; collections of several spaces; adoption
+    "ann": 0.1, "gallery": 0.2, "catalog": 0.3, "storage": 0.4, "milvus": 0.5, "collection": 0.6, "adopt": 0.7,
     # the HTTP client of the service imports nothing of the library (benchmarks drive the service with it)
     "client": 3,
     # methods (the seeds)
@@ -131,13 +136,15 @@ def test_no_cycle_between_units():
 def test_the_checker_sees_a_violation(tmp_path, monkeypatch):
     """The rules above can fail: a core module importing a method package is reported."""
     fake = tmp_path / "nobackfill"
-    (fake / "index").mkdir(parents=True)
+    (fake / "gallery").mkdir(parents=True)
     (fake / "compat").mkdir()
-    (fake / "index" / "x.py").write_text("def f():\n    from ..compat import upgrade\n")
+    (fake / "gallery" / "x.py").write_text("def f():\n    from ..compat import upgrade\n")
+    (fake / "gallery" / "y.py").write_text("from ..catalog.items import Item\n")
     (fake / "compat" / "upgrade.py").write_text("import typer\n")
     monkeypatch.setattr(__import__(__name__), "SRC", fake)
     edges, external = _graph()
-    assert "compat" in edges["index"] and RANKS["compat"] > RANKS["index"]
+    assert "compat" in edges["gallery"] and RANKS["compat"] > RANKS["gallery"]
+    assert "catalog" in edges["gallery"] and RANKS["catalog"] > RANKS["gallery"]  # a layer below imports one above
     assert any(mod == "typer" and unit == "compat" for unit, mod, _ in external)
 
 
@@ -209,3 +216,158 @@ def test_no_module_over_500_lines():
 def test_the_length_check_sees_a_long_body():
     src = 'def f(a=1,\n      b=2):\n    """doc"""\n' + "    x = 1\n" * 41
     assert _body_lines(ast.parse(src).body[0]) == 41
+
+
+# --------------------------------------------------------------------------- modules and packages
+
+
+def _module_name(path: Path) -> tuple[str, bool]:
+    """``("nobackfill.a.b", is_package)`` of a source file under SRC."""
+    parts = list(path.relative_to(SRC.parent).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        return ".".join(parts[:-1]), True
+    return ".".join(parts), False
+
+
+def _module_graph() -> dict[str, dict[str, int]]:
+    """``module -> {imported module: line}`` inside nobackfill: ``from p import x`` is an edge to ``p.x``
+    when that is a module, else to ``p`` (its ``__init__``); every import counts, type-only ones too."""
+    files = {_module_name(p)[0]: p for p in sorted(SRC.rglob("*.py"))}
+    graph: dict[str, dict[str, int]] = {}
+    for name, path in files.items():
+        pkg = name if path.name == "__init__.py" else name.rpartition(".")[0]
+        deps: dict[str, int] = {}
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Import):
+                targets = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                if node.level:
+                    base = pkg.split(".")[: len(pkg.split(".")) - (node.level - 1)]
+                    mod = ".".join(base + ([node.module] if node.module else []))
+                else:
+                    mod = node.module or ""
+                targets = [f"{mod}.{a.name}" if f"{mod}.{a.name}" in files else mod for a in node.names]
+            else:
+                continue
+            for t in targets:
+                if t in files and t != name:
+                    deps.setdefault(t, node.lineno)
+        graph[name] = deps
+    return graph
+
+
+def _module_cycles(graph: dict[str, dict[str, int]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan, iteratively)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on: set[str] = set()
+    out: list[list[str]] = []
+    for root in sorted(graph):
+        if root in index:
+            continue
+        work = [(root, iter(sorted(graph[root])))]
+        index[root] = low[root] = len(index)
+        stack.append(root)
+        on.add(root)
+        while work:
+            v, it = work[-1]
+            w = next(it, None)
+            if w is not None:
+                if w not in index:
+                    index[w] = low[w] = len(index)
+                    stack.append(w)
+                    on.add(w)
+                    work.append((w, iter(sorted(graph[w]))))
+                elif w in on:
+                    low[v] = min(low[v], index[w])
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[v])
+            if low[v] == index[v]:
+                comp = []
+                while True:
+                    w = stack.pop()
+                    on.discard(w)
+                    comp.append(w)
+                    if w == v:
+                        break
+                if len(comp) > 1:
+                    out.append(sorted(comp))
+    return out
+
+
+def test_no_cycle_between_modules():
+    """No module imports, directly or not, a module that imports it back (type-only imports count: a
+    type two modules share lives below both)."""
+    graph = _module_graph()
+    cycles = _module_cycles(graph)
+    msg = ["; ".join(f"{a} -> {b} (line {graph[a][b]})" for a in comp for b in comp if b in graph[a])
+           for comp in cycles]
+    assert not cycles, "module import cycles:\n" + "\n".join(msg)
+
+
+def _declared_imports(doc: str) -> set[str] | None:
+    """The units a package's docstring says it may import: the paragraph after ``May import:``
+    (``nothing of nobackfill`` for none); None when it says nothing."""
+    import re
+
+    m = re.search(r"May import:(.*?)(?:\n\s*\n|$)", doc, flags=re.S)
+    if m is None:
+        return None
+    return {w for w in re.findall(r"[a-z_]+", m.group(1)) if w in RANKS}
+
+
+def _packages() -> list[tuple[str, Path]]:
+    return [(_module_name(p)[0], p) for p in sorted(SRC.rglob("__init__.py"))]
+
+
+def test_every_package_says_what_it_holds_and_may_import():
+    """Each package's ``__init__`` docstring says what it holds and, in a ``May import:`` paragraph,
+    which units of nobackfill its modules may import."""
+    bad = []
+    for name, path in _packages():
+        doc = ast.get_docstring(ast.parse(path.read_text(encoding="utf-8"))) or ""
+        if len(doc.split()) < 8:
+            bad.append(f"{name}: no docstring saying what it holds")
+        elif _declared_imports(doc) is None:
+            bad.append(f"{name}: its docstring has no 'May import:' paragraph")
+    assert not bad, "\n".join(bad)
+
+
+def test_packages_import_only_what_they_declare():
+    """A package's modules (its sub-packages' included) import units of nobackfill that its docstring
+    declares, its own unit aside."""
+    graph = _module_graph()
+    bad = []
+    for name, path in _packages():
+        declared = _declared_imports(ast.get_docstring(ast.parse(path.read_text(encoding="utf-8"))) or "")
+        if declared is None:
+            continue
+        own = name.split(".")[1] if "." in name else "__init__"
+        for mod, deps in graph.items():
+            if mod != name and (name == "nobackfill" or not mod.startswith(name + ".")):
+                continue  # the root package's own scope is its __init__ (its other modules are units)
+            for dep, line in deps.items():
+                unit = _unit(dep)
+                if unit not in (own, None) and unit not in declared:
+                    bad.append(f"{mod}:{line} imports {dep}, and {name} does not declare '{unit}'")
+    assert not bad, "\n".join(bad)
+
+
+def test_the_checkers_see_a_module_cycle_and_an_undeclared_import(tmp_path, monkeypatch):
+    fake = tmp_path / "nobackfill"
+    (fake / "gallery").mkdir(parents=True)
+    (fake / "gallery" / "__init__.py").write_text('"""One space\'s files on disk, for tests here.\n\nMay import: ``ann``."""\n')
+    (fake / "gallery" / "a.py").write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from .b import B\n")
+    (fake / "gallery" / "b.py").write_text("from .a import A\nfrom ..catalog import items\n")
+    (fake / "catalog").mkdir()
+    (fake / "catalog" / "__init__.py").write_text('"""x"""\n')
+    (fake / "catalog" / "items.py").write_text("")
+    monkeypatch.setattr(__import__(__name__), "SRC", fake)
+    assert _module_cycles(_module_graph()) == [["nobackfill.gallery.a", "nobackfill.gallery.b"]]
+    with pytest.raises(AssertionError, match="does not declare 'catalog'"):
+        test_packages_import_only_what_they_declare()
+    with pytest.raises(AssertionError, match="nobackfill.catalog: no docstring"):
+        test_every_package_says_what_it_holds_and_may_import()

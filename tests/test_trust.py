@@ -13,8 +13,8 @@ import pytest
 from typer.testing import CliRunner
 
 from nobackfill.cli import app
-from nobackfill.index.gallery import Gallery
-from nobackfill.index.gallery_types import CorruptGalleryError, GalleryError, SpaceMismatchError
+from nobackfill.gallery.gallery import Gallery
+from nobackfill.gallery.types import CorruptGalleryError, GalleryError, SpaceMismatchError
 
 SPACE = "s" * 16
 DIM = 8
@@ -230,7 +230,7 @@ def test_a_truncated_pixel_stream_is_caught_before_embedding(folder, tmp_path):
 def test_a_second_writer_is_told_the_store_is_busy(folder, tmp_path):
     import os
 
-    from nobackfill.index.storage import LocalStorage
+    from nobackfill.storage.local import LocalStorage
 
     out = tmp_path / "g"
     st = LocalStorage(out)

@@ -25,7 +25,7 @@ from nobackfill.compat.text_upgrade import TextXBTConfig, TextXBTUpgradeConfig
 from nobackfill.compat.upgrade import TextUpgradedEncoder, load_upgrade, new_upgraded_encoder
 from nobackfill.search.searcher import query_side_for
 from nobackfill.compat.xbt import LOG_LOGIT_SCALE, Stage1Config
-from nobackfill.index.gallery_types import SpaceMismatchError
+from nobackfill.gallery.types import SpaceMismatchError
 from nobackfill.encoders.minilm import MiniLMTextEncoder
 from nobackfill.encoders.tokenizer import train_bpe_tokenizer
 from nobackfill.evaluate import embed_texts_cached

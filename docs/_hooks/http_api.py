@@ -22,7 +22,7 @@ METHODS = ("get", "post", "put", "patch", "delete")
 
 def openapi() -> dict[str, Any]:
     """The schema a default ``nobackfill serve`` publishes (default limits, an empty collection)."""
-    from nobackfill.index.collection import Collection
+    from nobackfill.collection.collection import Collection
     from nobackfill.serve import KeyRing, ServeSettings, create_app
 
     with tempfile.TemporaryDirectory() as tmp:

@@ -17,8 +17,8 @@ from .data.folder import PairDataset
 from .encoders import load_encoder
 from .encoders.base import DualEncoder
 from .evaluate import load_eval_data
-from .index import Gallery
-from .index.ingest import index_pairs
+from .gallery import Gallery
+from .collection.ingest import index_pairs
 from .report import recall_bar_plot, recall_table_rows, text_table, html_table, write_html
 
 DEMO_WORLD = dict(n_train=5000, n_val=1000, n_test=1000)

@@ -19,7 +19,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-from ..index.ingest import folder_items
+from ..collection.ingest import folder_items
 from ..lifecycle.backfill import ORDERS, run_backfill
 from ..lifecycle.backfill_curve import (DEFAULT_ORDER, FRACTIONS, BackfillCurveConfig, curves_markdown,
                                         measure_backfill, no_regret, plot_curves)

@@ -1,6 +1,6 @@
 """The model-check trials of ``bench import`` (:mod:`nobackfill.bench.importing`): right and wrong
 models declared, ``trials`` sample seeds each, through
-:func:`~nobackfill.index.importing.run_model_check`."""
+:func:`~nobackfill.adopt.importing.run_model_check`."""
 
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ _MEDIAN = re.compile(r"median cosine (-?[0-9.]+)")
 
 def _trials(source: Any, enc: Any, ref: str, cfg: "ImportBenchConfig", base_seed: int) -> dict[str, Any]:
     """``cfg.trials`` model checks of ``source`` declared as ``ref``, each with its own sample seed."""
-    from ..index.importing import ModelCheckRefused, run_model_check
+    from ..adopt.importing import ModelCheckRefused, run_model_check
 
     accepted = width = 0
     medians: list[float] = []
@@ -61,7 +61,7 @@ def _trials(source: Any, enc: Any, ref: str, cfg: "ImportBenchConfig", base_seed
 def run_model_checks(cfg: "ImportBenchConfig", pool: Any, w: World, t: Text, emb: dict[str, Any],
                      say: Callable[[str], None]) -> dict[str, Any]:
     """Right-model and wrong-model cases, ``cfg.trials`` checks each."""
-    from ..index.sources import open_source
+    from ..adopt.sources import open_source
 
     old, text = pool.get(emb["old_ref"]), pool.get(emb["text_ref"])
     work = cfg.work / "model-check"

@@ -52,7 +52,7 @@ def world_dir(cfg: "ImportBenchConfig", say: Callable[[str], None]) -> Path:
 
 
 def load_world(cfg: "ImportBenchConfig", say: Callable[[str], None]) -> World:
-    from ..index.ingest import folder_items
+    from ..collection.ingest import folder_items
 
     test_dir = world_dir(cfg, say).absolute()
     items = folder_items(test_dir, langs=["en"], uncaptioned=False).items

@@ -1,5 +1,5 @@
 """The ``milvus_in_place`` part of ``bench import`` (:mod:`nobackfill.bench.importing`): a user's own
-Milvus collection adopted in place (:func:`~nobackfill.index.adopt.adopt_milvus`), searched,
+Milvus collection adopted in place (:func:`~nobackfill.adopt.in_place.adopt_milvus`), searched,
 upgraded, backfilled, searched again and its space retired, while its row count and a checksum of
 its vectors never change.
 
@@ -17,7 +17,7 @@ with pymilvus beside nobackfill's collection. The flow:
 
 Every search pass opens the collection anew, so searches of the adopted collection run in the
 first seconds after a process discovered its rows, at Strong consistency (``strong_window_s``:
-:data:`~nobackfill.index.milvus.FRESH_S`); on a Milvus server that waits for a time tick (about
+:data:`~nobackfill.milvus.FRESH_S`); on a Milvus server that waits for a time tick (about
 100 ms a search), which a long-lived searcher pays only for that window.
 
 Where: milvus-lite (a file in the work dir) by default; a Milvus server when ``cfg.milvus_uri``
@@ -93,8 +93,8 @@ def _servers(cfg: "ImportBenchConfig", say: Callable[[str], None]) -> Iterator[t
     if not cfg.shared and not cfg.milvus_uri:
         yield None, None
         return
-    from ..index.milvus_server import start_server
-    from ..index.postgres_server import start_postgres
+    from ..testing.milvus_server import start_server
+    from ..testing.postgres_server import start_postgres
 
     base = cfg.work / f"milvus-servers-{os.getpid()}"
     with contextlib.ExitStack() as stack:
@@ -126,7 +126,7 @@ class _Searches:
         self.pool, self.captions, self.own = pool, captions, own
 
     def run(self, uri: str) -> dict[str, Any]:
-        from ..index.collection import Collection
+        from ..collection.collection import Collection
         from ..search import Searcher
 
         s = Searcher(Collection.open(uri), pool=self.pool)
@@ -175,10 +175,10 @@ def run_milvus_in_place(cfg: "ImportBenchConfig", log: Callable[[str], None] | N
 
 def _flow(cfg: "ImportBenchConfig", pool: Any, w: "World", base: Path, address: str | None, catalog: str | None,
           say: Callable[[str], None]) -> dict[str, Any]:
-    from ..index import milvus
-    from ..index.adopt import adopt_milvus
-    from ..index.collection import Collection
-    from ..index.storage import parse_uri
+    from .. import milvus
+    from ..adopt.in_place import adopt_milvus
+    from ..collection.collection import Collection
+    from ..collection.uri import parse_uri
     from ..lifecycle.backfill import backfill_status, retire_space, run_backfill
     from ..search.models import model_ref
     from ..lifecycle.plan_changes import upgrade_collection

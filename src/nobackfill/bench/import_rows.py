@@ -93,8 +93,8 @@ def throughput_row(npy: str, table: str, path: str, dim: int, space_id: str, bat
     """Open and import the rows (runs in a fresh process: its memory is the import's)."""
     import resource
 
-    from ..index.importing import import_source
-    from ..index.sources import open_source
+    from ..adopt.importing import import_source
+    from ..adopt.sources import open_source
     from ..memory import peak_rss_mb, rss_mb
 
     loop_s = python_loop_s()

@@ -4,8 +4,8 @@ Four parts, each a key of the JSON:
 
 * ``identical``: the world test split (English captions) embedded by ``world-old`` and written in
   clip-retrieval's layout (our writer, float32: bit for bit), imported with
-  :func:`~nobackfill.index.importing.import_source` (model check on); the same items added with
-  :func:`~nobackfill.index.ingest.add_items` into another collection. Every test caption (t2i) and
+  :func:`~nobackfill.adopt.importing.import_source` (model check on); the same items added with
+  :func:`~nobackfill.collection.ingest.add_items` into another collection. Every test caption (t2i) and
   every test image (i2t) searches both through the :class:`~nobackfill.search.Searcher` (k = 10):
   the same ids in the same order (hits of equal score, within the tolerance, may trade places) and
   scores within 1e-6. The same for the Multi30K val captions (all five columns) embedded by
@@ -16,7 +16,7 @@ Four parts, each a key of the JSON:
   the import) in a fresh process: rows/s and that process's peak RSS (``VmHWM``; ``ru_maxrss`` is
   reported too, but Linux carries the parent's high-water mark over fork + exec into it, so for a
   small N it reads the parent's size) beside the vectors' size.
-* ``model_check``: :func:`~nobackfill.index.importing.run_model_check` over ``trials`` sample
+* ``model_check``: :func:`~nobackfill.adopt.importing.run_model_check` over ``trials`` sample
   seeds (each a different random sample of rows) per case. Right model declared (must accept):
   world-old vectors as world-old (float32, and float16 as clip-retrieval writes by default),
   m30k-old-text vectors of the Multi30K captions as m30k-old-text. Wrong model declared (must
@@ -147,10 +147,10 @@ def _compare(ca: Any, cb: Any, pool: Any, *, texts: Sequence[str] | None = None,
 def _pair(path: Path, ref: str, pool: Any, items: list[Any], spec: str, say: Callable[[str], None]
           ) -> tuple[Any, Any, dict[str, Any]]:
     """A collection built with ``add_items`` and one imported from ``spec``; their item sets."""
-    from ..index.collection import Collection
-    from ..index.importing import import_source
-    from ..index.ingest import add_items
-    from ..index.sources import open_source
+    from ..collection.collection import Collection
+    from ..adopt.importing import import_source
+    from ..collection.ingest import add_items
+    from ..adopt.sources import open_source
 
     enc = pool.get(ref)
     for d in ("added", "imported"):
@@ -176,7 +176,7 @@ def _pair(path: Path, ref: str, pool: Any, items: list[Any], spec: str, say: Cal
 def run_identical(cfg: ImportBenchConfig, pool: Any, w: World, t: Text, emb: dict[str, Any],
                   say: Callable[[str], None]) -> dict[str, Any]:
     """World t2i / i2t and Multi30K t2t: import vs add, hit for hit."""
-    from ..index.ingest import text_item
+    from ..collection.ingest import text_item
 
     say(f"identical: world {len(w.image_queries)} images / {len(w.captions)} captions, Multi30K "
         f"{len(t.unique)} captions")

@@ -292,7 +292,7 @@ def format_markdown(result: dict) -> str:
 
 def write_outputs(result: dict, json_path: str | Path | None) -> str:
     """Write ``json_path`` and the markdown table next to it (``.md``), atomically; return the markdown."""
-    from ..index.atomic_files import atomic_write_bytes
+    from ..gallery.atomic_files import atomic_write_bytes
 
     md = format_markdown(result)
     if json_path is not None:

@@ -41,7 +41,7 @@ from typing import Callable, Optional
 import numpy as np
 
 from ..config import updated
-from ..index.atomic_files import file_sha256
+from ..gallery.atomic_files import file_sha256
 from ..data.labels import LABEL_SETS, PREMISE_ATTRIBUTES, label_set
 from ..metrics.zero_shot import class_vectors
 from .reco_diagnostics import measure_latency, near_duplicate_calibration, premise_diagnostics

@@ -26,8 +26,8 @@ import numpy as np
 
 from .world_collection import embedded_collection, hit_ranks, upgraded_world_collection, world_eval
 
-from ..index.collection import Collection
-from ..index.ingest import text_item
+from ..collection.collection import Collection
+from ..collection.ingest import text_item
 from ..metrics.flips import flip_rates
 from ..metrics.retrieval import recall_from_ranks
 from ..search import MERGES, ModelPool, Searcher

@@ -6,7 +6,7 @@ captions ``g<i>`` whose vectors a lookup encoder returns (precomputed vectors, a
 does), each with metadata ``{"group": i % 10}``. The collection records ``model`` (world-new by
 default), so ``nobackfill collection search`` in a cold process loads a real model.
 
-Each (N, index) row: ``add_per_s`` (items/s through :func:`~nobackfill.index.importing.add_vectors`, in
+Each (N, index) row: ``add_per_s`` (items/s through :func:`~nobackfill.adopt.importing.add_vectors`, in
 chunks), then in a fresh process ``open_s`` (:meth:`Collection.open`), ``open_first_search_s``
 (open + a :class:`~nobackfill.search.Searcher` + its first search, the index cached on disk),
 ``p50_ms`` / ``p99_ms`` (one query, k = 10, through the Searcher) and ``raw_p50_ms`` (the same
@@ -202,8 +202,8 @@ def _measure(cfg: ScaleBenchConfig, row: dict[str, Any], x_file: str, q_file: st
 @contextlib.contextmanager
 def _servers(cfg: ScaleBenchConfig, say: Callable[[str], None]) -> Iterator[tuple[str, str]]:
     """A PostgreSQL and a Milvus server in ``cfg.work`` for the shared row (stopped afterwards)."""
-    from ..index.milvus_server import start_server
-    from ..index.postgres_server import start_postgres
+    from ..testing.milvus_server import start_server
+    from ..testing.postgres_server import start_postgres
 
     base = cfg.work / f"servers-{os.getpid()}"
     shutil.rmtree(base, ignore_errors=True)

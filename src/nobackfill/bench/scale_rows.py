@@ -70,10 +70,10 @@ def pct(lat: list[float], p: float) -> float:
 def write_collection(x_file: str, q_file: str, path: str, index: str, model: str, space_id: str,
                      chunk: int) -> dict[str, Any]:
     """Create the collection and add every row of ``x_file`` (a fresh process) as precomputed
-    vectors (:func:`~nobackfill.index.importing.add_vectors`, what ``collection import`` runs);
+    vectors (:func:`~nobackfill.adopt.importing.add_vectors`, what ``collection import`` runs);
     each item's source is ``g<row>``, which the lookup model embeds again for the backfill."""
-    from ..index.collection import Collection
-    from ..index.importing import add_vectors
+    from ..collection.collection import Collection
+    from ..adopt.importing import add_vectors
 
     x = np.load(x_file, mmap_mode="r")
     shutil.rmtree(path, ignore_errors=True)
@@ -98,7 +98,7 @@ def write_collection(x_file: str, q_file: str, path: str, index: str, model: str
 
 def _backfill_worker(x_file: str, q_file: str, path: str, space_id: str, rate: int, limit: int) -> None:
     """Backfill into the lookup space ``space_id`` at ``rate`` items/s, one batch a second."""
-    from ..index.collection import Collection
+    from ..collection.collection import Collection
     from ..lifecycle.backfill import run_backfill
 
     x = np.load(x_file, mmap_mode="r")
@@ -134,7 +134,7 @@ def read_collection(x_file: str, q_file: str, path: str, model: str, space_id: s
 
     from ..compat.bridges import ProcrustesBridge
     from ..compat.upgrade import save_vector_upgrade
-    from ..index.collection import Collection
+    from ..collection.collection import Collection
     from ..search import ModelPool, Searcher
     from ..lifecycle.plan_changes import upgrade_collection
 

@@ -161,7 +161,7 @@ def run_faults(server: ServerProcess, collection: Path, trials: int, log: Callab
     import threading
 
     from ..client import Client, ClientError
-    from ..index.collection import Collection
+    from ..collection.collection import Collection
     from ..lifecycle.backfill import backfill_status
 
     rng = np.random.default_rng(0)

@@ -80,7 +80,7 @@ def bad_input_cases(read_key: str, admin_key: str, *, max_k: int, max_caption: i
 
 
 def _state(collection: Path) -> tuple:
-    from ..index.collection import Collection
+    from ..collection.collection import Collection
 
     c = Collection.open(collection)
     st = c.status()

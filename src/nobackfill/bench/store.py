@@ -10,9 +10,9 @@ Data (unit vectors; queries are held out of the gallery):
 * ``random`` - uniform random unit vectors (128-d): the worst case for graph indexes, unlike real
   embeddings.
 
-Backends: the local FAISS store (:class:`~nobackfill.index.gallery.Gallery` over faiss factory
+Backends: the local FAISS store (:class:`~nobackfill.gallery.gallery.Gallery` over faiss factory
 strings: ``Flat``, ``HNSW32``, ``IVF<n>,PQ<m>``), milvus-lite and a real Milvus standalone server
-(:class:`~nobackfill.index.milvus.MilvusSpaceStore`). Each (data, backend) runs in its own process
+(:class:`~nobackfill.milvus.MilvusSpaceStore`). Each (data, backend) runs in its own process
 (peak RSS is that process's, the vectors it holds included). Per row: ingest rows/s, build seconds,
 search p50 / p99 ms for one query, ms per batch of 64, recall@10 against exact search. Search
 parameters (``efSearch``, ``nprobe``) are the smallest of a grid reaching recall@10 >= 0.95 on
@@ -74,13 +74,13 @@ def _open_store(backend: str, dim: int, work: Path, server: str | None):
     """(store, spec, search-parameter name or None) for ``backend`` = ``<kind>:<index>``."""
     kind, _, spec = backend.partition(":")
     if kind == "faiss":
-        from ..index.gallery import Gallery
+        from ..gallery.gallery import Gallery
 
         shutil.rmtree(work, ignore_errors=True)
         g = Gallery.create(work, space_id="bench", dim=dim, model="bench", backend=spec)
         param = "efSearch" if spec.startswith("HNSW") else "nprobe" if spec.startswith("IVF") else None
         return g, spec, param
-    from ..index.milvus import MilvusSpaceStore, _client
+    from ..milvus import MilvusSpaceStore, _client
 
     if kind == "milvus-lite":
         shutil.rmtree(work, ignore_errors=True)
@@ -137,7 +137,7 @@ def run_row(data_file: str, query_file: str, truth_file: str, backend: str, work
     _search(store, qt[:1], K)  # the first search builds (faiss: loads or builds the index)
     build_s = time.perf_counter() - t0
     if hasattr(store, "wait_indexed"):  # steady state: past the window of Strong searches after a write
-        from ..index.milvus import FRESH_S
+        from ..milvus import FRESH_S
 
         time.sleep(max(0.0, FRESH_S - (time.perf_counter() - t0)))
     chosen = None
@@ -184,7 +184,7 @@ def run_store_bench(cfg: StoreBenchConfig, log: Callable[[str], None] | None = N
     cfg.work.mkdir(parents=True, exist_ok=True)
     started = None
     if server is None and any(b.startswith("milvus-server") for b in cfg.backends):
-        from ..index.milvus_server import MilvusServerError, start_server
+        from ..testing.milvus_server import MilvusServerError, start_server
 
         try:
             started = start_server(cfg.work / f"milvus-server-{os.getpid()}")

@@ -18,8 +18,8 @@ def merged_search(x: np.ndarray, q: np.ndarray, work: Path, n_queries: int = 200
     from ..compat.bridges import ProcrustesBridge
     from ..compat.upgrade import save_vector_upgrade
     from ..encoders.base import DualEncoder
-    from ..index.collection import Collection
-    from ..index.ingest import add_items, text_item
+    from ..collection.collection import Collection
+    from ..collection.ingest import add_items, text_item
     from ..search import ModelPool, Searcher
     from ..lifecycle.plan_changes import upgrade_collection
 

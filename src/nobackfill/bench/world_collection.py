@@ -8,7 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Callable
 
-from ..index.collection import Collection
+from ..collection.collection import Collection
 from ..lifecycle.measure import QuerySet as WorldEval
 from ..lifecycle.measure import embedded_collection, fresh_dir, hit_ranks, upgraded_collection
 from ..lifecycle.measure import split_queries as world_eval

@@ -2,6 +2,10 @@
 
 Every command module imports only light modules at import time (heavy ones inside the commands),
 and nothing outside this package imports it: the library never depends on its command line.
+
+May import: ``_logging``, ``bench``, ``catalog``, ``client``, ``collection``, ``compat``, ``config``,
+``data``, ``demo``, ``encoders``, ``evaluate``, ``gallery``, ``late``, ``lifecycle``, ``lingual``,
+``progress``, ``reco``, ``report``, ``search``, ``serve``, ``train``.
 """
 
 from __future__ import annotations

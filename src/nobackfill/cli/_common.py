@@ -91,9 +91,9 @@ def user_errors() -> tuple[type[BaseException], ...]:
     """Exceptions that mean bad input or a damaged store: a command prints them as one error line
     and exits 2 (``except user_errors() as e: fail(str(e))``)."""
     from ..client import ClientError
-    from ..index.catalog import CatalogError
-    from ..index.collection import CollectionError
-    from ..index.gallery_types import GalleryError
+    from ..catalog.catalog import CatalogError
+    from ..collection.collection import CollectionError
+    from ..gallery.types import GalleryError
 
     return (ValueError, FileNotFoundError, FileExistsError, KeyError, CollectionError, CatalogError, GalleryError,
             ClientError)

@@ -215,7 +215,7 @@ def search(
     """Search every space of the collection (each through its route) and print one merged list."""
     if (text is None) == (image is None):
         fail("give exactly one of --text or --image")
-    from ..index.gallery import Gallery
+    from ..gallery.gallery import Gallery
 
     # one search, then exit: a background graph build would only compete with it (add builds it)
     background, Gallery.build_in_background = Gallery.build_in_background, False

@@ -25,8 +25,8 @@ def index(
                                           "stopping."),
 ) -> None:
     """Embed a data folder's images and captions into a model-versioned gallery (resumable)."""
-    from ..index.build import StoreBusyError
-    from ..index.ingest import index_pairs
+    from ..gallery.build import StoreBusyError
+    from ..collection.ingest import index_pairs
     from ..encoders import load_encoder
     from ..evaluate import load_eval_data
 
@@ -64,7 +64,7 @@ def search(
 ) -> None:
     """Search a gallery with a text or an image query (from another model through --bridge). A
     collection directory works too (all its spaces, each reached natively or through --bridge)."""
-    from ..index.collection import Collection
+    from ..collection.collection import Collection
     from ..search import Searcher
 
     if (text is None) == (image is None):

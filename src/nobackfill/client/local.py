@@ -64,9 +64,9 @@ class LocalClient(Client):
     # ------------------------------------------------------------------ plumbing
     @property
     def collection(self) -> Any:
-        """The open :class:`~nobackfill.index.collection.Collection` (opened on first use)."""
+        """The open :class:`~nobackfill.collection.collection.Collection` (opened on first use)."""
         if self._collection is None:
-            from ..index.collection import Collection
+            from ..collection.collection import Collection
 
             self._collection = Collection.open(self.target)
         return self._collection
@@ -92,7 +92,7 @@ class LocalClient(Client):
 
     # ------------------------------------------------------------------ create / add / import
     def create(self, model: str | Path, *, backend: str = "auto") -> dict[str, Any]:
-        from ..index.collection import Collection
+        from ..collection.collection import Collection
         from ..search.models import model_ref
 
         ref = model_ref(model)
@@ -112,8 +112,8 @@ class LocalClient(Client):
         ``split``), ``text_file`` (one text a line, or JSONL); ``images`` rows may be
         ``{"path", "id", "sha256", ...metadata}``. ``build_indexes``: build the graph indexes now
         (before a short-lived process exits) rather than in the background."""
-        from ..index.ingest import FolderItems, add_items, text_file_items
-        from ..index.gallery_types import DuplicateIdError
+        from ..collection.ingest import FolderItems, add_items, text_file_items
+        from ..gallery.types import DuplicateIdError
 
         if folder is not None:
             folder = Path(folder)
@@ -139,7 +139,7 @@ class LocalClient(Client):
 
     def _items(self, texts: Any, images: Any, ids: Any, folder: Any, langs: Any, skip_bad: bool) -> tuple[list, Any]:
         """The items to add and what reading them found (a folder's skipped lines and images)."""
-        from ..index.ingest import FolderItems, folder_items
+        from ..collection.ingest import FolderItems, folder_items
 
         given = [x is not None for x in (texts, images, folder)]
         if sum(given) != 1:
@@ -150,7 +150,7 @@ class LocalClient(Client):
         return self._given_items(texts, images, ids), FolderItems(items=[])
 
     def _given_items(self, texts: Any, images: Any, ids: Any) -> list:
-        from ..index.ingest import image_item, text_item
+        from ..collection.ingest import image_item, text_item
 
         rows = list(texts if texts is not None else images)
         own = list(ids) if ids is not None else [None] * len(rows)
@@ -174,8 +174,8 @@ class LocalClient(Client):
                 source_column: str | None = None, modality: str | None = None, images_root: str | Path | None = None,
                 model: str | Path | None = None, trust_model: bool = False, lossy: bool = False, samples: int = 64,
                 backend: str = "auto", wait: bool = False, progress: bool = False) -> ImportResult:
-        from ..index.importing import ModelCheckRefused, import_source
-        from ..index.sources import open_source
+        from ..adopt.importing import ModelCheckRefused, import_source
+        from ..adopt.sources import open_source
         from ..search.models import model_ref
 
         if model is None:  # into the collection as it is: its current model made the vectors
@@ -202,7 +202,7 @@ class LocalClient(Client):
               samples: int = 64, backend: str = "auto", wait: bool = False, progress: bool = False) -> dict[str, Any]:
         """A Milvus collection (``milvus://HOST:PORT#NAME`` or ``milvus-lite:PATH#NAME``) adopted in
         place as this collection's space: never copied, written to or dropped."""
-        from ..index.adopt import adopt_milvus
+        from ..adopt.in_place import adopt_milvus
         from ..search.models import model_ref
 
         ref = model_ref(model)
@@ -292,7 +292,7 @@ class LocalClient(Client):
                         space=snap.serving_space(item_id))
 
     def delete(self, *ids: str) -> int:
-        from ..index.collection import ItemNotFoundError
+        from ..collection.collection import ItemNotFoundError
 
         try:
             return self.collection.delete(list(ids))

@@ -12,6 +12,9 @@
 * :mod:`.cli` - ``nobackfill compat ...`` and ``bench compat-steps``.
 
 Names are exported lazily, so importing the package (and the CLI) does not load transformers or peft.
+
+May import: ``config``, ``data``, ``encoders``, ``evaluate``, ``gallery``, ``metrics``, ``progress``,
+``train``.
 """
 
 from __future__ import annotations

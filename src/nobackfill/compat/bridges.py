@@ -1,7 +1,7 @@
 """Bridges between embedding spaces as first-class objects.
 
 A bridge maps query vectors of space ``source`` into space ``target`` (the
-:class:`nobackfill.index.Bridge` protocol: ``.source``, ``.target``, ``__call__(vectors)``).
+:class:`nobackfill.gallery.Bridge` protocol: ``.source``, ``.target``, ``__call__(vectors)``).
 A :class:`BridgeRegistry` knows spaces and bridges; a query from space B reaches a gallery of
 space A only through a registered bridge chain B -> ... -> A (:meth:`BridgeRegistry.resolve`,
 shortest chain, composed with :class:`ComposedBridge`), otherwise it is refused with
@@ -33,7 +33,7 @@ from typing import Callable, Iterable, Sequence, TypeVar
 import numpy as np
 
 from ..encoders.base import DualEncoder, l2_normalise
-from ..index.gallery_types import SpaceMismatchError
+from ..gallery.types import SpaceMismatchError
 
 T = TypeVar("T")
 

@@ -40,8 +40,8 @@ import torch.nn.functional as F
 
 from ..encoders.base import DualEncoder
 from ..encoders.hf import atomic_model_dir
-from ..index.atomic_files import read_tagged_json
-from ..index.gallery_types import SpaceMismatchError
+from ..gallery.atomic_files import read_tagged_json
+from ..gallery.types import SpaceMismatchError
 from ..progress import progress_bar
 from .adapters import AdapterConfig, Adapters
 from .bridges import PhiBridge, ProcrustesBridge
@@ -243,7 +243,7 @@ def atomic_dir(directory: str | Path, write) -> Path:
 
 def _file_hashes(directory: Path) -> dict[str, str]:
     """sha256 of every file of an upgrade directory but its manifest and training logs."""
-    from ..index.atomic_files import file_sha256
+    from ..gallery.atomic_files import file_sha256
 
     skip = {UPGRADE_FILE, "train_log.jsonl", "checkpoint.pt"}
     return {str(p.relative_to(directory)): file_sha256(p) for p in sorted(Path(directory).rglob("*"))
@@ -303,7 +303,7 @@ class Upgrade:
     def check_files(self) -> list[str]:
         """Problems with the files ``upgrade.json`` lists (missing, or another sha256). Upgrades saved
         before the manifest kept hashes list none (their tensors are still checked as they load)."""
-        from ..index.atomic_files import file_sha256
+        from ..gallery.atomic_files import file_sha256
 
         problems = []
         for rel, digest in (self.manifest.get("files") or {}).items():

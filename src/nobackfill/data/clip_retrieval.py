@@ -11,7 +11,7 @@ With both images and captions, rows are pairs: row ``r`` of ``img_emb_{i}``, of 
 and of ``metadata_{i}`` describe one (image, caption) pair, so an image with five captions is five
 rows. Shard numbers are zero-padded to the width of the largest one (``img_emb_00.npy`` ..
 ``img_emb_11.npy`` for 12 shards), as clip-retrieval does. Read it back with
-:func:`nobackfill.index.sources.open_source` (``"clip-retrieval:OUT"``).
+:func:`nobackfill.adopt.sources.open_source` (``"clip-retrieval:OUT"``).
 """
 
 from __future__ import annotations

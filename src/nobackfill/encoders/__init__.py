@@ -1,5 +1,8 @@
 """Encoders: the :class:`DualEncoder` interface, the HF CLIP implementation, the MiniLM text
-encoder, and the model zoo. ``load_encoder(dir)`` opens any saved model directory."""
+encoder, and the model zoo. ``load_encoder(dir)`` opens any saved model directory.
+
+May import: ``config``, ``data``, ``progress``.
+"""
 
 from __future__ import annotations
 

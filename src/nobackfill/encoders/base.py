@@ -4,7 +4,7 @@ A :class:`DualEncoder` maps images and texts into one L2-normalised embedding sp
 named by :attr:`DualEncoder.space_id`, a stable fingerprint of the model's config and weights: two
 different models never share one, and the same model saved and reloaded keeps it. Galleries store
 the space id next to every vector, so a query from another space is refused (see
-``nobackfill.index``).
+``nobackfill.gallery``).
 """
 
 from __future__ import annotations

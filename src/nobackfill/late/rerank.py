@@ -1,7 +1,7 @@
 """CMLI re-ranking of a first-stage top-k (the Target-CMLI paper: late interaction as a re-ranking score).
 
 The first stage is the gallery's ordinary global search; the top ``rerank_k`` candidates are then
-re-scored with ``global + weight * CMLI`` from stored token outputs (``nobackfill.index.tokens``).
+re-scored with ``global + weight * CMLI`` from stored token outputs (``nobackfill.gallery.tokens``).
 A text query ranks images by the t2i score (Eq. 4: each query word's best patch), an image
 query ranks texts by the i2t score (Eq. 3: each query patch's best word). ``weight = inf``
 ranks by CMLI alone (ties broken by the global score). ``--rerank cmli-sym`` scores a pair in
@@ -20,9 +20,9 @@ import numpy as np
 import torch
 
 from ..encoders.base import DualEncoder, TokenOutput
-from ..index.gallery import Gallery
-from ..index.gallery_types import SearchResult, SpaceMismatchError
-from ..index.tokens import TokenStore, write_tokens
+from ..gallery.gallery import Gallery
+from ..gallery.types import SearchResult, SpaceMismatchError
+from ..gallery.tokens import TokenStore, write_tokens
 from ..progress import progress_bar
 from .cmli import cmli_scores, project_tokens
 
@@ -134,8 +134,8 @@ def store_gallery_tokens(encoder: DualEncoder, gallery_dir: str | Path, *, image
 def store_dataset_tokens(encoder: DualEncoder, data, gallery_dir: str | Path, dtype: str = "float16",
                          dim: int | None = None, progress: bool = True) -> TokenStore:
     """Token outputs of every image and caption of a data folder, under the ids that
-    ``nobackfill index`` gives them (:func:`nobackfill.index.ingest.pair_ids`)."""
-    from ..index.ingest import pair_ids
+    ``nobackfill index`` gives them (:func:`nobackfill.collection.ingest.pair_ids`)."""
+    from ..collection.ingest import pair_ids
 
     img_ids, cap_ids = pair_ids(data)
     images = list({i: (i, str(p)) for i, p in zip(img_ids, data.image_paths())}.values())

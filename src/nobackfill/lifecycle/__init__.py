@@ -6,4 +6,7 @@ route, a calibration), the progressive backfill and ``verify``.
 * :mod:`.backfill` - start / pause / cancel / run the backfill, its status, ``retire_space``;
   :mod:`.backfill_order` its order policies, :mod:`.backfill_jobs` its job and lease store.
 * :mod:`.verify` - every stored file of a gallery or collection checked (and the model check).
+
+May import: ``adopt``, ``catalog``, ``collection``, ``compat``, ``encoders``, ``evaluate``, ``gallery``,
+``metrics``, ``search``.
 """

@@ -54,8 +54,8 @@ from typing import Any, Callable
 
 import numpy as np
 
-from ..index.collection import Collection, Item
-from ..index.plan import Plan
+from ..collection.collection import Collection, Item
+from ..catalog.plan import Plan
 from .backfill_jobs import (DEFAULT_LEASE_S, JOB_DIR, JOB_FILE, LEASE_DIR, ORDER_FILE, SAMPLE_FILE, WORKERS_FILE,
                             BackfillBusy, BackfillError, BackfillJob, _holder, _holder_gone, _iso, _job_lock, _last_worker,
                             _leases, _now, _order_ids, _parse_owner, _read, _release, _renew, _stopped_workers,

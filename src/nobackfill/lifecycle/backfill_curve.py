@@ -17,7 +17,7 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from ..index.collection import Collection
+from ..collection.collection import Collection
 from ..metrics.flips import flip_rates
 from ..search import MERGES, ModelPool, Searcher
 from ..search.models import model_ref

@@ -17,7 +17,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Callable, Iterator, Sequence
 
-from ..index.collection import Collection
+from ..collection.collection import Collection
 
 JOB_DIR = "backfill"
 JOB_FILE = "job.json"

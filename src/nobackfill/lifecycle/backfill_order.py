@@ -11,7 +11,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from ..encoders.base import encode
-from ..index.collection import Collection, Item
+from ..collection.collection import Collection, Item
 
 ORDERS = ("sequential", "random", "uncertainty")
 

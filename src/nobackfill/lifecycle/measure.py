@@ -14,8 +14,8 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from ..index.collection import Collection
-from ..index.ingest import add_items, folder_items
+from ..collection.collection import Collection
+from ..collection.ingest import add_items, folder_items
 from ..search import ModelPool, Searcher
 from .calibrate import pair_tasks
 from .plan_changes import upgrade_collection

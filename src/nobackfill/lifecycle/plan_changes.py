@@ -14,8 +14,8 @@ import dataclasses
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-from ..index.collection import Collection
-from ..index.plan import Merge, Plan, RouteChoice
+from ..collection.collection import Collection
+from ..catalog.plan import Merge, Plan, RouteChoice
 from .calibrate import CalibrationTask, calibrate
 from ..search.models import ModelPool, model_ref
 from ..search.routes import DIRECTIONS, FUSED, ROUTES, RoutePlanner, upgrade_entry

@@ -3,7 +3,7 @@
 One entry point for every kind of directory the project writes:
 
 * a **gallery** (``manifest.json``): every committed chunk re-hashed against the manifest, shapes,
-  ids; the cached indexes against their stamps (:meth:`~nobackfill.index.gallery.Gallery.verify`).
+  ids; the cached indexes against their stamps (:meth:`~nobackfill.gallery.gallery.Gallery.verify`).
   ``repair`` rebuilds the indexes and drops damaged chunks, listing the ids to add again;
 * a **collection** (``catalog.sqlite``, a previous-format ``collection.json``, or a storage URI): the
   catalog database's own check (``PRAGMA quick_check``) and its invariants, and every space's store;
@@ -72,7 +72,7 @@ def verify_path(path: str | Path, repair: bool = False, model_check: bool = Fals
     if model_check:
         if kind != "collection":
             raise ValueError(f"{path}: --model-check checks a collection's spaces; this is a {kind}")
-        from ..index.collection import Collection
+        from ..collection.collection import Collection
 
         for sid, verdict in check_models(Collection.open(path), pool=pool).items():
             report.model_check[sid] = verdict
@@ -85,7 +85,7 @@ def check_models(collection: Any, samples: int = 64, seed: int = 0, pool: Any = 
     """Per live space: the model check of a random sample of the items it serves (re-embedded with
     the space's model, compared with the stored vectors), as JSON; a space serving no item with a
     readable source is reported as not checked (accepted, ``n`` 0)."""
-    from ..index.model_check import check_model, collection_samples
+    from ..adopt.model_check import check_model, collection_samples
     from ..search.models import ModelPool
 
     pool = pool or ModelPool()
@@ -103,8 +103,8 @@ def check_models(collection: Any, samples: int = 64, seed: int = 0, pool: Any = 
 
 
 def _gallery(path: str, report: PathReport, repair: bool) -> None:
-    from ..index.gallery import Gallery
-    from ..index.gallery_types import GalleryError
+    from ..gallery.gallery import Gallery
+    from ..gallery.types import GalleryError
 
     try:
         g = Gallery.open(path)
@@ -130,9 +130,9 @@ def _gallery(path: str, report: PathReport, repair: bool) -> None:
 
 
 def _collection(path: str, report: PathReport, repair: bool) -> None:
-    from ..index.collection import Collection, CollectionError
-    from ..index.gallery import Gallery
-    from ..index.gallery_types import GalleryError
+    from ..collection.collection import Collection, CollectionError
+    from ..gallery.gallery import Gallery
+    from ..gallery.types import GalleryError
 
     try:
         c = Collection.open(path)

@@ -11,4 +11,6 @@ continual-learning methods as named plug-ins with hooks: ``cll_clip``, ``oewc`` 
 :mod:`.sequence` (the task-sequence runner and the method-name grammar), :mod:`.data` (Multi30K and
 world tasks / evaluation). Never imports typer, the benches or the CLI; kept import-free so the
 command line starts fast.
+
+May import: ``data``, ``encoders``, ``evaluate``, ``metrics``, ``train``.
 """

@@ -1,4 +1,7 @@
-"""Retrieval evaluation: R@K, median rank and mAP for image<->text retrieval."""
+"""Retrieval evaluation: R@K, median rank and mAP for image<->text retrieval.
+
+May import: nothing of nobackfill.
+"""
 
 from nobackfill.metrics.retrieval import (
     format_table,

@@ -7,6 +7,8 @@ re-embedding the gallery.
 * :mod:`.fusion` — phi_image / phi_text: one-layer transformer fusion, and mean fusion.
 * :mod:`.model` — a trained refinement directory (``reco.json`` + ``fusion.safetensors``).
 * :mod:`.train` — the RECO loss and its :class:`~nobackfill.train.loop.Method` plug-in.
+
+May import: ``config``, ``data``, ``encoders``, ``evaluate``, ``gallery``, ``metrics``, ``train``.
 """
 
 import importlib

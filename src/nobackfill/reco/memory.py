@@ -1,7 +1,7 @@
 """The external memory of RECO (Sec. 3.1 of the RECO paper, "Retrieving cross-modal external
 knowledge"): image-text pairs ``M = {(I_i, T_i)}`` embedded ONCE with the frozen encoder,
 ``V^M = [f_image(I_1), ...]`` and ``T^M = [f_text(T_1), ...]``, kept in a model-versioned
-:class:`~nobackfill.index.gallery.Gallery` (both modalities, its own FAISS index per modality).
+:class:`~nobackfill.gallery.gallery.Gallery` (both modalities, its own FAISS index per modality).
 
 Layout of a memory directory::
 
@@ -46,9 +46,9 @@ from PIL import Image
 
 from ..data.folder import PairDataset
 from ..data.images import open_rgb
-from ..index.build import build_gallery
-from ..index.atomic_files import atomic_write_bytes, read_tagged_json
-from ..index.gallery import Gallery
+from ..gallery.build import build_gallery
+from ..gallery.atomic_files import atomic_write_bytes, read_tagged_json
+from ..gallery.gallery import Gallery
 
 if TYPE_CHECKING:
     from ..encoders.base import DualEncoder

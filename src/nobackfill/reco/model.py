@@ -24,7 +24,7 @@ import torch
 from safetensors.torch import load_file, save_file
 from torch import nn
 
-from ..index.atomic_files import atomic_write_bytes, read_tagged_json
+from ..gallery.atomic_files import atomic_write_bytes, read_tagged_json
 from .fusion import FusionConfig, make_fusion
 from .memory import FUSE_MODES, SEARCH_MODES, Memory
 

@@ -6,6 +6,9 @@ lists from several spaces and the pool of loaded models (plan changes, calibrati
 * :mod:`.routes` - ``native``, ``old-model``, ``bridge``, ``fused`` and the shared query pipeline.
 * :mod:`.merge` - raw, calibrated and rank merges of per-space lists.
 * :mod:`.models` - :class:`ModelPool`, the encoders loaded once per process.
+
+May import: ``catalog``, ``collection``, ``compat``, ``encoders``, ``evaluate``, ``gallery``, ``late``,
+``metrics``, ``reco``.
 """
 
 from .merge import DEFAULT_MERGE, MERGES

@@ -17,7 +17,7 @@ from pathlib import Path
 
 from ..encoders import PRETRAINED_TEXT_ALIASES, load_encoder
 from ..encoders.base import DualEncoder
-from ..index.gallery_types import SpaceMismatchError
+from ..gallery.types import SpaceMismatchError
 
 __all__ = ["ModelPool", "model_ref"]
 

@@ -25,8 +25,8 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from ..encoders.base import DualEncoder, encode
-from ..index.plan import Plan, RouteChoice, UpgradeRecord
-from ..index.gallery_types import SpaceMismatchError
+from ..catalog.plan import Plan, RouteChoice, UpgradeRecord
+from ..gallery.types import SpaceMismatchError
 from .models import ModelPool
 
 __all__ = ["BRIDGE", "DIRECTIONS", "FUSED", "NATIVE", "OLD_MODEL", "ROUTES", "BridgePath", "NoRouteError",

@@ -1,7 +1,7 @@
 """The :class:`Searcher`: one object that answers text or image queries over a collection.
 
 It keeps the models warm (:class:`~nobackfill.search.models.ModelPool`) and, for each query, uses
-one :class:`~nobackfill.index.collection.Snapshot` of the collection from start to end: every space
+one :class:`~nobackfill.collection.collection.Snapshot` of the collection from start to end: every space
 that serves items of the searched modality is searched with its own route (native for the current
 model's space; ``old-model``, ``bridge`` or ``fused`` for older spaces, see
 :mod:`nobackfill.search.routes`) restricted to the rows it serves (so an item is returned at most
@@ -33,10 +33,10 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from ..encoders.base import DualEncoder
-from ..index.collection import Collection, Snapshot
-from ..index.plan import Plan, Space, UpgradeRecord
+from ..collection.collection import Collection, Snapshot
+from ..catalog.plan import Plan, Space, UpgradeRecord
 from .limits import Limits
-from ..index.gallery_types import SpaceMismatchError
+from ..gallery.types import SpaceMismatchError
 from .merge import DEFAULT_MERGE, MERGES, Candidate, ScoreMap, candidates, merge
 from .models import ModelPool, model_ref
 from .routes import BRIDGE, DIRECTIONS, NATIVE, NoRouteError, QuerySide, RoutePlanner, direction_of, upgrade_entry
@@ -372,7 +372,7 @@ class Searcher:
 
     def _rerank(self, view, side: QuerySide, gmod: str, query: Any, res, qi: int, k: int):
         """CMLI re-ranking (the Target-CMLI paper) of one query's first-stage list in one space."""
-        from ..index.gallery_types import SearchResult
+        from ..gallery.types import SearchResult
         from ..late.rerank import rerank_search
 
         first = SearchResult(scores=res.scores[qi:qi + 1], ids=[res.ids[qi]], positions=res.positions[qi:qi + 1])

@@ -1,4 +1,7 @@
-"""``nobackfill serve``: an HTTP API (FastAPI) and a web page over one live-upgrading collection."""
+"""``nobackfill serve``: an HTTP API (FastAPI) and a web page over one live-upgrading collection.
+
+May import: ``client``, ``collection``, ``data``, ``gallery``, ``lifecycle``, ``search``.
+"""
 
 from .app import ApiError, create_app
 from .settings import KeyRing, Limits, ServeSettings

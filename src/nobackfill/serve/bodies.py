@@ -216,7 +216,7 @@ def keep_upload(folder: Path, data: bytes) -> tuple[Path, str, bool]:
     """Store an uploaded image by its content hash (atomic, idempotent): its item's source, the
     sha256 of its bytes (so the item need not read the file back to hash it) and whether this call
     created the file."""
-    from ..index.atomic_files import atomic_write_bytes
+    from ..gallery.atomic_files import atomic_write_bytes
 
     folder.mkdir(parents=True, exist_ok=True)
     digest = hashlib.sha256(data).hexdigest()

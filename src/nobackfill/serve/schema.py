@@ -15,7 +15,7 @@ from typing import Annotated, Any, Literal, Optional
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 
 from ..client.remote import ID_HEADER
-from ..index.collection import MAX_ID_LENGTH
+from ..collection.collection import MAX_ID_LENGTH
 
 from .responses import (AddResult, BackfillStatus, Deleted, Health, Hit, ImportResult, ItemOut, Retired, Routes,
                         SearchResults, SpaceStatus, Status, UpgradeResult, VerifyReport)

@@ -18,6 +18,8 @@ fd-kl / fd-lm      Focal Distillation (KL / logit matching)                flips
 elodi              ensemble logit difference inhibition                    flips.py
 muscle             masked KL between old model and new reference           flips.py
 =================  ======================================================  =================
+
+May import: ``data``, ``encoders``, ``metrics``, ``progress``, ``train``.
 """
 
 from . import baseline, bct, lce, advbct, simplex, softmax_features, flips  # noqa: F401,I001  (registration order)

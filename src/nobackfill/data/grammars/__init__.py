@@ -1,4 +1,7 @@
-"""Per-language caption grammars. ``get_grammar("de")`` returns the German one."""
+"""Per-language caption grammars. ``get_grammar("de")`` returns the German one.
+
+May import: nothing of nobackfill.
+"""
 
 from __future__ import annotations
 

@@ -1,5 +1,8 @@
 """The service's operations, one :class:`fastapi.APIRouter` per area, included by
-:func:`~nobackfill.serve.app.create_app` in this order (the order of the OpenAPI document)."""
+:func:`~nobackfill.serve.app.create_app` in this order (the order of the OpenAPI document).
+
+May import: ``lifecycle``.
+"""
 
 from . import control, health, items, search
 

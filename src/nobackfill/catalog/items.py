@@ -1,0 +1,235 @@
+"""The items of a collection (:class:`Item`: an image or a caption with what is needed to embed it
+again, and the vector key of its version), their catalog rows in JSON, and the errors a collection
+raises."""
+
+from __future__ import annotations
+
+import functools
+import json
+from dataclasses import dataclass, field
+from typing import Any, Mapping, Sequence
+
+import orjson
+
+from .schema import Row
+from ..gallery.manifest import MODALITIES
+
+__all__ = [
+    "CollectionBusyError",
+    "CollectionError",
+    "CorruptCollectionError",
+    "Item",
+    "ItemNotFoundError",
+    "JsonRows",
+    "MAX_ID_LENGTH",
+    "id_problem",
+    "plain_ids",
+    "NotACollectionError",
+    "row_json",
+    "vector_key",
+]
+
+MAX_ID_LENGTH = 512
+
+
+class CollectionError(Exception):
+    """Base class for collection problems."""
+
+
+class NotACollectionError(CollectionError, FileNotFoundError):
+    """The directory holds neither a collection nor a gallery."""
+
+
+class CorruptCollectionError(CollectionError):
+    """The catalog (or, when converting, ``collection.json`` or a log chunk) is unreadable or
+    inconsistent."""
+
+
+class ItemNotFoundError(CollectionError, KeyError):
+    """No live item has this id."""
+
+    def __str__(self) -> str:  # KeyError would quote the message
+        return str(self.args[0]) if self.args else ""
+
+
+class CollectionBusyError(CollectionError):
+    """Another process holds the collection's ingest lock."""
+
+
+def vector_key(item_id: str, rev: str) -> str:
+    """The gallery row key of an item version: ``<id>#<rev>`` (``rev`` is hex, so unambiguous)."""
+    return f"{item_id}#{rev}" if rev else item_id
+
+
+def id_problem(item_id: object) -> str | None:
+    """Why ``item_id`` cannot be an item's id (a non-empty string of at most
+    :data:`MAX_ID_LENGTH` characters, none of them a control character), or None."""
+    if not isinstance(item_id, str) or not item_id.strip():
+        return f"id must be a non-empty string, got {item_id!r}"
+    if len(item_id) > MAX_ID_LENGTH or (not item_id.isprintable() and any(ord(c) < 32 for c in item_id)):
+        return f"id {item_id[:40]!r} is longer than {MAX_ID_LENGTH} characters or has control characters"
+    return None
+
+
+def plain_ids(ids: list) -> bool:
+    """Whether every id is a printable string of 1 to :data:`MAX_ID_LENGTH` characters, not all
+    spaces (so :func:`id_problem` has nothing to say), tested on the ids joined by spaces, in C
+    (an import's batch, of thousands of ids): a non-string fails the join; after the printable
+    test, the only whitespace left is the space, so an empty or all-space id shows as two spaces in
+    a row or a space at either end (a single empty id: nothing joined). False may also mean good
+    ids with spaces at their ends or characters that are not printable but allowed (the caller
+    then asks each id)."""
+    try:
+        joined = " ".join(ids)
+    except TypeError:
+        return False
+    return bool(joined) and joined.isprintable() and "  " not in joined and joined[0] != " " and \
+        joined[-1] != " " and max(map(len, ids)) <= MAX_ID_LENGTH
+
+
+@dataclass(frozen=True)
+class Item:
+    """One gallery item: an image or a caption, with what is needed to embed it again.
+
+    ``source`` is ``{"path": absolute image path, "sha256": hash of its bytes}`` for an image and
+    ``{"text": caption}`` for a text; ``key`` is the gallery row key of this version of the item
+    (:func:`vector_key`)."""
+
+    id: str
+    modality: str
+    key: str
+    source: Mapping[str, Any]
+    metadata: Mapping[str, Any] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"id": self.id, "modality": self.modality, "key": self.key, "source": dict(self.source),
+                "metadata": dict(self.metadata)}
+
+    @classmethod
+    def from_json(cls, obj: Any, where: str) -> "Item":
+        if not isinstance(obj, dict):
+            raise CorruptCollectionError(f"{where}: item must be an object, got {type(obj).__name__}")
+        try:
+            item = cls(id=obj["id"], modality=obj["modality"], key=obj["key"], source=obj["source"],
+                       metadata=obj.get("metadata") or {})
+        except KeyError as e:
+            raise CorruptCollectionError(f"{where}: item is missing field {e}") from None
+        problem = item.problem()
+        if problem:
+            raise CorruptCollectionError(f"{where}: {problem}")
+        return item
+
+    def problem(self) -> str | None:
+        """Why this item is not valid, or None."""
+        problem = id_problem(self.id)
+        if problem:
+            return f"item {problem}"
+        if self.modality not in MODALITIES:
+            return f"item {self.id!r}: modality must be one of {MODALITIES}, got {self.modality!r}"
+        if not isinstance(self.key, str) or not self.key:
+            return f"item {self.id!r}: empty vector key"
+        if not isinstance(self.source, (dict, Mapping)):  # dict first: the ABC check is slow
+            return f"item {self.id!r}: source must be an object"
+        want = "path" if self.modality == "image" else "text"
+        if not isinstance(self.source.get(want), str):  # may be empty for rows of an old gallery
+            return f"item {self.id!r}: a {self.modality} source needs a string {want!r}"
+        if not isinstance(self.metadata, (dict, Mapping)):
+            return f"item {self.id!r}: metadata must be an object"
+        return None
+
+    @property
+    def payload(self) -> str:
+        """What an encoder embeds: the image path or the caption text."""
+        return self.source["path"] if self.modality == "image" else self.source["text"]
+
+
+def _item(r: Row) -> Item:
+    return Item(id=r.id, modality=r.modality, key=r.key, source=r.source, metadata=r.metadata)
+
+
+def row_json(obj: Mapping[str, Any]) -> str:
+    """The JSON of an item's source or metadata in rows given to :meth:`Collection.commit_rows`
+    (orjson, keys sorted: canonical, so equal objects give equal text; a NaN becomes null). What
+    orjson cannot write but JSON can (an integer beyond 64 bits) is written by the standard
+    library, as compact and sorted."""
+    if not obj:
+        return "{}"
+    try:
+        return orjson.dumps(obj, option=orjson.OPT_SORT_KEYS | orjson.OPT_SERIALIZE_NUMPY).decode("utf-8")
+    except TypeError as e:  # orjson.JSONEncodeError
+        try:
+            return json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+        except (TypeError, ValueError):
+            raise ValueError(f"not a JSON object of JSON values: {e}") from None
+
+
+_DUMPS = functools.partial(orjson.dumps, option=orjson.OPT_SORT_KEYS | orjson.OPT_SERIALIZE_NUMPY)
+
+
+class JsonRows(Sequence[dict]):
+    """Rows of JSON objects held as the text :func:`rows_json` writes for them (a reader that
+    makes that text column by column, without a dict per row, hands it over as it is); read as a
+    sequence of dicts, each decoded when it is read."""
+
+    __slots__ = ("texts",)
+
+    def __init__(self, texts: list[str]) -> None:
+        self.texts = texts
+
+    def __len__(self) -> int:
+        return len(self.texts)
+
+    def __getitem__(self, i: Any) -> Any:
+        if isinstance(i, slice):
+            return JsonRows(self.texts[i])
+        return orjson.loads(self.texts[i])
+
+    def __iter__(self) -> Any:
+        return map(orjson.loads, self.texts)
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, JsonRows):
+            return self.texts == other.texts
+        return isinstance(other, Sequence) and not isinstance(other, str) and list(self) == list(other)
+
+    __hash__ = None  # type: ignore[assignment]  # mutable, as a list
+
+    def __repr__(self) -> str:
+        return f"JsonRows({self.texts!r})"
+
+    def where(self, keep: Sequence[bool]) -> "JsonRows":
+        """The rows where ``keep`` is true."""
+        return JsonRows([t for t, k in zip(self.texts, keep) if k])
+
+
+def rows_json(objs: Sequence[Mapping[str, Any]]) -> list[str]:
+    """:func:`row_json` of many objects (the JSON written in C, one call for the lot; a Mapping
+    that is not a dict, or a value orjson refuses, goes through :func:`row_json`, which names it).
+    The lot is written as one array and cut between its objects: orjson writes ``},{`` between
+    two, so as many pieces as objects means no string held that text and the cuts are exact. The
+    cut marks each place with a NUL first (which orjson never writes raw: it escapes control
+    characters), so each piece keeps its braces without a string built per object. Rows given as
+    :class:`JsonRows` are that text already."""
+    if isinstance(objs, JsonRows):
+        return list(objs.texts)
+    objs = objs if isinstance(objs, list) else list(objs)
+    try:
+        if objs and set(map(type, objs)) == {dict}:
+            parts = _DUMPS(objs).decode("utf-8")[1:-1].replace("},{", "}\x00{").split("\x00")
+            if len(parts) == len(objs):
+                return parts
+        return list(map(bytes.decode, map(_DUMPS, objs)))
+    except TypeError:
+        return [row_json(o if type(o) is dict else dict(o)) for o in objs]
+
+
+def _row_json(r: Row) -> tuple[str, str, str, str, str]:
+    """A stored row in the form :meth:`Collection.commit_rows` takes."""
+    return r.id, r.modality, r.key, row_json(r.source), row_json(r.metadata)
+
+
+def _item_json(it: Item) -> tuple[str, str, str, str, str]:
+    """The catalog row of an item: ``(id, modality, key, source JSON, metadata JSON)``."""
+    src = it.source if type(it.source) is dict else dict(it.source)
+    meta = it.metadata if type(it.metadata) is dict else dict(it.metadata)
+    return it.id, it.modality, it.key, row_json(src), row_json(meta)

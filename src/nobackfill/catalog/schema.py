@@ -1,0 +1,200 @@
+"""The catalog's tables and rows (see :mod:`nobackfill.catalog.catalog`): the schema and its
+creation, the header row, :class:`Row` and the SQL that reads rows, the metadata filter
+(:func:`filter_sql`) and the condition of items without a source (:func:`unsourced_sql`), on
+SQLite and PostgreSQL alike."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any, Iterator, Mapping, Protocol, Sequence
+
+from .plan import Plan
+
+__all__ = ["CATALOG_FILE", "PAGE", "CatalogError", "Row", "filter_sql", "unsourced_sql"]
+
+CATALOG_FILE = "catalog.sqlite"
+FORMAT = "nobackfill-catalog"
+VERSION = 2
+#: store rows per serving page (a page is PAGE int64 rids)
+PAGE = 4096
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS header (
+    id INTEGER PRIMARY KEY CHECK (id = 1),
+    format TEXT NOT NULL, version INTEGER NOT NULL, name TEXT NOT NULL, backend TEXT NOT NULL,
+    created TEXT NOT NULL, updated TEXT NOT NULL, generation BIGINT NOT NULL, plan TEXT NOT NULL,
+    plan_generation BIGINT NOT NULL, n_image BIGINT NOT NULL, n_text BIGINT NOT NULL);
+CREATE TABLE IF NOT EXISTS items (
+    rid {rid} PRIMARY KEY, id TEXT NOT NULL UNIQUE, modality TEXT NOT NULL, key TEXT NOT NULL,
+    source TEXT NOT NULL, metadata TEXT NOT NULL, space TEXT, pos BIGINT, generation BIGINT NOT NULL);
+CREATE INDEX IF NOT EXISTS items_served ON items (space, modality);
+CREATE TABLE IF NOT EXISTS serving (
+    space TEXT NOT NULL, modality TEXT NOT NULL, page BIGINT NOT NULL, generation BIGINT NOT NULL,
+    data {blob} NOT NULL, PRIMARY KEY (space, modality, page));
+CREATE INDEX IF NOT EXISTS serving_generation ON serving (generation);
+CREATE TABLE IF NOT EXISTS docs (name TEXT PRIMARY KEY, data {blob} NOT NULL, version BIGINT NOT NULL);
+"""
+
+
+class CatalogDatabase(Protocol):
+    """What a :class:`~nobackfill.catalog.writer.Writer` needs of its catalog (a
+    :class:`~nobackfill.catalog.catalog.Catalog` is one): where it is, its SQL dialect, and the
+    dialect's statement and error translation."""
+
+    location: str
+    dialect: str
+
+    def _sql(self, sql: str) -> str: ...
+
+    def _error(self, e: Exception) -> Exception: ...
+
+
+class CatalogError(Exception):
+    """The catalog database is missing, unreadable or inconsistent (the message names it)."""
+
+
+@dataclass(frozen=True)
+class Row:
+    """One live item as stored: ``rid`` (its row, never reused), the item's fields, and the space
+    serving it with its row there (None: no space holds its vector)."""
+
+    rid: int
+    id: str
+    modality: str
+    key: str
+    source: dict[str, Any]
+    metadata: dict[str, Any]
+    space: str | None
+    pos: int | None
+
+
+_ROW_COLS = "rid, id, modality, key, source, metadata, space, pos"
+
+
+def _row(r: Sequence[Any]) -> Row:
+    return Row(int(r[0]), r[1], r[2], r[3], json.loads(r[4]), json.loads(r[5]), r[6],
+               None if r[7] is None else int(r[7]))
+
+
+def _chunks(seq: Sequence[Any], n: int = 4000) -> Iterator[Sequence[Any]]:
+    for i in range(0, len(seq), n):
+        yield seq[i:i + n]
+
+
+def filter_sql(flt: Mapping[str, Any], dialect: str) -> tuple[str, list[Any]]:
+    """A metadata filter (``{"key": value | [values]}``, dotted keys for nested objects) as a SQL
+    condition on ``items.metadata`` (``?`` placeholders, as :meth:`Catalog.query` takes) and its
+    parameters; every key must match (see
+    :func:`nobackfill.search.searcher.matches_filter`)."""
+    conds, params = [], []
+    for key, want in flt.items():
+        parts = [str(p) for p in str(key).split(".")]
+        wants = list(want) if isinstance(want, (list, tuple, set)) else [want]
+        if dialect == "sqlite":
+            path = "$" + "".join('."' + p.replace('"', '""') + '"' for p in parts)
+            expr, ors = "json_extract(metadata, ?)", []
+            for w in wants:
+                if w is None:
+                    ors.append(f"({expr} IS NULL)")
+                    params.append(path)
+                elif isinstance(w, (dict, list)):
+                    ors.append("(json(json_extract(metadata, ?)) = json(?))")
+                    params += [path, json.dumps(w, sort_keys=True)]
+                else:
+                    ors.append(f"({expr} = ? AND json_type(metadata, ?) {_json_type_sql(w)})")
+                    params += [path, int(w) if isinstance(w, bool) else w, path]
+        else:
+            ors = []
+            for w in wants:
+                if w is None:
+                    ors.append("((metadata::jsonb #> ?) IS NULL OR (metadata::jsonb #> ?) = 'null'::jsonb)")
+                    params += [parts, parts]
+                else:
+                    ors.append("((metadata::jsonb #> ?) = ?::jsonb)")
+                    params += [parts, json.dumps(w)]
+        conds.append("(" + " OR ".join(ors or ["0 = 1"]) + ")")
+    return " AND ".join(conds) or "1 = 1", params
+
+
+def unsourced_sql(dialect: str) -> str:
+    """A condition on ``items`` true for an item with nothing to embed it again from (an image
+    without a path, a text without a text: imported from a url or without a source column)."""
+    if dialect == "sqlite":
+        # text tests first, so that an insert parses the JSON of no item that the sorted JSON of
+        # ours wrote: a source that opens with this key and an empty string has none, one that
+        # opens with it and a non-empty string has one; any other is parsed
+        def empty(key: str) -> str:
+            head = f'{{"{key}":"'
+            return (f"(substr(source, 1, {len(head) + 2}) = '{head}\",' OR "
+                    f"(substr(source, 1, {len(head)}) <> '{head}' OR substr(source, {len(head) + 1}, 1) = '\"') "
+                    f"AND coalesce(json_extract(source, '$.{key}'), '') = '')")
+    else:
+        def empty(key: str) -> str:
+            return f"coalesce(source::jsonb ->> '{key}', '') = ''"
+    return f"((modality = 'image' AND {empty('path')}) OR (modality = 'text' AND {empty('text')}))"
+
+
+#: the partial index of items without a source (SQLite: the name of the one with the text tests;
+#: the first write to a catalog made before it replaces the older ones)
+UNSOURCED_INDEX = {"sqlite": "items_unsourced_v3", "postgresql": "items_unsourced"}
+_OLDER_UNSOURCED_INDEXES = ("items_unsourced", "items_unsourced_v2")
+
+
+def _index_upgrades(dialect: str) -> list[str]:
+    """The statements that bring a catalog's indexes to this version (run at its first write): the
+    partial index of the items without a source (counting them reads only those) replaces an older
+    one, and the index of keys that older catalogs kept goes (keys are found through ids)."""
+    name = UNSOURCED_INDEX.get(dialect, "items_unsourced")
+    older = [f"DROP INDEX IF EXISTS {old}" for old in _OLDER_UNSOURCED_INDEXES if old != name]
+    return older + ["DROP INDEX IF EXISTS items_key",
+                    f"CREATE INDEX IF NOT EXISTS {name} ON items (modality) WHERE {unsourced_sql(dialect)}"]
+
+
+def _json_type_sql(w: Any) -> str:
+    """The JSON types that equal Python value ``w`` (1 == 1.0 == True, as in Python)."""
+    if isinstance(w, str):
+        return "= 'text'"
+    return "IN ('integer', 'real', 'true', 'false')"
+
+
+def _rows_by(query: Any, column: str, values: Sequence[str]) -> dict[str, Row]:
+    out: dict[str, Row] = {}
+    for part in _chunks(list(values)):
+        sql = f"SELECT {_ROW_COLS} FROM items WHERE {column} IN ({','.join('?' * len(part))})"
+        for r in map(_row, query(sql, list(part))):
+            out[getattr(r, column)] = r
+    return out
+
+
+def _header(r: Sequence[Any], where: str) -> dict[str, Any]:
+    keys = ("format", "version", "name", "backend", "created", "updated", "generation", "plan", "plan_generation",
+            "n_image", "n_text")
+    h = dict(zip(keys, r))
+    if h["format"] != FORMAT:
+        raise CatalogError(f"catalog {where}: not a {FORMAT} database")
+    if not isinstance(h["version"], int) or not 1 <= h["version"] <= VERSION:
+        raise CatalogError(f"catalog {where}: unsupported version {h['version']!r} (this nobackfill reads <= {VERSION})")
+    try:
+        h["plan"] = Plan.from_json(json.loads(h["plan"]))
+    except ValueError as e:
+        raise CatalogError(f"catalog {where}: unreadable plan ({e})") from e
+    for k in ("generation", "plan_generation", "n_image", "n_text"):
+        h[k] = int(h[k])
+    return h
+
+
+def _create_tables(conn: Any, dialect: str, header: Mapping[str, Any]) -> None:
+    ddl = _SCHEMA.format(rid="INTEGER" if dialect == "sqlite" else "BIGSERIAL",
+                         blob="BLOB" if dialect == "sqlite" else "BYTEA")
+    if dialect == "sqlite":
+        ddl = ddl.replace("rid INTEGER PRIMARY KEY", "rid INTEGER PRIMARY KEY AUTOINCREMENT")
+    for stmt in [s for s in ddl.split(";") if s.strip()]:
+        conn.execute(stmt)
+    for stmt in _index_upgrades(dialect):
+        conn.execute(stmt)
+    ph = "?" if dialect == "sqlite" else "%s"
+    conn.execute(f"INSERT INTO header (id, format, version, name, backend, created, updated, generation, plan, "
+                 f"plan_generation, n_image, n_text) VALUES (1, {', '.join([ph] * 11)})",
+                 (FORMAT, VERSION, header["name"], header["backend"], header["created"], header["updated"],
+                  int(header.get("generation", 0)), json.dumps(header["plan"].to_json(), sort_keys=True), 0, 0, 0))

@@ -1,0 +1,337 @@
+"""User data as collection items, and adding them (embedding only what is new).
+
+Ids are stable, never line numbers:
+
+* an image's id is ``img-`` + the first 20 hex digits of the sha256 of its bytes;
+* a caption's id is its line's own ``"id"`` field when given, otherwise ``txt-`` + a hash of the
+  caption text and its image's id (so inserting a line at the top of ``captions.jsonl`` changes
+  nothing, and the same caption of another image is another item);
+* a text from a plain text file: its own ``id`` (JSONL) or ``txt-`` + a hash of the text.
+
+An item's vector key (:func:`~nobackfill.collection.collection.vector_key`) adds a hash of its content,
+so editing a caption under the same id (an upsert) embeds it again, and re-adding unchanged content
+embeds nothing. A data folder may hold images that no caption mentions, or no ``captions.jsonl`` at
+all (a folder of photos): every readable image file is an item.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Callable, Sequence
+
+import numpy as np
+
+from ..data.folder import CAPTIONS_FILE, DataFormatError, image_problem, load_pairs
+from ..encoders.base import encode
+from ..progress import progress_bar
+from .collection import Collection, Item, vector_key
+from ..gallery.atomic_files import file_sha256
+from ..gallery.manifest import MODALITIES
+from ..gallery.types import DuplicateIdError, SpaceMismatchError
+
+if TYPE_CHECKING:  # importing the encoder module pulls in torch
+    from ..encoders.base import DualEncoder
+
+__all__ = ["IMAGE_SUFFIXES", "AddReport", "FolderItems", "add_items", "folder_items", "image_id", "image_item",
+           "index_pairs", "pair_ids", "text_file_items", "text_id", "text_item"]
+
+IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".webp", ".bmp", ".gif", ".tif", ".tiff")
+
+
+def _hash(*parts: str) -> str:
+    h = hashlib.sha256()
+    for p in parts:
+        h.update(p.encode("utf-8"))
+        h.update(b"\x00")
+    return h.hexdigest()
+
+
+def image_id(sha256: str) -> str:
+    """The id of an image given none: ``img-`` and the start of the sha256 of its bytes."""
+    return f"img-{sha256[:20]}"
+
+
+def text_id(text: str, image: str = "") -> str:
+    """The id of a caption given none: ``txt-`` and a hash of its text and its image's id."""
+    return f"txt-{_hash(image, text)[:20]}"
+
+
+def image_item(path: str | Path, *, id: str | None = None, metadata: dict[str, Any] | None = None,
+               sha256: str | None = None) -> Item:
+    """An image item (its id from its bytes unless ``id`` is given)."""
+    p = Path(path).absolute()
+    digest = sha256 or file_sha256(p)
+    iid = id or image_id(digest)
+    return Item(id=iid, modality="image", key=vector_key(iid, digest[:16]),
+                source={"path": str(p), "sha256": digest}, metadata={"path": str(p), **(metadata or {})})
+
+
+def text_item(text: str, *, id: str | None = None, image_id: str = "", metadata: dict[str, Any] | None = None) -> Item:
+    """A caption / text item (its id from its text and its image's id unless ``id`` is given)."""
+    if not isinstance(text, str) or not text.strip():
+        raise ValueError(f"a text item needs a non-empty text, got {text!r}")
+    iid = id or text_id(text, image_id)
+    return Item(id=iid, modality="text", key=vector_key(iid, _hash(text)[:16]), source={"text": text},
+                metadata={"text": text, **(metadata or {})})
+
+
+def pair_ids(data: Any) -> tuple[list[str], list[str]]:
+    """The stable ids (those ``collection add`` gives) of a
+    :class:`~nobackfill.data.folder.PairDataset`'s images and captions, in its order: an image's
+    from its bytes, a caption's from its line's own ``id`` or its text and its image."""
+    images = [image_id(file_sha256(p)) for p in data.image_paths()]
+    caps = [str(extra["id"]) if isinstance(extra.get("id"), str) and extra["id"].strip()
+            else text_id(cap, images[int(i)])
+            for cap, i, extra in zip(data.captions, data.caption_image, data.extra)]
+    return images, caps
+
+
+def index_pairs(encoder: "DualEncoder", data: Any, out: str | Path, *, model_ref: str, backend: str = "flat",
+                progress: bool = True, wait: bool = False):
+    """Embed a data folder's images and captions into a single-space gallery under their stable ids
+    (:func:`pair_ids`; rows with the same id are embedded once). Resumable."""
+    from ..gallery.build import build_gallery
+
+    img_ids, cap_ids = pair_ids(data)
+    images = list({i: (i, str(p)) for i, p in zip(img_ids, data.image_paths())}.values())
+    texts = list({t: (t, cap, {"lang": lang, "image": data.images[int(i)], "image_id": img_ids[int(i)]})
+                  for t, cap, lang, i in zip(cap_ids, data.captions, data.langs, data.caption_image)}.values())
+    return build_gallery(encoder, out, images=images, texts=texts, model_ref=model_ref, backend=backend,
+                         progress=progress, wait=wait)
+
+
+@dataclass
+class FolderItems:
+    """What a data folder holds: items, and what was skipped (with ``skip_bad``)."""
+
+    items: list[Item]
+    skipped: int = 0
+    uncaptioned: int = 0
+    #: one message per skipped line or image
+    problems: list[str] = field(default_factory=list)
+    #: every skipped image file (path relative to the folder) -> why
+    skipped_images: dict[str, str] = field(default_factory=dict)
+
+    def count(self, modality: str) -> int:
+        return sum(1 for it in self.items if it.modality == modality)
+
+
+def folder_items(folder: str | Path, *, langs: Sequence[str] | None = None, skip_bad: bool = False,
+                 uncaptioned: bool = True) -> FolderItems:
+    """Items of a data folder: its captioned images and captions (``captions.jsonl``, validated
+    line by line as :func:`~nobackfill.data.folder.load_pairs` does), plus, with ``uncaptioned``,
+    every other image file under the folder. Bad lines or unreadable images raise
+    :class:`~nobackfill.data.folder.DataFormatError` naming the file (and line), or are skipped,
+    counted and named (``problems``, ``skipped_images``) with ``skip_bad``."""
+    root = Path(folder).absolute()
+    if not root.is_dir():
+        raise DataFormatError("data folder not found", root)
+    out = FolderItems(items=[])
+    referenced: set[str] = set()
+    if (root / CAPTIONS_FILE).is_file():
+        ds = load_pairs(root, langs=langs, skip_bad=skip_bad)
+        out.skipped += ds.skipped
+        out.problems.extend(ds.problems)
+        out.skipped_images.update(ds.skipped_images)
+        image_ids: list[str] = []
+        for rel, labels in zip(ds.images, ds.image_labels):  # load_pairs decoded each one already
+            it = image_item(root / rel, metadata={"labels": labels} if labels else {})
+            out.items.append(it)
+            image_ids.append(it.id)
+            referenced.add(rel)
+        for j, caption in enumerate(ds.captions):
+            i = int(ds.caption_image[j])
+            extra = dict(ds.extra[j])
+            own_id = extra.pop("id", None)
+            if own_id is not None and (not isinstance(own_id, str) or not own_id.strip()):
+                err = DataFormatError(f"field 'id' must be a non-empty string, got {own_id!r}", root / CAPTIONS_FILE,
+                                      ds.caption_lines[j], skippable=True)
+                if not skip_bad:
+                    raise err
+                out.skipped += 1
+                out.problems.append(str(err))
+                continue
+            meta = {"lang": ds.langs[j], "image": ds.images[i], "image_id": image_ids[i], **extra}
+            out.items.append(text_item(caption, id=own_id, image_id=image_ids[i], metadata=meta))
+    elif langs:
+        raise DataFormatError(f"{CAPTIONS_FILE} not found, so there are no captions in languages {list(langs)}",
+                              root / CAPTIONS_FILE)
+    if uncaptioned:
+        for path in sorted(p for p in root.rglob("*") if p.suffix.lower() in IMAGE_SUFFIXES and p.is_file()):
+            rel = path.relative_to(root).as_posix()
+            if rel in referenced or rel in out.skipped_images \
+                    or any(part.startswith(".") for part in path.relative_to(root).parts):
+                continue
+            problem = image_problem(path)
+            if problem:
+                if not skip_bad:
+                    raise DataFormatError(f"image {rel!r}: {problem}", path, skippable=True)
+                out.skipped += 1
+                out.problems.append(f"image {rel!r}: {problem}")
+                out.skipped_images[rel] = problem
+                continue
+            out.items.append(image_item(path))
+            out.uncaptioned += 1
+    if not out.items:
+        raise DataFormatError("no images and no captions found (a data folder holds image files and/or "
+                              f"a {CAPTIONS_FILE})", root)
+    return out
+
+
+def text_file_items(path: str | Path, *, limit: int | None = None) -> list[Item]:
+    """Text items from a file: ``.jsonl`` lines ``{"text": .., "id": .. (optional), ...}`` (other
+    keys are metadata) or any other file, one text per non-blank line."""
+    p = Path(path)
+    if not p.is_file():
+        raise DataFormatError("text file not found", p)
+    items: list[Item] = []
+    with open(p, encoding="utf-8") as fh:
+        for no, line in enumerate(fh, start=1):
+            if not line.strip():
+                continue
+            if limit is not None and len(items) >= limit:
+                break
+            if p.suffix == ".jsonl":
+                try:
+                    obj = json.loads(line)
+                except json.JSONDecodeError as e:
+                    raise DataFormatError(f"invalid JSON: {e}", p, no) from None
+                if not isinstance(obj, dict) or not isinstance(obj.get("text"), str) or not obj["text"].strip():
+                    raise DataFormatError("each line needs a non-empty string field 'text'", p, no)
+                own = obj.pop("id", None)
+                if own is not None and (not isinstance(own, str) or not own.strip()):
+                    raise DataFormatError(f"field 'id' must be a non-empty string, got {own!r}", p, no)
+                text = obj.pop("text")
+                items.append(text_item(text, id=own, metadata=obj))
+            else:
+                items.append(text_item(line.rstrip("\n")))
+    if not items:
+        raise DataFormatError("no texts in the file", p)
+    return items
+
+
+@dataclass
+class AddReport:
+    """What :func:`add_items` did."""
+
+    added: int = 0  # embedded and committed (new ids, or new content under an existing id)
+    unchanged: int = 0  # already in the collection with the same content and metadata
+    metadata_updated: int = 0  # same content, new metadata: no embedding
+    recovered: int = 0  # vectors found in the store from an interrupted run: not embedded again
+    skipped: int = 0  # unreadable at embedding time (with skip_bad)
+    problems: list[str] = field(default_factory=list)
+    skipped_images: dict[str, str] = field(default_factory=dict)  # image path (as given) -> why
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"added": self.added, "unchanged": self.unchanged, "metadata_updated": self.metadata_updated,
+                "recovered": self.recovered, "skipped": self.skipped}
+
+
+def add_items(collection: Collection, encoder: "DualEncoder", items: Sequence[Item], *, chunk_size: int = 256,
+              skip_bad: bool = False, progress: bool = True, wait: bool = False,
+              on_commit: Callable[[int], None] | None = None,
+              before_embed: Callable[[list[Item]], None] | None = None) -> AddReport:
+    """Add or update ``items``: embed, with the collection's current model (``encoder``), only what
+    the collection does not hold yet, in chunks committed one at a time (a killed run resumes where
+    it stopped, embedding nothing twice). One adder at a time (:meth:`Collection.ingesting`).
+
+    Raises :class:`SpaceMismatchError` if ``encoder`` is not the current model, ``ValueError`` if it
+    cannot embed a modality of ``items`` (before anything is written), :class:`DuplicateIdError`
+    for one id given twice with different content. ``on_commit(n)``: called after the run's n-th
+    chunk is committed. ``before_embed(items)``: called once with the items that will be embedded
+    (none of those already held), before the first is.
+    """
+    if int(chunk_size) < 1:
+        raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
+    current = collection.current_space
+    entry = collection.space(current)
+    if encoder.space_id != current:
+        raise SpaceMismatchError(current, encoder.space_id, f"add items to collection {collection.path}",
+                                 what="given model's embeddings",
+                                 hint=f"embed new items with the collection's current model ({entry.name}: "
+                                      f"{entry.model})")
+    wanted = {it.modality for it in items}
+    can = set(getattr(encoder, "modalities", ("image", "text"))) & set(entry.modalities)
+    if wanted - can:
+        what = ", ".join(sorted(wanted - can))
+        raise ValueError(f"the current model of collection {collection.path} ({entry.name}) embeds only "
+                         f"{', '.join(sorted(can)) or 'nothing'}: cannot add {what} items")
+    by_id: dict[str, Item] = {}
+    for it in items:
+        prev = by_id.get(it.id)
+        if prev is not None and (prev.key != it.key or prev.modality != it.modality):
+            raise DuplicateIdError(f"id {it.id!r} is given twice with different content")
+        by_id.setdefault(it.id, it)
+    report = AddReport()
+    with collection.ingesting(wait=wait):
+        live = collection.get_many(by_id)
+        gallery = collection.gallery(current)
+        held = {m: set(gallery.positions(m, [it.key for it in by_id.values() if it.modality == m]))
+                for m in MODALITIES}  # vectors already stored (e.g. by a run killed before its commit)
+        quick: list[Item] = []
+        todo: dict[str, list[Item]] = {"image": [], "text": []}
+        for it in by_id.values():
+            old = live.get(it.id)
+            legacy = old is not None and old.key == old.id  # a row of a plain gallery: its id names its content
+            if old is not None and (old.key == it.key or legacy) and old.modality == it.modality:
+                if dict(old.metadata) == dict(it.metadata):
+                    report.unchanged += 1
+                else:  # same content: keep the stored vector (and its key)
+                    quick.append(dataclasses.replace(it, key=old.key))
+                    report.metadata_updated += 1
+            elif it.key in held[it.modality]:
+                quick.append(it)
+                report.recovered += 1
+            else:
+                todo[it.modality].append(it)
+        collection.commit(quick)
+        if before_embed is not None and (todo["image"] or todo["text"]):
+            before_embed(todo["image"] + todo["text"])
+        committed = 0
+        for modality, rows in todo.items():
+            if not rows:
+                continue
+            with progress_bar(progress, f"embedding {modality}s", len(rows)) as advance:
+                for start in range(0, len(rows), int(chunk_size)):
+                    chunk = rows[start:start + int(chunk_size)]
+                    chunk, vectors = _embed_chunk(encoder, modality, chunk, skip_bad, report)
+                    if chunk:
+                        collection.put_vectors(current, modality, [it.key for it in chunk], vectors)
+                        collection.commit(chunk)  # <- the items become visible here
+                        report.added += len(chunk)
+                    committed += 1
+                    advance(len(rows[start:start + int(chunk_size)]))
+                    if on_commit is not None:
+                        on_commit(committed)  # after the run's n-th committed chunk
+    return report
+
+
+def _embed_chunk(encoder: "DualEncoder", modality: str, chunk: list[Item], skip_bad: bool,
+                 report: AddReport) -> tuple[list[Item], np.ndarray]:
+    """Vectors of ``chunk``; an item that fails to embed is named (or skipped with ``skip_bad``)."""
+    try:
+        return chunk, encode(encoder, modality, [it.payload for it in chunk])
+    except (OSError, ValueError, SyntaxError) as first:  # find the bad item(s): one at a time
+        keep, rows = [], []
+        for it in chunk:
+            try:
+                rows.append(encode(encoder, modality, [it.payload])[0])
+                keep.append(it)
+            except (OSError, ValueError, SyntaxError) as e:
+                why = f"cannot embed {modality} ({type(e).__name__}: {e})"
+                msg = f"{it.payload if modality == 'image' else it.id}: {why}"
+                if not skip_bad:
+                    raise ValueError(msg + " (pass --skip-bad to skip it)") from e
+                report.skipped += 1
+                report.problems.append(msg)
+                if modality == "image":
+                    report.skipped_images[str(it.payload)] = why
+        if not keep and not report.skipped:
+            raise first
+        dim = int(getattr(encoder, "embed_dim"))
+        return keep, (np.stack(rows) if rows else np.zeros((0, dim), np.float32))
+

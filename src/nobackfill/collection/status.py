@@ -1,0 +1,154 @@
+"""A collection's locks, integrity and status: the ingest lock and who holds it, building graph
+indexes, :meth:`CollectionStatus.verify`, the items without a source and :meth:`CollectionStatus.status`.
+A mixin of :class:`~nobackfill.collection.collection.Collection`."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+from typing import Any, Callable, Iterator
+
+import numpy as np
+
+from ..gallery.atomic_files import _now
+from ..ann.backends import AUTO_GRAPH_AT, parse_spec
+from ..catalog.catalog import CatalogError, unsourced_sql
+from ..catalog.items import CollectionBusyError, CollectionError
+from .snapshot import EMPTY
+from ..gallery.manifest import MODALITIES
+from ..gallery.types import GalleryError
+
+__all__ = ["CollectionStatus"]
+
+INGEST_LOCK = "ingest"  # catalog lock names
+
+
+class CollectionStatus:
+    """Locks, checks and status of a :class:`~nobackfill.collection.collection.Collection`."""
+
+    @contextlib.contextmanager
+    def ingesting(self, *, wait: bool = False) -> Iterator[None]:
+        """Hold the ingest lock (one ``add`` at a time). Without ``wait``, raise
+        :class:`CollectionBusyError` naming the process that holds it."""
+        with self.catalog.lock(INGEST_LOCK, blocking=wait) as taken:
+            if not taken:
+                holder = self.lock_holder(INGEST_LOCK)
+                raise CollectionBusyError(f"collection {self.path} is busy: {holder} is adding items; wait for it "
+                                          "to finish or pass --wait to queue behind it")
+            self._record_holder(INGEST_LOCK)
+            yield
+
+    def lock_holder(self, name: str) -> str:
+        """Who holds lock ``name`` (as its holder recorded)."""
+        try:
+            info = json.loads(self.catalog.read_doc(f"locks/{name}.holder") or b"")
+            host = f" on {info['host']}" if info.get("host") else ""
+            return f"process {info['pid']}{host} (started {info['since']})"
+        except (ValueError, KeyError, TypeError):
+            return "another process"
+
+    def _record_holder(self, name: str) -> None:
+        import socket
+
+        info = {"pid": os.getpid(), "host": socket.gethostname(), "since": _now()}
+        with contextlib.suppress(CatalogError):
+            self.catalog.write_doc(f"locks/{name}.holder", json.dumps(info).encode())
+
+    def build_graph_indexes(self, log: Callable[[str], None] | None = None) -> dict[str, dict[str, Any]]:
+        """Build now the graph index of every ``auto`` space past its threshold (or extend its
+        cached graph with the rows added since): a command that adds items calls it before it exits,
+        so the next reader loads the graph instead of searching exactly or extending it. Returns
+        ``{space: index info}`` of the spaces it touched."""
+        say = log or (lambda _m: None)
+        out: dict[str, dict[str, Any]] = {}
+        for sid in self.space_ids():
+            g = self.gallery(sid)
+            if not str(getattr(g, "backend", "")).startswith("auto") or not hasattr(g, "build_index"):
+                continue
+            g.refresh()
+            _, opts = parse_spec(g.backend)
+            at = int(opts.get("at", AUTO_GRAPH_AT))
+            graph = str(opts.get("graph", "HNSW32"))
+            for m in MODALITIES:
+                n = g.count(m)
+                if n < at:
+                    continue
+                if g.index_info().get(m, {}).get("in_use") != graph:
+                    say(f"building the {graph} index of {n} {m} vectors in space {sid} (searches stay exact "
+                        "until it is ready) ...")
+                out[sid] = g.build_index(m)  # or extends the cached graph with the rows added since
+        return out
+
+    def verify(self) -> list[str]:
+        """Problems found (empty when all is well): the catalog database's own check and its
+        invariants, every space's store verified, every served row inside its store."""
+        try:
+            self.refresh()
+            problems = self.catalog.check()
+            if problems:
+                return problems
+            self.snapshot()
+        except (CollectionError, CatalogError) as e:
+            return [str(e)]
+        for s in self.plan.spaces:
+            if s.retired:
+                continue
+            try:
+                g = self.gallery(s.space_id)
+                report = g.verify()
+            except (CollectionError, GalleryError, OSError) as e:
+                problems.append(str(e))
+                continue
+            problems += report.problems
+            for m in MODALITIES:
+                arr = self._serving.get((s.space_id, m), EMPTY)
+                if np.any(arr[g.count(m):]):
+                    problems.append(f"{self.catalog}: space {s.space_id} serves {m} rows past the "
+                                    f"{g.count(m)} its store holds")
+        return problems
+
+    def unsourced_counts(self) -> dict[tuple[str | None, str], int]:
+        """``{(serving space or None, modality): n}`` of the live items with no source to embed them
+        again from: searchable where their vectors are, never backfilled
+        (:func:`~nobackfill.catalog.catalog.unsourced_sql`). One read through their partial index,
+        counted here: a condition on ``space`` or a GROUP BY sends SQLite's planner to the index of
+        served items, over every row."""
+        out: dict[tuple[str | None, str], int] = {}
+        for key in self.catalog.query(f"SELECT space, modality FROM items WHERE {unsourced_sql(self.catalog.dialect)}"):
+            out[(key[0], key[1])] = out.get((key[0], key[1]), 0) + 1
+        return out
+
+    def count_unsourced(self, space_id: str | None = None) -> dict[str, int]:
+        """Per modality, the live items without a source (served by ``space_id``, if given)."""
+        out: dict[str, int] = {}
+        for (space, m), n in self.unsourced_counts().items():
+            if space_id is None or space == space_id:
+                out[m] = out.get(m, 0) + n
+        return out
+
+    def unsourced_ids(self, space_id: str) -> list[str]:
+        """Ids of the live items without a source that ``space_id`` serves."""
+        sql = f"SELECT id FROM items WHERE {unsourced_sql(self.catalog.dialect)} AND space = ? ORDER BY rid"
+        return [r[0] for r in self.catalog.query(sql, (space_id,))]
+
+    def status(self) -> dict[str, Any]:
+        """Counts per space and modality, the current space, and what the plan says."""
+        snap = self.snapshot()
+        plan = snap.plan
+        counts = snap.counts()
+        spaces = {}
+        for s in plan.spaces:
+            spaces[s.space_id] = {"name": s.name, "model": s.model, "dim": s.dim, "current": s.space_id == plan.current,
+                                  "retired": s.retired, **counts.get(s.space_id, {m: 0 for m in MODALITIES})}
+            if s.imports:
+                spaces[s.space_id]["imports"] = [dict(i) for i in s.imports]
+            if not s.retired:
+                info = getattr(self.gallery(s.space_id), "index_info", None)
+                spaces[s.space_id]["index"] = info() if info else {}
+        served = sum(n for c in counts.values() for n in c.values())
+        return {"name": self.name, "path": str(self.storage), "generation": snap.generation,
+                "items": {m: snap.item_count(m) for m in MODALITIES}, "catalog": self.catalog.dialect,
+                "current": plan.current, "spaces": spaces, "unserved": snap.item_count() - served,
+                "unsourced": sum(self.count_unsourced().values()),
+                "backend": self.backend}

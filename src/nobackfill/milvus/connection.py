@@ -1,0 +1,179 @@
+"""Milvus clients for :mod:`nobackfill.milvus`: one per target in a process (credentials,
+reloading released collections), the consistency levels and limits every store uses, and the
+Milvus index parameters of a backend spec."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import socket
+import threading
+from typing import Any
+
+from ..ann.backends import parse_spec
+
+
+TOKEN_ENV = "NOBACKFILL_MILVUS_TOKEN"
+TOKEN_FILE_ENV = "NOBACKFILL_MILVUS_TOKEN_FILE"
+VALUE_MAX = 60000  # characters of one VARCHAR value (Milvus allows 65535)
+KEY_MAX = 512
+STRONG = "Strong"
+BOUNDED = "Bounded"
+#: a search uses Strong consistency while the space has rows this young (Milvus' Bounded staleness,
+#: 5 s by default, plus a margin for clock skew between writers and the server), Bounded after that
+FRESH_S = 15.0
+#: rows inserted up to this long before the newest one a reader has seen are looked for again
+SEQ_MARGIN_NS = 5_000_000_000
+MAX_TOPK = 16384
+#: rows inserted since the last flush after which a store seals its segments (searching a large
+#: unsealed segment is slow, about 20x on milvus-lite)
+FLUSH_EVERY = 20000
+FILTER_IN_MAX = 1000  # a search restricted to this many keys or fewer filters on them directly
+
+
+def _q(s: str) -> str:
+    """A string literal for a Milvus filter expression."""
+    return json.dumps(s)
+
+
+def _safe(name: str) -> str:
+    out = re.sub(r"[^A-Za-z0-9_]", "_", name)
+    return out if re.match(r"^[A-Za-z_]", out) else f"_{out}"
+
+
+def _token() -> str | None:
+    """Credentials from ``$NOBACKFILL_MILVUS_TOKEN`` or the file ``$NOBACKFILL_MILVUS_TOKEN_FILE``
+    (``user:password`` or an API key); never logged."""
+    if os.environ.get(TOKEN_ENV):
+        return os.environ[TOKEN_ENV]
+    path = os.environ.get(TOKEN_FILE_ENV)
+    if path:
+        try:
+            return open(path, encoding="utf-8").read().strip() or None
+        except OSError as e:
+            raise ValueError(f"${TOKEN_FILE_ENV} names {path}, which cannot be read ({e.strerror})") from None
+    return None
+
+
+_CLIENTS: dict[str, Any] = {}
+_CLIENTS_LOCK = threading.Lock()
+
+
+def _not_loaded(e: BaseException) -> bool:
+    """Whether a Milvus error says the collection is not loaded (released: after a server or
+    milvus-lite restart, or by another client)."""
+    msg = str(getattr(e, "message", "") or e).lower()
+    return getattr(e, "code", None) == 101 or "not loaded" in msg or "released" in msg or "call load()" in msg
+
+
+def _loaded(client: Any, name: str, call: Any) -> Any:
+    """``call()``; if Milvus answers that collection ``name`` is not loaded, load it and call again."""
+    try:
+        return call()
+    except Exception as e:
+        if not _not_loaded(e):
+            raise
+    client.load_collection(name)
+    return call()
+
+
+def _client(kind: str, parts: dict[str, str]) -> Any:
+    """One pymilvus client per target in this process (milvus-lite allows one opener per path)."""
+    from pymilvus import MilvusClient
+
+    from .._logging import tame_library_loggers
+
+    tame_library_loggers(("pymilvus", "milvus_lite"))  # pymilvus installs its own handlers on import
+
+    key = f"{kind}:{parts.get('path') or parts['uri']}/{parts.get('db', '')}"
+    with _CLIENTS_LOCK:
+        c = _CLIENTS.get(key)
+        if c is None:
+            if kind == "milvus-lite":
+                os.makedirs(os.path.dirname(os.path.abspath(parts["path"])) or ".", exist_ok=True)
+                c = MilvusClient(parts["path"])
+                c._nobackfill_embedded = True  # milvus-lite: no segment loading to wait for
+            else:
+                kw: dict[str, Any] = {"uri": parts["uri"]}
+                tok = _token()
+                if tok:
+                    kw["token"] = tok
+                c = _connect(MilvusClient, kw)
+                if parts["db"] != "default":
+                    if parts["db"] not in c.list_databases():
+                        c.create_database(parts["db"])
+                    c.use_database(parts["db"])
+            _CLIENTS[key] = c
+        return c
+
+
+def _connect(client_class: Any, kw: dict[str, Any]) -> Any:
+    """A client of the Milvus server at ``kw["uri"]``; a server that cannot be reached is a
+    :class:`~nobackfill.catalog.items.CollectionError` naming it (not pymilvus' own exception)."""
+    from pymilvus.exceptions import MilvusException
+
+    from ..catalog.items import CollectionError
+
+    try:
+        return client_class(**kw)
+    except MilvusException as e:
+        raise CollectionError(f"cannot reach the Milvus server at {kw['uri']} ({getattr(e, 'message', e)}); is it "
+                              "running, and is the address right? (docs/milvus.md)") from None
+
+
+def close_clients() -> None:
+    """Close every client this process opened (a milvus-lite path can then be opened by another
+    process)."""
+    with _CLIENTS_LOCK:
+        for c in _CLIENTS.values():
+            with contextlib.suppress(Exception):
+                c.close()
+        _CLIENTS.clear()
+    with contextlib.suppress(ImportError):  # milvus-lite keeps its in-process server (and the path's lock)
+        from milvus_lite.server_manager import server_manager_instance
+
+        server_manager_instance.release_all()
+
+
+def _dead_holder(token: str) -> bool:
+    """A lease of a process of this host that is gone (killed): free at once, not after its TTL."""
+    host, _, rest = token.partition(":")
+    pid = rest.partition(":")[0]
+    if host != socket.gethostname() or not pid.isdigit() or int(pid) == os.getpid():
+        return False
+    try:
+        os.kill(int(pid), 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:
+        return False
+    return False
+
+
+def milvus_index_params(spec: str) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Milvus index and search parameters for a backend spec (``flat``, ``hnsw:M=..,ef=..,efc=..``
+    or a faiss factory string such as ``HNSW32`` / ``IVF1024,PQ16`` / ``Flat``)."""
+    kind, opts = parse_spec(spec)
+    if kind == "auto":  # Milvus searches growing segments exactly and indexes sealed ones: HNSW
+        m = re.match(r"^HNSW(\d+)", str(opts.get("graph", "HNSW32")))
+        return ({"index_type": "HNSW", "params": {"M": int(m.group(1)) if m else 32, "efConstruction": 40}},
+                {"ef": int(opts.get("efSearch", 128))})
+    if kind == "hnsw":
+        return ({"index_type": "HNSW", "params": {"M": opts.get("M", 32), "efConstruction": opts.get("efc", 40)}},
+                {"ef": opts.get("ef", 128)})
+    if kind == "faiss":
+        factory = opts.get("factory", "")
+        m = re.match(r"^HNSW(\d+)", factory)
+        if m:
+            return ({"index_type": "HNSW", "params": {"M": int(m.group(1)), "efConstruction": 40}},
+                    {"ef": int(opts.get("efSearch", 128))})
+        m = re.match(r"^IVF(\d+)(?:,PQ(\d+))?", factory)
+        if m:
+            nlist = int(m.group(1))
+            if m.group(2):
+                return ({"index_type": "IVF_PQ", "params": {"nlist": nlist, "m": int(m.group(2)), "nbits": 8}},
+                        {"nprobe": int(opts.get("nprobe", 16))})
+            return {"index_type": "IVF_FLAT", "params": {"nlist": nlist}}, {"nprobe": int(opts.get("nprobe", 16))}
+    return {"index_type": "FLAT", "params": {}}, {}

@@ -1,0 +1,360 @@
+""":class:`MilvusSpaceStore`: one embedding space in one Milvus collection of nobackfill's own
+(rows discovered by ``seq``, writes, searches at the right consistency level), for
+:mod:`nobackfill.milvus`."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import threading
+import time
+from typing import Any, Sequence
+
+import numpy as np
+
+from ..gallery.types import DuplicateIdError, SearchResult, SpaceMismatchError, VerifyReport
+from .connection import (BOUNDED, FILTER_IN_MAX, FLUSH_EVERY, FRESH_S, KEY_MAX, MAX_TOPK, SEQ_MARGIN_NS, STRONG,
+                         _loaded, milvus_index_params)
+
+
+class MilvusSpaceStore:
+    """One embedding space in one Milvus collection (the :class:`~nobackfill.storage.base.SpaceStore`
+    protocol; see the module doc). Row positions are local: the order in which this reader
+    discovered the rows (by ``seq``)."""
+
+    def __init__(self, client: Any, name: str, *, space_id: str, dim: int, model: str, backend: str) -> None:
+        self.client, self.name = client, name
+        self.space_id, self._dim, self.model, self.backend = space_id, int(dim), model, backend
+        self._keys: dict[str, list[str]] = {"image": [], "text": []}
+        self._pos: dict[str, dict[str, int]] = {"image": {}, "text": {}}
+        self._last_seq = 0
+        self._newest_ns = {"image": 0, "text": 0}  # the youngest row's seq this process knows of
+        self._lock = threading.RLock()
+        self._search_params = milvus_index_params(backend)[1]
+        self._loaded = False
+        self._unflushed = 0
+        self.path = name
+
+    @property
+    def dim(self) -> int:
+        return self._dim
+
+    # ------------------------------------------------------------------ schema
+    @classmethod
+    def create(cls, client: Any, name: str, *, space_id: str, dim: int, model: str, backend: str) -> "MilvusSpaceStore":
+        from pymilvus import DataType
+
+        if not client.has_collection(name):
+            s = client.create_schema(auto_id=False, enable_dynamic_field=False)
+            s.add_field("key", DataType.VARCHAR, is_primary=True, max_length=KEY_MAX)
+            s.add_field("modality", DataType.VARCHAR, max_length=8)
+            s.add_field("seq", DataType.INT64)
+            s.add_field("vec", DataType.FLOAT_VECTOR, dim=int(dim))
+            idx = client.prepare_index_params()
+            index, _ = milvus_index_params(backend)
+            idx.add_index(field_name="vec", metric_type="IP", **index)
+            client.create_collection(name, schema=s, index_params=idx, consistency_level=STRONG)
+            for m in ("image", "text"):
+                client.create_partition(name, m)
+        return cls(client, name, space_id=space_id, dim=dim, model=model, backend=backend)
+
+    def _ensure_loaded(self) -> None:
+        """Load the collection once per process: a collection comes back released after a server
+        or milvus-lite restart, and a fresh process finds it so (reads then fail)."""
+        if not self._loaded:
+            try:
+                self.client.load_collection(self.name)
+                self._loaded = True
+            except Exception:  # the read that follows names the problem (and tries to load again)
+                pass
+
+    def _read(self, call: Any) -> Any:
+        """``call()`` (a read) on a loaded collection: loaded first, and loaded again if it was
+        released meanwhile (a server restart)."""
+        self._ensure_loaded()
+        return _loaded(self.client, self.name, call)
+
+    # ------------------------------------------------------------------ reading
+    def _all(self, fields: Sequence[str], filter: str = "seq >= 0") -> list[dict]:
+        def read() -> list[dict]:
+            it = self.client.query_iterator(self.name, batch_size=4096, filter=filter, output_fields=list(fields),
+                                            consistency_level=STRONG)
+            rows: list[dict] = []
+            try:
+                while True:
+                    batch = it.next()
+                    if not batch:
+                        break
+                    rows.extend(batch)
+            finally:
+                it.close()
+            return rows
+
+        return self._read(read)
+
+    def refresh(self) -> bool:
+        """Discover rows inserted since the last refresh (by ``seq``, with a margin for clock skew
+        between writers and late visibility); True if any was new."""
+        with self._lock:
+            rows = self._all(["key", "modality", "seq"], f"seq >= {max(0, self._last_seq - SEQ_MARGIN_NS)}")
+            changed = False
+            for r in sorted(rows, key=lambda r: (r["seq"], r["key"])):
+                m = r["modality"]
+                if m in self._pos and r["key"] not in self._pos[m]:
+                    self._pos[m][r["key"]] = len(self._keys[m])
+                    self._keys[m].append(r["key"])
+                    changed = True
+                self._last_seq = max(self._last_seq, int(r["seq"]))
+                if m in self._newest_ns:
+                    self._newest_ns[m] = max(self._newest_ns[m], int(r["seq"]))
+            return changed
+
+    def ids(self, modality: str) -> list[str]:
+        if not self._keys["image"] and not self._keys["text"]:
+            self.refresh()
+        return list(self._keys[modality])
+
+    def count(self, modality: str) -> int:
+        return len(self._keys[modality]) if (self._keys["image"] or self._keys["text"]) else len(self.ids(modality))
+
+    #: rows are numbered in the order this process discovered them: not shared with other processes,
+    #: so a catalog records which space serves an item, not its row here
+    stable_positions = False
+    #: the metric searches ask for (our own collections are indexed by inner product)
+    metric = "IP"
+
+    def positions(self, modality: str, keys: Sequence[str]) -> dict[str, int]:
+        """This process's row of each of ``keys`` the server holds (absent keys are left out)."""
+        with self._lock:
+            if not self._keys["image"] and not self._keys["text"]:
+                self.refresh()
+            known = self._pos[modality]
+            rest = [k for k in keys if k not in known]
+            if rest:
+                for k in sorted(self._existing(modality, rest)):
+                    if k not in known:  # on the server but not discovered yet: number it now
+                        known[k] = len(self._keys[modality])
+                        self._keys[modality].append(k)
+                        self._newest_ns[modality] = time.time_ns()  # searches stay Strong a while
+            return {k: known[k] for k in keys if k in known}
+
+    def __contains__(self, item: tuple[str, str]) -> bool:
+        modality, key = item
+        if key in self._pos.get(modality, {}):
+            return True
+        return bool(self._existing(modality, [key]))
+
+    def _existing(self, modality: str, keys: Sequence[str]) -> set[str]:
+        """Which of ``keys`` the server holds for ``modality`` (primary-key lookups)."""
+        out: set[str] = set()
+        for s in range(0, len(keys), FILTER_IN_MAX):
+            batch = list(keys[s:s + FILTER_IN_MAX])
+            rows = self._read(lambda: self.client.get(self.name, ids=batch, output_fields=["key"],
+                                                      partition_names=[modality], consistency_level=STRONG))
+            out.update(r["key"] for r in rows)
+        return out
+
+    def get_vectors(self, modality: str, keys: Sequence[str]) -> np.ndarray:
+        """The vectors of ``keys`` (in that order; every key must exist)."""
+        found: dict[str, list[float]] = {}
+        for s in range(0, len(keys), FILTER_IN_MAX):
+            batch = list(keys[s:s + FILTER_IN_MAX])
+            for r in self._read(lambda: self.client.get(self.name, ids=batch, output_fields=["key", "vec"],
+                                                        consistency_level=STRONG)):
+                found[r["key"]] = r["vec"]
+        missing = [k for k in keys if k not in found]
+        if missing:
+            raise KeyError(f"{self.name}: no rows for {missing[:3]}")
+        return np.asarray([found[k] for k in keys], np.float32).reshape(len(keys), self._dim)
+
+    def vectors(self, modality: str) -> np.ndarray:
+        """All vectors of ``modality`` in local row order (reads the whole space)."""
+        keys = self.ids(modality)
+        return self.get_vectors(modality, keys) if keys else np.zeros((0, self._dim), np.float32)
+
+    # ------------------------------------------------------------------ writing
+    def add(self, modality: str, ids: Sequence[str], vectors: np.ndarray, metadata: Any = None, *, space_id: str,
+            skip_existing: bool = False) -> int:
+        if space_id != self.space_id:
+            raise SpaceMismatchError(self.space_id, space_id, f"add {modality} vectors to {self.name}", what="vectors",
+                                     hint="a space's store holds one embedding space")
+        ids = [str(i) for i in ids]
+        vecs = np.asarray(vectors, np.float32)
+        if vecs.ndim != 2 or vecs.shape != (len(ids), self._dim):
+            raise ValueError(f"vectors must have shape ({len(ids)}, {self._dim}) for {self.name}, got {vecs.shape}")
+        if not np.isfinite(vecs).all():
+            raise ValueError("vectors contain NaN or infinite values")
+        if len(set(ids)) != len(ids):
+            raise DuplicateIdError(f"ids repeated within one batch for {self.name}")
+        if not ids:
+            return 0
+        present = self._existing(modality, ids)
+        if present and not skip_existing:
+            raise DuplicateIdError(f"{len(present)} {modality} ids already in {self.name}: {sorted(present)[:5]}")
+        keep = [i for i, k in enumerate(ids) if k not in present]
+        if not keep:
+            return 0
+        base = time.time_ns()
+        rows = [{"key": ids[i], "modality": modality, "seq": base + j, "vec": vecs[i].tolist()}
+                for j, i in enumerate(keep)]
+        for s in range(0, len(rows), 2000):
+            self.client.insert(self.name, rows[s:s + 2000], partition_name=modality)
+        with self._lock:  # our own rows are known at once; other writers' by refresh()
+            for r in rows:
+                if r["key"] not in self._pos[modality]:
+                    self._pos[modality][r["key"]] = len(self._keys[modality])
+                    self._keys[modality].append(r["key"])
+            self._unflushed += len(rows)
+            self._newest_ns[modality] = max(self._newest_ns[modality], rows[-1]["seq"])
+        if self._unflushed >= FLUSH_EVERY:
+            self.flush()
+        return len(rows)
+
+    def flush(self) -> None:
+        """Seal the rows inserted so far into indexed segments (Milvus builds their index)."""
+        self.client.flush(self.name)
+        self._unflushed = 0
+
+    def wait_indexed(self, timeout_s: float = 900.0, poll_s: float = 0.2) -> dict:
+        """Flush, wait until Milvus has built the index of every sealed row, and have the server load
+        those segments (until then it answers from growing segments and their interim index: a
+        recall@10 of 0.42 against 0.98 measured on 20k random vectors). Returns the index's
+        description; raises TimeoutError naming the collection."""
+        self.flush()
+        deadline = time.monotonic() + timeout_s
+        desc = self._wait_index_built(deadline, timeout_s, poll_s)
+        if not getattr(self.client, "_nobackfill_embedded", False) and desc.get("index_type") != "FLAT":
+            with contextlib.suppress(Exception):  # a server: load the sealed, indexed segments now
+                self.client.refresh_load(self.name, timeout=max(1.0, deadline - time.monotonic()))
+        return desc
+
+    def _wait_index_built(self, deadline: float, timeout_s: float, poll_s: float) -> dict:
+        while True:
+            desc = {}
+            for name in self.client.list_indexes(self.name) or []:
+                desc = self.client.describe_index(self.name, name) or {}
+            total, done = int(desc.get("total_rows", 0)), int(desc.get("indexed_rows", 0))
+            if (not desc or desc.get("index_type") == "FLAT"  # nothing to build (milvus-lite reports no progress)
+                    or (int(desc.get("pending_index_rows", 0)) == 0 and done >= total)):
+                return desc
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{self.name}: index built for {done} of {total} rows after {timeout_s:.0f}s")
+            time.sleep(poll_s)
+
+    # ------------------------------------------------------------------ search
+    def search(self, modality: str, queries: np.ndarray, k: int = 10, *, space_id: str,
+               mask: np.ndarray | None = None) -> SearchResult:
+        """Top ``k`` rows of ``modality`` among the allowed ones (``mask`` over local row order):
+        filtered on the keys when they are few, else over-fetched and filtered here (deeper until
+        ``k`` allowed rows are found). Scores are inner products (cosine for unit vectors)."""
+        if space_id != self.space_id:
+            raise SpaceMismatchError(self.space_id, space_id, f"search {self.name}", what="queries",
+                                     hint="embed them with the space's model")
+        q = np.asarray(queries, np.float32)
+        if q.ndim == 1:
+            q = q[None]
+        if q.ndim != 2 or q.shape[1] != self._dim:
+            raise ValueError(f"queries must have shape (N, {self._dim}) for {self.name}, got {q.shape}")
+        if int(k) < 1:
+            raise ValueError(f"k must be >= 1, got {k}")
+        if not self._keys["image"] and not self._keys["text"]:
+            self.refresh()  # a fresh process: discover the rows first
+        keys = self._keys[modality]
+        if mask is None:
+            allowed = np.ones(len(keys), bool)
+        else:
+            mask = np.asarray(mask, bool)
+            allowed = np.zeros(len(keys), bool)
+            allowed[:min(len(mask), len(keys))] = mask[:len(keys)]
+        n_allowed = int(allowed.sum())
+        kk = min(int(k), n_allowed)
+        if kk == 0 or len(q) == 0:
+            return SearchResult(np.zeros((len(q), kk), np.float32), [[] for _ in q], np.zeros((len(q), kk), np.int64))
+        params = {"metric_type": self.metric, "params": dict(self._search_params)}
+        pos = self._pos[modality]
+        if n_allowed <= FILTER_IN_MAX and n_allowed < len(keys):
+            allowed_keys = [keys[i] for i in np.flatnonzero(allowed)]
+            hits = self._search(q, kk, modality, params, self._in_filter(allowed_keys))
+            rows = [self._take(h, kk, pos, allowed) for h in hits]
+        else:
+            rows, limit = [None] * len(q), min(MAX_TOPK, kk if n_allowed == len(keys) else max(kk * 2, 16))
+            todo = list(range(len(q)))
+            while todo:
+                hits = self._search(q[todo], limit, modality, params)
+                nxt = []
+                for qi, h in zip(todo, hits):
+                    got = self._take(h, kk, pos, allowed)
+                    if len(got) >= kk or limit >= min(MAX_TOPK, len(keys)):
+                        rows[qi] = got
+                    else:
+                        nxt.append(qi)
+                todo, limit = nxt, min(MAX_TOPK, limit * 4)
+        short = [i for i, r in enumerate(rows) if len(r) < kk]
+        for i in short:  # the index could not reach kk allowed rows: answer exactly
+            rows[i] = self._exact(q[i], kk, [keys[j] for j in np.flatnonzero(allowed)], pos)
+        scores = np.array([[s for s, _ in r] for r in rows], np.float32).reshape(len(q), kk)
+        positions = np.array([[p for _, p in r] for r in rows], np.int64).reshape(len(q), kk)
+        return SearchResult(scores, [[keys[p] for p in row] for row in positions], positions)
+
+    def _in_filter(self, keys: Sequence[str]) -> str:
+        """A filter expression true for the rows of ``keys``."""
+        return f"key in {json.dumps(list(keys))}"
+
+    def _search(self, q: np.ndarray, limit: int, modality: str, params: dict, expr: str = "") -> list[list[dict]]:
+        if "ef" in params["params"]:  # HNSW needs ef >= the number of results asked for
+            params = {**params, "params": {**params["params"], "ef": max(params["params"]["ef"], int(limit))}}
+        fresh = time.time_ns() - self._newest_ns[modality] < FRESH_S * 1e9
+        return self._read(lambda: self.client.search(
+            self.name, data=q.tolist(), filter=expr, limit=int(limit), anns_field="vec", output_fields=["key"],
+            search_params=params, partition_names=[modality], consistency_level=STRONG if fresh else BOUNDED))
+
+    @staticmethod
+    def _hit_key(hit: dict) -> str:
+        """The store key of one Milvus hit."""
+        return hit.get("entity", {}).get("key", hit.get("id"))
+
+    def _take(self, hits: list[dict], k: int, pos: dict[str, int], allowed: np.ndarray) -> list[tuple[float, int]]:
+        """Up to ``k`` ``(score, row)`` of ``hits`` whose rows ``allowed`` admits, each key once."""
+        out, seen = [], set()
+        for h in hits:
+            key = self._hit_key(h)
+            p = pos.get(key)
+            if p is None or p >= len(allowed) or not allowed[p] or key in seen:
+                continue
+            seen.add(key)
+            out.append((float(h["distance"]), p))
+            if len(out) == k:
+                break
+        return out
+
+    def _exact(self, q: np.ndarray, k: int, keys: list[str], pos: dict[str, int]) -> list[tuple[float, int]]:
+        vecs = self.get_vectors("", keys)
+        s = vecs @ q
+        top = np.argsort(-s, kind="stable")[:k]
+        return [(float(s[i]), pos[keys[i]]) for i in top]
+
+    # ------------------------------------------------------------------ integrity
+    def verify(self) -> VerifyReport:
+        report = VerifyReport()
+        try:
+            self.refresh()
+            rows = self._all(["key", "modality"])
+        except Exception as e:  # the server's own error, named
+            report.problems.append(f"{self.name}: cannot read ({type(e).__name__}: {e})")
+            return report
+        keys = [r["key"] for r in rows]
+        if len(set(keys)) != len(keys):
+            report.problems.append(f"{self.name}: {len(keys) - len(set(keys))} duplicated keys")
+        bad = [r for r in rows if r["modality"] not in ("image", "text")]
+        if bad:
+            report.problems.append(f"{self.name}: {len(bad)} rows of unknown modality")
+        report.checked_chunks = len(keys)
+        return report
+
+    def close(self) -> None:
+        """Forget what this process discovered (the next read discovers the rows and loads again)."""
+        with self._lock:
+            self._keys = {"image": [], "text": []}
+            self._pos = {"image": {}, "text": {}}
+            self._last_seq = 0
+            self._loaded = False
