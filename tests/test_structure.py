@@ -371,3 +371,25 @@ def test_the_checkers_see_a_module_cycle_and_an_undeclared_import(tmp_path, monk
         test_packages_import_only_what_they_declare()
     with pytest.raises(AssertionError, match="nobackfill.catalog: no docstring"):
         test_every_package_says_what_it_holds_and_may_import()
+
+
+#: packages allowed past ~3k lines or ~15 modules, and why (a plug-in per module, by design)
+LARGE_PACKAGES = {
+    "nobackfill.bench": "one module per benchmark command (a config, a loop, a table), plus the set-ups and reports "
+                        "they share; each under ~300 lines",
+    "nobackfill.cli": "one module per command group of the typer app; the commands only parse and print",
+    "nobackfill.lingual": "one module per continual-learning method of seed 004 (CLL-CLIP and its baselines: oEWC, "
+                          "ER / DER, LoRA, prompt, DualPrompt, CODA-Prompt) as plug-ins of one learner",
+}
+
+
+def test_packages_stay_small():
+    """No package holds more than ~3k lines or ~15 modules of its own (sub-packages apart), except the
+    plug-in packages named in LARGE_PACKAGES with the reason."""
+    big = {}
+    for name, init in _packages():
+        mods = sorted(init.parent.glob("*.py"))
+        lines = sum(len(p.read_text(encoding="utf-8").splitlines()) for p in mods)
+        if (lines > 3200 or len(mods) > 16) and name not in LARGE_PACKAGES:
+            big[name] = f"{len(mods)} modules, {lines} lines"
+    assert not big, f"packages over ~3k lines or ~15 modules (split them by what they hold): {big}"

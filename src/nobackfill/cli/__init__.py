@@ -52,6 +52,7 @@ app.command("index")(gallery.index)
 app.command("search")(gallery.search)
 app.command("demo")(demo.demo)
 app.command("serve")(serve.serve)
+app.command("export-onnx")(serve.export_onnx)
 app.command("verify")(verify.verify)
 
 # groups

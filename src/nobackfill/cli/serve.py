@@ -46,3 +46,30 @@ def serve(
         fail(str(e))
     console.print(f"serving {collection} on http://{host}:{port}/ (API docs: /docs)")
     uvicorn.run(app, host=host, port=port, log_level=log_level)
+
+
+def export_onnx(
+    model: Path = typer.Argument(..., help="A model directory (e.g. models/world-old or a local CLIP)."),
+    int8: bool = typer.Option(False, "--int8", help="Also write dynamically quantised int8 towers (used only with "
+                                                   "NOBACKFILL_ONNX=int8: they change the vectors slightly)."),
+    towers: Optional[str] = typer.Option(None, help="Comma-separated towers to export (default: every tower the "
+                                                    "model has: text, image)."),
+) -> None:
+    """Export a model's query encoders to ONNX Runtime (MODEL/onnx/): dynamic batch and sequence axes, each
+    tower checked against torch (refused above 1e-4 max abs difference). The service, the searcher and the
+    client then run them when onnxruntime is installed (pip install 'nobackfill[onnx]'); NOBACKFILL_ONNX=0
+    keeps torch."""
+    from ..encoders.onnx import export_onnx as export
+
+    try:
+        with console.status(f"exporting {model} to ONNX"):
+            info = export(model, int8=int8, towers=towers.split(",") if towers else None)
+    except user_errors() as e:
+        fail(str(e))
+    except ImportError as e:
+        fail(f"export-onnx needs onnx and onnxruntime ({e}); pip install 'nobackfill[onnx]'")
+    for tower, entry in info["towers"].items():
+        line = f"{tower}: {model / 'onnx' / entry['file']} (max abs diff vs torch {entry['max_abs_diff']:.1e})"
+        if "int8" in entry:
+            line += f"; int8: {entry['int8']['file']} (max abs diff {entry['int8']['max_abs_diff']:.1e})"
+        print(line)

@@ -11,12 +11,13 @@ queries, unchanged, from other threads.
 from __future__ import annotations
 
 import copy
+import os
 import threading
 from pathlib import Path
 
-
 from ..encoders import PRETRAINED_TEXT_ALIASES, load_encoder
 from ..encoders.base import DualEncoder
+from ..encoders.onnx import OnnxEncoder, onnx_encoder
 from ..gallery.types import SpaceMismatchError
 
 __all__ = ["ModelPool", "model_ref"]
@@ -30,8 +31,23 @@ def model_ref(path: str | Path) -> str:
     return str(Path(s).resolve())
 
 
+#: ``NOBACKFILL_ONNX``: ``1`` (default) runs a model's exported ONNX towers when onnxruntime is
+#: installed, ``int8`` their quantised copies, ``0`` always torch
+ONNX_ENV = "NOBACKFILL_ONNX"
+
+
+def _on_onnx(encoder: DualEncoder, ref: str) -> DualEncoder:
+    """``encoder`` on ONNX Runtime where the model directory holds a checked export of it."""
+    mode = os.environ.get(ONNX_ENV, "1").strip().lower()
+    if mode in ("0", "false", "no", "off") or not Path(ref).is_dir():
+        return encoder
+    return onnx_encoder(encoder, ref, int8=mode == "int8")
+
+
 class ModelPool:
-    """Encoders by model reference, loaded lazily, kept for the life of the pool (thread-safe)."""
+    """Encoders by model reference, loaded lazily, kept for the life of the pool (thread-safe). A model
+    directory with an ONNX export of the same weights (``nobackfill export-onnx``) is served on ONNX
+    Runtime (:data:`ONNX_ENV`)."""
 
     def __init__(self) -> None:
         self._models: dict[str, DualEncoder] = {}
@@ -45,7 +61,7 @@ class ModelPool:
         with self._lock:
             enc = self._models.get(key)
             if enc is None:
-                enc = self._models[key] = load_encoder(key)
+                enc = self._models[key] = _on_onnx(load_encoder(key), key)
         if space_id is not None and enc.space_id != space_id:
             raise SpaceMismatchError(space_id, enc.space_id, f"load the {what} at {key}", what=f"model at {key}",
                                      hint="the collection recorded another model for this space; restore that "
@@ -67,7 +83,9 @@ class ModelPool:
         with self._lock:
             enc = self._upgraded.get(key)
         if enc is None:
-            base = copy.deepcopy(self.get(ref, space_id))  # apply() attaches adapters in place
+            plain = self.get(ref, space_id)
+            plain = plain.encoder if isinstance(plain, OnnxEncoder) else plain  # adapters attach to torch modules
+            base = copy.deepcopy(plain)  # apply() attaches adapters in place
             enc = load_upgrade(upgrade_dir).apply(base)
             enc = enc.merged() if hasattr(enc, "merged") else enc
             with self._lock:

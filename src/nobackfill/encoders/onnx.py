@@ -1,0 +1,281 @@
+"""Query encoders on ONNX Runtime: a model's towers exported once, checked against torch, and served.
+
+:func:`export_onnx` writes ``<model>/onnx/``: ``text.onnx`` (and ``image.onnx`` for a model with an
+image tower), exported with dynamic batch and sequence axes, each tower's L2-normalised output
+compared with torch's on texts of several lengths and batch sizes (refused above ``1e-4`` max abs
+difference in fp32), and ``export.json`` (the model's space id, each file's sha256 and measured
+difference). ``int8=True`` adds dynamically quantised copies (``*.int8.onnx``), reported with their
+difference but never used unless asked for (:func:`onnx_encoder` with ``int8=True``).
+
+:func:`onnx_encoder` wraps a loaded :class:`~nobackfill.encoders.base.DualEncoder`: when
+``onnxruntime`` is installed and ``<model>/onnx/export.json`` names this model's space id (the same
+weights the export was checked on), its ``encode_texts`` / ``encode_images`` run the exported
+towers; everything else (tokens, saving, the space id) is the wrapped encoder's.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+import warnings
+from pathlib import Path
+from typing import Any, Sequence
+
+import numpy as np
+
+from .base import DualEncoder, l2_normalise
+
+__all__ = ["EXPORT_DIR", "MAX_ABS_DIFF", "OnnxEncoder", "export_onnx", "onnx_encoder", "onnx_export_info"]
+
+#: the folder beside the model's files
+EXPORT_DIR = "onnx"
+#: the largest difference from torch an fp32 export may show
+MAX_ABS_DIFF = 1e-4
+#: texts the export is checked on (several lengths, so the dynamic sequence axis is exercised)
+CHECK_TEXTS = ["a", "a red circle", "a photo of a small green triangle next to a large blue square on the left",
+               "two yellow crosses", "ein rotes Quadrat", "un triangle bleu", "x " * 30, "purple diamond at the top"]
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+class _TextTower:
+    """The torch module exported for the text tower: ``l2(text_features(ids, mask))``."""
+
+    def __new__(cls, encoder: Any):
+        import torch
+
+        class TextTower(torch.nn.Module):
+            def __init__(self) -> None:
+                super().__init__()
+                self.encoder_model = encoder.model  # registered, so export sees the weights
+
+            def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+                return torch.nn.functional.normalize(encoder.text_features(input_ids, attention_mask), dim=-1)
+
+        return TextTower().eval()
+
+
+class _ImageTower:
+    """The torch module exported for the image tower: ``l2(image_features(pixel_values))``."""
+
+    def __new__(cls, encoder: Any):
+        import torch
+
+        class ImageTower(torch.nn.Module):
+            def __init__(self) -> None:
+                super().__init__()
+                self.encoder_model = encoder.model
+
+            def forward(self, pixel_values: torch.Tensor) -> torch.Tensor:
+                return torch.nn.functional.normalize(encoder.image_features(pixel_values), dim=-1)
+
+        return ImageTower().eval()
+
+
+def _text_batch(encoder: Any, texts: Sequence[str]) -> dict[str, np.ndarray]:
+    """Token ids and attention mask of ``texts``, tokenised and padded as the torch encoder does."""
+    ids = encoder.tokenizer(list(texts), truncation=True, max_length=encoder.max_length)["input_ids"]
+    batch = encoder._pad(ids)
+    return {"input_ids": batch["input_ids"].numpy(), "attention_mask": batch["attention_mask"].numpy()}
+
+
+def _check_images(encoder: Any) -> np.ndarray:
+    """A few seeded random images, preprocessed as the encoder does (pixel values, float32)."""
+    from PIL import Image
+
+    rng = np.random.default_rng(0)
+    size = int(encoder.preprocessor.size) if hasattr(encoder.preprocessor, "size") else 224
+    imgs = [Image.fromarray(rng.integers(0, 256, (size + 7 * i, size, 3), dtype=np.uint8)) for i in range(3)]
+    return encoder.preprocessor(imgs).numpy()
+
+
+def _session(path: Path) -> Any:
+    import onnxruntime as ort
+
+    opts = ort.SessionOptions()
+    opts.log_severity_level = 3
+    return ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"])
+
+
+def _export(module: Any, args: tuple, names: list[str], axes: dict[str, dict[int, str]], path: Path) -> None:
+    import torch
+
+    with warnings.catch_warnings(), torch.inference_mode(False), torch.no_grad():
+        warnings.simplefilter("ignore")  # the TorchScript exporter's deprecation and tracer notes
+        torch.onnx.export(module, args, str(path), input_names=names, output_names=["embedding"],
+                          dynamic_axes={**axes, "embedding": {0: "batch"}}, opset_version=17, dynamo=False)
+
+
+def _quantize(src: Path, dst: Path) -> None:
+    """``src``'s weights quantised to int8 (onnxruntime's dynamic quantisation) into ``dst``."""
+    import logging
+
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+
+    root = logging.getLogger()
+    level = root.level
+    root.setLevel(logging.ERROR)  # its advice to pre-process goes to the root logger
+    try:
+        quantize_dynamic(str(src), str(dst), weight_type=QuantType.QInt8)
+    finally:
+        root.setLevel(level)
+
+
+def _max_diff(module: Any, session: Any, feeds: list[dict[str, np.ndarray]]) -> float:
+    """The largest |torch - onnxruntime| over the check batches."""
+    import torch
+
+    worst = 0.0
+    for feed in feeds:
+        with torch.inference_mode():
+            ref = module(*[torch.from_numpy(v) for v in feed.values()]).float().numpy()
+        out = session.run(None, feed)[0]
+        worst = max(worst, float(np.abs(ref - out).max()))
+    return worst
+
+
+def export_onnx(model_dir: str | Path, *, int8: bool = False, towers: Sequence[str] | None = None,
+                max_abs_diff: float = MAX_ABS_DIFF) -> dict[str, Any]:
+    """Export the model at ``model_dir``'s towers to ``model_dir/onnx/`` and check them (see the
+    module docstring); returns what ``export.json`` records. Refuses (``ValueError``, nothing
+    written) when a tower's fp32 output differs from torch's by more than ``max_abs_diff``."""
+    from . import load_encoder
+
+    model_dir = Path(model_dir)
+    encoder = load_encoder(model_dir)
+    if not hasattr(encoder, "text_features"):
+        raise ValueError(f"{model_dir}: {type(encoder).__name__} has no exportable towers")
+    towers = list(towers or encoder.modalities)
+    unknown = [t for t in towers if t not in encoder.modalities]
+    if unknown:
+        raise ValueError(f"towers: {model_dir} embeds {list(encoder.modalities)}, not {unknown}")
+    info: dict[str, Any] = {"space_id": encoder.space_id, "opset": 17, "towers": {}}
+    parent = model_dir / EXPORT_DIR
+    tmp = Path(tempfile.mkdtemp(prefix=".onnx.", dir=model_dir))
+    try:
+        for tower in towers:
+            if tower == "text":
+                module = _TextTower(encoder)
+                feeds = [_text_batch(encoder, CHECK_TEXTS[:1]), _text_batch(encoder, CHECK_TEXTS[1:4]),
+                         _text_batch(encoder, CHECK_TEXTS)]
+                axes = {"input_ids": {0: "batch", 1: "sequence"}, "attention_mask": {0: "batch", 1: "sequence"}}
+            else:
+                module = _ImageTower(encoder)
+                px = _check_images(encoder)
+                feeds = [{"pixel_values": px[:1]}, {"pixel_values": px}]
+                axes = {"pixel_values": {0: "batch"}}
+            path = tmp / f"{tower}.onnx"
+            example = tuple(__import__("torch").from_numpy(v) for v in feeds[-1].values())
+            _export(module, example, list(feeds[0]), axes, path)
+            diff = _max_diff(module, _session(path), feeds)
+            if diff > max_abs_diff:
+                raise ValueError(f"{model_dir}: the exported {tower} tower differs from torch by {diff:.2e} "
+                                 f"(max abs, over {sum(len(next(iter(f.values()))) for f in feeds)} inputs), above "
+                                 f"{max_abs_diff:.0e}; not written")
+            entry = {"file": path.name, "sha256": _sha256(path), "max_abs_diff": diff}
+            if int8:
+                qpath = tmp / f"{tower}.int8.onnx"
+                _quantize(path, qpath)
+                entry["int8"] = {"file": qpath.name, "sha256": _sha256(qpath),
+                                 "max_abs_diff": _max_diff(module, _session(qpath), feeds)}
+            info["towers"][tower] = entry
+        (tmp / "export.json").write_text(json.dumps(info, indent=2))
+        for f in [tmp, *tmp.iterdir()]:
+            os.chmod(f, 0o755 if f.is_dir() else 0o644)
+        old = model_dir / f".{EXPORT_DIR}.old"
+        if parent.exists():
+            shutil.rmtree(old, ignore_errors=True)
+            os.replace(parent, old)
+        os.replace(tmp, parent)
+        shutil.rmtree(old, ignore_errors=True)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return info
+
+
+def onnx_export_info(model_dir: str | Path) -> dict[str, Any] | None:
+    """What ``model_dir/onnx/export.json`` records, or None (no export, or unreadable)."""
+    try:
+        info = json.loads((Path(model_dir) / EXPORT_DIR / "export.json").read_text())
+    except (OSError, ValueError):
+        return None
+    return info if isinstance(info, dict) and isinstance(info.get("towers"), dict) else None
+
+
+class OnnxEncoder(DualEncoder):
+    """A :class:`DualEncoder` whose ``encode_texts`` / ``encode_images`` run exported towers on ONNX
+    Runtime; every other attribute is the wrapped torch encoder's (its space id included: the export
+    was checked against these weights)."""
+
+    def __init__(self, encoder: DualEncoder, sessions: dict[str, Any], files: dict[str, str]) -> None:
+        self.encoder = encoder
+        self.sessions = sessions
+        self.files = files
+        self.kind = encoder.kind
+        self.modalities = encoder.modalities
+
+    def __getattr__(self, name: str) -> Any:  # tokens, tokenizer, model, save internals: the torch encoder's
+        return getattr(self.__dict__["encoder"], name)
+
+    @property
+    def embed_dim(self) -> int:
+        return self.encoder.embed_dim
+
+    @property
+    def space_id(self) -> str:
+        return self.encoder.space_id
+
+    def encode_texts(self, texts: Sequence[str], batch_size: int = 256, progress: bool = False) -> np.ndarray:
+        if "text" not in self.sessions:
+            return self.encoder.encode_texts(texts, batch_size=batch_size, progress=progress)
+        if isinstance(texts, str):
+            raise TypeError("encode_texts expects a sequence of strings, not one string")
+        texts = list(texts)
+        if not texts:
+            return np.zeros((0, self.embed_dim), np.float32)
+        out = [self.sessions["text"].run(None, _text_batch(self.encoder, texts[s:s + batch_size]))[0]
+               for s in range(0, len(texts), batch_size)]
+        return l2_normalise(np.concatenate(out).astype(np.float32, copy=False))
+
+    def encode_images(self, images: Sequence[Any], batch_size: int = 128, progress: bool = False) -> np.ndarray:
+        if "image" not in self.sessions:
+            return self.encoder.encode_images(images, batch_size=batch_size, progress=progress)
+        out = [self.sessions["image"].run(None, {"pixel_values": self.encoder.preprocessor(images[s:s + batch_size])
+                                                 .numpy()})[0] for s in range(0, len(images), batch_size)]
+        if not out:
+            return np.zeros((0, self.embed_dim), np.float32)
+        return l2_normalise(np.concatenate(out).astype(np.float32, copy=False))
+
+    def save(self, directory: str | Path) -> Path:
+        return self.encoder.save(directory)
+
+
+def onnx_encoder(encoder: DualEncoder, model_dir: str | Path, *, int8: bool = False) -> DualEncoder:
+    """``encoder`` on ONNX Runtime when ``model_dir`` holds an export of these weights and
+    ``onnxruntime`` is installed (``int8``: the quantised towers, where exported); otherwise
+    ``encoder`` itself. A file whose sha256 differs from the export's record is not used."""
+    info = onnx_export_info(model_dir)
+    if info is None or info.get("space_id") != encoder.space_id:
+        return encoder
+    try:
+        import onnxruntime  # noqa: F401
+    except ImportError:
+        return encoder
+    sessions, files = {}, {}
+    for tower, entry in info["towers"].items():
+        entry = entry.get("int8", entry) if int8 else entry
+        path = Path(model_dir) / EXPORT_DIR / str(entry.get("file", ""))
+        if tower not in encoder.modalities or not path.is_file() or _sha256(path) != entry.get("sha256"):
+            continue
+        sessions[tower] = _session(path)
+        files[tower] = str(path)
+    return OnnxEncoder(encoder, sessions, files) if sessions else encoder

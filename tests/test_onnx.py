@@ -1,0 +1,125 @@
+"""Query encoders on ONNX Runtime: export with dynamic axes, the check against torch, the cache beside
+the model (used only for the same weights, unaltered files), int8 only when asked, and the CLI."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+from PIL import Image
+
+pytest.importorskip("onnxruntime")
+
+from nobackfill.encoders import load_encoder  # noqa: E402
+from nobackfill.encoders.onnx import OnnxEncoder, export_onnx, onnx_encoder, onnx_export_info  # noqa: E402
+from nobackfill.search.models import ModelPool  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+TEXTS = ["a red circle", "two blue squares at the top left next to a yellow cross", "x", "purple"]
+
+
+@pytest.fixture(scope="module")
+def exported(tmp_path_factory) -> Path:
+    """A copy of the shipped world-old model with its towers exported (fp32 and int8)."""
+    d = tmp_path_factory.mktemp("onnx") / "world-old"
+    shutil.copytree(ROOT / "models" / "world-old", d)
+    export_onnx(d, int8=True)
+    return d
+
+
+def _images() -> list[Image.Image]:
+    rng = np.random.default_rng(3)
+    return [Image.fromarray(rng.integers(0, 256, (h, 40, 3), dtype=np.uint8)) for h in (40, 57, 90)]
+
+
+def test_the_export_matches_torch_on_every_batch_and_length(exported):
+    info = onnx_export_info(exported)
+    torch_enc = load_encoder(exported)
+    assert info["space_id"] == torch_enc.space_id
+    assert set(info["towers"]) == {"text", "image"}
+    for entry in info["towers"].values():
+        assert entry["max_abs_diff"] <= 1e-4 and (exported / "onnx" / entry["file"]).is_file()
+    enc = onnx_encoder(torch_enc, exported)
+    assert isinstance(enc, OnnxEncoder) and set(enc.sessions) == {"text", "image"}
+    for batch in (TEXTS[:1], TEXTS, TEXTS * 9):  # batch 1, mixed lengths, more than one batch of 32
+        got = enc.encode_texts(batch, batch_size=32)
+        assert got.shape == (len(batch), torch_enc.embed_dim) and got.dtype == np.float32
+        assert np.abs(got - torch_enc.encode_texts(batch)).max() <= 1e-4
+    assert np.abs(enc.encode_images(_images()) - torch_enc.encode_images(_images())).max() <= 1e-4
+    assert enc.space_id == torch_enc.space_id and enc.embed_dim == torch_enc.embed_dim
+    assert enc.encode_texts([]).shape == (0, torch_enc.embed_dim)
+    with pytest.raises(TypeError):
+        enc.encode_texts("one string")
+
+
+def test_a_refused_export_writes_nothing(tmp_path):
+    d = tmp_path / "m"
+    shutil.copytree(ROOT / "models" / "world-old", d)
+    with pytest.raises(ValueError, match="differs from torch by .* above"):
+        export_onnx(d, towers=["text"], max_abs_diff=0.0)
+    assert not (d / "onnx").exists() and not [p for p in d.iterdir() if p.name.startswith(".onnx")]
+    with pytest.raises(ValueError, match="towers"):
+        export_onnx(d, towers=["audio"])
+
+
+def test_the_export_is_used_only_for_its_own_unaltered_weights(exported, tmp_path):
+    other = load_encoder(ROOT / "models" / "world-new")
+    assert onnx_encoder(other, exported) is other  # another model's export is never used
+    d = tmp_path / "m"
+    shutil.copytree(exported, d)
+    with open(d / "onnx" / "text.onnx", "ab") as f:  # a file changed after the check
+        f.write(b"\0")
+    enc = onnx_encoder(load_encoder(d), d)
+    assert set(enc.sessions) == {"image"}
+    (d / "onnx" / "export.json").write_text("{not json")
+    plain = load_encoder(d)
+    assert onnx_encoder(plain, d) is plain
+
+
+def test_int8_only_when_asked(exported, monkeypatch):
+    info = onnx_export_info(exported)
+    assert {"file", "sha256", "max_abs_diff"} <= set(info["towers"]["text"]["int8"])
+    monkeypatch.delenv("NOBACKFILL_ONNX", raising=False)
+    enc = ModelPool().get(str(exported))
+    assert isinstance(enc, OnnxEncoder) and enc.files["text"].endswith("text.onnx")
+    monkeypatch.setenv("NOBACKFILL_ONNX", "int8")
+    q = ModelPool().get(str(exported))
+    assert q.files["text"].endswith("text.int8.onnx")
+    diff = np.abs(q.encode_texts(TEXTS) - enc.encode_texts(TEXTS)).max()
+    assert 0 < diff < 0.1  # quantised: close, not equal
+    monkeypatch.setenv("NOBACKFILL_ONNX", "0")
+    assert not isinstance(ModelPool().get(str(exported)), OnnxEncoder)
+
+
+def test_an_upgraded_copy_is_made_from_the_torch_model(tmp_path, monkeypatch):
+    """An encoder upgrade (XBT) attaches adapters to torch modules: the pool copies the torch encoder
+    under the ONNX one, and the upgraded copy embeds as it does without an export."""
+    monkeypatch.delenv("NOBACKFILL_ONNX", raising=False)
+    d = tmp_path / "world-new"
+    shutil.copytree(ROOT / "models" / "world-new", d)
+    export_onnx(d, towers=["text"])
+    upgrade = ROOT / "upgrades" / "world-old-to-new"
+    pool = ModelPool()
+    assert isinstance(pool.get(str(d)), OnnxEncoder)
+    got = pool.upgraded(str(d), upgrade).encode_texts(TEXTS)
+    monkeypatch.setenv("NOBACKFILL_ONNX", "0")
+    want = ModelPool().upgraded(str(d), upgrade).encode_texts(TEXTS)
+    assert np.abs(got - want).max() <= 1e-5
+
+
+def test_the_cli_exports_and_reports(tmp_path):
+    from typer.testing import CliRunner
+
+    from nobackfill.cli import app
+
+    d = tmp_path / "m"
+    shutil.copytree(ROOT / "models" / "world-old", d)
+    r = CliRunner().invoke(app, ["export-onnx", str(d), "--towers", "text"])
+    assert r.exit_code == 0, r.output
+    assert "text:" in r.stdout and "max abs diff vs torch" in r.stdout
+    assert json.loads((d / "onnx" / "export.json").read_text())["towers"].keys() == {"text"}
+    r = CliRunner().invoke(app, ["export-onnx", str(tmp_path / "nope")])
+    assert r.exit_code == 2 and "not a model directory" in r.output
