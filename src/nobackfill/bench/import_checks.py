@@ -13,7 +13,7 @@ import numpy as np
 from .import_data import Text, World, unit_rows, write_text, write_world
 
 if TYPE_CHECKING:
-    from .importing import ImportBenchConfig
+    from .import_config import ImportBenchConfig
 
 _MEDIAN = re.compile(r"median cosine (-?[0-9.]+)")
 

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any, Callable, Sequence
 import numpy as np
 
 if TYPE_CHECKING:
-    from .importing import ImportBenchConfig
+    from .import_config import ImportBenchConfig
 
 
 @dataclass

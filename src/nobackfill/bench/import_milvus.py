@@ -44,7 +44,7 @@ import numpy as np
 
 if TYPE_CHECKING:
     from .import_data import World
-    from .importing import ImportBenchConfig
+    from .import_config import ImportBenchConfig
 
 K = 10
 

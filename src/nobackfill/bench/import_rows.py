@@ -16,7 +16,7 @@ from .import_data import unit_rows
 from .scale import _in_process
 
 if TYPE_CHECKING:
-    from .importing import ImportBenchConfig
+    from .import_config import ImportBenchConfig
 
 #: the space of the throughput rows' stand-in model
 THROUGHPUT_SPACE = "bench-import-128d"

@@ -31,9 +31,9 @@ Four parts, each a key of the JSON:
   and after (:mod:`.import_milvus`; milvus-lite, or a Milvus server with a PostgreSQL catalog: ``shared``
   starts both on 127.0.0.1, ``milvus_uri`` / ``catalog`` name running ones).
 
-The data and folders are in :mod:`.import_data`, the throughput rows in :mod:`.import_rows`, the
-model-check trials in :mod:`.import_checks`, the Milvus flow in :mod:`.import_milvus`, the tables in
-:mod:`.import_report`.
+The settings are in :mod:`.import_config`, the data and folders in :mod:`.import_data`, the
+throughput rows in :mod:`.import_rows`, the model-check trials in :mod:`.import_checks`, the Milvus
+flow in :mod:`.import_milvus`, the tables in :mod:`.import_report`.
 """
 
 from __future__ import annotations
@@ -41,11 +41,12 @@ from __future__ import annotations
 import os
 import shutil
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from .import_checks import run_model_checks
+from .import_config import ImportBenchConfig
 from .import_data import Text, World, embeddings, load_text, load_world
 from .import_milvus import run_milvus_in_place
 from .import_report import format_markdown
@@ -53,51 +54,6 @@ from .import_rows import run_throughput
 
 #: the score tolerance of "identical" hits
 SCORE_TOL = 1e-6
-
-
-@dataclass
-class ImportBenchConfig:
-    """Where the models and data are, and how much of each part runs."""
-
-    #: a world root or split folder (its test split is used); None: a world generated in ``work``
-    world: Path | None = None
-    #: test images of the generated world
-    world_test: int = 1000
-    #: the first ``test_images`` images of the test split (None: all)
-    test_images: int | None = None
-    models: Path = Path("models")
-    #: the Multi30K root (None: the shared copy)
-    multi30k: Path | None = None
-    #: Multi30K val images whose five captions are used (None: all)
-    text_limit: int | None = None
-    #: captions embedded by MiniLM for the wrong-model case (None: all of them)
-    minilm_captions: int | None = None
-    minilm: str = "minilm"
-    sizes: tuple[int, ...] = (100_000, 1_000_000)
-    dim: int = 128
-    batch_rows: int = 16384
-    trials: int = 50
-    samples: int = 64
-    threshold: float = 0.99
-    work: Path = Path("runs/bench/import-work")
-    parts: tuple[str, ...] = ("identical", "throughput", "model_check", "milvus_in_place")
-    seed: int = 0
-    #: milvus_in_place: the shipped world-old -> world-new upgrade (None: ``upgrades/world-old-to-new``
-    #: beside ``models``), text queries per search pass
-    upgrade: Path | None = None
-    milvus_queries: int = 20
-    #: milvus_in_place on a Milvus server (``HOST:PORT``; None: milvus-lite in ``work``) with the
-    #: PostgreSQL catalog ``catalog`` (None: one started in ``work``); ``shared``: start both on
-    #: 127.0.0.1 in ``work`` and stop them after (run it under ``scripts/isolated.sh``)
-    milvus_uri: str | None = None
-    catalog: str | None = None
-    shared: bool = False
-
-    @classmethod
-    def quick(cls, **kw: Any) -> "ImportBenchConfig":
-        """100k rows only, a 300-image world, 1,000 MiniLM captions, 20 trials per case."""
-        return cls(**{"sizes": (100_000,), "world_test": 300, "test_images": 300, "minilm_captions": 1000,
-                      "trials": 20, **kw})
 
 
 # ----------------------------------------------------------------------------- identical

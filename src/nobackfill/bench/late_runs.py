@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Sequence
 
 if TYPE_CHECKING:
-    from .late import LateBenchConfig
+    from .late_config import LateBenchConfig
 
 
 RUNS = {  # name -> (kind, KD config kwargs)

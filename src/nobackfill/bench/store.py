@@ -28,7 +28,7 @@ import multiprocessing as mp
 import os
 import shutil
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any, Callable
 
@@ -36,37 +36,12 @@ import numpy as np
 
 from ..memory import peak_rss_mb
 
+from .store_config import StoreBenchConfig
 from .store_data import K, exact_top, make_data, recall_at
 from .store_merged import merged_search
 
 GRIDS = {"efSearch": (16, 32, 64, 128, 256, 512, 1024), "nprobe": (1, 2, 4, 8, 16, 32, 64, 128)}
 TARGET_RECALL = 0.95
-
-
-@dataclass
-class StoreBenchConfig:
-    n: int = 1_000_000
-    datasets: tuple[str, ...] = ("minilm", "world", "random")
-    backends: tuple[str, ...] = ("faiss:Flat", "faiss:HNSW32", "faiss:IVF1024,PQ64", "milvus-lite:FLAT",
-                                 "milvus-server:HNSW32")
-    real_minilm: int = 145_000  # real caption embeddings before tiling (quick: 20k)
-    n_val_queries: int = 200
-    n_test_queries: int = 500
-    batch1_queries: int = 200
-    merged_n: int = 100_000
-    models: Path = Path("models")
-    world: Path = Path("data/world")
-    multi30k: Path | None = None
-    cache_dir: Path = Path("runs/cache")
-    work: Path = Path("runs/bench/store-work")
-    seed: int = 0
-
-    @classmethod
-    def quick(cls, **kw: Any) -> "StoreBenchConfig":
-        """N = 100k, 20k real MiniLM captions, 256 IVF lists."""
-        return cls(**{"n": 100_000, "real_minilm": 20_000, "merged_n": 20_000,
-                      "backends": ("faiss:Flat", "faiss:HNSW32", "faiss:IVF256,PQ64", "milvus-lite:FLAT",
-                                   "milvus-server:HNSW32"), **kw})
 
 
 # ----------------------------------------------------------------------------- one row (own process)

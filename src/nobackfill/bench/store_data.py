@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Callable
 import numpy as np
 
 if TYPE_CHECKING:
-    from .store import StoreBenchConfig
+    from .store_config import StoreBenchConfig
 
 K = 10
 

@@ -10,11 +10,21 @@ the same return types (in the manner of qdrant-client's local and remote modes).
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 from .types import AddResult, ImportResult, ItemInfo, SearchResults, UpgradeResult
 
-__all__ = ["Client"]
+__all__ = ["Client", "choose_implementation_with"]
+
+#: the class that serves a target (set once by :mod:`nobackfill.client`, which knows the
+#: implementations; this module imports none of them, as they subclass :class:`Client`)
+_implementation: Callable[[str], type["Client"]] | None = None
+
+
+def choose_implementation_with(choose: Callable[[str], type["Client"]]) -> None:
+    """Make ``Client(target)`` an instance of ``choose(str(target))``."""
+    global _implementation
+    _implementation = choose
 
 
 class Client:
@@ -28,11 +38,9 @@ class Client:
 
     def __new__(cls, target: str | Path = "", *args: Any, **kw: Any) -> "Client":
         if cls is Client:
-            if str(target).startswith(("http://", "https://")):
-                from .remote import RemoteClient as impl
-            else:
-                from .local import LocalClient as impl  # type: ignore[assignment]
-            return super().__new__(impl)
+            if _implementation is None:
+                raise RuntimeError("no Client implementation is set: import nobackfill.client")
+            return super().__new__(_implementation(str(target)))
         return super().__new__(cls)
 
     def __enter__(self) -> "Client":

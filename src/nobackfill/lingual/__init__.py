@@ -4,13 +4,13 @@ and every stored image embedding stay valid.
 
 Modules: :mod:`.vocab` (per-task vocabularies and their union), :mod:`.embeddings` (the expandable
 token embedding layer), :mod:`.teir` (initialisation and per-row scales), :mod:`.losses` (Eq. 2-4),
-:mod:`.methods` (CLL-CLIP as the training loop's plug-in), :mod:`.base` and :mod:`.registry` (the
-continual-learning methods as named plug-ins with hooks: ``cll_clip``, ``oewc`` (:mod:`.ewc`),
-``er`` / ``der`` (:mod:`.replay`), ``lora`` (:mod:`.adapters`), ``prompt`` (:mod:`.prompts`),
-``dualprompt``, ``coda_prompt``), :mod:`.learner` (one language after another; save / reload),
-:mod:`.sequence` (the task-sequence runner and the method-name grammar), :mod:`.data` (Multi30K and
-world tasks / evaluation). Never imports typer, the benches or the CLI; kept import-free so the
-command line starts fast.
+:mod:`.tasks` (a task's triplets, its batches, the replay buffer), :mod:`.methods` (CLL-CLIP as the
+training loop's plug-in), :mod:`.base` and :mod:`.registry` (the continual-learning methods as named
+plug-ins with hooks: ``cll_clip``, ``oewc`` (:mod:`.ewc`), ``er`` / ``der`` (:mod:`.replay`),
+``lora`` (:mod:`.adapters`), ``prompt`` (:mod:`.prompts`), ``dualprompt``, ``coda_prompt``),
+:mod:`.learner` (one language after another; save / reload), :mod:`.sequence` (the task-sequence
+runner and the method-name grammar), :mod:`.data` (Multi30K and world tasks / evaluation). Never
+imports typer, the benches or the CLI; kept import-free so the command line starts fast.
 
 May import: ``data``, ``encoders``, ``evaluate``, ``metrics``, ``train``.
 """

@@ -13,8 +13,7 @@ from typing import Any
 
 import torch
 
-from .base import LingualMethod, Tensors
-from .registry import register
+from .base import LingualMethod, Tensors, register
 
 #: CLIP text tower k/v projections (never the vision tower) or BERT self-attention key/value
 LORA_TARGETS = r"(.*text_model\.encoder\.layers\.\d+\.self_attn\.(k_proj|v_proj)|(.*\.)?encoder\.layer\.\d+\.attention\.self\.(key|value))$"

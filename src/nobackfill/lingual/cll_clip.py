@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-from .base import LingualMethod
-from .registry import register
+from .base import LingualMethod, register
 
 
 @register

@@ -18,8 +18,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from .base import register
 from .prompts import FrozenQuery, PromptPoolMethod
-from .registry import register
 
 
 def orthogonal_rows(old: torch.Tensor | None, n: int, dim: int, generator: torch.Generator | None) -> torch.Tensor:

@@ -19,7 +19,7 @@ import numpy as np
 from ..evaluate import embed_texts_cached
 from ..metrics.retrieval import retrieval_metrics
 from .adapters import use_language
-from .learner import LanguageTask
+from .tasks import LanguageTask
 
 
 def is_multi30k(data: str | Path) -> bool:

@@ -22,8 +22,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from .base import register
 from .prompts import FrozenQuery, PromptPoolMethod
-from .registry import register
 
 
 class DualPromptPool(torch.nn.Module):

@@ -14,9 +14,8 @@ from typing import Any, Callable, Iterable
 import numpy as np
 import torch
 
-from .base import LingualMethod, Tensors
+from .base import LingualMethod, Tensors, register
 from .embeddings import token_embedding
-from .registry import register
 
 
 @register

@@ -27,9 +27,9 @@ from .adapters import use_language
 from .base import LingualMethod, scoped
 from .embeddings import PLAIN_INIT_STD, embedding_stats, expand_token_embeddings, token_embedding
 from .losses import PAPER_GAMMA_CL, PAPER_GAMMA_CM, PAPER_TEMPERATURE
-from .methods import CLLCLIPMethod, LingualBatch
+from .methods import CLLCLIPMethod
 from .registry import create_lingual_method, lingual_method_names
-from .replay import ReplayBuffer
+from .tasks import LanguageTask, TaskBatches
 from .teir import teir_row_scales
 from .vocab import ids_of, merge_vocab, oracle_vocab, task_token_set, token_counts, train_task_vocab
 
@@ -118,63 +118,6 @@ class CLLConfig:
 
 #: ``nobackfill lingual learn``'s starting config: TEIR on, CPU-sized steps and batches
 LEARN_DEFAULTS = CLLConfig(teir=True, steps=200, batch_size=64)
-
-@dataclass
-class LanguageTask:
-    """Training triplets of one language: foreign texts, their English counterparts (parallel) and
-    optionally L2-normalised image features from the frozen image tower (one row per text); the
-    vocabulary may be trained on a larger corpus of the language (``vocab_texts``)."""
-
-    lang: str
-    foreign: list[str]
-    english: list[str]
-    images: np.ndarray | None = None
-    #: the task's corpus for its vocabulary ``V_hat_t`` and token statistics (default: ``foreign``)
-    vocab_texts: list[str] | None = None
-
-    @property
-    def corpus(self) -> list[str]:
-        return self.foreign if self.vocab_texts is None else self.vocab_texts
-
-    def __post_init__(self) -> None:
-        if len(self.foreign) != len(self.english):
-            raise ValueError(f"task {self.lang}: {len(self.foreign)} foreign texts but {len(self.english)} English")
-        if self.images is not None and len(self.images) != len(self.foreign):
-            raise ValueError(f"task {self.lang}: {len(self.images)} image rows for {len(self.foreign)} texts")
-        if not self.foreign:
-            raise ValueError(f"task {self.lang}: no training texts")
-
-
-class TaskBatches:
-    """Deterministic batches (epoch-wise permutations seeded by ``(seed, epoch)``) of a task, with
-    an optional replay batch drawn from a :class:`~.replay.ReplayBuffer` (seeded by the step;
-    with the stored features ``r^M`` when every drawn item has them, as DER's do)."""
-
-    def __init__(self, task: LanguageTask, english: np.ndarray, batch_size: int, seed: int,
-                 memory: ReplayBuffer | None = None) -> None:
-        self.task, self.english = task, torch.from_numpy(np.asarray(english, np.float32))
-        self.images = None if task.images is None else torch.from_numpy(np.asarray(task.images, np.float32))
-        self.n = len(task.foreign)
-        self.bs = min(batch_size, self.n)
-        self.seed, self.memory = seed, memory
-
-    def batch(self, index: int) -> LingualBatch:
-        per_epoch = max(1, self.n // self.bs)
-        epoch, k = divmod(index, per_epoch)
-        perm = np.random.default_rng([self.seed, epoch]).permutation(self.n)
-        idx = perm[k * self.bs:(k + 1) * self.bs]
-        b = LingualBatch([self.task.foreign[i] for i in idx], self.english[idx],
-                         None if self.images is None else self.images[idx])
-        if self.memory is not None and len(self.memory):
-            m = self.memory
-            ridx = np.random.default_rng([self.seed, 7919, index]).choice(len(m), size=min(self.bs, len(m)), replace=False)
-            imgs = [m.images[i] for i in ridx]
-            b.replay = LingualBatch([m.foreign[i] for i in ridx], torch.from_numpy(np.stack([m.english[i] for i in ridx])),
-                                    None if any(x is None for x in imgs) else torch.from_numpy(np.stack(imgs)))
-            stored = [m.stored[i] for i in ridx]
-            if all(x is not None for x in stored):
-                b.replay_targets = torch.from_numpy(np.stack(stored))
-        return b
 
 
 def frozen_english_features(encoder) -> Callable[[Sequence[str]], np.ndarray]:

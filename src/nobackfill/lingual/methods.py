@@ -12,7 +12,6 @@ The baselines themselves are plug-ins, by name: :mod:`nobackfill.lingual.registr
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Sequence
 
@@ -23,23 +22,11 @@ import torch.nn.functional as F
 from ..train.loop import LoopConfig, Method, lr_factor
 from .embeddings import freeze_all_but_token_embeddings
 from .losses import cll_clip_loss
+from .tasks import LingualBatch
 from .teir import RowScaledEmbedding
 
 if TYPE_CHECKING:  # pragma: no cover
     from .base import LingualMethod
-
-
-@dataclass
-class LingualBatch:
-    """One training batch of triplets ``(x^I, x^E, x^F)``: foreign texts, the frozen English
-    features ``r^E`` and (when the data has images) the frozen image features ``r^I``; plus an
-    optional replay batch (ER: triplets; DER: foreign texts with stored features ``r^M``)."""
-
-    foreign: list[str]
-    english: torch.Tensor
-    images: torch.Tensor | None = None
-    replay: "LingualBatch | None" = None
-    replay_targets: torch.Tensor | None = None  # DER: r^M of the replayed foreign texts
 
 
 def text_features(encoder, texts: Sequence[str]) -> torch.Tensor:

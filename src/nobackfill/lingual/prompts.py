@@ -18,9 +18,8 @@ from typing import Any
 
 import torch
 
-from .base import LingualMethod, Tensors
+from .base import LingualMethod, Tensors, register
 from .embeddings import append_token_rows, token_embedding
-from .registry import register
 
 
 def text_tower(encoder) -> torch.nn.Module:

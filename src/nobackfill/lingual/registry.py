@@ -1,7 +1,7 @@
-"""Continual-language-learning methods by name: ``@register`` on a :class:`~.base.LingualMethod`
-subclass adds it under its ``NAME``; :func:`create_lingual_method` builds the one a
-:class:`~.learner.CLLConfig` names. The plug-in modules are imported on first use, so importing
-the registry stays cheap.
+"""Continual-language-learning methods by name: ``@register`` (:mod:`.base`) on a
+:class:`~.base.LingualMethod` subclass adds it under its ``NAME``; :func:`create_lingual_method`
+builds the one a :class:`~.learner.CLLConfig` names. The plug-in modules are imported on first use,
+so importing the registry stays cheap.
 
 =============  =================================================================  ==============
 name           method                                                             file
@@ -20,19 +20,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from .base import LINGUAL_METHODS, register
+
 if TYPE_CHECKING:  # pragma: no cover
-    from .base import LingualMethod
-    from .learner import CLLConfig
-
-_LINGUAL_METHODS: dict[str, type] = {}
-
-
-def register(cls: type) -> type:
-    """Class decorator: register ``cls`` under ``cls.NAME`` (unique, non-empty)."""
-    if not cls.NAME or cls.NAME in _LINGUAL_METHODS:
-        raise ValueError(f"lingual method name {cls.NAME!r} is empty or already registered")
-    _LINGUAL_METHODS[cls.NAME] = cls
-    return cls
+    from .base import LingualMethod, MethodConfig
 
 
 def _import_plugins() -> None:
@@ -43,15 +34,15 @@ def lingual_method_names() -> list[str]:
     """Registered names, in the order of the table above."""
     _import_plugins()
     order = ["cll_clip", "oewc", "er", "der", "lora", "prompt", "dualprompt", "coda_prompt"]
-    return sorted(_LINGUAL_METHODS, key=lambda n: (order.index(n) if n in order else len(order), n))
+    return sorted(LINGUAL_METHODS, key=lambda n: (order.index(n) if n in order else len(order), n))
 
 
-def create_lingual_method(cfg: "CLLConfig") -> "LingualMethod":
+def create_lingual_method(cfg: "MethodConfig") -> "LingualMethod":
     """The method that ``cfg.method`` names, configured by ``cfg``."""
     _import_plugins()
-    if cfg.method not in _LINGUAL_METHODS:
+    if cfg.method not in LINGUAL_METHODS:
         raise ValueError(f"unknown lingual method {cfg.method!r}; choose from {', '.join(lingual_method_names())}")
-    return _LINGUAL_METHODS[cfg.method](cfg)
+    return LINGUAL_METHODS[cfg.method](cfg)
 
 
 __all__ = ["register", "lingual_method_names", "create_lingual_method"]
