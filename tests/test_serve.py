@@ -377,3 +377,15 @@ def test_import_takes_vectors_under_the_data_root_after_the_model_check(env):
     assert out["added"] == 12 and out["model_check"]["accepted"] and str(tmp) not in r.text
     hits = api.post("/v1/search", json={"text": texts[4], "k": 1, "target": "text"}, headers=h(READ)).json()["hits"]
     assert hits[0]["id"] == "imp4" and hits[0]["route"] == "native"
+
+
+def test_metrics_show_the_query_cache(env):
+    api, _, _, _ = env
+    for text in ("caption 1 of image 3 seed 0", "caption  1 of image 3 seed 0 ", "caption 2 of image 1 seed 0"):
+        assert api.post("/v1/search", json={"text": text, "k": 3}, headers=h(READ)).status_code == 200
+    metrics = api.get("/metrics").text
+    hits = float(next(x.split()[1] for x in metrics.splitlines() if x.startswith("nobackfill_query_cache_hits_total")))
+    misses = float(next(x.split()[1] for x in metrics.splitlines()
+                        if x.startswith("nobackfill_query_cache_misses_total")))
+    assert hits >= 1 and misses >= 2  # the second text is the first with other whitespace
+    assert "nobackfill_query_cache_size 4096.0" in metrics

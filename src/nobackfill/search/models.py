@@ -19,6 +19,7 @@ from ..encoders import PRETRAINED_TEXT_ALIASES, load_encoder
 from ..encoders.base import DualEncoder
 from ..encoders.onnx import OnnxEncoder, onnx_encoder
 from ..gallery.types import SpaceMismatchError
+from .query_cache import DEFAULT_QUERY_CACHE, QueryCache
 
 __all__ = ["ModelPool", "model_ref"]
 
@@ -49,7 +50,8 @@ class ModelPool:
     directory with an ONNX export of the same weights (``nobackfill export-onnx``) is served on ONNX
     Runtime (:data:`ONNX_ENV`)."""
 
-    def __init__(self) -> None:
+    def __init__(self, query_cache: int = DEFAULT_QUERY_CACHE) -> None:
+        self.query_cache = QueryCache(query_cache)  # text query embeddings of these encoders (0: none kept)
         self._models: dict[str, DualEncoder] = {}
         self._upgraded: dict[tuple[str, tuple[str, ...]], DualEncoder] = {}
         self._lock = threading.Lock()

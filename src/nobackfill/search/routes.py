@@ -28,6 +28,7 @@ from ..encoders.base import DualEncoder, encode
 from ..catalog.plan import Plan, RouteChoice, UpgradeRecord
 from ..gallery.types import SpaceMismatchError
 from .models import ModelPool
+from .query_cache import QueryCache
 
 __all__ = ["BRIDGE", "DIRECTIONS", "FUSED", "NATIVE", "OLD_MODEL", "ROUTES", "BridgePath", "NoRouteError",
            "QuerySide", "RoutePlanner", "direction_of", "find_bridge"]
@@ -108,7 +109,8 @@ class QuerySide:
 
     def __init__(self, space_id: str, route: str, *, direct: DualEncoder | None = None,
                  bridged: DualEncoder | None = None, bridge: Any = None, weight: float | None = None,
-                 path: BridgePath | None = None, refine: Refine | None = None) -> None:
+                 path: BridgePath | None = None, refine: Refine | None = None,
+                 text_cache: QueryCache | None = None) -> None:
         if route in (NATIVE, OLD_MODEL) and direct is None:
             raise ValueError(f"route {route} needs the space's own encoder")
         if route in (BRIDGE, FUSED) and bridged is None:
@@ -118,6 +120,7 @@ class QuerySide:
         self.space_id, self.route = space_id, route
         self.direct, self.bridged, self.bridge = direct, bridged, bridge
         self.weight, self.path, self.refine = weight, path, refine
+        self.text_cache = text_cache  # repeated text queries are not embedded again
         self._can_embed: dict[str, bool] = {}  # modality -> whether every encoder of the route embeds it
 
     def describe(self) -> dict[str, Any]:
@@ -141,7 +144,10 @@ class QuerySide:
         key = (id(encoder), modality)
         if cache is not None and key in cache:
             return cache[key]
-        q = encode(encoder, modality, inputs)
+        if modality == "text" and self.text_cache is not None:
+            q = self.text_cache.embed_texts(encoder, inputs)
+        else:
+            q = encode(encoder, modality, inputs)
         if self.refine is not None:
             q = self.refine(q, modality, encoder.space_id)
         if cache is not None:
@@ -177,6 +183,7 @@ class RoutePlanner:
 
     def __init__(self, plan: Plan, pool: ModelPool, refine: Refine | None = None) -> None:
         self.plan, self.pool, self.refine = plan, pool, refine
+        self.text_cache: QueryCache | None = getattr(pool, "query_cache", None)  # a pool-like stand-in may have none
         self._bridges: dict[tuple, Any] = {}
 
     @property
@@ -245,7 +252,7 @@ class RoutePlanner:
         cur = self.plan.current_space
         current = self.pool.get(cur.model, self.current, what="current model")
         if route == NATIVE:
-            return QuerySide(space_id, NATIVE, direct=current, refine=self.refine)
+            return QuerySide(space_id, NATIVE, direct=current, refine=self.refine, text_cache=self.text_cache)
         direct = self.encoder(space_id) if route in (OLD_MODEL, FUSED) else None
         bridged = bridge = path = None
         if route in (BRIDGE, FUSED):
@@ -254,7 +261,7 @@ class RoutePlanner:
                        if path.encoder_upgrade else current)
             bridge = self._vector_bridge(path.vector_upgrades, bridged.space_id, space_id)
         return QuerySide(space_id, route, direct=direct, bridged=bridged, bridge=bridge, weight=weight, path=path,
-                         refine=self.refine)
+                         refine=self.refine, text_cache=self.text_cache)
 
     def _vector_bridge(self, dirs: Sequence[str], source: str, target: str):
         if not dirs:

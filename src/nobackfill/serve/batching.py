@@ -24,37 +24,55 @@ class _Request:
 
 
 class SearchBatcher:
-    """One thread takes the queued searches, waits up to ``wait_s`` for more (at most ``max_batch``),
-    groups them by what must be equal within a batch (query modality, target, filter, merge) and
-    answers each group with :meth:`~nobackfill.search.Searcher.search_batch` at the largest ``k``.
-    A group that fails is answered query by query, so one bad query fails alone."""
+    """One thread takes the queued searches: the first, and every other one already queued (at most
+    ``max_batch``; it never waits when nothing else is queued, so a lone query goes at once; with
+    ``wait_s`` > 0 and others queued, it waits that long for more), groups them by what must be equal
+    within a batch (query modality, target, filter, merge) and answers each group with
+    :meth:`~nobackfill.search.Searcher.search_batch` at the largest ``k``. Queries arriving while a
+    batch runs form the next batch. A group that fails is answered query by query, so one bad query
+    fails alone. :meth:`submit` returns a future (an async caller awaits it without a thread of its
+    own: one thread hop a query); :meth:`search` blocks."""
 
-    def __init__(self, searcher_for: Callable[[str | None], Any], *, max_batch: int = 32, wait_s: float = 0.002) -> None:
+    def __init__(self, searcher_for: Callable[[str | None], Any], *, max_batch: int = 32, wait_s: float = 0.0) -> None:
         self.searcher_for, self.max_batch, self.wait_s = searcher_for, int(max_batch), float(wait_s)
         self._queue: queue.Queue[_Request] = queue.Queue()
         self.batches = 0
         self.queries = 0
         threading.Thread(target=self._loop, name="search-batcher", daemon=True).start()
 
-    def search(self, *, text: str | None = None, image: Any = None, k: int = 10, target: str | None = None,
-               filter: dict | None = None, merge: str | None = None):
-        """The :class:`~nobackfill.search.SearchResponse` of one query (blocks until answered)."""
+    def submit(self, *, text: str | None = None, image: Any = None, k: int = 10, target: str | None = None,
+               filter: dict | None = None, merge: str | None = None) -> Future:
+        """A future of the :class:`~nobackfill.search.SearchResponse` of one query."""
         kind = "text" if text is not None else "image"
         key = (kind, target, json.dumps(filter, sort_keys=True, default=str) if filter else None, merge)
         req = _Request(key, text if text is not None else image, int(k))
         self._queue.put(req)
-        return req.future.result()
+        return req.future
+
+    def search(self, **query: Any) -> Any:
+        """The :class:`~nobackfill.search.SearchResponse` of one query (blocks until answered)."""
+        return self.submit(**query).result()
+
+    def _take(self) -> list[_Request]:
+        """The next batch: the first queued query and those queued behind it."""
+        batch = [self._queue.get()]
+        while len(batch) < self.max_batch:
+            try:
+                batch.append(self._queue.get_nowait())
+            except queue.Empty:
+                break
+        if self.wait_s > 0 and len(batch) > 1:  # traffic: a little longer for more
+            deadline = time.monotonic() + self.wait_s
+            while len(batch) < self.max_batch and (left := deadline - time.monotonic()) > 0:
+                try:
+                    batch.append(self._queue.get(timeout=left))
+                except queue.Empty:
+                    break
+        return batch
 
     def _loop(self) -> None:
         while True:
-            batch = [self._queue.get()]
-            deadline = time.monotonic() + self.wait_s
-            while len(batch) < self.max_batch:
-                left = deadline - time.monotonic()
-                try:
-                    batch.append(self._queue.get(timeout=left) if left > 0 else self._queue.get_nowait())
-                except queue.Empty:
-                    break
+            batch = self._take()
             groups: dict[tuple, list[_Request]] = {}
             for r in batch:
                 groups.setdefault(r.key, []).append(r)

@@ -25,6 +25,10 @@ class Service:
         from ..client.local import LocalClient
 
         self.settings = settings
+        if pool is None:
+            from ..search import ModelPool
+
+            pool = ModelPool(query_cache=settings.query_cache)
         self.client = LocalClient(settings.collection, pool=pool, limits=settings.limits)
         lim = settings.limits
         self.models = request_models(lim.max_k, lim.max_caption_chars, lim.max_batch, lim.max_image_bytes)
@@ -65,6 +69,8 @@ class Service:
         self.g_done = Gauge("nobackfill_backfill_done", "Items served by the current space", registry=r)
         self.g_total = Gauge("nobackfill_backfill_total", "Items the current model can embed", registry=r)
         self.g_items = Gauge("nobackfill_items", "Live items", ["modality"], registry=r)
+        r.register(_QueryCacheMetrics(self))
+
 
     # ------------------------------------------------------------------ paths from requests
     def under(self, root: Path | None, rel: str, what: str, option: str, *, file: bool = False) -> Path:
@@ -112,3 +118,23 @@ class Service:
             raise ApiError(e.status, e.detail, e.field or field) from None
         except (ValueError, KeyError, FileNotFoundError) as e:
             raise ApiError(422, str(e.args[0]) if isinstance(e, KeyError) and e.args else str(e), field) from None
+
+
+class _QueryCacheMetrics:
+    """``/metrics`` of the pool's text query cache (read at each scrape)."""
+
+    def __init__(self, service: "Service") -> None:
+        self.service = service
+
+    def collect(self) -> Any:
+        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+        st = self.service.pool.query_cache.stats() if hasattr(self.service.pool, "query_cache") else \
+            {"hits": 0, "misses": 0, "entries": 0, "size": 0}
+        yield CounterMetricFamily("nobackfill_query_cache_hits", "Text queries answered from the embedding cache",
+                                  value=st["hits"])
+        yield CounterMetricFamily("nobackfill_query_cache_misses", "Text queries embedded (not in the cache)",
+                                  value=st["misses"])
+        yield GaugeMetricFamily("nobackfill_query_cache_entries", "Text query embeddings held", value=st["entries"])
+        yield GaugeMetricFamily("nobackfill_query_cache_size", "Most text query embeddings held (0: off)",
+                                value=st["size"])

@@ -72,3 +72,4 @@ class ServeSettings:
     limits: Limits = field(default_factory=Limits)
     backfill_workers: int = 1
     warm: bool = True
+    query_cache: int = 4096  # text query embeddings kept (LRU; 0: none)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import time
 from typing import Any
 
@@ -37,17 +38,19 @@ async def search(request: Request, _r: str = Depends(reader), svc: Service = Dep
             raise ApiError(422, f"target: must be 'image' or 'text', got {target!r}", "target")
         flt = form_filter(parts.get("filter"))
         img = await run_in_threadpool(decode_image, data, lim, "image")
-        return await run_in_threadpool(_search, svc, None, img, k, target, flt, None)
+        return await _search(svc, None, img, k, target, flt, None)
     req = await json_body(request, svc.models.search)
-    return await run_in_threadpool(_search, svc, req.text, None, req.k, req.target, req.filter, req.merge)
+    return await _search(svc, req.text, None, req.k, req.target, req.filter, req.merge)
 
 
-def _search(svc: Service, text: str | None, image: Any, k: int, target: str | None, flt: dict | None,
-            merge: str | None) -> Response:
-    """One search through the batcher, counted in the metrics; the hits with public metadata."""
+async def _search(svc: Service, text: str | None, image: Any, k: int, target: str | None, flt: dict | None,
+                  merge: str | None) -> Response:
+    """One search through the batcher (awaited: the batcher's thread is the only hop), counted in the
+    metrics; the hits with public metadata."""
     t0 = time.perf_counter()
     try:
-        r = svc.batcher.search(text=text, image=image, k=k, target=target, filter=flt, merge=merge)
+        r = await asyncio.wrap_future(svc.batcher.submit(text=text, image=image, k=k, target=target, filter=flt,
+                                                          merge=merge))
     except (ValueError, KeyError) as e:
         raise ApiError(422, str(e), "text" if text is not None else "image") from None
     spent = time.perf_counter() - t0
