@@ -98,3 +98,19 @@ def test_queries_queued_behind_a_running_batch_share_the_next_one_and_a_bad_one_
         queued[1].result(timeout=20)
     assert searcher.batches[0] == ["first"] and ["q1"] in searcher.batches and ["q2"] in searcher.batches
     assert batcher.search(text="sync", k=1).query == "sync"
+
+
+def test_the_batcher_embeds_with_its_own_torch_thread_count():
+    import torch
+
+    seen = []
+
+    class ThreadsSearcher(FakeSearcher):
+        def search_batch(self, texts=None, **kw):
+            seen.append(torch.get_num_threads())
+            return super().search_batch(texts=texts, **kw)
+
+    before = torch.get_num_threads()
+    searcher = ThreadsSearcher()
+    SearchBatcher(lambda merge: searcher, threads=1).submit(text="q", k=1).result(timeout=20)
+    assert seen == [1] and torch.get_num_threads() == before  # the caller's threads are its own

@@ -19,10 +19,6 @@ from __future__ import annotations
 import asyncio
 import os
 import shutil
-import signal
-import socket
-import subprocess
-import sys
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -31,6 +27,9 @@ from typing import Any, Callable
 import numpy as np
 
 from .serve_inputs import ADMIN_KEY, READ_KEY, run_bad_inputs
+from .serve_encoders import format_markdown as encoders_markdown
+from .serve_latency import ServerProcess, search_load
+from .serve_rows import encoder_rows, idle_against_floor, latency_markdown
 
 
 @dataclass
@@ -45,59 +44,13 @@ class ServeBenchConfig:
     trials: int = 24
     backfill_rate: float = 15.0  # items/s, so the backfill lasts the whole load test
     calib_images: int = 300
+    latency_requests: int = 400  # search-only runs at concurrency 1 (x3 at concurrency 8)
+    encoders: bool = True  # the query text tower on torch vs ONNX Runtime, and int8's R@1
+    multi30k: Path | None = None  # for int8's R@1 on Multi30K val (default: the shared copy)
 
     @classmethod
     def quick(cls, **kw: Any) -> "ServeBenchConfig":
         return cls(**{"requests": 2000, "trials": 20, **kw})
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-class ServerProcess:
-    """``nobackfill serve`` in a subprocess on 127.0.0.1."""
-
-    def __init__(self, collection: Path, keys: Path, models_root: Path) -> None:
-        self.collection, self.keys, self.models_root = collection, keys, models_root
-        self.port = _free_port()
-        self.proc: subprocess.Popen | None = None
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    def start(self, timeout_s: float = 180) -> float:
-        import httpx
-
-        t0 = time.time()
-        cmd = [sys.executable, "-m", "nobackfill.cli", "serve", str(self.collection), "--port", str(self.port),
-               "--keys", str(self.keys), "--models-root", str(self.models_root)]
-        self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-        while time.time() - t0 < timeout_s:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"the server exited: {self.proc.stderr.read()[-2000:]}")
-            try:
-                if httpx.get(self.url + "/healthz", timeout=2).status_code == 200:
-                    return time.time() - t0
-            except httpx.HTTPError:
-                time.sleep(0.2)
-        raise RuntimeError(f"the server did not answer within {timeout_s:.0f}s")
-
-    def kill(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGKILL)
-            self.proc.wait()
-
-    def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                self.kill()
 
 
 # ----------------------------------------------------------------------------- load
@@ -234,17 +187,23 @@ def run_serve_bench(cfg: ServeBenchConfig, log: Callable[[str], None] | None = N
     shutil.rmtree(cfg.work, ignore_errors=True)
     cfg.work.mkdir(parents=True)
     ev = world_eval(resolve_data(cfg.world, "test"))
-    c, _, _ = upgraded_world_collection(cfg, ModelPool(), ev, cfg.work / "photos", say)
     keys = cfg.work / "keys.toml"
     keys.write_text(f'read = ["{READ_KEY}"]\nadmin = ["{ADMIN_KEY}"]\n')
+    texts = [t.payload for t in ev.texts]
+    latency = idle_against_floor(cfg, ev, texts, keys, say)
+    encoders = encoder_rows(cfg, texts, say) if cfg.encoders else None
+    c, _, _ = upgraded_world_collection(cfg, ModelPool(), ev, cfg.work / "photos", say)
     server = ServerProcess(c.path, keys, Path.cwd())  # the project: models/, upgrades/, docs/ lie under it
     startup = server.start()
     say(f"server on {server.url} (started in {startup:.1f}s)")
     try:
-        texts = [t.payload for t in ev.texts]
         images = [Path(im.payload).read_bytes() for im in ev.images[:100]]
         admin = Client(server.url, ADMIN_KEY)
+        latency["upgraded_idle_c1"] = search_load(server.url, texts, key=READ_KEY, requests=cfg.latency_requests)
         admin.backfill_start(order="uncertainty", rate=cfg.backfill_rate)
+        latency["during_backfill_c1"] = search_load(server.url, texts, key=READ_KEY, requests=cfg.latency_requests)
+        say(f"  search-only c1: upgraded idle p50 {latency['upgraded_idle_c1']['p50_ms']} ms, during the backfill "
+            f"{latency['during_backfill_c1']['p50_ms']} ms")
         before = admin.status()["backfill"]
         say(f"load: {cfg.requests} searches at concurrency {cfg.concurrency} during the backfill ...")
         load = asyncio.run(_load(server.url, texts, images, cfg))
@@ -261,13 +220,16 @@ def run_serve_bench(cfg: ServeBenchConfig, log: Callable[[str], None] | None = N
         faults = run_faults(server, c.path, cfg.trials, say)
     finally:
         server.stop()
-    return {"load": load, "faults": faults, "bad_inputs": bad, "startup_s": round(startup, 1),
+    return {"load": load, "latency": latency, "encoders": encoders, "faults": faults, "bad_inputs": bad,
+            "startup_s": round(startup, 1),
             "config": {k: str(v) if isinstance(v, Path) else v for k, v in asdict(cfg).items()},
             "machine": {"cpus": os.cpu_count()}, "seconds": round(time.time() - t_all, 1)}
 
 
 def format_markdown(result: dict[str, Any]) -> str:
     ld, f, b = result["load"], result["faults"], result["bad_inputs"]
+    head = latency_markdown(result["latency"]) if result.get("latency") else ""
+    head += encoders_markdown(result["encoders"]) + "\n" if result.get("encoders") else ""
     lines = ["| load | requests | errors | concurrency | p50 ms | p95 ms | p99 ms | text p50 ms | image p50 ms | req/s | "
              "during backfill |", "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|",
              f"| mixed searches + adds | {ld['requests']} | {ld['errors']} | {ld['concurrency']} | {ld['p50_ms']} | "
@@ -279,7 +241,7 @@ def format_markdown(result: dict[str, Any]) -> str:
              f"{f['backfill_resumed']} / {f['backfill_trials']} | {f['verify_failures']} |", "",
              "| bad inputs | classes tried | clear 4xx | store unchanged |", "|---|---:|---:|---:|",
              f"| every class | {b['tried']} | {b['clear_4xx']} | {b['store_unchanged']} |", ""]
-    return "\n".join(lines) + "\n"
+    return head + "\n".join(lines) + "\n"
 
 
 __all__ = ["ServeBenchConfig", "format_markdown", "run_serve_bench"]

@@ -28,6 +28,8 @@ def serve(
     backfill: Optional[str] = typer.Option(None, help="Start a backfill in the server at once, in this order."),
     log_level: str = typer.Option("warning", help="uvicorn log level."),
     query_cache: int = typer.Option(4096, help="Text query embeddings kept in memory (LRU; 0: none); hits in /metrics."),
+    query_threads: int = typer.Option(1, help="torch threads that embed a batch of queries (more pays for a large "
+                                              "query model on an idle machine; one is faster for small ones)."),
 ) -> None:
     """Serve a collection: search, items, status, upgrades and the backfill over HTTP (API under /v1,
     OpenAPI at /docs), Prometheus metrics at /metrics, a web page at /."""
@@ -38,6 +40,7 @@ def serve(
     try:
         settings = ServeSettings(collection=collection, keys=KeyRing.load(keys), models_root=models_root,
                                  upgrades_root=upgrades_root, data_root=data_root, uploads=uploads, query_cache=query_cache,
+                                 query_threads=query_threads,
                                  limits=Limits(max_body_bytes=int(max_body_mb * 2**20), max_image_pixels=max_image_pixels,
                                                max_k=max_k, max_batch=max_batch))
         app = create_app(settings)

@@ -33,8 +33,10 @@ class SearchBatcher:
     fails alone. :meth:`submit` returns a future (an async caller awaits it without a thread of its
     own: one thread hop a query); :meth:`search` blocks."""
 
-    def __init__(self, searcher_for: Callable[[str | None], Any], *, max_batch: int = 32, wait_s: float = 0.0) -> None:
+    def __init__(self, searcher_for: Callable[[str | None], Any], *, max_batch: int = 32, wait_s: float = 0.0,
+                 threads: int | None = 1) -> None:
         self.searcher_for, self.max_batch, self.wait_s = searcher_for, int(max_batch), float(wait_s)
+        self.threads = threads  # torch's intra-op threads in the batcher's thread (None: torch's default)
         self._queue: queue.Queue[_Request] = queue.Queue()
         self.batches = 0
         self.queries = 0
@@ -71,6 +73,13 @@ class SearchBatcher:
         return batch
 
     def _loop(self) -> None:
+        if self.threads is not None:
+            # a query's encoder pass is small: one thread answers it without waking (and waiting on) a
+            # pool of them, and leaves the other cores to the requests and the backfill. torch's thread
+            # count is per calling thread: the backfill's own threads keep theirs.
+            import torch
+
+            torch.set_num_threads(max(1, int(self.threads)))
         while True:
             batch = self._take()
             groups: dict[tuple, list[_Request]] = {}

@@ -42,7 +42,7 @@ class Service:
         local = self.collection.path if isinstance(self.collection.path, Path) else None
         self.paths = PublicPaths([(local, ""), (self.uploads, "uploads/"), (settings.data_root, ""),
                                   (settings.models_root, ""), (settings.upgrades_root, "")])
-        self.batcher = SearchBatcher(self.client.searcher)
+        self.batcher = SearchBatcher(self.client.searcher, threads=settings.query_threads)
         self._metrics()
 
     @property

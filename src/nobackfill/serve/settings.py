@@ -73,3 +73,4 @@ class ServeSettings:
     backfill_workers: int = 1
     warm: bool = True
     query_cache: int = 4096  # text query embeddings kept (LRU; 0: none)
+    query_threads: int = 1  # torch intra-op threads for query encoding (the search batcher's thread)
