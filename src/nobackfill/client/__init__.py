@@ -2,7 +2,19 @@
 and return types; the command line and the service are thin shells over it (:mod:`.base`)."""
 
 from .base import Client
-from .types import AddResult, ClientError, ImportResult, ItemInfo, SearchHit, SearchResults, UpgradeResult
+from .errors import (AlreadyExists, ClientError, Conflict, Forbidden, InvalidRequest, NotFound, ServerError, TooLarge,
+                     Unreachable)
+from .types import AddResult, ImportResult, ItemInfo, SearchHit, SearchResults, UpgradeResult
 
-__all__ = ["AddResult", "Client", "ClientError", "ImportResult", "ItemInfo", "SearchHit", "SearchResults",
-           "UpgradeResult"]
+__all__ = ["AddResult", "AlreadyExists", "BackfillRefused", "Client", "ClientError", "Conflict", "Forbidden",
+           "ImportResult", "InvalidRequest", "ItemInfo", "NotFound", "SearchHit", "SearchResults", "ServerError",
+           "TooLarge", "Unreachable", "UpgradeResult"]
+
+
+def __getattr__(name: str):
+    """``BackfillRefused`` (:func:`~nobackfill.client.errors.backfill_refused`), made on first use."""
+    if name == "BackfillRefused":
+        from .errors import backfill_refused
+
+        return backfill_refused()
+    raise AttributeError(name)

@@ -12,9 +12,17 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
+from .errors import NotFound
 from .types import AddResult, ImportResult, ItemInfo, SearchResults, UpgradeResult
 
-__all__ = ["Client"]
+__all__ = ["Client", "check_image_file"]
+
+
+def check_image_file(image: Any) -> None:
+    """:class:`~.errors.NotFound` for an image query given as a path that names no file (the same
+    error in process and over HTTP)."""
+    if isinstance(image, (str, Path)) and not Path(image).is_file():
+        raise NotFound(404, f"image: no such file: {image}", "image")
 
 
 class Client:
@@ -22,9 +30,11 @@ class Client:
     ``milvus://HOST:PORT#NAME``, ``...?catalog=postgresql://...``) or served over HTTP (``target``
     an ``http(s)://`` URL of ``nobackfill serve``, with ``api_key``). ``Client(...)`` returns a
     :class:`~nobackfill.client.local.LocalClient` or a :class:`~nobackfill.client.remote.RemoteClient`;
-    both have every method below and return the same types. A refused call raises
-    :class:`~nobackfill.client.types.ClientError` (with the HTTP status it maps to) or ValueError
-    for an invalid argument; over HTTP a ValueError arrives as ClientError 422."""
+    both have every method below, return the same types, take the same limits and raise the same
+    errors: a refused call raises a :class:`~nobackfill.client.errors.ClientError` (a ValueError)
+    of the class of its kind (:class:`~.errors.NotFound`, also a FileNotFoundError;
+    :class:`~.errors.AlreadyExists`, also a FileExistsError; :class:`~.errors.Conflict`;
+    :class:`~.errors.InvalidRequest`...), with the HTTP status it maps to."""
 
     def __new__(cls, target: str | Path = "", *args: Any, **kw: Any) -> "Client":
         if cls is Client:
