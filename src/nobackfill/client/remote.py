@@ -178,7 +178,7 @@ class RemoteClient(Client):
         """All or nothing, as in process: every id is looked up first, and an unknown one deletes
         none (NotFound); then each is deleted (the API deletes one item a request)."""
         unique = list(dict.fromkeys(ids))
-        for item_id in unique:
+        for item_id in unique if len(unique) > 1 else ():  # one id: its DELETE is all or nothing
             try:
                 self.get(item_id)
             except NotFound:
