@@ -235,3 +235,21 @@ def test_ctrl_c_during_an_import_says_what_is_committed(tmp_path, monkeypatch):
     monkeypatch.setattr(importing, "add_vectors", real)
     r = ok(*args)
     assert "already there 10" in r.stdout
+
+
+def test_progress_bars_are_drawn_on_stderr(monkeypatch, capsys):
+    """On a terminal a progress bar is drawn on stderr, never into the results on stdout."""
+    import io
+    import sys
+
+    from nobackfill.progress import progress_bar
+
+    class Tty(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+
+    err = Tty()
+    monkeypatch.setattr(sys, "stderr", err)
+    with progress_bar(True, "uploading things", 3) as advance:
+        advance(3)
+    assert "uploading things" in err.getvalue() and "uploading things" not in capsys.readouterr().out

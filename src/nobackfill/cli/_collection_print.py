@@ -56,7 +56,7 @@ def interrupt_report(client: Any, name: str) -> Iterator[None]:
         console.print(f"[yellow]interrupted:[/yellow] {escape(what)}"
                       + ("; the server finishes the request it was sent" if remote else "")
                       + ". Run the same command again to finish: items already there are skipped, nothing is "
-                        "imported twice.")
+                        "embedded or imported twice.")
         raise typer.Exit(code=130) from None
 
 

@@ -93,12 +93,13 @@ def add(
         warn_truncated(client.encoder(), [it.source["text"] for it in text_items], [f"item {it.id}" for it in text_items])
 
     t0 = time.time()
-    try:
-        rep = client.add(folder=data, split=split, text_file=texts, langs=[x for x in langs.split(",") if x] or None,
-                         skip_bad=skip_bad, wait=wait, chunk_size=chunk_size, progress=True, before_embed=warn,
-                         build_indexes=True, log=console.print)
-    except user_errors() as e:
-        fail(skip_bad_hint(e))
+    with interrupt_report(client, name):  # Ctrl-C: what is committed, and that re-running resumes
+        try:
+            rep = client.add(folder=data, split=split, text_file=texts, langs=[x for x in langs.split(",") if x]
+                             or None, skip_bad=skip_bad, wait=wait, chunk_size=chunk_size, progress=True,
+                             before_embed=warn, build_indexes=True, log=console.print)
+        except user_errors() as e:
+            fail(skip_bad_hint(e))
     if as_json:
         return _echo(rep)
     results.print(f"{len(rep.ids)} item(s) read" + (f" ({rep.uncaptioned} images without captions)"
