@@ -36,22 +36,17 @@ def print_import(client: Any, source: str, rep: Any) -> None:
 
 @contextlib.contextmanager
 def interrupt_report(client: Any, name: str) -> Iterator[None]:
-    """Ctrl-C during an import or add: say what the collection holds now (every committed batch
-    stays) and that the same command resumes, then exit 130."""
-    try:
-        before = client.status()["items"]
-    except Exception:  # no collection yet (an import creates it), or no answer
-        before = {}
+    """Ctrl-C during an import or add: say what the collection holds now (every batch committed
+    before the interruption stays) and that the same command finishes the work, then exit 130."""
     try:
         yield
     except KeyboardInterrupt:
         try:
             now = client.status()["items"]
-            held = sum(now.values()) - sum(before.values())
-            what = (f"{held} item(s) of it committed; {name} holds {now.get('image', 0)} images and "
-                    f"{now.get('text', 0)} texts")
+            what = (f"{name} holds {now.get('image', 0)} images and {now.get('text', 0)} texts now (every batch "
+                    "committed before the interruption stays)")
         except Exception:  # noqa: BLE001 - the note must not hide the interruption
-            what = "what its committed batches hold stays in the collection"
+            what = "every batch committed before the interruption stays in the collection"
         remote = type(client).__name__ == "RemoteClient"
         console.print(f"[yellow]interrupted:[/yellow] {escape(what)}"
                       + ("; the server finishes the request it was sent" if remote else "")

@@ -62,7 +62,9 @@ class Client:
     def add(self, *, texts: Sequence[str | Mapping[str, Any]] | None = None, images: Sequence[str | Path] | None = None,
             ids: Sequence[str | None] | None = None, **kw: Any) -> AddResult:
         """Embed and add texts (strings, or ``{"text", "id", ...metadata}``) or image files with the
-        current model; an id already there with the same content is left as it is."""
+        current model; an id already there with the same content is left as it is. Both clients
+        also take ``folder=`` (a data folder, or a world root with ``split=``) and ``text_file=``,
+        read on the caller's machine (over HTTP: uploaded), and an empty list (nothing added)."""
         raise NotImplementedError
 
     def import_(self, source: str, **kw: Any) -> ImportResult:
@@ -93,11 +95,11 @@ class Client:
         raise NotImplementedError
 
     def get(self, item_id: str) -> ItemInfo:
-        """One item: modality, metadata, the space that serves it (ClientError 404 if unknown)."""
+        """One item: modality, metadata, the space that serves it (NotFound if unknown)."""
         raise NotImplementedError
 
     def delete(self, *ids: str) -> int:
-        """Delete items (all or nothing: an unknown id deletes none, ClientError 404); returns how many."""
+        """Delete items (all or nothing: an unknown id deletes none, NotFound); returns how many."""
         raise NotImplementedError
 
     def status(self) -> dict[str, Any]:
@@ -105,7 +107,9 @@ class Client:
         raise NotImplementedError
 
     def backfill_start(self, order: str = "uncertainty", rate: float | None = None, **kw: Any) -> dict[str, Any]:
-        """Start (or resume) the progressive backfill into the current space; returns its status."""
+        """Start the progressive backfill into the current space (``resume=True``: resume a paused
+        one); returns its status, or with ``wait=True`` the report of the run once its worker
+        stopped (over HTTP the server's worker, followed)."""
         raise NotImplementedError
 
     def backfill_pause(self) -> dict[str, Any]:
