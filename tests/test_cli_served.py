@@ -122,6 +122,10 @@ def test_every_command_on_a_path_and_on_a_server(two):
     assert code == 2 and "no vector in the current space" in out
     (code, a, _), (_, b, _) = both(two, "backfill", "--order", "sequential")
     assert code == 0 and a["done"] == b["done"] == a["total"] == b["total"] == 40 and a["committed"] == b["committed"]
+    (code, a, _), (_, b, _) = both(two, "backfill", "--resume")
+    assert code == 0 and a["done"] == b["done"] == 40 and a["committed"] == b["committed"] == 0
+    (code, a, _), (_, b, _) = both(two, "backfill", "--cancel")
+    assert code == 0 and a["state"] == b["state"] == "none"
     (code, a, _), (_, b, _) = both(two, "retire", "--space", old)
     assert code == 0 and a["retired"] == b["retired"] == old
     # delete: several at once, all or nothing
