@@ -8,17 +8,15 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import socket
 import subprocess
 import sys
-import threading
-import time
 from pathlib import Path
 
 import pytest
 
 pytest.importorskip("fastapi")
 
+from _live_server import LiveServer  # noqa: E402
 from _collection_helpers import NEW_REF, OLD_REF, make_folder, pool_with, related_pair, write_procrustes_upgrade  # noqa: E402
 from nobackfill.collection.collection import Collection  # noqa: E402
 from nobackfill.collection.ingest import add_items, folder_items  # noqa: E402
@@ -28,12 +26,6 @@ from nobackfill.serve.schema import NONBLANK  # noqa: E402
 
 READ, ADMIN = "schema-read-key-0123", "schema-admin-key-0123"
 LIMITS = Limits(max_body_bytes=2_000_000, max_k=50, max_batch=5, max_caption_chars=200, max_image_pixels=512 * 512)
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _app(root: Path):
@@ -49,39 +41,6 @@ def _app(root: Path):
     settings = ServeSettings(collection=str(c.path), keys=KeyRing({"read": [READ], "admin": [ADMIN]}),
                              models_root=root / "models", upgrades_root=root / "upgrades", limits=LIMITS)
     return create_app(settings, pool=pool), c
-
-
-class LiveServer:
-    """uvicorn in a thread of this process (so the stand-in models serve), on 127.0.0.1."""
-
-    def __init__(self, app) -> None:
-        import uvicorn
-
-        self.port = _free_port()
-        self.server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="error",
-                                                    lifespan="off"))
-        self.thread = threading.Thread(target=self.server.run, name="uvicorn", daemon=True)
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    def __enter__(self) -> "LiveServer":
-        import httpx
-
-        self.thread.start()
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            try:
-                if httpx.get(self.url + "/healthz", timeout=2).status_code == 200:
-                    return self
-            except httpx.HTTPError:
-                time.sleep(0.1)
-        raise RuntimeError("the server did not start")
-
-    def __exit__(self, *exc) -> None:
-        self.server.should_exit = True
-        self.thread.join(timeout=30)
 
 
 @pytest.fixture(scope="module")

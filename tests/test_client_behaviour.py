@@ -6,6 +6,7 @@ cancel, retire, delete, verify, and the same refusals."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import time
 from pathlib import Path
@@ -15,6 +16,8 @@ import pytest
 from typer.testing import CliRunner
 
 from nobackfill import Client, ClientError
+from nobackfill.client import AlreadyExists, BackfillRefused, Conflict, InvalidRequest, NotFound, Unreachable
+from nobackfill.lifecycle.backfill import BackfillError
 from nobackfill.cli import app
 from nobackfill.client import AddResult, ImportResult, ItemInfo, SearchHit, SearchResults, UpgradeResult
 
@@ -92,13 +95,13 @@ def world(tmp_path_factory) -> Path:
     return root / "world"
 
 
-@pytest.fixture(params=["local", "remote", "cli"])
-def face(request, world, tmp_path):
+@contextlib.contextmanager
+def _face(kind: str, world: Path, tmp_path: Path):
     """(the face, how it names a model, how it names a bridge), over a new collection of the world's
     test split (created and filled through the face itself where it can: a server serves a collection
     that exists)."""
     path = tmp_path / "photos"
-    if request.param == "cli":
+    if kind == "cli":
         ok("collection", "create", path, "--model", MODELS / "world-old")
         ok("collection", "add", path, "--data", world, "--split", "test")
         yield CliFace(path, tmp_path), (lambda m: MODELS / m), (lambda b: UPGRADES / b)
@@ -106,7 +109,7 @@ def face(request, world, tmp_path):
     local = Client(path)
     local.create(MODELS / "world-old")
     local.add(folder=world, split="test")
-    if request.param == "local":
+    if kind == "local":
         yield local, (lambda m: MODELS / m), (lambda b: UPGRADES / b)
         return
     from fastapi.testclient import TestClient
@@ -119,6 +122,19 @@ def face(request, world, tmp_path):
         remote = Client("http://testserver", api_key=ADMIN, http=http)
         assert type(remote).__name__ == "RemoteClient" and type(local).__name__ == "LocalClient"
         yield remote, (lambda m: m), (lambda b: b)
+
+
+@pytest.fixture(params=["local", "remote", "cli"])
+def face(request, world, tmp_path):
+    with _face(request.param, world, tmp_path) as f:
+        yield f
+
+
+@pytest.fixture(params=["local", "remote"])
+def client(request, world, tmp_path):
+    """The two clients (in process, over HTTP) of one collection of the world's test split."""
+    with _face(request.param, world, tmp_path) as f:
+        yield f[0]
 
 
 def _wait_done(c: Any, timeout: float = 120.0) -> dict:
@@ -180,6 +196,51 @@ def test_one_life_of_a_collection(face):
     assert rep["problems"] == [] and rep["kind"] == "collection"
 
 
+def test_the_two_clients_refuse_alike(client, monkeypatch):
+    """One error hierarchy, the same limits and the same refusals in process and over HTTP: each
+    refusal a ClientError subclass (still a ValueError, and the built-in error the library raised
+    before: FileExistsError, FileNotFoundError, BackfillError)."""
+    c = client
+    with pytest.raises(AlreadyExists) as e:  # a collection is there (a server serves one that exists)
+        c.create(MODELS / "world-old")
+    assert isinstance(e.value, FileExistsError) and isinstance(e.value, ValueError) and e.value.status == 409
+    with pytest.raises(NotFound) as e:
+        c.search(image="/nope.png")
+    assert isinstance(e.value, FileNotFoundError) and "nope.png" in str(e.value)
+    with pytest.raises(NotFound) as e:  # a model that is not there
+        c.upgrade("no-such-model")
+    assert isinstance(e.value, FileNotFoundError)
+    with pytest.raises(BackfillRefused) as e:  # the current space cannot be retired
+        c.retire(c.status()["current"])
+    assert isinstance(e.value, BackfillError) and isinstance(e.value, Conflict) and e.value.status == 409
+    # the same limits: the largest k
+    assert c.status()["limits"]["max_k"] == 1000
+    assert len(c.search(text="a red circle", k=1000, target="text").hits) == 20
+    with pytest.raises(InvalidRequest, match="k"):
+        c.search(text="a red circle", k=1001)
+    # the same refusals: several ids deleted at once, all or nothing; an empty add
+    assert c.add(texts=[]).added == 0
+    assert c.add(texts=[{"text": f"caption {i}", "id": f"d-{i}"} for i in range(3)]).added == 3
+    with pytest.raises(NotFound, match="nope"):
+        c.delete("d-0", "nope")
+    assert c.get("d-0").id == "d-0"
+    assert c.delete("d-0", "d-1") == 2
+    with pytest.raises(NotFound):
+        c.get("d-1")
+    # README's names (relative to the working directory in process, to the server's roots over HTTP)
+    monkeypatch.chdir(ROOT)
+    up = c.upgrade("models/world-new", bridges=["upgrades/world-old-to-new"])
+    assert len(up.spaces) == 2 and up.routes
+
+
+def test_an_unreachable_server_is_one_error():
+    c = Client("http://127.0.0.1:9", api_key="k" * 12)
+    with pytest.raises(Unreachable) as e:
+        c.status()
+    assert isinstance(e.value, ConnectionError) and isinstance(e.value, ClientError)
+    assert "http://127.0.0.1:9" in str(e.value) and "\n" not in str(e.value)
+
+
 def test_the_faces_are_one_class():
     """``Client(...)`` picks the implementation from the target; both have every method of the base."""
     from nobackfill.client.base import Client as Base
@@ -195,8 +256,8 @@ def test_the_faces_are_one_class():
         assert not missing, f"{impl.__name__} does not implement {sorted(missing)}"
     with pytest.raises(ClientError, match="create it where it is stored"):
         remote.create("m")
-    with pytest.raises(ClientError, match="runs in the server"):
-        remote.backfill_start("sequential", wait=True)
+    with pytest.raises(InvalidRequest, match="server's own worker"):
+        remote.backfill_start("sequential", wait=True, limit=5)
     assert ImportResult(items=10, seconds=2.0).items_per_s == 5.0
 
 

@@ -296,6 +296,7 @@ def test_serve_cli_roots(tmp_path, monkeypatch):
     r = runner.invoke(cli, ["serve", "photos", "--keys", str(keys), "--models-root", "m", "--upgrades-root", "u"])
     assert r.exit_code == 0, r.output
     assert (seen[0].models_root, seen[0].upgrades_root) == (Path("models"), Path("upgrades"))
+    assert seen[0].limits.max_k == Limits().max_k == 1000  # the largest k of the in-process client too
     assert (seen[1].models_root, seen[1].upgrades_root) == (Path("m"), Path("u"))
     help_text = runner.invoke(cli, ["serve", "--help"], terminal_width=200).output
     assert "--models-root" in help_text and "--upgrades-root" in help_text

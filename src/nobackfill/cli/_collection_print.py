@@ -3,12 +3,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
-from typing import Any, List, Optional
+from typing import Any, Iterator, List, Optional
 
+import typer
 from rich.markup import escape
 
-from ._common import console
+from ._common import console, results
 
 
 def print_import(client: Any, source: str, rep: Any) -> None:
@@ -17,18 +19,40 @@ def print_import(client: Any, source: str, rep: Any) -> None:
     for w in ([] if adopted else rep.warnings):
         console.print(f"[yellow]warning:[/yellow] {escape(w)}")
     mc = rep["model_check"] if adopted else rep.model_check
-    console.print("model check: skipped (--trust-model)" if mc.get("skipped") else f"model check: {escape(mc['message'])}")
+    results.print("model check: skipped (--trust-model)" if mc.get("skipped") else f"model check: {escape(mc['message'])}")
     if adopted:
-        console.print(f"adopted {escape(source)} in place: {rep['items']} item(s), added {rep['added']}, already "
-                      f"there {rep['unchanged']}; its vectors were not copied and nobackfill never writes to it")
+        results.print(f"adopted {escape(source)} in place: {rep['items']} item(s), added {rep['added']}, already "
+              f"there {rep['unchanged']}; its vectors were not copied and nobackfill never writes to it")
     else:
-        console.print(f"{rep.items} item(s) read from {escape(rep.source)}: added {rep.added}, already there "
-                      f"{rep.unchanged} in {rep.seconds:.1f}s ({rep.items_per_s:,.0f} items/s)")
-    if (rep["added"] if adopted else rep.added):
-        client.collection.build_graph_indexes(log=console.print)
+        results.print(f"{rep.items} item(s) read from {escape(rep.source)}: added {rep.added}, already there "
+              f"{rep.unchanged} in {rep.seconds:.1f}s ({rep.items_per_s:,.0f} items/s)")
+    local = getattr(client, "collection", None)  # a server builds its own graph indexes
+    if (rep["added"] if adopted else rep.added) and local is not None:
+        local.build_graph_indexes(log=console.print)
     st = client.status()
-    console.print(f"collection {st['path']}: {st['items']['image']} images, {st['items']['text']} texts"
-                  + (f"; {st['unsourced']} without a source (cannot be backfilled)" if st.get("unsourced") else ""))
+    results.print(f"collection {st['path']}: {st['items']['image']} images, {st['items']['text']} texts"
+          + (f"; {st['unsourced']} without a source (cannot be backfilled)" if st.get("unsourced") else ""))
+
+
+@contextlib.contextmanager
+def interrupt_report(client: Any, name: str) -> Iterator[None]:
+    """Ctrl-C during an import or add: say what the collection holds now (every batch committed
+    before the interruption stays) and that the same command finishes the work, then exit 130."""
+    try:
+        yield
+    except KeyboardInterrupt:
+        try:
+            now = client.status()["items"]
+            what = (f"{name} holds {now.get('image', 0)} images and {now.get('text', 0)} texts now (every batch "
+                    "committed before the interruption stays)")
+        except Exception:  # noqa: BLE001 - the note must not hide the interruption
+            what = "every batch committed before the interruption stays in the collection"
+        remote = type(client).__name__ == "RemoteClient"
+        console.print(f"[yellow]interrupted:[/yellow] {escape(what)}"
+                      + ("; the server finishes the request it was sent" if remote else "")
+                      + ". Run the same command again to finish: items already there are skipped, nothing is "
+                        "embedded or imported twice.")
+        raise typer.Exit(code=130) from None
 
 
 def print_routes(routes: dict) -> None:
@@ -39,8 +63,8 @@ def print_routes(routes: dict) -> None:
             nums = ", ".join(f"{k} R@1 {v['R@1']:.3f}" + (f" (w={v['w']})" if "w" in v else "")
                              for k, v in cal.items() if isinstance(v, dict) and "R@1" in v)
             how = "pinned" if r["pinned"] else "calibrated" if r["calibrated"] else "default, uncalibrated"
-            console.print(escape(f"  space {sid} {d}: {r['route']}" + (f" w={r['w']}" if r["w"] is not None else "")
-                                 + f" ({how})" + (f"  {nums}" if nums else "")))
+            results.print(escape(f"  space {sid} {d}: {r['route']}" + (f" w={r['w']}" if r["w"] is not None else "")
+                             + f" ({how})" + (f"  {nums}" if nums else "")))
 
 
 def parse_filter(items: Optional[List[str]]) -> dict:
@@ -69,30 +93,30 @@ def index_line(info: dict) -> str:
 
 def print_spaces(spaces: dict) -> None:
     for sid, s in spaces.items():
-        console.print(f"  {'*' if s['current'] else ' '} {s['name']:<16} {sid}  images {s.get('image', 0)}, texts "
-                      f"{s.get('text', 0)}  ({s['model']})")
+        results.print(f"  {'*' if s['current'] else ' '} {s['name']:<16} {sid}  images {s.get('image', 0)}, texts "
+                  f"{s.get('text', 0)}  ({s['model']})")
         for imp in s.get("imports", []):
             mc = imp.get("model_check") or {}
             how = "model check skipped (--trust-model)" if mc.get("skipped") else \
                 f"model check median cosine {mc.get('median_cosine', 0):.4f} over {mc.get('n')} items"
-            console.print(escape(f"      imported {imp.get('items')} item(s) from {imp.get('from')} at {imp.get('at')}; "
-                                 + how))
+            results.print(escape(f"      imported {imp.get('items')} item(s) from {imp.get('from')} at {imp.get('at')}; "
+                             + how))
         if s.get("index"):
-            console.print("      index: " + index_line(s["index"]))
+            results.print("      index: " + index_line(s["index"]))
 
 
 def print_backfill(bf: dict) -> None:
     per = ", ".join(f"{m} {v['done']}/{v['total']}" for m, v in bf["per_modality"].items())
     eta = f", ETA {bf['eta_s']:.0f}s at {bf['rate']:.1f} items/s" if bf.get("eta_s") else ""
-    console.print(f"  backfill into the current space: {bf['done']}/{bf['total']} ({100 * bf['fraction']:.1f}%; {per})"
-                  + escape(f" [{bf['state']}{', order ' + bf['order'] if bf.get('order') else ''}{eta}]"))
+    results.print(f"  backfill into the current space: {bf['done']}/{bf['total']} ({100 * bf['fraction']:.1f}%; {per})"
+              + escape(f" [{bf['state']}{', order ' + bf['order'] if bf.get('order') else ''}{eta}]"))
     if bf.get("no_source"):
-        console.print(f"    no source: cannot be backfilled: {bf['no_source']} item(s) (imported without one; "
-                      "searched in their space until it is retired)")
+        results.print(f"    no source: cannot be backfilled: {bf['no_source']} item(s) (imported without one; "
+                  "searched in their space until it is retired)")
     for w in bf.get("holders", []):
-        console.print(f"    worker: pid {w['pid']} on {w['host']} (shard {w['shard']}, since {w['since']})")
+        results.print(f"    worker: pid {w['pid']} on {w['host']} (shard {w['shard']}, since {w['since']})")
     if bf.get("note"):
-        console.print(f"    [yellow]{escape(bf['note'])}[/yellow]")
+        results.print(f"    [yellow]{escape(bf['note'])}[/yellow]")
 
 
 def print_backfill_run(name: str, st: dict, limit: Optional[int]) -> None:
@@ -102,9 +126,9 @@ def print_backfill_run(name: str, st: dict, limit: Optional[int]) -> None:
     done = f"{st['committed']} committed{sample} in {st['seconds']:.1f}s"
     if st.get("busy"):  # every unfinished shard is leased: say who works, not a silent "0 committed"
         who = "; ".join(f"pid {w['pid']} on {w['host']} (shard {w['shard']}, since {w['since']})" for w in st["busy"])
-        console.print(f"{head}; another process is doing the work: {who}; nothing was left for this one"
-                      + (f" ({done} before that)" if st["committed"] else "")
-                      + ". Follow it with `nobackfill collection status`.")
+        results.print(f"{head}; another process is doing the work: {who}; nothing was left for this one"
+                  + (f" ({done} before that)" if st["committed"] else "")
+                  + ". Follow it with `nobackfill collection status`.")
         return
     stopped = {"limit": f"stopped at --limit {limit}; run again to go on"}.get(st.get("stopped"), st.get("stopped"))
-    console.print(f"{head}; {done}" + (f" ({escape(stopped)})" if stopped else ""))
+    results.print(f"{head}; {done}" + (f" ({escape(stopped)})" if stopped else ""))

@@ -16,19 +16,26 @@ if TYPE_CHECKING:
 
 T = TypeVar("T")
 
-#: messages go to stderr and never wrap: paths in messages stay whole at any width
+#: progress, warnings, logs and errors go to stderr and never wrap: paths in messages stay whole at any width
 console = Console(stderr=True, soft_wrap=True)
+#: a command's results for a person (what ``--json`` prints as JSON) go to stdout: ``... | wc -c``
+results = Console(soft_wrap=True)
 
 
-def fail(msg: str) -> NoReturn:
-    """Print ``error: msg`` (as text: a path containing ``[...]`` is not rich markup) and exit 2."""
+def fail(msg: "str | BaseException") -> NoReturn:
+    """Print ``error: msg`` (as text: a path containing ``[...]`` is not rich markup) and exit 2. An
+    exception is its message: a client's refusal by its detail (no HTTP status: the command line
+    speaks in its own words)."""
+    if isinstance(msg, BaseException):
+        msg = getattr(msg, "detail", None) or str(msg)
     console.print(f"[red]error:[/red] {escape(msg)}")
     raise typer.Exit(code=2)
 
 
 def skip_bad_hint(e: BaseException) -> str:
-    """``str(e)``, plus that ``--skip-bad`` skips it for a bad line or unreadable image."""
-    msg = str(e)
+    """``e``'s message (a client's refusal by its detail), plus that ``--skip-bad`` skips it for a
+    bad line or unreadable image."""
+    msg = getattr(e, "detail", None) or str(e)
     return msg + " (pass --skip-bad to skip it)" if getattr(e, "skippable", False) and "--skip-bad" not in msg \
         else msg
 

@@ -14,17 +14,20 @@ from typing import Any, List, Optional
 import typer
 from rich.markup import escape
 
-from ._common import console, fail, langs_option, report_skipped, skip_bad_hint, user_errors, warn_truncated
-from ._collection_print import (parse_filter, print_backfill, print_backfill_run, print_import, print_routes,
-                                print_spaces)
+from ._common import console, fail, langs_option, report_skipped, results, skip_bad_hint, user_errors, warn_truncated
+from ._collection_print import (interrupt_report, parse_filter, print_backfill, print_backfill_run, print_import,
+                                print_routes, print_spaces)
 from .gallery import print_hits
 
 collection_app = typer.Typer(no_args_is_help=True, help="Collections: a gallery that keeps working across model "
                                                         "upgrades (several embedding spaces, one search).")
 
-_NAME = typer.Argument(..., help="The collection: a directory or a storage URI (milvus-lite:PATH#NAME or "
-                       "milvus://HOST:PORT#NAME), either followed by ?catalog=postgresql://... for a shared catalog; "
-                       "or the http(s):// URL of a running `nobackfill serve` (API key in NOBACKFILL_API_KEY).")
+_STORED = ("The collection: a directory or a storage URI (milvus-lite:PATH#NAME or milvus://HOST:PORT#NAME), either "
+           "followed by ?catalog=postgresql://... for a shared catalog")
+_NAME = typer.Argument(..., help=_STORED + "; or the http(s):// URL of a running `nobackfill serve` (API key in "
+                       "NOBACKFILL_API_KEY; files the server reads are named relative to its --data-root, "
+                       "--models-root and --upgrades-root).")
+_NEW = typer.Argument(..., help=_STORED + " (not a server's URL: a server serves a collection that exists).")
 
 
 _JSON = typer.Option(False, "--json", help="Print what the call returned as JSON (what nobackfill.Client returns).")
@@ -46,7 +49,7 @@ def _client(name: str):
 
 @collection_app.command("create")
 def create(
-    name: str = _NAME,
+    name: str = _NEW,
     model: Path = typer.Option(..., help="The model that embeds the collection's items (a model directory, or "
                                          "'minilm' for the shipped all-MiniLM-L6-v2)."),
     backend: str = typer.Option("auto", help="Vector index of every space: auto (exact search below 50,000 vectors, an HNSW32 graph index past it, built in the background), a faiss factory string (Flat, HNSW32, HNSW32:efSearch=128, IVF1024,PQ16:nprobe=32) or flat | hnsw:M=16,ef=64."),
@@ -56,11 +59,11 @@ def create(
     try:
         st = _client(name).create(model, backend=backend)
     except user_errors() as e:
-        fail(str(e))
+        fail(e)
     if as_json:
         return _echo(st)
     cur = st["spaces"][st["current"]]
-    console.print(f"collection {st['path']}: current model {cur['name']} (space {st['current']}, "
+    results.print(f"collection {st['path']}: current model {cur['name']} (space {st['current']}, "
                   f"embeds {', '.join(cur.get('modalities') or ('image', 'text'))})")
 
 
@@ -90,24 +93,25 @@ def add(
         warn_truncated(client.encoder(), [it.source["text"] for it in text_items], [f"item {it.id}" for it in text_items])
 
     t0 = time.time()
-    try:
-        rep = client.add(folder=data, split=split, text_file=texts, langs=[x for x in langs.split(",") if x] or None,
-                         skip_bad=skip_bad, wait=wait, chunk_size=chunk_size, progress=True, before_embed=warn,
-                         build_indexes=True, log=console.print)
-    except user_errors() as e:
-        fail(skip_bad_hint(e))
+    with interrupt_report(client, name):  # Ctrl-C: what is committed, and that re-running resumes
+        try:
+            rep = client.add(folder=data, split=split, text_file=texts, langs=[x for x in langs.split(",") if x]
+                             or None, skip_bad=skip_bad, wait=wait, chunk_size=chunk_size, progress=True,
+                             before_embed=warn, build_indexes=True, log=console.print)
+        except user_errors() as e:
+            fail(skip_bad_hint(e))
     if as_json:
         return _echo(rep)
-    console.print(f"{len(rep.ids)} item(s) read" + (f" ({rep.uncaptioned} images without captions)"
+    results.print(f"{len(rep.ids)} item(s) read" + (f" ({rep.uncaptioned} images without captions)"
                                                       if rep.uncaptioned else ""))
-    console.print(f"added {rep.added}, already there {rep.unchanged}"
+    results.print(f"added {rep.added}, already there {rep.unchanged}"
                   + (f", metadata updated {rep.metadata_updated}" if rep.metadata_updated else "")
                   + (f", recovered from an interrupted run {rep.recovered}" if rep.recovered else "")
                   + f" in {time.time() - t0:.1f}s")
     bad_lines = [p for p in rep.problems if not any(p.startswith(f"{k}: ") for k in rep.skipped_images)]
     report_skipped(rep.skipped, rep.skipped_images, bad_lines, root=data)
     st = client.status()
-    console.print(f"collection {st['path']}: {st['items']['image']} images, {st['items']['text']} texts")
+    results.print(f"collection {st['path']}: {st['items']['image']} images, {st['items']['text']} texts")
 
 
 @collection_app.command("import")
@@ -144,24 +148,27 @@ def import_(
     they were made by MODEL. A Milvus collection is adopted in place: never copied, written to or
     dropped. Resumable: re-run after a crash."""
     client = _client(name)
-    try:
-        if from_.startswith(("milvus://", "milvus-lite:")):
-            missing = [o for o, v in (("--vector-field", vector_field), ("--id-field", id_field),
-                                      ("--modality", modality)) if not v]
-            if missing:
-                fail(f"adopting a Milvus collection needs {', '.join(missing)}")
-            rep = client.adopt(from_, model=model, vector_field=vector_field, id_field=id_field,
-                               source_field=source_field, modality=modality, images_root=images_root,
-                               trust_model=trust_model, samples=samples, backend=backend, progress=True, wait=wait)
-        else:
-            rep = client.import_(from_, table=table, id_column=id_column, source_column=source_column,
-                                 modality=modality, images_root=images_root, model=model, trust_model=trust_model,
-                                 lossy=lossy, samples=samples, backend=backend, progress=True, wait=wait)
-        if as_json:
-            return _echo(rep)
-        print_import(client, from_, rep)
-    except user_errors() as e:
-        fail(str(e))
+    with interrupt_report(client, name):  # Ctrl-C: what is committed, and that re-running resumes
+        try:
+            if from_.startswith(("milvus://", "milvus-lite:")):
+                missing = [o for o, v in (("--vector-field", vector_field), ("--id-field", id_field),
+                                          ("--modality", modality)) if not v]
+                if missing:
+                    fail(f"adopting a Milvus collection needs {', '.join(missing)}")
+                rep = client.adopt(from_, model=model, vector_field=vector_field, id_field=id_field,
+                                   source_field=source_field, modality=modality, images_root=images_root,
+                                   trust_model=trust_model, samples=samples, backend=backend, progress=True,
+                                   wait=wait)
+            else:
+                rep = client.import_(from_, table=table, id_column=id_column, source_column=source_column,
+                                     modality=modality, images_root=images_root, model=model,
+                                     trust_model=trust_model, lossy=lossy, samples=samples, backend=backend,
+                                     progress=True, wait=wait)
+            if as_json:
+                return _echo(rep)
+            print_import(client, from_, rep)
+        except user_errors() as e:
+            fail(e)
 
 
 @collection_app.command("upgrade")
@@ -186,16 +193,16 @@ def upgrade(
                              calibrate_limit=calibrate_limit, calibrate_langs=calibrate_langs, log=console.print)
         cur = client.status()["spaces"][rep.current]
     except user_errors() as e:
-        fail(str(e))
+        fail(e)
     if as_json:
         return _echo(rep)
-    console.print(f"collection {name}: current model is now {cur['name']} (space {rep.current}) "
+    results.print(f"collection {name}: current model is now {cur['name']} (space {rep.current}) "
                   f"after {time.time() - t0:.1f}s; nothing was re-embedded")
     print_routes(rep.routes)
     if calibrate:
-        console.print(f"  merge: {rep.merge} (chosen on the calibration split)")
+        results.print(f"  merge: {rep.merge} (chosen on the calibration split)")
     else:
-        console.print("  routes and merge are uncalibrated defaults (bridge where one exists; raw merge): pass "
+        results.print("  routes and merge are uncalibrated defaults (bridge where one exists; raw merge): pass "
                       "--calibrate DATA to choose them on labelled data")
 
 
@@ -223,7 +230,7 @@ def search(
         r = _client(name).search(text=text, image=image, k=k, target=target, filter=parse_filter(filter),
                                  merge=merge)
     except user_errors() as e:
-        fail(str(e))
+        fail(e)
     finally:
         Gallery.build_in_background = background
     print_hits(r, as_json, k)
@@ -238,16 +245,16 @@ def status(
     try:
         st = _client(name).status()
     except user_errors() as e:
-        fail(str(e))
+        fail(e)
     if as_json:
         typer.echo(json.dumps(st, indent=2))
         return
-    console.print(f"collection {st['path']}: {st['items']['image']} images, {st['items']['text']} texts "
-                  f"(generation {st['generation']}, catalog in {st.get('catalog', 'the server')})")
+    results.print(f"collection {st['path']}: {st['items']['image']} images, {st['items']['text']} texts "
+              f"(generation {st['generation']}, catalog in {st.get('catalog', 'the server')})")
     print_spaces(st["spaces"])
     print_routes(st["routes"])
-    console.print(f"  merge: {st['merge']}" + ("" if st["calibrated"] else " (uncalibrated default); routes "
-                                                                          "uncalibrated"))
+    results.print(f"  merge: {st['merge']}" + ("" if st["calibrated"] else " (uncalibrated default); routes "
+                                                                      "uncalibrated"))
     print_backfill(st["backfill"])
 
 
@@ -261,10 +268,10 @@ def delete(
     try:
         n = _client(name).delete(*ids)
     except user_errors() as e:
-        fail(str(e))
+        fail(e)
     if as_json:
         return _echo({"deleted": n})
-    console.print(f"deleted {n} item(s) from {name}")
+    results.print(f"deleted {n} item(s) from {name}")
 
 
 @collection_app.command("get")
@@ -277,12 +284,12 @@ def get(
     try:
         item = _client(name).get(item_id)
     except user_errors() as e:
-        fail(str(e))
+        fail(e)
     if as_json:
         return _echo(item)
-    console.print(escape(f"{item.id}: {item.modality}, served by space {item.space}"))
+    results.print(escape(f"{item.id}: {item.modality}, served by space {item.space}"))
     for k, v in item.metadata.items():
-        console.print(escape(f"  {k}: {json.dumps(v, ensure_ascii=False)}"))
+        results.print(escape(f"  {k}: {json.dumps(v, ensure_ascii=False)}"))
 
 
 @collection_app.command("route")
@@ -302,7 +309,7 @@ def route(
     try:
         routes = _client(name).route(space, direction, None if unpin else use, w=w)
     except user_errors() as e:
-        fail(str(e))
+        fail(e)
     if as_json:
         return _echo(routes)
     print_routes(routes)
@@ -320,13 +327,13 @@ def calibrate(
     """Choose routes, fused weights and the merge of the current plan on labelled data (pinned
     routes stay; their numbers are refreshed)."""
     try:
-        out = _client(name).calibrate(data, split=split, limit=limit, langs=langs)
+        res = _client(name).calibrate(data, split=split, limit=limit, langs=langs)
     except user_errors() as e:
-        fail(str(e))
+        fail(e)
     if as_json:
-        return _echo(out)
-    print_routes(out["routes"])
-    console.print(f"  merge: {out['merge']} (chosen on the calibration split)")
+        return _echo(res)
+    print_routes(res["routes"])
+    results.print(f"  merge: {res['merge']} (chosen on the calibration split)")
 
 
 @collection_app.command("backfill")
@@ -339,13 +346,15 @@ def backfill(
     rate: Optional[float] = typer.Option(None, help="Items per second, all workers together."),
     batch_size: int = typer.Option(64, help="Items embedded and committed together."),
     pause: bool = typer.Option(False, help="Pause the running backfill (workers stop after their batch)."),
-    resume: bool = typer.Option(False, help="Resume a paused backfill (then run workers)."),
+    resume: bool = typer.Option(False, help="Resume a paused backfill (then run workers). A paused backfill holds "
+                                            "until this: without --resume the command refuses to run it."),
     cancel: bool = typer.Option(False, help="Forget the backfill job (what was committed stays)."),
     as_json: bool = _JSON,
 ) -> None:
     """Re-embed the items of older spaces into the current model's space, in the chosen order, while
-    the collection keeps serving queries. Resumable; search sees each committed batch at once."""
-    from ..lifecycle.backfill import BackfillError
+    the collection keeps serving queries. Resumable; search sees each committed batch at once. On a
+    server's URL the server's own worker does the work and this command follows it (--workers,
+    --limit and --batch-size are taken where the collection is stored)."""
     from ..progress import progress_bar
 
     if sum([pause, resume, cancel]) > 1:
@@ -356,15 +365,18 @@ def backfill(
             st = client.backfill_pause() if pause else client.backfill_cancel()
             if as_json:
                 return _echo(st)
-            console.print(f"backfill of {name} is {st['state']}" if pause else f"backfill job of {name} removed")
+            results.print(f"backfill of {name} is {st['state']}" if pause else f"backfill job of {name} removed")
             return
         st0 = client.backfill_status()
+        if st0["state"] == "paused" and not resume:
+            fail(f"the backfill of {name} is paused ({st0['done']}/{st0['total']} done): resume it with "
+                 f"`nobackfill collection backfill {name} --resume`")
         todo = st0["total"] - st0["done"] if limit is None else min(limit, st0["total"] - st0["done"])
         with progress_bar(True, f"backfilling ({order})", todo) as advance:
             st = client.backfill_start(order, rate, wait=True, resume=resume, limit=limit, workers=workers,
                                        batch_size=batch_size, progress=advance, log=console.print)
-    except (BackfillError,) + user_errors() as e:
-        fail(str(e))
+    except user_errors() as e:
+        fail(e)
     if as_json:
         return _echo(st)
     print_backfill_run(name, st, limit)
@@ -379,14 +391,12 @@ def retire(
     as_json: bool = _JSON,
 ) -> None:
     """Drop an old space's vectors once every item has a vector in the current space."""
-    from ..lifecycle.backfill import BackfillError
-
     try:
-        out = _client(name).retire(space, drop_unsourced=drop_unsourced)
-    except (BackfillError,) + user_errors() as e:
-        fail(str(e))
+        res = _client(name).retire(space, drop_unsourced=drop_unsourced)
+    except user_errors() as e:
+        fail(e)
     if as_json:
-        return _echo(out)
-    dropped = out["dropped_unsourced"]
-    console.print(f"space {space} of {name} retired; its vectors were removed"
+        return _echo(res)
+    dropped = res["dropped_unsourced"]
+    results.print(f"space {space} of {name} retired; its vectors were removed"
                   + (f"; {dropped} item(s) without a source were deleted with it" if dropped else ""))

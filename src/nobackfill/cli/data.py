@@ -8,7 +8,8 @@ from typing import List, Optional
 
 import typer
 
-from ._common import config_option, console, fail, multi30k_default, resolve_config, set_option, show_config_option
+from ._common import (config_option, console, fail, multi30k_default, resolve_config, results, set_option,
+                      show_config_option)
 
 
 def world(
@@ -32,7 +33,7 @@ def world(
         generate_world(out, spec, workers=workers or None)
     except ValueError as e:
         fail(str(e))
-    console.print(f"world written to {out} ({n_train}/{n_val}/{n_test} images, langs {','.join(lang_t)})")
+    results.print(f"world written to {out} ({n_train}/{n_val}/{n_test} images, langs {','.join(lang_t)})")
 
 
 def _train_command(preset: str, data: Path, out: Path, steps: Optional[int], seed: int, threads: int,
@@ -78,9 +79,9 @@ def train_cmd(
                          command=_train_command(preset, data, out, steps, seed, threads, stream, config, set_))
     except (ConfigError, ValueError, FileNotFoundError) as e:
         fail(str(e))
-    console.print(f"trained {preset} for {r.steps} steps in {r.seconds:.0f}s -> {out}")
+    results.print(f"trained {preset} for {r.steps} steps in {r.seconds:.0f}s -> {out}")
     if r.history:
-        console.print(json.dumps(r.history[-1]))
+        results.print(json.dumps(r.history[-1]))
 
 
 def train_text_cmd(
@@ -126,5 +127,5 @@ def train_text_cmd(
                              command=" ".join(parts), data=str(root))
     except (ValueError, FileNotFoundError) as e:
         fail(str(e))
-    console.print(f"trained {out} for {r.steps} steps in {r.seconds:.0f}s; best val R@1 {r.best_value:.3f} "
+    results.print(f"trained {out} for {r.steps} steps in {r.seconds:.0f}s; best val R@1 {r.best_value:.3f} "
                   f"at step {r.best_step}{' (early stop)' if r.stopped_early else ''}")

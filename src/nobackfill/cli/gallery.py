@@ -8,7 +8,7 @@ from typing import List, Optional
 
 import typer
 
-from ._common import console, fail, langs_option, report_skipped, skip_bad_hint, user_errors, warn_truncated
+from ._common import console, fail, langs_option, report_skipped, results, skip_bad_hint, user_errors, warn_truncated
 
 
 def index(
@@ -42,7 +42,7 @@ def index(
     except (ValueError, FileNotFoundError, StoreBusyError) as e:
         fail(skip_bad_hint(e))
     report_skipped(ds.skipped, ds.skipped_images, ds.problems, root=ds.root)
-    console.print(f"gallery {out}: {g.count('image')} images, {g.count('text')} texts, space {g.space_id}")
+    results.print(f"gallery {out}: {g.count('image')} images, {g.count('text')} texts, space {g.space_id}")
 
 
 def search(

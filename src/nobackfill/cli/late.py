@@ -9,7 +9,8 @@ from typing import List, Optional
 
 import typer
 
-from ._common import _bench, config_option, console, fail, json_flag, resolve_config, set_option, show_config_option
+from ._common import (_bench, config_option, console, fail, json_flag, resolve_config, results, set_option,
+                      show_config_option)
 
 
 late_app = typer.Typer(no_args_is_help=True, help="Cross-modal late interaction (CMLI, Target-CMLI distillation).")
@@ -62,7 +63,7 @@ def late_train(
                                   swap_twins=cfg.swap_twins, progress=True)
     except (ValueError, FileNotFoundError) as e:
         fail(str(e))
-    console.print(f"trained {cfg.kind} model {out} in {r.seconds:.0f}s (last loss {r.last_loss:.3f})")
+    results.print(f"trained {cfg.kind} model {out} in {r.seconds:.0f}s (last loss {r.last_loss:.3f})")
 
 
 def bench_late(

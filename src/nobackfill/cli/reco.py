@@ -7,7 +7,7 @@ from typing import List, Optional
 
 import typer
 
-from ._common import report_skipped, skip_bad_hint
+from ._common import report_skipped, results, skip_bad_hint
 from ._common import (_bench, config_option, console, fail, json_flag, langs_option, resolve_config, set_option,
                       show_config_option)
 
@@ -49,7 +49,7 @@ def build_memory_cmd(
         fail(skip_bad_hint(e))
     report_skipped(ds.skipped, ds.skipped_images, ds.problems, root=ds.root)
     r = mem.removal
-    console.print(f"memory {out}: {r['kept_images']} images, {r['kept_texts']} texts, space {mem.space_id}; "
+    results.print(f"memory {out}: {r['kept_images']} images, {r['kept_texts']} texts, space {mem.space_id}; "
                      f"removed {r['test_items']} test item(s) and {r['near_duplicates']} near-duplicate(s) "
                      f"({r['dedup']} cosine > {r['threshold']})")
 
@@ -103,7 +103,7 @@ def train_cmd(
         msg += f"; {res.steps} steps in {res.seconds:.0f}s, loss {res.last_loss:.3f}"
         if res.best_step is not None:
             msg += f", best val score {res.best_value:.3f} at step {res.best_step}"
-    console.print(msg)
+    results.print(msg)
 
 
 

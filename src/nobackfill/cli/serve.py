@@ -23,7 +23,7 @@ def serve(
     uploads: Optional[Path] = typer.Option(None, help="Where uploaded images are kept (default: <collection>/uploads)."),
     max_body_mb: float = typer.Option(20.0, help="Largest request body (MB)."),
     max_image_pixels: int = typer.Option(40_000_000, help="Largest image (pixels), against decompression bombs."),
-    max_k: int = typer.Option(200, help="Largest k."),
+    max_k: int = typer.Option(1000, help="Largest k (the in-process client's limit too)."),
     max_batch: int = typer.Option(256, help="Most items per add request."),
     backfill: Optional[str] = typer.Option(None, help="Start a backfill in the server at once, in this order."),
     log_level: str = typer.Option("warning", help="uvicorn log level."),
@@ -47,7 +47,7 @@ def serve(
         if backfill:
             app.state.service.client.backfill_start(backfill)
     except user_errors() as e:
-        fail(str(e))
+        fail(e)
     console.print(f"serving {collection} on http://{host}:{port}/ (API docs: /docs)")
     uvicorn.run(app, host=host, port=port, log_level=log_level)
 

@@ -7,7 +7,7 @@ from typing import List, Optional
 
 import typer
 
-from ._common import command_line, config_option, console, fail, resolve_config, set_option, show_config_option
+from ._common import command_line, config_option, console, fail, resolve_config, results, set_option, show_config_option
 
 
 def upgrade_xbt(
@@ -59,7 +59,7 @@ def upgrade_xbt(
     except (ValueError, FileNotFoundError) as e:
         fail(str(e))
     r2 = res["stage2"]
-    console.print(f"upgrade {out}: {up.source} -> {up.target} (stage 2 loss {r2.last_loss:.3f}, {r2.seconds:.0f}s)")
+    results.print(f"upgrade {out}: {up.source} -> {up.target} (stage 2 loss {r2.last_loss:.3f}, {r2.seconds:.0f}s)")
 
 
 def updated_threads(cfg, threads: int):
@@ -114,7 +114,7 @@ def upgrade_xbt_text(
                                  command=" ".join(parts), progress=True, log=lambda m: console.print(m))
     except (ValueError, FileNotFoundError) as e:
         fail(str(e))
-    console.print(f"upgrade {out}: {res.source['name']} {res.source['space_id']} -> {res.target['name']} "
+    results.print(f"upgrade {out}: {res.source['name']} {res.source['space_id']} -> {res.target['name']} "
                   f"{res.target['space_id']} (stage 1 loss {res.stage1.last_loss:.3f}, stage 2 loss "
                   f"{res.xbt.last_loss:.3f}, {res.stage1.seconds + res.xbt.seconds:.0f}s training)")
 
@@ -148,4 +148,4 @@ def upgrade_procrustes(
                                 corpus_size=cfg.corpus_size)})
     except (ValueError, FileNotFoundError) as e:
         fail(str(e))
-    console.print(f"procrustes bridge {out}: {n.space_id} -> {o.space_id} ({len(texts)} captions)")
+    results.print(f"procrustes bridge {out}: {n.space_id} -> {o.space_id} ({len(texts)} captions)")

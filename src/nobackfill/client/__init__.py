@@ -1,11 +1,20 @@
 """``nobackfill.Client``: one client of a collection, in process or over HTTP, with the same methods
-and return types; the command line and the service are thin shells over it (:mod:`.base`).
+and return types; the command line and the service are thin shells over it (:mod:`.base`). Its
+refusals are one hierarchy (:mod:`.errors`): a :class:`ClientError` subclass per kind, each a
+``ValueError``.
 
-May import: ``adopt``, ``collection``, ``data``, ``evaluate``, ``gallery``, ``lifecycle``, ``search``.
+May import: ``adopt``, ``catalog``, ``collection``, ``data``, ``evaluate``, ``gallery``, ``lifecycle``, ``progress``,
+``search``.
 """
 
 from .base import Client, choose_implementation_with
-from .types import AddResult, ClientError, ImportResult, ItemInfo, SearchHit, SearchResults, UpgradeResult
+from .errors import (AlreadyExists, ClientError, Conflict, Forbidden, InvalidRequest, NotFound, ServerError, TooLarge,
+                     Unreachable)
+from .types import AddResult, ImportResult, ItemInfo, SearchHit, SearchResults, UpgradeResult
+
+__all__ = ["AddResult", "AlreadyExists", "BackfillRefused", "Client", "ClientError", "Conflict", "Forbidden",
+           "ImportResult", "InvalidRequest", "ItemInfo", "NotFound", "SearchHit", "SearchResults", "ServerError",
+           "TooLarge", "Unreachable", "UpgradeResult"]
 
 
 def _implementation(target: str) -> type[Client]:
@@ -21,5 +30,11 @@ def _implementation(target: str) -> type[Client]:
 
 choose_implementation_with(_implementation)
 
-__all__ = ["AddResult", "Client", "ClientError", "ImportResult", "ItemInfo", "SearchHit", "SearchResults",
-           "UpgradeResult"]
+
+def __getattr__(name: str):
+    """``BackfillRefused`` (:func:`~nobackfill.client.errors.backfill_refused`), made on first use."""
+    if name == "BackfillRefused":
+        from .errors import backfill_refused
+
+        return backfill_refused()
+    raise AttributeError(name)

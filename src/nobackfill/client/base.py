@@ -12,9 +12,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
+from .errors import NotFound
 from .types import AddResult, ImportResult, ItemInfo, SearchResults, UpgradeResult
 
-__all__ = ["Client", "choose_implementation_with"]
+__all__ = ["Client", "check_image_file", "choose_implementation_with"]
 
 #: the class that serves a target (set once by :mod:`nobackfill.client`, which knows the
 #: implementations; this module imports none of them, as they subclass :class:`Client`)
@@ -27,14 +28,23 @@ def choose_implementation_with(choose: Callable[[str], type["Client"]]) -> None:
     _implementation = choose
 
 
+def check_image_file(image: Any) -> None:
+    """:class:`~.errors.NotFound` for an image query given as a path that names no file (the same
+    error in process and over HTTP)."""
+    if isinstance(image, (str, Path)) and not Path(image).is_file():
+        raise NotFound(404, f"image: no such file: {image}", "image")
+
+
 class Client:
     """A collection, in process (``target`` a directory or storage URI: ``milvus-lite:PATH#NAME``,
     ``milvus://HOST:PORT#NAME``, ``...?catalog=postgresql://...``) or served over HTTP (``target``
     an ``http(s)://`` URL of ``nobackfill serve``, with ``api_key``). ``Client(...)`` returns a
     :class:`~nobackfill.client.local.LocalClient` or a :class:`~nobackfill.client.remote.RemoteClient`;
-    both have every method below and return the same types. A refused call raises
-    :class:`~nobackfill.client.types.ClientError` (with the HTTP status it maps to) or ValueError
-    for an invalid argument; over HTTP a ValueError arrives as ClientError 422."""
+    both have every method below, return the same types, take the same limits and raise the same
+    errors: a refused call raises a :class:`~nobackfill.client.errors.ClientError` (a ValueError)
+    of the class of its kind (:class:`~.errors.NotFound`, also a FileNotFoundError;
+    :class:`~.errors.AlreadyExists`, also a FileExistsError; :class:`~.errors.Conflict`;
+    :class:`~.errors.InvalidRequest`...), with the HTTP status it maps to."""
 
     def __new__(cls, target: str | Path = "", *args: Any, **kw: Any) -> "Client":
         if cls is Client:
@@ -60,7 +70,9 @@ class Client:
     def add(self, *, texts: Sequence[str | Mapping[str, Any]] | None = None, images: Sequence[str | Path] | None = None,
             ids: Sequence[str | None] | None = None, **kw: Any) -> AddResult:
         """Embed and add texts (strings, or ``{"text", "id", ...metadata}``) or image files with the
-        current model; an id already there with the same content is left as it is."""
+        current model; an id already there with the same content is left as it is. Both clients
+        also take ``folder=`` (a data folder, or a world root with ``split=``) and ``text_file=``,
+        read on the caller's machine (over HTTP: uploaded), and an empty list (nothing added)."""
         raise NotImplementedError
 
     def import_(self, source: str, **kw: Any) -> ImportResult:
@@ -91,11 +103,11 @@ class Client:
         raise NotImplementedError
 
     def get(self, item_id: str) -> ItemInfo:
-        """One item: modality, metadata, the space that serves it (ClientError 404 if unknown)."""
+        """One item: modality, metadata, the space that serves it (NotFound if unknown)."""
         raise NotImplementedError
 
     def delete(self, *ids: str) -> int:
-        """Delete items (all or nothing: an unknown id deletes none, ClientError 404); returns how many."""
+        """Delete items (all or nothing: an unknown id deletes none, NotFound); returns how many."""
         raise NotImplementedError
 
     def status(self) -> dict[str, Any]:
@@ -103,7 +115,9 @@ class Client:
         raise NotImplementedError
 
     def backfill_start(self, order: str = "uncertainty", rate: float | None = None, **kw: Any) -> dict[str, Any]:
-        """Start (or resume) the progressive backfill into the current space; returns its status."""
+        """Start the progressive backfill into the current space (``resume=True``: resume a paused
+        one); returns its status, or with ``wait=True`` the report of the run once its worker
+        stopped (over HTTP the server's worker, followed)."""
         raise NotImplementedError
 
     def backfill_pause(self) -> dict[str, Any]:

@@ -5,14 +5,17 @@ instance for the server's life, warm models and searchers), so a behaviour exist
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 import threading
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
 from ..search.limits import Limits
-from .base import Client
-from .types import AddResult, ClientError, ImportResult, ItemInfo, SearchHit, SearchResults, UpgradeResult
+from .base import Client, check_image_file
+from .errors import ClientError, Conflict, NotFound, as_client_error
+from .types import AddResult, ImportResult, ItemInfo, SearchHit, SearchResults, UpgradeResult
+from .upload import given_items, one_source, read_files
 
 __all__ = ["LocalClient", "load_calibration"]
 
@@ -36,6 +39,27 @@ def load_calibration(data: str | Path, split: str = "val", limit: int | None = N
         return [text_pair_task(cs.column(1), cs.column(2))], f"Multi30K {split} ({cs.n_images} caption pairs)"
     ds = load_eval_data(data, split, langs=langs, limit=limit)
     return pair_tasks(ds), f"{data.name} {split} ({len(ds)} images, {len(ds.captions)} captions)"
+
+
+def _refusals(method: Callable) -> Callable:
+    """A public method whose refusals raise the one hierarchy (:mod:`.errors`): a missing file
+    :class:`~.errors.NotFound`, a collection already there :class:`~.errors.AlreadyExists`, a
+    backfill refused ``BackfillRefused``, an invalid argument :class:`~.errors.InvalidRequest`,
+    as over HTTP."""
+
+    @functools.wraps(method)
+    def call(self: "LocalClient", *args: Any, **kw: Any) -> Any:
+        try:
+            return method(self, *args, **kw)
+        except ClientError:
+            raise
+        except Exception as e:
+            err = as_client_error(e)
+            if err is None:
+                raise
+            raise err from e
+
+    return call
 
 
 class LocalClient(Client):
@@ -91,6 +115,7 @@ class LocalClient(Client):
         return self.searcher().warm()
 
     # ------------------------------------------------------------------ create / add / import
+    @_refusals
     def create(self, model: str | Path, *, backend: str = "auto") -> dict[str, Any]:
         from ..collection.collection import Collection
         from ..search.models import model_ref
@@ -102,6 +127,7 @@ class LocalClient(Client):
                                              modalities=list(getattr(enc, "modalities", ("image", "text"))))
         return self.status()
 
+    @_refusals
     def add(self, *, texts: Sequence[str | Mapping[str, Any]] | None = None, images: Sequence[Any] | None = None,
             ids: Sequence[str | None] | None = None, folder: str | Path | None = None, split: str = "test",
             text_file: str | Path | None = None, langs: Sequence[str] | None = None, skip_bad: bool = False,
@@ -112,24 +138,19 @@ class LocalClient(Client):
         ``split``), ``text_file`` (one text a line, or JSONL); ``images`` rows may be
         ``{"path", "id", "sha256", ...metadata}``. ``build_indexes``: build the graph indexes now
         (before a short-lived process exits) rather than in the background."""
-        from ..collection.ingest import FolderItems, add_items, text_file_items
         from ..gallery.types import DuplicateIdError
+        from ..collection.ingest import FolderItems, add_items
 
-        if folder is not None:
-            folder = Path(folder)
-            if not (folder / "captions.jsonl").is_file() and (folder / split).is_dir():
-                folder = folder / split
-        if text_file is not None:
-            if any(x is not None for x in (texts, images, folder)):
-                raise ValueError("give exactly one of texts=, images=, folder= or text_file=")
-            items, read = text_file_items(text_file), FolderItems(items=[])
+        one_source(texts, images, folder, text_file)
+        if folder is not None or text_file is not None:
+            items, read = read_files(folder, split, text_file, langs, skip_bad)
         else:
-            items, read = self._items(texts, images, ids, folder, langs, skip_bad)
+            items, read = given_items(texts, images, ids, self.limits.check_text), FolderItems(items=[])
         try:
             rep = add_items(self.collection, self.encoder(), items, chunk_size=chunk_size, skip_bad=skip_bad,
                             progress=progress, wait=wait, before_embed=before_embed)
         except DuplicateIdError as e:
-            raise ClientError(409, str(e), "id") from None
+            raise Conflict(409, str(e), "id") from None
         out = AddResult(**rep.to_dict(), ids=[it.id for it in items], problems=read.problems + list(rep.problems),
                         skipped_images={**read.skipped_images, **rep.skipped_images}, uncaptioned=read.uncaptioned)
         out.skipped += read.skipped
@@ -137,39 +158,7 @@ class LocalClient(Client):
             self.collection.build_graph_indexes(log=log)
         return out
 
-    def _items(self, texts: Any, images: Any, ids: Any, folder: Any, langs: Any, skip_bad: bool) -> tuple[list, Any]:
-        """The items to add and what reading them found (a folder's skipped lines and images)."""
-        from ..collection.ingest import FolderItems, folder_items
-
-        given = [x is not None for x in (texts, images, folder)]
-        if sum(given) != 1:
-            raise ValueError("give exactly one of texts=, images= or folder=")
-        if folder is not None:
-            fi = folder_items(folder, langs=langs, skip_bad=skip_bad)
-            return fi.items, fi
-        return self._given_items(texts, images, ids), FolderItems(items=[])
-
-    def _given_items(self, texts: Any, images: Any, ids: Any) -> list:
-        from ..collection.ingest import image_item, text_item
-
-        rows = list(texts if texts is not None else images)
-        own = list(ids) if ids is not None else [None] * len(rows)
-        if len(own) != len(rows):
-            raise ValueError(f"{len(own)} ids for {len(rows)} {'texts' if texts is not None else 'images'}")
-        if images is not None:  # a path, or {"path", "id", "sha256" (if known), ...metadata}
-            out = []
-            for row, i in zip(rows, own):
-                row = {"path": row} if isinstance(row, (str, Path)) else dict(row)
-                path, digest = Path(row.pop("path")), row.pop("sha256", None)
-                out.append(image_item(path, id=row.pop("id", None) or i, metadata=row, sha256=digest))
-            return out
-        out = []
-        for n, (row, i) in enumerate(zip(rows, own)):
-            row = {"text": row} if isinstance(row, str) else dict(row)
-            text = self.limits.check_text(row.pop("text", None), f"texts[{n}]")
-            out.append(text_item(text, id=row.pop("id", None) or i, metadata=row))
-        return out
-
+    @_refusals
     def import_(self, source: str, *, table: str | Path | None = None, id_column: str | None = None,
                 source_column: str | None = None, modality: str | None = None, images_root: str | Path | None = None,
                 model: str | Path | None = None, trust_model: bool = False, lossy: bool = False, samples: int = 64,
@@ -192,11 +181,12 @@ class LocalClient(Client):
                 rep = import_source(target, src, enc, model=ref, trust_model=trust_model, samples=samples,
                                     backend=backend, progress=progress, wait=wait)
             except ModelCheckRefused as e:
-                raise ClientError(409, str(e), "model") from None
+                raise Conflict(409, str(e), "model") from None
         # an open collection took the rows itself; an unopened one is opened on first use
         return ImportResult(items=rep.items, added=rep.added, unchanged=rep.unchanged, seconds=round(rep.seconds, 3),
                             model_check=rep.model_check, warnings=list(rep.warnings), source=rep.source)
 
+    @_refusals
     def adopt(self, source: str, *, model: str | Path, vector_field: str, id_field: str, modality: str,
               source_field: str | None = None, images_root: str | Path | None = None, trust_model: bool = False,
               samples: int = 64, backend: str = "auto", wait: bool = False, progress: bool = False) -> dict[str, Any]:
@@ -221,6 +211,7 @@ class LocalClient(Client):
         self._collection, self._searchers = None, {}
 
     # ------------------------------------------------------------------ plan changes
+    @_refusals
     def upgrade(self, model: str | Path, *, bridges: Sequence[str | Path] = (), calibrate: str | Path | None = None,
                 calibrate_split: str = "val", calibrate_limit: int | None = None,
                 calibrate_langs: Sequence[str] | str = ("en",),
@@ -234,18 +225,19 @@ class LocalClient(Client):
                 plan = upgrade_collection(self.collection, model, bridges=list(bridges), calibration=tasks,
                                           calibration_label=label, pool=self.pool, log=log)
             except UpgradeRefused as e:
-                raise ClientError(409, str(e), "model") from None
+                raise Conflict(409, str(e), "model") from None
         self.warm()
         return UpgradeResult(current=plan.current, spaces=list(plan.space_ids), merge=plan.merge_method,
                              routes=route_table(plan))
 
     def _known_space(self, space: str) -> None:
-        """ClientError 404 unless ``space`` is one of the collection's spaces."""
+        """NotFound (404) unless ``space`` is one of the collection's spaces."""
         plan = self.collection.plan
         if not plan.has(space):
-            raise ClientError(404, f"collection {self.collection.path} has no space {space!r} (spaces: "
+            raise NotFound(404, f"collection {self.collection.path} has no space {space!r} (spaces: "
                                    f"{', '.join(plan.space_ids)})", "space")
 
+    @_refusals
     def route(self, space: str, direction: str, route: str | None = None, *, w: float | None = None) -> dict[str, Any]:
         from ..lifecycle.plan_changes import RouteRefused, pin_route, route_table
 
@@ -254,8 +246,9 @@ class LocalClient(Client):
             try:
                 return route_table(pin_route(self.collection, space, direction, route, w))
             except RouteRefused as e:
-                raise ClientError(409, str(e), "route") from None
+                raise Conflict(409, str(e), "route") from None
 
+    @_refusals
     def calibrate(self, data: str | Path, *, split: str = "val", limit: int | None = None,
                   langs: Sequence[str] | str = ("en",)) -> dict[str, Any]:
         from ..lifecycle.plan_changes import calibrate_collection, route_table
@@ -265,6 +258,7 @@ class LocalClient(Client):
             plan = calibrate_collection(self.collection, tasks, label=label)
         return {"routes": route_table(plan), "merge": plan.merge_method}
 
+    @_refusals
     def retire(self, space: str, *, drop_unsourced: bool = False) -> dict[str, Any]:
         from ..lifecycle.backfill import retire_space
 
@@ -275,30 +269,35 @@ class LocalClient(Client):
         return {"retired": space, "dropped_unsourced": dropped}
 
     # ------------------------------------------------------------------ reads
+    @_refusals
     def search(self, *, text: str | None = None, image: Any = None, k: int = 10, target: str | None = None,
                filter: Mapping[str, Any] | None = None, merge: str | None = None) -> SearchResults:
         if text is not None:
             self.limits.check_text(text)
+        check_image_file(image)
         r = self.searcher(merge).search(text=text, image=image, k=self.limits.check_k(k), target=target,
                                         filter=filter)
         return _results(r)
 
+    @_refusals
     def get(self, item_id: str) -> ItemInfo:
         snap = self.collection.snapshot()
         item = snap.item(item_id)
         if item is None:
-            raise ClientError(404, f"no item with id {item_id!r}", "id")
+            raise NotFound(404, f"no item with id {item_id!r}", "id")
         return ItemInfo(id=item.id, modality=item.modality, metadata=dict(item.metadata),
                         space=snap.serving_space(item_id))
 
+    @_refusals
     def delete(self, *ids: str) -> int:
         from ..collection.collection import ItemNotFoundError
 
         try:
             return self.collection.delete(list(ids))
         except ItemNotFoundError as e:
-            raise ClientError(404, str(e), "id") from None
+            raise NotFound(404, str(e), "id") from None
 
+    @_refusals
     def status(self) -> dict[str, Any]:
         from ..lifecycle.plan_changes import route_table
 
@@ -312,12 +311,14 @@ class LocalClient(Client):
         st["limits"] = dataclasses.asdict(self.limits)
         return st
 
+    @_refusals
     def verify(self, *, repair: bool = False, model_check: bool = False) -> dict[str, Any]:
         from ..lifecycle.verify import verify_path
 
         return verify_path(self.target, repair=repair, model_check=model_check, pool=self.pool).to_dict()
 
     # ------------------------------------------------------------------ the backfill
+    @_refusals
     def backfill_start(self, order: str = "uncertainty", rate: float | None = None, *, wait: bool = False,
                        resume: bool = False, limit: int | None = None, workers: int = 1, batch_size: int = 64,
                        progress: Callable[[int], None] | None = None,
@@ -368,21 +369,25 @@ class LocalClient(Client):
             self.backfill_thread.start()
         return self.backfill_status()
 
+    @_refusals
     def backfill_pause(self) -> dict[str, Any]:
         from ..lifecycle.backfill import pause_backfill
 
         pause_backfill(self.collection)
         return self.backfill_status()
 
+    @_refusals
     def backfill_resume(self, order: str = "uncertainty", rate: float | None = None) -> dict[str, Any]:
         return self._start_thread(order, rate)
 
+    @_refusals
     def backfill_cancel(self) -> dict[str, Any]:
         from ..lifecycle.backfill import cancel_backfill
 
         cancel_backfill(self.collection)
         return self.backfill_status()
 
+    @_refusals
     def backfill_status(self) -> dict[str, Any]:
         """The collection's backfill status with this client's worker thread: ``worker`` (running |
         idle), ``worker_stopped`` (why it last stopped), ``error``."""

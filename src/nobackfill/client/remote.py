@@ -5,13 +5,16 @@ an import's files, calibration data) are relative to the roots the server was st
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import httpx
 
-from .base import Client
-from .types import AddResult, ClientError, ImportResult, ItemInfo, SearchResults, UpgradeResult
+from .base import Client, check_image_file
+from .errors import (AlreadyExists, ClientError, InvalidRequest, NotFound, ServerError, Unreachable, as_client_error,
+                     backfill_refused, error_for)
+from .types import AddResult, ImportResult, ItemInfo, SearchResults, UpgradeResult
 
 __all__ = ["ID_HEADER", "RemoteClient"]
 
@@ -28,6 +31,7 @@ class RemoteClient(Client):
         self.target = target.rstrip("/")
         self.http = http or httpx.Client(base_url=self.target, timeout=timeout)
         self.headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        self._limits: dict[str, Any] | None = None
 
     def __repr__(self) -> str:
         return f"RemoteClient({self.target!r})"
@@ -35,58 +39,91 @@ class RemoteClient(Client):
     def close(self) -> None:
         self.http.close()
 
-    def _call(self, method: str, path: str, **kw: Any) -> Any:
-        r = self.http.request(method, path, headers=self.headers, **kw)
+    def _call(self, method: str, path: str, *, backfill: bool = False, **kw: Any) -> Any:
+        """One request; an error answer raises its :class:`~.errors.ClientError` class (``backfill``:
+        a 409 is ``BackfillRefused``), no answer at all :class:`~.errors.Unreachable` naming the URL
+        and why."""
+        try:
+            r = self.http.request(method, path, headers=self.headers, **kw)
+        except httpx.TransportError as e:
+            why = " ".join(str(e).split()) or type(e).__name__
+            raise Unreachable(0, f"cannot reach the server at {self.target} ({type(e).__name__}: {why})") from None
         if r.status_code >= 400:
             try:
                 body = r.json()
             except ValueError:
                 body = {"detail": r.text}
-            raise ClientError(r.status_code, body.get("detail", ""), body.get("field"))
+            conflict = backfill_refused() if backfill and r.status_code == 409 else None
+            raise error_for(r.status_code, body.get("detail", ""), body.get("field"), conflict=conflict)
         return r.json() if r.headers.get("content-type", "").startswith("application/json") else r.content
+
+    def limits(self) -> dict[str, Any]:
+        """The server's limits (``max_k``, ``max_batch``, ``max_body_bytes``...), read once."""
+        if self._limits is None:
+            self._limits = dict(self.status().get("limits") or {})
+        return self._limits
 
     # ------------------------------------------------------------------ create / add / import
     def create(self, model: str | Path, *, backend: str = "auto") -> dict[str, Any]:
-        raise ClientError(405, "a server serves one existing collection: create it where it is stored "
-                               "(Client(path).create(...) or `nobackfill collection create`)", "create")
+        raise AlreadyExists(409, "a server serves one existing collection: create it where it is stored "
+                                 "(Client(path).create(...) or `nobackfill collection create PATH`)", "create")
 
     def add(self, *, texts: Sequence[str | Mapping[str, Any]] | None = None, images: Sequence[str | Path] | None = None,
-            ids: Sequence[str | None] | None = None, **kw: Any) -> AddResult:
-        if kw:
-            raise ClientError(422, f"over HTTP, add takes texts= or images= (and ids=); not {sorted(kw)}",
-                              sorted(kw)[0])
-        if (texts is None) == (images is None):
-            raise ValueError("give exactly one of texts= or images=")
-        rows = list(texts if texts is not None else images)
-        own = list(ids) if ids is not None else [None] * len(rows)
-        if len(own) != len(rows):
-            raise ValueError(f"{len(own)} ids for {len(rows)} {'texts' if texts is not None else 'images'}")
-        if texts is not None:
-            items = []
-            for row, i in zip(rows, own):
-                row = {"text": row} if isinstance(row, str) else dict(row)
-                if i is not None and "id" not in row:
-                    row["id"] = i
-                items.append(row)
-            return AddResult.from_dict(self._call("POST", "/v1/items", json={"items": items}))
-        files = [("images", (Path(p).name, Path(p).read_bytes(), "application/octet-stream",
-                             {ID_HEADER: i} if i is not None else {}))
-                 for p, i in zip(rows, own)]
-        return AddResult.from_dict(self._call("POST", "/v1/items", files=files))
+            ids: Sequence[str | None] | None = None, folder: str | Path | None = None, split: str = "test",
+            text_file: str | Path | None = None, langs: Sequence[str] | None = None, skip_bad: bool = False,
+            wait: bool = False, chunk_size: int = 256, progress: bool = False, before_embed: Any = None,
+            build_indexes: bool = False, log: Any = None) -> AddResult:
+        """As in process: ``folder`` and ``text_file`` are read on this machine and uploaded in
+        requests within the server's limits (:mod:`.upload`). The server embeds, waits for another
+        adder and builds its indexes itself (``wait``, ``build_indexes``, ``log`` are not used;
+        ``before_embed`` is not called: the server knows what it embeds)."""
+        from .upload import given_items, one_source, read_files, upload_items
+
+        one_source(texts, images, folder, text_file)
+        rows = texts if texts is not None else images
+        if rows is not None and not len(rows):
+            return AddResult()
+        try:
+            if rows is not None:
+                items, read = given_items(texts, images, ids), None
+            else:
+                items, read = read_files(folder, split, text_file, langs, skip_bad)
+        except (OSError, ValueError) as e:
+            raise as_client_error(e) or e
+        out = upload_items(self._call, items, self.limits(), chunk_size=chunk_size, progress=progress,
+                           id_header=ID_HEADER)
+        if read is not None:
+            out.skipped += read.skipped
+            out.problems = list(read.problems) + out.problems
+            out.skipped_images, out.uncaptioned = dict(read.skipped_images), read.uncaptioned
+        return out
 
     def import_(self, source: str, *, table: str | Path | None = None, id_column: str | None = None,
                 source_column: str | None = None, modality: str | None = None, images_root: str | Path | None = None,
-                trust_model: bool = False, lossy: bool = False, **kw: Any) -> ImportResult:
+                model: str | Path | None = None, trust_model: bool = False, lossy: bool = False, samples: int = 64,
+                backend: str = "auto", wait: bool = False, progress: bool = False, build_indexes: bool = False,
+                log: Any = None) -> ImportResult:
+        """As in process, the files (``source``'s path, ``table``, ``images_root``) and ``model``
+        named relative to the server's ``--data-root`` / ``--models-root`` (a name starting with the
+        root's own folder name is taken too: ``data/vecs.npy`` under ``--data-root data``). The
+        server's collection exists (``backend`` is its own); the server waits for another adder and
+        builds its indexes (``wait``, ``progress``, ``build_indexes``, ``log`` are not used)."""
         fmt, sep, path = source.partition(":")
         if not sep:
-            raise ValueError(f"source must look like FORMAT:PATH (clip-retrieval:DIR, npy:FILE ...), got {source!r}")
-        if kw:
-            raise ClientError(422, f"over HTTP, import takes no {sorted(kw)}", sorted(kw)[0])
+            raise InvalidRequest(422, f"source must look like FORMAT:PATH (clip-retrieval:DIR, npy:FILE ...), got "
+                                      f"{source!r}", "source")
         body = {"format": fmt, "path": path, "table": _str(table), "id_column": id_column,
                 "source_column": source_column, "modality": modality, "images_root": _str(images_root),
-                "trust_model": trust_model, "lossy": lossy}
+                "trust_model": trust_model, "lossy": lossy, "model": _str(model),
+                "samples": samples if samples != 64 else None}
         return ImportResult.from_dict(self._call("POST", "/v1/import", json={k: v for k, v in body.items()
                                                                             if v is not None}))
+
+    def adopt(self, source: str, **kw: Any) -> dict[str, Any]:
+        """Not over HTTP: a Milvus collection is adopted where the collection is stored."""
+        raise InvalidRequest(422, "adopting a Milvus collection in place is done where the collection is stored "
+                                  "(Client(path).adopt(...) or `nobackfill collection import PATH --from milvus://...`),"
+                                  " not through a server", "source")
 
     # ------------------------------------------------------------------ plan changes
     def upgrade(self, model: str | Path, *, bridges: Sequence[str | Path] = (), calibrate: str | Path | None = None,
@@ -109,20 +146,22 @@ class RemoteClient(Client):
         return self._call("POST", "/v1/calibrate", json=body)
 
     def retire(self, space: str, *, drop_unsourced: bool = False) -> dict[str, Any]:
-        return self._call("POST", "/v1/retire", json={"space": space, "drop_unsourced": drop_unsourced})
+        return self._call("POST", "/v1/retire", json={"space": space, "drop_unsourced": drop_unsourced},
+                          backfill=True)
 
     # ------------------------------------------------------------------ reads
     def search(self, *, text: str | None = None, image: str | Path | bytes | None = None, k: int = 10,
                target: str | None = None, filter: Mapping[str, Any] | None = None,
                merge: str | None = None) -> SearchResults:
         if (text is None) == (image is None):
-            raise ValueError("give exactly one of text= or image=")
+            raise InvalidRequest(422, "give exactly one of text= or image=", "text")
         if text is not None:
             body: dict[str, Any] = {"text": text, "k": k, "target": target, "filter": filter, "merge": merge}
             return SearchResults.from_dict(self._call("POST", "/v1/search", json={k_: v for k_, v in body.items()
                                                                                   if v is not None}))
         if merge is not None:
-            raise ClientError(422, "merge is taken with a text query only", "merge")
+            raise InvalidRequest(422, "merge is taken with a text query only", "merge")
+        check_image_file(image)
         data = Path(image).read_bytes() if not isinstance(image, bytes) else image
         form = {"k": str(k), **({"target": target} if target else {}),
                 **({"filter": json.dumps(_flat(filter), ensure_ascii=False)} if filter else {})}
@@ -136,18 +175,26 @@ class RemoteClient(Client):
         return self._call("GET", f"/v1/items/{_segment(item_id)}/thumbnail", params={"size": size})
 
     def delete(self, *ids: str) -> int:
-        if len(ids) != 1:  # the API deletes one item a request: all or nothing holds for one
-            raise ClientError(422, "over HTTP, delete takes one id a call", "ids")
-        self._call("DELETE", f"/v1/items/{_segment(ids[0])}")
-        return 1
+        """All or nothing, as in process: every id is looked up first, and an unknown one deletes
+        none (NotFound); then each is deleted (the API deletes one item a request)."""
+        unique = list(dict.fromkeys(ids))
+        for item_id in unique if len(unique) > 1 else ():  # one id: its DELETE is all or nothing
+            try:
+                self.get(item_id)
+            except NotFound:
+                raise NotFound(404, f"no item with id {item_id!r} in the served collection; nothing was deleted",
+                               "id") from None
+        for item_id in unique:
+            self._call("DELETE", f"/v1/items/{_segment(item_id)}")
+        return len(unique)
 
     def status(self) -> dict[str, Any]:
         return self._call("GET", "/v1/status")
 
     def verify(self, *, repair: bool = False, model_check: bool = False) -> dict[str, Any]:
         if repair:
-            raise ClientError(422, "over HTTP, verify only reads: repair offline with `nobackfill verify --repair`",
-                              "repair")
+            raise InvalidRequest(422, "over HTTP, verify only reads: repair where the collection is stored "
+                                      "(`nobackfill verify PATH --repair`)", "repair")
         return self._call("POST", "/v1/verify", json={"model_check": model_check})
 
     def healthz(self) -> dict[str, Any]:
@@ -155,23 +202,55 @@ class RemoteClient(Client):
         return self._call("GET", "/healthz")
 
     # ------------------------------------------------------------------ the backfill
-    def backfill_start(self, order: str = "uncertainty", rate: float | None = None, **kw: Any) -> dict[str, Any]:
-        if kw.pop("wait", False) or kw:
-            raise ClientError(422, "over HTTP, the backfill runs in the server: start takes order= and rate=",
-                              "wait")
-        return self._call("POST", "/v1/backfill/start", json={"order": order, **({"rate": rate} if rate else {})})
+    def backfill_start(self, order: str = "uncertainty", rate: float | None = None, *, wait: bool = False,
+                       resume: bool = False, limit: int | None = None, workers: int = 1, batch_size: int = 64,
+                       progress: Callable[[int], None] | None = None, log: Any = None,
+                       poll_s: float = 0.5) -> dict[str, Any]:
+        """Start (``resume``: resume a paused) backfill in the server, whose own worker does the
+        work; ``wait``: follow it until it is done, paused or stopped (``progress(n)`` told of each
+        item committed meanwhile) and return the run's report, as in process. ``limit``,
+        ``workers`` and ``batch_size`` are the server's own (refused here)."""
+        if limit is not None or workers != 1 or batch_size != 64:
+            raise InvalidRequest(422, "over HTTP the server's own worker does the backfill: limit, workers and "
+                                      "batch_size are taken where the collection is stored", "limit")
+        body = {"order": order, **({"rate": rate} if rate else {})}
+        before = self.backfill_status() if wait else None
+        st = self._call("POST", f"/v1/backfill/{'resume' if resume else 'start'}", json=body,
+                        backfill=True)
+        return st if before is None else _follow(self, before, progress, poll_s)
 
     def backfill_pause(self) -> dict[str, Any]:
-        return self._call("POST", "/v1/backfill/pause")
+        return self._call("POST", "/v1/backfill/pause", backfill=True)
 
     def backfill_resume(self, order: str = "uncertainty", rate: float | None = None) -> dict[str, Any]:
-        return self._call("POST", "/v1/backfill/resume", json={"order": order, **({"rate": rate} if rate else {})})
+        return self._call("POST", "/v1/backfill/resume", json={"order": order, **({"rate": rate} if rate else {})},
+                          backfill=True)
 
     def backfill_cancel(self) -> dict[str, Any]:
-        return self._call("POST", "/v1/backfill/cancel")
+        return self._call("POST", "/v1/backfill/cancel", backfill=True)
 
     def backfill_status(self) -> dict[str, Any]:
         return self.status()["backfill"]
+
+
+def _follow(client: RemoteClient, before: dict[str, Any], progress: Callable[[int], None] | None,
+            poll_s: float) -> dict[str, Any]:
+    """The server's backfill followed until its worker stops: the report a run in process gives
+    (``committed``, ``seconds``, ``stopped``); ServerError if the worker failed."""
+    t0, seen = time.monotonic(), before["done"]
+    while True:
+        st = client.backfill_status()
+        if progress is not None and st["done"] > seen:
+            progress(st["done"] - seen)
+        seen = max(seen, st["done"])
+        if st.get("error"):
+            raise ServerError(500, f"the server's backfill worker stopped: {st['error']}", "backfill")
+        if st["state"] in ("done", "paused", "none") or st.get("worker") == "idle":
+            break
+        time.sleep(poll_s)
+    stopped = "done" if st["state"] == "done" else st.get("worker_stopped") or st["state"]
+    return {**st, "committed": st["done"] - before["done"], "sample_committed": 0,
+            "seconds": round(time.monotonic() - t0, 2), "stopped": stopped, "busy": []}
 
 
 def _str(p: str | Path | None) -> str | None:

@@ -7,18 +7,9 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
+from .errors import ClientError
+
 __all__ = ["AddResult", "ClientError", "ImportResult", "ItemInfo", "SearchHit", "SearchResults", "UpgradeResult"]
-
-
-class ClientError(ValueError):
-    """A call the collection refused: ``status`` (the HTTP status it maps to: 404 not found, 409
-    conflict, 422 invalid, ...), ``detail`` (what went wrong, naming the field or the file) and
-    ``field`` (the argument to blame, or None). The same in process and over HTTP; a ValueError,
-    as an invalid argument in process is, so ``except ValueError`` catches a refusal either way."""
-
-    def __init__(self, status: int, detail: str, field: str | None = None) -> None:
-        super().__init__(f"{status}: {detail}" if status else detail)
-        self.status, self.detail, self.field = status, detail, field
 
 
 class _Result:

@@ -257,6 +257,12 @@ class ImportRequest(BaseModel):
                                        description="Where relative image paths resolve, relative to --data-root.")
     trust_model: bool = Field(False, description="Skip the model check (the plan records that it was skipped).")
     lossy: bool = Field(False, description="Accept a faiss index that stores vectors lossily (PQ, SQ).")
+    model: Optional[str] = Field(None, max_length=1024, pattern=REL_PATH,
+                                 description="The model that made the vectors, relative to --models-root (or an "
+                                             "alias such as minilm): it must be the collection's current model "
+                                             "(default: that model).")
+    samples: Optional[Annotated[int, Field(ge=1, le=100_000), BeforeValidator(_integral)]] = Field(
+        None, description="Items the model check re-embeds (default 64).")
 
 
 # ----------------------------------------------------------------------------- the document

@@ -85,11 +85,34 @@ class Service:
             target = (base / rel).resolve()
             if base != target and base not in target.parents:
                 raise ApiError(400, f"{what}: {rel!r} lies outside the allowed root ({option})", what)
-            if not (target.is_file() if file else target.is_dir()):
-                raise ApiError(404, f"{what}: {rel!r} is no {'file' if file else 'directory'} under {option}", what)
+            there = target.is_file() if file else target.is_dir()
+            head, _, rest = rel.partition("/")
+            if not there and rest and head in (root.name, base.name):  # models/m under --models-root models
+                return self.under(root, rest, what, option, file=file)
+            if not there:
+                raise ApiError(404, f"{what}: {rel!r} is no {'file' if file else 'directory'} under {option} "
+                                    "(names are relative to the server's roots)", what)
         except OSError as e:  # a name too long, a loop of links, no permission: nothing usable there
             raise ApiError(404, f"{what}: {rel!r} is not readable under {option} ({type(e).__name__})", what) from None
         return target
+
+    def model(self, root: Path | None, rel: str, *, check: bool = True) -> Path | str:
+        """A model a request names: a directory under ``root`` (--models-root), or an alias of a
+        shipped pretrained model (``minilm``) that is no such directory. ``check``: 422 unless the
+        directory holds a config.json (:meth:`check_model`)."""
+        from ..encoders import PRETRAINED_TEXT_ALIASES
+
+        if rel in PRETRAINED_TEXT_ALIASES and (root is None or not (root / rel).exists()):
+            return rel
+        model = self.under(root, rel, "model", "--models-root")
+        return self.check_model(model, rel) if check else model
+
+    @staticmethod
+    def check_model(model: Path | str, rel: str) -> Path | str:
+        """``model``, or 422 for a directory that holds no model (no config.json)."""
+        if isinstance(model, Path) and not (model / "config.json").is_file():
+            raise ApiError(422, f"model: {rel!r} is not a model directory (no config.json)", "model")
+        return model
 
     # ------------------------------------------------------------------ the client
     def status(self) -> dict[str, Any]:

@@ -72,11 +72,10 @@ async def backfill_cancel(_r: str = Depends(admin), svc: Service = Depends(get_s
              responses=errors(400, 401, 403, 404, 409, 413, 415, 422))
 async def upgrade(req: UpgradeRequest, _r: str = Depends(admin), svc: Service = Depends(get_service),
                   settings: ServeSettings = Depends(get_settings)) -> Any:
-    model = svc.under(settings.models_root, req.model, "model", "--models-root")
+    model = svc.model(settings.models_root, req.model, check=False)
     bridges = [svc.under(settings.upgrades_root, b, f"bridges[{i}]", "--upgrades-root")
                for i, b in enumerate(req.bridges)]
-    if not (model / "config.json").is_file():
-        raise ApiError(422, f"model: {req.model!r} is not a model directory (no config.json)", "model")
+    svc.check_model(model, req.model)
     for i, b in enumerate(bridges):
         if not (b / "upgrade.json").is_file():
             raise ApiError(422, f"bridges[{i}]: {req.bridges[i]!r} is not an upgrade directory", f"bridges[{i}]")
@@ -141,8 +140,10 @@ async def import_(req: ImportRequest, _r: str = Depends(admin), svc: Service = D
     path = svc.under(root, req.path, "path", "--data-root", file=req.format != "clip-retrieval")
     table = svc.under(root, req.table, "table", "--data-root", file=True) if req.table else None
     images = svc.under(root, req.images_root, "images_root", "--data-root") if req.images_root else None
+    model = svc.model(settings.models_root, req.model) if req.model else None
     rep = await run_in_threadpool(svc.call, svc.client.import_, f"{req.format}:{path}", table=table,
                                   id_column=req.id_column, source_column=req.source_column, modality=req.modality,
-                                  images_root=images, trust_model=req.trust_model, lossy=req.lossy, field="path")
+                                  images_root=images, trust_model=req.trust_model, lossy=req.lossy, model=model,
+                                  samples=req.samples or 64, field="path")
     out = {k: v for k, v in rep.to_dict().items() if k in ImportResult.model_fields}
     return svc.paths.deep(out)
