@@ -76,7 +76,8 @@ class RemoteClient(Client):
 
     def import_(self, source: str, *, table: str | Path | None = None, id_column: str | None = None,
                 source_column: str | None = None, modality: str | None = None, images_root: str | Path | None = None,
-                trust_model: bool = False, lossy: bool = False, **kw: Any) -> ImportResult:
+                trust_model: bool = False, lossy: bool = False, metadata_columns: Sequence[str] | None = None,
+                **kw: Any) -> ImportResult:
         fmt, sep, path = source.partition(":")
         if not sep:
             raise ValueError(f"source must look like FORMAT:PATH (clip-retrieval:DIR, npy:FILE ...), got {source!r}")
@@ -84,7 +85,8 @@ class RemoteClient(Client):
             raise ClientError(422, f"over HTTP, import takes no {sorted(kw)}", sorted(kw)[0])
         body = {"format": fmt, "path": path, "table": _str(table), "id_column": id_column,
                 "source_column": source_column, "modality": modality, "images_root": _str(images_root),
-                "trust_model": trust_model, "lossy": lossy}
+                "trust_model": trust_model, "lossy": lossy,
+                "metadata_columns": None if metadata_columns is None else list(metadata_columns)}
         return ImportResult.from_dict(self._call("POST", "/v1/import", json={k: v for k, v in body.items()
                                                                             if v is not None}))
 

@@ -34,7 +34,7 @@ from ..progress import progress_bar
 from .collection import Collection, is_collection, row_json
 from .importing import ModelCheckRefused
 from .items import id_problem
-from .model_check import DEFAULT_SAMPLES, DEFAULT_THRESHOLD, Sample, check_model
+from .model_check import DEFAULT_SAMPLES, DEFAULT_THRESHOLD, Sample, check_model, skipped_check
 from .storage import parse_uri
 from .gallery_manifest import MODALITIES
 from .gallery_types import SpaceMismatchError
@@ -215,7 +215,7 @@ def adopt_milvus(collection_uri: str, source_uri: str, encoder: "DualEncoder", *
                              "into a new collection)")
 
     if trust_model:
-        check: dict[str, Any] = {"skipped": True, "model": model}
+        check: dict[str, Any] = skipped_check(model)
     else:
         if not source_field:
             raise ModelCheckRefused(f"Milvus collection {name!r}: no source field to re-embed a sample from, so "

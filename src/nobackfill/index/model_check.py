@@ -22,7 +22,7 @@ if TYPE_CHECKING:  # the encoder module pulls in torch only where it is used
     from .sources import ImportSource
 
 __all__ = ["DEFAULT_SAMPLES", "DEFAULT_THRESHOLD", "ModelCheck", "Sample", "check_model", "collection_samples",
-           "sample_rows"]
+           "sample_rows", "skipped_check"]
 
 DEFAULT_SAMPLES = 64
 DEFAULT_THRESHOLD = 0.99
@@ -60,6 +60,12 @@ class ModelCheck:
         return {"model": self.model, "n": self.n, "median_cosine": self.median_cosine,
                 "min_cosine": self.min_cosine, "threshold": self.threshold, "accepted": self.accepted,
                 "skipped": self.skipped, "message": self.message}
+
+
+def skipped_check(model: str) -> dict[str, Any]:
+    """The verdict recorded for an import whose model check was skipped (``trust_model``)."""
+    return {"skipped": True, "model": model,
+            "message": f"skipped (trust_model): nothing checked that {model} made these vectors"}
 
 
 def _model_name(encoder: Any, model: str | None) -> str:

@@ -76,7 +76,7 @@ def _faiss_layers(index: Any, path: Path) -> tuple[Any, np.ndarray | None, str, 
 
 def _faiss_source(path: Path, *, table: str | Path | None, id_column: str | None, source_column: str | None,
                   modality: str | None, images_root: str | Path | None, lossy: bool, expect_dim: int | None,
-                  batch_rows: int) -> TableSource:
+                  batch_rows: int, metadata_columns: Any = None) -> TableSource:
     import faiss
 
     if not path.is_file():
@@ -128,15 +128,16 @@ def _faiss_source(path: Path, *, table: str | Path | None, id_column: str | None
             order = np.empty(vec.n, dtype=np.int64)
             order[ids] = np.arange(vec.n, dtype=np.int64)
             vec.order = order
-        c = _table_columns(segment_table, id_column=id_column, source_column=source_column, modality=modality)
+        c = _table_columns(segment_table, id_column=id_column, source_column=source_column, modality=modality,
+                           metadata_columns=metadata_columns)
         notes, cols = _source_notes(segment_table, c, modality)
         what = f"with table {segment_table.path} ({cols})"
     elif ids is None:
         raise SourceError(f"this {name} index holds no ids: give a table (table=...) of ids and / or sources in index "
                           "order", path)
     else:
-        if id_column is not None or source_column is not None:
-            raise ValueError("id_column / source_column need a table")
+        if id_column is not None or source_column is not None or metadata_columns is not None:
+            raise ValueError("id_column / source_column / metadata_columns need a table")
         if modality not in _MODALITIES:
             raise SourceError("say whether the vectors are of images or texts (modality='image' or 'text'): there "
                               "is no table with a modality column", path)

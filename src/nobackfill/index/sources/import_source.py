@@ -14,7 +14,8 @@ from ..ingest import image_id
 from ..atomic_files import file_sha256
 from ..key_index import KeyIndex, key_hashes
 from .common import ImportBatch, SourceError
-from .items import _Items, _Segment, _text, _texts
+from ..items import id_problem, plain_ids
+from .items import _Items, _own_ids, _Segment, _text, _texts
 from .tables import _Chunk
 from .vectors import _unit
 
@@ -244,6 +245,49 @@ class ImportSource:
         return out
 
     # -- duplicates
+    def check_ids(self, where: str | None = None) -> None:
+        """Read the id column alone (where the table names the ids) and raise the
+        :class:`SourceError` that :meth:`batches` would raise at an empty id, an id that cannot be
+        one (control characters, too long) or one that repeats an earlier row's (naming both
+        rows): what an import calls before it commits anything, so that such a table is refused
+        whole rather than after its first batches (``where``: the collection, which the message
+        says nothing was committed to)."""
+        column = getattr(self, "_id_col", None)
+        if not column or not self._ids_from_column:
+            return
+        try:
+            self._check_ids(column)
+        except SourceError as e:
+            if where is not None:
+                e.args = (e.args[0] + self.committed_note(0, 0, where), *e.args[1:])
+            raise
+
+    def _check_ids(self, column: str) -> None:
+        seen = _SeenIds()
+        for seg in self._segments:
+            m = 0
+            for chunk in seg.table.column_chunks(column, self.batch_rows) if seg.table is not None else ():
+                own = _own_ids(chunk, column, seg.file, m)
+                if not plain_ids(own):
+                    for j, iid in enumerate(own):
+                        if id_problem(iid):
+                            raise SourceError(str(id_problem(iid)), seg.file, m + j + 1)
+                hits = seen.add(own)
+                for i in np.flatnonzero(hits).tolist():
+                    err = self._duplicate(own[i], seg, m + i)
+                    if err is not None:  # (None: two ids with one hash, not a duplicate)
+                        raise err
+                m += len(chunk)
+
+    def committed_note(self, rows: int, items: int, where: str, *, unsure: bool = False) -> str:
+        """What an import that failed says of what it had committed (``items`` items, up to row
+        ``rows`` of this source) and how to finish it."""
+        if not items and not unsure:
+            return f" (nothing of {self._description} was committed to {where})"
+        return (f"; rows 1-{rows} of {self._description} ({items} items{' or more' if unsure else ''}) were committed "
+                f"to {where} before this error and stay there: fix the table and run the same command again to "
+                "finish the import (the committed rows are found unchanged)")
+
     def _id_rows(self, stop_row: int | None = None) -> Iterator[tuple[str, _Segment, int, bool]]:
         """(id, segment, table row, derived) of every item before ``stop_row``, without reading
         image files (an image id that needs its bytes is left out)."""
