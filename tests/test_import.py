@@ -352,3 +352,33 @@ def test_an_import_run_again_that_changes_nothing_records_nothing(tmp_path):
     assert (rep.added, rep.unchanged) == (0, 5) and c.generation == gen and c.plan.current_space.imports == imports
     r = runner.invoke(app, ["collection", "status", str(tmp_path / "c")])
     assert r.exit_code == 0 and r.output.count("imported 5 item(s) from") == 1
+
+
+@pytest.mark.parametrize("factory, name", [("PQ8x4", "IndexPQ"), ("IVF4,PQ8x4", "IndexIVFPQ"),
+                                           ("HNSW8_PQ8x4", "IndexHNSWPQ")])
+def test_the_model_check_of_a_lossy_index_fits_its_threshold_to_the_compression(tmp_path, factory, name):
+    """--lossy alone: the reconstructions of the declared model's vectors are accepted (their cosines
+    fall well below 0.99), with a threshold measured on the index's own codec that the message
+    names; another model's vectors are still refused."""
+    import faiss
+
+    enc = HashEncoder(16, "old")
+    texts = [f"caption {i}" for i in range(800)]
+    x = enc.encode_texts(texts)
+    index = faiss.index_factory(16, factory, faiss.METRIC_INNER_PRODUCT)
+    index.train(x)
+    index.add(x)
+    faiss.write_index(index, str(tmp_path / "i.faiss"))
+    (tmp_path / "t.jsonl").write_text("".join(json.dumps({"id": f"t{i}", "text": t}) + "\n" for i, t in enumerate(texts)))
+
+    def source():
+        return open_source(f"faiss:{tmp_path / 'i.faiss'}", table=tmp_path / "t.jsonl", id_column="id",
+                           modality="text", lossy=True)
+
+    rep = import_source(tmp_path / "c", source(), enc, model=OLD_REF, progress=False)
+    mc = rep.model_check
+    assert mc["accepted"] and mc["median_cosine"] < 0.99 and mc["threshold"] < 0.99 and rep.added == 800
+    assert f"rather than 0.99 since the vectors are the reconstructions of a lossy {name} index" in mc["message"]
+    assert mc["lossy"]["index"] == name and mc["threshold"] == pytest.approx(mc["lossy"]["min_cosine"] - 0.02)
+    with pytest.raises(ModelCheckRefused, match=rf"not made by /other: median cosine .* threshold .* lossy {name}"):
+        import_source(tmp_path / "w", source(), HashEncoder(16, "stranger"), model="/other", progress=False)

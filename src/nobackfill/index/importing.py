@@ -407,7 +407,8 @@ def run_model_check(source: "ImportSource", encoder: "DualEncoder", model: str, 
         raise ModelCheckRefused(f"no item of {source.describe()} has a readable source (an image file that exists, "
                                 f"a caption) to check that {model} made its vectors; pass --trust-model to import "
                                 "them unchecked (the plan records that the check was skipped)")
-    verdict = check_model(encoder, picked, threshold=threshold, model=model)
+    verdict = check_model(encoder, picked, threshold=threshold, model=model, round_trip=source.round_trip,
+                          compression=source.compression)
     if not verdict.accepted:
         raise ModelCheckRefused(verdict.message + " (nothing was imported; --trust-model skips the check)")
     return verdict.to_json()

@@ -45,6 +45,17 @@ class _FaissVectors(_Vectors):
         rows = np.asarray(rows, dtype=np.int64)
         return self._positions(rows if self.order is None else self.order[rows])
 
+    def round_trip(self, x: np.ndarray) -> np.ndarray:
+        """``x`` encoded as the index stores its vectors, then decoded (a graph index's storage
+        holds the codes)."""
+        import faiss
+
+        codec = self._index
+        if isinstance(codec, faiss.IndexHNSW):
+            codec = faiss.downcast_index(codec.storage)
+        x = np.ascontiguousarray(x, dtype=np.float32)
+        return np.asarray(codec.sa_decode(codec.sa_encode(x)), dtype=np.float32)
+
     def where(self, i: int) -> str:
         return f"vector {i + 1}" + ("" if self._ids is None else f" (faiss id {int(self._ids[i])})")
 
@@ -95,7 +106,8 @@ def _faiss_source(path: Path, *, table: str | Path | None, id_column: str | None
                               f"{', '.join(FAISS_EXACT)})", path)
         warnings.append(f"{path} is a lossy {name} index: the imported vectors are its reconstructions, approximations "
                         "of the originals; search scores drift from those of the original vectors, the model check "
-                        "compares approximations, and only a backfill with the model gives exact vectors back")
+                        "compares approximations (with a threshold lowered to what the compression keeps of the "
+                        "sample's own vectors), and only a backfill with the model gives exact vectors back")
     if inner.ntotal:
         try:
             inner.reconstruct(0)  # a catchable probe: faiss aborts the process if reconstruct_n fails
@@ -150,6 +162,8 @@ def _faiss_source(path: Path, *, table: str | Path | None, id_column: str | None
                       faiss_ids=ids if segment_table is None else None, batch_rows=batch_rows, description=desc,
                       images_root=Path(images_root) if images_root else
                       (segment_table.path.parent.absolute() if segment_table is not None else Path.cwd()), **c)
+    if not exact:  # the model check measures what the compression keeps (index/model_check.py)
+        src.round_trip, src.compression = vec.round_trip, name
     src.warnings.extend(warnings + notes)
     if normalised:
         src.warnings.append(f"{normalised} of {vec.n} vectors were not unit length: normalised")

@@ -32,6 +32,9 @@ class ImportSource:
     docstring for the order of rows, the id rule and the checks)."""
 
     kind = "source"
+    #: for vectors a lossy index gave back: its codec (vectors encoded as it stores them, then decoded), and its name
+    round_trip: Any = None
+    compression = ""
 
     def __init__(self, segments: list[_Segment], *, batch_rows: int, description: str,
                  ids_from_column: bool, images_root: Path) -> None:
