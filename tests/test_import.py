@@ -382,3 +382,26 @@ def test_the_model_check_of_a_lossy_index_fits_its_threshold_to_the_compression(
     assert mc["lossy"]["index"] == name and mc["threshold"] == pytest.approx(mc["lossy"]["min_cosine"] - 0.02)
     with pytest.raises(ModelCheckRefused, match=rf"not made by /other: median cosine .* threshold .* lossy {name}"):
         import_source(tmp_path / "w", source(), HashEncoder(16, "stranger"), model="/other", progress=False)
+
+
+def test_the_cli_imports_the_metadata_columns_asked_for_and_get_and_search_show_them(tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    x = np.random.default_rng(1).standard_normal((4, 64)).astype(np.float32)
+    np.save(tmp_path / "e.npy", x / np.linalg.norm(x, axis=1, keepdims=True))
+    pq.write_table(pa.table({"key": [f"i{i}" for i in range(4)], "image_path": [f"img/{i}.png" for i in range(4)],
+                             "shop": list("abcd"), "secret": list("wxyz"), "rank": [9, 8, 7, 6]}),
+                   tmp_path / "t.parquet")
+    r = runner.invoke(app, ["collection", "import", str(tmp_path / "c"), "--model", str(ROOT / "models" / "world-old"),
+                            "--from", f"npy:{tmp_path / 'e.npy'}", "--table", str(tmp_path / "t.parquet"),
+                            "--id-column", "key", "--modality", "image", "--trust-model",
+                            "--metadata-columns", "shop,rank"])
+    assert r.exit_code == 0, r.output
+    r = runner.invoke(app, ["collection", "get", str(tmp_path / "c"), "--id", "i2", "--json"])
+    want = {"path": str(tmp_path / "img" / "2.png"), "shop": "c", "rank": 7}
+    assert r.exit_code == 0 and json.loads(r.stdout)["metadata"] == want
+    r = runner.invoke(app, ["collection", "search", str(tmp_path / "c"), "--text", "a red circle", "--k", "4", "--json"])
+    hits = {h["id"]: h for h in json.loads(r.stdout)["hits"]}
+    assert r.exit_code == 0 and hits["i2"]["metadata"] == want and hits["i2"]["shop"] == "c"
+    assert {h["rank"] for h in hits.values()} == {1, 2, 3, 4}  # the hit's own rank; the item's is in metadata
