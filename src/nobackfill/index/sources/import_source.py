@@ -32,6 +32,9 @@ class ImportSource:
     docstring for the order of rows, the id rule and the checks)."""
 
     kind = "source"
+    #: with an id column, every item's id is that column's (a clip-retrieval caption's is derived)
+    _column_ids_only = False
+    _ids_checked = False  # check_ids found the id column's ids unique
     #: for vectors a lossy index gave back: its codec (vectors encoded as it stores them, then decoded), and its name
     round_trip: Any = None
     compression = ""
@@ -163,7 +166,9 @@ class ImportSource:
         if not 0 <= start_row <= self.rows:
             raise ValueError(f"start_row must be in 0..{self.rows}, got {start_row}")
         seen = _SeenIds()
-        if start_row and self._ids_from_column:
+        # ids that check_ids found unique, every one from the column: nothing to look up while streaming
+        checked, no_hits = self._ids_checked and self._column_ids_only, (lambda n: np.zeros(n, bool))
+        if start_row and self._ids_from_column and not checked:
             self._seed(start_row, seen)
         repeats = 0
         for seg in self._segments:
@@ -175,7 +180,7 @@ class ImportSource:
                 stop = m + len(chunk)
                 vecs = [layer.vectors.unit(m, stop) for layer in seg.layers]
                 items = self._chunk_items(seg, chunk, m, skip)
-                hits = seen.add(items.ids)
+                hits = no_hits(len(items.ids)) if checked else seen.add(items.ids)
                 keep = None
                 if hits.any():
                     keep = ~hits
@@ -260,6 +265,7 @@ class ImportSource:
             return
         try:
             self._check_ids(column)
+            self._ids_checked = True
         except SourceError as e:
             if where is not None:
                 e.args = (e.args[0] + self.committed_note(0, 0, where), *e.args[1:])

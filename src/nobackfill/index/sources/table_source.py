@@ -22,6 +22,7 @@ class TableSource(ImportSource):
     """A block of vectors (npy, npz, faiss) with a table of ids and sources, row for row (or a
     faiss IndexIDMap's own ids when there is no table)."""
 
+    _column_ids_only = True
     #: build the items of a chunk of one modality whose ids the table gives column by column (False:
     #: row by row, as every other chunk; the tests compare the two)
     _columnwise = True
