@@ -291,11 +291,13 @@ class ImportSource:
     def committed_note(self, rows: int, items: int, where: str, *, unsure: bool = False) -> str:
         """What an import that failed says of what it had committed (``items`` items, up to row
         ``rows`` of this source) and how to finish it."""
-        if not items and not unsure:
-            return f" (nothing of {self._description} was committed to {where})"
+        finish = "fix the table and run the same command again to finish the import (the committed rows are found " \
+                 "unchanged)"
+        if not items:
+            return (f"; any batch of {self._description} committed to {where} before this error stays there: {finish}"
+                    if unsure else f" (nothing of {self._description} was committed to {where})")
         return (f"; rows 1-{rows} of {self._description} ({items} items{' or more' if unsure else ''}) were committed "
-                f"to {where} before this error and stay there: fix the table and run the same command again to "
-                "finish the import (the committed rows are found unchanged)")
+                f"to {where} before this error and stay there: {finish}")
 
     def _id_rows(self, stop_row: int | None = None) -> Iterator[tuple[str, _Segment, int, bool]]:
         """(id, segment, table row, derived) of every item before ``stop_row``, without reading
