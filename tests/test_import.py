@@ -382,6 +382,10 @@ def test_the_model_check_of_a_lossy_index_fits_its_threshold_to_the_compression(
     assert mc["lossy"]["index"] == name and mc["threshold"] == pytest.approx(mc["lossy"]["min_cosine"] - 0.02)
     with pytest.raises(ModelCheckRefused, match=rf"not made by /other: median cosine .* threshold .* lossy {name}"):
         import_source(tmp_path / "w", source(), HashEncoder(16, "stranger"), model="/other", progress=False)
+    from nobackfill.lifecycle.verify import check_models  # verify --model-check, later: the same threshold
+
+    again = check_models(Collection.open(tmp_path / "c"), pool=pool_with((OLD_REF, enc)))[enc.space_id]
+    assert again["accepted"] and again["threshold"] == mc["threshold"] and f"lossy {name} index" in again["message"]
 
 
 def test_the_cli_imports_the_metadata_columns_asked_for_and_get_and_search_show_them(tmp_path):
