@@ -11,9 +11,10 @@ import typer
 from ._common import console, fail, langs_option, report_skipped, skip_bad_hint, user_errors, warn_truncated
 
 
-def _warn_long_captions(enc, items) -> None:
-    caps = [it for it in items if it.modality == "text"]
-    warn_truncated(enc, [it.source["text"] for it in caps], [f"caption {it.id}" for it in caps])
+def _warn_long_captions(enc, read, root: Path) -> None:
+    caps = [it for it in read.items if it.modality == "text"]
+    warn_truncated(enc, [it.source["text"] for it in caps],
+                   [f"{root / 'captions.jsonl'} line {read.lines.get(it.id, '?')}" for it in caps])
 
 
 def index(
@@ -42,7 +43,7 @@ def index(
         enc = load_encoder(model)
         g, read = index_folder(enc, root, out, model_ref=str(model), langs=[x for x in langs.split(",") if x] or None,
                                skip_bad=skip_bad, backend=backend, wait=wait,
-                               before_embed=lambda r: _warn_long_captions(enc, r.items))
+                               before_embed=lambda r: _warn_long_captions(enc, r, root))
         texts = [(it.id, it.source["text"]) for it in read.items if it.modality == "text"]
         if tokens:
             from ..late.rerank import store_gallery_tokens

@@ -136,6 +136,8 @@ class FolderItems:
     problems: list[str] = field(default_factory=list)
     #: every skipped image file (path relative to the folder) -> why
     skipped_images: dict[str, str] = field(default_factory=dict)
+    #: each caption item's line in captions.jsonl (by id)
+    lines: dict[str, int] = field(default_factory=dict)
 
     def count(self, modality: str) -> int:
         return sum(1 for it in self.items if it.modality == modality)
@@ -178,6 +180,7 @@ def folder_items(folder: str | Path, *, langs: Sequence[str] | None = None, skip
                 continue
             meta = {"lang": ds.langs[j], "image": ds.images[i], "image_id": image_ids[i], **extra}
             out.items.append(text_item(caption, id=own_id, image_id=image_ids[i], metadata=meta))
+            out.lines.setdefault(out.items[-1].id, ds.caption_lines[j])
     elif langs:
         raise DataFormatError(f"{CAPTIONS_FILE} not found, so there are no captions in languages {list(langs)}",
                               root / CAPTIONS_FILE)
