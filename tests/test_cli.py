@@ -306,3 +306,27 @@ def test_every_help_text_renders_as_written():
                 if bracketed not in r.stdout:
                     bad.append((" ".join(path), bracketed))
     assert not bad, bad
+
+
+@pytest.mark.parametrize("captions", [True, False])
+def test_index_reads_a_folder_as_collection_add_does(setup, tmp_path, captions):
+    """Images no caption mentions are indexed, and a folder without captions.jsonl is its images:
+    the gallery holds the items `collection add` adds from the same folder, under the same ids."""
+    from _collection_helpers import make_folder
+    from nobackfill.gallery import Gallery
+
+    folder = make_folder(tmp_path / "d", n_images=3, captions_per_image=2, extra_images=2)
+    if not captions:
+        (folder / "captions.jsonl").unlink()
+    r = invoke("index", "--model", setup / "models" / "world-old", "--data", folder, "--out", tmp_path / "g")
+    assert r.exit_code == 0, r.output
+    assert ("(2 images without captions)" if captions else "(5 images without captions)") in r.output
+    r = invoke("collection", "create", tmp_path / "c", "--model", setup / "models" / "world-old")
+    assert r.exit_code == 0, r.output
+    r = invoke("collection", "add", tmp_path / "c", "--data", folder)
+    assert r.exit_code == 0, r.output
+    from nobackfill.collection.collection import Collection
+
+    g, c = Gallery.open(tmp_path / "g"), Collection.open(tmp_path / "c")
+    assert (g.count("image"), g.count("text")) == ((5, 6) if captions else (5, 0))
+    assert set(g.ids("image")) | set(g.ids("text")) == set(c.items())

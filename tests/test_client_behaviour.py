@@ -241,6 +241,19 @@ def test_an_unreachable_server_is_one_error():
     assert "http://127.0.0.1:9" in str(e.value) and "\n" not in str(e.value)
 
 
+def test_metadata_keys_named_as_a_hits_own_fields_come_back_whole(face):
+    """A user's metadata keys named rank, score, space, route or metadata are neither lost nor
+    taken for the hit's own fields, in every face (the JSON of a hit holds the metadata whole)."""
+    c, _model, _bridge = face
+    meta = {"rank": "first", "score": 99, "space": "kitchen", "route": 66, "metadata": {"nested": [1, 2]},
+            "colour": "red"}
+    c.add(texts=[{"text": "a caption whose metadata is odd", "id": "odd-1", **meta}])
+    hit = c.search(text="a caption whose metadata is odd", k=1, target="text").hits[0]
+    assert (hit.id, hit.rank, hit.route) == ("odd-1", 1, "native") and isinstance(hit.score, float)
+    assert hit.metadata == {"text": "a caption whose metadata is odd", **meta}
+    assert c.get("odd-1").metadata == {"text": "a caption whose metadata is odd", **meta}
+
+
 def test_the_faces_are_one_class():
     """``Client(...)`` picks the implementation from the target; both have every method of the base."""
     from nobackfill.client.base import Client as Base

@@ -433,3 +433,13 @@ def test_index_and_collection_add_give_the_same_stable_ids(tmp_path):
     assert rep.added == 0 and rep.unchanged + rep.metadata_updated == 9 and old.calls == calls
     assert len(Searcher(c, pool=pool_with((OLD_REF, old))).search(text="caption 0 of image 1 seed 0", k=20,
                                                                  target="text").hits) == 6
+
+
+def test_creating_over_a_collection_points_to_what_exists(tmp_path):
+    """The refusal names no command that does not exist (there is no command that deletes a
+    collection): it says to use the collection, or to choose another location."""
+    Collection.create(tmp_path / "c", space_id="s", dim=4, model="/m/s")
+    with pytest.raises(FileExistsError) as e:
+        Collection.create(tmp_path / "c", space_id="s", dim=4, model="/m/s")
+    msg = str(e.value)
+    assert "already holds a collection" in msg and "delete it" not in msg and "choose another location" in msg

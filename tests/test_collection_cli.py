@@ -115,5 +115,7 @@ def test_backfill_progress_and_retire(coll):
     assert st["backfill"]["fraction"] == 1.0
     r = invoke("collection", "retire", coll / "photos", "--space", old_sid)
     assert r.exit_code == 0, r.output
+    r = invoke("collection", "status", coll / "photos")
+    assert r.exit_code == 0 and "retired" in next(line for line in r.output.splitlines() if old_sid in line)
     out = js("collection", "search", coll / "photos", "--text", "a red circle", "--k", 5)
     assert {h["route"] for h in out["hits"]} == {"native"}

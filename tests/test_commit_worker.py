@@ -67,7 +67,7 @@ def test_a_worker_import_stores_what_an_import_in_process_stores(tmp_path):
     assert _state(tmp_path / "cTrue") == _state(tmp_path / "cFalse")
     assert reports[True].commit_worker_peak_rss_mb > 10 and reports[False].commit_worker_peak_rss_mb == 0
     c = Collection.open(tmp_path / "cTrue")
-    assert len(c) == 250 and c.get("t00012").metadata == {"group": 5, "tag": [0]} and not c.verify()
+    assert len(c) == 250 and c.get("t00012").metadata == {"text": "caption number 12", "group": 5, "tag": [0]} and not c.verify()
     again = import_source(c, _source(data, 64), enc, model=OLD_REF, trust_model=True, progress=False,
                           commit_process=True)  # everything held: the worker's transactions find it unchanged
     assert (again.added, again.unchanged, again.stored) == (0, 250, 0)
@@ -181,15 +181,17 @@ def test_a_store_that_fails_in_the_storing_thread_fails_the_import_with_its_erro
 
 
 def test_a_bad_row_in_a_later_batch_stops_the_import_and_its_worker_naming_the_row(tmp_path, started):
-    """The reader refuses a repeated id while earlier batches are being stored and committed: the
-    import raises the reader's error (not the stopped worker's), the worker is stopped, and the
-    batches before the bad row are all that was committed."""
+    """The reader refuses a row (a modality that is neither image nor text: a repeated id is refused
+    before anything is committed) while earlier batches are being stored and committed: the import
+    raises the reader's error (not the stopped worker's), saying what stayed, the worker is
+    stopped, and the batches before the bad row are all that was committed."""
     enc = HashEncoder(16, "old")
     data = _data(tmp_path / "d", 400, enc)
-    lines = (data / "t.jsonl").read_text().splitlines(keepends=True)
-    lines[250] = lines[250].replace('"t00250"', '"t00003"')
+    lines = [json.dumps({**json.loads(x), "modality": "video" if i == 250 else "text"}) + "\n"
+             for i, x in enumerate((data / "t.jsonl").read_text().splitlines())]
     (data / "t.jsonl").write_text("".join(lines))
-    with pytest.raises(ValueError, match=r"t00003.*(row 4|unique)|row 251"):
+    with pytest.raises(ValueError, match=r"row 251: column 'modality' must be .*(items or more\) were committed|"
+                                         r"any batch of .* stays there).* run the same command again"):
         import_source(tmp_path / "c", _source(data), enc, model=OLD_REF, trust_model=True, progress=False,
                       commit_process=True)
     assert started[0]._proc.poll() is not None

@@ -74,7 +74,8 @@ def test_vectors_of_another_model_or_shuffled_rows_are_refused_and_nothing_is_cr
     assert not (tmp_path / "c").exists()
     rep = import_source(tmp_path / "c", src, enc, model=OLD_REF, trust_model=True, progress=False)
     assert rep.added == 20 and Collection.open(tmp_path / "c").plan.current_space.imports[0]["model_check"] == \
-        {"skipped": True, "model": OLD_REF}
+        {"skipped": True, "model": OLD_REF, "message": f"skipped (trust_model): nothing checked that {OLD_REF} made "
+                                                      "these vectors"}
 
 
 def test_an_import_killed_between_batches_finishes_when_run_again(tmp_path):
@@ -97,7 +98,7 @@ def test_an_import_killed_between_batches_finishes_when_run_again(tmp_path):
                         progress=False)
     c = Collection.open(tmp_path / "c")
     assert (rep.added, rep.unchanged) == (10, 40) and len(c) == 50 and c.gallery(enc.space_id).count("text") == 50
-    assert c.get("t7").metadata == {"group": 1} and not c.verify()
+    assert c.get("t7").metadata == {"text": "text 7", "group": 1} and not c.verify()
 
 
 def test_items_without_a_source_are_searched_skipped_by_the_backfill_and_kept_by_retire(tmp_path):
@@ -178,3 +179,233 @@ def test_an_import_into_a_collection_that_exists_but_is_empty_fills_it(tmp_path)
                       modality="text")
     rep = import_source(tmp_path / "c", src, enc, model=OLD_REF, progress=False)
     assert not rep.created and rep.added == 5 and len(Collection.open(tmp_path / "c")) == 5
+
+
+# ------------------------------------------------------------------------ a failed import: what stays
+def _table(tmp_path: Path, ids: list[str], fmt: str, *, modality: list[str] | None = None) -> tuple[Path, Path]:
+    """n random 8-d vectors and a table of ids and texts (and a modality column) in ``fmt``."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    n = len(ids)
+    x = np.random.default_rng(0).standard_normal((n, 8)).astype(np.float32)
+    np.save(tmp_path / "e.npy", x / np.linalg.norm(x, axis=1, keepdims=True))
+    cols = {"key": ids, "text": [f"text {i}" for i in range(n)], **({"modality": modality} if modality else {})}
+    path = tmp_path / f"t.{fmt}"
+    if fmt == "parquet":
+        pq.write_table(pa.table(cols), path, row_group_size=5000)
+    elif fmt == "jsonl":
+        path.write_text("".join(json.dumps(dict(zip(cols, r))) + "\n" for r in zip(*cols.values())))
+    else:
+        path.write_text(",".join(cols) + "\n" + "".join(",".join(r) + "\n" for r in zip(*cols.values())))
+    return tmp_path / "e.npy", path
+
+
+@pytest.mark.parametrize("n, batch_rows, dup, first, fmt", [
+    (40_000, None, 30_001, 6, "parquet"),  # the report's table: the default batches of 16,384 rows
+    (5_000, 1_000, 2_501, 1, "jsonl"),
+    (3_000, 1_000, 3_000, 2_999, "csv"),  # the last row repeats the one before it
+])
+def test_a_repeated_id_after_the_first_batch_is_refused_before_anything_is_committed(tmp_path, n, batch_rows, dup,
+                                                                                     first, fmt):
+    enc = HashEncoder(8, "old")
+    ids = [f"k{i}" for i in range(n)]
+    ids[dup - 1] = ids[first - 1]
+    emb, table = _table(tmp_path, ids, fmt)
+    kw = {} if batch_rows is None else {"batch_rows": batch_rows}
+    src = open_source(f"npy:{emb}", table=table, id_column="key", source_column="text", modality="text", **kw)
+    with pytest.raises(ValueError, match=rf"t\.{fmt} row {dup}: id 'k{first - 1}' repeats the id of row {first}") as e:
+        import_source(tmp_path / "c", src, enc, model=OLD_REF, trust_model=True, progress=False)
+    assert "nothing of" in str(e.value) and "was committed" in str(e.value)
+    assert not (tmp_path / "c").exists()  # not even created
+    # into a collection that holds items: it keeps them, and only them
+    c = Collection.create(tmp_path / "held", space_id=enc.space_id, dim=8, model=OLD_REF)
+    import_source(c, _small(tmp_path, enc), enc, model=OLD_REF, trust_model=True, progress=False)
+    gen = c.generation
+    with pytest.raises(ValueError, match="repeats the id of"):
+        import_source(c, src, enc, model=OLD_REF, trust_model=True, progress=False)
+    assert len(Collection.open(tmp_path / "held")) == 3 and Collection.open(tmp_path / "held").generation == gen
+
+
+def _small(tmp_path: Path, enc: HashEncoder):
+    d = tmp_path / "small"
+    d.mkdir()
+    np.save(d / "e.npy", enc.encode_texts(["one", "two", "three"]))
+    (d / "t.jsonl").write_text("".join(json.dumps({"key": f"s{i}", "text": t}) + "\n"
+                                       for i, t in enumerate(["one", "two", "three"])))
+    return open_source(f"npy:{d / 'e.npy'}", table=d / "t.jsonl", id_column="key", source_column="text",
+                       modality="text")
+
+
+@pytest.mark.parametrize("n, batch_rows, bad", [(40_000, None, 30_001), (2_500, 1_000, 2_100)])
+def test_an_error_after_the_first_batches_says_what_was_committed_and_the_same_command_finishes(tmp_path, n,
+                                                                                                 batch_rows, bad):
+    """An error only reading a row finds (a modality cell that is neither image nor text) after
+    batches were committed: the message says which rows stayed and how to finish; run again once
+    the table is fixed, the import finishes with the rows committed found unchanged."""
+    enc = HashEncoder(8, "old")
+    mods = ["text"] * n
+    mods[bad - 1] = "video"
+    kw = {} if batch_rows is None else {"batch_rows": batch_rows}
+    emb, table = _table(tmp_path, [f"k{i}" for i in range(n)], "parquet", modality=mods)
+    spec = dict(table=table, id_column="key", source_column="text", modality="text", **kw)
+    size = batch_rows or 16_384
+    stayed = (bad - 1) // size * size
+    with pytest.raises(ValueError) as e:
+        import_source(tmp_path / "c", open_source(f"npy:{emb}", **spec), enc, model=OLD_REF, trust_model=True,
+                      progress=False)
+    msg = str(e.value)
+    assert f"t.parquet row {bad}: column 'modality' must be 'image' or 'text'" in msg
+    assert f"rows 1-{stayed} of npy" in msg and f"({stayed} items) were committed to {tmp_path / 'c'}" in msg
+    assert "run the same command again to finish the import" in msg
+    assert len(Collection.open(tmp_path / "c")) == stayed
+    _table(tmp_path, [f"k{i}" for i in range(n)], "parquet", modality=["text"] * n)  # the table fixed
+    rep = import_source(tmp_path / "c", open_source(f"npy:{emb}", **spec), enc, model=OLD_REF, trust_model=True,
+                        progress=False)
+    assert (rep.added, rep.unchanged) == (n - stayed, stayed) and len(Collection.open(tmp_path / "c")) == n
+
+
+# ------------------------------------------------------------------ the items' metadata, their ids
+def test_imported_items_keep_their_source_and_the_columns_asked_for_in_hits_get_and_after_a_backfill(tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    old, new, w = related_pair(16, 16)
+    folder = make_folder(tmp_path / "d", n_images=6, captions_per_image=1)
+    paths = [f"images/{i:03d}.png" for i in range(6)]
+    np.save(tmp_path / "e.npy", old.encode_images([folder / p for p in paths]))
+    pq.write_table(pa.table({"key": [f"i{i}" for i in range(6)], "image_path": paths, "shop": list("abcdef"),
+                             "price": list(range(6)), "secret": ["x"] * 6}), tmp_path / "t.parquet")
+    src = open_source(f"npy:{tmp_path / 'e.npy'}", table=tmp_path / "t.parquet", id_column="key",
+                      modality="image", images_root=folder, metadata_columns=["shop", "price"])
+    import_source(tmp_path / "c", src, old, model=OLD_REF, progress=False)
+    c = Collection.open(tmp_path / "c")
+    want = {"path": str(folder / paths[2]), "shop": "c", "price": 2}
+    assert c.get("i2").metadata == want
+    pool = pool_with((OLD_REF, old), (NEW_REF, new))
+    hit = Searcher(c, pool=pool).search(image=folder / paths[2], k=1, target="image").hits[0]
+    assert hit.id == "i2" and hit.metadata == want
+    upgrade_collection(c, NEW_REF, bridges=[write_procrustes_upgrade(tmp_path / "up", w, new, old)], pool=pool)
+    run_backfill(c, new, order="sequential", batch_size=4)
+    hit = Searcher(Collection.open(tmp_path / "c"), pool=pool).search(image=folder / paths[2], k=1, target="image").hits[0]
+    assert (hit.id, hit.route, hit.metadata) == ("i2", "native", want)
+    with pytest.raises(ValueError, match=r"no column 'nope' \(a metadata column\); its columns: key, image_path"):
+        open_source(f"npy:{tmp_path / 'e.npy'}", table=tmp_path / "t.parquet", id_column="key", modality="image",
+                     metadata_columns=["nope"])
+
+
+def test_clip_retrieval_items_keep_their_path_and_caption(tmp_path):
+    enc = HashEncoder(16, "old")
+    folder = make_folder(tmp_path / "d", n_images=3, captions_per_image=1)
+    import_source(tmp_path / "c", open_source(f"clip-retrieval:{_clip_folder(folder, enc, tmp_path / 'emb')}"), enc,
+                  model=OLD_REF, progress=False)
+    added = Collection.create(tmp_path / "added", space_id=enc.space_id, dim=16, model=OLD_REF)
+    add_items(added, enc, folder_items(folder).items, progress=False)
+    c = Collection.open(tmp_path / "c")
+    for iid in added.items():  # what add keeps of each source, the import keeps too
+        mine, theirs = c.get(iid).metadata, added.get(iid).metadata
+        key = "path" if c.get(iid).modality == "image" else "text"
+        assert mine[key] == theirs[key], iid
+
+
+def test_a_column_named_id_is_not_taken_for_ids_unless_named(tmp_path):
+    """The table's 'id' held row numbers: without --id-column the ids come from content (as the
+    help and docs say), a warning names the column, and its values stay in the metadata, whole in
+    every hit."""
+    enc = HashEncoder(16, "old")
+    texts = ["a red cube", "a blue ball", "a green cone"]
+    np.save(tmp_path / "e.npy", enc.encode_texts(texts))
+    (tmp_path / "t.jsonl").write_text("".join(json.dumps({"id": i * 7, "caption": t}) + "\n"
+                                              for i, t in enumerate(texts)))
+    src = open_source(f"npy:{tmp_path / 'e.npy'}", table=tmp_path / "t.jsonl", modality="text")
+    assert "ids from content" in src.describe()
+    rep = import_source(tmp_path / "c", src, enc, model=OLD_REF, progress=False)
+    assert any("column 'id' was not taken for the ids" in w and "--id-column id" in w for w in rep.warnings)
+    c = Collection.open(tmp_path / "c")
+    from nobackfill.collection.ingest import text_id
+
+    assert sorted(c.items()) == sorted(text_id(t) for t in texts) and "7" not in c.items()
+    hit = Searcher(c, pool=pool_with((OLD_REF, enc))).search(text="a blue ball", k=1).hits[0]
+    assert hit.id == text_id("a blue ball") and hit.metadata == {"text": "a blue ball", "id": 7}
+    named = open_source(f"npy:{tmp_path / 'e.npy'}", table=tmp_path / "t.jsonl", modality="text", id_column="id")
+    assert [b.ids for b in named.batches()] == [["0", "7", "14"]] and not named.warnings
+    (tmp_path / "u.jsonl").write_text("".join(json.dumps({"id": i}) + "\n" for i in range(3)))
+    with pytest.raises(ValueError, match="no id column given .* its column 'id' is taken for ids only when named"):
+        open_source(f"npy:{tmp_path / 'e.npy'}", table=tmp_path / "u.jsonl", modality="text")
+
+
+def test_an_import_run_again_that_changes_nothing_records_nothing(tmp_path):
+    enc = HashEncoder(16, "old")
+    np.save(tmp_path / "e.npy", enc.encode_texts([f"text {i}" for i in range(5)]))
+    (tmp_path / "t.jsonl").write_text("".join(json.dumps({"id": f"t{i}", "text": f"text {i}"}) + "\n" for i in range(5)))
+
+    def run():
+        src = open_source(f"npy:{tmp_path / 'e.npy'}", table=tmp_path / "t.jsonl", id_column="id", modality="text")
+        return import_source(tmp_path / "c", src, enc, model=OLD_REF, trust_model=True, progress=False)
+
+    assert run().added == 5
+    c = Collection.open(tmp_path / "c")
+    gen, imports = c.generation, c.plan.current_space.imports
+    assert len(imports) == 1 and imports[0]["model_check"]["message"].startswith("skipped (trust_model)")
+    rep = run()
+    c = Collection.open(tmp_path / "c")
+    assert (rep.added, rep.unchanged) == (0, 5) and c.generation == gen and c.plan.current_space.imports == imports
+    r = runner.invoke(app, ["collection", "status", str(tmp_path / "c")])
+    assert r.exit_code == 0 and r.output.count("imported 5 item(s) from") == 1
+
+
+@pytest.mark.parametrize("factory, name", [("PQ8x4", "IndexPQ"), ("IVF4,PQ8x4", "IndexIVFPQ"),
+                                           ("HNSW8_PQ8x4", "IndexHNSWPQ")])
+def test_the_model_check_of_a_lossy_index_fits_its_threshold_to_the_compression(tmp_path, factory, name):
+    """--lossy alone: the reconstructions of the declared model's vectors are accepted (their cosines
+    fall well below 0.99), with a threshold measured on the index's own codec that the message
+    names; another model's vectors are still refused."""
+    import faiss
+
+    enc = HashEncoder(16, "old")
+    texts = [f"caption {i}" for i in range(800)]
+    x = enc.encode_texts(texts)
+    index = faiss.index_factory(16, factory, faiss.METRIC_INNER_PRODUCT)
+    index.train(x)
+    index.add(x)
+    faiss.write_index(index, str(tmp_path / "i.faiss"))
+    (tmp_path / "t.jsonl").write_text("".join(json.dumps({"id": f"t{i}", "text": t}) + "\n" for i, t in enumerate(texts)))
+
+    def source():
+        return open_source(f"faiss:{tmp_path / 'i.faiss'}", table=tmp_path / "t.jsonl", id_column="id",
+                           modality="text", lossy=True)
+
+    rep = import_source(tmp_path / "c", source(), enc, model=OLD_REF, progress=False)
+    mc = rep.model_check
+    assert mc["accepted"] and mc["median_cosine"] < 0.99 and mc["threshold"] < 0.99 and rep.added == 800
+    assert f"rather than 0.99 since the vectors are the reconstructions of a lossy {name} index" in mc["message"]
+    assert mc["lossy"]["index"] == name and mc["threshold"] == pytest.approx(mc["lossy"]["min_cosine"] - 0.02)
+    with pytest.raises(ModelCheckRefused, match=rf"not made by /other: median cosine .* threshold .* lossy {name}"):
+        import_source(tmp_path / "w", source(), HashEncoder(16, "stranger"), model="/other", progress=False)
+    from nobackfill.lifecycle.verify import check_models  # verify --model-check, later: the same threshold
+
+    again = check_models(Collection.open(tmp_path / "c"), pool=pool_with((OLD_REF, enc)))[enc.space_id]
+    assert again["accepted"] and again["threshold"] == mc["threshold"] and f"lossy {name} index" in again["message"]
+
+
+def test_the_cli_imports_the_metadata_columns_asked_for_and_get_and_search_show_them(tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    x = np.random.default_rng(1).standard_normal((4, 64)).astype(np.float32)
+    np.save(tmp_path / "e.npy", x / np.linalg.norm(x, axis=1, keepdims=True))
+    pq.write_table(pa.table({"key": [f"i{i}" for i in range(4)], "image_path": [f"img/{i}.png" for i in range(4)],
+                             "shop": list("abcd"), "secret": list("wxyz"), "rank": [9, 8, 7, 6]}),
+                   tmp_path / "t.parquet")
+    r = runner.invoke(app, ["collection", "import", str(tmp_path / "c"), "--model", str(ROOT / "models" / "world-old"),
+                            "--from", f"npy:{tmp_path / 'e.npy'}", "--table", str(tmp_path / "t.parquet"),
+                            "--id-column", "key", "--modality", "image", "--trust-model",
+                            "--metadata-columns", "shop,rank"])
+    assert r.exit_code == 0, r.output
+    r = runner.invoke(app, ["collection", "get", str(tmp_path / "c"), "--id", "i2", "--json"])
+    want = {"path": str(tmp_path / "img" / "2.png"), "shop": "c", "rank": 7}
+    assert r.exit_code == 0 and json.loads(r.stdout)["metadata"] == want
+    r = runner.invoke(app, ["collection", "search", str(tmp_path / "c"), "--text", "a red circle", "--k", "4", "--json"])
+    hits = {h["id"]: h for h in json.loads(r.stdout)["hits"]}
+    assert r.exit_code == 0 and hits["i2"]["metadata"] == want and hits["i2"]["shop"] == "c"
+    assert {h["rank"] for h in hits.values()} == {1, 2, 3, 4}  # the hit's own rank; the item's is in metadata

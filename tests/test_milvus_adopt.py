@@ -107,7 +107,7 @@ def _flow(tmp_path: Path, uri: str, source_uri: str, *, pk: str, index: str, met
     assert _fingerprint(client, user) == before
     c = Collection.open(uri)
     assert c.count("image") == N_IMAGES + 1
-    assert c.get(str(pks[3])).source == {"path": paths[3]}
+    assert c.get(str(pks[3])).source == {"path": paths[3]} == c.get(str(pks[3])).metadata  # kept as add keeps it
     (imported,) = c.space(old.space_id).imports
     assert imported["in_place"] and imported["items"] == N_IMAGES + 1 and imported["from"] == source_uri
     store = c.gallery(old.space_id)
@@ -118,6 +118,7 @@ def _flow(tmp_path: Path, uri: str, source_uri: str, *, pk: str, index: str, met
     again = adopt_milvus(uri, source_uri, old, model=OLD_REF, vector_field="embedding", id_field="pk",
                          source_field="image_path", modality="image", samples=8, batch_rows=5)
     assert not again["created"] and again["added"] == 0 and again["unchanged"] == N_IMAGES + 1
+    assert len(Collection.open(uri).space(old.space_id).imports) == 1  # a run that changed nothing: no record
 
     s = Searcher(Collection.open(uri), pool=pool)
     for q in ("caption 0 of image 3 seed 0", "anything at all"):
@@ -230,7 +231,7 @@ def test_adopt_refusals(tmp_path, lite):
 
     # trust_model skips the check (and the plan says so); an IVF_FLAT / IP index is searched as it is
     rep = adopt("other_model", trust_model=True)
-    assert rep["model_check"] == {"skipped": True, "model": OLD_REF}
+    assert rep["model_check"]["skipped"] and rep["model_check"]["model"] == OLD_REF and rep["model_check"]["message"]
     c = Collection.open(uri)
     assert c.space(old.space_id).imports[0]["model_check"]["skipped"]
     assert _fingerprint(client, "other_model") == before["other_model"]

@@ -63,3 +63,60 @@ def test_changes_build_new_plans_and_leave_the_old_one_alone():
         up.retire("newer")
     with pytest.raises(dataclasses.FrozenInstanceError):
         plan.current = "old"  # type: ignore[misc]
+
+
+# ----------------------------------------------------------------------------- pin, then unpin
+def _upgraded(tmp_path, calibrated: bool):
+    """A text collection upgraded to a noisy rotation of its model with a Procrustes bridge:
+    calibrated on paraphrased captions (fused wins at some 0 < w < 1), or not."""
+    import numpy as np
+
+    from _collection_helpers import NEW_REF, OLD_REF, HashEncoder, pool_with, write_procrustes_upgrade
+    from nobackfill.collection.collection import Collection
+    from nobackfill.collection.ingest import add_items, text_item
+    from nobackfill.lifecycle.calibrate import CalibrationTask
+    from nobackfill.lifecycle.plan_changes import upgrade_collection
+
+    old = HashEncoder(12, "old", name="old")
+    rng = np.random.default_rng(3)
+    q, _ = np.linalg.qr(rng.standard_normal((12, 12)))
+    new = HashEncoder(12, "noisy", base=old, mix=(q + 0.2 * rng.standard_normal(q.shape)).astype(np.float32),
+                      name="new")
+    texts = [f"caption {i}" for i in range(50)]
+    c = Collection.create(tmp_path / "c", space_id=old.space_id, dim=12, model=OLD_REF, name="old",
+                          modalities=old.modalities)
+    add_items(c, old, [text_item(t, id=f"t{i}") for i, t in enumerate(texts)], progress=False)
+    pool = pool_with((OLD_REF, old), (NEW_REF, new))
+    up = write_procrustes_upgrade(tmp_path / "up", q.T.astype(np.float32), new, old)
+    task = CalibrationTask("t2t", [t + " (paraphrased)" for t in texts], texts, np.arange(50), np.arange(50))
+    upgrade_collection(c, NEW_REF, bridges=[up], calibration=[task] if calibrated else None, pool=pool)
+    return c, old.space_id
+
+
+@pytest.mark.parametrize("pin", [("old-model", None), ("bridge", None), ("fused", 0.25)])
+def test_unpinning_brings_the_calibrated_route_back(tmp_path, pin):
+    from nobackfill.lifecycle.plan_changes import pin_route, route_table
+
+    c, old = _upgraded(tmp_path, calibrated=True)
+    before = route_table(c.plan)[old]["t2t"]
+    assert before["calibrated"] and not before["pinned"]
+    pin_route(c, old, "t2t", pin[0], pin[1])
+    pinned = route_table(c.plan)[old]["t2t"]
+    assert pinned["pinned"] and (pinned["route"], pinned["w"]) == (pin[0], pin[1] if pin[0] == "fused" else None)
+    pin_route(c, old, "t2t", None)
+    after = route_table(c.plan)[old]["t2t"]
+    assert (after["route"], after["w"], after["pinned"], after["calibrated"]) == \
+        (before["route"], before["w"], False, True)
+    assert c.plan.route(old, "t2t").calibration == c.plan.route(old, "t2t").calibration  # numbers kept
+
+
+def test_unpinning_an_uncalibrated_route_brings_the_default_back(tmp_path):
+    from nobackfill.lifecycle.plan_changes import pin_route, route_table
+
+    c, old = _upgraded(tmp_path, calibrated=False)
+    assert route_table(c.plan)[old]["t2t"]["route"] == "bridge"  # the documented default
+    pin_route(c, old, "t2t", "old-model")
+    assert route_table(c.plan)[old]["t2t"]["route"] == "old-model"
+    pin_route(c, old, "t2t", None)
+    after = route_table(c.plan)[old]["t2t"]
+    assert (after["route"], after["pinned"], after["calibrated"]) == ("bridge", False, False)

@@ -92,7 +92,11 @@ def test_a_hit_is_a_named_tuple_whose_metadata_is_parsed_once():
     assert h == Hit(1, 0.5, "a", "S", "native", {"x": [1, 2]})  # JSON or dict: the same hit
     assert h != Hit(1, 0.5, "a", "S", "native", {"x": [1]}) and h != Hit(2, 0.5, "a", "S", "native", {"x": [1, 2]})
     assert Hit(1, 0.5, "a", "S", "native").metadata == {}
-    assert h.to_json() == {"rank": 1, "score": 0.5, "id": "a", "space": "S", "route": "native", "x": [1, 2]}
+    assert h.to_json() == {"rank": 1, "score": 0.5, "id": "a", "space": "S", "route": "native", "x": [1, 2],
+                           "metadata": {"x": [1, 2]}}
+    odd = Hit(1, 0.5, "a", "S", "native", {"rank": 9, "id": "mine", "metadata": 3, "y": 1})
+    assert odd.to_json() == {"rank": 1, "score": 0.5, "id": "a", "space": "S", "route": "native", "y": 1,
+                             "metadata": {"rank": 9, "id": "mine", "metadata": 3, "y": 1}}
     assert repr(h) == "Hit(rank=1, score=0.5, id='a', space='S', route='native', metadata={'x': [1, 2]})"
     with pytest.raises(TypeError):
         hash(h)

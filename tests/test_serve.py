@@ -353,12 +353,13 @@ def test_import_takes_vectors_under_the_data_root_after_the_model_check(env):
     root = tmp / "imports"
     root.mkdir()
     texts = [f"imported caption {i}" for i in range(12)]
-    (root / "t.jsonl").write_text("".join(json.dumps({"id": f"imp{i}", "text": t}) + "\n" for i, t in enumerate(texts)))
+    (root / "t.jsonl").write_text("".join(json.dumps({"id": f"imp{i}", "text": t, "score": i, "shop": "s", "x": 1})
+                                          + "\n" for i, t in enumerate(texts)))
     np.save(root / "new.npy", new.encode_texts(texts))
     np.save(root / "old.npy", old.encode_texts(texts))  # another width: a 422
     np.save(root / "stranger.npy", HashEncoder(new.embed_dim, "stranger").encode_texts(texts))  # same width
     body = {"format": "npy", "path": "new.npy", "table": "t.jsonl", "id_column": "id", "source_column": "text",
-            "modality": "text"}
+            "modality": "text", "metadata_columns": ["score", "shop"]}
     r = api.post("/v1/import", json=body, headers=h(ADMIN))
     assert r.status_code == 403 and "--data-root" in r.json()["detail"]
     settings = ServeSettings(collection=str(c.path), keys=KeyRing({"read": [READ], "admin": [ADMIN]}),
@@ -378,6 +379,9 @@ def test_import_takes_vectors_under_the_data_root_after_the_model_check(env):
     assert out["added"] == 12 and out["model_check"]["accepted"] and str(tmp) not in r.text
     hits = api.post("/v1/search", json={"text": texts[4], "k": 1, "target": "text"}, headers=h(READ)).json()["hits"]
     assert hits[0]["id"] == "imp4" and hits[0]["route"] == "native"
+    # the source and the columns asked for, whole (a key named as a hit's field too) in /v1/search and the item
+    assert hits[0]["metadata"] == {"text": texts[4], "score": 4, "shop": "s"} and hits[0]["score"] != 4
+    assert api.get("/v1/items/imp4", headers=h(READ)).json()["metadata"] == {"text": texts[4], "score": 4, "shop": "s"}
 
 
 def test_metrics_show_the_query_cache(env):

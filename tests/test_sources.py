@@ -172,7 +172,7 @@ def test_npy_parquet_round_trip_with_ids_sources_metadata(tmp_path, folder):
     np.testing.assert_array_equal(got, vecs)
     assert sources[0] == {"path": str(folder / names[0])}  # ids from the table: no image file is read
     assert sources[6] == {"path": str(folder / "images/nope.png")}
-    assert metas[0] == {"shop": "a", "score": 0.5} and metas[6]["score"] is None
+    assert metas[0] == {"path": str(folder / names[0]), "shop": "a", "score": 0.5} and metas[6]["score"] is None
     json.dumps(metas)
     # start_row resumes (parquet row groups of 3: start inside one)
     assert _all(src, start_row=4)[0] == ids[4:]
@@ -185,14 +185,14 @@ def test_ids_derived_like_add_without_id_column(tmp_path, folder):
     ids, mods, sources, metas, _, _ = _all(open_source(f"npy:{tmp_path / 't.npy'}", table=tmp_path / "t.jsonl",
                                                        modality="text"))
     assert ids == [text_id(c) for c in ["a cat", "a dog", "a cow"]] and sources[1] == {"text": "a dog"}
-    assert metas[0] == {"lang": "en"}
+    assert metas[0] == {"text": "a cat", "lang": "en"}
     np.save(tmp_path / "i.npy", _rand(2))
     (tmp_path / "i.csv").write_text("path,note\nimages/001.png,x\n/elsewhere/z.png,\n")
     ids, _, sources, metas, _, _ = _all(open_source(f"npy:{tmp_path / 'i.npy'}", table=tmp_path / "i.csv",
                                                     modality="image", images_root=folder))
     assert ids[0] == image_id(file_sha256(folder / "images/001.png"))
     assert ids[1] == "img-" + hashlib.sha256(b"/elsewhere/z.png").hexdigest()[:20]
-    assert metas == [{"note": "x"}, {"note": None}]
+    assert metas == [{"path": str(folder / "images/001.png"), "note": "x"}, {"path": "/elsewhere/z.png", "note": None}]
 
 
 def test_npz_key_or_only_array_and_modality_column(tmp_path):
@@ -203,13 +203,13 @@ def test_npz_key_or_only_array_and_modality_column(tmp_path):
         '{"id": 1, "modality": "image", "src": "http://x/1.jpg"}\n{"id": 2, "modality": "text", "src": "hello"}\n'
         '{"id": 3, "src": "world"}\n')
     src = open_source(f"npz:{tmp_path / 'two.npz'}:b", table=tmp_path / "t.jsonl", source_column="src",
-                      modality="text")
+                      modality="text", id_column="id")
     ids, mods, sources, _, got, _ = _all(src)
     assert ids == ["1", "2", "3"] and mods == ["image", "text", "text"]  # empty modality cell: the default
     assert sources == [{"path": "", "url": "http://x/1.jpg"}, {"text": "hello"}, {"text": "world"}]
     np.testing.assert_array_equal(got, b)
     np.testing.assert_array_equal(_all(open_source(f"npz:{tmp_path / 'one.npz'}", table=tmp_path / "t.jsonl",
-                                                   modality="text"))[4], b)
+                                                   modality="text", id_column="id"))[4], b)
     with pytest.raises(SourceError, match=r"two\.npz: holds 2 arrays \(a, b\)"):
         open_source(f"npz:{tmp_path / 'two.npz'}", table=tmp_path / "t.jsonl", modality="text")
 
@@ -219,7 +219,7 @@ def test_unit_length_normalised_with_a_warning(tmp_path):
     v[[1, 4, 7]] *= 3.0
     np.save(tmp_path / "e.npy", v)
     (tmp_path / "t.csv").write_text("id\n" + "".join(f"x{i}\n" for i in range(10)))
-    src = open_source(f"npy:{tmp_path / 'e.npy'}", table=tmp_path / "t.csv", modality="image")
+    src = open_source(f"npy:{tmp_path / 'e.npy'}", table=tmp_path / "t.csv", modality="image", id_column="id")
     assert any(w.startswith("3 of 10 vectors were not unit length: normalised") for w in src.warnings)
     assert any("no source column" in w for w in src.warnings)  # ids only: cannot be re-embedded
     got = _all(src)[4]
@@ -237,7 +237,7 @@ def _ids_table(tmp_path: Path, n: int, ids=None) -> Path:
 def test_duplicate_ids_name_both_rows(tmp_path):
     np.save(tmp_path / "e.npy", _rand(7))
     table = _ids_table(tmp_path, 7, ids=["a", "b", "c", "d", "b", "e", "f"])
-    src = open_source(f"npy:{tmp_path / 'e.npy'}", table=table, modality="text", batch_rows=2)
+    src = open_source(f"npy:{tmp_path / 'e.npy'}", table=table, modality="text", batch_rows=2, id_column="id")
     with pytest.raises(SourceError, match=r"ids\.parquet row 5: id 'b' repeats the id of row 2"):
         _all(src)
     with pytest.raises(SourceError, match=r"row 5: id 'b' repeats the id of row 2"):  # also when resumed after row 2
@@ -274,10 +274,10 @@ def test_width_missing_column_no_modality_and_bad_json(tmp_path):
         open_source(f"npy:{tmp_path / 'e.npy'}", table=table)
     (tmp_path / "t.jsonl").write_text('{"id": "a", "text": "x"}\n{"id": "b", "text": \n{"id": "c", "text": "z"}\n')
     with pytest.raises(SourceError, match=r"t\.jsonl row 2: invalid JSON"):
-        _all(open_source(f"npy:{tmp_path / 'e.npy'}", table=tmp_path / "t.jsonl", modality="text"))
+        _all(open_source(f"npy:{tmp_path / 'e.npy'}", table=tmp_path / "t.jsonl", modality="text", id_column="id"))
     (tmp_path / "u.jsonl").write_text('{"id": "a", "text": "x"}\n{"text": "y"}\n{"id": "c", "text": "z"}\n')
     with pytest.raises(SourceError, match=r"u\.jsonl row 2: column 'id' is empty"):
-        _all(open_source(f"npy:{tmp_path / 'e.npy'}", table=tmp_path / "u.jsonl", modality="text"))
+        _all(open_source(f"npy:{tmp_path / 'e.npy'}", table=tmp_path / "u.jsonl", modality="text", id_column="id"))
     with pytest.raises(SourceError, match="vectors alone have no ids"):
         open_source(f"npy:{tmp_path / 'e.npy'}", modality="text")
 
@@ -298,7 +298,7 @@ def test_faiss_exact_indexes_give_back_their_vectors(tmp_path, factory):
     x = _rand(40, seed=3)
     path = _faiss(tmp_path, factory, x)
     table = _ids_table(tmp_path, 40)
-    src = open_source(f"faiss:{path}", table=table, modality="text", batch_rows=16)
+    src = open_source(f"faiss:{path}", table=table, modality="text", batch_rows=16, id_column="id")
     assert "(exact)" in src.describe() and not src.warnings
     ids, _, sources, _, got, _ = _all(src)
     assert ids == [f"i{k}" for k in range(40)] and sources[5] == {"text": "text 5"}
@@ -309,7 +309,8 @@ def test_faiss_idmap_ids_map_to_table_rows_or_become_the_ids(tmp_path):
     x = _rand(6, seed=4)
     perm = [3, 0, 5, 1, 4, 2]  # index entry j holds table row perm[j]
     path = _faiss(tmp_path, "IDMap2,Flat", x, ids=perm)
-    ids, _, sources, _, got, _ = _all(open_source(f"faiss:{path}", table=_ids_table(tmp_path, 6), modality="text"))
+    ids, _, sources, _, got, _ = _all(open_source(f"faiss:{path}", table=_ids_table(tmp_path, 6), modality="text",
+                                                  id_column="id"))
     assert ids == [f"i{k}" for k in range(6)] and sources[3] == {"text": "text 3"}  # table order
     np.testing.assert_array_equal(got[perm], x)
     bare = open_source(f"faiss:{path}", modality="image")
@@ -396,9 +397,10 @@ def test_read_rows_scattered_jsonl_and_clip_pairs(tmp_path, cr_dir):
     np.save(tmp_path / "e.npy", _rand(6))
     rows = [{"id": f"x{i}", "text": f"t{i}", **({"k": i} if i % 2 else {})} for i in range(6)]
     (tmp_path / "t.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    src = open_source(f"npy:{tmp_path / 'e.npy'}", table=tmp_path / "t.jsonl", modality="text")
+    src = open_source(f"npy:{tmp_path / 'e.npy'}", table=tmp_path / "t.jsonl", modality="text", id_column="id")
     b = src.read_rows([4, 1, 5])
-    assert b.rows == [1, 4, 5] and b.ids == ["x1", "x4", "x5"] and b.metadata == [{"k": 1}, {}, {"k": 5}]
+    assert b.rows == [1, 4, 5] and b.ids == ["x1", "x4", "x5"]
+    assert b.metadata == [{"text": "t1", "k": 1}, {"text": "t4"}, {"text": "t5", "k": 5}]
     np.testing.assert_array_equal(b.vectors, np.load(tmp_path / "e.npy")[[1, 4, 5]])
     cr = open_source(f"clip-retrieval:{cr_dir}")
     full = {r: (i, m) for b in cr.batches() for r, i, m in zip(b.rows, b.ids, b.modality)}
@@ -413,7 +415,7 @@ def test_a_hash_collision_is_not_a_duplicate(tmp_path, monkeypatch):
     np.save(tmp_path / "e.npy", _rand(4))
     table = _ids_table(tmp_path, 4)
     monkeypatch.setattr(sources._SeenIds, "add", lambda self, ids: np.ones(len(ids), bool))  # every id "seen"
-    ids = _all(open_source(f"npy:{tmp_path / 'e.npy'}", table=table, modality="text"))[0]
+    ids = _all(open_source(f"npy:{tmp_path / 'e.npy'}", table=table, modality="text", id_column="id"))[0]
     assert ids == ["i0", "i1", "i2", "i3"]  # confirmed against the table: no earlier row has them
 
 

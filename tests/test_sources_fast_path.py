@@ -17,9 +17,10 @@ from hypothesis import strategies as st
 
 from nobackfill.catalog.items import JsonRows, rows_json
 from nobackfill.adopt.sources import ImportBatch, ImportSource, SourceError, open_source
-from nobackfill.adopt.sources.arrow_json import image_sources_json, metadata_json, text_sources_json
+from nobackfill.adopt.sources.arrow_json import (image_sources_json, metadata_json, sourced_metadata_json,
+                                                 text_sources_json)
 from nobackfill.adopt.sources.import_source import _ODD_FIRST
-from nobackfill.adopt.sources.items import _chunk_metas, _jsonable, _own_ids, _string_id, _text, _texts
+from nobackfill.adopt.sources.items import _chunk_metas, _jsonable, _own_ids, _string_id, _text, _texts, with_sources
 from nobackfill.adopt.sources.table_source import TableSource
 from nobackfill.adopt.sources.tables import _Chunk, _open_table
 from nobackfill.adopt.sources import vectors
@@ -318,7 +319,10 @@ def test_image_sources_written_in_arrow_are_those_of_each_row(sources, paths):
     for src in sources:
         made = image_sources_json(pa.chunked_array([pa.array(paths, pa.string())]), src._root_str)
         if made is not None:  # (None: the dicts are made row by row)
-            assert made.texts == rows_json(src._image_sources(paths, None))
+            assert made[0].texts == rows_json(src._image_sources(paths, None))
+            table = pa.table({"k": pa.array(range(len(paths)), pa.int64())})
+            assert sourced_metadata_json(table, ["k"], made[1]).texts == \
+                rows_json(with_sources([{"k": i} for i in range(len(paths))], src._image_sources(paths, None)))
     plain = [p for p in paths if (p[:1].isascii() and p[:1].isalnum() or p[:1] == "/") and "//" not in p
              and "/." not in p and not any(c in p for c in '"\\\t')]
     assert image_sources_json(pa.chunked_array([pa.array(plain, pa.string())]), sources[0]._root_str) is not None
@@ -329,7 +333,8 @@ def test_image_sources_written_in_arrow_are_those_of_each_row(sources, paths):
 def test_text_sources_written_in_arrow_are_those_of_each_row(cells):
     made = text_sources_json(pa.chunked_array([pa.array(cells, pa.string())]))
     if made is not None:
-        assert made.texts == rows_json([{"text": t} if t else {} for t in _texts(cells)])
+        assert made[0].texts == rows_json([{"text": t} if t else {} for t in _texts(cells)])
+        assert sourced_metadata_json(pa.table({"x": pa.nulls(len(cells))}), [], made[1]).texts == made[0].texts
     else:
         assert any(not any(c.isalpha() and c.isascii() for c in t) or set(t) & set('"\\\n\x01') for t in cells)
 
@@ -370,7 +375,9 @@ def test_a_plain_parquet_table_is_read_as_json_columns_equal_to_the_rows(tmp_pat
                       images_root=tmp_path / "root", batch_rows=8)
     first = next(iter(src.batches()))
     assert isinstance(first.sources, JsonRows) and isinstance(first.metadata, JsonRows)
-    assert first.metadata.texts[1] == '{"empty":null,"group":1,"ok":false,"tag":"t1"}'
+    assert first.metadata.texts[1] == \
+        f'{{"empty":null,"group":1,"ok":false,"path":"{tmp_path / "root" / "images" / "1.jpg"}","tag":"t1"}}'
+    assert first.metadata[0] == {"empty": None, "group": None, "ok": True, "tag": None, "url": "https://x.org/0.jpg"}
     assert first.sources[0] == {"path": "", "url": "https://x.org/0.jpg"}
     assert first.sources[1] == {"path": str(tmp_path / "root" / "images" / "1.jpg")}
     _both(monkeypatch, lambda: open_source(f"npy:{emb}", table=table, id_column="pk", source_column="image_path",

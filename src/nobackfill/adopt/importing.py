@@ -35,7 +35,7 @@ from ..progress import progress_bar
 from ..collection.collection import Collection, is_collection
 from ..collection.commit_worker import CommitWorker
 from ..catalog.items import JsonRows, id_problem, plain_ids, rows_json
-from .model_check import DEFAULT_SAMPLES, DEFAULT_THRESHOLD, check_model, sample_rows
+from .model_check import DEFAULT_SAMPLES, DEFAULT_THRESHOLD, check_model, sample_rows, skipped_check
 from ..gallery.chunks import CheckedIds
 from ..gallery.manifest import MODALITIES
 from ..gallery.types import DuplicateIdError, SpaceMismatchError
@@ -407,7 +407,8 @@ def run_model_check(source: "ImportSource", encoder: "DualEncoder", model: str, 
         raise ModelCheckRefused(f"no item of {source.describe()} has a readable source (an image file that exists, "
                                 f"a caption) to check that {model} made its vectors; pass --trust-model to import "
                                 "them unchecked (the plan records that the check was skipped)")
-    verdict = check_model(encoder, picked, threshold=threshold, model=model)
+    verdict = check_model(encoder, picked, threshold=threshold, model=model, round_trip=source.round_trip,
+                          compression=source.compression)
     if not verdict.accepted:
         raise ModelCheckRefused(verdict.message + " (nothing was imported; --trust-model skips the check)")
     return verdict.to_json()
@@ -437,7 +438,9 @@ def import_source(target: "str | Path | Collection", source: "ImportSource", enc
         raise SpaceMismatchError(cur.space_id, encoder.space_id, f"import vectors into collection {where}",
                                  what=f"vectors declared as {model}'s", expected_name=cur.name,
                                  hint="import into a new collection, or declare the collection's current model")
-    check = {"skipped": True, "model": model} if trust_model else \
+    if hasattr(source, "check_ids"):  # a repeated, empty or bad id in the id column: refused before any commit
+        source.check_ids(where)
+    check = skipped_check(model) if trust_model else \
         run_model_check(source, encoder, model, samples=samples, threshold=threshold)
     c = existing if existing is not None else \
         Collection.create(target, space_id=encoder.space_id, dim=dim, model=model, name=getattr(encoder, "name", ""),
@@ -447,11 +450,18 @@ def import_source(target: "str | Path | Collection", source: "ImportSource", enc
     with c.ingesting(wait=wait), cyclic_gc_paused(), \
             progress_bar(progress, f"importing {Path(where).name}", int(source.rows)) as advance:
         apart = _StoreAndHandOver(c, CommitWorker(c.path)) if _commit_apart(c, source, commit_process) else None
-        tell = on_batch or (lambda _n: None)
+        ends: dict[int, tuple[int, int]] = {}  # batch number -> (its end row, its items)
+        stayed = [0, 0]  # rows up to the last batch committed, items committed
+
+        def tell(k: int) -> None:
+            stayed[0], stayed[1] = ends[k][0], stayed[1] + ends[k][1]
+            (on_batch or (lambda _n: None))(k)
+
         try:
             done = 0
             for n, batch in enumerate(_prefetched(source.batches()), start=1):
                 at = f"{source.describe()} rows {batch.row0 + 1}-{batch.row_end}"
+                ends[n] = (batch.row_end, len(batch))
                 if apart is None:
                     total.merge(add_vectors(c, batch.ids, batch.vectors, modality=batch.modality,
                                             sources=batch.sources, metadata=batch.metadata,
@@ -473,13 +483,16 @@ def import_source(target: "str | Path | Collection", source: "ImportSource", enc
                 total.stored = apart.stored
                 total.added, total.unchanged = worker.added, report.items - worker.added
                 report.commit_worker_peak_rss_mb = worker.peak_rss_mb
-        except BaseException:
+        except BaseException as e:
             if apart is not None:
                 apart.abort()
+            if isinstance(e, Exception) and e.args and isinstance(e.args[0], str):  # what stayed, and how to finish
+                e.args = (e.args[0] + source.committed_note(*stayed, where, unsure=apart is not None), *e.args[1:])
             raise
         record = {"from": source.describe(), "items": report.items, "added": total.added, "model_check": check,
                   "at": datetime.now(timezone.utc).isoformat(timespec="seconds")}
-        c.set_plan(lambda p: p.with_import(encoder.space_id, record))
+        if total.added or not any(r.get("from") == record["from"] for r in c.plan.space(encoder.space_id).imports):
+            c.set_plan(lambda p: p.with_import(encoder.space_id, record))  # (a run that changed nothing: no record)
     report.added, report.unchanged, report.stored = total.added, total.unchanged, total.stored
     report.warnings = list(source.warnings)
     report.seconds = time.perf_counter() - t0

@@ -34,7 +34,8 @@ from ..progress import progress_bar
 from ..collection.collection import Collection, is_collection, row_json
 from .importing import ModelCheckRefused
 from ..catalog.items import id_problem
-from .model_check import DEFAULT_SAMPLES, DEFAULT_THRESHOLD, Sample, check_model
+from .model_check import DEFAULT_SAMPLES, DEFAULT_THRESHOLD, Sample, check_model, skipped_check
+from .sources.items import source_metadata
 from ..collection.uri import parse_uri
 from ..gallery.manifest import MODALITIES
 from ..gallery.types import SpaceMismatchError
@@ -215,7 +216,7 @@ def adopt_milvus(collection_uri: str, source_uri: str, encoder: "DualEncoder", *
                              "into a new collection)")
 
     if trust_model:
-        check: dict[str, Any] = {"skipped": True, "model": model}
+        check: dict[str, Any] = skipped_check(model)
     else:
         if not source_field:
             raise ModelCheckRefused(f"Milvus collection {name!r}: no source field to re-embed a sample from, so "
@@ -253,14 +254,15 @@ def adopt_milvus(collection_uri: str, source_uri: str, encoder: "DualEncoder", *
                     raise ValueError(f"Milvus collection {name!r}, primary key {r[id_field]!r}: {problem}")
                 source = _source_json(modality, r.get(source_field), images_root) if source_field else {}
                 unsourced += not _payload_field(modality, source)
-                rows.append((item_id, modality, item_id, row_json(source), "{}"))
+                rows.append((item_id, modality, item_id, row_json(source), row_json(source_metadata(source))))
             hint = (space_id, {row[2]: 0 for row in rows}) if c.current_space == space_id else None
             added += c.commit_rows(rows, stored=hint, skip_unchanged=True)
             items += len(rows)
             advance(len(rows))
         record = {"from": str(source_uri), "items": items, "added": added, "model_check": check,
                   "at": datetime.now(timezone.utc).isoformat(timespec="seconds"), "in_place": True}
-        c.set_plan(lambda p: p.with_import(space_id, record))
+        if added or not any(r.get("from") == record["from"] for r in c.plan.space(space_id).imports):
+            c.set_plan(lambda p: p.with_import(space_id, record))  # (a run that changed nothing: no record)
     return {"collection": str(c.path), "source": str(source_uri), "adopted": name, "created": existing is None,
             "space": space_id, "items": items, "added": added, "unchanged": items - added, "unsourced": unsourced,
             "model_check": check, "in_place": True, "seconds": round(time.perf_counter() - t0, 3)}

@@ -13,7 +13,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, NamedTuple, Sequence
+from typing import TYPE_CHECKING, Any, Callable, NamedTuple, Sequence
 
 import numpy as np
 
@@ -22,10 +22,12 @@ if TYPE_CHECKING:  # the encoder module pulls in torch only where it is used
     from .sources import ImportSource
 
 __all__ = ["DEFAULT_SAMPLES", "DEFAULT_THRESHOLD", "ModelCheck", "Sample", "check_model", "collection_samples",
-           "sample_rows"]
+           "sample_rows", "skipped_check"]
 
 DEFAULT_SAMPLES = 64
 DEFAULT_THRESHOLD = 0.99
+#: a lossy index's threshold: the lowest cosine its codes give back the sample's own fresh vectors at, less this
+LOSSY_MARGIN = 0.02
 #: the largest share of sampled items whose cosine may fall below the threshold in an accepted check
 MAX_MISMATCHED = 0.1
 
@@ -54,12 +56,49 @@ class ModelCheck:
     threshold: float = DEFAULT_THRESHOLD
     #: sampled items whose source could not be embedded (unreadable image, ...)
     skipped: int = 0
+    #: for vectors stored lossily: the index, how its codes keep the sample's fresh vectors, the default threshold
+    lossy: dict[str, Any] | None = None
 
     def to_json(self) -> dict[str, Any]:
         """A JSON-able dict of every field."""
         return {"model": self.model, "n": self.n, "median_cosine": self.median_cosine,
                 "min_cosine": self.min_cosine, "threshold": self.threshold, "accepted": self.accepted,
-                "skipped": self.skipped, "message": self.message}
+                "skipped": self.skipped, "message": self.message, **({"lossy": self.lossy} if self.lossy else {})}
+
+
+def _lossy_threshold(threshold: float, fresh: np.ndarray, round_trip: Callable[[np.ndarray], np.ndarray],
+                     compression: str) -> tuple[float, dict[str, Any]]:
+    """The threshold for vectors a lossy index gave back: its codec takes the sample's fresh
+    vectors to what it would have stored for them; the vectors of the declared model then lie at
+    about those cosines from them (the stored ones are the codes of the same vectors), so the
+    threshold is the lowest of them less :data:`LOSSY_MARGIN` (never above ``threshold``)."""
+    info: dict[str, Any] = {"index": compression, "default_threshold": threshold}
+    try:
+        back = np.asarray(round_trip(fresh), dtype=np.float32)
+    except Exception as e:  # a codec faiss cannot run alone: the exact threshold stays, and the message says so
+        info["error"] = str(e).splitlines()[-1] if str(e) else type(e).__name__
+        return threshold, info
+    back = back / np.maximum(np.linalg.norm(back, axis=1, keepdims=True), 1e-12)
+    kept = np.einsum("ij,ij->i", fresh, back).astype(np.float64)
+    info.update(min_cosine=round(float(kept.min()), 4), median_cosine=round(float(np.median(kept)), 4))
+    return min(threshold, round(float(kept.min()) - LOSSY_MARGIN, 4)), info
+
+
+def _lossy_note(info: dict[str, Any] | None, threshold: float) -> str:
+    if not info:
+        return ""
+    if "error" in info:
+        return (f"; the vectors come from a lossy {info['index']} index whose compression could not be measured "
+                f"({info['error']}): the threshold is that of exact vectors")
+    return (f"; threshold {threshold:g} rather than {info['default_threshold']:g} since the vectors are the "
+            f"reconstructions of a lossy {info['index']} index, whose codes give back these items' own vectors at "
+            f"cosine {info['min_cosine']:.4f} at worst (median {info['median_cosine']:.4f}), less {LOSSY_MARGIN:g}")
+
+
+def skipped_check(model: str) -> dict[str, Any]:
+    """The verdict recorded for an import whose model check was skipped (``trust_model``)."""
+    return {"skipped": True, "model": model,
+            "message": f"skipped (trust_model): nothing checked that {model} made these vectors"}
 
 
 def _model_name(encoder: Any, model: str | None) -> str:
@@ -90,7 +129,8 @@ def _embed_each(encoder: "DualEncoder", modality: str, payloads: list[str]) -> t
 
 
 def check_model(encoder: "DualEncoder", samples: Sequence[Sequence[Any]], *, threshold: float = DEFAULT_THRESHOLD,
-                model: str | None = None) -> ModelCheck:
+                model: str | None = None, round_trip: Callable[[np.ndarray], np.ndarray] | None = None,
+                compression: str = "") -> ModelCheck:
     """Re-embed ``samples`` (each ``(modality, payload, stored vector, ...)``: an image path or a
     caption text) with ``encoder`` and compare with the stored vectors.
 
@@ -100,6 +140,9 @@ def check_model(encoder: "DualEncoder", samples: Sequence[Sequence[Any]], *, thr
     ``message``, otherwise; also refused (never raised) when the stored vectors' width is not the
     encoder's, when the encoder cannot embed a sampled modality, or when nothing could be compared.
     ``model``: the name used in messages (the encoder's ``name`` or class name by default).
+    ``round_trip``: for vectors a lossy index gave back (``compression`` names it), its codec
+    (encode, then decode): the threshold is lowered to what the compression keeps of the sample's
+    own fresh vectors (:func:`_lossy_threshold`), and the message says which threshold and why.
     """
     name = _model_name(encoder, model)
     threshold = float(threshold)
@@ -127,6 +170,7 @@ def check_model(encoder: "DualEncoder", samples: Sequence[Sequence[Any]], *, thr
             return refuse(f"these vectors were not made by {name}: {name} does not embed {modality}s, but "
                           f"{len(idx)} sampled items are {modality}s")
     cosines: list[np.ndarray] = []
+    fresh_rows: list[np.ndarray] = []
     skipped = 0
     for modality, idx in by_mod.items():
         keep, fresh = _embed_each(encoder, modality, [str(samples[i][1]) for i in idx])
@@ -137,14 +181,18 @@ def check_model(encoder: "DualEncoder", samples: Sequence[Sequence[Any]], *, thr
         a = stored / np.maximum(np.linalg.norm(stored, axis=1, keepdims=True), 1e-12)
         b = fresh / np.maximum(np.linalg.norm(fresh, axis=1, keepdims=True), 1e-12)
         cosines.append(np.einsum("ij,ij->i", a, b))
+        fresh_rows.append(b)
     if not cosines:
         return refuse(f"cannot check the model {name}: none of the {len(samples)} sampled items could be embedded",
                       skipped=skipped)
+    lossy = None
+    if round_trip is not None:
+        threshold, lossy = _lossy_threshold(threshold, np.concatenate(fresh_rows), round_trip, compression)
     cos = np.concatenate(cosines).astype(np.float64)
     n, med, low = int(cos.size), float(np.median(cos)), float(cos.min())
     below = int(np.count_nonzero(cos < threshold))
     accepted = med >= threshold and below <= MAX_MISMATCHED * n
-    extra = f"; {skipped} sampled items could not be embedded" if skipped else ""
+    extra = (f"; {skipped} sampled items could not be embedded" if skipped else "") + _lossy_note(lossy, threshold)
     if below:
         extra = f"; {below} of them below the threshold" + extra
     if accepted:
@@ -154,7 +202,7 @@ def check_model(encoder: "DualEncoder", samples: Sequence[Sequence[Any]], *, thr
         message = (f"these vectors were not made by {name}: median cosine {med:.2f} over {n} items (min {low:.2f}, "
                    f"threshold {threshold:g}){extra}")
     return ModelCheck(n=n, median_cosine=med, min_cosine=low, accepted=accepted, message=message, model=name,
-                      threshold=threshold, skipped=skipped)
+                      threshold=threshold, skipped=skipped, lossy=lossy)
 
 
 def _readable(modality: str, source: dict) -> str:

@@ -94,7 +94,8 @@ def index_line(info: dict) -> str:
 def print_spaces(spaces: dict) -> None:
     for sid, s in spaces.items():
         results.print(f"  {'*' if s['current'] else ' '} {s['name']:<16} {sid}  images {s.get('image', 0)}, texts "
-                  f"{s.get('text', 0)}  ({s['model']})")
+                  f"{s.get('text', 0)}  ({s['model']})"
+                  + ("  (retired: its vectors were dropped; no longer searched)" if s.get("retired") else ""))
         for imp in s.get("imports", []):
             mc = imp.get("model_check") or {}
             how = "model check skipped (--trust-model)" if mc.get("skipped") else \

@@ -126,7 +126,11 @@ def import_(
     table: Optional[Path] = typer.Option(None, help="Parquet, JSONL or CSV table of the vectors' rows (ids, "
                                                     "sources, metadata), row for row."),
     id_column: Optional[str] = typer.Option(None, help="The table's id column (default: ids from content, as add "
-                                                       "gives them)."),
+                                                       "gives them, never a column not named here, even one called "
+                                                       "'id': a warning says when one is left)."),
+    metadata_columns: Optional[str] = typer.Option(None, help="The table's columns each item keeps in its metadata, "
+                                                              "comma-separated (default: every other one); its "
+                                                              "source (path / url, caption text) is kept too."),
     source_column: Optional[str] = typer.Option(None, help="The table's column of image paths / urls or caption "
                                                            "texts (what a backfill embeds again)."),
     modality: Optional[str] = typer.Option(None, help="image or text, for a table without a 'modality' column "
@@ -163,7 +167,10 @@ def import_(
                 rep = client.import_(from_, table=table, id_column=id_column, source_column=source_column,
                                      modality=modality, images_root=images_root, model=model,
                                      trust_model=trust_model, lossy=lossy, samples=samples, backend=backend,
-                                     progress=True, wait=wait)
+                                     progress=True, wait=wait,
+                                     **({} if metadata_columns is None else
+                                        {"metadata_columns": [c.strip() for c in metadata_columns.split(",")
+                                                              if c.strip()]}))
             if as_json:
                 return _echo(rep)
             print_import(client, from_, rep)

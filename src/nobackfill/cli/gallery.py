@@ -11,9 +11,16 @@ import typer
 from ._common import console, fail, langs_option, report_skipped, results, skip_bad_hint, user_errors, warn_truncated
 
 
+def _warn_long_captions(enc, read, root: Path) -> None:
+    caps = [it for it in read.items if it.modality == "text"]
+    warn_truncated(enc, [it.source["text"] for it in caps],
+                   [f"{root / 'captions.jsonl'} line {read.lines.get(it.id, '?')}" for it in caps])
+
+
 def index(
     model: Path = typer.Option(..., help="Model directory that embeds the gallery."),
-    data: Path = typer.Option(..., help="User data folder (captions.jsonl + images) or a world root."),
+    data: Path = typer.Option(..., help="A data folder (images and/or captions.jsonl, read as `collection add` "
+                                        "reads it: images no caption mentions are indexed too) or a world root."),
     out: Path = typer.Option(..., help="Gallery directory (created, or resumed if it exists)."),
     split: str = typer.Option("test", help="Split to use when --data is a world root."),
     langs: str = langs_option(),
@@ -24,25 +31,31 @@ def index(
     wait: bool = typer.Option(False, help="If another process is adding to the gallery, wait for it instead of "
                                           "stopping."),
 ) -> None:
-    """Embed a data folder's images and captions into a model-versioned gallery (resumable)."""
+    """Embed a data folder's images and captions into a model-versioned gallery (resumable). The
+    folder is read as `collection add` reads it: images no caption mentions are embedded too, and
+    a folder without captions.jsonl is its images."""
     from ..gallery.build import StoreBusyError
-    from ..collection.ingest import index_pairs
+    from ..collection.ingest import index_folder
     from ..encoders import load_encoder
-    from ..evaluate import load_eval_data
 
+    root = data / split if not (data / "captions.jsonl").is_file() and (data / split).is_dir() else data
     try:
-        ds = load_eval_data(data, split, langs=[x for x in langs.split(",") if x], skip_bad=skip_bad)
         enc = load_encoder(model)
-        warn_truncated(enc, ds.captions, [f"{ds.root / 'captions.jsonl'} line {n}" for n in ds.caption_lines])
-        g = index_pairs(enc, ds, out, model_ref=str(model), backend=backend, wait=wait)
+        g, read = index_folder(enc, root, out, model_ref=str(model), langs=[x for x in langs.split(",") if x] or None,
+                               skip_bad=skip_bad, backend=backend, wait=wait,
+                               before_embed=lambda r: _warn_long_captions(enc, r, root))
+        texts = [(it.id, it.source["text"]) for it in read.items if it.modality == "text"]
         if tokens:
-            from ..late.rerank import store_dataset_tokens
+            from ..late.rerank import store_gallery_tokens
 
-            store_dataset_tokens(enc, ds, out, dtype=tokens, dim=token_dim)
+            store_gallery_tokens(enc, out, images=[(it.id, it.source["path"]) for it in read.items
+                                                   if it.modality == "image"], texts=texts, dtype=tokens,
+                                 dim=token_dim)
     except (ValueError, FileNotFoundError, StoreBusyError) as e:
         fail(skip_bad_hint(e))
-    report_skipped(ds.skipped, ds.skipped_images, ds.problems, root=ds.root)
-    results.print(f"gallery {out}: {g.count('image')} images, {g.count('text')} texts, space {g.space_id}")
+    report_skipped(read.skipped, read.skipped_images, read.problems, root=root)
+    results.print(f"gallery {out}: {g.count('image')} images, {g.count('text')} texts, space {g.space_id}"
+                  + (f" ({read.uncaptioned} images without captions)" if read.uncaptioned else ""))
 
 
 def search(

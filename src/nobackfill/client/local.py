@@ -162,7 +162,8 @@ class LocalClient(Client):
     def import_(self, source: str, *, table: str | Path | None = None, id_column: str | None = None,
                 source_column: str | None = None, modality: str | None = None, images_root: str | Path | None = None,
                 model: str | Path | None = None, trust_model: bool = False, lossy: bool = False, samples: int = 64,
-                backend: str = "auto", wait: bool = False, progress: bool = False) -> ImportResult:
+                backend: str = "auto", wait: bool = False, progress: bool = False,
+                metadata_columns: Sequence[str] | None = None) -> ImportResult:
         from ..adopt.importing import ModelCheckRefused, import_source
         from ..adopt.sources import open_source
         from ..search.models import model_ref
@@ -175,7 +176,8 @@ class LocalClient(Client):
             enc = self.pool.get(ref)
         with self.write_lock:
             src = open_source(source, table=table, id_column=id_column, source_column=source_column,
-                              modality=modality, images_root=images_root, lossy=lossy, expect_dim=int(enc.embed_dim))
+                              modality=modality, images_root=images_root, lossy=lossy, expect_dim=int(enc.embed_dim),
+                              metadata_columns=metadata_columns)
             try:
                 target = self._collection if self._collection is not None else self.target  # (an empty one is falsy)
                 rep = import_source(target, src, enc, model=ref, trust_model=trust_model, samples=samples,

@@ -101,6 +101,7 @@ class RemoteClient(Client):
     def import_(self, source: str, *, table: str | Path | None = None, id_column: str | None = None,
                 source_column: str | None = None, modality: str | None = None, images_root: str | Path | None = None,
                 model: str | Path | None = None, trust_model: bool = False, lossy: bool = False, samples: int = 64,
+                metadata_columns: Sequence[str] | None = None,
                 backend: str = "auto", wait: bool = False, progress: bool = False, build_indexes: bool = False,
                 log: Any = None) -> ImportResult:
         """As in process, the files (``source``'s path, ``table``, ``images_root``) and ``model``
@@ -115,7 +116,8 @@ class RemoteClient(Client):
         body = {"format": fmt, "path": path, "table": _str(table), "id_column": id_column,
                 "source_column": source_column, "modality": modality, "images_root": _str(images_root),
                 "trust_model": trust_model, "lossy": lossy, "model": _str(model),
-                "samples": samples if samples != 64 else None}
+                "samples": samples if samples != 64 else None,
+                "metadata_columns": None if metadata_columns is None else list(metadata_columns)}
         return ImportResult.from_dict(self._call("POST", "/v1/import", json={k: v for k, v in body.items()
                                                                             if v is not None}))
 

@@ -47,15 +47,18 @@ class SearchResults(_Result):
     @classmethod
     def from_dict(cls, obj: dict[str, Any]) -> "SearchResults":
         own = ("rank", "score", "id", "space", "route")
-        hits = [SearchHit(**{k: h[k] for k in own}, metadata={k: v for k, v in h.items() if k not in own})
+        hits = [SearchHit(**{k: h[k] for k in own}, metadata=dict(h["metadata"]) if isinstance(h.get("metadata"), dict)
+                          else {k: v for k, v in h.items() if k not in own})  # (a server that flattened it only)
                 for h in obj.get("hits", [])]
         return cls(query=obj["query"], modality=obj["modality"], hits=hits)
 
     def to_dict(self) -> dict[str, Any]:
-        """The service's JSON form: a hit's metadata beside its own fields (which win)."""
+        """The service's JSON form (:func:`~nobackfill.search.searcher.hit_json`: a hit's metadata whole
+        under ``metadata``, its keys also beside the hit's own fields but for those of their names)."""
+        from ..search.searcher import hit_json
+
         return {"query": self.query, "modality": self.modality,
-                "hits": [{**h.metadata, "rank": h.rank, "score": h.score, "id": h.id, "space": h.space,
-                          "route": h.route} for h in self.hits]}
+                "hits": [hit_json(h.rank, h.score, h.id, h.space, h.route, h.metadata) for h in self.hits]}
 
     to_json = to_dict  # the name the command line's printer reads (as a searcher's response has it)
 

@@ -146,7 +146,9 @@ class Collection(CollectionWrites, CollectionStatus):
         """
         storage = open_storage(path)
         if storage.exists():
-            raise FileExistsError(f"{storage} already holds a collection (open it, or delete it)")
+            raise FileExistsError(f"{storage} already holds a collection: use it as it is (add, import, upgrade ... "
+                                  "name it), or choose another location (nobackfill deletes no collection: remove "
+                                  "it yourself to start over)")
         own = f"{SPACE_DIR}/{_space_dirname(space_id)}"
         stray = storage.stray_entries(own)  # empty, or what a killed create of the same collection left
         if stray:

@@ -37,7 +37,7 @@ if TYPE_CHECKING:  # importing the encoder module pulls in torch
     from ..encoders.base import DualEncoder
 
 __all__ = ["IMAGE_SUFFIXES", "AddReport", "FolderItems", "add_items", "folder_items", "image_id", "image_item",
-           "index_pairs", "pair_ids", "text_file_items", "text_id", "text_item"]
+           "index_folder", "index_pairs", "pair_ids", "text_file_items", "text_id", "text_item"]
 
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".webp", ".bmp", ".gif", ".tif", ".tiff")
 
@@ -104,6 +104,27 @@ def index_pairs(encoder: "DualEncoder", data: Any, out: str | Path, *, model_ref
                          progress=progress, wait=wait)
 
 
+def index_folder(encoder: "DualEncoder", folder: str | Path, out: str | Path, *, model_ref: str,
+                 langs: Sequence[str] | None = None, skip_bad: bool = False, backend: str = "flat",
+                 progress: bool = True, wait: bool = False,
+                 before_embed: Callable[["FolderItems"], None] | None = None) -> tuple[Any, "FolderItems"]:
+    """Embed a data folder into a single-space gallery as ``collection add`` reads it
+    (:func:`folder_items`: its captioned images and captions, every other image too, and a folder
+    without captions is its images), under the same ids. Resumable. Returns the gallery and what
+    was read (skipped lines and images, images without captions); ``before_embed(read)`` is told
+    first."""
+    from ..gallery.build import build_gallery
+
+    read = folder_items(folder, langs=langs, skip_bad=skip_bad)
+    if before_embed is not None:
+        before_embed(read)
+    images = {it.id: (it.id, it.source["path"]) for it in read.items if it.modality == "image"}
+    texts = {it.id: (it.id, it.source["text"], {k: v for k, v in it.metadata.items() if k != "text"})
+             for it in read.items if it.modality == "text"}
+    return build_gallery(encoder, out, images=list(images.values()), texts=list(texts.values()), model_ref=model_ref,
+                         backend=backend, progress=progress, wait=wait), read
+
+
 @dataclass
 class FolderItems:
     """What a data folder holds: items, and what was skipped (with ``skip_bad``)."""
@@ -115,6 +136,8 @@ class FolderItems:
     problems: list[str] = field(default_factory=list)
     #: every skipped image file (path relative to the folder) -> why
     skipped_images: dict[str, str] = field(default_factory=dict)
+    #: each caption item's line in captions.jsonl (by id)
+    lines: dict[str, int] = field(default_factory=dict)
 
     def count(self, modality: str) -> int:
         return sum(1 for it in self.items if it.modality == modality)
@@ -157,6 +180,7 @@ def folder_items(folder: str | Path, *, langs: Sequence[str] | None = None, skip
                 continue
             meta = {"lang": ds.langs[j], "image": ds.images[i], "image_id": image_ids[i], **extra}
             out.items.append(text_item(caption, id=own_id, image_id=image_ids[i], metadata=meta))
+            out.lines.setdefault(out.items[-1].id, ds.caption_lines[j])
     elif langs:
         raise DataFormatError(f"{CAPTIONS_FILE} not found, so there are no captions in languages {list(langs)}",
                               root / CAPTIONS_FILE)

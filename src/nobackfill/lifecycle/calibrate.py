@@ -114,6 +114,32 @@ def _key(r: dict[str, float]) -> tuple[float, ...]:
     return tuple(round(r[f"R@{k}"], 9) for k in KS)
 
 
+def calibrated_choice(measured: Any) -> tuple[str, float | None] | None:
+    """The route (and fused weight) that calibration chooses from its numbers ``measured`` (a
+    route choice's ``calibration``: R@k per route measured, the fused route's best ``w``): the
+    fused route at its best weight where it was measured (``old-model`` at w = 0, ``bridge`` at
+    w = 1), else the better of ``bridge`` and ``old-model`` (``old-model`` on a tie), else the one
+    measured; None when nothing was. What :func:`calibrate` chose, and what an unpinned route
+    goes back to."""
+    if not isinstance(measured, dict):
+        return None
+    fused = measured.get(FUSED)
+    if isinstance(fused, dict) and fused.get("w") is not None:
+        w = float(fused["w"])
+        return (OLD_MODEL, None) if w == 0.0 else (BRIDGE, None) if w == 1.0 else (FUSED, w)
+    old, br = measured.get(OLD_MODEL), measured.get(BRIDGE)
+    if isinstance(old, dict) and isinstance(br, dict):
+        try:
+            return (BRIDGE, None) if _key(br) > _key(old) else (OLD_MODEL, None)
+        except (KeyError, TypeError):  # numbers of another form: no choice to go back to
+            return None
+    if isinstance(old, dict):
+        return OLD_MODEL, None
+    if isinstance(br, dict):
+        return BRIDGE, None
+    return None
+
+
 def _score_map(scores: np.ndarray, task: CalibrationTask, topn: int) -> ScoreMap:
     top = np.argsort(-scores, axis=1)[:, :topn]
     s = np.take_along_axis(scores, top, axis=1)
@@ -199,18 +225,16 @@ def calibrate(planner: RoutePlanner, tasks: Sequence[CalibrationTask], *, weight
             if BRIDGE in avail:
                 s_br = emb.side(planner.query_side(sid, task.direction, BRIDGE), qmod, task.queries) @ g_old.T
                 measured[BRIDGE] = _recall(s_br, task)
-            chosen, w_best, s_chosen = (OLD_MODEL, None, s_old) if s_old is not None else (BRIDGE, None, s_br)
             if FUSED in avail and s_old is not None and s_br is not None:
                 curve = [(float(w), _recall((1 - w) * s_old + w * s_br, task)) for w in weights]
                 w_best, r_best = max(curve, key=lambda wr: _key(wr[1]))
                 measured[FUSED] = {**r_best, "w": w_best}
                 measured["curve"] = [{"w": w, **r} for w, r in curve]
-                chosen = OLD_MODEL if w_best == 0.0 else BRIDGE if w_best == 1.0 else FUSED
-                s_chosen = (1 - w_best) * s_old + w_best * s_br
-            elif s_br is not None and s_old is not None and _key(measured[BRIDGE]) > _key(measured[OLD_MODEL]):
-                chosen, s_chosen = BRIDGE, s_br
+            chosen, w_chosen = calibrated_choice(measured) or (OLD_MODEL, None)
+            s_chosen = (1 - w_chosen) * s_old + w_chosen * s_br if chosen == FUSED else \
+                s_old if chosen == OLD_MODEL else s_br
             routes.setdefault(sid, {})[task.direction] = {
-                "route": chosen, "w": w_best if chosen == FUSED else None, "pinned": False, "calibration": measured}
+                "route": chosen, "w": w_chosen, "pinned": False, "calibration": measured}
             maps_d[f"{sid}/{chosen}"] = _score_map(s_chosen, task, topn).to_json()
             maps = {(name, route): ScoreMap.from_json(m) for name, route, m in
                     (("new", NATIVE, maps_d[f"{current}/{NATIVE}"]), ("old", chosen, maps_d[f"{sid}/{chosen}"]))}

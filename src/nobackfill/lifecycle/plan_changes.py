@@ -16,7 +16,7 @@ from typing import Any, Callable, Sequence
 
 from ..collection.collection import Collection
 from ..catalog.plan import Merge, Plan, RouteChoice
-from .calibrate import CalibrationTask, calibrate
+from .calibrate import CalibrationTask, calibrate, calibrated_choice
 from ..search.models import ModelPool, model_ref
 from ..search.routes import DIRECTIONS, FUSED, ROUTES, RoutePlanner, upgrade_entry
 
@@ -160,8 +160,12 @@ def pin_route(collection: Collection, space_id: str, direction: str, route: str 
         if not p.has(space_id):
             raise ValueError(f"collection {collection.path} has no space {space_id}")
         entry = p.route(space_id, direction) or RouteChoice()
-        if route is None:
-            return p.with_route(space_id, direction, dataclasses.replace(entry, pinned=False))
+        if route is None:  # what calibration chose from its numbers, else no choice (the default route)
+            choice = calibrated_choice(entry.calibration)
+            if choice is None:
+                return p.with_route(space_id, direction, None)
+            return p.with_route(space_id, direction, RouteChoice(route=choice[0], w=choice[1], pinned=False,
+                                                                 calibration=entry.calibration))
         avail = RoutePlanner(p, ModelPool()).available(space_id, direction)
         if route not in avail:
             raise RouteRefused(f"route {route} is not available to space {space_id} for {direction} "

@@ -85,7 +85,7 @@ def check_models(collection: Any, samples: int = 64, seed: int = 0, pool: Any = 
     """Per live space: the model check of a random sample of the items it serves (re-embedded with
     the space's model, compared with the stored vectors), as JSON; a space serving no item with a
     readable source is reported as not checked (accepted, ``n`` 0)."""
-    from ..adopt.model_check import check_model, collection_samples
+    from ..adopt.model_check import DEFAULT_THRESHOLD, check_model, collection_samples
     from ..search.models import ModelPool
 
     pool = pool or ModelPool()
@@ -98,7 +98,13 @@ def check_models(collection: Any, samples: int = 64, seed: int = 0, pool: Any = 
                         "message": f"not checked: space {sid} serves no item with a readable source"}
             continue
         enc = pool.get(space.model, sid, what=f"model of space {space.label}")
-        out[sid] = check_model(enc, picked, model=space.model).to_json()
+        # vectors imported from a lossy index are checked with the threshold their import's check measured
+        lossy = [imp["model_check"] for imp in space.imports if (imp.get("model_check") or {}).get("lossy")]
+        threshold = min([DEFAULT_THRESHOLD] + [float(mc["threshold"]) for mc in lossy])
+        out[sid] = check_model(enc, picked, model=space.model, threshold=threshold).to_json()
+        if lossy:
+            out[sid]["message"] += (f" (threshold {threshold:g}: its vectors were imported from a lossy "
+                                    f"{lossy[0]['lossy'].get('index', '')} index, checked then at that threshold)")
     return out
 
 

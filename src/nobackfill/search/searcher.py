@@ -41,7 +41,7 @@ from .merge import DEFAULT_MERGE, MERGES, Candidate, ScoreMap, candidates, merge
 from .models import ModelPool, model_ref
 from .routes import BRIDGE, DIRECTIONS, NATIVE, NoRouteError, QuerySide, RoutePlanner, direction_of, upgrade_entry
 
-__all__ = ["DEFAULT_MERGE", "Hit", "SearchResponse", "Searcher", "explicit_plan", "matches_filter", "query_side_for"]
+__all__ = ["DEFAULT_MERGE", "HIT_FIELDS", "Hit", "SearchResponse", "Searcher", "explicit_plan", "hit_json", "matches_filter", "query_side_for"]
 
 class Hit(tuple):
     """One result: the item, its score under the route that answered, and where it came from.
@@ -87,8 +87,19 @@ class Hit(tuple):
     __hash__ = None  # type: ignore[assignment]  # its metadata is a mutable dict
 
     def to_json(self) -> dict[str, Any]:
-        return {"rank": self.rank, "score": self.score, "id": self.id, "space": self.space, "route": self.route,
-                **self.metadata}
+        return hit_json(self.rank, self.score, self.id, self.space, self.route, self.metadata)
+
+
+#: a hit's own fields in its JSON form: a metadata key of one of these names is found in ``metadata`` only
+HIT_FIELDS = frozenset({"rank", "score", "id", "space", "route", "metadata"})
+
+
+def hit_json(rank: int, score: float, id: str, space: str, route: str, metadata: Mapping[str, Any]) -> dict[str, Any]:
+    """A hit's JSON form (``--json``, the HTTP API): its own fields and ``metadata``, the item's
+    metadata whole; the metadata's keys are also flattened beside them (as earlier releases gave
+    them), but for those named as a hit's own fields (:data:`HIT_FIELDS`)."""
+    return {**{k: v for k, v in metadata.items() if k not in HIT_FIELDS}, "rank": rank, "score": score, "id": id,
+            "space": space, "route": route, "metadata": dict(metadata)}
 
 
 @dataclass

@@ -18,14 +18,17 @@ class _Open(BaseModel):
 
 
 class Hit(_Open):
-    """One result; the item's metadata (``text`` of a caption, ``path`` of an image relative to the
-    collection or the data root...) is flattened in."""
+    """One result; ``metadata`` is the item's metadata, whole (``text`` of a caption, ``path`` of an
+    image relative to the collection or the data root...). Its keys are also flattened in beside the
+    hit's own fields, as earlier releases gave them, but for those named rank, score, id, space,
+    route or metadata: read ``metadata``."""
 
     rank: int
     score: float
     id: str
     space: str
     route: str
+    metadata: dict[str, Any] = Field(default_factory=dict, description="The item's metadata, every key of it.")
 
 
 class SearchResults(_Open):

@@ -249,7 +249,11 @@ class ImportRequest(BaseModel):
     path: str = Field(..., max_length=1024, pattern=REL_PATH, description="The folder or file, relative to --data-root.")
     table: Optional[str] = Field(None, max_length=1024, pattern=REL_PATH,
                                  description="Parquet / JSONL / CSV table of the rows, relative to --data-root.")
-    id_column: Optional[str] = Field(None, max_length=255, description="The table's id column.")
+    id_column: Optional[str] = Field(None, max_length=255, description="The table's id column (none: ids from "
+                                     "content, never from a column not named here).")
+    metadata_columns: Optional[list[str]] = Field(None, max_length=1024, description=(
+        "The table's columns each item keeps in its metadata (default: every other one), beside its source "
+        "(an image's path / url, a caption's text)."))
     source_column: Optional[str] = Field(None, max_length=255,
                                          description="The table's column of image paths / urls or caption texts.")
     modality: Optional[Literal["image", "text"]] = Field(None, description="For a table without a modality column.")

@@ -24,10 +24,12 @@ are not counted).
 
 **Ids** (never a row number):
 
-* the table's id column when there is one (``id_column``; for npy / npz / faiss tables a column
-  named ``id`` is used when ``id_column`` is not given). A repeated id is a :class:`SourceError`
-  naming both rows. In a clip-retrieval folder with images and captions, the id column names the
-  images; a caption's id is then derived as below from its text and its image's id.
+* the table's id column when ``id_column`` names one (only then: a column called ``id`` is not
+  taken by its name; a warning says it was left, and it stays in the metadata). A repeated id is
+  a :class:`SourceError` naming both rows (:meth:`ImportSource.check_ids` reads the id column
+  alone to find one before an import commits anything). In a clip-retrieval folder with images
+  and captions, the id column names the images; a caption's id is then derived as below from its
+  text and its image's id.
 * otherwise the rule of ``collection add`` (:mod:`nobackfill.collection.ingest`): an image's id is
   :func:`~nobackfill.collection.ingest.image_id` of the sha256 of its bytes when the file is readable,
   otherwise ``"img-"`` + the first 20 hex digits of the sha256 of its path as written in the table
@@ -40,7 +42,9 @@ are not counted).
 
 **Sources.** An image item's source is ``{"path": absolute path or "", "url": url (only when
 there is one), "sha256": hex digest of its bytes (only when the file was readable)}``; a caption's
-is ``{"text": caption}``; an item with nothing to re-embed from has ``{}``. Relative image paths are
+is ``{"text": caption}``; an item with nothing to re-embed from has ``{}``. **Metadata**: what
+the source is (an image's ``path`` and ``url``, a caption's ``text``, as ``add`` keeps them), and
+the table's other columns (``metadata_columns``: only those named). Relative image paths are
 resolved against ``images_root`` when given, otherwise against the table's folder (npy / npz /
 faiss tables) or the current directory (clip-retrieval, whose paths are as given to its run).
 

@@ -59,18 +59,19 @@ def _join(*parts: Any) -> Any:
     return pc.binary_join_element_wise(*[_scalar(p) if isinstance(p, str) else p for p in parts], _scalar(""))
 
 
-def image_sources_json(paths: Any, root: str) -> JsonRows | None:
+def image_sources_json(paths: Any, root: str) -> tuple[JsonRows, Any] | None:
     """The sources of image rows from their path cells ``paths`` (an Arrow column; no url column):
     a url (``://``) gives ``{"path": "", "url": cell}``, an absolute path ``{"path": cell}``, a
     relative one ``{"path": root + cell}`` (``root`` ends with the separator) -- the column-wise
     rules of :meth:`~nobackfill.adopt.sources.import_source.ImportSource._image_sources` for cells
     that need no normalising: no ``//``, no ``/.``, and a first character that is an ASCII
-    letter or digit (or the separator, for an absolute path)."""
+    letter or digit (or the separator, for an absolute path). With them, what each says in the
+    item's metadata (:func:`sourced_metadata_json`'s ``said``: its path, or its url)."""
     pa, pc = _arrow()
     if os.sep != "/" or paths.null_count or not _plain_strings(paths):
         return None
     if not len(paths):
-        return JsonRows([])
+        return JsonRows([]), None
     paths = _utf8(paths)
     url = pc.match_substring(paths, "://")
     normal = pc.invert(pc.or_(pc.match_substring(paths, "//"), pc.match_substring(paths, "/.")))
@@ -83,21 +84,26 @@ def image_sources_json(paths: Any, root: str) -> JsonRows | None:
         return None
     head = pc.if_else(url, _scalar('{"path":"","url":"'),
                       pc.if_else(absolute, _scalar('{"path":"'), _scalar('{"path":"' + _quoted(root))))
-    return JsonRows(_join(head, paths, '"}').to_pylist())
+    made = JsonRows(_join(head, paths, '"}').to_pylist())
+    said = [(None, {"path": _join(pc.if_else(absolute, _scalar('"'), _scalar('"' + _quoted(root))), paths, '"')})]
+    if pc.any(url).as_py():
+        said.append((url, {"url": _join('"', paths, '"')}))
+    return made, said
 
 
-def text_sources_json(texts: Any) -> JsonRows | None:
+def text_sources_json(texts: Any) -> tuple[JsonRows, Any] | None:
     """The sources ``{"text": cell}`` of caption rows from their text cells (an Arrow column), for
-    cells that hold an ASCII letter or digit (never blank: kept as written, spaces included)."""
+    cells that hold an ASCII letter or digit (never blank: kept as written, spaces included); with
+    them, each text as a JSON value (as :func:`image_sources_json`)."""
     pa, pc = _arrow()
     if texts.null_count or not _plain_strings(texts):
         return None
     if not len(texts):
-        return JsonRows([])
+        return JsonRows([]), None
     texts = _utf8(texts)
     if not pc.all(pc.match_substring_regex(texts, "[A-Za-z0-9]")).as_py():
         return None
-    return JsonRows(_join('{"text":"', texts, '"}').to_pylist())
+    return JsonRows(_join('{"text":"', texts, '"}').to_pylist()), [(None, {"text": _join('"', texts, '"')})]
 
 
 def _value_json(col: Any) -> Any | None:
@@ -117,19 +123,47 @@ def metadata_json(table: Any, keys: Sequence[str]) -> JsonRows | None:
     """Each row's metadata ``{key: cell}`` over the columns ``keys`` of the Arrow ``table``
     (:func:`~nobackfill.adopt.sources.items._chunk_metas`' dicts), for keys of plain ASCII and
     cells :func:`_value_json` takes."""
+    made = _metadata(table, keys, {})
+    return None if made is None else JsonRows(made if isinstance(made, list) else made.to_pylist())
+
+
+def sourced_metadata_json(table: Any, keys: Sequence[str], said: Sequence[tuple[Any, dict[str, Any]]]
+                          ) -> JsonRows | None:
+    """:func:`metadata_json` with what each row's source says (``said``, from
+    :func:`image_sources_json` / :func:`text_sources_json`: per kind of row, where it holds (None:
+    every row, before the next kinds) and its keys' JSON values) under the columns of the same
+    name: :func:`~nobackfill.adopt.sources.items.with_sources`' dicts."""
+    _, pc = _arrow()
+    if not said:  # sources that say nothing
+        return metadata_json(table, keys)
+    out = None
+    for where, extra in said:
+        made = _metadata(table, keys, extra)
+        if made is None:
+            return None
+        if isinstance(made, list):  # no key at all: "{}" each
+            return JsonRows(made)
+        out = made if out is None else pc.if_else(where, made, out)
+    return None if out is None else JsonRows(out.to_pylist())
+
+
+def _metadata(table: Any, keys: Sequence[str], extra: dict[str, Any]) -> Any:
+    """The rows' JSON (Arrow strings, or a list of "{}" without a key), or None (see
+    :func:`metadata_json`); ``extra``: more keys with their JSON values, beneath the columns."""
+    extra = {k: v for k, v in extra.items() if k not in keys}
+    every = [*keys, *extra]
     if len(set(keys)) != len(keys) or not all(k.isascii() and k.isprintable() and '"' not in k and "\\" not in k
-                                              for k in keys):
+                                              for k in every):
         return None
-    n = table.num_rows
-    if not keys:
-        return JsonRows(["{}"] * n)
+    if not every:
+        return ["{}"] * table.num_rows
     parts: list[Any] = []
-    for i, key in enumerate(sorted(keys)):  # orjson's sorted keys: ASCII keys sort as Python sorts them
-        value = _value_json(table.column(key))
+    for i, key in enumerate(sorted(every)):  # orjson's sorted keys: ASCII keys sort as Python sorts them
+        value = extra[key] if key in extra else _value_json(table.column(key))
         if value is None:
             return None
         parts += [("{" if i == 0 else ",") + f'"{key}":', value]
-    return JsonRows(_join(*parts, "}").to_pylist())
+    return _join(*parts, "}")
 
 
-__all__ = ["image_sources_json", "metadata_json", "text_sources_json"]
+__all__ = ["image_sources_json", "metadata_json", "sourced_metadata_json", "text_sources_json"]

@@ -10,7 +10,7 @@ from typing import Any, Sequence
 from ...collection.ingest import text_id
 from .common import SourceError
 from .import_source import ImportSource
-from .items import _chunk_metas, _Items, _Layer, _own_ids, _Segment, _text
+from .items import _chunk_metas, _Items, _Layer, _own_ids, _Segment, _text, source_metadata
 from .tables import _Chunk, _ParquetTable
 from .vectors import _load_npy, _scan
 
@@ -21,10 +21,12 @@ class ClipRetrievalSource(ImportSource):
 
     kind = "clip-retrieval"
 
-    def __init__(self, segments: list[_Segment], *, id_column: str | None, paired: bool, **kw: Any) -> None:
+    def __init__(self, segments: list[_Segment], *, id_column: str | None, paired: bool,
+                 metadata_columns: Sequence[str] | None = None, **kw: Any) -> None:
         super().__init__(segments, ids_from_column=id_column is not None, **kw)
         self._id_col = id_column
         self._paired = paired
+        self._keep = None if metadata_columns is None else frozenset(metadata_columns)
 
     def _chunk_items(self, seg: _Segment, chunk: _Chunk, m: int, skip: int, cheap: bool = False,
                      layers: Sequence[Sequence[int]] | None = None) -> _Items:
@@ -38,7 +40,7 @@ class ClipRetrievalSource(ImportSource):
         caps = chunk.column("caption") if has_text else None
         link = has_image or cols is None or "image_path" in cols or "url" in cols
         skip_cols = {"image_path", "url", self._id_col} | ({"caption"} if has_text else set())
-        metas = _chunk_metas(chunk, {c for c in skip_cols if c})
+        metas = _chunk_metas(chunk, {c for c in skip_cols if c}, self._keep)
         out = _Items()
         for j in range(n):
             want = layers[j] if layers is not None else (range(skip, k) if (j == 0 and skip) else range(k))
@@ -55,10 +57,12 @@ class ClipRetrievalSource(ImportSource):
                                           seg.file, m + j + 1)
             for li in want:
                 if mods[li] == "image":
-                    out.add(li, j, img_id, "image", img_source, metas[j], derived_img)
+                    out.add(li, j, img_id, "image", img_source, {**source_metadata(img_source), **metas[j]}, derived_img)
                     continue
                 caption = _text(caps[j])
-                tmeta = {**metas[j], "image_id": img_id} if img_id else dict(metas[j])
+                tmeta = {**({"text": caption} if caption else {}), **metas[j]}
+                if img_id:
+                    tmeta["image_id"] = img_id
                 if own is not None and not has_image:
                     out.add(li, j, own[j], "text", {"text": caption} if caption else {}, tmeta, False)
                 elif not caption:
@@ -75,7 +79,8 @@ _SHARD = re.compile(r"^(?P<kind>img_emb|text_emb|metadata)_(?P<tag>\d+)\.(?:npy|
 
 
 def _clip_retrieval(root: Path, *, id_column: str | None, images_root: str | Path | None,
-                    expect_dim: int | None, batch_rows: int) -> ClipRetrievalSource:
+                    expect_dim: int | None, batch_rows: int,
+                    metadata_columns: Sequence[str] | None = None) -> ClipRetrievalSource:
     if not root.is_dir():
         raise SourceError("clip-retrieval folder not found", root)
     found: dict[str, dict[str, Path]] = {"img_emb": {}, "text_emb": {}, "metadata": {}}
@@ -121,6 +126,8 @@ def _clip_retrieval(root: Path, *, id_column: str | None, images_root: str | Pat
             counts[mod] += vec.n
         if id_column is not None:
             table.require(id_column, "the id column")
+        for c in metadata_columns or ():
+            table.require(c, "a metadata column")
         if found["img_emb"] and id_column is None and not ({"image_path", "url"} & set(table.columns)):
             table.require("image_path", "the images' paths, to derive their ids")
         if found["text_emb"]:
@@ -131,6 +138,7 @@ def _clip_retrieval(root: Path, *, id_column: str | None, images_root: str | Pat
     desc = (f"clip-retrieval folder {root}: {len(segments)} shard{'s' if len(segments) != 1 else ''}, {what}, "
             f"{dim}-d {'/'.join(sorted(dtypes))}" + (f", ids from column {id_column!r}" if id_column else ""))
     src = ClipRetrievalSource(segments, id_column=id_column, paired=len(kinds) == 2, batch_rows=batch_rows,
+                              metadata_columns=metadata_columns,
                               description=desc, images_root=Path(images_root) if images_root else Path.cwd())
     if normalised:
         src.warnings.append(f"{normalised} of {sum(counts.values())} vectors were not unit length: normalised")

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Sequence
 
 from .clip_retrieval import _clip_retrieval
 from .common import _MODALITIES
@@ -16,15 +17,18 @@ from .vectors import _load_npy, _load_npz
 def open_source(spec: str, *, table: str | Path | None = None, id_column: str | None = None,
                 source_column: str | None = None, modality: str | None = None,
                 images_root: str | Path | None = None, lossy: bool = False, batch_rows: int = 16384,
-                expect_dim: int | None = None) -> ImportSource:
+                expect_dim: int | None = None, metadata_columns: Sequence[str] | None = None) -> ImportSource:
     """Open vectors embedded elsewhere: ``clip-retrieval:DIR``, ``npy:FILE.npy``,
     ``npz:FILE.npz[:KEY]`` or ``faiss:FILE`` (see the module docstring).
 
     ``table``: parquet / JSONL / CSV of ids and sources, row for row with the vectors (npy / npz /
     faiss; for a faiss IndexIDMap, its int id ``k`` is the table's 0-based row ``k``).
-    ``id_column`` / ``source_column``: the table's columns of ids and of image paths (or urls) /
-    caption texts; by default ``id`` and the first of ``image_path, path, image, filepath, file,
-    url`` (images) or ``caption, text`` (texts) that exists. ``modality``: ``image`` or ``text``,
+    ``id_column``: the table's column of ids (none by default: ids from content, never from a
+    column not named here, even one called ``id``). ``source_column``: its column of image paths
+    (or urls) / caption texts; by default the first of ``image_path, path, image, filepath, file,
+    url`` (images) or ``caption, text`` (texts) that exists. ``metadata_columns``: the other
+    columns each item keeps in its metadata (default: every one), beside what its source is (an
+    image's ``path`` / ``url``, a caption's ``text``). ``modality``: ``image`` or ``text``,
     required unless the table has a ``modality`` column (its empty cells take ``modality``).
     ``lossy``: accept a faiss index that stores vectors lossily (a warning says what it costs).
     ``expect_dim``: the declared model's width; a vector file of another width is refused here
@@ -48,9 +52,10 @@ def open_source(spec: str, *, table: str | Path | None = None, id_column: str | 
                 raise ValueError(f"{name} does not apply to a clip-retrieval folder (its metadata folder is the "
                                  "table: image_path, caption, url)")
         return _clip_retrieval(Path(rest), id_column=id_column, images_root=images_root, expect_dim=expect_dim,
-                               batch_rows=batch_rows)
+                               batch_rows=batch_rows, metadata_columns=metadata_columns)
     common = dict(table=table, id_column=id_column, source_column=source_column, modality=modality,
-                  images_root=images_root, expect_dim=expect_dim, batch_rows=batch_rows)
+                  images_root=images_root, expect_dim=expect_dim, batch_rows=batch_rows,
+                  metadata_columns=metadata_columns)
     if kind == "npy":
         return _array_source("npy", _load_npy(Path(rest)), label=f"npy {rest}", **common)
     if kind == "npz":

@@ -45,6 +45,17 @@ class _FaissVectors(_Vectors):
         rows = np.asarray(rows, dtype=np.int64)
         return self._positions(rows if self.order is None else self.order[rows])
 
+    def round_trip(self, x: np.ndarray) -> np.ndarray:
+        """``x`` encoded as the index stores its vectors, then decoded (a graph index's storage
+        holds the codes)."""
+        import faiss
+
+        codec = self._index
+        if isinstance(codec, faiss.IndexHNSW):
+            codec = faiss.downcast_index(codec.storage)
+        x = np.ascontiguousarray(x, dtype=np.float32)
+        return np.asarray(codec.sa_decode(codec.sa_encode(x)), dtype=np.float32)
+
     def where(self, i: int) -> str:
         return f"vector {i + 1}" + ("" if self._ids is None else f" (faiss id {int(self._ids[i])})")
 
@@ -76,7 +87,7 @@ def _faiss_layers(index: Any, path: Path) -> tuple[Any, np.ndarray | None, str, 
 
 def _faiss_source(path: Path, *, table: str | Path | None, id_column: str | None, source_column: str | None,
                   modality: str | None, images_root: str | Path | None, lossy: bool, expect_dim: int | None,
-                  batch_rows: int) -> TableSource:
+                  batch_rows: int, metadata_columns: Any = None) -> TableSource:
     import faiss
 
     if not path.is_file():
@@ -95,7 +106,8 @@ def _faiss_source(path: Path, *, table: str | Path | None, id_column: str | None
                               f"{', '.join(FAISS_EXACT)})", path)
         warnings.append(f"{path} is a lossy {name} index: the imported vectors are its reconstructions, approximations "
                         "of the originals; search scores drift from those of the original vectors, the model check "
-                        "compares approximations, and only a backfill with the model gives exact vectors back")
+                        "compares approximations (with a threshold lowered to what the compression keeps of the "
+                        "sample's own vectors), and only a backfill with the model gives exact vectors back")
     if inner.ntotal:
         try:
             inner.reconstruct(0)  # a catchable probe: faiss aborts the process if reconstruct_n fails
@@ -128,15 +140,16 @@ def _faiss_source(path: Path, *, table: str | Path | None, id_column: str | None
             order = np.empty(vec.n, dtype=np.int64)
             order[ids] = np.arange(vec.n, dtype=np.int64)
             vec.order = order
-        c = _table_columns(segment_table, id_column=id_column, source_column=source_column, modality=modality)
+        c = _table_columns(segment_table, id_column=id_column, source_column=source_column, modality=modality,
+                           metadata_columns=metadata_columns)
         notes, cols = _source_notes(segment_table, c, modality)
         what = f"with table {segment_table.path} ({cols})"
     elif ids is None:
         raise SourceError(f"this {name} index holds no ids: give a table (table=...) of ids and / or sources in index "
                           "order", path)
     else:
-        if id_column is not None or source_column is not None:
-            raise ValueError("id_column / source_column need a table")
+        if id_column is not None or source_column is not None or metadata_columns is not None:
+            raise ValueError("id_column / source_column / metadata_columns need a table")
         if modality not in _MODALITIES:
             raise SourceError("say whether the vectors are of images or texts (modality='image' or 'text'): there "
                               "is no table with a modality column", path)
@@ -149,6 +162,8 @@ def _faiss_source(path: Path, *, table: str | Path | None, id_column: str | None
                       faiss_ids=ids if segment_table is None else None, batch_rows=batch_rows, description=desc,
                       images_root=Path(images_root) if images_root else
                       (segment_table.path.parent.absolute() if segment_table is not None else Path.cwd()), **c)
+    if not exact:  # the model check measures what the compression keeps (index/model_check.py)
+        src.round_trip, src.compression = vec.round_trip, name
     src.warnings.extend(warnings + notes)
     if normalised:
         src.warnings.append(f"{normalised} of {vec.n} vectors were not unit length: normalised")

@@ -14,7 +14,8 @@ from ...collection.ingest import image_id
 from ...gallery.atomic_files import file_sha256
 from ...ann.key_index import KeyIndex, key_hashes
 from .common import ImportBatch, SourceError
-from .items import _Items, _Segment, _text, _texts
+from ...catalog.items import id_problem, plain_ids
+from .items import _Items, _own_ids, _Segment, _text, _texts
 from .tables import _Chunk
 from .vectors import _unit
 
@@ -31,6 +32,12 @@ class ImportSource:
     docstring for the order of rows, the id rule and the checks)."""
 
     kind = "source"
+    #: with an id column, every item's id is that column's (a clip-retrieval caption's is derived)
+    _column_ids_only = False
+    _ids_checked = False  # check_ids found the id column's ids unique
+    #: for vectors a lossy index gave back: its codec (vectors encoded as it stores them, then decoded), and its name
+    round_trip: Any = None
+    compression = ""
 
     def __init__(self, segments: list[_Segment], *, batch_rows: int, description: str,
                  ids_from_column: bool, images_root: Path) -> None:
@@ -159,7 +166,9 @@ class ImportSource:
         if not 0 <= start_row <= self.rows:
             raise ValueError(f"start_row must be in 0..{self.rows}, got {start_row}")
         seen = _SeenIds()
-        if start_row and self._ids_from_column:
+        # ids that check_ids found unique, every one from the column: nothing to look up while streaming
+        checked, no_hits = self._ids_checked and self._column_ids_only, (lambda n: np.zeros(n, bool))
+        if start_row and self._ids_from_column and not checked:
             self._seed(start_row, seen)
         repeats = 0
         for seg in self._segments:
@@ -171,7 +180,7 @@ class ImportSource:
                 stop = m + len(chunk)
                 vecs = [layer.vectors.unit(m, stop) for layer in seg.layers]
                 items = self._chunk_items(seg, chunk, m, skip)
-                hits = seen.add(items.ids)
+                hits = no_hits(len(items.ids)) if checked else seen.add(items.ids)
                 keep = None
                 if hits.any():
                     keep = ~hits
@@ -244,6 +253,52 @@ class ImportSource:
         return out
 
     # -- duplicates
+    def check_ids(self, where: str | None = None) -> None:
+        """Read the id column alone (where the table names the ids) and raise the
+        :class:`SourceError` that :meth:`batches` would raise at an empty id, an id that cannot be
+        one (control characters, too long) or one that repeats an earlier row's (naming both
+        rows): what an import calls before it commits anything, so that such a table is refused
+        whole rather than after its first batches (``where``: the collection, which the message
+        says nothing was committed to)."""
+        column = getattr(self, "_id_col", None)
+        if not column or not self._ids_from_column:
+            return
+        try:
+            self._check_ids(column)
+            self._ids_checked = True
+        except SourceError as e:
+            if where is not None:
+                e.args = (e.args[0] + self.committed_note(0, 0, where), *e.args[1:])
+            raise
+
+    def _check_ids(self, column: str) -> None:
+        seen = _SeenIds()
+        for seg in self._segments:
+            m = 0
+            for chunk in seg.table.column_chunks(column, self.batch_rows) if seg.table is not None else ():
+                own = _own_ids(chunk, column, seg.file, m)
+                if not plain_ids(own):
+                    for j, iid in enumerate(own):
+                        if id_problem(iid):
+                            raise SourceError(str(id_problem(iid)), seg.file, m + j + 1)
+                hits = seen.add(own)
+                for i in np.flatnonzero(hits).tolist():
+                    err = self._duplicate(own[i], seg, m + i)
+                    if err is not None:  # (None: two ids with one hash, not a duplicate)
+                        raise err
+                m += len(chunk)
+
+    def committed_note(self, rows: int, items: int, where: str, *, unsure: bool = False) -> str:
+        """What an import that failed says of what it had committed (``items`` items, up to row
+        ``rows`` of this source) and how to finish it."""
+        finish = "fix the table and run the same command again to finish the import (the committed rows are found " \
+                 "unchanged)"
+        if not items:
+            return (f"; any batch of {self._description} committed to {where} before this error stays there: {finish}"
+                    if unsure else f" (nothing of {self._description} was committed to {where})")
+        return (f"; rows 1-{rows} of {self._description} ({items} items{' or more' if unsure else ''}) were committed "
+                f"to {where} before this error and stay there: {finish}")
+
     def _id_rows(self, stop_row: int | None = None) -> Iterator[tuple[str, _Segment, int, bool]]:
         """(id, segment, table row, derived) of every item before ``stop_row``, without reading
         image files (an image id that needs its bytes is left out)."""

@@ -84,14 +84,37 @@ def _own_ids(chunk: "_Chunk", column: str | None, path: Any, first_row: int) -> 
     return own
 
 
-def _chunk_metas(chunk: _Chunk, skip: set[str]) -> list[dict]:
-    """Each row's metadata: its columns but ``skip``, JSON-able."""
+def _meta_keys(cols: Sequence[str], skip: set[str], keep: frozenset[str] | None) -> list[str]:
+    """The columns of ``cols`` that go into an item's metadata: all but ``skip``, or (``keep``)
+    only those named."""
+    return [c for c in cols if c not in skip and (keep is None or c in keep)]
+
+
+def source_metadata(source: dict) -> dict:
+    """What an item's metadata says of its source, as ``add`` gives it: an image's ``path`` (and its
+    ``url``, when it has one), a caption's ``text``; nothing for an item without a source."""
+    if "text" in source:
+        return {"text": source["text"]}
+    out = {"path": source["path"]} if source.get("path") else {}
+    if source.get("url"):
+        out["url"] = source["url"]
+    return out
+
+
+def with_sources(metas: Sequence[dict], sources: Sequence[dict]) -> list[dict]:
+    """Each item's metadata after what it says of its source (:func:`source_metadata`; a table's
+    column of the same name wins, as a key given to ``add`` does)."""
+    return [{**source_metadata(s), **m} if s else m for m, s in zip(metas, sources)]
+
+
+def _chunk_metas(chunk: _Chunk, skip: set[str], keep: frozenset[str] | None = None) -> list[dict]:
+    """Each row's metadata: its columns but ``skip`` (only those in ``keep``, when given), JSON-able."""
     n = len(chunk)
     cols = chunk.columns
     if cols is None:
         cols = _shared_keys(chunk.records)
     if cols is not None:  # every row has the same columns
-        keys = [c for c in cols if c not in skip]
+        keys = _meta_keys(cols, skip, keep)
         if not keys:
             return [{} for _ in range(n)]
         out = [{keys[0]: v} for v in _json_column(chunk.column(keys[0]))]
@@ -99,8 +122,8 @@ def _chunk_metas(chunk: _Chunk, skip: set[str]) -> list[dict]:
             for meta, v in zip(out, _json_column(chunk.column(key))):
                 meta[key] = v
         return out
-    return [{k: (v if v.__class__ in _PLAIN else _jsonable(v)) for k, v in r.items() if k not in skip}
-            if not r.keys() <= skip else {} for r in chunk.records]
+    return [{k: (v if v.__class__ in _PLAIN else _jsonable(v)) for k, v in r.items()
+             if k not in skip and (keep is None or k in keep)} if not r.keys() <= skip else {} for r in chunk.records]
 
 
 def _shared_keys(records: list[dict]) -> list[str] | None:

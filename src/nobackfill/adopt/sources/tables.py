@@ -66,6 +66,11 @@ class _Table:
         """The rows ``rows`` (0-based, ascending, distinct)."""
         raise NotImplementedError
 
+    def column_chunks(self, column: str, size: int) -> Iterator[_Chunk]:
+        """Every row in chunks of about ``size``, holding ``column`` at least (a parquet file reads
+        only that column)."""
+        return self.chunks(0, size)
+
     def require(self, column: str, why: str) -> None:
         if column not in self.columns:
             raise SourceError(f"no column {column!r} ({why}); its columns: {', '.join(self.columns) or 'none'}",
@@ -114,6 +119,12 @@ class _ParquetTable(_Table):
                 pending, count = rest.to_batches(), rest.num_rows
         if count:
             yield _Chunk(count, arrow=pa.Table.from_batches(pending))
+
+    def column_chunks(self, column: str, size: int) -> Iterator[_Chunk]:
+        import pyarrow as pa
+
+        for rb in self._pf.iter_batches(batch_size=max(1, size), columns=[column], use_pandas_metadata=False):
+            yield _Chunk(rb.num_rows, arrow=pa.Table.from_batches([rb]))
 
     def take(self, rows: Sequence[int]) -> _Chunk:
         import pyarrow as pa

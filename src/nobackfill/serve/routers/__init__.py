@@ -1,7 +1,7 @@
 """The service's operations, one :class:`fastapi.APIRouter` per area, included by
 :func:`~nobackfill.serve.app.create_app` in this order (the order of the OpenAPI document).
 
-May import: ``lifecycle``.
+May import: ``lifecycle``, ``search``.
 """
 
 from . import control, health, items, search

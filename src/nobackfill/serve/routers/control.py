@@ -144,6 +144,7 @@ async def import_(req: ImportRequest, _r: str = Depends(admin), svc: Service = D
     rep = await run_in_threadpool(svc.call, svc.client.import_, f"{req.format}:{path}", table=table,
                                   id_column=req.id_column, source_column=req.source_column, modality=req.modality,
                                   images_root=images, trust_model=req.trust_model, lossy=req.lossy, model=model,
-                                  samples=req.samples or 64, field="path")
+                                  samples=req.samples or 64,
+                                  metadata_columns=req.metadata_columns, field="path")
     out = {k: v for k, v in rep.to_dict().items() if k in ImportResult.model_fields}
     return svc.paths.deep(out)

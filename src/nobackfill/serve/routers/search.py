@@ -15,6 +15,7 @@ from ..deps import get_limits, get_service, reader
 from ..errors import ApiError, FastJSON
 from ..schema import SearchResults, errors, json_or_form
 from ..service import Service
+from ...search.searcher import hit_json
 from ..settings import Limits
 
 __all__ = ["router"]
@@ -59,6 +60,5 @@ async def _search(svc: Service, text: str | None, image: Any, k: int, target: st
     for space in {h.space for h in r.hits} or {"none"}:
         svc.m_space.labels(space).observe(spent)
     public = svc.paths.metadata
-    hits = [{**public(h.metadata), "rank": h.rank, "score": h.score, "id": h.id, "space": h.space, "route": h.route}
-            for h in r.hits]  # the hit's own fields win over metadata keys of the same name
+    hits = [hit_json(h.rank, h.score, h.id, h.space, h.route, public(h.metadata)) for h in r.hits]
     return FastJSON({"query": r.query, "modality": r.modality, "hits": hits})

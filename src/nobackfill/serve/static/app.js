@@ -61,9 +61,10 @@ function card(hit) {
   el.dataset.id = hit.id;
   const route = `<span class="tag ${hit.route === "native" ? "native" : ""}"></span>`;
   const meta = `<div class="meta"><span>#${hit.rank} · ${hit.score.toFixed(3)}</span>${route}</div>`;
-  if (hit.text !== undefined) {
+  const text = (hit.metadata || hit).text;  // the item's metadata, whole under "metadata"
+  if (text !== undefined) {
     el.innerHTML = `<div class="caption"></div>${meta}`;
-    el.querySelector(".caption").textContent = hit.text;
+    el.querySelector(".caption").textContent = text;
   } else {
     el.innerHTML = `<img alt="">${meta}`;
     thumbnail(hit.id).then((url) => { el.querySelector("img").src = url; }, () => el.classList.add("missing"));
