@@ -121,8 +121,8 @@ def import_(
                                          "collection's current model, checked on a sample unless --trust-model."),
     from_: str = typer.Option(..., "--from", help="What to import: clip-retrieval:DIR (its inference output), "
                                                   "npy:FILE.npy, npz:FILE.npz[:KEY] or faiss:FILE (with --table), or a "
-                                                  "Milvus collection to adopt in place (milvus://HOST:PORT#NAME or "
-                                                  "milvus-lite:PATH#NAME, in the Milvus that holds NAME's collection)."),
+                                                  "Milvus collection to adopt in place: milvus://HOST:PORT#NAME or "
+                                                  "milvus-lite:PATH#NAME, in the Milvus that holds NAME's collection."),
     table: Optional[Path] = typer.Option(None, help="Parquet, JSONL or CSV table of the vectors' rows (ids, "
                                                     "sources, metadata), row for row."),
     id_column: Optional[str] = typer.Option(None, help="The table's id column (default: ids from content, as add "
