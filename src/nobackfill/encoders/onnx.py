@@ -40,11 +40,10 @@ CHECK_TEXTS = ["a", "a red circle", "a photo of a small green triangle next to a
 
 
 def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
     with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
+        if hasattr(hashlib, "file_digest"):  # Python >= 3.11: read in blocks
+            return hashlib.file_digest(f, "sha256").hexdigest()
+        return hashlib.sha256(f.read()).hexdigest()
 
 
 class _TextTower:

@@ -175,33 +175,24 @@ class _LineTable(_Table):
         return obj
 
     def _records(self, start: int, rows: set[int] | None = None, last: int | None = None) -> Iterator[dict]:
-        row = -1
-        if self.kind == "jsonl":
-            with open(self.path, encoding="utf-8") as fh:
-                for line in fh:
-                    if not line.strip():
-                        continue
-                    row += 1
-                    if last is not None and row > last:
-                        return
-                    if row < start or (rows is not None and row not in rows):
-                        continue
-                    yield self._parse(line, row + 1)
-        else:
-            with open(self.path, newline="", encoding="utf-8") as fh:
+        """The records of data rows ``start`` on (0-based; blank lines are no row), only ``rows`` when
+        given, up to ``last``."""
+        with open(self.path, newline="" if self.kind != "jsonl" else None, encoding="utf-8") as fh:
+            if self.kind == "jsonl":
+                header, raw = None, (line for line in fh if line.strip())
+            else:
                 reader = csv.reader(fh, delimiter=self._delimiter)
                 header = next(reader, [])
-                pad = [None] * len(header)
-                for cells in reader:  # as csv.DictReader reads them, empty cells as None
-                    if not cells:  # a blank line: no row
-                        continue
-                    row += 1
-                    if last is not None and row > last:
-                        return
-                    if row < start or (rows is not None and row not in rows):
-                        continue
-                    if len(cells) < len(header):
-                        cells += pad[len(cells):]
+                raw = (cells for cells in reader if cells)
+            for row, item in enumerate(raw):
+                if last is not None and row > last:
+                    return
+                if row < start or (rows is not None and row not in rows):
+                    continue
+                if header is None:
+                    yield self._parse(item, row + 1)
+                else:  # as csv.DictReader reads them: short rows padded, empty cells as None
+                    cells = item + [None] * (len(header) - len(item))
                     yield {k: v or None for k, v in zip(header, cells)}
 
     def chunks(self, start: int, size: int) -> Iterator[_Chunk]:
