@@ -377,3 +377,24 @@ def test_import_takes_vectors_under_the_data_root_after_the_model_check(env):
     assert out["added"] == 12 and out["model_check"]["accepted"] and str(tmp) not in r.text
     hits = api.post("/v1/search", json={"text": texts[4], "k": 1, "target": "text"}, headers=h(READ)).json()["hits"]
     assert hits[0]["id"] == "imp4" and hits[0]["route"] == "native"
+
+
+def test_the_api_docs_pages_load_nothing_from_another_host(env):
+    """``/docs`` (Swagger UI) and ``/redoc`` name no CDN: their scripts and styles come from the
+    server itself (the package's copy), so the pages work offline (issue 44, item 12)."""
+    import re
+
+    api = env[0]
+    for page, assets in (("/docs", ("swagger-ui-bundle.js", "swagger-ui.css")), ("/redoc", ("redoc.standalone.js",))):
+        r = api.get(page)
+        assert r.status_code == 200 and r.headers["content-type"].startswith("text/html"), page
+        urls = re.findall(r"""(?:src|href)=["']([^"']+)["']|url:\s*['"]([^'"]+)['"]""", r.text)
+        urls = [u for pair in urls for u in pair if u]
+        assert urls and not [u for u in urls if "//" in u], (page, urls)  # no http(s):// nor //host
+        assert "cdn." not in r.text and "fonts.googleapis" not in r.text, page
+        for name in assets:
+            url = next(u for u in urls if u.endswith(name))
+            got = api.get(url)
+            assert got.status_code == 200 and len(got.content) > 50_000, (url, got.status_code)
+    assert api.get("/docs/oauth2-redirect").status_code == 200
+    assert "/docs" not in api.get("/openapi.json").json()["paths"]
