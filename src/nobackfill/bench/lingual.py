@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import copy
 import json
-import platform
 import time
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
@@ -32,6 +31,8 @@ from ..evaluate import embed_texts_cached
 from ..lingual.data import multi30k_sequence, world_sequence
 from ..lingual.learner import CLLConfig
 from ..lingual.sequence import map_methods, method_config, prefixed_print, run_sequence, summarise
+from ..train.loop import deterministic
+from .host import host_info
 from .runner import Report
 
 TEXT_LANGS = ("de", "fr", "cs")
@@ -104,8 +105,14 @@ def _text_setup(data, eval_dir, cfg: "LingualTextConfig", model):
 
 def _text_method(name: str, data, eval_dir, cfg: "LingualTextConfig", model, cache_dir, work_dir,
                  log: Callable[[str], None] | None = None) -> dict:
-    """One method's whole sequence (run in the parent or in a worker process)."""
-    torch.set_num_threads(cfg.cll.threads)
+    """One method's whole sequence (run in the parent or in a worker process), reproducibly
+    (:func:`~nobackfill.train.loop.deterministic`)."""
+    with deterministic(cfg.cll.seed, cfg.cll.threads):
+        return _text_sequence(name, data, eval_dir, cfg, model, cache_dir, work_dir, log)
+
+
+def _text_sequence(name: str, data, eval_dir, cfg: "LingualTextConfig", model, cache_dir, work_dir,
+                   log: Callable[[str], None] | None) -> dict:
     base, st = _text_setup(data, eval_dir, cfg, model)
     seq = run_sequence(copy.deepcopy(base), st.tasks, cfg.method_cll(name), st.evaluator(cache_dir),
                        english_corpus=st.english_corpus, english_features=_cached(base, cache_dir),
@@ -113,7 +120,8 @@ def _text_method(name: str, data, eval_dir, cfg: "LingualTextConfig", model, cac
                        log=log or prefixed_print(name))
     s = summarise(seq.stages, cfg.langs, "f2e")
     s.update({"english_R@1": [x["en_caption"] for x in seq.stages[1:]], "tasks": seq.history,
-              "final": {lang: seq.stages[-1]["f2e"][lang] for lang in cfg.langs}, "seconds": round(seq.seconds, 1)})
+              "final": {lang: seq.stages[-1]["f2e"][lang] for lang in cfg.langs}, "seconds": round(seq.seconds, 1),
+              "model_after": seq.learner.encoder.space_id})  # a fingerprint of every weight and token learned
     return s
 
 
@@ -146,7 +154,7 @@ def run_lingual_text(data: str | Path, *, eval_dir: str | Path | None = None, qu
         "langs": list(cfg.langs), "eval_split": cfg.eval_split, "eval_dir": None if eval_dir is None else str(eval_dir),
         "n_eval": len(st.eval_lines["en"]), "train_lines": len(st.tasks[0].foreign), "quick": quick, "config": asdict(cfg),
         "jobs": jobs, "reference_frozen_minilm": MINILM_REFERENCE, "seconds": round(time.time() - t_start, 1),
-        "host": {"platform": platform.platform(), "torch_threads": torch.get_num_threads()},
+        "host": host_info(),
     })
     result["teir_gains"] = teir_gains(result)
     return result
@@ -196,9 +204,15 @@ class LingualWorldConfig(_FamilyRates):
 
 def _world_method(name: str, data, model, cfg: "LingualWorldConfig", cache_dir, work_dir,
                   log: Callable[[str], None] | None = None) -> dict:
+    """One method's whole sequence on the world, reproducibly (as :func:`_text_method`)."""
+    with deterministic(cfg.cll.seed, cfg.cll.threads):
+        return _world_sequence(name, data, model, cfg, cache_dir, work_dir, log)
+
+
+def _world_sequence(name: str, data, model, cfg: "LingualWorldConfig", cache_dir, work_dir,
+                    log: Callable[[str], None] | None) -> dict:
     from ..encoders import load_encoder
 
-    torch.set_num_threads(cfg.cll.threads)
     base = load_encoder(model)
     st = world_sequence(data, base, cfg.langs, cfg.train_images, cfg.eval_split, cfg.eval_limit)
     enc, checks = copy.deepcopy(base), {}
@@ -238,7 +252,7 @@ def run_lingual_world(data: str | Path = "data/world", *, model: str | Path = "m
     result.update({"langs": list(cfg.langs), "model": str(model), "eval_split": cfg.eval_split,
                    "n_eval_images": len(st.eval_data), "quick": quick, "config": asdict(cfg), "jobs": jobs,
                    "seconds": round(time.time() - t_start, 1),
-                   "host": {"platform": platform.platform(), "torch_threads": torch.get_num_threads()}})
+                   "host": host_info()})
     result["teir_gains"] = teir_gains(result, ("t2i", "i2t"))
     result["images_bit_identical_all_methods"] = all(m.get("image_embeddings_bit_identical") for m in outs)
     return result
