@@ -108,16 +108,11 @@ def _text_method(name: str, data, eval_dir, cfg: "LingualTextConfig", model, cac
     """One method's whole sequence (run in the parent or in a worker process), reproducibly
     (:func:`~nobackfill.train.loop.deterministic`)."""
     with deterministic(cfg.cll.seed, cfg.cll.threads):
-        return _text_sequence(name, data, eval_dir, cfg, model, cache_dir, work_dir, log)
-
-
-def _text_sequence(name: str, data, eval_dir, cfg: "LingualTextConfig", model, cache_dir, work_dir,
-                   log: Callable[[str], None] | None) -> dict:
-    base, st = _text_setup(data, eval_dir, cfg, model)
-    seq = run_sequence(copy.deepcopy(base), st.tasks, cfg.method_cll(name), st.evaluator(cache_dir),
-                       english_corpus=st.english_corpus, english_features=_cached(base, cache_dir),
-                       work_dir=Path(work_dir), oracle_corpora=[t.corpus for t in st.tasks],
-                       log=log or prefixed_print(name))
+        base, st = _text_setup(data, eval_dir, cfg, model)
+        seq = run_sequence(copy.deepcopy(base), st.tasks, cfg.method_cll(name), st.evaluator(cache_dir),
+                           english_corpus=st.english_corpus, english_features=_cached(base, cache_dir),
+                           work_dir=Path(work_dir), oracle_corpora=[t.corpus for t in st.tasks],
+                           log=log or prefixed_print(name))
     s = summarise(seq.stages, cfg.langs, "f2e")
     s.update({"english_R@1": [x["en_caption"] for x in seq.stages[1:]], "tasks": seq.history,
               "final": {lang: seq.stages[-1]["f2e"][lang] for lang in cfg.langs}, "seconds": round(seq.seconds, 1),
@@ -205,21 +200,17 @@ class LingualWorldConfig(_FamilyRates):
 def _world_method(name: str, data, model, cfg: "LingualWorldConfig", cache_dir, work_dir,
                   log: Callable[[str], None] | None = None) -> dict:
     """One method's whole sequence on the world, reproducibly (as :func:`_text_method`)."""
-    with deterministic(cfg.cll.seed, cfg.cll.threads):
-        return _world_sequence(name, data, model, cfg, cache_dir, work_dir, log)
-
-
-def _world_sequence(name: str, data, model, cfg: "LingualWorldConfig", cache_dir, work_dir,
-                    log: Callable[[str], None] | None) -> dict:
     from ..encoders import load_encoder
 
-    base = load_encoder(model)
-    st = world_sequence(data, base, cfg.langs, cfg.train_images, cfg.eval_split, cfg.eval_limit)
-    enc, checks = copy.deepcopy(base), {}
-    seq = run_sequence(enc, st.tasks, cfg.method_cll(name), st.evaluator(cfg.langs, cache_dir, cfg.translate_test_etas),
-                       english_corpus=st.english_corpus, english_features=_cached(copy.deepcopy(base), cache_dir),
-                       work_dir=Path(work_dir), oracle_corpora=[t.foreign for t in st.tasks],
-                       log=log or prefixed_print(name), after_all=lambda _: checks.update(st.images_unchanged(base, enc)))
+    with deterministic(cfg.cll.seed, cfg.cll.threads):
+        base = load_encoder(model)
+        st = world_sequence(data, base, cfg.langs, cfg.train_images, cfg.eval_split, cfg.eval_limit)
+        enc, checks = copy.deepcopy(base), {}
+        seq = run_sequence(enc, st.tasks, cfg.method_cll(name),
+                           st.evaluator(cfg.langs, cache_dir, cfg.translate_test_etas),
+                           english_corpus=st.english_corpus, english_features=_cached(copy.deepcopy(base), cache_dir),
+                           work_dir=Path(work_dir), oracle_corpora=[t.foreign for t in st.tasks], log=log or
+                           prefixed_print(name), after_all=lambda _: checks.update(st.images_unchanged(base, enc)))
     res = {d: summarise(seq.stages, cfg.langs, d) for d in ("t2i", "i2t")}
     if cfg.translate_test_etas:
         res["translate_test"] = {key: {d: summarise([s["translate_test"][key] for s in seq.stages], cfg.langs, d)
