@@ -20,7 +20,7 @@ from .encoders.base import DualEncoder
 from .evaluate import load_eval_data
 from .index import Gallery
 from .index.ingest import index_pairs
-from .report import html_table, markdown_html, recall_bar_plot, recall_table_rows, text_table, write_html
+from .report import figure_html, html_table, markdown_html, recall_bar_plot, recall_table_rows, text_table, write_html
 
 DEMO_WORLD = dict(n_train=5000, n_val=1000, n_test=1000)
 
@@ -112,16 +112,17 @@ def write_report(path: Path, result: dict, live: dict | None = None) -> Path:
     header, body = recall_table_rows({LABELS[k]: rows[k] for k in rows})
     order = [k for k in PLOT_ORDER if k in rows]
     title = f"world test split: {result['n_images']} images, {result['n_captions']} captions"
-    figures = [recall_bar_plot({LABELS[k]: rows[k] for k in order}, title)]
-    sections = [("How to read this", _READING_GUIDE), ("Retrieval (recall in %, higher is better)", html_table(header, body))]
+    bars = figure_html(recall_bar_plot({LABELS[k]: rows[k] for k in order}, title))
+    sections = [("How to read this", _READING_GUIDE),
+                ("Retrieval (recall in %, higher is better)", bars + html_table(header, body))]
     if live is not None:
         from .lifecycle.backfill_curve import curves_markdown, plot_curves
 
-        figures.append(plot_curves(live))
-        sections.append(("Live upgrade: R@1 while the collection is backfilled", markdown_html(curves_markdown(live))))
+        sections.append(("Live upgrade: R@1 while the collection is backfilled",
+                         figure_html(plot_curves(live)) + markdown_html(curves_markdown(live))))
     sections.append(("Details", "<details><summary>every number above, as JSON (also in report.json)</summary>"
                                 f"<pre>{html.escape(json.dumps(result, indent=2))}</pre></details>"))
-    return write_html(path, "nobackfill demo: upgrading without a backfill", sections, figures)
+    return write_html(path, "nobackfill demo: upgrading without a backfill", sections)
 
 
 def run_demo(world: str | Path = "data/world", models_dir: str | Path = "models", out: str | Path = "runs/demo",

@@ -98,6 +98,11 @@ def figure_png(fig) -> str:
     return base64.b64encode(buf.getvalue()).decode()
 
 
+def figure_html(fig) -> str:
+    """A matplotlib figure as an ``<img>`` with the PNG inline (scaled to the page by its CSS)."""
+    return f'<img src="data:image/png;base64,{figure_png(fig)}"/>'
+
+
 def recall_bar_plot(rows: dict[str, dict], title: str, k: str = "R@1"):
     """Grouped bars of t2i / i2t ``k`` per row; returns a matplotlib figure."""
     import matplotlib
@@ -136,7 +141,7 @@ def write_html(path: str | Path, title: str, sections: Sequence[tuple[str, str]]
     """Write a standalone HTML page (sections are ``(heading, html)``), atomically."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    imgs = "".join(f'<img src="data:image/png;base64,{figure_png(f)}"/>' for f in figures)
+    imgs = "".join(figure_html(f) for f in figures)
     body = "".join(f"<h2>{html.escape(h)}</h2>{content}" for h, content in sections)
     page = (f"<!doctype html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title>"
             "<meta name='viewport' content='width=device-width, initial-scale=1'>"
