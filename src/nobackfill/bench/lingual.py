@@ -278,8 +278,9 @@ def format_markdown(result: dict) -> str:
         lines.append("| frozen MiniLM | - | - | " + " | ".join(f"{zs.get(lg, float('nan')):.3f}" for lg in langs)
                      + f" | {result.get('english_R@1_before', float('nan')):.3f} |")
         for name, m in result["methods"].items():
-            lines.append(f"| {name} | {m['AR']:.3f} | {m['F']:.3f} | " + " | ".join(f"{m['final'][lg]:.3f}" for lg in langs)
-                         + f" | {result['english_R@1_after'][name]:.3f} |")
+            lines.append(f"| {name}{' *' if 'measured' in m else ''} | {m['AR']:.3f} | {m['F']:.3f} | "
+                         + " | ".join(f"{m['final'][lg]:.3f}" for lg in langs) + f" | {result['english_R@1_after'][name]:.3f} |")
+        lines += [f"\n\\* {n}" for n in dict.fromkeys(m["measured"] for m in result["methods"].values() if "measured" in m)]
     else:
         lines.append(f"World CLL from {result['model']}: R@1 per direction ({result['n_eval_images']} "
                      f"{result['eval_split']} images)")
