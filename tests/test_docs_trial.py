@@ -29,7 +29,6 @@ ROOT = Path(__file__).resolve().parents[1]
 PAGE = ROOT / "docs" / "milvus.md"
 HEADING = "## Try PostgreSQL + Milvus locally"
 TRIAL_DIR, PORT = "/tmp/nb-trial", "5432"
-PROGRAMS = ("nobackfill",)
 
 
 def trial_blocks() -> list[list[tuple[int, str]]]:
@@ -83,17 +82,16 @@ def test_the_trial_setup_runs_as_written(sandbox, monkeypatch):  # noqa: F811
         return text.replace(TRIAL_DIR, trial).replace(f"port={PORT}", f"port={port}").replace(f"-p {PORT}", f"-p {port}") \
             .replace(f"127.0.0.1:{PORT}/", f"127.0.0.1:{port}/")
 
-    setup, server, commands, stop = trial_blocks()
+    setup, _milvus_server, commands, stop = trial_blocks()  # the milvus-server block is not run here
     script = "\n".join(fill(t) for _, t in _joined(setup))
     r = _shell(script, run_as, "/tmp")
     try:
         assert r.returncode == 0, f"{PAGE.name}:{setup[0][0]}: the PostgreSQL lines failed\n{r.stdout}\n{r.stderr}"
-        assert f"127.0.0.1:{port}" not in " ".join(t for _, t in _joined(server))  # the Milvus server line: not run
         Path("keys.toml").write_text('read = ["trial-read-key-0123456789"]\nadmin = ["trial-admin-key-0123456789"]\n')
         served = _run_commands(runner, [DocCommand(PAGE, n, fill(t)) for n, t in _joined(commands)], monkeypatch)
         assert served["status"]["catalog"] == "postgresql" and served["status"]["items"]["image"] == 6
         uploads = Path(trial) / "uploads"
-        assert [p.parent for p in uploads.rglob("*") if p.is_file()], "the uploaded image is not under --uploads"
+        assert any(p.is_file() for p in uploads.rglob("*")), "the uploaded image is not under --uploads"
     finally:
         stopped = _shell("\n".join(fill(t) for _, t in _joined(stop)), run_as, "/tmp")
         shutil.rmtree(trial, ignore_errors=True)

@@ -107,3 +107,38 @@ def test_the_committed_rows_carry_their_model_fingerprint(name):
     """The committed CLL-CLIP rows were measured by this code (they name the model they ended with)."""
     committed = json.loads((ROOT / "benchmarks" / "results" / "lingual_text.json").read_text())
     assert committed["methods"][name]["model_after"].startswith("hf-")
+
+
+def _has_avx2() -> bool:
+    try:
+        return " avx2" in Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return False
+
+
+def test_the_bench_command_pins_the_cpu_code_path_before_torch_starts():
+    """``bench lingual-text`` sets the AVX2 code path before it imports torch (so an AVX-512 machine
+    computes what the committed results' AVX2 machine did), and its workers inherit it; embedding
+    caches are kept per code path."""
+    import subprocess
+    import sys
+
+    if not _has_avx2():
+        pytest.skip("not an x86-64 CPU with AVX2")
+    code = ("import os, sys\nfrom typer.testing import CliRunner\nfrom nobackfill.cli import app\n"
+            "assert 'torch' not in sys.modules\n"
+            "r = CliRunner().invoke(app, ['bench', 'lingual-text', '--quick', '--show-config'])\n"
+            "assert r.exit_code == 0, r.output\n"
+            "import torch\nfrom nobackfill.bench.host import PINNED_CPU_ENV, cpu_cache_dir, pin_cpu_code_path\n"
+            "print(torch.backends.cpu.get_cpu_capability(), cpu_cache_dir('c').name, pin_cpu_code_path(),\n"
+            "      all(os.environ[k] == v for k, v in PINNED_CPU_ENV.items()))\n")
+    env = {k: v for k, v in __import__("os").environ.items()
+           if k not in ("ATEN_CPU_CAPABILITY", "MKL_ENABLE_INSTRUCTIONS", "ONEDNN_MAX_CPU_ISA")}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, env=env, cwd=ROOT)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stdout.split() == ["AVX2", "cpu-avx2", "False", "True"], out.stdout
+
+
+def test_the_committed_results_were_measured_on_the_pinned_code_path():
+    committed = json.loads((ROOT / "benchmarks" / "results" / "lingual_text.json").read_text())
+    assert committed["host"]["torch_cpu_capability"] == "AVX2" and committed["host"]["torch_threads"] == 1

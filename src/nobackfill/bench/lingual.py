@@ -32,7 +32,7 @@ from ..lingual.data import multi30k_sequence, world_sequence
 from ..lingual.learner import CLLConfig
 from ..lingual.sequence import map_methods, method_config, prefixed_print, run_sequence, summarise
 from ..train.loop import deterministic
-from .host import host_info
+from .host import cpu_cache_dir, host_info
 from .runner import Report
 
 TEXT_LANGS = ("de", "fr", "cs")
@@ -133,7 +133,7 @@ def run_lingual_text(data: str | Path, *, eval_dir: str | Path | None = None, qu
     frozen-model embeddings are computed first, so workers only read the shared cache)."""
     cfg = config or (LingualTextConfig.quick() if quick else LingualTextConfig())
     torch.set_num_threads(cfg.cll.threads)
-    t_start = time.time()
+    t_start, cache_dir = time.time(), cpu_cache_dir(cache_dir)
     base, st = _text_setup(data, eval_dir, cfg, model)
     stage0 = st.evaluator(cache_dir)(base)  # warms the cache for every worker
     _cached(base, cache_dir)(st.tasks[0].english)
@@ -229,7 +229,7 @@ def run_lingual_world(data: str | Path = "data/world", *, model: str | Path = "m
     """The lingual-world benchmark (``jobs > 1``: methods in parallel processes)."""
     cfg = config or (LingualWorldConfig.quick() if quick else LingualWorldConfig())
     torch.set_num_threads(cfg.cll.threads)
-    t_start = time.time()
+    t_start, cache_dir = time.time(), cpu_cache_dir(cache_dir)
     from ..encoders import load_encoder
 
     base = load_encoder(model)
