@@ -6,11 +6,11 @@ STAMP   := $(VENV)/.installed
 
 .PHONY: setup test demo bench bench-full clean
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml constraints.txt
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install --upgrade pip
 	$(BIN)/pip install torch==2.13.0
-	$(BIN)/pip install -e '.[dev]'
+	$(BIN)/pip install -e '.[dev]' -c constraints.txt
 	touch $(STAMP)
 
 setup: $(STAMP)

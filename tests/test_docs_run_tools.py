@@ -96,6 +96,7 @@ REGISTRY: dict[tuple[str, ...], str] = {
 QUICKSTART = "tests/test_readme_quickstart.py::test_the_first_screen_runs_as_written"
 COLLECTION_GUIDES = "tests/test_docs_run.py::test_the_collection_guides_run_as_written"
 IMPORT_GUIDE = "tests/test_docs_run.py::test_the_import_guide_runs_as_written"
+TRIAL = "tests/test_docs_trial.py::test_the_trial_setup_runs_as_written"  # docs/milvus.md's PostgreSQL trial
 HERE = "tests/test_docs_run_tools.py::"
 
 
@@ -134,6 +135,8 @@ def who_runs(cmd: DocCommand) -> str | None:
             return test
     if "milvus://" in cmd.text:
         return HERE + "test_the_milvus_and_postgresql_lines_run_as_written"
+    if page == "docs/milvus.md":
+        return TRIAL
     if page in ("README.md", "docs/index.md") and cmd.text in _quickstart_texts():
         return QUICKSTART  # docs/index.md's copy: tests/test_docs_commands.py checks it is the README's
     if page in ("docs/own-data.md", "docs/upgrade.md") or (page == "docs/guide.md" and words not in TRAINING):
@@ -399,13 +402,14 @@ def test_serve_runs_as_written(sandbox, monkeypatch):
     assert status2["backfill"]["done"] == status2["backfill"]["total"]
 
 
-MILVUS_LINES = _mine("test_the_milvus_and_postgresql_lines_run_as_written", "docs/storage.md", "docs/import.md")
+MILVUS_LINES = _mine("test_the_milvus_and_postgresql_lines_run_as_written", "docs/storage.md", "docs/import.md",
+                     "docs/milvus.md")
 
 
 @pytest.mark.milvus_server
 @pytest.mark.parametrize("cmd", MILVUS_LINES, ids=[c.where for c in MILVUS_LINES])
 def test_the_milvus_and_postgresql_lines_run_as_written(sandbox, milvus_server, postgres_db, cmd):
-    """docs/storage.md's and docs/import.md's Milvus lines on the session's Milvus server and a fresh
+    """docs/storage.md's, docs/import.md's and docs/milvus.md's Milvus lines on the session's Milvus server and a fresh
     PostgreSQL database each (:data:`SERVERS`; the collection names made unique on the shared
     server): a collection created, and a user's Milvus collection of world-old image vectors
     (``products``: pk, embedding, image_path) adopted in place."""
@@ -414,7 +418,7 @@ def test_the_milvus_and_postgresql_lines_run_as_written(sandbox, milvus_server, 
 
     from test_milvus_adopt import _client, _fingerprint, _user_collection
 
-    assert len(MILVUS_LINES) == 2, [c.where for c in MILVUS_LINES]
+    assert len(MILVUS_LINES) == 3, [c.where for c in MILVUS_LINES]
     sandbox.link_shipped([cmd])
     sandbox.run(WORLD)
     tag = uuid.uuid4().hex[:8]

@@ -394,3 +394,24 @@ def test_metrics_show_the_query_cache(env):
                         if x.startswith("nobackfill_query_cache_misses_total")))
     assert hits >= 1 and misses >= 2  # the second text is the first with other whitespace
     assert "nobackfill_query_cache_size 4096.0" in metrics
+
+
+def test_the_api_docs_pages_load_nothing_from_another_host(env):
+    """``/docs`` (Swagger UI) and ``/redoc`` name no CDN: their scripts and styles come from the
+    server itself (the package's copy), so the pages work offline (issue 44, item 12)."""
+    import re
+
+    api = env[0]
+    for page, assets in (("/docs", ("swagger-ui-bundle.js", "swagger-ui.css")), ("/redoc", ("redoc.standalone.js",))):
+        r = api.get(page)
+        assert r.status_code == 200 and r.headers["content-type"].startswith("text/html"), page
+        urls = re.findall(r"""(?:src|href)=["']([^"']+)["']|url:\s*['"]([^'"]+)['"]""", r.text)
+        urls = [u for pair in urls for u in pair if u]
+        assert urls and not [u for u in urls if "//" in u], (page, urls)  # no http(s):// nor //host
+        assert "cdn." not in r.text and "fonts.googleapis" not in r.text, page
+        for name in assets:
+            url = next(u for u in urls if u.endswith(name))
+            got = api.get(url)
+            assert got.status_code == 200 and len(got.content) > 50_000, (url, got.status_code)
+    assert api.get("/docs/oauth2-redirect").status_code == 200
+    assert "/docs" not in api.get("/openapi.json").json()["paths"]

@@ -345,3 +345,19 @@ def test_favicon(live):
     r = httpx.get(live.url + "/favicon.ico", timeout=10)
     assert r.status_code == 200, r.text
     assert r.headers["content-type"].startswith("image/") and r.content == svg.content
+
+
+def test_the_api_docs_render_offline(live, browser, tmp_path):
+    """``/docs`` in Chromium with every other host blocked (a machine without internet): Swagger UI
+    renders the operations from the server's own copy of its files (issue 44, item 12)."""
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    browser.execute_cdp_cmd("Network.enable", {})
+    browser.execute_cdp_cmd("Network.setBlockedURLs", {"urls": ["https://*", "*cdn*", "*jsdelivr*",
+                                                                "*googleapis*", "*unpkg*"]})
+    _viewport(browser, 1280, 900)
+    browser.get(live.url + "/docs")
+    WebDriverWait(browser, 60).until(lambda b: len(b.find_elements(By.CSS_SELECTOR, ".opblock")) >= 10)
+    assert "/v1/search" in browser.find_element(By.CSS_SELECTOR, ".swagger-ui").text
+    browser.save_screenshot(str(_screens(tmp_path) / "api-docs.png"))

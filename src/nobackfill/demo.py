@@ -8,6 +8,7 @@ report; then a collection upgraded live and backfilled while it serves.
 
 from __future__ import annotations
 
+import html
 import json
 import time
 from pathlib import Path
@@ -19,7 +20,7 @@ from .encoders.base import DualEncoder
 from .evaluate import load_eval_data
 from .gallery import Gallery
 from .collection.ingest import index_pairs
-from .report import recall_bar_plot, recall_table_rows, text_table, html_table, write_html
+from .report import figure_html, html_table, markdown_html, recall_bar_plot, recall_table_rows, text_table, write_html
 
 DEMO_WORLD = dict(n_train=5000, n_val=1000, n_test=1000)
 
@@ -103,6 +104,27 @@ def live_upgrade(world: Path, models_dir: Path, out: Path, limit: int | None,
     return measure_backfill(cfg, log=log)
 
 
+def write_report(path: Path, result: dict, live: dict | None = None) -> Path:
+    """The demo's page: how to read it, the retrieval table and plot of ``result``'s rows, the live
+    upgrade's curves and tables (``live``: what :func:`live_upgrade` measured) and every number as
+    JSON. Tables are HTML tables and plots scale to the window (:func:`nobackfill.report.write_html`)."""
+    rows = {k: result[k] for k in LABELS if k in result}
+    header, body = recall_table_rows({LABELS[k]: rows[k] for k in rows})
+    order = [k for k in PLOT_ORDER if k in rows]
+    title = f"world test split: {result['n_images']} images, {result['n_captions']} captions"
+    bars = figure_html(recall_bar_plot({LABELS[k]: rows[k] for k in order}, title))
+    sections = [("How to read this", _READING_GUIDE),
+                ("Retrieval (recall in %, higher is better)", bars + html_table(header, body))]
+    if live is not None:
+        from .lifecycle.backfill_curve import curves_markdown, plot_curves
+
+        sections.append(("Live upgrade: R@1 while the collection is backfilled",
+                         figure_html(plot_curves(live)) + markdown_html(curves_markdown(live))))
+    sections.append(("Details", "<details><summary>every number above, as JSON (also in report.json)</summary>"
+                                f"<pre>{html.escape(json.dumps(result, indent=2))}</pre></details>"))
+    return write_html(path, "nobackfill demo: upgrading without a backfill", sections)
+
+
 def run_demo(world: str | Path = "data/world", models_dir: str | Path = "models", out: str | Path = "runs/demo",
              progress: bool = True, log: Callable[[str], None] = print, limit: int | None = None) -> dict:
     """Run the demo; ``limit`` keeps only the first N test images (quick checks)."""
@@ -127,22 +149,11 @@ def run_demo(world: str | Path = "data/world", models_dir: str | Path = "models"
                    "spaces": {"old": old.space_id, "new": new.space_id, "gallery": gallery.space_id},
                    "seconds": round(time.time() - t0, 1), **extras})
     header, body = recall_table_rows({labels[k]: rows[k] for k in rows})
-    table = text_table(header, body)
-    log(table)
-    order = [k for k in PLOT_ORDER if k in rows] + [k for k in rows if k not in PLOT_ORDER]
-    fig = recall_bar_plot({labels[k]: rows[k] for k in order}, f"world test split: {len(data)} images, {len(data.captions)} captions")
-    figures, sections = [fig], [("How to read this", _READING_GUIDE),
-                                ("Retrieval (recall in %, higher is better)", html_table(header, body))]
+    log(text_table(header, body))
     live = live_upgrade(world, models_dir, out, limit, log)
     if live is not None:
-        from .lifecycle.backfill_curve import curves_markdown, plot_curves
-
         result["live_upgrade"] = {k: live[k] for k in ("old_old", "new_new", "default", "routes")}
         result["live_upgrade"]["curve"] = live["curves"][live["default"]]
-        figures.append(plot_curves(live))
-        sections.append(("Live upgrade: R@1 while the collection is backfilled", f"<pre>{curves_markdown(live)}</pre>"))
-    sections.append(("Details", "<details><summary>every number above, as JSON (also in report.json)</summary>"
-                                f"<pre>{json.dumps(result, indent=2)}</pre></details>"))
-    write_html(out / "report.html", "nobackfill demo: upgrading without a backfill", sections, figures)
+    write_report(out / "report.html", result, live)
     log(f"report: {out / 'report.html'}")
     return result

@@ -7,6 +7,7 @@ import base64
 import html
 import io
 import os
+import re
 from pathlib import Path
 from typing import Sequence
 
@@ -36,15 +37,70 @@ def markdown_table(header: Sequence[str], body: Sequence[Sequence[str]]) -> str:
 
 
 def html_table(header: Sequence[str], body: Sequence[Sequence[str]]) -> str:
-    th = "".join(f"<th>{html.escape(str(h))}</th>" for h in header)
-    trs = "".join("<tr>" + "".join(f"<td>{html.escape(str(c))}</td>" for c in row) + "</tr>" for row in body)
-    return f"<table><thead><tr>{th}</tr></thead><tbody>{trs}</tbody></table>"
+    """A table in a box that scrolls on its own when it is wider than the page (never the page)."""
+    return _html_table([html.escape(str(h)) for h in header], [[html.escape(str(c)) for c in row] for row in body])
+
+
+def _html_table(header: Sequence[str], body: Sequence[Sequence[str]]) -> str:
+    th = "".join(f"<th>{h}</th>" for h in header)
+    trs = "".join("<tr>" + "".join(f"<td>{c}</td>" for c in row) + "</tr>" for row in body)
+    return f'<div class="table"><table><thead><tr>{th}</tr></thead><tbody>{trs}</tbody></table></div>'
+
+
+_BOLD = re.compile(r"\*\*(.+?)\*\*")
+
+
+def _inline(text: str) -> str:
+    """Escaped text with Markdown's ``**bold**`` and ``code`` spans."""
+    out = _BOLD.sub(r"<b>\1</b>", html.escape(text))
+    return re.sub(r"`([^`]+)`", r"<code>\1</code>", out)
+
+
+def _cells(line: str) -> list[str]:
+    return [c.strip() for c in line.strip().strip("|").split("|")]
+
+
+def markdown_html(markdown: str) -> str:
+    """The Markdown our reports write (paragraphs, ``#`` headings, ``**bold**``, ``code`` and pipe
+    tables) as HTML: tables as HTML tables (as :func:`html_table` makes them), never as raw text in
+    a ``<pre>`` block that runs off the page."""
+    parts: list[str] = []
+    block: list[str] = []
+
+    def flush() -> None:
+        if not block:
+            return
+        if block[0].lstrip().startswith("|"):
+            rows = [_cells(x) for x in block if not re.fullmatch(r"\s*\|?[\s:|-]+\|?\s*", x)]
+            parts.append(_html_table([_inline(c) for c in rows[0]], [[_inline(c) for c in r] for r in rows[1:]]))
+        elif block[0].startswith("#"):
+            level = min(6, 2 + len(block[0]) - len(block[0].lstrip("#")))
+            parts.append(f"<h{level}>{_inline(block[0].lstrip('#').strip())}</h{level}>")
+            block[:] = block[1:]
+            flush()
+            return
+        else:
+            parts.append("<p>" + _inline(" ".join(x.strip() for x in block)) + "</p>")
+        block.clear()
+
+    for line in markdown.splitlines():
+        if not line.strip() or (block and line.lstrip().startswith("|") != block[-1].lstrip().startswith("|")):
+            flush()
+        if line.strip():
+            block.append(line)
+    flush()
+    return "".join(parts)
 
 
 def figure_png(fig) -> str:
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=110, bbox_inches="tight")
     return base64.b64encode(buf.getvalue()).decode()
+
+
+def figure_html(fig) -> str:
+    """A matplotlib figure as an ``<img>`` with the PNG inline (scaled to the page by its CSS)."""
+    return f'<img src="data:image/png;base64,{figure_png(fig)}"/>'
 
 
 def recall_bar_plot(rows: dict[str, dict], title: str, k: str = "R@1"):
@@ -69,16 +125,27 @@ def recall_bar_plot(rows: dict[str, dict], title: str, k: str = "R@1"):
     return fig
 
 
+#: the report pages' style: nothing wider than the window (plots scale down, long lines and words
+#: wrap, a wide table scrolls inside its own box), so the page never scrolls sideways, at 1280 px
+#: or on a 390 px phone
+PAGE_CSS = ("body{font-family:sans-serif;max-width:1000px;margin:2em auto;padding:0 1em;overflow-wrap:anywhere}"
+            "img{max-width:100%;height:auto;display:block}"
+            "pre{white-space:pre-wrap;overflow-wrap:anywhere}"
+            ".table{overflow-x:auto;max-width:100%;margin:0.5em 0}"
+            "table{border-collapse:collapse}"
+            "td,th{border:1px solid #ccc;padding:4px 8px;text-align:right;overflow-wrap:normal}"
+            "td:first-child,th:first-child{text-align:left}")
+
+
 def write_html(path: str | Path, title: str, sections: Sequence[tuple[str, str]], figures: Sequence = ()) -> Path:
     """Write a standalone HTML page (sections are ``(heading, html)``), atomically."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    imgs = "".join(f'<img src="data:image/png;base64,{figure_png(f)}"/>' for f in figures)
+    imgs = "".join(figure_html(f) for f in figures)
     body = "".join(f"<h2>{html.escape(h)}</h2>{content}" for h, content in sections)
     page = (f"<!doctype html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title>"
-            "<style>body{font-family:sans-serif;max-width:1000px;margin:2em auto}table{border-collapse:collapse}"
-            "td,th{border:1px solid #ccc;padding:4px 8px;text-align:right}td:first-child{text-align:left}</style>"
-            f"</head><body><h1>{html.escape(title)}</h1>{imgs}{body}</body></html>")
+            "<meta name='viewport' content='width=device-width, initial-scale=1'>"
+            f"<style>{PAGE_CSS}</style></head><body><h1>{html.escape(title)}</h1>{imgs}{body}</body></html>")
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_text(page)
     os.replace(tmp, path)

@@ -141,14 +141,14 @@ def format_markdown(result: dict[str, Any]) -> str:
 
 def write_report(result: dict[str, Any], json_path: str | Path) -> str:
     """JSON, markdown (``.md``), the plot (``.png``) and an HTML page (``.html``) beside each other."""
-    from ..report import write_html, write_json_and_markdown
+    from ..report import markdown_html, write_html, write_json_and_markdown
 
     md = format_markdown(result)
     write_json_and_markdown(result, json_path, md)
     fig = plot_curves(result)
     p = Path(json_path)
     fig.savefig(p.with_suffix(".png"), dpi=110)
-    write_html(p.with_suffix(".html"), "nobackfill: R@1 while backfilling", [("Curves", f"<pre>{md}</pre>")], [fig])
+    write_html(p.with_suffix(".html"), "nobackfill: R@1 while backfilling", [("Curves", markdown_html(md))], [fig])
     return md
 
 

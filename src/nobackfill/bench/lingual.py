@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import copy
 import json
-import platform
 import time
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
@@ -32,6 +31,8 @@ from ..evaluate import embed_texts_cached
 from ..lingual.data import multi30k_sequence, world_sequence
 from ..lingual.learner import CLLConfig
 from ..lingual.sequence import map_methods, method_config, prefixed_print, run_sequence, summarise
+from ..train.loop import deterministic
+from .host import cpu_cache_dir, host_info
 from .runner import Report
 
 TEXT_LANGS = ("de", "fr", "cs")
@@ -104,16 +105,18 @@ def _text_setup(data, eval_dir, cfg: "LingualTextConfig", model):
 
 def _text_method(name: str, data, eval_dir, cfg: "LingualTextConfig", model, cache_dir, work_dir,
                  log: Callable[[str], None] | None = None) -> dict:
-    """One method's whole sequence (run in the parent or in a worker process)."""
-    torch.set_num_threads(cfg.cll.threads)
-    base, st = _text_setup(data, eval_dir, cfg, model)
-    seq = run_sequence(copy.deepcopy(base), st.tasks, cfg.method_cll(name), st.evaluator(cache_dir),
-                       english_corpus=st.english_corpus, english_features=_cached(base, cache_dir),
-                       work_dir=Path(work_dir), oracle_corpora=[t.corpus for t in st.tasks],
-                       log=log or prefixed_print(name))
+    """One method's whole sequence (run in the parent or in a worker process), reproducibly
+    (:func:`~nobackfill.train.loop.deterministic`)."""
+    with deterministic(cfg.cll.seed, cfg.cll.threads):
+        base, st = _text_setup(data, eval_dir, cfg, model)
+        seq = run_sequence(copy.deepcopy(base), st.tasks, cfg.method_cll(name), st.evaluator(cache_dir),
+                           english_corpus=st.english_corpus, english_features=_cached(base, cache_dir),
+                           work_dir=Path(work_dir), oracle_corpora=[t.corpus for t in st.tasks],
+                           log=log or prefixed_print(name))
     s = summarise(seq.stages, cfg.langs, "f2e")
     s.update({"english_R@1": [x["en_caption"] for x in seq.stages[1:]], "tasks": seq.history,
-              "final": {lang: seq.stages[-1]["f2e"][lang] for lang in cfg.langs}, "seconds": round(seq.seconds, 1)})
+              "final": {lang: seq.stages[-1]["f2e"][lang] for lang in cfg.langs}, "seconds": round(seq.seconds, 1),
+              "model_after": seq.learner.encoder.space_id})  # a fingerprint of every weight and token learned
     return s
 
 
@@ -130,7 +133,7 @@ def run_lingual_text(data: str | Path, *, eval_dir: str | Path | None = None, qu
     frozen-model embeddings are computed first, so workers only read the shared cache)."""
     cfg = config or (LingualTextConfig.quick() if quick else LingualTextConfig())
     torch.set_num_threads(cfg.cll.threads)
-    t_start = time.time()
+    t_start, cache_dir = time.time(), cpu_cache_dir(cache_dir)
     base, st = _text_setup(data, eval_dir, cfg, model)
     stage0 = st.evaluator(cache_dir)(base)  # warms the cache for every worker
     _cached(base, cache_dir)(st.tasks[0].english)
@@ -146,7 +149,7 @@ def run_lingual_text(data: str | Path, *, eval_dir: str | Path | None = None, qu
         "langs": list(cfg.langs), "eval_split": cfg.eval_split, "eval_dir": None if eval_dir is None else str(eval_dir),
         "n_eval": len(st.eval_lines["en"]), "train_lines": len(st.tasks[0].foreign), "quick": quick, "config": asdict(cfg),
         "jobs": jobs, "reference_frozen_minilm": MINILM_REFERENCE, "seconds": round(time.time() - t_start, 1),
-        "host": {"platform": platform.platform(), "torch_threads": torch.get_num_threads()},
+        "host": host_info(),
     })
     result["teir_gains"] = teir_gains(result)
     return result
@@ -196,16 +199,18 @@ class LingualWorldConfig(_FamilyRates):
 
 def _world_method(name: str, data, model, cfg: "LingualWorldConfig", cache_dir, work_dir,
                   log: Callable[[str], None] | None = None) -> dict:
+    """One method's whole sequence on the world, reproducibly (as :func:`_text_method`)."""
     from ..encoders import load_encoder
 
-    torch.set_num_threads(cfg.cll.threads)
-    base = load_encoder(model)
-    st = world_sequence(data, base, cfg.langs, cfg.train_images, cfg.eval_split, cfg.eval_limit)
-    enc, checks = copy.deepcopy(base), {}
-    seq = run_sequence(enc, st.tasks, cfg.method_cll(name), st.evaluator(cfg.langs, cache_dir, cfg.translate_test_etas),
-                       english_corpus=st.english_corpus, english_features=_cached(copy.deepcopy(base), cache_dir),
-                       work_dir=Path(work_dir), oracle_corpora=[t.foreign for t in st.tasks],
-                       log=log or prefixed_print(name), after_all=lambda _: checks.update(st.images_unchanged(base, enc)))
+    with deterministic(cfg.cll.seed, cfg.cll.threads):
+        base = load_encoder(model)
+        st = world_sequence(data, base, cfg.langs, cfg.train_images, cfg.eval_split, cfg.eval_limit)
+        enc, checks = copy.deepcopy(base), {}
+        seq = run_sequence(enc, st.tasks, cfg.method_cll(name),
+                           st.evaluator(cfg.langs, cache_dir, cfg.translate_test_etas),
+                           english_corpus=st.english_corpus, english_features=_cached(copy.deepcopy(base), cache_dir),
+                           work_dir=Path(work_dir), oracle_corpora=[t.foreign for t in st.tasks], log=log or
+                           prefixed_print(name), after_all=lambda _: checks.update(st.images_unchanged(base, enc)))
     res = {d: summarise(seq.stages, cfg.langs, d) for d in ("t2i", "i2t")}
     if cfg.translate_test_etas:
         res["translate_test"] = {key: {d: summarise([s["translate_test"][key] for s in seq.stages], cfg.langs, d)
@@ -224,7 +229,7 @@ def run_lingual_world(data: str | Path = "data/world", *, model: str | Path = "m
     """The lingual-world benchmark (``jobs > 1``: methods in parallel processes)."""
     cfg = config or (LingualWorldConfig.quick() if quick else LingualWorldConfig())
     torch.set_num_threads(cfg.cll.threads)
-    t_start = time.time()
+    t_start, cache_dir = time.time(), cpu_cache_dir(cache_dir)
     from ..encoders import load_encoder
 
     base = load_encoder(model)
@@ -238,7 +243,7 @@ def run_lingual_world(data: str | Path = "data/world", *, model: str | Path = "m
     result.update({"langs": list(cfg.langs), "model": str(model), "eval_split": cfg.eval_split,
                    "n_eval_images": len(st.eval_data), "quick": quick, "config": asdict(cfg), "jobs": jobs,
                    "seconds": round(time.time() - t_start, 1),
-                   "host": {"platform": platform.platform(), "torch_threads": torch.get_num_threads()}})
+                   "host": host_info()})
     result["teir_gains"] = teir_gains(result, ("t2i", "i2t"))
     result["images_bit_identical_all_methods"] = all(m.get("image_embeddings_bit_identical") for m in outs)
     return result
@@ -273,8 +278,9 @@ def format_markdown(result: dict) -> str:
         lines.append("| frozen MiniLM | - | - | " + " | ".join(f"{zs.get(lg, float('nan')):.3f}" for lg in langs)
                      + f" | {result.get('english_R@1_before', float('nan')):.3f} |")
         for name, m in result["methods"].items():
-            lines.append(f"| {name} | {m['AR']:.3f} | {m['F']:.3f} | " + " | ".join(f"{m['final'][lg]:.3f}" for lg in langs)
-                         + f" | {result['english_R@1_after'][name]:.3f} |")
+            lines.append(f"| {name}{' *' if 'measured' in m else ''} | {m['AR']:.3f} | {m['F']:.3f} | "
+                         + " | ".join(f"{m['final'][lg]:.3f}" for lg in langs) + f" | {result['english_R@1_after'][name]:.3f} |")
+        lines += [f"\n\\* {n}" for n in dict.fromkeys(m["measured"] for m in result["methods"].values() if "measured" in m)]
     else:
         lines.append(f"World CLL from {result['model']}: R@1 per direction ({result['n_eval_images']} "
                      f"{result['eval_split']} images)")

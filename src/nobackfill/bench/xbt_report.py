@@ -108,7 +108,7 @@ def _rounded(v, digits: int = 3):
 
 
 def write_xbt_report(result: dict, out_json: str | Path) -> dict[str, Path]:
-    from ..report import recall_bar_plot, write_html
+    from ..report import markdown_html, recall_bar_plot, write_html
 
     out_json = Path(out_json)
     out_json.parent.mkdir(parents=True, exist_ok=True)
@@ -128,7 +128,7 @@ def write_xbt_report(result: dict, out_json: str | Path) -> dict[str, Path]:
     except Exception:  # pragma: no cover - plotting must never lose the numbers
         pass
     html = out_json.with_suffix(".html")
-    write_html(html, "nobackfill: XBT benchmark", [("Tables", f"<pre>{text}</pre>")], [f for f in figs if f is not None])
+    write_html(html, "nobackfill: XBT benchmark", [("Tables", markdown_html(text))], [f for f in figs if f is not None])
     return {"json": out_json, "md": md, "html": html}
 
 

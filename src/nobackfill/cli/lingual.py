@@ -198,6 +198,9 @@ def bench_lingual_text(
 ) -> None:
     """CLL on real text: MiniLM learns de -> fr -> cs (Multi30K task 1); a[j,i], AR, F per method and
     English forgetting."""
+    from ..bench.host import pin_cpu_code_path
+
+    pin_cpu_code_path()  # before torch starts: the committed numbers' CPU code path (AVX2) on any CPU
     from ..bench.lingual import DEFAULT_METHODS, REPORT, LingualTextConfig, run_lingual_text
 
     try:
@@ -258,6 +261,9 @@ def bench_lingual_world(
     """CLL on the world: the English-only world model learns de, fr, es, ru, el, zh in that order;
     t2i / i2t AR and F per method (and with translate-test fusion); image embeddings checked
     bit-identical."""
+    from ..bench.host import pin_cpu_code_path
+
+    pin_cpu_code_path()  # as bench lingual-text
     from ..bench.lingual import REPORT, WORLD_METHODS, LingualWorldConfig, run_lingual_world
 
     try:

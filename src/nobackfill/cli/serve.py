@@ -20,7 +20,9 @@ def serve(
     upgrades_root: Path = typer.Option(Path("upgrades"), help="Upgrade directories (bridges) that POST /v1/upgrade "
                                        "may name ('bridges') lie under it."),
     data_root: Optional[Path] = typer.Option(None, help="Calibration data that upgrade requests may name lies under it."),
-    uploads: Optional[Path] = typer.Option(None, help="Where uploaded images are kept (default: <collection>/uploads)."),
+    uploads: Optional[Path] = typer.Option(None, help="Where uploaded images are kept (default: <collection>/uploads; "
+                                           "required for a collection in Milvus, which has no folder: a directory every "
+                                           "replica reaches)."),
     max_body_mb: float = typer.Option(20.0, help="Largest request body (MB)."),
     max_image_pixels: int = typer.Option(40_000_000, help="Largest image (pixels), against decompression bombs."),
     max_k: int = typer.Option(1000, help="Largest k (the in-process client's limit too)."),

@@ -26,6 +26,7 @@ from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
 from fastapi.staticfiles import StaticFiles
 
+from .api_docs import install_api_docs
 from .bodies import LimitsAndMetrics
 from .errors import ApiError, FastJSON, install_handlers
 from .routers import ROUTERS
@@ -47,12 +48,13 @@ def create_app(settings: ServeSettings, pool: Any = None) -> FastAPI:
                   description="Cross-modal search over a collection whose model upgrades without a re-index. "
                               "Every error is one JSON object {detail, field} (schema Error).",
                   default_response_class=FastJSON, generate_unique_id_function=lambda route: route.name,
-                  responses=any_request_errors())
+                  responses=any_request_errors(), docs_url=None, redoc_url=None)
     app.router.redirect_slashes = False  # /v1/items/ is no item, not a redirect to another route
     app.state.service = svc
     for router in ROUTERS:
         app.include_router(router)
     app.mount("/static", StaticFiles(directory=STATIC), name="static")
+    install_api_docs(app)  # /docs and /redoc with their assets from the package, not a CDN
     app.add_middleware(LimitsAndMetrics, max_body=settings.limits.max_body_bytes, service=svc)
     install_handlers(app)
     _publish_openapi(app, svc.models)

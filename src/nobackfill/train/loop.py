@@ -6,6 +6,7 @@ periodic crash-safe checkpoints, exact resume after a kill, and fixed seeds.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import json
 import math
@@ -14,7 +15,7 @@ import random
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterable, Protocol
+from typing import Any, Callable, Iterable, Iterator, Protocol
 
 import numpy as np
 import torch
@@ -113,6 +114,25 @@ def seed_everything(seed: int) -> None:
     random.seed(seed)
     np.random.seed(seed % 2**32)
     torch.manual_seed(seed)
+
+
+@contextlib.contextmanager
+def deterministic(seed: int, threads: int) -> Iterator[None]:
+    """Within the block, a run's numbers are the same run to run on one machine and library set:
+    ``threads`` torch threads (how a reduction is split, so its rounding, depends on it), torch's
+    deterministic algorithms only (an op without one raises instead of varying), every RNG seeded.
+    The previous threads and algorithm setting come back after the block (``bench lingual-*``
+    workers; tests/test_lingual_determinism.py)."""
+    prev_threads, prev_det = torch.get_num_threads(), torch.are_deterministic_algorithms_enabled()
+    if threads:
+        torch.set_num_threads(threads)
+    torch.use_deterministic_algorithms(True)
+    seed_everything(seed)
+    try:
+        yield
+    finally:
+        torch.use_deterministic_algorithms(prev_det)
+        torch.set_num_threads(prev_threads)
 
 
 def lr_factor(step: int, cfg: LoopConfig) -> float:
