@@ -91,7 +91,11 @@ REGISTRY: dict[tuple[str, ...], str] = {
         "tests/test_lingual_cli.py::test_cli_learn_then_eval_on_multi30k",  # a tiny BERT for MiniLM
     ("lingual", "eval", "--data ../shared/data/multi30k"):
         "tests/test_lingual_cli.py::test_cli_learn_then_eval_on_multi30k",
+    # an export of a copy of a shipped model (the command writes beside the model it names)
+    ("export-onnx",): "tests/test_onnx.py::test_the_cli_exports_and_reports",
 }
+#: docs/serve.md's commands against a running server: every command on a path and on a served collection
+SERVED = "tests/test_cli_served.py::test_every_command_on_a_path_and_on_a_server"
 #: whole pages (or parts) whose commands other docs-run tests run as written
 QUICKSTART = "tests/test_readme_quickstart.py::test_the_first_screen_runs_as_written"
 COLLECTION_GUIDES = "tests/test_docs_run.py::test_the_collection_guides_run_as_written"
@@ -135,6 +139,8 @@ def who_runs(cmd: DocCommand) -> str | None:
             return test
     if "milvus://" in cmd.text:
         return HERE + "test_the_milvus_and_postgresql_lines_run_as_written"
+    if page == "docs/serve.md" and "http://127.0.0.1:8000" in cmd.text:
+        return SERVED
     if page == "docs/milvus.md":
         return TRIAL
     if page in ("README.md", "docs/index.md") and cmd.text in _quickstart_texts():
