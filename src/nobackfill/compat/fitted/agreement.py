@@ -10,9 +10,10 @@ vectors (``bridge(q_new) . g_old``); its score is how well the two rankings agre
 * ``overlap10`` - the mean share of the reference top-10 in the candidate's top-10 (ties broken).
 
 The queries are the collection's own held-out items of the direction's query modality (captions
-for ``t2i``, images for ``i2t``, ...): a map fitted on image pairs is judged on text queries. For a
-same-modality direction a query's own item is left out of its gallery (else every query finds
-itself). The routes are scored the same way: ``old-model`` ranks ``q_old . g_old``; ``fused``
+for ``t2i``, images for ``i2t``, ...), never fitted on: a map fitted on image pairs is judged on
+text queries. The gallery may be every backfilled item of the gallery modality (a bridge maps
+queries only; a larger gallery tells the candidates apart). For a same-modality direction a
+query's own item is left out of its gallery (else every query finds itself). The routes are scored the same way: ``old-model`` ranks ``q_old . g_old``; ``fused``
 ranks ``(1 - w) q_old . g_old + w bridge(q_new) . g_old`` for ``w`` on a grid.
 
 How the proxy can mislead: it measures agreement with the new model, not correctness; where the
