@@ -96,6 +96,11 @@ class HeldOut:
         return np.asarray(queries, np.float32) @ self.g_old.T
 
 
+def hits(scores: np.ndarray, held: HeldOut) -> np.ndarray:
+    """Per query: does the candidate's top-1 equal the reference top-1."""
+    return np.argmax(held.masked(scores), axis=1) == held.reference()[:, 0]
+
+
 def agreement(scores: np.ndarray, held: HeldOut) -> dict[str, float]:
     """``r1`` and ``overlap10`` of a candidate's scores (queries x held-out gallery, old vectors)."""
     ref = held.reference()
@@ -116,11 +121,14 @@ def bridge_score(bridged_queries: np.ndarray, held: HeldOut) -> dict[str, float]
 
 
 def route_scores(held: HeldOut, bridged_queries: np.ndarray | None, weights=WEIGHTS,
-                 margin: float = 0.0) -> dict[str, Any]:
+                 margin: float = 0.0, z: float = 2.0) -> dict[str, Any]:
     """Score ``old-model`` (when ``held.q_old`` is known), ``bridge`` and ``fused`` (``w`` on the
     grid) and choose: the best score, except that a route using the bridge must beat
-    ``old-model`` by more than ``margin`` (the old model's quality is what users had).
-    Returns ``{route: score, ..., "route": chosen, "w": fused weight or None}``."""
+    ``old-model`` by more than ``margin`` and significantly: per held-out query, the queries it
+    agrees on and the old model does not (``wins``) must exceed those the other way (``losses``)
+    by ``z * sqrt(wins + losses)`` (a sign test; the old model's quality is what users had, and a
+    few held-out queries cannot tell a small gain from noise).
+    Returns ``{route: score, ..., "route": chosen, "w": fused weight or None, "test": {...}}``."""
     out: dict[str, Any] = {}
     s_old = held.old_scores(held.q_old) if held.q_old is not None else None
     s_br = held.old_scores(bridged_queries) if bridged_queries is not None else None
@@ -137,12 +145,17 @@ def route_scores(held: HeldOut, bridged_queries: np.ndarray | None, weights=WEIG
         raise ValueError("route_scores needs the old model's queries or a bridge")
     ranked = sorted((r for r in (OLD_MODEL, BRIDGE, FUSED) if r in out), key=lambda r: score_key(out[r]), reverse=True)
     best = ranked[0]
-    if best != OLD_MODEL and OLD_MODEL in out and out[best]["r1"] <= out[OLD_MODEL]["r1"] + margin:
-        best = OLD_MODEL
+    if best != OLD_MODEL and OLD_MODEL in out:
+        w = out[FUSED]["w"] if best == FUSED else 1.0
+        h_best, h_old = hits((1 - w) * s_old + w * s_br, held), hits(s_old, held)
+        wins, losses = int(np.sum(h_best & ~h_old)), int(np.sum(h_old & ~h_best))
+        out["test"] = {"route": best, "wins": wins, "losses": losses, "z": z}
+        if out[best]["r1"] <= out[OLD_MODEL]["r1"] + margin or wins - losses <= z * np.sqrt(wins + losses):
+            best = OLD_MODEL
     out["route"] = best
     out["w"] = out[FUSED]["w"] if best == FUSED else None
     return out
 
 
-__all__ = ["BRIDGE", "FUSED", "HeldOut", "OLD_MODEL", "WEIGHTS", "agreement", "bridge_score", "route_scores",
+__all__ = ["BRIDGE", "FUSED", "HeldOut", "OLD_MODEL", "WEIGHTS", "agreement", "bridge_score", "hits", "route_scores",
            "score_key"]
