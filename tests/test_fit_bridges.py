@@ -1,0 +1,112 @@
+"""Bridges fitted from a collection's own backfill: registered per direction, swapped only when
+better, a failed fit leaves the serving bridge, pinned routes kept, shown in status."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from _collection_helpers import NEW_REF, OLD_REF, make_folder, pool_with, related_pair
+from nobackfill.compat.fitted import FitConfig
+from nobackfill.index.collection import Collection
+from nobackfill.index.ingest import add_items, folder_items
+from nobackfill.lifecycle.backfill import run_backfill
+from nobackfill.lifecycle.fit_bridges import (FitBridgesConfig, backfilled_pairs, fit_collection_bridges,
+                                              fitted_status)
+from nobackfill.lifecycle.plan_changes import pin_route, route_table, upgrade_collection
+from nobackfill.search import Searcher
+
+CFG = FitBridgesConfig(fit=FitConfig(families=("orthogonal", "ridge", "mlp"), epochs=10, hidden=32, max_steps=100))
+
+
+def _backfilled(tmp_path, n_images: int = 120, limit: int | None = None):
+    old, new, _ = related_pair()
+    pool = pool_with((OLD_REF, old), (NEW_REF, new))
+    data = make_folder(tmp_path / "data", n_images=n_images, captions_per_image=2)
+    c = Collection.create(tmp_path / "c", space_id=old.space_id, dim=old.embed_dim, model=OLD_REF, name="old")
+    add_items(c, old, folder_items(data).items, progress=False)
+    upgrade_collection(c, NEW_REF, pool=pool)  # no bridge: the old-model route serves
+    run_backfill(c, new, order="random", batch_size=64, limit=limit)
+    return c, old, new, pool
+
+
+def test_pairs_are_the_items_in_both_spaces(tmp_path):
+    c, old, new, pool = _backfilled(tmp_path, n_images=40, limit=60)
+    pairs = backfilled_pairs(c, old.space_id)
+    assert sum(len(p.keys) for p in pairs.values()) == 60
+    for p in pairs.values():
+        assert p.new.shape[1] == 16 and p.old.shape[1] == 12 and len(p.keys) == len(p.new) == len(p.old)
+
+
+def test_a_fit_registers_a_bridge_per_direction_and_serves_it(tmp_path):
+    c, old, new, pool = _backfilled(tmp_path, limit=300)
+    before = c.plan
+    assert not [u for u in before.upgrades if u.kind == "fitted"]
+    rep = fit_collection_bridges(c, cfg=CFG, pool=pool)
+    sid = old.space_id
+    assert rep[sid]["t2i"]["swapped"] and rep[sid]["i2t"]["swapped"]
+    fitted = [u for u in c.plan.upgrades if u.kind == "fitted"]
+    assert {u.directions for u in fitted} >= {("t2i",), ("i2t",)}
+    for u in fitted:
+        manifest = json.loads((c.path / "bridges" / u.name / "upgrade.json").read_text())
+        assert manifest["kind"] == "fitted" and manifest["fitted"]["heldout"]["r1"] == u.info["heldout"]["r1"]
+        assert u.info["pairs"] > 0 and u.info["fitted_at"] and u.info["version"] == 1
+    # the new space is a linear map of the old one: the old model ranks exactly as the new one, so
+    # no bridge can beat it significantly and old-model is kept; the bridge route is available
+    table = route_table(c.plan)[sid]
+    assert table["t2i"]["route"] == "old-model" and "bridge" in table["t2i"]["available"]
+    assert table["t2i"]["calibration"]["fitted"]["family"] == rep[sid]["t2i"]["chosen"].split("@")[0]
+    assert rep[sid]["t2i"]["heldout"]["r1"] > 0.9  # the fitted map reproduces the new model's ranking
+    pin_route(c, sid, "t2i", "bridge")
+    c2 = Collection.open(c.path)
+    hits = Searcher(c2, pool=pool).search(text="caption 0 of image 3 seed 0", k=120, target="image").hits
+    assert hits and any(h.route == "bridge" for h in hits)
+    st = {(r["space"], r["direction"]): r for r in fitted_status(c.plan)}
+    assert st[(sid, "t2i")]["family"] in ("orthogonal", "ridge", "mlp") and st[(sid, "t2i")]["pairs"] > 0
+
+
+def test_a_refit_that_is_not_better_by_the_gain_is_not_swapped_in(tmp_path):
+    c, old, new, pool = _backfilled(tmp_path, limit=300)
+    fit_collection_bridges(c, cfg=CFG, pool=pool)
+    plan = c.plan
+    rep = fit_collection_bridges(c, cfg=CFG, pool=pool)  # same pairs: the same score at best
+    assert not any(e.get("swapped") for e in rep[old.space_id].values())
+    assert c.plan.upgrades == plan.upgrades and c.plan.routes == plan.routes
+    assert len(list((c.path / "bridges").glob("fitted-*-t2i-v*"))) == 1
+    # with a negative gain required, the same fit is swapped in as version 2, one record per direction
+    fit_collection_bridges(c, cfg=FitBridgesConfig(fit=CFG.fit, min_gain=-1.0), pool=pool)
+    t2i = [u for u in c.plan.upgrades if u.kind == "fitted" and u.directions == ("t2i",)]
+    assert len(t2i) == 1 and t2i[0].info["version"] == 2
+
+
+def test_a_fit_that_dies_before_the_swap_leaves_the_serving_bridge(tmp_path, monkeypatch):
+    c, old, new, pool = _backfilled(tmp_path, limit=300)
+    fit_collection_bridges(c, cfg=CFG, pool=pool)
+    plan = c.plan
+
+    def killed(*_a, **_kw):
+        raise KeyboardInterrupt("killed during the fit")
+
+    monkeypatch.setattr(Collection, "set_plan", killed)
+    with pytest.raises(KeyboardInterrupt):
+        fit_collection_bridges(c, cfg=FitBridgesConfig(fit=CFG.fit, min_gain=-1.0), pool=pool)
+    monkeypatch.undo()
+    again = Collection.open(c.path)
+    assert again.plan.upgrades == plan.upgrades
+    assert Searcher(again, pool=pool).search(text="caption 1 of image 3 seed 0", k=3, target="image").hits
+
+
+def test_a_pinned_route_is_kept(tmp_path):
+    c, old, new, pool = _backfilled(tmp_path, limit=300)
+    fit_collection_bridges(c, cfg=CFG, pool=pool)
+    pin_route(c, old.space_id, "t2i", "old-model")
+    fit_collection_bridges(c, cfg=FitBridgesConfig(fit=CFG.fit, min_gain=-1.0), pool=pool)
+    r = c.plan.route(old.space_id, "t2i")
+    assert r.pinned and r.route == "old-model"
+
+
+def test_too_few_pairs_fit_nothing(tmp_path):
+    c, old, new, pool = _backfilled(tmp_path, n_images=20, limit=10)
+    rep = fit_collection_bridges(c, cfg=CFG, pool=pool)
+    assert "skipped" in rep[old.space_id] and not [u for u in c.plan.upgrades if u.kind == "fitted"]
