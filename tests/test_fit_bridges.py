@@ -26,7 +26,7 @@ def _backfilled(tmp_path, n_images: int = 120, limit: int | None = None):
     data = make_folder(tmp_path / "data", n_images=n_images, captions_per_image=2)
     c = Collection.create(tmp_path / "c", space_id=old.space_id, dim=old.embed_dim, model=OLD_REF, name="old")
     add_items(c, old, folder_items(data).items, progress=False)
-    upgrade_collection(c, NEW_REF, pool=pool)  # no bridge: the old-model route serves
+    upgrade_collection(c, NEW_REF, pool=pool, fit_bridges=False)  # no bridge: the old-model route serves
     run_backfill(c, new, order="random", batch_size=64, limit=limit)
     return c, old, new, pool
 
@@ -110,3 +110,56 @@ def test_too_few_pairs_fit_nothing(tmp_path):
     c, old, new, pool = _backfilled(tmp_path, n_images=20, limit=10)
     rep = fit_collection_bridges(c, cfg=CFG, pool=pool)
     assert "skipped" in rep[old.space_id] and not [u for u in c.plan.upgrades if u.kind == "fitted"]
+
+
+def _upgraded_no_bridge(tmp_path, n_images: int, **fit_sample):
+    old, new, _ = related_pair()
+    pool = pool_with((OLD_REF, old), (NEW_REF, new))
+    data = make_folder(tmp_path / "data", n_images=n_images, captions_per_image=2)
+    c = Collection.create(tmp_path / "c", space_id=old.space_id, dim=old.embed_dim, model=OLD_REF, name="old")
+    add_items(c, old, folder_items(data).items, progress=False)
+    upgrade_collection(c, NEW_REF, pool=pool, fit_sample=fit_sample or None)
+    return c, old, new, pool
+
+
+def test_an_upgrade_without_a_bridge_backfills_a_sample_first_then_fits_and_refits(tmp_path, monkeypatch):
+    from nobackfill.lifecycle import backfill_fit, fit_bridges
+    from nobackfill.lifecycle.backfill_jobs import ORDER_FILE, _read
+
+    monkeypatch.setattr(fit_bridges, "FitBridgesConfig", lambda: CFG)
+    c, old, new, pool = _upgraded_no_bridge(tmp_path, 120, fraction=0.1, min_pairs=40, max_pairs=60)
+    assert backfill_fit.fit_state(c)["next"] is None
+    calls = []
+    real = fit_bridges.fit_collection_bridges
+
+    def counted(collection, **kw):
+        calls.append(backfill_fit.backfilled_count(collection, collection.current_space))
+        return real(collection, **{**kw, "cfg": CFG})
+
+    monkeypatch.setattr(fit_bridges, "fit_collection_bridges", counted)
+    run_backfill(c, new, order="sequential", batch_size=16, limit=16)
+    st = backfill_fit.fit_state(c)
+    assert st["next"] == 80  # 40 images + 40 captions: the stratified sample, the first threshold
+    order = _read(c, ORDER_FILE)
+    head = [c.get(i).modality for i in order[:80]]
+    assert head.count("image") == 40 and head.count("text") == 40
+    assert not calls
+    run_backfill(c, new, order="sequential", batch_size=16)
+    st = backfill_fit.fit_state(c)
+    # fits once the sample is in (80 pairs), at each doubling (160, 320), and at the end (360)
+    assert calls == [80, 160, 320, 360]
+    assert [f["pairs"] for f in st["fits"]] == calls
+    assert [u for u in c.plan.upgrades if u.kind == "fitted"]
+
+
+def test_an_upgrade_with_a_bridge_fits_nothing(tmp_path):
+    from _collection_helpers import write_procrustes_upgrade
+    from nobackfill.lifecycle import backfill_fit
+
+    old, new, w = related_pair()
+    pool = pool_with((OLD_REF, old), (NEW_REF, new))
+    data = make_folder(tmp_path / "data", n_images=10, captions_per_image=2)
+    c = Collection.create(tmp_path / "c", space_id=old.space_id, dim=old.embed_dim, model=OLD_REF, name="old")
+    add_items(c, old, folder_items(data).items, progress=False)
+    upgrade_collection(c, NEW_REF, bridges=[write_procrustes_upgrade(tmp_path / "up", w, new, old)], pool=pool)
+    assert backfill_fit.fit_state(c) is None
