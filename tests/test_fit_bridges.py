@@ -163,3 +163,58 @@ def test_an_upgrade_with_a_bridge_fits_nothing(tmp_path):
     add_items(c, old, folder_items(data).items, progress=False)
     upgrade_collection(c, NEW_REF, bridges=[write_procrustes_upgrade(tmp_path / "up", w, new, old)], pool=pool)
     assert backfill_fit.fit_state(c) is None
+
+
+def test_cli_upgrade_without_a_bridge_backfills_fits_and_status_shows_it(tmp_path, monkeypatch):
+    from typer.testing import CliRunner
+
+    import nobackfill.search.models as models
+    from nobackfill.cli import app
+    from nobackfill.lifecycle import backfill_fit, fit_bridges
+
+    old, new, _ = related_pair()
+    pool = pool_with((OLD_REF, old), (NEW_REF, new))
+    data = make_folder(tmp_path / "data", n_images=60, captions_per_image=2)
+    c = Collection.create(tmp_path / "c", space_id=old.space_id, dim=old.embed_dim, model=OLD_REF, name="old")
+    add_items(c, old, folder_items(data).items, progress=False)
+    monkeypatch.setattr(models, "ModelPool", lambda: pool)
+    monkeypatch.setattr(fit_bridges, "FitBridgesConfig", lambda: CFG)
+    cli = lambda *a: CliRunner().invoke(app, [str(x) for x in a])  # noqa: E731
+    r = cli("collection", "upgrade", c.path, "--model", NEW_REF)
+    assert r.exit_code == 0, r.output
+    assert "fits bridges" in " ".join(r.output.split())
+    assert backfill_fit.fit_state(Collection.open(c.path)) is not None
+    r = cli("collection", "backfill", c.path, "--order", "random", "--batch-size", 32)
+    assert r.exit_code == 0, r.output
+    r = cli("collection", "status", c.path)
+    out = " ".join(r.output.split())
+    assert r.exit_code == 0 and "fitted bridge t2i" in out and "bridge fits at 180 pairs" in out, out
+    r = cli("collection", "status", c.path, "--json")
+    st = json.loads(r.output)
+    assert {b["direction"] for b in st["fitted_bridges"]["serving"]} >= {"t2i", "i2t"}
+
+
+def test_http_upgrade_without_bridges_passes_fit_bridges(tmp_path):
+    pytest.importorskip("fastapi")
+    from fastapi.testclient import TestClient
+
+    from nobackfill.lifecycle import backfill_fit
+    from nobackfill.serve import KeyRing, ServeSettings, create_app
+
+    old, new, _ = related_pair()
+    model = tmp_path / "models" / "new"
+    model.mkdir(parents=True)
+    (model / "config.json").write_text("{}")
+    pool = pool_with((OLD_REF, old), (str(model.resolve()), new))
+    data = make_folder(tmp_path / "data", n_images=6, captions_per_image=2)
+    c = Collection.create(tmp_path / "c", space_id=old.space_id, dim=old.embed_dim, model=OLD_REF, name="old")
+    add_items(c, old, folder_items(data).items, progress=False)
+    settings = ServeSettings(collection=str(c.path), keys=KeyRing({"read": ["r" * 20], "admin": ["a" * 20]}),
+                             models_root=tmp_path / "models", upgrades_root=tmp_path / "upgrades")
+    (tmp_path / "upgrades").mkdir()
+    api = TestClient(create_app(settings, pool=pool))
+    r = api.post("/v1/upgrade", json={"model": "new"}, headers={"Authorization": "Bearer " + "a" * 20})
+    assert r.status_code == 200, r.text
+    assert backfill_fit.fit_state(Collection.open(c.path))["target"] == new.space_id
+    st = api.get("/v1/status", headers={"Authorization": "Bearer " + "r" * 20}).json()
+    assert st["fitted_bridges"]["enabled"] and st["fitted_bridges"]["serving"] == []
