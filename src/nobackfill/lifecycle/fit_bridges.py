@@ -156,6 +156,9 @@ def fit_collection_bridges(collection: Collection, *, cfg: FitBridgesConfig | No
             entry["swapped"] = True
     if not changes:
         return report
+    if not isinstance(collection.path, Path):
+        raise NotImplementedError(f"collection {collection.path}: fitted bridges are written beside a collection on "
+                                  "local storage; this one's storage is remote (its serving routes are unchanged)")
     new_records = []
     for old_rec, d, what, routes in changes:
         sid = what["space"].space_id
