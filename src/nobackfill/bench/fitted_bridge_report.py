@@ -13,7 +13,7 @@ def _f(x: Any) -> str:
 
 
 def _curves(result: dict[str, Any]):
-    for part in ("world", "text"):
+    for part in [k for k in result if k in ("world", "text") or k.startswith("text_")]:
         for d, rows in (result.get(part) or {}).items():
             if isinstance(rows, list) and rows:
                 yield part, d, rows
@@ -71,8 +71,11 @@ def plot(result: dict[str, Any], path: Path) -> None:
             ax.axhline(rows[0]["shipped_r1"], color="tab:red", ls="-.", label="shipped XBT")
         ax.axhline(rows[0]["new_new_r1"], color="black", ls="--", lw=0.8, label="new/new")
         ax.set_xscale("log")
+        ax.minorticks_off()
+        ax.set_xticks(x)
+        ax.set_xticklabels([f"{v:,}" for v in x], fontsize=7)
         ax.set_title(f"{part} {d}")
-        ax.set_xlabel("backfilled pairs per modality")
+        ax.set_xlabel("backfilled scenes (an image and its captions)" if part == "world" else "backfilled images (both captions each)")
         ax.set_ylabel("R@1")
     axes[0][0].legend(fontsize=7)
     fig.tight_layout()
