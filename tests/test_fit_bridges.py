@@ -74,36 +74,49 @@ def test_a_refit_that_is_not_better_by_the_gain_is_not_swapped_in(tmp_path):
     assert not any(e.get("swapped") for e in rep[old.space_id].values())
     assert c.plan.upgrades == plan.upgrades and c.plan.routes == plan.routes
     assert len(list((c.path / "bridges").glob("fitted-*-t2i-v*"))) == 1
-    # with a negative gain required, the same fit is swapped in as version 2, one record per direction
-    fit_collection_bridges(c, cfg=FitBridgesConfig(fit=CFG.fit, min_gain=-1.0), pool=pool)
+    # a serving bridge that cannot be read any more is replaced: version 2, one record per direction
+    serving = [u for u in c.plan.upgrades if u.kind == "fitted" and u.directions == ("t2i",)][0]
+    (c.path / "bridges" / serving.name / "fitted.safetensors").unlink()
+    fit_collection_bridges(c, cfg=CFG, pool=pool)
     t2i = [u for u in c.plan.upgrades if u.kind == "fitted" and u.directions == ("t2i",)]
-    assert len(t2i) == 1 and t2i[0].info["version"] == 2
+    assert len(t2i) == 1 and t2i[0].info["version"] == 2 and t2i[0].path != serving.path
 
 
 def test_a_fit_that_dies_before_the_swap_leaves_the_serving_bridge(tmp_path, monkeypatch):
     c, old, new, pool = _backfilled(tmp_path, limit=300)
     fit_collection_bridges(c, cfg=CFG, pool=pool)
     plan = c.plan
+    serving = [u for u in plan.upgrades if u.kind == "fitted" and u.directions == ("t2i",)][0]
+    tensors = c.path / "bridges" / serving.name / "fitted.safetensors"
+    tensors.rename(tensors.with_suffix(".aside"))  # unreadable for now: the next fit replaces it
 
     def killed(*_a, **_kw):
         raise KeyboardInterrupt("killed during the fit")
 
     monkeypatch.setattr(Collection, "set_plan", killed)
     with pytest.raises(KeyboardInterrupt):
-        fit_collection_bridges(c, cfg=FitBridgesConfig(fit=CFG.fit, min_gain=-1.0), pool=pool)
+        fit_collection_bridges(c, cfg=CFG, pool=pool)
     monkeypatch.undo()
+    tensors.with_suffix(".aside").rename(tensors)
     again = Collection.open(c.path)
-    assert again.plan.upgrades == plan.upgrades
-    assert Searcher(again, pool=pool).search(text="caption 1 of image 3 seed 0", k=3, target="image").hits
+    assert again.plan.upgrades == plan.upgrades  # the new version was written, never put in service
+    assert (c.path / "bridges" / serving.name.replace("-v1", "-v2")).is_dir()
+    pin_route(again, old.space_id, "t2i", "bridge")
+    hits = Searcher(Collection.open(c.path), pool=pool).search(text="caption 1 of image 3 seed 0", k=120,
+                                                                target="image").hits
+    assert any(h.route == "bridge" for h in hits)
 
 
 def test_a_pinned_route_is_kept(tmp_path):
     c, old, new, pool = _backfilled(tmp_path, limit=300)
     fit_collection_bridges(c, cfg=CFG, pool=pool)
-    pin_route(c, old.space_id, "t2i", "old-model")
-    fit_collection_bridges(c, cfg=FitBridgesConfig(fit=CFG.fit, min_gain=-1.0), pool=pool)
+    pin_route(c, old.space_id, "t2i", "bridge")
+    serving = [u for u in c.plan.upgrades if u.kind == "fitted" and u.directions == ("t2i",)][0]
+    (c.path / "bridges" / serving.name / "fitted.safetensors").unlink()  # forces a new fit in
+    rep = fit_collection_bridges(c, cfg=CFG, pool=pool)
+    assert rep[old.space_id]["t2i"]["swapped"] and rep[old.space_id]["t2i"]["route"] == "old-model"
     r = c.plan.route(old.space_id, "t2i")
-    assert r.pinned and r.route == "old-model"
+    assert r.pinned and r.route == "bridge"
 
 
 def test_too_few_pairs_fit_nothing(tmp_path):
@@ -218,3 +231,20 @@ def test_http_upgrade_without_bridges_passes_fit_bridges(tmp_path):
     assert backfill_fit.fit_state(Collection.open(c.path))["target"] == new.space_id
     st = api.get("/v1/status", headers={"Authorization": "Bearer " + "r" * 20}).json()
     assert st["fitted_bridges"]["enabled"] and st["fitted_bridges"]["serving"] == []
+
+
+def test_a_registered_bridge_is_one_more_candidate(tmp_path):
+    from _collection_helpers import write_procrustes_upgrade
+
+    old, new, w = related_pair()
+    pool = pool_with((OLD_REF, old), (NEW_REF, new))
+    data = make_folder(tmp_path / "data", n_images=120, captions_per_image=2)
+    c = Collection.create(tmp_path / "c", space_id=old.space_id, dim=old.embed_dim, model=OLD_REF, name="old")
+    add_items(c, old, folder_items(data).items, progress=False)
+    up = write_procrustes_upgrade(tmp_path / "up", w, new, old)  # an exact bridge
+    upgrade_collection(c, NEW_REF, bridges=[up], pool=pool, fit_bridges=False)
+    run_backfill(c, new, order="random", batch_size=64, limit=300)
+    rep = fit_collection_bridges(c, cfg=CFG, pool=pool)
+    e = rep[old.space_id]["t2i"]
+    assert e["chosen"] == "given" and e["heldout"]["r1"] == 1.0 and not e["swapped"]
+    assert not [u for u in c.plan.upgrades if u.kind == "fitted" and u.directions == ("t2i",)]

@@ -16,6 +16,7 @@ user, or chosen on labels (``calibrate``), is kept.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
@@ -50,6 +51,7 @@ class Pairs:
     keys: list[str]
     new: np.ndarray
     old: np.ndarray
+    sources: list[Any] = field(default_factory=list)  # per key: an image path or a caption (for given bridges)
 
 
 def backfilled_pairs(collection: Collection, old_space: str, plan: Plan | None = None) -> dict[str, Pairs]:
@@ -63,14 +65,15 @@ def backfilled_pairs(collection: Collection, old_space: str, plan: Plan | None =
         g_new, g_old = collection.gallery(plan.current, plan), collection.gallery(old_space, plan)
         if not g_new.count(m) or not g_old.count(m):
             continue
-        live = {it.key for it in collection.iter_items(m)}
+        live = {it.key: it for it in collection.iter_items(m)}
         new_rows = {k: i for i, k in enumerate(g_new.ids(m)) if k in live}
         old_rows = {k: i for i, k in enumerate(g_old.ids(m)) if k in new_rows}
         keys = sorted(old_rows)
         if not keys:
             continue
         vn, vo = np.asarray(g_new.vectors(m)), np.asarray(g_old.vectors(m))
-        out[m] = Pairs(keys, vn[[new_rows[k] for k in keys]], vo[[old_rows[k] for k in keys]])
+        src = [live[k].source.get("path" if m == "image" else "text") for k in keys]
+        out[m] = Pairs(keys, vn[[new_rows[k] for k in keys]], vo[[old_rows[k] for k in keys]], src)
     return out
 
 
@@ -80,16 +83,29 @@ def fitted_bridges(plan: Plan) -> dict[tuple[str, str], UpgradeRecord]:
 
 
 def _held(direction: str, pairs: dict[str, Pairs], masks: dict[str, np.ndarray], max_queries: int,
-          old_embeds_query: bool) -> HeldOut | None:
+          old_embeds_query: bool) -> tuple[HeldOut | None, np.ndarray]:
     qmod, gmod = DIRECTIONS[direction]
     if qmod not in pairs or gmod not in pairs:
-        return None
+        return None, np.zeros(0, np.int64)
     qi = np.flatnonzero(masks[qmod])[:max_queries]
     q, g = pairs[qmod], pairs[gmod]
     if len(qi) < 8 or len(g.keys) < 16:
-        return None
+        return None, qi
     return HeldOut(direction, q.new[qi], g.new, g.old, q.old[qi] if old_embeds_query else None,
-                   qi if qmod == gmod else None)
+                   qi if qmod == gmod else None), qi
+
+
+def _given_bridge(users: RoutePlanner, sid: str, d: str, sources: list[Any], say: Callable[[str], None]) -> dict:
+    """The user's own bridge (XBT, Procrustes ...) to ``sid`` for ``d`` as a candidate: its queries
+    for the held-out items' sources; {} when there is none or it cannot run."""
+    if "bridge" not in users.available(sid, d) or any(x is None for x in sources):
+        return {}
+    try:
+        side = users.query_side(sid, d, "bridge")
+        return {"given": side.embed(DIRECTIONS[d][0], sources)}
+    except Exception as e:  # a missing model or upgrade directory: scored without it
+        say(f"  the registered bridge to {sid} ({d}) could not embed the held-out queries: {e}")
+        return {}
 
 
 def _route_entry(current: RouteChoice | None, routes: dict[str, Any], info: dict[str, Any]) -> RouteChoice | None:
@@ -107,7 +123,9 @@ def fit_collection_bridges(collection: Collection, *, cfg: FitBridgesConfig | No
     cfg = cfg or FitBridgesConfig()
     say = log or (lambda _m: None)
     plan = collection.plan
-    planner = RoutePlanner(plan, pool or ModelPool())
+    pool = pool or ModelPool()
+    planner = RoutePlanner(plan, pool)
+    users = RoutePlanner(dataclasses.replace(plan, upgrades=tuple(u for u in plan.upgrades if u.kind != "fitted")), pool)
     serving = fitted_bridges(plan)
     report: dict[str, Any] = {}
     changes: list[tuple[UpgradeRecord, str, dict[str, Any], dict[str, Any]]] = []
@@ -126,11 +144,11 @@ def fit_collection_bridges(collection: Collection, *, cfg: FitBridgesConfig | No
             qmod, _ = DIRECTIONS[d]
             if not planner.available(sid, d) or not plan.current_space.embeds(qmod):
                 continue
-            held = _held(d, pairs, masks, cfg.max_queries, space.embeds(qmod))
+            held, qi = _held(d, pairs, masks, cfg.max_queries, space.embeds(qmod))
             if held is None or not cands:
                 continue
             old_rec = serving.get((sid, d))
-            given = {}
+            given = _given_bridge(users, sid, d, [pairs[qmod].sources[i] for i in qi], say)
             if old_rec is not None:
                 try:
                     from ..compat.upgrade import load_upgrade
@@ -143,7 +161,7 @@ def fit_collection_bridges(collection: Collection, *, cfg: FitBridgesConfig | No
             entry = {"chosen": ch.chosen, "heldout": ch.heldout, "serving": serving_score, "route": ch.route,
                      "swapped": False, "pairs": {m: len(p.keys) for m, p in pairs.items()}}
             report.setdefault(sid, {})[d] = entry
-            if ch.bridge is None:  # the serving bridge is still the best
+            if ch.bridge is None:  # the serving bridge, or the user's own, is still the best
                 continue
             best = ch.scores[ch.chosen]["r1"]
             if serving_score is not None and best < serving_score["r1"] + cfg.min_gain:

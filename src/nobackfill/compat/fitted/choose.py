@@ -87,8 +87,8 @@ def choose_direction(held: HeldOut, fitted: Mapping[str, FittedMap], *,
                      cfg: FitConfig | None = None, margin: float = 0.0) -> DirectionChoice:
     """Score every candidate on ``held``, choose the best (agreement R@1, then overlap@10), choose
     the route with its outputs, and refit it on ``pairs`` (all pairs, when given)."""
-    outputs = {name: m(held.q_new) for name, m in fitted.items()}
-    outputs.update(given or {})
+    outputs = dict(given or {})  # first: on a tie the given (serving or user's) bridge stays
+    outputs.update({name: m(held.q_new) for name, m in fitted.items()})
     scores = {name: bridge_score(q, held) for name, q in outputs.items()}
     chosen = max(scores, key=lambda n: score_key(scores[n])) if scores else None
     routes = route_scores(held, outputs[chosen] if chosen else None, margin=margin)
