@@ -122,6 +122,9 @@ def fit_collection_bridges(collection: Collection, *, cfg: FitBridgesConfig | No
     Returns ``{space: {direction: {"swapped", "chosen", "heldout", "serving", "route", "path"}}}``."""
     cfg = cfg or FitBridgesConfig()
     say = log or (lambda _m: None)
+    if not isinstance(collection.path, Path):
+        raise NotImplementedError(f"collection {collection.path}: fitted bridges are written beside a collection on "
+                                  "local storage; this one's storage is remote (its serving routes are unchanged)")
     plan = collection.plan
     pool = pool or ModelPool()
     planner = RoutePlanner(plan, pool)
@@ -174,9 +177,6 @@ def fit_collection_bridges(collection: Collection, *, cfg: FitBridgesConfig | No
             entry["swapped"] = True
     if not changes:
         return report
-    if not isinstance(collection.path, Path):
-        raise NotImplementedError(f"collection {collection.path}: fitted bridges are written beside a collection on "
-                                  "local storage; this one's storage is remote (its serving routes are unchanged)")
     new_records = []
     for old_rec, d, what, routes in changes:
         sid = what["space"].space_id

@@ -101,11 +101,13 @@ def upgrade_collection(collection: Collection, model: str | Path, *, bridges: Se
         if not collection.plan.has(sid):  # leave nothing behind
             collection.storage.drop_space(entry.dir)
         raise
-    if fit_bridges if fit_bridges is not None else not bridges:
+    if (fit_bridges if fit_bridges is not None else not bridges) and isinstance(collection.path, Path):
         from .backfill_fit import enable_fit
 
         enable_fit(collection, sid, **(fit_sample or {}))
         say("no bridge given: the backfill starts with a sample of each modality and fits bridges from it")
+    elif fit_bridges:
+        say("fitted bridges need a collection on local storage; this one's is remote: none will be fitted")
     return committed
 
 
