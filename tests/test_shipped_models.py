@@ -41,7 +41,7 @@ def test_dims_increase():
 def test_new_beats_old_and_raw_is_near_chance(tmp_path):
     models = _shipped("world-new").parent
     _shipped("world-old")
-    world = generate_world(tmp_path / "world", WorldSpec(n_train=0, n_val=0, n_test=300, langs=("en",)), workers=1,
+    world = generate_world(tmp_path / "world", WorldSpec(n_train=600, n_val=0, n_test=300, langs=("en",)), workers=1,
                            progress=False)
     res = run_demo(world, models, tmp_path / "demo", progress=False, log=lambda m: None, limit=300)
     assert res["n_images"] == 300
@@ -53,6 +53,9 @@ def test_new_beats_old_and_raw_is_near_chance(tmp_path):
         # (the direction with room; see README for text->image) and switch off exactly
         assert res["xbt"]["i2t"]["R@1"] > res["old_old"]["i2t"]["R@1"] + 0.05
         assert res["xbt_onoff_max_abs_diff"] == 0.0
+    # bridges fitted on 512 backfilled scenes, chosen without labels, beat old/old text -> image
+    assert res["fitted"]["t2i"]["R@1"] > res["old_old"]["t2i"]["R@1"] + 0.1
+    assert res["fitted_bridge"]["scenes"] == 512
 
 
 UPGRADES = MODELS.parent / "upgrades"

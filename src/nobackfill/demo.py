@@ -12,7 +12,9 @@ import html
 import json
 import time
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
+
+import numpy as np
 
 from .data.folder import PairDataset
 from .encoders import load_encoder
@@ -71,15 +73,21 @@ R@K is the share of queries whose right answer is in the top K: <b>higher is bet
 chance. This is why an upgrade normally forces a backfill.</li>
 <li><b>XBT new/old</b>: new-model queries through the shipped XBT upgrade (a small projection and adapters
 trained without the old images, seed paper Eq. 3-5) against the <i>same</i> old gallery: nothing was
-re-embedded.</li></ul>
+re-embedded.</li>
+<li><b>fitted bridge (N pairs)</b>: new-model queries through bridges fitted on the (new, old) vectors of
+the first N backfilled scenes (images and their captions) of a collection of train items, chosen per
+direction without labels: no paired corpus, no training run.</li></ul>
 <p>The live-upgrade plot below shows a collection upgraded to world-new while it keeps serving, and how
 R@1 rises as the backfill re-embeds more of it (never below old/old).</p>"""
+
+#: scenes (an image and its captions) of the train split the demo's fitted bridge is fitted on
+FITTED_SCENES = 512
 
 #: the rows' labels, in the table's order
 LABELS = {"old_old": "old/old", "new_new": "new/new", "new_old_raw": "raw new/old", "xbt": "XBT new/old"}
 
 #: the plot shows these rows first, in this order (old/old, raw, XBT, new/new side by side)
-PLOT_ORDER = ["old_old", "new_old_raw", "xbt", "new_new"]
+PLOT_ORDER = ["old_old", "new_old_raw", "xbt", "fitted", "new_new"]
 
 
 def live_upgrade(world: Path, models_dir: Path, out: Path, limit: int | None,
@@ -144,6 +152,13 @@ def run_demo(world: str | Path = "data/world", models_dir: str | Path = "models"
     log("scoring old/old, new/new, raw new/old and XBT new/old (one compatibility report) ...")
     rows, extras = compat_rows(old, new, data, gallery, models_dir, log)
     labels = {k: LABELS[k] for k in rows}
+    try:  # bridges fitted from a backfill's first scenes, beside XBT
+        log(f"fitting bridges on the first {FITTED_SCENES} train scenes (no bridge, no training) ...")
+        rows["fitted"], more = fitted_row(old, new, world, data, FITTED_SCENES, log)
+        labels["fitted"] = f"fitted bridge ({more['fitted_bridge']['scenes']} pairs)"
+        extras.update(more)
+    except (FileNotFoundError, ValueError) as e:  # no train split, or too few scenes to fit on
+        log(f"skipping row fitted bridge: {e}")
     result = {k: {d: {m: v for m, v in r[d].items()} for d in ("t2i", "i2t")} for k, r in rows.items()}
     result.update({"n_images": len(data), "n_captions": len(data.captions),
                    "spaces": {"old": old.space_id, "new": new.space_id, "gallery": gallery.space_id},
@@ -157,3 +172,39 @@ def run_demo(world: str | Path = "data/world", models_dir: str | Path = "models"
     write_report(out / "report.html", result, live)
     log(f"report: {out / 'report.html'}")
     return result
+
+
+FITTED_DIRS = {"t2i": ("texts", "images"), "i2t": ("images", "texts")}
+
+
+def fitted_row(old: DualEncoder, new: DualEncoder, world: Path, data: Any, n_scenes: int = 512,
+               log: Callable[[str], None] = print) -> tuple[dict, dict]:
+    """(row, details): R@1/5/10 per direction of the route chosen without labels (bridge, fused or
+    old-model) through bridges fitted on ``n_scenes`` train images and their captions."""
+    from .compat.fitted import HeldOut, choose_direction, fit_candidates, heldout_mask
+    from .metrics.retrieval import best_relevant_ranks, recall_from_ranks
+
+    train = load_eval_data(world, "train", langs=["en"], limit=n_scenes)
+    paths = train.image_paths()
+    pairs = {"images": (new.encode_images(paths), old.encode_images(paths)),
+             "texts": (new.encode_texts(train.captions), old.encode_texts(train.captions))}
+    masks = {m: heldout_mask([f"{m}-{i}" for i in range(len(v[0]))]) for m, v in pairs.items()}
+    mods = {"images": "image", "texts": "text"}
+    cands = fit_candidates({mods[m]: (v[0][~masks[m]], v[1][~masks[m]]) for m, v in pairs.items()})
+    all_pairs = {mods[m]: v for m, v in pairs.items()}
+    test = {m: (getattr(new, f"encode_{m}")(x), getattr(old, f"encode_{m}")(x))
+            for m, x in (("images", data.image_paths()), ("texts", data.captions))}
+    c2i = np.asarray(data.caption_image)
+    row, details = {}, {}
+    for d, (qm, gm) in FITTED_DIRS.items():
+        qi = np.flatnonzero(masks[qm])
+        held = HeldOut(d, pairs[qm][0][qi], pairs[gm][0], pairs[gm][1], pairs[qm][1][qi])
+        ch = choose_direction(held, cands, pairs=all_pairs)
+        q_new, q_old = test[qm]
+        w = {"old-model": 0.0, "bridge": 1.0}.get(ch.route, ch.routes.get("w"))
+        q = q_old if w == 0.0 else (1 - w) * q_old + w * ch.bridge(q_new)
+        row[d] = recall_from_ranks(best_relevant_ranks(q, test[gm][1], c2i, d), (1, 5, 10))
+        details[d] = {"chosen": ch.chosen, "route": ch.route, "w": ch.routes.get("w"), "heldout": ch.heldout}
+        log(f"  fitted bridge {d}: {ch.chosen} on {ch.bridge.meta.get('pairs') if ch.bridge else 0} pairs -> "
+            f"route {ch.route}, R@1 {row[d]['R@1']:.3f}")
+    return row, {"fitted_bridge": {"scenes": len(train), "directions": details}}

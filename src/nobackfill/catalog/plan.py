@@ -80,7 +80,9 @@ class Space:
 @dataclass(frozen=True)
 class UpgradeRecord:
     """A registered upgrade directory: an encoder upgrade of ``source``'s model (``encoder``) or a
-    vector bridge from space ``source`` to space ``target``."""
+    vector bridge from space ``source`` to space ``target``; ``directions``: the query directions it
+    serves (a bridge fitted per direction; empty: every direction); ``info``: what a fitted bridge
+    records (family, pairs, held-out score, when)."""
 
     path: str
     kind: str
@@ -88,16 +90,33 @@ class UpgradeRecord:
     target: str
     encoder: bool = False
     name: str = ""
+    directions: tuple[str, ...] = ()
+    info: Mapping[str, Any] | None = None
+
+    def serves(self, direction: str | None) -> bool:
+        return direction is None or not self.directions or direction in self.directions
 
     def to_json(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        out = {k: v for k, v in dataclasses.asdict(self).items() if k not in ("directions", "info")}
+        if self.directions:  # only then: plans of earlier releases keep their exact form
+            out["directions"] = list(self.directions)
+        if self.info is not None:
+            out["info"] = dict(self.info)
+        return out
 
     @classmethod
     def from_json(cls, obj: Any) -> "UpgradeRecord":
         if not (isinstance(obj, dict) and all(isinstance(obj.get(k), str) for k in ("path", "source", "target"))):
             raise PlanError(f"plan.upgrades: bad entry {obj!r} (needs path, source and target)")
+        dirs = obj.get("directions") or ()
+        if not isinstance(dirs, (list, tuple)) or not all(isinstance(d, str) for d in dirs):
+            raise PlanError(f"plan.upgrades: directions must be a list of names, got {dirs!r}")
+        info = obj.get("info")
+        if info is not None and not isinstance(info, dict):
+            raise PlanError(f"plan.upgrades: info must be an object, got {info!r}")
         return cls(path=obj["path"], kind=str(obj.get("kind", "")), source=obj["source"], target=obj["target"],
-                   encoder=bool(obj.get("encoder")), name=str(obj.get("name") or ""))
+                   encoder=bool(obj.get("encoder")), name=str(obj.get("name") or ""), directions=tuple(dirs),
+                   info=info)
 
 
 @dataclass(frozen=True)
@@ -221,6 +240,13 @@ class Plan:
         for r in records:
             ups.setdefault(r.path, r)
         return dataclasses.replace(self, upgrades=tuple(ups.values()))
+
+    def with_fitted(self, record: UpgradeRecord) -> "Plan":
+        """This plan with the fitted bridge ``record`` in place of any fitted one for the same
+        (source, target, directions): one swap, the older artifact kept on disk until retire."""
+        keep = tuple(u for u in self.upgrades if not (u.kind == "fitted" and u.source == record.source
+                                                      and u.target == record.target and u.directions == record.directions))
+        return dataclasses.replace(self, upgrades=(*keep, record))
 
     def with_route(self, space_id: str, direction: str, choice: RouteChoice | None) -> "Plan":
         """This plan with ``choice`` recorded for (``space_id``, ``direction``) (None: removed)."""

@@ -62,9 +62,25 @@ def print_routes(routes: dict) -> None:
             cal = r["calibration"]
             nums = ", ".join(f"{k} R@1 {v['R@1']:.3f}" + (f" (w={v['w']})" if "w" in v else "")
                              for k, v in cal.items() if isinstance(v, dict) and "R@1" in v)
-            how = "pinned" if r["pinned"] else "calibrated" if r["calibrated"] else "default, uncalibrated"
+            how = ("pinned" if r["pinned"] else "fitted bridge, chosen without labels" if "fitted" in cal
+                   else "calibrated" if r["calibrated"] else "default, uncalibrated")
             results.print(escape(f"  space {sid} {d}: {r['route']}" + (f" w={r['w']}" if r["w"] is not None else "")
                              + f" ({how})" + (f"  {nums}" if nums else "")))
+
+
+def print_fitted(fitted: dict | None) -> None:
+    """The bridges fitted from the backfill in service: family, pairs, held-out score, when."""
+    if not fitted or not (fitted.get("enabled") or fitted.get("serving")):
+        return
+    for b in fitted.get("serving", []):
+        results.print(escape(f"  fitted bridge {b['direction']} -> space {b['space']}: {b['family']} "
+                             f"({b['candidate']}) on {b['pairs']} pairs, held-out agreement {b['heldout']:.3f}, "
+                             f"v{b['version']}, {b['fitted_at']}"))
+    nxt = fitted.get("next")
+    done = ", ".join(str(f["pairs"]) for f in fitted.get("fits", []))
+    results.print(escape("  bridge fits" + (f" at {done} pairs" if done else ": none yet")
+                         + (f"; next at {nxt} backfilled pairs" if nxt else "")
+                         + (f"; last error: {fitted['error']}" if fitted.get("error") else "")))
 
 
 def parse_filter(items: Optional[List[str]]) -> dict:

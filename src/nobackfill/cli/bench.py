@@ -142,6 +142,38 @@ def bench_routes(
     _bench(cfg, lambda c, log: run_routes_bench(c, log=log), markdown_report(format_markdown), json_out, as_json)
 
 
+def bench_fitted_bridge(
+    quick: bool = typer.Option(False, help="Every point, the MLPs capped at 1,500 steps."),
+    json_out: Path = typer.Option(Path("runs/bench/fitted_bridge.json"), "--out", help="JSON output (.md and .png "
+                                                                                       "beside it)."),
+    eval_dir: Optional[Path] = typer.Option(None, help="Folder laid out like Multi30K task2/raw holding "
+                                                       "val.{1,2}.en.gz: the text part evaluates on it."),
+    data: Optional[Path] = typer.Option(None, help="Multi30K root (default: data/multi30k under $NOBACKFILL_SHARED)."),
+    world: Path = typer.Option(Path("data/world"), help="World root (train: the collection, test: evaluation)."),
+    models: Path = typer.Option(Path("models"), help="Folder with world-old / world-new / m30k-old-text."),
+    points: Optional[str] = typer.Option(None, help="Backfilled pairs per modality at each point (default "
+                                                    "128,256,512,1000,2000,5000)."),
+    parts: str = typer.Option("world,text", help="Which parts to run: world, text."),
+    cache_dir: Path = typer.Option(Path("runs/cache"), help="Embedding cache."),
+    config: Optional[Path] = config_option(),
+    set_: Optional[List[str]] = set_option(),
+    show_config: bool = show_config_option(),
+    as_json: bool = json_flag(),
+) -> None:
+    """Bridges fitted from the backfill itself: R@1 of every family and of the label-free choice as the
+    pairs grow, against old/old, the shipped XBT and new/new (world t2i / i2t, Multi30K t2t)."""
+    from ..bench.fitted_bridge import FittedBridgeBenchConfig, run_fitted_bridge_bench
+    from ..bench.fitted_bridge_report import REPORT
+
+    kw: dict = dict(models=models, world=world, text_old=models / "m30k-old-text", multi30k=data, eval_dir=eval_dir,
+                    cache_dir=cache_dir, parts=tuple(p.strip() for p in parts.split(",") if p.strip()))
+    if points:
+        kw["points"] = tuple(int(x) for x in points.split(",") if x.strip())
+    cfg = resolve_config(FittedBridgeBenchConfig, FittedBridgeBenchConfig.quick(**kw) if quick
+                         else FittedBridgeBenchConfig(**kw), config, set_, show=show_config)
+    _bench(cfg, lambda c, log: run_fitted_bridge_bench(c, log=log), REPORT, json_out, as_json)
+
+
 def bench_backfill(
     quick: bool = typer.Option(False, help="Calibrate on half the val split."),
     json_out: Path = typer.Option(Path("runs/bench/backfill.json"), "--out", help="JSON output (.md, .png and "

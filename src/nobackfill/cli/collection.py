@@ -15,8 +15,8 @@ import typer
 from rich.markup import escape
 
 from ._common import console, fail, langs_option, report_skipped, results, skip_bad_hint, user_errors, warn_truncated
-from ._collection_print import (interrupt_report, parse_filter, print_backfill, print_backfill_run, print_import,
-                                print_routes, print_spaces)
+from ._collection_print import (interrupt_report, parse_filter, print_backfill, print_backfill_run, print_fitted,
+                                print_import, print_routes, print_spaces)
 from .gallery import print_hits
 
 collection_app = typer.Typer(no_args_is_help=True, help="Collections: a gallery that keeps working across model "
@@ -189,6 +189,9 @@ def upgrade(
     calibrate_split: str = typer.Option("val", help="Split of --calibrate (never the one you evaluate on)."),
     calibrate_limit: Optional[int] = typer.Option(None, help="Use only the first N images / caption pairs."),
     calibrate_langs: str = typer.Option("en", help="Caption languages of --calibrate."),
+    fit_bridge: Optional[bool] = typer.Option(None, "--fit-bridge/--no-fit-bridge",
+                                              help="Fit bridges from the backfill's own pairs: it starts with a "
+                                                   "sample of each modality (default: when no --bridge is given)."),
     as_json: bool = _JSON,
 ) -> None:
     """Make MODEL the current model at once: new items and queries use it, items of older spaces are
@@ -197,7 +200,8 @@ def upgrade(
     t0 = time.time()
     try:
         rep = client.upgrade(model, bridges=bridge or [], calibrate=calibrate, calibrate_split=calibrate_split,
-                             calibrate_limit=calibrate_limit, calibrate_langs=calibrate_langs, log=console.print)
+                             calibrate_limit=calibrate_limit, calibrate_langs=calibrate_langs, log=console.print,
+                             fit_bridges=fit_bridge)
         cur = client.status()["spaces"][rep.current]
     except user_errors() as e:
         fail(e)
@@ -262,6 +266,7 @@ def status(
     print_routes(st["routes"])
     results.print(f"  merge: {st['merge']}" + ("" if st["calibrated"] else " (uncalibrated default); routes "
                                                                       "uncalibrated"))
+    print_fitted(st.get("fitted_bridges"))
     print_backfill(st["backfill"])
 
 

@@ -82,10 +82,12 @@ class Client:
 
     def upgrade(self, model: str | Path, *, bridges: Sequence[str | Path] = (), calibrate: str | Path | None = None,
                 calibrate_split: str = "val", calibrate_limit: int | None = None,
-                calibrate_langs: Sequence[str] | str = ("en",), log: Any = None) -> UpgradeResult:
+                calibrate_langs: Sequence[str] | str = ("en",), log: Any = None,
+                fit_bridges: bool | None = None) -> UpgradeResult:
         """Make ``model`` the current model at once (nothing re-embedded): older spaces are reached
         through ``bridges``; ``calibrate`` chooses routes and the merge on labelled data (``log``:
-        told of each step, in process)."""
+        told of each step, in process). ``fit_bridges`` (default: when no bridge is given): the
+        backfill fits bridges from its own pairs, a sample of each modality first."""
         raise NotImplementedError
 
     def route(self, space: str, direction: str, route: str | None = None, *, w: float | None = None) -> dict[str, Any]:

@@ -217,7 +217,7 @@ class LocalClient(Client):
     def upgrade(self, model: str | Path, *, bridges: Sequence[str | Path] = (), calibrate: str | Path | None = None,
                 calibrate_split: str = "val", calibrate_limit: int | None = None,
                 calibrate_langs: Sequence[str] | str = ("en",),
-                log: Callable[[str], None] | None = None) -> UpgradeResult:
+                log: Callable[[str], None] | None = None, fit_bridges: bool | None = None) -> UpgradeResult:
         from ..lifecycle.plan_changes import UpgradeRefused, route_table, upgrade_collection
 
         tasks, label = (load_calibration(calibrate, calibrate_split, calibrate_limit, calibrate_langs)
@@ -225,7 +225,7 @@ class LocalClient(Client):
         with self.write_lock:
             try:
                 plan = upgrade_collection(self.collection, model, bridges=list(bridges), calibration=tasks,
-                                          calibration_label=label, pool=self.pool, log=log)
+                                          calibration_label=label, pool=self.pool, log=log, fit_bridges=fit_bridges)
             except UpgradeRefused as e:
                 raise Conflict(409, str(e), "model") from None
         self.warm()
@@ -310,6 +310,7 @@ class LocalClient(Client):
         st["merge"] = plan.merge_method or "raw"
         st["calibrated"] = bool(plan.calibration)
         st["backfill"] = self.backfill_status()
+        st["fitted_bridges"] = _fitted(c)
         st["limits"] = dataclasses.asdict(self.limits)
         return st
 
@@ -416,3 +417,13 @@ def _results(r: Any) -> SearchResults:
     """The searcher's response as the client's type."""
     return SearchResults(query=r.query, modality=r.modality,
                          hits=[SearchHit(h.rank, h.score, h.id, h.space, h.route, h.metadata) for h in r.hits])
+
+
+def _fitted(collection: Any) -> dict[str, Any]:
+    """The fitted bridges in service (family, pairs, held-out score, when) and the fits so far."""
+    from ..lifecycle.backfill_fit import fit_state
+    from ..lifecycle.fit_bridges import fitted_status
+
+    st = fit_state(collection) or {}
+    return {"serving": fitted_status(collection.plan), "fits": st.get("fits", []), "next": st.get("next"),
+            "enabled": bool(st), **({"error": st["error"]} if st.get("error") else {})}

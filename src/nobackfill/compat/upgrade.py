@@ -11,12 +11,14 @@ copied)::
     adapter_config.json          peft LoraConfig (+ "nobackfill": our AdapterConfig)
     phi.safetensors, phi_config.json                                     (kinds xbt, xbt-text, direct-*, phi)
     procrustes.safetensors                                               (kind procrustes)
+    fitted.safetensors           a bridge fitted on backfilled pairs     (kind fitted: :mod:`.fitted`)
     encoder/                     a full fine-tuned model                 (kind direct-full only)
 
 Kinds: ``xbt`` (Sec. 3.3), ``xbt-text`` (the same recipe on a text-only BERT-style model, e.g.
 all-MiniLM-L6-v2 -> the Multi30K old text model: Eq. 5 with a second caption in place of the
 image, :mod:`.text_upgrade`), ``direct-lora`` / ``direct-base`` / ``direct-full`` (Eq. 6
-baselines), ``phi`` (stage 1 only, Eq. 3: a vector bridge) and ``procrustes`` (a vector bridge).
+baselines), ``phi`` (stage 1 only, Eq. 3: a vector bridge), ``procrustes`` (a vector bridge) and
+``fitted`` (a vector bridge fitted on a collection's own backfilled pairs, :mod:`.fitted`).
 
 ``load_upgrade(dir)`` reads one; ``upgrade.apply(new_encoder)`` gives an :class:`UpgradedEncoder`
 that embeds the new model's inputs into the target (old) space, and ``enabled = False`` gives
@@ -54,7 +56,7 @@ ADAPTER_KINDS = ("xbt", "xbt-text", "direct-lora", "direct-base")
 #: kinds whose model is text-only (no image tower): applied, they give a :class:`TextUpgradedEncoder`
 TEXT_KINDS = ("xbt-text",)
 ENCODER_KINDS = ADAPTER_KINDS + ("direct-full",)
-VECTOR_KINDS = ("phi", "procrustes")
+VECTOR_KINDS = ("phi", "procrustes", "fitted")
 KINDS = ENCODER_KINDS + VECTOR_KINDS
 
 
@@ -332,7 +334,7 @@ class Upgrade:
                              f"{str(e).splitlines()[0][:300]}") from None
 
     def bridge(self):
-        """The vector bridge of a ``phi`` / ``procrustes`` upgrade."""
+        """The vector bridge of a ``phi`` / ``procrustes`` / ``fitted`` upgrade."""
         self._checked()
         if self.kind == "phi":
             return PhiBridge(self._load("phi (phi.safetensors, phi_config.json)", lambda: Projection.load(self.directory)),
@@ -342,6 +344,11 @@ class Upgrade:
                            lambda: ProcrustesBridge.load(self.directory, self.source_id, self.target_id))
             b.name = self.directory.name
             return b
+        if self.kind == "fitted":
+            from .fitted.bridge import FittedBridge
+
+            return self._load("fitted.safetensors", lambda: FittedBridge.load(
+                self.directory, self.source_id, self.target_id, self.manifest.get("fitted")))
         raise TypeError(f"{self.directory}: a {self.kind!r} upgrade changes the encoder; use .apply(encoder)")
 
     def _check_source(self, encoder: DualEncoder) -> str:

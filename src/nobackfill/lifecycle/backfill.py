@@ -38,8 +38,6 @@ other reason (paused, limit, error, the job removed) hands its shard back at onc
 started next (a resume, in this process or another) goes on without waiting out the lease; a worker
 that finds every unfinished shard leased reports who holds them.
 """
-
-
 from __future__ import annotations
 
 import contextlib
@@ -60,6 +58,7 @@ from .backfill_jobs import (DEFAULT_LEASE_S, JOB_DIR, JOB_FILE, LEASE_DIR, ORDER
                             BackfillBusy, BackfillError, BackfillJob, _holder, _holder_gone, _iso, _job_lock, _last_worker,
                             _leases, _now, _order_ids, _parse_owner, _read, _release, _renew, _stopped_workers,
                             _take_shard, _write, backfill_running, describe_holders)
+from .backfill_fit import maybe_fit, sample_first
 from .backfill_order import ORDERS, _encode, _held, _pending, _route_failure, _uncertainty_order
 
 __all__ = ["ORDERS", "BackfillBusy", "BackfillError", "BackfillJob", "WorkerReport", "backfill_running",
@@ -112,6 +111,7 @@ def start_backfill(collection: Collection, encoder: Any, *, order: str = "uncert
             ids = [it.id for it in sample]
             _write(collection, SAMPLE_FILE, {"ids": ids, "labels": labels})
             phase = "sample" if n_sample else "order"
+        ids, _ = sample_first(collection, pending, ids, seed, reorder=order != "uncertainty")
         _write(collection, ORDER_FILE, ids)
         for name in [*collection.catalog.list_docs(f"{JOB_DIR}/{LEASE_DIR}/"), f"{JOB_DIR}/{WORKERS_FILE}"]:
             collection.catalog.delete_doc(name)
@@ -251,8 +251,6 @@ class WorkerReport:
         return {**self.__dict__, "reason": self.reason()}
 
 
-
-
 def _record_stop(collection: Collection, rep: WorkerReport) -> None:
     """Remember how a worker stopped (``workers.json``, the last 16), for status."""
     host, pid = _parse_owner(rep.owner)
@@ -362,6 +360,7 @@ def run_worker(collection: Collection, encoder: Any, *, batch_size: int = 64, ra
                 rep.committed += n
                 rep.sample += len(in_sample)
                 rep.batches += 1
+                maybe_fit(collection)  # the first fit once the sample is in, then at each doubling
                 if progress is not None:
                     progress(len(batch))
                 if rate:
@@ -375,6 +374,7 @@ def run_worker(collection: Collection, encoder: Any, *, batch_size: int = 64, ra
                 _renew(collection, shard, owner, lease_s, 0.0, done=True)
                 _finish_if_done(collection)
             held = None
+            maybe_fit(collection, final=None)  # the last refit once the job is done
     except BaseException as e:
         rep.stopped = f"error: {type(e).__name__}: {e}"
         raise

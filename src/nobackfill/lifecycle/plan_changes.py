@@ -39,11 +39,14 @@ def _space_label(plan: Plan, space_id: str) -> str:
 def upgrade_collection(collection: Collection, model: str | Path, *, bridges: Sequence[str | Path] = (),
                        calibration: Sequence[CalibrationTask] | None = None, calibration_label: str = "",
                        pool: ModelPool | None = None, guard: Callable[[Plan], None] | None = None,
-                       log: Callable[[str], None] | None = None) -> Plan:
+                       log: Callable[[str], None] | None = None, fit_bridges: bool | None = None,
+                       fit_sample: dict[str, Any] | None = None) -> Plan:
     """Register ``model`` as the collection's current model (see the module doc); returns the
     committed plan. ``bridges`` are upgrade directories; ``calibration`` tasks choose routes, fused
     weights and the merge. ``guard(plan)`` may refuse (raise) under the commit lock, e.g. while a
-    backfill runs. Raises :class:`UpgradeRefused` for an upgrade that does not fit the collection."""
+    backfill runs. ``fit_bridges`` (default: when no bridge is given) makes the backfill fit bridges
+    from its own pairs (:mod:`.backfill_fit`; ``fit_sample``: its ``fraction`` / ``min_pairs`` /
+    ``max_pairs``). Raises :class:`UpgradeRefused` for an upgrade that does not fit the collection."""
     from ..compat.upgrade import load_upgrade
 
     say = log or (lambda _m: None)
@@ -93,11 +96,19 @@ def upgrade_collection(collection: Collection, model: str | Path, *, bridges: Se
         return new_plan
 
     try:
-        return collection.set_plan(commit)
+        committed = collection.set_plan(commit)
     except BaseException:
         if not collection.plan.has(sid):  # leave nothing behind
             collection.storage.drop_space(entry.dir)
         raise
+    if (fit_bridges if fit_bridges is not None else not bridges) and isinstance(collection.path, Path):
+        from .backfill_fit import enable_fit
+
+        enable_fit(collection, sid, **(fit_sample or {}))
+        say("no bridge given: the backfill starts with a sample of each modality and fits bridges from it")
+    elif fit_bridges:
+        say("fitted bridges need a collection on local storage; this one's is remote: none will be fitted")
+    return committed
 
 
 def _refuse_during_backfill(collection: Collection) -> None:

@@ -73,9 +73,14 @@ class BridgePath:
         return ([self.encoder_upgrade] if self.encoder_upgrade else []) + list(self.vector_upgrades)
 
 
-def find_bridge(upgrades: Sequence[UpgradeRecord], source: str, target: str) -> BridgePath | None:
+def find_bridge(upgrades: Sequence[UpgradeRecord], source: str, target: str,
+                direction: str | None = None) -> BridgePath | None:
     """The shortest chain of registered ``upgrades`` from queries of the model of space ``source``
-    to space ``target``."""
+    to space ``target`` (for ``direction``: only upgrades that serve it; a bridge fitted for one
+    direction is preferred to a general one of the same length)."""
+    upgrades = [u for u in upgrades if u.serves(direction)]
+    if direction is not None:  # bridges fitted for this direction first: the shortest chain takes the first found
+        upgrades = sorted(upgrades, key=lambda u: not u.directions)
     vector = [u for u in upgrades if not u.encoder]
     starts: list[tuple[str | None, str]] = [(None, source)]
     starts += [(u.path, u.target) for u in upgrades if u.encoder and u.source == source]
@@ -195,8 +200,8 @@ class RoutePlanner:
         s = self.plan.space(space_id)
         return self.pool.get(s.model, space_id, what=f"model of space {s.name or space_id}")
 
-    def bridge_path(self, space_id: str) -> BridgePath | None:
-        return find_bridge(self.plan.upgrades, self.current, space_id)
+    def bridge_path(self, space_id: str, direction: str | None = None) -> BridgePath | None:
+        return find_bridge(self.plan.upgrades, self.current, space_id, direction)
 
     def available(self, space_id: str, direction: str) -> list[str]:
         """The routes to ``space_id`` usable for ``direction`` (model modalities considered; no
@@ -211,7 +216,7 @@ class RoutePlanner:
         out = []
         if space.embeds(qmod):
             out.append(OLD_MODEL)
-        if cur_ok and self.bridge_path(space_id) is not None:
+        if cur_ok and self.bridge_path(space_id, direction) is not None:
             out.append(BRIDGE)
             if OLD_MODEL in out:
                 out.append(FUSED)
@@ -256,7 +261,7 @@ class RoutePlanner:
         direct = self.encoder(space_id) if route in (OLD_MODEL, FUSED) else None
         bridged = bridge = path = None
         if route in (BRIDGE, FUSED):
-            path = self.bridge_path(space_id)
+            path = self.bridge_path(space_id, direction)
             bridged = (self.pool.upgraded(cur.model, path.encoder_upgrade, self.current)
                        if path.encoder_upgrade else current)
             bridge = self._vector_bridge(path.vector_upgrades, bridged.space_id, space_id)

@@ -198,6 +198,8 @@ class UpgradeRequest(BaseModel):
     calibrate_limit: Optional[Annotated[int, Field(ge=1, le=1_000_000), BeforeValidator(_integral)]] = None
     calibrate_langs: str = Field("en", max_length=255, pattern=r"^[a-z]{2,3}(,[a-z]{2,3})*$",
                                  description="Caption languages of the calibration data, comma-separated.")
+    fit_bridges: Optional[bool] = Field(None, description="Fit bridges from the backfill's own pairs (default: "
+                                                          "when no bridge is given).")
 
 
 class RouteRequest(BaseModel):

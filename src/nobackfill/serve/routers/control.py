@@ -82,7 +82,7 @@ async def upgrade(req: UpgradeRequest, _r: str = Depends(admin), svc: Service = 
     data = svc.under(settings.data_root, req.calibrate, "calibrate", "--data-root") if req.calibrate else None
     rep = await run_in_threadpool(svc.call, svc.client.upgrade, model, bridges=bridges, calibrate=data,
                                   calibrate_split=req.calibrate_split, calibrate_limit=req.calibrate_limit,
-                                  calibrate_langs=req.calibrate_langs,
+                                  calibrate_langs=req.calibrate_langs, fit_bridges=req.fit_bridges,
                                   field="calibrate" if data is not None else "model")
     return svc.paths.deep(rep.to_dict())
 

@@ -1,0 +1,256 @@
+"""``nobackfill bench fitted-bridge``: bridges fitted from a collection's own backfilled items, as
+the backfill advances, chosen without labels.
+
+(a) **World**: a collection of the train split (20,000 images and their English captions) embedded
+by ``world-old`` and upgraded to ``world-new`` with no bridge; the backfill's first items are a
+random sample of scenes (an image and its captions, both modalities: stratified), so after ``N``
+scenes (``N`` image pairs, ``2N`` caption pairs) the candidates
+(:mod:`nobackfill.compat.fitted`: every family on image pairs, caption pairs, both) are fitted on
+the pairs outside a held-out fifth and scored on it without labels; the chosen one is refitted on
+all ``N`` and the route (bridge / fused / old-model) chosen by the same score. The queries and
+gallery are the test split, items not yet backfilled (their old vectors). Per point and direction:
+R@1 / R@10 of every candidate, the chosen bridge, the served route, old/old, the shipped trained
+XBT, new/new; the choice again with the XBT among the candidates (``with_shipped``).
+
+(b) **Multi30K** task 2: a collection of train captions 1 and 2 embedded by ``m30k-old-text``,
+upgraded to all-MiniLM-L6-v2 (a point: ``N`` images' two captions); evaluation: val caption 1 ->
+caption 2 (or ``--eval-dir``), the shipped text XBT.
+
+Why scenes: the label-free score needs held-out queries whose matches are among the backfilled
+items (a caption's image, a caption's sibling); with independent samples per modality a held-out
+caption's image is almost never backfilled, the new model's top-1 is a near tie, and the score
+hardly tells the families apart (measured: rank correlation with the true R@1 0.49 against 0.94).
+
+Numbers are computed on the vectors (the same maths as the Searcher's exact search, without its
+stores), so every family and point costs a matrix product; fit seconds and the query overhead of
+each family (one query, microseconds) are measured.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Mapping, Sequence
+
+import numpy as np
+
+from ..compat.fitted import FitConfig, choose_direction, fit_candidates, heldout_mask
+from ..compat.fitted.agreement import FUSED
+from .fitted_bridge_rows import Direction, Pool, held_out, query_overhead_us, recall_r
+
+Log = Callable[[str], None]
+
+
+@dataclass
+class FittedBridgeBenchConfig:
+    """Models, data, the points of the curve and the fit."""
+
+    models: Path = Path("models")
+    world: Path = Path("data/world")
+    upgrade: Path = Path("upgrades/world-old-to-new")
+    text_old: Path = Path("models/m30k-old-text")
+    text_new: str = "minilm"
+    text_upgrade: Path = Path("upgrades/m30k-old-text-to-minilm")
+    multi30k: Path | None = None
+    eval_dir: Path | None = None
+    cache_dir: Path = Path("runs/cache")
+    points: tuple[int, ...] = (128, 256, 512, 1000, 2000, 5000)
+    world_items: int | None = None  # train images of the collection (None: the whole split)
+    text_items: int | None = None  # Multi30K train captions of the collection (None: all)
+    heldout: float = 0.2
+    margin: float = 0.0
+    fit: FitConfig = field(default_factory=FitConfig)
+    parts: tuple[str, ...] = ("world", "text")
+    seed: int = 0
+
+    @classmethod
+    def quick(cls, **kw: Any) -> "FittedBridgeBenchConfig":
+        """Every point; the MLPs capped at 1,500 steps."""
+        return cls(**{"fit": FitConfig(max_steps=1500), **kw})
+
+
+def run_point(n: int, pools: Mapping[str, Pool], dirs: Mapping[str, Direction], masks: Mapping[str, np.ndarray],
+              shipped_held: Mapping[str, np.ndarray], total: int, cfg: FittedBridgeBenchConfig) -> dict[str, Any]:
+    """Fit, choose and measure after ``n`` pairs of each modality of ``pools``."""
+    cnt = {m: p.count(n) for m, p in pools.items()}
+    fit_pairs = {m: (p.new[:cnt[m]][~masks[m][:cnt[m]]], p.old[:cnt[m]][~masks[m][:cnt[m]]]) for m, p in pools.items()}
+    all_pairs = {m: (p.new[:cnt[m]], p.old[:cnt[m]]) for m, p in pools.items()}
+    t0 = time.perf_counter()
+    cands = fit_candidates(fit_pairs, cfg.fit)
+    fit_s = {k: m.meta["fit_s"] for k, m in cands.items()}
+    out: dict[str, Any] = {}
+    for name, d in dirs.items():
+        qmod, gmod = {"t2i": ("text", "image"), "i2t": ("image", "text"), "t2t": ("text", "text")}[name]
+        held = held_out(name, pools[qmod], pools[gmod], n, masks[qmod], qmod == gmod)
+        qi = np.flatnonzero(masks[qmod][:cnt[qmod]])
+        families = {k: {**recall_r(d.bridged(m), d.qg, d.gg)} for k, m in cands.items()}
+        ch = choose_direction(held, cands, pairs=all_pairs, cfg=cfg.fit, margin=cfg.margin)
+        for k, sc in ch.scores.items():
+            families[k].update(heldout=sc["r1"], overlap10=sc["overlap10"])
+        s_bridge = d.bridged(ch.bridge) if ch.bridge is not None else None
+        bridge = recall_r(s_bridge, d.qg, d.gg) if s_bridge is not None else None
+        w_fused = ch.routes.get(FUSED, {}).get("w")
+        fused = d.route(FUSED, w_fused, s_bridge) if w_fused is not None else None
+        served = d.route(ch.route, ch.routes.get("w"), s_bridge)
+        best = max(families, key=lambda k: families[k]["r1"]) if families else None
+        row = {"pairs": n, "items": dict(cnt), "fraction": round(sum(cnt.values()) / total, 5), "families": families,
+               "chosen": ch.chosen,
+               "heldout": ch.heldout, "heldout_sizes": ch.sizes, "route_scores": {
+                   k: v for k, v in ch.routes.items() if k not in ("route", "w")},
+               "served_route": ch.route, "w": ch.routes.get("w"), "served_r1": served["r1"], "served_r10": served["r10"],
+               "bridge_r1": bridge["r1"] if bridge else None, "bridge_r10": bridge["r10"] if bridge else None,
+               "fused_r1": fused["r1"] if fused else None, "fused_w": w_fused,
+               "old_old_r1": d.old_old["r1"], "new_new_r1": d.new_new["r1"],
+               "best_family": best, "best_family_r1": families[best]["r1"] if best else None,
+               "choice_gap": round(families[best]["r1"] - families[ch.chosen]["r1"], 4) if best else None}
+        if d.s_shipped is not None:
+            shipped = recall_r(d.s_shipped, d.qg, d.gg)
+            row["shipped_r1"] = shipped["r1"]
+            given = {"shipped": shipped_held[qmod][:len(qi)]}  # held-out items nest: a prefix of the largest point's
+            ch2 = choose_direction(held, cands, given=given, pairs=all_pairs, cfg=cfg.fit, margin=cfg.margin)
+            s2 = d.s_shipped if ch2.chosen == "shipped" else (d.bridged(ch2.bridge) if ch2.bridge is not None else None)
+            served2 = d.route(ch2.route, ch2.routes.get("w"), s2)
+            w2 = ch2.routes.get(FUSED, {}).get("w")
+            row["with_shipped"] = {"chosen": ch2.chosen, "heldout": ch2.heldout, "served_route": ch2.route,
+                                   "w": ch2.routes.get("w"), "served_r1": served2["r1"],
+                                   "shipped_heldout": ch2.scores["shipped"]["r1"],
+                                   "fused_shipped_r1": d.route(FUSED, w2, d.s_shipped)["r1"] if w2 is not None else None}
+        out[name] = row
+    out["_fit_s"] = {"all": round(time.perf_counter() - t0, 2), **fit_s}
+    return out
+
+
+def _curve(pools: Mapping[str, Pool], dirs: Mapping[str, Direction], shipped_held: Mapping[str, np.ndarray],
+           total: int, cfg: FittedBridgeBenchConfig, log: Log, masks: Mapping[str, np.ndarray]) -> dict[str, Any]:
+    out: dict[str, Any] = {d: [] for d in dirs}
+    fit_s: dict[str, Any] = {}
+    for n in cfg.points:
+        if any(n > p.scenes for p in pools.values()):
+            log(f"  {n} pairs: more than the collection holds, skipped")
+            continue
+        res = run_point(n, pools, dirs, masks, shipped_held, total, cfg)
+        fit_s[str(n)] = res.pop("_fit_s")
+        for d, row in res.items():
+            out[d].append(row)
+            log(f"  {n:>5} pairs {d}: chosen {row['chosen']} (held-out {row['heldout']['r1']:.3f}) -> "
+                f"{row['served_route']} R@1 {row['served_r1']:.3f} (bridge {row['bridge_r1']}, best family "
+                f"{row['best_family']} {row['best_family_r1']:.3f}, old/old {row['old_old_r1']:.3f}"
+                + (f", with shipped: {row['with_shipped']['served_route']} {row['with_shipped']['served_r1']:.3f}"
+                   if "with_shipped" in row else "") + ")")
+    out["fit_s"] = fit_s
+    return out
+
+
+def _masked_shipped(encode_fn, inputs: Sequence[Any], mask: np.ndarray, dim: int) -> np.ndarray:
+    idx = np.flatnonzero(mask)
+    return encode_fn([inputs[i] for i in idx]) if len(idx) else np.zeros((0, dim), np.float32)
+
+
+def run_world(cfg: FittedBridgeBenchConfig, log: Log) -> dict[str, Any]:
+    from ..encoders import load_encoder
+    from ..evaluate import embed_dataset, load_eval_data
+    from ..search.models import ModelPool, model_ref
+
+    old, new = load_encoder(cfg.models / "world-old"), load_encoder(cfg.models / "world-new")
+    xbt = ModelPool().upgraded(model_ref(cfg.models / "world-new"), cfg.upgrade)
+    tr = load_eval_data(cfg.world, "train", langs=["en"], limit=cfg.world_items)
+    te = load_eval_data(cfg.world, "test", langs=["en"])
+    t0 = time.time()
+    emb = {(m, s): embed_dataset(e, d, cache_dir=cfg.cache_dir) for m, e in (("old", old), ("new", new))
+           for s, d in (("train", tr), ("test", te))}
+    log(f"world: {len(tr)} train images, {len(tr.captions)} captions; test {len(te)} images "
+        f"(embedded in {time.time() - t0:.0f}s)")
+    rng = np.random.default_rng(cfg.seed)
+    scene_order = rng.permutation(len(tr))  # the sample: scenes (an image and its captions) at random
+    rank = np.empty(len(tr), np.int64)
+    rank[scene_order] = np.arange(len(tr))
+    cap_rank = rank[np.asarray(tr.caption_image)]
+    order = {"image": scene_order, "text": np.argsort(cap_rank, kind="stable")}
+    pools = {"image": Pool(emb["new", "train"].images[order["image"]], emb["old", "train"].images[order["image"]],
+                           [f"image-{i}" for i in order["image"]], np.arange(len(tr))),
+             "text": Pool(emb["new", "train"].texts[order["text"]], emb["old", "train"].texts[order["text"]],
+                          [f"text-{i}" for i in order["text"]], cap_rank[order["text"]])}
+    masks = {m: heldout_mask(p.keys, cfg.heldout) for m, p in pools.items()}
+    top = {m: p.count(max(cfg.points)) for m, p in pools.items()}
+    paths = [str(p) for p in tr.image_paths()]
+    shipped_held = {  # the shipped bridge's queries for the held-out items (what it is scored on)
+        "text": _masked_shipped(xbt.encode_texts, [tr.captions[i] for i in order["text"][:top["text"]]],
+                                masks["text"][:top["text"]], 64),
+        "image": _masked_shipped(xbt.encode_images, [paths[i] for i in order["image"][:top["image"]]],
+                                 masks["image"][:top["image"]], 64)}
+    c2i = np.asarray(te.caption_image)
+    has = np.flatnonzero(np.bincount(c2i, minlength=len(te)) > 0)
+    e_old, e_new = emb["old", "test"], emb["new", "test"]
+    dirs = {"t2i": Direction("t2i", e_new.texts, e_old.texts, xbt.encode_texts(list(te.captions)), e_old.images,
+                             e_new.images, c2i, np.arange(len(te))),
+            "i2t": Direction("i2t", e_new.images[has], e_old.images[has],
+                             xbt.encode_images([str(p) for p in np.asarray(te.image_paths(), object)[has]]),
+                             e_old.texts, e_new.texts, has, c2i)}
+    total = len(tr) + len(tr.captions)
+    out = _curve(pools, dirs, shipped_held, total, cfg, log, masks)
+    out["n"] = {"train_images": len(tr), "train_captions": len(tr.captions), "test_images": len(te),
+                "test_captions": len(te.captions)}
+    return out
+
+
+def run_text(cfg: FittedBridgeBenchConfig, log: Log) -> dict[str, Any]:
+    from ..data.multi30k import default_multi30k_dir, read_task2
+    from ..encoders import load_encoder
+    from ..evaluate import embed_texts_cached
+    from ..search.models import ModelPool, model_ref
+
+    root = cfg.multi30k or default_multi30k_dir()
+    val = read_task2(root, "val", "en", ks=(1, 2), eval_dir=cfg.eval_dir)
+    train = read_task2(root, "train", "en", ks=(1, 2), limit=cfg.text_items)
+    pool = ModelPool()
+    old, new = load_encoder(cfg.text_old), pool.get(model_ref(cfg.text_new))
+    xbt = pool.upgraded(model_ref(cfg.text_new), cfg.text_upgrade)
+    rng = np.random.default_rng(cfg.seed)
+    order = rng.permutation(train.n_images)  # the sample: images at random, both their captions
+    top = min(max(cfg.points), train.n_images)
+    c1, c2 = train.column(1), train.column(2)
+    sample = [c for i in order[:top] for c in (c1[i], c2[i])]
+    t0 = time.time()
+    embed = {m: (lambda texts, e=e: embed_texts_cached(e, texts, cfg.cache_dir)) for m, e in (("old", old), ("new", new))}
+    p = Pool(embed["new"](sample), embed["old"](sample), [f"caption-{i}-{k}" for i in order[:top] for k in (1, 2)],
+             np.repeat(np.arange(top), 2))
+    q, g = val.column(1), val.column(2)
+    d = Direction("t2t", embed["new"](q), embed["old"](q), xbt.encode_texts(q), embed["old"](g), embed["new"](g),
+                  np.arange(len(q)), np.arange(len(g)))
+    log(f"text: {2 * train.n_images} train captions 1 and 2 (the collection), {len(sample)} embedded for the curve; "
+        f"val {len(q)} pairs "
+        f"({cfg.eval_dir or 'Multi30K task2 val'}; {time.time() - t0:.0f}s)")
+    masks = {"text": heldout_mask(p.keys, cfg.heldout)}
+    shipped_held = {"text": _masked_shipped(xbt.encode_texts, sample, masks["text"], d.g_old.shape[1])}
+    out = _curve({"text": p}, {"t2t": d}, shipped_held, 2 * train.n_images, cfg, log, masks)
+    out["n"] = {"train_captions": 2 * train.n_images, "val_pairs": len(q), "eval": str(cfg.eval_dir or "val")}
+    return out
+
+
+def run_fitted_bridge_bench(cfg: FittedBridgeBenchConfig, log: Log | None = None) -> dict[str, Any]:
+    """The JSON of the issue: ``world`` (t2i, i2t), ``text`` (t2t), ``fit_s``, ``query_overhead_us``."""
+    say = log or (lambda _m: None)
+    t0 = time.time()
+    out: dict[str, Any] = {}
+    fit_s: dict[str, Any] = {}
+    details: dict[str, Any] = {}
+    if "world" in cfg.parts:
+        w = run_world(cfg, say)
+        fit_s["world"] = w.pop("fit_s")
+        details["world"] = w.pop("n")
+        out["world"] = w
+    if "text" in cfg.parts:
+        t = run_text(cfg, say)
+        fit_s["text"] = t.pop("fit_s")
+        details["text"] = t.pop("n")
+        out["text"] = t
+    out["fit_s"] = fit_s
+    out["query_overhead_us"] = query_overhead_us(cfg)
+    out["n"] = details
+    out["config"] = {k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(cfg).items()}
+    out["seconds"] = round(time.time() - t0, 1)
+    return out
+
+
+__all__ = ["FittedBridgeBenchConfig", "run_fitted_bridge_bench", "run_point", "run_text", "run_world"]

@@ -1,0 +1,119 @@
+"""Fitting bridges as the backfill advances (an upgrade registered without a bridge).
+
+``upgrade`` without a bridge writes ``backfill/fit.json`` (:func:`enable_fit`): the backfill then
+starts with a stratified sample of each modality (``fraction`` of its items, at least ``min`` and at
+most ``max``; :func:`sample_first`), and the worker whose commit brings the backfilled pairs to the
+next threshold fits the bridges (:func:`~.fit_bridges.fit_collection_bridges`): first once the
+sample is in, then at each doubling of the pairs, and at the end. One fit per threshold: the
+fitting worker holds the ``backfill/fit`` lock (others skip; a killed one releases it with its
+process) and moves the threshold only after the fit, so a fit killed half-way is done again by the
+next commit, and the serving bridge stays until a better one is swapped in.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Sequence
+
+import numpy as np
+
+from ..collection.collection import Collection
+from .backfill_jobs import JOB_DIR, BackfillJob, _read, _write
+
+FIT_FILE = "fit.json"
+DEFAULTS = {"fraction": 0.01, "min": 512, "max": 20000}
+
+
+def enable_fit(collection: Collection, target: str, *, fraction: float = 0.01, min_pairs: int = 512,
+               max_pairs: int = 20000) -> dict[str, Any]:
+    """Record that the backfill into ``target`` fits bridges (sample first, then refits)."""
+    if not 0.0 < fraction <= 1.0 or min_pairs < 1 or max_pairs < min_pairs:
+        raise ValueError(f"fit sample: fraction in (0, 1], 1 <= min <= max; got {fraction}, {min_pairs}, {max_pairs}")
+    state = {"target": target, "fraction": fraction, "min": int(min_pairs), "max": int(max_pairs), "next": None,
+             "fits": []}
+    _write(collection, FIT_FILE, state)
+    return state
+
+
+def fit_state(collection: Collection, target: str | None = None) -> dict[str, Any] | None:
+    """The fit state of the backfill into ``target`` (default: the current space), or None."""
+    st = _read(collection, FIT_FILE)
+    if not st or st.get("target") != (target or collection.current_space):
+        return None
+    return st
+
+
+def sample_size(n: int, st: dict[str, Any]) -> int:
+    return min(n, max(int(st["min"]), min(int(st["max"]), int(round(st["fraction"] * n)))))
+
+
+def sample_first(collection: Collection, pending: Sequence[Any], ids: list[str], seed: int,
+                 reorder: bool = True) -> tuple[list[str], int]:
+    """``ids`` (the backfill order) with a stratified random sample of each modality of ``pending``
+    moved to the front (``reorder``; the uncertainty order draws its own random sample first);
+    returns the order and the sample's size, the first fit's threshold."""
+    st = fit_state(collection)
+    if st is None:
+        return ids, 0
+    if not reorder:
+        st["next"] = sum(sample_size(sum(1 for it in pending if it.modality == m), st) for m in ("image", "text"))
+        _write(collection, FIT_FILE, st)
+        return ids, int(st["next"])
+    rng = np.random.default_rng(seed + 7)
+    first: list[str] = []
+    for m in ("image", "text"):
+        mod = [it.id for it in pending if it.modality == m]
+        k = sample_size(len(mod), st)
+        first += [mod[i] for i in sorted(rng.choice(len(mod), k, replace=False))] if k else []
+    head = set(first)
+    st["next"] = len(first)
+    _write(collection, FIT_FILE, st)
+    return first + [i for i in ids if i not in head], len(first)
+
+
+def backfilled_count(collection: Collection, target: str) -> int:
+    g = collection.gallery(target)
+    g.refresh()
+    return sum(g.count(m) for m in ("image", "text"))
+
+
+def maybe_fit(collection: Collection, *, final: bool | None = False, pool: Any = None,
+              log: Callable[[str], None] | None = None, cfg: Any = None) -> dict[str, Any] | None:
+    """Fit if the backfilled pairs reached the next threshold, or ``final`` (None: whether the
+    backfill job is done) and pairs came since the last fit; the report, or None."""
+    st = fit_state(collection)
+    if st is None or st.get("next") is None:
+        return None
+    if final is None:
+        job = BackfillJob.load(collection)
+        final = job is not None and job.state == "done"
+    n = backfilled_count(collection, st["target"])
+    if n < int(st["next"]) and not (final and (not st["fits"] or st["fits"][-1]["pairs"] < n)):
+        return None
+    with collection.catalog.lock(f"{JOB_DIR}/fit", blocking=False) as taken:
+        if not taken:
+            return None  # another worker fits this threshold
+        st = fit_state(collection)
+        if st is None:
+            return None
+        n = backfilled_count(collection, st["target"])
+        if n < int(st["next"]) and not (final and (not st["fits"] or st["fits"][-1]["pairs"] < n)):
+            return None  # fitted meanwhile
+        from .fit_bridges import fit_collection_bridges
+
+        try:
+            report = fit_collection_bridges(collection, cfg=cfg, pool=pool, log=log)
+        except Exception as e:  # a failed fit never stops the backfill: it is recorded, the serving bridge stays
+            st["error"] = f"{type(e).__name__}: {e}"
+            st["next"] = 2 * max(n, 1)
+            _write(collection, FIT_FILE, st)
+            return None
+        st["fits"].append({"pairs": n, "swapped": sorted(f"{s}/{d}" for s, ds in report.items() if isinstance(ds, dict)
+                                                          for d, e in ds.items() if isinstance(e, dict)
+                                                          and e.get("swapped"))})
+        st["next"] = 2 * max(n, 1)
+        _write(collection, FIT_FILE, st)
+        return report
+
+
+__all__ = ["DEFAULTS", "FIT_FILE", "backfilled_count", "enable_fit", "fit_state", "maybe_fit", "sample_first",
+           "sample_size"]

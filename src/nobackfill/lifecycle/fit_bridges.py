@@ -1,0 +1,222 @@
+"""Bridges fitted from a collection's own backfill, put in service only when better.
+
+Every item the backfill has committed has a vector in the current (new) space and still its vector
+in its old space: real (new, old) pairs of the same items. :func:`fit_collection_bridges` reads
+them, fits the candidates of :mod:`nobackfill.compat.fitted` (per pair set: image, text, both) on
+the pairs outside a held-out fifth of the items (split by item key, the same items every time),
+and per old space and direction chooses without labels (agreement with the new model's ranking of
+the backfilled items, held-out queries of the direction's query modality). The bridge serving that
+direction, if any, is scored on the same held-out items; the new fit replaces it only if its score
+is higher by ``min_gain``. A new bridge is written as a versioned upgrade directory
+(``<collection>/bridges/fitted-<space>-<direction>-v<k>``, ``upgrade.json`` last), then the plan
+swaps it in with its route (bridge / fused / old-model, by the same score) in one transaction; a
+process killed during a fit leaves the serving bridge and plan as they were. A route pinned by a
+user, or chosen on labels (``calibrate``), is kept.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+
+from ..compat.fitted import FitConfig, FittedBridge, HeldOut, choose_direction, fit_candidates, heldout_mask
+from ..collection.collection import Collection
+from ..catalog.plan import Plan, RouteChoice, UpgradeRecord
+from ..search.routes import DIRECTIONS, RoutePlanner
+from ..search.models import ModelPool
+
+__all__ = ["FitBridgesConfig", "backfilled_pairs", "fit_collection_bridges", "fitted_bridges", "fitted_status"]
+
+BRIDGES_DIR = "bridges"
+
+
+@dataclass
+class FitBridgesConfig:
+    """How fitted bridges are chosen and swapped in."""
+
+    heldout: float = 0.2
+    min_gain: float = 0.01
+    min_pairs: int = 32
+    max_queries: int = 2000
+    fit: FitConfig = field(default_factory=FitConfig)
+
+
+@dataclass
+class Pairs:
+    keys: list[str]
+    new: np.ndarray
+    old: np.ndarray
+    sources: list[Any] = field(default_factory=list)  # per key: an image path or a caption (for given bridges)
+
+
+def backfilled_pairs(collection: Collection, old_space: str, plan: Plan | None = None) -> dict[str, Pairs]:
+    """Per modality, the items with a vector in both the current space and ``old_space``: their
+    keys and both vectors (rows aligned)."""
+    plan = plan or collection.plan
+    out: dict[str, Pairs] = {}
+    for m in ("image", "text"):
+        if not (plan.current_space.embeds(m) and plan.space(old_space).embeds(m)):
+            continue
+        g_new, g_old = collection.gallery(plan.current, plan), collection.gallery(old_space, plan)
+        if not g_new.count(m) or not g_old.count(m):
+            continue
+        live = {it.key: it for it in collection.iter_items(m)}
+        new_rows = {k: i for i, k in enumerate(g_new.ids(m)) if k in live}
+        old_rows = {k: i for i, k in enumerate(g_old.ids(m)) if k in new_rows}
+        keys = sorted(old_rows)
+        if not keys:
+            continue
+        vn, vo = np.asarray(g_new.vectors(m)), np.asarray(g_old.vectors(m))
+        src = [live[k].source.get("path" if m == "image" else "text") for k in keys]
+        out[m] = Pairs(keys, vn[[new_rows[k] for k in keys]], vo[[old_rows[k] for k in keys]], src)
+    return out
+
+
+def fitted_bridges(plan: Plan) -> dict[tuple[str, str], UpgradeRecord]:
+    """The fitted bridge serving each (old space, direction)."""
+    return {(u.target, d): u for u in plan.upgrades if u.kind == "fitted" for d in u.directions}
+
+
+def _held(direction: str, pairs: dict[str, Pairs], masks: dict[str, np.ndarray], max_queries: int,
+          old_embeds_query: bool) -> tuple[HeldOut | None, np.ndarray]:
+    qmod, gmod = DIRECTIONS[direction]
+    if qmod not in pairs or gmod not in pairs:
+        return None, np.zeros(0, np.int64)
+    qi = np.flatnonzero(masks[qmod])[:max_queries]
+    q, g = pairs[qmod], pairs[gmod]
+    if len(qi) < 8 or len(g.keys) < 16:
+        return None, qi
+    return HeldOut(direction, q.new[qi], g.new, g.old, q.old[qi] if old_embeds_query else None,
+                   qi if qmod == gmod else None), qi
+
+
+def _given_bridge(users: RoutePlanner, sid: str, d: str, sources: list[Any], say: Callable[[str], None]) -> dict:
+    """The user's own bridge (XBT, Procrustes ...) to ``sid`` for ``d`` as a candidate: its queries
+    for the held-out items' sources; {} when there is none or it cannot run."""
+    if "bridge" not in users.available(sid, d) or any(x is None for x in sources):
+        return {}
+    try:
+        side = users.query_side(sid, d, "bridge")
+        return {"given": side.embed(DIRECTIONS[d][0], sources)}
+    except Exception as e:  # a missing model or upgrade directory: scored without it
+        say(f"  the registered bridge to {sid} ({d}) could not embed the held-out queries: {e}")
+        return {}
+
+
+def _route_entry(current: RouteChoice | None, routes: dict[str, Any], info: dict[str, Any]) -> RouteChoice | None:
+    """The route choice to record, or None to keep the current one (pinned, or chosen on labels)."""
+    if current is not None and (current.pinned or (current.calibration and "fitted" not in current.calibration)):
+        return None
+    cal = {"fitted": info, **{k: v for k, v in routes.items() if k not in ("route", "w")}}
+    return RouteChoice(route=routes["route"], w=routes.get("w"), calibration=cal)
+
+
+def fit_collection_bridges(collection: Collection, *, cfg: FitBridgesConfig | None = None,
+                           pool: ModelPool | None = None, log: Callable[[str], None] | None = None) -> dict[str, Any]:
+    """Fit, choose and (where better) swap in a bridge per old space and direction (module doc).
+    Returns ``{space: {direction: {"swapped", "chosen", "heldout", "serving", "route", "path"}}}``."""
+    cfg = cfg or FitBridgesConfig()
+    say = log or (lambda _m: None)
+    if not isinstance(collection.path, Path):
+        raise NotImplementedError(f"collection {collection.path}: fitted bridges are written beside a collection on "
+                                  "local storage; this one's storage is remote (its serving routes are unchanged)")
+    plan = collection.plan
+    pool = pool or ModelPool()
+    planner = RoutePlanner(plan, pool)
+    users = RoutePlanner(dataclasses.replace(plan, upgrades=tuple(u for u in plan.upgrades if u.kind != "fitted")), pool)
+    serving = fitted_bridges(plan)
+    report: dict[str, Any] = {}
+    changes: list[tuple[UpgradeRecord, str, dict[str, Any], dict[str, Any]]] = []
+    for space in plan.old_spaces():
+        sid = space.space_id
+        pairs = backfilled_pairs(collection, sid, plan)
+        if not pairs or max(len(p.keys) for p in pairs.values()) < cfg.min_pairs:
+            report[sid] = {"skipped": f"{sum(len(p.keys) for p in pairs.values())} backfilled pairs "
+                                      f"(at least {cfg.min_pairs} of one modality needed)"}
+            continue
+        masks = {m: heldout_mask(p.keys, cfg.heldout) for m, p in pairs.items()}
+        fit_pairs = {m: (p.new[~masks[m]], p.old[~masks[m]]) for m, p in pairs.items()}
+        cands = fit_candidates(fit_pairs, cfg.fit, min_pairs=cfg.min_pairs)
+        all_pairs = {m: (p.new, p.old) for m, p in pairs.items()}
+        for d in DIRECTIONS:
+            qmod, _ = DIRECTIONS[d]
+            if not planner.available(sid, d) or not plan.current_space.embeds(qmod):
+                continue
+            held, qi = _held(d, pairs, masks, cfg.max_queries, space.embeds(qmod))
+            if held is None or not cands:
+                continue
+            old_rec = serving.get((sid, d))
+            given = _given_bridge(users, sid, d, [pairs[qmod].sources[i] for i in qi], say)
+            if old_rec is not None:
+                try:
+                    from ..compat.upgrade import load_upgrade
+
+                    given["serving"] = load_upgrade(old_rec.path).bridge()(held.q_new)
+                except (OSError, ValueError) as e:
+                    say(f"  serving bridge {old_rec.path} unreadable ({e}); it will be replaced")
+            ch = choose_direction(held, cands, given=given, pairs=all_pairs, cfg=cfg.fit)
+            serving_score = ch.scores.get("serving")
+            entry = {"chosen": ch.chosen, "heldout": ch.heldout, "serving": serving_score, "route": ch.route,
+                     "swapped": False, "pairs": {m: len(p.keys) for m, p in pairs.items()}}
+            report.setdefault(sid, {})[d] = entry
+            if ch.bridge is None:  # the serving bridge, or the user's own, is still the best
+                continue
+            best = ch.scores[ch.chosen]["r1"]
+            if serving_score is not None and best < serving_score["r1"] + cfg.min_gain:
+                continue
+            info = {"family": ch.bridge.family, "candidate": ch.chosen, "direction": d,
+                    "pairs": int(ch.bridge.meta.get("pairs", 0)), "pair_counts": entry["pairs"],
+                    "heldout": ch.heldout, "heldout_sizes": ch.sizes,
+                    "fitted_at": datetime.now(timezone.utc).isoformat(timespec="seconds")}
+            changes.append((old_rec, d, {"space": space, "bridge": ch.bridge, "info": info}, ch.routes))
+            entry["swapped"] = True
+    if not changes:
+        return report
+    new_records = []
+    for old_rec, d, what, routes in changes:
+        sid = what["space"].space_id
+        version = 1 + sum(1 for p in (Path(collection.path) / BRIDGES_DIR).glob(f"fitted-{sid}-{d}-v*")) \
+            if (Path(collection.path) / BRIDGES_DIR).is_dir() else 1
+        directory = Path(collection.path) / BRIDGES_DIR / f"fitted-{sid}-{d}-v{version}"
+        info = {**what["info"], "version": version}
+        FittedBridge(what["bridge"], plan.current, sid, info).save(
+            directory, {"space_id": plan.current, "name": plan.current_space.name, "embed_dim": plan.current_space.dim},
+            {"space_id": sid, "name": what["space"].name, "embed_dim": what["space"].dim})
+        rec = UpgradeRecord(path=str(directory.resolve()), kind="fitted", source=plan.current, target=sid,
+                            name=directory.name, directions=(d,), info=info)
+        new_records.append((rec, routes))
+        report[sid][d]["path"] = rec.path
+        say(f"  {sid} {d}: {info['candidate']} on {info['pairs']} pairs, held-out agreement "
+            f"{info['heldout']['r1']:.3f} -> route {routes['route']} ({directory.name})")
+
+    def commit(p: Plan) -> Plan:
+        if p.current != plan.current:
+            raise RuntimeError("the collection was upgraded meanwhile; the fitted bridges were not swapped in")
+        for rec, routes in new_records:
+            d = rec.directions[0]
+            p = p.with_fitted(rec)
+            choice = _route_entry(p.route(rec.target, d), routes, dict(rec.info or {}))
+            if choice is not None:
+                p = p.with_route(rec.target, d, choice)
+        return p
+
+    collection.set_plan(commit)
+    return report
+
+
+def fitted_status(plan: Plan) -> list[dict[str, Any]]:
+    """What ``status`` shows of the fitted bridges in service: space, direction, family, pairs,
+    held-out score, when, version."""
+    out = []
+    for (sid, d), u in sorted(fitted_bridges(plan).items()):
+        info = dict(u.info or {})
+        out.append({"space": sid, "direction": d, "family": info.get("family"), "candidate": info.get("candidate"),
+                    "pairs": info.get("pairs"), "heldout": (info.get("heldout") or {}).get("r1"),
+                    "fitted_at": info.get("fitted_at"), "version": info.get("version"), "path": u.path})
+    return out
+

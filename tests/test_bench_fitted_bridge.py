@@ -1,0 +1,54 @@
+"""``bench fitted-bridge``: one point of the curve on synthetic vectors, its table and plot."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from nobackfill.bench.fitted_bridge import Direction, FittedBridgeBenchConfig, Pool, run_point
+from nobackfill.bench.fitted_bridge_report import REPORT, format_markdown
+from nobackfill.compat.fitted import FitConfig, heldout_mask
+from nobackfill.encoders.base import l2_normalise
+
+
+def _world(n: int, seed: int):
+    """Images and captions of ``n`` scenes: new vectors a rotation of the scene (captions slightly
+    off), old vectors a noisier linear map of it."""
+    rng = np.random.default_rng(seed)
+    z = rng.standard_normal((n, 8))
+    rot, _ = np.linalg.qr(rng.standard_normal((16, 16)))
+    mix = np.eye(8) + 0.4 * rng.standard_normal((8, 8))
+
+    def new(v):
+        return l2_normalise((np.concatenate([v, 0.1 * rng.standard_normal((n, 8))], 1) @ rot).astype(np.float32))
+
+    def old(v):
+        return l2_normalise((v @ mix + 0.6 * rng.standard_normal((n, 8))).astype(np.float32))
+
+    cap = z + 0.2 * rng.standard_normal(z.shape)
+    return {"image": (new(z), old(z)), "text": (new(cap), old(cap))}
+
+
+def test_one_point_measures_every_family_the_choice_and_the_routes(tmp_path):
+    train, test = _world(600, 0), _world(200, 1)
+    pools = {m: Pool(v[0], v[1], [f"{m}-{i}" for i in range(600)]) for m, v in train.items()}
+    masks = {m: heldout_mask(p.keys, 0.2) for m, p in pools.items()}
+    groups = np.arange(200)
+    dirs = {"t2i": Direction("t2i", test["text"][0], test["text"][1], test["text"][1], test["image"][1],
+                             test["image"][0], groups, groups)}
+    shipped = {m: pools[m].old[np.flatnonzero(masks[m])] for m in pools}  # a "shipped bridge": the old model
+    cfg = FittedBridgeBenchConfig(fit=FitConfig(epochs=20, hidden=32, max_steps=200))
+    res = run_point(300, pools, dirs, masks, shipped, 1200, cfg)
+    row = res["t2i"]
+    assert set(row["families"]) == {f"{f}@{s}" for f in cfg.fit.families for s in ("image", "text", "both")}
+    assert row["chosen"] in row["families"] and 0 <= row["heldout"]["r1"] <= 1
+    assert row["served_route"] in ("bridge", "fused", "old-model")
+    assert row["fraction"] == 0.5 and row["pairs"] == 300
+    assert row["new_new_r1"] > row["old_old_r1"]
+    assert row["choice_gap"] >= 0
+    assert row["with_shipped"]["shipped_heldout"] >= 0
+    assert res["_fit_s"]["all"] >= 0
+    out = {"world": {"t2i": [row]}, "query_overhead_us": {"mlp": 12.0}}
+    text = format_markdown(out)
+    assert "world t2i" in text and row["chosen"] in text
+    REPORT.write(out, tmp_path / "fb.json")
+    assert (tmp_path / "fb.md").is_file() and (tmp_path / "fb.png").is_file()

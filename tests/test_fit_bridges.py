@@ -1,0 +1,250 @@
+"""Bridges fitted from a collection's own backfill: registered per direction, swapped only when
+better, a failed fit leaves the serving bridge, pinned routes kept, shown in status."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from _collection_helpers import NEW_REF, OLD_REF, make_folder, pool_with, related_pair
+from nobackfill.compat.fitted import FitConfig
+from nobackfill.collection.collection import Collection
+from nobackfill.collection.ingest import add_items, folder_items
+from nobackfill.lifecycle.backfill import run_backfill
+from nobackfill.lifecycle.fit_bridges import (FitBridgesConfig, backfilled_pairs, fit_collection_bridges,
+                                              fitted_status)
+from nobackfill.lifecycle.plan_changes import pin_route, route_table, upgrade_collection
+from nobackfill.search import Searcher
+
+CFG = FitBridgesConfig(fit=FitConfig(families=("orthogonal", "ridge", "mlp"), epochs=10, hidden=32, max_steps=100))
+
+
+def _backfilled(tmp_path, n_images: int = 120, limit: int | None = None):
+    old, new, _ = related_pair()
+    pool = pool_with((OLD_REF, old), (NEW_REF, new))
+    data = make_folder(tmp_path / "data", n_images=n_images, captions_per_image=2)
+    c = Collection.create(tmp_path / "c", space_id=old.space_id, dim=old.embed_dim, model=OLD_REF, name="old")
+    add_items(c, old, folder_items(data).items, progress=False)
+    upgrade_collection(c, NEW_REF, pool=pool, fit_bridges=False)  # no bridge: the old-model route serves
+    run_backfill(c, new, order="random", batch_size=64, limit=limit)
+    return c, old, new, pool
+
+
+def test_pairs_are_the_items_in_both_spaces(tmp_path):
+    c, old, new, pool = _backfilled(tmp_path, n_images=40, limit=60)
+    pairs = backfilled_pairs(c, old.space_id)
+    assert sum(len(p.keys) for p in pairs.values()) == 60
+    for p in pairs.values():
+        assert p.new.shape[1] == 16 and p.old.shape[1] == 12 and len(p.keys) == len(p.new) == len(p.old)
+
+
+def test_a_fit_registers_a_bridge_per_direction_and_serves_it(tmp_path):
+    c, old, new, pool = _backfilled(tmp_path, limit=300)
+    before = c.plan
+    assert not [u for u in before.upgrades if u.kind == "fitted"]
+    rep = fit_collection_bridges(c, cfg=CFG, pool=pool)
+    sid = old.space_id
+    assert rep[sid]["t2i"]["swapped"] and rep[sid]["i2t"]["swapped"]
+    fitted = [u for u in c.plan.upgrades if u.kind == "fitted"]
+    assert {u.directions for u in fitted} >= {("t2i",), ("i2t",)}
+    for u in fitted:
+        manifest = json.loads((c.path / "bridges" / u.name / "upgrade.json").read_text())
+        assert manifest["kind"] == "fitted" and manifest["fitted"]["heldout"]["r1"] == u.info["heldout"]["r1"]
+        assert u.info["pairs"] > 0 and u.info["fitted_at"] and u.info["version"] == 1
+    # the new space is a linear map of the old one: the old model ranks exactly as the new one, so
+    # no bridge can beat it significantly and old-model is kept; the bridge route is available
+    table = route_table(c.plan)[sid]
+    assert table["t2i"]["route"] == "old-model" and "bridge" in table["t2i"]["available"]
+    assert table["t2i"]["calibration"]["fitted"]["family"] == rep[sid]["t2i"]["chosen"].split("@")[0]
+    assert rep[sid]["t2i"]["heldout"]["r1"] > 0.9  # the fitted map reproduces the new model's ranking
+    pin_route(c, sid, "t2i", "bridge")
+    c2 = Collection.open(c.path)
+    hits = Searcher(c2, pool=pool).search(text="caption 0 of image 3 seed 0", k=120, target="image").hits
+    assert hits and any(h.route == "bridge" for h in hits)
+    st = {(r["space"], r["direction"]): r for r in fitted_status(c.plan)}
+    assert st[(sid, "t2i")]["family"] in ("orthogonal", "ridge", "mlp") and st[(sid, "t2i")]["pairs"] > 0
+
+
+def test_a_refit_that_is_not_better_by_the_gain_is_not_swapped_in(tmp_path):
+    c, old, new, pool = _backfilled(tmp_path, limit=300)
+    fit_collection_bridges(c, cfg=CFG, pool=pool)
+    plan = c.plan
+    rep = fit_collection_bridges(c, cfg=CFG, pool=pool)  # same pairs: the same score at best
+    assert not any(e.get("swapped") for e in rep[old.space_id].values())
+    assert c.plan.upgrades == plan.upgrades and c.plan.routes == plan.routes
+    assert len(list((c.path / "bridges").glob("fitted-*-t2i-v*"))) == 1
+    # a serving bridge that cannot be read any more is replaced: version 2, one record per direction
+    serving = [u for u in c.plan.upgrades if u.kind == "fitted" and u.directions == ("t2i",)][0]
+    (c.path / "bridges" / serving.name / "fitted.safetensors").unlink()
+    fit_collection_bridges(c, cfg=CFG, pool=pool)
+    t2i = [u for u in c.plan.upgrades if u.kind == "fitted" and u.directions == ("t2i",)]
+    assert len(t2i) == 1 and t2i[0].info["version"] == 2 and t2i[0].path != serving.path
+
+
+def test_a_fit_that_dies_before_the_swap_leaves_the_serving_bridge(tmp_path, monkeypatch):
+    c, old, new, pool = _backfilled(tmp_path, limit=300)
+    fit_collection_bridges(c, cfg=CFG, pool=pool)
+    plan = c.plan
+    serving = [u for u in plan.upgrades if u.kind == "fitted" and u.directions == ("t2i",)][0]
+    tensors = c.path / "bridges" / serving.name / "fitted.safetensors"
+    tensors.rename(tensors.with_suffix(".aside"))  # unreadable for now: the next fit replaces it
+
+    def killed(*_a, **_kw):
+        raise KeyboardInterrupt("killed during the fit")
+
+    monkeypatch.setattr(Collection, "set_plan", killed)
+    with pytest.raises(KeyboardInterrupt):
+        fit_collection_bridges(c, cfg=CFG, pool=pool)
+    monkeypatch.undo()
+    tensors.with_suffix(".aside").rename(tensors)
+    again = Collection.open(c.path)
+    assert again.plan.upgrades == plan.upgrades  # the new version was written, never put in service
+    assert (c.path / "bridges" / serving.name.replace("-v1", "-v2")).is_dir()
+    pin_route(again, old.space_id, "t2i", "bridge")
+    hits = Searcher(Collection.open(c.path), pool=pool).search(text="caption 1 of image 3 seed 0", k=120,
+                                                                target="image").hits
+    assert any(h.route == "bridge" for h in hits)
+
+
+def test_a_pinned_route_is_kept(tmp_path):
+    c, old, new, pool = _backfilled(tmp_path, limit=300)
+    fit_collection_bridges(c, cfg=CFG, pool=pool)
+    pin_route(c, old.space_id, "t2i", "bridge")
+    serving = [u for u in c.plan.upgrades if u.kind == "fitted" and u.directions == ("t2i",)][0]
+    (c.path / "bridges" / serving.name / "fitted.safetensors").unlink()  # forces a new fit in
+    rep = fit_collection_bridges(c, cfg=CFG, pool=pool)
+    assert rep[old.space_id]["t2i"]["swapped"] and rep[old.space_id]["t2i"]["route"] == "old-model"
+    r = c.plan.route(old.space_id, "t2i")
+    assert r.pinned and r.route == "bridge"
+
+
+def test_too_few_pairs_fit_nothing(tmp_path):
+    c, old, new, pool = _backfilled(tmp_path, n_images=20, limit=10)
+    rep = fit_collection_bridges(c, cfg=CFG, pool=pool)
+    assert "skipped" in rep[old.space_id] and not [u for u in c.plan.upgrades if u.kind == "fitted"]
+
+
+def _upgraded_no_bridge(tmp_path, n_images: int, **fit_sample):
+    old, new, _ = related_pair()
+    pool = pool_with((OLD_REF, old), (NEW_REF, new))
+    data = make_folder(tmp_path / "data", n_images=n_images, captions_per_image=2)
+    c = Collection.create(tmp_path / "c", space_id=old.space_id, dim=old.embed_dim, model=OLD_REF, name="old")
+    add_items(c, old, folder_items(data).items, progress=False)
+    upgrade_collection(c, NEW_REF, pool=pool, fit_sample=fit_sample or None)
+    return c, old, new, pool
+
+
+def test_an_upgrade_without_a_bridge_backfills_a_sample_first_then_fits_and_refits(tmp_path, monkeypatch):
+    from nobackfill.lifecycle import backfill_fit, fit_bridges
+    from nobackfill.lifecycle.backfill_jobs import ORDER_FILE, _read
+
+    monkeypatch.setattr(fit_bridges, "FitBridgesConfig", lambda: CFG)
+    c, old, new, pool = _upgraded_no_bridge(tmp_path, 120, fraction=0.1, min_pairs=40, max_pairs=60)
+    assert backfill_fit.fit_state(c)["next"] is None
+    calls = []
+    real = fit_bridges.fit_collection_bridges
+
+    def counted(collection, **kw):
+        calls.append(backfill_fit.backfilled_count(collection, collection.current_space))
+        return real(collection, **{**kw, "cfg": CFG})
+
+    monkeypatch.setattr(fit_bridges, "fit_collection_bridges", counted)
+    run_backfill(c, new, order="sequential", batch_size=16, limit=16)
+    st = backfill_fit.fit_state(c)
+    assert st["next"] == 80  # 40 images + 40 captions: the stratified sample, the first threshold
+    order = _read(c, ORDER_FILE)
+    head = [c.get(i).modality for i in order[:80]]
+    assert head.count("image") == 40 and head.count("text") == 40
+    assert not calls
+    run_backfill(c, new, order="sequential", batch_size=16)
+    st = backfill_fit.fit_state(c)
+    # fits once the sample is in (80 pairs), at each doubling (160, 320), and at the end (360)
+    assert calls == [80, 160, 320, 360]
+    assert [f["pairs"] for f in st["fits"]] == calls
+    assert [u for u in c.plan.upgrades if u.kind == "fitted"]
+
+
+def test_an_upgrade_with_a_bridge_fits_nothing(tmp_path):
+    from _collection_helpers import write_procrustes_upgrade
+    from nobackfill.lifecycle import backfill_fit
+
+    old, new, w = related_pair()
+    pool = pool_with((OLD_REF, old), (NEW_REF, new))
+    data = make_folder(tmp_path / "data", n_images=10, captions_per_image=2)
+    c = Collection.create(tmp_path / "c", space_id=old.space_id, dim=old.embed_dim, model=OLD_REF, name="old")
+    add_items(c, old, folder_items(data).items, progress=False)
+    upgrade_collection(c, NEW_REF, bridges=[write_procrustes_upgrade(tmp_path / "up", w, new, old)], pool=pool)
+    assert backfill_fit.fit_state(c) is None
+
+
+def test_cli_upgrade_without_a_bridge_backfills_fits_and_status_shows_it(tmp_path, monkeypatch):
+    from typer.testing import CliRunner
+
+    import nobackfill.search.models as models
+    from nobackfill.cli import app
+    from nobackfill.lifecycle import backfill_fit, fit_bridges
+
+    old, new, _ = related_pair()
+    pool = pool_with((OLD_REF, old), (NEW_REF, new))
+    data = make_folder(tmp_path / "data", n_images=60, captions_per_image=2)
+    c = Collection.create(tmp_path / "c", space_id=old.space_id, dim=old.embed_dim, model=OLD_REF, name="old")
+    add_items(c, old, folder_items(data).items, progress=False)
+    monkeypatch.setattr(models, "ModelPool", lambda: pool)
+    monkeypatch.setattr(fit_bridges, "FitBridgesConfig", lambda: CFG)
+    cli = lambda *a: CliRunner().invoke(app, [str(x) for x in a])  # noqa: E731
+    r = cli("collection", "upgrade", c.path, "--model", NEW_REF)
+    assert r.exit_code == 0, r.output
+    assert "fits bridges" in " ".join(r.output.split())
+    assert backfill_fit.fit_state(Collection.open(c.path)) is not None
+    r = cli("collection", "backfill", c.path, "--order", "random", "--batch-size", 32)
+    assert r.exit_code == 0, r.output
+    r = cli("collection", "status", c.path)
+    out = " ".join(r.output.split())
+    assert r.exit_code == 0 and "fitted bridge t2i" in out and "bridge fits at 180 pairs" in out, out
+    r = cli("collection", "status", c.path, "--json")
+    st = json.loads(r.output)
+    assert {b["direction"] for b in st["fitted_bridges"]["serving"]} >= {"t2i", "i2t"}
+
+
+def test_http_upgrade_without_bridges_passes_fit_bridges(tmp_path):
+    pytest.importorskip("fastapi")
+    from fastapi.testclient import TestClient
+
+    from nobackfill.lifecycle import backfill_fit
+    from nobackfill.serve import KeyRing, ServeSettings, create_app
+
+    old, new, _ = related_pair()
+    model = tmp_path / "models" / "new"
+    model.mkdir(parents=True)
+    (model / "config.json").write_text("{}")
+    pool = pool_with((OLD_REF, old), (str(model.resolve()), new))
+    data = make_folder(tmp_path / "data", n_images=6, captions_per_image=2)
+    c = Collection.create(tmp_path / "c", space_id=old.space_id, dim=old.embed_dim, model=OLD_REF, name="old")
+    add_items(c, old, folder_items(data).items, progress=False)
+    settings = ServeSettings(collection=str(c.path), keys=KeyRing({"read": ["r" * 20], "admin": ["a" * 20]}),
+                             models_root=tmp_path / "models", upgrades_root=tmp_path / "upgrades")
+    (tmp_path / "upgrades").mkdir()
+    api = TestClient(create_app(settings, pool=pool))
+    r = api.post("/v1/upgrade", json={"model": "new"}, headers={"Authorization": "Bearer " + "a" * 20})
+    assert r.status_code == 200, r.text
+    assert backfill_fit.fit_state(Collection.open(c.path))["target"] == new.space_id
+    st = api.get("/v1/status", headers={"Authorization": "Bearer " + "r" * 20}).json()
+    assert st["fitted_bridges"]["enabled"] and st["fitted_bridges"]["serving"] == []
+
+
+def test_a_registered_bridge_is_one_more_candidate(tmp_path):
+    from _collection_helpers import write_procrustes_upgrade
+
+    old, new, w = related_pair()
+    pool = pool_with((OLD_REF, old), (NEW_REF, new))
+    data = make_folder(tmp_path / "data", n_images=120, captions_per_image=2)
+    c = Collection.create(tmp_path / "c", space_id=old.space_id, dim=old.embed_dim, model=OLD_REF, name="old")
+    add_items(c, old, folder_items(data).items, progress=False)
+    up = write_procrustes_upgrade(tmp_path / "up", w, new, old)  # an exact bridge
+    upgrade_collection(c, NEW_REF, bridges=[up], pool=pool, fit_bridges=False)
+    run_backfill(c, new, order="random", batch_size=64, limit=300)
+    rep = fit_collection_bridges(c, cfg=CFG, pool=pool)
+    e = rep[old.space_id]["t2i"]
+    assert e["chosen"] == "given" and e["heldout"]["r1"] == 1.0 and not e["swapped"]
+    assert not [u for u in c.plan.upgrades if u.kind == "fitted" and u.directions == ("t2i",)]

@@ -1,0 +1,190 @@
+"""Bridges fitted on (new, old) pairs: the families, the label-free score, the choice, the upgrade format."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from nobackfill.compat.fitted import (FAMILIES, FitConfig, FittedBridge, HeldOut, agreement, bridge_score,
+                                      choose_direction, fit_candidates, fit_family, heldout_mask, route_scores)
+from nobackfill.compat.upgrade import load_upgrade
+from nobackfill.encoders.base import l2_normalise
+
+FAST = FitConfig(epochs=30, hidden=64, max_steps=400)
+
+
+def _spaces(n: int, d_new: int = 24, d_old: int = 12, seed: int = 0, noise: float = 0.05):
+    """Items with a latent content ``z``: new vectors a rotation of ``z`` (padded), old ones a
+    linear map of it plus noise."""
+    rng = np.random.default_rng(seed)
+    z = rng.standard_normal((n, d_old))
+    rot, _ = np.linalg.qr(rng.standard_normal((d_new, d_new)))
+    new = l2_normalise((np.concatenate([z, 0.2 * rng.standard_normal((n, d_new - d_old))], 1) @ rot).astype(np.float32))
+    mix = np.eye(d_old) + 0.3 * rng.standard_normal((d_old, d_old))
+    old = l2_normalise((z @ mix + noise * rng.standard_normal((n, d_old))).astype(np.float32))
+    return new, old
+
+
+def _cos(a, b):
+    return float((l2_normalise(a) * l2_normalise(b)).sum(1).mean())
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_every_family_maps_held_out_items_close_to_their_old_vectors(family):
+    new, old = _spaces(900)
+    m = fit_family(family, new[:600], old[:600], FAST)
+    out = m(new[600:])
+    assert out.shape == (300, 12)
+    assert np.allclose(np.linalg.norm(out, axis=1), 1.0, atol=1e-5)
+    assert _cos(out, old[600:]) > 0.7  # chance is ~0
+    assert m.meta["pairs"] == 600 and m.meta["fit_s"] >= 0
+
+
+def test_orthogonal_map_of_equal_widths_is_orthogonal_and_recovers_a_rotation():
+    rng = np.random.default_rng(1)
+    x = l2_normalise(rng.standard_normal((200, 8)).astype(np.float32))
+    r, _ = np.linalg.qr(rng.standard_normal((8, 8)))
+    m = fit_family("orthogonal", x, x @ r.astype(np.float32))
+    w = m.tensors["w"]
+    assert np.allclose(w.T @ w, np.eye(8), atol=1e-4)
+    assert _cos(m(x), x @ r) > 0.999
+
+
+def test_mlps_are_seeded():
+    new, old = _spaces(400)
+    for family in ("mlp", "mlp-plain"):
+        a = fit_family(family, new, old, FAST)
+        b = fit_family(family, new, old, FAST)
+        assert all(np.array_equal(a.tensors[k], b.tensors[k]) for k in a.tensors)
+        c = fit_family(family, new, old, FitConfig(epochs=30, hidden=64, max_steps=400, seed=1))
+        assert not np.array_equal(a.tensors["w1"], c.tensors["w1"])
+
+
+def test_residual_mlp_keeps_the_orthogonal_map_as_its_skip():
+    new, old = _spaces(400)
+    m, o = fit_family("mlp", new, old, FAST), fit_family("orthogonal", new, old)
+    assert np.allclose(m.tensors["w"], o.tensors["w"], atol=1e-5)
+
+
+def test_fitting_refuses_unpaired_or_too_few_rows():
+    new, old = _spaces(20)
+    with pytest.raises(ValueError, match="row-paired"):
+        fit_family("ridge", new, old[:10])
+    with pytest.raises(ValueError, match="at least 8 pairs"):
+        fit_family("ridge", new[:4], old[:4])
+    with pytest.raises(ValueError, match="unknown bridge famil"):
+        FitConfig(families=("nope",))
+
+
+def test_saved_fitted_bridge_is_an_upgrade_the_bridge_loader_serves(tmp_path):
+    new, old = _spaces(300)
+    for family in FAMILIES:
+        m = fit_family(family, new, old, FAST)
+        b = FittedBridge(m, "space-new", "space-old", {"pairs": 300, "heldout": {"r1": 0.5, "overlap10": 0.6}})
+        d = b.save(tmp_path / family)
+        manifest = json.loads((d / "upgrade.json").read_text())
+        assert manifest["kind"] == "fitted" and manifest["fitted"]["family"] == family
+        assert manifest["fitted"]["heldout"]["r1"] == 0.5 and manifest["fitted"]["fitted_at"]
+        assert "fitted.safetensors" in manifest["files"]
+        up = load_upgrade(d)
+        assert up.is_bridge
+        loaded = up.bridge()
+        assert (loaded.source, loaded.target, loaded.family) == ("space-new", "space-old", family)
+        assert np.array_equal(loaded(new[:5]), b(new[:5]))
+    assert not list(tmp_path.rglob("*.pkl")) and not list(tmp_path.rglob("*.pt"))
+
+
+def test_damaged_fitted_upgrade_is_refused_with_its_directory(tmp_path):
+    new, old = _spaces(100)
+    d = FittedBridge(fit_family("ridge", new, old), "a", "b").save(tmp_path / "u")
+    (d / "fitted.safetensors").write_bytes(b"not a tensor file")
+    with pytest.raises(ValueError, match="sha256 differs"):
+        load_upgrade(d).bridge()
+    m = json.loads((d / "upgrade.json").read_text())
+    m["files"] = {}
+    m["fitted"]["family"] = "nope"
+    (d / "upgrade.json").write_text(json.dumps(m))
+    with pytest.raises(ValueError, match="fitted.family"):
+        load_upgrade(d).bridge()
+
+
+def _held(new_q, new_g, old_g, old_q=None, exclude=None):
+    return HeldOut("t2i", new_q, new_g, old_g, old_q, exclude)
+
+
+def test_agreement_is_one_for_the_new_models_own_ranking_and_low_for_noise():
+    new, old = _spaces(300)
+    held = _held(new[:100], new[100:], new[100:])  # "old" vectors equal to the new ones
+    assert agreement(new[:100] @ new[100:].T, held) == {"r1": 1.0, "overlap10": 1.0}
+    rng = np.random.default_rng(0)
+    assert agreement(rng.standard_normal((100, 200)), held)["r1"] < 0.1
+
+
+def test_same_modality_queries_do_not_find_themselves():
+    new, old = _spaces(200)
+    held = HeldOut("t2t", new, new, old, exclude=np.arange(200))
+    ref = held.reference()
+    assert not np.any(ref[:, 0] == np.arange(200))
+
+
+def test_route_choice_keeps_the_old_model_unless_the_bridge_agrees_better():
+    new, old = _spaces(600, noise=0.3)
+    good = fit_family("ridge", new[:400], old[:400])
+    held = _held(new[400:500], new[500:], old[500:], old_q=old[400:500])
+    rng = np.random.default_rng(0)
+    junk = l2_normalise(rng.standard_normal((100, 12)).astype(np.float32))
+    r = route_scores(held, junk)
+    assert r["route"] == "old-model" and r["w"] is None
+    r = route_scores(held, good(new[400:500]))
+    assert r["bridge"]["r1"] > 0
+    assert r["route"] in ("bridge", "fused", "old-model")
+    t = r["test"]  # the best bridge route against the old model, query by query
+    significant = t["wins"] - t["losses"] > t["z"] * np.sqrt(t["wins"] + t["losses"])
+    assert r["route"] == (t["route"] if significant else "old-model")
+    # a bridge that reproduces the new model's ranking exactly is clearly better: it serves
+    exact = HeldOut("t2i", new[400:500], new[500:], new[500:], old[400:500, :12] @ np.zeros((12, 24), np.float32)
+                    + l2_normalise(np.random.default_rng(1).standard_normal((100, 24)).astype(np.float32)))
+    r = route_scores(exact, new[400:500])
+    assert r["bridge"]["r1"] == 1.0 and r["route"] in ("bridge", "fused") and r["test"]["losses"] == 0
+    # a margin larger than any gain keeps the old model's route
+    assert route_scores(held, good(new[400:500]), margin=1.0)["route"] == "old-model"
+
+
+def test_choice_scores_every_candidate_and_refits_the_chosen_one_on_all_pairs():
+    new, old = _spaces(1200)
+    keys = [f"k{i}" for i in range(1000)]
+    held_mask = heldout_mask(keys, 0.2)
+    fit_idx, held_idx = np.flatnonzero(~held_mask), np.flatnonzero(held_mask)
+    pairs_fit = {"image": (new[fit_idx], old[fit_idx])}
+    cands = fit_candidates(pairs_fit, FAST)
+    assert set(cands) == {f"{f}@image" for f in FAMILIES}  # no text pairs: no text or both sets
+    rng = np.random.default_rng(0)
+    held = _held(new[1000:], new[held_idx], old[held_idx])
+    junk = l2_normalise(rng.standard_normal((200, 12)).astype(np.float32))
+    ch = choose_direction(held, cands, given={"user-bridge": junk}, pairs={"image": (new[:1000], old[:1000])}, cfg=FAST)
+    assert set(ch.scores) == set(cands) | {"user-bridge"}
+    assert ch.chosen != "user-bridge" and ch.heldout == ch.scores[ch.chosen]
+    assert ch.bridge.meta["pairs"] == 1000 and ch.bridge.meta["candidate"] == ch.chosen
+    assert ch.to_json()["route"] == ch.route
+    # a given bridge chosen: nothing fitted to serve
+    held2 = _held(old[1000:], old[held_idx], old[held_idx])  # the reference is old/old
+    ch2 = choose_direction(held2, {}, given={"user-bridge": old[1000:], "junk": junk})
+    assert ch2.chosen == "user-bridge" and ch2.bridge is None and ch2.scores["user-bridge"]["r1"] == 1.0
+
+
+def test_heldout_mask_is_deterministic_and_near_its_fraction():
+    keys = [f"item-{i}" for i in range(5000)]
+    a, b = heldout_mask(keys, 0.2), heldout_mask(list(reversed(keys)), 0.2)
+    assert np.array_equal(a, b[::-1])
+    assert 0.17 < a.mean() < 0.23
+    with pytest.raises(ValueError):
+        heldout_mask(keys, 0.0)
+
+
+def test_bridge_score_is_agreement_of_the_bridged_queries():
+    new, old = _spaces(300)
+    held = _held(new[:100], new[100:], old[100:])
+    m = fit_family("ridge", new[100:], old[100:])
+    assert bridge_score(m(new[:100]), held) == agreement(m(new[:100]) @ old[100:].T, held)
