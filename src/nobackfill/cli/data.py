@@ -8,7 +8,7 @@ from typing import List, Optional
 
 import typer
 
-from ._common import (config_option, console, fail, multi30k_default, resolve_config, results, set_option,
+from ._common import (config_option, fail, multi30k_default, resolve_config, results, set_option,
                       show_config_option)
 
 

@@ -8,7 +8,7 @@ from typing import List, Optional
 
 import typer
 
-from ._common import console, fail, langs_option, report_skipped, results, skip_bad_hint, user_errors, warn_truncated
+from ._common import fail, langs_option, report_skipped, results, skip_bad_hint, user_errors, warn_truncated
 
 
 def _warn_long_captions(enc, read, root: Path) -> None:

@@ -9,7 +9,7 @@ from typing import List, Optional
 
 import typer
 
-from ._common import (_bench, config_option, console, fail, json_flag, resolve_config, results, set_option,
+from ._common import (_bench, config_option, fail, json_flag, resolve_config, results, set_option,
                       show_config_option)
 
 

@@ -8,7 +8,7 @@ from typing import List, Optional
 import typer
 
 from ._common import report_skipped, results, skip_bad_hint
-from ._common import (_bench, config_option, console, fail, json_flag, langs_option, resolve_config, set_option,
+from ._common import (_bench, config_option, fail, json_flag, langs_option, resolve_config, set_option,
                       show_config_option)
 
 

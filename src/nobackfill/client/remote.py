@@ -12,7 +12,7 @@ from typing import Any, Callable, Mapping, Sequence
 import httpx
 
 from .base import Client, check_image_file
-from .errors import (AlreadyExists, ClientError, InvalidRequest, NotFound, ServerError, Unreachable, as_client_error,
+from .errors import (AlreadyExists, InvalidRequest, NotFound, ServerError, Unreachable, as_client_error,
                      backfill_refused, error_for)
 from .types import AddResult, ImportResult, ItemInfo, SearchResults, UpgradeResult
 

@@ -30,9 +30,7 @@ the searcher's routes) hides the difference.
 from __future__ import annotations
 
 import contextlib
-import json
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
 from pathlib import Path
 from typing import Iterator, Sequence
 
@@ -41,23 +39,14 @@ import torch
 import torch.nn.functional as F
 
 from ..encoders.base import DualEncoder
-from ..encoders.hf import atomic_model_dir
 from ..gallery.atomic_files import read_tagged_json
 from ..gallery.types import SpaceMismatchError
 from ..progress import progress_bar
 from .adapters import AdapterConfig, Adapters
 from .bridges import PhiBridge, ProcrustesBridge
 from .phi import Projection
+from .upgrade_files import FORMAT, KINDS, TEXT_KINDS, UPGRADE_FILE, VECTOR_KINDS, VERSION, atomic_dir, write_manifest
 
-UPGRADE_FILE = "upgrade.json"
-FORMAT = "nobackfill-upgrade"
-VERSION = 1
-ADAPTER_KINDS = ("xbt", "xbt-text", "direct-lora", "direct-base")
-#: kinds whose model is text-only (no image tower): applied, they give a :class:`TextUpgradedEncoder`
-TEXT_KINDS = ("xbt-text",)
-ENCODER_KINDS = ADAPTER_KINDS + ("direct-full",)
-VECTOR_KINDS = ("phi", "procrustes", "fitted")
-KINDS = ENCODER_KINDS + VECTOR_KINDS
 
 
 def space_info(encoder: DualEncoder, space_id: str | None = None, dim: int | None = None) -> dict:
@@ -234,33 +223,6 @@ class TextUpgradedEncoder(UpgradedEncoder):
 
 def _upgraded_class(kind: str) -> type[UpgradedEncoder]:
     return TextUpgradedEncoder if kind in TEXT_KINDS else UpgradedEncoder
-
-
-# ----------------------------------------------------------------------------- files
-def atomic_dir(directory: str | Path, write) -> Path:
-    """Write an upgrade directory atomically (:func:`nobackfill.encoders.hf.atomic_model_dir`),
-    ``upgrade.json`` last, so a reader sees the old manifest or a complete new upgrade."""
-    return atomic_model_dir(directory, write, commit_last=UPGRADE_FILE)
-
-
-def _file_hashes(directory: Path) -> dict[str, str]:
-    """sha256 of every file of an upgrade directory but its manifest and training logs."""
-    from ..gallery.atomic_files import file_sha256
-
-    skip = {UPGRADE_FILE, "train_log.jsonl", "checkpoint.pt"}
-    return {str(p.relative_to(directory)): file_sha256(p) for p in sorted(Path(directory).rglob("*"))
-            if p.is_file() and p.name not in skip and not p.name.startswith(".")
-            and p.relative_to(directory).parts[0] != "stage1"}
-
-
-def write_manifest(directory: Path, kind: str, source: dict, target: dict, **extra) -> None:
-    """``upgrade.json``, with the sha256 of every file written before it (checked on load)."""
-    if kind not in KINDS:
-        raise ValueError(f"unknown upgrade kind {kind!r}; kinds: {KINDS}")
-    manifest = {"format": FORMAT, "version": VERSION, "kind": kind, "source": source, "target": target,
-                "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-                **{k: v for k, v in extra.items() if v is not None}, "files": _file_hashes(Path(directory))}
-    (Path(directory) / UPGRADE_FILE).write_text(json.dumps(manifest, indent=2, default=str))
 
 
 def save_vector_upgrade(directory: str | Path, bridge, source: dict, target: dict,

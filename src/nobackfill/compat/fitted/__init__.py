@@ -6,6 +6,8 @@
   ranking of held-out backfilled items; the route choice (bridge / fused / old-model) by it.
 * :mod:`.choose` - every candidate per pair set, scored and chosen per direction.
 * :mod:`.bridge` - :class:`FittedBridge`, a vector bridge saved as an upgrade directory (kind ``fitted``).
+
+May import: ``encoders``.
 """
 
 from __future__ import annotations

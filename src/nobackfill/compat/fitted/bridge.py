@@ -54,7 +54,7 @@ class FittedBridge(VectorBridge):
         """Write the upgrade directory atomically (``upgrade.json`` last)."""
         from safetensors.numpy import save_file
 
-        from ..upgrade import atomic_dir, write_manifest
+        from ..upgrade_files import atomic_dir, write_manifest
 
         src = dict(source or {"space_id": self.source, "name": "", "embed_dim": self.source_dim})
         tgt = dict(target or {"space_id": self.target, "name": "", "embed_dim": self.target_dim})
