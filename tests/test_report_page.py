@@ -118,3 +118,13 @@ def test_the_demo_page_in_a_real_browser(page_path, tmp_path, width):
     assert lay["innerWidth"] == width and lay["scrollWidth"] <= vw, lay
     assert all(r <= vw + 0.5 for key in ("images", "boxes", "pre") for r in lay[key]) and lay["default"] <= vw, lay
     assert any(natural > shown + 1 for natural, shown in lay["imgWidths"]), lay  # a plot was scaled down
+
+
+def test_the_fitted_bridge_row_is_in_the_table_and_the_plot(tmp_path):
+    """A demo result with the fitted bridge's row shows it, named with its pairs, beside XBT."""
+    from nobackfill.demo import row_labels
+
+    result = {**demo_result(), "fitted": demo_result()["xbt"], "fitted_bridge": {"scenes": 512}}
+    assert row_labels(result)["fitted"] == "fitted bridge (512 pairs)"
+    page = write_report(tmp_path / "report.html", result).read_text()
+    assert "<td>fitted bridge (512 pairs)</td>" in page or ">fitted bridge (512 pairs)<" in page

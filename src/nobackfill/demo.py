@@ -112,15 +112,23 @@ def live_upgrade(world: Path, models_dir: Path, out: Path, limit: int | None,
     return measure_backfill(cfg, log=log)
 
 
+def row_labels(result: dict) -> dict[str, str]:
+    """The table's name of each row of ``result``: :data:`LABELS`, and the fitted bridge's with its pairs."""
+    labels = {k: v for k, v in LABELS.items() if k in result}
+    if "fitted" in result:
+        labels["fitted"] = f"fitted bridge ({result.get('fitted_bridge', {}).get('scenes', '?')} pairs)"
+    return labels
+
+
 def write_report(path: Path, result: dict, live: dict | None = None) -> Path:
     """The demo's page: how to read it, the retrieval table and plot of ``result``'s rows, the live
     upgrade's curves and tables (``live``: what :func:`live_upgrade` measured) and every number as
     JSON. Tables are HTML tables and plots scale to the window (:func:`nobackfill.report.write_html`)."""
-    rows = {k: result[k] for k in LABELS if k in result}
-    header, body = recall_table_rows({LABELS[k]: rows[k] for k in rows})
-    order = [k for k in PLOT_ORDER if k in rows]
+    labels = row_labels(result)
+    header, body = recall_table_rows({labels[k]: result[k] for k in labels})
+    order = [k for k in PLOT_ORDER if k in labels]
     title = f"world test split: {result['n_images']} images, {result['n_captions']} captions"
-    bars = figure_html(recall_bar_plot({LABELS[k]: rows[k] for k in order}, title))
+    bars = figure_html(recall_bar_plot({labels[k]: result[k] for k in order}, title))
     sections = [("How to read this", _READING_GUIDE),
                 ("Retrieval (recall in %, higher is better)", bars + html_table(header, body))]
     if live is not None:
@@ -151,11 +159,9 @@ def run_demo(world: str | Path = "data/world", models_dir: str | Path = "models"
     gallery = index_pairs(old, data, out / "gallery-old", model_ref=str(models_dir / "world-old"), progress=progress)
     log("scoring old/old, new/new, raw new/old and XBT new/old (one compatibility report) ...")
     rows, extras = compat_rows(old, new, data, gallery, models_dir, log)
-    labels = {k: LABELS[k] for k in rows}
     try:  # bridges fitted from a backfill's first scenes, beside XBT
         log(f"fitting bridges on the first {FITTED_SCENES} train scenes (no bridge, no training) ...")
         rows["fitted"], more = fitted_row(old, new, world, data, FITTED_SCENES, log)
-        labels["fitted"] = f"fitted bridge ({more['fitted_bridge']['scenes']} pairs)"
         extras.update(more)
     except (FileNotFoundError, ValueError) as e:  # no train split, or too few scenes to fit on
         log(f"skipping row fitted bridge: {e}")
@@ -163,7 +169,8 @@ def run_demo(world: str | Path = "data/world", models_dir: str | Path = "models"
     result.update({"n_images": len(data), "n_captions": len(data.captions),
                    "spaces": {"old": old.space_id, "new": new.space_id, "gallery": gallery.space_id},
                    "seconds": round(time.time() - t0, 1), **extras})
-    header, body = recall_table_rows({labels[k]: rows[k] for k in rows})
+    labels = row_labels(result)
+    header, body = recall_table_rows({labels[k]: result[k] for k in labels})
     log(text_table(header, body))
     live = live_upgrade(world, models_dir, out, limit, log)
     if live is not None:
