@@ -39,8 +39,9 @@ class ServerProcess:
     ``command`` (given the port as its last argument)."""
 
     def __init__(self, collection: Path | None = None, keys: Path | None = None, models_root: Path | None = None,
-                 *, command: Sequence[str] | None = None) -> None:
+                 *, command: Sequence[str] | None = None, options: Sequence[str] = ()) -> None:
         self.collection, self.keys, self.models_root = collection, keys, models_root
+        self.options = list(options)  # more options of ``nobackfill serve``
         self.command = list(command) if command is not None else None
         self.port = _free_port()
         self.proc: subprocess.Popen | None = None
@@ -55,7 +56,7 @@ class ServerProcess:
         t0 = time.time()
         cmd = [*self.command, str(self.port)] if self.command is not None else \
             [sys.executable, "-m", "nobackfill.cli", "serve", str(self.collection), "--port", str(self.port),
-             "--keys", str(self.keys), "--models-root", str(self.models_root)]
+             "--keys", str(self.keys), "--models-root", str(self.models_root), *self.options]
         self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
         while time.time() - t0 < timeout_s:
             if self.proc.poll() is not None:
@@ -95,7 +96,8 @@ def floor_app(model: str, vectors: np.ndarray, threads: int = 1) -> Any:
     import faiss
     import torch
     from fastapi import FastAPI
-    from fastapi.responses import ORJSONResponse
+    import orjson
+    from fastapi.responses import Response
 
     from ..search import ModelPool
 
@@ -109,10 +111,11 @@ def floor_app(model: str, vectors: np.ndarray, threads: int = 1) -> Any:
         return {"ok": True}
 
     @app.post("/v1/search")
-    def search(q: FloorQuery) -> ORJSONResponse:
+    def search(q: FloorQuery) -> Response:
         torch.set_num_threads(threads)  # per calling thread, as the service's batcher sets it
         scores, rows = index.search(encoder.encode_texts([q.text]), q.k)
-        return ORJSONResponse({"hits": [{"row": int(r), "score": float(s)} for r, s in zip(rows[0], scores[0])]})
+        hits = [{"row": int(r), "score": float(s)} for r, s in zip(rows[0], scores[0])]
+        return Response(orjson.dumps({"hits": hits}), media_type="application/json")  # serialised once
 
     return app
 

@@ -1,0 +1,50 @@
+"""The rows `bench serve` adds: the floor app (the same encoder and an exact faiss index behind one
+route), one row from several turns of a load, and the tables of the latency and encoder rows."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+from fastapi.testclient import TestClient
+
+from nobackfill.bench.serve_encoders import format_markdown as encoders_markdown
+from nobackfill.bench.serve_latency import floor_app
+from nobackfill.bench.serve_rows import _median_run, latency_markdown
+from nobackfill.encoders import load_encoder
+
+MODEL = Path(__file__).resolve().parents[1] / "models" / "world-old"
+
+
+def test_the_floor_answers_with_the_encoder_and_an_exact_index():
+    enc = load_encoder(MODEL)
+    vectors = enc.encode_texts([f"a {c} circle" for c in ("red", "green", "blue", "yellow")] + ["a purple square"])
+    api = TestClient(floor_app(str(MODEL), vectors))
+    assert api.get("/healthz").json() == {"ok": True}
+    hits = api.post("/v1/search", json={"text": "a blue circle", "k": 3}).json()["hits"]
+    assert [h["row"] for h in hits][0] == 2 and len(hits) == 3
+    want = (vectors @ enc.encode_texts(["a blue circle"])[0])
+    assert abs(hits[0]["score"] - float(want.max())) < 1e-5
+    assert api.post("/v1/search", json={"k": 3}).status_code == 422
+
+
+def test_one_row_from_several_turns_is_their_median():
+    turns = [{"concurrency": 8, "requests": 10, "errors": e, "p50_ms": p, "p99_ms": 3 * p, "rps": r}
+             for e, p, r in ((0, 2.0, 100.0), (1, 9.0, 10.0), (0, 3.0, 80.0))]
+    row = _median_run(turns)
+    assert row == {"concurrency": 8, "requests": 30, "errors": 1, "p50_ms": 3.0, "p99_ms": 9.0, "rps": 80.0,
+                   "turns": 3}
+
+
+def test_the_tables_name_every_row():
+    r = {"concurrency": 1, "requests": 3, "errors": 0, "p50_ms": 2.5, "p99_ms": 3.0, "rps": 400.0}
+    lat = {"idle_c1": r, "idle_c8": {**r, "concurrency": 8}, "floor_c1": {**r, "p50_ms": 2.0},
+           "floor_c8": r, "c1_p50_over_floor": 1.25, "c8_rps_over_floor": 1.0}
+    md = latency_markdown(lat)
+    assert "| floor: same encoder + faiss behind one FastAPI route | 1 | 3 | 0 | 2.0 |" in md and "1.25x" in md
+    speed = {"max_abs_diff_fp32": 1e-7, "max_abs_diff_int8": 8e-3, **{n: {"batch_1_ms_per_query": 1.0,
+             "batch_32_ms_per_query": 0.5} for n in ("torch", "onnx_fp32", "onnx_int8")}}
+    recall = {k: {"torch": 0.5, "onnx_fp32": 0.5, "onnx_int8": 0.49, "int8_minus_torch": -0.01}
+              for k in ("world_t2i", "multi30k_val_t2t")}
+    md = encoders_markdown({"speed": speed, "int8_recall": recall})
+    assert "| ONNX Runtime int8 | 1.0 | 0.5 | 8.0e-03 |" in md and "-0.01" in md
