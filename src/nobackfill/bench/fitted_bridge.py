@@ -38,22 +38,15 @@ import numpy as np
 from ..compat.fitted import FitConfig, choose_direction, fit_candidates, heldout_mask
 from ..compat.fitted.agreement import FUSED
 from .fitted_bridge_rows import Direction, Pool, held_out, query_overhead_us, recall_r
+from .world_collection import UpgradeInputs
 
 Log = Callable[[str], None]
 
 
 @dataclass
-class FittedBridgeBenchConfig:
+class FittedBridgeBenchConfig(UpgradeInputs):
     """Models, data, the points of the curve and the fit."""
 
-    models: Path = Path("models")
-    world: Path = Path("data/world")
-    upgrade: Path = Path("upgrades/world-old-to-new")
-    text_old: Path = Path("models/m30k-old-text")
-    text_new: str = "minilm"
-    text_upgrade: Path = Path("upgrades/m30k-old-text-to-minilm")
-    multi30k: Path | None = None
-    eval_dir: Path | None = None
     cache_dir: Path = Path("runs/cache")
     points: tuple[int, ...] = (128, 256, 512, 1000, 2000, 5000)
     world_items: int | None = None  # train images of the collection (None: the whole split)

@@ -24,7 +24,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from .world_collection import embedded_collection, hit_ranks, upgraded_world_collection, world_eval
+from .world_collection import UpgradeInputs, embedded_collection, hit_ranks, upgraded_world_collection, world_eval
 
 from ..collection.collection import Collection
 from ..collection.ingest import text_item
@@ -41,17 +41,9 @@ ROUTE_OF_ROW = {"old_old": "old-model", "bridge": "bridge", "fused": "fused"}
 
 
 @dataclass
-class RoutesBenchConfig:
+class RoutesBenchConfig(UpgradeInputs):
     """Where the models, data and upgrades are, and how much of each split is used."""
 
-    models: Path = Path("models")
-    world: Path = Path("data/world")
-    upgrade: Path = Path("upgrades/world-old-to-new")
-    text_old: Path = Path("models/m30k-old-text")
-    text_new: str = "minilm"
-    text_upgrade: Path = Path("upgrades/m30k-old-text-to-minilm")
-    multi30k: Path | None = None
-    eval_dir: Path | None = None
     work: Path = Path("runs/bench/routes-work")
     test_images: int | None = None  # None: the whole split
     calib_images: int | None = None

@@ -5,6 +5,7 @@ one embedded by ``world-old`` and live-upgraded to ``world-new`` with the shippe
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
@@ -14,6 +15,22 @@ from ..lifecycle.measure import embedded_collection, fresh_dir, hit_ranks, upgra
 from ..lifecycle.measure import split_queries as world_eval
 from ..search import ModelPool
 from ..search.models import model_ref
+
+
+@dataclass
+class UpgradeInputs:
+    """Where the shipped models, data and upgrades of the two upgrades the system benches measure
+    are: world-old -> world-new (world), and m30k-old-text -> MiniLM (Multi30K, ``multi30k``: default
+    the shared copy; ``eval_dir``: another split)."""
+
+    models: Path = Path("models")
+    world: Path = Path("data/world")
+    upgrade: Path = Path("upgrades/world-old-to-new")
+    text_old: Path = Path("models/m30k-old-text")
+    text_new: str = "minilm"
+    text_upgrade: Path = Path("upgrades/m30k-old-text-to-minilm")
+    multi30k: Path | None = None
+    eval_dir: Path | None = None
 
 
 def upgraded_world_collection(cfg: Any, pool: ModelPool, ev: WorldEval, path: Path,
@@ -26,4 +43,4 @@ def upgraded_world_collection(cfg: Any, pool: ModelPool, ev: WorldEval, path: Pa
                                calibration=cfg.world, calib_images=cfg.calib_images, log=log)
 
 
-__all__ = ["WorldEval", "embedded_collection", "fresh_dir", "hit_ranks", "upgraded_world_collection", "world_eval"]
+__all__ = ["UpgradeInputs", "WorldEval", "embedded_collection", "fresh_dir", "hit_ranks", "upgraded_world_collection", "world_eval"]

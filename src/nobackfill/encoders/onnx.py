@@ -46,38 +46,22 @@ def _sha256(path: Path) -> str:
         return hashlib.sha256(f.read()).hexdigest()
 
 
-class _TextTower:
-    """The torch module exported for the text tower: ``l2(text_features(ids, mask))``."""
+def _tower(encoder: Any, tower: str) -> Any:
+    """The torch module exported for ``tower``: ``l2(text_features(ids, mask))`` or
+    ``l2(image_features(pixel_values))`` of ``encoder`` (its model registered, so export sees the weights)."""
+    import torch
 
-    def __new__(cls, encoder: Any):
-        import torch
+    features = encoder.text_features if tower == "text" else encoder.image_features
 
-        class TextTower(torch.nn.Module):
-            def __init__(self) -> None:
-                super().__init__()
-                self.encoder_model = encoder.model  # registered, so export sees the weights
+    class Tower(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.encoder_model = encoder.model
 
-            def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
-                return torch.nn.functional.normalize(encoder.text_features(input_ids, attention_mask), dim=-1)
+        def forward(self, *inputs: torch.Tensor) -> torch.Tensor:
+            return torch.nn.functional.normalize(features(*inputs), dim=-1)
 
-        return TextTower().eval()
-
-
-class _ImageTower:
-    """The torch module exported for the image tower: ``l2(image_features(pixel_values))``."""
-
-    def __new__(cls, encoder: Any):
-        import torch
-
-        class ImageTower(torch.nn.Module):
-            def __init__(self) -> None:
-                super().__init__()
-                self.encoder_model = encoder.model
-
-            def forward(self, pixel_values: torch.Tensor) -> torch.Tensor:
-                return torch.nn.functional.normalize(encoder.image_features(pixel_values), dim=-1)
-
-        return ImageTower().eval()
+    return Tower().eval()
 
 
 def _text_batch(encoder: Any, texts: Sequence[str]) -> dict[str, np.ndarray]:
@@ -105,9 +89,11 @@ def _session(path: Path) -> Any:
     return ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"])
 
 
-def _export(module: Any, args: tuple, names: list[str], axes: dict[str, dict[int, str]], path: Path) -> None:
+def _export(module: Any, arrays: tuple, names: list[str], axes: dict[str, dict[int, str]], path: Path) -> None:
+    """``module`` traced on ``arrays`` (numpy) into ``path``, with ``axes`` dynamic."""
     import torch
 
+    args = tuple(torch.from_numpy(a) for a in arrays)
     with warnings.catch_warnings(), torch.inference_mode(False), torch.no_grad():
         warnings.simplefilter("ignore")  # the TorchScript exporter's deprecation and tracer notes
         torch.onnx.export(module, args, str(path), input_names=names, output_names=["embedding"],
@@ -162,19 +148,17 @@ def export_onnx(model_dir: str | Path, *, int8: bool = False, towers: Sequence[s
     tmp = Path(tempfile.mkdtemp(prefix=".onnx.", dir=model_dir))
     try:
         for tower in towers:
+            module = _tower(encoder, tower)
             if tower == "text":
-                module = _TextTower(encoder)
                 feeds = [_text_batch(encoder, CHECK_TEXTS[:1]), _text_batch(encoder, CHECK_TEXTS[1:4]),
                          _text_batch(encoder, CHECK_TEXTS)]
                 axes = {"input_ids": {0: "batch", 1: "sequence"}, "attention_mask": {0: "batch", 1: "sequence"}}
             else:
-                module = _ImageTower(encoder)
                 px = _check_images(encoder)
                 feeds = [{"pixel_values": px[:1]}, {"pixel_values": px}]
                 axes = {"pixel_values": {0: "batch"}}
             path = tmp / f"{tower}.onnx"
-            example = tuple(__import__("torch").from_numpy(v) for v in feeds[-1].values())
-            _export(module, example, list(feeds[0]), axes, path)
+            _export(module, tuple(feeds[-1].values()), list(feeds[0]), axes, path)
             diff = _max_diff(module, _session(path), feeds)
             if diff > max_abs_diff:
                 raise ValueError(f"{model_dir}: the exported {tower} tower differs from torch by {diff:.2e} "
