@@ -123,3 +123,51 @@ def test_the_cli_exports_and_reports(tmp_path):
     assert json.loads((d / "onnx" / "export.json").read_text())["towers"].keys() == {"text"}
     r = CliRunner().invoke(app, ["export-onnx", str(tmp_path / "nope")])
     assert r.exit_code == 2 and "not a model directory" in r.output
+
+
+def test_export_on_first_load_writes_the_cache_beside_the_model_once(tmp_path, monkeypatch, caplog):
+    """Mode ``export``: the first load of a model without an export exports it into ``MODEL/onnx/`` and
+    serves it on ONNX Runtime; a later load finds the export and does not redo it; mode ``auto`` never
+    exports."""
+    monkeypatch.delenv("NOBACKFILL_ONNX", raising=False)
+    d = tmp_path / "world-old"
+    shutil.copytree(ROOT / "models" / "world-old", d)
+    assert not isinstance(ModelPool().get(str(d)), OnnxEncoder)  # auto: no export, torch
+    assert onnx_export_info(d) is None
+    enc = ModelPool(onnx="export").get(str(d))
+    assert isinstance(enc, OnnxEncoder) and onnx_export_info(d)["space_id"] == enc.space_id
+    stamp = (d / "onnx" / "export.json").stat().st_mtime_ns
+    monkeypatch.setenv("NOBACKFILL_ONNX", "export")
+    again = ModelPool().get(str(d))
+    assert isinstance(again, OnnxEncoder) and (d / "onnx" / "export.json").stat().st_mtime_ns == stamp
+    want = load_encoder(d).encode_texts(TEXTS)
+    assert np.abs(again.encode_texts(TEXTS) - want).max() <= 1e-4
+
+
+def test_export_on_first_load_falls_back_to_torch_when_it_cannot_write(tmp_path, monkeypatch, caplog):
+    d = tmp_path / "world-old"
+    shutil.copytree(ROOT / "models" / "world-old", d)
+
+    def refuse(*_a, **_k):
+        raise PermissionError(13, "Permission denied", str(d))
+
+    monkeypatch.setattr("nobackfill.encoders.onnx.export_onnx", refuse)
+    with caplog.at_level("WARNING", logger="nobackfill.search.models"):
+        enc = ModelPool(onnx="export").get(str(d))
+    assert not isinstance(enc, OnnxEncoder)
+    assert "could not export" in caplog.text and "serving it on torch" in caplog.text
+
+
+def test_an_unknown_onnx_mode_is_refused_naming_it(monkeypatch):
+    with pytest.raises(ValueError, match="onnx must be one of auto, export, int8, off, got 'fast'"):
+        ModelPool(onnx="fast")
+    monkeypatch.setenv("NOBACKFILL_ONNX", "fast")
+    with pytest.raises(ValueError, match="NOBACKFILL_ONNX must be one of"):
+        ModelPool().get(str(ROOT / "models" / "world-old"))
+
+
+def test_the_cli_choices_are_the_pool_modes():
+    from nobackfill.cli.serve import ONNX_CHOICES
+    from nobackfill.search.models import ONNX_MODES
+
+    assert ONNX_CHOICES == ONNX_MODES

@@ -298,6 +298,11 @@ def test_serve_cli_roots(tmp_path, monkeypatch):
     assert (seen[0].models_root, seen[0].upgrades_root) == (Path("models"), Path("upgrades"))
     assert seen[0].limits.max_k == Limits().max_k == 1000  # the largest k of the in-process client too
     assert (seen[1].models_root, seen[1].upgrades_root) == (Path("m"), Path("u"))
+    r = runner.invoke(cli, ["serve", "photos", "--keys", str(keys), "--onnx", "export"])
+    assert r.exit_code == 0 and seen[2].onnx == "export", r.output
+    r = runner.invoke(cli, ["serve", "photos", "--keys", str(keys), "--onnx", "fast"])
+    assert r.exit_code != 0 and "--onnx must be one of auto, export, int8, off, got 'fast'" in r.output
+    assert len(seen) == 3
     help_text = runner.invoke(cli, ["serve", "--help"], terminal_width=200).output
     assert "--models-root" in help_text and "--upgrades-root" in help_text
 

@@ -9,6 +9,9 @@ import typer
 
 from ._common import console, fail, user_errors
 
+#: ``serve --onnx`` (nobackfill.search.models.ONNX_MODES, named here so the command fails before loading torch)
+ONNX_CHOICES = ("auto", "export", "int8", "off")
+
 
 def serve(
     collection: str = typer.Argument(..., help="The collection: a directory or a storage URI."),
@@ -32,6 +35,10 @@ def serve(
     query_cache: int = typer.Option(4096, help="Text query embeddings kept in memory (LRU; 0: none); hits in /metrics."),
     query_threads: int = typer.Option(1, help="torch threads that embed a batch of queries (more pays for a large "
                                               "query model on an idle machine; one is faster for small ones)."),
+    onnx: Optional[str] = typer.Option(None, help="Query encoders on ONNX Runtime (pip install 'nobackfill[onnx]'): "
+                                       "auto (an exported model runs on it), export (also export a model on first "
+                                       "load, into MODEL/onnx/), int8 (the quantised export), off. Default: "
+                                       "$NOBACKFILL_ONNX, else auto."),
 ) -> None:
     """Serve a collection: search, items, status, upgrades and the backfill over HTTP (API under /v1,
     OpenAPI at /docs), Prometheus metrics at /metrics, a web page at /."""
@@ -39,10 +46,12 @@ def serve(
 
     from ..serve import KeyRing, Limits, ServeSettings, create_app
 
+    if onnx is not None and onnx.strip().lower() not in ONNX_CHOICES:
+        fail(f"--onnx must be one of {', '.join(ONNX_CHOICES)}, got {onnx!r}")
     try:
         settings = ServeSettings(collection=collection, keys=KeyRing.load(keys), models_root=models_root,
                                  upgrades_root=upgrades_root, data_root=data_root, uploads=uploads, query_cache=query_cache,
-                                 query_threads=query_threads,
+                                 query_threads=query_threads, onnx=onnx,
                                  limits=Limits(max_body_bytes=int(max_body_mb * 2**20), max_image_pixels=max_image_pixels,
                                                max_k=max_k, max_batch=max_batch))
         app = create_app(settings)

@@ -11,6 +11,7 @@ queries, unchanged, from other threads.
 from __future__ import annotations
 
 import copy
+import logging
 import os
 import threading
 from pathlib import Path
@@ -20,6 +21,8 @@ from ..encoders.base import DualEncoder
 from ..encoders.onnx import OnnxEncoder, onnx_encoder
 from ..gallery.types import SpaceMismatchError
 from .query_cache import DEFAULT_QUERY_CACHE, QueryCache
+
+log = logging.getLogger(__name__)
 
 __all__ = ["ModelPool", "model_ref"]
 
@@ -32,16 +35,49 @@ def model_ref(path: str | Path) -> str:
     return str(Path(s).resolve())
 
 
-#: ``NOBACKFILL_ONNX``: ``1`` (default) runs a model's exported ONNX towers when onnxruntime is
-#: installed, ``int8`` their quantised copies, ``0`` always torch
+#: ``NOBACKFILL_ONNX`` (or ``ModelPool(onnx=...)``, ``serve --onnx``): ``auto`` / ``1`` (default) runs a
+#: model's exported ONNX towers when onnxruntime is installed, ``export`` also exports them on first load
+#: where there is no export of these weights yet (into ``<model>/onnx/``, beside the model), ``int8`` runs
+#: their quantised copies, ``off`` / ``0`` always torch
 ONNX_ENV = "NOBACKFILL_ONNX"
+ONNX_MODES = ("auto", "export", "int8", "off")
+_MODE_ALIASES = {"1": "auto", "true": "auto", "yes": "auto", "on": "auto", "0": "off", "false": "off", "no": "off"}
 
 
-def _on_onnx(encoder: DualEncoder, ref: str) -> DualEncoder:
-    """``encoder`` on ONNX Runtime where the model directory holds a checked export of it."""
-    mode = os.environ.get(ONNX_ENV, "1").strip().lower()
-    if mode in ("0", "false", "no", "off") or not Path(ref).is_dir():
+def onnx_mode(mode: str | None = None) -> str:
+    """``mode`` (or ``NOBACKFILL_ONNX``, or ``auto``) as one of :data:`ONNX_MODES`."""
+    raw = (mode if mode is not None else os.environ.get(ONNX_ENV, "auto")).strip().lower()
+    got = _MODE_ALIASES.get(raw, raw)
+    if got not in ONNX_MODES:
+        src = "onnx" if mode is not None else ONNX_ENV
+        raise ValueError(f"{src} must be one of {', '.join(ONNX_MODES)}, got {raw!r}")
+    return got
+
+
+def _export_on_first_load(encoder: DualEncoder, ref: str) -> None:
+    """Export ``encoder``'s towers beside its model (``<ref>/onnx/``) unless an export of these weights is
+    there; an export that cannot be made (no onnx / onnxruntime, a read-only directory, a check above
+    the threshold) is logged and the model served on torch."""
+    from ..encoders.onnx import export_onnx, onnx_export_info
+
+    info = onnx_export_info(ref)
+    if info is not None and info.get("space_id") == encoder.space_id:
+        return
+    try:
+        export_onnx(ref)
+        log.info("exported %s to ONNX Runtime (%s/onnx)", ref, ref)
+    except (ImportError, OSError, ValueError) as e:
+        log.warning("could not export %s to ONNX Runtime (%s); serving it on torch", ref, e)
+
+
+def _on_onnx(encoder: DualEncoder, ref: str, mode: str | None = None) -> DualEncoder:
+    """``encoder`` on ONNX Runtime where the model directory holds a checked export of it (made now
+    with mode ``export``)."""
+    mode = onnx_mode(mode)
+    if mode == "off" or not Path(ref).is_dir():
         return encoder
+    if mode == "export" and hasattr(encoder, "text_features"):
+        _export_on_first_load(encoder, ref)
     return onnx_encoder(encoder, ref, int8=mode == "int8")
 
 
@@ -50,7 +86,8 @@ class ModelPool:
     directory with an ONNX export of the same weights (``nobackfill export-onnx``) is served on ONNX
     Runtime (:data:`ONNX_ENV`)."""
 
-    def __init__(self, query_cache: int = DEFAULT_QUERY_CACHE) -> None:
+    def __init__(self, query_cache: int = DEFAULT_QUERY_CACHE, onnx: str | None = None) -> None:
+        self.onnx = onnx_mode(onnx) if onnx is not None else None  # None: NOBACKFILL_ONNX when a model loads
         self.query_cache = QueryCache(query_cache)  # text query embeddings of these encoders (0: none kept)
         self._models: dict[str, DualEncoder] = {}
         self._upgraded: dict[tuple[str, tuple[str, ...]], DualEncoder] = {}
@@ -63,7 +100,7 @@ class ModelPool:
         with self._lock:
             enc = self._models.get(key)
             if enc is None:
-                enc = self._models[key] = _on_onnx(load_encoder(key), key)
+                enc = self._models[key] = _on_onnx(load_encoder(key), key, self.onnx)
         if space_id is not None and enc.space_id != space_id:
             raise SpaceMismatchError(space_id, enc.space_id, f"load the {what} at {key}", what=f"model at {key}",
                                      hint="the collection recorded another model for this space; restore that "

@@ -74,3 +74,4 @@ class ServeSettings:
     warm: bool = True
     query_cache: int = 4096  # text query embeddings kept (LRU; 0: none)
     query_threads: int = 1  # torch intra-op threads for query encoding (the search batcher's thread)
+    onnx: str | None = None  # query encoders on ONNX Runtime: auto / export / int8 / off (None: NOBACKFILL_ONNX)
