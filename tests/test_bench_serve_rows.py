@@ -42,9 +42,25 @@ def test_the_tables_name_every_row():
            "floor_c8": r, "c1_p50_over_floor": 1.25, "c8_rps_over_floor": 1.0}
     md = latency_markdown(lat)
     assert "| floor: same encoder + faiss behind one FastAPI route | 1 | 3 | 0 | 2.0 |" in md and "1.25x" in md
-    speed = {"max_abs_diff_fp32": 1e-7, "max_abs_diff_int8": 8e-3, **{n: {"batch_1_ms_per_query": 1.0,
-             "batch_32_ms_per_query": 0.5} for n in ("torch", "onnx_fp32", "onnx_int8")}}
+    row = {"torch": {"batch_1_ms_per_query": 3.0, "batch_32_ms_per_query": 0.5},
+           **{n: {"batch_1_ms_per_query": 1.5, "batch_32_ms_per_query": 0.5} for n in ("onnx_fp32", "onnx_int8")}}
+    speed = {"max_abs_diff_fp32": 1e-7, "max_abs_diff_int8": 8e-3, "threads": 1, **row,
+             "by_threads": {"1": row, "2": {**row, "torch": {"batch_1_ms_per_query": 6.0, "batch_32_ms_per_query": 1.0}}}}
     recall = {k: {"torch": 0.5, "onnx_fp32": 0.5, "onnx_int8": 0.49, "int8_minus_torch": -0.01}
               for k in ("world_t2i", "multi30k_val_t2t")}
     md = encoders_markdown({"speed": speed, "int8_recall": recall})
-    assert "| ONNX Runtime int8 | 1.0 | 0.5 | 8.0e-03 |" in md and "-0.01" in md
+    assert "| ONNX Runtime int8 | 1 | 1.5 | 0.5 | 2.00x | 8.0e-03 |" in md and "-0.01" in md
+    assert "| ONNX Runtime fp32 | 2 | 1.5 | 0.5 | 4.00x | 1.0e-07 |" in md and "| torch | 2 | 6.0 | 1.0 | 1.00x | - |" in md
+
+
+def test_the_encoders_take_turns_on_the_same_batches():
+    """Timed call by call in turn, so a slow moment of the machine falls on every encoder alike."""
+    from nobackfill.bench.serve_encoders import _ms_per_query
+
+    calls = []
+    encoders = {name: (lambda name: lambda b: calls.append((name, tuple(b))))(name) for name in ("a", "b")}
+    got = _ms_per_query(encoders, [f"t{i}" for i in range(7)], batch=3, seconds=0.0)
+    assert set(got) == {"a", "b"} and all(v >= 0 for v in got.values())
+    assert [c[0] for c in calls] == ["a", "b"] * (len(calls) // 2) and len(calls) >= 12
+    assert all(calls[i][1] == calls[i + 1][1] for i in range(0, len(calls), 2))  # the same batch, in turn
+    assert calls[2][1] == ("t0", "t1", "t2") and calls[4][1] == ("t3", "t4", "t5")

@@ -171,3 +171,10 @@ def test_the_cli_choices_are_the_pool_modes():
     from nobackfill.search.models import ONNX_MODES
 
     assert ONNX_CHOICES == ONNX_MODES
+
+
+def test_the_pool_gives_its_sessions_the_query_threads(exported, monkeypatch):
+    monkeypatch.delenv("NOBACKFILL_ONNX", raising=False)
+    for n in (1, 2):
+        enc = ModelPool(onnx_threads=n).get(str(exported))
+        assert {s.get_session_options().intra_op_num_threads for s in enc.sessions.values()} == {n}

@@ -36,43 +36,72 @@ def _b32_sized(tokenizer_from: Path, out: Path) -> Path:
     return out
 
 
-def _ms_per_query(encode: Callable[[list[str]], Any], texts: Sequence[str], batch: int, seconds: float) -> float:
-    """Median milliseconds per query of ``encode`` on batches of ``batch`` texts, over ~``seconds``."""
-    encode(list(texts[:batch]))  # warm-up
-    times, i, t_end = [], 0, time.perf_counter() + seconds
-    while time.perf_counter() < t_end or len(times) < 5:
-        b = [texts[(i + j) % len(texts)] for j in range(batch)]
-        t0 = time.perf_counter()
-        encode(b)
-        times.append((time.perf_counter() - t0) * 1000 / batch)
-        i += batch
-    return round(float(np.median(times)), 3)
+def _ms_per_query(encoders: dict[str, Callable[[list[str]], Any]], texts: Sequence[str], batch: int,
+                  seconds: float) -> dict[str, float]:
+    """Median milliseconds per query of each of ``encoders`` on batches of ``batch`` texts, over
+    ~``seconds``. The encoders take turns call by call on the same batch, so a slow moment of the
+    machine (another process) falls on all of them alike."""
+    for encode in encoders.values():
+        encode(list(texts[:batch]))  # warm-up
+    times: dict[str, list[float]] = {name: [] for name in encoders}
+    i, t_end = 0, time.perf_counter() + seconds
+    while time.perf_counter() < t_end or i < 5:
+        b = [texts[(i * batch + j) % len(texts)] for j in range(batch)]
+        for name, encode in encoders.items():
+            t0 = time.perf_counter()
+            encode(b)
+            times[name].append((time.perf_counter() - t0) * 1000 / batch)
+        i += 1
+    return {name: round(float(np.median(t)), 3) for name, t in times.items()}
 
 
-def _encoders(model_dir: Path, towers: Sequence[str]) -> dict[str, Any]:
-    """``{"torch", "onnx_fp32", "onnx_int8"}`` encoders of ``model_dir`` (exported here, int8 too)."""
+def _encoders(model_dir: Path, towers: Sequence[str], threads: int | None = None) -> dict[str, Any]:
+    """``{"torch", "onnx_fp32", "onnx_int8"}`` encoders of ``model_dir`` (exported here, int8 too), the
+    ONNX Runtime sessions on ``threads`` intra-op threads (None: its default)."""
     from ..encoders import load_encoder
-    from ..encoders.onnx import export_onnx, onnx_encoder
+    from ..encoders.onnx import export_onnx, onnx_encoder, onnx_export_info
 
-    info = export_onnx(model_dir, int8=True, towers=towers)
+    info = onnx_export_info(model_dir)
+    if info is None or "int8" not in info["towers"].get(towers[0], {}):
+        info = export_onnx(model_dir, int8=True, towers=towers)
     plain = load_encoder(model_dir)
-    return {"torch": plain, "onnx_fp32": onnx_encoder(plain, model_dir), "onnx_int8": onnx_encoder(plain, model_dir, int8=True),
-            "export": info}
+    return {"torch": plain, "onnx_fp32": onnx_encoder(plain, model_dir, threads=threads),
+            "onnx_int8": onnx_encoder(plain, model_dir, int8=True, threads=threads), "export": info}
 
 
-def tower_speed(models: Path, texts: Sequence[str], work: Path, seconds: float = 3.0) -> dict[str, Any]:
-    """ms per query at batch 1 and 32 of the B/32-sized text tower: torch, ONNX fp32, ONNX int8."""
+#: the thread counts the text tower is timed at: the service's default (``serve --query-threads 1``)
+#: and this machine's cores
+THREADS = (1, 2)
+
+
+def tower_speed(models: Path, texts: Sequence[str], work: Path, seconds: float = 3.0,
+                threads: Sequence[int] = THREADS) -> dict[str, Any]:
+    """ms per query at batch 1 and 32 of the B/32-sized text tower: torch, ONNX fp32, ONNX int8, each
+    thread count of ``threads`` given to both runtimes alike (torch's intra-op threads, ONNX
+    Runtime's). The top-level rows are the first (the service's default: one query thread)."""
+    import torch
+
     d = _b32_sized(models / "world-old", work / "b32-sized-text")
-    encs = _encoders(d, ["text"])
-    out: dict[str, Any] = {"shapes": B32_TEXT, "max_abs_diff_fp32": encs["export"]["towers"]["text"]["max_abs_diff"],
-                           "max_abs_diff_int8": encs["export"]["towers"]["text"]["int8"]["max_abs_diff"]}
-    for name in ("torch", "onnx_fp32", "onnx_int8"):
-        out[name] = {f"batch_{b}_ms_per_query": _ms_per_query(encs[name].encode_texts, texts, b, seconds)
-                     for b in (1, 32)}
-    for b in (1, 32):
-        key = f"batch_{b}_ms_per_query"
-        out[f"onnx_fp32_speedup_batch_{b}"] = round(out["torch"][key] / out["onnx_fp32"][key], 2)
-    return out
+    before = torch.get_num_threads()
+    per: dict[str, Any] = {}
+    try:
+        for n in threads:
+            torch.set_num_threads(n)
+            encs = _encoders(d, ["text"], threads=n)
+            runs = {name: encs[name].encode_texts for name in ("torch", "onnx_fp32", "onnx_int8")}
+            row: dict[str, Any] = {name: {} for name in runs}
+            for b in (1, 32):
+                for name, ms in _ms_per_query(runs, texts, b, seconds).items():
+                    row[name][f"batch_{b}_ms_per_query"] = ms
+            for b in (1, 32):
+                key = f"batch_{b}_ms_per_query"
+                row[f"onnx_fp32_speedup_batch_{b}"] = round(row["torch"][key] / row["onnx_fp32"][key], 2)
+            per[str(n)] = row
+    finally:
+        torch.set_num_threads(before)
+    tower = encs["export"]["towers"]["text"]
+    return {"shapes": B32_TEXT, "max_abs_diff_fp32": tower["max_abs_diff"], "max_abs_diff_int8": tower["int8"]["max_abs_diff"],
+            "threads": threads[0], **per[str(threads[0])], "by_threads": per}
 
 
 def int8_recall(models: Path, world_test: Path, multi30k: Path, work: Path) -> dict[str, Any]:
@@ -105,11 +134,14 @@ def int8_recall(models: Path, world_test: Path, multi30k: Path, work: Path) -> d
 
 def format_markdown(enc: dict[str, Any]) -> str:
     s = enc["speed"]
-    lines = ["| query text tower (ViT-B/32 shapes) | batch 1 ms/query | batch 32 ms/query | max abs diff vs torch |",
-             "|---|---:|---:|---:|"]
-    for name, label, diff in (("torch", "torch", "-"), ("onnx_fp32", "ONNX Runtime fp32", f"{s['max_abs_diff_fp32']:.1e}"),
-                              ("onnx_int8", "ONNX Runtime int8", f"{s['max_abs_diff_int8']:.1e}")):
-        lines.append(f"| {label} | {s[name]['batch_1_ms_per_query']} | {s[name]['batch_32_ms_per_query']} | {diff} |")
+    lines = ["| query text tower (ViT-B/32 shapes) | threads | batch 1 ms/query | batch 32 ms/query | batch 1 speed-up "
+             "| max abs diff vs torch |", "|---|---:|---:|---:|---:|---:|"]
+    for n, row in s.get("by_threads", {str(s.get("threads", "-")): s}).items():
+        for name, label, diff in (("torch", "torch", "-"), ("onnx_fp32", "ONNX Runtime fp32", f"{s['max_abs_diff_fp32']:.1e}"),
+                                  ("onnx_int8", "ONNX Runtime int8", f"{s['max_abs_diff_int8']:.1e}")):
+            b1 = row[name]["batch_1_ms_per_query"]
+            lines.append(f"| {label} | {n} | {b1} | {row[name]['batch_32_ms_per_query']} | "
+                         f"{row['torch']['batch_1_ms_per_query'] / b1:.2f}x | {diff} |")
     lines += ["", "| R@1 (gallery by torch) | torch | ONNX fp32 | ONNX int8 | int8 - torch |", "|---|---:|---:|---:|---:|"]
     for k, label in (("world_t2i", "world test t2i (world-old)"), ("multi30k_val_t2t", "Multi30K val t2t (m30k-old-text)")):
         r = enc["int8_recall"][k]
@@ -117,4 +149,4 @@ def format_markdown(enc: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
-__all__ = ["B32_TEXT", "format_markdown", "int8_recall", "tower_speed"]
+__all__ = ["B32_TEXT", "THREADS", "format_markdown", "int8_recall", "tower_speed"]

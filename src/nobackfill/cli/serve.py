@@ -33,8 +33,9 @@ def serve(
     backfill: Optional[str] = typer.Option(None, help="Start a backfill in the server at once, in this order."),
     log_level: str = typer.Option("warning", help="uvicorn log level."),
     query_cache: int = typer.Option(4096, help="Text query embeddings kept in memory (LRU; 0: none); hits in /metrics."),
-    query_threads: int = typer.Option(1, help="torch threads that embed a batch of queries (more pays for a large "
-                                              "query model on an idle machine; one is faster for small ones)."),
+    query_threads: int = typer.Option(1, help="Threads that embed a batch of queries (torch's, or each ONNX Runtime "
+                                              "session's; more pays for a large query model on an idle machine, one is "
+                                              "faster for small ones)."),
     onnx: Optional[str] = typer.Option(None, help="Query encoders on ONNX Runtime (pip install 'nobackfill[onnx]'): "
                                        "auto (an exported model runs on it), export (also export a model on first "
                                        "load, into MODEL/onnx/), int8 (the quantised export), off. Default: "

@@ -81,11 +81,14 @@ def _check_images(encoder: Any) -> np.ndarray:
     return encoder.preprocessor(imgs).numpy()
 
 
-def _session(path: Path) -> Any:
+def _session(path: Path, threads: int | None = None) -> Any:
+    """An ONNX Runtime CPU session of ``path`` on ``threads`` intra-op threads (None: its default, the cores)."""
     import onnxruntime as ort
 
     opts = ort.SessionOptions()
     opts.log_severity_level = 3
+    if threads:
+        opts.intra_op_num_threads = int(threads)
     return ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"])
 
 
@@ -242,9 +245,11 @@ class OnnxEncoder(DualEncoder):
         return self.encoder.save(directory)
 
 
-def onnx_encoder(encoder: DualEncoder, model_dir: str | Path, *, int8: bool = False) -> DualEncoder:
+def onnx_encoder(encoder: DualEncoder, model_dir: str | Path, *, int8: bool = False,
+                 threads: int | None = None) -> DualEncoder:
     """``encoder`` on ONNX Runtime when ``model_dir`` holds an export of these weights and
-    ``onnxruntime`` is installed (``int8``: the quantised towers, where exported); otherwise
+    ``onnxruntime`` is installed (``int8``: the quantised towers, where exported; ``threads``: each
+    session's intra-op threads, None for ONNX Runtime's default); otherwise
     ``encoder`` itself. A file whose sha256 differs from the export's record is not used."""
     info = onnx_export_info(model_dir)
     if info is None or info.get("space_id") != encoder.space_id:
@@ -259,6 +264,6 @@ def onnx_encoder(encoder: DualEncoder, model_dir: str | Path, *, int8: bool = Fa
         path = Path(model_dir) / EXPORT_DIR / str(entry.get("file", ""))
         if tower not in encoder.modalities or not path.is_file() or _sha256(path) != entry.get("sha256"):
             continue
-        sessions[tower] = _session(path)
+        sessions[tower] = _session(path, threads)
         files[tower] = str(path)
     return OnnxEncoder(encoder, sessions, files) if sessions else encoder

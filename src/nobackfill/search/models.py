@@ -70,7 +70,7 @@ def _export_on_first_load(encoder: DualEncoder, ref: str) -> None:
         log.warning("could not export %s to ONNX Runtime (%s); serving it on torch", ref, e)
 
 
-def _on_onnx(encoder: DualEncoder, ref: str, mode: str | None = None) -> DualEncoder:
+def _on_onnx(encoder: DualEncoder, ref: str, mode: str | None = None, threads: int | None = None) -> DualEncoder:
     """``encoder`` on ONNX Runtime where the model directory holds a checked export of it (made now
     with mode ``export``)."""
     mode = onnx_mode(mode)
@@ -78,7 +78,7 @@ def _on_onnx(encoder: DualEncoder, ref: str, mode: str | None = None) -> DualEnc
         return encoder
     if mode == "export" and hasattr(encoder, "text_features"):
         _export_on_first_load(encoder, ref)
-    return onnx_encoder(encoder, ref, int8=mode == "int8")
+    return onnx_encoder(encoder, ref, int8=mode == "int8", threads=threads)
 
 
 class ModelPool:
@@ -86,8 +86,10 @@ class ModelPool:
     directory with an ONNX export of the same weights (``nobackfill export-onnx``) is served on ONNX
     Runtime (:data:`ONNX_ENV`)."""
 
-    def __init__(self, query_cache: int = DEFAULT_QUERY_CACHE, onnx: str | None = None) -> None:
+    def __init__(self, query_cache: int = DEFAULT_QUERY_CACHE, onnx: str | None = None,
+                 onnx_threads: int | None = None) -> None:
         self.onnx = onnx_mode(onnx) if onnx is not None else None  # None: NOBACKFILL_ONNX when a model loads
+        self.onnx_threads = onnx_threads  # ONNX Runtime intra-op threads per session (None: its default)
         self.query_cache = QueryCache(query_cache)  # text query embeddings of these encoders (0: none kept)
         self._models: dict[str, DualEncoder] = {}
         self._upgraded: dict[tuple[str, tuple[str, ...]], DualEncoder] = {}
@@ -100,7 +102,7 @@ class ModelPool:
         with self._lock:
             enc = self._models.get(key)
             if enc is None:
-                enc = self._models[key] = _on_onnx(load_encoder(key), key, self.onnx)
+                enc = self._models[key] = _on_onnx(load_encoder(key), key, self.onnx, self.onnx_threads)
         if space_id is not None and enc.space_id != space_id:
             raise SpaceMismatchError(space_id, enc.space_id, f"load the {what} at {key}", what=f"model at {key}",
                                      hint="the collection recorded another model for this space; restore that "

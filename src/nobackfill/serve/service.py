@@ -28,7 +28,7 @@ class Service:
         if pool is None:
             from ..search import ModelPool
 
-            pool = ModelPool(query_cache=settings.query_cache, onnx=settings.onnx)
+            pool = ModelPool(query_cache=settings.query_cache, onnx=settings.onnx, onnx_threads=settings.query_threads)
         self.client = LocalClient(settings.collection, pool=pool, limits=settings.limits)
         lim = settings.limits
         self.models = request_models(lim.max_k, lim.max_caption_chars, lim.max_batch, lim.max_image_bytes)

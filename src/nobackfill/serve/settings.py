@@ -73,5 +73,5 @@ class ServeSettings:
     backfill_workers: int = 1
     warm: bool = True
     query_cache: int = 4096  # text query embeddings kept (LRU; 0: none)
-    query_threads: int = 1  # torch intra-op threads for query encoding (the search batcher's thread)
+    query_threads: int = 1  # intra-op threads for query encoding: torch (the search batcher's thread), ONNX Runtime sessions
     onnx: str | None = None  # query encoders on ONNX Runtime: auto / export / int8 / off (None: NOBACKFILL_ONNX)
