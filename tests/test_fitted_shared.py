@@ -157,3 +157,81 @@ def test_a_stored_version_is_never_overwritten_and_an_absent_one_is_named(tmp_pa
     assert [u.path for u in resolved.upgrades] == [str(tmp_path / "cache2" / "fitted-s-t2i-v1"),
                                                    "catalog:bridges/gone-v1"]
     assert errors == ["catalog:bridges/gone-v1"]
+
+
+def _fit_enabled(uri, tmp_path, n_images: int, **fit_sample):
+    from nobackfill.lifecycle.plan_changes import upgrade_collection
+
+    c, old, new, pool = _filled(uri, tmp_path, n_images)
+    upgrade_collection(c, NEW_REF, pool=pool, fit_sample=fit_sample)
+    return c, old, new, pool
+
+
+def test_one_fit_per_threshold_the_fit_lock_held_elsewhere_skips_it(tmp_path, postgres_db, monkeypatch):
+    from nobackfill.lifecycle import backfill_fit, fit_bridges
+
+    monkeypatch.setattr(fit_bridges, "FitBridgesConfig", lambda: CFG)
+    monkeypatch.setenv("NOBACKFILL_CACHE", str(tmp_path / "cache"))
+    uri = f"{tmp_path / 'shared'}?catalog={postgres_db}#photos"
+    c, old, new, pool = _fit_enabled(uri, tmp_path, 40, fraction=1.0, min_pairs=40, max_pairs=120)
+    run_backfill(c, new, order="random", batch_size=32, limit=96)  # the sample (all 120) not in yet: no fit
+    assert backfill_fit.fit_state(c)["fits"] == [] and not _fitted(c)
+    other = Collection.open(uri)  # another worker holds the fit lock (a PostgreSQL session lock)
+    with other.catalog.lock("backfill/fit", blocking=False) as taken:
+        assert taken
+        assert backfill_fit.maybe_fit(c, final=True, pool=pool, cfg=CFG) is None
+        assert backfill_fit.fit_state(c)["fits"] == [] and not _fitted(Collection.open(uri))
+    rep = backfill_fit.maybe_fit(c, final=True, pool=pool, cfg=CFG)  # released: this worker fits
+    assert rep and backfill_fit.fit_state(c)["fits"][0]["pairs"] == 96 and _fitted(Collection.open(uri))
+
+
+KILLED_BACKFILL = """
+import os, signal, sys
+sys.path.insert(0, {tests!r})
+from _collection_helpers import NEW_REF, OLD_REF, pool_with, related_pair
+from nobackfill.collection.collection import Collection
+from nobackfill.lifecycle import fit_bridges
+from nobackfill.lifecycle.backfill import run_backfill
+
+def killed(*a, **kw):
+    os.kill(os.getpid(), signal.SIGKILL)  # SIGKILLed while it fits
+
+fit_bridges.fit_candidates = killed
+old, new, _ = related_pair()
+run_backfill(Collection.open({uri!r}), new, order="sequential", batch_size=16)
+"""
+
+
+def test_a_backfill_killed_during_a_fit_keeps_the_serving_bridge_and_fits_again_when_resumed(tmp_path):
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    from nobackfill.lifecycle import backfill_fit, fit_bridges
+    from nobackfill.lifecycle.backfill import backfill_status
+
+    c, old, new, pool = _fit_enabled(tmp_path / "c", tmp_path, 120, fraction=0.1, min_pairs=40, max_pairs=60)
+    real = fit_bridges.fit_collection_bridges
+    fit_bridges.fit_collection_bridges = lambda collection, **kw: real(collection, **{**kw, "cfg": CFG, "pool": pool})
+    try:
+        run_backfill(c, new, order="sequential", batch_size=16, limit=96)  # the first fit at 80 pairs
+        serving = {u.directions: u for u in _fitted(Collection.open(c.path))}
+        assert {("t2i",), ("i2t",)} <= set(serving) and backfill_fit.fit_state(c)["next"] == 160
+        code = KILLED_BACKFILL.format(tests=os.path.dirname(__file__), uri=str(c.path))
+        p = subprocess.run([sys.executable, "-c", code], env={**os.environ}, capture_output=True, text=True,
+                           timeout=300)
+        assert p.returncode == -signal.SIGKILL, p.stderr[-2000:]
+        after = Collection.open(c.path)
+        assert {u.directions: u for u in _fitted(after)} == serving  # the serving bridges, untouched
+        st = backfill_fit.fit_state(after)
+        assert st["next"] == 160 and len(st["fits"]) == 1  # the threshold not moved: the fit is owed
+        assert 160 <= backfill_fit.backfilled_count(after, new.space_id) < 360
+        side = Searcher(after, pool=pool).query_side(old.space_id, "t2i", "bridge")  # served as before
+        assert side.bridge.info["version"] == serving[("t2i",)].info["version"]
+        run_backfill(after, new, order="sequential", batch_size=16)  # resumed: the owed fit, then the last
+        st = backfill_fit.fit_state(Collection.open(c.path))
+        assert [f["pairs"] for f in st["fits"]][-1] == 360 and len(st["fits"]) >= 3
+        assert backfill_status(Collection.open(c.path))["state"] == "done"
+    finally:
+        fit_bridges.fit_collection_bridges = real
