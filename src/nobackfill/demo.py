@@ -183,6 +183,8 @@ def plot_live_fitted(live_fit: dict, live: dict | None = None):
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    from .lifecycle.backfill_curve import finish_r1_figure
+
     fig, axes = plt.subplots(1, 2, figsize=(11, 4.6))
     steps = live_fit["steps"]
     for ax, d in zip(axes, ("t2i", "i2t")):
@@ -194,15 +196,9 @@ def plot_live_fitted(live_fit: dict, live: dict | None = None):
             cur = live["curves"][live["default"]][d]
             ax.plot([100 * p["fraction"] for p in cur], [100 * p["R@1"] for p in cur], "--o", ms=3, color="tab:red",
                     label=f"XBT bridge ({live['default']})")
-        ax.axhline(100 * steps[0][d], color="k", ls="--", lw=0.8, label="old/old (0 %)")
-        ax.axhline(100 * steps[-1][d], color="k", ls="-.", lw=0.8, label="new/new (100 %)")
-        ax.set_title(f"{d}: R@1 served while backfilling (pairs on the points)")
-        ax.set_xlabel("% of the collection backfilled")
-        ax.set_ylabel("R@1 %")
-    handles, labels = axes[0].get_legend_handles_labels()
-    fig.legend(handles, labels, fontsize=7, loc="lower center", ncol=4, frameon=False)
-    fig.tight_layout(rect=(0, 0.1, 1, 1))
-    return fig
+    return finish_r1_figure(fig, axes, {d: (steps[0][d], steps[-1][d]) for d in ("t2i", "i2t")},
+                            "{d}: R@1 served while backfilling (pairs on the points)", "% of the collection backfilled",
+                            ("old/old (0 %)", "new/new (100 %)"), ncol=4)
 
 
 def live_fitted_markdown(live_fit: dict) -> str:
