@@ -235,3 +235,27 @@ def test_a_backfill_killed_during_a_fit_keeps_the_serving_bridge_and_fits_again_
         assert backfill_status(Collection.open(c.path))["state"] == "done"
     finally:
         fit_bridges.fit_collection_bridges = real
+
+
+def test_two_readers_writing_one_stored_bridge_at_once_both_read_it(tmp_path, monkeypatch):
+    """Two processes of one machine materialize the same bridge at once: the one whose rename
+    loses reads the other's (identical) directory."""
+    from nobackfill.compat import upgrade_files
+
+    c, old, new, pool = _filled(tmp_path / "c", tmp_path, 4)
+    up = tmp_path / "up"
+    up.mkdir()
+    (up / "upgrade.json").write_text('{"kind": "fitted"}')
+    path = store_dir(c.catalog, up, "fitted-s-t2i-v1")
+    real = upgrade_files.atomic_dir
+
+    def raced(directory, write):
+        real(directory, write)  # the other process wins the rename ...
+        raise OSError("Directory not empty")  # ... this one's fails
+
+    monkeypatch.setattr(upgrade_files, "atomic_dir", raced)
+    d = materialize(c.catalog, path, tmp_path / "cache")
+    assert (d / "upgrade.json").read_text() == '{"kind": "fitted"}'
+    monkeypatch.setattr(upgrade_files, "atomic_dir", lambda directory, write: (_ for _ in ()).throw(OSError("disk")))
+    with pytest.raises(OSError, match="disk"):
+        materialize(c.catalog, path, tmp_path / "cache2")

@@ -97,7 +97,12 @@ def materialize(catalog: Any, path: str, cache: Path) -> Path:
             (tmp / f).parent.mkdir(parents=True, exist_ok=True)
             (tmp / f).write_bytes(data)
 
-    return atomic_dir(directory, write)
+    try:
+        return atomic_dir(directory, write)
+    except OSError:
+        if (directory / UPGRADE_FILE).is_file():  # another process of this machine wrote it meanwhile
+            return directory
+        raise
 
 
 def resolve_plan(plan: Any, catalog: Any, cache: Path, *, on_error: Callable[[str, Exception], None] | None = None) -> Any:
