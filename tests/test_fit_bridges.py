@@ -248,3 +248,19 @@ def test_a_registered_bridge_is_one_more_candidate(tmp_path):
     e = rep[old.space_id]["t2i"]
     assert e["chosen"] == "given" and e["heldout"]["r1"] == 1.0 and not e["swapped"]
     assert not [u for u in c.plan.upgrades if u.kind == "fitted" and u.directions == ("t2i",)]
+
+
+def test_fit_settings_recorded_by_the_upgrade_are_used_by_the_backfills_fits(tmp_path):
+    from nobackfill.lifecycle import backfill_fit
+
+    fit = {"families": ("ridge",), "epochs": 5, "max_steps": 50}
+    c, old, new, pool = _upgraded_no_bridge(tmp_path, 120, fraction=0.1, min_pairs=40, max_pairs=60, fit=fit)
+    assert backfill_fit.fit_state(c)["fit"]["families"] == ["ridge"]
+    run_backfill(c, new, order="sequential", batch_size=16, limit=96)  # the sample (80) in: one fit
+    fitted = [u for u in c.plan.upgrades if u.kind == "fitted"]
+    assert fitted and {u.info["family"] for u in fitted} == {"ridge"}
+    with pytest.raises(ValueError, match="fields"):
+        backfill_fit.enable_fit(c, new.space_id, fit={"famillies": ("ridge",)})
+    with pytest.raises(ValueError, match="unknown bridge families"):
+        backfill_fit.enable_fit(c, new.space_id, fit={"families": ("cubic",)})
+    assert backfill_fit.fit_state(c)["fit"]["families"] == ["ridge"]  # a refused setting changed nothing

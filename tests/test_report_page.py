@@ -128,3 +128,19 @@ def test_the_fitted_bridge_row_is_in_the_table_and_the_plot(tmp_path):
     assert row_labels(result)["fitted"] == "fitted bridge (512 pairs)"
     page = write_report(tmp_path / "report.html", result).read_text()
     assert "<td>fitted bridge (512 pairs)</td>" in page or ">fitted bridge (512 pairs)<" in page
+
+
+def test_the_live_upgrade_without_a_bridge_has_its_plot_and_table(tmp_path):
+    """The live upgrade without a bridge: a plot and one table row per step, with its pairs, R@1,
+    route and the bridge in service."""
+    steps = [{"fraction": f, "pairs": p, "t2i": t, "i2t": i, "routes": {"t2i": r, "i2t": "old-model"},
+              "bridges": b} for f, p, t, i, r, b in (
+        (0.0, 0, 0.316, 0.333, "old-model", {}),
+        (0.1, 300, 0.52, 0.40, "fused w=0.9", {"t2i": "mlp-plain@image on 128 pairs (v1)"}),
+        (1.0, 3000, 0.94, 0.941, "bridge", {"t2i": "mlp-plain@image on 1024 pairs (v3)"}))]
+    page = write_report(tmp_path / "report.html", demo_result(), None, {"steps": steps}).read_text()
+    part = page.split("Live upgrade without a bridge")[1]
+    assert part.count("<tr>") == 4 and "<img" in part  # a header and 3 steps, the plot
+    assert "<td>10%</td><td>300</td><td>52.0</td><td>fused w=0.9 (mlp-plain@image on 128 pairs (v1))</td>" in \
+        part.replace("\n", "")
+    assert "old-model (no bridge yet)" in part

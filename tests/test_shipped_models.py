@@ -56,6 +56,13 @@ def test_new_beats_old_and_raw_is_near_chance(tmp_path):
     # bridges fitted on 512 backfilled scenes, chosen without labels, beat old/old text -> image
     assert res["fitted"]["t2i"]["R@1"] > res["old_old"]["t2i"]["R@1"] + 0.1
     assert res["fitted_bridge"]["scenes"] == 512
+    # the live upgrade with no bridge: bridges fitted from its own backfill as it advances, served
+    # without labels, never below what the old model served (0 %)
+    steps = res["live_upgrade_fitted"]["steps"]
+    assert steps[0]["pairs"] == 0 and steps[-1]["fraction"] == 1.0 and not steps[0]["bridges"]
+    for d in ("t2i", "i2t"):
+        assert all(s[d] >= steps[0][d] - 0.005 for s in steps), [s[d] for s in steps]
+    assert "t2i" in steps[-1]["bridges"] and steps[-1]["t2i"] > steps[0]["t2i"] + 0.15
 
 
 UPGRADES = MODELS.parent / "upgrades"

@@ -171,13 +171,22 @@ def plot_curves(result: dict[str, Any]):
             ys = [100 * p["R@1"] for p in cur[d]]
             ax.plot(xs, ys, styles.get(merge, "-"), color=colours.get(order), marker="o", ms=3,
                     lw=2.2 if key == result["default"] else 1.0, label=key + (" (default)" if key == result["default"] else ""))
-        ax.axhline(100 * result["old_old"][d]["R@1"], color="k", ls="--", lw=0.8, label="old/old")
-        ax.axhline(100 * result["new_new"][d]["R@1"], color="k", ls="-.", lw=0.8, label="new/new")
-        ax.set_title(f"{d}: R@1 while backfilling (world test)")
-        ax.set_xlabel("% of the gallery backfilled")
+    refs = {d: (result["old_old"][d]["R@1"], result["new_new"][d]["R@1"]) for d in ("t2i", "i2t")}
+    return finish_r1_figure(fig, axes, refs, "{d}: R@1 while backfilling (world test)", "% of the gallery backfilled")
+
+
+def finish_r1_figure(fig, axes, refs: dict[str, tuple[float, float]], title: str, xlabel: str,
+                     ref_labels: tuple[str, str] = ("old/old", "new/new"), ncol: int = 6):
+    """A two-panel (t2i, i2t) R@1 figure finished: old/old and new/new (``refs[d]``, fractions) as
+    dashed lines, titles (``title`` with ``{d}``), axis labels and one legend below."""
+    for ax, d in zip(axes, ("t2i", "i2t")):
+        ax.axhline(100 * refs[d][0], color="k", ls="--", lw=0.8, label=ref_labels[0])
+        ax.axhline(100 * refs[d][1], color="k", ls="-.", lw=0.8, label=ref_labels[1])
+        ax.set_title(title.format(d=d))
+        ax.set_xlabel(xlabel)
         ax.set_ylabel("R@1 %")
     handles, labels = axes[0].get_legend_handles_labels()
-    fig.legend(handles, labels, fontsize=7, loc="lower center", ncol=6, frameon=False)
+    fig.legend(handles, labels, fontsize=7, loc="lower center", ncol=ncol, frameon=False)
     fig.tight_layout(rect=(0, 0.1, 1, 1))
     return fig
 
@@ -206,4 +215,4 @@ def curves_markdown(result: dict[str, Any]) -> str:
 
 
 __all__ = ["BackfillCurveConfig", "DEFAULT_ORDER", "FRACTIONS", "REGRET_TOLERANCE", "curves_markdown",
-           "measure_backfill", "no_regret", "plot_curves"]
+           "finish_r1_figure", "measure_backfill", "no_regret", "plot_curves"]

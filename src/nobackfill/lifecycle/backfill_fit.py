@@ -12,7 +12,8 @@ next commit, and the serving bridge stays until a better one is swapped in.
 
 from __future__ import annotations
 
-from typing import Any, Callable, Sequence
+from dataclasses import asdict, fields
+from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
@@ -24,12 +25,22 @@ DEFAULTS = {"fraction": 0.01, "min": 512, "max": 20000}
 
 
 def enable_fit(collection: Collection, target: str, *, fraction: float = 0.01, min_pairs: int = 512,
-               max_pairs: int = 20000) -> dict[str, Any]:
-    """Record that the backfill into ``target`` fits bridges (sample first, then refits)."""
+               max_pairs: int = 20000, fit: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """Record that the backfill into ``target`` fits bridges (sample first, then refits); ``fit``:
+    fields of :class:`~nobackfill.compat.fitted.FitConfig` every fit of this backfill uses (default:
+    its defaults), e.g. fewer families and MLP steps for a quick demo."""
+    from ..compat.fitted import FitConfig
+
     if not 0.0 < fraction <= 1.0 or min_pairs < 1 or max_pairs < min_pairs:
         raise ValueError(f"fit sample: fraction in (0, 1], 1 <= min <= max; got {fraction}, {min_pairs}, {max_pairs}")
     state = {"target": target, "fraction": fraction, "min": int(min_pairs), "max": int(max_pairs), "next": None,
              "fits": []}
+    if fit is not None:
+        try:
+            fit_cfg = asdict(FitConfig(**dict(fit)))
+        except TypeError as e:
+            raise ValueError(f"fit settings {dict(fit)}: {e} (fields: {[f.name for f in fields(FitConfig)]})") from None
+        state["fit"] = {k: list(v) if isinstance(v, tuple) else v for k, v in fit_cfg.items()}
     _write(collection, FIT_FILE, state)
     return state
 
@@ -100,6 +111,12 @@ def maybe_fit(collection: Collection, *, final: bool | None = False, pool: Any =
             return None  # fitted meanwhile
         from .fit_bridges import fit_collection_bridges
 
+        if cfg is None and st.get("fit"):  # the settings the upgrade recorded
+            from ..compat.fitted import FitConfig
+            from .fit_bridges import FitBridgesConfig
+
+            cfg = FitBridgesConfig(fit=FitConfig(**{k: tuple(v) if isinstance(v, list) else v
+                                                    for k, v in st["fit"].items()}))
         try:
             report = fit_collection_bridges(collection, cfg=cfg, pool=pool, log=log)
         except Exception as e:  # a failed fit never stops the backfill: it is recorded, the serving bridge stays

@@ -7,33 +7,32 @@ the pairs outside a held-out fifth of the items (split by item key, the same ite
 and per old space and direction chooses without labels (agreement with the new model's ranking of
 the backfilled items, held-out queries of the direction's query modality). The bridge serving that
 direction, if any, is scored on the same held-out items; the new fit replaces it only if its score
-is higher by ``min_gain``. A new bridge is written as a versioned upgrade directory
-(``<collection>/bridges/fitted-<space>-<direction>-v<k>``, ``upgrade.json`` last), then the plan
-swaps it in with its route (bridge / fused / old-model, by the same score) in one transaction; a
-process killed during a fit leaves the serving bridge and plan as they were. A route pinned by a
+is higher by ``min_gain``. A new bridge is stored in the collection's catalog as a versioned upgrade
+directory (``fitted-<space>-<direction>-v<k>``, :mod:`nobackfill.compat.fitted.stored`: one
+transaction, a version never reused), so every machine of a shared deployment (PostgreSQL + Milvus)
+reads it; then the plan swaps it in with its route (bridge / fused / old-model, by the same score) in
+one transaction; a process killed during a fit leaves the serving bridge and plan as they were. A route pinned by a
 user, or chosen on labels (``calibrate``), is kept.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
-from pathlib import Path
 from typing import Any, Callable
 
 import numpy as np
 
 from ..compat.fitted import FitConfig, FittedBridge, HeldOut, choose_direction, fit_candidates, heldout_mask
+from ..compat.fitted.stored import collection_cache, is_stored, materialize, next_version, save_stored
 from ..collection.collection import Collection
 from ..catalog.plan import Plan, RouteChoice, UpgradeRecord
 from ..search.routes import DIRECTIONS, RoutePlanner
 from ..search.models import ModelPool
 
 __all__ = ["FitBridgesConfig", "backfilled_pairs", "fit_collection_bridges", "fitted_bridges", "fitted_status"]
-
-BRIDGES_DIR = "bridges"
-
 
 @dataclass
 class FitBridgesConfig:
@@ -122,11 +121,9 @@ def fit_collection_bridges(collection: Collection, *, cfg: FitBridgesConfig | No
     Returns ``{space: {direction: {"swapped", "chosen", "heldout", "serving", "route", "path"}}}``."""
     cfg = cfg or FitBridgesConfig()
     say = log or (lambda _m: None)
-    if not isinstance(collection.path, Path):
-        raise NotImplementedError(f"collection {collection.path}: fitted bridges are written beside a collection on "
-                                  "local storage; this one's storage is remote (its serving routes are unchanged)")
     plan = collection.plan
     pool = pool or ModelPool()
+    cache = collection_cache(collection)
     planner = RoutePlanner(plan, pool)
     users = RoutePlanner(dataclasses.replace(plan, upgrades=tuple(u for u in plan.upgrades if u.kind != "fitted")), pool)
     serving = fitted_bridges(plan)
@@ -156,7 +153,8 @@ def fit_collection_bridges(collection: Collection, *, cfg: FitBridgesConfig | No
                 try:
                     from ..compat.upgrade import load_upgrade
 
-                    given["serving"] = load_upgrade(old_rec.path).bridge()(held.q_new)
+                    given["serving"] = load_upgrade(materialize(collection.catalog, old_rec.path, cache)
+                                                    if is_stored(old_rec.path) else old_rec.path).bridge()(held.q_new)
                 except (OSError, ValueError) as e:
                     say(f"  serving bridge {old_rec.path} unreadable ({e}); it will be replaced")
             ch = choose_direction(held, cands, given=given, pairs=all_pairs, cfg=cfg.fit)
@@ -180,19 +178,22 @@ def fit_collection_bridges(collection: Collection, *, cfg: FitBridgesConfig | No
     new_records = []
     for old_rec, d, what, routes in changes:
         sid = what["space"].space_id
-        version = 1 + sum(1 for p in (Path(collection.path) / BRIDGES_DIR).glob(f"fitted-{sid}-{d}-v*")) \
-            if (Path(collection.path) / BRIDGES_DIR).is_dir() else 1
-        directory = Path(collection.path) / BRIDGES_DIR / f"fitted-{sid}-{d}-v{version}"
+        stem = f"fitted-{sid}-{d}"
+        version = next_version(collection.catalog, stem)
+        name = f"{stem}-v{version}"
         info = {**what["info"], "version": version}
-        FittedBridge(what["bridge"], plan.current, sid, info).save(
+        bridge = FittedBridge(what["bridge"], plan.current, sid, info)
+        path = save_stored(collection.catalog, name, lambda directory: bridge.save(
             directory, {"space_id": plan.current, "name": plan.current_space.name, "embed_dim": plan.current_space.dim},
-            {"space_id": sid, "name": what["space"].name, "embed_dim": what["space"].dim})
-        rec = UpgradeRecord(path=str(directory.resolve()), kind="fitted", source=plan.current, target=sid,
-                            name=directory.name, directions=(d,), info=info)
+            {"space_id": sid, "name": what["space"].name, "embed_dim": what["space"].dim}))
+        with contextlib.suppress(OSError):  # readable here at once (a read-only cache is filled by the readers)
+            materialize(collection.catalog, path, cache)
+        rec = UpgradeRecord(path=path, kind="fitted", source=plan.current, target=sid, name=name, directions=(d,),
+                            info=info)
         new_records.append((rec, routes))
         report[sid][d]["path"] = rec.path
         say(f"  {sid} {d}: {info['candidate']} on {info['pairs']} pairs, held-out agreement "
-            f"{info['heldout']['r1']:.3f} -> route {routes['route']} ({directory.name})")
+            f"{info['heldout']['r1']:.3f} -> route {routes['route']} ({name})")
 
     def commit(p: Plan) -> Plan:
         if p.current != plan.current:

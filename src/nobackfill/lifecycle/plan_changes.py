@@ -101,13 +101,11 @@ def upgrade_collection(collection: Collection, model: str | Path, *, bridges: Se
         if not collection.plan.has(sid):  # leave nothing behind
             collection.storage.drop_space(entry.dir)
         raise
-    if (fit_bridges if fit_bridges is not None else not bridges) and isinstance(collection.path, Path):
+    if fit_bridges if fit_bridges is not None else not bridges:
         from .backfill_fit import enable_fit
 
         enable_fit(collection, sid, **(fit_sample or {}))
         say("no bridge given: the backfill starts with a sample of each modality and fits bridges from it")
-    elif fit_bridges:
-        say("fitted bridges need a collection on local storage; this one's is remote: none will be fitted")
     return committed
 
 
@@ -143,7 +141,10 @@ def calibrate_collection(collection: Collection, tasks: Sequence[CalibrationTask
                          pool: ModelPool | None = None) -> Plan:
     """Re-run the calibration of the current plan (pinned routes stay; their numbers are updated)."""
     plan = collection.plan
-    result = calibrate(RoutePlanner(plan, pool or ModelPool()), tasks, data_label=label)
+    from ..compat.fitted.stored import resolve_collection_plan
+
+    result = calibrate(RoutePlanner(resolve_collection_plan(collection, plan), pool or ModelPool()), tasks,
+                       data_label=label)
 
     def commit(p: Plan) -> Plan:
         if p.current != plan.current:

@@ -219,7 +219,8 @@ class Searcher:
         """The plan routes are resolved on: the collection's, or (explicit query model) its spaces
         with the query model as the current one and the given upgrades."""
         if self._query_model is None:
-            return snap.plan
+            from ..compat.fitted.stored import resolve_collection_plan  # bridges kept in the catalog, read here
+            return resolve_collection_plan(self.collection, snap.plan)
         return explicit_plan(snap.plan.spaces, self._query_ref, self._query_model, self._upgrades)
 
     def planner(self, snap: Snapshot | None = None) -> RoutePlanner:

@@ -6,6 +6,8 @@
   ranking of held-out backfilled items; the route choice (bridge / fused / old-model) by it.
 * :mod:`.choose` - every candidate per pair set, scored and chosen per direction.
 * :mod:`.bridge` - :class:`FittedBridge`, a vector bridge saved as an upgrade directory (kind ``fitted``).
+* :mod:`.stored` - such directories kept as documents of the collection's catalog (every machine of a
+  shared deployment reads them), written to a local folder before they are read.
 
 May import: ``encoders``.
 """
