@@ -76,6 +76,7 @@ class BackfillJob:
     head: dict[str, Any] = field(default_factory=dict)
     total: int = 0
     phase: str = "order"  # sample (the training sample is being embedded; the order holds it alone) | order
+    epoch: str = ""  # new for each job started: a commit read for another job (cancelled, restarted) is refused
 
     @classmethod
     def load(cls, collection: Collection) -> "BackfillJob | None":
