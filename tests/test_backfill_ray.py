@@ -1,0 +1,235 @@
+"""The backfill on Ray (``engine="ray"``): a two-node Ray cluster on 127.0.0.1 (one module-wide
+``ray.cluster_utils.Cluster``), embedding actors SIGKILLed and a node removed mid-run, the commit
+crashed right after its catalog transaction (the fail-point): every item committed exactly once,
+vectors equal to the local engine's, a rerun changes nothing; on a directory collection and on a
+PostgreSQL catalog. Also the shared commit's refusals, pause and limit, and that nothing imports
+ray unless the engine is chosen."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from _collection_helpers import NEW_REF, OLD_REF, make_folder, pool_with, related_pair, write_procrustes_upgrade
+from nobackfill.collection.collection import Collection
+from nobackfill.collection.ingest import add_items, folder_items
+from nobackfill.lifecycle.backfill import backfill_status, pause_backfill, run_backfill, start_backfill
+from nobackfill.lifecycle.backfill_commit import FAILPOINT_ENV, WorkerReport, claim_shard, commit_batch, gather, keys_of
+from nobackfill.lifecycle.backfill_jobs import BackfillJob
+from nobackfill.lifecycle.backfill_order import _encode
+from nobackfill.lifecycle.plan_changes import upgrade_collection
+
+TESTS = Path(__file__).parent
+SRC = TESTS.parent / "src"
+TOKENS = 2  # commits crashed by the fail-point per armed run
+
+
+def _upgraded(root: Path, n_images: int = 6, captions: int = 2, uri: str | None = None):
+    old, new, w = related_pair()
+    pool = pool_with((OLD_REF, old), (NEW_REF, new))
+    data = make_folder(root / "data", n_images=n_images, captions_per_image=captions)
+    c = Collection.create(uri or root / "c", space_id=old.space_id, dim=old.embed_dim, model=OLD_REF, name="old")
+    add_items(c, old, folder_items(data).items, progress=False)
+    upgrade_collection(c, NEW_REF, bridges=[write_procrustes_upgrade(root / "up", w, new, old)], pool=pool)
+    return c, new
+
+
+def _vectors(c: Collection) -> dict[str, np.ndarray]:
+    """Item id -> its vector in the current space; asserts no version is stored twice."""
+    c.refresh()
+    g = c.gallery(c.current_space)
+    g.refresh()
+    out = {}
+    items = list(c.items().values())
+    for m in ("image", "text"):
+        mine = [it for it in items if it.modality == m]
+        pos = g.positions(m, [it.key for it in mine])
+        assert g.count(m) == len(mine) == len(pos) == len(set(pos.values())), f"{m}: stored twice or missing"
+        vecs = np.asarray(g.vectors(m))
+        out.update({it.id: vecs[pos[it.key]] for it in mine})
+    return out
+
+
+# ----------------------------------------------------------------------------- without Ray
+def test_the_shared_commit_refuses_a_stale_epoch_and_a_lost_lease_and_a_retry_adds_nothing(tmp_path):
+    c, new = _upgraded(tmp_path)
+    start_backfill(c, new, order="sequential")
+    rep = WorkerReport(owner="h:1:a")
+    job, shard = claim_shard(c, "h:1:a", 30.0, rep)
+    batch, _ = gather(c, job, [it.id for it in c.items().values()], 0, 4)
+    vecs = _encode(new, batch)
+    stale = BackfillJob(**{**job.__dict__, "epoch": "another job"})
+    assert commit_batch(c, stale, shard, "h:1:a", 30.0, 1.0, keys_of(batch), vecs) == ("job removed", 0, 0)
+    assert commit_batch(c, job, shard, "h:1:b", 30.0, 1.0, keys_of(batch), vecs) == ("lost", 0, 0)
+    assert backfill_status(c)["done"] == 0  # refused: nothing written
+    assert commit_batch(c, job, shard, "h:1:a", 30.0, 1.0, keys_of(batch), vecs) == ("ok", 4, 0)
+    assert commit_batch(c, job, shard, "h:1:a", 30.0, 1.0, keys_of(batch), vecs) == ("ok", 0, 0)  # a retry
+    assert backfill_status(c)["done"] == 4
+    pause_backfill(c)
+    assert commit_batch(c, job, shard, "h:1:a", 30.0, 1.0, keys_of(batch), vecs)[0] == "paused"
+
+
+def test_nothing_imports_ray_unless_the_engine_is_chosen_and_a_missing_ray_says_how_to_install(monkeypatch):
+    code = ("import sys; import nobackfill.lifecycle.backfill, nobackfill.lifecycle.backfill_ray, "
+            "nobackfill.client.local, nobackfill.cli.collection; print('ray' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                         env={**os.environ, "PYTHONPATH": str(SRC)})
+    assert out.stdout.strip() == "False"
+    from nobackfill.lifecycle.backfill import BackfillError
+    from nobackfill.lifecycle.backfill_ray import import_ray
+
+    monkeypatch.setitem(sys.modules, "ray", None)
+    with pytest.raises(BackfillError, match=r"pip install 'nobackfill\[ray\]'"):
+        import_ray()
+
+
+# ----------------------------------------------------------------------------- on a Ray cluster
+class _Slow:
+    """``encoder``, each call ``delay`` seconds slower (a model's time: the actors are still
+    embedding when the first batches commit, so there is something to kill)."""
+
+    def __init__(self, encoder, delay: float) -> None:
+        self.encoder, self.delay = encoder, delay
+
+    def encode_images(self, images, **kw):
+        import time
+
+        time.sleep(self.delay)
+        return self.encoder.encode_images(images, **kw)
+
+    def encode_texts(self, texts, **kw):
+        import time
+
+        time.sleep(self.delay)
+        return self.encoder.encode_texts(texts, **kw)
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    """Two Ray nodes on this machine (one CPU each), connected; the fail-point armed per test by
+    deleting its token files (``tokens``), which a crashing commit creates again."""
+    ray = pytest.importorskip("ray")
+    from ray.cluster_utils import Cluster
+
+    tokens = tmp_path_factory.mktemp("failpoint") / "crash"
+    for i in range(TOKENS):
+        Path(f"{tokens}.{i}").touch()  # disarmed
+    env = {"PYTHONPATH": os.pathsep.join([str(SRC), str(TESTS)]), FAILPOINT_ENV: f"{tokens}:{TOKENS}",
+           "RAY_AUTH_MODE": "disabled"}
+    saved = {k: os.environ.get(k) for k in env if k != FAILPOINT_ENV}
+    os.environ.update({k: v for k, v in env.items() if k != FAILPOINT_ENV})
+    node = {"num_cpus": 1, "object_store_memory": 80 * 2 ** 20}
+    cl = Cluster(initialize_head=True, head_node_args={**node, "include_dashboard": False})
+    cl.add_node(**node)
+    ray.init(address=cl.address, runtime_env={"env_vars": env}, log_to_driver=False, configure_logging=False)
+    cl.wait_for_nodes()
+    try:
+        yield cl, tokens, node
+    finally:
+        ray.shutdown()
+        cl.shutdown()
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+def _faults(cl, node, kills: int, removals: int):
+    """``on_batch``: at each committed batch, SIGKILL a live embedding actor (the last one seen to
+    embed) until ``kills`` were killed, then remove the worker node (a fresh one joins) ``removals``
+    times; what it did."""
+    done = {"kills": 0, "removals": 0, "batches": 0}
+    workers = [n for n in cl.list_all_nodes() if n is not cl.head_node]
+    seen: list[int] = []
+
+    def on_batch(info):
+        done["batches"] += 1
+        pid = int(info["embedded_by"])
+        if pid != os.getpid() and pid not in seen:
+            seen.append(pid)
+        if done["kills"] < kills:
+            for pid in reversed(seen):
+                seen.remove(pid)
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    continue
+                done["kills"] += 1
+                return
+        elif done["removals"] < removals:
+            cl.remove_node(workers.pop(), allow_graceful=False)
+            workers.append(cl.add_node(**node))
+            done["removals"] += 1
+
+    return on_batch, done
+
+
+def _fault_run(cluster, c: Collection, new, uri: str | None, twin: Collection, twin_new):
+    from nobackfill.lifecycle.backfill_ray import RayOptions, run_ray_worker
+
+    cl, tokens, node = cluster
+    for i in range(TOKENS):
+        Path(f"{tokens}.{i}").unlink()  # armed: the next TOKENS commits that store something crash
+    start_backfill(c, new, order="sequential")
+    on_batch, done = _faults(cl, node, kills=3, removals=1)
+    opts = RayOptions(actors=2, object_store_mb=64)
+    rep = run_ray_worker(c, lambda: _Slow(new, 0.4), uri=uri, options=opts, batch_size=8, on_batch=on_batch,
+                         lease_s=60.0)
+    assert rep.stopped == "done", rep.as_dict()
+    assert done["kills"] == 3 and done["removals"] == 1, done
+    assert all(Path(f"{tokens}.{i}").exists() for i in range(TOKENS))  # the fail-point fired
+    st = backfill_status(c)
+    assert st["state"] == "done" and st["done"] == st["total"] == len(c.items())
+    got = _vectors(c)  # each version stored once
+    run_backfill(twin, twin_new, order="sequential", batch_size=8)  # the local engine on the same items
+    want = _vectors(twin)
+    assert got.keys() == want.keys()
+    assert all(np.array_equal(got[i], want[i]) for i in want)
+    gen = c.catalog.generation()
+    again = run_ray_worker(c, lambda: new, uri=uri, options=opts, batch_size=8)  # a rerun: nothing left
+    start_backfill(c, new, order="sequential")
+    again2 = run_ray_worker(c, lambda: new, uri=uri, options=opts, batch_size=8)
+    assert again.committed == again2.committed == again2.embedded == 0
+    assert c.catalog.generation() == gen and _vectors(c).keys() == got.keys()
+    return rep
+
+
+def test_ray_backfill_through_actor_kills_a_node_removal_and_a_crashed_commit_commits_each_item_once(
+        cluster, tmp_path):
+    c, new = _upgraded(tmp_path / "ray", n_images=80)
+    twin, twin_new = _upgraded(tmp_path / "local", n_images=80)
+    rep = _fault_run(cluster, c, new, None, twin, twin_new)
+    assert rep.engine == "ray" and rep.embedded >= 240
+
+
+def test_ray_backfill_on_a_postgresql_catalog_through_faults(cluster, tmp_path, postgres_db):
+    uri = f"{tmp_path / 'shared'}?catalog={postgres_db}#photos"
+    c, new = _upgraded(tmp_path / "ray", n_images=50, uri=uri)
+    twin, twin_new = _upgraded(tmp_path / "local", n_images=50)
+    assert c.catalog.dialect == "postgresql"
+    _fault_run(cluster, c, new, uri, twin, twin_new)
+
+
+def test_ray_backfill_pauses_and_stops_at_the_limit_like_the_local_workers(cluster, tmp_path):
+    from nobackfill.lifecycle.backfill_ray import RayOptions, run_ray_worker
+
+    c, new = _upgraded(tmp_path, n_images=20)
+    start_backfill(c, new, order="sequential")
+    opts = RayOptions(actors=2)
+    rep = run_ray_worker(c, lambda: new, options=opts, batch_size=5, limit=12)
+    assert rep.stopped == "limit" and rep.embedded == 12 and backfill_status(c)["done"] == 12
+
+    def pause(info):
+        pause_backfill(c)
+
+    rep = run_ray_worker(c, lambda: new, options=opts, batch_size=4, on_batch=pause)
+    st = backfill_status(c)
+    assert rep.stopped == "paused" and st["state"] == "paused" and 12 < st["done"] < st["total"]
+    assert rep.committed == st["done"] - 12  # what the pipeline had embedded after the pause: not committed
