@@ -226,10 +226,56 @@ def test_ray_backfill_pauses_and_stops_at_the_limit_like_the_local_workers(clust
     rep = run_ray_worker(c, lambda: new, options=opts, batch_size=5, limit=12)
     assert rep.stopped == "limit" and rep.embedded == 12 and backfill_status(c)["done"] == 12
 
+    seen = []
+
     def pause(info):
+        st = backfill_status(c)  # while the pipeline runs: its engine, actors and rate
+        seen.append((st["engine"], st["actors"], st["workers"], st["holders"][0]["engine"]))
         pause_backfill(c)
 
     rep = run_ray_worker(c, lambda: new, options=opts, batch_size=4, on_batch=pause)
     st = backfill_status(c)
     assert rep.stopped == "paused" and st["state"] == "paused" and 12 < st["done"] < st["total"]
     assert rep.committed == st["done"] - 12  # what the pipeline had embedded after the pause: not committed
+    assert seen[0] == ("ray", 2, 1, "ray")
+
+
+def test_engine_ray_through_the_cli_and_post_backfill_start(cluster, tmp_path, monkeypatch):
+    from fastapi.testclient import TestClient
+    from typer.testing import CliRunner
+
+    import nobackfill.search.models as models
+    from nobackfill.cli import app
+    from nobackfill.client.errors import InvalidRequest
+    from nobackfill.client.local import LocalClient
+    from nobackfill.client.remote import RemoteClient
+    from nobackfill.serve import KeyRing, ServeSettings, create_app
+
+    old, new, w = related_pair()
+    pool = pool_with((OLD_REF, old), (NEW_REF, new))
+    c, _ = _upgraded(tmp_path, n_images=10)
+    monkeypatch.setattr(models, "ModelPool", lambda: pool)
+    monkeypatch.setattr(LocalClient, "_loader", lambda self: (lambda: new))  # the actors' stand-in model
+    r = CliRunner().invoke(app, ["collection", "backfill", str(c.path), "--engine", "ray", "--actors", "1",
+                                 "--order", "sequential", "--batch-size", "4", "--limit", "12"])
+    assert r.exit_code == 0, r.output
+    assert "12 committed" in r.output and "on ray" in r.output and backfill_status(c)["done"] == 12
+    r = CliRunner().invoke(app, ["collection", "backfill", str(c.path), "--engine", "spark"])
+    assert r.exit_code != 0 and "engine must be one of local, ray" in r.output
+
+    keys = KeyRing({"read": ["r" * 24], "admin": ["a" * 24]})
+    auth = {"Authorization": "Bearer " + "a" * 24}
+    plain = TestClient(create_app(ServeSettings(collection=str(c.path), keys=keys), pool=pool))
+    r = plain.post("/v1/backfill/start", json={"engine": "ray"}, headers=auth)
+    assert r.status_code == 409 and "--ray-address" in r.json()["detail"] and r.json()["field"] == "engine"
+    r = plain.post("/v1/backfill/start", json={"actors": 2}, headers=auth)
+    assert r.status_code == 422 and r.json()["field"] == "engine"
+    api = TestClient(create_app(ServeSettings(collection=str(c.path), keys=keys, ray_address="auto"), pool=pool))
+    r = api.post("/v1/backfill/start", json={"engine": "ray", "order": "sequential", "actors": 1}, headers=auth)
+    assert r.status_code == 200, r.text
+    api.app.state.service.client.backfill_thread.join(timeout=120)
+    st = api.get("/v1/status", headers=auth).json()["backfill"]
+    assert st["state"] == "done" and st["done"] == st["total"] == 30, st
+    _vectors(c)
+    with pytest.raises(InvalidRequest, match="--ray-address"):
+        RemoteClient("http://127.0.0.1:9", api_key="k").backfill_start(engine="ray", ray_address="auto")

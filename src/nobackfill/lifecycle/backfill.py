@@ -145,7 +145,8 @@ def cancel_backfill(collection: Collection) -> None:
 
 
 def backfill_status(collection: Collection) -> dict[str, Any]:
-    """``{"done", "total", "fraction", "order", "state", "rate", "eta_s", "workers", "holders", ...}``
+    """``{"done", "total", "fraction", "order", "state", "rate", "eta_s", "workers", "holders", "engine",
+    "actors", ...}``
     of the current space (done: live items it serves). ``state``: none | running (a live worker
     holds a shard) | idle (unfinished, but no worker runs: ``note`` and ``last_worker`` say why) |
     paused | done."""
@@ -172,6 +173,9 @@ def backfill_status(collection: Collection) -> dict[str, Any]:
             and not _holder_gone(str(v.get("owner", "")))}
     out["workers"] = len(live)
     out["holders"] = [_holder(s, v) for s, v in sorted(live.items())]
+    engines = sorted({str(v.get("engine", "local")) for v in live.values()})
+    out["engine"] = "+".join(engines) if engines else None  # local | ray (| local+ray) while workers run
+    out["actors"] = sum(int(v.get("actors", 1)) for v in live.values())  # embedding processes / Ray actors
     rates = [v.get("rate", 0.0) for v in live.values()]
     out["rate"] = float(sum(rates))
     out["eta_s"] = (total - done) / out["rate"] if out["rate"] > 0 else None

@@ -38,7 +38,7 @@ from .backfill_commit import WorkerReport, _record_stop, claim_shard, commit_bat
 from .backfill_fit import maybe_fit
 from .backfill_jobs import DEFAULT_LEASE_S, BackfillError, BackfillJob, _job_lock, _leases, _now, _release, _renew, _swap
 
-__all__ = ["RAY_MISSING", "RayOptions", "import_ray", "run_ray_worker"]
+__all__ = ["RAY_MISSING", "PoolLoader", "RayOptions", "import_ray", "run_ray_worker"]
 
 RAY_MISSING = "the ray backfill engine needs Ray Data: pip install 'nobackfill[ray]'"
 
@@ -76,6 +76,19 @@ class RayOptions:
             raise ValueError("ray: actors, commit_actors, in_flight and chunk must be >= 1")
         if self.gpus_per_actor < 0 or self.cpus_per_actor < 0:
             raise ValueError("ray: gpus_per_actor and cpus_per_actor must be >= 0")
+
+
+class PoolLoader:
+    """``load()`` of an actor: the model ``ref`` of space ``space_id``, loaded from its reference
+    (a model directory every node reaches, or a named model) into the actor's own pool."""
+
+    def __init__(self, ref: str, space_id: str) -> None:
+        self.ref, self.space_id = ref, space_id
+
+    def __call__(self) -> Any:
+        from ..search.models import ModelPool
+
+        return ModelPool().get(self.ref, self.space_id)
 
 
 # ----------------------------------------------------------------------------- the stages
