@@ -8,7 +8,6 @@ ray unless the engine is chosen."""
 from __future__ import annotations
 
 import os
-import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -17,6 +16,7 @@ import numpy as np
 import pytest
 
 from _collection_helpers import NEW_REF, OLD_REF, make_folder, pool_with, related_pair, write_procrustes_upgrade
+from nobackfill.bench.backfill_engine import FaultInjector, current_vectors
 from nobackfill.collection.collection import Collection
 from nobackfill.collection.ingest import add_items, folder_items
 from nobackfill.lifecycle.backfill import backfill_status, pause_backfill, run_backfill, start_backfill
@@ -41,19 +41,10 @@ def _upgraded(root: Path, n_images: int = 6, captions: int = 2, uri: str | None 
 
 
 def _vectors(c: Collection) -> dict[str, np.ndarray]:
-    """Item id -> its vector in the current space; asserts no version is stored twice."""
-    c.refresh()
-    g = c.gallery(c.current_space)
-    g.refresh()
-    out = {}
-    items = list(c.items().values())
-    for m in ("image", "text"):
-        mine = [it for it in items if it.modality == m]
-        pos = g.positions(m, [it.key for it in mine])
-        assert g.count(m) == len(mine) == len(pos) == len(set(pos.values())), f"{m}: stored twice or missing"
-        vecs = np.asarray(g.vectors(m))
-        out.update({it.id: vecs[pos[it.key]] for it in mine})
-    return out
+    """Item id -> its vector in the current space; asserts every item has one, stored once."""
+    got, twice = current_vectors(c)
+    assert twice == 0 and len(got) == len(c.items()), (twice, len(got), len(c.items()))
+    return got
 
 
 # ----------------------------------------------------------------------------- without Ray
@@ -141,49 +132,19 @@ def cluster(tmp_path_factory):
                 os.environ[k] = v
 
 
-def _faults(cl, node, kills: int, removals: int):
-    """``on_batch``: at each committed batch, SIGKILL a live embedding actor (the last one seen to
-    embed) until ``kills`` were killed, then remove the worker node (a fresh one joins) ``removals``
-    times; what it did."""
-    done = {"kills": 0, "removals": 0, "batches": 0}
-    workers = [n for n in cl.list_all_nodes() if n is not cl.head_node]
-    seen: list[int] = []
-
-    def on_batch(info):
-        done["batches"] += 1
-        pid = int(info["embedded_by"])
-        if pid != os.getpid() and pid not in seen:
-            seen.append(pid)
-        if done["kills"] < kills:
-            for pid in reversed(seen):
-                seen.remove(pid)
-                try:
-                    os.kill(pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    continue
-                done["kills"] += 1
-                return
-        elif done["removals"] < removals:
-            cl.remove_node(workers.pop(), allow_graceful=False)
-            workers.append(cl.add_node(**node))
-            done["removals"] += 1
-
-    return on_batch, done
-
-
-def _fault_run(cluster, c: Collection, new, uri: str | None, twin: Collection, twin_new):
+def _fault_run(cluster, c: Collection, new, uri: str | None, twin: Collection, twin_new, kills: int):
     from nobackfill.lifecycle.backfill_ray import RayOptions, run_ray_worker
 
     cl, tokens, node = cluster
     for i in range(TOKENS):
         Path(f"{tokens}.{i}").unlink()  # armed: the next TOKENS commits that store something crash
     start_backfill(c, new, order="sequential")
-    on_batch, done = _faults(cl, node, kills=3, removals=1)
+    faults = FaultInjector(cl, node, kills=kills, removals=1, remove_every=4)
     opts = RayOptions(actors=2, object_store_mb=64)
-    rep = run_ray_worker(c, lambda: _Slow(new, 0.4), uri=uri, options=opts, batch_size=8, on_batch=on_batch,
+    rep = run_ray_worker(c, lambda: _Slow(new, 0.4), uri=uri, options=opts, batch_size=8, on_batch=faults,
                          lease_s=60.0)
     assert rep.stopped == "done", rep.as_dict()
-    assert done["kills"] == 3 and done["removals"] == 1, done
+    assert faults.done["actor_kills"] == kills and faults.done["node_removals"] == 1, faults.done
     assert all(Path(f"{tokens}.{i}").exists() for i in range(TOKENS))  # the fail-point fired
     st = backfill_status(c)
     assert st["state"] == "done" and st["done"] == st["total"] == len(c.items())
@@ -205,7 +166,7 @@ def test_ray_backfill_through_actor_kills_a_node_removal_and_a_crashed_commit_co
         cluster, tmp_path):
     c, new = _upgraded(tmp_path / "ray", n_images=80)
     twin, twin_new = _upgraded(tmp_path / "local", n_images=80)
-    rep = _fault_run(cluster, c, new, None, twin, twin_new)
+    rep = _fault_run(cluster, c, new, None, twin, twin_new, kills=3)
     assert rep.engine == "ray" and rep.embedded >= 240
 
 
@@ -214,7 +175,7 @@ def test_ray_backfill_on_a_postgresql_catalog_through_faults(cluster, tmp_path, 
     c, new = _upgraded(tmp_path / "ray", n_images=50, uri=uri)
     twin, twin_new = _upgraded(tmp_path / "local", n_images=50)
     assert c.catalog.dialect == "postgresql"
-    _fault_run(cluster, c, new, uri, twin, twin_new)
+    _fault_run(cluster, c, new, uri, twin, twin_new, kills=2)
 
 
 def test_ray_backfill_pauses_and_stops_at_the_limit_like_the_local_workers(cluster, tmp_path):

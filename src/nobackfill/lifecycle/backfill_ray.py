@@ -141,7 +141,14 @@ class _Embed:
                 vecs = np.zeros((n, v.shape[1]), np.float32)
             vecs[idx] = v
         return {"modality": mods, "key": batch["key"], "sample": batch["sample"], "vec": vecs,
-                "pid": np.full(n, os.getpid()), "node": np.array([_node_id()] * n)}
+                "pid": np.full(n, os.getpid()), "node": np.array([_node_id()] * n), "rss_mb": np.full(n, _peak_mb())}
+
+
+def _peak_mb() -> float:
+    """This process's peak resident memory (MB)."""
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
 def _node_id() -> str:
@@ -170,7 +177,8 @@ class _Commit:
         self.done += n
         return {"status": np.array([status]), "committed": np.array([n]), "sample": np.array([n_sample]),
                 "items": np.array([len(keys)]), "embedded_by": np.array([int(batch["pid"][0])]),
-                "node": np.array([str(batch["node"][0])])}
+                "node": np.array([str(batch["node"][0])]), "rss_mb": np.array([float(np.max(batch["rss_mb"]))]),
+                "commit_rss_mb": np.array([_peak_mb()])}
 
 
 # ----------------------------------------------------------------------------- the driver
@@ -253,7 +261,8 @@ def run_ray_worker(collection: Collection, load: Callable[[], Any], *, uri: str 
     none is left, ``limit`` items were embedded, the job is paused or removed. ``load()`` returns
     the current model (run once in each actor; pickled to them); ``uri``: how actors open the
     collection (default: its path). ``on_batch``: told of each committed batch (its ``status``,
-    ``committed``, ``items``, ``embedded_by`` pid and ``node``)."""
+    ``committed``, ``items``, ``embedded_by`` pid, ``node``, the embedding actor's and the
+    commit actor's peak RSS ``rss_mb``, ``commit_rss_mb``)."""
     ray = import_ray()
     opts = options or RayOptions()
     owner = owner or f"{socket.gethostname()}:{os.getpid()}:ray-{uuid.uuid4().hex[:8]}"

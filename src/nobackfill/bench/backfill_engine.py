@@ -1,0 +1,302 @@
+"""``nobackfill bench backfill-engine``: the backfill's engines on the same world items (CPU).
+
+A collection of N world train items (images and their captions, every language; the world is
+generated into the work folder) embedded by ``world-old`` and upgraded to ``world-new`` with the
+shipped upgrade is copied once per run and backfilled (order sequential) by:
+
+* ``local``: one lease worker in this process (``collection backfill``'s default);
+* ``ray``: a Ray Data pipeline on a one-node Ray (``num_cpus`` = this machine's cores), ``actors``
+  embedding actors of one CPU each;
+* ``ray_2_nodes``: the same on a two-node ``ray.cluster_utils.Cluster`` on this machine, one CPU
+  per node (two nodes on one machine: the same cores, split).
+
+Items/s counts from the call to its return (Ray's actor start-up and model loading included; Ray's
+own start is reported apart). Ray's overhead per batch: ``(ray s - local s) / batches``. Peak RSS:
+the driver (sampled during the Ray runs) and the largest embedding / commit actor.
+
+The fault run: on the two-node cluster, embedding actors SIGKILLed (``kills``), the worker node
+removed (a fresh one joins; ``removals``) and commits crashed right after their catalog
+transaction (the fail-point, ``crashes``); then ``lost`` (items the current space does not serve),
+``twice`` (vectors stored beyond one per item) and whether every vector equals the local run's.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import resource
+import shutil
+import signal
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+
+from ..collection.collection import Collection
+from ..collection.ingest import folder_items
+from ..lifecycle.backfill import run_backfill, start_backfill
+from ..lifecycle.backfill_commit import FAILPOINT_ENV
+from ..lifecycle.backfill_ray import PoolLoader, RayOptions, import_ray, run_ray_worker
+from ..lifecycle.measure import embedded_collection
+from ..lifecycle.plan_changes import upgrade_collection
+from ..search import ModelPool
+from ..search.models import model_ref
+from .backfill import _take
+from .runner import Report
+
+__all__ = ["REPORT", "BackfillEngineConfig", "FaultInjector", "current_vectors", "format_markdown",
+           "run_backfill_engine_bench"]
+
+_POOL = ModelPool()  # the driver's models (the actors load their own)
+
+
+@dataclass
+class BackfillEngineConfig:
+    models: Path = Path("models")
+    upgrade: Path = Path("upgrades/world-old-to-new")
+    work: Path = Path("runs/bench/backfill-engine-work")
+    items: int = 20000
+    batch_size: int = 256
+    actors: int = 2
+    fault_batch: int = 32
+    kills: int = 10
+    removals: int = 2
+    remove_every: int = 20  # fault run: a node removed every 20 batches (actor kills between)
+    crashes: int = 2
+    seed: int = 0
+
+    @classmethod
+    def quick(cls, **kw: Any) -> "BackfillEngineConfig":
+        """6000 items (full: 20000)."""
+        return cls(**{"items": 6000, **kw})
+
+
+class FaultInjector:
+    """``on_batch`` of :func:`~nobackfill.lifecycle.backfill_ray.run_ray_worker` on a
+    ``ray.cluster_utils.Cluster``: every ``remove_every``-th committed batch it removes a non-head
+    node (a fresh one with ``node`` arguments joins) until ``removals`` were removed; at the other
+    batches it SIGKILLs a live embedding actor (the last seen to embed) until ``kills`` were killed.
+    ``done``: what it did."""
+
+    def __init__(self, cluster: Any, node: dict[str, Any], kills: int, removals: int, remove_every: int = 5) -> None:
+        self.cluster, self.node, self.kills, self.removals = cluster, node, kills, removals
+        self.remove_every = remove_every
+        self.done = {"actor_kills": 0, "node_removals": 0, "batches": 0}
+        self._seen: list[int] = []
+
+    def __call__(self, info: dict[str, Any]) -> None:
+        self.done["batches"] += 1
+        pid = int(info["embedded_by"])
+        if pid != os.getpid() and pid not in self._seen:
+            self._seen.append(pid)
+        if self.done["node_removals"] < self.removals and self.done["batches"] % self.remove_every == 0:
+            workers = [n for n in self.cluster.list_all_nodes() if n is not self.cluster.head_node]
+            self.cluster.remove_node(workers[-1], allow_graceful=False)
+            self.cluster.add_node(**self.node)
+            self.done["node_removals"] += 1
+            return
+        while self.done["actor_kills"] < self.kills and self._seen:
+            victim = self._seen.pop()
+            try:
+                os.kill(victim, signal.SIGKILL)
+            except ProcessLookupError:
+                continue
+            self.done["actor_kills"] += 1
+            return
+
+
+def current_vectors(c: Collection) -> tuple[dict[str, np.ndarray], int]:
+    """Item id -> its vector in the current space, and how many vectors the space stores beyond
+    one per live item version (0 when nothing was committed twice)."""
+    c.refresh()
+    g = c.gallery(c.current_space)
+    g.refresh()
+    out, extra = {}, 0
+    items = list(c.items().values())
+    for m in ("image", "text"):
+        mine = [it for it in items if it.modality == m]
+        pos = g.positions(m, [it.key for it in mine])
+        extra += g.count(m) - len(set(pos.values()))
+        if pos:
+            vecs = np.asarray(g.vectors(m))
+            out.update({it.id: vecs[pos[it.key]] for it in mine if it.key in pos})
+    return out, extra
+
+
+def _world_items(cfg: BackfillEngineConfig, log: Callable[[str], None]) -> list[Any]:
+    """``cfg.items`` world train items (generated into the work folder once)."""
+    from ..data.world import WorldSpec, generate_world
+
+    root = cfg.work / "world"
+    spec = WorldSpec(seed=cfg.seed, n_val=0, n_test=0)
+    per_image = 1 + spec.captions_per_image * len(spec.langs)
+    spec.n_train = math.ceil(cfg.items / per_image) + 1
+    if not (root / "world.json").exists() or json.loads((root / "world.json").read_text()).get("n_train") != spec.n_train:
+        shutil.rmtree(root, ignore_errors=True)
+        log(f"  generating a world of {spec.n_train} images ({per_image} items each) ...")
+        generate_world(root, spec, progress=False)
+    return _take(folder_items(root / "train", uncaptioned=False).items, cfg.items)
+
+
+def _copy(base: Path, to: Path) -> Collection:
+    shutil.rmtree(to, ignore_errors=True)
+    shutil.copytree(base, to)
+    return Collection.open(to)
+
+
+def _ray_run(base: Path, to: Path, cfg: BackfillEngineConfig, loader: PoolLoader,
+             on_batch: Callable[[dict[str, Any]], None] | None = None, batch_size: int | None = None) -> dict[str, Any]:
+    """One Ray backfill of a copy of ``base``: seconds, items/s, batches, peak RSS."""
+    import psutil
+
+    c = _copy(base, to)
+    start_backfill(c, _POOL.get(loader.ref, loader.space_id), order="sequential")
+    me = psutil.Process()
+    peak = {"driver": me.memory_info().rss / 2 ** 20, "actors": 0.0, "commit": 0.0, "batches": 0, "first": 0.0,
+            "first_items": 0}
+
+    def seen(info: dict[str, Any]) -> None:
+        if not peak["batches"]:
+            peak["first"], peak["first_items"] = time.time(), int(info["items"])
+        peak["driver"] = max(peak["driver"], me.memory_info().rss / 2 ** 20)
+        peak["actors"] = max(peak["actors"], float(info["rss_mb"]))
+        peak["commit"] = max(peak["commit"], float(info["commit_rss_mb"]))
+        peak["batches"] += 1
+        if on_batch is not None:
+            on_batch(info)
+
+    t0 = time.time()
+    rep = run_ray_worker(c, loader, uri=str(to), options=RayOptions(actors=cfg.actors), on_batch=seen,
+                         batch_size=batch_size or cfg.batch_size, lease_s=120.0)
+    end = time.time()
+    s = end - t0
+    steady = (rep.embedded - peak["first_items"]) / max(end - peak["first"], 1e-6) if peak["batches"] > 1 else 0.0
+    return {"collection": c, "seconds": round(s, 2), "items_per_s": round(rep.embedded / s, 1), "stopped": rep.stopped,
+            "first_batch_s": round(peak["first"] - t0, 2), "steady_items_per_s": round(steady, 1),
+            "embedded": rep.embedded, "batches": peak["batches"], "driver_rss_mb": round(peak["driver"], 1),
+            "actor_rss_mb": round(peak["actors"], 1), "commit_rss_mb": round(peak["commit"], 1)}
+
+
+
+def run_backfill_engine_bench(cfg: BackfillEngineConfig, log: Callable[[str], None] | None = None) -> dict[str, Any]:
+    """Local vs Ray (one node, two nodes) items/s, Ray's overhead per batch, peak RSS, the fault run."""
+    say = log or (lambda _m: None)
+    ray = import_ray()
+    from ray.cluster_utils import Cluster
+
+    t_all = time.time()
+    cfg.work.mkdir(parents=True, exist_ok=True)
+    items = _world_items(cfg, say)
+    old_ref, new_ref = model_ref(cfg.models / "world-old"), model_ref(cfg.models / "world-new")
+    base = cfg.work / "base"
+    c = embedded_collection(base, _POOL, old_ref, items, say)
+    upgrade_collection(c, new_ref, bridges=[cfg.upgrade], pool=_POOL)
+    loader = PoolLoader(new_ref, c.current_space)
+    n = len(items)
+
+    local = _copy(base, cfg.work / "local")
+    t0 = time.time()
+    st = run_backfill(local, _POOL.get(new_ref), order="sequential", batch_size=cfg.batch_size)
+    local_s = time.time() - t0
+    local_row = {"seconds": round(local_s, 2), "items_per_s": round(st["embedded"] / local_s, 1)}
+    say(f"  local: {n} items in {local_s:.1f}s ({local_row['items_per_s']} items/s)")
+    want, _ = current_vectors(local)
+
+    src = str(Path(__file__).resolve().parents[2])
+    tokens = cfg.work / "crash"
+    for i in range(cfg.crashes):
+        Path(f"{tokens}.{i}").touch()  # the fail-point disarmed until the fault run
+    env = {"env_vars": {"PYTHONPATH": src, FAILPOINT_ENV: f"{tokens}:{cfg.crashes}", "RAY_AUTH_MODE": "disabled"}}
+    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+    cores = os.cpu_count() or 2
+    t0 = time.time()
+    ray.init(num_cpus=cores, object_store_memory=256 * 2 ** 20, include_dashboard=False, log_to_driver=False,
+             configure_logging=False, runtime_env=env)
+    ray_start_s = time.time() - t0
+    try:
+        one = _ray_run(base, cfg.work / "ray1", cfg, loader)
+    finally:
+        ray.shutdown()
+    say(f"  ray, 1 node ({cores} CPUs): {one['items_per_s']} items/s ({one['seconds']}s; Ray started in "
+        f"{ray_start_s:.1f}s)")
+    node = {"num_cpus": 1, "object_store_memory": 128 * 2 ** 20}
+    cluster = Cluster(initialize_head=True, head_node_args={**node, "include_dashboard": False})
+    cluster.add_node(**node)
+    try:
+        ray.init(address=cluster.address, log_to_driver=False, configure_logging=False, runtime_env=env)
+        cluster.wait_for_nodes()
+        two = _ray_run(base, cfg.work / "ray2", cfg, loader)
+        say(f"  ray, 2 nodes (1 CPU each): {two['items_per_s']} items/s ({two['seconds']}s)")
+        for i in range(cfg.crashes):
+            Path(f"{tokens}.{i}").unlink()  # armed
+        faults = FaultInjector(cluster, node, cfg.kills, cfg.removals, remove_every=cfg.remove_every)
+        run = _ray_run(base, cfg.work / "faults", cfg, loader, on_batch=faults, batch_size=cfg.fault_batch)
+    finally:
+        ray.shutdown()
+        cluster.shutdown()
+    got, twice = current_vectors(run["collection"])
+    crashed = sum(Path(f"{tokens}.{i}").exists() for i in range(cfg.crashes))
+    lost = sum(1 for i in want if i not in got)
+    same = got.keys() == want.keys() and all(np.array_equal(got[i], want[i]) for i in want)
+    say(f"  faults: {faults.done['actor_kills']} actor kills, {faults.done['node_removals']} node removals, "
+        f"{crashed} crashed commits: {len(got)} committed, {lost} lost, {twice} twice, vectors identical: {same}")
+    batches = max(one["batches"], 1)
+    return {
+        "items": n, "batch_size": cfg.batch_size, "actors": cfg.actors, "cores": cores,
+        "throughput": {"local_items_per_s": local_row["items_per_s"], "ray_items_per_s": one["items_per_s"],
+                       "ray_over_local": round(one["items_per_s"] / local_row["items_per_s"], 3),
+                       "ray_2_nodes_items_per_s": two["items_per_s"],
+                       "local_s": local_row["seconds"], "ray_s": one["seconds"], "ray_2_nodes_s": two["seconds"],
+                       "ray_start_s": round(ray_start_s, 2), "ray_first_batch_s": one["first_batch_s"],
+                       "ray_steady_items_per_s": one["steady_items_per_s"],
+                       "ray_2_nodes_steady_items_per_s": two["steady_items_per_s"],
+                       "ray_overhead_per_batch_ms": round(1000 * (one["seconds"] - local_row["seconds"]) / batches, 1),
+                       "batches": batches},
+        "faults": {"actor_kills": faults.done["actor_kills"], "node_removals": faults.done["node_removals"],
+                   "crashed_commits": crashed, "committed": len(got), "lost": lost, "twice": twice,
+                   "vectors_identical": bool(same), "batch_size": cfg.fault_batch, "seconds": run["seconds"],
+                   "stopped": run["stopped"]},
+        "rss_mb": {"driver": max(one["driver_rss_mb"], two["driver_rss_mb"]),
+                   "actors": max(one["actor_rss_mb"], two["actor_rss_mb"]),
+                   "commit_actor": max(one["commit_rss_mb"], two["commit_rss_mb"]),
+                   "local_process_peak": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)},
+        "config": {k: str(v) if isinstance(v, Path) else v for k, v in asdict(cfg).items()},
+        "seconds": round(time.time() - t_all, 1),
+    }
+
+
+def format_markdown(r: dict[str, Any]) -> str:
+    """The throughput table, the fault run and the peak memory."""
+    t, f, m = r["throughput"], r["faults"], r["rss_mb"]
+    lines = [f"{r['items']} world items, batch {r['batch_size']}, {r['actors']} embedding actors, {r['cores']} cores "
+             "(CPU)", "", "| engine | items/s | seconds | vs local |", "|---|---:|---:|---:|",
+             f"| local (one lease worker) | {t['local_items_per_s']} | {t['local_s']} | 1.00 |",
+             f"| ray, 1 node | {t['ray_items_per_s']} | {t['ray_s']} | {t['ray_over_local']:.2f} |",
+             f"| ray, 2 nodes (1 CPU each) | {t['ray_2_nodes_items_per_s']} | {t['ray_2_nodes_s']} | "
+             f"{t['ray_2_nodes_items_per_s'] / t['local_items_per_s']:.2f} |", "",
+             f"Ray's overhead per batch: {t['ray_overhead_per_batch_ms']} ms ({t['batches']} batches; Ray itself "
+             f"started in {t['ray_start_s']} s, not counted). The first batch committed {t['ray_first_batch_s']} s "
+             f"into the Ray run (actors started, model loaded); from then on: {t['ray_steady_items_per_s']} items/s "
+             f"(1 node), {t['ray_2_nodes_steady_items_per_s']} items/s (2 nodes).", "",
+             "| fault run | actor kills | node removals | crashed commits | committed | lost | twice | vectors = local |",
+             "|---|---:|---:|---:|---:|---:|---:|---|",
+             f"| 2 nodes, batch {f['batch_size']} | {f['actor_kills']} | {f['node_removals']} | {f['crashed_commits']} | "
+             f"{f['committed']} | {f['lost']} | {f['twice']} | {'yes' if f['vectors_identical'] else 'NO'} |", "",
+             f"Peak RSS: driver {m['driver']} MB, embedding actor {m['actors']} MB, commit actor {m['commit_actor']} MB.",
+             ""]
+    return "\n".join(lines)
+
+
+def write_report(result: dict[str, Any], json_path: str | Path) -> str:
+    from ..report import write_json_and_markdown
+
+    md = format_markdown(result)
+    write_json_and_markdown(result, json_path, md)
+    return md
+
+
+#: the JSON and its table (``.md``)
+REPORT = Report(write_report, (".md",))
