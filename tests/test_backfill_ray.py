@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 from _collection_helpers import NEW_REF, OLD_REF, make_folder, pool_with, related_pair, write_procrustes_upgrade
-from nobackfill.bench.backfill_engine import FaultInjector, current_vectors
+from nobackfill.bench.backfill_engine import Delayed, FaultInjector, current_vectors
 from nobackfill.collection.collection import Collection
 from nobackfill.collection.ingest import add_items, folder_items
 from nobackfill.lifecycle.backfill import backfill_status, pause_backfill, run_backfill, start_backfill
@@ -81,26 +81,6 @@ def test_nothing_imports_ray_unless_the_engine_is_chosen_and_a_missing_ray_says_
 
 
 # ----------------------------------------------------------------------------- on a Ray cluster
-class _Slow:
-    """``encoder``, each call ``delay`` seconds slower (a model's time: the actors are still
-    embedding when the first batches commit, so there is something to kill)."""
-
-    def __init__(self, encoder, delay: float) -> None:
-        self.encoder, self.delay = encoder, delay
-
-    def encode_images(self, images, **kw):
-        import time
-
-        time.sleep(self.delay)
-        return self.encoder.encode_images(images, **kw)
-
-    def encode_texts(self, texts, **kw):
-        import time
-
-        time.sleep(self.delay)
-        return self.encoder.encode_texts(texts, **kw)
-
-
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
     """Two Ray nodes on this machine (one CPU each), connected; the fail-point armed per test by
@@ -141,7 +121,7 @@ def _fault_run(cluster, c: Collection, new, uri: str | None, twin: Collection, t
     start_backfill(c, new, order="sequential")
     faults = FaultInjector(cl, node, kills=kills, removals=1, remove_every=4)
     opts = RayOptions(actors=2, object_store_mb=64)
-    rep = run_ray_worker(c, lambda: _Slow(new, 0.4), uri=uri, options=opts, batch_size=8, on_batch=faults,
+    rep = run_ray_worker(c, Delayed(lambda: new, 0.4), uri=uri, options=opts, batch_size=8, on_batch=faults,
                          lease_s=60.0)
     assert rep.stopped == "done", rep.as_dict()
     assert faults.done["actor_kills"] == kills and faults.done["node_removals"] == 1, faults.done
@@ -240,3 +220,19 @@ def test_engine_ray_through_the_cli_and_post_backfill_start(cluster, tmp_path, m
     _vectors(c)
     with pytest.raises(InvalidRequest, match="--ray-address"):
         RemoteClient("http://127.0.0.1:9", api_key="k").backfill_start(engine="ray", ray_address="auto")
+
+
+def test_the_bench_table_shows_every_engine_the_fault_run_and_the_memory():
+    from nobackfill.bench.backfill_engine import format_markdown
+
+    r = {"items": 100, "batch_size": 8, "actors": 2, "cores": 2, "load_average": {"before": [1.0], "after": [2.0]},
+         "throughput": {"local_items_per_s": 200.0, "ray_items_per_s": 150.0, "ray_over_local": 0.75,
+                        "ray_2_nodes_items_per_s": 100.0, "local_s": 0.5, "ray_s": 0.67, "ray_2_nodes_s": 1.0,
+                        "ray_start_s": 3.0, "ray_first_batch_s": 0.4, "ray_overhead_per_batch_ms": 13.0, "batches": 13},
+         "faults": {"actor_kills": 10, "node_removals": 2, "crashed_commits": 2, "committed": 100, "lost": 0,
+                    "twice": 1, "vectors_identical": False, "batch_size": 4},
+         "rss_mb": {"driver": 500.0, "actors": 600.0, "commit_actor": 200.0}}
+    md = format_markdown(r)
+    assert "| ray, 1 node | 150.0 | 0.67 | 0.75 |" in md and "| ray, 2 nodes (1 CPU each) | 100.0 | 1.0 | 0.50 |" in md
+    assert "| 2 nodes, batch 4, model +0 s/call | 10 | 2 | 2 | 100 | 0 | 1 | NO |" in md  # a duplicate or a differing vector shows
+    assert "13.0 ms" in md and "driver 500.0 MB" in md and "before [1.0]" in md

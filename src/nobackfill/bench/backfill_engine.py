@@ -14,7 +14,8 @@ Items/s counts from the call to its return (Ray's actor start-up and model loadi
 own start is reported apart). Ray's overhead per batch: ``(ray s - local s) / batches``. Peak RSS:
 the driver (sampled during the Ray runs) and the largest embedding / commit actor.
 
-The fault run: on the two-node cluster, embedding actors SIGKILLed (``kills``), the worker node
+The fault run: on the two-node cluster (each model call ``fault_delay_s`` slower, so that the
+actors are still embedding while batches commit), embedding actors SIGKILLed (``kills``), the worker node
 removed (a fresh one joins; ``removals``) and commits crashed right after their catalog
 transaction (the fail-point, ``crashes``); then ``lost`` (items the current space does not serve),
 ``twice`` (vectors stored beyond one per item) and whether every vector equals the local run's.
@@ -47,7 +48,7 @@ from ..search.models import model_ref
 from .backfill import _take
 from .runner import Report
 
-__all__ = ["REPORT", "BackfillEngineConfig", "FaultInjector", "current_vectors", "format_markdown",
+__all__ = ["REPORT", "BackfillEngineConfig", "Delayed", "FaultInjector", "current_vectors", "format_markdown",
            "run_backfill_engine_bench"]
 
 _POOL = ModelPool()  # the driver's models (the actors load their own)
@@ -65,6 +66,7 @@ class BackfillEngineConfig:
     kills: int = 10
     removals: int = 2
     remove_every: int = 20  # fault run: a node removed every 20 batches (actor kills between)
+    fault_delay_s: float = 0.2  # fault run: seconds added to each model call (kills land on working actors)
     crashes: int = 2
     seed: int = 0
 
@@ -108,6 +110,30 @@ class FaultInjector:
             return
 
 
+class Delayed:
+    """``load()`` of an actor whose model takes ``delay`` seconds more per call (the fault run's
+    stand-in for a slower model: its actors are still embedding when batches commit, so the kills
+    land on working actors); the vectors are the model's own."""
+
+    def __init__(self, load: Callable[[], Any], delay: float) -> None:
+        self.load, self.delay = load, delay
+
+    def __call__(self) -> "Delayed._Model":
+        return Delayed._Model(self.load(), self.delay)
+
+    class _Model:
+        def __init__(self, encoder: Any, delay: float) -> None:
+            self.encoder, self.delay = encoder, delay
+
+        def encode_images(self, images: Any, **kw: Any) -> Any:
+            time.sleep(self.delay)
+            return self.encoder.encode_images(images, **kw)
+
+        def encode_texts(self, texts: Any, **kw: Any) -> Any:
+            time.sleep(self.delay)
+            return self.encoder.encode_texts(texts, **kw)
+
+
 def current_vectors(c: Collection) -> tuple[dict[str, np.ndarray], int]:
     """Item id -> its vector in the current space, and how many vectors the space stores beyond
     one per live item version (0 when nothing was committed twice)."""
@@ -147,20 +173,19 @@ def _copy(base: Path, to: Path) -> Collection:
     return Collection.open(to)
 
 
-def _ray_run(base: Path, to: Path, cfg: BackfillEngineConfig, loader: PoolLoader,
+def _ray_run(base: Path, to: Path, cfg: BackfillEngineConfig, loader: Any, new_ref: str,
              on_batch: Callable[[dict[str, Any]], None] | None = None, batch_size: int | None = None) -> dict[str, Any]:
     """One Ray backfill of a copy of ``base``: seconds, items/s, batches, peak RSS."""
     import psutil
 
     c = _copy(base, to)
-    start_backfill(c, _POOL.get(loader.ref, loader.space_id), order="sequential")
+    start_backfill(c, _POOL.get(new_ref, c.current_space), order="sequential")
     me = psutil.Process()
-    peak = {"driver": me.memory_info().rss / 2 ** 20, "actors": 0.0, "commit": 0.0, "batches": 0, "first": 0.0,
-            "first_items": 0}
+    peak = {"driver": me.memory_info().rss / 2 ** 20, "actors": 0.0, "commit": 0.0, "batches": 0, "first": 0.0}
 
     def seen(info: dict[str, Any]) -> None:
         if not peak["batches"]:
-            peak["first"], peak["first_items"] = time.time(), int(info["items"])
+            peak["first"] = time.time()
         peak["driver"] = max(peak["driver"], me.memory_info().rss / 2 ** 20)
         peak["actors"] = max(peak["actors"], float(info["rss_mb"]))
         peak["commit"] = max(peak["commit"], float(info["commit_rss_mb"]))
@@ -173,9 +198,8 @@ def _ray_run(base: Path, to: Path, cfg: BackfillEngineConfig, loader: PoolLoader
                          batch_size=batch_size or cfg.batch_size, lease_s=120.0)
     end = time.time()
     s = end - t0
-    steady = (rep.embedded - peak["first_items"]) / max(end - peak["first"], 1e-6) if peak["batches"] > 1 else 0.0
     return {"collection": c, "seconds": round(s, 2), "items_per_s": round(rep.embedded / s, 1), "stopped": rep.stopped,
-            "first_batch_s": round(peak["first"] - t0, 2), "steady_items_per_s": round(steady, 1),
+            "first_batch_s": round(peak["first"] - t0, 2),
             "embedded": rep.embedded, "batches": peak["batches"], "driver_rss_mb": round(peak["driver"], 1),
             "actor_rss_mb": round(peak["actors"], 1), "commit_rss_mb": round(peak["commit"], 1)}
 
@@ -187,7 +211,7 @@ def run_backfill_engine_bench(cfg: BackfillEngineConfig, log: Callable[[str], No
     ray = import_ray()
     from ray.cluster_utils import Cluster
 
-    t_all = time.time()
+    t_all, load_before = time.time(), os.getloadavg()
     cfg.work.mkdir(parents=True, exist_ok=True)
     items = _world_items(cfg, say)
     old_ref, new_ref = model_ref(cfg.models / "world-old"), model_ref(cfg.models / "world-new")
@@ -217,7 +241,7 @@ def run_backfill_engine_bench(cfg: BackfillEngineConfig, log: Callable[[str], No
              configure_logging=False, runtime_env=env)
     ray_start_s = time.time() - t0
     try:
-        one = _ray_run(base, cfg.work / "ray1", cfg, loader)
+        one = _ray_run(base, cfg.work / "ray1", cfg, loader, new_ref)
     finally:
         ray.shutdown()
     say(f"  ray, 1 node ({cores} CPUs): {one['items_per_s']} items/s ({one['seconds']}s; Ray started in "
@@ -228,12 +252,13 @@ def run_backfill_engine_bench(cfg: BackfillEngineConfig, log: Callable[[str], No
     try:
         ray.init(address=cluster.address, log_to_driver=False, configure_logging=False, runtime_env=env)
         cluster.wait_for_nodes()
-        two = _ray_run(base, cfg.work / "ray2", cfg, loader)
+        two = _ray_run(base, cfg.work / "ray2", cfg, loader, new_ref)
         say(f"  ray, 2 nodes (1 CPU each): {two['items_per_s']} items/s ({two['seconds']}s)")
         for i in range(cfg.crashes):
             Path(f"{tokens}.{i}").unlink()  # armed
         faults = FaultInjector(cluster, node, cfg.kills, cfg.removals, remove_every=cfg.remove_every)
-        run = _ray_run(base, cfg.work / "faults", cfg, loader, on_batch=faults, batch_size=cfg.fault_batch)
+        run = _ray_run(base, cfg.work / "faults", cfg, Delayed(loader, cfg.fault_delay_s), new_ref, on_batch=faults,
+                       batch_size=cfg.fault_batch)
     finally:
         ray.shutdown()
         cluster.shutdown()
@@ -251,13 +276,12 @@ def run_backfill_engine_bench(cfg: BackfillEngineConfig, log: Callable[[str], No
                        "ray_2_nodes_items_per_s": two["items_per_s"],
                        "local_s": local_row["seconds"], "ray_s": one["seconds"], "ray_2_nodes_s": two["seconds"],
                        "ray_start_s": round(ray_start_s, 2), "ray_first_batch_s": one["first_batch_s"],
-                       "ray_steady_items_per_s": one["steady_items_per_s"],
-                       "ray_2_nodes_steady_items_per_s": two["steady_items_per_s"],
                        "ray_overhead_per_batch_ms": round(1000 * (one["seconds"] - local_row["seconds"]) / batches, 1),
                        "batches": batches},
         "faults": {"actor_kills": faults.done["actor_kills"], "node_removals": faults.done["node_removals"],
                    "crashed_commits": crashed, "committed": len(got), "lost": lost, "twice": twice,
                    "vectors_identical": bool(same), "batch_size": cfg.fault_batch, "seconds": run["seconds"],
+                   "model_delay_s": cfg.fault_delay_s,
                    "stopped": run["stopped"]},
         "rss_mb": {"driver": max(one["driver_rss_mb"], two["driver_rss_mb"]),
                    "actors": max(one["actor_rss_mb"], two["actor_rss_mb"]),
@@ -265,25 +289,28 @@ def run_backfill_engine_bench(cfg: BackfillEngineConfig, log: Callable[[str], No
                    "local_process_peak": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)},
         "config": {k: str(v) if isinstance(v, Path) else v for k, v in asdict(cfg).items()},
         "seconds": round(time.time() - t_all, 1),
+        "load_average": {"before": [round(x, 2) for x in load_before], "after": [round(x, 2) for x in os.getloadavg()]},
     }
 
 
 def format_markdown(r: dict[str, Any]) -> str:
     """The throughput table, the fault run and the peak memory."""
     t, f, m = r["throughput"], r["faults"], r["rss_mb"]
+    load = r.get("load_average", {})
     lines = [f"{r['items']} world items, batch {r['batch_size']}, {r['actors']} embedding actors, {r['cores']} cores "
-             "(CPU)", "", "| engine | items/s | seconds | vs local |", "|---|---:|---:|---:|",
+             f"(CPU); load average (1, 5, 15 min) before {load.get('before')}, after {load.get('after')}", "", "| engine | items/s | seconds | vs local |", "|---|---:|---:|---:|",
              f"| local (one lease worker) | {t['local_items_per_s']} | {t['local_s']} | 1.00 |",
              f"| ray, 1 node | {t['ray_items_per_s']} | {t['ray_s']} | {t['ray_over_local']:.2f} |",
              f"| ray, 2 nodes (1 CPU each) | {t['ray_2_nodes_items_per_s']} | {t['ray_2_nodes_s']} | "
              f"{t['ray_2_nodes_items_per_s'] / t['local_items_per_s']:.2f} |", "",
              f"Ray's overhead per batch: {t['ray_overhead_per_batch_ms']} ms ({t['batches']} batches; Ray itself "
-             f"started in {t['ray_start_s']} s, not counted). The first batch committed {t['ray_first_batch_s']} s "
-             f"into the Ray run (actors started, model loaded); from then on: {t['ray_steady_items_per_s']} items/s "
-             f"(1 node), {t['ray_2_nodes_steady_items_per_s']} items/s (2 nodes).", "",
+             f"started in {t['ray_start_s']} s, not counted)"
+             + (": negative, the actors working in parallel gained more than Ray cost" if t["ray_overhead_per_batch_ms"] < 0
+                else "") + f". The first batch committed {t['ray_first_batch_s']} s into the Ray run (the actors' "
+             "start and model loading).", "",
              "| fault run | actor kills | node removals | crashed commits | committed | lost | twice | vectors = local |",
              "|---|---:|---:|---:|---:|---:|---:|---|",
-             f"| 2 nodes, batch {f['batch_size']} | {f['actor_kills']} | {f['node_removals']} | {f['crashed_commits']} | "
+             f"| 2 nodes, batch {f['batch_size']}, model +{f.get('model_delay_s', 0)} s/call | {f['actor_kills']} | {f['node_removals']} | {f['crashed_commits']} | "
              f"{f['committed']} | {f['lost']} | {f['twice']} | {'yes' if f['vectors_identical'] else 'NO'} |", "",
              f"Peak RSS: driver {m['driver']} MB, embedding actor {m['actors']} MB, commit actor {m['commit_actor']} MB.",
              ""]

@@ -53,10 +53,11 @@ import numpy as np
 
 from ..collection.collection import Collection
 from ..catalog.plan import Plan
-from .backfill_commit import WorkerReport, _record_stop, claim_shard, commit_batch, finish_shard, gather, keys_of, shard_ids
+from .backfill_commit import (WorkerReport, claim_shard, commit_batch, finish_shard, gather, hand_back, keys_of,
+                              shard_ids)
 from .backfill_jobs import (DEFAULT_LEASE_S, JOB_DIR, JOB_FILE, LEASE_DIR, ORDER_FILE, SAMPLE_FILE, WORKERS_FILE,
                             BackfillBusy, BackfillError, BackfillJob, _holder, _holder_gone, _iso, _job_lock, _last_worker,
-                            _leases, _now, _release, _write, backfill_running, describe_holders)
+                            _leases, _now, _write, backfill_running, describe_holders)
 from .backfill_fit import maybe_fit, sample_first
 from .backfill_order import ORDERS, _encode, _pending, _route_failure
 
@@ -256,11 +257,7 @@ def run_worker(collection: Collection, encoder: Any, *, batch_size: int = 64, ra
         rep.stopped = f"error: {type(e).__name__}: {e}"
         raise
     finally:
-        with contextlib.suppress(Exception):
-            if held is not None:
-                with _job_lock(collection):
-                    _release(collection, held, owner)
-            _record_stop(collection, rep)
+        hand_back(collection, rep, held)
 
 
 def _worker_main(path: str, model: str, kwargs: dict, report: str) -> None:  # pragma: no cover - a child process

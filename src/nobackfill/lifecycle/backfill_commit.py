@@ -24,13 +24,13 @@ import numpy as np
 
 from ..collection.collection import Collection, Item
 from .backfill_jobs import (JOB_DIR, LEASE_DIR, ORDER_FILE, SAMPLE_FILE, WORKERS_FILE, BackfillError, BackfillJob, _iso,
-                            _job_lock, _leases, _now, _order_ids, _parse_owner, _read, _renew, _stopped_workers,
+                            _job_lock, _leases, _now, _order_ids, _parse_owner, _read, _release, _renew, _stopped_workers,
                             _take_shard, _write, describe_holders)
 from .backfill_fit import maybe_fit
 from .backfill_order import _held, _pending, _uncertainty_order
 
-__all__ = ["FAILPOINT_ENV", "WorkerReport", "claim_shard", "commit_batch", "finish_shard", "gather", "keys_of",
-           "shard_ids"]
+__all__ = ["FAILPOINT_ENV", "WorkerReport", "claim_shard", "commit_batch", "finish_shard", "gather", "hand_back",
+           "keys_of", "shard_ids"]
 
 #: ``<path>:<n>``: the commit of a batch that stored something exits its process (``os._exit``)
 #: right after the catalog transaction, at most ``n`` times over all processes (``<path>.<i>``
@@ -77,6 +77,16 @@ def _record_stop(collection: Collection, rep: WorkerReport) -> None:
                           "t": _now(), "committed": rep.committed, "sample": rep.sample, "engine": rep.engine}
         keep = sorted(obj.values(), key=lambda v: v.get("t", 0.0))[-16:]
         _write(collection, WORKERS_FILE, {v["owner"]: v for v in keep})
+
+
+def hand_back(collection: Collection, rep: WorkerReport, shard: int | None) -> None:
+    """Whatever stopped a worker: the shard it held handed back (free at once), how it stopped
+    recorded (``backfill_status``); never raises."""
+    with contextlib.suppress(Exception):
+        if shard is not None:
+            with _job_lock(collection):
+                _release(collection, shard, rep.owner)
+        _record_stop(collection, rep)
 
 
 # ----------------------------------------------------------------------------- the job's phases

@@ -34,9 +34,10 @@ import numpy as np
 
 from ..collection.collection import Collection, Item
 from ..encoders.base import encode
-from .backfill_commit import WorkerReport, _record_stop, claim_shard, commit_batch, finish_shard, gather, shard_ids
+from .backfill_commit import (WorkerReport, claim_shard, commit_batch, finish_shard, gather, hand_back,
+                              shard_ids)
 from .backfill_fit import maybe_fit
-from .backfill_jobs import DEFAULT_LEASE_S, BackfillError, BackfillJob, _job_lock, _leases, _now, _release, _renew, _swap
+from .backfill_jobs import DEFAULT_LEASE_S, BackfillError, BackfillJob, _job_lock, _leases, _now, _renew, _swap
 
 __all__ = ["RAY_MISSING", "PoolLoader", "RayOptions", "import_ray", "run_ray_worker"]
 
@@ -305,11 +306,7 @@ def run_ray_worker(collection: Collection, load: Callable[[], Any], *, uri: str 
         rep.stopped = f"error: {type(e).__name__}: {e}"
         raise
     finally:
-        with contextlib.suppress(Exception):
-            if held is not None:
-                with _job_lock(collection):
-                    _release(collection, held, owner)
-            _record_stop(collection, rep)
+        hand_back(collection, rep, held)
         if started:
             ray.shutdown()
 
