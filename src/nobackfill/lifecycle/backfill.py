@@ -53,13 +53,16 @@ import numpy as np
 
 from ..collection.collection import Collection
 from ..catalog.plan import Plan
-from .backfill_commit import (WorkerReport, claim_shard, commit_batch, finish_shard, gather, hand_back, keys_of,
-                              shard_ids)
-from .backfill_jobs import (DEFAULT_LEASE_S, JOB_DIR, JOB_FILE, LEASE_DIR, ORDER_FILE, SAMPLE_FILE, WORKERS_FILE,
-                            BackfillBusy, BackfillError, BackfillJob, _holder, _holder_gone, _iso, _job_lock, _last_worker,
-                            _leases, _now, _write, backfill_running, describe_holders)
-from .backfill_fit import maybe_fit, sample_first
-from .backfill_order import ORDERS, _encode, _pending, _route_failure
+from .backfill_commit import (WorkerReport, _all_shards_done, _finalize_order, _finish_if_done,  # noqa: F401
+                              _record_stop, _sample_complete, claim_shard, commit_batch, finish_shard, gather,
+                              hand_back, keys_of, shard_ids)
+# the job store's and the orders' names stay importable from here (tests and other modules do)
+from .backfill_jobs import (DEFAULT_LEASE_S, JOB_DIR, JOB_FILE, LEASE_DIR, ORDER_FILE, SAMPLE_FILE,  # noqa: F401
+                            WORKERS_FILE, BackfillBusy, BackfillError, BackfillJob, _holder, _holder_gone, _iso, _job_lock,
+                            _last_worker, _leases, _now, _order_ids, _parse_owner, _read, _release, _renew,
+                            _stopped_workers, _take_shard, _write, backfill_running, describe_holders)
+from .backfill_fit import maybe_fit, sample_first  # noqa: F401
+from .backfill_order import ORDERS, _encode, _held, _pending, _route_failure, _uncertainty_order  # noqa: F401
 
 __all__ = ["ENGINES", "ORDERS", "BackfillBusy", "BackfillError", "BackfillJob", "WorkerReport", "backfill_running",
            "backfill_status", "cancel_backfill", "describe_holders", "pause_backfill", "retire_space", "run_backfill",

@@ -44,9 +44,7 @@ def _backfill(svc: Service, fn: Any, *args: Any) -> dict[str, Any]:
 def _engine(svc: Service, req: BackfillRequest, fn: Any) -> Any:
     """``fn`` with the request's engine: the Ray one on the cluster the server was started with
     (``--ray-address``), refused (409) when it was started without one."""
-    if req.engine == "local":
-        if req.actors is not None or req.gpus_per_actor is not None:
-            raise ApiError(422, "actors and gpus_per_actor need engine 'ray'", "engine")
+    if req.engine == "local":  # actors and gpus_per_actor are the ray engine's (the schema says so)
         return fn
     if not svc.settings.ray_address:
         raise ApiError(409, "this server runs no Ray backfill: start it with --ray-address (auto: the Ray cluster "
