@@ -342,7 +342,7 @@ class LocalClient(Client):
                 pause_backfill(self.collection, paused=False)
             return run_backfill(self.collection, self.encoder(), order=order, workers=workers, limit=limit,
                                 rate=rate, batch_size=batch_size, pool=self.pool, progress=progress, log=log,
-                                engine=engine, ray=ray, load=self._loader(), uri=self.target)
+                                engine=engine, ray=ray, load=self._loader() if ray else None, uri=self.target)
         return self._start_thread(order, rate, ray)
 
     def _ray_options(self, engine: str, address: str | None, actors: int | None, gpus: float) -> Any:
