@@ -123,10 +123,11 @@ def _fault_run(cluster, c: Collection, new, uri: str | None, twin: Collection, t
     for i in range(TOKENS):
         Path(f"{tokens}.{i}").unlink()  # armed: the next TOKENS commits that store something crash
     start_backfill(c, new, order="sequential")
-    faults = FaultInjector(cl, node, kills=kills, removals=1, remove_every=4)
+    faults = FaultInjector(cl, node, kills=kills, removals=1, remove_every=4, period_s=1.0)
     opts = RayOptions(actors=2, object_store_mb=64)
-    rep = run_ray_worker(c, Delayed(lambda: new, delay), uri=uri, options=opts, batch_size=8, on_batch=faults,
-                         lease_s=60.0)
+    with faults:  # a live embedding actor SIGKILLed every second until `kills`
+        rep = run_ray_worker(c, Delayed(lambda: new, delay), uri=uri, options=opts, batch_size=8, on_batch=faults,
+                             lease_s=60.0)
     assert rep.stopped == "done", rep.as_dict()
     assert faults.done["actor_kills"] == kills and faults.done["node_removals"] == 1, faults.done
     assert all(Path(f"{tokens}.{i}").exists() for i in range(TOKENS))  # the fail-point fired

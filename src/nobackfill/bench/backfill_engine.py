@@ -28,7 +28,6 @@ import math
 import os
 import resource
 import shutil
-import signal
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -47,6 +46,7 @@ from ..search import ModelPool
 from ..search.models import model_ref
 from .backfill import _take
 from .backfill_engine_report import REPORT, format_markdown
+from .backfill_faults import Delayed, FaultInjector
 
 __all__ = ["REPORT", "BackfillEngineConfig", "Delayed", "FaultInjector", "current_vectors", "format_markdown",
            "run_backfill_engine_bench"]
@@ -74,64 +74,6 @@ class BackfillEngineConfig:
     def quick(cls, **kw: Any) -> "BackfillEngineConfig":
         """6000 items (full: 20000)."""
         return cls(**{"items": 6000, **kw})
-
-
-class FaultInjector:
-    """``on_batch`` of :func:`~nobackfill.lifecycle.backfill_ray.run_ray_worker` on a
-    ``ray.cluster_utils.Cluster``: every ``remove_every``-th committed batch it removes a non-head
-    node (a fresh one with ``node`` arguments joins) until ``removals`` were removed; at the other
-    batches it SIGKILLs a live embedding actor (the last seen to embed) until ``kills`` were killed.
-    ``done``: what it did."""
-
-    def __init__(self, cluster: Any, node: dict[str, Any], kills: int, removals: int, remove_every: int = 5) -> None:
-        self.cluster, self.node, self.kills, self.removals = cluster, node, kills, removals
-        self.remove_every = remove_every
-        self.done = {"actor_kills": 0, "node_removals": 0, "batches": 0}
-        self._seen: list[int] = []
-
-    def __call__(self, info: dict[str, Any]) -> None:
-        self.done["batches"] += 1
-        pid = int(info["embedded_by"])
-        if pid != os.getpid() and pid not in self._seen:
-            self._seen.append(pid)
-        if self.done["node_removals"] < self.removals and self.done["batches"] % self.remove_every == 0:
-            workers = [n for n in self.cluster.list_all_nodes() if n is not self.cluster.head_node]
-            self.cluster.remove_node(workers[-1], allow_graceful=False)
-            self.cluster.add_node(**self.node)
-            self.done["node_removals"] += 1
-            return
-        while self.done["actor_kills"] < self.kills and self._seen:
-            victim = self._seen.pop()
-            try:
-                os.kill(victim, signal.SIGKILL)
-            except ProcessLookupError:
-                continue
-            self.done["actor_kills"] += 1
-            return
-
-
-class Delayed:
-    """``load()`` of an actor whose model takes ``delay`` seconds more per call (the fault run's
-    stand-in for a slower model: its actors are still embedding when batches commit, so the kills
-    land on working actors); the vectors are the model's own."""
-
-    def __init__(self, load: Callable[[], Any], delay: float) -> None:
-        self.load, self.delay = load, delay
-
-    def __call__(self) -> "Delayed._Model":
-        return Delayed._Model(self.load(), self.delay)
-
-    class _Model:
-        def __init__(self, encoder: Any, delay: float) -> None:
-            self.encoder, self.delay = encoder, delay
-
-        def encode_images(self, images: Any, **kw: Any) -> Any:
-            time.sleep(self.delay)
-            return self.encoder.encode_images(images, **kw)
-
-        def encode_texts(self, texts: Any, **kw: Any) -> Any:
-            time.sleep(self.delay)
-            return self.encoder.encode_texts(texts, **kw)
 
 
 def current_vectors(c: Collection) -> tuple[dict[str, np.ndarray], int]:
