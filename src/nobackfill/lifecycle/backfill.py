@@ -42,8 +42,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
-import socket
 import time
 import uuid
 from pathlib import Path
@@ -53,9 +51,9 @@ import numpy as np
 
 from ..collection.collection import Collection
 from ..catalog.plan import Plan
-from .backfill_commit import (WorkerReport, _all_shards_done, _finalize_order, _finish_if_done,  # noqa: F401
+from .backfill_commit import (Session, WorkerReport, _all_shards_done, _finalize_order, _finish_if_done,  # noqa: F401
                               _record_stop, _sample_complete, claim_shard, commit_batch, finish_shard, gather,
-                              hand_back, keys_of, shard_ids)
+                              hand_back, keys_of, new_owner, next_shard, shard_ids)
 # the job store's and the orders' names stay importable from here (tests and other modules do)
 from .backfill_jobs import (DEFAULT_LEASE_S, JOB_DIR, JOB_FILE, LEASE_DIR, ORDER_FILE, SAMPLE_FILE,  # noqa: F401
                             WORKERS_FILE, BackfillBusy, BackfillError, BackfillJob, _holder, _holder_gone, _iso, _job_lock,
@@ -207,20 +205,16 @@ def run_worker(collection: Collection, encoder: Any, *, batch_size: int = 64, ra
     ``rate`` caps items per second for this worker. Whatever stops it, it hands its shard back and
     records why (``backfill_status``); a SIGKILL leaves the lease to expire (or to be taken over at
     once on this host)."""
-    owner = owner or f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+    owner = owner or new_owner()
     rep = WorkerReport(owner=owner)
     t_start = _now()
-    held: int | None = None
-    try:
+    with Session(collection, rep) as s:
         while True:
-            if limit is not None and rep.embedded >= limit:
-                rep.stopped = "limit"
-                return rep
-            claimed = claim_shard(collection, owner, lease_s, rep, poll_s)
+            claimed = next_shard(collection, owner, lease_s, rep, limit, poll_s)
             if claimed is None:
                 return rep
-            job, held = claimed
-            ids, sample_ids = shard_ids(collection, job, held)
+            job, s.shard = claimed
+            ids, sample_ids = shard_ids(collection, job, s.shard)
             pos, lost = 0, False
             while pos < len(ids):
                 if limit is not None and rep.embedded >= limit:
@@ -233,7 +227,7 @@ def run_worker(collection: Collection, encoder: Any, *, batch_size: int = 64, ra
                 vecs = _encode(encoder, batch)
                 rep.embedded += len(batch)
                 cur_rate = (rep.committed + len(batch)) / max(_now() - t_start, 1e-6)
-                status, n, n_sample = commit_batch(collection, job, held, owner, lease_s, cur_rate, keys_of(batch),
+                status, n, n_sample = commit_batch(collection, job, s.shard, owner, lease_s, cur_rate, keys_of(batch),
                                                    vecs, [(it.modality, it.key) for it in batch if it.id in sample_ids])
                 if status == "lost":
                     lost = True
@@ -252,15 +246,10 @@ def run_worker(collection: Collection, encoder: Any, *, batch_size: int = 64, ra
                     if wait > 0:
                         time.sleep(wait)
             if lost:  # taken over after our lease expired: look for another shard
-                held = None
+                s.shard = None
                 continue
-            finish_shard(collection, held, owner, lease_s)
-            held = None
-    except BaseException as e:
-        rep.stopped = f"error: {type(e).__name__}: {e}"
-        raise
-    finally:
-        hand_back(collection, rep, held)
+            finish_shard(collection, s.shard, owner, lease_s)
+            s.shard = None
 
 
 def _worker_main(path: str, model: str, kwargs: dict, report: str) -> None:  # pragma: no cover - a child process

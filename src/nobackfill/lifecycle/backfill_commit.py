@@ -16,7 +16,9 @@ from __future__ import annotations
 
 import contextlib
 import os
+import socket
 import time
+import uuid
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
@@ -29,8 +31,8 @@ from .backfill_jobs import (JOB_DIR, LEASE_DIR, ORDER_FILE, SAMPLE_FILE, WORKERS
 from .backfill_fit import maybe_fit
 from .backfill_order import _held, _pending, _uncertainty_order
 
-__all__ = ["FAILPOINT_ENV", "WorkerReport", "claim_shard", "commit_batch", "finish_shard", "gather", "hand_back",
-           "keys_of", "shard_ids"]
+__all__ = ["FAILPOINT_ENV", "WorkerReport", "claim_shard", "commit_batch", "finish_shard", "Session", "gather",
+           "hand_back", "keys_of", "new_owner", "next_shard", "shard_ids"]
 
 #: ``<path>:<n>``: the commit of a batch that stored something exits its process (``os._exit``)
 #: right after the catalog transaction, at most ``n`` times over all processes (``<path>.<i>``
@@ -77,6 +79,24 @@ def _record_stop(collection: Collection, rep: WorkerReport) -> None:
                           "t": _now(), "committed": rep.committed, "sample": rep.sample, "engine": rep.engine}
         keep = sorted(obj.values(), key=lambda v: v.get("t", 0.0))[-16:]
         _write(collection, WORKERS_FILE, {v["owner"]: v for v in keep})
+
+
+class Session:
+    """A worker's run (``with Session(collection, rep) as s``, ``s.shard`` the shard it holds): on
+    leaving, whatever stopped it (an exception is recorded as ``error: ...`` and goes on), the shard
+    is handed back and how it stopped recorded (:func:`hand_back`)."""
+
+    def __init__(self, collection: Collection, rep: WorkerReport) -> None:
+        self.collection, self.rep, self.shard = collection, rep, None
+
+    def __enter__(self) -> "Session":
+        return self
+
+    def __exit__(self, kind: Any, e: BaseException | None, tb: Any) -> bool:
+        if e is not None:
+            self.rep.stopped = f"error: {type(e).__name__}: {e}"
+        hand_back(self.collection, self.rep, self.shard)
+        return False
 
 
 def hand_back(collection: Collection, rep: WorkerReport, shard: int | None) -> None:
@@ -171,6 +191,20 @@ def claim_shard(collection: Collection, owner: str, lease_s: float, rep: WorkerR
             continue
         rep.stopped, rep.busy = "no free shard", busy
         return None
+
+
+def next_shard(collection: Collection, owner: str, lease_s: float, rep: WorkerReport, limit: int | None,
+               poll_s: float = 0.2) -> tuple[BackfillJob, int] | None:
+    """:func:`claim_shard`, unless ``limit`` items were embedded already (then ``rep.stopped`` says so)."""
+    if limit is not None and rep.embedded >= limit:
+        rep.stopped = "limit"
+        return None
+    return claim_shard(collection, owner, lease_s, rep, poll_s)
+
+
+def new_owner(tag: str = "") -> str:
+    """A worker's lease owner: ``host:pid:tag`` (a process of this host that exits frees its shards)."""
+    return f"{socket.gethostname()}:{os.getpid()}:{tag}{uuid.uuid4().hex[:8]}"
 
 
 def shard_ids(collection: Collection, job: BackfillJob, shard: int) -> tuple[list[str], set[str]]:

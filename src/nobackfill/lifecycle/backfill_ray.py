@@ -23,10 +23,8 @@ from __future__ import annotations
 import contextlib
 import math
 import os
-import socket
 import threading
 import time
-import uuid
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
@@ -34,7 +32,7 @@ import numpy as np
 
 from ..collection.collection import Collection, Item
 from ..encoders.base import encode
-from .backfill_commit import (WorkerReport, claim_shard, commit_batch, finish_shard, gather, hand_back,
+from .backfill_commit import (Session, WorkerReport, commit_batch, finish_shard, gather, new_owner, next_shard,
                               shard_ids)
 from .backfill_fit import maybe_fit
 from .backfill_jobs import DEFAULT_LEASE_S, BackfillError, BackfillJob, _job_lock, _leases, _now, _renew, _swap
@@ -266,47 +264,40 @@ def run_ray_worker(collection: Collection, load: Callable[[], Any], *, uri: str 
     commit actor's peak RSS ``rss_mb``, ``commit_rss_mb``)."""
     ray = import_ray()
     opts = options or RayOptions()
-    owner = owner or f"{socket.gethostname()}:{os.getpid()}:ray-{uuid.uuid4().hex[:8]}"
+    owner = owner or new_owner("ray-")
     rep = WorkerReport(owner=owner, engine="ray")
     started = _start(ray, opts)
     _configure(ray, opts)
     t0 = _now()
-    held: int | None = None
     try:
-        while True:
-            if limit is not None and rep.embedded >= limit:
-                rep.stopped = "limit"
-                return rep
-            claimed = claim_shard(collection, owner, lease_s, rep)
-            if claimed is None:
-                return rep
-            job, held = claimed
-            _tag_lease(collection, held, owner, {"engine": "ray", "actors": opts.actors})
-            ids, sample_ids = shard_ids(collection, job, held)
-            pos, status = 0, "ok"
-            while pos < len(ids) and status == "ok":
-                left = opts.chunk if limit is None else min(opts.chunk, limit - rep.embedded)
-                if left <= 0:
-                    break
-                items, pos = gather(collection, job, ids, pos, left)
-                if items:
-                    status = _run(ray, collection, load, job, held, owner, items, sample_ids, opts, batch_size,
-                                  lease_s, rep, rate, t0, progress, on_batch, uri)
-            if status == "lost":  # taken over after our lease expired: look for another shard
-                held = None
-                continue
-            if status != "ok":
-                rep.stopped = status
-                return rep
-            if pos < len(ids):
-                continue  # the limit: said at the top
-            finish_shard(collection, held, owner, lease_s)
-            held = None
-    except BaseException as e:
-        rep.stopped = f"error: {type(e).__name__}: {e}"
-        raise
+        with Session(collection, rep) as s:
+            while True:
+                claimed = next_shard(collection, owner, lease_s, rep, limit)
+                if claimed is None:
+                    return rep
+                job, s.shard = claimed
+                _tag_lease(collection, s.shard, owner, {"engine": "ray", "actors": opts.actors})
+                ids, sample_ids = shard_ids(collection, job, s.shard)
+                pos, status = 0, "ok"
+                while pos < len(ids) and status == "ok":
+                    left = opts.chunk if limit is None else min(opts.chunk, limit - rep.embedded)
+                    if left <= 0:
+                        break
+                    items, pos = gather(collection, job, ids, pos, left)
+                    if items:
+                        status = _run(ray, collection, load, job, s.shard, owner, items, sample_ids, opts, batch_size,
+                                      lease_s, rep, rate, t0, progress, on_batch, uri)
+                if status == "lost":  # taken over after our lease expired: look for another shard
+                    s.shard = None
+                    continue
+                if status != "ok":
+                    rep.stopped = status
+                    return rep
+                if pos < len(ids):
+                    continue  # the limit: said at the top
+                finish_shard(collection, s.shard, owner, lease_s)
+                s.shard = None
     finally:
-        hand_back(collection, rep, held)
         if started:
             ray.shutdown()
 
