@@ -42,6 +42,7 @@ bench: $(STAMP)
 	$(BIN)/nobackfill bench late --quick --out $(R)/late.json
 	$(BIN)/nobackfill bench routes --quick --out $(R)/routes.json
 	$(BIN)/nobackfill bench backfill --quick --out $(R)/backfill.json
+	$(BIN)/nobackfill bench backfill-engine --quick --out $(R)/backfill_engine.json
 	$(BIN)/nobackfill bench fitted-bridge --quick --out $(R)/fitted_bridge.json
 	$(BIN)/nobackfill bench serve --quick --out $(R)/serve.json
 	sh scripts/isolated.sh $(BIN)/nobackfill bench store --quick --out $(R)/store.json

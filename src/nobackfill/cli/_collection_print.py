@@ -131,7 +131,9 @@ def print_backfill(bf: dict) -> None:
         results.print(f"    no source: cannot be backfilled: {bf['no_source']} item(s) (imported without one; "
                   "searched in their space until it is retired)")
     for w in bf.get("holders", []):
-        results.print(f"    worker: pid {w['pid']} on {w['host']} (shard {w['shard']}, since {w['since']})")
+        ray = f"ray, {w['actors']} actors, " if w.get("engine") == "ray" else ""
+        results.print(f"    worker: pid {w['pid']} on {w['host']} ({ray}shard {w['shard']}, since {w['since']}, "
+                      f"{w.get('rate', 0.0):.1f} items/s)")
     if bf.get("note"):
         results.print(f"    [yellow]{escape(bf['note'])}[/yellow]")
 
@@ -140,7 +142,9 @@ def print_backfill_run(name: str, st: dict, limit: Optional[int]) -> None:
     head = f"backfill of {name}: {st['done']}/{st['total']} items in the current space ({100 * st['fraction']:.1f}%)"
     sample = (f" ({st['sample_committed']} of them the training sample of the uncertainty order)"
               if st.get("sample_committed") else "")
-    done = f"{st['committed']} committed{sample} in {st['seconds']:.1f}s"
+    rate = f", {st['embedded'] / st['seconds']:.1f} items/s" if st.get("seconds") and st.get("embedded") else ""
+    engine = " on ray" if st.get("engine") == "ray" else ""
+    done = f"{st['committed']} committed{sample} in {st['seconds']:.1f}s{engine}{rate}"
     if st.get("busy"):  # every unfinished shard is leased: say who works, not a silent "0 committed"
         who = "; ".join(f"pid {w['pid']} on {w['host']} (shard {w['shard']}, since {w['since']})" for w in st["busy"])
         results.print(f"{head}; another process is doing the work: {who}; nothing was left for this one"

@@ -202,6 +202,28 @@ def bench_backfill(
     _bench(cfg, lambda c, log: run_backfill_bench(c, log=log), REPORT, json_out, as_json)
 
 
+def bench_backfill_engine(
+    quick: bool = typer.Option(False, help="4000 items (full: 20000)."),
+    json_out: Path = typer.Option(Path("runs/bench/backfill_engine.json"), "--out", help="JSON output (.md beside it)."),
+    models: Path = typer.Option(Path("models"), help="Folder with world-old / world-new."),
+    items: Optional[int] = typer.Option(None, help="World items backfilled (overrides --quick's / the full default)."),
+    work: Path = typer.Option(Path("runs/bench/backfill-engine-work"), help="Scratch world and collections."),
+    config: Optional[Path] = config_option(),
+    set_: Optional[List[str]] = set_option(),
+    show_config: bool = show_config_option(),
+    as_json: bool = json_flag(),
+) -> None:
+    """Items/s of the local lease workers vs Ray Data (1 and 2 nodes) on the same world items, Ray's
+    overhead per batch, peak RSS, and a fault run (actor kills, node removals, crashed commits):
+    committed, lost, twice (needs pip install 'nobackfill[ray]')."""
+    from ..bench.backfill_engine import REPORT, BackfillEngineConfig, run_backfill_engine_bench
+
+    kw: dict = dict(models=models, work=work, **({"items": items} if items else {}))
+    cfg = resolve_config(BackfillEngineConfig, BackfillEngineConfig.quick(**kw) if quick else BackfillEngineConfig(**kw),
+                         config, set_, show=show_config)
+    _bench(cfg, lambda c, log: run_backfill_engine_bench(c, log=log), REPORT, json_out, as_json)
+
+
 def bench_store(
     quick: bool = typer.Option(False, help="N = 100k (full: 1M), 20k real MiniLM captions (full: 145k)."),
     json_out: Path = typer.Option(Path("runs/bench/store.json"), "--out", help="JSON output (a .md table beside it)."),

@@ -361,6 +361,12 @@ def backfill(
     resume: bool = typer.Option(False, help="Resume a paused backfill (then run workers). A paused backfill holds "
                                             "until this: without --resume the command refuses to run it."),
     cancel: bool = typer.Option(False, help="Forget the backfill job (what was committed stays)."),
+    engine: str = typer.Option("local", help="Who embeds: local (worker processes here) or ray (a Ray Data "
+                                             "pipeline; pip install 'nobackfill[ray]')."),
+    address: Optional[str] = typer.Option(None, help="Ray: the cluster (auto: the one `ray start` runs; default: "
+                                                     "a Ray started for this run on this machine)."),
+    actors: Optional[int] = typer.Option(None, help="Ray: embedding actors (default 2)."),
+    gpus_per_actor: float = typer.Option(0.0, help="Ray: GPUs per embedding actor (0: CPU)."),
     as_json: bool = _JSON,
 ) -> None:
     """Re-embed the items of older spaces into the current model's space, in the chosen order, while
@@ -384,9 +390,11 @@ def backfill(
             fail(f"the backfill of {name} is paused ({st0['done']}/{st0['total']} done): resume it with "
                  f"`nobackfill collection backfill {name} --resume`")
         todo = st0["total"] - st0["done"] if limit is None else min(limit, st0["total"] - st0["done"])
-        with progress_bar(True, f"backfilling ({order})", todo) as advance:
+        ray = {"engine": engine, "ray_address": address, "actors": actors, "gpus_per_actor": gpus_per_actor} \
+            if engine != "local" or address or actors or gpus_per_actor else {}
+        with progress_bar(True, f"backfilling ({order}, {engine})", todo, unit="items") as advance:
             st = client.backfill_start(order, rate, wait=True, resume=resume, limit=limit, workers=workers,
-                                       batch_size=batch_size, progress=advance, log=console.print)
+                                       batch_size=batch_size, progress=advance, log=console.print, **ray)
     except user_errors() as e:
         fail(e)
     if as_json:

@@ -31,6 +31,9 @@ def serve(
     max_k: int = typer.Option(1000, help="Largest k (the in-process client's limit too)."),
     max_batch: int = typer.Option(256, help="Most items per add request."),
     backfill: Optional[str] = typer.Option(None, help="Start a backfill in the server at once, in this order."),
+    ray_address: Optional[str] = typer.Option(None, help="The Ray cluster that POST /v1/backfill/start with engine "
+                                              "'ray' embeds on (auto: the one `ray start` runs here); without it "
+                                              "such requests are refused (pip install 'nobackfill[ray]')."),
     log_level: str = typer.Option("warning", help="uvicorn log level."),
     query_cache: int = typer.Option(4096, help="Text query embeddings kept in memory (LRU; 0: none); hits in /metrics."),
     query_threads: int = typer.Option(1, help="Threads that embed a batch of queries (torch's, or each ONNX Runtime "
@@ -52,7 +55,7 @@ def serve(
     try:
         settings = ServeSettings(collection=collection, keys=KeyRing.load(keys), models_root=models_root,
                                  upgrades_root=upgrades_root, data_root=data_root, uploads=uploads, query_cache=query_cache,
-                                 query_threads=query_threads, onnx=onnx,
+                                 query_threads=query_threads, onnx=onnx, ray_address=ray_address,
                                  limits=Limits(max_body_bytes=int(max_body_mb * 2**20), max_image_pixels=max_image_pixels,
                                                max_k=max_k, max_batch=max_batch))
         app = create_app(settings)

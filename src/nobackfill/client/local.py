@@ -13,7 +13,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 from ..search.limits import Limits
 from .base import Client, check_image_file
-from .errors import ClientError, Conflict, NotFound, as_client_error
+from .errors import ClientError, Conflict, InvalidRequest, NotFound, as_client_error
 from .types import AddResult, ImportResult, ItemInfo, SearchHit, SearchResults, UpgradeResult
 from .upload import given_items, one_source, read_files
 
@@ -325,23 +325,53 @@ class LocalClient(Client):
     def backfill_start(self, order: str = "uncertainty", rate: float | None = None, *, wait: bool = False,
                        resume: bool = False, limit: int | None = None, workers: int = 1, batch_size: int = 64,
                        progress: Callable[[int], None] | None = None,
-                       log: Callable[[str], None] | None = None) -> dict[str, Any]:
+                       log: Callable[[str], None] | None = None, engine: str = "local",
+                       ray_address: str | None = None, actors: int | None = None,
+                       gpus_per_actor: float = 0.0) -> dict[str, Any]:
         """Start (or go on with) the backfill. ``wait``: run ``workers`` worker processes (1: this
         one) until done, ``limit`` or a pause, and return the run's report (``resume``: a paused job
         runs again first); otherwise a worker thread of this process goes on in the background (the
-        service's way; a paused job runs again) and the status is returned."""
+        service's way; a paused job runs again) and the status is returned. ``engine="ray"``: the
+        embedding runs on the Ray cluster at ``ray_address`` (``auto``: the running one; None: a Ray
+        started on this machine), ``actors`` embedding actors of ``gpus_per_actor`` GPUs each."""
         from ..lifecycle.backfill import pause_backfill, run_backfill
 
+        ray = self._ray_options(engine, ray_address, actors, gpus_per_actor)
         if wait:
             if resume:
                 pause_backfill(self.collection, paused=False)
             return run_backfill(self.collection, self.encoder(), order=order, workers=workers, limit=limit,
-                                rate=rate, batch_size=batch_size, pool=self.pool, progress=progress, log=log)
-        return self._start_thread(order, rate)
+                                rate=rate, batch_size=batch_size, pool=self.pool, progress=progress, log=log,
+                                engine=engine, ray=ray, load=self._loader() if ray else None, uri=self.target)
+        return self._start_thread(order, rate, ray)
 
-    def _start_thread(self, order: str, rate: float | None) -> dict[str, Any]:
+    def _ray_options(self, engine: str, address: str | None, actors: int | None, gpus: float) -> Any:
+        """The ray engine's options (None for the local engine, which takes none of them)."""
+        from ..lifecycle.backfill import ENGINES
+
+        if engine not in ENGINES:
+            raise InvalidRequest(422, f"engine must be one of {', '.join(ENGINES)}, got {engine!r}", "engine")
+        if engine == "local":
+            if address is not None or actors is not None or gpus:
+                raise InvalidRequest(422, "ray_address, actors and gpus_per_actor need engine='ray'", "engine")
+            return None
+        from ..lifecycle.backfill_ray import RayOptions
+
+        try:
+            return RayOptions(address=address, gpus_per_actor=float(gpus), **({"actors": actors} if actors else {}))
+        except ValueError as e:
+            raise InvalidRequest(422, str(e), "actors") from None
+
+    def _loader(self) -> Any:
+        """How a Ray actor loads the current model (by its reference, into a pool of its own)."""
+        from ..lifecycle.backfill_ray import PoolLoader
+
+        c = self.collection
+        return PoolLoader(c.space(c.current_space).model, c.current_space)
+
+    def _start_thread(self, order: str, rate: float | None, ray: Any = None) -> dict[str, Any]:
         """A paused job runs again; a worker thread still in its batch goes on (it re-checks the
-        job before it stops), else one is started."""
+        job before it stops), else one is started (``ray``: a Ray pipeline's driver)."""
         from ..lifecycle.backfill import backfill_running, run_worker, start_backfill
 
         with self.write_lock:
@@ -352,10 +382,18 @@ class LocalClient(Client):
                     return self.backfill_status()
                 self.backfill_active, self.backfill_error, self.backfill_stopped = True, None, None
 
+            def one_run() -> Any:
+                if ray is None:
+                    return run_worker(self.collection, enc, rate=rate, batch_size=32)
+                from ..lifecycle.backfill_ray import run_ray_worker
+
+                return run_ray_worker(self.collection, self._loader(), uri=self.target, options=ray, rate=rate,
+                                      batch_size=32)
+
             def work() -> None:
                 try:
                     while True:
-                        rep = run_worker(self.collection, enc, rate=rate, batch_size=32)
+                        rep = one_run()
                         with self._backfill_lock:
                             job = backfill_running(self.collection)
                             if rep.stopped in ("paused", "job removed") and job is not None and job.state == "running":
@@ -380,8 +418,10 @@ class LocalClient(Client):
         return self.backfill_status()
 
     @_refusals
-    def backfill_resume(self, order: str = "uncertainty", rate: float | None = None) -> dict[str, Any]:
-        return self._start_thread(order, rate)
+    def backfill_resume(self, order: str = "uncertainty", rate: float | None = None, *, engine: str = "local",
+                        ray_address: str | None = None, actors: int | None = None,
+                        gpus_per_actor: float = 0.0) -> dict[str, Any]:
+        return self._start_thread(order, rate, self._ray_options(engine, ray_address, actors, gpus_per_actor))
 
     @_refusals
     def backfill_cancel(self) -> dict[str, Any]:

@@ -209,15 +209,20 @@ class RemoteClient(Client):
     def backfill_start(self, order: str = "uncertainty", rate: float | None = None, *, wait: bool = False,
                        resume: bool = False, limit: int | None = None, workers: int = 1, batch_size: int = 64,
                        progress: Callable[[int], None] | None = None, log: Any = None,
-                       poll_s: float = 0.5) -> dict[str, Any]:
+                       poll_s: float = 0.5, engine: str = "local", ray_address: str | None = None,
+                       actors: int | None = None, gpus_per_actor: float = 0.0) -> dict[str, Any]:
         """Start (``resume``: resume a paused) backfill in the server, whose own worker does the
         work; ``wait``: follow it until it is done, paused or stopped (``progress(n)`` told of each
         item committed meanwhile) and return the run's report, as in process. ``limit``,
-        ``workers`` and ``batch_size`` are the server's own (refused here)."""
+        ``workers`` and ``batch_size`` are the server's own (refused here), and so is the Ray cluster
+        of ``engine="ray"`` (``nobackfill serve --ray-address``): ``ray_address`` is refused."""
         if limit is not None or workers != 1 or batch_size != 64:
             raise InvalidRequest(422, "over HTTP the server's own worker does the backfill: limit, workers and "
                                       "batch_size are taken where the collection is stored", "limit")
-        body = {"order": order, **({"rate": rate} if rate else {})}
+        if ray_address is not None:
+            raise InvalidRequest(422, "over HTTP the server's Ray cluster is used (nobackfill serve --ray-address): "
+                                      "ray_address is taken where the server runs", "ray_address")
+        body = _backfill_body(order, rate, engine, actors, gpus_per_actor)
         before = self.backfill_status() if wait else None
         st = self._call("POST", f"/v1/backfill/{'resume' if resume else 'start'}", json=body,
                         backfill=True)
@@ -226,8 +231,9 @@ class RemoteClient(Client):
     def backfill_pause(self) -> dict[str, Any]:
         return self._call("POST", "/v1/backfill/pause", backfill=True)
 
-    def backfill_resume(self, order: str = "uncertainty", rate: float | None = None) -> dict[str, Any]:
-        return self._call("POST", "/v1/backfill/resume", json={"order": order, **({"rate": rate} if rate else {})},
+    def backfill_resume(self, order: str = "uncertainty", rate: float | None = None, *, engine: str = "local",
+                        actors: int | None = None, gpus_per_actor: float = 0.0) -> dict[str, Any]:
+        return self._call("POST", "/v1/backfill/resume", json=_backfill_body(order, rate, engine, actors, gpus_per_actor),
                           backfill=True)
 
     def backfill_cancel(self) -> dict[str, Any]:
@@ -235,6 +241,13 @@ class RemoteClient(Client):
 
     def backfill_status(self) -> dict[str, Any]:
         return self.status()["backfill"]
+
+
+def _backfill_body(order: str, rate: float | None, engine: str, actors: int | None,
+                   gpus_per_actor: float) -> dict[str, Any]:
+    """The JSON body of ``/v1/backfill/start`` and ``resume`` (the defaults left out)."""
+    return {"order": order, **({"rate": rate} if rate else {}), **({"engine": engine} if engine != "local" else {}),
+            **({"actors": actors} if actors else {}), **({"gpus_per_actor": gpus_per_actor} if gpus_per_actor else {})}
 
 
 def _follow(client: RemoteClient, before: dict[str, Any], progress: Callable[[int], None] | None,

@@ -4,7 +4,9 @@ route, a calibration), the progressive backfill and ``verify``.
 * :mod:`.plan_changes` - ``upgrade_collection``, ``calibrate_collection``, ``pin_route``.
 * :mod:`.calibrate` - routes, fused weights, score maps and the merge chosen on a calibration split.
 * :mod:`.backfill` - start / pause / cancel / run the backfill, its status, ``retire_space``;
-  :mod:`.backfill_order` its order policies, :mod:`.backfill_jobs` its job and lease store.
+  :mod:`.backfill_order` its order policies, :mod:`.backfill_jobs` its job and lease store,
+  :mod:`.backfill_commit` the steps every engine shares (the one commit), :mod:`.backfill_ray` the
+  ``ray`` engine (Ray Data; ray imported only when it is chosen).
 * :mod:`.verify` - every stored file of a gallery or collection checked (and the model check).
 
 May import: ``adopt``, ``catalog``, ``collection``, ``compat``, ``encoders``, ``evaluate``, ``gallery``,

@@ -42,28 +42,33 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
-import socket
 import time
 import uuid
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
 import numpy as np
 
-from ..collection.collection import Collection, Item
+from ..collection.collection import Collection
 from ..catalog.plan import Plan
-from .backfill_jobs import (DEFAULT_LEASE_S, JOB_DIR, JOB_FILE, LEASE_DIR, ORDER_FILE, SAMPLE_FILE, WORKERS_FILE,
-                            BackfillBusy, BackfillError, BackfillJob, _holder, _holder_gone, _iso, _job_lock, _last_worker,
-                            _leases, _now, _order_ids, _parse_owner, _read, _release, _renew, _stopped_workers,
-                            _take_shard, _write, backfill_running, describe_holders)
-from .backfill_fit import maybe_fit, sample_first
-from .backfill_order import ORDERS, _encode, _held, _pending, _route_failure, _uncertainty_order
+from .backfill_commit import (Session, WorkerReport, _all_shards_done, _finalize_order, _finish_if_done,  # noqa: F401
+                              _record_stop, _sample_complete, claim_shard, commit_batch, finish_shard, gather,
+                              hand_back, keys_of, new_owner, next_shard, shard_ids)
+# the job store's and the orders' names stay importable from here (tests and other modules do)
+from .backfill_jobs import (DEFAULT_LEASE_S, JOB_DIR, JOB_FILE, LEASE_DIR, ORDER_FILE, SAMPLE_FILE,  # noqa: F401
+                            WORKERS_FILE, BackfillBusy, BackfillError, BackfillJob, _holder, _holder_gone, _iso, _job_lock,
+                            _last_worker, _leases, _now, _order_ids, _parse_owner, _read, _release, _renew,
+                            _stopped_workers, _take_shard, _write, backfill_running, describe_holders)
+from .backfill_fit import maybe_fit, sample_first  # noqa: F401
+from .backfill_order import ORDERS, _encode, _held, _pending, _route_failure, _uncertainty_order  # noqa: F401
 
-__all__ = ["ORDERS", "BackfillBusy", "BackfillError", "BackfillJob", "WorkerReport", "backfill_running",
+__all__ = ["ENGINES", "ORDERS", "BackfillBusy", "BackfillError", "BackfillJob", "WorkerReport", "backfill_running",
            "backfill_status", "cancel_backfill", "describe_holders", "pause_backfill", "retire_space", "run_backfill",
            "run_worker", "start_backfill"]
+
+
+#: how the items are embedded: lease workers in processes of this machine, or a Ray Data pipeline
+ENGINES = ("local", "ray")
 
 
 # ----------------------------------------------------------------------------- job life cycle
@@ -116,45 +121,9 @@ def start_backfill(collection: Collection, encoder: Any, *, order: str = "uncert
         for name in [*collection.catalog.list_docs(f"{JOB_DIR}/{LEASE_DIR}/"), f"{JOB_DIR}/{WORKERS_FILE}"]:
             collection.catalog.delete_doc(name)
         job = BackfillJob(target=target, order=order, shards=int(shards), seed=seed, created=_iso(),
-                          sample=n_sample, total=len(pending), phase=phase)
+                          sample=n_sample, total=len(pending), phase=phase, epoch=uuid.uuid4().hex)
         job.save(collection)
         return job
-
-
-def _all_shards_done(collection: Collection, job: BackfillJob) -> bool:
-    leases = _leases(collection)
-    return len(leases) == job.shards and all(v.get("done") for v in leases.values())
-
-
-def _sample_complete(collection: Collection, job: BackfillJob) -> bool:
-    """Every live item of the training sample is committed (or every shard is done)."""
-    if _all_shards_done(collection, job):
-        return True
-    obj = _read(collection, SAMPLE_FILE) or {}
-    collection.refresh()
-    g = collection.gallery(job.target)
-    g.refresh()
-    live = collection.serving(obj.get("ids", []))
-    return all(space == job.target for _, space in live.values())
-
-
-def _finalize_order(collection: Collection, job: BackfillJob) -> BackfillJob:
-    """The sample is in: fit the head, write sample + the rest as the order, free every shard
-    (caller holds the backfill lock)."""
-    obj = _read(collection, SAMPLE_FILE) or {}
-    sample_ids = list(obj.get("ids", []))
-    labels = {str(k): float(v) for k, v in (obj.get("labels") or {}).items()}
-    items = collection.items()
-    sample = [items[i] for i in sample_ids if i in items]
-    pending = _pending(collection, job.target, items)
-    rest, head = _uncertainty_order(collection, job.target, pending, sample, labels, job.seed)
-    ids = sample_ids + rest
-    _write(collection, ORDER_FILE, ids)
-    for name in collection.catalog.list_docs(f"{JOB_DIR}/{LEASE_DIR}/"):
-        collection.catalog.delete_doc(name)
-    job.phase, job.head, job.sample, job.total = "order", head, len(sample_ids), len(ids)
-    job.save(collection)
-    return job
 
 
 def pause_backfill(collection: Collection, paused: bool = True) -> BackfillJob:
@@ -178,7 +147,8 @@ def cancel_backfill(collection: Collection) -> None:
 
 
 def backfill_status(collection: Collection) -> dict[str, Any]:
-    """``{"done", "total", "fraction", "order", "state", "rate", "eta_s", "workers", "holders", ...}``
+    """``{"done", "total", "fraction", "order", "state", "rate", "eta_s", "workers", "holders", "engine",
+    "actors", ...}``
     of the current space (done: live items it serves). ``state``: none | running (a live worker
     holds a shard) | idle (unfinished, but no worker runs: ``note`` and ``last_worker`` say why) |
     paused | done."""
@@ -205,6 +175,9 @@ def backfill_status(collection: Collection) -> dict[str, Any]:
             and not _holder_gone(str(v.get("owner", "")))}
     out["workers"] = len(live)
     out["holders"] = [_holder(s, v) for s, v in sorted(live.items())]
+    engines = sorted({str(v.get("engine", "local")) for v in live.values()})
+    out["engine"] = "+".join(engines) if engines else None  # local | ray (| local+ray) while workers run
+    out["actors"] = sum(int(v.get("actors", 1)) for v in live.values())  # embedding processes / Ray actors
     rates = [v.get("rate", 0.0) for v in live.values()]
     out["rate"] = float(sum(rates))
     out["eta_s"] = (total - done) / out["rate"] if out["rate"] > 0 else None
@@ -224,46 +197,6 @@ def backfill_status(collection: Collection) -> dict[str, Any]:
     return out
 
 
-@dataclass
-class WorkerReport:
-    """What one worker did: items ``embedded``, ``committed`` (of them ``sample``: the uncertainty
-    order's training sample), why it ``stopped`` (done | limit | paused | no free shard | job
-    removed | the collection was upgraded | error: ...) and, for no free shard, who holds them
-    (``busy``)."""
-
-    committed: int = 0
-    batches: int = 0
-    shards: list[int] = field(default_factory=list)
-    stopped: str = ""
-    embedded: int = 0
-    sample: int = 0
-    busy: list[dict[str, Any]] = field(default_factory=list)
-    owner: str = ""
-
-    def reason(self) -> str:
-        """``stopped`` in words (who holds the shards, for no free shard)."""
-        if self.stopped == "no free shard" and self.busy:
-            return (f"no free shard: another worker is doing the work ({describe_holders(self.busy)}); "
-                    "nothing was left for this one")
-        return self.stopped
-
-    def as_dict(self) -> dict[str, Any]:
-        return {**self.__dict__, "reason": self.reason()}
-
-
-def _record_stop(collection: Collection, rep: WorkerReport) -> None:
-    """Remember how a worker stopped (``workers.json``, the last 16), for status."""
-    host, pid = _parse_owner(rep.owner)
-    with _job_lock(collection):
-        if BackfillJob.load(collection) is None:
-            return
-        obj = _stopped_workers(collection)
-        obj[rep.owner] = {"owner": rep.owner, "host": host, "pid": pid, "stopped": rep.reason(), "at": _iso(),
-                          "t": _now(), "committed": rep.committed, "sample": rep.sample}
-        keep = sorted(obj.values(), key=lambda v: v.get("t", 0.0))[-16:]
-        _write(collection, WORKERS_FILE, {v["owner"]: v for v in keep})
-
-
 def run_worker(collection: Collection, encoder: Any, *, batch_size: int = 64, rate: float | None = None,
                limit: int | None = None, lease_s: float = DEFAULT_LEASE_S, progress: Callable[[int], None] | None = None,
                owner: str | None = None, poll_s: float = 0.2) -> WorkerReport:
@@ -272,93 +205,38 @@ def run_worker(collection: Collection, encoder: Any, *, batch_size: int = 64, ra
     ``rate`` caps items per second for this worker. Whatever stops it, it hands its shard back and
     records why (``backfill_status``); a SIGKILL leaves the lease to expire (or to be taken over at
     once on this host)."""
-    owner = owner or f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+    owner = owner or new_owner()
     rep = WorkerReport(owner=owner)
     t_start = _now()
-    held: int | None = None
-    try:
+    with Session(collection, rep) as s:
         while True:
-            if limit is not None and rep.embedded >= limit:
-                rep.stopped = "limit"
+            claimed = next_shard(collection, owner, lease_s, rep, limit, poll_s)
+            if claimed is None:
                 return rep
-            with _job_lock(collection):
-                job = BackfillJob.load(collection)
-                if job is None:
-                    if rep.batches or rep.shards:
-                        rep.stopped = "job removed"
-                        return rep
-                    raise BackfillError(f"no backfill in {collection.path}: start one first")
-                if job.target != collection.current_space:
-                    rep.stopped = "the collection was upgraded"
-                    return rep
-                if job.state != "running":
-                    rep.stopped = job.state
-                    return rep
-                if job.phase == "sample" and _sample_complete(collection, job):
-                    job = _finalize_order(collection, job)
-                shard, busy = _take_shard(collection, job, owner, lease_s)
-            if shard is None:
-                if not busy:
-                    rep.stopped = "done"
-                    return rep
-                if job.phase == "sample" and job.shards > 1:  # every shard is free again once the sample is in
-                    time.sleep(poll_s)
-                    continue
-                rep.stopped, rep.busy = "no free shard", busy
-                return rep
-            held = shard
-            if shard not in rep.shards:
-                rep.shards.append(shard)
-            all_ids = _order_ids(collection)
-            ids = all_ids[shard::job.shards]
-            sample_ids = set(all_ids[:job.sample]) if job.order == "uncertainty" else set()
+            job, s.shard = claimed
+            ids, sample_ids = shard_ids(collection, job, s.shard)
             pos, lost = 0, False
             while pos < len(ids):
                 if limit is not None and rep.embedded >= limit:
                     rep.stopped = "limit"
                     return rep
-                collection.refresh()
-                g = collection.gallery(job.target)
-                g.refresh()
-                batch: list[Item] = []
                 cap = batch_size if limit is None else min(batch_size, limit - rep.embedded)
-                while pos < len(ids) and len(batch) < cap:
-                    window = ids[pos:pos + cap - len(batch)]
-                    live = collection.serving(window)  # one catalog read per window
-                    pos += len(window)
-                    batch += [live[i][0] for i in window if i in live and live[i][1] != job.target]
-                if not batch:
-                    continue
-                have = _held(g, batch)  # stored by a worker killed before its commit: served, not embedded again
-                for m in ("image", "text"):
-                    collection.serve_stored(job.target, m, [it.key for it in batch
-                                                            if it.modality == m and it.key in have[m]])
-                batch = [it for it in batch if it.key not in have[it.modality]]
+                batch, pos = gather(collection, job, ids, pos, cap)
                 if not batch:
                     continue
                 vecs = _encode(encoder, batch)
                 rep.embedded += len(batch)
-                elapsed = max(_now() - t_start, 1e-6)
-                cur_rate = (rep.committed + len(batch)) / elapsed
-                with _job_lock(collection):
-                    job_now = BackfillJob.load(collection)
-                    if job_now is None or job_now.state != "running" or job_now.target != job.target:
-                        rep.stopped = job_now.state if job_now else "job removed"
-                        return rep
-                    if not _renew(collection, shard, owner, lease_s, cur_rate):
-                        lost = True
-                        break
-                    in_sample = [it for it in batch if it.id in sample_ids]
-                    if in_sample:  # which of them this batch commits (not another worker)
-                        g.refresh()
-                        have = _held(g, in_sample)
-                        in_sample = [it for it in in_sample if it.key not in have[it.modality]]
-                    n = 0
-                    for m, v in vecs.items():
-                        rows = [it for it in batch if it.modality == m]
-                        n += collection.put_vectors(job.target, m, [it.key for it in rows], v)
+                cur_rate = (rep.committed + len(batch)) / max(_now() - t_start, 1e-6)
+                status, n, n_sample = commit_batch(collection, job, s.shard, owner, lease_s, cur_rate, keys_of(batch),
+                                                   vecs, [(it.modality, it.key) for it in batch if it.id in sample_ids])
+                if status == "lost":
+                    lost = True
+                    break
+                if status != "ok":
+                    rep.stopped = status
+                    return rep
                 rep.committed += n
-                rep.sample += len(in_sample)
+                rep.sample += n_sample
                 rep.batches += 1
                 maybe_fit(collection)  # the first fit once the sample is in, then at each doubling
                 if progress is not None:
@@ -368,32 +246,10 @@ def run_worker(collection: Collection, encoder: Any, *, batch_size: int = 64, ra
                     if wait > 0:
                         time.sleep(wait)
             if lost:  # taken over after our lease expired: look for another shard
-                held = None
+                s.shard = None
                 continue
-            with _job_lock(collection):
-                _renew(collection, shard, owner, lease_s, 0.0, done=True)
-                _finish_if_done(collection)
-            held = None
-            maybe_fit(collection, final=None)  # the last refit once the job is done
-    except BaseException as e:
-        rep.stopped = f"error: {type(e).__name__}: {e}"
-        raise
-    finally:
-        with contextlib.suppress(Exception):
-            if held is not None:
-                with _job_lock(collection):
-                    _release(collection, held, owner)
-            _record_stop(collection, rep)
-
-
-def _finish_if_done(collection: Collection) -> None:
-    job = BackfillJob.load(collection)
-    if job is None or job.state != "running" or job.phase != "order":
-        return
-    if _all_shards_done(collection, job):
-        if not _pending(collection, job.target):
-            job.state = "done"
-            job.save(collection)
+            finish_shard(collection, s.shard, owner, lease_s)
+            s.shard = None
 
 
 def _worker_main(path: str, model: str, kwargs: dict, report: str) -> None:  # pragma: no cover - a child process
@@ -418,17 +274,29 @@ def _split(limit: int | None, workers: int) -> list[int | None]:
 def run_backfill(collection: Collection, encoder: Any, *, order: str = "uncertainty", workers: int = 1,
                  batch_size: int = 64, rate: float | None = None, limit: int | None = None,
                  lease_s: float = DEFAULT_LEASE_S, seed: int = 0, progress: Callable[[int], None] | None = None,
-                 pool: Any = None, log: Callable[[str], None] | None = None) -> dict[str, Any]:
+                 pool: Any = None, log: Callable[[str], None] | None = None, engine: str = "local",
+                 ray: Any = None, load: Callable[[], Any] | None = None, uri: str | None = None) -> dict[str, Any]:
     """Start (or resume) the backfill and run ``workers`` workers until it is done, paused or
     ``limit`` items were embedded, the uncertainty order's training sample included (``rate``: items
     per second in all). One worker runs in this process; more run as processes (each loads the
     model). The status, plus what these workers did: ``committed`` (of it ``sample_committed``),
-    ``embedded``, ``stopped`` (in words; for no free shard, who holds the shards), ``busy``."""
+    ``embedded``, ``stopped`` (in words; for no free shard, who holds the shards), ``busy``.
+    ``engine="ray"``: this process drives a Ray Data pipeline instead (:mod:`.backfill_ray`; ``ray``
+    its :class:`~.backfill_ray.RayOptions`, ``load()`` the model in each actor, default ``encoder``
+    itself, pickled; ``uri`` how the actors open the collection); ``workers`` shards the job then."""
+    if engine not in ENGINES:
+        raise ValueError(f"engine must be one of {ENGINES}, got {engine!r}")
     job = start_backfill(collection, encoder, order=order, shards=max(workers, 1), seed=seed, pool=pool, log=log)
     t0 = time.time()
     per_rate = rate / workers if rate else None
     limits = _split(limit, max(workers, 1))
     procs = []
+    if engine == "ray":
+        from .backfill_ray import run_ray_worker
+
+        rep = run_ray_worker(collection, load or _Given(encoder), uri=uri, options=ray, batch_size=batch_size,
+                             rate=rate, limit=limit, lease_s=lease_s, progress=progress)
+        return _run_report(collection, rep, [rep.as_dict()], [], t0)
     if workers > 1:
         import multiprocessing as mp
         import tempfile
@@ -456,6 +324,12 @@ def run_backfill(collection: Collection, encoder: Any, *, order: str = "uncertai
     if procs:
         with contextlib.suppress(OSError):
             procs[0][1].parent.rmdir()
+    return _run_report(collection, rep, reports, procs, t0)
+
+
+def _run_report(collection: Collection, rep: WorkerReport, reports: list[dict[str, Any]], procs: list[Any],
+                t0: float) -> dict[str, Any]:
+    """The status after a run, plus what its workers did."""
     st = backfill_status(collection)
     done = st["state"] == "done"
     st.update({"committed": sum(r["committed"] for r in reports), "embedded": sum(r["embedded"] for r in reports),
@@ -463,8 +337,18 @@ def run_backfill(collection: Collection, encoder: Any, *, order: str = "uncertai
                "stopped": "done" if done else rep.reason(),
                # who works on, where this process found every shard taken (its own workers have exited)
                "busy": st["holders"] if rep.stopped == "no free shard" and not done else [],
-               "workers_exit": [p.exitcode for p, _ in procs], "worker_reports": reports})
+               "workers_exit": [p.exitcode for p, _ in procs], "worker_reports": reports, "engine": rep.engine})
     return st
+
+
+class _Given:
+    """``load()`` of the ray engine that returns the encoder it was made with (pickled to each actor)."""
+
+    def __init__(self, encoder: Any) -> None:
+        self.encoder = encoder
+
+    def __call__(self) -> Any:
+        return self.encoder
 
 
 # ----------------------------------------------------------------------------- retire

@@ -76,6 +76,7 @@ class BackfillJob:
     head: dict[str, Any] = field(default_factory=dict)
     total: int = 0
     phase: str = "order"  # sample (the training sample is being embedded; the order holds it alone) | order
+    epoch: str = ""  # new for each job started: a commit read for another job (cancelled, restarted) is refused
 
     @classmethod
     def load(cls, collection: Collection) -> "BackfillJob | None":
@@ -134,7 +135,10 @@ def describe_holders(holders: Sequence[dict[str, Any]]) -> str:
 
 def _holder(shard: int, lease: dict[str, Any]) -> dict[str, Any]:
     host, pid = _parse_owner(str(lease.get("owner", "")))
-    return {"shard": shard, "owner": lease.get("owner"), "host": host, "pid": pid, "since": lease.get("since")}
+    out = {"shard": shard, "owner": lease.get("owner"), "host": host, "pid": pid, "since": lease.get("since")}
+    if "engine" in lease:  # a Ray driver's lease: its engine, actors and items/s
+        out.update({"engine": lease["engine"], "actors": lease.get("actors"), "rate": lease.get("rate", 0.0)})
+    return out
 
 
 def _leases(collection: Collection, raw: bool = False) -> dict[int, Any]:

@@ -66,12 +66,14 @@ class BackfillStatus(_Open):
     target: Optional[str] = None
     no_source: int = Field(0, description="Items the backfill skips: no source to embed them from.")
     workers: int = 0
-    rate: float = 0.0
+    rate: float = Field(0.0, description="Items per second, every live worker together.")
+    engine: Optional[str] = Field(None, description="Who embeds while workers run: local | ray (| local+ray).")
+    actors: int = Field(0, description="Embedding processes of the live workers (a Ray worker's actors).")
     eta_s: Optional[float] = None
     per_modality: dict[str, dict[str, int]] = Field(default_factory=dict,
                                                     description="{modality: {done, total}} in the current space.")
     holders: list[dict[str, Any]] = Field(default_factory=list,
-                                          description="Live workers: shard, owner, host, pid, since.")
+                                          description="Live workers: shard, owner, host, pid, since (a Ray driver: engine, actors, rate).")
     phase: Optional[str] = Field(None, description="Uncertainty order: 'sample' until its sample is in, then 'order'.")
     sample: Optional[int] = Field(None, description="Items in the uncertainty order's training sample.")
     last_worker: Optional[dict[str, Any]] = Field(None, description="The last worker to stop, when none runs.")

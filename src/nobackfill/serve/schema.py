@@ -181,6 +181,12 @@ class BackfillRequest(BaseModel):
     model_config = _STRICT
     order: Literal["sequential", "random", "uncertainty"] = "uncertainty"
     rate: Optional[float] = Field(None, gt=0, allow_inf_nan=False, description="Items per second at most.")
+    engine: Literal["local", "ray"] = Field("local", description="Who embeds: the server's own worker (local) "
+                                            "or a Ray Data pipeline on the server's Ray cluster (ray; the server "
+                                            "must be started with --ray-address).")
+    actors: Optional[int] = Field(None, ge=1, le=4096, description="Ray: embedding actors (default 2; not used by engine 'local').")
+    gpus_per_actor: Optional[float] = Field(None, ge=0, le=64, allow_inf_nan=False,
+                                            description="Ray: GPUs per embedding actor (default 0: CPU; not used by engine 'local').")
 
 
 class UpgradeRequest(BaseModel):

@@ -71,6 +71,7 @@ class ServeSettings:
     uploads: Path | None = None  # where uploaded images are kept (default: <collection>/uploads)
     limits: Limits = field(default_factory=Limits)
     backfill_workers: int = 1
+    ray_address: str | None = None  # the Ray cluster of engine 'ray' backfills (auto: this machine's); None: refused
     warm: bool = True
     query_cache: int = 4096  # text query embeddings kept (LRU; 0: none)
     query_threads: int = 1  # intra-op threads for query encoding: torch (the search batcher's thread), ONNX Runtime sessions

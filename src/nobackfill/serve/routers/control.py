@@ -4,6 +4,7 @@ admin key; a path a request names lies under a root the server was started with.
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 from fastapi import APIRouter, Depends
@@ -40,11 +41,23 @@ def _backfill(svc: Service, fn: Any, *args: Any) -> dict[str, Any]:
     return svc.backfill_status()
 
 
+def _engine(svc: Service, req: BackfillRequest, fn: Any) -> Any:
+    """``fn`` with the request's engine: the Ray one on the cluster the server was started with
+    (``--ray-address``), refused (409) when it was started without one."""
+    if req.engine == "local":  # actors and gpus_per_actor are the ray engine's (the schema says so)
+        return fn
+    if not svc.settings.ray_address:
+        raise ApiError(409, "this server runs no Ray backfill: start it with --ray-address (auto: the Ray cluster "
+                            "of this machine) to accept engine 'ray'", "engine")
+    return functools.partial(fn, engine="ray", ray_address=svc.settings.ray_address, actors=req.actors,
+                             gpus_per_actor=req.gpus_per_actor or 0.0)
+
+
 @router.post("/backfill/start", summary="Start (or resume) the backfill in this server",
              response_model=BackfillStatus, dependencies=[Depends(admin_json)],
              responses=errors(400, 401, 403, 409, 413, 415, 422))
 async def backfill_start(req: BackfillRequest, _r: str = Depends(admin), svc: Service = Depends(get_service)) -> Any:
-    return await run_in_threadpool(_backfill, svc, svc.client.backfill_start, req.order, req.rate)
+    return await run_in_threadpool(_backfill, svc, _engine(svc, req, svc.client.backfill_start), req.order, req.rate)
 
 
 @router.post("/backfill/pause", summary="Pause the backfill (every worker stops after its batch)",
@@ -57,7 +70,7 @@ async def backfill_pause(_r: str = Depends(admin), svc: Service = Depends(get_se
              response_model=BackfillStatus, dependencies=[Depends(admin_json)],
              responses=errors(400, 401, 403, 409, 413, 415, 422))
 async def backfill_resume(req: BackfillRequest, _r: str = Depends(admin), svc: Service = Depends(get_service)) -> Any:
-    return await run_in_threadpool(_backfill, svc, svc.client.backfill_resume, req.order, req.rate)
+    return await run_in_threadpool(_backfill, svc, _engine(svc, req, svc.client.backfill_resume), req.order, req.rate)
 
 
 @router.post("/backfill/cancel", summary="Forget the backfill job (what was committed stays and is served)",
