@@ -37,7 +37,7 @@ import numpy as np
 from ..gallery.atomic_files import _crash_point, _fsync_dir
 from .schema import (_ROW_COLS, CATALOG_FILE, PAGE, CatalogError, Row, _chunks, _create_tables, _header,
                      _index_upgrades, _row, _rows_by, filter_sql, unsourced_sql)
-from .writer import Writer
+from .writer import VECTORS_TS_DOC, Writer
 from ..gallery.atomic_files import flock
 
 __all__ = ["CATALOG_FILE", "PAGE", "Catalog", "CatalogError", "Row", "filter_sql", "open_catalog"]
@@ -285,6 +285,12 @@ class Catalog:
     def read_doc(self, name: str) -> bytes | None:
         r = self.query("SELECT data FROM docs WHERE name = ?", (name,))
         return bytes(r[0][0]) if r else None
+
+    def vectors_ts(self) -> int:
+        """The largest vector-store timestamp any commit recorded (0: none;
+        :meth:`~nobackfill.catalog.writer.Writer.stamp_vectors`)."""
+        data = self.read_doc(VECTORS_TS_DOC)
+        return int(data) if data else 0
 
     def write_doc(self, name: str, data: bytes) -> None:
         with self.writing() as w:

@@ -13,7 +13,11 @@ import numpy as np
 from .plan import Plan
 from .schema import _ROW_COLS, PAGE, CatalogDatabase, CatalogError, Row, _header, _row, _rows_by
 
-__all__ = ["ROWS_PER_INSERT", "Writer"]
+__all__ = ["ROWS_PER_INSERT", "VECTORS_TS_DOC", "Writer"]
+
+#: the document holding the largest vector-store timestamp (a Milvus hybrid timestamp) of any
+#: commit: every vector a commit names was written at or before it (see :meth:`Writer.stamp_vectors`)
+VECTORS_TS_DOC = "vectors/timestamp"
 
 #: item rows per INSERT statement (7 parameters each: within SQLite's limit of 32766 since 3.32,
 #: and its older one of 999)
@@ -207,6 +211,14 @@ class Writer:
     # plan, documents
     def set_plan(self, plan: Plan) -> None:
         self._plan = plan
+
+    def stamp_vectors(self, ts: int) -> None:
+        """Record, in this transaction, that the vectors it names were written to their store at or
+        before timestamp ``ts`` (kept as the largest of any commit: a reader that waits for it sees
+        every vector the catalog names)."""
+        r = self.execute("SELECT data FROM docs WHERE name = ?", (VECTORS_TS_DOC,)).fetchone()
+        if r is None or int(bytes(r[0])) < int(ts):
+            self.put_doc(VECTORS_TS_DOC, str(int(ts)).encode())
 
     def put_doc(self, name: str, data: bytes) -> None:
         self.execute("INSERT INTO docs (name, data, version) VALUES (?, ?, 1) ON CONFLICT (name) DO UPDATE SET "

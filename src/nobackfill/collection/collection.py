@@ -393,6 +393,7 @@ class Collection(CollectionWrites, CollectionStatus):
                 plan = header["plan"]
                 keyed = {(sid, m): self._keys_served(sid, m) for sid in plan.serving_order()
                          if not getattr(self.gallery(sid, plan), "stable_positions", False) for m in MODALITIES}
+                vectors_ts = self.catalog.vectors_ts() if keyed else 0
             if self._serving_gen < 0:
                 self._serving = {}
             size: dict[tuple[str, str], int] = {}
@@ -411,8 +412,14 @@ class Collection(CollectionWrites, CollectionStatus):
             serving: dict[tuple[str, str], np.ndarray] = {}
             for sid in plan.serving_order():
                 g = self.gallery(sid, plan)
-                g.refresh()  # after the catalog was read: a store holds its rows before the catalog names them
+                from_catalog = getattr(g, "keys_from_catalog", False)
+                if from_catalog:  # the rows the catalog names, visible once the server reached their commit
+                    g.guarantee(vectors_ts)
+                else:  # after the catalog was read: a store holds its rows before the catalog names them
+                    g.refresh()
                 for m in MODALITIES:
+                    if from_catalog:
+                        g.know(m, [k for _, k in keyed[(sid, m)]])
                     if (sid, m) in keyed:
                         serving[(sid, m)] = self._served_by_key(g, m, keyed[(sid, m)])
                         continue

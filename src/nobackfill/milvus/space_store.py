@@ -13,8 +13,8 @@ from typing import Any, Sequence
 import numpy as np
 
 from ..gallery.types import DuplicateIdError, SearchResult, SpaceMismatchError, VerifyReport
-from .connection import (BOUNDED, FILTER_IN_MAX, FLUSH_EVERY, FRESH_S, KEY_MAX, MAX_TOPK, SEQ_MARGIN_NS, STRONG,
-                         _loaded, milvus_index_params)
+from .connection import (BOUNDED, CUSTOMIZED, FILTER_IN_MAX, FLUSH_EVERY, FRESH_S, INSERT_ROWS, KEY_MAX, MAX_TOPK, SEQ_MARGIN_NS,
+                         STRONG, _loaded, alloc_ts, insert_ts, milvus_index_params)
 
 
 class MilvusSpaceStore:
@@ -34,6 +34,11 @@ class MilvusSpaceStore:
         self._loaded = False
         self._unflushed = 0
         self.path = name
+        #: the largest insert timestamp this process got from the server, the largest commit
+        #: timestamp its catalog named (:meth:`guarantee`), and a server timestamp taken after rows of
+        #: unknown timestamp were found on the server: reads wait for the largest (see :meth:`_level`)
+        self.write_ts = self._read_ts = self._fence_ts = 0
+        self._from_catalog = False  # rows numbered by :meth:`know` (the catalog), not discovered here
 
     @property
     def dim(self) -> int:
@@ -92,6 +97,54 @@ class MilvusSpaceStore:
 
         return self._read(read)
 
+    #: a reader learns which rows this store serves from the catalog (:meth:`know`), never by
+    #: reading the server (an adopted collection, whose owner adds rows, says False)
+    keys_from_catalog = True
+
+    def know(self, modality: str, keys: Sequence[str]) -> None:
+        """Number ``keys`` (rows the catalog says this store holds: a commit names vectors only once
+        they are stored) without asking the server; with :meth:`guarantee`, how a reader refreshes."""
+        with self._lock:
+            self._from_catalog = True
+            known, order = self._pos[modality], self._keys[modality]
+            for k in keys:
+                if k not in known:
+                    known[k] = len(order)
+                    order.append(k)
+
+    def guarantee(self, ts: int) -> None:
+        """Reads from now on wait for every write up to hybrid timestamp ``ts`` (the largest commit
+        timestamp the catalog holds) and no later one: Milvus' guarantee timestamp."""
+        self._read_ts = max(self._read_ts, int(ts))
+
+    def commit_ts(self) -> int:
+        """What a commit naming this store's rows records: a timestamp at or after the insert of every
+        row this process stored or found on the server (0: unknown)."""
+        return max(self.write_ts, self._fence_ts)
+
+    def _level(self, modality: str | None = None) -> dict[str, Any]:
+        """The consistency of a read: Strong while rows of unknown timestamp were found less than
+        :data:`FRESH_S` ago; else the guarantee timestamp of the newest commit seen or write made
+        (the read waits only for what the server has not consumed yet); Strong for a reader that
+        numbers rows from a catalog holding no timestamp; Bounded otherwise (rows discovered by
+        :meth:`refresh`, older than :data:`FRESH_S`)."""
+        newest = max(self._newest_ns.values()) if modality is None else self._newest_ns.get(modality, 0)
+        if time.time_ns() - newest < FRESH_S * 1e9:
+            return {"consistency_level": STRONG}
+        ts = max(self._read_ts, self.write_ts, self._fence_ts)
+        if ts:
+            return {"consistency_level": CUSTOMIZED, "guarantee_timestamp": ts}
+        return {"consistency_level": STRONG if self._from_catalog else BOUNDED}
+
+    def _found_unknown(self, modality: str) -> None:
+        """Rows whose insert timestamp is unknown were just found on the server: later reads and
+        commits wait for a server timestamp taken now (or stay Strong a while, where none is given)."""
+        ts = alloc_ts(self.client)
+        if ts:
+            self._fence_ts = max(self._fence_ts, ts)
+        else:
+            self._newest_ns[modality] = time.time_ns()
+
     def refresh(self) -> bool:
         """Discover rows inserted since the last refresh (by ``seq``, with a margin for clock skew
         between writers and late visibility); True if any was new."""
@@ -110,12 +163,16 @@ class MilvusSpaceStore:
             return changed
 
     def ids(self, modality: str) -> list[str]:
-        if not self._keys["image"] and not self._keys["text"]:
+        if self._undiscovered():
             self.refresh()
         return list(self._keys[modality])
 
     def count(self, modality: str) -> int:
-        return len(self._keys[modality]) if (self._keys["image"] or self._keys["text"]) else len(self.ids(modality))
+        return len(self.ids(modality)) if self._undiscovered() else len(self._keys[modality])
+
+    def _undiscovered(self) -> bool:
+        """No row is numbered yet, by the catalog or by a read of the server (a fresh process)."""
+        return not self._from_catalog and not self._keys["image"] and not self._keys["text"]
 
     #: rows are numbered in the order this process discovered them: not shared with other processes,
     #: so a catalog records which space serves an item, not its row here
@@ -126,16 +183,19 @@ class MilvusSpaceStore:
     def positions(self, modality: str, keys: Sequence[str]) -> dict[str, int]:
         """This process's row of each of ``keys`` the server holds (absent keys are left out)."""
         with self._lock:
-            if not self._keys["image"] and not self._keys["text"]:
+            if self._undiscovered():
                 self.refresh()
             known = self._pos[modality]
             rest = [k for k in keys if k not in known]
             if rest:
+                found = False
                 for k in sorted(self._existing(modality, rest)):
                     if k not in known:  # on the server but not discovered yet: number it now
                         known[k] = len(self._keys[modality])
                         self._keys[modality].append(k)
-                        self._newest_ns[modality] = time.time_ns()  # searches stay Strong a while
+                        found = True
+                if found:
+                    self._found_unknown(modality)
             return {k: known[k] for k in keys if k in known}
 
     def __contains__(self, item: tuple[str, str]) -> bool:
@@ -160,7 +220,7 @@ class MilvusSpaceStore:
         for s in range(0, len(keys), FILTER_IN_MAX):
             batch = list(keys[s:s + FILTER_IN_MAX])
             for r in self._read(lambda: self.client.get(self.name, ids=batch, output_fields=["key", "vec"],
-                                                        consistency_level=STRONG)):
+                                                        **self._level())):
                 found[r["key"]] = r["vec"]
         missing = [k for k in keys if k not in found]
         if missing:
@@ -197,15 +257,19 @@ class MilvusSpaceStore:
         base = time.time_ns()
         rows = [{"key": ids[i], "modality": modality, "seq": base + j, "vec": vecs[i].tolist()}
                 for j, i in enumerate(keep)]
-        for s in range(0, len(rows), 2000):
-            self.client.insert(self.name, rows[s:s + 2000], partition_name=modality)
+        stamps = [insert_ts(self.client, self.name, rows[s:s + INSERT_ROWS], modality)
+                  for s in range(0, len(rows), INSERT_ROWS)]
+        ts = max(stamps) if all(stamps) else 0  # one of them unknown: unknown
         with self._lock:  # our own rows are known at once; other writers' by refresh()
             for r in rows:
                 if r["key"] not in self._pos[modality]:
                     self._pos[modality][r["key"]] = len(self._keys[modality])
                     self._keys[modality].append(r["key"])
             self._unflushed += len(rows)
-            self._newest_ns[modality] = max(self._newest_ns[modality], rows[-1]["seq"])
+            if ts:
+                self.write_ts = max(self.write_ts, ts)
+            else:  # searches stay Strong a while
+                self._newest_ns[modality] = max(self._newest_ns[modality], rows[-1]["seq"])
         if self._unflushed >= FLUSH_EVERY:
             self.flush()
         return len(rows)
@@ -257,7 +321,7 @@ class MilvusSpaceStore:
             raise ValueError(f"queries must have shape (N, {self._dim}) for {self.name}, got {q.shape}")
         if int(k) < 1:
             raise ValueError(f"k must be >= 1, got {k}")
-        if not self._keys["image"] and not self._keys["text"]:
+        if self._undiscovered():
             self.refresh()  # a fresh process: discover the rows first
         keys = self._keys[modality]
         if mask is None:
@@ -303,10 +367,9 @@ class MilvusSpaceStore:
     def _search(self, q: np.ndarray, limit: int, modality: str, params: dict, expr: str = "") -> list[list[dict]]:
         if "ef" in params["params"]:  # HNSW needs ef >= the number of results asked for
             params = {**params, "params": {**params["params"], "ef": max(params["params"]["ef"], int(limit))}}
-        fresh = time.time_ns() - self._newest_ns[modality] < FRESH_S * 1e9
         return self._read(lambda: self.client.search(
             self.name, data=q.tolist(), filter=expr, limit=int(limit), anns_field="vec", output_fields=["key"],
-            search_params=params, partition_names=[modality], consistency_level=STRONG if fresh else BOUNDED))
+            search_params=params, partition_names=[modality], **self._level(modality)))
 
     @staticmethod
     def _hit_key(hit: dict) -> str:
@@ -358,3 +421,4 @@ class MilvusSpaceStore:
             self._pos = {"image": {}, "text": {}}
             self._last_seq = 0
             self._loaded = False
+            self._from_catalog = False
