@@ -157,3 +157,23 @@ def test_a_commit_is_read_at_once_by_another_process_and_a_replica_that_did_not_
         server.wait(30)
         reader.wait(30)
         log.close()
+
+
+def test_status_and_delete_of_a_milvus_collection_neither_import_pymilvus_nor_connect(tmp_path):
+    """Cold commands that read or write only the catalog: ``status`` (counts from the catalog) and
+    ``delete`` run in a fresh process that never imports pymilvus (nor torch) nor connects."""
+    pytest.importorskip("milvus_lite", reason="milvus-lite is not installed")
+    from nobackfill import milvus
+
+    uri = f"milvus-lite:{tmp_path}/m.db#c"
+    enc = HashEncoder(16, "cold")
+    c = Collection.create(uri, space_id=enc.space_id, dim=16, model=OLD_REF, modalities=["text"])
+    add_items(c, enc, [text_item(f"text {i}", id=f"t{i}") for i in range(5)], progress=False)
+    milvus.close_clients()
+    code = ("import json, sys\nfrom nobackfill.client.local import LocalClient\n"
+            "cl = LocalClient(sys.argv[1])\nbefore = cl.status()\nn = cl.delete('t1')\nafter = cl.status()\n"
+            "print(json.dumps([before['items']['text'], n, after['items']['text'], after['unserved'],\n"
+            "                  after['backfill']['done'], 'pymilvus' in sys.modules, 'torch' in sys.modules]))\n")
+    r = subprocess.run([sys.executable, "-c", code, uri], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert r.stdout.strip().splitlines()[-1] == "[5, 1, 4, 0, 4, false, false]", r.stdout

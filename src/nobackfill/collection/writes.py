@@ -233,8 +233,9 @@ class CollectionWrites:
                 raise PlanError(f"collection {self.path}: {e}") from None
             if not isinstance(plan, Plan):
                 raise TypeError(f"a plan update must return a Plan, got {type(plan).__name__}")
+            checked = {s.space_id for s in before.spaces if not s.retired}  # their stores were checked when added
             for s in plan.spaces:
-                if not s.retired and not self.storage.has_space(s.dir):
+                if not s.retired and s.space_id not in checked and not self.storage.has_space(s.dir):
                     raise ValueError(f"plan names space {s.space_id} but {self.storage} has no store "
                                      f"{s.dir} (call add_space first)")
             self._reserve(w, before, plan)

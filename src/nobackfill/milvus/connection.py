@@ -35,20 +35,28 @@ FLUSH_EVERY = 20000
 #: rows per insert request (one round trip; 128-d rows are about 12 MB of request at this size,
 #: within gRPC's limits)
 INSERT_ROWS = 20000
+#: keys per primary-key lookup (one round trip for a batch of a backfill or an add chunk's part)
+LOOKUP_MAX = 16384
 FILTER_IN_MAX = 1000  # a search restricted to this many keys or fewer filters on them directly
 
 
-def insert_ts(client: Any, name: str, rows: list[dict], partition: str) -> int:
-    """Insert ``rows`` into collection ``name`` (partition ``partition``) in one request; the
-    server's hybrid timestamp of the insert (0 where the client does not say: then readers fall
-    back to Strong reads). pymilvus' ``MilvusClient.insert`` drops the timestamp its connection
-    returns, so the connection is asked directly."""
+def insert_ts(client: Any, name: str, columns: dict[str, list], partition: str) -> int:
+    """Insert rows given column by column (``{field: values}``, every field of collection ``name``)
+    into partition ``partition`` in one request; the server's hybrid timestamp of the insert (0 where
+    the client does not say: then readers fall back to Strong reads). Columns are sent as columns
+    (pymilvus' row API converts each row's fields one at a time: 3x slower measured at 100k rows),
+    through the client's connection, which also returns the timestamp ``MilvusClient.insert`` drops."""
     try:
         conn, ctx = client._get_connection(), client._generate_call_context()
-    except AttributeError:  # another client: no timestamp
-        client.insert(name, rows, partition_name=partition)
+    except AttributeError:  # another client: rows, no timestamp
+        keys = list(columns)
+        client.insert(name, [dict(zip(keys, row)) for row in zip(*columns.values())], partition_name=partition)
         return 0
-    res = conn.insert_rows(name, rows, partition_name=partition, timeout=None, context=ctx)
+    from pymilvus import DataType
+
+    types = {"key": DataType.VARCHAR, "modality": DataType.VARCHAR, "seq": DataType.INT64, "vec": DataType.FLOAT_VECTOR}
+    entities = [{"name": f, "type": types[f], "values": v} for f, v in columns.items()]
+    res = conn.batch_insert(name, entities, partition_name=partition, timeout=None, context=ctx)
     return int(getattr(res, "timestamp", 0) or 0)
 
 

@@ -13,8 +13,8 @@ from typing import Any, Sequence
 import numpy as np
 
 from ..gallery.types import DuplicateIdError, SearchResult, SpaceMismatchError, VerifyReport
-from .connection import (BOUNDED, CUSTOMIZED, FILTER_IN_MAX, FLUSH_EVERY, FRESH_S, INSERT_ROWS, KEY_MAX, MAX_TOPK, SEQ_MARGIN_NS,
-                         STRONG, _loaded, alloc_ts, insert_ts, milvus_index_params)
+from .connection import (BOUNDED, CUSTOMIZED, FILTER_IN_MAX, FLUSH_EVERY, FRESH_S, INSERT_ROWS, KEY_MAX, LOOKUP_MAX,
+                         MAX_TOPK, SEQ_MARGIN_NS, STRONG, _loaded, alloc_ts, insert_ts, milvus_index_params)
 
 
 class MilvusSpaceStore:
@@ -207,8 +207,8 @@ class MilvusSpaceStore:
     def _existing(self, modality: str, keys: Sequence[str]) -> set[str]:
         """Which of ``keys`` the server holds for ``modality`` (primary-key lookups)."""
         out: set[str] = set()
-        for s in range(0, len(keys), FILTER_IN_MAX):
-            batch = list(keys[s:s + FILTER_IN_MAX])
+        for s in range(0, len(keys), LOOKUP_MAX):
+            batch = list(keys[s:s + LOOKUP_MAX])
             rows = self._read(lambda: self.client.get(self.name, ids=batch, output_fields=["key"],
                                                       partition_names=[modality], consistency_level=STRONG))
             out.update(r["key"] for r in rows)
@@ -217,8 +217,8 @@ class MilvusSpaceStore:
     def get_vectors(self, modality: str, keys: Sequence[str]) -> np.ndarray:
         """The vectors of ``keys`` (in that order; every key must exist)."""
         found: dict[str, list[float]] = {}
-        for s in range(0, len(keys), FILTER_IN_MAX):
-            batch = list(keys[s:s + FILTER_IN_MAX])
+        for s in range(0, len(keys), LOOKUP_MAX):
+            batch = list(keys[s:s + LOOKUP_MAX])
             for r in self._read(lambda: self.client.get(self.name, ids=batch, output_fields=["key", "vec"],
                                                         **self._level())):
                 found[r["key"]] = r["vec"]
@@ -255,24 +255,36 @@ class MilvusSpaceStore:
         if not keep:
             return 0
         base = time.time_ns()
-        rows = [{"key": ids[i], "modality": modality, "seq": base + j, "vec": vecs[i].tolist()}
-                for j, i in enumerate(keep)]
-        stamps = [insert_ts(self.client, self.name, rows[s:s + INSERT_ROWS], modality)
-                  for s in range(0, len(rows), INSERT_ROWS)]
+        keys = [ids[i] for i in keep]
+        kept = vecs if len(keep) == len(ids) else vecs[keep]
+        stamps = []
+        for s in range(0, len(keys), INSERT_ROWS):
+            part = keys[s:s + INSERT_ROWS]
+            stamps.append(insert_ts(self.client, self.name, {
+                "key": part, "modality": [modality] * len(part), "seq": list(range(base + s, base + s + len(part))),
+                "vec": kept[s:s + INSERT_ROWS].tolist()}, modality))
         ts = max(stamps) if all(stamps) else 0  # one of them unknown: unknown
         with self._lock:  # our own rows are known at once; other writers' by refresh()
-            for r in rows:
-                if r["key"] not in self._pos[modality]:
-                    self._pos[modality][r["key"]] = len(self._keys[modality])
-                    self._keys[modality].append(r["key"])
-            self._unflushed += len(rows)
+            known, order = self._pos[modality], self._keys[modality]
+            for k in keys:
+                if k not in known:
+                    known[k] = len(order)
+                    order.append(k)
+            self._unflushed += len(keys)
             if ts:
                 self.write_ts = max(self.write_ts, ts)
             else:  # searches stay Strong a while
-                self._newest_ns[modality] = max(self._newest_ns[modality], rows[-1]["seq"])
-        if self._unflushed >= FLUSH_EVERY:
-            self.flush()
-        return len(rows)
+                self._newest_ns[modality] = max(self._newest_ns[modality], base + len(keys) - 1)
+            seal = self._unflushed >= FLUSH_EVERY
+            if seal:
+                self._unflushed = 0
+        if seal:  # sealed by the server meanwhile: the writer does not wait for it
+            threading.Thread(target=self._seal, name="milvus-seal", daemon=True).start()
+        return len(keys)
+
+    def _seal(self) -> None:
+        with contextlib.suppress(Exception):  # a later flush or wait_indexed() seals them anyway
+            self.client.flush(self.name)
 
     def flush(self) -> None:
         """Seal the rows inserted so far into indexed segments (Milvus builds their index)."""
@@ -341,7 +353,10 @@ class MilvusSpaceStore:
             hits = self._search(q, kk, modality, params, self._in_filter(allowed_keys))
             rows = [self._take(h, kk, pos, allowed) for h in hits]
         else:
-            rows, limit = [None] * len(q), min(MAX_TOPK, kk if n_allowed == len(keys) else max(kk * 2, 16))
+            # over-fetch by the allowed share (a filter keeping a tenth asks ~15k hits for k: one round trip)
+            share = n_allowed / max(1, len(keys))
+            rows, limit = [None] * len(q), min(MAX_TOPK, kk if n_allowed == len(keys) else max(kk * 2, 16,
+                                                                                               int(1.5 * kk / share)))
             todo = list(range(len(q)))
             while todo:
                 hits = self._search(q[todo], limit, modality, params)
