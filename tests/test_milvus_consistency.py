@@ -177,3 +177,52 @@ def test_status_and_delete_of_a_milvus_collection_neither_import_pymilvus_nor_co
     r = subprocess.run([sys.executable, "-c", code, uri], capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-2000:]
     assert r.stdout.strip().splitlines()[-1] == "[5, 1, 4, 0, 4, false, false]", r.stdout
+
+
+def test_a_reader_follows_changed_slots_and_an_older_catalog_gets_them_at_its_first_write(tmp_path):
+    """Items of a Milvus space get serving-page slots (their rids): a reader maps only the slots
+    that changed (a delete and an add are seen, the unchanged rows are not read again); a catalog
+    written before slots (no document, no pages) is served by keys, and its first write gives it
+    the slots, after which readers use them and the catalog's check holds."""
+    pytest.importorskip("milvus_lite", reason="milvus-lite is not installed")
+    from nobackfill.catalog.catalog import sqlite_catalog
+    from nobackfill.catalog.writer import KEYED_PAGES_DOC
+    from nobackfill.collection import keyed
+    from nobackfill.search import Searcher
+
+    uri = f"milvus-lite:{tmp_path}/m.db#c"
+    enc = HashEncoder(16, "slots")
+    pool = pool_with((OLD_REF, enc))
+    c = Collection.create(uri, space_id=enc.space_id, dim=16, model=OLD_REF, modalities=["text"])
+    add_items(c, enc, [text_item(f"text {i}", id=f"t{i}") for i in range(30)], progress=False)
+    s = Searcher(c, pool=pool)
+    assert s.search(text="text 7", k=1, target="text").hits[0].id == "t7"
+    read: list[int] = []
+    real = keyed._keys
+    keyed._keys = lambda cat, space, m, rids: (read.extend(rids), real(cat, space, m, rids))[1]
+    try:
+        c.delete(["t7"])
+        add_items(c, enc, [text_item("text 7 again", id="n7")], progress=False)
+        hits = [h.id for h in s.search(text="text 7 again", k=30, target="text").hits]
+    finally:
+        keyed._keys = real
+    assert "t7" not in hits and hits[0] == "n7" and len(hits) == 30 and len(read) == 1, (hits, read)
+
+    cat = sqlite_catalog(tmp_path / "m.db.c.catalog.sqlite")  # now as an older version left it
+    conn = cat._connect()
+    conn.execute("DELETE FROM docs WHERE name = ?", (KEYED_PAGES_DOC,))
+    conn.execute("DELETE FROM serving")
+    conn.close()
+    from nobackfill import milvus
+
+    c.storage.close()
+    milvus.close_clients()
+    old = Collection.open(uri)
+    assert Searcher(old, pool=pool).search(text="text 3", k=1, target="text").hits[0].id == "t3"
+    assert old.catalog.check() == []  # items without rows are not counted against pages before the slots
+    old.delete(["t3"])  # the first write: slots for every served item
+    assert old.catalog.read_doc(KEYED_PAGES_DOC) is not None and old.catalog.check() == []
+    fresh = Searcher(Collection.open(uri), pool=pool)
+    hits = [h.id for h in fresh.search(text="text 4", k=30, target="text").hits]
+    assert hits[0] == "t4" and "t3" not in hits and len(hits) == 29
+    assert fresh.collection._slotted

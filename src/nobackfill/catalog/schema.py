@@ -194,6 +194,7 @@ def _create_tables(conn: Any, dialect: str, header: Mapping[str, Any]) -> None:
     for stmt in _index_upgrades(dialect):
         conn.execute(stmt)
     ph = "?" if dialect == "sqlite" else "%s"
+    conn.execute(f"INSERT INTO docs (name, data, version) VALUES ({ph}, {ph}, 1)", ("serving/keyed-slots", b"1"))
     conn.execute(f"INSERT INTO header (id, format, version, name, backend, created, updated, generation, plan, "
                  f"plan_generation, n_image, n_text) VALUES (1, {', '.join([ph] * 11)})",
                  (FORMAT, VERSION, header["name"], header["backend"], header["created"], header["updated"],

@@ -102,6 +102,8 @@ class CollectionStatus:
                 continue
             problems += report.problems
             for m in MODALITIES:
+                if not getattr(g, "stable_positions", False):  # slots of rids, not rows (collection/keyed.py)
+                    continue
                 arr = self._serving.get((s.space_id, m), EMPTY)
                 if np.any(arr[g.count(m):]):
                     problems.append(f"{self.catalog}: space {s.space_id} serves {m} rows past the "
