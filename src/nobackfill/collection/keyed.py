@@ -37,6 +37,9 @@ class KeyedRows:
         read (call inside the snapshot's read transaction) and numbered in the store (``know``,
         no read of the server)."""
         k = (space, modality)
+        from_catalog = getattr(store, "keys_from_catalog", False)
+        if from_catalog:  # numbered from the catalog, even when it names nothing (never discovered by a read)
+            store.know(modality, ())
         seen, row = self._seen.get(k), self._row.get(k)
         n = max(len(slots), 0 if seen is None else len(seen))
         if seen is None or len(seen) < n:
@@ -54,7 +57,7 @@ class KeyedRows:
             keys = _keys(catalog, space, modality, rids)
             named = [keys.get(r) for r in rids]
             held = [key for key in named if key is not None]
-            if getattr(store, "keys_from_catalog", False):
+            if from_catalog:
                 store.know(modality, held)
             at = store.positions(modality, held)
             row[new] = [at.get(key, -1) if key is not None else -1 for key in named]
