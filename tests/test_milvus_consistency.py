@@ -212,6 +212,7 @@ def test_a_reader_follows_changed_slots_and_an_older_catalog_gets_them_at_its_fi
     conn = cat._connect()
     conn.execute("DELETE FROM docs WHERE name = ?", (KEYED_PAGES_DOC,))
     conn.execute("DELETE FROM serving")
+    conn.execute("UPDATE header SET version = 2")
     conn.close()
     from nobackfill import milvus
 
@@ -222,6 +223,7 @@ def test_a_reader_follows_changed_slots_and_an_older_catalog_gets_them_at_its_fi
     assert old.catalog.check() == []  # items without rows are not counted against pages before the slots
     old.delete(["t3"])  # the first write: slots for every served item
     assert old.catalog.read_doc(KEYED_PAGES_DOC) is not None and old.catalog.check() == []
+    assert old.catalog.header()["version"] == 3  # versions that keep no slots refuse it from now on
     fresh = Searcher(Collection.open(uri), pool=pool)
 
     def no_server_rows(*a, **kw):

@@ -15,7 +15,9 @@ __all__ = ["CATALOG_FILE", "PAGE", "CatalogError", "Row", "filter_sql", "unsourc
 
 CATALOG_FILE = "catalog.sqlite"
 FORMAT = "nobackfill-catalog"
-VERSION = 2
+#: 3: items of stores without lasting rows have serving-page slots (older versions, which do not
+#: write them, refuse a catalog of this version rather than leave readers a wrong page)
+VERSION = 3
 #: store rows per serving page (a page is PAGE int64 rids)
 PAGE = 4096
 

@@ -22,6 +22,8 @@ VECTORS_TS_DOC = "vectors/timestamp"
 #: served there with no row recorded, ``pos`` NULL, has the slot of its rid): written with every new
 #: catalog, and by the first write to an older one (:meth:`Writer.fill_keyed_pages`)
 KEYED_PAGES_DOC = "serving/keyed-slots"
+#: the catalog version from which the slots are kept (a version that does not keep them refuses it)
+KEYED_VERSION = 3
 
 
 def _slot(pos: int | None, rid: int) -> int:
@@ -241,6 +243,7 @@ class Writer:
         if rows:
             self._write_pages()
             self.execute("UPDATE header SET generation = ? WHERE id = 1", (self.generation,))
+        self.execute("UPDATE header SET version = ? WHERE id = 1 AND version < ?", (KEYED_VERSION, KEYED_VERSION))
         self.put_doc(KEYED_PAGES_DOC, b"1")
         return True
 
