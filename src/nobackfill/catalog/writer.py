@@ -34,6 +34,8 @@ def _slot(pos: int | None, rid: int) -> int:
 #: item rows per INSERT statement (7 parameters each: within SQLite's limit of 32766 since 3.32,
 #: and its older one of 999)
 ROWS_PER_INSERT = 512 if sqlite3.sqlite_version_info >= (3, 32) else 128
+#: PostgreSQL: this many rows or more go in by COPY (:meth:`Writer._copy_columns`)
+COPY_AT = 2048
 
 
 class Writer:
@@ -156,6 +158,8 @@ class Writer:
         head = "INSERT INTO items (id, modality, key, source, metadata, space, pos, generation) VALUES "
         one = f"(?, ?, ?, ?, ?, ?, ?, {int(self.generation)})"
         width, n = len(columns), len(columns[0])
+        if self.catalog.dialect == "postgresql" and n >= COPY_AT:
+            return self._copy_columns(columns, tail)
 
         def params(a: int, b: int) -> list:
             flat: list = [None] * (width * (b - a))
@@ -172,6 +176,24 @@ class Writer:
                                 [params(a, a + m) for a in range(0, whole, m)])
             if whole < n:
                 cur.execute(self.catalog._sql(head + ", ".join([one] * (n - whole)) + tail), params(whole, n))
+        except Exception as e:
+            raise self.catalog._error(e) from e
+
+    def _copy_columns(self, columns: Sequence[list], tail: str) -> None:
+        """:meth:`_insert_columns` on PostgreSQL for many rows: ``COPY`` into a temporary table (no
+        statement parameters to adapt), then one ``INSERT ... SELECT`` in their order (their rids
+        ascend with it; ``tail``: the conflict clause)."""
+        cols = "id, modality, key, source, metadata, space, pos"
+        try:
+            cur = self.conn.cursor()
+            cur.execute("CREATE TEMP TABLE IF NOT EXISTS items_in (n BIGINT, id TEXT, modality TEXT, key TEXT, "
+                        "source TEXT, metadata TEXT, space TEXT, pos BIGINT) ON COMMIT DELETE ROWS")
+            cur.execute("TRUNCATE items_in")
+            with cur.copy(f"COPY items_in (n, {cols}) FROM STDIN") as copy:
+                for row in zip(range(len(columns[0])), *columns):
+                    copy.write_row(row)
+            cur.execute(f"INSERT INTO items ({cols}, generation) SELECT {cols}, {int(self.generation)} FROM items_in "
+                        f"ORDER BY n{tail}")
         except Exception as e:
             raise self.catalog._error(e) from e
 
