@@ -169,7 +169,9 @@ class CollectionStatus:
             if s.imports:
                 spaces[s.space_id]["imports"] = [dict(i) for i in s.imports]
             if not s.retired:
-                info = getattr(self.gallery(s.space_id), "index_info", None) if index_info else None
+                # a catalog-only status opens the stores of collections adopted in place only (their own index)
+                opened = index_info or any(r.get("in_place") for r in s.imports)
+                info = getattr(self.gallery(s.space_id), "index_info", None) if opened else None
                 spaces[s.space_id]["index"] = info() if info else {}
         served = sum(n for c in counts.values() for n in c.values())
         return {"name": self.name, "path": str(self.storage), "generation": generation,
