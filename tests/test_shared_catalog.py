@@ -364,3 +364,35 @@ def test_add_killed_at_random_moments_into_a_shared_catalog_adds_each_item_once(
         assert len(keys) == len(set(keys)) and set(keys) == {k for mod, k in want.values() if mod == m}
     _served_once(c)
     assert not c.verify()
+
+
+def test_a_bulk_insert_into_a_postgresql_catalog_goes_in_by_copy_in_order(tmp_path, postgres_db):
+    """Many rows at once (an import's chunk) go into PostgreSQL by COPY: their rids ascend in the
+    order given, ``new_ids_only`` leaves out the ids already live (their rid None), and every row
+    holds what was given."""
+    from nobackfill.catalog import writer
+    from nobackfill.gallery.atomic_files import _now
+
+    n = writer.COPY_AT + 500
+    c = Collection.create(f"{tmp_path / 'c'}?catalog={postgres_db}#bulk", space_id="s", dim=4, model="m",
+                          modalities=["text"])
+
+    def rows(ids):
+        return [(i, "text", i, json.dumps({"text": f"t {i}"}), json.dumps({"i": i})) for i in ids]
+
+    first = [f"a{j:05d}" for j in range(n)]
+    with c.catalog.writing() as w:
+        rids = w.insert(rows(first), new_ids_only=True)
+        w.finish(_now())
+    assert rids == list(range(rids[0], rids[0] + n))
+    second = [f"{'a' if j % 2 else 'b'}{j:05d}" for j in range(n)]  # every other id already live
+    with c.catalog.writing() as w:
+        again = w.insert(rows(second), new_ids_only=True)
+        w.finish(_now())
+    fresh = [r for r in again if r is not None]
+    assert [r is None for r in again] == [i.startswith("a") for i in second]
+    assert fresh == sorted(fresh) and fresh[0] > rids[-1]
+    got = c.catalog.rows_by_id(second[:6])
+    assert [(got[i].id, got[i].metadata["i"], got[i].source["text"]) for i in second[:6]] == \
+        [(i, i, f"t {i}") for i in second[:6]]
+    assert Collection.open(f"{tmp_path / 'c'}?catalog={postgres_db}#bulk").count("text") == n + (n + 1) // 2

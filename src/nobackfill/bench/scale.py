@@ -10,15 +10,18 @@ Each (N, index) row: ``add_per_s`` (items/s through :func:`~nobackfill.adopt.imp
 chunks), then in a fresh process ``open_s`` (:meth:`Collection.open`), ``open_first_search_s``
 (open + a :class:`~nobackfill.search.Searcher` + its first search, the index cached on disk),
 ``p50_ms`` / ``p99_ms`` (one query, k = 10, through the Searcher) and ``raw_p50_ms`` (the same
-queries on the faiss index itself; both measured in the same cache state: one unmeasured pass,
+queries on the faiss index itself; on a Milvus server pymilvus' own ``MilvusClient.search`` of the
+same collection, Bounded; both measured in the same cache state: one unmeasured pass,
 then two alternating passes of each), ``filtered_p50_ms`` (``filter={"group": 3}``),
 ``index_build_s`` (the writer builds and caches the index after adding),
 ``rss_extra_mb`` (that process's resident memory beyond its imports, the vectors and the index),
-``disk_ratio`` (collection bytes / vector bytes); then the collection is upgraded to a second
+``disk_ratio`` (collection bytes / vector bytes), on a Milvus server ``raw_insert_per_s`` (pymilvus'
+own ``MilvusClient.insert`` of the same vectors into a scratch collection, 20k rows a call); then the collection is upgraded to a second
 lookup space (identity bridge, nothing re-embedded) and a backfill worker in another process
 commits one batch a second while the reader measures ``p50_upgraded_idle_ms`` (before: one space
 serves every item), ``p50_during_backfill_ms`` and ``p50_backfilled_idle_ms`` (after the worker
-stopped: the same two spaces searched, nothing committing). ``cli_status_s`` / ``cli_search_s``: wall time of
+stopped: the same two spaces searched, nothing committing), with ``searches_during_backfill`` (the
+window's search count). ``cli_status_s`` / ``cli_search_s``: wall time of
 ``nobackfill collection status`` / ``search`` in a cold process, before the upgrade.
 
 Peers (``chroma``, ``lancedb``), where installed (optional, never dependencies): add, reopen, p50
@@ -221,9 +224,9 @@ def _servers(cfg: ScaleBenchConfig, say: Callable[[str], None]) -> Iterator[tupl
 
 
 def format_markdown(result: dict[str, Any]) -> str:
-    cols = ["n", "catalog", "vectors", "add_per_s", "open_s", "open_first_search_s", "rss_extra_mb", "disk_ratio",
+    cols = ["n", "catalog", "vectors", "add_per_s", "raw_insert_per_s", "open_s", "open_first_search_s", "rss_extra_mb", "disk_ratio",
             "p50_ms", "p99_ms", "raw_p50_ms", "p50_upgraded_idle_ms", "p50_during_backfill_ms",
-            "p50_backfilled_idle_ms", "filtered_p50_ms", "cli_status_s", "cli_search_s"]
+            "p50_backfilled_idle_ms", "searches_during_backfill", "filtered_p50_ms", "cli_status_s", "cli_search_s"]
     lines = ["| " + " | ".join(cols) + " |", "|" + "---:|" * len(cols)]
     for r in result["rows"]:
         lines.append("| " + " | ".join("" if r.get(c) is None else str(r[c]) for c in cols) + " |")

@@ -37,7 +37,7 @@ import numpy as np
 from ..gallery.atomic_files import _crash_point, _fsync_dir
 from .schema import (_ROW_COLS, CATALOG_FILE, PAGE, CatalogError, Row, _chunks, _create_tables, _header,
                      _index_upgrades, _row, _rows_by, filter_sql, unsourced_sql)
-from .writer import Writer
+from .writer import KEYED_PAGES_DOC, VECTORS_TS_DOC, Writer
 from ..gallery.atomic_files import flock
 
 __all__ = ["CATALOG_FILE", "PAGE", "Catalog", "CatalogError", "Row", "filter_sql", "open_catalog"]
@@ -57,6 +57,7 @@ class Catalog:
         self._lock_dir = lock_dir
         self._schema = schema
         self._indexed = False
+        self._keyed = False  # this process checked that the serving pages hold keyed slots (KEYED_PAGES_DOC)
         self._read_conn: Any = None
         self._write_conn: Any = None
         self._rlock = threading.RLock()
@@ -128,9 +129,11 @@ class Catalog:
                         conn.execute(stmt)
                     self._indexed = True
                 w = Writer(self, conn)
+                checked = self._keyed or w.fill_keyed_pages() or True  # an older catalog: with its first write
                 yield w
                 _crash_point("before")  # test-only kill points around the commit (see store._crash_point)
                 conn.execute("COMMIT")
+                self._keyed = checked
                 if self._committed is not None:
                     self._committed.set()
             except BaseException:
@@ -196,6 +199,7 @@ class Catalog:
             self._lock_dir, self._schema = real._lock_dir, real._schema
             self.before_write = None
             self._keeper = None
+            self._keyed = False
             self.epoch += 1
 
     def _error(self, e: Exception) -> Exception:
@@ -286,6 +290,12 @@ class Catalog:
         r = self.query("SELECT data FROM docs WHERE name = ?", (name,))
         return bytes(r[0][0]) if r else None
 
+    def vectors_ts(self) -> int:
+        """The largest vector-store timestamp any commit recorded (0: none;
+        :meth:`~nobackfill.catalog.writer.Writer.stamp_vectors`)."""
+        data = self.read_doc(VECTORS_TS_DOC)
+        return int(data) if data else 0
+
     def write_doc(self, name: str, data: bytes) -> None:
         with self.writing() as w:
             w.put_doc(name, data)
@@ -353,8 +363,9 @@ class Catalog:
             n = int(self.query("SELECT count(*) FROM items WHERE modality = ?", (m,))[0][0])
             if n != h[f"n_{m}"]:
                 problems.append(f"{self.location}: header says {h[f'n_{m}']} {m} items, the items table holds {n}")
-        served = self.query("SELECT space, modality, count(*) FROM items WHERE space IS NOT NULL AND pos IS NOT NULL "
-                            "GROUP BY space, modality")
+        keyed = self.read_doc(KEYED_PAGES_DOC) is not None  # items served without a row have slots too
+        served = self.query("SELECT space, modality, count(*) FROM items WHERE space IS NOT NULL"
+                            + ("" if keyed else " AND pos IS NOT NULL") + " GROUP BY space, modality")
         want = {(s, m): int(n) for s, m, n in served}
         have: dict[tuple[str, str], int] = {}
         for space, modality, _page, data in self.pages(-1):

@@ -15,7 +15,9 @@ __all__ = ["CATALOG_FILE", "PAGE", "CatalogError", "Row", "filter_sql", "unsourc
 
 CATALOG_FILE = "catalog.sqlite"
 FORMAT = "nobackfill-catalog"
-VERSION = 2
+#: 3: items of stores without lasting rows have serving-page slots (older versions, which do not
+#: write them, refuse a catalog of this version rather than leave readers a wrong page)
+VERSION = 3
 #: store rows per serving page (a page is PAGE int64 rids)
 PAGE = 4096
 
@@ -194,6 +196,7 @@ def _create_tables(conn: Any, dialect: str, header: Mapping[str, Any]) -> None:
     for stmt in _index_upgrades(dialect):
         conn.execute(stmt)
     ph = "?" if dialect == "sqlite" else "%s"
+    conn.execute(f"INSERT INTO docs (name, data, version) VALUES ({ph}, {ph}, 1)", ("serving/keyed-slots", b"1"))
     conn.execute(f"INSERT INTO header (id, format, version, name, backend, created, updated, generation, plan, "
                  f"plan_generation, n_image, n_text) VALUES (1, {', '.join([ph] * 11)})",
                  (FORMAT, VERSION, header["name"], header["backend"], header["created"], header["updated"],

@@ -13,11 +13,29 @@ import numpy as np
 from .plan import Plan
 from .schema import _ROW_COLS, PAGE, CatalogDatabase, CatalogError, Row, _header, _row, _rows_by
 
-__all__ = ["ROWS_PER_INSERT", "Writer"]
+__all__ = ["KEYED_PAGES_DOC", "ROWS_PER_INSERT", "VECTORS_TS_DOC", "Writer"]
+
+#: the document holding the largest vector-store timestamp (a Milvus hybrid timestamp) of any
+#: commit: every vector a commit names was written at or before it (see :meth:`Writer.stamp_vectors`)
+VECTORS_TS_DOC = "vectors/timestamp"
+#: present once the serving pages hold the items of stores without lasting rows too (Milvus: an item
+#: served there with no row recorded, ``pos`` NULL, has the slot of its rid): written with every new
+#: catalog, and by the first write to an older one (:meth:`Writer.fill_keyed_pages`)
+KEYED_PAGES_DOC = "serving/keyed-slots"
+#: the catalog version from which the slots are kept (a version that does not keep them refuses it)
+KEYED_VERSION = 3
+
+
+def _slot(pos: int | None, rid: int) -> int:
+    """The serving-page slot of an item served with row ``pos`` (None: a store without lasting
+    rows, where the item's rid is its slot: never reused, so never taken by another item)."""
+    return rid if pos is None else int(pos)
 
 #: item rows per INSERT statement (7 parameters each: within SQLite's limit of 32766 since 3.32,
 #: and its older one of 999)
 ROWS_PER_INSERT = 512 if sqlite3.sqlite_version_info >= (3, 32) else 128
+#: PostgreSQL: this many rows or more go in by COPY (:meth:`Writer._copy_columns`)
+COPY_AT = 2048
 
 
 class Writer:
@@ -113,8 +131,8 @@ class Writer:
             # one space, one modality, every row inserted (the bulk path): whole arrays at once
             try:
                 at = np.asarray(pos, np.int64)
-            except (TypeError, ValueError):  # a row without a position: row by row below
-                at = None
+            except (TypeError, ValueError):  # rows without positions: their rids (a store without lasting rows)
+                at = np.asarray(rids, np.int64) if all(p is None for p in pos) else None
             if at is not None:
                 self._counts[mods[0]] += len(ids)
                 self.set_serving_many(places.pop(), mods[0], at, np.asarray(rids, np.int64))
@@ -124,9 +142,9 @@ class Writer:
             if rid is None:
                 continue
             self._counts[m] += 1
-            if sp is not None and p is not None:
+            if sp is not None:
                 g = groups.setdefault((sp, m), ([], []))
-                g[0].append(p)
+                g[0].append(_slot(p, rid))
                 g[1].append(rid)
         for (sp, modality), (p, rid) in groups.items():
             self.set_serving_many(sp, modality, np.asarray(p, np.int64), np.asarray(rid, np.int64))
@@ -140,6 +158,8 @@ class Writer:
         head = "INSERT INTO items (id, modality, key, source, metadata, space, pos, generation) VALUES "
         one = f"(?, ?, ?, ?, ?, ?, ?, {int(self.generation)})"
         width, n = len(columns), len(columns[0])
+        if self.catalog.dialect == "postgresql" and n >= COPY_AT:
+            return self._copy_columns(columns, tail)
 
         def params(a: int, b: int) -> list:
             flat: list = [None] * (width * (b - a))
@@ -159,19 +179,37 @@ class Writer:
         except Exception as e:
             raise self.catalog._error(e) from e
 
+    def _copy_columns(self, columns: Sequence[list], tail: str) -> None:
+        """:meth:`_insert_columns` on PostgreSQL for many rows: ``COPY`` into a temporary table (no
+        statement parameters to adapt), then one ``INSERT ... SELECT`` in their order (their rids
+        ascend with it; ``tail``: the conflict clause)."""
+        cols = "id, modality, key, source, metadata, space, pos"
+        try:
+            cur = self.conn.cursor()
+            cur.execute("CREATE TEMP TABLE IF NOT EXISTS items_in (n BIGINT, id TEXT, modality TEXT, key TEXT, "
+                        "source TEXT, metadata TEXT, space TEXT, pos BIGINT) ON COMMIT DELETE ROWS")
+            cur.execute("TRUNCATE items_in")
+            with cur.copy(f"COPY items_in (n, {cols}) FROM STDIN") as copy:
+                for row in zip(range(len(columns[0])), *columns):
+                    copy.write_row(row)
+            cur.execute(f"INSERT INTO items ({cols}, generation) SELECT {cols}, {int(self.generation)} FROM items_in "
+                        f"ORDER BY n{tail}")
+        except Exception as e:
+            raise self.catalog._error(e) from e
+
     def delete(self, rows: Sequence[Row]) -> None:
         for r in rows:
-            if r.space is not None and r.pos is not None:
-                self.set_serving(r.space, r.modality, r.pos, 0)
+            if r.space is not None:
+                self.set_serving(r.space, r.modality, _slot(r.pos, r.rid), 0)
             self._counts[r.modality] -= 1
         self.executemany("DELETE FROM items WHERE rid = ?", [(r.rid,) for r in rows])
 
     def serve(self, rid: int, modality: str, old: tuple[str | None, int | None], new: tuple[str | None, int | None]) -> None:
         """Move the serving of item ``rid`` from ``old`` (space, row) to ``new``."""
-        if old[0] is not None and old[1] is not None:
-            self.set_serving(old[0], modality, old[1], 0)
-        if new[0] is not None and new[1] is not None:
-            self.set_serving(new[0], modality, new[1], rid)
+        if old[0] is not None:
+            self.set_serving(old[0], modality, _slot(old[1], rid), 0)
+        if new[0] is not None:
+            self.set_serving(new[0], modality, _slot(new[1], rid), rid)
         self.execute("UPDATE items SET space = ?, pos = ? WHERE rid = ?", (new[0], new[1], rid))
 
     def set_serving(self, space: str, modality: str, pos: int, rid: int) -> None:
@@ -204,9 +242,40 @@ class Writer:
         for k in [k for k in self._pages if k[0] == space]:
             self._pages[k][:] = 0
 
+    def _write_pages(self) -> None:
+        blob = (lambda b: b) if self.catalog.dialect == "sqlite" else bytes
+        self.executemany("INSERT INTO serving (space, modality, page, generation, data) VALUES (?, ?, ?, ?, ?) "
+                         "ON CONFLICT (space, modality, page) DO UPDATE SET generation = excluded.generation, "
+                         "data = excluded.data",
+                         [(s, m, p, self.generation, blob(a.tobytes())) for (s, m, p), a in self._pages.items()])
+
     # plan, documents
     def set_plan(self, plan: Plan) -> None:
         self._plan = plan
+
+    def fill_keyed_pages(self) -> bool:
+        """A catalog written before :data:`KEYED_PAGES_DOC`: give every item served with no row
+        recorded the slot of its rid (pages and a new generation written at once, whether or not
+        the caller finishes this transaction), and write the document; True if it did."""
+        if self.execute("SELECT 1 FROM docs WHERE name = ?", (KEYED_PAGES_DOC,)).fetchone():
+            return False
+        rows = self.execute("SELECT rid, space, modality FROM items WHERE space IS NOT NULL AND pos IS NULL").fetchall()
+        for rid, space, modality in rows:
+            self.set_serving(space, modality, int(rid), int(rid))
+        if rows:
+            self._write_pages()
+            self.execute("UPDATE header SET generation = ? WHERE id = 1", (self.generation,))
+        self.execute("UPDATE header SET version = ? WHERE id = 1 AND version < ?", (KEYED_VERSION, KEYED_VERSION))
+        self.put_doc(KEYED_PAGES_DOC, b"1")
+        return True
+
+    def stamp_vectors(self, ts: int) -> None:
+        """Record, in this transaction, that the vectors it names were written to their store at or
+        before timestamp ``ts`` (kept as the largest of any commit: a reader that waits for it sees
+        every vector the catalog names)."""
+        r = self.execute("SELECT data FROM docs WHERE name = ?", (VECTORS_TS_DOC,)).fetchone()
+        if r is None or int(bytes(r[0])) < int(ts):
+            self.put_doc(VECTORS_TS_DOC, str(int(ts)).encode())
 
     def put_doc(self, name: str, data: bytes) -> None:
         self.execute("INSERT INTO docs (name, data, version) VALUES (?, ?, 1) ON CONFLICT (name) DO UPDATE SET "
@@ -214,11 +283,7 @@ class Writer:
 
     def finish(self, now: str) -> None:
         """Write the touched pages and the header (called once, last)."""
-        blob = (lambda b: b) if self.catalog.dialect == "sqlite" else bytes
-        self.executemany("INSERT INTO serving (space, modality, page, generation, data) VALUES (?, ?, ?, ?, ?) "
-                         "ON CONFLICT (space, modality, page) DO UPDATE SET generation = excluded.generation, "
-                         "data = excluded.data",
-                         [(s, m, p, self.generation, blob(a.tobytes())) for (s, m, p), a in self._pages.items()])
+        self._write_pages()
         h = self.header
         plan_gen = self.generation if self._plan is not None else h["plan_generation"]
         plan = json.dumps((self._plan if self._plan is not None else h["plan"]).to_json(), sort_keys=True,

@@ -277,9 +277,31 @@ class LocalClient(Client):
         if text is not None:
             self.limits.check_text(text)
         check_image_file(image)
+        if not self._searchers:
+            self._first_search()
         r = self.searcher(merge).search(text=text, image=image, k=self.limits.check_k(k), target=target,
                                         filter=filter)
         return _results(r)
+
+    def _first_search(self) -> None:
+        """Before this client's first search: load the current model in a thread while this one
+        reads the collection's state and connects to its vector stores (a cold ``collection
+        search`` waits for the longer of the two, not for both). A model that fails to load fails
+        again, named, where the search asks for it."""
+        c = self.collection
+
+        def load() -> None:
+            try:
+                self.encoder()
+            except Exception:  # the search's own call reports it
+                pass
+
+        loader = threading.Thread(target=load, name="load-query-model", daemon=True)
+        loader.start()
+        try:
+            c.snapshot()
+        finally:
+            loader.join()
 
     @_refusals
     def get(self, item_id: str) -> ItemInfo:

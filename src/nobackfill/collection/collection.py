@@ -46,6 +46,7 @@ import numpy as np
 from ..gallery.atomic_files import _now
 from ..ann.backends import validate_spec
 from ..catalog.catalog import CATALOG_FILE, PAGE, Catalog, CatalogError, memory_catalog, unsourced_sql
+from ..catalog.writer import KEYED_PAGES_DOC
 from .status import INGEST_LOCK, CollectionStatus
 from .writes import _WRITES, CollectionWrites
 from ..catalog.items import (MAX_ID_LENGTH, CollectionBusyError, CollectionError, CorruptCollectionError, Item,
@@ -53,6 +54,7 @@ from ..catalog.items import (MAX_ID_LENGTH, CollectionBusyError, CollectionError
 from .migrate import gallery_items, read_v1
 from .placement import SPACE_DIR, _filler, _gallery_header, _space_dirname, _space_entry
 from ..catalog.plan import Plan, Space
+from .keyed import KeyedRows
 from .snapshot import EMPTY, HitTable, Snapshot, SpaceView
 from ..storage.base import MANIFEST_FILE as V1_FILE
 from ..storage.local import LocalStorage
@@ -119,6 +121,8 @@ class Collection(CollectionWrites, CollectionStatus):
         self._galleries: dict[str, SpaceStore] = {}
         self._serving: dict[tuple[str, str], np.ndarray] = {}
         self._serving_gen = -1  # the generation self._serving is at (-1: not loaded)
+        self._slotted = False  # the pages give keyless stores' items slots (KEYED_PAGES_DOC seen)
+        self._keyed_rows = KeyedRows()
         self._snapshot: Snapshot | None = None
         self._hit_table: HitTable | None = None  # loaded by the first search
         self._epoch = catalog.epoch
@@ -374,6 +378,8 @@ class Collection(CollectionWrites, CollectionStatus):
         if self.catalog.epoch != self._epoch:  # a plain gallery's catalog went from memory to disk
             with self._lock:
                 self._epoch, self._serving_gen, self._snapshot = self.catalog.epoch, -1, None
+                self._slotted = False
+                self._keyed_rows.forget()
                 self._hit_table = None
         snap = self._snapshot
         now = time.monotonic()
@@ -389,30 +395,37 @@ class Collection(CollectionWrites, CollectionStatus):
             # batch moved between two spaces is seen moved or not, never out of both
             with self.catalog.reading():
                 header = self.catalog.header()
-                pages = self.catalog.pages(self._serving_gen) if self._serving_gen >= 0 else self.catalog.pages(-1)
                 plan = header["plan"]
-                keyed = {(sid, m): self._keys_served(sid, m) for sid in plan.serving_order()
-                         if not getattr(self.gallery(sid, plan), "stable_positions", False) for m in MODALITIES}
-            if self._serving_gen < 0:
-                self._serving = {}
-            size: dict[tuple[str, str], int] = {}
-            for space, modality, page, _ in pages:
-                size[(space, modality)] = max(size.get((space, modality), 0), (page + 1) * PAGE)
-            changed: dict[tuple[str, str], np.ndarray] = {}
-            for k, n in size.items():  # a snapshot's arrays never change: the changed ones are new arrays
-                old = self._serving.get(k, EMPTY)
-                arr = changed[k] = np.zeros(max(n, len(old)), np.int64)
-                arr[:len(old)] = old
-            for space, modality, page, data in pages:
-                changed[(space, modality)][page * PAGE:(page + 1) * PAGE] = np.frombuffer(data, np.int64)
-            self._serving = {**self._serving, **changed}
+                keyless = [sid for sid in plan.serving_order()
+                           if not getattr(self.gallery(sid, plan), "stable_positions", False)]
+                if keyless and not self._slotted and self.catalog.read_doc(KEYED_PAGES_DOC) is not None:
+                    self._slotted, self._serving_gen = True, -1  # slots seen first: every page read again
+                    self._keyed_rows.forget()
+                self._merge_pages(self.catalog.pages(self._serving_gen))
+                slotted = {sid for sid in keyless if self._slotted and
+                           getattr(self.gallery(sid, plan), "keys_from_catalog", False)}
+                by_slot = {(sid, m): self._keyed_rows.rids_by_row(self.catalog, self.gallery(sid, plan), sid, m,
+                                                                  self._serving.get((sid, m), EMPTY))
+                           for sid in slotted for m in MODALITIES}
+                keyed = {(sid, m): self._keys_served(sid, m) for sid in keyless if sid not in slotted
+                         for m in MODALITIES}
+                vectors_ts = self.catalog.vectors_ts() if keyless else 0
             self._serving_gen = header["generation"]
             self._header = header
             serving: dict[tuple[str, str], np.ndarray] = {}
             for sid in plan.serving_order():
                 g = self.gallery(sid, plan)
-                g.refresh()  # after the catalog was read: a store holds its rows before the catalog names them
+                from_catalog = getattr(g, "keys_from_catalog", False)
+                if from_catalog:  # the rows the catalog names, visible once the server reached their commit
+                    g.guarantee(vectors_ts)
+                else:  # after the catalog was read: a store holds its rows before the catalog names them
+                    g.refresh()
                 for m in MODALITIES:
+                    if (sid, m) in by_slot:
+                        serving[(sid, m)] = by_slot[(sid, m)]
+                        continue
+                    if from_catalog:
+                        g.know(m, [k for _, k in keyed[(sid, m)]])
                     if (sid, m) in keyed:
                         serving[(sid, m)] = self._served_by_key(g, m, keyed[(sid, m)])
                         continue
@@ -422,6 +435,22 @@ class Collection(CollectionWrites, CollectionStatus):
             self._snapshot = Snapshot(self, header["generation"], plan, serving,
                                       {m: header[f"n_{m}"] for m in MODALITIES})
             return self._snapshot
+
+    def _merge_pages(self, pages: list[tuple[str, str, int, bytes]]) -> None:
+        """Bring :attr:`_serving` to the pages read (all of them when it was not loaded)."""
+        if self._serving_gen < 0:
+            self._serving = {}
+        size: dict[tuple[str, str], int] = {}
+        for space, modality, page, _ in pages:
+            size[(space, modality)] = max(size.get((space, modality), 0), (page + 1) * PAGE)
+        changed: dict[tuple[str, str], np.ndarray] = {}
+        for k, n in size.items():  # a snapshot's arrays never change: the changed ones are new arrays
+            old = self._serving.get(k, EMPTY)
+            arr = changed[k] = np.zeros(max(n, len(old)), np.int64)
+            arr[:len(old)] = old
+        for space, modality, page, data in pages:
+            changed[(space, modality)][page * PAGE:(page + 1) * PAGE] = np.frombuffer(data, np.int64)
+        self._serving = {**self._serving, **changed}
 
     def _keys_served(self, space_id: str, modality: str) -> list[tuple[int, str]]:
         """``(rid, key)`` of the items the catalog says ``space_id`` serves (for a store without

@@ -102,6 +102,8 @@ class CollectionStatus:
                 continue
             problems += report.problems
             for m in MODALITIES:
+                if not getattr(g, "stable_positions", False):  # slots of rids, not rows (collection/keyed.py)
+                    continue
                 arr = self._serving.get((s.space_id, m), EMPTY)
                 if np.any(arr[g.count(m):]):
                     problems.append(f"{self.catalog}: space {s.space_id} serves {m} rows past the "
@@ -134,9 +136,32 @@ class CollectionStatus:
 
     def status(self) -> dict[str, Any]:
         """Counts per space and modality, the current space, and what the plan says."""
-        snap = self.snapshot()
-        plan = snap.plan
-        counts = snap.counts()
+        st = self.served_counts()
+        return self._status_of(st["plan"], st["generation"], st["served"], st["items"],
+                               index_info=not getattr(self.storage, "keyed_stores", False))
+
+    def served_counts(self) -> dict[str, Any]:
+        """One committed state's ``plan``, ``generation``, ``served`` (``{space: {modality: items it
+        serves}}``) and ``items`` (``{modality: live items}``). A storage whose stores serve what the
+        catalog says (Milvus: ``keyed_stores``) is counted from the catalog alone, in one read (no
+        connection to the vector store); others from the snapshot."""
+        if not getattr(self.storage, "keyed_stores", False):
+            snap = self.snapshot()
+            return {"plan": snap.plan, "generation": snap.generation, "served": snap.counts(),
+                    "items": {m: snap.item_count(m) for m in MODALITIES}}
+        with self.catalog.reading():
+            header = self.catalog.header()
+            rows = self.catalog.query("SELECT space, modality, count(*) FROM items WHERE space IS NOT NULL "
+                                      "GROUP BY space, modality")
+        served: dict[str, dict[str, int]] = {sid: {m: 0 for m in MODALITIES} for sid in header["plan"].serving_order()}
+        for space, m, n in rows:
+            if space in served:
+                served[space][m] = int(n)
+        return {"plan": header["plan"], "generation": header["generation"], "served": served,
+                "items": {m: header[f"n_{m}"] for m in MODALITIES}}
+
+    def _status_of(self, plan: Any, generation: int, counts: dict[str, dict[str, int]], items: dict[str, int],
+                   index_info: bool = True) -> dict[str, Any]:
         spaces = {}
         for s in plan.spaces:
             spaces[s.space_id] = {"name": s.name, "model": s.model, "dim": s.dim, "current": s.space_id == plan.current,
@@ -144,11 +169,13 @@ class CollectionStatus:
             if s.imports:
                 spaces[s.space_id]["imports"] = [dict(i) for i in s.imports]
             if not s.retired:
-                info = getattr(self.gallery(s.space_id), "index_info", None)
+                # a catalog-only status opens the stores of collections adopted in place only (their own index)
+                opened = index_info or any(r.get("in_place") for r in s.imports)
+                info = getattr(self.gallery(s.space_id), "index_info", None) if opened else None
                 spaces[s.space_id]["index"] = info() if info else {}
         served = sum(n for c in counts.values() for n in c.values())
-        return {"name": self.name, "path": str(self.storage), "generation": snap.generation,
-                "items": {m: snap.item_count(m) for m in MODALITIES}, "catalog": self.catalog.dialect,
-                "current": plan.current, "spaces": spaces, "unserved": snap.item_count() - served,
+        return {"name": self.name, "path": str(self.storage), "generation": generation,
+                "items": items, "catalog": self.catalog.dialect,
+                "current": plan.current, "spaces": spaces, "unserved": sum(items.values()) - served,
                 "unsourced": sum(self.count_unsourced().values()),
                 "backend": self.backend}

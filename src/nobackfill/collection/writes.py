@@ -22,13 +22,19 @@ from ..gallery.manifest import MODALITIES
 
 __all__ = ["CollectionWrites"]
 
+def _zero() -> int:
+    return 0
+
+
 #: commits made by this process (readers of other Collection objects then re-check at once)
 _WRITES = [0]
 
 
 class CollectionWrites:
     """The writers of a :class:`~nobackfill.collection.collection.Collection` (which sets ``storage``,
-    ``catalog``, ``path``, ``_header``, ``_lock`` and ``gallery``)."""
+    ``catalog``, ``path``, ``_header``, ``_lock``, ``_galleries`` and ``gallery``). A commit records
+    the largest write timestamp of the stores this process opened (``commit_ts``: Milvus), in its
+    own transaction."""
 
     @contextlib.contextmanager
     def _writing(self) -> Iterator[Writer]:
@@ -37,6 +43,9 @@ class CollectionWrites:
             with self._lock, self.catalog.writing() as w:
                 yield w
                 if not w.unchanged:
+                    ts = max((getattr(g, "commit_ts", _zero)() for g in list(self._galleries.values())), default=0)
+                    if ts:  # readers wait for the vectors this commit names (Milvus), no longer
+                        w.stamp_vectors(ts)
                     w.finish(_now())
         finally:
             _WRITES[0] += 1  # every reader of this process asks the catalog again
@@ -49,7 +58,8 @@ class CollectionWrites:
 
         def store(sid: str) -> SpaceStore:
             g = self.gallery(sid, plan)
-            g.refresh()
+            if not getattr(g, "keys_from_catalog", False):  # Milvus: positions() asks the server for the rest
+                g.refresh()
             return g
 
         return _first_holders(plan, modality, keys, store)
@@ -193,7 +203,8 @@ class CollectionWrites:
             rank = {s: i for i, s in enumerate(pref)}
             move = [r for r in rows if r.space is None or rank.get(r.space, len(pref)) > rank[space_id]]
             if move:
-                g.refresh()
+                if not getattr(g, "keys_from_catalog", False):
+                    g.refresh()
                 pos = g.positions(modality, [r.key for r in move])
                 for r in move:
                     if r.key in pos:
@@ -222,8 +233,9 @@ class CollectionWrites:
                 raise PlanError(f"collection {self.path}: {e}") from None
             if not isinstance(plan, Plan):
                 raise TypeError(f"a plan update must return a Plan, got {type(plan).__name__}")
+            checked = {s.space_id for s in before.spaces if not s.retired}  # their stores were checked when added
             for s in plan.spaces:
-                if not s.retired and not self.storage.has_space(s.dir):
+                if not s.retired and s.space_id not in checked and not self.storage.has_space(s.dir):
                     raise ValueError(f"plan names space {s.space_id} but {self.storage} has no store "
                                      f"{s.dir} (call add_space first)")
             self._reserve(w, before, plan)

@@ -152,14 +152,14 @@ def backfill_status(collection: Collection) -> dict[str, Any]:
     of the current space (done: live items it serves). ``state``: none | running (a live worker
     holds a shard) | idle (unfinished, but no worker runs: ``note`` and ``last_worker`` say why) |
     paused | done."""
-    snap = collection.snapshot()
-    target = snap.current_space
+    target = (st := collection.served_counts())["plan"].current  # Milvus: from the catalog alone
     mods = [m for m in ("image", "text") if collection.space(target).embeds(m)]
     skipped: dict[str, int] = {}  # no source, and not served by the target already (those count as done)
     for (space, m), n in collection.unsourced_counts().items():
         if space != target:
             skipped[m] = skipped.get(m, 0) + n
-    per = {m: {"done": snap.views(m)[target].count, "total": snap.item_count(m) - skipped.get(m, 0)} for m in mods}
+    per = {m: {"done": st["served"].get(target, {}).get(m, 0), "total": st["items"][m] - skipped.get(m, 0)}
+           for m in mods}
     total = sum(v["total"] for v in per.values())
     done = sum(v["done"] for v in per.values())
     job = BackfillJob.load(collection)

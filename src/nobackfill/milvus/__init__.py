@@ -14,13 +14,17 @@ A collection ``NAME`` is a set of Milvus collections named ``nb_<NAME>_...``:
   readers discover new rows by it) and ``vec``.
 
 The catalog and the vectors are everything a set of ``serve`` replicas or backfill workers must
-share, so several processes on several machines can work on one collection. Consistency: every query
-uses level ``Strong`` (a read sees every write acknowledged before it); a search does too while the
-space holds a row this process knows of that was written less than ``FRESH_S`` ago, and ``Bounded``
-after that (then every such row is visible anyway, and the search does not wait for the next time
-tick: about 200 ms on a server). Vector writes are safe without a lock (a row's key names its
-content, rows already present are skipped, and search results are de-duplicated by key); commits
-and locks are the catalog's (transactions, advisory locks). milvus-lite allows one process per path.
+share, so several processes on several machines can work on one collection. Consistency by commit
+timestamps: a commit records the Milvus insert timestamp of the vectors it names in the catalog (in its
+own transaction); a reader numbers a space's rows from the keys the catalog names (never a query over
+Milvus) and reads with the largest commit timestamp it has seen as the guarantee timestamp (level
+``Customized``), waiting only for rows the server has not consumed yet. Writers look keys up Strong.
+Without timestamps (milvus-lite), a search is Strong while the space holds a row this process knows of
+that was written less than ``FRESH_S`` ago, and ``Bounded`` after that. Vector writes are safe without
+a lock (a row's key names its content, rows already present are skipped, and search results are
+de-duplicated by key); commits and locks are the catalog's (transactions, advisory locks). milvus-lite
+allows one process per path. A :class:`MilvusStorage` connects on first use: a command that reads only
+the catalog (``collection status``) imports no pymilvus.
 
 May import: ``_logging``, ``ann``, ``catalog``, ``gallery``, ``storage``.
 """

@@ -141,6 +141,9 @@ class MilvusAdoptedStore(MilvusSpaceStore):
     order this process discovered them (``stable_positions`` False); rows the owner adds later are
     discovered when the row count changes (asked at most every :data:`ADOPTED_RECHECK_S`)."""
 
+    keys_from_catalog = False  # the owner adds rows the catalog does not name: discovered by refresh()
+
+
     read_only = True
 
     def __init__(self, client: Any, name: str, *, space_id: str, dim: int, model: str, backend: str,

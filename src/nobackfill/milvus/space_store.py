@@ -13,8 +13,8 @@ from typing import Any, Sequence
 import numpy as np
 
 from ..gallery.types import DuplicateIdError, SearchResult, SpaceMismatchError, VerifyReport
-from .connection import (BOUNDED, FILTER_IN_MAX, FLUSH_EVERY, FRESH_S, KEY_MAX, MAX_TOPK, SEQ_MARGIN_NS, STRONG,
-                         _loaded, milvus_index_params)
+from .connection import (BOUNDED, CUSTOMIZED, FILTER_IN_MAX, FLUSH_EVERY, FRESH_S, INSERT_ROWS, KEY_MAX, LOOKUP_MAX,
+                         MAX_TOPK, SEQ_MARGIN_NS, STRONG, _loaded, alloc_ts, insert_ts, milvus_index_params)
 
 
 class MilvusSpaceStore:
@@ -34,6 +34,11 @@ class MilvusSpaceStore:
         self._loaded = False
         self._unflushed = 0
         self.path = name
+        #: the largest insert timestamp this process got from the server, the largest commit
+        #: timestamp its catalog named (:meth:`guarantee`), and a server timestamp taken after rows of
+        #: unknown timestamp were found on the server: reads wait for the largest (see :meth:`_level`)
+        self.write_ts = self._read_ts = self._fence_ts = 0
+        self._from_catalog = False  # rows numbered by :meth:`know` (the catalog), not discovered here
 
     @property
     def dim(self) -> int:
@@ -92,6 +97,54 @@ class MilvusSpaceStore:
 
         return self._read(read)
 
+    #: a reader learns which rows this store serves from the catalog (:meth:`know`), never by
+    #: reading the server (an adopted collection, whose owner adds rows, says False)
+    keys_from_catalog = True
+
+    def know(self, modality: str, keys: Sequence[str]) -> None:
+        """Number ``keys`` (rows the catalog says this store holds: a commit names vectors only once
+        they are stored) without asking the server; with :meth:`guarantee`, how a reader refreshes."""
+        with self._lock:
+            self._from_catalog = True
+            known, order = self._pos[modality], self._keys[modality]
+            for k in keys:
+                if k not in known:
+                    known[k] = len(order)
+                    order.append(k)
+
+    def guarantee(self, ts: int) -> None:
+        """Reads from now on wait for every write up to hybrid timestamp ``ts`` (the largest commit
+        timestamp the catalog holds) and no later one: Milvus' guarantee timestamp."""
+        self._read_ts = max(self._read_ts, int(ts))
+
+    def commit_ts(self) -> int:
+        """What a commit naming this store's rows records: a timestamp at or after the insert of every
+        row this process stored or found on the server (0: unknown)."""
+        return max(self.write_ts, self._fence_ts)
+
+    def _level(self, modality: str | None = None) -> dict[str, Any]:
+        """The consistency of a read: Strong while rows of unknown timestamp were found less than
+        :data:`FRESH_S` ago; else the guarantee timestamp of the newest commit seen or write made
+        (the read waits only for what the server has not consumed yet); Strong for a reader that
+        numbers rows from a catalog holding no timestamp; Bounded otherwise (rows discovered by
+        :meth:`refresh`, older than :data:`FRESH_S`)."""
+        newest = max(self._newest_ns.values()) if modality is None else self._newest_ns.get(modality, 0)
+        if time.time_ns() - newest < FRESH_S * 1e9:
+            return {"consistency_level": STRONG}
+        ts = max(self._read_ts, self.write_ts, self._fence_ts)
+        if ts:
+            return {"consistency_level": CUSTOMIZED, "guarantee_timestamp": ts}
+        return {"consistency_level": STRONG if self._from_catalog else BOUNDED}
+
+    def _found_unknown(self, modality: str) -> None:
+        """Rows whose insert timestamp is unknown were just found on the server: later reads and
+        commits wait for a server timestamp taken now (or stay Strong a while, where none is given)."""
+        ts = alloc_ts(self.client)
+        if ts:
+            self._fence_ts = max(self._fence_ts, ts)
+        else:
+            self._newest_ns[modality] = time.time_ns()
+
     def refresh(self) -> bool:
         """Discover rows inserted since the last refresh (by ``seq``, with a margin for clock skew
         between writers and late visibility); True if any was new."""
@@ -110,12 +163,16 @@ class MilvusSpaceStore:
             return changed
 
     def ids(self, modality: str) -> list[str]:
-        if not self._keys["image"] and not self._keys["text"]:
+        if self._undiscovered():
             self.refresh()
         return list(self._keys[modality])
 
     def count(self, modality: str) -> int:
-        return len(self._keys[modality]) if (self._keys["image"] or self._keys["text"]) else len(self.ids(modality))
+        return len(self.ids(modality)) if self._undiscovered() else len(self._keys[modality])
+
+    def _undiscovered(self) -> bool:
+        """No row is numbered yet, by the catalog or by a read of the server (a fresh process)."""
+        return not self._from_catalog and not self._keys["image"] and not self._keys["text"]
 
     #: rows are numbered in the order this process discovered them: not shared with other processes,
     #: so a catalog records which space serves an item, not its row here
@@ -126,16 +183,19 @@ class MilvusSpaceStore:
     def positions(self, modality: str, keys: Sequence[str]) -> dict[str, int]:
         """This process's row of each of ``keys`` the server holds (absent keys are left out)."""
         with self._lock:
-            if not self._keys["image"] and not self._keys["text"]:
+            if self._undiscovered():
                 self.refresh()
             known = self._pos[modality]
             rest = [k for k in keys if k not in known]
             if rest:
+                found = False
                 for k in sorted(self._existing(modality, rest)):
                     if k not in known:  # on the server but not discovered yet: number it now
                         known[k] = len(self._keys[modality])
                         self._keys[modality].append(k)
-                        self._newest_ns[modality] = time.time_ns()  # searches stay Strong a while
+                        found = True
+                if found:
+                    self._found_unknown(modality)
             return {k: known[k] for k in keys if k in known}
 
     def __contains__(self, item: tuple[str, str]) -> bool:
@@ -147,8 +207,8 @@ class MilvusSpaceStore:
     def _existing(self, modality: str, keys: Sequence[str]) -> set[str]:
         """Which of ``keys`` the server holds for ``modality`` (primary-key lookups)."""
         out: set[str] = set()
-        for s in range(0, len(keys), FILTER_IN_MAX):
-            batch = list(keys[s:s + FILTER_IN_MAX])
+        for s in range(0, len(keys), LOOKUP_MAX):
+            batch = list(keys[s:s + LOOKUP_MAX])
             rows = self._read(lambda: self.client.get(self.name, ids=batch, output_fields=["key"],
                                                       partition_names=[modality], consistency_level=STRONG))
             out.update(r["key"] for r in rows)
@@ -157,10 +217,10 @@ class MilvusSpaceStore:
     def get_vectors(self, modality: str, keys: Sequence[str]) -> np.ndarray:
         """The vectors of ``keys`` (in that order; every key must exist)."""
         found: dict[str, list[float]] = {}
-        for s in range(0, len(keys), FILTER_IN_MAX):
-            batch = list(keys[s:s + FILTER_IN_MAX])
+        for s in range(0, len(keys), LOOKUP_MAX):
+            batch = list(keys[s:s + LOOKUP_MAX])
             for r in self._read(lambda: self.client.get(self.name, ids=batch, output_fields=["key", "vec"],
-                                                        consistency_level=STRONG)):
+                                                        **self._level())):
                 found[r["key"]] = r["vec"]
         missing = [k for k in keys if k not in found]
         if missing:
@@ -195,20 +255,36 @@ class MilvusSpaceStore:
         if not keep:
             return 0
         base = time.time_ns()
-        rows = [{"key": ids[i], "modality": modality, "seq": base + j, "vec": vecs[i].tolist()}
-                for j, i in enumerate(keep)]
-        for s in range(0, len(rows), 2000):
-            self.client.insert(self.name, rows[s:s + 2000], partition_name=modality)
+        keys = [ids[i] for i in keep]
+        kept = vecs if len(keep) == len(ids) else vecs[keep]
+        stamps = []
+        for s in range(0, len(keys), INSERT_ROWS):
+            part = keys[s:s + INSERT_ROWS]
+            stamps.append(insert_ts(self.client, self.name, {
+                "key": part, "modality": [modality] * len(part), "seq": list(range(base + s, base + s + len(part))),
+                "vec": kept[s:s + INSERT_ROWS].tolist()}, modality))
+        ts = max(stamps) if all(stamps) else 0  # one of them unknown: unknown
         with self._lock:  # our own rows are known at once; other writers' by refresh()
-            for r in rows:
-                if r["key"] not in self._pos[modality]:
-                    self._pos[modality][r["key"]] = len(self._keys[modality])
-                    self._keys[modality].append(r["key"])
-            self._unflushed += len(rows)
-            self._newest_ns[modality] = max(self._newest_ns[modality], rows[-1]["seq"])
-        if self._unflushed >= FLUSH_EVERY:
-            self.flush()
-        return len(rows)
+            known, order = self._pos[modality], self._keys[modality]
+            for k in keys:
+                if k not in known:
+                    known[k] = len(order)
+                    order.append(k)
+            self._unflushed += len(keys)
+            if ts:
+                self.write_ts = max(self.write_ts, ts)
+            else:  # searches stay Strong a while
+                self._newest_ns[modality] = max(self._newest_ns[modality], base + len(keys) - 1)
+            seal = self._unflushed >= FLUSH_EVERY
+            if seal:
+                self._unflushed = 0
+        if seal:  # sealed by the server meanwhile: the writer does not wait for it
+            threading.Thread(target=self._seal, name="milvus-seal", daemon=True).start()
+        return len(keys)
+
+    def _seal(self) -> None:
+        with contextlib.suppress(Exception):  # a later flush or wait_indexed() seals them anyway
+            self.client.flush(self.name)
 
     def flush(self) -> None:
         """Seal the rows inserted so far into indexed segments (Milvus builds their index)."""
@@ -257,7 +333,7 @@ class MilvusSpaceStore:
             raise ValueError(f"queries must have shape (N, {self._dim}) for {self.name}, got {q.shape}")
         if int(k) < 1:
             raise ValueError(f"k must be >= 1, got {k}")
-        if not self._keys["image"] and not self._keys["text"]:
+        if self._undiscovered():
             self.refresh()  # a fresh process: discover the rows first
         keys = self._keys[modality]
         if mask is None:
@@ -277,7 +353,10 @@ class MilvusSpaceStore:
             hits = self._search(q, kk, modality, params, self._in_filter(allowed_keys))
             rows = [self._take(h, kk, pos, allowed) for h in hits]
         else:
-            rows, limit = [None] * len(q), min(MAX_TOPK, kk if n_allowed == len(keys) else max(kk * 2, 16))
+            # over-fetch by the allowed share (a filter keeping a tenth asks ~15k hits for k: one round trip)
+            share = n_allowed / max(1, len(keys))
+            rows, limit = [None] * len(q), min(MAX_TOPK, kk if n_allowed == len(keys) else max(kk * 2, 16,
+                                                                                               int(1.5 * kk / share)))
             todo = list(range(len(q)))
             while todo:
                 hits = self._search(q[todo], limit, modality, params)
@@ -303,10 +382,9 @@ class MilvusSpaceStore:
     def _search(self, q: np.ndarray, limit: int, modality: str, params: dict, expr: str = "") -> list[list[dict]]:
         if "ef" in params["params"]:  # HNSW needs ef >= the number of results asked for
             params = {**params, "params": {**params["params"], "ef": max(params["params"]["ef"], int(limit))}}
-        fresh = time.time_ns() - self._newest_ns[modality] < FRESH_S * 1e9
         return self._read(lambda: self.client.search(
             self.name, data=q.tolist(), filter=expr, limit=int(limit), anns_field="vec", output_fields=["key"],
-            search_params=params, partition_names=[modality], consistency_level=STRONG if fresh else BOUNDED))
+            search_params=params, partition_names=[modality], **self._level(modality)))
 
     @staticmethod
     def _hit_key(hit: dict) -> str:
@@ -358,3 +436,4 @@ class MilvusSpaceStore:
             self._pos = {"image": {}, "text": {}}
             self._last_seq = 0
             self._loaded = False
+            self._from_catalog = False

@@ -6,9 +6,10 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
+import threading
 import uuid
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 
 from ..storage.base import Storage
 from ..gallery.types import SpaceMismatchError
@@ -35,9 +36,15 @@ def _schema_meta(client: Any):
 class MilvusStorage(Storage):
     """A collection's storage in Milvus (see the module doc)."""
 
+    #: which space serves an item is the catalog's alone: a collection counts served items there (a
+    #: status needs no connection to Milvus)
+    keyed_stores = True
+
     def __init__(self, client: Any, name: str, location: str, *, catalog_uri: str | None = None,
-                 catalog_path: Path | None = None) -> None:
-        self.client = client
+                 catalog_path: Path | None = None, connect: Callable[[], Any] | None = None) -> None:
+        """``client``: a pymilvus client; or None and ``connect``, which makes one on first use (a
+        command that reads only the catalog never imports pymilvus nor connects)."""
+        self._client, self._connect = client, connect
         self.prefix = f"nb_{_safe(name)}"
         self.location = location
         self.meta = f"{self.prefix}_meta"
@@ -45,6 +52,22 @@ class MilvusStorage(Storage):
         self._catalog_path = catalog_path
         self._catalog: Catalog | None = None
         self._spaces: dict[str, MilvusSpaceStore] = {}
+        self._lock = threading.Lock()
+        if client is not None:
+            self._ensure_meta(client)
+
+    @property
+    def client(self) -> Any:
+        """The pymilvus client (connected, and the documents' collection made, on first use)."""
+        if self._client is None:
+            with self._lock:
+                if self._client is None:
+                    c = self._connect()
+                    self._ensure_meta(c)
+                    self._client = c
+        return self._client
+
+    def _ensure_meta(self, client: Any) -> None:
         if not client.has_collection(self.meta):
             schema, idx = _schema_meta(client)
             client.create_collection(self.meta, schema=schema, index_params=idx, consistency_level=STRONG)
@@ -57,8 +80,8 @@ class MilvusStorage(Storage):
         beside = path.with_name(f"{path.name}.{_safe(parts['name'])}.catalog.sqlite") if path is not None else None
         from ..catalog.catalog import redact
 
-        return cls(_client(kind, parts), parts["name"], redact(uri), catalog_uri=parts.get("catalog"),
-                   catalog_path=beside)
+        return cls(None, parts["name"], redact(uri), catalog_uri=parts.get("catalog"), catalog_path=beside,
+                   connect=lambda: _client(kind, parts))
 
     # ------------------------------------------------------------------ documents
     def _rows(self, filter: str, fields: Sequence[str] = ("k", "v")) -> list[dict]:
