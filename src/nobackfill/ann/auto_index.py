@@ -4,7 +4,7 @@ only when it is whole."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
@@ -83,8 +83,12 @@ class AutoIndex(VectorIndex):
         with self._lock:  # no row is appended while the index is serialised
             return self._inner.to_bytes()
 
+    def write_to(self, write: Callable[[bytes], Any]) -> bool:
+        with self._lock:  # no row is appended while the index is written
+            return self._inner.write_to(write)
+
     @classmethod
-    def from_bytes(cls, data: bytes, dim: int, **options: Any) -> "AutoIndex":
+    def from_bytes(cls, data: "bytes | Callable[[int], bytes]", dim: int, **options: Any) -> "AutoIndex":
         import faiss
 
         index = _FaissIndex._deserialize(data)

@@ -300,6 +300,12 @@ class LocalClient(Client):
             raise NotFound(404, str(e), "id") from None
 
     @_refusals
+    def index(self, *, log: Callable[[str], None] | None = None) -> dict[str, Any]:
+        todo = self.collection.missing_graph_indexes()
+        built = self.collection.build_graph_indexes(log=log)
+        return {"indexes": [{**t, **built.get(t["space"], {}).get(t["modality"], {})} for t in todo]}
+
+    @_refusals
     def status(self) -> dict[str, Any]:
         from ..lifecycle.plan_changes import route_table
 
