@@ -26,10 +26,10 @@ def print_import(client: Any, source: str, rep: Any) -> None:
     else:
         results.print(f"{rep.items} item(s) read from {escape(rep.source)}: added {rep.added}, already there "
               f"{rep.unchanged} in {rep.seconds:.1f}s ({rep.items_per_s:,.0f} items/s)")
-    st = client.status()
+    local = getattr(client, "collection", None)  # a server builds its own graph indexes
+    st = local.status() if local is not None else client.status()  # (the counts only: no backfill status)
     results.print(f"collection {st['path']}: {st['items']['image']} images, {st['items']['text']} texts"
           + (f"; {st['unsourced']} without a source (cannot be backfilled)" if st.get("unsourced") else ""))
-    local = getattr(client, "collection", None)  # a server builds its own graph indexes
     for m in (local.missing_graph_indexes() if local is not None else []):
         console.print(f"searchable now (exact search of the {m['count']:,} {m['modality']} vectors of space "
                       f"{escape(m['space'])}); their {m['graph']} index is built by `nobackfill collection index "
