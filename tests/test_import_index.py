@@ -186,3 +186,15 @@ def test_post_index_starts_the_build_of_an_index_missing_since_another_process_i
 
     remote = RemoteClient("http://testserver", api_key=ADMIN, http=http)  # the Python client over HTTP
     assert remote.index() == {"indexes": []}
+
+
+def test_a_graph_build_tells_its_progress_block_by_block():
+    from nobackfill.ann.backends import make_index
+
+    idx = make_index("auto:at=100", 8)
+    idx.block = 64
+    x = np.random.default_rng(0).standard_normal((300, 8)).astype(np.float32)
+    idx.add(x / np.linalg.norm(x, axis=1, keepdims=True))
+    told: list[int] = []
+    assert idx.build(progress=told.append) and idx.in_use == "HNSW32"
+    assert told == [64, 64, 64, 64, 44]  # every row once: the last block appended at the swap

@@ -109,14 +109,15 @@ class AutoIndex(VectorIndex):
             self._thread.start()
             return True
 
-    def build(self) -> bool:
+    def build(self, progress: Callable[[int], Any] | None = None) -> bool:
         """Build the graph now if it is needed (waiting for a background build instead, if one
-        runs); True if the graph answers searches afterwards."""
+        runs); True if the graph answers searches afterwards. ``progress(n)``: told of each block
+        of ``n`` rows added to the graph."""
         thread = self._thread
         if thread is not None and thread.is_alive():
             thread.join()
         elif self.needs_graph:
-            self._build()
+            self._build(progress)
         return not isinstance(self._inner, FlatIndex)
 
     def _build_quietly(self) -> None:
@@ -125,7 +126,8 @@ class AutoIndex(VectorIndex):
         except Exception as e:  # searches stay exact; the reason is kept for status
             self.error = f"{type(e).__name__}: {e}"
 
-    def _build(self) -> None:
+    def _build(self, progress: Callable[[int], Any] | None = None) -> None:
+        told = progress or (lambda _n: None)
         graph = FactoryIndex(self.dim, factory=self.graph, efSearch=self.efSearch)
         step = self.block
         done = 0
@@ -143,6 +145,8 @@ class AutoIndex(VectorIndex):
                 block = np.array(self._flat_rows(flat, done, done + step))
             graph._add(block)
             done += len(block)
+            told(len(block))
+        told(n - done)
         self.error = None
         if self.on_built is not None:
             self.on_built(self)

@@ -187,7 +187,7 @@ def index(
     are in: they are searched exactly until then). Killed, it leaves the index it replaces; run it
     again. Over HTTP the server builds them in the background."""
     try:
-        rep = _client(name).index(log=console.print)
+        rep = _client(name).index(log=console.print, progress=True)
     except user_errors() as e:
         fail(e)
     if as_json:

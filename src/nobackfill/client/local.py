@@ -300,9 +300,9 @@ class LocalClient(Client):
             raise NotFound(404, str(e), "id") from None
 
     @_refusals
-    def index(self, *, log: Callable[[str], None] | None = None) -> dict[str, Any]:
+    def index(self, *, log: Callable[[str], None] | None = None, progress: bool = False) -> dict[str, Any]:
         todo = self.collection.missing_graph_indexes()
-        built = self.collection.build_graph_indexes(log=log)
+        built = self.collection.build_graph_indexes(log=log, progress=progress)
         return {"indexes": [{**t, **built.get(t["space"], {}).get(t["modality"], {})} for t in todo]}
 
     @_refusals

@@ -195,7 +195,7 @@ class RemoteClient(Client):
     def status(self) -> dict[str, Any]:
         return self._call("GET", "/v1/status")
 
-    def index(self, *, log: Callable[[str], None] | None = None) -> dict[str, Any]:
+    def index(self, *, log: Callable[[str], None] | None = None, progress: bool = False) -> dict[str, Any]:
         return self._call("POST", "/v1/index")
 
     def verify(self, *, repair: bool = False, model_check: bool = False) -> dict[str, Any]:

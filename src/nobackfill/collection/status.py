@@ -78,20 +78,25 @@ class CollectionStatus:
                                 "in_use": info.get(m, {}).get("in_use"), "building": info.get(m, {}).get("building")})
         return out
 
-    def build_graph_indexes(self, log: Callable[[str], None] | None = None) -> dict[str, dict[str, Any]]:
+    def build_graph_indexes(self, log: Callable[[str], None] | None = None,
+                            progress: bool = False) -> dict[str, dict[str, Any]]:
         """Build now the graph index of every ``auto`` space past its threshold (or extend its
         cached graph with the rows added since), waiting for it: what ``collection index`` and a
         service's background thread run (an import returns before, its rows searched exactly
         meanwhile). Each index is written to disk whole or not at all (temporary file, rename,
         then its stamp): a build killed at any point is started again by the next one, never
-        served half-built. Returns ``{space: index info}`` of the spaces it touched."""
+        served half-built. ``progress``: a bar per index. Returns ``{space: index info}`` of the
+        spaces it touched."""
+        from ..progress import progress_bar
+
         say = log or (lambda _m: None)
         out: dict[str, dict[str, Any]] = {}
         for todo in self.missing_graph_indexes():
             sid, m = todo["space"], todo["modality"]
             say(f"building the {todo['graph']} index of {todo['count']} {m} vectors in space {sid} (searches stay "
                 "exact until it is ready) ...")
-            out[sid] = self.gallery(sid).build_index(m)  # or extends the cached graph with the rows added since
+            with progress_bar(progress, f"{todo['graph']} index of space {sid[:20]}", todo["count"]) as advance:
+                out[sid] = self.gallery(sid).build_index(m, advance)  # or extends the cached graph with the rows added since
         return out
 
     def verify(self) -> list[str]:

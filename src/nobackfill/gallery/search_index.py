@@ -9,7 +9,7 @@ import hashlib
 import json
 import logging
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from .atomic_files import _dir_lock, _fsync_dir, _now, atomic_write_bytes, atomic_write_stream
 from ..ann.backends import AutoIndex, VectorIndex, load_index, make_index
@@ -90,16 +90,18 @@ class GalleryIndex:
             if cached is not None and cached[2] is index:
                 self._indexes[modality] = (cached[0], cached[1], index, index.ntotal)
 
-    def build_index(self, modality: str | None = None) -> dict[str, dict[str, Any]]:
+    def build_index(self, modality: str | None = None,
+                    progress: Callable[[int], Any] | None = None) -> dict[str, dict[str, Any]]:
         """Build (and cache) the search index of ``modality`` (default: every modality with
-        rows) now, waiting for it: for an ``auto`` space past its threshold, the graph index.
-        Returns :meth:`index_info`. Searches in other threads keep running meanwhile."""
+        rows) now, waiting for it: for an ``auto`` space past its threshold, the graph index
+        (``progress(n)``: told of each block of ``n`` rows it takes in). Returns
+        :meth:`index_info`. Searches in other threads keep running meanwhile."""
         mods = [modality] if modality else [m for m in MODALITIES if self.count(m)]
         for m in mods:
             with self._lock:
                 index = self._index(m)
             if isinstance(index, AutoIndex):
-                index.build()
+                index.build(progress)
         return self.index_info()
 
     def index_info(self) -> dict[str, dict[str, Any]]:
