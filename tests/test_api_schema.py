@@ -90,7 +90,7 @@ def test_schemathesis_finds_nothing(live, tmp_path):
     result = json.loads(report.read_text())
     assert result["complete"] and not result["failures"] and not result["errors"], out[-12000:]
     assert result["test_cases"]["with_failures"] == 0 and result["test_cases"]["generated"] >= 200, result["test_cases"]
-    assert result["operations"]["tested"] == result["operations"]["selected"] == 18, result["operations"]
+    assert result["operations"]["tested"] == result["operations"]["selected"] == 19, result["operations"]
     assert {name: phase["status"] for name, phase in result["phases"].items() if name != "examples"} == \
         {"coverage": "success", "fuzzing": "success", "stateful": "success"}, result["phases"]
 

@@ -54,6 +54,11 @@ def test_bench_import_writes_the_issue_json(tmp_path):
     assert row["rows_per_s"] > 0 and row["peak_rss_mb"] > row["vector_mb"] > 0 and row["python_loop_s"] > 0
     assert row["cpu_s"] > 0 and row["worker_cpu_s"] >= 0  # 2000 rows: no worker
     assert "| Python loop s |" in out.with_suffix(".md").read_text()
+    # the commands end to end (world-new is 128-d: the rows' width), the graph index apart
+    assert row["model"] == "world-new" and row["command_import_s"] > 0 and row["index_build_s"] > 0
+    assert row["command_import_peak_rss_mb"] > 0 and row["index_build_peak_rss_mb"] > 0
+    assert row["graph_missing_after_import"] is False and row["graph_in_use_after_index"] is True  # 2000 < 50k
+    assert "| `collection import` s |" in out.with_suffix(".md").read_text()
     mc = res["model_check"]
     assert mc["right"]["trials"] >= 20 and mc["right"]["refused"] == 0
     assert mc["wrong"]["trials"] >= 100 and mc["wrong"]["accepted"] == 0

@@ -4,7 +4,7 @@ only when it is whole."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
@@ -83,8 +83,12 @@ class AutoIndex(VectorIndex):
         with self._lock:  # no row is appended while the index is serialised
             return self._inner.to_bytes()
 
+    def write_to(self, write: Callable[[bytes], Any]) -> bool:
+        with self._lock:  # no row is appended while the index is written
+            return self._inner.write_to(write)
+
     @classmethod
-    def from_bytes(cls, data: bytes, dim: int, **options: Any) -> "AutoIndex":
+    def from_bytes(cls, data: "bytes | Callable[[int], bytes]", dim: int, **options: Any) -> "AutoIndex":
         import faiss
 
         index = _FaissIndex._deserialize(data)
@@ -105,14 +109,15 @@ class AutoIndex(VectorIndex):
             self._thread.start()
             return True
 
-    def build(self) -> bool:
+    def build(self, progress: Callable[[int], Any] | None = None) -> bool:
         """Build the graph now if it is needed (waiting for a background build instead, if one
-        runs); True if the graph answers searches afterwards."""
+        runs); True if the graph answers searches afterwards. ``progress(n)``: told of each block
+        of ``n`` rows added to the graph."""
         thread = self._thread
         if thread is not None and thread.is_alive():
             thread.join()
         elif self.needs_graph:
-            self._build()
+            self._build(progress)
         return not isinstance(self._inner, FlatIndex)
 
     def _build_quietly(self) -> None:
@@ -121,7 +126,8 @@ class AutoIndex(VectorIndex):
         except Exception as e:  # searches stay exact; the reason is kept for status
             self.error = f"{type(e).__name__}: {e}"
 
-    def _build(self) -> None:
+    def _build(self, progress: Callable[[int], Any] | None = None) -> None:
+        told = progress or (lambda _n: None)
         graph = FactoryIndex(self.dim, factory=self.graph, efSearch=self.efSearch)
         step = self.block
         done = 0
@@ -139,6 +145,8 @@ class AutoIndex(VectorIndex):
                 block = np.array(self._flat_rows(flat, done, done + step))
             graph._add(block)
             done += len(block)
+            told(len(block))
+        told(n - done)
         self.error = None
         if self.on_built is not None:
             self.on_built(self)

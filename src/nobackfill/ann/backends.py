@@ -18,7 +18,7 @@ import.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
 
 from .auto_index import AUTO_GRAPH_AT, AutoIndex
 from .faiss_indexes import _FACTORY_RE, FactoryIndex, FlatIndex, HNSWIndex
@@ -110,7 +110,8 @@ def make_index(kind: str, dim: int) -> VectorIndex:
     return _BACKENDS[name](dim, **opts)
 
 
-def load_index(kind: str, dim: int, data: bytes) -> VectorIndex:
-    """Restore an index written by :meth:`VectorIndex.to_bytes` for the same spec."""
+def load_index(kind: str, dim: int, data: "bytes | Callable[[int], bytes]") -> VectorIndex:
+    """Restore an index written by :meth:`VectorIndex.to_bytes` (or :meth:`VectorIndex.write_to`)
+    for the same spec; ``data``: its bytes, or a reader of them (called with a byte count)."""
     name, opts = parse_spec(kind)
     return _BACKENDS[name].from_bytes(data, dim, **opts)

@@ -4,7 +4,7 @@ over shared plumbing (:class:`_FaissIndex`: masks as faiss selectors, serialisat
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
@@ -100,10 +100,20 @@ class _FaissIndex(VectorIndex):
 
         return faiss.serialize_index(self._index).tobytes()
 
-    @staticmethod
-    def _deserialize(data: bytes) -> Any:
+    def write_to(self, write: Callable[[bytes], Any]) -> bool:
         import faiss
 
+        faiss.write_index(self._index, faiss.PyCallbackIOWriter(write))  # in pieces of 1 MB
+        return True
+
+    @staticmethod
+    def _deserialize(data: "bytes | Callable[[int], bytes]") -> Any:
+        """The faiss index in ``data``: bytes, or a reader (read piece by piece: a large cache is
+        never held whole beside the index it holds)."""
+        import faiss
+
+        if callable(data):
+            return faiss.read_index(faiss.PyCallbackIOReader(data))
         return faiss.deserialize_index(np.frombuffer(data, dtype=np.uint8))
 
 

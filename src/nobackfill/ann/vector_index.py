@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import abc
 import math
-from typing import Any, ClassVar
+from typing import Any, Callable, ClassVar
 
 import numpy as np
 
@@ -62,9 +62,20 @@ class VectorIndex(abc.ABC):
         """Serialised index for an on-disk cache, or ``None`` if this backend is not file-backed."""
         return None
 
+    def write_to(self, write: Callable[[bytes], Any]) -> bool:
+        """Serialise the index piece by piece through ``write`` (a faiss index never holds its
+        serialised bytes whole: an on-disk cache of a large graph costs no second copy in memory);
+        False, having written nothing, if this backend is not file-backed."""
+        data = self.to_bytes()
+        if data is None:
+            return False
+        write(data)
+        return True
+
     @classmethod
-    def from_bytes(cls, data: bytes, dim: int, **options: Any) -> "VectorIndex":
-        """Inverse of :meth:`to_bytes`."""
+    def from_bytes(cls, data: "bytes | Callable[[int], bytes]", dim: int, **options: Any) -> "VectorIndex":
+        """Inverse of :meth:`to_bytes` (and of :meth:`write_to`: ``data`` may be a reader, called
+        with a byte count, returning the next bytes)."""
         raise NotImplementedError(f"backend {cls.kind!r} cannot be loaded from bytes")
 
     def _rows(self, x: np.ndarray, what: str) -> np.ndarray:

@@ -35,6 +35,9 @@ class ImportBenchConfig:
     work: Path = Path("runs/bench/import-work")
     parts: tuple[str, ...] = ("identical", "throughput", "model_check", "milvus_in_place")
     seed: int = 0
+    #: throughput: also run ``collection import`` and then ``collection index`` on the same rows
+    #: (with the model under ``models`` whose vectors are ``dim``-d; skipped when there is none)
+    commands: bool = True
     #: milvus_in_place: the shipped world-old -> world-new upgrade (None: ``upgrades/world-old-to-new``
     #: beside ``models``), text queries per search pass
     upgrade: Path | None = None

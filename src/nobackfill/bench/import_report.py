@@ -38,6 +38,7 @@ def format_markdown(result: dict[str, Any]) -> str:
                   "additions in a Python loop just before the import, in the same process: how fast this shared "
                   "machine ran plain Python at that moment (the import also moves with its disk and memory, "
                   "which this does not show).", ""]
+        lines += _commands(result["throughput"])
     mc = result.get("model_check")
     if mc:
         lines += ["| declared | case | trials | accepted | refused (by width) | median cosine |",
@@ -56,6 +57,25 @@ def format_markdown(result: dict[str, Any]) -> str:
                   f"threshold {mc['threshold']}).", ""]
     lines += _milvus(result.get("milvus_in_place"))
     return "\n".join(lines) + "\n"
+
+
+def _commands(rows: list[dict[str, Any]]) -> list[str]:
+    """The commands end to end: ``collection import`` until it returns, ``collection index`` apart."""
+    rows = [r for r in rows if "command_import_s" in r]
+    if not rows:
+        return []
+    lines = ["| N | `collection import` s | its peak RSS MB | graph index missing after it | `collection index` s "
+             "| its peak RSS MB | index MB | vectors MB | graph in use after |", "|---:|---:|---:|---|---:|---:|---:|---:|---|"]
+    for r in rows:
+        lines.append(f"| {r['n']:,} | {r['command_import_s']} | {r['command_import_peak_rss_mb']} | "
+                     f"{r['graph_missing_after_import']} | {r['index_build_s']} | {r['index_build_peak_rss_mb']} | "
+                     f"{r['index_mb']} | {r['vector_mb']} | {r['graph_in_use_after_index']} |")
+    return lines + ["", f"Each command a fresh process (`python -m nobackfill.cli`, model {rows[0]['model']} loaded "
+                        "by the import, trusted), wall seconds until it returns and peak RSS by "
+                        f"{rows[0]['rss_measured_by']} (the process or its largest child). The import returns "
+                        "when the rows are in: the collection is searchable then (exactly, while the graph index "
+                        "is missing); `collection index` (or `nobackfill serve`, in the background) builds the "
+                        "graph later. Index MB: the graph's file on disk.", ""]
 
 
 def _mix(d: dict[str, int]) -> str:

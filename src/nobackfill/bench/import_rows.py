@@ -1,6 +1,7 @@
 """The throughput rows of ``bench import`` (:mod:`nobackfill.bench.importing`): N random unit
 vectors in an ``.npy`` with a parquet table, opened and imported (trusted, backend ``Flat``) in a
-fresh process."""
+fresh process; then, with a model of their width under ``models``, the ``collection import`` and
+``collection index`` commands on the same rows (:mod:`.import_cli`)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from typing import TYPE_CHECKING, Any, Callable
 
 import numpy as np
 
+from .import_cli import command_rows, model_of_width
 from .import_data import unit_rows
 from .scale import _in_process
 
@@ -150,6 +152,13 @@ def run_throughput(cfg: "ImportBenchConfig", say: Callable[[str], None]) -> list
                "worker_cpu_s": r["worker_cpu_s"]}
         if r["items"] != n or r["added"] != n:
             raise RuntimeError(f"the import of {n} rows read {r['items']} and added {r['added']}")
+        model = model_of_width(cfg.models, cfg.dim) if cfg.commands else None
+        if model is not None:  # the commands a user runs, end to end: import, then the graph index apart
+            say(f"  `collection import` (model {model.name}), then `collection index`, each a fresh process ...")
+            row.update(command_rows(npy, table, folder / "command-collection", model))
+            say(f"  import command {row['command_import_s']} s (peak RSS {row['command_import_peak_rss_mb']} MB, "
+                f"graph missing after it: {row['graph_missing_after_import']}); index build "
+                f"{row['index_build_s']} s (peak RSS {row['index_build_peak_rss_mb']} MB, index {row['index_mb']} MB)")
         say(f"  {row['rows_per_s']:.0f} rows/s ({row['import_s']} s; CPU: import {row['cpu_s']} s, worker "
             f"{row['worker_cpu_s']} s; Python loop {row['python_loop_s']} s), "
             f"peak RSS {row['peak_rss_mb']} MB "

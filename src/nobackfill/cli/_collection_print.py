@@ -27,11 +27,22 @@ def print_import(client: Any, source: str, rep: Any) -> None:
         results.print(f"{rep.items} item(s) read from {escape(rep.source)}: added {rep.added}, already there "
               f"{rep.unchanged} in {rep.seconds:.1f}s ({rep.items_per_s:,.0f} items/s)")
     local = getattr(client, "collection", None)  # a server builds its own graph indexes
-    if (rep["added"] if adopted else rep.added) and local is not None:
-        local.build_graph_indexes(log=console.print)
-    st = client.status()
+    st = local.status() if local is not None else client.status()  # (the counts only: no backfill status)
     results.print(f"collection {st['path']}: {st['items']['image']} images, {st['items']['text']} texts"
           + (f"; {st['unsourced']} without a source (cannot be backfilled)" if st.get("unsourced") else ""))
+    for m in (local.missing_graph_indexes() if local is not None else []):
+        console.print(f"searchable now (exact search of the {m['count']:,} {m['modality']} vectors of space "
+                      f"{escape(m['space'])}); their {m['graph']} index is built by `nobackfill collection index "
+                      f"{escape(st['path'])}`, or in the background by `nobackfill serve`")
+
+
+def print_indexes(rep: dict) -> None:
+    """What ``collection index`` built (or, in a server, started)."""
+    if not rep["indexes"]:
+        results.print("every graph index is in place (none missing)")
+    for m in rep["indexes"]:
+        state = "building in the server" if m.get("building") else f"{m.get('in_use')} in use"
+        results.print(f"space {escape(m['space'])}: {m['count']:,} {m['modality']} vectors, {m['graph']} index: {state}")
 
 
 @contextlib.contextmanager

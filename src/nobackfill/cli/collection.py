@@ -16,7 +16,7 @@ from rich.markup import escape
 
 from ._common import console, fail, langs_option, report_skipped, results, skip_bad_hint, user_errors, warn_truncated
 from ._collection_print import (interrupt_report, parse_filter, print_backfill, print_backfill_run, print_fitted,
-                                print_import, print_routes, print_spaces)
+                                print_import, print_indexes, print_routes, print_spaces)
 from .gallery import print_hits
 
 collection_app = typer.Typer(no_args_is_help=True, help="Collections: a gallery that keeps working across model "
@@ -176,6 +176,23 @@ def import_(
             print_import(client, from_, rep)
         except user_errors() as e:
             fail(e)
+
+
+@collection_app.command("index")
+def index(
+    name: str = _NAME,
+    as_json: bool = _JSON,
+) -> None:
+    """Build now the graph index of every auto space that lacks it (an import returns when its rows
+    are in: they are searched exactly until then). Killed, it leaves the index it replaces; run it
+    again. Over HTTP the server builds them in the background."""
+    try:
+        rep = _client(name).index(log=console.print, progress=True)
+    except user_errors() as e:
+        fail(e)
+    if as_json:
+        return _echo(rep)
+    print_indexes(rep)
 
 
 @collection_app.command("upgrade")

@@ -142,6 +142,15 @@ class Client:
         """Drop an old space's vectors once every item has a vector in the current space."""
         raise NotImplementedError
 
+    def index(self, *, log: Callable[[str], None] | None = None, progress: bool = False) -> dict[str, Any]:
+        """Build the graph index of every ``auto`` space past its threshold that lacks it (an
+        import returns before: its rows are searched exactly meanwhile). ``{"indexes": [...]}``:
+        each index that was missing (``space``, ``modality``, ``count``, ``graph``, ``in_use``,
+        ``building``); here it is built when this returns, over HTTP the server builds it in the
+        background (``building``: true; ``status()`` shows when it is in use). ``progress``: a bar
+        per index built here."""
+        raise NotImplementedError
+
     def verify(self, *, repair: bool = False, model_check: bool = False) -> dict[str, Any]:
         """Check every stored file of the collection (``problems``: stored data; ``derived``: caches)."""
         raise NotImplementedError

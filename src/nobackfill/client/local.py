@@ -322,6 +322,12 @@ class LocalClient(Client):
             raise NotFound(404, str(e), "id") from None
 
     @_refusals
+    def index(self, *, log: Callable[[str], None] | None = None, progress: bool = False) -> dict[str, Any]:
+        todo = self.collection.missing_graph_indexes()
+        built = self.collection.build_graph_indexes(log=log, progress=progress)
+        return {"indexes": [{**t, **built.get(t["space"], {}).get(t["modality"], {})} for t in todo]}
+
+    @_refusals
     def status(self) -> dict[str, Any]:
         from ..lifecycle.plan_changes import route_table
 

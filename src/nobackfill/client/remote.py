@@ -195,6 +195,9 @@ class RemoteClient(Client):
     def status(self) -> dict[str, Any]:
         return self._call("GET", "/v1/status")
 
+    def index(self, *, log: Callable[[str], None] | None = None, progress: bool = False) -> dict[str, Any]:
+        return self._call("POST", "/v1/index")
+
     def verify(self, *, repair: bool = False, model_check: bool = False) -> dict[str, Any]:
         if repair:
             raise InvalidRequest(422, "over HTTP, verify only reads: repair where the collection is stored "

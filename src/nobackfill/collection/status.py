@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+from pathlib import Path
 from typing import Any, Callable, Iterator
 
 import numpy as np
@@ -55,29 +56,47 @@ class CollectionStatus:
         with contextlib.suppress(CatalogError):
             self.catalog.write_doc(f"locks/{name}.holder", json.dumps(info).encode())
 
-    def build_graph_indexes(self, log: Callable[[str], None] | None = None) -> dict[str, dict[str, Any]]:
-        """Build now the graph index of every ``auto`` space past its threshold (or extend its
-        cached graph with the rows added since): a command that adds items calls it before it exits,
-        so the next reader loads the graph instead of searching exactly or extending it. Returns
-        ``{space: index info}`` of the spaces it touched."""
-        say = log or (lambda _m: None)
-        out: dict[str, dict[str, Any]] = {}
+    def missing_graph_indexes(self) -> list[dict[str, Any]]:
+        """The graph indexes an ``auto`` space past its threshold does not answer searches with yet
+        (searches of those rows are exact meanwhile): per space and modality, ``space``,
+        ``modality``, ``count``, ``graph`` (the factory string), ``in_use`` and ``building``."""
+        out: list[dict[str, Any]] = []
+        if not isinstance(self.path, Path):  # a Milvus collection: the server indexes its vectors
+            return out
         for sid in self.space_ids():
             g = self.gallery(sid)
             if not str(getattr(g, "backend", "")).startswith("auto") or not hasattr(g, "build_index"):
                 continue
             g.refresh()
             _, opts = parse_spec(g.backend)
-            at = int(opts.get("at", AUTO_GRAPH_AT))
-            graph = str(opts.get("graph", "HNSW32"))
+            at, graph = int(opts.get("at", AUTO_GRAPH_AT)), str(opts.get("graph", "HNSW32"))
+            info = g.index_info()
             for m in MODALITIES:
                 n = g.count(m)
-                if n < at:
-                    continue
-                if g.index_info().get(m, {}).get("in_use") != graph:
-                    say(f"building the {graph} index of {n} {m} vectors in space {sid} (searches stay exact "
-                        "until it is ready) ...")
-                out[sid] = g.build_index(m)  # or extends the cached graph with the rows added since
+                if n >= at and info.get(m, {}).get("in_use") != graph:
+                    out.append({"space": sid, "modality": m, "count": n, "graph": graph,
+                                "in_use": info.get(m, {}).get("in_use"), "building": info.get(m, {}).get("building")})
+        return out
+
+    def build_graph_indexes(self, log: Callable[[str], None] | None = None,
+                            progress: bool = False) -> dict[str, dict[str, Any]]:
+        """Build now the graph index of every ``auto`` space past its threshold (or extend its
+        cached graph with the rows added since), waiting for it: what ``collection index`` and a
+        service's background thread run (an import returns before, its rows searched exactly
+        meanwhile). Each index is written to disk whole or not at all (temporary file, rename,
+        then its stamp): a build killed at any point is started again by the next one, never
+        served half-built. ``progress``: a bar per index. Returns ``{space: index info}`` of the
+        spaces it touched."""
+        from ..progress import progress_bar
+
+        say = log or (lambda _m: None)
+        out: dict[str, dict[str, Any]] = {}
+        for todo in self.missing_graph_indexes():
+            sid, m = todo["space"], todo["modality"]
+            say(f"building the {todo['graph']} index of {todo['count']} {m} vectors in space {sid} (searches stay "
+                "exact until it is ready) ...")
+            with progress_bar(progress, f"{todo['graph']} index of space {sid[:20]}", todo["count"]) as advance:
+                out[sid] = self.gallery(sid).build_index(m, advance)  # or extends the cached graph with the rows added since
         return out
 
     def verify(self) -> list[str]:

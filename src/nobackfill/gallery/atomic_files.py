@@ -12,14 +12,14 @@ import os
 import uuid
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Iterator, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 try:  # POSIX advisory locks; elsewhere a gallery is single-writer by convention
     import fcntl
 except ImportError:  # pragma: no cover
     fcntl = None  # type: ignore[assignment]
 
-__all__ = ["AheadFile", "atomic_write_bytes", "file_sha256", "flock", "lock_holder", "read_tagged_json", "record_holder",
+__all__ = ["AheadFile", "atomic_write_bytes", "atomic_write_stream", "file_sha256", "flock", "lock_holder", "read_tagged_json", "record_holder",
            "stale_ahead_files"]
 
 LOCK = ".lock"
@@ -46,14 +46,43 @@ def atomic_write_bytes(path: str | Path, data: "bytes | Sequence[bytes | memoryv
 
     The data goes to ``<tmp_prefix><name>.<random>`` in the same directory first (a gallery removes
     stray ``.tmp-`` files as crash leftovers; other owners of a directory pass their own prefix)."""
-    path = Path(path)
+    _atomic_write(Path(path), lambda f: f.write(data) if isinstance(data, bytes) else f.writelines(data),
+                  tmp_prefix)
+
+
+def atomic_write_stream(path: str | Path, fill: Callable[[Callable[[bytes], Any]], bool]) -> str | None:
+    """As :func:`atomic_write_bytes`, the data given piece by piece: ``fill(write)`` calls
+    ``write(piece)`` for each (nothing holds the whole file in memory) and returns whether it wrote
+    anything (False: no file is written). Returns the SHA-256 of what was written, or None."""
+    h = hashlib.sha256()
+
+    def fill_file(f: Any) -> bool:
+        def write(piece: bytes) -> None:
+            h.update(piece)
+            f.write(piece)
+
+        return fill(write)
+
+    return h.hexdigest() if _atomic_write(Path(path), fill_file, _TMP) else None
+
+
+def _atomic_write(path: Path, fill: Callable[[Any], Any], tmp_prefix: str) -> bool:
+    """``fill(file)`` into a temporary file beside ``path``, fsynced and renamed to ``path``
+    (removed instead when ``fill`` returns False); whether ``path`` was written."""
     tmp = path.with_name(f"{tmp_prefix}{path.name}.{uuid.uuid4().hex[:12]}")
     try:
         with open(tmp, "wb") as f:
-            f.write(data) if isinstance(data, bytes) else f.writelines(data)
-            f.flush()
-            os.fsync(f.fileno())
+            if fill(f) is False:
+                written = False
+            else:
+                written = True
+                f.flush()
+                os.fsync(f.fileno())
+        if not written:
+            tmp.unlink()
+            return False
         _publish(tmp, path)
+        return True
     except BaseException:
         with contextlib.suppress(OSError):
             tmp.unlink()

@@ -5,12 +5,13 @@ swapped to its graph in the background. A mixin of :class:`~nobackfill.gallery.g
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import logging
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
-from .atomic_files import _dir_lock, _fsync_dir, _now, _sha256, atomic_write_bytes
+from .atomic_files import _dir_lock, _fsync_dir, _now, atomic_write_bytes, atomic_write_stream
 from ..ann.backends import AutoIndex, VectorIndex, load_index, make_index
 from .manifest import MODALITIES, _chunk_key
 
@@ -50,7 +51,8 @@ class GalleryIndex:
         index, saved = self._load_cached_index(modality)
         if index is None:
             index = make_index(self.backend, self.dim)
-            index.add(self.vectors(modality))
+            for entry in chunks:  # chunk by chunk: no copy of every vector beside the index's own
+                index.add(self._load_npz(entry, "vectors"))
             self._save_cached_index(modality, key, index, len(names))
             saved = index.ntotal
         elif index.ntotal >= 1.25 * max(saved, 1):  # a cache of a prefix, extended by many rows
@@ -88,16 +90,18 @@ class GalleryIndex:
             if cached is not None and cached[2] is index:
                 self._indexes[modality] = (cached[0], cached[1], index, index.ntotal)
 
-    def build_index(self, modality: str | None = None) -> dict[str, dict[str, Any]]:
+    def build_index(self, modality: str | None = None,
+                    progress: Callable[[int], Any] | None = None) -> dict[str, dict[str, Any]]:
         """Build (and cache) the search index of ``modality`` (default: every modality with
-        rows) now, waiting for it: for an ``auto`` space past its threshold, the graph index.
-        Returns :meth:`index_info`. Searches in other threads keep running meanwhile."""
+        rows) now, waiting for it: for an ``auto`` space past its threshold, the graph index
+        (``progress(n)``: told of each block of ``n`` rows it takes in). Returns
+        :meth:`index_info`. Searches in other threads keep running meanwhile."""
         mods = [modality] if modality else [m for m in MODALITIES if self.count(m)]
         for m in mods:
             with self._lock:
                 index = self._index(m)
             if isinstance(index, AutoIndex):
-                index.build()
+                index.build(progress)
         return self.index_info()
 
     def index_info(self) -> dict[str, dict[str, Any]]:
@@ -144,11 +148,10 @@ class GalleryIndex:
             if not isinstance(upto, int) or not 0 <= upto <= len(chunks) or \
                     stamp.get("key") != _chunk_key(self._manifest, modality, upto):
                 return None, 0
-            data = data_path.read_bytes()
-            if stamp.get("sha256") != _sha256(data):
+            index = _read_checked(self.backend, self.dim, data_path, stamp.get("sha256"))
+            if index is None:
                 log.warning("cached index %s does not match its sha256: rebuilding it", data_path)
                 return None, 0
-            index = load_index(self.backend, self.dim, data)
         except Exception as e:  # any problem with a cache means: rebuild it
             if not isinstance(e, FileNotFoundError):
                 log.warning("ignoring cached index %s: %s", data_path, e)
@@ -162,10 +165,9 @@ class GalleryIndex:
 
     def _save_cached_index(self, modality: str, key: str, index: VectorIndex, n_chunks: int) -> None:
         """Write ``index`` (the rows of the first ``n_chunks`` chunks, fingerprint ``key``) as the
-        on-disk cache of ``modality``."""
-        data = index.to_bytes()
-        if data is None:
-            return
+        on-disk cache of ``modality``: streamed to a temporary file renamed into place (no copy of
+        the serialised index in memory), its stamp written only after it, so a build or write
+        killed at any point leaves the previous cache (or none), never a half-written one."""
         data_path, key_path = self._index_paths(modality)
         try:
             with _dir_lock(self.path, blocking=False) as taken:
@@ -175,11 +177,29 @@ class GalleryIndex:
                 with contextlib.suppress(FileNotFoundError):
                     key_path.unlink()
                 _fsync_dir(self.path)
-                atomic_write_bytes(data_path, data)
+                digest = atomic_write_stream(data_path, index.write_to)
+                if digest is None:
+                    return  # not a file-backed backend
                 stamp = {"key": key, "chunks": int(n_chunks), "backend": self.backend, "ntotal": index.ntotal,
-                         "sha256": _sha256(data), "written": _now()}
+                         "sha256": digest, "written": _now()}
                 if isinstance(index, AutoIndex):
                     stamp["in_use"] = index.in_use
                 atomic_write_bytes(key_path, json.dumps(stamp).encode("utf-8"))
         except OSError as e:
             log.warning("could not cache index %s: %s", data_path, e)
+
+
+def _read_checked(backend: str, dim: int, path: Path, sha256: Any) -> VectorIndex | None:
+    """The index cached in ``path``, read piece by piece (never held whole beside the index) while
+    its SHA-256 is computed; None when that does not match ``sha256`` (its stamp's)."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        def read(n: int) -> bytes:
+            piece = f.read(n)
+            h.update(piece)
+            return piece
+
+        index = load_index(backend, dim, read)
+        for rest in iter(lambda: f.read(1 << 20), b""):  # (a file longer than its index does not match)
+            h.update(rest)
+    return index if h.hexdigest() == sha256 else None

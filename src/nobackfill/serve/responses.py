@@ -150,6 +150,13 @@ class VerifyReport(_Open):
     model_check: dict[str, Any] = Field(default_factory=dict)
 
 
+class IndexBuilds(BaseModel):
+    indexes: list[dict[str, Any]] = Field(..., description=(
+        "Each graph index an auto space past its threshold lacked (space, modality, count, graph, in_use, "
+        "building): the server builds them in the background (searches stay exact until each is whole); "
+        "/v1/status shows when one is in use. Empty: none is missing."))
+
+
 class Health(BaseModel):
     ok: bool
     generation: int

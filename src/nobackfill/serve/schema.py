@@ -17,15 +17,15 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 from ..client.remote import ID_HEADER
 from ..collection.collection import MAX_ID_LENGTH
 
-from .responses import (AddResult, BackfillStatus, Deleted, Health, Hit, ImportResult, ItemOut, Retired, Routes,
-                        SearchResults, SpaceStatus, Status, UpgradeResult, VerifyReport)
+from .responses import (AddResult, BackfillStatus, Deleted, Health, Hit, ImportResult, IndexBuilds, ItemOut,
+                        Retired, Routes, SearchResults, SpaceStatus, Status, UpgradeResult, VerifyReport)
 
 __all__ = ["ERROR_STATUSES", "FILTER_FIELD", "ID_HEADER", "ID_PATTERN", "IMAGE_TYPES", "NONBLANK", "REL_PATH",
            "BackfillRequest", "CalibrateRequest", "ErrorBody", "ImportRequest", "RequestModels", "RetireRequest",
            "RouteRequest", "UpgradeRequest", "VerifyRequest", "any_request_errors", "errors", "finish_openapi",
            "form_encodings", "item_links", "json_or_form", "request_models",
            # the response bodies (:mod:`~nobackfill.serve.responses`)
-           "AddResult", "BackfillStatus", "Deleted", "Health", "Hit", "ImportResult", "ItemOut", "Retired", "Routes",
+           "AddResult", "BackfillStatus", "Deleted", "Health", "Hit", "ImportResult", "IndexBuilds", "ItemOut", "Retired", "Routes",
            "SearchResults", "SpaceStatus", "Status", "UpgradeResult", "VerifyReport"]
 
 #: a text with at least one character that is white space neither to JSON Schema's regular

@@ -4,6 +4,7 @@ The routers reach it through :func:`~nobackfill.serve.deps.get_service`."""
 
 from __future__ import annotations
 
+import logging
 import threading
 from pathlib import Path
 from typing import Any
@@ -15,6 +16,8 @@ from .schema import request_models
 from .settings import ServeSettings
 
 __all__ = ["Service"]
+
+log = logging.getLogger("nobackfill.serve")
 
 
 class Service:
@@ -44,6 +47,10 @@ class Service:
                                   (settings.models_root, ""), (settings.upgrades_root, "")])
         self.batcher = SearchBatcher(self.client.searcher, threads=settings.query_threads)
         self._metrics()
+        self._index_lock = threading.Lock()
+        self._indexer: threading.Thread | None = None
+        self._index_again = False
+        self.start_index_builds()  # a collection imported before the server started gets its graph indexes
 
     @property
     def collection(self) -> Any:
@@ -113,6 +120,33 @@ class Service:
         if isinstance(model, Path) and not (model / "config.json").is_file():
             raise ApiError(422, f"model: {rel!r} is not a model directory (no config.json)", "model")
         return model
+
+    # ------------------------------------------------------------------ graph indexes
+    def start_index_builds(self, *, wait_listed: bool = False) -> list[dict[str, Any]]:
+        """Build the graph index of every ``auto`` space past its threshold that lacks it, in a
+        daemon thread (one at a time: a call while it runs makes it look again when it ends);
+        searches stay exact until each index is whole. ``wait_listed``: list what is missing
+        first (each with ``building`` true) instead of returning at once with an empty list."""
+        missing = self.collection.missing_graph_indexes() if wait_listed else []
+        with self._index_lock:
+            self._index_again = True
+            if self._indexer is None or not self._indexer.is_alive():
+                self._indexer = threading.Thread(target=self._build_indexes, name="nobackfill-index-builds",
+                                                 daemon=True)
+                self._indexer.start()
+        return [{**m, "building": True} for m in missing]
+
+    def _build_indexes(self) -> None:
+        while True:
+            with self._index_lock:
+                if not self._index_again:
+                    self._indexer = None
+                    return
+                self._index_again = False
+            try:
+                self.collection.build_graph_indexes(log=log.info)
+            except Exception:  # noqa: BLE001 - searches stay exact; the next call tries again
+                log.exception("building the graph indexes of %s failed (searches stay exact)", self.collection.path)
 
     # ------------------------------------------------------------------ the client
     def status(self) -> dict[str, Any]:

@@ -1,5 +1,5 @@
 """The collection's control: its status, the backfill (start, pause, resume, cancel), upgrades,
-routes, calibration, retiring a space, verification and imports. Everything but the status takes an
+routes, calibration, retiring a space, verification, imports and graph index builds. Everything but the status takes an
 admin key; a path a request names lies under a root the server was started with."""
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ from fastapi.concurrency import run_in_threadpool
 
 from ..deps import admin, admin_json, get_service, get_settings, reader
 from ..errors import ApiError
-from ..schema import (BackfillRequest, BackfillStatus, CalibrateRequest, ImportRequest, ImportResult, RetireRequest,
-                      Retired, RouteRequest, Routes, Status, UpgradeRequest, UpgradeResult, VerifyReport,
+from ..schema import (BackfillRequest, BackfillStatus, CalibrateRequest, ImportRequest, ImportResult, IndexBuilds,
+                      RetireRequest, Retired, RouteRequest, Routes, Status, UpgradeRequest, UpgradeResult, VerifyReport,
                       VerifyRequest, errors)
 from ..service import Service
 from ..settings import ServeSettings
@@ -160,4 +160,11 @@ async def import_(req: ImportRequest, _r: str = Depends(admin), svc: Service = D
                                   samples=req.samples or 64,
                                   metadata_columns=req.metadata_columns, field="path")
     out = {k: v for k, v in rep.to_dict().items() if k in ImportResult.model_fields}
+    svc.start_index_builds()  # the import returned when its rows were in: their graph index builds now
     return svc.paths.deep(out)
+
+
+@router.post("/index", summary="Build the graph index of every space that lacks it, in the background",
+             response_model=IndexBuilds, responses=errors(401, 403))
+async def index(_r: str = Depends(admin), svc: Service = Depends(get_service)) -> Any:
+    return {"indexes": await run_in_threadpool(svc.start_index_builds, wait_listed=True)}
