@@ -89,6 +89,7 @@ def _session(path: Path, threads: int | None = None) -> Any:
     opts.log_severity_level = 3
     if threads:
         opts.intra_op_num_threads = int(threads)
+        opts.add_session_config_entry("session.intra_op.allow_spinning", "0")  # idle threads sleep, not spin
     return ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"])
 
 
