@@ -308,3 +308,16 @@ def test_cli_collection_on_milvus_lite_fresh_processes_and_quiet(tmp_path):
     assert "OK" in _quiet(_cli("verify", uri))
     loud = _cli("-v", "collection", "add", uri, "--data", data)  # -v: library warnings may appear
     assert "already there 13" in loud.stdout + loud.stderr
+
+
+def test_status_names_the_plan_it_counted_after_another_writer_changed_it(tmp_path, location):
+    """A collection object's status after another process (here another object) upgraded it reports the
+    upgraded plan, and the object's plan is that plan from then on (a catalog-only status too)."""
+    c, old, new, w, data, pool = _world(tmp_path, location)
+    add_items(c, old, folder_items(data).items, progress=False)
+    reader = Collection.open(location)
+    assert reader.status()["current"] == old.space_id
+    upgrade_collection(Collection.open(location), NEW_REF, pool=pool, fit_bridges=False)
+    st = reader.status()
+    assert st["current"] == new.space_id and new.space_id in st["spaces"]
+    assert reader.plan.current == new.space_id

@@ -373,6 +373,12 @@ class Collection(CollectionWrites, CollectionStatus):
             self._header = self.catalog.header()
         return True
 
+    def _take_header(self, header: dict[str, Any]) -> None:
+        """Adopt ``header`` (just read from the catalog) unless this object already holds a later one."""
+        with self._lock:
+            if int(header["generation"]) > int(self._header["generation"]):
+                self._header = header
+
     def snapshot(self) -> Snapshot:
         """The current consistent state (cached while nothing was committed)."""
         if self.catalog.epoch != self._epoch:  # a plain gallery's catalog went from memory to disk

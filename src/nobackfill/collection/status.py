@@ -172,6 +172,7 @@ class CollectionStatus:
             header = self.catalog.header()
             rows = self.catalog.query("SELECT space, modality, count(*) FROM items WHERE space IS NOT NULL "
                                       "GROUP BY space, modality")
+        self._take_header(header)  # what this collection object says next (its plan) is what was counted
         served: dict[str, dict[str, int]] = {sid: {m: 0 for m in MODALITIES} for sid in header["plan"].serving_order()}
         for space, m, n in rows:
             if space in served:
