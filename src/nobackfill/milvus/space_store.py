@@ -100,6 +100,8 @@ class MilvusSpaceStore:
     #: a reader learns which rows this store serves from the catalog (:meth:`know`), never by
     #: reading the server (an adopted collection, whose owner adds rows, says False)
     keys_from_catalog = True
+    #: a search is a round trip to a server: a search of several spaces sends theirs at once
+    remote_search = True
 
     def know(self, modality: str, keys: Sequence[str]) -> None:
         """Number ``keys`` (rows the catalog says this store holds: a commit names vectors only once

@@ -37,6 +37,7 @@ from ..collection.collection import Collection, Snapshot
 from ..catalog.plan import Plan, Space, UpgradeRecord
 from .limits import Limits
 from ..gallery.types import SpaceMismatchError
+from .fanout import search_spaces
 from .merge import DEFAULT_MERGE, MERGES, Candidate, ScoreMap, candidates, merge
 from .models import ModelPool, model_ref
 from .routes import BRIDGE, DIRECTIONS, NATIVE, NoRouteError, QuerySide, RoutePlanner, direction_of, upgrade_entry
@@ -311,11 +312,8 @@ class Searcher:
         depth = max(k, self.rerank_k) if self.rerank else k
         if cache is None:  # the spaces' query sides embed with each encoder once
             cache = {}
-        searched = []
-        for sid, side, mask, _ in prep.spaces:
-            view = views[sid]
-            searched.append((sid, side, view, view.gallery.search(gmod, side.embed(qmod, inputs, cache), depth,
-                                                                  space_id=sid, mask=mask)))
+        asked = [(sid, side, views[sid], side.embed(qmod, inputs, cache), mask) for sid, side, mask, _ in prep.spaces]
+        searched = [(sid, side, view, res) for (sid, side, view, _, _), res in zip(asked, search_spaces(asked, gmod, depth))]
         if len(searched) == 1 and len(inputs) == 1 and not self.rerank:  # the hot path: one query, one list
             sid, side, view, res = searched[0]
             fields = snap.hit_fields(view.rids[res.positions[0]].tolist())
