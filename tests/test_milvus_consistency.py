@@ -238,3 +238,39 @@ def test_a_reader_follows_changed_slots_and_an_older_catalog_gets_them_at_its_fi
         MilvusSpaceStore.refresh = real_refresh
     assert hits[0] == "t4" and "t3" not in hits and len(hits) == 29
     assert fresh.collection._slotted
+
+
+def test_a_writers_key_lookups_wait_for_one_server_timestamp_not_one_each(monkeypatch):
+    """The existence check of a large add: every request of it reads at one timestamp taken from the
+    server first (Customized), so they wait for the server's time tick once; where the server gives no
+    timestamp, or one request suffices, Strong."""
+    from nobackfill import milvus as mv
+    from nobackfill.milvus import connection, space_store
+
+    class Lookups:
+        def __init__(self) -> None:
+            self.gets = []
+
+        def load_collection(self, name):
+            pass
+
+        def get(self, name, ids, **kw):
+            self.gets.append(kw)
+            return [{"key": k} for k in ids if k.endswith("7")]
+
+    keys = [f"k{i}" for i in range(2 * connection.LOOKUP_MAX + 5)]
+    for server_ts, want in ((987654, {"consistency_level": connection.CUSTOMIZED, "guarantee_timestamp": 987654}),
+                            (0, {"consistency_level": mv.STRONG})):
+        monkeypatch.setattr(space_store, "alloc_ts", lambda client, ts=server_ts: ts)
+        client = Lookups()
+        store = mv.MilvusSpaceStore(client, "s", space_id="sp", dim=4, model="m", backend="flat")
+        assert store._existing("image", keys) == {k for k in keys if k.endswith("7")}
+        assert len(client.gets) == 3
+        assert all({k: g[k] for k in want} == want and g["partition_names"] == ["image"] for g in client.gets)
+        if server_ts:
+            assert all("guarantee_timestamp" in g for g in client.gets)
+    monkeypatch.setattr(space_store, "alloc_ts", lambda client: (_ for _ in ()).throw(AssertionError("no fence")))
+    client = Lookups()
+    store = mv.MilvusSpaceStore(client, "s", space_id="sp", dim=4, model="m", backend="flat")
+    store._existing("image", keys[:10])  # one request: Strong, no timestamp asked for
+    assert client.gets[0]["consistency_level"] == mv.STRONG

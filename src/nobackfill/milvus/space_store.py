@@ -207,12 +207,19 @@ class MilvusSpaceStore:
         return bool(self._existing(modality, [key]))
 
     def _existing(self, modality: str, keys: Sequence[str]) -> set[str]:
-        """Which of ``keys`` the server holds for ``modality`` (primary-key lookups)."""
+        """Which of ``keys`` the server holds for ``modality`` (primary-key lookups that see every write
+        acknowledged before the call). Several requests share one server timestamp taken first, so they
+        wait for the server's time tick once, not once each (each Strong read waits for its own)."""
         out: set[str] = set()
+        level: dict[str, Any] = {"consistency_level": STRONG}
+        if len(keys) > LOOKUP_MAX:
+            ts = alloc_ts(self.client)  # later than every acknowledged write: as strong as a Strong read now
+            if ts:
+                level = {"consistency_level": CUSTOMIZED, "guarantee_timestamp": ts}
         for s in range(0, len(keys), LOOKUP_MAX):
             batch = list(keys[s:s + LOOKUP_MAX])
             rows = self._read(lambda: self.client.get(self.name, ids=batch, output_fields=["key"],
-                                                      partition_names=[modality], consistency_level=STRONG))
+                                                      partition_names=[modality], **level))
             out.update(r["key"] for r in rows)
         return out
 
