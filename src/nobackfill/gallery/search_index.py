@@ -41,13 +41,7 @@ class GalleryIndex:
             if names[:len(cnames)] == cnames and index.ntotal == sum(c["count"] for c in chunks[:len(cnames)]):
                 for entry in chunks[len(cnames):]:  # appended chunks only
                     index.add(self._load_npz(entry, "vectors"))
-                if index.ntotal >= 1.25 * max(saved, 1):  # keep the on-disk cache roughly current
-                    self._save_cached_index(modality, key, index, len(names))
-                    saved = index.ntotal
-                self._indexes[modality] = (key, names, index, saved)
-                self._index_manifest[modality] = manifest
-                self._watch(modality, index)
-                return index
+                return self._keep(modality, key, names, index, saved, manifest)
         index, saved = self._load_cached_index(modality)
         if index is None:
             index = make_index(self.backend, self.dim)
@@ -55,7 +49,13 @@ class GalleryIndex:
                 index.add(self._load_npz(entry, "vectors"))
             self._save_cached_index(modality, key, index, len(names))
             saved = index.ntotal
-        elif index.ntotal >= 1.25 * max(saved, 1):  # a cache of a prefix, extended by many rows
+        return self._keep(modality, key, names, index, saved, manifest)
+
+    def _keep(self, modality: str, key: Any, names: list[str], index: VectorIndex, saved: int,
+              manifest: Any) -> VectorIndex:
+        """Hold ``index`` for ``modality``; its on-disk cache (of ``saved`` rows) rewritten once the
+        index has grown by a quarter, so the cache stays roughly current."""
+        if index.ntotal >= 1.25 * max(saved, 1):
             self._save_cached_index(modality, key, index, len(names))
             saved = index.ntotal
         self._indexes[modality] = (key, names, index, saved)

@@ -184,13 +184,19 @@ class MilvusStorage(Storage):
     def _space_name(self, directory: str) -> str:
         return f"{self.prefix}_s_{hashlib.sha256(directory.encode()).hexdigest()[:16]}"
 
-    def create_space(self, directory: str, *, space_id: str, dim: int, model: str, backend: str) -> MilvusSpaceStore:
+    def _registered(self, directory: str, space_id: str, action: str) -> dict[str, Any] | None:
+        """The registration of store ``directory`` (None: none yet), refused when it names another space."""
         info = self.read_doc(f"spaces/{directory}.json")
-        if info is not None:
-            got = json.loads(info)
-            if got["space_id"] != space_id:
-                raise SpaceMismatchError(got["space_id"], space_id, f"create space store {directory} in {self.location}",
-                                         what="new space", hint="a store holds one embedding space")
+        if info is None:
+            return None
+        got = json.loads(info)
+        if got["space_id"] != space_id:
+            raise SpaceMismatchError(got["space_id"], space_id, f"{action} space store {directory} in {self.location}",
+                                     what="new space", hint="a store holds one embedding space")
+        return got
+
+    def create_space(self, directory: str, *, space_id: str, dim: int, model: str, backend: str) -> MilvusSpaceStore:
+        self._registered(directory, space_id, "create")
         store = MilvusSpaceStore.create(self.client, self._space_name(directory), space_id=space_id, dim=dim,
                                         model=model, backend=backend)
         self.write_doc(f"spaces/{directory}.json", json.dumps({"space_id": space_id, "dim": int(dim), "model": model,
@@ -215,14 +221,9 @@ class MilvusStorage(Storage):
             raise ValueError(f"Milvus collection {name!r} is named like nobackfill's own collections of "
                              f"{self.location} ({self.prefix}_*), which nobackfill drops with the collection: "
                              "it cannot be adopted under this name (adopt it into a collection of another name)")
-        info = self.read_doc(f"spaces/{directory}.json")
-        if info is not None:
-            got = json.loads(info)
-            if got["space_id"] != space_id:
-                raise SpaceMismatchError(got["space_id"], space_id, f"adopt space store {directory} in {self.location}",
-                                         what="new space", hint="a store holds one embedding space")
-            if (got.get("external") or {}).get("collection") != name:
-                raise FileExistsError(f"{self.location}: space store {directory} is registered already (as "
+        got = self._registered(directory, space_id, "adopt")
+        if got is not None and (got.get("external") or {}).get("collection") != name:
+            raise FileExistsError(f"{self.location}: space store {directory} is registered already (as "
                                       f"{(got.get('external') or {}).get('collection') or 'a collection of its own'})")
         store = MilvusAdoptedStore(self.client, name, space_id=space_id, dim=dim, model=model, backend=backend,
                                    external=ext)
