@@ -178,3 +178,48 @@ def test_cli_add_builds_the_graph_and_status_says_so(tmp_path):
     r = runner.invoke(app, ["collection", "search", str(coll), "--text", "a caption number 3", "--k", "3", "--json"])
     assert r.exit_code == 0, r.output
     assert Gallery.build_in_background  # the one-shot search restored the process-wide default
+
+
+def test_a_graph_reserved_for_its_rows_never_moves_its_arrays_and_is_the_same_graph():
+    """``FactoryIndex.reserve``: a graph built block by block reallocates (and copies) its vector and
+    neighbour arrays as they grow, holding both copies at once; reserved for its rows it never does,
+    and the graph is the one built without it, byte for byte."""
+    import faiss
+
+    x = unit(3000, seed=5)
+    plain, reserved = FactoryIndex(16, "HNSW32"), FactoryIndex(16, "HNSW32")
+    reserved.reserve(len(x))
+
+    def arrays(g: FactoryIndex) -> tuple[int, int]:
+        inner = g._inner()
+        return int(faiss.downcast_index(inner.storage).codes.data()), int(inner.hnsw.neighbors.data())
+
+    moved: dict[str, set] = {"plain": set(), "reserved": set()}
+    for s in range(0, len(x), 250):
+        for name, g in (("plain", plain), ("reserved", reserved)):
+            g._add(x[s:s + 250])
+            moved[name].add(arrays(g))
+    assert len(moved["reserved"]) == 1
+    assert len(moved["plain"]) > 1  # the check can fail: without the reserve the arrays move
+    assert bytes(faiss.serialize_index(plain._index)) == bytes(faiss.serialize_index(reserved._index))
+
+
+def test_reserving_an_index_that_is_not_a_graph_changes_nothing():
+    import faiss
+
+    for factory in ("Flat", "IVF4,Flat"):
+        idx = FactoryIndex(16, factory)
+        before = bytes(faiss.serialize_index(idx._index))
+        idx.reserve(10_000)
+        assert bytes(faiss.serialize_index(idx._index)) == before
+
+
+def test_the_background_build_reserves_the_graph_for_the_rows_it_found(monkeypatch):
+    x = unit(1200, seed=6)
+    idx = make_index("auto:at=500", 16)
+    idx.add(x)
+    asked = []
+    original = FactoryIndex.reserve
+    monkeypatch.setattr(FactoryIndex, "reserve", lambda self, n: (asked.append(n), original(self, n))[1])
+    assert idx.build() and idx.in_use == "HNSW32"
+    assert asked == [1200]

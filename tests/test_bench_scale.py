@@ -48,3 +48,16 @@ def test_bench_scale_writes_the_rows(tmp_path):
     assert res["peers"] == []
     assert sorted(p.name for p in tmp_path.iterdir()) == ["scale.json", "scale.md", "work"]  # nothing elsewhere
     assert not list((tmp_path / "work").glob("bridge-*"))  # the row's upgrade is removed with it
+
+
+def test_the_model_only_floor_loads_the_model_and_names_a_model_it_cannot_load(tmp_path):
+    """``model_only_s``: a cold process that loads the collection's model and embeds the query; a model
+    it cannot load fails the row, named, instead of timing a crash."""
+    import pytest
+
+    from nobackfill.bench.scale import _model_only_seconds
+    from nobackfill.search.models import model_ref
+
+    assert _model_only_seconds(model_ref(ROOT / "models" / "world-new")) > 0
+    with pytest.raises(RuntimeError, match="loading .*nowhere"):
+        _model_only_seconds(str(tmp_path / "nowhere"))

@@ -179,6 +179,39 @@ def test_status_and_delete_of_a_milvus_collection_neither_import_pymilvus_nor_co
     assert r.stdout.strip().splitlines()[-1] == "[5, 1, 4, 0, 4, false, false]", r.stdout
 
 
+def test_route_and_retire_of_a_milvus_collection_import_no_torch_and_route_no_pymilvus(tmp_path):
+    """The other cold plan commands: pinning a route writes the plan in the catalog only (no pymilvus,
+    no torch, no model loaded); retiring a space drops its Milvus collection (pymilvus, no torch)."""
+    pytest.importorskip("milvus_lite", reason="milvus-lite is not installed")
+    from _collection_helpers import NEW_REF, write_procrustes_upgrade
+    from nobackfill import milvus
+    from nobackfill.lifecycle.backfill import run_backfill
+    from nobackfill.lifecycle.plan_changes import upgrade_collection
+
+    uri = f"milvus-lite:{tmp_path}/m.db#c"
+    old, new, w = related_pair()
+    c = Collection.create(uri, space_id=old.space_id, dim=old.embed_dim, model=OLD_REF, modalities=["text"])
+    add_items(c, old, [text_item(f"text {i}", id=f"t{i}") for i in range(5)], progress=False)
+    pool = pool_with((OLD_REF, old), (NEW_REF, new))
+    upgrade_collection(c, NEW_REF, bridges=[write_procrustes_upgrade(tmp_path / "up", w, new, old)], pool=pool)
+    run_backfill(c, new, order="sequential", pool=pool)
+    old_store = c.gallery(old.space_id).name
+    milvus.close_clients()
+    code = ("import json, sys\nfrom nobackfill.client.local import LocalClient\n"
+            "cl = LocalClient(sys.argv[1])\nroutes = cl.route(sys.argv[2], 't2t', 'old-model')\n"
+            "after_route = ['pymilvus' in sys.modules, 'torch' in sys.modules]\n"
+            "cl.retire(sys.argv[2])\nst = cl.status()\n"
+            "print(json.dumps([routes[sys.argv[2]]['t2t']['route'], after_route,\n"
+            "                  'torch' in sys.modules, sorted(k for k, v in st['spaces'].items() if not v['retired'])]))\n")
+    r = subprocess.run([sys.executable, "-c", code, uri, old.space_id], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    routes, after_route, torch_loaded, spaces = __import__("json").loads(r.stdout.strip().splitlines()[-1])
+    assert routes == "old-model" and after_route == [False, False] and not torch_loaded
+    assert spaces == [new.space_id]
+    assert old_store not in milvus._client("milvus-lite", {"path": f"{tmp_path}/m.db"}).list_collections()
+    milvus.close_clients()
+
+
 def test_a_reader_follows_changed_slots_and_an_older_catalog_gets_them_at_its_first_write(tmp_path):
     """Items of a Milvus space get serving-page slots (their rids): a reader maps only the slots
     that changed (a delete and an add are seen, the unchanged rows are not read again); a catalog
@@ -274,3 +307,49 @@ def test_a_writers_key_lookups_wait_for_one_server_timestamp_not_one_each(monkey
     store = mv.MilvusSpaceStore(client, "s", space_id="sp", dim=4, model="m", backend="flat")
     store._existing("image", keys[:10])  # one request: Strong, no timestamp asked for
     assert client.gets[0]["consistency_level"] == mv.STRONG
+
+
+def test_a_large_add_inserts_each_part_while_the_next_parts_are_looked_up(monkeypatch):
+    """``add(skip_existing=True)`` of more keys than one lookup takes: the lookups run in a thread, all
+    at one server timestamp, while each part whose lookup came back is inserted (only its keys the
+    server does not hold); without ``skip_existing`` a held key refuses the whole call first."""
+    import threading
+
+    from nobackfill import milvus as mv
+    from nobackfill.gallery.types import DuplicateIdError
+    from nobackfill.milvus import connection, space_store
+
+    events: list[tuple[str, float, float, str]] = []
+
+    class Server:
+        def load_collection(self, name):
+            pass
+
+        def get(self, name, ids, **kw):
+            t0 = time.perf_counter()
+            time.sleep(0.05)  # the server's time: the caller's thread waits without the GIL
+            assert kw["consistency_level"] == connection.CUSTOMIZED and kw["guarantee_timestamp"] == 4242
+            events.append(("get", t0, time.perf_counter(), threading.current_thread().name))
+            return [{"key": k} for k in ids if k.endswith("7")]
+
+        def insert(self, name, rows, partition_name=None):
+            events.append(("insert", time.perf_counter(), time.perf_counter(), ",".join(r["key"] for r in rows)))
+
+    monkeypatch.setattr(space_store, "alloc_ts", lambda client: 4242)
+    keys = [f"k{i}" for i in range(2 * connection.LOOKUP_MAX + 5)]
+    vecs = np.ones((len(keys), 4), np.float32) / 2
+    store = mv.MilvusSpaceStore(Server(), "s", space_id="sp", dim=4, model="m", backend="flat")
+    new = [k for k in keys if not k.endswith("7")]
+    assert store.add("image", keys, vecs, space_id="sp", skip_existing=True) == len(new)
+    gets = [e for e in events if e[0] == "get"]
+    inserts = [e for e in events if e[0] == "insert"]
+    assert len(gets) == 3 and all(g[3].startswith("milvus-lookup") for g in gets)
+    assert [k for e in inserts for k in e[3].split(",")] == new  # each absent key once, in order
+    assert inserts[0][1] < gets[-1][2]  # the first part went in before the last lookup was back
+    assert store.ids("image") == new
+
+    events.clear()
+    fresh = mv.MilvusSpaceStore(Server(), "s", space_id="sp", dim=4, model="m", backend="flat")
+    with pytest.raises(DuplicateIdError):
+        fresh.add("image", keys, vecs, space_id="sp")
+    assert [e for e in events if e[0] == "insert"] == [] and fresh._keys["image"] == []

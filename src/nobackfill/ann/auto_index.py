@@ -129,6 +129,10 @@ class AutoIndex(VectorIndex):
     def _build(self, progress: Callable[[int], Any] | None = None) -> None:
         told = progress or (lambda _n: None)
         graph = FactoryIndex(self.dim, factory=self.graph, efSearch=self.efSearch)
+        with self._lock:
+            flat = self._inner
+            if isinstance(flat, FlatIndex):
+                graph.reserve(flat.ntotal)  # no array of the graph is reallocated (and copied) as it grows
         step = self.block
         done = 0
         while True:

@@ -22,7 +22,9 @@ commits one batch a second while the reader measures ``p50_upgraded_idle_ms`` (b
 serves every item), ``p50_during_backfill_ms`` and ``p50_backfilled_idle_ms`` (after the worker
 stopped: the same two spaces searched, nothing committing), with ``searches_during_backfill`` (the
 window's search count). ``cli_status_s`` / ``cli_search_s``: wall time of
-``nobackfill collection status`` / ``search`` in a cold process, before the upgrade.
+``nobackfill collection status`` / ``search`` in a cold process, before the upgrade (the search: the
+median of three, taking turns with ``model_only_s``, a cold process that only loads the collection's
+model and embeds the same query, the floor of any cold search).
 
 Peers (``chroma``, ``lancedb``), where installed (optional, never dependencies): add, reopen, p50
 and RSS on the same vectors, each in its own process.
@@ -126,6 +128,21 @@ def _cli_seconds(args: list[str]) -> float:
     return round(time.perf_counter() - t0, 3)
 
 
+#: the query of the cold ``collection search``
+QUERY = "a red circle"
+_MODEL_ONLY = ("import sys\nfrom nobackfill.search.models import ModelPool\n"
+               "ModelPool().get(sys.argv[1]).encode_texts([sys.argv[2]])\n")
+
+
+def _model_only_seconds(model: str) -> float:
+    """Wall seconds of a cold process that only loads ``model`` and embeds :data:`QUERY`."""
+    t0 = time.perf_counter()
+    r = subprocess.run([sys.executable, "-c", _MODEL_ONLY, model, QUERY], capture_output=True, text=True, timeout=600)
+    if r.returncode != 0:
+        raise RuntimeError(f"loading {model} failed ({r.returncode}): {r.stderr[-300:]}")
+    return round(time.perf_counter() - t0, 3)
+
+
 # ----------------------------------------------------------------------------- the bench
 def run_scale_bench(cfg: ScaleBenchConfig, log: Callable[[str], None] | None = None) -> dict[str, Any]:
     """Every (N, index) row, then the peers at the smallest N."""
@@ -186,9 +203,13 @@ def _measure(cfg: ScaleBenchConfig, row: dict[str, Any], x_file: str, q_file: st
     row["disk_ratio"] = round(dir_bytes(Path(path)) / (n * cfg.dim * 4), 2) if local else None
     if cfg.cli:
         row["cli_status_s"] = _cli_seconds(["collection", "status", path])
-        row["cli_search_s"] = _cli_seconds(["collection", "search", path, "--text", "a red circle", "--k", str(K)])
+        searches, floors = [], []
+        for _ in range(3):  # in turns: the machine's speed moves between runs
+            searches.append(_cli_seconds(["collection", "search", path, "--text", QUERY, "--k", str(K)]))
+            floors.append(_model_only_seconds(model))
+        row["cli_search_s"], row["model_only_s"] = float(np.median(searches)), float(np.median(floors))
     say(f"  add {row['add_per_s']:.0f}/s; CLI status {row.get('cli_status_s')} s, search "
-        f"{row.get('cli_search_s')} s; reading ...")
+        f"{row.get('cli_search_s')} s (model only {row.get('model_only_s')} s); reading ...")
     row.update(_in_process(read_collection, x_file, q_file, path, model, space_id, cfg.backfill_rate,
                            cfg.backfill_seconds, cfg.filtered_queries))
     say(f"  open {row['open_s']} s, open+first search {row['open_first_search_s']} s, p50 {row['p50_ms']} ms "
@@ -226,7 +247,7 @@ def _servers(cfg: ScaleBenchConfig, say: Callable[[str], None]) -> Iterator[tupl
 def format_markdown(result: dict[str, Any]) -> str:
     cols = ["n", "catalog", "vectors", "add_per_s", "raw_insert_per_s", "open_s", "open_first_search_s", "rss_extra_mb", "disk_ratio",
             "p50_ms", "p99_ms", "raw_p50_ms", "p50_upgraded_idle_ms", "p50_during_backfill_ms",
-            "p50_backfilled_idle_ms", "searches_during_backfill", "filtered_p50_ms", "cli_status_s", "cli_search_s"]
+            "p50_backfilled_idle_ms", "searches_during_backfill", "filtered_p50_ms", "cli_status_s", "cli_search_s", "model_only_s"]
     lines = ["| " + " | ".join(cols) + " |", "|" + "---:|" * len(cols)]
     for r in result["rows"]:
         lines.append("| " + " | ".join("" if r.get(c) is None else str(r[c]) for c in cols) + " |")

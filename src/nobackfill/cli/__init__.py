@@ -99,7 +99,21 @@ app.add_typer(bench_app, name="bench")
 
 
 def main() -> None:
-    app()
+    try:
+        app()
+    finally:
+        _skip_exit_collections()
+
+
+def _skip_exit_collections() -> None:
+    """The command's work is done: move every object to the collector's permanent generation, so
+    that the interpreter's exit does not traverse them (``gc.freeze``). With torch, transformers and
+    pymilvus loaded that traversal took 1.0-1.3 s of a cold ``collection search`` after its answer
+    was printed (0.2 s with this). Objects are still freed by reference counting, files still closed
+    and ``atexit`` handlers still run; only reference cycles left at exit go uncollected."""
+    import gc
+
+    gc.freeze()
 
 
 __all__ = ["app", "main"]

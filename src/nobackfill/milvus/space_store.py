@@ -211,17 +211,26 @@ class MilvusSpaceStore:
         acknowledged before the call). Several requests share one server timestamp taken first, so they
         wait for the server's time tick once, not once each (each Strong read waits for its own)."""
         out: set[str] = set()
-        level: dict[str, Any] = {"consistency_level": STRONG}
-        if len(keys) > LOOKUP_MAX:
-            ts = alloc_ts(self.client)  # later than every acknowledged write: as strong as a Strong read now
-            if ts:
-                level = {"consistency_level": CUSTOMIZED, "guarantee_timestamp": ts}
+        level = self._lookup_level(len(keys))
         for s in range(0, len(keys), LOOKUP_MAX):
-            batch = list(keys[s:s + LOOKUP_MAX])
-            rows = self._read(lambda: self.client.get(self.name, ids=batch, output_fields=["key"],
-                                                      partition_names=[modality], **level))
-            out.update(r["key"] for r in rows)
+            out |= self._lookup(modality, keys[s:s + LOOKUP_MAX], level)
         return out
+
+    def _lookup_level(self, n: int) -> dict[str, Any]:
+        """The consistency of the lookups of ``n`` keys: Strong for one request; for several, one server
+        timestamp taken now (later than every acknowledged write: as strong as a Strong read now)."""
+        if n > LOOKUP_MAX:
+            ts = alloc_ts(self.client)
+            if ts:
+                return {"consistency_level": CUSTOMIZED, "guarantee_timestamp": ts}
+        return {"consistency_level": STRONG}
+
+    def _lookup(self, modality: str, keys: Sequence[str], level: dict[str, Any]) -> set[str]:
+        """Which of ``keys`` (at most :data:`LOOKUP_MAX`) the server holds, read at ``level``."""
+        batch = list(keys)
+        rows = self._read(lambda: self.client.get(self.name, ids=batch, output_fields=["key"],
+                                                  partition_names=[modality], **level))
+        return {r["key"] for r in rows}
 
     def get_vectors(self, modality: str, keys: Sequence[str]) -> np.ndarray:
         """The vectors of ``keys`` (in that order; every key must exist)."""
@@ -257,21 +266,20 @@ class MilvusSpaceStore:
             raise DuplicateIdError(f"ids repeated within one batch for {self.name}")
         if not ids:
             return 0
-        present = self._existing(modality, ids)
-        if present and not skip_existing:
-            raise DuplicateIdError(f"{len(present)} {modality} ids already in {self.name}: {sorted(present)[:5]}")
-        keep = [i for i, k in enumerate(ids) if k not in present]
-        if not keep:
-            return 0
         base = time.time_ns()
-        keys = [ids[i] for i in keep]
-        kept = vecs if len(keep) == len(ids) else vecs[keep]
-        stamps = []
-        for s in range(0, len(keys), INSERT_ROWS):
-            part = keys[s:s + INSERT_ROWS]
-            stamps.append(insert_ts(self.client, self.name, {
-                "key": part, "modality": [modality] * len(part), "seq": list(range(base + s, base + s + len(part))),
-                "vec": kept[s:s + INSERT_ROWS].tolist()}, modality))
+        if skip_existing and len(ids) > LOOKUP_MAX:
+            keys, stamps = self._insert_new(modality, ids, vecs, base)
+        else:  # every key looked up before anything is stored: a duplicate refuses the whole call
+            present = self._existing(modality, ids)
+            if present and not skip_existing:
+                raise DuplicateIdError(f"{len(present)} {modality} ids already in {self.name}: {sorted(present)[:5]}")
+            keep = [i for i, k in enumerate(ids) if k not in present]
+            keys = [ids[i] for i in keep]
+            kept = vecs if len(keep) == len(ids) else vecs[keep]
+            stamps = [self._insert(modality, keys[s:s + INSERT_ROWS], kept[s:s + INSERT_ROWS], base + s)
+                      for s in range(0, len(keys), INSERT_ROWS)]
+        if not keys:
+            return 0
         ts = max(stamps) if all(stamps) else 0  # one of them unknown: unknown
         with self._lock:  # our own rows are known at once; other writers' by refresh()
             known, order = self._pos[modality], self._keys[modality]
@@ -290,6 +298,37 @@ class MilvusSpaceStore:
         if seal:  # sealed by the server meanwhile: the writer does not wait for it
             threading.Thread(target=self._seal, name="milvus-seal", daemon=True).start()
         return len(keys)
+
+    def _insert(self, modality: str, keys: Sequence[str], vecs: np.ndarray, seq0: int) -> int:
+        """One insert request of ``keys`` (their ``seq`` from ``seq0``); the server's timestamp of it."""
+        return insert_ts(self.client, self.name, {"key": list(keys), "modality": [modality] * len(keys),
+                                                  "seq": list(range(seq0, seq0 + len(keys))), "vec": vecs.tolist()},
+                         modality)
+
+    def _insert_new(self, modality: str, ids: list[str], vecs: np.ndarray, seq0: int) -> tuple[list[str], list[int]]:
+        """Store the rows of ``ids`` the server does not hold yet, :data:`LOOKUP_MAX` at a time: the
+        lookups of the next part run in a thread (waiting on the server) while this one converts and
+        inserts the part before (its own work), all at one server timestamp taken first. Returns the
+        keys stored and the insert timestamps."""
+        from concurrent.futures import ThreadPoolExecutor
+
+        parts = [(s, ids[s:s + LOOKUP_MAX]) for s in range(0, len(ids), LOOKUP_MAX)]
+        level = self._lookup_level(len(ids))
+        stored: list[str] = []
+        stamps: list[int] = []
+        with ThreadPoolExecutor(1, thread_name_prefix="milvus-lookup") as pool:
+            found = [pool.submit(self._lookup, modality, part, level) for _, part in parts]
+            for (s, part), fut in zip(parts, found):
+                present = fut.result()
+                keep = [i for i, k in enumerate(part) if k not in present]
+                if not keep:
+                    continue
+                keys = [part[i] for i in keep]
+                rows = vecs[s:s + len(part)]
+                stamps.append(self._insert(modality, keys, rows if len(keep) == len(part) else rows[keep],
+                                           seq0 + s))
+                stored += keys
+        return stored, stamps
 
     def _seal(self) -> None:
         with contextlib.suppress(Exception):  # a later flush or wait_indexed() seals them anyway
