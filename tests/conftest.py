@@ -7,6 +7,10 @@ import os
 import pytest
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
+if "NOBACKFILL_CACHE" not in os.environ:  # records of loaded models, stored bridges: never the user's cache
+    import tempfile
+
+    os.environ["NOBACKFILL_CACHE"] = tempfile.mkdtemp(prefix="nobackfill-test-cache-")
 
 
 @pytest.fixture(autouse=True, scope="session")

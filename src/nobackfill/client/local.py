@@ -168,12 +168,17 @@ class LocalClient(Client):
         from ..adopt.sources import open_source
         from ..search.models import model_ref
 
+        from ..encoders.meta import ModelInfo, remembered
+
+        # trusted: nothing is embedded, so the model is not loaded where what it is is known already
+        # (the collection's plan, or a record of its directory from an earlier load)
         if model is None:  # into the collection as it is: its current model made the vectors
             cur = self.collection.space(self.collection.current_space)
-            ref, enc = cur.model, self.encoder()
+            ref = cur.model
+            enc = ModelInfo(cur.space_id, cur.dim, cur.name, tuple(cur.modalities)) if trust_model else self.encoder()
         else:
             ref = model_ref(model)
-            enc = self.pool.get(ref)
+            enc = (remembered(ref) if trust_model else None) or self.pool.get(ref)
         with self.write_lock:
             src = open_source(source, table=table, id_column=id_column, source_column=source_column,
                               modality=modality, images_root=images_root, lossy=lossy, expect_dim=int(enc.embed_dim),
@@ -184,6 +189,8 @@ class LocalClient(Client):
                                     backend=backend, progress=progress, wait=wait)
             except ModelCheckRefused as e:
                 raise Conflict(409, str(e), "model") from None
+        if not isinstance(enc, ModelInfo):  # loaded, its fingerprint computed: a later trusted import needs neither
+            self.pool.remember(ref)
         # an open collection took the rows itself; an unopened one is opened on first use
         return ImportResult(items=rep.items, added=rep.added, unchanged=rep.unchanged, seconds=round(rep.seconds, 3),
                             model_check=rep.model_check, warnings=list(rep.warnings), source=rep.source)

@@ -92,6 +92,7 @@ class ModelPool:
         self.onnx_threads = onnx_threads  # ONNX Runtime intra-op threads per session (None: its default)
         self.query_cache = QueryCache(query_cache)  # text query embeddings of these encoders (0: none kept)
         self._models: dict[str, DualEncoder] = {}
+        self._loaded: set[str] = set()  # loaded here and not yet recorded (encoders.meta); never a put one
         self._upgraded: dict[tuple[str, tuple[str, ...]], DualEncoder] = {}
         self._lock = threading.Lock()
 
@@ -103,16 +104,32 @@ class ModelPool:
             enc = self._models.get(key)
             if enc is None:
                 enc = self._models[key] = _on_onnx(load_encoder(key), key, self.onnx, self.onnx_threads)
+                self._loaded.add(key)
         if space_id is not None and enc.space_id != space_id:
             raise SpaceMismatchError(space_id, enc.space_id, f"load the {what} at {key}", what=f"model at {key}",
                                      hint="the collection recorded another model for this space; restore that "
                                           "model directory or re-register the upgrade")
+        if space_id is not None:  # its fingerprint is computed now
+            self.remember(key)
         return enc
+
+    def remember(self, ref: str | Path) -> None:
+        """Record what the model at ``ref`` is (:mod:`nobackfill.encoders.meta`), once, if this pool
+        loaded it from its directory (never an encoder given by :meth:`put`)."""
+        key = str(ref)
+        with self._lock:
+            enc = self._models.get(key) if key in self._loaded else None
+            self._loaded.discard(key)
+        if enc is not None:
+            from ..encoders.meta import remember
+
+            remember(key, enc)
 
     def put(self, ref: str | Path, encoder: DualEncoder) -> None:
         """Use an already loaded ``encoder`` for ``ref`` (callers that hold one)."""
         with self._lock:
             self._models[str(ref)] = encoder
+            self._loaded.discard(str(ref))
 
     def upgraded(self, ref: str | Path, upgrade_dir: str | Path, space_id: str | None = None) -> DualEncoder:
         """A separate copy of the model at ``ref`` with the encoder upgrade at ``upgrade_dir``
