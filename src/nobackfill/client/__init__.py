@@ -3,8 +3,8 @@ and return types; the command line and the service are thin shells over it (:mod
 refusals are one hierarchy (:mod:`.errors`): a :class:`ClientError` subclass per kind, each a
 ``ValueError``.
 
-May import: ``adopt``, ``catalog``, ``collection``, ``data``, ``evaluate``, ``gallery``, ``lifecycle``, ``progress``,
-``search``.
+May import: ``adopt``, ``catalog``, ``collection``, ``data``, ``encoders``, ``evaluate``, ``gallery``, ``lifecycle``,
+``progress``, ``search``.
 """
 
 from .base import Client, choose_implementation_with

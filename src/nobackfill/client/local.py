@@ -166,16 +166,13 @@ class LocalClient(Client):
                 metadata_columns: Sequence[str] | None = None) -> ImportResult:
         from ..adopt.importing import ModelCheckRefused, import_source
         from ..adopt.sources import open_source
+        from ..encoders.meta import ModelInfo, remembered
         from ..search.models import model_ref
 
-        from ..encoders.meta import ModelInfo, remembered
-
-        # trusted: nothing is embedded, so the model is not loaded where what it is is known already
-        # (the collection's plan, or a record of its directory from an earlier load)
+        # trusted (nothing embedded): the model is not loaded where the plan or a record says what it is
         if model is None:  # into the collection as it is: its current model made the vectors
             cur = self.collection.space(self.collection.current_space)
-            ref = cur.model
-            enc = ModelInfo(cur.space_id, cur.dim, cur.name, tuple(cur.modalities)) if trust_model else self.encoder()
+            ref, enc = cur.model, ModelInfo.of_space(cur) if trust_model else self.encoder()
         else:
             ref = model_ref(model)
             enc = (remembered(ref) if trust_model else None) or self.pool.get(ref)
@@ -189,8 +186,7 @@ class LocalClient(Client):
                                     backend=backend, progress=progress, wait=wait)
             except ModelCheckRefused as e:
                 raise Conflict(409, str(e), "model") from None
-        if not isinstance(enc, ModelInfo):  # loaded, its fingerprint computed: a later trusted import needs neither
-            self.pool.remember(ref)
+        self.pool.remember(ref)  # loaded here, its fingerprint computed: a later trusted import needs neither
         # an open collection took the rows itself; an unopened one is opened on first use
         return ImportResult(items=rep.items, added=rep.added, unchanged=rep.unchanged, seconds=round(rep.seconds, 3),
                             model_check=rep.model_check, warnings=list(rep.warnings), source=rep.source)

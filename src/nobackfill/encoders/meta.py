@@ -28,6 +28,12 @@ class ModelInfo:
     name: str
     modalities: tuple[str, ...]
 
+    @classmethod
+    def of_space(cls, space: Any) -> "ModelInfo":
+        """What a collection's plan says of one of its spaces (``space_id``, ``dim``, ``name``,
+        ``modalities``)."""
+        return cls(space.space_id, int(space.dim), space.name, tuple(space.modalities))
+
 
 def cache_dir() -> Path:
     """``$NOBACKFILL_CACHE`` (default ``~/.cache/nobackfill``)."""

@@ -109,7 +109,7 @@ class ModelPool:
             raise SpaceMismatchError(space_id, enc.space_id, f"load the {what} at {key}", what=f"model at {key}",
                                      hint="the collection recorded another model for this space; restore that "
                                           "model directory or re-register the upgrade")
-        if space_id is not None:  # its fingerprint is computed now
+        if space_id is not None and key in self._loaded:  # its fingerprint is computed now
             self.remember(key)
         return enc
 
