@@ -117,15 +117,20 @@ def _in_process(fn: Callable[..., Any], *args: Any) -> Any:
     return value
 
 
+def _wall_seconds(cmd: list[str], what: str) -> float:
+    """Wall seconds of ``cmd`` in a cold process (a RuntimeError naming ``what`` if it fails)."""
+    t0 = time.perf_counter()
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    if r.returncode != 0:
+        raise RuntimeError(f"{what} failed ({r.returncode}): {(r.stderr or r.stdout)[-300:]}")
+    return round(time.perf_counter() - t0, 3)
+
+
 def _cli_seconds(args: list[str]) -> float:
-    """Wall seconds of ``nobackfill ARGS`` in a cold process (an error if it fails)."""
+    """Wall seconds of ``nobackfill ARGS`` in a cold process."""
     exe = Path(sys.executable).with_name("nobackfill")
     cmd = [str(exe)] if exe.exists() else [sys.executable, "-m", "nobackfill.cli"]
-    t0 = time.perf_counter()
-    r = subprocess.run(cmd + args, capture_output=True, text=True, timeout=600)
-    if r.returncode != 0:
-        raise RuntimeError(f"nobackfill {' '.join(args)} failed ({r.returncode}): {(r.stderr or r.stdout)[-300:]}")
-    return round(time.perf_counter() - t0, 3)
+    return _wall_seconds(cmd + args, f"nobackfill {' '.join(args)}")
 
 
 #: the query of the cold ``collection search``
@@ -136,11 +141,7 @@ _MODEL_ONLY = ("import sys\nfrom nobackfill.search.models import ModelPool\n"
 
 def _model_only_seconds(model: str) -> float:
     """Wall seconds of a cold process that only loads ``model`` and embeds :data:`QUERY`."""
-    t0 = time.perf_counter()
-    r = subprocess.run([sys.executable, "-c", _MODEL_ONLY, model, QUERY], capture_output=True, text=True, timeout=600)
-    if r.returncode != 0:
-        raise RuntimeError(f"loading {model} failed ({r.returncode}): {r.stderr[-300:]}")
-    return round(time.perf_counter() - t0, 3)
+    return _wall_seconds([sys.executable, "-c", _MODEL_ONLY, model, QUERY], f"loading {model}")
 
 
 # ----------------------------------------------------------------------------- the bench

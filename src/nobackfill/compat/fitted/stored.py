@@ -19,7 +19,6 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import logging
-import os
 import re
 import tempfile
 from pathlib import Path
@@ -74,8 +73,9 @@ def bridge_cache(local_root: Path | None, location: str) -> Path:
     ``/bridges/<hash of the collection's location>``."""
     if local_root is not None:
         return Path(local_root) / DOC_DIR
-    base = Path(os.environ.get("NOBACKFILL_CACHE") or Path.home() / ".cache" / "nobackfill")
-    return base / DOC_DIR / hashlib.sha256(location.encode()).hexdigest()[:16]
+    from ...encoders.meta import cache_dir
+
+    return cache_dir() / DOC_DIR / hashlib.sha256(location.encode()).hexdigest()[:16]
 
 
 def materialize(catalog: Any, path: str, cache: Path) -> Path:
