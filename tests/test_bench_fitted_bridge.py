@@ -52,3 +52,19 @@ def test_one_point_measures_every_family_the_choice_and_the_routes(tmp_path):
     assert "world t2i" in text and row["chosen"] in text
     REPORT.write(out, tmp_path / "fb.json")
     assert (tmp_path / "fb.md").is_file() and (tmp_path / "fb.png").is_file()
+
+
+def test_the_held_out_scenes_are_whole_and_a_bad_scheme_is_refused():
+    import pytest
+
+    from nobackfill.bench.fitted_bridge import _masks
+
+    z = np.zeros((300, 4), np.float32)
+    pools = {"image": Pool(z[:100], z[:100], [f"image-{i}" for i in range(100)], np.arange(100)),
+             "text": Pool(z, z, [f"text-{i}" for i in range(300)], np.repeat(np.arange(100), 3))}
+    m = _masks(pools, FittedBridgeBenchConfig())
+    assert 0.1 < m["image"].mean() < 0.3 and np.array_equal(np.repeat(m["image"], 3), m["text"])
+    by_item = _masks(pools, FittedBridgeBenchConfig(heldout_by="item"))
+    assert not np.array_equal(np.repeat(by_item["image"], 3), by_item["text"])
+    with pytest.raises(ValueError, match="heldout_by"):
+        _masks(pools, FittedBridgeBenchConfig(heldout_by="scenes"))

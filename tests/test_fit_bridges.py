@@ -156,6 +156,9 @@ def test_an_upgrade_without_a_bridge_backfills_a_sample_first_then_fits_and_refi
     order = _read(c, ORDER_FILE)
     head = [c.get(i).modality for i in order[:80]]
     assert head.count("image") == 40 and head.count("text") == 40
+    # scenes: the sampled captions are captions of the sampled images (80 of them to choose 40 from)
+    sampled_images = {i for i in order[:80] if c.get(i).modality == "image"}
+    assert all(c.get(i).metadata["image_id"] in sampled_images for i in order[:80] if c.get(i).modality == "text")
     assert not calls
     run_backfill(c, new, order="sequential", batch_size=16)
     st = backfill_fit.fit_state(c)
@@ -264,3 +267,17 @@ def test_fit_settings_recorded_by_the_upgrade_are_used_by_the_backfills_fits(tmp
     with pytest.raises(ValueError, match="unknown bridge families"):
         backfill_fit.enable_fit(c, new.space_id, fit={"families": ("cubic",)})
     assert backfill_fit.fit_state(c)["fit"]["families"] == ["ridge"]  # a refused setting changed nothing
+
+
+def test_pairs_know_their_scenes_and_a_scene_is_held_out_whole(tmp_path):
+    from nobackfill.compat.fitted import heldout_mask
+    from nobackfill.lifecycle.fit_bridges import scene_of
+
+    c, old, new, pool = _backfilled(tmp_path, n_images=60)
+    pairs = backfilled_pairs(c, old.space_id)
+    image_ids = {scene_of(c.get(k)) for k in (it.id for it in c.iter_items("image"))}
+    assert set(pairs["image"].scenes) == image_ids  # an image is its own scene
+    assert set(pairs["text"].scenes) <= image_ids and len(set(pairs["text"].scenes)) == 60  # a caption: its image's
+    masks = {m: heldout_mask(p.scenes, 0.2) for m, p in pairs.items()}
+    held_images = {s for s, h in zip(pairs["image"].scenes, masks["image"]) if h}
+    assert held_images and {s for s, h in zip(pairs["text"].scenes, masks["text"]) if h} == held_images

@@ -141,7 +141,7 @@ def test_route_choice_keeps_the_old_model_unless_the_bridge_agrees_better():
     assert r["bridge"]["r1"] > 0
     assert r["route"] in ("bridge", "fused", "old-model")
     t = r["test"]  # the best bridge route against the old model, query by query
-    significant = t["wins"] - t["losses"] > t["z"] * np.sqrt(t["wins"] + t["losses"])
+    significant = t["mean_gain"] > t["z"] * t["se"] and t["wins"] > t["losses"]
     assert r["route"] == (t["route"] if significant else "old-model")
     # a bridge that reproduces the new model's ranking exactly is clearly better: it serves
     exact = HeldOut("t2i", new[400:500], new[500:], new[500:], old[400:500, :12] @ np.zeros((12, 24), np.float32)
@@ -188,3 +188,37 @@ def test_bridge_score_is_agreement_of_the_bridged_queries():
     held = _held(new[:100], new[100:], old[100:])
     m = fit_family("ridge", new[100:], old[100:])
     assert bridge_score(m(new[:100]), held) == agreement(m(new[:100]) @ old[100:].T, held)
+
+
+def test_heldout_mask_keeps_a_scene_together_and_holds_out_at_least_min_count():
+    scenes = [f"scene-{i // 3}" for i in range(300)]  # three items a scene
+    m = heldout_mask(scenes, 0.2)
+    for s in range(100):
+        assert len(set(m[3 * s:3 * s + 3])) == 1
+    small = [f"s{i}" for i in range(30)]
+    plain, floor = heldout_mask(small, 0.1), heldout_mask(small, 0.1, min_count=8)
+    assert floor.sum() >= 8 and np.all(floor[plain])  # the same items, and more
+    assert heldout_mask(small[:6], 0.1, min_count=8).sum() <= 3  # at most half
+
+
+def test_held_out_set_drops_queries_whose_match_was_fitted_on():
+    from nobackfill.compat.fitted import held_out_set
+
+    new, old = _spaces(400)
+    g_held = np.zeros(300, bool)
+    g_held[:60] = True
+    # queries: near-copies of gallery items 0..99 (their new-model match); 60 held out, 40 fitted
+    q = l2_normalise(new[:100] + 0.01 * np.random.default_rng(1).standard_normal(new[:100].shape).astype(np.float32))
+    held, kept = held_out_set("t2i", q, new[:300], old[:300], g_held, q_old=old[:100])
+    assert kept.sum() == 60 and np.all(kept[:60]) and not kept[60:].any()
+    assert len(held.q_new) == 60 and len(held.q_old) == 60 and len(held.g_new) == 300  # fitted items stay as distractors
+    # a map that recalls the fitted items exactly (memorises them) and is noise elsewhere: scored on
+    # every query it looks good; on the queries that count it does not
+    rng = np.random.default_rng(2)
+    memo = np.where(g_held[:100, None], l2_normalise(rng.standard_normal((100, 12)).astype(np.float32)), old[:100])
+    full = HeldOut("t2i", q, new[:300], old[:300])
+    assert bridge_score(memo, full)["r1"] >= 0.4 and bridge_score(memo[kept], held)["r1"] < 0.1
+    few, kept_all = held_out_set("t2i", q, new[:300], old[:300], g_held, min_queries=80)  # too few: every query
+    assert kept_all.all() and len(few.q_new) == 100
+    with pytest.raises(ValueError, match="mask"):
+        held_out_set("t2i", q, new[:300], old[:300], g_held[:10])

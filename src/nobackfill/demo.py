@@ -295,14 +295,15 @@ def fitted_row(old: DualEncoder, new: DualEncoder, world: Path, data: Any, n_sce
                log: Callable[[str], None] = print) -> tuple[dict, dict]:
     """(row, details): R@1/5/10 per direction of the route chosen without labels (bridge, fused or
     old-model) through bridges fitted on ``n_scenes`` train images and their captions."""
-    from .compat.fitted import HeldOut, choose_direction, fit_candidates, heldout_mask
+    from .compat.fitted import choose_direction, fit_candidates, held_out_set, heldout_mask
     from .metrics.retrieval import best_relevant_ranks, recall_from_ranks
 
     train = load_eval_data(world, "train", langs=["en"], limit=n_scenes)
     paths = train.image_paths()
     pairs = {"images": (new.encode_images(paths), old.encode_images(paths)),
              "texts": (new.encode_texts(train.captions), old.encode_texts(train.captions))}
-    masks = {m: heldout_mask([f"{m}-{i}" for i in range(len(v[0]))]) for m, v in pairs.items()}
+    scenes = {"images": range(len(train)), "texts": train.caption_image}  # an image and its captions held out together
+    masks = {m: heldout_mask([f"scene-{int(i)}" for i in scenes[m]]) for m in pairs}
     mods = {"images": "image", "texts": "text"}
     cands = fit_candidates({mods[m]: (v[0][~masks[m]], v[1][~masks[m]]) for m, v in pairs.items()})
     all_pairs = {mods[m]: v for m, v in pairs.items()}
@@ -312,7 +313,7 @@ def fitted_row(old: DualEncoder, new: DualEncoder, world: Path, data: Any, n_sce
     row, details = {}, {}
     for d, (qm, gm) in FITTED_DIRS.items():
         qi = np.flatnonzero(masks[qm])
-        held = HeldOut(d, pairs[qm][0][qi], pairs[gm][0], pairs[gm][1], pairs[qm][1][qi])
+        held = held_out_set(d, pairs[qm][0][qi], pairs[gm][0], pairs[gm][1], masks[gm], pairs[qm][1][qi])[0]
         ch = choose_direction(held, cands, pairs=all_pairs)
         q_new, q_old = test[qm]
         w = {"old-model": 0.0, "bridge": 1.0}.get(ch.route, ch.routes.get("w"))

@@ -52,6 +52,9 @@ class FittedBridgeBenchConfig(UpgradeInputs):
     world_items: int | None = None  # train images of the collection (None: the whole split)
     text_items: int | None = None  # Multi30K train captions of the collection (None: all)
     heldout: float = 0.2
+    heldout_by: str = "scene"  # "scene": an image and its captions held out together; "item": each alone
+    heldout_queries: str = "match-heldout"  # the scored queries: those whose new-model match is held out, or "all"
+    world_split: str = "test"  # the world split of the queries and gallery ("val" to design on)
     margin: float = 0.0
     fit: FitConfig = field(default_factory=FitConfig)
     parts: tuple[str, ...] = ("world", "text")
@@ -75,7 +78,8 @@ def run_point(n: int, pools: Mapping[str, Pool], dirs: Mapping[str, Direction], 
     out: dict[str, Any] = {}
     for name, d in dirs.items():
         qmod, gmod = {"t2i": ("text", "image"), "i2t": ("image", "text"), "t2t": ("text", "text")}[name]
-        held = held_out(name, pools[qmod], pools[gmod], n, masks[qmod], qmod == gmod)
+        held, kept = held_out(name, pools[qmod], pools[gmod], n, masks[qmod], qmod == gmod,
+                              masks[gmod] if cfg.heldout_queries == "match-heldout" else None)
         qi = np.flatnonzero(masks[qmod][:cnt[qmod]])
         families = {k: {**recall_r(d.bridged(m), d.qg, d.gg)} for k, m in cands.items()}
         ch = choose_direction(held, cands, pairs=all_pairs, cfg=cfg.fit, margin=cfg.margin)
@@ -100,7 +104,7 @@ def run_point(n: int, pools: Mapping[str, Pool], dirs: Mapping[str, Direction], 
         if d.s_shipped is not None:
             shipped = recall_r(d.s_shipped, d.qg, d.gg)
             row["shipped_r1"] = shipped["r1"]
-            given = {"shipped": shipped_held[qmod][:len(qi)]}  # held-out items nest: a prefix of the largest point's
+            given = {"shipped": shipped_held[qmod][:len(qi)][kept]}  # held-out items nest: a prefix of the largest point's
             ch2 = choose_direction(held, cands, given=given, pairs=all_pairs, cfg=cfg.fit, margin=cfg.margin)
             s2 = d.s_shipped if ch2.chosen == "shipped" else (d.bridged(ch2.bridge) if ch2.bridge is not None else None)
             served2 = d.route(ch2.route, ch2.routes.get("w"), s2)
@@ -135,6 +139,18 @@ def _curve(pools: Mapping[str, Pool], dirs: Mapping[str, Direction], shipped_hel
     return out
 
 
+def _masks(pools: Mapping[str, Pool], cfg: FittedBridgeBenchConfig) -> dict[str, np.ndarray]:
+    """The held-out rows of each pool: by scene (an image and its captions on the same side, so a
+    held-out query's matches are held out too) or by item key (``cfg.heldout_by``)."""
+    if cfg.heldout_by not in ("scene", "item") or cfg.heldout_queries not in ("match-heldout", "all"):
+        raise ValueError(f"heldout_by must be 'scene' or 'item' (got {cfg.heldout_by!r}), heldout_queries "
+                         f"'match-heldout' or 'all' (got {cfg.heldout_queries!r})")
+    if cfg.heldout_by == "item":
+        return {m: heldout_mask(p.keys, cfg.heldout) for m, p in pools.items()}
+    return {m: heldout_mask([f"scene-{g}" for g in p.group] if p.group is not None else p.keys, cfg.heldout)
+            for m, p in pools.items()}
+
+
 def _masked_shipped(encode_fn, inputs: Sequence[Any], mask: np.ndarray, dim: int) -> np.ndarray:
     idx = np.flatnonzero(mask)
     return encode_fn([inputs[i] for i in idx]) if len(idx) else np.zeros((0, dim), np.float32)
@@ -148,7 +164,7 @@ def run_world(cfg: FittedBridgeBenchConfig, log: Log) -> dict[str, Any]:
     old, new = load_encoder(cfg.models / "world-old"), load_encoder(cfg.models / "world-new")
     xbt = ModelPool().upgraded(model_ref(cfg.models / "world-new"), cfg.upgrade)
     tr = load_eval_data(cfg.world, "train", langs=["en"], limit=cfg.world_items)
-    te = load_eval_data(cfg.world, "test", langs=["en"])
+    te = load_eval_data(cfg.world, cfg.world_split, langs=["en"])
     t0 = time.time()
     emb = {(m, s): embed_dataset(e, d, cache_dir=cfg.cache_dir) for m, e in (("old", old), ("new", new))
            for s, d in (("train", tr), ("test", te))}
@@ -164,7 +180,7 @@ def run_world(cfg: FittedBridgeBenchConfig, log: Log) -> dict[str, Any]:
                            [f"image-{i}" for i in order["image"]], np.arange(len(tr))),
              "text": Pool(emb["new", "train"].texts[order["text"]], emb["old", "train"].texts[order["text"]],
                           [f"text-{i}" for i in order["text"]], cap_rank[order["text"]])}
-    masks = {m: heldout_mask(p.keys, cfg.heldout) for m, p in pools.items()}
+    masks = _masks(pools, cfg)
     top = {m: p.count(max(cfg.points)) for m, p in pools.items()}
     paths = [str(p) for p in tr.image_paths()]
     shipped_held = {  # the shipped bridge's queries for the held-out items (what it is scored on)
@@ -214,7 +230,7 @@ def run_text(cfg: FittedBridgeBenchConfig, log: Log) -> dict[str, Any]:
     log(f"text: {2 * train.n_images} train captions 1 and 2 (the collection), {len(sample)} embedded for the curve; "
         f"val {len(q)} pairs "
         f"({cfg.eval_dir or 'Multi30K task2 val'}; {time.time() - t0:.0f}s)")
-    masks = {"text": heldout_mask(p.keys, cfg.heldout)}
+    masks = _masks({"text": p}, cfg)
     shipped_held = {"text": _masked_shipped(xbt.encode_texts, sample, masks["text"], d.g_old.shape[1])}
     out = _curve({"text": p}, {"t2t": d}, shipped_held, 2 * train.n_images, cfg, log, masks)
     out["n"] = {"train_captions": 2 * train.n_images, "val_pairs": len(q), "eval": str(cfg.eval_dir or "val")}

@@ -9,7 +9,7 @@ from typing import Any
 
 import numpy as np
 
-from ..compat.fitted import FitConfig, HeldOut
+from ..compat.fitted import FitConfig, HeldOut, held_out_set
 from ..compat.fitted.agreement import BRIDGE, OLD_MODEL
 from ..metrics.retrieval import group_ranks, recall_from_ranks
 
@@ -74,13 +74,18 @@ class Pool:
         return len(self.keys) if self.group is None else int(self.group[-1]) + 1 if len(self.group) else 0
 
 
-def held_out(direction: str, qpool: Pool, gpool: Pool, n: int, qmask: np.ndarray, same: bool) -> HeldOut:
-    """Queries: the held-out backfilled items of the query modality (never fitted on); gallery: every
-    backfilled item of the gallery modality (a bridge maps queries only, so a gallery item it was
-    fitted on is no leak, and the larger gallery tells the candidates apart)."""
+def held_out(direction: str, qpool: Pool, gpool: Pool, n: int, qmask: np.ndarray, same: bool,
+             gmask: np.ndarray | None = None) -> tuple[HeldOut, np.ndarray]:
+    """Queries: the held-out backfilled items of the query modality (never fitted on). Gallery: every
+    backfilled item of the gallery modality; with ``gmask`` (the held-out ones) only the queries whose
+    new-model match is held out count (:func:`~nobackfill.compat.fitted.held_out_set`). Returns the
+    set and which held-out queries it kept (a boolean mask)."""
     qi = np.flatnonzero(qmask[:qpool.count(n)])
     k = gpool.count(n)
-    return HeldOut(direction, qpool.new[qi], gpool.new[:k], gpool.old[:k], qpool.old[qi], qi if same else None)
+    exclude = qi if same else None
+    if gmask is None:
+        return HeldOut(direction, qpool.new[qi], gpool.new[:k], gpool.old[:k], qpool.old[qi], exclude), np.ones(len(qi), bool)
+    return held_out_set(direction, qpool.new[qi], gpool.new[:k], gpool.old[:k], gmask[:k], qpool.old[qi], exclude)
 
 
 def query_overhead_us(cfg: Any, d_new: int = 128, d_old: int = 64, repeats: int = 2000) -> dict:

@@ -60,8 +60,9 @@ def sample_size(n: int, st: dict[str, Any]) -> int:
 def sample_first(collection: Collection, pending: Sequence[Any], ids: list[str], seed: int,
                  reorder: bool = True) -> tuple[list[str], int]:
     """``ids`` (the backfill order) with a stratified random sample of each modality of ``pending``
-    moved to the front (``reorder``; the uncertainty order draws its own random sample first);
-    returns the order and the sample's size, the first fit's threshold."""
+    (random images, then the captions of those images, then other captions at random) moved to the
+    front (``reorder``; the uncertainty order draws its own random sample first); returns the order
+    and the sample's size, the first fit's threshold."""
     st = fit_state(collection)
     if st is None:
         return ids, 0
@@ -69,12 +70,19 @@ def sample_first(collection: Collection, pending: Sequence[Any], ids: list[str],
         st["next"] = sum(sample_size(sum(1 for it in pending if it.modality == m), st) for m in ("image", "text"))
         _write(collection, FIT_FILE, st)
         return ids, int(st["next"])
+    from .fit_bridges import scene_of
+
     rng = np.random.default_rng(seed + 7)
-    first: list[str] = []
-    for m in ("image", "text"):
-        mod = [it.id for it in pending if it.modality == m]
-        k = sample_size(len(mod), st)
-        first += [mod[i] for i in sorted(rng.choice(len(mod), k, replace=False))] if k else []
+    images = [it for it in pending if it.modality == "image"]
+    k = sample_size(len(images), st)
+    picked = {images[i].id for i in rng.choice(len(images), k, replace=False)} if k else set()
+    texts = [it for it in pending if it.modality == "text"]
+    k = sample_size(len(texts), st)
+    # the captions of the sampled images first (scenes: see fit_bridges.scene_of), then others at random
+    linked = [i for i, it in enumerate(texts) if scene_of(it) in picked]
+    rest = [i for i, it in enumerate(texts) if scene_of(it) not in picked]
+    take = ([linked[i] for i in rng.permutation(len(linked))] + [rest[i] for i in rng.permutation(len(rest))])[:k]
+    first = [it.id for it in images if it.id in picked] + [texts[i].id for i in sorted(take)]
     head = set(first)
     st["next"] = len(first)
     _write(collection, FIT_FILE, st)

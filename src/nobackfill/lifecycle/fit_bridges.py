@@ -3,9 +3,10 @@
 Every item the backfill has committed has a vector in the current (new) space and still its vector
 in its old space: real (new, old) pairs of the same items. :func:`fit_collection_bridges` reads
 them, fits the candidates of :mod:`nobackfill.compat.fitted` (per pair set: image, text, both) on
-the pairs outside a held-out fifth of the items (split by item key, the same items every time),
+the pairs outside a held-out fifth of the items (split by scene: an image with its captions, the
+same items every time),
 and per old space and direction chooses without labels (agreement with the new model's ranking of
-the backfilled items, held-out queries of the direction's query modality). The bridge serving that
+the held-out items, held-out queries of the direction's query modality). The bridge serving that
 direction, if any, is scored on the same held-out items; the new fit replaces it only if its score
 is higher by ``min_gain``. A new bridge is stored in the collection's catalog as a versioned upgrade
 directory (``fitted-<space>-<direction>-v<k>``, :mod:`nobackfill.compat.fitted.stored`: one
@@ -25,14 +26,21 @@ from typing import Any, Callable
 
 import numpy as np
 
-from ..compat.fitted import FitConfig, FittedBridge, HeldOut, choose_direction, fit_candidates, heldout_mask
+from ..compat.fitted import (FitConfig, FittedBridge, HeldOut, choose_direction, fit_candidates, held_out_set,
+                             heldout_mask)
+from ..compat.fitted.agreement import candidate_score
 from ..compat.fitted.stored import collection_cache, is_stored, materialize, next_version, save_stored
 from ..collection.collection import Collection
 from ..catalog.plan import Plan, RouteChoice, UpgradeRecord
 from ..search.routes import DIRECTIONS, RoutePlanner
 from ..search.models import ModelPool
 
-__all__ = ["FitBridgesConfig", "backfilled_pairs", "fit_collection_bridges", "fitted_bridges", "fitted_status"]
+__all__ = ["FitBridgesConfig", "backfilled_pairs", "fit_collection_bridges", "fitted_bridges", "fitted_status",
+           "scene_of"]
+
+#: the fewest held-out queries a score is computed on
+MIN_HELDOUT = 8
+
 
 @dataclass
 class FitBridgesConfig:
@@ -42,6 +50,7 @@ class FitBridgesConfig:
     min_gain: float = 0.01
     min_pairs: int = 32
     max_queries: int = 2000
+    max_gallery: int = 20000
     fit: FitConfig = field(default_factory=FitConfig)
 
 
@@ -51,6 +60,19 @@ class Pairs:
     new: np.ndarray
     old: np.ndarray
     sources: list[Any] = field(default_factory=list)  # per key: an image path or a caption (for given bridges)
+    scenes: list[str] = field(default_factory=list)  # per key: its scene (:func:`scene_of`), held out together
+
+
+def scene_of(item: Any) -> str:
+    """The scene of an item: a caption's image (its ``image_id`` metadata, set when a data folder's
+    captions are added) or the item itself. An image and its captions are sampled first together and
+    held out together, so a held-out caption's image is a held-out image (the score's reference is
+    then the new model's match, not a near tie among unrelated images)."""
+    if getattr(item, "modality", None) == "text":
+        image = (getattr(item, "metadata", None) or {}).get("image_id")
+        if isinstance(image, str) and image:
+            return image
+    return str(item.id)
 
 
 def backfilled_pairs(collection: Collection, old_space: str, plan: Plan | None = None) -> dict[str, Pairs]:
@@ -72,7 +94,8 @@ def backfilled_pairs(collection: Collection, old_space: str, plan: Plan | None =
             continue
         vn, vo = np.asarray(g_new.vectors(m)), np.asarray(g_old.vectors(m))
         src = [live[k].source.get("path" if m == "image" else "text") for k in keys]
-        out[m] = Pairs(keys, vn[[new_rows[k] for k in keys]], vo[[old_rows[k] for k in keys]], src)
+        out[m] = Pairs(keys, vn[[new_rows[k] for k in keys]], vo[[old_rows[k] for k in keys]], src,
+                       [scene_of(live[k]) for k in keys])
     return out
 
 
@@ -81,17 +104,36 @@ def fitted_bridges(plan: Plan) -> dict[tuple[str, str], UpgradeRecord]:
     return {(u.target, d): u for u in plan.upgrades if u.kind == "fitted" for d in u.directions}
 
 
-def _held(direction: str, pairs: dict[str, Pairs], masks: dict[str, np.ndarray], max_queries: int,
+def _held(direction: str, pairs: dict[str, Pairs], masks: dict[str, np.ndarray], cfg: "FitBridgesConfig",
           old_embeds_query: bool) -> tuple[HeldOut | None, np.ndarray]:
+    """The held-out queries of ``direction`` that count (:func:`~nobackfill.compat.fitted.held_out_set`:
+    those whose new-model match among the backfilled items is held out, never fitted on, as the
+    items not yet backfilled are not), at most ``cfg.max_queries``; the gallery: the backfilled items
+    of the gallery modality, at most ``cfg.max_gallery`` (the held-out ones first, then fitted ones
+    as distractors). Returns the set and the query rows (indices into ``pairs``)."""
     qmod, gmod = DIRECTIONS[direction]
     if qmod not in pairs or gmod not in pairs:
         return None, np.zeros(0, np.int64)
-    qi = np.flatnonzero(masks[qmod])[:max_queries]
     q, g = pairs[qmod], pairs[gmod]
-    if len(qi) < 8 or len(g.keys) < 16:
+    qi = np.flatnonzero(masks[qmod])[:2 * cfg.max_queries]  # about half keep their match held out
+    if len(qi) < MIN_HELDOUT or len(g.keys) < 2 * MIN_HELDOUT:
         return None, qi
-    return HeldOut(direction, q.new[qi], g.new, g.old, q.old[qi] if old_embeds_query else None,
-                   qi if qmod == gmod else None), qi
+    held_rows, fitted_rows = np.flatnonzero(masks[gmod]), np.flatnonzero(~masks[gmod])
+    rows = np.sort(np.concatenate([held_rows[:cfg.max_gallery],
+                                   fitted_rows[:max(0, cfg.max_gallery - len(held_rows))]]))
+    exclude = None
+    if qmod == gmod:  # a query's own item: its gallery column (-1: not in the gallery)
+        col = np.full(len(g.keys), -1, np.int64)
+        col[rows] = np.arange(len(rows))
+        exclude = col[qi]
+    held, kept = held_out_set(direction, q.new[qi], g.new[rows], g.old[rows], masks[gmod][rows],
+                              q.old[qi] if old_embeds_query else None, exclude, min_queries=MIN_HELDOUT)
+    qi, n = qi[kept], cfg.max_queries
+    if len(qi) > n:
+        qi = qi[:n]
+        held = HeldOut(direction, held.q_new[:n], held.g_new, held.g_old, None if held.q_old is None else held.q_old[:n],
+                       None if held.exclude is None else held.exclude[:n])
+    return held, qi
 
 
 def _given_bridge(users: RoutePlanner, sid: str, d: str, sources: list[Any], say: Callable[[str], None]) -> dict:
@@ -136,7 +178,7 @@ def fit_collection_bridges(collection: Collection, *, cfg: FitBridgesConfig | No
             report[sid] = {"skipped": f"{sum(len(p.keys) for p in pairs.values())} backfilled pairs "
                                       f"(at least {cfg.min_pairs} of one modality needed)"}
             continue
-        masks = {m: heldout_mask(p.keys, cfg.heldout) for m, p in pairs.items()}
+        masks = {m: heldout_mask(p.scenes or p.keys, cfg.heldout, min_count=MIN_HELDOUT) for m, p in pairs.items()}
         fit_pairs = {m: (p.new[~masks[m]], p.old[~masks[m]]) for m, p in pairs.items()}
         cands = fit_candidates(fit_pairs, cfg.fit, min_pairs=cfg.min_pairs)
         all_pairs = {m: (p.new, p.old) for m, p in pairs.items()}
@@ -144,7 +186,7 @@ def fit_collection_bridges(collection: Collection, *, cfg: FitBridgesConfig | No
             qmod, _ = DIRECTIONS[d]
             if not planner.available(sid, d) or not plan.current_space.embeds(qmod):
                 continue
-            held, qi = _held(d, pairs, masks, cfg.max_queries, space.embeds(qmod))
+            held, qi = _held(d, pairs, masks, cfg, space.embeds(qmod))
             if held is None or not cands:
                 continue
             old_rec = serving.get((sid, d))
@@ -164,8 +206,8 @@ def fit_collection_bridges(collection: Collection, *, cfg: FitBridgesConfig | No
             report.setdefault(sid, {})[d] = entry
             if ch.bridge is None:  # the serving bridge, or the user's own, is still the best
                 continue
-            best = ch.scores[ch.chosen]["r1"]
-            if serving_score is not None and best < serving_score["r1"] + cfg.min_gain:
+            best = candidate_score(ch.scores[ch.chosen])
+            if serving_score is not None and best < candidate_score(serving_score) + cfg.min_gain:
                 continue
             info = {"family": ch.bridge.family, "candidate": ch.chosen, "direction": d,
                     "pairs": int(ch.bridge.meta.get("pairs", 0)), "pair_counts": entry["pairs"],

@@ -11,8 +11,10 @@ vectors (``bridge(q_new) . g_old``); its score is how well the two rankings agre
 
 The queries are the collection's own held-out items of the direction's query modality (captions
 for ``t2i``, images for ``i2t``, ...), never fitted on: a map fitted on image pairs is judged on
-text queries. The gallery may be every backfilled item of the gallery modality (a bridge maps
-queries only; a larger gallery tells the candidates apart). For a same-modality direction a
+text queries. The gallery is every backfilled item of the gallery modality, and only the queries
+whose reference top-1 is a held-out item count (:func:`held_out_set`: a query whose match was
+fitted on rewards a map for recalling its fit). Items are held out by scene (an image with its
+captions), so a held-out caption's image is held out too. For a same-modality direction a
 query's own item is left out of its gallery (else every query finds itself). The routes are scored the same way: ``old-model`` ranks ``q_old . g_old``; ``fused``
 ranks ``(1 - w) q_old . g_old + w bridge(q_new) . g_old`` for ``w`` on a grid.
 
@@ -96,23 +98,56 @@ class HeldOut:
         return np.asarray(queries, np.float32) @ self.g_old.T
 
 
+def held_out_set(direction: str, q_new: np.ndarray, g_new: np.ndarray, g_old: np.ndarray, g_heldout: np.ndarray,
+                 q_old: np.ndarray | None = None, exclude: np.ndarray | None = None,
+                 min_queries: int = 2) -> tuple[HeldOut, np.ndarray]:
+    """The held-out set a choice is scored on: held-out queries (never fitted on), every backfilled
+    gallery item, and of the queries only those whose reference top-1 (the new model's match) is a
+    held-out gallery item (``g_heldout``, a boolean mask). A query whose match was fitted on is left
+    out: a flexible map (an MLP) maps it onto that fitted neighbour's old vector by recalling the
+    fit, which no real query can (the items not yet backfilled were never fitted), and so scored
+    higher than it serves (measured by ``bench fitted-bridge``). The fitted items stay in the gallery
+    as distractors: a larger gallery tells the candidates apart. With fewer than ``min_queries``
+    such queries, every held-out query is kept (a small collection). Returns the set and which of the
+    given queries it kept (a boolean mask)."""
+    full = HeldOut(direction, q_new, g_new, g_old, q_old, exclude)
+    g_heldout = np.asarray(g_heldout, bool).reshape(-1)
+    if len(g_heldout) != len(full.g_new):
+        raise ValueError(f"held-out gallery mask: {len(g_heldout)} entries for {len(full.g_new)} items")
+    keep = g_heldout[full.reference()[:, 0]]
+    if int(keep.sum()) < max(1, min_queries) or keep.all():
+        return full, np.ones(len(keep), bool)
+    return HeldOut(direction, full.q_new[keep], full.g_new, full.g_old, None if q_old is None else full.q_old[keep],
+                   None if exclude is None else full.exclude[keep]), keep
+
+
 def hits(scores: np.ndarray, held: HeldOut) -> np.ndarray:
     """Per query: does the candidate's top-1 equal the reference top-1."""
     return np.argmax(held.masked(scores), axis=1) == held.reference()[:, 0]
 
 
-def agreement(scores: np.ndarray, held: HeldOut) -> dict[str, float]:
-    """``r1`` and ``overlap10`` of a candidate's scores (queries x held-out gallery, old vectors)."""
+def per_query(scores: np.ndarray, held: HeldOut) -> tuple[np.ndarray, np.ndarray]:
+    """Per query: does the candidate's top-1 equal the reference top-1 (0/1), and the share of the
+    reference top-10 in the candidate's top-10."""
     ref = held.reference()
     top = _topk(held.masked(scores), ref.shape[1])
-    r1 = float(np.mean(top[:, 0] == ref[:, 0]))
-    overlap = float(np.mean([len(set(a) & set(b)) / len(b) for a, b in zip(top.tolist(), ref.tolist())]))
-    return {"r1": round(r1, 6), "overlap10": round(overlap, 6)}
+    hit = (top[:, 0] == ref[:, 0]).astype(np.float64)
+    overlap = np.array([len(set(a) & set(b)) / len(b) for a, b in zip(top.tolist(), ref.tolist())], np.float64)
+    return hit, overlap
 
 
-def score_key(s: Mapping[str, float]) -> tuple[float, float]:
-    """What a choice maximises: agreement R@1, then overlap@10."""
-    return (round(float(s["r1"]), 9), round(float(s["overlap10"]), 9))
+def agreement(scores: np.ndarray, held: HeldOut) -> dict[str, float]:
+    """``r1`` and ``overlap10`` of a candidate's scores (queries x held-out gallery, old vectors)."""
+    hit, overlap = per_query(scores, held)
+    return {"r1": round(float(hit.mean()), 6), "overlap10": round(float(overlap.mean()), 6)}
+
+
+def candidate_score(s: Mapping[str, float]) -> float:
+    """What the choice among bridges maximises: agreement R@1 + overlap@10. Where a query has several
+    right answers (an image's captions, a caption's siblings) R@1 of the one reference top-1 is a
+    noisy count; the top-10 overlap steadies it (on the design splits of ``bench fitted-bridge``,
+    world val and Multi30K train captions 3 -> 4, it chose closer to the best family than either)."""
+    return round(float(s["r1"]) + float(s["overlap10"]), 9)
 
 
 def bridge_score(bridged_queries: np.ndarray, held: HeldOut) -> dict[str, float]:
@@ -123,13 +158,17 @@ def bridge_score(bridged_queries: np.ndarray, held: HeldOut) -> dict[str, float]
 def route_scores(held: HeldOut, bridged_queries: np.ndarray | None, weights=WEIGHTS,
                  margin: float = 0.0, z: float = 3.0) -> dict[str, Any]:
     """Score ``old-model`` (when ``held.q_old`` is known), ``bridge`` and ``fused`` (``w`` on the
-    grid) and choose: the best score, except that a route using the bridge must beat
-    ``old-model`` by more than ``margin`` and significantly: per held-out query, the queries it
-    agrees on and the old model does not (``wins``) must exceed those the other way (``losses``)
-    by ``z * sqrt(wins + losses)`` (a sign test; the old model's quality is what users had, and a
-    few held-out queries cannot tell a small gain from noise; ``z = 3`` rather than 2 because the
-    candidate was itself the best of many on the same queries, which inflates its score).
-    Returns ``{route: score, ..., "route": chosen, "w": fused weight or None, "test": {...}}``."""
+    grid) and choose: the best agreement (:func:`candidate_score`: R@1 + overlap@10), except that a
+    route using the bridge must beat ``old-model`` by more than ``margin`` and significantly: per
+    held-out query, the difference of the two routes' agreement (hit + top-10 overlap) must have a
+    mean above ``z`` standard errors (a paired test; the old model's quality is what users had, and
+    a few held-out queries cannot tell a small gain from noise; ``z = 3`` rather than 2 because the
+    candidate was itself the best of many on the same queries, which inflates its score), and it must
+    win more queries' top-1 agreement than it loses. The top-10 overlap counts where a query has
+    several right answers (an image's captions), so the test sees a gain that top-1 hits alone are
+    too few to show; a route that gains only in the overlap (Multi30K at 128 pairs: 0 wins, 0
+    losses) is not a gain at R@1 (measured on the design splits of ``bench fitted-bridge``). Returns ``{route: score, ..., "route": chosen, "w": fused weight or None,
+    "test": {...}}``."""
     out: dict[str, Any] = {}
     s_old = held.old_scores(held.q_old) if held.q_old is not None else None
     s_br = held.old_scores(bridged_queries) if bridged_queries is not None else None
@@ -140,23 +179,29 @@ def route_scores(held: HeldOut, bridged_queries: np.ndarray | None, weights=WEIG
     if s_old is not None and s_br is not None:
         curve = [(float(w), agreement((1 - w) * s_old + w * s_br, held)) for w in weights if 0.0 < w < 1.0]
         if curve:
-            w, sc = max(curve, key=lambda ws: score_key(ws[1]))
+            w, sc = max(curve, key=lambda ws: candidate_score(ws[1]))
             out[FUSED] = {**sc, "w": w}
     if not out:
         raise ValueError("route_scores needs the old model's queries or a bridge")
-    ranked = sorted((r for r in (OLD_MODEL, BRIDGE, FUSED) if r in out), key=lambda r: score_key(out[r]), reverse=True)
+    ranked = sorted((r for r in (OLD_MODEL, BRIDGE, FUSED) if r in out), key=lambda r: candidate_score(out[r]),
+                    reverse=True)
     best = ranked[0]
     if best != OLD_MODEL and OLD_MODEL in out:
         w = out[FUSED]["w"] if best == FUSED else 1.0
+        d = np.add(*per_query((1 - w) * s_old + w * s_br, held)) - np.add(*per_query(s_old, held))
+        mean = float(d.mean())
+        se = float(d.std(ddof=1) / np.sqrt(len(d))) if len(d) > 1 else float("inf")
         h_best, h_old = hits((1 - w) * s_old + w * s_br, held), hits(s_old, held)
-        wins, losses = int(np.sum(h_best & ~h_old)), int(np.sum(h_old & ~h_best))
-        out["test"] = {"route": best, "wins": wins, "losses": losses, "z": z}
-        if out[best]["r1"] <= out[OLD_MODEL]["r1"] + margin or wins - losses <= z * np.sqrt(wins + losses):
+        out["test"] = {"route": best, "mean_gain": round(mean, 6), "se": round(se, 6), "z": z, "queries": int(len(d)),
+                       "wins": int(np.sum(h_best & ~h_old)), "losses": int(np.sum(h_old & ~h_best))}
+        t = out["test"]
+        if candidate_score(out[best]) <= candidate_score(out[OLD_MODEL]) + margin or not mean > z * se \
+                or t["wins"] <= t["losses"]:
             best = OLD_MODEL
     out["route"] = best
     out["w"] = out[FUSED]["w"] if best == FUSED else None
     return out
 
 
-__all__ = ["BRIDGE", "FUSED", "HeldOut", "OLD_MODEL", "WEIGHTS", "agreement", "bridge_score", "hits", "route_scores",
-           "score_key"]
+__all__ = ["BRIDGE", "FUSED", "HeldOut", "OLD_MODEL", "WEIGHTS", "agreement", "bridge_score", "candidate_score",
+           "held_out_set", "hits", "per_query", "route_scores"]

@@ -16,7 +16,7 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from .agreement import HeldOut, bridge_score, route_scores, score_key
+from .agreement import HeldOut, bridge_score, candidate_score, route_scores
 from .families import FitConfig, FittedMap, fit_family
 
 PAIR_SETS = ("image", "text", "both")
@@ -85,12 +85,12 @@ def choose_direction(held: HeldOut, fitted: Mapping[str, FittedMap], *,
                      given: Mapping[str, np.ndarray] | None = None,
                      pairs: Mapping[str, tuple[np.ndarray, np.ndarray]] | None = None,
                      cfg: FitConfig | None = None, margin: float = 0.0) -> DirectionChoice:
-    """Score every candidate on ``held``, choose the best (agreement R@1, then overlap@10), choose
+    """Score every candidate on ``held``, choose the best (agreement R@1 + overlap@10), choose
     the route with its outputs, and refit it on ``pairs`` (all pairs, when given)."""
     outputs = dict(given or {})  # first: on a tie the given (serving or user's) bridge stays
     outputs.update({name: m(held.q_new) for name, m in fitted.items()})
     scores = {name: bridge_score(q, held) for name, q in outputs.items()}
-    chosen = max(scores, key=lambda n: score_key(scores[n])) if scores else None
+    chosen = max(scores, key=lambda n: candidate_score(scores[n])) if scores else None
     routes = route_scores(held, outputs[chosen] if chosen else None, margin=margin)
     bridge = None
     if chosen in fitted:
@@ -103,16 +103,22 @@ def choose_direction(held: HeldOut, fitted: Mapping[str, FittedMap], *,
     return DirectionChoice(held.direction, scores, chosen, routes, bridge, held.sizes)
 
 
-def heldout_mask(keys, fraction: float = 0.2, salt: str = "heldout") -> np.ndarray:
-    """A deterministic split of items by key (the same item is always on the same side): True for
-    the held-out ``fraction``, never fitted on."""
+def heldout_mask(keys, fraction: float = 0.2, salt: str = "heldout", min_count: int = 0) -> np.ndarray:
+    """A deterministic split of items by key (the same item is always on the same side; items
+    sharing a key, a scene, share a side): True for the held-out ``fraction``, never fitted on. Where
+    that holds out fewer than ``min_count`` items, the keys of the smallest hashes are held out up
+    to ``min_count`` items (at most half of them)."""
     import hashlib
 
     if not 0.0 < fraction < 1.0:
         raise ValueError(f"the held-out fraction must lie in (0, 1), got {fraction}")
-    cut = int(fraction * 2 ** 32)
-    return np.array([int.from_bytes(hashlib.sha256(f"{salt}:{k}".encode()).digest()[:4], "big") < cut for k in keys],
-                    bool)
+    h = np.array([int.from_bytes(hashlib.sha256(f"{salt}:{k}".encode()).digest()[:4], "big") for k in keys], np.int64)
+    mask = h < int(fraction * 2 ** 32)
+    want = min(int(min_count), len(h) // 2)
+    if int(mask.sum()) < want:
+        cut = np.sort(h)[want - 1]  # every item of a key at or below the want-th smallest hash
+        mask = h <= cut
+    return mask
 
 
 __all__ = ["DirectionChoice", "PAIR_SETS", "candidate_name", "choose_direction", "fit_candidates", "heldout_mask",
