@@ -103,6 +103,7 @@ def test_every_command_on_a_path_and_on_a_server(two):
                                    "--id-column", "key", "--source-column", "caption", "--modality", "text",
                                    "--model", "models/world-old")
     assert code == 0 and a["items"] == b["items"] == 6 and a["added"] == b["added"] == 6, (a, b)
+    assert all(r["source"].startswith("npy ") and "vecs.npy" in r["source"] for r in (a, b)), (a["source"], b["source"])
     # upgrade, route, calibrate
     (code, a, _), (_, b, _) = both(two, "upgrade", "--model", "models/world-new", "--bridge",
                                    "upgrades/world-old-to-new")

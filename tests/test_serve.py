@@ -382,6 +382,7 @@ def test_import_takes_vectors_under_the_data_root_after_the_model_check(env):
     assert r.status_code == 200, r.text
     out = r.json()
     assert out["added"] == 12 and out["model_check"]["accepted"] and str(tmp) not in r.text
+    assert out["source"].startswith("npy ") and "new.npy" in out["source"] and "t.jsonl" in out["source"]
     hits = api.post("/v1/search", json={"text": texts[4], "k": 1, "target": "text"}, headers=h(READ)).json()["hits"]
     assert hits[0]["id"] == "imp4" and hits[0]["route"] == "native"
     # the source and the columns asked for, whole (a key named as a hit's field too) in /v1/search and the item

@@ -117,6 +117,8 @@ class Status(_Open):
 
 
 class ImportResult(BaseModel):
+    source: str = Field(..., description="What was read: the format, the files (paths as this server shows "
+                                         "them), the columns used.")
     items: int = Field(..., description="Items read from the source.")
     added: int
     unchanged: int
