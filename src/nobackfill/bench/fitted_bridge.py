@@ -104,7 +104,8 @@ def run_point(n: int, pools: Mapping[str, Pool], dirs: Mapping[str, Direction], 
         if d.s_shipped is not None:
             shipped = recall_r(d.s_shipped, d.qg, d.gg)
             row["shipped_r1"] = shipped["r1"]
-            given = {"shipped": shipped_held[qmod][:len(qi)][kept]}  # held-out items nest: a prefix of the largest point's
+            # held-out items nest: a prefix of the largest point's; the queries the score kept
+            given = {"shipped": shipped_held[qmod][:len(qi)][kept]}
             ch2 = choose_direction(held, cands, given=given, pairs=all_pairs, cfg=cfg.fit, margin=cfg.margin)
             s2 = d.s_shipped if ch2.chosen == "shipped" else (d.bridged(ch2.bridge) if ch2.bridge is not None else None)
             served2 = d.route(ch2.route, ch2.routes.get("w"), s2)

@@ -84,7 +84,8 @@ def held_out(direction: str, qpool: Pool, gpool: Pool, n: int, qmask: np.ndarray
     k = gpool.count(n)
     exclude = qi if same else None
     if gmask is None:
-        return HeldOut(direction, qpool.new[qi], gpool.new[:k], gpool.old[:k], qpool.old[qi], exclude), np.ones(len(qi), bool)
+        return (HeldOut(direction, qpool.new[qi], gpool.new[:k], gpool.old[:k], qpool.old[qi], exclude),
+                np.ones(len(qi), bool))
     return held_out_set(direction, qpool.new[qi], gpool.new[:k], gpool.old[:k], gmask[:k], qpool.old[qi], exclude)
 
 

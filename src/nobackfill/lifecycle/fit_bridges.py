@@ -131,8 +131,8 @@ def _held(direction: str, pairs: dict[str, Pairs], masks: dict[str, np.ndarray],
     qi, n = qi[kept], cfg.max_queries
     if len(qi) > n:
         qi = qi[:n]
-        held = HeldOut(direction, held.q_new[:n], held.g_new, held.g_old, None if held.q_old is None else held.q_old[:n],
-                       None if held.exclude is None else held.exclude[:n])
+        held = HeldOut(direction, held.q_new[:n], held.g_new, held.g_old,
+                       None if held.q_old is None else held.q_old[:n], None if held.exclude is None else held.exclude[:n])
     return held, qi
 
 

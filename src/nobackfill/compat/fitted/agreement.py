@@ -15,8 +15,9 @@ text queries. The gallery is every backfilled item of the gallery modality, and 
 whose reference top-1 is a held-out item count (:func:`held_out_set`: a query whose match was
 fitted on rewards a map for recalling its fit). Items are held out by scene (an image with its
 captions), so a held-out caption's image is held out too. For a same-modality direction a
-query's own item is left out of its gallery (else every query finds itself). The routes are scored the same way: ``old-model`` ranks ``q_old . g_old``; ``fused``
-ranks ``(1 - w) q_old . g_old + w bridge(q_new) . g_old`` for ``w`` on a grid.
+query's own item is left out of its gallery (else every query finds itself). The routes are scored
+the same way: ``old-model`` ranks ``q_old . g_old``; ``fused`` ranks
+``(1 - w) q_old . g_old + w bridge(q_new) . g_old`` for ``w`` on a grid.
 
 How the proxy can mislead: it measures agreement with the new model, not correctness; where the
 new model is weak (its own R@1 is low) or a candidate copies the new model's mistakes, a higher
@@ -167,8 +168,8 @@ def route_scores(held: HeldOut, bridged_queries: np.ndarray | None, weights=WEIG
     win more queries' top-1 agreement than it loses. The top-10 overlap counts where a query has
     several right answers (an image's captions), so the test sees a gain that top-1 hits alone are
     too few to show; a route that gains only in the overlap (Multi30K at 128 pairs: 0 wins, 0
-    losses) is not a gain at R@1 (measured on the design splits of ``bench fitted-bridge``). Returns ``{route: score, ..., "route": chosen, "w": fused weight or None,
-    "test": {...}}``."""
+    losses) is not a gain at R@1 (measured on the design splits of ``bench fitted-bridge``).
+    Returns ``{route: score, ..., "route": chosen, "w": fused weight or None, "test": {...}}``."""
     out: dict[str, Any] = {}
     s_old = held.old_scores(held.q_old) if held.q_old is not None else None
     s_br = held.old_scores(bridged_queries) if bridged_queries is not None else None
