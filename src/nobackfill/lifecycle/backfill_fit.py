@@ -80,7 +80,7 @@ def sample_first(collection: Collection, pending: Sequence[Any], ids: list[str],
     k = sample_size(len(texts), st)
     # the captions of the sampled images first (scenes: see fit_bridges.scene_of), then others at random
     linked = [i for i, it in enumerate(texts) if scene_of(it) in picked]
-    rest = [i for i, it in enumerate(texts) if scene_of(it) not in picked]
+    rest = sorted(set(range(len(texts))) - set(linked))
     take = ([linked[i] for i in rng.permutation(len(linked))] + [rest[i] for i in rng.permutation(len(rest))])[:k]
     first = [it.id for it in images if it.id in picked] + [texts[i].id for i in sorted(take)]
     head = set(first)

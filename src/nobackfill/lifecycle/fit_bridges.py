@@ -26,9 +26,8 @@ from typing import Any, Callable
 
 import numpy as np
 
-from ..compat.fitted import (FitConfig, FittedBridge, HeldOut, choose_direction, fit_candidates, held_out_set,
-                             heldout_mask)
-from ..compat.fitted.agreement import candidate_score
+from ..compat.fitted import (FitConfig, FittedBridge, HeldOut, candidate_score, choose_direction, fit_candidates,
+                             held_out_set, heldout_mask)
 from ..compat.fitted.stored import collection_cache, is_stored, materialize, next_version, save_stored
 from ..collection.collection import Collection
 from ..catalog.plan import Plan, RouteChoice, UpgradeRecord
@@ -131,8 +130,7 @@ def _held(direction: str, pairs: dict[str, Pairs], masks: dict[str, np.ndarray],
     qi, n = qi[kept], cfg.max_queries
     if len(qi) > n:
         qi = qi[:n]
-        held = HeldOut(direction, held.q_new[:n], held.g_new, held.g_old,
-                       None if held.q_old is None else held.q_old[:n], None if held.exclude is None else held.exclude[:n])
+        held = held.take(np.arange(n))
     return held, qi
 
 

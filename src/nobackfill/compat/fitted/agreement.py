@@ -88,6 +88,12 @@ class HeldOut:
         out[rows, self.exclude[rows]] = -np.inf
         return out
 
+    def take(self, rows: np.ndarray) -> "HeldOut":
+        """The same gallery with only the queries ``rows`` (indices or a boolean mask)."""
+        return HeldOut(self.direction, self.q_new[rows], self.g_new, self.g_old,
+                       None if self.q_old is None else self.q_old[rows],
+                       None if self.exclude is None else self.exclude[rows])
+
     def reference(self) -> np.ndarray:
         """The new model's top-``K`` gallery columns per query (computed once)."""
         if self._ref is None:
@@ -118,8 +124,7 @@ def held_out_set(direction: str, q_new: np.ndarray, g_new: np.ndarray, g_old: np
     keep = g_heldout[full.reference()[:, 0]]
     if int(keep.sum()) < max(1, min_queries) or keep.all():
         return full, np.ones(len(keep), bool)
-    return HeldOut(direction, full.q_new[keep], full.g_new, full.g_old, None if q_old is None else full.q_old[keep],
-                   None if exclude is None else full.exclude[keep]), keep
+    return full.take(keep), keep
 
 
 def hits(scores: np.ndarray, held: HeldOut) -> np.ndarray:
