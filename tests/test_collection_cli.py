@@ -119,3 +119,12 @@ def test_backfill_progress_and_retire(coll):
     assert r.exit_code == 0 and "retired" in next(line for line in r.output.splitlines() if old_sid in line)
     out = js("collection", "search", coll / "photos", "--text", "a red circle", "--k", 5)
     assert {h["route"] for h in out["hits"]} == {"native"}
+
+
+def test_create_names_what_the_model_embeds(tmp_path):
+    r = invoke("collection", "create", tmp_path / "captions", "--model", MODELS / "m30k-old-text")
+    assert r.exit_code == 0 and "embeds text)" in r.output and "image" not in r.output.split("embeds")[1]
+    st = js("collection", "status", tmp_path / "captions")
+    assert st["spaces"][st["current"]]["modalities"] == ["text"]
+    r = invoke("collection", "create", tmp_path / "photos", "--model", MODELS / "world-old")
+    assert r.exit_code == 0 and "embeds image, text)" in r.output

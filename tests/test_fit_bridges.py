@@ -165,6 +165,7 @@ def test_an_upgrade_without_a_bridge_backfills_a_sample_first_then_fits_and_refi
     # fits once the sample is in (80 pairs), at each doubling (160, 320), and at the end (360)
     assert calls == [80, 160, 320, 360]
     assert [f["pairs"] for f in st["fits"]] == calls
+    assert st["next"] is None  # the backfill is done: no threshold left to announce
     assert [u for u in c.plan.upgrades if u.kind == "fitted"]
 
 
@@ -205,6 +206,7 @@ def test_cli_upgrade_without_a_bridge_backfills_fits_and_status_shows_it(tmp_pat
     r = cli("collection", "status", c.path)
     out = " ".join(r.output.split())
     assert r.exit_code == 0 and "fitted bridge t2i" in out and "bridge fits at 180 pairs" in out, out
+    assert "next at" not in out  # done: no more pairs will come
     r = cli("collection", "status", c.path, "--json")
     st = json.loads(r.output)
     assert {b["direction"] for b in st["fitted_bridges"]["serving"]} >= {"t2i", "i2t"}

@@ -64,7 +64,7 @@ def create(
         return _echo(st)
     cur = st["spaces"][st["current"]]
     results.print(f"collection {st['path']}: current model {cur['name']} (space {st['current']}, "
-                  f"embeds {', '.join(cur.get('modalities') or ('image', 'text'))})")
+                  f"embeds {', '.join(cur['modalities']) if cur.get('modalities') else 'image, text'})")
 
 
 @collection_app.command("add")

@@ -98,7 +98,8 @@ def backfilled_count(collection: Collection, target: str) -> int:
 def maybe_fit(collection: Collection, *, final: bool | None = False, pool: Any = None,
               log: Callable[[str], None] | None = None, cfg: Any = None) -> dict[str, Any] | None:
     """Fit if the backfilled pairs reached the next threshold, or ``final`` (None: whether the
-    backfill job is done) and pairs came since the last fit; the report, or None."""
+    backfill job is done) and pairs came since the last fit; the report, or None. Once the backfill
+    is done and fitted on every pair, no threshold is left (``next`` None: status announces none)."""
     st = fit_state(collection)
     if st is None or st.get("next") is None:
         return None
@@ -106,6 +107,10 @@ def maybe_fit(collection: Collection, *, final: bool | None = False, pool: Any =
         job = BackfillJob.load(collection)
         final = job is not None and job.state == "done"
     n = backfilled_count(collection, st["target"])
+    if final and st["fits"] and st["fits"][-1]["pairs"] >= n:  # done, and the last fit saw every pair
+        st["next"] = None
+        _write(collection, FIT_FILE, st)
+        return None
     if n < int(st["next"]) and not (final and (not st["fits"] or st["fits"][-1]["pairs"] < n)):
         return None
     with collection.catalog.lock(f"{JOB_DIR}/fit", blocking=False) as taken:
@@ -135,7 +140,7 @@ def maybe_fit(collection: Collection, *, final: bool | None = False, pool: Any =
         st["fits"].append({"pairs": n, "swapped": sorted(f"{s}/{d}" for s, ds in report.items() if isinstance(ds, dict)
                                                           for d, e in ds.items() if isinstance(e, dict)
                                                           and e.get("swapped"))})
-        st["next"] = 2 * max(n, 1)
+        st["next"] = None if final else 2 * max(n, 1)  # the backfill is done: no pairs will come
         _write(collection, FIT_FILE, st)
         return report
 

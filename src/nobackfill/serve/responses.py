@@ -89,6 +89,7 @@ class SpaceStatus(_Open):
     dim: Optional[int]
     current: bool
     retired: bool
+    modalities: list[str] = Field(default_factory=list, description="What the space's model embeds: image, text.")
     image: int = Field(0, description="Images this space serves.")
     text: int = Field(0, description="Captions this space serves.")
     index: dict[str, dict[str, Any]] = Field(
