@@ -68,3 +68,25 @@ def test_the_held_out_scenes_are_whole_and_a_bad_scheme_is_refused():
     assert not np.array_equal(np.repeat(by_item["image"], 3), by_item["text"])
     with pytest.raises(ValueError, match="heldout_by"):
         _masks(pools, FittedBridgeBenchConfig(heldout_by="scenes"))
+
+
+def test_a_direction_scored_on_given_queries_uses_the_one_pair_set():
+    from nobackfill.bench.fitted_bridge import GivenQueries
+
+    train, test, other = _world(600, 0), _world(200, 1), _world(300, 2)
+    pools = {m: Pool(v[0], v[1], [f"{m}-{i}" for i in range(600)]) for m, v in train.items()}
+    masks = {m: heldout_mask(p.keys, 0.2) for m, p in pools.items()}
+    groups = np.arange(200)
+    t2i = Direction("t2i", test["text"][0], test["text"][1], test["text"][1], test["image"][1], test["image"][0],
+                    groups, groups)
+    queries = Pool(other["text"][0], other["text"][1], [f"q-{i}" for i in range(300)], np.zeros(300, np.int64))
+    given = {"t2i-images": GivenQueries(queries, "image", other["text"][1])}
+    shipped = {m: pools[m].old[np.flatnonzero(masks[m])] for m in pools}
+    cfg = FittedBridgeBenchConfig(fit=FitConfig(families=("orthogonal", "ridge"), epochs=5, max_steps=50))
+    res = run_point(300, pools, {"t2i": t2i, "t2i-images": t2i}, masks, shipped, 1200, cfg, given)
+    row = res["t2i-images"]
+    assert set(row["families"]) == {"orthogonal@image", "ridge@image"}  # images alone: no caption pairs
+    assert row["chosen"].endswith("@image") and row["heldout_sizes"]["queries"] <= 300
+    assert row["heldout_sizes"]["gallery"] == res["t2i"]["heldout_sizes"]["gallery"] == 300
+    assert row["with_shipped"]["chosen"] in ("shipped", *row["families"])
+    assert len(res["t2i"]["families"]) == 6

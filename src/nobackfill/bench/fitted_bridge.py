@@ -12,6 +12,10 @@ gallery are the test split, items not yet backfilled (their old vectors). Per po
 R@1 / R@10 of every candidate, the chosen bridge, the served route, old/old, the shipped trained
 XBT, new/new; the choice again with the XBT among the candidates (``with_shipped``).
 
+``t2i-images``: the same world collection without its captions (images alone), t2i scored on
+``given_queries`` captions of ``given_split`` as the query texts a user gives (no labels; texts
+that describe no image of the collection), the candidates fitted on the image pairs.
+
 (b) **Multi30K** task 2: a collection of train captions 1 and 2 embedded by ``m30k-old-text``,
 upgraded to all-MiniLM-L6-v2 (a point: ``N`` images' two captions); evaluation: val caption 1 ->
 caption 2 (or ``--eval-dir``), the shipped text XBT.
@@ -55,6 +59,8 @@ class FittedBridgeBenchConfig(UpgradeInputs):
     heldout_by: str = "scene"  # "scene": an image and its captions held out together; "item": each alone
     heldout_queries: str = "match-heldout"  # the scored queries: those whose new-model match is held out, or "all"
     world_split: str = "test"  # the world split of the queries and gallery ("val" to design on)
+    given_queries: int = 2000  # t2i-images: a collection of the images alone, scored on this many query texts
+    given_split: str = "val"  # ... the captions of this world split (not the evaluated one; no labels used)
     margin: float = 0.0
     fit: FitConfig = field(default_factory=FitConfig)
     parts: tuple[str, ...] = ("world", "text")
@@ -66,9 +72,22 @@ class FittedBridgeBenchConfig(UpgradeInputs):
         return cls(**{"fit": FitConfig(max_steps=1500), **kw})
 
 
+@dataclass
+class GivenQueries:
+    """A direction scored on given query texts (``pool``: their new / old vectors, every one held
+    out), its candidates fitted on one modality's pairs alone (``pairs``: a collection of the images
+    alone), the shipped bridge's queries for them (``shipped``)."""
+
+    pool: Pool
+    pairs: str
+    shipped: np.ndarray | None = None
+
+
 def run_point(n: int, pools: Mapping[str, Pool], dirs: Mapping[str, Direction], masks: Mapping[str, np.ndarray],
-              shipped_held: Mapping[str, np.ndarray], total: int, cfg: FittedBridgeBenchConfig) -> dict[str, Any]:
-    """Fit, choose and measure after ``n`` pairs of each modality of ``pools``."""
+              shipped_held: Mapping[str, np.ndarray], total: int, cfg: FittedBridgeBenchConfig,
+              given: Mapping[str, GivenQueries] | None = None) -> dict[str, Any]:
+    """Fit, choose and measure after ``n`` pairs of each modality of ``pools`` (a direction of
+    ``given``: scored on its given queries, with the candidates of its one pair set)."""
     cnt = {m: p.count(n) for m, p in pools.items()}
     fit_pairs = {m: (p.new[:cnt[m]][~masks[m][:cnt[m]]], p.old[:cnt[m]][~masks[m][:cnt[m]]]) for m, p in pools.items()}
     all_pairs = {m: (p.new[:cnt[m]], p.old[:cnt[m]]) for m, p in pools.items()}
@@ -77,12 +96,20 @@ def run_point(n: int, pools: Mapping[str, Pool], dirs: Mapping[str, Direction], 
     fit_s = {k: m.meta["fit_s"] for k, m in cands.items()}
     out: dict[str, Any] = {}
     for name, d in dirs.items():
-        qmod, gmod = {"t2i": ("text", "image"), "i2t": ("image", "text"), "t2t": ("text", "text")}[name]
-        held, kept = held_out(name, pools[qmod], pools[gmod], n, masks[qmod], qmod == gmod,
-                              masks[gmod] if cfg.heldout_queries == "match-heldout" else None)
-        qi = np.flatnonzero(masks[qmod][:cnt[qmod]])
-        families = {k: {**recall_r(d.bridged(m), d.qg, d.gg)} for k, m in cands.items()}
-        ch = choose_direction(held, cands, pairs=all_pairs, cfg=cfg.fit, margin=cfg.margin)
+        g = (given or {}).get(name)
+        qmod, gmod = {"t2i": ("text", "image"), "i2t": ("image", "text"), "t2t": ("text", "text")}[name.split("-")[0]]
+        gmask = masks[gmod] if cfg.heldout_queries == "match-heldout" else None
+        if g is None:
+            held, kept = held_out(name, pools[qmod], pools[gmod], n, masks[qmod], qmod == gmod, gmask)
+            qi = np.flatnonzero(masks[qmod][:cnt[qmod]])
+            d_cands, d_pairs = cands, all_pairs
+        else:  # every given query is held out; the candidates fitted on the one pair set
+            held, kept = held_out(name, g.pool, pools[gmod], n, np.ones(len(g.pool.keys), bool), False, gmask)
+            qi = np.arange(len(g.pool.keys))
+            d_cands = {k: m for k, m in cands.items() if k.endswith(f"@{g.pairs}")}
+            d_pairs = {g.pairs: all_pairs[g.pairs]}
+        families = {k: {**recall_r(d.bridged(m), d.qg, d.gg)} for k, m in d_cands.items()}
+        ch = choose_direction(held, d_cands, pairs=d_pairs, cfg=cfg.fit, margin=cfg.margin)
         for k, sc in ch.scores.items():
             families[k].update(heldout=sc["r1"], overlap10=sc["overlap10"])
         s_bridge = d.bridged(ch.bridge) if ch.bridge is not None else None
@@ -105,8 +132,9 @@ def run_point(n: int, pools: Mapping[str, Pool], dirs: Mapping[str, Direction], 
             shipped = recall_r(d.s_shipped, d.qg, d.gg)
             row["shipped_r1"] = shipped["r1"]
             # held-out items nest: a prefix of the largest point's; the queries the score kept
-            given = {"shipped": shipped_held[qmod][:len(qi)][kept]}
-            ch2 = choose_direction(held, cands, given=given, pairs=all_pairs, cfg=cfg.fit, margin=cfg.margin)
+            q_shipped = shipped_held[qmod][:len(qi)] if g is None else g.shipped
+            ch2 = choose_direction(held, d_cands, given={"shipped": q_shipped[kept]}, pairs=d_pairs, cfg=cfg.fit,
+                                   margin=cfg.margin)
             s2 = d.s_shipped if ch2.chosen == "shipped" else (d.bridged(ch2.bridge) if ch2.bridge is not None else None)
             served2 = d.route(ch2.route, ch2.routes.get("w"), s2)
             w2 = ch2.routes.get(FUSED, {}).get("w")
@@ -120,14 +148,15 @@ def run_point(n: int, pools: Mapping[str, Pool], dirs: Mapping[str, Direction], 
 
 
 def _curve(pools: Mapping[str, Pool], dirs: Mapping[str, Direction], shipped_held: Mapping[str, np.ndarray],
-           total: int, cfg: FittedBridgeBenchConfig, log: Log, masks: Mapping[str, np.ndarray]) -> dict[str, Any]:
+           total: int, cfg: FittedBridgeBenchConfig, log: Log, masks: Mapping[str, np.ndarray],
+           given: Mapping[str, GivenQueries] | None = None) -> dict[str, Any]:
     out: dict[str, Any] = {d: [] for d in dirs}
     fit_s: dict[str, Any] = {}
     for n in cfg.points:
         if any(n > p.scenes for p in pools.values()):
             log(f"  {n} pairs: more than the collection holds, skipped")
             continue
-        res = run_point(n, pools, dirs, masks, shipped_held, total, cfg)
+        res = run_point(n, pools, dirs, masks, shipped_held, total, cfg, given)
         fit_s[str(n)] = res.pop("_fit_s")
         for d, row in res.items():
             out[d].append(row)
@@ -159,7 +188,7 @@ def _masked_shipped(encode_fn, inputs: Sequence[Any], mask: np.ndarray, dim: int
 
 def run_world(cfg: FittedBridgeBenchConfig, log: Log) -> dict[str, Any]:
     from ..encoders import load_encoder
-    from ..evaluate import embed_dataset, load_eval_data
+    from ..evaluate import embed_dataset, embed_texts_cached, load_eval_data
     from ..search.models import ModelPool, model_ref
 
     old, new = load_encoder(cfg.models / "world-old"), load_encoder(cfg.models / "world-new")
@@ -197,8 +226,21 @@ def run_world(cfg: FittedBridgeBenchConfig, log: Log) -> dict[str, Any]:
             "i2t": Direction("i2t", e_new.images[has], e_old.images[has],
                              xbt.encode_images([str(p) for p in np.asarray(te.image_paths(), object)[has]]),
                              e_old.texts, e_new.texts, has, c2i)}
+    given = None
+    if cfg.given_queries:
+        if cfg.given_split == cfg.world_split:
+            raise ValueError(f"given_split: the query texts come from a split other than the evaluated one "
+                             f"({cfg.world_split!r})")
+        texts = list(dict.fromkeys(load_eval_data(cfg.world, cfg.given_split, langs=["en"]).captions))
+        texts = [texts[i] for i in sorted(rng.permutation(len(texts))[:cfg.given_queries])]
+        q = {m: embed_texts_cached(e, texts, cfg.cache_dir) for m, e in (("new", new), ("old", old))}
+        dirs["t2i-images"] = dirs["t2i"]
+        given = {"t2i-images": GivenQueries(Pool(q["new"], q["old"], [f"query-{i}" for i in range(len(texts))],
+                                                 np.zeros(len(texts), np.int64)), "image", xbt.encode_texts(texts))}
+        log(f"t2i-images: a collection of the images alone, scored on {len(texts)} {cfg.given_split} captions as "
+            "query texts (no labels)")
     total = len(tr) + len(tr.captions)
-    out = _curve(pools, dirs, shipped_held, total, cfg, log, masks)
+    out = _curve(pools, dirs, shipped_held, total, cfg, log, masks, given)
     out["n"] = {"train_images": len(tr), "train_captions": len(tr.captions), "test_images": len(te),
                 "test_captions": len(te.captions)}
     return out

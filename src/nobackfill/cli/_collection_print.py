@@ -92,6 +92,9 @@ def print_fitted(fitted: dict | None) -> None:
     results.print(escape("  bridge fits" + (f" at {done} pairs" if done else ": none yet")
                          + (f"; next at {nxt} backfilled pairs" if nxt else "")
                          + (f"; last error: {fitted['error']}" if fitted.get("error") else "")))
+    last = (fitted.get("fits") or [{}])[-1]
+    for key, why in sorted((last.get("skipped") or {}).items()):
+        results.print(escape(f"  no fitted bridge for {key.split('/')[-1]} -> space {key.split('/')[0]}: {why}"))
 
 
 def parse_filter(items: Optional[List[str]]) -> dict:

@@ -209,6 +209,10 @@ def upgrade(
     fit_bridge: Optional[bool] = typer.Option(None, "--fit-bridge/--no-fit-bridge",
                                               help="Fit bridges from the backfill's own pairs: it starts with a "
                                                    "sample of each modality (default: when no --bridge is given)."),
+    queries: Optional[Path] = typer.Option(None, help="Example search texts, no labels (one a line, or JSONL "
+                                                      "{\"text\"}; at most 2,000): the fitted bridges for text "
+                                                      "queries are scored on them, the only text queries of a "
+                                                      "collection of images alone."),
     as_json: bool = _JSON,
 ) -> None:
     """Make MODEL the current model at once: new items and queries use it, items of older spaces are
@@ -216,9 +220,12 @@ def upgrade(
     client = _client(name)
     t0 = time.time()
     try:
+        from ..collection.ingest import text_file_items
+
+        texts = [it.source["text"] for it in text_file_items(queries)] if queries is not None else []
         rep = client.upgrade(model, bridges=bridge or [], calibrate=calibrate, calibrate_split=calibrate_split,
                              calibrate_limit=calibrate_limit, calibrate_langs=calibrate_langs, log=console.print,
-                             fit_bridges=fit_bridge)
+                             fit_bridges=fit_bridge, queries=texts)
         cur = client.status()["spaces"][rep.current]
     except user_errors() as e:
         fail(e)

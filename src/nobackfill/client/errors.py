@@ -90,13 +90,14 @@ def as_client_error(e: BaseException, field: str | None = None) -> ClientError |
     """The :class:`ClientError` an exception of the library means (None: it is no refusal, let it
     propagate): a backfill refused, a collection already there, a file or item not found, a busy
     collection, an invalid argument. A ``skippable`` flag (a bad line ``--skip-bad`` may skip) is
-    kept."""
+    kept; a ``field`` the exception names is the error's field where ``field`` is not given."""
     from ..catalog.items import CollectionBusyError, ItemNotFoundError
     from ..lifecycle.backfill_jobs import BackfillError
 
     if isinstance(e, ClientError):
         return e
     msg = str(e)
+    field = field or getattr(e, "field", None)
     if isinstance(e, BackfillError):
         out: ClientError = backfill_refused()(409, msg, field or "backfill")
     elif isinstance(e, FileExistsError):

@@ -220,7 +220,8 @@ class LocalClient(Client):
     def upgrade(self, model: str | Path, *, bridges: Sequence[str | Path] = (), calibrate: str | Path | None = None,
                 calibrate_split: str = "val", calibrate_limit: int | None = None,
                 calibrate_langs: Sequence[str] | str = ("en",),
-                log: Callable[[str], None] | None = None, fit_bridges: bool | None = None) -> UpgradeResult:
+                log: Callable[[str], None] | None = None, fit_bridges: bool | None = None,
+                queries: Sequence[str] = ()) -> UpgradeResult:
         from ..lifecycle.plan_changes import UpgradeRefused, route_table, upgrade_collection
 
         tasks, label = (load_calibration(calibrate, calibrate_split, calibrate_limit, calibrate_langs)
@@ -228,7 +229,8 @@ class LocalClient(Client):
         with self.write_lock:
             try:
                 plan = upgrade_collection(self.collection, model, bridges=list(bridges), calibration=tasks,
-                                          calibration_label=label, pool=self.pool, log=log, fit_bridges=fit_bridges)
+                                          calibration_label=label, pool=self.pool, log=log, fit_bridges=fit_bridges,
+                                          queries=queries)
             except UpgradeRefused as e:
                 raise Conflict(409, str(e), "model") from None
         self.warm()

@@ -25,16 +25,20 @@ DEFAULTS = {"fraction": 0.01, "min": 512, "max": 20000}
 
 
 def enable_fit(collection: Collection, target: str, *, fraction: float = 0.01, min_pairs: int = 512,
-               max_pairs: int = 20000, fit: Mapping[str, Any] | None = None) -> dict[str, Any]:
+               max_pairs: int = 20000, fit: Mapping[str, Any] | None = None,
+               queries: Sequence[str] = ()) -> dict[str, Any]:
     """Record that the backfill into ``target`` fits bridges (sample first, then refits); ``fit``:
     fields of :class:`~nobackfill.compat.fitted.FitConfig` every fit of this backfill uses (default:
-    its defaults), e.g. fewer families and MLP steps for a quick demo."""
+    its defaults), e.g. fewer families and MLP steps for a quick demo; ``queries``: example search
+    texts (no labels, at most :data:`MAX_QUERIES`) every fit scores text-query bridges on, beside
+    the held-out captions (the only text queries of a collection of images alone)."""
     from ..compat.fitted import FitConfig
 
     if not 0.0 < fraction <= 1.0 or min_pairs < 1 or max_pairs < min_pairs:
         raise ValueError(f"fit sample: fraction in (0, 1], 1 <= min <= max; got {fraction}, {min_pairs}, {max_pairs}")
+    queries = check_queries(queries)
     state = {"target": target, "fraction": fraction, "min": int(min_pairs), "max": int(max_pairs), "next": None,
-             "fits": []}
+             "fits": [], **({"queries": queries} if queries else {})}
     if fit is not None:
         try:
             fit_cfg = asdict(FitConfig(**dict(fit)))
@@ -43,6 +47,33 @@ def enable_fit(collection: Collection, target: str, *, fraction: float = 0.01, m
         state["fit"] = {k: list(v) if isinstance(v, tuple) else v for k, v in fit_cfg.items()}
     _write(collection, FIT_FILE, state)
     return state
+
+
+#: the most example query texts an upgrade keeps for its fits
+MAX_QUERIES = 2000
+
+
+class QueriesError(ValueError):
+    """Example query texts refused (``field``: ``queries``, as the HTTP API names it)."""
+
+    field = "queries"
+
+
+def check_queries(queries: Sequence[str]) -> list[str]:
+    """``queries`` as a list of distinct non-empty texts (stripped, first occurrence kept); a
+    :class:`QueriesError` naming the entry for a non-string, and for more than :data:`MAX_QUERIES`."""
+    if isinstance(queries, str):
+        raise QueriesError("queries: a list of texts, not one string")
+    out: dict[str, None] = {}
+    for i, q in enumerate(queries):
+        if not isinstance(q, str):
+            raise QueriesError(f"queries[{i}]: a text, not {type(q).__name__}")
+        if q.strip():
+            out.setdefault(q.strip(), None)
+    if len(out) > MAX_QUERIES:
+        raise QueriesError(f"queries: {len(out)} distinct texts, at most {MAX_QUERIES} are kept for the fits; pass "
+                           "a sample of them")
+    return list(out)
 
 
 def fit_state(collection: Collection, target: str | None = None) -> dict[str, Any] | None:
@@ -124,12 +155,13 @@ def maybe_fit(collection: Collection, *, final: bool | None = False, pool: Any =
             return None  # fitted meanwhile
         from .fit_bridges import fit_collection_bridges
 
-        if cfg is None and st.get("fit"):  # the settings the upgrade recorded
+        if cfg is None and (st.get("fit") or st.get("queries")):  # the settings the upgrade recorded
             from ..compat.fitted import FitConfig
             from .fit_bridges import FitBridgesConfig
 
             cfg = FitBridgesConfig(fit=FitConfig(**{k: tuple(v) if isinstance(v, list) else v
-                                                    for k, v in st["fit"].items()}))
+                                                    for k, v in (st.get("fit") or {}).items()}),
+                                   queries=tuple(st.get("queries") or ()))
         try:
             report = fit_collection_bridges(collection, cfg=cfg, pool=pool, log=log)
         except Exception as e:  # a failed fit never stops the backfill: it is recorded, the serving bridge stays
@@ -137,13 +169,15 @@ def maybe_fit(collection: Collection, *, final: bool | None = False, pool: Any =
             st["next"] = 2 * max(n, 1)
             _write(collection, FIT_FILE, st)
             return None
-        st["fits"].append({"pairs": n, "swapped": sorted(f"{s}/{d}" for s, ds in report.items() if isinstance(ds, dict)
-                                                          for d, e in ds.items() if isinstance(e, dict)
-                                                          and e.get("swapped"))})
+        entries = [(f"{s}/{d}", e) for s, ds in report.items() if isinstance(ds, dict) for d, e in ds.items()
+                   if isinstance(e, dict)]
+        st["fits"].append({"pairs": n, "swapped": sorted(k for k, e in entries if e.get("swapped")),
+                           **({"skipped": {k: e["skipped"] for k, e in entries if e.get("skipped")}}
+                              if any(e.get("skipped") for _, e in entries) else {})})
         st["next"] = None if final else 2 * max(n, 1)  # the backfill is done: no pairs will come
         _write(collection, FIT_FILE, st)
         return report
 
 
-__all__ = ["DEFAULTS", "FIT_FILE", "backfilled_count", "enable_fit", "fit_state", "maybe_fit", "sample_first",
+__all__ = ["DEFAULTS", "FIT_FILE", "MAX_QUERIES", "QueriesError", "check_queries", "backfilled_count", "enable_fit", "fit_state", "maybe_fit", "sample_first",
            "sample_size"]

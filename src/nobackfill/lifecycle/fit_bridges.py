@@ -39,6 +39,9 @@ __all__ = ["FitBridgesConfig", "backfilled_pairs", "fit_collection_bridges", "fi
 
 #: the fewest held-out queries a score is computed on
 MIN_HELDOUT = 8
+#: why a text-query direction of a collection without captions keeps its route
+NO_QUERIES = ("no captions to hold out and no query texts given: pass example search texts (no labels) with "
+              "`collection upgrade --queries FILE` to fit and score a bridge for text queries")
 
 
 @dataclass
@@ -51,6 +54,17 @@ class FitBridgesConfig:
     max_queries: int = 2000
     max_gallery: int = 20000
     fit: FitConfig = field(default_factory=FitConfig)
+    queries: tuple[str, ...] = ()  # example query texts (no labels), scored beside the held-out captions
+
+
+@dataclass
+class QueryTexts:
+    """Given query texts (never fitted on: every one is held out) with their new-model and, where
+    the old model embeds text, old-model vectors."""
+
+    texts: list[str]
+    new: np.ndarray
+    old: np.ndarray | None
 
 
 @dataclass
@@ -104,34 +118,67 @@ def fitted_bridges(plan: Plan) -> dict[tuple[str, str], UpgradeRecord]:
 
 
 def _held(direction: str, pairs: dict[str, Pairs], masks: dict[str, np.ndarray], cfg: "FitBridgesConfig",
-          old_embeds_query: bool) -> tuple[HeldOut | None, np.ndarray]:
+          old_embeds_query: bool, given: QueryTexts | None = None) -> tuple[HeldOut | None, list[Any]]:
     """The held-out queries of ``direction`` that count (:func:`~nobackfill.compat.fitted.held_out_set`:
     those whose new-model match among the backfilled items is held out, never fitted on, as the
-    items not yet backfilled are not), at most ``cfg.max_queries``; the gallery: the backfilled items
-    of the gallery modality, at most ``cfg.max_gallery`` (the held-out ones first, then fitted ones
-    as distractors). Returns the set and the query rows (indices into ``pairs``)."""
+    items not yet backfilled are not), at most ``cfg.max_queries``: the collection's held-out items
+    of the query modality, then the ``given`` query texts (a text-query direction; the only queries
+    of a collection without captions); the gallery: the backfilled items of the gallery modality, at
+    most ``cfg.max_gallery`` (the held-out ones first, then fitted ones as distractors). Returns the
+    set and its queries' sources (an image path or a text, what a user's bridge embeds)."""
     qmod, gmod = DIRECTIONS[direction]
-    if qmod not in pairs or gmod not in pairs:
-        return None, np.zeros(0, np.int64)
-    q, g = pairs[qmod], pairs[gmod]
-    qi = np.flatnonzero(masks[qmod])[:2 * cfg.max_queries]  # about half keep their match held out
-    if len(qi) < MIN_HELDOUT or len(g.keys) < 2 * MIN_HELDOUT:
-        return None, qi
+    if gmod not in pairs:
+        return None, []
+    g = pairs[gmod]
+    q = pairs.get(qmod)
+    qi = np.flatnonzero(masks[qmod])[:2 * cfg.max_queries] if q is not None else np.zeros(0, np.int64)
+    ext = given if given is not None and qmod == "text" and len(given.texts) else None
+    n_q = len(qi) + (len(ext.texts) if ext is not None else 0)  # about half keep their match held out
+    if n_q < MIN_HELDOUT or len(g.keys) < 2 * MIN_HELDOUT:
+        return None, []
     held_rows, fitted_rows = np.flatnonzero(masks[gmod]), np.flatnonzero(~masks[gmod])
     rows = np.sort(np.concatenate([held_rows[:cfg.max_gallery],
                                    fitted_rows[:max(0, cfg.max_gallery - len(held_rows))]]))
     exclude = None
-    if qmod == gmod:  # a query's own item: its gallery column (-1: not in the gallery)
+    if qmod == gmod:  # a query's own item: its gallery column (-1: not in the gallery, or a given text)
         col = np.full(len(g.keys), -1, np.int64)
         col[rows] = np.arange(len(rows))
         exclude = col[qi]
-    held, kept = held_out_set(direction, q.new[qi], g.new[rows], g.old[rows], masks[gmod][rows],
-                              q.old[qi] if old_embeds_query else None, exclude, min_queries=MIN_HELDOUT)
-    qi, n = qi[kept], cfg.max_queries
-    if len(qi) > n:
-        qi = qi[:n]
-        held = held.take(np.arange(n))
-    return held, qi
+    parts = [(q.new[qi], q.old[qi] if old_embeds_query else None, [q.sources[i] for i in qi])] if len(qi) else []
+    if ext is not None:
+        parts.append((ext.new, ext.old if old_embeds_query else None, list(ext.texts)))
+        if exclude is not None:
+            exclude = np.concatenate([exclude, np.full(len(ext.texts), -1, np.int64)])
+    q_new = np.concatenate([p[0] for p in parts])
+    q_old = np.concatenate([p[1] for p in parts]) if old_embeds_query and all(p[1] is not None for p in parts) \
+        else None
+    sources = [x for p in parts for x in p[2]]
+    held, kept = held_out_set(direction, q_new, g.new[rows], g.old[rows], masks[gmod][rows], q_old, exclude,
+                              min_queries=MIN_HELDOUT)
+    sources = [x for x, k in zip(sources, kept) if k]
+    if len(sources) > cfg.max_queries:
+        sources = sources[:cfg.max_queries]
+        held = held.take(np.arange(cfg.max_queries))
+    return held, sources
+
+
+def _query_texts(planner: RoutePlanner, space: Any, texts: tuple[str, ...], cache: dict[str, Any],
+                 say: Callable[[str], None]) -> QueryTexts | None:
+    """The given query texts embedded by the current model and (where it embeds text) ``space``'s
+    (each model once per fit: ``cache``); None where a model cannot embed them (said: the fit goes
+    on without them, as a bridge must be compared with the old model's own route)."""
+    if not texts or not planner.plan.current_space.embeds("text"):
+        return None
+    for sid in (planner.current, space.space_id):
+        if sid not in cache and planner.plan.space(sid).embeds("text"):
+            try:
+                cache[sid] = np.asarray(planner.encoder(sid).encode_texts(list(texts)), np.float32)
+            except Exception as e:  # a model no longer at its path: scored without the given queries
+                say(f"  the model of space {sid} could not embed the given query texts ({e}); scored without them")
+                cache[sid] = None
+    if cache[planner.current] is None or (space.embeds("text") and cache.get(space.space_id) is None):
+        return None
+    return QueryTexts(list(texts), cache[planner.current], cache.get(space.space_id))
 
 
 def _given_bridge(users: RoutePlanner, sid: str, d: str, sources: list[Any], say: Callable[[str], None]) -> dict:
@@ -158,7 +205,8 @@ def _route_entry(current: RouteChoice | None, routes: dict[str, Any], info: dict
 def fit_collection_bridges(collection: Collection, *, cfg: FitBridgesConfig | None = None,
                            pool: ModelPool | None = None, log: Callable[[str], None] | None = None) -> dict[str, Any]:
     """Fit, choose and (where better) swap in a bridge per old space and direction (module doc).
-    Returns ``{space: {direction: {"swapped", "chosen", "heldout", "serving", "route", "path"}}}``."""
+    Returns ``{space: {direction: {"swapped", "chosen", "heldout", "serving", "route", "scored", "path"}}}``
+    (``scored``: the held-out queries and gallery items the choice was scored on)."""
     cfg = cfg or FitBridgesConfig()
     say = log or (lambda _m: None)
     plan = collection.plan
@@ -169,6 +217,7 @@ def fit_collection_bridges(collection: Collection, *, cfg: FitBridgesConfig | No
     serving = fitted_bridges(plan)
     report: dict[str, Any] = {}
     changes: list[tuple[UpgradeRecord, str, dict[str, Any], dict[str, Any]]] = []
+    text_cache: dict[str, Any] = {}
     for space in plan.old_spaces():
         sid = space.space_id
         pairs = backfilled_pairs(collection, sid, plan)
@@ -184,11 +233,14 @@ def fit_collection_bridges(collection: Collection, *, cfg: FitBridgesConfig | No
             qmod, _ = DIRECTIONS[d]
             if not planner.available(sid, d) or not plan.current_space.embeds(qmod):
                 continue
-            held, qi = _held(d, pairs, masks, cfg, space.embeds(qmod))
+            held, sources = _held(d, pairs, masks, cfg, space.embeds(qmod),
+                                  _query_texts(planner, space, tuple(cfg.queries), text_cache, say))
             if held is None or not cands:
+                if qmod == "text" and "text" not in pairs and DIRECTIONS[d][1] in pairs and not cfg.queries:
+                    report.setdefault(sid, {})[d] = {"skipped": NO_QUERIES}
                 continue
             old_rec = serving.get((sid, d))
-            given = _given_bridge(users, sid, d, [pairs[qmod].sources[i] for i in qi], say)
+            given = _given_bridge(users, sid, d, sources, say)
             if old_rec is not None:
                 try:
                     from ..compat.upgrade import load_upgrade
@@ -200,7 +252,7 @@ def fit_collection_bridges(collection: Collection, *, cfg: FitBridgesConfig | No
             ch = choose_direction(held, cands, given=given, pairs=all_pairs, cfg=cfg.fit)
             serving_score = ch.scores.get("serving")
             entry = {"chosen": ch.chosen, "heldout": ch.heldout, "serving": serving_score, "route": ch.route,
-                     "swapped": False, "pairs": {m: len(p.keys) for m, p in pairs.items()}}
+                     "swapped": False, "pairs": {m: len(p.keys) for m, p in pairs.items()}, "scored": held.sizes}
             report.setdefault(sid, {})[d] = entry
             if ch.bridge is None:  # the serving bridge, or the user's own, is still the best
                 continue

@@ -40,14 +40,23 @@ def upgrade_collection(collection: Collection, model: str | Path, *, bridges: Se
                        calibration: Sequence[CalibrationTask] | None = None, calibration_label: str = "",
                        pool: ModelPool | None = None, guard: Callable[[Plan], None] | None = None,
                        log: Callable[[str], None] | None = None, fit_bridges: bool | None = None,
-                       fit_sample: dict[str, Any] | None = None) -> Plan:
+                       fit_sample: dict[str, Any] | None = None, queries: Sequence[str] = ()) -> Plan:
     """Register ``model`` as the collection's current model (see the module doc); returns the
     committed plan. ``bridges`` are upgrade directories; ``calibration`` tasks choose routes, fused
     weights and the merge. ``guard(plan)`` may refuse (raise) under the commit lock, e.g. while a
     backfill runs. ``fit_bridges`` (default: when no bridge is given) makes the backfill fit bridges
     from its own pairs (:mod:`.backfill_fit`; ``fit_sample``: its ``fraction`` / ``min_pairs`` /
-    ``max_pairs``). Raises :class:`UpgradeRefused` for an upgrade that does not fit the collection."""
+    ``max_pairs``; ``queries``: example search texts, no labels, the fits score text-query bridges on,
+    the only text queries of a collection of images alone). Raises :class:`UpgradeRefused` for an
+    upgrade that does not fit the collection, ``ValueError`` for ``queries`` without fitting."""
     from ..compat.upgrade import load_upgrade
+    from .backfill_fit import QueriesError, check_queries
+
+    queries = check_queries(queries)
+    fitting = fit_bridges if fit_bridges is not None else not bridges
+    if queries and not fitting:
+        raise QueriesError("queries: example query texts are what fitted bridges are scored on; this upgrade fits "
+                         "none (a bridge was given: add fit_bridges / --fit-bridge to fit bridges too)")
 
     say = log or (lambda _m: None)
     _refuse_during_backfill(collection)
@@ -101,10 +110,10 @@ def upgrade_collection(collection: Collection, model: str | Path, *, bridges: Se
         if not collection.plan.has(sid):  # leave nothing behind
             collection.storage.drop_space(entry.dir)
         raise
-    if fit_bridges if fit_bridges is not None else not bridges:
+    if fitting:
         from .backfill_fit import enable_fit
 
-        enable_fit(collection, sid, **(fit_sample or {}))
+        enable_fit(collection, sid, **(fit_sample or {}), queries=queries)
         say("no bridge given: the backfill starts with a sample of each modality and fits bridges from it")
     return committed
 

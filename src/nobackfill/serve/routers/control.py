@@ -96,6 +96,7 @@ async def upgrade(req: UpgradeRequest, _r: str = Depends(admin), svc: Service = 
     rep = await run_in_threadpool(svc.call, svc.client.upgrade, model, bridges=bridges, calibrate=data,
                                   calibrate_split=req.calibrate_split, calibrate_limit=req.calibrate_limit,
                                   calibrate_langs=req.calibrate_langs, fit_bridges=req.fit_bridges,
+                                  queries=req.queries,
                                   field="calibrate" if data is not None else "model")
     return svc.paths.deep(rep.to_dict())
 
