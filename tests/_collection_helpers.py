@@ -123,3 +123,29 @@ def milvus_server_location(request) -> str:
     server = request.getfixturevalue("milvus_server")
     name = f"c{uuid.uuid4().hex[:8]}"
     return f"milvus://{server}#{name}?catalog={request.getfixturevalue('postgres_db')}#{name}"
+
+
+ADMIN, READ = "a" * 20, "r" * 20
+
+
+def served_old_collection(tmp_path: Path, data: Path):
+    """A collection of ``data`` embedded by the old model of :func:`related_pair`, served by an app
+    (FastAPI's TestClient) whose ``--models-root`` holds the new model as ``new``: ``(api, collection,
+    old, new)``; keys :data:`ADMIN` and :data:`READ`."""
+    from fastapi.testclient import TestClient
+
+    from nobackfill.collection.collection import Collection
+    from nobackfill.collection.ingest import add_items, folder_items
+    from nobackfill.serve import KeyRing, ServeSettings, create_app
+
+    old, new, _ = related_pair()
+    model = tmp_path / "models" / "new"
+    model.mkdir(parents=True)
+    (model / "config.json").write_text("{}")
+    pool = pool_with((OLD_REF, old), (str(model.resolve()), new))
+    c = Collection.create(tmp_path / "c", space_id=old.space_id, dim=old.embed_dim, model=OLD_REF, name="old")
+    add_items(c, old, folder_items(data).items, progress=False)
+    settings = ServeSettings(collection=str(c.path), keys=KeyRing({"read": [READ], "admin": [ADMIN]}),
+                             models_root=tmp_path / "models", upgrades_root=tmp_path / "upgrades")
+    (tmp_path / "upgrades").mkdir()
+    return TestClient(create_app(settings, pool=pool)), c, old, new

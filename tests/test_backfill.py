@@ -603,3 +603,27 @@ def test_api_status_of_a_worker_that_gave_up(served):
     finally:
         os.kill(pid, signal.SIGKILL)
         os.waitpid(pid, 0)
+
+
+def test_a_very_slow_rate_keeps_its_lease_and_a_pause_ends_the_wait(tmp_path):
+    from nobackfill.lifecycle.backfill_jobs import _leases
+
+    c, old, new, _, _ = _upgraded(tmp_path, n_images=6)
+    start_backfill(c, new, order="sequential")
+    out: dict = {}
+
+    def work():
+        try:  # 1e-300 items/s: the wait after the first batch is far beyond any clock (it overflowed time.sleep)
+            out["rep"] = run_worker(Collection.open(c.path), new, batch_size=4, rate=1e-300, lease_s=0.3)
+        except BaseException as e:  # noqa: BLE001 - the test reports it
+            out["error"] = e
+
+    t = threading.Thread(target=work)
+    t.start()
+    time.sleep(1.5)  # five leases long: the worker renewed its lease meanwhile
+    leases = {s: v for s, v in _leases(c).items() if isinstance(v, dict) and v.get("owner")}
+    assert leases and all(v["expires"] > time.time() for v in leases.values())
+    pause_backfill(c)
+    t.join(timeout=20)
+    assert not t.is_alive() and "error" not in out, out
+    assert out["rep"].stopped == "paused" and out["rep"].committed == 4

@@ -214,27 +214,14 @@ def test_cli_upgrade_without_a_bridge_backfills_fits_and_status_shows_it(tmp_pat
 
 def test_http_upgrade_without_bridges_passes_fit_bridges(tmp_path):
     pytest.importorskip("fastapi")
-    from fastapi.testclient import TestClient
-
+    from _collection_helpers import ADMIN, READ, served_old_collection
     from nobackfill.lifecycle import backfill_fit
-    from nobackfill.serve import KeyRing, ServeSettings, create_app
 
-    old, new, _ = related_pair()
-    model = tmp_path / "models" / "new"
-    model.mkdir(parents=True)
-    (model / "config.json").write_text("{}")
-    pool = pool_with((OLD_REF, old), (str(model.resolve()), new))
-    data = make_folder(tmp_path / "data", n_images=6, captions_per_image=2)
-    c = Collection.create(tmp_path / "c", space_id=old.space_id, dim=old.embed_dim, model=OLD_REF, name="old")
-    add_items(c, old, folder_items(data).items, progress=False)
-    settings = ServeSettings(collection=str(c.path), keys=KeyRing({"read": ["r" * 20], "admin": ["a" * 20]}),
-                             models_root=tmp_path / "models", upgrades_root=tmp_path / "upgrades")
-    (tmp_path / "upgrades").mkdir()
-    api = TestClient(create_app(settings, pool=pool))
-    r = api.post("/v1/upgrade", json={"model": "new"}, headers={"Authorization": "Bearer " + "a" * 20})
+    api, c, old, new = served_old_collection(tmp_path, make_folder(tmp_path / "data", n_images=6, captions_per_image=2))
+    r = api.post("/v1/upgrade", json={"model": "new"}, headers={"Authorization": "Bearer " + ADMIN})
     assert r.status_code == 200, r.text
     assert backfill_fit.fit_state(Collection.open(c.path))["target"] == new.space_id
-    st = api.get("/v1/status", headers={"Authorization": "Bearer " + "r" * 20}).json()
+    st = api.get("/v1/status", headers={"Authorization": "Bearer " + READ}).json()
     assert st["fitted_bridges"]["enabled"] and st["fitted_bridges"]["serving"] == []
 
 

@@ -67,13 +67,9 @@ def test_images_alone_with_queries_fit_a_t2i_bridge_scored_on_them(tmp_path, mon
 
 
 def test_given_queries_join_the_held_out_captions(tmp_path):
-    old, new, _ = related_pair()
-    pool = pool_with((OLD_REF, old), (NEW_REF, new))
-    data = make_folder(tmp_path / "data", n_images=60, captions_per_image=2)
-    c = Collection.create(tmp_path / "c", space_id=old.space_id, dim=old.embed_dim, model=OLD_REF, name="old")
-    add_items(c, old, folder_items(data).items, progress=False)
-    upgrade_collection(c, NEW_REF, pool=pool, fit_bridges=False)
-    run_backfill(c, new, order="random", batch_size=64)
+    from test_fit_bridges import _backfilled
+
+    c, old, new, pool = _backfilled(tmp_path, n_images=60)
     cfg = FitBridgesConfig(fit=FitConfig(**FIT))
     alone = fit_collection_bridges(c, cfg=cfg, pool=pool)[old.space_id]["t2i"]
     cfg.queries = tuple(f"a photo of thing {i}" for i in range(400))  # about a fifth match a held-out image
@@ -89,6 +85,8 @@ def test_refused_queries_change_nothing(tmp_path):
     before = c.plan
     with pytest.raises(backfill_fit.QueriesError, match=r"queries\[1\]"):
         upgrade_collection(c, NEW_REF, pool=pool, queries=["fine", 3])
+    with pytest.raises(backfill_fit.QueriesError, match=r"queries\[0\]: 301 characters"):
+        upgrade_collection(c, NEW_REF, pool=pool, queries=["x" * 301])
     with pytest.raises(backfill_fit.QueriesError, match="at most 2000"):
         upgrade_collection(c, NEW_REF, pool=pool, queries=[f"q{i}" for i in range(2001)])
     with pytest.raises(backfill_fit.QueriesError, match="a list of texts"):
@@ -129,25 +127,13 @@ def test_cli_upgrade_reads_queries_and_status_says_why_without(tmp_path, monkeyp
 
 def test_http_upgrade_takes_queries_and_names_the_field_when_refused(tmp_path):
     pytest.importorskip("fastapi")
-    from fastapi.testclient import TestClient
+    from _collection_helpers import ADMIN, served_old_collection
 
-    from nobackfill.serve import KeyRing, ServeSettings, create_app
-
-    old, new, _ = related_pair()
-    model = tmp_path / "models" / "new"
-    model.mkdir(parents=True)
-    (model / "config.json").write_text("{}")
-    pool = pool_with((OLD_REF, old), (str(model.resolve()), new))
     data = make_folder(tmp_path / "data", n_images=0, extra_images=10)
     (data / "captions.jsonl").unlink()
-    c = Collection.create(tmp_path / "c", space_id=old.space_id, dim=old.embed_dim, model=OLD_REF, name="old")
-    add_items(c, old, folder_items(data).items, progress=False)
-    settings = ServeSettings(collection=str(c.path), keys=KeyRing({"read": ["r" * 20], "admin": ["a" * 20]}),
-                             models_root=tmp_path / "models", upgrades_root=tmp_path / "upgrades")
-    (tmp_path / "upgrades").mkdir()
-    api = TestClient(create_app(settings, pool=pool))
-    auth = {"Authorization": "Bearer " + "a" * 20}
-    r = api.post("/v1/upgrade", json={"model": "new", "queries": ["x" * 2001]}, headers=auth)
+    api, c, old, new = served_old_collection(tmp_path, data)
+    auth = {"Authorization": "Bearer " + ADMIN}
+    r = api.post("/v1/upgrade", json={"model": "new", "queries": ["x" * 301]}, headers=auth)
     assert r.status_code == 422 and "queries" in r.text
     r = api.post("/v1/upgrade", json={"model": "new", "queries": ["a"] + [f"q{i}" for i in range(2000)]},
                  headers=auth)

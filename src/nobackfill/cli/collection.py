@@ -210,9 +210,9 @@ def upgrade(
                                               help="Fit bridges from the backfill's own pairs: it starts with a "
                                                    "sample of each modality (default: when no --bridge is given)."),
     queries: Optional[Path] = typer.Option(None, help="Example search texts, no labels (one a line, or JSONL "
-                                                      "{\"text\"}; at most 2,000): the fitted bridges for text "
-                                                      "queries are scored on them, the only text queries of a "
-                                                      "collection of images alone."),
+                                                      "{\"text\"}; at most 2,000 of 300 characters): the fitted "
+                                                      "bridges for text queries are scored on them, the only text "
+                                                      "queries of a collection of images alone."),
     as_json: bool = _JSON,
 ) -> None:
     """Make MODEL the current model at once: new items and queries use it, items of older spaces are

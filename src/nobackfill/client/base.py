@@ -88,7 +88,7 @@ class Client:
         through ``bridges``; ``calibrate`` chooses routes and the merge on labelled data (``log``:
         told of each step, in process). ``fit_bridges`` (default: when no bridge is given): the
         backfill fits bridges from its own pairs, a sample of each modality first; ``queries``:
-        example search texts (no labels, at most 2,000) the fits score text-query bridges on, the
+        example search texts (no labels, at most 2,000 of 300 characters) the fits score text-query bridges on, the
         only text queries of a collection of images alone."""
         raise NotImplementedError
 

@@ -241,15 +241,30 @@ def run_worker(collection: Collection, encoder: Any, *, batch_size: int = 64, ra
                 maybe_fit(collection)  # the first fit once the sample is in, then at each doubling
                 if progress is not None:
                     progress(len(batch))
-                if rate:
-                    wait = (rep.embedded / rate) - (_now() - t_start)
-                    if wait > 0:
-                        time.sleep(wait)
+                if rate and not _pace(collection, job, s.shard, owner, lease_s, cur_rate,
+                                      rep.embedded / rate - (_now() - t_start)):
+                    lost = True
+                    break
             if lost:  # taken over after our lease expired: look for another shard
                 s.shard = None
                 continue
             finish_shard(collection, s.shard, owner, lease_s)
             s.shard = None
+
+
+def _pace(collection: Collection, job: Any, shard: int, owner: str, lease_s: float, rate: float, wait: float) -> bool:
+    """Wait ``wait`` seconds (a worker's rate cap) in slices of at most a third of its lease, renewing
+    the lease of ``shard`` after each, so a slow rate never loses it; back early once ``job`` is no
+    longer running (paused, cancelled: the next commit says so). False if the lease was lost."""
+    end = _now() + max(0.0, float(wait))
+    while (left := end - _now()) > 0:
+        time.sleep(min(left, max(lease_s / 3, 0.01)))
+        if not _renew(collection, shard, owner, lease_s, rate):
+            return False
+        now = BackfillJob.load(collection)
+        if now is None or now.epoch != job.epoch or now.state != "running":
+            return True
+    return True
 
 
 def _worker_main(path: str, model: str, kwargs: dict, report: str) -> None:  # pragma: no cover - a child process

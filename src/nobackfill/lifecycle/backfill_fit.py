@@ -49,8 +49,8 @@ def enable_fit(collection: Collection, target: str, *, fraction: float = 0.01, m
     return state
 
 
-#: the most example query texts an upgrade keeps for its fits
-MAX_QUERIES = 2000
+#: the most example query texts an upgrade keeps for its fits, and the longest one (characters)
+MAX_QUERIES, MAX_QUERY_CHARS = 2000, 300
 
 
 class QueriesError(ValueError):
@@ -61,13 +61,16 @@ class QueriesError(ValueError):
 
 def check_queries(queries: Sequence[str]) -> list[str]:
     """``queries`` as a list of distinct non-empty texts (stripped, first occurrence kept); a
-    :class:`QueriesError` naming the entry for a non-string, and for more than :data:`MAX_QUERIES`."""
+    :class:`QueriesError` naming the entry for a non-string or one longer than
+    :data:`MAX_QUERY_CHARS`, and for more than :data:`MAX_QUERIES`."""
     if isinstance(queries, str):
         raise QueriesError("queries: a list of texts, not one string")
     out: dict[str, None] = {}
     for i, q in enumerate(queries):
         if not isinstance(q, str):
             raise QueriesError(f"queries[{i}]: a text, not {type(q).__name__}")
+        if len(q.strip()) > MAX_QUERY_CHARS:
+            raise QueriesError(f"queries[{i}]: {len(q.strip())} characters, at most {MAX_QUERY_CHARS} (a search text)")
         if q.strip():
             out.setdefault(q.strip(), None)
     if len(out) > MAX_QUERIES:
@@ -179,5 +182,5 @@ def maybe_fit(collection: Collection, *, final: bool | None = False, pool: Any =
         return report
 
 
-__all__ = ["DEFAULTS", "FIT_FILE", "MAX_QUERIES", "QueriesError", "check_queries", "backfilled_count", "enable_fit", "fit_state", "maybe_fit", "sample_first",
+__all__ = ["DEFAULTS", "FIT_FILE", "MAX_QUERIES", "MAX_QUERY_CHARS", "QueriesError", "check_queries", "backfilled_count", "enable_fit", "fit_state", "maybe_fit", "sample_first",
            "sample_size"]

@@ -206,8 +206,9 @@ class UpgradeRequest(BaseModel):
                                  description="Caption languages of the calibration data, comma-separated.")
     fit_bridges: Optional[bool] = Field(None, description="Fit bridges from the backfill's own pairs (default: "
                                                           "when no bridge is given).")
-    queries: list[Annotated[str, Field(max_length=2000)]] = Field(
-        default_factory=list, max_length=2000, description="Example search texts (no labels) the fitted bridges "
+    queries: list[Annotated[str, Field(max_length=300)]] = Field(
+        default_factory=list, max_length=2000, description="Example search texts (no labels, at most 300 "
+                                                           "characters each) the fitted bridges "
                                                            "for text queries are scored on: the only text queries "
                                                            "of a collection of images alone.")
 
