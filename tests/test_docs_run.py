@@ -46,6 +46,7 @@ def sandbox(tmp_path, monkeypatch):
     for d in ("models", "upgrades"):
         (tmp_path / d).symlink_to(ROOT / d)
     Image.new("RGB", (64, 64), (10, 200, 30)).save(tmp_path / "some.png")
+    (tmp_path / "queries.txt").write_text("a red circle\ntwo blue squares\na green triangle\n")  # searches users typed
     (tmp_path / "more_captions.jsonl").write_text(json.dumps({"text": "a caption added on its own", "id": "own-1"})
                                                   + "\n")
     monkeypatch.chdir(tmp_path)

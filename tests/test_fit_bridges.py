@@ -270,3 +270,21 @@ def test_pairs_know_their_scenes_and_a_scene_is_held_out_whole(tmp_path):
     masks = {m: heldout_mask(p.scenes, 0.2) for m, p in pairs.items()}
     held_images = {s for s, h in zip(pairs["image"].scenes, masks["image"]) if h}
     assert held_images and {s for s, h in zip(pairs["text"].scenes, masks["text"]) if h} == held_images
+
+
+def test_retiring_a_space_drops_the_bridges_fitted_into_it(tmp_path):
+    from nobackfill.compat.fitted.stored import DOC_DIR
+    from nobackfill.lifecycle.backfill import retire_space
+
+    c, old, new, pool = _backfilled(tmp_path, n_images=60)
+    fit_collection_bridges(c, cfg=CFG, pool=pool)
+    sid = old.space_id
+    stem = f"{DOC_DIR}/fitted-{sid}-"
+    assert [u for u in c.plan.upgrades if u.kind == "fitted"] and c.catalog.list_docs(stem)
+    assert list((c.path / "bridges").glob(f"fitted-{sid}-*"))
+    retire_space(c, sid)
+    c2 = Collection.open(c.path)
+    assert not [u for u in c2.plan.upgrades if u.kind == "fitted"] and not fitted_status(c2.plan)
+    assert c2.catalog.list_docs(stem) == [] and not list((c.path / "bridges").glob(f"fitted-{sid}-*"))
+    hits = Searcher(c2, pool=pool).search(text="caption 0 of image 3 seed 0", k=5, target="image").hits
+    assert hits and all(h.space == new.space_id for h in hits)

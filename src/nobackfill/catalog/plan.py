@@ -270,9 +270,12 @@ class Plan:
             for s in self.spaces))
 
     def retire(self, space_id: str) -> "Plan":
-        """This plan with ``space_id`` retired (its routes dropped)."""
+        """This plan with ``space_id`` retired (its routes dropped, and the bridges fitted into it: they
+        served its routes alone; a bridge the user registered stays, it is the user's file)."""
         spaces = tuple(dataclasses.replace(s, retired=True) if s.space_id == space_id else s for s in self.spaces)
-        return dataclasses.replace(self, spaces=spaces, routes={s: d for s, d in self.routes.items() if s != space_id})
+        ups = tuple(u for u in self.upgrades if not (u.kind == "fitted" and u.target == space_id))
+        return dataclasses.replace(self, spaces=spaces, upgrades=ups,
+                                   routes={s: d for s, d in self.routes.items() if s != space_id})
 
     # ------------------------------------------------------------------ JSON
     def to_json(self) -> dict[str, Any]:

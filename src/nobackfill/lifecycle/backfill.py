@@ -368,10 +368,11 @@ class _Given:
 
 # ----------------------------------------------------------------------------- retire
 def retire_space(collection: Collection, space_id: str, *, drop_unsourced: bool = False) -> Plan:
-    """Drop an old space (its vectors): refused while any live item that the current model can
-    embed has no vector in the current space, and for the current space itself. Items the space
-    serves that have no source (imported from urls, say) would be lost: refused while there are
-    any, unless ``drop_unsourced``, which deletes them first (:func:`unsourced_to_drop` counts them)."""
+    """Drop an old space (its vectors and every version of the bridges fitted into it): refused while
+    any live item that the current model can embed has no vector in the current space, and for the
+    current space itself. Items the space serves that have no source (imported from urls, say) would
+    be lost: refused while there are any, unless ``drop_unsourced``, which deletes them first
+    (:func:`unsourced_to_drop` counts them)."""
 
     if space_id == collection.current_space:
         raise BackfillError(f"space {space_id} is the current model's; it cannot be retired")
@@ -396,4 +397,7 @@ def retire_space(collection: Collection, space_id: str, *, drop_unsourced: bool 
 
     plan = collection.set_plan(commit)
     collection.storage.drop_space(entry.dir)
+    from ..compat.fitted.stored import collection_cache, drop_stored
+
+    drop_stored(collection.catalog, f"fitted-{space_id}-", collection_cache(collection))  # every version
     return plan

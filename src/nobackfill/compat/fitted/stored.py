@@ -24,8 +24,8 @@ import tempfile
 from pathlib import Path
 from typing import Any, Callable
 
-__all__ = ["DOC_DIR", "PREFIX", "bridge_cache", "collection_cache", "is_stored", "materialize", "next_version",
-           "resolve_collection_plan", "resolve_plan", "save_stored", "store_dir"]
+__all__ = ["DOC_DIR", "PREFIX", "bridge_cache", "collection_cache", "drop_stored", "is_stored", "materialize",
+           "next_version", "resolve_collection_plan", "resolve_plan", "save_stored", "store_dir"]
 
 DOC_DIR = "bridges"
 PREFIX = "catalog:"
@@ -65,6 +65,23 @@ def store_dir(catalog: Any, directory: Path, name: str) -> str:
         for f, data in files.items():
             w.put_doc(prefix + f, data)
     return PREFIX + DOC_DIR + "/" + name
+
+
+def drop_stored(catalog: Any, stem: str, cache: Path | None = None) -> int:
+    """Delete every stored bridge whose name starts with ``stem`` (all its versions: the documents
+    ``bridges/<stem>...`` in one transaction), and their local copies in ``cache``; the number of
+    documents deleted."""
+    import shutil
+
+    prefix = f"{DOC_DIR}/{stem}"
+    if not stem or "/" in stem or ".." in stem:
+        raise ValueError(f"stored bridges to drop: a name stem, got {stem!r}")
+    with catalog.writing() as w:
+        n = w.execute("DELETE FROM docs WHERE substr(name, 1, ?) = ? RETURNING name", (len(prefix), prefix)).fetchall()
+    if cache is not None and Path(cache).is_dir():
+        for d in Path(cache).glob(f"{stem}*"):
+            shutil.rmtree(d, ignore_errors=True)
+    return len(n)
 
 
 def bridge_cache(local_root: Path | None, location: str) -> Path:

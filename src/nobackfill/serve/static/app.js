@@ -177,10 +177,14 @@ async function refresh() {
     $("spaces").replaceChildren(...Object.entries(st.spaces).filter(([, s]) => !s.retired).map(([id, s]) => {
       const el = document.createElement("div");
       el.className = "space" + (s.current ? " current" : "");
+      const fitted = Object.fromEntries(((st.fitted_bridges || {}).serving || []).filter((b) => b.space === id)
+        .map((b) => [b.direction, b]));
       const route = st.routes[id] ? Object.entries(st.routes[id]).filter(([d]) => d === "t2i" || d === "i2t" || d === "t2t")
-        .map(([d, r]) => `${d} ${r.route}`).join(", ") : "native";
-      el.innerHTML = `<b></b> ${s.current ? '<span class="tag native">current</span>' : ""}<br>${s.image || 0} images · ${s.text || 0} captions<br>${route}<br><code></code>`;
+        .map(([d, r]) => `${d} ${r.route}` + (fitted[d] && r.route !== "old-model"
+          ? ` (bridge fitted: ${fitted[d].family}, ${fitted[d].pairs} pairs)` : "")).join(", ") : "native";
+      el.innerHTML = `<b></b> ${s.current ? '<span class="tag native">current</span>' : ""}<br>${s.image || 0} images · ${s.text || 0} captions<br><span class="routes"></span><br><code></code>`;
       el.querySelector("b").textContent = s.name;
+      el.querySelector(".routes").textContent = route;  // text, never markup: the names come from the catalog
       el.querySelector("code").textContent = id;
       return el;
     }));
