@@ -92,8 +92,10 @@ def test_refused_queries_change_nothing(tmp_path):
     with pytest.raises(backfill_fit.QueriesError, match="a list of texts"):
         upgrade_collection(c, NEW_REF, pool=pool, queries="one string")
     up = write_procrustes_upgrade(tmp_path / "up", w, new, old)
-    with pytest.raises(backfill_fit.QueriesError, match="fits none"):
+    with pytest.raises(backfill_fit.QueriesError, match="fits none .a bridge was given"):
         upgrade_collection(c, NEW_REF, bridges=[up], pool=pool, queries=["a red circle"])
+    with pytest.raises(backfill_fit.QueriesError, match="fits none .fit_bridges is off"):
+        upgrade_collection(c, NEW_REF, pool=pool, fit_bridges=False, queries=["a red circle"])
     c2 = Collection.open(c.path)
     assert c2.plan.current == before.current and c2.plan.space_ids == before.space_ids
     assert backfill_fit.fit_state(c2, new.space_id) is None

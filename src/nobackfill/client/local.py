@@ -334,6 +334,7 @@ class LocalClient(Client):
 
     @_refusals
     def status(self) -> dict[str, Any]:
+        from ..lifecycle.backfill_fit import fit_summary
         from ..lifecycle.plan_changes import route_table
 
         c = self.collection
@@ -343,7 +344,7 @@ class LocalClient(Client):
         st["merge"] = plan.merge_method or "raw"
         st["calibrated"] = bool(plan.calibration)
         st["backfill"] = self.backfill_status()
-        st["fitted_bridges"] = _fitted(c)
+        st["fitted_bridges"] = fit_summary(c)
         st["limits"] = dataclasses.asdict(self.limits)
         return st
 
@@ -491,12 +492,3 @@ def _results(r: Any) -> SearchResults:
     return SearchResults(query=r.query, modality=r.modality,
                          hits=[SearchHit(h.rank, h.score, h.id, h.space, h.route, h.metadata) for h in r.hits])
 
-
-def _fitted(collection: Any) -> dict[str, Any]:
-    """The fitted bridges in service (family, pairs, held-out score, when) and the fits so far."""
-    from ..lifecycle.backfill_fit import fit_state
-    from ..lifecycle.fit_bridges import fitted_status
-
-    st = fit_state(collection) or {}
-    return {"serving": fitted_status(collection.plan), "fits": st.get("fits", []), "next": st.get("next"),
-            "enabled": bool(st), **({"error": st["error"]} if st.get("error") else {})}

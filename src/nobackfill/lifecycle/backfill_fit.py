@@ -87,6 +87,17 @@ def fit_state(collection: Collection, target: str | None = None) -> dict[str, An
     return st
 
 
+def fit_summary(collection: Collection) -> dict[str, Any]:
+    """What status shows of the fits: the fitted bridges in service (family, pairs, held-out score,
+    when), the fits so far (what each swapped in, and skipped with why), the next threshold, the
+    last error."""
+    from .fit_bridges import fitted_status
+
+    st = fit_state(collection) or {}
+    return {"serving": fitted_status(collection.plan), "fits": st.get("fits", []), "next": st.get("next"),
+            "enabled": bool(st), **({"error": st["error"]} if st.get("error") else {})}
+
+
 def sample_size(n: int, st: dict[str, Any]) -> int:
     return min(n, max(int(st["min"]), min(int(st["max"]), int(round(st["fraction"] * n)))))
 
@@ -182,5 +193,5 @@ def maybe_fit(collection: Collection, *, final: bool | None = False, pool: Any =
         return report
 
 
-__all__ = ["DEFAULTS", "FIT_FILE", "MAX_QUERIES", "MAX_QUERY_CHARS", "QueriesError", "check_queries", "backfilled_count", "enable_fit", "fit_state", "maybe_fit", "sample_first",
-           "sample_size"]
+__all__ = ["DEFAULTS", "FIT_FILE", "MAX_QUERIES", "MAX_QUERY_CHARS", "QueriesError", "backfilled_count",
+           "check_queries", "enable_fit", "fit_state", "fit_summary", "maybe_fit", "sample_first", "sample_size"]

@@ -233,8 +233,8 @@ def fit_collection_bridges(collection: Collection, *, cfg: FitBridgesConfig | No
             qmod, _ = DIRECTIONS[d]
             if not planner.available(sid, d) or not plan.current_space.embeds(qmod):
                 continue
-            held, sources = _held(d, pairs, masks, cfg, space.embeds(qmod),
-                                  _query_texts(planner, space, tuple(cfg.queries), text_cache, say))
+            given_texts = _query_texts(planner, space, tuple(cfg.queries), text_cache, say) if qmod == "text" else None
+            held, sources = _held(d, pairs, masks, cfg, space.embeds(qmod), given_texts)
             if held is None or not cands:
                 if qmod == "text" and "text" not in pairs and DIRECTIONS[d][1] in pairs and not cfg.queries:
                     report.setdefault(sid, {})[d] = {"skipped": NO_QUERIES}

@@ -55,8 +55,9 @@ def upgrade_collection(collection: Collection, model: str | Path, *, bridges: Se
     queries = check_queries(queries)
     fitting = fit_bridges if fit_bridges is not None else not bridges
     if queries and not fitting:
-        raise QueriesError("queries: example query texts are what fitted bridges are scored on; this upgrade fits "
-                         "none (a bridge was given: add fit_bridges / --fit-bridge to fit bridges too)")
+        why = "fit_bridges is off" if not bridges else "a bridge was given: add fit_bridges / --fit-bridge to fit too"
+        raise QueriesError(f"queries: example query texts are what fitted bridges are scored on; this upgrade fits "
+                           f"none ({why})")
 
     say = log or (lambda _m: None)
     _refuse_during_backfill(collection)
