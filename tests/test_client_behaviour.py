@@ -229,6 +229,12 @@ def test_the_two_clients_refuse_alike(client, monkeypatch):
         c.get("d-1")
     # README's names (relative to the working directory in process, to the server's roots over HTTP)
     monkeypatch.chdir(ROOT)
+    with pytest.raises(InvalidRequest) as e:  # fit settings and query texts: refused before anything changes
+        c.upgrade("models/world-new", fit_sample={"min_pairs": 9, "max_pairs": 3})
+    assert e.value.field == "fit_sample" and e.value.status == 422
+    with pytest.raises(InvalidRequest) as e:
+        c.upgrade("models/world-new", queries=["a red circle", 3])
+    assert e.value.field.startswith("queries") and len(c.status()["spaces"]) == 1
     up = c.upgrade("models/world-new", bridges=["upgrades/world-old-to-new"])
     assert len(up.spaces) == 2 and up.routes
 

@@ -251,10 +251,10 @@ def test_fit_settings_recorded_by_the_upgrade_are_used_by_the_backfills_fits(tmp
     run_backfill(c, new, order="sequential", batch_size=16, limit=96)  # the sample (80) in: one fit
     fitted = [u for u in c.plan.upgrades if u.kind == "fitted"]
     assert fitted and {u.info["family"] for u in fitted} == {"ridge"}
-    with pytest.raises(ValueError, match="fields"):
-        backfill_fit.enable_fit(c, new.space_id, fit={"famillies": ("ridge",)})
-    with pytest.raises(ValueError, match="unknown bridge families"):
-        backfill_fit.enable_fit(c, new.space_id, fit={"families": ("cubic",)})
+    with pytest.raises(backfill_fit.FitSampleError, match="fields"):
+        backfill_fit.enable_fit(c, new.space_id, {"fit": {"famillies": ("ridge",)}})
+    with pytest.raises(backfill_fit.FitSampleError, match="unknown bridge families"):
+        backfill_fit.enable_fit(c, new.space_id, {"fit": {"families": ("cubic",)}})
     assert backfill_fit.fit_state(c)["fit"]["families"] == ["ridge"]  # a refused setting changed nothing
 
 

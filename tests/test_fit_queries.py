@@ -1,6 +1,7 @@
-"""Example query texts for the fitted bridges: a collection of images alone has no captions to hold
-out, so its text-query bridges are scored on query texts the upgrade was given (no labels); without
-them the text-query routes stay as they were and status says why."""
+"""What an upgrade that fits bridges is given. Example query texts: a collection of images alone has
+no captions to hold out, so its text-query bridges are scored on query texts the upgrade was given
+(no labels); without them the text-query routes stay as they were and status says why. The first
+sample's size (``fit_sample``). Both refused before anything changes, through every interface."""
 
 from __future__ import annotations
 
@@ -147,3 +148,59 @@ def test_http_upgrade_takes_queries_and_names_the_field_when_refused(tmp_path):
     r = api.post("/v1/upgrade", json={"model": "new", "queries": ["a red circle", "two blue squares"]}, headers=auth)
     assert r.status_code == 200, r.text
     assert backfill_fit.fit_state(Collection.open(c.path))["queries"] == ["a red circle", "two blue squares"]
+
+
+def test_the_first_sample_is_set_through_the_client_and_a_bad_one_changes_nothing(tmp_path):
+    from nobackfill.client import InvalidRequest
+    from nobackfill.client.local import LocalClient
+
+    c, old, new, _, pool = _images_only(tmp_path, n=30)
+    client = LocalClient(c.path, pool=pool)
+    for bad, what in (({"fraction": 0}, "fraction in"), ({"min_pairs": 10, "max_pairs": 5}, "min_pairs <= max_pairs"),
+                      ({"fraction": 0.1, "min_pairs": 1.5}, "whole numbers"), ({"fractoin": 0.1}, "unknown settings"),
+                      ({"fit": {"families": ("cubic",)}}, "unknown bridge families")):
+        with pytest.raises(InvalidRequest, match=what) as e:
+            client.upgrade(NEW_REF, fit_sample=bad)
+        assert e.value.field == "fit_sample" and e.value.status == 422
+    with pytest.raises(InvalidRequest, match="fits no bridge .fit_bridges is off"):
+        client.upgrade(NEW_REF, fit_bridges=False, fit_sample={"fraction": 0.5})
+    assert Collection.open(c.path).plan.current == old.space_id  # every refusal before anything changed
+    client.upgrade(NEW_REF, fit_sample={"fraction": 0.5, "min_pairs": 4, "max_pairs": 10})
+    st = backfill_fit.fit_state(Collection.open(c.path))
+    assert (st["fraction"], st["min"], st["max"]) == (0.5, 4, 10)
+
+
+def test_cli_fit_sample_option(tmp_path, monkeypatch):
+    from typer.testing import CliRunner
+
+    import nobackfill.search.models as models
+    from nobackfill.cli import app
+
+    c, old, new, _, pool = _images_only(tmp_path, n=20)
+    monkeypatch.setattr(models, "ModelPool", lambda: pool)
+    cli = lambda *a: CliRunner().invoke(app, [str(x) for x in a])  # noqa: E731
+    r = cli("collection", "upgrade", c.path, "--model", NEW_REF, "--fit-sample", "0.2,3,x")
+    assert r.exit_code == 2 and "--fit-sample: FRACTION[,MIN[,MAX]]" in r.output
+    assert Collection.open(c.path).plan.current == old.space_id
+    r = cli("collection", "upgrade", c.path, "--model", NEW_REF, "--fit-sample", "0.2,3")
+    assert r.exit_code == 0, r.output
+    st = backfill_fit.fit_state(Collection.open(c.path))
+    assert (st["fraction"], st["min"], st["max"]) == (0.2, 3, 20000)
+
+
+def test_http_fit_sample(tmp_path):
+    pytest.importorskip("fastapi")
+    from _collection_helpers import ADMIN, served_old_collection
+
+    api, c, old, new = served_old_collection(tmp_path, make_folder(tmp_path / "data", n_images=4))
+    auth = {"Authorization": "Bearer " + ADMIN}
+    for bad in ({"fraction": 2}, {"min_pairs": 0}, {"fraction": 0.1, "extra": 1}):
+        r = api.post("/v1/upgrade", json={"model": "new", "fit_sample": bad}, headers=auth)
+        assert r.status_code == 422 and "fit_sample" in r.text, r.text
+    r = api.post("/v1/upgrade", json={"model": "new", "fit_sample": {"min_pairs": 9, "max_pairs": 3}}, headers=auth)
+    assert r.status_code == 422 and r.json()["field"] == "fit_sample", r.text
+    assert Collection.open(c.path).plan.current == old.space_id
+    r = api.post("/v1/upgrade", json={"model": "new", "fit_sample": {"fraction": 0.25, "max_pairs": 600}}, headers=auth)
+    assert r.status_code == 200, r.text
+    st = backfill_fit.fit_state(Collection.open(c.path))
+    assert (st["fraction"], st["min"], st["max"]) == (0.25, 512, 600)

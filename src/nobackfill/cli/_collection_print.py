@@ -97,6 +97,22 @@ def print_fitted(fitted: dict | None) -> None:
         results.print(escape(f"  no fitted bridge for {key.split('/')[-1]} -> space {key.split('/')[0]}: {why}"))
 
 
+def parse_fit_sample(text: Optional[str]) -> dict | None:
+    """``--fit-sample FRACTION[,MIN[,MAX]]`` as ``{"fraction", "min_pairs", "max_pairs"}``."""
+    if text is None:
+        return None
+    parts = [p.strip() for p in text.split(",")]
+    try:
+        if not 1 <= len(parts) <= 3:
+            raise ValueError
+        out: dict = {"fraction": float(parts[0])}
+        for key, value in zip(("min_pairs", "max_pairs"), parts[1:]):
+            out[key] = int(value)
+    except ValueError:
+        raise ValueError(f"--fit-sample: FRACTION[,MIN[,MAX]], e.g. 0.02,256,5000; got {text!r}") from None
+    return out
+
+
 def parse_filter(items: Optional[List[str]]) -> dict:
     out: dict = {}
     for it in items or []:

@@ -15,8 +15,8 @@ import typer
 from rich.markup import escape
 
 from ._common import console, fail, langs_option, report_skipped, results, skip_bad_hint, user_errors, warn_truncated
-from ._collection_print import (interrupt_report, parse_filter, print_backfill, print_backfill_run, print_fitted,
-                                print_import, print_indexes, print_routes, print_spaces)
+from ._collection_print import (interrupt_report, parse_filter, parse_fit_sample, print_backfill, print_backfill_run,
+                                print_fitted, print_import, print_indexes, print_routes, print_spaces)
 from .gallery import print_hits
 
 collection_app = typer.Typer(no_args_is_help=True, help="Collections: a gallery that keeps working across model "
@@ -213,6 +213,8 @@ def upgrade(
                                                       "{\"text\"}; at most 2,000 of 300 characters): the fitted "
                                                       "bridges for text queries are scored on them, the only text "
                                                       "queries of a collection of images alone."),
+    fit_sample: Optional[str] = typer.Option(None, help="The first sample of each modality when bridges are "
+                                                        "fitted: FRACTION[,MIN[,MAX]] (default 0.01,512,20000)."),
     as_json: bool = _JSON,
 ) -> None:
     """Make MODEL the current model at once: new items and queries use it, items of older spaces are
@@ -225,7 +227,7 @@ def upgrade(
         texts = [it.source["text"] for it in text_file_items(queries)] if queries is not None else []
         rep = client.upgrade(model, bridges=bridge or [], calibrate=calibrate, calibrate_split=calibrate_split,
                              calibrate_limit=calibrate_limit, calibrate_langs=calibrate_langs, log=console.print,
-                             fit_bridges=fit_bridge, queries=texts)
+                             fit_bridges=fit_bridge, queries=texts, fit_sample=parse_fit_sample(fit_sample))
         cur = client.status()["spaces"][rep.current]
     except user_errors() as e:
         fail(e)

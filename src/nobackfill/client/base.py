@@ -83,13 +83,15 @@ class Client:
     def upgrade(self, model: str | Path, *, bridges: Sequence[str | Path] = (), calibrate: str | Path | None = None,
                 calibrate_split: str = "val", calibrate_limit: int | None = None,
                 calibrate_langs: Sequence[str] | str = ("en",), log: Any = None,
-                fit_bridges: bool | None = None, queries: Sequence[str] = ()) -> UpgradeResult:
+                fit_bridges: bool | None = None, queries: Sequence[str] = (),
+                fit_sample: Mapping[str, Any] | None = None) -> UpgradeResult:
         """Make ``model`` the current model at once (nothing re-embedded): older spaces are reached
         through ``bridges``; ``calibrate`` chooses routes and the merge on labelled data (``log``:
         told of each step, in process). ``fit_bridges`` (default: when no bridge is given): the
         backfill fits bridges from its own pairs, a sample of each modality first; ``queries``:
         example search texts (no labels, at most 2,000 of 300 characters) the fits score text-query bridges on, the
-        only text queries of a collection of images alone."""
+        only text queries of a collection of images alone; ``fit_sample``: ``{"fraction", "min_pairs",
+        "max_pairs"}`` of the first sample (default 0.01 of each modality, at least 512, at most 20,000)."""
         raise NotImplementedError
 
     def route(self, space: str, direction: str, route: str | None = None, *, w: float | None = None) -> dict[str, Any]:

@@ -221,7 +221,7 @@ class LocalClient(Client):
                 calibrate_split: str = "val", calibrate_limit: int | None = None,
                 calibrate_langs: Sequence[str] | str = ("en",),
                 log: Callable[[str], None] | None = None, fit_bridges: bool | None = None,
-                queries: Sequence[str] = ()) -> UpgradeResult:
+                queries: Sequence[str] = (), fit_sample: Mapping[str, Any] | None = None) -> UpgradeResult:
         from ..lifecycle.plan_changes import UpgradeRefused, route_table, upgrade_collection
 
         tasks, label = (load_calibration(calibrate, calibrate_split, calibrate_limit, calibrate_langs)
@@ -230,7 +230,7 @@ class LocalClient(Client):
             try:
                 plan = upgrade_collection(self.collection, model, bridges=list(bridges), calibration=tasks,
                                           calibration_label=label, pool=self.pool, log=log, fit_bridges=fit_bridges,
-                                          queries=queries)
+                                          queries=queries, fit_sample=dict(fit_sample) if fit_sample else None)
             except UpgradeRefused as e:
                 raise Conflict(409, str(e), "model") from None
         self.warm()

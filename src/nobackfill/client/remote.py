@@ -131,12 +131,14 @@ class RemoteClient(Client):
     def upgrade(self, model: str | Path, *, bridges: Sequence[str | Path] = (), calibrate: str | Path | None = None,
                 calibrate_split: str = "val", calibrate_limit: int | None = None,
                 calibrate_langs: Sequence[str] | str = ("en",), log: Any = None,
-                fit_bridges: bool | None = None, queries: Sequence[str] = ()) -> UpgradeResult:
+                fit_bridges: bool | None = None, queries: Sequence[str] = (),
+                fit_sample: Mapping[str, Any] | None = None) -> UpgradeResult:
         """(``log`` is not used: the server logs its upgrade.)"""
         langs = calibrate_langs if isinstance(calibrate_langs, str) else ",".join(calibrate_langs)
         body = {"model": str(model), "bridges": [str(b) for b in bridges], "calibrate": _str(calibrate),
                 "calibrate_split": calibrate_split, "calibrate_limit": calibrate_limit, "calibrate_langs": langs,
-                "fit_bridges": fit_bridges, **({"queries": list(queries)} if queries else {})}
+                "fit_bridges": fit_bridges, **({"queries": list(queries)} if queries else {}),
+                **({"fit_sample": dict(fit_sample)} if fit_sample else {})}
         return UpgradeResult.from_dict(self._call("POST", "/v1/upgrade", json=body))
 
     def route(self, space: str, direction: str, route: str | None = None, *, w: float | None = None) -> dict[str, Any]:

@@ -24,27 +24,55 @@ FIT_FILE = "fit.json"
 DEFAULTS = {"fraction": 0.01, "min": 512, "max": 20000}
 
 
-def enable_fit(collection: Collection, target: str, *, fraction: float = 0.01, min_pairs: int = 512,
-               max_pairs: int = 20000, fit: Mapping[str, Any] | None = None,
-               queries: Sequence[str] = ()) -> dict[str, Any]:
-    """Record that the backfill into ``target`` fits bridges (sample first, then refits); ``fit``:
-    fields of :class:`~nobackfill.compat.fitted.FitConfig` every fit of this backfill uses (default:
-    its defaults), e.g. fewer families and MLP steps for a quick demo; ``queries``: example search
-    texts (no labels, at most :data:`MAX_QUERIES`) every fit scores text-query bridges on, beside
-    the held-out captions (the only text queries of a collection of images alone)."""
+class FitSampleError(ValueError):
+    """Fit settings refused (``field``: ``fit_sample``, as the HTTP API names it)."""
+
+    field = "fit_sample"
+
+
+#: what ``fit_sample`` may set
+SAMPLE_FIELDS = ("fraction", "min_pairs", "max_pairs", "fit")
+
+
+def fit_settings(fit_sample: Mapping[str, Any] | None = None, queries: Sequence[str] = ()) -> dict[str, Any]:
+    """The settings a fitting backfill records, checked (nothing written): ``fit_sample``'s
+    ``fraction`` of each modality first (default 0.01), at least ``min_pairs`` (512) and at most
+    ``max_pairs`` (20,000); ``fit``: fields of :class:`~nobackfill.compat.fitted.FitConfig` every
+    fit uses (default: its defaults), e.g. fewer families and MLP steps for a quick demo;
+    ``queries``: example search texts (:func:`check_queries`). :class:`FitSampleError` /
+    :class:`QueriesError` name what is wrong."""
     from ..compat.fitted import FitConfig
 
-    if not 0.0 < fraction <= 1.0 or min_pairs < 1 or max_pairs < min_pairs:
-        raise ValueError(f"fit sample: fraction in (0, 1], 1 <= min <= max; got {fraction}, {min_pairs}, {max_pairs}")
+    given = dict(fit_sample or {})
+    unknown = sorted(set(given) - set(SAMPLE_FIELDS))
+    if unknown:
+        raise FitSampleError(f"fit_sample: unknown settings {unknown} (settings: {list(SAMPLE_FIELDS)})")
+    fraction, lo, hi = (given.get("fraction", DEFAULTS["fraction"]), given.get("min_pairs", DEFAULTS["min"]),
+                        given.get("max_pairs", DEFAULTS["max"]))
+    if not (isinstance(fraction, (int, float)) and not isinstance(fraction, bool) and 0.0 < fraction <= 1.0) \
+            or not all(isinstance(x, int) and not isinstance(x, bool) for x in (lo, hi)) or not 1 <= lo <= hi:
+        raise FitSampleError(f"fit_sample: fraction in (0, 1], 1 <= min_pairs <= max_pairs (whole numbers); got "
+                             f"{fraction!r}, {lo!r}, {hi!r}")
+    state = {"fraction": float(fraction), "min": lo, "max": hi}
     queries = check_queries(queries)
-    state = {"target": target, "fraction": fraction, "min": int(min_pairs), "max": int(max_pairs), "next": None,
-             "fits": [], **({"queries": queries} if queries else {})}
+    if queries:
+        state["queries"] = queries
+    fit = given.get("fit")
     if fit is not None:
         try:
             fit_cfg = asdict(FitConfig(**dict(fit)))
-        except TypeError as e:
-            raise ValueError(f"fit settings {dict(fit)}: {e} (fields: {[f.name for f in fields(FitConfig)]})") from None
+        except (TypeError, ValueError) as e:
+            raise FitSampleError(f"fit settings {dict(fit)}: {e} (fields: {[f.name for f in fields(FitConfig)]})") \
+                from None
         state["fit"] = {k: list(v) if isinstance(v, tuple) else v for k, v in fit_cfg.items()}
+    return state
+
+
+def enable_fit(collection: Collection, target: str, fit_sample: Mapping[str, Any] | None = None,
+               queries: Sequence[str] = ()) -> dict[str, Any]:
+    """Record that the backfill into ``target`` fits bridges (sample first, then refits) with the
+    settings of :func:`fit_settings`."""
+    state = {"target": target, **fit_settings(fit_sample, queries), "next": None, "fits": []}
     _write(collection, FIT_FILE, state)
     return state
 
@@ -193,5 +221,6 @@ def maybe_fit(collection: Collection, *, final: bool | None = False, pool: Any =
         return report
 
 
-__all__ = ["DEFAULTS", "FIT_FILE", "MAX_QUERIES", "MAX_QUERY_CHARS", "QueriesError", "backfilled_count",
-           "check_queries", "enable_fit", "fit_state", "fit_summary", "maybe_fit", "sample_first", "sample_size"]
+__all__ = ["DEFAULTS", "FIT_FILE", "FitSampleError", "MAX_QUERIES", "MAX_QUERY_CHARS", "QueriesError",
+           "SAMPLE_FIELDS", "backfilled_count", "check_queries", "enable_fit", "fit_settings", "fit_state",
+           "fit_summary", "maybe_fit", "sample_first", "sample_size"]

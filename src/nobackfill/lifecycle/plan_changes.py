@@ -46,18 +46,21 @@ def upgrade_collection(collection: Collection, model: str | Path, *, bridges: Se
     weights and the merge. ``guard(plan)`` may refuse (raise) under the commit lock, e.g. while a
     backfill runs. ``fit_bridges`` (default: when no bridge is given) makes the backfill fit bridges
     from its own pairs (:mod:`.backfill_fit`; ``fit_sample``: its ``fraction`` / ``min_pairs`` /
-    ``max_pairs``; ``queries``: example search texts, no labels, the fits score text-query bridges on,
-    the only text queries of a collection of images alone). Raises :class:`UpgradeRefused` for an
-    upgrade that does not fit the collection, ``ValueError`` for ``queries`` without fitting."""
+    ``max_pairs`` / ``fit``; ``queries``: example search texts, no labels, the fits score text-query
+    bridges on, the only text queries of a collection of images alone). Raises :class:`UpgradeRefused`
+    for an upgrade that does not fit the collection, ``ValueError`` for fit settings refused or given
+    without fitting (before anything changes)."""
     from ..compat.upgrade import load_upgrade
-    from .backfill_fit import QueriesError, check_queries
+    from .backfill_fit import FitSampleError, QueriesError, fit_settings
 
-    queries = check_queries(queries)
+    fit_settings(fit_sample, queries)  # refused before anything changes
     fitting = fit_bridges if fit_bridges is not None else not bridges
+    why = "fit_bridges is off" if not bridges else "a bridge was given: add fit_bridges / --fit-bridge to fit too"
     if queries and not fitting:
-        why = "fit_bridges is off" if not bridges else "a bridge was given: add fit_bridges / --fit-bridge to fit too"
         raise QueriesError(f"queries: example query texts are what fitted bridges are scored on; this upgrade fits "
                            f"none ({why})")
+    if fit_sample and not fitting:
+        raise FitSampleError(f"fit_sample: this upgrade fits no bridge ({why})")
 
     say = log or (lambda _m: None)
     _refuse_during_backfill(collection)
@@ -114,8 +117,9 @@ def upgrade_collection(collection: Collection, model: str | Path, *, bridges: Se
     if fitting:
         from .backfill_fit import enable_fit
 
-        enable_fit(collection, sid, **(fit_sample or {}), queries=queries)
-        say("no bridge given: the backfill starts with a sample of each modality and fits bridges from it")
+        enable_fit(collection, sid, fit_sample, queries)
+        say(("" if bridges else "no bridge given: ") + "the backfill starts with a sample of each modality and "
+            "fits bridges from it")
     return committed
 
 

@@ -189,6 +189,18 @@ class BackfillRequest(BaseModel):
                                             description="Ray: GPUs per embedding actor (default 0: CPU; not used by engine 'local').")
 
 
+class FitSample(BaseModel):
+    """The first sample a backfill that fits bridges takes of each modality."""
+
+    model_config = _STRICT
+    fraction: Optional[float] = Field(None, gt=0, le=1, allow_inf_nan=False,
+                                      description="The share of each modality's items (default 0.01).")
+    min_pairs: Optional[Annotated[int, Field(ge=1, le=10_000_000), BeforeValidator(_integral)]] = Field(
+        None, description="At least this many items of a modality (default 512).")
+    max_pairs: Optional[Annotated[int, Field(ge=1, le=10_000_000), BeforeValidator(_integral)]] = Field(
+        None, description="At most this many (default 20,000; not below min_pairs).")
+
+
 class UpgradeRequest(BaseModel):
     """A new model, its bridges from the older spaces and optional calibration data."""
 
@@ -211,6 +223,7 @@ class UpgradeRequest(BaseModel):
                                                            "characters each) the fitted bridges "
                                                            "for text queries are scored on: the only text queries "
                                                            "of a collection of images alone.")
+    fit_sample: Optional[FitSample] = Field(None, description="The first sample of a backfill that fits bridges.")
 
 
 class RouteRequest(BaseModel):

@@ -96,7 +96,8 @@ async def upgrade(req: UpgradeRequest, _r: str = Depends(admin), svc: Service = 
     rep = await run_in_threadpool(svc.call, svc.client.upgrade, model, bridges=bridges, calibrate=data,
                                   calibrate_split=req.calibrate_split, calibrate_limit=req.calibrate_limit,
                                   calibrate_langs=req.calibrate_langs, fit_bridges=req.fit_bridges,
-                                  queries=req.queries,
+                                  queries=req.queries, fit_sample=req.fit_sample.model_dump(exclude_none=True)
+                                  if req.fit_sample else None,
                                   field="calibrate" if data is not None else "model")
     return svc.paths.deep(rep.to_dict())
 
