@@ -214,7 +214,8 @@ def upgrade(
                                                       "bridges for text queries are scored on them, the only text "
                                                       "queries of a collection of images alone."),
     fit_sample: Optional[str] = typer.Option(None, help="The first sample of each modality when bridges are "
-                                                        "fitted: FRACTION[,MIN[,MAX]] (default 0.01,512,20000)."),
+                                                        "fitted: FRACTION, or FRACTION,MIN or FRACTION,MIN,MAX "
+                                                        "(default 0.01,512,20000)."),
     as_json: bool = _JSON,
 ) -> None:
     """Make MODEL the current model at once: new items and queries use it, items of older spaces are

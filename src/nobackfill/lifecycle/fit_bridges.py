@@ -6,7 +6,8 @@ them, fits the candidates of :mod:`nobackfill.compat.fitted` (per pair set: imag
 the pairs outside a held-out fifth of the items (split by scene: an image with its captions, the
 same items every time),
 and per old space and direction chooses without labels (agreement with the new model's ranking of
-the held-out items, held-out queries of the direction's query modality). The bridge serving that
+the held-out items, held-out queries of the direction's query modality, and the example query texts
+an upgrade was given: the only text queries of a collection of images alone). The bridge serving that
 direction, if any, is scored on the same held-out items; the new fit replaces it only if its score
 is higher by ``min_gain``. A new bridge is stored in the collection's catalog as a versioned upgrade
 directory (``fitted-<space>-<direction>-v<k>``, :mod:`nobackfill.compat.fitted.stored`: one

@@ -11,7 +11,8 @@ vectors (``bridge(q_new) . g_old``); its score is how well the two rankings agre
 
 The queries are the collection's own held-out items of the direction's query modality (captions
 for ``t2i``, images for ``i2t``, ...), never fitted on: a map fitted on image pairs is judged on
-text queries. The gallery is every backfilled item of the gallery modality, and only the queries
+text queries; example query texts given with the upgrade join them (the only text queries of a
+collection of images alone). The gallery is every backfilled item of the gallery modality, and only the queries
 whose reference top-1 is a held-out item count (:func:`held_out_set`: a query whose match was
 fitted on rewards a map for recalling its fit). Items are held out by scene (an image with its
 captions), so a held-out caption's image is held out too. For a same-modality direction a
