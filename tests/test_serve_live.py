@@ -335,6 +335,39 @@ def test_web_page_error_states_clear_on_the_next_success(live, browser, tmp_path
     assert not _errors(browser)
 
 
+def test_web_page_names_a_fitted_bridge_beside_its_route(live, browser, tmp_path):
+    """A collection upgraded with no bridge, backfilled (bridges fitted from its pairs) and the t2i
+    route pinned to the fitted bridge: the status panel names the bridge beside the route."""
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    from nobackfill.lifecycle.backfill import run_backfill
+    from nobackfill.lifecycle.fit_bridges import fitted_status
+    from nobackfill.lifecycle.plan_changes import pin_route, upgrade_collection
+    from nobackfill.search import ModelPool
+    from nobackfill.search.models import model_ref
+
+    _invoke("collection", "create", tmp_path / "photos", "--model", ROOT / "models" / "world-old")
+    _invoke("collection", "add", tmp_path / "photos", "--data", live.root / "world", "--split", "test")
+    c, pool = Collection.open(tmp_path / "photos"), ModelPool()
+    new_ref = model_ref(ROOT / "models" / "world-new")
+    upgrade_collection(c, new_ref, pool=pool, fit_sample={"fraction": 1.0, "min_pairs": 8,
+                                                          "fit": {"families": ("orthogonal",)}})
+    run_backfill(c, pool.get(new_ref), order="sequential")
+    t2i = next(b for b in fitted_status(Collection.open(c.path).plan) if b["direction"] == "t2i")
+    pin_route(c, t2i["space"], "t2i", "bridge")
+    (tmp_path / "keys.toml").write_text(f'read = ["{READ}"]\nadmin = ["{ADMIN}"]\n')
+    server = Server(tmp_path).start()
+    try:
+        _viewport(browser, 1280, 900)
+        _open(browser, server)
+        want = f"t2i bridge (bridge fitted: orthogonal, {t2i['pairs']} pairs)"
+        WebDriverWait(browser, 60).until(lambda b: want in b.find_element(By.ID, "spaces").text)
+        browser.save_screenshot(str(_screens(tmp_path) / "fitted-bridge.png"))
+    finally:
+        server.kill()
+
+
 def test_favicon(live):
     import httpx
 
