@@ -40,6 +40,7 @@ from typing import Any, Callable, Mapping, Sequence
 import numpy as np
 
 from ..compat.fitted import FitConfig, choose_direction, fit_candidates, heldout_mask
+from ..compat.fitted.choose import split_name
 from ..compat.fitted.agreement import FUSED
 from .fitted_bridge_rows import Direction, Pool, held_out, query_overhead_us, recall_r
 from .world_collection import UpgradeInputs
@@ -106,7 +107,7 @@ def run_point(n: int, pools: Mapping[str, Pool], dirs: Mapping[str, Direction], 
         else:  # every given query is held out; the candidates fitted on the one pair set
             held, kept = held_out(name, g.pool, pools[gmod], n, np.ones(len(g.pool.keys), bool), False, gmask)
             qi = np.arange(len(g.pool.keys))
-            d_cands = {k: m for k, m in cands.items() if k.endswith(f"@{g.pairs}")}
+            d_cands = {k: m for k, m in cands.items() if split_name(k)[1] == g.pairs}
             d_pairs = {g.pairs: all_pairs[g.pairs]}
         families = {k: {**recall_r(d.bridged(m), d.qg, d.gg)} for k, m in d_cands.items()}
         ch = choose_direction(held, d_cands, pairs=d_pairs, cfg=cfg.fit, margin=cfg.margin)

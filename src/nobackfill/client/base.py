@@ -89,9 +89,10 @@ class Client:
         through ``bridges``; ``calibrate`` chooses routes and the merge on labelled data (``log``:
         told of each step, in process). ``fit_bridges`` (default: when no bridge is given): the
         backfill fits bridges from its own pairs, a sample of each modality first; ``queries``:
-        example search texts (no labels, at most 2,000 of 300 characters) the fits score text-query bridges on, the
-        only text queries of a collection of images alone; ``fit_sample``: ``{"fraction", "min_pairs",
-        "max_pairs"}`` of the first sample (default 0.01 of each modality, at least 512, at most 20,000)."""
+        example search texts (no labels, at most 2,000 of 300 characters) the fits score text-query
+        bridges on, the only text queries of a collection of images alone; ``fit_sample``:
+        ``{"fraction", "min_pairs", "max_pairs"}`` of the first sample (default 0.01 of each
+        modality, at least 512, at most 20,000)."""
         raise NotImplementedError
 
     def route(self, space: str, direction: str, route: str | None = None, *, w: float | None = None) -> dict[str, Any]:

@@ -185,7 +185,8 @@ class CollectionStatus:
         spaces = {}
         for s in plan.spaces:
             spaces[s.space_id] = {"name": s.name, "model": s.model, "dim": s.dim, "current": s.space_id == plan.current,
-                                  "retired": s.retired, "modalities": list(s.modalities), **counts.get(s.space_id, {m: 0 for m in MODALITIES})}
+                                  "retired": s.retired, "modalities": list(s.modalities),
+                                  **counts.get(s.space_id, {m: 0 for m in MODALITIES})}
             if s.imports:
                 spaces[s.space_id]["imports"] = [dict(i) for i in s.imports]
             if not s.retired:

@@ -163,23 +163,36 @@ def _held(direction: str, pairs: dict[str, Pairs], masks: dict[str, np.ndarray],
     return held, sources
 
 
-def _query_texts(planner: RoutePlanner, space: Any, texts: tuple[str, ...], cache: dict[str, Any],
+#: given query texts embedded by a space's model, per (space id, digest of the texts): every refit of
+#: a backfill in this process scores the same texts with the same models, so each is embedded once
+_QUERY_VECTORS: dict[tuple[str, str], np.ndarray] = {}
+
+
+def _query_texts(planner: RoutePlanner, space: Any, texts: tuple[str, ...],
                  say: Callable[[str], None]) -> QueryTexts | None:
     """The given query texts embedded by the current model and (where it embeds text) ``space``'s
-    (each model once per fit: ``cache``); None where a model cannot embed them (said: the fit goes
-    on without them, as a bridge must be compared with the old model's own route)."""
+    (:data:`_QUERY_VECTORS`); None where a model cannot embed them (said: the fit goes on without
+    them, as a bridge must be compared with the old model's own route)."""
+    import hashlib
+
     if not texts or not planner.plan.current_space.embeds("text"):
         return None
+    digest = hashlib.sha256("\n".join(texts).encode()).hexdigest()
+    vectors: dict[str, np.ndarray] = {}
     for sid in (planner.current, space.space_id):
-        if sid not in cache and planner.plan.space(sid).embeds("text"):
+        if not planner.plan.space(sid).embeds("text"):
+            continue
+        if (sid, digest) not in _QUERY_VECTORS:
             try:
-                cache[sid] = np.asarray(planner.encoder(sid).encode_texts(list(texts)), np.float32)
+                v = np.asarray(planner.encoder(sid).encode_texts(list(texts)), np.float32)
             except Exception as e:  # a model no longer at its path: scored without the given queries
                 say(f"  the model of space {sid} could not embed the given query texts ({e}); scored without them")
-                cache[sid] = None
-    if cache[planner.current] is None or (space.embeds("text") and cache.get(space.space_id) is None):
-        return None
-    return QueryTexts(list(texts), cache[planner.current], cache.get(space.space_id))
+                return None
+            if len(_QUERY_VECTORS) >= 8:  # a few upgrades' worth
+                _QUERY_VECTORS.pop(next(iter(_QUERY_VECTORS)))
+            _QUERY_VECTORS[sid, digest] = v
+        vectors[sid] = _QUERY_VECTORS[sid, digest]
+    return QueryTexts(list(texts), vectors[planner.current], vectors.get(space.space_id))
 
 
 def _given_bridge(users: RoutePlanner, sid: str, d: str, sources: list[Any], say: Callable[[str], None]) -> dict:
@@ -218,7 +231,6 @@ def fit_collection_bridges(collection: Collection, *, cfg: FitBridgesConfig | No
     serving = fitted_bridges(plan)
     report: dict[str, Any] = {}
     changes: list[tuple[UpgradeRecord, str, dict[str, Any], dict[str, Any]]] = []
-    text_cache: dict[str, Any] = {}
     for space in plan.old_spaces():
         sid = space.space_id
         pairs = backfilled_pairs(collection, sid, plan)
@@ -234,7 +246,7 @@ def fit_collection_bridges(collection: Collection, *, cfg: FitBridgesConfig | No
             qmod, _ = DIRECTIONS[d]
             if not planner.available(sid, d) or not plan.current_space.embeds(qmod):
                 continue
-            given_texts = _query_texts(planner, space, tuple(cfg.queries), text_cache, say) if qmod == "text" else None
+            given_texts = _query_texts(planner, space, tuple(cfg.queries), say) if qmod == "text" else None
             held, sources = _held(d, pairs, masks, cfg, space.embeds(qmod), given_texts)
             if held is None or not cands:
                 if qmod == "text" and "text" not in pairs and DIRECTIONS[d][1] in pairs and not cfg.queries:

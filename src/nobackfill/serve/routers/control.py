@@ -93,11 +93,11 @@ async def upgrade(req: UpgradeRequest, _r: str = Depends(admin), svc: Service = 
         if not (b / "upgrade.json").is_file():
             raise ApiError(422, f"bridges[{i}]: {req.bridges[i]!r} is not an upgrade directory", f"bridges[{i}]")
     data = svc.under(settings.data_root, req.calibrate, "calibrate", "--data-root") if req.calibrate else None
+    sample = req.fit_sample.model_dump(exclude_none=True) if req.fit_sample else None
     rep = await run_in_threadpool(svc.call, svc.client.upgrade, model, bridges=bridges, calibrate=data,
                                   calibrate_split=req.calibrate_split, calibrate_limit=req.calibrate_limit,
                                   calibrate_langs=req.calibrate_langs, fit_bridges=req.fit_bridges,
-                                  queries=req.queries, fit_sample=req.fit_sample.model_dump(exclude_none=True)
-                                  if req.fit_sample else None,
+                                  queries=req.queries, fit_sample=sample,
                                   field="calibrate" if data is not None else "model")
     return svc.paths.deep(rep.to_dict())
 
