@@ -39,7 +39,7 @@ def test_one_point_measures_every_family_the_choice_and_the_routes(tmp_path):
     cfg = FittedBridgeBenchConfig(fit=FitConfig(epochs=20, hidden=32, max_steps=200))
     res = run_point(300, pools, dirs, masks, shipped, 1200, cfg)
     row = res["t2i"]
-    assert set(row["families"]) == {f"{f}@{s}" for f in cfg.fit.families for s in ("image", "text", "both")}
+    assert set(row["families"]) == {f"{f}@{s}" for f in cfg.fit.families for s in ("image", "text", "both")} | {"ensemble"}
     assert row["chosen"] in row["families"] and 0 <= row["heldout"]["r1"] <= 1
     assert row["served_route"] in ("bridge", "fused", "old-model")
     assert row["fraction"] == 0.5 and row["pairs"] == 300
@@ -85,8 +85,9 @@ def test_a_direction_scored_on_given_queries_uses_the_one_pair_set():
     cfg = FittedBridgeBenchConfig(fit=FitConfig(families=("orthogonal", "ridge"), epochs=5, max_steps=50))
     res = run_point(300, pools, {"t2i": t2i, "t2i-images": t2i}, masks, shipped, 1200, cfg, given)
     row = res["t2i-images"]
-    assert set(row["families"]) == {"orthogonal@image", "ridge@image"}  # images alone: no caption pairs
-    assert row["chosen"].endswith("@image") and row["heldout_sizes"]["queries"] <= 300
+    assert set(row["families"]) == {"orthogonal@image", "ridge@image", "ensemble"}  # images alone: no caption pairs
+    assert row["chosen"] == "ensemble" and all(m.endswith("@image") for m in row["members"])
+    assert row["heldout_sizes"]["queries"] <= 300
     assert row["heldout_sizes"]["gallery"] == res["t2i"]["heldout_sizes"]["gallery"] == 300
     assert row["with_shipped"]["chosen"] in ("shipped", *row["families"])
-    assert len(res["t2i"]["families"]) == 6
+    assert len(res["t2i"]["families"]) == 7  # 2 families x 3 pair sets, and their ensemble

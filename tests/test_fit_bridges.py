@@ -63,7 +63,9 @@ def test_a_fit_registers_a_bridge_per_direction_and_serves_it(tmp_path):
     hits = Searcher(c2, pool=pool).search(text="caption 0 of image 3 seed 0", k=120, target="image").hits
     assert hits and any(h.route == "bridge" for h in hits)
     st = {(r["space"], r["direction"]): r for r in fitted_status(c.plan)}
-    assert st[(sid, "t2i")]["family"] in ("orthogonal", "ridge", "mlp") and st[(sid, "t2i")]["pairs"] > 0
+    assert st[(sid, "t2i")]["family"] == "ensemble" and st[(sid, "t2i")]["pairs"] > 0
+    members = st[(sid, "t2i")]["candidate"].split(" + ")  # the three best-scored candidates, averaged
+    assert len(members) == 3 and all(m.split("@")[0] in ("orthogonal", "ridge", "mlp") for m in members)
 
 
 def test_a_refit_that_is_not_better_by_the_gain_is_not_swapped_in(tmp_path):
@@ -250,7 +252,7 @@ def test_fit_settings_recorded_by_the_upgrade_are_used_by_the_backfills_fits(tmp
     assert backfill_fit.fit_state(c)["fit"]["families"] == ["ridge"]
     run_backfill(c, new, order="sequential", batch_size=16, limit=96)  # the sample (80) in: one fit
     fitted = [u for u in c.plan.upgrades if u.kind == "fitted"]
-    assert fitted and {u.info["family"] for u in fitted} == {"ridge"}
+    assert fitted and {m.split("@")[0] for u in fitted for m in u.info["candidate"].split(" + ")} == {"ridge"}
     with pytest.raises(backfill_fit.FitSampleError, match="fields"):
         backfill_fit.enable_fit(c, new.space_id, {"fit": {"famillies": ("ridge",)}})
     with pytest.raises(backfill_fit.FitSampleError, match="unknown bridge families"):

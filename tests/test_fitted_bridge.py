@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import numpy as np
 import pytest
 
 from nobackfill.compat.fitted import (FAMILIES, FitConfig, FittedBridge, HeldOut, agreement, bridge_score,
-                                      choose_direction, fit_candidates, fit_family, heldout_mask, route_scores)
+                                      candidate_score, choose_direction, fit_candidates, fit_family, heldout_mask,
+                                      route_scores)
+from nobackfill.compat.fitted.families import ENSEMBLE, ensemble_map
 from nobackfill.compat.upgrade import load_upgrade
 from nobackfill.encoders.base import l2_normalise
 
@@ -163,15 +166,76 @@ def test_choice_scores_every_candidate_and_refits_the_chosen_one_on_all_pairs():
     rng = np.random.default_rng(0)
     held = _held(new[1000:], new[held_idx], old[held_idx])
     junk = l2_normalise(rng.standard_normal((200, 12)).astype(np.float32))
-    ch = choose_direction(held, cands, given={"user-bridge": junk}, pairs={"image": (new[:1000], old[:1000])}, cfg=FAST)
+    single = dataclasses.replace(FAST, ensemble=1)  # the best-scored candidate alone
+    ch = choose_direction(held, cands, given={"user-bridge": junk}, pairs={"image": (new[:1000], old[:1000])},
+                          cfg=single)
     assert set(ch.scores) == set(cands) | {"user-bridge"}
-    assert ch.chosen != "user-bridge" and ch.heldout == ch.scores[ch.chosen]
-    assert ch.bridge.meta["pairs"] == 1000 and ch.bridge.meta["candidate"] == ch.chosen
+    assert ch.chosen == max(cands, key=lambda n: candidate_score(ch.scores[n])) and ch.heldout == ch.scores[ch.chosen]
+    assert ch.bridge.meta["pairs"] == 1000 and ch.bridge.meta["candidate"] == ch.chosen and ch.members == [ch.chosen]
     assert ch.to_json()["route"] == ch.route
     # a given bridge chosen: nothing fitted to serve
     held2 = _held(old[1000:], old[held_idx], old[held_idx])  # the reference is old/old
     ch2 = choose_direction(held2, {}, given={"user-bridge": old[1000:], "junk": junk})
     assert ch2.chosen == "user-bridge" and ch2.bridge is None and ch2.scores["user-bridge"]["r1"] == 1.0
+    assert ch2.members == []
+
+
+def test_choice_serves_the_mean_of_the_best_scored_candidates_refitted_on_all_pairs():
+    new, old = _spaces(1200)
+    held_mask = heldout_mask([f"k{i}" for i in range(1000)], 0.2)
+    fit_idx, held_idx = np.flatnonzero(~held_mask), np.flatnonzero(held_mask)
+    cands = fit_candidates({"image": (new[fit_idx], old[fit_idx])}, FAST)
+    held = _held(new[1000:], new[held_idx], old[held_idx])
+    junk = l2_normalise(np.random.default_rng(0).standard_normal((200, 12)).astype(np.float32))
+    ch = choose_direction(held, cands, given={"user-bridge": junk}, pairs={"image": (new[:1000], old[:1000])}, cfg=FAST)
+    ranked = sorted(cands, key=lambda n: candidate_score(ch.scores[n]), reverse=True)
+    assert ch.chosen == ENSEMBLE and ch.members == ranked[:3] and set(ch.scores) == {*cands, "user-bridge", ENSEMBLE}
+    # what was scored is the mean of the members as fitted; what serves, the members refitted on all pairs
+    mean = l2_normalise(np.mean([cands[n](held.q_new) for n in ranked[:3]], axis=0))
+    assert np.allclose(ch.scored_map(held.q_new), mean, atol=1e-6)
+    assert ch.heldout == bridge_score(mean, held)
+    b = ch.bridge
+    assert b.family == ENSEMBLE and b.meta["members"] == ranked[:3] and b.meta["pairs"] == 1000
+    assert b.meta["candidate"] == " + ".join(ranked[:3]) and b.meta["member_pairs"] == [1000] * 3
+    refit = [fit_family(n.split("@")[0], new[:1000], old[:1000], FAST) for n in ranked[:3]]
+    assert np.allclose(b(new[1000:1010]), l2_normalise(np.mean([m(new[1000:1010]) for m in refit], axis=0)), atol=1e-5)
+    # a given bridge better than the ensemble is kept (nothing fitted to serve)
+    ch3 = choose_direction(held, cands, given={"user-bridge": held.q_new @ np.zeros((24, 12), np.float32)
+                                               + fit_family("ridge", new, old)(held.q_new)}, cfg=FAST)
+    if candidate_score(ch3.scores["user-bridge"]) >= candidate_score(ch3.scores[ENSEMBLE]):
+        assert ch3.chosen == "user-bridge" and ch3.bridge is None
+    # one candidate: no ensemble
+    one = choose_direction(held, {"ridge@image": cands["ridge@image"]}, cfg=FAST)
+    assert one.chosen == "ridge@image" and ENSEMBLE not in one.scores and one.bridge.family == "ridge"
+
+
+def test_ensemble_is_saved_and_loaded_as_one_fitted_upgrade(tmp_path):
+    new, old = _spaces(300)
+    members = [(f"{f}@image", fit_family(f, new, old, FAST)) for f in ("orthogonal", "mlp", "ridge")]
+    ens = ensemble_map(members)
+    assert ens.in_dim == 24 and ens.out_dim == 12
+    assert np.allclose(ens(new[:7]), l2_normalise(np.mean([m(new[:7]) for _, m in members], axis=0)), atol=1e-6)
+    d = FittedBridge(ens, "space-new", "space-old", {"heldout": {"r1": 0.5, "overlap10": 0.6}}).save(tmp_path / "e")
+    manifest = json.loads((d / "upgrade.json").read_text())["fitted"]
+    assert manifest["family"] == ENSEMBLE and manifest["members"] == [n for n, _ in members]
+    assert manifest["member_families"] == ["orthogonal", "mlp", "ridge"]
+    loaded = load_upgrade(d).bridge()
+    assert loaded.family == ENSEMBLE and np.array_equal(loaded(new[:5]), ens(new[:5]))
+    # a member's tensors missing, or its family unknown: refused naming the file and what is missing
+    m = json.loads((d / "upgrade.json").read_text())
+    m["files"] = {}
+    m["fitted"]["member_families"] = ["orthogonal", "mlp", "mlp"]  # member 2 (ridge) has no MLP tensors
+    (d / "upgrade.json").write_text(json.dumps(m))
+    with pytest.raises(ValueError, match=r"fitted.safetensors: missing tensors .*'2.w1'.*\(fitted.family ensemble\)"):
+        load_upgrade(d).bridge()
+    m["fitted"]["member_families"] = ["orthogonal", "nope"]
+    (d / "upgrade.json").write_text(json.dumps(m))
+    with pytest.raises(ValueError, match="member_families"):
+        load_upgrade(d).bridge()
+    with pytest.raises(ValueError, match="same widths"):
+        ensemble_map([members[0], ("x", fit_family("ridge", new[:, :12], old))])
+    with pytest.raises(ValueError, match="ensemble must be positive|must be positive"):
+        FitConfig(ensemble=0)
 
 
 def test_heldout_mask_is_deterministic_and_near_its_fraction():

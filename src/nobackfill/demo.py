@@ -319,7 +319,9 @@ def fitted_row(old: DualEncoder, new: DualEncoder, world: Path, data: Any, n_sce
         w = {"old-model": 0.0, "bridge": 1.0}.get(ch.route, ch.routes.get("w"))
         q = q_old if w == 0.0 else (1 - w) * q_old + w * ch.bridge(q_new)
         row[d] = recall_from_ranks(best_relevant_ranks(q, test[gm][1], c2i, d), (1, 5, 10))
-        details[d] = {"chosen": ch.chosen, "route": ch.route, "w": ch.routes.get("w"), "heldout": ch.heldout}
-        log(f"  fitted bridge {d}: {ch.chosen} on {ch.bridge.meta.get('pairs') if ch.bridge else 0} pairs -> "
+        details[d] = {"chosen": ch.chosen, "members": ch.members, "route": ch.route, "w": ch.routes.get("w"),
+                      "heldout": ch.heldout}
+        log(f"  fitted bridge {d}: {ch.bridge.meta.get('candidate') if ch.bridge else ch.chosen} on "
+            f"{ch.bridge.meta.get('pairs') if ch.bridge else 0} pairs -> "
             f"route {ch.route}, R@1 {row[d]['R@1']:.3f}")
     return row, {"fitted_bridge": {"scenes": len(train), "directions": details}}

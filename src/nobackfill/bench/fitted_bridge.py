@@ -42,6 +42,7 @@ import numpy as np
 from ..compat.fitted import FitConfig, choose_direction, fit_candidates, heldout_mask
 from ..compat.fitted.choose import split_name
 from ..compat.fitted.agreement import FUSED
+from ..compat.fitted.families import ENSEMBLE
 from .fitted_bridge_rows import Direction, Pool, held_out, query_overhead_us, recall_r
 from .world_collection import UpgradeInputs
 
@@ -111,6 +112,9 @@ def run_point(n: int, pools: Mapping[str, Pool], dirs: Mapping[str, Direction], 
             d_pairs = {g.pairs: all_pairs[g.pairs]}
         families = {k: {**recall_r(d.bridged(m), d.qg, d.gg)} for k, m in d_cands.items()}
         ch = choose_direction(held, d_cands, pairs=d_pairs, cfg=cfg.fit, margin=cfg.margin)
+        if ENSEMBLE in ch.scores:  # the ensemble as scored: its members fitted outside the held-out fifth
+            families[ENSEMBLE] = recall_r(d.bridged(ch.scored_map), d.qg, d.gg)
+        single = max((k for k in families if k != ENSEMBLE), key=lambda k: families[k]["r1"], default=None)
         for k, sc in ch.scores.items():
             families[k].update(heldout=sc["r1"], overlap10=sc["overlap10"])
         s_bridge = d.bridged(ch.bridge) if ch.bridge is not None else None
@@ -120,7 +124,7 @@ def run_point(n: int, pools: Mapping[str, Pool], dirs: Mapping[str, Direction], 
         served = d.route(ch.route, ch.routes.get("w"), s_bridge)
         best = max(families, key=lambda k: families[k]["r1"]) if families else None
         row = {"pairs": n, "items": dict(cnt), "fraction": round(sum(cnt.values()) / total, 5), "families": families,
-               "chosen": ch.chosen,
+               "chosen": ch.chosen, "members": ch.members,
                "heldout": ch.heldout, "heldout_sizes": ch.sizes, "route_scores": {
                    k: v for k, v in ch.routes.items() if k not in ("route", "w")},
                "served_route": ch.route, "w": ch.routes.get("w"), "served_r1": served["r1"], "served_r10": served["r10"],
@@ -128,7 +132,8 @@ def run_point(n: int, pools: Mapping[str, Pool], dirs: Mapping[str, Direction], 
                "fused_r1": fused["r1"] if fused else None, "fused_w": w_fused,
                "old_old_r1": d.old_old["r1"], "new_new_r1": d.new_new["r1"],
                "best_family": best, "best_family_r1": families[best]["r1"] if best else None,
-               "choice_gap": round(families[best]["r1"] - families[ch.chosen]["r1"], 4) if best else None}
+               "choice_gap": round(families[best]["r1"] - families[ch.chosen]["r1"], 4) if best else None,
+               "best_single": single, "best_single_r1": families[single]["r1"] if single else None}
         if d.s_shipped is not None:
             shipped = recall_r(d.s_shipped, d.qg, d.gg)
             row["shipped_r1"] = shipped["r1"]

@@ -19,6 +19,11 @@ def _curves(result: dict[str, Any]):
                 yield part, d, rows
 
 
+def _chosen(r: dict[str, Any]) -> str:
+    members = r.get("members") or []
+    return f"{r['chosen']} of {' + '.join(members)}" if len(members) > 1 else str(r["chosen"])
+
+
 def format_markdown(result: dict[str, Any]) -> str:
     lines = []
     for part, d, rows in _curves(result):
@@ -26,17 +31,18 @@ def format_markdown(result: dict[str, Any]) -> str:
         lines.append(f"**{part} {d}** (R@1 %; the label-free choice, its held-out agreement, the served route)")
         lines.append("")
         lines.append("| pairs | fraction | chosen (held-out) | served route | served | bridge | fused | old/old | "
-                     "shipped | with shipped: served | new/new | best family | gap |")
-        lines.append("|---:|---:|---|---|---:|---:|---:|---:|---:|---|---:|---|---:|")
+                     "shipped | with shipped: served | new/new | best candidate | gap | best single family |")
+        lines.append("|---:|---:|---|---|---:|---:|---:|---:|---:|---|---:|---|---:|---|")
         for r in rows:
             ws = r.get("with_shipped") or {}
             w = f" w={r['w']}" if r.get("w") is not None else ""
             lines.append(
-                f"| {r['pairs']:,} | {100 * r['fraction']:.2f}% | {r['chosen']} ({_f((r['heldout'] or {}).get('r1'))}) | "
+                f"| {r['pairs']:,} | {100 * r['fraction']:.2f}% | {_chosen(r)} ({_f((r['heldout'] or {}).get('r1'))}) | "
                 f"{r['served_route']}{w} | {_f(r['served_r1'])} | {_f(r['bridge_r1'])} | {_f(r['fused_r1'])} | "
                 f"{_f(r['old_old_r1'])} | {_f(r.get('shipped_r1'))} | "
                 f"{(ws.get('served_route', '-') + ' ' + _f(ws.get('served_r1'))) if ws else '-'} | "
-                f"{_f(r['new_new_r1'])} | {r['best_family']} {_f(r['best_family_r1'])} | {_f(r['choice_gap'])} |")
+                f"{_f(r['new_new_r1'])} | {r['best_family']} {_f(r['best_family_r1'])} | {_f(r['choice_gap'])} | "
+                f"{r.get('best_single') or '-'} {_f(r.get('best_single_r1'))} |")
         lines.append("")
         lines.append("| pairs | " + " | ".join(fams) + " |")
         lines.append("|---:|" + "---:|" * len(fams))
@@ -47,8 +53,9 @@ def format_markdown(result: dict[str, Any]) -> str:
                 if k in r["families"] else "-"
                 for k in fams) + " |")
         lines.append("")
-        lines.append("Per family: test R@1 (held-out agreement R@1 / overlap@10; the choice maximises their sum), "
-                     "fitted on the pairs outside the held-out fifth.")
+        lines.append("Per candidate: test R@1 (held-out agreement R@1 / overlap@10; the choice maximises their sum), "
+                     "fitted on the pairs outside the held-out fifth; `ensemble`: the mean of the best-scored "
+                     "candidates (listed in the chosen column).")
         lines.append("")
     over = result.get("query_overhead_us") or {}
     if over:
@@ -68,7 +75,9 @@ def plot(result: dict[str, Any], path: Path) -> None:
     for ax, (part, d, rows) in zip(axes[0], curves):
         x = [r["pairs"] for r in rows]
         ax.plot(x, [r["served_r1"] for r in rows], "o-", label="served (label-free)")
-        ax.plot(x, [r["best_family_r1"] for r in rows], ".--", label="best family")
+        ax.plot(x, [r["best_family_r1"] for r in rows], ".--", label="best candidate")
+        if rows[0].get("best_single_r1") is not None:
+            ax.plot(x, [r["best_single_r1"] for r in rows], "x:", label="best single family")
         ax.axhline(rows[0]["old_old_r1"], color="grey", ls=":", label="old/old")
         if rows[0].get("shipped_r1") is not None:
             ax.axhline(rows[0]["shipped_r1"], color="tab:red", ls="-.", label="shipped XBT")

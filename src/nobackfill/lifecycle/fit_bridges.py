@@ -272,7 +272,7 @@ def fit_collection_bridges(collection: Collection, *, cfg: FitBridgesConfig | No
             best = candidate_score(ch.scores[ch.chosen])
             if serving_score is not None and best < candidate_score(serving_score) + cfg.min_gain:
                 continue
-            info = {"family": ch.bridge.family, "candidate": ch.chosen, "direction": d,
+            info = {"family": ch.bridge.family, "candidate": ch.bridge.meta.get("candidate", ch.chosen), "direction": d,
                     "pairs": int(ch.bridge.meta.get("pairs", 0)), "pair_counts": entry["pairs"],
                     "heldout": ch.heldout, "heldout_sizes": ch.sizes,
                     "fitted_at": datetime.now(timezone.utc).isoformat(timespec="seconds")}

@@ -7,7 +7,8 @@ It is saved as an upgrade directory (:mod:`nobackfill.compat.upgrade`)::
     upgrade.json        {"kind": "fitted", "source", "target",
                          "fitted": {"family", "pairs", "pair_modalities", "directions",
                                     "heldout": {...}, "fitted_at", "version", ...}}
-    fitted.safetensors  the family's float32 tensors (never pickle)
+    fitted.safetensors  the family's float32 tensors (never pickle); an ensemble's members' tensors
+                        prefixed "<i>." (their families: "member_families" of the manifest)
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from typing import Any, Mapping
 import numpy as np
 
 from ..bridges import VectorBridge
-from .families import FAMILIES, MLP_FAMILIES, FittedMap
+from .families import ENSEMBLE, FAMILIES, FittedMap, check_tensors
 
 TENSORS_FILE = "fitted.safetensors"
 
@@ -73,14 +74,13 @@ class FittedBridge(VectorBridge):
 
         info = dict(info or {})
         family = info.get("family")
-        if family not in FAMILIES:
-            raise ValueError(f"{directory}: upgrade.json fitted.family is {family!r}; families: {FAMILIES}")
-        tensors = load_file(str(Path(directory) / TENSORS_FILE))
-        need = {"w", "mu_in", "b"} | ({"w1", "b1", "ln_g", "ln_b", "w2", "b2"} if family in MLP_FAMILIES else set())
-        missing = sorted(need - set(tensors))
-        if missing:
-            raise ValueError(f"{directory}/{TENSORS_FILE}: missing tensors {missing} of a {family} bridge")
+        if family not in (*FAMILIES, ENSEMBLE):
+            raise ValueError(f"{directory}: upgrade.json fitted.family is {family!r}; families: {(*FAMILIES, ENSEMBLE)}")
         meta = {k: v for k, v in info.items() if k not in ("family",)}
+        tensors = load_file(str(Path(directory) / TENSORS_FILE))
+        missing = check_tensors(family, tensors, meta)
+        if missing:
+            raise ValueError(f"{directory}/{TENSORS_FILE}: missing tensors {missing} (fitted.family {family})")
         return cls(FittedMap(family, dict(tensors), meta), source, target, info, name=Path(directory).name)
 
 

@@ -16,6 +16,9 @@ row-paired, unit-normalised ``new`` / ``old`` arrays (the Drift-Adapter families
   trained with a cosine loss on CPU (seconds; seeded); ``mlp-plain`` the same MLP without the skip.
   An unconstrained map (ridge, MLP) fitted on one modality can transfer worse to the other: the
   label-free choice judges each on the other modality's queries.
+* ``ensemble`` - the mean of several fitted maps' unit outputs, re-normalised (:func:`ensemble_map`):
+  what the label-free choice serves, the best-scored candidates averaged (model averaging lowers
+  the variance of any one map fitted on a few hundred pairs; see :mod:`.choose`).
 
 Outputs are L2-normalised. The parameters are plain float32 arrays (:class:`FittedMap`), applied
 with numpy at query time (no torch), saved with safetensors by :mod:`.bridge`.
@@ -26,7 +29,7 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
@@ -34,6 +37,9 @@ from ...encoders.base import l2_normalise
 
 FAMILIES = ("orthogonal", "ridge", "lowrank", "mlp", "mlp-plain")
 MLP_FAMILIES = ("mlp", "mlp-plain")
+ENSEMBLE = "ensemble"
+MAP_TENSORS = ("w", "mu_in", "b")
+MLP_TENSORS = ("w1", "b1", "ln_g", "ln_b", "w2", "b2")
 RIDGE_LAMBDAS = (1e-3, 1e-2, 1e-1, 1.0, 10.0)
 
 
@@ -51,13 +57,14 @@ class FitConfig:
     max_steps: int = 3000
     threads: int = 1
     seed: int = 0
+    ensemble: int = 3  # the choice serves the mean of this many best-scored candidates (1: the best alone)
 
     def __post_init__(self) -> None:
         bad = [f for f in self.families if f not in FAMILIES]
         if bad:
             raise ValueError(f"unknown bridge families {bad}; families: {FAMILIES}")
-        if self.rank < 1 or self.hidden < 1 or self.epochs < 1:
-            raise ValueError("rank, hidden and epochs must be positive")
+        if self.rank < 1 or self.hidden < 1 or self.epochs < 1 or self.ensemble < 1:
+            raise ValueError("rank, hidden, epochs and ensemble must be positive")
 
 
 @dataclass
@@ -67,18 +74,30 @@ class FittedMap:
     family: str
     tensors: dict[str, np.ndarray]
     meta: dict[str, Any] = field(default_factory=dict)
+    _members: list["FittedMap"] | None = field(default=None, repr=False, compare=False)
 
     @property
     def in_dim(self) -> int:
-        return int(self.tensors["w"].shape[0])
+        return int(self.tensors["0.w" if self.family == ENSEMBLE else "w"].shape[0])
 
     @property
     def out_dim(self) -> int:
-        return int(self.tensors["w"].shape[1])
+        return int(self.tensors["0.w" if self.family == ENSEMBLE else "w"].shape[1])
+
+    def members(self) -> list["FittedMap"]:
+        """An ensemble's member maps (their tensors are this map's, prefixed ``"<i>."``); ``[self]``
+        for a single family."""
+        if self.family != ENSEMBLE:
+            return [self]
+        if self._members is None:
+            self._members = [FittedMap(f, _prefixed(self.tensors, i)) for i, f in enumerate(self.meta["member_families"])]
+        return self._members
 
     def __call__(self, q: np.ndarray) -> np.ndarray:
         t = self.tensors
         q = np.asarray(q, np.float32)
+        if self.family == ENSEMBLE:
+            return l2_normalise(np.mean([m(q) for m in self.members()], axis=0).astype(np.float32))
         out = (q - t["mu_in"]) @ t["w"] + t["b"]
         if self.family in MLP_FAMILIES:
             h = q @ t["w1"] + t["b1"]
@@ -91,6 +110,11 @@ class FittedMap:
 
 
 _GELU_C = math.sqrt(2.0 / math.pi)
+
+
+def _prefixed(tensors: Mapping[str, np.ndarray], i: int) -> dict[str, np.ndarray]:
+    """Member ``i``'s tensors of an ensemble's (``"<i>.<name>"`` -> ``name``)."""
+    return {k.split(".", 1)[1]: v for k, v in tensors.items() if k.split(".", 1)[0] == str(i)}
 
 
 def _pairs(new: np.ndarray, old: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -222,6 +246,36 @@ def fit_mlp_plain(new: np.ndarray, old: np.ndarray, cfg: FitConfig | None = None
     return FittedMap("mlp-plain", {**zeros, **mlp}, {"epochs": epochs, "hidden": cfg.hidden})
 
 
+def ensemble_map(members: Sequence[tuple[str, FittedMap]]) -> FittedMap:
+    """The mean of ``members``' unit outputs, re-normalised: one map holding every member's tensors
+    (prefixed ``"<i>."``); ``members`` are ``(candidate name, map)`` pairs with equal widths."""
+    if not members:
+        raise ValueError("an ensemble needs at least one member")
+    dims = {(m.in_dim, m.out_dim) for _, m in members}
+    if len(dims) != 1:
+        raise ValueError(f"the members of an ensemble map between the same widths, got {sorted(dims)}")
+    if any(m.family == ENSEMBLE for _, m in members):
+        raise ValueError("an ensemble's members are single families")
+    tensors = {f"{i}.{k}": v for i, (_, m) in enumerate(members) for k, v in m.tensors.items()}
+    return FittedMap(ENSEMBLE, tensors, {
+        "members": [name for name, _ in members], "member_families": [m.family for _, m in members],
+        "member_pairs": [int(m.meta.get("pairs", 0)) for _, m in members],
+        "pairs": max(int(m.meta.get("pairs", 0)) for _, m in members),
+        "fit_s": round(sum(float(m.meta.get("fit_s", 0.0)) for _, m in members), 4)})
+
+
+def check_tensors(family: str, tensors: Mapping[str, np.ndarray], meta: Mapping[str, Any]) -> list[str]:
+    """The tensors a ``family`` map (an ensemble: each member's, from ``meta["member_families"]``)
+    needs and ``tensors`` lacks."""
+    if family == ENSEMBLE:
+        fams = meta.get("member_families")
+        if not isinstance(fams, list) or not fams or any(f not in FAMILIES for f in fams):
+            return [f"member_families (got {fams!r}; families: {FAMILIES})"]
+        return [f"{i}.{k}" for i, f in enumerate(fams) for k in check_tensors(f, _prefixed(tensors, i), {})]
+    need = MAP_TENSORS + (MLP_TENSORS if family in MLP_FAMILIES else ())
+    return sorted(set(need) - set(tensors))
+
+
 FITTERS: dict[str, Callable[[np.ndarray, np.ndarray, FitConfig | None], FittedMap]] = {
     "orthogonal": fit_orthogonal, "ridge": fit_ridge, "lowrank": fit_lowrank, "mlp": fit_mlp,
     "mlp-plain": fit_mlp_plain}
@@ -237,5 +291,5 @@ def fit_family(family: str, new: np.ndarray, old: np.ndarray, cfg: FitConfig | N
     return m
 
 
-__all__ = ["FAMILIES", "FITTERS", "MLP_FAMILIES", "FitConfig", "FittedMap", "fit_family", "fit_lowrank", "fit_mlp",
-           "fit_mlp_plain", "fit_orthogonal", "fit_ridge"]
+__all__ = ["ENSEMBLE", "FAMILIES", "FITTERS", "MLP_FAMILIES", "FitConfig", "FittedMap", "check_tensors", "ensemble_map",
+           "fit_family", "fit_lowrank", "fit_mlp", "fit_mlp_plain", "fit_orthogonal", "fit_ridge"]

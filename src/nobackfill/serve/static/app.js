@@ -181,7 +181,8 @@ async function refresh() {
         .map((b) => [b.direction, b]));
       const route = st.routes[id] ? Object.entries(st.routes[id]).filter(([d]) => d === "t2i" || d === "i2t" || d === "t2t")
         .map(([d, r]) => `${d} ${r.route}` + (fitted[d] && r.route !== "old-model"
-          ? ` (bridge fitted: ${fitted[d].family}, ${fitted[d].pairs} pairs)` : "")).join(", ") : "native";
+          ? ` (bridge fitted: ${fitted[d].family === "ensemble" && fitted[d].candidate ? `mean of ${fitted[d].candidate}`
+            : fitted[d].family}, ${fitted[d].pairs} pairs)` : "")).join(", ") : "native";
       el.innerHTML = `<b></b> ${s.current ? '<span class="tag native">current</span>' : ""}<br>${s.image || 0} images · ${s.text || 0} captions<br><span class="routes"></span><br><code></code>`;
       el.querySelector("b").textContent = s.name;
       el.querySelector(".routes").textContent = route;  // text, never markup: the names come from the catalog
