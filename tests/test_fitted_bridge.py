@@ -199,6 +199,13 @@ def test_choice_serves_the_mean_of_the_best_scored_candidates_refitted_on_all_pa
     assert b.meta["candidate"] == " + ".join(ranked[:3]) and b.meta["member_pairs"] == [1000] * 3
     refit = [fit_family(n.split("@")[0], new[:1000], old[:1000], FAST) for n in ranked[:3]]
     assert np.allclose(b(new[1000:1010]), l2_normalise(np.mean([m(new[1000:1010]) for m in refit], axis=0)), atol=1e-5)
+    # another direction sharing members reuses their refits (one fit per candidate)
+    refits = {}
+    a = choose_direction(held, cands, pairs={"image": (new[:1000], old[:1000])}, cfg=FAST, refits=refits)
+    assert set(refits) == set(a.members)
+    kept = dict(refits)
+    b2 = choose_direction(held, cands, pairs={"image": (new[:1000], old[:1000])}, cfg=FAST, refits=refits)
+    assert all(refits[n] is kept[n] for n in kept) and np.array_equal(b2.bridge(new[:5]), a.bridge(new[:5]))
     # a given bridge better than the ensemble is kept (nothing fitted to serve)
     ch3 = choose_direction(held, cands, given={"user-bridge": held.q_new @ np.zeros((24, 12), np.float32)
                                                + fit_family("ridge", new, old)(held.q_new)}, cfg=FAST)

@@ -96,6 +96,7 @@ def run_point(n: int, pools: Mapping[str, Pool], dirs: Mapping[str, Direction], 
     t0 = time.perf_counter()
     cands = fit_candidates(fit_pairs, cfg.fit)
     fit_s = {k: m.meta["fit_s"] for k, m in cands.items()}
+    refits: dict[str, Any] = {}  # the members refitted on all the pairs, shared by the directions
     out: dict[str, Any] = {}
     for name, d in dirs.items():
         g = (given or {}).get(name)
@@ -111,7 +112,7 @@ def run_point(n: int, pools: Mapping[str, Pool], dirs: Mapping[str, Direction], 
             d_cands = {k: m for k, m in cands.items() if split_name(k)[1] == g.pairs}
             d_pairs = {g.pairs: all_pairs[g.pairs]}
         families = {k: {**recall_r(d.bridged(m), d.qg, d.gg)} for k, m in d_cands.items()}
-        ch = choose_direction(held, d_cands, pairs=d_pairs, cfg=cfg.fit, margin=cfg.margin)
+        ch = choose_direction(held, d_cands, pairs=d_pairs, cfg=cfg.fit, margin=cfg.margin, refits=refits)
         if ENSEMBLE in ch.scores:  # the ensemble as scored: its members fitted outside the held-out fifth
             families[ENSEMBLE] = recall_r(d.bridged(ch.scored_map), d.qg, d.gg)
         single = max((k for k in families if k != ENSEMBLE), key=lambda k: families[k]["r1"], default=None)
@@ -140,7 +141,7 @@ def run_point(n: int, pools: Mapping[str, Pool], dirs: Mapping[str, Direction], 
             # held-out items nest: a prefix of the largest point's; the queries the score kept
             q_shipped = shipped_held[qmod][:len(qi)] if g is None else g.shipped
             ch2 = choose_direction(held, d_cands, given={"shipped": q_shipped[kept]}, pairs=d_pairs, cfg=cfg.fit,
-                                   margin=cfg.margin)
+                                   margin=cfg.margin, refits=refits)
             s2 = d.s_shipped if ch2.chosen == "shipped" else (d.bridged(ch2.bridge) if ch2.bridge is not None else None)
             served2 = d.route(ch2.route, ch2.routes.get("w"), s2)
             w2 = ch2.routes.get(FUSED, {}).get("w")

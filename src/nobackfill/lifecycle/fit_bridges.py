@@ -242,6 +242,7 @@ def fit_collection_bridges(collection: Collection, *, cfg: FitBridgesConfig | No
         fit_pairs = {m: (p.new[~masks[m]], p.old[~masks[m]]) for m, p in pairs.items()}
         cands = fit_candidates(fit_pairs, cfg.fit, min_pairs=cfg.min_pairs)
         all_pairs = {m: (p.new, p.old) for m, p in pairs.items()}
+        refits: dict[str, Any] = {}  # a candidate refitted on all pairs once, whichever directions it serves
         for d in DIRECTIONS:
             qmod, _ = DIRECTIONS[d]
             if not planner.available(sid, d) or not plan.current_space.embeds(qmod):
@@ -262,7 +263,7 @@ def fit_collection_bridges(collection: Collection, *, cfg: FitBridgesConfig | No
                                                     if is_stored(old_rec.path) else old_rec.path).bridge()(held.q_new)
                 except (OSError, ValueError) as e:
                     say(f"  serving bridge {old_rec.path} unreadable ({e}); it will be replaced")
-            ch = choose_direction(held, cands, given=given, pairs=all_pairs, cfg=cfg.fit)
+            ch = choose_direction(held, cands, given=given, pairs=all_pairs, cfg=cfg.fit, refits=refits)
             serving_score = ch.scores.get("serving")
             entry = {"chosen": ch.chosen, "heldout": ch.heldout, "serving": serving_score, "route": ch.route,
                      "swapped": False, "pairs": {m: len(p.keys) for m, p in pairs.items()}, "scored": held.sizes}

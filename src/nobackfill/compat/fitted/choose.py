@@ -96,11 +96,13 @@ class DirectionChoice:
 def choose_direction(held: HeldOut, fitted: Mapping[str, FittedMap], *,
                      given: Mapping[str, np.ndarray] | None = None,
                      pairs: Mapping[str, tuple[np.ndarray, np.ndarray]] | None = None,
-                     cfg: FitConfig | None = None, margin: float = 0.0) -> DirectionChoice:
+                     cfg: FitConfig | None = None, margin: float = 0.0,
+                     refits: dict[str, FittedMap] | None = None) -> DirectionChoice:
     """Score every candidate on ``held`` (agreement R@1 + overlap@10), average the best
     ``cfg.ensemble`` fitted ones (module doc), choose between that and the ``given`` bridges (on a
     tie the given one, serving or the user's, stays), choose the route with its outputs, and refit
-    the chosen fitted bridge on ``pairs`` (all pairs, when given)."""
+    the chosen fitted bridge on ``pairs`` (all pairs, when given). ``refits``: candidates already
+    refitted on the same ``pairs`` (by name; filled here), so directions sharing a member fit it once."""
     cfg = cfg or FitConfig()
     outputs = dict(given or {})
     fitted_out = {name: m(held.q_new) for name, m in fitted.items()}
@@ -118,8 +120,11 @@ def choose_direction(held: HeldOut, fitted: Mapping[str, FittedMap], *,
     routes = route_scores(held, outputs[chosen] if chosen else None, margin=margin)
     bridge = None
     if chosen is not None and chosen not in (given or {}):
-        bridge = ensemble_map([(n, _refit(n, fitted[n], pairs, cfg)) for n in members]) if len(members) > 1 \
-            else _refit(chosen, fitted[chosen], pairs, cfg)
+        done = {} if refits is None else refits
+        for n in members:
+            if n not in done:
+                done[n] = _refit(n, fitted[n], pairs, cfg)
+        bridge = ensemble_map([(n, done[n]) for n in members]) if len(members) > 1 else done[chosen]
         bridge.meta.update(candidate=" + ".join(members))
     else:
         members = []
