@@ -114,5 +114,4 @@ def _us(m: Any, q: np.ndarray, repeats: int) -> float:
     return round(1e6 * (time.perf_counter() - t0) / repeats, 1)
 
 
-
 __all__ = ["Direction", "Pool", "held_out", "query_overhead_us", "recall_r"]
