@@ -7,6 +7,7 @@ ray unless the engine is chosen."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import sys
@@ -82,6 +83,31 @@ def test_nothing_imports_ray_unless_the_engine_is_chosen_and_a_missing_ray_says_
 
 
 # ----------------------------------------------------------------------------- on a Ray cluster
+def start_cluster(cluster_class, node: dict, attempts: int = 2):
+    """A head node and one worker node. Ray waits a fixed 30 s for a raylet to register with the
+    head; on a loaded 2-core machine (a Milvus server beside the tests) that was once too short, so
+    a start that times out is stopped, with every process it spawned, and made again once."""
+    import psutil
+
+    for attempt in range(attempts):
+        before = {c.pid for c in psutil.Process().children(recursive=True)}
+        cl = None
+        try:
+            cl = cluster_class(initialize_head=True, head_node_args={**node, "include_dashboard": False})
+            cl.add_node(**node)
+            return cl
+        except Exception as e:
+            if cl is not None:
+                cl.shutdown()
+            for c in psutil.Process().children(recursive=True):  # a raylet that never registered
+                if c.pid not in before:
+                    with contextlib.suppress(psutil.Error):
+                        c.kill()
+            if attempt == attempts - 1 or "timed out during startup" not in str(e):
+                raise
+    raise AssertionError("unreachable")
+
+
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
     """Two Ray nodes on this machine (one CPU each), connected; the fail-point armed per test by
@@ -97,8 +123,7 @@ def cluster(tmp_path_factory):
     saved = {k: os.environ.get(k) for k in env if k != FAILPOINT_ENV}
     os.environ.update({k: v for k, v in env.items() if k != FAILPOINT_ENV})
     node = {"num_cpus": 1, "object_store_memory": 80 * 2 ** 20}
-    cl = Cluster(initialize_head=True, head_node_args={**node, "include_dashboard": False})
-    cl.add_node(**node)
+    cl = start_cluster(Cluster, node)
     ray.init(address=cl.address, runtime_env={"env_vars": env}, log_to_driver=False, configure_logging=False)
     cl.wait_for_nodes()
     try:
