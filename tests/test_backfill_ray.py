@@ -86,26 +86,35 @@ def test_nothing_imports_ray_unless_the_engine_is_chosen_and_a_missing_ray_says_
 def start_cluster(cluster_class, node: dict, attempts: int = 2):
     """A head node and one worker node. Ray waits a fixed 30 s for a raylet to register with the
     head; on a loaded 2-core machine (a Milvus server beside the tests) that was once too short, so
-    a start that times out is stopped, with every process it spawned, and made again once."""
+    a start that times out is made again (``attempts`` in all)."""
+    for _ in range(attempts - 1):
+        try:
+            return _start_once(cluster_class, node)
+        except Exception as e:
+            if "timed out during startup" not in str(e):
+                raise
+    return _start_once(cluster_class, node)
+
+
+def _start_once(cluster_class, node: dict):
+    """The cluster, or, when its start fails, nothing left running: the cluster stopped and every
+    process the start spawned killed (a raylet that never registered is no cluster's)."""
     import psutil
 
-    for attempt in range(attempts):
-        before = {c.pid for c in psutil.Process().children(recursive=True)}
-        cl = None
-        try:
-            cl = cluster_class(initialize_head=True, head_node_args={**node, "include_dashboard": False})
-            cl.add_node(**node)
-            return cl
-        except Exception as e:
-            if cl is not None:
-                cl.shutdown()
-            for c in psutil.Process().children(recursive=True):  # a raylet that never registered
-                if c.pid not in before:
-                    with contextlib.suppress(psutil.Error):
-                        c.kill()
-            if attempt == attempts - 1 or "timed out during startup" not in str(e):
-                raise
-    raise AssertionError("unreachable")
+    before = {c.pid for c in psutil.Process().children(recursive=True)}
+    cl = None
+    try:
+        cl = cluster_class(initialize_head=True, head_node_args={**node, "include_dashboard": False})
+        cl.add_node(**node)
+        return cl
+    except Exception:
+        if cl is not None:
+            cl.shutdown()
+        for c in psutil.Process().children(recursive=True):
+            if c.pid not in before:
+                with contextlib.suppress(psutil.Error):
+                    c.kill()
+        raise
 
 
 @pytest.fixture(scope="module")
