@@ -44,13 +44,39 @@ def test_the_tables_name_every_row():
     assert "| floor: same encoder + faiss behind one FastAPI route | 1 | 3 | 0 | 2.0 |" in md and "1.25x" in md
     row = {"torch": {"batch_1_ms_per_query": 3.0, "batch_32_ms_per_query": 0.5},
            **{n: {"batch_1_ms_per_query": 1.5, "batch_32_ms_per_query": 0.5} for n in ("onnx_fp32", "onnx_int8")}}
+    lengths = [{"words": 3, "tokens": 5.2, "torch": 3.0, "onnx_fp32": 1.2, "onnx_int8": 0.6, "onnx_fp32_speedup": 2.5},
+               {"words": None, "tokens": 30.0, "torch": 3.0, "onnx_fp32": 1.5, "onnx_int8": 1.5, "onnx_fp32_speedup": 2.0}]
     speed = {"max_abs_diff_fp32": 1e-7, "max_abs_diff_int8": 8e-3, "threads": 1, **row,
-             "by_threads": {"1": row, "2": {**row, "torch": {"batch_1_ms_per_query": 6.0, "batch_32_ms_per_query": 1.0}}}}
+             "by_threads": {"1": {**row, "batch_1_by_length": lengths},
+                            "2": {**row, "torch": {"batch_1_ms_per_query": 6.0, "batch_32_ms_per_query": 1.0}}}}
     recall = {k: {"torch": 0.5, "onnx_fp32": 0.5, "onnx_int8": 0.49, "int8_minus_torch": -0.01}
               for k in ("world_t2i", "multi30k_val_t2t")}
     md = encoders_markdown({"speed": speed, "int8_recall": recall})
     assert "| ONNX Runtime int8 | 1 | 1.5 | 0.5 | 2.00x | 8.0e-03 |" in md and "-0.01" in md
     assert "| ONNX Runtime fp32 | 2 | 1.5 | 0.5 | 4.00x | 1.0e-07 |" in md and "| torch | 2 | 6.0 | 1.0 | 1.00x | - |" in md
+    assert "| first 3 words | 1 | 3 | 5.2 | 3.0 | 1.2 | 2.50x | 0.6 |" in md
+    assert "| whole texts | 1 | - | 30.0 | 3.0 | 1.5 | 2.00x | 1.5 |" in md
+
+
+def test_the_tower_is_timed_by_query_length_on_the_same_texts_cut_short():
+    """Each length is the first N words of the same texts; the whole texts reuse their batch-1 times."""
+    from nobackfill.bench.serve_encoders import QUERY_WORDS, _by_length, _first_words
+
+    assert _first_words(["a b c d", "e  f", ""], 2) == ["a b", "e f", ""]
+
+    class Tok:
+        def __call__(self, texts, truncation, max_length):
+            return {"input_ids": [list(range(min(len(t.split()) + 2, max_length))) for t in texts]}
+
+    enc = type("E", (), {"tokenizer": Tok(), "max_length": 8})()
+    seen = []
+    runs = {name: (lambda name: lambda b: seen.append((name, len(b[0].split()))))(name) for name in ("torch", "onnx_fp32")}
+    texts = [" ".join(["w"] * 12)] * 3
+    rows = _by_length(runs, enc, texts, 0.0, {"torch": 4.0, "onnx_fp32": 2.0})
+    assert [r["words"] for r in rows] == [*QUERY_WORDS, None]
+    assert [r["tokens"] for r in rows] == [min(w + 2, 8) for w in QUERY_WORDS] + [8]  # truncated as embedded
+    assert rows[-1]["onnx_fp32_speedup"] == 2.0 and all(r["torch"] >= 0 for r in rows)
+    assert {n for _, n in seen} == set(QUERY_WORDS)  # the whole texts were not timed again
 
 
 def test_the_encoders_take_turns_on_the_same_batches():

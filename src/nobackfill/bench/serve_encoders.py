@@ -72,13 +72,41 @@ def _encoders(model_dir: Path, towers: Sequence[str], threads: int | None = None
 #: the thread counts the text tower is timed at: the service's default (``serve --query-threads 1``)
 #: and this machine's cores
 THREADS = (1, 2)
+#: query lengths (the first N words of each text) timed at batch 1 beside the whole texts: a search
+#: query is usually a few words, a world caption ~30 tokens, and the speed-up depends on the length (torch's
+#: time per query falls less with fewer tokens than ONNX Runtime's; at ~30 tokens ONNX Runtime runs
+#: ~2.2 GFLOP a query at ~3/4 of what one core reaches on a large matrix product)
+QUERY_WORDS = (3, 6, 10)
+
+
+def _first_words(texts: Sequence[str], words: int) -> list[str]:
+    """Each of ``texts`` cut to its first ``words`` words."""
+    return [" ".join(t.split()[:words]) for t in texts]
+
+
+def _by_length(runs: dict[str, Callable[[list[str]], Any]], encoder: Any, texts: Sequence[str],
+               seconds: float, whole: dict[str, float]) -> list[dict[str, Any]]:
+    """Batch-1 ms per query of ``runs`` on ``texts`` cut to each of :data:`QUERY_WORDS` words, then the
+    whole texts (``whole``: their batch-1 times, already measured), with the mean token count
+    (``encoder``'s tokenizer, truncated as it embeds)."""
+    out = []
+    for words in (*QUERY_WORDS, None):
+        cut = list(texts) if words is None else _first_words(texts, words)
+        ms = whole if words is None else _ms_per_query(runs, cut, 1, seconds)
+        ids = encoder.tokenizer(cut[:500], truncation=True, max_length=encoder.max_length)["input_ids"]
+        tokens = float(np.mean([len(i) for i in ids]))
+        out.append({"words": words, "tokens": round(tokens, 1), **ms,
+                    "onnx_fp32_speedup": round(ms["torch"] / ms["onnx_fp32"], 2) if ms["onnx_fp32"] else None})
+    return out
 
 
 def tower_speed(models: Path, texts: Sequence[str], work: Path, seconds: float = 3.0,
                 threads: Sequence[int] = THREADS) -> dict[str, Any]:
     """ms per query at batch 1 and 32 of the B/32-sized text tower: torch, ONNX fp32, ONNX int8, each
     thread count of ``threads`` given to both runtimes alike (torch's intra-op threads, ONNX
-    Runtime's). The top-level rows are the first (the service's default: one query thread)."""
+    Runtime's), and at batch 1 by query length (``batch_1_by_length``: ``texts`` cut to
+    :data:`QUERY_WORDS` words, then whole). The top-level rows are the first thread count's (the
+    service's default: one query thread)."""
     import torch
 
     d = _b32_sized(models / "world-old", work / "b32-sized-text")
@@ -96,6 +124,8 @@ def tower_speed(models: Path, texts: Sequence[str], work: Path, seconds: float =
             for b in (1, 32):
                 key = f"batch_{b}_ms_per_query"
                 row[f"onnx_fp32_speedup_batch_{b}"] = round(row["torch"][key] / row["onnx_fp32"][key], 2)
+            row["batch_1_by_length"] = _by_length(runs, encs["torch"], texts, seconds,
+                                                  {k: row[k]["batch_1_ms_per_query"] for k in runs})
             per[str(n)] = row
     finally:
         torch.set_num_threads(before)
@@ -142,6 +172,13 @@ def format_markdown(enc: dict[str, Any]) -> str:
             b1 = row[name]["batch_1_ms_per_query"]
             lines.append(f"| {label} | {n} | {b1} | {row[name]['batch_32_ms_per_query']} | "
                          f"{row['torch']['batch_1_ms_per_query'] / b1:.2f}x | {diff} |")
+    lines += ["", "| text tower at batch 1, by query length | threads | words | tokens (mean) | torch ms | "
+              "ONNX fp32 ms | ONNX fp32 speed-up | ONNX int8 ms |", "|---|---:|---:|---:|---:|---:|---:|---:|"]
+    for n, row in s.get("by_threads", {}).items():
+        for r in row.get("batch_1_by_length", []):
+            label = "whole texts" if r["words"] is None else f"first {r['words']} words"
+            lines.append(f"| {label} | {n} | {r['words'] or '-'} | {r['tokens']} | {r['torch']} | {r['onnx_fp32']} | "
+                         f"{r['onnx_fp32_speedup'] or 0:.2f}x | {r['onnx_int8']} |")
     lines += ["", "| R@1 (gallery by torch) | torch | ONNX fp32 | ONNX int8 | int8 - torch |", "|---|---:|---:|---:|---:|"]
     for k, label in (("world_t2i", "world test t2i (world-old)"), ("multi30k_val_t2t", "Multi30K val t2t (m30k-old-text)")):
         r = enc["int8_recall"][k]
@@ -149,4 +186,4 @@ def format_markdown(enc: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
-__all__ = ["B32_TEXT", "THREADS", "format_markdown", "int8_recall", "tower_speed"]
+__all__ = ["B32_TEXT", "QUERY_WORDS", "THREADS", "format_markdown", "int8_recall", "tower_speed"]
