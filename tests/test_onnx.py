@@ -65,15 +65,20 @@ def test_a_refused_export_writes_nothing(tmp_path):
         export_onnx(d, towers=["audio"])
 
 
-def test_the_export_is_used_only_for_its_own_unaltered_weights(exported, tmp_path):
+def test_the_export_is_used_only_for_its_own_unaltered_weights(exported, tmp_path, caplog):
     other = load_encoder(ROOT / "models" / "world-new")
-    assert onnx_encoder(other, exported) is other  # another model's export is never used
+    with caplog.at_level("WARNING", logger="nobackfill.encoders.onnx"):
+        assert onnx_encoder(other, exported) is other  # another model's export is never used
+    assert "other weights" in caplog.text and "export-onnx" in caplog.text  # and the log says so
     d = tmp_path / "m"
     shutil.copytree(exported, d)
     with open(d / "onnx" / "text.onnx", "ab") as f:  # a file changed after the check
         f.write(b"\0")
-    enc = onnx_encoder(load_encoder(d), d)
-    assert set(enc.sessions) == {"image"}
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="nobackfill.encoders.onnx"):
+        enc = onnx_encoder(load_encoder(d), d)
+    assert set(enc.sessions) == {"image"} and enc.runtimes() == {"image": "onnx", "text": "torch"}
+    assert "text.onnx: missing or changed" in caplog.text
     (d / "onnx" / "export.json").write_text("{not json")
     plain = load_encoder(d)
     assert onnx_encoder(plain, d) is plain
@@ -83,15 +88,15 @@ def test_int8_only_when_asked(exported, monkeypatch):
     info = onnx_export_info(exported)
     assert {"file", "sha256", "max_abs_diff"} <= set(info["towers"]["text"]["int8"])
     monkeypatch.delenv("NOBACKFILL_ONNX", raising=False)
-    enc = ModelPool().get(str(exported))
+    enc = ModelPool().query_encoder(str(exported))
     assert isinstance(enc, OnnxEncoder) and enc.files["text"].endswith("text.onnx")
     monkeypatch.setenv("NOBACKFILL_ONNX", "int8")
-    q = ModelPool().get(str(exported))
+    q = ModelPool().query_encoder(str(exported))
     assert q.files["text"].endswith("text.int8.onnx")
     diff = np.abs(q.encode_texts(TEXTS) - enc.encode_texts(TEXTS)).max()
     assert 0 < diff < 0.1  # quantised: close, not equal
     monkeypatch.setenv("NOBACKFILL_ONNX", "0")
-    assert not isinstance(ModelPool().get(str(exported)), OnnxEncoder)
+    assert not isinstance(ModelPool().query_encoder(str(exported)), OnnxEncoder)
 
 
 def test_an_upgraded_copy_is_made_from_the_torch_model(tmp_path, monkeypatch):
@@ -103,7 +108,7 @@ def test_an_upgraded_copy_is_made_from_the_torch_model(tmp_path, monkeypatch):
     export_onnx(d, towers=["text"])
     upgrade = ROOT / "upgrades" / "world-old-to-new"
     pool = ModelPool()
-    assert isinstance(pool.get(str(d)), OnnxEncoder)
+    assert isinstance(pool.query_encoder(str(d)), OnnxEncoder)
     got = pool.upgraded(str(d), upgrade).encode_texts(TEXTS)
     monkeypatch.setenv("NOBACKFILL_ONNX", "0")
     want = ModelPool().upgraded(str(d), upgrade).encode_texts(TEXTS)
@@ -121,8 +126,31 @@ def test_the_cli_exports_and_reports(tmp_path):
     assert r.exit_code == 0, r.output
     assert "text:" in r.stdout and "max abs diff vs torch" in r.stdout
     assert json.loads((d / "onnx" / "export.json").read_text())["towers"].keys() == {"text"}
+    assert CliRunner().invoke(app, ["export-onnx", str(d), "--towers", "text", "--int8"]).exit_code == 0
+    r = CliRunner().invoke(app, ["export-onnx", str(d), "--towers", "text"])  # an int8 export replaced by fp32 only
+    assert r.exit_code == 0 and "earlier int8 export of text is gone" in r.stdout
     r = CliRunner().invoke(app, ["export-onnx", str(tmp_path / "nope")])
     assert r.exit_code == 2 and "not a model directory" in r.output
+
+
+def test_the_cli_says_when_it_cannot_write_the_export(tmp_path, monkeypatch):
+    """A read-only model directory: one error line naming the model, exit 2, nothing left behind."""
+    from typer.testing import CliRunner
+
+    from nobackfill.cli import app
+
+    d = tmp_path / "m"
+    shutil.copytree(ROOT / "models" / "world-old", d)
+
+    def refuse(*_a, **_k):
+        raise PermissionError(13, "Permission denied", str(d / ".onnx.x"))
+
+    monkeypatch.setattr("tempfile.mkdtemp", refuse)
+    r = CliRunner().invoke(app, ["export-onnx", str(d), "--towers", "text"])
+    assert r.exit_code == 2 and "could not write the export (Permission denied" in r.output, r.output
+    assert "Traceback" not in r.output and not (d / "onnx").exists()
+    with pytest.raises(ValueError, match="onnx_threads must be at least 1"):
+        ModelPool(onnx_threads=0)
 
 
 def test_export_on_first_load_writes_the_cache_beside_the_model_once(tmp_path, monkeypatch, caplog):
@@ -132,13 +160,13 @@ def test_export_on_first_load_writes_the_cache_beside_the_model_once(tmp_path, m
     monkeypatch.delenv("NOBACKFILL_ONNX", raising=False)
     d = tmp_path / "world-old"
     shutil.copytree(ROOT / "models" / "world-old", d)
-    assert not isinstance(ModelPool().get(str(d)), OnnxEncoder)  # auto: no export, torch
+    assert not isinstance(ModelPool().query_encoder(str(d)), OnnxEncoder)  # auto: no export, torch
     assert onnx_export_info(d) is None
-    enc = ModelPool(onnx="export").get(str(d))
+    enc = ModelPool(onnx="export").query_encoder(str(d))
     assert isinstance(enc, OnnxEncoder) and onnx_export_info(d)["space_id"] == enc.space_id
     stamp = (d / "onnx" / "export.json").stat().st_mtime_ns
     monkeypatch.setenv("NOBACKFILL_ONNX", "export")
-    again = ModelPool().get(str(d))
+    again = ModelPool().query_encoder(str(d))
     assert isinstance(again, OnnxEncoder) and (d / "onnx" / "export.json").stat().st_mtime_ns == stamp
     want = load_encoder(d).encode_texts(TEXTS)
     assert np.abs(again.encode_texts(TEXTS) - want).max() <= 1e-4
@@ -153,7 +181,7 @@ def test_export_on_first_load_falls_back_to_torch_when_it_cannot_write(tmp_path,
 
     monkeypatch.setattr("nobackfill.encoders.onnx.export_onnx", refuse)
     with caplog.at_level("WARNING", logger="nobackfill.search.models"):
-        enc = ModelPool(onnx="export").get(str(d))
+        enc = ModelPool(onnx="export").query_encoder(str(d))
     assert not isinstance(enc, OnnxEncoder)
     assert "could not export" in caplog.text and "serving it on torch" in caplog.text
 
@@ -163,7 +191,7 @@ def test_an_unknown_onnx_mode_is_refused_naming_it(monkeypatch):
         ModelPool(onnx="fast")
     monkeypatch.setenv("NOBACKFILL_ONNX", "fast")
     with pytest.raises(ValueError, match="NOBACKFILL_ONNX must be one of"):
-        ModelPool().get(str(ROOT / "models" / "world-old"))
+        ModelPool().query_encoder(str(ROOT / "models" / "world-old"))
 
 
 def test_the_cli_choices_are_the_pool_modes():
@@ -176,5 +204,35 @@ def test_the_cli_choices_are_the_pool_modes():
 def test_the_pool_gives_its_sessions_the_query_threads(exported, monkeypatch):
     monkeypatch.delenv("NOBACKFILL_ONNX", raising=False)
     for n in (1, 2):
-        enc = ModelPool(onnx_threads=n).get(str(exported))
+        enc = ModelPool(onnx_threads=n).query_encoder(str(exported))
         assert {s.get_session_options().intra_op_num_threads for s in enc.sessions.values()} == {n}
+
+
+def test_int8_without_an_int8_export_says_it_runs_fp32(tmp_path, caplog):
+    d = tmp_path / "m"
+    shutil.copytree(ROOT / "models" / "world-old", d)
+    export_onnx(d, towers=["text"])
+    with caplog.at_level("WARNING", logger="nobackfill.encoders.onnx"):
+        enc = onnx_encoder(load_encoder(d), d, int8=True)
+    assert enc.runtimes()["text"] == "onnx" and "no int8 export" in caplog.text
+
+
+def test_onnx_embeds_queries_and_torch_the_stored_items(exported, tmp_path, monkeypatch):
+    """An int8 (or fp32) export changes the vectors of queries only: what a collection stores (added,
+    backfilled) comes from the torch model, whose space id the vectors are recorded under."""
+    from nobackfill.client.local import LocalClient
+
+    monkeypatch.setenv("NOBACKFILL_ONNX", "int8")
+    pool = ModelPool()
+    assert not isinstance(pool.get(str(exported)), OnnxEncoder)
+    assert pool.query_encoder(str(exported)).runtimes() == {"image": "onnx-int8", "text": "onnx-int8"}
+    assert pool.runtimes() == {str(exported): {"image": "onnx-int8", "text": "onnx-int8"}}
+    client = LocalClient(tmp_path / "c", pool=pool)
+    client.create(exported)
+    client.add(texts=[{"text": t, "id": f"t{i}"} for i, t in enumerate(TEXTS)])
+    torch_rows = load_encoder(exported).encode_texts(TEXTS)
+    hits = client.search(text=TEXTS[1], k=len(TEXTS), target="text").hits
+    stored = {h.id: h.score for h in hits}
+    query = pool.query_encoder(str(exported)).encode_texts(TEXTS[1:2])[0]
+    for i in range(len(TEXTS)):  # the score of each hit is the int8 query against the torch row
+        assert abs(stored[f"t{i}"] - float(query @ torch_rows[i])) <= 1e-5

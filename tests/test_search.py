@@ -209,6 +209,13 @@ def test_metadata_filter_and_k_limits(tmp_path):
     hits = s.search(text="anything", k=10, filter={"labels.n": [1, 4]}).hits
     assert sorted(h.metadata["labels"]["n"] for h in hits) == [1, 4]
     assert s.search(text="anything", k=10, filter={"labels.n": 99}).hits == []
+    nested = s.search(text="anything", k=10, filter={"labels": {"n": [1, 4]}}).hits  # = dotted keys
+    assert [h.id for h in nested] == [h.id for h in hits]
+    for bad, words in (({"labels.n": [[1]]}, "labels.n"), ({"labels.n": 2 ** 70}, "64 bits"),
+                       ({"labels.n": float("nan")}, "finite"), ({f"k{i}": 1 for i in range(65)}, "64 keys"),
+                       ({"labels.n": list(range(257))}, "256 values"), ({"": 1}, "non-empty"), (["a"], "object")):
+        with pytest.raises(ValueError, match=words):
+            s.search(text="anything", k=10, filter=bad)
     with pytest.raises(ValueError, match="k must be between"):
         s.search(text="x", k=0)
     with pytest.raises(ValueError, match="empty"):

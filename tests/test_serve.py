@@ -302,6 +302,9 @@ def test_serve_cli_roots(tmp_path, monkeypatch):
     assert r.exit_code == 0 and seen[2].onnx == "export", r.output
     r = runner.invoke(cli, ["serve", "photos", "--keys", str(keys), "--onnx", "fast"])
     assert r.exit_code != 0 and "--onnx must be one of auto, export, int8, off, got 'fast'" in r.output
+    for n in ("0", "-1"):
+        r = runner.invoke(cli, ["serve", "photos", "--keys", str(keys), "--query-threads", n])
+        assert r.exit_code == 2 and f"--query-threads must be at least 1, got {n}" in r.output
     assert len(seen) == 3
     help_text = runner.invoke(cli, ["serve", "--help"], terminal_width=200).output
     assert "--models-root" in help_text and "--upgrades-root" in help_text
@@ -392,14 +395,17 @@ def test_import_takes_vectors_under_the_data_root_after_the_model_check(env):
 
 def test_metrics_show_the_query_cache(env):
     api, _, _, _ = env
-    for text in ("caption 1 of image 3 seed 0", "caption  1 of image 3 seed 0 ", "caption 2 of image 1 seed 0"):
+    for text in ("caption 1 of image 3 seed 0", "caption 1 of image 3 seed 0", "caption  1 of image 3 seed 0 "):
         assert api.post("/v1/search", json={"text": text, "k": 3}, headers=h(READ)).status_code == 200
     metrics = api.get("/metrics").text
     hits = float(next(x.split()[1] for x in metrics.splitlines() if x.startswith("nobackfill_query_cache_hits_total")))
     misses = float(next(x.split()[1] for x in metrics.splitlines()
                         if x.startswith("nobackfill_query_cache_misses_total")))
-    assert hits >= 1 and misses >= 2  # the second text is the first with other whitespace
+    assert hits >= 1 and misses >= 2  # the third text is the first with other whitespace: another query
     assert "nobackfill_query_cache_size 4096.0" in metrics
+    runs = [x for x in metrics.splitlines() if x.startswith("nobackfill_query_encoder{")]
+    assert runs and all('runtime="torch"' in x and x.endswith(" 1.0") for x in runs)  # how each query tower runs
+    assert {x.split('tower="')[1].split('"')[0] for x in runs} >= {"text"}
 
 
 def test_the_api_docs_pages_load_nothing_from_another_host(env):

@@ -88,11 +88,14 @@ def filter_sql(flt: Mapping[str, Any], dialect: str) -> tuple[str, list[Any]]:
     """A metadata filter (``{"key": value | [values]}``, dotted keys for nested objects) as a SQL
     condition on ``items.metadata`` (``?`` placeholders, as :meth:`Catalog.query` takes) and its
     parameters; every key must match (see
-    :func:`nobackfill.search.searcher.matches_filter`)."""
+    :func:`nobackfill.search.searcher.matches_filter`; its values as
+    :func:`~nobackfill.search.searcher.check_filter` leaves them: scalars or lists of scalars)."""
     conds, params = [], []
     for key, want in flt.items():
         parts = [str(p) for p in str(key).split(".")]
         wants = list(want) if isinstance(want, (list, tuple, set)) else [want]
+        if any(isinstance(w, (dict, list, tuple, set)) for w in wants):
+            raise ValueError(f"filter: {key}: values are scalars or a list of them")
         if dialect == "sqlite":
             path = "$" + "".join('."' + p.replace('"', '""') + '"' for p in parts)
             expr, ors = "json_extract(metadata, ?)", []
@@ -100,9 +103,6 @@ def filter_sql(flt: Mapping[str, Any], dialect: str) -> tuple[str, list[Any]]:
                 if w is None:
                     ors.append(f"({expr} IS NULL)")
                     params.append(path)
-                elif isinstance(w, (dict, list)):
-                    ors.append("(json(json_extract(metadata, ?)) = json(?))")
-                    params += [path, json.dumps(w, sort_keys=True)]
                 else:
                     ors.append(f"({expr} = ? AND json_type(metadata, ?) {_json_type_sql(w)})")
                     params += [path, int(w) if isinstance(w, bool) else w, path]

@@ -50,6 +50,8 @@ def serve(
 
     from ..serve import KeyRing, Limits, ServeSettings, create_app
 
+    if query_threads < 1:
+        fail(f"--query-threads must be at least 1, got {query_threads}")
     if onnx is not None and onnx.strip().lower() not in ONNX_CHOICES:
         fail(f"--onnx must be one of {', '.join(ONNX_CHOICES)}, got {onnx!r}")
     try:
@@ -79,7 +81,9 @@ def export_onnx(
     client then run them when onnxruntime is installed (pip install 'nobackfill[onnx]'); NOBACKFILL_ONNX=0
     keeps torch."""
     from ..encoders.onnx import export_onnx as export
+    from ..encoders.onnx import onnx_export_info
 
+    before = onnx_export_info(model) or {"towers": {}}
     try:
         with console.status(f"exporting {model} to ONNX"):
             info = export(model, int8=int8, towers=towers.split(",") if towers else None)
@@ -87,8 +91,13 @@ def export_onnx(
         fail(str(e))
     except ImportError as e:
         fail(f"export-onnx needs onnx and onnxruntime ({e}); pip install 'nobackfill[onnx]'")
+    except OSError as e:  # a read-only model directory, a full disk: nothing of the export is left
+        fail(f"{model}: could not write the export ({e.strerror or e}{f': {e.filename}' if e.filename else ''})")
     for tower, entry in info["towers"].items():
         line = f"{tower}: {model / 'onnx' / entry['file']} (max abs diff vs torch {entry['max_abs_diff']:.1e})"
         if "int8" in entry:
             line += f"; int8: {entry['int8']['file']} (max abs diff {entry['int8']['max_abs_diff']:.1e})"
         print(line)
+    dropped = [t for t, e in before["towers"].items() if isinstance(e, dict) and "int8" in e and not int8]
+    if dropped:
+        print(f"note: the earlier int8 export of {', '.join(dropped)} is gone (export with --int8 to keep one)")

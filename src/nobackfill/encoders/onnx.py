@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
 import shutil
 import tempfile
@@ -27,6 +28,8 @@ from typing import Any, Sequence
 import numpy as np
 
 from .base import DualEncoder, l2_normalise
+
+log = logging.getLogger(__name__)
 
 __all__ = ["EXPORT_DIR", "MAX_ABS_DIFF", "OnnxEncoder", "export_onnx", "onnx_encoder", "onnx_export_info"]
 
@@ -210,6 +213,11 @@ class OnnxEncoder(DualEncoder):
         self.kind = encoder.kind
         self.modalities = encoder.modalities
 
+    def runtimes(self) -> dict[str, str]:
+        """How each tower runs: ``onnx``, ``onnx-int8`` (an exported file) or ``torch``."""
+        return {t: ("onnx-int8" if self.files[t].endswith(".int8.onnx") else "onnx") if t in self.files else "torch"
+                for t in self.modalities}
+
     def __getattr__(self, name: str) -> Any:  # tokens, tokenizer, model, save internals: the torch encoder's
         return getattr(self.__dict__["encoder"], name)
 
@@ -251,20 +259,37 @@ def onnx_encoder(encoder: DualEncoder, model_dir: str | Path, *, int8: bool = Fa
     """``encoder`` on ONNX Runtime when ``model_dir`` holds an export of these weights and
     ``onnxruntime`` is installed (``int8``: the quantised towers, where exported; ``threads``: each
     session's intra-op threads, None for ONNX Runtime's default); otherwise
-    ``encoder`` itself. A file whose sha256 differs from the export's record is not used."""
+    ``encoder`` itself. A file whose sha256 differs from the export's record is not used. Where an
+    export is there but cannot be used as asked (other weights, a file changed, no int8 copy, no
+    onnxruntime), the log says why (a warning) and that tower runs on torch."""
     info = onnx_export_info(model_dir)
-    if info is None or info.get("space_id") != encoder.space_id:
+    if info is None:
+        return encoder
+    if info.get("space_id") != encoder.space_id:
+        log.warning("%s/%s: exported from other weights than the model's now; queries run on torch "
+                    "(nobackfill export-onnx %s exports these)", model_dir, EXPORT_DIR, model_dir)
         return encoder
     try:
         import onnxruntime  # noqa: F401
     except ImportError:
+        log.warning("%s has an ONNX export but onnxruntime is not installed (pip install 'nobackfill[onnx]'); "
+                    "queries run on torch", model_dir)
         return encoder
     sessions, files = {}, {}
     for tower, entry in info["towers"].items():
+        if tower not in encoder.modalities:
+            continue
+        if int8 and "int8" not in entry:
+            log.warning("%s: the %s tower has no int8 export (nobackfill export-onnx --int8); it runs in fp32",
+                        model_dir, tower)
         entry = entry.get("int8", entry) if int8 else entry
         path = Path(model_dir) / EXPORT_DIR / str(entry.get("file", ""))
-        if tower not in encoder.modalities or not path.is_file() or _sha256(path) != entry.get("sha256"):
+        if not path.is_file() or _sha256(path) != entry.get("sha256"):
+            log.warning("%s: missing or changed since its export (sha256); the %s tower runs on torch", path, tower)
             continue
         sessions[tower] = _session(path, threads)
         files[tower] = str(path)
-    return OnnxEncoder(encoder, sessions, files) if sessions else encoder
+    if not sessions:
+        return encoder
+    log.info("%s: queries on ONNX Runtime (%s)", model_dir, ", ".join(f"{t}: {Path(f).name}" for t, f in files.items()))
+    return OnnxEncoder(encoder, sessions, files)

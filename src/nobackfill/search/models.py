@@ -82,16 +82,21 @@ def _on_onnx(encoder: DualEncoder, ref: str, mode: str | None = None, threads: i
 
 
 class ModelPool:
-    """Encoders by model reference, loaded lazily, kept for the life of the pool (thread-safe). A model
-    directory with an ONNX export of the same weights (``nobackfill export-onnx``) is served on ONNX
-    Runtime (:data:`ONNX_ENV`)."""
+    """Encoders by model reference, loaded lazily, kept for the life of the pool (thread-safe).
+    :meth:`get` gives the model itself (torch), which embeds the items a collection stores;
+    :meth:`query_encoder` gives the one that embeds queries: on ONNX Runtime where the model directory
+    holds an export of the same weights (``nobackfill export-onnx``; :data:`ONNX_ENV`), so that an int8
+    export changes the queries' vectors, never the stored ones."""
 
     def __init__(self, query_cache: int = DEFAULT_QUERY_CACHE, onnx: str | None = None,
                  onnx_threads: int | None = None) -> None:
+        if onnx_threads is not None and int(onnx_threads) < 1:
+            raise ValueError(f"onnx_threads must be at least 1 (or None), got {onnx_threads}")
         self.onnx = onnx_mode(onnx) if onnx is not None else None  # None: NOBACKFILL_ONNX when a model loads
         self.onnx_threads = onnx_threads  # ONNX Runtime intra-op threads per session (None: its default)
         self.query_cache = QueryCache(query_cache)  # text query embeddings of these encoders (0: none kept)
         self._models: dict[str, DualEncoder] = {}
+        self._queries: dict[str, DualEncoder] = {}  # the query encoders (ONNX Runtime where exported)
         self._loaded: set[str] = set()  # loaded here and not yet recorded (encoders.meta); never a put one
         self._upgraded: dict[tuple[str, tuple[str, ...]], DualEncoder] = {}
         self._lock = threading.Lock()
@@ -103,7 +108,7 @@ class ModelPool:
         with self._lock:
             enc = self._models.get(key)
             if enc is None:
-                enc = self._models[key] = _on_onnx(load_encoder(key), key, self.onnx, self.onnx_threads)
+                enc = self._models[key] = load_encoder(key)
                 self._loaded.add(key)
         if space_id is not None and enc.space_id != space_id:
             raise SpaceMismatchError(space_id, enc.space_id, f"load the {what} at {key}", what=f"model at {key}",
@@ -112,6 +117,28 @@ class ModelPool:
         if space_id is not None and key in self._loaded:  # its fingerprint is computed now
             self.remember(key)
         return enc
+
+    def query_encoder(self, ref: str | Path, space_id: str | None = None, *, what: str = "model") -> DualEncoder:
+        """The encoder of queries for the model at ``ref`` (:meth:`get`'s checks): on ONNX Runtime when
+        the pool's mode (:data:`ONNX_ENV`) and an export of these weights allow, else the model itself."""
+        plain = self.get(ref, space_id, what=what)
+        key = str(ref)
+        with self._lock:
+            enc = self._queries.get(key)
+            if enc is not None and enc.space_id == plain.space_id:
+                return enc
+        enc = _on_onnx(plain, key, self.onnx, self.onnx_threads)
+        with self._lock:
+            self._queries[key] = enc
+        return enc
+
+    def runtimes(self) -> dict[str, dict[str, str]]:
+        """How each query encoder loaded so far runs, by reference and tower: ``torch``, ``onnx`` or
+        ``onnx-int8``."""
+        with self._lock:
+            encs = sorted(self._queries.items())
+        return {ref: e.runtimes() if isinstance(e, OnnxEncoder) else {t: "torch" for t in e.modalities}
+                for ref, e in encs}
 
     def remember(self, ref: str | Path) -> None:
         """Record what the model at ``ref`` is (:mod:`nobackfill.encoders.meta`), once, if this pool
@@ -141,9 +168,7 @@ class ModelPool:
         with self._lock:
             enc = self._upgraded.get(key)
         if enc is None:
-            plain = self.get(ref, space_id)
-            plain = plain.encoder if isinstance(plain, OnnxEncoder) else plain  # adapters attach to torch modules
-            base = copy.deepcopy(plain)  # apply() attaches adapters in place
+            base = copy.deepcopy(self.get(ref, space_id))  # apply() attaches adapters in place (torch)
             enc = load_upgrade(upgrade_dir).apply(base)
             enc = enc.merged() if hasattr(enc, "merged") else enc
             with self._lock:

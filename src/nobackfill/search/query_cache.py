@@ -1,6 +1,6 @@
-"""A small LRU cache of text query embeddings, per model pool: a repeated query (the same text, its
-whitespace aside, for the same loaded encoder) is not embedded again. Thread-safe; its hits, misses
-and size are read by the service's ``/metrics``."""
+"""A small LRU cache of text query embeddings, per model pool: a repeated query (the same text,
+character for character, for the same loaded encoder) is not embedded again. Thread-safe; its hits,
+misses and size are read by the service's ``/metrics``."""
 
 from __future__ import annotations
 
@@ -19,9 +19,11 @@ DEFAULT_QUERY_CACHE = 4096
 
 
 class QueryCache:
-    """``(encoder, normalised text) -> its embedding``, the ``size`` most recently used (0: off).
-    The key is the encoder object itself (the pool keeps it for its life) and the text with runs of
-    whitespace made one space and stripped, which the tokenizers of our encoders ignore."""
+    """``(encoder, text) -> its embedding``, the ``size`` most recently used (0: off), shared by the
+    pool's encoders. The key is the encoder object itself (the pool keeps it for its life), its space
+    id and the exact text: no normalisation, since the tokenizers see a tab, a doubled or a trailing
+    space as tokens of their own (world-old's embedding of ``"a\tred circle"`` is at cosine ~0.5 of
+    ``"a red circle"``'s), and a cache must never change a result."""
 
     def __init__(self, size: int = DEFAULT_QUERY_CACHE) -> None:
         if int(size) < 0:
@@ -41,9 +43,11 @@ class QueryCache:
     def embed_texts(self, encoder: Any, texts: Sequence[str]) -> np.ndarray:
         """``encode(encoder, "text", texts)``, rows already cached taken from the cache."""
         if self.size == 0:
+            with self._lock:
+                self.misses += len(texts)
             return encode(encoder, "text", texts)
         space = encoder.space_id  # changes when weights are changed in place
-        keys = [(id(encoder), space, " ".join(t.split()) if isinstance(t, str) else t) for t in texts]
+        keys = [(id(encoder), space, t) for t in texts]
         found: dict[int, np.ndarray] = {}
         with self._lock:
             for i, k in enumerate(keys):

@@ -195,10 +195,16 @@ class RoutePlanner:
     def current(self) -> str:
         return self.plan.current
 
+    def _queries(self, ref: str, space_id: str, what: str) -> DualEncoder:
+        """The query encoder of the model at ``ref`` (ONNX Runtime where exported; a pool-like stand-in
+        without :meth:`~nobackfill.search.models.ModelPool.query_encoder` gives its model)."""
+        get = getattr(self.pool, "query_encoder", None) or self.pool.get
+        return get(ref, space_id, what=what)
+
     def encoder(self, space_id: str) -> DualEncoder:
-        """The own model of ``space_id`` (warm)."""
+        """The own model of ``space_id`` as it embeds queries (warm)."""
         s = self.plan.space(space_id)
-        return self.pool.get(s.model, space_id, what=f"model of space {s.name or space_id}")
+        return self._queries(s.model, space_id, f"model of space {s.name or space_id}")
 
     def bridge_path(self, space_id: str, direction: str | None = None) -> BridgePath | None:
         return find_bridge(self.plan.upgrades, self.current, space_id, direction)
@@ -255,7 +261,7 @@ class RoutePlanner:
             if weight is None:
                 weight = ((entry.calibration or {}).get(FUSED) or {}).get("w", DEFAULT_FUSED_WEIGHT)
         cur = self.plan.current_space
-        current = self.pool.get(cur.model, self.current, what="current model")
+        current = self._queries(cur.model, self.current, "current model")
         if route == NATIVE:
             return QuerySide(space_id, NATIVE, direct=current, refine=self.refine, text_cache=self.text_cache)
         direct = self.encoder(space_id) if route in (OLD_MODEL, FUSED) else None

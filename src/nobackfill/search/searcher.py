@@ -42,7 +42,7 @@ from .merge import DEFAULT_MERGE, MERGES, Candidate, ScoreMap, candidates, merge
 from .models import ModelPool, model_ref
 from .routes import BRIDGE, DIRECTIONS, NATIVE, NoRouteError, QuerySide, RoutePlanner, direction_of, upgrade_entry
 
-__all__ = ["DEFAULT_MERGE", "HIT_FIELDS", "Hit", "SearchResponse", "Searcher", "explicit_plan", "hit_json", "matches_filter", "query_side_for"]
+__all__ = ["DEFAULT_MERGE", "HIT_FIELDS", "Hit", "SearchResponse", "Searcher", "check_filter", "explicit_plan", "hit_json", "matches_filter", "query_side_for"]
 
 class Hit(tuple):
     """One result: the item, its score under the route that answered, and where it came from.
@@ -118,16 +118,59 @@ class SearchResponse:
         return {"query": self.query, "modality": self.modality, "hits": [h.to_json() for h in self.hits]}
 
 
+#: the most keys a filter may have, and values a key may accept (the filter runs as one SQL condition)
+MAX_FILTER_KEYS, MAX_FILTER_VALUES = 64, 256
+_INT64 = (-(2 ** 63), 2 ** 63 - 1)
+
+
+def check_filter(flt: Mapping[str, Any] | None) -> dict[str, Any] | None:
+    """A metadata filter as a search runs it, or ``ValueError`` naming the key at fault. ``flt`` maps
+    metadata keys (dotted for nested objects: ``labels.colour``) to a value or a list of accepted
+    values; a nested mapping is the same as dotted keys (``{"labels": {"colour": "red"}}`` is
+    ``{"labels.colour": "red"}``, as an image search's form takes it). Values are strings, finite
+    numbers (integers within 64 bits), booleans or null; at most :data:`MAX_FILTER_KEYS` keys and
+    :data:`MAX_FILTER_VALUES` values a key. None or empty: no filter."""
+    if flt is None:
+        return None
+    if not isinstance(flt, Mapping):
+        raise ValueError(f"filter: a JSON object {{key: value | [values]}}, got {type(flt).__name__}")
+    out: dict[str, Any] = {}
+
+    def walk(m: Mapping[str, Any], prefix: str) -> None:
+        for key, want in m.items():
+            if not isinstance(key, str) or not key:
+                raise ValueError(f"filter: keys are non-empty strings, got {key!r}")
+            name = prefix + key
+            if isinstance(want, Mapping):
+                walk(want, name + ".")
+                continue
+            if len(out) >= MAX_FILTER_KEYS:
+                raise ValueError(f"filter: at most {MAX_FILTER_KEYS} keys")
+            wants = list(want) if isinstance(want, (list, tuple, set, frozenset)) else [want]
+            if len(wants) > MAX_FILTER_VALUES:
+                raise ValueError(f"filter: {name}: at most {MAX_FILTER_VALUES} values, got {len(wants)}")
+            for w in wants:
+                ok = w is None or isinstance(w, (str, bool)) or (
+                    isinstance(w, int) and _INT64[0] <= w <= _INT64[1]) or (isinstance(w, float) and np.isfinite(w))
+                if not ok:
+                    what = "an integer beyond 64 bits" if isinstance(w, int) else (
+                        "not a finite number" if isinstance(w, float) else f"a {type(w).__name__}")
+                    raise ValueError(f"filter: {name}: values are strings, finite numbers, booleans or null (or a "
+                                     f"list of them); {str(w)[:40]!r} is {what}")
+            out[name] = wants if isinstance(want, (list, tuple, set, frozenset)) else want
+
+    walk(flt, "")
+    return out
+
+
 def matches_filter(metadata: Mapping[str, Any], flt: Mapping[str, Any] | None) -> bool:
-    """``flt`` maps metadata keys (dotted for nested dicts: ``labels.colour``) to a value, or to a
-    list of accepted values; every key must match."""
-    if not flt:
-        return True
-    for key, want in flt.items():
+    """Whether ``metadata`` passes ``flt`` (:func:`check_filter`): every key's value is the one
+    given, or one of the list given."""
+    for key, want in (check_filter(flt) or {}).items():
         value: Any = metadata
         for part in str(key).split("."):
             value = value.get(part) if isinstance(value, Mapping) else None
-        if isinstance(want, (list, tuple, set)):
+        if isinstance(want, list):
             if value not in want:
                 return False
         elif value != want:
@@ -210,7 +253,7 @@ class Searcher:
             self.pool.put(ref, enc)
         else:
             ref = model_ref(query_model)
-            enc = self.pool.get(ref)
+            enc = self.pool.query_encoder(ref)
         self._query_model, self._query_ref = enc, ref
         ups = [load_upgrade(b) for b in bridges]
         _check_upgrades(ups, enc)
@@ -304,6 +347,7 @@ class Searcher:
         k = int(k)
         if not 1 <= k <= self.limits.max_k:
             raise ValueError(f"k must be between 1 and {self.limits.max_k}, got {k}")
+        filter = check_filter(filter)
         snap = self.collection.snapshot()
         prep = self._prepare(snap, qmod, target, filter)
         gmod, direction, method, views = prep.gmod, prep.direction, prep.method, prep.views

@@ -16,6 +16,7 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 
 from ..client.remote import ID_HEADER
 from ..collection.collection import MAX_ID_LENGTH
+from ..search.searcher import MAX_FILTER_KEYS, MAX_FILTER_VALUES
 
 from .responses import (AddResult, BackfillStatus, Deleted, Health, Hit, ImportResult, IndexBuilds, ItemOut,
                         Retired, Routes, SearchResults, SpaceStatus, Status, UpgradeResult, VerifyReport)
@@ -131,7 +132,9 @@ def request_models(max_k: int, max_caption: int, max_batch: int, max_image_bytes
         target: Optional[Literal["image", "text"]] = Field(
             None, description="Modality of the results (default: images when the collection holds any).")
         filter: Optional[dict[str, Any]] = Field(
-            None, description="Metadata filter {key: value | [values]}; dotted keys reach nested metadata.")
+            None, description="Metadata filter {key: value | [values]}: every key must match; dotted keys (or "
+                              "nested objects) reach nested metadata; values are strings, numbers, booleans or null; "
+                              f"at most {MAX_FILTER_KEYS} keys and {MAX_FILTER_VALUES} values a key.")
         merge: Optional[Literal["raw", "calibrated", "rank"]] = Field(
             None, description="How the spaces' lists are merged (default: the collection's).")
 

@@ -178,7 +178,8 @@ class Service:
 
 
 class _QueryCacheMetrics:
-    """``/metrics`` of the pool's text query cache (read at each scrape)."""
+    """``/metrics`` of the pool's text query cache and of how its query encoders run (read at each
+    scrape)."""
 
     def __init__(self, service: "Service") -> None:
         self.service = service
@@ -195,3 +196,11 @@ class _QueryCacheMetrics:
         yield GaugeMetricFamily("nobackfill_query_cache_entries", "Text query embeddings held", value=st["entries"])
         yield GaugeMetricFamily("nobackfill_query_cache_size", "Most text query embeddings held (0: off)",
                                 value=st["size"])
+        runs = GaugeMetricFamily("nobackfill_query_encoder", "1 for each query tower loaded: its model (the "
+                                 "directory's name), tower and runtime (torch, onnx, onnx-int8)",
+                                 labels=["model", "tower", "runtime"])
+        runtimes = getattr(self.service.pool, "runtimes", None)
+        for ref, towers in (runtimes() if runtimes else {}).items():
+            for tower, runtime in towers.items():
+                runs.add_metric([Path(ref).name, tower, runtime], 1)
+        yield runs

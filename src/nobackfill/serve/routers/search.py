@@ -15,7 +15,7 @@ from ..deps import get_limits, get_service, reader
 from ..errors import ApiError, FastJSON
 from ..schema import SearchResults, errors, json_or_form
 from ..service import Service
-from ...search.searcher import hit_json
+from ...search.searcher import check_filter, hit_json
 from ..settings import Limits
 
 __all__ = ["router"]
@@ -37,11 +37,19 @@ async def search(request: Request, _r: str = Depends(reader), svc: Service = Dep
         target = parts.get("target")
         if target not in (None, "image", "text"):
             raise ApiError(422, f"target: must be 'image' or 'text', got {target!r}", "target")
-        flt = form_filter(parts.get("filter"))
+        flt = _filter(form_filter(parts.get("filter")))
         img = await run_in_threadpool(decode_image, data, lim, "image")
         return await _search(svc, None, img, k, target, flt, None)
     req = await json_body(request, svc.models.search)
-    return await _search(svc, req.text, None, req.k, req.target, req.filter, req.merge)
+    return await _search(svc, req.text, None, req.k, req.target, _filter(req.filter), req.merge)
+
+
+def _filter(flt: dict | None) -> dict | None:
+    """The filter as the search runs it (nested objects as dotted keys), or a 422 naming it."""
+    try:
+        return check_filter(flt)
+    except ValueError as e:
+        raise ApiError(422, str(e), "filter") from None
 
 
 async def _search(svc: Service, text: str | None, image: Any, k: int, target: str | None, flt: dict | None,
