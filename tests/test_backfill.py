@@ -169,6 +169,32 @@ def test_an_upgrade_during_a_backfill_is_refused(tmp_path):
     assert c.plan == plan
 
 
+def test_an_upgrade_to_a_model_that_cannot_embed_a_held_modality_is_refused(tmp_path):
+    """A collection of images and captions upgraded to a text-only model would keep its images in the
+    old space alone and lose them at retire: refused naming the model and the images, nothing changed.
+    A collection already in that state (made before this check) cannot retire its last image space."""
+    from _collection_helpers import HashEncoder
+
+    old, _, _ = related_pair()
+    text_only = HashEncoder(dim=old.embed_dim, salt=9, modalities=("text",), name="text-only")
+    pool = pool_with((OLD_REF, old), ("/fake/models/text-only", text_only))
+    data = make_folder(tmp_path / "data", n_images=4, captions_per_image=2)
+    c = Collection.create(tmp_path / "c", space_id=old.space_id, dim=old.embed_dim, model=OLD_REF, name="old")
+    add_items(c, old, folder_items(data).items, progress=False)
+    plan = c.plan
+    with pytest.raises(UpgradeRefused, match=r"embeds text only.*4 images it could not embed.*delete"):
+        upgrade_collection(c, "/fake/models/text-only", pool=pool)
+    assert c.plan == plan and len(c.plan.spaces) == 1
+    # the state an earlier release let through: the text-only model current, the images in the old space
+    entry = c.add_space(space_id=text_only.space_id, dim=text_only.embed_dim, model="/fake/models/text-only",
+                        name="text-only", modalities=["text"])
+    c.set_plan(lambda p: p.with_space(entry, current=True))
+    run_backfill(c, text_only, order="sequential")
+    with pytest.raises(BackfillError, match=r"only space that embeds images, and 4 images would be left with no vector"):
+        retire_space(c, old.space_id)
+    assert not c.space(old.space_id).retired and c.count("image") == 4
+
+
 def test_uncertainty_order_backfills_a_sample_first_and_fits_a_head(tmp_path):
     c, old, new, pool, _ = _upgraded(tmp_path, n_images=20, captions=2)
     job = start_backfill(c, new, order="uncertainty", min_sample=20, sample_fraction=0.1)

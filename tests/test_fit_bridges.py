@@ -11,7 +11,7 @@ from _collection_helpers import NEW_REF, OLD_REF, make_folder, pool_with, relate
 from nobackfill.compat.fitted import FitConfig
 from nobackfill.collection.collection import Collection
 from nobackfill.collection.ingest import add_items, folder_items
-from nobackfill.lifecycle.backfill import run_backfill
+from nobackfill.lifecycle.backfill import run_backfill, start_backfill
 from nobackfill.lifecycle.fit_bridges import (FitBridgesConfig, backfilled_pairs, fit_collection_bridges,
                                               fitted_status)
 from nobackfill.lifecycle.plan_changes import pin_route, route_table, upgrade_collection
@@ -82,6 +82,28 @@ def test_a_refit_that_is_not_better_by_the_gain_is_not_swapped_in(tmp_path):
     fit_collection_bridges(c, cfg=CFG, pool=pool)
     t2i = [u for u in c.plan.upgrades if u.kind == "fitted" and u.directions == ("t2i",)]
     assert len(t2i) == 1 and t2i[0].info["version"] == 2 and t2i[0].path != serving.path
+
+
+def test_a_refit_that_keeps_the_serving_bridge_chooses_its_route_again(tmp_path):
+    """The route chosen at the first fit (on its few held-out queries) is not frozen: a later fit that
+    keeps the serving bridge scores its routes again, with that bridge's outputs, and records the
+    choice (a pinned route stays, as ever)."""
+    from nobackfill.catalog.plan import RouteChoice
+
+    c, old, new, pool = _backfilled(tmp_path, limit=300)
+    fit_collection_bridges(c, cfg=CFG, pool=pool)
+    sid = old.space_id
+    first = c.plan.route(sid, "t2i")
+    assert first.route == "old-model"  # (a linear map of the old space: no bridge beats the old model)
+    # as if the first fit had chosen the bridge on a handful of queries
+    c.set_plan(lambda p: p.with_route(sid, "t2i", RouteChoice(route="bridge", calibration=dict(first.calibration))))
+    upgrades = c.plan.upgrades
+    rep = fit_collection_bridges(c, cfg=CFG, pool=pool)
+    assert not rep[sid]["t2i"]["swapped"] and c.plan.upgrades == upgrades  # the same bridge serves
+    assert rep[sid]["t2i"]["route"] == "old-model" and c.plan.route(sid, "t2i").route == "old-model"
+    pin_route(c, sid, "t2i", "bridge")
+    fit_collection_bridges(c, cfg=CFG, pool=pool)
+    assert c.plan.route(sid, "t2i").route == "bridge" and c.plan.route(sid, "t2i").pinned
 
 
 def test_a_fit_that_dies_before_the_swap_leaves_the_serving_bridge(tmp_path, monkeypatch):
@@ -169,6 +191,26 @@ def test_an_upgrade_without_a_bridge_backfills_a_sample_first_then_fits_and_refi
     assert [f["pairs"] for f in st["fits"]] == calls
     assert st["next"] is None  # the backfill is done: no threshold left to announce
     assert [u for u in c.plan.upgrades if u.kind == "fitted"]
+
+
+def test_the_uncertainty_order_backfills_the_scene_sample_first_too(tmp_path):
+    """The default order measures a sample before it ranks the rest: with bridges to fit, that sample
+    opens with the fit's scene sample (random images, then their captions), which is backfilled before
+    anything else, as with the other orders."""
+    from nobackfill.lifecycle import backfill_fit
+    from nobackfill.lifecycle.backfill_jobs import ORDER_FILE, SAMPLE_FILE, _read
+
+    c, old, new, pool = _upgraded_no_bridge(tmp_path, 120, fraction=0.1, min_pairs=40, max_pairs=60)
+    job = start_backfill(c, new, order="uncertainty", pool=pool, min_sample=20, sample_fraction=0.05)
+    assert backfill_fit.fit_state(c)["next"] == 80 and job.sample >= 80 and job.phase == "sample"
+    head = _read(c, ORDER_FILE)[:80]
+    assert head == _read(c, SAMPLE_FILE)["ids"][:80]
+    images = {i for i in head if c.get(i).modality == "image"}
+    texts = [i for i in head if c.get(i).modality == "text"]
+    assert len(images) == len(texts) == 40 and all(c.get(i).metadata["image_id"] in images for i in texts)
+    run_backfill(c, new, order="uncertainty", batch_size=16, limit=80, pool=pool)
+    done = {i for i, (_, space) in c.serving(list(c.items())).items() if space == new.space_id}
+    assert set(head) <= done  # the first fit's pairs are the scene sample
 
 
 def test_an_upgrade_with_a_bridge_fits_nothing(tmp_path):

@@ -105,6 +105,13 @@ def start_backfill(collection: Collection, encoder: Any, *, order: str = "uncert
             rng = np.random.default_rng(seed)
             n_sample = min(len(pending), max(int(min_sample), int(round(sample_fraction * len(pending)))))
             sample = [pending[i] for i in sorted(rng.choice(len(pending), n_sample, replace=False))] if n_sample else []
+            # bridges fitted from the backfill: their scene sample (random images, then their captions) leads
+            # the measured sample, so that the first fit has it (the ranked rest spreads captions apart)
+            fit_ids, n_fit = sample_first(collection, pending, [it.id for it in pending], seed)
+            if n_fit:
+                by_id, head_ids = {it.id: it for it in pending}, set(fit_ids[:n_fit])
+                sample = [by_id[i] for i in fit_ids[:n_fit]] + [it for it in sample if it.id not in head_ids]
+                n_sample = len(sample)
             say(f"uncertainty order: measuring how {n_sample} sampled items are served now; they are backfilled "
                 "first (they count against --limit), then the order of the rest is fitted")
             from ..search.models import ModelPool
@@ -116,7 +123,8 @@ def start_backfill(collection: Collection, encoder: Any, *, order: str = "uncert
             ids = [it.id for it in sample]
             _write(collection, SAMPLE_FILE, {"ids": ids, "labels": labels})
             phase = "sample" if n_sample else "order"
-        ids, _ = sample_first(collection, pending, ids, seed, reorder=order != "uncertainty")
+        if order != "uncertainty":  # (the uncertainty sample holds the fit sample already)
+            ids, _ = sample_first(collection, pending, ids, seed)
         _write(collection, ORDER_FILE, ids)
         for name in [*collection.catalog.list_docs(f"{JOB_DIR}/{LEASE_DIR}/"), f"{JOB_DIR}/{WORKERS_FILE}"]:
             collection.catalog.delete_doc(name)
@@ -367,6 +375,19 @@ class _Given:
 
 
 # ----------------------------------------------------------------------------- retire
+def _refuse_losing_a_modality(collection: Collection, space_id: str) -> None:
+    """Refuse to retire ``space_id`` where it is the only space left that embeds a modality the
+    collection holds items of (a collection upgraded to a text-only model keeps its images there)."""
+    others = [s for s in collection.plan.spaces if s.space_id != space_id and not s.retired]
+    for m in collection.space(space_id).modalities:
+        n = collection.count(m) if not any(m in s.modalities for s in others) else 0
+        if n:
+            raise BackfillError(f"cannot retire space {space_id} of {collection.path}: it is the only space that "
+                                f"embeds {m}s, and {n} {m}{'s' if n != 1 else ''} would be left with no vector (the "
+                                f"current model embeds {' and '.join(collection.space(collection.current_space).modalities)}"
+                                f" only); delete them first if that is what you want")
+
+
 def retire_space(collection: Collection, space_id: str, *, drop_unsourced: bool = False) -> Plan:
     """Drop an old space (its vectors and every version of the bridges fitted into it): refused while
     any live item that the current model can embed has no vector in the current space, and for the
@@ -377,6 +398,7 @@ def retire_space(collection: Collection, space_id: str, *, drop_unsourced: bool 
     if space_id == collection.current_space:
         raise BackfillError(f"space {space_id} is the current model's; it cannot be retired")
     entry = collection.space(space_id)
+    _refuse_losing_a_modality(collection, space_id)
     left = _pending(collection, collection.current_space)
     if left:
         raise BackfillError(f"cannot retire space {space_id} of {collection.path}: {len(left)} item(s) have no vector "

@@ -130,19 +130,14 @@ def sample_size(n: int, st: dict[str, Any]) -> int:
     return min(n, max(int(st["min"]), min(int(st["max"]), int(round(st["fraction"] * n)))))
 
 
-def sample_first(collection: Collection, pending: Sequence[Any], ids: list[str], seed: int,
-                 reorder: bool = True) -> tuple[list[str], int]:
+def sample_first(collection: Collection, pending: Sequence[Any], ids: list[str], seed: int) -> tuple[list[str], int]:
     """``ids`` (the backfill order) with a stratified random sample of each modality of ``pending``
     (random images, then the captions of those images, then other captions at random) moved to the
-    front (``reorder``; the uncertainty order draws its own random sample first); returns the order
-    and the sample's size, the first fit's threshold."""
+    front, when the upgrade fits bridges (the uncertainty order puts it at the head of the sample it
+    measures); returns the order and the sample's size, the first fit's threshold (0: no fitting)."""
     st = fit_state(collection)
     if st is None:
         return ids, 0
-    if not reorder:
-        st["next"] = sum(sample_size(sum(1 for it in pending if it.modality == m), st) for m in ("image", "text"))
-        _write(collection, FIT_FILE, st)
-        return ids, int(st["next"])
     from .fit_bridges import scene_of
 
     rng = np.random.default_rng(seed + 7)

@@ -28,7 +28,7 @@ from typing import Any, Callable
 import numpy as np
 
 from ..compat.fitted import (FitConfig, FittedBridge, HeldOut, candidate_score, choose_direction, fit_candidates,
-                             held_out_set, heldout_mask)
+                             held_out_set, heldout_mask, route_scores)
 from ..compat.fitted.stored import collection_cache, is_stored, materialize, next_version, save_stored
 from ..collection.collection import Collection
 from ..catalog.plan import Plan, RouteChoice, UpgradeRecord
@@ -231,6 +231,7 @@ def fit_collection_bridges(collection: Collection, *, cfg: FitBridgesConfig | No
     serving = fitted_bridges(plan)
     report: dict[str, Any] = {}
     changes: list[tuple[UpgradeRecord, str, dict[str, Any], dict[str, Any]]] = []
+    rerouted: list[tuple[UpgradeRecord, dict[str, Any]]] = []  # a serving bridge kept, its route chosen again
     for space in plan.old_spaces():
         sid = space.space_id
         pairs = backfilled_pairs(collection, sid, plan)
@@ -268,10 +269,14 @@ def fit_collection_bridges(collection: Collection, *, cfg: FitBridgesConfig | No
             entry = {"chosen": ch.chosen, "heldout": ch.heldout, "serving": serving_score, "route": ch.route,
                      "swapped": False, "pairs": {m: len(p.keys) for m, p in pairs.items()}, "scored": held.sizes}
             report.setdefault(sid, {})[d] = entry
-            if ch.bridge is None:  # the serving bridge, or the user's own, is still the best
-                continue
-            best = candidate_score(ch.scores[ch.chosen])
-            if serving_score is not None and best < candidate_score(serving_score) + cfg.min_gain:
+            best = candidate_score(ch.scores[ch.chosen]) if ch.chosen is not None else None
+            if ch.bridge is None or (serving_score is not None and best < candidate_score(serving_score) + cfg.min_gain):
+                # the serving bridge (or the user's own) stays; a fitted one's route is chosen again on the
+                # larger held-out set of this fit, with its own outputs
+                if old_rec is not None and ch.chosen is not None and "serving" in given:
+                    routes = ch.routes if ch.chosen == "serving" else route_scores(held, given["serving"])
+                    entry["route"] = routes["route"]
+                    rerouted.append((old_rec, routes))
                 continue
             info = {"family": ch.bridge.family, "candidate": ch.bridge.meta.get("candidate", ch.chosen), "direction": d,
                     "pairs": int(ch.bridge.meta.get("pairs", 0)), "pair_counts": entry["pairs"],
@@ -279,7 +284,7 @@ def fit_collection_bridges(collection: Collection, *, cfg: FitBridgesConfig | No
                     "fitted_at": datetime.now(timezone.utc).isoformat(timespec="seconds")}
             changes.append((old_rec, d, {"space": space, "bridge": ch.bridge, "info": info}, ch.routes))
             entry["swapped"] = True
-    if not changes:
+    if not changes and not rerouted:
         return report
     new_records = []
     for old_rec, d, what, routes in changes:
@@ -309,6 +314,14 @@ def fit_collection_bridges(collection: Collection, *, cfg: FitBridgesConfig | No
             p = p.with_fitted(rec)
             choice = _route_entry(p.route(rec.target, d), routes, dict(rec.info or {}))
             if choice is not None:
+                p = p.with_route(rec.target, d, choice)
+        for rec, routes in rerouted:  # only where that bridge still serves (not replaced, not retired)
+            d = rec.directions[0]
+            if fitted_bridges(p).get((rec.target, d)) != rec:
+                continue
+            cur = p.route(rec.target, d)
+            choice = _route_entry(cur, routes, dict(rec.info or {}))
+            if choice is not None and (cur is None or (choice.route, choice.w) != (cur.route, cur.w)):
                 p = p.with_route(rec.target, d, choice)
         return p
 

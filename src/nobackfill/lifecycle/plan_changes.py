@@ -75,6 +75,14 @@ def upgrade_collection(collection: Collection, model: str | Path, *, bridges: Se
     if sid in known:
         raise UpgradeRefused(f"{model} embeds into space {sid}, which collection {collection.path} already holds "
                              f"({_space_label(plan, sid)}); an upgrade needs a new model")
+    mods = tuple(getattr(enc, "modalities", ("image", "text")))
+    unembeddable = {m: n for m in ("image", "text") if m not in mods and (n := collection.count(m))}
+    if unembeddable:
+        held = " and ".join(f"{n} {m}{'s' if n != 1 else ''}" for m, n in unembeddable.items())
+        raise UpgradeRefused(f"{model} embeds {' and '.join(mods)} only, and collection {collection.path} holds {held} "
+                             f"it could not embed: they would be searchable only through the old space and lost when "
+                             f"it is retired; upgrade to a model that embeds {' and '.join(unembeddable)}, or delete "
+                             f"those items first")
     ups = [load_upgrade(b) for b in bridges]
     for u in ups:
         for side, space in (("source", u.source_id), ("target", u.target_id)):
