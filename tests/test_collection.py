@@ -145,6 +145,10 @@ def test_text_file_items(tmp_path):
     f.write_text('{"txt": "one"}\n')
     with pytest.raises(DataFormatError, match="line 1"):
         text_file_items(f)
+    png = tmp_path / "q.png"  # a binary file given as texts: an error naming it, not a codec's
+    png.write_bytes(b"\x89PNG\r\n\x1a\n" + bytes(range(256)))
+    with pytest.raises(DataFormatError, match=r"q\.png: not UTF-8 text"):
+        text_file_items(png)
 
 
 # ----------------------------------------------------------------------------- storage

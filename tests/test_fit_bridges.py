@@ -4,6 +4,7 @@ better, a failed fit leaves the serving bridge, pinned routes kept, shown in sta
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 
@@ -251,9 +252,32 @@ def test_cli_upgrade_without_a_bridge_backfills_fits_and_status_shows_it(tmp_pat
     out = " ".join(r.output.split())
     assert r.exit_code == 0 and "fitted bridge t2i" in out and "bridge fits at 180 pairs" in out, out
     assert "next at" not in out  # done: no more pairs will come
+    assert re.search(r"held-out agreement \d\.\d{3} over \d+ held-out queries", out)  # what the score was on
+    assert "(chosen without labels, with the fitted bridge)" in out and "routes chosen without labels" in out
     r = cli("collection", "status", c.path, "--json")
     st = json.loads(r.output)
     assert {b["direction"] for b in st["fitted_bridges"]["serving"]} >= {"t2i", "i2t"}
+    r = cli("collection", "retire", c.path, "--space", old.space_id)
+    assert r.exit_code == 0, r.output
+    out = " ".join(cli("collection", "status", c.path).output.split())
+    assert "bridge fits" not in out and "fitted bridge" not in out  # nothing is fitted into a retired space
+
+
+def test_status_says_why_a_space_got_no_bridge_and_when_the_last_fit_comes(tmp_path):
+    """A fit that skips a whole space (too few pairs) records why; a next threshold past the size of
+    the collection is announced as the end of the backfill."""
+    from nobackfill.lifecycle import backfill_fit
+
+    c, old, new, pool = _upgraded_no_bridge(tmp_path, 30, fraction=0.1, min_pairs=40, max_pairs=60)
+    run_backfill(c, new, order="random", batch_size=8, limit=16, pool=pool)
+    backfill_fit.maybe_fit(c, final=True, pool=pool, cfg=CFG)  # 16 pairs: too few for any candidate
+    summary = backfill_fit.fit_summary(c)
+    assert "backfilled pairs" in summary["fits"][-1]["skipped"][f"{old.space_id}/any direction"]
+    st = backfill_fit.fit_state(c)
+    for nxt, at_end in ((32, False), (90, True), (500, True)):  # the collection holds 90 items
+        st["next"] = nxt
+        backfill_fit._write(c, backfill_fit.FIT_FILE, st)
+        assert backfill_fit.fit_summary(c)["next_at_end"] is at_end
 
 
 def test_http_upgrade_without_bridges_passes_fit_bridges(tmp_path):
@@ -299,6 +323,8 @@ def test_fit_settings_recorded_by_the_upgrade_are_used_by_the_backfills_fits(tmp
         backfill_fit.enable_fit(c, new.space_id, {"fit": {"famillies": ("ridge",)}})
     with pytest.raises(backfill_fit.FitSampleError, match="unknown bridge families"):
         backfill_fit.enable_fit(c, new.space_id, {"fit": {"families": ("cubic",)}})
+    with pytest.raises(backfill_fit.FitSampleError, match="at least one bridge family"):
+        backfill_fit.enable_fit(c, new.space_id, {"fit": {"families": []}})
     assert backfill_fit.fit_state(c)["fit"]["families"] == ["ridge"]  # a refused setting changed nothing
 
 
@@ -332,3 +358,33 @@ def test_retiring_a_space_drops_the_bridges_fitted_into_it(tmp_path):
     assert c2.catalog.list_docs(stem) == [] and not list((c.path / "bridges").glob(f"fitted-{sid}-*"))
     hits = Searcher(c2, pool=pool).search(text="caption 0 of image 3 seed 0", k=5, target="image").hits
     assert hits and all(h.space == new.space_id for h in hits)
+
+
+def test_a_space_is_not_retired_during_a_fit_and_a_fit_never_serves_a_retired_space(tmp_path, monkeypatch):
+    """Retire waits for no fit: refused while one holds the fit lock (the backfill's last fit runs
+    after status shows the backfill done). And a fit whose space was retired before its commit puts
+    nothing in service and leaves no stored bridge behind."""
+    from nobackfill.compat.fitted.stored import DOC_DIR
+    from nobackfill.lifecycle.backfill import BackfillError, retire_space
+    from nobackfill.lifecycle.backfill_jobs import JOB_DIR
+
+    c, old, new, pool = _backfilled(tmp_path, n_images=60)
+    sid = old.space_id
+    plan = c.plan
+    with c.catalog.lock(f"{JOB_DIR}/fit"):
+        with pytest.raises(BackfillError, match="a bridge fit is running"):
+            retire_space(c, sid)
+    assert Collection.open(c.path).plan == plan
+    real = Collection.set_plan
+
+    def retired_meanwhile(self, fn):  # the space is retired between the fit and its commit
+        return real(self, lambda p: fn(p.retire(sid)))
+
+    monkeypatch.setattr(Collection, "set_plan", retired_meanwhile)
+    rep = fit_collection_bridges(c, cfg=CFG, pool=pool)
+    monkeypatch.undo()
+    c2 = Collection.open(c.path)
+    assert not [u for u in c2.plan.upgrades if u.kind == "fitted"] and c2.space(sid).retired
+    assert c2.catalog.list_docs(f"{DOC_DIR}/fitted-{sid}-") == []
+    assert all(not e.get("swapped") and "retired" in e.get("skipped", "") for e in rep[sid].values()
+               if isinstance(e, dict) and e.get("chosen"))

@@ -255,6 +255,23 @@ def test_no_response_shows_a_server_path(env):
     assert {p for p in shown if not p.startswith("uploads/")} <= {p.name for p in (data / "images").iterdir()}
 
 
+def test_messages_keep_the_services_own_endpoints_and_refuse_absolute_paths_plainly(env, tmp_path):
+    """The path scrubber leaves the API's own endpoints in text (``POST /v1/backfill/start``), and an
+    absolute model path (even one under the root) is refused as absolute, not as "outside the root"
+    under a name the server rewrote."""
+    from nobackfill.serve.paths import PublicPaths
+
+    pub = PublicPaths([(tmp_path, "")])
+    assert pub.text("or POST /v1/backfill/start to go on; see /metrics and /docs") == \
+        "or POST /v1/backfill/start to go on; see /metrics and /docs"
+    assert pub.text(f"read {tmp_path}/m/config.json.") == "read m/config.json."
+    api, c, _, _ = env
+    before = state(c)
+    r = api.post("/v1/upgrade", json={"model": str(tmp_path / "models" / "world-new")}, headers=h(ADMIN))
+    assert r.status_code == 400 and r.json()["field"] == "model" and "absolute path" in r.json()["detail"]
+    assert "outside" not in r.json()["detail"] and state(c) == before
+
+
 def test_bridges_lie_under_the_upgrades_root_and_models_under_the_models_root(env):
     api, c, _, _ = env
     before = state(c)

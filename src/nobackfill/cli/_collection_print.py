@@ -73,7 +73,7 @@ def print_routes(routes: dict) -> None:
             cal = r["calibration"]
             nums = ", ".join(f"{k} R@1 {v['R@1']:.3f}" + (f" (w={v['w']})" if "w" in v else "")
                              for k, v in cal.items() if isinstance(v, dict) and "R@1" in v)
-            how = ("pinned" if r["pinned"] else "fitted bridge, chosen without labels" if "fitted" in cal
+            how = ("pinned" if r["pinned"] else "chosen without labels, with the fitted bridge" if "fitted" in cal
                    else "calibrated" if r["calibrated"] else "default, uncalibrated")
             results.print(escape(f"  space {sid} {d}: {r['route']}" + (f" w={r['w']}" if r["w"] is not None else "")
                              + f" ({how})" + (f"  {nums}" if nums else "")))
@@ -84,13 +84,17 @@ def print_fitted(fitted: dict | None) -> None:
     if not fitted or not (fitted.get("enabled") or fitted.get("serving")):
         return
     for b in fitted.get("serving", []):
+        on = f" over {b['heldout_queries']} held-out queries" if b.get("heldout_queries") else ""
         results.print(escape(f"  fitted bridge {b['direction']} -> space {b['space']}: {b['family']} "
-                             f"({b['candidate']}) on {b['pairs']} pairs, held-out agreement {b['heldout']:.3f}, "
+                             f"({b['candidate']}) on {b['pairs']} pairs, held-out agreement {b['heldout']:.3f}{on}, "
                              f"v{b['version']}, {b['fitted_at']}"))
+    if not fitted.get("enabled") and not fitted.get("fits"):
+        return
     nxt = fitted.get("next")
     done = ", ".join(str(f["pairs"]) for f in fitted.get("fits", []))
+    then = ("; next at the end of the backfill" if fitted.get("next_at_end") else f"; next at {nxt} backfilled pairs")
     results.print(escape("  bridge fits" + (f" at {done} pairs" if done else ": none yet")
-                         + (f"; next at {nxt} backfilled pairs" if nxt else "")
+                         + (then if nxt and fitted.get("enabled") else "")
                          + (f"; last error: {fitted['error']}" if fitted.get("error") else "")))
     last = (fitted.get("fits") or [{}])[-1]
     for key, why in sorted((last.get("skipped") or {}).items()):

@@ -291,8 +291,10 @@ def status(
               f"(generation {st['generation']}, catalog in {st.get('catalog', 'the server')})")
     print_spaces(st["spaces"])
     print_routes(st["routes"])
+    fitted_routes = any("fitted" in (r.get("calibration") or {}) for ds in st["routes"].values() for r in ds.values())
     results.print(f"  merge: {st['merge']}" + ("" if st["calibrated"] else " (uncalibrated default); routes "
-                                                                      "uncalibrated"))
+                                              + ("chosen without labels (no labels calibrated them)" if fitted_routes
+                                                 else "uncalibrated")))
     print_fitted(st.get("fitted_bridges"))
     print_backfill(st["backfill"])
 

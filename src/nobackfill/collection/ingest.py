@@ -214,7 +214,12 @@ def text_file_items(path: str | Path, *, limit: int | None = None) -> list[Item]
         raise DataFormatError("text file not found", p)
     items: list[Item] = []
     with open(p, encoding="utf-8") as fh:
-        for no, line in enumerate(fh, start=1):
+        try:
+            lines = list(fh)
+        except UnicodeDecodeError as e:
+            raise DataFormatError(f"not UTF-8 text (byte {e.object[e.start:e.start + 1]!r} at offset {e.start}); "
+                                  "a text file takes one text a line, or JSONL", p) from None
+        for no, line in enumerate(lines, start=1):
             if not line.strip():
                 continue
             if limit is not None and len(items) >= limit:

@@ -397,6 +397,14 @@ def retire_space(collection: Collection, space_id: str, *, drop_unsourced: bool 
 
     if space_id == collection.current_space:
         raise BackfillError(f"space {space_id} is the current model's; it cannot be retired")
+    with collection.catalog.lock(f"{JOB_DIR}/fit", blocking=False) as taken:  # a fit writes bridges into it
+        if not taken:
+            raise BackfillError(f"cannot retire space {space_id} of {collection.path} now: a bridge fit is running "
+                                "(the backfill's last one, or a refit); retry when `collection status` shows it done")
+        return _retire(collection, space_id, drop_unsourced)
+
+
+def _retire(collection: Collection, space_id: str, drop_unsourced: bool) -> Plan:
     entry = collection.space(space_id)
     _refuse_losing_a_modality(collection, space_id)
     left = _pending(collection, collection.current_space)

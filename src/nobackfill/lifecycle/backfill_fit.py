@@ -122,8 +122,13 @@ def fit_summary(collection: Collection) -> dict[str, Any]:
     from .fit_bridges import fitted_status
 
     st = fit_state(collection) or {}
-    return {"serving": fitted_status(collection.plan), "fits": st.get("fits", []), "next": st.get("next"),
-            "enabled": bool(st), **({"error": st["error"]} if st.get("error") else {})}
+    plan = collection.plan
+    nxt = st.get("next")
+    total = sum(collection.count(m) for m in plan.current_space.modalities) if nxt is not None else 0
+    return {"serving": fitted_status(plan), "fits": st.get("fits", []), "next": nxt,
+            "next_at_end": nxt is not None and nxt >= total,  # a doubling past the collection: the end's fit
+            "enabled": bool(st) and bool(plan.old_spaces()),  # (nothing is fitted once the old spaces are retired)
+            **({"error": st["error"]} if st.get("error") else {})}
 
 
 def sample_size(n: int, st: dict[str, Any]) -> int:
@@ -208,6 +213,8 @@ def maybe_fit(collection: Collection, *, final: bool | None = False, pool: Any =
             return None
         entries = [(f"{s}/{d}", e) for s, ds in report.items() if isinstance(ds, dict) for d, e in ds.items()
                    if isinstance(e, dict)]
+        entries += [(f"{s}/any direction", ds) for s, ds in report.items()  # a space skipped whole
+                    if isinstance(ds, dict) and isinstance(ds.get("skipped"), str)]
         st["fits"].append({"pairs": n, "swapped": sorted(k for k, e in entries if e.get("swapped")),
                            **({"skipped": {k: e["skipped"] for k, e in entries if e.get("skipped")}}
                               if any(e.get("skipped") for _, e in entries) else {})})

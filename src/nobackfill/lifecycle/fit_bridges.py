@@ -29,7 +29,8 @@ import numpy as np
 
 from ..compat.fitted import (FitConfig, FittedBridge, HeldOut, candidate_score, choose_direction, fit_candidates,
                              held_out_set, heldout_mask, route_scores)
-from ..compat.fitted.stored import collection_cache, is_stored, materialize, next_version, save_stored
+from ..compat.fitted.stored import (collection_cache, drop_stored, is_stored, materialize, next_version,
+                                   save_stored)
 from ..collection.collection import Collection
 from ..catalog.plan import Plan, RouteChoice, UpgradeRecord
 from ..search.routes import DIRECTIONS, RoutePlanner
@@ -306,10 +307,17 @@ def fit_collection_bridges(collection: Collection, *, cfg: FitBridgesConfig | No
         say(f"  {sid} {d}: {info['candidate']} on {info['pairs']} pairs, held-out agreement "
             f"{info['heldout']['r1']:.3f} -> route {routes['route']} ({name})")
 
+    gone: set[str] = set()  # bridges of a space retired meanwhile: never put in service
+
     def commit(p: Plan) -> Plan:
         if p.current != plan.current:
             raise RuntimeError("the collection was upgraded meanwhile; the fitted bridges were not swapped in")
+        live = {s.space_id for s in p.spaces if not s.retired}
+        gone.clear()
+        gone.update(rec.name for rec, _ in new_records if rec.target not in live)
         for rec, routes in new_records:
+            if rec.name in gone:
+                continue
             d = rec.directions[0]
             p = p.with_fitted(rec)
             choice = _route_entry(p.route(rec.target, d), routes, dict(rec.info or {}))
@@ -326,6 +334,11 @@ def fit_collection_bridges(collection: Collection, *, cfg: FitBridgesConfig | No
         return p
 
     collection.set_plan(commit)
+    for sid in sorted({rec.target for rec, _ in new_records if rec.name in gone}):
+        drop_stored(collection.catalog, f"fitted-{sid}-", cache)  # as retire does: every version
+        for e in report.get(sid, {}).values():
+            if isinstance(e, dict) and e.get("swapped"):
+                e.update(swapped=False, path=None, skipped="the space was retired during the fit")
     return report
 
 
@@ -337,6 +350,7 @@ def fitted_status(plan: Plan) -> list[dict[str, Any]]:
         info = dict(u.info or {})
         out.append({"space": sid, "direction": d, "family": info.get("family"), "candidate": info.get("candidate"),
                     "pairs": info.get("pairs"), "heldout": (info.get("heldout") or {}).get("r1"),
+                    "heldout_queries": (info.get("heldout_sizes") or {}).get("queries"),
                     "fitted_at": info.get("fitted_at"), "version": info.get("version"), "path": u.path})
     return out
 

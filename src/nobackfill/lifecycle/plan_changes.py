@@ -140,9 +140,11 @@ def _refuse_during_backfill(collection: Collection) -> None:
     if job is not None:
         st = backfill_status(collection)
         if st["done"] < st["total"]:
-            raise UpgradeRefused(f"a backfill of collection {collection.path} into space {job.target} is {job.state} "
-                                 f"({st['done']}/{st['total']} done); let it finish before registering another "
-                                 "upgrade (nothing was changed)")
+            now = "paused" if job.state == "paused" else ("running" if st.get("workers") else "unfinished, no worker now")
+            raise UpgradeRefused(f"a backfill of collection {collection.path} into space {job.target} is {now} "
+                                 f"({st['done']}/{st['total']} done); let it finish (`nobackfill collection backfill`) "
+                                 "or cancel it (`nobackfill collection backfill --cancel`, POST /v1/backfill/cancel) "
+                                 "before registering another upgrade (nothing was changed)")
 
 
 def _apply_calibration(plan: Plan, result: dict[str, Any]) -> Plan:

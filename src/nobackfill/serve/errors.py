@@ -75,7 +75,10 @@ def validation_error(errs: list[dict]) -> ApiError:
         elif pattern == ID_PATTERN:
             msg = "not a valid id (no '/', '\\\\' or control characters; not starting with '.', '[' or a space)"
         elif pattern in (REL_PATH, SEGMENT):
-            if isinstance(value, str) and (value.startswith("/") or ".." in value.replace("\\", "/").split("/")):
+            if isinstance(value, str) and value.startswith("/"):  # (not echoed: the path is the server's)
+                return ApiError(400, f"{field}: an absolute path; name it relative to the server's root (its "
+                                     f"--models-root, --upgrades-root or --data-root)", field)
+            if isinstance(value, str) and ".." in value.replace("\\", "/").split("/"):
                 return ApiError(400, f"{field}: {value!r} lies outside the allowed root", field)
             msg = "a path relative to the root: segments of letters, digits, '_', '-', '+', '.', none starting with '.'"
     elif kind == "string_too_long":

@@ -17,8 +17,10 @@ from typing import Any, Iterable, Mapping
 __all__ = ["PublicPaths"]
 
 # an absolute POSIX path inside free text (after an optional URI scheme): starts at a '/' that does
-# not continue a word or a relative path, and runs to whitespace, a quote, a bracket or a separator
-_ABS_IN_TEXT = re.compile(r"(?<![\w.~\-/])(?P<scheme>[A-Za-z][\w+.\-]*:)?(?P<path>/[^\s'\"`,;:()<>\[\]{}|]+)")
+# not continue a word or a relative path, and runs to whitespace, a quote, a bracket or a separator;
+# the service's own endpoints (``POST /v1/backfill/start``) are no file system path
+_ABS_IN_TEXT = re.compile(r"(?<![\w.~\-/])(?P<scheme>[A-Za-z][\w+.\-]*:)?"
+                          r"(?!/v1/|/metrics\b|/healthz\b|/docs\b|/openapi\.json)(?P<path>/[^\s'\"`,;:()<>\[\]{}|]+)")
 
 
 class PublicPaths:

@@ -60,6 +60,8 @@ class FitConfig:
     ensemble: int = 3  # the choice serves the mean of this many best-scored candidates (1: the best alone)
 
     def __post_init__(self) -> None:
+        if not self.families:
+            raise ValueError(f"families: at least one bridge family is needed; families: {FAMILIES}")
         bad = [f for f in self.families if f not in FAMILIES]
         if bad:
             raise ValueError(f"unknown bridge families {bad}; families: {FAMILIES}")
