@@ -261,6 +261,18 @@ def test_a_milvus_uri_names_its_postgresql_catalog_by_its_fragment():
     assert parse_uri(f"milvus-lite:/d/m.db#x?catalog={pg}")[1]["catalog"] == f"{pg}#x"
     assert parse_uri(f"milvus://h:1#photos?catalog={pg}#shared")[1]["catalog"] == f"{pg}#shared"
     assert parse_uri(f"/data/c?catalog={pg}#c")[1]["catalog"] == f"{pg}#c"
+    with pytest.raises(ValueError, match=r"milvus-lite database is a file whose name ends in \.db, got '/tmp/x'"):
+        parse_uri("milvus-lite:/tmp/x#y")  # refused before pymilvus sees it (its own error is a traceback)
+
+
+def test_opening_a_missing_milvus_lite_database_creates_nothing(tmp_path):
+    """A read (status, search) of a milvus-lite path with no database there is 'not a collection', and
+    leaves no database behind (milvus-lite makes one on connecting)."""
+    from nobackfill.collection.collection import Collection
+
+    with pytest.raises(Exception, match="is not a collection"):
+        Collection.open(f"milvus-lite:{tmp_path}/nope.db#y")
+    assert list(tmp_path.iterdir()) == []
 
 
 _SOURCES = [  # (modality, source JSON as stored, unsourced?)

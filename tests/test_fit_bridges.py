@@ -288,6 +288,7 @@ def test_http_upgrade_without_bridges_passes_fit_bridges(tmp_path):
     api, c, old, new = served_old_collection(tmp_path, make_folder(tmp_path / "data", n_images=6, captions_per_image=2))
     r = api.post("/v1/upgrade", json={"model": "new"}, headers={"Authorization": "Bearer " + ADMIN})
     assert r.status_code == 200, r.text
+    assert r.json()["merge"] == "raw"  # the merge in force, as the CLI shows it (not null for the default)
     assert backfill_fit.fit_state(Collection.open(c.path))["target"] == new.space_id
     st = api.get("/v1/status", headers={"Authorization": "Bearer " + READ}).json()
     assert st["fitted_bridges"]["enabled"] and st["fitted_bridges"]["serving"] == []

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
 from ..search.limits import Limits
+from ..search.merge import DEFAULT_MERGE
 from .base import Client, check_image_file
 from .errors import ClientError, Conflict, InvalidRequest, NotFound, as_client_error
 from .types import AddResult, ImportResult, ItemInfo, SearchHit, SearchResults, UpgradeResult
@@ -234,8 +235,8 @@ class LocalClient(Client):
             except UpgradeRefused as e:
                 raise Conflict(409, str(e), "model") from None
         self.warm()
-        return UpgradeResult(current=plan.current, spaces=list(plan.space_ids), merge=plan.merge_method,
-                             routes=route_table(plan))
+        return UpgradeResult(current=plan.current, spaces=list(plan.space_ids),
+                             merge=plan.merge_method or DEFAULT_MERGE, routes=route_table(plan))
 
     def _known_space(self, space: str) -> None:
         """NotFound (404) unless ``space`` is one of the collection's spaces."""
@@ -263,7 +264,7 @@ class LocalClient(Client):
         tasks, label = load_calibration(data, split, limit, langs)
         with self.write_lock:
             plan = calibrate_collection(self.collection, tasks, label=label)
-        return {"routes": route_table(plan), "merge": plan.merge_method}
+        return {"routes": route_table(plan), "merge": plan.merge_method or DEFAULT_MERGE}
 
     @_refusals
     def retire(self, space: str, *, drop_unsourced: bool = False) -> dict[str, Any]:
@@ -341,7 +342,7 @@ class LocalClient(Client):
         st = c.status()
         plan = c.plan
         st["routes"] = route_table(plan)
-        st["merge"] = plan.merge_method or "raw"
+        st["merge"] = plan.merge_method or DEFAULT_MERGE
         st["calibrated"] = bool(plan.calibration)
         st["backfill"] = self.backfill_status()
         st["fitted_bridges"] = fit_summary(c)

@@ -29,6 +29,8 @@ def parse_uri(uri: str | Path) -> tuple[str, dict[str, str]]:
         path, _, name = rest.partition("#")
         if not path:
             raise ValueError(f"{s}: a milvus-lite URI needs a path (milvus-lite:PATH#NAME)")
+        if not path.endswith(".db"):  # milvus-lite's own rule for a local file
+            raise ValueError(f"{s}: a milvus-lite database is a file whose name ends in .db, got {path!r}")
         return "milvus-lite", {"path": path, "name": name or "default", **_named(extra, name)}
     if s.startswith("milvus://"):
         rest = s[len("milvus://"):]

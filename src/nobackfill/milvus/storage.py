@@ -50,6 +50,7 @@ class MilvusStorage(Storage):
         self.meta = f"{self.prefix}_meta"
         self._catalog_uri = catalog_uri
         self._catalog_path = catalog_path
+        self._lite_path: Path | None = None  # a milvus-lite database file (from_uri)
         self._catalog: Catalog | None = None
         self._spaces: dict[str, MilvusSpaceStore] = {}
         self._lock = threading.Lock()
@@ -80,8 +81,10 @@ class MilvusStorage(Storage):
         beside = path.with_name(f"{path.name}.{_safe(parts['name'])}.catalog.sqlite") if path is not None else None
         from ..catalog.catalog import redact
 
-        return cls(None, parts["name"], redact(uri), catalog_uri=parts.get("catalog"), catalog_path=beside,
-                   connect=lambda: _client(kind, parts))
+        out = cls(None, parts["name"], redact(uri), catalog_uri=parts.get("catalog"), catalog_path=beside,
+                  connect=lambda: _client(kind, parts))
+        out._lite_path = path
+        return out
 
     # ------------------------------------------------------------------ documents
     def _rows(self, filter: str, fields: Sequence[str] = ("k", "v")) -> list[dict]:
@@ -166,6 +169,8 @@ class MilvusStorage(Storage):
         return cat
 
     def read_manifest(self) -> bytes | None:
+        if self._lite_path is not None and not self._lite_path.exists():
+            return None  # no milvus-lite database there: nothing to read (and none made by a reader)
         return self.read_doc("collection.json")
 
     def read_chunk(self, name: str) -> bytes:

@@ -16,6 +16,7 @@ from ..schema import (BackfillRequest, BackfillStatus, CalibrateRequest, ImportR
                       RetireRequest, Retired, RouteRequest, Routes, Status, UpgradeRequest, UpgradeResult, VerifyReport,
                       VerifyRequest, errors)
 from ..service import Service
+from ...search.merge import DEFAULT_MERGE
 from ..settings import ServeSettings
 
 __all__ = ["router"]
@@ -108,7 +109,7 @@ async def upgrade(req: UpgradeRequest, _r: str = Depends(admin), svc: Service = 
 async def pin_route(req: RouteRequest, _r: str = Depends(admin), svc: Service = Depends(get_service)) -> Any:
     table = await run_in_threadpool(svc.call, svc.client.route, req.space, req.direction, req.route, w=req.w,
                                     field="space")
-    return svc.paths.deep({"routes": table, "merge": svc.collection.plan.merge_method})
+    return svc.paths.deep({"routes": table, "merge": svc.collection.plan.merge_method or DEFAULT_MERGE})
 
 
 @router.post("/calibrate", summary="Choose routes and the merge on labelled data (a path under --data-root)",
