@@ -46,6 +46,9 @@ def test_readd_and_search_before_the_upgrade(coll):
     img = next((coll / "world" / "test" / "images").iterdir())
     out = js("collection", "search", coll / "photos", "--image", img, "--k", 3)
     assert out["modality"] == "text" and all("text" in h for h in out["hits"])
+    table = runner.invoke(app, ["collection", "search", str(coll / "photos"), "--text", "a red circle", "--k", "2"],
+                          terminal_width=80).stdout
+    assert table.count("│ world-old │") == 2 and "hf-clip-" not in table  # the space by its name, whole at 80 columns
 
 
 def test_upgrade_calibrates_routes_and_search_spans_both_spaces(coll):

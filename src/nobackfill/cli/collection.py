@@ -237,6 +237,12 @@ def upgrade(
     results.print(f"collection {name}: current model is now {cur['name']} (space {rep.current}) "
                   f"after {time.time() - t0:.1f}s; nothing was re-embedded")
     print_routes(rep.routes)
+    fits = (client.status().get("fitted_bridges") or {}) if not calibrate else {}
+    if fits.get("enabled") and fits.get("next") is not None:
+        n, total = fits["next"], max(int(fits.get("items") or 0), 1)
+        results.print(f"  bridges are fitted from the backfill's own pairs: the first fit after its sample of {n} "
+                      f"of {total} items ({100 * n / total:.0f}%), then at each doubling (--fit-sample "
+                      "FRACTION,MIN,MAX sets the sample); until then the old-model route serves")
     if calibrate:
         results.print(f"  merge: {rep.merge} (chosen on the calibration split)")
     else:
@@ -265,13 +271,14 @@ def search(
     # one search, then exit: a background graph build would only compete with it (add builds it)
     background, Gallery.build_in_background = Gallery.build_in_background, False
     try:
-        r = _client(name).search(text=text, image=image, k=k, target=target, filter=parse_filter(filter),
-                                 merge=merge)
+        client = _client(name)
+        r = client.search(text=text, image=image, k=k, target=target, filter=parse_filter(filter), merge=merge)
+        names = {} if as_json else {sid: s.get("name") or "" for sid, s in client.status()["spaces"].items()}
     except user_errors() as e:
         fail(e)
     finally:
         Gallery.build_in_background = background
-    print_hits(r, as_json, k)
+    print_hits(r, as_json, k, names)
 
 
 @collection_app.command("status")

@@ -91,8 +91,9 @@ def search(
     print_hits(r, as_json, k)
 
 
-def print_hits(r, as_json: bool, k: int) -> None:
-    """The hits of a :class:`~nobackfill.search.SearchResponse` as JSON (``--json``) or a table."""
+def print_hits(r, as_json: bool, k: int, space_names: dict[str, str] | None = None) -> None:
+    """The hits of a :class:`~nobackfill.search.SearchResponse` as JSON (``--json``) or a table
+    (``space_names``: a space id -> its name, shown in the table where the names tell spaces apart)."""
     if as_json:
         typer.echo(json.dumps(r.to_json(), indent=2))
         return
@@ -100,7 +101,10 @@ def print_hits(r, as_json: bool, k: int) -> None:
     from rich.table import Table
     from rich.text import Text
 
-    rows = [(str(h.rank), f"{h.score:.3f}", h.id, h.space[:24], h.route,
+    names = space_names or {}
+    if len(set(names.values())) < len(names) or not all(names.values()):
+        names = {}  # two spaces of one name (or a nameless one): their ids
+    rows = [(str(h.rank), f"{h.score:.3f}", h.id, names.get(h.space) or h.space[:24], h.route,
              str(h.metadata.get("path") or h.metadata.get("text", ""))) for h in r.hits]
     # cells are text, not rich markup (a caption or an id may hold "[...]"); ids are printed whole at
     # any width, since `collection delete --id` takes them: rank, score and id never shrink, the other

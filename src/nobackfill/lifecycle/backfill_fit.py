@@ -124,8 +124,11 @@ def fit_summary(collection: Collection) -> dict[str, Any]:
     st = fit_state(collection) or {}
     plan = collection.plan
     nxt = st.get("next")
-    total = sum(collection.count(m) for m in plan.current_space.modalities) if nxt is not None else 0
-    return {"serving": fitted_status(plan), "fits": st.get("fits", []), "next": nxt,
+    counts = {m: collection.count(m) for m in plan.current_space.modalities} if st else {}
+    total = sum(counts.values())
+    if st and nxt is None and not st.get("fits"):  # no backfill started yet: where its sample will end
+        nxt = sum(sample_size(n, st) for n in counts.values())
+    return {"serving": fitted_status(plan), "fits": st.get("fits", []), "next": nxt, "items": total,
             "next_at_end": nxt is not None and nxt >= total,  # a doubling past the collection: the end's fit
             "enabled": bool(st) and bool(plan.old_spaces()),  # (nothing is fitted once the old spaces are retired)
             **({"error": st["error"]} if st.get("error") else {})}
