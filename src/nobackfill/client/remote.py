@@ -162,7 +162,8 @@ class RemoteClient(Client):
         if (text is None) == (image is None):
             raise InvalidRequest(422, "give exactly one of text= or image=", "text")
         if text is not None:
-            body: dict[str, Any] = {"text": text, "k": k, "target": target, "filter": filter, "merge": merge}
+            body: dict[str, Any] = {"text": text, "k": k, "target": target, "filter": _flat(filter) if filter else filter,
+                                    "merge": merge}
             return SearchResults.from_dict(self._call("POST", "/v1/search", json={k_: v for k_, v in body.items()
                                                                                   if v is not None}))
         if merge is not None:

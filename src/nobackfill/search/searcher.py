@@ -127,9 +127,10 @@ def check_filter(flt: Mapping[str, Any] | None) -> dict[str, Any] | None:
     """A metadata filter as a search runs it, or ``ValueError`` naming the key at fault. ``flt`` maps
     metadata keys (dotted for nested objects: ``labels.colour``) to a value or a list of accepted
     values; a nested mapping is the same as dotted keys (``{"labels": {"colour": "red"}}`` is
-    ``{"labels.colour": "red"}``, as an image search's form takes it). Values are strings, finite
-    numbers (integers within 64 bits), booleans or null; at most :data:`MAX_FILTER_KEYS` keys and
-    :data:`MAX_FILTER_VALUES` values a key. None or empty: no filter."""
+    ``{"labels.colour": "red"}``, as an image search's form takes it). Values are strings, numbers
+    (an integer beyond 64 bits compares as a float, as a database holds it; an infinite one matches
+    nothing), booleans or null; at most :data:`MAX_FILTER_KEYS` keys and :data:`MAX_FILTER_VALUES`
+    values a key. None or empty: no filter."""
     if flt is None:
         return None
     if not isinstance(flt, Mapping):
@@ -138,8 +139,8 @@ def check_filter(flt: Mapping[str, Any] | None) -> dict[str, Any] | None:
 
     def walk(m: Mapping[str, Any], prefix: str) -> None:
         for key, want in m.items():
-            if not isinstance(key, str) or not key:
-                raise ValueError(f"filter: keys are non-empty strings, got {key!r}")
+            if not isinstance(key, str):
+                raise ValueError(f"filter: keys are strings, got {key!r}")
             name = prefix + key
             if isinstance(want, Mapping):
                 walk(want, name + ".")
@@ -149,15 +150,15 @@ def check_filter(flt: Mapping[str, Any] | None) -> dict[str, Any] | None:
             wants = list(want) if isinstance(want, (list, tuple, set, frozenset)) else [want]
             if len(wants) > MAX_FILTER_VALUES:
                 raise ValueError(f"filter: {name}: at most {MAX_FILTER_VALUES} values, got {len(wants)}")
-            for w in wants:
-                ok = w is None or isinstance(w, (str, bool)) or (
-                    isinstance(w, int) and _INT64[0] <= w <= _INT64[1]) or (isinstance(w, float) and np.isfinite(w))
-                if not ok:
-                    what = "an integer beyond 64 bits" if isinstance(w, int) else (
-                        "not a finite number" if isinstance(w, float) else f"a {type(w).__name__}")
-                    raise ValueError(f"filter: {name}: values are strings, finite numbers, booleans or null (or a "
-                                     f"list of them); {str(w)[:40]!r} is {what}")
-            out[name] = wants if isinstance(want, (list, tuple, set, frozenset)) else want
+            for i, w in enumerate(wants):
+                if isinstance(w, int) and not isinstance(w, bool) and not _INT64[0] <= w <= _INT64[1]:
+                    wants[i] = w = float(w)  # as a database holds such a number (and JSON readers do)
+                if not (w is None or isinstance(w, (str, bool, int, float))):
+                    raise ValueError(f"filter: {name}: values are strings, numbers, booleans or null (or a list of "
+                                     f"them); {str(w)[:40]!r} is a {type(w).__name__}")
+            # a number past a double's range (JSON's 1e999 reads as infinity) equals no stored value
+            kept = [w for w in wants if not (isinstance(w, float) and not np.isfinite(w))]
+            out[name] = kept if isinstance(want, (list, tuple, set, frozenset)) or len(kept) != 1 else kept[0]
 
     walk(flt, "")
     return out

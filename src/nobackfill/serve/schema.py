@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Annotated, Any, Literal, Optional
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, WithJsonSchema
 
 from ..client.remote import ID_HEADER
 from ..collection.collection import MAX_ID_LENGTH
@@ -110,6 +110,14 @@ def form_encodings() -> dict[str, dict[str, Any]]:
             "AddImages": {"images": {"contentType": IMAGE_TYPES, "headers": {ID_HEADER: item_id}}}}
 
 
+_FILTER_SCALAR = [{"type": "string"}, {"type": "number"}, {"type": "boolean"}, {"type": "null"}]
+#: what a search's JSON ``filter`` takes (checked by :func:`~nobackfill.search.searcher.check_filter`)
+FILTER_JSON = {"anyOf": [{"type": "object", "maxProperties": MAX_FILTER_KEYS,
+                          "additionalProperties": {"anyOf": [*_FILTER_SCALAR, {
+                              "type": "array", "maxItems": MAX_FILTER_VALUES, "items": {"anyOf": _FILTER_SCALAR}}]}},
+                         {"type": "null"}]}
+
+
 @dataclass
 class RequestModels:
     search: type[BaseModel]
@@ -131,9 +139,9 @@ def request_models(max_k: int, max_caption: int, max_batch: int, max_image_bytes
         k: Integer = Field(10, ge=1, le=max_k, description="Number of results.")
         target: Optional[Literal["image", "text"]] = Field(
             None, description="Modality of the results (default: images when the collection holds any).")
-        filter: Optional[dict[str, Any]] = Field(
-            None, description="Metadata filter {key: value | [values]}: every key must match; dotted keys (or "
-                              "nested objects) reach nested metadata; values are strings, numbers, booleans or null; "
+        filter: Annotated[Optional[dict[str, Any]], WithJsonSchema(FILTER_JSON)] = Field(
+            None, description="Metadata filter {key: value | [values]}: every key must match; dotted keys reach "
+                              "nested metadata; values are strings, numbers, booleans or null; "
                               f"at most {MAX_FILTER_KEYS} keys and {MAX_FILTER_VALUES} values a key.")
         merge: Optional[Literal["raw", "calibrated", "rank"]] = Field(
             None, description="How the spaces' lists are merged (default: the collection's).")
@@ -187,7 +195,8 @@ class BackfillRequest(BaseModel):
     engine: Literal["local", "ray"] = Field("local", description="Who embeds: the server's own worker (local) "
                                             "or a Ray Data pipeline on the server's Ray cluster (ray; the server "
                                             "must be started with --ray-address).")
-    actors: Optional[int] = Field(None, ge=1, le=4096, description="Ray: embedding actors (default 2; not used by engine 'local').")
+    actors: Optional[Annotated[int, Field(ge=1, le=4096), BeforeValidator(_integral)]] = Field(
+        None, description="Ray: embedding actors (default 2; not used by engine 'local').")
     gpus_per_actor: Optional[float] = Field(None, ge=0, le=64, allow_inf_nan=False,
                                             description="Ray: GPUs per embedding actor (default 0: CPU; not used by engine 'local').")
 
