@@ -38,6 +38,7 @@ from ..catalog.plan import Plan, Space, UpgradeRecord
 from .limits import Limits
 from ..gallery.types import SpaceMismatchError
 from .fanout import search_spaces
+from .filters import MAX_FILTER_KEYS, MAX_FILTER_VALUES, check_filter, matches_filter  # noqa: F401
 from .merge import DEFAULT_MERGE, MERGES, Candidate, ScoreMap, candidates, merge
 from .models import ModelPool, model_ref
 from .routes import BRIDGE, DIRECTIONS, NATIVE, NoRouteError, QuerySide, RoutePlanner, direction_of, upgrade_entry
@@ -116,67 +117,6 @@ class SearchResponse:
 
     def to_json(self) -> dict[str, Any]:
         return {"query": self.query, "modality": self.modality, "hits": [h.to_json() for h in self.hits]}
-
-
-#: the most keys a filter may have, and values a key may accept (the filter runs as one SQL condition)
-MAX_FILTER_KEYS, MAX_FILTER_VALUES = 64, 256
-_INT64 = (-(2 ** 63), 2 ** 63 - 1)
-
-
-def check_filter(flt: Mapping[str, Any] | None) -> dict[str, Any] | None:
-    """A metadata filter as a search runs it, or ``ValueError`` naming the key at fault. ``flt`` maps
-    metadata keys (dotted for nested objects: ``labels.colour``) to a value or a list of accepted
-    values; a nested mapping is the same as dotted keys (``{"labels": {"colour": "red"}}`` is
-    ``{"labels.colour": "red"}``, as an image search's form takes it). Values are strings, numbers
-    (an integer beyond 64 bits compares as a float, as a database holds it; an infinite one matches
-    nothing), booleans or null; at most :data:`MAX_FILTER_KEYS` keys and :data:`MAX_FILTER_VALUES`
-    values a key. None or empty: no filter."""
-    if flt is None:
-        return None
-    if not isinstance(flt, Mapping):
-        raise ValueError(f"filter: a JSON object {{key: value | [values]}}, got {type(flt).__name__}")
-    out: dict[str, Any] = {}
-
-    def walk(m: Mapping[str, Any], prefix: str) -> None:
-        for key, want in m.items():
-            if not isinstance(key, str):
-                raise ValueError(f"filter: keys are strings, got {key!r}")
-            name = prefix + key
-            if isinstance(want, Mapping):
-                walk(want, name + ".")
-                continue
-            if len(out) >= MAX_FILTER_KEYS:
-                raise ValueError(f"filter: at most {MAX_FILTER_KEYS} keys")
-            wants = list(want) if isinstance(want, (list, tuple, set, frozenset)) else [want]
-            if len(wants) > MAX_FILTER_VALUES:
-                raise ValueError(f"filter: {name}: at most {MAX_FILTER_VALUES} values, got {len(wants)}")
-            for i, w in enumerate(wants):
-                if isinstance(w, int) and not isinstance(w, bool) and not _INT64[0] <= w <= _INT64[1]:
-                    wants[i] = w = float(w)  # as a database holds such a number (and JSON readers do)
-                if not (w is None or isinstance(w, (str, bool, int, float))):
-                    raise ValueError(f"filter: {name}: values are strings, numbers, booleans or null (or a list of "
-                                     f"them); {str(w)[:40]!r} is a {type(w).__name__}")
-            # a number past a double's range (JSON's 1e999 reads as infinity) equals no stored value
-            kept = [w for w in wants if not (isinstance(w, float) and not np.isfinite(w))]
-            out[name] = kept if isinstance(want, (list, tuple, set, frozenset)) or len(kept) != 1 else kept[0]
-
-    walk(flt, "")
-    return out
-
-
-def matches_filter(metadata: Mapping[str, Any], flt: Mapping[str, Any] | None) -> bool:
-    """Whether ``metadata`` passes ``flt`` (:func:`check_filter`): every key's value is the one
-    given, or one of the list given."""
-    for key, want in (check_filter(flt) or {}).items():
-        value: Any = metadata
-        for part in str(key).split("."):
-            value = value.get(part) if isinstance(value, Mapping) else None
-        if isinstance(want, list):
-            if value not in want:
-                return False
-        elif value != want:
-            return False
-    return True
 
 
 try:  # metadata of the hits is parsed per search: orjson where installed (about 5x faster)

@@ -16,7 +16,7 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, WithJsonSche
 
 from ..client.remote import ID_HEADER
 from ..collection.collection import MAX_ID_LENGTH
-from ..search.searcher import MAX_FILTER_KEYS, MAX_FILTER_VALUES
+from ..search.filters import MAX_FILTER_KEYS, MAX_FILTER_VALUES
 
 from .responses import (AddResult, BackfillStatus, Deleted, Health, Hit, ImportResult, IndexBuilds, ItemOut,
                         Retired, Routes, SearchResults, SpaceStatus, Status, UpgradeResult, VerifyReport)

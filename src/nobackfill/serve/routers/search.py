@@ -15,7 +15,8 @@ from ..deps import get_limits, get_service, reader
 from ..errors import ApiError, FastJSON
 from ..schema import SearchResults, errors, json_or_form
 from ..service import Service
-from ...search.searcher import check_filter, hit_json
+from ...search.filters import check_filter
+from ...search.searcher import hit_json
 from ..settings import Limits
 
 __all__ = ["router"]
