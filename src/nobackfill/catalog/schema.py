@@ -88,8 +88,8 @@ def filter_sql(flt: Mapping[str, Any], dialect: str) -> tuple[str, list[Any]]:
     """A metadata filter (``{"key": value | [values]}``, dotted keys for nested objects) as a SQL
     condition on ``items.metadata`` (``?`` placeholders, as :meth:`Catalog.query` takes) and its
     parameters; every key must match (see
-    :func:`nobackfill.search.searcher.matches_filter`; its values as
-    :func:`~nobackfill.search.searcher.check_filter` leaves them: scalars or lists of scalars)."""
+    :func:`nobackfill.search.filters.matches_filter`; its values as
+    :func:`~nobackfill.search.filters.check_filter` leaves them: scalars or lists of scalars)."""
     conds, params = [], []
     for key, want in flt.items():
         parts = [str(p) for p in str(key).split(".")]

@@ -229,7 +229,8 @@ def upgrade(
         rep = client.upgrade(model, bridges=bridge or [], calibrate=calibrate, calibrate_split=calibrate_split,
                              calibrate_limit=calibrate_limit, calibrate_langs=calibrate_langs, log=console.print,
                              fit_bridges=fit_bridge, queries=texts, fit_sample=parse_fit_sample(fit_sample))
-        cur = client.status()["spaces"][rep.current]
+        st = client.status()
+        cur = st["spaces"][rep.current]
     except user_errors() as e:
         fail(e)
     if as_json:
@@ -237,7 +238,7 @@ def upgrade(
     results.print(f"collection {name}: current model is now {cur['name']} (space {rep.current}) "
                   f"after {time.time() - t0:.1f}s; nothing was re-embedded")
     print_routes(rep.routes)
-    fits = (client.status().get("fitted_bridges") or {}) if not calibrate else {}
+    fits = (st.get("fitted_bridges") or {}) if not calibrate else {}
     if fits.get("enabled") and fits.get("next") is not None:
         n, total = fits["next"], max(int(fits.get("items") or 0), 1)
         results.print(f"  bridges are fitted from the backfill's own pairs: the first fit after its sample of {n} "

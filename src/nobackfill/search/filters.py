@@ -16,14 +16,15 @@ MAX_FILTER_KEYS, MAX_FILTER_VALUES = 64, 256
 _INT64 = (-(2 ** 63), 2 ** 63 - 1)
 
 
-def check_filter(flt: Mapping[str, Any] | None) -> dict[str, Any] | None:
+def check_filter(flt: Mapping[str, Any] | None, *, nested: bool = True) -> dict[str, Any] | None:
     """A metadata filter as a search runs it, or ``ValueError`` naming the key at fault. ``flt`` maps
     metadata keys (dotted for nested objects: ``labels.colour``) to a value or a list of accepted
     values; a nested mapping is the same as dotted keys (``{"labels": {"colour": "red"}}`` is
     ``{"labels.colour": "red"}``, as an image search's form takes it). Values are strings, numbers
     (an integer beyond 64 bits compares as a float, as a database holds it; an infinite one matches
     nothing), booleans or null; at most :data:`MAX_FILTER_KEYS` keys and :data:`MAX_FILTER_VALUES`
-    values a key. None or empty: no filter."""
+    values a key. None or empty: no filter. ``nested=False``: a nested mapping is refused, naming the
+    dotted key to use instead (the HTTP API's filter is flat, as its schema says)."""
     if flt is None:
         return None
     if not isinstance(flt, Mapping):
@@ -36,6 +37,9 @@ def check_filter(flt: Mapping[str, Any] | None) -> dict[str, Any] | None:
                 raise ValueError(f"filter: keys are strings, got {key!r}")
             name = prefix + key
             if isinstance(want, Mapping):
+                if not nested:
+                    raise ValueError(f"filter: {name}: values are strings, numbers, booleans or null (or a list of "
+                                     f"them); for nested metadata use dotted keys ({name}.{next(iter(want), 'name')})")
                 walk(want, name + ".")
                 continue
             if len(out) >= MAX_FILTER_KEYS:

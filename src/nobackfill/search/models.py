@@ -123,13 +123,10 @@ class ModelPool:
         the pool's mode (:data:`ONNX_ENV`) and an export of these weights allow, else the model itself."""
         plain = self.get(ref, space_id, what=what)
         key = str(ref)
-        with self._lock:
+        with self._lock:  # (as get loads a model: once, an export on first load included)
             enc = self._queries.get(key)
-            if enc is not None and enc.space_id == plain.space_id:
-                return enc
-        enc = _on_onnx(plain, key, self.onnx, self.onnx_threads)
-        with self._lock:
-            self._queries[key] = enc
+            if enc is None or enc.space_id != plain.space_id:
+                enc = self._queries[key] = _on_onnx(plain, key, self.onnx, self.onnx_threads)
         return enc
 
     def runtimes(self) -> dict[str, dict[str, str]]:

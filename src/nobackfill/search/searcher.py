@@ -38,12 +38,12 @@ from ..catalog.plan import Plan, Space, UpgradeRecord
 from .limits import Limits
 from ..gallery.types import SpaceMismatchError
 from .fanout import search_spaces
-from .filters import MAX_FILTER_KEYS, MAX_FILTER_VALUES, check_filter, matches_filter  # noqa: F401
+from .filters import check_filter, matches_filter  # noqa: F401 (matches_filter: this module's name for it)
 from .merge import DEFAULT_MERGE, MERGES, Candidate, ScoreMap, candidates, merge
 from .models import ModelPool, model_ref
 from .routes import BRIDGE, DIRECTIONS, NATIVE, NoRouteError, QuerySide, RoutePlanner, direction_of, upgrade_entry
 
-__all__ = ["DEFAULT_MERGE", "HIT_FIELDS", "Hit", "SearchResponse", "Searcher", "check_filter", "explicit_plan", "hit_json", "matches_filter", "query_side_for"]
+__all__ = ["DEFAULT_MERGE", "HIT_FIELDS", "Hit", "SearchResponse", "Searcher", "explicit_plan", "hit_json", "matches_filter", "query_side_for"]
 
 class Hit(tuple):
     """One result: the item, its score under the route that answered, and where it came from.

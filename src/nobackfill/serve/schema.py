@@ -111,7 +111,7 @@ def form_encodings() -> dict[str, dict[str, Any]]:
 
 
 _FILTER_SCALAR = [{"type": "string"}, {"type": "number"}, {"type": "boolean"}, {"type": "null"}]
-#: what a search's JSON ``filter`` takes (checked by :func:`~nobackfill.search.searcher.check_filter`)
+#: what a search's JSON ``filter`` takes (checked by :func:`~nobackfill.search.filters.check_filter`)
 FILTER_JSON = {"anyOf": [{"type": "object", "maxProperties": MAX_FILTER_KEYS,
                           "additionalProperties": {"anyOf": [*_FILTER_SCALAR, {
                               "type": "array", "maxItems": MAX_FILTER_VALUES, "items": {"anyOf": _FILTER_SCALAR}}]}},

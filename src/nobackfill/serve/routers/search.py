@@ -48,12 +48,8 @@ async def search(request: Request, _r: str = Depends(reader), svc: Service = Dep
 def _filter(flt: dict | None) -> dict | None:
     """The filter as the search runs it, or a 422 naming it: flat over HTTP, as the schema says (dotted
     keys reach nested metadata; the clients send nested objects that way)."""
-    for key, value in (flt or {}).items():
-        if isinstance(value, dict):
-            raise ApiError(422, f"filter: {key}: values are strings, numbers, booleans or null (or a list of them); "
-                                f"for nested metadata use dotted keys ({key}.{next(iter(value), 'name')})", "filter")
     try:
-        return check_filter(flt)
+        return check_filter(flt, nested=False)
     except ValueError as e:
         raise ApiError(422, str(e), "filter") from None
 
