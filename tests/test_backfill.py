@@ -653,3 +653,49 @@ def test_a_very_slow_rate_keeps_its_lease_and_a_pause_ends_the_wait(tmp_path):
     t.join(timeout=20)
     assert not t.is_alive() and "error" not in out, out
     assert out["rep"].stopped == "paused" and out["rep"].committed == 4
+
+
+def test_a_plain_start_does_not_resume_an_operators_pause(served):
+    """``POST /v1/backfill/start`` on a paused backfill is refused (409, naming the resume), as the
+    CLI refuses a plain run: a pause holds until a resume."""
+    api, c, enc = served
+    enc.hold_calls(1)
+    _api(api, "/v1/backfill/start", {"order": "sequential"})
+    enc.wait_reached(1)
+    _api(api, "/v1/backfill/pause")
+    enc.open(1)
+    _poll(lambda: _bf(api)["worker"] == "idle", "the paused worker to stop")
+    done = _bf(api)["done"]
+    r = api.post("/v1/backfill/start", json={"order": "sequential"}, headers={"Authorization": f"Bearer {ADMIN}"})
+    assert r.status_code == 409 and "paused" in r.json()["detail"] and "/v1/backfill/resume" in r.json()["detail"]
+    time.sleep(0.3)
+    assert _bf(api)["state"] == "paused" and _bf(api)["done"] == done
+    _api(api, "/v1/backfill/resume", {"order": "sequential"})
+    _poll(lambda: _finished(api), "the resumed backfill to finish")
+
+
+def test_run_settings_that_would_loop_or_do_nothing_are_refused_before_anything_is_touched(tmp_path):
+    from typer.testing import CliRunner
+
+    from nobackfill.cli import app
+    from nobackfill.lifecycle.backfill import BackfillSettingError, check_run_settings
+
+    for kw, field in (({"batch_size": 0}, "batch_size"), ({"workers": 0}, "workers"), ({"rate": -1.0}, "rate"),
+                      ({"rate": 0}, "rate"), ({"rate": float("nan")}, "rate"), ({"limit": -1}, "limit"),
+                      ({"batch_size": 2.5}, "batch_size")):
+        with pytest.raises(BackfillSettingError) as e:
+            check_run_settings(**kw)
+        assert e.value.field == field
+    c, old, new, pool, _ = _upgraded(tmp_path)
+    for args in (["--batch-size", "0"], ["--workers", "0"], ["--rate", "-1"]):
+        r = CliRunner().invoke(app, ["collection", "backfill", str(c.path), *args])
+        assert r.exit_code == 2 and "must be" in r.output, (args, r.output)
+    assert backfill_status(Collection.open(c.path))["state"] == "none"  # no job was made
+
+
+def test_more_workers_than_the_jobs_shards_are_told_why_they_idle(tmp_path):
+    c, old, new, pool, _ = _upgraded(tmp_path)
+    run_backfill(c, new, order="sequential", limit=2, pool=pool)  # a job of 1 shard
+    said: list[str] = []
+    run_backfill(c, new, order="sequential", workers=2, limit=2, pool=pool, log=said.append)
+    assert any("has 1 shard(s), set when it started" in m and "--cancel" in m for m in said), said

@@ -239,6 +239,24 @@ def test_results_table_prints_whole_ids_that_delete_takes(small_coll, tmp_path, 
     assert want[0] not in _hit_ids("collection", "search", coll, *query)
 
 
+def test_results_table_shows_each_image_path_whole_at_80_columns(small_coll, tmp_path):
+    """The item column wraps a long path rather than cutting its file name off with "…"."""
+    coll = _copy(small_coll, tmp_path)
+    query = ("--text", "a red circle", "--k", "3")
+    r = invoke("collection", "search", coll, *query, "--json")
+    want = [h["metadata"]["path"] for h in json.loads(r.stdout)["hits"]]
+    r = runner.invoke(app, ["collection", "search", str(coll), *query], env={"COLUMNS": "80"})
+    assert r.exit_code == 0, r.output
+    cells: list[str] = []
+    for line in r.stdout.splitlines():
+        parts = line.split("│")
+        if line.startswith("│") and len(parts) > 6:
+            if parts[1].strip().isdigit():
+                cells.append("")
+            cells[-1] += parts[6].strip()
+    assert cells == want and "…" not in r.stdout, r.stdout
+
+
 def test_results_table_prints_captions_as_written(small_coll, tmp_path):
     """A caption holding "[...]" is text, not rich markup, in the table."""
     coll = _copy(small_coll, tmp_path)

@@ -3,6 +3,7 @@ better, a failed fit leaves the serving bridge, pinned routes kept, shown in sta
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 
@@ -142,6 +143,31 @@ def test_a_pinned_route_is_kept(tmp_path):
     assert rep[old.space_id]["t2i"]["swapped"] and rep[old.space_id]["t2i"]["route"] == "old-model"
     r = c.plan.route(old.space_id, "t2i")
     assert r.pinned and r.route == "bridge"
+    # the merge's maps follow the route served: t2i's were fitted for old-model, not the pinned bridge
+    maps = c.plan.merge.score_maps if c.plan.merge is not None else {}
+    assert not any(k.startswith(old.space_id) for k in maps.get("t2i", {})), maps
+
+
+def test_merge_maps_without_labels_never_replace_a_labelled_calibration(tmp_path):
+    from nobackfill.catalog.plan import Merge
+    from nobackfill.lifecycle.fit_bridges import _with_merge_maps
+
+    c, old, new, pool = _backfilled(tmp_path, limit=300)
+    fit_collection_bridges(c, cfg=CFG, pool=pool)
+    plan = c.plan
+    assert plan.merge is not None and "without_labels" in plan.merge.calibration
+    sid = old.space_id
+    route = plan.route(sid, "t2i").route
+    found = {(sid, "t2i"): {"route": route, "w": None, "native": {"a": 1.0, "b": 0.0}, "routed": {"a": 2.0, "b": 0.0},
+                            "agreed": 20, "queries": 40}}
+    labelled = dataclasses.replace(plan, calibration={"data": "val"}, merge=Merge("rank"))
+    assert _with_merge_maps(labelled, found) is labelled  # labels decide
+    chosen = dataclasses.replace(plan, merge=Merge("rank"))
+    assert _with_merge_maps(chosen, found) is chosen  # a merge chosen otherwise is kept
+    out = _with_merge_maps(plan, found)
+    assert out.merge.score_maps["t2i"][f"{sid}/{route}"] == {"a": 2.0, "b": 0.0}
+    gone = _with_merge_maps(plan, {(sid, d): None for d in plan.merge.score_maps})
+    assert gone.merge is None  # no direction left with maps: the raw merge again
 
 
 def test_too_few_pairs_fit_nothing(tmp_path):
@@ -256,8 +282,11 @@ def test_cli_upgrade_without_a_bridge_backfills_fits_and_status_shows_it(tmp_pat
     assert "next at" not in out  # done: no more pairs will come
     assert re.search(r"held-out agreement \d\.\d{3} over \d+ held-out queries", out)  # what the score was on
     assert "(chosen without labels, with the fitted bridge)" in out and "routes chosen without labels" in out
+    # the fits also fitted the merge's score maps (no labels: where both models agree)
+    assert "merge: calibrated (score maps fitted without labels" in out, out
     r = cli("collection", "status", c.path, "--json")
     st = json.loads(r.output)
+    assert st["merge"] == "calibrated" and st["merge_without_labels"] is True and st["calibrated"] is False
     assert {b["direction"] for b in st["fitted_bridges"]["serving"]} >= {"t2i", "i2t"}
     r = cli("collection", "retire", c.path, "--space", old.space_id)
     assert r.exit_code == 0, r.output

@@ -409,3 +409,26 @@ def test_the_cli_imports_the_metadata_columns_asked_for_and_get_and_search_show_
     hits = {h["id"]: h for h in json.loads(r.stdout)["hits"]}
     assert r.exit_code == 0 and hits["i2"]["metadata"] == want and hits["i2"]["shop"] == "c"
     assert {h["rank"] for h in hits.values()} == {1, 2, 3, 4}  # the hit's own rank; the item's is in metadata
+
+
+def test_the_cli_imports_into_an_existing_collection_without_model_and_names_model_for_a_new_one(tmp_path):
+    """``--model`` may be left out where the collection exists (its current model made the vectors,
+    as import.md says); for a collection this import would create, the error names ``--model`` and
+    nothing is created."""
+    x = np.random.default_rng(2).standard_normal((3, 64)).astype(np.float32)
+    np.save(tmp_path / "e.npy", x / np.linalg.norm(x, axis=1, keepdims=True))
+    (tmp_path / "t.jsonl").write_text("".join(json.dumps({"id": f"i{i}", "path": f"img/{i}.png"}) + "\n"
+                                              for i in range(3)))
+    args = ["--from", f"npy:{tmp_path / 'e.npy'}", "--table", str(tmp_path / "t.jsonl"), "--id-column", "id",
+            "--source-column", "path", "--modality", "image", "--trust-model"]
+    r = runner.invoke(app, ["collection", "import", str(tmp_path / "new"), *args])
+    assert r.exit_code == 2 and "--model" in r.output and "create it" in r.output, r.output
+    assert not (tmp_path / "new").exists()
+    r = runner.invoke(app, ["collection", "create", str(tmp_path / "c"), "--model", str(ROOT / "models" / "world-old")])
+    assert r.exit_code == 0, r.output
+    r = runner.invoke(app, ["collection", "import", str(tmp_path / "c"), *args])
+    assert r.exit_code == 0 and "added 3" in r.output, r.output
+    r = runner.invoke(app, ["collection", "import", "milvus-lite:" + str(tmp_path / "m.db") + "#x", "--from",
+                            "milvus-lite:" + str(tmp_path / "m.db") + "#x", "--vector-field", "v", "--id-field", "id",
+                            "--modality", "image"])
+    assert r.exit_code == 2 and "needs --model" in r.output, r.output

@@ -58,8 +58,9 @@ def test_cli_learn_then_eval_on_multi30k(m30k, tmp_path):
     assert state["history"][0]["new_tokens"] > 0
     j = tmp_path / "eval.json"
     r = runner.invoke(_app(), ["lingual", "eval", "--model", str(out), "--data", str(root), "--langs", "de",
-                               "--eval-dir", str(ev), "--cache-dir", str(tmp_path / "cache"), "--json", str(j)])
+                               "--eval-dir", str(ev), "--cache-dir", str(tmp_path / "cache"), "--out", str(j)])
     assert r.exit_code == 0, r.output
+    assert "foreign -> English R@1" in r.stdout and '"R@1"' not in r.stdout, r.stdout  # a table; JSON in the file
     res = json.loads(j.read_text())
     assert set(res["R@1"]) == {"de"} and 0.0 <= res["R@1"]["de"] <= 1.0
     # a second call continues from the saved state: nothing left to learn for en,de
@@ -86,7 +87,7 @@ def test_cli_learn_saves_and_reloads_per_language_methods(m30k, tmp_path, method
     assert state["method"]["name"] == method and state["learned"] == ["en", "de"]
     j = tmp_path / "eval.json"
     r = runner.invoke(_app(), ["lingual", "eval", "--model", str(out), "--data", str(root), "--langs", "de",
-                               "--eval-dir", str(ev), "--cache-dir", str(tmp_path / "cache"), "--json", str(j)])
+                               "--eval-dir", str(ev), "--cache-dir", str(tmp_path / "cache"), "--out", str(j)])
     assert r.exit_code == 0, r.output
     a, _ = open_learned(out)
     b, _ = open_learned(out)
@@ -120,7 +121,7 @@ def test_cli_learn_and_eval_on_world_keeps_images(world, tmp_path):
     before = load_encoder(model).encode_images(test.image_paths())
     assert np.array_equal(load_encoder(out).encode_images(test.image_paths()), before)
     r = runner.invoke(_app(), ["lingual", "eval", "--model", str(out), "--data", str(data), "--langs", "en,de",
-                               "--eta", "0.5", "--cache-dir", str(tmp_path / "cache")])
+                               "--eta", "0.5", "--cache-dir", str(tmp_path / "cache"), "--json"])
     assert r.exit_code == 0, r.output
     res = json.loads(r.stdout)
     assert set(res["t2i"]) == {"en", "de"} and res["eta"] == 0.5

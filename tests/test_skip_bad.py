@@ -100,3 +100,56 @@ def test_index_names_skipped_files_and_errors_mention_skip_bad(tmp_path):
     data = _folder(tmp_path / "data2", bad_captioned=False, bad_uncaptioned=False)
     r = invoke("eval", "retrieval", "--query-model", MODEL, "--gallery-model", MODEL, "--data", data)
     assert r.exit_code == 2 and "line 3" in r.output and "--skip-bad" not in r.output, r.output
+
+
+# ----------------------------------------------------------------------------- a text file (--texts)
+def test_a_text_file_takes_skip_bad_and_langs_as_a_folder_does(tmp_path):
+    """``add --texts`` skips bad lines with ``--skip-bad`` (each named), keeps only ``--langs``, and
+    an id given again with other text is named with both lines; without ``--skip-bad`` nothing is
+    added."""
+    r = invoke("collection", "create", tmp_path / "c", "--model", MODEL)
+    assert r.exit_code == 0, r.output
+    f = tmp_path / "t.jsonl"
+    f.write_text("\n".join([json.dumps({"text": "a red circle", "id": "m1", "lang": "en"}), '{"id": "m3"}',
+                            '{"text": "unterminated', json.dumps({"text": "other text", "id": "m1", "lang": "en"}),
+                            json.dumps({"text": "ein rotes Quadrat", "id": "d1", "lang": "de"}),
+                            json.dumps({"text": "a red circle", "id": "m1", "lang": "en"})]) + "\n", encoding="utf-8")
+    r = invoke("collection", "add", tmp_path / "c", "--texts", f)
+    assert r.exit_code == 2 and "t.jsonl line 2" in r.output and "--skip-bad" in r.output, r.output
+    r = invoke("collection", "status", tmp_path / "c")
+    assert "0 texts" in r.output, r.output
+    r = invoke("collection", "add", tmp_path / "c", "--texts", f, "--skip-bad", "--langs", "en")
+    assert r.exit_code == 0, r.output
+    assert "skipped 3 bad line(s)" in r.output and "added 1," in r.output, r.output
+    assert "line 3: invalid JSON: Unterminated string" in r.output, r.output  # not "Invalid control character"
+    assert "line 4: id 'm1' is given again with other text (first on line 1)" in r.output, r.output
+    assert "1 texts" in invoke("collection", "status", tmp_path / "c").output  # the German line left out
+    r = invoke("collection", "add", tmp_path / "c", "--texts", f, "--skip-bad", "--langs", "cs")
+    assert r.exit_code == 2 and "no texts in languages ['cs']; the file has ['de', 'en']" in r.output, r.output
+    plain = tmp_path / "plain.txt"
+    plain.write_text("one\ntwo\n")
+    r = invoke("collection", "add", tmp_path / "c", "--texts", plain, "--langs", "de")
+    assert r.exit_code == 2 and "plain text file has none" in r.output, r.output
+    assert "1 texts" in invoke("collection", "status", tmp_path / "c").output
+
+
+def test_a_caption_id_given_twice_is_named_with_its_lines_and_a_missing_image_listed_once(tmp_path):
+    data = _folder(tmp_path / "data", bad_line=False, bad_captioned=False, bad_uncaptioned=False)
+    lines = (data / "captions.jsonl").read_text().splitlines()
+    lines += [json.dumps({"id": "c1", "image": "images/ok 0.png", "caption": "first", "lang": "en"}),
+              json.dumps({"id": "c1", "image": "images/ok 1.png", "caption": "second", "lang": "en"}),
+              json.dumps({"image": "images/missing.png", "caption": "ghost", "lang": "en"})]
+    (data / "captions.jsonl").write_text("\n".join(lines) + "\n")
+    r = invoke("collection", "create", tmp_path / "c", "--model", MODEL)
+    assert r.exit_code == 0, r.output
+    r = invoke("collection", "add", tmp_path / "c", "--data", data, "--skip-bad")
+    assert r.exit_code == 0, r.output
+    out = r.output
+    assert "captions.jsonl line 5: id 'c1' is given again with another caption (first on line 4)" in out, out
+    assert "skipped 2 bad line(s)/image(s)" in out, out
+    skipped = [ln for ln in out.splitlines() if ln.strip().startswith("skipped ") and "bad line" not in ln]
+    assert len(skipped) == 2 and sum("missing.png" in ln for ln in skipped) == 1, out  # listed once
+    (data / "captions.jsonl").write_text("\n".join(lines[:-1]) + "\n")  # the duplicate alone: refused
+    r = invoke("collection", "create", tmp_path / "c2", "--model", MODEL)
+    r = invoke("collection", "add", tmp_path / "c2", "--data", data)
+    assert r.exit_code == 2 and "line 5: id 'c1' is given again" in r.output, r.output

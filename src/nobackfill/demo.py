@@ -98,8 +98,8 @@ def live_upgrade(world: Path, models_dir: Path, out: Path, limit: int | None,
     """The system end to end on the test split: a collection embedded by world-old is upgraded to
     world-new (the shipped XBT upgrade; routes calibrated on 300 val images) and backfilled in the
     default order, every merge measured at 0, 10, 30, 60 and 100 %
-    (:func:`nobackfill.lifecycle.backfill_curve.measure_backfill`, what ``bench backfill`` runs, small)."""
-    from .lifecycle.backfill_curve import BackfillCurveConfig, measure_backfill
+    (:func:`nobackfill.lifecycle.measuring.backfill_curve.measure_backfill`, what ``bench backfill`` runs, small)."""
+    from .lifecycle.measuring.backfill_curve import BackfillCurveConfig, measure_backfill
 
     upgrade = models_dir.parent / XBT_UPGRADE
     if not (upgrade / "upgrade.json").is_file():
@@ -133,10 +133,10 @@ def live_fitted(world: Path, models_dir: Path, out: Path, limit: int | None,
     from .collection.collection import Collection
     from .evaluate import resolve_data
     from .lifecycle.backfill import backfill_status, run_worker, start_backfill
-    from .lifecycle.backfill_curve import DEFAULT_ORDER
+    from .lifecycle.measuring.backfill_curve import DEFAULT_ORDER
     from .lifecycle.backfill_fit import backfilled_count
     from .lifecycle.fit_bridges import fitted_status
-    from .lifecycle.measure import embedded_collection, split_queries
+    from .lifecycle.measuring.measure import embedded_collection, split_queries
     from .lifecycle.plan_changes import route_table, upgrade_collection
     from .search import ModelPool, Searcher
     from .search.models import model_ref
@@ -183,7 +183,7 @@ def plot_live_fitted(live_fit: dict, live: dict | None = None):
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from .lifecycle.backfill_curve import finish_r1_figure
+    from .lifecycle.measuring.backfill_curve import finish_r1_figure
 
     fig, axes = plt.subplots(1, 2, figsize=(11, 4.6))
     steps = live_fit["steps"]
@@ -233,7 +233,7 @@ def write_report(path: Path, result: dict, live: dict | None = None, live_fit: d
     sections = [("How to read this", _READING_GUIDE),
                 ("Retrieval (recall in %, higher is better)", bars + html_table(header, body))]
     if live is not None:
-        from .lifecycle.backfill_curve import curves_markdown, plot_curves
+        from .lifecycle.measuring.backfill_curve import curves_markdown, plot_curves
 
         sections.append(("Live upgrade: R@1 while the collection is backfilled",
                          figure_html(plot_curves(live)) + markdown_html(curves_markdown(live))))

@@ -3,7 +3,7 @@
 World test split (English captions): a collection embedded by ``world-old`` is upgraded to
 ``world-new`` with the shipped XBT upgrade (routes and merge calibrated on val), then backfilled by
 the real backfill job to 0, 5, 10, 20, 40, 60, 80 and 100 %, every merge measured at each step
-(:mod:`nobackfill.lifecycle.backfill_curve`: R@1, negative flips, step time; per curve the AUC,
+(:mod:`nobackfill.lifecycle.measuring.backfill_curve`: R@1, negative flips, step time; per curve the AUC,
 the no-regret check and the half-gap fraction).
 
 Cost: seconds until the first improved query (registering the upgrade, no calibration, then one
@@ -21,9 +21,9 @@ from typing import Any, Callable
 
 from ..collection.ingest import folder_items
 from ..lifecycle.backfill import ORDERS, run_backfill
-from ..lifecycle.backfill_curve import (DEFAULT_ORDER, FRACTIONS, BackfillCurveConfig, curves_markdown,
+from ..lifecycle.measuring.backfill_curve import (DEFAULT_ORDER, FRACTIONS, BackfillCurveConfig, curves_markdown,
                                         measure_backfill, no_regret, plot_curves)
-from ..lifecycle.measure import embedded_collection
+from ..lifecycle.measuring.measure import embedded_collection
 from ..lifecycle.plan_changes import upgrade_collection
 from ..search import MERGES, ModelPool, Searcher
 from ..search.models import model_ref
@@ -130,7 +130,7 @@ def run_backfill_bench(cfg: BackfillBenchConfig, log: Callable[[str], None] | No
 
 
 def format_markdown(result: dict[str, Any]) -> str:
-    """The curves' tables (:func:`~nobackfill.lifecycle.backfill_curve.curves_markdown`) and the cost table."""
+    """The curves' tables (:func:`~nobackfill.lifecycle.measuring.backfill_curve.curves_markdown`) and the cost table."""
     lines = ["| N items | upgrade + first query s | full backfill s | items/s | |", "|---:|---:|---:|---:|---|"]
     for r in result["cost"]:
         lines.append(f"| {r['n']} | {r['upgrade_s']} | {r['full_backfill_s']} | {r['items_per_s']} | "

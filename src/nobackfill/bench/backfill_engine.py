@@ -40,7 +40,7 @@ from ..collection.ingest import folder_items
 from ..lifecycle.backfill import run_backfill, start_backfill
 from ..lifecycle.backfill_commit import FAILPOINT_ENV
 from ..lifecycle.backfill_ray import PoolLoader, RayOptions, import_ray, run_ray_worker
-from ..lifecycle.measure import embedded_collection
+from ..lifecycle.measuring.measure import embedded_collection
 from ..lifecycle.plan_changes import upgrade_collection
 from ..search import ModelPool
 from ..search.models import model_ref

@@ -1,7 +1,7 @@
 """The world collections the system benches share (``bench routes``, ``backfill``, ``serve``): the
 test split as items and queries with their relevant ids, a collection embedded by one model, and
 one embedded by ``world-old`` and live-upgraded to ``world-new`` with the shipped XBT upgrade
-(the measuring itself is :mod:`nobackfill.lifecycle.measure`'s)."""
+(the measuring itself is :mod:`nobackfill.lifecycle.measuring.measure`'s)."""
 
 from __future__ import annotations
 
@@ -10,9 +10,9 @@ from pathlib import Path
 from typing import Any, Callable
 
 from ..collection.collection import Collection
-from ..lifecycle.measure import QuerySet as WorldEval
-from ..lifecycle.measure import embedded_collection, fresh_dir, hit_ranks, upgraded_collection
-from ..lifecycle.measure import split_queries as world_eval
+from ..lifecycle.measuring.measure import QuerySet as WorldEval
+from ..lifecycle.measuring.measure import embedded_collection, fresh_dir, hit_ranks, upgraded_collection
+from ..lifecycle.measuring.measure import split_queries as world_eval
 from ..search import ModelPool
 from ..search.models import model_ref
 

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import re
 import sqlite3
 import threading
 import uuid
@@ -35,12 +34,14 @@ from typing import Any, Iterator, Mapping, Sequence
 import numpy as np
 
 from ..gallery.atomic_files import _crash_point, _fsync_dir
-from .schema import (_ROW_COLS, CATALOG_FILE, PAGE, CatalogError, Row, _chunks, _create_tables, _header,
-                     _index_upgrades, _row, _rows_by, filter_sql, unsourced_sql)
+from .schema import (_ROW_COLS, CATALOG_FILE, PAGE, CatalogError, CatalogUnreachable, Row, _chunks, _create_tables,
+                     _header, _index_upgrades, _row, _rows_by, check_collection_name, filter_sql, redact,
+                     unsourced_sql)
 from .writer import KEYED_PAGES_DOC, VECTORS_TS_DOC, Writer
 from ..gallery.atomic_files import flock
 
-__all__ = ["CATALOG_FILE", "PAGE", "Catalog", "CatalogError", "Row", "filter_sql", "open_catalog"]
+__all__ = ["CATALOG_FILE", "PAGE", "Catalog", "CatalogError", "CatalogUnreachable", "Row", "check_collection_name",
+           "filter_sql", "open_catalog"]
 
 # importable from here as before the split (nobackfill modules use it)
 _REEXPORTED = (unsourced_sql,)
@@ -205,6 +206,8 @@ class Catalog:
     def _error(self, e: Exception) -> Exception:
         if isinstance(e, CatalogError):
             return e
+        if isinstance(e, ConnectionError):  # a vector server that did not answer stays a ConnectionError
+            return CatalogUnreachable(f"catalog {self.location}: {e}")
         return CatalogError(f"catalog {self.location}: {type(e).__name__}: {e}")
 
     def close(self) -> None:
@@ -240,8 +243,20 @@ class Catalog:
             conn.close()
 
     def exists(self) -> bool:
+        """Whether the catalog holds a collection; :class:`CatalogUnreachable` where its database
+        cannot be reached at all (not the same as no collection there)."""
+        with self._rlock:
+            try:
+                if self.dialect != "sqlite":
+                    self._reader()
+            except Exception as e:  # a database server that does not answer (SQLite: a file, read below)
+                why = str(e).strip().splitlines()[-1] if str(e).strip() else type(e).__name__
+                raise CatalogUnreachable(f"cannot reach the catalog {self.location} ({why}); is the database "
+                                         "running, and are the address, database and user right?") from None
         try:
             return bool(self.query("SELECT count(*) FROM header")[0][0])
+        except CatalogUnreachable:
+            raise
         except CatalogError:
             return False
 
@@ -464,7 +479,7 @@ def postgres_catalog(url: str, name: str) -> Catalog:
         import psycopg
     except ImportError as e:  # pragma: no cover - a core dependency
         raise CatalogError("a PostgreSQL catalog needs psycopg 3 (pip install 'psycopg[binary]')") from e
-    schema = "nb_" + re.sub(r"[^a-z0-9_]", "_", name.lower())[:50]
+    schema = "nb_" + check_collection_name(name, lowercase=True)
 
     def connect() -> Any:
         conn = psycopg.connect(url, autocommit=True)
@@ -472,12 +487,6 @@ def postgres_catalog(url: str, name: str) -> Catalog:
         return conn
 
     return Catalog(redact(f"{url}#{name}"), "postgresql", connect, None, schema=schema)
-
-
-def redact(uri: str) -> str:
-    """``uri`` with any password in a ``postgresql://USER:PASSWORD@HOST`` part replaced by ``***``
-    (what messages, logs and status show)."""
-    return re.sub(r"(postgres(?:ql)?://[^:@/?#]+):[^@/?#]*@", r"\1:***@", uri)
 
 
 def open_catalog(uri: str) -> Catalog:

@@ -36,6 +36,10 @@ class CollectionError(Exception):
     """Base class for collection problems."""
 
 
+class ServerUnreachable(CollectionError, ConnectionError):
+    """A server holding a collection's vectors (Milvus) did not answer; the message names it."""
+
+
 class NotACollectionError(CollectionError, FileNotFoundError):
     """The directory holds neither a collection nor a gallery."""
 

@@ -6,12 +6,14 @@ SQLite and PostgreSQL alike."""
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 from typing import Any, Iterator, Mapping, Protocol, Sequence
 
 from .plan import Plan
 
-__all__ = ["CATALOG_FILE", "PAGE", "CatalogError", "Row", "filter_sql", "unsourced_sql"]
+__all__ = ["CATALOG_FILE", "NAME_MAX", "PAGE", "CatalogError", "CatalogUnreachable", "Row", "check_collection_name",
+           "filter_sql", "redact", "unsourced_sql"]
 
 CATALOG_FILE = "catalog.sqlite"
 FORMAT = "nobackfill-catalog"
@@ -54,6 +56,35 @@ class CatalogDatabase(Protocol):
 
 class CatalogError(Exception):
     """The catalog database is missing, unreadable or inconsistent (the message names it)."""
+
+
+class CatalogUnreachable(CatalogError, ConnectionError):
+    """The catalog's database (or the vector server behind a collection) did not answer: down, a
+    wrong address, a wrong password, no such database. The message names it and why."""
+
+
+#: a collection name: what names its PostgreSQL schema (``nb_<name>``) and its Milvus collections
+#: (``nb_<name>_...``) as it is, so two names never share them
+NAME_MAX = 50
+
+
+def check_collection_name(name: str, *, lowercase: bool = False) -> str:
+    """``name`` when it can name a collection's schema and Milvus collections unchanged: letters
+    (lowercase for a PostgreSQL catalog, whose schema names fold case), digits and ``_``, at most
+    :data:`NAME_MAX` characters; else a ``ValueError`` saying so (a name changed to fit would let two
+    names open one collection)."""
+    pattern = r"[a-z0-9_]+" if lowercase else r"[A-Za-z0-9_]+"
+    if not re.fullmatch(pattern, name or "") or len(name) > NAME_MAX:
+        what = "lowercase letters" if lowercase else "letters"
+        raise ValueError(f"collection name {name!r}: use {what}, digits and _ only, at most {NAME_MAX} characters "
+                         f"(the name is the #NAME of the URI{'; a PostgreSQL catalog folds case' if lowercase else ''})")
+    return name
+
+
+def redact(uri: str) -> str:
+    """``uri`` with any password in a ``postgresql://USER:PASSWORD@HOST`` part replaced by ``***``
+    (what messages, logs and status show)."""
+    return re.sub(r"(postgres(?:ql)?://[^:@/?#]+):[^@/?#]*@", r"\1:***@", uri)
 
 
 @dataclass(frozen=True)

@@ -106,7 +106,8 @@ def add(
                                                       if rep.uncaptioned else ""))
     results.print(f"added {rep.added}, already there {rep.unchanged}"
                   + (f", metadata updated {rep.metadata_updated}" if rep.metadata_updated else "")
-                  + (f", recovered from an interrupted run {rep.recovered}" if rep.recovered else "")
+                  + (f", vectors found stored (an interrupted run's or a deleted item's; not embedded again) "
+                     f"{rep.recovered}" if rep.recovered else "")
                   + f" in {time.time() - t0:.1f}s")
     bad_lines = [p for p in rep.problems if not any(p.startswith(f"{k}: ") for k in rep.skipped_images)]
     report_skipped(rep.skipped, rep.skipped_images, bad_lines, root=data)
@@ -117,8 +118,10 @@ def add(
 @collection_app.command("import")
 def import_(
     name: str = _NAME,
-    model: Path = typer.Option(..., help="The model that made the vectors (a model directory, or 'minilm'): the "
-                                         "collection's current model, checked on a sample unless --trust-model."),
+    model: Optional[Path] = typer.Option(None, help="The model that made the vectors (a model directory, or "
+                                                   "'minilm'): the collection's current model, checked on a sample "
+                                                   "unless --trust-model (default: an existing collection's current "
+                                                   "model; needed to create one)."),
     from_: str = typer.Option(..., "--from", help="What to import: clip-retrieval:DIR (its inference output), "
                                                   "npy:FILE.npy, npz:FILE.npz[:KEY] or faiss:FILE (with --table), or a "
                                                   "Milvus collection to adopt in place: milvus://HOST:PORT#NAME or "
@@ -155,8 +158,8 @@ def import_(
     with interrupt_report(client, name):  # Ctrl-C: what is committed, and that re-running resumes
         try:
             if from_.startswith(("milvus://", "milvus-lite:")):
-                missing = [o for o, v in (("--vector-field", vector_field), ("--id-field", id_field),
-                                          ("--modality", modality)) if not v]
+                missing = [o for o, v in (("--model", model), ("--vector-field", vector_field),
+                                          ("--id-field", id_field), ("--modality", modality)) if not v]
                 if missing:
                     fail(f"adopting a Milvus collection needs {', '.join(missing)}")
                 rep = client.adopt(from_, model=model, vector_field=vector_field, id_field=id_field,
@@ -205,7 +208,8 @@ def upgrade(
                                                         "merge on: a data folder / world root, or a Multi30K root."),
     calibrate_split: str = typer.Option("val", help="Split of --calibrate (never the one you evaluate on)."),
     calibrate_limit: Optional[int] = typer.Option(None, help="Use only the first N images / caption pairs."),
-    calibrate_langs: str = typer.Option("en", help="Caption languages of --calibrate."),
+    calibrate_langs: str = typer.Option("en", help="Caption languages of --calibrate: those your queries come in "
+                                                   "(unlike other commands' --langs, English unless named)."),
     fit_bridge: Optional[bool] = typer.Option(None, "--fit-bridge/--no-fit-bridge",
                                               help="Fit bridges from the backfill's own pairs: it starts with a "
                                                    "sample of each modality (default: when no --bridge is given)."),
@@ -300,9 +304,15 @@ def status(
     print_spaces(st["spaces"])
     print_routes(st["routes"])
     fitted_routes = any("fitted" in (r.get("calibration") or {}) for ds in st["routes"].values() for r in ds.values())
-    results.print(f"  merge: {st['merge']}" + ("" if st["calibrated"] else " (uncalibrated default); routes "
-                                              + ("chosen without labels (no labels calibrated them)" if fitted_routes
-                                                 else "uncalibrated")))
+    if st["calibrated"]:
+        basis = ""
+    elif st.get("merge_without_labels"):
+        basis = " (score maps fitted without labels, on the queries both models answer alike); routes chosen " \
+                "without labels"
+    else:
+        basis = " (uncalibrated default); routes " + ("chosen without labels (no labels calibrated them)"
+                                                     if fitted_routes else "uncalibrated")
+    results.print(f"  merge: {st['merge']}{basis}")
     print_fitted(st.get("fitted_bridges"))
     print_backfill(st["backfill"])
 
@@ -370,7 +380,8 @@ def calibrate(
     data: Path = typer.Option(..., help="Labelled data: a data folder / world root, or a Multi30K root."),
     split: str = typer.Option("val", help="Split of --data (never the one you evaluate on)."),
     limit: Optional[int] = typer.Option(None, help="Use only the first N images / caption pairs."),
-    langs: str = typer.Option("en", help="Caption languages."),
+    langs: str = typer.Option("en", help="Caption languages of the calibration queries: those your queries come "
+                                         "in (unlike other commands' --langs, English unless named)."),
     as_json: bool = _JSON,
 ) -> None:
     """Choose routes, fused weights and the merge of the current plan on labelled data (pinned

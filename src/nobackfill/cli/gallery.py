@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import List, Optional
+from typing import Any, List, Optional
 
 import typer
 
@@ -91,6 +91,16 @@ def search(
     print_hits(r, as_json, k)
 
 
+def _shown_path(path: Any) -> str:
+    """An item's path as the table shows it: relative to the working directory when under it."""
+    if not path:
+        return ""
+    try:
+        return Path(str(path)).relative_to(Path.cwd()).as_posix()
+    except ValueError:
+        return str(path)
+
+
 def print_hits(r, as_json: bool, k: int, space_names: dict[str, str] | None = None) -> None:
     """The hits of a :class:`~nobackfill.search.SearchResponse` as JSON (``--json``) or a table
     (``space_names``: a space id -> its name, shown in the table where the names tell spaces apart)."""
@@ -105,7 +115,7 @@ def print_hits(r, as_json: bool, k: int, space_names: dict[str, str] | None = No
     if len(set(names.values())) < len(names) or not all(names.values()):
         names = {}  # two spaces of one name (or a nameless one): their ids
     rows = [(str(h.rank), f"{h.score:.3f}", h.id, names.get(h.space) or h.space[:24], h.route,
-             str(h.metadata.get("path") or h.metadata.get("text", ""))) for h in r.hits]
+             _shown_path(h.metadata.get("path")) or str(h.metadata.get("text", ""))) for h in r.hits]
     # cells are text, not rich markup (a caption or an id may hold "[...]"); ids are printed whole at
     # any width, since `collection delete --id` takes them: rank, score and id never shrink, the other
     # columns give way (down to 3 characters), and a terminal narrower than that gets a wider table
@@ -115,8 +125,9 @@ def print_hits(r, as_json: bool, k: int, space_names: dict[str, str] | None = No
     t = Table(title=Text(f"top {k} {r.modality}s for {r.query}"))
     for col, w in zip(("rank", "score", "id"), fixed):
         t.add_column(col, no_wrap=True, min_width=w)
-    for col in ("space", "route", "item"):
+    for col in ("space", "route"):
         t.add_column(col, min_width=3)
+    t.add_column("item", min_width=3, overflow="fold")  # a path wraps rather than losing its file name
     for row in rows:
         t.add_row(*(Text(cell) for cell in row))
     console = Console()

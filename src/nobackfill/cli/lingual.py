@@ -8,8 +8,8 @@ from typing import List, Optional
 
 import typer
 
-from ._common import (_bench, config_option, console, emit_json, fail, json_flag, multi30k_default, quiet,
-                      resolve_config, set_option, show_config_option, write_json)
+from ._common import (_bench, config_option, console, emit_json, fail, json_flag, multi30k_default,
+                      resolve_config, results, set_option, show_config_option, write_json)
 
 
 lingual_app = typer.Typer(no_args_is_help=True,
@@ -144,7 +144,6 @@ def evaluate(
     as_json: bool = json_flag(),
 ) -> None:
     """Multi30K: foreign -> English caption R@1 per language. World: text->image and image->text R@1."""
-    echo = quiet(as_json)
     import numpy as np
     import torch
 
@@ -168,11 +167,26 @@ def evaluate(
     except (ValueError, FileNotFoundError, ModuleNotFoundError, NotImplementedError) as e:
         fail(str(e))
     result["model"] = str(model)
-    text = json.dumps(result, indent=2)
-    echo(text)
+    if not as_json:
+        _print_recall(result)
     if json_out is not None:
         write_json(json_out, result)
     emit_json(result, as_json)
+
+
+def _print_recall(result: dict) -> None:
+    """The R@1 of ``lingual eval`` as a table: one row per language, a column per direction."""
+    from rich.table import Table
+
+    cols = {k: v for k, v in result.items() if k in ("R@1", "t2i", "i2t") and isinstance(v, dict)}
+    table = Table(title=f"{result['task']} ({result['model']}, split {result['split']})")
+    table.add_column("language")
+    for name in cols:
+        table.add_column("foreign -> English R@1" if name == "R@1" else f"{name} R@1", justify="right")
+    for lang in dict.fromkeys(lang for v in cols.values() for lang in v):
+        table.add_row(lang, *(f"{v[lang]:.3f}" if isinstance(v.get(lang), (int, float)) else "-"
+                              for v in cols.values()))
+    results.print(table)
 
 
 def bench_lingual_text(

@@ -106,6 +106,11 @@ def as_client_error(e: BaseException, field: str | None = None) -> ClientError |
         out = NotFound(404, msg, field)
     elif isinstance(e, CollectionBusyError):
         out = Conflict(409, msg, field)
+    elif isinstance(e, ConnectionError):  # a catalog database or vector server that did not answer
+        out = Unreachable(0, msg, field)
+    elif type(e).__module__.startswith("pymilvus") and _lost_connection(e):  # a Milvus server gone mid-call
+        out = Unreachable(0, f"the Milvus server stopped answering ({getattr(e, 'message', None) or e}); what was "
+                             "committed stays: run the same command again once it answers", field)
     elif isinstance(e, KeyError):
         out = InvalidRequest(422, str(e.args[0]) if e.args else msg, field)
     elif isinstance(e, ValueError):
@@ -115,6 +120,12 @@ def as_client_error(e: BaseException, field: str | None = None) -> ClientError |
     if getattr(e, "skippable", False):
         out.skippable = True  # type: ignore[attr-defined]
     return out
+
+
+def _lost_connection(e: BaseException) -> bool:
+    """Whether a pymilvus error says the server could not be reached (not a refused request)."""
+    text = f"{getattr(e, 'message', '')} {e}".lower()
+    return any(w in text for w in ("connect", "unavailable", "deadline exceeded", "server is not ready"))
 
 
 def backfill_refused() -> type[ClientError]:

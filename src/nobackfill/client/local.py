@@ -16,30 +16,11 @@ from ..search.merge import DEFAULT_MERGE
 from .base import Client, check_image_file
 from .errors import ClientError, Conflict, InvalidRequest, NotFound, as_client_error
 from .types import AddResult, ImportResult, ItemInfo, SearchHit, SearchResults, UpgradeResult
-from .upload import given_items, one_source, read_files
+from .upload import given_items, load_calibration, one_source, read_files
 
-__all__ = ["LocalClient", "load_calibration"]
+__all__ = ["LocalClient"]
 
 log = logging.getLogger("nobackfill.client")
-
-
-def load_calibration(data: str | Path, split: str = "val", limit: int | None = None,
-                     langs: Sequence[str] | str = ("en",)) -> tuple[list[Any], str]:
-    """Calibration tasks and their label from labelled data: a data folder / world root (t2i, i2t)
-    or a Multi30K root (t2t: caption 1 -> caption 2 of ``split``). ``split`` is never the one
-    evaluated on."""
-    from ..evaluate import load_eval_data
-    from ..lifecycle.calibrate import pair_tasks, text_pair_task
-
-    data = Path(data)
-    langs = [x for x in (langs.split(",") if isinstance(langs, str) else langs) if x]
-    if (data / "task2" / "raw").is_dir():
-        from ..data.multi30k import read_task2
-
-        cs = read_task2(data, split, "en", ks=(1, 2), limit=limit)
-        return [text_pair_task(cs.column(1), cs.column(2))], f"Multi30K {split} ({cs.n_images} caption pairs)"
-    ds = load_eval_data(data, split, langs=langs, limit=limit)
-    return pair_tasks(ds), f"{data.name} {split} ({len(ds)} images, {len(ds.captions)} captions)"
 
 
 def _refusals(method: Callable) -> Callable:
@@ -172,7 +153,12 @@ class LocalClient(Client):
 
         # trusted (nothing embedded): the model is not loaded where the plan or a record says what it is
         if model is None:  # into the collection as it is: its current model made the vectors
-            cur = self.collection.space(self.collection.current_space)
+            try:
+                coll = self.collection
+            except FileNotFoundError as e:
+                raise NotFound(404, f"{e}; to create it by this import, name the model that made the vectors "
+                                    "(model=, --model)", "model") from None
+            cur = coll.space(coll.current_space)
             ref, enc = cur.model, ModelInfo.of_space(cur) if trust_model else self.encoder()
         else:
             ref = model_ref(model)
@@ -344,6 +330,7 @@ class LocalClient(Client):
         st["routes"] = route_table(plan)
         st["merge"] = plan.merge_method or DEFAULT_MERGE
         st["calibrated"] = bool(plan.calibration)
+        st["merge_without_labels"] = plan.merge is not None and "without_labels" in (plan.merge.calibration or {})
         st["backfill"] = self.backfill_status()
         st["fitted_bridges"] = fit_summary(c)
         st["limits"] = dataclasses.asdict(self.limits)
@@ -364,14 +351,21 @@ class LocalClient(Client):
                        ray_address: str | None = None, actors: int | None = None,
                        gpus_per_actor: float = 0.0) -> dict[str, Any]:
         """Start (or go on with) the backfill. ``wait``: run ``workers`` worker processes (1: this
-        one) until done, ``limit`` or a pause, and return the run's report (``resume``: a paused job
-        runs again first); otherwise a worker thread of this process goes on in the background (the
-        service's way; a paused job runs again) and the status is returned. ``engine="ray"``: the
+        one) until done, ``limit`` or a pause, and return the run's report; otherwise a worker thread
+        of this process goes on in the background (the service's way) and the status is returned. A
+        paused job is refused unless ``resume`` (:meth:`backfill_resume`): a pause holds until then. ``engine="ray"``: the
         embedding runs on the Ray cluster at ``ray_address`` (``auto``: the running one; None: a Ray
         started on this machine), ``actors`` embedding actors of ``gpus_per_actor`` GPUs each."""
-        from ..lifecycle.backfill import pause_backfill, run_backfill
+        from ..lifecycle.backfill import (BackfillError, backfill_status, check_run_settings, pause_backfill,
+                                          run_backfill)
 
+        check_run_settings(workers=workers, batch_size=batch_size, rate=rate, limit=limit)  # before a model loads
         ray = self._ray_options(engine, ray_address, actors, gpus_per_actor)
+        st = backfill_status(self.collection)
+        if st["state"] == "paused" and not resume:  # an operator's pause holds until a resume
+            raise BackfillError(f"the backfill is paused ({st['done']}/{st['total']} done): resume it "
+                                "(POST /v1/backfill/resume, `nobackfill collection backfill NAME --resume`, "
+                                "Client.backfill_resume())")
         if wait:
             if resume:
                 pause_backfill(self.collection, paused=False)
@@ -456,6 +450,10 @@ class LocalClient(Client):
     def backfill_resume(self, order: str = "uncertainty", rate: float | None = None, *, engine: str = "local",
                         ray_address: str | None = None, actors: int | None = None,
                         gpus_per_actor: float = 0.0) -> dict[str, Any]:
+        if rate is not None:
+            from ..lifecycle.backfill import check_run_settings
+
+            check_run_settings(rate=rate)
         return self._start_thread(order, rate, self._ray_options(engine, ray_address, actors, gpus_per_actor))
 
     @_refusals

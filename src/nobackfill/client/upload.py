@@ -12,7 +12,7 @@ from typing import Any, Callable, Sequence
 from .errors import InvalidRequest
 from .types import AddResult
 
-__all__ = ["given_items", "one_source", "read_files", "upload_items"]
+__all__ = ["given_items", "load_calibration", "one_source", "read_files", "upload_items"]
 
 
 def one_source(texts: Any, images: Any, folder: Any = None, text_file: Any = None) -> None:
@@ -24,11 +24,12 @@ def one_source(texts: Any, images: Any, folder: Any = None, text_file: Any = Non
 def read_files(folder: str | Path | None, split: str, text_file: str | Path | None,
                langs: Sequence[str] | None, skip_bad: bool) -> tuple[list, Any]:
     """The items of ``folder`` (a data folder, or a world root's ``split``) or of ``text_file``, and
-    what reading them found (a folder's skipped lines and images)."""
-    from ..collection.ingest import FolderItems, folder_items, text_file_items
+    what reading them found (skipped lines and images, with ``skip_bad``)."""
+    from ..collection.ingest import folder_items, read_text_file
 
     if text_file is not None:
-        return text_file_items(text_file), FolderItems(items=[])
+        ti = read_text_file(text_file, langs=langs, skip_bad=skip_bad)
+        return ti.items, ti
     folder = Path(folder)  # type: ignore[arg-type]
     if not (folder / "captions.jsonl").is_file() and (folder / split).is_dir():
         folder = folder / split
@@ -109,3 +110,22 @@ def _sum(out: AddResult, answer: dict[str, Any]) -> None:
     for k in ("added", "unchanged", "metadata_updated", "recovered", "skipped"):
         setattr(out, k, getattr(out, k) + int(answer.get(k, 0)))
     out.problems += list(answer.get("problems", []))
+
+
+def load_calibration(data: str | Path, split: str = "val", limit: int | None = None,
+                     langs: Sequence[str] | str = ("en",)) -> tuple[list[Any], str]:
+    """Calibration tasks and their label from labelled data: a data folder / world root (t2i, i2t)
+    or a Multi30K root (t2t: caption 1 -> caption 2 of ``split``). ``split`` is never the one
+    evaluated on."""
+    from ..evaluate import load_eval_data
+    from ..lifecycle.calibrate import pair_tasks, text_pair_task
+
+    data = Path(data)
+    langs = [x for x in (langs.split(",") if isinstance(langs, str) else langs) if x]
+    if (data / "task2" / "raw").is_dir():
+        from ..data.multi30k import read_task2
+
+        cs = read_task2(data, split, "en", ks=(1, 2), limit=limit)
+        return [text_pair_task(cs.column(1), cs.column(2))], f"Multi30K {split} ({cs.n_images} caption pairs)"
+    ds = load_eval_data(data, split, langs=langs, limit=limit)
+    return pair_tasks(ds), f"{data.name} {split} ({len(ds)} images, {len(ds.captions)} captions)"

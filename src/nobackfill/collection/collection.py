@@ -149,6 +149,7 @@ class Collection(CollectionWrites, CollectionStatus):
         (:meth:`~.storage.Storage.adopt_space`; Milvus storage only).
         """
         storage = open_storage(path)
+        storage.check_creatable()
         if storage.exists():
             raise FileExistsError(f"{storage} already holds a collection: use it as it is (add, import, upgrade ... "
                                   "name it), or choose another location (nobackfill deletes no collection: remove "
@@ -165,7 +166,7 @@ class Collection(CollectionWrites, CollectionStatus):
         now = _now()
         space = _space_entry(space_id, dim, model, name, mods, own)
         default_name = Path(storage.location).resolve().name if isinstance(storage, LocalStorage) else \
-            storage.location.rpartition("#")[2] or "default"
+            getattr(storage, "name", "") or "default"  # the URI's #NAME, not its ?catalog= part
         header = {"name": collection_name or default_name, "backend": backend, "created": now, "updated": now,
                   "plan": Plan.single(space)}
         if adopt is not None:
@@ -182,6 +183,9 @@ class Collection(CollectionWrites, CollectionStatus):
         (``collection.json`` + item log) or a single-space gallery directory is converted once into
         a catalog (its old files are kept until the catalog is in place)."""
         storage = path if isinstance(path, Storage) else open_storage(path)
+        why = storage.why_not_a_collection()
+        if why is not None:  # said before any server is asked
+            raise NotACollectionError(f"{storage} is not a collection: {why}")
         catalog = storage.catalog()
         if catalog is None:
             catalog = cls._migrate(storage)

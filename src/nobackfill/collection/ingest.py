@@ -37,7 +37,7 @@ if TYPE_CHECKING:  # importing the encoder module pulls in torch
     from ..encoders.base import DualEncoder
 
 __all__ = ["IMAGE_SUFFIXES", "AddReport", "FolderItems", "add_items", "folder_items", "image_id", "image_item",
-           "index_folder", "index_pairs", "pair_ids", "text_file_items", "text_id", "text_item"]
+           "index_folder", "index_pairs", "pair_ids", "read_text_file", "text_file_items", "text_id", "text_item"]
 
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".webp", ".bmp", ".gif", ".tif", ".tiff")
 
@@ -161,6 +161,7 @@ def folder_items(folder: str | Path, *, langs: Sequence[str] | None = None, skip
         out.problems.extend(ds.problems)
         out.skipped_images.update(ds.skipped_images)
         image_ids: list[str] = []
+        captions: dict[str, Item] = {}
         for rel, labels in zip(ds.images, ds.image_labels):  # load_pairs decoded each one already
             it = image_item(root / rel, metadata={"labels": labels} if labels else {})
             out.items.append(it)
@@ -179,8 +180,19 @@ def folder_items(folder: str | Path, *, langs: Sequence[str] | None = None, skip
                 out.problems.append(str(err))
                 continue
             meta = {"lang": ds.langs[j], "image": ds.images[i], "image_id": image_ids[i], **extra}
-            out.items.append(text_item(caption, id=own_id, image_id=image_ids[i], metadata=meta))
-            out.lines.setdefault(out.items[-1].id, ds.caption_lines[j])
+            it = text_item(caption, id=own_id, image_id=image_ids[i], metadata=meta)
+            prev = captions.get(it.id)
+            if prev is not None and prev.key != it.key:
+                err = DataFormatError(f"id {it.id!r} is given again with another caption (first on line "
+                                      f"{out.lines[it.id]})", root / CAPTIONS_FILE, ds.caption_lines[j], skippable=True)
+                if not skip_bad:
+                    raise err
+                out.skipped += 1
+                out.problems.append(str(err))
+                continue
+            captions[it.id] = it
+            out.items.append(it)
+            out.lines.setdefault(it.id, ds.caption_lines[j])
     elif langs:
         raise DataFormatError(f"{CAPTIONS_FILE} not found, so there are no captions in languages {list(langs)}",
                               root / CAPTIONS_FILE)
@@ -207,40 +219,83 @@ def folder_items(folder: str | Path, *, langs: Sequence[str] | None = None, skip
 
 
 def text_file_items(path: str | Path, *, limit: int | None = None) -> list[Item]:
-    """Text items from a file: ``.jsonl`` lines ``{"text": .., "id": .. (optional), ...}`` (other
-    keys are metadata) or any other file, one text per non-blank line."""
+    """Text items from a file (see :func:`read_text_file`); any bad line raises."""
+    return read_text_file(path, limit=limit).items
+
+
+def read_text_file(path: str | Path, *, limit: int | None = None, langs: Sequence[str] | None = None,
+                   skip_bad: bool = False) -> FolderItems:
+    """Text items from a file: ``.jsonl`` lines ``{"text": .., "id": .. (optional), "lang": ..
+    (optional), ...}`` (other keys are metadata) or any other file, one text per non-blank line.
+    ``langs``: keep only JSONL lines whose ``lang`` is one of them (a plain text file has no
+    languages: refused). A bad line, or an id given again with other text, raises
+    :class:`~nobackfill.data.folder.DataFormatError` naming the file and line(s), or with
+    ``skip_bad`` is skipped, counted and named (``problems``)."""
     p = Path(path)
     if not p.is_file():
         raise DataFormatError("text file not found", p)
-    items: list[Item] = []
-    with open(p, encoding="utf-8") as fh:
+    jsonl = p.suffix == ".jsonl"
+    wanted = set(langs) if langs else None
+    if wanted is not None and not jsonl:
+        raise DataFormatError(f"languages {sorted(wanted)} asked for, but a plain text file has none (one text a "
+                              "line); give a .jsonl file whose lines carry a 'lang' field, or leave out --langs", p)
+    out = FolderItems(items=[])
+    seen_langs: set[str] = set()
+    by_id: dict[str, Item] = {}
+
+    def bad(no: int, message: str) -> None:
+        err = DataFormatError(message, p, no, skippable=True)
+        if not skip_bad:
+            raise err
+        out.skipped += 1
+        out.problems.append(str(err))
+
+    with open(p, encoding="utf-8-sig") as fh:  # a byte-order mark is not part of the first line
         try:
             lines = list(fh)
         except UnicodeDecodeError as e:
             raise DataFormatError(f"not UTF-8 text (byte {e.object[e.start:e.start + 1]!r} at offset {e.start}); "
                                   "a text file takes one text a line, or JSONL", p) from None
-        for no, line in enumerate(lines, start=1):
-            if not line.strip():
+    for no, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        if limit is not None and len(out.items) >= limit:
+            break
+        if not jsonl:
+            it = text_item(line.rstrip("\r\n"))
+        else:
+            try:
+                obj = json.loads(line.strip())
+            except json.JSONDecodeError as e:
+                bad(no, f"invalid JSON: {e}")
                 continue
-            if limit is not None and len(items) >= limit:
-                break
-            if p.suffix == ".jsonl":
-                try:
-                    obj = json.loads(line)
-                except json.JSONDecodeError as e:
-                    raise DataFormatError(f"invalid JSON: {e}", p, no) from None
-                if not isinstance(obj, dict) or not isinstance(obj.get("text"), str) or not obj["text"].strip():
-                    raise DataFormatError("each line needs a non-empty string field 'text'", p, no)
-                own = obj.pop("id", None)
-                if own is not None and (not isinstance(own, str) or not own.strip()):
-                    raise DataFormatError(f"field 'id' must be a non-empty string, got {own!r}", p, no)
-                text = obj.pop("text")
-                items.append(text_item(text, id=own, metadata=obj))
-            else:
-                items.append(text_item(line.rstrip("\n")))
-    if not items:
+            if not isinstance(obj, dict) or not isinstance(obj.get("text"), str) or not obj["text"].strip():
+                bad(no, "each line needs a non-empty string field 'text'")
+                continue
+            own = obj.pop("id", None)
+            if own is not None and (not isinstance(own, str) or not own.strip()):
+                bad(no, f"field 'id' must be a non-empty string, got {own!r}")
+                continue
+            if wanted is not None:
+                lang = obj.get("lang")
+                seen_langs.add(str(lang))
+                if lang not in wanted:
+                    continue
+            it = text_item(obj.pop("text"), id=own, metadata=obj)
+        prev = by_id.get(it.id)
+        if prev is not None:
+            if prev.key != it.key:
+                bad(no, f"id {it.id!r} is given again with other text (first on line {out.lines[it.id]})")
+            continue  # the same text again: once is enough
+        by_id[it.id] = it
+        out.lines[it.id] = no
+        out.items.append(it)
+    if not out.items:
+        if wanted is not None and seen_langs:
+            raise DataFormatError(f"no texts in languages {sorted(wanted)}; the file has "
+                                  f"{sorted(x for x in seen_langs if x != 'None') or 'no lang field'}", p)
         raise DataFormatError("no texts in the file", p)
-    return items
+    return out
 
 
 @dataclass

@@ -277,7 +277,7 @@ def load_pairs(
         if not text.strip():
             continue
         try:
-            obj = json.loads(text)
+            obj = json.loads(text.strip())  # a line's newline is not part of its JSON
         except json.JSONDecodeError as exc:
             bad(no, f"invalid JSON: {exc}")
             continue

@@ -8,6 +8,9 @@ route, a calibration), the progressive backfill and ``verify``.
   :mod:`.backfill_commit` the steps every engine shares (the one commit), :mod:`.backfill_ray` the
   ``ray`` engine (Ray Data; ray imported only when it is chosen).
 * :mod:`.verify` - every stored file of a gallery or collection checked (and the model check).
+* :mod:`.fit_bridges`, :mod:`.backfill_fit` - bridges and the merge's score maps fitted from the
+  backfill's own pairs, as it advances (an upgrade without a bridge).
+* :mod:`.measuring` - R@1 as users see it while a collection is upgraded and backfilled.
 
 May import: ``adopt``, ``catalog``, ``collection``, ``compat``, ``encoders``, ``evaluate``, ``gallery``,
 ``metrics``, ``search``.

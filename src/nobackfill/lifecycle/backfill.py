@@ -62,8 +62,8 @@ from .backfill_jobs import (DEFAULT_LEASE_S, JOB_DIR, JOB_FILE, LEASE_DIR, ORDER
 from .backfill_fit import maybe_fit, sample_first  # noqa: F401
 from .backfill_order import ORDERS, _encode, _held, _pending, _route_failure, _uncertainty_order  # noqa: F401
 
-__all__ = ["ENGINES", "ORDERS", "BackfillBusy", "BackfillError", "BackfillJob", "WorkerReport", "backfill_running",
-           "backfill_status", "cancel_backfill", "describe_holders", "pause_backfill", "retire_space", "run_backfill",
+__all__ = ["ENGINES", "ORDERS", "BackfillBusy", "BackfillError", "BackfillJob", "BackfillSettingError", "WorkerReport",
+           "backfill_running", "backfill_status", "check_run_settings", "cancel_backfill", "describe_holders", "pause_backfill", "retire_space", "run_backfill",
            "run_worker", "start_backfill"]
 
 
@@ -294,6 +294,33 @@ def _split(limit: int | None, workers: int) -> list[int | None]:
     return [limit // workers + (i < limit % workers) for i in range(workers)]
 
 
+class BackfillSettingError(ValueError):
+    """A backfill run's setting refused (``field`` names it, as the HTTP API does)."""
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(message)
+        self.field = field
+
+
+def check_run_settings(*, workers: int = 1, batch_size: int = 64, rate: float | None = None,
+                       limit: int | None = None) -> None:
+    """Refuse, before anything is touched, what would make a run loop or do nothing: ``workers``
+    and ``batch_size`` whole numbers >= 1, ``rate`` (items per second) > 0 and finite, ``limit`` a
+    whole number >= 0."""
+    def whole(x: Any) -> bool:
+        return isinstance(x, int) and not isinstance(x, bool)
+
+    if not whole(workers) or workers < 1:
+        raise BackfillSettingError("workers", f"workers must be a whole number >= 1, got {workers!r}")
+    if not whole(batch_size) or batch_size < 1:
+        raise BackfillSettingError("batch_size", f"batch_size must be a whole number >= 1, got {batch_size!r}")
+    if rate is not None and (isinstance(rate, bool) or not isinstance(rate, (int, float)) or not rate > 0
+                             or rate == float("inf")):
+        raise BackfillSettingError("rate", f"rate must be a number of items per second > 0, got {rate!r}")
+    if limit is not None and (not whole(limit) or limit < 0):
+        raise BackfillSettingError("limit", f"limit must be a whole number >= 0, got {limit!r}")
+
+
 def run_backfill(collection: Collection, encoder: Any, *, order: str = "uncertainty", workers: int = 1,
                  batch_size: int = 64, rate: float | None = None, limit: int | None = None,
                  lease_s: float = DEFAULT_LEASE_S, seed: int = 0, progress: Callable[[int], None] | None = None,
@@ -309,7 +336,12 @@ def run_backfill(collection: Collection, encoder: Any, *, order: str = "uncertai
     itself, pickled; ``uri`` how the actors open the collection); ``workers`` shards the job then."""
     if engine not in ENGINES:
         raise ValueError(f"engine must be one of {ENGINES}, got {engine!r}")
+    check_run_settings(workers=workers, batch_size=batch_size, rate=rate, limit=limit)
     job = start_backfill(collection, encoder, order=order, shards=max(workers, 1), seed=seed, pool=pool, log=log)
+    if engine == "local" and workers > job.shards and log is not None:
+        log(f"the backfill job has {job.shards} shard(s), set when it started: {job.shards} worker(s) of the "
+            f"{workers} asked for can take one (cancel it with --cancel and start again for more; what was "
+            "committed stays)")
     t0 = time.time()
     per_rate = rate / workers if rate else None
     limits = _split(limit, max(workers, 1))

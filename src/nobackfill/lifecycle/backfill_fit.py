@@ -166,9 +166,17 @@ def sample_first(collection: Collection, pending: Sequence[Any], ids: list[str],
 
 
 def backfilled_count(collection: Collection, target: str) -> int:
+    """The items with a vector in ``target`` (its store read again: exact, and on Milvus a query)."""
     g = collection.gallery(target)
     g.refresh()
     return sum(g.count(m) for m in ("image", "text"))
+
+
+def _served_count(collection: Collection, target: str) -> int:
+    """The items ``target`` serves, from the catalog alone: the gate every commit passes before the
+    exact :func:`backfilled_count` (on Milvus each store read is a query, ~0.8 s on a standalone
+    server: one per batch less)."""
+    return int(sum(collection.served_counts()["served"].get(target, {}).values()))
 
 
 def maybe_fit(collection: Collection, *, final: bool | None = False, pool: Any = None,
@@ -182,7 +190,7 @@ def maybe_fit(collection: Collection, *, final: bool | None = False, pool: Any =
     if final is None:
         job = BackfillJob.load(collection)
         final = job is not None and job.state == "done"
-    n = backfilled_count(collection, st["target"])
+    n = _served_count(collection, st["target"])
     if final and st["fits"] and st["fits"][-1]["pairs"] >= n:  # done, and the last fit saw every pair
         st["next"] = None
         _write(collection, FIT_FILE, st)

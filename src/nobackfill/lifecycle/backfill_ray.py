@@ -187,7 +187,13 @@ def _start(ray: Any, opts: RayOptions) -> bool:
         return False
     kw: dict[str, Any] = {"include_dashboard": False, "log_to_driver": False, "configure_logging": False,
                           **opts.init}
-    ray.init(address=opts.address, **kw)
+    try:
+        ray.init(address=opts.address, **kw)
+    except (RuntimeError, ConnectionError, TimeoutError, OSError) as e:  # no cluster there, or a start that timed out
+        where = f"the Ray cluster at {opts.address}" if opts.address else "a local Ray"
+        why = str(e).strip().splitlines()[-1] if str(e).strip() else type(e).__name__
+        raise ConnectionError(f"could not start or join {where} ({why}); nothing was committed by this run: run the "
+                              "same command again (a start under load can time out)") from None
     return True
 
 

@@ -32,9 +32,10 @@ from ..compat.fitted import (FitConfig, FittedBridge, HeldOut, candidate_score, 
 from ..compat.fitted.stored import (collection_cache, drop_stored, is_stored, materialize, next_version,
                                    save_stored)
 from ..collection.collection import Collection
-from ..catalog.plan import Plan, RouteChoice, UpgradeRecord
+from ..catalog.plan import Merge, Plan, RouteChoice, UpgradeRecord
 from ..search.routes import DIRECTIONS, RoutePlanner
 from ..search.models import ModelPool
+from .calibrate import agreed_score_maps
 
 __all__ = ["FitBridgesConfig", "backfilled_pairs", "fit_collection_bridges", "fitted_bridges", "fitted_status",
            "scene_of"]
@@ -233,6 +234,7 @@ def fit_collection_bridges(collection: Collection, *, cfg: FitBridgesConfig | No
     report: dict[str, Any] = {}
     changes: list[tuple[UpgradeRecord, str, dict[str, Any], dict[str, Any]]] = []
     rerouted: list[tuple[UpgradeRecord, dict[str, Any]]] = []  # a serving bridge kept, its route chosen again
+    merge_maps: dict[tuple[str, str], dict[str, Any] | None] = {}  # the merge's maps without labels (_merge_maps)
     for space in plan.old_spaces():
         sid = space.space_id
         pairs = backfilled_pairs(collection, sid, plan)
@@ -278,7 +280,10 @@ def fit_collection_bridges(collection: Collection, *, cfg: FitBridgesConfig | No
                     routes = ch.routes if ch.chosen == "serving" else route_scores(held, given["serving"])
                     entry["route"] = routes["route"]
                     rerouted.append((old_rec, routes))
+                    merge_maps[sid, d] = _merge_maps(held, routes, given["serving"], pairs, cfg)
                 continue
+            merge_maps[sid, d] = _merge_maps(held, ch.routes, given[ch.chosen] if ch.chosen in given
+                                             else ch.scored_map(held.q_new), pairs, cfg)
             info = {"family": ch.bridge.family, "candidate": ch.bridge.meta.get("candidate", ch.chosen), "direction": d,
                     "pairs": int(ch.bridge.meta.get("pairs", 0)), "pair_counts": entry["pairs"],
                     "heldout": ch.heldout, "heldout_sizes": ch.sizes,
@@ -331,7 +336,7 @@ def fit_collection_bridges(collection: Collection, *, cfg: FitBridgesConfig | No
             choice = _route_entry(cur, routes, dict(rec.info or {}))
             if choice is not None and (cur is None or (choice.route, choice.w) != (cur.route, cur.w)):
                 p = p.with_route(rec.target, d, choice)
-        return p
+        return _with_merge_maps(p, {k: m for k, m in merge_maps.items() if k[0] in live})
 
     collection.set_plan(commit)
     for sid in sorted({rec.target for rec, _ in new_records if rec.name in gone}):
@@ -340,6 +345,78 @@ def fit_collection_bridges(collection: Collection, *, cfg: FitBridgesConfig | No
             if isinstance(e, dict) and e.get("swapped"):
                 e.update(swapped=False, path=None, skipped="the space was retired during the fit")
     return report
+
+
+def _every_backfilled(direction: str, pairs: dict[str, Pairs], cfg: "FitBridgesConfig") -> HeldOut | None:
+    """Every backfilled item of the query modality (at most ``cfg.max_queries``) as a query against
+    every backfilled item of the gallery modality (at most ``cfg.max_gallery``; a query's own item
+    left out), with both models' vectors: what the ``old-model`` route's score map is fitted on, as
+    no bridge is involved and so nothing fitted can be recalled."""
+    qmod, gmod = DIRECTIONS[direction]
+    if qmod not in pairs or gmod not in pairs:
+        return None
+    q, g = pairs[qmod], pairs[gmod]
+    qi, gi = np.arange(min(len(q.keys), cfg.max_queries)), np.arange(min(len(g.keys), cfg.max_gallery))
+    exclude = np.where(qi < len(gi), qi, -1) if qmod == gmod else None
+    try:
+        return HeldOut(direction, q.new[qi], g.new[gi], g.old[gi], q.old[qi], exclude)
+    except ValueError:  # too few items
+        return None
+
+
+def _merge_maps(held: HeldOut, routes: dict[str, Any], bridged: np.ndarray | None, pairs: dict[str, Pairs],
+                cfg: "FitBridgesConfig") -> dict[str, Any] | None:
+    """The score maps of one direction that the ``calibrated`` merge uses without labels
+    (:func:`~.calibrate.agreed_score_maps`), for the route ``routes`` chose (``bridged``: the
+    bridge's outputs for the held-out queries): a route with a bridge is scored on the held-out
+    queries and items it was chosen on, the ``old-model`` route on every backfilled pair
+    (:func:`_every_backfilled`: many more queries); None where the route cannot be scored or too few
+    queries agree."""
+    route, w = routes["route"], routes.get("w")
+    if route == "old-model" and held.q_old is not None:
+        held = _every_backfilled(held.direction, pairs, cfg) or held
+    s_old = held.old_scores(held.q_old) if held.q_old is not None else None
+    s_br = held.old_scores(bridged) if bridged is not None else None
+    if route == "fused":
+        routed = (1 - w) * s_old + w * s_br if s_old is not None and s_br is not None and w is not None else None
+    else:
+        routed = s_old if route == "old-model" else s_br
+    if routed is None:
+        return None
+    got = agreed_score_maps(held.masked(held.q_new @ held.g_new.T), held.masked(routed))
+    if got is None:
+        return None
+    native, mapped, agreed = got
+    return {"route": route, "w": w, "native": native.to_json(), "routed": mapped.to_json(), "agreed": agreed,
+            "queries": int(len(held.q_new))}
+
+
+def _with_merge_maps(p: Plan, found: dict[tuple[str, str], dict[str, Any] | None]) -> Plan:
+    """``p`` merging by the score maps ``found`` this fit (per old space and direction; None: none)
+    where no labels calibrated it (labels decide): a direction keeps maps only for the route it now
+    serves (a pinned or other route drops them, and a direction with none merges raw scores), and the
+    merge is ``calibrated`` while any direction has maps."""
+    if p.calibration or not found:
+        return p
+    mine = p.merge is not None and "without_labels" in (p.merge.calibration or {})
+    if p.merge is not None and not mine:
+        return p  # a merge someone chose: kept
+    maps = {d: dict(v) for d, v in (p.merge.score_maps if mine else {}).items()}
+    info = dict(p.merge.calibration["without_labels"]) if mine else {}
+    for (sid, d), m in found.items():
+        rc = p.route(sid, d)
+        dm = {k: v for k, v in maps.get(d, {}).items() if not k.startswith(f"{sid}/")}
+        info.pop(f"{sid}/{d}", None)
+        if m is not None and rc is not None and rc.route == m["route"] and (rc.route != "fused" or rc.w == m["w"]):
+            dm[f"{p.current}/native"], dm[f"{sid}/{m['route']}"] = m["native"], m["routed"]
+            info[f"{sid}/{d}"] = {k: m[k] for k in ("route", "w", "agreed", "queries")}
+        if not any(not k.startswith(f"{p.current}/") for k in dm):
+            dm = {}  # no old space's map left: the native one alone would merge against raw scores
+        maps.pop(d, None)
+        if dm:
+            maps[d] = dm
+    merge = Merge("calibrated", score_maps=maps, calibration={"without_labels": info}) if maps else None
+    return dataclasses.replace(p, merge=merge)
 
 
 def fitted_status(plan: Plan) -> list[dict[str, Any]]:

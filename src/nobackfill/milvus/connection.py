@@ -150,12 +150,12 @@ def _connect(client_class: Any, kw: dict[str, Any]) -> Any:
     :class:`~nobackfill.catalog.items.CollectionError` naming it (not pymilvus' own exception)."""
     from pymilvus.exceptions import MilvusException
 
-    from ..catalog.items import CollectionError
+    from ..catalog.items import ServerUnreachable
 
     try:
         return client_class(**kw)
     except MilvusException as e:
-        raise CollectionError(f"cannot reach the Milvus server at {kw['uri']} ({getattr(e, 'message', e)}); is it "
+        raise ServerUnreachable(f"cannot reach the Milvus server at {kw['uri']} ({getattr(e, 'message', e)}); is it "
                               "running, and is the address right? (docs/milvus.md)") from None
 
 

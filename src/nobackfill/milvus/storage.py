@@ -45,6 +45,7 @@ class MilvusStorage(Storage):
         """``client``: a pymilvus client; or None and ``connect``, which makes one on first use (a
         command that reads only the catalog never imports pymilvus nor connects)."""
         self._client, self._connect = client, connect
+        self.name = name
         self.prefix = f"nb_{_safe(name)}"
         self.location = location
         self.meta = f"{self.prefix}_meta"
@@ -79,8 +80,9 @@ class MilvusStorage(Storage):
     def from_uri(cls, uri: str, kind: str, parts: dict[str, str]) -> "MilvusStorage":
         path = Path(parts["path"]) if kind == "milvus-lite" else None
         beside = path.with_name(f"{path.name}.{_safe(parts['name'])}.catalog.sqlite") if path is not None else None
-        from ..catalog.catalog import redact
+        from ..catalog.catalog import check_collection_name, redact
 
+        check_collection_name(parts["name"])
         out = cls(None, parts["name"], redact(uri), catalog_uri=parts.get("catalog"), catalog_path=beside,
                   connect=lambda: _client(kind, parts))
         out._lite_path = path
@@ -154,17 +156,26 @@ class MilvusStorage(Storage):
             self._catalog = cat
         return self._catalog
 
+    def why_not_a_collection(self) -> str | None:
+        if not self._catalog_uri and self._catalog_path is None:
+            return ("a collection on a Milvus server keeps its catalog in PostgreSQL; add "
+                    "?catalog=postgresql://USER@HOST:PORT/DB to the URI")
+        return None
+
+    def check_creatable(self) -> None:
+        why = self.why_not_a_collection()
+        if why is not None:  # before any Milvus collection is made
+            raise ValueError(f"{self.location}: {why}")
+
     def create_catalog(self, header: dict[str, Any], fill: Any = None) -> "Catalog":
         from ..catalog.catalog import create_sqlite, open_catalog
 
+        self.check_creatable()
         if self._catalog_uri:
             cat = open_catalog(self._catalog_uri)
             cat.create(header, fill)
-        elif self._catalog_path is not None:
-            cat = create_sqlite(self._catalog_path, header, fill)
         else:
-            raise ValueError(f"{self.location}: a collection on a Milvus server keeps its catalog in PostgreSQL; "
-                             "add ?catalog=postgresql://USER@HOST:PORT/DB to the URI")
+            cat = create_sqlite(self._catalog_path, header, fill)
         self._catalog = cat
         return cat
 

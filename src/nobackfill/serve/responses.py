@@ -113,6 +113,9 @@ class Status(_Open):
     routes: dict[str, Any]
     merge: str
     calibrated: bool
+    merge_without_labels: bool = Field(False, description="The merge's score maps were fitted without labels, by "
+                                                          "the fits of an upgrade without a bridge (on the queries "
+                                                          "where the old and the new model agree).")
     backfill: BackfillStatus
     limits: dict[str, int]
 

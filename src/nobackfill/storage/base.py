@@ -143,5 +143,14 @@ class Storage(abc.ABC):
     def exists(self) -> bool:
         return self.catalog() is not None or self.read_manifest() is not None or self.legacy_gallery() is not None
 
+    def why_not_a_collection(self) -> str | None:
+        """Why this location cannot hold a collection as given (None: it can), e.g. a Milvus server
+        URI that names no catalog."""
+        return None
+
+    def check_creatable(self) -> None:
+        """Refuse (``ValueError``) a location a collection cannot be created at, before anything is
+        written there."""
+
     def close(self) -> None:
         """Release connections (no-op for files)."""

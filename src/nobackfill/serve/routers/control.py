@@ -54,7 +54,7 @@ def _engine(svc: Service, req: BackfillRequest, fn: Any) -> Any:
                              gpus_per_actor=req.gpus_per_actor or 0.0)
 
 
-@router.post("/backfill/start", summary="Start (or resume) the backfill in this server",
+@router.post("/backfill/start", summary="Start the backfill in this server (a paused one: 409, resume it)",
              response_model=BackfillStatus, dependencies=[Depends(admin_json)],
              responses=errors(400, 401, 403, 409, 413, 415, 422))
 async def backfill_start(req: BackfillRequest, _r: str = Depends(admin), svc: Service = Depends(get_service)) -> Any:

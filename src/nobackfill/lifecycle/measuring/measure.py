@@ -14,11 +14,11 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from ..collection.collection import Collection
-from ..collection.ingest import add_items, folder_items
-from ..search import ModelPool, Searcher
-from .calibrate import pair_tasks
-from .plan_changes import upgrade_collection
+from ...collection.collection import Collection
+from ...collection.ingest import add_items, folder_items
+from ...search import ModelPool, Searcher
+from ..calibrate import pair_tasks
+from ..plan_changes import upgrade_collection
 
 
 def hit_ranks(responses, relevant: Sequence[set[str]], k: int) -> np.ndarray:
@@ -95,7 +95,7 @@ def upgraded_collection(ev: QuerySet, path: Path, pool: ModelPool, *, old_ref: s
     """A collection of ``ev``'s items embedded by ``old_ref``, upgraded to ``new_ref`` with the
     upgrade directory ``upgrade`` and calibrated on ``calib_images`` images of the val split of
     ``calibration``; returns it, its plan and the upgrade's seconds."""
-    from ..evaluate import load_eval_data
+    from ...evaluate import load_eval_data
 
     val = load_eval_data(calibration, "val", langs=["en"], limit=calib_images)
     log(f"world: {len(ev.images)} test images, {len(ev.texts)} captions; calibration on {len(val)} val images")

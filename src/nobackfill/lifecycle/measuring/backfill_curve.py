@@ -17,11 +17,11 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from ..collection.collection import Collection
-from ..metrics.flips import flip_rates
-from ..search import MERGES, ModelPool, Searcher
-from ..search.models import model_ref
-from .backfill import ORDERS, BackfillJob, backfill_status, run_worker, start_backfill
+from ...collection.collection import Collection
+from ...metrics.flips import flip_rates
+from ...search import MERGES, ModelPool, Searcher
+from ...search.models import model_ref
+from ..backfill import ORDERS, BackfillJob, backfill_status, run_worker, start_backfill
 from .measure import embedded_collection, split_queries, upgraded_collection
 
 FRACTIONS = (0.0, 0.05, 0.1, 0.2, 0.4, 0.6, 0.8, 1.0)
@@ -114,7 +114,7 @@ def _order_curves(cfg: BackfillCurveConfig, base: Collection, order: str, new, p
 def measure_backfill(cfg: BackfillCurveConfig, log: Callable[[str], None] | None = None) -> dict[str, Any]:
     """Every order x merge curve, the references (old/old, new/new), the default curve, the
     routes of the old space and the upgrade's (calibration's) seconds."""
-    from ..evaluate import resolve_data
+    from ...evaluate import resolve_data
 
     say = log or (lambda _m: None)
     pool = ModelPool()
