@@ -130,12 +130,21 @@ def test_the_import_guide_runs_as_written(sandbox):
     assert len(st["spaces"]) == 2 and st["backfill"]["done"] == st["backfill"]["total"]
 
 
-def test_an_unreachable_milvus_server_is_one_clear_error():
-    """A Milvus address nobody listens on: one error line naming it (not pymilvus' exception)."""
+def test_an_unreachable_milvus_server_is_one_clear_error(postgres_db):
+    """A Milvus address nobody listens on: one error line naming it (not pymilvus' exception), and
+    the create it refused wrote nothing in the catalog's database; without a catalog the URI is
+    refused first, saying what to add (no server is asked)."""
     import socket
+
+    import psycopg
 
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    r = CliRunner().invoke(app, ["collection", "status", f"milvus://127.0.0.1:{port}#photos"])
+    r = CliRunner().invoke(app, ["collection", "create", f"milvus://127.0.0.1:{port}#photos?catalog={postgres_db}",
+                                 "--model", "models/world-old"])
     assert r.exit_code == 2 and f"cannot reach the Milvus server at http://127.0.0.1:{port}" in r.output, r.output
+    with psycopg.connect(postgres_db) as conn:
+        assert not conn.execute("SELECT 1 FROM information_schema.schemata WHERE schema_name LIKE 'nb_%'").fetchall()
+    r = CliRunner().invoke(app, ["collection", "status", f"milvus://127.0.0.1:{port}#photos"])
+    assert r.exit_code == 2 and "add ?catalog=postgresql://" in r.output, r.output
