@@ -148,6 +148,22 @@ def test_a_pinned_route_is_kept(tmp_path):
     assert not any(k.startswith(old.space_id) for k in maps.get("t2i", {})), maps
 
 
+def test_a_route_pinned_after_the_maps_were_fitted_is_merged_on_raw_scores(tmp_path):
+    """A pin after the fit leaves maps of another route in the plan: the searcher merges that
+    direction by raw scores (never raw scores against chances)."""
+    c, old, new, pool = _backfilled(tmp_path, limit=150)
+    fit_collection_bridges(c, cfg=CFG, pool=pool)
+    c = Collection.open(c.path)
+    assert c.plan.merge is not None and c.plan.merge.method == "calibrated" and "t2i" in c.plan.merge.score_maps
+    route = c.plan.route(old.space_id, "t2i").route
+    pin_route(c, old.space_id, "t2i", "bridge" if route != "bridge" else "old-model")
+    c = Collection.open(c.path)
+    q = "caption 0 of image 3 seed 0"
+    got = Searcher(c, pool=pool).search(text=q, k=20, target="image")
+    raw = Searcher(c, pool=pool, merge="raw").search(text=q, k=20, target="image")
+    assert got.merge == "raw" and [h.id for h in got.hits] == [h.id for h in raw.hits]
+
+
 def test_merge_maps_without_labels_never_replace_a_labelled_calibration(tmp_path):
     from nobackfill.catalog.plan import Merge
     from nobackfill.lifecycle.fit_bridges import _with_merge_maps

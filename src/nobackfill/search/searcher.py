@@ -357,10 +357,11 @@ class Searcher:
             if n_allowed:
                 spaces.append((sid, self._side(snap, sid, direction), mask, n_allowed))
         total = sum(n for *_, n in spaces) or 1
-        prep = _Prepared(gmod=gmod, direction=direction, views=views, spaces=spaces,
-                         method=self.merge_override or plan.merge_method or DEFAULT_MERGE,
-                         maps=_score_maps(plan, direction), shares={sid: n / total for sid, *_, n in spaces},
-                         prefer=snap.preference())
+        method, maps = self.merge_override or plan.merge_method or DEFAULT_MERGE, _score_maps(plan, direction)
+        if method == "calibrated" and len(spaces) > 1 and any((sid, side.route) not in maps for sid, side, *_ in spaces):
+            method = "raw"  # a list without its map (a route pinned since) would set raw scores against chances
+        prep = _Prepared(gmod=gmod, direction=direction, views=views, spaces=spaces, method=method, maps=maps,
+                         shares={sid: n / total for sid, *_, n in spaces}, prefer=snap.preference())
         if len(cached[1]) < 64:
             cached[1][key] = prep
         return prep
