@@ -436,3 +436,20 @@ def test_a_space_is_not_retired_during_a_fit_and_a_fit_never_serves_a_retired_sp
     assert c2.catalog.list_docs(f"{DOC_DIR}/fitted-{sid}-") == []
     assert all(not e.get("swapped") and "retired" in e.get("skipped", "") for e in rep[sid].values()
                if isinstance(e, dict) and e.get("chosen"))
+
+
+def test_before_the_first_bridge_fit_the_merge_maps_are_fitted_from_64_pairs(tmp_path):
+    """A sample bigger than the pairs so far: no bridge fit yet, but the merge's score maps are
+    fitted at 64 pairs (then at each doubling), for the old-model route in force."""
+    from nobackfill.lifecycle import backfill_fit
+
+    c, old, new, pool = _upgraded_no_bridge(tmp_path, 60, fraction=0.5, min_pairs=170, max_pairs=170)
+    run_backfill(c, new, order="random", batch_size=16, limit=48, pool=pool)
+    st = backfill_fit.fit_state(c)
+    assert "merge_maps" not in st and (c.plan.merge is None)  # 48 pairs: none yet
+    run_backfill(c, new, order="random", batch_size=16, limit=32, pool=pool)
+    c = Collection.open(c.path)
+    st = backfill_fit.fit_state(c)
+    assert st["fits"] == [] and st["merge_maps"]["pairs"] >= 64 and st["merge_next"] == 2 * st["merge_maps"]["pairs"]
+    assert c.plan.merge.method == "calibrated" and "without_labels" in c.plan.merge.calibration
+    assert all(f"{old.space_id}/old-model" in m for m in c.plan.merge.score_maps.values())

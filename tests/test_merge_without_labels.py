@@ -5,10 +5,16 @@ the raw merge lost up to 26 R@1 points on Multi30K, half backfilled)."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 
+from nobackfill.collection.collection import Collection
+from nobackfill.lifecycle.backfill import run_backfill
 from nobackfill.lifecycle.calibrate import MIN_AGREED, agreed_score_maps
+from nobackfill.lifecycle.plan_changes import upgrade_collection
+from nobackfill.search.models import model_ref
 
 
 def _scores(rng, n_q: int = 60, n_g: int = 80):
@@ -48,22 +54,12 @@ def test_a_query_own_item_masked_out_is_ignored():
     assert got is not None and np.isfinite(got[0].a) and np.isfinite(got[1].b)
 
 
-@pytest.mark.slow
-def test_a_text_upgrade_without_a_bridge_never_ranks_below_the_old_model_while_it_backfills(tmp_path):
-    """The new user's case, on real models and data: 300 Multi30K val captions embedded by
-    m30k-old-text, upgraded to MiniLM with no bridge (first fit after 64 pairs), backfilled half
-    way. Each caption 2 must find its caption 1. Measured: old model alone 0.637, the raw merge
-    0.473, the merge the fits chose (calibrated without labels) 0.610: most of the dip is gone, not
-    all of it (labelled Platt maps reach 0.663 here: the agreed queries are neighbours among the
-    collection's own captions, easier than a user's query)."""
-    from nobackfill.collection.collection import Collection
+def _m30k_collection(tmp_path):
+    """300 Multi30K val captions (caption 1) embedded by m30k-old-text; ``r1(c, merge)``: R@1 of
+    each caption 2 finding its caption 1 through the Searcher; and the old model's R@1."""
     from nobackfill.collection.ingest import add_items, text_item
     from nobackfill.data.multi30k import default_multi30k_dir, read_task2
-    from nobackfill.lifecycle.backfill import run_backfill
-    from nobackfill.lifecycle.plan_changes import upgrade_collection
     from nobackfill.search import ModelPool, Searcher
-    from nobackfill.search.models import model_ref
-    from pathlib import Path
 
     cs = read_task2(default_multi30k_dir(), "val", "en", ks=(1, 2), limit=300)
     gallery, queries = cs.column(1), cs.column(2)
@@ -73,17 +69,47 @@ def test_a_text_upgrade_without_a_bridge_never_ranks_below_the_old_model_while_i
     c = Collection.create(tmp_path / "c", space_id=old.space_id, dim=old.embed_dim, model=old_ref, name="old")
     add_items(c, old, [text_item(t, id=f"m{i}") for i, t in enumerate(gallery)], progress=False)
 
-    def r1(merge=None) -> float:
-        s = Searcher(Collection.open(c.path), pool=pool, merge=merge)
+    def r1(coll, merge=None) -> float:
+        s = Searcher(Collection.open(coll.path), pool=pool, merge=merge)
         return float(np.mean([s.search(text=q, k=1, target="text").hits[0].id == f"m{i}"
                               for i, q in enumerate(queries)]))
 
-    old_old = r1()
+    return c, pool, r1, r1(c)
+
+
+@pytest.mark.slow
+def test_a_text_upgrade_without_a_bridge_never_ranks_below_the_old_model_while_it_backfills(tmp_path):
+    """The new user's case, on real models and data: 300 Multi30K val captions embedded by
+    m30k-old-text, upgraded to MiniLM with no bridge (first bridge fit after 64 pairs), backfilled
+    half way. Measured: old model alone 0.637, the raw merge 0.473, the merge the fits chose
+    (calibrated without labels) 0.610: most of the dip is gone, not all of it (labelled Platt maps
+    reach 0.663 here: the agreed queries are neighbours among the collection's own captions, easier
+    than a user's query)."""
+    c, pool, r1, old_old = _m30k_collection(tmp_path)
     upgrade_collection(c, model_ref("minilm"), pool=pool, fit_bridges=True,
                        fit_sample={"fraction": 0.01, "min_pairs": 64, "max_pairs": 1000})
     run_backfill(c, pool.get(model_ref("minilm")), limit=150, pool=pool)
     c = Collection.open(c.path)
     assert c.plan.merge is not None and c.plan.merge.method == "calibrated"
     assert "without_labels" in c.plan.merge.calibration and not c.plan.calibration
-    served, raw = r1(), r1("raw")
+    served, raw = r1(c), r1(c, "raw")
+    assert served > raw + 0.1 and served >= old_old - 0.03, (served, old_old, raw)
+
+
+@pytest.mark.slow
+def test_before_the_first_bridge_fit_the_maps_are_fitted_alone(tmp_path):
+    """The default sample (at least 512 pairs) is all of a 300-caption collection: no bridge is
+    fitted half way, but the merge's maps are (from 64 pairs, at each doubling), so the items moved
+    already are merged on one scale with the rest (the new user's case: raw 0.367 half backfilled
+    against 0.627 before the upgrade)."""
+    from nobackfill.lifecycle.backfill_fit import fit_state
+
+    c, pool, r1, old_old = _m30k_collection(tmp_path)
+    upgrade_collection(c, model_ref("minilm"), pool=pool, fit_bridges=True)
+    run_backfill(c, pool.get(model_ref("minilm")), limit=150, pool=pool)
+    c = Collection.open(c.path)
+    st = fit_state(c)
+    assert st["fits"] == [] and st["merge_maps"]["pairs"] >= 128 and st["merge_next"] > 150, st
+    assert c.plan.merge is not None and "without_labels" in c.plan.merge.calibration
+    served, raw = r1(c), r1(c, "raw")
     assert served > raw + 0.1 and served >= old_old - 0.03, (served, old_old, raw)

@@ -179,6 +179,31 @@ def _served_count(collection: Collection, target: str) -> int:
     return int(sum(collection.served_counts()["served"].get(target, {}).values()))
 
 
+#: the backfilled pairs at which the merge's score maps are first fitted (then at each doubling, until
+#: the first bridge fit, which fits them too)
+MERGE_FIRST = 64
+
+
+def _fit_merge(collection: Collection, n: int) -> None:
+    """Before the first bridge fit: the merge's score maps alone
+    (:func:`~.fit_bridges.fit_merge_maps`), once per doubling of the pairs, under the fit lock (one
+    worker fits; a failure is recorded and never stops the backfill)."""
+    with collection.catalog.lock(f"{JOB_DIR}/fit", blocking=False) as taken:
+        if not taken:
+            return
+        st = fit_state(collection)
+        if st is None or st["fits"] or n < int(st.get("merge_next") or MERGE_FIRST):
+            return  # a bridge fit or another worker came first
+        from .fit_bridges import fit_merge_maps
+
+        try:
+            st["merge_maps"] = {"pairs": n, "agreed": fit_merge_maps(collection)}
+        except Exception as e:  # the raw merge serves on
+            st["error"] = f"score maps: {type(e).__name__}: {e}"
+        st["merge_next"] = 2 * n
+        _write(collection, FIT_FILE, st)
+
+
 def maybe_fit(collection: Collection, *, final: bool | None = False, pool: Any = None,
               log: Callable[[str], None] | None = None, cfg: Any = None) -> dict[str, Any] | None:
     """Fit if the backfilled pairs reached the next threshold, or ``final`` (None: whether the
@@ -196,6 +221,8 @@ def maybe_fit(collection: Collection, *, final: bool | None = False, pool: Any =
         _write(collection, FIT_FILE, st)
         return None
     if n < int(st["next"]) and not (final and (not st["fits"] or st["fits"][-1]["pairs"] < n)):
+        if not st["fits"] and n >= int(st.get("merge_next") or MERGE_FIRST):
+            _fit_merge(collection, n)
         return None
     with collection.catalog.lock(f"{JOB_DIR}/fit", blocking=False) as taken:
         if not taken:

@@ -37,8 +37,8 @@ from ..search.routes import DIRECTIONS, RoutePlanner
 from ..search.models import ModelPool
 from .calibrate import agreed_score_maps
 
-__all__ = ["FitBridgesConfig", "backfilled_pairs", "fit_collection_bridges", "fitted_bridges", "fitted_status",
-           "scene_of"]
+__all__ = ["FitBridgesConfig", "backfilled_pairs", "fit_collection_bridges", "fit_merge_maps", "fitted_bridges",
+           "fitted_status", "scene_of"]
 
 #: the fewest held-out queries a score is computed on
 MIN_HELDOUT = 8
@@ -398,16 +398,17 @@ def _with_merge_maps(p: Plan, found: dict[tuple[str, str], dict[str, Any] | None
     merge is ``calibrated`` while any direction has maps."""
     if p.calibration or not found:
         return p
+    planner = RoutePlanner(p, ModelPool())  # the routes in force (a default one has no choice recorded)
     mine = p.merge is not None and "without_labels" in (p.merge.calibration or {})
     if p.merge is not None and not mine:
         return p  # a merge someone chose: kept
     maps = {d: dict(v) for d, v in (p.merge.score_maps if mine else {}).items()}
     info = dict(p.merge.calibration["without_labels"]) if mine else {}
     for (sid, d), m in found.items():
-        rc = p.route(sid, d)
+        route, w = planner.chosen(sid, d) if planner.available(sid, d) else (None, None)
         dm = {k: v for k, v in maps.get(d, {}).items() if not k.startswith(f"{sid}/")}
         info.pop(f"{sid}/{d}", None)
-        if m is not None and rc is not None and rc.route == m["route"] and (rc.route != "fused" or rc.w == m["w"]):
+        if m is not None and route == m["route"] and (route != "fused" or w == m["w"]):
             dm[f"{p.current}/native"], dm[f"{sid}/{m['route']}"] = m["native"], m["routed"]
             info[f"{sid}/{d}"] = {k: m[k] for k in ("route", "w", "agreed", "queries")}
         if not any(not k.startswith(f"{p.current}/") for k in dm):
@@ -417,6 +418,35 @@ def _with_merge_maps(p: Plan, found: dict[tuple[str, str], dict[str, Any] | None
             maps[d] = dm
     merge = Merge("calibrated", score_maps=maps, calibration={"without_labels": info}) if maps else None
     return dataclasses.replace(p, merge=merge)
+
+
+def fit_merge_maps(collection: Collection, *, cfg: FitBridgesConfig | None = None) -> dict[str, Any]:
+    """The merge's score maps alone (:func:`_merge_maps`), for every direction an old space serves
+    through the ``old-model`` route, on every backfilled pair: what the backfill runs before its first
+    bridge fit (whose sample may be most of a small collection), so the items already moved are
+    merged on one scale with the rest from the first pairs on. Nothing is fitted but the maps; a
+    route with a bridge keeps its maps until the next bridge fit. Returns ``{space/direction:
+    agreed queries, or None}``."""
+    cfg = cfg or FitBridgesConfig()
+    plan = collection.plan
+    if plan.calibration:
+        return {}
+    planner = RoutePlanner(plan, ModelPool())
+    found: dict[tuple[str, str], dict[str, Any] | None] = {}
+    for space in plan.old_spaces():
+        sid = space.space_id
+        pairs = backfilled_pairs(collection, sid, plan)
+        for d in DIRECTIONS:
+            if not pairs or not planner.available(sid, d) or planner.chosen(sid, d)[0] != "old-model":
+                continue
+            held = _every_backfilled(d, pairs, cfg)
+            found[sid, d] = _merge_maps(held, {"route": "old-model"}, None, pairs, cfg) if held is not None \
+                and held.q_old is not None else None
+    if found:
+        collection.set_plan(lambda p: _with_merge_maps(p, {k: m for k, m in found.items()
+                                                             if any(s.space_id == k[0] and not s.retired
+                                                                    for s in p.spaces)}))
+    return {f"{sid}/{d}": (m or {}).get("agreed") for (sid, d), m in found.items()}
 
 
 def fitted_status(plan: Plan) -> list[dict[str, Any]]:
