@@ -453,3 +453,9 @@ def test_before_the_first_bridge_fit_the_merge_maps_are_fitted_from_64_pairs(tmp
     assert st["fits"] == [] and st["merge_maps"]["pairs"] >= 64 and st["merge_next"] == 2 * st["merge_maps"]["pairs"]
     assert c.plan.merge.method == "calibrated" and "without_labels" in c.plan.merge.calibration
     assert all(f"{old.space_id}/old-model" in m for m in c.plan.merge.score_maps.values())
+    from typer.testing import CliRunner
+
+    from nobackfill.cli import app
+
+    out = " ".join(CliRunner().invoke(app, ["collection", "status", str(c.path)]).output.split())
+    assert "merge: calibrated (score maps fitted without labels" in out and "no bridge fitted yet" in out, out

@@ -365,6 +365,8 @@ def test_web_page_names_a_fitted_bridge_beside_its_route(live, browser, tmp_path
         assert t2i["family"] == "ensemble" and len(t2i["candidate"].split(" + ")) >= 2
         want = f"t2i bridge (bridge fitted: mean of {t2i['candidate']}, {t2i['pairs']} pairs)"
         WebDriverWait(browser, 60).until(lambda b: want in b.find_element(By.ID, "spaces").text)
+        # the merge's score maps, fitted by the backfill without labels
+        assert "merge calibrated (fitted without labels)" in browser.find_element(By.ID, "collection").text
         browser.save_screenshot(str(_screens(tmp_path) / "fitted-bridge.png"))
     finally:
         server.kill()

@@ -307,8 +307,8 @@ def status(
     if st["calibrated"]:
         basis = ""
     elif st.get("merge_without_labels"):
-        basis = " (score maps fitted without labels, on the queries both models answer alike); routes chosen " \
-                "without labels"
+        basis = " (score maps fitted without labels, on the queries both models answer alike); routes " + \
+                ("chosen without labels" if fitted_routes else "uncalibrated (no bridge fitted yet)")
     else:
         basis = " (uncalibrated default); routes " + ("chosen without labels (no labels calibrated them)"
                                                      if fitted_routes else "uncalibrated")

@@ -172,7 +172,8 @@ async function refresh() {
     note("");
     const c = $("collection");
     c.className = "";
-    c.innerHTML = `<b></b><br>${st.items.image} images · ${st.items.text} captions<br><span class="sub">merge ${st.merge}</span>`;
+    const basis = st.calibrated ? " (on labels)" : st.merge_without_labels ? " (fitted without labels)" : "";
+    c.innerHTML = `<b></b><br>${st.items.image} images · ${st.items.text} captions<br><span class="sub">merge ${st.merge}${basis}</span>`;
     c.querySelector("b").textContent = st.name;
     $("spaces").replaceChildren(...Object.entries(st.spaces).filter(([, s]) => !s.retired).map(([id, s]) => {
       const el = document.createElement("div");
