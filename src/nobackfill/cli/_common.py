@@ -59,7 +59,7 @@ def report_skipped(count: int, images: Any = (), problems: Any = (), root: Optio
             except ValueError:
                 pass
         console.print(f"  skipped image {path}" + (f": {reason}" if reason else ""), **_PLAIN)
-    listed = [f"image {str(Path(path).as_posix())!r}:" for path in why]  # a caption line of an image listed above
+    listed = [f"image {Path(path).as_posix()!r}:" for path in why]  # a caption line of an image listed above
     lines = [p for p in problems if not p.startswith("image ") and not any(x in p for x in listed)]
     for p in lines[:limit]:
         console.print(f"  skipped {p}", **_PLAIN)

@@ -353,16 +353,18 @@ class LocalClient(Client):
         """Start (or go on with) the backfill. ``wait``: run ``workers`` worker processes (1: this
         one) until done, ``limit`` or a pause, and return the run's report; otherwise a worker thread
         of this process goes on in the background (the service's way) and the status is returned. A
-        paused job is refused unless ``resume`` (:meth:`backfill_resume`): a pause holds until then. ``engine="ray"``: the
-        embedding runs on the Ray cluster at ``ray_address`` (``auto``: the running one; None: a Ray
-        started on this machine), ``actors`` embedding actors of ``gpus_per_actor`` GPUs each."""
-        from ..lifecycle.backfill import (BackfillError, backfill_status, check_run_settings, pause_backfill,
-                                          run_backfill)
+        paused job is refused unless ``resume`` (:meth:`backfill_resume`): a pause holds until then.
+        ``engine="ray"``: the embedding runs on the Ray cluster at ``ray_address`` (``auto``: the
+        running one; None: a Ray started on this machine), ``actors`` embedding actors of
+        ``gpus_per_actor`` GPUs each."""
+        from ..lifecycle.backfill import (BackfillError, BackfillJob, backfill_status, check_run_settings,
+                                          pause_backfill, run_backfill)
 
         check_run_settings(workers=workers, batch_size=batch_size, rate=rate, limit=limit)  # before a model loads
         ray = self._ray_options(engine, ray_address, actors, gpus_per_actor)
-        st = backfill_status(self.collection)
-        if st["state"] == "paused" and not resume:  # an operator's pause holds until a resume
+        job = BackfillJob.load(self.collection)
+        if job is not None and job.state == "paused" and not resume:  # an operator's pause holds until a resume
+            st = backfill_status(self.collection)
             raise BackfillError(f"the backfill is paused ({st['done']}/{st['total']} done): resume it "
                                 "(POST /v1/backfill/resume, `nobackfill collection backfill NAME --resume`, "
                                 "Client.backfill_resume())")
@@ -450,10 +452,9 @@ class LocalClient(Client):
     def backfill_resume(self, order: str = "uncertainty", rate: float | None = None, *, engine: str = "local",
                         ray_address: str | None = None, actors: int | None = None,
                         gpus_per_actor: float = 0.0) -> dict[str, Any]:
-        if rate is not None:
-            from ..lifecycle.backfill import check_run_settings
+        from ..lifecycle.backfill import check_run_settings
 
-            check_run_settings(rate=rate)
+        check_run_settings(rate=rate)
         return self._start_thread(order, rate, self._ray_options(engine, ray_address, actors, gpus_per_actor))
 
     @_refusals

@@ -142,6 +142,13 @@ class FolderItems:
     def count(self, modality: str) -> int:
         return sum(1 for it in self.items if it.modality == modality)
 
+    def skip(self, err: DataFormatError, skip_bad: bool) -> None:
+        """Raise ``err`` (a bad line), or with ``skip_bad`` count it and keep its message."""
+        if not skip_bad:
+            raise err
+        self.skipped += 1
+        self.problems.append(str(err))
+
 
 def folder_items(folder: str | Path, *, langs: Sequence[str] | None = None, skip_bad: bool = False,
                  uncaptioned: bool = True) -> FolderItems:
@@ -172,23 +179,16 @@ def folder_items(folder: str | Path, *, langs: Sequence[str] | None = None, skip
             extra = dict(ds.extra[j])
             own_id = extra.pop("id", None)
             if own_id is not None and (not isinstance(own_id, str) or not own_id.strip()):
-                err = DataFormatError(f"field 'id' must be a non-empty string, got {own_id!r}", root / CAPTIONS_FILE,
-                                      ds.caption_lines[j], skippable=True)
-                if not skip_bad:
-                    raise err
-                out.skipped += 1
-                out.problems.append(str(err))
+                out.skip(DataFormatError(f"field 'id' must be a non-empty string, got {own_id!r}", root / CAPTIONS_FILE,
+                                         ds.caption_lines[j], skippable=True), skip_bad)
                 continue
             meta = {"lang": ds.langs[j], "image": ds.images[i], "image_id": image_ids[i], **extra}
             it = text_item(caption, id=own_id, image_id=image_ids[i], metadata=meta)
             prev = captions.get(it.id)
             if prev is not None and prev.key != it.key:
-                err = DataFormatError(f"id {it.id!r} is given again with another caption (first on line "
-                                      f"{out.lines[it.id]})", root / CAPTIONS_FILE, ds.caption_lines[j], skippable=True)
-                if not skip_bad:
-                    raise err
-                out.skipped += 1
-                out.problems.append(str(err))
+                out.skip(DataFormatError(f"id {it.id!r} is given again with another caption (first on line "
+                                         f"{out.lines[it.id]})", root / CAPTIONS_FILE, ds.caption_lines[j],
+                                         skippable=True), skip_bad)
                 continue
             captions[it.id] = it
             out.items.append(it)
@@ -244,11 +244,7 @@ def read_text_file(path: str | Path, *, limit: int | None = None, langs: Sequenc
     by_id: dict[str, Item] = {}
 
     def bad(no: int, message: str) -> None:
-        err = DataFormatError(message, p, no, skippable=True)
-        if not skip_bad:
-            raise err
-        out.skipped += 1
-        out.problems.append(str(err))
+        out.skip(DataFormatError(message, p, no, skippable=True), skip_bad)
 
     with open(p, encoding="utf-8-sig") as fh:  # a byte-order mark is not part of the first line
         try:

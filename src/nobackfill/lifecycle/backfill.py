@@ -63,8 +63,8 @@ from .backfill_fit import maybe_fit, sample_first  # noqa: F401
 from .backfill_order import ORDERS, _encode, _held, _pending, _route_failure, _uncertainty_order  # noqa: F401
 
 __all__ = ["ENGINES", "ORDERS", "BackfillBusy", "BackfillError", "BackfillJob", "BackfillSettingError", "WorkerReport",
-           "backfill_running", "backfill_status", "check_run_settings", "cancel_backfill", "describe_holders", "pause_backfill", "retire_space", "run_backfill",
-           "run_worker", "start_backfill"]
+           "backfill_running", "backfill_status", "cancel_backfill", "check_run_settings", "describe_holders",
+           "pause_backfill", "retire_space", "run_backfill", "run_worker", "start_backfill"]
 
 
 #: how the items are embedded: lease workers in processes of this machine, or a Ray Data pipeline

@@ -280,9 +280,9 @@ def fit_collection_bridges(collection: Collection, *, cfg: FitBridgesConfig | No
                     routes = ch.routes if ch.chosen == "serving" else route_scores(held, given["serving"])
                     entry["route"] = routes["route"]
                     rerouted.append((old_rec, routes))
-                    merge_maps[sid, d] = _merge_maps(held, routes, given["serving"], pairs, cfg)
+                    merge_maps[sid, d] = _merge_maps(d, routes, held, given["serving"], pairs, cfg)
                 continue
-            merge_maps[sid, d] = _merge_maps(held, ch.routes, given[ch.chosen] if ch.chosen in given
+            merge_maps[sid, d] = _merge_maps(d, ch.routes, held, given[ch.chosen] if ch.chosen in given
                                              else ch.scored_map(held.q_new), pairs, cfg)
             info = {"family": ch.bridge.family, "candidate": ch.bridge.meta.get("candidate", ch.chosen), "direction": d,
                     "pairs": int(ch.bridge.meta.get("pairs", 0)), "pair_counts": entry["pairs"],
@@ -364,17 +364,19 @@ def _every_backfilled(direction: str, pairs: dict[str, Pairs], cfg: "FitBridgesC
         return None
 
 
-def _merge_maps(held: HeldOut, routes: dict[str, Any], bridged: np.ndarray | None, pairs: dict[str, Pairs],
-                cfg: "FitBridgesConfig") -> dict[str, Any] | None:
-    """The score maps of one direction that the ``calibrated`` merge uses without labels
+def _merge_maps(direction: str, routes: dict[str, Any], held: HeldOut | None, bridged: np.ndarray | None,
+                pairs: dict[str, Pairs], cfg: "FitBridgesConfig") -> dict[str, Any] | None:
+    """The score maps of ``direction`` that the ``calibrated`` merge uses without labels
     (:func:`~.calibrate.agreed_score_maps`), for the route ``routes`` chose (``bridged``: the
-    bridge's outputs for the held-out queries): a route with a bridge is scored on the held-out
-    queries and items it was chosen on, the ``old-model`` route on every backfilled pair
+    bridge's outputs for the queries of ``held``): a route with a bridge is scored on the held-out
+    queries and items it was chosen on (``held``), the ``old-model`` route on every backfilled pair
     (:func:`_every_backfilled`: many more queries); None where the route cannot be scored or too few
     queries agree."""
     route, w = routes["route"], routes.get("w")
-    if route == "old-model" and held.q_old is not None:
-        held = _every_backfilled(held.direction, pairs, cfg) or held
+    if route == "old-model":
+        held = _every_backfilled(direction, pairs, cfg) or held
+    if held is None:
+        return None
     s_old = held.old_scores(held.q_old) if held.q_old is not None else None
     s_br = held.old_scores(bridged) if bridged is not None else None
     if route == "fused":
@@ -439,13 +441,10 @@ def fit_merge_maps(collection: Collection, *, cfg: FitBridgesConfig | None = Non
         for d in DIRECTIONS:
             if not pairs or not planner.available(sid, d) or planner.chosen(sid, d)[0] != "old-model":
                 continue
-            held = _every_backfilled(d, pairs, cfg)
-            found[sid, d] = _merge_maps(held, {"route": "old-model"}, None, pairs, cfg) if held is not None \
-                and held.q_old is not None else None
-    if found:
+            found[sid, d] = _merge_maps(d, {"route": "old-model"}, None, None, pairs, cfg)
+    if found:  # (a space retired meanwhile keeps no maps)
         collection.set_plan(lambda p: _with_merge_maps(p, {k: m for k, m in found.items()
-                                                             if any(s.space_id == k[0] and not s.retired
-                                                                    for s in p.spaces)}))
+                                                             if k[0] in {s.space_id for s in p.old_spaces()}}))
     return {f"{sid}/{d}": (m or {}).get("agreed") for (sid, d), m in found.items()}
 
 

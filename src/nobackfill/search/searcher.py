@@ -358,7 +358,8 @@ class Searcher:
                 spaces.append((sid, self._side(snap, sid, direction), mask, n_allowed))
         total = sum(n for *_, n in spaces) or 1
         method, maps = self.merge_override or plan.merge_method or DEFAULT_MERGE, _score_maps(plan, direction)
-        if method == "calibrated" and len(spaces) > 1 and any((sid, side.route) not in maps for sid, side, *_ in spaces):
+        unmapped = any((sid, side.route) not in maps for sid, side, *_ in spaces)
+        if method == "calibrated" and len(spaces) > 1 and unmapped:
             method = "raw"  # a list without its map (a route pinned since) would set raw scores against chances
         prep = _Prepared(gmod=gmod, direction=direction, views=views, spaces=spaces, method=method, maps=maps,
                          shares={sid: n / total for sid, *_, n in spaces}, prefer=snap.preference())
