@@ -244,8 +244,13 @@ def test_the_uncertainty_order_backfills_the_scene_sample_first_too(tmp_path):
     from nobackfill.lifecycle.backfill_jobs import ORDER_FILE, SAMPLE_FILE, _read
 
     c, old, new, pool = _upgraded_no_bridge(tmp_path, 120, fraction=0.1, min_pairs=40, max_pairs=60)
-    job = start_backfill(c, new, order="uncertainty", pool=pool, min_sample=20, sample_fraction=0.05)
+    said: list[str] = []
+    job = start_backfill(c, new, order="uncertainty", pool=pool, min_sample=20, sample_fraction=0.05,
+                         log=said.append)
     assert backfill_fit.fit_state(c)["next"] == 80 and job.sample >= 80 and job.phase == "sample"
+    # the measured sample is the fit's and the uncertainty order's own: the line says both counts
+    assert any(f"measuring how {job.sample} sampled items are served now (the bridge fit's sample of 80 and "
+               f"{job.sample - 80} more)" in m for m in said), said
     head = _read(c, ORDER_FILE)[:80]
     assert head == _read(c, SAMPLE_FILE)["ids"][:80]
     images = {i for i in head if c.get(i).modality == "image"}

@@ -10,7 +10,7 @@ import pytest
 
 from nobackfill.compat.fitted import (FAMILIES, FitConfig, FittedBridge, HeldOut, agreement, bridge_score,
                                       candidate_score, choose_direction, fit_candidates, fit_family, heldout_mask,
-                                      route_scores)
+                                      route_scores, t_critical)
 from nobackfill.compat.fitted.families import ENSEMBLE, ensemble_map
 from nobackfill.compat.upgrade import load_upgrade
 from nobackfill.encoders.base import l2_normalise
@@ -144,7 +144,8 @@ def test_route_choice_keeps_the_old_model_unless_the_bridge_agrees_better():
     assert r["bridge"]["r1"] > 0
     assert r["route"] in ("bridge", "fused", "old-model")
     t = r["test"]  # the best bridge route against the old model, query by query
-    significant = t["mean_gain"] > t["z"] * t["se"] and t["wins"] > t["losses"]
+    assert t["t"] > t["z"]  # the t bar of 100 queries: a little above z
+    significant = t["mean_gain"] > t["t"] * t["se"] and t["wins"] > t["losses"]
     assert r["route"] == (t["route"] if significant else "old-model")
     # a bridge that reproduces the new model's ranking exactly is clearly better: it serves
     exact = HeldOut("t2i", new[400:500], new[500:], new[500:], old[400:500, :12] @ np.zeros((12, 24), np.float32)
@@ -153,6 +154,18 @@ def test_route_choice_keeps_the_old_model_unless_the_bridge_agrees_better():
     assert r["bridge"]["r1"] == 1.0 and r["route"] in ("bridge", "fused") and r["test"]["losses"] == 0
     # a margin larger than any gain keeps the old model's route
     assert route_scores(held, good(new[400:500]), margin=1.0)["route"] == "old-model"
+
+
+def test_the_paired_test_bar_is_the_t_value_of_the_same_level():
+    """Student t quantiles at the normal's 0.99865 (z = 3) and 0.97725 (z = 2) levels, from tables:
+    a few queries need a much larger mean gain than z standard errors; many queries, about z."""
+    exact = {(3.0, 7): 4.5300, (3.0, 14): 3.6358, (3.0, 57): 3.1371, (3.0, 999): 3.0075, (2.0, 7): 2.4288,
+             (2.0, 29): 2.0900}
+    for (z, df), t in exact.items():
+        assert abs(t_critical(z, df) - t) < 3e-3, (z, df)
+    assert t_critical(3.0, 0) == float("inf")
+    bars = [t_critical(3.0, df) for df in (7, 14, 30, 100, 10_000)]
+    assert bars == sorted(bars, reverse=True) and bars[-1] > 3.0
 
 
 def test_choice_scores_every_candidate_and_refits_the_chosen_one_on_all_pairs():

@@ -112,8 +112,9 @@ def start_backfill(collection: Collection, encoder: Any, *, order: str = "uncert
                 by_id, head_ids = {it.id: it for it in pending}, set(fit_ids[:n_fit])
                 sample = [by_id[i] for i in fit_ids[:n_fit]] + [it for it in sample if it.id not in head_ids]
                 n_sample = len(sample)
-            say(f"uncertainty order: measuring how {n_sample} sampled items are served now; they are backfilled "
-                "first (they count against --limit), then the order of the rest is fitted")
+            of_fit = f" (the bridge fit's sample of {n_fit} and {n_sample - n_fit} more)" if n_fit else ""
+            say(f"uncertainty order: measuring how {n_sample} sampled items are served now{of_fit}; they are "
+                "backfilled first (they count against --limit), then the order of the rest is fitted")
             from ..search.models import ModelPool
 
             if pool is None:

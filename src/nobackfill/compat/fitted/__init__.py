@@ -14,11 +14,11 @@ May import: ``encoders``.
 
 from __future__ import annotations
 
-from .agreement import HeldOut, agreement, bridge_score, candidate_score, held_out_set, route_scores
+from .agreement import HeldOut, agreement, bridge_score, candidate_score, held_out_set, route_scores, t_critical
 from .bridge import FittedBridge
 from .choose import DirectionChoice, choose_direction, fit_candidates, heldout_mask
 from .families import FAMILIES, FitConfig, FittedMap, fit_family
 
 __all__ = ["FAMILIES", "DirectionChoice", "FitConfig", "FittedBridge", "FittedMap", "HeldOut", "agreement",
            "bridge_score", "candidate_score", "choose_direction", "fit_candidates", "fit_family", "held_out_set",
-           "heldout_mask", "route_scores"]
+           "heldout_mask", "route_scores", "t_critical"]
