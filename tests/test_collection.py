@@ -110,6 +110,24 @@ def test_duplicate_id_with_other_content_is_refused_before_writing(tmp_path):
     assert c.count() == 0 and c.generation == 0
 
 
+def test_an_id_held_by_the_other_modality_is_refused_before_writing(tmp_path):
+    """An upsert replaces content of its own modality; an image's id never silently becomes a
+    caption's (its captions' ``image_id`` would point at a text), nor a caption's an image's."""
+    from nobackfill.collection.ingest import image_item
+
+    c, old, _, _, data, _ = _setup(tmp_path, n_images=2, captions_per_image=1)
+    add_items(c, old, folder_items(data).items, progress=False)
+    image = next(i for i, it in c.items().items() if it.modality == "image")
+    caption = next(i for i, it in c.items().items() if it.modality == "text")
+    png = next(p for p in (data / "images").iterdir())
+    gen, before = c.generation, {i: (it.modality, it.key) for i, it in c.items().items()}
+    with pytest.raises(DuplicateIdError, match=f"id '{image}' already holds a stored image item, not a text"):
+        add_items(c, old, [text_item("new words", id="fresh"), text_item("a caption now", id=image)], progress=False)
+    with pytest.raises(DuplicateIdError, match=f"id '{caption}' already holds a stored text item"):
+        add_items(c, old, [image_item(png, id=caption)], progress=False)
+    assert c.generation == gen and {i: (it.modality, it.key) for i, it in c.items().items()} == before
+
+
 def test_wrong_model_and_text_only_model_are_refused_before_writing(tmp_path):
     c, old, new, _, data, _ = _setup(tmp_path)
     with pytest.raises(SpaceMismatchError, match="current model"):

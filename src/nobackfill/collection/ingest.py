@@ -321,7 +321,9 @@ def add_items(collection: Collection, encoder: "DualEncoder", items: Sequence[It
 
     Raises :class:`SpaceMismatchError` if ``encoder`` is not the current model, ``ValueError`` if it
     cannot embed a modality of ``items`` (before anything is written), :class:`DuplicateIdError`
-    for one id given twice with different content. ``on_commit(n)``: called after the run's n-th
+    for one id given twice with different content, or for an id the collection holds as an item of
+    the other modality (nothing is written). An id held with other content of its modality is
+    replaced (re-embedded): an upsert. ``on_commit(n)``: called after the run's n-th
     chunk is committed. ``before_embed(items)``: called once with the items that will be embedded
     (none of those already held), before the first is.
     """
@@ -354,10 +356,15 @@ def add_items(collection: Collection, encoder: "DualEncoder", items: Sequence[It
                 for m in MODALITIES}  # vectors already stored (e.g. by a run killed before its commit)
         quick: list[Item] = []
         todo: dict[str, list[Item]] = {"image": [], "text": []}
+        other = [(it, live[it.id]) for it in by_id.values() if it.id in live and live[it.id].modality != it.modality]
+        if other:  # before anything is written: an image's id never silently becomes a caption's (or back)
+            it, old = other[0]
+            more = f" (and {len(other) - 1} more ids)" if len(other) > 1 else ""
+            raise DuplicateIdError(f"id {it.id!r} already holds a stored {old.modality} item, not a {it.modality} "
+                                   f"one{more}: delete it first to replace it, or give the new item another id")
         for it in by_id.values():
             old = live.get(it.id)
-            legacy = old is not None and old.key == old.id  # a row of a plain gallery: its id names its content
-            if old is not None and (old.key == it.key or legacy) and old.modality == it.modality:
+            if old is not None and _same_content(old, it):
                 if dict(old.metadata) == dict(it.metadata):
                     report.unchanged += 1
                 else:  # same content: keep the stored vector (and its key)
@@ -366,7 +373,7 @@ def add_items(collection: Collection, encoder: "DualEncoder", items: Sequence[It
             elif it.key in held[it.modality]:
                 quick.append(it)
                 report.recovered += 1
-            else:
+            else:  # new, or new content of a stored item of its modality (an upsert: re-embedded)
                 todo[it.modality].append(it)
         collection.commit(quick)
         if before_embed is not None and (todo["image"] or todo["text"]):
@@ -388,6 +395,12 @@ def add_items(collection: Collection, encoder: "DualEncoder", items: Sequence[It
                     if on_commit is not None:
                         on_commit(committed)  # after the run's n-th committed chunk
     return report
+
+
+def _same_content(old: Item, it: Item) -> bool:
+    """Whether stored ``old`` and ``it`` (the same id) are one item: the same modality and content
+    (a plain gallery's row, whose id names its content, matches any content of its modality)."""
+    return old.modality == it.modality and (old.key == it.key or old.key == old.id)
 
 
 def _embed_chunk(encoder: "DualEncoder", modality: str, chunk: list[Item], skip_bad: bool,
