@@ -699,3 +699,53 @@ def test_more_workers_than_the_jobs_shards_are_told_why_they_idle(tmp_path):
     said: list[str] = []
     run_backfill(c, new, order="sequential", workers=2, limit=2, pool=pool, log=said.append)
     assert any("has 1 shard(s), set when it started" in m and "--cancel" in m for m in said), said
+
+
+@pytest.mark.parametrize("order", ["sequential", "uncertainty"])
+def test_an_unreadable_source_is_named_and_the_backfill_goes_on(tmp_path, order):
+    """An image file gone (or corrupt) after it was added: the backfill embeds everything else, names
+    the item in status (it stays served by the old space), retire still refuses, and the next run
+    embeds it once its file is back. Before, every run stopped at that batch, for good."""
+    c, old, new, pool, data = _upgraded(tmp_path)
+    images = sorted(i for i, it in c.items().items() if it.modality == "image")
+    gone, broken = c.items()[images[1]], c.items()[images[4]]
+    kept = {p: Path(p).read_bytes() for p in (gone.source["path"], broken.source["path"])}
+    Path(gone.source["path"]).unlink()
+    Path(broken.source["path"]).write_bytes(b"not an image")
+    out = run_backfill(c, new, order=order, batch_size=4)
+    st = backfill_status(c)
+    assert st["state"] == "done" and st["done"] == 16 and st["total"] == 18 and st["unreadable"] == 2, st
+    assert set(st["unreadable_items"]) == {gone.id, broken.id} and "could not be read" in st["note"]
+    assert "ImageReadError" in st["unreadable_items"][gone.id] or "No such file" in st["unreadable_items"][gone.id]
+    assert out["done"] == 16
+    served = c.serving(list(c.items()))
+    assert served[gone.id][1] == old.space_id and served[broken.id][1] == old.space_id  # still searchable
+    with pytest.raises(BackfillError, match="cannot retire"):
+        retire_space(c, old.space_id)
+    for p, b in kept.items():
+        Path(p).write_bytes(b)
+    run_backfill(c, new, order=order, batch_size=4)
+    st = backfill_status(c)
+    assert st["state"] == "done" and st["done"] == st["total"] == 18 and st["unreadable"] == 0, st
+    retire_space(c, old.space_id)
+
+
+def test_a_capped_rate_is_reported_as_the_cap_not_the_embedding_speed(tmp_path):
+    """Under ``rate``, status reports at most the cap (and an ETA from it) from the first batch on;
+    the tester saw 396 items/s and an ETA of 0.9 s for a run capped at 3 items/s."""
+    import threading
+
+    c, old, new, pool, _ = _upgraded(tmp_path)
+    start_backfill(c, new, order="sequential")
+    seen: list[tuple[float, float | None, int, int]] = []
+    t = threading.Thread(target=run_worker, args=(Collection.open(c.path), new), kwargs={"batch_size": 4, "rate": 6.0})
+    t.start()
+    while t.is_alive():
+        st = backfill_status(c)
+        if st["workers"] and st["done"]:
+            seen.append((st["rate"], st["eta_s"], st["done"], st["total"]))
+        time.sleep(0.05)
+    t.join()
+    assert seen and backfill_status(c)["done"] == 18
+    for rate, eta, done, total in seen:
+        assert 0 < rate <= 6.0 + 1e-9 and (eta is None or eta >= (total - done) / 6.0 - 1e-9), seen

@@ -225,6 +225,21 @@ def test_ray_backfill_pauses_and_stops_at_the_limit_like_the_local_workers(clust
     assert seen[0] == ("ray", 2, 1, "ray")
 
 
+def test_ray_backfill_names_an_unreadable_source_and_commits_the_rest(cluster, tmp_path):
+    """As the local workers: an image file gone since it was added is named in status and left in
+    the old space; everything else is committed."""
+    from nobackfill.lifecycle.backfill_ray import RayOptions, run_ray_worker
+
+    c, new = _upgraded(tmp_path, n_images=8)
+    gone = c.items()[sorted(i for i, it in c.items().items() if it.modality == "image")[2]]
+    Path(gone.source["path"]).unlink()
+    start_backfill(c, new, order="sequential")
+    rep = run_ray_worker(c, lambda: new, options=RayOptions(actors=1), batch_size=4)
+    st = backfill_status(c)
+    assert rep.unreadable == 1 and st["unreadable"] == 1 and list(st["unreadable_items"]) == [gone.id], st
+    assert st["done"] == st["total"] - 1 and st["state"] == "done"
+
+
 def test_engine_ray_through_the_cli_and_post_backfill_start(cluster, tmp_path, monkeypatch):
     from fastapi.testclient import TestClient
     from typer.testing import CliRunner

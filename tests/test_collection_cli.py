@@ -131,3 +131,24 @@ def test_create_names_what_the_model_embeds(tmp_path):
     assert st["spaces"][st["current"]]["modalities"] == ["text"]
     r = invoke("collection", "create", tmp_path / "photos", "--model", MODELS / "world-old")
     assert r.exit_code == 0 and "embeds image, text)" in r.output
+
+
+def test_backfill_names_an_unreadable_image_and_finishes_the_rest(tmp_path):
+    """An image file deleted after it was added: the run commits everything else, exits 0 and says
+    which item it could not read; status says it too (the new tester's case: every run had stopped
+    at that batch)."""
+    r = world_collection(tmp_path, "p", MODELS / "world-old", n_train=4, n_val=4, n_test=6, langs="en")
+    assert r.exit_code == 0, r.output
+    c = tmp_path / "p"
+    r = invoke("collection", "upgrade", c, "--model", MODELS / "world-new", "--bridge", UPGRADE)
+    assert r.exit_code == 0, r.output
+    item = js("collection", "search", c, "--text", "a red circle", "--k", 1, "--target", "image")["hits"][0]
+    path = Path(item["metadata"]["path"])
+    path = path if path.is_absolute() else Path.cwd() / path
+    path.unlink()
+    r = invoke("collection", "backfill", c, "--order", "sequential")
+    assert r.exit_code == 0 and "1 item(s) could not be read" in r.output and item["id"] in r.output, r.output
+    st = js("collection", "status", c)["backfill"]
+    assert st["unreadable"] == 1 and st["done"] == st["total"] - 1 and list(st["unreadable_items"]) == [item["id"]]
+    r = invoke("collection", "status", c)
+    assert "could not be read" in " ".join(r.output.split())

@@ -187,3 +187,5 @@ def print_backfill_run(name: str, st: dict, limit: Optional[int]) -> None:
         return
     stopped = {"limit": f"stopped at --limit {limit}; run again to go on"}.get(st.get("stopped"), st.get("stopped"))
     results.print(f"{head}; {done}" + (f" ({escape(stopped)})" if stopped else ""))
+    if st.get("unreadable") and st.get("note"):  # sources gone or corrupt: named, the rest went on
+        results.print(f"  [yellow]{escape(st['note'])}[/yellow]")

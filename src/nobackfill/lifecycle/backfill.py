@@ -58,9 +58,11 @@ from .backfill_commit import (Session, WorkerReport, _all_shards_done, _finalize
 from .backfill_jobs import (DEFAULT_LEASE_S, JOB_DIR, JOB_FILE, LEASE_DIR, ORDER_FILE, SAMPLE_FILE,  # noqa: F401
                             WORKERS_FILE, BackfillBusy, BackfillError, BackfillJob, _holder, _holder_gone, _iso, _job_lock,
                             _last_worker, _leases, _now, _order_ids, _parse_owner, _read, _release, _renew,
-                            _stopped_workers, _take_shard, _write, backfill_running, describe_holders)
+                            _stopped_workers, _take_shard, _write, backfill_running, describe_holders,
+                            record_unreadable, unreadable_items)
 from .backfill_fit import maybe_fit, sample_first  # noqa: F401
-from .backfill_order import ORDERS, _encode, _held, _pending, _route_failure, _uncertainty_order  # noqa: F401
+from .backfill_order import (ORDERS, _encode, _held, _pending, _route_failure, _uncertainty_order,  # noqa: F401
+                             encode_readable)
 
 __all__ = ["ENGINES", "ORDERS", "BackfillBusy", "BackfillError", "BackfillJob", "BackfillSettingError", "WorkerReport",
            "backfill_running", "backfill_status", "cancel_backfill", "check_run_settings", "describe_holders",
@@ -193,6 +195,9 @@ def backfill_status(collection: Collection) -> dict[str, Any]:
     if mine:
         out["phase"] = job.phase
         out["sample"] = job.sample
+    bad = unreadable_items(collection, job if mine else None)
+    out["unreadable"] = int(bad["count"])
+    out["unreadable_items"] = dict(list(bad["named"].items())[:5])
     if mine and job.state == "running" and done >= total and total:
         out["state"] = "done"
     elif mine and job.state == "running" and not live:
@@ -203,6 +208,11 @@ def backfill_status(collection: Collection) -> dict[str, Any]:
                if last else "")
         out["note"] = (f"no worker is running{why}. Run `nobackfill collection backfill` or POST /v1/backfill/start "
                        "to go on")
+    if bad["count"]:
+        first = ", ".join(f"{i} ({why})" for i, why in list(bad["named"].items())[:3])
+        out["note"] = ((out["note"] + ". ") if out.get("note") else "") + (
+            f"{bad['count']} item(s) could not be read and were left in the old space (first: {first}): restore "
+            "or delete them, then run the backfill again to embed them")
     return out
 
 
@@ -233,9 +243,17 @@ def run_worker(collection: Collection, encoder: Any, *, batch_size: int = 64, ra
                 batch, pos = gather(collection, job, ids, pos, cap)
                 if not batch:
                     continue
-                vecs = _encode(encoder, batch)
+                batch, vecs, bad = encode_readable(encoder, batch)
+                if bad:  # a source gone or corrupt: named in status, served by the old space, tried next run
+                    record_unreadable(collection, job, bad)
+                    rep.unreadable += len(bad)
+                    if not batch:
+                        continue
                 rep.embedded += len(batch)
+                # the pace below keeps the run at ``rate`` on average; before its first wait the time
+                # so far is the embedding alone, which would report a rate far above the cap
                 cur_rate = (rep.committed + len(batch)) / max(_now() - t_start, 1e-6)
+                cur_rate = min(cur_rate, float(rate)) if rate else cur_rate
                 status, n, n_sample = commit_batch(collection, job, s.shard, owner, lease_s, cur_rate, keys_of(batch),
                                                    vecs, [(it.modality, it.key) for it in batch if it.id in sample_ids])
                 if status == "lost":

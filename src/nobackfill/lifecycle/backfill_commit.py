@@ -27,7 +27,7 @@ import numpy as np
 from ..collection.collection import Collection, Item
 from .backfill_jobs import (JOB_DIR, LEASE_DIR, ORDER_FILE, SAMPLE_FILE, WORKERS_FILE, BackfillError, BackfillJob, _iso,
                             _job_lock, _leases, _now, _order_ids, _parse_owner, _read, _release, _renew, _stopped_workers,
-                            _take_shard, _write, describe_holders)
+                            _take_shard, _write, describe_holders, unreadable_items)
 from .backfill_fit import maybe_fit
 from .backfill_order import _held, _pending, _uncertainty_order
 
@@ -49,6 +49,7 @@ class WorkerReport:
 
     committed: int = 0
     batches: int = 0
+    unreadable: int = 0  # items whose sources could not be read (left in the old space, named in status)
     shards: list[int] = field(default_factory=list)
     stopped: str = ""
     embedded: int = 0
@@ -123,7 +124,8 @@ def _sample_complete(collection: Collection, job: BackfillJob) -> bool:
     collection.refresh()
     g = collection.gallery(job.target)
     g.refresh()
-    live = collection.serving(obj.get("ids", []))
+    bad = set(unreadable_items(collection, job)["ids"])  # never committed this run: not waited for
+    live = collection.serving([i for i in obj.get("ids", []) if i not in bad])
     return all(space == job.target for _, space in live.values())
 
 
@@ -151,7 +153,8 @@ def _finish_if_done(collection: Collection) -> None:
     if job is None or job.state != "running" or job.phase != "order":
         return
     if _all_shards_done(collection, job):
-        if not _pending(collection, job.target):
+        bad = set(unreadable_items(collection, job)["ids"])  # tried again by the next run (a new job)
+        if not [it for it in _pending(collection, job.target) if it.id not in bad]:
             job.state = "done"
             job.save(collection)
 

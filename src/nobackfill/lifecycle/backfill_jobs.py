@@ -24,6 +24,9 @@ JOB_FILE = "job.json"
 ORDER_FILE = "order.json"
 SAMPLE_FILE = "sample.json"
 WORKERS_FILE = "workers.json"
+UNREADABLE_FILE = "unreadable.json"
+#: how many unreadable items the document names (all are counted)
+UNREADABLE_NAMED = 50
 LEASE_DIR = "leases"
 DEFAULT_LEASE_S = 30.0
 
@@ -228,3 +231,31 @@ def _release(collection: Collection, shard: int, owner: str) -> None:
     raw, lease = _leases(collection, raw=True).get(shard, (None, None))
     if isinstance(lease, dict) and lease.get("owner") == owner:
         _swap(collection, shard, raw, {**lease, "expires": 0.0, "rate": 0.0})
+
+
+def record_unreadable(collection: Collection, job: "BackfillJob", bad: dict[str, str]) -> None:
+    """Add ``bad`` (id -> why its source could not be read) to this job's unreadable items
+    (``unreadable.json``, counted in full, the first :data:`UNREADABLE_NAMED` named), under the
+    backfill lock; a document of another job (an earlier run) is started afresh."""
+    if not bad:
+        return
+    with _job_lock(collection):
+        obj = _read(collection, UNREADABLE_FILE) or {}
+        if obj.get("epoch") != job.epoch:
+            obj = {"epoch": job.epoch, "ids": [], "count": 0, "named": {}}
+        seen = set(obj["ids"])
+        new = [i for i in bad if i not in seen]
+        obj["ids"] += new
+        obj["count"] = len(obj["ids"])
+        for i in new:
+            if len(obj["named"]) < UNREADABLE_NAMED:
+                obj["named"][i] = bad[i]
+        _write(collection, UNREADABLE_FILE, obj)
+
+
+def unreadable_items(collection: Collection, job: "BackfillJob | None") -> dict[str, Any]:
+    """This job's unreadable items: ``{"ids": [...], "count": n, "named": {id: why}}`` (empty for none)."""
+    obj = _read(collection, UNREADABLE_FILE) if job is not None else None
+    if not obj or obj.get("epoch") != job.epoch:
+        return {"ids": [], "count": 0, "named": {}}
+    return obj

@@ -45,6 +45,28 @@ def _encode(encoder: Any, items: Sequence[Item]) -> dict[str, np.ndarray]:
     return out
 
 
+def encode_readable(encoder: Any, items: Sequence[Item]) -> tuple[list[Item], dict[str, np.ndarray], dict[str, str]]:
+    """:func:`_encode` of the items whose sources can be read: the items kept, their vectors, and
+    the others (id -> why: a source file gone, corrupt...). Where the batch fails, each item is
+    embedded alone to find which (only that batch pays for it)."""
+    try:
+        return list(items), _encode(encoder, items), {}
+    except (OSError, ValueError, SyntaxError):
+        pass
+    keep: list[Item] = []
+    rows: dict[str, list[np.ndarray]] = {"image": [], "text": []}
+    bad: dict[str, str] = {}
+    for it in items:
+        try:
+            v = encode(encoder, it.modality, [it.payload])[0]
+        except (OSError, ValueError, SyntaxError) as e:
+            bad[it.id] = f"{type(e).__name__}: {e}"
+            continue
+        keep.append(it)
+        rows[it.modality].append(v)
+    return keep, {m: np.stack(v) for m, v in rows.items() if v}, bad
+
+
 def _old_vectors(collection: Collection, items: Sequence[Item], target: str) -> dict[str, tuple[str, np.ndarray]]:
     """Each item's vector in the first space other than ``target`` (in serving order) that holds
     its current version: id -> (space, vector)."""
@@ -126,10 +148,22 @@ def _route_failure(collection: Collection, pool: Any, sample: Sequence[Item],
     texts = [it for it in sample if it.modality == "text" and it.metadata.get("image_id") in caps]
     if texts:
         img_ids = sorted({t.metadata["image_id"] for t in texts})
-        res = s.search_batch(images=[Path(items[i].payload) for i in img_ids], k=1, target="text")
-        hit = {i: bool(r.hits) and r.hits[0].id in {c.id for c in caps[i]} for i, r in zip(img_ids, res)}
-        out.update({t.id: float(not hit[t.metadata["image_id"]]) for t in texts})
+        paths = [Path(items[i].payload) for i in img_ids]
+        try:
+            res: list[Any] = s.search_batch(images=paths, k=1, target="text")
+        except (OSError, ValueError, SyntaxError):  # an image file gone or corrupt: its captions go unlabelled
+            res = [_or_none(lambda p=p: s.search_batch(images=[p], k=1, target="text")[0]) for p in paths]
+        hit = {i: bool(r.hits) and r.hits[0].id in {c.id for c in caps[i]} for i, r in zip(img_ids, res) if r is not None}
+        out.update({t.id: float(not hit[t.metadata["image_id"]]) for t in texts if t.metadata["image_id"] in hit})
     return out
+
+
+def _or_none(call: Callable[[], Any]) -> Any:
+    """``call()``, or None where it cannot read its source."""
+    try:
+        return call()
+    except (OSError, ValueError, SyntaxError):
+        return None
 
 
 def _interleave(per_modality: dict[str, list[str]]) -> list[str]:

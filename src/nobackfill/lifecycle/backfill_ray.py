@@ -35,7 +35,8 @@ from ..encoders.base import encode
 from .backfill_commit import (Session, WorkerReport, commit_batch, finish_shard, gather, new_owner, next_shard,
                               shard_ids)
 from .backfill_fit import maybe_fit
-from .backfill_jobs import DEFAULT_LEASE_S, BackfillError, BackfillJob, _job_lock, _leases, _now, _renew, _swap
+from .backfill_jobs import (DEFAULT_LEASE_S, BackfillError, BackfillJob, _job_lock, _leases, _now, _renew, _swap,
+                            record_unreadable)
 
 __all__ = ["RAY_MISSING", "PoolLoader", "RayOptions", "import_ray", "run_ray_worker"]
 
@@ -102,14 +103,20 @@ def _decode(batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     """The CPU stage: each image source read and decoded to RGB pixels (texts: no pixels)."""
     from PIL import Image
 
-    pixels = []
+    pixels, bad = [], []
     for m, src in zip(batch["modality"], batch["src"]):
+        why = ""
         if m == "image":
-            with Image.open(str(src)) as im:
-                pixels.append(np.asarray(im.convert("RGB")))
+            try:
+                with Image.open(str(src)) as im:
+                    pixels.append(np.asarray(im.convert("RGB")))
+            except (OSError, ValueError, SyntaxError) as e:  # a source gone or corrupt: named, not embedded
+                why = f"{type(e).__name__}: cannot read image {src}: {e}"
+                pixels.append(np.zeros((0, 0, 3), np.uint8))
         else:
             pixels.append(np.zeros((0, 0, 3), np.uint8))
-    return {**batch, "pixels": _ragged(pixels)}
+        bad.append(why)
+    return {**batch, "pixels": _ragged(pixels), "bad": np.array(bad, dtype=object)}
 
 
 class _Embed:
@@ -130,7 +137,7 @@ class _Embed:
         mods, n = batch["modality"], len(batch["id"])
         vecs: np.ndarray | None = None
         for m in ("image", "text"):
-            idx = [i for i in range(n) if mods[i] == m]
+            idx = [i for i in range(n) if mods[i] == m and not batch["bad"][i]]
             if not idx:
                 continue
             rows = ([Image.fromarray(np.asarray(batch["pixels"][i], np.uint8)) for i in idx] if m == "image"
@@ -139,7 +146,10 @@ class _Embed:
             if vecs is None:
                 vecs = np.zeros((n, v.shape[1]), np.float32)
             vecs[idx] = v
+        if vecs is None:  # every source of the batch unreadable
+            vecs = np.zeros((n, int(getattr(self.encoder, "embed_dim", 1))), np.float32)
         return {"modality": mods, "key": batch["key"], "sample": batch["sample"], "vec": vecs,
+                "id": batch["id"], "bad": batch["bad"],
                 "pid": np.full(n, os.getpid()), "node": np.array([_node_id()] * n), "rss_mb": np.full(n, _peak_mb())}
 
 
@@ -167,15 +177,19 @@ class _Commit:
 
     def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         mods, keys = batch["modality"], [str(k) for k in batch["key"]]
-        by_mod = {m: [i for i in range(len(keys)) if mods[i] == m] for m in ("image", "text")}
+        bad = {str(batch["id"][i]): str(why) for i, why in enumerate(batch["bad"]) if why}
+        record_unreadable(self.collection, self.job, bad)  # named in status; tried again by the next run
+        ok = [i for i in range(len(keys)) if not batch["bad"][i]]
+        by_mod = {m: [i for i in ok if mods[i] == m] for m in ("image", "text")}
         vecs = {m: np.asarray(batch["vec"][idx], np.float32) for m, idx in by_mod.items() if idx}
-        sample = [(str(mods[i]), keys[i]) for i in range(len(keys)) if batch["sample"][i]]
+        sample = [(str(mods[i]), keys[i]) for i in ok if batch["sample"][i]]
         rate = (self.done + len(keys)) / max(time.time() - self.t0, 1e-6)
-        status, n, n_sample = commit_batch(self.collection, self.job, self.shard, self.owner, self.lease_s, rate,
-                                           {m: [keys[i] for i in idx] for m, idx in by_mod.items()}, vecs, sample)
+        status, n, n_sample = ("ok", 0, 0) if not ok else commit_batch(
+            self.collection, self.job, self.shard, self.owner, self.lease_s, rate,
+            {m: [keys[i] for i in idx] for m, idx in by_mod.items()}, vecs, sample)
         self.done += n
         return {"status": np.array([status]), "committed": np.array([n]), "sample": np.array([n_sample]),
-                "items": np.array([len(keys)]), "embedded_by": np.array([int(batch["pid"][0])]),
+                "items": np.array([len(keys)]), "unreadable": np.array([len(bad)]), "embedded_by": np.array([int(batch["pid"][0])]),
                 "node": np.array([str(batch["node"][0])]), "rss_mb": np.array([float(np.max(batch["rss_mb"]))]),
                 "commit_rss_mb": np.array([_peak_mb()])}
 
@@ -325,6 +339,7 @@ def _run(ray: Any, collection: Collection, load: Callable[[], Any], job: Backfil
                 rep.embedded += int(info["items"])
                 rep.committed += int(info["committed"])
                 rep.sample += int(info["sample"])
+                rep.unreadable += int(info["unreadable"])
                 rep.batches += 1
                 if on_batch is not None:
                     on_batch(info)

@@ -192,11 +192,13 @@ async function refresh() {
     }));
     const bf = st.backfill;
     $("bar-fill").style.width = `${(100 * bf.fraction).toFixed(1)}%`;
-    const state = bf.state === "none" ? "no backfill started" : bf.state;
+    const state = bf.state === "none" ? "no backfill running" : bf.state;
     const text = $("backfill-text");
     text.textContent = `${bf.done} / ${bf.total} items (${(100 * bf.fraction).toFixed(1)}%) · ${state}` +
-      (bf.rate ? ` · ${bf.rate.toFixed(0)} items/s` : "") + (bf.error ? ` · worker failed: ${bf.error}` : "");
-    text.className = bf.error ? "error" : "";
+      (bf.rate ? ` · ${bf.rate.toFixed(0)} items/s` : "") +
+      (bf.unreadable ? ` · ${bf.unreadable} unreadable, left in the old space: ${Object.keys(bf.unreadable_items || {}).join(", ")}` : "") +
+      (bf.error ? ` · worker failed: ${bf.error}` : "");
+    text.className = bf.error ? "error" : bf.unreadable ? "warn" : "";
   } catch (err) {
     if (n !== statusCall) return;
     if (err instanceof ApiError && err.status === 401) {
