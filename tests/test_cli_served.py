@@ -259,3 +259,16 @@ def test_progress_bars_are_drawn_on_stderr(monkeypatch, capsys):
     with progress_bar(True, "uploading things", 3) as advance:
         advance(3)
     assert "uploading things" in err.getvalue() and "uploading things" not in capsys.readouterr().out
+
+
+def test_a_missing_or_wrong_key_names_the_variable_the_command_line_reads(two, monkeypatch):
+    """The server's 401 asks an HTTP client for a header; the command line says where it reads its key."""
+    _, url = two
+    for key in ("wrong-key-0123456789", None):
+        if key is None:
+            monkeypatch.delenv("NOBACKFILL_API_KEY", raising=False)
+        else:
+            monkeypatch.setenv("NOBACKFILL_API_KEY", key)
+        r = run("collection", "status", url)
+        out = " ".join(r.output.split())
+        assert r.exit_code == 2 and "NOBACKFILL_API_KEY" in out and "Authorization: Bearer" not in out, r.output

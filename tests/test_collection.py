@@ -97,10 +97,10 @@ def test_upsert_reembeds_changed_content_and_metadata_only_changes_do_not(tmp_pa
     calls = old.calls
     rep = add_items(c, old, [text_item("first text", id="t1", metadata={"v": 2})], progress=False)
     assert rep.metadata_updated == 1 and old.calls == calls and c.get("t1").metadata["v"] == 2
-    rep = add_items(c, old, [text_item("edited text", id="t1")], progress=False)
-    assert rep.added == 1 and c.get("t1").key != key1
+    rep = add_items(c, old, [text_item("edited text", id="t1"), text_item("another", id="t2")], progress=False)
+    assert rep.added == 2 and rep.replaced == 1 and c.get("t1").key != key1  # the upsert is counted as such
     hits = Searcher(c, pool=pool_with((OLD_REF, old))).search(text="edited text", k=5, target="text").hits
-    assert [h.id for h in hits] == ["t1"] and hits[0].metadata["text"] == "edited text"
+    assert [h.id for h in hits] == ["t1", "t2"] and hits[0].metadata["text"] == "edited text"
 
 
 def test_duplicate_id_with_other_content_is_refused_before_writing(tmp_path):

@@ -27,7 +27,11 @@ def fail(msg: "str | BaseException") -> NoReturn:
     exception is its message: a client's refusal by its detail (no HTTP status: the command line
     speaks in its own words)."""
     if isinstance(msg, BaseException):
+        status = getattr(msg, "status", None)
         msg = getattr(msg, "detail", None) or str(msg)
+        if status in (401, 403):  # a server's key: the command line reads it from the environment
+            msg = msg.replace("(send Authorization: Bearer KEY)", "").rstrip() + \
+                ": the command line sends the key in NOBACKFILL_API_KEY" + (" (an admin key)" if status == 403 else "")
     console.print(f"[red]error:[/red] {escape(msg)}")
     raise typer.Exit(code=2)
 

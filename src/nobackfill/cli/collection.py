@@ -104,7 +104,8 @@ def add(
         return _echo(rep)
     results.print(f"{len(rep.ids)} item(s) read" + (f" ({rep.uncaptioned} images without captions)"
                                                       if rep.uncaptioned else ""))
-    results.print(f"added {rep.added}, already there {rep.unchanged}"
+    results.print(f"added {rep.added}" + (f" (of them {rep.replaced} replacing other content under their ids)"
+                                          if rep.replaced else "") + f", already there {rep.unchanged}"
                   + (f", metadata updated {rep.metadata_updated}" if rep.metadata_updated else "")
                   + (f", vectors found stored (an interrupted run's or a deleted item's; not embedded again) "
                      f"{rep.recovered}" if rep.recovered else "")

@@ -459,8 +459,10 @@ class LocalClient(Client):
 
     @_refusals
     def backfill_cancel(self) -> dict[str, Any]:
-        from ..lifecycle.backfill import cancel_backfill
+        from ..lifecycle.backfill import BackfillError, BackfillJob, cancel_backfill
 
+        if BackfillJob.load(self.collection) is None:  # as pause
+            raise BackfillError(f"no backfill to cancel in {self.collection.path}")
         cancel_backfill(self.collection)
         return self.backfill_status()
 

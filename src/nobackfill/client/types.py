@@ -75,10 +75,12 @@ class ItemInfo(_Result):
 
 @dataclass
 class AddResult(_Result):
-    """What an add did: items embedded and committed, already there, metadata updated, recovered
-    from an interrupted run, skipped (unreadable), and the ids of the items given."""
+    """What an add did: items embedded and committed (of them ``replaced``: new content under an id
+    the collection held, an upsert), already there, metadata updated, recovered from an interrupted
+    run, skipped (unreadable), and the ids of the items given."""
 
     added: int = 0
+    replaced: int = 0
     unchanged: int = 0
     metadata_updated: int = 0
     recovered: int = 0

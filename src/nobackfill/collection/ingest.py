@@ -299,6 +299,7 @@ class AddReport:
     """What :func:`add_items` did."""
 
     added: int = 0  # embedded and committed (new ids, or new content under an existing id)
+    replaced: int = 0  # of ``added``: new content under an id the collection held (an upsert)
     unchanged: int = 0  # already in the collection with the same content and metadata
     metadata_updated: int = 0  # same content, new metadata: no embedding
     recovered: int = 0  # vectors found in the store from an interrupted run: not embedded again
@@ -307,8 +308,8 @@ class AddReport:
     skipped_images: dict[str, str] = field(default_factory=dict)  # image path (as given) -> why
 
     def to_dict(self) -> dict[str, Any]:
-        return {"added": self.added, "unchanged": self.unchanged, "metadata_updated": self.metadata_updated,
-                "recovered": self.recovered, "skipped": self.skipped}
+        return {"added": self.added, "replaced": self.replaced, "unchanged": self.unchanged,
+                "metadata_updated": self.metadata_updated, "recovered": self.recovered, "skipped": self.skipped}
 
 
 def add_items(collection: Collection, encoder: "DualEncoder", items: Sequence[Item], *, chunk_size: int = 256,
@@ -390,6 +391,7 @@ def add_items(collection: Collection, encoder: "DualEncoder", items: Sequence[It
                         collection.put_vectors(current, modality, [it.key for it in chunk], vectors)
                         collection.commit(chunk)  # <- the items become visible here
                         report.added += len(chunk)
+                        report.replaced += sum(it.id in live for it in chunk)
                     committed += 1
                     advance(len(rows[start:start + int(chunk_size)]))
                     if on_commit is not None:

@@ -39,6 +39,8 @@ class SearchResults(_Open):
 
 class AddResult(_Open):
     added: int
+    replaced: int = Field(0, description="Of `added`: new content under an id the collection held (an upsert: "
+                                         "the item was embedded again).")
     unchanged: int
     metadata_updated: int
     recovered: int
@@ -65,6 +67,10 @@ class BackfillStatus(_Open):
     order: Optional[str] = None
     target: Optional[str] = None
     no_source: int = Field(0, description="Items the backfill skips: no source to embed them from.")
+    unreadable: int = Field(0, description="Items whose source this backfill could not read (a file gone or corrupt): "
+                                           "left in the old space, tried again by the next run.")
+    unreadable_items: dict[str, str] = Field(default_factory=dict,
+                                             description="The first unreadable items: {id: why}.")
     workers: int = 0
     rate: float = Field(0.0, description="Items per second, every live worker together.")
     engine: Optional[str] = Field(None, description="Who embeds while workers run: local | ray (| local+ray).")
@@ -112,7 +118,13 @@ class Status(_Open):
     backend: str
     routes: dict[str, Any]
     merge: str
-    calibrated: bool
+    calibrated: bool = Field(..., description="Routes and merge chosen on labelled data (`--calibrate`). Routes "
+                                              "chosen without labels, by an upgrade's fitted bridges, say so in "
+                                              "their own `calibration` (`fitted`).")
+    catalog: Optional[str] = Field(None, description="Where the catalog is kept: sqlite | postgresql.")
+    fitted_bridges: dict[str, Any] = Field(default_factory=dict, description=(
+        "An upgrade without a bridge: the bridges fitted from the backfill's own pairs (serving, fits, next, "
+        "items, enabled; error when a fit failed)."))
     merge_without_labels: bool = Field(False, description="The merge's score maps were fitted without labels, by "
                                                           "the fits of an upgrade without a bridge (on the queries "
                                                           "where the old and the new model agree).")
