@@ -239,6 +239,36 @@ def test_the_two_clients_refuse_alike(client, monkeypatch):
     assert len(up.spaces) == 2 and up.routes
 
 
+def test_the_two_clients_check_arguments_alike(client, world):
+    """What the in-process client refuses as a ClientError, the remote one refuses with the same
+    class and message before anything is sent (no AttributeError or TypeError of its own); a PIL
+    image is a query either way."""
+    from PIL import Image
+
+    c = client
+    with pytest.raises(InvalidRequest, match="filter: a JSON object"):
+        c.search(text="a red circle", filter="x")
+    for k in (None, 2.0, True, "5"):
+        with pytest.raises(InvalidRequest, match=r"k must be an integer between 1 and 1000, got "):
+            c.search(text="a red circle", k=k)
+    with pytest.raises(InvalidRequest, match="k must be an integer"):
+        c.search(image=next((world / "test" / "images").iterdir()), k=None)
+    with pytest.raises(InvalidRequest, match="text must be a string, got int"):
+        c.search(text=5)
+    with pytest.raises(InvalidRequest, match="text is 2001 characters long; at most 2000 are taken"):
+        c.search(text="a" * 2001)
+    for call in (lambda: c.get(5), lambda: c.delete(5)):
+        with pytest.raises(NotFound, match="no item with id 5"):
+            call()
+    path = sorted((world / "test" / "images").iterdir())[0]
+    by_path = [(h.id, round(h.score, 5)) for h in c.search(image=path, k=5).hits]
+    with Image.open(path) as im:
+        assert [(h.id, round(h.score, 5)) for h in c.search(image=im, k=5).hits] == by_path
+        assert [(h.id, round(h.score, 5)) for h in c.search(image=im.convert("L"), k=5).hits]
+    with pytest.raises(InvalidRequest, match="filter"):  # a nested filter's bad value, named as in process
+        c.search(image=path, k=3, filter={"labels": {"colour": object()}})
+
+
 def test_an_unreachable_server_is_one_error():
     c = Client("http://127.0.0.1:9", api_key="k" * 12)
     with pytest.raises(Unreachable) as e:
@@ -323,3 +353,14 @@ def test_the_docs_python_examples_run_as_written(world, tmp_path, monkeypatch):
     exec(compile(_docs_python("upgrade.md", "upgrade"), "docs/upgrade.md", "exec"), second)
     st = second["photos"].status()
     assert st["current"] == second["up"].current != second["old"] and st["backfill"]["done"] == 30
+
+
+def test_a_missing_import_file_is_not_found_in_both_clients(client, world):
+    """A vector file or table that is not there: NotFound (404) in process as over HTTP (before, the
+    in-process client called it an invalid request, 422)."""
+    local = type(client).__name__ == "LocalClient"
+    root = f"{world.parent}/" if local else ""
+    for source, kw in ((f"npy:{root}nope.npy", {"model": str(MODELS / "world-old") if local else "world-old"}),
+                       (f"clip-retrieval:{root}nowhere", {})):
+        with pytest.raises(NotFound, match="nope.npy|nowhere"):
+            client.import_(source, **kw)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import functools
 import json
+import re
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
 
@@ -21,7 +22,10 @@ __all__ = [
     "Item",
     "ItemNotFoundError",
     "JsonRows",
+    "ID_PATTERN",
+    "ID_RULE",
     "MAX_ID_LENGTH",
+    "added_id_problem",
     "id_problem",
     "plain_ids",
     "NotACollectionError",
@@ -73,6 +77,23 @@ def id_problem(item_id: object) -> str | None:
     if len(item_id) > MAX_ID_LENGTH or (not item_id.isprintable() and any(ord(c) < 32 for c in item_id)):
         return f"id {item_id[:40]!r} is longer than {MAX_ID_LENGTH} characters or has control characters"
     return None
+
+
+#: an id an item added through a client may have: one a URL path can name (no '/', '\\' or control
+#: characters, not starting with '.' (no '.' / '..'), '[' or white space, so never blank to Python
+#: or to a JSON schema). Imported and adopted items keep their ids as :func:`id_problem` allows.
+ID_PATTERN = (r"^[^./\\\[\x00-\x20\x7f\x85\xa0\u1680\u2000-\u200a\u2028\u2029\u202f\u205f\u3000\ufeff]"
+              r"[^/\\\x00-\x1f\x7f]*$")
+ID_RULE = (f"1 to {MAX_ID_LENGTH} characters, no '/', '\\' or control characters, not starting with '.', '[' or "
+           "a space")
+
+
+def added_id_problem(item_id: object) -> str | None:
+    """Why ``item_id`` cannot be the id of an item added through a client, in process or over HTTP
+    (:data:`ID_PATTERN`), or None."""
+    if isinstance(item_id, str) and len(item_id) <= MAX_ID_LENGTH and re.search(ID_PATTERN, item_id):
+        return None
+    return f"{item_id!r} is not a valid id ({ID_RULE})"
 
 
 def plain_ids(ids: list) -> bool:

@@ -16,7 +16,7 @@ from ..search.merge import DEFAULT_MERGE
 from .base import Client, check_image_file
 from .errors import ClientError, Conflict, InvalidRequest, NotFound, as_client_error
 from .types import AddResult, ImportResult, ItemInfo, SearchHit, SearchResults, UpgradeResult
-from .upload import given_items, load_calibration, one_source, read_files
+from .upload import check_ids, given_items, load_calibration, one_source, read_files
 
 __all__ = ["LocalClient"]
 
@@ -128,6 +128,7 @@ class LocalClient(Client):
             items, read = read_files(folder, split, text_file, langs, skip_bad)
         else:
             items, read = given_items(texts, images, ids, self.limits.check_text), FolderItems(items=[])
+        check_ids(items)  # the ids the HTTP API can name: one rule for both clients
         try:
             rep = add_items(self.collection, self.encoder(), items, chunk_size=chunk_size, skip_bad=skip_bad,
                             progress=progress, wait=wait, before_embed=before_embed)

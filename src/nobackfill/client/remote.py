@@ -4,6 +4,7 @@ an import's files, calibration data) are relative to the roots the server was st
 
 from __future__ import annotations
 
+import io
 import json
 import time
 from pathlib import Path
@@ -16,10 +17,7 @@ from .errors import (AlreadyExists, InvalidRequest, NotFound, ServerError, Unrea
                      backfill_refused, error_for)
 from .types import AddResult, ImportResult, ItemInfo, SearchResults, UpgradeResult
 
-__all__ = ["ID_HEADER", "RemoteClient"]
-
-#: the part header that names an uploaded image's item id
-ID_HEADER = "X-Item-Id"
+__all__ = ["RemoteClient"]
 
 
 class RemoteClient(Client):
@@ -85,13 +83,12 @@ class RemoteClient(Client):
             return AddResult()
         try:
             if rows is not None:
-                items, read = given_items(texts, images, ids), None
+                items, read = given_items(texts, images, ids, self._server_limits().check_text), None
             else:
                 items, read = read_files(folder, split, text_file, langs, skip_bad)
         except (OSError, ValueError) as e:
             raise as_client_error(e) or e
-        out = upload_items(self._call, items, self.limits(), chunk_size=chunk_size, progress=progress,
-                           id_header=ID_HEADER)
+        out = upload_items(self._call, items, self.limits(), chunk_size=chunk_size, progress=progress)
         if read is not None:
             out.skipped += read.skipped
             out.problems = list(read.problems) + out.problems
@@ -156,23 +153,50 @@ class RemoteClient(Client):
                           backfill=True)
 
     # ------------------------------------------------------------------ reads
-    def search(self, *, text: str | None = None, image: str | Path | bytes | None = None, k: int = 10,
-               target: str | None = None, filter: Mapping[str, Any] | None = None,
-               merge: str | None = None) -> SearchResults:
+    def search(self, *, text: str | None = None, image: Any = None, k: int = 10, target: str | None = None,
+               filter: Mapping[str, Any] | None = None, merge: str | None = None) -> SearchResults:
+        """As in process, and refused alike before anything is sent (the text, the image's file,
+        ``k``, ``filter``); ``image``: a path, bytes or a PIL image (sent as PNG)."""
         if (text is None) == (image is None):
             raise InvalidRequest(422, "give exactly one of text= or image=", "text")
         if text is not None:
-            body: dict[str, Any] = {"text": text, "k": k, "target": target, "filter": _flat(filter) if filter else filter,
-                                    "merge": merge}
+            self._check("check_text", text, "text")
+        check_image_file(image)
+        k, flt = self._check("check_k", k, "k"), _filter(filter)
+        if text is not None:
+            body: dict[str, Any] = {"text": text, "k": k, "target": target, "filter": flt, "merge": merge}
             return SearchResults.from_dict(self._call("POST", "/v1/search", json={k_: v for k_, v in body.items()
                                                                                   if v is not None}))
         if merge is not None:
             raise InvalidRequest(422, "merge is taken with a text query only", "merge")
-        check_image_file(image)
-        data = Path(image).read_bytes() if not isinstance(image, bytes) else image
         form = {"k": str(k), **({"target": target} if target else {}),
-                **({"filter": json.dumps(_flat(filter), ensure_ascii=False)} if filter else {})}
-        return SearchResults.from_dict(self._call("POST", "/v1/search", files={"image": ("query.png", data)}, data=form))
+                **({"filter": json.dumps(flt, ensure_ascii=False)} if flt else {})}
+        files = {"image": ("query.png", _image_bytes(image))}
+        return SearchResults.from_dict(self._call("POST", "/v1/search", files=files, data=form))
+
+    def _check(self, check: str, value: Any, field: str) -> Any:
+        """``value`` passed by ``Limits.<check>`` as in process: the default limits first, and where
+        they refuse it the server's own (read then); InvalidRequest naming ``field``."""
+        from ..search.limits import Limits
+
+        try:
+            return getattr(Limits(), check)(value)
+        except ValueError:
+            pass
+        try:
+            return getattr(self._server_limits(), check)(value)
+        except ValueError as e:
+            raise InvalidRequest(422, str(e), field) from None
+
+    def _server_limits(self) -> Any:
+        """The server's limits as a :class:`~nobackfill.search.limits.Limits`, which checks an
+        argument as the in-process client does."""
+        import dataclasses
+
+        from ..search.limits import Limits
+
+        known = {f.name for f in dataclasses.fields(Limits)}
+        return Limits(**{k: v for k, v in self.limits().items() if k in known})
 
     def get(self, item_id: str) -> ItemInfo:
         return ItemInfo.from_dict(self._call("GET", f"/v1/items/{_segment(item_id)}"))
@@ -280,20 +304,42 @@ def _str(p: str | Path | None) -> str | None:
     return None if p is None else str(p)
 
 
-def _segment(item_id: str) -> str:
-    """An item id as one URL path segment (every reserved character escaped: '?', '#', '%'...)."""
+def _segment(item_id: Any) -> str:
+    """An item id as one URL path segment (every reserved character escaped: '?', '#', '%'...);
+    NotFound for what is no string, as in process (no item has such an id)."""
     from urllib.parse import quote
 
+    if not isinstance(item_id, str):
+        raise NotFound(404, f"no item with id {item_id!r}", "id")
     return quote(item_id, safe="")
 
 
-def _flat(flt: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
-    """A filter with nested objects as dotted keys (``{"labels": {"colour": "red"}}`` ->
-    ``{"labels.colour": "red"}``): the form of an image search takes flat objects only."""
-    out: dict[str, Any] = {}
-    for key, value in flt.items():
-        if isinstance(value, Mapping):
-            out.update(_flat(value, f"{prefix}{key}."))
-        else:
-            out[f"{prefix}{key}"] = value
-    return out
+def _filter(flt: Any) -> dict[str, Any] | None:
+    """A search's metadata filter checked as in process, nested objects as dotted keys
+    (``{"labels": {"colour": "red"}}`` -> ``{"labels.colour": "red"}``: the form of an image search
+    takes flat objects only); InvalidRequest naming ``filter``."""
+    from ..search.filters import check_filter
+
+    try:
+        return check_filter(flt)
+    except ValueError as e:
+        raise InvalidRequest(422, str(e), "filter") from None
+
+
+def _image_bytes(image: Any) -> bytes:
+    """An image query's bytes: a file's, bytes as given, a PIL image as PNG."""
+    if isinstance(image, (bytes, bytearray)):
+        return bytes(image)
+    if isinstance(image, (str, Path)):
+        return Path(image).read_bytes()
+    from PIL import Image
+
+    if not isinstance(image, Image.Image):
+        raise InvalidRequest(422, f"image: a path, bytes or a PIL image, got {type(image).__name__}", "image")
+    buf = io.BytesIO()
+    try:
+        image.save(buf, format="PNG")
+    except (OSError, ValueError):  # a mode PNG does not store (CMYK...)
+        buf = io.BytesIO()
+        image.convert("RGB").save(buf, format="PNG")
+    return buf.getvalue()

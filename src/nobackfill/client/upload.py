@@ -1,18 +1,33 @@
 """What ``add`` reads from files, the same in process and over HTTP: a data folder (or a world
 root's split) and a text file are read on the caller's machine into items with the ids an add
-gives them; over HTTP those items are then uploaded (images as their bytes under their ids,
-captions with their ids and metadata) in requests within the server's limits, and the answers
-summed into one :class:`~nobackfill.client.types.AddResult`."""
+gives them; over HTTP those items are then uploaded (images as their bytes with their ids and
+metadata in part headers, captions with their ids and metadata) in requests within the server's
+limits, every id checked against the server's rule first, and the answers summed into one
+:class:`~nobackfill.client.types.AddResult`."""
 
 from __future__ import annotations
 
+import json
+import re
+from dataclasses import fields
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-from .errors import InvalidRequest
+from ..catalog.items import ID_PATTERN, ID_RULE, added_id_problem
+from .errors import ClientError, InvalidRequest
 from .types import AddResult
 
-__all__ = ["given_items", "load_calibration", "one_source", "read_files", "upload_items"]
+__all__ = ["ID_HEADER", "ID_PATTERN", "ID_RULE", "MAX_METADATA_BYTES", "METADATA_HEADER", "RESERVED_METADATA",
+           "added_id_problem", "check_ids", "given_items", "load_calibration", "one_source", "read_files", "upload_items"]
+
+#: the part headers of an uploaded image (multipart ``POST /v1/items``): its item id, and its
+#: metadata as a JSON object (ASCII: part headers are no place for other bytes)
+ID_HEADER, METADATA_HEADER = "X-Item-Id", "X-Item-Metadata"
+#: the longest ``X-Item-Metadata`` header (its JSON, in bytes): what the server's multipart parser
+#: takes in one header line (python-multipart: 4,224 bytes, the header's name included)
+MAX_METADATA_BYTES = 4096
+#: metadata keys an uploaded image cannot carry: the server sets them (``path``: where it keeps the file)
+RESERVED_METADATA = ("path", "id", "sha256")
 
 
 def one_source(texts: Any, images: Any, folder: Any = None, text_file: Any = None) -> None:
@@ -70,10 +85,12 @@ def _text_row(it: Any) -> dict[str, Any]:
 
 
 def upload_items(call: Callable[..., Any], items: Sequence[Any], limits: dict[str, Any], *, chunk_size: int = 256,
-                 progress: bool = False, id_header: str = "X-Item-Id") -> AddResult:
+                 progress: bool = False) -> AddResult:
     """Add ``items`` read here through ``call`` (a :class:`~.remote.RemoteClient`'s request):
     images first (the captions name them), each request at most ``chunk_size`` items, the server's
-    ``max_batch`` and, for images, half its body limit. Returns the answers summed."""
+    ``max_batch`` and, for images, half its body limit. Every id and image metadata is checked
+    before the first request; a request refused later names its item as an index of the call
+    (``texts[280]``, not ``items[24]`` of its request). Returns the answers summed."""
     from ..progress import progress_bar
 
     per = max(1, min(int(chunk_size), int(limits.get("max_batch") or chunk_size)))
@@ -81,34 +98,91 @@ def upload_items(call: Callable[..., Any], items: Sequence[Any], limits: dict[st
     out = AddResult()
     images = [it for it in items if it.modality == "image"]
     texts = [it for it in items if it.modality == "text"]
+    check_ids(items)
+    headers = [_image_headers(it, f"images[{n}]") for n, it in enumerate(images)]
     with progress_bar(progress, "uploading", len(items)) as advance:
-        batch: list[tuple[Any, bytes]] = []
+        batch: list[tuple[int, bytes]] = []
 
         def flush() -> None:
-            files = [("images", (Path(it.source["path"]).name, data, "application/octet-stream", {id_header: it.id}))
-                     for it, data in batch]
-            _sum(out, call("POST", "/v1/items", files=files))
+            files = [("images", (Path(images[n].source["path"]).name, data, "application/octet-stream", headers[n]))
+                     for n, data in batch]
+            _sum(out, _request(call, "images", "images", batch[0][0], batch[0][0], files=files))
             advance(len(batch))
             batch.clear()
 
-        for it in images:
+        def size(n: int, data: bytes) -> int:
+            return len(data) + len(headers[n].get(METADATA_HEADER, ""))
+
+        for n, it in enumerate(images):
             data = Path(it.source["path"]).read_bytes()
-            if batch and (len(batch) >= per or sum(len(b) for _, b in batch) + len(data) > body):
+            if batch and (len(batch) >= per or sum(size(*b) for b in batch) + size(n, data) > body):
                 flush()
-            batch.append((it, data))
+            batch.append((n, data))
         if batch:
             flush()
         for start in range(0, len(texts), per):
             rows = [_text_row(it) for it in texts[start:start + per]]
-            _sum(out, call("POST", "/v1/items", json={"items": rows}))
+            _sum(out, _request(call, "items", "texts", start, len(images) + start, json={"items": rows}))
             advance(len(rows))
     out.ids = [it.id for it in items]
     return out
 
 
+def check_ids(items: Sequence[Any]) -> None:
+    """:class:`~.errors.InvalidRequest` naming the first item (``images[n]`` / ``texts[n]``: its place
+    among the items of its modality) whose id is not one an added item may have
+    (:func:`~nobackfill.catalog.items.added_id_problem`: one the HTTP API can name), before anything
+    is added, in process and over HTTP alike."""
+    for name, modality in (("images", "image"), ("texts", "text")):
+        for n, it in enumerate(x for x in items if x.modality == modality):
+            if (problem := added_id_problem(it.id)) is not None:
+                raise InvalidRequest(422, f"{name}[{n}].id: {problem}; nothing was added", f"{name}[{n}].id")
+
+
+def _image_headers(it: Any, at: str) -> dict[str, str]:
+    """The part headers of an image item: its id, and its metadata but what the server sets
+    (:data:`RESERVED_METADATA`) as ASCII JSON; InvalidRequest naming ``at`` for metadata that is
+    no JSON or is over :data:`MAX_METADATA_BYTES`."""
+    out = {ID_HEADER: it.id}
+    meta = {k: v for k, v in it.metadata.items() if k not in RESERVED_METADATA}
+    if meta:
+        try:
+            text = json.dumps(meta, ensure_ascii=True, allow_nan=False, separators=(",", ":"), default=_plain)
+        except (TypeError, ValueError) as e:
+            raise InvalidRequest(422, f"{at}: its metadata is not a JSON object of JSON values ({e})", at) from None
+        if len(text) > MAX_METADATA_BYTES:
+            raise InvalidRequest(422, f"{at}: its metadata is {len(text)} bytes as JSON, at most "
+                                      f"{MAX_METADATA_BYTES} are taken", at)
+        out[METADATA_HEADER] = text
+    return out
+
+
+def _plain(value: Any) -> Any:
+    """A numpy value as the JSON value it holds (as the catalog writes it in process)."""
+    if hasattr(value, "tolist"):
+        return value.tolist()
+    raise TypeError(f"{type(value).__name__} is not JSON")
+
+
+def _request(call: Callable[..., Any], part: str, name: str, start: int, done: int, **kw: Any) -> dict[str, Any]:
+    """One ``POST /v1/items`` of the items ``name[start:]``; a refusal naming ``part[j]`` of this
+    request is raised naming ``name[start + j]`` of the call, and says how many items of the call
+    (``done``) were stored before it."""
+    try:
+        return call("POST", "/v1/items", **kw)
+    except ClientError as e:
+        def in_call(text: str) -> str:
+            return re.sub(rf"\b{part}\[(\d+)\]", lambda m: f"{name}[{start + int(m.group(1))}]", text)
+
+        stored = f" (the {done} items of this call sent before it are stored)" if done else ""
+        raise type(e)(e.status, in_call(e.detail) + stored, e.field and in_call(e.field)) from None
+
+
 def _sum(out: AddResult, answer: dict[str, Any]) -> None:
-    for k in ("added", "unchanged", "metadata_updated", "recovered", "skipped"):
-        setattr(out, k, getattr(out, k) + int(answer.get(k, 0)))
+    """``out`` plus one request's answer: each count of :class:`AddResult` it holds, its problems."""
+    for f in fields(out):
+        if isinstance(getattr(out, f.name), int) and isinstance(answer.get(f.name), int):
+            setattr(out, f.name, getattr(out, f.name) + answer[f.name])
     out.problems += list(answer.get("problems", []))
 
 

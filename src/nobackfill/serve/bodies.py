@@ -20,11 +20,13 @@ from fastapi import Request
 from starlette.datastructures import UploadFile
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from ..client.upload import MAX_METADATA_BYTES, METADATA_HEADER, RESERVED_METADATA, added_id_problem
 from .errors import ApiError, error_response, validation_error
-from .schema import FILTER_FIELD, ID_HEADER, ID_PATTERN, MAX_ID
+from .schema import FILTER_FIELD, ID_HEADER
 
 __all__ = ["LimitsAndMetrics", "check_parts", "content_type", "decode_image", "form", "form_filter", "form_int",
-           "form_json", "json_body", "keep_upload", "parse_json", "part_id", "read_form", "thumbnail_png"]
+           "form_json", "json_body", "keep_upload", "parse_json", "part_id", "part_metadata", "read_form",
+           "thumbnail_png"]
 
 
 # ----------------------------------------------------------------------------- content types, JSON
@@ -139,10 +141,32 @@ def part_id(part: UploadFile, i: int) -> str | None:
         own = own.encode("latin-1").decode("utf-8")
     except UnicodeError:
         pass
-    if not own or len(own) > MAX_ID or not re.search(ID_PATTERN, own):
-        raise ApiError(422, f"images[{i}]: {ID_HEADER} {own!r} is not a valid id (1 to {MAX_ID} characters, no "
-                            "'/', '\\' or control characters, not starting with '.', '[' or a space)", f"images[{i}]")
+    if (problem := added_id_problem(own)) is not None:
+        raise ApiError(422, f"images[{i}]: {ID_HEADER} {problem}", f"images[{i}]")
     return own
+
+
+def part_metadata(part: UploadFile, i: int) -> dict[str, Any]:
+    """The metadata an image part carries in its ``X-Item-Metadata`` header: a JSON object (strict
+    UTF-8 JSON of at most :data:`MAX_METADATA_BYTES` bytes) without the keys the server sets
+    (:data:`RESERVED_METADATA`); 422 naming the part."""
+    raw = part.headers.get(METADATA_HEADER)
+    if raw is None:
+        return {}
+    at, data = f"images[{i}]", raw.encode("latin-1")  # the header's bytes, as they came
+    if len(data) > MAX_METADATA_BYTES:
+        raise ApiError(422, f"{at}: {METADATA_HEADER} is {len(data)} bytes, at most {MAX_METADATA_BYTES}", at)
+    try:
+        meta = parse_json(data)
+    except ApiError:
+        raise ApiError(422, f"{at}: {METADATA_HEADER} is not valid JSON", at) from None
+    if not isinstance(meta, dict):
+        raise ApiError(422, f"{at}: {METADATA_HEADER} must be a JSON object, got {json.dumps(meta)[:40]}", at)
+    reserved = [k for k in RESERVED_METADATA if k in meta]
+    if reserved:
+        raise ApiError(422, f"{at}: {METADATA_HEADER} may not hold {', '.join(map(repr, reserved))} (the server "
+                            f"sets them; an id goes in {ID_HEADER})", at)
+    return meta
 
 
 def form_int(value: Any, field: str, lo: int, hi: int) -> int:

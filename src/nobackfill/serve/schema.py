@@ -14,14 +14,15 @@ from typing import Annotated, Any, Literal, Optional
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, WithJsonSchema
 
-from ..client.remote import ID_HEADER
+from ..client.upload import ID_HEADER, ID_PATTERN, MAX_METADATA_BYTES, METADATA_HEADER, RESERVED_METADATA
 from ..collection.collection import MAX_ID_LENGTH
 from ..search.filters import MAX_FILTER_KEYS, MAX_FILTER_VALUES
 
 from .responses import (AddResult, BackfillStatus, Deleted, Health, Hit, ImportResult, IndexBuilds, ItemOut,
                         Retired, Routes, SearchResults, SpaceStatus, Status, UpgradeResult, VerifyReport)
 
-__all__ = ["ERROR_STATUSES", "FILTER_FIELD", "ID_HEADER", "ID_PATTERN", "IMAGE_TYPES", "NONBLANK", "REL_PATH",
+__all__ = ["ERROR_STATUSES", "FILTER_FIELD", "ID_HEADER", "ID_PATTERN", "IMAGE_TYPES", "METADATA_HEADER", "NONBLANK",
+           "REL_PATH",
            "BackfillRequest", "CalibrateRequest", "ErrorBody", "ImportRequest", "RequestModels", "RetireRequest",
            "RouteRequest", "UpgradeRequest", "VerifyRequest", "any_request_errors", "errors", "finish_openapi",
            "form_encodings", "item_links", "json_or_form", "request_models",
@@ -33,10 +34,6 @@ __all__ = ["ERROR_STATUSES", "FILTER_FIELD", "ID_HEADER", "ID_PATTERN", "IMAGE_T
 #: expressions (ECMA-262 ``\s``) nor to Python (``str.isspace``, what ``strip`` removes): the same
 #: texts are blank to the schema, to its validators and to the service
 NONBLANK = r"[^\t\n\x0b\x0c\r \x1c-\x1f\x85\xa0\u1680\u2000-\u200a\u2028\u2029\u202f\u205f\u3000\ufeff]"
-#: an item id a client can name in a URL path: no '/', '\\' or control characters, and not starting
-#: with '.' (no '.' / '..'), '[' or white space (so it is never blank, to Python or to the schema)
-ID_PATTERN = (r"^[^./\\\[\x00-\x20\x7f\x85\xa0\u1680\u2000-\u200a\u2028\u2029\u202f\u205f\u3000\ufeff]"
-              r"[^/\\\x00-\x1f\x7f]*$")
 #: a path relative to a root: segments of letters, digits, '_', '-', '+', '.' (at most 255), none
 #: starting with '.'
 REL_PATH = r"^[A-Za-z0-9_][A-Za-z0-9_.+\-]{0,254}(/[A-Za-z0-9_][A-Za-z0-9_.+\-]{0,254})*$"
@@ -46,7 +43,6 @@ MAX_ID = MAX_ID_LENGTH  # the collection's own limit
 #: the image types a part may be declared as (the server reads any image Pillow decodes, whatever
 #: the part's Content-Type says)
 IMAGE_TYPES = "image/png, image/jpeg, image/gif, image/webp, image/tiff, image/bmp"
-#: the item id header of an image part (multipart ``POST /v1/items``)
 
 # A JSON object as a form field (``filter`` of an image search): flat, its values scalars or lists
 # of scalars (dotted keys reach nested metadata). A regular language, so the schema's pattern is
@@ -106,8 +102,15 @@ def form_encodings() -> dict[str, dict[str, Any]]:
     """The ``encoding`` of the multipart bodies: what each part carries."""
     item_id = {"description": "The image's item id (default: one from its content).", "required": False,
                "schema": {"type": "string", "minLength": 1, "maxLength": MAX_ID, "pattern": ID_PATTERN}}
+    metadata = {"description": f"The image's metadata: a JSON object of at most {MAX_METADATA_BYTES} bytes (UTF-8; "
+                               "ASCII, other characters escaped as \\uXXXX, is safest in a header), without the "
+                               f"keys the server sets ({', '.join(RESERVED_METADATA)}); kept as the item's metadata, "
+                               "which a search's filter reads (default: none; `filename` is the part's unless it "
+                               "names one).",
+                "required": False, "schema": {"type": "string", "maxLength": MAX_METADATA_BYTES}}
     return {"SearchByImage": {"image": {"contentType": IMAGE_TYPES}},
-            "AddImages": {"images": {"contentType": IMAGE_TYPES, "headers": {ID_HEADER: item_id}}}}
+            "AddImages": {"images": {"contentType": IMAGE_TYPES,
+                                     "headers": {ID_HEADER: item_id, METADATA_HEADER: metadata}}}}
 
 
 _FILTER_SCALAR = [{"type": "string"}, {"type": "number"}, {"type": "boolean"}, {"type": "null"}]
@@ -181,7 +184,11 @@ def request_models(max_k: int, max_caption: int, max_batch: int, max_image_bytes
         "properties": {
             "images": {"type": "array", "minItems": 1, "maxItems": max_batch, "items": image_part,
                        "description": f"The images, one file part each; a part's `{ID_HEADER}` header gives "
-                                      "its item's id (default: one from the image's content)."},
+                                      "its item's id (default: one from the image's content), its "
+                                      f"`{METADATA_HEADER}` header the item's metadata as a JSON object (at most "
+                                      f"{MAX_METADATA_BYTES} bytes; not "
+                                      f"{', '.join(f'`{k}`' for k in RESERVED_METADATA)}, which the server sets; "
+                                      "`filename` defaults to the part's)."},
         }}
     return RequestModels(SearchRequest, TextItem, AddTexts, search_form, add_form)
 

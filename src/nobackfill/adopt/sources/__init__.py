@@ -69,10 +69,10 @@ from __future__ import annotations
 # with a table), faiss_reader (faiss indexes) and entry (open_source). A constant is looked up in the
 # module that uses it: patch it there.
 from .clip_retrieval import ClipRetrievalSource
-from .common import FAISS_EXACT, NORM_TOLERANCE, ImportBatch, SourceError
+from .common import FAISS_EXACT, NORM_TOLERANCE, ImportBatch, SourceError, SourceNotFound
 from .entry import open_source
 from .import_source import ImportSource, _SeenIds
 from .table_source import TableSource
 
-__all__ = ["FAISS_EXACT", "NORM_TOLERANCE", "ImportBatch", "ImportSource", "SourceError", "open_source",
-           "ClipRetrievalSource", "TableSource", "_SeenIds"]
+__all__ = ["FAISS_EXACT", "NORM_TOLERANCE", "ImportBatch", "ImportSource", "SourceError", "SourceNotFound",
+           "open_source", "ClipRetrievalSource", "TableSource", "_SeenIds"]

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from ...collection.ingest import text_id
-from .common import SourceError
+from .common import SourceError, SourceNotFound
 from .import_source import ImportSource
 from .items import _chunk_metas, _Items, _Layer, _own_ids, _Segment, _text, source_metadata
 from .tables import _Chunk, _ParquetTable
@@ -82,7 +82,7 @@ def _clip_retrieval(root: Path, *, id_column: str | None, images_root: str | Pat
                     expect_dim: int | None, batch_rows: int,
                     metadata_columns: Sequence[str] | None = None) -> ClipRetrievalSource:
     if not root.is_dir():
-        raise SourceError("clip-retrieval folder not found", root)
+        raise SourceNotFound("clip-retrieval folder not found", root)
     found: dict[str, dict[str, Path]] = {"img_emb": {}, "text_emb": {}, "metadata": {}}
     for sub, ext in (("img_emb", ".npy"), ("text_emb", ".npy"), ("metadata", ".parquet")):
         d = root / sub

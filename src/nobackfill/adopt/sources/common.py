@@ -31,6 +31,10 @@ class SourceError(ValueError):
         super().__init__(f"{head}: {message}" if head else message)
 
 
+class SourceNotFound(SourceError, FileNotFoundError):
+    """A source's file or folder that is not there (a client's ``NotFound``, 404, as any missing file)."""
+
+
 @dataclass
 class ImportBatch:
     """Consecutive items of a source (rows ``row0`` .. ``row_end - 1``; a row whose derived id

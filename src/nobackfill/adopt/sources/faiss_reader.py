@@ -8,7 +8,7 @@ from typing import Any
 
 import numpy as np
 
-from .common import _MODALITIES, FAISS_EXACT, SourceError
+from .common import _MODALITIES, FAISS_EXACT, SourceError, SourceNotFound
 from .items import _Layer, _Segment
 from .table_source import _source_notes, _table_columns, TableSource
 from .tables import _open_table, _Table
@@ -91,7 +91,7 @@ def _faiss_source(path: Path, *, table: str | Path | None, id_column: str | None
     import faiss
 
     if not path.is_file():
-        raise SourceError("faiss index not found", path)
+        raise SourceNotFound("faiss index not found", path)
     try:
         index = faiss.read_index(str(path))
     except RuntimeError as e:

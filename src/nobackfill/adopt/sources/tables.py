@@ -10,7 +10,7 @@ from typing import Any, Iterator, Sequence
 
 import numpy as np
 
-from .common import SourceError
+from .common import SourceError, SourceNotFound
 
 
 class _Chunk:
@@ -148,7 +148,7 @@ class _LineTable(_Table):
         self.path, self.kind = path, kind
         self._delimiter = "\t" if path.suffix.lower() == ".tsv" else ","
         if not path.is_file():
-            raise SourceError("table not found", path)
+            raise SourceNotFound("table not found", path)
         if kind == "jsonl":
             count, first = 0, None
             with open(path, "rb") as fh:
@@ -216,7 +216,7 @@ def _open_table(path: str | Path) -> _Table:
     p = Path(path)
     suffix = p.suffix.lower()
     if not p.is_file():
-        raise SourceError("table not found", p)
+        raise SourceNotFound("table not found", p)
     if suffix in (".parquet", ".pq"):
         return _ParquetTable(p)
     if suffix in (".jsonl", ".ndjson"):

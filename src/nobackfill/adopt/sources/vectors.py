@@ -8,7 +8,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .common import _SCAN_ROWS, NORM_TOLERANCE, SourceError
+from .common import _SCAN_ROWS, NORM_TOLERANCE, SourceError, SourceNotFound
 
 
 #: a row whose norm is this close to 1 is unit to float32 rounding: :func:`_unit` keeps it as it is
@@ -107,7 +107,7 @@ def _mapping_of(arr: np.ndarray) -> tuple["mmap.mmap | None", int]:
 
 def _load_npy(path: Path) -> _ArrayVectors:
     if not path.is_file():
-        raise SourceError("vector file not found", path)
+        raise SourceNotFound("vector file not found", path)
     try:
         arr = np.load(path, mmap_mode="r", allow_pickle=False)
     except (ValueError, OSError) as e:
@@ -117,7 +117,7 @@ def _load_npy(path: Path) -> _ArrayVectors:
 
 def _load_npz(path: Path, key: str | None) -> _ArrayVectors:
     if not path.is_file():
-        raise SourceError("vector file not found", path)
+        raise SourceNotFound("vector file not found", path)
     try:
         with np.load(path, allow_pickle=False) as z:
             keys = list(z.files)

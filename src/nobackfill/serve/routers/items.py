@@ -10,7 +10,7 @@ from fastapi import APIRouter, Depends, Query, Request
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import Response
 
-from ..bodies import content_type, decode_image, form, json_body, keep_upload, part_id, thumbnail_png
+from ..bodies import content_type, decode_image, form, json_body, keep_upload, part_id, part_metadata, thumbnail_png
 from ..deps import admin, get_limits, get_service, reader
 from ..errors import ApiError
 from ..schema import AddResult, Deleted, ItemOut, errors, item_links, json_or_form
@@ -22,7 +22,8 @@ __all__ = ["router"]
 router = APIRouter(prefix="/v1/items")
 
 
-@router.post("", summary="Add texts (JSON) or images (multipart: file parts 'images', ids in X-Item-Id)",
+@router.post("", summary="Add texts (JSON) or images (multipart: file parts 'images', ids in X-Item-Id, metadata "
+                          "in X-Item-Metadata)",
              response_model=AddResult, openapi_extra=json_or_form("AddTexts", "AddImages"),
              responses={200: {"links": item_links("$response.body#/ids/0")},
                         **errors(400, 401, 403, 409, 413, 415, 422)})
@@ -33,29 +34,32 @@ async def add(request: Request, _r: str = Depends(admin), svc: Service = Depends
         files = parts.getlist("images")
         try:
             ids = [part_id(f, i) for i, f in enumerate(files)]
+            metas = [part_metadata(f, i) for i, f in enumerate(files)]
             uploads = [(await f.read(), f.filename or "") for f in files]
         finally:
             await parts.close()
-        return await run_in_threadpool(_add_images, svc, lim, uploads, ids)
+        return await run_in_threadpool(_add_images, svc, lim, uploads, ids, metas)
     req = await json_body(request, svc.models.add_texts)
     texts = [{**(it.model_extra or {}), "text": it.text, "id": it.id} for it in req.items]
     return await run_in_threadpool(_add_items, svc, texts)
 
 
-def _add_images(svc: Service, lim: Limits, uploads: list[tuple[bytes, str]], ids: list[str | None]) -> dict[str, Any]:
+def _add_images(svc: Service, lim: Limits, uploads: list[tuple[bytes, str]], ids: list[str | None],
+                metas: list[dict[str, Any]]) -> dict[str, Any]:
     """Every image decoded before any is kept; the files this request stored are removed again
-    if its commit does not happen (a failed request changes nothing stored)."""
+    if its commit does not happen (a failed request changes nothing stored). An image's metadata is
+    its part's, with the server's ``path`` (the kept file) and ``filename`` where it has none."""
     for i, (data, _name) in enumerate(uploads):
         decode_image(data, lim, f"images[{i}]")
     with svc.upload_lock:  # no other request sees (or removes) a file between its write and commit
         created: list[Path] = []
         try:
             images = []
-            for (data, name), own in zip(uploads, ids):
+            for (data, name), own, meta in zip(uploads, ids, metas):
                 path, digest, new = keep_upload(svc.uploads, data)
                 if new:
                     created.append(path)
-                images.append({"path": path, "id": own, "sha256": digest, "filename": name})
+                images.append({"filename": name, **meta, "path": path, "id": own, "sha256": digest})
             return _add_items(svc, images=images)
         except BaseException:
             for path in created:
