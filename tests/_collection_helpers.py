@@ -104,6 +104,23 @@ def make_folder(root: Path, n_images: int = 6, captions_per_image: int = 2, extr
     return root
 
 
+def upgraded_collection(root: Path, n_images: int = 6, captions: int = 2, uri: str | Path | None = None):
+    """A collection of a :func:`make_folder` under ``root`` (at ``uri``, default ``root / "c"``),
+    embedded by the old hash model and upgraded to the new one through a Procrustes bridge (nothing
+    backfilled): ``(collection, old, new, pool, data folder)``."""
+    from nobackfill.collection.collection import Collection
+    from nobackfill.collection.ingest import add_items, folder_items
+    from nobackfill.lifecycle.plan_changes import upgrade_collection
+
+    old, new, w = related_pair()
+    pool = pool_with((OLD_REF, old), (NEW_REF, new))
+    data = make_folder(root / "data", n_images=n_images, captions_per_image=captions)
+    c = Collection.create(uri or root / "c", space_id=old.space_id, dim=old.embed_dim, model=OLD_REF, name="old")
+    add_items(c, old, folder_items(data).items, progress=False)
+    upgrade_collection(c, NEW_REF, bridges=[write_procrustes_upgrade(root / "up", w, new, old)], pool=pool)
+    return c, old, new, pool, data
+
+
 def pool_with(*pairs) -> "object":
     """A ModelPool pre-loaded with ``(ref, encoder)`` pairs."""
     from nobackfill.search import ModelPool

@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from _collection_helpers import NEW_REF, OLD_REF, make_folder, pool_with, related_pair, write_procrustes_upgrade
+from _collection_helpers import NEW_REF, OLD_REF, make_folder, pool_with, related_pair, upgraded_collection
 from nobackfill.collection.collection import Collection
 from nobackfill.collection.ingest import add_items, folder_items, text_item
 from nobackfill.search import Searcher
@@ -29,14 +29,7 @@ from nobackfill.lifecycle.plan_changes import UpgradeRefused, upgrade_collection
 
 
 def _upgraded(tmp_path: Path, n_images: int = 6, captions: int = 2):
-    old, new, w = related_pair()
-    pool = pool_with((OLD_REF, old), (NEW_REF, new))
-    data = make_folder(tmp_path / "data", n_images=n_images, captions_per_image=captions)
-    c = Collection.create(tmp_path / "c", space_id=old.space_id, dim=old.embed_dim, model=OLD_REF, name="old")
-    add_items(c, old, folder_items(data).items, progress=False)
-    up = write_procrustes_upgrade(tmp_path / "up", w, new, old)
-    upgrade_collection(c, NEW_REF, bridges=[up], pool=pool)
-    return c, old, new, pool, data
+    return upgraded_collection(tmp_path, n_images, captions)
 
 
 def test_sequential_backfill_moves_every_item_and_search_answers_natively(tmp_path):

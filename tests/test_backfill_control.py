@@ -9,12 +9,10 @@ import pytest
 pytest.importorskip("fastapi")
 from fastapi.testclient import TestClient  # noqa: E402
 
-from _collection_helpers import NEW_REF, OLD_REF, make_folder, pool_with, related_pair, write_procrustes_upgrade  # noqa: E402
+from _collection_helpers import upgraded_collection  # noqa: E402
 from nobackfill.client import Client, ClientError  # noqa: E402
 from nobackfill.collection.collection import Collection  # noqa: E402
-from nobackfill.collection.ingest import add_items, folder_items  # noqa: E402
 from nobackfill.lifecycle.backfill import BackfillJob  # noqa: E402
-from nobackfill.lifecycle.plan_changes import upgrade_collection  # noqa: E402
 from nobackfill.serve import KeyRing, ServeSettings, create_app  # noqa: E402
 
 ADMIN = "admin-key-0123456789"
@@ -22,12 +20,7 @@ ADMIN = "admin-key-0123456789"
 
 @pytest.fixture
 def upgraded(tmp_path):
-    old, new, w = related_pair()
-    data = make_folder(tmp_path / "data", n_images=4, captions_per_image=1)
-    c = Collection.create(tmp_path / "c", space_id=old.space_id, dim=old.embed_dim, model=OLD_REF, name="old")
-    add_items(c, old, folder_items(data).items, progress=False)
-    pool = pool_with((OLD_REF, old), (NEW_REF, new))
-    upgrade_collection(c, NEW_REF, bridges=[write_procrustes_upgrade(tmp_path / "up", w, new, old)], pool=pool)
+    c, _old, _new, pool, _data = upgraded_collection(tmp_path, n_images=4, captions=1)
     return c, pool
 
 

@@ -16,16 +16,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from _collection_helpers import (NEW_REF, OLD_REF, make_folder, milvus_server_location, pool_with, related_pair,
-                                write_procrustes_upgrade)
+from _collection_helpers import NEW_REF, OLD_REF, milvus_server_location, pool_with, related_pair, upgraded_collection
 from nobackfill.bench.backfill_engine import Delayed, FaultInjector, current_vectors
 from nobackfill.collection.collection import Collection
-from nobackfill.collection.ingest import add_items, folder_items
 from nobackfill.lifecycle.backfill import backfill_status, pause_backfill, run_backfill, start_backfill
 from nobackfill.lifecycle.backfill_commit import FAILPOINT_ENV, WorkerReport, claim_shard, commit_batch, gather, keys_of
 from nobackfill.lifecycle.backfill_jobs import BackfillJob
 from nobackfill.lifecycle.backfill_order import _encode
-from nobackfill.lifecycle.plan_changes import upgrade_collection
 
 TESTS = Path(__file__).parent
 SRC = TESTS.parent / "src"
@@ -33,12 +30,7 @@ TOKENS = 2  # commits crashed by the fail-point per armed run
 
 
 def _upgraded(root: Path, n_images: int = 6, captions: int = 2, uri: str | None = None):
-    old, new, w = related_pair()
-    pool = pool_with((OLD_REF, old), (NEW_REF, new))
-    data = make_folder(root / "data", n_images=n_images, captions_per_image=captions)
-    c = Collection.create(uri or root / "c", space_id=old.space_id, dim=old.embed_dim, model=OLD_REF, name="old")
-    add_items(c, old, folder_items(data).items, progress=False)
-    upgrade_collection(c, NEW_REF, bridges=[write_procrustes_upgrade(root / "up", w, new, old)], pool=pool)
+    c, _old, new, _pool, _data = upgraded_collection(root, n_images, captions, uri)
     return c, new
 
 
