@@ -140,8 +140,8 @@ def run_faults(server: ServerProcess, collection: Path, trials: int, log: Callab
             th = threading.Thread(target=ingest, daemon=True)
             th.start()
         else:
-            try:
-                admin.backfill_start(order="random", rate=200)
+            try:  # the last trial paused it: resume (a plain start refuses a paused backfill)
+                admin.backfill_resume(order="random", rate=200)
             except ClientError:
                 pass
         time.sleep(float(rng.uniform(0.3, 1.5)))
@@ -163,7 +163,7 @@ def run_faults(server: ServerProcess, collection: Path, trials: int, log: Callab
                 out["duplicated"] += len(keys) - len(set(keys))
         if during == "backfill":
             admin = Client(server.url, ADMIN_KEY, timeout=30)
-            admin.backfill_start(order="random", rate=200)
+            admin.backfill_resume(order="random", rate=200)
             time.sleep(1.5)
             admin.backfill_pause()
             after = backfill_status(Collection.open(collection))
