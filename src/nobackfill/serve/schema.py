@@ -239,9 +239,9 @@ class UpgradeRequest(BaseModel):
                                                           "when no bridge is given).")
     queries: list[Annotated[str, Field(max_length=300)]] = Field(
         default_factory=list, max_length=2000, description="Example search texts (no labels, at most 300 "
-                                                           "characters each) the fitted bridges "
-                                                           "for text queries are scored on: the only text queries "
-                                                           "of a collection of images alone.")
+                                                           "characters each; blank ones and repeats are left out) "
+                                                           "the fitted bridges for text queries are scored on: the "
+                                                           "only text queries of a collection of images alone.")
     fit_sample: Optional[FitSample] = Field(None, description="The first sample of a backfill that fits bridges.")
 
 
