@@ -56,8 +56,8 @@ from .backfill_commit import (Session, WorkerReport, _all_shards_done, _finalize
                               hand_back, keys_of, new_owner, next_shard, shard_ids)
 # the job store's and the orders' names stay importable from here (tests and other modules do)
 from .backfill_jobs import (DEFAULT_LEASE_S, JOB_DIR, JOB_FILE, LEASE_DIR, ORDER_FILE, SAMPLE_FILE,  # noqa: F401
-                            WORKERS_FILE, BackfillBusy, BackfillError, BackfillJob, _holder, _holder_gone, _iso, _job_lock,
-                            _last_worker, _leases, _now, _order_ids, _parse_owner, _read, _release, _renew,
+                            UNREADABLE_FILE, WORKERS_FILE, BackfillBusy, BackfillError, BackfillJob, _holder,
+                            _holder_gone, _iso, _job_lock, _last_worker, _leases, _now, _order_ids, _parse_owner, _read, _release, _renew,
                             _stopped_workers, _take_shard, _write, backfill_running, describe_holders,
                             record_unreadable, unreadable_items)
 from .backfill_fit import maybe_fit, sample_first  # noqa: F401
@@ -153,7 +153,8 @@ def cancel_backfill(collection: Collection) -> None:
     """Forget the backfill job (its order and leases); committed vectors stay and are served."""
     with _job_lock(collection):
         for name in [f"{JOB_DIR}/{JOB_FILE}", f"{JOB_DIR}/{ORDER_FILE}", f"{JOB_DIR}/{SAMPLE_FILE}",
-                     f"{JOB_DIR}/{WORKERS_FILE}", *collection.catalog.list_docs(f"{JOB_DIR}/{LEASE_DIR}/")]:
+                     f"{JOB_DIR}/{WORKERS_FILE}", f"{JOB_DIR}/{UNREADABLE_FILE}",
+                     *collection.catalog.list_docs(f"{JOB_DIR}/{LEASE_DIR}/")]:
             collection.catalog.delete_doc(name)
 
 
