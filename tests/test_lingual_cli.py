@@ -106,6 +106,25 @@ def test_cli_errors_are_clear(m30k, tmp_path):
     assert r.exit_code == 2 and "method" in r.output
 
 
+def test_cli_learn_never_writes_over_its_model_or_a_folder_with_files(m30k, tmp_path):
+    """--out equal to --model would have replaced the starting model's weights (its recipe left
+    describing another model); a folder of models would have got loose model files. Both refused
+    before anything is read, the files unchanged."""
+    root, _, model = m30k
+    before = {p.name: p.read_bytes() for p in model.iterdir() if p.is_file()}
+    full = tmp_path / "full"
+    full.mkdir()
+    (full / "other-model").mkdir()
+    (tmp_path / "afile").write_text("x")
+    for out, says in ((model, "is the model this command starts from"), (full, "holds files already (other-model)"),
+                      (tmp_path / "afile", "is a file")):
+        r = runner.invoke(_app(), ["lingual", "learn", "--model", str(model), "--tasks", "en,de", "--data", str(root),
+                                   "--out", str(out), "--steps", "2"])
+        assert r.exit_code == 2 and says in " ".join(r.output.split()), r.output
+    assert {p.name: p.read_bytes() for p in model.iterdir() if p.is_file()} == before
+    assert [p.name for p in full.iterdir()] == ["other-model"]
+
+
 def test_cli_learn_and_eval_on_world_keeps_images(world, tmp_path):
     from nobackfill.encoders import load_encoder
     from nobackfill.evaluate import load_eval_data

@@ -168,6 +168,27 @@ def test_loop_toy_method(tmp_path) -> None:
         train(_Quadratic(nan_at=2), _Batches(), cfg, tmp_path / "nan", progress=False)
 
 
+def test_a_checkpoint_of_other_settings_is_refused_and_a_rerun_log_starts_afresh(tmp_path, capsys) -> None:
+    """Resuming with another seed or lr would train on with the old ones (the optimiser's state)
+    while the new ones were recorded: refused, naming them. Same settings: resumed, and said so.
+    A finished output trained again logs its own run only."""
+    from nobackfill.train.loop import ResumeMismatch
+
+    cfg = LoopConfig(steps=8, lr=0.1, warmup=2, log_every=2, checkpoint_every=4, weight_decay=0.0)
+    train(_Quadratic(), _Batches(), cfg, tmp_path / "a", progress=False)
+    assert _log_steps(tmp_path / "a") == [2, 4, 6, 8]
+    train(_Quadratic(), _Batches(), cfg, tmp_path / "a", progress=False)  # no checkpoint left: from step 0
+    assert _log_steps(tmp_path / "a") == [2, 4, 6, 8]  # not appended to the first run's
+    other = dataclasses.replace(cfg, seed=3, lr=0.5)
+    with pytest.raises(FloatingPointError):  # a run of other settings stopped after its checkpoint at step 4
+        train(_Quadratic(nan_at=5), _Batches(), other, tmp_path / "b", progress=False)
+    with pytest.raises(ResumeMismatch, match=r"with lr 0.5 \(now 0.1\), seed 3 \(now 0\)"):
+        train(_Quadratic(), _Batches(), cfg, tmp_path / "b", progress=False)
+    logs = dataclasses.replace(other, log_every=1)  # how often it logs does not change what is trained
+    res = train(_Quadratic(), _Batches(), logs, tmp_path / "b", progress=True)
+    assert res.steps == 8 and "from step 4 of 8" in capsys.readouterr().err
+
+
 # ----------------------------------------------------------------------------- train_preset
 def test_train_preset_writes_model_dir(reference, setup) -> None:
     enc = load_encoder(reference)

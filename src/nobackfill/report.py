@@ -6,10 +6,11 @@ from __future__ import annotations
 import base64
 import html
 import io
+import math
 import os
 import re
 from pathlib import Path
-from typing import Sequence
+from typing import Any, Sequence
 
 import numpy as np
 
@@ -152,6 +153,20 @@ def write_html(path: str | Path, title: str, sections: Sequence[tuple[str, str]]
     return path
 
 
+def json_finite(obj: Any) -> Any:
+    """``obj`` with every float that is not finite (NaN: an undefined metric, such as AC of one
+    model) as None, so the JSON written is strict (``null``) and any parser reads it."""
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else None
+    if isinstance(obj, dict):
+        return {k: json_finite(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [json_finite(v) for v in obj]
+    if hasattr(obj, "dtype") and getattr(obj, "ndim", None) == 0:  # a numpy scalar
+        return json_finite(obj.item())
+    return obj
+
+
 def write_json_and_markdown(result: dict, json_path: str | Path, markdown: str) -> str:
     """Write ``result`` as JSON (atomically) and ``markdown`` beside it (``.md``); returns the markdown."""
     import json
@@ -159,7 +174,7 @@ def write_json_and_markdown(result: dict, json_path: str | Path, markdown: str) 
     p = Path(json_path)
     p.parent.mkdir(parents=True, exist_ok=True)
     tmp = p.with_name(p.name + ".tmp")
-    tmp.write_text(json.dumps(result, indent=2, default=float))
+    tmp.write_text(json.dumps(json_finite(result), indent=2, default=float, allow_nan=False))
     os.replace(tmp, p)
     p.with_suffix(".md").write_text(markdown)
     return markdown

@@ -30,6 +30,18 @@ class _Root(TyperGroup):
     def parse_args(self, ctx, args):
         return super().parse_args(ctx, normalise_json_args(list(args)))
 
+    def invoke(self, ctx):
+        """Run the command; an output path of the wrong kind (a folder where a file goes, a file
+        where a folder goes, a file that is there already) is one line, exit 2, not a traceback."""
+        try:
+            return super().invoke(ctx)
+        except (FileExistsError, IsADirectoryError, NotADirectoryError) as e:
+            from ._common import fail
+
+            what = {FileExistsError: "is there already", IsADirectoryError: "is a folder, not a file",
+                    NotADirectoryError: "is a file, not a folder"}[type(e)]
+            fail(f"{e.filename}: {what} ({e.strerror or e})" if e.filename else str(e))
+
 
 app = typer.Typer(cls=_Root, add_completion=False, no_args_is_help=True,
                   help="Cross-modal retrieval whose embedding model improves without re-embedding the gallery.")

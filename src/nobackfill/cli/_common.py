@@ -11,6 +11,8 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
+from ..report import json_finite
+
 if TYPE_CHECKING:
     from ..bench.runner import Report
 
@@ -71,13 +73,30 @@ def report_skipped(count: int, images: Any = (), problems: Any = (), root: Optio
         console.print(f"  ... and {len(lines) - limit} more skipped line(s)")
 
 
+def check_new_output(out: Path, *, sources: tuple = ()) -> None:
+    """Exit 2 (one line) unless ``out`` can take a new model: not one of ``sources`` (what the command
+    reads: its starting model), and not a file or a folder that holds files already (another model,
+    a folder of models). Checked before anything is read or trained, so nothing is overwritten."""
+    for src in sources:
+        if src is not None and Path(src).exists() and out.exists() and Path(src).resolve() == out.resolve():
+            fail(f"--out {out}: is the model this command starts from; give another folder")
+    if out.exists() and not out.is_dir():
+        fail(f"--out {out}: is a file; give a folder")
+    if out.is_dir() and any(out.iterdir()):
+        names = sorted(p.name for p in out.iterdir())
+        fail(f"--out {out}: holds files already ({', '.join(names[:4])}{', ...' if len(names) > 4 else ''}); "
+             "give a new or empty folder (or remove it first)")
+
+
 def write_json(path: Optional[Path], obj: dict) -> None:
     """Write ``obj`` to ``path`` atomically (nothing when ``path`` is None) and say so."""
     if path is None:
         return
+    if path.is_dir():
+        fail(f"{path}: is a folder; --out takes the path of a .json file")
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(obj, indent=2))
+    tmp.write_text(json.dumps(json_finite(obj), indent=2, allow_nan=False))
     tmp.replace(path)
     console.print(f"wrote {path}")
 

@@ -8,7 +8,7 @@ from typing import List, Optional
 
 import typer
 
-from ._common import (_bench, config_option, console, emit_json, fail, json_flag, multi30k_default,
+from ._common import (_bench, check_new_output, config_option, console, emit_json, fail, json_flag, multi30k_default,
                       resolve_config, results, set_option, show_config_option, write_json)
 
 
@@ -101,6 +101,7 @@ def learn(
         "oracle_vocab": oracle_vocab, "steps": steps, "batch_size": batch_size, "lr": lr,
         "task_vocab_size": vocab_size, "seed": seed, "threads": threads})
     torch.set_num_threads(cfg.threads)
+    check_new_output(out, sources=(model,))
     try:
         langs = _split_langs(tasks)
         enc, saved = _load_model(model)

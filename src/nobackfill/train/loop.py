@@ -12,6 +12,7 @@ import json
 import math
 import os
 import random
+import sys
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -167,6 +168,28 @@ class TrainResult:
     stopped_early: bool = False
 
 
+#: loop settings that do not change what is trained (a resume may change them)
+_RESUME_FREE = ("threads", "log_every")
+
+
+class ResumeMismatch(ValueError):
+    """A checkpoint written by a run with other loop settings than this one's."""
+
+
+def check_resume(path: Path, saved: dict[str, Any] | None, cfg: LoopConfig) -> None:
+    """:class:`ResumeMismatch` naming each setting where the run that wrote the checkpoint ``path``
+    (``saved``: its loop config) and this one differ: resuming would train on with the old ones
+    (the optimiser's state, the schedule) while the new ones were recorded."""
+    if saved is None:
+        return
+    now = asdict(cfg)
+    diff = [f"{k} {saved[k]!r} (now {now[k]!r})" for k in now if k in saved and k not in _RESUME_FREE
+            and saved[k] != now[k]]
+    if diff:
+        raise ResumeMismatch(f"{path} was written by a run with {', '.join(diff)}: rerun with its settings to "
+                             f"resume it, or give another --out (or delete {path.name} to start afresh)")
+
+
 def train(method: Method, batches: BatchSource, cfg: LoopConfig, out: str | Path,
           evaluate: Callable[[], dict[str, float]] | None = None, progress: bool = True,
           export: bool = True) -> TrainResult:
@@ -192,6 +215,7 @@ def train(method: Method, batches: BatchSource, cfg: LoopConfig, out: str | Path
     es: dict = {"best": None, "step": None, "bad": 0, "state": None, "stopped": False}
     if ckpt_path.is_file():
         state = torch.load(ckpt_path, weights_only=False)
+        check_resume(ckpt_path, state.get("config"), cfg)
         method.load_state_dict(state["method"])
         opt.load_state_dict(state["optimizer"])
         start, history, elapsed = state["step"], state["history"], state["elapsed"]
@@ -203,6 +227,11 @@ def train(method: Method, batches: BatchSource, cfg: LoopConfig, out: str | Path
         tmp_log = log_path.with_name(log_path.name + ".tmp")
         tmp_log.write_text("".join(json.dumps(r) + "\n" for r in history))
         os.replace(tmp_log, log_path)
+        if progress:
+            print(f"resuming {method.name} in {out} from step {start} of {cfg.steps} (its checkpoint)",
+                  file=sys.stderr)
+    elif log_path.exists():  # a finished run's output trained again from step 0: its log starts afresh
+        log_path.unlink()
     t0 = time.time() - elapsed
     last = float("nan")
     method.train_mode(True)
