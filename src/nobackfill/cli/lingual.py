@@ -76,7 +76,7 @@ def learn(
                                                 help="One vocabulary over all tasks' corpora (Table 3, setting 7)."),
     steps: Optional[int] = typer.Option(None, help="Optimiser steps per language."),
     batch_size: Optional[int] = typer.Option(None, help="Batch size (paper: 128)."),
-    lr: Optional[float] = typer.Option(None, help="Learning rate (constant after 10%% warm-up); the default was "
+    lr: Optional[float] = typer.Option(None, help="Learning rate (constant after 10% warm-up); the default was "
                                                   "chosen for TEIR on Multi30K val and world val."),
     vocab_size: Optional[int] = typer.Option(None, help="Per-task vocabulary size (paper: 10K)."),
     train_lines: Optional[int] = typer.Option(None, help="Multi30K: train on the first N task-1 lines."),
