@@ -71,3 +71,26 @@ def test_compat_train_cli_cnn_from_pixels(tmp_path):
     bad = CliRunner().invoke(app, ["compat", "train", "--method", "cores", "--cache-dir", str(tmp_path),
                                    *[a if a != "pixels" else "image8+pixels" for a in TINY]])
     assert bad.exit_code == 2 and "cannot be joined" in bad.output
+
+
+def test_compat_train_cli_checks_option_types_and_ranges(tmp_path):
+    """A bad --option value is one error line (exit 2) before anything is loaded or written (trial F #6)."""
+    import pytest
+
+    cases = {"influence_weight=abc": "bct: option influence_weight: expected float, got 'abc'",
+             "influence_weight=-1": "bct: option influence_weight: must be a finite number >= 0, got -1",
+             "influence_weight=NaN": "bct: option influence_weight: must be a finite number >= 0",
+             "lr_scale=0": "bct: option lr_scale: must be a finite number > 0",
+             "init_from_previous=3": "bct: option init_from_previous: expected bool"}
+    for item, message in cases.items():
+        out, cache = tmp_path / "out", tmp_path / "cache"
+        r = CliRunner().invoke(app, ["compat", "train", "--method", "bct", "--steps", "2", "--option", item,
+                                     "--out", str(out), "--cache-dir", str(cache), *TINY])
+        assert r.exit_code == 2, r.output
+        assert r.output.startswith(f"error: {message}") and len(r.output.strip().splitlines()) == 1, r.output
+        assert not out.exists() and not cache.exists()
+    from nobackfill.compat.learning import create_method
+
+    with pytest.raises(ValueError, match="option ce_weight: must be a finite number >= 0 and <= 1"):
+        create_method("dsimplex-hoc", ce_weight=1.5)
+    assert create_method("bct", influence_weight=2).cfg.influence_weight == 2.0

@@ -61,7 +61,7 @@ SIZES: dict[str, list[str]] = {
     "compat train": ["--epochs", "0", "--train-steps", "2", "--n-render-train", "900", "--n-render-eval", "600",
                      "--n-train-classes", "8"],
     "late train": ["--steps", "2", "--batch-size", "4"],
-    "reco train": ["--steps", "2", "--batch-size", "8"],
+    "reco train": ["--steps", "2", "--batch-size", "8", "--k", "2"],  # the sandbox world's memory: a few images
     "bench reco": ["--memory-size", "40", "--steps", "2", "--set", "k_sweep=[1, 2]", "--set", "batch_size=8",
                    "--set", "eval_every=2", "--set", "latency_queries=2", "--set", "calibration_scenes=4"],
 }
@@ -294,9 +294,6 @@ def test_the_methods_run_as_written(sandbox):
     sandbox.link_shipped(cmds)
     sandbox.run(WORLD)
     sandbox.run(GALLERY)
-    # the pair folder bench reco caches (seed 0, English, train split only), at a tiny size
-    sandbox.run("nobackfill world --out runs/cache/reco/world-s0-train20000-en --langs en --n-train 16 --n-val 0 "
-                "--n-test 0 --workers 1", sizes=False)
     for c in cmds:
         sandbox.run(c)
     assert len(cmds) >= 18, [c.where for c in cmds]

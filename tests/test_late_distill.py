@@ -118,6 +118,31 @@ def test_late_train_cli_with_swap_twins(tiny) -> None:
     assert recipe["swap_twins"] is True and recipe["kind"] == "cmli" and recipe["steps"] == 2
 
 
+def test_late_train_cli_passes_the_whole_loop_config(tiny) -> None:
+    """``--set loop.*`` reaches the loop (weights change) and the recipe records it (trial F #3)."""
+    from safetensors.torch import load_file
+
+    from _late_helpers import invoke, tiny_world
+
+    root, tok, teacher = tiny
+    world = tiny_world(root, n_val=2, n_test=2)
+    teacher.save(root / "teacher-model")
+    common = ("late", "train", "--kind", "global", "--world", world, "--preset", root / "student.toml",
+              "--teacher", root / "teacher-model", "--steps", 3, "--batch-size", 6)
+    runs = {"plain": (), "wd": ("--set", "loop.weight_decay=0.9", "--set", "loop.grad_clip=0.001",
+                                "--set", "loop.schedule=constant", "--set", "loop.checkpoint_every=2")}
+    for name, extra in runs.items():
+        r = invoke(*common, "--out", root / f"loop-{name}", *extra)
+        assert r.exit_code == 0, r.output
+    plain, wd = (json.loads((root / f"loop-{n}" / "recipe.json").read_text())["loop"] for n in runs)
+    assert (plain["weight_decay"], plain["grad_clip"], plain["schedule"]) == (0.05, 1.0, "cosine")
+    assert plain["checkpoint_every"] == 100 and plain["log_every"] == 3  # the late defaults, as before
+    assert (wd["weight_decay"], wd["grad_clip"], wd["schedule"], wd["checkpoint_every"]) == (0.9, 0.001,
+                                                                                            "constant", 2)
+    a, b = (load_file(str(root / f"loop-{n}" / "model.safetensors")) for n in runs)
+    assert any(not torch.equal(a[k], b[k]) for k in a)
+
+
 def test_kd_needs_matching_patch_grid(tiny) -> None:
     from nobackfill.encoders import create_model, get_preset
     from nobackfill.late.distill import TargetCMLIDistillation

@@ -139,3 +139,29 @@ def test_bench_reco_tiny(setup, tmp_path):
 def test_bench_reco_rejects_unknown_label_set(tmp_path):
     r = runner.invoke(app, ["bench", "reco", "--label-set", "size_shape", "--json", str(tmp_path / "r.json")])
     assert r.exit_code != 0 and "size_colour_texture" in r.output and not (tmp_path / "r.json").exists()
+
+
+def _shown_config(args: list[str]) -> dict:
+    return json.loads(invoke(*args, "--show-config").stdout)
+
+
+def test_train_prints_effective_values_and_records_a_rerunnable_command(setup, tmp_path):
+    """The summary line has no None and ``recipe.command`` reruns to the same config (trial F #4)."""
+    import shlex
+
+    out = tmp_path / "r4"
+    args = ["reco", "train", "--memory", str(setup["mem"]), "--out", str(out), "--steps", "3", "--batch-size", "8",
+            "--val", str(setup["world"]), "--model", str(setup["model"]), "--set", "loop.weight_decay=0.1",
+            "--set", "loop.eval_every=2"]
+    r = invoke(*args)
+    line = r.output.replace("\n", " ")
+    assert "None" not in line and "k=10, uni search, cross fusion, transformer" in line
+    command = json.loads((out / "reco.json").read_text())["recipe"]["command"]
+    assert "None" not in command
+    rerun = shlex.split(command)
+    assert rerun[:3] == ["nobackfill", "reco", "train"]
+    for opt in ("--val", "--model", "--batch-size", "--steps", "--k"):
+        assert opt in rerun
+    assert _shown_config(rerun[1:]) == _shown_config(args)
+    r = runner.invoke(app, rerun[1:] + ["--out", str(tmp_path / "r5")])  # it really runs (the last --out wins)
+    assert r.exit_code == 0, r.output

@@ -50,7 +50,9 @@ def read_mapping(path: str | Path) -> dict:
     raise ConfigError(f"{path}: unknown config format (use .toml, .yaml or .yml)")
 
 
-def _coerce(tp: Any, value: Any, where: str) -> Any:
+def coerce(tp: Any, value: Any, where: str) -> Any:
+    """``value`` as type ``tp`` (a config field's type: numbers, strings, bools, Optional, Literal,
+    lists, nested dataclasses); a ConfigError naming ``where`` when it is not one."""
     origin = typing.get_origin(tp)
     args = typing.get_args(tp)
     if tp is Any:
@@ -67,7 +69,7 @@ def _coerce(tp: Any, value: Any, where: str) -> Any:
             if a is type(None):
                 continue
             try:
-                return _coerce(a, value, where)
+                return coerce(a, value, where)
             except ConfigError as e:
                 errors.append(str(e))
         raise ConfigError(errors[0] if errors else f"{where}: bad value {value!r}")
@@ -77,7 +79,7 @@ def _coerce(tp: Any, value: Any, where: str) -> Any:
         if not isinstance(value, (list, tuple)):
             raise ConfigError(f"{where}: expected a list, got {value!r}")
         inner = args[0] if args else Any
-        items = [_coerce(inner, v, f"{where}[{i}]") for i, v in enumerate(value)]
+        items = [coerce(inner, v, f"{where}[{i}]") for i, v in enumerate(value)]
         return tuple(items) if origin is tuple else items
     if origin is dict:
         if not isinstance(value, dict):
@@ -106,7 +108,7 @@ def from_dict(cls: type[T], data: dict, source: str = "<config>") -> T:
     unknown = sorted(set(data) - names)
     if unknown:
         raise ConfigError(f"{source}: unknown field(s) {unknown} for {cls.__name__}; known: {sorted(names)}")
-    kwargs = {k: _coerce(hints[k], v, f"{source}: field '{k}'") for k, v in data.items()}
+    kwargs = {k: coerce(hints[k], v, f"{source}: field '{k}'") for k, v in data.items()}
     try:
         return cls(**kwargs)
     except (TypeError, ValueError) as e:

@@ -8,6 +8,7 @@ from typing import List, Optional
 
 import typer
 
+from ..report import json_finite
 from ._common import _bench, config_option, console, fail, json_flag, resolve_config, set_option, show_config_option
 
 
@@ -98,6 +99,7 @@ def train_cmd(
     and the flips between consecutive models."""
     from ..report import text_table
     from ..compat.learning.data import load_class_data
+    from ..compat.learning.registry import check_options
     from ..compat.learning.sequence import MethodRunConfig, run_method
 
     try:
@@ -107,6 +109,7 @@ def train_cmd(
             "data": _data_flags(backbone, split, n_render_train, n_render_eval, n_train_classes, cache_dir,
                                 step_backbones),
             "options": _parse_options(option)})
+        check_options(method, cfg.options)  # before anything is loaded, trained or written
         data = load_class_data(cfg.data)
         result = run_method(method, data, cfg.sequence, out, options=cfg.options, log=lambda m: console.print(m))
     except (ValueError, FileNotFoundError) as e:
@@ -122,7 +125,7 @@ def train_cmd(
         typer.echo(f"NFR classification {100 * f['classification']['NFR']:.2f}% (relative "
                    f"{f['classification']['rel_NFR']:.2f}), retrieval top-1 {100 * f['retrieval']['NFR']:.2f}%")
     out.mkdir(parents=True, exist_ok=True)
-    (out / "result.json").write_text(json.dumps(result, indent=2, default=str))
+    (out / "result.json").write_text(json.dumps(json_finite(result), indent=2, default=str))  # NaN: null
     console.print(f"wrote {out / 'result.json'}")
 
 

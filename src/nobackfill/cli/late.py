@@ -57,10 +57,9 @@ def late_train(
         t = load_encoder(teacher)
         loop = cfg.loop
         kd = dataclasses.replace(cfg.kd, seed=loop.seed) if cfg.kind == "kd" else None
-        _, r = train_world_method(cfg.kind, out, spec, t.tokenizer, preset=cfg.preset, steps=loop.steps,
-                                  batch_size=cfg.batch_size, lr=loop.lr, warmup=loop.warmup, seed=loop.seed,
-                                  threads=loop.threads, cmli=cfg.cmli, kd=kd, teacher=t if cfg.kind == "kd" else None,
-                                  swap_twins=cfg.swap_twins, progress=True)
+        _, r = train_world_method(cfg.kind, out, spec, t.tokenizer, preset=cfg.preset, batch_size=cfg.batch_size,
+                                  cmli=cfg.cmli, kd=kd, teacher=t if cfg.kind == "kd" else None,
+                                  swap_twins=cfg.swap_twins, progress=True, loop=loop)
     except (ValueError, FileNotFoundError) as e:
         fail(str(e))
     results.print(f"trained {cfg.kind} model {out} in {r.seconds:.0f}s (last loss {r.last_loss:.3f})")

@@ -2,17 +2,21 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
-from typing import List, Optional
+from typing import TYPE_CHECKING, List, Optional
 
 import typer
 
-from ._common import report_skipped, results, skip_bad_hint
+from ._common import command_line, report_skipped, results, skip_bad_hint
 from ._common import (_bench, config_option, fail, json_flag, langs_option, resolve_config, set_option,
                       show_config_option)
 
 
 from ..data.labels import LABEL_SETS
+
+if TYPE_CHECKING:
+    from ..reco.train import RecoTrainConfig
 
 reco_app = typer.Typer(no_args_is_help=True,
                        help="RECO: refine frozen-encoder embeddings with knowledge retrieved from a memory (Iscen et al. 2023).")
@@ -85,26 +89,60 @@ def train_cmd(
     from ..reco.train import RecoTrainConfig, train_reco, training_inputs
 
     try:
-        cfg = resolve_config(RecoTrainConfig, None, config, set_, show=show_config, flags={
-            "k": k, "search": search, "fuse": fuse, "fusion": fusion, "heads": heads, "batch_size": batch_size,
-            "loop": {"steps": steps, "lr": lr, "seed": seed, "threads": threads,
-                     "eval_every": max(1, min(250, steps)) if steps else None}})
+        cfg = resolve_config(RecoTrainConfig, None, config, set_, show=show_config, flags=_train_flags(
+            k=k, search=search, fuse=fuse, fusion=fusion, heads=heads, batch_size=batch_size, steps=steps, lr=lr,
+            seed=seed, threads=threads))
+        command = _rerun_command(cfg, memory=memory, out=out, val=val, model=model, pairs=pairs)
         mem = Memory.open(memory)
         pair_emb, evaluate = training_inputs(mem, model, pairs=pairs, val=val, progress=True)
         rm, res = train_reco(mem, out, cfg, pairs=pair_emb, evaluate=evaluate, early_stop="score" if evaluate else "",
-                             memory_ref=memory, progress=True,
-                             recipe={"command": " ".join(["nobackfill reco train", f"--memory {memory}", f"--out {out}",
-                                                          f"--k {k} --search {search} --fuse {fuse}",
-                                                          f"--fusion {fusion} --steps {steps}"])})
+                             memory_ref=memory, progress=True, recipe={"command": command})
     except (ValueError, FileNotFoundError) as e:
         fail(str(e))
-    msg = f"RECO {out}: k={k}, {search} search, {fuse} fusion, {fusion}"
+    msg = f"RECO {out}: k={cfg.k}, {cfg.search} search, {cfg.fuse} fusion, {cfg.fusion}"
     if res is not None:
         msg += f"; {res.steps} steps in {res.seconds:.0f}s, loss {res.last_loss:.3f}"
         if res.best_step is not None:
             msg += f", best val score {res.best_value:.3f} at step {res.best_step}"
     results.print(msg)
 
+
+
+def _train_flags(*, k: int | None, search: str | None, fuse: str | None, fusion: str | None, heads: int | None,
+                 batch_size: int | None, steps: int | None, lr: float | None, seed: int | None,
+                 threads: int | None) -> dict:
+    """The ``reco train`` options as config layers (None = not given); ``--steps`` also sets the
+    evaluation interval (every min(250, steps) steps)."""
+    return {"k": k, "search": search, "fuse": fuse, "fusion": fusion, "heads": heads, "batch_size": batch_size,
+            "loop": {"steps": steps, "lr": lr, "seed": seed, "threads": threads,
+                     "eval_every": max(1, min(250, steps)) if steps else None}}
+
+
+def _rerun_command(cfg: RecoTrainConfig, **paths: Path | None) -> str:
+    """A ``reco train`` command that rebuilds ``cfg``: every option at its effective value, plus a
+    ``--set`` for each other field those options would leave different (from --config / --set)."""
+    import shlex
+
+    from ..config import to_dict
+    from ..reco import train as reco_train
+
+    opts = {"k": cfg.k, "search": cfg.search, "fuse": cfg.fuse, "fusion": cfg.fusion, "heads": cfg.heads,
+            "batch_size": cfg.batch_size, "steps": cfg.loop.steps, "lr": cfg.loop.lr, "seed": cfg.loop.seed,
+            "threads": cfg.loop.threads}
+    rerun = dict(_leaves(to_dict(resolve_config(reco_train.RecoTrainConfig, None, None, None,
+                                                flags=_train_flags(**opts)))))
+    sets = [f"--set {shlex.quote(f'{key}={json.dumps(value)}')}"
+            for key, value in _leaves(to_dict(cfg)) if value != rerun[key]]
+    return " ".join([command_line("reco train", **{k: shlex.quote(str(v)) for k, v in paths.items() if v is not None},
+                                  **opts), *sets])
+
+
+def _leaves(d: dict, prefix: str = "") -> list[tuple[str, object]]:
+    """``{"a": {"b": 1}}`` -> ``[("a.b", 1)]``."""
+    out: list[tuple[str, object]] = []
+    for key, value in d.items():
+        out += _leaves(value, f"{prefix}{key}.") if isinstance(value, dict) else [(f"{prefix}{key}", value)]
+    return out
 
 
 def bench_reco(

@@ -4,7 +4,7 @@ model and Target-CMLI students, on fresh world scenes every step (never a val/te
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 from ..data.batches import WorldBatches
@@ -17,7 +17,7 @@ from .distill import KDConfig, TargetCMLIDistillation
 from .hard_negatives import SwapTwinBatches
 from .train import CMLIConfig, CMLIContrastive
 
-__all__ = ["LATE_PRESET", "LateTrainConfig", "train_world_method", "new_world_model"]
+__all__ = ["LATE_PRESET", "LateTrainConfig", "late_loop", "train_world_method", "new_world_model"]
 
 #: the tiny zoo preset of the late-interaction experiments (world-old's size, all concepts)
 LATE_PRESET = "world-tiny"
@@ -33,8 +33,10 @@ class LateTrainConfig:
     preset: str = LATE_PRESET
     batch_size: int = 64
     swap_twins: bool = False
-    #: steps, lr, warm-up, seed, threads (``--set steps=500`` is short for ``loop.steps``)
-    loop: LoopConfig = field(default_factory=lambda: LoopConfig(steps=2000, lr=2e-3, warmup=50, threads=1))
+    #: the whole loop config (``--set steps=500`` is short for ``loop.steps``); log_every /
+    #: checkpoint_every 0 = scaled to steps as :func:`late_loop` does
+    loop: LoopConfig = field(default_factory=lambda: LoopConfig(steps=2000, lr=2e-3, warmup=50, threads=1,
+                                                                log_every=0, checkpoint_every=0))
     cmli: CMLIConfig = field(default_factory=CMLIConfig)
     kd: KDConfig = field(default_factory=KDConfig)
 
@@ -49,17 +51,33 @@ def new_world_model(preset: str | Preset, tokenizer, seed: int = 0) -> CLIPDualE
     return create_model(preset if isinstance(preset, Preset) else get_preset(preset), tokenizer, seed=seed)
 
 
+def late_loop(loop: LoopConfig) -> LoopConfig:
+    """``loop`` as the late runs use it: warm-up capped at steps/5, a log line every
+    min(50, steps) and a checkpoint every max(100, steps/4) steps where those are 0 (unset)."""
+    steps = loop.steps
+    return replace(loop, warmup=min(loop.warmup, max(1, steps // 5)),
+                   log_every=loop.log_every or max(1, min(50, steps)),
+                   checkpoint_every=loop.checkpoint_every or max(100, steps // 4))
+
+
 def train_world_method(kind: str, out: str | Path, spec: WorldSpec, tokenizer, *, preset: str | Preset = LATE_PRESET,
                        steps: int = 600, batch_size: int = 64, lr: float = 2e-3, warmup: int = 50, seed: int = 0,
                        threads: int = 1, cmli: CMLIConfig | None = None, kd: KDConfig | None = None,
                        teacher: CLIPDualEncoder | None = None, swap_twins: bool = False,
-                       progress: bool = False) -> tuple[Method, TrainResult]:
+                       progress: bool = False, loop: LoopConfig | None = None) -> tuple[Method, TrainResult]:
     """Train a fresh ``preset`` model on the world stream with ``kind``: ``"global"`` (InfoNCE,
     :class:`ContrastivePretraining`), ``"cmli"`` (:class:`CMLIContrastive`) or ``"kd"``
     (:class:`TargetCMLIDistillation` from ``teacher``). Every kind sees the same batches (seeded
     by ``spec.seed`` and ``seed``) and the same initial weights. ``swap_twins``: batches of scenes
     and their attribute-swap twins (:class:`nobackfill.late.hard_negatives.SwapTwinBatches`, in-batch
-    hard negatives from training scenes). Writes the model into ``out``."""
+    hard negatives from training scenes). ``loop``: the whole loop config (weight decay, clipping,
+    schedule, intervals, ...), in place of ``steps``, ``lr``, ``warmup``, ``seed`` and ``threads``;
+    see :func:`late_loop`. Writes the model and its ``recipe.json`` into ``out``."""
+    if loop is None:
+        loop = LoopConfig(steps=steps, lr=lr, warmup=warmup, seed=seed, threads=threads, log_every=0,
+                          checkpoint_every=0)
+    cfg = late_loop(loop)
+    steps, lr, seed = cfg.steps, cfg.lr, cfg.seed
     enc = new_world_model(preset, tokenizer, seed=seed)
     enc.meta.update({"name": Path(out).name, "late_kind": kind})
     if kind == "global":
@@ -75,8 +93,6 @@ def train_world_method(kind: str, out: str | Path, spec: WorldSpec, tokenizer, *
     stream_seed = spec.seed * 1000 + 500 + seed
     batches = (SwapTwinBatches(batch_size, seed=stream_seed) if swap_twins
                else WorldBatches(WorldStream(batch_size, seed=stream_seed)))
-    cfg = LoopConfig(steps=steps, lr=lr, warmup=min(warmup, max(1, steps // 5)), seed=seed, threads=threads,
-                     log_every=max(1, min(50, steps)), checkpoint_every=max(100, steps // 4))
     result = train(method, batches, cfg, out, progress=progress)
     recipe = {"kind": kind, "steps": steps, "batch_size": batch_size, "lr": lr, "seed": seed,
               "preset": getattr(preset, "name", preset), "world_seed": spec.seed, "swap_twins": swap_twins,

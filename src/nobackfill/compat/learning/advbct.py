@@ -59,6 +59,7 @@ class AdvBCTConfig(MethodConfig):
     p2s_weight: float = 1.0  # lambda
     adv_weight: float = 1.0  # gamma
     disc_hidden: int = 64
+    positive = MethodConfig.positive + ("disc_hidden",)
 
 
 @register

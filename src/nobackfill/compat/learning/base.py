@@ -12,9 +12,10 @@ from __future__ import annotations
 
 import copy
 import json
+import math
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar, get_type_hints
 
 import numpy as np
 import torch
@@ -157,6 +158,32 @@ class MethodConfig:
     regime: str = ""  # "" = the method's default ("cumulative" | "continual")
     init_from_previous: bool | None = None  # None = the method's default
     lr_scale: float = 1.0  # multiplies the loop's learning rate for this method's parameters
+    #: number options that must be > 0 (every other number must be >= 0), and those at most 1
+    positive: ClassVar[tuple[str, ...]] = ("lr_scale",)
+    at_most_one: ClassVar[tuple[str, ...]] = ()
+
+
+def checked_options(name: str, config: type, options: dict[str, Any]) -> dict[str, Any]:
+    """``options`` of method ``name`` checked against its ``config`` dataclass: known fields, their
+    types (an int is a fine float) and ranges (finite, >= 0, or as ``config.positive`` /
+    ``at_most_one`` say); a ValueError names the first bad option."""
+    from ...config import coerce
+
+    names = {f.name for f in fields(config)}
+    bad = sorted(set(options) - names)
+    if bad:
+        raise ValueError(f"{name}: unknown option(s) {bad}; known: {sorted(names)}")
+    hints = get_type_hints(config)
+    out = {}
+    for key, value in options.items():
+        where = f"{name}: option {key}"
+        out[key] = v = coerce(hints[key], value, where)
+        if isinstance(v, (int, float)) and not isinstance(v, bool):
+            low = "> 0" if key in config.positive else ">= 0"
+            if not math.isfinite(v) or v < 0 or (v == 0 and low == "> 0") or (v > 1 and key in config.at_most_one):
+                want = f"{low} and <= 1" if key in config.at_most_one else low
+                raise ValueError(f"{where}: must be a finite number {want}, got {value!r}")
+    return out
 
 
 def frozen(model: StepModel) -> StepModel:
@@ -206,11 +233,7 @@ class CompatMethod(Method):
     needs_old = True
 
     def __init__(self, model: ModelConfig | None = None, **options: Any) -> None:
-        names = {f.name for f in fields(self.Config)}
-        bad = sorted(set(options) - names)
-        if bad:
-            raise ValueError(f"{self.name}: unknown option(s) {bad}; known: {sorted(names)}")
-        self.cfg = self.Config(**options)
+        self.cfg = self.Config(**checked_options(self.name, self.Config, options))
         self.model_cfg = model or ModelConfig()
         if self.cfg.regime:
             if self.cfg.regime not in ("cumulative", "continual"):

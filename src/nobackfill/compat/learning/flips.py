@@ -90,6 +90,7 @@ class FocalConfig(MethodConfig):
     alpha: float = 1.0
     beta: float = 5.0  # PCT's focal weight
     tau: float = 1.0  # FD-KL temperature
+    positive = MethodConfig.positive + ("tau",)
 
 
 @register
@@ -126,6 +127,7 @@ class ELODIConfig(MethodConfig):
     ensemble: int = 3  # reference models
     top_k: int = 10
     p: float = 2.0
+    positive = MethodConfig.positive + ("ensemble", "top_k", "p")
 
 
 @register
@@ -151,6 +153,7 @@ class ELODI(_OldLogits):
 class MuscleConfig(MethodConfig):
     weight: float = 1.0
     tau: float = 1.0
+    positive = MethodConfig.positive + ("tau",)
 
 
 @register

@@ -28,6 +28,14 @@ def method_class(name: str) -> type:
     return _REGISTRY[name]
 
 
+def check_options(name: str, options: dict[str, Any]) -> dict[str, Any]:
+    """``options`` of the method ``name`` checked (names, types, ranges) without building it."""
+    from .base import checked_options
+
+    cls = method_class(name)
+    return checked_options(cls.name, cls.Config, options)
+
+
 def create_method(name: str, **options: Any):
     """An instance of the method registered as ``name`` (``options`` override its config fields)."""
     return method_class(name)(**options)

@@ -54,6 +54,8 @@ class CoReS(CompatMethod):
 class HOCConfig(MethodConfig):
     ce_weight: float = 0.5  # lambda of the convex combination
     rho: float = 10.0  # cosine scale of Delta
+    positive = MethodConfig.positive + ("rho",)
+    at_most_one = ("ce_weight",)
 
 
 @register
