@@ -349,6 +349,7 @@ class Catalog:
                 yield taken
             return
         conn = self._connect()
+        taken = False
         try:
             key = f"nobackfill:{self._schema}:{name}"
             if blocking:
@@ -359,7 +360,10 @@ class Catalog:
                              .fetchone()[0])
             yield taken
         finally:
-            conn.close()  # ends the session: its advisory locks go with it
+            if taken:  # released now: a closed session's locks go only once its server process has ended,
+                with contextlib.suppress(Exception):  # which a next taker in this process could beat
+                    conn.execute("SELECT pg_advisory_unlock(hashtextextended(%s, 0))", (key,))
+            conn.close()  # ends the session: its advisory locks go with it (a process killed holding one)
 
     # ------------------------------------------------------------------ integrity
     def check(self) -> list[str]:
