@@ -340,18 +340,16 @@ class Catalog:
     # ------------------------------------------------------------------ locks
     @contextlib.contextmanager
     def lock(self, name: str, blocking: bool = True) -> Iterator[bool]:
-        """An exclusive named lock held by this process until the block ends (released by the
-        operating system or the database if the process dies): ``flock`` beside a SQLite catalog,
-        a session advisory lock on PostgreSQL. Yields False when not taken (``blocking=False``)."""
+        """An exclusive named lock held by this process until the block ends (or the process dies):
+        ``flock`` beside a SQLite catalog, a session advisory lock on PostgreSQL. Yields False when
+        not taken (``blocking=False``)."""
         if self.dialect == "sqlite":
             assert self._lock_dir is not None
             with flock(self._lock_dir / f".{name}-lock", blocking=blocking) as taken:
                 yield taken
             return
-        conn = self._connect()
-        taken = False
+        conn, key, taken = self._connect(), f"nobackfill:{self._schema}:{name}", False
         try:
-            key = f"nobackfill:{self._schema}:{name}"
             if blocking:
                 conn.execute("SELECT pg_advisory_lock(hashtextextended(%s, 0))", (key,))
                 taken = True
@@ -359,11 +357,11 @@ class Catalog:
                 taken = bool(conn.execute("SELECT pg_try_advisory_lock(hashtextextended(%s, 0))", (key,))
                              .fetchone()[0])
             yield taken
-        finally:
-            if taken:  # released now: a closed session's locks go only once its server process has ended,
-                with contextlib.suppress(Exception):  # which a next taker in this process could beat
+        finally:  # unlocked now: a closed session's locks go only once its server process has ended
+            if taken:
+                with contextlib.suppress(Exception):
                     conn.execute("SELECT pg_advisory_unlock(hashtextextended(%s, 0))", (key,))
-            conn.close()  # ends the session: its advisory locks go with it (a process killed holding one)
+            conn.close()  # ends the session (a killed process's locks go with it)
 
     # ------------------------------------------------------------------ integrity
     def check(self) -> list[str]:
