@@ -36,7 +36,7 @@ from ..gallery.types import DuplicateIdError, SpaceMismatchError
 if TYPE_CHECKING:  # importing the encoder module pulls in torch
     from ..encoders.base import DualEncoder
 
-__all__ = ["IMAGE_SUFFIXES", "AddReport", "FolderItems", "add_items", "folder_items", "image_id", "image_item",
+__all__ = ["IMAGE_SUFFIXES", "AddReport", "FolderItems", "add_items", "encode_readable", "folder_items", "image_id", "image_item",
            "index_folder", "index_pairs", "pair_ids", "read_text_file", "text_file_items", "text_id", "text_item"]
 
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".webp", ".bmp", ".gif", ".tif", ".tiff")
@@ -405,28 +405,42 @@ def _same_content(old: Item, it: Item) -> bool:
     return old.modality == it.modality and (old.key == it.key or old.key == old.id)
 
 
+def encode_readable(encoder: Any, items: Sequence[Item]) -> tuple[list[Item], dict[str, np.ndarray], dict[str, str]]:
+    """The vectors of the items whose sources can be read, per modality (in their order): the items
+    kept, their vectors, and the others (id -> why: a file gone, corrupt...). Where the batch fails,
+    each item is embedded alone to find which (only that batch pays for it). What an add and the
+    backfill embed with."""
+    try:
+        return list(items), {m: encode(encoder, m, [it.payload for it in items if it.modality == m])
+                             for m in ("image", "text") if any(it.modality == m for it in items)}, {}
+    except (OSError, ValueError, SyntaxError):
+        pass
+    keep: list[Item] = []
+    rows: dict[str, list[np.ndarray]] = {"image": [], "text": []}
+    bad: dict[str, str] = {}
+    for it in items:
+        try:
+            v = encode(encoder, it.modality, [it.payload])[0]
+        except (OSError, ValueError, SyntaxError) as e:
+            bad[it.id] = f"{type(e).__name__}: {e}"
+            continue
+        keep.append(it)
+        rows[it.modality].append(v)
+    return keep, {m: np.stack(v) for m, v in rows.items() if v}, bad
+
+
 def _embed_chunk(encoder: "DualEncoder", modality: str, chunk: list[Item], skip_bad: bool,
                  report: AddReport) -> tuple[list[Item], np.ndarray]:
     """Vectors of ``chunk``; an item that fails to embed is named (or skipped with ``skip_bad``)."""
-    try:
-        return chunk, encode(encoder, modality, [it.payload for it in chunk])
-    except (OSError, ValueError, SyntaxError) as first:  # find the bad item(s): one at a time
-        keep, rows = [], []
-        for it in chunk:
-            try:
-                rows.append(encode(encoder, modality, [it.payload])[0])
-                keep.append(it)
-            except (OSError, ValueError, SyntaxError) as e:
-                why = f"cannot embed {modality} ({type(e).__name__}: {e})"
-                msg = f"{it.payload if modality == 'image' else it.id}: {why}"
-                if not skip_bad:
-                    raise ValueError(msg + " (pass --skip-bad to skip it)") from e
-                report.skipped += 1
-                report.problems.append(msg)
-                if modality == "image":
-                    report.skipped_images[str(it.payload)] = why
-        if not keep and not report.skipped:
-            raise first
-        dim = int(getattr(encoder, "embed_dim"))
-        return keep, (np.stack(rows) if rows else np.zeros((0, dim), np.float32))
-
+    keep, vecs, bad = encode_readable(encoder, chunk)
+    for it in chunk:
+        if it.id in bad:
+            why = f"cannot embed {modality} ({bad[it.id]})"
+            msg = f"{it.payload if modality == 'image' else it.id}: {why}"
+            if not skip_bad:
+                raise ValueError(msg + " (pass --skip-bad to skip it)")
+            report.skipped += 1
+            report.problems.append(msg)
+            if modality == "image":
+                report.skipped_images[str(it.payload)] = why
+    return keep, vecs.get(modality, np.zeros((0, int(getattr(encoder, "embed_dim"))), np.float32))

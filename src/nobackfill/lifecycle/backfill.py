@@ -61,8 +61,8 @@ from .backfill_jobs import (DEFAULT_LEASE_S, JOB_DIR, JOB_FILE, LEASE_DIR, ORDER
                             _stopped_workers, _take_shard, _write, backfill_running, describe_holders,
                             record_unreadable, unreadable_items)
 from .backfill_fit import maybe_fit, sample_first  # noqa: F401
-from .backfill_order import (ORDERS, _encode, _held, _pending, _route_failure, _uncertainty_order,  # noqa: F401
-                             encode_readable)
+from ..collection.ingest import encode_readable
+from .backfill_order import ORDERS, _encode, _held, _pending, _route_failure, _uncertainty_order  # noqa: F401
 
 __all__ = ["ENGINES", "ORDERS", "BackfillBusy", "BackfillError", "BackfillJob", "BackfillSettingError", "WorkerReport",
            "backfill_running", "backfill_status", "cancel_backfill", "check_run_settings", "describe_holders",

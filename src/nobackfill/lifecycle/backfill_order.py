@@ -45,28 +45,6 @@ def _encode(encoder: Any, items: Sequence[Item]) -> dict[str, np.ndarray]:
     return out
 
 
-def encode_readable(encoder: Any, items: Sequence[Item]) -> tuple[list[Item], dict[str, np.ndarray], dict[str, str]]:
-    """:func:`_encode` of the items whose sources can be read: the items kept, their vectors, and
-    the others (id -> why: a source file gone, corrupt...). Where the batch fails, each item is
-    embedded alone to find which (only that batch pays for it)."""
-    try:
-        return list(items), _encode(encoder, items), {}
-    except (OSError, ValueError, SyntaxError):
-        pass
-    keep: list[Item] = []
-    rows: dict[str, list[np.ndarray]] = {"image": [], "text": []}
-    bad: dict[str, str] = {}
-    for it in items:
-        try:
-            v = encode(encoder, it.modality, [it.payload])[0]
-        except (OSError, ValueError, SyntaxError) as e:
-            bad[it.id] = f"{type(e).__name__}: {e}"
-            continue
-        keep.append(it)
-        rows[it.modality].append(v)
-    return keep, {m: np.stack(v) for m, v in rows.items() if v}, bad
-
-
 def _old_vectors(collection: Collection, items: Sequence[Item], target: str) -> dict[str, tuple[str, np.ndarray]]:
     """Each item's vector in the first space other than ``target`` (in serving order) that holds
     its current version: id -> (space, vector)."""
