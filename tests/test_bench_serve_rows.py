@@ -43,19 +43,28 @@ def test_the_tables_name_every_row():
     md = latency_markdown(lat)
     assert "| floor: same encoder + faiss behind one FastAPI route | 1 | 3 | 0 | 2.0 |" in md and "1.25x" in md
     row = {"torch": {"batch_1_ms_per_query": 3.0, "batch_32_ms_per_query": 0.5},
-           **{n: {"batch_1_ms_per_query": 1.5, "batch_32_ms_per_query": 0.5} for n in ("onnx_fp32", "onnx_int8")}}
-    lengths = [{"words": 3, "tokens": 5.2, "torch": 3.0, "onnx_fp32": 1.2, "onnx_int8": 0.6, "onnx_fp32_speedup": 2.5},
-               {"words": None, "tokens": 30.0, "torch": 3.0, "onnx_fp32": 1.5, "onnx_int8": 1.5, "onnx_fp32_speedup": 2.0}]
-    speed = {"max_abs_diff_fp32": 1e-7, "max_abs_diff_int8": 8e-3, "threads": 1, **row,
+           **{n: {"batch_1_ms_per_query": 1.5, "batch_32_ms_per_query": 0.5} for n in ("onnx_fp32", "onnx_int8")},
+           "onnx_fp32_traced": {"batch_1_ms_per_query": 2.0, "batch_32_ms_per_query": 0.6}}
+    lengths = [{"words": 3, "tokens": 5.2, "torch": 3.0, "onnx_fp32": 1.2, "onnx_int8": 0.6, "onnx_fp32_speedup": 2.5,
+                "onnx_fp32_traced": 1.4},
+               {"words": None, "tokens": 30.0, "torch": 3.0, "onnx_fp32": 1.5, "onnx_int8": 1.5, "onnx_fp32_speedup": 2.0,
+                "onnx_fp32_traced": 2.0}]
+    speed = {"graph": "clip-text", "max_abs_diff_fp32": 1e-7, "max_abs_diff_int8": 8e-3, "max_abs_diff_fp32_traced": 2e-7,
+             "threads": 1, **row,
              "by_threads": {"1": {**row, "batch_1_by_length": lengths},
                             "2": {**row, "torch": {"batch_1_ms_per_query": 6.0, "batch_32_ms_per_query": 1.0}}}}
     recall = {k: {"torch": 0.5, "onnx_fp32": 0.5, "onnx_int8": 0.49, "int8_minus_torch": -0.01}
               for k in ("world_t2i", "multi30k_val_t2t")}
     md = encoders_markdown({"speed": speed, "int8_recall": recall})
-    assert "| ONNX Runtime int8 | 1 | 1.5 | 0.5 | 2.00x | 8.0e-03 |" in md and "-0.01" in md
-    assert "| ONNX Runtime fp32 | 2 | 1.5 | 0.5 | 4.00x | 1.0e-07 |" in md and "| torch | 2 | 6.0 | 1.0 | 1.00x | - |" in md
-    assert "| first 3 words | 1 | 3 | 5.2 | 3.0 | 1.2 | 2.50x | 0.6 |" in md
-    assert "| whole texts | 1 | - | 30.0 | 3.0 | 1.5 | 2.00x | 1.5 |" in md
+    assert "| ONNX Runtime int8, CLIP text graph | 1 | 1.5 | 0.5 | 2.00x | 8.0e-03 |" in md and "-0.01" in md
+    assert "| ONNX Runtime fp32, CLIP text graph | 2 | 1.5 | 0.5 | 4.00x | 1.0e-07 |" in md
+    assert "| ONNX Runtime fp32, traced graph | 1 | 2.0 | 0.6 | 1.50x | 2.0e-07 |" in md
+    assert "| torch | 2 | 6.0 | 1.0 | 1.00x | - |" in md
+    assert "| first 3 words | 1 | 3 | 5.2 | 3.0 | 1.4 | 1.2 | 2.50x | 0.6 |" in md
+    assert "| whole texts | 1 | - | 30.0 | 3.0 | 2.0 | 1.5 | 2.00x | 1.5 |" in md
+    old = encoders_markdown({"speed": {k: v for k, v in speed.items() if k not in ("graph", "max_abs_diff_fp32_traced")},
+                             "int8_recall": recall})  # a result written before the traced row: no such row
+    assert "| ONNX Runtime fp32, traced graph | 1 | 1.5 | 0.5 | 2.00x | 1.0e-07 |" in old and "| ONNX Runtime fp32, traced graph | 1 | 2.0" not in old
 
 
 def test_the_tower_is_timed_by_query_length_on_the_same_texts_cut_short():

@@ -3,7 +3,8 @@
 ``openai/clip-vit-base-patch32``'s text tower, seeded random weights: the time depends on the shapes,
 not the values), and what int8 does to R@1 where it matters (the world test split, t2i with the
 ``world-old`` model; Multi30K val caption 1 -> caption 2 with ``m30k-old-text``): the gallery is
-embedded by torch, the queries by each encoder."""
+embedded by torch, the queries by each encoder. The text tower is timed both as the export writes it
+(the CLIP text graph, :mod:`nobackfill.encoders.onnx_clip`) and traced."""
 
 from __future__ import annotations
 
@@ -69,13 +70,28 @@ def _encoders(model_dir: Path, towers: Sequence[str], threads: int | None = None
             "onnx_int8": onnx_encoder(plain, model_dir, int8=True, threads=threads), "export": info}
 
 
+def _traced(model_dir: Path, towers: Sequence[str], threads: int | None = None) -> tuple[Any, dict[str, Any]]:
+    """An ONNX fp32 encoder of ``model_dir``'s towers exported by tracing (``graph="traced"``, into a
+    copy beside it): what the export wrote before the CLIP text graph, for comparison."""
+    from ..encoders import load_encoder
+    from ..encoders.onnx import export_onnx, onnx_encoder, onnx_export_info
+
+    copy = model_dir.with_name(model_dir.name + "-traced")
+    if not copy.exists():
+        shutil.copytree(model_dir, copy, ignore=shutil.ignore_patterns("onnx"))
+    info = onnx_export_info(copy)
+    if info is None or info["towers"].get(towers[0], {}).get("graph") != "traced":
+        info = export_onnx(copy, towers=towers, graph="traced")
+    return onnx_encoder(load_encoder(copy), copy, threads=threads), info
+
+
 #: the thread counts the text tower is timed at: the service's default (``serve --query-threads 1``)
 #: and this machine's cores
 THREADS = (1, 2)
 #: query lengths (the first N words of each text) timed at batch 1 beside the whole texts: a search
-#: query is usually a few words, a world caption ~30 tokens, and the speed-up depends on the length (torch's
-#: time per query falls less with fewer tokens than ONNX Runtime's; at ~30 tokens ONNX Runtime runs
-#: ~2.2 GFLOP a query at ~3/4 of what one core reaches on a large matrix product)
+#: query is usually a few words, a world caption ~30 tokens, and the speed-up depends on the length
+#: (torch's time per query falls less with fewer tokens than ONNX Runtime's; at ~30 tokens ONNX
+#: Runtime's matrix products, ~90% of a query, run at about what one core reaches on large ones)
 QUERY_WORDS = (3, 6, 10)
 
 
@@ -116,7 +132,9 @@ def tower_speed(models: Path, texts: Sequence[str], work: Path, seconds: float =
         for n in threads:
             torch.set_num_threads(n)
             encs = _encoders(d, ["text"], threads=n)
+            traced, traced_info = _traced(d, ["text"], threads=n)
             runs = {name: encs[name].encode_texts for name in ("torch", "onnx_fp32", "onnx_int8")}
+            runs["onnx_fp32_traced"] = traced.encode_texts
             row: dict[str, Any] = {name: {} for name in runs}
             for b in (1, 32):
                 for name, ms in _ms_per_query(runs, texts, b, seconds).items():
@@ -124,13 +142,16 @@ def tower_speed(models: Path, texts: Sequence[str], work: Path, seconds: float =
             for b in (1, 32):
                 key = f"batch_{b}_ms_per_query"
                 row[f"onnx_fp32_speedup_batch_{b}"] = round(row["torch"][key] / row["onnx_fp32"][key], 2)
+                row[f"onnx_fp32_traced_speedup_batch_{b}"] = round(row["torch"][key] / row["onnx_fp32_traced"][key], 2)
             row["batch_1_by_length"] = _by_length(runs, encs["torch"], texts, seconds,
                                                   {k: row[k]["batch_1_ms_per_query"] for k in runs})
             per[str(n)] = row
     finally:
         torch.set_num_threads(before)
     tower = encs["export"]["towers"]["text"]
-    return {"shapes": B32_TEXT, "max_abs_diff_fp32": tower["max_abs_diff"], "max_abs_diff_int8": tower["int8"]["max_abs_diff"],
+    return {"shapes": B32_TEXT, "graph": tower["graph"], "max_abs_diff_fp32": tower["max_abs_diff"],
+            "max_abs_diff_int8": tower["int8"]["max_abs_diff"],
+            "max_abs_diff_fp32_traced": traced_info["towers"]["text"]["max_abs_diff"],
             "threads": threads[0], **per[str(threads[0])], "by_threads": per}
 
 
@@ -166,19 +187,28 @@ def format_markdown(enc: dict[str, Any]) -> str:
     s = enc["speed"]
     lines = ["| query text tower (ViT-B/32 shapes) | threads | batch 1 ms/query | batch 32 ms/query | batch 1 speed-up "
              "| max abs diff vs torch |", "|---|---:|---:|---:|---:|---:|"]
+    graph = "CLIP text graph" if s.get("graph") == "clip-text" else "traced graph"
+    names = [("torch", "torch", "-")]
+    if "max_abs_diff_fp32_traced" in s:
+        names.append(("onnx_fp32_traced", "ONNX Runtime fp32, traced graph", f"{s['max_abs_diff_fp32_traced']:.1e}"))
+    names += [("onnx_fp32", f"ONNX Runtime fp32, {graph}", f"{s['max_abs_diff_fp32']:.1e}"),
+              ("onnx_int8", f"ONNX Runtime int8, {graph}", f"{s['max_abs_diff_int8']:.1e}")]
     for n, row in s.get("by_threads", {str(s.get("threads", "-")): s}).items():
-        for name, label, diff in (("torch", "torch", "-"), ("onnx_fp32", "ONNX Runtime fp32", f"{s['max_abs_diff_fp32']:.1e}"),
-                                  ("onnx_int8", "ONNX Runtime int8", f"{s['max_abs_diff_int8']:.1e}")):
+        for name, label, diff in names:
+            if name not in row:
+                continue
             b1 = row[name]["batch_1_ms_per_query"]
             lines.append(f"| {label} | {n} | {b1} | {row[name]['batch_32_ms_per_query']} | "
                          f"{row['torch']['batch_1_ms_per_query'] / b1:.2f}x | {diff} |")
     lines += ["", "| text tower at batch 1, by query length | threads | words | tokens (mean) | torch ms | "
-              "ONNX fp32 ms | ONNX fp32 speed-up | ONNX int8 ms |", "|---|---:|---:|---:|---:|---:|---:|---:|"]
+              "ONNX fp32 traced ms | ONNX fp32 ms | ONNX fp32 speed-up | ONNX int8 ms |",
+              "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for n, row in s.get("by_threads", {}).items():
         for r in row.get("batch_1_by_length", []):
             label = "whole texts" if r["words"] is None else f"first {r['words']} words"
-            lines.append(f"| {label} | {n} | {r['words'] or '-'} | {r['tokens']} | {r['torch']} | {r['onnx_fp32']} | "
-                         f"{r['onnx_fp32_speedup'] or 0:.2f}x | {r['onnx_int8']} |")
+            lines.append(f"| {label} | {n} | {r['words'] or '-'} | {r['tokens']} | {r['torch']} | "
+                         f"{r.get('onnx_fp32_traced', '-')} | {r['onnx_fp32']} | {r['onnx_fp32_speedup'] or 0:.2f}x | "
+                         f"{r['onnx_int8']} |")
     lines += ["", "| R@1 (gallery by torch) | torch | ONNX fp32 | ONNX int8 | int8 - torch |", "|---|---:|---:|---:|---:|"]
     for k, label in (("world_t2i", "world test t2i (world-old)"), ("multi30k_val_t2t", "Multi30K val t2t (m30k-old-text)")):
         r = enc["int8_recall"][k]

@@ -4,8 +4,10 @@
 image tower), exported with dynamic batch and sequence axes, each tower's L2-normalised output
 compared with torch's on texts of several lengths and batch sizes (refused above ``1e-4`` max abs
 difference in fp32), and ``export.json`` (the model's space id, each file's sha256 and measured
-difference). ``int8=True`` adds dynamically quantised copies (``*.int8.onnx``), reported with their
-difference but never used unless asked for (:func:`onnx_encoder` with ``int8=True``).
+difference). A CLIP text tower is written as :mod:`.onnx_clip`'s graph (fused attention, the last
+layer for the pooled token only), any other tower by tracing. ``int8=True`` adds dynamically
+quantised copies (``*.int8.onnx``), reported with their difference but never used unless asked for
+(:func:`onnx_encoder` with ``int8=True``).
 
 :func:`onnx_encoder` wraps a loaded :class:`~nobackfill.encoders.base.DualEncoder`: when
 ``onnxruntime`` is installed and ``<model>/onnx/export.json`` names this model's space id (the same
@@ -28,15 +30,20 @@ from typing import Any, Sequence
 import numpy as np
 
 from .base import DualEncoder, l2_normalise
+from .onnx_clip import OPSET as CLIP_OPSET
 
 log = logging.getLogger(__name__)
 
-__all__ = ["EXPORT_DIR", "MAX_ABS_DIFF", "OnnxEncoder", "export_onnx", "onnx_encoder", "onnx_export_info"]
+__all__ = ["EXPORT_DIR", "GRAPHS", "MAX_ABS_DIFF", "OnnxEncoder", "export_onnx", "onnx_encoder", "onnx_export_info"]
 
 #: the folder beside the model's files
 EXPORT_DIR = "onnx"
 #: the largest difference from torch an fp32 export may show
 MAX_ABS_DIFF = 1e-4
+#: the ONNX opset of a traced tower
+TRACED_OPSET = 17
+#: how a text tower is written: ``auto`` (a CLIP text tower as :mod:`.onnx_clip`'s graph) or ``traced``
+GRAPHS = ("auto", "traced")
 #: texts the export is checked on (several lengths, so the dynamic sequence axis is exercised)
 CHECK_TEXTS = ["a", "a red circle", "a photo of a small green triangle next to a large blue square on the left",
                "two yellow crosses", "ein rotes Quadrat", "un triangle bleu", "x " * 30, "purple diamond at the top"]
@@ -104,7 +111,7 @@ def _export(module: Any, arrays: tuple, names: list[str], axes: dict[str, dict[i
     with warnings.catch_warnings(), torch.inference_mode(False), torch.no_grad():
         warnings.simplefilter("ignore")  # the TorchScript exporter's deprecation and tracer notes
         torch.onnx.export(module, args, str(path), input_names=names, output_names=["embedding"],
-                          dynamic_axes={**axes, "embedding": {0: "batch"}}, opset_version=17, dynamo=False)
+                          dynamic_axes={**axes, "embedding": {0: "batch"}}, opset_version=TRACED_OPSET, dynamo=False)
 
 
 def _quantize(src: Path, dst: Path) -> None:
@@ -117,7 +124,9 @@ def _quantize(src: Path, dst: Path) -> None:
     level = root.level
     root.setLevel(logging.ERROR)  # its advice to pre-process goes to the root logger
     try:
-        quantize_dynamic(str(src), str(dst), weight_type=QuantType.QInt8)
+        # DefaultTensorType: outputs of contrib ops (Attention, QuickGelu) have no inferred type; all are float
+        quantize_dynamic(str(src), str(dst), weight_type=QuantType.QInt8,
+                         extra_options={"DefaultTensorType": 1})
     finally:
         root.setLevel(level)
 
@@ -135,13 +144,38 @@ def _max_diff(module: Any, session: Any, feeds: list[dict[str, np.ndarray]]) -> 
     return worst
 
 
+def _write_tower(encoder: Any, tower: str, module: Any, feeds: list[dict[str, np.ndarray]],
+                 axes: dict[str, dict[int, str]], path: Path, graph: str, max_abs_diff: float) -> tuple[str, float]:
+    """Write ``tower`` to ``path``: the CLIP text graph (:mod:`.onnx_clip`) where ``graph`` is
+    ``"auto"`` and it applies and matches torch within ``max_abs_diff``, else the traced module.
+    Returns ``(graph written: "clip-text" or "traced", its max abs difference from torch)``."""
+    if graph == "auto" and tower == "text":
+        import onnx
+
+        from .onnx_clip import clip_text_graph
+
+        proto = clip_text_graph(encoder)
+        if proto is not None:
+            onnx.save(proto, str(path))
+            diff = _max_diff(module, _session(path), feeds)
+            if diff <= max_abs_diff:
+                return "clip-text", diff
+            log.warning("the CLIP text graph differs from torch by %.1e; exporting by tracing instead", diff)
+    _export(module, tuple(feeds[-1].values()), list(feeds[0]), axes, path)
+    return "traced", _max_diff(module, _session(path), feeds)
+
+
 def export_onnx(model_dir: str | Path, *, int8: bool = False, towers: Sequence[str] | None = None,
-                max_abs_diff: float = MAX_ABS_DIFF) -> dict[str, Any]:
+                max_abs_diff: float = MAX_ABS_DIFF, graph: str = "auto") -> dict[str, Any]:
     """Export the model at ``model_dir``'s towers to ``model_dir/onnx/`` and check them (see the
-    module docstring); returns what ``export.json`` records. Refuses (``ValueError``, nothing
-    written) when a tower's fp32 output differs from torch's by more than ``max_abs_diff``."""
+    module docstring); returns what ``export.json`` records. ``graph``: ``"auto"`` writes a CLIP
+    text tower as :mod:`.onnx_clip`'s graph (faster at batch 1; the traced export where it does not
+    apply), ``"traced"`` traces every tower. Refuses (``ValueError``, nothing written) when a
+    tower's fp32 output differs from torch's by more than ``max_abs_diff``."""
     from . import load_encoder
 
+    if graph not in GRAPHS:
+        raise ValueError(f"graph: one of {', '.join(GRAPHS)}, not {graph!r}")
     model_dir = Path(model_dir)
     encoder = load_encoder(model_dir)
     if not hasattr(encoder, "text_features"):
@@ -150,7 +184,7 @@ def export_onnx(model_dir: str | Path, *, int8: bool = False, towers: Sequence[s
     unknown = [t for t in towers if t not in encoder.modalities]
     if unknown:
         raise ValueError(f"towers: {model_dir} embeds {list(encoder.modalities)}, not {unknown}")
-    info: dict[str, Any] = {"space_id": encoder.space_id, "opset": 17, "towers": {}}
+    info: dict[str, Any] = {"space_id": encoder.space_id, "towers": {}}
     parent = model_dir / EXPORT_DIR
     tmp = Path(tempfile.mkdtemp(prefix=".onnx.", dir=model_dir))
     try:
@@ -165,13 +199,13 @@ def export_onnx(model_dir: str | Path, *, int8: bool = False, towers: Sequence[s
                 feeds = [{"pixel_values": px[:1]}, {"pixel_values": px}]
                 axes = {"pixel_values": {0: "batch"}}
             path = tmp / f"{tower}.onnx"
-            _export(module, tuple(feeds[-1].values()), list(feeds[0]), axes, path)
-            diff = _max_diff(module, _session(path), feeds)
+            kind, diff = _write_tower(encoder, tower, module, feeds, axes, path, graph, max_abs_diff)
             if diff > max_abs_diff:
                 raise ValueError(f"{model_dir}: the exported {tower} tower differs from torch by {diff:.2e} "
                                  f"(max abs, over {sum(len(next(iter(f.values()))) for f in feeds)} inputs), above "
                                  f"{max_abs_diff:.0e}; not written")
-            entry = {"file": path.name, "sha256": _sha256(path), "max_abs_diff": diff}
+            entry = {"file": path.name, "sha256": _sha256(path), "max_abs_diff": diff, "graph": kind,
+                     "opset": CLIP_OPSET if kind == "clip-text" else TRACED_OPSET}
             if int8:
                 qpath = tmp / f"{tower}.int8.onnx"
                 _quantize(path, qpath)
