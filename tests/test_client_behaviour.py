@@ -364,3 +364,39 @@ def test_a_missing_import_file_is_not_found_in_both_clients(client, world):
                        (f"clip-retrieval:{root}nowhere", {})):
         with pytest.raises(NotFound, match="nope.npy|nowhere"):
             client.import_(source, **kw)
+
+
+def test_metadata_with_a_number_json_has_not_is_refused_alike(client, world):
+    """NaN / infinity in an added item's metadata: refused by both clients with the same message
+    naming the item and the field, nothing added (in process it had become null silently)."""
+    import numpy as np
+
+    c = client
+    path = sorted((world / "test" / "images").iterdir())[0]
+    cases = [(dict(texts=[{"text": "a red circle", "id": "ok1"}, {"text": "a blue cross", "id": "nan1",
+                                                                "score": float("nan")}]),
+              r"texts\[1\]: its metadata .*'score' is nan, not a JSON number\); nothing was added"),
+             (dict(texts=[{"text": "a red circle", "id": "inf1", "boxes": [[0.0, float("inf")]]}]),
+              r"texts\[0\]: .*'boxes'\[0\]\[1\] is inf, not a JSON number"),
+             (dict(texts=[{"text": "a red circle", "id": "np1", "v": {"x": np.float32("nan")}}]),
+              r"texts\[0\]: .*'v'\['x'\] is nan"),
+             (dict(images=[{"path": path, "id": "img-nan", "score": float("-inf")}]),
+              r"images\[0\]: .*'score' is -inf, not a JSON number")]
+    for kw, message in cases:
+        with pytest.raises(InvalidRequest, match=message):
+            c.add(**kw)
+    for id_ in ("ok1", "nan1", "inf1", "np1", "img-nan"):
+        with pytest.raises(NotFound):
+            c.get(id_)
+    assert c.add(texts=[{"text": "a red circle", "id": "fine1", "score": 0.5, "none": None}]).added == 1
+    assert c.get("fine1").metadata["none"] is None  # null itself is JSON, and kept
+
+
+def test_the_catalog_refuses_nan_metadata_of_an_item_itself(tmp_path):
+    from nobackfill.catalog.items import Item, _item_json, metadata_problem
+
+    assert metadata_problem({"a": 1.0, "b": [1, {"c": None}], "d": "nan"}) is None
+    assert metadata_problem({"b": [1, {"c": float("nan")}]}) == "'b'[1]['c'] is nan, not a JSON number"
+    it = Item(id="x", modality="text", key="k", source={"text": "t"}, metadata={"s": float("nan")})
+    with pytest.raises(ValueError, match="item 'x': 's' is nan, not a JSON number"):
+        _item_json(it)

@@ -63,11 +63,11 @@ def test_cli_learn_then_eval_on_multi30k(m30k, tmp_path):
     assert "foreign -> English R@1" in r.stdout and '"R@1"' not in r.stdout, r.stdout  # a table; JSON in the file
     res = json.loads(j.read_text())
     assert set(res["R@1"]) == {"de"} and 0.0 <= res["R@1"]["de"] <= 1.0
-    # a second call continues from the saved state: nothing left to learn for en,de
+    # a second call continues from the saved state: nothing left to learn for en,de, so it writes nothing
     r = runner.invoke(_app(), ["lingual", "learn", "--model", str(out), "--tasks", "en,de", "--data", str(root),
                                "--out", str(tmp_path / "again"), "--steps", "1", "--cache-dir", str(tmp_path / "cache")])
-    assert r.exit_code == 0, r.output
-    assert json.loads((tmp_path / "again" / "lingual.json").read_text())["learned"] == ["en", "de"]
+    assert r.exit_code == 2 and "nothing to learn: the model already has en, de" in r.output, r.output
+    assert not (tmp_path / "again").exists()
 
 
 @pytest.mark.parametrize("method", ["lora", "prompt", "dualprompt"])

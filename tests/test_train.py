@@ -17,9 +17,10 @@ import torch
 from nobackfill.data.world import WorldSpec, generate_world
 from nobackfill.encoders import load_encoder
 from nobackfill.train.contrastive import info_nce
-from nobackfill.train.loop import LoopConfig, Method, lr_factor, train
+from nobackfill.train.loop import LoopConfig, lr_factor, train
 from nobackfill.train.world_model import train_preset
 
+from _loop_helpers import CyclicBatches, ToyMethod
 from conftest import tiny_preset
 
 SRC = Path(__file__).resolve().parents[1] / "src"
@@ -125,47 +126,19 @@ def test_lr_factor_shape() -> None:
         LoopConfig(schedule="linear")
 
 
-class _Quadratic(Method):
-    """A toy method: fit ``w`` to batch targets (the batch index)."""
-
-    name = "toy"
-
-    def __init__(self, nan_at: int | None = None) -> None:
-        self.w = torch.nn.Parameter(torch.zeros(3))
-        self.nan_at = nan_at
-
-    def param_groups(self):
-        return [{"params": [self.w], "lr_scale": 2.0}]
-
-    def loss(self, batch, step):
-        if step == self.nan_at:
-            return self.w.sum() * float("nan"), {}
-        return ((self.w - batch) ** 2).sum(), {"w0": float(self.w[0].detach())}
-
-    def state_dict(self):
-        return {"w": self.w.detach().clone()}
-
-    def load_state_dict(self, state):
-        with torch.no_grad():
-            self.w.copy_(state["w"])
-
-    def export(self, out):
-        torch.save(self.w.detach(), out / "w.pt")
-
-
-class _Batches:
-    def batch(self, index):
-        return torch.full((3,), float(index % 3))
+def _Quadratic(nan_at: int | None = None) -> ToyMethod:
+    """The toy method with its group's lr scaled by 2 (checked in the log's lr)."""
+    return ToyMethod(nan_at=nan_at, lr_scale=2.0)
 
 
 def test_loop_toy_method(tmp_path) -> None:
     cfg = LoopConfig(steps=10, lr=0.1, warmup=2, log_every=3, checkpoint_every=4, weight_decay=0.0)
-    res = train(_Quadratic(), _Batches(), cfg, tmp_path, progress=False)
+    res = train(_Quadratic(), CyclicBatches(), cfg, tmp_path, progress=False)
     assert [r["step"] for r in res.history] == [3, 6, 9, 10] == _log_steps(tmp_path)
     assert res.history[-1]["lr"] == pytest.approx(0.2 * lr_factor(9, cfg))  # lr_scale applied
     assert (tmp_path / "w.pt").is_file() and not (tmp_path / "checkpoint.pt").exists()
     with pytest.raises(FloatingPointError, match="step 2"):
-        train(_Quadratic(nan_at=2), _Batches(), cfg, tmp_path / "nan", progress=False)
+        train(_Quadratic(nan_at=2), CyclicBatches(), cfg, tmp_path / "nan", progress=False)
 
 
 def test_a_checkpoint_of_other_settings_is_refused_and_a_rerun_log_starts_afresh(tmp_path, capsys) -> None:
@@ -175,17 +148,17 @@ def test_a_checkpoint_of_other_settings_is_refused_and_a_rerun_log_starts_afresh
     from nobackfill.train.loop import ResumeMismatch
 
     cfg = LoopConfig(steps=8, lr=0.1, warmup=2, log_every=2, checkpoint_every=4, weight_decay=0.0)
-    train(_Quadratic(), _Batches(), cfg, tmp_path / "a", progress=False)
+    train(_Quadratic(), CyclicBatches(), cfg, tmp_path / "a", progress=False)
     assert _log_steps(tmp_path / "a") == [2, 4, 6, 8]
-    train(_Quadratic(), _Batches(), cfg, tmp_path / "a", progress=False)  # no checkpoint left: from step 0
+    train(_Quadratic(), CyclicBatches(), cfg, tmp_path / "a", progress=False)  # no checkpoint left: from step 0
     assert _log_steps(tmp_path / "a") == [2, 4, 6, 8]  # not appended to the first run's
     other = dataclasses.replace(cfg, seed=3, lr=0.5)
     with pytest.raises(FloatingPointError):  # a run of other settings stopped after its checkpoint at step 4
-        train(_Quadratic(nan_at=5), _Batches(), other, tmp_path / "b", progress=False)
+        train(_Quadratic(nan_at=5), CyclicBatches(), other, tmp_path / "b", progress=False)
     with pytest.raises(ResumeMismatch, match=r"with lr 0.5 \(now 0.1\), seed 3 \(now 0\)"):
-        train(_Quadratic(), _Batches(), cfg, tmp_path / "b", progress=False)
+        train(_Quadratic(), CyclicBatches(), cfg, tmp_path / "b", progress=False)
     logs = dataclasses.replace(other, log_every=1)  # how often it logs does not change what is trained
-    res = train(_Quadratic(), _Batches(), logs, tmp_path / "b", progress=True)
+    res = train(_Quadratic(), CyclicBatches(), logs, tmp_path / "b", progress=True)
     assert res.steps == 8 and "from step 4 of 8" in capsys.readouterr().err
 
 

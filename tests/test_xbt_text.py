@@ -16,6 +16,7 @@ import torch
 from typer.testing import CliRunner
 
 from _fake_multi30k import fake_multi30k, write_task2
+from _loop_helpers import ToyMethod
 from nobackfill.bench import xbt_text
 from nobackfill.bench.xbt_text import ROWS, caption_recall, load_val, run_xbt_text
 from nobackfill.compat import text_upgrade
@@ -259,32 +260,15 @@ def test_embedding_cache_hit_and_miss_by_space_id(tmp_path):
     assert embed_texts_cached(enc, texts, None).shape == (7, 3)
 
 
-class _StepMethod:
+class _StepMethod(ToyMethod):
     """A one-parameter method whose eval score peaks at a chosen step (for early stopping)."""
 
-    name = "toy"
-
     def __init__(self) -> None:
+        super().__init__()
         self.w = torch.nn.Parameter(torch.zeros(()))
-
-    def param_groups(self):
-        return [{"params": [self.w]}]
 
     def loss(self, batch, step):
         return (self.w - 10.0) ** 2, {}
-
-    def train_mode(self, training):
-        pass
-
-    def after_step(self, step):
-        pass
-
-    def state_dict(self):
-        return {"w": self.w.detach().clone()}
-
-    def load_state_dict(self, state):
-        with torch.no_grad():
-            self.w.copy_(state["w"])
 
     def export(self, out):
         (Path(out) / "w.txt").write_text(str(float(self.w.detach())))

@@ -46,8 +46,21 @@ def read_mapping(path: str | Path) -> dict:
     except (tomllib.TOMLDecodeError, yaml.YAMLError, ValueError) as e:
         if isinstance(e, ConfigError):
             raise
-        raise ConfigError(f"{path}: cannot parse: {e}") from None
+        raise ConfigError(f"{path}: cannot parse: {_one_line(e)}") from None
     raise ConfigError(f"{path}: unknown config format (use .toml, .yaml or .yml)")
+
+
+def _one_line(e: BaseException) -> str:
+    """A parser's error as one line with its place, like TOML's ``... (at line 1, column 8)``: PyYAML's
+    own message spans lines (the snippet, a caret, ``in "<unicode string>"``)."""
+    mark = getattr(e, "problem_mark", None)
+    if mark is None or not getattr(e, "problem", None):
+        return " ".join(str(e).split())
+    where = f"at line {mark.line + 1}, column {mark.column + 1}"
+    context, cmark = getattr(e, "context", None), getattr(e, "context_mark", None)
+    if context:
+        where += f"; {context}" + (f" from line {cmark.line + 1}, column {cmark.column + 1}" if cmark else "")
+    return f"{e.problem} ({where})"
 
 
 def coerce(tp: Any, value: Any, where: str) -> Any:
@@ -73,6 +86,10 @@ def coerce(tp: Any, value: Any, where: str) -> Any:
             except ConfigError as e:
                 errors.append(str(e))
         raise ConfigError(errors[0] if errors else f"{where}: bad value {value!r}")
+    if origin is typing.Literal:  # the docstring's promise: a value outside the literal's is refused
+        if value in args:
+            return value
+        raise ConfigError(f"{where}: expected one of {list(args)}, got {value!r}")
     if origin is None and tp in (tuple, list, dict):  # bare annotations
         origin = tp
     if origin in (tuple, list):

@@ -90,13 +90,31 @@ def lambda_usage(cfg: LingualLambdaConfig) -> list[dict]:
     return rows
 
 
+def format_markdown(rows: list[dict]) -> str:
+    """One row per language: its new vocabulary rows, then for the task vocabulary (``vocab``) and
+    for it plus every token its corpus uses (``vocab+used``) the shares of token occurrences on
+    lambda = 0 / overlap / lambda = 1 rows (percent) and the mean lambda."""
+    from ..report import markdown_table
+
+    keys = ("vocab", "vocab+used")
+    header = ["language", "new rows"] + [h for k in keys for h in (f"{k}: lambda 0 / overlap / 1 (%)",
+                                                                   f"{k}: mean lambda")]
+    body = [[row["lang"], str(row["new_rows"])] + [cell for k in keys for cell in (
+        " / ".join(f"{100 * row[k][s]:.1f}" for s in ("share_lambda_0", "share_overlap", "share_lambda_1")),
+        f"{row[k]['mean_lambda']:.3f}")] for row in rows]
+    return markdown_table(header, body) + "\n"
+
+
 def write_rows(rows: list[dict], json_path: Path) -> str:
-    """The rows as JSON (one space of indent, as ``benchmarks/results/lingual_lambda_*.json``); no table."""
+    """The rows as JSON (one space of indent, as ``benchmarks/results/lingual_lambda_*.json``) and
+    their table beside it (``.md``); returns the table (what the command shows)."""
     Path(json_path).parent.mkdir(parents=True, exist_ok=True)
     Path(json_path).write_text(json.dumps(rows, indent=1) + "\n")
-    return ""
+    table = format_markdown(rows)
+    Path(json_path).with_suffix(".md").write_text(table)
+    return table
 
 
-REPORT = Report(write_rows, ())
+REPORT = Report(write_rows)
 
-__all__ = ["LingualLambdaConfig", "REPORT", "lambda_usage", "write_rows"]
+__all__ = ["LingualLambdaConfig", "REPORT", "format_markdown", "lambda_usage", "write_rows"]

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import functools
 import json
+import math
 import re
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
@@ -27,6 +28,7 @@ __all__ = [
     "MAX_ID_LENGTH",
     "added_id_problem",
     "id_problem",
+    "metadata_problem",
     "plain_ids",
     "NotACollectionError",
     "row_json",
@@ -188,6 +190,28 @@ def row_json(obj: Mapping[str, Any]) -> str:
             raise ValueError(f"not a JSON object of JSON values: {e}") from None
 
 
+def metadata_problem(meta: Any, at: str = "") -> str | None:
+    """What makes ``meta`` (an item's metadata) no JSON value: the first NaN or infinity in it,
+    named by its place (``'score'``, ``'boxes'[2]``); None where there is none. JSON has no such
+    numbers: over HTTP they are refused, so an added item's metadata is refused for them in process
+    too (and not written as null, which would change it silently)."""
+    if isinstance(meta, float) or (hasattr(meta, "dtype") and getattr(meta, "ndim", None) == 0):
+        try:
+            finite = math.isfinite(float(meta))
+        except (TypeError, ValueError):
+            return None
+        return None if finite else f"{at or 'the value'} is {float(meta)}, not a JSON number"
+    if isinstance(meta, Mapping):
+        for k, v in meta.items():
+            if (p := metadata_problem(v, f"{at}[{k!r}]" if at else repr(k))) is not None:
+                return p
+    elif isinstance(meta, (list, tuple)) or (hasattr(meta, "tolist") and hasattr(meta, "dtype")):
+        for i, v in enumerate(meta.tolist() if hasattr(meta, "tolist") else meta):
+            if (p := metadata_problem(v, f"{at}[{i}]")) is not None:
+                return p
+    return None
+
+
 _DUMPS = functools.partial(orjson.dumps, option=orjson.OPT_SORT_KEYS | orjson.OPT_SERIALIZE_NUMPY)
 
 
@@ -257,4 +281,7 @@ def _item_json(it: Item) -> tuple[str, str, str, str, str]:
     """The catalog row of an item: ``(id, modality, key, source JSON, metadata JSON)``."""
     src = it.source if type(it.source) is dict else dict(it.source)
     meta = it.metadata if type(it.metadata) is dict else dict(it.metadata)
-    return it.id, it.modality, it.key, row_json(src), row_json(meta)
+    meta_json = row_json(meta)
+    if "null" in meta_json and (problem := metadata_problem(meta)) is not None:  # orjson writes NaN as null
+        raise ValueError(f"item {it.id!r}: {problem}")
+    return it.id, it.modality, it.key, row_json(src), meta_json

@@ -32,9 +32,22 @@ class _Root(TyperGroup):
 
     def invoke(self, ctx):
         """Run the command; an output path of the wrong kind (a folder where a file goes, a file
-        where a folder goes, a file that is there already) is one line, exit 2, not a traceback."""
+        where a folder goes, a file that is there already) is one line, exit 2, not a traceback.
+        Ctrl-C is one line too, exit 130: in a training loop, the step it reached and whether a rerun
+        resumes it (:class:`nobackfill.train.loop.TrainingInterrupted`)."""
         try:
             return super().invoke(ctx)
+        except KeyboardInterrupt as e:
+            import sys
+
+            from rich.markup import escape
+
+            from ._common import console
+
+            loop = sys.modules.get("nobackfill.train.loop")  # not loaded: no loop ran (and torch stays unloaded)
+            trained = loop is not None and isinstance(e, loop.TrainingInterrupted)
+            console.print(f"[yellow]{escape(e.message() if trained else 'interrupted')}[/yellow]")
+            raise typer.Exit(code=130) from None
         except (FileExistsError, IsADirectoryError, NotADirectoryError) as e:
             from ._common import fail
 

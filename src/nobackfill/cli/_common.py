@@ -145,11 +145,14 @@ def show_config_option() -> Any:
 
 
 def resolve_config(cls: type[T], base: T | None, config: Optional[Path], sets: Optional[List[str]],
-                   flags: dict | None = None, show: bool = False) -> T:
+                   flags: dict | None = None, show: bool = False,
+                   check: Optional[Callable[[T], Any]] = None) -> T:
     """The one way a command builds its config (:func:`nobackfill.config.build_config`): ``base``
     (defaults or a preset), then ``--config``, then the command's own flags that were given (not
-    None), then ``--set``. A bad file or key exits with one error naming it; ``show`` prints the
-    result and exits."""
+    None), then ``--set``. Then ``check(cfg)``: the command's own checks of the values (a
+    ValueError for one its run would refuse), so that ``--show-config`` refuses what the run
+    refuses, with the same line. A bad file, key or value exits 2 with one error naming it;
+    ``show`` prints the result and exits."""
     from ..config import ConfigError, build_config, to_dict, updated
 
     try:
@@ -158,8 +161,10 @@ def resolve_config(cls: type[T], base: T | None, config: Optional[Path], sets: O
         if given:
             cfg = updated(cfg, **given)
         cfg = build_config(cls, cfg, sets=sets or ())
-    except ConfigError as e:
-        fail(str(e))
+        if check is not None:
+            check(cfg)
+    except (ConfigError, ValueError, KeyError) as e:
+        fail(e.args[0] if isinstance(e, KeyError) and e.args else str(e))
     if show:
         typer.echo(json.dumps(to_dict(cfg), indent=2, default=str))
         raise typer.Exit(0)

@@ -58,6 +58,19 @@ def _data_flags(backbone: Optional[str], split: Optional[str], n_render_train: O
             "step_backbones": step_backbones}
 
 
+def _check_out(out: Path) -> None:
+    """Refuse (``ValueError``) an ``--out`` holding a finished result (of any method: named) or other
+    files; a killed run's step folders are trained afresh (compat train does not resume)."""
+    from ..train.loop import check_output
+
+    what = "compat train result"
+    try:
+        what = f"result of {json.loads((out / 'result.json').read_text())['method']}"
+    except (OSError, ValueError, KeyError, TypeError):
+        pass
+    check_output(out, finished="result.json", what=what, also=("step*",))
+
+
 @compat_app.command("methods")
 def methods_cmd() -> None:
     """List the registered methods."""
@@ -73,7 +86,9 @@ def methods_cmd() -> None:
 def train_cmd(
     method: str = typer.Option(..., help="Method name (see `nobackfill compat methods`)."),
     steps: Optional[int] = typer.Option(None, help="T, the number of models (model updates + 1; default 2)."),
-    out: Path = typer.Option(Path("runs/compat"), help="Output folder (step models, loop logs, result.json)."),
+    out: Path = typer.Option(Path("runs/compat"), help="Output folder (step models, loop logs, result.json); one "
+                                                       "holding a finished result is refused, a killed run's is "
+                                                       "trained afresh."),
     epochs: Optional[float] = typer.Option(None, help="Passes over each step's items (default 40; 0: use "
                                                       "--train-steps)."),
     train_steps: Optional[int] = typer.Option(None, help="Optimiser steps per model when epochs is 0 (default 600)."),
@@ -108,8 +123,9 @@ def train_cmd(
                          "threads": threads, "metric": metric, "first_fraction": first_fraction},
             "data": _data_flags(backbone, split, n_render_train, n_render_eval, n_train_classes, cache_dir,
                                 step_backbones),
-            "options": _parse_options(option)})
-        check_options(method, cfg.options)  # before anything is loaded, trained or written
+            "options": _parse_options(option)},  # the method and its options checked before anything is
+            check=lambda c: check_options(method, c.options))  # loaded, trained or written (--show-config too)
+        _check_out(out)
         data = load_class_data(cfg.data)
         result = run_method(method, data, cfg.sequence, out, options=cfg.options, log=lambda m: console.print(m))
     except (ValueError, FileNotFoundError) as e:

@@ -54,7 +54,8 @@ def _train_command(preset: str, data: Path, out: Path, steps: Optional[int], see
 def train_cmd(
     preset: str = typer.Option(..., help="Zoo preset name (world-old, world-new, world-newer) or TOML path."),
     data: Path = typer.Option(..., help="A world folder (streams fresh scenes) or a user data folder."),
-    out: Path = typer.Option(..., help="Output model directory (resumes from its checkpoint)."),
+    out: Path = typer.Option(..., help="Output model directory (resumes a killed run from its checkpoint; a "
+                                       "finished model there is refused)."),
     steps: Optional[int] = typer.Option(None, help="Override the preset's number of steps."),
     seed: int = typer.Option(0, help="Training seed."),
     threads: int = typer.Option(0, help="torch threads (0 = default)."),
@@ -67,6 +68,7 @@ def train_cmd(
     (its [model] and [train] tables) is the config: ``--config`` and ``--set train.lr=...`` go over it."""
     from ..config import ConfigError
     from ..encoders.zoo import Preset, get_preset
+    from ..train.loop import check_output
     from ..train.world_model import train_preset
 
     try:
@@ -75,6 +77,7 @@ def train_cmd(
         fail(str(e))
     cfg = resolve_config(Preset, base, config, set_, show=show_config, flags={"train": {"steps": steps}})
     try:
+        check_output(out, finished="nobackfill.json", what="model")  # a killed run resumes; a finished one is kept
         r = train_preset(cfg, data, out, seed=seed, threads=threads, stream=stream,
                          command=_train_command(preset, data, out, steps, seed, threads, stream, config, set_))
     except (ConfigError, ValueError, FileNotFoundError) as e:
@@ -87,7 +90,8 @@ def train_cmd(
 def train_text_cmd(
     data: Optional[Path] = typer.Option(None, help="Multi30K root (default: data/multi30k under $NOBACKFILL_SHARED, "
                                                    "i.e. ../shared/data/multi30k)."),
-    out: Path = typer.Option(Path("models/m30k-old-text"), help="Output model directory (resumes from its checkpoint)."),
+    out: Path = typer.Option(Path("models/m30k-old-text"), help="Output model directory (resumes a killed run from its "
+                                                                "checkpoint; a finished model there is refused)."),
     steps: Optional[int] = typer.Option(None, help="Step budget (early stopping on val R@1 ends it sooner)."),
     batch_size: Optional[int] = typer.Option(None, help="Caption pairs per step."),
     lr: Optional[float] = typer.Option(None, help="Peak learning rate."),
@@ -105,6 +109,7 @@ def train_text_cmd(
     own BPE vocabulary on task2 train caption pairs, until val R@1 (caption 1 -> caption 2) stops
     improving."""
     from ..data.multi30k import read_task2
+    from ..train.loop import check_output
     from ..train.text_pairs import TextTrainRecipe, TextTrainSpec, train_text_model
 
     recipe = resolve_config(TextTrainRecipe, TextTrainRecipe(train=TextTrainSpec(seed=seed, threads=threads)), config,
@@ -121,6 +126,7 @@ def train_text_cmd(
     parts += ([f"--seed {seed}"] if seed else []) + ([f"--threads {threads}"] if threads != 1 else [])
     parts += ([f"--config {config}"] if config else []) + [f"--set {x}" for x in set_ or ()]
     try:
+        check_output(out, finished="nobackfill.json", what="model")  # a killed run resumes; a finished one is kept
         train_caps = read_task2(root, "train", "en")
         val = read_task2(root, "val", "en", ks=(1, 2))
         r = train_text_model(train_caps.captions, val.column(1), val.column(2), out, model=model, train_spec=ts,

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
-from typing import List, Optional
+from typing import List, Optional, Sequence
 
 import typer
 
@@ -27,12 +28,12 @@ def eval_retrieval(
     rerank_weight: float = typer.Option(1.0, help="Re-rank score = global + weight * CMLI (inf: CMLI only)."),
     as_json: bool = json_flag(),
 ) -> None:
-    """Text->image and image->text R@1/5/10, median rank, mAP for a query model x gallery model
-    (optionally through bridges, RECO-refined queries, or CMLI re-ranking of the top-k)."""
+    """Text->image and image->text R@1/5/10, median rank and mAP (R@K and mAP in %) for a query model x
+    gallery model (optionally through bridges, RECO-refined queries, or CMLI re-ranking of the top-k).
+    The row says what was compared: QUERY[+bridge(UPGRADE)...][+reco(RECO)]/GALLERY; notes follow the table."""
     echo = quiet(as_json)
     from ..encoders import load_encoder
-    from ..evaluate import cross_retrieval, embed_dataset, load_eval_data
-    from ..report import recall_table_rows, text_table
+    from ..evaluate import Embedded, cross_retrieval, embed_dataset, load_eval_data
 
     try:
         ds = load_eval_data(data, split, langs=[x for x in langs.split(",") if x])
@@ -40,24 +41,59 @@ def eval_retrieval(
             return _eval_reranked(query_model, gallery_model, ds, rerank, rerank_k, rerank_weight, json_out, as_json)
         q = load_encoder(query_model)
         g = q if gallery_model == query_model else load_encoder(gallery_model)
-        ge = embed_dataset(g, ds, progress=True)
-        if bridge or reco is not None:  # the Searcher's query pipeline: bridges and RECO refinement
-            from ..evaluate import Embedded
+        side = None
+        if bridge or reco is not None:  # the Searcher's query pipeline (checked before anything is embedded)
             from ..search.searcher import query_side_for
 
-            side = query_side_for(q, g.space_id, bridges=bridge or [], reco=reco)
+            side = query_side_for(q, g.space_id, bridges=bridge or [], reco=reco, gallery_name=g.name)
+        ge = embed_dataset(g, ds, progress=True)
+        if side is not None:
             qe = Embedded(g.space_id, side.embed("image", ds.image_paths()), side.embed("text", ds.captions))
         else:  # the raw comparison (near chance across spaces: why upgrades exist)
             qe = ge if g is q else embed_dataset(q, ds, progress=True)
     except user_errors() as e:
         fail(str(e))
     res = cross_retrieval(qe, ge, ds.caption_image)
-    res.update({"query_model": str(query_model), "gallery_model": str(gallery_model), "n_images": len(ds),
-                "n_captions": len(ds.captions), "query_space": q.space_id, "gallery_space": g.space_id,
-                "bridges": [str(b) for b in bridge or []], "reco": str(reco) if reco else None})
-    echo(text_table(*recall_table_rows({f"{query_model.name}/{gallery_model.name}": res})))
+    if side is None and q.space_id != g.space_id:
+        res["note"] = "; ".join(x for x in (res.get("note"), f"no bridge from the query's space {q.space_id} to "
+                                            f"the gallery's {g.space_id}: near chance is expected") if x)
+    label = f"{query_label(query_model, bridge or [], reco)}/{_name(gallery_model)}"
+    res.update({"label": label, "query_model": str(query_model), "gallery_model": str(gallery_model),
+                "n_images": len(ds), "n_captions": len(ds.captions), "query_space": q.space_id,
+                "gallery_space": g.space_id, "bridges": [str(b) for b in bridge or []],
+                "reco": str(reco) if reco else None})
+    echo(metrics_table({label: res}))
     write_json(json_out, res)
     emit_json(res, as_json)
+
+
+def _name(path: Path) -> str:
+    return Path(os.path.abspath(path)).name or str(path)
+
+
+def query_label(model: Path, bridges: Sequence[Path] = (), reco: Optional[Path] = None) -> str:
+    """What the queries are, in a row's label: ``MODEL[+bridge(UPGRADE)...][+reco(RECO)]``."""
+    return "+".join([_name(model)] + [f"bridge({_name(b)})" for b in bridges]
+                    + ([f"reco({_name(reco)})"] if reco is not None else []))
+
+
+#: the table's metrics: (key in a direction's metrics, heading)
+METRICS = (("R@1", "R@1"), ("R@5", "R@5"), ("R@10", "R@10"), ("median_rank", "median rank"), ("mAP", "mAP"))
+
+
+def metrics_table(rows: dict[str, dict]) -> str:
+    """``{label: {"t2i": metrics, "i2t": metrics, "note"?: str}}`` as a text table, a line per label and
+    direction (R@K and mAP in %), then every row's note."""
+    from ..report import text_table
+
+    def cell(key: str, v) -> str:
+        return "-" if v is None else f"{v:g}" if key == "median_rank" else f"{100 * v:.1f}"
+
+    body = [[label, d] + [cell(k, (r.get(d) or {}).get(k)) for k, _ in METRICS]
+            for label, r in rows.items() for d in ("t2i", "i2t")]
+    notes = [f"note: {label}: {r['note']}" for label, r in rows.items() if r.get("note")]
+    return "\n".join([text_table(["row", "dir"] + [h for _, h in METRICS], body), *notes])
+
 
 def _eval_reranked(query_model: Path, gallery_model: Path, ds, rerank: str, rerank_k: int, weight: float,
                    json_out: Optional[Path], as_json: bool) -> None:
@@ -66,7 +102,6 @@ def _eval_reranked(query_model: Path, gallery_model: Path, ds, rerank: str, rera
 
     from ..encoders import load_encoder
     from ..late.rerank import RERANK_SCORES, RerankSet, rerank_metrics, rerank_pairs
-    from ..report import recall_table_rows, text_table
 
     if rerank not in RERANK_SCORES:
         raise ValueError(f"--rerank must be one of {sorted(RERANK_SCORES)}, got {rerank!r}")
@@ -78,11 +113,13 @@ def _eval_reranked(query_model: Path, gallery_model: Path, ds, rerank: str, rera
                      np.asarray(ds.caption_image))
     scored = rerank_pairs(enc, data, rerank_k)
     variant = RERANK_SCORES[rerank]
+    pair = f"{_name(query_model)}/{_name(gallery_model)}"
     res = {"global": rerank_metrics(scored, data, None),
            "reranked": rerank_metrics(scored, data, {"t2i": (variant, weight), "i2t": (variant, weight)}),
+           "labels": {"global": pair, "reranked": f"{pair}+rerank({rerank}, top {rerank_k}, weight {weight:g})"},
            "rerank": rerank, "rerank_k": rerank_k, "weight": weight, "model": str(query_model),
            "n_images": len(ds), "n_captions": len(ds.captions), "space": enc.space_id}
-    quiet(as_json)(text_table(*recall_table_rows({"global": res["global"], f"+ {rerank} @ {weight}": res["reranked"]})))
+    quiet(as_json)(metrics_table({res["labels"][k]: res[k] for k in ("global", "reranked")}))
     write_json(json_out, res)
     emit_json(res, as_json)
 
@@ -101,23 +138,25 @@ def eval_compat(
     as_json: bool = json_flag(),
 ) -> None:
     """Backward compatibility of an upgraded new model with an old gallery: old/old, new/new (upgrade
-    off), raw new/old, upgraded new/old R@1/5/10, gap closure, Eq. 1 criterion rates, on/off check."""
+    off), raw new/old, upgraded new/old R@1/5/10, median rank, mAP, gap closure, Eq. 1 criterion rates,
+    on/off check. A line first names the old and new models and the upgrade; notes follow the table."""
     echo = quiet(as_json)
     from ..encoders import load_encoder
     from ..evaluate import load_eval_data
-    from ..report import recall_table_rows, text_table
     from ..search.compat_report import LABELS, compat_report
 
     try:
         ds = load_eval_data(data, split, langs=[x for x in langs.split(",") if x])
-        result = compat_report(load_encoder(old), load_encoder(new), ds, bridges=bridge, strict=strict,
-                               n_unpaired=n_unpaired, progress=True)
+        eo, en = load_encoder(old), load_encoder(new)
+        result = compat_report(eo, en, ds, bridges=bridge, strict=strict, n_unpaired=n_unpaired, progress=True)
     except (ValueError, FileNotFoundError) as e:
         fail(str(e))
     rows, gap, crit, flips, onoff = (result[k] for k in ("rows", "gap_closure", "criterion", "flips",
                                                          "onoff_max_abs_diff"))
     labels = LABELS
-    echo(text_table(*recall_table_rows({labels[k]: v for k, v in rows.items()})))
+    echo(f"old: {_name(old)} ({eo.space_id}), new: {_name(new)} ({en.space_id}), "
+         f"upgraded new: {query_label(new, bridge)}")
+    echo(metrics_table({labels[k]: v for k, v in rows.items()}))
     echo("gap closure: " + ", ".join(f"{d} {v:.2f}" if v is not None else f"{d} -" for d, v in gap.items()))
     for case, r in crit.items():
         echo(f"criterion {case}: paired {100 * r['paired']:.1f}%  unpaired {100 * r['unpaired']:.1f}%")

@@ -21,7 +21,8 @@ def late_train(
     kind: Optional[str] = typer.Option(None, help="cmli (global + CMLI InfoNCE, FILIP-style; default) | global | kd "
                                                   "(Target-CMLI)."),
     world: Path = typer.Option(Path("data/world"), help="World root (only world.json is read; scenes are streamed)."),
-    out: Path = typer.Option(..., help="Output model directory (resumes from its checkpoint)."),
+    out: Path = typer.Option(..., help="Output model directory (resumes from its checkpoint; a finished model there "
+                                       "is refused)."),
     preset: Optional[str] = typer.Option(None, help="Zoo preset or TOML path of the model to train (default "
                                                     "world-tiny)."),
     teacher: Path = typer.Option(Path("models/world-new"), help="Teacher (kd) and tokenizer source."),
@@ -46,11 +47,13 @@ def late_train(
     from ..data.world import load_world_spec
     from ..encoders import load_encoder
     from ..late.world import LateTrainConfig, train_world_method
+    from ..train.loop import check_output
 
     cfg = resolve_config(LateTrainConfig, None, config, set_, show=show_config, flags={
         "kind": kind, "preset": preset, "steps": steps, "batch_size": batch_size, "lr": lr, "seed": seed,
         "threads": threads, "swap_twins": swap_twins, "kd": {"mode": kd_mode, "empty_target": empty_target}})
     try:
+        check_output(out, finished="nobackfill.json", what="model", sources=(teacher,))  # before anything is read
         spec = load_world_spec(world)
         if spec is None:
             raise FileNotFoundError(f"{world}: no world.json")

@@ -47,6 +47,19 @@ def _split_langs(text: str) -> list[str]:
     return langs
 
 
+def _to_learn(langs: list[str], known: list[str]) -> list[str]:
+    """The task languages the model does not have yet (it names those it has); a ValueError, before
+    any data is read or anything written, when it has them all."""
+    todo = [lg for lg in langs if lg not in known]
+    if not todo:
+        raise ValueError(f"nothing to learn: the model already has {', '.join(langs)}"
+                         + ("" if set(known) == set(langs) else f" (it has {', '.join(known)})"))
+    if len(todo) < len(langs):
+        console.print(f"learning {', '.join(todo)} (the model already has "
+                      f"{', '.join(lg for lg in langs if lg not in todo)})")
+    return todo
+
+
 def _english_side(encoder):
     """``encoder`` with English active (no adapter or prompt): the frozen ``r^E`` targets."""
     from ..lingual.adapters import use_language
@@ -105,7 +118,7 @@ def learn(
     try:
         langs = _split_langs(tasks)
         enc, saved = _load_model(model)
-        todo = [lg for lg in langs if lg not in (saved.learned if saved is not None else ["en"])]
+        todo = _to_learn(langs, saved.learned if saved is not None else ["en"])
         if is_multi30k(data):
             task_list, english = multi30k_tasks(data, todo, train_lines)
         else:
@@ -134,7 +147,9 @@ def learn(
 def evaluate(
     model: str = typer.Option(..., help="Model directory (or 'minilm')."),
     data: Path = typer.Option(..., help="Multi30K root or a world data folder."),
-    langs: str = typer.Option("de,fr,cs", help="Languages to evaluate."),
+    langs: str = typer.Option("", help="Languages to evaluate, comma list (default: those the model learned that "
+                                       "the data has captions for; a model that learned none besides English: "
+                                       "every language of the data)."),
     split: str = typer.Option("", help="Split (default: test_2016_flickr for Multi30K, test for the world)."),
     eval_dir: Optional[Path] = typer.Option(None, help="Multi30K: folder holding {split}.{lang}.gz laid out like task1/raw."),
     eta: float = typer.Option(0.0, help="World: translate-test score fusion weight (0 = the model alone)."),
@@ -152,22 +167,25 @@ def evaluate(
     from ..lingual.data import foreign_to_english, is_multi30k, multi30k_eval_lines, world_retrieval
     torch.set_num_threads(threads)
     try:
-        lang_list = _split_langs(langs)
-        enc, _ = _load_model(model)
-        if is_multi30k(data) or eval_dir is not None:
-            lines = multi30k_eval_lines(data, split or "test_2016_flickr", lang_list, eval_dir, limit)
-            result = {"task": "multi30k foreign->English R@1", "split": split or "test_2016_flickr",
+        enc, saved = _load_model(model)
+        m30k = is_multi30k(data) or eval_dir is not None
+        split = split or ("test_2016_flickr" if m30k else "test")
+        have = _multi30k_langs(data, split, eval_dir) if m30k else _world_langs(data, split)
+        lang_list = _eval_langs(langs, saved.learned if saved is not None else [], have, split, foreign_only=m30k)
+        if m30k:
+            lines = multi30k_eval_lines(data, split, lang_list, eval_dir, limit)
+            result = {"task": "multi30k foreign->English R@1", "split": split,
                       "R@1": foreign_to_english(enc, lines, cache_dir)}
         else:
-            d = load_eval_data(data, split or "test", langs=list(dict.fromkeys(["en", *lang_list])))
+            d = load_eval_data(data, split, langs=list(dict.fromkeys(["en", *lang_list])))
             if limit:
                 d = d.subset_images(np.arange(min(limit, len(d))))
             imgs = enc.encode_images(d.image_paths())
-            result = {"task": "world retrieval R@1", "split": split or "test", "eta": eta,
+            result = {"task": "world retrieval R@1", "split": split, "eta": eta,
                       **world_retrieval(enc, d, imgs, lang_list, cache_dir, eta=eta)}
     except (ValueError, FileNotFoundError, ModuleNotFoundError, NotImplementedError) as e:
         fail(str(e))
-    result["model"] = str(model)
+    result.update(model=str(model), langs=lang_list, limit=limit)
     if not as_json:
         _print_recall(result)
     if json_out is not None:
@@ -184,10 +202,54 @@ def _print_recall(result: dict) -> None:
     table.add_column("language")
     for name in cols:
         table.add_column("foreign -> English R@1" if name == "R@1" else f"{name} R@1", justify="right")
-    for lang in dict.fromkeys(lang for v in cols.values() for lang in v):
-        table.add_row(lang, *(f"{v[lang]:.3f}" if isinstance(v.get(lang), (int, float)) else "-"
+    for lang in dict.fromkeys(lang for v in cols.values() for lang in v):  # percent, as eval retrieval
+        table.add_row(lang, *(f"{100 * v[lang]:.1f}" if isinstance(v.get(lang), (int, float)) else "-"
                               for v in cols.values()))
     results.print(table)
+
+
+def _multi30k_langs(data: Path, split: str, eval_dir: Optional[Path]) -> list[str]:
+    """The languages with a ``{split}.{lang}.gz`` file (in ``eval_dir``, else Multi30K's task1/raw)."""
+    folder = Path(eval_dir) if eval_dir is not None else Path(data) / "task1" / "raw"
+    found = (p.name[len(split) + 1:-len(".gz")] for p in folder.glob(f"{split}.*.gz")) if folder.is_dir() else ()
+    return sorted(lg for lg in found if lg and "." not in lg)
+
+
+def _world_langs(data: Path, split: str) -> list[str]:
+    """The caption languages of a data folder or world split, in file order (captions read, images not
+    checked)."""
+    from ..data.folder import load_pairs
+    from ..evaluate import resolve_data
+
+    return list(dict.fromkeys(load_pairs(resolve_data(data, split), check_images=False).langs))
+
+
+def _eval_langs(text: str, learned: list[str], have: list[str], split: str, *, foreign_only: bool) -> list[str]:
+    """The languages ``lingual eval`` evaluates: ``--langs`` (each must be in the data), else those
+    the model learned that the data has captions for, else (a model that learned none besides
+    English) every language of the data; English is never a query language on Multi30K (it is the
+    gallery). Says which were used and why."""
+    pool = [lg for lg in dict.fromkeys(["en", *have]) if lg in have and not (foreign_only and lg == "en")]
+    if text.strip():
+        chosen = _split_langs(text)
+        missing = [lg for lg in chosen if lg not in have]
+        if have and missing:
+            raise ValueError(f"--langs {text}: the data has no {', '.join(missing)} captions in split {split} "
+                             f"(it has {', '.join(have)})")
+        return chosen
+    mine = [lg for lg in learned if lg in pool]
+    absent = [lg for lg in learned if lg not in have and lg != "en"]
+    if any(lg != "en" for lg in mine):
+        chosen, why = mine, "learned by the model, with captions in the data"
+    else:
+        chosen, why = pool, "every language of the data: the model learned " + \
+            ("no language in it besides English" if absent else "none besides English")
+    why += f"; the model's {', '.join(absent)} not in the data" if absent else ""
+    if not chosen:
+        raise ValueError(f"no language to evaluate: the data's split {split} has captions in "
+                         f"{', '.join(have) or 'no language'} only; give --langs")
+    console.print(f"languages: {', '.join(chosen)} ({why}; --langs to choose)")
+    return chosen
 
 
 def bench_lingual_text(
@@ -221,7 +283,7 @@ def bench_lingual_text(
     try:
         cfg = _bench_config(LingualTextConfig, quick, methods or ",".join(DEFAULT_METHODS), threads, steps, lr, teir_lr,
                             eval_split=split, eval_limit=limit)
-        cfg = resolve_config(LingualTextConfig, cfg, config, set_, show=show_config)
+        cfg = resolve_config(LingualTextConfig, cfg, config, set_, show=show_config, check=_check_methods)
     except ValueError as e:
         fail(str(e))
     _bench(cfg, lambda c, log: run_lingual_text(data or multi30k_default(), eval_dir=eval_dir, quick=quick, config=c,
@@ -238,6 +300,13 @@ def _bench_config(cls, quick: bool, methods: str, threads: int, steps: int | Non
                                         **({"teir_lr": teir_lr} if teir_lr else {}))
     cfg.cll = replace(cfg.cll, threads=threads, **({"steps": steps} if steps else {}), **({"lr": lr} if lr else {}))
     return cfg
+
+
+def _check_methods(cfg) -> None:
+    """The bench's methods by name (a bad one fails here, before any data is read, with the run's
+    own message; ``--show-config`` too)."""
+    for name in cfg.methods:
+        cfg.method_cll(name)
 
 
 def _floats(text: str) -> tuple[float, ...]:
@@ -287,7 +356,7 @@ def bench_lingual_world(
             kw["langs"] = tuple(_split_langs(langs))
         cfg = _bench_config(LingualWorldConfig, quick, ",".join(WORLD_METHODS) if methods is None else methods, threads,
                             steps, lr, teir_lr, eval_split=split, eval_limit=limit, **kw)
-        cfg = resolve_config(LingualWorldConfig, cfg, config, set_, show=show_config)
+        cfg = resolve_config(LingualWorldConfig, cfg, config, set_, show=show_config, check=_check_methods)
     except ValueError as e:
         fail(str(e))
     _bench(cfg, lambda c, log: run_lingual_world(data, model=model, quick=quick, config=c, cache_dir=cache_dir,

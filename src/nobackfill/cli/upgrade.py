@@ -7,7 +7,8 @@ from typing import List, Optional
 
 import typer
 
-from ._common import command_line, config_option, console, fail, resolve_config, results, set_option, show_config_option
+from ._common import (check_new_output, command_line, config_option, console, fail, resolve_config, results, set_option,
+                      show_config_option)
 
 
 def upgrade_xbt(
@@ -16,7 +17,8 @@ def upgrade_xbt(
     text_corpus: Path = typer.Option(..., help="Stage-1 text: a text file (one caption a line), a data folder "
                                                "(its train captions) or a world root (train-split captions)."),
     pairs: Path = typer.Option(..., help="Stage-2 image-text pairs: a data folder (train split) or a world root."),
-    out: Path = typer.Option(..., help="Upgrade directory to write (resumes a killed run)."),
+    out: Path = typer.Option(..., help="Upgrade directory to write (resumes a killed run; a finished upgrade there is "
+                                       "refused)."),
     stage1: Optional[Path] = typer.Option(None, help="Reuse this stage-1 (phi) upgrade instead of training one."),
     config: Optional[Path] = config_option(),
     set_: Optional[List[str]] = set_option(),
@@ -39,6 +41,7 @@ def upgrade_xbt(
 
     from ..compat.xbt import XBTUpgradeConfig
     from ..compat.xbt import upgrade_xbt as run_upgrade
+    from ..train.loop import check_output
 
     base = XBTUpgradeConfig().with_seed(seed)
     if threads:
@@ -54,6 +57,7 @@ def upgrade_xbt(
     if threads:
         torch.set_num_threads(threads)
     try:
+        check_output(out, finished="upgrade.json", what="upgrade", also=("stage1",), sources=(old, new, stage1))
         up, res = run_upgrade(old, new, text_corpus, pairs, out, cfg, stage1=stage1, progress=True, command=command,
                               log=lambda m: console.print(m))
     except (ValueError, FileNotFoundError) as e:
@@ -77,7 +81,8 @@ def upgrade_xbt_text(
                                                "a model directory."),
     data: Optional[Path] = typer.Option(None, help="Multi30K root (default: data/multi30k under $NOBACKFILL_SHARED); "
                                                    "task2 train captions only."),
-    out: Path = typer.Option(..., help="Upgrade directory to write (resumes a killed run)."),
+    out: Path = typer.Option(..., help="Upgrade directory to write (resumes a killed run; a finished upgrade there is "
+                                       "refused)."),
     quick: bool = typer.Option(False, help="Stage 1 on 8,000 images for 1,500 steps, pairs from the same images."),
     cache_dir: Optional[Path] = typer.Option(Path("runs/cache"), help="Embedding cache of the frozen models "
                                                                       "(space id + text hash)."),
@@ -97,6 +102,7 @@ def upgrade_xbt_text(
     load_upgrade(out).apply(MiniLMTextEncoder.pretrained())."""
     from ..compat.text_upgrade import TextXBTUpgradeConfig, train_text_upgrade
     from ..data.multi30k import default_multi30k_dir
+    from ..train.loop import check_output
 
     parts = ["nobackfill upgrade xbt-text", f"--old {old}", f"--new {new}"] + ([f"--data {data}"] if data else [])
     parts += [f"--out {out}"] + (["--quick"] if quick else [])
@@ -110,6 +116,7 @@ def upgrade_xbt_text(
     cfg = resolve_config(TextXBTUpgradeConfig, TextXBTUpgradeConfig.quick(**kw) if quick else TextXBTUpgradeConfig(**kw), config, set_,
                          flags={"stage1": {"steps": stage1_steps}, "xbt": {"steps": xbt_steps}}, show=show_config)
     try:
+        check_output(out, finished="upgrade.json", what="upgrade", also=("stage1",), sources=(old,))
         res = train_text_upgrade(old, new, data or default_multi30k_dir(), out, cfg, cache_dir=cache_dir,
                                  command=" ".join(parts), progress=True, log=lambda m: console.print(m))
     except (ValueError, FileNotFoundError) as e:
@@ -123,7 +130,7 @@ def upgrade_procrustes(
     old: Path = typer.Option(..., help="The old model (the gallery's space)."),
     new: Path = typer.Option(..., help="The new model."),
     text_corpus: Path = typer.Option(..., help="Paired text: a text file, a data folder or a world root."),
-    out: Path = typer.Option(..., help="Upgrade directory to write."),
+    out: Path = typer.Option(..., help="Upgrade directory to write (a new or empty folder)."),
     corpus_size: Optional[int] = typer.Option(None, help="Maximum captions, deduplicated (default 40000)."),
     config: Optional[Path] = config_option(),
     set_: Optional[List[str]] = set_option(),
@@ -137,6 +144,7 @@ def upgrade_procrustes(
     from ..encoders import load_encoder
 
     cfg = resolve_config(ProcrustesConfig, None, config, set_, show=show_config, flags={"corpus_size": corpus_size})
+    check_new_output(out, sources=(old, new))  # an earlier upgrade (of any kind) there is not overwritten
     try:
         o, n = load_encoder(old), load_encoder(new)
         texts = dedupe(read_text_corpus(text_corpus, cfg.corpus_size))[:cfg.corpus_size]

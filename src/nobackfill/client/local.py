@@ -16,7 +16,7 @@ from ..search.merge import DEFAULT_MERGE
 from .base import Client, check_image_file
 from .errors import ClientError, Conflict, InvalidRequest, NotFound, as_client_error
 from .types import AddResult, ImportResult, ItemInfo, SearchHit, SearchResults, UpgradeResult
-from .upload import check_ids, given_items, load_calibration, one_source, read_files
+from .upload import check_ids, check_metadata, given_items, load_calibration, one_source, read_files
 
 __all__ = ["LocalClient"]
 
@@ -129,6 +129,7 @@ class LocalClient(Client):
         else:
             items, read = given_items(texts, images, ids, self.limits.check_text), FolderItems(items=[])
         check_ids(items)  # the ids the HTTP API can name: one rule for both clients
+        check_metadata(items)  # and JSON metadata (no NaN): refused over HTTP, so here too
         try:
             rep = add_items(self.collection, self.encoder(), items, chunk_size=chunk_size, skip_bad=skip_bad,
                             progress=progress, wait=wait, before_embed=before_embed)

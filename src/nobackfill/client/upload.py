@@ -13,12 +13,12 @@ from dataclasses import fields
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-from ..catalog.items import ID_PATTERN, ID_RULE, added_id_problem
+from ..catalog.items import ID_PATTERN, ID_RULE, added_id_problem, metadata_problem
 from .errors import ClientError, InvalidRequest
 from .types import AddResult
 
 __all__ = ["ID_HEADER", "ID_PATTERN", "ID_RULE", "MAX_METADATA_BYTES", "METADATA_HEADER", "RESERVED_METADATA",
-           "added_id_problem", "check_ids", "given_items", "load_calibration", "one_source", "read_files", "upload_items"]
+           "added_id_problem", "check_ids", "check_metadata", "given_items", "load_calibration", "one_source", "read_files", "upload_items"]
 
 #: the part headers of an uploaded image (multipart ``POST /v1/items``): its item id, and its
 #: metadata as a JSON object (ASCII: part headers are no place for other bytes)
@@ -99,6 +99,7 @@ def upload_items(call: Callable[..., Any], items: Sequence[Any], limits: dict[st
     images = [it for it in items if it.modality == "image"]
     texts = [it for it in items if it.modality == "text"]
     check_ids(items)
+    check_metadata(items)
     headers = [_image_headers(it, f"images[{n}]") for n, it in enumerate(images)]
     with progress_bar(progress, "uploading", len(items)) as advance:
         batch: list[tuple[int, bytes]] = []
@@ -137,6 +138,18 @@ def check_ids(items: Sequence[Any]) -> None:
         for n, it in enumerate(x for x in items if x.modality == modality):
             if (problem := added_id_problem(it.id)) is not None:
                 raise InvalidRequest(422, f"{name}[{n}].id: {problem}; nothing was added", f"{name}[{n}].id")
+
+
+def check_metadata(items: Sequence[Any]) -> None:
+    """:class:`~.errors.InvalidRequest` naming the first item (as :func:`check_ids` does) whose
+    metadata holds a number JSON has not (NaN, infinity:
+    :func:`~nobackfill.catalog.items.metadata_problem`), before anything is added, in process and
+    over HTTP alike."""
+    for name, modality in (("images", "image"), ("texts", "text")):
+        for n, it in enumerate(x for x in items if x.modality == modality):
+            if it.metadata and (problem := metadata_problem(it.metadata)) is not None:
+                raise InvalidRequest(422, f"{name}[{n}]: its metadata is not a JSON object of JSON values ({problem}); "
+                                          "nothing was added", f"{name}[{n}]")
 
 
 def _image_headers(it: Any, at: str) -> dict[str, str]:

@@ -8,19 +8,21 @@
 * :mod:`.bridges` - Procrustes, SLERP, phi bridges, the bridge registry and chains.
 * :mod:`.upgrade` - upgrade directories, ``load_upgrade``, :class:`UpgradedEncoder` (on / off).
 * :mod:`.data` - text corpora, image-text pair sources, in-memory world splits.
+* :mod:`.fitted` - bridges fitted on a collection's own backfilled items (kind ``fitted``), chosen without labels.
 * :mod:`.learning` - compatibility learning over T model updates (Biondi et al.'s tutorial): BCT, CoReS, ... as plug-ins.
-* :mod:`.cli` - ``nobackfill compat ...`` and ``bench compat-steps``.
+
+Their commands (``nobackfill compat ...``, ``nobackfill upgrade ...``, ``bench compat-steps``) are in
+``nobackfill.cli``.
 
 Names are exported lazily, so importing the package (and the CLI) does not load transformers or peft.
 
-May import: ``config``, ``data``, ``encoders``, ``evaluate``, ``gallery``, ``metrics``, ``progress``,
+May import: ``_lazy``, ``config``, ``data``, ``encoders``, ``evaluate``, ``gallery``, ``metrics``, ``progress``,
 ``train``.
 """
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from .._lazy import lazy_exports
 
 #: public name -> submodule. Imported on first use (PEP 562), so that ``nobackfill.compat.learning``
 #: and the CLI do not pull transformers and peft in just by importing the package.
@@ -39,13 +41,4 @@ _EXPORTS = {
 __all__ = list(_EXPORTS)
 
 
-def __getattr__(name: str) -> Any:
-    if name not in _EXPORTS:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(f".{_EXPORTS[name]}", __name__), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(__all__))
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)

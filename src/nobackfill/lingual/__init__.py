@@ -10,7 +10,25 @@ plug-ins with hooks: ``cll_clip``, ``oewc`` (:mod:`.ewc`), ``er`` / ``der`` (:mo
 ``lora`` (:mod:`.adapters`), ``prompt`` (:mod:`.prompts`), ``dualprompt``, ``coda_prompt``),
 :mod:`.learner` (one language after another; save / reload), :mod:`.sequence` (the task-sequence
 runner and the method-name grammar), :mod:`.data` (Multi30K and world tasks / evaluation). Never
-imports typer, the benches or the CLI; kept import-free so the command line starts fast.
+imports typer, the benches or the CLI; kept import-free so the command line starts fast: the package
+exports :class:`~.learner.CLLConfig` lazily (PEP 562), so importing it does not load torch.
 
-May import: ``data``, ``encoders``, ``evaluate``, ``metrics``, ``train``.
+May import: ``_lazy``, ``data``, ``encoders``, ``evaluate``, ``metrics``, ``train``.
 """
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from .._lazy import lazy_exports
+
+if TYPE_CHECKING:  # for type checkers and the API reference; at run time ``__getattr__`` imports it
+    from .learner import CLLConfig
+
+#: public name -> submodule, imported on first use (the learner imports torch)
+_EXPORTS = {"CLLConfig": "learner"}
+
+__all__ = ["CLLConfig"]
+
+
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)

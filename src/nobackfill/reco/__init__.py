@@ -8,10 +8,10 @@ re-embedding the gallery.
 * :mod:`.model` — a trained refinement directory (``reco.json`` + ``fusion.safetensors``).
 * :mod:`.train` — the RECO loss and its :class:`~nobackfill.train.loop.Method` plug-in.
 
-May import: ``config``, ``data``, ``encoders``, ``evaluate``, ``gallery``, ``metrics``, ``train``.
+May import: ``_lazy``, ``config``, ``data``, ``encoders``, ``evaluate``, ``gallery``, ``metrics``, ``train``.
 """
 
-import importlib
+from .._lazy import lazy_exports
 
 _EXPORTS = {
     "FusionConfig": "fusion", "MeanFusion": "fusion", "TransformerFusion": "fusion",
@@ -23,8 +23,5 @@ _EXPORTS = {
 __all__ = sorted(_EXPORTS)
 
 
-def __getattr__(name: str):
-    """Lazy exports: ``nobackfill.reco.cli`` (imported by the CLI) must not pull in torch."""
-    if name in _EXPORTS:
-        return getattr(importlib.import_module(f".{_EXPORTS[name]}", __name__), name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+#: lazy exports: ``nobackfill.cli.reco`` (imported by the CLI) must not pull in torch
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)

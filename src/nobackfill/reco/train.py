@@ -29,8 +29,8 @@ import torch
 from ..config import to_dict
 from ..train.contrastive import info_nce
 from ..train.loop import LoopConfig, Method, TrainResult, train
-from .fusion import FusionConfig
-from .memory import Memory
+from .fusion import FUSION_KINDS, FusionConfig
+from .memory import FUSE_MODES, SEARCH_MODES, Memory
 from .model import RecoModel, RecoSpec
 
 
@@ -48,6 +48,15 @@ class RecoTrainConfig:
     #: steps (a budget with early stopping), lr, warm-up, weight decay, evaluation interval, patience
     loop: LoopConfig = field(default_factory=lambda: LoopConfig(
         steps=1500, lr=1e-3, warmup=50, weight_decay=0.05, threads=1, eval_every=250, log_every=0, checkpoint_every=0))
+
+    def __post_init__(self) -> None:
+        """What the run refuses, refused as the config is built (--config, --set, --show-config too)."""
+        if self.search not in SEARCH_MODES or self.fuse not in FUSE_MODES:
+            raise ValueError(f"search must be in {SEARCH_MODES}, fuse in {FUSE_MODES}; got {self.search!r}, {self.fuse!r}")
+        if self.fusion not in FUSION_KINDS:
+            raise ValueError(f"fusion kind must be one of {FUSION_KINDS}, got {self.fusion!r}")
+        if self.k < 1 or self.heads < 1 or self.batch_size < 1:
+            raise ValueError(f"k, heads and batch_size must be >= 1, got {self.k}, {self.heads}, {self.batch_size}")
 
     def to_dict(self) -> dict:
         return to_dict(self)

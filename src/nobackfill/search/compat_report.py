@@ -20,7 +20,7 @@ from ..metrics.compat import cross_modal_criterion, gap_closure
 __all__ = ["LABELS", "compat_report", "embed_through", "gap_closures", "report_row"]
 
 #: the report's rows in words
-LABELS = {"old_old": "old/old", "new_new": "new/new (off)", "new_old_raw": "raw new/old",
+LABELS = {"old_old": "old/old", "new_new": "new/new (upgrade off)", "new_old_raw": "raw new/old",
           "upgraded_new_old": "upgraded new/old"}
 
 
@@ -52,15 +52,16 @@ def compat_report(old: Any, new: Any, data: Any, *, bridges: Sequence[str | Path
     ``bridges``, the old/old, new/new and raw new/old rows only."""
     from .searcher import query_side_for
 
+    side = query_side_for(new, old.space_id, bridges=bridges, gallery_name=getattr(old, "name", "")) \
+        if bridges else None  # a wrong upgrade is refused before anything is embedded
     eo, en = embed_dataset(old, data, progress=progress), embed_dataset(new, data, progress=progress)
     c2i = data.caption_image
     rows = {"old_old": cross_retrieval(eo, eo, c2i), "new_new": cross_retrieval(en, en, c2i),
             "new_old_raw": cross_retrieval(en, eo, c2i)}
     out: dict[str, Any] = {"rows": rows, "strict": strict, "n_images": len(data), "n_captions": len(data.captions),
                            "bridges": [str(b) for b in bridges], "spaces": {"old": old.space_id, "new": new.space_id}}
-    if not bridges:  # no upgrade given: the three reference rows only
+    if side is None:  # no upgrade given: the three reference rows only
         return out
-    side = query_side_for(new, old.space_id, bridges=bridges)
     eu = embed_through(side, data)
     rows["upgraded_new_old"] = report_row(eu, eo, c2i, n_unpaired=n_unpaired, strict=strict)
     out["criterion"] = rows["upgraded_new_old"].pop("criterion")

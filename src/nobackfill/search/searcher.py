@@ -395,17 +395,17 @@ def explicit_plan(spaces: Sequence[Space], query_ref: str, query_model: DualEnco
 
 def query_side_for(query_model: DualEncoder, gallery_space: str, *, bridges: Sequence[str | Path] = (),
                    reco: str | Path | None = None, direction: str = "t2i",
-                   pool: ModelPool | None = None) -> QuerySide:
+                   pool: ModelPool | None = None, gallery_name: str = "") -> QuerySide:
     """The query pipeline of ``nobackfill search`` / ``eval retrieval`` without a collection: the
     queries of ``query_model`` into ``gallery_space`` (natively, or through ``bridges``; refined by
-    ``reco``). Raises :class:`SpaceMismatchError` when no given bridge reaches the space."""
+    ``reco``). Raises :class:`SpaceMismatchError`, naming every space, when no given bridge reaches it."""
     from ..compat.upgrade import load_upgrade
 
     pool = pool or ModelPool()
     ref = f"<{getattr(query_model, 'name', 'query model')}>"
     pool.put(ref, query_model)
     ups = [load_upgrade(b) for b in bridges]
-    _check_upgrades(ups, query_model)
+    _check_upgrades(ups, query_model, _named(gallery_space, gallery_name))
     gallery = Space(space_id=gallery_space, model="-", dim=0, dir="-")
     plan = explicit_plan([gallery], ref, query_model, [upgrade_entry(u) for u in ups])
     refine = _reco_refiner(Path(reco), {query_model.space_id} | {u.target_id for u in ups if not u.is_bridge}) \
@@ -415,18 +415,33 @@ def query_side_for(query_model: DualEncoder, gallery_space: str, *, bridges: Seq
         return planner.query_side(gallery_space, direction, NATIVE)
     if BRIDGE not in planner.available(gallery_space, direction):
         raise SpaceMismatchError(gallery_space, query_model.space_id, "embed queries for the gallery",
-                                 what="query model's embeddings",
-                                 hint="embed them with the gallery's model or pass a bridge (--bridge)")
+                                 what="query model's embeddings", expected_name=gallery_name,
+                                 other_name=getattr(query_model, "name", ""),
+                                 hint=f"{_maps(ups)}: no chain of them reaches the gallery" if ups else
+                                 "embed them with the gallery's model or pass a bridge (--bridge)")
     return planner.query_side(gallery_space, direction, BRIDGE)
 
 
-def _check_upgrades(ups: Sequence[Any], encoder: DualEncoder) -> None:
+def _named(space_id: str, name: str = "") -> str:
+    return f"{space_id} ({name})" if name else space_id
+
+
+def _maps(ups: Sequence[Any]) -> str:
+    """What the upgrades ``ups`` map, from and to, in words (for the errors)."""
+    return "; ".join(f"{u.directory} maps {_named(u.source_id, u.source.get('name', ''))} to "
+                     f"{_named(u.target_id, u.target.get('name', ''))}" for u in ups)
+
+
+def _check_upgrades(ups: Sequence[Any], encoder: DualEncoder, gallery: str = "") -> None:
     if sum(1 for u in ups if not u.is_bridge) > 1:
         raise ValueError("at most one encoder upgrade (xbt / direct-*) can be applied to a model")
     for u in ups:
         if not u.is_bridge and u.source_id != encoder.space_id:
             raise SpaceMismatchError(u.source_id, encoder.space_id, f"apply upgrade {u.directory}",
-                                     what="query model's embeddings", hint="the upgrade was trained for another new model")
+                                     what="query model's embeddings", expected="upgrade's source (its new model)",
+                                     expected_name=u.source.get("name", ""), other_name=getattr(encoder, "name", ""),
+                                     hint=_maps([u]) + (f"; the gallery is in space {gallery}" if gallery else "")
+                                     + "; give the query model the upgrade was trained for")
 
 
 def _reco_refiner(reco: Path, spaces: set[str]):

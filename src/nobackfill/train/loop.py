@@ -8,11 +8,14 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import fnmatch
 import json
 import math
 import os
 import random
+import signal
 import sys
+import threading
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -146,6 +149,26 @@ def lr_factor(step: int, cfg: LoopConfig) -> float:
     return 0.5 * (1 + math.cos(math.pi * min(1.0, t)))
 
 
+@contextlib.contextmanager
+def _interrupt_deferred() -> Iterator[None]:
+    """Ctrl-C inside the block is held until it ends (then raised as ``KeyboardInterrupt``): a
+    checkpoint or log line being written is finished first, so the run stops with a whole file and
+    says which step it holds, not with an error of the half-written zip. In the main thread only
+    (where Python delivers SIGINT); elsewhere the block runs as it is."""
+    if threading.current_thread() is not threading.main_thread() or \
+            signal.getsignal(signal.SIGINT) is not signal.default_int_handler:
+        yield
+        return
+    held: list[Any] = []
+    signal.signal(signal.SIGINT, lambda *a: held.append(a))
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+    if held:
+        raise KeyboardInterrupt
+
+
 def _atomic_torch_save(obj: Any, path: Path) -> None:
     tmp = path.with_name(path.name + ".tmp")
     with open(tmp, "wb") as f:
@@ -173,13 +196,18 @@ _RESUME_FREE = ("threads", "log_every")
 
 
 class ResumeMismatch(ValueError):
-    """A checkpoint written by a run with other loop settings than this one's."""
+    """A checkpoint written by a run with other loop settings (or of another method) than this one's."""
 
 
-def check_resume(path: Path, saved: dict[str, Any] | None, cfg: LoopConfig) -> None:
+def check_resume(path: Path, saved: dict[str, Any] | None, cfg: LoopConfig, *, method: str | None = None,
+                 saved_method: str | None = None) -> None:
     """:class:`ResumeMismatch` naming each setting where the run that wrote the checkpoint ``path``
     (``saved``: its loop config) and this one differ: resuming would train on with the old ones
-    (the optimiser's state, the schedule) while the new ones were recorded."""
+    (the optimiser's state, the schedule) while the new ones were recorded. A checkpoint of another
+    method (``saved_method``, recorded since the checkpoints name it) is refused too."""
+    if method is not None and saved_method is not None and saved_method != method:
+        raise ResumeMismatch(f"{path} was written by a run of {saved_method} (now {method}): give another --out "
+                             f"(or delete {path.name} to start afresh)")
     if saved is None:
         return
     now = asdict(cfg)
@@ -190,13 +218,76 @@ def check_resume(path: Path, saved: dict[str, Any] | None, cfg: LoopConfig) -> N
                              f"resume it, or give another --out (or delete {path.name} to start afresh)")
 
 
+#: what a run leaves in its output folder before it finishes: its checkpoint, its log and their temporary files
+RUN_FILES = ("checkpoint.pt", "checkpoint.pt.tmp", "train_log.jsonl", "train_log.jsonl.tmp")
+
+
+def check_output(out: Path, *, finished: str, what: str, also: Iterable[str] = (), sources: Iterable[Any] = ()) -> None:
+    """``ValueError`` (one line, naming ``--out``) unless the folder ``out`` can take this command's run,
+    checked before anything is read or trained: absent or empty; holding a checkpoint (a killed run of
+    the command: the loop resumes it, refusing one of other settings); or holding only what an unfinished
+    run leaves (:data:`RUN_FILES` and the names matching a glob of ``also``, e.g. an earlier stage's
+    folder; a rerun starts afresh). A finished run (its file ``finished`` is there: ``what`` names it),
+    a file, one of ``sources`` (the models the command reads) or a folder of other files is refused:
+    nothing is overwritten."""
+    out = Path(out)
+    for src in sources:
+        if src is not None and Path(src).exists() and out.exists() and Path(src).resolve() == out.resolve():
+            raise ValueError(f"--out {out}: is the model this command starts from; give another folder")
+    if out.exists() and not out.is_dir():
+        raise ValueError(f"--out {out}: is a file; give a folder")
+    if not out.is_dir() or (out / "checkpoint.pt").is_file():
+        return
+    if (out / finished).exists():
+        raise ValueError(f"--out {out}: holds a finished {what} already ({finished}); give a new folder, or remove "
+                         "it first to train again")
+    other = sorted(p.name for p in out.iterdir()
+                   if p.name not in RUN_FILES and not any(fnmatch.fnmatch(p.name, pattern) for pattern in also))
+    if other:
+        raise ValueError(f"--out {out}: holds files already ({', '.join(other[:4])}{', ...' if len(other) > 4 else ''})"
+                         "; give a new or empty folder (or remove it first)")
+
+
+class TrainingInterrupted(KeyboardInterrupt):
+    """Ctrl-C during :func:`train`: where the run stood (the step reached; the checkpoint left in
+    ``out``, if any, and its step when known) and :meth:`message`, the line a command prints. Still a
+    ``KeyboardInterrupt``."""
+
+    def __init__(self, method: str, step: int, steps: int, out: Path, checkpoint: Path | None = None,
+                 checkpoint_step: int | None = None) -> None:
+        super().__init__(method, step, steps, str(out))
+        self.method, self.step, self.steps, self.out = method, step, steps, Path(out)
+        self.checkpoint, self.checkpoint_step = checkpoint, checkpoint_step
+
+    def message(self) -> str:
+        head = f"interrupted at step {self.step} of {self.steps} ({self.method})"
+        if self.checkpoint is None:
+            return f"{head}; no checkpoint yet: a rerun starts afresh"
+        at = f" at step {self.checkpoint_step}" if self.checkpoint_step else ""
+        return f"{head}; the checkpoint{at} in {self.out} resumes it: rerun the same command"
+
+
 def train(method: Method, batches: BatchSource, cfg: LoopConfig, out: str | Path,
           evaluate: Callable[[], dict[str, float]] | None = None, progress: bool = True,
           export: bool = True) -> TrainResult:
     """Run ``cfg.steps`` optimiser steps of ``method`` on ``batches``; resumes from
     ``out/checkpoint.pt`` if present; writes ``out/train_log.jsonl`` and, at the end, the
-    method's export into ``out``."""
+    method's export into ``out``. Ctrl-C raises :class:`TrainingInterrupted` (where the run stood)."""
     out = Path(out)
+    where: dict = {"step": 0, "checkpoint": None}  # the step reached, the step of the last checkpoint
+    try:
+        return _train(method, batches, cfg, out, evaluate, progress, export, where)
+    except TrainingInterrupted:
+        raise  # a run inside this one (e.g. a method's reference model) says where it stood
+    except KeyboardInterrupt:
+        ckpt = out / "checkpoint.pt"
+        raise TrainingInterrupted(method.name, where["step"], cfg.steps, out, ckpt if ckpt.is_file() else None,
+                                  where["checkpoint"]) from None
+
+
+def _train(method: Method, batches: BatchSource, cfg: LoopConfig, out: Path,
+           evaluate: Callable[[], dict[str, float]] | None, progress: bool, export: bool, where: dict) -> TrainResult:
+    """:func:`train`; ``where`` follows the step reached and the last checkpoint written."""
     out.mkdir(parents=True, exist_ok=True)
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
@@ -215,10 +306,11 @@ def train(method: Method, batches: BatchSource, cfg: LoopConfig, out: str | Path
     es: dict = {"best": None, "step": None, "bad": 0, "state": None, "stopped": False}
     if ckpt_path.is_file():
         state = torch.load(ckpt_path, weights_only=False)
-        check_resume(ckpt_path, state.get("config"), cfg)
+        check_resume(ckpt_path, state.get("config"), cfg, method=method.name, saved_method=state.get("method_name"))
         method.load_state_dict(state["method"])
         opt.load_state_dict(state["optimizer"])
         start, history, elapsed = state["step"], state["history"], state["elapsed"]
+        where.update(step=start, checkpoint=start)
         torch.set_rng_state(state["torch_rng"])
         np.random.set_state(state["numpy_rng"])
         random.setstate(state["python_rng"])
@@ -257,7 +349,7 @@ def train(method: Method, batches: BatchSource, cfg: LoopConfig, out: str | Path
             method.after_step(step)
             last = float(loss.item())
             advance(1)
-            done = step + 1
+            done = where["step"] = step + 1
             record = None
             if done % cfg.log_interval == 0 or done == cfg.steps:
                 record = {"step": done, "loss": last, "lr": opt.param_groups[0]["lr"],
@@ -277,16 +369,18 @@ def train(method: Method, batches: BatchSource, cfg: LoopConfig, out: str | Path
                         es["bad"] += 1
                         es["stopped"] = es["bad"] >= cfg.patience
                 method.train_mode(True)
-            if record is not None:
-                history.append(record)
-                with open(log_path, "a") as fh:
-                    fh.write(json.dumps(record) + "\n")
-            if done % cfg.checkpoint_interval == 0 and done < cfg.steps:
-                _atomic_torch_save({"method": method.state_dict(), "optimizer": opt.state_dict(), "step": done,
-                                    "history": history, "elapsed": time.time() - t0,
-                                    "torch_rng": torch.get_rng_state(), "numpy_rng": np.random.get_state(),
-                                    "python_rng": random.getstate(), "config": asdict(cfg),
-                                    "early_stop": es}, ckpt_path)
+            with _interrupt_deferred():  # a log line and a checkpoint are written whole
+                if record is not None:
+                    history.append(record)
+                    with open(log_path, "a") as fh:
+                        fh.write(json.dumps(record) + "\n")
+                if done % cfg.checkpoint_interval == 0 and done < cfg.steps:
+                    _atomic_torch_save({"method": method.state_dict(), "optimizer": opt.state_dict(), "step": done,
+                                        "history": history, "elapsed": time.time() - t0,
+                                        "torch_rng": torch.get_rng_state(), "numpy_rng": np.random.get_state(),
+                                        "python_rng": random.getstate(), "config": asdict(cfg),
+                                        "early_stop": es, "method_name": method.name}, ckpt_path)
+                    where["checkpoint"] = done
     method.train_mode(False)
     if cfg.early_stop and es["state"] is not None:
         method.load_state_dict(es["state"])
