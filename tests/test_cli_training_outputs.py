@@ -275,3 +275,15 @@ def test_ctrl_c_in_late_train_says_where_it_stood_and_the_rerun_resumes(late_set
     assert f"resuming contrastive in {out} from step {saved} of 100000 (its checkpoint)" in err, err
     m = re.search(r"interrupted at step (\d+) of 100000 \(contrastive\); the checkpoint at step (\d+)", err)
     assert m and int(m.group(2)) > saved, err
+
+
+def test_json_on_stdout_is_strict_as_the_files_are(capsys) -> None:
+    """``--json`` on stdout writes an undefined metric (NaN) as null, as ``--out FILE`` does; a parser
+    that follows RFC 8259 reads it (it had printed ``NaN``)."""
+    from nobackfill.cli._common import emit_json
+
+    emit_json({"rel_NFR": float("nan"), "rows": [1.5, float("inf")], "ok": 2}, True)
+    text = capsys.readouterr().out
+    assert "NaN" not in text and "Infinity" not in text
+    assert json.loads(text, parse_constant=lambda c: pytest.fail(f"{c} in the JSON")) == \
+        {"rel_NFR": None, "rows": [1.5, None], "ok": 2}

@@ -400,3 +400,28 @@ def test_the_catalog_refuses_nan_metadata_of_an_item_itself(tmp_path):
     it = Item(id="x", modality="text", key="k", source={"text": "t"}, metadata={"s": float("nan")})
     with pytest.raises(ValueError, match="item 'x': 's' is nan, not a JSON number"):
         _item_json(it)
+
+
+def test_metadata_of_numpy_values_and_dates_is_stored_alike(client, world):
+    """What the catalog writes in process (numpy values as numbers / lists, a date as ISO text) is
+    what an item added over HTTP keeps; a value JSON has no form for (a set, bytes) is refused alike."""
+    import datetime
+
+    import numpy as np
+
+    c = client
+    path = sorted((world / "test" / "images").iterdir())[1]
+    meta = {"score": np.float32(0.5), "n": np.int64(3), "v": np.arange(3, dtype=np.int16),
+            "day": datetime.date(2020, 1, 2), "nested": {"w": [np.float64(1.5)]}}
+    want = {"score": 0.5, "n": 3, "v": [0, 1, 2], "day": "2020-01-02", "nested": {"w": [1.5]}}
+    c.add(texts=[{"text": "a red circle", "id": "np-meta", **meta}])
+    got = c.get("np-meta").metadata
+    assert {k: got[k] for k in want} == want
+    c.add(images=[{"path": path, "id": "np-img", **meta}])
+    got = c.get("np-img").metadata
+    assert {k: got[k] for k in want} == want
+    for bad, what in (({1, 2}, "set"), (b"x", "bytes")):
+        with pytest.raises(InvalidRequest, match=rf"texts\[0\]: its metadata is not a JSON object .*{what}"):
+            c.add(texts=[{"text": "a blue cross", "id": "bad-meta", "tags": bad}])
+    with pytest.raises(NotFound):
+        c.get("bad-meta")

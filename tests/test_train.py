@@ -236,3 +236,41 @@ def test_train_preset_world_folder_without_stream(setup) -> None:
     result = train_preset(setup["preset"], data, out, steps=3, stream=False, eval_size=8, progress=False)
     assert result.steps == 3 and (out / "config.json").is_file()
     assert json.loads((out / "recipe.json").read_text())["world"]["seed"] == 6
+
+
+def test_a_resume_with_other_run_settings_or_another_model_is_refused(tmp_path) -> None:
+    """What the caller records as the run's settings (batch size, data, model shape) must match
+    the checkpoint's, as the loop settings must; a checkpoint of another model's shapes is one
+    ResumeMismatch, not a load error; the checkpoint interval may change."""
+    from nobackfill.train.loop import ResumeMismatch
+
+    cfg = LoopConfig(steps=8, lr=0.1, warmup=2, log_every=2, checkpoint_every=4, weight_decay=0.0)
+    first = ToyMethod(nan_at=5)
+    first.run_settings = {"batch_size": 16, "model": {"layers": 2}}
+    with pytest.raises(FloatingPointError):  # stopped after its checkpoint at step 4
+        train(first, CyclicBatches(), cfg, tmp_path / "a", progress=False)
+    other = ToyMethod()
+    other.run_settings = {"batch_size": 32, "model": {"layers": 3}}
+    with pytest.raises(ResumeMismatch, match=r"with batch_size 16 \(now 32\), model.layers 2 \(now 3\)"):
+        train(other, CyclicBatches(), cfg, tmp_path / "a", progress=False)
+    wider = ToyMethod()
+    wider.w = torch.nn.Parameter(torch.zeros(5))
+    wider.run_settings = dict(first.run_settings)
+    with pytest.raises(ResumeMismatch, match="holds a model that is not this run's"):
+        train(wider, CyclicBatches(), cfg, tmp_path / "a", progress=False)
+    same = ToyMethod()
+    same.run_settings = dict(first.run_settings)
+    res = train(same, CyclicBatches(), dataclasses.replace(cfg, checkpoint_every=3), tmp_path / "a", progress=False)
+    assert res.steps == 8
+
+
+def test_loop_and_recipe_values_a_run_cannot_use_are_refused_when_built() -> None:
+    from nobackfill.encoders.zoo import RecipeSpec
+
+    for bad in (dict(lr=float("inf")), dict(lr=0.0), dict(lr=-1.0), dict(weight_decay=float("nan")),
+                dict(grad_clip=-1.0), dict(warmup=-1)):
+        with pytest.raises(ValueError, match="must be"):
+            LoopConfig(**bad)
+    for bad in (dict(batch_size=0), dict(lr=1e999), dict(save_dtype="int4"), dict(steps=0)):
+        with pytest.raises(ValueError, match="must be"):
+            RecipeSpec(**bad)

@@ -63,7 +63,7 @@ def _encoders(model_dir: Path, towers: Sequence[str], threads: int | None = None
     from ..encoders.onnx import export_onnx, onnx_encoder, onnx_export_info
 
     info = onnx_export_info(model_dir)
-    if info is None or "int8" not in info["towers"].get(towers[0], {}):
+    if info is None or any("int8" not in info["towers"].get(t, {}) for t in towers):
         info = export_onnx(model_dir, int8=True, towers=towers)
     plain = load_encoder(model_dir)
     return {"torch": plain, "onnx_fp32": onnx_encoder(plain, model_dir, threads=threads),
@@ -155,22 +155,63 @@ def tower_speed(models: Path, texts: Sequence[str], work: Path, seconds: float =
             "threads": threads[0], **per[str(threads[0])], "by_threads": per}
 
 
-def int8_recall(models: Path, world_test: Path, multi30k: Path, work: Path) -> dict[str, Any]:
-    """R@1 with torch, ONNX fp32 and ONNX int8 query towers against a torch-embedded gallery."""
+def _diffs(ref: np.ndarray, out: np.ndarray) -> dict[str, Any]:
+    """Max and median over vectors of each vector's max abs difference ``|ref - out|``."""
+    per = np.abs(np.asarray(ref, np.float64) - np.asarray(out, np.float64)).max(axis=1)
+    return {"n": int(per.size), "max_abs_diff": float(per.max()), "median_abs_diff": float(np.median(per))}
+
+
+#: how many world test images the image tower's int8 difference is measured on; how many queries are
+#: embedded one at a time to measure int8's batch dependence
+DIFF_IMAGES, ALONE = 200, 16
+
+
+def _query_diffs(encs: dict[str, Any], texts: Sequence[str], text_vecs: dict[str, np.ndarray],
+                 images: Sequence[Any], image_ref: np.ndarray) -> dict[str, Any]:
+    """What ONNX Runtime changes in real query vectors: fp32 and int8 against torch (``text_vecs``:
+    ``texts`` embedded by each encoder, batched as a bulk embedding; ``images`` against their torch
+    vectors ``image_ref``), and int8's batch dependence: the first :data:`ALONE` queries embedded one
+    at a time against the same queries embedded in their batch."""
+    out: dict[str, Any] = {"text": {n: _diffs(text_vecs["torch"], text_vecs[n]) for n in ("onnx_fp32", "onnx_int8")}}
+    alone = np.vstack([encs["onnx_int8"].encode_texts([t]) for t in texts[:ALONE]])
+    out["text"]["int8_alone_vs_batched"] = _diffs(text_vecs["onnx_int8"][:ALONE], alone)
+    if len(images):
+        vecs = {n: encs[n].encode_images(images) for n in ("onnx_fp32", "onnx_int8")}
+        out["image"] = {n: _diffs(image_ref, v) for n, v in vecs.items()}
+        alone = np.vstack([encs["onnx_int8"].encode_images([p]) for p in images[:ALONE]])
+        out["image"]["int8_alone_vs_batched"] = _diffs(vecs["onnx_int8"][:ALONE], alone)
+    return out
+
+
+def _world_int8(models: Path, world_test: Path, work: Path, limit: int | None = None,
+                images: int = DIFF_IMAGES) -> tuple[dict[str, Any], dict[str, Any]]:
+    """World test t2i R@1 (``world-old``, gallery by torch) of each query encoder, and what ONNX
+    Runtime changes in the query vectors (:func:`_query_diffs`: the captions, and the first ``images``
+    test images through the image tower). ``limit``: the first ``limit`` test images only (a check)."""
     from ..evaluate import load_eval_data
     from ..metrics.retrieval import retrieval_metrics
+
+    d = work / "world-old"
+    shutil.copytree(models / "world-old", d, dirs_exist_ok=True)
+    encs = _encoders(d, ["text", "image"])
+    data = load_eval_data(world_test, "test")
+    if limit is not None:
+        data = data.subset_images(range(min(limit, len(data))))
+    paths = data.image_paths()
+    gallery = encs["torch"].encode_images(paths)
+    vecs = {name: encs[name].encode_texts(data.captions) for name in ("torch", "onnx_fp32", "onnx_int8")}
+    r1 = {name: round(retrieval_metrics(gallery, v, data.caption_image, ks=(1,), directions=("t2i",))["t2i"]["R@1"], 4)
+          for name, v in vecs.items()}
+    return r1, _query_diffs(encs, data.captions, vecs, paths[:images], gallery[:images])
+
+
+def int8_recall(models: Path, world_test: Path, multi30k: Path, work: Path) -> dict[str, Any]:
+    """R@1 with torch, ONNX fp32 and ONNX int8 query towers against a torch-embedded gallery, and
+    (``query_diffs``) how far the ONNX query vectors are from torch's on the world test split."""
     from .xbt_text import caption_recall, load_val
 
     out: dict[str, Any] = {}
-    d = work / "world-old"
-    shutil.copytree(models / "world-old", d, dirs_exist_ok=True)
-    encs = _encoders(d, ["text"])
-    data = load_eval_data(world_test, "test")
-    gallery = encs["torch"].encode_images(data.image_paths())
-    t2i = data.caption_image
-    out["world_t2i"] = {name: round(retrieval_metrics(gallery, encs[name].encode_texts(data.captions), t2i,
-                                                      ks=(1,), directions=("t2i",))["t2i"]["R@1"], 4)
-                        for name in ("torch", "onnx_fp32", "onnx_int8")}
+    out["world_t2i"], diffs = _world_int8(models, world_test, work)
     q, g = load_val(multi30k)
     d = work / "m30k-old-text"
     shutil.copytree(models / "m30k-old-text", d, dirs_exist_ok=True)
@@ -180,13 +221,14 @@ def int8_recall(models: Path, world_test: Path, multi30k: Path, work: Path) -> d
                                for name in ("torch", "onnx_fp32", "onnx_int8")}
     for k, v in out.items():
         v["int8_minus_torch"] = round(v["onnx_int8"] - v["torch"], 4)
+    out["query_diffs"] = diffs
     return out
 
 
 def format_markdown(enc: dict[str, Any]) -> str:
     s = enc["speed"]
     lines = ["| query text tower (ViT-B/32 shapes) | threads | batch 1 ms/query | batch 32 ms/query | batch 1 speed-up "
-             "| max abs diff vs torch |", "|---|---:|---:|---:|---:|---:|"]
+             "| max abs diff vs torch (the export's check texts) |", "|---|---:|---:|---:|---:|---:|"]
     graph = "CLIP text graph" if s.get("graph") == "clip-text" else "traced graph"
     names = [("torch", "torch", "-")]
     if "max_abs_diff_fp32_traced" in s:
@@ -213,6 +255,17 @@ def format_markdown(enc: dict[str, Any]) -> str:
     for k, label in (("world_t2i", "world test t2i (world-old)"), ("multi30k_val_t2t", "Multi30K val t2t (m30k-old-text)")):
         r = enc["int8_recall"][k]
         lines.append(f"| {label} | {r['torch']} | {r['onnx_fp32']} | {r['onnx_int8']} | {r['int8_minus_torch']:+} |")
+    diffs = enc["int8_recall"].get("query_diffs")
+    if diffs:
+        lines += ["", "| query vectors vs torch (world-old, world test) | inputs | max abs diff | median |",
+                  "|---|---:|---:|---:|"]
+        for tower, label in (("text", "captions"), ("image", "images")):
+            for name, what in (("onnx_fp32", "ONNX fp32"), ("onnx_int8", "ONNX int8"),
+                               ("int8_alone_vs_batched", "ONNX int8 alone vs in its batch")):
+                r = diffs.get(tower, {}).get(name)
+                if r:
+                    lines.append(f"| {what}, {tower} tower | {r['n']} {label} | {r['max_abs_diff']:.1e} | "
+                                 f"{r['median_abs_diff']:.1e} |")
     return "\n".join(lines) + "\n"
 
 

@@ -203,9 +203,10 @@ def quiet(as_json: bool):
 
 
 def emit_json(obj: Any, as_json: bool) -> None:
-    """Print ``obj`` as JSON on stdout when ``--json`` was given."""
+    """Print ``obj`` as JSON on stdout when ``--json`` was given: strict JSON (a NaN as null), as
+    ``--out FILE`` writes it."""
     if as_json:
-        typer.echo(json.dumps(obj, indent=2, default=str))
+        typer.echo(json.dumps(json_finite(obj), indent=2, default=str, allow_nan=False))
 
 
 def _bench(cfg: Any, run: Callable[[Any, Callable[[str], None]], Any], report: "Report", json_out: Path, as_json: bool,

@@ -14,7 +14,8 @@ from typing import Any, List, Optional
 import typer
 from rich.markup import escape
 
-from ._common import console, fail, langs_option, report_skipped, results, skip_bad_hint, user_errors, warn_truncated
+from ._common import (console, emit_json, fail, langs_option, report_skipped, results, skip_bad_hint, user_errors,
+                      warn_truncated)
 from ._collection_print import (interrupt_report, parse_filter, parse_fit_sample, print_backfill, print_backfill_run,
                                 print_fitted, print_import, print_indexes, print_routes, print_spaces)
 from .gallery import print_hits
@@ -35,7 +36,7 @@ _JSON = typer.Option(False, "--json", help="Print what the call returned as JSON
 
 def _echo(obj: Any) -> None:
     """``--json``: the client's return value as JSON (a result dataclass by its ``to_dict``)."""
-    typer.echo(json.dumps(obj.to_dict() if hasattr(obj, "to_dict") else obj, indent=2, default=str))
+    emit_json(obj.to_dict() if hasattr(obj, "to_dict") else obj, True)
 
 
 def _client(name: str):
@@ -298,7 +299,7 @@ def status(
     except user_errors() as e:
         fail(e)
     if as_json:
-        typer.echo(json.dumps(st, indent=2))
+        emit_json(st, True)
         return
     results.print(f"collection {st['path']}: {st['items']['image']} images, {st['items']['text']} texts "
               f"(generation {st['generation']}, catalog in {st.get('catalog', 'the server')})")

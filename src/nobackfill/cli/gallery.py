@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any, List, Optional
 
 import typer
 
-from ._common import fail, langs_option, report_skipped, results, skip_bad_hint, user_errors, warn_truncated
+from ._common import emit_json, fail, langs_option, report_skipped, results, skip_bad_hint, user_errors, warn_truncated
 
 
 def _warn_long_captions(enc, read, root: Path) -> None:
@@ -105,7 +104,7 @@ def print_hits(r, as_json: bool, k: int, space_names: dict[str, str] | None = No
     """The hits of a :class:`~nobackfill.search.SearchResponse` as JSON (``--json``) or a table
     (``space_names``: a space id -> its name, shown in the table where the names tell spaces apart)."""
     if as_json:
-        typer.echo(json.dumps(r.to_json(), indent=2))
+        emit_json(r.to_json(), True)
         return
     from rich.console import Console
     from rich.table import Table

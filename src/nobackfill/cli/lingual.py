@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import List, Optional
 
@@ -40,10 +39,15 @@ def _load_model(model: str):
     return open_learned(model)
 
 
-def _split_langs(text: str) -> list[str]:
+def _split_langs(text: str, flag: str = "") -> list[str]:
+    """The names of a comma list, in order; a ValueError (naming ``flag``) for an empty list or a
+    name given twice."""
     langs = [x.strip() for x in text.split(",") if x.strip()]
     if not langs:
-        raise ValueError("no languages given")
+        raise ValueError(f"{flag + ': ' if flag else ''}no {'methods' if flag == '--methods' else 'languages'} given")
+    twice = [x for x in dict.fromkeys(langs) if langs.count(x) > 1]
+    if twice:
+        raise ValueError(f"{flag + ' ' if flag else ''}{text}: {', '.join(twice)} given more than once")
     return langs
 
 
@@ -103,33 +107,24 @@ def learn(
 ) -> None:
     """Learn languages one after another; writes a loadable model plus lingual.json (learned
     languages, history) and the TEIR token statistics."""
-    import numpy as np
+    import copy
+
     import torch
 
-    from ..evaluate import embed_texts_cached, load_eval_data
-    from ..lingual.data import is_multi30k, multi30k_tasks, world_tasks
+    from ..evaluate import embed_texts_cached
     from ..lingual.learner import LEARN_DEFAULTS, CLLConfig, ContinualLearner
     cfg = resolve_config(CLLConfig, LEARN_DEFAULTS, config, set_, show=show_config, flags={
         "method": method, "teir": teir, "teir_scale": teir_scale, "teir_task_tokens": teir_tokens,
         "oracle_vocab": oracle_vocab, "steps": steps, "batch_size": batch_size, "lr": lr,
         "task_vocab_size": vocab_size, "seed": seed, "threads": threads})
     torch.set_num_threads(cfg.threads)
-    check_new_output(out, sources=(model,))
     try:
-        langs = _split_langs(tasks)
+        langs = _split_langs(tasks, "--tasks")
+        _check_learn_output(out, model)
         enc, saved = _load_model(model)
-        todo = _to_learn(langs, saved.learned if saved is not None else ["en"])
-        if is_multi30k(data):
-            task_list, english = multi30k_tasks(data, todo, train_lines)
-        else:
-            d = load_eval_data(data, "train", langs=["en", *todo])
-            if train_images:
-                d = d.subset_images(np.arange(min(train_images, len(d))))
-            task_list, english = world_tasks(d, enc.encode_images(d.image_paths()), todo)
+        task_list, english = _learn_tasks(enc, saved, langs, data, train_lines, train_images)
     except (ValueError, FileNotFoundError, ModuleNotFoundError) as e:
         fail(str(e))
-    import copy
-
     frozen = _english_side(copy.deepcopy(enc))
     try:
         learner = ContinualLearner(enc, cfg, english, english_features=lambda t: embed_texts_cached(frozen, t, cache_dir),
@@ -137,10 +132,58 @@ def learn(
                                    resume=saved if saved is not None and saved.counts is not None else None)
     except ValueError as e:
         fail(str(e))
-    for task in task_list:
-        learner.learn(task, out.parent / f".{out.name}.work", progress=True)
-    learner.save(out)
+    _learn_and_save(learner, task_list, out)
     console.print(f"wrote {out} (languages: {', '.join(learner.learned)})")
+
+
+def _check_learn_output(out: Path, model: str) -> None:
+    """``lingual learn``'s ``--out``, before anything is read: a finished model there is named as the
+    training commands name it (``check_output``); any other file is refused too (it never resumes)."""
+    from ..train.loop import check_output
+
+    check_output(out, finished="nobackfill.json", what="model", sources=(model,))
+    check_new_output(out, sources=(model,))
+
+
+def _learn_tasks(enc, saved, langs: list[str], data: Path, train_lines: Optional[int], train_images: Optional[int]):
+    """``(tasks, English corpus)``: the languages of ``langs`` the model lacks, from Multi30K or a world
+    data folder (its train split; images through the frozen image tower)."""
+    import numpy as np
+
+    from ..evaluate import load_eval_data
+    from ..lingual.data import is_multi30k, multi30k_tasks, world_tasks
+
+    todo = _to_learn(langs, saved.learned if saved is not None else ["en"])
+    if is_multi30k(data):
+        return multi30k_tasks(data, todo, train_lines)
+    d = load_eval_data(data, "train", langs=["en", *todo])
+    if train_images:
+        d = d.subset_images(np.arange(min(train_images, len(d))))
+    return world_tasks(d, enc.encode_images(d.image_paths()), todo)
+
+
+def _learn_and_save(learner, task_list, out: Path) -> None:
+    """Train each task, then write the model to ``out`` in one rename. The per-task training logs go to a
+    hidden work folder beside ``out`` that is removed however the run ends (nothing resumes from it:
+    the tasks never checkpoint), so a failed or interrupted run leaves neither it nor ``out``."""
+    import shutil
+
+    from ..train.loop import TrainingInterrupted
+
+    work = out.parent / f".{out.name}.work"
+    shutil.rmtree(work, ignore_errors=True)  # a killed run's leftovers
+    try:
+        for task in task_list:
+            try:
+                learner.learn(task, work, progress=True)
+            except TrainingInterrupted as e:  # not the loop's "no checkpoint yet": these tasks never checkpoint
+                console.print(f"[yellow]interrupted at step {e.step} of {e.steps} (learning {task.lang}); nothing "
+                              f"was written: lingual learn does not checkpoint, a rerun starts afresh[/yellow]")
+                raise typer.Exit(code=130) from None
+        learner.save(work / ".saved")
+        (work / ".saved").replace(out)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
 
 
 @lingual_app.command("eval")
@@ -150,10 +193,11 @@ def evaluate(
     langs: str = typer.Option("", help="Languages to evaluate, comma list (default: those the model learned that "
                                        "the data has captions for; a model that learned none besides English: "
                                        "every language of the data)."),
-    split: str = typer.Option("", help="Split (default: test_2016_flickr for Multi30K, test for the world)."),
+    split: str = typer.Option("", help="Split of a world root or Multi30K (default: test_2016_flickr for Multi30K, "
+                                        "test for a world root); a data folder without splits takes none."),
     eval_dir: Optional[Path] = typer.Option(None, help="Multi30K: folder holding {split}.{lang}.gz laid out like task1/raw."),
     eta: float = typer.Option(0.0, help="World: translate-test score fusion weight (0 = the model alone)."),
-    limit: Optional[int] = typer.Option(None, help="Evaluate on the first N lines / images."),
+    limit: Optional[int] = typer.Option(None, help="Evaluate on the first N lines / images (N >= 1; default: all)."),
     cache_dir: Path = typer.Option(Path("runs/cache"), help="Embedding cache."),
     json_out: Optional[Path] = typer.Option(None, "--out", help="Write the result as JSON."),
     threads: int = typer.Option(1, help="torch threads."),
@@ -169,6 +213,7 @@ def evaluate(
     try:
         enc, saved = _load_model(model)
         m30k = is_multi30k(data) or eval_dir is not None
+        _check_eval_args(data, split, limit, m30k)
         split = split or ("test_2016_flickr" if m30k else "test")
         have = _multi30k_langs(data, split, eval_dir) if m30k else _world_langs(data, split)
         lang_list = _eval_langs(langs, saved.learned if saved is not None else [], have, split, foreign_only=m30k)
@@ -191,6 +236,16 @@ def evaluate(
     if json_out is not None:
         write_json(json_out, result)
     emit_json(result, as_json)
+
+
+def _check_eval_args(data: Path, split: str, limit: Optional[int], m30k: bool) -> None:
+    """``lingual eval``'s ``--limit`` (at least 1; left out: everything) and ``--split`` (a world root's or
+    Multi30K's: a data folder without splits has none to choose), before anything is loaded."""
+    if limit is not None and limit < 1:
+        raise ValueError(f"--limit must be >= 1, got {limit} (leave it out to evaluate everything)")
+    if split and not m30k and (Path(data) / "captions.jsonl").is_file():
+        raise ValueError(f"--split {split}: {data} is a data folder without splits (its captions.jsonl is "
+                         "evaluated whole); leave --split out, or give a world root")
 
 
 def _print_recall(result: dict) -> None:
@@ -231,7 +286,7 @@ def _eval_langs(text: str, learned: list[str], have: list[str], split: str, *, f
     gallery). Says which were used and why."""
     pool = [lg for lg in dict.fromkeys(["en", *have]) if lg in have and not (foreign_only and lg == "en")]
     if text.strip():
-        chosen = _split_langs(text)
+        chosen = _split_langs(text, "--langs")
         missing = [lg for lg in chosen if lg not in have]
         if have and missing:
             raise ValueError(f"--langs {text}: the data has no {', '.join(missing)} captions in split {split} "
@@ -296,7 +351,7 @@ def _bench_config(cls, quick: bool, methods: str, threads: int, steps: int | Non
     """A bench config (``cls.quick`` with ``--quick``) with the command line's overrides."""
     from dataclasses import replace
 
-    cfg = (cls.quick if quick else cls)(methods=tuple(_split_langs(methods)), **kw,
+    cfg = (cls.quick if quick else cls)(methods=tuple(_split_langs(methods, "--methods")), **kw,
                                         **({"teir_lr": teir_lr} if teir_lr else {}))
     cfg.cll = replace(cfg.cll, threads=threads, **({"steps": steps} if steps else {}), **({"lr": lr} if lr else {}))
     return cfg
@@ -353,7 +408,7 @@ def bench_lingual_world(
     try:
         kw = {} if etas is None else {"translate_test_etas": _floats(etas)}
         if langs is not None:
-            kw["langs"] = tuple(_split_langs(langs))
+            kw["langs"] = tuple(_split_langs(langs, "--langs"))
         cfg = _bench_config(LingualWorldConfig, quick, ",".join(WORLD_METHODS) if methods is None else methods, threads,
                             steps, lr, teir_lr, eval_split=split, eval_limit=limit, **kw)
         cfg = resolve_config(LingualWorldConfig, cfg, config, set_, show=show_config, check=_check_methods)

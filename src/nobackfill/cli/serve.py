@@ -79,9 +79,10 @@ def export_onnx(
                                            "checked like the rest), other towers traced; traced: trace every tower."),
 ) -> None:
     """Export a model's query encoders to ONNX Runtime (MODEL/onnx/): dynamic batch and sequence axes, each
-    tower checked against torch (refused above 1e-4 max abs difference). The service, the searcher and the
-    client then run them when onnxruntime is installed (pip install 'nobackfill[onnx]'); NOBACKFILL_ONNX=0
-    keeps torch."""
+    tower checked against torch (refused above 1e-4 max abs difference; a refused export leaves the earlier
+    one as it was). With --towers, the earlier export's other towers are kept where they were exported from
+    the same weights and their files are unchanged. The service, the searcher and the client then run them
+    when onnxruntime is installed (pip install 'nobackfill[onnx]'); NOBACKFILL_ONNX=0 keeps torch."""
     from ..encoders.onnx import export_onnx as export
     from ..encoders.onnx import onnx_export_info
 
@@ -95,12 +96,22 @@ def export_onnx(
         fail(f"export-onnx needs onnx and onnxruntime ({e}); pip install 'nobackfill[onnx]'")
     except OSError as e:  # a read-only model directory, a full disk: nothing of the export is left
         fail(f"{model}: could not write the export ({e.strerror or e}{f': {e.filename}' if e.filename else ''})")
+    earlier = info.get("earlier", {"kept": [], "dropped": {}})
     for tower, entry in info["towers"].items():
-        line = (f"{tower}: {model / 'onnx' / entry['file']} ({entry.get('graph', 'traced')} graph, max abs diff vs "
-                f"torch {entry['max_abs_diff']:.1e})")
+        if tower in earlier["kept"]:
+            line = f"{tower}: {model / 'onnx' / entry['file']} kept from the earlier export (same weights, unchanged)"
+        else:
+            line = (f"{tower}: {model / 'onnx' / entry['file']} ({entry.get('graph', 'traced')} graph, max abs diff "
+                    f"vs torch {entry['max_abs_diff']:.1e} on the export's check inputs)")
         if "int8" in entry:
-            line += f"; int8: {entry['int8']['file']} (max abs diff {entry['int8']['max_abs_diff']:.1e})"
+            line += (f"; int8: {entry['int8']['file']} (max abs diff {entry['int8']['max_abs_diff']:.1e} on the check "
+                     "inputs; real inputs differ more and depend on their batch: docs/serve.md)")
         print(line)
-    dropped = [t for t, e in before["towers"].items() if isinstance(e, dict) and "int8" in e and not int8]
+    for what, why in earlier["dropped"].items():
+        tower, q = what.removesuffix(" int8"), what.endswith(" int8")
+        print(f"note: the earlier {'int8 ' if q else ''}export of {tower} is gone: {why} "
+              f"(nobackfill export-onnx {model} --towers {tower}{' --int8' if q else ''} exports it again)")
+    dropped = [t for t, e in before["towers"].items() if isinstance(e, dict) and "int8" in e and not int8
+               and t in info["towers"] and t not in earlier["kept"]]
     if dropped:
         print(f"note: the earlier int8 export of {', '.join(dropped)} is gone (export with --int8 to keep one)")

@@ -8,7 +8,7 @@ from typing import Any, List
 
 import typer
 
-from ._common import fail, results, user_errors
+from ._common import emit_json, fail, results, user_errors
 
 
 def _verify(path: str, repair: bool, model_check: bool) -> Any:
@@ -43,7 +43,7 @@ def verify(
         except user_errors() as e:
             fail(e)
     if json_out:
-        typer.echo(json.dumps([r.to_dict() for r in reports] if len(reports) > 1 else reports[0].to_dict(), indent=2))
+        emit_json([r.to_dict() for r in reports] if len(reports) > 1 else reports[0].to_dict(), True)
     else:
         for r in reports:
             head = "OK" if r.ok else f"{len(r.problems)} problem(s)"

@@ -13,7 +13,7 @@ from dataclasses import fields
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-from ..catalog.items import ID_PATTERN, ID_RULE, added_id_problem, metadata_problem
+from ..catalog.items import ID_PATTERN, ID_RULE, added_id_problem, metadata_problem, row_json
 from .errors import ClientError, InvalidRequest
 from .types import AddResult
 
@@ -79,9 +79,17 @@ def given_items(texts: Any, images: Any, ids: Any, check_text: Callable[[Any, st
     return out
 
 
+def _plain_metadata(meta: Any) -> dict[str, Any]:
+    """``meta`` as the plain JSON object the catalog stores for it in process (numpy values as
+    numbers or lists, dates as ISO text: :func:`~nobackfill.catalog.items.row_json`), so an item
+    added over HTTP keeps the metadata it would keep in process."""
+    return json.loads(row_json(meta)) if meta else {}
+
+
 def _text_row(it: Any) -> dict[str, Any]:
     """A caption item as a row of ``POST /v1/items``: its metadata, its text and its id."""
-    return {**{k: v for k, v in it.metadata.items() if k not in ("text", "id")}, "text": it.source["text"], "id": it.id}
+    meta = _plain_metadata({k: v for k, v in it.metadata.items() if k not in ("text", "id")})
+    return {**meta, "text": it.source["text"], "id": it.id}
 
 
 def upload_items(call: Callable[..., Any], items: Sequence[Any], limits: dict[str, Any], *, chunk_size: int = 256,
@@ -147,7 +155,14 @@ def check_metadata(items: Sequence[Any]) -> None:
     over HTTP alike."""
     for name, modality in (("images", "image"), ("texts", "text")):
         for n, it in enumerate(x for x in items if x.modality == modality):
-            if it.metadata and (problem := metadata_problem(it.metadata)) is not None:
+            if not it.metadata:
+                continue
+            try:
+                text = row_json(it.metadata if type(it.metadata) is dict else dict(it.metadata))
+                problem = metadata_problem(it.metadata) if "null" in text else None  # a NaN is written as null
+            except (TypeError, ValueError) as e:
+                problem = str(e).removeprefix("not a JSON object of JSON values: ")
+            if problem is not None:
                 raise InvalidRequest(422, f"{name}[{n}]: its metadata is not a JSON object of JSON values ({problem}); "
                                           "nothing was added", f"{name}[{n}]")
 
@@ -160,7 +175,7 @@ def _image_headers(it: Any, at: str) -> dict[str, str]:
     meta = {k: v for k, v in it.metadata.items() if k not in RESERVED_METADATA}
     if meta:
         try:
-            text = json.dumps(meta, ensure_ascii=True, allow_nan=False, separators=(",", ":"), default=_plain)
+            text = json.dumps(_plain_metadata(meta), ensure_ascii=True, allow_nan=False, separators=(",", ":"))
         except (TypeError, ValueError) as e:
             raise InvalidRequest(422, f"{at}: its metadata is not a JSON object of JSON values ({e})", at) from None
         if len(text) > MAX_METADATA_BYTES:
@@ -168,13 +183,6 @@ def _image_headers(it: Any, at: str) -> dict[str, str]:
                                       f"{MAX_METADATA_BYTES} are taken", at)
         out[METADATA_HEADER] = text
     return out
-
-
-def _plain(value: Any) -> Any:
-    """A numpy value as the JSON value it holds (as the catalog writes it in process)."""
-    if hasattr(value, "tolist"):
-        return value.tolist()
-    raise TypeError(f"{type(value).__name__} is not JSON")
 
 
 def _request(call: Callable[..., Any], part: str, name: str, start: int, done: int, **kw: Any) -> dict[str, Any]:

@@ -20,7 +20,6 @@ from transformers.utils import logging as hf_logging
 
 hf_logging.disable_progress_bar()
 
-from ..progress import progress_bar
 from .base import DualEncoder, ImageInput, TokenOutput, l2_normalise
 from .hf import NOBACKFILL_META, HFEncoderMixin
 DEFAULT_MAX_LENGTH = 128

@@ -7,7 +7,11 @@ difference in fp32), and ``export.json`` (the model's space id, each file's sha2
 difference). A CLIP text tower is written as :mod:`.onnx_clip`'s graph (fused attention, the last
 layer for the pooled token only), any other tower by tracing. ``int8=True`` adds dynamically
 quantised copies (``*.int8.onnx``), reported with their difference but never used unless asked for
-(:func:`onnx_encoder` with ``int8=True``).
+(:func:`onnx_encoder` with ``int8=True``). The differences recorded are measured on the export's
+check inputs (``checked_on``: a few texts, seeded random-noise images): on real inputs int8 differs
+more, and an int8 vector depends on the other inputs of its batch (``nobackfill bench serve``
+measures both on the world test split). An export of some towers keeps the earlier export's other
+towers where they were exported from the same weights and their files are unchanged.
 
 :func:`onnx_encoder` wraps a loaded :class:`~nobackfill.encoders.base.DualEncoder`: when
 ``onnxruntime`` is installed and ``<model>/onnx/export.json`` names this model's space id (the same
@@ -144,6 +148,56 @@ def _max_diff(module: Any, session: Any, feeds: list[dict[str, np.ndarray]]) -> 
     return worst
 
 
+def _checked_on(tower: str, feeds: list[dict[str, np.ndarray]]) -> str:
+    """What ``tower``'s recorded differences were measured on."""
+    sizes = [len(next(iter(f.values()))) for f in feeds]
+    what = "check texts" if tower == "text" else "seeded random-noise images"
+    return f"the export's check inputs: {max(sizes)} {what}, in batches of {' and '.join([', '.join(map(str, sizes[:-1])), str(sizes[-1])][-len(sizes):])}"
+
+
+def _copy_checked(parent: Path, entry: dict[str, Any], tmp: Path) -> bool:
+    """``entry``'s file of the earlier export (in ``parent``) into ``tmp`` (a hard link where it can),
+    if it is there and its sha256 is the one recorded; False (nothing left in ``tmp``) otherwise."""
+    name = str(entry.get("file", ""))
+    src, dst = parent / name, tmp / name
+    if not name or Path(name).name != name or name == "export.json" or not src.is_file() or dst.exists():
+        return False
+    try:
+        os.link(src, dst)
+    except OSError:
+        shutil.copyfile(src, dst)
+    if _sha256(dst) != entry.get("sha256"):
+        dst.unlink()
+        return False
+    return True
+
+
+def _keep_earlier(parent: Path, earlier: dict[str, Any] | None, encoder: Any, towers: Sequence[str],
+                  tmp: Path) -> tuple[dict[str, Any], dict[str, str]]:
+    """The earlier export's towers (in ``parent``, recorded in ``earlier``) that are not in ``towers``,
+    copied into ``tmp`` where they were exported from ``encoder``'s weights (the same space id) and
+    their files are unchanged (sha256 as recorded). Returns ``(their entries, {what: why it is not
+    kept})``; an int8 copy that cannot be kept drops only that copy (``what``: ``"<tower> int8"``)."""
+    kept: dict[str, Any] = {}
+    dropped: dict[str, str] = {}
+    for tower, entry in (earlier or {"towers": {}})["towers"].items():
+        if tower in towers:
+            continue
+        if earlier.get("space_id") != encoder.space_id:
+            dropped[tower] = "exported from other weights than the model's now"
+        elif tower not in encoder.modalities or not isinstance(entry, dict):
+            dropped[tower] = f"the model has no {tower} tower" if isinstance(entry, dict) else "unreadable entry"
+        elif not _copy_checked(parent, entry, tmp):
+            dropped[tower] = f"{entry.get('file')} missing or changed since its export (sha256)"
+        else:
+            entry = dict(entry)
+            if isinstance(entry.get("int8"), dict) and not _copy_checked(parent, entry["int8"], tmp):
+                dropped[f"{tower} int8"] = f"{entry['int8'].get('file')} missing or changed since its export (sha256)"
+                del entry["int8"]
+            kept[tower] = entry
+    return kept, dropped
+
+
 def _write_tower(encoder: Any, tower: str, module: Any, feeds: list[dict[str, np.ndarray]],
                  axes: dict[str, dict[int, str]], path: Path, graph: str, max_abs_diff: float) -> tuple[str, float]:
     """Write ``tower`` to ``path``: the CLIP text graph (:mod:`.onnx_clip`) where ``graph`` is
@@ -171,7 +225,11 @@ def export_onnx(model_dir: str | Path, *, int8: bool = False, towers: Sequence[s
     module docstring); returns what ``export.json`` records. ``graph``: ``"auto"`` writes a CLIP
     text tower as :mod:`.onnx_clip`'s graph (faster at batch 1; the traced export where it does not
     apply), ``"traced"`` traces every tower. Refuses (``ValueError``, nothing written) when a
-    tower's fp32 output differs from torch's by more than ``max_abs_diff``."""
+    tower's fp32 output differs from torch's by more than ``max_abs_diff``; the earlier export, if
+    any, is then left as it was. With ``towers``, the earlier export's other towers are kept where they
+    were exported from the same weights and their files are unchanged (copied into the new export;
+    the returned dict's ``"earlier"``, not written to ``export.json``, says ``{"kept": [towers],
+    "dropped": {what: why}}``)."""
     from . import load_encoder
 
     if graph not in GRAPHS:
@@ -186,6 +244,7 @@ def export_onnx(model_dir: str | Path, *, int8: bool = False, towers: Sequence[s
         raise ValueError(f"towers: {model_dir} embeds {list(encoder.modalities)}, not {unknown}")
     info: dict[str, Any] = {"space_id": encoder.space_id, "towers": {}}
     parent = model_dir / EXPORT_DIR
+    earlier = onnx_export_info(model_dir)
     tmp = Path(tempfile.mkdtemp(prefix=".onnx.", dir=model_dir))
     try:
         for tower in towers:
@@ -205,14 +264,22 @@ def export_onnx(model_dir: str | Path, *, int8: bool = False, towers: Sequence[s
                                  f"(max abs, over {sum(len(next(iter(f.values()))) for f in feeds)} inputs), above "
                                  f"{max_abs_diff:.0e}; not written")
             entry = {"file": path.name, "sha256": _sha256(path), "max_abs_diff": diff, "graph": kind,
-                     "opset": CLIP_OPSET if kind == "clip-text" else TRACED_OPSET}
+                     "opset": CLIP_OPSET if kind == "clip-text" else TRACED_OPSET,
+                     "checked_on": _checked_on(tower, feeds)}
             if int8:
                 qpath = tmp / f"{tower}.int8.onnx"
                 _quantize(path, qpath)
                 entry["int8"] = {"file": qpath.name, "sha256": _sha256(qpath),
-                                 "max_abs_diff": _max_diff(module, _session(qpath), feeds)}
+                                 "max_abs_diff": _max_diff(module, _session(qpath), feeds),
+                                 "checked_on": _checked_on(tower, feeds),
+                                 "note": "real inputs differ more than the check inputs, and an int8 vector depends "
+                                         "on the other inputs of its batch (nobackfill bench serve measures both)"}
             info["towers"][tower] = entry
+        kept, dropped = _keep_earlier(parent, earlier, encoder, towers, tmp)
+        info["towers"].update(kept)
         (tmp / "export.json").write_text(json.dumps(info, indent=2))
+        for what, why in dropped.items():
+            log.info("%s: the earlier export's %s is not kept: %s", parent, what, why)
         for f in [tmp, *tmp.iterdir()]:
             os.chmod(f, 0o755 if f.is_dir() else 0o644)
         old = model_dir / f".{EXPORT_DIR}.old"
@@ -223,7 +290,7 @@ def export_onnx(model_dir: str | Path, *, int8: bool = False, towers: Sequence[s
         shutil.rmtree(old, ignore_errors=True)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    return info
+    return {**info, "earlier": {"kept": list(kept), "dropped": dropped}}
 
 
 def onnx_export_info(model_dir: str | Path) -> dict[str, Any] | None:

@@ -147,7 +147,7 @@ def clip_text_graph(encoder: Any) -> Any | None:
     h = g.op("Add", [g.op("Gather", [g.const("tok_emb", text.embeddings.token_embedding.weight), "input_ids"], "tok"), pos],
              "h0")
     g.op("Cast", ["attention_mask"], "mask32", to=6)
-    eos = _eos_index(g, cfg.eos_token_id)
+    _eos_index(g, cfg.eos_token_id)  # "eos": [batch, 1], read by the pooled layer
     pending: str | None = None  # the previous MLP's output, added to the residual by the next norm
     layers = text.encoder.layers
     for i, layer in enumerate(layers):

@@ -6,6 +6,8 @@ the ``[train]`` table of the same file holds the recipe that produced the shippe
 
 from __future__ import annotations
 
+import math
+
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
@@ -55,6 +57,17 @@ class RecipeSpec:
     save_dtype: str = "float32"  # "float16" halves the shipped file (weights rounded before saving)
     shapes: list[str] | None = None
     colours: list[str] | None = None
+
+    def __post_init__(self) -> None:
+        """What a run would refuse (or fail on) later, refused as the recipe is built (``--show-config`` too)."""
+        if self.steps < 1 or self.batch_size < 1 or self.warmup < 0:
+            raise ValueError(f"steps and batch_size must be >= 1 and warmup >= 0, got {self.steps}, "
+                             f"{self.batch_size}, {self.warmup}")
+        if not (math.isfinite(self.lr) and self.lr > 0) or not (math.isfinite(self.weight_decay) and self.weight_decay >= 0):
+            raise ValueError(f"lr must be finite and > 0 and weight_decay finite and >= 0, got {self.lr}, "
+                             f"{self.weight_decay}")
+        if self.save_dtype not in ("float32", "float16"):
+            raise ValueError(f"save_dtype must be 'float32' or 'float16', got {self.save_dtype!r}")
 
 
 @dataclass

@@ -90,6 +90,8 @@ def train_world_method(kind: str, out: str | Path, spec: WorldSpec, tokenizer, *
         method = TargetCMLIDistillation(enc, teacher, kd or KDConfig())
     else:
         raise ValueError(f"kind must be 'global', 'cmli' or 'kd', got {kind!r}")
+    method.run_settings = {"kind": kind, "batch_size": batch_size, "swap_twins": swap_twins,
+                           "preset": getattr(preset, "name", preset), "world_seed": spec.seed}
     stream_seed = spec.seed * 1000 + 500 + seed
     batches = (SwapTwinBatches(batch_size, seed=stream_seed) if swap_twins
                else WorldBatches(WorldStream(batch_size, seed=stream_seed)))

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import copy
 import json
+import math
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any, Callable, Sequence
@@ -99,8 +100,31 @@ class CLLConfig:
             raise ValueError(f"teir_scale must be 'grad' or 'update', got {self.teir_scale!r}")
         if self.teir_task_tokens not in ("vocab", "used"):
             raise ValueError(f"teir_task_tokens must be 'vocab' or 'used', got {self.teir_task_tokens!r}")
-        if self.steps < 1 or self.batch_size < 1:
-            raise ValueError("steps and batch_size must be positive")
+        self._check_ranges()
+
+    #: the numeric fields and their least value (``> 0`` for the floats marked so, else ``>=``)
+    _AT_LEAST_1 = ("steps", "batch_size", "task_vocab_size", "min_frequency", "ewc_batches", "lora_rank", "lora_alpha",
+                   "prompt_length", "coda_components", "threads")
+    _AT_LEAST_0 = ("memory_size", "g_prompt_length", "seed")
+    _POSITIVE = ("lr", "temperature")
+    _NON_NEGATIVE = ("weight_decay", "grad_clip", "gamma_cm", "gamma_cl", "der_alpha", "ewc_strength", "ewc_gamma",
+                     "key_match_weight")
+
+    def _check_ranges(self) -> None:
+        """A ValueError (one line naming the field) for a value no run can use: counts below their least
+        value, rates and weights that are not finite or out of range. Checked when the config is built,
+        so ``--show-config`` refuses them too, before anything is read or trained."""
+        for least, names in ((1, self._AT_LEAST_1), (0, self._AT_LEAST_0)):
+            for name in names:
+                if getattr(self, name) < least:
+                    raise ValueError(f"{name} must be >= {least}, got {getattr(self, name)}")
+        for positive, names in ((True, self._POSITIVE), (False, self._NON_NEGATIVE)):
+            for name in names:
+                v = float(getattr(self, name))
+                if not math.isfinite(v) or v < 0 or (positive and v == 0):
+                    raise ValueError(f"{name} must be a finite number {'> 0' if positive else '>= 0'}, got {v:g}")
+        if not 0.0 <= self.warmup_frac <= 1.0:
+            raise ValueError(f"warmup_frac must be in [0, 1], got {self.warmup_frac:g}")
 
     @property
     def label(self) -> str:

@@ -53,6 +53,12 @@ class LoopConfig:
     def __post_init__(self) -> None:
         if self.steps <= 0:
             raise ValueError(f"steps must be positive, got {self.steps}")
+        for name in ("lr", "weight_decay", "grad_clip"):
+            value = getattr(self, name)
+            if not math.isfinite(value) or value < 0 or (name == "lr" and value == 0):
+                raise ValueError(f"{name} must be finite and {'> 0' if name == 'lr' else '>= 0'}, got {value}")
+        if self.warmup < 0:
+            raise ValueError(f"warmup must be >= 0, got {self.warmup}")
         if self.early_stop and self.patience < 1:
             raise ValueError(f"patience must be >= 1 with early_stop, got {self.patience}")
         if self.schedule not in ("cosine", "constant"):
@@ -84,6 +90,9 @@ class Method:
     """A training method plug-in. Subclasses set :attr:`name` and implement the hooks."""
 
     name: str = "method"
+    #: what else decides what is trained (the data, the batch size, the model's shape): recorded in a
+    #: checkpoint, and a resume with other values is refused (:func:`check_resume`); the caller sets it
+    run_settings: dict | None = None
 
     def param_groups(self) -> list[dict]:
         """Optimiser parameter groups; a group may carry ``lr_scale`` (multiplies the base lr)."""
@@ -192,15 +201,23 @@ class TrainResult:
 
 
 #: loop settings that do not change what is trained (a resume may change them)
-_RESUME_FREE = ("threads", "log_every")
+_RESUME_FREE = ("threads", "log_every", "checkpoint_every")
 
 
 class ResumeMismatch(ValueError):
     """A checkpoint written by a run with other loop settings (or of another method) than this one's."""
 
 
+def _flat(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """``d`` with nested dicts as dotted keys (``model.text_layers``)."""
+    out: dict[str, Any] = {}
+    for k, v in d.items():
+        out.update(_flat(v, f"{prefix}{k}.") if isinstance(v, dict) else {f"{prefix}{k}": v})
+    return out
+
+
 def check_resume(path: Path, saved: dict[str, Any] | None, cfg: LoopConfig, *, method: str | None = None,
-                 saved_method: str | None = None) -> None:
+                 saved_method: str | None = None, run: dict | None = None, saved_run: dict | None = None) -> None:
     """:class:`ResumeMismatch` naming each setting where the run that wrote the checkpoint ``path``
     (``saved``: its loop config) and this one differ: resuming would train on with the old ones
     (the optimiser's state, the schedule) while the new ones were recorded. A checkpoint of another
@@ -208,11 +225,9 @@ def check_resume(path: Path, saved: dict[str, Any] | None, cfg: LoopConfig, *, m
     if method is not None and saved_method is not None and saved_method != method:
         raise ResumeMismatch(f"{path} was written by a run of {saved_method} (now {method}): give another --out "
                              f"(or delete {path.name} to start afresh)")
-    if saved is None:
-        return
-    now = asdict(cfg)
-    diff = [f"{k} {saved[k]!r} (now {now[k]!r})" for k in now if k in saved and k not in _RESUME_FREE
-            and saved[k] != now[k]]
+    now, was = {**asdict(cfg), **_flat(run or {})}, {**(saved or {}), **_flat(saved_run or {})}
+    diff = [f"{k} {was[k]!r} (now {now[k]!r})" for k in now if k in was and k not in _RESUME_FREE
+            and was[k] != now[k]]
     if diff:
         raise ResumeMismatch(f"{path} was written by a run with {', '.join(diff)}: rerun with its settings to "
                              f"resume it, or give another --out (or delete {path.name} to start afresh)")
@@ -306,8 +321,13 @@ def _train(method: Method, batches: BatchSource, cfg: LoopConfig, out: Path,
     es: dict = {"best": None, "step": None, "bad": 0, "state": None, "stopped": False}
     if ckpt_path.is_file():
         state = torch.load(ckpt_path, weights_only=False)
-        check_resume(ckpt_path, state.get("config"), cfg, method=method.name, saved_method=state.get("method_name"))
-        method.load_state_dict(state["method"])
+        check_resume(ckpt_path, state.get("config"), cfg, method=method.name, saved_method=state.get("method_name"),
+                     run=method.run_settings, saved_run=state.get("run_settings"))
+        try:
+            method.load_state_dict(state["method"])
+        except (RuntimeError, KeyError, ValueError) as e:  # another model: other shapes or parameters
+            raise ResumeMismatch(f"{ckpt_path} holds a model that is not this run's ({str(e).splitlines()[0][:200]}): "
+                                 f"give another --out (or delete {ckpt_path.name} to start afresh)") from None
         opt.load_state_dict(state["optimizer"])
         start, history, elapsed = state["step"], state["history"], state["elapsed"]
         where.update(step=start, checkpoint=start)
@@ -379,7 +399,8 @@ def _train(method: Method, batches: BatchSource, cfg: LoopConfig, out: Path,
                                         "history": history, "elapsed": time.time() - t0,
                                         "torch_rng": torch.get_rng_state(), "numpy_rng": np.random.get_state(),
                                         "python_rng": random.getstate(), "config": asdict(cfg),
-                                        "early_stop": es, "method_name": method.name}, ckpt_path)
+                                        "early_stop": es, "method_name": method.name,
+                                        "run_settings": method.run_settings}, ckpt_path)
                     where["checkpoint"] = done
     method.train_mode(False)
     if cfg.early_stop and es["state"] is not None:

@@ -67,6 +67,7 @@ def train_preset(preset: str | Preset, data: str | Path, out: str | Path, *, ste
     encoder = create_model(preset, tokenizer, seed=seed)
     encoder.meta.update({"name": out.name, "concepts": asdict(concepts)})
     method = ContrastivePretraining(encoder, save_dtype=rec.save_dtype)
+    method.run_settings = {"preset": asdict(preset), "stream": bool(spec is not None and stream)}
     if spec is not None and stream:
         from ..data.batches import WorldBatches
 
