@@ -31,3 +31,18 @@ def world_collection(root: Path, name: str, model: Path, *, n_train: int, n_val:
        "--langs", langs)
     ok("collection", "create", root / name, "--model", model)
     return ok("collection", "add", root / name, "--data", root / "world", "--split", "test", "--langs", add_langs)
+
+
+def error_line(r) -> str:
+    """The one line a refused command prints (exit 2)."""
+    lines = [line for line in r.output.splitlines() if line.strip()]
+    assert r.exit_code == 2 and len(lines) == 1 and lines[0].startswith("error: "), r.output
+    return lines[0]
+
+
+def tiny_en_de_world(root: Path) -> Path:
+    """A tiny world with English and German captions at ``root/w`` (12 / 6 / 6 scenes)."""
+    from nobackfill.data.world import WorldSpec, generate_world
+
+    return generate_world(root / "w", WorldSpec(seed=3, n_train=12, n_val=6, n_test=6, langs=("en", "de")),
+                          workers=1, progress=False)

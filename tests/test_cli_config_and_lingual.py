@@ -14,6 +14,7 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
+from _cli_helpers import error_line, tiny_en_de_world
 from _compat_helpers import tiny_encoder
 from _fake_multi30k import caption, fake_multi30k, write_gz
 from test_lingual import tiny_bert
@@ -28,11 +29,7 @@ def _app():
     return app
 
 
-def _error_line(r) -> str:
-    """The one line a refused command prints (exit 2)."""
-    lines = [line for line in r.output.splitlines() if line.strip()]
-    assert r.exit_code == 2 and len(lines) == 1 and lines[0].startswith("error: "), r.output
-    return lines[0]
+_error_line = error_line
 
 
 # ----------------------------------------------------------------------------- --show-config checks
@@ -140,8 +137,7 @@ def world(tmp_path_factory):
     from nobackfill.data.world import WorldSpec, generate_world
 
     d = tmp_path_factory.mktemp("world")
-    data = generate_world(d / "w", WorldSpec(seed=3, n_train=12, n_val=6, n_test=6, langs=("en", "de")),
-                          workers=1, progress=False)
+    data = tiny_en_de_world(d)
     fr = generate_world(d / "fr", WorldSpec(seed=4, n_train=0, n_val=0, n_test=6, langs=("en", "fr")),
                         workers=1, progress=False)
     model = tiny_encoder().save(d / "tiny-clip")

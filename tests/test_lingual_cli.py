@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 from typer.testing import CliRunner
 
+from _cli_helpers import tiny_en_de_world
 from _compat_helpers import tiny_encoder
 from _fake_multi30k import caption, fake_multi30k, write_gz
 from test_lingual import tiny_bert
@@ -34,11 +35,8 @@ def m30k(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def world(tmp_path_factory):
-    from nobackfill.data.world import WorldSpec, generate_world
-
     d = tmp_path_factory.mktemp("world")
-    data = generate_world(d / "w", WorldSpec(seed=3, n_train=12, n_val=6, n_test=6, langs=("en", "de")),
-                          workers=1, progress=False)
+    data = tiny_en_de_world(d)
     model = tiny_encoder().save(d / "tiny-clip")
     return data, model
 

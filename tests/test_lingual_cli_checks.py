@@ -11,6 +11,7 @@ import math
 import pytest
 from typer.testing import CliRunner
 
+from _cli_helpers import error_line, tiny_en_de_world
 from _compat_helpers import tiny_encoder
 
 runner = CliRunner()
@@ -22,11 +23,7 @@ def _app():
     return app
 
 
-def _error_line(r) -> str:
-    """The one line a refused command prints (exit 2)."""
-    lines = [line for line in r.output.splitlines() if line.strip()]
-    assert r.exit_code == 2 and len(lines) == 1 and lines[0].startswith("error: "), r.output
-    return lines[0]
+_error_line = error_line
 
 
 def _leftovers(out):
@@ -37,11 +34,8 @@ def _leftovers(out):
 @pytest.fixture(scope="module")
 def world(tmp_path_factory):
     """A tiny en+de world, a tiny CLIP (English only) and that CLIP after learning de."""
-    from nobackfill.data.world import WorldSpec, generate_world
-
     d = tmp_path_factory.mktemp("world")
-    data = generate_world(d / "w", WorldSpec(seed=3, n_train=12, n_val=6, n_test=6, langs=("en", "de")),
-                          workers=1, progress=False)
+    data = tiny_en_de_world(d)
     model = tiny_encoder().save(d / "tiny-clip")
     learned = d / "runs" / "tiny-de"
     r = runner.invoke(_app(), _learn(model, data, learned, d / "cache"))

@@ -17,16 +17,16 @@ pytest.importorskip("onnxruntime")
 from nobackfill.encoders import load_encoder  # noqa: E402
 from nobackfill.encoders.onnx import OnnxEncoder, export_onnx, onnx_encoder, onnx_export_info  # noqa: E402
 
+from test_onnx import exported  # noqa: E402,F401  (the fixture)
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(scope="module")
-def full(tmp_path_factory) -> Path:
-    """A copy of world-old with both towers exported, fp32 and int8 (copied by each test, never changed)."""
-    d = tmp_path_factory.mktemp("keep") / "world-old"
-    shutil.copytree(ROOT / "models" / "world-old", d)
-    export_onnx(d, int8=True)
-    return d
+def full(exported) -> Path:
+    """test_onnx's copy of world-old with both towers exported, fp32 and int8 (copied by each test,
+    never changed)."""
+    return exported
 
 
 def _copy(src: Path, dst: Path) -> Path:
