@@ -179,6 +179,10 @@ def test_the_loop_says_where_an_interrupted_run_stood(tmp_path) -> None:
         train(_Toy(interrupt_at=3), CyclicBatches(), cfg, tmp_path / "a", progress=False)
     assert (e.value.step, e.value.checkpoint) == (3, None)
     assert e.value.message() == "interrupted at step 3 of 20 (toy); no checkpoint yet: a rerun starts afresh"
+    never = dataclasses.replace(cfg, checkpoint_every=10**9)  # compat train's runs keep none
+    with pytest.raises(TrainingInterrupted) as e:
+        train(_Toy(interrupt_at=3), CyclicBatches(), never, tmp_path / "never", progress=False)
+    assert e.value.message() == "interrupted at step 3 of 20 (toy); this run keeps no checkpoint: a rerun starts afresh"
     with pytest.raises(KeyboardInterrupt) as e:  # still a KeyboardInterrupt for any caller
         train(_Toy(interrupt_at=10), CyclicBatches(), cfg, tmp_path / "b", progress=False)
     assert (e.value.step, e.value.checkpoint_step) == (10, 8)
@@ -287,3 +291,22 @@ def test_json_on_stdout_is_strict_as_the_files_are(capsys) -> None:
     assert "NaN" not in text and "Infinity" not in text
     assert json.loads(text, parse_constant=lambda c: pytest.fail(f"{c} in the JSON")) == \
         {"rel_NFR": None, "rows": [1.5, None], "ok": 2}
+
+
+def test_upgrade_xbt_reads_its_pairs_before_stage_1_trains(tmp_path, monkeypatch) -> None:
+    """Too few image-caption pairs is found before stage 1's minutes of training, not after."""
+    from nobackfill.compat import data as compat_data
+    from nobackfill.compat import xbt
+
+    calls = []
+    monkeypatch.setattr(xbt, "pretrain_phi", lambda *a, **k: calls.append("stage 1"))
+
+    def too_few(path, n=None, lang="en"):
+        raise ValueError(f"{path}: only 40 image-caption pairs, asked for {n}")
+
+    monkeypatch.setattr(compat_data, "load_pair_source", too_few)
+    root = Path(__file__).resolve().parents[1] / "models"
+    with pytest.raises(ValueError, match="only 40 image-caption pairs, asked for 64"):
+        xbt.upgrade_xbt(root / "world-old", root / "world-new", tmp_path / "corpus", tmp_path / "pairs",
+                        tmp_path / "out", dataclasses.replace(xbt.XBTUpgradeConfig(), n_pairs=64))
+    assert calls == []

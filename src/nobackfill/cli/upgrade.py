@@ -129,7 +129,8 @@ def upgrade_xbt_text(
 def upgrade_procrustes(
     old: Path = typer.Option(..., help="The old model (the gallery's space)."),
     new: Path = typer.Option(..., help="The new model."),
-    text_corpus: Path = typer.Option(..., help="Paired text: a text file, a data folder or a world root."),
+    text_corpus: Path = typer.Option(..., help="Paired text: a text file (every line), or the English captions of a "
+                                                "data folder or world root."),
     out: Path = typer.Option(..., help="Upgrade directory to write (a new or empty folder)."),
     corpus_size: Optional[int] = typer.Option(None, help="Maximum captions, deduplicated (default 40000)."),
     config: Optional[Path] = config_option(),

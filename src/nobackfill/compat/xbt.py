@@ -339,6 +339,7 @@ def upgrade_xbt(old: str | Path, new: str | Path, text_corpus: str | Path, pairs
     from .upgrade import load_upgrade
 
     out = Path(out)
+    pair_data = load_pair_source(pairs, cfg.n_pairs)  # read (and checked: enough pairs?) before stage 1 trains
     new_enc = load_encoder(new)
     r1 = None
     if stage1 is None:
@@ -356,7 +357,6 @@ def upgrade_xbt(old: str | Path, new: str | Path, text_corpus: str | Path, pairs
         if up1.kind != "phi" or up1.source_id != new_enc.space_id:
             raise ValueError(f"{stage1}: not a stage-1 (phi) upgrade of {new}")
         phi, target = Projection.load(stage1), up1.target
-    pair_data = load_pair_source(pairs, cfg.n_pairs)
     log(f"stage 2: XBT on {len(pair_data)} image-text pairs (old model not loaded) ...")
     up, r2 = train_xbt(new_enc, phi, pair_data, cfg.stage2, out, target=target, progress=progress, command=command)
     return up, {"stage1": r1, "stage2": r2}

@@ -269,15 +269,17 @@ class TrainingInterrupted(KeyboardInterrupt):
     ``KeyboardInterrupt``."""
 
     def __init__(self, method: str, step: int, steps: int, out: Path, checkpoint: Path | None = None,
-                 checkpoint_step: int | None = None) -> None:
+                 checkpoint_step: int | None = None, keeps_checkpoints: bool = True) -> None:
         super().__init__(method, step, steps, str(out))
         self.method, self.step, self.steps, self.out = method, step, steps, Path(out)
         self.checkpoint, self.checkpoint_step = checkpoint, checkpoint_step
+        self.keeps_checkpoints = keeps_checkpoints
 
     def message(self) -> str:
         head = f"interrupted at step {self.step} of {self.steps} ({self.method})"
         if self.checkpoint is None:
-            return f"{head}; no checkpoint yet: a rerun starts afresh"
+            return f"{head}; {'no checkpoint yet' if self.keeps_checkpoints else 'this run keeps no checkpoint'}: " \
+                   "a rerun starts afresh"
         at = f" at step {self.checkpoint_step}" if self.checkpoint_step else ""
         return f"{head}; the checkpoint{at} in {self.out} resumes it: rerun the same command"
 
@@ -297,7 +299,7 @@ def train(method: Method, batches: BatchSource, cfg: LoopConfig, out: str | Path
     except KeyboardInterrupt:
         ckpt = out / "checkpoint.pt"
         raise TrainingInterrupted(method.name, where["step"], cfg.steps, out, ckpt if ckpt.is_file() else None,
-                                  where["checkpoint"]) from None
+                                  where["checkpoint"], keeps_checkpoints=cfg.checkpoint_interval < cfg.steps) from None
 
 
 def _train(method: Method, batches: BatchSource, cfg: LoopConfig, out: Path,
