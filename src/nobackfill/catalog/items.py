@@ -28,6 +28,7 @@ __all__ = [
     "MAX_ID_LENGTH",
     "added_id_problem",
     "id_problem",
+    "metadata_json",
     "metadata_problem",
     "plain_ids",
     "NotACollectionError",
@@ -212,6 +213,15 @@ def metadata_problem(meta: Any, at: str = "") -> str | None:
     return None
 
 
+def metadata_json(meta: Mapping[str, Any]) -> str:
+    """:func:`row_json` of an added item's metadata; ``ValueError`` naming what is no JSON value (a
+    NaN or infinity: :func:`metadata_problem`; a set, bytes: the writer's message)."""
+    text = row_json(meta if type(meta) is dict else dict(meta))
+    if "null" in text and (problem := metadata_problem(meta)) is not None:  # orjson writes NaN as null
+        raise ValueError(problem)
+    return text
+
+
 _DUMPS = functools.partial(orjson.dumps, option=orjson.OPT_SORT_KEYS | orjson.OPT_SERIALIZE_NUMPY)
 
 
@@ -280,8 +290,8 @@ def _row_json(r: Row) -> tuple[str, str, str, str, str]:
 def _item_json(it: Item) -> tuple[str, str, str, str, str]:
     """The catalog row of an item: ``(id, modality, key, source JSON, metadata JSON)``."""
     src = it.source if type(it.source) is dict else dict(it.source)
-    meta = it.metadata if type(it.metadata) is dict else dict(it.metadata)
-    meta_json = row_json(meta)
-    if "null" in meta_json and (problem := metadata_problem(meta)) is not None:  # orjson writes NaN as null
-        raise ValueError(f"item {it.id!r}: {problem}")
+    try:
+        meta_json = metadata_json(it.metadata)
+    except ValueError as e:
+        raise ValueError(f"item {it.id!r}: {e}") from None
     return it.id, it.modality, it.key, row_json(src), meta_json

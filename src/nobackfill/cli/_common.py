@@ -73,19 +73,18 @@ def report_skipped(count: int, images: Any = (), problems: Any = (), root: Optio
         console.print(f"  ... and {len(lines) - limit} more skipped line(s)")
 
 
-def check_new_output(out: Path, *, sources: tuple = ()) -> None:
+def check_new_output(out: Path, *, sources: tuple = (), finished: str | None = None, what: str = "") -> None:
     """Exit 2 (one line) unless ``out`` can take a new model: not one of ``sources`` (what the command
     reads: its starting model), and not a file or a folder that holds files already (another model,
-    a folder of models). Checked before anything is read or trained, so nothing is overwritten."""
-    for src in sources:
-        if src is not None and Path(src).exists() and out.exists() and Path(src).resolve() == out.resolve():
-            fail(f"--out {out}: is the model this command starts from; give another folder")
-    if out.exists() and not out.is_dir():
-        fail(f"--out {out}: is a file; give a folder")
-    if out.is_dir() and any(out.iterdir()):
-        names = sorted(p.name for p in out.iterdir())
-        fail(f"--out {out}: holds files already ({', '.join(names[:4])}{', ...' if len(names) > 4 else ''}); "
-             "give a new or empty folder (or remove it first)")
+    a folder of models; ``finished``: the file naming a finished ``what``, said so). Checked before
+    anything is read or trained, so nothing is overwritten (:func:`nobackfill.train.loop.check_output`
+    for a command that never resumes)."""
+    from ..train.loop import check_output
+
+    try:
+        check_output(out, finished=finished, what=what, sources=sources, resumable=False)
+    except ValueError as e:
+        fail(str(e))
 
 
 def write_json(path: Optional[Path], obj: dict) -> None:

@@ -139,10 +139,7 @@ def learn(
 def _check_learn_output(out: Path, model: str) -> None:
     """``lingual learn``'s ``--out``, before anything is read: a finished model there is named as the
     training commands name it (``check_output``); any other file is refused too (it never resumes)."""
-    from ..train.loop import check_output
-
-    check_output(out, finished="nobackfill.json", what="model", sources=(model,))
-    check_new_output(out, sources=(model,))
+    check_new_output(out, sources=(model,), finished="nobackfill.json", what="model")
 
 
 def _learn_tasks(enc, saved, langs: list[str], data: Path, train_lines: Optional[int], train_images: Optional[int]):

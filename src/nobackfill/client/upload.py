@@ -13,7 +13,7 @@ from dataclasses import fields
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-from ..catalog.items import ID_PATTERN, ID_RULE, added_id_problem, metadata_problem, row_json
+from ..catalog.items import ID_PATTERN, ID_RULE, added_id_problem, metadata_json, row_json
 from .errors import ClientError, InvalidRequest
 from .types import AddResult
 
@@ -150,21 +150,19 @@ def check_ids(items: Sequence[Any]) -> None:
 
 def check_metadata(items: Sequence[Any]) -> None:
     """:class:`~.errors.InvalidRequest` naming the first item (as :func:`check_ids` does) whose
-    metadata holds a number JSON has not (NaN, infinity:
-    :func:`~nobackfill.catalog.items.metadata_problem`), before anything is added, in process and
-    over HTTP alike."""
+    metadata is no JSON object of JSON values (a NaN or infinity, a set, bytes:
+    :func:`~nobackfill.catalog.items.metadata_json`), before anything is added, in process and over
+    HTTP alike."""
     for name, modality in (("images", "image"), ("texts", "text")):
         for n, it in enumerate(x for x in items if x.modality == modality):
             if not it.metadata:
                 continue
             try:
-                text = row_json(it.metadata if type(it.metadata) is dict else dict(it.metadata))
-                problem = metadata_problem(it.metadata) if "null" in text else None  # a NaN is written as null
-            except (TypeError, ValueError) as e:
+                metadata_json(it.metadata)
+            except ValueError as e:
                 problem = str(e).removeprefix("not a JSON object of JSON values: ")
-            if problem is not None:
                 raise InvalidRequest(422, f"{name}[{n}]: its metadata is not a JSON object of JSON values ({problem}); "
-                                          "nothing was added", f"{name}[{n}]")
+                                          "nothing was added", f"{name}[{n}]") from None
 
 
 def _image_headers(it: Any, at: str) -> dict[str, str]:

@@ -237,27 +237,29 @@ def check_resume(path: Path, saved: dict[str, Any] | None, cfg: LoopConfig, *, m
 RUN_FILES = ("checkpoint.pt", "checkpoint.pt.tmp", "train_log.jsonl", "train_log.jsonl.tmp")
 
 
-def check_output(out: Path, *, finished: str, what: str, also: Iterable[str] = (), sources: Iterable[Any] = ()) -> None:
+def check_output(out: Path, *, finished: str | None, what: str = "", also: Iterable[str] = (),
+                 sources: Iterable[Any] = (), resumable: bool = True) -> None:
     """``ValueError`` (one line, naming ``--out``) unless the folder ``out`` can take this command's run,
     checked before anything is read or trained: absent or empty; holding a checkpoint (a killed run of
     the command: the loop resumes it, refusing one of other settings); or holding only what an unfinished
     run leaves (:data:`RUN_FILES` and the names matching a glob of ``also``, e.g. an earlier stage's
     folder; a rerun starts afresh). A finished run (its file ``finished`` is there: ``what`` names it),
     a file, one of ``sources`` (the models the command reads) or a folder of other files is refused:
-    nothing is overwritten."""
+    nothing is overwritten. ``resumable=False``: a command that never resumes, for which any file is
+    another's (a checkpoint or log included)."""
     out = Path(out)
     for src in sources:
         if src is not None and Path(src).exists() and out.exists() and Path(src).resolve() == out.resolve():
             raise ValueError(f"--out {out}: is the model this command starts from; give another folder")
     if out.exists() and not out.is_dir():
         raise ValueError(f"--out {out}: is a file; give a folder")
-    if not out.is_dir() or (out / "checkpoint.pt").is_file():
+    if not out.is_dir() or (resumable and (out / "checkpoint.pt").is_file()):
         return
-    if (out / finished).exists():
+    if finished is not None and (out / finished).exists():
         raise ValueError(f"--out {out}: holds a finished {what} already ({finished}); give a new folder, or remove "
                          "it first to train again")
-    other = sorted(p.name for p in out.iterdir()
-                   if p.name not in RUN_FILES and not any(fnmatch.fnmatch(p.name, pattern) for pattern in also))
+    other = sorted(p.name for p in out.iterdir() if not (resumable and p.name in RUN_FILES)
+                   and not any(fnmatch.fnmatch(p.name, pattern) for pattern in also))
     if other:
         raise ValueError(f"--out {out}: holds files already ({', '.join(other[:4])}{', ...' if len(other) > 4 else ''})"
                          "; give a new or empty folder (or remove it first)")
