@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
 from nobackfill.bench.fitted_bridge import Direction, FittedBridgeBenchConfig, Pool, run_point
 from nobackfill.bench.fitted_bridge_report import REPORT, format_markdown
@@ -55,19 +56,18 @@ def test_one_point_measures_every_family_the_choice_and_the_routes(tmp_path):
 
 
 def test_the_held_out_scenes_are_whole_and_a_bad_scheme_is_refused():
-    import pytest
-
-    from nobackfill.bench.fitted_bridge import _masks
+    from nobackfill.bench.fitted_bridge_rows import heldout_masks
 
     z = np.zeros((300, 4), np.float32)
     pools = {"image": Pool(z[:100], z[:100], [f"image-{i}" for i in range(100)], np.arange(100)),
              "text": Pool(z, z, [f"text-{i}" for i in range(300)], np.repeat(np.arange(100), 3))}
-    m = _masks(pools, FittedBridgeBenchConfig())
+    m = heldout_masks(pools, 0.2)
     assert 0.1 < m["image"].mean() < 0.3 and np.array_equal(np.repeat(m["image"], 3), m["text"])
-    by_item = _masks(pools, FittedBridgeBenchConfig(heldout_by="item"))
+    by_item = heldout_masks(pools, 0.2, "item")
     assert not np.array_equal(np.repeat(by_item["image"], 3), by_item["text"])
-    with pytest.raises(ValueError, match="heldout_by"):
-        _masks(pools, FittedBridgeBenchConfig(heldout_by="scenes"))
+    for bad in ({"heldout_by": "scenes"}, {"heldout_queries": "some"}):
+        with pytest.raises(ValueError, match="heldout_by"):
+            FittedBridgeBenchConfig(**bad)
 
 
 def test_a_direction_scored_on_given_queries_uses_the_one_pair_set():
@@ -91,3 +91,20 @@ def test_a_direction_scored_on_given_queries_uses_the_one_pair_set():
     assert row["heldout_sizes"]["gallery"] == res["t2i"]["heldout_sizes"]["gallery"] == 300
     assert row["with_shipped"]["chosen"] in ("shipped", *row["families"])
     assert len(res["t2i"]["families"]) == 7  # 2 families x 3 pair sets, and their ensemble
+
+
+def test_the_text_part_also_runs_on_val_captions_3_to_4(monkeypatch):
+    """One run makes both Multi30K curves (val 1 -> 2 and 3 -> 4); not with --eval-dir; the pair is checked."""
+    import nobackfill.bench.fitted_bridge as fb
+
+    seen = []
+    monkeypatch.setattr(fb, "run_text", lambda cfg, log, caps=(1, 2): seen.append(caps) or {"fit_s": {}, "n": {}})
+    monkeypatch.setattr(fb, "query_overhead_us", lambda cfg: {})
+    out = fb.run_fitted_bridge_bench(FittedBridgeBenchConfig(parts=("text",)))
+    assert seen == [(1, 2), (3, 4)] and {"text", "text_val34"} <= set(out)
+    seen.clear()
+    out = fb.run_fitted_bridge_bench(FittedBridgeBenchConfig(parts=("text",), eval_dir="elsewhere"))
+    assert seen == [(1, 2)] and "text_val34" not in out
+    for bad in ((3, 3), (1, 6), (1, 2, 3)):
+        with pytest.raises(ValueError, match="also_captions"):
+            FittedBridgeBenchConfig(also_captions=bad)

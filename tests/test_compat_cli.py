@@ -70,6 +70,30 @@ def test_upgrade_xbt_config_file_and_set(setup, tmp_path):
     assert r.exit_code == 2 and "learning_rate" in r.output and not (tmp_path / "bad").exists()
 
 
+def test_a_run_killed_in_stage_2_reuses_its_finished_stage_1(setup, tmp_path):
+    """A rerun into the folder of a run killed in stage 2 (only ``stage1/`` left) takes the finished phi
+    as it is (byte for byte) when the models, captions and stage-1 settings are the same; with other
+    stage-1 settings it trains stage 1 again."""
+    import shutil
+
+    out = tmp_path / "up"
+    shutil.copytree(setup / "up" / "stage1", out / "stage1")  # what a run killed in stage 2 leaves
+    phi = (out / "stage1" / "phi.safetensors").read_bytes()
+    base = ("upgrade", "xbt", "--old", setup / "models" / "world-old", "--new", setup / "models" / "world-new",
+            "--text-corpus", setup / "world", "--pairs", setup / "world", "--out", out, "--n-pairs", 32,
+            "--corpus-size", 200, "--steps", 2, "--batch-size", 16)
+    r = invoke(*base, "--stage1-steps", 3, "--threads", 1)  # threads change no result
+    assert r.exit_code == 0, r.output
+    assert "is reused" in r.output and "phi on" not in r.output
+    assert (out / "stage1" / "phi.safetensors").read_bytes() == phi and (out / "upgrade.json").is_file()
+    other = tmp_path / "other"
+    shutil.copytree(setup / "up" / "stage1", other / "stage1")
+    r = invoke(*[other if a == out else a for a in base], "--stage1-steps", 4)
+    assert r.exit_code == 0, r.output
+    assert "is reused" not in r.output and "phi on" in r.output
+    assert json.loads((other / "stage1" / "upgrade.json").read_text())["recipe"]["config"]["loop"]["steps"] == 4
+
+
 def test_search_through_the_upgrade(setup):
     args = ("search", "--gallery", setup / "g", "--model", setup / "models" / "world-new", "--text", "a red circle")
     r = invoke(*args)

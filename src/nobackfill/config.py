@@ -124,7 +124,7 @@ def from_dict(cls: type[T], data: dict, source: str = "<config>") -> T:
     data = _route_loop_keys(cls, hints, names, data)
     unknown = sorted(set(data) - names)
     if unknown:
-        raise ConfigError(f"{source}: unknown field(s) {unknown} for {cls.__name__}; known: {sorted(names)}")
+        raise ConfigError(f"{source}: unknown field(s) {unknown}; known: {sorted(names)}")
     kwargs = {k: coerce(hints[k], v, f"{source}: field '{k}'") for k, v in data.items()}
     try:
         return cls(**kwargs)

@@ -18,7 +18,9 @@ that describe no image of the collection), the candidates fitted on the image pa
 
 (b) **Multi30K** task 2: a collection of train captions 1 and 2 embedded by ``m30k-old-text``,
 upgraded to all-MiniLM-L6-v2 (a point: ``N`` images' two captions); evaluation: val caption 1 ->
-caption 2 (or ``--eval-dir``), the shipped text XBT.
+caption 2 (or ``--eval-dir``), the shipped text XBT; and again on another split, val caption 3 -> caption
+4 (``also_captions``; other queries and other gallery texts, the same collection; not with
+``--eval-dir``): ``text_val34``.
 
 Why scenes: the label-free score needs held-out queries whose matches are among the backfilled
 items (a caption's image, a caption's sibling); with independent samples per modality a held-out
@@ -39,11 +41,12 @@ from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
-from ..compat.fitted import FitConfig, choose_direction, fit_candidates, heldout_mask
+from ..compat.fitted import FitConfig, choose_direction, fit_candidates
 from ..compat.fitted.choose import split_name
 from ..compat.fitted.agreement import FUSED
 from ..compat.fitted.families import ENSEMBLE
-from .fitted_bridge_rows import Direction, Pool, held_out, query_overhead_us, recall_r
+from .fitted_bridge_rows import (Direction, Pool, held_out, heldout_masks, masked_shipped, query_overhead_us,
+                                 recall_r)
 from .world_collection import UpgradeInputs
 
 Log = Callable[[str], None]
@@ -66,7 +69,17 @@ class FittedBridgeBenchConfig(UpgradeInputs):
     margin: float = 0.0
     fit: FitConfig = field(default_factory=FitConfig)
     parts: tuple[str, ...] = ("world", "text")
+    also_captions: tuple[int, ...] = (3, 4)  # the text part again on val caption a -> b (empty, or --eval-dir: not)
     seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.heldout_by not in ("scene", "item") or self.heldout_queries not in ("match-heldout", "all"):
+            raise ValueError(f"heldout_by must be 'scene' or 'item' (got {self.heldout_by!r}), heldout_queries "
+                             f"'match-heldout' or 'all' (got {self.heldout_queries!r})")
+        if self.also_captions and (len(self.also_captions) != 2 or len(set(self.also_captions)) != 2
+                                   or not all(1 <= k <= 5 for k in self.also_captions)):
+            raise ValueError(f"also_captions: two different Multi30K caption numbers in 1..5 (query, gallery), "
+                             f"or none; got {list(self.also_captions)}")
 
     @classmethod
     def quick(cls, **kw: Any) -> "FittedBridgeBenchConfig":
@@ -176,23 +189,6 @@ def _curve(pools: Mapping[str, Pool], dirs: Mapping[str, Direction], shipped_hel
     return out
 
 
-def _masks(pools: Mapping[str, Pool], cfg: FittedBridgeBenchConfig) -> dict[str, np.ndarray]:
-    """The held-out rows of each pool: by scene (an image and its captions on the same side, so a
-    held-out query's matches are held out too) or by item key (``cfg.heldout_by``)."""
-    if cfg.heldout_by not in ("scene", "item") or cfg.heldout_queries not in ("match-heldout", "all"):
-        raise ValueError(f"heldout_by must be 'scene' or 'item' (got {cfg.heldout_by!r}), heldout_queries "
-                         f"'match-heldout' or 'all' (got {cfg.heldout_queries!r})")
-    if cfg.heldout_by == "item":
-        return {m: heldout_mask(p.keys, cfg.heldout) for m, p in pools.items()}
-    return {m: heldout_mask([f"scene-{g}" for g in p.group] if p.group is not None else p.keys, cfg.heldout)
-            for m, p in pools.items()}
-
-
-def _masked_shipped(encode_fn, inputs: Sequence[Any], mask: np.ndarray, dim: int) -> np.ndarray:
-    idx = np.flatnonzero(mask)
-    return encode_fn([inputs[i] for i in idx]) if len(idx) else np.zeros((0, dim), np.float32)
-
-
 def run_world(cfg: FittedBridgeBenchConfig, log: Log) -> dict[str, Any]:
     from ..encoders import load_encoder
     from ..evaluate import embed_dataset, embed_texts_cached, load_eval_data
@@ -217,13 +213,13 @@ def run_world(cfg: FittedBridgeBenchConfig, log: Log) -> dict[str, Any]:
                            [f"image-{i}" for i in order["image"]], np.arange(len(tr))),
              "text": Pool(emb["new", "train"].texts[order["text"]], emb["old", "train"].texts[order["text"]],
                           [f"text-{i}" for i in order["text"]], cap_rank[order["text"]])}
-    masks = _masks(pools, cfg)
+    masks = heldout_masks(pools, cfg.heldout, cfg.heldout_by)
     top = {m: p.count(max(cfg.points)) for m, p in pools.items()}
     paths = [str(p) for p in tr.image_paths()]
     shipped_held = {  # the shipped bridge's queries for the held-out items (what it is scored on)
-        "text": _masked_shipped(xbt.encode_texts, [tr.captions[i] for i in order["text"][:top["text"]]],
+        "text": masked_shipped(xbt.encode_texts, [tr.captions[i] for i in order["text"][:top["text"]]],
                                 masks["text"][:top["text"]], 64),
-        "image": _masked_shipped(xbt.encode_images, [paths[i] for i in order["image"][:top["image"]]],
+        "image": masked_shipped(xbt.encode_images, [paths[i] for i in order["image"][:top["image"]]],
                                  masks["image"][:top["image"]], 64)}
     c2i = np.asarray(te.caption_image)
     has = np.flatnonzero(np.bincount(c2i, minlength=len(te)) > 0)
@@ -253,14 +249,16 @@ def run_world(cfg: FittedBridgeBenchConfig, log: Log) -> dict[str, Any]:
     return out
 
 
-def run_text(cfg: FittedBridgeBenchConfig, log: Log) -> dict[str, Any]:
+def run_text(cfg: FittedBridgeBenchConfig, log: Log, captions: tuple[int, int] = (1, 2)) -> dict[str, Any]:
+    """The Multi30K part, evaluated on val caption ``captions[0]`` -> ``captions[1]`` (of ``--eval-dir``
+    when given)."""
     from ..data.multi30k import default_multi30k_dir, read_task2
     from ..encoders import load_encoder
     from ..evaluate import embed_texts_cached
     from ..search.models import ModelPool, model_ref
 
     root = cfg.multi30k or default_multi30k_dir()
-    val = read_task2(root, "val", "en", ks=(1, 2), eval_dir=cfg.eval_dir)
+    val = read_task2(root, "val", "en", ks=tuple(captions), eval_dir=cfg.eval_dir)
     train = read_task2(root, "train", "en", ks=(1, 2), limit=cfg.text_items)
     pool = ModelPool()
     old, new = load_encoder(cfg.text_old), pool.get(model_ref(cfg.text_new))
@@ -274,16 +272,17 @@ def run_text(cfg: FittedBridgeBenchConfig, log: Log) -> dict[str, Any]:
     embed = {m: (lambda texts, e=e: embed_texts_cached(e, texts, cfg.cache_dir)) for m, e in (("old", old), ("new", new))}
     p = Pool(embed["new"](sample), embed["old"](sample), [f"caption-{i}-{k}" for i in order[:top] for k in (1, 2)],
              np.repeat(np.arange(top), 2))
-    q, g = val.column(1), val.column(2)
+    q, g = val.column(1), val.column(2)  # the columns read, in order
     d = Direction("t2t", embed["new"](q), embed["old"](q), xbt.encode_texts(q), embed["old"](g), embed["new"](g),
                   np.arange(len(q)), np.arange(len(g)))
     log(f"text: {2 * train.n_images} train captions 1 and 2 (the collection), {len(sample)} embedded for the curve; "
-        f"val {len(q)} pairs "
+        f"val {len(q)} pairs, caption {captions[0]} -> {captions[1]} "
         f"({cfg.eval_dir or 'Multi30K task2 val'}; {time.time() - t0:.0f}s)")
-    masks = _masks({"text": p}, cfg)
-    shipped_held = {"text": _masked_shipped(xbt.encode_texts, sample, masks["text"], d.g_old.shape[1])}
+    masks = heldout_masks({"text": p}, cfg.heldout, cfg.heldout_by)
+    shipped_held = {"text": masked_shipped(xbt.encode_texts, sample, masks["text"], d.g_old.shape[1])}
     out = _curve({"text": p}, {"t2t": d}, shipped_held, 2 * train.n_images, cfg, log, masks)
-    out["n"] = {"train_captions": 2 * train.n_images, "val_pairs": len(q), "eval": str(cfg.eval_dir or "val")}
+    out["n"] = {"train_captions": 2 * train.n_images, "val_pairs": len(q), "eval": str(cfg.eval_dir or "val"),
+                "captions": list(captions)}
     return out
 
 
@@ -300,10 +299,15 @@ def run_fitted_bridge_bench(cfg: FittedBridgeBenchConfig, log: Log | None = None
         details["world"] = w.pop("n")
         out["world"] = w
     if "text" in cfg.parts:
-        t = run_text(cfg, say)
-        fit_s["text"] = t.pop("fit_s")
-        details["text"] = t.pop("n")
-        out["text"] = t
+        evals = {"text": (1, 2)}
+        if cfg.also_captions and not cfg.eval_dir:
+            a, b = cfg.also_captions
+            evals[f"text_val{a}{b}"] = (a, b)
+        for key, caps in evals.items():
+            t = run_text(cfg, say, caps)
+            fit_s[key] = t.pop("fit_s")
+            details[key] = t.pop("n")
+            out[key] = t
     out["fit_s"] = fit_s
     out["query_overhead_us"] = query_overhead_us(cfg)
     out["n"] = details

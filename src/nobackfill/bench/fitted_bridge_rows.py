@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from ..compat.fitted import FitConfig, HeldOut, held_out_set
+from ..compat.fitted import FitConfig, HeldOut, held_out_set, heldout_mask
 from ..compat.fitted.agreement import BRIDGE, OLD_MODEL
 from ..metrics.retrieval import group_ranks, recall_from_ranks
 
@@ -89,6 +89,21 @@ def held_out(direction: str, qpool: Pool, gpool: Pool, n: int, qmask: np.ndarray
     return held_out_set(direction, qpool.new[qi], gpool.new[:k], gpool.old[:k], gmask[:k], qpool.old[qi], exclude)
 
 
+def heldout_masks(pools: Mapping[str, Pool], fraction: float, by: str = "scene") -> dict[str, np.ndarray]:
+    """The held-out rows of each pool: by scene (an image and its captions on the same side, so a
+    held-out query's matches are held out too) or by item key (``by="item"``)."""
+    if by == "item":
+        return {m: heldout_mask(p.keys, fraction) for m, p in pools.items()}
+    return {m: heldout_mask([f"scene-{g}" for g in p.group] if p.group is not None else p.keys, fraction)
+            for m, p in pools.items()}
+
+
+def masked_shipped(encode_fn, inputs: Sequence[Any], mask: np.ndarray, dim: int) -> np.ndarray:
+    """The shipped bridge's vectors of the ``mask`` rows of ``inputs`` (what it is scored on)."""
+    idx = np.flatnonzero(mask)
+    return encode_fn([inputs[i] for i in idx]) if len(idx) else np.zeros((0, dim), np.float32)
+
+
 def query_overhead_us(cfg: Any, d_new: int = 128, d_old: int = 64, repeats: int = 2000) -> dict:
     """Microseconds to bridge one query, per family (fitted on random pairs of the world's widths),
     and through an ensemble of the ``cfg.fit.ensemble`` slowest families (its worst case)."""
@@ -114,4 +129,4 @@ def _us(m: Any, q: np.ndarray, repeats: int) -> float:
     return round(1e6 * (time.perf_counter() - t0) / repeats, 1)
 
 
-__all__ = ["Direction", "Pool", "held_out", "query_overhead_us", "recall_r"]
+__all__ = ["Direction", "Pool", "held_out", "heldout_masks", "masked_shipped", "query_overhead_us", "recall_r"]

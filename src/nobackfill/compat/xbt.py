@@ -219,11 +219,43 @@ def pretrain_phi(new, old, corpus: Sequence[str], cfg: Stage1Config, out: str | 
     texts, w_new, w_old = embed_corpus(new, old, corpus, cfg, progress)
     embed_s = time.time() - t0
     source, target = space_info(new), space_info(old)
-    recipe = {"stage": 1, "config": to_dict(cfg), "corpus_size": len(texts), "command": command}
+    recipe = {"stage": 1, "config": to_dict(cfg), "corpus_size": len(texts), "corpus_sha256": corpus_digest(texts),
+              "command": command}
     phi, res = train_phi(w_new, w_old, cfg, out, source=source, target=target, recipe=recipe,
                          progress=progress, evaluate=evaluate)
     return phi, res, {"embed_seconds": embed_s, "train_seconds": res.seconds, "corpus_size": len(texts),
                       "source": source, "target": target}
+
+
+def corpus_digest(texts: Sequence[str]) -> str:
+    """sha256 of the stage-1 captions as trained on (deduplicated, cut to ``corpus_size``)."""
+    import hashlib
+
+    return hashlib.sha256("\n".join(texts).encode("utf-8")).hexdigest()
+
+
+def finished_stage1(folder: Path, new_id: str, old_id: str, corpus: Sequence[str],
+                    cfg: Stage1Config) -> tuple[Projection, dict] | None:
+    """(phi, target) of the finished stage 1 a previous run of the same upgrade left in ``folder``
+    (a run killed in stage 2 resumes after it), when it was trained from the same models, on the same
+    captions, with the same settings (threads aside); else None (stage 1 trains again)."""
+    from .upgrade import load_upgrade
+
+    if not (folder / "upgrade.json").is_file():
+        return None
+    try:
+        up = load_upgrade(folder)
+    except (OSError, ValueError):
+        return None
+    recipe = up.manifest.get("recipe") or {}
+
+    def settings(c: dict | None) -> dict:  # threads change no result
+        return {k: settings(v) if isinstance(v, dict) else v for k, v in (c or {}).items() if k != "threads"}
+
+    same = (up.kind == "phi" and up.source_id == new_id and up.target_id == old_id and not up.check_files()
+            and settings(recipe.get("config")) == settings(to_dict(cfg))
+            and recipe.get("corpus_sha256") == corpus_digest(dedupe(corpus)[: cfg.corpus_size or None]))
+    return (Projection.load(folder), up.target) if same else None
 
 
 # ----------------------------------------------------------------------------- stage 2
@@ -346,10 +378,16 @@ def upgrade_xbt(old: str | Path, new: str | Path, text_corpus: str | Path, pairs
         old_enc = load_encoder(old)
         target = space_info(old_enc)
         corpus = read_text_corpus(text_corpus, cfg.stage1.corpus_size)
-        log(f"stage 1: phi on {len(corpus)} captions (text only) ...")
-        phi, r1, info = pretrain_phi(new_enc, old_enc, corpus, cfg.stage1, out / "stage1", progress=progress,
-                                     command=command)
-        log(f"stage 1 done in {info['embed_seconds'] + info['train_seconds']:.0f}s (loss {r1.last_loss:.3f})")
+        done = finished_stage1(out / "stage1", new_enc.space_id, target["space_id"], corpus, cfg.stage1)
+        if done is not None:
+            phi, target = done
+            log(f"stage 1: the finished phi in {out / 'stage1'} (a previous run's, same models, captions and "
+                "settings) is reused")
+        else:
+            log(f"stage 1: phi on {len(corpus)} captions (text only) ...")
+            phi, r1, info = pretrain_phi(new_enc, old_enc, corpus, cfg.stage1, out / "stage1", progress=progress,
+                                         command=command)
+            log(f"stage 1 done in {info['embed_seconds'] + info['train_seconds']:.0f}s (loss {r1.last_loss:.3f})")
         del old_enc  # stage 2 never touches the old model
         gc.collect()
     else:
