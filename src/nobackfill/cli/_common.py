@@ -135,8 +135,9 @@ def config_option() -> Any:
 
 
 def set_option() -> Any:
-    return typer.Option(None, "--set", help="dotted.key=value (a TOML value), repeatable, applied last: "
-                                            "--set stage2.lr=1e-4. Loop fields may skip 'loop.'.")
+    return typer.Option(None, "--set", help="dotted.key=value (a TOML value; a dot enters a section), repeatable, "
+                                            "applied last; the keys are those --show-config prints. Loop fields "
+                                            "may skip 'loop.'.")
 
 
 def show_config_option() -> Any:
