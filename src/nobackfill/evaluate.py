@@ -116,12 +116,18 @@ def cross_flips(rows: dict[str, tuple[Embedded, Embedded]], baseline: str, text_
 TEXT_CACHE_BLOCK = 5000
 
 
-def _texts_key(texts: Sequence[str]) -> str:
+def texts_sha256(texts: Sequence[str]) -> str:
+    """sha256 (hex) of a list of texts, each UTF-8 and ended by a line break: what names a list of
+    captions (a cache block, the corpus a stage was trained on, given query texts)."""
     h = hashlib.sha256()
     for t in texts:
         h.update(t.encode("utf-8"))
         h.update(b"\n")
-    return h.hexdigest()[:20]
+    return h.hexdigest()
+
+
+def _texts_key(texts: Sequence[str]) -> str:
+    return texts_sha256(texts)[:20]
 
 
 def embed_texts_cached(encoder: DualEncoder, texts: Sequence[str], cache_dir: str | Path | None, *,

@@ -39,7 +39,8 @@ import torch
 
 from ..config import to_dict
 from ..train.contrastive import info_nce
-from ..train.loop import LoopConfig, Method, TrainResult, train
+from ..evaluate import texts_sha256
+from ..train.loop import LoopConfig, Method, TrainResult, setting_changes, train
 from .adapters import AdapterConfig
 from .bridges import PhiBridge
 from .data import IndexBatches, PairBatches, Pairs, dedupe
@@ -191,8 +192,13 @@ def embed_corpus(new, old, corpus: Sequence[str], cfg: Stage1Config,
                  progress: bool = False) -> tuple[list[str], np.ndarray, np.ndarray]:
     """The deduplicated corpus (duplicates would be false negatives of the InfoNCE) and its
     embeddings by both frozen text encoders."""
-    texts = dedupe(corpus)[: cfg.corpus_size or None]
+    texts = stage1_texts(corpus, cfg)
     return texts, embed_texts(new, texts, progress=progress), embed_texts(old, texts, progress=progress)
+
+
+def stage1_texts(corpus: Sequence[str], cfg: Stage1Config) -> list[str]:
+    """The captions stage 1 trains on: ``corpus`` deduplicated, cut to ``cfg.corpus_size``."""
+    return dedupe(corpus)[: cfg.corpus_size or None]
 
 
 def train_phi(w_new: np.ndarray, w_old: np.ndarray, cfg: Stage1Config, out: str | Path, *,
@@ -219,7 +225,7 @@ def pretrain_phi(new, old, corpus: Sequence[str], cfg: Stage1Config, out: str | 
     texts, w_new, w_old = embed_corpus(new, old, corpus, cfg, progress)
     embed_s = time.time() - t0
     source, target = space_info(new), space_info(old)
-    recipe = {"stage": 1, "config": to_dict(cfg), "corpus_size": len(texts), "corpus_sha256": corpus_digest(texts),
+    recipe = {"stage": 1, "config": to_dict(cfg), "corpus_size": len(texts), "corpus_sha256": texts_sha256(texts),
               "command": command}
     phi, res = train_phi(w_new, w_old, cfg, out, source=source, target=target, recipe=recipe,
                          progress=progress, evaluate=evaluate)
@@ -227,18 +233,12 @@ def pretrain_phi(new, old, corpus: Sequence[str], cfg: Stage1Config, out: str | 
                       "source": source, "target": target}
 
 
-def corpus_digest(texts: Sequence[str]) -> str:
-    """sha256 of the stage-1 captions as trained on (deduplicated, cut to ``corpus_size``)."""
-    import hashlib
-
-    return hashlib.sha256("\n".join(texts).encode("utf-8")).hexdigest()
-
-
 def finished_stage1(folder: Path, new_id: str, old_id: str, corpus: Sequence[str],
                     cfg: Stage1Config) -> tuple[Projection, dict] | None:
     """(phi, target) of the finished stage 1 a previous run of the same upgrade left in ``folder``
     (a run killed in stage 2 resumes after it), when it was trained from the same models, on the same
-    captions, with the same settings (threads aside); else None (stage 1 trains again)."""
+    captions, with the same settings (those a resume may change aside: :func:`~nobackfill.train.loop.setting_changes`);
+    else None (stage 1 trains again)."""
     from .upgrade import load_upgrade
 
     if not (folder / "upgrade.json").is_file():
@@ -248,13 +248,9 @@ def finished_stage1(folder: Path, new_id: str, old_id: str, corpus: Sequence[str
     except (OSError, ValueError):
         return None
     recipe = up.manifest.get("recipe") or {}
-
-    def settings(c: dict | None) -> dict:  # threads change no result
-        return {k: settings(v) if isinstance(v, dict) else v for k, v in (c or {}).items() if k != "threads"}
-
     same = (up.kind == "phi" and up.source_id == new_id and up.target_id == old_id and not up.check_files()
-            and settings(recipe.get("config")) == settings(to_dict(cfg))
-            and recipe.get("corpus_sha256") == corpus_digest(dedupe(corpus)[: cfg.corpus_size or None]))
+            and isinstance(recipe.get("config"), dict) and not setting_changes(recipe["config"], to_dict(cfg))
+            and recipe.get("corpus_sha256") == texts_sha256(stage1_texts(corpus, cfg)))
     return (Projection.load(folder), up.target) if same else None
 
 

@@ -175,11 +175,11 @@ def _query_texts(planner: RoutePlanner, space: Any, texts: tuple[str, ...],
     """The given query texts embedded by the current model and (where it embeds text) ``space``'s
     (:data:`_QUERY_VECTORS`); None where a model cannot embed them (said: the fit goes on without
     them, as a bridge must be compared with the old model's own route)."""
-    import hashlib
+    from ..evaluate import texts_sha256
 
     if not texts or not planner.plan.current_space.embeds("text"):
         return None
-    digest = hashlib.sha256("\n".join(texts).encode()).hexdigest()
+    digest = texts_sha256(texts)
     vectors: dict[str, np.ndarray] = {}
     for sid in (planner.current, space.space_id):
         if not planner.plan.space(sid).embeds("text"):

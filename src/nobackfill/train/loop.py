@@ -216,6 +216,14 @@ def _flat(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
     return out
 
 
+def setting_changes(was: dict[str, Any], now: dict[str, Any]) -> list[str]:
+    """``"key old (now new)"`` for each setting recorded in both (nested dicts as dotted keys) whose
+    values differ, leaving out those that change nothing trained (:data:`_RESUME_FREE`, at any depth)."""
+    was, now = _flat(was), _flat(now)
+    return [f"{k} {was[k]!r} (now {now[k]!r})" for k in now if k in was and k.rsplit(".", 1)[-1] not in _RESUME_FREE
+            and was[k] != now[k]]
+
+
 def check_resume(path: Path, saved: dict[str, Any] | None, cfg: LoopConfig, *, method: str | None = None,
                  saved_method: str | None = None, run: dict | None = None, saved_run: dict | None = None) -> None:
     """:class:`ResumeMismatch` naming each setting where the run that wrote the checkpoint ``path``
@@ -225,9 +233,7 @@ def check_resume(path: Path, saved: dict[str, Any] | None, cfg: LoopConfig, *, m
     if method is not None and saved_method is not None and saved_method != method:
         raise ResumeMismatch(f"{path} was written by a run of {saved_method} (now {method}): give another --out "
                              f"(or delete {path.name} to start afresh)")
-    now, was = {**asdict(cfg), **_flat(run or {})}, {**(saved or {}), **_flat(saved_run or {})}
-    diff = [f"{k} {was[k]!r} (now {now[k]!r})" for k in now if k in was and k not in _RESUME_FREE
-            and was[k] != now[k]]
+    diff = setting_changes({**(saved or {}), **(saved_run or {})}, {**asdict(cfg), **(run or {})})
     if diff:
         raise ResumeMismatch(f"{path} was written by a run with {', '.join(diff)}: rerun with its settings to "
                              f"resume it, or give another --out (or delete {path.name} to start afresh)")
