@@ -150,9 +150,10 @@ def _max_diff(module: Any, session: Any, feeds: list[dict[str, np.ndarray]]) -> 
 
 def _checked_on(tower: str, feeds: list[dict[str, np.ndarray]]) -> str:
     """What ``tower``'s recorded differences were measured on."""
-    sizes = [len(next(iter(f.values()))) for f in feeds]
+    sizes = [str(len(next(iter(f.values())))) for f in feeds]
     what = "check texts" if tower == "text" else "seeded random-noise images"
-    return f"the export's check inputs: {max(sizes)} {what}, in batches of {' and '.join([', '.join(map(str, sizes[:-1])), str(sizes[-1])][-len(sizes):])}"
+    batches = f"{', '.join(sizes[:-1])} and {sizes[-1]}" if len(sizes) > 1 else sizes[0]
+    return f"the export's check inputs: {max(map(int, sizes))} {what}, in batches of {batches}"
 
 
 def _copy_checked(parent: Path, entry: dict[str, Any], tmp: Path) -> bool:
@@ -263,15 +264,15 @@ def export_onnx(model_dir: str | Path, *, int8: bool = False, towers: Sequence[s
                 raise ValueError(f"{model_dir}: the exported {tower} tower differs from torch by {diff:.2e} "
                                  f"(max abs, over {sum(len(next(iter(f.values()))) for f in feeds)} inputs), above "
                                  f"{max_abs_diff:.0e}; not written")
+            checked_on = _checked_on(tower, feeds)
             entry = {"file": path.name, "sha256": _sha256(path), "max_abs_diff": diff, "graph": kind,
-                     "opset": CLIP_OPSET if kind == "clip-text" else TRACED_OPSET,
-                     "checked_on": _checked_on(tower, feeds)}
+                     "opset": CLIP_OPSET if kind == "clip-text" else TRACED_OPSET, "checked_on": checked_on}
             if int8:
                 qpath = tmp / f"{tower}.int8.onnx"
                 _quantize(path, qpath)
                 entry["int8"] = {"file": qpath.name, "sha256": _sha256(qpath),
                                  "max_abs_diff": _max_diff(module, _session(qpath), feeds),
-                                 "checked_on": _checked_on(tower, feeds),
+                                 "checked_on": checked_on,
                                  "note": "real inputs differ more than the check inputs, and an int8 vector depends "
                                          "on the other inputs of its batch (nobackfill bench serve measures both)"}
             info["towers"][tower] = entry
