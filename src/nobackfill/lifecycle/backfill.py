@@ -40,11 +40,8 @@ that finds every unfinished shard leased reports who holds them.
 """
 from __future__ import annotations
 
-import contextlib
-import json
 import time
 import uuid
-from pathlib import Path
 from typing import Any, Callable
 
 import numpy as np
@@ -61,6 +58,7 @@ from .backfill_jobs import (DEFAULT_LEASE_S, JOB_DIR, JOB_FILE, LEASE_DIR, ORDER
                             _stopped_workers, _take_shard, _write, backfill_running, describe_holders,
                             record_unreadable, unreadable_items)
 from .backfill_fit import maybe_fit, sample_first  # noqa: F401
+from .backfill_workers import join_workers, start_workers
 from ..collection.ingest import encode_readable
 from .backfill_order import ORDERS, _encode, _held, _pending, _route_failure, _uncertainty_order  # noqa: F401
 
@@ -219,10 +217,12 @@ def backfill_status(collection: Collection) -> dict[str, Any]:
 
 def run_worker(collection: Collection, encoder: Any, *, batch_size: int = 64, rate: float | None = None,
                limit: int | None = None, lease_s: float = DEFAULT_LEASE_S, progress: Callable[[int], None] | None = None,
-               owner: str | None = None, poll_s: float = 0.2) -> WorkerReport:
+               owner: str | None = None, poll_s: float = 0.2,
+               stop: Callable[[], str | None] | None = None) -> WorkerReport:
     """Backfill shards until none is left, ``limit`` items were embedded (the uncertainty sample
-    included), the job is paused or removed, or every unfinished shard is leased by another worker.
-    ``rate`` caps items per second for this worker. Whatever stops it, it hands its shard back and
+    included), the job is paused or removed, every unfinished shard is leased by another worker, or
+    ``stop()`` says why to stop (checked before each batch and while pacing; a worker process's:
+    :func:`~.backfill_workers.parent_gone`). ``rate`` caps items per second for this worker. Whatever stops it, it hands its shard back and
     records why (``backfill_status``); a SIGKILL leaves the lease to expire (or to be taken over at
     once on this host)."""
     owner = owner or new_owner()
@@ -239,6 +239,9 @@ def run_worker(collection: Collection, encoder: Any, *, batch_size: int = 64, ra
             while pos < len(ids):
                 if limit is not None and rep.embedded >= limit:
                     rep.stopped = "limit"
+                    return rep
+                if stop is not None and (why := stop()):
+                    rep.stopped = why
                     return rep
                 cap = batch_size if limit is None else min(batch_size, limit - rep.embedded)
                 batch, pos = gather(collection, job, ids, pos, cap)
@@ -270,7 +273,7 @@ def run_worker(collection: Collection, encoder: Any, *, batch_size: int = 64, ra
                 if progress is not None:
                     progress(len(batch))
                 if rate and not _pace(collection, job, s.shard, owner, lease_s, cur_rate,
-                                      rep.embedded / rate - (_now() - t_start)):
+                                      rep.embedded / rate - (_now() - t_start), stop):
                     lost = True
                     break
             if lost:  # taken over after our lease expired: look for another shard
@@ -280,31 +283,25 @@ def run_worker(collection: Collection, encoder: Any, *, batch_size: int = 64, ra
             s.shard = None
 
 
-def _pace(collection: Collection, job: Any, shard: int, owner: str, lease_s: float, rate: float, wait: float) -> bool:
+def _pace(collection: Collection, job: Any, shard: int, owner: str, lease_s: float, rate: float, wait: float,
+          stop: Callable[[], str | None] | None = None) -> bool:
     """Wait ``wait`` seconds (a worker's rate cap) in slices of at most a third of its lease, renewing
     the lease of ``shard`` after each, so a slow rate never loses it; back early once ``job`` is no
-    longer running (paused, cancelled: the next commit says so). False if the lease was lost."""
+    longer running (paused, cancelled: the next commit says so) or, within a second, once ``stop()``
+    says to stop (the batch loop then does). False if the lease was lost."""
     end = _now() + max(0.0, float(wait))
     while (left := end - _now()) > 0:
-        time.sleep(min(left, max(lease_s / 3, 0.01)))
+        slice_end = _now() + min(left, max(lease_s / 3, 0.01))
+        while (rest := slice_end - _now()) > 0:
+            if stop is not None and stop():
+                return True
+            time.sleep(min(rest, 1.0))
         if not _renew(collection, shard, owner, lease_s, rate):
             return False
         now = BackfillJob.load(collection)
         if now is None or now.epoch != job.epoch or now.state != "running":
             return True
     return True
-
-
-def _worker_main(path: str, model: str, kwargs: dict, report: str) -> None:  # pragma: no cover - a child process
-    import torch
-
-    from ..search.models import ModelPool
-
-    torch.set_num_threads(1)
-    c = Collection.open(path)
-    enc = ModelPool().get(model, c.current_space)
-    rep = run_worker(c, enc, **kwargs)
-    Path(report).write_text(json.dumps(rep.as_dict()))
 
 
 def _split(limit: int | None, workers: int) -> list[int | None]:
@@ -372,34 +369,12 @@ def run_backfill(collection: Collection, encoder: Any, *, order: str = "uncertai
         rep = run_ray_worker(collection, load or _Given(encoder), uri=uri, options=ray, batch_size=batch_size,
                              rate=rate, limit=limit, lease_s=lease_s, progress=progress)
         return _run_report(collection, rep, [rep.as_dict()], [], t0)
-    if workers > 1:
-        import multiprocessing as mp
-        import tempfile
-
-        ctx = mp.get_context("spawn")
-        model = collection.space(job.target).model
-        tmp = Path(tempfile.mkdtemp(prefix="nobackfill-workers-"))
-        for i in range(1, workers):
-            if limits[i] == 0:
-                continue
-            out = tmp / f"worker-{i}.json"
-            p = ctx.Process(target=_worker_main, args=(str(collection.path), model,
-                                                       {"batch_size": batch_size, "rate": per_rate,
-                                                        "limit": limits[i], "lease_s": lease_s}, str(out)))
-            p.start()
-            procs.append((p, out))
+    if workers > 1:  # the others in processes of their own, each stopping once this process is gone
+        procs = start_workers(run_worker, collection.path, collection.space(job.target).model, limits,
+                              {"batch_size": batch_size, "rate": per_rate, "lease_s": lease_s})
     rep = run_worker(collection, encoder, batch_size=batch_size, rate=per_rate, limit=limits[0], lease_s=lease_s,
                      progress=progress)
-    reports = [rep.as_dict()]
-    for p, out in procs:
-        p.join()
-        with contextlib.suppress(OSError, ValueError):
-            reports.append(json.loads(out.read_text()))
-            out.unlink()
-    if procs:
-        with contextlib.suppress(OSError):
-            procs[0][1].parent.rmdir()
-    return _run_report(collection, rep, reports, procs, t0)
+    return _run_report(collection, rep, [rep.as_dict(), *join_workers(procs)], procs, t0)
 
 
 def _run_report(collection: Collection, rep: WorkerReport, reports: list[dict[str, Any]], procs: list[Any],

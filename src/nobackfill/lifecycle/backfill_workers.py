@@ -1,0 +1,97 @@
+"""The worker processes of a local backfill run (``run_backfill(workers=N)``: one worker runs in the
+calling process, the other ``N - 1`` here, each loading the model itself).
+
+A worker process stops when the process that started it is gone. A SIGKILL of the ``collection
+backfill`` command (or of a server running it) leaves no time to tell its workers, and before they
+went on alone until their shards were done, unseen by the person who killed the run. Now each one
+watches its parent's sentinel (a pipe that closes when the parent exits, however it exits): the
+worker finishes the batch in hand, commits it, hands its shard back (free at once for the next run)
+and records ``stopped: "the process that started this worker exited"`` in ``backfill_status``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import tempfile
+import threading
+from pathlib import Path
+from typing import Any, Callable
+
+__all__ = ["PARENT_GONE", "join_workers", "parent_gone", "start_workers"]
+
+#: how a worker process records that it stopped because the process that started it exited
+PARENT_GONE = "the process that started this worker exited"
+
+
+def parent_gone() -> Callable[[], str | None]:
+    """A check for :func:`~.backfill.run_worker`'s ``stop``: None while the process that started
+    this one (``multiprocessing``'s parent) lives, :data:`PARENT_GONE` once it has exited. A thread
+    waits on the parent's sentinel; in a process with no such parent the check is always None."""
+    import multiprocessing as mp
+    from multiprocessing.connection import wait
+
+    parent = mp.parent_process()
+    gone = threading.Event()
+    if parent is not None:
+        def watch() -> None:
+            wait([parent.sentinel])
+            gone.set()
+
+        threading.Thread(target=watch, name="backfill-parent-watch", daemon=True).start()
+    return lambda: PARENT_GONE if gone.is_set() else None
+
+
+def _worker_main(run_worker: Callable[..., Any], path: str, model: str, kwargs: dict,
+                 report: str) -> None:  # pragma: no cover - a child process
+    import torch
+
+    from ..collection.collection import Collection
+    from ..search.models import ModelPool
+
+    stop = parent_gone()
+    torch.set_num_threads(1)
+    c = Collection.open(path)
+    enc = ModelPool().get(model, c.current_space)
+    rep = run_worker(c, enc, stop=stop, **kwargs)
+    Path(report).write_text(json.dumps(rep.as_dict()))
+
+
+def start_workers(run_worker: Callable[..., Any], path: Path, model: str, limits: list[int | None],
+                  settings: dict[str, Any]) -> list[tuple[Any, Path]]:
+    """A spawned process per worker ``i`` of ``limits[1:]`` (worker 0 is the caller's) running
+    ``run_worker`` (:func:`~.backfill.run_worker`, given so this module needs not import it) on the
+    collection at ``path`` with ``model`` loaded, ``settings`` (batch size, rate, lease), its limit
+    and ``stop=parent_gone()``; one with a limit of 0 is not started. Returns each process and the
+    file its report will be in."""
+    import multiprocessing as mp
+
+    ctx = mp.get_context("spawn")
+    tmp = Path(tempfile.mkdtemp(prefix="nobackfill-workers-"))
+    procs = []
+    for i in range(1, len(limits)):
+        if limits[i] == 0:
+            continue
+        out = tmp / f"worker-{i}.json"
+        p = ctx.Process(target=_worker_main,
+                        args=(run_worker, str(path), model, {**settings, "limit": limits[i]}, str(out)))
+        p.start()
+        procs.append((p, out))
+    if not procs:
+        tmp.rmdir()
+    return procs
+
+
+def join_workers(procs: list[tuple[Any, Path]]) -> list[dict[str, Any]]:
+    """Wait for the processes of :func:`start_workers`; their reports (one that left none is
+    skipped), their folder removed."""
+    reports = []
+    for p, out in procs:
+        p.join()
+        with contextlib.suppress(OSError, ValueError):
+            reports.append(json.loads(out.read_text()))
+            out.unlink()
+    if procs:
+        with contextlib.suppress(OSError):
+            procs[0][1].parent.rmdir()
+    return reports

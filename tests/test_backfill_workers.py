@@ -1,0 +1,76 @@
+"""`collection backfill --workers N`: the worker processes it starts embed alongside it, and stop
+(their batch committed, their shard handed back, why recorded) once the command is gone, however it
+went (before, a SIGKILL of the command left them embedding on their own until their shards were
+done)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from _cli_helpers import ok, world_collection
+from nobackfill.collection.collection import Collection
+from nobackfill.lifecycle.backfill import backfill_status
+from nobackfill.lifecycle.backfill_workers import PARENT_GONE, parent_gone
+
+MODELS = Path(__file__).resolve().parents[1] / "models"
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def _wait(what, timeout: float, step: float = 0.2):
+    end = time.time() + timeout
+    while time.time() < end:
+        if (got := what()):
+            return got
+        time.sleep(step)
+    return what()
+
+
+def test_a_process_with_no_multiprocessing_parent_is_never_told_to_stop():
+    assert parent_gone()() is None
+
+
+@pytest.mark.slow
+def test_the_worker_processes_of_a_killed_backfill_command_stop_and_hand_their_shards_back(tmp_path):
+    world_collection(tmp_path, "c", MODELS / "world-old", n_train=2, n_val=2, n_test=30)
+    path = tmp_path / "c"
+    ok("collection", "upgrade", path, "--model", MODELS / "world-new", "--no-fit-bridge")
+    cmd = [sys.executable, "-c", "from nobackfill.cli import app; app()", "collection", "backfill", str(path),
+           "--workers", "2", "--rate", "2", "--batch-size", "1", "--order", "sequential"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        # both workers hold a shard: the command's own and the process it started
+        st = _wait(lambda: (s := backfill_status(Collection.open(path)))["workers"] == 2 and s, 120)
+        assert st, backfill_status(Collection.open(path))
+        done_before = st["done"]
+        child = [h["pid"] for h in st["holders"] if h["pid"] != proc.pid]
+        assert len(child) == 1 and _alive(child[0]), st["holders"]
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(10)
+        assert _wait(lambda: not _alive(child[0]), 30), "the worker process outlived the command that started it"
+    finally:
+        if proc.poll() is None:
+            os.kill(proc.pid, signal.SIGKILL)
+            proc.wait(10)
+    st = backfill_status(Collection.open(path))
+    # the command's own shard waits out no lease either (a killed holder of this host frees it); the
+    # worker process handed its shard back itself and said why it stopped
+    assert st["workers"] == 0 and st["state"] != "done", st
+    assert st["last_worker"]["pid"] == child[0] and st["last_worker"]["stopped"] == PARENT_GONE, st
+    assert st["done"] >= done_before and not Collection.open(path).verify()
+    # a later run finishes the job
+    ok("collection", "backfill", path, "--workers", "2")
+    assert backfill_status(Collection.open(path))["state"] == "done"
