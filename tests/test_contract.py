@@ -93,6 +93,39 @@ def test_upgrade_search_two_spaces_backfill_retire(tmp_path, location):
     assert not Collection.open(location).verify()
 
 
+def test_vectors_a_killed_worker_stored_are_committed_not_embedded_again(tmp_path, location):
+    """A worker killed between storing a batch's vectors and its catalog transaction: the next worker
+    finds those rows (on a Milvus server, at the read time it takes as it claims the shard, one read
+    time for all its lookups in that shard) and commits them without embedding them again; every item
+    ends served by the new space, each row stored once."""
+    c, old, new, w, data, pool = _world(tmp_path, location)
+    add_items(c, old, folder_items(data).items, progress=False)
+    upgrade_collection(c, NEW_REF, bridges=[write_procrustes_upgrade(tmp_path / "up", w, new, old)], pool=pool)
+    start_backfill(c, new, order="sequential", pool=pool)
+    items = list(c.items().values())
+    stored = [it for it in items if it.modality == "text"][1::3] + [it for it in items if it.modality == "image"][:2]
+    killed = Collection.open(location).gallery(new.space_id)  # the killed worker's own store object
+    for m in ("image", "text"):
+        mine = [it for it in stored if it.modality == m]
+        payloads = [Path(it.payload) for it in mine] if m == "image" else [it.payload for it in mine]
+        vecs = new.encode_images(payloads) if m == "image" else new.encode_texts(payloads)
+        killed.add(m, [it.key for it in mine], vecs, space_id=new.space_id)
+    embedded = []
+
+    class Counting(type(new)):
+        def _rows(self, datas, what):
+            embedded.extend(datas)
+            return super()._rows(datas, what)
+
+    run_worker(Collection.open(location), Counting(new._dim, new._salt, base=new.base, mix=new.mix, name="new"),
+               batch_size=4)
+    c = Collection.open(location)
+    assert backfill_status(c)["fraction"] == 1.0
+    assert len(embedded) == len(items) - len(stored)  # the stored rows were committed as they were
+    assert {sp for _, sp in c.serving(list(c.items())).values()} == {new.space_id}
+    assert not c.verify()  # a Milvus store's check names duplicated keys
+
+
 KILLED_ADDER = r"""
 import sys, time
 sys.path.insert(0, {tests!r})

@@ -356,3 +356,39 @@ def test_a_large_add_inserts_each_part_while_the_next_parts_are_looked_up(monkey
     with pytest.raises(DuplicateIdError):
         fresh.add("image", keys, vecs, space_id="sp")
     assert [e for e in events if e[0] == "insert"] == [] and fresh._keys["image"] == []
+
+
+def test_key_lookups_in_one_read_time_block_share_one_server_timestamp(monkeypatch):
+    """``one_read_time``: this thread's key lookups in the block read at the timestamp taken as it
+    starts (Customized), an inner block keeps the outer one's, another thread's lookups stay Strong,
+    and after the block they are Strong again; a server that gives no timestamp: Strong throughout."""
+    import threading
+
+    from nobackfill import milvus as mv
+    from nobackfill.milvus import space_store
+
+    gets: list[dict] = []
+
+    class Client(_FakeClient):
+        def get(self, name, ids, **kw):
+            gets.append(kw)
+            return [{"key": k} for k in ids if k in self.keys]
+
+    stamps = iter(range(111, 10**6, 111))  # the fence of rows found on the server takes one too
+    monkeypatch.setattr(space_store, "alloc_ts", lambda client: next(stamps))
+    store = mv.MilvusSpaceStore(Client(["a", "b"], 4), "s", space_id="sp", dim=4, model="m", backend="flat")
+    store.know("image", [])
+    with store.one_read_time():
+        assert store.positions("image", ["a", "x"]) == {"a": 0}
+        with store.one_read_time():  # keeps the outer timestamp
+            store.positions("text", ["b"])
+        other = threading.Thread(target=lambda: store.positions("text", ["y"]))
+        other.start()
+        other.join()
+    store.positions("image", ["z"])
+    levels = [(g["consistency_level"], g.get("guarantee_timestamp")) for g in gets]
+    assert levels == [("Customized", 111), ("Customized", 111), (mv.STRONG, None), (mv.STRONG, None)]
+    monkeypatch.setattr(space_store, "alloc_ts", lambda client: 0)  # milvus-lite: no timestamp
+    with store.one_read_time():
+        store.positions("image", ["w"])
+    assert gets[-1]["consistency_level"] == mv.STRONG

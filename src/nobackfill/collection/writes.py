@@ -51,18 +51,20 @@ class CollectionWrites:
             _WRITES[0] += 1  # every reader of this process asks the catalog again
         self._header = self.catalog.header()
 
+    def store_for_lookup(self, space_id: str, plan: Plan | None = None) -> SpaceStore:
+        """The store of ``space_id`` ready for ``positions()`` to see the rows other processes stored:
+        refreshed first, unless its ``positions()`` ask the server for the keys it does not know
+        (``keys_from_catalog``: a Milvus store, where each refresh is a read of the server)."""
+        g = self.gallery(space_id, plan)
+        if not getattr(g, "keys_from_catalog", False):
+            g.refresh()
+        return g
+
     def _locate(self, plan: Plan, modality: str, keys: Sequence[str]) -> dict[str, tuple[str, int | None]]:
         """Key -> (space, row) of the first space in serving order whose store holds it; called inside
         the write transaction (a vector committed by a racing writer is seen, or that writer's own
         transaction finds this one's items), each store refreshed first."""
-
-        def store(sid: str) -> SpaceStore:
-            g = self.gallery(sid, plan)
-            if not getattr(g, "keys_from_catalog", False):  # Milvus: positions() asks the server for the rest
-                g.refresh()
-            return g
-
-        return _first_holders(plan, modality, keys, store)
+        return _first_holders(plan, modality, keys, lambda sid: self.store_for_lookup(sid, plan))
 
     def commit(self, puts: Sequence[Item] = (), deletes: Sequence[str] = (), *,
                missing_ok: bool = False) -> int:
@@ -194,7 +196,6 @@ class CollectionWrites:
         before its catalog transaction)."""
         if not keys:
             return
-        g = self.gallery(space_id)
         with self._writing() as w:
             rows = [r for r in w.rows_by_key(list(keys)) if r.modality == modality]
             pref = w.header["plan"].serving_order()
@@ -203,8 +204,7 @@ class CollectionWrites:
             rank = {s: i for i, s in enumerate(pref)}
             move = [r for r in rows if r.space is None or rank.get(r.space, len(pref)) > rank[space_id]]
             if move:
-                if not getattr(g, "keys_from_catalog", False):
-                    g.refresh()
+                g = self.store_for_lookup(space_id)
                 pos = g.positions(modality, [r.key for r in move])
                 for r in move:
                     if r.key in pos:

@@ -40,6 +40,7 @@ that finds every unfinished shard leased reports who holds them.
 """
 from __future__ import annotations
 
+import contextlib
 import time
 import uuid
 from typing import Any, Callable
@@ -60,7 +61,8 @@ from .backfill_jobs import (DEFAULT_LEASE_S, JOB_DIR, JOB_FILE, LEASE_DIR, ORDER
 from .backfill_fit import maybe_fit, sample_first  # noqa: F401
 from .backfill_workers import join_workers, start_workers
 from ..collection.ingest import encode_readable
-from .backfill_order import ORDERS, _encode, _held, _pending, _route_failure, _uncertainty_order  # noqa: F401
+from .backfill_order import (ORDERS, _encode, _held, _pending, _route_failure, _uncertainty_order,  # noqa: F401
+                             one_read_time)
 
 __all__ = ["ENGINES", "ORDERS", "BackfillBusy", "BackfillError", "BackfillJob", "BackfillSettingError", "WorkerReport",
            "backfill_running", "backfill_status", "cancel_backfill", "check_run_settings", "describe_holders",
@@ -228,12 +230,18 @@ def run_worker(collection: Collection, encoder: Any, *, batch_size: int = 64, ra
     owner = owner or new_owner()
     rep = WorkerReport(owner=owner)
     t_start = _now()
-    with Session(collection, rep) as s:
+    with Session(collection, rep) as s, contextlib.ExitStack() as read_time:
         while True:
+            read_time.close()
             claimed = next_shard(collection, owner, lease_s, rep, limit, poll_s)
             if claimed is None:
                 return rep
             job, s.shard = claimed
+            # this shard's items are stored only by holders of its lease: by earlier ones before the
+            # claim, and by this worker (it knows its own rows) while each commit finds the lease still
+            # its own. So the target's key lookups while it holds the shard read at one time, taken
+            # now (a Milvus store: no wait for the server's time tick per batch)
+            read_time.enter_context(one_read_time(collection.gallery(job.target)))
             ids, sample_ids = shard_ids(collection, job, s.shard)
             pos, lost = 0, False
             while pos < len(ids):

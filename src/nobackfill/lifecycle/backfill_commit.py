@@ -29,7 +29,7 @@ from .backfill_jobs import (JOB_DIR, LEASE_DIR, ORDER_FILE, SAMPLE_FILE, WORKERS
                             _job_lock, _leases, _now, _order_ids, _parse_owner, _read, _release, _renew, _stopped_workers,
                             _take_shard, _write, describe_holders, unreadable_items)
 from .backfill_fit import maybe_fit
-from .backfill_order import _held, _pending, _uncertainty_order
+from .backfill_order import _held, _pending, _uncertainty_order, one_read_time
 
 __all__ = ["FAILPOINT_ENV", "WorkerReport", "claim_shard", "commit_batch", "finish_shard", "Session", "gather",
            "hand_back", "keys_of", "new_owner", "next_shard", "shard_ids"]
@@ -121,9 +121,7 @@ def _sample_complete(collection: Collection, job: BackfillJob) -> bool:
     if _all_shards_done(collection, job):
         return True
     obj = _read(collection, SAMPLE_FILE) or {}
-    collection.refresh()
-    g = collection.gallery(job.target)
-    g.refresh()
+    collection.refresh()  # which space serves each item: the catalog's (the store is not read)
     bad = set(unreadable_items(collection, job)["ids"])  # never committed this run: not waited for
     live = collection.serving([i for i in obj.get("ids", []) if i not in bad])
     return all(space == job.target for _, space in live.values())
@@ -221,8 +219,6 @@ def gather(collection: Collection, job: BackfillJob, ids: Sequence[str], pos: in
     catalog read per window), and the position after them. Items whose vectors a killed worker
     stored before its catalog transaction are served now and left out (not embedded again)."""
     collection.refresh()
-    g = collection.gallery(job.target)
-    g.refresh()
     batch: list[Item] = []
     while pos < len(ids) and len(batch) < cap:
         window = ids[pos:pos + cap - len(batch)]
@@ -231,6 +227,7 @@ def gather(collection: Collection, job: BackfillJob, ids: Sequence[str], pos: in
         batch += [live[i][0] for i in window if i in live and live[i][1] != job.target]
     if not batch:
         return batch, pos
+    g = collection.store_for_lookup(job.target)
     have = _held(g, batch)
     for m in ("image", "text"):
         collection.serve_stored(job.target, m, [it.key for it in batch if it.modality == m and it.key in have[m]])
@@ -262,15 +259,16 @@ def commit_batch(collection: Collection, job: BackfillJob, shard: int, owner: st
             return (now.state if now is not None and now.epoch == job.epoch else "job removed"), 0, 0
         if not _renew(collection, shard, owner, lease_s, rate):
             return "lost", 0, 0
-        fresh = list(sample_keys)
-        if fresh:  # which of them this batch commits (not another worker)
-            g = collection.gallery(job.target)
-            g.refresh()
-            have = {m: set(g.positions(m, [k for mm, k in fresh if mm == m])) for m in ("image", "text")}
-            fresh = [(m, k) for m, k in fresh if k not in have[m]]
-        n = 0
-        for m, v in vecs.items():
-            n += collection.put_vectors(job.target, m, keys[m], v)
+        fresh, n = list(sample_keys), 0
+        g = collection.store_for_lookup(job.target)
+        # every store of the target by a worker is made under this lock: what the lookups below must
+        # see was acknowledged before the lock was taken, so one read time serves them all
+        with one_read_time(g):
+            if fresh:  # which of them this batch commits (not another worker)
+                have = {m: set(g.positions(m, [k for mm, k in fresh if mm == m])) for m in ("image", "text")}
+                fresh = [(m, k) for m, k in fresh if k not in have[m]]
+            for m, v in vecs.items():
+                n += collection.put_vectors(job.target, m, keys[m], v)
         if n:
             _failpoint()
     return "ok", n, len(fresh)

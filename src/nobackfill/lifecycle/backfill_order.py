@@ -5,6 +5,7 @@ Jaeckle et al., ICLR 2023, arXiv 2303.04766: the items predicted worst-served fi
 
 from __future__ import annotations
 
+import contextlib
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
@@ -22,16 +23,21 @@ def _pending(collection: Collection, target: str, items: dict[str, Item] | None 
     mods = set(collection.space(target).modalities)
     if items is None:  # the catalog knows what the target serves (the current space: first in order)
         return collection.not_served_by(target, mods, sourced=True)
-    g = collection.gallery(target)
-    g.refresh()
-    held = _held(g, [it for it in items.values() if it.modality in mods])
+    held = _held(collection.store_for_lookup(target), [it for it in items.values() if it.modality in mods])
     return [it for it in items.values() if it.modality in mods and it.key not in held[it.modality]]
+
+
+def one_read_time(store: Any) -> Any:
+    """``store.one_read_time()`` where the store has one (a Milvus store: its key lookups in the block
+    wait for the server once), else a block that does nothing."""
+    return getattr(store, "one_read_time", contextlib.nullcontext)()
 
 
 def _held(store: Any, items: Sequence[Item]) -> dict[str, set[str]]:
     """Per modality, the keys of ``items`` that ``store`` holds (one batched lookup per modality: a
-    Milvus store answers a key at a time in a round trip)."""
-    return {m: set(store.positions(m, [it.key for it in items if it.modality == m])) for m in ("image", "text")}
+    Milvus store answers a key at a time in a round trip; both at one read time)."""
+    with one_read_time(store):
+        return {m: set(store.positions(m, [it.key for it in items if it.modality == m])) for m in ("image", "text")}
 
 
 # ----------------------------------------------------------------------------- orders

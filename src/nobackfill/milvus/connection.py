@@ -10,6 +10,7 @@ import os
 import re
 import socket
 import threading
+import time
 from typing import Any
 
 from ..ann.backends import parse_spec
@@ -213,3 +214,19 @@ def milvus_index_params(spec: str) -> tuple[dict[str, Any], dict[str, Any]]:
                         {"nprobe": int(opts.get("nprobe", 16))})
             return {"index_type": "IVF_FLAT", "params": {"nlist": nlist}}, {"nprobe": int(opts.get("nprobe", 16))}
     return {"index_type": "FLAT", "params": {}}, {}
+
+
+def wait_index_built(client: Any, name: str, deadline: float, timeout_s: float, poll_s: float) -> dict:
+    """The index description of collection ``name`` once its index is built for every sealed row (or
+    none is to be built); TimeoutError naming it after ``deadline`` (``time.monotonic()``)."""
+    while True:
+        desc = {}
+        for index in client.list_indexes(name) or []:
+            desc = client.describe_index(name, index) or {}
+        total, done = int(desc.get("total_rows", 0)), int(desc.get("indexed_rows", 0))
+        if (not desc or desc.get("index_type") == "FLAT"  # nothing to build (milvus-lite reports no progress)
+                or (int(desc.get("pending_index_rows", 0)) == 0 and done >= total)):
+            return desc
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{name}: index built for {done} of {total} rows after {timeout_s:.0f}s")
+        time.sleep(poll_s)

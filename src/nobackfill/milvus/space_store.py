@@ -8,13 +8,14 @@ import contextlib
 import json
 import threading
 import time
-from typing import Any, Sequence
+from typing import Any, Iterator, Sequence
 
 import numpy as np
 
 from ..gallery.types import DuplicateIdError, SearchResult, SpaceMismatchError, VerifyReport
 from .connection import (BOUNDED, CUSTOMIZED, FILTER_IN_MAX, FLUSH_EVERY, FRESH_S, INSERT_ROWS, KEY_MAX, LOOKUP_MAX,
-                         MAX_TOPK, SEQ_MARGIN_NS, STRONG, _loaded, alloc_ts, insert_ts, milvus_index_params)
+                         MAX_TOPK, SEQ_MARGIN_NS, STRONG, _loaded, alloc_ts, insert_ts, milvus_index_params,
+                         wait_index_built)
 
 
 class MilvusSpaceStore:
@@ -39,6 +40,7 @@ class MilvusSpaceStore:
         #: unknown timestamp were found on the server: reads wait for the largest (see :meth:`_level`)
         self.write_ts = self._read_ts = self._fence_ts = 0
         self._from_catalog = False  # rows numbered by :meth:`know` (the catalog), not discovered here
+        self._pin = threading.local()  # .ts: the read time of this thread's lookups (:meth:`one_read_time`)
 
     @property
     def dim(self) -> int:
@@ -216,9 +218,25 @@ class MilvusSpaceStore:
             out |= self._lookup(modality, keys[s:s + LOOKUP_MAX], level)
         return out
 
+    @contextlib.contextmanager
+    def one_read_time(self) -> Iterator[None]:
+        """This thread's key lookups inside the block read at one server timestamp taken as it starts
+        (as strong as a Strong read then), so they wait for the server's time tick once, not once each
+        (a backfill batch looks its keys up per modality, and again as it stores them); a block inside
+        another keeps the outer one's."""
+        outer = getattr(self._pin, "ts", 0)
+        self._pin.ts = outer or alloc_ts(self.client)
+        try:
+            yield
+        finally:
+            self._pin.ts = outer
+
     def _lookup_level(self, n: int) -> dict[str, Any]:
-        """The consistency of the lookups of ``n`` keys: Strong for one request; for several, one server
-        timestamp taken now (later than every acknowledged write: as strong as a Strong read now)."""
+        """The consistency of the lookups of ``n`` keys: at the read time of :meth:`one_read_time`;
+        else Strong for one request, and for several one server timestamp taken now (later than every
+        acknowledged write: as strong as a Strong read now)."""
+        if getattr(self._pin, "ts", 0):
+            return {"consistency_level": CUSTOMIZED, "guarantee_timestamp": self._pin.ts}
         if n > LOOKUP_MAX:
             ts = alloc_ts(self.client)
             if ts:
@@ -346,24 +364,11 @@ class MilvusSpaceStore:
         description; raises TimeoutError naming the collection."""
         self.flush()
         deadline = time.monotonic() + timeout_s
-        desc = self._wait_index_built(deadline, timeout_s, poll_s)
+        desc = wait_index_built(self.client, self.name, deadline, timeout_s, poll_s)
         if not getattr(self.client, "_nobackfill_embedded", False) and desc.get("index_type") != "FLAT":
             with contextlib.suppress(Exception):  # a server: load the sealed, indexed segments now
                 self.client.refresh_load(self.name, timeout=max(1.0, deadline - time.monotonic()))
         return desc
-
-    def _wait_index_built(self, deadline: float, timeout_s: float, poll_s: float) -> dict:
-        while True:
-            desc = {}
-            for name in self.client.list_indexes(self.name) or []:
-                desc = self.client.describe_index(self.name, name) or {}
-            total, done = int(desc.get("total_rows", 0)), int(desc.get("indexed_rows", 0))
-            if (not desc or desc.get("index_type") == "FLAT"  # nothing to build (milvus-lite reports no progress)
-                    or (int(desc.get("pending_index_rows", 0)) == 0 and done >= total)):
-                return desc
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"{self.name}: index built for {done} of {total} rows after {timeout_s:.0f}s")
-            time.sleep(poll_s)
 
     # ------------------------------------------------------------------ search
     def search(self, modality: str, queries: np.ndarray, k: int = 10, *, space_id: str,
