@@ -113,12 +113,13 @@ def test_two_machines_backfill_one_collection_through_sigkills(tmp_path, postgre
     whether the other's processes live) backfill one collection, 2 shards, while either is
     SIGKILLed at random moments (>= 20 kills, each restarted at once); then every live item is served
     by the new space exactly once, no key is stored twice in its store, nothing is lost, and the
-    collection verifies. The vectors are in a directory both reach, or on a Milvus server (fewer
-    items there: a batch of two waits seconds on the server's Strong reads)."""
+    collection verifies. The vectors are in a directory both reach, or on a Milvus server (there a
+    worker's first lookup after it claims a shard waits for the server's time tick: longer leases
+    and lives, a slower rate)."""
     if vectors == "directory":  # per worker: batch, items a second, lease seconds
         uri, n_images, life, work = _shared_uri(tmp_path, postgres_db), 100, (0.05, 1.0), ["2", "10", "0.5"]
-    else:  # a batch waits seconds on Strong reads: larger batches, longer leases and lives
-        uri, n_images, life, work = milvus_server_location(request), 20, (0.5, 4.0), ["6", "10", "10"]
+    else:  # 20 lives of at most 3 s at 4 items a second embed at most 240 of the 300 items
+        uri, n_images, life, work = milvus_server_location(request), 100, (1.0, 3.0), ["2", "4", "1.5"]
     c, old, new = _upgraded(tmp_path, uri, n_images=n_images, captions=2)  # an image and two captions each
     before = {i: (it.modality, it.key) for i, it in c.items().items()}
     total = 3 * n_images
@@ -127,8 +128,9 @@ def test_two_machines_backfill_one_collection_through_sigkills(tmp_path, postgre
     assert backfill_status(c)["total"] == total
     # per worker: batches of 2, at most 10 items a second, leases of 0.5 s renewed every batch; a
     # worker lives 0.05-1 s after it opened the collection, so 20 lives embed at most ~250 items
-    # (on the Milvus server: batches of 6, lives of 0.5-4 s, each batch seconds): the backfill cannot
-    # be over before the 20th kill
+    # (on the Milvus server: at most 4 items a second, lives of 1-3 s, leases of 1.5 s: at most 240 of
+    # the 300 items; its first seconds connect to the server): the backfill
+    # cannot be over before the 20th kill
     machines = [_Machine(name, tmp_path / name, [str(TESTS / "_shared_worker.py"), uri, name, *work])
                 for name in ("machine-a", "machine-b")]
     rng = random.Random(0)
@@ -198,7 +200,7 @@ def test_one_machine_serves_while_another_backfills(tmp_path, postgres_db, reque
     if vectors == "directory":
         uri, work = _shared_uri(tmp_path, postgres_db), ["2", "20", "5"]
     else:
-        uri, work = milvus_server_location(request), ["6", "20", "10"]
+        uri, work = milvus_server_location(request), ["2", "4", "10"]  # ~9 s for the 36 items
     n_images = 12
     c, old, new = _upgraded(tmp_path, uri, n_images=n_images, captions=2)
     start_backfill(c, new, order="random", seed=3)

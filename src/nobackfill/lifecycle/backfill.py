@@ -224,9 +224,11 @@ def run_worker(collection: Collection, encoder: Any, *, batch_size: int = 64, ra
     """Backfill shards until none is left, ``limit`` items were embedded (the uncertainty sample
     included), the job is paused or removed, every unfinished shard is leased by another worker, or
     ``stop()`` says why to stop (checked before each batch and while pacing; a worker process's:
-    :func:`~.backfill_workers.parent_gone`). ``rate`` caps items per second for this worker. Whatever stops it, it hands its shard back and
-    records why (``backfill_status``); a SIGKILL leaves the lease to expire (or to be taken over at
-    once on this host)."""
+    :func:`~.backfill_workers.parent_gone`). ``rate`` caps items per second for this worker.
+    Whatever stops it, it hands its shard back and records why (``backfill_status``); a SIGKILL
+    leaves the lease to expire (or to be taken over at once on this host). While it holds a shard,
+    its key lookups in the target's store read at the time it claimed it (a Milvus store's
+    ``one_read_time``: see the comment in the loop)."""
     owner = owner or new_owner()
     rep = WorkerReport(owner=owner)
     t_start = _now()
