@@ -354,3 +354,22 @@ def test_status_names_the_plan_it_counted_after_another_writer_changed_it(tmp_pa
     st = reader.status()
     assert st["current"] == new.space_id and new.space_id in st["spaces"]
     assert reader.plan.current == new.space_id
+
+
+@pytest.mark.milvus_server
+def test_a_collection_in_a_milvus_database_other_than_default(tmp_path, request):
+    """``milvus://HOST:PORT/prod#NAME``, the docs' form (trial H: pymilvus' ``use_database`` asks the
+    server for DescribeDatabase, which Milvus 2.3 lacks, and the command died with a traceback): the
+    database is made where missing and the collection's Milvus collections live in it."""
+    from pymilvus import MilvusClient
+
+    server = request.getfixturevalue("milvus_server")
+    name, db = f"c{uuid.uuid4().hex[:8]}", f"db{uuid.uuid4().hex[:6]}"
+    loc = f"milvus://{server}/{db}#{name}?catalog={request.getfixturevalue('postgres_db')}#{name}"
+    c, old, new, w, data, pool = _world(tmp_path, loc)
+    assert add_items(c, old, folder_items(data).items, progress=False).added == 16
+    hits = Searcher(Collection.open(loc), pool=pool).search(text="caption 0 of image 1 seed 0", k=3,
+                                                             target="text").hits
+    assert hits[0].metadata["text"] == "caption 0 of image 1 seed 0"
+    mine = [n for n in MilvusClient(uri=f"http://{server}", db_name=db).list_collections() if name in n]
+    assert mine and not [n for n in MilvusClient(uri=f"http://{server}").list_collections() if name in n]

@@ -54,8 +54,9 @@ def test_a_catalog_database_that_does_not_answer_is_unreachable_not_absent(tmp_p
     from nobackfill.client.errors import Unreachable
 
     cat = postgres_catalog(DEAD_PG, "photos")
-    with pytest.raises(CatalogUnreachable, match="cannot reach the catalog"):
+    with pytest.raises(CatalogUnreachable, match="cannot reach the catalog") as refused:
         cat.exists()
+    assert "refused" in str(refused.value).lower() and "(  " not in str(refused.value)  # the cause, on one line
     uri = f"{tmp_path / 'c'}?catalog={DEAD_PG}#photos"
     with pytest.raises(Unreachable, match="cannot reach the catalog") as e:
         Client(uri).status()
@@ -98,3 +99,40 @@ def test_a_ray_that_cannot_start_is_one_connection_error():
 
     with pytest.raises(ConnectionError, match=r"could not start or join a local Ray \(Timed out waiting"):
         _start(FakeRay(), RayOptions())
+
+
+def test_no_command_shows_the_catalog_password(tmp_path, postgres_db):
+    """A catalog URL with a password (trial H: `collection backfill` printed it): what every command
+    prints, as text and as --json, shows it as ``***``."""
+    from pathlib import Path
+
+    models = Path(__file__).resolve().parents[1] / "models"
+    assert postgres_db.startswith("postgresql://nobackfill@")
+    url = postgres_db.replace("postgresql://nobackfill@", "postgresql://nobackfill:s3cret-pw@")  # trust: ignored
+    uri = f"{tmp_path / 'c'}?catalog={url}#c"
+    said = []
+
+    def run(*args):
+        r = runner.invoke(app, [str(a) for a in args])
+        assert r.exit_code == 0, r.output
+        said.append(r.output)
+
+    run("world", "--out", tmp_path / "w", "--n-train", 2, "--n-val", 2, "--n-test", 4, "--workers", 1, "--langs", "en")
+    run("collection", "create", uri, "--model", models / "world-old")
+    run("collection", "add", uri, "--data", tmp_path / "w", "--split", "test")
+    run("collection", "upgrade", uri, "--model", models / "world-new", "--no-fit-bridge")
+    run("collection", "backfill", uri, "--limit", 2)
+    run("collection", "backfill", uri, "--cancel")
+    run("collection", "backfill", uri, "--limit", 2, "--json")
+    run("collection", "status", uri)
+    run("collection", "status", uri, "--json")
+    assert all("s3cret-pw" not in out for out in said), [out for out in said if "s3cret-pw" in out][0]
+    assert any("nobackfill:***@" in out for out in said)
+
+
+def test_a_name_its_database_catalog_does_not_hold_is_said_so(tmp_path, postgres_db):
+    """Trial H: a PostgreSQL catalog without that collection was "not a collection: no catalog.sqlite
+    in it"; it says its catalog holds no collection of that name."""
+    r = runner.invoke(app, ["collection", "status", f"{tmp_path / 'c'}?catalog={postgres_db}#nosuch"])
+    assert r.exit_code == 2 and "its catalog holds no collection of that name" in r.output, r.output
+    assert "catalog.sqlite" not in r.output

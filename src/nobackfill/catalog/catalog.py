@@ -250,7 +250,8 @@ class Catalog:
                 if self.dialect != "sqlite":
                     self._reader()
             except Exception as e:  # a database server that does not answer (SQLite: a file, read below)
-                why = str(e).strip().splitlines()[-1] if str(e).strip() else type(e).__name__
+                # every line of it ("connection refused" is the first of psycopg's two), one line
+                why = " ".join(line.strip() for line in str(e).splitlines() if line.strip()) or type(e).__name__
                 raise CatalogUnreachable(f"cannot reach the catalog {self.location} ({why}); is the database "
                                          "running, and are the address, database and user right?") from None
         try:

@@ -11,6 +11,7 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
+from ..catalog.schema import redact
 from ..report import json_finite
 
 if TYPE_CHECKING:
@@ -18,10 +19,19 @@ if TYPE_CHECKING:
 
 T = TypeVar("T")
 
+class _Console(Console):
+    """A rich console whose printed text never shows a catalog's password: every string printed has
+    its ``postgresql://USER:PASSWORD@`` part shown as ``USER:***@`` (a command echoes the collection
+    URI it was given in many messages)."""
+
+    def print(self, *objects: Any, **kwargs: Any) -> None:  # type: ignore[override]
+        super().print(*(redact(o) if isinstance(o, str) else o for o in objects), **kwargs)
+
+
 #: progress, warnings, logs and errors go to stderr and never wrap: paths in messages stay whole at any width
-console = Console(stderr=True, soft_wrap=True)
+console = _Console(stderr=True, soft_wrap=True)
 #: a command's results for a person (what ``--json`` prints as JSON) go to stdout: ``... | wc -c``
-results = Console(soft_wrap=True)
+results = _Console(soft_wrap=True)
 
 
 def fail(msg: "str | BaseException") -> NoReturn:
@@ -204,9 +214,9 @@ def quiet(as_json: bool):
 
 def emit_json(obj: Any, as_json: bool) -> None:
     """Print ``obj`` as JSON on stdout when ``--json`` was given: strict JSON (a NaN as null), as
-    ``--out FILE`` writes it."""
+    ``--out FILE`` writes it (a catalog password shown as ``***``, as every message does)."""
     if as_json:
-        typer.echo(json.dumps(json_finite(obj), indent=2, default=str, allow_nan=False))
+        typer.echo(redact(json.dumps(json_finite(obj), indent=2, default=str, allow_nan=False)))
 
 
 def _bench(cfg: Any, run: Callable[[Any, Callable[[str], None]], Any], report: "Report", json_out: Path, as_json: bool,

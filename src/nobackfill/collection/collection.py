@@ -214,7 +214,10 @@ class Collection(CollectionWrites, CollectionStatus):
                 return catalog
         g = storage.legacy_gallery()
         if g is None:
-            if isinstance(storage, LocalStorage) and not storage.root.is_dir():
+            if not isinstance(storage, LocalStorage) or storage.catalog_in_database:
+                raise NotACollectionError(f"{storage} is not a collection: its catalog holds no collection of that "
+                                          "name; create one with 'nobackfill collection create'")
+            if not storage.root.is_dir():
                 raise NotACollectionError(f"{storage} is not a collection: no such directory")
             raise NotACollectionError(f"{storage} is not a collection: no {CATALOG_FILE} (nor a {V1_FILE} or "
                                       "gallery manifest.json) in it; create one with 'nobackfill collection create'")

@@ -141,7 +141,11 @@ def _client(kind: str, parts: dict[str, str]) -> Any:
                 if parts["db"] != "default":
                     if parts["db"] not in c.list_databases():
                         c.create_database(parts["db"])
-                    c.use_database(parts["db"])
+                    # a client of that database, not use_database(): pymilvus checks that with
+                    # DescribeDatabase, which Milvus 2.3 does not have (trial H: a traceback)
+                    with contextlib.suppress(Exception):
+                        c.close()
+                    c = _connect(MilvusClient, {**kw, "db_name": parts["db"]})
             _CLIENTS[key] = c
         return c
 

@@ -29,6 +29,11 @@ class LocalStorage(Storage):
         self._catalog_uri = catalog_uri  # a PostgreSQL catalog for a directory shared by several machines
         self._catalog: Catalog | None = None
 
+    @property
+    def catalog_in_database(self) -> bool:
+        """The catalog is a database's (PostgreSQL), not ``catalog.sqlite`` in the directory."""
+        return bool(self._catalog_uri)
+
     # catalog
     def _catalog_path(self) -> Path:
         from ..catalog.catalog import CATALOG_FILE
