@@ -686,6 +686,33 @@ def test_run_settings_that_would_loop_or_do_nothing_are_refused_before_anything_
     assert backfill_status(Collection.open(c.path))["state"] == "none"  # no job was made
 
 
+def test_status_is_not_idle_while_a_worker_holds_the_backfill_lock_between_leases(tmp_path):
+    """Trial H: while the worker that saw the sample in fitted the order (holding the backfill lock,
+    no shard leased), status said idle, "no worker is running"; a held lock is a live worker."""
+    from nobackfill.lifecycle.backfill import JOB_DIR
+
+    c, old, new, pool, _ = _upgraded(tmp_path)
+    start_backfill(c, new, order="sequential")
+    held, release = threading.Event(), threading.Event()
+
+    def hold() -> None:
+        with Collection.open(c.path).catalog.lock(JOB_DIR):
+            held.set()
+            release.wait(30)
+
+    t = threading.Thread(target=hold)
+    t.start()
+    try:
+        assert held.wait(10)
+        st = backfill_status(c)
+        assert st["state"] == "running" and st["workers"] == 0 and "holds the backfill lock" in st["note"], st
+    finally:
+        release.set()
+        t.join()
+    st = backfill_status(c)
+    assert st["state"] == "idle" and "no worker is running" in st["note"]
+
+
 def test_more_workers_than_the_jobs_shards_are_told_why_they_idle(tmp_path):
     c, old, new, pool, _ = _upgraded(tmp_path)
     run_backfill(c, new, order="sequential", limit=2, pool=pool)  # a job of 1 shard

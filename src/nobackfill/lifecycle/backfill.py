@@ -201,6 +201,9 @@ def backfill_status(collection: Collection) -> dict[str, Any]:
     out["unreadable_items"] = dict(list(bad["named"].items())[:5])
     if mine and job.state == "running" and done >= total and total:
         out["state"] = "done"
+    elif mine and job.state == "running" and not live and _lock_held_elsewhere(collection):
+        out["note"] = ("no shard is leased this moment: a worker holds the backfill lock (fitting the order "
+                       "after the sample, or taking a shard)")
     elif mine and job.state == "running" and not live:
         out["state"] = "idle"
         last = _last_worker(collection)
@@ -215,6 +218,13 @@ def backfill_status(collection: Collection) -> dict[str, Any]:
             f"{bad['count']} item(s) could not be read and were left in the old space (first: {first}): restore "
             "or delete them, then run the backfill again to embed them")
     return out
+
+
+def _lock_held_elsewhere(collection: Collection) -> bool:
+    """Another process (or thread) holds the backfill lock now: a live worker (a lock goes with its
+    process), between two leases (trial H: status said idle while the uncertainty order was fitted)."""
+    with collection.catalog.lock(JOB_DIR, blocking=False) as taken:
+        return not taken
 
 
 def run_worker(collection: Collection, encoder: Any, *, batch_size: int = 64, rate: float | None = None,
