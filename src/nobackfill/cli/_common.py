@@ -19,6 +19,7 @@ if TYPE_CHECKING:
 
 T = TypeVar("T")
 
+
 class _Console(Console):
     """A rich console whose printed text never shows a catalog's password: every string printed has
     its ``postgresql://USER:PASSWORD@`` part shown as ``USER:***@`` (a command echoes the collection
