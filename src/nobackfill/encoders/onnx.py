@@ -150,10 +150,11 @@ def _max_diff(module: Any, session: Any, feeds: list[dict[str, np.ndarray]]) -> 
 
 def _checked_on(tower: str, feeds: list[dict[str, np.ndarray]]) -> str:
     """What ``tower``'s recorded differences were measured on."""
-    sizes = [str(len(next(iter(f.values())))) for f in feeds]
+    sizes = [len(next(iter(f.values()))) for f in feeds]
     what = "check texts" if tower == "text" else "seeded random-noise images"
-    batches = f"{', '.join(sizes[:-1])} and {sizes[-1]}" if len(sizes) > 1 else sizes[0]
-    return f"the export's check inputs: {max(map(int, sizes))} {what}, in batches of {batches}"
+    shown = [str(n) for n in sizes]
+    batches = f"{', '.join(shown[:-1])} and {shown[-1]}" if len(shown) > 1 else shown[0]
+    return f"the export's check inputs: {max(sizes)} {what}, in batches of {batches}"
 
 
 def _copy_checked(parent: Path, entry: dict[str, Any], tmp: Path) -> bool:

@@ -260,12 +260,13 @@ def commit_batch(collection: Collection, job: BackfillJob, shard: int, owner: st
         if not _renew(collection, shard, owner, lease_s, rate):
             return "lost", 0, 0
         fresh, n = list(sample_keys), 0
-        g = collection.store_for_lookup(job.target)
+        g = collection.gallery(job.target)
         # every store of the target by a worker is made under this lock: what the lookups below must
         # see was acknowledged before the lock was taken, so one read time serves them all (inside
         # run_worker, the one it took as it claimed the shard: its lease, renewed above, was its own since)
         with one_read_time(g):
             if fresh:  # which of them this batch commits (not another worker)
+                g = collection.store_for_lookup(job.target)  # (a directory's store refreshed first)
                 have = {m: set(g.positions(m, [k for mm, k in fresh if mm == m])) for m in ("image", "text")}
                 fresh = [(m, k) for m, k in fresh if k not in have[m]]
             for m, v in vecs.items():
