@@ -261,9 +261,8 @@ def commit_batch(collection: Collection, job: BackfillJob, shard: int, owner: st
             return "lost", 0, 0
         fresh, n = list(sample_keys), 0
         g = collection.gallery(job.target)
-        # every store of the target by a worker is made under this lock: what the lookups below must
-        # see was acknowledged before the lock was taken, so one read time serves them all (inside
-        # run_worker, the one it took as it claimed the shard: its lease, renewed above, was its own since)
+        # every worker's store of the target is made under this lock, so one read time serves the lookups
+        # below (in run_worker, the one taken at the claim: its lease, renewed above, was its own since)
         with one_read_time(g):
             if fresh:  # which of them this batch commits (not another worker)
                 g = collection.store_for_lookup(job.target)  # (a directory's store refreshed first)
