@@ -272,3 +272,26 @@ def test_a_missing_or_wrong_key_names_the_variable_the_command_line_reads(two, m
         r = run("collection", "status", url)
         out = " ".join(r.output.split())
         assert r.exit_code == 2 and "NOBACKFILL_API_KEY" in out and "Authorization: Bearer" not in out, r.output
+
+
+def test_the_python_client_reads_its_key_from_the_environment_and_a_refusal_says_how_to_give_one(two, monkeypatch):
+    """``Client(url)`` with no ``api_key`` sends the key in NOBACKFILL_API_KEY, as the command line
+    does; without one a 401 tells a Python caller how to give it (``detail`` stays the server's)."""
+    from nobackfill import Client
+    from nobackfill.client.errors import Forbidden
+
+    _, url = two
+    monkeypatch.setenv("NOBACKFILL_API_KEY", ADMIN)
+    with Client(url) as c:
+        assert "items" in c.status()
+    monkeypatch.delenv("NOBACKFILL_API_KEY")
+    with Client(url) as c, pytest.raises(Forbidden) as e:
+        c.status()
+    assert "api_key=" in str(e.value) and "NOBACKFILL_API_KEY" in str(e.value)
+    assert e.value.status == 401 and "api_key" not in e.value.detail
+    with Client(url, api_key="not-a-key-0123456789") as c, pytest.raises(Forbidden) as e:
+        c.status()
+    assert "not one the server knows" in str(e.value)
+    monkeypatch.setenv("NOBACKFILL_API_KEY", "also-not-a-key-0123456789")
+    with Client(url, api_key=ADMIN) as c:  # a key given wins over the environment
+        assert "items" in c.status()

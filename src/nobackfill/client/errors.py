@@ -24,8 +24,11 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["AlreadyExists", "BackfillRefused", "ClientError", "Conflict", "Forbidden", "InvalidRequest", "NotFound",
-           "ServerError", "TooLarge", "Unreachable", "as_client_error", "backfill_refused", "error_for"]
+__all__ = ["API_KEY_VARIABLE", "AlreadyExists", "BackfillRefused", "ClientError", "Conflict", "Forbidden", "InvalidRequest", "NotFound",
+           "ServerError", "TooLarge", "Unreachable", "as_client_error", "backfill_refused", "error_for", "key_hint"]
+
+#: where a client over HTTP (and the command line) finds its API key when none is given
+API_KEY_VARIABLE = "NOBACKFILL_API_KEY"
 
 
 class ClientError(ValueError):
@@ -33,10 +36,11 @@ class ClientError(ValueError):
     conflict, 422 invalid, ...; 0: no answer), ``detail`` (what went wrong, naming the field or the
     file) and ``field`` (the argument to blame, or None). The same in process and over HTTP; a
     ValueError, as an invalid argument in process is, so ``except ValueError`` catches a refusal
-    either way. Its subclasses name the kind (:mod:`nobackfill.client.errors`)."""
+    either way. Its subclasses name the kind (:mod:`nobackfill.client.errors`). ``hint`` is added
+    to the message only (what a Python caller can do about it), not to ``detail``."""
 
-    def __init__(self, status: int, detail: str, field: str | None = None) -> None:
-        super().__init__(f"{status}: {detail}" if status else detail)
+    def __init__(self, status: int, detail: str, field: str | None = None, *, hint: str = "") -> None:
+        super().__init__((f"{status}: {detail}" if status else detail) + hint)
         self.status, self.detail, self.field = status, detail, field
 
 
@@ -79,11 +83,20 @@ _BY_STATUS: dict[int, type[ClientError]] = {400: InvalidRequest, 401: Forbidden,
 
 
 def error_for(status: int, detail: str, field: str | None = None, *,
-              conflict: type[ClientError] | None = None) -> ClientError:
+              conflict: type[ClientError] | None = None, hint: str = "") -> ClientError:
     """The error of an HTTP answer: the class of its status (``conflict``: the class of a 409)."""
     cls = (conflict or Conflict) if status == 409 else _BY_STATUS.get(status) or (
         ServerError if status >= 500 else InvalidRequest if 400 <= status < 500 else ClientError)
-    return cls(status, detail, field)
+    return cls(status, detail, field, hint=hint)
+
+
+def key_hint(status: int, *, sent: bool) -> str:
+    """What a Python caller refused with a 401 / 403 can do: how to give the client its key
+    (``sent``: whether the refused request carried one)."""
+    if status == 403:
+        return " (give the client an admin key: Client(url, api_key=...) or " + API_KEY_VARIABLE + ")"
+    return (" (give the client a key: Client(url, api_key=...) or the environment variable " + API_KEY_VARIABLE + ")"
+            if not sent else " (the key given, by api_key or " + API_KEY_VARIABLE + ", is not one the server knows)")
 
 
 def as_client_error(e: BaseException, field: str | None = None) -> ClientError | None:

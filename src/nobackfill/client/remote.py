@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import io
 import json
+import os
 import time
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
@@ -13,21 +14,24 @@ from typing import Any, Callable, Mapping, Sequence
 import httpx
 
 from .base import Client, check_image_file
-from .errors import (AlreadyExists, InvalidRequest, NotFound, ServerError, Unreachable, as_client_error,
-                     backfill_refused, error_for)
+from .errors import (API_KEY_VARIABLE, AlreadyExists, InvalidRequest, NotFound, ServerError, Unreachable,
+                     as_client_error, backfill_refused, error_for, key_hint)
 from .types import AddResult, ImportResult, ItemInfo, SearchResults, UpgradeResult
 
 __all__ = ["RemoteClient"]
 
 
 class RemoteClient(Client):
-    """:class:`Client` over the v1 HTTP API with one API key (``http``: an ``httpx.Client`` to use
-    instead, e.g. FastAPI's TestClient)."""
+    """:class:`Client` over the v1 HTTP API with one API key (``api_key``; None: the key in the
+    environment variable ``NOBACKFILL_API_KEY``, as the command line reads it; ``http``: an
+    ``httpx.Client`` to use instead, e.g. FastAPI's TestClient)."""
 
     def __init__(self, target: str, api_key: str | None = None, *, timeout: float = 60.0,
                  http: httpx.Client | None = None) -> None:
         self.target = target.rstrip("/")
         self.http = http or httpx.Client(base_url=self.target, timeout=timeout)
+        if api_key is None:
+            api_key = os.environ.get(API_KEY_VARIABLE) or None
         self.headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self._limits: dict[str, Any] | None = None
 
@@ -52,7 +56,8 @@ class RemoteClient(Client):
             except ValueError:
                 body = {"detail": r.text}
             conflict = backfill_refused() if backfill and r.status_code == 409 else None
-            raise error_for(r.status_code, body.get("detail", ""), body.get("field"), conflict=conflict)
+            hint = key_hint(r.status_code, sent=bool(self.headers)) if r.status_code in (401, 403) else ""
+            raise error_for(r.status_code, body.get("detail", ""), body.get("field"), conflict=conflict, hint=hint)
         return r.json() if r.headers.get("content-type", "").startswith("application/json") else r.content
 
     def limits(self) -> dict[str, Any]:
