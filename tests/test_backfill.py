@@ -416,7 +416,7 @@ def test_a_worker_that_finds_every_shard_taken_says_who_holds_it(tmp_path):
     assert out["committed"] == 0 and out["stopped"].startswith("no free shard")
     assert f"pid {os.getpid()} on {HOST}" in out["stopped"] and "another worker" in out["stopped"]
     assert out["busy"] == [{"shard": 0, "owner": out["busy"][0]["owner"], "host": HOST, "pid": os.getpid(),
-                            "since": out["busy"][0]["since"]}]
+                            "since": out["busy"][0]["since"], "rate": 0.0}]  # held, nothing committed yet
     assert backfill_status(c)["state"] == "done"
 
 
@@ -721,6 +721,25 @@ def test_more_workers_than_the_jobs_shards_are_told_why_they_idle(tmp_path):
     assert any("has 1 shard(s), set when it started" in m and "--cancel" in m for m in said), said
 
 
+def test_a_runs_rate_is_shared_by_the_workers_that_can_hold_a_shard(tmp_path, monkeypatch):
+    """``rate`` is the run's in all: split over the workers asked for, but a job of fewer shards
+    runs fewer workers, and they get the whole of it (trial H: one worker at half the rate)."""
+    import nobackfill.lifecycle.backfill as bf
+
+    c, old, new, pool, _ = _upgraded(tmp_path)
+    run_backfill(c, new, order="sequential", limit=2, pool=pool)  # a job of 1 shard
+    rates: list[float | None] = []
+    monkeypatch.setattr(bf, "start_workers", lambda run, path, model, limits, settings: rates.append(settings["rate"])
+                        or [])
+    monkeypatch.setattr(bf, "run_worker", lambda *a, **kw: rates.append(kw["rate"]) or bf.WorkerReport(owner="x"))
+    run_backfill(c, new, order="sequential", workers=2, rate=8.0, pool=pool)
+    assert rates == [8.0, 8.0]
+    bf.cancel_backfill(c)
+    rates.clear()
+    run_backfill(c, new, order="sequential", workers=2, rate=8.0, pool=pool)  # a new job of 2 shards
+    assert rates == [4.0, 4.0]
+
+
 @pytest.mark.parametrize("order", ["sequential", "uncertainty"])
 def test_an_unreadable_source_is_named_and_the_backfill_goes_on(tmp_path, order):
     """An image file gone (or corrupt) after it was added: the backfill embeds everything else, names
@@ -762,15 +781,17 @@ def test_a_capped_rate_is_reported_as_the_cap_not_the_embedding_speed(tmp_path):
 
     c, old, new, pool, _ = _upgraded(tmp_path)
     start_backfill(c, new, order="sequential")
-    seen: list[tuple[float, float | None, int, int]] = []
+    seen: list[tuple[float, float | None, int, int, float]] = []
     t = threading.Thread(target=run_worker, args=(Collection.open(c.path), new), kwargs={"batch_size": 4, "rate": 6.0})
     t.start()
     while t.is_alive():
         st = backfill_status(c)
         if st["workers"] and st["done"]:
-            seen.append((st["rate"], st["eta_s"], st["done"], st["total"]))
+            seen.append((st["rate"], st["eta_s"], st["done"], st["total"], st["holders"][0]["rate"]))
         time.sleep(0.05)
     t.join()
     assert seen and backfill_status(c)["done"] == 18
-    for rate, eta, done, total in seen:
+    for rate, eta, done, total, worker_rate in seen:
         assert 0 < rate <= 6.0 + 1e-9 and (eta is None or eta >= (total - done) / 6.0 - 1e-9), seen
+        # each worker's own items/s too (trial H: the lines of a running backfill read 0.0 items/s)
+        assert worker_rate == rate, seen

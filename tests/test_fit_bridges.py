@@ -5,7 +5,11 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import re
+import socket
+import subprocess
+import sys
 
 import pytest
 
@@ -464,3 +468,46 @@ def test_before_the_first_bridge_fit_the_merge_maps_are_fitted_from_64_pairs(tmp
 
     out = " ".join(CliRunner().invoke(app, ["collection", "status", str(c.path)]).output.split())
     assert "merge: calibrated (score maps fitted without labels" in out and "no bridge fitted yet" in out, out
+
+
+def test_a_running_fit_is_named_in_status_and_in_the_backfills_output(tmp_path, monkeypatch):
+    """Trial H: the backfill seemed to stall for 16-25 s at each refit, with nothing saying why. Now
+    status names the fit while it runs (pairs, since, who), the run's own output says when a fit
+    starts and what it did, and a fit whose process is gone is not shown as running."""
+    from typer.testing import CliRunner
+
+    import nobackfill.search.models as models
+    from nobackfill.cli import app
+    from nobackfill.lifecycle import backfill_fit, fit_bridges
+
+    monkeypatch.setattr(fit_bridges, "FitBridgesConfig", lambda: CFG)
+    c, old, new, pool = _upgraded_no_bridge(tmp_path, 60, fraction=0.1, min_pairs=40, max_pairs=60)
+    monkeypatch.setattr(models, "ModelPool", lambda: pool)
+    cli = lambda *a: CliRunner().invoke(app, [str(x) for x in a])  # noqa: E731
+    seen: list[tuple[dict | None, str]] = []
+    real = fit_bridges.fit_collection_bridges
+
+    def watched(collection, **kw):
+        seen.append((backfill_fit.fit_summary(Collection.open(c.path))["fitting"],
+                     " ".join(cli("collection", "status", c.path).output.split())))
+        return real(collection, **{**kw, "cfg": CFG})
+
+    monkeypatch.setattr(fit_bridges, "fit_collection_bridges", watched)
+    r = cli("collection", "backfill", c.path, "--order", "sequential", "--batch-size", 16)
+    assert r.exit_code == 0, r.output
+    out = " ".join(r.output.split())
+    fits = [f["pairs"] for f in backfill_fit.fit_state(c)["fits"]]
+    assert len(seen) == len(fits) >= 2, (seen, fits)
+    for (fitting, status), pairs in zip(seen, fits):
+        assert fitting["pairs"] == pairs and fitting["owner"].split(":")[1] == str(os.getpid()), fitting
+        assert f"bridge fit running: on {pairs} pairs since {fitting['since']} (pid {os.getpid()}" in status, status
+        assert f"fitting bridges on {pairs} backfilled pairs" in out and f"bridges fitted on {pairs} pairs in" in out
+    assert backfill_fit.fit_summary(c)["fitting"] is None  # cleared once each fit is over
+    out = " ".join(cli("collection", "status", c.path).output.split())
+    assert "bridge fit running" not in out, out
+    # a fit killed half-way leaves its mark; its process is gone, so it is not shown as running
+    proc = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    st = backfill_fit.fit_state(c)
+    st["fitting"] = {"pairs": 7, "owner": f"{socket.gethostname()}:{proc.stdout.strip()}:dead", "since": "then"}
+    backfill_fit._write(c, backfill_fit.FIT_FILE, st)
+    assert backfill_fit.fit_summary(c)["fitting"] is None

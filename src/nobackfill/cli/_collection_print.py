@@ -96,6 +96,11 @@ def print_fitted(fitted: dict | None) -> None:
     results.print(escape("  bridge fits" + (f" at {done} pairs" if done else ": none yet")
                          + (then if nxt and fitted.get("enabled") else "")
                          + (f"; last error: {fitted['error']}" if fitted.get("error") else "")))
+    if fitted.get("fitting"):
+        f = fitted["fitting"]
+        host, pid = (str(f.get("owner", "")).split(":") + ["?", "?"])[:2]
+        results.print(escape(f"  bridge fit running: on {f['pairs']} pairs since {f['since']} (pid {pid} on {host}); "
+                             "the serving bridges stay until it swaps a better one in"))
     last = (fitted.get("fits") or [{}])[-1]
     for key, why in sorted((last.get("skipped") or {}).items()):
         results.print(escape(f"  no fitted bridge for {key.split('/')[-1]} -> space {key.split('/')[0]}: {why}"))

@@ -230,11 +230,12 @@ def _lock_held_elsewhere(collection: Collection) -> bool:
 def run_worker(collection: Collection, encoder: Any, *, batch_size: int = 64, rate: float | None = None,
                limit: int | None = None, lease_s: float = DEFAULT_LEASE_S, progress: Callable[[int], None] | None = None,
                owner: str | None = None, poll_s: float = 0.2,
-               stop: Callable[[], str | None] | None = None) -> WorkerReport:
+               stop: Callable[[], str | None] | None = None, log: Callable[[str], None] | None = None) -> WorkerReport:
     """Backfill shards until none is left, ``limit`` items were embedded (the uncertainty sample
     included), the job is paused or removed, every unfinished shard is leased by another worker, or
     ``stop()`` says why to stop (checked before each batch and while pacing; a worker process's:
-    :func:`~.backfill_workers.parent_gone`). ``rate`` caps items per second for this worker.
+    :func:`~.backfill_workers.parent_gone`). ``rate`` caps items per second for this worker;
+    ``log`` hears of the bridge fits it runs (:func:`~.backfill_fit.maybe_fit`).
     Whatever stops it, it hands its shard back and records why (``backfill_status``); a SIGKILL
     leaves the lease to expire (or to be taken over at once on this host). While it holds a shard,
     its key lookups in the target's store read at the time it claimed it (a Milvus store's
@@ -289,7 +290,7 @@ def run_worker(collection: Collection, encoder: Any, *, batch_size: int = 64, ra
                 rep.committed += n
                 rep.sample += n_sample
                 rep.batches += 1
-                maybe_fit(collection)  # the first fit once the sample is in, then at each doubling
+                maybe_fit(collection, log=log)  # the first fit once the sample is in, then at each doubling
                 if progress is not None:
                     progress(len(batch))
                 if rate and not _pace(collection, job, s.shard, owner, lease_s, cur_rate,
@@ -299,7 +300,7 @@ def run_worker(collection: Collection, encoder: Any, *, batch_size: int = 64, ra
             if lost:  # taken over after our lease expired: look for another shard
                 s.shard = None
                 continue
-            finish_shard(collection, s.shard, owner, lease_s)
+            finish_shard(collection, s.shard, owner, lease_s, log=log)
             s.shard = None
 
 
@@ -377,10 +378,12 @@ def run_backfill(collection: Collection, encoder: Any, *, order: str = "uncertai
     job = start_backfill(collection, encoder, order=order, shards=max(workers, 1), seed=seed, pool=pool, log=log)
     if engine == "local" and workers > job.shards and log is not None:
         log(f"the backfill job has {job.shards} shard(s), set when it started: {job.shards} worker(s) of the "
-            f"{workers} asked for can take one (cancel it with --cancel and start again for more; what was "
-            "committed stays)")
+            f"{workers} asked for can take one, each at {job.shards}/{workers} of the rate asked for if any (cancel it "
+            "with --cancel and start again for more; what was committed stays)")
     t0 = time.time()
-    per_rate = rate / workers if rate else None
+    # ``rate`` is the run's, in all: shared by the workers that can hold a shard (a job made with
+    # fewer shards than the workers asked for runs fewer; trial H saw one worker at half the rate)
+    per_rate = rate / max(1, min(workers, job.shards)) if rate else None
     limits = _split(limit, max(workers, 1))
     procs = []
     if engine == "ray":
@@ -393,7 +396,7 @@ def run_backfill(collection: Collection, encoder: Any, *, order: str = "uncertai
         procs = start_workers(run_worker, collection.path, collection.space(job.target).model, limits,
                               {"batch_size": batch_size, "rate": per_rate, "lease_s": lease_s})
     rep = run_worker(collection, encoder, batch_size=batch_size, rate=per_rate, limit=limits[0], lease_s=lease_s,
-                     progress=progress)
+                     progress=progress, log=log)
     return _run_report(collection, rep, [rep.as_dict(), *join_workers(procs)], procs, t0)
 
 

@@ -16,18 +16,16 @@ from __future__ import annotations
 
 import contextlib
 import os
-import socket
 import time
-import uuid
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
 from ..collection.collection import Collection, Item
 from .backfill_jobs import (JOB_DIR, LEASE_DIR, ORDER_FILE, SAMPLE_FILE, WORKERS_FILE, BackfillError, BackfillJob, _iso,
                             _job_lock, _leases, _now, _order_ids, _parse_owner, _read, _release, _renew, _stopped_workers,
-                            _take_shard, _write, describe_holders, unreadable_items)
+                            _take_shard, _write, describe_holders, new_owner, unreadable_items)  # noqa: F401
 from .backfill_fit import maybe_fit
 from .backfill_order import _held, _pending, _uncertainty_order, one_read_time
 
@@ -203,11 +201,6 @@ def next_shard(collection: Collection, owner: str, lease_s: float, rep: WorkerRe
     return claim_shard(collection, owner, lease_s, rep, poll_s)
 
 
-def new_owner(tag: str = "") -> str:
-    """A worker's lease owner: ``host:pid:tag`` (a process of this host that exits frees its shards)."""
-    return f"{socket.gethostname()}:{os.getpid()}:{tag}{uuid.uuid4().hex[:8]}"
-
-
 def shard_ids(collection: Collection, job: BackfillJob, shard: int) -> tuple[list[str], set[str]]:
     """The ids of ``shard`` in the job's order, and the uncertainty order's sample ids."""
     all_ids = _order_ids(collection)
@@ -280,10 +273,11 @@ def keys_of(batch: Sequence[Item]) -> dict[str, list[str]]:
     return {m: [it.key for it in batch if it.modality == m] for m in ("image", "text")}
 
 
-def finish_shard(collection: Collection, shard: int, owner: str, lease_s: float) -> None:
+def finish_shard(collection: Collection, shard: int, owner: str, lease_s: float,
+                 log: Callable[[str], None] | None = None) -> None:
     """``owner`` went through ``shard``: it is done (the job too, if it was the last), and the
-    fitted bridges get their last refit once the job is done."""
+    fitted bridges get their last refit once the job is done (``log`` hears of it)."""
     with _job_lock(collection):
         _renew(collection, shard, owner, lease_s, 0.0, done=True)
         _finish_if_done(collection)
-    maybe_fit(collection, final=None)
+    maybe_fit(collection, final=None, log=log)

@@ -12,13 +12,14 @@ next commit, and the serving bridge stays until a better one is swapped in.
 
 from __future__ import annotations
 
+import time
 from dataclasses import asdict, fields
 from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
 from ..collection.collection import Collection
-from .backfill_jobs import JOB_DIR, BackfillJob, _read, _write
+from .backfill_jobs import JOB_DIR, BackfillJob, _holder_gone, _iso, _read, _write, new_owner
 
 FIT_FILE = "fit.json"
 DEFAULTS = {"fraction": 0.01, "min": 512, "max": 20000}
@@ -128,7 +129,11 @@ def fit_summary(collection: Collection) -> dict[str, Any]:
     total = sum(counts.values())
     if st and nxt is None and not st.get("fits"):  # no backfill started yet: where its sample will end
         nxt = sum(sample_size(n, st) for n in counts.values())
+    fitting = st.get("fitting")
+    if fitting and _holder_gone(str(fitting.get("owner", ""))):  # killed during its fit: the next commit fits
+        fitting = None
     return {"serving": fitted_status(plan), "fits": st.get("fits", []), "next": nxt, "items": total,
+            "fitting": fitting,
             "next_at_end": nxt is not None and nxt >= total,  # a doubling past the collection: the end's fit
             "enabled": bool(st) and bool(plan.old_spaces()),  # (nothing is fitted once the old spaces are retired)
             **({"error": st["error"]} if st.get("error") else {})}
@@ -242,12 +247,20 @@ def maybe_fit(collection: Collection, *, final: bool | None = False, pool: Any =
             cfg = FitBridgesConfig(fit=FitConfig(**{k: tuple(v) if isinstance(v, list) else v
                                                     for k, v in (st.get("fit") or {}).items()}),
                                    queries=tuple(st.get("queries") or ()))
+        say = log or (lambda _m: None)
+        # status names the fit while it runs (seconds to half a minute, when the backfill seems to stall)
+        st["fitting"] = {"pairs": n, "owner": new_owner(), "since": _iso()}
+        _write(collection, FIT_FILE, st)
+        del st["fitting"]
+        say(f"fitting bridges on {n} backfilled pairs (the backfill goes on once they are chosen)")
+        t0 = time.monotonic()
         try:
             report = fit_collection_bridges(collection, cfg=cfg, pool=pool, log=log)
         except Exception as e:  # a failed fit never stops the backfill: it is recorded, the serving bridge stays
             st["error"] = f"{type(e).__name__}: {e}"
             st["next"] = 2 * max(n, 1)
             _write(collection, FIT_FILE, st)
+            say(f"the bridge fit on {n} pairs failed ({st['error']}); the serving route stays")
             return None
         entries = [(f"{s}/{d}", e) for s, ds in report.items() if isinstance(ds, dict) for d, e in ds.items()
                    if isinstance(e, dict)]
@@ -258,6 +271,9 @@ def maybe_fit(collection: Collection, *, final: bool | None = False, pool: Any =
                               if any(e.get("skipped") for _, e in entries) else {})})
         st["next"] = None if final else 2 * max(n, 1)  # the backfill is done: no pairs will come
         _write(collection, FIT_FILE, st)
+        swapped = st["fits"][-1]["swapped"]
+        say(f"bridges fitted on {n} pairs in {time.monotonic() - t0:.1f}s: "
+            + (f"swapped in for {', '.join(swapped)}" if swapped else "the serving ones kept"))
         return report
 
 

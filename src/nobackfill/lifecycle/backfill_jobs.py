@@ -12,6 +12,7 @@ import json
 import os
 import socket
 import time
+import uuid
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
@@ -138,9 +139,10 @@ def describe_holders(holders: Sequence[dict[str, Any]]) -> str:
 
 def _holder(shard: int, lease: dict[str, Any]) -> dict[str, Any]:
     host, pid = _parse_owner(str(lease.get("owner", "")))
-    out = {"shard": shard, "owner": lease.get("owner"), "host": host, "pid": pid, "since": lease.get("since")}
-    if "engine" in lease:  # a Ray driver's lease: its engine, actors and items/s
-        out.update({"engine": lease["engine"], "actors": lease.get("actors"), "rate": lease.get("rate", 0.0)})
+    out = {"shard": shard, "owner": lease.get("owner"), "host": host, "pid": pid, "since": lease.get("since"),
+           "rate": float(lease.get("rate", 0.0))}  # items/s at its last commit (0.0 before its first)
+    if "engine" in lease:  # a Ray driver's lease: its engine and actors
+        out.update({"engine": lease["engine"], "actors": lease.get("actors")})
     return out
 
 
@@ -178,6 +180,11 @@ def backfill_running(collection: Collection) -> BackfillJob | None:
 
 
 # ----------------------------------------------------------------------------- workers
+def new_owner(tag: str = "") -> str:
+    """A worker's lease owner: ``host:pid:tag`` (a process of this host that exits frees its shards)."""
+    return f"{socket.gethostname()}:{os.getpid()}:{tag}{uuid.uuid4().hex[:8]}"
+
+
 def _holder_gone(owner: str) -> bool:
     """``owner`` (``host:pid:tag``) names a process of this host that has exited."""
     host, pid = _parse_owner(owner)

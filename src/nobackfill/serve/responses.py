@@ -79,7 +79,7 @@ class BackfillStatus(_Open):
     per_modality: dict[str, dict[str, int]] = Field(default_factory=dict,
                                                     description="{modality: {done, total}} in the current space.")
     holders: list[dict[str, Any]] = Field(default_factory=list,
-                                          description="Live workers: shard, owner, host, pid, since (a Ray driver: engine, actors, rate).")
+                                          description="Live workers: shard, owner, host, pid, since, rate (items/s at its last commit; a Ray driver: engine, actors).")
     phase: Optional[str] = Field(None, description="Uncertainty order: 'sample' until its sample is in, then 'order'.")
     sample: Optional[int] = Field(None, description="Items in the uncertainty order's training sample.")
     last_worker: Optional[dict[str, Any]] = Field(None, description="The last worker to stop, when none runs.")
@@ -124,7 +124,7 @@ class Status(_Open):
     catalog: Optional[str] = Field(None, description="Where the catalog is kept: sqlite | postgresql.")
     fitted_bridges: dict[str, Any] = Field(default_factory=dict, description=(
         "An upgrade without a bridge: the bridges fitted from the backfill's own pairs (serving, fits, next, "
-        "items, enabled; error when a fit failed)."))
+        "items, enabled; fitting: {pairs, owner, since} while a fit runs; error when a fit failed)."))
     merge_without_labels: bool = Field(False, description="The merge's score maps were fitted without labels, by "
                                                           "the fits of an upgrade without a bridge (on the queries "
                                                           "where the old and the new model agree).")
