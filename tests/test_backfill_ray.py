@@ -60,6 +60,38 @@ def test_the_shared_commit_refuses_a_stale_epoch_and_a_lost_lease_and_a_retry_ad
     assert commit_batch(c, job, shard, "h:1:a", 30.0, 1.0, keys_of(batch), vecs)[0] == "paused"
 
 
+def test_an_embedding_actor_keeps_to_its_share_of_the_rate(monkeypatch):
+    """Each embedding actor waits after a batch that would put it ahead of ``rate`` (its share of the
+    run's cap), from its first batch on: the pipeline behind it cannot commit faster. Before, only
+    the driver waited, as it read results, and a run under ``--rate 50`` did 15,000 items in 30 s."""
+    import nobackfill.lifecycle.backfill_ray as br
+
+    _, new, _ = related_pair()
+    clock = {"t": 100.0}
+    waits: list[float] = []
+    monkeypatch.setattr(br, "_clock", lambda: clock["t"])
+
+    def sleep(s: float) -> None:
+        waits.append(round(s, 6))
+        clock["t"] += s
+
+    monkeypatch.setattr(br, "_sleep", sleep)
+    monkeypatch.setattr(br, "_node_id", lambda: "node")  # (Ray's runtime context would start a local Ray)
+    actor = br._Embed(lambda: new, 1, False, rate=4.0)
+    batch = {"id": np.array(["a", "b"]), "modality": np.array(["text", "text"]), "src": np.array(["one", "two"]),
+             "key": np.array(["a@1", "b@1"]), "sample": np.array([False, False]), "bad": np.array(["", ""], dtype=object)}
+    for spent in (0.1, 0.1, 2.0):  # each batch embedded in `spent` seconds
+        real = actor._embed
+        monkeypatch.setattr(actor, "_embed", lambda b, spent=spent, real=real: (clock.__setitem__("t", clock["t"] + spent),
+                                                                                 real(b))[1])
+        out = actor(batch)
+        monkeypatch.setattr(actor, "_embed", real)
+        assert out["vec"].shape[0] == 2
+    # 2 items at 4/s: a batch is due every 0.5 s; the third took 2 s, so no wait after it
+    assert waits == [0.4, 0.4], waits
+    assert br._Embed(lambda: new, 1, False)(batch)["vec"].shape[0] == 2 and waits == [0.4, 0.4]  # no rate: no wait
+
+
 def test_nothing_imports_ray_unless_the_engine_is_chosen_and_a_missing_ray_says_how_to_install(monkeypatch):
     code = ("import sys; import nobackfill.lifecycle.backfill, nobackfill.lifecycle.backfill_ray, "
             "nobackfill.client.local, nobackfill.cli.collection; print('ray' in sys.modules)")
@@ -215,6 +247,41 @@ def test_ray_backfill_pauses_and_stops_at_the_limit_like_the_local_workers(clust
     assert rep.stopped == "paused" and st["state"] == "paused" and 12 < st["done"] < st["total"]
     assert rep.committed == st["done"] - 12  # what the pipeline had embedded after the pause: not committed
     assert seen[0] == ("ray", 2, 1, "ray")
+
+
+def test_ray_backfill_keeps_to_its_rate(cluster, tmp_path):
+    """``rate`` caps the run's commits, as read in the catalog while it runs: from the first commit
+    on, no faster than ``rate`` (plus what the actors embed before their first wait). Before, only
+    the driver waited as it read results, while the pipeline committed everything at full speed."""
+    import threading
+    import time
+
+    from nobackfill.lifecycle.backfill_ray import RayOptions, run_ray_worker
+
+    c, new = _upgraded(tmp_path, n_images=10)
+    start_backfill(c, new, order="sequential")
+    total, rate, actors, batch = backfill_status(c)["total"], 3.0, 2, 4
+    seen: list[tuple[float, int]] = []
+    running = threading.Event()
+    running.set()
+
+    def watch() -> None:
+        while running.is_set():
+            seen.append((time.monotonic(), backfill_status(Collection.open(c.path))["done"]))
+            time.sleep(0.1)
+
+    watcher = threading.Thread(target=watch)
+    watcher.start()
+    try:
+        rep = run_ray_worker(c, lambda: new, options=RayOptions(actors=actors), batch_size=batch, rate=rate)
+    finally:
+        running.clear()
+        watcher.join()
+    assert rep.stopped == "done" and backfill_status(c)["done"] == total == 30
+    t1, d1 = next((t, d) for t, d in seen if d > 0)
+    for t, d in seen:
+        if t > t1:
+            assert d - d1 <= rate * (t - t1) + (actors + 1) * batch, (t - t1, d - d1, seen)
 
 
 def test_ray_backfill_names_an_unreadable_source_and_commits_the_rest(cluster, tmp_path):

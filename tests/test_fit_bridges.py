@@ -10,6 +10,7 @@ import re
 import socket
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -508,6 +509,14 @@ def test_a_running_fit_is_named_in_status_and_in_the_backfills_output(tmp_path, 
     # a fit killed half-way leaves its mark; its process is gone, so it is not shown as running
     proc = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
     st = backfill_fit.fit_state(c)
-    st["fitting"] = {"pairs": 7, "owner": f"{socket.gethostname()}:{proc.stdout.strip()}:dead", "since": "then"}
+    st["fitting"] = {"pairs": 7, "owner": f"{socket.gethostname()}:{proc.stdout.strip()}:dead", "since": "then",
+                     "at": time.time()}
+    backfill_fit._write(c, backfill_fit.FIT_FILE, st)
+    assert backfill_fit.fit_summary(c)["fitting"] is None
+    # on another host the process cannot be checked: shown while recent, not half an hour on
+    st["fitting"] = {"pairs": 7, "owner": "another-host:1:x", "since": "now", "at": time.time()}
+    backfill_fit._write(c, backfill_fit.FIT_FILE, st)
+    assert backfill_fit.fit_summary(c)["fitting"]["pairs"] == 7
+    st["fitting"]["at"] = time.time() - backfill_fit.FIT_SHOWN_S - 1
     backfill_fit._write(c, backfill_fit.FIT_FILE, st)
     assert backfill_fit.fit_summary(c)["fitting"] is None

@@ -19,9 +19,12 @@ from typing import Any, Callable, Mapping, Sequence
 import numpy as np
 
 from ..collection.collection import Collection
-from .backfill_jobs import JOB_DIR, BackfillJob, _holder_gone, _iso, _read, _write, new_owner
+from .backfill_jobs import JOB_DIR, BackfillJob, _holder_gone, _iso, _now, _read, _write, new_owner
 
 FIT_FILE = "fit.json"
+#: a fit marked running longer ago than this is not shown as running (its process, on another
+#: host, cannot be checked; a fit takes seconds to a minute)
+FIT_SHOWN_S = 1800.0
 DEFAULTS = {"fraction": 0.01, "min": 512, "max": 20000}
 
 
@@ -130,7 +133,8 @@ def fit_summary(collection: Collection) -> dict[str, Any]:
     if st and nxt is None and not st.get("fits"):  # no backfill started yet: where its sample will end
         nxt = sum(sample_size(n, st) for n in counts.values())
     fitting = st.get("fitting")
-    if fitting and _holder_gone(str(fitting.get("owner", ""))):  # killed during its fit: the next commit fits
+    if fitting and (_holder_gone(str(fitting.get("owner", "")))  # killed during its fit: the next commit fits
+                    or _now() - float(fitting.get("at", 0.0)) > FIT_SHOWN_S):  # (on another host: too long ago)
         fitting = None
     return {"serving": fitted_status(plan), "fits": st.get("fits", []), "next": nxt, "items": total,
             "fitting": fitting,
@@ -249,7 +253,7 @@ def maybe_fit(collection: Collection, *, final: bool | None = False, pool: Any =
                                    queries=tuple(st.get("queries") or ()))
         say = log or (lambda _m: None)
         # status names the fit while it runs (seconds to half a minute, when the backfill seems to stall)
-        st["fitting"] = {"pairs": n, "owner": new_owner(), "since": _iso()}
+        st["fitting"] = {"pairs": n, "owner": new_owner(), "since": _iso(), "at": _now()}
         _write(collection, FIT_FILE, st)
         del st["fitting"]
         say(f"fitting bridges on {n} backfilled pairs (the backfill goes on once they are chosen)")

@@ -119,17 +119,36 @@ def _decode(batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     return {**batch, "pixels": _ragged(pixels), "bad": np.array(bad, dtype=object)}
 
 
-class _Embed:
-    """An embedding actor: the model loaded once (``load()``), each batch embedded per modality."""
+#: the embedding actors' clock and wait (a test replaces them)
+_clock, _sleep = time.monotonic, time.sleep
 
-    def __init__(self, load: Callable[[], Any], threads: int, decode: bool) -> None:
+
+class _Embed:
+    """An embedding actor: the model loaded once (``load()``), each batch embedded per modality.
+    ``rate``: its share of the run's cap in items per second; it waits after a batch that would put
+    it ahead (from its first batch on), so the pipeline behind it commits no faster (the driver's
+    own wait paces only its reading of results, not the actors)."""
+
+    def __init__(self, load: Callable[[], Any], threads: int, decode: bool, rate: float | None = None) -> None:
         with contextlib.suppress(ImportError):
             import torch
 
             torch.set_num_threads(max(1, threads))
         self.encoder, self.decode = load(), decode
+        self.rate, self.embedded, self.t0 = rate, 0, None
 
     def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        if self.t0 is None:
+            self.t0 = _clock()
+        out = self._embed(batch)
+        self.embedded += len(batch["id"])
+        if self.rate:
+            wait = self.embedded / self.rate - (_clock() - self.t0)
+            if wait > 0:
+                _sleep(wait)
+        return out
+
+    def _embed(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         from PIL import Image
 
         if self.decode:
@@ -253,15 +272,18 @@ class _Heartbeat:
 
 
 def _pipeline(ray: Any, uri: str, load: Callable[[], Any], job: BackfillJob, shard: int, owner: str,
-              items: list[Item], sample_ids: set[str], opts: RayOptions, batch_size: int, lease_s: float) -> Any:
-    """The Ray Data pipeline of ``items``: decode (CPU), embed (actor pool), commit (commit actors)."""
+              items: list[Item], sample_ids: set[str], opts: RayOptions, batch_size: int, lease_s: float,
+              rate: float | None = None) -> Any:
+    """The Ray Data pipeline of ``items``: decode (CPU), embed (actor pool, ``rate`` items/s in all),
+    commit (commit actors)."""
     rows = [{"id": it.id, "modality": it.modality, "key": it.key, "src": str(it.payload),
              "sample": it.id in sample_ids} for it in items]
     ds = ray.data.from_items(rows, override_num_blocks=max(1, math.ceil(len(rows) / batch_size)))
     gpu = opts.gpus_per_actor > 0
     if gpu:  # a GPU actor should only embed: decoding runs in CPU tasks ahead of it
         ds = ds.map_batches(_decode, batch_size=batch_size, batch_format="numpy", num_cpus=1)
-    ds = ds.map_batches(_Embed, fn_constructor_args=(load, int(max(1, opts.cpus_per_actor)), not gpu),
+    ds = ds.map_batches(_Embed, fn_constructor_args=(load, int(max(1, opts.cpus_per_actor)), not gpu,
+                                                     rate / opts.actors if rate else None),
                         batch_size=batch_size, batch_format="numpy",
                         compute=ray.data.ActorPoolStrategy(size=opts.actors, max_tasks_in_flight_per_actor=opts.in_flight),
                         num_cpus=opts.cpus_per_actor, **({"num_gpus": opts.gpus_per_actor} if gpu else {}))
@@ -328,7 +350,7 @@ def _run(ray: Any, collection: Collection, load: Callable[[], Any], job: Backfil
          on_batch: Callable[[dict[str, Any]], None] | None, uri: str | None) -> str:
     """One pipeline over ``items``, followed batch by batch: ``ok``, ``lost`` or why the job stopped."""
     ds = _pipeline(ray, uri or str(collection.path), load, job, shard, owner, items, sample_ids, opts, batch_size,
-                   lease_s)
+                   lease_s, rate)
     beat = _Heartbeat(collection, shard, owner, lease_s, lambda: rep.committed / max(_now() - t0, 1e-6))
     try:
         for out in ds.iter_batches(batch_size=None, batch_format="numpy", prefetch_batches=0):
