@@ -378,8 +378,8 @@ def run_backfill(collection: Collection, encoder: Any, *, order: str = "uncertai
     job = start_backfill(collection, encoder, order=order, shards=max(workers, 1), seed=seed, pool=pool, log=log)
     if engine == "local" and workers > job.shards and log is not None:
         log(f"the backfill job has {job.shards} shard(s), set when it started: {job.shards} worker(s) of the "
-            f"{workers} asked for can take one, each at {job.shards}/{workers} of the rate asked for if any (cancel it "
-            "with --cancel and start again for more; what was committed stays)")
+            f"{workers} asked for can take one, and they share the rate asked for, if any (cancel it with --cancel "
+            "and start again for more; what was committed stays)")
     t0 = time.time()
     # ``rate`` is the run's, in all: shared by the workers that can hold a shard (a job made with
     # fewer shards than the workers asked for runs fewer; trial H saw one worker at half the rate)
