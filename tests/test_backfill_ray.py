@@ -64,7 +64,7 @@ def test_an_embedding_actor_keeps_to_its_share_of_the_rate(monkeypatch):
     """Each embedding actor waits after a batch that would put it ahead of ``rate`` (its share of the
     run's cap), from its first batch on: the pipeline behind it cannot commit faster. Before, only
     the driver waited, as it read results, and a run under ``--rate 50`` did 15,000 items in 30 s."""
-    import nobackfill.lifecycle.backfill_ray as br
+    import nobackfill.lifecycle.cluster.ray_backfill as br
 
     _, new, _ = related_pair()
     clock = {"t": 100.0}
@@ -93,13 +93,13 @@ def test_an_embedding_actor_keeps_to_its_share_of_the_rate(monkeypatch):
 
 
 def test_nothing_imports_ray_unless_the_engine_is_chosen_and_a_missing_ray_says_how_to_install(monkeypatch):
-    code = ("import sys; import nobackfill.lifecycle.backfill, nobackfill.lifecycle.backfill_ray, "
+    code = ("import sys; import nobackfill.lifecycle.backfill, nobackfill.lifecycle.cluster.ray_backfill, "
             "nobackfill.client.local, nobackfill.cli.collection; print('ray' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                          env={**os.environ, "PYTHONPATH": str(SRC)})
     assert out.stdout.strip() == "False"
     from nobackfill.lifecycle.backfill import BackfillError
-    from nobackfill.lifecycle.backfill_ray import import_ray
+    from nobackfill.lifecycle.cluster.ray_backfill import import_ray
 
     monkeypatch.setitem(sys.modules, "ray", None)
     with pytest.raises(BackfillError, match=r"pip install 'nobackfill\[ray\]'"):
@@ -175,7 +175,7 @@ def _fault_run(cluster, c: Collection, new, uri: str | None, twin: Collection, t
                delay: float = 0.4):
     """The fault run: ``kills`` embedding actors SIGKILLed (each model call ``delay`` s slower, so that
     the actors still embed while batches commit), a node removed, commits crashed; then checked."""
-    from nobackfill.lifecycle.backfill_ray import RayOptions, run_ray_worker
+    from nobackfill.lifecycle.cluster.ray_backfill import RayOptions, run_ray_worker
 
     cl, tokens, node = cluster
     for i in range(TOKENS):
@@ -227,7 +227,7 @@ def test_ray_backfill_on_a_postgresql_catalog_through_faults(cluster, tmp_path, 
 
 
 def test_ray_backfill_pauses_and_stops_at_the_limit_like_the_local_workers(cluster, tmp_path):
-    from nobackfill.lifecycle.backfill_ray import RayOptions, run_ray_worker
+    from nobackfill.lifecycle.cluster.ray_backfill import RayOptions, run_ray_worker
 
     c, new = _upgraded(tmp_path, n_images=20)
     start_backfill(c, new, order="sequential")
@@ -256,7 +256,7 @@ def test_ray_backfill_keeps_to_its_rate(cluster, tmp_path):
     import threading
     import time
 
-    from nobackfill.lifecycle.backfill_ray import RayOptions, run_ray_worker
+    from nobackfill.lifecycle.cluster.ray_backfill import RayOptions, run_ray_worker
 
     c, new = _upgraded(tmp_path, n_images=10)
     start_backfill(c, new, order="sequential")
@@ -287,7 +287,7 @@ def test_ray_backfill_keeps_to_its_rate(cluster, tmp_path):
 def test_ray_backfill_names_an_unreadable_source_and_commits_the_rest(cluster, tmp_path):
     """As the local workers: an image file gone since it was added is named in status and left in
     the old space; everything else is committed."""
-    from nobackfill.lifecycle.backfill_ray import RayOptions, run_ray_worker
+    from nobackfill.lifecycle.cluster.ray_backfill import RayOptions, run_ray_worker
 
     c, new = _upgraded(tmp_path, n_images=8)
     gone = c.items()[sorted(i for i, it in c.items().items() if it.modality == "image")[2]]
@@ -358,7 +358,7 @@ DRIVER = """
 import sys
 from nobackfill.bench.backfill_engine import Delayed
 from nobackfill.collection.collection import Collection
-from nobackfill.lifecycle.backfill_ray import RayOptions, run_ray_worker
+from nobackfill.lifecycle.cluster.ray_backfill import RayOptions, run_ray_worker
 from _collection_helpers import related_pair
 import ray
 ray.init(address=sys.argv[2], log_to_driver=False, configure_logging=False)
@@ -370,7 +370,7 @@ run_ray_worker(Collection.open(sys.argv[1]), Delayed(lambda: new, 0.3), options=
 def test_a_killed_ray_driver_loses_nothing_and_a_rerun_goes_on_from_the_catalog(cluster, tmp_path):
     import time
 
-    from nobackfill.lifecycle.backfill_ray import RayOptions, run_ray_worker
+    from nobackfill.lifecycle.cluster.ray_backfill import RayOptions, run_ray_worker
 
     c, new = _upgraded(tmp_path, n_images=12)
     start_backfill(c, new, order="sequential")

@@ -88,7 +88,7 @@ def test_a_milvus_server_gone_mid_call_is_one_unreachable_error_and_other_milvus
 
 
 def test_a_ray_that_cannot_start_is_one_connection_error():
-    from nobackfill.lifecycle.backfill_ray import RayOptions, _start
+    from nobackfill.lifecycle.cluster.ray_backfill import RayOptions, _start
 
     class FakeRay:
         def is_initialized(self):

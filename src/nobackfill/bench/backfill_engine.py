@@ -39,7 +39,7 @@ from ..collection.collection import Collection
 from ..collection.ingest import folder_items
 from ..lifecycle.backfill import run_backfill, start_backfill
 from ..lifecycle.backfill_commit import FAILPOINT_ENV
-from ..lifecycle.backfill_ray import PoolLoader, RayOptions, import_ray, run_ray_worker
+from ..lifecycle.cluster.ray_backfill import PoolLoader, RayOptions, import_ray, run_ray_worker
 from ..lifecycle.measuring.measure import embedded_collection
 from ..lifecycle.plan_changes import upgrade_collection
 from ..search import ModelPool

@@ -15,7 +15,7 @@ __all__ = ["Delayed", "FaultInjector"]
 
 
 class FaultInjector:
-    """``on_batch`` of :func:`~nobackfill.lifecycle.backfill_ray.run_ray_worker` on a
+    """``on_batch`` of :func:`~nobackfill.lifecycle.cluster.ray_backfill.run_ray_worker` on a
     ``ray.cluster_utils.Cluster``: every ``remove_every``-th committed batch it removes a non-head
     node (a fresh one with ``node`` arguments joins) until ``removals`` were removed; at the other
     batches it SIGKILLs a live embedding actor (the last seen to embed) until ``kills`` were killed;

@@ -388,7 +388,7 @@ class LocalClient(Client):
             if address is not None or actors is not None or gpus:
                 raise InvalidRequest(422, "ray_address, actors and gpus_per_actor need engine='ray'", "engine")
             return None
-        from ..lifecycle.backfill_ray import RayOptions
+        from ..lifecycle.cluster.ray_backfill import RayOptions
 
         try:
             return RayOptions(address=address, gpus_per_actor=float(gpus), **({"actors": actors} if actors else {}))
@@ -397,7 +397,7 @@ class LocalClient(Client):
 
     def _loader(self) -> Any:
         """How a Ray actor loads the current model (by its reference, into a pool of its own)."""
-        from ..lifecycle.backfill_ray import PoolLoader
+        from ..lifecycle.cluster.ray_backfill import PoolLoader
 
         c = self.collection
         return PoolLoader(c.space(c.current_space).model, c.current_space)
@@ -418,7 +418,7 @@ class LocalClient(Client):
             def one_run() -> Any:
                 if ray is None:
                     return run_worker(self.collection, enc, rate=rate, batch_size=32)
-                from ..lifecycle.backfill_ray import run_ray_worker
+                from ..lifecycle.cluster.ray_backfill import run_ray_worker
 
                 return run_ray_worker(self.collection, self._loader(), uri=self.target, options=ray, rate=rate,
                                       batch_size=32)

@@ -369,8 +369,8 @@ def run_backfill(collection: Collection, encoder: Any, *, order: str = "uncertai
     per second in all). One worker runs in this process; more run as processes (each loads the
     model). The status, plus what these workers did: ``committed`` (of it ``sample_committed``),
     ``embedded``, ``stopped`` (in words; for no free shard, who holds the shards), ``busy``.
-    ``engine="ray"``: this process drives a Ray Data pipeline instead (:mod:`.backfill_ray`; ``ray``
-    its :class:`~.backfill_ray.RayOptions`, ``load()`` the model in each actor, default ``encoder``
+    ``engine="ray"``: this process drives a Ray Data pipeline instead (:mod:`.cluster.ray_backfill`; ``ray``
+    its :class:`~.cluster.ray_backfill.RayOptions`, ``load()`` the model in each actor, default ``encoder``
     itself, pickled; ``uri`` how the actors open the collection); ``workers`` shards the job then."""
     if engine not in ENGINES:
         raise ValueError(f"engine must be one of {ENGINES}, got {engine!r}")
@@ -387,7 +387,7 @@ def run_backfill(collection: Collection, encoder: Any, *, order: str = "uncertai
     limits = _split(limit, max(workers, 1))
     procs = []
     if engine == "ray":
-        from .backfill_ray import run_ray_worker
+        from .cluster.ray_backfill import run_ray_worker
 
         rep = run_ray_worker(collection, load or _Given(encoder), uri=uri, options=ray, batch_size=batch_size,
                              rate=rate, limit=limit, lease_s=lease_s, progress=progress)

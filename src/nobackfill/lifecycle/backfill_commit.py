@@ -1,5 +1,5 @@
 """What every backfill engine shares (:mod:`.backfill`'s lease workers, ``local``, and
-:mod:`.backfill_ray`'s Ray Data pipeline, ``ray``): claiming a shard (:func:`claim_shard`), reading
+:mod:`.cluster.ray_backfill`'s Ray Data pipeline, ``ray``): claiming a shard (:func:`claim_shard`), reading
 the next pending items of it (:func:`gather`) and the one commit (:func:`commit_batch`).
 
 The commit is what makes an item committed exactly once whatever runs it, however often: under the

@@ -30,12 +30,12 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from ..collection.collection import Collection, Item
-from ..encoders.base import encode
-from .backfill_commit import (Session, WorkerReport, commit_batch, finish_shard, gather, new_owner, next_shard,
+from ...collection.collection import Collection, Item
+from ...encoders.base import encode
+from ..backfill_commit import (Session, WorkerReport, commit_batch, finish_shard, gather, new_owner, next_shard,
                               shard_ids)
-from .backfill_fit import maybe_fit
-from .backfill_jobs import (DEFAULT_LEASE_S, BackfillError, BackfillJob, _job_lock, _leases, _now, _renew, _swap,
+from ..backfill_fit import maybe_fit
+from ..backfill_jobs import (DEFAULT_LEASE_S, BackfillError, BackfillJob, _job_lock, _leases, _now, _renew, _swap,
                             record_unreadable)
 
 __all__ = ["RAY_MISSING", "PoolLoader", "RayOptions", "import_ray", "run_ray_worker"]
@@ -86,7 +86,7 @@ class PoolLoader:
         self.ref, self.space_id = ref, space_id
 
     def __call__(self) -> Any:
-        from ..search.models import ModelPool
+        from ...search.models import ModelPool
 
         return ModelPool().get(self.ref, self.space_id)
 
