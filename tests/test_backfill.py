@@ -237,6 +237,34 @@ def test_a_killed_holders_lease_is_taken_over_at_once(tmp_path):
     assert backfill_status(Collection.open(c.path))["workers"] == 1
 
 
+def test_status_names_a_killed_worker_not_an_earlier_one_that_said_why(tmp_path):
+    """Trial I: after a ``kill -9`` of a run, status said the last worker was an earlier run's, with
+    that run's reason (paused). A worker killed since the last recorded stop left its lease
+    unfinished: status names it, and says it stopped without a word."""
+    import socket
+
+    from nobackfill.lifecycle.backfill import _write
+
+    c, old, new, pool, data = _upgraded(tmp_path, n_images=12, captions=1)
+    start_backfill(c, new, order="sequential", shards=1)
+    run_worker(Collection.open(c.path), new, batch_size=4, limit=4)  # records: stopped at its limit
+    st = backfill_status(c)
+    assert st["state"] == "idle" and st["last_worker"]["pid"] == os.getpid() and "limit" in st["last_worker"]["stopped"]
+    pid = _child(lambda: time.sleep(60))
+    os.kill(pid, signal.SIGKILL)
+    os.waitpid(pid, 0)
+    now = time.time() + 1
+    _write(c, "leases/shard-0.json", {"owner": f"{socket.gethostname()}:{pid}:ray-dead", "expires": now + 30,
+                                      "since": "", "rate": 5.0, "renewed": now, "engine": "ray"})
+    st = backfill_status(Collection.open(c.path))
+    assert st["state"] == "idle" and st["workers"] == 0
+    assert st["last_worker"]["pid"] == pid and "without saying why" in st["last_worker"]["stopped"], st
+    assert f"pid {pid}" in st["note"] and "without saying why" in st["note"]
+    # a stop recorded after it is the last one again
+    run_worker(Collection.open(c.path), new, batch_size=4, limit=4)
+    assert backfill_status(Collection.open(c.path))["last_worker"]["pid"] == os.getpid()
+
+
 def test_sigkill_two_workers_at_random_times_loses_nothing_and_commits_nothing_twice(tmp_path):
     """>= 20 SIGKILLs of a 2-worker backfill; then the work is finished and compared with a clean
     full re-embed (same ids, vectors within 1e-6)."""
@@ -774,6 +802,38 @@ def test_an_unreadable_source_is_named_and_the_backfill_goes_on(tmp_path, order)
     retire_space(c, old.space_id)
 
 
+def test_the_rate_cap_banks_no_idle_time():
+    """A run that embedded nothing for a while (a bridge fit) goes on at its rate, not in a burst
+    that catches up (trial I: 148 items/s under --rate 50 after each fit); no stretch of batches
+    goes faster than the rate, save the first batch after the pause."""
+    from nobackfill.lifecycle.backfill_jobs import Pacer
+
+    clock = {"t": 0.0}
+    pacer = Pacer(10.0, clock=lambda: clock["t"])
+    waits = []
+    for spent in (0.1, 0.1, 20.0, 0.1, 0.1, 0.1):  # 10 items a batch; the third batch took 20 s (a fit)
+        clock["t"] += spent
+        waits.append(round(pacer.wait_after(10), 6))
+        clock["t"] += waits[-1]
+    assert waits == [0.9, 0.9, 0.0, 0.9, 0.9, 0.9], waits  # a cumulative schedule: 0, 0, 0, 0, 0, 0.8
+
+
+def test_a_paused_backfill_promises_no_rate(tmp_path):
+    """Trial I: a paused job showed ``ETA 100s at 12.5 items/s``."""
+    import threading
+
+    c, old, new, pool, _ = _upgraded(tmp_path)
+    start_backfill(c, new, order="sequential")
+    t = threading.Thread(target=run_worker, args=(Collection.open(c.path), new), kwargs={"batch_size": 2, "rate": 4.0})
+    t.start()
+    while backfill_status(c)["done"] < 4:
+        time.sleep(0.05)
+    pause_backfill(c)
+    st = backfill_status(c)
+    t.join()
+    assert st["state"] == "paused" and st["rate"] == 0.0 and st["eta_s"] is None, st
+
+
 def test_a_capped_rate_is_reported_as_the_cap_not_the_embedding_speed(tmp_path):
     """Under ``rate``, status reports at most the cap (and an ETA from it) from the first batch on;
     the tester saw 396 items/s and an ETA of 0.9 s for a run capped at 3 items/s."""
@@ -786,7 +846,7 @@ def test_a_capped_rate_is_reported_as_the_cap_not_the_embedding_speed(tmp_path):
     t.start()
     while t.is_alive():
         st = backfill_status(c)
-        if st["workers"] and st["done"]:
+        if st["workers"] and st["done"] and st["state"] == "running":  # (done: no rate, no ETA)
             seen.append((st["rate"], st["eta_s"], st["done"], st["total"], st["holders"][0]["rate"]))
         time.sleep(0.05)
     t.join()
@@ -795,3 +855,14 @@ def test_a_capped_rate_is_reported_as_the_cap_not_the_embedding_speed(tmp_path):
         assert 0 < rate <= 6.0 + 1e-9 and (eta is None or eta >= (total - done) / 6.0 - 1e-9), seen
         # each worker's own items/s too (trial H: the lines of a running backfill read 0.0 items/s)
         assert worker_rate == rate, seen
+
+
+def test_a_runs_summary_gives_the_rate_of_what_it_committed(capsys):
+    """Trial I: ``128 committed in 6.5s, 29.8 items/s (paused)``: the rate counted batches a pause
+    left embedded but not committed. The summary's numbers now agree with each other."""
+    from nobackfill.cli._collection_print import print_backfill_run
+
+    print_backfill_run("photos", {"done": 128, "total": 300, "fraction": 128 / 300, "committed": 128, "embedded": 192,
+                                  "seconds": 6.4, "stopped": "paused"}, None)
+    out = " ".join(capsys.readouterr().out.split())
+    assert "128 committed in 6.4s, 20.0 items/s (paused)" in out, out

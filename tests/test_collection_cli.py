@@ -69,6 +69,14 @@ def test_upgrade_calibrates_routes_and_search_spans_both_spaces(coll):
     assert {h["space"] for h in out["hits"]} == {old_sid, new_sid} and len(out["hits"]) == 61
     assert out["hits"][0]["text"] == "a caption added after the upgrade" and out["hits"][0]["route"] == "native"
     assert len({h["id"] for h in out["hits"]}) == 61
+    # hits of two spaces: the table says whose scale a score is on (the merge orders them)
+    table = " ".join(runner.invoke(app, ["collection", "search", str(coll / "photos"), "--text", "a caption added after "
+                                         "the upgrade", "--k", "100", "--target", "text"], terminal_width=200)
+                     .stdout.split())
+    assert "score: each hit's own, in its space; the order of hits from 2 spaces is the merge's" in table, table
+    one = runner.invoke(app, ["collection", "search", str(coll / "photos"), "--text", "a caption added after the upgrade",
+                              "--k", "1", "--target", "text"], terminal_width=200).stdout
+    assert "merge's" not in one  # one space's hits: nothing to say
 
 
 def _texts(root: Path, lines: list[str]) -> Path:

@@ -18,7 +18,7 @@ from _collection_helpers import NEW_REF, OLD_REF, make_folder, pool_with, relate
 from nobackfill.compat.fitted import FitConfig
 from nobackfill.collection.collection import Collection
 from nobackfill.collection.ingest import add_items, folder_items
-from nobackfill.lifecycle.backfill import run_backfill, start_backfill
+from nobackfill.lifecycle.backfill import backfill_status, run_backfill, start_backfill
 from nobackfill.lifecycle.fit_bridges import (FitBridgesConfig, backfilled_pairs, fit_collection_bridges,
                                               fitted_status)
 from nobackfill.lifecycle.plan_changes import pin_route, route_table, upgrade_collection
@@ -318,6 +318,8 @@ def test_cli_upgrade_without_a_bridge_backfills_fits_and_status_shows_it(tmp_pat
     assert r.exit_code == 0, r.output
     out = " ".join(cli("collection", "status", c.path).output.split())
     assert "bridge fits" not in out and "fitted bridge" not in out  # nothing is fitted into a retired space
+    # one space left: nothing routes or merges (trial I: "routes uncalibrated (no bridge fitted yet)")
+    assert "one space: every search is answered in it" in out and "merge:" not in out and "uncalibrated" not in out, out
 
 
 def test_status_says_why_a_space_got_no_bridge_and_when_the_last_fit_comes(tmp_path):
@@ -486,11 +488,14 @@ def test_a_running_fit_is_named_in_status_and_in_the_backfills_output(tmp_path, 
     monkeypatch.setattr(models, "ModelPool", lambda: pool)
     cli = lambda *a: CliRunner().invoke(app, [str(x) for x in a])  # noqa: E731
     seen: list[tuple[dict | None, str]] = []
+    notes: list[tuple[float | None, str]] = []
     real = fit_bridges.fit_collection_bridges
 
     def watched(collection, **kw):
         seen.append((backfill_fit.fit_summary(Collection.open(c.path))["fitting"],
                      " ".join(cli("collection", "status", c.path).output.split())))
+        st = backfill_status(Collection.open(c.path))
+        notes.append((st["eta_s"], st.get("note") or ""))
         return real(collection, **{**kw, "cfg": CFG})
 
     monkeypatch.setattr(fit_bridges, "fit_collection_bridges", watched)
@@ -503,6 +508,9 @@ def test_a_running_fit_is_named_in_status_and_in_the_backfills_output(tmp_path, 
         assert fitting["pairs"] == pairs and fitting["owner"].split(":")[1] == str(os.getpid()), fitting
         assert f"bridge fit running: on {pairs} pairs since {fitting['since']} (pid {os.getpid()}" in status, status
         assert f"fitting bridges on {pairs} backfilled pairs" in out and f"bridges fitted on {pairs} pairs in" in out
+    # the backfill's own status: no ETA while the fit holds its worker, and a note saying why
+    assert all(eta is None and "a bridge fit on" in note and "commits nothing until it ends" in note
+               for eta, note in notes), notes
     assert backfill_fit.fit_summary(c)["fitting"] is None  # cleared once each fit is over
     out = " ".join(cli("collection", "status", c.path).output.split())
     assert "bridge fit running" not in out, out

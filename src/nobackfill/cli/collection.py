@@ -306,6 +306,11 @@ def status(
     print_spaces(st["spaces"])
     print_routes(st["routes"])
     fitted_routes = any("fitted" in (r.get("calibration") or {}) for ds in st["routes"].values() for r in ds.values())
+    if not st["routes"]:  # one space (never upgraded, or the older ones retired): nothing to route or merge
+        results.print("  one space: every search is answered in it (no routes to older spaces, no merge)")
+        print_fitted(st.get("fitted_bridges"))
+        print_backfill(st["backfill"])
+        return
     if st["calibrated"]:
         basis = ""
     elif st.get("merge_without_labels"):

@@ -55,10 +55,11 @@ from .backfill_commit import (Session, WorkerReport, _all_shards_done, _finalize
 # the job store's and the orders' names stay importable from here (tests and other modules do)
 from .backfill_jobs import (DEFAULT_LEASE_S, JOB_DIR, JOB_FILE, LEASE_DIR, ORDER_FILE, SAMPLE_FILE,  # noqa: F401
                             UNREADABLE_FILE, WORKERS_FILE, BackfillBusy, BackfillError, BackfillJob, _holder,
-                            _holder_gone, _iso, _job_lock, _last_worker, _leases, _now, _order_ids, _parse_owner, _read, _release, _renew,
+                            Pacer, _holder_gone, _iso, _job_lock, _last_worker, _leases, _now, _order_ids, _parse_owner,
+                            _read, _release, _renew,
                             _stopped_workers, _take_shard, _write, backfill_running, describe_holders,
                             record_unreadable, unreadable_items)
-from .backfill_fit import maybe_fit, sample_first  # noqa: F401
+from .backfill_fit import maybe_fit, running_fit, sample_first  # noqa: F401
 from .backfill_workers import join_workers, start_workers
 from ..collection.ingest import encode_readable
 from .backfill_order import (ORDERS, _encode, _held, _pending, _route_failure, _uncertainty_order,  # noqa: F401
@@ -206,12 +207,23 @@ def backfill_status(collection: Collection) -> dict[str, Any]:
                        "after the sample, or taking a shard)")
     elif mine and job.state == "running" and not live:
         out["state"] = "idle"
-        last = _last_worker(collection)
+        last = _last_worker(collection, [v for v in leases.values() if not v.get("done") and v.get("owner")])
         out["last_worker"] = last
         why = (f"; the last one (pid {last['pid']} on {last['host']}) stopped at {last['at']}: {last['stopped']}"
                if last else "")
         out["note"] = (f"no worker is running{why}. Run `nobackfill collection backfill` or POST /v1/backfill/start "
                        "to go on")
+    if out["state"] != "running":  # paused, idle or done: nothing commits, no rate to promise
+        out["rate"], out["eta_s"] = 0.0, None
+    fit = running_fit(collection) if mine else None
+    if fit is not None:  # its worker commits nothing meanwhile (nor, in the uncertainty sample, do the others)
+        host, pid = _parse_owner(str(fit.get("owner", "")))
+        out["eta_s"] = None
+        out["note"] = ((out["note"] + ". ") if out.get("note") else "") + (
+            f"a bridge fit on {fit['pairs']} pairs is running since {fit['since']} (pid {pid} on {host}): the worker "
+            "fitting it commits nothing until it ends (seconds to a minute)"
+            + ("; the other workers wait for it too, as the uncertainty order's sample must be in before the rest "
+               "is ordered" if job.phase == "sample" and job.shards > 1 else ""))
     if bad["count"]:
         first = ", ".join(f"{i} ({why})" for i, why in list(bad["named"].items())[:3])
         out["note"] = ((out["note"] + ". ") if out.get("note") else "") + (
@@ -243,6 +255,7 @@ def run_worker(collection: Collection, encoder: Any, *, batch_size: int = 64, ra
     owner = owner or new_owner()
     rep = WorkerReport(owner=owner)
     t_start = _now()
+    pacer = Pacer(rate) if rate else None
     with Session(collection, rep) as s, contextlib.ExitStack() as read_time:
         while True:
             read_time.close()
@@ -293,8 +306,8 @@ def run_worker(collection: Collection, encoder: Any, *, batch_size: int = 64, ra
                 maybe_fit(collection, log=log)  # the first fit once the sample is in, then at each doubling
                 if progress is not None:
                     progress(len(batch))
-                if rate and not _pace(collection, job, s.shard, owner, lease_s, cur_rate,
-                                      rep.embedded / rate - (_now() - t_start), stop):
+                if pacer is not None and not _pace(collection, job, s.shard, owner, lease_s, cur_rate,
+                                                   pacer.wait_after(len(batch)), stop):
                     lost = True
                     break
             if lost:  # taken over after our lease expired: look for another shard
@@ -390,7 +403,7 @@ def run_backfill(collection: Collection, encoder: Any, *, order: str = "uncertai
         from .cluster.ray_backfill import run_ray_worker
 
         rep = run_ray_worker(collection, load or _Given(encoder), uri=uri, options=ray, batch_size=batch_size,
-                             rate=rate, limit=limit, lease_s=lease_s, progress=progress)
+                             rate=rate, limit=limit, lease_s=lease_s, progress=progress, log=log)
         return _run_report(collection, rep, [rep.as_dict()], [], t0)
     if workers > 1:  # the others in processes of their own, each stopping once this process is gone
         procs = start_workers(run_worker, collection.path, collection.space(job.target).model, limits,

@@ -132,15 +132,23 @@ def fit_summary(collection: Collection) -> dict[str, Any]:
     total = sum(counts.values())
     if st and nxt is None and not st.get("fits"):  # no backfill started yet: where its sample will end
         nxt = sum(sample_size(n, st) for n in counts.values())
-    fitting = st.get("fitting")
-    if fitting and (_holder_gone(str(fitting.get("owner", "")))  # killed during its fit: the next commit fits
-                    or _now() - float(fitting.get("at", 0.0)) > FIT_SHOWN_S):  # (on another host: too long ago)
-        fitting = None
     return {"serving": fitted_status(plan), "fits": st.get("fits", []), "next": nxt, "items": total,
-            "fitting": fitting,
+            "fitting": running_fit(collection, st),
             "next_at_end": nxt is not None and nxt >= total,  # a doubling past the collection: the end's fit
             "enabled": bool(st) and bool(plan.old_spaces()),  # (nothing is fitted once the old spaces are retired)
             **({"error": st["error"]} if st.get("error") else {})}
+
+
+def running_fit(collection: Collection, st: dict[str, Any] | None = None) -> dict[str, Any] | None:
+    """The bridge fit running now (``{pairs, owner, since, at}``), or None: one whose process is
+    gone (killed during its fit: the next commit fits again) or, on another host, that began more
+    than :data:`FIT_SHOWN_S` ago is not running."""
+    st = fit_state(collection) if st is None else st
+    fitting = (st or {}).get("fitting")
+    if not fitting or _holder_gone(str(fitting.get("owner", ""))) or \
+            _now() - float(fitting.get("at", 0.0)) > FIT_SHOWN_S:
+        return None
+    return fitting
 
 
 def sample_size(n: int, st: dict[str, Any]) -> int:
@@ -283,4 +291,4 @@ def maybe_fit(collection: Collection, *, final: bool | None = False, pool: Any =
 
 __all__ = ["DEFAULTS", "FIT_FILE", "FitSampleError", "MAX_QUERIES", "MAX_QUERY_CHARS", "QueriesError",
            "SAMPLE_FIELDS", "backfilled_count", "check_queries", "enable_fit", "fit_settings", "fit_state",
-           "fit_summary", "maybe_fit", "sample_first", "sample_size"]
+           "fit_summary", "maybe_fit", "running_fit", "sample_first", "sample_size"]

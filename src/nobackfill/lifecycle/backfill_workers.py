@@ -42,6 +42,15 @@ def parent_gone() -> Callable[[], str | None]:
     return lambda: PARENT_GONE if gone.is_set() else None
 
 
+def _say(msg: str) -> None:  # pragma: no cover - a child process
+    """What a worker process has to say (the bridge fits it runs): a line on the stderr it shares
+    with the command that started it, naming itself."""
+    import os
+    import sys
+
+    print(f"worker pid {os.getpid()}: {msg}", file=sys.stderr, flush=True)
+
+
 def _worker_main(run_worker: Callable[..., Any], path: str, model: str, kwargs: dict,
                  report: str) -> None:  # pragma: no cover - a child process
     import torch
@@ -53,7 +62,7 @@ def _worker_main(run_worker: Callable[..., Any], path: str, model: str, kwargs: 
     torch.set_num_threads(1)
     c = Collection.open(path)
     enc = ModelPool().get(model, c.current_space)
-    rep = run_worker(c, enc, stop=stop, **kwargs)
+    rep = run_worker(c, enc, stop=stop, log=_say, **kwargs)
     Path(report).write_text(json.dumps(rep.as_dict()))
 
 
@@ -61,8 +70,8 @@ def start_workers(run_worker: Callable[..., Any], path: Path, model: str, limits
                   settings: dict[str, Any]) -> list[tuple[Any, Path]]:
     """A spawned process per worker ``i`` of ``limits[1:]`` (worker 0 is the caller's) running
     ``run_worker`` (:func:`~.backfill.run_worker`, given so this module needs not import it) on the
-    collection at ``path`` with ``model`` loaded, ``settings`` (batch size, rate, lease), its limit
-    and ``stop=parent_gone()``; one with a limit of 0 is not started. Returns each process and the
+    collection at ``path`` with ``model`` loaded, ``settings`` (batch size, rate, lease), its limit,
+    ``stop=parent_gone()`` and its bridge fits told on stderr; one with a limit of 0 is not started. Returns each process and the
     file its report will be in."""
     import multiprocessing as mp
 

@@ -23,11 +23,15 @@ class Hit(_Open):
     hit's own fields, as earlier releases gave them, but for those named rank, score, id, space,
     route or metadata: read ``metadata``."""
 
-    rank: int
-    score: float
-    id: str
-    space: str
-    route: str
+    rank: int = Field(description="1-based rank in the merged list.")
+    score: float = Field(description=(
+        "The score under the route that answered, in the space that answered (a cosine; a fused route's "
+        "weighted sum). Scores of different spaces are not on one scale: during a backfill the hits of "
+        "several spaces are ordered by the collection's merge (its score maps or ranks), so this column "
+        "need not fall with the rank."))
+    id: str = Field(description="The item's id.")
+    space: str = Field(description="The space whose vector answered.")
+    route: str = Field(description="The route that reached that space: native, bridge, fused or old-model.")
     metadata: dict[str, Any] = Field(default_factory=dict, description="The item's metadata, every key of it.")
 
 

@@ -35,7 +35,7 @@ from ...encoders.base import encode
 from ..backfill_commit import (Session, WorkerReport, commit_batch, finish_shard, gather, new_owner, next_shard,
                               shard_ids)
 from ..backfill_fit import maybe_fit
-from ..backfill_jobs import (DEFAULT_LEASE_S, BackfillError, BackfillJob, _job_lock, _leases, _now, _renew, _swap,
+from ..backfill_jobs import (DEFAULT_LEASE_S, BackfillError, BackfillJob, Pacer, _job_lock, _leases, _now, _renew, _swap,
                             record_unreadable)
 
 __all__ = ["RAY_MISSING", "PoolLoader", "RayOptions", "import_ray", "run_ray_worker"]
@@ -135,17 +135,14 @@ class _Embed:
 
             torch.set_num_threads(max(1, threads))
         self.encoder, self.decode = load(), decode
-        self.rate, self.embedded, self.t0 = rate, 0, None
+        self.rate, self.pacer = rate, None
 
     def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        if self.t0 is None:
-            self.t0 = _clock()
+        if self.rate and self.pacer is None:  # from its first batch on (not from its model's load)
+            self.pacer = Pacer(self.rate, clock=_clock)
         out = self._embed(batch)
-        self.embedded += len(batch["id"])
-        if self.rate:
-            wait = self.embedded / self.rate - (_clock() - self.t0)
-            if wait > 0:
-                _sleep(wait)
+        if self.pacer is not None and (wait := self.pacer.wait_after(len(batch["id"]))) > 0:
+            _sleep(wait)
         return out
 
     def _embed(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
@@ -297,9 +294,12 @@ def run_ray_worker(collection: Collection, load: Callable[[], Any], *, uri: str 
                    options: RayOptions | None = None, batch_size: int = 64, rate: float | None = None,
                    limit: int | None = None, lease_s: float = DEFAULT_LEASE_S,
                    progress: Callable[[int], None] | None = None, owner: str | None = None,
-                   on_batch: Callable[[dict[str, Any]], None] | None = None) -> WorkerReport:
+                   on_batch: Callable[[dict[str, Any]], None] | None = None,
+                   log: Callable[[str], None] | None = None) -> WorkerReport:
     """:func:`~.backfill.run_worker` with the embedding on Ray (see the module doc): shards until
-    none is left, ``limit`` items were embedded, the job is paused or removed. ``load()`` returns
+    none is left, ``limit`` items were embedded, the job is paused or removed (``rate``: items per
+    second in all, each embedding actor keeping to its share; ``log`` hears of the bridge fits this
+    driver runs). ``load()`` returns
     the current model (run once in each actor; pickled to them); ``uri``: how actors open the
     collection (default: its path). ``on_batch``: told of each committed batch (its ``status``,
     ``committed``, ``items``, ``embedded_by`` pid, ``node``, the embedding actor's and the
@@ -328,7 +328,7 @@ def run_ray_worker(collection: Collection, load: Callable[[], Any], *, uri: str 
                     items, pos = gather(collection, job, ids, pos, left)
                     if items:
                         status = _run(ray, collection, load, job, s.shard, owner, items, sample_ids, opts, batch_size,
-                                      lease_s, rep, rate, t0, progress, on_batch, uri)
+                                      lease_s, rep, rate, t0, progress, on_batch, uri, log)
                 if status == "lost":  # taken over after our lease expired: look for another shard
                     s.shard = None
                     continue
@@ -337,7 +337,7 @@ def run_ray_worker(collection: Collection, load: Callable[[], Any], *, uri: str 
                     return rep
                 if pos < len(ids):
                     continue  # the limit: said at the top
-                finish_shard(collection, s.shard, owner, lease_s)
+                finish_shard(collection, s.shard, owner, lease_s, log=log)
                 s.shard = None
     finally:
         if started:
@@ -347,7 +347,8 @@ def run_ray_worker(collection: Collection, load: Callable[[], Any], *, uri: str 
 def _run(ray: Any, collection: Collection, load: Callable[[], Any], job: BackfillJob, shard: int, owner: str,
          items: list[Item], sample_ids: set[str], opts: RayOptions, batch_size: int, lease_s: float,
          rep: WorkerReport, rate: float | None, t0: float, progress: Callable[[int], None] | None,
-         on_batch: Callable[[dict[str, Any]], None] | None, uri: str | None) -> str:
+         on_batch: Callable[[dict[str, Any]], None] | None, uri: str | None,
+         log: Callable[[str], None] | None = None) -> str:
     """One pipeline over ``items``, followed batch by batch: ``ok``, ``lost`` or why the job stopped."""
     ds = _pipeline(ray, uri or str(collection.path), load, job, shard, owner, items, sample_ids, opts, batch_size,
                    lease_s, rate)
@@ -367,13 +368,9 @@ def _run(ray: Any, collection: Collection, load: Callable[[], Any], job: Backfil
                     on_batch(info)
                 if progress is not None:
                     progress(int(info["items"]))
-            maybe_fit(collection)
+            maybe_fit(collection, log=log)
             if beat.lost:
                 return "lost"
-            if rate:
-                wait = rep.embedded / rate - (_now() - t0)
-                if wait > 0:
-                    time.sleep(wait)
         return "lost" if beat.lost else "ok"
     finally:
         beat.stop()
