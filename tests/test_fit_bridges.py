@@ -528,3 +528,27 @@ def test_a_running_fit_is_named_in_status_and_in_the_backfills_output(tmp_path, 
     st["fitting"]["at"] = time.time() - backfill_fit.FIT_SHOWN_S - 1
     backfill_fit._write(c, backfill_fit.FIT_FILE, st)
     assert backfill_fit.fit_summary(c)["fitting"] is None
+
+
+def test_the_services_backfill_thread_logs_its_fits(tmp_path, monkeypatch, caplog):
+    """A server's backfill runs in a thread of its own: its bridge fits go to the
+    ``nobackfill.client`` logger (and status names them while they run)."""
+    import logging
+
+    import nobackfill.search.models as models
+    from nobackfill.client.local import LocalClient
+    from nobackfill.lifecycle import fit_bridges
+
+    monkeypatch.setattr(fit_bridges, "FitBridgesConfig", lambda: CFG)
+    c, old, new, pool = _upgraded_no_bridge(tmp_path, 40, fraction=0.1, min_pairs=40, max_pairs=60)
+    monkeypatch.setattr(models, "ModelPool", lambda: pool)
+    caplog.set_level(logging.INFO, logger="nobackfill.client")
+    client = LocalClient(str(c.path))
+    client.backfill_start("sequential")
+    deadline = time.time() + 120
+    while client.backfill_status().get("worker") == "running" or client.backfill_status()["state"] == "running":
+        assert time.time() < deadline
+        time.sleep(0.1)
+    said = [r.getMessage() for r in caplog.records if r.name == "nobackfill.client"]
+    assert any(m.startswith("fitting bridges on ") for m in said), said  # (the first at its batch past 80)
+    assert any(m.startswith("bridges fitted on 120 pairs in") for m in said), said

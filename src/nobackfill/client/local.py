@@ -416,12 +416,12 @@ class LocalClient(Client):
                 self.backfill_active, self.backfill_error, self.backfill_stopped = True, None, None
 
             def one_run() -> Any:
-                if ray is None:
-                    return run_worker(self.collection, enc, rate=rate, batch_size=32)
+                if ray is None:  # (its bridge fits told to this module's logger; status names them too)
+                    return run_worker(self.collection, enc, rate=rate, batch_size=32, log=log.info)
                 from ..lifecycle.cluster.ray_backfill import run_ray_worker
 
                 return run_ray_worker(self.collection, self._loader(), uri=self.target, options=ray, rate=rate,
-                                      batch_size=32)
+                                      batch_size=32, log=log.info)
 
             def work() -> None:
                 try:
