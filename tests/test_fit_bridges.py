@@ -509,8 +509,9 @@ def test_a_running_fit_is_named_in_status_and_in_the_backfills_output(tmp_path, 
         assert f"bridge fit running: on {pairs} pairs since {fitting['since']} (pid {os.getpid()}" in status, status
         assert f"fitting bridges on {pairs} backfilled pairs" in out and f"bridges fitted on {pairs} pairs in" in out
     # the backfill's own status: no ETA while the fit holds its worker, and a note saying why
-    assert all(eta is None and "a bridge fit on" in note and "commits nothing until it ends" in note
-               for eta, note in notes), notes
+    assert all(eta is None and "a bridge fit on" in note for eta, note in notes), notes
+    assert "commits nothing until it ends" in notes[0][1]  # during the backfill
+    assert "the last one, on every pair" in notes[-1][1]  # once it is done
     assert backfill_fit.fit_summary(c)["fitting"] is None  # cleared once each fit is over
     out = " ".join(cli("collection", "status", c.path).output.split())
     assert "bridge fit running" not in out, out

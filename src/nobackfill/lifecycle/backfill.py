@@ -219,11 +219,13 @@ def backfill_status(collection: Collection) -> dict[str, Any]:
     if fit is not None:  # its worker commits nothing meanwhile (nor, in the uncertainty sample, do the others)
         host, pid = _parse_owner(str(fit.get("owner", "")))
         out["eta_s"] = None
+        what = ("the last one, on every pair: the serving bridges stay until it swaps a better one in"
+                if out["state"] == "done" else "the worker fitting it commits nothing until it ends"
+                + ("; the other workers wait for it too, as the uncertainty order's sample must be in before the "
+                   "rest is ordered" if job.phase == "sample" and job.shards > 1 else ""))
         out["note"] = ((out["note"] + ". ") if out.get("note") else "") + (
-            f"a bridge fit on {fit['pairs']} pairs is running since {fit['since']} (pid {pid} on {host}): the worker "
-            "fitting it commits nothing until it ends (seconds to a minute)"
-            + ("; the other workers wait for it too, as the uncertainty order's sample must be in before the rest "
-               "is ordered" if job.phase == "sample" and job.shards > 1 else ""))
+            f"a bridge fit on {fit['pairs']} pairs is running since {fit['since']} (pid {pid} on {host}; seconds "
+            f"to a minute): {what}")
     if bad["count"]:
         first = ", ".join(f"{i} ({why})" for i, why in list(bad["named"].items())[:3])
         out["note"] = ((out["note"] + ". ") if out.get("note") else "") + (
