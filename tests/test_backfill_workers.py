@@ -74,3 +74,32 @@ def test_the_worker_processes_of_a_killed_backfill_command_stop_and_hand_their_s
     # a later run finishes the job
     ok("collection", "backfill", path, "--workers", "2")
     assert backfill_status(Collection.open(path))["state"] == "done"
+
+
+def test_a_worker_process_tells_its_bridge_fits_on_the_stderr_it_shares(tmp_path, monkeypatch, capsys):
+    """A worker process of ``--workers N`` runs ``run_worker`` with a ``log`` that writes its lines
+    (the bridge fits it runs) to stderr, each naming its pid, beside the command's own output."""
+    import json as _json
+
+    import nobackfill.search.models as models
+    from _collection_helpers import upgraded_collection
+    from nobackfill.lifecycle import backfill_workers
+
+    c, _old, new, pool, _ = upgraded_collection(tmp_path, 4, 1)
+    monkeypatch.setattr(models, "ModelPool", lambda: pool)
+    seen = {}
+
+    class Rep:
+        def as_dict(self):
+            return {"done": True}
+
+    def fake_run_worker(collection, enc, **kw):
+        seen.update(kw)
+        kw["log"]("fitting bridges on 8 backfilled pairs")
+        return Rep()
+
+    report = tmp_path / "report.json"
+    backfill_workers._worker_main(fake_run_worker, str(c.path), c.space(c.current_space).model, {"batch_size": 4},
+                                  str(report))
+    assert seen["batch_size"] == 4 and seen["stop"]() is None and _json.loads(report.read_text()) == {"done": True}
+    assert f"worker pid {os.getpid()}: fitting bridges on 8 backfilled pairs" in capsys.readouterr().err

@@ -42,7 +42,7 @@ def parent_gone() -> Callable[[], str | None]:
     return lambda: PARENT_GONE if gone.is_set() else None
 
 
-def _say(msg: str) -> None:  # pragma: no cover - a child process
+def _say(msg: str) -> None:
     """What a worker process has to say (the bridge fits it runs): a line on the stderr it shares
     with the command that started it, naming itself."""
     import os
