@@ -355,6 +355,19 @@ def test_the_docs_python_examples_run_as_written(world, tmp_path, monkeypatch):
     assert st["current"] == second["up"].current != second["old"] and st["backfill"]["done"] == 30
 
 
+def test_the_import_pages_way_to_make_vectors_runs_and_imports(world, tmp_path, monkeypatch):
+    """docs/import.md's Python block (a folder's images embedded with this package, and a table of
+    ids and sources) runs as written, and its import line takes what it wrote (trial J: the page did
+    not say how to make vectors to try it with)."""
+    (tmp_path / "models").symlink_to(ROOT / "models")
+    (tmp_path / "my_photos").symlink_to(world / "test")
+    monkeypatch.chdir(tmp_path)
+    exec(compile(_docs_python("import.md", "make-vectors"), "docs/import.md", "exec"), {})
+    rep = Client("photos").import_("npy:emb.npy", model="models/world-old", table="meta.jsonl", id_column="id",
+                                   source_column="image_path", modality="image")
+    assert rep.items == rep.added == 10 and rep.model_check["accepted"], rep
+
+
 def test_a_missing_import_file_is_not_found_in_both_clients(client, world):
     """A vector file or table that is not there: NotFound (404) in process as over HTTP (before, the
     in-process client called it an invalid request, 422)."""

@@ -160,3 +160,43 @@ def test_backfill_names_an_unreadable_image_and_finishes_the_rest(tmp_path):
     assert st["unreadable"] == 1 and st["done"] == st["total"] - 1 and list(st["unreadable_items"]) == [item["id"]]
     r = invoke("collection", "status", c)
     assert "could not be read" in " ".join(r.output.split())
+
+
+def test_a_folder_with_an_empty_captions_file_and_twin_images_is_added_and_counted(tmp_path):
+    """Trial J: an empty captions.jsonl refused the whole folder; two files of the same bytes read as
+    two items but added as one, with nothing said (5 read, 4 added, 0 skipped)."""
+    from PIL import Image
+
+    data = tmp_path / "photos"
+    (data / "images").mkdir(parents=True)
+    for name, colour in (("a.png", (200, 30, 30)), ("b.png", (200, 30, 30)), ("c.png", (30, 30, 200))):
+        Image.new("RGB", (32, 32), colour).save(data / "images" / name)
+    (data / "captions.jsonl").write_text("")
+    r = invoke("collection", "create", tmp_path / "c", "--model", MODELS / "world-old")
+    assert r.exit_code == 0, r.output
+    r = invoke("collection", "add", tmp_path / "c", "--data", data)
+    out = " ".join(r.output.split())
+    assert r.exit_code == 0, out
+    assert "3 item(s) read (3 images without captions); 1 of them the same content as another" in out, out
+    assert "added 2" in out and "2 images, 0 texts" in out, out
+
+
+def test_json_keeps_text_readable_and_a_table_shortens_a_long_caption(tmp_path):
+    """Trial J: ``--json`` printed ``\\u65e5\\u672c...`` for Japanese text, and a 20,000-character caption
+    filled 1,700 rows of the result table. JSON now carries the text as it is; a table cell shows
+    at most 300 characters (the hit's whole text stays in ``--json``)."""
+    from nobackfill.cli.gallery import SHOWN_TEXT
+
+    long = "a red circle " + "x" * 2000
+    (tmp_path / "t.jsonl").write_text(json.dumps({"text": "日本の赤い円", "id": "jp"}, ensure_ascii=False) + "\n"
+                                      + json.dumps({"text": long, "id": "long"}) + "\n", encoding="utf-8")
+    assert invoke("collection", "create", tmp_path / "c", "--model", MODELS / "world-old").exit_code == 0
+    r = invoke("collection", "add", tmp_path / "c", "--texts", tmp_path / "t.jsonl")
+    assert r.exit_code == 0, r.output
+    raw = runner.invoke(app, ["collection", "search", str(tmp_path / "c"), "--text", "赤い円", "--target", "text",
+                              "--json"]).stdout
+    assert "日本の赤い円" in raw and "\\u" not in raw
+    assert {h["id"]: h["text"] for h in json.loads(raw)["hits"]}["long"] == long
+    table = runner.invoke(app, ["collection", "search", str(tmp_path / "c"), "--text", "a red circle", "--target",
+                                "text"], terminal_width=200).stdout
+    assert 100 < table.count("x") < SHOWN_TEXT and "…" in table, table

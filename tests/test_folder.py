@@ -258,3 +258,25 @@ def test_write_pairs_failure_keeps_old_file(tmp_path):
 def test_write_pairs_keeps_unicode(tmp_path):
     write_pairs(tmp_path, [{"image": "i.png", "caption": "猫が二匹", "lang": "ja"}])
     assert "猫が二匹" in (tmp_path / "captions.jsonl").read_text(encoding="utf-8")
+
+
+@pytest.mark.parametrize("lines", [[], ["", "   "], ["not json", '{"caption": "no image"}']],
+                         ids=["empty", "blank", "all-bad"])
+def test_a_captions_file_with_no_valid_caption_leaves_a_collection_the_images(tmp_path, lines):
+    """Trial J: an empty (or blank, or with --skip-bad all-bad) captions.jsonl refused the whole folder,
+    though the same images without the file are added. A collection now adds them uncaptioned;
+    training data (``load_pairs`` alone) still needs captions, and ``langs`` that none is in is refused."""
+    from nobackfill.collection.ingest import folder_items
+
+    root = make_folder(tmp_path / "data", lines)
+    skip = bool(lines) and lines[0] == "not json"
+    with pytest.raises(DataFormatError, match="no valid captions"):
+        load_pairs(root, skip_bad=True)
+    fi = folder_items(root, skip_bad=skip)
+    assert fi.count("image") == 3 and fi.count("text") == 0 and fi.uncaptioned == 3
+    assert fi.skipped == (2 if skip else 0)
+    if skip:
+        with pytest.raises(DataFormatError, match="invalid JSON"):  # without --skip-bad: the first bad line
+            folder_items(root)
+    with pytest.raises(DataFormatError, match=r"no valid captions in languages \['xx'\]"):
+        folder_items(root, langs=["xx"], skip_bad=True)

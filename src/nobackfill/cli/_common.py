@@ -215,9 +215,10 @@ def quiet(as_json: bool):
 
 def emit_json(obj: Any, as_json: bool) -> None:
     """Print ``obj`` as JSON on stdout when ``--json`` was given: strict JSON (a NaN as null), as
-    ``--out FILE`` writes it (a catalog password shown as ``***``, as every message does)."""
+    ``--out FILE`` writes it (a catalog password shown as ``***``, as every message does); text as
+    it is (a caption in Japanese readable, not ``\\u65e5...``)."""
     if as_json:
-        typer.echo(redact(json.dumps(json_finite(obj), indent=2, default=str, allow_nan=False)))
+        typer.echo(redact(json.dumps(json_finite(obj), indent=2, default=str, allow_nan=False, ensure_ascii=False)))
 
 
 def _bench(cfg: Any, run: Callable[[Any, Callable[[str], None]], Any], report: "Report", json_out: Path, as_json: bool,

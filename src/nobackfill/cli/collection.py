@@ -103,8 +103,11 @@ def add(
             fail(skip_bad_hint(e))
     if as_json:
         return _echo(rep)
+    twice = len(rep.ids) - len(set(rep.ids))  # the same content twice (two files of the same bytes): one item
     results.print(f"{len(rep.ids)} item(s) read" + (f" ({rep.uncaptioned} images without captions)"
-                                                      if rep.uncaptioned else ""))
+                                                      if rep.uncaptioned else "")
+                  + (f"; {twice} of them the same content as another (one item each, the first kept)"
+                     if twice else ""))
     results.print(f"added {rep.added}" + (f" (of them {rep.replaced} replacing other content under their ids)"
                                           if rep.replaced else "") + f", already there {rep.unchanged}"
                   + (f", metadata updated {rep.metadata_updated}" if rep.metadata_updated else "")

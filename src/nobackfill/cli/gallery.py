@@ -100,6 +100,16 @@ def _shown_path(path: Any) -> str:
         return str(path)
 
 
+#: the most of a caption a result table shows (``--json`` and ``collection get`` give it whole)
+SHOWN_TEXT = 300
+
+
+def _shortened(text: str) -> str:
+    """``text`` as a table cell: at most :data:`SHOWN_TEXT` characters (trial J: a 20,000-character
+    caption filled 1,700 rows of the table)."""
+    return text if len(text) <= SHOWN_TEXT else text[:SHOWN_TEXT - 1] + "…"
+
+
 def print_hits(r, as_json: bool, k: int, space_names: dict[str, str] | None = None) -> None:
     """The hits of a :class:`~nobackfill.search.SearchResponse` as JSON (``--json``) or a table
     (``space_names``: a space id -> its name, shown in the table where the names tell spaces apart)."""
@@ -114,7 +124,7 @@ def print_hits(r, as_json: bool, k: int, space_names: dict[str, str] | None = No
     if len(set(names.values())) < len(names) or not all(names.values()):
         names = {}  # two spaces of one name (or a nameless one): their ids
     rows = [(str(h.rank), f"{h.score:.3f}", h.id, names.get(h.space) or h.space[:24], h.route,
-             _shown_path(h.metadata.get("path")) or str(h.metadata.get("text", ""))) for h in r.hits]
+             _shown_path(h.metadata.get("path")) or _shortened(str(h.metadata.get("text", "")))) for h in r.hits]
     # cells are text, not rich markup (a caption or an id may hold "[...]"); ids are printed whole at
     # any width, since `collection delete --id` takes them: rank, score and id never shrink, the other
     # columns give way (down to 3 characters), and a terminal narrower than that gets a wider table

@@ -220,6 +220,7 @@ def load_pairs(
     skip_bad: bool = False,
     check_images: bool = True,
     limit: int | None = None,
+    allow_empty: bool = False,
 ) -> PairDataset:
     """Load and validate a data folder.
 
@@ -232,6 +233,9 @@ def load_pairs(
             image). ``False`` reads captions only.
         limit: keep at most this many images (the first ones in file order) with all their
             captions; lines for further images are ignored.
+        allow_empty: a file with no valid caption (empty, blank, or every line skipped) gives an
+            empty dataset rather than an error (a collection adds the folder's images uncaptioned);
+            not where ``langs`` asked for captions that none is in.
 
     Raises:
         DataFormatError: on a missing folder / file, a bad line or image (unless ``skip_bad``),
@@ -312,7 +316,7 @@ def load_pairs(
     if skipped_images:
         logger.warning("%s: skipped %d unreadable image file(s): %s", root, len(skipped_images),
                        ", ".join(skipped_images))
-    if not captions:
+    if not captions and not (allow_empty and wanted is None):
         what = "" if wanted is None else f" in languages {sorted(wanted)}"
         raise DataFormatError(f"no valid captions{what} (skipped {skipped} bad lines)", path)
     return PairDataset(root=root, images=images, image_labels=image_labels, captions=captions,
