@@ -200,3 +200,26 @@ def test_json_keeps_text_readable_and_a_table_shortens_a_long_caption(tmp_path):
     table = runner.invoke(app, ["collection", "search", str(tmp_path / "c"), "--text", "a red circle", "--target",
                                 "text"], terminal_width=200).stdout
     assert 100 < table.count("x") < SHOWN_TEXT and "…" in table, table
+
+
+def test_skip_bad_reports_each_problem_once(tmp_path, caplog):
+    """Trial J: each skipped line was printed three times (a warning as it was read, a summary of
+    unreadable images that left some out, then the report). Now the report alone, once each."""
+    from PIL import Image
+
+    data = tmp_path / "photos"
+    (data / "images").mkdir(parents=True)
+    Image.new("RGB", (32, 32), (200, 30, 30)).save(data / "images" / "a.png")
+    (data / "images" / "corrupt.png").write_bytes(b"not an image")
+    (data / "captions.jsonl").write_text(json.dumps({"image": "images/a.png", "caption": "a red one", "lang": "en"})
+                                         + "\n{not json\n"
+                                         + json.dumps({"image": "images/corrupt.png", "caption": "x", "lang": "en"})
+                                         + "\n")
+    assert invoke("collection", "create", tmp_path / "c", "--model", MODELS / "world-old").exit_code == 0
+    r = invoke("collection", "add", tmp_path / "c", "--data", data, "--skip-bad")
+    out = r.output
+    assert r.exit_code == 0, out
+    assert out.count("invalid JSON") == 1 and out.count("cannot decode image") == 1, out
+    assert "skipped 2 bad line(s)/image(s)" in " ".join(out.split()), out
+    said = [r.getMessage() for r in caplog.records if r.name.startswith("nobackfill.data")]
+    assert not said, said  # not warned as they were read (on stderr, beside the report)

@@ -165,7 +165,7 @@ def folder_items(folder: str | Path, *, langs: Sequence[str] | None = None, skip
     if (root / CAPTIONS_FILE).is_file():
         # a file with no valid caption leaves the folder's images, added uncaptioned (trial J: an empty
         # captions.jsonl refused the whole folder, though a folder without one is added)
-        ds = load_pairs(root, langs=langs, skip_bad=skip_bad, allow_empty=uncaptioned)
+        ds = load_pairs(root, langs=langs, skip_bad=skip_bad, allow_empty=uncaptioned, warn=False)  # (its caller reports)
         out.skipped += ds.skipped
         out.problems.extend(ds.problems)
         out.skipped_images.update(ds.skipped_images)

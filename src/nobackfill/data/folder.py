@@ -221,6 +221,7 @@ def load_pairs(
     check_images: bool = True,
     limit: int | None = None,
     allow_empty: bool = False,
+    warn: bool = True,
 ) -> PairDataset:
     """Load and validate a data folder.
 
@@ -236,6 +237,8 @@ def load_pairs(
         allow_empty: a file with no valid caption (empty, blank, or every line skipped) gives an
             empty dataset rather than an error (a collection adds the folder's images uncaptioned);
             not where ``langs`` asked for captions that none is in.
+        warn: log each skip as a warning as it goes (a caller that reports what was skipped itself,
+            as ``collection add`` does, passes False: trial J saw each problem printed three times).
 
     Raises:
         DataFormatError: on a missing folder / file, a bad line or image (unless ``skip_bad``),
@@ -271,7 +274,7 @@ def load_pairs(
             raise err
         skipped += 1
         skipped_lines.append(str(err))
-        if skipped <= _MAX_LOGGED_SKIPS:
+        if warn and skipped <= _MAX_LOGGED_SKIPS:
             logger.warning("skipping %s", err)
 
     for no, text, decode_error in _read_lines(path):
@@ -311,9 +314,9 @@ def load_pairs(
         caption_lines.append(no)
         extras.append(extra)
 
-    if skipped > _MAX_LOGGED_SKIPS:
+    if warn and skipped > _MAX_LOGGED_SKIPS:
         logger.warning("%s: skipped %d bad lines in total", path, skipped)
-    if skipped_images:
+    if warn and skipped_images:
         logger.warning("%s: skipped %d unreadable image file(s): %s", root, len(skipped_images),
                        ", ".join(skipped_images))
     if not captions and not (allow_empty and wanted is None):
