@@ -280,3 +280,19 @@ def test_a_captions_file_with_no_valid_caption_leaves_a_collection_the_images(tm
             folder_items(root)
     with pytest.raises(DataFormatError, match=r"no valid captions in languages \['xx'\]"):
         folder_items(root, langs=["xx"], skip_bad=True)
+
+
+def test_a_caption_id_that_is_an_images_id_names_its_line_and_can_be_skipped(tmp_path):
+    """Trial J: a caption whose own ``id`` was an image's content id failed the whole add with
+    ``id ... is given twice with different content``, naming no file or line, whatever --skip-bad."""
+    from nobackfill.collection.ingest import folder_items, image_item
+
+    root = make_folder(tmp_path / "data", [])
+    img_id = image_item(root / "images" / "a.png").id
+    (root / "captions.jsonl").write_text(
+        json.dumps({"image": "images/a.png", "caption": "a red one", "lang": "en"}) + "\n"
+        + json.dumps({"image": "images/b.png", "caption": "stolen id", "lang": "en", "id": img_id}) + "\n")
+    with pytest.raises(DataFormatError, match=r"line 2.*is the id of an image of this folder"):
+        folder_items(root)
+    fi = folder_items(root, skip_bad=True)
+    assert fi.skipped == 1 and fi.count("text") == 1 and img_id in {it.id for it in fi.items}

@@ -176,6 +176,7 @@ def folder_items(folder: str | Path, *, langs: Sequence[str] | None = None, skip
             out.items.append(it)
             image_ids.append(it.id)
             referenced.add(rel)
+        image_set = set(image_ids)
         for j, caption in enumerate(ds.captions):
             i = int(ds.caption_image[j])
             extra = dict(ds.extra[j])
@@ -186,6 +187,11 @@ def folder_items(folder: str | Path, *, langs: Sequence[str] | None = None, skip
                 continue
             meta = {"lang": ds.langs[j], "image": ds.images[i], "image_id": image_ids[i], **extra}
             it = text_item(caption, id=own_id, image_id=image_ids[i], metadata=meta)
+            if own_id is not None and own_id in image_set:  # an image's content id: two items cannot share it
+                out.skip(DataFormatError(f"id {own_id!r} is the id of an image of this folder (an image's id is "
+                                         "its content's); give the caption another id", root / CAPTIONS_FILE,
+                                         ds.caption_lines[j], skippable=True), skip_bad)
+                continue
             prev = captions.get(it.id)
             if prev is not None and prev.key != it.key:
                 out.skip(DataFormatError(f"id {it.id!r} is given again with another caption (first on line "
