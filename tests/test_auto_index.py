@@ -171,7 +171,13 @@ def test_cli_add_builds_the_graph_and_status_says_so(tmp_path):
     assert "building the HNSW32 index of 12 text vectors" in r.output
     r = runner.invoke(app, ["collection", "status", str(coll)])
     assert r.exit_code == 0, r.output
-    assert "index: auto:at=8: HNSW32 for 12 texts" in r.output
+    assert "index: auto:at=8: HNSW32 over 12 stored text vectors" in r.output
+    r = runner.invoke(app, ["collection", "delete", str(coll), "--id", json.loads(runner.invoke(
+        app, ["collection", "search", str(coll), "--text", "a caption number 3", "--k", "1", "--json"]).stdout)["hits"][0]["id"]])
+    assert r.exit_code == 0, r.output
+    out = " ".join(runner.invoke(app, ["collection", "status", str(coll)]).output.split())
+    # trial J read "49 images" beside "Flat for 50 images": the line says what the difference is
+    assert "HNSW32 over 12 stored text vectors (1 of them of items deleted, replaced or served by another space" in out
     st = json.loads(runner.invoke(app, ["collection", "status", str(coll), "--json"]).stdout)
     (space,) = st["spaces"].values()
     assert space["index"]["text"]["in_use"] == "HNSW32"

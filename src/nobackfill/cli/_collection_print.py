@@ -135,13 +135,18 @@ def parse_filter(items: Optional[List[str]]) -> dict:
     return out
 
 
-def index_line(info: dict) -> str:
-    """``auto: HNSW32 for 1200000 images, Flat for 3000 texts (graph index building)``."""
+def index_line(info: dict, served: dict | None = None) -> str:
+    """``auto: HNSW32 over 1200000 stored image vectors, Flat over 3000 stored text vectors (graph
+    index building)``; where the space serves fewer items (``served``: per modality) than it stores
+    vectors, how many are not searched (trial J read 49 images beside "Flat for 50 images")."""
     parts = []
     for m, i in info.items():
         what = i.get("in_use") or "not loaded yet"
-        parts.append(f"{what} for {i['count']} {m}s" + (" (graph index building; searches exact meanwhile)"
-                                                        if i.get("building") else ""))
+        idle = int(i["count"]) - int((served or {}).get(m, i["count"]))
+        parts.append(f"{what} over {i['count']} stored {m} vectors"
+                     + (f" ({idle} of them of items deleted, replaced or served by another space: never returned)"
+                        if idle > 0 else "")
+                     + (" (graph index building; searches exact meanwhile)" if i.get("building") else ""))
     backend = next(iter(info.values()))["backend"]
     return f"{backend}: " + ", ".join(parts)
 
@@ -158,7 +163,7 @@ def print_spaces(spaces: dict) -> None:
             results.print(escape(f"      imported {imp.get('items')} item(s) from {imp.get('from')} at {imp.get('at')}; "
                              + how))
         if s.get("index"):
-            results.print("      index: " + index_line(s["index"]))
+            results.print("      index: " + index_line(s["index"], {"image": s.get("image", 0), "text": s.get("text", 0)}))
 
 
 def print_backfill(bf: dict) -> None:
