@@ -141,7 +141,8 @@ def _scan(vec: _Vectors, expect_dim: int | None) -> int:
     Records in ``vec._moved`` the rows :func:`_unit` may change (the others need no second look)."""
     if expect_dim is not None and vec.dim != int(expect_dim):
         raise SourceError(f"vectors are {vec.dim}-d (shape ({vec.n}, {vec.dim})) but the model embeds "
-                          f"{int(expect_dim)}-d vectors", vec.path)
+                          f"{int(expect_dim)}-d vectors: nothing was imported (were they made by another model "
+                          "than the one named?)", vec.path)
     off = 0
     moved = []
     for s in range(0, vec.n, _SCAN_ROWS):
