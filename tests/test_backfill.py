@@ -866,3 +866,16 @@ def test_a_runs_summary_gives_the_rate_of_what_it_committed(capsys):
                                   "seconds": 6.4, "stopped": "paused"}, None)
     out = " ".join(capsys.readouterr().out.split())
     assert "128 committed in 6.4s, 20.0 items/s (paused)" in out, out
+
+
+def test_a_route_to_a_retired_space_is_refused(tmp_path):
+    """Trial K: pinning a route on a retired space answered 200 and pinned nothing."""
+    from nobackfill.lifecycle.plan_changes import RouteRefused, pin_route
+
+    c, old, new, pool, _ = _upgraded(tmp_path)
+    run_backfill(c, new, order="sequential", batch_size=8)
+    retire_space(c, old.space_id)
+    gen = Collection.open(c.path).generation
+    with pytest.raises(RouteRefused, match="is retired"):
+        pin_route(Collection.open(c.path), old.space_id, "t2i", "bridge")
+    assert Collection.open(c.path).generation == gen

@@ -444,3 +444,40 @@ def test_the_api_docs_pages_load_nothing_from_another_host(env):
             assert got.status_code == 200 and len(got.content) > 50_000, (url, got.status_code)
     assert api.get("/docs/oauth2-redirect").status_code == 200
     assert "/docs" not in api.get("/openapi.json").json()["paths"]
+
+
+def test_a_captions_own_path_comes_back_as_given(env):
+    """Trial K: a caption added with ``{"path": "/etc/passwd"}`` came back as ``passwd`` (the
+    server's rule for the paths it stored of images). A caption's ``path`` is its own data; an
+    image's stored path still comes back without the server's root."""
+    api, c, data, _ = env
+    r = api.post("/v1/items", json={"items": [{"text": "a text with a path", "id": "p1", "path": "/etc/passwd"}]},
+                 headers=h(ADMIN))
+    assert r.status_code == 200, r.text
+    assert api.get("/v1/items/p1", headers=h(READ)).json()["metadata"]["path"] == "/etc/passwd"
+    hit = api.post("/v1/search", json={"text": "a text with a path", "k": 1, "target": "text"},
+                   headers=h(READ)).json()["hits"][0]
+    assert hit["id"] == "p1" and hit["metadata"]["path"] == "/etc/passwd"
+    img = next(i for i, it in Collection.open(c.path).items().items() if it.modality == "image")
+    shown = api.get(f"/v1/items/{img}", headers=h(READ)).json()["metadata"]["path"]
+    assert not shown.startswith("/") and str(tmp_root := data.parent) not in shown, (shown, tmp_root)
+
+
+def test_a_json_adds_metadata_refusal_names_the_bodys_own_field(env):
+    """Trial K: ``{"items": [{"text": ..., "score": 1e999}]}`` was refused naming ``texts[0]``, a
+    field the body has not; it names ``items[0]``, as this endpoint's other refusals do."""
+    api, c, data, _ = env
+    before = state(c)
+    r = api.post("/v1/items", content=b'{"items": [{"text": "fine"}, {"text": "q", "score": 1e999}]}',
+                 headers={**h(ADMIN), "Content-Type": "application/json"})
+    body = r.json()
+    assert r.status_code == 422 and body["field"] == "items[1]" and body["detail"].startswith("items[1]"), body
+    assert state(c) == before
+
+
+def test_retiring_the_current_space_names_the_space_field(env):
+    """Trial K: ``POST /v1/retire`` of the current space answered 409 naming the field ``backfill``."""
+    api, c, data, _ = env
+    cur = Collection.open(c.path).current_space
+    r = api.post("/v1/retire", json={"space": cur}, headers=h(ADMIN))
+    assert r.status_code == 409 and r.json()["field"] == "space" and "current" in r.json()["detail"], r.text

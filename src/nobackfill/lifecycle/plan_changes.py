@@ -195,6 +195,8 @@ def pin_route(collection: Collection, space_id: str, direction: str, route: str 
             raise RouteRefused(f"space {space_id} is the current model's: it is always searched natively")
         if not p.has(space_id):
             raise ValueError(f"collection {collection.path} has no space {space_id}")
+        if p.space(space_id).retired:  # (trial K: a pin on it was answered 200 and did nothing)
+            raise RouteRefused(f"space {space_id} is retired: its vectors were dropped and nothing routes to it")
         entry = p.route(space_id, direction) or RouteChoice()
         if route is None:  # what calibration chose from its numbers, else no choice (the default route)
             choice = calibrated_choice(entry.calibration)

@@ -74,12 +74,13 @@ class PublicPaths:
             raw, tail = raw[:-1], raw[-1] + tail
         return scheme + (self.path(raw) if raw else "") + tail
 
-    def metadata(self, meta: Mapping[str, Any]) -> dict[str, Any]:
-        """An item's metadata with the paths the server stored (``path``, or any value under a
-        known root) made public; other values, a client's own data, are left as they are."""
+    def metadata(self, meta: Mapping[str, Any], modality: str = "image") -> dict[str, Any]:
+        """An item's metadata with the paths the server stored (an image's ``path``, or any value
+        under a known root) made public; other values, a client's own data, are left as they are
+        (a caption's own ``path`` is its data: trial K saw ``/etc/passwd`` come back as ``passwd``)."""
         out = {}
         for k, v in meta.items():
-            if isinstance(v, str) and v.startswith("/") and (k == "path" or self.known(v)):
+            if isinstance(v, str) and v.startswith("/") and ((k == "path" and modality == "image") or self.known(v)):
                 v = self.path(v)
             out[k] = v
         return out

@@ -42,14 +42,20 @@ class SearchResults(_Open):
 
 
 class AddResult(_Open):
-    added: int
+    """What an add did; every item given is in exactly one of ``added``, ``unchanged``,
+    ``metadata_updated``, ``recovered`` or ``skipped`` (an id given twice with the same content:
+    once)."""
+
+    added: int = Field(description="Embedded and committed: new ids, or new content under an id held.")
     replaced: int = Field(0, description="Of `added`: new content under an id the collection held (an upsert: "
                                          "the item was embedded again).")
-    unchanged: int
-    metadata_updated: int
-    recovered: int
-    skipped: int
-    ids: list[str]
+    unchanged: int = Field(description="Already in the collection with the same content and metadata.")
+    metadata_updated: int = Field(description="Same content, new metadata: stored without embedding it again.")
+    recovered: int = Field(description=(
+        "Committed without embedding: their vectors were found stored already (an interrupted add's, or a "
+        "deleted item's added again): searchable like `added`."))
+    skipped: int = Field(description="Not added: unreadable (with skip_bad).")
+    ids: list[str] = Field(description="The id of each item given, in order.")
 
 
 class ItemOut(BaseModel):

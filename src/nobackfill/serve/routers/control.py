@@ -134,6 +134,10 @@ async def retire(req: RetireRequest, _r: str = Depends(admin), svc: Service = De
                                        field="space")
     except BackfillError as e:
         raise ApiError(409, str(e), "space") from None
+    except ApiError as e:  # a refusal of this space (trial K: the current one's named field "backfill")
+        if e.field == "backfill":
+            e.field = "space"
+        raise
 
 
 # ----------------------------------------------------------------------------- stored data

@@ -70,5 +70,5 @@ async def _search(svc: Service, text: str | None, image: Any, k: int, target: st
     for space in {h.space for h in r.hits} or {"none"}:
         svc.m_space.labels(space).observe(spent)
     public = svc.paths.metadata
-    hits = [hit_json(h.rank, h.score, h.id, h.space, h.route, public(h.metadata)) for h in r.hits]
+    hits = [hit_json(h.rank, h.score, h.id, h.space, h.route, public(h.metadata, r.modality)) for h in r.hits]
     return FastJSON({"query": r.query, "modality": r.modality, "hits": hits})
