@@ -481,3 +481,12 @@ def test_retiring_the_current_space_names_the_space_field(env):
     cur = Collection.open(c.path).current_space
     r = api.post("/v1/retire", json={"space": cur}, headers=h(ADMIN))
     assert r.status_code == 409 and r.json()["field"] == "space" and "current" in r.json()["detail"], r.text
+
+
+def test_an_imports_absolute_path_names_the_path_field(env):
+    """Trial K: ``POST /v1/import {"path": "/etc/passwd"}`` was refused naming the field ``body``
+    (a body field called path was taken for the location of a path parameter)."""
+    api, c, data, _ = env
+    for bad in ("/etc/passwd", "../models/x.npy"):
+        r = api.post("/v1/import", json={"format": "npy", "path": bad}, headers=h(ADMIN))
+        assert r.status_code == 400 and r.json()["field"] == "path", r.text

@@ -63,7 +63,10 @@ def loc(parts: Any) -> str:
 def validation_error(errs: list[dict]) -> ApiError:
     """The first of pydantic's errors as one message that names the field (``items[0].text``)."""
     first = errs[0] if errs else {}
-    field = loc([x for x in first.get("loc", ()) if x not in ("body", "query", "path", "header")]) or "body"
+    parts = list(first.get("loc", ()))
+    if parts and parts[0] in ("body", "query", "path", "header"):  # where it was; a body's own field may be
+        parts = parts[1:]  # named path (trial K: an import's absolute path was blamed on "body")
+    field = loc(parts) or "body"
     kind, ctx, value = first.get("type", ""), first.get("ctx") or {}, first.get("input")
     msg = first.get("msg", "invalid")
     if kind == "json_invalid":
