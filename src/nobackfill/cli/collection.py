@@ -311,18 +311,16 @@ def status(
     fitted_routes = any("fitted" in (r.get("calibration") or {}) for ds in st["routes"].values() for r in ds.values())
     if not st["routes"]:  # one space (never upgraded, or the older ones retired): nothing to route or merge
         results.print("  one space: every search is answered in it (no routes to older spaces, no merge)")
-        print_fitted(st.get("fitted_bridges"))
-        print_backfill(st["backfill"])
-        return
-    if st["calibrated"]:
-        basis = ""
-    elif st.get("merge_without_labels"):
-        basis = " (score maps fitted without labels, on the queries both models answer alike); routes " + \
-                ("chosen without labels" if fitted_routes else "uncalibrated (no bridge fitted yet)")
     else:
-        basis = " (uncalibrated default); routes " + ("chosen without labels (no labels calibrated them)"
-                                                     if fitted_routes else "uncalibrated")
-    results.print(f"  merge: {st['merge']}{basis}")
+        if st["calibrated"]:
+            basis = ""
+        elif st.get("merge_without_labels"):
+            basis = " (score maps fitted without labels, on the queries both models answer alike); routes " + \
+                    ("chosen without labels" if fitted_routes else "uncalibrated (no bridge fitted yet)")
+        else:
+            basis = " (uncalibrated default); routes " + ("chosen without labels (no labels calibrated them)"
+                                                         if fitted_routes else "uncalibrated")
+        results.print(f"  merge: {st['merge']}{basis}")
     print_fitted(st.get("fitted_bridges"))
     print_backfill(st["backfill"])
 
