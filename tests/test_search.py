@@ -212,11 +212,11 @@ def test_metadata_filter_and_k_limits(tmp_path):
     nested = s.search(text="anything", k=10, filter={"labels": {"n": [1, 4]}}).hits  # = dotted keys
     assert [h.id for h in nested] == [h.id for h in hits]
     assert s.search(text="anything", k=10, filter={"labels.n": 2 ** 70}).hits == []  # compared as a float
-    assert s.search(text="anything", k=10, filter={"": 1}).hits == []  # a key no metadata has
     assert s.search(text="anything", k=10, filter={"labels.n": float("-inf")}).hits == []  # (JSON's -1e999)
     assert len(s.search(text="anything", k=10, filter={"labels.n": [1, float("inf")]}).hits) == 1
     for bad, words in (({"labels.n": [[1]]}, "labels.n"), ({f"k{i}": 1 for i in range(65)}, "64 keys"),
-                       ({"labels.n": list(range(257))}, "256 values"), ({1: 1}, "keys are strings"), (["a"], "object")):
+                       ({"labels.n": list(range(257))}, "256 values"), ({1: 1}, "keys are strings"), (["a"], "object"),
+                       ({"": 1}, "an empty key"), ({"labels": {"": 1}}, "an empty key in labels")):
         with pytest.raises(ValueError, match=words):
             s.search(text="anything", k=10, filter=bad)
     with pytest.raises(ValueError, match="k must be between"):

@@ -169,6 +169,7 @@ def test_every_multipart_part_is_checked_for_its_kind(env):
         ("/v1/search", [("image", ("q.png", png())), ("image", ("r.png", png(seed=1)))], "image"),
         ("/v1/search", [("image", ("q.png", png())), ("filter", (None, '{"a": {"b": 1}}'))], "filter"),
         ("/v1/search", [("image", ("q.png", png())), ("k", (None, "2.5"))], "k"),
+        ("/v1/search", [("image", ("q.png", png())), ("filter", (None, '{"": "x"}'))], "filter"),
     ]
     for path, files, field in cases:
         r = api.post(path, files=files, headers=h(ADMIN))
@@ -490,3 +491,15 @@ def test_an_imports_absolute_path_names_the_path_field(env):
     for bad in ("/etc/passwd", "../models/x.npy"):
         r = api.post("/v1/import", json={"format": "npy", "path": bad}, headers=h(ADMIN))
         assert r.status_code == 400 and r.json()["field"] == "path", r.text
+
+
+def test_a_filters_empty_key_is_refused_as_naming_nothing(env):
+    """An empty key names no metadata field: 422 on ``filter``, in the JSON search as in the image
+    search's form field (whose schema pattern says so too)."""
+    api, _c, _, _ = env
+    for flt in ({"": "x"}, {"labels.n": 1, "": [1, 2]}):
+        r = api.post("/v1/search", json={"text": "x", "filter": flt}, headers=h(READ))
+        assert r.status_code == 422 and "empty key" in r.json()["detail"], (flt, r.text)
+        assert r.json()["field"].startswith("filter"), r.text
+    r = api.post("/v1/search", files=[("image", ("q.png", png())), ("filter", (None, '{"": 1}'))], headers=h(READ))
+    assert r.status_code == 422 and r.json()["field"] == "filter", r.text

@@ -182,3 +182,32 @@ def test_upload_items_names_a_refused_caption_by_its_index_in_the_call(tmp_path)
     assert "the 3 items of this call sent before it are stored" in e.value.detail
     name, data, ctype, headers = sent[0]["files"][0][1]
     assert headers == {"X-Item-Id": items[0].id, "X-Item-Metadata": '{"album":"x"}'}  # no path: the server's
+
+
+@pytest.mark.parametrize("size", [MAX_METADATA_BYTES + 110, MAX_METADATA_BYTES + 800, 60_000])
+def test_a_metadata_header_past_the_parsers_own_bound_is_the_same_422(clients, size):
+    """python-multipart refuses a part header line over ~4.2 kB before the server reads it; that is
+    still the part's metadata being too long (422 naming the part), not a malformed body."""
+    _local, remote, uploads, folder = clients
+    remote.add(images=[folder / "images" / "loose.png"])
+    before = _state(remote, uploads)
+    header = '{"a": "' + "x" * size + '"}'
+    parts = [("images", (f"p{i}.png", (folder / "images" / f"ü_café_{i}.png").read_bytes(), "image/png",
+                         {"X-Item-Metadata": h})) for i, h in enumerate(['{"album": "ok"}', header])]
+    r = remote.http.post("/v1/items", files=parts, headers=remote.headers)
+    assert r.status_code == 422, r.text
+    assert r.json()["field"] == "images[1]" and f"at most {MAX_METADATA_BYTES}" in r.json()["detail"]
+    assert _state(remote, uploads) == before
+
+
+def test_a_multipart_body_cut_before_its_closing_boundary_is_malformed(clients):
+    _local, remote, uploads, folder = clients
+    png = (folder / "images" / "ü_café_0.png").read_bytes()
+    body = (b"--XyZ\r\nContent-Disposition: form-data; name=\"image\"; filename=\"a.png\"\r\n"
+            b"Content-Type: image/png\r\n\r\n" + png)
+    headers = {**remote.headers, "Content-Type": "multipart/form-data; boundary=XyZ"}
+    for path in ("/v1/search", "/v1/items"):
+        r = remote.http.post(path, content=body, headers=headers)
+        assert r.status_code == 400 and "closing boundary" in r.json()["detail"], (path, r.text)
+        r = remote.http.post(path, content=body + b"\r\n--XyZ--\r\n", headers=headers)
+        assert r.status_code != 400, (path, r.text)

@@ -126,6 +126,9 @@ def render(doc: dict[str, Any]) -> str:
     lines += ["", "## Errors", "", "Every error is one JSON object, schema [ErrorBody](#errorbody).", "",
               "| status | meaning |", "|---|---|"]
     lines += [f"| {s} | {errors[s]} |" for s in sorted(errors)]
+    lines += ["", "Beyond the operations above: a path no operation has answers 404, and a method a path does "
+                  "not take answers 405 naming the ones it takes (`GET is not allowed here (allowed: POST)`), "
+                  "each with `field` `method` or `path`."]
     todo, seen = sorted(used), set()
     while todo:  # the schemas the operations use, and the schemas those use
         name = todo.pop(0)

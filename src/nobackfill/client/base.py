@@ -132,7 +132,7 @@ class Client:
         raise NotImplementedError
 
     def backfill_resume(self, order: str = "uncertainty", rate: float | None = None) -> dict[str, Any]:
-        """Resume a paused backfill."""
+        """Resume a paused backfill (none paused: start one, as ``backfill_start(resume=True)``)."""
         raise NotImplementedError
 
     def backfill_cancel(self) -> dict[str, Any]:

@@ -35,6 +35,9 @@ def check_filter(flt: Mapping[str, Any] | None, *, nested: bool = True) -> dict[
         for key, want in m.items():
             if not isinstance(key, str):
                 raise ValueError(f"filter: keys are strings, got {key!r}")
+            if not key:
+                raise ValueError(f"filter: an empty key{' in ' + prefix[:-1] if prefix else ''}: a key names a "
+                                 "metadata field")
             name = prefix + key
             if isinstance(want, Mapping):
                 if not nested:

@@ -117,6 +117,8 @@ async def read_form(request: Request):
     from starlette.formparsers import MultiPartException, MultiPartParser, parse_options_header
 
     class Parser(MultiPartParser):
+        ended = False
+
         def on_headers_finished(self) -> None:
             part = self._current_part
             ctype = dict(part.item_headers).get(b"content-type", b"").split(b";")[0].strip().lower()
@@ -125,10 +127,27 @@ async def read_form(request: Request):
                 part.content_disposition += b'; filename=""'
             super().on_headers_finished()
 
+        def on_end(self) -> None:
+            self.ended = True
+
+        def part_at(self) -> str | None:
+            """The part being read, named as the request's errors name it (``images[1]``)."""
+            _, options = parse_options_header(self._current_part.content_disposition)
+            name = options.get(b"name", b"").decode("latin-1")
+            return f"{name}[{sum(n == name for n, _ in self.items)}]" if name else None
+
+    parser = Parser(request.headers, request.stream())
     try:
-        parsed = await Parser(request.headers, request.stream()).parse()
+        parsed = await parser.parse()
     except MultiPartException as e:
+        cause = str(e.__cause__ or "")
+        if "header size" in cause:  # python-multipart's bound on one header line of a part
+            at = parser.part_at()
+            raise ApiError(422, f"{at or 'a part'}: a header line is too long ({METADATA_HEADER} holds at most "
+                                f"{MAX_METADATA_BYTES} bytes)", at or "body") from None
         raise ApiError(400, f"malformed multipart body: {e.message}", "body") from None
+    if not parser.ended:
+        raise ApiError(400, "malformed multipart body: it ends before its closing boundary", "body")
     return parsed
 
 

@@ -110,7 +110,10 @@ class SpaceStatus(_Open):
     text: int = Field(0, description="Captions this space serves.")
     index: dict[str, dict[str, Any]] = Field(
         default_factory=dict, description="{modality: {backend, in_use, building, count}}: the vector index that "
-                                          "answers (auto: Flat while small, the graph past its threshold).")
+                                          "answers (auto: Flat while small, the graph past its threshold). Its "
+                                          "count is of the vectors stored, which may include vectors of items "
+                                          "deleted, replaced or served by another space (never returned); image "
+                                          "and text count the items this space serves.")
     imports: list[dict[str, Any]] = Field(default_factory=list, description="Vectors imported into this space: "
                                                                             "from, items, model_check, at.")
 

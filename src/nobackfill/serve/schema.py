@@ -14,7 +14,7 @@ from typing import Annotated, Any, Literal, Optional
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, WithJsonSchema
 
-from ..client.upload import ID_HEADER, ID_PATTERN, MAX_METADATA_BYTES, METADATA_HEADER, RESERVED_METADATA
+from ..client.upload import ID_HEADER, ID_PATTERN, ID_RULE, MAX_METADATA_BYTES, METADATA_HEADER, RESERVED_METADATA
 from ..collection.collection import MAX_ID_LENGTH
 from ..search.filters import MAX_FILTER_KEYS, MAX_FILTER_VALUES
 
@@ -53,7 +53,8 @@ _STR = (r'"(?:[^"\\\x00-\x1f]|\\["\\/bfnrt]|\\u(?:[0-9a-cA-CeEfF][0-9a-fA-F]{3}|
 _NUM = r"-?(?:0|[1-9][0-9]*)(?:\.[0-9]+)?(?:[eE][+\-]?[0-9]+)?"
 _SCALAR = rf"(?:{_STR}|{_NUM}|true|false|null)"
 _VALUE = rf"(?:{_SCALAR}|\[{_WS}(?:{_SCALAR}(?:{_WS},{_WS}{_SCALAR})*)?{_WS}\])"
-_PAIR = rf"{_STR}{_WS}:{_WS}{_VALUE}"
+_KEY = _STR[:-2] + '+"'  # a key is not empty
+_PAIR = rf"{_KEY}{_WS}:{_WS}{_VALUE}"
 FILTER_FIELD = rf"^{_WS}\{{{_WS}(?:{_PAIR}(?:{_WS},{_WS}{_PAIR})*)?{_WS}\}}{_WS}$"
 
 _STRICT = ConfigDict(extra="forbid", strict=True, regex_engine="python-re")
@@ -100,7 +101,8 @@ def errors(*statuses: int) -> dict[int | str, dict[str, Any]]:
 # ----------------------------------------------------------------------------- requests
 def form_encodings() -> dict[str, dict[str, Any]]:
     """The ``encoding`` of the multipart bodies: what each part carries."""
-    item_id = {"description": "The image's item id (default: one from its content).", "required": False,
+    item_id = {"description": f"The image's item id (default: one from its content): {ID_RULE}.",
+               "required": False,
                "schema": {"type": "string", "minLength": 1, "maxLength": MAX_ID, "pattern": ID_PATTERN}}
     metadata = {"description": f"The image's metadata: a JSON object of at most {MAX_METADATA_BYTES} bytes (UTF-8; "
                                "ASCII, other characters escaped as \\uXXXX, is safest in a header), without the "
@@ -115,7 +117,7 @@ def form_encodings() -> dict[str, dict[str, Any]]:
 
 _FILTER_SCALAR = [{"type": "string"}, {"type": "number"}, {"type": "boolean"}, {"type": "null"}]
 #: what a search's JSON ``filter`` takes (checked by :func:`~nobackfill.search.filters.check_filter`)
-FILTER_JSON = {"anyOf": [{"type": "object", "maxProperties": MAX_FILTER_KEYS,
+FILTER_JSON = {"anyOf": [{"type": "object", "maxProperties": MAX_FILTER_KEYS, "propertyNames": {"minLength": 1},
                           "additionalProperties": {"anyOf": [*_FILTER_SCALAR, {
                               "type": "array", "maxItems": MAX_FILTER_VALUES, "items": {"anyOf": _FILTER_SCALAR}}]}},
                          {"type": "null"}]}
@@ -157,7 +159,7 @@ def request_models(max_k: int, max_caption: int, max_batch: int, max_image_bytes
         text: str = Field(..., min_length=1, max_length=max_caption, pattern=NONBLANK,
                           description="The caption (not blank).")
         id: Optional[str] = Field(None, min_length=1, max_length=MAX_ID, pattern=ID_PATTERN,
-                                  description="The item's id (default: one from its text).")
+                                  description=f"The item's id (default: one from its text): {ID_RULE}.")
 
     class AddTexts(BaseModel):
         """Captions to add (idempotent by id)."""
@@ -173,7 +175,8 @@ def request_models(max_k: int, max_caption: int, max_batch: int, max_image_bytes
         "properties": {
             "image": image_part,
             "k": {"type": "integer", "minimum": 1, "maximum": max_k, "default": 10},
-            "target": {"type": "string", "enum": ["image", "text"]},
+            "target": {"type": "string", "enum": ["image", "text"],
+                       "description": "Modality of the results (default: texts when the collection holds any)."},
             "filter": {"type": "string", "pattern": FILTER_FIELD,
                        "description": "The metadata filter as a JSON object {key: value | [values]} whose values "
                                       "are strings, numbers, booleans, null or lists of them (dotted keys reach "

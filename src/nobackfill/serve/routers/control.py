@@ -67,7 +67,8 @@ async def backfill_pause(_r: str = Depends(admin), svc: Service = Depends(get_se
     return await run_in_threadpool(_backfill, svc, svc.client.backfill_pause)
 
 
-@router.post("/backfill/resume", summary="Resume a paused backfill in this server",
+@router.post("/backfill/resume",
+             summary="Resume a paused backfill in this server (none paused: start one, as --resume does)",
              response_model=BackfillStatus, dependencies=[Depends(admin_json)],
              responses=errors(400, 401, 403, 409, 413, 415, 422))
 async def backfill_resume(req: BackfillRequest, _r: str = Depends(admin), svc: Service = Depends(get_service)) -> Any:

@@ -91,7 +91,7 @@ async def get_item(item_id: str, _r: str = Depends(reader), svc: Service = Depen
             responses={200: {"description": "A PNG at most `size` pixels on its longer side.",
                              "content": {"image/png": {"schema": {"type": "string", "format": "binary"}}}},
                        **errors(401, 404, 422)})
-async def thumbnail(item_id: str, size: int = Query(160, ge=16, le=512, description="Longer side, pixels."),
+async def thumbnail(item_id: str, size: int = Query(160, ge=16, le=512, description="Longer side, pixels (16 to 512)."),
                     _r: str = Depends(reader), svc: Service = Depends(get_service)) -> Any:
     item = svc.collection.lookup(item_id)
     if item is None:
