@@ -432,3 +432,37 @@ def test_the_cli_imports_into_an_existing_collection_without_model_and_names_mod
                             "milvus-lite:" + str(tmp_path / "m.db") + "#x", "--vector-field", "v", "--id-field", "id",
                             "--modality", "image"])
     assert r.exit_code == 2 and "needs --model" in r.output, r.output
+
+
+def test_a_reimport_says_what_changed_and_what_it_found_stored(tmp_path):
+    """A re-import with two rows' vectors changed: status records 2 of the 6 read as new or changed;
+    an import of items deleted since (their vectors still stored) says it did not store them again."""
+    from nobackfill.search.models import ModelPool, model_ref
+
+    model = ROOT / "models" / "world-old"
+    enc = ModelPool().get(model_ref(model))
+    texts = [f"a small caption number {i}" for i in range(6)]
+    (tmp_path / "t.jsonl").write_text("".join(json.dumps({"id": f"t{i}", "text": t}) + "\n" for i, t in enumerate(texts)))
+    vectors = enc.encode_texts(texts)
+    np.save(tmp_path / "e.npy", vectors)
+    changed = vectors.copy()
+    changed[[1, 4]] = enc.encode_texts(["another text", "yet another text"])
+    np.save(tmp_path / "f.npy", changed)
+    coll = str(tmp_path / "c")
+
+    def run(npy: str) -> str:
+        r = runner.invoke(app, ["collection", "import", coll, "--model", str(model), "--from", f"npy:{tmp_path / npy}",
+                                "--table", str(tmp_path / "t.jsonl"), "--id-column", "id", "--source-column", "text",
+                                "--modality", "text", "--trust-model"])
+        assert r.exit_code == 0, r.output
+        return r.output
+
+    assert "added 6, already there 0" in run("e.npy")
+    out = run("f.npy")
+    assert "added 2, already there 4" in out and "stored already" not in out
+    r = runner.invoke(app, ["collection", "status", coll])
+    assert "imported 6 item(s) from" in r.output and "imported 6 item(s) read, 2 of them new or changed" in r.output
+    r = runner.invoke(app, ["collection", "delete", coll, "--id", "t0", "--id", "t2"])
+    assert r.exit_code == 0, r.output
+    out = run("f.npy")
+    assert "added 2, already there 4" in out and "2 of the added with their vectors stored already" in out

@@ -24,8 +24,11 @@ def print_import(client: Any, source: str, rep: Any) -> None:
         results.print(f"adopted {escape(source)} in place: {rep['items']} item(s), added {rep['added']}, already "
               f"there {rep['unchanged']}; its vectors were not copied and nobackfill never writes to it")
     else:
+        found = rep.added - rep.stored if rep.stored is not None else 0
         results.print(f"{rep.items} item(s) read from {escape(rep.source)}: added {rep.added}, already there "
-              f"{rep.unchanged} in {rep.seconds:.1f}s ({rep.items_per_s:,.0f} items/s)")
+              f"{rep.unchanged} in {rep.seconds:.1f}s ({rep.items_per_s:,.0f} items/s)"
+              + (f"; {found} of the added with their vectors stored already (new metadata or source, an "
+                 "interrupted import's, a deleted item's: not stored again)" if found > 0 else ""))
     local = getattr(client, "collection", None)  # a server builds its own graph indexes
     st = local.status() if local is not None else client.status()  # (the counts only: no backfill status)
     results.print(f"collection {st['path']}: {st['items']['image']} images, {st['items']['text']} texts"
@@ -160,8 +163,10 @@ def print_spaces(spaces: dict) -> None:
             mc = imp.get("model_check") or {}
             how = "model check skipped (--trust-model)" if mc.get("skipped") else \
                 f"model check median cosine {mc.get('median_cosine', 0):.4f} over {mc.get('n')} items"
-            results.print(escape(f"      imported {imp.get('items')} item(s) from {imp.get('from')} at {imp.get('at')}; "
-                             + how))
+            changed = imp.get("added", imp.get("items"))
+            read = f"{imp.get('items')} item(s)" + \
+                (f" read, {changed} of them new or changed," if changed != imp.get("items") else "")
+            results.print(escape(f"      imported {read} from {imp.get('from')} at {imp.get('at')}; " + how))
         if s.get("index"):
             results.print("      index: " + index_line(s["index"], {"image": s.get("image", 0), "text": s.get("text", 0)}))
 

@@ -178,7 +178,8 @@ class LocalClient(Client):
         self.pool.remember(ref)  # loaded here, its fingerprint computed: a later trusted import needs neither
         # an open collection took the rows itself; an unopened one is opened on first use
         return ImportResult(items=rep.items, added=rep.added, unchanged=rep.unchanged, seconds=round(rep.seconds, 3),
-                            model_check=rep.model_check, warnings=list(rep.warnings), source=rep.source)
+                            model_check=rep.model_check, warnings=list(rep.warnings), source=rep.source,
+                            stored=rep.stored)
 
     @_refusals
     def adopt(self, source: str, *, model: str | Path, vector_field: str, id_field: str, modality: str,

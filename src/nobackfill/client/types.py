@@ -102,6 +102,7 @@ class ImportResult(_Result):
     model_check: dict[str, Any] = field(default_factory=dict)
     warnings: list[str] = field(default_factory=list)
     source: str = ""
+    stored: int | None = None  # vectors written; the rest of ``added`` had theirs stored already
 
     @property
     def items_per_s(self) -> float:

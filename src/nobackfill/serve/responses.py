@@ -149,8 +149,10 @@ class ImportResult(BaseModel):
     source: str = Field(..., description="What was read: the format, the files (paths as this server shows "
                                          "them), the columns used.")
     items: int = Field(..., description="Items read from the source.")
-    added: int
-    unchanged: int
+    added: int = Field(..., description="Committed: new ids, or new vectors, sources or metadata under ids held.")
+    unchanged: int = Field(..., description="Already held with the same vector, source and metadata.")
+    stored: int = Field(0, description="Vectors this import wrote; the rest of `added` had theirs stored already "
+                                       "(new metadata or source, an interrupted import's, a deleted item's).")
     seconds: float
     model_check: dict[str, Any] = Field(..., description="The model check's verdict, or {skipped: true}.")
     warnings: list[str] = Field(default_factory=list)
