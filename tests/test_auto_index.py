@@ -229,3 +229,25 @@ def test_the_background_build_reserves_the_graph_for_the_rows_it_found(monkeypat
     monkeypatch.setattr(FactoryIndex, "reserve", lambda self, n: (asked.append(n), original(self, n))[1])
     assert idx.build() and idx.in_use == "HNSW32"
     assert asked == [1200]
+
+
+def test_status_before_any_search_names_the_exact_index_of_a_small_space(tmp_path):
+    """A fresh process's status knows an auto index below its threshold searches exactly (it read
+    'not loaded yet over 12 stored text vectors' before); past it, no cache: loaded at the first search."""
+    runner = CliRunner()
+    texts = tmp_path / "texts.txt"
+    texts.write_text("".join(f"a caption number {i}\n" for i in range(12)))
+    for backend, says in (("auto", "auto: Flat over 12 stored text vectors"),
+                          ("auto:at=8", "auto:at=8: HNSW32 over 12 stored text vectors")):
+        coll = tmp_path / backend.replace(":", "_").replace("=", "")
+        assert runner.invoke(app, ["collection", "create", str(coll), "--model", str(ROOT / "models" / "world-old"),
+                                   "--backend", backend]).exit_code == 0
+        assert runner.invoke(app, ["collection", "add", str(coll), "--texts", str(texts)]).exit_code == 0
+        out = " ".join(runner.invoke(app, ["collection", "status", str(coll)]).output.split())
+        assert says in out and "not loaded" not in out, out
+        for p in coll.rglob("index-text.*"):  # a graph index not cached: built or loaded by the first search
+            p.unlink()
+        out = " ".join(runner.invoke(app, ["collection", "status", str(coll)]).output.split())
+        assert says.split(": ", 1)[0] + ": " + (
+            "Flat over 12" if backend == "auto" else "12 stored text vectors (their index is loaded at the first "
+                                                     "search)") in out, out

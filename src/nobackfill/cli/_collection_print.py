@@ -144,9 +144,9 @@ def index_line(info: dict, served: dict | None = None) -> str:
     vectors, how many are not searched (trial J read 49 images beside "Flat for 50 images")."""
     parts = []
     for m, i in info.items():
-        what = i.get("in_use") or "not loaded yet"
         idle = int(i["count"]) - int((served or {}).get(m, i["count"]))
-        parts.append(f"{what} over {i['count']} stored {m} vectors"
+        parts.append((f"{i['in_use']} over " if i.get("in_use") else "") + f"{i['count']} stored {m} vectors"
+                     + ("" if i.get("in_use") else " (their index is loaded at the first search)")
                      + (f" ({idle} of them of items deleted, replaced or served by another space: never returned)"
                         if idle > 0 else "")
                      + (" (graph index building; searches exact meanwhile)" if i.get("building") else ""))

@@ -12,7 +12,8 @@ from pathlib import Path
 from typing import Any, Callable
 
 from .atomic_files import _dir_lock, _fsync_dir, _now, atomic_write_bytes, atomic_write_stream
-from ..ann.backends import AutoIndex, VectorIndex, load_index, make_index
+from ..ann.auto_index import AUTO_GRAPH_AT
+from ..ann.backends import AutoIndex, VectorIndex, load_index, make_index, parse_spec
 from .manifest import MODALITIES, _chunk_key
 
 __all__ = ["GalleryIndex"]
@@ -106,8 +107,8 @@ class GalleryIndex:
 
     def index_info(self) -> dict[str, dict[str, Any]]:
         """Per modality with rows: the backend spec, the index answering searches now (``Flat`` or a
-        graph's factory string; None before the first search of this process loaded it), whether a
-        graph index is being built, and the row count."""
+        graph's factory string; an auto index past its threshold: None before the first search of
+        this process loaded it), whether a graph index is being built, and the row count."""
         out: dict[str, dict[str, Any]] = {}
         for m in MODALITIES:
             n = self.count(m)
@@ -130,8 +131,9 @@ class GalleryIndex:
             return self.backend
         try:
             stamp = json.loads(self._index_paths(modality)[1].read_text(encoding="utf-8"))
-        except (OSError, ValueError):
-            return None
+        except (OSError, ValueError):  # none written: below its threshold, auto searches exactly
+            _kind, opts = parse_spec(self.backend)
+            return "Flat" if self.count(modality) < int(opts.get("at", AUTO_GRAPH_AT)) else None
         return stamp.get("in_use")
 
     def _index_paths(self, modality: str) -> tuple[Path, Path]:
