@@ -94,7 +94,8 @@ class BackfillStatus(_Open):
     sample: Optional[int] = Field(None, description="Items in the uncertainty order's training sample.")
     last_worker: Optional[dict[str, Any]] = Field(None, description="The last worker to stop, when none runs.")
     note: Optional[str] = Field(None, description="What to do when no worker runs.")
-    worker: Optional[str] = Field(None, description="This server's worker: running | idle.")
+    worker: Optional[str] = Field(None, description="This server's worker: running | idle (after a pause or a cancel it "
+                                                  "stays running until its batch is committed).")
     worker_stopped: Optional[str] = Field(None, description="Why this server's worker stopped, when it gave up.")
     error: Optional[str] = Field(None, description="The error that stopped this server's worker.")
 
