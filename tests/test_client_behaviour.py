@@ -8,11 +8,13 @@ from __future__ import annotations
 
 import contextlib
 import json
+import re
 import time
 from pathlib import Path
 from typing import Any
 
 import pytest
+from PIL import Image
 from typer.testing import CliRunner
 
 from nobackfill import Client, ClientError
@@ -438,3 +440,64 @@ def test_metadata_of_numpy_values_and_dates_is_stored_alike(client, world):
             c.add(texts=[{"text": "a blue cross", "id": "bad-meta", "tags": bad}])
     with pytest.raises(NotFound):
         c.get("bad-meta")
+
+
+def test_a_single_value_where_a_list_goes_is_refused_by_both_clients(client, world, tmp_path):
+    """Trial M: ``add(texts="hello")`` stored one item per character; ``images="x.png"``, a PIL
+    image, an array, ``ids=""``, ``get([id])``, ``upgrade(None)``, ``bridges="dir"``: each is now one
+    InvalidRequest (or NotFound for an id no item has) naming its argument, and nothing is stored."""
+    import numpy as np
+
+    c = client
+    path = sorted((world / "test" / "images").iterdir())[0]
+    before = c.status()["items"]
+    refused = [
+        (lambda: c.add(texts="hello"), "texts"), (lambda: c.add(texts=["h", "i"], ids="ab"), "ids"),
+        (lambda: c.add(images=str(path)), "images"), (lambda: c.add(images=[Image.open(path)]), "images[0]"),
+        (lambda: c.add(images=[np.zeros((4, 4, 3))]), "images[0]"), (lambda: c.add(texts=["ok", None]), "texts[1]"),
+        (lambda: c.add(texts=["ok", 42]), "texts[1]"), (lambda: c.add(texts=["ok", "  "]), "texts[1]"),
+        (lambda: c.add(texts=["x"], ids=[""]), "ids[0]"),
+        (lambda: c.add(texts=[{"text": "real", "id": "tk"}], ids=["other"]), "texts[0]"),
+        (lambda: c.upgrade(None), "model"), (lambda: c.upgrade("world-new", bridges="up"), "bridges"),
+    ]
+    for call, field in refused:
+        with pytest.raises(InvalidRequest) as e:
+            call()
+        assert e.value.field == field, (field, e.value)
+    for call, says in ((lambda: c.get(["a"]), "an id is a string"), (lambda: c.delete(["a"]), "delete('a', 'b')")):
+        with pytest.raises(NotFound, match=re.escape(says)):
+            call()
+    assert c.status()["items"] == before and len(c.status()["spaces"]) == 1
+    assert [h.id for h in c.search(text="a red circle", k=np.int64(3)).hits] == \
+        [h.id for h in c.search(text="a red circle", k=3).hits]
+    assert c.add(texts=["one text"], ids=np.array(["np-1"])).ids == ["np-1"]
+    for target in (None, 5, ""):
+        with pytest.raises(InvalidRequest, match="target: a collection's directory"):
+            Client(target)
+
+
+def test_an_add_that_stops_at_an_unreadable_image_names_it_and_what_it_stored(client, world, tmp_path):
+    """The chunks before it stay stored (a call commits chunk by chunk): the refusal names
+    ``images[n]`` of the call and how many items of it are stored; the same call with skip_bad
+    adds the rest."""
+    images = sorted((world / "test" / "images").iterdir())[:8]
+    bad = tmp_path / "cut.png"
+    bad.write_bytes(images[0].read_bytes()[:100])
+    rows = [*images[:5], bad, *images[5:]]
+    fresh = tmp_path / "own"  # images no collection holds yet (the world's are in it)
+    fresh.mkdir()
+    for i, p in enumerate(rows):
+        if p != bad:
+            Image.open(p).rotate(90).save(fresh / f"r{i}.png")
+    rows = [fresh / f"r{i}.png" if p != bad else bad for i, p in enumerate(rows)]
+    before = client.status()["items"]["image"]
+    with pytest.raises(InvalidRequest) as e:
+        client.add(images=rows, chunk_size=2)
+    assert e.value.field == "images[5]" and e.value.detail.startswith("images[5]") and "cut.png" in e.value.detail, \
+        e.value
+    assert "--skip-bad" not in e.value.detail
+    stored = client.status()["items"]["image"] - before
+    assert stored == 4 and "4 item" in e.value.detail, (stored, e.value.detail)
+    out = client.add(images=rows, chunk_size=2, skip_bad=True) if type(client).__name__ == "LocalClient" else None
+    if out is not None:
+        assert (out.added, out.unchanged, out.skipped) == (4, 4, 1)

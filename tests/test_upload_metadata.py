@@ -159,7 +159,8 @@ def test_a_later_request_refused_names_the_item_of_the_call(clients, tmp_path):
     images = [folder / "images" / "ü_café_3.png", folder / "images" / "ü_café_4.png", tmp_path / "not-an-image.png"]
     with pytest.raises(InvalidRequest) as e:
         remote.add(images=images, chunk_size=2)  # the first request is stored, the second refused
-    assert e.value.field == "images[2]" and e.value.detail.startswith("images[2]: not an image")
+    assert e.value.field == "images[2]" and \
+        e.value.detail.startswith(f"images[2] ({tmp_path / 'not-an-image.png'}): not an image")  # the file, not its upload
     assert "the 2 items of this call sent before it are stored" in e.value.detail
 
 

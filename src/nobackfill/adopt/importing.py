@@ -405,12 +405,13 @@ def run_model_check(source: "ImportSource", encoder: "DualEncoder", model: str, 
     picked = sample_rows(source, samples, seed)
     if not picked:
         raise ModelCheckRefused(f"no item of {source.describe()} has a readable source (an image file that exists, "
-                                f"a caption) to check that {model} made its vectors; pass --trust-model to import "
-                                "them unchecked (the plan records that the check was skipped)")
+                                f"a caption) to check that {model} made its vectors; pass --trust-model (trust_model=True) "
+                                "to import them unchecked (the plan records that the check was skipped)")
     verdict = check_model(encoder, picked, threshold=threshold, model=model, round_trip=source.round_trip,
                           compression=source.compression)
     if not verdict.accepted:
-        raise ModelCheckRefused(verdict.message + " (nothing was imported; --trust-model skips the check)")
+        raise ModelCheckRefused(verdict.message + " (nothing was imported; --trust-model, trust_model=True in "
+                                                  "Python, skips the check)")
     return verdict.to_json()
 
 

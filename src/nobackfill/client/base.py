@@ -10,12 +10,13 @@ the same return types (in the manner of qdrant-client's local and remote modes).
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Callable, Iterable, Mapping, Sequence
 
-from .errors import NotFound
+from .errors import InvalidRequest, NotFound
 from .types import AddResult, ImportResult, ItemInfo, SearchResults, UpgradeResult
 
-__all__ = ["Client", "check_image_file", "choose_implementation_with"]
+__all__ = ["Client", "check_image_file", "check_item_id", "check_list", "check_path", "check_upgrade",
+           "choose_implementation_with"]
 
 #: the class that serves a target (set once by :mod:`nobackfill.client`, which knows the
 #: implementations; this module imports none of them, as they subclass :class:`Client`)
@@ -35,6 +36,43 @@ def check_image_file(image: Any) -> None:
         raise NotFound(404, f"image: no such file: {image}", "image")
 
 
+def check_item_id(item_id: Any, call: str = "get") -> str:
+    """``item_id`` if it is a string; else :class:`~.errors.NotFound` (no item has such an id),
+    saying how ``call`` takes ids (the same error in process and over HTTP)."""
+    if isinstance(item_id, str):
+        return item_id
+    hint = " (an id is a string" + ("; give several as separate arguments: delete('a', 'b'))"
+                                    if call == "delete" else ")")
+    raise NotFound(404, f"no item with id {item_id!r}{hint}", "id")
+
+
+def check_list(value: Any, field: str, what: str, *, array_is_one: bool = False) -> list | None:
+    """``value`` as a list (None stays None): :class:`~.errors.InvalidRequest` naming ``field`` for
+    one string, path, mapping or other single value where a list of ``what`` is expected (a string
+    would be read as one item per character); ``array_is_one``: an array is one item too (an image)."""
+    if value is None:
+        return None
+    if isinstance(value, (str, bytes, Path, Mapping)) or not isinstance(value, Iterable) or \
+            array_is_one and hasattr(value, "shape"):
+        raise InvalidRequest(422, f"{field}: a list of {what}, not one {type(value).__name__} (one item: [item])",
+                             field)
+    return list(value)
+
+
+def check_path(value: Any, field: str, what: str = "a model directory or name") -> str | Path:
+    """``value`` if it is a non-empty string or path, else :class:`~.errors.InvalidRequest` naming ``field``."""
+    if isinstance(value, Path) or isinstance(value, str) and value.strip():
+        return value
+    raise InvalidRequest(422, f"{field}: {what}, got {value!r}", field)
+
+
+def check_upgrade(model: Any, bridges: Any) -> list:
+    """An upgrade's ``model`` and ``bridges`` checked (:func:`check_path`, :func:`check_list`): the bridges as a list."""
+    check_path(model, "model")
+    return [check_path(b, f"bridges[{i}]", "an upgrade directory")
+            for i, b in enumerate(check_list(bridges, "bridges", "upgrade directories") or [])]
+
+
 class Client:
     """A collection, in process (``target`` a directory or storage URI: ``milvus-lite:PATH#NAME``,
     ``milvus://HOST:PORT#NAME``, ``...?catalog=postgresql://...``) or served over HTTP (``target``
@@ -50,6 +88,7 @@ class Client:
         if cls is Client:
             if _implementation is None:
                 raise RuntimeError("no Client implementation is set: import nobackfill.client")
+            check_path(target, "target", "a collection's directory, storage URI or http(s):// URL")
             return super().__new__(_implementation(str(target)))
         return super().__new__(cls)
 

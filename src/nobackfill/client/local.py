@@ -13,10 +13,10 @@ from typing import Any, Callable, Mapping, Sequence
 
 from ..search.limits import Limits
 from ..search.merge import DEFAULT_MERGE
-from .base import Client, check_image_file
+from .base import Client, check_image_file, check_item_id, check_path, check_upgrade
 from .errors import ClientError, Conflict, InvalidRequest, NotFound, as_client_error
 from .types import AddResult, ImportResult, ItemInfo, SearchHit, SearchResults, UpgradeResult
-from .upload import check_ids, check_metadata, given_items, load_calibration, one_source, read_files
+from .upload import check_items, given_items, load_calibration, one_source, read_files, unembeddable
 
 __all__ = ["LocalClient"]
 
@@ -102,7 +102,7 @@ class LocalClient(Client):
         from ..collection.collection import Collection
         from ..search.models import model_ref
 
-        ref = model_ref(model)
+        ref = model_ref(check_path(model, "model"))
         enc = self.pool.get(ref)
         self._collection = Collection.create(self.target, space_id=enc.space_id, dim=enc.embed_dim, model=ref,
                                              name=getattr(enc, "name", ""), backend=backend,
@@ -121,20 +121,21 @@ class LocalClient(Client):
         ``{"path", "id", "sha256", ...metadata}``. ``build_indexes``: build the graph indexes now
         (before a short-lived process exits) rather than in the background."""
         from ..gallery.types import DuplicateIdError
-        from ..collection.ingest import FolderItems, add_items
+        from ..collection.ingest import FolderItems, UnembeddableItem, add_items
 
         one_source(texts, images, folder, text_file)
         if folder is not None or text_file is not None:
             items, read = read_files(folder, split, text_file, langs, skip_bad)
         else:
             items, read = given_items(texts, images, ids, self.limits.check_text), FolderItems(items=[])
-        check_ids(items)  # the ids the HTTP API can name: one rule for both clients
-        check_metadata(items)  # and JSON metadata (no NaN): refused over HTTP, so here too
+        check_items(items)  # the ids the HTTP API can name, JSON metadata: one rule for both clients
         try:
             rep = add_items(self.collection, self.encoder(), items, chunk_size=chunk_size, skip_bad=skip_bad,
                             progress=progress, wait=wait, before_embed=before_embed)
         except DuplicateIdError as e:
             raise Conflict(409, str(e), "id") from None
+        except UnembeddableItem as e:
+            raise unembeddable(e, items, given=folder is None and text_file is None) from None
         out = AddResult(**rep.to_dict(), ids=[it.id for it in items], problems=read.problems + list(rep.problems),
                         skipped_images={**read.skipped_images, **rep.skipped_images}, uncaptioned=read.uncaptioned)
         out.skipped += read.skipped
@@ -201,8 +202,7 @@ class LocalClient(Client):
         return rep
 
     def _reopen(self) -> None:
-        """Forget the open collection (adopting wrote its plan through another handle) and its
-        searchers."""
+        """Forget the open collection (adopting wrote its plan through another handle), its searchers."""
         self._collection, self._searchers = None, {}
 
     # ------------------------------------------------------------------ plan changes
@@ -214,6 +214,7 @@ class LocalClient(Client):
                 queries: Sequence[str] = (), fit_sample: Mapping[str, Any] | None = None) -> UpgradeResult:
         from ..lifecycle.plan_changes import UpgradeRefused, route_table, upgrade_collection
 
+        bridges = check_upgrade(model, bridges)
         tasks, label = (load_calibration(calibrate, calibrate_split, calibrate_limit, calibrate_langs)
                         if calibrate is not None else (None, ""))
         with self.write_lock:
@@ -301,7 +302,7 @@ class LocalClient(Client):
     @_refusals
     def get(self, item_id: str) -> ItemInfo:
         snap = self.collection.snapshot()
-        item = snap.item(item_id)
+        item = snap.item(check_item_id(item_id))
         if item is None:
             raise NotFound(404, f"no item with id {item_id!r}", "id")
         return ItemInfo(id=item.id, modality=item.modality, metadata=dict(item.metadata),
@@ -312,7 +313,7 @@ class LocalClient(Client):
         from ..collection.collection import ItemNotFoundError
 
         try:
-            return self.collection.delete(list(ids))
+            return self.collection.delete([check_item_id(i, "delete") for i in ids])
         except ItemNotFoundError as e:
             raise NotFound(404, str(e), "id") from None
 

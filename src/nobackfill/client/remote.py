@@ -13,7 +13,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 import httpx
 
-from .base import Client, check_image_file
+from .base import Client, check_image_file, check_item_id, check_upgrade
 from .errors import (API_KEY_VARIABLE, AlreadyExists, InvalidRequest, NotFound, ServerError, Unreachable,
                      as_client_error, backfill_refused, error_for, key_hint)
 from .types import AddResult, ImportResult, ItemInfo, SearchResults, UpgradeResult
@@ -136,6 +136,7 @@ class RemoteClient(Client):
                 fit_bridges: bool | None = None, queries: Sequence[str] = (),
                 fit_sample: Mapping[str, Any] | None = None) -> UpgradeResult:
         """(``log`` is not used: the server logs its upgrade.)"""
+        bridges = check_upgrade(model, bridges)
         langs = calibrate_langs if isinstance(calibrate_langs, str) else ",".join(calibrate_langs)
         body = {"model": str(model), "bridges": [str(b) for b in bridges], "calibrate": _str(calibrate),
                 "calibrate_split": calibrate_split, "calibrate_limit": calibrate_limit, "calibrate_langs": langs,
@@ -213,7 +214,7 @@ class RemoteClient(Client):
     def delete(self, *ids: str) -> int:
         """All or nothing, as in process: every id is looked up first, and an unknown one deletes
         none (NotFound); then each is deleted (the API deletes one item a request)."""
-        unique = list(dict.fromkeys(ids))
+        unique = list(dict.fromkeys(check_item_id(i, "delete") for i in ids))
         for item_id in unique if len(unique) > 1 else ():  # one id: its DELETE is all or nothing
             try:
                 self.get(item_id)
@@ -221,7 +222,7 @@ class RemoteClient(Client):
                 raise NotFound(404, f"no item with id {item_id!r} in the served collection; nothing was deleted",
                                "id") from None
         for item_id in unique:
-            self._call("DELETE", f"/v1/items/{_segment(item_id)}")
+            self._call("DELETE", f"/v1/items/{_segment(item_id, 'delete')}")
         return len(unique)
 
     def status(self) -> dict[str, Any]:
@@ -309,14 +310,12 @@ def _str(p: str | Path | None) -> str | None:
     return None if p is None else str(p)
 
 
-def _segment(item_id: Any) -> str:
+def _segment(item_id: Any, call: str = "get") -> str:
     """An item id as one URL path segment (every reserved character escaped: '?', '#', '%'...);
     NotFound for what is no string, as in process (no item has such an id)."""
     from urllib.parse import quote
 
-    if not isinstance(item_id, str):
-        raise NotFound(404, f"no item with id {item_id!r}", "id")
-    return quote(item_id, safe="")
+    return quote(check_item_id(item_id, call), safe="")
 
 
 def _filter(flt: Any) -> dict[str, Any] | None:

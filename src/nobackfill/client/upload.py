@@ -11,7 +11,7 @@ import json
 import re
 from dataclasses import fields
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 from ..catalog.items import ID_PATTERN, ID_RULE, added_id_problem, metadata_json, row_json
 from .errors import ClientError, InvalidRequest
@@ -54,28 +54,53 @@ def read_files(folder: str | Path | None, split: str, text_file: str | Path | No
 
 def given_items(texts: Any, images: Any, ids: Any, check_text: Callable[[Any, str], str] | None = None) -> list:
     """The items of ``texts`` (strings or ``{"text", "id", ...metadata}``) or ``images`` (paths or
-    ``{"path", "id", "sha256" (if known), ...metadata}``), ``ids`` beside them."""
+    ``{"path", "id", "sha256" (if known), ...metadata}``), ``ids`` beside them; a row or id of
+    another kind is :class:`~.errors.InvalidRequest` naming it (``texts[3]``, ``ids[0]``)."""
     from ..collection.ingest import image_item, text_item
+    from .base import check_list
 
-    rows = list(texts if texts is not None else images)
-    own = list(ids) if ids is not None else [None] * len(rows)
+    name = "texts" if texts is not None else "images"
+    rows = check_list(texts, "texts", "texts (strings or {\"text\", ...} rows)") if texts is not None else \
+        check_list(images, "images", "image file paths (or {\"path\", ...} rows)", array_is_one=True)
+    own = check_list(ids, "ids", "ids (None: an id from the content)") if ids is not None else [None] * len(rows)
     if len(own) != len(rows):
-        raise InvalidRequest(422, f"{len(own)} ids for {len(rows)} {'texts' if texts is not None else 'images'}",
-                             "ids")
-    if images is not None:
-        out = []
-        for row, i in zip(rows, own):
-            row = {"path": row} if isinstance(row, (str, Path)) else dict(row)
-            path, digest = Path(row.pop("path")), row.pop("sha256", None)
-            out.append(image_item(path, id=row.pop("id", None) or i, metadata=row, sha256=digest))
-        return out
+        raise InvalidRequest(422, f"{len(own)} ids for {len(rows)} {name}", "ids")
+    for n, i in enumerate(own):
+        if i is not None and (not isinstance(i, str) or not i):
+            raise InvalidRequest(422, f"ids[{n}]: an id is a non-empty string (None: one from the content), got "
+                                      f"{i!r}", f"ids[{n}]")
+    own = [i if i is None else str(i) for i in own]  # (numpy's str_ as a plain str)
     out = []
     for n, (row, i) in enumerate(zip(rows, own)):
-        row = {"text": row} if isinstance(row, str) else dict(row)
-        text = row.pop("text", None)
-        if check_text is not None:
-            text = check_text(text, f"texts[{n}]")
-        out.append(text_item(text, id=row.pop("id", None) or i, metadata=row))
+        at = f"{name}[{n}]"
+        if images is not None:
+            if isinstance(row, (str, Path)):
+                row = {"path": row}
+            if not isinstance(row, Mapping) or not isinstance(row.get("path"), (str, Path)):
+                got = "a row without a path" if isinstance(row, Mapping) else type(row).__name__
+                raise InvalidRequest(422, f"{at}: an image file's path, or a {{\"path\", ...}} row; got {got} (save an "
+                                          "image in memory to a file first: the collection keeps where each image is, "
+                                          "to embed it again after an upgrade)", at)
+        else:
+            if isinstance(row, str):
+                row = {"text": row}
+            if not isinstance(row, Mapping):
+                raise InvalidRequest(422, f"{at}: a string or a {{\"text\", ...}} row, got {type(row).__name__}", at)
+        row = dict(row)
+        if i is not None and row.get("id") not in (None, i):
+            raise InvalidRequest(422, f"{at}: two ids given, {row['id']!r} in the row and {i!r} in ids[{n}]", at)
+        item_id = row.pop("id", None) or i
+        try:
+            if images is not None:
+                path, digest = Path(row.pop("path")), row.pop("sha256", None)
+                out.append(image_item(path, id=item_id, metadata=row, sha256=digest))
+                continue
+            text = row.pop("text", None)
+            if check_text is not None:
+                text = check_text(text, at)
+            out.append(text_item(text, id=item_id, metadata=row))
+        except ValueError as e:
+            raise InvalidRequest(422, f"{at}: {e}" if not str(e).startswith(at) else str(e), at) from None
     return out
 
 
@@ -115,7 +140,8 @@ def upload_items(call: Callable[..., Any], items: Sequence[Any], limits: dict[st
         def flush() -> None:
             files = [("images", (Path(images[n].source["path"]).name, data, "application/octet-stream", headers[n]))
                      for n, data in batch]
-            _sum(out, _request(call, "images", "images", batch[0][0], batch[0][0], files=files))
+            _sum(out, _request(call, "images", "images", batch[0][0], batch[0][0], files=files,
+                               files_of=[str(images[n].source["path"]) for n, _ in batch]))
             advance(len(batch))
             batch.clear()
 
@@ -134,6 +160,25 @@ def upload_items(call: Callable[..., Any], items: Sequence[Any], limits: dict[st
             _sum(out, _request(call, "items", "texts", start, len(images) + start, json={"items": rows}))
             advance(len(rows))
     out.ids = [it.id for it in items]
+    return out
+
+
+def check_items(items: Sequence[Any]) -> None:
+    """:func:`check_ids` and :func:`check_metadata`: the ids the HTTP API can name, JSON metadata."""
+    check_ids(items)
+    check_metadata(items)
+
+
+def unembeddable(e: Any, items: Sequence[Any], given: bool) -> InvalidRequest:
+    """The refusal of an item an add could not embed (``e``: an
+    :class:`~nobackfill.collection.ingest.UnembeddableItem`), naming it as ``images[n]`` /
+    ``texts[n]`` of the items ``given`` (not read from a folder or file, whose message names it)."""
+    at = None
+    if given:
+        same = [x.id for x in items if x.modality == e.item.modality]
+        at = f"{'images' if e.item.modality == 'image' else 'texts'}[{same.index(e.item.id)}]"
+    out = InvalidRequest(422, f"{at}: {e}" if at else str(e), at)
+    out.skippable = True  # type: ignore[attr-defined]
     return out
 
 
@@ -183,18 +228,28 @@ def _image_headers(it: Any, at: str) -> dict[str, str]:
     return out
 
 
-def _request(call: Callable[..., Any], part: str, name: str, start: int, done: int, **kw: Any) -> dict[str, Any]:
+def _request(call: Callable[..., Any], part: str, name: str, start: int, done: int,
+             files_of: Sequence[str] = (), **kw: Any) -> dict[str, Any]:
     """One ``POST /v1/items`` of the items ``name[start:]``; a refusal naming ``part[j]`` of this
-    request is raised naming ``name[start + j]`` of the call, and says how many items of the call
-    (``done``) were stored before it."""
+    request is raised naming ``name[start + j]`` of the call (and in its message the file it was
+    read from, ``files_of[j]``: the server knows only its upload), and says how many items of the
+    call (``done``) were stored before it."""
     try:
         return call("POST", "/v1/items", **kw)
     except ClientError as e:
-        def in_call(text: str) -> str:
-            return re.sub(rf"\b{part}\[(\d+)\]", lambda m: f"{name}[{start + int(m.group(1))}]", text)
+        def in_call(text: str, named: bool = False) -> str:
+            seen: set[int] = set()
+
+            def one(m: re.Match) -> str:
+                j = int(m.group(1))
+                first = named and j not in seen and j < len(files_of)
+                seen.add(j)
+                return f"{name}[{start + j}]" + (f" ({files_of[j]})" if first else "")
+
+            return re.sub(rf"\b{part}\[(\d+)\]", one, text)
 
         stored = f" (the {done} items of this call sent before it are stored)" if done else ""
-        raise type(e)(e.status, in_call(e.detail) + stored, e.field and in_call(e.field)) from None
+        raise type(e)(e.status, in_call(e.detail, True) + stored, e.field and in_call(e.field)) from None
 
 
 def _sum(out: AddResult, answer: dict[str, Any]) -> None:

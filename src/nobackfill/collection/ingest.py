@@ -36,7 +36,7 @@ from ..gallery.types import DuplicateIdError, SpaceMismatchError
 if TYPE_CHECKING:  # importing the encoder module pulls in torch
     from ..encoders.base import DualEncoder
 
-__all__ = ["IMAGE_SUFFIXES", "AddReport", "FolderItems", "add_items", "encode_readable", "folder_items", "image_id", "image_item",
+__all__ = ["IMAGE_SUFFIXES", "AddReport", "FolderItems", "UnembeddableItem", "add_items", "encode_readable", "folder_items", "image_id", "image_item",
            "index_folder", "index_pairs", "pair_ids", "read_text_file", "text_file_items", "text_id", "text_item"]
 
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".webp", ".bmp", ".gif", ".tif", ".tiff")
@@ -123,6 +123,18 @@ def index_folder(encoder: "DualEncoder", folder: str | Path, out: str | Path, *,
              for it in read.items if it.modality == "text"}
     return build_gallery(encoder, out, images=list(images.values()), texts=list(texts.values()), model_ref=model_ref,
                          backend=backend, progress=progress, wait=wait), read
+
+
+class UnembeddableItem(ValueError):
+    """An item an add could not embed (a corrupt image, a file gone): ``item``, and ``stored``, how
+    many items of the call were committed before it (a call commits chunk by chunk); ``skip_bad``
+    skips such items."""
+
+    skippable = True
+
+    def __init__(self, message: str, item: Item, stored: int) -> None:
+        super().__init__(message)
+        self.item, self.stored = item, stored
 
 
 @dataclass
@@ -394,7 +406,7 @@ def add_items(collection: Collection, encoder: "DualEncoder", items: Sequence[It
             with progress_bar(progress, f"embedding {modality}s", len(rows)) as advance:
                 for start in range(0, len(rows), int(chunk_size)):
                     chunk = rows[start:start + int(chunk_size)]
-                    chunk, vectors = _embed_chunk(encoder, modality, chunk, skip_bad, report)
+                    chunk, vectors = _embed_chunk(encoder, modality, chunk, skip_bad, report, len(quick))
                     if chunk:
                         collection.put_vectors(current, modality, [it.key for it in chunk], vectors)
                         collection.commit(chunk)  # <- the items become visible here
@@ -438,15 +450,19 @@ def encode_readable(encoder: Any, items: Sequence[Item]) -> tuple[list[Item], di
 
 
 def _embed_chunk(encoder: "DualEncoder", modality: str, chunk: list[Item], skip_bad: bool,
-                 report: AddReport) -> tuple[list[Item], np.ndarray]:
-    """Vectors of ``chunk``; an item that fails to embed is named (or skipped with ``skip_bad``)."""
+                 report: AddReport, quick: int) -> tuple[list[Item], np.ndarray]:
+    """Vectors of ``chunk``; an item that fails to embed is :class:`UnembeddableItem` (saying how
+    many of the call's items are stored: ``quick`` committed without embedding, and the chunks
+    before), or skipped with ``skip_bad``."""
     keep, vecs, bad = encode_readable(encoder, chunk)
     for it in chunk:
         if it.id in bad:
             why = f"cannot embed {modality} ({bad[it.id]})"
             msg = f"{it.payload if modality == 'image' else it.id}: {why}"
             if not skip_bad:
-                raise ValueError(msg + " (pass --skip-bad to skip it)")
+                stored = quick + report.added
+                raise UnembeddableItem(msg + (f"; {stored} item(s) of this call before it are stored (the same call "
+                                              "again embeds only what is missing)" if stored else ""), it, stored)
             report.skipped += 1
             report.problems.append(msg)
             if modality == "image":

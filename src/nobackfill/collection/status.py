@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import socket
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
@@ -36,7 +37,7 @@ class CollectionStatus:
             if not taken:
                 holder = self.lock_holder(INGEST_LOCK)
                 raise CollectionBusyError(f"collection {self.path} is busy: {holder} is adding items; wait for it "
-                                          "to finish or pass --wait to queue behind it")
+                                          "to finish, or queue behind it (--wait; wait=True in Python)")
             self._record_holder(INGEST_LOCK)
             yield
 
@@ -45,13 +46,13 @@ class CollectionStatus:
         try:
             info = json.loads(self.catalog.read_doc(f"locks/{name}.holder") or b"")
             host = f" on {info['host']}" if info.get("host") else ""
+            if info.get("host") == socket.gethostname() and not _pid_alive(int(info["pid"])):
+                return "another process"  # (an earlier holder's record: the new one has not written its own yet)
             return f"process {info['pid']}{host} (started {info['since']})"
         except (ValueError, KeyError, TypeError):
             return "another process"
 
     def _record_holder(self, name: str) -> None:
-        import socket
-
         info = {"pid": os.getpid(), "host": socket.gethostname(), "since": _now()}
         with contextlib.suppress(CatalogError):
             self.catalog.write_doc(f"locks/{name}.holder", json.dumps(info).encode())
@@ -200,3 +201,14 @@ class CollectionStatus:
                 "current": plan.current, "spaces": spaces, "unserved": sum(items.values()) - served,
                 "unsourced": sum(self.count_unsourced().values()),
                 "backend": self.backend}
+
+
+def _pid_alive(pid: int) -> bool:
+    """Whether process ``pid`` of this host is alive (another user's counts)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:
+        return True
+    return True

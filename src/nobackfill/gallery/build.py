@@ -93,7 +93,7 @@ def _build_lock(root: Path, wait: bool) -> Iterator[None]:
     with flock(root / ".ingest-lock", blocking=wait) as taken:  # the lock LocalStorage.lock("ingest") takes
         if not taken:
             raise StoreBusyError(f"{root} is busy: {lock_holder(root, 'ingest')} is adding to it; wait for it to "
-                                 "finish or pass --wait to queue behind it")
+                                 "finish, or queue behind it (--wait; wait=True in Python)")
         record_holder(root, "ingest")
         yield
 

@@ -188,7 +188,7 @@ def pin_route(collection: Collection, space_id: str, direction: str, route: str 
     if route is not None and route not in ROUTES:
         raise ValueError(f"route must be one of {ROUTES}, got {route!r}")
     if route == FUSED and weight is not None and not 0.0 <= weight <= 1.0:
-        raise ValueError(f"a fused route's weight must lie in [0, 1] (--w), got {weight}")
+        raise ValueError(f"a fused route's weight w must lie in [0, 1], got {weight}")
 
     def commit(p: Plan) -> Plan:
         if space_id == p.current:

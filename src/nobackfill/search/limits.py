@@ -3,6 +3,7 @@ validate against (the service also caps request bodies with it)."""
 
 from __future__ import annotations
 
+import numbers
 from dataclasses import dataclass
 
 __all__ = ["Limits"]
@@ -23,9 +24,9 @@ class Limits:
 
     def check_k(self, k: int) -> int:
         """``k`` if it is an integer in [1, max_k], else ValueError naming k."""
-        if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= self.max_k:
+        if isinstance(k, bool) or not isinstance(k, numbers.Integral) or not 1 <= k <= self.max_k:
             raise ValueError(f"k must be an integer between 1 and {self.max_k}, got {k!r}")
-        return k
+        return int(k)  # (numpy's integers too)
 
     def check_text(self, text: str, what: str = "text") -> str:
         """``text`` if it is a string of at most max_caption_chars, else ValueError naming ``what``."""
