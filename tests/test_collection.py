@@ -263,6 +263,23 @@ def test_busy_ingest_lock_names_the_holder(tmp_path):
     assert add_items(Collection.open(c.path), old, folder_items(data).items, progress=False).added > 0
 
 
+def test_a_busy_collection_names_no_exited_process(tmp_path):
+    """The holder's record can be an earlier holder's (the new one has the lock, not yet its record):
+    a process of this host that has exited is not named as the one adding items (trial M #10)."""
+    import socket
+    import subprocess
+    import sys
+
+    c, old, _, _, data, _ = _setup(tmp_path)
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    with c.ingesting():
+        c.catalog.write_doc("locks/ingest.holder", json.dumps(
+            {"pid": int(gone.stdout), "host": socket.gethostname(), "since": "2026-01-01T00:00:00+00:00"}).encode())
+        with pytest.raises(CollectionBusyError, match="busy: another process is adding items") as e:
+            add_items(Collection.open(c.path), old, folder_items(data).items, progress=False)
+        assert gone.stdout.strip() not in str(e.value) and "wait=True" in str(e.value)
+
+
 def test_legacy_gallery_opens_as_a_one_space_collection(tmp_path):
     old, _, _ = related_pair()
     data = make_folder(tmp_path / "d", n_images=4)
