@@ -81,7 +81,43 @@ def test_the_export_is_used_only_for_its_own_unaltered_weights(exported, tmp_pat
     assert "text.onnx: missing or changed" in caplog.text
     (d / "onnx" / "export.json").write_text("{not json")
     plain = load_encoder(d)
-    assert onnx_encoder(plain, d) is plain
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="nobackfill.encoders.onnx"):
+        assert onnx_encoder(plain, d) is plain
+    assert "export.json: JSONDecodeError" in caplog.text and "queries run on torch" in caplog.text
+
+
+def test_an_export_onnx_runtime_cannot_load_runs_that_tower_on_torch(exported, tmp_path, caplog):
+    """Trial L: a file that matches its record but does not load (another onnx version's, cut) or a
+    tower record that is no object made every process that loaded the model fail; the tower runs on
+    torch with a warning instead, the others on ONNX Runtime."""
+    import hashlib
+
+    d = tmp_path / "m"
+    shutil.copytree(exported, d)
+    cut = (d / "onnx" / "text.onnx").read_bytes()[:1000]
+    (d / "onnx" / "text.onnx").write_bytes(cut)
+    info = json.loads((d / "onnx" / "export.json").read_text())
+    info["towers"]["text"]["sha256"] = hashlib.sha256(cut).hexdigest()
+    (d / "onnx" / "export.json").write_text(json.dumps(info))
+    torch_enc = load_encoder(d)
+    with caplog.at_level("WARNING", logger="nobackfill.encoders.onnx"):
+        enc = onnx_encoder(torch_enc, d)
+    assert enc.runtimes() == {"image": "onnx", "text": "torch"}
+    assert "ONNX Runtime cannot load it" in caplog.text and "text tower runs on torch" in caplog.text
+    assert np.abs(enc.encode_texts(TEXTS) - torch_enc.encode_texts(TEXTS)).max() == 0
+    info["towers"]["text"] = None
+    (d / "onnx" / "export.json").write_text(json.dumps(info))
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="nobackfill.encoders.onnx"):
+        assert onnx_encoder(torch_enc, d).runtimes() == {"image": "onnx", "text": "torch"}
+    assert "text tower's record is None" in caplog.text
+    for raw in ("[]", '{"space_id": "x"}'):  # a record that is no export's: said, not silent
+        (d / "onnx" / "export.json").write_text(raw)
+        caplog.clear()
+        with caplog.at_level("WARNING", logger="nobackfill.encoders.onnx"):
+            assert onnx_encoder(torch_enc, d) is torch_enc
+        assert "not an export's record" in caplog.text
 
 
 def test_int8_only_when_asked(exported, monkeypatch):
@@ -131,6 +167,9 @@ def test_the_cli_exports_and_reports(tmp_path):
     assert r.exit_code == 0 and "earlier int8 export of text is gone" in r.stdout
     r = CliRunner().invoke(app, ["export-onnx", str(tmp_path / "nope")])
     assert r.exit_code == 2 and "not a model directory" in r.output
+    for empty in ("", "text,"):  # an empty tower name is refused alike (--towers "" exported every tower)
+        r = CliRunner().invoke(app, ["export-onnx", str(d), "--towers", empty])
+        assert r.exit_code == 2 and "not ['']" in r.output, (empty, r.output)
 
 
 def test_the_cli_says_when_it_cannot_write_the_export(tmp_path, monkeypatch):
@@ -187,7 +226,7 @@ def test_export_on_first_load_falls_back_to_torch_when_it_cannot_write(tmp_path,
 
 
 def test_an_unknown_onnx_mode_is_refused_naming_it(monkeypatch):
-    with pytest.raises(ValueError, match="onnx must be one of auto, export, int8, off, got 'fast'"):
+    with pytest.raises(ValueError, match=r"onnx must be one of auto, export, int8, off \(or 0: off, 1: auto\), got 'fast'"):
         ModelPool(onnx="fast")
     monkeypatch.setenv("NOBACKFILL_ONNX", "fast")
     with pytest.raises(ValueError, match="NOBACKFILL_ONNX must be one of"):
@@ -236,3 +275,38 @@ def test_onnx_embeds_queries_and_torch_the_stored_items(exported, tmp_path, monk
     query = pool.query_encoder(str(exported)).encode_texts(TEXTS[1:2])[0]
     for i in range(len(TEXTS)):  # the score of each hit is the int8 query against the torch row
         assert abs(stored[f"t{i}"] - float(query @ torch_rows[i])) <= 1e-5
+
+
+def test_an_upgrade_to_a_model_whose_export_does_not_load_is_served(exported, tmp_path, caplog):
+    """Trial L: the upgrade was committed, then failed with a 500, and every search after it too.
+    Its query tower runs on torch (a warning), and the upgrade and searches answer."""
+    import hashlib
+
+    from nobackfill.client.local import LocalClient
+
+    d = tmp_path / "world-old-cut"
+    shutil.copytree(exported, d)
+    info = json.loads((d / "onnx" / "export.json").read_text())
+    for tower in ("text", "image"):
+        cut = (d / "onnx" / f"{tower}.onnx").read_bytes()[:500]
+        (d / "onnx" / f"{tower}.onnx").write_bytes(cut)
+        info["towers"][tower]["sha256"] = hashlib.sha256(cut).hexdigest()
+    (d / "onnx" / "export.json").write_text(json.dumps(info))
+    client = LocalClient(tmp_path / "c", pool=ModelPool())
+    client.create(ROOT / "models" / "world-new")
+    client.add(texts=[{"text": t, "id": f"t{i}"} for i, t in enumerate(TEXTS)])
+    with caplog.at_level("WARNING", logger="nobackfill.encoders.onnx"):
+        up = client.upgrade(d)
+    assert len(up.spaces) == 2 and "ONNX Runtime cannot load it" in caplog.text
+    assert [h.id for h in client.search(text=TEXTS[1], k=2, target="text").hits]
+    assert client.pool.runtimes()[str(d)] == {"image": "torch", "text": "torch"}
+
+
+def test_the_pool_names_the_query_side_of_a_bridge_as_torch():
+    """/metrics reads :meth:`ModelPool.runtimes`: a model with an XBT upgrade's adapters (a query
+    through a bridge) is one of the query towers, on torch (trial L: only the plain models showed)."""
+    pool = ModelPool()
+    up = ROOT / "upgrades" / "world-old-to-new"
+    pool.upgraded(ROOT / "models" / "world-new", up)
+    runs = pool.runtimes()
+    assert runs == {f"{ROOT / 'models' / 'world-new'} via world-old-to-new": {"image": "torch", "text": "torch"}}

@@ -89,7 +89,7 @@ def export_onnx(
     before = onnx_export_info(model) or {"towers": {}}
     try:
         with console.status(f"exporting {model} to ONNX"):
-            info = export(model, int8=int8, towers=towers.split(",") if towers else None, graph=graph)
+            info = export(model, int8=int8, towers=towers.split(",") if towers is not None else None, graph=graph)
     except user_errors() as e:
         fail(str(e))
     except ImportError as e:

@@ -186,8 +186,7 @@ class LocalClient(Client):
     def adopt(self, source: str, *, model: str | Path, vector_field: str, id_field: str, modality: str,
               source_field: str | None = None, images_root: str | Path | None = None, trust_model: bool = False,
               samples: int = 64, backend: str = "auto", wait: bool = False, progress: bool = False) -> dict[str, Any]:
-        """A Milvus collection (``milvus://HOST:PORT#NAME`` or ``milvus-lite:PATH#NAME``) adopted in
-        place as this collection's space: never copied, written to or dropped."""
+        """A Milvus collection (``milvus://HOST:PORT#NAME``, ``milvus-lite:PATH#NAME``) adopted in place."""
         from ..adopt.in_place import adopt_milvus
         from ..search.models import model_ref
 
@@ -224,7 +223,10 @@ class LocalClient(Client):
                                           queries=queries, fit_sample=dict(fit_sample) if fit_sample else None)
             except UpgradeRefused as e:
                 raise Conflict(409, str(e), "model") from None
-        self.warm()
+        try:  # committed: a model that fails to load now is named by the search that needs it
+            self.warm()
+        except Exception as e:
+            log.warning("upgraded; a model did not load for searching (%s: %s)", type(e).__name__, e)
         return UpgradeResult(current=plan.current, spaces=list(plan.space_ids),
                              merge=plan.merge_method or DEFAULT_MERGE, routes=route_table(plan))
 
@@ -331,13 +333,11 @@ class LocalClient(Client):
         c = self.collection
         st = c.status()
         plan = c.plan
-        st["routes"] = route_table(plan)
-        st["merge"] = plan.merge_method or DEFAULT_MERGE
-        st["calibrated"] = bool(plan.calibration)
+        st["routes"], st["merge"], st["calibrated"] = route_table(plan), plan.merge_method or DEFAULT_MERGE, \
+            bool(plan.calibration)
         st["merge_without_labels"] = plan.merge is not None and "without_labels" in (plan.merge.calibration or {})
         st["backfill"] = self.backfill_status()
-        st["fitted_bridges"] = fit_summary(c)
-        st["limits"] = dataclasses.asdict(self.limits)
+        st["fitted_bridges"], st["limits"] = fit_summary(c), dataclasses.asdict(self.limits)
         return st
 
     @_refusals
@@ -458,7 +458,7 @@ class LocalClient(Client):
                         gpus_per_actor: float = 0.0) -> dict[str, Any]:
         from ..lifecycle.backfill import check_run_settings
 
-        check_run_settings(rate=rate)
+        check_run_settings(rate=rate)  # (then as a start that resumes: one started where none is paused)
         return self._start_thread(order, rate, self._ray_options(engine, ray_address, actors, gpus_per_actor))
 
     @_refusals
@@ -489,8 +489,8 @@ class LocalClient(Client):
             st["worker_stopped"] = self.backfill_stopped
         return st
 
-    def close(self) -> None:
-        """Nothing to release: a collection holds no connection between calls."""
+    def close(self) -> None:  # nothing to release: a collection holds no connection between calls
+        pass
 
 
 def _results(r: Any) -> SearchResults:

@@ -295,13 +295,24 @@ def export_onnx(model_dir: str | Path, *, int8: bool = False, towers: Sequence[s
     return {**info, "earlier": {"kept": list(kept), "dropped": dropped}}
 
 
-def onnx_export_info(model_dir: str | Path) -> dict[str, Any] | None:
-    """What ``model_dir/onnx/export.json`` records, or None (no export, or unreadable)."""
+def onnx_export_info(model_dir: str | Path, *, warn: bool = False) -> dict[str, Any] | None:
+    """What ``model_dir/onnx/export.json`` records, or None (no export, or unreadable: ``warn``
+    logs a warning for one that is there but not an export's record)."""
+    path = Path(model_dir) / EXPORT_DIR / "export.json"
     try:
-        info = json.loads((Path(model_dir) / EXPORT_DIR / "export.json").read_text())
-    except (OSError, ValueError):
+        info = json.loads(path.read_text())
+    except FileNotFoundError:
         return None
-    return info if isinstance(info, dict) and isinstance(info.get("towers"), dict) else None
+    except (OSError, ValueError) as e:
+        info, why = None, f"{type(e).__name__}: {e}"
+    else:
+        why = "not an export's record (no towers)"
+    if isinstance(info, dict) and isinstance(info.get("towers"), dict):
+        return info
+    if warn:
+        log.warning("%s: %s; queries run on torch (nobackfill export-onnx %s writes the export again)", path,
+                    why, model_dir)
+    return None
 
 
 class OnnxEncoder(DualEncoder):
@@ -365,7 +376,7 @@ def onnx_encoder(encoder: DualEncoder, model_dir: str | Path, *, int8: bool = Fa
     ``encoder`` itself. A file whose sha256 differs from the export's record is not used. Where an
     export is there but cannot be used as asked (other weights, a file changed, no int8 copy, no
     onnxruntime), the log says why (a warning) and that tower runs on torch."""
-    info = onnx_export_info(model_dir)
+    info = onnx_export_info(model_dir, warn=True)
     if info is None:
         return encoder
     if info.get("space_id") != encoder.space_id:
@@ -382,6 +393,10 @@ def onnx_encoder(encoder: DualEncoder, model_dir: str | Path, *, int8: bool = Fa
     for tower, entry in info["towers"].items():
         if tower not in encoder.modalities:
             continue
+        if not isinstance(entry, dict):
+            log.warning("%s/%s/export.json: its %s tower's record is %r; that tower runs on torch", model_dir,
+                        EXPORT_DIR, tower, entry)
+            continue
         if int8 and "int8" not in entry:
             log.warning("%s: the %s tower has no int8 export (nobackfill export-onnx --int8); it runs in fp32",
                         model_dir, tower)
@@ -390,7 +405,13 @@ def onnx_encoder(encoder: DualEncoder, model_dir: str | Path, *, int8: bool = Fa
         if not path.is_file() or _sha256(path) != entry.get("sha256"):
             log.warning("%s: missing or changed since its export (sha256); the %s tower runs on torch", path, tower)
             continue
-        sessions[tower] = _session(path, threads)
+        try:
+            sessions[tower] = _session(path, threads)
+        except Exception as e:  # a file ONNX Runtime cannot load (another version's, damaged): torch answers
+            log.warning("%s: ONNX Runtime cannot load it (%s: %s); the %s tower runs on torch (nobackfill "
+                        "export-onnx %s exports it again)", path, type(e).__name__, str(e).strip()[:200], tower,
+                        model_dir)
+            continue
         files[tower] = str(path)
     if not sessions:
         return encoder

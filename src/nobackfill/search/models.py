@@ -50,7 +50,7 @@ def onnx_mode(mode: str | None = None) -> str:
     got = _MODE_ALIASES.get(raw, raw)
     if got not in ONNX_MODES:
         src = "onnx" if mode is not None else ONNX_ENV
-        raise ValueError(f"{src} must be one of {', '.join(ONNX_MODES)}, got {raw!r}")
+        raise ValueError(f"{src} must be one of {', '.join(ONNX_MODES)} (or 0: off, 1: auto), got {raw!r}")
     return got
 
 
@@ -131,11 +131,15 @@ class ModelPool:
 
     def runtimes(self) -> dict[str, dict[str, str]]:
         """How each query encoder loaded so far runs, by reference and tower: ``torch``, ``onnx`` or
-        ``onnx-int8``."""
+        ``onnx-int8``; a model with an XBT upgrade's adapters (the query side of a bridge) as
+        ``"REF via UPGRADE"``, always on torch."""
         with self._lock:
-            encs = sorted(self._queries.items())
-        return {ref: e.runtimes() if isinstance(e, OnnxEncoder) else {t: "torch" for t in e.modalities}
-                for ref, e in encs}
+            encs, ups = sorted(self._queries.items()), sorted(self._upgraded.items())
+        out = {ref: e.runtimes() if isinstance(e, OnnxEncoder) else {t: "torch" for t in e.modalities}
+               for ref, e in encs}
+        for (ref, dirs), e in ups:
+            out[f"{ref} via {'+'.join(Path(d).name for d in dirs)}"] = {t: "torch" for t in e.modalities}
+        return out
 
     def remember(self, ref: str | Path) -> None:
         """Record what the model at ``ref`` is (:mod:`nobackfill.encoders.meta`), once, if this pool
