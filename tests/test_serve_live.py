@@ -202,7 +202,7 @@ def _fits(browser) -> dict:
 
 def _open(browser, live, key: str | None = READ) -> None:
     browser.get(live.url + "/")
-    browser.execute_script("localStorage.setItem('nobackfill-key', arguments[0]);", key or "")
+    browser.execute_script("sessionStorage.setItem('nobackfill-key', arguments[0]);", key or "")
     browser.get(live.url + "/")
 
 
@@ -241,7 +241,18 @@ def test_web_page_in_a_real_browser(live, browser, tmp_path):
                and "the image" in b.find_element(By.ID, "message").text)
     captions = browser.find_elements(By.CSS_SELECTOR, "#results .hit .caption")
     assert captions and captions[0].text.strip()
+    assert "captions for the image" in browser.find_element(By.ID, "message").text  # the selector's word
+    # the results answer the image, shown beside them; the text box no longer says otherwise
+    assert browser.find_element(By.ID, "asked-image").get_attribute("src").startswith("blob:")
+    assert browser.find_element(By.ID, "asked").is_displayed() and not browser.find_element(By.ID, "query").get_attribute("value")
+    # a hit's id, space and route: shown on a click (a tap), not only in a hover title
+    first = browser.find_element(By.CSS_SELECTOR, "#results .hit")
+    assert not first.find_element(By.CSS_SELECTOR, ".details").is_displayed()
+    first.click()
+    assert first.find_element(By.CSS_SELECTOR, ".details").text.startswith("id ")
+    browser.save_screenshot(str(_screens(tmp_path) / "image-query.png"))
     _search(browser, wait, "a large blue square")
+    assert not browser.find_element(By.ID, "asked").is_displayed()
     # desktop: the status panel beside the results, in the viewport, nothing overflowing
     lay = _fits(browser)
     assert lay["boxes"]["#status"][0] >= lay["boxes"]["#results"][1], lay
@@ -364,7 +375,11 @@ def test_web_page_names_a_fitted_bridge_beside_its_route(live, browser, tmp_path
         # the orthogonal map on several pair sets (image, caption, both): the mean of the best-scored serves
         assert t2i["family"] == "ensemble" and len(t2i["candidate"].split(" + ")) >= 2
         want = f"t2i bridge (bridge fitted: mean of {t2i['candidate']}, {t2i['pairs']} pairs)"
-        WebDriverWait(browser, 60).until(lambda b: want in b.find_element(By.ID, "spaces").text)
+        old = f"#spaces .space:not(.current)"
+        WebDriverWait(browser, 60).until(lambda b: want in (b.find_element(By.CSS_SELECTOR, old).get_attribute("title")
+                                                            or ""))
+        # every item is in the new space: the old one says it serves nothing (its routes on hover)
+        assert "serves nothing now" in browser.find_element(By.CSS_SELECTOR, old).text
         # the merge's score maps, fitted by the backfill without labels
         assert "merge calibrated (fitted without labels)" in browser.find_element(By.ID, "collection").text
         browser.save_screenshot(str(_screens(tmp_path) / "fitted-bridge.png"))

@@ -4,7 +4,9 @@
 // stays only until the next action succeeds.
 const $ = (id) => document.getElementById(id);
 const keyInput = $("key");
-keyInput.value = localStorage.getItem("nobackfill-key") || "";
+// the key lives as long as this tab (sessionStorage), never in the browser's profile
+localStorage.removeItem("nobackfill-key"); // (where an earlier page kept it)
+keyInput.value = sessionStorage.getItem("nobackfill-key") || "";
 const key = () => keyInput.value.trim();
 const headers = () => ({ Authorization: "Bearer " + key() });
 let thumbs = new Map(); // item id -> promise of an object URL, fetched with the current key
@@ -46,7 +48,7 @@ function thumbnail(id) {
     const cache = thumbs;
     const url = fetch(`/v1/items/${encodeURIComponent(id)}/thumbnail?size=200`, { headers: headers() })
       .then(async (res) => {
-        if (!res.ok) throw new Error(res.statusText);
+        if (!res.ok) throw new Error((await res.json().catch(() => null))?.detail || res.statusText);
         return URL.createObjectURL(await res.blob());
       });
     url.catch(() => cache.delete(id)); // not remembered: the next search tries again
@@ -55,10 +57,13 @@ function thumbnail(id) {
   return thumbs.get(id);
 }
 
+const NAMES = { image: "images", text: "captions" };
+
 function card(hit) {
   const el = document.createElement("div");
   el.className = "hit";
   el.dataset.id = hit.id;
+  el.tabIndex = 0;
   const route = `<span class="tag ${hit.route === "native" ? "native" : ""}"></span>`;
   const meta = `<div class="meta"><span>#${hit.rank} · ${hit.score.toFixed(3)}</span>${route}</div>`;
   const text = (hit.metadata || hit).text;  // the item's metadata, whole under "metadata"
@@ -66,12 +71,32 @@ function card(hit) {
     el.innerHTML = `<div class="caption"></div>${meta}`;
     el.querySelector(".caption").textContent = text;
   } else {
-    el.innerHTML = `<img alt="">${meta}`;
-    thumbnail(hit.id).then((url) => { el.querySelector("img").src = url; }, () => el.classList.add("missing"));
+    el.innerHTML = `<img alt=""><div class="unreadable">image not readable here</div>${meta}`;
+    thumbnail(hit.id).then((url) => { el.querySelector("img").src = url; }, (err) => {
+      el.classList.add("missing");
+      el.querySelector(".unreadable").title = err.message; // the server's reason
+    });
   }
   el.querySelector(".tag").textContent = hit.route;
+  const details = document.createElement("div");
+  details.className = "details"; // shown on a click or a tap (a title alone needs a mouse)
+  details.textContent = `id ${hit.id} · space ${hit.space} · route ${hit.route}`;
+  el.append(details);
   el.title = `${hit.id}\nspace ${hit.space}\nroute ${hit.route}`;
+  const toggle = () => el.classList.toggle("open");
+  el.addEventListener("click", toggle);
+  el.addEventListener("keydown", (e) => { if (e.key === "Enter" || e.key === " ") { e.preventDefault(); toggle(); } });
   return el;
+}
+
+function asked(text, file) { // what the results answer: the text, or the image (shown)
+  const img = $("asked-image");
+  if (img.src) URL.revokeObjectURL(img.src);
+  img.removeAttribute("src");
+  $("asked").className = file ? "image" : "";
+  if (file) img.src = URL.createObjectURL(file);
+  $("asked-text").textContent = file ? `the query: ${file.name}` : "";
+  if (file) $("query").value = ""; // the text box no longer says what the results answer
 }
 
 function begin(text) {
@@ -87,8 +112,10 @@ function show(n, result, label) {
   clearResults();
   $("results").replaceChildren(...result.hits.map(card));
   const spaces = new Set(result.hits.map((h) => h.space)).size;
-  if (!result.hits.length) return say(`No ${result.modality}s for ${label}.`);
-  say(`${result.hits.length} ${result.modality}s for ${label} · answered by ${spaces} space${spaces === 1 ? "" : "s"}`);
+  const what = NAMES[result.modality] || result.modality + "s";
+  if (!result.hits.length) return say(`No ${what} for ${label}.`);
+  say(`${result.hits.length} ${what} for ${label} · answered by ${spaces} space${spaces === 1 ? "" : "s"}` +
+      (spaces > 1 ? " · merged: each score is on its own space's scale, so the order is the merge's, not the scores'" : ""));
 }
 
 function fail(n, err, what = "") {
@@ -102,6 +129,7 @@ $("text-form").addEventListener("submit", async (e) => {
   e.preventDefault();
   const text = $("query").value.trim();
   const n = begin("Searching…");
+  asked(text, null);
   if (!text) return fail(n, new Error("type a query first."));
   if (!key()) return fail(n, new Error("enter an API key first (top right)."));
   try {
@@ -116,6 +144,7 @@ $("text-form").addEventListener("submit", async (e) => {
 async function searchImage(file) {
   if (!file) return;
   const n = begin(`Searching by the image ${file.name}…`);
+  asked("", file);
   if (!key()) return fail(n, new Error("enter an API key first (top right)."));
   const form = new FormData();
   form.append("image", file);
@@ -139,7 +168,7 @@ drop.addEventListener("drop", (e) => { e.preventDefault(); drop.classList.remove
 
 // ------------------------------------------------------------------ the key
 keyInput.addEventListener("change", () => {
-  localStorage.setItem("nobackfill-key", key());
+  sessionStorage.setItem("nobackfill-key", key());
   action++; // a search in flight asked with the old key
   clearResults();
   say("");
@@ -177,13 +206,17 @@ async function refresh() {
     c.querySelector("b").textContent = st.name;
     $("spaces").replaceChildren(...Object.entries(st.spaces).filter(([, s]) => !s.retired).map(([id, s]) => {
       const el = document.createElement("div");
-      el.className = "space" + (s.current ? " current" : "");
+      const empty = !s.current && !(s.image || 0) && !(s.text || 0);
+      el.className = "space" + (s.current ? " current" : "") + (empty ? " empty" : "");
       const fitted = Object.fromEntries(((st.fitted_bridges || {}).serving || []).filter((b) => b.space === id)
         .map((b) => [b.direction, b]));
-      const route = st.routes[id] ? Object.entries(st.routes[id]).filter(([d]) => d === "t2i" || d === "i2t" || d === "t2t")
-        .map(([d, r]) => `${d} ${r.route}` + (fitted[d] && r.route !== "old-model"
-          ? ` (bridge fitted: ${fitted[d].family === "ensemble" && fitted[d].candidate ? `mean of ${fitted[d].candidate}`
-            : fitted[d].family}, ${fitted[d].pairs} pairs)` : "")).join(", ") : "native";
+      const how = (b) => (b.family === "ensemble" && b.candidate ? `mean of ${b.candidate}` : b.family);
+      const routes = st.routes[id] ? Object.entries(st.routes[id]).filter(([d]) => d === "t2i" || d === "i2t" || d === "t2t") : [];
+      const route = empty ? "serves nothing now: every item is in a newer space (retire it to drop its vectors)"
+        : routes.length ? routes.map(([d, r]) => `${d} ${r.route}` + (fitted[d] && r.route !== "old-model"
+          ? ` (fitted, ${fitted[d].pairs} pairs)` : "")).join(", ") : "native";
+      el.title = routes.map(([d, r]) => `${d} ${r.route}` + (fitted[d] ? ` (bridge fitted: ${how(fitted[d])}, ` +
+        `${fitted[d].pairs} pairs)` : "")).join("\n");  // the whole story on hover
       el.innerHTML = `<b></b> ${s.current ? '<span class="tag native">current</span>' : ""}<br>${s.image || 0} images · ${s.text || 0} captions<br><span class="routes"></span><br><code></code>`;
       el.querySelector("b").textContent = s.name;
       el.querySelector(".routes").textContent = route;  // text, never markup: the names come from the catalog
@@ -194,7 +227,8 @@ async function refresh() {
     $("bar-fill").style.width = `${(100 * bf.fraction).toFixed(1)}%`;
     const state = bf.state === "none" ? "no backfill running" : bf.state;
     const text = $("backfill-text");
-    text.textContent = `${bf.done} / ${bf.total} items (${(100 * bf.fraction).toFixed(1)}%) · ${state}` +
+    const percent = bf.done < bf.total ? Math.min(99.9, Math.floor(1000 * bf.fraction) / 10) : 100 * bf.fraction;
+    text.textContent = `${bf.done} / ${bf.total} items (${percent.toFixed(1)}%) · ${state}` +
       (bf.rate ? ` · ${bf.rate.toFixed(0)} items/s` : "") +
       (bf.unreadable ? ` · ${bf.unreadable} unreadable, left in the old space: ${Object.keys(bf.unreadable_items || {}).join(", ")}` : "") +
       (bf.error ? ` · worker failed: ${bf.error}` : "");
