@@ -160,6 +160,12 @@ def test_backfill_names_an_unreadable_image_and_finishes_the_rest(tmp_path):
     assert st["unreadable"] == 1 and st["done"] == st["total"] - 1 and list(st["unreadable_items"]) == [item["id"]]
     r = invoke("collection", "status", c)
     assert "could not be read" in " ".join(r.output.split())
+    # retire names them as unreadable (running the backfill again would not help), and says what to do
+    old = next(s for s, v in js("collection", "status", c)["spaces"].items() if not v["current"])
+    r = invoke("collection", "retire", c, "--space", old)
+    out = " ".join(r.output.split())
+    assert r.exit_code == 2 and "1 of them the backfill could not read" in out and item["id"] in out, out
+    assert "restore their files" in out and "collection delete" in out and "(run `nobackfill" not in out, out
 
 
 def test_a_folder_with_an_empty_captions_file_and_twin_images_is_added_and_counted(tmp_path):

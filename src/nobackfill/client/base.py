@@ -108,10 +108,16 @@ class Client:
 
     def add(self, *, texts: Sequence[str | Mapping[str, Any]] | None = None, images: Sequence[str | Path] | None = None,
             ids: Sequence[str | None] | None = None, **kw: Any) -> AddResult:
-        """Embed and add texts (strings, or ``{"text", "id", ...metadata}``) or image files with the
-        current model; an id already there with the same content is left as it is. Both clients
-        also take ``folder=`` (a data folder, or a world root with ``split=``) and ``text_file=``,
-        read on the caller's machine (over HTTP: uploaded), and an empty list (nothing added)."""
+        """Embed and add texts (strings, or ``{"text", "id", ...metadata}``; a caption's
+        ``"image_id"`` links it to its image) or image files (paths, or ``{"path", "id",
+        ...metadata}``; an image in memory: save it to a file first) with the current model; an id
+        already there with the same content is left as it is. Both clients also take ``folder=`` (a
+        data folder, or a world root with ``split=``) and ``text_file=``, read on the caller's
+        machine (over HTTP: uploaded), ``chunk_size`` (items embedded and committed together: a call
+        that fails part way keeps the chunks before, and its error says how many items), and an
+        empty list (nothing added). In process also ``skip_bad`` (skip unreadable lines and images,
+        reported) and ``wait`` (queue behind another process's add; without it such an add is
+        refused at once, 409)."""
         raise NotImplementedError
 
     def import_(self, source: str, **kw: Any) -> ImportResult:
@@ -145,7 +151,8 @@ class Client:
 
     def search(self, *, text: str | None = None, image: Any = None, k: int = 10, target: str | None = None,
                filter: Mapping[str, Any] | None = None, merge: str | None = None) -> SearchResults:
-        """Top ``k`` items for a text or an image (a path), every space through its route, one merged list."""
+        """Top ``k`` items for a text or an image (a path, bytes, a PIL image; in process also an
+        array), every space through its route, one merged list."""
         raise NotImplementedError
 
     def get(self, item_id: str) -> ItemInfo:
@@ -183,7 +190,8 @@ class Client:
         raise NotImplementedError
 
     def retire(self, space: str, *, drop_unsourced: bool = False) -> dict[str, Any]:
-        """Drop an old space's vectors once every item has a vector in the current space."""
+        """Drop an old space's vectors once every item has a vector in the current space (a space
+        already retired: nothing changes, the same answer)."""
         raise NotImplementedError
 
     def index(self, *, log: Callable[[str], None] | None = None, progress: bool = False) -> dict[str, Any]:

@@ -474,8 +474,15 @@ def _retire(collection: Collection, space_id: str, drop_unsourced: bool) -> Plan
     _refuse_losing_a_modality(collection, space_id)
     left = _pending(collection, collection.current_space)
     if left:
+        bad = unreadable_items(collection, BackfillJob.load(collection))
+        unread = [it.id for it in left if it.id in set(bad["ids"])]
+        why = "" if not unread else \
+            (f"; {len(unread)} of them the backfill could not read (a file missing or corrupt, e.g. {unread[0]!r}: "
+             f"{bad['named'].get(unread[0], 'unreadable')}): restore their files and run it again, or delete them "
+             "(`nobackfill collection delete`)")
         raise BackfillError(f"cannot retire space {space_id} of {collection.path}: {len(left)} item(s) have no vector "
-                            f"in the current space yet (run `nobackfill collection backfill`)")
+                            f"in the current space yet" + (" (run `nobackfill collection backfill`)"
+                                                          if len(unread) < len(left) else "") + why)
     orphans = collection.unsourced_ids(space_id)
     if orphans and not drop_unsourced:
         raise BackfillError(f"cannot retire space {space_id} of {collection.path}: {len(orphans)} item(s) it serves "
