@@ -456,7 +456,8 @@ def test_a_single_value_where_a_list_goes_is_refused_by_both_clients(client, wor
         (lambda: c.add(images=str(path)), "images"), (lambda: c.add(images=[Image.open(path)]), "images[0]"),
         (lambda: c.add(images=[np.zeros((4, 4, 3))]), "images[0]"), (lambda: c.add(texts=["ok", None]), "texts[1]"),
         (lambda: c.add(texts=["ok", 42]), "texts[1]"), (lambda: c.add(texts=["ok", "  "]), "texts[1]"),
-        (lambda: c.add(texts=["x"], ids=[""]), "ids[0]"),
+        (lambda: c.add(texts=["x"], ids=[""]), "ids[0]"), (lambda: c.add(texts=["x", {"text": "y", "id": ""}]),
+                                                              "texts[1].id"),
         (lambda: c.add(texts=[{"text": "real", "id": "tk"}], ids=["other"]), "texts[0]"),
         (lambda: c.upgrade(None), "model"), (lambda: c.upgrade("world-new", bridges="up"), "bridges"),
     ]

@@ -87,6 +87,8 @@ def given_items(texts: Any, images: Any, ids: Any, check_text: Callable[[Any, st
             if not isinstance(row, Mapping):
                 raise InvalidRequest(422, f"{at}: a string or a {{\"text\", ...}} row, got {type(row).__name__}", at)
         row = dict(row)
+        if row.get("id") == "":
+            raise InvalidRequest(422, f"{at}.id: empty (leave it out for an id from the content)", f"{at}.id")
         if i is not None and row.get("id") not in (None, i):
             raise InvalidRequest(422, f"{at}: two ids given, {row['id']!r} in the row and {i!r} in ids[{n}]", at)
         item_id = row.pop("id", None) or i

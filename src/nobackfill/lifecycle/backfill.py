@@ -58,7 +58,7 @@ from .backfill_jobs import (DEFAULT_LEASE_S, JOB_DIR, JOB_FILE, LEASE_DIR, ORDER
                             Pacer, _holder_gone, _iso, _job_lock, _last_worker, _leases, _now, _order_ids, _parse_owner,
                             _read, _release, _renew,
                             _stopped_workers, _take_shard, _write, backfill_running, describe_holders,
-                            record_unreadable, unreadable_items)
+                            record_unreadable, unreadable_items, unreadable_note)
 from .backfill_fit import maybe_fit, running_fit, sample_first  # noqa: F401
 from .backfill_workers import join_workers, start_workers
 from ..collection.ingest import encode_readable
@@ -474,15 +474,10 @@ def _retire(collection: Collection, space_id: str, drop_unsourced: bool) -> Plan
     _refuse_losing_a_modality(collection, space_id)
     left = _pending(collection, collection.current_space)
     if left:
-        bad = unreadable_items(collection, BackfillJob.load(collection))
-        unread = [it.id for it in left if it.id in set(bad["ids"])]
-        why = "" if not unread else \
-            (f"; {len(unread)} of them the backfill could not read (a file missing or corrupt, e.g. {unread[0]!r}: "
-             f"{bad['named'].get(unread[0], 'unreadable')}): restore their files and run it again, or delete them "
-             "(`nobackfill collection delete`)")
+        unread, why = unreadable_note(collection, [it.id for it in left])
         raise BackfillError(f"cannot retire space {space_id} of {collection.path}: {len(left)} item(s) have no vector "
-                            f"in the current space yet" + (" (run `nobackfill collection backfill`)"
-                                                          if len(unread) < len(left) else "") + why)
+                            "in the current space yet" + ("" if unread == len(left) else
+                                                          " (run `nobackfill collection backfill`)") + why)
     orphans = collection.unsourced_ids(space_id)
     if orphans and not drop_unsourced:
         raise BackfillError(f"cannot retire space {space_id} of {collection.path}: {len(orphans)} item(s) it serves "

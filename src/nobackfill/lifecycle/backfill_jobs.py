@@ -288,6 +288,19 @@ def record_unreadable(collection: Collection, job: "BackfillJob", bad: dict[str,
         _write(collection, UNREADABLE_FILE, obj)
 
 
+def unreadable_note(collection: Collection, ids: Sequence[str]) -> tuple[int, str]:
+    """How many of ``ids`` the current job could not read, and a note saying so and what to do
+    (empty for none): running the backfill again does not embed them while their files are bad."""
+    bad = unreadable_items(collection, BackfillJob.load(collection))
+    named = set(bad["ids"])
+    unread = [i for i in ids if i in named]
+    if not unread:
+        return 0, ""
+    return len(unread), (f"; {len(unread)} of them the backfill could not read (a file missing or corrupt, e.g. "
+                         f"{unread[0]!r}: {bad['named'].get(unread[0], 'unreadable')}): restore their files and run "
+                         "it again, or delete them (`nobackfill collection delete`)")
+
+
 def unreadable_items(collection: Collection, job: "BackfillJob | None") -> dict[str, Any]:
     """This job's unreadable items: ``{"ids": [...], "count": n, "named": {id: why}}`` (empty for none)."""
     obj = _read(collection, UNREADABLE_FILE) if job is not None else None
