@@ -103,3 +103,41 @@ def test_a_worker_process_tells_its_bridge_fits_on_the_stderr_it_shares(tmp_path
                                   str(report))
     assert seen["batch_size"] == 4 and seen["stop"]() is None and _json.loads(report.read_text()) == {"done": True}
     assert f"worker pid {os.getpid()}: fitting bridges on 8 backfilled pairs" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("group", [False, True], ids=["the-command", "its-process-group"])
+def test_ctrl_c_stops_the_worker_processes_too_and_says_what_stays(tmp_path, group):
+    """Trial N: a SIGINT of `collection backfill --workers 2` printed "interrupted" and then waited
+    for its worker process to finish the whole job (or ran on past a minute). Now the workers commit
+    their batch, hand their shard back and record the interruption; the command says how far the
+    backfill got and that the same command goes on. ``group``: a terminal's Ctrl-C, which reaches
+    every process of the group (the workers leave it to the command)."""
+    from nobackfill.lifecycle.backfill_workers import INTERRUPTED
+
+    world_collection(tmp_path, "c", MODELS / "world-old", n_train=2, n_val=2, n_test=30)
+    path = tmp_path / "c"
+    ok("collection", "upgrade", path, "--model", MODELS / "world-new", "--no-fit-bridge")
+    cmd = [sys.executable, "-c", "from nobackfill.cli import app; app()", "collection", "backfill", str(path),
+           "--workers", "2", "--rate", "2", "--batch-size", "1", "--order", "sequential"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        st = _wait(lambda: (s := backfill_status(Collection.open(path)))["workers"] == 2 and s, 120)
+        assert st, backfill_status(Collection.open(path))
+        child = [h["pid"] for h in st["holders"] if h["pid"] != proc.pid]
+        (os.killpg if group else os.kill)(proc.pid, signal.SIGINT)
+        out, err = proc.communicate(timeout=60)  # not the rest of the job at 2 items/s (~45 s)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(10)
+    text = " ".join((out + err).split())
+    assert proc.returncode == 130, text
+    assert "interrupted: the current space of" in text and "Run the same command again to go on" in text, text
+    assert "Traceback" not in text, text
+    assert _wait(lambda: not _alive(child[0]), 10)
+    st = backfill_status(Collection.open(path))
+    assert st["workers"] == 0 and st["state"] != "done" and st["last_worker"]["stopped"] == INTERRUPTED, st
+    assert not Collection.open(path).verify()
+    ok("collection", "backfill", path, "--workers", "2")
+    assert backfill_status(Collection.open(path))["state"] == "done"

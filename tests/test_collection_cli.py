@@ -229,3 +229,18 @@ def test_skip_bad_reports_each_problem_once(tmp_path, caplog):
     assert "skipped 2 bad line(s)/image(s)" in " ".join(out.split()), out
     said = [r.getMessage() for r in caplog.records if r.name.startswith("nobackfill.data")]
     assert not said, said  # not warned as they were read (on stderr, beside the report)
+
+
+def test_a_world_root_without_the_split_asked_is_refused(tmp_path):
+    """Trial N: `--split tset` on a world root read the root as a folder of photos: every split's
+    images added uncaptioned (21,800 on the real world) and the test images' labels dropped."""
+    r = world_collection(tmp_path, "p", MODELS / "world-old", n_train=2, n_val=2, n_test=3, langs="en")
+    assert r.exit_code == 0, r.output
+    world = next(p.parent for p in tmp_path.rglob("world.json"))
+    before = js("collection", "status", tmp_path / "p")["items"]
+    for cmd in (("collection", "add", tmp_path / "p", "--data", world, "--split", "tset"),
+                ("index", "--model", MODELS / "world-old", "--data", world, "--split", "tset", "--out", tmp_path / "g")):
+        r = invoke(*cmd)
+        out = " ".join(r.output.split())
+        assert r.exit_code == 2 and "a world root with no split 'tset' (its splits: test, train, val)" in out, out
+    assert js("collection", "status", tmp_path / "p")["items"] == before and not (tmp_path / "g").exists()

@@ -49,23 +49,31 @@ def print_indexes(rep: dict) -> None:
 
 
 @contextlib.contextmanager
-def interrupt_report(client: Any, name: str) -> Iterator[None]:
-    """Ctrl-C during an import or add: say what the collection holds now (every batch committed
-    before the interruption stays) and that the same command finishes the work, then exit 130."""
+def interrupt_report(client: Any, name: str, kind: str = "add") -> Iterator[None]:
+    """Ctrl-C during an import or add (``kind``), a backfill or an upgrade: say what the collection
+    holds now (every batch committed before the interruption stays; an upgrade registers at once or
+    not at all) and whether the same command goes on with the work, then exit 130."""
     try:
         yield
     except KeyboardInterrupt:
         try:
-            now = client.status()["items"]
-            what = (f"{name} holds {now.get('image', 0)} images and {now.get('text', 0)} texts now (every batch "
-                    "committed before the interruption stays)")
+            st = client.status()
+            now, bf = st["items"], st.get("backfill") or {}
+            what = {"add": f"{name} holds {now.get('image', 0)} images and {now.get('text', 0)} texts now (every "
+                           "batch committed before the interruption stays)",
+                    "backfill": f"the current space of {name} serves {bf.get('done', 0)} of {bf.get('total', 0)} "
+                                "items now (every batch committed before the interruption stays)",
+                    "upgrade": f"the current model of {name} is {st['spaces'][st['current']]['name']} (an upgrade "
+                               "is registered all at once or not at all)"}[kind]
         except Exception:  # noqa: BLE001 - the note must not hide the interruption
-            what = "every batch committed before the interruption stays in the collection"
+            what = "what was committed before the interruption stays in the collection"
         remote = type(client).__name__ == "RemoteClient"
+        rerun = {"add": ". Run the same command again to finish: items already there are skipped, nothing is "
+                        "embedded or imported twice.",
+                 "backfill": ". Run the same command again to go on from there.", "upgrade": "."}[kind]
         console.print(f"[yellow]interrupted:[/yellow] {escape(what)}"
-                      + ("; the server finishes the request it was sent" if remote else "")
-                      + ". Run the same command again to finish: items already there are skipped, nothing is "
-                        "embedded or imported twice.")
+                      + ("; the server finishes the request it was sent" if remote and kind != "backfill" else "")
+                      + rerun)
         raise typer.Exit(code=130) from None
 
 

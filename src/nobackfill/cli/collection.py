@@ -235,9 +235,11 @@ def upgrade(
         from ..collection.ingest import text_file_items
 
         texts = [it.source["text"] for it in text_file_items(queries)] if queries is not None else []
-        rep = client.upgrade(model, bridges=bridge or [], calibrate=calibrate, calibrate_split=calibrate_split,
-                             calibrate_limit=calibrate_limit, calibrate_langs=calibrate_langs, log=console.print,
-                             fit_bridges=fit_bridge, queries=texts, fit_sample=parse_fit_sample(fit_sample))
+        with interrupt_report(client, name, "upgrade"):
+            rep = client.upgrade(model, bridges=bridge or [], calibrate=calibrate, calibrate_split=calibrate_split,
+                                 calibrate_limit=calibrate_limit, calibrate_langs=calibrate_langs,
+                                 log=console.print, fit_bridges=fit_bridge, queries=texts,
+                                 fit_sample=parse_fit_sample(fit_sample))
         st = client.status()
         cur = st["spaces"][rep.current]
     except user_errors() as e:
@@ -448,7 +450,8 @@ def backfill(
         todo = st0["total"] - st0["done"] if limit is None else min(limit, st0["total"] - st0["done"])
         ray = {"engine": engine, "ray_address": address, "actors": actors, "gpus_per_actor": gpus_per_actor} \
             if engine != "local" or address or actors or gpus_per_actor else {}
-        with progress_bar(True, f"backfilling ({order}, {engine})", todo, unit="items") as advance:
+        with interrupt_report(client, name, "backfill"), \
+                progress_bar(True, f"backfilling ({order}, {engine})", todo, unit="items") as advance:
             st = client.backfill_start(order, rate, wait=True, resume=resume, limit=limit, workers=workers,
                                        batch_size=batch_size, progress=advance, log=console.print, **ray)
     except user_errors() as e:

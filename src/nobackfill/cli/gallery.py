@@ -33,12 +33,13 @@ def index(
     """Embed a data folder's images and captions into a model-versioned gallery (resumable). The
     folder is read as `collection add` reads it: images no caption mentions are embedded too, and
     a folder without captions.jsonl is its images."""
-    from ..gallery.build import StoreBusyError
     from ..collection.ingest import index_folder
+    from ..data.folder import split_folder
     from ..encoders import load_encoder
+    from ..gallery.build import StoreBusyError
 
-    root = data / split if not (data / "captions.jsonl").is_file() and (data / split).is_dir() else data
     try:
+        root = split_folder(data, split)
         enc = load_encoder(model)
         g, read = index_folder(enc, root, out, model_ref=str(model), langs=[x for x in langs.split(",") if x] or None,
                                skip_bad=skip_bad, backend=backend, wait=wait,

@@ -41,14 +41,12 @@ def read_files(folder: str | Path | None, split: str, text_file: str | Path | No
     """The items of ``folder`` (a data folder, or a world root's ``split``) or of ``text_file``, and
     what reading them found (skipped lines and images, with ``skip_bad``)."""
     from ..collection.ingest import folder_items, read_text_file
+    from ..data.folder import split_folder
 
     if text_file is not None:
         ti = read_text_file(text_file, langs=langs, skip_bad=skip_bad)
         return ti.items, ti
-    folder = Path(folder)  # type: ignore[arg-type]
-    if not (folder / "captions.jsonl").is_file() and (folder / split).is_dir():
-        folder = folder / split
-    fi = folder_items(folder, langs=langs, skip_bad=skip_bad)
+    fi = folder_items(split_folder(folder, split), langs=langs, skip_bad=skip_bad)  # type: ignore[arg-type]
     return fi.items, fi
 
 

@@ -148,6 +148,24 @@ class PairDataset:
 
 
 # ----------------------------------------------------------------------------- validation
+def split_folder(folder: str | os.PathLike, split: str) -> Path:
+    """The folder to read of ``folder`` given ``split``: itself when it holds a captions file (or is
+    a folder of images); its ``split`` subfolder for a world root. A world root (``world.json``, or
+    subfolders with a captions file) without that split is ``FileNotFoundError`` naming its splits:
+    read as a folder of images, it would add every split's images, uncaptioned."""
+    folder = Path(folder)
+    if (folder / CAPTIONS_FILE).is_file():
+        return folder
+    if (folder / split).is_dir():
+        return folder / split
+    splits = sorted(p.name for p in folder.iterdir() if p.is_dir() and (p / CAPTIONS_FILE).is_file()) \
+        if folder.is_dir() else []
+    if splits or (folder / "world.json").is_file():
+        raise FileNotFoundError(f"{folder}: a world root with no split {split!r} (its splits: "
+                                f"{', '.join(splits) or 'none'})")
+    return folder
+
+
 def _parse_record(obj: Any) -> tuple[str, str, str, dict, dict]:
     """Check one record; return (image path normalised, caption, lang, labels, extra).
 

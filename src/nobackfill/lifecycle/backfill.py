@@ -60,7 +60,7 @@ from .backfill_jobs import (DEFAULT_LEASE_S, JOB_DIR, JOB_FILE, LEASE_DIR, ORDER
                             _stopped_workers, _take_shard, _write, backfill_running, describe_holders,
                             record_unreadable, unreadable_items, unreadable_note)
 from .backfill_fit import maybe_fit, running_fit, sample_first  # noqa: F401
-from .backfill_workers import join_workers, start_workers
+from .backfill_workers import join_workers, start_workers, stopped_with
 from ..collection.ingest import encode_readable
 from .backfill_order import (ORDERS, _encode, _held, _pending, _route_failure, _uncertainty_order,  # noqa: F401
                              one_read_time)
@@ -399,8 +399,7 @@ def run_backfill(collection: Collection, encoder: Any, *, order: str = "uncertai
     # ``rate`` is the run's, in all: shared by the workers that can hold a shard (a job made with
     # fewer shards than the workers asked for runs fewer; trial H saw one worker at half the rate)
     per_rate = rate / max(1, min(workers, job.shards)) if rate else None
-    limits = _split(limit, max(workers, 1))
-    procs = []
+    limits, procs = _split(limit, max(workers, 1)), []
     if engine == "ray":
         from .cluster.ray_backfill import run_ray_worker
 
@@ -410,8 +409,9 @@ def run_backfill(collection: Collection, encoder: Any, *, order: str = "uncertai
     if workers > 1:  # the others in processes of their own, each stopping once this process is gone
         procs = start_workers(run_worker, collection.path, collection.space(job.target).model, limits,
                               {"batch_size": batch_size, "rate": per_rate, "lease_s": lease_s})
-    rep = run_worker(collection, encoder, batch_size=batch_size, rate=per_rate, limit=limits[0], lease_s=lease_s,
-                     progress=progress, log=log)
+    with stopped_with(procs):  # a Ctrl-C here stops the worker processes too (each after its batch)
+        rep = run_worker(collection, encoder, batch_size=batch_size, rate=per_rate, limit=limits[0],
+                         lease_s=lease_s, progress=progress, log=log)
     return _run_report(collection, rep, [rep.as_dict(), *join_workers(procs)], procs, t0)
 
 

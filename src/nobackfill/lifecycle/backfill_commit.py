@@ -92,7 +92,11 @@ class Session:
         return self
 
     def __exit__(self, kind: Any, e: BaseException | None, tb: Any) -> bool:
-        if e is not None:
+        if isinstance(e, KeyboardInterrupt):
+            from .backfill_workers import INTERRUPTED
+
+            self.rep.stopped = INTERRUPTED
+        elif e is not None:
             self.rep.stopped = f"error: {type(e).__name__}: {e}"
         hand_back(self.collection, self.rep, self.shard)
         return False

@@ -15,13 +15,18 @@ import contextlib
 import json
 import tempfile
 import threading
+import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
-__all__ = ["PARENT_GONE", "join_workers", "parent_gone", "start_workers"]
+__all__ = ["INTERRUPTED", "PARENT_GONE", "join_workers", "parent_gone", "start_workers", "stopped_with"]
 
 #: how a worker process records that it stopped because the process that started it exited
 PARENT_GONE = "the process that started this worker exited"
+#: how a worker records that it stopped for a Ctrl-C (its own, or of the command that started it)
+INTERRUPTED = "interrupted (Ctrl-C)"
+#: how long an interrupted run waits for its worker processes to commit the batch in hand
+STOP_WAIT_S = 120.0
 
 
 def parent_gone() -> Callable[[], str | None]:
@@ -32,14 +37,19 @@ def parent_gone() -> Callable[[], str | None]:
     from multiprocessing.connection import wait
 
     parent = mp.parent_process()
-    gone = threading.Event()
+    gone, asked = threading.Event(), threading.Event()
     if parent is not None:
         def watch() -> None:
             wait([parent.sentinel])
             gone.set()
 
         threading.Thread(target=watch, name="backfill-parent-watch", daemon=True).start()
-    return lambda: PARENT_GONE if gone.is_set() else None
+        if threading.current_thread() is threading.main_thread():  # the parent's Ctrl-C: SIGTERM from it
+            import signal
+
+            signal.signal(signal.SIGINT, signal.SIG_IGN)  # a terminal's Ctrl-C reaches the parent, which says
+            signal.signal(signal.SIGTERM, lambda *_: asked.set())
+    return lambda: PARENT_GONE if gone.is_set() else INTERRUPTED if asked.is_set() else None
 
 
 def _say(msg: str) -> None:
@@ -53,12 +63,13 @@ def _say(msg: str) -> None:
 
 def _worker_main(run_worker: Callable[..., Any], path: str, model: str, kwargs: dict,
                  report: str) -> None:  # pragma: no cover - a child process
+    stop = parent_gone()  # first: a Ctrl-C meant for the command is its to handle from now on
+
     import torch
 
     from ..collection.collection import Collection
     from ..search.models import ModelPool
 
-    stop = parent_gone()
     torch.set_num_threads(1)
     c = Collection.open(path)
     enc = ModelPool().get(model, c.current_space)
@@ -89,6 +100,28 @@ def start_workers(run_worker: Callable[..., Any], path: Path, model: str, limits
     if not procs:
         tmp.rmdir()
     return procs
+
+
+@contextlib.contextmanager
+def stopped_with(procs: list[tuple[Any, Path]], wait_s: float = STOP_WAIT_S) -> Iterator[None]:
+    """The caller's own worker runs in the block; if it leaves by an exception (a Ctrl-C), the
+    processes of :func:`start_workers` are asked to stop (SIGTERM: each commits the batch in hand,
+    hands its shard back, records :data:`INTERRUPTED`), awaited up to ``wait_s`` and then killed,
+    before the exception goes on (a process left running kept the command alive to the end)."""
+    try:
+        yield
+    except BaseException:
+        alive = [p for p, _ in procs if p.is_alive()]
+        for p in alive:
+            p.terminate()
+        deadline = time.monotonic() + wait_s
+        for p in alive:
+            p.join(max(0.0, deadline - time.monotonic()))
+            if p.is_alive():
+                p.kill()
+                p.join()
+        join_workers(procs)
+        raise
 
 
 def join_workers(procs: list[tuple[Any, Path]]) -> list[dict[str, Any]]:
