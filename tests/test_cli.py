@@ -16,6 +16,7 @@ from conftest import tiny_preset
 
 
 runner = CliRunner()
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def invoke(*args: str):
@@ -351,3 +352,36 @@ def test_index_reads_a_folder_as_collection_add_does(setup, tmp_path, captions):
     g, c = Gallery.open(tmp_path / "g"), Collection.open(tmp_path / "c")
     assert (g.count("image"), g.count("text")) == ((5, 6) if captions else (5, 0))
     assert set(g.ids("image")) | set(g.ids("text")) == set(c.items())
+
+
+def test_bad_values_trial_n_found_are_one_line_each(tmp_path, monkeypatch):
+    """Trial N: a permission error was a traceback (rc 1), `--threads -3` one too (and passed
+    --show-config), `serve --port 70000` bound port 4464, `--max-body-mb -1` and an unresolvable
+    --host were taken, and a repeated `--filter` key kept only its last value."""
+    import nobackfill.collection.collection as coll
+
+    def refuse(*_a, **_k):
+        raise PermissionError(13, "Permission denied", str(tmp_path / "ro" / "c"))
+
+    with monkeypatch.context() as m:
+        m.setattr(coll.Collection, "create", refuse)
+        r = invoke("collection", "create", str(tmp_path / "ro" / "c"), "--model", str(ROOT / "models" / "world-old"))
+    assert r.exit_code == 2 and "cannot be written or read by this user (Permission denied)" in r.output, r.output
+    assert "Traceback" not in r.output
+    world = tmp_path / "w"
+    assert invoke("world", "--out", str(world), "--n-train", "2", "--n-val", "1", "--n-test", "1", "--workers", "1",
+                  "--langs", "en").exit_code == 0
+    for extra in ([], ["--show-config"]):
+        r = invoke("train", "--preset", "world-tiny", "--data", str(world), "--out", str(tmp_path / "t"), "--steps",
+                   "1", "--threads", "-3", *extra)
+        assert r.exit_code == 2 and "--threads" in r.output and "Traceback" not in r.output, r.output
+    keys = tmp_path / "keys.toml"
+    keys.write_text('admin = ["admin-key-123456"]\n')
+    for args, says in ((["--port", "70000"], "--port"), (["--max-body-mb", "-1"], "--max-body-mb must be above 0"),
+                       (["--max-k", "0"], "--max-k"), (["--host", "0.0.0.0.0"], "does not resolve")):
+        r = invoke("serve", str(tmp_path / "nothing"), "--keys", str(keys), *args)
+        assert r.exit_code == 2 and says in " ".join(r.output.split()) and "serving" not in r.output, (args, r.output)
+    world_collection(tmp_path, "c", ROOT / "models" / "world-old", n_train=2, n_val=2, n_test=3, langs="en")
+    r = invoke("collection", "search", str(tmp_path / "c"), "--text", "red", "--filter", "labels.colour=blue",
+               "--filter", "labels.colour=red")
+    assert r.exit_code == 2 and "--filter labels.colour is given twice" in r.output, r.output

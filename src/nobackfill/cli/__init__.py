@@ -48,11 +48,12 @@ class _Root(TyperGroup):
             trained = loop is not None and isinstance(e, loop.TrainingInterrupted)
             console.print(f"[yellow]{escape(e.message() if trained else 'interrupted')}[/yellow]")
             raise typer.Exit(code=130) from None
-        except (FileExistsError, IsADirectoryError, NotADirectoryError) as e:
+        except (FileExistsError, IsADirectoryError, NotADirectoryError, PermissionError) as e:
             from ._common import fail
 
             what = {FileExistsError: "is there already", IsADirectoryError: "is a folder, not a file",
-                    NotADirectoryError: "is a file, not a folder"}[type(e)]
+                    NotADirectoryError: "is a file, not a folder",
+                    PermissionError: "cannot be written or read by this user"}[type(e)]
             fail(f"{e.filename}: {what} ({e.strerror or e})" if e.filename else str(e))
 
 

@@ -139,6 +139,9 @@ def parse_filter(items: Optional[List[str]]) -> dict:
         key, eq, value = it.partition("=")
         if not eq or not key:
             raise ValueError(f"--filter must look like key=value (got {it!r})")
+        if key in out:  # (the last one won: two values of one key, ANDed, match nothing)
+            raise ValueError(f"--filter {key} is given twice; for any of several values give them as a JSON list: "
+                             f"--filter '{key}=[\"a\", \"b\"]'")
         try:
             out[key] = json.loads(value)
         except json.JSONDecodeError:

@@ -34,7 +34,7 @@ def late_train(
     kd_mode: Optional[str] = typer.Option(None, help="kd: target-cmli (Eq. 5-7; default) | global (global targets "
                                                      "only)."),
     seed: Optional[int] = typer.Option(None, help="Seed (default 0)."),
-    threads: Optional[int] = typer.Option(None, help="torch threads (default 1)."),
+    threads: Optional[int] = typer.Option(None, min=1, help="torch threads (default 1)."),
     swap_twins: Optional[bool] = typer.Option(None, "--swap-twins/--no-swap-twins",
                                               help="Batches of scenes + their attribute-swap twins (in-batch hard "
                                                    "negatives from training scenes)."),
@@ -78,7 +78,7 @@ def bench_late(
     steps: Optional[int] = typer.Option(None, help="Override the training steps of the CMLI / global models."),
     kd_steps: Optional[int] = typer.Option(None, help="Override the training steps of the KD students."),
     world_new: bool = typer.Option(True, help="Also score the shipped world-new globally and re-ranked."),
-    threads: int = typer.Option(1, help="torch threads per training process."),
+    threads: int = typer.Option(1, min=1, help="torch threads per training process."),
     jobs: Optional[int] = typer.Option(None, help="Models trained at once in separate processes (quick: 2, else 1)."),
     extra_seeds: str = typer.Option("", help="Comma-separated extra training seeds of the global and CMLI models "
                                               "(per-seed and mean re-ranking gains), e.g. 1,2."),

@@ -78,7 +78,7 @@ def train_cmd(
                                                     "instead of the memory's own; a pair whose image is in the "
                                                     "memory is excluded from its own neighbours."),
     seed: Optional[int] = typer.Option(None, help="Seed (default 0)."),
-    threads: Optional[int] = typer.Option(None, help="torch threads (default 1)."),
+    threads: Optional[int] = typer.Option(None, min=1, help="torch threads (default 1)."),
     config: Optional[Path] = config_option(),
     set_: Optional[List[str]] = set_option(),
     show_config: bool = show_config_option(),
@@ -154,7 +154,7 @@ def bench_reco(
     steps: Optional[int] = typer.Option(None, help="Training step budget per variant (early stopping on val)."),
     label_set: str = typer.Option("size_colour_texture", help=f"Main zero-shot label set: {', '.join(LABEL_SETS)}."),
     k: Optional[int] = typer.Option(None, help="Neighbours of the main row and ablations (default: chosen on val)."),
-    threads: int = typer.Option(1, help="torch threads."),
+    threads: int = typer.Option(1, min=1, help="torch threads."),
     config: Optional[Path] = config_option(),
     set_: Optional[List[str]] = set_option(),
     show_config: bool = show_config_option(),

@@ -16,7 +16,7 @@ ONNX_CHOICES = ("auto", "export", "int8", "off")
 def serve(
     collection: str = typer.Argument(..., help="The collection: a directory or a storage URI."),
     host: str = typer.Option("127.0.0.1", help="Address to bind (loopback unless told)."),
-    port: int = typer.Option(8000, help="Port."),
+    port: int = typer.Option(8000, min=1, max=65535, help="Port."),
     keys: Path = typer.Option(..., help="TOML file of API keys: read = [...], admin = [...]."),
     models_root: Path = typer.Option(Path("models"), help="Model directories that POST /v1/upgrade may name "
                                      "('model') lie under it."),
@@ -27,15 +27,15 @@ def serve(
                                            "required for a collection in Milvus, which has no folder: a directory every "
                                            "replica reaches)."),
     max_body_mb: float = typer.Option(20.0, help="Largest request body (MB)."),
-    max_image_pixels: int = typer.Option(40_000_000, help="Largest image (pixels), against decompression bombs."),
-    max_k: int = typer.Option(1000, help="Largest k (the in-process client's limit too)."),
-    max_batch: int = typer.Option(256, help="Most items per add request."),
+    max_image_pixels: int = typer.Option(40_000_000, min=1, help="Largest image (pixels), against decompression bombs."),
+    max_k: int = typer.Option(1000, min=1, help="Largest k (the in-process client's limit too)."),
+    max_batch: int = typer.Option(256, min=1, help="Most items per add request."),
     backfill: Optional[str] = typer.Option(None, help="Start a backfill in the server at once, in this order."),
     ray_address: Optional[str] = typer.Option(None, help="The Ray cluster that POST /v1/backfill/start with engine "
                                               "'ray' embeds on (auto: the one `ray start` runs here); without it "
                                               "such requests are refused (pip install 'nobackfill[ray]')."),
     log_level: str = typer.Option("warning", help="uvicorn log level."),
-    query_cache: int = typer.Option(4096, help="Text query embeddings kept in memory (LRU; 0: none); hits in /metrics."),
+    query_cache: int = typer.Option(4096, min=0, help="Text query embeddings kept in memory (LRU; 0: none); hits in /metrics."),
     query_threads: int = typer.Option(1, help="Threads that embed a batch of queries (torch's, or each ONNX Runtime "
                                               "session's; more pays for a large query model on an idle machine, one is "
                                               "faster for small ones)."),
@@ -52,6 +52,14 @@ def serve(
 
     if query_threads < 1:
         fail(f"--query-threads must be at least 1, got {query_threads}")
+    if not max_body_mb > 0:
+        fail(f"--max-body-mb must be above 0, got {max_body_mb}")
+    try:  # an address that does not resolve: said before "serving ..." (uvicorn exited 3 after it)
+        import socket
+
+        socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    except (OSError, UnicodeError) as e:
+        fail(f"--host {host!r} does not resolve to an address ({e})")
     if onnx is not None and onnx.strip().lower() not in ONNX_CHOICES:
         fail(f"--onnx must be one of {', '.join(ONNX_CHOICES)}, got {onnx!r}")
     try:

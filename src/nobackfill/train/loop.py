@@ -59,6 +59,8 @@ class LoopConfig:
                 raise ValueError(f"{name} must be finite and {'> 0' if name == 'lr' else '>= 0'}, got {value}")
         if self.warmup < 0:
             raise ValueError(f"warmup must be >= 0, got {self.warmup}")
+        if self.threads < 0:
+            raise ValueError(f"threads must be >= 0 (0 = torch's default), got {self.threads}")
         if self.early_stop and self.patience < 1:
             raise ValueError(f"patience must be >= 1 with early_stop, got {self.patience}")
         if self.schedule not in ("cosine", "constant"):
@@ -136,6 +138,8 @@ def deterministic(seed: int, threads: int) -> Iterator[None]:
     deterministic algorithms only (an op without one raises instead of varying), every RNG seeded.
     The previous threads and algorithm setting come back after the block (``bench lingual-*``
     workers; tests/test_lingual_determinism.py)."""
+    if threads < 0:
+        raise ValueError(f"threads must be >= 0 (0 = torch's default), got {threads}")
     prev_threads, prev_det = torch.get_num_threads(), torch.are_deterministic_algorithms_enabled()
     if threads:
         torch.set_num_threads(threads)
