@@ -385,3 +385,23 @@ def test_bad_values_trial_n_found_are_one_line_each(tmp_path, monkeypatch):
     r = invoke("collection", "search", str(tmp_path / "c"), "--text", "red", "--filter", "labels.colour=blue",
                "--filter", "labels.colour=red")
     assert r.exit_code == 2 and "--filter labels.colour is given twice" in r.output, r.output
+
+
+def test_trial_o_messages_say_what_is_wrong(tmp_path):
+    """An image query on a collection of a text model named a route from a space to itself; a model
+    path that does not exist (or is a file) read as 'not a model directory (no config.json)'."""
+    texts = tmp_path / "t.txt"
+    texts.write_text("a dog runs on the beach\na cat sleeps\n")
+    c = tmp_path / "tx"
+    assert invoke("collection", "create", str(c), "--model", str(ROOT / "models" / "m30k-old-text")).exit_code == 0
+    assert invoke("collection", "add", str(c), "--texts", str(texts)).exit_code == 0
+    image = tmp_path / "q.png"
+    from PIL import Image
+
+    Image.new("RGB", (8, 8), (200, 0, 0)).save(image)
+    r = invoke("collection", "search", str(c), "--image", str(image))
+    assert r.exit_code == 2 and "embeds text only: it cannot embed an image query" in r.output, r.output
+    for model, says in ((tmp_path / "nope", "nope: no such directory"),
+                        (ROOT / "models" / "world-old" / "config.json", "config.json: a file, not a model directory")):
+        r = invoke("collection", "create", str(tmp_path / "c2"), "--model", str(model))
+        assert r.exit_code == 2 and says in r.output and not (tmp_path / "c2").exists(), r.output

@@ -207,6 +207,10 @@ def test_eval_on_multi30k_defaults_to_the_foreign_languages(tmp_path):
     assert r.exit_code == 0, r.output
     res = json.loads(r.stdout)
     assert res["langs"] == ["de", "fr"] and set(res["R@1"]) == {"de", "fr"} and res["limit"] == 5
+    for langs in ("en", "en,de"):  # English is the gallery here: refused, not an empty table (trial O)
+        r = runner.invoke(_app(), ["lingual", "eval", "--model", str(model), "--data", str(root), "--eval-dir",
+                                   str(ev), "--limit", "5", "--cache-dir", str(tmp_path / "cache"), "--langs", langs])
+        assert r.exit_code == 2 and "English is not evaluated here" in _error_line(r), r.output
 
 
 # ----------------------------------------------------------------------------- bench lingual-lambda

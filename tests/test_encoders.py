@@ -431,9 +431,11 @@ def test_openai_style_round_trip(openai_dir, tmp_path) -> None:
 
 
 def test_load_encoder_errors(tmp_path) -> None:
-    with pytest.raises(FileNotFoundError, match="no config.json") as exc:
+    with pytest.raises(FileNotFoundError, match="missing: no such directory"):
         load_encoder(tmp_path / "missing")
-    assert "missing" in str(exc.value)
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(FileNotFoundError, match="empty: not a model directory .no config.json."):
+        load_encoder(tmp_path / "empty")
     bad = tmp_path / "bad"
     bad.mkdir()
     (bad / "config.json").write_text("{not json")

@@ -368,6 +368,13 @@ def test_a_registered_bridge_is_one_more_candidate(tmp_path):
     e = rep[old.space_id]["t2i"]
     assert e["chosen"] == "given" and e["heldout"]["r1"] == 1.0 and not e["swapped"]
     assert not [u for u in c.plan.upgrades if u.kind == "fitted" and u.directions == ("t2i",)]
+    # the user's bridge kept: its route is tested like a fitted one's and the merge gets its maps
+    # (trial O: with --bridge and --fit-bridge the route and the raw merge were never looked at again)
+    route = c.plan.route(old.space_id, "t2i")
+    assert route is not None and route.route == e["route"] and route.calibration["fitted"] == {"given": True}
+    merge = c.plan.merge
+    assert merge is not None and "without_labels" in merge.calibration
+    assert f"{old.space_id}/{e['route']}" in merge.score_maps["t2i"]
 
 
 def test_fit_settings_recorded_by_the_upgrade_are_used_by_the_backfills_fits(tmp_path):

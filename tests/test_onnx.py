@@ -166,7 +166,7 @@ def test_the_cli_exports_and_reports(tmp_path):
     r = CliRunner().invoke(app, ["export-onnx", str(d), "--towers", "text"])  # an int8 export replaced by fp32 only
     assert r.exit_code == 0 and "earlier int8 export of text is gone" in r.stdout
     r = CliRunner().invoke(app, ["export-onnx", str(tmp_path / "nope")])
-    assert r.exit_code == 2 and "not a model directory" in r.output
+    assert r.exit_code == 2 and "nope: no such directory" in r.output
     for empty in ("", "text,"):  # an empty tower name is refused alike (--towers "" exported every tower)
         r = CliRunner().invoke(app, ["export-onnx", str(d), "--towers", empty])
         assert r.exit_code == 2 and "not ['']" in r.output, (empty, r.output)

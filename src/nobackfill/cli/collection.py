@@ -254,7 +254,9 @@ def upgrade(
         n, total = fits["next"], max(int(fits.get("items") or 0), 1)
         results.print(f"  bridges are fitted from the backfill's own pairs: the first fit after its sample of {n} "
                       f"of {total} items ({100 * n / total:.0f}%), then at each doubling (--fit-sample "
-                      "FRACTION,MIN,MAX sets the sample); until then the old-model route serves")
+                      "FRACTION,MIN,MAX sets the sample); until then "
+                      + ("the bridge given serves (the fit tests its route too)" if bridge else
+                         "the old-model route serves"))
     if calibrate:
         results.print(f"  merge: {rep.merge} (chosen on the calibration split)")
     else:

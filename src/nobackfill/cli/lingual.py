@@ -288,6 +288,10 @@ def _eval_langs(text: str, learned: list[str], have: list[str], split: str, *, f
         if have and missing:
             raise ValueError(f"--langs {text}: the data has no {', '.join(missing)} captions in split {split} "
                              f"(it has {', '.join(have)})")
+        if foreign_only and "en" in chosen:  # (it printed an empty table for en alone, an en,de one without en)
+            raise ValueError(f"--langs {text}: on Multi30K each language is scored against the English captions, "
+                             "so English is not evaluated here (English forgetting: `nobackfill bench "
+                             "lingual-text`); give the other languages")
         return chosen
     mine = [lg for lg in learned if lg in pool]
     absent = [lg for lg in learned if lg not in have and lg != "en"]

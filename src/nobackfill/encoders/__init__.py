@@ -34,7 +34,9 @@ def load_encoder(directory: str | Path) -> DualEncoder:
     directory = Path(directory)
     cfg_path = directory / "config.json"
     if not cfg_path.is_file():
-        raise FileNotFoundError(f"{directory}: not a model directory (no config.json)")
+        why = "no such directory" if not directory.exists() else "a file, not a model directory" \
+            if not directory.is_dir() else "not a model directory (no config.json)"
+        raise FileNotFoundError(f"{directory}: {why}")
     try:
         cfg = json.loads(cfg_path.read_text(encoding="utf-8"))
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
@@ -56,7 +58,7 @@ def load_encoder(directory: str | Path) -> DualEncoder:
         raise
     except Exception as e:  # a truncated model.safetensors, an edited config: name the directory
         raise ValueError(f"{directory}: cannot load the model ({type(e).__name__}: {str(e).splitlines()[0][:300]}); "
-                         f"run `nobackfill verify {directory}`") from None
+                         f"`nobackfill verify {directory}` checks its files against their recorded hashes") from None
 
 
 __all__ = ["PRETRAINED_TEXT_ALIASES", "DualEncoder", "TokenOutput", "CLIPDualEncoder", "create_model", "get_preset", "list_presets",

@@ -234,6 +234,7 @@ def fit_collection_bridges(collection: Collection, *, cfg: FitBridgesConfig | No
     report: dict[str, Any] = {}
     changes: list[tuple[UpgradeRecord, str, dict[str, Any], dict[str, Any]]] = []
     rerouted: list[tuple[UpgradeRecord, dict[str, Any]]] = []  # a serving bridge kept, its route chosen again
+    rerouted_given: list[tuple[str, str, dict[str, Any]]] = []  # likewise the user's registered bridge
     merge_maps: dict[tuple[str, str], dict[str, Any] | None] = {}  # the merge's maps without labels (_merge_maps)
     for space in plan.old_spaces():
         sid = space.space_id
@@ -281,6 +282,11 @@ def fit_collection_bridges(collection: Collection, *, cfg: FitBridgesConfig | No
                     entry["route"] = routes["route"]
                     rerouted.append((old_rec, routes))
                     merge_maps[sid, d] = _merge_maps(d, routes, held, given["serving"], pairs, cfg)
+                elif old_rec is None and "given" in given:  # the user's bridge serves on: its route tested too
+                    routes = ch.routes if ch.chosen == "given" else route_scores(held, given["given"])
+                    entry["route"] = routes["route"]
+                    rerouted_given.append((sid, d, routes))
+                    merge_maps[sid, d] = _merge_maps(d, routes, held, given["given"], pairs, cfg)
                 continue
             merge_maps[sid, d] = _merge_maps(d, ch.routes, held, given[ch.chosen] if ch.chosen in given
                                              else ch.scored_map(held.q_new), pairs, cfg)
@@ -290,7 +296,7 @@ def fit_collection_bridges(collection: Collection, *, cfg: FitBridgesConfig | No
                     "fitted_at": datetime.now(timezone.utc).isoformat(timespec="seconds")}
             changes.append((old_rec, d, {"space": space, "bridge": ch.bridge, "info": info}, ch.routes))
             entry["swapped"] = True
-    if not changes and not rerouted:
+    if not changes and not rerouted and not rerouted_given:
         return report
     new_records = []
     for old_rec, d, what, routes in changes:
@@ -328,6 +334,12 @@ def fit_collection_bridges(collection: Collection, *, cfg: FitBridgesConfig | No
             choice = _route_entry(p.route(rec.target, d), routes, dict(rec.info or {}))
             if choice is not None:
                 p = p.with_route(rec.target, d, choice)
+        for sid, d, routes in rerouted_given:  # where no fitted bridge serves (one swapped in meanwhile)
+            cur = p.route(sid, d)
+            choice = _route_entry(cur, routes, {"given": True})
+            if sid in live and (sid, d) not in fitted_bridges(p) and choice is not None and \
+                    (cur is None or (choice.route, choice.w) != (cur.route, cur.w)):
+                p = p.with_route(sid, d, choice)
         for rec, routes in rerouted:  # only where that bridge still serves (not replaced, not retired)
             d = rec.directions[0]
             if fitted_bridges(p).get((rec.target, d)) != rec:

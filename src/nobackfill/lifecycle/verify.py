@@ -209,8 +209,8 @@ def _model(path: str, report: PathReport, repair: bool) -> None:
 
     try:
         enc = load_encoder(path)
-    except (ValueError, FileNotFoundError) as e:
-        report.problems.append(str(e))
+    except (ValueError, FileNotFoundError) as e:  # (without the advice to run verify: this is it)
+        report.problems.append(str(e).split("; `nobackfill verify")[0])
         return
     meta_path = Path(path) / "nobackfill.json"
     try:

@@ -346,6 +346,10 @@ class Searcher:
         gmod = self._target(snap, qmod, target)
         direction = direction_of(qmod, gmod)
         plan = self._plan(snap)
+        if not plan.current_space.embeds(qmod):  # (it named a route from a space to itself, "routes: none")
+            raise ValueError(f"the current model ({plan.current_space.name}) embeds "
+                             f"{' and '.join(plan.current_space.modalities)} only: it cannot embed {'an' if qmod == 'image' else 'a'} "
+                             f"{qmod} query")
         views = snap.views(gmod)
         spaces = []
         for sid, view in views.items():
