@@ -328,7 +328,9 @@ def test_status_says_why_a_space_got_no_bridge_and_when_the_last_fit_comes(tmp_p
     from nobackfill.lifecycle import backfill_fit
 
     c, old, new, pool = _upgraded_no_bridge(tmp_path, 30, fraction=0.1, min_pairs=40, max_pairs=60)
-    run_backfill(c, new, order="random", batch_size=8, limit=16, pool=pool)
+    with pytest.MonkeyPatch.context() as m:  # 16 pairs (not the 64 a first batch reaches for the merge maps)
+        m.setattr(backfill_fit, "MERGE_FIRST", 16)
+        run_backfill(c, new, order="random", batch_size=8, limit=16, pool=pool)
     backfill_fit.maybe_fit(c, final=True, pool=pool, cfg=CFG)  # 16 pairs: too few for any candidate
     summary = backfill_fit.fit_summary(c)
     assert "backfilled pairs" in summary["fits"][-1]["skipped"][f"{old.space_id}/any direction"]
@@ -459,17 +461,20 @@ def test_a_space_is_not_retired_during_a_fit_and_a_fit_never_serves_a_retired_sp
 
 def test_before_the_first_bridge_fit_the_merge_maps_are_fitted_from_64_pairs(tmp_path):
     """A sample bigger than the pairs so far: no bridge fit yet, but the merge's score maps are
-    fitted at 64 pairs (then at each doubling), for the old-model route in force."""
+    fitted at 64 pairs (then at each doubling), for the old-model route in force; the first batch
+    holds the 64 items whatever the batch size or the limit (trial O: at 51 the raw merge served,
+    below the old model), so the maps come with the first items the new space serves."""
     from nobackfill.lifecycle import backfill_fit
 
     c, old, new, pool = _upgraded_no_bridge(tmp_path, 60, fraction=0.5, min_pairs=170, max_pairs=170)
-    run_backfill(c, new, order="random", batch_size=16, limit=48, pool=pool)
-    st = backfill_fit.fit_state(c)
-    assert "merge_maps" not in st and (c.plan.merge is None)  # 48 pairs: none yet
-    run_backfill(c, new, order="random", batch_size=16, limit=32, pool=pool)
+    said = []
+    out = run_backfill(c, new, order="random", batch_size=16, limit=48, pool=pool, log=said.append)
+    assert out["committed"] == 64 and any("the first batch is 64 items, past the limit of 48" in x for x in said)
     c = Collection.open(c.path)
     st = backfill_fit.fit_state(c)
-    assert st["fits"] == [] and st["merge_maps"]["pairs"] >= 64 and st["merge_next"] == 2 * st["merge_maps"]["pairs"]
+    assert st["fits"] == [] and st["merge_maps"]["pairs"] == 64 and st["merge_next"] == 128
+    run_backfill(c, new, order="random", batch_size=16, limit=16, pool=pool)  # maps there: batches as asked
+    assert backfill_status(Collection.open(c.path))["done"] == 80
     assert c.plan.merge.method == "calibrated" and "without_labels" in c.plan.merge.calibration
     assert all(f"{old.space_id}/old-model" in m for m in c.plan.merge.score_maps.values())
     from typer.testing import CliRunner
@@ -560,3 +565,69 @@ def test_the_services_backfill_thread_logs_its_fits(tmp_path, monkeypatch, caplo
     said = [r.getMessage() for r in caplog.records if r.name == "nobackfill.client"]
     assert any(m.startswith("fitting bridges on ") for m in said), said  # (the first at its batch past 80)
     assert any(m.startswith("bridges fitted on 120 pairs in") for m in said), said
+
+
+def test_an_upgrade_before_the_backfill_finished_keeps_the_maps_that_stay_true(tmp_path):
+    """Trial O: cancel an unfinished backfill and upgrade again, and the label-free maps were
+    dropped: three spaces merged on raw scores (R@1 0.563 -> 0.357). The maps of the spaces now
+    reached by the old-model route (the previous current space's native ones among them) stay, so
+    the same queries get the same hits until the new backfill refits them."""
+    from _collection_helpers import NEWER_REF, HashEncoder
+    from nobackfill.lifecycle.backfill import cancel_backfill
+
+    c, old, new, pool = _upgraded_no_bridge(tmp_path, 60, fraction=0.5, min_pairs=170, max_pairs=170)
+    run_backfill(c, new, order="random", batch_size=16, limit=80, pool=pool)
+    c = Collection.open(c.path)
+    before = c.plan.merge
+    assert before is not None and "without_labels" in before.calibration
+    newer = HashEncoder(20, "newer", name="newer")
+    pool = pool_with((OLD_REF, old), (NEW_REF, new), (NEWER_REF, newer))
+    queries = [f"caption {i} of image {i} seed 0" for i in range(0, 60, 7)]
+    hits = [[h.id for h in Searcher(c, pool=pool).search(text=q, k=5, target="image").hits] for q in queries]
+    cancel_backfill(c)
+    upgrade_collection(c, NEWER_REF, pool=pool, fit_bridges=False)
+    c = Collection.open(c.path)
+    merge = c.plan.merge
+    assert merge is not None and merge.method == "calibrated" and "without_labels" in merge.calibration
+    for d, maps in merge.score_maps.items():
+        assert set(maps) == {f"{old.space_id}/old-model", f"{new.space_id}/old-model"}, (d, maps)
+        assert maps[f"{new.space_id}/old-model"] == before.score_maps[d][f"{new.space_id}/native"]
+    assert [[h.id for h in Searcher(c, pool=pool).search(text=q, k=5, target="image").hits] for q in queries] == hits
+
+
+def test_a_weak_bridge_given_is_tested_against_the_old_model_from_64_pairs(tmp_path):
+    """Trial O: the shipped text bridge (weaker than the old model) served from the upgrade to about
+    55 % backfilled, on raw scores. With the backfill's fits on, its route is tested without labels
+    with the merge maps, before the first bridge fit (every backfilled pair: it was trained
+    elsewhere), and the old model serves unless the bridge agrees significantly better."""
+    import numpy as np
+
+    from _collection_helpers import write_procrustes_upgrade
+    from nobackfill.lifecycle import backfill_fit, merge_maps
+
+    for good in (False, True):
+        old, new, w = related_pair()
+        pool = pool_with((OLD_REF, old), (NEW_REF, new))
+        root = tmp_path / ("good" if good else "weak")
+        data = make_folder(root / "data", n_images=60, captions_per_image=2)
+        c = Collection.create(root / "c", space_id=old.space_id, dim=old.embed_dim, model=OLD_REF, name="old")
+        add_items(c, old, folder_items(data).items, progress=False)
+        q, _ = np.linalg.qr(np.random.default_rng(5).standard_normal((new.embed_dim, new.embed_dim)))
+        bridge = w if good else (q[:, :old.embed_dim] * 1.0).astype(np.float32)  # a rotation that maps nothing right
+        up = write_procrustes_upgrade(root / "up", bridge, new, old)
+        upgrade_collection(c, NEW_REF, bridges=[up], pool=pool, fit_bridges=True,
+                           fit_sample={"fraction": 0.5, "min_pairs": 170, "max_pairs": 170})
+        assert c.plan.route(old.space_id, "t2i") is None  # the default: the bridge, untested
+        run_backfill(c, new, order="random", batch_size=16, limit=128, pool=pool)  # (the sample's images come first)
+        c = Collection.open(c.path)
+        assert backfill_fit.fit_state(c)["fits"] == []  # no bridge fit yet: the merge maps' fit did it
+        merge_maps.fit_merge_maps(c, pool=pool)  # (as the backfill's at 128 pairs, with the test's models)
+        c = Collection.open(c.path)
+        route = c.plan.route(old.space_id, "t2i")
+        assert route is not None and route.calibration["fitted"] == {"given": True}, route
+        bridged, own = route.calibration["bridge"]["r1"], route.calibration["old-model"]["r1"]
+        if good:  # an exact bridge ties with the old model here (new = old @ A): a tie keeps the old model
+            assert bridged == own == 1.0 and route.route == "old-model", route
+        else:
+            assert bridged < own - 0.5 and route.route == "old-model", route
+        assert c.plan.merge is not None and "without_labels" in c.plan.merge.calibration

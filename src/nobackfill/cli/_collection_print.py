@@ -84,7 +84,9 @@ def print_routes(routes: dict) -> None:
             cal = r["calibration"]
             nums = ", ".join(f"{k} R@1 {v['R@1']:.3f}" + (f" (w={v['w']})" if "w" in v else "")
                              for k, v in cal.items() if isinstance(v, dict) and "R@1" in v)
-            how = ("pinned" if r["pinned"] else "chosen without labels, with the fitted bridge" if "fitted" in cal
+            given = isinstance(cal.get("fitted"), dict) and cal["fitted"].get("given")
+            how = ("pinned" if r["pinned"] else "chosen without labels, with the bridge given" if given
+                   else "chosen without labels, with the fitted bridge" if "fitted" in cal
                    else "calibrated" if r["calibrated"] else "default, uncalibrated")
             results.print(escape(f"  space {sid} {d}: {r['route']}" + (f" w={r['w']}" if r["w"] is not None else "")
                              + f" ({how})" + (f"  {nums}" if nums else "")))

@@ -260,8 +260,12 @@ def upgrade(
     if calibrate:
         results.print(f"  merge: {rep.merge} (chosen on the calibration split)")
     else:
-        results.print("  routes and merge are uncalibrated defaults (bridge where one exists; raw merge): pass "
-                      "--calibrate DATA to choose them on labelled data")
+        kept = " (the merge keeps the score maps fitted without labels that still hold: spaces each reached by " \
+               "its own model)" if st.get("merge_without_labels") else ""
+        results.print("  routes and merge are uncalibrated defaults (bridge where one exists; "
+                      + ("calibrated merge" if kept else "raw merge") + "): pass --calibrate DATA to choose them on "
+                      "labelled data" + (", or --fit-bridge to test the bridge's route on the backfill's own pairs"
+                                         if bridge and not fits.get("enabled") else "") + kept)
 
 
 @collection_app.command("search")

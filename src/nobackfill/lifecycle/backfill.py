@@ -59,7 +59,7 @@ from .backfill_jobs import (DEFAULT_LEASE_S, JOB_DIR, JOB_FILE, LEASE_DIR, ORDER
                             _read, _release, _renew,
                             _stopped_workers, _take_shard, _write, backfill_running, describe_holders,
                             record_unreadable, unreadable_items, unreadable_note)
-from .backfill_fit import maybe_fit, running_fit, sample_first  # noqa: F401
+from .backfill_fit import first_maps_gap, maybe_fit, running_fit, sample_first  # noqa: F401
 from .backfill_workers import join_workers, start_workers, stopped_with
 from ..collection.ingest import encode_readable
 from .backfill_order import (ORDERS, _encode, _held, _pending, _route_failure, _uncertainty_order,  # noqa: F401
@@ -246,14 +246,13 @@ def run_worker(collection: Collection, encoder: Any, *, batch_size: int = 64, ra
                owner: str | None = None, poll_s: float = 0.2,
                stop: Callable[[], str | None] | None = None, log: Callable[[str], None] | None = None) -> WorkerReport:
     """Backfill shards until none is left, ``limit`` items were embedded (the uncertainty sample
-    included), the job is paused or removed, every unfinished shard is leased by another worker, or
-    ``stop()`` says why to stop (checked before each batch and while pacing; a worker process's:
-    :func:`~.backfill_workers.parent_gone`). ``rate`` caps items per second for this worker;
-    ``log`` hears of the bridge fits it runs (:func:`~.backfill_fit.maybe_fit`).
-    Whatever stops it, it hands its shard back and records why (``backfill_status``); a SIGKILL
-    leaves the lease to expire (or to be taken over at once on this host). While it holds a shard,
-    its key lookups in the target's store read at the time it claimed it (a Milvus store's
-    ``one_read_time``: see the comment in the loop)."""
+    included; a first batch may pass it: :func:`~.backfill_fit.first_maps_gap`), the job is paused
+    or removed, every unfinished shard is leased by another worker, or ``stop()`` says why to stop
+    (checked before each batch and while pacing; a worker process's: :func:`~.backfill_workers.parent_gone`).
+    ``rate`` caps items per second for this worker; ``log`` hears of the bridge fits it runs
+    (:func:`~.backfill_fit.maybe_fit`). Whatever stops it, it hands its shard back and records why; a
+    SIGKILL leaves the lease to expire (or to be taken over at once on this host). While it holds a
+    shard, its key lookups in the target's store read at the time it claimed it (``one_read_time``)."""
     owner = owner or new_owner()
     rep = WorkerReport(owner=owner)
     t_start = _now()
@@ -271,7 +270,7 @@ def run_worker(collection: Collection, encoder: Any, *, batch_size: int = 64, ra
             # now (a Milvus store: no wait for the server's time tick per batch)
             read_time.enter_context(one_read_time(collection.gallery(job.target)))
             ids, sample_ids = shard_ids(collection, job, s.shard)
-            pos, lost = 0, False
+            pos, lost, gap = 0, False, first_maps_gap(collection, limit, log)
             while pos < len(ids):
                 if limit is not None and rep.embedded >= limit:
                     rep.stopped = "limit"
@@ -280,6 +279,7 @@ def run_worker(collection: Collection, encoder: Any, *, batch_size: int = 64, ra
                     rep.stopped = why
                     return rep
                 cap = batch_size if limit is None else min(batch_size, limit - rep.embedded)
+                cap, gap = max(cap, gap), 0  # (the merge maps' pairs at once: no batch merged on raw scores)
                 batch, pos = gather(collection, job, ids, pos, cap)
                 if not batch:
                     continue

@@ -37,7 +37,7 @@ from ..search.routes import DIRECTIONS, RoutePlanner
 from ..search.models import ModelPool
 from .calibrate import agreed_score_maps
 
-__all__ = ["FitBridgesConfig", "backfilled_pairs", "fit_collection_bridges", "fit_merge_maps", "fitted_bridges",
+__all__ = ["FitBridgesConfig", "backfilled_pairs", "fit_collection_bridges", "fitted_bridges",
            "fitted_status", "scene_of"]
 
 #: the fewest held-out queries a score is computed on
@@ -420,6 +420,9 @@ def _with_merge_maps(p: Plan, found: dict[tuple[str, str], dict[str, Any] | None
     info = dict(p.merge.calibration["without_labels"]) if mine else {}
     for (sid, d), m in found.items():
         route, w = planner.chosen(sid, d) if planner.available(sid, d) else (None, None)
+        carried = (info.get(f"{sid}/{d}") or {}).get("carried_from")
+        if m is None and carried and route == "old-model" and f"{sid}/old-model" in maps.get(d, {}):
+            continue  # a map an upgrade carried (_carry_merge_maps) serves until one is fitted here
         dm = {k: v for k, v in maps.get(d, {}).items() if not k.startswith(f"{sid}/")}
         info.pop(f"{sid}/{d}", None)
         if m is not None and route == m["route"] and (route != "fused" or w == m["w"]):
@@ -432,32 +435,6 @@ def _with_merge_maps(p: Plan, found: dict[tuple[str, str], dict[str, Any] | None
             maps[d] = dm
     merge = Merge("calibrated", score_maps=maps, calibration={"without_labels": info}) if maps else None
     return dataclasses.replace(p, merge=merge)
-
-
-def fit_merge_maps(collection: Collection, *, cfg: FitBridgesConfig | None = None) -> dict[str, Any]:
-    """The merge's score maps alone (:func:`_merge_maps`), for every direction an old space serves
-    through the ``old-model`` route, on every backfilled pair: what the backfill runs before its first
-    bridge fit (whose sample may be most of a small collection), so the items already moved are
-    merged on one scale with the rest from the first pairs on. Nothing is fitted but the maps; a
-    route with a bridge keeps its maps until the next bridge fit. Returns ``{space/direction:
-    agreed queries, or None}``."""
-    cfg = cfg or FitBridgesConfig()
-    plan = collection.plan
-    if plan.calibration:
-        return {}
-    planner = RoutePlanner(plan, ModelPool())
-    found: dict[tuple[str, str], dict[str, Any] | None] = {}
-    for space in plan.old_spaces():
-        sid = space.space_id
-        pairs = backfilled_pairs(collection, sid, plan)
-        for d in DIRECTIONS:
-            if not pairs or not planner.available(sid, d) or planner.chosen(sid, d)[0] != "old-model":
-                continue
-            found[sid, d] = _merge_maps(d, {"route": "old-model"}, None, None, pairs, cfg)
-    if found:  # (a space retired meanwhile keeps no maps)
-        collection.set_plan(lambda p: _with_merge_maps(p, {k: m for k, m in found.items()
-                                                             if k[0] in {s.space_id for s in p.old_spaces()}}))
-    return {f"{sid}/{d}": (m or {}).get("agreed") for (sid, d), m in found.items()}
 
 
 def fitted_status(plan: Plan) -> list[dict[str, Any]]:
