@@ -405,3 +405,31 @@ def test_trial_o_messages_say_what_is_wrong(tmp_path):
                         (ROOT / "models" / "world-old" / "config.json", "config.json: a file, not a model directory")):
         r = invoke("collection", "create", str(tmp_path / "c2"), "--model", str(model))
         assert r.exit_code == 2 and says in r.output and not (tmp_path / "c2").exists(), r.output
+
+
+def test_trial_n_values_once_taken_silently_are_refused(tmp_path):
+    """`world --n-test -1` wrote a world without a test split (rc 0), `--captions-per-image 0` one of
+    empty captions files, `--langs xx` failed after making folders; a text file's invalid id failed
+    the whole add naming neither file nor line (and --skip-bad could not skip it); `import --samples
+    0` said no item had a readable source."""
+    import numpy as np
+
+    for args, says in ((["--n-test", "-1"], "n_test must be >= 0"), (["--captions-per-image", "0"], "captions_per_image"),
+                       (["--langs", "xx"], "no grammar for 'xx'"), (["--workers", "-1"], "--workers must be >= 0")):
+        r = invoke("world", "--out", str(tmp_path / "w"), "--n-train", "2", "--n-val", "1", "--n-test", "1", *args)
+        assert r.exit_code == 2 and says in r.output and not (tmp_path / "w").exists(), (args, r.output)
+    texts = tmp_path / "t.jsonl"
+    texts.write_text('{"text": "ok one", "id": "a1"}\n{"text": "bad one", "id": "a/b"}\n{"text": "ok two"}\n')
+    assert invoke("collection", "create", str(tmp_path / "c"), "--model", str(ROOT / "models" / "world-old")).exit_code == 0
+    r = invoke("collection", "add", str(tmp_path / "c"), "--texts", str(texts))
+    assert r.exit_code == 2 and "t.jsonl line 2: field 'id': 'a/b' is not a valid id" in " ".join(r.output.split())
+    r = invoke("collection", "add", str(tmp_path / "c"), "--texts", str(texts), "--skip-bad")
+    assert r.exit_code == 0 and "added 2" in r.output, r.output
+    from nobackfill.encoders import load_encoder
+
+    np.save(tmp_path / "v.npy", load_encoder(ROOT / "models" / "world-old").encode_texts(["a dog", "a cat"]))
+    (tmp_path / "v.jsonl").write_text('{"id": "t0", "text": "a dog"}\n{"id": "t1", "text": "a cat"}\n')
+    r = invoke("collection", "import", str(tmp_path / "i"), "--from", f"npy:{tmp_path / 'v.npy'}", "--model",
+               str(ROOT / "models" / "world-old"), "--table", str(tmp_path / "v.jsonl"), "--id-column", "id",
+               "--source-column", "text", "--modality", "text", "--samples", "0")
+    assert r.exit_code == 2 and "samples must be an integer >= 1" in r.output and not (tmp_path / "i").exists(), r.output

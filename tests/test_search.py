@@ -142,6 +142,8 @@ def test_fused_route_score_is_the_weighted_sum_of_old_model_and_bridge_scores(tm
     assert {h.route for h in Searcher(c, pool=pool).search(text=q, k=3, target="text").hits} == {"old-model"}
     with pytest.raises(ValueError, match="must lie in"):
         pin_route(c, old.space_id, "t2t", "fused", 1.5)
+    with pytest.raises(ValueError, match="w is the fused route's weight; route 'old-model' takes none"):
+        pin_route(c, old.space_id, "t2t", "old-model", 0.3)  # (it was ignored)
     pin_route(c, old.space_id, "t2t", "fused")  # no weight: the calibrated one, else 0.5
     assert c.plan.route(old.space_id, "t2t").w == 0.5
     with pytest.raises(ValueError, match="searched natively"):

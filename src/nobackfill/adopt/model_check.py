@@ -222,6 +222,8 @@ def sample_rows(source: "ImportSource", n: int = DEFAULT_SAMPLES, seed: int = 0,
     growing size until ``n`` readable ones are found or ``max_candidates`` rows (default ``64 * n``)
     were looked at; a source with few readable items can give fewer than ``n``.
     """
+    if isinstance(n, bool) or not isinstance(n, int) or n < 1:  # (0 read as "no readable source")
+        raise ValueError(f"samples must be an integer >= 1 (items the model check embeds again), got {n!r}")
     total = int(source.rows)
     n = int(n)
     if n < 1 or total == 0:

@@ -380,7 +380,7 @@ def route(
 ) -> None:
     """Pin the route to one older space for one direction (or unpin it)."""
     if (use is None) == (not unpin):
-        fail("give --route ROUTE or --unpin")
+        fail("give --route ROUTE or --unpin" + (", not both" if unpin else ""))
     try:
         routes = _client(name).route(space, direction, None if unpin else use, w=w)
     except user_errors() as e:
@@ -453,6 +453,9 @@ def backfill(
         if st0["state"] == "paused" and not resume:
             fail(f"the backfill of {name} is paused ({st0['done']}/{st0['total']} done): resume it with "
                  f"`nobackfill collection backfill {name} --resume`")
+        if st0["state"] not in ("none", "done") and st0.get("order") not in (None, order):
+            console.print(f"the backfill goes on in the order it started with ({st0['order']}); --order {order} is "
+                          "for a new job (--cancel, then run again)")
         todo = st0["total"] - st0["done"] if limit is None else min(limit, st0["total"] - st0["done"])
         ray = {"engine": engine, "ray_address": address, "actors": actors, "gpus_per_actor": gpus_per_actor} \
             if engine != "local" or address or actors or gpus_per_actor else {}

@@ -27,9 +27,11 @@ def world(
     from ..data.world import WorldSpec, generate_world
 
     lang_t = tuple(x.strip() for x in langs.split(",") if x.strip()) or tuple(languages())
-    spec = WorldSpec(seed=seed, n_train=n_train, n_val=n_val, n_test=n_test, langs=lang_t,
-                     captions_per_image=captions_per_image)
-    try:
+    if workers < 0:
+        fail(f"--workers must be >= 0 (0: up to 2), got {workers}")
+    try:  # (checked before anything is written: a refused world leaves no folder behind)
+        spec = WorldSpec(seed=seed, n_train=n_train, n_val=n_val, n_test=n_test, langs=lang_t,
+                         captions_per_image=captions_per_image)
         generate_world(out, spec, workers=workers or None)
     except ValueError as e:
         fail(str(e))

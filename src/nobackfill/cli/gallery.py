@@ -137,7 +137,7 @@ def print_hits(r, as_json: bool, k: int, space_names: dict[str, str] | None = No
     # 0.86 down the column as a bug)
     caption = Text(f"score: each hit's own, in its space; the order of hits from {len(spaces)} spaces is the "
                    "merge's") if len(spaces) > 1 else None
-    t = Table(title=Text(f"top {k} {r.modality}s for {r.query}"), caption=caption)
+    t = Table(title=Text(f"top {k} {r.modality}{'s' if k != 1 else ''} for {r.query}"), caption=caption)
     for col, w in zip(("rank", "score", "id"), fixed):
         t.add_column(col, no_wrap=True, min_width=w)
     for col in ("space", "route"):

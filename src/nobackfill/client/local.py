@@ -381,7 +381,7 @@ class LocalClient(Client):
         return self._start_thread(order, rate, ray)
 
     def _ray_options(self, engine: str, address: str | None, actors: int | None, gpus: float) -> Any:
-        """The ray engine's options (None for the local engine, which takes none of them)."""
+        """The ray engine's options (None for the local engine, which takes none of them; 0 actors refused)."""
         from ..lifecycle.backfill import ENGINES
 
         if engine not in ENGINES:
@@ -391,9 +391,9 @@ class LocalClient(Client):
                 raise InvalidRequest(422, "ray_address, actors and gpus_per_actor need engine='ray'", "engine")
             return None
         from ..lifecycle.cluster.ray_backfill import RayOptions
-
         try:
-            return RayOptions(address=address, gpus_per_actor=float(gpus), **({"actors": actors} if actors else {}))
+            return RayOptions(address=address, gpus_per_actor=float(gpus),
+                              **({"actors": actors} if actors is not None else {}))
         except ValueError as e:
             raise InvalidRequest(422, str(e), "actors") from None
 

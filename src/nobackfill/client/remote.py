@@ -283,7 +283,8 @@ def _backfill_body(order: str, rate: float | None, engine: str, actors: int | No
                    gpus_per_actor: float) -> dict[str, Any]:
     """The JSON body of ``/v1/backfill/start`` and ``resume`` (the defaults left out)."""
     return {"order": order, **({"rate": rate} if rate else {}), **({"engine": engine} if engine != "local" else {}),
-            **({"actors": actors} if actors else {}), **({"gpus_per_actor": gpus_per_actor} if gpus_per_actor else {})}
+            **({"actors": actors} if actors is not None else {}),
+            **({"gpus_per_actor": gpus_per_actor} if gpus_per_actor else {})}
 
 
 def _follow(client: RemoteClient, before: dict[str, Any], progress: Callable[[int], None] | None,

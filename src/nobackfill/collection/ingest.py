@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 import numpy as np
 
+from ..catalog.items import added_id_problem
 from ..data.folder import CAPTIONS_FILE, DataFormatError, image_problem, load_pairs
 from ..encoders.base import encode
 from ..progress import progress_bar
@@ -291,6 +292,9 @@ def read_text_file(path: str | Path, *, limit: int | None = None, langs: Sequenc
             own = obj.pop("id", None)
             if own is not None and (not isinstance(own, str) or not own.strip()):
                 bad(no, f"field 'id' must be a non-empty string, got {own!r}")
+                continue
+            if own is not None and (problem := added_id_problem(own)) is not None:  # (named by line, skippable)
+                bad(no, f"field 'id': {problem}")
                 continue
             if wanted is not None:
                 lang = obj.get("lang")

@@ -42,6 +42,19 @@ class WorldSpec:
     colours: tuple[str, ...] | None = None
     version: int = WORLD_VERSION
 
+    def __post_init__(self) -> None:
+        for name in ("n_train", "n_val", "n_test"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name} must be >= 0 (0: no {name[2:]} split), got {getattr(self, name)}")
+        if self.captions_per_image < 1:
+            raise ValueError(f"captions_per_image must be >= 1, got {self.captions_per_image}")
+        from .grammars import languages
+
+        unknown = [lg for lg in self.langs if lg not in languages()]
+        if unknown or not self.langs:
+            raise ValueError(f"langs: no grammar for {', '.join(map(repr, unknown)) or 'no language'} "
+                             f"(grammars: {', '.join(languages())})")
+
     @property
     def concepts(self) -> ConceptSet:
         return ConceptSet.parse(self.shapes, self.colours)

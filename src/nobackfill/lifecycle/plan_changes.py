@@ -218,6 +218,8 @@ def pin_route(collection: Collection, space_id: str, direction: str, route: str 
         raise ValueError(f"direction must be one of {sorted(DIRECTIONS)}, got {direction!r}")
     if route is not None and route not in ROUTES:
         raise ValueError(f"route must be one of {ROUTES}, got {route!r}")
+    if weight is not None and route != FUSED:  # (it was ignored)
+        raise ValueError(f"w is the fused route's weight; route {route!r} takes none")
     if route == FUSED and weight is not None and not 0.0 <= weight <= 1.0:
         raise ValueError(f"a fused route's weight w must lie in [0, 1], got {weight}")
 
