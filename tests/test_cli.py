@@ -377,7 +377,9 @@ def test_bad_values_trial_n_found_are_one_line_each(tmp_path, monkeypatch):
         assert r.exit_code == 2 and "--threads" in r.output and "Traceback" not in r.output, r.output
     keys = tmp_path / "keys.toml"
     keys.write_text('admin = ["admin-key-123456"]\n')
-    for args, says in ((["--port", "70000"], "--port"), (["--max-body-mb", "-1"], "--max-body-mb must be above 0"),
+    for args, says in ((["--port", "70000"], "--port must be between 1 and 65535, got 70000"),
+                       (["--max-body-mb", "-1"], "--max-body-mb must be a number above 0"),
+                       (["--max-body-mb", "inf"], "--max-body-mb must be a number above 0"),
                        (["--max-k", "0"], "--max-k"), (["--host", "0.0.0.0.0"], "does not resolve")):
         r = invoke("serve", str(tmp_path / "nothing"), "--keys", str(keys), *args)
         assert r.exit_code == 2 and says in " ".join(r.output.split()) and "serving" not in r.output, (args, r.output)

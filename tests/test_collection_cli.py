@@ -244,3 +244,7 @@ def test_a_world_root_without_the_split_asked_is_refused(tmp_path):
         out = " ".join(r.output.split())
         assert r.exit_code == 2 and "a world root with no split 'tset' (its splits: test, train, val)" in out, out
     assert js("collection", "status", tmp_path / "p")["items"] == before and not (tmp_path / "g").exists()
+    for split in ("", ".", "../x/val"):  # (trial P: '' and '.' named the root itself, read as photos)
+        r = invoke("collection", "add", tmp_path / "p", "--data", world, "--split", split)
+        assert r.exit_code == 2 and "split must name one split of a world root" in " ".join(r.output.split()), r.output
+    assert js("collection", "status", tmp_path / "p")["items"] == before

@@ -60,7 +60,7 @@ def train_cmd(
                                        "finished model there is refused)."),
     steps: Optional[int] = typer.Option(None, help="Override the preset's number of steps."),
     seed: int = typer.Option(0, help="Training seed."),
-    threads: int = typer.Option(0, min=0, help="torch threads (0 = default)."),
+    threads: int = typer.Option(0, help="torch threads (0 = default)."),
     stream: bool = typer.Option(True, help="On a world folder, sample fresh scenes every step."),
     config: Optional[Path] = config_option(),
     set_: Optional[List[str]] = set_option(),
@@ -73,6 +73,8 @@ def train_cmd(
     from ..train.loop import check_output
     from ..train.world_model import train_preset
 
+    if threads < 0:  # (before --show-config too)
+        fail(f"--threads must be >= 0 (0 = torch's default), got {threads}")
     try:
         base = get_preset(preset)
     except (ConfigError, FileNotFoundError) as e:

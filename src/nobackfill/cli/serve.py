@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 from pathlib import Path
 from typing import Optional
 
@@ -16,7 +18,7 @@ ONNX_CHOICES = ("auto", "export", "int8", "off")
 def serve(
     collection: str = typer.Argument(..., help="The collection: a directory or a storage URI."),
     host: str = typer.Option("127.0.0.1", help="Address to bind (loopback unless told)."),
-    port: int = typer.Option(8000, min=1, max=65535, help="Port."),
+    port: int = typer.Option(8000, help="Port (1 to 65535)."),
     keys: Path = typer.Option(..., help="TOML file of API keys: read = [...], admin = [...]."),
     models_root: Path = typer.Option(Path("models"), help="Model directories that POST /v1/upgrade may name "
                                      "('model') lie under it."),
@@ -52,8 +54,10 @@ def serve(
 
     if query_threads < 1:
         fail(f"--query-threads must be at least 1, got {query_threads}")
-    if not max_body_mb > 0:
-        fail(f"--max-body-mb must be above 0, got {max_body_mb}")
+    if not 1 <= port <= 65535:
+        fail(f"--port must be between 1 and 65535, got {port}")
+    if not (max_body_mb > 0 and math.isfinite(max_body_mb)):
+        fail(f"--max-body-mb must be a number above 0, got {max_body_mb}")
     try:  # an address that does not resolve: said before "serving ..." (uvicorn exited 3 after it)
         import socket
 

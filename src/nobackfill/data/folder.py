@@ -156,6 +156,8 @@ def split_folder(folder: str | os.PathLike, split: str) -> Path:
     folder = Path(folder)
     if (folder / CAPTIONS_FILE).is_file():
         return folder
+    if not split or split in (".", "..") or "/" in split or "\\" in split:  # ('' and '.' named the root itself)
+        raise FileNotFoundError(f"split must name one split of a world root (train, val, test), got {split!r}")
     if (folder / split).is_dir():
         return folder / split
     splits = sorted(p.name for p in folder.iterdir() if p.is_dir() and (p / CAPTIONS_FILE).is_file()) \
