@@ -503,3 +503,17 @@ def test_a_filters_empty_key_is_refused_as_naming_nothing(env):
         assert r.json()["field"].startswith("filter"), r.text
     r = api.post("/v1/search", files=[("image", ("q.png", png())), ("filter", (None, '{"": 1}'))], headers=h(READ))
     assert r.status_code == 422 and r.json()["field"] == "filter", r.text
+
+
+def test_a_weight_with_a_route_other_than_fused_is_refused_naming_w(env):
+    """The weight is the fused route's: given with another route (or an unpin) it was ignored; now
+    422 on ``w``, as the schema's anyOf says (schemathesis holds the server to it)."""
+    api, c, _, _ = env
+    old = next(s for s in c.plan.space_ids if s != c.plan.current)
+    before = c.plan.routes
+    for route in ("bridge", "old-model", None):
+        r = api.post("/v1/routes", json={"space": old, "direction": "t2i", "route": route, "w": 0.3}, headers=h(ADMIN))
+        assert r.status_code == 422 and r.json()["field"] == "w", (route, r.text)
+    assert Collection.open(c.path).plan.routes == before
+    r = api.post("/v1/routes", json={"space": old, "direction": "t2i", "route": "fused", "w": 0.3}, headers=h(ADMIN))
+    assert r.status_code == 200, r.text

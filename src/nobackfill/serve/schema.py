@@ -251,13 +251,16 @@ class UpgradeRequest(BaseModel):
 class RouteRequest(BaseModel):
     """Pin the route one older space is reached through for one direction (``route`` null: unpin)."""
 
-    model_config = _STRICT
+    # w only with the fused route (another route takes no weight: refused, 422 on w)
+    model_config = ConfigDict(extra="forbid", strict=True, regex_engine="python-re", json_schema_extra={
+        "anyOf": [{"properties": {"route": {"const": "fused"}}, "required": ["route"]},
+                  {"properties": {"w": {"type": "null"}}}]})
     space: str = Field(..., max_length=255, description="An older space id (see /v1/status).")
     direction: Literal["t2i", "i2t", "t2t", "i2i"]
     route: Optional[Literal["old-model", "bridge", "fused"]] = Field(None, description="null removes the pin.")
     w: Optional[float] = Field(None, ge=0, le=1, allow_inf_nan=False,
                                description="Weight of the bridge score of a fused route (default: the "
-                                           "calibrated weight, else 0.5).")
+                                           "calibrated weight, else 0.5); only with route fused.")
 
 
 class CalibrateRequest(BaseModel):

@@ -108,6 +108,8 @@ async def upgrade(req: UpgradeRequest, _r: str = Depends(admin), svc: Service = 
              response_model=Routes, dependencies=[Depends(admin_json)],
              responses=errors(400, 401, 403, 404, 409, 413, 415, 422))
 async def pin_route(req: RouteRequest, _r: str = Depends(admin), svc: Service = Depends(get_service)) -> Any:
+    if req.w is not None and req.route != "fused":
+        raise ApiError(422, f"w is the fused route's weight; route {req.route!r} takes none", "w")
     table = await run_in_threadpool(svc.call, svc.client.route, req.space, req.direction, req.route, w=req.w,
                                     field="space")
     return svc.paths.deep({"routes": table, "merge": svc.collection.plan.merge_method or DEFAULT_MERGE})
