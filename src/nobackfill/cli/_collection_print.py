@@ -59,12 +59,15 @@ def interrupt_report(client: Any, name: str, kind: str = "add") -> Iterator[None
         try:
             st = client.status()
             now, bf = st["items"], st.get("backfill") or {}
-            what = {"add": f"{name} holds {now.get('image', 0)} images and {now.get('text', 0)} texts now (every "
-                           "batch committed before the interruption stays)",
-                    "backfill": f"the current space of {name} serves {bf.get('done', 0)} of {bf.get('total', 0)} "
-                                "items now (every batch committed before the interruption stays)",
-                    "upgrade": f"the current model of {name} is {st['spaces'][st['current']]['name']} (an upgrade "
-                               "is registered all at once or not at all)"}[kind]
+            if kind == "upgrade":
+                what = (f"the current model of {name} is {st['spaces'][st['current']]['name']} (an upgrade is "
+                        "registered all at once or not at all)")
+            elif kind == "backfill":
+                what = (f"the current space of {name} serves {bf.get('done', 0)} of {bf.get('total', 0)} items now "
+                        "(every batch committed before the interruption stays)")
+            else:
+                what = (f"{name} holds {now.get('image', 0)} images and {now.get('text', 0)} texts now (every batch "
+                        "committed before the interruption stays)")
         except Exception:  # noqa: BLE001 - the note must not hide the interruption
             what = "what was committed before the interruption stays in the collection"
         remote = type(client).__name__ == "RemoteClient"

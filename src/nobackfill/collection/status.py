@@ -13,7 +13,7 @@ from typing import Any, Callable, Iterator
 
 import numpy as np
 
-from ..gallery.atomic_files import _now
+from ..gallery.atomic_files import _now, pid_alive
 from ..ann.backends import AUTO_GRAPH_AT, parse_spec
 from ..catalog.catalog import CatalogError, unsourced_sql
 from ..catalog.items import CollectionBusyError, CollectionError
@@ -46,7 +46,7 @@ class CollectionStatus:
         try:
             info = json.loads(self.catalog.read_doc(f"locks/{name}.holder") or b"")
             host = f" on {info['host']}" if info.get("host") else ""
-            if info.get("host") == socket.gethostname() and not _pid_alive(int(info["pid"])):
+            if info.get("host") == socket.gethostname() and not pid_alive(int(info["pid"])):
                 return "another process"  # (an earlier holder's record: the new one has not written its own yet)
             return f"process {info['pid']}{host} (started {info['since']})"
         except (ValueError, KeyError, TypeError):
@@ -201,14 +201,3 @@ class CollectionStatus:
                 "current": plan.current, "spaces": spaces, "unserved": sum(items.values()) - served,
                 "unsourced": sum(self.count_unsourced().values()),
                 "backend": self.backend}
-
-
-def _pid_alive(pid: int) -> bool:
-    """Whether process ``pid`` of this host is alive (another user's counts)."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except OSError:
-        return True
-    return True

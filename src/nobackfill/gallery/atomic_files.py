@@ -19,7 +19,7 @@ try:  # POSIX advisory locks; elsewhere a gallery is single-writer by convention
 except ImportError:  # pragma: no cover
     fcntl = None  # type: ignore[assignment]
 
-__all__ = ["AheadFile", "atomic_write_bytes", "atomic_write_stream", "file_sha256", "flock", "lock_holder", "read_tagged_json", "record_holder",
+__all__ = ["AheadFile", "atomic_write_bytes", "atomic_write_stream", "file_sha256", "flock", "lock_holder", "pid_alive", "read_tagged_json", "record_holder",
            "stale_ahead_files"]
 
 LOCK = ".lock"
@@ -171,18 +171,20 @@ def stale_ahead_files(folder: str | Path) -> list[Path]:
     out = []
     for p in ahead.iterdir():
         pid = p.name.split("-", 1)[0]
-        alive = False
-        if pid.isdigit():
-            try:
-                os.kill(int(pid), 0)
-                alive = True
-            except PermissionError:  # another user's live process
-                alive = True
-            except OSError:
-                pass
-        if not alive:
+        if not (pid.isdigit() and pid_alive(int(pid))):
             out.append(p)
     return sorted(out)
+
+
+def pid_alive(pid: int) -> bool:
+    """Whether process ``pid`` of this host is alive (another user's live process counts)."""
+    try:
+        os.kill(pid, 0)
+    except PermissionError:
+        return True
+    except OSError:
+        return False
+    return True
 
 
 _WRITES = 0

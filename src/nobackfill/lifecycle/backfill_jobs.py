@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterator, Sequence
 
 from ..collection.collection import Collection
+from ..gallery.atomic_files import pid_alive
 
 JOB_DIR = "backfill"
 JOB_FILE = "job.json"
@@ -215,15 +216,7 @@ def new_owner(tag: str = "") -> str:
 def _holder_gone(owner: str) -> bool:
     """``owner`` (``host:pid:tag``) names a process of this host that has exited."""
     host, pid = _parse_owner(owner)
-    if host != socket.gethostname() or pid is None:
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return True
-    except PermissionError:  # alive, another user's
-        return False
-    return False
+    return host == socket.gethostname() and pid is not None and not pid_alive(pid)
 
 
 def _take_shard(collection: Collection, job: BackfillJob, owner: str,

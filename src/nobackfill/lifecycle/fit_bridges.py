@@ -38,7 +38,7 @@ from ..search.models import ModelPool
 from .calibrate import agreed_score_maps
 
 __all__ = ["FitBridgesConfig", "backfilled_pairs", "fit_collection_bridges", "fitted_bridges",
-           "fitted_status", "scene_of"]
+           "fitted_status", "scene_of", "users_planner", "with_given_route"]
 
 #: the fewest held-out queries a score is computed on
 MIN_HELDOUT = 8
@@ -210,6 +210,23 @@ def _given_bridge(users: RoutePlanner, sid: str, d: str, sources: list[Any], say
         return {}
 
 
+def users_planner(plan: Plan, pool: ModelPool) -> RoutePlanner:
+    """Routes through the user's own bridges only (the fitted ones left out)."""
+    return RoutePlanner(dataclasses.replace(plan, upgrades=tuple(u for u in plan.upgrades if u.kind != "fitted")), pool)
+
+
+def with_given_route(p: Plan, sid: str, d: str, routes: dict[str, Any]) -> Plan:
+    """``p`` with the route chosen without labels for the user's bridge to ``sid`` (``d``), where no
+    fitted bridge serves it (one swapped in meanwhile), the space is live, and the route is not
+    pinned or chosen on labels."""
+    cur = p.route(sid, d)
+    choice = _route_entry(cur, routes, {"given": True})
+    if choice is None or (sid, d) in fitted_bridges(p) or sid not in {s.space_id for s in p.old_spaces()} or \
+            (cur is not None and (choice.route, choice.w) == (cur.route, cur.w)):
+        return p
+    return p.with_route(sid, d, choice)
+
+
 def _route_entry(current: RouteChoice | None, routes: dict[str, Any], info: dict[str, Any]) -> RouteChoice | None:
     """The route choice to record, or None to keep the current one (pinned, or chosen on labels)."""
     if current is not None and (current.pinned or (current.calibration and "fitted" not in current.calibration)):
@@ -229,7 +246,7 @@ def fit_collection_bridges(collection: Collection, *, cfg: FitBridgesConfig | No
     pool = pool or ModelPool()
     cache = collection_cache(collection)
     planner = RoutePlanner(plan, pool)
-    users = RoutePlanner(dataclasses.replace(plan, upgrades=tuple(u for u in plan.upgrades if u.kind != "fitted")), pool)
+    users = users_planner(plan, pool)
     serving = fitted_bridges(plan)
     report: dict[str, Any] = {}
     changes: list[tuple[UpgradeRecord, str, dict[str, Any], dict[str, Any]]] = []
@@ -334,12 +351,8 @@ def fit_collection_bridges(collection: Collection, *, cfg: FitBridgesConfig | No
             choice = _route_entry(p.route(rec.target, d), routes, dict(rec.info or {}))
             if choice is not None:
                 p = p.with_route(rec.target, d, choice)
-        for sid, d, routes in rerouted_given:  # where no fitted bridge serves (one swapped in meanwhile)
-            cur = p.route(sid, d)
-            choice = _route_entry(cur, routes, {"given": True})
-            if sid in live and (sid, d) not in fitted_bridges(p) and choice is not None and \
-                    (cur is None or (choice.route, choice.w) != (cur.route, cur.w)):
-                p = p.with_route(sid, d, choice)
+        for sid, d, routes in rerouted_given:
+            p = with_given_route(p, sid, d, routes)
         for rec, routes in rerouted:  # only where that bridge still serves (not replaced, not retired)
             d = rec.directions[0]
             if fitted_bridges(p).get((rec.target, d)) != rec:

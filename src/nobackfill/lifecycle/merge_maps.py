@@ -5,7 +5,6 @@ user's own bridge is tested against the old model here too, on every backfilled 
 
 from __future__ import annotations
 
-import dataclasses
 from typing import Any
 
 import numpy as np
@@ -15,8 +14,8 @@ from ..collection.collection import Collection
 from ..compat.fitted import HeldOut, route_scores
 from ..search.models import ModelPool
 from ..search.routes import DIRECTIONS, RoutePlanner
-from .fit_bridges import (FitBridgesConfig, Pairs, _every_backfilled, _merge_maps, _route_entry, _with_merge_maps,
-                          backfilled_pairs, fitted_bridges)
+from .fit_bridges import (FitBridgesConfig, Pairs, _every_backfilled, _merge_maps, _with_merge_maps, backfilled_pairs,
+                          fitted_bridges, users_planner, with_given_route)
 
 __all__ = ["fit_merge_maps"]
 
@@ -26,16 +25,16 @@ def fit_merge_maps(collection: Collection, *, cfg: FitBridgesConfig | None = Non
     """The merge's score maps alone (:func:`_merge_maps`), for every direction an old space serves
     through the ``old-model`` route, on every backfilled pair: what the backfill runs before its first
     bridge fit (whose sample may be most of a small collection), so the items already moved are
-    merged on one scale with the rest from the first pairs on. Nothing is fitted but the maps; a
-    route with a bridge keeps its maps until the next bridge fit. Returns ``{space/direction:
-    agreed queries, or None}``."""
+    merged on one scale with the rest from the first pairs on. Nothing is fitted but the maps; the
+    route of a user's bridge is chosen again first (:func:`_given_routes`), a fitted bridge's route
+    keeps its maps until the next bridge fit. Returns ``{space/direction: agreed queries, or None}``."""
     cfg = cfg or FitBridgesConfig()
     plan = collection.plan
     if plan.calibration:
         return {}
     pool = pool or ModelPool()  # (the user's bridge embeds the held-out queries)
     planner = RoutePlanner(plan, pool)
-    users = RoutePlanner(dataclasses.replace(plan, upgrades=tuple(u for u in plan.upgrades if u.kind != "fitted")), pool)
+    users, fitted = users_planner(plan, pool), fitted_bridges(plan)
     found: dict[tuple[str, str], dict[str, Any] | None] = {}
     rerouted: list[tuple[str, str, dict[str, Any]]] = []
     for space in plan.old_spaces():
@@ -46,7 +45,7 @@ def fit_merge_maps(collection: Collection, *, cfg: FitBridgesConfig | None = Non
                 continue
             if planner.chosen(sid, d)[0] == "old-model":
                 found[sid, d] = _merge_maps(d, {"route": "old-model"}, None, None, pairs, cfg)
-            elif (sid, d) not in fitted_bridges(plan) and "bridge" in users.available(sid, d):
+            elif (sid, d) not in fitted and "bridge" in users.available(sid, d):
                 given = _given_routes(users, sid, d, pairs, cfg)  # the user's bridge: its route tested too
                 if given is not None:
                     routes, held, bridged = given
@@ -54,11 +53,9 @@ def fit_merge_maps(collection: Collection, *, cfg: FitBridgesConfig | None = Non
                     found[sid, d] = _merge_maps(d, routes, held, bridged, pairs, cfg)
 
     def commit(p: Plan) -> Plan:
-        live = {s.space_id for s in p.old_spaces()}  # (a space retired meanwhile keeps no maps)
         for sid, d, routes in rerouted:
-            choice = _route_entry(p.route(sid, d), routes, {"given": True})
-            if sid in live and (sid, d) not in fitted_bridges(p) and choice is not None:
-                p = p.with_route(sid, d, choice)
+            p = with_given_route(p, sid, d, routes)
+        live = {s.space_id for s in p.old_spaces()}  # (a space retired meanwhile keeps no maps)
         return _with_merge_maps(p, {k: m for k, m in found.items() if k[0] in live})
 
     if found:
