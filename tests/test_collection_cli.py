@@ -248,3 +248,28 @@ def test_a_world_root_without_the_split_asked_is_refused(tmp_path):
         r = invoke("collection", "add", tmp_path / "p", "--data", world, "--split", split)
         assert r.exit_code == 2 and "split must name one split of a world root" in " ".join(r.output.split()), r.output
     assert js("collection", "status", tmp_path / "p")["items"] == before
+
+
+@pytest.mark.parametrize("remote", [False, True])
+def test_an_interrupted_backfill_says_whether_the_same_command_goes_on(remote, capsys):
+    """In process the interrupted command's workers stop and the same command goes on; over HTTP
+    the server's worker goes on after the command that followed it is stopped, so it says how to
+    pause it instead (it told to run the command again while the server still ran)."""
+    import typer
+
+    from nobackfill.cli import _collection_print as cp
+
+    class Client:
+        def status(self):
+            return {"items": {"image": 3, "text": 0}, "backfill": {"done": 3, "total": 9}}
+
+    client = type("RemoteClient" if remote else "LocalClient", (Client,), {})()
+    with pytest.raises(typer.Exit) as e:
+        with cp.interrupt_report(client, "photos", "backfill"):
+            raise KeyboardInterrupt
+    got = capsys.readouterr()
+    out = " ".join((got.out + got.err).split())
+    assert e.value.exit_code == 130
+    assert "serves 3 of 9 items now" in out
+    assert ("the server's backfill goes on" in out and "--pause" in out) if remote else \
+        "Run the same command again to go on" in out

@@ -71,12 +71,14 @@ def interrupt_report(client: Any, name: str, kind: str = "add") -> Iterator[None
         except Exception:  # noqa: BLE001 - the note must not hide the interruption
             what = "what was committed before the interruption stays in the collection"
         remote = type(client).__name__ == "RemoteClient"
-        rerun = {"add": ". Run the same command again to finish: items already there are skipped, nothing is "
-                        "embedded or imported twice.",
-                 "backfill": ". Run the same command again to go on from there.", "upgrade": "."}[kind]
-        console.print(f"[yellow]interrupted:[/yellow] {escape(what)}"
-                      + ("; the server finishes the request it was sent" if remote and kind != "backfill" else "")
-                      + rerun)
+        if kind == "backfill":  # a server's worker is the server's: this command only followed it
+            rerun = (f"; the server's backfill goes on (`nobackfill collection backfill {name} --pause` stops it)."
+                     if remote else ". Run the same command again to go on from there.")
+        else:
+            rerun = ("; the server finishes the request it was sent" if remote else "") + (
+                ". Run the same command again to finish: items already there are skipped, nothing is embedded or "
+                "imported twice." if kind == "add" else ".")
+        console.print(f"[yellow]interrupted:[/yellow] {escape(what)}" + rerun)
         raise typer.Exit(code=130) from None
 
 
