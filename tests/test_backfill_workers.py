@@ -120,7 +120,10 @@ def test_ctrl_c_stops_the_worker_processes_too_and_says_what_stays(tmp_path, gro
     ok("collection", "upgrade", path, "--model", MODELS / "world-new", "--no-fit-bridge")
     cmd = [sys.executable, "-c", "from nobackfill.cli import app; app()", "collection", "backfill", str(path),
            "--workers", "2", "--rate", "2", "--batch-size", "1", "--order", "sequential"]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    # (a shell running the suite in the background ignores SIGINT, and its children inherit that: a
+    # Python started so never gets a KeyboardInterrupt; a terminal's command has it by default)
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:
         st = _wait(lambda: (s := backfill_status(Collection.open(path)))["workers"] == 2 and s, 120)
         assert st, backfill_status(Collection.open(path))
