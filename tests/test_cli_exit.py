@@ -33,3 +33,32 @@ def test_a_frozen_exit_still_flushes_the_output_and_runs_exit_handlers(tmp_path)
     assert r.returncode == 0, r.stderr[-2000:]
     assert "collection" in r.stdout
     assert marker.read_text() == "ran"
+
+
+@pytest.mark.parametrize("argv, says", [
+    (["collection", "status"], "error: Missing argument 'name'. (see 'nobackfill collection status --help')"),
+    (["collection", "status", "c", "--json", "true"], "error: Got unexpected extra argument(s) (true)"),
+    (["collection", "nope"], "error: No such command 'nope'. (see 'nobackfill collection --help')"),
+    (["--no-such-flag"], "error: No such option: --no-such-flag"),
+])
+def test_a_usage_error_is_one_line_and_exit_2(argv, says):
+    """A usage error reads like every other error: one line naming the command's --help, exit 2 (not
+    click's framed panel with the usage above it)."""
+    code = f"import sys\nsys.argv = ['nobackfill', *{argv!r}]\nfrom nobackfill.cli import main\nmain()\n"
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2, r.stderr
+    assert r.stderr.strip().splitlines() == [r.stderr.strip()], r.stderr
+    assert r.stderr.startswith(says), r.stderr
+    assert r.stdout == ""
+
+
+def test_version_and_flags_without_a_value_in_the_help():
+    r = subprocess.run([sys.executable, "-m", "nobackfill.cli", "--version"], capture_output=True, text=True,
+                       timeout=120)
+    assert r.returncode == 0 and r.stdout.startswith("nobackfill ") and r.stdout.split()[1][0].isdigit(), r
+    from typer.testing import CliRunner
+
+    out = CliRunner().invoke(cli.app, ["collection", "add", "--help"], env={"COLUMNS": "100"}).stdout
+    assert "--json" in out and "--skip-bad" in out and "--help" in out
+    assert "<bool>" not in out  # a flag takes no value: `--json true` is refused
+    assert "<path>" in out  # an option that takes one still says what

@@ -14,7 +14,7 @@ import typer
 from typer.core import TyperGroup
 
 from ._common import normalise_json_args
-from ._help import literal_tree
+from ._help import literal_tree, usage_error
 from . import bench, collection, compat, data, demo, evaluate, gallery, late, lingual, reco, serve, upgrade, verify
 
 
@@ -29,6 +29,27 @@ class _Root(TyperGroup):
 
     def parse_args(self, ctx, args):
         return super().parse_args(ctx, normalise_json_args(list(args)))
+
+    def main(self, *args, standalone_mode: bool = True, **kwargs):
+        """Run as a program: a usage error (a missing argument, an unknown option, a value out of
+        range) is one line, ``error: ... (see 'nobackfill CMD --help')``, exit 2, like every other
+        error (click's framed panel otherwise)."""
+        if not standalone_mode:
+            return super().main(*args, standalone_mode=False, **kwargs)
+        import sys
+
+        from typer._click import exceptions as click_errors  # typer's own click: its errors, not click's
+
+        try:
+            code = super().main(*args, standalone_mode=False, **kwargs)
+        except click_errors.NoArgsIsHelpError as e:  # the help is printed already
+            sys.exit(e.exit_code)
+        except click_errors.ClickException as e:
+            sys.exit(usage_error(e))
+        except typer.Abort:
+            print("aborted", file=sys.stderr)
+            sys.exit(1)
+        sys.exit(code if isinstance(code, int) else 0)
 
     def invoke(self, ctx):
         """Run the command; an output path of the wrong kind (a folder where a file goes, a file
@@ -61,11 +82,21 @@ app = typer.Typer(cls=_Root, add_completion=False, no_args_is_help=True,
                   help="Cross-modal retrieval whose embedding model improves without re-embedding the gallery.")
 
 
+def _print_version(value: bool) -> None:
+    if value:
+        from importlib.metadata import version
+
+        print(f"nobackfill {version('nobackfill')}")
+        raise typer.Exit()
+
+
 @app.callback()
 def _root_options(verbose: bool = typer.Option(False, "--verbose", "-v",
                                                help="Also show the warnings of the libraries underneath "
                                                     "(transformers, huggingface_hub, pymilvus, milvus-lite) "
-                                                    "and our own log.")) -> None:
+                                                    "and our own log."),
+                  show_version: bool = typer.Option(False, "--version", is_eager=True, callback=_print_version,
+                                                    help="Print the installed version and exit.")) -> None:
     from .._logging import set_verbose
 
     set_verbose(verbose)

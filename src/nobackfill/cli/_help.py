@@ -45,4 +45,37 @@ def literal_tree(command) -> None:
             for p in cmd.params:
                 if getattr(p, "help", None):
                     p.help = literal(p.help)
+        flag_metavars(cmd)
         todo.extend(getattr(cmd, "commands", {}).values())
+
+
+def usage_error(e) -> int:
+    """Print click's error ``e`` (a usage error: a missing argument, an unknown option, a value out
+    of range) as one line on stderr, naming the command's ``--help``, as ``fail`` prints ours; its
+    exit code (2)."""
+    from ._common import console
+
+    ctx = getattr(e, "ctx", None)
+    hint = f" (see '{ctx.command_path} --help')" if ctx is not None and ctx.command.get_help_option(ctx) else ""
+    console.print(f"[red]error:[/red] {escape(e.format_message() + hint)}")
+    return e.exit_code
+
+
+def flag_metavars(command) -> None:
+    """An on/off flag (``--help`` too) shows no value in the help: typer shows ``<bool>``, which reads
+    as a flag that takes one (``--json true`` is refused)."""
+    for p in getattr(command, "params", []):
+        if getattr(p, "is_flag", False) and p.metavar is None:
+            p.metavar = ""
+    make_help = getattr(command, "get_help_option", None)
+    if make_help is None or getattr(make_help, "_no_metavar", False):
+        return
+
+    def get_help_option(ctx):
+        option = make_help(ctx)
+        if option is not None:
+            option.metavar = ""
+        return option
+
+    get_help_option._no_metavar = True
+    command.get_help_option = get_help_option
