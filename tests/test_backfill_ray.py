@@ -392,3 +392,22 @@ def test_a_killed_ray_driver_loses_nothing_and_a_rerun_goes_on_from_the_catalog(
     assert rep.stopped == "done" and 0 < rep.committed <= 36 - st["done"]  # (vectors stored unserved: served)
     assert backfill_status(c)["done"] == 36
     _vectors(c)
+
+
+def test_rays_own_log_lines_show_only_with_verbose():
+    """Ray's loggers (its token-auth note at start, Ray Data's progress-bar warning and info lines)
+    go through Python logging at our level: errors only, warnings with ``nobackfill -v``."""
+    import logging
+
+    from nobackfill._logging import set_verbose
+    from nobackfill.lifecycle.cluster.ray_backfill import import_ray
+
+    import_ray()
+    try:
+        for name in ("ray", "ray.data", "ray._private.authentication.authentication_token_setup"):
+            lg = logging.getLogger(name)
+            assert not lg.handlers and lg.getEffectiveLevel() == logging.ERROR, (name, lg.handlers)
+        set_verbose(True)
+        assert logging.getLogger("ray.data").getEffectiveLevel() == logging.WARNING
+    finally:
+        set_verbose(False)

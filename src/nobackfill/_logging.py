@@ -18,7 +18,7 @@ __all__ = ["LIBRARY_LOGGERS", "set_verbose", "tame_library_loggers"]
 
 #: loggers of the libraries whose records are shown only when verbose
 LIBRARY_LOGGERS = ("transformers", "huggingface_hub", "pymilvus", "milvus_lite", "grpc", "urllib3", "filelock",
-                   "py.warnings")
+                   "ray", "py.warnings")
 #: their level when not verbose (pymilvus logs every failed call at ERROR: our own error says it)
 _QUIET = {"pymilvus": logging.CRITICAL}
 _ENV = {"transformers": "TRANSFORMERS_VERBOSITY", "huggingface_hub": "HF_HUB_VERBOSITY"}

@@ -50,6 +50,9 @@ def import_ray() -> Any:
         import ray.data  # noqa: F401
     except ImportError as e:
         raise BackfillError(f"{RAY_MISSING} ({e})") from None
+    from ..._logging import tame_library_loggers
+
+    tame_library_loggers(("ray",))  # Ray's handlers (its token-auth note, Ray Data's info lines) only with -v
     return ray
 
 
