@@ -62,3 +62,22 @@ def test_version_and_flags_without_a_value_in_the_help():
     assert "--json" in out and "--skip-bad" in out and "--help" in out
     assert "<bool>" not in out  # a flag takes no value: `--json true` is refused
     assert "<path>" in out  # an option that takes one still says what
+
+
+def test_an_error_in_the_librarys_words_names_the_commands_options():
+    """The library's argument names in an error become the running command's options; a name the
+    command does not have, or an ordinary word, stays as it is."""
+    import typer
+    from typer._click.core import Context
+
+    from nobackfill.cli._common import in_flags
+
+    root = typer.main.get_command(cli.app)
+    backfill = root.commands["collection"].commands["backfill"]
+    with Context(backfill, info_name="backfill"):
+        assert in_flags("batch_size must be a whole number >= 1, got 0") == "--batch-size must be a whole number >= 1, got 0"
+        assert in_flags("rate must be > 0") == "--rate must be > 0"
+        assert in_flags("gpus_per_actor needs engine='ray'") == "--gpus-per-actor needs --engine ray"
+        assert in_flags("fit_sample is wrong; the order of the rest") == "fit_sample is wrong; the order of the rest"
+        assert in_flags("see /a/batch_size.json (batch_size=3)") == "see /a/batch_size.json (batch_size=3)"
+    assert in_flags("batch_size must be >= 1") == "batch_size must be >= 1"  # no command running: as it is

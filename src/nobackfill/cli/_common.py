@@ -45,8 +45,34 @@ def fail(msg: "str | BaseException") -> NoReturn:
         if status in (401, 403):  # a server's key: the command line reads it from the environment
             msg = msg.replace("(send Authorization: Bearer KEY)", "").rstrip() + \
                 ": the command line sends the key in NOBACKFILL_API_KEY" + (" (an admin key)" if status == 403 else "")
-    console.print(f"[red]error:[/red] {escape(msg)}")
+    console.print(f"[red]error:[/red] {escape(in_flags(msg))}")
     raise typer.Exit(code=2)
+
+
+def in_flags(msg: str) -> str:
+    """``msg`` (often the library's, in its argument names) in the running command's option names:
+    ``batch_size`` -> ``--batch-size``, ``engine='ray'`` -> ``--engine ray``, and a first word that
+    is an option's argument (``rate must be ...``) -> ``--rate``. Only names the command has."""
+    import re
+
+    from typer._click.globals import get_current_context  # typer's own click
+
+    ctx = get_current_context(silent=True)
+    flags = {p.name: max(p.opts, key=len) for p in getattr(ctx and ctx.command, "params", [])
+             if getattr(p, "opts", None) and p.opts[0].startswith("-") and p.name}
+    if not flags:
+        return msg
+
+    def kw(m: "re.Match[str]") -> str:
+        return f"{flags[m.group(1)]} {m.group(2)}" if m.group(1) in flags else m.group(0)
+
+    msg = re.sub(r"(?<![\w.-])([a-z][a-z0-9_]*)='([^']*)'", kw, msg)
+    msg = re.sub(r"(?<![\w.=/-])([a-z][a-z0-9]*(?:_[a-z0-9]+)+)\b(?![(=/])",
+                 lambda m: flags.get(m.group(1), m.group(0)), msg)
+    first = re.match(r"([a-z]+) (must|should|is|needs?) ", msg)
+    if first and first.group(1) in flags:
+        msg = flags[first.group(1)] + msg[len(first.group(1)):]
+    return msg
 
 
 def skip_bad_hint(e: BaseException) -> str:

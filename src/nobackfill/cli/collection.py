@@ -229,6 +229,8 @@ def upgrade(
 ) -> None:
     """Make MODEL the current model at once: new items and queries use it, items of older spaces are
     reached through the best route. Re-embeds nothing (see `collection backfill`)."""
+    if calibrate_limit is not None and calibrate_limit < 1:
+        fail(f"--calibrate-limit must be >= 1, got {calibrate_limit} (leave it out to use all the data)")
     client = _client(name)
     t0 = time.time()
     try:
@@ -441,6 +443,8 @@ def backfill(
 
     if sum([pause, resume, cancel]) > 1:
         fail("give at most one of --pause, --resume, --cancel")
+    if engine == "local" and (address or actors is not None or gpus_per_actor):
+        fail("--address, --actors and --gpus-per-actor are for --engine ray")
     client = _client(name)
     try:
         if pause or cancel:
