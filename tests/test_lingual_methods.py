@@ -53,8 +53,13 @@ def _embed_all(enc) -> dict[str, np.ndarray]:
 @pytest.mark.parametrize("method", METHODS)
 def test_every_method_saves_and_reloads_the_same_embeddings(method, tmp_path):
     enc, learner = _learn_two(method, tmp_path)
+    parent = enc.name
     before = _embed_all(enc)
     out = learner.save(tmp_path / "model")
+    meta = json.loads((out / "nobackfill.json").read_text())  # not the parent's name: a status tells them apart
+    assert meta["name"] == f"{parent}+de+el" and meta["lingual"]["base_name"] == parent
+    learner.save(tmp_path / "again")
+    assert json.loads((tmp_path / "again" / "nobackfill.json").read_text())["name"] == f"{parent}+de+el"
     assert not list(out.glob("*.pkl")) and (out / "lingual.safetensors").is_file()
     state = json.loads((out / "lingual.json").read_text())
     assert state["method"]["name"] == method and state["learned"] == ["en", "de", "el"]

@@ -274,7 +274,11 @@ class ContinualLearner:
         method's metadata) and ``lingual.safetensors`` (token counts, the method's tensors)."""
         out = Path(out)
         model = self.method.model_to_save(self.encoder)
-        model.meta["lingual"] = {"learned": self.learned, "method": self.cfg.label}
+        earlier = model.meta.get("lingual") or {}
+        base = earlier.get("base_name") or model.name  # the model the first languages were learned on
+        added = [h["lang"] for h in self.history if h.get("lang")]
+        model.meta["lingual"] = {"learned": self.learned, "method": self.cfg.label, "base_name": base}
+        model.meta["name"] = f"{base}+{'+'.join(added)}" if added else base  # not its parent's name in a status
         model.invalidate_space_id()
         model.save(out)
         tensors, meta = self.method.state()
