@@ -33,3 +33,12 @@ def test_a_removed_collection_is_not_found_and_not_made_anew(tmp_path):
     c.add(texts=["a green cone"])
     hits = c.search(text="green", k=5).hits
     assert len(hits) == 1 and c.get(hits[0].id).modality == "text"  # the new collection's one item, not the old two
+
+
+def test_an_image_query_naming_a_directory_says_so(tmp_path):
+    from nobackfill.client.base import check_image_file
+
+    with pytest.raises(NotFound, match="is a directory, not an image file"):
+        check_image_file(tmp_path)
+    with pytest.raises(NotFound, match="no such file"):
+        check_image_file(tmp_path / "q.png")

@@ -176,6 +176,12 @@ def test_open_errors_name_the_directory(tmp_path):
     (tmp_path / "empty").mkdir()
     with pytest.raises(NotACollectionError, match="collection create"):
         Collection.open(tmp_path / "empty")
+    (tmp_path / "notes.jsonl").write_text("{}\n")  # a file: said so, and a create there refused untouched
+    with pytest.raises(NotACollectionError, match="it is a file; a collection is a directory"):
+        Collection.open(tmp_path / "notes.jsonl")
+    with pytest.raises(FileExistsError, match="notes.jsonl is a file; a collection is a directory"):
+        Collection.create(tmp_path / "notes.jsonl", model="m", space_id="s", dim=4)
+    assert (tmp_path / "notes.jsonl").read_text() == "{}\n"
     c, old, *_ = _setup(tmp_path)
     with pytest.raises(FileExistsError):
         _new_collection(c.path, old)

@@ -33,7 +33,8 @@ def check_image_file(image: Any) -> None:
     """:class:`~.errors.NotFound` for an image query given as a path that names no file (the same
     error in process and over HTTP)."""
     if isinstance(image, (str, Path)) and not Path(image).is_file():
-        raise NotFound(404, f"image: no such file: {image}", "image")
+        raise NotFound(404, f"image: {image} is a directory, not an image file" if Path(image).is_dir() else
+                       f"image: no such file: {image}", "image")
 
 
 def check_item_id(item_id: Any, call: str = "get") -> str:
@@ -71,6 +72,32 @@ def check_upgrade(model: Any, bridges: Any) -> list:
     check_path(model, "model")
     return [check_path(b, f"bridges[{i}]", "an upgrade directory")
             for i, b in enumerate(check_list(bridges, "bridges", "upgrade directories") or [])]
+
+
+def collection_removed(collection: Any) -> bool:
+    """True once the directory of an open directory collection is gone (a write would create the
+    folder anew; reads would answer from its deleted files)."""
+    st = getattr(collection, "storage", None)
+    root = getattr(st, "root", None)
+    return root is not None and not getattr(st, "catalog_in_database", False) and not root.is_dir()
+
+
+def ray_options(engine: str, address: str | None, actors: int | None, gpus: float) -> Any:
+    """The backfill engine's options: None for the local engine (which takes none of them), else
+    :class:`~nobackfill.lifecycle.cluster.ray_backfill.RayOptions` (0 actors refused)."""
+    from ..lifecycle.backfill import ENGINES
+
+    if engine not in ENGINES:
+        raise InvalidRequest(422, f"engine must be one of {', '.join(ENGINES)}, got {engine!r}", "engine")
+    if engine == "local":
+        if address is not None or actors is not None or gpus:
+            raise InvalidRequest(422, "ray_address, actors and gpus_per_actor need engine='ray'", "engine")
+        return None
+    from ..lifecycle.cluster.ray_backfill import RayOptions
+    try:
+        return RayOptions(address=address, gpus_per_actor=float(gpus), **({"actors": actors} if actors is not None else {}))
+    except ValueError as e:
+        raise InvalidRequest(422, str(e), "actors") from None
 
 
 class Client:

@@ -13,7 +13,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 from ..search.limits import Limits
 from ..search.merge import DEFAULT_MERGE
-from .base import Client, check_image_file, check_item_id, check_path, check_upgrade
+from .base import Client, check_image_file, check_item_id, check_path, check_upgrade, collection_removed, ray_options
 from .errors import ClientError, Conflict, InvalidRequest, NotFound, as_client_error
 from .types import AddResult, ImportResult, ItemInfo, SearchHit, SearchResults, UpgradeResult
 from .upload import check_items, given_items, load_calibration, one_source, read_files, unembeddable
@@ -75,7 +75,16 @@ class LocalClient(Client):
             from ..collection.collection import Collection
 
             self._collection = Collection.open(self.target)
+        else:
+            self._check_present()
         return self._collection
+
+    def _check_present(self) -> None:
+        if collection_removed(self._collection):  # its open files would answer from a deleted collection
+            self._collection, self._searchers = None, {}
+            raise NotFound(404, f"{self.target} is not a collection any more: its directory was removed while this "
+                                "client had it open", "collection")
+
 
     def encoder(self, space_id: str | None = None) -> Any:
         """The model of ``space_id`` (default: the current space), loaded once into the pool."""
@@ -277,6 +286,8 @@ class LocalClient(Client):
         check_image_file(image)
         if not self._searchers:
             self._first_search()
+        else:
+            self._check_present()
         r = self.searcher(merge).search(text=text, image=image, k=self.limits.check_k(k), target=target,
                                         filter=filter)
         return _results(r)
@@ -365,7 +376,7 @@ class LocalClient(Client):
                                           pause_backfill, run_backfill)
 
         check_run_settings(workers=workers, batch_size=batch_size, rate=rate, limit=limit)  # before a model loads
-        ray = self._ray_options(engine, ray_address, actors, gpus_per_actor)
+        ray = ray_options(engine, ray_address, actors, gpus_per_actor)
         job = BackfillJob.load(self.collection)
         if job is not None and job.state == "paused" and not resume:  # an operator's pause holds until a resume
             st = backfill_status(self.collection)
@@ -379,23 +390,6 @@ class LocalClient(Client):
                                 rate=rate, batch_size=batch_size, pool=self.pool, progress=progress, log=log,
                                 engine=engine, ray=ray, load=self._loader() if ray else None, uri=self.target)
         return self._start_thread(order, rate, ray)
-
-    def _ray_options(self, engine: str, address: str | None, actors: int | None, gpus: float) -> Any:
-        """The ray engine's options (None for the local engine, which takes none of them; 0 actors refused)."""
-        from ..lifecycle.backfill import ENGINES
-
-        if engine not in ENGINES:
-            raise InvalidRequest(422, f"engine must be one of {', '.join(ENGINES)}, got {engine!r}", "engine")
-        if engine == "local":
-            if address is not None or actors is not None or gpus:
-                raise InvalidRequest(422, "ray_address, actors and gpus_per_actor need engine='ray'", "engine")
-            return None
-        from ..lifecycle.cluster.ray_backfill import RayOptions
-        try:
-            return RayOptions(address=address, gpus_per_actor=float(gpus),
-                              **({"actors": actors} if actors is not None else {}))
-        except ValueError as e:
-            raise InvalidRequest(422, str(e), "actors") from None
 
     def _loader(self) -> Any:
         """How a Ray actor loads the current model (by its reference, into a pool of its own)."""
@@ -459,7 +453,7 @@ class LocalClient(Client):
         from ..lifecycle.backfill import check_run_settings
 
         check_run_settings(rate=rate)  # (then as a start that resumes: one started where none is paused)
-        return self._start_thread(order, rate, self._ray_options(engine, ray_address, actors, gpus_per_actor))
+        return self._start_thread(order, rate, ray_options(engine, ray_address, actors, gpus_per_actor))
 
     @_refusals
     def backfill_cancel(self) -> dict[str, Any]:

@@ -126,6 +126,13 @@ class LocalStorage(Storage):
         record_holder(self.root, name)
 
     # existence
+    def why_not_a_collection(self) -> str | None:
+        return "it is a file; a collection is a directory" if self.root.is_file() else None
+
+    def check_creatable(self) -> None:
+        if self.root.is_file():
+            raise FileExistsError(f"{self.root} is a file; a collection is a directory: choose a new location")
+
     def stray_entries(self, own_space_dir: str) -> list[str]:
         if not self.root.exists():
             return []

@@ -3,5 +3,5 @@ Data pipeline (``engine="ray"``), with the job, shards, leases and the one commi
 :mod:`nobackfill.lifecycle.backfill_commit`. Nothing here is imported unless that engine is chosen
 (Ray is an optional extra).
 
-May import: ``collection``, ``encoders``, ``lifecycle``, ``search``.
+May import: ``_logging``, ``collection``, ``encoders``, ``lifecycle``, ``search``.
 """
