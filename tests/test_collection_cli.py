@@ -44,7 +44,7 @@ def test_readd_and_search_before_the_upgrade(coll):
     h = out["hits"][0]
     assert h["rank"] == 1 and h["route"] == "native" and h["space"].startswith("hf-clip-") and Path(h["path"]).is_file()
     img = next((coll / "world" / "test" / "images").iterdir())
-    out = js("collection", "search", coll / "photos", "--image", img, "--k", 3)
+    out = js("collection", "search", coll / "photos", "--image", img, "-k", 3)  # -k: --k
     assert out["modality"] == "text" and all("text" in h for h in out["hits"])
     table = runner.invoke(app, ["collection", "search", str(coll / "photos"), "--text", "a red circle", "--k", "2"],
                           terminal_width=80).stdout

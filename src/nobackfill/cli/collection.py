@@ -275,7 +275,7 @@ def search(
     name: str = _NAME,
     text: Optional[str] = typer.Option(None, help="Text query."),
     image: Optional[Path] = typer.Option(None, help="Image query."),
-    k: int = typer.Option(10, help="Number of results."),
+    k: int = typer.Option(10, "--k", "-k", help="Number of results."),
     target: Optional[str] = typer.Option(None, help="What to return: image | text (default: images for a text "
                                                     "query and captions for an image query, when there are any)."),
     filter: Optional[List[str]] = typer.Option(None, "--filter", help="Metadata filter key=value (dotted keys for "

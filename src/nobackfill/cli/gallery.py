@@ -63,7 +63,7 @@ def search(
     model: Path = typer.Option(..., help="Model that embeds the query."),
     text: Optional[str] = typer.Option(None, help="Text query (searches the gallery's images)."),
     image: Optional[Path] = typer.Option(None, help="Image query (searches the gallery's captions)."),
-    k: int = typer.Option(10, help="Number of results."),
+    k: int = typer.Option(10, "--k", "-k", help="Number of results."),
     as_json: bool = typer.Option(False, "--json", help="Print JSON instead of a table."),
     bridge: Optional[List[Path]] = typer.Option(None, "--bridge", help="Upgrade directory taking the model's "
                                                 "queries into the gallery's space (XBT, phi, Procrustes); repeat "
