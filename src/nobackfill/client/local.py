@@ -20,7 +20,7 @@ from .upload import check_items, given_items, load_calibration, one_source, read
 
 __all__ = ["LocalClient"]
 
-log = logging.getLogger("nobackfill.client")
+logger = logging.getLogger("nobackfill.client")
 
 
 def _refusals(method: Callable) -> Callable:
@@ -234,8 +234,11 @@ class LocalClient(Client):
                 raise Conflict(409, str(e), "model") from None
         try:  # committed: a model that fails to load now is named by the search that needs it
             self.warm()
-        except Exception as e:
-            log.warning("upgraded; a model did not load for searching (%s: %s)", type(e).__name__, e)
+        except Exception as e:  # (``log`` is the caller's: the command line prints it)
+            note = f"upgraded; a model did not load for searching ({type(e).__name__}: {e})"
+            logger.warning(note)
+            if log is not None:
+                log(note)
         return UpgradeResult(current=plan.current, spaces=list(plan.space_ids),
                              merge=plan.merge_method or DEFAULT_MERGE, routes=route_table(plan))
 
@@ -413,11 +416,11 @@ class LocalClient(Client):
 
             def one_run() -> Any:
                 if ray is None:  # (its bridge fits told to this module's logger; status names them too)
-                    return run_worker(self.collection, enc, rate=rate, batch_size=32, log=log.info)
+                    return run_worker(self.collection, enc, rate=rate, batch_size=32, log=logger.info)
                 from ..lifecycle.cluster.ray_backfill import run_ray_worker
 
                 return run_ray_worker(self.collection, self._loader(), uri=self.target, options=ray, rate=rate,
-                                      batch_size=32, log=log.info)
+                                      batch_size=32, log=logger.info)
 
             def work() -> None:
                 try:
@@ -433,7 +436,7 @@ class LocalClient(Client):
                     with self._backfill_lock:
                         self.backfill_error = f"{type(e).__name__}: {e}"
                         self.backfill_stopped, self.backfill_active = f"error: {self.backfill_error}", False
-                    log.exception("backfill worker failed")
+                    logger.exception("backfill worker failed")
 
             self.backfill_thread = threading.Thread(target=work, name="backfill", daemon=True)
             self.backfill_thread.start()
