@@ -63,6 +63,13 @@ class CatalogUnreachable(CatalogError, ConnectionError):
     wrong address, a wrong password, no such database. The message names it and why."""
 
 
+def milvus_lost(e: BaseException) -> bool:
+    """Whether ``e`` is a pymilvus error saying the server could not be reached (not a refused request)."""
+    text = f"{getattr(e, 'message', '')} {e}".lower()
+    return type(e).__module__.startswith("pymilvus") and \
+        any(w in text for w in ("connect", "unavailable", "deadline exceeded", "server is not ready"))
+
+
 #: a collection name: what names its PostgreSQL schema (``nb_<name>``) and its Milvus collections
 #: (``nb_<name>_...``) as it is, so two names never share them
 NAME_MAX = 50

@@ -216,9 +216,12 @@ def print_backfill_run(name: str, st: dict, limit: Optional[int]) -> None:
     done = f"{st['committed']} committed{sample} in {st['seconds']:.1f}s{engine}{rate}"
     if st.get("busy"):  # every unfinished shard is leased: say who works, not a silent "0 committed"
         who = "; ".join(f"pid {w['pid']} on {w['host']} (shard {w['shard']}, since {w['since']})" for w in st["busy"])
-        results.print(f"{head}; another process is doing the work: {who}; nothing was left for this one"
-                  + (f" ({done} before that)" if st["committed"] else "")
-                  + ". Follow it with `nobackfill collection status`.")
+        n = st.get("shards") or len(st["busy"])
+        results.print(f"{head}; another process is doing the work: {who}; each of the job's {n} shard(s) is taken, "
+                      "so none was left for this one" + (f" ({done} before that)" if st["committed"] else "")
+                      + ". Follow it with `nobackfill collection status`. (A job's shards are set by the run that "
+                      "started it, --shards, default its --workers: to share one among M machines, start it with "
+                      "--shards M.)")
         return
     stopped = {"limit": f"stopped at --limit {limit}; run again to go on"}.get(st.get("stopped"), st.get("stopped"))
     results.print(f"{head}; {done}" + (f" ({escape(stopped)})" if stopped else ""))

@@ -420,6 +420,9 @@ def backfill(
     order: str = typer.Option("uncertainty", help="sequential | random | uncertainty (FastFill-style: the items "
                                                   "predicted worst served first)."),
     workers: int = typer.Option(1, help="Worker processes (disjoint shards, leases in the collection)."),
+    shards: Optional[int] = typer.Option(None, help="A new job's shards (default: --workers): at most this many "
+                                                    "workers share it, on this machine or others (each runs this "
+                                                    "command); a worker with no free shard stops."),
     limit: Optional[int] = typer.Option(None, help="Stop after this many items (resume later)."),
     rate: Optional[float] = typer.Option(None, help="Items per second, all workers together."),
     batch_size: int = typer.Option(64, help="Items embedded and committed together."),
@@ -438,7 +441,7 @@ def backfill(
     """Re-embed the items of older spaces into the current model's space, in the chosen order, while
     the collection keeps serving queries. Resumable; search sees each committed batch at once. On a
     server's URL the server's own worker does the work and this command follows it (--workers,
-    --limit and --batch-size are taken where the collection is stored)."""
+    --shards, --limit and --batch-size are taken where the collection is stored)."""
     from ..progress import progress_bar
 
     if sum([pause, resume, cancel]) > 1:
@@ -461,12 +464,13 @@ def backfill(
             console.print(f"the backfill goes on in the order it started with ({st0['order']}); --order {order} is "
                           "for a new job (--cancel, then run again)")
         todo = st0["total"] - st0["done"] if limit is None else min(limit, st0["total"] - st0["done"])
-        ray = {"engine": engine, "ray_address": address, "actors": actors, "gpus_per_actor": gpus_per_actor} \
+        extra = {"engine": engine, "ray_address": address, "actors": actors, "gpus_per_actor": gpus_per_actor} \
             if engine != "local" or address or actors or gpus_per_actor else {}
+        extra.update({"shards": shards} if shards is not None else {})
         with interrupt_report(client, name, "backfill"), \
                 progress_bar(True, f"backfilling ({order}, {engine})", todo, unit="items") as advance:
             st = client.backfill_start(order, rate, wait=True, resume=resume, limit=limit, workers=workers,
-                                       batch_size=batch_size, progress=advance, log=console.print, **ray)
+                                       batch_size=batch_size, progress=advance, log=console.print, **extra)
     except user_errors() as e:
         fail(e)
     if as_json:

@@ -106,6 +106,7 @@ def as_client_error(e: BaseException, field: str | None = None) -> ClientError |
     collection, an invalid argument. A ``skippable`` flag (a bad line ``--skip-bad`` may skip) is
     kept; a ``field`` the exception names is the error's field where ``field`` is not given."""
     from ..catalog.items import CollectionBusyError, ItemNotFoundError
+    from ..catalog.schema import milvus_lost
     from ..lifecycle.backfill_jobs import BackfillError
 
     if isinstance(e, ClientError):
@@ -122,7 +123,7 @@ def as_client_error(e: BaseException, field: str | None = None) -> ClientError |
         out = Conflict(409, msg, field)
     elif isinstance(e, ConnectionError):  # a catalog database or vector server that did not answer
         out = Unreachable(0, msg, field)
-    elif type(e).__module__.startswith("pymilvus") and _lost_connection(e):  # a Milvus server gone mid-call
+    elif milvus_lost(e):  # a Milvus server gone mid-call
         out = Unreachable(0, f"the Milvus server stopped answering ({getattr(e, 'message', None) or e}); what was "
                              "committed stays: run the same command again once it answers", field)
     elif isinstance(e, KeyError):
@@ -134,12 +135,6 @@ def as_client_error(e: BaseException, field: str | None = None) -> ClientError |
     if getattr(e, "skippable", False):
         out.skippable = True  # type: ignore[attr-defined]
     return out
-
-
-def _lost_connection(e: BaseException) -> bool:
-    """Whether a pymilvus error says the server could not be reached (not a refused request)."""
-    text = f"{getattr(e, 'message', '')} {e}".lower()
-    return any(w in text for w in ("connect", "unavailable", "deadline exceeded", "server is not ready"))
 
 
 def backfill_refused() -> type[ClientError]:

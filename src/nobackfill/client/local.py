@@ -367,18 +367,19 @@ class LocalClient(Client):
                        progress: Callable[[int], None] | None = None,
                        log: Callable[[str], None] | None = None, engine: str = "local",
                        ray_address: str | None = None, actors: int | None = None,
-                       gpus_per_actor: float = 0.0) -> dict[str, Any]:
+                       gpus_per_actor: float = 0.0, shards: int | None = None) -> dict[str, Any]:
         """Start (or go on with) the backfill. ``wait``: run ``workers`` worker processes (1: this
         one) until done, ``limit`` or a pause, and return the run's report; otherwise a worker thread
         of this process goes on in the background (the service's way) and the status is returned. A
         paused job is refused unless ``resume`` (:meth:`backfill_resume`): a pause holds until then.
         ``engine="ray"``: the embedding runs on the Ray cluster at ``ray_address`` (``auto``: the
         running one; None: a Ray started on this machine), ``actors`` embedding actors of
-        ``gpus_per_actor`` GPUs each."""
+        ``gpus_per_actor`` GPUs each. ``shards``: a new job's shards (default ``workers``; more for the
+        workers of other machines to share it)."""
         from ..lifecycle.backfill import (BackfillError, BackfillJob, backfill_status, check_run_settings,
                                           pause_backfill, run_backfill)
 
-        check_run_settings(workers=workers, batch_size=batch_size, rate=rate, limit=limit)  # before a model loads
+        check_run_settings(workers=workers, batch_size=batch_size, rate=rate, limit=limit, shards=shards)
         ray = ray_options(engine, ray_address, actors, gpus_per_actor)
         job = BackfillJob.load(self.collection)
         if job is not None and job.state == "paused" and not resume:  # an operator's pause holds until a resume
@@ -391,7 +392,8 @@ class LocalClient(Client):
                 pause_backfill(self.collection, paused=False)
             return run_backfill(self.collection, self.encoder(), order=order, workers=workers, limit=limit,
                                 rate=rate, batch_size=batch_size, pool=self.pool, progress=progress, log=log,
-                                engine=engine, ray=ray, load=self._loader() if ray else None, uri=self.target)
+                                engine=engine, ray=ray, load=self._loader() if ray else None, uri=self.target,
+                                shards=shards)
         return self._start_thread(order, rate, ray)
 
     def _loader(self) -> Any:

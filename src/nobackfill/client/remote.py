@@ -246,15 +246,16 @@ class RemoteClient(Client):
                        resume: bool = False, limit: int | None = None, workers: int = 1, batch_size: int = 64,
                        progress: Callable[[int], None] | None = None, log: Any = None,
                        poll_s: float = 0.5, engine: str = "local", ray_address: str | None = None,
-                       actors: int | None = None, gpus_per_actor: float = 0.0) -> dict[str, Any]:
+                       actors: int | None = None, gpus_per_actor: float = 0.0,
+                       shards: int | None = None) -> dict[str, Any]:
         """Start (``resume``: resume a paused) backfill in the server, whose own worker does the
         work; ``wait``: follow it until it is done, paused or stopped (``progress(n)`` told of each
         item committed meanwhile) and return the run's report, as in process. ``limit``,
         ``workers`` and ``batch_size`` are the server's own (refused here), and so is the Ray cluster
         of ``engine="ray"`` (``nobackfill serve --ray-address``): ``ray_address`` is refused."""
-        if limit is not None or workers != 1 or batch_size != 64:
-            raise InvalidRequest(422, "over HTTP the server's own worker does the backfill: limit, workers and "
-                                      "batch_size are taken where the collection is stored", "limit")
+        if limit is not None or workers != 1 or batch_size != 64 or shards is not None:
+            raise InvalidRequest(422, "over HTTP the server's own worker does the backfill: limit, workers, shards "
+                                      "and batch_size are taken where the collection is stored", "limit")
         if ray_address is not None:
             raise InvalidRequest(422, "over HTTP the server's Ray cluster is used (nobackfill serve --ray-address): "
                                       "ray_address is taken where the server runs", "ray_address")
@@ -268,7 +269,8 @@ class RemoteClient(Client):
         return self._call("POST", "/v1/backfill/pause", backfill=True)
 
     def backfill_resume(self, order: str = "uncertainty", rate: float | None = None, *, engine: str = "local",
-                        actors: int | None = None, gpus_per_actor: float = 0.0) -> dict[str, Any]:
+                        actors: int | None = None, gpus_per_actor: float = 0.0,
+                       shards: int | None = None) -> dict[str, Any]:
         return self._call("POST", "/v1/backfill/resume", json=_backfill_body(order, rate, engine, actors, gpus_per_actor),
                           backfill=True)
 

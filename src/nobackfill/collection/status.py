@@ -102,13 +102,16 @@ class CollectionStatus:
 
     def verify(self) -> list[str]:
         """Problems found (empty when all is well): the catalog database's own check and its
-        invariants, every space's store verified, every served row inside its store."""
+        invariants, every space's store verified, every served row inside its store. A catalog or
+        Milvus server that does not answer raises (``ConnectionError``): it is no damage to repair."""
         try:
             self.refresh()
             problems = self.catalog.check()
             if problems:
                 return problems
             self.snapshot()
+        except ConnectionError:  # a catalog or Milvus server that does not answer: nothing was checked
+            raise
         except (CollectionError, CatalogError) as e:
             return [str(e)]
         for s in self.plan.spaces:
@@ -117,6 +120,8 @@ class CollectionStatus:
             try:
                 g = self.gallery(s.space_id)
                 report = g.verify()
+            except ConnectionError:
+                raise
             except (CollectionError, GalleryError, OSError) as e:
                 problems.append(str(e))
                 continue

@@ -60,7 +60,7 @@ from .backfill_jobs import (DEFAULT_LEASE_S, JOB_DIR, JOB_FILE, LEASE_DIR, ORDER
                             _stopped_workers, _take_shard, _write, backfill_running, describe_holders,
                             record_unreadable, unreadable_items, unreadable_note)
 from .backfill_fit import first_maps_gap, maybe_fit, running_fit, sample_first  # noqa: F401
-from .backfill_workers import join_workers, start_workers, stopped_with
+from .backfill_workers import join_workers, run_report, start_workers, stopped_with
 from ..collection.ingest import encode_readable
 from .backfill_order import (ORDERS, _encode, _held, _pending, _route_failure, _uncertainty_order,  # noqa: F401
                              one_read_time)
@@ -180,8 +180,8 @@ def backfill_status(collection: Collection) -> dict[str, Any]:
     out: dict[str, Any] = {"done": done, "total": total, "fraction": done / total if total else 1.0, "per_modality": per,
                            "order": job.order if mine else None,
                            "no_source": sum(skipped.values()),
-                           "state": job.state if mine else "none",
-                           "target": target}
+                           "state": job.state if mine else "none", "target": target,
+                           "shards": job.shards if mine else None}
     leases = _leases(collection) if job else {}
     now = _now()
     live = {s: v for s, v in leases.items() if v.get("expires", 0) > now and not v.get("done")
@@ -356,10 +356,10 @@ class BackfillSettingError(ValueError):
 
 
 def check_run_settings(*, workers: int = 1, batch_size: int = 64, rate: float | None = None,
-                       limit: int | None = None) -> None:
-    """Refuse, before anything is touched, what would make a run loop or do nothing: ``workers``
-    and ``batch_size`` whole numbers >= 1, ``rate`` (items per second) > 0 and finite, ``limit`` a
-    whole number >= 0."""
+                       limit: int | None = None, shards: int | None = None) -> None:
+    """Refuse, before anything is touched, what would make a run loop or do nothing: ``workers``,
+    ``batch_size`` (and ``shards`` if given) whole numbers >= 1, ``rate`` (items per second) > 0 and
+    finite, ``limit`` a whole number >= 0."""
     def whole(x: Any) -> bool:
         return isinstance(x, int) and not isinstance(x, bool)
 
@@ -372,13 +372,16 @@ def check_run_settings(*, workers: int = 1, batch_size: int = 64, rate: float | 
         raise BackfillSettingError("rate", f"rate must be a number of items per second > 0, got {rate!r}")
     if limit is not None and (not whole(limit) or limit < 0):
         raise BackfillSettingError("limit", f"limit must be a whole number >= 0, got {limit!r}")
+    if shards is not None and (not whole(shards) or shards < 1):
+        raise BackfillSettingError("shards", f"shards must be a whole number >= 1, got {shards!r}")
 
 
 def run_backfill(collection: Collection, encoder: Any, *, order: str = "uncertainty", workers: int = 1,
                  batch_size: int = 64, rate: float | None = None, limit: int | None = None,
                  lease_s: float = DEFAULT_LEASE_S, seed: int = 0, progress: Callable[[int], None] | None = None,
                  pool: Any = None, log: Callable[[str], None] | None = None, engine: str = "local",
-                 ray: Any = None, load: Callable[[], Any] | None = None, uri: str | None = None) -> dict[str, Any]:
+                 ray: Any = None, load: Callable[[], Any] | None = None, uri: str | None = None,
+                 shards: int | None = None) -> dict[str, Any]:
     """Start (or resume) the backfill and run ``workers`` workers until it is done, paused or
     ``limit`` items were embedded, the uncertainty order's training sample included (``rate``: items
     per second in all). One worker runs in this process; more run as processes (each loads the
@@ -386,11 +389,13 @@ def run_backfill(collection: Collection, encoder: Any, *, order: str = "uncertai
     ``embedded``, ``stopped`` (in words; for no free shard, who holds the shards), ``busy``.
     ``engine="ray"``: this process drives a Ray Data pipeline instead (:mod:`.cluster.ray_backfill`; ``ray``
     its :class:`~.cluster.ray_backfill.RayOptions`, ``load()`` the model in each actor, default ``encoder``
-    itself, pickled; ``uri`` how the actors open the collection); ``workers`` shards the job then."""
+    itself, pickled; ``uri`` how the actors open the collection); ``workers`` shards the job then.
+    ``shards``: a new job's shards (default ``workers``): more, for workers of other machines to share."""
     if engine not in ENGINES:
         raise ValueError(f"engine must be one of {ENGINES}, got {engine!r}")
-    check_run_settings(workers=workers, batch_size=batch_size, rate=rate, limit=limit)
-    job = start_backfill(collection, encoder, order=order, shards=max(workers, 1), seed=seed, pool=pool, log=log)
+    check_run_settings(workers=workers, batch_size=batch_size, rate=rate, limit=limit, shards=shards)
+    job = start_backfill(collection, encoder, order=order, shards=max(shards or workers, 1), seed=seed, pool=pool,
+                         log=log)
     if engine == "local" and workers > job.shards and log is not None:
         log(f"the backfill job has {job.shards} shard(s), set when it started: {job.shards} worker(s) of the "
             f"{workers} asked for can take one, and they share the rate asked for, if any (cancel it with --cancel "
@@ -405,28 +410,14 @@ def run_backfill(collection: Collection, encoder: Any, *, order: str = "uncertai
 
         rep = run_ray_worker(collection, load or _Given(encoder), uri=uri, options=ray, batch_size=batch_size,
                              rate=rate, limit=limit, lease_s=lease_s, progress=progress, log=log)
-        return _run_report(collection, rep, [rep.as_dict()], [], t0)
+        return run_report(backfill_status(collection), rep, [rep.as_dict()], [], t0)
     if workers > 1:  # the others in processes of their own, each stopping once this process is gone
         procs = start_workers(run_worker, collection.path, collection.space(job.target).model, limits,
                               {"batch_size": batch_size, "rate": per_rate, "lease_s": lease_s})
     with stopped_with(procs):  # a Ctrl-C here stops the worker processes too (each after its batch)
         rep = run_worker(collection, encoder, batch_size=batch_size, rate=per_rate, limit=limits[0],
                          lease_s=lease_s, progress=progress, log=log)
-    return _run_report(collection, rep, [rep.as_dict(), *join_workers(procs)], procs, t0)
-
-
-def _run_report(collection: Collection, rep: WorkerReport, reports: list[dict[str, Any]], procs: list[Any],
-                t0: float) -> dict[str, Any]:
-    """The status after a run, plus what its workers did."""
-    st = backfill_status(collection)
-    done = st["state"] == "done"
-    st.update({"committed": sum(r["committed"] for r in reports), "embedded": sum(r["embedded"] for r in reports),
-               "sample_committed": sum(r["sample"] for r in reports), "seconds": round(time.time() - t0, 2),
-               "stopped": "done" if done else rep.reason(),
-               # who works on, where this process found every shard taken (its own workers have exited)
-               "busy": st["holders"] if rep.stopped == "no free shard" and not done else [],
-               "workers_exit": [p.exitcode for p, _ in procs], "worker_reports": reports, "engine": rep.engine})
-    return st
+    return run_report(backfill_status(collection), rep, [rep.as_dict(), *join_workers(procs)], procs, t0)
 
 
 class _Given:

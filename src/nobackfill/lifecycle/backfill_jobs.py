@@ -186,12 +186,14 @@ def _stopped_workers(collection: Collection) -> dict[str, dict[str, Any]]:
 def _last_worker(collection: Collection, dead: Sequence[dict[str, Any]] = ()) -> dict[str, Any] | None:
     """The worker that stopped last: the last one that recorded why (``workers.json``), or one that
     stopped without a word since, whose lease in ``dead`` is left unfinished (a ``kill -9``, a
-    machine gone: trial I saw status name an earlier run's worker and its reason instead)."""
+    machine gone, a catalog gone under it: trial I saw status name an earlier run's worker and its
+    reason instead; trial Q a worker that had found no free shard, not the one that held it)."""
     obj = _stopped_workers(collection)
     last = max(obj.values(), key=lambda v: v.get("t", 0.0)) if obj else None
     for lease in dead:
         t = float(lease.get("renewed") or lease.get("expires", 0.0) - DEFAULT_LEASE_S)
-        if t > (last or {}).get("t", 0.0) and lease.get("owner") not in obj:
+        idle = last is not None and str(last.get("stopped", "")).startswith("no free shard")  # says nothing of the work
+        if (t > (last or {}).get("t", 0.0) or idle) and lease.get("owner") not in obj:
             host, pid = _parse_owner(str(lease.get("owner", "")))
             last = {"owner": lease.get("owner"), "host": host, "pid": pid, "at": _iso(t), "t": t,
                     "stopped": "it stopped without saying why (killed, or its machine is gone): its lease was "

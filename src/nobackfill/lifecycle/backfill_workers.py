@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
-__all__ = ["INTERRUPTED", "PARENT_GONE", "join_workers", "parent_gone", "start_workers", "stopped_with"]
+__all__ = ["INTERRUPTED", "PARENT_GONE", "join_workers", "parent_gone", "run_report", "start_workers", "stopped_with"]
 
 #: how a worker process records that it stopped because the process that started it exited
 PARENT_GONE = "the process that started this worker exited"
@@ -71,9 +71,14 @@ def _worker_main(run_worker: Callable[..., Any], path: str, model: str, kwargs: 
     from ..search.models import ModelPool
 
     torch.set_num_threads(1)
-    c = Collection.open(path)
-    enc = ModelPool().get(model, c.current_space)
-    rep = run_worker(c, enc, stop=stop, log=_say, **kwargs)
+    try:
+        c = Collection.open(path)
+        enc = ModelPool().get(model, c.current_space)
+        rep = run_worker(c, enc, stop=stop, log=_say, **kwargs)
+    except Exception as e:  # one line, as the command's own error (a catalog gone): no traceback of a child
+        _say(f"stopped: {e}" + ("" if "run the same command again" in str(e) else
+                                 " (what was committed stays: run the same command again to go on)"))
+        raise SystemExit(1) from None
     Path(report).write_text(json.dumps(rep.as_dict()))
 
 
@@ -137,3 +142,16 @@ def join_workers(procs: list[tuple[Any, Path]]) -> list[dict[str, Any]]:
         with contextlib.suppress(OSError):
             procs[0][1].parent.rmdir()
     return reports
+
+
+def run_report(st: dict[str, Any], rep: Any, reports: list[dict[str, Any]], procs: list[Any],
+               t0: float) -> dict[str, Any]:
+    """The status ``st`` after a run, plus what its workers did (``rep``: this process's report)."""
+    done = st["state"] == "done"
+    st.update({"committed": sum(r["committed"] for r in reports), "embedded": sum(r["embedded"] for r in reports),
+               "sample_committed": sum(r["sample"] for r in reports), "seconds": round(time.time() - t0, 2),
+               "stopped": "done" if done else rep.reason(),
+               # who works on, where this process found every shard taken (its own workers have exited)
+               "busy": st["holders"] if rep.stopped == "no free shard" and not done else [],
+               "workers_exit": [p.exitcode for p, _ in procs], "worker_reports": reports, "engine": rep.engine})
+    return st

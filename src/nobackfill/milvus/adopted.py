@@ -11,7 +11,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from ..gallery.types import VerifyReport
-from .connection import BOUNDED, FILTER_IN_MAX, FRESH_S, STRONG
+from .connection import BOUNDED, FILTER_IN_MAX, FRESH_S, STRONG, raise_if_lost
 from .space_store import MilvusSpaceStore
 
 
@@ -335,7 +335,8 @@ class MilvusAdoptedStore(MilvusSpaceStore):
             describe_adoptable(self.client, self.external, self._dim, self.model)
             self.refresh()
             report.checked_chunks = self._row_count(STRONG)
-        except Exception as e:  # the server's own error, named
+        except Exception as e:  # the server's own error, named; a server that does not answer is no damage
+            raise_if_lost(e)
             report.problems.append(f"{self.name} (adopted Milvus collection): {type(e).__name__}: {e}")
         return report
 

@@ -234,3 +234,13 @@ def wait_index_built(client: Any, name: str, deadline: float, timeout_s: float, 
         if time.monotonic() > deadline:
             raise TimeoutError(f"{name}: index built for {done} of {total} rows after {timeout_s:.0f}s")
         time.sleep(poll_s)
+
+
+def raise_if_lost(e: BaseException) -> None:
+    """``ConnectionError`` if ``e`` says the Milvus server did not answer: a verify then checked
+    nothing, and the storage is no damage to repair (other errors: the caller's to name)."""
+    from ..catalog.schema import milvus_lost
+
+    if milvus_lost(e):
+        raise ConnectionError(f"the Milvus server did not answer ({getattr(e, 'message', None) or e}); nothing "
+                              "was checked: run verify again once it answers") from None

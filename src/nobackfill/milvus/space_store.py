@@ -15,7 +15,7 @@ import numpy as np
 from ..gallery.types import DuplicateIdError, SearchResult, SpaceMismatchError, VerifyReport
 from .connection import (BOUNDED, CUSTOMIZED, FILTER_IN_MAX, FLUSH_EVERY, FRESH_S, INSERT_ROWS, KEY_MAX, LOOKUP_MAX,
                          MAX_TOPK, SEQ_MARGIN_NS, STRONG, _loaded, alloc_ts, insert_ts, milvus_index_params,
-                         wait_index_built)
+                         raise_if_lost, wait_index_built)
 
 
 class MilvusSpaceStore:
@@ -470,7 +470,8 @@ class MilvusSpaceStore:
         try:
             self.refresh()
             rows = self._all(["key", "modality"])
-        except Exception as e:  # the server's own error, named
+        except Exception as e:  # the server's own error, named; a server that does not answer is no damage
+            raise_if_lost(e)
             report.problems.append(f"{self.name}: cannot read ({type(e).__name__}: {e})")
             return report
         keys = [r["key"] for r in rows]

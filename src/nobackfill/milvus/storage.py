@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 
 from ..storage.base import Storage
+from ..storage.binding import STORE_MARK, bound_fill, check_binding, new_uid, wrong_store
 from ..gallery.types import SpaceMismatchError
 from .adopted import MilvusAdoptedStore
 from .connection import KEY_MAX, STRONG, VALUE_MAX, _client, _loaded, _q, _safe
@@ -52,6 +53,8 @@ class MilvusStorage(Storage):
         self._catalog_uri = catalog_uri
         self._catalog_path = catalog_path
         self._lite_path: Path | None = None  # a milvus-lite database file (from_uri)
+        self.where = location  # where the vectors are, as a catalog records it (:mod:`..storage.binding`)
+        self._expected_mark: str | None = None  # the mark its store must hold, once the catalog said
         self._catalog: Catalog | None = None
         self._spaces: dict[str, MilvusSpaceStore] = {}
         self._lock = threading.Lock()
@@ -65,6 +68,8 @@ class MilvusStorage(Storage):
             with self._lock:
                 if self._client is None:
                     c = self._connect()
+                    if self._expected_mark:
+                        self._check_mark(c)
                     self._ensure_meta(c)
                     self._client = c
         return self._client
@@ -86,7 +91,26 @@ class MilvusStorage(Storage):
         out = cls(None, parts["name"], redact(uri), catalog_uri=parts.get("catalog"), catalog_path=beside,
                   connect=lambda: _client(kind, parts))
         out._lite_path = path
+        out.where = f"milvus-lite:{path.resolve()}" if path is not None else \
+            f"milvus://{parts['uri'].removeprefix('http://')}/{parts['db']}"
         return out
+
+    @property
+    def _kind(self) -> str:
+        return "milvus-lite" if self._lite_path is not None else "milvus"
+
+    def _check_mark(self, client: Any) -> None:
+        """The Milvus connected to holds this catalog's mark (:mod:`..storage.binding`); checked
+        before anything is written there."""
+        found = None
+        if client.has_collection(self.meta):
+            with contextlib.suppress(Exception):
+                client.load_collection(self.meta)
+            rows = _loaded(client, self.meta, lambda: client.query(self.meta, filter=f"k == {_q(STORE_MARK)}",
+                                                                    output_fields=["v"], consistency_level=STRONG))
+            found = json.loads(rows[0]["v"]).get("inline") if rows else None
+        if found != self._expected_mark:
+            raise wrong_store(self.location, self._catalog, self.where, found)
 
     # ------------------------------------------------------------------ documents
     def _rows(self, filter: str, fields: Sequence[str] = ("k", "v")) -> list[dict]:
@@ -149,6 +173,19 @@ class MilvusStorage(Storage):
                 cat = open_catalog(self._catalog_uri)
                 if not cat.exists():
                     return None
+                bound = check_binding(cat, self.location, self._kind, self.where, same_where=self._kind == "milvus-lite")
+                self._catalog = cat
+                if bound is not None:
+                    self._expected_mark = bound[0]
+                    try:
+                        if self._client is not None:  # connected already: checked now
+                            self._check_mark(self._client)
+                        elif bound[1] != self.where:  # another address: is it the same server? (connects)
+                            self.client  # noqa: B018 - the property connects and checks the mark
+                    except Exception:
+                        self._catalog = None
+                        raise
+                return cat
             elif self._catalog_path is not None and self._catalog_path.is_file():
                 cat = sqlite_catalog(self._catalog_path)
             else:
@@ -171,9 +208,11 @@ class MilvusStorage(Storage):
         from ..catalog.catalog import create_sqlite, open_catalog
 
         self.check_creatable()
-        if self._catalog_uri:
+        if self._catalog_uri:  # the catalog names these vectors (:mod:`..storage.binding`): the mark first
+            uid = new_uid()
+            self.write_doc(STORE_MARK, uid.encode())
             cat = open_catalog(self._catalog_uri)
-            cat.create(header, fill)
+            cat.create(header, bound_fill(fill, self._kind, self.where, uid))
         else:
             cat = create_sqlite(self._catalog_path, header, fill)
         self._catalog = cat

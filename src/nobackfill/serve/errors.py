@@ -154,6 +154,24 @@ async def http_error(request: Request, exc: StarletteHTTPException) -> JSONRespo
     return error_response(exc.status_code, detail, field, headers=headers)
 
 
+def library_error(e: BaseException, field: str | None = None) -> ApiError | None:
+    """The API error a library exception means (:func:`~nobackfill.client.errors.as_client_error`;
+    None: none, a 500): a catalog or a Milvus server that does not answer is 503, naming it."""
+    from ..client.errors import Unreachable, as_client_error
+
+    err = as_client_error(e, field)
+    if err is None:
+        return None
+    return ApiError(503 if isinstance(err, Unreachable) or not err.status else err.status, err.detail,
+                    err.field or field)
+
+
+async def unreachable(request: Request, exc: ConnectionError) -> JSONResponse:
+    """A catalog or Milvus server that did not answer, wherever a route met it: 503, naming it."""
+    err = library_error(exc) or ApiError(503, str(exc), None)
+    return error_response(err.status, _public(request, err.detail), err.field)
+
+
 async def server_error(_request: Request, exc: Exception) -> JSONResponse:
     log.error("unhandled error", exc_info=exc)
     return error_response(500, f"internal error ({type(exc).__name__})", None)
@@ -164,4 +182,5 @@ def install_handlers(app: FastAPI) -> None:
     app.add_exception_handler(ApiError, api_error)
     app.add_exception_handler(RequestValidationError, invalid)
     app.add_exception_handler(StarletteHTTPException, http_error)
+    app.add_exception_handler(ConnectionError, unreachable)
     app.add_exception_handler(Exception, server_error)

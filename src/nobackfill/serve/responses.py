@@ -76,6 +76,8 @@ class BackfillStatus(_Open):
     state: str = Field(..., description="none | running | paused | idle (no worker runs: see `note`) | done")
     order: Optional[str] = None
     target: Optional[str] = None
+    shards: Optional[int] = Field(None, description="The job's shards: at most this many workers (processes, "
+                                                    "machines) share it; set by the run that started it.")
     no_source: int = Field(0, description="Items the backfill skips: no source to embed them from.")
     unreadable: int = Field(0, description="Items whose source this backfill could not read (a file gone or corrupt): "
                                            "left in the old space, tried again by the next run.")

@@ -81,6 +81,8 @@ ERROR_STATUSES = {
     415: "A Content-Type the operation does not take.",
     422: "Well-formed but invalid: a field out of range, an image that does not decode, an empty text.",
     500: "An error of the server (never expected; reported with the exception's type).",
+    503: "The collection's storage (its PostgreSQL catalog, its Milvus server) does not answer; what was "
+         "committed stays: try again once it answers.",
 }
 
 
@@ -328,7 +330,7 @@ def any_request_errors() -> dict[int | str, dict[str, Any]]:
     """``responses=`` of the app: what any request may get before it reaches its operation (a
     Content-Length that is no number, a body over the limit), JSON whatever the operation answers."""
     return {s: {"description": ERROR_STATUSES[s], "content": {"application/json": {"schema": dict(_ERROR_REF)}}}
-            for s in (400, 413)}
+            for s in (400, 413, 503)}
 
 
 def json_or_form(json_model: str, form: str) -> dict[str, Any]:

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from .batching import SearchBatcher
-from .errors import ApiError
+from .errors import ApiError, library_error
 from .paths import PublicPaths
 from .schema import request_models
 from .settings import ServeSettings
@@ -171,10 +171,15 @@ class Service:
 
         try:
             return fn(*args, **kw)
-        except ClientError as e:
-            raise ApiError(e.status, e.detail, e.field or field) from None
+        except ClientError as e:  # (a storage that did not answer: status 0 in process, 503 here)
+            raise ApiError(e.status or 503, e.detail, e.field or field) from None
         except (ValueError, KeyError, FileNotFoundError) as e:
             raise ApiError(422, str(e.args[0]) if isinstance(e, KeyError) and e.args else str(e), field) from None
+        except Exception as e:  # a catalog or Milvus server that does not answer: 503, naming it
+            err = library_error(e, field)
+            if err is None:
+                raise
+            raise err from None
 
 
 class _QueryCacheMetrics:

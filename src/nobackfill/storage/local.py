@@ -9,10 +9,11 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ..gallery.atomic_files import flock, lock_holder, record_holder
+from ..gallery.atomic_files import atomic_write_bytes, flock, lock_holder, record_holder
 from ..gallery.gallery import Gallery
 from ..gallery.manifest import MANIFEST as GALLERY_MANIFEST
 from .base import MANIFEST_FILE, Storage
+from .binding import STORE_MARK, bound_fill, check_binding, new_uid, wrong_store
 
 if TYPE_CHECKING:
     from ..catalog.catalog import Catalog
@@ -49,6 +50,7 @@ class LocalStorage(Storage):
             cat = open_catalog(self._catalog_uri)
             if not cat.exists():
                 return None
+            self._check_bound(cat)
         elif self._catalog_path().is_file():
             cat = sqlite_catalog(self._catalog_path())
         else:
@@ -60,13 +62,27 @@ class LocalStorage(Storage):
         from ..catalog.catalog import create_sqlite, open_catalog
 
         self.root.mkdir(parents=True, exist_ok=True)
-        if self._catalog_uri:
+        if self._catalog_uri:  # the catalog names these vectors (:mod:`.binding`): the mark first
+            uid = new_uid()
+            atomic_write_bytes(self.root / f".{STORE_MARK}", uid.encode())
             cat = open_catalog(self._catalog_uri)
-            cat.create(header, fill)
+            cat.create(header, bound_fill(fill, "directory", str(self.root.resolve()), uid))
         else:
             cat = create_sqlite(self._catalog_path(), header, fill)
         self._catalog = cat
         return cat
+
+    def _check_bound(self, cat: "Catalog") -> None:
+        """A database catalog is opened only with its own directory: one several machines mount,
+        by whatever path, holds the catalog's mark (:mod:`.binding`)."""
+        bound = check_binding(cat, self.location, "directory", str(self.root.resolve()), same_where=False)
+        if bound is None:
+            return
+        uid = bound[0]
+        mark = self.root / f".{STORE_MARK}"
+        found = mark.read_text().strip() if mark.is_file() else None
+        if found != uid:
+            raise wrong_store(self.location, cat, f"the directory {self.root}", found)
 
     def migration_lock(self) -> contextlib.AbstractContextManager[bool]:
         return flock(self.root / ".migrate-lock") if self.root.is_dir() else contextlib.nullcontext(True)

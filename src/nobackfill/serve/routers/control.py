@@ -27,7 +27,7 @@ router = APIRouter(prefix="/v1")
 @router.get("/status", summary="Spaces, counts, current model, routes, backfill progress",
             response_model=Status, responses=errors(401))
 async def status(_r: str = Depends(reader), svc: Service = Depends(get_service)) -> Any:
-    return await run_in_threadpool(svc.status)
+    return await run_in_threadpool(svc.call, svc.status)
 
 
 # ----------------------------------------------------------------------------- the backfill

@@ -12,7 +12,7 @@ from fastapi.responses import Response
 
 from ..bodies import content_type, decode_image, form, form_filter, form_int, json_body
 from ..deps import get_limits, get_service, reader
-from ..errors import ApiError, FastJSON
+from ..errors import ApiError, FastJSON, library_error
 from ..schema import SearchResults, errors, json_or_form
 from ..service import Service
 from ...search.filters import check_filter
@@ -62,8 +62,11 @@ async def _search(svc: Service, text: str | None, image: Any, k: int, target: st
     try:
         r = await asyncio.wrap_future(svc.batcher.submit(text=text, image=image, k=k, target=target, filter=flt,
                                                           merge=merge))
-    except (ValueError, KeyError) as e:
-        raise ApiError(422, str(e), "text" if text is not None else "image") from None
+    except Exception as e:  # an invalid query 422; a storage that does not answer 503
+        err = library_error(e, "text" if text is not None else "image")
+        if err is None:
+            raise
+        raise err from None
     spent = time.perf_counter() - t0
     for h in r.hits:
         svc.m_hits.labels(h.space, h.route).inc()
