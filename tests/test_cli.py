@@ -416,10 +416,13 @@ def test_trial_n_values_once_taken_silently_are_refused(tmp_path):
     0` said no item had a readable source."""
     import numpy as np
 
-    for args, says in ((["--n-test", "-1"], "n_test must be >= 0"), (["--captions-per-image", "0"], "captions_per_image"),
+    for args, says in ((["--n-test", "-1"], "--n-test must be >= 0"), (["--captions-per-image", "0"], "--captions-per-image"),
                        (["--langs", "xx"], "no grammar for 'xx'"), (["--workers", "-1"], "--workers must be >= 0")):
         r = invoke("world", "--out", str(tmp_path / "w"), "--n-train", "2", "--n-val", "1", "--n-test", "1", *args)
         assert r.exit_code == 2 and says in r.output and not (tmp_path / "w").exists(), (args, r.output)
+    r = invoke("world", "--out", str(tmp_path / "w"), "--n-train", "0", "--n-val", "0", "--n-test", "0")
+    assert r.exit_code == 2 and "are all 0" in r.output and not (tmp_path / "w").exists(), r.output
+
     texts = tmp_path / "t.jsonl"
     texts.write_text('{"text": "ok one", "id": "a1"}\n{"text": "bad one", "id": "a/b"}\n{"text": "ok two"}\n')
     assert invoke("collection", "create", str(tmp_path / "c"), "--model", str(ROOT / "models" / "world-old")).exit_code == 0
@@ -435,3 +438,22 @@ def test_trial_n_values_once_taken_silently_are_refused(tmp_path):
                str(ROOT / "models" / "world-old"), "--table", str(tmp_path / "v.jsonl"), "--id-column", "id",
                "--source-column", "text", "--modality", "text", "--samples", "0")
     assert r.exit_code == 2 and "samples must be an integer >= 1" in r.output and not (tmp_path / "i").exists(), r.output
+
+
+def test_world_refuses_a_folder_holding_another_world_and_redoes_the_same_one(tmp_path):
+    """trial R: `world --out` over an existing world rewrote its world.json and captions and left its
+    images uncaptioned; the same settings again are nothing to do, an unfinished one is written again."""
+    w, small = tmp_path / "w", ["--n-train", "3", "--n-val", "1", "--n-test", "1", "--langs", "en", "--workers", "1"]
+    assert invoke("world", "--out", str(w), *small).exit_code == 0
+    before = (w / "train" / "captions.jsonl").read_text()
+    r = invoke("world", "--out", str(w), *small)
+    assert r.exit_code == 0 and "nothing to do" in r.output
+    r = invoke("world", "--out", str(w), "--n-train", "2", *small[2:])
+    assert r.exit_code == 2 and "holds another world already" in r.output
+    assert (w / "train" / "captions.jsonl").read_text() == before and len(list((w / "train" / "images").iterdir())) == 3
+    (w / "world.json").unlink()  # a run that was stopped before its last write
+    assert invoke("world", "--out", str(w), *small).exit_code == 0 and (w / "world.json").is_file()
+    (tmp_path / "other").mkdir()
+    (tmp_path / "other" / "notes.txt").write_text("mine")
+    r = invoke("world", "--out", str(tmp_path / "other"), *small)
+    assert r.exit_code == 2 and "not empty (notes.txt)" in r.output

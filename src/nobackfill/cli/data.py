@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import List, Optional
+from typing import Any, List, Optional
 
 import typer
 
@@ -32,10 +32,42 @@ def world(
     try:  # (checked before anything is written: a refused world leaves no folder behind)
         spec = WorldSpec(seed=seed, n_train=n_train, n_val=n_val, n_test=n_test, langs=lang_t,
                          captions_per_image=captions_per_image)
+        if _world_there(out, spec):
+            return
         generate_world(out, spec, workers=workers or None)
     except ValueError as e:
         fail(str(e))
     results.print(f"world written to {out} ({n_train}/{n_val}/{n_test} images, langs {','.join(lang_t)})")
+
+
+def _world_there(out: Path, spec: Any) -> bool:
+    """True (said) if ``out`` holds this very world already; a folder holding another world, or
+    anything else, is refused (its captions would be rewritten and its images left uncaptioned)."""
+    import json
+    from dataclasses import asdict
+
+    if not out.exists():
+        return False
+    if not out.is_dir():
+        fail(f"--out {out} is a file; a world is a folder")
+    there = out / "world.json"
+    if there.is_file():
+        try:
+            same = json.loads(there.read_text()) == json.loads(json.dumps(asdict(spec)))
+        except ValueError:
+            same = False
+        if same:
+            results.print(f"world {out} is there already, with these settings: nothing to do")
+            return True
+        fail(f"--out {out} holds another world already (its world.json): choose a new folder (nobackfill deletes "
+             "no data: remove it yourself to write another world there)")
+    stray = [p.name for p in out.iterdir() if p.name not in ("train", "val", "test")]
+    if stray:
+        fail(f"--out {out} exists and is not empty ({', '.join(sorted(stray)[:3])}): choose a new or an empty "
+             "folder for the world")
+    if any(out.iterdir()):  # splits and no world.json: a run that was stopped; every item is rewritten alike
+        results.print(f"{out} holds an unfinished world (no world.json): writing it again")
+    return False
 
 
 def _train_command(preset: str, data: Path, out: Path, steps: Optional[int], seed: int, threads: int,

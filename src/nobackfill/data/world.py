@@ -46,6 +46,8 @@ class WorldSpec:
         for name in ("n_train", "n_val", "n_test"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0 (0: no {name[2:]} split), got {getattr(self, name)}")
+        if self.n_train + self.n_val + self.n_test == 0:
+            raise ValueError("n_train, n_val and n_test are all 0: a world needs images in at least one split")
         if self.captions_per_image < 1:
             raise ValueError(f"captions_per_image must be >= 1, got {self.captions_per_image}")
         from .grammars import languages
