@@ -35,7 +35,7 @@ import numpy as np
 
 from ..gallery.atomic_files import _crash_point, _fsync_dir
 from .schema import (_ROW_COLS, CATALOG_FILE, PAGE, CatalogError, CatalogUnreachable, Row, _chunks, _create_tables,
-                     _header, _index_upgrades, _row, _rows_by, check_collection_name, filter_sql, milvus_lost, redact,
+                     _header, _index_upgrades, _row, _rows_by, catalog_error, check_collection_name, filter_sql, redact,
                      unsourced_sql)
 from .writer import KEYED_PAGES_DOC, VECTORS_TS_DOC, Writer
 from ..gallery.atomic_files import flock
@@ -204,25 +204,8 @@ class Catalog:
             self.epoch += 1
 
     def _error(self, e: Exception) -> Exception:
-        if isinstance(e, CatalogError):
-            return e
-        if isinstance(e, ConnectionError):  # a vector server that did not answer stays a ConnectionError
-            from .items import ServerUnreachable
-
-            if isinstance(e, ServerUnreachable):  # Milvus, named: not the catalog's (trial Q)
-                return e
-            return CatalogUnreachable(f"catalog {self.location}: {e}")
-        if type(e).__module__.startswith("psycopg") and any(c.__name__ == "OperationalError" for c in type(e).__mro__):
-            self._drop_if_broken("_read_conn")  # the server went away mid-call (a restart, a shutdown, the network)
-            return CatalogUnreachable(f"the catalog {self.location} stopped answering ({type(e).__name__}: "
-                                      f"{str(e).strip()}); what was committed stays: run the same command again once "
-                                      "it answers")
-        if type(e).__module__.startswith("pymilvus"):  # the vectors' server inside a read: not the catalog's error
-            if milvus_lost(e):
-                return CatalogUnreachable(f"the Milvus server did not answer ({getattr(e, 'message', None) or e}); "
-                                          "what was committed stays: run the same command again once it answers")
-            return CatalogError(f"Milvus: {type(e).__name__}: {e}")
-        return CatalogError(f"catalog {self.location}: {type(e).__name__}: {e}")
+        self._drop_if_broken("_read_conn")  # a server gone mid-call: the next call opens a new connection
+        return catalog_error(e, self.location)
 
     def close(self) -> None:
         for conn in (self._read_conn, self._write_conn):

@@ -46,6 +46,8 @@ class CollectionError(Exception):
 class ServerUnreachable(CollectionError, ConnectionError):
     """A server holding a collection's vectors (Milvus) did not answer; the message names it."""
 
+    names_its_server = True  # a catalog call that meets it passes it on as it is (not as the catalog's)
+
 
 class NotACollectionError(CollectionError, FileNotFoundError):
     """The directory holds neither a collection nor a gallery."""

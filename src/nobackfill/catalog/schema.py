@@ -63,6 +63,26 @@ class CatalogUnreachable(CatalogError, ConnectionError):
     wrong address, a wrong password, no such database. The message names it and why."""
 
 
+def catalog_error(e: Exception, location: str) -> Exception:
+    """The error a catalog call's exception ``e`` means, named: a database gone mid-call (PostgreSQL
+    shut down, restarted, cut off) or a vector server that did not answer is
+    :class:`CatalogUnreachable` (run again); a Milvus error met inside a catalog read is Milvus'
+    (trial Q saw it prefixed with the catalog); anything else the catalog's :class:`CatalogError`."""
+    if isinstance(e, CatalogError):
+        return e
+    if isinstance(e, ConnectionError):  # a vector server that did not answer stays a ConnectionError
+        return e if getattr(e, "names_its_server", False) else CatalogUnreachable(f"catalog {location}: {e}")
+    if type(e).__module__.startswith("psycopg") and any(c.__name__ == "OperationalError" for c in type(e).__mro__):
+        return CatalogUnreachable(f"the catalog {location} stopped answering ({type(e).__name__}: {str(e).strip()}); "
+                                  "what was committed stays: run the same command again once it answers")
+    if type(e).__module__.startswith("pymilvus"):
+        if milvus_lost(e):
+            return CatalogUnreachable(f"the Milvus server did not answer ({getattr(e, 'message', None) or e}); what "
+                                      "was committed stays: run the same command again once it answers")
+        return CatalogError(f"Milvus: {type(e).__name__}: {e}")
+    return CatalogError(f"catalog {location}: {type(e).__name__}: {e}")
+
+
 def milvus_lost(e: BaseException) -> bool:
     """Whether ``e`` is a pymilvus error saying the server could not be reached (not a refused request)."""
     text = f"{getattr(e, 'message', '')} {e}".lower()

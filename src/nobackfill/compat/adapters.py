@@ -35,8 +35,10 @@ from typing import Iterator
 
 import torch
 import torch.nn.functional as F
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file
 from torch import nn
+
+from .._safetensors import save_tensors
 
 ADAPTER_WEIGHTS = "adapter_model.safetensors"
 ADAPTER_CONFIG = "adapter_config.json"
@@ -390,7 +392,7 @@ class Adapters:
         ``LoraConfig``, Hugging Face style, plus our additions under ``"nobackfill"``)."""
         d = Path(directory)
         d.mkdir(parents=True, exist_ok=True)
-        save_file(self.state_dict(), str(d / ADAPTER_WEIGHTS))
+        save_tensors(self.state_dict(), str(d / ADAPTER_WEIGHTS))
         cfg = {}
         if self.lora_config is not None:
             cfg = {k: (sorted(v) if isinstance(v, set) else v) for k, v in self.lora_config.to_dict().items()}

@@ -166,11 +166,11 @@ class ProcrustesBridge(VectorBridge):
         return l2_normalise(self._check(queries) @ self.w)
 
     def save(self, directory: str | Path) -> None:
-        from safetensors.numpy import save_file
+        from .._safetensors import save_tensors
 
         d = Path(directory)
         d.mkdir(parents=True, exist_ok=True)
-        save_file({"w": np.ascontiguousarray(self.w)}, str(d / "procrustes.safetensors"))
+        save_tensors({"w": np.ascontiguousarray(self.w)}, str(d / "procrustes.safetensors"))
 
     @classmethod
     def load(cls, directory: str | Path, source: str, target: str) -> "ProcrustesBridge":

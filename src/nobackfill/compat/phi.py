@@ -20,8 +20,10 @@ from pathlib import Path
 import numpy as np
 import torch
 import torch.nn.functional as F
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file
 from torch import nn
+
+from .._safetensors import save_tensors
 
 PHI_WEIGHTS = "phi.safetensors"
 PHI_CONFIG = "phi_config.json"
@@ -71,7 +73,7 @@ class Projection(nn.Module):
     def save(self, directory: str | Path) -> None:
         d = Path(directory)
         d.mkdir(parents=True, exist_ok=True)
-        save_file({k: v.detach().contiguous() for k, v in self.state_dict().items()}, str(d / PHI_WEIGHTS))
+        save_tensors({k: v.detach().contiguous() for k, v in self.state_dict().items()}, str(d / PHI_WEIGHTS))
         (d / PHI_CONFIG).write_text(json.dumps(self.config(), indent=2))
 
     @classmethod

@@ -13,7 +13,7 @@ runner and the method-name grammar), :mod:`.data` (Multi30K and world tasks / ev
 imports typer, the benches or the CLI; kept import-free so the command line starts fast: the package
 exports :class:`~.learner.CLLConfig` lazily (PEP 562), so importing it does not load torch.
 
-May import: ``_lazy``, ``data``, ``encoders``, ``evaluate``, ``metrics``, ``train``.
+May import: ``_safetensors``, ``_lazy``, ``data``, ``encoders``, ``evaluate``, ``metrics``, ``train``.
 """
 
 from __future__ import annotations

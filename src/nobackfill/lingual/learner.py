@@ -21,7 +21,9 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file
+
+from .._safetensors import save_tensors
 
 from ..train.loop import LoopConfig, train
 from .adapters import use_language
@@ -284,7 +286,7 @@ class ContinualLearner:
         tensors, meta = self.method.state()
         blob = {f"method/{k}": v.detach().contiguous() for k, v in tensors.items()}
         blob["counts"] = torch.from_numpy(np.asarray(self.counts, np.float64))
-        save_file(blob, str(out / LINGUAL_TENSORS))
+        save_tensors(blob, str(out / LINGUAL_TENSORS))
         (out / LINGUAL_STATE).write_text(json.dumps({
             "learned": self.learned, "config": asdict(self.cfg), "history": self.history,
             "method": {"name": self.method.NAME, "state": meta}}, indent=2))

@@ -8,7 +8,7 @@ re-embedding the gallery.
 * :mod:`.model` — a trained refinement directory (``reco.json`` + ``fusion.safetensors``).
 * :mod:`.train` — the RECO loss and its :class:`~nobackfill.train.loop.Method` plug-in.
 
-May import: ``_lazy``, ``config``, ``data``, ``encoders``, ``evaluate``, ``gallery``, ``metrics``, ``train``.
+May import: ``_safetensors``, ``_lazy``, ``config``, ``data``, ``encoders``, ``evaluate``, ``gallery``, ``metrics``, ``train``.
 """
 
 from .._lazy import lazy_exports

@@ -21,9 +21,10 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file
 from torch import nn
 
+from .._safetensors import save_tensors
 from ..gallery.atomic_files import atomic_write_bytes, read_tagged_json
 from .fusion import FusionConfig, make_fusion
 from .memory import FUSE_MODES, SEARCH_MODES, Memory
@@ -114,7 +115,7 @@ class RecoModel(nn.Module):
         d.mkdir(parents=True, exist_ok=True)
         if self.trainable:
             tmp = d / f".{WEIGHTS_FILE}.tmp"
-            save_file({k: v.detach().contiguous() for k, v in self.state_dict().items()}, str(tmp))
+            save_tensors({k: v.detach().contiguous() for k, v in self.state_dict().items()}, str(tmp))
             os.replace(tmp, d / WEIGHTS_FILE)
         info = {"format": RECO_FORMAT, "version": 1, **self.spec.to_dict()}
         atomic_write_bytes(d / RECO_FILE, json.dumps(info, indent=2, default=str).encode("utf-8"))

@@ -9,7 +9,7 @@
 * :mod:`.stored` - such directories kept as documents of the collection's catalog (every machine of a
   shared deployment reads them), written to a local folder before they are read.
 
-May import: ``encoders``.
+May import: ``_safetensors``, ``encoders``.
 """
 
 from __future__ import annotations

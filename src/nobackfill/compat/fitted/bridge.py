@@ -53,7 +53,7 @@ class FittedBridge(VectorBridge):
     def save(self, directory: str | Path, source: Mapping[str, Any] | None = None,
              target: Mapping[str, Any] | None = None) -> Path:
         """Write the upgrade directory atomically (``upgrade.json`` last)."""
-        from safetensors.numpy import save_file
+        from ..._safetensors import save_tensors
 
         from ..upgrade_files import atomic_dir, write_manifest
 
@@ -61,7 +61,7 @@ class FittedBridge(VectorBridge):
         tgt = dict(target or {"space_id": self.target, "name": "", "embed_dim": self.target_dim})
 
         def write(tmp: Path) -> None:
-            save_file({k: np.ascontiguousarray(v) for k, v in self.fitted.tensors.items()}, str(tmp / TENSORS_FILE))
+            save_tensors({k: np.ascontiguousarray(v) for k, v in self.fitted.tensors.items()}, str(tmp / TENSORS_FILE))
             write_manifest(tmp, "fitted", src, tgt, fitted=self.manifest_info())
 
         return atomic_dir(directory, write)
