@@ -80,4 +80,7 @@ def test_an_error_in_the_librarys_words_names_the_commands_options():
         assert in_flags("gpus_per_actor needs engine='ray'") == "--gpus-per-actor needs --engine ray"
         assert in_flags("fit_sample is wrong; the order of the rest") == "fit_sample is wrong; the order of the rest"
         assert in_flags("see /a/batch_size.json (batch_size=3)") == "see /a/batch_size.json (batch_size=3)"
+        known = "--set: unknown field(s) ['nokey']; known: ['batch_size', 'k']"  # a config's keys stay keys
+        assert in_flags(known) == known and in_flags("--set: batch_size must be >= 1") == "--set: batch_size must be >= 1"
+        assert in_flags("keys: ['batch_size']") == "keys: ['batch_size']"
     assert in_flags("batch_size must be >= 1") == "batch_size must be >= 1"  # no command running: as it is

@@ -4,6 +4,7 @@ the guarantee that the encoder's weights and a stored gallery are unchanged, and
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
@@ -165,3 +166,30 @@ def test_train_prints_effective_values_and_records_a_rerunnable_command(setup, t
     assert _shown_config(rerun[1:]) == _shown_config(args)
     r = runner.invoke(app, rerun[1:] + ["--out", str(tmp_path / "r5")])  # it really runs (the last --out wins)
     assert r.exit_code == 0, r.output
+
+
+def test_a_reco_model_finds_its_memory_from_anywhere_and_is_not_overwritten(setup, tmp_path, monkeypatch):
+    """trial R: a RECO model trained with a relative --memory failed from any other working
+    directory, and a second `reco train` into its folder replaced it silently."""
+    import shutil
+
+    from nobackfill.reco.model import RecoModel
+
+    monkeypatch.chdir(setup["root"])
+    invoke("reco", "train", "--memory", "mem", "--out", tmp_path / "rel", "--k", 2, "--steps", 2, "--batch-size", 8)
+    info = json.loads((tmp_path / "rel" / "reco.json").read_text())
+    assert Path(info["memory"]).is_absolute() and Path(info["memory"]) == setup["mem"].resolve()
+    monkeypatch.chdir(tmp_path)
+    assert RecoModel.load(tmp_path / "rel").spec.memory == str(setup["mem"].resolve())
+    moved = tmp_path / "moved"  # the memory and the model moved together: found beside it
+    moved.mkdir()
+    shutil.copytree(setup["mem"], moved / "mem")
+    shutil.copytree(tmp_path / "rel", moved / "models" / "rel")
+    info["memory"], info["memory_from_here"] = str(tmp_path / "nowhere"), "../../mem"
+    (moved / "models" / "rel" / "reco.json").write_text(json.dumps(info))
+    assert RecoModel.load(moved / "models" / "rel").spec.memory == str((moved / "mem").resolve())
+    before = (tmp_path / "rel" / "reco.json").read_bytes()
+    r = runner.invoke(app, ["reco", "train", "--memory", str(setup["mem"]), "--out", str(tmp_path / "rel"),
+                            "--steps", "1", "--batch-size", "8"])
+    assert r.exit_code == 2 and "holds a finished RECO model already" in " ".join(r.output.split())
+    assert (tmp_path / "rel" / "reco.json").read_bytes() == before

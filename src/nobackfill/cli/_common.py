@@ -57,6 +57,8 @@ def in_flags(msg: str) -> str:
 
     from typer._click.globals import get_current_context  # typer's own click
 
+    if "--set" in msg or "--config" in msg:  # a config's own keys (--set batch_size=...): named as the user wrote them
+        return msg
     ctx = get_current_context(silent=True)
     flags = {p.name: max(p.opts, key=len) for p in getattr(ctx and ctx.command, "params", [])
              if getattr(p, "opts", None) and p.opts[0].startswith("-") and p.name}
@@ -67,7 +69,7 @@ def in_flags(msg: str) -> str:
         return f"{flags[m.group(1)]} {m.group(2)}" if m.group(1) in flags else m.group(0)
 
     msg = re.sub(r"(?<![\w.-])([a-z][a-z0-9_]*)='([^']*)'", kw, msg)
-    msg = re.sub(r"(?<![\w.=/-])([a-z][a-z0-9]*(?:_[a-z0-9]+)+)\b(?![(=/])",
+    msg = re.sub(r"(?<![\w.=/'\"-])([a-z][a-z0-9]*(?:_[a-z0-9]+)+)\b(?![(=/'\"])",
                  lambda m: flags.get(m.group(1), m.group(0)), msg)
     first = re.match(r"([a-z]+) (must|should|is|needs?) ", msg)
     if first and first.group(1) in flags:
@@ -130,9 +132,12 @@ def write_json(path: Optional[Path], obj: dict) -> None:
         return
     if path.is_dir():
         fail(f"{path}: is a folder; --out takes the path of a .json file")
-    path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(json_finite(obj), indent=2, allow_nan=False))
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp.write_text(json.dumps(json_finite(obj), indent=2, allow_nan=False))
+    except OSError as e:  # a folder that cannot be made or written (the results printed above stay)
+        fail(f"--out {path}: cannot be written ({e.strerror or e})")
     tmp.replace(path)
     console.print(f"wrote {path}")
 

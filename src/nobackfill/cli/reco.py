@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, List, Optional
 import typer
 
 from ._common import command_line, report_skipped, results, skip_bad_hint
-from ._common import (_bench, config_option, fail, json_flag, langs_option, resolve_config, set_option,
+from ._common import (_bench, check_new_output, config_option, fail, json_flag, langs_option, resolve_config, set_option,
                       show_config_option)
 
 
@@ -88,6 +88,8 @@ def train_cmd(
     from ..reco.memory import Memory
     from ..reco.train import RecoTrainConfig, train_reco, training_inputs
 
+    if not show_config:  # a finished RECO model there is not overwritten (trial R)
+        check_new_output(out, sources=(memory,), finished="reco.json", what="RECO model")
     try:
         cfg = resolve_config(RecoTrainConfig, None, config, set_, show=show_config, flags=_train_flags(
             k=k, search=search, fuse=fuse, fusion=fusion, heads=heads, batch_size=batch_size, steps=steps, lr=lr,

@@ -118,6 +118,9 @@ class RecoModel(nn.Module):
             save_tensors({k: v.detach().contiguous() for k, v in self.state_dict().items()}, str(tmp))
             os.replace(tmp, d / WEIGHTS_FILE)
         info = {"format": RECO_FORMAT, "version": 1, **self.spec.to_dict()}
+        if info.get("memory"):  # found from any working directory, and beside the RECO directory if both move
+            mem = Path(info["memory"]).resolve()
+            info["memory"], info["memory_from_here"] = str(mem), os.path.relpath(mem, d.resolve())
         atomic_write_bytes(d / RECO_FILE, json.dumps(info, indent=2, default=str).encode("utf-8"))
         return d
 
@@ -132,7 +135,7 @@ class RecoModel(nn.Module):
         try:
             spec = RecoSpec(space_id=info["space_id"], dim=int(info["dim"]), k=int(info["k"]),
                             search=info["search"], fuse=info["fuse"], fusion=FusionConfig(**info["fusion"]),
-                            memory=info.get("memory", ""), recipe=info.get("recipe") or {})
+                            memory=_memory_path(d, info), recipe=info.get("recipe") or {})
         except (KeyError, TypeError, ValueError) as e:
             raise ValueError(f"{f}: malformed RECO file ({e})") from e
         model = cls(spec)
@@ -156,3 +159,16 @@ def load_reco(directory: str | Path, memory: str | Path | None = None) -> tuple[
     """A trained RECO directory and its memory, ready for :meth:`RecoModel.refine`."""
     model = RecoModel.load(directory)
     return model, model.open_memory(memory)
+
+
+def _memory_path(directory: Path, info: dict) -> str:
+    """The memory a RECO file names: its absolute path where it exists, else the same memory found
+    from the RECO directory (the two moved together), else the path as written (an older file's
+    relative path: from the working directory, as before; trial R saw it fail from any other)."""
+    mem = str(info.get("memory", "") or "")
+    if not mem or Path(mem).is_absolute() and Path(mem).exists():
+        return mem
+    beside = info.get("memory_from_here")
+    if beside and (directory / beside).exists():
+        return str((directory / beside).resolve())
+    return mem
