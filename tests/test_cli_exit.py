@@ -84,3 +84,31 @@ def test_an_error_in_the_librarys_words_names_the_commands_options():
         assert in_flags(known) == known and in_flags("--set: batch_size must be >= 1") == "--set: batch_size must be >= 1"
         assert in_flags("keys: ['batch_size']") == "keys: ['batch_size']"
     assert in_flags("batch_size must be >= 1") == "batch_size must be >= 1"  # no command running: as it is
+
+
+@pytest.mark.parametrize("error, says", [
+    (OSError(28, "No space left on device", "c/spaces/s/chunks/image-00001.npz"), "the disk is full (c/spaces/s/"),
+    ("sqlite", "the disk is full: nothing past the last commit was kept"),
+    (OSError(30, "Read-only file system", "c/catalog.sqlite"), "cannot be written (c/catalog.sqlite)"),
+])
+def test_a_full_or_read_only_disk_is_one_line_not_a_traceback(tmp_path, monkeypatch, error, says):
+    """trial T: a full disk made `collection add` and `backfill` print a 155-line traceback (exit 1)."""
+    import sqlite3
+
+    from typer.testing import CliRunner
+
+    from nobackfill.client.local import LocalClient
+
+    if error == "sqlite":
+        try:
+            raise sqlite3.OperationalError("database or disk is full")
+        except sqlite3.OperationalError as inner:
+            error = RuntimeError("catalog c: OperationalError")
+            error.__cause__ = inner
+
+    def full(*a, **kw):
+        raise error
+
+    monkeypatch.setattr(LocalClient, "status", full)
+    r = CliRunner().invoke(cli.app, ["collection", "status", str(tmp_path)])
+    assert r.exit_code == 2 and r.output.count("\n") == 1 and says in r.output, r.output

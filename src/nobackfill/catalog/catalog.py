@@ -37,6 +37,7 @@ from ..gallery.atomic_files import _crash_point, _fsync_dir
 from .schema import (_ROW_COLS, CATALOG_FILE, PAGE, CatalogError, CatalogUnreachable, Row, _chunks, _create_tables,
                      _header, _index_upgrades, _row, _rows_by, catalog_error, check_collection_name, filter_sql, redact,
                      unsourced_sql)
+from .sqlite_connect import _sqlite_connect
 from .writer import KEYED_PAGES_DOC, VECTORS_TS_DOC, Writer
 from ..gallery.atomic_files import flock
 
@@ -397,18 +398,6 @@ class Catalog:
 
 #: the page size of a new SQLite catalog (see :func:`create_sqlite`)
 PAGE_BYTES = 16384
-
-
-def _sqlite_connect(path: Path) -> Any:
-    def connect() -> sqlite3.Connection:
-        conn = sqlite3.connect(str(path), timeout=60.0, isolation_level=None, check_same_thread=False)
-        conn.execute("PRAGMA journal_mode = WAL")
-        conn.execute("PRAGMA synchronous = NORMAL")  # WAL: a commit survives a process kill
-        conn.execute("PRAGMA busy_timeout = 60000")
-        conn.execute("PRAGMA cache_size = -32768")  # up to 32 MiB of pages: bulk commits at millions of items
-        return conn
-
-    return connect
 
 
 def sqlite_catalog(path: str | Path) -> Catalog:

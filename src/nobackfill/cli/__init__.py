@@ -76,6 +76,13 @@ class _Root(TyperGroup):
                     NotADirectoryError: "is a file, not a folder",
                     PermissionError: "cannot be written or read by this user"}[type(e)]
             fail(f"{e.filename}: {what} ({e.strerror or e})" if e.filename else str(e))
+        except Exception as e:  # a full disk or a read-only one, met anywhere (a catalog, a chunk, a model)
+            from ._common import fail, storage_refusal
+
+            why = storage_refusal(e)
+            if why is None:
+                raise
+            fail(why)
 
 
 app = typer.Typer(cls=_Root, add_completion=False, no_args_is_help=True,

@@ -77,6 +77,27 @@ def in_flags(msg: str) -> str:
     return msg
 
 
+def storage_refusal(e: BaseException) -> str | None:
+    """One line for an error that a full or read-only disk caused (``e`` or what it was raised from:
+    ``ENOSPC``, SQLite's "database or disk is full", ``EROFS``, "readonly database"); None for any
+    other. Every write is atomic, so what was committed before it stays."""
+    import errno
+
+    seen = set()
+    while e is not None and id(e) not in seen:
+        seen.add(id(e))
+        text, code = str(e), getattr(e, "errno", None)
+        where = f" ({e.filename})" if getattr(e, "filename", None) else ""
+        if code in (errno.ENOSPC, errno.EDQUOT) or "database or disk is full" in text:
+            return (f"the disk is full{where}: nothing past the last commit was kept; free some space and run the "
+                    "same command again")
+        if code == errno.EROFS or "readonly database" in text or "read-only file system" in text.lower():
+            return (f"the collection's files cannot be written{where}: a read-only file system, or files this user "
+                    "may not write; nothing was changed")
+        e = e.__cause__ or e.__context__
+    return None
+
+
 def skip_bad_hint(e: BaseException) -> str:
     """``e``'s message (a client's refusal by its detail), plus that ``--skip-bad`` skips it for a
     bad line or unreadable image."""
