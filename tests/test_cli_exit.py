@@ -112,3 +112,19 @@ def test_a_full_or_read_only_disk_is_one_line_not_a_traceback(tmp_path, monkeypa
     monkeypatch.setattr(LocalClient, "status", full)
     r = CliRunner().invoke(cli.app, ["collection", "status", str(tmp_path)])
     assert r.exit_code == 2 and r.output.count("\n") == 1 and says in r.output, r.output
+
+
+def test_a_text_only_model_asked_for_images_is_bad_input_not_a_traceback():
+    """trial R: `eval retrieval` with a text-only model on image data printed a NotImplementedError
+    traceback; the refusal is a ValueError too (one line, exit 2; 422 over HTTP)."""
+    from pathlib import Path
+
+    from nobackfill.client.errors import InvalidRequest, as_client_error
+    from nobackfill.encoders import load_encoder
+    from nobackfill.encoders.base import NoImageTower
+
+    enc = load_encoder(Path(__file__).resolve().parents[1] / "models" / "m30k-old-text")
+    with pytest.raises(NoImageTower, match="text-only encoder: it cannot embed images") as e:
+        enc.encode_images([])
+    assert isinstance(e.value, ValueError) and isinstance(e.value, NotImplementedError)
+    assert isinstance(as_client_error(e.value), InvalidRequest)

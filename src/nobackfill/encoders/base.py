@@ -24,6 +24,11 @@ if TYPE_CHECKING:  # torch is imported by the encoders that use it, not by this 
 ImageInput = Union[Image.Image, np.ndarray, str, Path]
 
 
+class NoImageTower(NotImplementedError, ValueError):
+    """A text-only model asked to embed images: bad input (a ``ValueError``: one line, exit 2, 422),
+    as well as what the model does not implement."""
+
+
 @dataclass
 class TokenOutput:
     """Token-level outputs of one tower (needed by late interaction, the Target-CMLI paper).

@@ -20,7 +20,7 @@ from transformers.utils import logging as hf_logging
 
 hf_logging.disable_progress_bar()
 
-from .base import DualEncoder, ImageInput, TokenOutput, l2_normalise
+from .base import DualEncoder, ImageInput, NoImageTower, TokenOutput, l2_normalise
 from .hf import NOBACKFILL_META, HFEncoderMixin
 DEFAULT_MAX_LENGTH = 128
 PRETRAINED_NAME = "all-MiniLM-L6-v2"
@@ -116,12 +116,10 @@ class MiniLMTextEncoder(HFEncoderMixin, DualEncoder):
     # ----------------------------------------------------------------- inference
     def encode_images(self, images: Sequence[ImageInput], batch_size: int = 128,
                       progress: bool = False) -> np.ndarray:
-        raise NotImplementedError(f"{type(self).__name__} ({self.name}) is a text-only encoder: "
-                                  "it cannot embed images")
+        raise NoImageTower(f"{type(self).__name__} ({self.name}) is a text-only encoder: it cannot embed images")
 
     def image_tokens(self, images: Sequence[ImageInput]) -> TokenOutput:
-        raise NotImplementedError(f"{type(self).__name__} ({self.name}) is a text-only encoder: "
-                                  "it has no image tokens")
+        raise NoImageTower(f"{type(self).__name__} ({self.name}) is a text-only encoder: it has no image tokens")
 
     def encode_texts(self, texts: Sequence[str], batch_size: int = 256, progress: bool = False) -> np.ndarray:
         """Unit-norm float32 ``(N, embed_dim)`` (longest-first batching, input order kept)."""

@@ -38,6 +38,9 @@ class ModelSpec:
     mlp_ratio: int = 4
 
     def __post_init__(self) -> None:
+        small = [f"{k}={v!r}" for k, v in vars(self).items() if isinstance(v, bool) or not isinstance(v, int) or v < 1]
+        if small:  # (a width of -3 failed deep in torch, after --show-config had printed it)
+            raise ValueError(f"every model field is a whole number >= 1, got {', '.join(small)}")
         if self.image_size % self.patch_size:
             raise ValueError(f"image_size {self.image_size} is not a multiple of patch_size {self.patch_size}")
         for w, h, n in ((self.vision_width, self.vision_heads, "vision"), (self.text_width, self.text_heads, "text")):
