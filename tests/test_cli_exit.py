@@ -128,3 +128,12 @@ def test_a_text_only_model_asked_for_images_is_bad_input_not_a_traceback():
         enc.encode_images([])
     assert isinstance(e.value, ValueError) and isinstance(e.value, NotImplementedError)
     assert isinstance(as_client_error(e.value), InvalidRequest)
+
+
+def test_a_presets_model_fields_are_whole_numbers_above_0():
+    from nobackfill.encoders.zoo import ModelSpec
+
+    for bad in ({"embed_dim": -3}, {"text_layers": 0}, {"vocab_size": 1.5}):
+        with pytest.raises(ValueError, match="every model field is a whole number >= 1"):
+            ModelSpec(**bad)
+    assert ModelSpec(embed_dim=64).embed_dim == 64
