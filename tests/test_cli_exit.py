@@ -137,3 +137,19 @@ def test_a_presets_model_fields_are_whole_numbers_above_0():
         with pytest.raises(ValueError, match="every model field is a whole number >= 1"):
             ModelSpec(**bad)
     assert ModelSpec(embed_dim=64).embed_dim == 64
+
+
+@pytest.mark.parametrize("flags, says", [(["--backend", "bogus"], "unknown index backend 'bogus'"),
+                                         (["--tokens", "int8"], "--tokens must be one of float16, float32"),
+                                         (["--token-dim", "16"], "--token-dim is for the token outputs")])
+def test_index_checks_its_flags_before_it_writes_anything(tmp_path, flags, says):
+    """trial R: a bad --backend or --tokens was refused after the data was read and the gallery
+    folder made (one with vector chunks in it), which verify did not recognise."""
+    from pathlib import Path
+
+    from typer.testing import CliRunner
+
+    root = Path(__file__).resolve().parents[1]
+    r = CliRunner().invoke(cli.app, ["index", "--model", str(root / "models" / "world-old"), "--data",
+                                     str(tmp_path / "no-data-needed"), "--out", str(tmp_path / "g"), *flags])
+    assert r.exit_code == 2 and says in r.output and not (tmp_path / "g").exists(), r.output

@@ -38,7 +38,16 @@ def index(
     from ..encoders import load_encoder
     from ..gallery.build import StoreBusyError
 
-    try:
+    from ..ann.backends import validate_spec
+    from ..gallery.tokens import DTYPES
+
+    try:  # every flag first: a refused run leaves no folder behind (trial R: a half-written gallery)
+        validate_spec(backend)
+        if tokens and tokens not in DTYPES:
+            raise ValueError(f"--tokens must be one of {', '.join(DTYPES)}, got {tokens!r}")
+        if token_dim is not None and (not tokens or token_dim < 1):
+            raise ValueError(f"--token-dim must be >= 1, got {token_dim}" if tokens else
+                             "--token-dim is for the token outputs: give --tokens float16 or float32 with it")
         root = split_folder(data, split)
         enc = load_encoder(model)
         g, read = index_folder(enc, root, out, model_ref=str(model), langs=[x for x in langs.split(",") if x] or None,
