@@ -125,6 +125,8 @@ class XBTConfig:
     loop: LoopConfig = field(default_factory=lambda: scaled_loop(steps=300, lr=1e-4, warmup=20))
 
     def __post_init__(self) -> None:
+        if self.batch_size < 2:  # (1 trained to "loss 0.000": no negatives)
+            raise ValueError(f"batch_size must be >= 2 (a contrastive batch needs other pairs as its negatives), got {self.batch_size}")
         if self.phi_train not in ("layernorm", "all"):
             raise ValueError(f"phi_train must be 'layernorm' or 'all', got {self.phi_train!r}")
         if isinstance(self.adapters, dict):

@@ -203,6 +203,9 @@ def rerank_pairs(encoder, data: RerankSet, rerank_k: int, query_block: int = 16)
     from ..metrics.scored import top_k_columns
     from .cmli import pair_scores
 
+    if int(rerank_k) < 1:
+        raise ValueError(f"rerank_k must be >= 1 (the first-stage candidates re-ranked), got {rerank_k}")
+
     img = encoder.encode_images(data.images)
     txt = encoder.encode_texts(data.captions)
     it = encode_token_batch(encoder, "image", data.images)

@@ -41,6 +41,8 @@ class LateTrainConfig:
     kd: KDConfig = field(default_factory=KDConfig)
 
     def __post_init__(self) -> None:
+        if self.batch_size < 2:  # (1 trained to "loss 0.000": no negatives)
+            raise ValueError(f"batch_size must be >= 2 (a contrastive batch needs other pairs as its negatives), got {self.batch_size}")
         if self.kind not in KINDS:
             raise ValueError(f"kind must be one of {KINDS}, got {self.kind!r}")
 

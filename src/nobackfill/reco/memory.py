@@ -141,6 +141,8 @@ def build_memory(encoder: "DualEncoder", data: PairDataset, out: str | Path, *,
         raise FileExistsError(f"{out / MEMORY_FILE} exists: a memory is already built there")
     if dedup not in DEDUP_SPACES:
         raise ValueError(f"dedup must be one of {DEDUP_SPACES}, got {dedup!r}")
+    if not -1.0 < float(threshold) <= 1.0:  # a cosine (1.5 kept every near-duplicate, saying "cosine > 1.5")
+        raise ValueError(f"threshold is a cosine in (-1, 1], got {threshold}")
 
     def features(paths: list[Path]) -> np.ndarray:
         return thumbnail_features(paths) if dedup == "pixels" else encoder.encode_images(paths, progress=progress)

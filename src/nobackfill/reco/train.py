@@ -55,8 +55,9 @@ class RecoTrainConfig:
             raise ValueError(f"search must be in {SEARCH_MODES}, fuse in {FUSE_MODES}; got {self.search!r}, {self.fuse!r}")
         if self.fusion not in FUSION_KINDS:
             raise ValueError(f"fusion kind must be one of {FUSION_KINDS}, got {self.fusion!r}")
-        if self.k < 1 or self.heads < 1 or self.batch_size < 1:
-            raise ValueError(f"k, heads and batch_size must be >= 1, got {self.k}, {self.heads}, {self.batch_size}")
+        if self.k < 1 or self.heads < 1 or self.batch_size < 2:  # NCE over the batch: it needs negatives
+            raise ValueError(f"k and heads must be >= 1 and batch_size >= 2, got {self.k}, {self.heads}, "
+                             f"{self.batch_size}")
 
     def to_dict(self) -> dict:
         return to_dict(self)

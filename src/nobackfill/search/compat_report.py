@@ -52,6 +52,9 @@ def compat_report(old: Any, new: Any, data: Any, *, bridges: Sequence[str | Path
     ``bridges``, the old/old, new/new and raw new/old rows only."""
     from .searcher import query_side_for
 
+    if int(n_unpaired) < 1:  # (0 printed the criterion's unpaired rate as nan)
+        raise ValueError(f"n_unpaired must be >= 1, got {n_unpaired}")
+
     side = query_side_for(new, old.space_id, bridges=bridges, gallery_name=getattr(old, "name", "")) \
         if bridges else None  # a wrong upgrade is refused before anything is embedded
     eo, en = embed_dataset(old, data, progress=progress), embed_dataset(new, data, progress=progress)

@@ -167,6 +167,8 @@ class Searcher:
 
             if rerank not in RERANK_SCORES:
                 raise ValueError(f"rerank must be one of {sorted(RERANK_SCORES)}, got {rerank!r}")
+            if self.rerank_k < 1:  # (0 re-ranked nothing, without a word)
+                raise ValueError(f"rerank_k must be >= 1 (the first-stage candidates re-ranked), got {rerank_k}")
         self._query_model: DualEncoder | None = None
         self._upgrades: list[dict[str, Any]] = []
         if query_model is not None:

@@ -80,6 +80,8 @@ class SequenceConfig:
     metric: str = "search"
 
     def __post_init__(self) -> None:
+        if self.steps < 2:  # compatibility is between models: one has nothing to be compatible with (AC was nan)
+            raise ValueError(f"steps (T, the models of the sequence) must be >= 2, got {self.steps}")
         if self.metric not in METRICS:
             raise ValueError(f"metric must be one of {sorted(METRICS)}, got {self.metric!r}")
 
