@@ -39,3 +39,19 @@ def test_rerank_threshold_and_unpaired_samples_out_of_range_are_refused(tmp_path
     assert not (tmp_path / "m").exists()
     with pytest.raises(ValueError, match="n_unpaired must be >= 1"):
         compat_report(None, None, None, n_unpaired=0)
+
+
+def test_evaluation_data_names_a_missing_split_and_a_multi30k_root(tmp_path):
+    """trial R: `eval`, `--calibrate-split` and `lingual eval` said "no captions.jsonl here nor in
+    w/bogus" for an unknown split and for a Multi30K root, where `collection add` named the splits."""
+    from nobackfill.data.world import WorldSpec, generate_world
+    from nobackfill.evaluate import resolve_data
+
+    w = generate_world(tmp_path / "w", WorldSpec(n_train=2, n_val=0, n_test=2, langs=("en",)), workers=1,
+                       progress=False)
+    assert resolve_data(w, "test") == w / "test"
+    with pytest.raises(FileNotFoundError, match=r"a world root with no split 'val' \(its splits: test, train\)"):
+        resolve_data(w, "val")
+    (tmp_path / "m30k" / "task1" / "raw").mkdir(parents=True)
+    with pytest.raises(FileNotFoundError, match="a Multi30K root .* bench xbt-text"):
+        resolve_data(tmp_path / "m30k", "test")

@@ -27,11 +27,16 @@ class Embedded:
 
 def resolve_data(data: str | Path, split: str = "test") -> Path:
     """A user folder (has ``captions.jsonl``) as is; a world root resolved to ``data/split``."""
+    from .data.folder import split_folder
+
     d = Path(data)
-    if (d / "captions.jsonl").is_file():
-        return d
-    if (d / split / "captions.jsonl").is_file():
-        return d / split
+    if (d / "task1" / "raw").is_dir():  # (said as "no captions.jsonl" before: trial R)
+        raise FileNotFoundError(f"{d}: a Multi30K root (captions without their images): this needs image-text "
+                                "data, a data folder or a world root; a text bridge is measured by `nobackfill "
+                                "bench xbt-text` and `bench routes`")
+    root = split_folder(d, split)  # a world root without that split: named, with the splits it has
+    if (root / "captions.jsonl").is_file():
+        return root
     raise FileNotFoundError(f"{d}: no captions.jsonl here nor in {d / split}")
 
 
