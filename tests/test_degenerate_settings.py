@@ -55,3 +55,18 @@ def test_evaluation_data_names_a_missing_split_and_a_multi30k_root(tmp_path):
     (tmp_path / "m30k" / "task1" / "raw").mkdir(parents=True)
     with pytest.raises(FileNotFoundError, match="a Multi30K root .* bench xbt-text"):
         resolve_data(tmp_path / "m30k", "test")
+
+
+def test_training_on_a_split_folder_of_a_world_reads_that_folder(tmp_path):
+    """trial R: `train --data w/train` streamed w's scenes (its world.json is one folder up) and never
+    read the folder's files: the model was bit-identical to one trained with --data w."""
+    import json
+
+    from nobackfill.data.world import WorldSpec, generate_world
+    from nobackfill.train.world_model import train_preset
+
+    w = generate_world(tmp_path / "w", WorldSpec(n_train=64, n_val=0, n_test=0, langs=("en",)), workers=1,
+                       progress=False)
+    train_preset("world-tiny", w / "train", tmp_path / "m", steps=1, threads=1, eval_size=4, progress=False)
+    recipe = json.loads((tmp_path / "m" / "recipe.json").read_text())
+    assert recipe["world"] is None and recipe["data"] == str(w / "train")

@@ -54,7 +54,9 @@ def train_preset(preset: str | Preset, data: str | Path, out: str | Path, *, ste
     preset = preset if isinstance(preset, Preset) else get_preset(preset)
     rec = preset.train
     concepts = ConceptSet.parse(rec.shapes, rec.colours)
-    spec = load_world_spec(data)
+    # a world root streams its world; a data folder is read, even a split of a world (trial R: w/train
+    # streamed w's scenes and never read the folder's files)
+    spec = None if (Path(data) / "captions.jsonl").is_file() else load_world_spec(data)
     out = Path(out)
     if spec is not None:
         # the model's own view of the world: only its concepts, English
