@@ -70,3 +70,18 @@ def test_training_on_a_split_folder_of_a_world_reads_that_folder(tmp_path):
     train_preset("world-tiny", w / "train", tmp_path / "m", steps=1, threads=1, eval_size=4, progress=False)
     recipe = json.loads((tmp_path / "m" / "recipe.json").read_text())
     assert recipe["world"] is None and recipe["data"] == str(w / "train")
+
+
+def test_a_default_that_names_a_shipped_model_is_found_from_any_working_directory(tmp_path, monkeypatch):
+    """trial R: `compat train`'s backbone, `upgrade xbt-text --old` and `late train --teacher` default to
+    models/..., which failed outside the repository (naming a flag the user never typed)."""
+    from pathlib import Path
+
+    from nobackfill.encoders.zoo import shipped
+
+    monkeypatch.chdir(tmp_path)
+    found = shipped("models/world-new")
+    assert found.is_absolute() and (found / "model.safetensors").is_file()
+    (tmp_path / "models" / "world-new").mkdir(parents=True)  # the user's own, in the working directory, wins
+    assert shipped("models/world-new") == Path("models/world-new")
+    assert shipped("models/no-such-model") == Path("models/no-such-model")  # its own error names it

@@ -38,7 +38,7 @@ def index(
     from ..encoders import load_encoder
     from ..gallery.build import StoreBusyError
 
-    from ..ann.backends import validate_spec
+    from ..gallery.gallery import validate_spec
     from ..gallery.tokens import DTYPES
 
     try:  # every flag first: a refused run leaves no folder behind (trial R: a half-written gallery)

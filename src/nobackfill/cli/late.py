@@ -46,6 +46,7 @@ def late_train(
     (settings: late.world.LateTrainConfig, from --config / --set)."""
     from ..data.world import load_world_spec
     from ..encoders import load_encoder
+    from ..encoders.zoo import shipped
     from ..late.world import LateTrainConfig, train_world_method
     from ..train.loop import check_output
 
@@ -53,6 +54,7 @@ def late_train(
         "kind": kind, "preset": preset, "steps": steps, "batch_size": batch_size, "lr": lr, "seed": seed,
         "threads": threads, "swap_twins": swap_twins, "kd": {"mode": kd_mode, "empty_target": empty_target}})
     try:
+        teacher = shipped(teacher)  # the default, models/world-new, from any working directory
         check_output(out, finished="nobackfill.json", what="model", sources=(teacher,))  # before anything is read
         spec = load_world_spec(world)
         if spec is None:

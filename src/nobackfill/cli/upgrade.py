@@ -102,6 +102,7 @@ def upgrade_xbt_text(
     load_upgrade(out).apply(MiniLMTextEncoder.pretrained())."""
     from ..compat.text_upgrade import TextXBTUpgradeConfig, train_text_upgrade
     from ..data.multi30k import default_multi30k_dir
+    from ..encoders.zoo import shipped
     from ..train.loop import check_output
 
     parts = ["nobackfill upgrade xbt-text", f"--old {old}", f"--new {new}"] + ([f"--data {data}"] if data else [])
@@ -116,6 +117,7 @@ def upgrade_xbt_text(
     cfg = resolve_config(TextXBTUpgradeConfig, TextXBTUpgradeConfig.quick(**kw) if quick else TextXBTUpgradeConfig(**kw), config, set_,
                          flags={"stage1": {"steps": stage1_steps}, "xbt": {"steps": xbt_steps}}, show=show_config)
     try:
+        old = shipped(old)  # the default, models/m30k-old-text, from any working directory
         check_output(out, finished="upgrade.json", what="upgrade", also=("stage1",), sources=(old,))
         res = train_text_upgrade(old, new, data or default_multi30k_dir(), out, cfg, cache_dir=cache_dir,
                                  command=" ".join(parts), progress=True, log=lambda m: console.print(m))

@@ -80,6 +80,18 @@ class Preset:
     train: RecipeSpec = field(default_factory=RecipeSpec)
 
 
+def shipped(path: str | Path) -> Path:
+    """``path`` as given where it exists; else, for a relative path, the same path in the project's
+    folder when that holds it (a default such as ``models/world-new`` names the shipped model, whatever
+    the working directory: trial R saw such defaults fail outside the repository); else as given
+    (its own error names it)."""
+    p = Path(path)
+    if p.exists() or p.is_absolute():
+        return p
+    project = Path(__file__).resolve().parents[3] / p  # src/nobackfill/encoders/zoo.py -> the project
+    return project if project.exists() else p
+
+
 def list_presets() -> list[str]:
     """Names of the zoo's presets."""
     return sorted(p.name[:-5] for p in resources.files(__package__).joinpath("zoo").iterdir()

@@ -64,6 +64,7 @@ import numpy as np
 import torch
 
 from ...data.scene import BACKGROUNDS, COLOURS, SHAPES, SIZES, TEXTURES
+from ...encoders.zoo import shipped
 from ...progress import progress_bar
 
 N_WORLD_CLASSES = len(SHAPES) * len(COLOURS)
@@ -297,6 +298,7 @@ def _cached_split(cfg: DataConfig, split: str, n: int, progress: bool
             continue
         key = json.dumps({"backbone": part, "seed": cfg.world_seed, "split": split, "n": n, "v": 1})
         if part not in ("pixels", "randconv"):
+            part = str(shipped(part))  # the default's models/world-new from any working directory
             weights = Path(part) / "model.safetensors"
             if not weights.is_file():
                 raise FileNotFoundError(f"backbone {part}: no model.safetensors (use a world model, 'randconv' "
