@@ -4,6 +4,7 @@ the model (used only for the same weights, unaltered files), int8 only when aske
 from __future__ import annotations
 
 import json
+import os
 import shutil
 from pathlib import Path
 
@@ -60,9 +61,25 @@ def test_a_refused_export_writes_nothing(tmp_path):
     shutil.copytree(ROOT / "models" / "world-old", d)
     with pytest.raises(ValueError, match="differs from torch by .* above"):
         export_onnx(d, towers=["text"], max_abs_diff=0.0)
-    assert not (d / "onnx").exists() and not [p for p in d.iterdir() if p.name.startswith(".onnx")]
+    assert not (d / "onnx").exists() and not [p for p in d.iterdir() if p.name.startswith(".onnx.")
+                                              and p.name != ".onnx.lock"]
     with pytest.raises(ValueError, match="towers"):
         export_onnx(d, towers=["audio"])
+
+
+def test_an_export_after_a_killed_one_removes_its_staging_and_puts_back_what_it_set_aside(tmp_path):
+    """trial T: a killed export left its staging folder (.onnx.XXXX, the size of an export) for good;
+    killed between its two renames, it left the earlier export set aside (.onnx.old) and no onnx/."""
+    d = tmp_path / "m"
+    shutil.copytree(ROOT / "models" / "world-old", d)
+    export_onnx(d, towers=["text"])
+    (d / ".onnx.k1ll3d").mkdir()
+    (d / ".onnx.k1ll3d" / "text.onnx").write_bytes(b"half")
+    os.replace(d / "onnx", d / ".onnx.old")  # as a kill between the renames leaves it
+    with pytest.raises(ValueError, match="differs from torch"):  # a refused export still puts things right
+        export_onnx(d, towers=["text"], max_abs_diff=0.0)
+    assert (d / "onnx" / "export.json").is_file() and not (d / ".onnx.k1ll3d").exists()
+    assert not (d / ".onnx.old").exists()
 
 
 def test_the_export_is_used_only_for_its_own_unaltered_weights(exported, tmp_path, caplog):

@@ -28,3 +28,24 @@ def test_a_read_only_collection_reads_and_refuses_writes_in_one_line(tmp_path, m
         ro.delete(hits[0])
     assert storage_refusal(e.value) is not None and "cannot be written" in storage_refusal(e.value)
     assert [h.id for h in ro.search(text="red", k=2).hits] == hits  # nothing changed
+
+
+@pytest.mark.parametrize("damage", ["missing", "garbled"])
+def test_a_spaces_lost_manifest_is_named_once_without_the_catalog_and_without_repair_advice(tmp_path, damage):
+    """trial T: a missing or garbled manifest.json was "catalog c/catalog.sqlite: NotAGalleryError: ...",
+    verify advised --repair (which cannot mend it) and --repair listed the problem twice."""
+    from nobackfill.lifecycle.verify import verify_path
+
+    c = Client(tmp_path / "c")
+    c.create(MODEL)
+    c.add(texts=["a red cube"])
+    manifest = next((tmp_path / "c" / "spaces").iterdir()) / "manifest.json"
+    manifest.unlink() if damage == "missing" else manifest.write_text("nonsense")
+    with pytest.raises(Exception) as e:
+        Client(tmp_path / "c").status()
+    assert str(e.value).count("manifest.json") == 1 and "catalog" not in str(e.value)
+    assert "Error:" not in str(e.value)  # no exception class names
+    for repair in (False, True):
+        rep = verify_path(tmp_path / "c", repair=repair)
+        assert len(rep.problems) == 1 and "manifest.json" in rep.problems[0], rep.problems
+        assert not any("--repair` takes" in a for a in rep.advice) and any("from a backup" in a for a in rep.advice)

@@ -112,7 +112,7 @@ class CollectionStatus:
             self.snapshot()
         except ConnectionError:  # a catalog or Milvus server that does not answer: nothing was checked
             raise
-        except (CollectionError, CatalogError) as e:
+        except (CollectionError, CatalogError, GalleryError) as e:
             return [str(e)]
         for s in self.plan.spaces:
             if s.retired:

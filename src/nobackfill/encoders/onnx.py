@@ -21,6 +21,7 @@ towers; everything else (tokens, saving, the space id) is the wrapped encoder's.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import logging
@@ -29,7 +30,7 @@ import shutil
 import tempfile
 import warnings
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Iterator, Sequence
 
 import numpy as np
 
@@ -246,8 +247,32 @@ def export_onnx(model_dir: str | Path, *, int8: bool = False, towers: Sequence[s
         raise ValueError(f"towers: {model_dir} embeds {list(encoder.modalities)}, not {unknown}")
     info: dict[str, Any] = {"space_id": encoder.space_id, "towers": {}}
     parent = model_dir / EXPORT_DIR
+    with _export_lock(model_dir):
+        return _export_locked(model_dir, encoder, towers, info, parent, int8, graph, max_abs_diff)
+
+
+@contextlib.contextmanager
+def _export_lock(model_dir: Path) -> Iterator[None]:
+    """One export of ``model_dir`` at a time. Holding it, what a killed export left is put right first:
+    its staging folders (``.onnx.XXXX``, as large as an export) removed, and an earlier export it had
+    set aside (``.onnx.old``) put back when no ``onnx/`` replaced it (trial T)."""
+    import fcntl
+
+    with open(model_dir / f".{EXPORT_DIR}.lock", "a+b") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        old, parent = model_dir / f".{EXPORT_DIR}.old", model_dir / EXPORT_DIR
+        if old.is_dir() and not parent.exists():
+            os.replace(old, parent)
+        for stale in model_dir.glob(f".{EXPORT_DIR}.*"):
+            if stale.is_dir():
+                shutil.rmtree(stale, ignore_errors=True)
+        yield
+
+
+def _export_locked(model_dir: Path, encoder: Any, towers: list[str], info: dict[str, Any], parent: Path,
+                   int8: bool, graph: str, max_abs_diff: float) -> dict[str, Any]:
     earlier = onnx_export_info(model_dir)
-    tmp = Path(tempfile.mkdtemp(prefix=".onnx.", dir=model_dir))
+    tmp = Path(tempfile.mkdtemp(prefix=f".{EXPORT_DIR}.", dir=model_dir))
     try:
         for tower in towers:
             module = _tower(encoder, tower)

@@ -167,9 +167,15 @@ def _collection(path: str, report: PathReport, repair: bool) -> None:
             if lost:
                 report.advice.append(f"{lost} item(s) have no vector in any space now; `nobackfill collection "
                                      f"backfill {path}` re-embeds them from their sources")
-    report.problems += c.verify()
-    if report.problems and not repair:
+    report.problems += [p for p in c.verify() if p not in report.problems]  # (a space repair could not open: once)
+    storeless = [p for p in report.problems if " is not a gallery" in p or "manifest" in p]
+    if report.problems and len(storeless) < len(report.problems) and not repair:
         report.advice.append(f"`nobackfill verify {path} --repair` takes damaged vector chunks out of service")
+    if storeless:  # no chunk to take out: the space's own description is gone or damaged (trial T)
+        report.advice.append("a space whose manifest.json is missing or damaged cannot be read, nor mended by "
+                             "--repair: restore the space's folder from a backup (an older space: `nobackfill "
+                             "collection backfill` re-embeds its items into the current space, then `collection "
+                             "retire` drops it)")
 
 
 def _upgrade(path: str, report: PathReport, repair: bool) -> None:
