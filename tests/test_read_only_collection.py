@@ -49,3 +49,21 @@ def test_a_spaces_lost_manifest_is_named_once_without_the_catalog_and_without_re
         rep = verify_path(tmp_path / "c", repair=repair)
         assert len(rep.problems) == 1 and "manifest.json" in rep.problems[0], rep.problems
         assert not any("--repair` takes" in a for a in rep.advice) and any("from a backup" in a for a in rep.advice)
+
+
+def test_a_damaged_cached_index_is_one_plain_warning_and_rebuilt(tmp_path, caplog):
+    """trial T: the warning printed faiss' C++ internals (std::unique_ptr<faiss::Index> ... index_read.cpp)."""
+    import logging
+
+    c = Client(tmp_path / "c")
+    c.create(MODEL)
+    c.add(texts=["a red cube", "a blue ball"])
+    hits = [h.id for h in c.search(text="red", target="text", k=2).hits]
+    cache = next((tmp_path / "c" / "spaces").iterdir()) / "index-text.faiss"
+    assert cache.is_file()
+    cache.write_bytes(b"\x00garbage" * 100)
+    with caplog.at_level(logging.WARNING, logger="nobackfill"):
+        again = [h.id for h in Client(tmp_path / "c").search(text="red", target="text", k=2).hits]
+    assert again == hits
+    warned = [r.getMessage() for r in caplog.records if "cached index" in r.getMessage()]
+    assert warned and all("rebuilt from the vector chunks" in w and "faiss::" not in w for w in warned), warned

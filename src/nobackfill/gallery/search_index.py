@@ -155,8 +155,10 @@ class GalleryIndex:
                 log.warning("cached index %s does not match its sha256: rebuilding it", data_path)
                 return None, 0
         except Exception as e:  # any problem with a cache means: rebuild it
-            if not isinstance(e, FileNotFoundError):
-                log.warning("ignoring cached index %s: %s", data_path, e)
+            if not isinstance(e, FileNotFoundError):  # (faiss' C++ message says nothing to an operator: -v)
+                log.warning("ignoring the damaged cached index %s: unreadable, rebuilt from the vector chunks",
+                            data_path)
+                log.debug("the cached index %s: %s", data_path, e)
             return None, 0
         if index.ntotal != sum(c["count"] for c in chunks[:upto]):
             return None, 0
