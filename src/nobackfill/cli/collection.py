@@ -245,6 +245,10 @@ def upgrade(
         st = client.status()
         cur = st["spaces"][rep.current]
     except user_errors() as e:
+        if "is already the current model" in str(e):  # a rerun after an upgrade that committed (a kill, a
+            results.print(f"{name}: {model} is its current model already: nothing to do (routes stay as "  # retry)
+                          "they are: `collection route` and `collection calibrate` change them)")
+            return
         fail(e)
     if as_json:
         return _echo(rep)
