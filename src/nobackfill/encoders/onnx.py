@@ -258,7 +258,7 @@ def _export_lock(model_dir: Path) -> Iterator[None]:
     set aside (``.onnx.old``) put back when no ``onnx/`` replaced it (trial T)."""
     import fcntl
 
-    with open(model_dir / f".{EXPORT_DIR}.lock", "a+b") as f:
+    with open(model_dir / ".export-onnx.lock", "a+b") as f:  # (not .onnx.*: the staging folders' names)
         fcntl.flock(f, fcntl.LOCK_EX)
         old, parent = model_dir / f".{EXPORT_DIR}.old", model_dir / EXPORT_DIR
         if old.is_dir() and not parent.exists():
