@@ -28,9 +28,15 @@ def test_a_storage_that_does_not_answer_is_503_naming_it(tmp_path, monkeypatch, 
         raise error
 
     monkeypatch.setattr(type(service.client.searcher()), "search_batch", fail)
+    before = service.client.collection
     r = api.post("/v1/search", json={"text": "a red circle", "k": 2}, headers=read)
     assert r.status_code == 503, r.text
     assert ("127.0.0.1:19530" in r.json()["detail"] or "postgresql://" in r.json()["detail"]), r.json()
+    assert service.client._collection is None and service.client._searchers == {}  # the next call reconnects
+    monkeypatch.undo()
+    r = api.post("/v1/search", json={"text": "a red circle", "k": 2}, headers=read)
+    assert r.status_code == 200 and service.client.collection is not before, r.text
+    monkeypatch.setattr(type(service.client.searcher()), "search_batch", fail)
     monkeypatch.setattr(type(service.client), "status", fail)
     r = api.get("/v1/status", headers=admin)
     assert r.status_code == 503 and "cannot reach" in r.json()["detail"] or "Fail connecting" in r.json()["detail"], \
@@ -102,3 +108,27 @@ def test_the_catalog_names_who_did_not_answer(tmp_path):
     assert not isinstance(e, ConnectionError) and str(e).startswith("Milvus: MilvusException")
     gone = ServerUnreachable("cannot reach the Milvus server at http://h:1 (refused)")
     assert cat._error(gone) is gone
+
+
+def test_a_milvus_storage_that_stopped_answering_connects_anew():
+    """trial Q: after a Milvus restart the service kept failing ~30 s (gRPC's back-off): its client is
+    dropped, the next call makes a new one; milvus-lite's (one opener per file) is kept."""
+    from nobackfill.milvus import connection
+
+    class Fake:
+        closed = False
+
+        def close(self):
+            self.closed = True
+
+    server, lite = Fake(), Fake()
+    lite._nobackfill_embedded = True
+    connection._CLIENTS.update({"milvus:test-a": server, "milvus-lite:test-b": lite})
+    try:
+        connection.forget_client(server)
+        connection.forget_client(lite)
+        assert "milvus:test-a" not in connection._CLIENTS and server.closed
+        assert connection._CLIENTS["milvus-lite:test-b"] is lite and not lite.closed
+    finally:
+        connection._CLIENTS.pop("milvus:test-a", None)
+        connection._CLIENTS.pop("milvus-lite:test-b", None)

@@ -227,3 +227,37 @@ def print_backfill_run(name: str, st: dict, limit: Optional[int]) -> None:
     results.print(f"{head}; {done}" + (f" ({escape(stopped)})" if stopped else ""))
     if st.get("unreadable") and st.get("note"):  # sources gone or corrupt: named, the rest went on
         results.print(f"  [yellow]{escape(st['note'])}[/yellow]")
+
+
+def print_upgrade(name: str, rep: Any, st: dict[str, Any], seconds: float, *, calibrated: bool, bridged: bool) -> None:
+    """What `collection upgrade` did: the current model, the routes, the bridges' fits to come, the merge."""
+    results.print(f"collection {name}: current model is now {st['spaces'][rep.current]['name']} (space {rep.current}) "
+                  f"after {seconds:.1f}s; nothing was re-embedded")
+    print_routes(rep.routes)
+    fits = (st.get("fitted_bridges") or {}) if not calibrated else {}
+    if fits.get("enabled") and fits.get("next") is not None:
+        n, total = fits["next"], max(int(fits.get("items") or 0), 1)
+        results.print(f"  bridges are fitted from the backfill's own pairs: the first fit after its sample of {n} "
+                      f"of {total} items ({100 * n / total:.0f}%), then at each doubling (--fit-sample "
+                      "FRACTION,MIN,MAX sets the sample); until then "
+                      + ("the bridge given serves (the fit tests its route too)" if bridged else
+                         "the old-model route serves"))
+    if calibrated:
+        results.print(f"  merge: {rep.merge} (chosen on the calibration split)")
+    else:
+        kept = " (the merge keeps the score maps fitted without labels that still hold: spaces each reached by " \
+               "its own model)" if st.get("merge_without_labels") else ""
+        results.print("  routes and merge are uncalibrated defaults (bridge where one exists; "
+                      + ("calibrated merge" if kept else "raw merge") + "): pass --calibrate DATA to choose them on "
+                      "labelled data" + (", or --fit-bridge to test the bridge's route on the backfill's own pairs"
+                                         if bridged and not fits.get("enabled") else "") + kept)
+
+
+def upgraded_already(name: str, model: Any, e: BaseException) -> bool:
+    """True (said) when an upgrade was refused because ``model`` is the current model already: a rerun
+    after an upgrade that a kill let commit, nothing to do (trial T: exit 2 broke retry scripts)."""
+    if "is already the current model" not in str(e):
+        return False
+    results.print(f"{name}: {model} is its current model already: nothing to do (routes stay as they are: "
+                  "`collection route` and `collection calibrate` change them)")
+    return True

@@ -17,7 +17,8 @@ from rich.markup import escape
 from ._common import (console, emit_json, fail, langs_option, report_skipped, results, skip_bad_hint, user_errors,
                       warn_truncated)
 from ._collection_print import (interrupt_report, parse_filter, parse_fit_sample, print_backfill, print_backfill_run,
-                                print_fitted, print_import, print_indexes, print_routes, print_spaces)
+                                print_fitted, print_import, print_indexes, print_routes, print_spaces, print_upgrade,
+                                upgraded_already)
 from .gallery import print_hits
 
 collection_app = typer.Typer(no_args_is_help=True, help="Collections: a gallery that keeps working across model "
@@ -243,35 +244,13 @@ def upgrade(
                                  log=console.print, fit_bridges=fit_bridge, queries=texts,
                                  fit_sample=parse_fit_sample(fit_sample))
         st = client.status()
-        cur = st["spaces"][rep.current]
     except user_errors() as e:
-        if "is already the current model" in str(e):  # a rerun after an upgrade that committed (a kill, a
-            results.print(f"{name}: {model} is its current model already: nothing to do (routes stay as "  # retry)
-                          "they are: `collection route` and `collection calibrate` change them)")
-            return
-        fail(e)
+        if not upgraded_already(name, model, e):  # (a rerun after an upgrade that committed: nothing to do)
+            fail(e)
+        return
     if as_json:
         return _echo(rep)
-    results.print(f"collection {name}: current model is now {cur['name']} (space {rep.current}) "
-                  f"after {time.time() - t0:.1f}s; nothing was re-embedded")
-    print_routes(rep.routes)
-    fits = (st.get("fitted_bridges") or {}) if not calibrate else {}
-    if fits.get("enabled") and fits.get("next") is not None:
-        n, total = fits["next"], max(int(fits.get("items") or 0), 1)
-        results.print(f"  bridges are fitted from the backfill's own pairs: the first fit after its sample of {n} "
-                      f"of {total} items ({100 * n / total:.0f}%), then at each doubling (--fit-sample "
-                      "FRACTION,MIN,MAX sets the sample); until then "
-                      + ("the bridge given serves (the fit tests its route too)" if bridge else
-                         "the old-model route serves"))
-    if calibrate:
-        results.print(f"  merge: {rep.merge} (chosen on the calibration split)")
-    else:
-        kept = " (the merge keeps the score maps fitted without labels that still hold: spaces each reached by " \
-               "its own model)" if st.get("merge_without_labels") else ""
-        results.print("  routes and merge are uncalibrated defaults (bridge where one exists; "
-                      + ("calibrated merge" if kept else "raw merge") + "): pass --calibrate DATA to choose them on "
-                      "labelled data" + (", or --fit-bridge to test the bridge's route on the backfill's own pairs"
-                                         if bridge and not fits.get("enabled") else "") + kept)
+    print_upgrade(name, rep, st, time.time() - t0, calibrated=bool(calibrate), bridged=bool(bridge))
 
 
 @collection_app.command("search")

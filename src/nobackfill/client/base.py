@@ -9,10 +9,11 @@ the same return types (in the manner of qdrant-client's local and remote modes).
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
-from .errors import InvalidRequest, NotFound
+from .errors import ClientError, InvalidRequest, NotFound, Unreachable, as_client_error
 from .types import AddResult, ImportResult, ItemInfo, SearchResults, UpgradeResult
 
 __all__ = ["Client", "check_image_file", "check_item_id", "check_list", "check_path", "check_upgrade",
@@ -72,6 +73,30 @@ def check_upgrade(model: Any, bridges: Any) -> list:
     check_path(model, "model")
     return [check_path(b, f"bridges[{i}]", "an upgrade directory")
             for i, b in enumerate(check_list(bridges, "bridges", "upgrade directories") or [])]
+
+
+def refusals(method: Callable) -> Callable:
+    """A public method of an in-process client whose refusals raise the one hierarchy
+    (:mod:`.errors`): a missing file :class:`~.errors.NotFound`, a collection already there
+    :class:`~.errors.AlreadyExists`, a backfill refused ``BackfillRefused``, an invalid argument
+    :class:`~.errors.InvalidRequest`, as over HTTP. A storage that stopped answering
+    (:class:`~.errors.Unreachable`) also makes the client reconnect at its next call."""
+
+    @functools.wraps(method)
+    def call(self: Any, *args: Any, **kw: Any) -> Any:
+        try:
+            return method(self, *args, **kw)
+        except ClientError:
+            raise
+        except Exception as e:
+            err = as_client_error(e)
+            if err is None:
+                raise
+            if isinstance(err, Unreachable):
+                getattr(self, "forget_storage", lambda: None)()
+            raise err from e
+
+    return call
 
 
 def collection_removed(collection: Any) -> bool:

@@ -5,7 +5,6 @@ instance for the server's life, warm models and searchers), so a behaviour exist
 from __future__ import annotations
 
 import dataclasses
-import functools
 import logging
 import threading
 from pathlib import Path
@@ -13,35 +12,15 @@ from typing import Any, Callable, Mapping, Sequence
 
 from ..search.limits import Limits
 from ..search.merge import DEFAULT_MERGE
-from .base import Client, check_image_file, check_item_id, check_path, check_upgrade, collection_removed, ray_options
-from .errors import ClientError, Conflict, InvalidRequest, NotFound, as_client_error
+from .base import (Client, check_image_file, check_item_id, check_path, check_upgrade, collection_removed, ray_options,
+                   refusals)
+from .errors import Conflict, InvalidRequest, NotFound
 from .types import AddResult, ImportResult, ItemInfo, SearchHit, SearchResults, UpgradeResult
 from .upload import check_items, given_items, load_calibration, one_source, read_files, unembeddable
 
 __all__ = ["LocalClient"]
 
 logger = logging.getLogger("nobackfill.client")
-
-
-def _refusals(method: Callable) -> Callable:
-    """A public method whose refusals raise the one hierarchy (:mod:`.errors`): a missing file
-    :class:`~.errors.NotFound`, a collection already there :class:`~.errors.AlreadyExists`, a
-    backfill refused ``BackfillRefused``, an invalid argument :class:`~.errors.InvalidRequest`,
-    as over HTTP."""
-
-    @functools.wraps(method)
-    def call(self: "LocalClient", *args: Any, **kw: Any) -> Any:
-        try:
-            return method(self, *args, **kw)
-        except ClientError:
-            raise
-        except Exception as e:
-            err = as_client_error(e)
-            if err is None:
-                raise
-            raise err from e
-
-    return call
 
 
 class LocalClient(Client):
@@ -79,6 +58,12 @@ class LocalClient(Client):
             self._check_present()
         return self._collection
 
+    def forget_storage(self) -> None:
+        """After the storage stopped answering: the next call reopens the collection and reconnects."""
+        storage = getattr(self._collection, "storage", None)
+        self._collection, self._searchers = None, {}
+        getattr(storage, "reconnect", lambda: None)()  # Milvus: a fresh client (gRPC's back-off ran ~30 s)
+
     def _check_present(self) -> None:
         if collection_removed(self._collection):  # its open files would answer from a deleted collection
             self._collection, self._searchers = None, {}
@@ -106,7 +91,7 @@ class LocalClient(Client):
         return self.searcher().warm()
 
     # ------------------------------------------------------------------ create / add / import
-    @_refusals
+    @refusals
     def create(self, model: str | Path, *, backend: str = "auto") -> dict[str, Any]:
         from ..collection.collection import Collection
         from ..search.models import model_ref
@@ -118,7 +103,7 @@ class LocalClient(Client):
                                              modalities=list(getattr(enc, "modalities", ("image", "text"))))
         return self.status()
 
-    @_refusals
+    @refusals
     def add(self, *, texts: Sequence[str | Mapping[str, Any]] | None = None, images: Sequence[Any] | None = None,
             ids: Sequence[str | None] | None = None, folder: str | Path | None = None, split: str = "test",
             text_file: str | Path | None = None, langs: Sequence[str] | None = None, skip_bad: bool = False,
@@ -152,7 +137,7 @@ class LocalClient(Client):
             self.collection.build_graph_indexes(log=log)
         return out
 
-    @_refusals
+    @refusals
     def import_(self, source: str, *, table: str | Path | None = None, id_column: str | None = None,
                 source_column: str | None = None, modality: str | None = None, images_root: str | Path | None = None,
                 model: str | Path | None = None, trust_model: bool = False, lossy: bool = False, samples: int = 64,
@@ -191,7 +176,7 @@ class LocalClient(Client):
                             model_check=rep.model_check, warnings=list(rep.warnings), source=rep.source,
                             stored=rep.stored)
 
-    @_refusals
+    @refusals
     def adopt(self, source: str, *, model: str | Path, vector_field: str, id_field: str, modality: str,
               source_field: str | None = None, images_root: str | Path | None = None, trust_model: bool = False,
               samples: int = 64, backend: str = "auto", wait: bool = False, progress: bool = False) -> dict[str, Any]:
@@ -214,7 +199,7 @@ class LocalClient(Client):
         self._collection, self._searchers = None, {}
 
     # ------------------------------------------------------------------ plan changes
-    @_refusals
+    @refusals
     def upgrade(self, model: str | Path, *, bridges: Sequence[str | Path] = (), calibrate: str | Path | None = None,
                 calibrate_split: str = "val", calibrate_limit: int | None = None,
                 calibrate_langs: Sequence[str] | str = ("en",),
@@ -249,7 +234,7 @@ class LocalClient(Client):
             raise NotFound(404, f"collection {self.collection.path} has no space {space!r} (spaces: "
                                    f"{', '.join(plan.space_ids)})", "space")
 
-    @_refusals
+    @refusals
     def route(self, space: str, direction: str, route: str | None = None, *, w: float | None = None) -> dict[str, Any]:
         from ..lifecycle.plan_changes import RouteRefused, pin_route, route_table
 
@@ -260,7 +245,7 @@ class LocalClient(Client):
             except RouteRefused as e:
                 raise Conflict(409, str(e), "route") from None
 
-    @_refusals
+    @refusals
     def calibrate(self, data: str | Path, *, split: str = "val", limit: int | None = None,
                   langs: Sequence[str] | str = ("en",)) -> dict[str, Any]:
         from ..lifecycle.plan_changes import calibrate_collection, route_table
@@ -270,7 +255,7 @@ class LocalClient(Client):
             plan = calibrate_collection(self.collection, tasks, label=label)
         return {"routes": route_table(plan), "merge": plan.merge_method or DEFAULT_MERGE}
 
-    @_refusals
+    @refusals
     def retire(self, space: str, *, drop_unsourced: bool = False) -> dict[str, Any]:
         from ..lifecycle.backfill import retire_space
 
@@ -281,7 +266,7 @@ class LocalClient(Client):
         return {"retired": space, "dropped_unsourced": dropped}
 
     # ------------------------------------------------------------------ reads
-    @_refusals
+    @refusals
     def search(self, *, text: str | None = None, image: Any = None, k: int = 10, target: str | None = None,
                filter: Mapping[str, Any] | None = None, merge: str | None = None) -> SearchResults:
         if text is not None:
@@ -315,7 +300,7 @@ class LocalClient(Client):
         finally:
             loader.join()
 
-    @_refusals
+    @refusals
     def get(self, item_id: str) -> ItemInfo:
         snap = self.collection.snapshot()
         item = snap.item(check_item_id(item_id))
@@ -324,7 +309,7 @@ class LocalClient(Client):
         return ItemInfo(id=item.id, modality=item.modality, metadata=dict(item.metadata),
                         space=snap.serving_space(item_id))
 
-    @_refusals
+    @refusals
     def delete(self, *ids: str) -> int:
         from ..collection.collection import ItemNotFoundError
 
@@ -333,13 +318,13 @@ class LocalClient(Client):
         except ItemNotFoundError as e:
             raise NotFound(404, str(e), "id") from None
 
-    @_refusals
+    @refusals
     def index(self, *, log: Callable[[str], None] | None = None, progress: bool = False) -> dict[str, Any]:
         todo = self.collection.missing_graph_indexes()
         built = self.collection.build_graph_indexes(log=log, progress=progress)
         return {"indexes": [{**t, **built.get(t["space"], {}).get(t["modality"], {})} for t in todo]}
 
-    @_refusals
+    @refusals
     def status(self) -> dict[str, Any]:
         from ..lifecycle.backfill_fit import fit_summary
         from ..lifecycle.plan_changes import route_table
@@ -354,14 +339,14 @@ class LocalClient(Client):
         st["fitted_bridges"], st["limits"] = fit_summary(c), dataclasses.asdict(self.limits)
         return st
 
-    @_refusals
+    @refusals
     def verify(self, *, repair: bool = False, model_check: bool = False) -> dict[str, Any]:
         from ..lifecycle.verify import verify_path
 
         return verify_path(self.target, repair=repair, model_check=model_check, pool=self.pool).to_dict()
 
     # ------------------------------------------------------------------ the backfill
-    @_refusals
+    @refusals
     def backfill_start(self, order: str = "uncertainty", rate: float | None = None, *, wait: bool = False,
                        resume: bool = False, limit: int | None = None, workers: int = 1, batch_size: int = 64,
                        progress: Callable[[int], None] | None = None,
@@ -444,14 +429,14 @@ class LocalClient(Client):
             self.backfill_thread.start()
         return self.backfill_status()
 
-    @_refusals
+    @refusals
     def backfill_pause(self) -> dict[str, Any]:
         from ..lifecycle.backfill import pause_backfill
 
         pause_backfill(self.collection)
         return self.backfill_status()
 
-    @_refusals
+    @refusals
     def backfill_resume(self, order: str = "uncertainty", rate: float | None = None, *, engine: str = "local",
                         ray_address: str | None = None, actors: int | None = None,
                         gpus_per_actor: float = 0.0) -> dict[str, Any]:
@@ -460,7 +445,7 @@ class LocalClient(Client):
         check_run_settings(rate=rate)  # (then as a start that resumes: one started where none is paused)
         return self._start_thread(order, rate, ray_options(engine, ray_address, actors, gpus_per_actor))
 
-    @_refusals
+    @refusals
     def backfill_cancel(self) -> dict[str, Any]:
         from ..lifecycle.backfill import BackfillError, BackfillJob, cancel_backfill
 
@@ -469,7 +454,7 @@ class LocalClient(Client):
         cancel_backfill(self.collection)
         return self.backfill_status()
 
-    @_refusals
+    @refusals
     def backfill_status(self) -> dict[str, Any]:
         """The collection's backfill status with this client's worker thread: ``worker`` (running |
         idle), ``worker_stopped`` (why it last stopped), ``error``."""

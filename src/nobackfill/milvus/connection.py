@@ -150,6 +150,20 @@ def _client(kind: str, parts: dict[str, str]) -> Any:
         return c
 
 
+def forget_client(client: Any) -> None:
+    """Drop ``client`` from this process's clients (closed): the next use of its target connects
+    anew. After a server restart a client's channel came back only after gRPC's back-off (trial Q:
+    ~30 s of errors); a milvus-lite client is kept (its file allows one opener)."""
+    if getattr(client, "_nobackfill_embedded", False):
+        return
+    with _CLIENTS_LOCK:
+        for key, c in list(_CLIENTS.items()):
+            if c is client:
+                del _CLIENTS[key]
+    with contextlib.suppress(Exception):
+        client.close()
+
+
 def _connect(client_class: Any, kw: dict[str, Any]) -> Any:
     """A client of the Milvus server at ``kw["uri"]``; a server that cannot be reached is a
     :class:`~nobackfill.catalog.items.CollectionError` naming it (not pymilvus' own exception)."""

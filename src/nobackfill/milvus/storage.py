@@ -15,7 +15,7 @@ from ..storage.base import Storage
 from ..storage.binding import STORE_MARK, bound_fill, check_binding, new_uid, wrong_store
 from ..gallery.types import SpaceMismatchError
 from .adopted import MilvusAdoptedStore
-from .connection import KEY_MAX, STRONG, VALUE_MAX, _client, _loaded, _q, _safe
+from .connection import KEY_MAX, STRONG, VALUE_MAX, _client, _loaded, _q, _safe, forget_client
 from .space_store import MilvusSpaceStore
 
 if TYPE_CHECKING:
@@ -334,6 +334,13 @@ class MilvusStorage(Storage):
     def stray_entries(self, own_space_dir: str) -> list[str]:
         own = {self.meta, self._space_name(own_space_dir)}
         return sorted(c for c in self.client.list_collections() if c.startswith(self.prefix + "_") and c not in own)
+
+    def reconnect(self) -> None:
+        """After the server stopped answering: the next call connects anew (:func:`.connection.forget_client`)."""
+        with self._lock:
+            client, self._client, self._spaces = self._client, None, {}
+        if client is not None:
+            forget_client(client)
 
     def close(self) -> None:
         if self._catalog is not None:

@@ -179,6 +179,8 @@ class Service:
             err = library_error(e, field)
             if err is None:
                 raise
+            if err.status == 503:
+                self.client.forget_storage()
             raise err from None
 
 

@@ -66,6 +66,8 @@ async def _search(svc: Service, text: str | None, image: Any, k: int, target: st
         err = library_error(e, "text" if text is not None else "image")
         if err is None:
             raise
+        if err.status == 503:  # the next search reconnects (not after gRPC's back-off)
+            svc.client.forget_storage()
         raise err from None
     spent = time.perf_counter() - t0
     for h in r.hits:
