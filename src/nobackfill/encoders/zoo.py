@@ -64,7 +64,7 @@ class RecipeSpec:
     def __post_init__(self) -> None:
         """What a run would refuse (or fail on) later, refused as the recipe is built (``--show-config`` too)."""
         if self.steps < 1 or self.batch_size < 2 or self.warmup < 0:  # a contrastive batch needs negatives
-            raise ValueError(f"steps >= 1, batch_size >= 2 and warmup >= 0 are needed, got {self.steps}, "
+            raise ValueError(f"steps must be >= 1, batch_size >= 2 and warmup >= 0, got {self.steps}, "
                              f"{self.batch_size}, {self.warmup}")
         if not (math.isfinite(self.lr) and self.lr > 0) or not (math.isfinite(self.weight_decay) and self.weight_decay >= 0):
             raise ValueError(f"lr must be finite and > 0 and weight_decay finite and >= 0, got {self.lr}, "
