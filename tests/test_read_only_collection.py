@@ -67,3 +67,13 @@ def test_a_damaged_cached_index_is_one_plain_warning_and_rebuilt(tmp_path, caplo
     assert again == hits
     warned = [r.getMessage() for r in caplog.records if "cached index" in r.getMessage()]
     assert warned and all("rebuilt from the vector chunks" in w and "faiss::" not in w for w in warned), warned
+
+
+def test_a_create_after_a_killed_one_leaves_none_of_its_temporary_catalogs(tmp_path):
+    """trial T: a create or import killed before its catalog's rename left .catalog.sqlite.<hex>.tmp
+    (and its -journal) in the collection's folder, kept after the rerun."""
+    (tmp_path / "c").mkdir()
+    for name in (".catalog.sqlite.0123456789ab.tmp", ".catalog.sqlite.0123456789ab.tmp-journal"):
+        (tmp_path / "c" / name).write_bytes(b"half")
+    Client(tmp_path / "c").create(MODEL)
+    assert not [p.name for p in (tmp_path / "c").iterdir() if p.name.startswith(".catalog.sqlite.")]

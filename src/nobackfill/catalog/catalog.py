@@ -414,6 +414,8 @@ def create_sqlite(path: str | Path, header: Mapping[str, Any],
     path = Path(path)
     if path.exists():
         raise FileExistsError(f"{path} already exists")
+    for stale in path.parent.glob(f".{path.name}.*.tmp*"):  # what a killed create left (trial T): no catalog
+        stale.unlink(missing_ok=True)                      # there, so nothing else could be writing them
     tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex[:12]}.tmp")
     try:
         conn = sqlite3.connect(str(tmp), isolation_level=None)
