@@ -77,3 +77,20 @@ def test_a_create_after_a_killed_one_leaves_none_of_its_temporary_catalogs(tmp_p
         (tmp_path / "c" / name).write_bytes(b"half")
     Client(tmp_path / "c").create(MODEL)
     assert not [p.name for p in (tmp_path / "c").iterdir() if p.name.startswith(".catalog.sqlite.")]
+
+
+def test_a_write_to_a_read_only_collection_is_one_line_at_the_command_line(tmp_path, monkeypatch):
+    """trial U: delete, route and calibrate printed the raw SQLite line, then the plain one."""
+    from typer.testing import CliRunner
+
+    from nobackfill.cli import app
+
+    c = Client(tmp_path / "c")
+    c.create(MODEL)
+    c.add(texts=["a red cube"])
+    hit = c.search(text="red", target="text", k=1).hits[0].id
+    monkeypatch.setattr(sqlite_connect.os, "access", lambda *a, **kw: False)
+    r = CliRunner().invoke(app, ["collection", "delete", str(tmp_path / "c"), "--id", hit])
+    assert r.exit_code == 2 and r.output.strip().splitlines() == [
+        "error: the collection's files cannot be written: a read-only file system, or files this user may not "
+        "write; nothing was changed"], r.output

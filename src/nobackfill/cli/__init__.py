@@ -76,6 +76,8 @@ class _Root(TyperGroup):
                     NotADirectoryError: "is a file, not a folder",
                     PermissionError: "cannot be written or read by this user"}[type(e)]
             fail(f"{e.filename}: {what} ({e.strerror or e})" if e.filename else str(e))
+        except typer.Exit:  # (an error said already: fail's)
+            raise
         except Exception as e:  # a full disk or a read-only one, met anywhere (a catalog, a chunk, a model)
             from ._common import fail, storage_refusal
 

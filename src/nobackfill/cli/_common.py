@@ -39,6 +39,8 @@ def fail(msg: "str | BaseException") -> NoReturn:
     """Print ``error: msg`` (as text: a path containing ``[...]`` is not rich markup) and exit 2. An
     exception is its message: a client's refusal by its detail (no HTTP status: the command line
     speaks in its own words)."""
+    if isinstance(msg, BaseException) and storage_refusal(msg) is not None:  # a full or read-only disk, said so
+        msg = storage_refusal(msg) or ""
     if isinstance(msg, BaseException):
         status = getattr(msg, "status", None)
         msg = getattr(msg, "detail", None) or str(msg)
@@ -144,7 +146,7 @@ def check_new_output(out: Path, *, sources: tuple = (), finished: str | None = N
     try:
         check_output(out, finished=finished, what=what, sources=sources, resumable=False)
     except ValueError as e:
-        fail(str(e))
+        fail(e)
 
 
 def write_json(path: Optional[Path], obj: dict) -> None:
@@ -182,7 +184,7 @@ def multi30k_default() -> Path:
 
 def user_errors() -> tuple[type[BaseException], ...]:
     """Exceptions that mean bad input or a damaged store: a command prints them as one error line
-    and exits 2 (``except user_errors() as e: fail(str(e))``)."""
+    and exits 2 (``except user_errors() as e: fail(e)``)."""
     from ..client import ClientError
     from ..catalog.catalog import CatalogError
     from ..collection.collection import CollectionError
@@ -283,7 +285,7 @@ def _bench(cfg: Any, run: Callable[[Any, Callable[[str], None]], Any], report: "
     try:
         result = run_bench(cfg, run, report, out=json_out, log=lambda m: console.print(m), echo=quiet(as_json))
     except (*user_errors(), *errors) as e:
-        fail(str(e))
+        fail(e)
     emit_json(result, as_json)
 
 

@@ -406,7 +406,7 @@ def bench_tables(
     try:
         stale = refresh_documents(cfg, log=typer.echo)
     except FileNotFoundError as e:
-        fail(str(e))
+        fail(e)
     if cfg.check and stale:
         typer.echo("out of date: " + ", ".join(str(p) for p in stale))
         raise typer.Exit(1)

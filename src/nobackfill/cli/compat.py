@@ -129,7 +129,7 @@ def train_cmd(
         data = load_class_data(cfg.data)
         result = run_method(method, data, cfg.sequence, out, options=cfg.options, log=lambda m: console.print(m))
     except (ValueError, FileNotFoundError) as e:
-        fail(str(e))
+        fail(e)
     n = len(result["C"])
     header = ["query \\ gallery"] + [f"phi{k + 1}" for k in range(n)]
     body = [[f"phi{t + 1}"] + ["" if v is None else f"{100 * v:.1f}" for v in row] for t, row in enumerate(result["C"])]
@@ -189,5 +189,5 @@ def bench_compat_steps(
         cfg = resolve_config(CompatStepsConfig, CompatStepsConfig.quick(**kw) if quick else CompatStepsConfig(**kw),
                              config, set_, flags={"sequence": seq}, show=show_config)
     except (ValueError, FileNotFoundError) as e:
-        fail(str(e))
+        fail(e)
     _bench(cfg, lambda c, log: run_compat_steps(c, None, work_dir, log=log), REPORT, json_out, as_json)

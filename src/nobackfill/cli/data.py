@@ -36,7 +36,7 @@ def world(
             return
         generate_world(out, spec, workers=workers or None)
     except ValueError as e:
-        fail(str(e))
+        fail(e)
     results.print(f"world written to {out} ({n_train}/{n_val}/{n_test} images, langs {','.join(lang_t)})")
 
 
@@ -110,14 +110,14 @@ def train_cmd(
     try:
         base = get_preset(preset)
     except (ConfigError, FileNotFoundError) as e:
-        fail(str(e))
+        fail(e)
     cfg = resolve_config(Preset, base, config, set_, show=show_config, flags={"train": {"steps": steps}})
     try:
         check_output(out, finished="nobackfill.json", what="model")  # a killed run resumes; a finished one is kept
         r = train_preset(cfg, data, out, seed=seed, threads=threads, stream=stream,
                          command=_train_command(preset, data, out, steps, seed, threads, stream, config, set_))
     except (ConfigError, ValueError, FileNotFoundError) as e:
-        fail(str(e))
+        fail(e)
     results.print(f"trained {preset} for {r.steps} steps in {r.seconds:.0f}s -> {out}")
     if r.history:
         results.print(json.dumps(r.history[-1]))
@@ -168,6 +168,6 @@ def train_text_cmd(
         r = train_text_model(train_caps.captions, val.column(1), val.column(2), out, model=model, train_spec=ts,
                              command=" ".join(parts), data=str(root))
     except (ValueError, FileNotFoundError) as e:
-        fail(str(e))
+        fail(e)
     results.print(f"trained {out} for {r.steps} steps in {r.seconds:.0f}s; best val R@1 {r.best_value:.3f} "
                   f"at step {r.best_step}{' (early stop)' if r.stopped_early else ''}")

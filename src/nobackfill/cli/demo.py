@@ -28,7 +28,7 @@ def demo(
     try:
         result = run_demo(world, models, folder, log=lambda m: console.print(m), limit=limit)
     except (ValueError, FileNotFoundError) as e:
-        fail(str(e))
+        fail(e)
     write_json(json_path, result)
     if json_file is not None:
         write_json(json_file, result)

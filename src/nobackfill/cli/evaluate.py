@@ -52,7 +52,7 @@ def eval_retrieval(
         else:  # the raw comparison (near chance across spaces: why upgrades exist)
             qe = ge if g is q else embed_dataset(q, ds, progress=True)
     except user_errors() as e:
-        fail(str(e))
+        fail(e)
     res = cross_retrieval(qe, ge, ds.caption_image)
     if side is None and q.space_id != g.space_id:
         res["note"] = "; ".join(x for x in (res.get("note"), f"no bridge from the query's space {q.space_id} to "
@@ -150,7 +150,7 @@ def eval_compat(
         eo, en = load_encoder(old), load_encoder(new)
         result = compat_report(eo, en, ds, bridges=bridge, strict=strict, n_unpaired=n_unpaired, progress=True)
     except (ValueError, FileNotFoundError) as e:
-        fail(str(e))
+        fail(e)
     rows, gap, crit, flips, onoff = (result[k] for k in ("rows", "gap_closure", "criterion", "flips",
                                                          "onoff_max_abs_diff"))
     labels = LABELS

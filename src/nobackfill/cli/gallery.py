@@ -96,7 +96,7 @@ def search(
                      rerank_k=rerank_k, rerank_weight=rerank_weight)
         r = s.search(text=text, image=image, k=k)
     except user_errors() as e:
-        fail(str(e))
+        fail(e)
     print_hits(r, as_json, k)
 
 

@@ -66,7 +66,7 @@ def late_train(
                                   cmli=cfg.cmli, kd=kd, teacher=t if cfg.kind == "kd" else None,
                                   swap_twins=cfg.swap_twins, progress=True, loop=loop)
     except (ValueError, FileNotFoundError) as e:
-        fail(str(e))
+        fail(e)
     results.print(f"trained {cfg.kind} model {out} in {r.seconds:.0f}s (last loss {r.last_loss:.3f})")
 
 
@@ -108,7 +108,7 @@ def bench_late(
         cfg = resolve_config(LateBenchConfig, LateBenchConfig.quick_preset(**kw) if quick else LateBenchConfig(**kw),
                              config, set_, show=show_config)
     except ValueError as e:
-        fail(str(e))
+        fail(e)
     # the trained models go beside the JSON unless --work says where; the report writes the JSON
     work = work or json_out.parent / "late-work"
     _bench(cfg, lambda c, log: run_late_bench(models, world, None, c, work=work, log=log), REPORT, json_out, as_json,

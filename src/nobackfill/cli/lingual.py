@@ -124,14 +124,14 @@ def learn(
         enc, saved = _load_model(model)
         task_list, english = _learn_tasks(enc, saved, langs, data, train_lines, train_images)
     except (ValueError, FileNotFoundError, ModuleNotFoundError) as e:
-        fail(str(e))
+        fail(e)
     frozen = _english_side(copy.deepcopy(enc))
     try:
         learner = ContinualLearner(enc, cfg, english, english_features=lambda t: embed_texts_cached(frozen, t, cache_dir),
                                    oracle_corpora=[t.corpus for t in task_list], log=lambda m: console.print(m),
                                    resume=saved if saved is not None and saved.counts is not None else None)
     except ValueError as e:
-        fail(str(e))
+        fail(e)
     _learn_and_save(learner, task_list, out)
     console.print(f"wrote {out} (languages: {', '.join(learner.learned)})")
 
@@ -226,7 +226,7 @@ def evaluate(
             result = {"task": "world retrieval R@1", "split": split, "eta": eta,
                       **world_retrieval(enc, d, imgs, lang_list, cache_dir, eta=eta)}
     except (ValueError, FileNotFoundError, ModuleNotFoundError, NotImplementedError) as e:
-        fail(str(e))
+        fail(e)
     result.update(model=str(model), langs=lang_list, limit=limit)
     if not as_json:
         _print_recall(result)
@@ -341,7 +341,7 @@ def bench_lingual_text(
                             eval_split=split, eval_limit=limit)
         cfg = resolve_config(LingualTextConfig, cfg, config, set_, show=show_config, check=_check_methods)
     except ValueError as e:
-        fail(str(e))
+        fail(e)
     _bench(cfg, lambda c, log: run_lingual_text(data or multi30k_default(), eval_dir=eval_dir, quick=quick, config=c,
                                                 cache_dir=cache_dir, work_dir=work_dir, jobs=jobs, log=log),
            REPORT, json_out, as_json, errors=(ModuleNotFoundError,))
@@ -414,6 +414,6 @@ def bench_lingual_world(
                             steps, lr, teir_lr, eval_split=split, eval_limit=limit, **kw)
         cfg = resolve_config(LingualWorldConfig, cfg, config, set_, show=show_config, check=_check_methods)
     except ValueError as e:
-        fail(str(e))
+        fail(e)
     _bench(cfg, lambda c, log: run_lingual_world(data, model=model, quick=quick, config=c, cache_dir=cache_dir,
                                                  work_dir=work_dir, jobs=jobs, log=log), REPORT, json_out, as_json)

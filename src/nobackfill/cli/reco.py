@@ -100,7 +100,7 @@ def train_cmd(
         rm, res = train_reco(mem, out, cfg, pairs=pair_emb, evaluate=evaluate, early_stop="score" if evaluate else "",
                              memory_ref=memory, progress=True, recipe={"command": command})
     except (ValueError, FileNotFoundError) as e:
-        fail(str(e))
+        fail(e)
     msg = f"RECO {out}: k={cfg.k}, {cfg.search} search, {cfg.fuse} fusion, {cfg.fusion}"
     if res is not None:
         msg += f"; {res.steps} steps in {res.seconds:.0f}s, loss {res.last_loss:.3f}"

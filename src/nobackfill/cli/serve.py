@@ -103,7 +103,7 @@ def export_onnx(
         with console.status(f"exporting {model} to ONNX"):
             info = export(model, int8=int8, towers=towers.split(",") if towers is not None else None, graph=graph)
     except user_errors() as e:
-        fail(str(e))
+        fail(e)
     except ImportError as e:
         fail(f"export-onnx needs onnx and onnxruntime ({e}); pip install 'nobackfill[onnx]'")
     except OSError as e:  # a read-only model directory, a full disk: nothing of the export is left

@@ -61,7 +61,7 @@ def upgrade_xbt(
         up, res = run_upgrade(old, new, text_corpus, pairs, out, cfg, stage1=stage1, progress=True, command=command,
                               log=lambda m: console.print(m))
     except (ValueError, FileNotFoundError) as e:
-        fail(str(e))
+        fail(e)
     r2 = res["stage2"]
     results.print(f"upgrade {out}: {up.source} -> {up.target} (stage 2 loss {r2.last_loss:.3f}, {r2.seconds:.0f}s)")
 
@@ -122,7 +122,7 @@ def upgrade_xbt_text(
         res = train_text_upgrade(old, new, data or default_multi30k_dir(), out, cfg, cache_dir=cache_dir,
                                  command=" ".join(parts), progress=True, log=lambda m: console.print(m))
     except (ValueError, FileNotFoundError) as e:
-        fail(str(e))
+        fail(e)
     results.print(f"upgrade {out}: {res.source['name']} {res.source['space_id']} -> {res.target['name']} "
                   f"{res.target['space_id']} (stage 1 loss {res.stage1.last_loss:.3f}, stage 2 loss "
                   f"{res.xbt.last_loss:.3f}, {res.stage1.seconds + res.xbt.seconds:.0f}s training)")
@@ -158,5 +158,5 @@ def upgrade_procrustes(
                                 "upgrade procrustes", old=old, new=new, text_corpus=text_corpus, out=out,
                                 corpus_size=cfg.corpus_size)})
     except (ValueError, FileNotFoundError) as e:
-        fail(str(e))
+        fail(e)
     results.print(f"procrustes bridge {out}: {n.space_id} -> {o.space_id} ({len(texts)} captions)")
