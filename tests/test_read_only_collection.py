@@ -30,7 +30,7 @@ def test_a_read_only_collection_reads_and_refuses_writes_in_one_line(tmp_path, m
     assert [h.id for h in ro.search(text="red", k=2).hits] == hits  # nothing changed
 
 
-@pytest.mark.parametrize("damage", ["missing", "garbled"])
+@pytest.mark.parametrize("damage", ["missing", "garbled", "another space"])
 def test_a_spaces_lost_manifest_is_named_once_without_the_catalog_and_without_repair_advice(tmp_path, damage):
     """trial T: a missing or garbled manifest.json was "catalog c/catalog.sqlite: NotAGalleryError: ...",
     verify advised --repair (which cannot mend it) and --repair listed the problem twice."""
@@ -40,14 +40,21 @@ def test_a_spaces_lost_manifest_is_named_once_without_the_catalog_and_without_re
     c.create(MODEL)
     c.add(texts=["a red cube"])
     manifest = next((tmp_path / "c" / "spaces").iterdir()) / "manifest.json"
-    manifest.unlink() if damage == "missing" else manifest.write_text("nonsense")
+    if damage == "another space":
+        import json
+
+        m = json.loads(manifest.read_text())
+        manifest.write_text(json.dumps({**m, "space_id": "hf-clip-" + "0" * 20}))
+    else:
+        manifest.unlink() if damage == "missing" else manifest.write_text("nonsense")
     with pytest.raises(Exception) as e:
         Client(tmp_path / "c").status()
-    assert str(e.value).count("manifest.json") == 1 and "catalog" not in str(e.value)
+    assert str(e.value).count("manifest.json" if damage != "another space" else " holds space ") == 1
+    assert "catalog " not in str(e.value).replace("the catalog says", "")
     assert "Error:" not in str(e.value)  # no exception class names
     for repair in (False, True):
         rep = verify_path(tmp_path / "c", repair=repair)
-        assert len(rep.problems) == 1 and "manifest.json" in rep.problems[0], rep.problems
+        assert len(rep.problems) == 1 and ("manifest.json" in rep.problems[0] or "holds space" in rep.problems[0])
         assert not any("--repair` takes" in a for a in rep.advice) and any("from a backup" in a for a in rep.advice)
 
 

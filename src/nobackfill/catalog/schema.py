@@ -68,8 +68,8 @@ def catalog_error(e: Exception, location: str) -> Exception:
     shut down, restarted, cut off) or a vector server that did not answer is
     :class:`CatalogUnreachable` (run again); a Milvus error met inside a catalog read is Milvus'
     (trial Q saw it prefixed with the catalog); anything else the catalog's :class:`CatalogError`."""
-    if isinstance(e, CatalogError) or type(e).__module__.startswith("nobackfill.gallery"):
-        return e  # (a space's store met inside a catalog read names its own file: not the catalog's error)
+    if isinstance(e, CatalogError) or type(e).__module__.startswith("nobackfill."):
+        return e  # our own errors name their file (a space's store met inside a catalog read): not the catalog's
     if isinstance(e, ConnectionError):  # a vector server that did not answer stays a ConnectionError
         return e if getattr(e, "names_its_server", False) else CatalogUnreachable(f"catalog {location}: {e}")
     if type(e).__module__.startswith("psycopg") and any(c.__name__ == "OperationalError" for c in type(e).__mro__):

@@ -168,7 +168,7 @@ def _collection(path: str, report: PathReport, repair: bool) -> None:
                 report.advice.append(f"{lost} item(s) have no vector in any space now; `nobackfill collection "
                                      f"backfill {path}` re-embeds them from their sources")
     report.problems += [p for p in c.verify() if p not in report.problems]  # (a space repair could not open: once)
-    storeless = [p for p in report.problems if " is not a gallery" in p or "manifest" in p]
+    storeless = [p for p in report.problems if " is not a gallery" in p or "manifest" in p or " holds space " in p]
     if report.problems and len(storeless) < len(report.problems) and not repair:
         report.advice.append(f"`nobackfill verify {path} --repair` takes damaged vector chunks out of service")
     if storeless:  # no chunk to take out: the space's own description is gone or damaged (trial T)
