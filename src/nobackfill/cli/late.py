@@ -56,6 +56,7 @@ def late_train(
     try:
         teacher = shipped(teacher)  # the default, models/world-new, from any working directory
         check_output(out, finished="nobackfill.json", what="model", sources=(teacher,))  # before anything is read
+        world = shipped(world)  # the default, data/world, from any working directory
         spec = load_world_spec(world)
         if spec is None:
             raise FileNotFoundError(f"{world}: no world.json")
@@ -95,6 +96,7 @@ def bench_late(
     negatives), Target-CMLI students, naive vs streamed CMLI memory/time."""
     from ..bench.late import LateBenchConfig, run_late_bench
     from ..bench.late_report import REPORT
+    from ..encoders.zoo import shipped
 
     kw = {"threads": threads, "world_new": world_new}
     try:
@@ -111,5 +113,6 @@ def bench_late(
         fail(e)
     # the trained models go beside the JSON unless --work says where; the report writes the JSON
     work = work or json_out.parent / "late-work"
+    models, world = shipped(models), shipped(world)  # the defaults from any working directory
     _bench(cfg, lambda c, log: run_late_bench(models, world, None, c, work=work, log=log), REPORT, json_out, as_json,
            errors=(RuntimeError,))
