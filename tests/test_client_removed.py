@@ -22,7 +22,7 @@ def test_a_removed_collection_is_not_found_and_not_made_anew(tmp_path):
     c.add(texts=["a red cube", "a blue ball"])
     assert c.search(text="red", k=1).hits
     shutil.rmtree(path)
-    with pytest.raises(NotFound, match="removed while this client had it open"):
+    with pytest.raises(NotFound, match="removed or replaced while this client had it open"):
         c.search(text="red", k=1)
     for call in (lambda: c.search(text="red", k=1), lambda: c.get("x"), c.status, lambda: c.add(texts=["x"]),
                  c.verify):
@@ -42,3 +42,19 @@ def test_an_image_query_naming_a_directory_says_so(tmp_path):
         check_image_file(tmp_path)
     with pytest.raises(NotFound, match="no such file"):
         check_image_file(tmp_path / "q.png")
+
+
+def test_a_collection_removed_and_made_again_as_an_empty_folder_is_not_answered_from_the_old_files(tmp_path):
+    """trial U: an empty folder made where the collection was: stale results, raw sqlite errors, and a
+    broken catalog and lock files written into the new folder."""
+    path = tmp_path / "c"
+    c = Client(path)
+    c.create(MODEL)
+    c.add(texts=["a red cube"])
+    assert c.search(text="red", k=1).hits
+    shutil.rmtree(path)
+    path.mkdir()
+    for call in (lambda: c.search(text="red", k=1), c.status, lambda: c.add(texts=["x"]), lambda: c.get("x")):
+        with pytest.raises(NotFound):
+            call()
+    assert list(path.iterdir()) == []

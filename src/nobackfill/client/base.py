@@ -100,11 +100,23 @@ def refusals(method: Callable) -> Callable:
 
 
 def collection_removed(collection: Any) -> bool:
-    """True once the directory of an open directory collection is gone (a write would create the
-    folder anew; reads would answer from its deleted files)."""
+    """True once the directory of an open directory collection is gone, or holds another catalog
+    file than the one opened (removed and made again: trial U); a write would create the folder
+    anew, reads would answer from the deleted files."""
     st = getattr(collection, "storage", None)
     root = getattr(st, "root", None)
-    return root is not None and not getattr(st, "catalog_in_database", False) and not root.is_dir()
+    if root is None or getattr(st, "catalog_in_database", False):
+        return False
+    try:
+        found = st._catalog_path().stat()
+        ident: tuple | None = (found.st_dev, found.st_ino)
+    except OSError:
+        ident = None
+    opened = getattr(st, "_opened_catalog", False)
+    if opened is False or (opened is None and ident is not None):  # first look; a gallery's catalog written since
+        st._opened_catalog = ident
+        return not root.is_dir()
+    return ident != opened or not root.is_dir()
 
 
 def ray_options(engine: str, address: str | None, actors: int | None, gpus: float) -> Any:

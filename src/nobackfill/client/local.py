@@ -67,8 +67,8 @@ class LocalClient(Client):
     def _check_present(self) -> None:
         if collection_removed(self._collection):  # its open files would answer from a deleted collection
             self._collection, self._searchers = None, {}
-            raise NotFound(404, f"{self.target} is not a collection any more: its directory was removed while this "
-                                "client had it open", "collection")
+            raise NotFound(404, f"{self.target} is not a collection any more: its directory was removed or replaced "
+                                "while this client had it open", "collection")
 
 
     def encoder(self, space_id: str | None = None) -> Any:
