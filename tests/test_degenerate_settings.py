@@ -85,3 +85,20 @@ def test_a_default_that_names_a_shipped_model_is_found_from_any_working_director
     (tmp_path / "models" / "world-new").mkdir(parents=True)  # the user's own, in the working directory, wins
     assert shipped("models/world-new") == Path("models/world-new")
     assert shipped("models/no-such-model") == Path("models/no-such-model")  # its own error names it
+
+
+@pytest.mark.parametrize("backend, says", [("IVF9999,Zork", "could not parse code description Zork"),
+                                           ("PQ17", "should be a multiple of the number of subquantizers"),
+                                           ("hnsw:M=0", "hnsw options must be >= 1")])
+def test_an_index_spec_that_cannot_be_built_is_refused_before_anything_is_stored(tmp_path, backend, says):
+    """trial U: `collection create --backend IVF9999,Zork` was accepted and every later search failed
+    with faiss' C++ internals."""
+    from nobackfill.collection.collection import Collection
+    from nobackfill.gallery.gallery import Gallery
+
+    with pytest.raises(ValueError, match=says) as e:
+        Collection.create(tmp_path / "c", space_id="s", dim=64, model="m", backend=backend)
+    assert "faiss::" not in str(e.value) and ".cpp" not in str(e.value)
+    with pytest.raises(ValueError, match=says):
+        Gallery.create(tmp_path / "g", space_id="s", dim=64, model="m", backend=backend)
+    assert not (tmp_path / "c").exists() and not (tmp_path / "g").exists()

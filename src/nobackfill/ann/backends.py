@@ -104,6 +104,16 @@ def validate_spec(spec: str) -> str:
     return kind + (":" + ",".join(f"{k}={v}" for k, v in opts.items()) if opts else "")
 
 
+def check_buildable(spec: str, dim: int) -> None:
+    """Refuse (``ValueError``) a spec whose index cannot be built for ``dim``-d vectors (a factory
+    string faiss does not take, a product quantizer that does not divide ``dim``; auto's graph too),
+    before anything is stored: trial U saw ``IVF9999,Zork`` accepted and every later search fail."""
+    name, opts = parse_spec(spec)
+    make_index(spec, dim)
+    if name == "auto" and "graph" in opts:
+        make_index(str(opts["graph"]), dim)
+
+
 def make_index(kind: str, dim: int) -> VectorIndex:
     """A new empty index for spec ``kind`` (e.g. ``"flat"``, ``"hnsw:M=16,ef=64"``)."""
     name, opts = parse_spec(kind)

@@ -4,6 +4,7 @@ over shared plumbing (:class:`_FaissIndex`: masks as faiss selectors, serialisat
 
 from __future__ import annotations
 
+import re
 from typing import Any, Callable
 
 import numpy as np
@@ -181,6 +182,7 @@ class FactoryIndex(_FaissIndex):
                 _index = faiss.index_factory(int(dim), factory, faiss.METRIC_INNER_PRODUCT)
             except RuntimeError as e:
                 first = str(e).strip().splitlines()[-1] if str(e).strip() else "rejected"
+                first = re.sub(r"^Error in .*? at \S+:\d+: (Error: )?", "", first)  # (faiss' C++ location)
                 raise ValueError(f"faiss cannot build {factory!r} for dim {dim}: {first}") from None
         super().__init__(dim, _index)
         self.factory, self.params = factory, dict(params)

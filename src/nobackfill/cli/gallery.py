@@ -38,7 +38,7 @@ def index(
     from ..encoders import load_encoder
     from ..gallery.build import StoreBusyError
 
-    from ..gallery.gallery import validate_spec
+    from ..gallery.gallery import check_buildable, validate_spec
     from ..gallery.tokens import DTYPES
 
     try:  # every flag first: a refused run leaves no folder behind (trial R: a half-written gallery)
@@ -48,8 +48,9 @@ def index(
         if token_dim is not None and (not tokens or token_dim < 1):
             raise ValueError(f"--token-dim must be >= 1, got {token_dim}" if tokens else
                              "--token-dim is for the token outputs: give --tokens float16 or float32 with it")
-        root = split_folder(data, split)
         enc = load_encoder(model)
+        check_buildable(backend, enc.embed_dim)  # (hnsw:M=0, a faiss string faiss does not take) before the data
+        root = split_folder(data, split)
         g, read = index_folder(enc, root, out, model_ref=str(model), langs=[x for x in langs.split(",") if x] or None,
                                skip_bad=skip_bad, backend=backend, wait=wait,
                                before_embed=lambda r: _warn_long_captions(enc, r, root))

@@ -44,7 +44,7 @@ from typing import Any, Iterable, Iterator, Mapping, Sequence
 import numpy as np
 
 from ..gallery.atomic_files import _now
-from ..ann.backends import validate_spec
+from ..ann.backends import check_buildable, validate_spec
 from ..catalog.catalog import CATALOG_FILE, PAGE, Catalog, CatalogError, memory_catalog, unsourced_sql
 from ..catalog.writer import KEYED_PAGES_DOC
 from .status import INGEST_LOCK, CollectionStatus
@@ -160,6 +160,7 @@ class Collection(CollectionWrites, CollectionStatus):
             raise FileExistsError(f"{storage} exists and is not empty ({', '.join(sorted(stray)[:3])}): choose a new "
                                   "location for the collection")
         backend = validate_spec(backend)
+        check_buildable(backend, int(dim))  # before any store is made (trial U: IVF9999,Zork was accepted)
         mods = [m for m in MODALITIES if m in set(modalities)]
         if not mods:
             raise ValueError(f"modalities must name at least one of {MODALITIES}, got {list(modalities)}")

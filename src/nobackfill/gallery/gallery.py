@@ -43,7 +43,7 @@ from typing import Any
 import numpy as np
 
 from .atomic_files import _dir_lock, _now
-from ..ann.backends import VectorIndex, validate_spec
+from ..ann.backends import VectorIndex, check_buildable, validate_spec
 from .chunks import GalleryChunks
 from .search_index import GalleryIndex
 from .manifest import (CHUNK_DIR, FORMAT_NAME, FORMAT_VERSION, MANIFEST, MODALITIES, _check_modality, _Columns,
@@ -89,6 +89,7 @@ class Gallery(GalleryChunks, GalleryIndex, GalleryIntegrity):
         if int(dim) <= 0:
             raise ValueError(f"dim must be positive, got {dim}")
         backend = validate_spec(backend)
+        check_buildable(backend, int(dim))  # before the folder is made
         root = Path(path)
         root.mkdir(parents=True, exist_ok=True)
         with _dir_lock(root):
