@@ -24,8 +24,9 @@ def test_a_directory_catalog_opens_only_with_its_own_directory(tmp_path, postgre
     _create(uri)
     assert Collection.open(uri).count("text") == 0
     (tmp_path / "b").mkdir()
-    with pytest.raises(WrongVectorsError, match=r"b: the directory .*b holds no vectors of this collection"):
+    with pytest.raises(WrongVectorsError, match=r"b: the directory .*b holds no vectors of this collection") as e:
         Collection.open(f"{tmp_path / 'b'}?catalog={postgres_db}#photos")
+    assert f"vectors are at {(tmp_path / 'a').resolve()}" in str(e.value)  # where they are, as recorded
     assert list((tmp_path / "b").iterdir()) == []  # nothing written there
     (tmp_path / "link").symlink_to(tmp_path / "a")  # the same directory by another path (another mount)
     assert Collection.open(f"{tmp_path / 'link'}?catalog={postgres_db}#photos").count("text") == 0

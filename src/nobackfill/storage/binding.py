@@ -16,7 +16,10 @@ document in Milvus, a file in a directory). Opening it elsewhere is refused, nam
   another address than the one recorded, else when it is first connected to, so that a command
   reading only the catalog through the recorded address connects to nothing).
 
-A catalog created before this check has no such document and is opened as before.
+A catalog created before this check has no such document and is opened as before. A copy of a
+directory (``cp -a``) holds the same mark: the catalog cannot tell it from its own directory mounted
+elsewhere, so a copy must not be opened with the catalog (copy the catalog too, into SQLite or another
+database, for a second collection).
 """
 
 from __future__ import annotations
@@ -76,7 +79,11 @@ def check_binding(catalog: "Catalog", location: str, kind: str, where: str, *,
 
 
 def wrong_store(location: str, catalog: "Catalog", where: str, found: str | None) -> WrongVectorsError:
-    """The refusal of a store that does not hold ``catalog``'s mark (``found``: its own, or None)."""
+    """The refusal of a store that does not hold ``catalog``'s mark (``found``: its own, or None),
+    naming where the catalog says its vectors are."""
     what = "holds another collection's vectors" if found else "holds no vectors of this collection"
-    return WrongVectorsError(f"{location}: {where} {what}, and the catalog {catalog.location} is that collection's "
-                             "catalog: name the location its vectors are at (two locations never open one collection)")
+    raw = catalog.read_doc(BINDING_DOC)
+    there = str(json.loads(raw).get("where")) if raw else "elsewhere"
+    return WrongVectorsError(f"{location}: {where} {what}; the catalog {catalog.location} is the catalog of the "
+                             f"collection whose vectors are at {there} (recorded when it was created): name that "
+                             "location (two locations never open one collection)")
