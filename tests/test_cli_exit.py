@@ -83,6 +83,8 @@ def test_an_error_in_the_librarys_words_names_the_commands_options():
         known = "--set: unknown field(s) ['nokey']; known: ['batch_size', 'k']"  # a config's keys stay keys
         assert in_flags(known) == known and in_flags("--set: batch_size must be >= 1") == "--set: batch_size must be >= 1"
         assert in_flags("keys: ['batch_size']") == "keys: ['batch_size']"
+        assert in_flags("RecoTrainConfig: field 'loop': rate must be > 0") == "--rate must be > 0"  # the flag says it
+        assert in_flags("Milvus: MilvusException: rate") == "Milvus: MilvusException: rate"
     assert in_flags("batch_size must be >= 1") == "batch_size must be >= 1"  # no command running: as it is
 
 

@@ -70,6 +70,7 @@ def in_flags(msg: str) -> str:
     def kw(m: "re.Match[str]") -> str:
         return f"{flags[m.group(1)]} {m.group(2)}" if m.group(1) in flags else m.group(0)
 
+    msg = re.sub(r"^(?:[A-Z]\w*(?:Config|Spec)|Preset): (?:field '\w+': )*", "", msg)  # a config's class, table
     msg = re.sub(r"(?<![\w.-])([a-z][a-z0-9_]*)='([^']*)'", kw, msg)
     msg = re.sub(r"(?<![\w.=/'\"-])([a-z][a-z0-9]*(?:_[a-z0-9]+)+)\b(?![(=/'\"])",
                  lambda m: flags.get(m.group(1), m.group(0)), msg)
