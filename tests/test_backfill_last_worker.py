@@ -61,3 +61,30 @@ def test_shards_over_http_are_the_servers_own():
 
     with pytest.raises(InvalidRequest, match="shards"):
         RemoteClient("http://127.0.0.1:9", api_key="k").backfill_start(shards=2, wait=True)
+
+
+def test_status_says_when_a_bridge_fit_past_its_threshold_did_not_run(tmp_path, monkeypatch):
+    """trial Q: PostgreSQL stopped during a bridge fit; status went on saying "next at 288 pairs" with
+    296 backfilled, and nothing of the fit that did not run."""
+    from _collection_helpers import upgraded_collection
+    from nobackfill.lifecycle import backfill_fit
+
+    c, *_ = upgraded_collection(tmp_path, n_images=6, captions=2)
+    state = {"target": c.current_space, "next": 4, "fits": [], "fraction": 0.01, "min": 1, "max": 10}
+    monkeypatch.setattr(backfill_fit, "fit_state", lambda collection: dict(state))
+    monkeypatch.setattr(backfill_fit, "_served_count", lambda collection, target: 6)
+    monkeypatch.setattr(backfill_fit, "running_fit", lambda collection, st=None: None)
+    assert backfill_fit.fit_summary(c)["overdue"] is True
+    monkeypatch.setattr(backfill_fit, "running_fit", lambda collection, st=None: {"pairs": 6})
+    assert backfill_fit.fit_summary(c)["overdue"] is False  # it is running
+    monkeypatch.setattr(backfill_fit, "running_fit", lambda collection, st=None: None)
+    monkeypatch.setattr(backfill_fit, "_served_count", lambda collection, target: 3)
+    assert backfill_fit.fit_summary(c)["overdue"] is False  # not due yet
+
+
+def test_the_status_line_of_a_fit_that_did_not_run(capsys):
+    from nobackfill.cli._collection_print import print_fitted
+
+    print_fitted({"enabled": True, "serving": [], "fits": [{"pairs": 144}], "next": 288, "overdue": True})
+    out = " ".join(capsys.readouterr().out.split())
+    assert "next at 288 backfilled pairs" in out and "the fit due at 288 pairs has not run" in out

@@ -114,6 +114,9 @@ def print_fitted(fitted: dict | None) -> None:
     results.print(escape("  bridge fits" + (f" at {done} pairs" if done else ": none yet")
                          + (then if nxt and fitted.get("enabled") else "")
                          + (f"; last error: {fitted['error']}" if fitted.get("error") else "")))
+    if fitted.get("overdue"):
+        results.print(escape(f"  the fit due at {nxt} pairs has not run (the worker that was to fit it stopped): "
+                             "the next backfill commit fits"))
     if fitted.get("fitting"):
         f = fitted["fitting"]
         host, pid = (str(f.get("owner", "")).split(":") + ["?", "?"])[:2]

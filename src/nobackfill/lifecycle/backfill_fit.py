@@ -132,8 +132,14 @@ def fit_summary(collection: Collection) -> dict[str, Any]:
     total = sum(counts.values())
     if st and nxt is None and not st.get("fits"):  # no backfill started yet: where its sample will end
         nxt = sum(sample_size(n, st) for n in counts.values())
+    fitting = running_fit(collection, st)
+    served = _served_count(collection, st["target"]) if st.get("target") and nxt is not None else 0
     return {"serving": fitted_status(plan), "fits": st.get("fits", []), "next": nxt, "items": total,
-            "fitting": running_fit(collection, st),
+            "fitting": fitting,
+            # past its threshold and no fit running: the worker that was to fit stopped (trial Q: PostgreSQL
+            # stopped during a fit, and status said "next at 288" with 296 backfilled); the next commit fits
+            "overdue": bool(nxt is not None and served >= nxt and fitting is None and st.get("fits") is not None
+                            and served < total),
             "next_at_end": nxt is not None and nxt >= total,  # a doubling past the collection: the end's fit
             "enabled": bool(st) and bool(plan.old_spaces()),  # (nothing is fitted once the old spaces are retired)
             **({"error": st["error"]} if st.get("error") else {})}
