@@ -39,8 +39,8 @@ def fail(msg: "str | BaseException") -> NoReturn:
     """Print ``error: msg`` (as text: a path containing ``[...]`` is not rich markup) and exit 2. An
     exception is its message: a client's refusal by its detail (no HTTP status: the command line
     speaks in its own words)."""
-    if isinstance(msg, BaseException) and storage_refusal(msg) is not None:  # a full or read-only disk, said so
-        msg = storage_refusal(msg) or ""
+    if isinstance(msg, BaseException):  # a full or read-only disk is said so
+        msg = storage_refusal(msg) or msg
     if isinstance(msg, BaseException):
         status = getattr(msg, "status", None)
         msg = getattr(msg, "detail", None) or str(msg)

@@ -102,29 +102,25 @@ class MilvusStorage(Storage):
     def _check_mark(self, client: Any) -> None:
         """The Milvus connected to holds this catalog's mark (:mod:`..storage.binding`); checked
         before anything is written there."""
-        found = None
-        if client.has_collection(self.meta):
-            with contextlib.suppress(Exception):
-                client.load_collection(self.meta)
-            rows = _loaded(client, self.meta, lambda: client.query(self.meta, filter=f"k == {_q(STORE_MARK)}",
-                                                                    output_fields=["v"], consistency_level=STRONG))
-            found = json.loads(rows[0]["v"]).get("inline") if rows else None
+        raw = self.read_doc(STORE_MARK, client) if client.has_collection(self.meta) else None
+        found = raw.decode("utf-8") if raw is not None else None
         if found != self._expected_mark:
             raise wrong_store(self.location, self._catalog, self.where, found)
 
     # ------------------------------------------------------------------ documents
-    def _rows(self, filter: str, fields: Sequence[str] = ("k", "v")) -> list[dict]:
-        return _loaded(self.client, self.meta, lambda: self.client.query(
-            self.meta, filter=filter, output_fields=list(fields), consistency_level=STRONG))
+    def _rows(self, filter: str, fields: Sequence[str] = ("k", "v"), client: Any = None) -> list[dict]:
+        c = client if client is not None else self.client  # (a client not yet in service: its mark's check)
+        return _loaded(c, self.meta, lambda: c.query(self.meta, filter=filter, output_fields=list(fields),
+                                                      consistency_level=STRONG))
 
-    def read_doc(self, name: str) -> bytes | None:
-        rows = self._rows(f"k == {_q(name)}")
+    def read_doc(self, name: str, client: Any = None) -> bytes | None:
+        rows = self._rows(f"k == {_q(name)}", client=client)
         if not rows:
             return None
         head = json.loads(rows[0]["v"])
         if "inline" in head:
             return head["inline"].encode("utf-8")
-        parts = self._rows(f'k like {_q(name + "@" + head["version"] + "#")[:-1]}%"')
+        parts = self._rows(f'k like {_q(name + "@" + head["version"] + "#")[:-1]}%"', client=client)
         by_index = {int(r["k"].rpartition("#")[2]): r["v"] for r in parts}
         if len(by_index) != head["parts"]:
             raise OSError(f"{self.location}: document {name} has {len(by_index)} of {head['parts']} parts")

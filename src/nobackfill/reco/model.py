@@ -113,10 +113,8 @@ class RecoModel(nn.Module):
     def save(self, directory: str | Path) -> Path:
         d = Path(directory)
         d.mkdir(parents=True, exist_ok=True)
-        if self.trainable:
-            tmp = d / f".{WEIGHTS_FILE}.tmp"
-            save_tensors({k: v.detach().contiguous() for k, v in self.state_dict().items()}, str(tmp))
-            os.replace(tmp, d / WEIGHTS_FILE)
+        if self.trainable:  # (save_tensors writes atomically)
+            save_tensors({k: v.detach().contiguous() for k, v in self.state_dict().items()}, d / WEIGHTS_FILE)
         info = {"format": RECO_FORMAT, "version": 1, **self.spec.to_dict()}
         if info.get("memory"):  # found from any working directory, and beside the RECO directory if both move
             mem = Path(info["memory"]).resolve()
