@@ -149,7 +149,7 @@ def test_what_a_server_does_not_take_is_refused_in_one_line(two):
     path, url = two
     r = run("collection", "create", url, "--model", "models/world-old")
     assert r.exit_code == 2 and "serves one existing collection" in r.output and len(r.output.splitlines()) == 1
-    for flag in (["--limit", 5], ["--shards", 2], ["--workers", 2], ["--batch-size", 8]):
+    for flag in (["--limit", 5], ["--shards", 2], ["--shards", 0], ["--workers", 2], ["--batch-size", 8]):
         r = run("collection", "backfill", url, *flag)
         assert r.exit_code == 2 and "server's own worker" in r.output and "--limit, --workers, --shards" in r.output
     r = run("verify", url, "--repair")

@@ -431,7 +431,8 @@ def backfill(
         fail("give at most one of --pause, --resume, --cancel")
     if engine == "local" and (address or actors is not None or gpus_per_actor):
         fail("--address, --actors and --gpus-per-actor are for --engine ray")
-    if name.startswith(("http://", "https://")) and (limit is not None or workers != 1 or shards or batch_size != 64):
+    if name.startswith(("http://", "https://")) and (limit is not None or workers != 1 or shards is not None
+                                                       or batch_size != 64):
         fail("over HTTP the server's own worker does the backfill: --limit, --workers, --shards and --batch-size "
              "are taken where the collection is stored")
     client = _client(name)
