@@ -385,7 +385,7 @@ def test_random_add_delete_upgrade_search_match_brute_force(tmp_path_factory, op
 # ----------------------------------------------------------------------------- kill trials
 def _in_child(fn, kill_at: str | None) -> int:
     """Run ``fn`` in a forked child with the crash hook armed; its exit status (negative: signal)."""
-    import nobackfill.gallery.atomic_files as atomic_files
+    import nobackfill._atomic as atomic_files
 
     pid = os.fork()
     if pid == 0:  # pragma: no cover - the child

@@ -7,10 +7,10 @@ in memory and writes the bytes through :func:`open`, which honours the umask. Ch
 
 from __future__ import annotations
 
-import os
-import uuid
 from pathlib import Path
 from typing import Any, Mapping
+
+from ._atomic import atomic_write_bytes
 
 __all__ = ["save_tensors"]
 
@@ -24,14 +24,4 @@ def save_tensors(tensors: Mapping[str, Any], path: str | Path, metadata: Mapping
     else:
         from safetensors.numpy import save
     data = save(dict(tensors), metadata=dict(metadata) if metadata else None)
-    path = Path(path)
-    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex[:12]}.tmp")
-    try:
-        with open(tmp, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    finally:
-        if tmp.exists():
-            tmp.unlink()
+    atomic_write_bytes(path, data, tmp_prefix=".", crash_points=False)

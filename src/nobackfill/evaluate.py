@@ -11,6 +11,7 @@ from typing import Sequence
 
 import numpy as np
 
+from ._atomic import write_atomically
 from .data.folder import PairDataset, load_pairs
 from .encoders.base import DualEncoder, l2_normalise
 from .metrics.retrieval import retrieval_metrics
@@ -70,9 +71,7 @@ def embed_dataset(encoder: DualEncoder, data: PairDataset, *, cache_dir: str | P
     txt = encoder.encode_texts(data.captions, progress=progress)
     if path is not None:
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(path.name + ".tmp.npz")
-        np.savez(tmp, images=img, texts=txt)
-        tmp.replace(path)
+        write_atomically(path, lambda f: np.savez(f, images=img, texts=txt), tmp_prefix=".")
     return Embedded(encoder.space_id, img, txt)
 
 
@@ -161,9 +160,7 @@ def embed_texts_cached(encoder: DualEncoder, texts: Sequence[str], cache_dir: st
                     stats["hits"] = stats.get("hits", 0) + 1
                 continue
         arr = encoder.encode_texts(chunk, batch_size=batch_size, progress=progress)
-        tmp = path.with_name(path.name + ".tmp.npy")
-        np.save(tmp, arr)
-        tmp.replace(path)
+        write_atomically(path, lambda f, a=arr: np.save(f, a), tmp_prefix=".")
         parts.append(arr)
         if stats is not None:
             stats["misses"] = stats.get("misses", 0) + 1

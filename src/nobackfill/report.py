@@ -14,6 +14,8 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from ._atomic import atomic_write_text
+
 RECALL_COLUMNS = [("t2i", "R@1"), ("t2i", "R@5"), ("t2i", "R@10"), ("i2t", "R@1"), ("i2t", "R@5"), ("i2t", "R@10")]
 
 
@@ -147,9 +149,7 @@ def write_html(path: str | Path, title: str, sections: Sequence[tuple[str, str]]
     page = (f"<!doctype html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title>"
             "<meta name='viewport' content='width=device-width, initial-scale=1'>"
             f"<style>{PAGE_CSS}</style></head><body><h1>{html.escape(title)}</h1>{imgs}{body}</body></html>")
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(page)
-    os.replace(tmp, path)
+    atomic_write_text(path, page)
     return path
 
 
@@ -173,9 +173,7 @@ def write_json_and_markdown(result: dict, json_path: str | Path, markdown: str) 
 
     p = Path(json_path)
     p.parent.mkdir(parents=True, exist_ok=True)
-    tmp = p.with_name(p.name + ".tmp")
-    tmp.write_text(json.dumps(json_finite(result), indent=2, default=float, allow_nan=False))
-    os.replace(tmp, p)
+    atomic_write_text(p, json.dumps(json_finite(result), indent=2, default=float, allow_nan=False))
     p.with_suffix(".md").write_text(markdown)
     return markdown
 

@@ -5,7 +5,7 @@ benchmark measures with lives in the library; nothing outside ``bench`` and the 
 package. Nothing is imported here, so registering the CLI commands does not load torch; import the
 module you need (e.g. ``nobackfill.bench.encode``).
 
-May import: ``adopt``, ``client``, ``collection``, ``compat``, ``config``, ``data``, ``encoders``,
+May import: ``_atomic``, ``adopt``, ``client``, ``collection``, ``compat``, ``config``, ``data``, ``encoders``,
 ``evaluate``, ``gallery``, ``late``, ``lifecycle``, ``lingual``, ``memory``, ``metrics``, ``milvus``,
 ``reco``, ``report``, ``search``, ``testing``, ``train``.
 """

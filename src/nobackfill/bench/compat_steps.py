@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Callable, Sequence
 
 import numpy as np
+from .._atomic import atomic_write_text
 
 from ..compat import learning
 from ..compat.learning import DataConfig, SequenceConfig
@@ -233,9 +234,7 @@ def write_compat_steps_outputs(result: dict, json_out: str | Path) -> dict[str, 
 
     json_out = Path(json_out)
     json_out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = json_out.with_name(json_out.name + ".tmp")
-    tmp.write_text(json.dumps(result, indent=2))
-    os.replace(tmp, json_out)
+    atomic_write_text(json_out, json.dumps(result, indent=2))
     md = json_out.with_suffix(".md")
     md.write_text(format_compat_steps(result))
     sections = [("AC / AA / ACA", html_table(*compat_table(result))), ("Negative flips", html_table(*nfr_table(result))),

@@ -4,9 +4,10 @@ and the JSON with the table beside it."""
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 from typing import Mapping
+
+from .._atomic import atomic_write_text
 
 from .runner import Report
 
@@ -50,9 +51,7 @@ def write_report(result: Mapping, out_dir: str | Path, name: str = "encode") -> 
     paths = {"json": out_dir / f"{name}.json", "md": out_dir / f"{name}.md"}
     for key, text in (("json", json.dumps(result, indent=2, default=str) + "\n"),
                       ("md", format_encode_table(result))):
-        tmp = paths[key].with_name(f".{paths[key].name}.tmp")
-        tmp.write_text(text)
-        os.replace(tmp, paths[key])
+        atomic_write_text(paths[key], text)
     return paths
 
 

@@ -7,6 +7,8 @@ import os
 from pathlib import Path
 from typing import Optional
 
+from .._atomic import atomic_write_text
+
 from .runner import Report
 
 
@@ -86,9 +88,7 @@ def write_reco_report(result: dict, out_json: str | Path) -> str:
     """Write ``out_json`` and its tables beside it (``.md``); returns the tables (what the command shows)."""
     out_json = Path(out_json)
     out_json.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out_json.with_name(out_json.name + ".tmp")
-    tmp.write_text(json.dumps(result, indent=2, default=str))
-    os.replace(tmp, out_json)
+    atomic_write_text(out_json, json.dumps(result, indent=2, default=str))
     tables = format_reco_tables(result)
     out_json.with_suffix(".md").write_text("# RECO benchmark\n\n" + tables + "\n")
     return tables

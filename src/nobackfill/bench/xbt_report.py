@@ -7,6 +7,7 @@ import os
 from pathlib import Path
 
 import numpy as np
+from .._atomic import atomic_write_text
 
 from .runner import Report
 
@@ -113,9 +114,7 @@ def write_xbt_report(result: dict, out_json: str | Path) -> dict[str, Path]:
     out_json = Path(out_json)
     out_json.parent.mkdir(parents=True, exist_ok=True)
     md = out_json.with_suffix(".md")
-    tmp = out_json.with_name(out_json.name + ".tmp")
-    tmp.write_text(json.dumps(result, indent=2, default=str))
-    os.replace(tmp, out_json)
+    atomic_write_text(out_json, json.dumps(result, indent=2, default=str))
     text = format_xbt_tables(result)
     md.write_text("# XBT benchmark\n\n" + text)
     figs = []

@@ -41,6 +41,7 @@ from typing import Callable
 import numpy as np
 import torch
 
+from .._atomic import atomic_write_text
 from ..compat.text_upgrade import DEFAULT_OLD_MODEL, TextXBTConfig, TextXBTUpgradeConfig
 from .runner import Report
 
@@ -149,9 +150,7 @@ def write_outputs(result: dict, json_path: str | Path | None) -> str:
     if json_path is not None:
         p = Path(json_path)
         p.parent.mkdir(parents=True, exist_ok=True)
-        tmp = p.with_name(p.name + ".tmp")
-        tmp.write_text(json.dumps(result, indent=2, default=float))
-        tmp.replace(p)
+        atomic_write_text(p, json.dumps(result, indent=2, default=float))
         p.with_suffix(".md").write_text(md)
     return md
 

@@ -5,5 +5,5 @@ Holds: the schema and rows (``schema``), one write transaction's statements (``w
 by several machines: ``catalog``), the serving plan (``plan``: spaces, routes, upgrades, merge) and
 the item records with their errors and JSON rows (``items``).
 
-Layer: above :mod:`nobackfill.gallery`. May import: ``gallery`` (file helpers, modalities), ``ann``.
+Layer: above :mod:`nobackfill.gallery`. May import: ``_atomic``, ``gallery`` (file helpers, modalities), ``ann``.
 """

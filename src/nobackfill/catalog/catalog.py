@@ -33,7 +33,8 @@ from typing import Any, Iterator, Mapping, Sequence
 
 import numpy as np
 
-from ..gallery.atomic_files import _crash_point, _fsync_dir
+from .._atomic import _crash_point
+from .._atomic import fsync_dir as _fsync_dir
 from .schema import (_ROW_COLS, CATALOG_FILE, PAGE, CatalogError, CatalogUnreachable, Row, _chunks, _create_tables,
                      _header, _index_upgrades, _row, _rows_by, catalog_error, check_collection_name, filter_sql, redact,
                      unsourced_sql)

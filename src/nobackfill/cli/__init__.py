@@ -3,7 +3,7 @@
 Every command module imports only light modules at import time (heavy ones inside the commands),
 and nothing outside this package imports it: the library never depends on its command line.
 
-May import: ``_logging``, ``bench``, ``catalog``, ``client``, ``collection``, ``compat``, ``config``,
+May import: ``_atomic``, ``_logging``, ``bench``, ``catalog``, ``client``, ``collection``, ``compat``, ``config``,
 ``data``, ``demo``, ``encoders``, ``evaluate``, ``gallery``, ``late``, ``lifecycle``, ``lingual``,
 ``progress``, ``reco``, ``report``, ``search``, ``serve``, ``train``.
 """

@@ -11,6 +11,7 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
+from .._atomic import atomic_write_text
 from ..catalog.schema import redact
 from ..report import json_finite
 
@@ -156,13 +157,11 @@ def write_json(path: Optional[Path], obj: dict) -> None:
         return
     if path.is_dir():
         fail(f"{path}: is a folder; --out takes the path of a .json file")
-    tmp = path.with_name(path.name + ".tmp")
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp.write_text(json.dumps(json_finite(obj), indent=2, allow_nan=False))
+        atomic_write_text(path, json.dumps(json_finite(obj), indent=2, allow_nan=False))
     except OSError as e:  # a folder that cannot be made or written (the results printed above stay)
         fail(f"--out {path}: cannot be written ({e.strerror or e})")
-    tmp.replace(path)
     console.print(f"wrote {path}")
 
 

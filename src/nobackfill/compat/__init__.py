@@ -16,7 +16,7 @@ Their commands (``nobackfill compat ...``, ``nobackfill upgrade ...``, ``bench c
 
 Names are exported lazily, so importing the package (and the CLI) does not load transformers or peft.
 
-May import: ``_safetensors``, ``_lazy``, ``config``, ``data``, ``encoders``, ``evaluate``, ``gallery``, ``metrics``, ``progress``,
+May import: ``_atomic``, ``_safetensors``, ``_lazy``, ``config``, ``data``, ``encoders``, ``evaluate``, ``gallery``, ``metrics``, ``progress``,
 ``train``.
 """
 

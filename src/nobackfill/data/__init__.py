@@ -1,5 +1,5 @@
 """User-format datasets (an image folder with ``captions.jsonl``, clip-retrieval metadata), the
 synthetic world generator and its captions, and Multi30K read in place.
 
-May import: ``progress``.
+May import: ``_atomic``, ``progress``.
 """

@@ -17,24 +17,14 @@ rows. Shard numbers are zero-padded to the width of the largest one (``img_emb_0
 from __future__ import annotations
 
 import math
-import os
 from pathlib import Path
 from typing import Sequence
 
 import numpy as np
 
+from .._atomic import write_atomically
+
 __all__ = ["write_clip_retrieval"]
-
-
-def _atomic(path: Path, write) -> None:
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    try:
-        with open(tmp, "wb") as fh:
-            write(fh)
-        os.replace(tmp, path)
-    finally:
-        if tmp.exists():
-            tmp.unlink()
 
 
 def _matrix(name: str, x, n: int) -> np.ndarray:
@@ -102,10 +92,10 @@ def write_clip_retrieval(out_dir: str | Path, *, image_paths: Sequence[str | Pat
         tag = str(s).zfill(width)
         if img is not None:
             block = np.ascontiguousarray(img[lo:hi], dtype=dt)
-            _atomic(out / "img_emb" / f"img_emb_{tag}.npy", lambda fh, b=block: np.save(fh, b))
+            write_atomically(out / "img_emb" / f"img_emb_{tag}.npy", lambda fh, b=block: np.save(fh, b), tmp_prefix=".")
         if txt is not None:
             block = np.ascontiguousarray(txt[lo:hi], dtype=dt)
-            _atomic(out / "text_emb" / f"text_emb_{tag}.npy", lambda fh, b=block: np.save(fh, b))
+            write_atomically(out / "text_emb" / f"text_emb_{tag}.npy", lambda fh, b=block: np.save(fh, b), tmp_prefix=".")
         table = pa.table({k: pa.array(v[lo:hi], type=pa.string()) for k, v in columns.items()})
-        _atomic(out / "metadata" / f"metadata_{tag}.parquet", lambda fh, t=table: pq.write_table(t, fh))
+        write_atomically(out / "metadata" / f"metadata_{tag}.parquet", lambda fh, t=table: pq.write_table(t, fh), tmp_prefix=".")
     return out

@@ -16,7 +16,6 @@ import json
 import logging
 import os
 import posixpath
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path, PureWindowsPath
 from typing import Any, Iterable, Iterator, Sequence
@@ -24,6 +23,7 @@ from typing import Any, Iterable, Iterator, Sequence
 import numpy as np
 from PIL import Image
 
+from .._atomic import write_atomically
 from .images import open_rgb
 
 logger = logging.getLogger(__name__)
@@ -352,40 +352,20 @@ def write_pairs(folder: str | os.PathLike, records: Iterable[dict]) -> Path:
     """Write ``records`` as ``folder/captions.jsonl`` atomically; return the file's path.
 
     Each record is validated like a loaded line (images are not checked). The file is written
-    to a temporary file in the same folder, fsynced and moved into place with ``os.replace``,
-    so readers see either the old or the new file, never a partial one.
+    atomically (:mod:`nobackfill._atomic`): readers see either the old or the new file, never a
+    partial one, and a bad record leaves the old file as it was.
     """
     root = Path(folder)
     root.mkdir(parents=True, exist_ok=True)
     target = root / CAPTIONS_FILE
-    fd, tmp_name = tempfile.mkstemp(dir=root, prefix=f".{CAPTIONS_FILE}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8", newline="\n") as fh:
-            for n, rec in enumerate(records, start=1):
-                try:
-                    _parse_record(rec)
-                except ValueError as exc:
-                    raise DataFormatError(f"record {n}: {exc}") from None
-                fh.write(json.dumps(rec, ensure_ascii=False) + "\n")
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp_name, target)
-    except BaseException:
-        Path(tmp_name).unlink(missing_ok=True)
-        raise
-    _fsync_dir(root)
+
+    def fill(fh) -> None:
+        for n, rec in enumerate(records, start=1):
+            try:
+                _parse_record(rec)
+            except ValueError as exc:
+                raise DataFormatError(f"record {n}: {exc}") from None
+            fh.write((json.dumps(rec, ensure_ascii=False) + "\n").encode("utf-8"))
+
+    write_atomically(target, fill, tmp_prefix=".")
     return target
-
-
-def _fsync_dir(folder: Path) -> None:
-    """Persist a rename in ``folder`` (best effort; not supported on every platform)."""
-    try:
-        fd = os.open(folder, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)

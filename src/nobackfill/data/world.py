@@ -18,6 +18,7 @@ from typing import Iterator
 
 import numpy as np
 from PIL import Image
+from .._atomic import atomic_write_text
 
 from ..progress import progress_bar
 from .grammars import get_grammar, languages
@@ -130,9 +131,7 @@ def generate_world(out: str | Path, spec: WorldSpec | None = None, workers: int 
                     records.extend(_write_block(job))
                     advance()
         write_pairs(out / split, records)
-    tmp = out / "world.json.tmp"
-    tmp.write_text(json.dumps(asdict(spec), indent=2))
-    os.replace(tmp, out / "world.json")
+    atomic_write_text(out / "world.json", json.dumps(asdict(spec), indent=2))
     return out
 
 

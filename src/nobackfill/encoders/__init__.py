@@ -1,7 +1,7 @@
 """Encoders: the :class:`DualEncoder` interface, the HF CLIP implementation, the MiniLM text
 encoder, and the model zoo. ``load_encoder(dir)`` opens any saved model directory.
 
-May import: ``_lazy``, ``config``, ``data``, ``progress``.
+May import: ``_atomic``, ``_lazy``, ``config``, ``data``, ``progress``.
 """
 
 from __future__ import annotations

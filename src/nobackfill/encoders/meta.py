@@ -16,6 +16,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from .._atomic import atomic_write_text
+
 __all__ = ["ModelInfo", "cache_dir", "remember", "remembered"]
 
 
@@ -85,7 +87,4 @@ def remember(ref: str | Path, encoder: Any) -> None:
     path = _record_path(directory)
     with contextlib.suppress(OSError):
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-        tmp.write_text(json.dumps({"directory": str(directory), "key": _files_key(directory), **asdict(info)}),
-                       encoding="utf-8")
-        os.replace(tmp, path)
+        atomic_write_text(path, json.dumps({"directory": str(directory), "key": _files_key(directory), **asdict(info)}))

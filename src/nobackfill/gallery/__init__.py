@@ -6,7 +6,7 @@ built and cached search index), its files (``atomic_files``: atomic writes, fsyn
 search index cache (``search_index``), token stores for late interaction (``tokens``), the gallery's
 types and errors (``types``) and :func:`build_gallery` (embed into a gallery, resuming a killed run).
 
-Layer: above :mod:`nobackfill.ann`. May import: ``ann`` and the core helpers (``progress``,
+Layer: above :mod:`nobackfill.ann`. May import: ``_atomic``, ``ann`` and the core helpers (``progress``,
 ``encoders`` for types only).
 """
 

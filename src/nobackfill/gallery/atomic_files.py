@@ -1,5 +1,5 @@
-"""Crash-safe files: atomic writes (temporary file, fsync, rename, directory fsync), the test-only
-crash points between those steps, tagged JSON manifests, sha256 of bytes and files, and the
+"""Crash-safe files: atomic writes (:mod:`nobackfill._atomic`, with the test-only crash points
+between their steps), files written ahead of their commit, tagged JSON manifests, sha256 of bytes and files, and the
 advisory writer lock of a directory. Shared by the gallery, the catalog and every other on-disk
 format of nobackfill."""
 
@@ -12,7 +12,10 @@ import os
 import uuid
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Callable, Iterator, Sequence
+from typing import Any, Iterator, Sequence
+
+from .._atomic import TMP_PREFIX, atomic_write_bytes, atomic_write_stream, publish as _publish
+from .._atomic import fsync_dir as _fsync_dir
 
 try:  # POSIX advisory locks; elsewhere a gallery is single-writer by convention
     import fcntl
@@ -23,79 +26,7 @@ __all__ = ["AheadFile", "atomic_write_bytes", "atomic_write_stream", "file_sha25
            "stale_ahead_files"]
 
 LOCK = ".lock"
-_TMP = ".tmp-"
-
-
-def _fsync_dir(path: Path) -> None:
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:  # pragma: no cover - platforms without directory fds
-        return
-    try:
-        os.fsync(fd)
-    except OSError:  # pragma: no cover
-        pass
-    finally:
-        os.close(fd)
-
-
-def atomic_write_bytes(path: str | Path, data: "bytes | Sequence[bytes | memoryview]", *,
-                       tmp_prefix: str = _TMP) -> None:
-    """Write ``data`` (bytes, or consecutive buffers) to ``path`` so that readers see the old file
-    or the whole new one.
-
-    The data goes to ``<tmp_prefix><name>.<random>`` in the same directory first (a gallery removes
-    stray ``.tmp-`` files as crash leftovers; other owners of a directory pass their own prefix)."""
-    _atomic_write(Path(path), lambda f: f.write(data) if isinstance(data, bytes) else f.writelines(data),
-                  tmp_prefix)
-
-
-def atomic_write_stream(path: str | Path, fill: Callable[[Callable[[bytes], Any]], bool]) -> str | None:
-    """As :func:`atomic_write_bytes`, the data given piece by piece: ``fill(write)`` calls
-    ``write(piece)`` for each (nothing holds the whole file in memory) and returns whether it wrote
-    anything (False: no file is written). Returns the SHA-256 of what was written, or None."""
-    h = hashlib.sha256()
-
-    def fill_file(f: Any) -> bool:
-        def write(piece: bytes) -> None:
-            h.update(piece)
-            f.write(piece)
-
-        return fill(write)
-
-    return h.hexdigest() if _atomic_write(Path(path), fill_file, _TMP) else None
-
-
-def _atomic_write(path: Path, fill: Callable[[Any], Any], tmp_prefix: str) -> bool:
-    """``fill(file)`` into a temporary file beside ``path``, fsynced and renamed to ``path``
-    (removed instead when ``fill`` returns False); whether ``path`` was written."""
-    tmp = path.with_name(f"{tmp_prefix}{path.name}.{uuid.uuid4().hex[:12]}")
-    try:
-        with open(tmp, "wb") as f:
-            if fill(f) is False:
-                written = False
-            else:
-                written = True
-                f.flush()
-                os.fsync(f.fileno())
-        if not written:
-            tmp.unlink()
-            return False
-        _publish(tmp, path)
-        return True
-    except BaseException:
-        with contextlib.suppress(OSError):
-            tmp.unlink()
-        raise
-
-
-def _publish(written: Path, path: Path) -> None:
-    """Rename the fsynced file ``written`` to ``path`` and fsync its directory (the commit step of
-    :func:`atomic_write_bytes` and :meth:`AheadFile.name`, between the test-only crash points)."""
-    _crash_point("before")
-    os.replace(written, path)
-    _fsync_dir(path.parent)
-    _crash_point("after")
+_TMP = TMP_PREFIX
 
 
 #: the folder (beside a store's files) of files written ahead of their commit (:class:`AheadFile`)
@@ -185,26 +116,6 @@ def pid_alive(pid: int) -> bool:
     except OSError:
         return False
     return True
-
-
-_WRITES = 0
-
-
-def _crash_point(when: str) -> None:
-    """Test-only crash injection (not an API): with ``NOBACKFILL_TEST_KILL_AT_WRITE=N`` the process
-    SIGKILLs itself just before the N-th atomic rename of its life, with ``N+`` just after it, so
-    tests can stop a writer between any two steps of a commit."""
-    global _WRITES
-    spec = os.environ.get("NOBACKFILL_TEST_KILL_AT_WRITE")
-    if not spec:
-        return
-    if when == "before":
-        _WRITES += 1
-    after = spec.endswith("+")
-    if int(spec.rstrip("+")) == _WRITES and after == (when == "after"):
-        import signal
-
-        os.kill(os.getpid(), signal.SIGKILL)
 
 
 def read_tagged_json(path: str | Path, fmt: str, *, error: type[Exception] = ValueError,

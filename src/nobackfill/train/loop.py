@@ -23,6 +23,7 @@ from typing import Any, Callable, Iterable, Iterator, Protocol
 
 import numpy as np
 import torch
+from .._atomic import atomic_write_text, write_atomically
 
 from ..progress import progress_bar
 
@@ -183,12 +184,7 @@ def _interrupt_deferred() -> Iterator[None]:
 
 
 def _atomic_torch_save(obj: Any, path: Path) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "wb") as f:
-        torch.save(obj, f)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    write_atomically(path, lambda f: torch.save(obj, f), tmp_prefix=".")
 
 
 @dataclass
@@ -243,8 +239,9 @@ def check_resume(path: Path, saved: dict[str, Any] | None, cfg: LoopConfig, *, m
                              f"resume it, or give another --out (or delete {path.name} to start afresh)")
 
 
-#: what a run leaves in its output folder before it finishes: its checkpoint, its log and their temporary files
-RUN_FILES = ("checkpoint.pt", "checkpoint.pt.tmp", "train_log.jsonl", "train_log.jsonl.tmp")
+#: what a run leaves in its output folder before it finishes (globs): its checkpoint, its log and the
+#: temporary files of their atomic writes (:mod:`nobackfill._atomic`) that a kill left
+RUN_FILES = ("checkpoint.pt", "train_log.jsonl", ".checkpoint.pt.*", ".train_log.jsonl.*")
 
 
 def check_output(out: Path, *, finished: str | None, what: str = "", also: Iterable[str] = (),
@@ -268,8 +265,8 @@ def check_output(out: Path, *, finished: str | None, what: str = "", also: Itera
     if finished is not None and (out / finished).exists():
         raise ValueError(f"--out {out}: holds a finished {what} already ({finished}); give a new folder, or remove "
                          "it first to train again")
-    other = sorted(p.name for p in out.iterdir() if not (resumable and p.name in RUN_FILES)
-                   and not any(fnmatch.fnmatch(p.name, pattern) for pattern in also))
+    other = sorted(p.name for p in out.iterdir() if not any(fnmatch.fnmatch(p.name, pattern)
+                                                           for pattern in (*(RUN_FILES if resumable else ()), *also)))
     if other:
         raise ValueError(f"--out {out}: holds files already ({', '.join(other[:4])}{', ...' if len(other) > 4 else ''})"
                          "; give a new or empty folder (or remove it first)")
@@ -350,9 +347,7 @@ def _train(method: Method, batches: BatchSource, cfg: LoopConfig, out: Path,
         random.setstate(state["python_rng"])
         es = state.get("early_stop", es)
         # drop log lines written after the checkpoint (the steps are re-run and logged again)
-        tmp_log = log_path.with_name(log_path.name + ".tmp")
-        tmp_log.write_text("".join(json.dumps(r) + "\n" for r in history))
-        os.replace(tmp_log, log_path)
+        atomic_write_text(log_path, "".join(json.dumps(r) + "\n" for r in history))
         if progress:
             print(f"resuming {method.name} in {out} from step {start} of {cfg.steps} (its checkpoint)",
                   file=sys.stderr)

@@ -62,6 +62,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from ..._atomic import write_atomically
 
 from ...data.scene import BACKGROUNDS, COLOURS, SHAPES, SIZES, TEXTURES
 from ...encoders.zoo import shipped
@@ -266,9 +267,7 @@ def _features(backbone: str, pixels: np.ndarray) -> np.ndarray:
 
 def _atomic_savez(path: Path, **arrays: np.ndarray) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.stem + ".tmp.npz")
-    np.savez(tmp, **arrays)
-    tmp.replace(path)
+    write_atomically(path, lambda f: np.savez(f, **arrays), tmp_prefix=".")
 
 
 def _cached_split(cfg: DataConfig, split: str, n: int, progress: bool
