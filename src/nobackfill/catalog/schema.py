@@ -77,10 +77,18 @@ def catalog_error(e: Exception, location: str) -> Exception:
                                   "what was committed stays: run the same command again once it answers")
     if type(e).__module__.startswith("pymilvus"):
         if milvus_lost(e):
-            return CatalogUnreachable(f"the Milvus server did not answer ({getattr(e, 'message', None) or e}); what "
-                                      "was committed stays: run the same command again once it answers")
+            return CatalogUnreachable(milvus_lost_message(e))
         return CatalogError(f"Milvus: {type(e).__name__}: {e}")
     return CatalogError(f"catalog {location}: {type(e).__name__}: {e}")
+
+
+RUN_AGAIN = "what was committed stays: run the same command again once it answers"
+
+
+def milvus_lost_message(e: BaseException, then: str = RUN_AGAIN) -> str:
+    """The one line for a Milvus server that did not answer (``e``, a pymilvus error), and ``then``:
+    what the user does about it."""
+    return f"the Milvus server did not answer ({getattr(e, 'message', None) or e}); {then}"
 
 
 def milvus_lost(e: BaseException) -> bool:

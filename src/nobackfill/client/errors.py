@@ -106,7 +106,7 @@ def as_client_error(e: BaseException, field: str | None = None) -> ClientError |
     collection, an invalid argument. A ``skippable`` flag (a bad line ``--skip-bad`` may skip) is
     kept; a ``field`` the exception names is the error's field where ``field`` is not given."""
     from ..catalog.items import CollectionBusyError, ItemNotFoundError
-    from ..catalog.schema import milvus_lost
+    from ..catalog.schema import milvus_lost, milvus_lost_message
     from ..lifecycle.backfill_jobs import BackfillError
 
     if isinstance(e, ClientError):
@@ -124,8 +124,7 @@ def as_client_error(e: BaseException, field: str | None = None) -> ClientError |
     elif isinstance(e, ConnectionError):  # a catalog database or vector server that did not answer
         out = Unreachable(0, msg, field)
     elif milvus_lost(e):  # a Milvus server gone mid-call
-        out = Unreachable(0, f"the Milvus server stopped answering ({getattr(e, 'message', None) or e}); what was "
-                             "committed stays: run the same command again once it answers", field)
+        out = Unreachable(0, milvus_lost_message(e), field)
     elif isinstance(e, KeyError):
         out = InvalidRequest(422, str(e.args[0]) if e.args else msg, field)
     elif isinstance(e, ValueError):

@@ -253,8 +253,7 @@ def wait_index_built(client: Any, name: str, deadline: float, timeout_s: float, 
 def raise_if_lost(e: BaseException) -> None:
     """``ConnectionError`` if ``e`` says the Milvus server did not answer: a verify then checked
     nothing, and the storage is no damage to repair (other errors: the caller's to name)."""
-    from ..catalog.schema import milvus_lost
+    from ..catalog.schema import milvus_lost, milvus_lost_message
 
     if milvus_lost(e):
-        raise ConnectionError(f"the Milvus server did not answer ({getattr(e, 'message', None) or e}); nothing "
-                              "was checked: run verify again once it answers") from None
+        raise ConnectionError(milvus_lost_message(e, "nothing was checked: run verify again once it answers")) from None
