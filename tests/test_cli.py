@@ -66,6 +66,17 @@ def test_train_takes_config_and_set_and_records_them(setup, tmp_path):
     assert f"--config {extra}" in recipe["command"] and "--set train.batch_size=8" in recipe["command"]
 
 
+def test_a_recipe_records_a_relative_data_folder_as_an_absolute_path_and_where_it_ran(setup, tmp_path, monkeypatch):
+    """The recorded command line runs again from anywhere: --data world is recorded with its cwd."""
+    monkeypatch.chdir(setup)
+    out = tmp_path / "m"
+    r = invoke("train", "--preset", "world-old.toml", "--data", "world", "--out", out, "--steps", 2)
+    assert r.exit_code == 0, r.output
+    recipe = json.loads((out / "recipe.json").read_text())
+    assert recipe["data"] == str((setup / "world").resolve()) and recipe["cwd"] == str(setup)
+    assert "--data world" in recipe["command"]
+
+
 def test_search_text_and_image_json(setup):
     r = invoke("search", "--gallery", setup / "g", "--model", setup / "models" / "world-old",
                "--text", "a red circle", "--k", 3, "--json")

@@ -3,7 +3,6 @@ model and Target-CMLI students, on fresh world scenes every step (never a val/te
 
 from __future__ import annotations
 
-import json
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
@@ -12,7 +11,7 @@ from ..data.world import WorldSpec, WorldStream
 from ..encoders.clip import CLIPDualEncoder
 from ..encoders.zoo import Preset, create_model, get_preset
 from ..train.contrastive import ContrastivePretraining
-from ..train.loop import LoopConfig, Method, TrainResult, train
+from ..train.loop import LoopConfig, Method, TrainResult, train, write_recipe
 from .distill import KDConfig, TargetCMLIDistillation
 from .hard_negatives import SwapTwinBatches
 from .train import CMLIConfig, CMLIContrastive
@@ -103,5 +102,5 @@ def train_world_method(kind: str, out: str | Path, spec: WorldSpec, tokenizer, *
               "loop": asdict(cfg),
               "cmli": asdict(cmli) if kind == "cmli" and cmli else None,
               "kd": asdict(kd) if kind == "kd" and kd else None, "seconds": round(result.seconds, 1)}
-    (Path(out) / "recipe.json").write_text(json.dumps(recipe, indent=2, default=str))
+    write_recipe(out, recipe)
     return method, result

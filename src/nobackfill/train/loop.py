@@ -272,6 +272,20 @@ def check_output(out: Path, *, finished: str | None, what: str = "", also: Itera
                          "; give a new or empty folder (or remove it first)")
 
 
+def write_recipe(out: str | Path, recipe: dict[str, Any]) -> Path:
+    """Write ``out/recipe.json`` (what a run was: settings, data, the command), atomically. A ``data``
+    that names an existing file or folder is recorded as its absolute path, and the working folder the
+    command ran in beside it (``cwd``), so the recorded command line can be run again from anywhere."""
+    recipe = dict(recipe)
+    data = recipe.get("data")
+    if isinstance(data, (str, Path)) and data and Path(data).exists():
+        recipe["data"] = str(Path(data).resolve())
+    recipe.setdefault("cwd", os.getcwd())
+    path = Path(out) / "recipe.json"
+    atomic_write_text(path, json.dumps(recipe, indent=2, default=str))
+    return path
+
+
 class TrainingInterrupted(KeyboardInterrupt):
     """Ctrl-C during :func:`train`: where the run stood (the step reached; the checkpoint left in
     ``out``, if any, and its step when known) and :meth:`message`, the line a command prints. Still a

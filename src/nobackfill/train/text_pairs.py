@@ -12,7 +12,6 @@ One :class:`TextPairContrastive` plug-in for the one training loop serves two us
 
 from __future__ import annotations
 
-import json
 import math
 import sys
 from dataclasses import asdict, dataclass, field
@@ -26,7 +25,7 @@ from torch import nn
 
 from ..encoders.minilm import MiniLMTextEncoder
 from .contrastive import info_nce
-from .loop import LoopConfig, Method, TrainResult, train
+from .loop import LoopConfig, Method, TrainResult, train, write_recipe
 
 #: CLIP's initial logit scale, log(1 / 0.07) = 2.6592 (the XBT paper's fixed temperature value)
 CLIP_LOG_SCALE = math.log(1 / 0.07)
@@ -245,7 +244,7 @@ def train_text_model(captions: Sequence[Sequence[str]], val_query: Sequence[str]
               "seconds": round(result.seconds, 1), "steps_run": result.steps, "best_step": result.best_step,
               "best_val_R@1": result.best_value, "stopped_early": result.stopped_early, "val_curve": curve,
               "command": command or " ".join(["nobackfill"] + sys.argv[1:])}
-    (out / "recipe.json").write_text(json.dumps(recipe, indent=2, default=str))
+    write_recipe(out, recipe)
     return result
 
 

@@ -22,7 +22,7 @@ from ..encoders.tokenizer import train_bpe_tokenizer
 from ..encoders.zoo import Preset, create_model, get_preset
 from ..metrics.retrieval import retrieval_metrics
 from .contrastive import ContrastivePretraining
-from .loop import LoopConfig, TrainResult, train
+from .loop import LoopConfig, TrainResult, train, write_recipe
 
 
 def split_dir(data: str | Path, split: str) -> Path:
@@ -102,5 +102,5 @@ def train_preset(preset: str | Preset, data: str | Path, out: str | Path, *, ste
               "data": str(data), "world": asdict(spec) if spec else None, "seconds": round(result.seconds, 1),
               "final_eval": result.history[-1] if result.history else None,
               "command": command or " ".join(["nobackfill"] + sys.argv[1:])}
-    (out / "recipe.json").write_text(json.dumps(recipe, indent=2, default=str))
+    write_recipe(out, recipe)
     return result
