@@ -464,6 +464,14 @@ def test_world_refuses_a_folder_holding_another_world_and_redoes_the_same_one(tm
     assert (w / "train" / "captions.jsonl").read_text() == before and len(list((w / "train" / "images").iterdir())) == 3
     (w / "world.json").unlink()  # a run that was stopped before its last write
     assert invoke("world", "--out", str(w), *small).exit_code == 0 and (w / "world.json").is_file()
+    image = sorted((w / "train" / "images").iterdir())[1]
+    image_bytes = image.read_bytes()
+    image.unlink()  # the same world with a file removed since: written again, the same bytes
+    (w / "val" / "captions.jsonl").unlink()
+    r = invoke("world", "--out", str(w), *small)
+    assert r.exit_code == 0 and "misses files (train: 2 of 3 images; val: no captions.jsonl)" in r.output, r.output
+    assert image.read_bytes() == image_bytes and (w / "val" / "captions.jsonl").is_file()
+    assert (w / "train" / "captions.jsonl").read_text() == before
     (tmp_path / "other").mkdir()
     (tmp_path / "other" / "notes.txt").write_text("mine")
     r = invoke("world", "--out", str(tmp_path / "other"), *small)

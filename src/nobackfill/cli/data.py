@@ -56,9 +56,14 @@ def _world_there(out: Path, spec: Any) -> bool:
             same = json.loads(there.read_text()) == json.loads(json.dumps(asdict(spec)))
         except ValueError:
             same = False
-        if same:
+        missing = _world_files_missing(out, spec) if same else []
+        if same and not missing:
             results.print(f"world {out} is there already, with these settings: nothing to do")
             return True
+        if same:  # the same world with files removed since: generation is deterministic, so it is written again
+            results.print(f"world {out} has these settings but misses files ({'; '.join(missing[:3])}): writing "
+                          "it again")
+            return False
         fail(f"--out {out} holds another world already (its world.json): choose a new folder (nobackfill deletes "
              "no data: remove it yourself to write another world there)")
     stray = [p.name for p in out.iterdir() if p.name not in ("train", "val", "test")]
@@ -68,6 +73,23 @@ def _world_there(out: Path, spec: Any) -> bool:
     if any(out.iterdir()):  # splits and no world.json: a run that was stopped; every item is rewritten alike
         results.print(f"{out} holds an unfinished world (no world.json): writing it again")
     return False
+
+
+def _world_files_missing(out: Path, spec: Any) -> list[str]:
+    """What of the world ``spec`` is missing under ``out``: per split, images short of its count or
+    its captions.jsonl (a cheap check of names, not of contents)."""
+    missing = []
+    for split in ("train", "val", "test"):
+        want = int(getattr(spec, f"n_{split}"))
+        if want == 0:
+            continue
+        images = out / split / "images"
+        have = sum(1 for p in images.iterdir() if p.suffix == ".png") if images.is_dir() else 0
+        if have < want:
+            missing.append(f"{split}: {have} of {want} images")
+        if not (out / split / "captions.jsonl").is_file():
+            missing.append(f"{split}: no captions.jsonl")
+    return missing
 
 
 def _train_command(preset: str, data: Path, out: Path, steps: Optional[int], seed: int, threads: int,
