@@ -95,6 +95,10 @@ def test_delete_pin_and_errors_leave_the_collection_unchanged(coll):
     assert r.exit_code == 2 and "empty" in r.output
     r = invoke("collection", "upgrade", coll / "photos", "--model", MODELS / "world-new")  # a rerun: nothing to do
     assert r.exit_code == 0 and "is its current model already: nothing to do" in " ".join(r.output.split())
+    r = invoke("collection", "upgrade", coll / "photos", "--model", MODELS / "world-new", "--bridge",
+               UPGRADE, "--fit-bridge")  # options it would not apply: refused, named
+    out = " ".join(r.output.split())
+    assert r.exit_code == 2 and "is its current model already, so --bridge, --fit-bridge changed nothing" in out, out
     assert js("collection", "status", coll / "photos")["generation"] == before["generation"]
     hit = js("collection", "search", coll / "photos", "--text", "a blue square", "--k", 1)["hits"][0]
     r = invoke("collection", "delete", coll / "photos", "--id", hit["id"])

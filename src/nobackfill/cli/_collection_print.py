@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import contextlib
 import json
-from typing import Any, Iterator, List, Optional
+from typing import Any, Iterator, List, Optional, Sequence
 
 import typer
 from rich.markup import escape
 
-from ._common import console, results
+from ._common import console, fail, results
 
 
 def print_import(client: Any, source: str, rep: Any) -> None:
@@ -256,11 +256,16 @@ def print_upgrade(name: str, rep: Any, st: dict[str, Any], seconds: float, *, ca
                                          if bridged and not fits.get("enabled") else "") + kept)
 
 
-def upgraded_already(name: str, model: Any, e: BaseException) -> bool:
+def upgraded_already(name: str, model: Any, e: BaseException, given: Sequence[str] = ()) -> bool:
     """True (said) when an upgrade was refused because ``model`` is the current model already: a rerun
-    after an upgrade that a kill let commit, nothing to do (trial T: exit 2 broke retry scripts)."""
+    after an upgrade that a kill let commit, nothing to do (trial T: exit 2 broke retry scripts). With
+    options that only an upgrade to another model uses (``given``: their flags) it is refused, naming
+    them: they were not applied, and "nothing to do" would say they were."""
     if "is already the current model" not in str(e):
         return False
+    if given:
+        fail(f"{name}: {model} is its current model already, so {', '.join(given)} changed nothing (they apply to "
+             "an upgrade to another model; `collection calibrate` chooses routes on labelled data)")
     results.print(f"{name}: {model} is its current model already: nothing to do (routes stay as they are: "
                   "`collection route` and `collection calibrate` change them)")
     return True

@@ -245,7 +245,9 @@ def upgrade(
                                  fit_sample=parse_fit_sample(fit_sample))
         st = client.status()
     except user_errors() as e:
-        if not upgraded_already(name, model, e):  # (a rerun after an upgrade that committed: nothing to do)
+        given = [flag for flag, value in (("--bridge", bridge), ("--calibrate", calibrate), ("--queries", queries),
+                                          ("--fit-sample", fit_sample), ("--fit-bridge", fit_bridge)) if value]
+        if not upgraded_already(name, model, e, given):  # (a rerun after an upgrade that committed: nothing to do)
             fail(e)
         return
     if as_json:
