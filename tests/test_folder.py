@@ -296,3 +296,16 @@ def test_a_caption_id_that_is_an_images_id_names_its_line_and_can_be_skipped(tmp
         folder_items(root)
     fi = folder_items(root, skip_bad=True)
     assert fi.skipped == 1 and fi.count("text") == 1 and img_id in {it.id for it in fi.items}
+
+
+def test_an_images_labels_are_merged_from_all_its_lines_whatever_their_language(tmp_path, caplog):
+    """trial V: labels on an image's second line were dropped without a word, so --filter missed it."""
+    lines = [{"image": "images/a.png", "caption": "a red circle", "lang": "en"},
+             {"image": "images/a.png", "caption": "ein roter Kreis", "lang": "de", "labels": {"class": "red circle"}},
+             {"image": "images/b.png", "caption": "a blue square", "lang": "en", "labels": {"class": "blue square"}},
+             {"image": "images/b.png", "caption": "another", "lang": "en", "labels": {"class": "navy", "size": "big"}}]
+    root = make_folder(tmp_path, lines, images=("images/a.png", "images/b.png"))
+    with caplog.at_level("WARNING", logger=folder_mod.logger.name):
+        ds = load_pairs(root, langs=["en"])
+    assert ds.image_labels == [{"class": "red circle"}, {"class": "blue square", "size": "big"}]
+    assert "labels.class 'navy' (kept 'blue square')" in caplog.text and "line 4" in caplog.text

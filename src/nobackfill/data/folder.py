@@ -6,7 +6,8 @@ Each non-blank line of ``captions.jsonl`` is one JSON object::
      "labels": {"shape": "circle"}, "source": "..."}
 
 ``image`` (a path relative to the folder), ``caption`` and ``lang`` are required non-empty
-strings; ``labels`` is an optional dict (the first line of an image sets that image's labels);
+strings; ``labels`` is an optional dict describing the image (the labels of all its lines are
+merged; a key given two values keeps the first, with a warning);
 any other key is kept in the caption's ``extra`` dict. Several lines may share one image.
 """
 
@@ -276,7 +277,6 @@ def load_pairs(
 
     image_index: dict[str, int] = {}
     images: list[str] = []
-    image_labels: list[dict] = []
     captions: list[str] = []
     caption_langs: list[str] = []
     caption_image: list[int] = []
@@ -286,6 +286,8 @@ def load_pairs(
     skipped_images: dict[str, str] = {}
     skipped_lines: list[str] = []
     skipped = 0
+    merged_labels: dict[str, dict] = {}  # image path -> the labels of all its lines
+    label_conflicts: list[str] = []
 
     def bad(line: int, message: str) -> None:
         nonlocal skipped
@@ -313,6 +315,8 @@ def load_pairs(
         except ValueError as exc:
             bad(no, str(exc))
             continue
+        if labels:  # an image's labels, from any of its lines (whatever their language)
+            _merge_labels(merged_labels.setdefault(image, {}), labels, image, no, label_conflicts)
         if wanted is not None and lang not in wanted:
             continue
         if image not in image_index and limit is not None and len(images) >= limit:
@@ -327,13 +331,17 @@ def load_pairs(
         if image not in image_index:
             image_index[image] = len(images)
             images.append(image)
-            image_labels.append(labels)
         captions.append(caption)
         caption_langs.append(lang)
         caption_image.append(image_index[image])
         caption_lines.append(no)
         extras.append(extra)
 
+    image_labels = [merged_labels.get(image, {}) for image in images]
+    if warn and label_conflicts:
+        logger.warning("%s: %d label(s) given other values on a later line of the same image; the first value is "
+                       "kept: %s%s", path, len(label_conflicts), "; ".join(label_conflicts[:3]),
+                       " ..." if len(label_conflicts) > 3 else "")
     if warn and skipped > _MAX_LOGGED_SKIPS:
         logger.warning("%s: skipped %d bad lines in total", path, skipped)
     if warn and skipped_images:
@@ -346,6 +354,16 @@ def load_pairs(
                        langs=caption_langs, caption_image=np.asarray(caption_image, np.int64),
                        caption_lines=caption_lines, skipped=skipped, extra=extras,
                        skipped_images=skipped_images, problems=skipped_lines)
+
+
+def _merge_labels(into: dict, labels: dict, image: str, line: int, conflicts: list[str]) -> None:
+    """Add ``labels`` (of a line of ``image``) to ``into``, the image's labels so far: a new key is
+    added; a key it holds with another value keeps the first value, and the conflict is noted."""
+    for key, value in labels.items():
+        if key not in into:
+            into[key] = value
+        elif into[key] != value:
+            conflicts.append(f"{image} line {line}: labels.{key} {value!r} (kept {into[key]!r})")
 
 
 def write_pairs(folder: str | os.PathLike, records: Iterable[dict]) -> Path:
