@@ -472,6 +472,14 @@ def test_world_refuses_a_folder_holding_another_world_and_redoes_the_same_one(tm
     assert r.exit_code == 0 and "misses files (train: 2 of 3 images; val: no captions.jsonl)" in r.output, r.output
     assert image.read_bytes() == image_bytes and (w / "val" / "captions.jsonl").is_file()
     assert (w / "train" / "captions.jsonl").read_text() == before
+    train = {p.name: p.read_bytes() for p in (w / "train" / "images").iterdir()}
+    r = invoke("world", "--out", str(w), "--n-train", "5", *small[2:])  # the same world, more of it: grown
+    assert r.exit_code == 0 and "holds this world with fewer items (train 3, val 1, test 1)" in r.output, r.output
+    grown = {p.name: p.read_bytes() for p in (w / "train" / "images").iterdir()}
+    assert len(grown) == 5 and all(grown[name] == data for name, data in train.items())
+    assert json.loads((w / "world.json").read_text())["n_train"] == 5
+    r = invoke("world", "--out", str(w), *small)  # fewer again: another world (its other images uncaptioned)
+    assert r.exit_code == 2 and "holds another world already" in r.output
     (tmp_path / "other").mkdir()
     (tmp_path / "other" / "notes.txt").write_text("mine")
     r = invoke("world", "--out", str(tmp_path / "other"), *small)

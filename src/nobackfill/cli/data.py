@@ -52,10 +52,16 @@ def _world_there(out: Path, spec: Any) -> bool:
         fail(f"--out {out} is a file; a world is a folder")
     there = out / "world.json"
     if there.is_file():
+        want = json.loads(json.dumps(asdict(spec)))
         try:
-            same = json.loads(there.read_text()) == json.loads(json.dumps(asdict(spec)))
+            had = json.loads(there.read_text())
         except ValueError:
-            same = False
+            had = None
+        same = had == want
+        if not same and _grows(had, want):  # the same world, more of it (make demo's, then the tour's)
+            results.print(f"world {out} holds this world with fewer items ({_counts(had)}): writing it with "
+                          f"{_counts(want)} (the items it holds are written again alike)")
+            return False
         missing = _world_files_missing(out, spec) if same else []
         if same and not missing:
             results.print(f"world {out} is there already, with these settings: nothing to do")
@@ -73,6 +79,22 @@ def _world_there(out: Path, spec: Any) -> bool:
     if any(out.iterdir()):  # splits and no world.json: a run that was stopped; every item is rewritten alike
         results.print(f"{out} holds an unfinished world (no world.json): writing it again")
     return False
+
+
+_COUNTS = ("n_train", "n_val", "n_test")
+
+
+def _grows(had: Any, want: dict) -> bool:
+    """Whether the world ``want`` is the world ``had`` (both world.json contents) with as many items
+    of every split or more: items are drawn per split and index, so its items are ``had``'s and more."""
+    if not isinstance(had, dict) or any(not isinstance(had.get(k), int) for k in _COUNTS):
+        return False
+    rest = {k: v for k, v in want.items() if k not in _COUNTS}
+    return {k: v for k, v in had.items() if k not in _COUNTS} == rest and all(want[k] >= had[k] for k in _COUNTS)
+
+
+def _counts(spec: dict) -> str:
+    return ", ".join(f"{k[2:]} {spec[k]:,}" for k in _COUNTS)
 
 
 def _world_files_missing(out: Path, spec: Any) -> list[str]:

@@ -62,6 +62,8 @@ def eval_retrieval(
                 "n_images": len(ds), "n_captions": len(ds.captions), "query_space": q.space_id,
                 "gallery_space": g.space_id, "bridges": [str(b) for b in bridge or []],
                 "reco": str(reco) if reco else None})
+    res["langs"] = sorted(set(ds.langs))
+    echo(data_line(ds))
     echo(metrics_table({label: res}))
     write_json(json_out, res)
     emit_json(res, as_json)
@@ -81,9 +83,20 @@ def query_label(model: Path, bridges: Sequence[Path] = (), reco: Optional[Path] 
 METRICS = (("R@1", "R@1"), ("R@5", "R@5"), ("R@10", "R@10"), ("median_rank", "median rank"), ("mAP", "mAP"))
 
 
+def data_line(ds) -> str:
+    """What was evaluated: images, captions and their languages (every language of the data unless
+    --langs picks some: trial V read numbers of 7 languages as a model's English ones)."""
+    from collections import Counter
+
+    counts = Counter(ds.langs)
+    langs = ", ".join(f"{lang} {n:,}" for lang, n in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0])))
+    pick = " (--langs picks some)" if len(counts) > 1 else ""
+    return f"data: {len(ds):,} images, {len(ds.captions):,} captions by language: {langs}{pick}"
+
+
 def metrics_table(rows: dict[str, dict]) -> str:
     """``{label: {"t2i": metrics, "i2t": metrics, "note"?: str}}`` as a text table, a line per label and
-    direction (R@K and mAP in %), then every row's note."""
+    direction (R@K and mAP in %, said under it), then every row's note."""
     from ..report import text_table
 
     def cell(key: str, v) -> str:
@@ -92,7 +105,8 @@ def metrics_table(rows: dict[str, dict]) -> str:
     body = [[label, d] + [cell(k, (r.get(d) or {}).get(k)) for k, _ in METRICS]
             for label, r in rows.items() for d in ("t2i", "i2t")]
     notes = [f"note: {label}: {r['note']}" for label, r in rows.items() if r.get("note")]
-    return "\n".join([text_table(["row", "dir"] + [h for _, h in METRICS], body), *notes])
+    return "\n".join([text_table(["row", "dir"] + [h for _, h in METRICS], body),
+                      "(R@K and mAP in %; the --out JSON holds fractions)", *notes])
 
 
 def _eval_reranked(query_model: Path, gallery_model: Path, ds, rerank: str, rerank_k: int, weight: float,
@@ -118,7 +132,8 @@ def _eval_reranked(query_model: Path, gallery_model: Path, ds, rerank: str, rera
            "reranked": rerank_metrics(scored, data, {"t2i": (variant, weight), "i2t": (variant, weight)}),
            "labels": {"global": pair, "reranked": f"{pair}+rerank({rerank}, top {rerank_k}, weight {weight:g})"},
            "rerank": rerank, "rerank_k": rerank_k, "weight": weight, "model": str(query_model),
-           "n_images": len(ds), "n_captions": len(ds.captions), "space": enc.space_id}
+           "n_images": len(ds), "n_captions": len(ds.captions), "langs": sorted(set(ds.langs)), "space": enc.space_id}
+    quiet(as_json)(data_line(ds))
     quiet(as_json)(metrics_table({res["labels"][k]: res[k] for k in ("global", "reranked")}))
     write_json(json_out, res)
     emit_json(res, as_json)
@@ -156,6 +171,7 @@ def eval_compat(
     labels = LABELS
     echo(f"old: {_name(old)} ({eo.space_id}), new: {_name(new)} ({en.space_id}), "
          f"upgraded new: {query_label(new, bridge)}")
+    echo(data_line(ds))
     echo(metrics_table({labels[k]: v for k, v in rows.items()}))
     echo("gap closure: " + ", ".join(f"{d} {v:.2f}" if v is not None else f"{d} -" for d, v in gap.items()))
     for case, r in crit.items():
@@ -165,5 +181,6 @@ def eval_compat(
             f"{d} NFR {100 * v['NFR']:.1f}% PFR {100 * v['PFR']:.1f}%" for d, v in f.items()))
     if onoff is not None:
         echo(f"upgrade off vs original new model: max abs diff {onoff}")
+    result["langs"] = sorted(set(ds.langs))
     write_json(json_out, result)
     emit_json(result, as_json)
