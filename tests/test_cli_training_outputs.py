@@ -246,12 +246,12 @@ def _start(args: list[str]) -> subprocess.Popen:
                             preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
 
 
-def _interrupt(p: subprocess.Popen, ready, timeout: float = 120.0) -> tuple[int, str]:
+def _interrupt(p: subprocess.Popen, ready, timeout: float = 120.0, sig: int = signal.SIGINT) -> tuple[int, str]:
     t0 = time.time()
     while not ready() and p.poll() is None and time.time() - t0 < timeout:
         time.sleep(0.1)
     assert p.poll() is None, f"the run ended before it was interrupted:\n{p.communicate()[1][-3000:]}"
-    p.send_signal(signal.SIGINT)
+    p.send_signal(sig)
     _, err = p.communicate(timeout=60)
     return p.returncode, err
 
@@ -310,3 +310,17 @@ def test_upgrade_xbt_reads_its_pairs_before_stage_1_trains(tmp_path, monkeypatch
         xbt.upgrade_xbt(root / "world-old", root / "world-new", tmp_path / "corpus", tmp_path / "pairs",
                         tmp_path / "out", dataclasses.replace(xbt.XBTUpgradeConfig(), n_pairs=64))
     assert calls == []
+
+
+def test_sigterm_ends_a_training_as_ctrl_c_does_with_exit_143(late_setup) -> None:
+    """trial V: SIGTERM (timeout, kill, systemd) ended a run without a word and left what Ctrl-C tidies."""
+    root = late_setup["root"]
+    out = root / "run-term"
+    args = ["late", "train", "--kind", "global", "--world", str(root / "world"), "--preset", str(root / "student.toml"),
+            "--teacher", str(root / "teacher-model"), "--steps", "100000", "--batch-size", "4", "--threads", "1",
+            "--set", "loop.checkpoint_every=5", "--out", str(out)]
+    code, err = _interrupt(_start(args), (out / "checkpoint.pt").is_file, sig=signal.SIGTERM)
+    assert code == 143, err
+    assert "Traceback" not in err and len(err.strip().splitlines()) == 1, err
+    assert re.fullmatch(r"interrupted at step \d+ of 100000 \(contrastive\); the checkpoint at step \d+ in .+ "
+                        r"resumes it: rerun the same command \(SIGTERM\)", err.strip()), err

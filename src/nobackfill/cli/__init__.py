@@ -67,8 +67,10 @@ class _Root(TyperGroup):
 
             loop = sys.modules.get("nobackfill.train.loop")  # not loaded: no loop ran (and torch stays unloaded)
             trained = loop is not None and isinstance(e, loop.TrainingInterrupted)
-            console.print(f"[yellow]{escape(e.message() if trained else 'interrupted')}[/yellow]")
-            raise typer.Exit(code=130) from None
+            terminated = isinstance(e, Terminated) or isinstance(e.__context__, Terminated)
+            said = e.message() if trained else "interrupted"
+            console.print(f"[yellow]{escape(said + (' (SIGTERM)' if terminated else ''))}[/yellow]")
+            raise typer.Exit(code=143 if terminated else 130) from None
         except (FileExistsError, IsADirectoryError, NotADirectoryError, PermissionError) as e:
             from ._common import fail
 
@@ -164,7 +166,22 @@ bench_app.command("reco")(reco.bench_reco)
 app.add_typer(bench_app, name="bench")
 
 
+class Terminated(KeyboardInterrupt):
+    """SIGTERM (``kill``, ``timeout``, systemd, a container's stop), raised where the command stands so
+    that it ends as after Ctrl-C: what a run tidies on an interrupt (a training's staging folder, a
+    backfill's batch in hand) is tidied, one line is printed, exit 143 (trial V: ``lingual learn``
+    killed by ``timeout`` left its work folder and said nothing)."""
+
+
+def _terminate(signum, frame) -> None:
+    raise Terminated()
+
+
 def main() -> None:
+    """The ``nobackfill`` program: the command line, with SIGTERM handled as Ctrl-C (:class:`Terminated`)."""
+    import signal
+
+    signal.signal(signal.SIGTERM, _terminate)
     try:
         app()
     finally:
