@@ -464,3 +464,25 @@ def test_float16_storage_round_trip(tokenizer, tmp_path, pixels) -> None:
     np.testing.assert_array_equal(back.encode_images(pixels), enc.encode_images(pixels))
     with pytest.raises(ValueError, match="weights_dtype"):
         enc.save(tmp_path / "bad", weights_dtype="int8")
+
+
+def test_a_model_directory_without_its_tokenizer_files_is_refused_naming_them(tmp_path) -> None:
+    """trial W: config.json + weights alone loaded a 2-token tokenizer, and every text embedded alike."""
+    import shutil
+
+    from nobackfill.encoders import TokenizerMissing
+
+    shipped = Path(__file__).resolve().parents[1] / "models" / "world-old"
+    bare = tmp_path / "bare"
+    bare.mkdir()
+    for name in ("config.json", "model.safetensors"):
+        shutil.copy(shipped / name, bare / name)
+    with pytest.raises(TokenizerMissing, match=r"holds 2 tokens for a text tower of \d+ \(it holds no tokenizer "
+                                                r"file\): copy the tokenizer files with the weights"):
+        load_encoder(bare)
+    shutil.copy(shipped / "tokenizer_config.json", bare / "tokenizer_config.json")
+    with pytest.raises(TokenizerMissing, match="its tokenizer cannot be read \\(it holds tokenizer_config.json"):
+        load_encoder(bare)
+    shutil.copy(shipped / "tokenizer.json", bare / "tokenizer.json")
+    v = load_encoder(bare).encode_texts(["a red circle", "a blue square"])
+    assert float(v[0] @ v[1]) < 0.999  # two texts, two vectors

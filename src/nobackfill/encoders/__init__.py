@@ -24,6 +24,11 @@ __getattr__, __dir__ = lazy_exports(__name__, _LAZY)
 PRETRAINED_TEXT_ALIASES = ("minilm", "pretrained", "all-MiniLM-L6-v2")
 
 
+class TokenizerMissing(ValueError):
+    """A model directory whose tokenizer files are missing or incomplete: the message names them
+    (:func:`nobackfill.encoders.hf.load_tokenizer`)."""
+
+
 def load_encoder(directory: str | Path) -> DualEncoder:
     """Open a saved model directory, choosing the implementation from its config (or the shipped
     all-MiniLM-L6-v2 for one of :data:`PRETRAINED_TEXT_ALIASES`)."""
@@ -54,12 +59,12 @@ def load_encoder(directory: str | Path) -> DualEncoder:
         from .minilm import MiniLMTextEncoder
 
         return MiniLMTextEncoder.load(directory)
-    except FileNotFoundError:
+    except (FileNotFoundError, TokenizerMissing):  # they name what is missing
         raise
     except Exception as e:  # a truncated model.safetensors, an edited config: name the directory
         raise ValueError(f"{directory}: cannot load the model ({type(e).__name__}: {str(e).splitlines()[0][:300]}); "
                          f"`nobackfill verify {directory}` checks its files against their recorded hashes") from None
 
 
-__all__ = ["PRETRAINED_TEXT_ALIASES", "DualEncoder", "TokenOutput", "CLIPDualEncoder", "create_model", "get_preset", "list_presets",
+__all__ = ["PRETRAINED_TEXT_ALIASES", "DualEncoder", "TokenOutput", "TokenizerMissing", "CLIPDualEncoder", "create_model", "get_preset", "list_presets",
            "load_encoder", "l2_normalise"]

