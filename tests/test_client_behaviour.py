@@ -502,3 +502,26 @@ def test_an_add_that_stops_at_an_unreadable_image_names_it_and_what_it_stored(cl
     out = client.add(images=rows, chunk_size=2, skip_bad=True) if type(client).__name__ == "LocalClient" else None
     if out is not None:
         assert (out.added, out.unchanged, out.skipped) == (4, 4, 1)
+
+
+def test_a_caption_over_the_text_limit_is_a_bad_line_for_both_clients_before_anything_is_stored(client, world,
+                                                                                                tmp_path):
+    """trial W: a folder add took a 2,540-character caption in process, and over HTTP stored the items
+    before it and then failed; now both refuse it up front, naming its line, and --skip-bad skips it."""
+    import shutil
+
+    folder = tmp_path / "long"
+    (folder / "images").mkdir(parents=True)
+    src = sorted((world / "val" / "images").iterdir())[:2]
+    for p in src:
+        shutil.copy(p, folder / "images" / p.name)
+    lines = [{"image": f"images/{src[0].name}", "caption": "a caption", "lang": "en"},
+             {"image": f"images/{src[1].name}", "caption": "word " * 500, "lang": "en"},
+             {"image": f"images/{src[1].name}", "caption": "another caption", "lang": "en"}]
+    (folder / "captions.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
+    before = client.status()["generation"]
+    with pytest.raises(InvalidRequest, match=r"captions.jsonl line 2: a caption of 2500 characters; at most 2000"):
+        client.add(folder=folder)
+    assert client.status()["generation"] == before  # nothing committed
+    res = client.add(folder=folder, skip_bad=True)
+    assert res.skipped == 1 and "line 2" in res.problems[0] and res.added == 4, res

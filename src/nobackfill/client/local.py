@@ -119,7 +119,7 @@ class LocalClient(Client):
 
         one_source(texts, images, folder, text_file)
         if folder is not None or text_file is not None:
-            items, read = read_files(folder, split, text_file, langs, skip_bad)
+            items, read = read_files(folder, split, text_file, langs, skip_bad, self.limits.max_caption_chars)
         else:
             items, read = given_items(texts, images, ids, self.limits.check_text), FolderItems(items=[])
         check_items(items)  # the ids the HTTP API can name, JSON metadata: one rule for both clients

@@ -90,7 +90,8 @@ class RemoteClient(Client):
             if rows is not None:
                 items, read = given_items(texts, images, ids, self._server_limits().check_text), None
             else:
-                items, read = read_files(folder, split, text_file, langs, skip_bad)
+                items, read = read_files(folder, split, text_file, langs, skip_bad,
+                                         self._server_limits().max_caption_chars)
         except (OSError, ValueError) as e:
             raise as_client_error(e) or e
         out = upload_items(self._call, items, self.limits(), chunk_size=chunk_size, progress=progress)

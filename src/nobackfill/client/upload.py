@@ -37,17 +37,31 @@ def one_source(texts: Any, images: Any, folder: Any = None, text_file: Any = Non
 
 
 def read_files(folder: str | Path | None, split: str, text_file: str | Path | None,
-               langs: Sequence[str] | None, skip_bad: bool) -> tuple[list, Any]:
+               langs: Sequence[str] | None, skip_bad: bool, max_chars: int | None = None) -> tuple[list, Any]:
     """The items of ``folder`` (a data folder, or a world root's ``split``) or of ``text_file``, and
-    what reading them found (skipped lines and images, with ``skip_bad``)."""
+    what reading them found (skipped lines and images, with ``skip_bad``). A caption longer than
+    ``max_chars`` (the limit of an added text, :class:`~nobackfill.search.limits.Limits`) is a bad line
+    like any other, named before anything is stored: the same rule in process and over HTTP, where it
+    was refused by the server after the items before it were stored (trial W)."""
     from ..collection.ingest import folder_items, read_text_file
-    from ..data.folder import split_folder
+    from ..data.folder import CAPTIONS_FILE, DataFormatError, split_folder
 
     if text_file is not None:
-        ti = read_text_file(text_file, langs=langs, skip_bad=skip_bad)
-        return ti.items, ti
-    fi = folder_items(split_folder(folder, split), langs=langs, skip_bad=skip_bad)  # type: ignore[arg-type]
-    return fi.items, fi
+        read, where = read_text_file(text_file, langs=langs, skip_bad=skip_bad), Path(text_file)
+    else:
+        root = split_folder(folder, split)  # type: ignore[arg-type]
+        read, where = folder_items(root, langs=langs, skip_bad=skip_bad), Path(root) / CAPTIONS_FILE
+    if max_chars is not None:
+        keep = []
+        for it in read.items:
+            text = it.source.get("text") if it.modality == "text" else None
+            if isinstance(text, str) and len(text) > max_chars:
+                read.skip(DataFormatError(f"a caption of {len(text)} characters; at most {max_chars} are taken (as "
+                                          "for a search text)", where, read.lines.get(it.id), skippable=True), skip_bad)
+                continue
+            keep.append(it)
+        read.items = keep
+    return read.items, read
 
 
 def given_items(texts: Any, images: Any, ids: Any, check_text: Callable[[Any, str], str] | None = None) -> list:
