@@ -757,7 +757,7 @@ def test_a_runs_rate_is_shared_by_the_workers_that_can_hold_a_shard(tmp_path, mo
     c, old, new, pool, _ = _upgraded(tmp_path)
     run_backfill(c, new, order="sequential", limit=2, pool=pool)  # a job of 1 shard
     rates: list[float | None] = []
-    monkeypatch.setattr(bf, "start_workers", lambda run, path, model, limits, settings: rates.append(settings["rate"])
+    monkeypatch.setattr(bf, "start_workers", lambda run, path, model, limits, settings, relay=False: rates.append(settings["rate"])
                         or [])
     monkeypatch.setattr(bf, "run_worker", lambda *a, **kw: rates.append(kw["rate"]) or bf.WorkerReport(owner="x"))
     run_backfill(c, new, order="sequential", workers=2, rate=8.0, pool=pool)

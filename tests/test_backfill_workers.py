@@ -105,6 +105,46 @@ def test_a_worker_process_tells_its_bridge_fits_on_the_stderr_it_shares(tmp_path
     assert f"worker pid {os.getpid()}: fitting bridges on 8 backfilled pairs" in capsys.readouterr().err
 
 
+def test_relayed_worker_lines_and_every_workers_commits_reach_the_command(tmp_path, monkeypatch, capsys):
+    """trial W: with --workers 2 the bar counted only the command's own worker, and the workers'
+    lines, written beside the bar, were erased by it. Relayed, a worker writes its lines to a file
+    beside its report; :func:`follow_workers` says them through ``log`` and feeds ``progress`` with
+    what the collection has committed, whoever committed it."""
+    import json as _json
+    import types
+
+    import nobackfill.search.models as models
+    from _collection_helpers import upgraded_collection
+    from nobackfill.lifecycle import backfill_workers
+
+    c, _old, new, pool, _ = upgraded_collection(tmp_path, 4, 1)
+    monkeypatch.setattr(models, "ModelPool", lambda: pool)
+
+    class Rep:
+        def as_dict(self):
+            return {"done": True}
+
+    def fake_run_worker(collection, enc, **kw):
+        kw["log"]("fitting bridges on 8 backfilled pairs")
+        kw["log"]("  t2i: ensemble -> route bridge")
+        return Rep()
+
+    report = tmp_path / "worker-1.json"
+    backfill_workers._worker_main(fake_run_worker, str(c.path), c.space(c.current_space).model, {"batch_size": 4},
+                                  str(report), True)
+    assert "fitting bridges" not in capsys.readouterr().err  # not on the terminal beside the bar
+    done, said, advanced = [10], [], []
+    proc = types.SimpleNamespace(pid=4242)
+    with backfill_workers.follow_workers([(proc, report)], lambda: done[0], advanced.append, said.append,
+                                         every_s=0.05):
+        done[0] = 25  # another worker's commits
+        time.sleep(0.3)
+        done[0] = 31
+    assert sum(advanced) == 21 and said == ["worker pid 4242: fitting bridges on 8 backfilled pairs",
+                                            "worker pid 4242:   t2i: ensemble -> route bridge"]
+    assert _json.loads(report.read_text()) == {"done": True}
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("group", [False, True], ids=["the-command", "its-process-group"])
 def test_ctrl_c_stops_the_worker_processes_too_and_says_what_stays(tmp_path, group):

@@ -60,7 +60,7 @@ from .backfill_jobs import (DEFAULT_LEASE_S, JOB_DIR, JOB_FILE, LEASE_DIR, ORDER
                             _stopped_workers, _take_shard, _write, backfill_running, describe_holders,
                             record_unreadable, unreadable_items, unreadable_note)
 from .backfill_fit import first_maps_gap, maybe_fit, running_fit, sample_first  # noqa: F401
-from .backfill_workers import join_workers, run_report, start_workers, stopped_with
+from .backfill_workers import follow_workers, join_workers, run_report, start_workers, stopped_with
 from ..collection.ingest import encode_readable
 from .backfill_order import (ORDERS, _encode, _held, _pending, _route_failure, _uncertainty_order,  # noqa: F401
                              one_read_time)
@@ -413,10 +413,14 @@ def run_backfill(collection: Collection, encoder: Any, *, order: str = "uncertai
         return run_report(backfill_status(collection), rep, [rep.as_dict()], [], t0)
     if workers > 1:  # the others in processes of their own, each stopping once this process is gone
         procs = start_workers(run_worker, collection.path, collection.space(job.target).model, limits,
-                              {"batch_size": batch_size, "rate": per_rate, "lease_s": lease_s})
-    with stopped_with(procs):  # a Ctrl-C here stops the worker processes too (each after its batch)
-        rep = run_worker(collection, encoder, batch_size=batch_size, rate=per_rate, limit=limits[0],
-                         lease_s=lease_s, progress=progress, log=log)
+                              {"batch_size": batch_size, "rate": per_rate, "lease_s": lease_s}, relay=log is not None)
+    # with worker processes the progress is every worker's, read from the collection, and their lines are said here
+    with follow_workers(procs, lambda: backfill_status(collection)["done"], progress, log):
+        with stopped_with(procs, log=log):  # a Ctrl-C here stops the worker processes too (each after its batch)
+            rep = run_worker(collection, encoder, batch_size=batch_size, rate=per_rate, limit=limits[0],
+                             lease_s=lease_s, progress=None if procs else progress, log=log)
+            for p, _ in procs:  # (their last lines and batches, before the end of the block reads them)
+                p.join()
     return run_report(backfill_status(collection), rep, [rep.as_dict(), *join_workers(procs)], procs, t0)
 
 

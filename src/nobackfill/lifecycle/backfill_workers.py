@@ -19,7 +19,8 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
-__all__ = ["INTERRUPTED", "PARENT_GONE", "join_workers", "parent_gone", "run_report", "start_workers", "stopped_with"]
+__all__ = ["INTERRUPTED", "PARENT_GONE", "join_workers", "follow_workers", "parent_gone", "run_report", "start_workers",
+           "stopped_with"]
 
 #: how a worker process records that it stopped because the process that started it exited
 PARENT_GONE = "the process that started this worker exited"
@@ -61,9 +62,23 @@ def _say(msg: str) -> None:
     print(f"worker pid {os.getpid()}: {msg}", file=sys.stderr, flush=True)
 
 
+def _say_to(path: Path) -> Callable[[str], None]:
+    """What a worker process has to say, appended to ``path`` for the process that started it to
+    show (:func:`follow_workers`); on stderr where the file cannot be written."""
+    def say(msg: str) -> None:
+        try:
+            with open(path, "a", encoding="utf-8") as f:
+                f.write("".join(f"{line}\n" for line in str(msg).splitlines() or [""]))
+        except OSError:
+            _say(msg)
+
+    return say
+
+
 def _worker_main(run_worker: Callable[..., Any], path: str, model: str, kwargs: dict,
-                 report: str) -> None:  # pragma: no cover - a child process
+                 report: str, relay: bool = False) -> None:  # pragma: no cover - a child process
     stop = parent_gone()  # first: a Ctrl-C meant for the command is its to handle from now on
+    say = _say_to(_log_file(Path(report))) if relay else _say
 
     import torch
 
@@ -74,20 +89,21 @@ def _worker_main(run_worker: Callable[..., Any], path: str, model: str, kwargs: 
     try:
         c = Collection.open(path)
         enc = ModelPool().get(model, c.current_space)
-        rep = run_worker(c, enc, stop=stop, log=_say, **kwargs)
+        rep = run_worker(c, enc, stop=stop, log=say, **kwargs)
     except Exception as e:  # one line, as the command's own error (a catalog gone): no traceback of a child
-        _say(f"stopped: {e}" + ("" if "run the same command again" in str(e) else
+        say(f"stopped: {e}" + ("" if "run the same command again" in str(e) else
                                  " (what was committed stays: run the same command again to go on)"))
         raise SystemExit(1) from None
     Path(report).write_text(json.dumps(rep.as_dict()))
 
 
 def start_workers(run_worker: Callable[..., Any], path: Path, model: str, limits: list[int | None],
-                  settings: dict[str, Any]) -> list[tuple[Any, Path]]:
+                  settings: dict[str, Any], relay: bool = False) -> list[tuple[Any, Path]]:
     """A spawned process per worker ``i`` of ``limits[1:]`` (worker 0 is the caller's) running
     ``run_worker`` (:func:`~.backfill.run_worker`, given so this module needs not import it) on the
     collection at ``path`` with ``model`` loaded, ``settings`` (batch size, rate, lease), its limit,
-    ``stop=parent_gone()`` and its bridge fits told on stderr; one with a limit of 0 is not started. Returns each process and the
+    ``stop=parent_gone()`` and its bridge fits told on stderr (``relay``: in a file beside its report, for
+    :func:`follow_workers` to pass on); one with a limit of 0 is not started. Returns each process and the
     file its report will be in."""
     import multiprocessing as mp
 
@@ -99,7 +115,7 @@ def start_workers(run_worker: Callable[..., Any], path: Path, model: str, limits
             continue
         out = tmp / f"worker-{i}.json"
         p = ctx.Process(target=_worker_main,
-                        args=(run_worker, str(path), model, {**settings, "limit": limits[i]}, str(out)))
+                        args=(run_worker, str(path), model, {**settings, "limit": limits[i]}, str(out), relay))
         p.start()
         procs.append((p, out))
     if not procs:
@@ -108,15 +124,21 @@ def start_workers(run_worker: Callable[..., Any], path: Path, model: str, limits
 
 
 @contextlib.contextmanager
-def stopped_with(procs: list[tuple[Any, Path]], wait_s: float = STOP_WAIT_S) -> Iterator[None]:
+def stopped_with(procs: list[tuple[Any, Path]], wait_s: float = STOP_WAIT_S,
+                 log: Callable[[str], None] | None = None) -> Iterator[None]:
     """The caller's own worker runs in the block; if it leaves by an exception (a Ctrl-C), the
     processes of :func:`start_workers` are asked to stop (SIGTERM: each commits the batch in hand,
     hands its shard back, records :data:`INTERRUPTED`), awaited up to ``wait_s`` and then killed,
-    before the exception goes on (a process left running kept the command alive to the end)."""
+    before the exception goes on (a process left running kept the command alive to the end). The
+    wait is said (``log``): a worker fitting bridges finishes its fit first, up to a minute on a
+    large model, and the command was silent meanwhile (trial W)."""
     try:
         yield
     except BaseException:
         alive = [p for p, _ in procs if p.is_alive()]
+        if alive and log is not None:
+            log(f"stopping {len(alive)} worker process(es): each commits the batch in hand (one fitting bridges "
+                f"ends its fit first); waiting up to {wait_s:.0f} s ...")
         for p in alive:
             p.terminate()
         deadline = time.monotonic() + wait_s
@@ -129,6 +151,62 @@ def stopped_with(procs: list[tuple[Any, Path]], wait_s: float = STOP_WAIT_S) -> 
         raise
 
 
+@contextlib.contextmanager
+def follow_workers(procs: list[tuple[Any, Path]], done_now: Callable[[], int],
+                   progress: Callable[[int], None] | None, log: Callable[[str], None] | None,
+                   every_s: float = 1.0) -> Iterator[None]:
+    """While the block runs (the caller's own worker), and once at its end, every ``every_s``
+    seconds: feed ``progress`` with the items every worker committed since its last call, read from
+    the collection (``done_now()``: the items the target serves), and pass each line a worker process
+    wrote to its log file (:func:`start_workers` with ``relay``) to ``log``. The command's bar counted
+    only its own worker's batches (it ended at 1,497 of 2,073 committed, and stood still while the
+    others worked on), and the workers' lines, written to the terminal beside the bar, were erased
+    by it (trial W). The block should wait for the processes before it ends (their last lines)."""
+    if not procs or (progress is None and log is None):
+        yield
+        return
+    seen, stop, read = [done_now() if progress is not None else 0], threading.Event(), {}
+
+    def tick() -> None:
+        if log is not None:
+            for p, out in procs:
+                said = _log_file(out)
+                with contextlib.suppress(OSError):
+                    with open(said, "rb") as f:
+                        f.seek(read.get(said, 0))
+                        data = f.read()
+                    whole = data[:data.rfind(b"\n") + 1]  # whole lines only
+                    read[said] = read.get(said, 0) + len(whole)
+                    for line in whole.decode("utf-8", errors="replace").splitlines():
+                        log(f"worker pid {p.pid}: {line}")
+        if progress is not None:
+            try:
+                now = done_now()
+            except Exception:  # a status read that failed: the next tick tries again
+                return
+            if now > seen[0]:
+                progress(now - seen[0])
+                seen[0] = now
+
+    def watch() -> None:
+        while not stop.wait(every_s):
+            tick()
+
+    thread = threading.Thread(target=watch, name="backfill-follow", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join()
+        tick()
+
+
+def _log_file(report: Path) -> Path:
+    """Where the worker process whose report goes to ``report`` writes its lines (when relayed)."""
+    return report.with_suffix(".log")
+
+
 def join_workers(procs: list[tuple[Any, Path]]) -> list[dict[str, Any]]:
     """Wait for the processes of :func:`start_workers`; their reports (one that left none is
     skipped), their folder removed."""
@@ -138,6 +216,8 @@ def join_workers(procs: list[tuple[Any, Path]]) -> list[dict[str, Any]]:
         with contextlib.suppress(OSError, ValueError):
             reports.append(json.loads(out.read_text()))
             out.unlink()
+        with contextlib.suppress(OSError):
+            _log_file(out).unlink()
     if procs:
         with contextlib.suppress(OSError):
             procs[0][1].parent.rmdir()
