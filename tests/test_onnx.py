@@ -79,6 +79,33 @@ def test_an_export_after_a_killed_one_removes_its_staging_and_puts_back_what_it_
         export_onnx(d, towers=["text"], max_abs_diff=0.0)
     assert (d / "onnx" / "export.json").is_file() and not (d / ".onnx.k1ll3d").exists()
     assert not (d / ".onnx.old").exists()
+    before = set(os.listdir(ROOT / "models" / "world-old")) | {"onnx"}
+    assert set(os.listdir(d)) == before  # no lock file left in the user's folder (trial W)
+
+
+def test_two_exports_of_one_model_run_one_after_the_other(tmp_path):
+    """The export lock is the model directory's own: a second export waits for the first."""
+    import fcntl
+    import threading
+
+    from nobackfill.encoders.onnx import _export_lock
+
+    d = tmp_path / "m"
+    d.mkdir()
+    entered = []
+    with _export_lock(d):
+        t = threading.Thread(target=lambda: _export_lock(d).__enter__() and None or entered.append(1))
+        t.start()
+        t.join(0.3)
+        assert not entered  # waiting
+        fd = os.open(d, os.O_RDONLY)
+        try:
+            with pytest.raises(BlockingIOError):
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        finally:
+            os.close(fd)
+    t.join(5)
+    assert entered == [1] and os.listdir(d) == []
 
 
 def test_the_export_is_used_only_for_its_own_unaltered_weights(exported, tmp_path, caplog):

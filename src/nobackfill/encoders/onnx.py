@@ -255,11 +255,15 @@ def export_onnx(model_dir: str | Path, *, int8: bool = False, towers: Sequence[s
 def _export_lock(model_dir: Path) -> Iterator[None]:
     """One export of ``model_dir`` at a time. Holding it, what a killed export left is put right first:
     its staging folders (``.onnx.XXXX``, as large as an export) removed, and an earlier export it had
-    set aside (``.onnx.old``) put back when no ``onnx/`` replaced it (trial T)."""
+    set aside (``.onnx.old``) put back when no ``onnx/`` replaced it (trial T). The lock is the model
+    directory's own (``flock`` of the directory): a lock file stayed in the user's model folder (trial W)."""
     import fcntl
 
-    with open(model_dir / ".export-onnx.lock", "a+b") as f:  # (not .onnx.*: the staging folders' names)
-        fcntl.flock(f, fcntl.LOCK_EX)
+    fd = os.open(model_dir, os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        with contextlib.suppress(OSError):  # the lock file of earlier versions
+            (model_dir / ".export-onnx.lock").unlink()
         old, parent = model_dir / f".{EXPORT_DIR}.old", model_dir / EXPORT_DIR
         if old.is_dir() and not parent.exists():
             os.replace(old, parent)
@@ -267,6 +271,8 @@ def _export_lock(model_dir: Path) -> Iterator[None]:
             if stale.is_dir():
                 shutil.rmtree(stale, ignore_errors=True)
         yield
+    finally:
+        os.close(fd)  # (releases the lock)
 
 
 def _export_locked(model_dir: Path, encoder: Any, towers: list[str], info: dict[str, Any], parent: Path,
