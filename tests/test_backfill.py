@@ -879,3 +879,30 @@ def test_a_route_to_a_retired_space_is_refused(tmp_path):
     with pytest.raises(RouteRefused, match="is retired"):
         pin_route(Collection.open(c.path), old.space_id, "t2i", "bridge")
     assert Collection.open(c.path).generation == gen
+
+
+def test_status_says_starting_while_a_worker_draws_the_order(tmp_path):
+    """trial W: for the minute a new backfill measured its uncertainty sample, status said "none"."""
+    import threading
+
+    from nobackfill.lifecycle.backfill_jobs import JOB_DIR
+
+    c, old, new, pool, _ = _upgraded(tmp_path)
+    assert backfill_status(c)["state"] == "none"
+    held, release = threading.Event(), threading.Event()
+
+    def hold() -> None:
+        with c.catalog.lock(JOB_DIR):
+            held.set()
+            release.wait(10)
+
+    t = threading.Thread(target=hold)
+    t.start()
+    try:
+        assert held.wait(10)
+        st = backfill_status(Collection.open(c.path))
+        assert st["state"] == "starting" and "a backfill is starting" in st["note"]
+    finally:
+        release.set()
+        t.join()
+    assert backfill_status(c)["state"] == "none"

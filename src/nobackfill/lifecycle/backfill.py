@@ -162,7 +162,8 @@ def cancel_backfill(collection: Collection) -> None:
 def backfill_status(collection: Collection) -> dict[str, Any]:
     """``{"done", "total", "fraction", "order", "state", "rate", "eta_s", "workers", "holders", "engine",
     "actors", ...}``
-    of the current space (done: live items it serves). ``state``: none | running (a live worker
+    of the current space (done: live items it serves). ``state``: none | starting (no job yet, and a
+    worker holds the backfill lock: it is drawing the order) | running (a live worker
     holds a shard) | idle (unfinished, but no worker runs: ``note`` and ``last_worker`` say why) |
     paused | done."""
     target = (st := collection.served_counts())["plan"].current  # Milvus: from the catalog alone
@@ -200,7 +201,11 @@ def backfill_status(collection: Collection) -> dict[str, Any]:
     bad = unreadable_items(collection, job if mine else None)
     out["unreadable"] = int(bad["count"])
     out["unreadable_items"] = dict(list(bad["named"].items())[:5])
-    if mine and job.state == "running" and done >= total and total:
+    if not mine and _lock_held_elsewhere(collection):  # (trial W: "none" for a minute while it measured)
+        out["state"] = "starting"
+        out["note"] = ("a backfill is starting: a worker holds the backfill lock (the uncertainty order measures how "
+                       "its sample is served now)")
+    elif mine and job.state == "running" and done >= total and total:
         out["state"] = "done"
     elif mine and job.state == "running" and not live and _lock_held_elsewhere(collection):
         out["note"] = ("no shard is leased this moment: a worker holds the backfill lock (fitting the order "

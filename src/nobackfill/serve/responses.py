@@ -73,7 +73,8 @@ class BackfillStatus(_Open):
     done: int
     total: int
     fraction: float
-    state: str = Field(..., description="none | running | paused | idle (no worker runs: see `note`) | done")
+    state: str = Field(..., description="none | starting (a worker draws the job's order) | running | paused | "
+                                        "idle (no worker runs: see `note`) | done")
     order: Optional[str] = None
     target: Optional[str] = None
     shards: Optional[int] = Field(None, description="The job's shards: at most this many workers (processes, "
