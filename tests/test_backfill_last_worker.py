@@ -25,7 +25,7 @@ def test_a_vanished_shard_holder_is_named_over_a_worker_that_found_no_free_shard
 def test_a_worker_process_that_fails_says_one_line_not_a_traceback(tmp_path, capsys):
     import pytest
 
-    from nobackfill.lifecycle.backfill_workers import _worker_main
+    from nobackfill.lifecycle.cluster.processes import _worker_main
 
     with pytest.raises(SystemExit) as e:
         _worker_main(lambda *a, **kw: None, str(tmp_path / "gone"), "m", {}, str(tmp_path / "report.json"))

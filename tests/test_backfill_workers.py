@@ -17,7 +17,7 @@ import pytest
 from _cli_helpers import ok, world_collection
 from nobackfill.collection.collection import Collection
 from nobackfill.lifecycle.backfill import backfill_status
-from nobackfill.lifecycle.backfill_workers import PARENT_GONE, parent_gone
+from nobackfill.lifecycle.cluster.processes import PARENT_GONE, parent_gone
 
 MODELS = Path(__file__).resolve().parents[1] / "models"
 
@@ -83,7 +83,7 @@ def test_a_worker_process_tells_its_bridge_fits_on_the_stderr_it_shares(tmp_path
 
     import nobackfill.search.models as models
     from _collection_helpers import upgraded_collection
-    from nobackfill.lifecycle import backfill_workers
+    from nobackfill.lifecycle.cluster import processes as backfill_workers
 
     c, _old, new, pool, _ = upgraded_collection(tmp_path, 4, 1)
     monkeypatch.setattr(models, "ModelPool", lambda: pool)
@@ -115,7 +115,7 @@ def test_relayed_worker_lines_and_every_workers_commits_reach_the_command(tmp_pa
 
     import nobackfill.search.models as models
     from _collection_helpers import upgraded_collection
-    from nobackfill.lifecycle import backfill_workers
+    from nobackfill.lifecycle.cluster import processes as backfill_workers
 
     c, _old, new, pool, _ = upgraded_collection(tmp_path, 4, 1)
     monkeypatch.setattr(models, "ModelPool", lambda: pool)
@@ -153,7 +153,7 @@ def test_ctrl_c_stops_the_worker_processes_too_and_says_what_stays(tmp_path, gro
     their batch, hand their shard back and record the interruption; the command says how far the
     backfill got and that the same command goes on. ``group``: a terminal's Ctrl-C, which reaches
     every process of the group (the workers leave it to the command)."""
-    from nobackfill.lifecycle.backfill_workers import INTERRUPTED
+    from nobackfill.lifecycle.cluster.processes import INTERRUPTED
 
     world_collection(tmp_path, "c", MODELS / "world-old", n_train=2, n_val=2, n_test=30)
     path = tmp_path / "c"

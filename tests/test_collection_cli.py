@@ -197,7 +197,7 @@ def test_json_keeps_text_readable_and_a_table_shortens_a_long_caption(tmp_path):
     at most 300 characters (the hit's whole text stays in ``--json``)."""
     from nobackfill.cli.gallery import SHOWN_TEXT
 
-    long = "a red circle " + "x" * 2000
+    long = "a red circle " + "x" * 1980  # (within the 2,000 characters a caption holds)
     (tmp_path / "t.jsonl").write_text(json.dumps({"text": "日本の赤い円", "id": "jp"}, ensure_ascii=False) + "\n"
                                       + json.dumps({"text": long, "id": "long"}) + "\n", encoding="utf-8")
     assert invoke("collection", "create", tmp_path / "c", "--model", MODELS / "world-old").exit_code == 0

@@ -42,7 +42,8 @@ def print_import(client: Any, source: str, rep: Any) -> None:
 def print_indexes(rep: dict) -> None:
     """What ``collection index`` built (or, in a server, started)."""
     if not rep["indexes"]:
-        results.print("every graph index is in place (none missing)")
+        results.print("nothing to build: every space that needs a graph index has it (small ones are searched "
+                      "exactly, with none)")
     for m in rep["indexes"]:
         state = "building in the server" if m.get("building") else f"{m.get('in_use')} in use"
         results.print(f"space {escape(m['space'])}: {m['count']:,} {m['modality']} vectors, {m['graph']} index: {state}")
@@ -225,6 +226,11 @@ def print_backfill_run(name: str, st: dict, limit: Optional[int]) -> None:
                       + ". Follow it with `nobackfill collection status`. (A job's shards are set by the run that "
                       "started it, --shards, default its --workers: to share one among M machines, start it with "
                       "--shards M.)")
+        return
+    if not st["total"] and st.get("no_source"):  # every item left is one without a source (trial V: "0/0 (100%)")
+        results.print(f"backfill of {name}: nothing to backfill; {st['no_source']} item(s) of older spaces have no "
+                      "source (imported without one) and cannot be backfilled: `collection retire --drop-unsourced` "
+                      "deletes them with their space")
         return
     stopped = {"limit": f"stopped at --limit {limit}; run again to go on"}.get(st.get("stopped"), st.get("stopped"))
     results.print(f"{head}; {done}" + (f" ({escape(stopped)})" if stopped else ""))

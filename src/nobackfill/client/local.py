@@ -227,18 +227,24 @@ class LocalClient(Client):
         return UpgradeResult(current=plan.current, spaces=list(plan.space_ids),
                              merge=plan.merge_method or DEFAULT_MERGE, routes=route_table(plan))
 
-    def _known_space(self, space: str) -> None:
-        """NotFound (404) unless ``space`` is one of the collection's spaces."""
+    def _known_space(self, space: str) -> str:
+        """The id of ``space``: one of the collection's space ids, or the name of exactly one of its
+        spaces (status and search tables show names first: trial V); else NotFound (404) listing them."""
         plan = self.collection.plan
-        if not plan.has(space):
-            raise NotFound(404, f"collection {self.collection.path} has no space {space!r} (spaces: "
-                                   f"{', '.join(plan.space_ids)})", "space")
+        if plan.has(space):
+            return space
+        named = [s.space_id for s in plan.spaces if s.name and s.name == space]
+        if len(named) == 1:
+            return named[0]
+        known = ", ".join(f"{s.space_id} ({s.name})" if s.name else s.space_id for s in plan.spaces)
+        why = f"{len(named)} spaces are named {space!r}: give its id" if named else f"no space {space!r}"
+        raise NotFound(404, f"collection {self.collection.path} has {why} (spaces: {known})", "space")
 
     @refusals
     def route(self, space: str, direction: str, route: str | None = None, *, w: float | None = None) -> dict[str, Any]:
         from ..lifecycle.plan_changes import RouteRefused, pin_route, route_table
 
-        self._known_space(space)
+        space = self._known_space(space)
         with self.write_lock:
             try:
                 return route_table(pin_route(self.collection, space, direction, route, w))
@@ -259,7 +265,7 @@ class LocalClient(Client):
     def retire(self, space: str, *, drop_unsourced: bool = False) -> dict[str, Any]:
         from ..lifecycle.backfill import retire_space
 
-        self._known_space(space)
+        space = self._known_space(space)
         with self.write_lock:
             dropped = len(self.collection.unsourced_ids(space)) if drop_unsourced else 0
             retire_space(self.collection, space, drop_unsourced=drop_unsourced)

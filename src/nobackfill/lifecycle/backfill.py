@@ -60,7 +60,7 @@ from .backfill_jobs import (DEFAULT_LEASE_S, JOB_DIR, JOB_FILE, LEASE_DIR, ORDER
                             _stopped_workers, _take_shard, _write, backfill_running, describe_holders,
                             record_unreadable, unreadable_items, unreadable_note)
 from .backfill_fit import first_maps_gap, maybe_fit, running_fit, sample_first  # noqa: F401
-from .backfill_workers import follow_workers, join_workers, run_report, start_workers, stopped_with
+from .cluster.processes import follow_workers, join_workers, run_report, start_workers, stopped_with
 from ..collection.ingest import encode_readable
 from .backfill_order import (ORDERS, _encode, _held, _pending, _route_failure, _uncertainty_order,  # noqa: F401
                              one_read_time)
@@ -116,8 +116,9 @@ def start_backfill(collection: Collection, encoder: Any, *, order: str = "uncert
                 sample = [by_id[i] for i in fit_ids[:n_fit]] + [it for it in sample if it.id not in head_ids]
                 n_sample = len(sample)
             of_fit = f" (the bridge fit's sample of {n_fit} and {n_sample - n_fit} more)" if n_fit else ""
-            say(f"uncertainty order: measuring how {n_sample} sampled items are served now{of_fit}; they are "
-                "backfilled first (they count against --limit), then the order of the rest is fitted")
+            if n_sample:
+                say(f"uncertainty order: measuring how {n_sample} sampled items are served now{of_fit}; they are "
+                    "backfilled first (they count against --limit), then the order of the rest is fitted")
             from ..search.models import ModelPool
 
             if pool is None:
@@ -202,9 +203,8 @@ def backfill_status(collection: Collection) -> dict[str, Any]:
     out["unreadable"] = int(bad["count"])
     out["unreadable_items"] = dict(list(bad["named"].items())[:5])
     if not mine and _lock_held_elsewhere(collection):  # (trial W: "none" for a minute while it measured)
-        out["state"] = "starting"
-        out["note"] = ("a backfill is starting: a worker holds the backfill lock (the uncertainty order measures how "
-                       "its sample is served now)")
+        out["state"], out["note"] = "starting", "a backfill is starting: a worker holds the backfill lock (the " \
+            "uncertainty order measures how its sample is served now)"
     elif mine and job.state == "running" and done >= total and total:
         out["state"] = "done"
     elif mine and job.state == "running" and not live and _lock_held_elsewhere(collection):
@@ -253,7 +253,7 @@ def run_worker(collection: Collection, encoder: Any, *, batch_size: int = 64, ra
     """Backfill shards until none is left, ``limit`` items were embedded (the uncertainty sample
     included; a first batch may pass it: :func:`~.backfill_fit.first_maps_gap`), the job is paused
     or removed, every unfinished shard is leased by another worker, or ``stop()`` says why to stop
-    (checked before each batch and while pacing; a worker process's: :func:`~.backfill_workers.parent_gone`).
+    (checked before each batch and while pacing; a worker process's: :func:`~.cluster.processes.parent_gone`).
     ``rate`` caps items per second for this worker; ``log`` hears of the bridge fits it runs
     (:func:`~.backfill_fit.maybe_fit`). Whatever stops it, it hands its shard back and records why; a
     SIGKILL leaves the lease to expire (or to be taken over at once on this host). While it holds a

@@ -93,7 +93,7 @@ class Session:
 
     def __exit__(self, kind: Any, e: BaseException | None, tb: Any) -> bool:
         if isinstance(e, KeyboardInterrupt):
-            from .backfill_workers import INTERRUPTED
+            from .cluster.processes import INTERRUPTED
 
             self.rep.stopped = INTERRUPTED
         elif e is not None:

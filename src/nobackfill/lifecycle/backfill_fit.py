@@ -270,8 +270,8 @@ def maybe_fit(collection: Collection, *, final: bool | None = False, pool: Any =
         if st is None:
             return None
         n = backfilled_count(collection, st["target"])
-        if n < int(st["next"]) and not (final and (not st["fits"] or st["fits"][-1]["pairs"] < n)):
-            return None  # fitted meanwhile
+        if n == 0 or (n < int(st["next"]) and not (final and (not st["fits"] or st["fits"][-1]["pairs"] < n))):
+            return None  # fitted meanwhile (or no pair to fit on: a job with nothing to backfill)
         from .fit_bridges import fit_collection_bridges
 
         if cfg is None and (st.get("fit") or st.get("queries")):  # the settings the upgrade recorded

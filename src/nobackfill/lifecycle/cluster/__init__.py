@@ -1,7 +1,8 @@
-"""The backfill on a cluster: :mod:`.ray_backfill` runs the backfill job's re-embedding as a Ray
-Data pipeline (``engine="ray"``), with the job, shards, leases and the one commit of
-:mod:`nobackfill.lifecycle.backfill_commit`. Nothing here is imported unless that engine is chosen
-(Ray is an optional extra).
+"""The backfill's workers beyond the calling process: :mod:`.processes` the worker processes of this
+machine (``workers=N``: their start, stop, progress and lines); :mod:`.ray_backfill` the backfill
+job's re-embedding as a Ray Data pipeline (``engine="ray"``), with the job, shards, leases and the
+one commit of :mod:`nobackfill.lifecycle.backfill_commit`, imported only when that engine is
+chosen (Ray is an optional extra).
 
 May import: ``_logging``, ``collection``, ``encoders``, ``lifecycle``, ``search``.
 """

@@ -82,8 +82,8 @@ def _worker_main(run_worker: Callable[..., Any], path: str, model: str, kwargs: 
 
     import torch
 
-    from ..collection.collection import Collection
-    from ..search.models import ModelPool
+    from ...collection.collection import Collection
+    from ...search.models import ModelPool
 
     torch.set_num_threads(1)
     try:
