@@ -176,6 +176,8 @@ def test_one_life_of_a_collection(face):
     assert c.route(old, "t2i", "old-model")[old]["t2i"]["pinned"]
     assert {h.route for h in c.search(text="a red circle", k=5).hits} == {"old-model"}
     assert not c.route(old, "t2i", None)[old]["t2i"]["pinned"]
+    assert c.route("world-old", "i2t", "old-model")[old]["i2t"]["pinned"]  # by its name, as tables show it
+    assert not c.route(old, "i2t", None)[old]["i2t"]["pinned"]
     # the backfill into the new space, then its job forgotten, then the old space retired
     c.backfill_start("sequential")
     st = _wait_done(c)
