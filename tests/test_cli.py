@@ -160,6 +160,15 @@ def test_demo_json_keys(setup, tmp_path):
     assert res["live_upgrade_fitted"]
 
 
+def test_demo_prints_its_results_on_stdout_and_its_progress_on_stderr(setup, tmp_path):
+    """trial V: every line of the demo, its table included, went to stderr."""
+    r = invoke("demo", "--world", setup / "world", "--models", setup / "models", "--out", tmp_path / "demo")
+    assert r.exit_code == 0, r.output
+    assert "old/old" in r.stdout and "live upgrade without a bridge, R@1 served" in r.stdout
+    assert "report:" in r.stdout and "loading world-old" not in r.stdout
+    assert "loading world-old" in r.stderr and "t2i R@5" not in r.stderr
+
+
 def test_importing_the_cli_and_compat_package_loads_no_heavy_library():
     """Every command starts fast: the CLI and ``nobackfill.compat`` (lazy exports) import no torch,
     transformers or peft until a command needs them; a lazy name still resolves on first use."""

@@ -246,8 +246,12 @@ def write_report(path: Path, result: dict, live: dict | None = None, live_fit: d
 
 
 def run_demo(world: str | Path = "data/world", models_dir: str | Path = "models", out: str | Path = "runs/demo",
-             progress: bool = True, log: Callable[[str], None] = print, limit: int | None = None) -> dict:
-    """Run the demo; ``limit`` keeps only the first N test images (quick checks)."""
+             progress: bool = True, log: Callable[[str], None] = print, limit: int | None = None,
+             show: Callable[[str], None] | None = None) -> dict:
+    """Run the demo; ``limit`` keeps only the first N test images (quick checks). ``log`` hears its
+    progress, ``show`` (default ``log``) its results: the table, the R@1 served along the live
+    upgrades, where the report is (the command prints them on stdout, the progress on stderr)."""
+    show = show or log
     world, models_dir, out = Path(world), Path(models_dir), Path(out)
     t0 = time.time()
     if not (world / "test" / "captions.jsonl").is_file():
@@ -275,7 +279,7 @@ def run_demo(world: str | Path = "data/world", models_dir: str | Path = "models"
                    "seconds": round(time.time() - t0, 1), **extras})
     labels = row_labels(result)
     header, body = recall_table_rows({labels[k]: result[k] for k in labels})
-    log(text_table(header, body))
+    show(text_table(header, body))
     live = live_upgrade(world, models_dir, out, limit, log)
     if live is not None:
         result["live_upgrade"] = {k: live[k] for k in ("old_old", "new_new", "default", "routes")}
@@ -284,7 +288,16 @@ def run_demo(world: str | Path = "data/world", models_dir: str | Path = "models"
     if live_fit is not None:
         result["live_upgrade_fitted"] = live_fit
     write_report(out / "report.html", result, live, live_fit)
-    log(f"report: {out / 'report.html'}")
+    if show is not log:  # the curves again, where results go (the steps were progress)
+        xbt = result.get("live_upgrade", {}).get("curve") or {}
+        points = [(p["fraction"], p["R@1"], q["R@1"]) for p, q in zip(xbt.get("t2i", []), xbt.get("i2t", []))]
+        for name, curve in (("with the XBT bridge", points),
+                            ("without a bridge", [(p["fraction"], p["t2i"], p["i2t"])
+                                                  for p in (live_fit or {}).get("steps", [])])):
+            if curve:
+                show(f"live upgrade {name}, R@1 served as the backfill advances: " + "; ".join(
+                    f"{100 * f:.0f}% t2i {100 * t:.1f} i2t {100 * i:.1f}" for f, t, i in curve))
+    show(f"report: {out / 'report.html'}")
     return result
 
 

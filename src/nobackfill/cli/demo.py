@@ -7,7 +7,7 @@ from typing import Optional
 
 import typer
 
-from ._common import console, emit_json, fail, json_flag, write_json
+from ._common import console, emit_json, fail, json_flag, results, write_json
 
 
 def demo(
@@ -26,7 +26,8 @@ def demo(
     json_path = out if out.suffix == ".json" else out / "report.json"
     folder = out.parent if out.suffix == ".json" else out
     try:
-        result = run_demo(world, models, folder, log=lambda m: console.print(m), limit=limit)
+        result = run_demo(world, models, folder, log=lambda m: console.print(m), limit=limit,
+                          show=None if as_json else lambda m: results.print(m))
     except (ValueError, FileNotFoundError) as e:
         fail(e)
     write_json(json_path, result)
