@@ -15,7 +15,7 @@ from nobackfill.collection.ingest import add_items, folder_items
 from nobackfill.compat.fitted import FitConfig
 from nobackfill.lifecycle import backfill_fit
 from nobackfill.lifecycle.backfill import run_backfill
-from nobackfill.lifecycle.fit_bridges import NO_QUERIES, FitBridgesConfig, fit_collection_bridges
+from nobackfill.lifecycle.fit_bridges import NO_QUERIES, FitBridgesConfig, few_queries, fit_collection_bridges
 from nobackfill.lifecycle.plan_changes import upgrade_collection
 
 FIT = {"families": ("orthogonal", "ridge"), "epochs": 5, "max_steps": 50}
@@ -65,6 +65,17 @@ def test_images_alone_with_queries_fit_a_t2i_bridge_scored_on_them(tmp_path, mon
     # the new space is a linear map of the old one: a fitted map reproduces the new model's ranking
     # (scored on the given texts: there is no caption), and ties with the one serving, which stays
     assert e["heldout"]["r1"] > 0.9 and e["chosen"] == "serving" and not e["swapped"]
+
+
+def test_images_alone_with_too_few_queries_say_so(tmp_path, monkeypatch):
+    """trial V: 3 example texts fitted no t2i bridge, and nothing said why."""
+    c, old, new, _, pool = _images_only(tmp_path, monkeypatch=monkeypatch)
+    upgrade_collection(c, NEW_REF, pool=pool, queries=QUERIES[:3],
+                       fit_sample={"fraction": 0.5, "min_pairs": 60, "max_pairs": 100, "fit": FIT})
+    run_backfill(c, new, order="sequential", batch_size=32)
+    assert "t2i" not in _fitted_directions(c)
+    said = backfill_fit.fit_state(c)["fits"][-1]["skipped"][f"{old.space_id}/t2i"]
+    assert said == few_queries(3) and "too few of the 3 query texts given" in said
 
 
 def test_given_queries_join_the_held_out_captions(tmp_path):

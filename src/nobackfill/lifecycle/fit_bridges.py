@@ -47,6 +47,13 @@ NO_QUERIES = ("no captions to hold out and no query texts given: pass example se
               "`collection upgrade --queries FILE` to fit and score a bridge for text queries")
 
 
+def few_queries(given: int) -> str:
+    """Why a text-query direction scored on the ``given`` example query texts alone keeps its route."""
+    return (f"too few of the {given} query texts given could score a bridge: it needs {MIN_HELDOUT} whose new-model "
+            "match is an item held out of the fit; pass more example search texts (tens to hundreds) with "
+            "`collection upgrade --queries FILE`")
+
+
 @dataclass
 class FitBridgesConfig:
     """How fitted bridges are chosen and swapped in."""
@@ -272,8 +279,9 @@ def fit_collection_bridges(collection: Collection, *, cfg: FitBridgesConfig | No
             given_texts = _query_texts(planner, space, tuple(cfg.queries), say) if qmod == "text" else None
             held, sources = _held(d, pairs, masks, cfg, space.embeds(qmod), given_texts)
             if held is None or not cands:
-                if qmod == "text" and "text" not in pairs and DIRECTIONS[d][1] in pairs and not cfg.queries:
-                    report.setdefault(sid, {})[d] = {"skipped": NO_QUERIES}
+                if qmod == "text" and "text" not in pairs and DIRECTIONS[d][1] in pairs:
+                    report.setdefault(sid, {})[d] = {"skipped": few_queries(len(cfg.queries)) if cfg.queries
+                                                     else NO_QUERIES}
                 continue
             old_rec = serving.get((sid, d))
             given = _given_bridge(users, sid, d, sources, say)
