@@ -66,6 +66,19 @@ def test_train_takes_config_and_set_and_records_them(setup, tmp_path):
     assert f"--config {extra}" in recipe["command"] and "--set train.batch_size=8" in recipe["command"]
 
 
+def test_train_takes_its_checkpoint_interval_and_records_it(setup, tmp_path):
+    """trial V: the first checkpoint of a resumable run came at step 250, and nothing changed that."""
+    out = tmp_path / "m"
+    r = invoke("train", "--preset", setup / "world-old.toml", "--data", setup / "world", "--out", out, "--steps", 4,
+               "--checkpoint-every", 2)
+    assert r.exit_code == 0, r.output
+    recipe = json.loads((out / "recipe.json").read_text())
+    assert recipe["loop"]["checkpoint_every"] == 2 and "--checkpoint-every 2" in recipe["command"]
+    r = invoke("train", "--preset", setup / "world-old.toml", "--data", setup / "world", "--out", tmp_path / "n",
+               "--checkpoint-every", 0)
+    assert r.exit_code == 2 and "--checkpoint-every must be >= 1, got 0" in r.output and not (tmp_path / "n").exists()
+
+
 def test_a_recipe_records_a_relative_data_folder_as_an_absolute_path_and_where_it_ran(setup, tmp_path, monkeypatch):
     """The recorded command line runs again from anywhere: --data world is recorded with its cwd."""
     monkeypatch.chdir(setup)

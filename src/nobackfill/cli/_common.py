@@ -199,10 +199,11 @@ def config_option() -> Any:
                                                "with --show-config); applied over the defaults / preset.")
 
 
-def set_option() -> Any:
+def set_option(loop: bool = True) -> Any:
+    """``--set``; ``loop``: the command's config has a training loop table, whose fields may skip ``loop.``."""
     return typer.Option(None, "--set", help="dotted.key=value (a TOML value; a dot enters a section), repeatable, "
-                                            "applied last; the keys are those --show-config prints. Loop fields "
-                                            "may skip 'loop.'.")
+                                            "applied last; the keys are those --show-config prints."
+                                            + (" Loop fields may skip 'loop.'." if loop else ""))
 
 
 def show_config_option() -> Any:

@@ -115,7 +115,8 @@ def _world_files_missing(out: Path, spec: Any) -> list[str]:
 
 
 def _train_command(preset: str, data: Path, out: Path, steps: Optional[int], seed: int, threads: int,
-                   stream: bool, config: Optional[Path] = None, sets: Optional[List[str]] = None) -> str:
+                   stream: bool, config: Optional[Path] = None, sets: Optional[List[str]] = None,
+                   checkpoint_every: int = 250) -> str:
     """The exact ``nobackfill train`` command line that reproduces a run (saved in recipe.json)."""
     import shlex
 
@@ -126,6 +127,7 @@ def _train_command(preset: str, data: Path, out: Path, steps: Optional[int], see
     parts += [f"--seed {seed}"] if seed else []
     parts += [f"--threads {threads}"] if threads else []
     parts += [] if stream else ["--no-stream"]
+    parts += [f"--checkpoint-every {checkpoint_every}"] if checkpoint_every != 250 else []
     return " ".join(parts)
 
 
@@ -138,8 +140,10 @@ def train_cmd(
     seed: int = typer.Option(0, help="Training seed."),
     threads: int = typer.Option(0, help="torch threads (0 = default)."),
     stream: bool = typer.Option(True, help="On a world folder, sample fresh scenes every step."),
+    checkpoint_every: int = typer.Option(250, help="Steps between checkpoints (a killed run resumes from the last "
+                                                   "one)."),
     config: Optional[Path] = config_option(),
-    set_: Optional[List[str]] = set_option(),
+    set_: Optional[List[str]] = set_option(loop=False),
     show_config: bool = show_config_option(),
 ) -> None:
     """Contrastive training of a zoo preset (symmetric InfoNCE, learnable temperature). The preset
@@ -149,8 +153,9 @@ def train_cmd(
     from ..train.loop import check_output
     from ..train.world_model import train_preset
 
-    if threads < 0:  # (before --show-config too)
-        fail(f"--threads must be >= 0 (0 = torch's default), got {threads}")
+    if threads < 0 or checkpoint_every < 1:  # (before --show-config too)
+        fail(f"--threads must be >= 0 (0 = torch's default), got {threads}" if threads < 0 else
+             f"--checkpoint-every must be >= 1, got {checkpoint_every}")
     try:
         base = get_preset(preset)
     except (ConfigError, FileNotFoundError) as e:
@@ -158,8 +163,9 @@ def train_cmd(
     cfg = resolve_config(Preset, base, config, set_, show=show_config, flags={"train": {"steps": steps}})
     try:
         check_output(out, finished="nobackfill.json", what="model")  # a killed run resumes; a finished one is kept
-        r = train_preset(cfg, data, out, seed=seed, threads=threads, stream=stream,
-                         command=_train_command(preset, data, out, steps, seed, threads, stream, config, set_))
+        r = train_preset(cfg, data, out, seed=seed, threads=threads, stream=stream, checkpoint_every=checkpoint_every,
+                         command=_train_command(preset, data, out, steps, seed, threads, stream, config, set_,
+                                                checkpoint_every))
     except (ConfigError, ValueError, FileNotFoundError) as e:
         fail(e)
     results.print(f"trained {preset} for {r.steps} steps in {r.seconds:.0f}s -> {out}")
