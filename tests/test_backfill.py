@@ -3,6 +3,7 @@ backfill, retire."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import random
 import signal
@@ -717,26 +718,11 @@ def test_run_settings_that_would_loop_or_do_nothing_are_refused_before_anything_
 def test_status_is_not_idle_while_a_worker_holds_the_backfill_lock_between_leases(tmp_path):
     """Trial H: while the worker that saw the sample in fitted the order (holding the backfill lock,
     no shard leased), status said idle, "no worker is running"; a held lock is a live worker."""
-    from nobackfill.lifecycle.backfill import JOB_DIR
-
     c, old, new, pool, _ = _upgraded(tmp_path)
     start_backfill(c, new, order="sequential")
-    held, release = threading.Event(), threading.Event()
-
-    def hold() -> None:
-        with Collection.open(c.path).catalog.lock(JOB_DIR):
-            held.set()
-            release.wait(30)
-
-    t = threading.Thread(target=hold)
-    t.start()
-    try:
-        assert held.wait(10)
+    with _job_lock_held_by_another_thread(c):
         st = backfill_status(c)
         assert st["state"] == "running" and st["workers"] == 0 and "holds the backfill lock" in st["note"], st
-    finally:
-        release.set()
-        t.join()
     st = backfill_status(c)
     assert st["state"] == "idle" and "no worker is running" in st["note"]
 
@@ -883,26 +869,32 @@ def test_a_route_to_a_retired_space_is_refused(tmp_path):
 
 def test_status_says_starting_while_a_worker_draws_the_order(tmp_path):
     """trial W: for the minute a new backfill measured its uncertainty sample, status said "none"."""
-    import threading
-
-    from nobackfill.lifecycle.backfill_jobs import JOB_DIR
-
     c, old, new, pool, _ = _upgraded(tmp_path)
     assert backfill_status(c)["state"] == "none"
+    with _job_lock_held_by_another_thread(c):
+        st = backfill_status(Collection.open(c.path))
+        assert st["state"] == "starting" and "a backfill is starting" in st["note"]
+    assert backfill_status(c)["state"] == "none"
+
+
+@contextlib.contextmanager
+def _job_lock_held_by_another_thread(c):
+    """The backfill lock of ``c`` held by another thread (as a worker drawing the order holds it) while
+    the block runs."""
+    from nobackfill.lifecycle.backfill_jobs import JOB_DIR
+
     held, release = threading.Event(), threading.Event()
 
     def hold() -> None:
-        with c.catalog.lock(JOB_DIR):
+        with Collection.open(c.path).catalog.lock(JOB_DIR):
             held.set()
-            release.wait(10)
+            release.wait(30)
 
     t = threading.Thread(target=hold)
     t.start()
     try:
         assert held.wait(10)
-        st = backfill_status(Collection.open(c.path))
-        assert st["state"] == "starting" and "a backfill is starting" in st["note"]
+        yield
     finally:
         release.set()
         t.join()
-    assert backfill_status(c)["state"] == "none"

@@ -256,12 +256,17 @@ def _interrupt(p: subprocess.Popen, ready, timeout: float = 120.0, sig: int = si
     return p.returncode, err
 
 
+def _late_train_args(root: Path, out: Path) -> list[str]:
+    """A `late train` that would run for ever, checkpointing every 5 steps."""
+    return ["late", "train", "--kind", "global", "--world", str(root / "world"), "--preset", str(root / "student.toml"),
+            "--teacher", str(root / "teacher-model"), "--steps", "100000", "--batch-size", "4", "--threads", "1",
+            "--set", "loop.checkpoint_every=5", "--out", str(out)]
+
+
 def test_ctrl_c_in_late_train_says_where_it_stood_and_the_rerun_resumes(late_setup) -> None:
     root = late_setup["root"]
     out = root / "run"
-    args = ["late", "train", "--kind", "global", "--world", str(root / "world"), "--preset", str(root / "student.toml"),
-            "--teacher", str(root / "teacher-model"), "--steps", "100000", "--batch-size", "4", "--threads", "1",
-            "--set", "loop.checkpoint_every=5", "--out", str(out)]
+    args = _late_train_args(root, out)
     ckpt = out / "checkpoint.pt"
     code, err = _interrupt(_start(args), ckpt.is_file)
     assert code == 130, err
@@ -314,12 +319,9 @@ def test_upgrade_xbt_reads_its_pairs_before_stage_1_trains(tmp_path, monkeypatch
 
 def test_sigterm_ends_a_training_as_ctrl_c_does_with_exit_143(late_setup) -> None:
     """trial V: SIGTERM (timeout, kill, systemd) ended a run without a word and left what Ctrl-C tidies."""
-    root = late_setup["root"]
-    out = root / "run-term"
-    args = ["late", "train", "--kind", "global", "--world", str(root / "world"), "--preset", str(root / "student.toml"),
-            "--teacher", str(root / "teacher-model"), "--steps", "100000", "--batch-size", "4", "--threads", "1",
-            "--set", "loop.checkpoint_every=5", "--out", str(out)]
-    code, err = _interrupt(_start(args), (out / "checkpoint.pt").is_file, sig=signal.SIGTERM)
+    out = late_setup["root"] / "run-term"
+    code, err = _interrupt(_start(_late_train_args(late_setup["root"], out)), (out / "checkpoint.pt").is_file,
+                           sig=signal.SIGTERM)
     assert code == 143, err
     assert "Traceback" not in err and len(err.strip().splitlines()) == 1, err
     assert re.fullmatch(r"interrupted at step \d+ of 100000 \(contrastive\); the checkpoint at step \d+ in .+ "
