@@ -46,6 +46,8 @@ def _table(output: str) -> tuple[list[str], dict[tuple[str, str], list[str]], li
     for line in lines[start + 2:]:
         if line.startswith("note: "):
             notes.append(line)
+        elif line.startswith("(R@K and mAP in %"):  # the unit, under the table
+            continue
         elif line.strip() and not notes:
             label, d, *cells = line.rsplit(None, 6)
             rows[(label, d)] = cells
@@ -62,6 +64,7 @@ def test_raw_comparison_shows_its_note_and_every_metric(data, tmp_path):
     res = json.loads(out.read_text())
     header, rows, notes = _table(r.stdout)
     assert header == ["row", "dir", "R@1", "R@5", "R@10", "median", "rank", "mAP"]
+    assert "(R@K and mAP in %; the --out JSON holds fractions)" in r.stdout and r.stdout.startswith("data: ")
     assert res["label"] == "world-new/world-old" and set(rows) == {("world-new/world-old", "t2i"),
                                                                     ("world-new/world-old", "i2t")}
     for d in ("t2i", "i2t"):

@@ -357,7 +357,8 @@ def get(
 @collection_app.command("route")
 def route(
     name: str = _NAME,
-    space: str = typer.Option(..., help="An older space id (see `collection status`)."),
+    space: str = typer.Option(..., help="An older space: its id, or its name where no other space has it (see "
+                                        "`collection status`)."),
     direction: str = typer.Option(..., help="t2i | i2t | t2t | i2i."),
     use: Optional[str] = typer.Option(None, "--route", help="Pin this route: old-model | bridge | fused."),
     w: Optional[float] = typer.Option(None, help="Weight of the bridge score for a fused route, in [0, 1] (default: the "
@@ -470,7 +471,7 @@ def backfill(
 @collection_app.command("retire")
 def retire(
     name: str = _NAME,
-    space: str = typer.Option(..., help="The old space to drop (see `collection status`)."),
+    space: str = typer.Option(..., help="The old space to drop: its id, or its name (see `collection status`)."),
     drop_unsourced: bool = typer.Option(False, help="Delete the items it serves that have no source (imported "
                                                     "without one: they cannot be backfilled) with it."),
     as_json: bool = _JSON,
