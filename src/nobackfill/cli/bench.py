@@ -15,7 +15,8 @@ from ._common import (_bench, config_option, fail, json_flag, multi30k_default, 
 
 
 def bench_encode(
-    models: Path = typer.Option(Path("models"), help="Folder with world-old / world-new / world-newer."),
+    models: Path = typer.Option(Path("models"), help="Folder of model directories: every CLIP model in it is timed "
+                                                     "(the shipped ones: world-old, world-new, world-newer)."),
     n_images: Optional[int] = typer.Option(None, help="Images per timed pass (default 512)."),
     n_texts: Optional[int] = typer.Option(None, help="Texts per timed pass (default 2048)."),
     threads: Optional[int] = typer.Option(None, help="torch threads (default 2)."),
