@@ -482,6 +482,8 @@ def test_world_refuses_a_folder_holding_another_world_and_redoes_the_same_one(tm
     r = invoke("world", "--out", str(w), *small)
     assert r.exit_code == 0 and "nothing to do" in r.output
     r = invoke("world", "--out", str(w), "--n-train", "2", *small[2:])
+    assert r.exit_code == 2 and "holds this world with more items" in r.output
+    r = invoke("world", "--out", str(w), "--seed", "7", *small)
     assert r.exit_code == 2 and "holds another world already" in r.output
     assert (w / "train" / "captions.jsonl").read_text() == before and len(list((w / "train" / "images").iterdir())) == 3
     (w / "world.json").unlink()  # a run that was stopped before its last write
@@ -500,8 +502,16 @@ def test_world_refuses_a_folder_holding_another_world_and_redoes_the_same_one(tm
     grown = {p.name: p.read_bytes() for p in (w / "train" / "images").iterdir()}
     assert len(grown) == 5 and all(grown[name] == data for name, data in train.items())
     assert json.loads((w / "world.json").read_text())["n_train"] == 5
-    r = invoke("world", "--out", str(w), *small)  # fewer again: another world (its other images uncaptioned)
-    assert r.exit_code == 2 and "holds another world already" in r.output
+    r = invoke("world", "--out", str(w), *small)  # fewer again: refused (its other images would stay uncaptioned)
+    assert r.exit_code == 2 and "holds this world with more items (train 5, val 1, test 1)" in r.output, r.output
+    lines = (w / "val" / "captions.jsonl").read_text().splitlines(keepends=True)
+    (w / "val" / "captions.jsonl").write_text("".join(lines[:-1]))  # a truncated captions.jsonl: written again
+    r = invoke("world", "--out", str(w), "--n-train", "5", *small[2:])
+    assert r.exit_code == 0 and "val: 1 of 2 caption lines" in r.output, r.output
+    assert len((w / "val" / "captions.jsonl").read_text().splitlines()) == 2
+    (w / "world.json").unlink()  # unfinished, with more train images than a world of 3 holds: refused
+    r = invoke("world", "--out", str(w), *small)
+    assert r.exit_code == 2 and "more images than this one (train: 5 images, this world has 3)" in r.output, r.output
     (tmp_path / "other").mkdir()
     (tmp_path / "other" / "notes.txt").write_text("mine")
     r = invoke("world", "--out", str(tmp_path / "other"), *small)

@@ -309,3 +309,16 @@ def test_an_images_labels_are_merged_from_all_its_lines_whatever_their_language(
         ds = load_pairs(root, langs=["en"])
     assert ds.image_labels == [{"class": "red circle"}, {"class": "blue square", "size": "big"}]
     assert "labels.class 'navy' (kept 'blue square')" in caplog.text and "line 4" in caplog.text
+
+
+def test_a_null_label_is_filled_by_a_later_line_and_a_conflict_is_warned_on_every_path(tmp_path, caplog):
+    """trial X: a first null kept the key null (the filter on the later value found nothing), and
+    the conflict warning was not given where a collection reads the folder (warn=False)."""
+    lines = [{"image": "images/a.png", "caption": "one", "lang": "en", "labels": {"class": None}},
+             {"image": "images/a.png", "caption": "two", "lang": "en", "labels": {"class": "red circle"}},
+             {"image": "images/a.png", "caption": "three", "lang": "en", "labels": {"class": "blue"}}]
+    root = make_folder(tmp_path, lines, images=("images/a.png",))
+    with caplog.at_level("WARNING", logger=folder_mod.logger.name):
+        ds = load_pairs(root, warn=False)
+    assert ds.image_labels == [{"class": "red circle"}]
+    assert "labels.class 'blue' (kept 'red circle')" in caplog.text

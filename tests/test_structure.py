@@ -17,7 +17,7 @@ SRC = Path(__file__).resolve().parents[1] / "src" / "nobackfill"
 RANKS = {
     # core: models, data, storage, metrics, the training loop and their plumbing
     "encoders": 0, "data": 0, "metrics": 0, "train": 0, "config": 0, "progress": 0, "report": 0,
-    "evaluate": 0, "_logging": 0, "_lazy": 0, "_safetensors": 0, "_atomic": 0, "memory": 0, "testing": 0,
+    "evaluate": 0, "_logging": 0, "_lazy": 0, "_safetensors": 0, "_atomic": 0, "_interrupts": 0, "memory": 0, "testing": 0,
     # the storage layers, lowest first: vector and key indexes; one space's files; the catalog database; the
     # storage interface and its directory implementation; Milvus; collections of several spaces; adoption
     "ann": 0.1, "gallery": 0.2, "catalog": 0.3, "storage": 0.4, "milvus": 0.5, "collection": 0.6, "adopt": 0.7,

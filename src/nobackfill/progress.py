@@ -17,7 +17,8 @@ def progress_bar(enabled: bool, label: str, total: int | None, unit: str | None 
     holds a command's results (``... | wc -c`` counts no bar). ``unit``: also show the rate
     (``12.3 items/s``). Where stderr is not a terminal, a plain line (``label: 400/4000 (10%), 12.3
     items/s, 2m31s``) every :data:`PLAIN_EVERY_S` seconds, the first after as long: a long run in a
-    log said nothing at all (trial V), and a short one still adds no line."""
+    log said nothing at all (trial V), and a short one still adds no line. On a terminal ``advance.say``
+    prints a line above the bar."""
     if not enabled:
         yield lambda n=1: None
         return
@@ -39,6 +40,12 @@ def progress_bar(enabled: bool, label: str, total: int | None, unit: str | None 
                 speed = p.tasks[task].speed
                 p.update(task, rate=f"{speed:.1f}" if speed else "-")
 
+        def say(message: str) -> None:
+            """A line above the bar (printed through the bar's console: a line printed beside it, from
+            another thread, was glued to a bar frame or left one behind: trial X)."""
+            p.console.print(message, markup=False, highlight=False, soft_wrap=True)
+
+        advance.say = say  # type: ignore[attr-defined]
         yield advance
 
 

@@ -3,7 +3,7 @@
 Every command module imports only light modules at import time (heavy ones inside the commands),
 and nothing outside this package imports it: the library never depends on its command line.
 
-May import: ``_atomic``, ``_logging``, ``bench``, ``catalog``, ``client``, ``collection``, ``compat``, ``config``,
+May import: ``_interrupts``, ``_atomic``, ``_logging``, ``bench``, ``catalog``, ``client``, ``collection``, ``compat``, ``config``,
 ``data``, ``demo``, ``encoders``, ``evaluate``, ``gallery``, ``late``, ``lifecycle``, ``lingual``,
 ``progress``, ``reco``, ``report``, ``search``, ``serve``, ``train``.
 """
@@ -14,6 +14,7 @@ import typer
 from typer.core import TyperGroup
 
 from ._common import normalise_json_args
+from .._interrupts import Terminated
 from ._help import literal_tree, usage_error
 from . import bench, collection, compat, data, demo, evaluate, gallery, late, lingual, reco, serve, upgrade, verify
 
@@ -67,7 +68,9 @@ class _Root(TyperGroup):
 
             loop = sys.modules.get("nobackfill.train.loop")  # not loaded: no loop ran (and torch stays unloaded)
             trained = loop is not None and isinstance(e, loop.TrainingInterrupted)
-            terminated = isinstance(e, Terminated) or isinstance(e.__context__, Terminated)
+            from .._interrupts import terminated as by_sigterm
+
+            terminated = by_sigterm(e)
             said = e.message() if trained else "interrupted"
             console.print(f"[yellow]{escape(said + (' (SIGTERM)' if terminated else ''))}[/yellow]")
             raise typer.Exit(code=143 if terminated else 130) from None
@@ -166,19 +169,16 @@ bench_app.command("reco")(reco.bench_reco)
 app.add_typer(bench_app, name="bench")
 
 
-class Terminated(KeyboardInterrupt):
-    """SIGTERM (``kill``, ``timeout``, systemd, a container's stop), raised where the command stands so
-    that it ends as after Ctrl-C: what a run tidies on an interrupt (a training's staging folder, a
-    backfill's batch in hand) is tidied, one line is printed, exit 143 (trial V: ``lingual learn``
-    killed by ``timeout`` left its work folder and said nothing)."""
-
-
 def _terminate(signum, frame) -> None:
+    """SIGTERM (``kill``, ``timeout``, systemd, a container's stop), raised where the command stands
+    so that it ends as after Ctrl-C: what a run tidies on an interrupt is tidied, one line is printed,
+    exit 143 (trial V: ``lingual learn`` killed by ``timeout`` left its work folder and said nothing)."""
     raise Terminated()
 
 
 def main() -> None:
-    """The ``nobackfill`` program: the command line, with SIGTERM handled as Ctrl-C (:class:`Terminated`)."""
+    """The ``nobackfill`` program: the command line, with SIGTERM handled as Ctrl-C
+    (:class:`nobackfill._interrupts.Terminated`)."""
     import signal
 
     signal.signal(signal.SIGTERM, _terminate)

@@ -53,10 +53,13 @@ def print_indexes(rep: dict) -> None:
 def interrupt_report(client: Any, name: str, kind: str = "add") -> Iterator[None]:
     """Ctrl-C during an import or add (``kind``), a backfill or an upgrade: say what the collection
     holds now (every batch committed before the interruption stays; an upgrade registers at once or
-    not at all) and whether the same command goes on with the work, then exit 130."""
+    not at all) and whether the same command goes on with the work, then exit 130 (143 after a SIGTERM)."""
     try:
         yield
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as e:
+        from .._interrupts import terminated
+
+        by_sigterm = terminated(e)
         try:
             st = client.status()
             now, bf = st["items"], st.get("backfill") or {}
@@ -79,8 +82,8 @@ def interrupt_report(client: Any, name: str, kind: str = "add") -> Iterator[None
             rerun = ("; the server finishes the request it was sent" if remote else "") + (
                 ". Run the same command again to finish: items already there are skipped, nothing is embedded or "
                 "imported twice." if kind == "add" else ".")
-        console.print(f"[yellow]interrupted:[/yellow] {escape(what)}" + rerun)
-        raise typer.Exit(code=130) from None
+        console.print(f"[yellow]interrupted{' (SIGTERM)' if by_sigterm else ''}:[/yellow] {escape(what)}" + rerun)
+        raise typer.Exit(code=143 if by_sigterm else 130) from None
 
 
 def print_routes(routes: dict) -> None:

@@ -14,8 +14,8 @@ from typing import Any, List, Optional
 import typer
 from rich.markup import escape
 
-from ._common import (console, emit_json, fail, langs_option, report_skipped, results, skip_bad_hint, user_errors,
-                      warn_truncated)
+from ._common import (console, emit_json, fail, langs_option, redact, report_skipped, results, skip_bad_hint,
+                      user_errors, warn_truncated)
 from ._collection_print import (interrupt_report, parse_filter, parse_fit_sample, print_backfill, print_backfill_run,
                                 print_fitted, print_import, print_indexes, print_routes, print_spaces, print_upgrade,
                                 upgraded_already)
@@ -459,8 +459,10 @@ def backfill(
         extra.update({"shards": shards} if shards is not None else {})
         with interrupt_report(client, name, "backfill"), \
                 progress_bar(True, f"backfilling ({order}, {engine})", todo, unit="items") as advance:
+            say = getattr(advance, "say", None)  # (on a terminal: lines above the bar, whichever thread says them)
             st = client.backfill_start(order, rate, wait=True, resume=resume, limit=limit, workers=workers,
-                                       batch_size=batch_size, progress=advance, log=console.print, **extra)
+                                       batch_size=batch_size, progress=advance,
+                                       log=(lambda m: say(redact(m))) if say else console.print, **extra)
     except user_errors() as e:
         fail(e)
     if as_json:

@@ -62,6 +62,9 @@ def _world_there(out: Path, spec: Any) -> bool:
             results.print(f"world {out} holds this world with fewer items ({_counts(had)}): writing it with "
                           f"{_counts(want)} (the items it holds are written again alike)")
             return False
+        if not same and _grows(want, had):  # the same world, less of it: its other images would stay uncaptioned
+            fail(f"--out {out} holds this world with more items ({_counts(had)}): a smaller one there would leave "
+                 "its other images uncaptioned; choose a new folder (or use the larger world: its splits hold these)")
         missing = _world_files_missing(out, spec) if same else []
         if same and not missing:
             results.print(f"world {out} is there already, with these settings: nothing to do")
@@ -76,9 +79,20 @@ def _world_there(out: Path, spec: Any) -> bool:
     if stray:
         fail(f"--out {out} exists and is not empty ({', '.join(sorted(stray)[:3])}): choose a new or an empty "
              "folder for the world")
+    beyond = [f"{split}: {n:,} images, this world has {getattr(spec, f'n_{split}'):,}"
+              for split in ("train", "val", "test") if (n := _images(out / split)) > getattr(spec, f"n_{split}")]
+    if beyond:  # (trial X: a smaller world written over an unfinished larger one left 9,274 images uncaptioned)
+        fail(f"--out {out} holds an unfinished world with more images than this one ({'; '.join(beyond)}): they would "
+             "stay there uncaptioned; remove the folder first, or choose another")
     if any(out.iterdir()):  # splits and no world.json: a run that was stopped; every item is rewritten alike
         results.print(f"{out} holds an unfinished world (no world.json): writing it again")
     return False
+
+
+def _images(split: Path) -> int:
+    """The PNG files of a world split folder."""
+    images = split / "images"
+    return sum(1 for p in images.iterdir() if p.suffix == ".png") if images.is_dir() else 0
 
 
 _COUNTS = ("n_train", "n_val", "n_test")
@@ -98,20 +112,28 @@ def _counts(spec: dict) -> str:
 
 
 def _world_files_missing(out: Path, spec: Any) -> list[str]:
-    """What of the world ``spec`` is missing under ``out``: per split, images short of its count or
-    its captions.jsonl (a cheap check of names, not of contents)."""
+    """What of the world ``spec`` is missing under ``out``: per split, images short of its count, its
+    captions.jsonl, or caption lines short of (or beyond) its count (a cheap check of names and lines,
+    not of contents: an image changed in place is not seen)."""
     missing = []
     for split in ("train", "val", "test"):
         want = int(getattr(spec, f"n_{split}"))
         if want == 0:
             continue
-        images = out / split / "images"
-        have = sum(1 for p in images.iterdir() if p.suffix == ".png") if images.is_dir() else 0
+        have = _images(out / split)
         if have < want:
             missing.append(f"{split}: {have} of {want} images")
-        if not (out / split / "captions.jsonl").is_file():
+        captions, lines = out / split / "captions.jsonl", want * len(spec.langs) * spec.captions_per_image
+        if not captions.is_file():
             missing.append(f"{split}: no captions.jsonl")
+        elif (n := _lines(captions)) != lines:
+            missing.append(f"{split}: {n} of {lines} caption lines")
     return missing
+
+
+def _lines(path: Path) -> int:
+    with open(path, "rb") as f:
+        return sum(block.count(b"\n") for block in iter(lambda: f.read(1 << 20), b""))
 
 
 def _train_command(preset: str, data: Path, out: Path, steps: Optional[int], seed: int, threads: int,

@@ -338,7 +338,7 @@ def load_pairs(
         extras.append(extra)
 
     image_labels = [merged_labels.get(image, {}) for image in images]
-    if warn and label_conflicts:
+    if label_conflicts:  # (whatever ``warn`` says of skipped lines: its callers report those, not these)
         logger.warning("%s: %d label(s) given other values on a later line of the same image; the first value is "
                        "kept: %s%s", path, len(label_conflicts), "; ".join(label_conflicts[:3]),
                        " ..." if len(label_conflicts) > 3 else "")
@@ -360,9 +360,9 @@ def _merge_labels(into: dict, labels: dict, image: str, line: int, conflicts: li
     """Add ``labels`` (of a line of ``image``) to ``into``, the image's labels so far: a new key is
     added; a key it holds with another value keeps the first value, and the conflict is noted."""
     for key, value in labels.items():
-        if key not in into:
+        if into.get(key) is None:  # new, or null so far (a null names no value to keep)
             into[key] = value
-        elif into[key] != value:
+        elif value is not None and into[key] != value:
             conflicts.append(f"{image} line {line}: labels.{key} {value!r} (kept {into[key]!r})")
 
 

@@ -13,6 +13,6 @@ route, a calibration), the progressive backfill and ``verify``.
   backfill's own pairs, as it advances (an upgrade without a bridge).
 * :mod:`.measuring` - R@1 as users see it while a collection is upgraded and backfilled.
 
-May import: ``_logging``, ``adopt``, ``catalog``, ``collection``, ``compat``, ``encoders``, ``evaluate``, ``gallery``,
+May import: ``_interrupts``, ``_logging``, ``adopt``, ``catalog``, ``collection``, ``compat``, ``encoders``, ``evaluate``, ``gallery``,
 ``metrics``, ``search``.
 """

@@ -93,9 +93,10 @@ class Session:
 
     def __exit__(self, kind: Any, e: BaseException | None, tb: Any) -> bool:
         if isinstance(e, KeyboardInterrupt):
-            from .cluster.processes import INTERRUPTED
+            from .._interrupts import terminated
+            from .cluster.processes import INTERRUPTED, TERMINATED
 
-            self.rep.stopped = INTERRUPTED
+            self.rep.stopped = TERMINATED if terminated(e) else INTERRUPTED
         elif e is not None:
             self.rep.stopped = f"error: {type(e).__name__}: {e}"
         hand_back(self.collection, self.rep, self.shard)

@@ -19,13 +19,15 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
-__all__ = ["INTERRUPTED", "PARENT_GONE", "join_workers", "follow_workers", "parent_gone", "run_report", "start_workers",
+__all__ = ["INTERRUPTED", "PARENT_GONE", "TERMINATED", "join_workers", "follow_workers", "parent_gone", "run_report", "start_workers",
            "stopped_with"]
 
 #: how a worker process records that it stopped because the process that started it exited
 PARENT_GONE = "the process that started this worker exited"
 #: how a worker records that it stopped for a Ctrl-C (its own, or of the command that started it)
 INTERRUPTED = "interrupted (Ctrl-C)"
+#: how a worker records that it stopped for a SIGTERM of the command it runs in
+TERMINATED = "interrupted (SIGTERM)"
 #: how long an interrupted run waits for its worker processes to commit the batch in hand
 STOP_WAIT_S = 120.0
 
