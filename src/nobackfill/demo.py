@@ -254,6 +254,10 @@ def run_demo(world: str | Path = "data/world", models_dir: str | Path = "models"
     show = show or log
     world, models_dir, out = Path(world), Path(models_dir), Path(out)
     t0 = time.time()
+    for name in ("world-old", "world-new"):  # before a world is written (trial X: 150 MB, then this error)
+        if not (models_dir / name / "config.json").is_file():
+            raise FileNotFoundError(f"{models_dir / name}: no model there (the demo runs the shipped world-old and "
+                                    "world-new: --models names the folder holding them)")
     if not (world / "test" / "captions.jsonl").is_file():
         from .data.world import WorldSpec, generate_world
 
@@ -268,7 +272,8 @@ def run_demo(world: str | Path = "data/world", models_dir: str | Path = "models"
     log("scoring old/old, new/new, raw new/old and XBT new/old (one compatibility report) ...")
     rows, extras = compat_rows(old, new, data, gallery, models_dir, log)
     try:  # bridges fitted from a backfill's first scenes, beside XBT
-        log(f"fitting bridges on the first {FITTED_SCENES} train scenes (no bridge, no training) ...")
+        log(f"fitting bridges on the first {FITTED_SCENES} train scenes, or as many as the split holds (no bridge, "
+            "no training) ...")
         rows["fitted"], more = fitted_row(old, new, world, data, FITTED_SCENES, log)
         extras.update(more)
     except (FileNotFoundError, ValueError) as e:  # no train split, or too few scenes to fit on
@@ -294,9 +299,10 @@ def run_demo(world: str | Path = "data/world", models_dir: str | Path = "models"
         for name, curve in (("with the XBT bridge", points),
                             ("without a bridge", [(p["fraction"], p["t2i"], p["i2t"])
                                                   for p in (live_fit or {}).get("steps", [])])):
-            if curve:
-                show(f"live upgrade {name}, R@1 served as the backfill advances: " + "; ".join(
-                    f"{100 * f:.0f}% t2i {100 * t:.1f} i2t {100 * i:.1f}" for f, t, i in curve))
+            said = [f"{100 * f:.0f}% t2i {100 * t:.1f} i2t {100 * i:.1f}" for f, t, i in curve]
+            said = [p for n, p in enumerate(said) if not n or p != said[n - 1]]  # (a first batch spans steps)
+            if said:
+                show(f"live upgrade {name}, R@1 served as the backfill advances: " + "; ".join(said))
     show(f"report: {out / 'report.html'}")
     return result
 

@@ -230,10 +230,12 @@ def print_backfill_run(name: str, st: dict, limit: Optional[int]) -> None:
                       "started it, --shards, default its --workers: to share one among M machines, start it with "
                       "--shards M.)")
         return
-    if not st["total"] and st.get("no_source"):  # every item left is one without a source (trial V: "0/0 (100%)")
-        results.print(f"backfill of {name}: nothing to backfill; {st['no_source']} item(s) of older spaces have no "
-                      "source (imported without one) and cannot be backfilled: `collection retire --drop-unsourced` "
-                      "deletes them with their space")
+    if not st.get("committed") and st["done"] >= st["total"] and st.get("state") == "done":
+        # nothing was left to do (trial V / X: "0/0 items (100.0%)", "3000/3000 ... 0 committed")
+        why = (f"{st['no_source']} item(s) of older spaces have no source (imported without one) and cannot be "
+               "backfilled: `collection retire --drop-unsourced` deletes them with their space") if st.get("no_source") \
+            else "it holds no item" if not st["total"] else f"its current space serves every item already ({st['total']})"
+        results.print(f"backfill of {name}: nothing to backfill; {why}")
         return
     stopped = {"limit": f"stopped at --limit {limit}; run again to go on"}.get(st.get("stopped"), st.get("stopped"))
     results.print(f"{head}; {done}" + (f" ({escape(stopped)})" if stopped else ""))

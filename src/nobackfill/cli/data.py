@@ -43,38 +43,12 @@ def world(
 def _world_there(out: Path, spec: Any) -> bool:
     """True (said) if ``out`` holds this very world already; a folder holding another world, or
     anything else, is refused (its captions would be rewritten and its images left uncaptioned)."""
-    import json
-    from dataclasses import asdict
-
     if not out.exists():
         return False
     if not out.is_dir():
         fail(f"--out {out} is a file; a world is a folder")
-    there = out / "world.json"
-    if there.is_file():
-        want = json.loads(json.dumps(asdict(spec)))
-        try:
-            had = json.loads(there.read_text())
-        except ValueError:
-            had = None
-        same = had == want
-        if not same and _grows(had, want):  # the same world, more of it (make demo's, then the tour's)
-            results.print(f"world {out} holds this world with fewer items ({_counts(had)}): writing it with "
-                          f"{_counts(want)} (the items it holds are written again alike)")
-            return False
-        if not same and _grows(want, had):  # the same world, less of it: its other images would stay uncaptioned
-            fail(f"--out {out} holds this world with more items ({_counts(had)}): a smaller one there would leave "
-                 "its other images uncaptioned; choose a new folder (or use the larger world: its splits hold these)")
-        missing = _world_files_missing(out, spec) if same else []
-        if same and not missing:
-            results.print(f"world {out} is there already, with these settings: nothing to do")
-            return True
-        if same:  # the same world with files removed since: generation is deterministic, so it is written again
-            results.print(f"world {out} has these settings but misses files ({'; '.join(missing[:3])}): writing "
-                          "it again")
-            return False
-        fail(f"--out {out} holds another world already (its world.json): choose a new folder (nobackfill deletes "
-             "no data: remove it yourself to write another world there)")
+    if (out / "world.json").is_file():
+        return _over_a_world(out, spec)
     stray = [p.name for p in out.iterdir() if p.name not in ("train", "val", "test")]
     if stray:
         fail(f"--out {out} exists and is not empty ({', '.join(sorted(stray)[:3])}): choose a new or an empty "
@@ -93,6 +67,38 @@ def _images(split: Path) -> int:
     """The PNG files of a world split folder."""
     images = split / "images"
     return sum(1 for p in images.iterdir() if p.suffix == ".png") if images.is_dir() else 0
+
+
+def _over_a_world(out: Path, spec: Any) -> bool:
+    """:func:`_world_there` for a folder holding a world.json: True (said) for this very world whole;
+    False (said) for this world with fewer items or files missing (written again); else refused."""
+    import json
+    from dataclasses import asdict
+
+    there = out / "world.json"
+    want = json.loads(json.dumps(asdict(spec)))
+    try:
+        had = json.loads(there.read_text())
+    except ValueError:
+        had = None
+    same = had == want
+    if not same and _grows(had, want):  # the same world, more of it (make demo's, then the tour's)
+        results.print(f"world {out} holds this world with fewer items ({_counts(had)}): writing it with "
+                      f"{_counts(want)} (the items it holds are written again alike)")
+        return False
+    if not same and _grows(want, had):  # the same world, less of it: its other images would stay uncaptioned
+        fail(f"--out {out} holds this world with more items ({_counts(had)}): a smaller one there would leave "
+             "its other images uncaptioned; choose a new folder (or use the larger world: its splits hold these)")
+    missing = _world_files_missing(out, spec) if same else []
+    if same and not missing:
+        results.print(f"world {out} is there already, with these settings: nothing to do")
+        return True
+    if same:  # the same world with files removed since: generation is deterministic, so it is written again
+        results.print(f"world {out} has these settings but misses files ({'; '.join(missing[:3])}): writing "
+                      "it again")
+        return False
+    fail(f"--out {out} holds another world already (its world.json): choose a new folder (nobackfill deletes "
+         "no data: remove it yourself to write another world there)")
 
 
 _COUNTS = ("n_train", "n_val", "n_test")

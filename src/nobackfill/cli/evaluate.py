@@ -63,7 +63,7 @@ def eval_retrieval(
                 "gallery_space": g.space_id, "bridges": [str(b) for b in bridge or []],
                 "reco": str(reco) if reco else None})
     res["langs"] = sorted(set(ds.langs))
-    echo(data_line(ds))
+    echo(data_line(ds, bool(langs)))
     echo(metrics_table({label: res}))
     write_json(json_out, res)
     emit_json(res, as_json)
@@ -83,14 +83,14 @@ def query_label(model: Path, bridges: Sequence[Path] = (), reco: Optional[Path] 
 METRICS = (("R@1", "R@1"), ("R@5", "R@5"), ("R@10", "R@10"), ("median_rank", "median rank"), ("mAP", "mAP"))
 
 
-def data_line(ds) -> str:
+def data_line(ds, picked: bool = False) -> str:
     """What was evaluated: images, captions and their languages (every language of the data unless
     --langs picks some: trial V read numbers of 7 languages as a model's English ones)."""
     from collections import Counter
 
     counts = Counter(ds.langs)
     langs = ", ".join(f"{lang} {n:,}" for lang, n in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0])))
-    pick = " (--langs picks some)" if len(counts) > 1 else ""
+    pick = " (--langs picks some)" if len(counts) > 1 and not picked else ""
     return f"data: {len(ds):,} images, {len(ds.captions):,} captions by language: {langs}{pick}"
 
 
@@ -171,7 +171,7 @@ def eval_compat(
     labels = LABELS
     echo(f"old: {_name(old)} ({eo.space_id}), new: {_name(new)} ({en.space_id}), "
          f"upgraded new: {query_label(new, bridge)}")
-    echo(data_line(ds))
+    echo(data_line(ds, bool(langs)))
     echo(metrics_table({labels[k]: v for k, v in rows.items()}))
     echo("gap closure: " + ", ".join(f"{d} {v:.2f}" if v is not None else f"{d} -" for d, v in gap.items()))
     for case, r in crit.items():

@@ -1,0 +1,64 @@
+"""How commands end and what they say when there is nothing to do (trials V and X)."""
+
+from __future__ import annotations
+
+import pytest
+import typer
+
+from nobackfill._interrupts import Terminated, interrupt_cause, terminated
+from nobackfill.cli._collection_print import interrupt_report, print_backfill_run
+
+
+class _Client:
+    def status(self):
+        return {"items": {"image": 2, "text": 3}, "backfill": {"done": 1, "total": 5}, "current": "s",
+                "spaces": {"s": {"name": "m"}}}
+
+
+@pytest.mark.parametrize("raised, code, said", [(KeyboardInterrupt, 130, "interrupted:"),
+                                                (Terminated, 143, "interrupted (SIGTERM):")])
+def test_an_add_or_backfill_interrupted_says_by_what_and_exits_accordingly(raised, code, said, capsys):
+    """trial X: a SIGTERM of `collection add` / `backfill` / `upgrade` exited 130 as a Ctrl-C."""
+    with pytest.raises(typer.Exit) as e:
+        with interrupt_report(_Client(), "photos", "backfill"):
+            raise raised()
+    err = capsys.readouterr().err
+    assert e.value.exit_code == code and said in err and "serves 1 of 5 items" in err
+
+
+def test_a_sigterm_is_told_through_the_exceptions_raised_while_handling_it():
+    try:
+        try:
+            raise Terminated()
+        except KeyboardInterrupt:
+            raise RuntimeError("during the tidy-up")
+    except RuntimeError as e:
+        assert terminated(e) and interrupt_cause(e) == "SIGTERM"
+    assert interrupt_cause(KeyboardInterrupt()) == "Ctrl-C" and not terminated(None)
+
+
+@pytest.mark.parametrize("st, said", [
+    ({"done": 0, "total": 0, "fraction": 1.0, "committed": 0, "seconds": 0.1, "state": "done"}, "it holds no item"),
+    ({"done": 30, "total": 30, "fraction": 1.0, "committed": 0, "seconds": 0.1, "state": "done"},
+     "its current space serves every item already (30)"),
+    ({"done": 0, "total": 0, "fraction": 1.0, "committed": 0, "seconds": 0.1, "state": "done", "no_source": 7},
+     "7 item(s) of older spaces have no source"),
+])
+def test_a_backfill_with_nothing_to_do_says_why(st, said, capsys):
+    print_backfill_run("photos", st, None)
+    out = capsys.readouterr().out
+    assert out.startswith("backfill of photos: nothing to backfill; ") and said in out and "0/0" not in out
+
+
+def test_a_backfill_that_committed_says_what_it_did(capsys):
+    print_backfill_run("photos", {"done": 30, "total": 30, "fraction": 1.0, "committed": 30, "seconds": 2.0,
+                                  "state": "done", "stopped": "done"}, None)
+    assert "30/30 items in the current space (100.0%); 30 committed in 2.0s, 15.0 items/s" in capsys.readouterr().out
+
+
+def test_the_demo_refuses_a_folder_without_the_models_before_it_writes_a_world(tmp_path):
+    from nobackfill.demo import run_demo
+
+    with pytest.raises(FileNotFoundError, match="world-old: no model there"):
+        run_demo(tmp_path / "world", tmp_path / "models", tmp_path / "out", log=lambda m: None)
+    assert not (tmp_path / "world").exists()
