@@ -23,8 +23,7 @@ def progress_bar(enabled: bool, label: str, total: int | None, unit: str | None 
         yield lambda n=1: None
         return
     if not sys.stderr.isatty():
-        with _plain_lines(label, total, unit) as advance:
-            yield advance
+        yield _plain_lines(label, total, unit)
         return
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
@@ -49,8 +48,8 @@ def progress_bar(enabled: bool, label: str, total: int | None, unit: str | None 
         yield advance
 
 
-@contextlib.contextmanager
-def _plain_lines(label: str, total: int | None, unit: str | None) -> Iterator[Callable[[int], None]]:
+def _plain_lines(label: str, total: int | None, unit: str | None) -> Callable[[int], None]:
+    """``advance(n=1)`` printing a plain progress line at most every :data:`PLAIN_EVERY_S` seconds."""
     t0 = last = time.monotonic()
     done = 0
 
@@ -66,4 +65,4 @@ def _plain_lines(label: str, total: int | None, unit: str | None) -> Iterator[Ca
         mins, secs = divmod(int(now - t0), 60)
         print(f"{label}: {done}{of}{rate}, {mins}m{secs:02d}s", file=sys.stderr, flush=True)
 
-    yield advance
+    return advance

@@ -3,9 +3,9 @@
 Every command module imports only light modules at import time (heavy ones inside the commands),
 and nothing outside this package imports it: the library never depends on its command line.
 
-May import: ``_interrupts``, ``_atomic``, ``_logging``, ``bench``, ``catalog``, ``client``, ``collection``, ``compat``, ``config``,
-``data``, ``demo``, ``encoders``, ``evaluate``, ``gallery``, ``late``, ``lifecycle``, ``lingual``,
-``progress``, ``reco``, ``report``, ``search``, ``serve``, ``train``.
+May import: ``_atomic``, ``_interrupts``, ``_logging``, ``bench``, ``catalog``, ``client``, ``collection``,
+``compat``, ``config``, ``data``, ``demo``, ``encoders``, ``evaluate``, ``gallery``, ``late``, ``lifecycle``,
+``lingual``, ``progress``, ``reco``, ``report``, ``search``, ``serve``, ``train``.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import typer
 from typer.core import TyperGroup
 
 from ._common import normalise_json_args
-from .._interrupts import Terminated
+from .._interrupts import Terminated, terminated
 from ._help import literal_tree, usage_error
 from . import bench, collection, compat, data, demo, evaluate, gallery, late, lingual, reco, serve, upgrade, verify
 
@@ -68,12 +68,10 @@ class _Root(TyperGroup):
 
             loop = sys.modules.get("nobackfill.train.loop")  # not loaded: no loop ran (and torch stays unloaded)
             trained = loop is not None and isinstance(e, loop.TrainingInterrupted)
-            from .._interrupts import terminated as by_sigterm
-
-            terminated = by_sigterm(e)
+            by_sigterm = terminated(e)
             said = e.message() if trained else "interrupted"
-            console.print(f"[yellow]{escape(said + (' (SIGTERM)' if terminated else ''))}[/yellow]")
-            raise typer.Exit(code=143 if terminated else 130) from None
+            console.print(f"[yellow]{escape(said + (' (SIGTERM)' if by_sigterm else ''))}[/yellow]")
+            raise typer.Exit(code=143 if by_sigterm else 130) from None
         except (FileExistsError, IsADirectoryError, NotADirectoryError, PermissionError) as e:
             from ._common import fail
 

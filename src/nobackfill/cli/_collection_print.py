@@ -10,6 +10,7 @@ from typing import Any, Iterator, List, Optional, Sequence
 import typer
 from rich.markup import escape
 
+from .._interrupts import terminated
 from ._common import console, fail, results
 
 
@@ -57,8 +58,6 @@ def interrupt_report(client: Any, name: str, kind: str = "add") -> Iterator[None
     try:
         yield
     except KeyboardInterrupt as e:
-        from .._interrupts import terminated
-
         by_sigterm = terminated(e)
         try:
             st = client.status()
@@ -232,9 +231,13 @@ def print_backfill_run(name: str, st: dict, limit: Optional[int]) -> None:
         return
     if not st.get("committed") and st["done"] >= st["total"] and st.get("state") == "done":
         # nothing was left to do (trial V / X: "0/0 items (100.0%)", "3000/3000 ... 0 committed")
-        why = (f"{st['no_source']} item(s) of older spaces have no source (imported without one) and cannot be "
-               "backfilled: `collection retire --drop-unsourced` deletes them with their space") if st.get("no_source") \
-            else "it holds no item" if not st["total"] else f"its current space serves every item already ({st['total']})"
+        if st.get("no_source"):
+            why = (f"{st['no_source']} item(s) of older spaces have no source (imported without one) and cannot be "
+                   "backfilled: `collection retire --drop-unsourced` deletes them with their space")
+        elif not st["total"]:
+            why = "it holds no item"
+        else:
+            why = f"its current space serves every item already ({st['total']})"
         results.print(f"backfill of {name}: nothing to backfill; {why}")
         return
     stopped = {"limit": f"stopped at --limit {limit}; run again to go on"}.get(st.get("stopped"), st.get("stopped"))

@@ -53,8 +53,8 @@ def _world_there(out: Path, spec: Any) -> bool:
     if stray:
         fail(f"--out {out} exists and is not empty ({', '.join(sorted(stray)[:3])}): choose a new or an empty "
              "folder for the world")
-    beyond = [f"{split}: {n:,} images, this world has {getattr(spec, f'n_{split}'):,}"
-              for split in ("train", "val", "test") if (n := _images(out / split)) > getattr(spec, f"n_{split}")]
+    beyond = [f"{split}: {n:,} images, this world has {want:,}"
+              for split, want in spec.counts().items() if (n := _images(out / split)) > want]
     if beyond:  # (trial X: a smaller world written over an unfinished larger one left 9,274 images uncaptioned)
         fail(f"--out {out} holds an unfinished world with more images than this one ({'; '.join(beyond)}): they would "
              "stay there uncaptioned; remove the folder first, or choose another")
@@ -122,8 +122,7 @@ def _world_files_missing(out: Path, spec: Any) -> list[str]:
     captions.jsonl, or caption lines short of (or beyond) its count (a cheap check of names and lines,
     not of contents: an image changed in place is not seen)."""
     missing = []
-    for split in ("train", "val", "test"):
-        want = int(getattr(spec, f"n_{split}"))
+    for split, want in spec.counts().items():
         if want == 0:
             continue
         have = _images(out / split)

@@ -62,7 +62,7 @@ def eval_retrieval(
                 "n_images": len(ds), "n_captions": len(ds.captions), "query_space": q.space_id,
                 "gallery_space": g.space_id, "bridges": [str(b) for b in bridge or []],
                 "reco": str(reco) if reco else None})
-    res["langs"] = sorted(set(ds.langs))
+    res["langs"] = sorted(ds.languages())
     echo(data_line(ds, bool(langs)))
     echo(metrics_table({label: res}))
     write_json(json_out, res)
@@ -132,7 +132,7 @@ def _eval_reranked(query_model: Path, gallery_model: Path, ds, rerank: str, rera
            "reranked": rerank_metrics(scored, data, {"t2i": (variant, weight), "i2t": (variant, weight)}),
            "labels": {"global": pair, "reranked": f"{pair}+rerank({rerank}, top {rerank_k}, weight {weight:g})"},
            "rerank": rerank, "rerank_k": rerank_k, "weight": weight, "model": str(query_model),
-           "n_images": len(ds), "n_captions": len(ds.captions), "langs": sorted(set(ds.langs)), "space": enc.space_id}
+           "n_images": len(ds), "n_captions": len(ds.captions), "langs": sorted(ds.languages()), "space": enc.space_id}
     quiet(as_json)(data_line(ds))
     quiet(as_json)(metrics_table({res["labels"][k]: res[k] for k in ("global", "reranked")}))
     write_json(json_out, res)
@@ -181,6 +181,6 @@ def eval_compat(
             f"{d} NFR {100 * v['NFR']:.1f}% PFR {100 * v['PFR']:.1f}%" for d, v in f.items()))
     if onoff is not None:
         echo(f"upgrade off vs original new model: max abs diff {onoff}")
-    result["langs"] = sorted(set(ds.langs))
+    result["langs"] = sorted(ds.languages())
     write_json(json_out, result)
     emit_json(result, as_json)

@@ -23,8 +23,8 @@ from typing import Any, Callable, Iterable, Iterator, Protocol
 
 import numpy as np
 import torch
-from .._atomic import atomic_write_text, write_atomically
 
+from .._atomic import atomic_write_text, write_atomically
 from ..progress import progress_bar
 
 

@@ -19,8 +19,8 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
-__all__ = ["INTERRUPTED", "PARENT_GONE", "TERMINATED", "join_workers", "follow_workers", "parent_gone", "run_report", "start_workers",
-           "stopped_with"]
+__all__ = ["INTERRUPTED", "PARENT_GONE", "TERMINATED", "follow_workers", "join_workers", "parent_gone", "run_report",
+           "start_workers", "stopped_with"]
 
 #: how a worker process records that it stopped because the process that started it exited
 PARENT_GONE = "the process that started this worker exited"
