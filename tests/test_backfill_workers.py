@@ -145,20 +145,29 @@ def test_relayed_worker_lines_and_every_workers_commits_reach_the_command(tmp_pa
     assert _json.loads(report.read_text()) == {"done": True}
 
 
+def _worker_stops(path: Path) -> list[str]:
+    """What each worker of the collection at ``path`` recorded as its stop, by owner."""
+    from nobackfill.lifecycle.backfill_jobs import _stopped_workers
+
+    return [v.get("stopped") for _, v in sorted(_stopped_workers(Collection.open(path)).items())]
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("group", [False, True], ids=["the-command", "its-process-group"])
-def test_ctrl_c_stops_the_worker_processes_too_and_says_what_stays(tmp_path, group):
+@pytest.mark.parametrize("group,sig", [(False, signal.SIGINT), (True, signal.SIGINT), (False, signal.SIGTERM)],
+                         ids=["the-command", "its-process-group", "sigterm-of-the-command"])
+def test_ctrl_c_stops_the_worker_processes_too_and_says_what_stays(tmp_path, group, sig):
     """Trial N: a SIGINT of `collection backfill --workers 2` printed "interrupted" and then waited
     for its worker process to finish the whole job (or ran on past a minute). Now the workers commit
     their batch, hand their shard back and record the interruption; the command says how far the
     backfill got and that the same command goes on. ``group``: a terminal's Ctrl-C, which reaches
-    every process of the group (the workers leave it to the command)."""
-    from nobackfill.lifecycle.cluster.processes import INTERRUPTED
+    every process of the group (the workers leave it to the command). A SIGTERM of the command is
+    recorded as such by its worker processes too (they had written "Ctrl-C")."""
+    from nobackfill.lifecycle.cluster.processes import INTERRUPTED, TERMINATED
 
     world_collection(tmp_path, "c", MODELS / "world-old", n_train=2, n_val=2, n_test=30)
     path = tmp_path / "c"
     ok("collection", "upgrade", path, "--model", MODELS / "world-new", "--no-fit-bridge")
-    cmd = [sys.executable, "-c", "from nobackfill.cli import app; app()", "collection", "backfill", str(path),
+    cmd = [sys.executable, "-c", "from nobackfill.cli import main; main()", "collection", "backfill", str(path),
            "--workers", "2", "--rate", "2", "--batch-size", "1", "--order", "sequential"]
     # (a shell running the suite in the background ignores SIGINT, and its children inherit that: a
     # Python started so never gets a KeyboardInterrupt; a terminal's command has it by default)
@@ -168,19 +177,22 @@ def test_ctrl_c_stops_the_worker_processes_too_and_says_what_stays(tmp_path, gro
         st = _wait(lambda: (s := backfill_status(Collection.open(path)))["workers"] == 2 and s, 120)
         assert st, backfill_status(Collection.open(path))
         child = [h["pid"] for h in st["holders"] if h["pid"] != proc.pid]
-        (os.killpg if group else os.kill)(proc.pid, signal.SIGINT)
+        (os.killpg if group else os.kill)(proc.pid, sig)
         out, err = proc.communicate(timeout=60)  # not the rest of the job at 2 items/s (~45 s)
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait(10)
     text = " ".join((out + err).split())
-    assert proc.returncode == 130, text
-    assert "interrupted: the current space of" in text and "Run the same command again to go on" in text, text
+    assert proc.returncode == (130 if sig == signal.SIGINT else 143), text
+    said = "interrupted: " if sig == signal.SIGINT else "interrupted (SIGTERM): "
+    assert said + "the current space of" in text and "Run the same command again to go on" in text, text
     assert "Traceback" not in text, text
     assert _wait(lambda: not _alive(child[0]), 10)
     st = backfill_status(Collection.open(path))
-    assert st["workers"] == 0 and st["state"] != "done" and st["last_worker"]["stopped"] == INTERRUPTED, st
+    recorded = INTERRUPTED if sig == signal.SIGINT else TERMINATED
+    assert st["workers"] == 0 and st["state"] != "done" and st["last_worker"]["stopped"] == recorded, st
+    assert _worker_stops(path) == [recorded, recorded], _worker_stops(path)
     assert not Collection.open(path).verify()
     ok("collection", "backfill", path, "--workers", "2")
     assert backfill_status(Collection.open(path))["state"] == "done"

@@ -62,3 +62,21 @@ def test_the_demo_refuses_a_folder_without_the_models_before_it_writes_a_world(t
     with pytest.raises(FileNotFoundError, match="world-old: no model there"):
         run_demo(tmp_path / "world", tmp_path / "models", tmp_path / "out", log=lambda m: None)
     assert not (tmp_path / "world").exists()
+
+
+@pytest.mark.parametrize("verbose", [False, True])
+def test_our_warnings_are_said_as_warnings_on_the_command_line(verbose, capsys):
+    """trial X: a warning of ours (a label given two values) printed as a bare line, unlike the
+    command's own ``warning: ...`` lines; with ``-v`` it carries level and logger, as the libraries'."""
+    import logging
+
+    from nobackfill._logging import set_verbose
+
+    try:
+        set_verbose(verbose)
+        logging.getLogger("nobackfill.data.folder").warning("captions.jsonl: 1 label(s) given other values")
+    finally:
+        set_verbose(False)
+    err = capsys.readouterr().err
+    said = "WARNING nobackfill.data.folder: " if verbose else "warning: "
+    assert said + "captions.jsonl: 1 label(s) given other values" in err and err.count("label(s)") == 1, err

@@ -27,6 +27,23 @@ _OWN = "_NOBACKFILL_SET_"  # marks a variable above as set by us (not by the use
 _verbose = False
 
 
+class _Said(logging.Handler):
+    """Records on the stderr of the moment: at WARNING and above as the program's own lines are
+    (``warning: ...``, ``error: ...``: the default's bare message did not say it was a warning), or
+    when verbose every record that reaches it, with its level and logger."""
+
+    def __init__(self, verbose: bool) -> None:
+        super().__init__(logging.NOTSET if verbose else logging.WARNING)
+        self.verbose = verbose
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            head = f"{record.levelname} {record.name}: " if self.verbose else f"{record.levelname.lower()}: "
+            print(head + self.format(record), file=sys.stderr, flush=True)
+        except Exception:  # a closed stderr: as logging's own handlers do
+            self.handleError(record)
+
+
 def _level(name: str) -> int:
     return logging.WARNING if _verbose else _QUIET.get(name, logging.ERROR)
 
@@ -55,8 +72,9 @@ def tame_library_loggers(names: tuple[str, ...] = LIBRARY_LOGGERS) -> None:
 
 
 def set_verbose(verbose: bool) -> None:
-    """Show the libraries' warnings (``verbose``, on stderr) or only their errors. For libraries
-    not imported yet, their environment variables carry the level (unless the user set them)."""
+    """Show the libraries' warnings (``verbose``, on stderr, with level and logger) or only their
+    errors, and ours as ``warning: ...`` lines. For libraries not imported yet, their environment
+    variables carry the level (unless the user set them)."""
     global _verbose
     _verbose = bool(verbose)
     for var in _ENV.values():  # read when the library is first imported
@@ -65,8 +83,7 @@ def set_verbose(verbose: bool) -> None:
             os.environ[_OWN + var] = "1"
     logging.captureWarnings(True)  # warnings.warn of the libraries: the py.warnings logger
     tame_library_loggers()
-    if _verbose and not logging.root.handlers:
-        handler = logging.StreamHandler()
-        handler.setFormatter(logging.Formatter("%(levelname)s %(name)s: %(message)s"))
-        logging.root.addHandler(handler)
-        logging.getLogger("nobackfill").setLevel(logging.INFO)
+    for h in [h for h in logging.root.handlers if isinstance(h, _Said)]:
+        logging.root.removeHandler(h)
+    logging.root.addHandler(_Said(_verbose))
+    logging.getLogger("nobackfill").setLevel(logging.INFO if _verbose else logging.NOTSET)

@@ -4,5 +4,5 @@ job's re-embedding as a Ray Data pipeline (``engine="ray"``), with the job, shar
 one commit of :mod:`nobackfill.lifecycle.backfill_commit`, imported only when that engine is
 chosen (Ray is an optional extra).
 
-May import: ``_logging``, ``collection``, ``encoders``, ``lifecycle``, ``search``.
+May import: ``_interrupts``, ``_logging``, ``collection``, ``encoders``, ``lifecycle``, ``search``.
 """

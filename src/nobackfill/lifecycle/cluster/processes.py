@@ -26,16 +26,19 @@ __all__ = ["INTERRUPTED", "PARENT_GONE", "TERMINATED", "follow_workers", "join_w
 PARENT_GONE = "the process that started this worker exited"
 #: how a worker records that it stopped for a Ctrl-C (its own, or of the command that started it)
 INTERRUPTED = "interrupted (Ctrl-C)"
-#: how a worker records that it stopped for a SIGTERM of the command it runs in
+#: how a worker records that it stopped for a SIGTERM (of the command it runs in or that started it, or its own)
 TERMINATED = "interrupted (SIGTERM)"
 #: how long an interrupted run waits for its worker processes to commit the batch in hand
 STOP_WAIT_S = 120.0
 
 
-def parent_gone() -> Callable[[], str | None]:
+def parent_gone(cause: Path | None = None) -> Callable[[], str | None]:
     """A check for :func:`~.backfill.run_worker`'s ``stop``: None while the process that started
-    this one (``multiprocessing``'s parent) lives, :data:`PARENT_GONE` once it has exited. A thread
-    waits on the parent's sentinel; in a process with no such parent the check is always None."""
+    this one (``multiprocessing``'s parent) lives, :data:`PARENT_GONE` once it has exited, and after
+    a SIGTERM what asked for it: the file ``cause`` holds ``"Ctrl-C"`` or ``"SIGTERM"`` when the
+    command that started this worker stops it for its own interrupt (:func:`stopped_with`); a SIGTERM
+    with no such file was sent to this worker alone (:data:`TERMINATED`). A thread waits on the
+    parent's sentinel; in a process with no such parent the check is always None."""
     import multiprocessing as mp
     from multiprocessing.connection import wait
 
@@ -47,12 +50,24 @@ def parent_gone() -> Callable[[], str | None]:
             gone.set()
 
         threading.Thread(target=watch, name="backfill-parent-watch", daemon=True).start()
-        if threading.current_thread() is threading.main_thread():  # the parent's Ctrl-C: SIGTERM from it
+        if threading.current_thread() is threading.main_thread():  # the parent's interrupt: SIGTERM from it
             import signal
 
             signal.signal(signal.SIGINT, signal.SIG_IGN)  # a terminal's Ctrl-C reaches the parent, which says
             signal.signal(signal.SIGTERM, lambda *_: asked.set())
-    return lambda: PARENT_GONE if gone.is_set() else INTERRUPTED if asked.is_set() else None
+
+    def stop() -> str | None:
+        if gone.is_set():
+            return PARENT_GONE
+        if not asked.is_set():
+            return None
+        said = ""
+        if cause is not None:
+            with contextlib.suppress(OSError):
+                said = cause.read_text(encoding="utf-8").strip()
+        return INTERRUPTED if said == "Ctrl-C" else TERMINATED
+
+    return stop
 
 
 def _say(msg: str) -> None:
@@ -79,7 +94,7 @@ def _say_to(path: Path) -> Callable[[str], None]:
 
 def _worker_main(run_worker: Callable[..., Any], path: str, model: str, kwargs: dict,
                  report: str, relay: bool = False) -> None:  # pragma: no cover - a child process
-    stop = parent_gone()  # first: a Ctrl-C meant for the command is its to handle from now on
+    stop = parent_gone(_cause_file(Path(report)))  # first: a Ctrl-C meant for the command is its to handle
     say = _say_to(_log_file(Path(report))) if relay else _say
 
     import torch
@@ -130,21 +145,25 @@ def stopped_with(procs: list[tuple[Any, Path]], wait_s: float = STOP_WAIT_S,
                  log: Callable[[str], None] | None = None) -> Iterator[None]:
     """The caller's own worker runs in the block; if it leaves by an exception (a Ctrl-C), the
     processes of :func:`start_workers` are asked to stop (SIGTERM: each commits the batch in hand,
-    hands its shard back, records :data:`INTERRUPTED`), awaited up to ``wait_s`` and then killed,
+    hands its shard back, records :data:`INTERRUPTED` or :data:`TERMINATED` as the command was stopped), awaited up to ``wait_s`` and then killed,
     before the exception goes on (a process left running kept the command alive to the end). The
     wait is said (``log``): a worker fitting bridges finishes its fit first, up to a minute on a
     large model, and the command was silent meanwhile (trial W)."""
     try:
         yield
-    except BaseException:
-        alive = [p for p, _ in procs if p.is_alive()]
+    except BaseException as e:
+        from ..._interrupts import interrupt_cause
+
+        alive = [(p, out) for p, out in procs if p.is_alive()]
         if alive and log is not None:
             log(f"stopping {len(alive)} worker process(es): each commits the batch in hand (one fitting bridges "
                 f"ends its fit first); waiting up to {wait_s:.0f} s ...")
-        for p in alive:
+        for p, out in alive:  # what stopped the command, for each worker to record as its own stop
+            with contextlib.suppress(OSError):
+                _cause_file(out).write_text(interrupt_cause(e), encoding="utf-8")
             p.terminate()
         deadline = time.monotonic() + wait_s
-        for p in alive:
+        for p, _ in alive:
             p.join(max(0.0, deadline - time.monotonic()))
             if p.is_alive():
                 p.kill()
@@ -209,6 +228,11 @@ def _log_file(report: Path) -> Path:
     return report.with_suffix(".log")
 
 
+def _cause_file(report: Path) -> Path:
+    """Where the command tells the worker process whose report goes to ``report`` what stopped it."""
+    return report.with_suffix(".stop")
+
+
 def join_workers(procs: list[tuple[Any, Path]]) -> list[dict[str, Any]]:
     """Wait for the processes of :func:`start_workers`; their reports (one that left none is
     skipped), their folder removed."""
@@ -218,8 +242,9 @@ def join_workers(procs: list[tuple[Any, Path]]) -> list[dict[str, Any]]:
         with contextlib.suppress(OSError, ValueError):
             reports.append(json.loads(out.read_text()))
             out.unlink()
-        with contextlib.suppress(OSError):
-            _log_file(out).unlink()
+        for said in (_log_file(out), _cause_file(out)):
+            with contextlib.suppress(OSError):
+                said.unlink()
     if procs:
         with contextlib.suppress(OSError):
             procs[0][1].parent.rmdir()
