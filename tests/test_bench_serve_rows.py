@@ -52,7 +52,10 @@ def test_the_tables_name_every_row():
     speed = {"graph": "clip-text", "max_abs_diff_fp32": 1e-7, "max_abs_diff_int8": 8e-3, "max_abs_diff_fp32_traced": 2e-7,
              "threads": 1, **row,
              "by_threads": {"1": {**row, "batch_1_by_length": lengths},
-                            "2": {**row, "torch": {"batch_1_ms_per_query": 6.0, "batch_32_ms_per_query": 1.0}}}}
+                            "2": {**row, "torch": {"batch_1_ms_per_query": 6.0, "batch_32_ms_per_query": 1.0},
+                                  "onnx_fp32_spinning": {"batch_1_ms_per_query": 1.2, "batch_32_ms_per_query": 0.4},
+                                  "batch_1_by_length": [{**lengths[1], "torch": 6.0, "onnx_fp32_spinning": 2.0,
+                                                         "onnx_fp32_spinning_speedup": 3.0}]}}}
     recall = {k: {"torch": 0.5, "onnx_fp32": 0.5, "onnx_int8": 0.49, "int8_minus_torch": -0.01}
               for k in ("world_t2i", "multi30k_val_t2t")}
     md = encoders_markdown({"speed": speed, "int8_recall": recall})
@@ -60,8 +63,12 @@ def test_the_tables_name_every_row():
     assert "| ONNX Runtime fp32, CLIP text graph | 2 | 1.5 | 0.5 | 4.00x | 1.0e-07 |" in md
     assert "| ONNX Runtime fp32, traced graph | 1 | 2.0 | 0.6 | 1.50x | 2.0e-07 |" in md
     assert "| torch | 2 | 6.0 | 1.0 | 1.00x | - |" in md
-    assert "| first 3 words | 1 | 3 | 5.2 | 3.0 | 1.4 | 1.2 | 2.50x | 0.6 |" in md
-    assert "| whole texts | 1 | - | 30.0 | 3.0 | 2.0 | 1.5 | 2.00x | 1.5 |" in md
+    assert "| first 3 words | 1 | 3 | 5.2 | 3.0 | 1.4 | 1.2 | 2.50x | - | 0.6 |" in md
+    assert "| whole texts | 1 | - | 30.0 | 3.0 | 2.0 | 1.5 | 2.00x | - | 1.5 |" in md
+    # on two threads, ONNX Runtime's idle threads also timed spinning, as torch's OpenMP threads do
+    assert "| ONNX Runtime fp32, CLIP text graph, idle threads spinning (as torch's) | 2 | 1.2 | 0.4 | 5.00x |" in md
+    assert "| whole texts | 2 | - | 30.0 | 6.0 | 2.0 | 1.5 | 2.00x | 2.0 (3.00x) | 1.5 |" in md
+    assert "spinning (as torch's) | 1 |" not in md
     old = encoders_markdown({"speed": {k: v for k, v in speed.items() if k not in ("graph", "max_abs_diff_fp32_traced")},
                              "int8_recall": recall})  # a result written before the traced row: no such row
     assert "| ONNX Runtime fp32, traced graph | 1 | 1.5 | 0.5 | 2.00x | 1.0e-07 |" in old and "| ONNX Runtime fp32, traced graph | 1 | 2.0" not in old

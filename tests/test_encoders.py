@@ -486,3 +486,22 @@ def test_a_model_directory_without_its_tokenizer_files_is_refused_naming_them(tm
     shutil.copy(shipped / "tokenizer.json", bare / "tokenizer.json")
     v = load_encoder(bare).encode_texts(["a red circle", "a blue square"])
     assert float(v[0] @ v[1]) < 0.999  # two texts, two vectors
+
+
+def test_a_text_tower_larger_than_its_tokenizer_loads(tmp_path) -> None:
+    """`bench serve`'s B/32-sized tower holds 1,000 token rows for the world tokenizer's 391 (as a
+    padded embedding table does): refused as a missing tokenizer, which broke the benchmark."""
+    from transformers import AutoTokenizer, CLIPConfig, CLIPModel
+
+    from nobackfill.encoders.clip import CLIPDualEncoder
+
+    shipped = Path(__file__).resolve().parents[1] / "models" / "world-old"
+    tok = AutoTokenizer.from_pretrained(shipped, local_files_only=True)
+    cfg = CLIPConfig(text_config={"hidden_size": 16, "intermediate_size": 32, "num_hidden_layers": 1,
+                                  "num_attention_heads": 2, "vocab_size": 1000, "eos_token_id": tok.eos_token_id,
+                                  "bos_token_id": tok.bos_token_id, "pad_token_id": tok.pad_token_id},
+                     vision_config={"hidden_size": 16, "intermediate_size": 32, "num_hidden_layers": 1,
+                                    "num_attention_heads": 2, "image_size": 32, "patch_size": 16}, projection_dim=8)
+    CLIPDualEncoder(CLIPModel(cfg), tok, meta={"name": "padded"}).save(tmp_path / "padded")
+    assert len(tok) < 1000 // 2
+    assert load_encoder(tmp_path / "padded").encode_texts(["a red circle"]).shape == (1, 8)

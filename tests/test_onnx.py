@@ -288,6 +288,18 @@ def test_the_pool_gives_its_sessions_the_query_threads(exported, monkeypatch):
     for n in (1, 2):
         enc = ModelPool(onnx_threads=n).query_encoder(str(exported))
         assert {s.get_session_options().intra_op_num_threads for s in enc.sessions.values()} == {n}
+        spins = {s.get_session_options().get_session_config_entry("session.intra_op.allow_spinning")
+                 for s in enc.sessions.values()}
+        assert spins == {"0"}  # the service's idle threads sleep between queries
+
+
+def test_spinning_sessions_only_when_asked(exported):
+    """`bench serve` times ONNX Runtime's threads spinning too, as torch's OpenMP threads do."""
+    plain = load_encoder(exported)
+    for spin, said in ((False, "0"), (True, "1")):
+        enc = onnx_encoder(plain, exported, threads=2, spin=spin)
+        assert {s.get_session_options().get_session_config_entry("session.intra_op.allow_spinning")
+                for s in enc.sessions.values()} == {said}
 
 
 def test_int8_without_an_int8_export_says_it_runs_fp32(tmp_path, caplog):

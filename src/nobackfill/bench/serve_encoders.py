@@ -58,7 +58,10 @@ def _ms_per_query(encoders: dict[str, Callable[[list[str]], Any]], texts: Sequen
 
 def _encoders(model_dir: Path, towers: Sequence[str], threads: int | None = None) -> dict[str, Any]:
     """``{"torch", "onnx_fp32", "onnx_int8"}`` encoders of ``model_dir`` (exported here, int8 too), the
-    ONNX Runtime sessions on ``threads`` intra-op threads (None: its default)."""
+    ONNX Runtime sessions on ``threads`` intra-op threads (None: its default), their idle threads
+    sleeping as the service's do; on more than one thread also ``onnx_fp32_spinning``, whose idle
+    threads wait busily between operators as torch's OpenMP threads do (libgomp spins by default), so
+    that the two runtimes are timed alike."""
     from ..encoders import load_encoder
     from ..encoders.onnx import export_onnx, onnx_encoder, onnx_export_info
 
@@ -66,8 +69,11 @@ def _encoders(model_dir: Path, towers: Sequence[str], threads: int | None = None
     if info is None or any("int8" not in info["towers"].get(t, {}) for t in towers):
         info = export_onnx(model_dir, int8=True, towers=towers)
     plain = load_encoder(model_dir)
-    return {"torch": plain, "onnx_fp32": onnx_encoder(plain, model_dir, threads=threads),
-            "onnx_int8": onnx_encoder(plain, model_dir, int8=True, threads=threads), "export": info}
+    out = {"torch": plain, "onnx_fp32": onnx_encoder(plain, model_dir, threads=threads),
+           "onnx_int8": onnx_encoder(plain, model_dir, int8=True, threads=threads), "export": info}
+    if threads and threads > 1:
+        out["onnx_fp32_spinning"] = onnx_encoder(plain, model_dir, threads=threads, spin=True)
+    return out
 
 
 def _traced(model_dir: Path, towers: Sequence[str], threads: int | None = None) -> tuple[Any, dict[str, Any]]:
@@ -112,7 +118,8 @@ def _by_length(runs: dict[str, Callable[[list[str]], Any]], encoder: Any, texts:
         ids = encoder.tokenizer(cut[:500], truncation=True, max_length=encoder.max_length)["input_ids"]
         tokens = float(np.mean([len(i) for i in ids]))
         out.append({"words": words, "tokens": round(tokens, 1), **ms,
-                    "onnx_fp32_speedup": round(ms["torch"] / ms["onnx_fp32"], 2) if ms["onnx_fp32"] else None})
+                    **{f"{n}_speedup": round(ms["torch"] / ms[n], 2) if ms[n] else None
+                       for n in ("onnx_fp32", "onnx_fp32_spinning") if n in ms}})
     return out
 
 
@@ -133,7 +140,8 @@ def tower_speed(models: Path, texts: Sequence[str], work: Path, seconds: float =
             torch.set_num_threads(n)
             encs = _encoders(d, ["text"], threads=n)
             traced, traced_info = _traced(d, ["text"], threads=n)
-            runs = {name: encs[name].encode_texts for name in ("torch", "onnx_fp32", "onnx_int8")}
+            runs = {name: encs[name].encode_texts for name in ("torch", "onnx_fp32", "onnx_int8", "onnx_fp32_spinning")
+                    if name in encs}
             runs["onnx_fp32_traced"] = traced.encode_texts
             row: dict[str, Any] = {name: {} for name in runs}
             for b in (1, 32):
@@ -141,8 +149,9 @@ def tower_speed(models: Path, texts: Sequence[str], work: Path, seconds: float =
                     row[name][f"batch_{b}_ms_per_query"] = ms
             for b in (1, 32):
                 key = f"batch_{b}_ms_per_query"
-                row[f"onnx_fp32_speedup_batch_{b}"] = round(row["torch"][key] / row["onnx_fp32"][key], 2)
-                row[f"onnx_fp32_traced_speedup_batch_{b}"] = round(row["torch"][key] / row["onnx_fp32_traced"][key], 2)
+                for name in ("onnx_fp32", "onnx_fp32_traced", "onnx_fp32_spinning"):
+                    if name in row:
+                        row[f"{name}_speedup_batch_{b}"] = round(row["torch"][key] / row[name][key], 2)
             row["batch_1_by_length"] = _by_length(runs, encs["torch"], texts, seconds,
                                                   {k: row[k]["batch_1_ms_per_query"] for k in runs})
             per[str(n)] = row
@@ -225,6 +234,13 @@ def int8_recall(models: Path, world_test: Path, multi30k: Path, work: Path) -> d
     return out
 
 
+def _spinning(r: dict[str, Any]) -> str:
+    """A by-length row's spinning fp32 time and speed-up ("-" on one thread, where nothing spins)."""
+    if "onnx_fp32_spinning" not in r:
+        return "-"
+    return f"{r['onnx_fp32_spinning']} ({r['onnx_fp32_spinning_speedup'] or 0:.2f}x)"
+
+
 def format_markdown(enc: dict[str, Any]) -> str:
     s = enc["speed"]
     lines = ["| query text tower (ViT-B/32 shapes) | threads | batch 1 ms/query | batch 32 ms/query | batch 1 speed-up "
@@ -234,6 +250,8 @@ def format_markdown(enc: dict[str, Any]) -> str:
     if "max_abs_diff_fp32_traced" in s:
         names.append(("onnx_fp32_traced", "ONNX Runtime fp32, traced graph", f"{s['max_abs_diff_fp32_traced']:.1e}"))
     names += [("onnx_fp32", f"ONNX Runtime fp32, {graph}", f"{s['max_abs_diff_fp32']:.1e}"),
+              ("onnx_fp32_spinning", f"ONNX Runtime fp32, {graph}, idle threads spinning (as torch's)",
+               f"{s['max_abs_diff_fp32']:.1e}"),
               ("onnx_int8", f"ONNX Runtime int8, {graph}", f"{s['max_abs_diff_int8']:.1e}")]
     for n, row in s.get("by_threads", {str(s.get("threads", "-")): s}).items():
         for name, label, diff in names:
@@ -243,14 +261,14 @@ def format_markdown(enc: dict[str, Any]) -> str:
             lines.append(f"| {label} | {n} | {b1} | {row[name]['batch_32_ms_per_query']} | "
                          f"{row['torch']['batch_1_ms_per_query'] / b1:.2f}x | {diff} |")
     lines += ["", "| text tower at batch 1, by query length | threads | words | tokens (mean) | torch ms | "
-              "ONNX fp32 traced ms | ONNX fp32 ms | ONNX fp32 speed-up | ONNX int8 ms |",
-              "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+              "ONNX fp32 traced ms | ONNX fp32 ms | ONNX fp32 speed-up | ONNX fp32 spinning ms (speed-up) | "
+              "ONNX int8 ms |", "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for n, row in s.get("by_threads", {}).items():
         for r in row.get("batch_1_by_length", []):
             label = "whole texts" if r["words"] is None else f"first {r['words']} words"
             lines.append(f"| {label} | {n} | {r['words'] or '-'} | {r['tokens']} | {r['torch']} | "
                          f"{r.get('onnx_fp32_traced', '-')} | {r['onnx_fp32']} | {r['onnx_fp32_speedup'] or 0:.2f}x | "
-                         f"{r['onnx_int8']} |")
+                         f"{_spinning(r)} | {r['onnx_int8']} |")
     lines += ["", "| R@1 (gallery by torch) | torch | ONNX fp32 | ONNX int8 | int8 - torch |", "|---|---:|---:|---:|---:|"]
     for k, label in (("world_t2i", "world test t2i (world-old)"), ("multi30k_val_t2t", "Multi30K val t2t (m30k-old-text)")):
         r = enc["int8_recall"][k]

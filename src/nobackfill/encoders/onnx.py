@@ -96,15 +96,18 @@ def _check_images(encoder: Any) -> np.ndarray:
     return encoder.preprocessor(imgs).numpy()
 
 
-def _session(path: Path, threads: int | None = None) -> Any:
-    """An ONNX Runtime CPU session of ``path`` on ``threads`` intra-op threads (None: its default, the cores)."""
+def _session(path: Path, threads: int | None = None, spin: bool = False) -> Any:
+    """An ONNX Runtime CPU session of ``path`` on ``threads`` intra-op threads (None: its default, the
+    cores, spinning). Given ``threads``, its idle threads sleep unless ``spin`` (they wait for the next
+    operator busily, as torch's OpenMP threads do: faster for one query, at the cost of a core kept
+    busy between operators)."""
     import onnxruntime as ort
 
     opts = ort.SessionOptions()
     opts.log_severity_level = 3
     if threads:
         opts.intra_op_num_threads = int(threads)
-        opts.add_session_config_entry("session.intra_op.allow_spinning", "0")  # idle threads sleep, not spin
+        opts.add_session_config_entry("session.intra_op.allow_spinning", "1" if spin else "0")
     return ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"])
 
 
@@ -400,10 +403,11 @@ class OnnxEncoder(DualEncoder):
 
 
 def onnx_encoder(encoder: DualEncoder, model_dir: str | Path, *, int8: bool = False,
-                 threads: int | None = None) -> DualEncoder:
+                 threads: int | None = None, spin: bool = False) -> DualEncoder:
     """``encoder`` on ONNX Runtime when ``model_dir`` holds an export of these weights and
     ``onnxruntime`` is installed (``int8``: the quantised towers, where exported; ``threads``: each
-    session's intra-op threads, None for ONNX Runtime's default); otherwise
+    session's intra-op threads, None for ONNX Runtime's default; ``spin``: given ``threads``, whether
+    its idle threads wait busily, see :func:`_session`); otherwise
     ``encoder`` itself. A file whose sha256 differs from the export's record is not used. Where an
     export is there but cannot be used as asked (other weights, a file changed, no int8 copy, no
     onnxruntime), the log says why (a warning) and that tower runs on torch."""
@@ -437,7 +441,7 @@ def onnx_encoder(encoder: DualEncoder, model_dir: str | Path, *, int8: bool = Fa
             log.warning("%s: missing or changed since its export (sha256); the %s tower runs on torch", path, tower)
             continue
         try:
-            sessions[tower] = _session(path, threads)
+            sessions[tower] = _session(path, threads, spin)
         except Exception as e:  # a file ONNX Runtime cannot load (another version's, damaged): torch answers
             log.warning("%s: ONNX Runtime cannot load it (%s: %s); the %s tower runs on torch (nobackfill "
                         "export-onnx %s exports it again)", path, type(e).__name__, str(e).strip()[:200], tower,
