@@ -317,6 +317,7 @@ def test_engine_ray_through_the_cli_and_post_backfill_start(cluster, tmp_path, m
     monkeypatch.setattr(models, "ModelPool", lambda: pool)
     monkeypatch.setattr(LocalClient, "_loader", lambda self: (lambda: new))  # the actors' stand-in model
     r = CliRunner().invoke(app, ["collection", "backfill", str(c.path), "--engine", "ray", "--actors", "1",
+                                 "--address", cluster[0].address,  # (dialled first: it answers)
                                  "--order", "sequential", "--batch-size", "4", "--limit", "12"])
     assert r.exit_code == 0, r.output
     assert "12 committed" in r.output and "on ray" in r.output and backfill_status(c)["done"] == 12
@@ -412,3 +413,30 @@ def test_rays_own_log_lines_show_only_with_verbose():
         assert logging.getLogger("ray.data").getEffectiveLevel() == logging.WARNING
     finally:
         set_verbose(False)
+
+
+def test_rays_retry_notes_show_only_with_verbose():
+    """Ray's core tells the driver of each task it retries on another actor, e.g. after a pause ended
+    the actors (trial Z: ``(raylet) Task MapWorker(MapBatches(_Embed)).submit failed ... killed by
+    'ray.kill'``, on stdout): off unless ``nobackfill -v``, through the setting Ray reads when its
+    core starts; a value the user set stays."""
+    from nobackfill._logging import set_verbose
+    from nobackfill.lifecycle.cluster.ray_backfill import import_ray
+
+    var = "RAY_enable_output_error_log_if_still_retry"
+    saved = os.environ.pop(var, None)
+    try:
+        set_verbose(True)
+        import_ray()
+        assert var not in os.environ  # -v: Ray's default (its notes shown)
+        set_verbose(False)
+        import_ray()
+        assert os.environ[var] == "0"
+        os.environ[var] = "1"  # the user's own
+        import_ray()
+        assert os.environ[var] == "1"
+    finally:
+        set_verbose(False)
+        os.environ.pop(var, None)
+        if saved is not None:
+            os.environ[var] = saved

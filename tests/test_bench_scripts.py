@@ -83,7 +83,20 @@ def test_merged_rows(tmp_path):
     assert r.exit_code == 0, r.output
     res = json.loads(out.read_text())
     committed = json.loads((ROOT / "benchmarks" / "results" / "merged.json").read_text())
-    assert set(res) == set(committed) and set(res["rows"]) == set(committed["rows"])
+    assert set(res) - {"host"} == set(committed) - {"host"} and set(res["rows"]) == set(committed["rows"])
+    assert "host" in res  # (a result committed before results named their host has none)
     for row in res["rows"].values():
         assert set(row) == {"unmerged_ms", "merged_ms", "speedup", "max_abs_diff"} and row["max_abs_diff"] < 1e-4
     assert out.with_suffix(".md").read_text().startswith("| upgrade |")
+
+
+def test_every_benchmark_result_names_its_host(tmp_path):
+    """trial Y: an encode speed-up did not reproduce, and its result named the CPU only "x86_64"."""
+    from nobackfill.bench.runner import markdown_report, run_bench
+
+    out = tmp_path / "r.json"
+    result = run_bench(None, lambda c, log: {"x": 1}, markdown_report(lambda r: "| x |\n"), out=out,
+                       log=lambda m: None, echo=lambda m: None)
+    host = json.loads(out.read_text())["host"]
+    assert result["host"] == host and {"cpu", "torch_cpu_capability", "versions"} <= set(host)
+    assert "torch" in host["versions"]

@@ -396,3 +396,90 @@ def test_checkpoints_apart_copy_the_log_in_a_thread_and_restore_sqlites_own(tmp_
     busy, log, done = cat._write_conn.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchone()
     assert busy == 0 and log == done  # nothing left in the log that is not in the database
     assert len(Collection.open(tmp_path / "c")) == 304
+
+
+def _terminate_sessions(url: str, admin_url: str) -> int:
+    """``pg_terminate_backend`` of every other session of ``url``'s database (what a PostgreSQL
+    restart does to a client's kept connections); how many were ended."""
+    import psycopg
+
+    db = url.rsplit("/", 1)[1]
+    with psycopg.connect(admin_url, autocommit=True) as conn:
+        n = conn.execute("SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity WHERE datname = %s "
+                         "AND pid <> pg_backend_pid()", (db,)).fetchone()[0]
+    return int(n)
+
+
+def test_a_kept_postgresql_connection_the_server_closed_is_replaced_and_the_call_goes_through(tmp_path, postgres_db,
+                                                                                              postgres_url):
+    """trial Z: after a PostgreSQL restart, a running serve answered its first call with 503
+    "stopped answering (AdminShutdown ...)" though the database was up again. A kept connection the
+    server closed is replaced and the read, or a transaction not begun yet, runs on the new one."""
+    c, _, _ = _coll(tmp_path, n=4, location=f"{tmp_path}/c?catalog={postgres_db}#kept")
+    cat = c.catalog
+    generation = cat.generation()
+    cat.write_doc("probe", b"1")  # a read and a write connection are kept
+    assert cat._read_conn is not None and cat._write_conn is not None
+    assert _terminate_sessions(postgres_db, postgres_url) >= 2
+    assert cat.header()["name"] == "c" and cat.generation() == generation  # a read
+    assert _terminate_sessions(postgres_db, postgres_url) >= 1
+    cat.write_doc("probe", b"2")  # a write transaction
+    assert cat.read_doc("probe") == b"2"
+    assert _terminate_sessions(postgres_db, postgres_url) >= 2
+    with cat.reading():  # a read transaction
+        assert cat.read_doc("probe") == b"2"
+    assert _terminate_sessions(postgres_db, postgres_url) >= 1
+    assert Collection.open(f"{tmp_path}/c?catalog={postgres_db}#kept").status()["items"]["text"] == 4
+
+
+def test_a_read_inside_a_transaction_is_not_run_again_on_another_connection(tmp_path, postgres_db, postgres_url):
+    """A snapshot is its connection's: a connection lost inside ``reading()`` is the catalog
+    unreachable (run again), not a read of another state; the next call works."""
+    from nobackfill.catalog.schema import CatalogUnreachable
+
+    c, _, _ = _coll(tmp_path, n=2, location=f"{tmp_path}/c?catalog={postgres_db}#snap")
+    cat = c.catalog
+    cat.generation()
+    with pytest.raises(CatalogUnreachable, match="stopped answering"):
+        with cat.reading():
+            cat.generation()
+            _terminate_sessions(postgres_db, postgres_url)
+            cat.generation()
+    assert cat.generation()[0] >= 1
+
+
+def test_a_catalog_that_stopped_answering_is_one_line(tmp_path, postgres_db, postgres_url):
+    """trial Z: libpq's message holds a newline and a tab ("... Connection refused\\n\\tIs the server
+    running ..."): the error line we build quotes it on one line, for PostgreSQL as for Milvus."""
+    import psycopg
+
+    from nobackfill.catalog.schema import CatalogUnreachable, catalog_error, milvus_lost_message
+
+    c, _, _ = _coll(tmp_path, n=2, location=f"{tmp_path}/c?catalog={postgres_db}#gone")
+    cat = c.catalog
+    cat.generation()
+    cat._connect = lambda: psycopg.connect("postgresql://nobackfill@127.0.0.1:1/nobackfill", connect_timeout=5)
+    _terminate_sessions(postgres_db, postgres_url)  # the kept connection is gone, and no new one can be made
+    with pytest.raises(CatalogUnreachable) as e:
+        cat.generation()
+    msg = str(e.value)
+    assert "\n" not in msg and "\t" not in msg and "  " not in msg, msg
+    assert msg.startswith(f"the catalog {cat.location} stopped answering (OperationalError: ") and \
+        "Is the server running" in msg and msg.endswith("run the same command again once it answers"), msg
+    with pytest.raises(CatalogUnreachable) as e:
+        with cat.writing():
+            pass
+    assert "\n" not in str(e.value) and "Is the server running" in str(e.value)
+
+    class OperationalError(Exception):
+        __module__ = "psycopg"
+
+    class MilvusException(Exception):
+        __module__ = "pymilvus.exceptions"
+
+    one = catalog_error(OperationalError("connection failed: refused\n\tIs the server running?"), "pg#x")
+    assert str(one).startswith("the catalog pg#x stopped answering (OperationalError: connection failed: refused Is "
+                               "the server running?); ")
+    assert "\n" not in milvus_lost_message(MilvusException("Fail connecting to server\n\ton h:1"))
+    assert "\n" not in str(catalog_error(MilvusException("collection\nnot loaded"), "x"))
+    assert "\n" not in str(catalog_error(RuntimeError("two\nlines"), "x"))

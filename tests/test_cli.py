@@ -124,6 +124,22 @@ def test_index_is_resumable_without_duplicates(setup):
     assert len(set(g.ids("text"))) == g.count("text") == 30 * 2 * 7  # 2 captions per image and language
 
 
+def test_index_refuses_a_folder_before_it_reads_the_data_and_leaves_it_as_it_was(setup, tmp_path):
+    """trial Y: `index --out` a model's folder read (and tokenized) every caption before refusing,
+    and left .lock / .ingest-lock files in the folder; a gallery of another model too."""
+    import shutil
+
+    model = tmp_path / "model"
+    shutil.copytree(setup / "models" / "world-old", model)
+    before = sorted(p.name for p in model.iterdir())
+    r = invoke("index", "--model", setup / "models" / "world-old", "--data", setup / "world", "--out", model)
+    assert r.exit_code == 2 and "is not empty and not a gallery (found config.json" in r.output, r.output
+    assert sorted(p.name for p in model.iterdir()) == before  # no lock files left
+    other = invoke("index", "--model", setup / "models" / "world-new", "--data", setup / "world", "--out",
+                   setup / "g")  # the gallery of world-old's space: refused naming both spaces, nothing read
+    assert other.exit_code == 2 and "space" in other.output and "Traceback" not in other.output, other.output
+
+
 def test_eval_retrieval_json(setup, tmp_path):
     out = tmp_path / "e.json"
     r = invoke("eval", "retrieval", "--query-model", setup / "models" / "world-new", "--gallery-model",
@@ -516,3 +532,17 @@ def test_world_refuses_a_folder_holding_another_world_and_redoes_the_same_one(tm
     (tmp_path / "other" / "notes.txt").write_text("mine")
     r = invoke("world", "--out", str(tmp_path / "other"), *small)
     assert r.exit_code == 2 and "not empty (notes.txt)" in r.output
+
+
+def test_the_defaults_naming_the_projects_files_work_from_any_folder(tmp_path, monkeypatch):
+    """trial Y: `bench encode --models models` (and the other benchmarks' defaults) failed outside
+    the project folder; a path that exists where the command runs is still the user's."""
+    from nobackfill.cli._common import from_project
+
+    project = Path(__file__).resolve().parents[1]
+    monkeypatch.chdir(tmp_path)
+    assert from_project(Path("models")) == project / "models"
+    assert from_project("models/world-old") == str(project / "models" / "world-old")
+    assert from_project("minilm") == "minilm" and from_project(Path("nope")) == Path("nope")
+    (tmp_path / "models").mkdir()
+    assert from_project(Path("models")) == Path("models")  # the user's own

@@ -228,7 +228,10 @@ def test_bench_lingual_lambda_prints_its_table(tmp_path, monkeypatch):
                                "--out", str(out)])
     assert r.exit_code == 0, r.output
     assert seen[0].langs == ("de", "fr") and seen[0].train_images == 500
-    assert "| de | 203 | 18.1 / 35.9 / 46.0 | 0.611 |" in r.stdout and "| zh | 741 |" in r.stdout
+    de, v = rows[0], rows[0]["vocab"]  # the committed first row, as the table prints it
+    assert de["lang"] == "de" and (f"| de | {de['new_rows']} | {100 * v['share_lambda_0']:.1f} / "
+                                   f"{100 * v['share_overlap']:.1f} / {100 * v['share_lambda_1']:.1f} | "
+                                   f"{v['mean_lambda']:.3f} |") in r.stdout and "| zh | 741 |" in r.stdout
     assert out.read_text() == committed.read_text()  # the JSON format is the committed one
     assert out.with_suffix(".md").read_text().strip() == lingual_lambda.format_markdown(rows).strip()
     r = runner.invoke(_app(), ["bench", "lingual-lambda", "--out", str(out), "--json"])

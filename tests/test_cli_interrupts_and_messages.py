@@ -80,3 +80,25 @@ def test_our_warnings_are_said_as_warnings_on_the_command_line(verbose, capsys):
     err = capsys.readouterr().err
     said = "WARNING nobackfill.data.folder: " if verbose else "warning: "
     assert said + "captions.jsonl: 1 label(s) given other values" in err and err.count("label(s)") == 1, err
+
+
+@pytest.mark.parametrize("cmd, said", [
+    (["eval", "retrieval", "--query-model", "m", "--gallery-model", "m"], "interrupted: nothing was written"),
+    (["reco", "build-memory", "--model", "m", "--out", "{tmp}/mem"], "interrupted: what was embedded stays in"),
+])
+def test_an_interrupt_before_a_loop_says_what_it_left(tmp_path, monkeypatch, cmd, said):
+    """trial Y: a Ctrl-C of `eval compat` / `reco build-memory` before any loop printed a bare "interrupted"."""
+    from typer.testing import CliRunner
+
+    import nobackfill.evaluate as evaluate
+    from nobackfill.cli import app
+
+    def interrupted(*a, **k):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(evaluate, "load_eval_data", interrupted)
+    args = [a.replace("{tmp}", str(tmp_path)) for a in cmd] + ["--data", str(tmp_path)]
+    r = CliRunner().invoke(app, args)
+    assert r.exit_code == 130 and said in " ".join(r.output.split()), r.output
+    r = CliRunner().invoke(app, ["collection", "status", str(tmp_path / "nope")])  # the next command: its own
+    assert "what was embedded" not in r.output and "nothing was written" not in r.output

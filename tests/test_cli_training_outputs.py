@@ -173,6 +173,25 @@ def test_ctrl_c_while_a_checkpoint_is_written_finishes_it_first(tmp_path) -> Non
     assert train(_Toy(), CyclicBatches(), cfg, tmp_path / "a", progress=False).steps == 20  # resumes from it
 
 
+@pytest.mark.parametrize("damage", ["truncated", "not-a-checkpoint"])
+def test_a_damaged_checkpoint_is_refused_naming_it(tmp_path, damage) -> None:
+    """trial Y: a truncated checkpoint.pt ended `train` in torch's traceback (exit 1)."""
+    cfg = LoopConfig(steps=20, lr=0.1, warmup=2, log_every=2, checkpoint_every=4, weight_decay=0.0)
+    with pytest.raises(TrainingInterrupted):
+        train(_Toy(interrupt_at=10), CyclicBatches(), cfg, tmp_path / "a", progress=False)
+    ckpt = tmp_path / "a" / "checkpoint.pt"
+    if damage == "truncated":
+        ckpt.write_bytes(ckpt.read_bytes()[:1000])
+    else:
+        torch.save({"weights": torch.zeros(2)}, ckpt)
+    kept = ckpt.read_bytes()
+    with pytest.raises(ResumeMismatch, match=rf"{re.escape(str(ckpt))}: .*delete it to start afresh"):
+        train(_Toy(), CyclicBatches(), cfg, tmp_path / "a", progress=False)
+    assert ckpt.read_bytes() == kept  # left for the user to look at
+    ckpt.unlink()
+    assert train(_Toy(), CyclicBatches(), cfg, tmp_path / "a", progress=False).steps == 20
+
+
 def test_the_loop_says_where_an_interrupted_run_stood(tmp_path) -> None:
     cfg = LoopConfig(steps=20, lr=0.1, warmup=2, log_every=2, checkpoint_every=4, weight_decay=0.0)
     with pytest.raises(TrainingInterrupted) as e:

@@ -116,8 +116,10 @@ def test_upgrade_round_trip_and_source_check(tmp_path):
     assert np.abs(up2.encode_images(imgs) - ref_i).max() == 0.0
     with pytest.raises(SpaceMismatchError):
         u.apply(tiny_encoder(seed=3))  # another new model
-    with pytest.raises(FileNotFoundError):
+    with pytest.raises(FileNotFoundError, match="not an upgrade directory"):
         load_upgrade(tmp_path)
+    with pytest.raises(FileNotFoundError, match="nope: no such directory"):  # trial Z: said as a model's is
+        load_upgrade(tmp_path / "nope")
 
 
 def test_direct_modes_and_full_tune_export(tmp_path):

@@ -160,3 +160,16 @@ def test_compat_wrong_upgrade_is_refused_naming_the_spaces(data):
     msg = " ".join(r.output.split())
     assert f"maps {_space('world-new')} (world-new) to {_space('world-old')} (world-old)" in msg, msg
     assert f"the gallery is in space {_space('world-old')} (world-old)" in msg, msg
+
+
+@pytest.mark.parametrize("cmd", [["eval", "retrieval", "--query-model", "nope", "--gallery-model", "nope"],
+                                 ["eval", "compat", "--old", "nope", "--new", "nope", "--bridge", "nope"],
+                                 ["lingual", "eval", "--model", "nope"]])
+def test_an_out_that_cannot_be_written_is_refused_before_the_work(tmp_path, cmd):
+    """trial Y: `eval retrieval --out FOLDER` ran the whole evaluation, then refused the folder."""
+    afile = tmp_path / "afile"
+    afile.write_text("")
+    for out, said in ((tmp_path, "is a folder; --out takes the path of a .json file"),
+                      (afile / "x" / "r.json", f"{afile} is a file, not a folder")):
+        r = runner.invoke(app, [*cmd, "--data", str(tmp_path / "no-data"), "--out", str(out)])
+        assert r.exit_code == 2 and said in " ".join(r.output.split()), r.output  # not the missing models or data

@@ -631,3 +631,24 @@ def test_a_weak_bridge_given_is_tested_against_the_old_model_from_64_pairs(tmp_p
         else:
             assert bridged < own - 0.5 and route.route == "old-model", route
         assert c.plan.merge is not None and "without_labels" in c.plan.merge.calibration
+
+
+def test_a_refit_says_a_kept_bridges_route_change_and_the_scores_it_compared():
+    """trial Z: the final refit turned t2i from fused to bridge without a word, and a swap printed the
+    serving bridge's R@1 alone, as if it had not beaten it by the +0.01 the choice requires."""
+    from nobackfill.catalog.plan import RouteChoice
+    from nobackfill.lifecycle.fit_bridges import _route_name, _say_rerouted, _scored
+
+    said: list[str] = []
+    fused = RouteChoice(route="fused", w=0.8, calibration={"fitted": {}})
+    sizes = {"queries": 98, "gallery": 300}
+    _say_rerouted(said.append, fused, {"route": "bridge"}, "s1", "t2i", "fitted-s1-t2i-v1", sizes)
+    assert said == ["  s1 t2i: the serving bridge stays (fitted-s1-t2i-v1); its route, chosen again on this fit's "
+                    "held-out set (98 queries, 300 items): fused w=0.8 -> bridge"]
+    for current in (None, RouteChoice(route="bridge", calibration={"fitted": {}}),  # none, or the same route
+                    RouteChoice(route="fused", w=0.8, pinned=True),  # pinned by the user: a fit keeps it
+                    RouteChoice(route="fused", w=0.8, calibration={"labels": 1})):  # chosen on labels
+        _say_rerouted(said.append, current, {"route": "bridge"}, "s1", "t2i", "v1", sizes)
+    assert len(said) == 1
+    assert _route_name({"route": "fused", "w": 0.9}) == "fused w=0.9" and _route_name({"route": "old-model"}) == "old-model"
+    assert _scored({"r1": 0.25, "overlap10": 0.4123}) == "R@1 0.250 + overlap@10 0.412"

@@ -179,8 +179,11 @@ def test_truncated_png_is_corrupt(tmp_path):
 
 
 def test_missing_folder_or_captions(tmp_path):
-    with pytest.raises(DataFormatError, match="data folder not found"):
+    with pytest.raises(DataFormatError, match="nope: no such folder"):
         load_pairs(tmp_path / "nope")
+    (tmp_path / "afile").write_text("x")
+    with pytest.raises(DataFormatError, match="afile: a file, not a data folder"):
+        load_pairs(tmp_path / "afile")
     with pytest.raises(DataFormatError, match=r"captions\.jsonl not found"):
         load_pairs(tmp_path)
 

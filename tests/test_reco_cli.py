@@ -49,7 +49,25 @@ def test_build_memory_reports_removals(setup):
     assert "near-duplicate" in setup["build_output"].replace("\n", " ")
     r = runner.invoke(app, ["reco", "build-memory", "--model", str(setup["model"]), "--data", str(setup["world"]),
                             "--out", str(setup["mem"])])
-    assert r.exit_code == 2 and "already built" in r.output.replace("\n", " ")
+    assert r.exit_code == 2 and "holds a finished memory already (memory.json)" in r.output.replace("\n", " ")
+
+
+def test_build_memory_takes_a_new_folder_or_its_own_killed_build_only(setup, tmp_path):
+    """trial Y: it wrote memory.json and gallery/ into a model's folder, or one holding the user's notes."""
+    notes = tmp_path / "notes"
+    notes.mkdir()
+    (notes / "notes.txt").write_text("mine")
+    args = ["reco", "build-memory", "--model", str(setup["model"]), "--data", str(setup["world"]), "--split", "val"]
+    for out, said in ((notes, "holds files already (notes.txt)"), (setup["model"], "is the model this command starts")):
+        before = tree_hashes(out)
+        r = runner.invoke(app, [*args, "--out", str(out)])
+        assert r.exit_code == 2 and said in r.output.replace("\n", " "), r.output
+        assert tree_hashes(out) == before  # nothing written, not even a lock
+    mem = tmp_path / "mem"
+    invoke(*args, "--out", mem)
+    (mem / "memory.json").unlink()  # as a build killed after its gallery was embedded
+    r = runner.invoke(app, [*args, "--out", str(mem)])
+    assert r.exit_code == 0 and (mem / "memory.json").is_file(), r.output
 
 
 def test_reco_dir_and_search(setup):

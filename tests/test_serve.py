@@ -273,6 +273,24 @@ def test_messages_keep_the_services_own_endpoints_and_refuse_absolute_paths_plai
     assert "outside" not in r.json()["detail"] and state(c) == before
 
 
+def test_a_storage_uri_is_shown_as_the_collections_name(tmp_path):
+    """trial Z: status and errors showed a read key the server's Milvus host and database user."""
+    from nobackfill.serve.paths import PublicPaths
+
+    uri = "milvus://10.0.0.5:19530/default#photos?catalog=postgresql://nb:secret@db.internal:5432/nb"
+    shown = "milvus://10.0.0.5:19530/default#photos?catalog=postgresql://nb:***@db.internal:5432/nb"
+    pub = PublicPaths([(tmp_path, "")], aliases={uri: "photos", shown: "photos"})
+    got = pub.deep({"path": uri, "note": f"collection {shown} has no space s (spaces: a)", "n": 3})
+    assert got == {"path": "photos", "note": "collection photos has no space s (spaces: a)", "n": 3}
+    assert pub.text(f"read {tmp_path}/m/config.json") == "read m/config.json"  # paths as before
+    from types import SimpleNamespace
+
+    from nobackfill.serve.service import Service
+
+    svc = SimpleNamespace(settings=SimpleNamespace(collection=uri), collection=SimpleNamespace(path=uri, name="photos"))
+    assert Service._uri_aliases(svc) == {uri: "photos", shown: "photos"}  # as given, and as messages show it
+
+
 def test_bridges_lie_under_the_upgrades_root_and_models_under_the_models_root(env):
     api, c, _, _ = env
     before = state(c)

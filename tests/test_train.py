@@ -225,6 +225,19 @@ def test_train_preset_user_folder(setup) -> None:
     assert recipe["world"] is None and recipe["loop"]["steps"] == 5
     assert "eval/t2i_R@1" in result.history[-1]
     assert load_encoder(out).encode_texts(["a red circle"]).shape == (1, 32)
+    assert recipe["eval_on"] == f"the first 10 images of {data / 'val'}"
+
+
+def test_a_folder_without_val_says_its_eval_is_on_training_images(setup, caplog) -> None:
+    """trial Y: a folder with no val/ was evaluated on its first training images, said nowhere."""
+    data = generate_world(setup["root"] / "flat", WorldSpec(seed=7, n_train=24, n_val=0, n_test=0, langs=("en",),
+                                                            captions_per_image=1), workers=1, progress=False)
+    flat = data / "train"
+    out = setup["root"] / "flat-model"
+    with caplog.at_level("WARNING", logger="nobackfill.train.world_model"):
+        train_preset(setup["preset"], flat, out, steps=2, progress=False)
+    said = f"the first 24 training images ({flat} has no val/ folder: not held out)"
+    assert json.loads((out / "recipe.json").read_text())["eval_on"] == said and said in caplog.text
 
 
 def test_train_preset_world_folder_without_stream(setup) -> None:

@@ -19,8 +19,10 @@ __all__ = ["LIBRARY_LOGGERS", "set_verbose", "tame_library_loggers"]
 #: loggers of the libraries whose records are shown only when verbose
 LIBRARY_LOGGERS = ("transformers", "huggingface_hub", "pymilvus", "milvus_lite", "grpc", "urllib3", "filelock",
                    "ray", "py.warnings")
-#: their level when not verbose (pymilvus logs every failed call at ERROR: our own error says it)
-_QUIET = {"pymilvus": logging.CRITICAL}
+#: their level when not verbose (pymilvus logs every failed call at ERROR: our own error says it; the
+#: in-process server of milvus-lite logs, with a traceback, each call it fails or does not implement,
+#: on loggers ``milvus_lite`` and ``grpc._server``, and the client's error, or ours, says it too)
+_QUIET = {"pymilvus": logging.CRITICAL, "milvus_lite": logging.CRITICAL, "grpc": logging.CRITICAL}
 _ENV = {"transformers": "TRANSFORMERS_VERBOSITY", "huggingface_hub": "HF_HUB_VERBOSITY"}
 _OWN = "_NOBACKFILL_SET_"  # marks a variable above as set by us (not by the user)
 

@@ -228,3 +228,38 @@ def to_dict(obj: Any) -> dict:
             return {k: walk(x) for k, x in v.items()}
         return v
     return walk(obj)
+
+
+def warmup_warnings(cfg: Any, key: str = "") -> list[str]:
+    """A line for each table of the config ``cfg`` (a dataclass, walked through its fields; ``key``: its
+    dotted name) whose ``steps`` all fall in its ``warmup`` (:func:`nobackfill.train.loop.lr_factor`): the
+    learning rate never reaches its peak, or only at the last step, and never decays. Commands print
+    them at the start (trial Y: ``train --steps 40`` over a 100-step warm-up said nothing), naming
+    the key that shortens it (``--set train.warmup=N``). Only for configs whose ``steps`` are optimiser
+    steps wherever a ``warmup`` is beside them (``compat train``'s ``sequence.steps`` counts models: give
+    it its :class:`~nobackfill.train.loop.LoopConfig` with ``key="sequence"``)."""
+    if not dataclasses.is_dataclass(cfg) or isinstance(cfg, type):
+        return []
+    out = []
+    steps, warmup = getattr(cfg, "steps", None), getattr(cfg, "warmup", None)
+    if isinstance(steps, int) and isinstance(warmup, int) and 0 < steps <= warmup:
+        name = f"{key}.warmup" if key else "warmup"
+        lr = getattr(cfg, "lr", None)
+        peak = f"its peak{f' {lr:g}' if isinstance(lr, (int, float)) else ''}"
+        peak = f"never reaches {peak}" if steps < warmup else f"reaches {peak} at the last step only"
+        out.append(f"{name} is {warmup} steps and the run is {steps}: every step is in the warm-up (the learning rate "
+                   f"{peak}{' and never decays' if getattr(cfg, 'schedule', 'cosine') == 'cosine' else ''}); "
+                   f"shorten it with --set {name}=N (e.g. {max(1, steps // 10)})")
+    for f in dataclasses.fields(cfg):
+        out += warmup_warnings(getattr(cfg, f.name, None), f"{key}.{f.name}" if key else f.name)
+    return out
+
+
+def warn_warmup(cfg: Any, key: str = "") -> list[str]:
+    """Log (a warning each, ``warning: ...`` on the command line) and return :func:`warmup_warnings` of ``cfg``."""
+    import logging
+
+    lines = warmup_warnings(cfg, key)
+    for line in lines:
+        logging.getLogger(__name__).warning("%s", line)
+    return lines

@@ -28,9 +28,10 @@ class Embedded:
 
 def resolve_data(data: str | Path, split: str = "test") -> Path:
     """A user folder (has ``captions.jsonl``) as is; a world root resolved to ``data/split``."""
-    from .data.folder import split_folder
+    from .data.folder import check_data_folder, split_folder
 
     d = Path(data)
+    check_data_folder(d)  # no such folder (or a file) said so, not as a folder without captions (trial Y)
     if (d / "task1" / "raw").is_dir():  # (said as "no captions.jsonl" before: trial R)
         raise FileNotFoundError(f"{d}: a Multi30K root (captions without their images): this needs image-text "
                                 "data, a data folder or a world root; a text bridge is measured by `nobackfill "

@@ -181,6 +181,12 @@ def _has_metric(result: dict, metric: str) -> bool:
     return any(metric in row for T in result["config"]["steps"] for row in result.get(f"T{T}", {}).values())
 
 
+def _no_baseline(result: dict) -> list[str]:
+    """A line saying why every reduction is '-' when the baseline was not run (else none)."""
+    return [] if "baseline" in result["config"]["methods"] else \
+        ["- (the baseline is not among the methods: there is nothing to reduce against)"]
+
+
 def format_compat_steps(result: dict) -> str:
     """Markdown: the AC / AA / ACA table, the NFR table, the relative NFR reductions."""
     from ..report import markdown_table
@@ -189,9 +195,10 @@ def format_compat_steps(result: dict) -> str:
     parts = [f"## AC / AA / ACA (AA, ACA in %; M = {_METRIC_NAMES[primary]})", "", markdown_table(*compat_table(result)), ""]
     for other in (m for m in _METRIC_NAMES if m != primary and _has_metric(result, m)):
         parts += [f"## AC / AA / ACA with M = {_METRIC_NAMES[other]}", "", markdown_table(*compat_table(result, other)), ""]
-    parts += ["## Negative flips between consecutive models (%)", "", markdown_table(*nfr_table(result)), "",
-              "## Relative NFR reduction against the baseline (mean over T)", ""]
-    parts += [f"- {k}: {_f(v)}%" for k, v in result.get("nfr_reduction", {}).items()]
+    parts += ["## Negative flips between consecutive models (%)", "", markdown_table(*nfr_table(result)), ""]
+    if result.get("nfr_reduction"):  # no flip-reduction method selected: no section (trial Y: an empty one)
+        parts += ["## Relative NFR reduction against the baseline (mean over T)", ""]
+        parts += [f"- {k}: {_f(v)}%" for k, v in result["nfr_reduction"].items()] + _no_baseline(result)
     return "\n".join(parts) + "\n"
 
 
@@ -237,9 +244,11 @@ def write_compat_steps_outputs(result: dict, json_out: str | Path) -> dict[str, 
     atomic_write_text(json_out, json.dumps(result, indent=2))
     md = json_out.with_suffix(".md")
     md.write_text(format_compat_steps(result))
-    sections = [("AC / AA / ACA", html_table(*compat_table(result))), ("Negative flips", html_table(*nfr_table(result))),
-                ("Relative NFR reduction (mean over T)",
-                 "<ul>" + "".join(f"<li>{k}: {_f(v)}%</li>" for k, v in result["nfr_reduction"].items()) + "</ul>")]
+    sections = [("AC / AA / ACA", html_table(*compat_table(result))), ("Negative flips", html_table(*nfr_table(result)))]
+    if result.get("nfr_reduction"):
+        sections.append(("Relative NFR reduction (mean over T)", "<ul>" + "".join(
+            f"<li>{k}: {_f(v)}%</li>" for k, v in result["nfr_reduction"].items()) + "</ul>"
+            + "".join(f"<p>{line[2:]}</p>" for line in _no_baseline(result))))
     figs = [heatmaps(result, T) for T in result["config"]["steps"] if f"T{T}" in result]
     page = write_html(json_out.with_suffix(".html"), "Compatibility learning over T model updates", sections, figs)
     return {"json": json_out, "md": md, "html": page}

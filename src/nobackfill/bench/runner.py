@@ -31,11 +31,17 @@ def markdown_report(markdown: Callable[[dict], str]) -> Report:
 
 def run_bench(config: Any, run: Callable[[Any, Log], Any], report: Report, *, out: Path,
               log: Log = print, echo: Log = print) -> Any:
-    """``run(config, log)``, its ``report`` written at ``out`` (JSON) and beside it, the report's text
+    """``run(config, log)`` (a dict result gains ``host``: CPU model, torch's CPU code path and threads,
+    package versions: trial Y could not say why an encode speed-up did not reproduce, the result
+    naming the CPU "x86_64"), its ``report`` written at ``out`` (JSON) and beside it, the report's text
     passed to ``echo``, and what was written (in how long) to ``log``; returns the result. Errors
     of ``run`` (bad input, a missing model) propagate: the command line turns them into one line."""
     t0 = time.time()
     result = run(config, log)
+    if isinstance(result, dict) and "host" not in result:  # the CPU and versions a number depends on
+        from .host import host_info
+
+        result["host"] = host_info()
     text = report.write(result, Path(out))
     if text:
         echo(text)

@@ -36,8 +36,9 @@ import numpy as np
 from .._atomic import _crash_point
 from .._atomic import fsync_dir as _fsync_dir
 from .schema import (_ROW_COLS, CATALOG_FILE, PAGE, CatalogError, CatalogUnreachable, Row, _chunks, _create_tables,
-                     _header, _index_upgrades, _row, _rows_by, catalog_error, check_collection_name, filter_sql, redact,
-                     unsourced_sql)
+                     _header, _index_upgrades, _row, _rows_by, catalog_error, check_collection_name, filter_sql,
+                     one_line, redact, unsourced_sql)
+from .connections import KeptConnections
 from .sqlite_connect import _sqlite_connect
 from .writer import KEYED_PAGES_DOC, VECTORS_TS_DOC, Writer
 from ..gallery.atomic_files import flock
@@ -49,9 +50,10 @@ __all__ = ["CATALOG_FILE", "PAGE", "Catalog", "CatalogError", "CatalogUnreachabl
 _REEXPORTED = (unsourced_sql,)
 
 
-class Catalog:
+class Catalog(KeptConnections):
     """A collection's catalog in SQLite or PostgreSQL (see the module doc). Thread-safe: one
-    connection reads, one writes, each behind its own lock."""
+    connection reads, one writes, each behind its own lock (:mod:`.connections`: one the server
+    closed is replaced)."""
 
     def __init__(self, location: str, dialect: str, connect: Any, lock_dir: Path | None, schema: str = "") -> None:
         self.location = location
@@ -63,6 +65,7 @@ class Catalog:
         self._keyed = False  # this process checked that the serving pages hold keyed slots (KEYED_PAGES_DOC)
         self._read_conn: Any = None
         self._write_conn: Any = None
+        self._in_read = False  # inside reading(): its statements are not run again on another connection
         self._rlock = threading.RLock()
         self._wlock = threading.RLock()
         #: an in-memory catalog (a plain gallery opened as a collection) calls this before its first
@@ -78,16 +81,14 @@ class Catalog:
     def _sql(self, sql: str) -> str:
         return sql if self.dialect == "sqlite" else sql.replace("?", "%s")
 
-    def _reader(self) -> Any:
-        if self._read_conn is None:
-            self._read_conn = self._connect()
-        return self._read_conn
-
     def query(self, sql: str, params: Sequence[Any] = ()) -> list[tuple]:
-        """Rows of one read statement (autocommit: the latest committed state)."""
+        """Rows of one read statement (autocommit: the latest committed state); run again on a new
+        connection where the server had closed the kept one, but not inside :meth:`reading` (its
+        snapshot was that connection's)."""
         with self._rlock:
             try:
-                return self._reader().execute(self._sql(sql), tuple(params)).fetchall()
+                return self._on("_read_conn", lambda c: c.execute(self._sql(sql), tuple(params)).fetchall(),
+                                again=not self._in_read)[0]
             except Exception as e:
                 self._drop_if_broken("_read_conn")
                 raise self._error(e) from e
@@ -96,9 +97,13 @@ class Catalog:
     def reading(self) -> Iterator["Catalog"]:
         """One read transaction: the statements inside see one committed state."""
         with self._rlock:
-            conn = self._reader()
             try:
-                conn.execute("BEGIN" if self.dialect == "sqlite" else "BEGIN ISOLATION LEVEL REPEATABLE READ")
+                _, conn = self._on("_read_conn", lambda c: c.execute(
+                    "BEGIN" if self.dialect == "sqlite" else "BEGIN ISOLATION LEVEL REPEATABLE READ"))
+            except Exception as e:
+                raise self._error(e) from e
+            outer, self._in_read = self._in_read, True
+            try:
                 yield self
             except Exception as e:
                 with contextlib.suppress(Exception):
@@ -106,6 +111,8 @@ class Catalog:
                 raise self._error(e) from e
             else:
                 conn.execute("COMMIT")
+            finally:
+                self._in_read = outer
 
     @contextlib.contextmanager
     def writing(self) -> Iterator["Writer"]:
@@ -114,16 +121,12 @@ class Catalog:
         if self.before_write is not None:
             self._become(self.before_write())
         with self._wlock:
-            if self._write_conn is None:
-                self._write_conn = self._connect()
-            conn = self._write_conn
             try:
-                if self.dialect == "sqlite":
-                    conn.execute("BEGIN IMMEDIATE")
-                else:
-                    conn.execute("BEGIN")
-                    conn.execute("SELECT generation FROM header WHERE id = 1 FOR UPDATE")
+                _, conn = self._on("_write_conn", self._begin)
             except Exception as e:
+                if self._write_conn is not None:  # (a BEGIN that ran, then a refused lock: not left open)
+                    with contextlib.suppress(Exception):
+                        self._write_conn.execute("ROLLBACK")
                 self._drop_if_broken("_write_conn")
                 raise self._error(e) from e
             try:
@@ -188,12 +191,13 @@ class Catalog:
                     self._write_conn.execute("PRAGMA wal_autocheckpoint = 1000")  # SQLite's default
                     self._write_conn.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchall()
 
-    def _drop_if_broken(self, attr: str) -> None:
-        """Forget a connection the server closed (a restart, a network cut): the next call opens a
-        new one instead of failing for ever."""
-        conn = getattr(self, attr)
-        if conn is not None and (getattr(conn, "closed", False) or getattr(conn, "broken", False)):
-            setattr(self, attr, None)
+    def _begin(self, conn: Any) -> None:
+        """Begin a write transaction on ``conn``: serialised on the header row."""
+        if self.dialect == "sqlite":
+            conn.execute("BEGIN IMMEDIATE")
+        else:
+            conn.execute("BEGIN")
+            conn.execute("SELECT generation FROM header WHERE id = 1 FOR UPDATE")
 
     def _become(self, real: "Catalog") -> None:
         with self._rlock, self._wlock:
@@ -208,13 +212,6 @@ class Catalog:
     def _error(self, e: Exception) -> Exception:
         self._drop_if_broken("_read_conn")  # a server gone mid-call: the next call opens a new connection
         return catalog_error(e, self.location)
-
-    def close(self) -> None:
-        for conn in (self._read_conn, self._write_conn):
-            if conn is not None:
-                with contextlib.suppress(Exception):
-                    conn.close()
-        self._read_conn = self._write_conn = None
 
     # ------------------------------------------------------------------ schema
     def create(self, header: Mapping[str, Any], fill: Any = None) -> None:
@@ -250,7 +247,7 @@ class Catalog:
                     self._reader()
             except Exception as e:  # a database server that does not answer (SQLite: a file, read below)
                 # every line of it ("connection refused" is the first of psycopg's two), one line
-                why = " ".join(line.strip() for line in str(e).splitlines() if line.strip()) or type(e).__name__
+                why = one_line(e) or type(e).__name__
                 raise CatalogUnreachable(f"cannot reach the catalog {self.location} ({why}); is the database "
                                          "running, and are the address, database and user right?") from None
         try:

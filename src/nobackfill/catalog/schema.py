@@ -13,7 +13,7 @@ from typing import Any, Iterator, Mapping, Protocol, Sequence
 from .plan import Plan
 
 __all__ = ["CATALOG_FILE", "NAME_MAX", "PAGE", "CatalogError", "CatalogUnreachable", "Row", "check_collection_name",
-           "filter_sql", "redact", "unsourced_sql"]
+           "filter_sql", "one_line", "redact", "unsourced_sql"]
 
 CATALOG_FILE = "catalog.sqlite"
 FORMAT = "nobackfill-catalog"
@@ -71,24 +71,30 @@ def catalog_error(e: Exception, location: str) -> Exception:
     if isinstance(e, CatalogError) or type(e).__module__.startswith("nobackfill."):
         return e  # our own errors name their file (a space's store met inside a catalog read): not the catalog's
     if isinstance(e, ConnectionError):  # a vector server that did not answer stays a ConnectionError
-        return e if getattr(e, "names_its_server", False) else CatalogUnreachable(f"catalog {location}: {e}")
+        return e if getattr(e, "names_its_server", False) else CatalogUnreachable(f"catalog {location}: {one_line(e)}")
     if type(e).__module__.startswith("psycopg") and any(c.__name__ == "OperationalError" for c in type(e).__mro__):
-        return CatalogUnreachable(f"the catalog {location} stopped answering ({type(e).__name__}: {str(e).strip()}); "
+        return CatalogUnreachable(f"the catalog {location} stopped answering ({type(e).__name__}: {one_line(e)}); "
                                   "what was committed stays: run the same command again once it answers")
     if type(e).__module__.startswith("pymilvus"):
         if milvus_lost(e):
             return CatalogUnreachable(milvus_lost_message(e))
-        return CatalogError(f"Milvus: {type(e).__name__}: {e}")
-    return CatalogError(f"catalog {location}: {type(e).__name__}: {e}")
+        return CatalogError(f"Milvus: {type(e).__name__}: {one_line(e)}")
+    return CatalogError(f"catalog {location}: {type(e).__name__}: {one_line(e)}")
 
 
 RUN_AGAIN = "what was committed stays: run the same command again once it answers"
 
 
+def one_line(text: object) -> str:
+    """``text`` (a driver's message: libpq's hold a newline and a tab, trial Z) on one line, its runs
+    of whitespace one space each: what an error line we build quotes."""
+    return " ".join(str(text).split())
+
+
 def milvus_lost_message(e: BaseException, then: str = RUN_AGAIN) -> str:
     """The one line for a Milvus server that did not answer (``e``, a pymilvus error), and ``then``:
     what the user does about it."""
-    return f"the Milvus server did not answer ({getattr(e, 'message', None) or e}); {then}"
+    return f"the Milvus server did not answer ({one_line(getattr(e, 'message', None) or e)}); {then}"
 
 
 def milvus_lost(e: BaseException) -> bool:

@@ -57,6 +57,9 @@ class _Root(TyperGroup):
         where a folder goes, a file that is there already) is one line, exit 2, not a traceback.
         Ctrl-C is one line too, exit 130: in a training loop, the step it reached and whether a rerun
         resumes it (:class:`nobackfill.train.loop.TrainingInterrupted`)."""
+        from ._common import on_interrupt
+
+        on_interrupt(None)  # (a command run before this one in the same process said its own)
         try:
             return super().invoke(ctx)
         except KeyboardInterrupt as e:
@@ -64,13 +67,17 @@ class _Root(TyperGroup):
 
             from rich.markup import escape
 
-            from ._common import console
+            from ._common import console, interrupt_note
 
             loop = sys.modules.get("nobackfill.train.loop")  # not loaded: no loop ran (and torch stays unloaded)
             trained = loop is not None and isinstance(e, loop.TrainingInterrupted)
             by_sigterm = terminated(e)
-            said = e.message() if trained else "interrupted"
-            console.print(f"[yellow]{escape(said + (' (SIGTERM)' if by_sigterm else ''))}[/yellow]")
+            if trained:
+                said = e.message() + (" (SIGTERM)" if by_sigterm else "")
+            else:
+                note = interrupt_note()
+                said = "interrupted" + (" (SIGTERM)" if by_sigterm else "") + (f": {note}" if note else "")
+            console.print(f"[yellow]{escape(said)}[/yellow]")
             raise typer.Exit(code=143 if by_sigterm else 130) from None
         except (FileExistsError, IsADirectoryError, NotADirectoryError, PermissionError) as e:
             from ._common import fail

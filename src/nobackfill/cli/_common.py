@@ -36,6 +36,24 @@ console = _Console(stderr=True, soft_wrap=True)
 results = _Console(soft_wrap=True)
 
 
+#: what an interrupt of the running command leaves (:func:`on_interrupt`)
+_interrupt_note: list[str] = []
+#: the note of a command that writes its results only at its end (an evaluation)
+NOTHING_WRITTEN = "nothing was written (the results are written at the end): the same command starts again"
+
+
+def on_interrupt(note: Optional[str]) -> None:
+    """Say ``note`` (what is left, what a rerun does) if the running command is interrupted from now
+    on, after ``interrupted:``: a bare "interrupted" said nothing of it (trial Y). A training loop's
+    interrupt says where it stood instead. None: nothing (each command starts so)."""
+    _interrupt_note[:] = [note] if note else []
+
+
+def interrupt_note() -> Optional[str]:
+    """The running command's :func:`on_interrupt` note, if it gave one."""
+    return _interrupt_note[0] if _interrupt_note else None
+
+
 def fail(msg: "str | BaseException") -> NoReturn:
     """Print ``error: msg`` (as text: a path containing ``[...]`` is not rich markup) and exit 2. An
     exception is its message: a client's refusal by its detail (no HTTP status: the command line
@@ -137,26 +155,42 @@ def report_skipped(count: int, images: Any = (), problems: Any = (), root: Optio
         console.print(f"  ... and {len(lines) - limit} more skipped line(s)")
 
 
-def check_new_output(out: Path, *, sources: tuple = (), finished: str | None = None, what: str = "") -> None:
+def check_new_output(out: Path, *, sources: tuple = (), finished: str | None = None, what: str = "",
+                     also: tuple = ()) -> None:
     """Exit 2 (one line) unless ``out`` can take a new model: not one of ``sources`` (what the command
     reads: its starting model), and not a file or a folder that holds files already (another model,
     a folder of models; ``finished``: the file naming a finished ``what``, said so). Checked before
     anything is read or trained, so nothing is overwritten (:func:`nobackfill.train.loop.check_output`
-    for a command that never resumes)."""
+    for a command that never resumes; ``also``: globs of what its own killed run leaves and it takes up)."""
     from ..train.loop import check_output
 
     try:
-        check_output(out, finished=finished, what=what, sources=sources, resumable=False)
+        check_output(out, finished=finished, what=what, sources=sources, resumable=False, also=also)
     except ValueError as e:
         fail(e)
 
 
-def write_json(path: Optional[Path], obj: dict) -> None:
-    """Write ``obj`` to ``path`` atomically (nothing when ``path`` is None) and say so."""
+def check_json_out(path: Optional[Path]) -> None:
+    """Exit 2 (one line) unless ``path`` (a ``--out`` JSON file; None: none) can be written: not a
+    folder, and under a folder (the first that exists above it) that is one. A command checks it
+    before its work: a folder given was refused after a whole evaluation (trial Y)."""
     if path is None:
         return
     if path.is_dir():
         fail(f"{path}: is a folder; --out takes the path of a .json file")
+    above = path.parent
+    while not above.exists() and above != above.parent:
+        above = above.parent
+    if above.exists() and not above.is_dir():
+        fail(f"--out {path}: {above} is a file, not a folder")
+
+
+def write_json(path: Optional[Path], obj: dict) -> None:
+    """Write ``obj`` to ``path`` atomically (nothing when ``path`` is None; its missing folders are
+    made) and say so."""
+    if path is None:
+        return
+    check_json_out(path)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         atomic_write_text(path, json.dumps(json_finite(obj), indent=2, allow_nan=False))
@@ -173,6 +207,18 @@ def command_line(name: str, **opts) -> str:
             continue
         parts.append(f"--{k.replace('_', '-')}" + ("" if v is True else f" {v}"))
     return " ".join(parts)
+
+
+def from_project(value: Any) -> Any:
+    """An option's callback for a default naming the project's own files (``models``, ``data/world``,
+    ``upgrades``): as given where it exists, else the project's (a benchmark run from another folder
+    failed on its defaults: trial Y); else as given, for the command's own error to name it."""
+    if value is None:
+        return value
+    from ..encoders.zoo import shipped
+
+    p = shipped(value)
+    return p if isinstance(value, Path) else str(p) if p.exists() else value
 
 
 def multi30k_default() -> Path:
@@ -283,6 +329,7 @@ def _bench(cfg: Any, run: Callable[[Any, Callable[[str], None]], Any], report: "
     result instead of the table."""
     from ..bench.runner import run_bench
 
+    check_json_out(json_out)
     try:
         result = run_bench(cfg, run, report, out=json_out, log=lambda m: console.print(m), echo=quiet(as_json))
     except (*user_errors(), *errors) as e:

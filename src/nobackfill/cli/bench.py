@@ -10,13 +10,14 @@ from typing import List, Optional
 
 import typer
 
-from ._common import (_bench, config_option, fail, json_flag, multi30k_default, resolve_config, set_option,
-                      show_config_option)
+from ._common import (_bench, config_option, fail, from_project, json_flag, multi30k_default, resolve_config,
+                      set_option, show_config_option)
 
 
 def bench_encode(
-    models: Path = typer.Option(Path("models"), help="Folder of model directories: every CLIP model in it is timed "
-                                                     "(the shipped ones: world-old, world-new, world-newer)."),
+    models: Path = typer.Option(Path("models"), callback=from_project,
+                                help="Folder of model directories: every CLIP model in it is timed "
+                                     "(the shipped ones: world-old, world-new, world-newer)."),
     n_images: Optional[int] = typer.Option(None, help="Images per timed pass (default 512)."),
     n_texts: Optional[int] = typer.Option(None, help="Texts per timed pass (default 2048)."),
     threads: Optional[int] = typer.Option(None, help="torch threads (default 2)."),
@@ -56,8 +57,10 @@ def bench_xbt(
     quick: bool = typer.Option(False, help="Under 10 minutes on 2 cores: 1 seed, fewer steps, sweep 1k/4k."),
     seeds: Optional[int] = typer.Option(None, help="Training seeds to average (default: 1 quick, 3 full)."),
     json_out: Path = typer.Option(Path("runs/bench/xbt.json"), "--out", help="JSON output (.md and .html beside it)."),
-    models: Path = typer.Option(Path("models"), help="Folder with world-old / world-new (/ world-newer)."),
-    world: Path = typer.Option(Path("data/world"), help="World root (only world.json is read; splits are rendered)."),
+    models: Path = typer.Option(Path("models"), callback=from_project,
+                                help="Folder with world-old / world-new (/ world-newer)."),
+    world: Path = typer.Option(Path("data/world"), callback=from_project,
+                               help="World root (only world.json is read; splits are rendered)."),
     split: str = typer.Option("test", help="Evaluation split: test (report) or val (tuning)."),
     n_eval: int = typer.Option(1000, help="Evaluation images."),
     n_pairs: Optional[int] = typer.Option(None, help="Image-text pairs of the main rows (default 4000)."),
@@ -85,7 +88,8 @@ def bench_xbt_text(
     eval_dir: Optional[Path] = typer.Option(None, help="Folder laid out like task2/raw holding val.{1..5}.en.gz: "
                                                        "evaluate on it instead of the shared val split."),
     quick: bool = typer.Option(False, help="Smaller stage-1 corpus and fewer steps (minutes, given cached embeddings)."),
-    old_model: Path = typer.Option(Path("models/m30k-old-text"), help="The old text model (gallery side)."),
+    old_model: Path = typer.Option(Path("models/m30k-old-text"), callback=from_project,
+                                   help="The old text model (gallery side)."),
     new_model: Optional[Path] = typer.Option(None, help="The new text model (default: the real all-MiniLM-L6-v2)."),
     cache_dir: Path = typer.Option(Path("runs/cache"), help="Embedding cache (keyed by space id + text hash)."),
     work_dir: Path = typer.Option(Path("runs/xbt-text"), help="Training scratch (checkpoints; resumable)."),
@@ -121,8 +125,10 @@ def bench_routes(
     eval_dir: Optional[Path] = typer.Option(None, help="Folder laid out like Multi30K task2/raw holding "
                                                        "val.{1..5}.en.gz: the text part evaluates on it."),
     data: Optional[Path] = typer.Option(None, help="Multi30K root (default: data/multi30k under $NOBACKFILL_SHARED)."),
-    world: Path = typer.Option(Path("data/world"), help="World root (test: report, val: calibration)."),
-    models: Path = typer.Option(Path("models"), help="Folder with world-old / world-new / m30k-old-text."),
+    world: Path = typer.Option(Path("data/world"), callback=from_project,
+                               help="World root (test: report, val: calibration)."),
+    models: Path = typer.Option(Path("models"), callback=from_project,
+                                help="Folder with world-old / world-new / m30k-old-text."),
     parts: str = typer.Option("world,text", help="Which parts to run: world, text."),
     work: Path = typer.Option(Path("runs/bench/routes-work"), help="Scratch collections."),
     config: Optional[Path] = config_option(),
@@ -150,8 +156,10 @@ def bench_fitted_bridge(
     eval_dir: Optional[Path] = typer.Option(None, help="Folder laid out like Multi30K task2/raw holding "
                                                        "val.{1,2}.en.gz: the text part evaluates on it."),
     data: Optional[Path] = typer.Option(None, help="Multi30K root (default: data/multi30k under $NOBACKFILL_SHARED)."),
-    world: Path = typer.Option(Path("data/world"), help="World root (train: the collection, test: evaluation)."),
-    models: Path = typer.Option(Path("models"), help="Folder with world-old / world-new / m30k-old-text."),
+    world: Path = typer.Option(Path("data/world"), callback=from_project,
+                               help="World root (train: the collection, test: evaluation)."),
+    models: Path = typer.Option(Path("models"), callback=from_project,
+                                help="Folder with world-old / world-new / m30k-old-text."),
     points: Optional[str] = typer.Option(None, help="Backfilled pairs per modality at each point (default "
                                                     "128,256,512,1000,2000,5000)."),
     parts: str = typer.Option("world,text", help="Which parts to run: world, text."),
@@ -179,8 +187,9 @@ def bench_backfill(
     quick: bool = typer.Option(False, help="Calibrate on half the val split."),
     json_out: Path = typer.Option(Path("runs/bench/backfill.json"), "--out", help="JSON output (.md, .png and "
                                                                                   ".html beside it)."),
-    world: Path = typer.Option(Path("data/world"), help="World root (test: report, val: calibration, train: cost)."),
-    models: Path = typer.Option(Path("models"), help="Folder with world-old / world-new."),
+    world: Path = typer.Option(Path("data/world"), callback=from_project,
+                               help="World root (test: report, val: calibration, train: cost)."),
+    models: Path = typer.Option(Path("models"), callback=from_project, help="Folder with world-old / world-new."),
     orders: str = typer.Option("sequential,random,uncertainty", help="Backfill orders to compare."),
     cost_sizes: str = typer.Option("1000,10000", help="Collection sizes whose upgrade and full backfill are timed "
                                                       "('' to skip); 100k is extrapolated."),
@@ -206,7 +215,7 @@ def bench_backfill(
 def bench_backfill_engine(
     quick: bool = typer.Option(False, help="4000 items (full: 20000)."),
     json_out: Path = typer.Option(Path("runs/bench/backfill_engine.json"), "--out", help="JSON output (.md beside it)."),
-    models: Path = typer.Option(Path("models"), help="Folder with world-old / world-new."),
+    models: Path = typer.Option(Path("models"), callback=from_project, help="Folder with world-old / world-new."),
     items: Optional[int] = typer.Option(None, help="World items backfilled (overrides --quick's / the full default)."),
     work: Path = typer.Option(Path("runs/bench/backfill-engine-work"), help="Scratch world and collections."),
     config: Optional[Path] = config_option(),
@@ -233,8 +242,9 @@ def bench_store(
     backends: Optional[str] = typer.Option(None, help="Comma list of <kind>:<index> (faiss:HNSW32, milvus-lite:FLAT, "
                                                       "milvus-server:HNSW32 ...)."),
     server: Optional[str] = typer.Option(None, help="HOST:PORT of a running Milvus server (default: start one)."),
-    world: Path = typer.Option(Path("data/world"), help="World root (train: gallery, test: queries)."),
-    models: Path = typer.Option(Path("models"), help="Folder with world-new."),
+    world: Path = typer.Option(Path("data/world"), callback=from_project,
+                               help="World root (train: gallery, test: queries)."),
+    models: Path = typer.Option(Path("models"), callback=from_project, help="Folder with world-new."),
     cache_dir: Path = typer.Option(Path("runs/cache"), help="Embedding cache."),
     work: Path = typer.Option(Path("runs/bench/store-work"), help="Scratch (stores, vectors)."),
     config: Optional[Path] = config_option(),
@@ -262,8 +272,9 @@ def bench_serve(
     quick: bool = typer.Option(False, help="2,000 requests and 20 fault trials (full: 2,400 and 24)."),
     json_out: Path = typer.Option(Path("runs/bench/serve.json"), "--out", help="JSON output (a .md table beside it)."),
     concurrency: int = typer.Option(8, help="Concurrent clients."),
-    world: Path = typer.Option(Path("data/world"), help="World root (test: the collection, val: calibration)."),
-    models: Path = typer.Option(Path("models"), help="Folder with world-old / world-new."),
+    world: Path = typer.Option(Path("data/world"), callback=from_project,
+                               help="World root (test: the collection, val: calibration)."),
+    models: Path = typer.Option(Path("models"), callback=from_project, help="Folder with world-old / world-new."),
     work: Path = typer.Option(Path("runs/bench/serve-work"), help="Scratch (the served collection)."),
     config: Optional[Path] = config_option(),
     set_: Optional[List[str]] = set_option(),
@@ -286,7 +297,8 @@ def bench_scale(
     json_out: Path = typer.Option(Path("runs/bench/scale.json"), "--out", help="JSON output (a .md table beside it)."),
     sizes: Optional[str] = typer.Option(None, help="Comma list of N (overrides --quick's / the full default)."),
     indexes: Optional[str] = typer.Option(None, help="Comma list of faiss factory strings (default Flat,HNSW32)."),
-    model: Path = typer.Option(Path("models/world-new"), help="The model the collection records (CLI search loads it)."),
+    model: Path = typer.Option(Path("models/world-new"), callback=from_project,
+                               help="The model the collection records (CLI search loads it)."),
     work: Path = typer.Option(Path("runs/bench/scale-work"), help="Scratch (collections, vectors)."),
     shared: bool = typer.Option(False, help="Also a row at the smallest N with a PostgreSQL catalog and a Milvus "
                                             "server, both started on 127.0.0.1 (run it under scripts/isolated.sh)."),
@@ -319,7 +331,8 @@ def bench_import(
                                                    "the full default)."),
     world: Optional[Path] = typer.Option(None, help="World root or split folder (its test split is used; default: a "
                                                     "world generated in --work)."),
-    models: Path = typer.Option(Path("models"), help="Folder with world-old / world-new / m30k-old-text."),
+    models: Path = typer.Option(Path("models"), callback=from_project,
+                                help="Folder with world-old / world-new / m30k-old-text."),
     data: Optional[Path] = typer.Option(None, help="Multi30K root (default: data/multi30k under $NOBACKFILL_SHARED)."),
     work: Path = typer.Option(Path("runs/bench/import-work"), help="Scratch (world, clip-retrieval folders, "
                                                                    "collections, vectors)."),
@@ -346,8 +359,10 @@ def bench_import(
 
 
 def bench_lingual_lambda(
-    data: str = typer.Option("data/world", help="World root, or the Multi30K root (then --model minilm)."),
-    model: str = typer.Option("models/world-new", help="The model whose tokenizer is the base vocabulary."),
+    data: str = typer.Option("data/world", callback=from_project,
+                             help="World root, or the Multi30K root (then --model minilm)."),
+    model: str = typer.Option("models/world-new", callback=from_project,
+                              help="The model whose tokenizer is the base vocabulary."),
     langs: str = typer.Option("de,fr,es,ru,el,zh", help="Languages in task order."),
     vocab_size: Optional[int] = typer.Option(None, help="Task vocabulary size (default: the bench's, world 1000, "
                                                         "text 10000)."),
@@ -372,9 +387,11 @@ def bench_lingual_lambda(
 
 def bench_merged(
     repeats: Optional[int] = typer.Option(None, help="Timed text queries per encoder (default 200)."),
-    world: Path = typer.Option(Path("data/world"), help="World root (its val captions and images are compared)."),
-    models: Path = typer.Option(Path("models"), help="Folder with world-new."),
-    upgrades: Path = typer.Option(Path("upgrades"), help="Folder with world-old-to-new and m30k-old-text-to-minilm."),
+    world: Path = typer.Option(Path("data/world"), callback=from_project,
+                               help="World root (its val captions and images are compared)."),
+    models: Path = typer.Option(Path("models"), callback=from_project, help="Folder with world-new."),
+    upgrades: Path = typer.Option(Path("upgrades"), callback=from_project,
+                                  help="Folder with world-old-to-new and m30k-old-text-to-minilm."),
     json_out: Path = typer.Option(Path("runs/bench/merged.json"), "--out", help="JSON output (a .md table beside it)."),
     config: Optional[Path] = config_option(),
     set_: Optional[List[str]] = set_option(),

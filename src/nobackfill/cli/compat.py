@@ -116,6 +116,7 @@ def train_cmd(
     from ..compat.learning.data import load_class_data
     from ..compat.learning.registry import check_options
     from ..compat.learning.sequence import MethodRunConfig, run_method
+    from ..config import warn_warmup
 
     try:
         cfg = resolve_config(MethodRunConfig, None, config, set_, show=show_config, flags={
@@ -126,6 +127,8 @@ def train_cmd(
             "options": _parse_options(option)},  # the method and its options checked before anything is
             check=lambda c: check_options(method, c.options))  # loaded, trained or written (--show-config too)
         _check_out(out)
+        if not cfg.sequence.epochs:  # (with epochs the steps follow each model's data)
+            warn_warmup(cfg.sequence.loop_config(cfg.sequence.seed), "sequence")
         data = load_class_data(cfg.data)
         result = run_method(method, data, cfg.sequence, out, options=cfg.options, log=lambda m: console.print(m))
     except (ValueError, FileNotFoundError) as e:

@@ -8,6 +8,7 @@ from typing import Any, List, Optional
 
 import typer
 
+from ..encoders import list_presets
 from ._common import (config_option, fail, multi30k_default, resolve_config, results, set_option,
                       show_config_option)
 
@@ -159,7 +160,7 @@ def _train_command(preset: str, data: Path, out: Path, steps: Optional[int], see
 
 
 def train_cmd(
-    preset: str = typer.Option(..., help="Zoo preset name (world-old, world-new, world-newer) or TOML path."),
+    preset: str = typer.Option(..., help=f"Zoo preset name ({', '.join(list_presets())}) or TOML path."),
     data: Path = typer.Option(..., help="A world folder (streams fresh scenes) or a user data folder."),
     out: Path = typer.Option(..., help="Output model directory (resumes a killed run from its checkpoint; a "
                                        "finished model there is refused)."),
@@ -175,7 +176,7 @@ def train_cmd(
 ) -> None:
     """Contrastive training of a zoo preset (symmetric InfoNCE, learnable temperature). The preset
     (its [model] and [train] tables) is the config: ``--config`` and ``--set train.lr=...`` go over it."""
-    from ..config import ConfigError
+    from ..config import ConfigError, warn_warmup
     from ..encoders.zoo import Preset, get_preset
     from ..train.loop import check_output
     from ..train.world_model import train_preset
@@ -190,6 +191,7 @@ def train_cmd(
     cfg = resolve_config(Preset, base, config, set_, show=show_config, flags={"train": {"steps": steps}})
     try:
         check_output(out, finished="nobackfill.json", what="model")  # a killed run resumes; a finished one is kept
+        warn_warmup(cfg)  # every step in the warm-up: said at the start (trial Y)
         r = train_preset(cfg, data, out, seed=seed, threads=threads, stream=stream, checkpoint_every=checkpoint_every,
                          command=_train_command(preset, data, out, steps, seed, threads, stream, config, set_,
                                                 checkpoint_every))
@@ -221,6 +223,7 @@ def train_text_cmd(
     """Train the small Multi30K text encoder (the "old" model of `bench xbt-text`): a tiny BERT with its
     own BPE vocabulary on task2 train caption pairs, until val R@1 (caption 1 -> caption 2) stops
     improving."""
+    from ..config import warn_warmup
     from ..data.multi30k import read_task2
     from ..train.loop import check_output
     from ..train.text_pairs import TextTrainRecipe, TextTrainSpec, train_text_model
@@ -240,6 +243,7 @@ def train_text_cmd(
     parts += ([f"--config {config}"] if config else []) + [f"--set {x}" for x in set_ or ()]
     try:
         check_output(out, finished="nobackfill.json", what="model")  # a killed run resumes; a finished one is kept
+        warn_warmup(recipe)
         train_caps = read_task2(root, "train", "en")
         val = read_task2(root, "val", "en", ks=(1, 2))
         r = train_text_model(train_caps.captions, val.column(1), val.column(2), out, model=model, train_spec=ts,

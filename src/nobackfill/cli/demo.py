@@ -7,12 +7,12 @@ from typing import Optional
 
 import typer
 
-from ._common import console, emit_json, fail, json_flag, results, write_json
+from ._common import console, emit_json, fail, from_project, json_flag, results, write_json
 
 
 def demo(
     world: Path = typer.Option(Path("data/world"), help="World folder (generated if absent)."),
-    models: Path = typer.Option(Path("models"), help="Folder with the shipped checkpoints."),
+    models: Path = typer.Option(Path("models"), callback=from_project, help="Folder with the shipped checkpoints."),
     out: Path = typer.Option(Path("runs/demo"), help="Output folder: report.html, report.json, the galleries. (A "
                                                     "path ending in .json, the old spelling, names report.json.)"),
     limit: Optional[int] = typer.Option(None, help="Only the first N test images (a quick look)."),

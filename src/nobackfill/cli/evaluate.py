@@ -8,7 +8,8 @@ from typing import List, Optional, Sequence
 
 import typer
 
-from ._common import emit_json, fail, json_flag, langs_option, quiet, user_errors, write_json
+from ._common import (NOTHING_WRITTEN, check_json_out, emit_json, fail, json_flag, langs_option, on_interrupt, quiet,
+                      user_errors, write_json)
 
 
 def eval_retrieval(
@@ -35,6 +36,8 @@ def eval_retrieval(
     from ..encoders import load_encoder
     from ..evaluate import Embedded, cross_retrieval, embed_dataset, load_eval_data
 
+    check_json_out(json_out)
+    on_interrupt(NOTHING_WRITTEN)
     try:
         ds = load_eval_data(data, split, langs=[x for x in langs.split(",") if x])
         if rerank:
@@ -160,6 +163,8 @@ def eval_compat(
     from ..evaluate import load_eval_data
     from ..search.compat_report import LABELS, compat_report
 
+    check_json_out(json_out)
+    on_interrupt(NOTHING_WRITTEN)
     try:
         ds = load_eval_data(data, split, langs=[x for x in langs.split(",") if x])
         eo, en = load_encoder(old), load_encoder(new)

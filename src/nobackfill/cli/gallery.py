@@ -38,7 +38,7 @@ def index(
     from ..encoders import load_encoder
     from ..gallery.build import StoreBusyError
 
-    from ..gallery.gallery import check_buildable, validate_spec
+    from ..gallery.gallery import check_buildable, check_gallery_folder, validate_spec
     from ..gallery.tokens import DTYPES
 
     try:  # every flag first: a refused run leaves no folder behind (trial R: a half-written gallery)
@@ -50,6 +50,7 @@ def index(
                              "--token-dim is for the token outputs: give --tokens float16 or float32 with it")
         enc = load_encoder(model)
         check_buildable(backend, enc.embed_dim)  # (hnsw:M=0, a faiss string faiss does not take) before the data
+        check_gallery_folder(out, enc.space_id)  # before the data is read, and no lock left in a folder refused
         root = split_folder(data, split)
         g, read = index_folder(enc, root, out, model_ref=str(model), langs=[x for x in langs.split(",") if x] or None,
                                skip_bad=skip_bad, backend=backend, wait=wait,
@@ -121,6 +122,20 @@ def _shortened(text: str) -> str:
     return text if len(text) <= SHOWN_TEXT else text[:SHOWN_TEXT - 1] + "…"
 
 
+def applied_line(r, names: dict[str, str] | None = None) -> str:
+    """What refined or re-ranked the hits of ``r`` beyond their routes, as a line under the table's
+    title (empty when nothing did): ``+reco(DIR)``, ``+rerank(cmli, top K, weight W)``, as ``eval
+    retrieval`` labels its rows, naming the spaces when a step served only some of the hits' spaces."""
+    steps = getattr(r, "applied", ()) or ()
+    shown = {h.space for h in r.hits}
+    parts = []
+    for a in steps:
+        spaces = set(a.get("spaces") or ())
+        only = "" if shown <= spaces else " in space " + ", ".join((names or {}).get(s) or s for s in sorted(spaces))
+        parts.append(f"+{a['label']}{only}")
+    return "\napplied: " + "; ".join(parts) if parts else ""
+
+
 def print_hits(r, as_json: bool, k: int, space_names: dict[str, str] | None = None) -> None:
     """The hits of a :class:`~nobackfill.search.SearchResponse` as JSON (``--json``) or a table
     (``space_names``: a space id -> its name, shown in the table where the names tell spaces apart)."""
@@ -147,7 +162,8 @@ def print_hits(r, as_json: bool, k: int, space_names: dict[str, str] | None = No
     # 0.86 down the column as a bug)
     caption = Text(f"score: each hit's own, in its space; the order of hits from {len(spaces)} spaces is the "
                    "merge's") if len(spaces) > 1 else None
-    t = Table(title=Text(f"top {k} {r.modality}{'s' if k != 1 else ''} for {r.query}"), caption=caption)
+    title = f"top {k} {r.modality}{'s' if k != 1 else ''} for {r.query}" + applied_line(r, names)
+    t = Table(title=Text(title), caption=caption)
     for col, w in zip(("rank", "score", "id"), fixed):
         t.add_column(col, no_wrap=True, min_width=w)
     for col in ("space", "route"):

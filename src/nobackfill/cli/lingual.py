@@ -7,8 +7,9 @@ from typing import List, Optional
 
 import typer
 
-from ._common import (_bench, check_new_output, config_option, console, emit_json, fail, json_flag, multi30k_default,
-                      resolve_config, results, set_option, show_config_option, write_json)
+from ._common import (NOTHING_WRITTEN, _bench, check_json_out, check_new_output, config_option, console, emit_json,
+                      fail, from_project, json_flag, multi30k_default, on_interrupt, resolve_config, results,
+                      set_option, show_config_option, write_json)
 
 
 lingual_app = typer.Typer(no_args_is_help=True,
@@ -118,6 +119,7 @@ def learn(
         "oracle_vocab": oracle_vocab, "steps": steps, "batch_size": batch_size, "lr": lr,
         "task_vocab_size": vocab_size, "seed": seed, "threads": threads})
     torch.set_num_threads(cfg.threads)
+    on_interrupt(f"nothing was written to {out} (the model is written at the end): the same command starts again")
     try:
         langs = _split_langs(tasks, "--tasks")
         _check_learn_output(out, model)
@@ -207,6 +209,8 @@ def evaluate(
     from ..evaluate import load_eval_data
     from ..lingual.data import foreign_to_english, is_multi30k, multi30k_eval_lines, world_retrieval
     torch.set_num_threads(threads)
+    check_json_out(json_out)
+    on_interrupt(NOTHING_WRITTEN)
     try:
         enc, saved = _load_model(model)
         m30k = is_multi30k(data) or eval_dir is not None
@@ -373,8 +377,9 @@ def _floats(text: str) -> tuple[float, ...]:
 
 
 def bench_lingual_world(
-    data: Path = typer.Option(Path("data/world"), help="World root."),
-    model: Path = typer.Option(Path("models/world-new"), help="The English-only starting model."),
+    data: Path = typer.Option(Path("data/world"), callback=from_project, help="World root."),
+    model: Path = typer.Option(Path("models/world-new"), callback=from_project,
+                               help="The English-only starting model."),
     quick: bool = typer.Option(False, help="Fewer steps and 500 images (CPU minutes)."),
     methods: Optional[str] = typer.Option(None, help="Comma list (default: cll_clip, cll_clip_teir and cll_clip_teir_used; "
                                                      "see bench lingual-text for the others)."),

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, List, Optional
 
 import typer
 
-from ._common import command_line, report_skipped, results, skip_bad_hint
+from ._common import command_line, from_project, on_interrupt, report_skipped, results, skip_bad_hint
 from ._common import (_bench, check_new_output, config_option, fail, json_flag, langs_option, resolve_config, set_option,
                       show_config_option)
 
@@ -40,8 +40,11 @@ def build_memory_cmd(
     without test items and their near-duplicates."""
     from ..encoders import load_encoder
     from ..evaluate import load_eval_data
-    from ..reco.memory import build_memory
+    from ..reco.memory import MEMORY_FILE, build_memory
 
+    # before anything is read: a new or empty folder, or one a killed build left (its gallery resumes)
+    check_new_output(out, sources=(model,), finished=MEMORY_FILE, what="memory", also=("gallery",))
+    on_interrupt(f"what was embedded stays in {out / 'gallery'}: the same command goes on from it")
     lang_l = [x for x in langs.split(",") if x]
     try:
         ds = load_eval_data(data, split, langs=lang_l, skip_bad=skip_bad)
@@ -85,6 +88,7 @@ def train_cmd(
 ) -> None:
     """Train phi_image and phi_text on the memory's pairs (each excluded from its own neighbours) with
     L = NCE(V_bar, T_bar) + NCE(V_bar, T) + NCE(V, T_bar); the encoder stays frozen."""
+    from ..config import warn_warmup
     from ..reco.memory import Memory
     from ..reco.train import RecoTrainConfig, train_reco, training_inputs
 
@@ -94,6 +98,7 @@ def train_cmd(
         cfg = resolve_config(RecoTrainConfig, None, config, set_, show=show_config, flags=_train_flags(
             k=k, search=search, fuse=fuse, fusion=fusion, heads=heads, batch_size=batch_size, steps=steps, lr=lr,
             seed=seed, threads=threads))
+        warn_warmup(cfg)
         command = _rerun_command(cfg, memory=memory, out=out, val=val, model=model, pairs=pairs)
         mem = Memory.open(memory)
         pair_emb, evaluate = training_inputs(mem, model, pairs=pairs, val=val, progress=True)
@@ -150,8 +155,9 @@ def _leaves(d: dict, prefix: str = "") -> list[tuple[str, object]]:
 def bench_reco(
     quick: bool = typer.Option(False, help="Under 15 minutes on 2 cores: fewer training steps."),
     json_out: Path = typer.Option(Path("runs/bench/reco.json"), "--out", help="JSON output (a .md table beside it)."),
-    model: Path = typer.Option(Path("models/world-old"), help="The frozen encoder."),
-    world: Path = typer.Option(Path("data/world"), help="World root (val: tuning, test: report)."),
+    model: Path = typer.Option(Path("models/world-old"), callback=from_project, help="The frozen encoder."),
+    world: Path = typer.Option(Path("data/world"), callback=from_project,
+                               help="World root (val: tuning, test: report)."),
     memory_size: int = typer.Option(20000, help="Memory pairs (a fresh world train split, cached)."),
     steps: Optional[int] = typer.Option(None, help="Training step budget per variant (early stopping on val)."),
     label_set: str = typer.Option("size_colour_texture", help=f"Main zero-shot label set: {', '.join(LABEL_SETS)}."),

@@ -39,6 +39,7 @@ def upgrade_xbt(
     compat.xbt.XBTUpgradeConfig (defaults tuned on the world val split), from --config / --set."""
     import torch
 
+    from ..config import warn_warmup
     from ..compat.xbt import XBTUpgradeConfig
     from ..compat.xbt import upgrade_xbt as run_upgrade
     from ..train.loop import check_output
@@ -58,6 +59,7 @@ def upgrade_xbt(
         torch.set_num_threads(threads)
     try:
         check_output(out, finished="upgrade.json", what="upgrade", also=("stage1",), sources=(old, new, stage1))
+        warn_warmup(cfg if stage1 is None else cfg.stage2, "" if stage1 is None else "stage2")
         up, res = run_upgrade(old, new, text_corpus, pairs, out, cfg, stage1=stage1, progress=True, command=command,
                               log=lambda m: console.print(m))
     except (ValueError, FileNotFoundError) as e:
@@ -101,6 +103,7 @@ def upgrade_xbt_text(
     with a second caption in place of the image), without the old model. Apply it with
     load_upgrade(out).apply(MiniLMTextEncoder.pretrained())."""
     from ..compat.text_upgrade import TextXBTUpgradeConfig, train_text_upgrade
+    from ..config import warn_warmup
     from ..data.multi30k import default_multi30k_dir
     from ..encoders.zoo import shipped
     from ..train.loop import check_output
@@ -119,6 +122,7 @@ def upgrade_xbt_text(
     try:
         old = shipped(old)  # the default, models/m30k-old-text, from any working directory
         check_output(out, finished="upgrade.json", what="upgrade", also=("stage1",), sources=(old,))
+        warn_warmup(cfg)
         res = train_text_upgrade(old, new, data or default_multi30k_dir(), out, cfg, cache_dir=cache_dir,
                                  command=" ".join(parts), progress=True, log=lambda m: console.print(m))
     except (ValueError, FileNotFoundError) as e:

@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any, Callable, Sequence
 import numpy as np
 
 from ..catalog.items import added_id_problem
-from ..data.folder import CAPTIONS_FILE, DataFormatError, image_problem, load_pairs
+from ..data.folder import CAPTIONS_FILE, DataFormatError, check_data_folder, image_problem, load_pairs
 from ..encoders.base import encode
 from ..progress import progress_bar
 from .collection import Collection, Item, vector_key
@@ -170,9 +170,7 @@ def folder_items(folder: str | Path, *, langs: Sequence[str] | None = None, skip
     every other image file under the folder. Bad lines or unreadable images raise
     :class:`~nobackfill.data.folder.DataFormatError` naming the file (and line), or are skipped,
     counted and named (``problems``, ``skipped_images``) with ``skip_bad``."""
-    root = Path(folder).absolute()
-    if not root.is_dir():
-        raise DataFormatError("data folder not found", root)
+    root = check_data_folder(folder)
     out = FolderItems(items=[])
     referenced: set[str] = set()
     if (root / CAPTIONS_FILE).is_file():

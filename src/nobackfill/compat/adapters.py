@@ -189,6 +189,37 @@ class VisionPrompts(nn.Module):
         return torch.cat([hidden[:, :1], p, hidden[:, 1:]], dim=1)
 
 
+def lora_target_names(model: nn.Module, cfg: AdapterConfig) -> list[str]:
+    """The names ``cfg.lora_targets`` may hold for ``model``: the linear layers the architecture's
+    LoRA pattern reaches in ``cfg.lora_towers`` (CLIP: q_proj, k_proj, v_proj, out_proj), in model order."""
+    arch = ARCHITECTURES[cfg.architecture]
+    prefixes = "|".join(re.escape(dict(arch.towers)[t]) for t in cfg.lora_towers)
+    rx = re.compile(arch.lora_pattern.format(towers=prefixes, targets=".+"))
+    found = (m.group(rx.groups) for name, mod in model.named_modules()
+             if isinstance(mod, nn.Linear) and (m := rx.match(name)))
+    return list(dict.fromkeys(found))
+
+
+def check_adapter_config(model: nn.Module, cfg: AdapterConfig, field: str = "adapters") -> None:
+    """Refuse an adapter config that does not fit ``model`` before anything trains, in one line naming
+    the config's field ``field`` (trial Y: ``lora_targets = ["q_prj"]`` passed stage 1 of ``upgrade xbt``
+    and failed in stage 2 with peft's "Target modules ... not found in the base model"; a list with one
+    misspelt name among good ones left that name out silently)."""
+    arch_name = detect_architecture(model)
+    if cfg.architecture != arch_name:
+        raise ValueError(f"{field}.architecture: {cfg.architecture!r}, but {type(model).__name__} is a "
+                         f"{arch_name!r} model")
+    if not cfg.lora_towers:
+        return
+    found = lora_target_names(model, cfg)
+    bad = [t for t in cfg.lora_targets if t not in found]
+    if bad:
+        raise ValueError(f"{field}.lora_targets: {', '.join(map(repr, bad))} {'is' if len(bad) == 1 else 'are'} "
+                         f"not a module LoRA can target in {type(model).__name__}'s "
+                         f"{' and '.join(cfg.lora_towers)} tower{'s' if len(cfg.lora_towers) > 1 else ''}; "
+                         f"it has: {', '.join(found) or 'none'}")
+
+
 def _towers(model: nn.Module, architecture: str = "clip") -> dict[str, nn.Module]:
     """Tower name -> module of ``model`` for ``architecture``."""
     return {name: (model.get_submodule(path) if path else model) for name, path in ARCHITECTURES[architecture].towers}
@@ -218,9 +249,7 @@ class Adapters:
         arch_name = detect_architecture(model)
         self.model = model
         self.cfg = cfg = cfg or AdapterConfig(architecture=arch_name)
-        if cfg.architecture != arch_name:
-            raise ValueError(f"adapter config for a {cfg.architecture!r} model, but {type(model).__name__} is a "
-                             f"{arch_name!r} model")
+        check_adapter_config(model, cfg)  # before peft (whose error names neither the field nor what exists)
         arch = ARCHITECTURES[arch_name]
         self.lora_config = None
         self._hook = None

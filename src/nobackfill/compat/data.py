@@ -45,7 +45,7 @@ def read_text_corpus(path: str | Path, n: int | None = None, lang: str = "en") -
         if not caps:
             raise ValueError(f"{p}: no {lang} captions")
         return list(caps[:n] if n else caps)
-    raise FileNotFoundError(f"{p}: not a text file, data folder or world root")
+    raise FileNotFoundError(f"{p}: {'no such file or folder' if not p.exists() else 'not a text file, data folder or world root'}")
 
 
 @dataclass

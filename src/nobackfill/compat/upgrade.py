@@ -357,7 +357,9 @@ def load_upgrade(directory: str | Path) -> Upgrade:
     d = Path(directory)
     path = d / UPGRADE_FILE
     if not path.is_file():
-        raise FileNotFoundError(f"{d}: not an upgrade directory (no {UPGRADE_FILE})")
+        why = "no such directory" if not d.exists() else "a file, not an upgrade directory" if not d.is_dir() else \
+            f"not an upgrade directory (no {UPGRADE_FILE})"
+        raise FileNotFoundError(f"{d}: {why}")
     m = read_tagged_json(path, FORMAT, max_version=VERSION)
     kind = m.get("kind")
     if kind not in KINDS:

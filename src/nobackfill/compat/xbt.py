@@ -41,7 +41,7 @@ from ..config import to_dict
 from ..train.contrastive import info_nce
 from ..evaluate import texts_sha256
 from ..train.loop import LoopConfig, Method, TrainResult, setting_changes, train
-from .adapters import AdapterConfig
+from .adapters import AdapterConfig, check_adapter_config
 from .bridges import PhiBridge
 from .data import IndexBatches, PairBatches, Pairs, dedupe
 from .phi import Projection
@@ -371,6 +371,7 @@ def upgrade_xbt(old: str | Path, new: str | Path, text_corpus: str | Path, pairs
     out = Path(out)
     pair_data = load_pair_source(pairs, cfg.n_pairs)  # read (and checked: enough pairs?) before stage 1 trains
     new_enc = load_encoder(new)
+    check_adapter_config(new_enc.model, cfg.stage2.adapters, "stage2.adapters")  # before stage 1 trains
     r1 = None
     if stage1 is None:
         old_enc = load_encoder(old)

@@ -149,6 +149,15 @@ class PairDataset:
 
 
 # ----------------------------------------------------------------------------- validation
+def check_data_folder(folder: str | os.PathLike) -> Path:
+    """``folder`` as an absolute path, if it is a folder; else :class:`DataFormatError` saying what it
+    is: no such folder, or a file (trial Y: a missing folder read as one without its captions file)."""
+    root = Path(folder).absolute()
+    if not root.is_dir():
+        raise DataFormatError("a file, not a data folder" if root.exists() else "no such folder", root)
+    return root
+
+
 def split_folder(folder: str | os.PathLike, split: str) -> Path:
     """The folder to read of ``folder`` given ``split``: itself when it holds a captions file (or is
     a folder of images); its ``split`` subfolder for a world root. A world root (``world.json``, or
@@ -265,9 +274,7 @@ def load_pairs(
         DataFormatError: on a missing folder / file, a bad line or image (unless ``skip_bad``),
             or when nothing valid is left. Messages name the file and the line.
     """
-    root = Path(folder).absolute()
-    if not root.is_dir():
-        raise DataFormatError("data folder not found", root)
+    root = check_data_folder(folder)
     path = root / CAPTIONS_FILE
     if not path.is_file():
         raise DataFormatError(f"{CAPTIONS_FILE} not found in the data folder", path)

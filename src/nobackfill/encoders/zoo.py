@@ -16,6 +16,7 @@ import torch
 from transformers import CLIPConfig, CLIPModel, PreTrainedTokenizerBase
 
 from ..config import ConfigError, from_dict, read_mapping
+from . import list_presets
 from .clip import CLIPDualEncoder
 from .preprocess import ImagePreprocessor
 
@@ -92,10 +93,15 @@ def shipped(path: str | Path) -> Path:
     return project if project.exists() else p
 
 
-def list_presets() -> list[str]:
-    """Names of the zoo's presets."""
-    return sorted(p.name[:-5] for p in resources.files(__package__).joinpath("zoo").iterdir()
-                  if p.name.endswith(".toml"))
+def _no_preset(name: str) -> str:
+    """Why ``name`` is no preset: a path (a '/' or a config suffix, trial Y: ``/nope.toml`` was called an
+    unknown preset name) that is no file, or a name the zoo does not hold."""
+    zoo = f"zoo presets: {', '.join(list_presets())}"
+    if "/" in name or "\\" in name or name.endswith((".toml", ".yaml", ".yml")):
+        p = Path(name)
+        why = "is a folder, not a preset file" if p.is_dir() else "no such file"
+        return f"preset {name}: {why} (a preset is a zoo name or a TOML file of the same layout; {zoo})"
+    return f"unknown preset {name!r}; {zoo}"
 
 
 def get_preset(name_or_path: str | Path) -> Preset:
@@ -103,7 +109,7 @@ def get_preset(name_or_path: str | Path) -> Preset:
     p = Path(name_or_path)
     if not p.is_file():
         if str(name_or_path) not in list_presets():
-            raise ConfigError(f"unknown preset {name_or_path!r}; zoo presets: {list_presets()}")
+            raise ConfigError(_no_preset(str(name_or_path)))
         p = Path(str(resources.files(__package__).joinpath("zoo", f"{name_or_path}.toml")))
     data = read_mapping(p)
     unknown = set(data) - {"model", "train"}

@@ -51,7 +51,27 @@ from .manifest import (CHUNK_DIR, FORMAT_NAME, FORMAT_VERSION, MANIFEST, MODALIT
 from .repair import GalleryIntegrity
 from .types import GalleryError, SearchResult, SpaceMismatchError
 
-__all__ = ["Gallery"]
+__all__ = ["Gallery", "check_gallery_folder"]
+
+
+def check_gallery_folder(path: str | Path, space_id: str | None = None) -> None:
+    """``ValueError`` unless a gallery can be made or resumed at ``path``: absent, empty (hidden files
+    aside), a gallery (of ``space_id``, when given: else :class:`SpaceMismatchError`), or what a
+    killed create left. Writes nothing, so a command checks its ``--out`` before it reads its data
+    and leaves no lock in a folder it refuses (trial Y: a model's folder)."""
+    root = Path(path)
+    if root.exists() and not root.is_dir():
+        raise ValueError(f"{root} is a file, not a gallery folder")
+    if not root.is_dir():
+        return
+    if (root / MANIFEST).exists():
+        if space_id is not None and (held := _read_manifest(root)["space_id"]) != space_id:
+            raise SpaceMismatchError(held, space_id, f"resume gallery {root}", what="model's embeddings",
+                                     hint="use a new directory for a new embedding space")
+        return
+    stray = [p.name for p in root.iterdir() if not p.name.startswith(".") and p.name != CHUNK_DIR]
+    if stray:
+        raise ValueError(f"{root} is not empty and not a gallery (found {', '.join(sorted(stray)[:5])})")
 
 
 class Gallery(GalleryChunks, GalleryIndex, GalleryIntegrity):
@@ -105,9 +125,7 @@ class Gallery(GalleryChunks, GalleryIndex, GalleryIntegrity):
                     manifest["backend"], manifest["updated"] = backend, _now()
                     _write_manifest(root, manifest)
             else:
-                stray = [p.name for p in root.iterdir() if not p.name.startswith(".") and p.name != CHUNK_DIR]
-                if stray:
-                    raise ValueError(f"{root} is not empty and not a gallery (found {', '.join(sorted(stray)[:5])})")
+                check_gallery_folder(root)
                 now = _now()
                 manifest = {
                     "format": FORMAT_NAME,

@@ -387,18 +387,18 @@ def run_backfill(collection: Collection, encoder: Any, *, order: str = "uncertai
                  pool: Any = None, log: Callable[[str], None] | None = None, engine: str = "local",
                  ray: Any = None, load: Callable[[], Any] | None = None, uri: str | None = None,
                  shards: int | None = None) -> dict[str, Any]:
-    """Start (or resume) the backfill and run ``workers`` workers until it is done, paused or
-    ``limit`` items were embedded, the uncertainty order's training sample included (``rate``: items
-    per second in all). One worker runs in this process; more run as processes (each loads the
-    model). The status, plus what these workers did: ``committed`` (of it ``sample_committed``),
-    ``embedded``, ``stopped`` (in words; for no free shard, who holds the shards), ``busy``.
-    ``engine="ray"``: this process drives a Ray Data pipeline instead (:mod:`.cluster.ray_backfill`; ``ray``
-    its :class:`~.cluster.ray_backfill.RayOptions`, ``load()`` the model in each actor, default ``encoder``
-    itself, pickled; ``uri`` how the actors open the collection); ``workers`` shards the job then.
-    ``shards``: a new job's shards (default ``workers``): more, for workers of other machines to share."""
+    """Start (or resume) the backfill and run ``workers`` workers until it is done, paused or ``limit`` items were
+    embedded, the uncertainty order's training sample included (``rate``: items per second in all). One worker runs in
+    this process; more run as processes (each loads the model). The status, plus what these workers did: ``committed``
+    (of it ``sample_committed``), ``embedded``, ``stopped`` (in words; for no free shard, who holds the shards),
+    ``busy``. ``engine="ray"``: this process drives a Ray Data pipeline instead (:mod:`.cluster.ray_backfill`; ``ray``
+    its :class:`~.cluster.ray_backfill.RayOptions`, ``load()`` the model in each actor, default ``encoder`` itself,
+    pickled; ``uri`` how the actors open the collection); ``workers`` shards the job then. ``shards``: a new job's
+    shards (default ``workers``): more, for workers of other machines to share."""
     if engine not in ENGINES:
         raise ValueError(f"engine must be one of {ENGINES}, got {engine!r}")
     check_run_settings(workers=workers, batch_size=batch_size, rate=rate, limit=limit, shards=shards)
+    workers = collection.storage.backfill_workers(workers, engine, log)  # milvus-lite: 1, in this process
     job = start_backfill(collection, encoder, order=order, shards=max(shards or workers, 1), seed=seed, pool=pool,
                          log=log)
     if engine == "local" and workers > job.shards and log is not None:

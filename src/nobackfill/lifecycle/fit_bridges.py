@@ -234,6 +234,28 @@ def with_given_route(p: Plan, sid: str, d: str, routes: dict[str, Any]) -> Plan:
     return p.with_route(sid, d, choice)
 
 
+def _route_name(routes: Any) -> str:
+    """A route as the command says it: ``bridge``, ``old-model``, ``fused w=0.8``."""
+    route, w = (routes["route"], routes.get("w")) if isinstance(routes, dict) else (routes.route, routes.w)
+    return f"{route} w={w:g}" if route == "fused" and w is not None else str(route)
+
+
+def _scored(s: dict[str, Any]) -> str:
+    """A held-out score as compared (R@1 + overlap@10: ``candidate_score``): a swap at an R@1 equal to
+    the serving bridge's looked against the +0.01 rule when only R@1 was said (trial Z)."""
+    return f"R@1 {s['r1']:.3f} + overlap@10 {s['overlap10']:.3f}"
+
+
+def _say_rerouted(say: Callable[[str], None], current: RouteChoice | None, routes: dict[str, Any], sid: str,
+                  d: str, name: str, sizes: dict[str, int]) -> None:
+    """Say a kept bridge's route chosen again on this fit's held-out set, when it changes (the final
+    refit turned t2i from fused to bridge without a word: trial Z)."""
+    if current is None or _route_name(current) == _route_name(routes) or _route_entry(current, routes, {}) is None:
+        return  # (a route pinned, or chosen on labels, is not changed by a fit)
+    say(f"  {sid} {d}: the serving bridge stays ({name}); its route, chosen again on this fit's held-out set ("
+        f"{sizes['queries']} queries, {sizes['gallery']} items): {_route_name(current)} -> {_route_name(routes)}")
+
+
 def _route_entry(current: RouteChoice | None, routes: dict[str, Any], info: dict[str, Any]) -> RouteChoice | None:
     """The route choice to record, or None to keep the current one (pinned, or chosen on labels)."""
     if current is not None and (current.pinned or (current.calibration and "fitted" not in current.calibration)):
@@ -306,6 +328,7 @@ def fit_collection_bridges(collection: Collection, *, cfg: FitBridgesConfig | No
                     routes = ch.routes if ch.chosen == "serving" else route_scores(held, given["serving"])
                     entry["route"] = routes["route"]
                     rerouted.append((old_rec, routes))
+                    _say_rerouted(say, plan.route(sid, d), routes, sid, d, old_rec.name, held.sizes)
                     merge_maps[sid, d] = _merge_maps(d, routes, held, given["serving"], pairs, cfg)
                 elif old_rec is None and "given" in given:  # the user's bridge serves on: its route tested too
                     routes = ch.routes if ch.chosen == "given" else route_scores(held, given["given"])
@@ -340,8 +363,11 @@ def fit_collection_bridges(collection: Collection, *, cfg: FitBridgesConfig | No
                             info=info)
         new_records.append((rec, routes))
         report[sid][d]["path"] = rec.path
+        serving = report[sid][d].get("serving")
         say(f"  {sid} {d}: {info['candidate']} on {info['pairs']} pairs, held-out agreement "
-            f"{info['heldout']['r1']:.3f} -> route {routes['route']} ({name})")
+            f"{_scored(info['heldout'])}"
+            + (f" against the serving bridge's {_scored(serving)}" if serving else "")
+            + f" -> route {_route_name(routes)} ({name})")
 
     gone: set[str] = set()  # bridges of a space retired meanwhile: never put in service
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import os
 import re
 import socket
@@ -14,6 +15,8 @@ import time
 from typing import Any
 
 from ..ann.backends import parse_spec
+from ..catalog.items import CollectionBusyError, ServerUnreachable
+from ..catalog.schema import one_line
 
 
 TOKEN_ENV = "NOBACKFILL_MILVUS_TOKEN"
@@ -63,11 +66,34 @@ def insert_ts(client: Any, name: str, columns: dict[str, list], partition: str) 
 
 def alloc_ts(client: Any) -> int:
     """A fresh hybrid timestamp from the server's timestamp oracle: later than every write the
-    server acknowledged before (0 when the server or client cannot say)."""
-    try:
-        return int(client._get_connection().alloc_timestamp(context=client._generate_call_context()) or 0)
-    except Exception:  # an older server, milvus-lite: unknown
+    server acknowledged before (0 when the server or client cannot say). Never asked of milvus-lite,
+    which does not implement it (its in-process gRPC server logs each call as an error with a
+    traceback: trial Z saw 39 in one backfill), nor again of a client whose server answered once
+    that it does not (an older server: remembered per client)."""
+    if getattr(client, "_nobackfill_embedded", False) or getattr(client, "_nobackfill_no_alloc_ts", False):
         return 0
+    try:
+        ts = int(client._get_connection().alloc_timestamp(context=client._generate_call_context()) or 0)
+    except Exception as e:  # an older server: unknown; a server gone: the next call says so
+        if _unimplemented(e):
+            _remember_no_alloc_ts(client)
+        return 0
+    if not ts:  # answered without one (milvus-lite reached by a client not made here): none later either
+        _remember_no_alloc_ts(client)
+    return ts
+
+
+def _unimplemented(e: BaseException) -> bool:
+    """Whether ``e`` says the server does not implement the call (not that it did not answer)."""
+    code = getattr(e, "code", None)
+    code = code() if callable(code) else code
+    text = f"{getattr(e, 'message', '')} {e}".lower()
+    return "unimplemented" in str(code).lower() or "not implemented" in text or "unimplemented" in text
+
+
+def _remember_no_alloc_ts(client: Any) -> None:
+    with contextlib.suppress(Exception):  # a client that takes no attributes: asked again next time
+        client._nobackfill_no_alloc_ts = True
 
 
 def _q(s: str) -> str:
@@ -122,7 +148,8 @@ def _client(kind: str, parts: dict[str, str]) -> Any:
 
     from .._logging import tame_library_loggers
 
-    tame_library_loggers(("pymilvus", "milvus_lite"))  # pymilvus installs its own handlers on import
+    # pymilvus installs its own handlers on import; milvus-lite runs its gRPC server in this process
+    tame_library_loggers(("pymilvus", "milvus_lite", "grpc"))
 
     key = f"{kind}:{parts.get('path') or parts['uri']}/{parts.get('db', '')}"
     with _CLIENTS_LOCK:
@@ -130,7 +157,7 @@ def _client(kind: str, parts: dict[str, str]) -> Any:
         if c is None:
             if kind == "milvus-lite":
                 os.makedirs(os.path.dirname(os.path.abspath(parts["path"])) or ".", exist_ok=True)
-                c = MilvusClient(parts["path"])
+                c = _open_lite(MilvusClient, parts["path"])
                 c._nobackfill_embedded = True  # milvus-lite: no segment loading to wait for
             else:
                 kw: dict[str, Any] = {"uri": parts["uri"]}
@@ -148,6 +175,83 @@ def _client(kind: str, parts: dict[str, str]) -> Any:
                     c = _connect(MilvusClient, {**kw, "db_name": parts["db"]})
             _CLIENTS[key] = c
         return c
+
+
+#: why a milvus-lite file opens in one process only (messages and the backfill's note say it)
+LITE_ONE_PROCESS = "milvus-lite serves one process per file; use a Milvus server for several processes"
+
+
+class LiteFileInUse(CollectionBusyError, ConnectionError):
+    """Another process holds a milvus-lite file (milvus-lite's lock): nothing was read or written (a
+    verify checked nothing; exit 2, 409 over HTTP); the message names the file."""
+
+    names_its_server = True
+
+
+class _Caught(logging.Handler):
+    """Keeps the exception of the records it is handed (milvus-lite's own reason for not opening)."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.ERROR)
+        self.exc: BaseException | None = None
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if record.exc_info and record.exc_info[1] is not None:
+            self.exc = record.exc_info[1]
+
+
+def _open_lite(client_class: Any, path: str) -> Any:
+    """A client of the milvus-lite database ``path``. milvus-lite opens it in this process, and on a
+    failure logs its reason (with a traceback) and hands pymilvus a bare "Open local milvus failed":
+    the reason is taken from that record instead (shown as well only with ``-v``), and the failure is
+    one line naming the file: :class:`LiteFileInUse` when another process holds it (milvus-lite's
+    lock), else a :class:`~nobackfill.catalog.items.ServerUnreachable`."""
+    caught, lg = _Caught(), logging.getLogger("milvus_lite.server_manager")
+    level, propagate = lg.level, lg.propagate
+    shown = logging.getLogger("milvus_lite").isEnabledFor(logging.ERROR)  # -v: the library's own record too
+    lg.addHandler(caught)
+    lg.setLevel(logging.ERROR)
+    lg.propagate = shown
+    try:
+        return client_class(path)
+    except Exception as e:
+        why = caught.exc
+        if _lite_locked(path, why):
+            raise LiteFileInUse(f"the milvus-lite file {path} is in use by another process ({LITE_ONE_PROCESS}, "
+                                "docs/milvus.md)") from None
+        if why is None:
+            raise
+        raise ServerUnreachable(f"cannot open the milvus-lite file {path} ({type(why).__name__}: {one_line(why)}; "
+                                f"pymilvus: {one_line(getattr(e, 'message', None) or e)})") from None
+    finally:
+        lg.removeHandler(caught)
+        lg.setLevel(level)
+        lg.propagate = propagate
+
+
+def _lite_locked(path: str, why: BaseException | None) -> bool:
+    """Whether milvus-lite refused ``path`` because another process holds its lock: its own error
+    says so, or (a version that said nothing) its lock file cannot be taken now."""
+    if why is not None:
+        return type(why).__name__ == "DataDirLockedError"
+    lock = os.path.join(path, "LOCK")  # milvus-lite 3: a directory holding the database and its lock file
+    if not os.path.isfile(lock):
+        return False
+    try:
+        import fcntl
+
+        fd = os.open(lock, os.O_RDWR)
+    except (ImportError, OSError):
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        return True
+    else:
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        return False
+    finally:
+        os.close(fd)
 
 
 def forget_client(client: Any) -> None:
@@ -169,13 +273,12 @@ def _connect(client_class: Any, kw: dict[str, Any]) -> Any:
     :class:`~nobackfill.catalog.items.CollectionError` naming it (not pymilvus' own exception)."""
     from pymilvus.exceptions import MilvusException
 
-    from ..catalog.items import ServerUnreachable
-
     try:
         return client_class(**kw)
     except MilvusException as e:
-        raise ServerUnreachable(f"cannot reach the Milvus server at {kw['uri']} ({getattr(e, 'message', e)}); is it "
-                              "running, and is the address right? (docs/milvus.md)") from None
+        why = one_line(getattr(e, "message", e))
+        raise ServerUnreachable(f"cannot reach the Milvus server at {kw['uri']} ({why}); is it running, and is the "
+                                "address right? (docs/milvus.md)") from None
 
 
 def close_clients() -> None:

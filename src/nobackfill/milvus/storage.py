@@ -15,7 +15,7 @@ from ..storage.base import Storage
 from ..storage.binding import STORE_MARK, bound_fill, check_binding, new_uid, wrong_store
 from ..gallery.types import SpaceMismatchError
 from .adopted import MilvusAdoptedStore
-from .connection import KEY_MAX, STRONG, VALUE_MAX, _client, _loaded, _q, _safe, forget_client
+from .connection import KEY_MAX, LITE_ONE_PROCESS, STRONG, VALUE_MAX, _client, _loaded, _q, _safe, forget_client
 from .space_store import MilvusSpaceStore
 
 if TYPE_CHECKING:
@@ -98,6 +98,11 @@ class MilvusStorage(Storage):
     @property
     def _kind(self) -> str:
         return "milvus-lite" if self._lite_path is not None else "milvus"
+
+    @property
+    def one_process(self) -> str | None:  # type: ignore[override]
+        """Why one process at a time opens a milvus-lite file (None on a Milvus server)."""
+        return LITE_ONE_PROCESS if self._lite_path is not None else None
 
     def _check_mark(self, client: Any) -> None:
         """The Milvus connected to holds this catalog's mark (:mod:`..storage.binding`); checked

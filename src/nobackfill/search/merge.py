@@ -28,7 +28,7 @@ from typing import Any, NamedTuple, Sequence
 
 import numpy as np
 
-__all__ = ["DEFAULT_MERGE", "MERGES", "Candidate", "ScoreMap", "candidates", "merge", "merge_order"]
+__all__ = ["DEFAULT_MERGE", "MERGES", "Candidate", "ScoreMap", "candidates", "merge", "merge_order", "named_lists"]
 
 MERGES = ("raw", "calibrated", "rank")
 #: the merge of a collection whose plan has not chosen one (no calibration): raw scores, the
@@ -141,3 +141,25 @@ def merge_order(candidates: Sequence[Candidate], method: str, *, score_maps: dic
 def merge(lists: dict[str, list[Candidate]], k: int, method: str, **kw: Any) -> list[Candidate]:
     """The top ``k`` of the per-space ``lists`` merged with ``method`` (see :func:`merge_order`)."""
     return merge_order(list(chain.from_iterable(lists.values())), method, **kw)[: int(k)]
+
+
+def named_lists(snap: Any, ranked: list[tuple[str, str, list[float], list[int]]]) -> dict[str, list[Candidate]]:
+    """Each space's ranked list ``(space, route, scores, rids)`` as candidates named from the hit table
+    of ``snap`` (a :class:`~nobackfill.collection.collection.Snapshot`), all spaces' records decoded
+    at once; rows deleted since the snapshot's rows were read are left out (the others keep their rank)."""
+    rids = [r for *_, space_rids in ranked for r in space_rids]
+    fields = snap.hit_fields(rids)
+    lists: dict[str, list[Candidate]] = {}
+    if fields is None:  # a row deleted since: named one by one
+        named = snap.hits(rids)
+        for sid, route, scores, space_rids in ranked:
+            rows = [named.get(r, (None, "")) for r in space_rids]
+            listed = candidates(sid, route, scores, [row[0] for row in rows], [row[1] for row in rows])
+            lists[sid] = [c for c in listed if c.item_id is not None]
+        return lists
+    at = 0
+    for sid, route, scores, space_rids in ranked:
+        end = at + 2 * len(space_rids)
+        lists[sid] = candidates(sid, route, scores, fields[at:end:2], fields[at + 1:end:2])
+        at = end
+    return lists

@@ -18,6 +18,7 @@ Directions name the query and gallery modalities: ``t2i``, ``i2t``, ``t2t``, ``i
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Sequence
@@ -31,7 +32,7 @@ from .models import ModelPool
 from .query_cache import QueryCache
 
 __all__ = ["BRIDGE", "DIRECTIONS", "FUSED", "NATIVE", "OLD_MODEL", "ROUTES", "BridgePath", "NoRouteError",
-           "QuerySide", "RoutePlanner", "direction_of", "find_bridge"]
+           "QuerySide", "RoutePlanner", "direction_of", "find_bridge", "reco_refiner"]
 
 NATIVE, OLD_MODEL, BRIDGE, FUSED = "native", "old-model", "bridge", "fused"
 #: the routes to a space that is not the query model's own
@@ -138,6 +139,12 @@ class QuerySide:
 
     def encoders(self) -> list[DualEncoder]:
         return [e for e in (self.direct, self.bridged) if e is not None]
+
+    def refined(self) -> bool:
+        """Whether RECO refines this side's queries: a refiner of one space (:func:`reco_refiner`) refines
+        the outputs of an encoder of that space only."""
+        space = getattr(self.refine, "space_id", None)
+        return self.refine is not None and (space is None or any(e.space_id == space for e in self.encoders()))
 
     def can_embed(self, modality: str) -> bool:
         known = self._can_embed
@@ -294,6 +301,27 @@ class RoutePlanner:
                                  "bridge was fitted for another model")
             self._bridges[key] = bridge
         return self._bridges[key]
+
+
+def reco_refiner(reco: Path, spaces: set[str]) -> Refine:
+    """RECO's refinement (Iscen et al. 2023) of query vectors of its own space; refuses a RECO directory
+    of a space none of ``spaces`` is. The refiner names its space (``space_id``) and itself (``label``,
+    ``reco(DIR)``, as ``eval retrieval`` labels its rows)."""
+    from ..reco.model import load_reco
+
+    model, memory = load_reco(reco)
+    if model.spec.space_id not in spaces:
+        raise ValueError(f"{reco} refines space {model.spec.space_id}, but the query model is in "
+                         f"{', '.join(sorted(spaces))}")
+
+    def refine(vectors: np.ndarray, modality: str, space_id: str) -> np.ndarray:
+        if space_id != model.spec.space_id:
+            return vectors
+        return np.asarray(model.refine(memory, vectors, modality), np.float32)
+
+    refine.space_id, refine.path = model.spec.space_id, str(reco)  # type: ignore[attr-defined]
+    refine.label = f"reco({Path(os.path.abspath(reco)).name or reco})"  # type: ignore[attr-defined]
+    return refine
 
 
 def upgrade_entry(upgrade: Any) -> UpgradeRecord:

@@ -39,11 +39,16 @@ from .limits import Limits
 from ..gallery.types import SpaceMismatchError
 from .fanout import search_spaces
 from .filters import check_filter, matches_filter  # noqa: F401 (matches_filter: this module's name for it)
-from .merge import DEFAULT_MERGE, MERGES, Candidate, ScoreMap, candidates, merge
+from .merge import DEFAULT_MERGE, MERGES, ScoreMap, merge, named_lists
 from .models import ModelPool, model_ref
-from .routes import BRIDGE, DIRECTIONS, NATIVE, NoRouteError, QuerySide, RoutePlanner, direction_of, upgrade_entry
+from .routes import (BRIDGE, DIRECTIONS, NATIVE, NoRouteError, QuerySide, RoutePlanner, direction_of, reco_refiner,
+                     upgrade_entry)
 
 __all__ = ["DEFAULT_MERGE", "HIT_FIELDS", "Hit", "SearchResponse", "Searcher", "explicit_plan", "hit_json", "matches_filter", "query_side_for"]
+
+#: the routes whose first-stage lists CMLI re-ranks (the query embedded by the space's own model)
+RERANKED = ("native", "old-model")
+
 
 class Hit(tuple):
     """One result: the item, its score under the route that answered, and where it came from.
@@ -114,9 +119,13 @@ class SearchResponse:
     hits: list[Hit]
     merge: str
     generation: int
+    #: what refined or re-ranked the hits beyond their routes (RECO, CMLI re-ranking): ``{"step", "label",
+    #: "spaces", ...}`` each (a hit's ``route`` says only how its query reached its space)
+    applied: Sequence[dict[str, Any]] = ()
 
     def to_json(self) -> dict[str, Any]:
-        return {"query": self.query, "modality": self.modality, "hits": [h.to_json() for h in self.hits]}
+        return {"query": self.query, "modality": self.modality, "applied": [dict(a) for a in self.applied],
+                "hits": [h.to_json() for h in self.hits]}
 
 
 try:  # metadata of the hits is parsed per search: orjson where installed (about 5x faster)
@@ -137,6 +146,7 @@ class _Prepared:
     maps: dict[str, Any]
     shares: dict[str, float]
     prefer: list[str]
+    applied: list[dict[str, Any]]
 
 
 class Searcher:
@@ -181,7 +191,7 @@ class Searcher:
             spaces = set(self.collection.plan.space_ids)
             if self._query_model is not None:
                 spaces |= {self._query_model.space_id} | {u.target for u in self._upgrades if u.encoder}
-            self._refine = _reco_refiner(Path(reco), spaces)
+            self._refine = reco_refiner(Path(reco), spaces)
         self._planners: dict[str, RoutePlanner] = {}
         self._last_planner: tuple[Snapshot, RoutePlanner] | None = None  # the planner of the last snapshot
         self._prepared: tuple[Snapshot | None, dict[tuple, _Prepared]] = (None, {})  # per query kind, last snapshot
@@ -293,7 +303,7 @@ class Searcher:
         filter = check_filter(filter)
         snap = self.collection.snapshot()
         prep = self._prepare(snap, qmod, target, filter)
-        gmod, direction, method, views = prep.gmod, prep.direction, prep.method, prep.views
+        gmod, method, views = prep.gmod, prep.method, prep.views
         if cache is not None:
             cache = cache.setdefault((qmod, hash(tuple(str(x) for x in inputs))), {})
         depth = max(k, self.rerank_k) if self.rerank else k
@@ -307,33 +317,48 @@ class Searcher:
             if fields is not None:  # its hits made in C (None: a row deleted since the snapshot's rows were read)
                 hits = list(map(tuple.__new__, repeat(Hit), zip(count(1), res.scores.tolist()[0], fields[0::2],
                                                                 repeat(sid), repeat(side.route), fields[1::2])))
-                return [self._response(snap, qmod, gmod, direction, method, inputs[0], hits)]
+                return [self._response(snap, qmod, prep, inputs[0], hits)]
         kw = {"score_maps": prep.maps, "shares": prep.shares, "prefer": prep.prefer}
         out, make = [], tuple.__new__
         for qi, query in enumerate(inputs):  # plain loops: every search of several spaces (a backfill) runs this
             ranked = []
             for sid, side, view, res in searched:
                 scores, positions = res.scores[qi], res.positions[qi]
-                if self.rerank and side.route in ("native", "old-model"):
+                if self.rerank and side.route in RERANKED:
                     scores, positions = self._rerank(view, side, gmod, query, res, qi, k)
                 if depth > k:  # (searched deeper for the re-ranking)
                     positions = positions[:k]
                     scores = scores[:len(positions)]
                 ranked.append((sid, side.route, scores.tolist(), view.rids[positions].tolist()))
-            lists = _named_lists(snap, ranked)
+            lists = named_lists(snap, ranked)
             # one list: every merge keeps its order
             top = lists.popitem()[1][:k] if len(lists) == 1 else merge(lists, k, method, **kw)
             hits = [make(Hit, (r, c.score, c.item_id, c.space, c.route, c.metadata)) for r, c in enumerate(top, 1)]
-            out.append(self._response(snap, qmod, gmod, direction, method, query, hits))
+            out.append(self._response(snap, qmod, prep, query, hits))
         return out
 
     @staticmethod
-    def _response(snap: Snapshot, qmod: str, gmod: str, direction: str, method: str, query: Any,
-                  hits: list[Hit]) -> SearchResponse:
+    def _response(snap: Snapshot, qmod: str, prep: "_Prepared", query: Any, hits: list[Hit]) -> SearchResponse:
         """The response of one query from its ranked hits."""
         label = query if isinstance(query, str) else str(getattr(query, "filename", "") or "<image>")
-        return SearchResponse(query=label if qmod == "text" else str(label), modality=gmod, direction=direction,
-                              hits=hits, merge=method, generation=snap.generation)
+        return SearchResponse(query=label if qmod == "text" else str(label), modality=prep.gmod,
+                              direction=prep.direction, hits=hits, merge=prep.method, generation=snap.generation,
+                              applied=prep.applied)
+
+    def _applied(self, sides: Sequence[tuple[str, QuerySide]]) -> list[dict[str, Any]]:
+        """What refines or re-ranks the searches of ``sides`` (``(space, query side)``) beyond their routes,
+        labelled as ``eval retrieval`` labels its rows (trial Y: ``search --reco`` / ``--rerank`` said
+        ``"route": "native"`` only, as a plain search does)."""
+        out: list[dict[str, Any]] = []
+        if refined := [sid for sid, side in sides if side.refined()]:
+            out.append({"step": "reco", "label": getattr(self._refine, "label", "reco"),
+                        "reco": getattr(self._refine, "path", None), "spaces": refined})
+        if reranked := [sid for sid, side in sides if self.rerank and side.route in RERANKED]:
+            w = self.rerank_weight
+            out.append({"step": "rerank", "label": f"rerank({self.rerank}, top {self.rerank_k}, weight {w:g})",
+                        "rerank": self.rerank, "rerank_k": self.rerank_k, "weight": w if np.isfinite(w) else str(w),
+                        "spaces": reranked})
+        return out
 
     def _prepare(self, snap: Snapshot, qmod: str, target: str | None, flt: Mapping[str, Any] | None) -> "_Prepared":
         """What every query of one kind needs from a snapshot -- the target modality, the spaces to
@@ -368,7 +393,8 @@ class Searcher:
         if method == "calibrated" and len(spaces) > 1 and unmapped:
             method = "raw"  # a list without its map (a route pinned since) would set raw scores against chances
         prep = _Prepared(gmod=gmod, direction=direction, views=views, spaces=spaces, method=method, maps=maps,
-                         shares={sid: n / total for sid, *_, n in spaces}, prefer=snap.preference())
+                         shares={sid: n / total for sid, *_, n in spaces}, prefer=snap.preference(),
+                         applied=self._applied([(sid, side) for sid, side, *_ in spaces]))
         if len(cached[1]) < 64:
             cached[1][key] = prep
         return prep
@@ -414,7 +440,7 @@ def query_side_for(query_model: DualEncoder, gallery_space: str, *, bridges: Seq
     _check_upgrades(ups, query_model, _named(gallery_space, gallery_name))
     gallery = Space(space_id=gallery_space, model="-", dim=0, dir="-")
     plan = explicit_plan([gallery], ref, query_model, [upgrade_entry(u) for u in ups])
-    refine = _reco_refiner(Path(reco), {query_model.space_id} | {u.target_id for u in ups if not u.is_bridge}) \
+    refine = reco_refiner(Path(reco), {query_model.space_id} | {u.target_id for u in ups if not u.is_bridge}) \
         if reco is not None else None
     planner = RoutePlanner(plan, pool, refine=refine)
     if gallery_space == query_model.space_id:
@@ -448,46 +474,6 @@ def _check_upgrades(ups: Sequence[Any], encoder: DualEncoder, gallery: str = "")
                                      expected_name=u.source.get("name", ""), other_name=getattr(encoder, "name", ""),
                                      hint=_maps([u]) + (f"; the gallery is in space {gallery}" if gallery else "")
                                      + "; give the query model the upgrade was trained for")
-
-
-def _reco_refiner(reco: Path, spaces: set[str]):
-    """RECO's refinement (Iscen et al. 2023) of query vectors of its own space; refuses a RECO directory
-    of a space none of ``spaces`` is."""
-    from ..reco.model import load_reco
-
-    model, memory = load_reco(reco)
-    if model.spec.space_id not in spaces:
-        raise ValueError(f"{reco} refines space {model.spec.space_id}, but the query model is in "
-                         f"{', '.join(sorted(spaces))}")
-
-    def refine(vectors: np.ndarray, modality: str, space_id: str) -> np.ndarray:
-        if space_id != model.spec.space_id:
-            return vectors
-        return np.asarray(model.refine(memory, vectors, modality), np.float32)
-
-    return refine
-
-
-def _named_lists(snap: Snapshot, ranked: list[tuple[str, str, list[float], list[int]]]) -> dict[str, list[Candidate]]:
-    """Each space's ranked list ``(space, route, scores, rids)`` as candidates named from the
-    snapshot's hit table, all spaces' records decoded at once; rows deleted since the snapshot's
-    rows were read are left out (the others keep their rank)."""
-    rids = [r for *_, space_rids in ranked for r in space_rids]
-    fields = snap.hit_fields(rids)
-    lists: dict[str, list[Candidate]] = {}
-    if fields is None:  # a row deleted since: named one by one
-        named = snap.hits(rids)
-        for sid, route, scores, space_rids in ranked:
-            rows = [named.get(r, (None, "")) for r in space_rids]
-            listed = candidates(sid, route, scores, [row[0] for row in rows], [row[1] for row in rows])
-            lists[sid] = [c for c in listed if c.item_id is not None]
-        return lists
-    at = 0
-    for sid, route, scores, space_rids in ranked:
-        end = at + 2 * len(space_rids)
-        lists[sid] = candidates(sid, route, scores, fields[at:end:2], fields[at + 1:end:2])
-        at = end
-    return lists
 
 
 def _score_maps(plan: Plan, direction: str) -> dict[tuple[str, str], ScoreMap]:

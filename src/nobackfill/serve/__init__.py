@@ -1,6 +1,6 @@
 """``nobackfill serve``: an HTTP API (FastAPI) and a web page over one live-upgrading collection.
 
-May import: ``client``, ``collection``, ``data``, ``encoders``, ``gallery``, ``lifecycle``, ``search``.
+May import: ``catalog``, ``client``, ``collection``, ``data``, ``encoders``, ``gallery``, ``lifecycle``, ``search``.
 """
 
 from .app import ApiError, create_app

@@ -3,8 +3,10 @@ was started with (uploads, data, models, upgrades), never the server's own absol
 
 Every response and error message goes through :class:`PublicPaths`: a path under a known root
 becomes its path relative to that root (``uploads/3fa1….img``, ``images/p0.png``, ``world-new``);
-any other absolute path becomes its last component. A client of any role learns the names it may
-use in requests, nothing about where the server keeps them.
+any other absolute path becomes its last component. A collection kept outside the file system is
+shown by its name (``aliases``): its storage URI names the server's hosts, ports and database user
+(trial Z). A client of any role learns the names it may use in requests, nothing about where the
+server keeps them.
 """
 
 from __future__ import annotations
@@ -27,7 +29,10 @@ class PublicPaths:
     """``roots``: ``(directory, prefix)`` pairs; a path under ``directory`` is shown as ``prefix``
     followed by its path relative to the directory. The deepest matching root wins."""
 
-    def __init__(self, roots: Iterable[tuple[str | Path | None, str]]) -> None:
+    def __init__(self, roots: Iterable[tuple[str | Path | None, str]],
+                 aliases: Mapping[str, str] | None = None) -> None:
+        #: exact strings shown as another (a storage URI as the collection's name), the longest first
+        self._aliases = sorted(((k, v) for k, v in (aliases or {}).items() if k), key=lambda kv: -len(kv[0]))
         seen: dict[str, str] = {}
         for root, prefix in roots:
             if root is None:
@@ -38,7 +43,10 @@ class PublicPaths:
 
     # ------------------------------------------------------------------ one path
     def path(self, value: str) -> str:
-        """``value`` as a client may see it (unchanged unless it is an absolute path)."""
+        """``value`` as a client may see it (unchanged unless it is an absolute path or an alias)."""
+        for alias, shown in self._aliases:
+            if value == alias:
+                return shown
         if not isinstance(value, str) or not value.startswith("/"):
             return value
         norm = _norm(value)
@@ -60,8 +68,12 @@ class PublicPaths:
 
     # ------------------------------------------------------------------ structures and text
     def text(self, message: str) -> str:
-        """Every absolute path inside ``message`` replaced by its public form."""
-        if not isinstance(message, str) or "/" not in message:
+        """Every alias and absolute path inside ``message`` replaced by its public form."""
+        if not isinstance(message, str):
+            return message
+        for alias, shown in self._aliases:
+            message = message.replace(alias, shown)
+        if "/" not in message:
             return message
         return _ABS_IN_TEXT.sub(self._in_text, message)
 
@@ -89,6 +101,8 @@ class PublicPaths:
         """Every string of a structure the server built (status, plans) made public: absolute paths
         by :meth:`path`, paths inside messages by :meth:`text`."""
         if isinstance(value, str):
+            if any(value == alias for alias, _ in self._aliases):
+                return self.path(value)
             whole = value.startswith("/") and (" " not in value or self.known(value))
             return self.path(value) if whole else self.text(value)
         if isinstance(value, Mapping):

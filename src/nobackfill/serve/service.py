@@ -44,13 +44,23 @@ class Service:
         self.upload_lock = threading.Lock()  # image adds: stored files and their commit, or neither
         local = self.collection.path if isinstance(self.collection.path, Path) else None
         self.paths = PublicPaths([(local, ""), (self.uploads, "uploads/"), (settings.data_root, ""),
-                                  (settings.models_root, ""), (settings.upgrades_root, "")])
+                                  (settings.models_root, ""), (settings.upgrades_root, "")],
+                                 aliases=None if local is not None else self._uri_aliases())
         self.batcher = SearchBatcher(self.client.searcher, threads=settings.query_threads)
         self._metrics()
         self._index_lock = threading.Lock()
         self._indexer: threading.Thread | None = None
         self._index_again = False
         self.start_index_builds()  # a collection imported before the server started gets its graph indexes
+
+    def _uri_aliases(self) -> dict[str, str]:
+        """A storage URI's spellings (as given, as the collection holds it, redacted) -> the
+        collection's name: what responses show of a collection outside the file system."""
+        from ..catalog.schema import redact
+
+        c = self.collection
+        forms = {str(self.settings.collection), str(c.path)}
+        return {f: c.name for form in forms for f in (form, redact(form))}
 
     @property
     def collection(self) -> Any:

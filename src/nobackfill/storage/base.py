@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import abc
 import contextlib
-from typing import TYPE_CHECKING, Any, Mapping, Protocol, Sequence, runtime_checkable
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Protocol, Sequence, runtime_checkable
 
 import numpy as np
 
@@ -71,6 +71,9 @@ class Storage(abc.ABC):
 
     #: the URI or path this storage was opened from (messages name it)
     location: str
+    #: why only one process at a time may open this storage's vectors (None: any number may): a
+    #: backfill then runs its workers in that process only
+    one_process: str | None = None
 
     def __str__(self) -> str:
         return self.location
@@ -151,6 +154,22 @@ class Storage(abc.ABC):
     def check_creatable(self) -> None:
         """Refuse (``ValueError``) a location a collection cannot be created at, before anything is
         written there."""
+
+    def backfill_workers(self, workers: int, engine: str, log: Callable[[str], None] | None = None) -> int:
+        """The worker processes a backfill that asked for ``workers`` runs on this storage: all of
+        them, unless one process only may open it (:attr:`one_process`): then one, in the process
+        that holds it (``log`` says why), and the ray engine (``engine``), whose actors open it in
+        processes of their own, is refused (a ``ValueError`` of field ``engine``)."""
+        if not self.one_process:
+            return workers
+        if engine == "ray":
+            refused = ValueError(f"the ray engine opens {self.location} in processes of its own, and "
+                                 f"{self.one_process}")
+            refused.field = "engine"  # type: ignore[attr-defined]  # (as the HTTP API names it)
+            raise refused
+        if workers > 1 and log is not None:
+            log(f"running 1 worker, not {workers}: {self.one_process}")
+        return 1
 
     def close(self) -> None:
         """Release connections (no-op for files)."""

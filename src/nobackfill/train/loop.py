@@ -163,6 +163,7 @@ def lr_factor(step: int, cfg: LoopConfig) -> float:
     return 0.5 * (1 + math.cos(math.pi * min(1.0, t)))
 
 
+
 @contextlib.contextmanager
 def _interrupt_deferred() -> Iterator[None]:
     """Ctrl-C inside the block is held until it ends (then raised as ``KeyboardInterrupt``): a
@@ -325,6 +326,22 @@ def train(method: Method, batches: BatchSource, cfg: LoopConfig, out: str | Path
                                   where["checkpoint"], keeps_checkpoints=cfg.checkpoint_interval < cfg.steps) from None
 
 
+def _read_checkpoint(path: Path) -> dict:
+    """The run state in ``path`` (written by this loop, atomically); one that cannot be read (a file
+    damaged on disk or in a copy) is refused naming it (:class:`ResumeMismatch`): torch's own error
+    was a traceback (trial Y)."""
+    try:
+        state = torch.load(path, weights_only=False)
+    except Exception as e:
+        raise ResumeMismatch(f"{path}: cannot be read as a checkpoint, it is damaged ({type(e).__name__}: "
+                             f"{str(e).splitlines()[0][:160] if str(e) else 'no detail'}): delete it to start afresh "
+                             "(or give another --out)") from None
+    if not isinstance(state, dict) or "step" not in state:
+        raise ResumeMismatch(f"{path}: not a checkpoint of this training loop: delete it to start afresh "
+                             "(or give another --out)")
+    return state
+
+
 def _train(method: Method, batches: BatchSource, cfg: LoopConfig, out: Path,
            evaluate: Callable[[], dict[str, float]] | None, progress: bool, export: bool, where: dict) -> TrainResult:
     """:func:`train`; ``where`` follows the step reached and the last checkpoint written."""
@@ -345,7 +362,7 @@ def _train(method: Method, batches: BatchSource, cfg: LoopConfig, out: Path,
     # early-stopping state: best value, its step, evaluations since, a copy of the best state
     es: dict = {"best": None, "step": None, "bad": 0, "state": None, "stopped": False}
     if ckpt_path.is_file():
-        state = torch.load(ckpt_path, weights_only=False)
+        state = _read_checkpoint(ckpt_path)
         check_resume(ckpt_path, state.get("config"), cfg, method=method.name, saved_method=state.get("method_name"),
                      run=method.run_settings, saved_run=state.get("run_settings"))
         try:

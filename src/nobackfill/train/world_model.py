@@ -9,6 +9,7 @@ iterates the folder's English pairs.
 from __future__ import annotations
 
 import json
+import logging
 import sys
 from dataclasses import asdict
 from pathlib import Path
@@ -23,6 +24,8 @@ from ..encoders.zoo import Preset, create_model, get_preset
 from ..metrics.retrieval import retrieval_metrics
 from .contrastive import ContrastivePretraining
 from .loop import LoopConfig, TrainResult, train, write_recipe
+
+log = logging.getLogger(__name__)
 
 
 def split_dir(data: str | Path, split: str) -> Path:
@@ -58,6 +61,7 @@ def train_preset(preset: str | Preset, data: str | Path, out: str | Path, *, ste
     # streamed w's scenes and never read the folder's files)
     spec = None if (Path(data) / "captions.jsonl").is_file() else load_world_spec(data)
     out = Path(out)
+    eval_on = f"{eval_size} canonical val scenes of the world"
     if spec is not None:
         # the model's own view of the world: only its concepts, English
         corpus = world_corpus(WorldSpec(seed=spec.seed, shapes=concepts.shapes, colours=concepts.colours), 20000)
@@ -85,6 +89,10 @@ def train_preset(preset: str | Preset, data: str | Path, out: str | Path, *, ste
         val = val.subset_images(range(min(eval_size, len(val))))
         val_pixels, val_caps = val.image_paths(), val.captions
         val_map = val.caption_image
+        eval_on = f"the first {len(val)} images of {split_dir(data, 'val')}"
+        if split_dir(data, "val") == split_dir(data, "train"):  # one folder: nothing held out (trial Y)
+            eval_on = f"the first {len(val)} training images ({data} has no val/ folder: not held out)"
+            log.warning("eval/* R@1 is measured on %s", eval_on)
 
     def evaluate() -> dict[str, float]:
         img = encoder.encode_images(val_pixels)
@@ -100,7 +108,7 @@ def train_preset(preset: str | Preset, data: str | Path, out: str | Path, *, ste
     result = train(method, batches, cfg, out, evaluate=evaluate, progress=progress)
     recipe = {"preset": preset.name, "model": asdict(preset.model), "train": asdict(rec), "loop": asdict(cfg),
               "data": str(data), "world": asdict(spec) if spec else None, "seconds": round(result.seconds, 1),
-              "final_eval": result.history[-1] if result.history else None,
+              "final_eval": result.history[-1] if result.history else None, "eval_on": eval_on,
               "command": command or " ".join(["nobackfill"] + sys.argv[1:])}
     write_recipe(out, recipe)
     return result

@@ -16,11 +16,18 @@ its lease names its pid, so a rerun takes the shard over at once and goes on fro
 Memory: the pipeline's object store use is capped (``object_store_mb``, Ray Data's resource
 limit), each actor holds at most ``in_flight`` batches, and the driver reads the shard
 ``chunk`` items at a time. Ray is imported only here, only when this engine is chosen.
+
+Joining a cluster: an address ``HOST:PORT`` (or ``ray://HOST:PORT``) is first dialled with a TCP
+connect of a few seconds (:func:`ray_address_error`), when the options are made and again before
+``ray.init``: where nothing answers, the run is refused at once, naming the address and how to
+start a cluster there (``ray.init`` itself retries such an address for many minutes). ``ray.init``
+then runs under a deadline (``RayOptions.join_s``).
 """
 
 from __future__ import annotations
 
 import contextlib
+import logging
 import math
 import os
 import threading
@@ -37,10 +44,19 @@ from ..backfill_commit import (Session, WorkerReport, commit_batch, finish_shard
 from ..backfill_fit import maybe_fit
 from ..backfill_jobs import (DEFAULT_LEASE_S, BackfillError, BackfillJob, Pacer, _job_lock, _leases, _now, _renew, _swap,
                             record_unreadable)
+from .ray_address import CLI_RETRY, PROBE_S, RayUnreachable, check_ray_address, ray_address_error  # noqa: F401
 
-__all__ = ["RAY_MISSING", "PoolLoader", "RayOptions", "import_ray", "run_ray_worker"]
+__all__ = ["JOIN_S", "PROBE_S", "RAY_MISSING", "PoolLoader", "RayOptions", "RayUnreachable", "check_ray_address",
+           "import_ray", "ray_address_error", "run_ray_worker"]
 
 RAY_MISSING = "the ray backfill engine needs Ray Data: pip install 'nobackfill[ray]'"
+#: seconds ``ray.init`` may take to join a cluster that answers (``RayOptions.join_s`` by default)
+JOIN_S = 60.0
+#: Ray's notes that are no failure of the run, shown only with ``nobackfill -v`` (set before Ray
+#: starts its processes; a value the user set stays): a task retried on another actor after an
+#: actor was ended, e.g. by a pause (``(raylet) Task ... submit failed ... killed by 'ray.kill'``,
+#: printed on stdout)
+_QUIET_ENV = {"RAY_enable_output_error_log_if_still_retry": "0"}
 
 
 def import_ray() -> Any:
@@ -53,16 +69,23 @@ def import_ray() -> Any:
     from ..._logging import tame_library_loggers
 
     tame_library_loggers(("ray",))  # Ray's handlers (its token-auth note, Ray Data's info lines) only with -v
+    if not logging.getLogger("ray").isEnabledFor(logging.WARNING):  # not verbose (nobackfill -v)
+        for var, value in _QUIET_ENV.items():
+            os.environ.setdefault(var, value)  # read when this process's Ray core starts (ray.init)
     return ray
 
 
 @dataclass
 class RayOptions:
-    """How the Ray pipeline runs. ``address``: a running cluster (``auto``, ``ray://...``), None: a
-    Ray started for this run on this machine (``init``: its extra ``ray.init`` arguments).
-    ``actors`` embedding actors of ``cpus_per_actor`` / ``gpus_per_actor`` each, ``commit_actors``
-    committing; ``in_flight`` batches queued per actor; ``object_store_mb`` caps the pipeline's object
-    store use; ``chunk``: items the driver reads (and hands to one Ray Data execution) at a time."""
+    """How the Ray pipeline runs. ``address``: a running cluster (``HOST:PORT``, ``auto``,
+    ``ray://...``), None: a Ray started for this run on this machine (``init``: its extra ``ray.init``
+    arguments). An address ``HOST:PORT`` or ``ray://HOST:PORT`` must answer a TCP connect within
+    :data:`PROBE_S` seconds when the options are made (else a :class:`RayUnreachable` saying how
+    to start a cluster there: before any job is started or changed), and ``ray.init`` must return
+    within ``join_s`` seconds (default :data:`JOIN_S`). ``actors`` embedding actors of
+    ``cpus_per_actor`` / ``gpus_per_actor`` each, ``commit_actors`` committing; ``in_flight``
+    batches queued per actor; ``object_store_mb`` caps the pipeline's object store use; ``chunk``:
+    items the driver reads (and hands to one Ray Data execution) at a time."""
 
     address: str | None = None
     actors: int = 2
@@ -73,12 +96,16 @@ class RayOptions:
     object_store_mb: int | None = 512
     chunk: int = 50_000
     init: dict[str, Any] = field(default_factory=dict)
+    join_s: float | None = None
 
     def __post_init__(self) -> None:
         if self.actors < 1 or self.commit_actors < 1 or self.in_flight < 1 or self.chunk < 1:
             raise ValueError("ray: actors, commit_actors, in_flight and chunk must be >= 1")
         if self.gpus_per_actor < 0 or self.cpus_per_actor < 0:
             raise ValueError("ray: gpus_per_actor and cpus_per_actor must be >= 0")
+        if self.join_s is not None and not self.join_s > 0:
+            raise ValueError("ray: join_s must be > 0")
+        check_ray_address(self.address)  # before anything is started: a run refused at once, not hung
 
 
 class PoolLoader:
@@ -214,20 +241,67 @@ class _Commit:
 
 
 # ----------------------------------------------------------------------------- the driver
+#: ``ray.init`` calls still running past their deadline (their threads), and the address of each
+_late_joins: list[tuple[threading.Thread, str]] = []
+
+
 def _start(ray: Any, opts: RayOptions) -> bool:
-    """Connect to (or start) Ray; True if this call started it (then the run shuts it down)."""
+    """Connect to (or start) Ray; True if this call started it (then the run shuts it down). A
+    cluster's address is dialled first (:func:`check_ray_address`) and joined within
+    ``opts.join_s`` seconds."""
     if ray.is_initialized():
         return False
     kw: dict[str, Any] = {"include_dashboard": False, "log_to_driver": False, "configure_logging": False,
                           **opts.init}
+    where = f"the Ray cluster at {opts.address}" if opts.address else "a local Ray"
     try:
-        ray.init(address=opts.address, **kw)
+        if not opts.address:  # a local start: Ray's own timeouts bound it
+            ray.init(address=opts.address, **kw)
+        else:
+            check_ray_address(opts.address, outcome="nothing was committed by this run")
+            _join(ray, opts.address, kw, opts.join_s or JOIN_S)
+    except RayUnreachable:
+        raise
     except (RuntimeError, ConnectionError, TimeoutError, OSError) as e:  # no cluster there, or a start that timed out
-        where = f"the Ray cluster at {opts.address}" if opts.address else "a local Ray"
         why = str(e).strip().splitlines()[-1] if str(e).strip() else type(e).__name__
         raise ConnectionError(f"could not start or join {where} ({why}); nothing was committed by this run: run the "
                               "same command again (a start under load can time out)") from None
     return True
+
+
+def _join(ray: Any, address: str, kw: dict[str, Any], deadline_s: float) -> None:
+    """``ray.init(address=address, **kw)`` in a thread of its own, waited for ``deadline_s``
+    seconds: Ray retries a cluster that does not answer as one for many minutes, printing warnings.
+    Past the deadline a :class:`RayUnreachable` says so; the call goes on in its thread (it cannot be
+    stopped) and a later join in this process waits for it rather than starting another."""
+    _late_joins[:] = [(t, a) for t, a in _late_joins if t.is_alive()]
+    if _late_joins:
+        t, was = _late_joins[0]
+        t.join(deadline_s)
+        if ray.is_initialized():
+            return
+        if t.is_alive():
+            raise RayUnreachable(f"could not join the Ray cluster at {address}: an earlier ray.init (joining {was}) "
+                                 "has still not returned; restart this process once a Ray cluster answers there")
+    out: dict[str, BaseException] = {}
+
+    def run() -> None:
+        try:
+            ray.init(address=address, **kw)
+        except BaseException as e:  # told to the caller
+            out["error"] = e
+
+    t = threading.Thread(target=run, name="ray-init", daemon=True)
+    t.start()
+    t.join(deadline_s)
+    if t.is_alive():
+        _late_joins.append((t, address))
+        raise RayUnreachable(
+            f"could not join the Ray cluster at {address}: ray.init did not return within {deadline_s:g} s (something "
+            "answers there, but no Ray cluster took this driver: is it the GCS port of a Ray head, `ray start --head "
+            "--port PORT`? Ray dials 127.0.0.1 as this machine's own IP); nothing was committed by this run")
+    if "error" in out:
+        raise out["error"]
 
 
 def _configure(ray: Any, opts: RayOptions) -> None:

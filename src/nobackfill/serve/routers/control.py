@@ -44,14 +44,28 @@ def _backfill(svc: Service, fn: Any, *args: Any) -> dict[str, Any]:
 
 def _engine(svc: Service, req: BackfillRequest, fn: Any) -> Any:
     """``fn`` with the request's engine: the Ray one on the cluster the server was started with
-    (``--ray-address``), refused (409) when it was started without one."""
+    (``--ray-address``), refused (409) when it was started without one, and (503) when nothing
+    answers at that address (checked when ``fn`` is called, in the thread pool: a TCP connect of
+    a few seconds, before any job is started)."""
     if req.engine == "local":  # actors and gpus_per_actor are the ray engine's (the schema says so)
         return fn
-    if not svc.settings.ray_address:
+    address = svc.settings.ray_address
+    if not address:
         raise ApiError(409, "this server runs no Ray backfill: start it with --ray-address (auto: the Ray cluster "
                             "of this machine) to accept engine 'ray'", "engine")
-    return functools.partial(fn, engine="ray", ray_address=svc.settings.ray_address, actors=req.actors,
-                             gpus_per_actor=req.gpus_per_actor or 0.0)
+    start = functools.partial(fn, engine="ray", ray_address=address, actors=req.actors,
+                              gpus_per_actor=req.gpus_per_actor or 0.0)
+
+    def checked(*args: Any) -> Any:
+        from ...lifecycle.cluster.ray_backfill import ray_address_error
+
+        why = ray_address_error(address, retry="restart this server with --ray-address auto for the cluster "
+                                              "`ray start` runs on its machine")
+        if why:
+            raise ApiError(503, why, "engine")
+        return start(*args)
+
+    return checked
 
 
 @router.post("/backfill/start", summary="Start the backfill in this server (a paused one: 409, resume it)",
