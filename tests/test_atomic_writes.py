@@ -66,3 +66,13 @@ def test_a_killed_checkpoint_write_leaves_a_folder_the_run_resumes_into(tmp_path
     (tmp_path / "other.txt").write_text("x")
     with pytest.raises(ValueError, match="other.txt"):
         check_output(tmp_path, finished="model.safetensors")
+
+
+def test_a_file_where_a_folder_above_an_output_must_be_is_found(tmp_path):
+    """trial AA: `index --out model.safetensors/g` read all its data before the write failed."""
+    from nobackfill._atomic import file_above
+
+    f = tmp_path / "model.safetensors"
+    f.write_bytes(b"x")
+    assert file_above(f / "g") == f and file_above(f / "a" / "b" / "c.json") == f
+    assert file_above(tmp_path / "new" / "x.json") is None and file_above(tmp_path / "x.json") is None

@@ -135,6 +135,9 @@ def test_index_refuses_a_folder_before_it_reads_the_data_and_leaves_it_as_it_was
     r = invoke("index", "--model", setup / "models" / "world-old", "--data", setup / "world", "--out", model)
     assert r.exit_code == 2 and "is not empty and not a gallery (found config.json" in r.output, r.output
     assert sorted(p.name for p in model.iterdir()) == before  # no lock files left
+    r = invoke("index", "--model", setup / "models" / "world-old", "--data", tmp_path / "no-data", "--out",
+               model / "model.safetensors" / "g")  # under a file: said before the (missing) data is read
+    assert r.exit_code == 2 and "model.safetensors is a file, not a folder" in r.output, r.output
     other = invoke("index", "--model", setup / "models" / "world-new", "--data", setup / "world", "--out",
                    setup / "g")  # the gallery of world-old's space: refused naming both spaces, nothing read
     assert other.exit_code == 2 and "space" in other.output and "Traceback" not in other.output, other.output

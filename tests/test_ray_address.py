@@ -91,6 +91,8 @@ def test_an_address_is_said_not_to_answer_in_one_line_naming_it_and_what_to_do(l
         RayOptions(address=f"127.0.0.1:{port}")  # refused when the options are made: before any job
     assert isinstance(RayUnreachable("x"), ConnectionError)
     assert RayOptions(address=listener).address == listener
+    for bad in ("127.0.0.1", "localhost", "127.0.0.1:notaport"):  # trial AA: refused by Ray after the sample
+        assert ray_address_error(bad).startswith(f"--address {bad}: not an address Ray takes: give HOST:PORT")
 
 
 def test_a_join_that_does_not_return_fails_at_its_deadline_and_a_later_one_does_not_pile_up(listener, monkeypatch):

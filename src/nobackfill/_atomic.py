@@ -16,7 +16,8 @@ import uuid
 from pathlib import Path
 from typing import IO, Any, Callable, Sequence
 
-__all__ = ["atomic_write_bytes", "atomic_write_stream", "atomic_write_text", "fsync_dir", "write_atomically"]
+__all__ = ["atomic_write_bytes", "atomic_write_stream", "atomic_write_text", "file_above", "fsync_dir",
+           "write_atomically"]
 
 #: the prefix of the temporary files of the gallery's writes (a gallery sweeps stray ones)
 TMP_PREFIX = ".tmp-"
@@ -119,3 +120,13 @@ def _crash_point(when: str) -> None:
         import signal
 
         os.kill(os.getpid(), signal.SIGKILL)
+
+
+def file_above(path: str | os.PathLike) -> Path | None:
+    """The file that stands where a folder above ``path`` must be (the first existing path above it,
+    when that is no folder): an output under it can never be made, and a command says so before its
+    work (trial AA: ``index --out model.safetensors/g`` read all its data first)."""
+    above = Path(path).parent
+    while not above.exists() and above != above.parent:
+        above = above.parent
+    return above if above.exists() and not above.is_dir() else None

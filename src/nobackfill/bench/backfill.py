@@ -19,6 +19,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Callable
 
+from .host import shipped_path
 from ..collection.ingest import folder_items
 from ..lifecycle.backfill import ORDERS, run_backfill
 from ..lifecycle.measuring.backfill_curve import (DEFAULT_ORDER, FRACTIONS, BackfillCurveConfig, curves_markdown,
@@ -54,7 +55,7 @@ class BackfillBenchConfig:
     def curve(self) -> BackfillCurveConfig:
         """The curves' part: world-old -> world-new of ``models`` on the world."""
         return BackfillCurveConfig(old_model=self.models / "world-old", new_model=self.models / "world-new",
-                                   upgrade=self.upgrade, data=self.world, work=self.work,
+                                   upgrade=shipped_path(self.upgrade), data=self.world, work=self.work,
                                    test_images=self.test_images, calib_images=self.calib_images, orders=self.orders,
                                    merges=self.merges, fractions=self.fractions, batch_size=self.batch_size,
                                    seed=self.seed)
@@ -77,7 +78,7 @@ def _cost(cfg: BackfillBenchConfig, log: Callable[[str], None]) -> list[dict[str
         c = embedded_collection(cfg.work / f"cost-{n}", pool, old_ref, items, log)
         fresh = ModelPool()  # the upgrade's own cost: load the new model, register, first query
         t0 = time.time()
-        upgrade_collection(c, new_ref, bridges=[cfg.upgrade], pool=fresh)
+        upgrade_collection(c, new_ref, bridges=[shipped_path(cfg.upgrade)], pool=fresh)
         Searcher(c, pool=fresh).search(text="a red circle", k=10)
         upgrade_s = time.time() - t0
         t0 = time.time()
@@ -154,6 +155,7 @@ def write_report(result: dict[str, Any], json_path: str | Path) -> str:
 
 #: the JSON, its tables (``.md``), the plot (``.png``) and a page (``.html``); the tables are shown
 REPORT = Report(write_report, (".md", ".png", ".html"))
+
 
 __all__ = ["REPORT", "BackfillBenchConfig", "DEFAULT_ORDER", "FRACTIONS", "format_markdown", "no_regret", "plot_curves",
            "run_backfill_bench", "write_report"]

@@ -35,6 +35,7 @@ from typing import Any, Callable
 
 import numpy as np
 
+from .host import shipped_path
 from ..collection.collection import Collection
 from ..collection.ingest import folder_items
 from ..lifecycle.backfill import run_backfill, start_backfill
@@ -146,7 +147,6 @@ def _ray_run(base: Path, to: Path, cfg: BackfillEngineConfig, loader: Any, new_r
             "actor_rss_mb": round(peak["actors"], 1), "commit_rss_mb": round(peak["commit"], 1)}
 
 
-
 def run_backfill_engine_bench(cfg: BackfillEngineConfig, log: Callable[[str], None] | None = None) -> dict[str, Any]:
     """Local vs Ray (one node, two nodes) items/s, Ray's overhead per batch, peak RSS, the fault run."""
     say = log or (lambda _m: None)
@@ -159,7 +159,7 @@ def run_backfill_engine_bench(cfg: BackfillEngineConfig, log: Callable[[str], No
     old_ref, new_ref = model_ref(cfg.models / "world-old"), model_ref(cfg.models / "world-new")
     base = cfg.work / "base"
     c = embedded_collection(base, _POOL, old_ref, items, say)
-    upgrade_collection(c, new_ref, bridges=[cfg.upgrade], pool=_POOL)
+    upgrade_collection(c, new_ref, bridges=[shipped_path(cfg.upgrade)], pool=_POOL)
     loader = PoolLoader(new_ref, c.current_space)
     n = len(items)
 

@@ -41,6 +41,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
+from .host import shipped_path
 from ..compat.fitted import FitConfig, choose_direction, fit_candidates
 from ..compat.fitted.choose import split_name
 from ..compat.fitted.agreement import FUSED
@@ -195,7 +196,7 @@ def run_world(cfg: FittedBridgeBenchConfig, log: Log) -> dict[str, Any]:
     from ..search.models import ModelPool, model_ref
 
     old, new = load_encoder(cfg.models / "world-old"), load_encoder(cfg.models / "world-new")
-    xbt = ModelPool().upgraded(model_ref(cfg.models / "world-new"), cfg.upgrade)
+    xbt = ModelPool().upgraded(model_ref(cfg.models / "world-new"), shipped_path(cfg.upgrade))
     tr = load_eval_data(cfg.world, "train", langs=["en"], limit=cfg.world_items)
     te = load_eval_data(cfg.world, cfg.world_split, langs=["en"])
     t0 = time.time()

@@ -68,6 +68,15 @@ def host_info() -> dict[str, Any]:
             "versions": package_versions()}
 
 
+def shipped_path(path: Any) -> Any:
+    """A bench config's default naming the project's files (``upgrades/world-old-to-new``) from any
+    working folder (:func:`nobackfill.encoders.zoo.shipped`; trial AA: ``bench routes`` run from
+    another folder embedded its data, then found no upgrade)."""
+    from ..encoders.zoo import shipped
+
+    return shipped(path)
+
+
 def _cpuinfo() -> list[str]:
     try:
         with open("/proc/cpuinfo", encoding="utf-8") as f:
@@ -76,4 +85,5 @@ def _cpuinfo() -> list[str]:
         return []
 
 
-__all__ = ["NUMERIC_PACKAGES", "PINNED_CPU_ENV", "cpu_cache_dir", "host_info", "package_versions", "pin_cpu_code_path"]
+__all__ = ["NUMERIC_PACKAGES", "PINNED_CPU_ENV", "cpu_cache_dir", "host_info", "package_versions", "pin_cpu_code_path",
+           "shipped_path"]

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
+from .host import shipped_path
 from ..collection.collection import Collection
 from ..lifecycle.measuring.measure import QuerySet as WorldEval
 from ..lifecycle.measuring.measure import embedded_collection, fresh_dir, hit_ranks, upgraded_collection
@@ -39,7 +40,7 @@ def upgraded_world_collection(cfg: Any, pool: ModelPool, ev: WorldEval, path: Pa
     upgrade ``cfg.upgrade`` and calibrated on ``cfg.calib_images`` val images (``cfg``: a
     routes, backfill or serve bench config); returns it, its plan and the upgrade's seconds."""
     return upgraded_collection(ev, path, pool, old_ref=model_ref(cfg.models / "world-old"),
-                               new_ref=model_ref(cfg.models / "world-new"), upgrade=cfg.upgrade,
+                               new_ref=model_ref(cfg.models / "world-new"), upgrade=shipped_path(cfg.upgrade),
                                calibration=cfg.world, calib_images=cfg.calib_images, log=log)
 
 

@@ -11,7 +11,7 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
-from .._atomic import atomic_write_text
+from .._atomic import atomic_write_text, file_above
 from ..catalog.schema import redact
 from ..report import json_finite
 
@@ -178,10 +178,8 @@ def check_json_out(path: Optional[Path]) -> None:
         return
     if path.is_dir():
         fail(f"{path}: is a folder; --out takes the path of a .json file")
-    above = path.parent
-    while not above.exists() and above != above.parent:
-        above = above.parent
-    if above.exists() and not above.is_dir():
+    above = file_above(path)
+    if above is not None:
         fail(f"--out {path}: {above} is a file, not a folder")
 
 

@@ -108,6 +108,7 @@ def learn(
 ) -> None:
     """Learn languages one after another; writes a loadable model plus lingual.json (learned
     languages, history) and the TEIR token statistics."""
+    on_interrupt(f"nothing was written to {out} (the model is written at the end): the same command starts again")
     import copy
 
     import torch
@@ -119,7 +120,6 @@ def learn(
         "oracle_vocab": oracle_vocab, "steps": steps, "batch_size": batch_size, "lr": lr,
         "task_vocab_size": vocab_size, "seed": seed, "threads": threads})
     torch.set_num_threads(cfg.threads)
-    on_interrupt(f"nothing was written to {out} (the model is written at the end): the same command starts again")
     try:
         langs = _split_langs(tasks, "--tasks")
         _check_learn_output(out, model)
@@ -203,14 +203,14 @@ def evaluate(
     as_json: bool = json_flag(),
 ) -> None:
     """Multi30K: foreign -> English caption R@1 per language. World: text->image and image->text R@1."""
+    check_json_out(json_out)
+    on_interrupt(NOTHING_WRITTEN)
     import numpy as np
     import torch
 
     from ..evaluate import load_eval_data
     from ..lingual.data import foreign_to_english, is_multi30k, multi30k_eval_lines, world_retrieval
     torch.set_num_threads(threads)
-    check_json_out(json_out)
-    on_interrupt(NOTHING_WRITTEN)
     try:
         enc, saved = _load_model(model)
         m30k = is_multi30k(data) or eval_dir is not None

@@ -44,7 +44,8 @@ def build_memory_cmd(
 
     # before anything is read: a new or empty folder, or one a killed build left (its gallery resumes)
     check_new_output(out, sources=(model,), finished=MEMORY_FILE, what="memory", also=("gallery",))
-    on_interrupt(f"what was embedded stays in {out / 'gallery'}: the same command goes on from it")
+    on_interrupt(f"what was embedded, if embedding had begun, stays in {out / 'gallery'}: the same command goes "
+                 "on from it")
     lang_l = [x for x in langs.split(",") if x]
     try:
         ds = load_eval_data(data, split, langs=lang_l, skip_bad=skip_bad)

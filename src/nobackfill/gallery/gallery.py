@@ -42,6 +42,7 @@ from typing import Any
 
 import numpy as np
 
+from .._atomic import file_above
 from .atomic_files import _dir_lock, _now
 from ..ann.backends import VectorIndex, check_buildable, validate_spec
 from .chunks import GalleryChunks
@@ -63,6 +64,8 @@ def check_gallery_folder(path: str | Path, space_id: str | None = None) -> None:
     if root.exists() and not root.is_dir():
         raise ValueError(f"{root} is a file, not a gallery folder")
     if not root.is_dir():
+        if (above := file_above(root)) is not None:
+            raise ValueError(f"{root}: {above} is a file, not a folder")
         return
     if (root / MANIFEST).exists():
         if space_id is not None and (held := _read_manifest(root)["space_id"]) != space_id:

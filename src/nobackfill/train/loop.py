@@ -24,7 +24,7 @@ from typing import Any, Callable, Iterable, Iterator, Protocol
 import numpy as np
 import torch
 
-from .._atomic import atomic_write_text, write_atomically
+from .._atomic import atomic_write_text, file_above, write_atomically
 from ..progress import progress_bar
 
 
@@ -261,6 +261,8 @@ def check_output(out: Path, *, finished: str | None, what: str = "", also: Itera
             raise ValueError(f"--out {out}: is the model this command starts from; give another folder")
     if out.exists() and not out.is_dir():
         raise ValueError(f"--out {out}: is a file; give a folder")
+    if not out.exists() and (above := file_above(out)) is not None:
+        raise ValueError(f"--out {out}: {above} is a file, not a folder")
     if not out.is_dir() or (resumable and (out / "checkpoint.pt").is_file()):
         return
     if finished is not None and (out / finished).exists():

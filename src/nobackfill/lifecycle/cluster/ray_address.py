@@ -52,6 +52,10 @@ def ray_address_error(address: str | None, timeout_s: float = PROBE_S, *, retry:
     line naming the address, why, what to do (start a cluster there, or ``retry``) and ``outcome``."""
     hp = _host_port(address) if address else None
     if hp is None:
+        a = (address or "").strip()
+        if a and a not in ("auto", "local") and "://" not in a:  # trial AA: Ray refused it only after the sample
+            return (f"--address {address}: not an address Ray takes: give HOST:PORT (the GCS port of a Ray head, "
+                    f"`ray start --head --port PORT`), ray://HOST:PORT or auto; {outcome}")
         return None
     host, port = hp
     try:
