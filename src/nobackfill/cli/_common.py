@@ -213,9 +213,9 @@ def from_project(value: Any) -> Any:
     failed on its defaults: trial Y); else as given, for the command's own error to name it."""
     if value is None:
         return value
-    from ..encoders.zoo import shipped
+    from ..bench.host import shipped_path
 
-    p = shipped(value)
+    p = shipped_path(value)
     return p if isinstance(value, Path) else str(p) if p.exists() else value
 
 

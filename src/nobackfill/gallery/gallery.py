@@ -68,13 +68,19 @@ def check_gallery_folder(path: str | Path, space_id: str | None = None) -> None:
             raise ValueError(f"{root}: {above} is a file, not a folder")
         return
     if (root / MANIFEST).exists():
-        if space_id is not None and (held := _read_manifest(root)["space_id"]) != space_id:
-            raise SpaceMismatchError(held, space_id, f"resume gallery {root}", what="model's embeddings",
-                                     hint="use a new directory for a new embedding space")
+        if space_id is not None:
+            _check_space(root, _read_manifest(root)["space_id"], space_id)
         return
     stray = [p.name for p in root.iterdir() if not p.name.startswith(".") and p.name != CHUNK_DIR]
     if stray:
         raise ValueError(f"{root} is not empty and not a gallery (found {', '.join(sorted(stray)[:5])})")
+
+
+def _check_space(root: Path, held: str, space_id: str) -> None:
+    """:class:`SpaceMismatchError` unless the gallery at ``root``, of space ``held``, takes ``space_id``'s vectors."""
+    if held != space_id:
+        raise SpaceMismatchError(held, space_id, f"resume gallery {root}", what="model's embeddings",
+                                 hint="use a new directory for a new embedding space")
 
 
 class Gallery(GalleryChunks, GalleryIndex, GalleryIntegrity):
@@ -118,10 +124,7 @@ class Gallery(GalleryChunks, GalleryIndex, GalleryIntegrity):
         with _dir_lock(root):
             if (root / MANIFEST).exists():
                 manifest = _read_manifest(root)
-                if manifest["space_id"] != space_id:
-                    raise SpaceMismatchError(manifest["space_id"], space_id, f"resume gallery {root}",
-                                             what="model's embeddings",
-                                             hint="use a new directory for a new embedding space")
+                _check_space(root, manifest["space_id"], space_id)
                 if manifest["dim"] != int(dim):
                     raise ValueError(f"gallery {root} has dim {manifest['dim']}, asked for {dim}")
                 if manifest["backend"] != backend:
