@@ -57,10 +57,23 @@ def write_atomically(path: str | Path, fill: Callable[[IO[bytes]], Any], *, tmp_
             return False
         publish(tmp, path, crash_points=crash_points)
         return True
-    except BaseException:
+    except BaseException as e:
         with contextlib.suppress(OSError):
             tmp.unlink()
+        interrupt = _interrupt_within(e)
+        if interrupt is not None and interrupt is not e:
+            raise interrupt from None  # a writer's clean-up failed on the half-written file: the cause is the interrupt
         raise
+
+
+def _interrupt_within(e: BaseException | None) -> KeyboardInterrupt | None:
+    """The Ctrl-C / SIGTERM that ``e`` was raised during, if any (``torch.save``'s zip writer,
+    interrupted, fails again on closing with "unexpected pos", which would hide it)."""
+    while e is not None:
+        if isinstance(e, KeyboardInterrupt):
+            return e
+        e = e.__context__
+    return None
 
 
 def atomic_write_bytes(path: str | Path, data: "bytes | Sequence[bytes | memoryview]", *,

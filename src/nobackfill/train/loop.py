@@ -13,9 +13,7 @@ import json
 import math
 import os
 import random
-import signal
 import sys
-import threading
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -25,6 +23,7 @@ import numpy as np
 import torch
 
 from .._atomic import atomic_write_text, file_above, write_atomically
+from .._interrupts import held_interrupts
 from ..progress import progress_bar
 
 
@@ -162,26 +161,6 @@ def lr_factor(step: int, cfg: LoopConfig) -> float:
     t = (step - cfg.warmup) / max(1, cfg.steps - cfg.warmup)
     return 0.5 * (1 + math.cos(math.pi * min(1.0, t)))
 
-
-
-@contextlib.contextmanager
-def _interrupt_deferred() -> Iterator[None]:
-    """Ctrl-C inside the block is held until it ends (then raised as ``KeyboardInterrupt``): a
-    checkpoint or log line being written is finished first, so the run stops with a whole file and
-    says which step it holds, not with an error of the half-written zip. In the main thread only
-    (where Python delivers SIGINT); elsewhere the block runs as it is."""
-    if threading.current_thread() is not threading.main_thread() or \
-            signal.getsignal(signal.SIGINT) is not signal.default_int_handler:
-        yield
-        return
-    held: list[Any] = []
-    signal.signal(signal.SIGINT, lambda *a: held.append(a))
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGINT, signal.default_int_handler)
-    if held:
-        raise KeyboardInterrupt
 
 
 def _atomic_torch_save(obj: Any, path: Path) -> None:
@@ -431,7 +410,7 @@ def _train(method: Method, batches: BatchSource, cfg: LoopConfig, out: Path,
                         es["bad"] += 1
                         es["stopped"] = es["bad"] >= cfg.patience
                 method.train_mode(True)
-            with _interrupt_deferred():  # a log line and a checkpoint are written whole
+            with held_interrupts():  # a log line and a checkpoint are written whole
                 if record is not None:
                     history.append(record)
                     with open(log_path, "a") as fh:
