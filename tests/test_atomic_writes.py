@@ -114,6 +114,8 @@ def test_an_interrupt_inside_torch_save_stays_the_interrupt_and_leaves_the_old_f
 
 @pytest.mark.parametrize("signum, raised", [(signal.SIGINT, KeyboardInterrupt), (signal.SIGTERM, Terminated)])
 def test_a_signal_inside_held_interrupts_is_raised_when_the_block_ends(signum, raised):
+    # (as the program has them; a suite run in the background of a shell ignores SIGINT)
+    before_int = signal.signal(signal.SIGINT, signal.default_int_handler)
     before_term = signal.signal(signal.SIGTERM, lambda *a: (_ for _ in ()).throw(Terminated()))
     try:
         finished = []
@@ -125,10 +127,14 @@ def test_a_signal_inside_held_interrupts_is_raised_when_the_block_ends(signum, r
         assert finished == [True]
         assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
     finally:
+        signal.signal(signal.SIGINT, before_int)
         signal.signal(signal.SIGTERM, before_term)
 
 
 def test_held_interrupts_leaves_a_signal_python_does_not_handle_alone():
-    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
-    with held_interrupts():
-        assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
+    before = signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    try:
+        with held_interrupts():
+            assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
+    finally:
+        signal.signal(signal.SIGTERM, before)

@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import os
+import random
 import re
 import signal
 import subprocess
@@ -19,11 +21,14 @@ import time
 from pathlib import Path
 from types import SimpleNamespace
 
+import numpy as np
 import pytest
 import torch
+from safetensors.torch import save_file
 from typer.testing import CliRunner
 
 from nobackfill.cli import app
+from nobackfill.train.checkpoint import load_state, save_state
 from nobackfill.train.loop import LoopConfig, ResumeMismatch, TrainingInterrupted, check_output, train
 
 from _loop_helpers import CyclicBatches, ToyMethod
@@ -120,9 +125,9 @@ def test_check_output_takes_a_killed_run_and_refuses_a_finished_one(tmp_path) ->
     (killed / "train_log.jsonl").write_text("")
     check_output(killed, **xbt)
     (killed / "upgrade.json").write_text("{}")  # exported, killed before its checkpoint was removed
-    (killed / "checkpoint.pt").write_bytes(b"")
+    (killed / "checkpoint.safetensors").write_bytes(b"")
     check_output(killed, **xbt)
-    (killed / "checkpoint.pt").unlink()
+    (killed / "checkpoint.safetensors").unlink()
     with pytest.raises(ValueError, match=r"holds a finished upgrade already \(upgrade.json\)"):
         check_output(killed, **xbt)
     with pytest.raises(ValueError, match="is the model this command starts from"):
@@ -133,6 +138,10 @@ def test_check_output_takes_a_killed_run_and_refuses_a_finished_one(tmp_path) ->
     (steps / "model.safetensors").write_bytes(b"")
     with pytest.raises(ValueError, match=r"holds files already \(model.safetensors\)"):
         check_output(steps, finished="result.json", what="result", also=("step*",))
+    odd = tmp_path / "odd"  # a folder by a checkpoint's name: refused now, not at the first save
+    (odd / "checkpoint.safetensors").mkdir(parents=True)
+    with pytest.raises(ValueError, match=r"holds files already \(checkpoint.safetensors\)"):
+        check_output(odd, finished=None)
 
 
 # ----------------------------------------------------------------------------- the loop on Ctrl-C
@@ -166,7 +175,7 @@ def test_ctrl_c_while_a_checkpoint_is_written_finishes_it_first(tmp_path) -> Non
         with pytest.raises(TrainingInterrupted) as e:
             train(_SignalledWhileSaving(at=8), CyclicBatches(), cfg, tmp_path / "a", progress=False)
         assert (e.value.step, e.value.checkpoint_step) == (8, 8)
-        assert torch.load(tmp_path / "a" / "checkpoint.pt", weights_only=False)["step"] == 8
+        assert load_state(tmp_path / "a" / "checkpoint.safetensors")["step"] == 8
         assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # put back
     finally:
         signal.signal(signal.SIGINT, before)
@@ -179,17 +188,61 @@ def test_a_damaged_checkpoint_is_refused_naming_it(tmp_path, damage) -> None:
     cfg = LoopConfig(steps=20, lr=0.1, warmup=2, log_every=2, checkpoint_every=4, weight_decay=0.0)
     with pytest.raises(TrainingInterrupted):
         train(_Toy(interrupt_at=10), CyclicBatches(), cfg, tmp_path / "a", progress=False)
-    ckpt = tmp_path / "a" / "checkpoint.pt"
+    ckpt = tmp_path / "a" / "checkpoint.safetensors"
     if damage == "truncated":
         ckpt.write_bytes(ckpt.read_bytes()[:1000])
-    else:
-        torch.save({"weights": torch.zeros(2)}, ckpt)
+    else:  # another safetensors file: weights, no run state
+        save_file({"weights": torch.zeros(2)}, str(ckpt))
     kept = ckpt.read_bytes()
     with pytest.raises(ResumeMismatch, match=rf"{re.escape(str(ckpt))}: .*delete it to start afresh"):
         train(_Toy(), CyclicBatches(), cfg, tmp_path / "a", progress=False)
     assert ckpt.read_bytes() == kept  # left for the user to look at
     ckpt.unlink()
     assert train(_Toy(), CyclicBatches(), cfg, tmp_path / "a", progress=False).steps == 20
+
+
+class _RunsCode:
+    def __init__(self, marker: Path) -> None:
+        self.marker = marker
+
+    def __reduce__(self):
+        return (Path.touch, (self.marker,))
+
+
+def test_a_pickled_checkpoint_of_an_earlier_version_is_refused_unread(tmp_path) -> None:
+    """Checkpoints were pickles read by ``torch.load(weights_only=False)``: one from elsewhere could
+    run code on resume. They are now safetensors; an old ``checkpoint.pt`` is named, never loaded."""
+    cfg = LoopConfig(steps=8, lr=0.1, warmup=2, log_every=2, checkpoint_every=4, weight_decay=0.0)
+    out = tmp_path / "a"
+    out.mkdir()
+    marker = tmp_path / "code-ran"
+    torch.save({"step": 4, "payload": _RunsCode(marker)}, out / "checkpoint.pt")
+    check_output(out, finished=None)  # a killed run's folder: the command goes on, the loop says what it is
+    with pytest.raises(ResumeMismatch, match=r"checkpoint.pt: a checkpoint of an earlier nobackfill, a pickle"):
+        train(_Toy(), CyclicBatches(), cfg, out, progress=False)
+    assert not marker.exists() and (out / "checkpoint.pt").is_file()
+    (out / "checkpoint.pt").unlink()
+    assert train(_Toy(), CyclicBatches(), cfg, out, progress=False).steps == 8
+
+
+def test_a_checkpoint_round_trips_every_kind_of_run_state(tmp_path) -> None:
+    shared = torch.arange(6.0)
+    state = {"w": shared, "view": shared[::2], "again": shared, "empty": torch.zeros(0, 3),
+             "opt": {"state": {0: {"step": torch.tensor(3.0)}}, "param_groups": [{"params": [0], "betas": (0.9, 0.99),
+                                                                                  "foreach": None}]},
+             "numpy_rng": np.random.get_state(), "python_rng": random.getstate(), "nan": float("nan"),
+             "marked": {"__tensor__": "not a tensor"}, "rng": torch.get_rng_state()}
+    save_state(state, tmp_path / "c.safetensors")
+    back = load_state(tmp_path / "c.safetensors")
+    assert torch.equal(back["view"], torch.tensor([0.0, 2.0, 4.0])) and torch.equal(back["again"], shared)
+    assert back["empty"].shape == (0, 3) and back["opt"]["state"][0]["step"].item() == 3.0
+    assert back["opt"]["param_groups"][0]["betas"] == (0.9, 0.99) and back["marked"] == {"__tensor__": "not a tensor"}
+    assert back["python_rng"] == random.getstate() and math.isnan(back["nan"])
+    np.random.set_state(back["numpy_rng"])
+    torch.set_rng_state(back["rng"])
+    with pytest.raises(TypeError, match="not object"):
+        save_state({"x": object()}, tmp_path / "d.safetensors")
+    assert not (tmp_path / "d.safetensors").exists()
 
 
 def test_the_loop_says_where_an_interrupted_run_stood(tmp_path) -> None:
@@ -214,7 +267,7 @@ def test_the_loop_says_where_an_interrupted_run_stood(tmp_path) -> None:
     with pytest.raises(ResumeMismatch, match=r"written by a run of toy \(now other\)"):
         train(other(), CyclicBatches(), cfg, tmp_path / "b", progress=False)
     res = train(_Toy(), CyclicBatches(), cfg, tmp_path / "b", progress=False)
-    assert res.steps == 20 and not (tmp_path / "b" / "checkpoint.pt").exists()
+    assert res.steps == 20 and not (tmp_path / "b" / "checkpoint.safetensors").exists()
 
 
 def test_ctrl_c_outside_a_loop_is_one_line_too(tmp_path, monkeypatch) -> None:
@@ -230,7 +283,7 @@ def test_ctrl_c_outside_a_loop_is_one_line_too(tmp_path, monkeypatch) -> None:
     import nobackfill.late.world as late_world
 
     def in_the_loop(*a, **kw):
-        raise TrainingInterrupted("cmli-contrastive", 7, 9, tmp_path / "m", tmp_path / "m" / "checkpoint.pt", 5)
+        raise TrainingInterrupted("cmli-contrastive", 7, 9, tmp_path / "m", tmp_path / "m" / "checkpoint.safetensors", 5)
 
     monkeypatch.setattr(world, "load_world_spec", lambda *a: object())
     monkeypatch.setattr(late_world, "train_world_method", in_the_loop)
@@ -286,7 +339,7 @@ def test_ctrl_c_in_late_train_says_where_it_stood_and_the_rerun_resumes(late_set
     root = late_setup["root"]
     out = root / "run"
     args = _late_train_args(root, out)
-    ckpt = out / "checkpoint.pt"
+    ckpt = out / "checkpoint.safetensors"
     code, err = _interrupt(_start(args), ckpt.is_file)
     assert code == 130, err
     assert "Traceback" not in err and len(err.strip().splitlines()) == 1, err
@@ -295,7 +348,7 @@ def test_ctrl_c_in_late_train_says_where_it_stood_and_the_rerun_resumes(late_set
     assert m and m.group(3) == str(out), err
     step, saved = int(m.group(1)), int(m.group(2))
     assert saved % 5 == 0 and 5 <= saved <= step
-    assert torch.load(ckpt, weights_only=False)["step"] == saved
+    assert load_state(ckpt)["step"] == saved
     # the same command again resumes from that checkpoint (and is refused nothing)
     first = ckpt.stat().st_mtime_ns
     code, err = _interrupt(_start(args), lambda: ckpt.stat().st_mtime_ns != first)
@@ -339,7 +392,7 @@ def test_upgrade_xbt_reads_its_pairs_before_stage_1_trains(tmp_path, monkeypatch
 def test_sigterm_ends_a_training_as_ctrl_c_does_with_exit_143(late_setup) -> None:
     """trial V: SIGTERM (timeout, kill, systemd) ended a run without a word and left what Ctrl-C tidies."""
     out = late_setup["root"] / "run-term"
-    code, err = _interrupt(_start(_late_train_args(late_setup["root"], out)), (out / "checkpoint.pt").is_file,
+    code, err = _interrupt(_start(_late_train_args(late_setup["root"], out)), (out / "checkpoint.safetensors").is_file,
                            sig=signal.SIGTERM)
     assert code == 143, err
     assert "Traceback" not in err and len(err.strip().splitlines()) == 1, err

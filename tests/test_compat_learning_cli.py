@@ -66,7 +66,7 @@ def test_compat_train_cli_cnn_from_pixels(tmp_path):
     r = CliRunner().invoke(app, ["compat", "train", "--method", "cores", "--steps", "2", "--epochs", "0",
                                  "--train-steps", "2", "--out", str(out), "--cache-dir", str(tmp_path / "cache"), *tiny])
     assert r.exit_code == 0, r.output
-    state = __import__("torch").load(out / "step2" / "step_model.pt")["state"]
+    state = __import__("safetensors.torch", fromlist=["load_file"]).load_file(out / "step2" / "step_model.safetensors")
     assert state["body.0.weight"].shape[1:] == (3, 3, 3)  # the first conv layer sees the 3 colour channels
     bad = CliRunner().invoke(app, ["compat", "train", "--method", "cores", "--cache-dir", str(tmp_path),
                                    *[a if a != "pixels" else "image8+pixels" for a in TINY]])

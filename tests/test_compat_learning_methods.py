@@ -55,7 +55,7 @@ def test_method_runs_and_is_evaluated(name, tmp_path):
     assert 0 <= r["AC"] <= 1 and 0 <= r["ACA"] <= r["AA"] * 3 and r["flips"]["classification"]["n"] > 0
     for t in (1, 2, 3):  # the loop wrote its log and the export of every step
         assert (tmp_path / f"step{t}" / "train_log.jsonl").is_file()
-        assert (tmp_path / f"step{t}" / "step_model.pt").is_file()
+        assert (tmp_path / f"step{t}" / "step_model.safetensors").is_file()
     for m in models:
         assert not any(p.requires_grad for p in m.parameters())
 

@@ -148,3 +148,42 @@ def test_the_server_side_loggers_of_milvus_lite_are_quiet_unless_verbose(monkeyp
     assert "grpc" in _logging.LIBRARY_LOGGERS and "milvus_lite" in _logging.LIBRARY_LOGGERS
     monkeypatch.setattr(_logging, "_verbose", True)
     assert _logging._level("grpc") == logging.WARNING
+
+
+def test_a_served_ray_backfill_of_milvus_lite_is_refused_before_a_job_starts(tmp_path):
+    """``POST /v1/backfill/start {"engine": "ray"}`` on a milvus-lite collection was taken and failed
+    later in the worker thread; it is refused at once (422 naming ``engine``), as the in-process
+    client's non-waiting start and resume are, and no job is made."""
+    from concurrent import futures
+
+    import grpc
+    from fastapi.testclient import TestClient
+
+    from _collection_helpers import NEW_REF, OLD_REF, pool_with, related_pair
+    from nobackfill.lifecycle.backfill_jobs import BackfillJob
+    from nobackfill.serve import KeyRing, ServeSettings, create_app
+
+    uri = f"milvus-lite:{tmp_path}/m.db#m"
+    upgraded_collection(tmp_path, n_images=4, captions=1, uri=uri)
+    head = grpc.server(futures.ThreadPoolExecutor(1))  # answers as a Ray head would: the address check passes
+    address = f"127.0.0.1:{head.add_insecure_port('127.0.0.1:0')}"
+    head.start()
+    old, new, _ = related_pair()
+    pool = pool_with((OLD_REF, old), (NEW_REF, new))
+    try:
+        app = create_app(ServeSettings(collection=uri, keys=KeyRing({"admin": ["a" * 24]}), ray_address=address,
+                                       uploads=tmp_path / "uploads"),
+                         pool=pool)
+        with TestClient(app) as api:
+            for path in ("/v1/backfill/start", "/v1/backfill/resume"):
+                r = api.post(path, json={"engine": "ray"}, headers={"Authorization": "Bearer " + "a" * 24})
+                assert r.status_code == 422, r.text
+                assert r.json()["field"] == "engine" and "milvus-lite serves one process per file" in r.text, r.text
+            client = app.state.service.client
+            assert BackfillJob.load(client.collection) is None and not client.backfill_active
+            for call in (client.backfill_start, client.backfill_resume):
+                with pytest.raises(ValueError, match="the ray engine opens .* in processes of its own"):
+                    call(engine="ray", ray_address=address)
+            assert BackfillJob.load(client.collection) is None
+    finally:
+        head.stop(None)

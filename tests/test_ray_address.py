@@ -37,7 +37,24 @@ def free_port() -> int:
 
 @pytest.fixture
 def listener():
-    """``127.0.0.1:PORT`` where something answers a TCP connect but no Ray cluster runs."""
+    """``127.0.0.1:PORT`` where a gRPC server answers (as a Ray head does) but no Ray cluster runs."""
+    from concurrent import futures
+
+    import grpc
+
+    server = grpc.server(futures.ThreadPoolExecutor(1))
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    try:
+        yield f"127.0.0.1:{port}"
+    finally:
+        server.stop(None)
+
+
+@pytest.fixture
+def silent():
+    """``127.0.0.1:PORT`` where something takes a TCP connection and says nothing (trial AA: ``ray.init``
+    waited its whole deadline there)."""
     s = socket.socket()
     s.bind(("127.0.0.1", 0))
     s.listen(16)
@@ -93,6 +110,32 @@ def test_an_address_is_said_not_to_answer_in_one_line_naming_it_and_what_to_do(l
     assert RayOptions(address=listener).address == listener
     for bad in ("127.0.0.1", "localhost", "127.0.0.1:notaport"):  # trial AA: refused by Ray after the sample
         assert ray_address_error(bad).startswith(f"--address {bad}: not an address Ray takes: give HOST:PORT")
+
+
+def test_an_address_where_something_other_than_ray_answers_is_refused_at_once(silent):
+    """A port that takes connections but is no gRPC server (a web server, a database, a port that says
+    nothing) is refused in a few seconds, naming what answered: ``ray.init`` waited its deadline."""
+    import http.server
+
+    from nobackfill.lifecycle.cluster.ray_backfill import RayOptions, RayUnreachable, ray_address_error
+
+    web = http.server.HTTPServer(("127.0.0.1", 0), http.server.BaseHTTPRequestHandler)
+    threading.Thread(target=web.serve_forever, daemon=True).start()
+    try:
+        t0 = time.monotonic()
+        why = ray_address_error(silent, 1.0)
+        assert why.startswith(f"{silent} is not a Ray cluster: something answers there but says nothing within 1 s "
+                              "when a gRPC connection starts; give the address `ray start --head` printed"), why
+        assert why.endswith("; nothing was changed")
+        http_at = f"127.0.0.1:{web.server_address[1]}"
+        assert "something answers there but does not answer in gRPC" in ray_address_error(http_at)
+        assert ray_address_error(f"ray://{http_at}").startswith(f"ray://{http_at} is not a Ray Client server:")
+        with pytest.raises(RayUnreachable, match="is not a Ray cluster"):
+            RayOptions(address=http_at)
+        assert time.monotonic() - t0 < 10
+    finally:
+        web.shutdown()
+        web.server_close()
 
 
 def test_a_join_that_does_not_return_fails_at_its_deadline_and_a_later_one_does_not_pile_up(listener, monkeypatch):

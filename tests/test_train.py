@@ -17,6 +17,7 @@ import torch
 from nobackfill.data.world import WorldSpec, generate_world
 from nobackfill.encoders import load_encoder
 from nobackfill.train.contrastive import info_nce
+from nobackfill.train.checkpoint import load_state
 from nobackfill.train.loop import LoopConfig, lr_factor, train
 from nobackfill.train.world_model import train_preset
 
@@ -36,7 +37,7 @@ torch.set_num_threads(1)
 import nobackfill.train.loop as loop
 from nobackfill.train.world_model import train_preset
 
-_save, calls = loop._atomic_torch_save, [0]
+_save, calls = loop.save_state, [0]
 
 def save(obj, path):
     calls[0] += 1
@@ -44,7 +45,7 @@ def save(obj, path):
         os.kill(os.getpid(), signal.SIGKILL)
     _save(obj, path)
 
-loop._atomic_torch_save = save
+loop.save_state = save
 preset, data, out = sys.argv[1:4]
 train_preset(preset, data, out, eval_size=16, progress=False, checkpoint_every=4, log_every=2)
 sys.exit("training finished although it should have been killed")
@@ -136,7 +137,7 @@ def test_loop_toy_method(tmp_path) -> None:
     res = train(_Quadratic(), CyclicBatches(), cfg, tmp_path, progress=False)
     assert [r["step"] for r in res.history] == [3, 6, 9, 10] == _log_steps(tmp_path)
     assert res.history[-1]["lr"] == pytest.approx(0.2 * lr_factor(9, cfg))  # lr_scale applied
-    assert (tmp_path / "w.pt").is_file() and not (tmp_path / "checkpoint.pt").exists()
+    assert (tmp_path / "w.pt").is_file() and not (tmp_path / "checkpoint.safetensors").exists()
     with pytest.raises(FloatingPointError, match="step 2"):
         train(_Quadratic(nan_at=2), CyclicBatches(), cfg, tmp_path / "nan", progress=False)
 
@@ -167,7 +168,7 @@ def test_train_preset_writes_model_dir(reference, setup) -> None:
     enc = load_encoder(reference)
     assert enc.embed_dim == 32 and enc.meta["name"] == "ref"
     assert (reference / "recipe.json").is_file() and (reference / "train_log.jsonl").is_file()
-    assert not (reference / "checkpoint.pt").exists()
+    assert not (reference / "checkpoint.safetensors").exists()
     recipe = json.loads((reference / "recipe.json").read_text())
     assert recipe["preset"] == "tiny" and recipe["loop"]["steps"] == 12 and recipe["command"] == "test"
     assert recipe["world"]["seed"] == 0 and recipe["model"]["vocab_size"] == 300
@@ -197,13 +198,13 @@ def test_train_preset_exact_resume_after_kill(reference, setup) -> None:
     proc = subprocess.run([sys.executable, "-c", KILL_CHILD, str(setup["preset"]), str(setup["world"]), str(out)],
                           env=env, capture_output=True, text=True, timeout=120)
     assert proc.returncode == -9, proc.stderr[-2000:]
-    assert (out / "checkpoint.pt").is_file() and not (out / "config.json").exists()
-    assert torch.load(out / "checkpoint.pt", weights_only=False)["step"] == 4
+    assert (out / "checkpoint.safetensors").is_file() and not (out / "config.json").exists()
+    assert load_state(out / "checkpoint.safetensors")["step"] == 4
     assert _log_steps(out) == [2, 4, 6, 8]  # logged past the checkpoint before the kill
 
     result = train_preset(setup["preset"], setup["world"], out, eval_size=16, progress=False,
                           checkpoint_every=4, log_every=2)
-    assert result.steps == 12 and not (out / "checkpoint.pt").exists()
+    assert result.steps == 12 and not (out / "checkpoint.safetensors").exists()
     _assert_same_weights(reference, out)
     assert load_encoder(out).space_id == load_encoder(reference).space_id
     assert _log_steps(out) == [2, 4, 6, 8, 10, 12]  # steps 6 and 8 not logged twice

@@ -397,7 +397,7 @@ def test_cli_upgrade_xbt_text(world, tmp_path):
     assert cmd.startswith(f"nobackfill upgrade xbt-text --old {world['old']} --new {world['new']} ") and "--quick" in cmd
     assert "--stage1-steps 4 --xbt-steps 3" in cmd and man["recipe"]["xbt"]["steps"] == 3
     assert json.loads((out / "stage1" / "upgrade.json").read_text())["kind"] == "phi"  # stage 1 is a phi bridge
-    assert not (out / "checkpoint.pt").exists()
+    assert not (out / "checkpoint.safetensors").exists()
     texts = ["a dog runs", "a man sits"]
     up = load_upgrade(out).apply(MiniLMTextEncoder.load(world["new"]))
     assert up.encode_texts(texts).shape == (2, TINY_OLD.hidden)

@@ -371,6 +371,7 @@ class LocalClient(Client):
                                           pause_backfill, run_backfill)
 
         check_run_settings(workers=workers, batch_size=batch_size, rate=rate, limit=limit, shards=shards)
+        self.collection.storage.backfill_workers(1, engine)  # ray on storage one process holds: refused now
         ray = ray_options(engine, ray_address, actors, gpus_per_actor)
         job = BackfillJob.load(self.collection)
         if job is not None and job.state == "paused" and not resume:  # an operator's pause holds until a resume
@@ -449,6 +450,7 @@ class LocalClient(Client):
         from ..lifecycle.backfill import check_run_settings
 
         check_run_settings(rate=rate)  # (then as a start that resumes: one started where none is paused)
+        self.collection.storage.backfill_workers(1, engine)
         return self._start_thread(order, rate, ray_options(engine, ray_address, actors, gpus_per_actor))
 
     @refusals

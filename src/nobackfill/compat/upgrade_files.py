@@ -33,8 +33,9 @@ def atomic_dir(directory: str | Path, write) -> Path:
 def _file_hashes(directory: Path) -> dict[str, str]:
     """sha256 of every file of an upgrade directory but its manifest and training logs."""
     from ..gallery.atomic_files import file_sha256
+    from ..train.checkpoint import CHECKPOINT_FILE, LEGACY_CHECKPOINT_FILE
 
-    skip = {UPGRADE_FILE, "train_log.jsonl", "checkpoint.pt"}
+    skip = {UPGRADE_FILE, "train_log.jsonl", CHECKPOINT_FILE, LEGACY_CHECKPOINT_FILE}
     return {str(p.relative_to(directory)): file_sha256(p) for p in sorted(Path(directory).rglob("*"))
             if p.is_file() and p.name not in skip and not p.name.startswith(".")
             and p.relative_to(directory).parts[0] != "stage1"}

@@ -6,5 +6,5 @@ the commands are in ``nobackfill.cli.late``.
 
 Importing this package is light (no torch); import the submodules you need.
 
-May import: ``collection``, ``data``, ``encoders``, ``gallery``, ``metrics``, ``progress``, ``train``.
+May import: ``_safetensors``, ``collection``, ``data``, ``encoders``, ``gallery``, ``metrics``, ``progress``, ``train``.
 """

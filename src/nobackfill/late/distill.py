@@ -40,6 +40,7 @@ from typing import Sequence
 import torch
 import torch.nn.functional as F
 
+from .._safetensors import save_tensors
 from ..encoders.clip import CLIPDualEncoder
 from ..train.contrastive import ContrastivePretraining, info_nce
 from .cmli import orthogonal_projection, project_tokens
@@ -170,8 +171,10 @@ class TargetCMLIDistillation(ContrastivePretraining):
         self.encoder.meta["distillation"] = {"method": self.config.label, "teacher": self.teacher.space_id,
                                              "config": asdict(self.config)}
         super().export(out)
-        torch.save({"head": self.head.state_dict(), "empty": self.empty, "projection": self.projection},
-                   Path(out) / "kd_head.pt")
+        extra = {"empty": self.empty, "projection": self.projection}
+        save_tensors({**{f"head.{k}": v.detach().contiguous() for k, v in self.head.state_dict().items()},
+                      **{k: v.detach().contiguous() for k, v in extra.items() if v is not None}},
+                     Path(out) / "kd_head.safetensors")
 
     # ------------------------------------------------------------------ loss
     def _teacher(self, pixels) -> TowerOutputs:

@@ -16,6 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .._safetensors import save_tensors
 from ..train.loop import LoopConfig, Method, train
 
 
@@ -45,7 +46,7 @@ class LinearProbe(Method):
         self.head.load_state_dict(state)
 
     def export(self, out: Path) -> None:
-        torch.save(self.state_dict(), Path(out) / "probe.pt")
+        save_tensors(self.state_dict(), Path(out) / "probe.safetensors")
 
 
 class _FullBatch:

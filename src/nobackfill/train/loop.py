@@ -22,8 +22,9 @@ from typing import Any, Callable, Iterable, Iterator, Protocol
 import numpy as np
 import torch
 
-from .._atomic import atomic_write_text, file_above, write_atomically
+from .._atomic import atomic_write_text, file_above
 from .._interrupts import held_interrupts
+from .checkpoint import CHECKPOINT_FILE, LEGACY_CHECKPOINT_FILE, load_state, save_state
 from ..progress import progress_bar
 
 
@@ -163,10 +164,6 @@ def lr_factor(step: int, cfg: LoopConfig) -> float:
 
 
 
-def _atomic_torch_save(obj: Any, path: Path) -> None:
-    write_atomically(path, lambda f: torch.save(obj, f), tmp_prefix=".")
-
-
 @dataclass
 class TrainResult:
     steps: int
@@ -221,7 +218,8 @@ def check_resume(path: Path, saved: dict[str, Any] | None, cfg: LoopConfig, *, m
 
 #: what a run leaves in its output folder before it finishes (globs): its checkpoint, its log and the
 #: temporary files of their atomic writes (:mod:`nobackfill._atomic`) that a kill left
-RUN_FILES = ("checkpoint.pt", "train_log.jsonl", ".checkpoint.pt.*", ".train_log.jsonl.*")
+RUN_FILES = (CHECKPOINT_FILE, LEGACY_CHECKPOINT_FILE, "train_log.jsonl", f".{CHECKPOINT_FILE}.*",
+             f".{LEGACY_CHECKPOINT_FILE}.*", ".train_log.jsonl.*")
 
 
 def check_output(out: Path, *, finished: str | None, what: str = "", also: Iterable[str] = (),
@@ -242,13 +240,15 @@ def check_output(out: Path, *, finished: str | None, what: str = "", also: Itera
         raise ValueError(f"--out {out}: is a file; give a folder")
     if not out.exists() and (above := file_above(out)) is not None:
         raise ValueError(f"--out {out}: {above} is a file, not a folder")
-    if not out.is_dir() or (resumable and (out / "checkpoint.pt").is_file()):
+    if not out.is_dir() or (resumable and any((out / name).is_file() for name in (CHECKPOINT_FILE, LEGACY_CHECKPOINT_FILE))):
         return
     if finished is not None and (out / finished).exists():
         raise ValueError(f"--out {out}: holds a finished {what} already ({finished}); give a new folder, or remove "
                          "it first to train again")
-    other = sorted(p.name for p in out.iterdir() if not any(fnmatch.fnmatch(p.name, pattern)
-                                                           for pattern in (*(RUN_FILES if resumable else ()), *also)))
+    run_files = RUN_FILES if resumable else ()
+    other = sorted(p.name for p in out.iterdir()
+                   if not (any(fnmatch.fnmatch(p.name, pattern) for pattern in also)
+                           or (p.is_file() and any(fnmatch.fnmatch(p.name, pattern) for pattern in run_files))))
     if other:
         raise ValueError(f"--out {out}: holds files already ({', '.join(other[:4])}{', ...' if len(other) > 4 else ''})"
                          "; give a new or empty folder (or remove it first)")
@@ -293,7 +293,7 @@ def train(method: Method, batches: BatchSource, cfg: LoopConfig, out: str | Path
           evaluate: Callable[[], dict[str, float]] | None = None, progress: bool = True,
           export: bool = True) -> TrainResult:
     """Run ``cfg.steps`` optimiser steps of ``method`` on ``batches``; resumes from
-    ``out/checkpoint.pt`` if present; writes ``out/train_log.jsonl`` and, at the end, the
+    ``out/checkpoint.safetensors`` if present; writes ``out/train_log.jsonl`` and, at the end, the
     method's export into ``out``. Ctrl-C raises :class:`TrainingInterrupted` (where the run stood)."""
     out = Path(out)
     where: dict = {"step": 0, "checkpoint": None}  # the step reached, the step of the last checkpoint
@@ -302,7 +302,7 @@ def train(method: Method, batches: BatchSource, cfg: LoopConfig, out: str | Path
     except TrainingInterrupted:
         raise  # a run inside this one (e.g. a method's reference model) says where it stood
     except KeyboardInterrupt:
-        ckpt = out / "checkpoint.pt"
+        ckpt = out / CHECKPOINT_FILE
         raise TrainingInterrupted(method.name, where["step"], cfg.steps, out, ckpt if ckpt.is_file() else None,
                                   where["checkpoint"], keeps_checkpoints=cfg.checkpoint_interval < cfg.steps) from None
 
@@ -312,7 +312,7 @@ def _read_checkpoint(path: Path) -> dict:
     damaged on disk or in a copy) is refused naming it (:class:`ResumeMismatch`): torch's own error
     was a traceback (trial Y)."""
     try:
-        state = torch.load(path, weights_only=False)
+        state = load_state(path)
     except Exception as e:
         raise ResumeMismatch(f"{path}: cannot be read as a checkpoint, it is damaged ({type(e).__name__}: "
                              f"{str(e).splitlines()[0][:160] if str(e) else 'no detail'}): delete it to start afresh "
@@ -337,7 +337,10 @@ def _train(method: Method, batches: BatchSource, cfg: LoopConfig, out: Path,
         g["lr"] = g["base_lr"]
     opt = torch.optim.AdamW(groups, lr=cfg.lr, weight_decay=cfg.weight_decay)
     params = [p for g in groups for p in g["params"]]
-    ckpt_path = out / "checkpoint.pt"
+    ckpt_path = out / CHECKPOINT_FILE
+    if not ckpt_path.is_file() and (out / LEGACY_CHECKPOINT_FILE).is_file():
+        raise ResumeMismatch(f"{out / LEGACY_CHECKPOINT_FILE}: a checkpoint of an earlier nobackfill, a pickle, which "
+                             f"is not read (loading it could run code): delete it to start afresh (or give another --out)")
     log_path = out / "train_log.jsonl"
     start, history, elapsed = 0, [], 0.0
     # early-stopping state: best value, its step, evaluations since, a copy of the best state
@@ -416,7 +419,7 @@ def _train(method: Method, batches: BatchSource, cfg: LoopConfig, out: Path,
                     with open(log_path, "a") as fh:
                         fh.write(json.dumps(record) + "\n")
                 if done % cfg.checkpoint_interval == 0 and done < cfg.steps:
-                    _atomic_torch_save({"method": method.state_dict(), "optimizer": opt.state_dict(), "step": done,
+                    save_state({"method": method.state_dict(), "optimizer": opt.state_dict(), "step": done,
                                         "history": history, "elapsed": time.time() - t0,
                                         "torch_rng": torch.get_rng_state(), "numpy_rng": np.random.get_state(),
                                         "python_rng": random.getstate(), "config": asdict(cfg),

@@ -217,7 +217,7 @@ def train_text_model(captions: Sequence[Sequence[str]], val_query: Sequence[str]
                      progress: bool = True, command: str | None = None, data: str | None = None) -> TrainResult:
     """Train a tiny text encoder on caption pairs until val R@1 (``val_query[i]`` -> ``val_gallery[i]``)
     stops improving; export the best state to ``out`` with ``recipe.json`` (the command, specs,
-    the val curve). Resumes from ``out/checkpoint.pt``."""
+    the val curve). Resumes from ``out/checkpoint.safetensors``."""
     from ..encoders.tokenizer import train_bpe_tokenizer
 
     model = model or TextModelSpec()

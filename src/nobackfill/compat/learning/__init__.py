@@ -19,7 +19,7 @@ elodi              ensemble logit difference inhibition                    flips
 muscle             masked KL between old model and new reference           flips.py
 =================  ======================================================  =================
 
-May import: ``_atomic``, ``config``, ``data``, ``encoders``, ``metrics``, ``progress``, ``train``.
+May import: ``_atomic``, ``_safetensors``, ``config``, ``data``, ``encoders``, ``metrics``, ``progress``, ``train``.
 """
 
 from . import baseline, bct, lce, advbct, simplex, softmax_features, flips  # noqa: F401,I001  (registration order)

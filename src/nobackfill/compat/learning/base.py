@@ -22,6 +22,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..._safetensors import save_tensors
 from ...train.loop import Method
 
 
@@ -328,9 +329,9 @@ class CompatMethod(Method):
 
 
 def save_step_model(model: StepModel, out: Path, meta: dict) -> None:
-    """``out/step_model.pt`` (state + shapes) and ``out/step_model.json`` (method, config)."""
+    """``out/step_model.safetensors`` (the state) and ``out/step_model.json`` (method, config, shapes)."""
     out.mkdir(parents=True, exist_ok=True)
-    torch.save({"state": model.state_dict(), "n_seen": model.n_seen, "out_dim": model.out_dim}, out / "step_model.pt")
+    save_tensors({k: v.detach().contiguous() for k, v in model.state_dict().items()}, out / "step_model.safetensors")
     (out / "step_model.json").write_text(json.dumps({**meta, "n_seen": model.n_seen, "out_dim": model.out_dim},
                                                     indent=2, default=str))
 

@@ -1,11 +1,14 @@
 """Whether a Ray cluster answers at an address, before ``ray.init`` is asked to join it: an address
 ``HOST:PORT`` (or ``ray://HOST:PORT``) is dialled with a TCP connect of a few seconds; where nothing
 answers the run is refused at once, naming the address and how to start a cluster there (``ray.init``
-itself retries such an address for many minutes: trial Z saw a backfill hang past four minutes)."""
+itself retries such an address for many minutes: trial Z saw a backfill hang past four minutes). What
+answers must speak gRPC, as a Ray head does: a web server's or a database's port, or one that says
+nothing, is refused too (``ray.init`` waited there for its whole deadline)."""
 
 from __future__ import annotations
 
 import ipaddress
+import os
 import socket
 
 __all__ = ["CLI_RETRY", "PROBE_S", "RayUnreachable", "check_ray_address", "ray_address_error"]
@@ -45,11 +48,46 @@ def _host_port(address: str) -> tuple[str, int] | None:
     return host, int(port)
 
 
+#: what a gRPC server (a Ray head's GCS, a Ray Client server) answers first: HTTP/2's preface, then
+#: a SETTINGS frame (RFC 9113 section 3.4)
+_H2_PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + b"\x00\x00\x00\x04\x00\x00\x00\x00\x00"
+
+
+def _not_grpc(conn: socket.socket, timeout_s: float) -> str | None:
+    """None when the peer of ``conn`` answers HTTP/2's connection preface with a SETTINGS frame, as
+    every gRPC server (Ray's GCS, its Client server) does; else what it did instead, in words (a web
+    server, a database, a port that takes connections and says nothing: ``ray.init`` would wait on
+    it for its whole deadline; trial AA). With ``RAY_USE_TLS`` set nothing is asked (TLS first)."""
+    if os.environ.get("RAY_USE_TLS", "0").lower() not in ("0", "", "false"):
+        return None
+    conn.settimeout(timeout_s)
+    got = b""
+    try:
+        conn.sendall(_H2_PREFACE)
+        while len(got) < 9:
+            piece = conn.recv(9 - len(got))
+            if not piece:
+                break
+            got += piece
+    except (socket.timeout, TimeoutError):
+        return f"says nothing within {timeout_s:g} s when a gRPC connection starts"
+    except OSError as e:
+        return f"closed the connection ({e.strerror or type(e).__name__})"
+    if len(got) == 9 and got[3] == 0x04:  # a frame of type SETTINGS
+        return None
+    if not got:
+        return "closed the connection without a word of gRPC"
+    if got.startswith(b"HTTP/"):
+        return "answers as a web server (HTTP/1), not in gRPC"
+    return "does not answer in gRPC"
+
+
 def ray_address_error(address: str | None, timeout_s: float = PROBE_S, *, retry: str = CLI_RETRY,
                       outcome: str = "nothing was changed") -> str | None:
-    """None when something answers a TCP connect at ``address`` within ``timeout_s`` (the host
-    resolved as given), or when Ray finds the cluster itself (None, ``auto``, ``local``); else one
-    line naming the address, why, what to do (start a cluster there, or ``retry``) and ``outcome``."""
+    """None when a gRPC server (as a Ray head is) answers at ``address`` within ``timeout_s`` (the
+    host resolved as given), or when Ray finds the cluster itself (None, ``auto``, ``local``); else
+    one line naming the address, why, what to do (start a cluster there, or ``retry``) and
+    ``outcome``."""
     hp = _host_port(address) if address else None
     if hp is None:
         a = (address or "").strip()
@@ -58,9 +96,15 @@ def ray_address_error(address: str | None, timeout_s: float = PROBE_S, *, retry:
                     f"`ray start --head --port PORT`), ray://HOST:PORT or auto; {outcome}")
         return None
     host, port = hp
+    client = address.strip().startswith("ray://")
     try:
-        with socket.create_connection((host, port), timeout=timeout_s):
+        with socket.create_connection((host, port), timeout=timeout_s) as conn:
+            other = _not_grpc(conn, timeout_s)
+        if other is None:
             return None
+        return (f"{address} is not a Ray {'Client server' if client else 'cluster'}: something answers there but "
+                f"{other}; give the address `ray start --head` printed (its GCS port, 6379 by default) or {retry}; "
+                f"{outcome}")
     except socket.gaierror as e:
         why = f"host {host} not found: {e.strerror or e}"
     except ConnectionRefusedError:
@@ -69,7 +113,6 @@ def ray_address_error(address: str | None, timeout_s: float = PROBE_S, *, retry:
         why = f"no answer within {timeout_s:g} s"
     except OSError as e:
         why = e.strerror or str(e) or type(e).__name__
-    client = address.strip().startswith("ray://")
     try:
         ipaddress.ip_address(host)
         ip = f" --node-ip-address {host}"

@@ -1,0 +1,99 @@
+"""A training run's state on disk, without pickle: ``checkpoint.safetensors``.
+
+The loop's checkpoint holds the method's and the optimiser's state, the random generators' states,
+the log so far and the settings: tensors and JSON values nested in dicts, lists and tuples. It is
+written as one safetensors file: every tensor under a numbered key, and the structure around them
+as JSON in the file's metadata (a tensor's place marked ``{"__tensor__": key}``; a tuple, a numpy
+array and a dict whose keys are not all plain strings marked likewise). Reading it runs no code, so
+a checkpoint from elsewhere is as safe to resume as a model's weights (the earlier ``checkpoint.pt``
+was a pickle that ``torch.load(weights_only=False)`` would have run).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from .._atomic import write_atomically
+
+__all__ = ["CHECKPOINT_FILE", "LEGACY_CHECKPOINT_FILE", "load_state", "save_state"]
+
+#: the file a run's checkpoint is kept in, in its output folder
+CHECKPOINT_FILE = "checkpoint.safetensors"
+#: the pickled checkpoint of earlier versions: recognised, never read
+LEGACY_CHECKPOINT_FILE = "checkpoint.pt"
+_META_KEY = "nobackfill.state"
+_MARKS = ("__tensor__", "__tuple__", "__ndarray__", "__items__")
+
+
+def save_state(state: Any, path: str | Path) -> None:
+    """Write ``state`` (tensors, numpy arrays and JSON values in dicts, lists and tuples) to ``path``
+    atomically (a temporary file beside it, renamed). ``TypeError`` names a value of another kind."""
+    from safetensors.torch import save
+
+    tensors: dict[str, torch.Tensor] = {}
+    tree = _pack(state, tensors, set())
+    data = save(tensors, metadata={_META_KEY: json.dumps(tree)})
+    write_atomically(Path(path), lambda f: f.write(data), tmp_prefix=".")
+
+
+def load_state(path: str | Path) -> Any:
+    """What :func:`save_state` wrote to ``path`` (tensors on the CPU). ``ValueError`` when the file
+    is a safetensors file that holds no run state."""
+    from safetensors import safe_open
+
+    with safe_open(str(path), framework="pt") as f:
+        meta = (f.metadata() or {}).get(_META_KEY)
+        if meta is None:
+            raise ValueError("a safetensors file without a training run's state")
+        tensors = {k: f.get_tensor(k) for k in f.keys()}
+    return _unpack(json.loads(meta), tensors)
+
+
+def _pack(obj: Any, tensors: dict[str, torch.Tensor], storages: set[int]) -> Any:
+    if isinstance(obj, torch.Tensor):
+        t = obj.detach().cpu()
+        where = t.untyped_storage().data_ptr() if t.numel() else None
+        if not t.is_contiguous() or where in storages:  # safetensors keeps neither views nor shared storage
+            t = t.contiguous().clone()
+            where = t.untyped_storage().data_ptr() if t.numel() else None
+        if where is not None:
+            storages.add(where)
+        key = str(len(tensors))
+        tensors[key] = t
+        return {"__tensor__": key}
+    if isinstance(obj, np.ndarray):
+        return {"__ndarray__": obj.tolist(), "dtype": str(obj.dtype)}
+    if isinstance(obj, np.generic):
+        return obj.item()
+    if isinstance(obj, dict):
+        if all(isinstance(k, str) and k not in _MARKS for k in obj):
+            return {k: _pack(v, tensors, storages) for k, v in obj.items()}
+        return {"__items__": [[_pack(k, tensors, storages), _pack(v, tensors, storages)] for k, v in obj.items()]}
+    if isinstance(obj, tuple):
+        return {"__tuple__": [_pack(v, tensors, storages) for v in obj]}
+    if isinstance(obj, list):
+        return [_pack(v, tensors, storages) for v in obj]
+    if obj is None or isinstance(obj, (bool, int, float, str)):
+        return obj
+    raise TypeError(f"a checkpoint holds tensors, arrays and JSON values, not {type(obj).__name__} ({obj!r:.80})")
+
+
+def _unpack(tree: Any, tensors: dict[str, torch.Tensor]) -> Any:
+    if isinstance(tree, list):
+        return [_unpack(v, tensors) for v in tree]
+    if not isinstance(tree, dict):
+        return tree
+    if "__tensor__" in tree:
+        return tensors[tree["__tensor__"]]
+    if "__ndarray__" in tree:
+        return np.asarray(tree["__ndarray__"], dtype=tree["dtype"])
+    if "__tuple__" in tree:
+        return tuple(_unpack(v, tensors) for v in tree["__tuple__"])
+    if "__items__" in tree:
+        return {_unpack(k, tensors): _unpack(v, tensors) for k, v in tree["__items__"]}
+    return {k: _unpack(v, tensors) for k, v in tree.items()}
