@@ -4,6 +4,7 @@ command line recorded in recipes."""
 from __future__ import annotations
 
 import json
+import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, List, NoReturn, Optional, TypeVar
 
@@ -181,6 +182,12 @@ def check_json_out(path: Optional[Path]) -> None:
     above = file_above(path)
     if above is not None:
         fail(f"--out {path}: {above} is a file, not a folder")
+    folder = next(p for p in (path.parent, *path.parent.parents) if p.exists())
+    try:  # a read-only or pseudo file system (/proc) was found only when the results were written
+        with tempfile.TemporaryFile(dir=folder):
+            pass
+    except OSError as e:
+        fail(f"--out {path}: cannot be written in {folder} ({e.strerror or e})")
 
 
 def write_json(path: Optional[Path], obj: dict) -> None:

@@ -18,9 +18,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from .._atomic import write_atomically
+from .._safetensors import save_tensors
 
-__all__ = ["CHECKPOINT_FILE", "LEGACY_CHECKPOINT_FILE", "load_state", "save_state"]
+__all__ = ["CHECKPOINT_FILE", "LEGACY_CHECKPOINT_FILE", "NotRunState", "load_state", "save_state"]
 
 #: the file a run's checkpoint is kept in, in its output folder
 CHECKPOINT_FILE = "checkpoint.safetensors"
@@ -30,26 +30,27 @@ _META_KEY = "nobackfill.state"
 _MARKS = ("__tensor__", "__tuple__", "__ndarray__", "__items__")
 
 
+class NotRunState(ValueError):
+    """A readable safetensors file that holds no run state (a model's weights, say)."""
+
+
 def save_state(state: Any, path: str | Path) -> None:
     """Write ``state`` (tensors, numpy arrays and JSON values in dicts, lists and tuples) to ``path``
     atomically (a temporary file beside it, renamed). ``TypeError`` names a value of another kind."""
-    from safetensors.torch import save
-
     tensors: dict[str, torch.Tensor] = {}
-    tree = _pack(state, tensors, set())
-    data = save(tensors, metadata={_META_KEY: json.dumps(tree)})
-    write_atomically(Path(path), lambda f: f.write(data), tmp_prefix=".")
+    meta = {_META_KEY: json.dumps(_pack(state, tensors, set()))}
+    save_tensors(tensors, path, metadata=meta)  # (of the umask's mode: safetensors' own file is 0600)
 
 
 def load_state(path: str | Path) -> Any:
-    """What :func:`save_state` wrote to ``path`` (tensors on the CPU). ``ValueError`` when the file
-    is a safetensors file that holds no run state."""
+    """What :func:`save_state` wrote to ``path`` (tensors on the CPU). :class:`NotRunState` when the
+    file is a safetensors file that holds no run state."""
     from safetensors import safe_open
 
     with safe_open(str(path), framework="pt") as f:
         meta = (f.metadata() or {}).get(_META_KEY)
         if meta is None:
-            raise ValueError("a safetensors file without a training run's state")
+            raise NotRunState("a safetensors file without a training run's state")
         tensors = {k: f.get_tensor(k) for k in f.keys()}
     return _unpack(json.loads(meta), tensors)
 

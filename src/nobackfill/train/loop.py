@@ -24,7 +24,7 @@ import torch
 
 from .._atomic import atomic_write_text, file_above
 from .._interrupts import held_interrupts
-from .checkpoint import CHECKPOINT_FILE, LEGACY_CHECKPOINT_FILE, load_state, save_state
+from .checkpoint import CHECKPOINT_FILE, LEGACY_CHECKPOINT_FILE, NotRunState, load_state, save_state
 from ..progress import progress_bar
 
 
@@ -313,6 +313,8 @@ def _read_checkpoint(path: Path) -> dict:
     was a traceback (trial Y)."""
     try:
         state = load_state(path)
+    except NotRunState:
+        state = None
     except Exception as e:
         raise ResumeMismatch(f"{path}: cannot be read as a checkpoint, it is damaged ({type(e).__name__}: "
                              f"{str(e).splitlines()[0][:160] if str(e) else 'no detail'}): delete it to start afresh "
