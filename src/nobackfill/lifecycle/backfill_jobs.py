@@ -196,7 +196,8 @@ def _last_worker(collection: Collection, dead: Sequence[dict[str, Any]] = ()) ->
         if (t > (last or {}).get("t", 0.0) or idle) and lease.get("owner") not in obj:
             host, pid = _parse_owner(str(lease.get("owner", "")))
             last = {"owner": lease.get("owner"), "host": host, "pid": pid, "at": _iso(t), "t": t,
-                    "stopped": "it stopped without saying why (killed, or its machine is gone): its lease was "
+                    "stopped": "it stopped without saying why (killed, its machine gone, or the catalog unreachable "
+                               "as it stopped): its lease was "
                                "left unfinished", "engine": lease.get("engine", "local")}
     return last
 
