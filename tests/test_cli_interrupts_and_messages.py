@@ -103,3 +103,20 @@ def test_an_interrupt_before_a_loop_says_what_it_left(tmp_path, monkeypatch, cmd
     assert r.exit_code == 130 and said in " ".join(r.output.split()), r.output
     r = CliRunner().invoke(app, ["collection", "status", str(tmp_path / "nope")])  # the next command: its own
     assert "what was embedded" not in r.output and "nothing was written" not in r.output
+
+
+@pytest.mark.parametrize("signum, code", [("SIGINT", 130), ("SIGTERM", 143)])
+def test_a_signal_while_the_program_exits_ends_it_at_once_without_a_traceback(signum, code):
+    """trial AB: a second Ctrl-C as ``train`` exited printed a traceback from torch's exit hook."""
+    import subprocess
+    import sys
+
+    child = ("import os, signal, sys, time\nsys.argv = ['nobackfill', '--version']\n"
+             "signal.signal(signal.SIGINT, signal.default_int_handler)\n"  # (as at a terminal; a suite in the
+             # background of a shell runs with SIGINT ignored)
+             "from nobackfill.cli import main\ntry:\n    main()\nexcept SystemExit:\n    pass\n"
+             "print('exiting', flush=True)\n"
+             f"os.kill(os.getpid(), signal.{signum})\ntime.sleep(10)\nprint('not ended')\n")
+    r = subprocess.run([sys.executable, "-c", child], capture_output=True, text=True, timeout=120)
+    assert r.returncode == code and r.stdout.splitlines()[-1] == "exiting", (r.returncode, r.stdout, r.stderr)
+    assert "Traceback" not in r.stderr, r.stderr

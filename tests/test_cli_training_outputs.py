@@ -140,7 +140,11 @@ def test_check_output_takes_a_killed_run_and_refuses_a_finished_one(tmp_path) ->
         check_output(steps, finished="result.json", what="result", also=("step*",))
     odd = tmp_path / "odd"  # a folder by a checkpoint's name: refused now, not at the first save
     (odd / "checkpoint.safetensors").mkdir(parents=True)
-    with pytest.raises(ValueError, match=r"holds files already \(checkpoint.safetensors\)"):
+    with pytest.raises(ValueError, match=r"checkpoint.safetensors there is not a file; remove it"):
+        check_output(odd, finished=None)
+    (odd / "checkpoint.safetensors").rmdir()
+    (odd / "checkpoint.safetensors").symlink_to(odd / "nowhere")
+    with pytest.raises(ValueError, match=r"checkpoint.safetensors there is not a file; remove it"):
         check_output(odd, finished=None)
 
 
@@ -210,7 +214,7 @@ class _RunsCode:
         return (Path.touch, (self.marker,))
 
 
-def test_a_pickled_checkpoint_of_an_earlier_version_is_refused_unread(tmp_path) -> None:
+def test_a_pickled_checkpoint_of_an_earlier_version_is_refused_unread(tmp_path, capsys) -> None:
     """Checkpoints were pickles read by ``torch.load(weights_only=False)``: one from elsewhere could
     run code on resume. They are now safetensors; an old ``checkpoint.pt`` is named, never loaded."""
     cfg = LoopConfig(steps=8, lr=0.1, warmup=2, log_every=2, checkpoint_every=4, weight_decay=0.0)
@@ -222,8 +226,14 @@ def test_a_pickled_checkpoint_of_an_earlier_version_is_refused_unread(tmp_path) 
     with pytest.raises(ResumeMismatch, match=r"checkpoint.pt: a checkpoint of an earlier nobackfill, a pickle"):
         train(_Toy(), CyclicBatches(), cfg, out, progress=False)
     assert not marker.exists() and (out / "checkpoint.pt").is_file()
-    (out / "checkpoint.pt").unlink()
-    assert train(_Toy(), CyclicBatches(), cfg, out, progress=False).steps == 8
+    (out / "checkpoint.pt").rename(tmp_path / "aside.pt")
+    with pytest.raises(TrainingInterrupted):  # a checkpoint of this version beside it, and a kill's temporary file
+        train(_Toy(interrupt_at=6), CyclicBatches(), cfg, out, progress=False)
+    (tmp_path / "aside.pt").rename(out / "checkpoint.pt")
+    (out / ".checkpoint.safetensors.0123456789ab").write_bytes(b"half")
+    assert train(_Toy(), CyclicBatches(), cfg, out, progress=True).steps == 8
+    assert "checkpoint.pt beside it is an earlier version's (a pickle): not read" in capsys.readouterr().err
+    assert not marker.exists() and sorted(p.name for p in out.iterdir()) == ["train_log.jsonl", "w.pt"]
 
 
 def test_a_checkpoint_round_trips_every_kind_of_run_state(tmp_path) -> None:
@@ -241,6 +251,11 @@ def test_a_checkpoint_round_trips_every_kind_of_run_state(tmp_path) -> None:
     assert back["python_rng"] == random.getstate() and math.isnan(back["nan"])
     np.random.set_state(back["numpy_rng"])
     torch.set_rng_state(back["rng"])
+    damaged = bytearray((tmp_path / "c.safetensors").read_bytes())
+    damaged[-20] ^= 0x40  # one bit of a tensor (trial AB: resumed, then the loss was nan)
+    (tmp_path / "c.safetensors").write_bytes(bytes(damaged))
+    with pytest.raises(ValueError, match="do not match the checksum"):
+        load_state(tmp_path / "c.safetensors")
     with pytest.raises(TypeError, match="not object"):
         save_state({"x": object()}, tmp_path / "d.safetensors")
     assert not (tmp_path / "d.safetensors").exists()
@@ -399,3 +414,16 @@ def test_sigterm_ends_a_training_as_ctrl_c_does_with_exit_143(late_setup) -> Non
     assert "Traceback" not in err and len(err.strip().splitlines()) == 1, err
     assert re.fullmatch(r"interrupted at step \d+ of 100000 \(contrastive\); the checkpoint at step \d+ in .+ "
                         r"resumes it: rerun the same command \(SIGTERM\)", err.strip()), err
+
+
+def test_a_diverging_training_is_one_line_naming_the_step_and_what_to_change(late_setup, tmp_path) -> None:
+    """trial AB: ``train --set train.lr=1e6`` ended in a traceback of FloatingPointError (exit 1)."""
+    root = late_setup["root"]
+    r = _invoke("late", "train", "--kind", "global", "--world", root / "world", "--preset", root / "student.toml",
+                "--steps", "30", "--batch-size", "4", "--threads", "1", "--set", "lr=1e9",
+                "--set", "loop.checkpoint_every=1", "--out", tmp_path / "run")
+    assert r.exit_code == 2 and len(r.output.strip().splitlines()) == 1, r.output
+    said = " ".join(r.output.split())
+    assert said.startswith("error: contrastive: the loss is nan at step "), said
+    assert "the training diverged; try a lower learning rate" in said, said
+    assert "has these settings: delete it (or give another --out) to train with others" in said, said

@@ -527,3 +527,30 @@ def test_a_caption_over_the_text_limit_is_a_bad_line_for_both_clients_before_any
     assert client.status()["generation"] == before  # nothing committed
     res = client.add(folder=folder, skip_bad=True)
     assert res.skipped == 1 and "line 2" in res.problems[0] and res.added == 4, res
+
+
+def test_a_url_that_is_no_nobackfill_server_is_one_line_naming_it(monkeypatch):
+    """trial AB: `collection status http://HOST:PORT` of a plain web server printed its 14-line HTML
+    error page as the error."""
+    import http.server
+    import threading
+
+    class Quiet(http.server.SimpleHTTPRequestHandler):
+        def log_message(self, *args):  # (its access log would be in the command's output)
+            pass
+
+    web = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Quiet)
+    threading.Thread(target=web.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{web.server_address[1]}"
+    try:
+        with pytest.raises(NotFound, match=rf"{re.escape(url)} does not answer as a nobackfill server: GET /v1/status "
+                                           r"got HTTP 404 \(text/html\), not the API's JSON"):
+            Client(url, api_key="k" * 24).status()
+        monkeypatch.setenv("NOBACKFILL_API_KEY", "k" * 24)
+        r = CliRunner().invoke(app, ["collection", "status", url])
+        assert r.exit_code == 2 and len(r.output.strip().splitlines()) == 1 and "<html" not in r.output.lower(), \
+            r.output
+        assert "is this the address of `nobackfill serve`?" in " ".join(r.output.split())
+    finally:
+        web.shutdown()
+        web.server_close()

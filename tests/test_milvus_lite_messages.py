@@ -6,6 +6,7 @@ saying why, instead of losing the others to milvus-lite's lock."""
 from __future__ import annotations
 
 import logging
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -168,17 +169,21 @@ def test_a_served_ray_backfill_of_milvus_lite_is_refused_before_a_job_starts(tmp
     head = grpc.server(futures.ThreadPoolExecutor(1))  # answers as a Ray head would: the address check passes
     address = f"127.0.0.1:{head.add_insecure_port('127.0.0.1:0')}"
     head.start()
+    with socket.socket() as s:  # (trial AB: with an address nobody answers, 503 "start a Ray cluster" came first)
+        s.bind(("127.0.0.1", 0))
+        dead = f"127.0.0.1:{s.getsockname()[1]}"
     old, new, _ = related_pair()
     pool = pool_with((OLD_REF, old), (NEW_REF, new))
     try:
-        app = create_app(ServeSettings(collection=uri, keys=KeyRing({"admin": ["a" * 24]}), ray_address=address,
-                                       uploads=tmp_path / "uploads"),
-                         pool=pool)
+        for ray_address in (dead, address):
+            app = create_app(ServeSettings(collection=uri, keys=KeyRing({"admin": ["a" * 24]}),
+                                           ray_address=ray_address, uploads=tmp_path / "uploads"), pool=pool)
+            with TestClient(app) as api:
+                for path in ("/v1/backfill/start", "/v1/backfill/resume"):
+                    r = api.post(path, json={"engine": "ray"}, headers={"Authorization": "Bearer " + "a" * 24})
+                    assert r.status_code == 422, r.text
+                    assert r.json()["field"] == "engine" and "milvus-lite serves one process per file" in r.text
         with TestClient(app) as api:
-            for path in ("/v1/backfill/start", "/v1/backfill/resume"):
-                r = api.post(path, json={"engine": "ray"}, headers={"Authorization": "Bearer " + "a" * 24})
-                assert r.status_code == 422, r.text
-                assert r.json()["field"] == "engine" and "milvus-lite serves one process per file" in r.text, r.text
             client = app.state.service.client
             assert BackfillJob.load(client.collection) is None and not client.backfill_active
             for call in (client.backfill_start, client.backfill_resume):

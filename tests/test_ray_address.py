@@ -102,14 +102,36 @@ def test_an_address_is_said_not_to_answer_in_one_line_naming_it_and_what_to_do(l
     assert f"ray start --head --ray-client-server-port {port}" in client
     assert "host no-such-host.invalid not found" in ray_address_error("no-such-host.invalid:6379")
     assert time.monotonic() - t0 < 10
-    for answers in (listener, None, "auto", "local"):  # something listens; Ray finds these itself
+    for answers in (listener, None, "local"):  # something listens; Ray starts its own (auto: below)
         assert ray_address_error(answers) is None
     with pytest.raises(RayUnreachable, match=f"no Ray cluster answers at 127.0.0.1:{port} "):
         RayOptions(address=f"127.0.0.1:{port}")  # refused when the options are made: before any job
     assert isinstance(RayUnreachable("x"), ConnectionError)
     assert RayOptions(address=listener).address == listener
-    for bad in ("127.0.0.1", "localhost", "127.0.0.1:notaport"):  # trial AA: refused by Ray after the sample
-        assert ray_address_error(bad).startswith(f"--address {bad}: not an address Ray takes: give HOST:PORT")
+    # trial AA: refused by Ray after the sample; trial AB: "", http:// and ray:// made the job, then Ray's errors
+    for bad in ("127.0.0.1", "localhost", "127.0.0.1:notaport", "", " ", "http://127.0.0.1:8265", "ray://"):
+        assert ray_address_error(bad).startswith(f"--address {bad!r}: not an address Ray takes: give HOST:PORT")
+
+
+def test_auto_is_refused_where_no_cluster_runs_and_follows_the_address_ray_would_take(tmp_path, monkeypatch):
+    """trial AB: ``--address auto`` with no Ray running made the backfill job, then failed in ray.init."""
+    import nobackfill.lifecycle.cluster.ray_address as ra
+
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    monkeypatch.setenv("RAY_TMPDIR", str(tmp_path))
+    monkeypatch.setattr(ra, "_gcs_running", lambda: False)
+    assert ra.ray_address_error("auto") == (
+        "--address auto: no Ray cluster runs on this machine: start one (`ray start --head`), give HOST:PORT of "
+        "another, or leave --address out for a Ray of this run's own; nothing was changed")
+    port = free_port()
+    (tmp_path / "ray").mkdir()
+    (tmp_path / "ray" / "ray_current_cluster").write_text(f"127.0.0.1:{port}\n")  # the last `ray start`, gone
+    assert ra.ray_address_error("auto").startswith(f"no Ray cluster answers at 127.0.0.1:{port} (connection refused)")
+    monkeypatch.setenv("RAY_ADDRESS", "127.0.0.1")  # Ray takes it before anything else
+    assert "--address '127.0.0.1': not an address Ray takes" in ra.ray_address_error("auto")
+    monkeypatch.delenv("RAY_ADDRESS")
+    monkeypatch.setattr(ra, "_gcs_running", lambda: True)  # a head of this machine: Ray joins it
+    assert ra.ray_address_error("auto") is None and ra.ray_address_error("local") is None
 
 
 def test_an_address_where_something_other_than_ray_answers_is_refused_at_once(silent):

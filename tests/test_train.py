@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 import math
 import os
 import subprocess
@@ -18,7 +19,7 @@ from nobackfill.data.world import WorldSpec, generate_world
 from nobackfill.encoders import load_encoder
 from nobackfill.train.contrastive import info_nce
 from nobackfill.train.checkpoint import load_state
-from nobackfill.train.loop import LoopConfig, lr_factor, train
+from nobackfill.train.loop import LoopConfig, ResumeMismatch, lr_factor, train
 from nobackfill.train.world_model import train_preset
 
 from _loop_helpers import CyclicBatches, ToyMethod
@@ -201,6 +202,15 @@ def test_train_preset_exact_resume_after_kill(reference, setup) -> None:
     assert (out / "checkpoint.safetensors").is_file() and not (out / "config.json").exists()
     assert load_state(out / "checkpoint.safetensors")["step"] == 4
     assert _log_steps(out) == [2, 4, 6, 8]  # logged past the checkpoint before the kill
+
+    other = setup["root"] / "world-seed-7"  # trial AB: a rerun on other data resumed and trained on both
+    other.mkdir()
+    (other / "world.json").write_text(json.dumps(dataclasses.asdict(WorldSpec(seed=7))))
+    kept = (out / "checkpoint.safetensors").read_bytes()
+    with pytest.raises(ResumeMismatch, match=rf"was written by a run with data '{re.escape(str(setup['world']))}' "
+                                             rf"\(now '{re.escape(str(other))}'\), data contents '[0-9a-f]+' \(now"):
+        train_preset(setup["preset"], other, out, eval_size=16, progress=False, checkpoint_every=4, log_every=2)
+    assert (out / "checkpoint.safetensors").read_bytes() == kept
 
     result = train_preset(setup["preset"], setup["world"], out, eval_size=16, progress=False,
                           checkpoint_every=4, log_every=2)

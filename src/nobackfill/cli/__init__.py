@@ -10,6 +10,10 @@ May import: ``_atomic``, ``_interrupts``, ``_logging``, ``bench``, ``catalog``, 
 
 from __future__ import annotations
 
+import functools
+import os
+import sys
+
 import typer
 from typer.core import TyperGroup
 
@@ -37,8 +41,6 @@ class _Root(TyperGroup):
         error (click's framed panel otherwise)."""
         if not standalone_mode:
             return super().main(*args, standalone_mode=False, **kwargs)
-        import sys
-
         from typer._click import exceptions as click_errors  # typer's own click: its errors, not click's
 
         try:
@@ -63,8 +65,6 @@ class _Root(TyperGroup):
         try:
             return super().invoke(ctx)
         except KeyboardInterrupt as e:
-            import sys
-
             from rich.markup import escape
 
             from ._common import console, interrupt_note
@@ -88,6 +88,13 @@ class _Root(TyperGroup):
             fail(f"{e.filename}: {what} ({e.strerror or e})" if e.filename else str(e))
         except typer.Exit:  # (an error said already: fail's)
             raise
+        except FloatingPointError as e:  # a training loop's loss that is not finite (loop.TrainingDiverged)
+            from ._common import fail
+
+            loop = sys.modules.get("nobackfill.train.loop")
+            if loop is None or not isinstance(e, loop.TrainingDiverged):
+                raise
+            fail(str(e))
         except Exception as e:  # a full disk or a read-only one, met anywhere (a catalog, a chunk, a model)
             from ._common import fail, storage_refusal
 
@@ -191,6 +198,20 @@ def main() -> None:
         app()
     finally:
         _skip_exit_collections()
+        # the command has said how it ended: a Ctrl-C or SIGTERM now (a second one, while the interpreter
+        # exits) ends the process at once, not in a library's exit hook with a traceback (trial AB)
+        for signum, code in ((signal.SIGINT, 130), (signal.SIGTERM, 143)):
+            if callable(signal.getsignal(signum)):
+                signal.signal(signum, functools.partial(_exit_now, code))
+
+
+def _exit_now(code: int, signum: int, frame: object) -> None:
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass
+    os._exit(code)
 
 
 def _skip_exit_collections() -> None:

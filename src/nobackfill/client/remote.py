@@ -54,7 +54,13 @@ class RemoteClient(Client):
             try:
                 body = r.json()
             except ValueError:
-                body = {"detail": r.text}
+                body = None
+            if not isinstance(body, dict) or not isinstance(body.get("detail"), (str, list)):
+                # trial AB: a web server's HTML error page was printed as the error, 14 lines
+                kind = r.headers.get("content-type", "no content type").split(";")[0]
+                body = {"detail": f"{self.target} does not answer as a nobackfill server: {method} {path} got HTTP "
+                                  f"{r.status_code} ({kind}), not the API's JSON; is this the address of "
+                                  "`nobackfill serve`?"}
             conflict = backfill_refused() if backfill and r.status_code == 409 else None
             hint = key_hint(r.status_code, sent=bool(self.headers)) if r.status_code in (401, 403) else ""
             raise error_for(r.status_code, body.get("detail", ""), body.get("field"), conflict=conflict, hint=hint)

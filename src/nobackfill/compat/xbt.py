@@ -40,7 +40,7 @@ import torch
 from ..config import to_dict
 from ..train.contrastive import info_nce
 from ..evaluate import texts_sha256
-from ..train.loop import LoopConfig, Method, TrainResult, setting_changes, train
+from ..train.loop import LoopConfig, Method, TrainResult, data_digest, setting_changes, train
 from .adapters import AdapterConfig, check_adapter_config
 from .bridges import PhiBridge
 from .data import IndexBatches, PairBatches, Pairs, dedupe
@@ -330,6 +330,8 @@ def train_xbt(new, phi: Projection, pairs: Pairs, cfg: XBTConfig, out: str | Pat
     up = new_upgraded_encoder(new, phi, target, cfg.adapters, kind="xbt")
     recipe = {"stage": 2, "config": cfg.to_dict(), "n_pairs": len(pairs), "command": command}
     method = XBTTraining(up, cfg, recipe)
+    images = pairs.images if isinstance(pairs.images, np.ndarray) else [str(i) for i in pairs.images]
+    method.run_settings = {"data contents": data_digest(images, list(pairs.captions))}  # other --pairs: refused
     res = train(method, PairBatches(pairs, cfg.batch_size, cfg.loop.seed), cfg.loop, out, evaluate=evaluate,
                 progress=progress)
     up.train(False)

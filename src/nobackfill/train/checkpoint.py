@@ -4,7 +4,8 @@ The loop's checkpoint holds the method's and the optimiser's state, the random g
 the log so far and the settings: tensors and JSON values nested in dicts, lists and tuples. It is
 written as one safetensors file: every tensor under a numbered key, and the structure around them
 as JSON in the file's metadata (a tensor's place marked ``{"__tensor__": key}``; a tuple, a numpy
-array and a dict whose keys are not all plain strings marked likewise). Reading it runs no code, so
+array and a dict whose keys are not all plain strings marked likewise), with a sha256 of the tensors
+that a read checks (a damaged byte is refused, not resumed). Reading it runs no code, so
 a checkpoint from elsewhere is as safe to resume as a model's weights (the earlier ``checkpoint.pt``
 was a pickle that ``torch.load(weights_only=False)`` would have run).
 """
@@ -27,6 +28,7 @@ CHECKPOINT_FILE = "checkpoint.safetensors"
 #: the pickled checkpoint of earlier versions: recognised, never read
 LEGACY_CHECKPOINT_FILE = "checkpoint.pt"
 _META_KEY = "nobackfill.state"
+_SUM_KEY = "nobackfill.sha256"
 _MARKS = ("__tensor__", "__tuple__", "__ndarray__", "__items__")
 
 
@@ -38,7 +40,7 @@ def save_state(state: Any, path: str | Path) -> None:
     """Write ``state`` (tensors, numpy arrays and JSON values in dicts, lists and tuples) to ``path``
     atomically (a temporary file beside it, renamed). ``TypeError`` names a value of another kind."""
     tensors: dict[str, torch.Tensor] = {}
-    meta = {_META_KEY: json.dumps(_pack(state, tensors, set()))}
+    meta = {_META_KEY: json.dumps(_pack(state, tensors, set())), _SUM_KEY: _checksum(tensors)}
     save_tensors(tensors, path, metadata=meta)  # (of the umask's mode: safetensors' own file is 0600)
 
 
@@ -52,7 +54,23 @@ def load_state(path: str | Path) -> Any:
         if meta is None:
             raise NotRunState("a safetensors file without a training run's state")
         tensors = {k: f.get_tensor(k) for k in f.keys()}
+        kept = (f.metadata() or {}).get(_SUM_KEY)
+    if kept is not None and kept != _checksum(tensors):  # (trial AB: a flipped bit resumed, then the loss was nan)
+        raise ValueError("its tensors do not match the checksum written with them")
     return _unpack(json.loads(meta), tensors)
+
+
+def _checksum(tensors: dict[str, torch.Tensor]) -> str:
+    """sha256 of every tensor's name, dtype, shape and bytes, in key order."""
+    import hashlib
+
+    h = hashlib.sha256()
+    for k in sorted(tensors):
+        t = tensors[k]
+        h.update(f"{k}:{t.dtype}:{tuple(t.shape)};".encode())
+        if t.numel():
+            h.update(t.detach().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
+    return h.hexdigest()
 
 
 def _pack(obj: Any, tensors: dict[str, torch.Tensor], storages: set[int]) -> Any:

@@ -193,6 +193,30 @@ def _flat(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
     return out
 
 
+def data_digest(*parts: Any) -> str:
+    """A short sha256 of what a run trains on (strings, numbers, arrays, paths, nested in lists): kept
+    in a run's settings (``"data contents"``) so that a resume on other data is refused, as one of
+    other settings is (trial AB: a rerun on another folder trained on both and recorded one)."""
+    import hashlib
+
+    h = hashlib.sha256()
+
+    def feed(x: Any) -> None:
+        if isinstance(x, np.ndarray):
+            h.update(f"{x.dtype}{x.shape}".encode())
+            h.update(np.ascontiguousarray(x).tobytes())
+        elif isinstance(x, (list, tuple)):
+            h.update(f"[{len(x)}".encode())
+            for v in x:
+                feed(v)
+        else:
+            h.update(f"{type(x).__name__}:{x}\x00".encode())
+
+    for part in parts:
+        feed(part)
+    return h.hexdigest()[:16]
+
+
 def setting_changes(was: dict[str, Any], now: dict[str, Any]) -> list[str]:
     """``"key old (now new)"`` for each setting recorded in both (nested dicts as dotted keys) whose
     values differ, leaving out those that change nothing trained (:data:`_RESUME_FREE`, at any depth)."""
@@ -210,7 +234,7 @@ def check_resume(path: Path, saved: dict[str, Any] | None, cfg: LoopConfig, *, m
     if method is not None and saved_method is not None and saved_method != method:
         raise ResumeMismatch(f"{path} was written by a run of {saved_method} (now {method}): give another --out "
                              f"(or delete {path.name} to start afresh)")
-    diff = setting_changes({**(saved or {}), **(saved_run or {})}, {**asdict(cfg), **(run or {})})
+    diff = setting_changes({**(saved_run or {}), **(saved or {})}, {**(run or {}), **asdict(cfg)})  # data first
     if diff:
         raise ResumeMismatch(f"{path} was written by a run with {', '.join(diff)}: rerun with its settings to "
                              f"resume it, or give another --out (or delete {path.name} to start afresh)")
@@ -242,6 +266,10 @@ def check_output(out: Path, *, finished: str | None, what: str = "", also: Itera
         raise ValueError(f"--out {out}: {above} is a file, not a folder")
     if not out.is_dir() or (resumable and any((out / name).is_file() for name in (CHECKPOINT_FILE, LEGACY_CHECKPOINT_FILE))):
         return
+    odd = out / CHECKPOINT_FILE
+    if resumable and os.path.lexists(odd):  # a folder, a link to nothing or to a device (trial AB)
+        raise ValueError(f"--out {out}: {odd.name} there is not a file; remove it (a run resumes only from the "
+                         "file a run wrote), or give another folder")
     if finished is not None and (out / finished).exists():
         raise ValueError(f"--out {out}: holds a finished {what} already ({finished}); give a new folder, or remove "
                          "it first to train again")
@@ -266,6 +294,19 @@ def write_recipe(out: str | Path, recipe: dict[str, Any]) -> Path:
     path = Path(out) / "recipe.json"
     atomic_write_text(path, json.dumps(recipe, indent=2, default=str))
     return path
+
+
+class TrainingDiverged(FloatingPointError):
+    """The loss was not finite at a step (the run diverged: a learning rate too high, bad data): the
+    message says so, and what a rerun needs (the checkpoint in ``out``, if any, was written with the
+    same settings and would diverge again). A command prints it as one line (trial AB: a traceback)."""
+
+    def __init__(self, method: str, loss: float, step: int, out: Path, checkpoint_step: int | None = None) -> None:
+        self.method, self.loss, self.step, self.out, self.checkpoint_step = method, loss, step, Path(out), checkpoint_step
+        kept = (f"; the checkpoint at step {checkpoint_step} in {out} has these settings: delete it (or give another "
+                "--out) to train with others" if checkpoint_step else "")
+        super().__init__(f"{method}: the loss is {loss} at step {step}: the training diverged; try a lower learning "
+                         f"rate (or check the data){kept}")
 
 
 class TrainingInterrupted(KeyboardInterrupt):
@@ -354,7 +395,7 @@ def _train(method: Method, batches: BatchSource, cfg: LoopConfig, out: Path,
         try:
             method.load_state_dict(state["method"])
         except (RuntimeError, KeyError, ValueError) as e:  # another model: other shapes or parameters
-            raise ResumeMismatch(f"{ckpt_path} holds a model that is not this run's ({str(e).splitlines()[0][:200]}): "
+            raise ResumeMismatch(f"{ckpt_path} holds a model that is not this run's ({' '.join(str(e).split())[:200]}): "
                                  f"give another --out (or delete {ckpt_path.name} to start afresh)") from None
         opt.load_state_dict(state["optimizer"])
         start, history, elapsed = state["step"], state["history"], state["elapsed"]
@@ -368,6 +409,9 @@ def _train(method: Method, batches: BatchSource, cfg: LoopConfig, out: Path,
         if progress:
             print(f"resuming {method.name} in {out} from step {start} of {cfg.steps} (its checkpoint)",
                   file=sys.stderr)
+            if (out / LEGACY_CHECKPOINT_FILE).is_file():
+                print(f"{LEGACY_CHECKPOINT_FILE} beside it is an earlier version's (a pickle): not read, and removed "
+                      "when the run ends", file=sys.stderr)
     elif log_path.exists():  # a finished run's output trained again from step 0: its log starts afresh
         log_path.unlink()
     t0 = time.time() - elapsed
@@ -384,7 +428,7 @@ def _train(method: Method, batches: BatchSource, cfg: LoopConfig, out: Path,
                 g["lr"] = g["base_lr"] * f
             loss, logs = method.loss(batches.batch(step), step)
             if not torch.isfinite(loss):
-                raise FloatingPointError(f"{method.name}: loss is {loss.item()} at step {step}")
+                raise TrainingDiverged(method.name, loss.item(), step, out, where["checkpoint"])
             if before_backward is not None:
                 before_backward(step)
             opt.zero_grad(set_to_none=True)
@@ -434,8 +478,12 @@ def _train(method: Method, batches: BatchSource, cfg: LoopConfig, out: Path,
     seconds = time.time() - t0
     if export:
         method.export(out)
-    if ckpt_path.exists():
-        ckpt_path.unlink()
+    # the run is finished: its checkpoint goes, with what kills left of earlier ones (their temporary
+    # files; trial AB: 3.5 MB in the finished model) and a pickled one of an earlier version, never read
+    for stale in [ckpt_path, out / LEGACY_CHECKPOINT_FILE, *out.glob(f".{CHECKPOINT_FILE}.*"),
+                  *out.glob(f".{LEGACY_CHECKPOINT_FILE}.*")]:
+        if stale.is_file():
+            stale.unlink()
     steps_done = history[-1]["step"] if es["stopped"] and history else cfg.steps
     return TrainResult(steps=steps_done, seconds=seconds, last_loss=last, history=history, out=out,
                        best_step=es["step"], best_value=es["best"], stopped_early=bool(es["stopped"]))

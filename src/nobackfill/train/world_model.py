@@ -23,7 +23,7 @@ from ..encoders.tokenizer import train_bpe_tokenizer
 from ..encoders.zoo import Preset, create_model, get_preset
 from ..metrics.retrieval import retrieval_metrics
 from .contrastive import ContrastivePretraining
-from .loop import LoopConfig, TrainResult, train, write_recipe
+from .loop import LoopConfig, TrainResult, data_digest, train, write_recipe
 
 log = logging.getLogger(__name__)
 
@@ -73,7 +73,10 @@ def train_preset(preset: str | Preset, data: str | Path, out: str | Path, *, ste
     encoder = create_model(preset, tokenizer, seed=seed)
     encoder.meta.update({"name": out.name, "concepts": asdict(concepts)})
     method = ContrastivePretraining(encoder, save_dtype=rec.save_dtype)
-    method.run_settings = {"preset": asdict(preset), "stream": bool(spec is not None and stream)}
+    # what it trains on first: a resume on another world or folder is refused naming it (trial AB)
+    method.run_settings = {"data": str(Path(data).resolve()),
+                           "data contents": data_digest(asdict(spec) if spec is not None else corpus),
+                           "preset": asdict(preset), "stream": bool(spec is not None and stream)}
     if spec is not None and stream:
         from ..data.batches import WorldBatches
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import ipaddress
 import os
 import socket
+from pathlib import Path
 
 __all__ = ["CLI_RETRY", "PROBE_S", "RayUnreachable", "check_ray_address", "ray_address_error"]
 
@@ -88,13 +89,14 @@ def ray_address_error(address: str | None, timeout_s: float = PROBE_S, *, retry:
     host resolved as given), or when Ray finds the cluster itself (None, ``auto``, ``local``); else
     one line naming the address, why, what to do (start a cluster there, or ``retry``) and
     ``outcome``."""
-    hp = _host_port(address) if address else None
-    if hp is None:
-        a = (address or "").strip()
-        if a and a not in ("auto", "local") and "://" not in a:  # trial AA: Ray refused it only after the sample
-            return (f"--address {address}: not an address Ray takes: give HOST:PORT (the GCS port of a Ray head, "
-                    f"`ray start --head --port PORT`), ray://HOST:PORT or auto; {outcome}")
+    if address is None or address.strip() == "local":  # a Ray of this run's own
         return None
+    if address.strip() == "auto":
+        return _auto_error(timeout_s, outcome)
+    hp = _host_port(address)
+    if hp is None:  # trial AA: Ray refused "HOST" only after the sample; trial AB: "", http://..., ray://
+        return (f"--address {address!r}: not an address Ray takes: give HOST:PORT (the GCS port of a Ray head, "
+                f"`ray start --head --port PORT`), ray://HOST:PORT or auto; {outcome}")
     host, port = hp
     client = address.strip().startswith("ray://")
     try:
@@ -122,6 +124,45 @@ def ray_address_error(address: str | None, timeout_s: float = PROBE_S, *, retry:
              else f"ray start --head{ip} --port {port}")
     return (f"no Ray {'Client server' if client else 'cluster'} answers at {address} ({why}): start one there "
             f"(`{start}`) or {retry}; {outcome}")
+
+
+def _auto_error(timeout_s: float, outcome: str) -> str | None:
+    """:func:`ray_address_error` of ``auto``, found as Ray finds it: ``RAY_ADDRESS``; a GCS server
+    process of this machine (None: Ray joins it); the address the last ``ray start`` wrote
+    (``ray_current_cluster`` in Ray's temporary folder), dialled. None of them: no cluster runs here
+    (trial AB: ``--address auto`` made the backfill job, then Ray said it found no instance)."""
+    env = os.environ.get("RAY_ADDRESS", "").strip()
+    if env:
+        return ray_address_error(env, timeout_s, retry="unset RAY_ADDRESS, or set it to a running cluster's "
+                                 "address", outcome=outcome)
+    if _gcs_running():
+        return None
+    temp = os.environ.get("RAY_TMPDIR") or os.environ.get("TMPDIR") or "/tmp"
+    try:
+        last = (Path(temp) / "ray" / "ray_current_cluster").read_text().strip()
+    except OSError:
+        last = ""
+    if last:
+        return ray_address_error(last, timeout_s, retry="start it again, or give another --address",
+                                 outcome=outcome)
+    return (f"--address auto: no Ray cluster runs on this machine: start one (`ray start --head`), give HOST:PORT "
+            f"of another, or leave --address out for a Ray of this run's own; {outcome}")
+
+
+def _gcs_running() -> bool:
+    """Whether a Ray GCS server process runs on this machine (as Ray's own ``auto`` looks for one);
+    True where processes cannot be listed (no ``/proc``): Ray is left to say."""
+    proc = Path("/proc")
+    if not proc.is_dir():
+        return True
+    for d in proc.iterdir():
+        if d.name.isdigit():
+            try:
+                if b"gcs_server" in (d / "cmdline").read_bytes():
+                    return True
+            except OSError:
+                continue
+    return False
 
 
 def check_ray_address(address: str | None, timeout_s: float = PROBE_S, *, retry: str = CLI_RETRY,

@@ -59,6 +59,12 @@ def _engine(svc: Service, req: BackfillRequest, fn: Any) -> Any:
     def checked(*args: Any) -> Any:
         from ...lifecycle.cluster.ray_backfill import ray_address_error
 
+        # storage that one process holds (milvus-lite) refuses the engine whatever the address (422,
+        # trial AB: a 503 "start a Ray cluster" came first, and following it led to this refusal)
+        try:
+            svc.client.collection.storage.backfill_workers(1, "ray")
+        except ValueError as e:
+            raise ApiError(422, str(e), "engine") from None
         why = ray_address_error(address, retry="restart this server with --ray-address auto for the cluster "
                                               "`ray start` runs on its machine")
         if why:
