@@ -159,3 +159,28 @@ def test_merged_upgrade_equals_the_switchable_one_and_refuses_to_switch_off():
     with pytest.raises(ValueError, match="cannot be switched off"):
         with merged.switched(False):
             pass
+
+
+def test_an_xbt_resume_on_other_pairs_is_refused_naming_the_data(tmp_path, monkeypatch):
+    """trial AB: a training resumed on other data trained on both without a word."""
+    from nobackfill.compat.xbt import XBTTraining
+    from nobackfill.train.loop import ResumeMismatch, TrainingInterrupted
+
+    cfg = updated(XBTConfig(), steps=6, batch_size=8, lr=1e-2, warmup=0, checkpoint_every=2)
+    target = {"space_id": "old-space", "name": "old", "embed_dim": 16}
+    loss = XBTTraining.loss
+
+    def stop_at_3(self, batch, step):
+        if step == 3:
+            raise KeyboardInterrupt
+        return loss(self, batch, step)
+
+    with monkeypatch.context() as m:
+        m.setattr(XBTTraining, "loss", stop_at_3)
+        with pytest.raises(TrainingInterrupted):
+            train_xbt(tiny_encoder(seed=1), Projection(32, 16), _pairs(), cfg, tmp_path / "up", target=target)
+    other = Pairs(images(16, "val"), captions(16))
+    with pytest.raises(ResumeMismatch, match=r"was written by a run with data contents '[0-9a-f]{16}' \(now '[0-9a-f]{16}'\)"):
+        train_xbt(tiny_encoder(seed=1), Projection(32, 16), other, cfg, tmp_path / "up", target=target)
+    _, res = train_xbt(tiny_encoder(seed=1), Projection(32, 16), _pairs(), cfg, tmp_path / "up", target=target)
+    assert res.steps == 6 and [r["step"] for r in res.history][-1] == 6

@@ -40,7 +40,8 @@ import torch
 from ..config import to_dict
 from ..train.contrastive import info_nce
 from ..evaluate import texts_sha256
-from ..train.loop import LoopConfig, Method, TrainResult, data_digest, setting_changes, train
+from ..train.checkpoint import data_digest
+from ..train.loop import LoopConfig, Method, TrainResult, setting_changes, train
 from .adapters import AdapterConfig, check_adapter_config
 from .bridges import PhiBridge
 from .data import IndexBatches, PairBatches, Pairs, dedupe

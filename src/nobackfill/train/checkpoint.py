@@ -7,11 +7,13 @@ as JSON in the file's metadata (a tensor's place marked ``{"__tensor__": key}``;
 array and a dict whose keys are not all plain strings marked likewise), with a sha256 of the tensors
 that a read checks (a damaged byte is refused, not resumed). Reading it runs no code, so
 a checkpoint from elsewhere is as safe to resume as a model's weights (the earlier ``checkpoint.pt``
-was a pickle that ``torch.load(weights_only=False)`` would have run).
+was a pickle that ``torch.load(weights_only=False)`` would have run). :func:`data_digest` names what a
+run trains on, in its settings, so that a resume on other data is refused.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 from pathlib import Path
 from typing import Any
@@ -21,7 +23,7 @@ import torch
 
 from .._safetensors import save_tensors
 
-__all__ = ["CHECKPOINT_FILE", "LEGACY_CHECKPOINT_FILE", "NotRunState", "load_state", "save_state"]
+__all__ = ["CHECKPOINT_FILE", "LEGACY_CHECKPOINT_FILE", "NotRunState", "data_digest", "load_state", "save_state"]
 
 #: the file a run's checkpoint is kept in, in its output folder
 CHECKPOINT_FILE = "checkpoint.safetensors"
@@ -62,8 +64,6 @@ def load_state(path: str | Path) -> Any:
 
 def _checksum(tensors: dict[str, torch.Tensor]) -> str:
     """sha256 of every tensor's name, dtype, shape and bytes, in key order."""
-    import hashlib
-
     h = hashlib.sha256()
     for k in sorted(tensors):
         t = tensors[k]
@@ -71,6 +71,28 @@ def _checksum(tensors: dict[str, torch.Tensor]) -> str:
         if t.numel():
             h.update(t.detach().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
     return h.hexdigest()
+
+
+def data_digest(*parts: Any) -> str:
+    """A short sha256 of what a run trains on (strings, numbers, arrays, paths, nested in lists): kept
+    in a run's settings (``"data contents"``) so that a resume on other data is refused, as one of
+    other settings is (trial AB: a rerun on another folder trained on both and recorded one)."""
+    h = hashlib.sha256()
+
+    def feed(x: Any) -> None:
+        if isinstance(x, np.ndarray):
+            h.update(f"{x.dtype}{x.shape}".encode())
+            h.update(np.ascontiguousarray(x).tobytes())
+        elif isinstance(x, (list, tuple)):
+            h.update(f"[{len(x)}".encode())
+            for v in x:
+                feed(v)
+        else:
+            h.update(f"{type(x).__name__}:{x}\x00".encode())
+
+    for part in parts:
+        feed(part)
+    return h.hexdigest()[:16]
 
 
 def _pack(obj: Any, tensors: dict[str, torch.Tensor], storages: set[int]) -> Any:

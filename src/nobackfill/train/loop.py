@@ -193,30 +193,6 @@ def _flat(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
     return out
 
 
-def data_digest(*parts: Any) -> str:
-    """A short sha256 of what a run trains on (strings, numbers, arrays, paths, nested in lists): kept
-    in a run's settings (``"data contents"``) so that a resume on other data is refused, as one of
-    other settings is (trial AB: a rerun on another folder trained on both and recorded one)."""
-    import hashlib
-
-    h = hashlib.sha256()
-
-    def feed(x: Any) -> None:
-        if isinstance(x, np.ndarray):
-            h.update(f"{x.dtype}{x.shape}".encode())
-            h.update(np.ascontiguousarray(x).tobytes())
-        elif isinstance(x, (list, tuple)):
-            h.update(f"[{len(x)}".encode())
-            for v in x:
-                feed(v)
-        else:
-            h.update(f"{type(x).__name__}:{x}\x00".encode())
-
-    for part in parts:
-        feed(part)
-    return h.hexdigest()[:16]
-
-
 def setting_changes(was: dict[str, Any], now: dict[str, Any]) -> list[str]:
     """``"key old (now new)"`` for each setting recorded in both (nested dicts as dotted keys) whose
     values differ, leaving out those that change nothing trained (:data:`_RESUME_FREE`, at any depth)."""
@@ -264,7 +240,8 @@ def check_output(out: Path, *, finished: str | None, what: str = "", also: Itera
         raise ValueError(f"--out {out}: is a file; give a folder")
     if not out.exists() and (above := file_above(out)) is not None:
         raise ValueError(f"--out {out}: {above} is a file, not a folder")
-    if not out.is_dir() or (resumable and any((out / name).is_file() for name in (CHECKPOINT_FILE, LEGACY_CHECKPOINT_FILE))):
+    checkpoints = (CHECKPOINT_FILE, LEGACY_CHECKPOINT_FILE)
+    if not out.is_dir() or (resumable and any((out / name).is_file() for name in checkpoints)):
         return
     odd = out / CHECKPOINT_FILE
     if resumable and os.path.lexists(odd):  # a folder, a link to nothing or to a device (trial AB)
@@ -302,7 +279,8 @@ class TrainingDiverged(FloatingPointError):
     same settings and would diverge again). A command prints it as one line (trial AB: a traceback)."""
 
     def __init__(self, method: str, loss: float, step: int, out: Path, checkpoint_step: int | None = None) -> None:
-        self.method, self.loss, self.step, self.out, self.checkpoint_step = method, loss, step, Path(out), checkpoint_step
+        self.method, self.loss, self.step = method, loss, step
+        self.out, self.checkpoint_step = Path(out), checkpoint_step
         kept = (f"; the checkpoint at step {checkpoint_step} in {out} has these settings: delete it (or give another "
                 "--out) to train with others" if checkpoint_step else "")
         super().__init__(f"{method}: the loss is {loss} at step {step}: the training diverged; try a lower learning "
@@ -383,7 +361,8 @@ def _train(method: Method, batches: BatchSource, cfg: LoopConfig, out: Path,
     ckpt_path = out / CHECKPOINT_FILE
     if not ckpt_path.is_file() and (out / LEGACY_CHECKPOINT_FILE).is_file():
         raise ResumeMismatch(f"{out / LEGACY_CHECKPOINT_FILE}: a checkpoint of an earlier nobackfill, a pickle, which "
-                             f"is not read (loading it could run code): delete it to start afresh (or give another --out)")
+                             "is not read (loading it could run code): delete it to start afresh "
+                             "(or give another --out)")
     log_path = out / "train_log.jsonl"
     start, history, elapsed = 0, [], 0.0
     # early-stopping state: best value, its step, evaluations since, a copy of the best state
@@ -395,7 +374,8 @@ def _train(method: Method, batches: BatchSource, cfg: LoopConfig, out: Path,
         try:
             method.load_state_dict(state["method"])
         except (RuntimeError, KeyError, ValueError) as e:  # another model: other shapes or parameters
-            raise ResumeMismatch(f"{ckpt_path} holds a model that is not this run's ({' '.join(str(e).split())[:200]}): "
+            why = " ".join(str(e).split())[:200]  # (torch's message spans lines: trial AB saw it cut at its first)
+            raise ResumeMismatch(f"{ckpt_path} holds a model that is not this run's ({why}): "
                                  f"give another --out (or delete {ckpt_path.name} to start afresh)") from None
         opt.load_state_dict(state["optimizer"])
         start, history, elapsed = state["step"], state["history"], state["elapsed"]

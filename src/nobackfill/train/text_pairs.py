@@ -25,7 +25,8 @@ from torch import nn
 
 from ..encoders.minilm import MiniLMTextEncoder
 from .contrastive import info_nce
-from .loop import LoopConfig, Method, TrainResult, data_digest, train, write_recipe
+from .checkpoint import data_digest
+from .loop import LoopConfig, Method, TrainResult, train, write_recipe
 
 #: CLIP's initial logit scale, log(1 / 0.07) = 2.6592 (the XBT paper's fixed temperature value)
 CLIP_LOG_SCALE = math.log(1 / 0.07)

@@ -23,7 +23,8 @@ from ..encoders.tokenizer import train_bpe_tokenizer
 from ..encoders.zoo import Preset, create_model, get_preset
 from ..metrics.retrieval import retrieval_metrics
 from .contrastive import ContrastivePretraining
-from .loop import LoopConfig, TrainResult, data_digest, train, write_recipe
+from .checkpoint import data_digest
+from .loop import LoopConfig, TrainResult, train, write_recipe
 
 log = logging.getLogger(__name__)
 
