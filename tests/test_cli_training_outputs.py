@@ -256,6 +256,12 @@ def test_a_checkpoint_round_trips_every_kind_of_run_state(tmp_path) -> None:
     (tmp_path / "c.safetensors").write_bytes(bytes(damaged))
     with pytest.raises(ValueError, match="do not match the checksum"):
         load_state(tmp_path / "c.safetensors")
+    save_state({"step": 300, "w": torch.zeros(4)}, tmp_path / "s.safetensors")  # trial AC: the run state too
+    raw = (tmp_path / "s.safetensors").read_bytes()
+    assert b'"step\\": 300' in raw  # (the state's JSON, escaped inside the header's)
+    (tmp_path / "s.safetensors").write_bytes(raw.replace(b'"step\\": 300', b'"step\\": 301'))
+    with pytest.raises(ValueError, match="do not match the checksum"):
+        load_state(tmp_path / "s.safetensors")
     with pytest.raises(TypeError, match="not object"):
         save_state({"x": object()}, tmp_path / "d.safetensors")
     assert not (tmp_path / "d.safetensors").exists()

@@ -19,6 +19,7 @@ from typer.testing import CliRunner
 
 from nobackfill import Client, ClientError
 from nobackfill.client import AlreadyExists, BackfillRefused, Conflict, InvalidRequest, NotFound, Unreachable
+from nobackfill.client.errors import NotAServer
 from nobackfill.lifecycle.backfill import BackfillError
 from nobackfill.cli import app
 from nobackfill.client import AddResult, ImportResult, ItemInfo, SearchHit, SearchResults, UpgradeResult
@@ -536,16 +537,43 @@ def test_a_url_that_is_no_nobackfill_server_is_one_line_naming_it(monkeypatch):
     import threading
 
     class Quiet(http.server.SimpleHTTPRequestHandler):
+        answer: int | None = None  # None: the file server's 404 page; else this status with a JSON body
+
         def log_message(self, *args):  # (its access log would be in the command's output)
             pass
+
+        def _json(self):
+            body = json.dumps({"detail": "nope", "status": {"backfill": None}}).encode()
+            self.send_response(self.answer)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Location", "/elsewhere")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def do_GET(self):
+            return self._json() if self.answer else super().do_GET()
+
+        def do_POST(self):
+            if self.answer:
+                self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                return self._json()
+            self.send_error(404)
 
     web = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Quiet)
     threading.Thread(target=web.serve_forever, daemon=True).start()
     url = f"http://127.0.0.1:{web.server_address[1]}"
     try:
-        with pytest.raises(NotFound, match=rf"{re.escape(url)} does not answer as a nobackfill server: GET /v1/status "
-                                           r"got HTTP 404 \(text/html\), not the API's JSON"):
+        with pytest.raises(NotAServer, match=rf"{re.escape(url)} does not answer as a nobackfill server: GET "
+                                             r"/v1/status got HTTP 404 \(text/html\) without the API's header"):
             Client(url, api_key="k" * 24).status()
+        for answer in (200, 302, 404):  # trial AC: a 200 page, a redirect, another API's JSON error: tracebacks
+            Quiet.answer = answer
+            with pytest.raises(NotAServer, match=rf"got HTTP {answer} \(application/json\) without the API's header"):
+                Client(url, api_key="k" * 24).status()
+            with pytest.raises(NotAServer):
+                Client(url, api_key="k" * 24).search(text="a red circle")
+        Quiet.answer = None
         monkeypatch.setenv("NOBACKFILL_API_KEY", "k" * 24)
         r = CliRunner().invoke(app, ["collection", "status", url])
         assert r.exit_code == 2 and len(r.output.strip().splitlines()) == 1 and "<html" not in r.output.lower(), \

@@ -175,7 +175,7 @@ def test_a_served_ray_backfill_of_milvus_lite_is_refused_before_a_job_starts(tmp
     old, new, _ = related_pair()
     pool = pool_with((OLD_REF, old), (NEW_REF, new))
     try:
-        for ray_address in (dead, address):
+        for ray_address in (dead, address, None):  # (None: a 409 "start it with --ray-address" came first)
             app = create_app(ServeSettings(collection=uri, keys=KeyRing({"admin": ["a" * 24]}),
                                            ray_address=ray_address, uploads=tmp_path / "uploads"), pool=pool)
             with TestClient(app) as api:

@@ -298,3 +298,26 @@ def test_rays_own_join_of_an_address_that_is_no_cluster_is_bounded_and_the_proce
     assert f"RayUnreachable: could not join the Ray cluster at {listener}: ray.init did not return within 4 s" \
         in r.stdout, (r.stdout, r.stderr)
     assert float(r.stdout.split()[0]) < 10 and took < 60, (r.stdout, took)
+
+
+def test_local_is_a_ray_of_the_runs_own_and_a_server_refuses_it_and_a_malformed_address_at_start(tmp_path):
+    """trial AC: ``--address local`` was passed to ray.init in the joining thread and the process ended,
+    exit 1, without a word (a server: on the first start); ``serve --ray-address`` was not checked."""
+    from typer.testing import CliRunner
+
+    from nobackfill.cli import app
+    from nobackfill.lifecycle.cluster.ray_backfill import RayOptions
+
+    assert RayOptions(address="local").address is None and RayOptions(address=" local ").address is None
+    keys = tmp_path / "keys.toml"
+    keys.write_text('admin = ["' + "a" * 24 + '"]\n')
+    for bad, said in (("local", "--ray-address local: a server joins a running Ray cluster"),
+                      ("localhost", "--ray-address 'localhost': not an address Ray takes"),
+                      ("http://127.0.0.1:8265", "not an address Ray takes")):
+        r = CliRunner().invoke(app, ["serve", str(tmp_path / "none"), "--keys", str(keys), "--ray-address", bad])
+        assert r.exit_code == 2 and said in " ".join(r.output.split()), r.output
+    c, *_ = upgraded_collection(tmp_path / "c", n_images=4)
+    api, auth = _api(c, "local")
+    r = api.post("/v1/backfill/start", json={"engine": "ray"}, headers=auth)
+    assert r.status_code == 409 and r.json()["field"] == "engine" and "--ray-address" in r.text, r.text
+    assert _state(c)[0] is None

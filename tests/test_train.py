@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import re
+import shutil
 import math
 import os
 import subprocess
@@ -212,7 +213,9 @@ def test_train_preset_exact_resume_after_kill(reference, setup) -> None:
         train_preset(setup["preset"], other, out, eval_size=16, progress=False, checkpoint_every=4, log_every=2)
     assert (out / "checkpoint.safetensors").read_bytes() == kept
 
-    result = train_preset(setup["preset"], setup["world"], out, eval_size=16, progress=False,
+    moved = setup["root"] / "world-moved"  # the same world elsewhere resumes (trial AC: a copy was refused)
+    shutil.copytree(setup["world"], moved)
+    result = train_preset(setup["preset"], moved, out, eval_size=16, progress=False,
                           checkpoint_every=4, log_every=2)
     assert result.steps == 12 and not (out / "checkpoint.safetensors").exists()
     _assert_same_weights(reference, out)

@@ -65,6 +65,7 @@ class _Root(TyperGroup):
         try:
             return super().invoke(ctx)
         except KeyboardInterrupt as e:
+            _end_at_once_on_signals()  # (a second Ctrl-C while this one is said and the program exits)
             from rich.markup import escape
 
             from ._common import console, interrupt_note
@@ -188,21 +189,38 @@ def _terminate(signum, frame) -> None:
     raise Terminated()
 
 
+#: whether this process is the ``nobackfill`` program (set by :func:`main`)
+_AS_PROGRAM = False
+
+
 def main() -> None:
     """The ``nobackfill`` program: the command line, with SIGTERM handled as Ctrl-C
     (:class:`nobackfill._interrupts.Terminated`)."""
     import signal
 
+    global _AS_PROGRAM
+    _AS_PROGRAM = True
     signal.signal(signal.SIGTERM, _terminate)
     try:
         app()
     finally:
         _skip_exit_collections()
-        # the command has said how it ended: a Ctrl-C or SIGTERM now (a second one, while the interpreter
-        # exits) ends the process at once, not in a library's exit hook with a traceback (trial AB)
-        for signum, code in ((signal.SIGINT, 130), (signal.SIGTERM, 143)):
-            if callable(signal.getsignal(signum)):
-                signal.signal(signum, functools.partial(_exit_now, code))
+        _end_at_once_on_signals()
+
+
+def _end_at_once_on_signals() -> None:
+    """The command has ended (or is saying how it was interrupted): a Ctrl-C or SIGTERM now (a second
+    one, while the interpreter exits) ends the process at once, exit 130 / 143, not in a library's exit
+    hook with a traceback (trials AB, AC). Only in the ``nobackfill`` program (:func:`main`; not where
+    ``app`` runs inside another process), in its main thread."""
+    import signal
+    import threading
+
+    if not _AS_PROGRAM or threading.current_thread() is not threading.main_thread():
+        return
+    for signum, code in ((signal.SIGINT, 130), (signal.SIGTERM, 143)):
+        if callable(signal.getsignal(signum)):
+            signal.signal(signum, functools.partial(_exit_now, code))
 
 
 def _exit_now(code: int, signum: int, frame: object) -> None:

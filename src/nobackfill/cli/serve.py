@@ -66,6 +66,7 @@ def serve(
         fail(f"--host {host!r} does not resolve to an address ({e})")
     if onnx is not None and onnx.strip().lower() not in ONNX_CHOICES:
         fail(f"--onnx must be one of {', '.join(ONNX_CHOICES)}, got {onnx!r}")
+    _check_ray_address(ray_address)
     try:
         settings = ServeSettings(collection=collection, keys=KeyRing.load(keys), models_root=models_root,
                                  upgrades_root=upgrades_root, data_root=data_root, uploads=uploads, query_cache=query_cache,
@@ -127,3 +128,18 @@ def export_onnx(
                and t in info["towers"] and t not in earlier["kept"]]
     if dropped:
         print(f"note: the earlier int8 export of {', '.join(dropped)} is gone (export with --int8 to keep one)")
+
+
+def _check_ray_address(address: Optional[str]) -> None:
+    """``--ray-address``: its form, before the server starts (trial AC: a malformed one was taken and
+    each start answered 503; ``local`` made the first start end the server, exit 1)."""
+    if address is None:
+        return
+    from ..lifecycle.cluster.ray_address import ray_address_form_error
+
+    why = ray_address_form_error(address, "--ray-address")
+    if why is None and address.strip() == "local":
+        why = ("--ray-address local: a server joins a running Ray cluster: start one (`ray start --head`) and give "
+               "auto, or give its HOST:PORT")
+    if why:
+        fail(why)

@@ -24,8 +24,8 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["API_KEY_VARIABLE", "AlreadyExists", "BackfillRefused", "ClientError", "Conflict", "Forbidden",
-           "InvalidRequest", "NotFound", "ServerError", "TooLarge", "Unreachable", "as_client_error", "backfill_refused",
+__all__ = ["API_HEADER", "API_KEY_VARIABLE", "AlreadyExists", "BackfillRefused", "ClientError", "Conflict", "Forbidden",
+           "InvalidRequest", "NotAServer", "NotFound", "ServerError", "TooLarge", "Unreachable", "as_client_error", "backfill_refused",
            "error_for", "key_hint"]
 
 #: where a client over HTTP (and the command line) finds its API key when none is given
@@ -76,6 +76,15 @@ class ServerError(ClientError):
 
 class Unreachable(ClientError, ConnectionError):
     """The server did not answer at all (status 0): the message names its URL and why."""
+
+
+class NotAServer(Unreachable):
+    """Something answered at the URL, but not a nobackfill server (no ``X-Nobackfill-API`` header on
+    its answer: a web server, another API, a redirect); ``status``: the HTTP status it gave."""
+
+
+#: the header every answer of ``nobackfill serve`` carries (how a client knows it reached one)
+API_HEADER = "x-nobackfill-api"
 
 
 _BY_STATUS: dict[int, type[ClientError]] = {400: InvalidRequest, 401: Forbidden, 403: Forbidden, 404: NotFound,

@@ -14,8 +14,8 @@ from typing import Any, Callable, Mapping, Sequence
 import httpx
 
 from .base import Client, check_image_file, check_item_id, check_upgrade
-from .errors import (API_KEY_VARIABLE, AlreadyExists, InvalidRequest, NotFound, ServerError, Unreachable,
-                     as_client_error, backfill_refused, error_for, key_hint)
+from .errors import (API_HEADER, API_KEY_VARIABLE, AlreadyExists, InvalidRequest, NotAServer, NotFound, ServerError,
+                     Unreachable, as_client_error, backfill_refused, error_for, key_hint)
 from .types import AddResult, ImportResult, ItemInfo, SearchResults, UpgradeResult
 
 __all__ = ["RemoteClient"]
@@ -50,17 +50,17 @@ class RemoteClient(Client):
         except httpx.TransportError as e:
             why = " ".join(str(e).split()) or type(e).__name__
             raise Unreachable(0, f"cannot reach the server at {self.target} ({type(e).__name__}: {why})") from None
+        if API_HEADER not in r.headers:  # trial AB/AC: a web server's HTML page printed as the error; a
+            # redirect, another API's JSON or a 200 page ended in a traceback
+            kind = r.headers.get("content-type", "no content type").split(";")[0]
+            raise NotAServer(r.status_code, f"{self.target} does not answer as a nobackfill server: {method} {path} "
+                                            f"got HTTP {r.status_code} ({kind}) without the API's header; is this the "
+                                            "address of `nobackfill serve`?")
         if r.status_code >= 400:
             try:
                 body = r.json()
             except ValueError:
-                body = None
-            if not isinstance(body, dict) or not isinstance(body.get("detail"), (str, list)):
-                # trial AB: a web server's HTML error page was printed as the error, 14 lines
-                kind = r.headers.get("content-type", "no content type").split(";")[0]
-                body = {"detail": f"{self.target} does not answer as a nobackfill server: {method} {path} got HTTP "
-                                  f"{r.status_code} ({kind}), not the API's JSON; is this the address of "
-                                  "`nobackfill serve`?"}
+                body = {"detail": r.text}
             conflict = backfill_refused() if backfill and r.status_code == 409 else None
             hint = key_hint(r.status_code, sent=bool(self.headers)) if r.status_code in (401, 403) else ""
             raise error_for(r.status_code, body.get("detail", ""), body.get("field"), conflict=conflict, hint=hint)

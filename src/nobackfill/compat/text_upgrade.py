@@ -173,6 +173,7 @@ def train_text_xbt(new, phi: Projection, captions: Sequence[Sequence[str]], cfg:
     (:func:`~.upgrade.space_info`). ``evaluate(upgraded)`` runs every ``cfg.eval_every`` steps.
     Checkpoints and the log go to ``out`` (nothing is exported there). Returns ``(the upgraded
     encoder (eval mode), TrainResult, trainable parameter counts)``."""
+    from ..train.checkpoint import data_digest
     from ..train.loop import train
     from ..train.text_pairs import CaptionPairBatches, TextPairContrastive
 
@@ -188,7 +189,9 @@ def train_text_xbt(new, phi: Projection, captions: Sequence[Sequence[str]], cfg:
     # L_c(phi(w_new(a)), phi(w_new(b)); tau_x) with tau_x fixed at the paper's log scale (App. A.2)
     method = TextPairContrastive(new, head=phi, learn_temperature=False, log_scale=LOG_LOGIT_SCALE)
     loop = dataclasses.replace(cfg.loop, seed=seed, threads=threads)
-    batches = CaptionPairBatches([c[:cfg.images] for c in captions], cfg.batch_size, seed=seed)
+    pairs = [list(c[:cfg.images]) for c in captions]
+    method.run_settings = {"data contents": data_digest(pairs)}  # a resume on other captions: refused (trial AC)
+    batches = CaptionPairBatches(pairs, cfg.batch_size, seed=seed)
     ev = (lambda: evaluate(up)) if evaluate is not None else None
     res = train(method, batches, loop, out, evaluate=ev, progress=progress, export=False)
     up.train(False)

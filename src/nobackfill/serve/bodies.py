@@ -20,6 +20,7 @@ from fastapi import Request
 from starlette.datastructures import UploadFile
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from ..client.errors import API_HEADER
 from ..client.upload import MAX_METADATA_BYTES, METADATA_HEADER, RESERVED_METADATA, added_id_problem
 from .errors import ApiError, error_response, validation_error
 from .schema import FILTER_FIELD, ID_HEADER
@@ -311,6 +312,7 @@ class LimitsAndMetrics:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
+        send = _marked(send)
         refused = self._refused(scope)
         if refused is not None:
             await refused(scope, receive, send)
@@ -353,3 +355,18 @@ class LimitsAndMetrics:
             return error_response(404, f"not found: {scope['method']} {scope['path']} (a path segment holds an "
                                        "encoded '/')", "path")
         return None
+
+
+#: the header on every answer, by which a client knows it reached this API
+_API_HEADER = (API_HEADER.encode(), b"v1")
+
+
+def _marked(send):
+    """``send`` adding :data:`_API_HEADER` to a response's start."""
+
+    async def marked(message) -> None:
+        if message["type"] == "http.response.start":
+            message = {**message, "headers": [*message.get("headers", ()), _API_HEADER]}
+        await send(message)
+
+    return marked

@@ -5,7 +5,7 @@ the log so far and the settings: tensors and JSON values nested in dicts, lists 
 written as one safetensors file: every tensor under a numbered key, and the structure around them
 as JSON in the file's metadata (a tensor's place marked ``{"__tensor__": key}``; a tuple, a numpy
 array and a dict whose keys are not all plain strings marked likewise), with a sha256 of the tensors
-that a read checks (a damaged byte is refused, not resumed). Reading it runs no code, so
+and the structure that a read checks (a damaged byte is refused, not resumed). Reading it runs no code, so
 a checkpoint from elsewhere is as safe to resume as a model's weights (the earlier ``checkpoint.pt``
 was a pickle that ``torch.load(weights_only=False)`` would have run). :func:`data_digest` names what a
 run trains on, in its settings, so that a resume on other data is refused.
@@ -42,7 +42,8 @@ def save_state(state: Any, path: str | Path) -> None:
     """Write ``state`` (tensors, numpy arrays and JSON values in dicts, lists and tuples) to ``path``
     atomically (a temporary file beside it, renamed). ``TypeError`` names a value of another kind."""
     tensors: dict[str, torch.Tensor] = {}
-    meta = {_META_KEY: json.dumps(_pack(state, tensors, set())), _SUM_KEY: _checksum(tensors)}
+    tree = json.dumps(_pack(state, tensors, set()))
+    meta = {_META_KEY: tree, _SUM_KEY: _checksum(tensors, tree)}
     save_tensors(tensors, path, metadata=meta)  # (of the umask's mode: safetensors' own file is 0600)
 
 
@@ -57,14 +58,14 @@ def load_state(path: str | Path) -> Any:
             raise NotRunState("a safetensors file without a training run's state")
         tensors = {k: f.get_tensor(k) for k in f.keys()}
         kept = (f.metadata() or {}).get(_SUM_KEY)
-    if kept is not None and kept != _checksum(tensors):  # (trial AB: a flipped bit resumed, then the loss was nan)
-        raise ValueError("its tensors do not match the checksum written with them")
+    if kept is not None and kept != _checksum(tensors, meta):  # (trial AB: a flipped bit resumed, nan loss)
+        raise ValueError("its tensors or run state do not match the checksum written with them")
     return _unpack(json.loads(meta), tensors)
 
 
-def _checksum(tensors: dict[str, torch.Tensor]) -> str:
-    """sha256 of every tensor's name, dtype, shape and bytes, in key order."""
-    h = hashlib.sha256()
+def _checksum(tensors: dict[str, torch.Tensor], tree: str) -> str:
+    """sha256 of the run state's JSON and every tensor's name, dtype, shape and bytes, in key order."""
+    h = hashlib.sha256(tree.encode())
     for k in sorted(tensors):
         t = tensors[k]
         h.update(f"{k}:{t.dtype}:{tuple(t.shape)};".encode())

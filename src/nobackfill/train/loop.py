@@ -177,8 +177,9 @@ class TrainResult:
     stopped_early: bool = False
 
 
-#: loop settings that do not change what is trained (a resume may change them)
-_RESUME_FREE = ("threads", "log_every", "checkpoint_every")
+#: settings that do not change what is trained (a resume may change them): a run's data folder is
+#: one (the same data elsewhere resumes); what it holds is compared (``"data contents"``)
+_RESUME_FREE = ("threads", "log_every", "checkpoint_every", "data")
 
 
 class ResumeMismatch(ValueError):
@@ -211,6 +212,9 @@ def check_resume(path: Path, saved: dict[str, Any] | None, cfg: LoopConfig, *, m
         raise ResumeMismatch(f"{path} was written by a run of {saved_method} (now {method}): give another --out "
                              f"(or delete {path.name} to start afresh)")
     diff = setting_changes({**(saved_run or {}), **(saved or {})}, {**(run or {}), **asdict(cfg)})  # data first
+    was_at, now_at = (saved_run or {}).get("data"), (run or {}).get("data")
+    if any(d.startswith("data contents ") for d in diff) and was_at and now_at and was_at != now_at:
+        diff.insert(0, f"data {was_at!r} (now {now_at!r})")  # (where the other data came from)
     if diff:
         raise ResumeMismatch(f"{path} was written by a run with {', '.join(diff)}: rerun with its settings to "
                              f"resume it, or give another --out (or delete {path.name} to start afresh)")

@@ -12,7 +12,8 @@ import os
 import socket
 from pathlib import Path
 
-__all__ = ["CLI_RETRY", "PROBE_S", "RayUnreachable", "check_ray_address", "ray_address_error"]
+__all__ = ["CLI_RETRY", "PROBE_S", "RayUnreachable", "check_ray_address", "ray_address_error",
+           "ray_address_form_error"]
 
 #: seconds a TCP connect to a cluster's address may take before the address is said not to answer
 PROBE_S = 3.0
@@ -95,8 +96,7 @@ def ray_address_error(address: str | None, timeout_s: float = PROBE_S, *, retry:
         return _auto_error(timeout_s, outcome)
     hp = _host_port(address)
     if hp is None:  # trial AA: Ray refused "HOST" only after the sample; trial AB: "", http://..., ray://
-        return (f"--address {address!r}: not an address Ray takes: give HOST:PORT (the GCS port of a Ray head, "
-                f"`ray start --head --port PORT`), ray://HOST:PORT or auto; {outcome}")
+        return f"{ray_address_form_error(address)}; {outcome}"
     host, port = hp
     client = address.strip().startswith("ray://")
     try:
@@ -124,6 +124,15 @@ def ray_address_error(address: str | None, timeout_s: float = PROBE_S, *, retry:
              else f"ray start --head{ip} --port {port}")
     return (f"no Ray {'Client server' if client else 'cluster'} answers at {address} ({why}): start one there "
             f"(`{start}`) or {retry}; {outcome}")
+
+
+def ray_address_form_error(address: str, option: str = "--address") -> str | None:
+    """None when ``address`` has a form Ray takes (``HOST:PORT``, ``ray://HOST[:PORT]``, ``auto``,
+    ``local``), else one line saying what is (``option``: the option that gave it). Nothing is dialled."""
+    if address.strip() in ("auto", "local") or _host_port(address) is not None:
+        return None
+    return (f"{option} {address!r}: not an address Ray takes: give HOST:PORT (the GCS port of a Ray head, "
+            "`ray start --head --port PORT`), ray://HOST:PORT or auto")
 
 
 def _auto_error(timeout_s: float, outcome: str) -> str | None:

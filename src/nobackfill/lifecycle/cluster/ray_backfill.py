@@ -105,6 +105,9 @@ class RayOptions:
             raise ValueError("ray: gpus_per_actor and cpus_per_actor must be >= 0")
         if self.join_s is not None and not self.join_s > 0:
             raise ValueError("ray: join_s must be > 0")
+        if self.address is not None and self.address.strip() == "local":
+            self.address = None  # Ray's word for a Ray of this run's own: started as without an address
+            # (trial AC: ray.init("local") in the joining thread ended the process, exit 1, without a word)
         check_ray_address(self.address)  # before anything is started: a run refused at once, not hung
 
 

@@ -44,13 +44,19 @@ def _backfill(svc: Service, fn: Any, *args: Any) -> dict[str, Any]:
 
 def _engine(svc: Service, req: BackfillRequest, fn: Any) -> Any:
     """``fn`` with the request's engine: the Ray one on the cluster the server was started with
-    (``--ray-address``), refused (409) when it was started without one, and (503) when nothing
+    (``--ray-address``), refused (422) on storage one process holds (milvus-lite), (409) when the
+    server was started without an address (or with ``local``), and (503) when nothing
     answers at that address (checked when ``fn`` is called, in the thread pool: a TCP connect of
     a few seconds, before any job is started)."""
     if req.engine == "local":  # actors and gpus_per_actor are the ray engine's (the schema says so)
         return fn
+    try:  # storage that one process holds (milvus-lite) refuses the engine whatever the address (422,
+        # trial AB/AC: a 503 or 409 first, and following its advice led to this refusal)
+        svc.client.collection.storage.backfill_workers(1, "ray")
+    except ValueError as e:
+        raise ApiError(422, str(e), "engine") from None
     address = svc.settings.ray_address
-    if not address:
+    if not address or address.strip() == "local":  # (local: a Ray of the request's own, in a worker thread)
         raise ApiError(409, "this server runs no Ray backfill: start it with --ray-address (auto: the Ray cluster "
                             "of this machine) to accept engine 'ray'", "engine")
     start = functools.partial(fn, engine="ray", ray_address=address, actors=req.actors,
@@ -59,12 +65,6 @@ def _engine(svc: Service, req: BackfillRequest, fn: Any) -> Any:
     def checked(*args: Any) -> Any:
         from ...lifecycle.cluster.ray_backfill import ray_address_error
 
-        # storage that one process holds (milvus-lite) refuses the engine whatever the address (422,
-        # trial AB: a 503 "start a Ray cluster" came first, and following it led to this refusal)
-        try:
-            svc.client.collection.storage.backfill_workers(1, "ray")
-        except ValueError as e:
-            raise ApiError(422, str(e), "engine") from None
         why = ray_address_error(address, retry="restart this server with --ray-address auto for the cluster "
                                               "`ray start` runs on its machine")
         if why:
