@@ -123,7 +123,10 @@ def render(doc: dict[str, Any]) -> str:
         if statuses:
             lines += ["", "Errors: " + ", ".join(f"[{s}](#errors)" for s in sorted(statuses)) + "."]
         _refs(op, used)
-    lines += ["", "## Errors", "", "Every error is one JSON object, schema [ErrorBody](#errorbody).", "",
+    lines += ["", "## Errors", "",
+              "Every error is one JSON object, schema [ErrorBody](#errorbody). Every answer, errors included, "
+              "carries the header `X-Nobackfill-API: v1`: a client that gets an answer without it has reached "
+              "something else (the Python client raises `NotAServer`).", "",
               "| status | meaning |", "|---|---|"]
     lines += [f"| {s} | {errors[s]} |" for s in sorted(errors)]
     lines += ["", "Beyond the operations above: a path no operation has answers 404, and a method a path does "
