@@ -19,7 +19,7 @@ from typer.testing import CliRunner
 
 from nobackfill import Client, ClientError
 from nobackfill.client import AlreadyExists, BackfillRefused, Conflict, InvalidRequest, NotFound, Unreachable
-from nobackfill.client.errors import NotAServer
+from nobackfill.client import NotAServer
 from nobackfill.lifecycle.backfill import BackfillError
 from nobackfill.cli import app
 from nobackfill.client import AddResult, ImportResult, ItemInfo, SearchHit, SearchResults, UpgradeResult

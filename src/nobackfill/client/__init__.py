@@ -8,12 +8,12 @@ May import: ``adopt``, ``catalog``, ``collection``, ``data``, ``encoders``, ``ev
 """
 
 from .base import Client, choose_implementation_with
-from .errors import (AlreadyExists, ClientError, Conflict, Forbidden, InvalidRequest, NotFound, ServerError, TooLarge,
-                     Unreachable)
+from .errors import (AlreadyExists, ClientError, Conflict, Forbidden, InvalidRequest, NotAServer, NotFound, ServerError,
+                     TooLarge, Unreachable)
 from .types import AddResult, ImportResult, ItemInfo, SearchHit, SearchResults, UpgradeResult
 
 __all__ = ["AddResult", "AlreadyExists", "BackfillRefused", "Client", "ClientError", "Conflict", "Forbidden",
-           "ImportResult", "InvalidRequest", "ItemInfo", "NotFound", "SearchHit", "SearchResults", "ServerError",
+           "ImportResult", "InvalidRequest", "ItemInfo", "NotAServer", "NotFound", "SearchHit", "SearchResults", "ServerError",
            "TooLarge", "Unreachable", "UpgradeResult"]
 
 

@@ -24,9 +24,9 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["API_HEADER", "API_KEY_VARIABLE", "AlreadyExists", "BackfillRefused", "ClientError", "Conflict", "Forbidden",
-           "InvalidRequest", "NotAServer", "NotFound", "ServerError", "TooLarge", "Unreachable", "as_client_error", "backfill_refused",
-           "error_for", "key_hint"]
+__all__ = ["API_HEADER", "API_KEY_VARIABLE", "AlreadyExists", "BackfillRefused", "ClientError", "Conflict",
+           "Forbidden", "InvalidRequest", "NotAServer", "NotFound", "ServerError", "TooLarge", "Unreachable",
+           "as_client_error", "backfill_refused", "error_for", "key_hint"]
 
 #: where a client over HTTP (and the command line) finds its API key when none is given
 API_KEY_VARIABLE = "NOBACKFILL_API_KEY"
