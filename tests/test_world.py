@@ -320,3 +320,17 @@ def test_corrupt_and_missing_images(world: Path, tmp_path: Path) -> None:
     assert skipped.skipped == len(ds.captions_of(2)) + len(ds.captions_of(5)) == 2 * per_image
     assert len(skipped) == len(ds) - 2
     assert corrupt not in skipped.images and missing not in skipped.images
+
+
+def test_a_folder_that_does_not_exist_has_no_world_even_under_a_world(tmp_path):
+    """trial AC: ``late train --world WORLD/nope`` took WORLD's spec (a split's folder reads its
+    parent's world.json), then refused a resume with "world_seed 1 (now 0)"."""
+    import dataclasses
+    import json
+
+    from nobackfill.data.world import WorldSpec, load_world_spec
+
+    (tmp_path / "world.json").write_text(json.dumps(dataclasses.asdict(WorldSpec(seed=3))))
+    (tmp_path / "train").mkdir()
+    assert load_world_spec(tmp_path).seed == 3 and load_world_spec(tmp_path / "train").seed == 3
+    assert load_world_spec(tmp_path / "nope") is None

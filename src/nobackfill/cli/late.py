@@ -59,7 +59,7 @@ def late_train(
         world = shipped(world)  # the default, data/world, from any working directory
         spec = load_world_spec(world)
         if spec is None:
-            raise FileNotFoundError(f"{world}: no world.json")
+            raise FileNotFoundError(f"{world}: {'no world.json' if Path(world).is_dir() else 'no such folder'}")
         t = load_encoder(teacher)
         loop = cfg.loop
         kd = dataclasses.replace(cfg.kd, seed=loop.seed) if cfg.kind == "kd" else None

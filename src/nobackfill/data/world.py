@@ -136,8 +136,11 @@ def generate_world(out: str | Path, spec: WorldSpec | None = None, workers: int 
 
 
 def load_world_spec(directory: str | Path) -> WorldSpec | None:
-    """The spec of a generated world (``world.json`` in ``directory`` or its parent), else None."""
+    """The spec of a generated world (``world.json`` in ``directory`` or its parent: a split's folder),
+    else None; None for a folder that does not exist (trial AC: its parent's world was taken)."""
     d = Path(directory)
+    if not d.is_dir():
+        return None
     for cand in (d / "world.json", d.parent / "world.json"):
         if cand.is_file():
             data = json.loads(cand.read_text())
