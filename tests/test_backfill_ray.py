@@ -235,6 +235,13 @@ def test_ray_backfill_pauses_and_stops_at_the_limit_like_the_local_workers(clust
     opts = RayOptions(actors=2)
     rep = run_ray_worker(c, lambda: new, options=opts, batch_size=5, limit=12)
     assert rep.stopped == "limit" and rep.embedded == 12 and backfill_status(c)["done"] == 12
+    batches = []  # told to stop (a server's shutdown) after its first batch: the shard handed back, the stop said
+    rep = run_ray_worker(c, lambda: new, options=opts, batch_size=4, on_batch=batches.append,
+                         stop=lambda: "the server stopped" if batches else None)
+    st = backfill_status(c)
+    assert rep.stopped == "the server stopped" and 12 < st["done"] < st["total"] and not st["holders"]
+    assert st["last_worker"]["stopped"] == "the server stopped"
+    done_before_pause = st["done"]
 
     seen = []
 
@@ -245,8 +252,8 @@ def test_ray_backfill_pauses_and_stops_at_the_limit_like_the_local_workers(clust
 
     rep = run_ray_worker(c, lambda: new, options=opts, batch_size=4, on_batch=pause)
     st = backfill_status(c)
-    assert rep.stopped == "paused" and st["state"] == "paused" and 12 < st["done"] < st["total"]
-    assert rep.committed == st["done"] - 12  # what the pipeline had embedded after the pause: not committed
+    assert rep.stopped == "paused" and st["state"] == "paused" and done_before_pause < st["done"] < st["total"]
+    assert rep.committed == st["done"] - done_before_pause  # what the pipeline had embedded after the pause: not committed
     assert seen[0] == ("ray", 2, 1, "ray")
 
 
@@ -332,7 +339,7 @@ def test_engine_ray_through_the_cli_and_post_backfill_start(cluster, tmp_path, m
     api = TestClient(create_app(ServeSettings(collection=str(c.path), keys=keys, ray_address="auto"), pool=pool))
     r = api.post("/v1/backfill/start", json={"engine": "ray", "order": "sequential", "actors": 1}, headers=auth)
     assert r.status_code == 200, r.text
-    api.app.state.service.client.backfill_thread.join(timeout=120)
+    api.app.state.service.client.worker.thread.join(timeout=120)
     st = api.get("/v1/status", headers=auth).json()["backfill"]
     assert st["state"] == "done" and st["done"] == st["total"] == 30, st
     _vectors(c)

@@ -388,10 +388,7 @@ def test_serve_runs_as_written(sandbox, monkeypatch):
                 assert hits.status_code == 200, hits.text
                 served.append((host, port, st.json(), hits.json()))
         finally:  # no worker may outlive the sandbox (its paths are relative to it)
-            worker = getattr(client, "backfill_thread", None)
-            if worker is not None and worker.is_alive():
-                client.backfill_pause()
-                worker.join(30)
+            client.close()  # stops its backfill worker, if one runs
 
     monkeypatch.setattr(uvicorn, "run", fake_uvicorn_run)
     for c in cmds:

@@ -185,7 +185,7 @@ def test_a_served_ray_backfill_of_milvus_lite_is_refused_before_a_job_starts(tmp
                     assert r.json()["field"] == "engine" and "milvus-lite serves one process per file" in r.text
         with TestClient(app) as api:
             client = app.state.service.client
-            assert BackfillJob.load(client.collection) is None and not client.backfill_active
+            assert BackfillJob.load(client.collection) is None and not client.worker.active
             for call in (client.backfill_start, client.backfill_resume):
                 with pytest.raises(ValueError, match="the ray engine opens .* in processes of its own"):
                     call(engine="ray", ray_address=address)

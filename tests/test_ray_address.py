@@ -243,7 +243,7 @@ def test_post_backfill_start_with_engine_ray_at_an_address_nobody_listens_on_is_
     assert _state(c) == before
     r = api.post("/v1/backfill/start", json={"order": "sequential"}, headers=auth)  # the local engine: untouched
     assert r.status_code == 200, r.text
-    api.app.state.service.client.backfill_thread.join(timeout=120)
+    api.app.state.service.client.worker.thread.join(timeout=120)
     assert api.get("/v1/status", headers=auth).json()["backfill"]["state"] == "done"
 
 
@@ -262,7 +262,7 @@ def test_a_server_whose_ray_join_does_not_return_ends_the_job_with_the_error_in_
     try:
         r = api.post("/v1/backfill/start", json={"engine": "ray", "order": "sequential"}, headers=auth)
         assert r.status_code == 200, r.text
-        api.app.state.service.client.backfill_thread.join(timeout=30)
+        api.app.state.service.client.worker.thread.join(timeout=30)
         st = api.get("/v1/status", headers=auth).json()["backfill"]
     finally:
         ray.release.set()

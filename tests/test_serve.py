@@ -5,6 +5,7 @@ problem, and the collection unchanged)."""
 from __future__ import annotations
 
 import io
+import time
 
 import numpy as np
 import pytest
@@ -23,10 +24,9 @@ from nobackfill.serve import KeyRing, Limits, ServeSettings, create_app  # noqa:
 READ, ADMIN = "read-key-0123456789", "admin-key-0123456789"
 
 
-@pytest.fixture
-def env(tmp_path):
+def _env(tmp_path, n_images=6):
     old, new, w = related_pair()
-    data = make_folder(tmp_path / "data", n_images=6, captions_per_image=2)
+    data = make_folder(tmp_path / "data", n_images=n_images, captions_per_image=2)
     c = Collection.create(tmp_path / "c", space_id=old.space_id, dim=old.embed_dim, model=OLD_REF, name="old")
     add_items(c, old, folder_items(data).items, progress=False)
     pool = pool_with((OLD_REF, old), (NEW_REF, new))
@@ -37,6 +37,11 @@ def env(tmp_path):
     (tmp_path / "models" / "docs").mkdir(parents=True)  # a directory that is not a model
     app = create_app(settings, pool=pool)
     return TestClient(app), c, data, tmp_path
+
+
+@pytest.fixture
+def env(tmp_path):
+    return _env(tmp_path)
 
 
 def h(key: str) -> dict:
@@ -104,7 +109,7 @@ def test_backfill_through_the_api(env):
     r = api.post("/v1/backfill/start", json={"order": "sequential"}, headers=h(ADMIN))
     assert r.status_code == 200, r.text
     svc = api.app.state.service
-    svc.client.backfill_thread.join(timeout=60)
+    svc.client.worker.thread.join(timeout=60)
     st = api.get("/v1/status", headers=h(READ)).json()
     assert st["backfill"]["fraction"] == 1.0 and st["backfill"]["worker"] == "idle"
     hits = api.post("/v1/search", json={"text": "anything", "k": 18, "target": "text"}, headers=h(READ)).json()["hits"]
@@ -535,3 +540,24 @@ def test_a_weight_with_a_route_other_than_fused_is_refused_naming_w(env):
     assert Collection.open(c.path).plan.routes == before
     r = api.post("/v1/routes", json={"space": old, "direction": "t2i", "route": "fused", "w": 0.3}, headers=h(ADMIN))
     assert r.status_code == 200, r.text
+
+
+def test_a_backfill_running_at_shutdown_stops_saying_the_server_stopped(tmp_path):
+    """The server's shutdown stops its backfill worker before the next batch: the shard is handed back
+    and status names the stop (not a worker that vanished), and the job stays to be resumed."""
+    api, c, _, _ = _env(tmp_path, n_images=30)  # 90 items: batches of 32
+    with api:
+        r = api.post("/v1/backfill/start", json={"order": "sequential", "rate": 2}, headers=h(ADMIN))
+        assert r.status_code == 200, r.text
+        thread = api.app.state.service.client.worker.thread
+        for _ in range(400):  # its first batch committed, the next one paced
+            if api.get("/v1/status", headers=h(READ)).json()["backfill"]["done"]:
+                break
+            time.sleep(0.05)
+        assert thread.is_alive()
+    assert not thread.is_alive()  # (the shutdown waited for it)
+    from nobackfill.lifecycle.backfill import backfill_status
+
+    st = backfill_status(c)
+    assert st["last_worker"]["stopped"] == "the server stopped" and 0 < st["done"] < st["total"]
+    assert st["state"] == "idle" and not st["holders"]

@@ -16,6 +16,7 @@ from .base import (Client, check_image_file, check_item_id, check_path, check_up
                    refusals)
 from .errors import Conflict, InvalidRequest, NotFound
 from .types import AddResult, ImportResult, ItemInfo, SearchHit, SearchResults, UpgradeResult
+from .worker import BackgroundWorker
 from .upload import check_items, given_items, load_calibration, one_source, read_files, unembeddable
 
 __all__ = ["LocalClient"]
@@ -37,11 +38,7 @@ class LocalClient(Client):
         self._collection: Any = None
         self._searchers: dict[str | None, Any] = {}
         self.write_lock = threading.Lock()  # plan changes and imports through this client, one at a time
-        self._backfill_lock = threading.Lock()
-        self.backfill_thread: threading.Thread | None = None
-        self.backfill_error: str | None = None
-        self.backfill_stopped: str | None = None  # why this client's last worker stopped
-        self.backfill_active = False  # a worker thread runs, or is deciding whether to go on
+        self.worker = BackgroundWorker()  # the backfill worker thread of backfill_start / resume
 
     def __repr__(self) -> str:
         return f"LocalClient({self.target!r})"
@@ -403,37 +400,23 @@ class LocalClient(Client):
         with self.write_lock:
             enc = self.encoder()
             start_backfill(self.collection, enc, order=order, pool=self.pool)  # resumes a paused job
-            with self._backfill_lock:
-                if self.backfill_active:
-                    return self.backfill_status()
-                self.backfill_active, self.backfill_error, self.backfill_stopped = True, None, None
+            if self.worker.active:
+                return self.backfill_status()
 
             def one_run() -> Any:
                 if ray is None:  # (its bridge fits told to this module's logger; status names them too)
-                    return run_worker(self.collection, enc, rate=rate, batch_size=32, log=logger.info)
+                    return run_worker(self.collection, enc, rate=rate, batch_size=32, log=logger.info,
+                                      stop=self.worker.stop_reason)
                 from ..lifecycle.cluster.ray_backfill import run_ray_worker
 
                 return run_ray_worker(self.collection, self._loader(), uri=self.target, options=ray, rate=rate,
-                                      batch_size=32, log=logger.info)
+                                      batch_size=32, log=logger.info, stop=self.worker.stop_reason)
 
-            def work() -> None:
-                try:
-                    while True:
-                        rep = one_run()
-                        with self._backfill_lock:
-                            job = backfill_running(self.collection)
-                            if rep.stopped in ("paused", "job removed") and job is not None and job.state == "running":
-                                continue  # resumed (or started anew) while this worker was stopping
-                            self.backfill_stopped, self.backfill_active = rep.reason(), False
-                            return
-                except Exception as e:  # reported by the status, never silent
-                    with self._backfill_lock:
-                        self.backfill_error = f"{type(e).__name__}: {e}"
-                        self.backfill_stopped, self.backfill_active = f"error: {self.backfill_error}", False
-                    logger.exception("backfill worker failed")
+            def resumed(rep: Any) -> bool:
+                job = backfill_running(self.collection)
+                return rep.stopped in ("paused", "job removed") and job is not None and job.state == "running"
 
-            self.backfill_thread = threading.Thread(target=work, name="backfill", daemon=True)
-            self.backfill_thread.start()
+            self.worker.start(one_run, resumed)
         return self.backfill_status()
 
     @refusals
@@ -468,21 +451,13 @@ class LocalClient(Client):
         idle), ``worker_stopped`` (why it last stopped), ``error``."""
         from ..lifecycle.backfill import backfill_status
 
-        st = backfill_status(self.collection)
-        active = self.backfill_active
-        st["worker"] = "running" if active else "idle"
-        if active and st["state"] == "idle":  # this client's worker is about to take a shard
-            st["state"] = "running"
-            st.pop("note", None)
-            st.pop("last_worker", None)
-        if self.backfill_error:
-            st["error"] = self.backfill_error
-        if self.backfill_stopped and not active:
-            st["worker_stopped"] = self.backfill_stopped
-        return st
+        return self.worker.annotate(backfill_status(self.collection))
 
-    def close(self) -> None:  # nothing to release: a collection holds no connection between calls
-        pass
+    def close(self, timeout: float | None = 30.0) -> None:
+        """Stop this client's backfill worker, if one runs (before its next batch: its shard handed
+        back, "its client was closed" recorded), waiting up to ``timeout`` seconds; a collection holds
+        no connection between calls."""
+        self.worker.stop("its client was closed (the server stopped, or the program closed it)", timeout)
 
 
 def _results(r: Any) -> SearchResults:

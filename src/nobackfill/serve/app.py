@@ -20,7 +20,9 @@ dependencies: the service, the key's role), :mod:`~nobackfill.serve.service` (wh
 
 from __future__ import annotations
 
-from typing import Any
+import asyncio
+import contextlib
+from typing import Any, AsyncIterator
 
 from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
@@ -44,11 +46,17 @@ def create_app(settings: ServeSettings, pool: Any = None) -> FastAPI:
     svc = Service(settings, pool)
     if settings.warm:
         svc.client.warm()
+
+    @contextlib.asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        yield
+        await asyncio.to_thread(svc.close)  # a running backfill stops where it stands, said as such
+
     app = FastAPI(title="nobackfill", version="1",
                   description="Cross-modal search over a collection whose model upgrades without a re-index. "
                               "Every error is one JSON object {detail, field} (schema Error).",
                   default_response_class=FastJSON, generate_unique_id_function=lambda route: route.name,
-                  responses=any_request_errors(), docs_url=None, redoc_url=None)
+                  responses=any_request_errors(), docs_url=None, redoc_url=None, lifespan=lifespan)
     app.router.redirect_slashes = False  # /v1/items/ is no item, not a redirect to another route
     app.state.service = svc
     for router in ROUTERS:

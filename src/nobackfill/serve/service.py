@@ -53,6 +53,13 @@ class Service:
         self._index_again = False
         self.start_index_builds()  # a collection imported before the server started gets its graph indexes
 
+    def close(self, timeout: float = 30.0) -> None:
+        """At the server's shutdown: its backfill worker, if one runs, stops before its next batch
+        (its shard handed back, "the server stopped" recorded for ``collection status``), waited
+        for up to ``timeout`` seconds; the job stays for a later start or ``collection backfill``."""
+        if not self.client.worker.stop("the server stopped", timeout):
+            log.warning("the backfill worker did not stop within %.0f s; its lease expires unfinished", timeout)
+
     def _uri_aliases(self) -> dict[str, str]:
         """A storage URI's spellings (as given, as the collection holds it, redacted) -> the
         collection's name: what responses show of a collection outside the file system."""

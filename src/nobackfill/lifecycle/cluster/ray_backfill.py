@@ -375,9 +375,11 @@ def run_ray_worker(collection: Collection, load: Callable[[], Any], *, uri: str 
                    limit: int | None = None, lease_s: float = DEFAULT_LEASE_S,
                    progress: Callable[[int], None] | None = None, owner: str | None = None,
                    on_batch: Callable[[dict[str, Any]], None] | None = None,
-                   log: Callable[[str], None] | None = None) -> WorkerReport:
+                   log: Callable[[str], None] | None = None,
+                   stop: Callable[[], str | None] | None = None) -> WorkerReport:
     """:func:`~.backfill.run_worker` with the embedding on Ray (see the module doc): shards until
-    none is left, ``limit`` items were embedded, the job is paused or removed (``rate``: items per
+    none is left, ``limit`` items were embedded, the job is paused or removed, or ``stop()`` says why
+    to stop (checked between the pipeline's batches) (``rate``: items per
     second in all, each embedding actor keeping to its share; ``log`` hears of the bridge fits this
     driver runs). ``load()`` returns
     the current model (run once in each actor; pickled to them); ``uri``: how actors open the
@@ -408,7 +410,7 @@ def run_ray_worker(collection: Collection, load: Callable[[], Any], *, uri: str 
                     items, pos = gather(collection, job, ids, pos, left)
                     if items:
                         status = _run(ray, collection, load, job, s.shard, owner, items, sample_ids, opts, batch_size,
-                                      lease_s, rep, rate, t0, progress, on_batch, uri, log)
+                                      lease_s, rep, rate, t0, progress, on_batch, uri, log, stop)
                 if status == "lost":  # taken over after our lease expired: look for another shard
                     s.shard = None
                     continue
@@ -428,8 +430,9 @@ def _run(ray: Any, collection: Collection, load: Callable[[], Any], job: Backfil
          items: list[Item], sample_ids: set[str], opts: RayOptions, batch_size: int, lease_s: float,
          rep: WorkerReport, rate: float | None, t0: float, progress: Callable[[int], None] | None,
          on_batch: Callable[[dict[str, Any]], None] | None, uri: str | None,
-         log: Callable[[str], None] | None = None) -> str:
-    """One pipeline over ``items``, followed batch by batch: ``ok``, ``lost`` or why the job stopped."""
+         log: Callable[[str], None] | None = None, stop: Callable[[], str | None] | None = None) -> str:
+    """One pipeline over ``items``, followed batch by batch: ``ok``, ``lost`` or why the job (or
+    ``stop()``) stopped it."""
     ds = _pipeline(ray, uri or str(collection.path), load, job, shard, owner, items, sample_ids, opts, batch_size,
                    lease_s, rate)
     beat = _Heartbeat(collection, shard, owner, lease_s, lambda: rep.committed / max(_now() - t0, 1e-6))
@@ -451,6 +454,8 @@ def _run(ray: Any, collection: Collection, load: Callable[[], Any], job: Backfil
             maybe_fit(collection, log=log)
             if beat.lost:
                 return "lost"
+            if stop is not None and (why := stop()):
+                return why
         return "lost" if beat.lost else "ok"
     finally:
         beat.stop()
