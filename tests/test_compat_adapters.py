@@ -178,9 +178,16 @@ def test_an_xbt_resume_on_other_pairs_is_refused_naming_the_data(tmp_path, monke
     with monkeypatch.context() as m:
         m.setattr(XBTTraining, "loss", stop_at_3)
         with pytest.raises(TrainingInterrupted):
-            train_xbt(tiny_encoder(seed=1), Projection(32, 16), _pairs(), cfg, tmp_path / "up", target=target)
+            train_xbt(tiny_encoder(seed=1), Projection(32, 16), _pairs(), cfg, tmp_path / "up", target=target,
+                      data=tmp_path / "pairs_a")
     other = Pairs(images(16, "val"), captions(16))
-    with pytest.raises(ResumeMismatch, match=r"was written by a run with data contents '[0-9a-f]{16}' \(now '[0-9a-f]{16}'\)"):
+    with pytest.raises(ResumeMismatch, match=r"was written by a run with data '.*pairs_a' \(now '.*pairs_b'\), "
+                                             r"data contents '[0-9a-f]{16}' \(now '[0-9a-f]{16}'\)"):
+        train_xbt(tiny_encoder(seed=1), Projection(32, 16), other, cfg, tmp_path / "up", target=target,
+                  data=tmp_path / "pairs_b")
+    with pytest.raises(ResumeMismatch, match=r"with data contents '[0-9a-f]{16}' \(now '[0-9a-f]{16}'\)"):
         train_xbt(tiny_encoder(seed=1), Projection(32, 16), other, cfg, tmp_path / "up", target=target)
-    _, res = train_xbt(tiny_encoder(seed=1), Projection(32, 16), _pairs(), cfg, tmp_path / "up", target=target)
+    # the same pairs read from elsewhere (a copy, a moved folder) resume
+    _, res = train_xbt(tiny_encoder(seed=1), Projection(32, 16), _pairs(), cfg, tmp_path / "up", target=target,
+                       data=tmp_path / "pairs_moved")
     assert res.steps == 6 and [r["step"] for r in res.history][-1] == 6

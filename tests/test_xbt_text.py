@@ -406,3 +406,35 @@ def test_cli_upgrade_xbt_text(world, tmp_path):
     r = CliRunner().invoke(app, ["upgrade", "xbt-text", "--old", str(tmp_path / "missing"), "--new", str(world["new"]),
                                  "--data", str(world["root"]), "--out", str(tmp_path / "up2")])
     assert r.exit_code == 2 and "missing" in r.output
+
+
+def test_a_text_xbt_resume_on_other_captions_is_refused_naming_both_folders(world, tmp_path, monkeypatch):
+    """trial AC: ``upgrade xbt-text --data OTHER`` resumed stage 2 on other captions without a word."""
+    from nobackfill.compat.text_upgrade import train_text_xbt
+    from nobackfill.train.loop import ResumeMismatch, TrainingInterrupted
+
+    cfg = updated(TextXBTConfig(), images=40, steps=6, batch_size=8, warmup=1, eval_every=0, checkpoint_every=2)
+    target = {"space_id": "old-text-space", "name": "old", "embed_dim": 16}
+    from nobackfill.data.multi30k import read_task2
+
+    caps = read_task2(world["root"], "train").captions
+    other = [list(reversed(col)) for col in caps]  # the same captions, paired otherwise
+    loss = TextPairContrastive.loss
+
+    def stop_at_3(self, batch, step):
+        if step == 3:
+            raise KeyboardInterrupt
+        return loss(self, batch, step)
+
+    def run(captions, data):
+        return train_text_xbt(MiniLMTextEncoder.load(world["new"]), Projection(TINY_NEW.hidden, 16), captions, cfg,
+                              tmp_path / "work", target=target, threads=1, data=data)
+
+    with monkeypatch.context() as m:
+        m.setattr(TextPairContrastive, "loss", stop_at_3)
+        with pytest.raises(TrainingInterrupted):
+            run(caps, tmp_path / "m30k_a")
+    with pytest.raises(ResumeMismatch, match=r"data '.*m30k_a' \(now '.*m30k_b'\), data contents '[0-9a-f]{16}'"):
+        run(other, tmp_path / "m30k_b")
+    _, res, _ = run(caps, tmp_path / "m30k_moved")  # the same captions from elsewhere resume
+    assert res.steps == 6 and res.history[-1]["step"] == 6

@@ -165,13 +165,14 @@ def _key(obj) -> str:
 # ----------------------------------------------------------------------------- stage 2
 def train_text_xbt(new, phi: Projection, captions: Sequence[Sequence[str]], cfg: TextXBTConfig, out: str | Path, *,
                    target: dict, seed: int = 0, threads: int = 0, progress: bool = False,
-                   evaluate: Callable[[TextUpgradedEncoder], dict] | None = None
+                   evaluate: Callable[[TextUpgradedEncoder], dict] | None = None, data: str | Path | None = None
                    ) -> tuple[TextUpgradedEncoder, TrainResult, dict[str, int]]:
     """Stage 2 (Eq. 5 on caption pairs ``captions[k][i]``, slot ``k`` of image ``i``): attach LoRA +
     LayerNorm copies to ``new`` (in place) and train them with a copy of ``phi`` (the argument is
     left as is). There is no old-model argument: ``target`` only names the old space
     (:func:`~.upgrade.space_info`). ``evaluate(upgraded)`` runs every ``cfg.eval_every`` steps.
-    Checkpoints and the log go to ``out`` (nothing is exported there). Returns ``(the upgraded
+    Checkpoints and the log go to ``out`` (nothing is exported there); ``data``: where the captions
+    came from (named where a resume finds other captions). Returns ``(the upgraded
     encoder (eval mode), TrainResult, trainable parameter counts)``."""
     from ..train.checkpoint import data_digest
     from ..train.loop import train
@@ -190,7 +191,8 @@ def train_text_xbt(new, phi: Projection, captions: Sequence[Sequence[str]], cfg:
     method = TextPairContrastive(new, head=phi, learn_temperature=False, log_scale=LOG_LOGIT_SCALE)
     loop = dataclasses.replace(cfg.loop, seed=seed, threads=threads)
     pairs = [list(c[:cfg.images]) for c in captions]
-    method.run_settings = {"data contents": data_digest(pairs)}  # a resume on other captions: refused (trial AC)
+    method.run_settings = {"data": str(Path(data).resolve()) if data else None,  # a resume on other captions:
+                           "data contents": data_digest(pairs)}  # refused, naming both folders (trial AC)
     batches = CaptionPairBatches(pairs, cfg.batch_size, seed=seed)
     ev = (lambda: evaluate(up)) if evaluate is not None else None
     res = train(method, batches, loop, out, evaluate=ev, progress=progress, export=False)
@@ -323,7 +325,7 @@ class TextUpgradeTrainer:
             raise RuntimeError("the old model is still in memory at the XBT stage")
         up, res2, counts = train_text_xbt(self.new, phi1, self.train_captions.captions, cfg.xbt, work,
                                           target=self.target, seed=cfg.seed, threads=cfg.threads,
-                                          progress=self.progress, evaluate=evaluate)
+                                          progress=self.progress, evaluate=evaluate, data=self.data)
         self.timings["xbt_train_s"] = res2.seconds
         self.say(f"stage 2: {res2.steps} steps, loss {res2.last_loss:.3f} ({res2.seconds:.0f}s)")
         recipe.update(stage=2, stage1={"steps": res1.steps, "seconds": round(res1.seconds, 1),
