@@ -582,3 +582,25 @@ def test_a_url_that_is_no_nobackfill_server_is_one_line_naming_it(monkeypatch):
     finally:
         web.shutdown()
         web.server_close()
+
+
+def test_an_address_that_never_answers_is_said_within_the_probe(monkeypatch):
+    """trial AC: a port that takes the connection and never answers held the command for the request's
+    own timeout (a minute) before one line."""
+    import socket
+
+    from nobackfill.client import remote
+
+    monkeypatch.setattr(remote, "PROBE_S", 0.5)
+    with socket.socket() as silent:
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(8)  # connections are taken by the kernel; nothing ever answers
+        url = f"http://127.0.0.1:{silent.getsockname()[1]}"
+        t0 = time.monotonic()
+        with pytest.raises(Unreachable, match=rf"{re.escape(url)} took the connection but did not answer GET "
+                                              r"/healthz within 0.5 s: is this the address of `nobackfill serve`\?"):
+            Client(url, api_key="k" * 24).status()
+        assert time.monotonic() - t0 < 30  # (the request's own timeout: 60 s)
+        monkeypatch.setenv("NOBACKFILL_API_KEY", "k" * 24)
+        r = CliRunner().invoke(app, ["collection", "status", url])
+        assert r.exit_code == 2 and len(r.output.strip().splitlines()) == 1 and "did not answer" in r.output, r.output

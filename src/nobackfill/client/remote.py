@@ -18,7 +18,10 @@ from .errors import (API_HEADER, API_KEY_VARIABLE, AlreadyExists, InvalidRequest
                      Unreachable, as_client_error, backfill_refused, error_for, key_hint)
 from .types import AddResult, ImportResult, ItemInfo, SearchResults, UpgradeResult
 
-__all__ = ["RemoteClient"]
+__all__ = ["PROBE_S", "RemoteClient"]
+
+#: how long the first request of a client waits for any answer from the address (``GET /healthz``)
+PROBE_S = 10.0
 
 
 class RemoteClient(Client):
@@ -34,6 +37,7 @@ class RemoteClient(Client):
             api_key = os.environ.get(API_KEY_VARIABLE) or None
         self.headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self._limits: dict[str, Any] | None = None
+        self._answered = False  # the address answered the first probe (see _probe)
 
     def __repr__(self) -> str:
         return f"RemoteClient({self.target!r})"
@@ -41,10 +45,26 @@ class RemoteClient(Client):
     def close(self) -> None:
         self.http.close()
 
+    def _probe(self) -> None:
+        """Before the first request: ``GET /healthz`` (cheap on a server, whatever it is doing), so that
+        an address that takes the connection and never answers is said within :data:`PROBE_S` seconds
+        (trial AC: the command waited for the request's own timeout, a minute); any answer will do
+        (what answered is judged by the request itself)."""
+        try:
+            self.http.get("/healthz", timeout=PROBE_S)
+        except httpx.TimeoutException:
+            raise Unreachable(0, f"{self.target} took the connection but did not answer GET /healthz within "
+                                 f"{PROBE_S:g} s: is this the address of `nobackfill serve`?") from None
+        except httpx.TransportError:
+            return  # (said by the request itself, naming why)
+        self._answered = True
+
     def _call(self, method: str, path: str, *, backfill: bool = False, **kw: Any) -> Any:
         """One request; an error answer raises its :class:`~.errors.ClientError` class (``backfill``:
         a 409 is ``BackfillRefused``), no answer at all :class:`~.errors.Unreachable` naming the URL
-        and why."""
+        and why (an address that never answers: within :data:`PROBE_S` seconds, see :meth:`_probe`)."""
+        if not self._answered:
+            self._probe()
         try:
             r = self.http.request(method, path, headers=self.headers, **kw)
         except httpx.TransportError as e:
