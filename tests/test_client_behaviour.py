@@ -185,7 +185,9 @@ def test_one_life_of_a_collection(face):
     assert st["done"] == st["total"] == 31
     assert {h.route for h in c.search(text="a red circle", k=5).hits} == {"native"}
     assert c.backfill_cancel()["state"] == "none"
-    assert c.retire(old)["retired"] == old
+    first = c.retire(old)
+    assert first["retired"] == old and not first["already"]
+    assert c.retire(old) == {"retired": old, "dropped_unsourced": 0, "already": True}  # (trial AD: "removed" again)
     st = c.status()
     assert st["spaces"][old]["retired"] and c.get("mine-1").space == up.current
     # delete, and the refusals every face shares
@@ -604,3 +606,24 @@ def test_an_address_that_never_answers_is_said_within_the_probe(monkeypatch):
         monkeypatch.setenv("NOBACKFILL_API_KEY", "k" * 24)
         r = CliRunner().invoke(app, ["collection", "status", url])
         assert r.exit_code == 2 and len(r.output.strip().splitlines()) == 1 and "did not answer" in r.output, r.output
+
+
+def test_following_a_servers_backfill_waits_for_its_last_bridge_fit():
+    """Trial AD: `collection backfill URL` returned at "done" while the server's worker still ran the
+    backfill's last bridge fit (an upgrade sent then lost its own fits); in process the run returns
+    after that fit."""
+    from nobackfill.client.remote import _follow
+
+    answers = iter([{"state": "running", "done": 5, "worker": "running"},
+                    {"state": "done", "done": 10, "worker": "running"},  # every item in, the last fit running
+                    {"state": "done", "done": 10, "worker": "running"},
+                    {"state": "done", "done": 10, "worker": "idle", "worker_stopped": "done"}])
+    polled = []
+
+    class Server:
+        def backfill_status(self):
+            polled.append(1)
+            return next(answers)
+
+    rep = _follow(Server(), {"done": 0}, None, 0.0)
+    assert len(polled) == 4 and rep["stopped"] == "done" and rep["committed"] == 10

@@ -652,3 +652,62 @@ def test_a_refit_says_a_kept_bridges_route_change_and_the_scores_it_compared():
     assert len(said) == 1
     assert _route_name({"route": "fused", "w": 0.9}) == "fused w=0.9" and _route_name({"route": "old-model"}) == "old-model"
     assert _scored({"r1": 0.25, "overlap10": 0.4123}) == "R@1 0.250 + overlap@10 0.412"
+
+
+def test_an_upgrade_waits_for_no_running_fit_and_the_last_models_bridges_serve_no_longer(tmp_path):
+    """Trial AD: over HTTP the backfill reads "done" while its last bridge fit runs; an upgrade then
+    was taken, and the ending fit wrote its state over the new upgrade's (no bridge was ever fitted
+    for it). Refused while a fit holds the lock, nothing changed; once it ends the upgrade fits its
+    own bridges, and those fitted for the earlier current model are no longer called serving (a
+    refit tried them on the new model's queries: "unreadable")."""
+    from _collection_helpers import NEWER_REF, HashEncoder
+    from nobackfill.lifecycle import backfill_fit
+    from nobackfill.lifecycle.backfill_jobs import JOB_DIR
+    from nobackfill.lifecycle.fit_bridges import fitted_bridges
+    from nobackfill.lifecycle.plan_changes import UpgradeRefused
+
+    c, old, new, pool = _backfilled(tmp_path, n_images=60)
+    fit_collection_bridges(c, cfg=CFG, pool=pool)
+    c = Collection.open(c.path)
+    assert fitted_bridges(c.plan) and fitted_status(c.plan)
+    newer = HashEncoder(20, "newer", name="newer")
+    pool = pool_with((OLD_REF, old), (NEW_REF, new), (NEWER_REF, newer))
+    plan, spaces = c.plan, sorted(p.name for p in (c.path / "spaces").iterdir())
+    with c.catalog.lock(f"{JOB_DIR}/fit"):
+        with pytest.raises(UpgradeRefused, match="a bridge fit of its backfill is running"):
+            upgrade_collection(c, NEWER_REF, pool=pool)
+    c = Collection.open(c.path)
+    assert c.plan == plan and sorted(p.name for p in (c.path / "spaces").iterdir()) == spaces
+    upgrade_collection(c, NEWER_REF, pool=pool)
+    c = Collection.open(c.path)
+    assert backfill_fit.fit_state(c)["target"] == newer.space_id and backfill_fit.fit_summary(c)["enabled"]
+    assert [u for u in c.plan.upgrades if u.kind == "fitted"]  # kept until their space is retired
+    assert fitted_bridges(c.plan) == {} and fitted_status(c.plan) == []
+
+
+def test_a_last_fit_cut_short_runs_at_the_next_start_of_the_done_backfill(tmp_path, monkeypatch):
+    """Trial AD: a SIGTERM during the final fit (every item in) leaves status announcing "next at the
+    end" of a done job; the next start (a job of no item) ends with that fit on every pair."""
+    from nobackfill.lifecycle import backfill_fit, fit_bridges
+
+    c, old, new, pool = _upgraded_no_bridge(tmp_path, 60, fraction=0.2, min_pairs=20, max_pairs=20)
+    real, calls = fit_bridges.fit_collection_bridges, []
+
+    def stopped_at_the_end(collection, **kw):
+        n = backfill_fit.backfilled_count(collection, collection.current_space)
+        if n == len(collection.items()) and "interrupted" not in calls:
+            calls.append("interrupted")
+            raise KeyboardInterrupt  # (SIGTERM: the worker's process ends)
+        calls.append(n)
+        return real(collection, **{**kw, "cfg": CFG})
+
+    monkeypatch.setattr(fit_bridges, "fit_collection_bridges", stopped_at_the_end)
+    with pytest.raises(KeyboardInterrupt):
+        run_backfill(c, new, order="sequential", batch_size=16, pool=pool)
+    st = backfill_fit.fit_state(c)
+    assert backfill_status(c)["state"] == "done" and st["next"] is not None
+    assert st["fits"][-1]["pairs"] < len(c.items())
+    rep = run_backfill(c, new, order="sequential", batch_size=16, pool=pool)  # nothing to backfill: the fit runs
+    st = backfill_fit.fit_state(c)
+    assert rep["committed"] == 0 and calls[-1] == len(c.items()) and st["fits"][-1]["pairs"] == len(c.items())
+    assert st["next"] is None and not backfill_fit.fit_summary(c)["next_at_end"]

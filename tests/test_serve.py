@@ -325,7 +325,8 @@ def test_serve_cli_roots(tmp_path, monkeypatch):
 
     class Fake:
         class state:
-            service = None
+            class service:
+                unfinished: list = []  # (no thread left running when it stopped)
 
     monkeypatch.setattr(serve, "create_app", lambda settings: seen.append(settings) or Fake())
     monkeypatch.setattr(uvicorn, "run", lambda *a, **kw: None)
@@ -561,3 +562,32 @@ def test_a_backfill_running_at_shutdown_stops_saying_the_server_stopped(tmp_path
     st = backfill_status(c)
     assert st["last_worker"]["stopped"] == "the server stopped" and 0 < st["done"] < st["total"]
     assert st["state"] == "idle" and not st["holders"]
+
+
+def test_a_thread_that_outlasts_the_shutdown_wait_is_named_and_the_process_ends_at_once(env, monkeypatch):
+    """A bridge fit runs to its end before the worker stops; past the wait, the server names what is
+    still running and `serve` ends the process itself (a thread in native code as the interpreter
+    finalises aborted it: trial AD, exit 134)."""
+    import os
+    import threading
+    from types import SimpleNamespace
+
+    from nobackfill.cli import serve as serve_cli
+
+    api, _, _, _ = env
+    svc = api.app.state.service
+    release = threading.Event()
+    svc.client.worker.start(lambda: release.wait(10) and SimpleNamespace(stopped="done", reason=lambda: "done"),
+                            resumed=lambda rep: False)  # (a fit: deaf to the stop)
+    try:
+        assert svc.close(timeout=0.1) == ["the backfill worker"] and svc.unfinished == ["the backfill worker"]
+    finally:
+        release.set()
+        svc.client.worker.thread.join(10)
+    assert svc.close(timeout=1) == [] and svc.unfinished == []
+    ended = []
+    monkeypatch.setattr(os, "_exit", ended.append)  # (imported where it is called)
+    serve_cli._end_without_threads_left([])
+    assert ended == []
+    serve_cli._end_without_threads_left(["the backfill worker"])
+    assert ended == [0]

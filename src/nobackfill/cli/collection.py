@@ -486,5 +486,6 @@ def retire(
     if as_json:
         return _echo(res)
     dropped = res["dropped_unsourced"]
-    results.print(f"space {space} of {name} retired; its vectors were removed"
+    results.print(f"space {space} of {name} was retired already; nothing to do" if res.get("already") else
+                  f"space {space} of {name} retired; its vectors were removed"
                   + (f"; {dropped} item(s) without a source were deleted with it" if dropped else ""))

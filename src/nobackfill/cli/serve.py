@@ -80,6 +80,22 @@ def serve(
         fail(e)
     console.print(f"serving {collection} on http://{host}:{port}/ (API docs: /docs)")
     uvicorn.run(app, host=host, port=port, log_level=log_level)
+    _end_without_threads_left(app.state.service.unfinished)
+
+
+def _end_without_threads_left(unfinished: list[str]) -> None:
+    """After the server stopped: with threads still running (:meth:`~nobackfill.serve.Service.close`
+    waited for them), the process ends here, exit 0, before the interpreter finalises: native code
+    in a thread then can abort it (trial AD: "terminate called without an active exception", 134)."""
+    if unfinished:
+        import logging
+        import os
+        import sys
+
+        logging.shutdown()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(0)
 
 
 def export_onnx(

@@ -264,9 +264,11 @@ class LocalClient(Client):
 
         space = self._known_space(space)
         with self.write_lock:
+            if self.collection.space(space).retired:  # (a rerun: said, not done again)
+                return {"retired": space, "dropped_unsourced": 0, "already": True}
             dropped = len(self.collection.unsourced_ids(space)) if drop_unsourced else 0
             retire_space(self.collection, space, drop_unsourced=drop_unsourced)
-        return {"retired": space, "dropped_unsourced": dropped}
+        return {"retired": space, "dropped_unsourced": dropped, "already": False}
 
     # ------------------------------------------------------------------ reads
     @refusals

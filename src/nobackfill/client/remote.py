@@ -328,8 +328,8 @@ def _follow(client: RemoteClient, before: dict[str, Any], progress: Callable[[in
         seen = max(seen, st["done"])
         if st.get("error"):
             raise ServerError(500, f"the server's backfill worker stopped: {st['error']}", "backfill")
-        if st["state"] in ("done", "paused", "none") or st.get("worker") == "idle":
-            break
+        if st["state"] in ("paused", "none") or st.get("worker") == "idle":
+            break  # (done: once the server's worker has also run the last bridge fit, as a run in process does)
         time.sleep(poll_s)
     stopped = "done" if st["state"] == "done" else st.get("worker_stopped") or st["state"]
     return {**st, "committed": st["done"] - before["done"], "sample_committed": 0,

@@ -256,8 +256,11 @@ def maybe_fit(collection: Collection, *, final: bool | None = False, pool: Any =
         final = job is not None and job.state == "done"
     n = _served_count(collection, st["target"])
     if final and st["fits"] and st["fits"][-1]["pairs"] >= n:  # done, and the last fit saw every pair
-        st["next"] = None
-        _write(collection, FIT_FILE, st)
+        with collection.catalog.lock(f"{JOB_DIR}/fit", blocking=False) as taken:  # (as an upgrade writes its own)
+            st = fit_state(collection, st["target"]) if taken else None
+            if st is not None:
+                st["next"] = None
+                _write(collection, FIT_FILE, st)
         return None
     if n < int(st["next"]) and not (final and (not st["fits"] or st["fits"][-1]["pairs"] < n)):
         if not st["fits"] and n >= int(st.get("merge_next") or MERGE_FIRST):

@@ -123,8 +123,10 @@ def backfilled_pairs(collection: Collection, old_space: str, plan: Plan | None =
 
 
 def fitted_bridges(plan: Plan) -> dict[tuple[str, str], UpgradeRecord]:
-    """The fitted bridge serving each (old space, direction)."""
-    return {(u.target, d): u for u in plan.upgrades if u.kind == "fitted" for d in u.directions}
+    """The fitted bridge serving each (old space, direction): from the current space's queries (those
+    fitted for an earlier current model take none of today's; trial AD: "unreadable" at each refit)."""
+    return {(u.target, d): u for u in plan.upgrades if u.kind == "fitted" and u.source == plan.current
+            for d in u.directions}
 
 
 def _held(direction: str, pairs: dict[str, Pairs], masks: dict[str, np.ndarray], cfg: "FitBridgesConfig",

@@ -118,18 +118,26 @@ def upgrade_collection(collection: Collection, model: str | Path, *, bridges: Se
             guard(p)
         return new_plan
 
-    try:
-        committed = collection.set_plan(commit)
-    except BaseException:
-        if not collection.plan.has(sid):  # leave nothing behind
-            collection.storage.drop_space(entry.dir)
-        raise
-    if fitting:
-        from .backfill_fit import enable_fit
+    from .backfill_fit import enable_fit
+    from .backfill_jobs import JOB_DIR
 
-        enable_fit(collection, sid, fit_sample, queries)
-        say(("" if bridges else "no bridge given: ") + "the backfill starts with a sample of each modality and "
-            "fits bridges from it")
+    # a bridge fit of the last backfill (it ends after the job is done) would put its bridges and its
+    # fit state over this upgrade's (trial AD): none runs while the plan changes, none starts meanwhile
+    with collection.catalog.lock(f"{JOB_DIR}/fit", blocking=False) as free:
+        try:
+            if not free:
+                raise UpgradeRefused(f"cannot upgrade collection {collection.path} now: a bridge fit of its backfill "
+                                     "is running (the last one, after every item is in, or a refit): retry when "
+                                     "`collection status` no longer shows it (seconds to a minute)")
+            committed = collection.set_plan(commit)
+        except BaseException:
+            if not collection.plan.has(sid):  # leave nothing behind
+                collection.storage.drop_space(entry.dir)
+            raise
+        if fitting:
+            enable_fit(collection, sid, fit_sample, queries)
+            say(("" if bridges else "no bridge given: ") + "the backfill starts with a sample of each modality and "
+                "fits bridges from it")
     return committed
 
 

@@ -177,6 +177,7 @@ class Routes(BaseModel):
 class Retired(BaseModel):
     retired: str
     dropped_unsourced: int
+    already: bool = Field(False, description="The space was retired before this call (nothing was done).")
 
 
 class VerifyReport(_Open):

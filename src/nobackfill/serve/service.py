@@ -51,14 +51,28 @@ class Service:
         self._index_lock = threading.Lock()
         self._indexer: threading.Thread | None = None
         self._index_again = False
+        self.unfinished: list[str] = []  # threads still running when the server stopped (close)
         self.start_index_builds()  # a collection imported before the server started gets its graph indexes
 
-    def close(self, timeout: float = 30.0) -> None:
+    def close(self, timeout: float = 30.0) -> list[str]:
         """At the server's shutdown: its backfill worker, if one runs, stops before its next batch
-        (its shard handed back, "the server stopped" recorded for ``collection status``), waited
-        for up to ``timeout`` seconds; the job stays for a later start or ``collection backfill``."""
+        (its shard handed back, "the server stopped" recorded for ``collection status``; a bridge fit
+        it runs ends first), and an index build ends, each waited for up to ``timeout`` seconds; the
+        job stays for a later start or ``collection backfill``. Returns the threads still running
+        (the process then ends without waiting for them: ``serve``)."""
+        left = []
         if not self.client.worker.stop("the server stopped", timeout):
-            log.warning("the backfill worker did not stop within %.0f s; its lease expires unfinished", timeout)
+            left.append("the backfill worker")
+        indexer = self._indexer
+        if indexer is not None and indexer.is_alive():
+            indexer.join(timeout)
+            if indexer.is_alive():
+                left.append("an index build")
+        if left:
+            log.warning("%s did not end within %.0f s: the process ends without them (what they committed "
+                        "stays; a backfill's lease expires unfinished)", " and ".join(left), timeout)
+        self.unfinished = left
+        return left
 
     def _uri_aliases(self) -> dict[str, str]:
         """A storage URI's spellings (as given, as the collection holds it, redacted) -> the
