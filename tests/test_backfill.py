@@ -898,3 +898,21 @@ def _job_lock_held_by_another_thread(c):
     finally:
         release.set()
         t.join()
+
+
+def test_a_pause_after_the_last_commit_leaves_the_job_done(tmp_path):
+    """Trial AE: a pause that came as the last batch committed left "18/18 [paused]", and a plain
+    run was refused until --resume: nothing was left to resume."""
+    c, old, new, pool, _ = _upgraded(tmp_path)
+    start_backfill(c, new, order="sequential")
+    seen = []
+
+    def pause_at_the_end(n):
+        seen.append(n)
+        if sum(seen) == 18:
+            pause_backfill(c)
+
+    out = run_backfill(c, new, order="sequential", batch_size=4, progress=pause_at_the_end)
+    assert sum(seen) == 18 and out["state"] == "done" and backfill_status(c)["state"] == "done"
+    again = run_backfill(c, new, order="sequential", batch_size=4)  # not refused: nothing to do
+    assert again["committed"] == 0 and again["state"] == "done"

@@ -386,6 +386,17 @@ def test_a_missing_import_file_is_not_found_in_both_clients(client, world):
             client.import_(source, **kw)
 
 
+def test_a_missing_data_folder_is_not_found_in_both_clients(client, tmp_path):
+    """Trial AE: ``add(folder=<missing>)`` raised InvalidRequest, where a missing file is NotFound (a
+    FileNotFoundError) everywhere else; a file given as the folder stays an invalid request."""
+    with pytest.raises(NotFound, match="nosuch: no such folder") as e:
+        client.add(folder=tmp_path / "nosuch")
+    assert isinstance(e.value, FileNotFoundError)
+    (tmp_path / "afile").write_text("x")
+    with pytest.raises(InvalidRequest, match="a file, not a data folder"):
+        client.add(folder=tmp_path / "afile")
+
+
 def test_metadata_with_a_number_json_has_not_is_refused_alike(client, world):
     """NaN / infinity in an added item's metadata: refused by both clients with the same message
     naming the item and the field, nothing added (in process it had become null silently)."""
@@ -525,11 +536,16 @@ def test_a_caption_over_the_text_limit_is_a_bad_line_for_both_clients_before_any
              {"image": f"images/{src[1].name}", "caption": "another caption", "lang": "en"}]
     (folder / "captions.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
     before = client.status()["generation"]
-    with pytest.raises(InvalidRequest, match=r"captions.jsonl line 2: a caption of 2500 characters; at most 2000"):
+    with pytest.raises(InvalidRequest, match=r"captions.jsonl line 2: a caption of 2500 characters, longer than the "
+                                             r"2000 a text may have \(as a search text\); the line is not added"):
         client.add(folder=folder)
     assert client.status()["generation"] == before  # nothing committed
     res = client.add(folder=folder, skip_bad=True)
-    assert res.skipped == 1 and "line 2" in res.problems[0] and res.added == 4, res
+    assert res.skipped == 1 and "line 2" in res.problems[0] and res.added == 4 and res.uncaptioned == 0, res
+    lines[2]["caption"] = "word " * 450  # (trial AE: an image whose only caption was too long was not counted)
+    (folder / "captions.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
+    res = client.add(folder=folder, skip_bad=True)
+    assert res.skipped == 2 and res.uncaptioned == 1, res
 
 
 def test_a_url_that_is_no_nobackfill_server_is_one_line_naming_it(monkeypatch):

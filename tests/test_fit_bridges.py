@@ -621,9 +621,13 @@ def test_a_weak_bridge_given_is_tested_against_the_old_model_from_64_pairs(tmp_p
         run_backfill(c, new, order="random", batch_size=16, limit=128, pool=pool)  # (the sample's images come first)
         c = Collection.open(c.path)
         assert backfill_fit.fit_state(c)["fits"] == []  # no bridge fit yet: the merge maps' fit did it
-        merge_maps.fit_merge_maps(c, pool=pool)  # (as the backfill's at 128 pairs, with the test's models)
+        said = []
+        merge_maps.fit_merge_maps(c, pool=pool, log=said.append)  # (as the backfill's at 128 pairs, with the test's models)
         c = Collection.open(c.path)
         route = c.plan.route(old.space_id, "t2i")
+        # the route leaves the bridge given with a line (trial AE: i2t left the shipped XBT without a word)
+        assert any(f"{old.space_id} t2i: the serving bridge stays (your --bridge)" in m and "bridge -> old-model" in m
+                   for m in said), said
         assert route is not None and route.calibration["fitted"] == {"given": True}, route
         bridged, own = route.calibration["bridge"]["r1"], route.calibration["old-model"]["r1"]
         if good:  # an exact bridge ties with the old model here (new = old @ A): a tie keeps the old model

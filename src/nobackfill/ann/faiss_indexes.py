@@ -167,9 +167,21 @@ class HNSWIndex(_FaissIndex):
         return faiss.downcast_index(self._index.storage)
 
 
+def _faiss_message(e: BaseException) -> str:
+    """A faiss error's last line without its C++ location."""
+    first = str(e).strip().splitlines()[-1] if str(e).strip() else "rejected"
+    first = re.sub(r"^Error in .*? at \S+:\d+: (Error: )?", "", first)
+    return re.sub(r"^'.*?' failed: ", "", first)  # (the assertion's C++ text)
+
+
 class FactoryIndex(_FaissIndex):
     """Any faiss index from a factory string (``faiss.index_factory`` with inner product), with
-    search parameters (``efSearch``, ``nprobe``, ...) applied through ``faiss.ParameterSpace``."""
+    search parameters (``efSearch``, ``nprobe``, ...) applied through ``faiss.ParameterSpace``.
+
+    An index that must be trained (IVF, PQ) is trained on the rows of its first build; while they
+    are too few to train it (fewer than its IVF lists, say), its rows are searched exactly (a flat
+    index stands in: ``waiting`` says why) and it is trained once an added block brings enough (trial
+    AE: a small collection created with ``IVF1024,PQ16`` answered every search with faiss' error)."""
 
     kind = "faiss"
     options = {"factory": str, "efSearch": int, "nprobe": int}
@@ -177,32 +189,55 @@ class FactoryIndex(_FaissIndex):
     def __init__(self, dim: int, factory: str = "Flat", _index: Any = None, **params: Any) -> None:
         import faiss
 
-        if _index is None:
-            try:
-                _index = faiss.index_factory(int(dim), factory, faiss.METRIC_INNER_PRODUCT)
-            except RuntimeError as e:
-                first = str(e).strip().splitlines()[-1] if str(e).strip() else "rejected"
-                first = re.sub(r"^Error in .*? at \S+:\d+: (Error: )?", "", first)  # (faiss' C++ location)
-                raise ValueError(f"faiss cannot build {factory!r} for dim {dim}: {first}") from None
-        super().__init__(dim, _index)
         self.factory, self.params = factory, dict(params)
-        for name, value in self.params.items():
-            faiss.ParameterSpace().set_index_parameter(self._index, name, value)
+        self.waiting: str | None = None  # why the rows are searched exactly for now (see the class doc)
+        if _index is None:
+            _index = self._new_index(int(dim))
+        elif isinstance(faiss.downcast_index(_index), faiss.IndexFlat) and \
+                not isinstance(faiss.downcast_index(self._new_index(int(dim))), faiss.IndexFlat):
+            self.waiting = f"too few rows to train {factory!r} ({int(_index.ntotal)})"  # (a cached stand-in)
+        super().__init__(dim, _index)
+        self._set_params()
+
+    def _new_index(self, dim: int) -> Any:
+        import faiss
+
+        try:
+            return faiss.index_factory(dim, self.factory, faiss.METRIC_INNER_PRODUCT)
+        except RuntimeError as e:
+            raise ValueError(f"faiss cannot build {self.factory!r} for dim {dim}: {_faiss_message(e)}") from None
+
+    def _set_params(self) -> None:
+        import faiss
+
+        if self.waiting is None:
+            for name, value in self.params.items():
+                faiss.ParameterSpace().set_index_parameter(self._index, name, value)
 
     @classmethod
     def from_bytes(cls, data: bytes, dim: int, **options: Any) -> "FactoryIndex":
         return cls(dim, _index=cls._deserialize(data), **options)
 
     def _add(self, vectors: np.ndarray) -> None:
-        if not self._index.is_trained:  # IVF / PQ: trained on the first build's vectors
-            try:
-                self._index.train(vectors)
-            except RuntimeError as e:
-                raise ValueError(f"faiss {self.factory!r} could not be trained on {len(vectors)} vectors "
-                                 f"({str(e).strip().splitlines()[-1]}); it needs more vectors or a smaller "
-                                 "index (e.g. fewer IVF lists)") from None
-        self._index.add(vectors)
-        self._ntotal = int(self._index.ntotal)
+        if self._index.is_trained and self.waiting is None:
+            self._index.add(vectors)
+            self._ntotal = int(self._index.ntotal)
+            return
+        import faiss
+
+        rows = vectors if not self.ntotal else np.vstack([self._storage().reconstruct_n(0, self.ntotal), vectors])
+        index = self._new_index(self.dim)
+        try:  # IVF / PQ: trained on the rows of the first build that has enough of them
+            index.train(rows)
+            self.waiting = None
+        except RuntimeError as e:
+            index = faiss.IndexFlatIP(self.dim)
+            self.waiting = f"{len(rows)} rows cannot train {self.factory!r} yet: {_faiss_message(e)}"
+        index.add(rows)
+        self._index, self._ntotal = index, int(index.ntotal)
+        for cached in ("_inner_index", "_plain_k_value", "_last_params"):  # (of the index replaced)
+            self.__dict__.pop(cached, None)
+        self._set_params()
 
     def reserve(self, n: int) -> None:
         """Size a graph's arrays (its vectors, neighbour lists, levels and offsets) for ``n`` rows

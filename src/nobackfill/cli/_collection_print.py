@@ -173,7 +173,8 @@ def index_line(info: dict, served: dict | None = None) -> str:
                      + ("" if i.get("in_use") else " (their index is loaded at the first search)")
                      + (f" ({idle} of them of items deleted, replaced or served by another space: never returned)"
                         if idle > 0 else "")
-                     + (" (graph index building; searches exact meanwhile)" if i.get("building") else ""))
+                     + (" (graph index building; searches exact meanwhile)" if i.get("building") else "")
+                     + (f" (searched exactly until they can train it: {i['waiting']})" if i.get("waiting") else ""))
     backend = next(iter(info.values()))["backend"]
     return f"{backend}: " + ", ".join(parts)
 

@@ -15,8 +15,10 @@ def upgrade_xbt(
     old: Path = typer.Option(..., help="The old model (its space is the gallery's); used in stage 1 only."),
     new: Path = typer.Option(..., help="The new model to upgrade."),
     text_corpus: Path = typer.Option(..., help="Stage-1 text: a text file (one caption a line), a data folder "
-                                               "(its train captions) or a world root (train-split captions)."),
-    pairs: Path = typer.Option(..., help="Stage-2 image-text pairs: a data folder (train split) or a world root."),
+                                               "(its train captions) or a world root (train-split captions generated "
+                                               "from its seed: stage1.corpus_size of them, however many it wrote)."),
+    pairs: Path = typer.Option(..., help="Stage-2 image-text pairs: a data folder (train split) or a world root "
+                                         "(train items rendered from its seed: n_pairs of them)."),
     out: Path = typer.Option(..., help="Upgrade directory to write (resumes a killed run; a finished upgrade there is "
                                        "refused)."),
     stage1: Optional[Path] = typer.Option(None, help="Reuse this stage-1 (phi) upgrade instead of training one."),
@@ -135,8 +137,9 @@ def upgrade_xbt_text(
 def upgrade_procrustes(
     old: Path = typer.Option(..., help="The old model (the gallery's space)."),
     new: Path = typer.Option(..., help="The new model."),
-    text_corpus: Path = typer.Option(..., help="Paired text: a text file (every line), or the English captions of a "
-                                                "data folder or world root."),
+    text_corpus: Path = typer.Option(..., help="Paired text: a text file (every line), the English captions of a "
+                                                "data folder, or of a world root (train-split captions generated from "
+                                                "its seed: --corpus-size of them, however many it wrote)."),
     out: Path = typer.Option(..., help="Upgrade directory to write (a new or empty folder)."),
     corpus_size: Optional[int] = typer.Option(None, help="Maximum captions, deduplicated (default 40000)."),
     config: Optional[Path] = config_option(),

@@ -402,8 +402,6 @@ class LocalClient(Client):
         with self.write_lock:
             enc = self.encoder()
             start_backfill(self.collection, enc, order=order, pool=self.pool)  # resumes a paused job
-            if self.worker.active:
-                return self.backfill_status()
 
             def one_run() -> Any:
                 if ray is None:  # (its bridge fits told to this module's logger; status names them too)
@@ -418,7 +416,7 @@ class LocalClient(Client):
                 job = backfill_running(self.collection)
                 return rep.stopped in ("paused", "job removed") and job is not None and job.state == "running"
 
-            self.worker.start(one_run, resumed)
+            self.worker.start(one_run, resumed)  # (none while one is active: it sees the resumed job, goes on)
         return self.backfill_status()
 
     @refusals

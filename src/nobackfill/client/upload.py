@@ -56,10 +56,14 @@ def read_files(folder: str | Path | None, split: str, text_file: str | Path | No
         for it in read.items:
             text = it.source.get("text") if it.modality == "text" else None
             if isinstance(text, str) and len(text) > max_chars:
-                read.skip(DataFormatError(f"a caption of {len(text)} characters; at most {max_chars} are taken (as "
-                                          "for a search text)", where, read.lines.get(it.id), skippable=True), skip_bad)
+                read.skip(DataFormatError(f"a caption of {len(text)} characters, longer than the {max_chars} a text "
+                                          "may have (as a search text); the line is not added", where,
+                                          read.lines.get(it.id), skippable=True), skip_bad)
                 continue
             keep.append(it)
+        if len(keep) < len(read.items) and text_file is None:  # an image whose captions were all too long
+            captioned = {it.metadata.get("image_id") for it in keep if it.modality == "text"}
+            read.uncaptioned = sum(it.modality == "image" and it.id not in captioned for it in keep)
         read.items = keep
     return read.items, read
 

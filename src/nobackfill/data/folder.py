@@ -48,6 +48,10 @@ class DataFormatError(ValueError):
         super().__init__(f"{where}: {message}" if where else message)
 
 
+class MissingDataError(DataFormatError, FileNotFoundError):
+    """A data folder that is not there (a ``FileNotFoundError`` too: ``nobackfill.client.NotFound``)."""
+
+
 @dataclass
 class PairDataset:
     """Images and their captions loaded from a data folder (indices are into ``images``)."""
@@ -154,7 +158,9 @@ def check_data_folder(folder: str | os.PathLike) -> Path:
     is: no such folder, or a file (trial Y: a missing folder read as one without its captions file)."""
     root = Path(folder).absolute()
     if not root.is_dir():
-        raise DataFormatError("a file, not a data folder" if root.exists() else "no such folder", root)
+        if root.exists():
+            raise DataFormatError("a file, not a data folder", root)
+        raise MissingDataError("no such folder", root)
     return root
 
 

@@ -116,25 +116,30 @@ class GalleryIndex:
                 continue
             cached = self._indexes.get(m)
             index = cached[2] if cached else None
+            waiting = getattr(index, "waiting", None)  # a factory index too small to train yet: searched exactly
             if isinstance(index, AutoIndex):
                 in_use, building = index.in_use, index.building
             elif index is not None:
-                in_use, building = self.backend, False
+                in_use, building = ("Flat" if waiting else self.backend), False
             else:
-                in_use, building = self._cached_kind(m), False
-            out[m] = {"backend": self.backend, "in_use": in_use, "building": building, "count": n}
+                (in_use, waiting), building = self._cached_kind(m), False
+            out[m] = {"backend": self.backend, "in_use": in_use, "building": building, "count": n,
+                      **({"waiting": waiting} if waiting else {})}
         return out
 
-    def _cached_kind(self, modality: str) -> str | None:
-        """What the on-disk index cache of ``modality`` holds (its stamp), without loading it."""
-        if not self.backend.startswith("auto"):
-            return self.backend
+    def _cached_kind(self, modality: str) -> tuple[str | None, str | None]:
+        """What the on-disk index cache of ``modality`` holds (its stamp), without loading it, and
+        why it is searched exactly (a factory index too small to train), if it is."""
         try:
             stamp = json.loads(self._index_paths(modality)[1].read_text(encoding="utf-8"))
         except (OSError, ValueError):  # none written: below its threshold, auto searches exactly
+            if not self.backend.startswith("auto"):
+                return self.backend, None
             _kind, opts = parse_spec(self.backend)
-            return "Flat" if self.count(modality) < int(opts.get("at", AUTO_GRAPH_AT)) else None
-        return stamp.get("in_use")
+            return ("Flat" if self.count(modality) < int(opts.get("at", AUTO_GRAPH_AT)) else None), None
+        if not self.backend.startswith("auto") and "in_use" not in stamp:
+            return self.backend, None
+        return stamp.get("in_use"), stamp.get("waiting")
 
     def _index_paths(self, modality: str) -> tuple[Path, Path]:
         return self.path / f"index-{modality}.faiss", self.path / f"index-{modality}.json"
@@ -188,6 +193,8 @@ class GalleryIndex:
                          "sha256": digest, "written": _now()}
                 if isinstance(index, AutoIndex):
                     stamp["in_use"] = index.in_use
+                elif getattr(index, "waiting", None):  # (status, in another process, says so)
+                    stamp.update(in_use="Flat", waiting=index.waiting)
                 atomic_write_bytes(key_path, json.dumps(stamp).encode("utf-8"))
         except OSError as e:
             log.warning("could not cache index %s: %s", data_path, e)

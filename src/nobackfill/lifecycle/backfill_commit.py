@@ -151,7 +151,9 @@ def _finalize_order(collection: Collection, job: BackfillJob) -> BackfillJob:
 
 def _finish_if_done(collection: Collection) -> None:
     job = BackfillJob.load(collection)
-    if job is None or job.state != "running" or job.phase != "order":
+    # (paused too: a pause that came after the last commit leaves nothing to resume; trial AE read
+    # "181/181 [paused]", and a plain run was refused until --resume)
+    if job is None or job.state not in ("running", "paused") or job.phase != "order":
         return
     if _all_shards_done(collection, job):
         bad = set(unreadable_items(collection, job)["ids"])  # tried again by the next run (a new job)

@@ -207,7 +207,7 @@ def _served_count(collection: Collection, target: str) -> int:
 MERGE_FIRST = 64
 
 
-def _fit_merge(collection: Collection, n: int) -> None:
+def _fit_merge(collection: Collection, n: int, log: Callable[[str], None] | None = None) -> None:
     """Before the first bridge fit: the merge's score maps alone
     (:func:`~.merge_maps.fit_merge_maps`), once per doubling of the pairs, under the fit lock (one
     worker fits; a failure is recorded and never stops the backfill)."""
@@ -220,7 +220,7 @@ def _fit_merge(collection: Collection, n: int) -> None:
         from .merge_maps import fit_merge_maps
 
         try:
-            st["merge_maps"] = {"pairs": n, "agreed": fit_merge_maps(collection)}
+            st["merge_maps"] = {"pairs": n, "agreed": fit_merge_maps(collection, log=log)}
         except Exception as e:  # the raw merge serves on
             st["error"] = f"score maps: {type(e).__name__}: {e}"
         st["merge_next"] = 2 * n
@@ -264,7 +264,7 @@ def maybe_fit(collection: Collection, *, final: bool | None = False, pool: Any =
         return None
     if n < int(st["next"]) and not (final and (not st["fits"] or st["fits"][-1]["pairs"] < n)):
         if not st["fits"] and n >= int(st.get("merge_next") or MERGE_FIRST):
-            _fit_merge(collection, n)
+            _fit_merge(collection, n, log)
         return None
     with collection.catalog.lock(f"{JOB_DIR}/fit", blocking=False) as taken:
         if not taken:

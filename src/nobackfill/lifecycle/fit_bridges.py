@@ -37,8 +37,8 @@ from ..search.routes import DIRECTIONS, RoutePlanner
 from ..search.models import ModelPool
 from .calibrate import agreed_score_maps
 
-__all__ = ["FitBridgesConfig", "backfilled_pairs", "fit_collection_bridges", "fitted_bridges",
-           "fitted_status", "scene_of", "users_planner", "with_given_route"]
+__all__ = ["FitBridgesConfig", "backfilled_pairs", "fit_collection_bridges", "fitted_bridges", "fitted_status", "scene_of",
+           "users_planner", "with_given_route"]
 
 #: the fewest held-out queries a score is computed on
 MIN_HELDOUT = 8
@@ -225,9 +225,8 @@ def users_planner(plan: Plan, pool: ModelPool) -> RoutePlanner:
 
 
 def with_given_route(p: Plan, sid: str, d: str, routes: dict[str, Any]) -> Plan:
-    """``p`` with the route chosen without labels for the user's bridge to ``sid`` (``d``), where no
-    fitted bridge serves it (one swapped in meanwhile), the space is live, and the route is not
-    pinned or chosen on labels."""
+    """``p`` with the route chosen without labels for the user's bridge to ``sid`` (``d``), unless a
+    fitted bridge serves it (swapped in meanwhile), the space is gone, or the route is pinned or labelled."""
     cur = p.route(sid, d)
     choice = _route_entry(cur, routes, {"given": True})
     if choice is None or (sid, d) in fitted_bridges(p) or sid not in {s.space_id for s in p.old_spaces()} or \
@@ -335,7 +334,8 @@ def fit_collection_bridges(collection: Collection, *, cfg: FitBridgesConfig | No
                 elif old_rec is None and "given" in given:  # the user's bridge serves on: its route tested too
                     routes = ch.routes if ch.chosen == "given" else route_scores(held, given["given"])
                     entry["route"] = routes["route"]
-                    rerouted_given.append((sid, d, routes))
+                    rerouted_given.append((sid, d, routes))  # (said: trial AE saw i2t leave XBT without a word)
+                    _say_rerouted(say, plan.route(sid, d) or RouteChoice("bridge"), routes, sid, d, "your --bridge", held.sizes)
                     merge_maps[sid, d] = _merge_maps(d, routes, held, given["given"], pairs, cfg)
                 continue
             merge_maps[sid, d] = _merge_maps(d, ch.routes, held, given[ch.chosen] if ch.chosen in given

@@ -5,29 +5,30 @@ user's own bridge is tested against the old model here too, on every backfilled 
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
-from ..catalog.plan import Plan
+from ..catalog.plan import Plan, RouteChoice
 from ..collection.collection import Collection
 from ..compat.fitted import HeldOut, route_scores
 from ..search.models import ModelPool
 from ..search.routes import DIRECTIONS, RoutePlanner
-from .fit_bridges import (FitBridgesConfig, Pairs, _every_backfilled, _merge_maps, _with_merge_maps, backfilled_pairs,
-                          fitted_bridges, users_planner, with_given_route)
+from .fit_bridges import (FitBridgesConfig, Pairs, _every_backfilled, _merge_maps, _say_rerouted, _with_merge_maps,
+                          backfilled_pairs, fitted_bridges, users_planner, with_given_route)
 
 __all__ = ["fit_merge_maps"]
 
 
-def fit_merge_maps(collection: Collection, *, cfg: FitBridgesConfig | None = None,
-                   pool: ModelPool | None = None) -> dict[str, Any]:
+def fit_merge_maps(collection: Collection, *, cfg: FitBridgesConfig | None = None, pool: ModelPool | None = None,
+                   log: Callable[[str], None] | None = None) -> dict[str, Any]:
     """The merge's score maps alone (:func:`_merge_maps`), for every direction an old space serves
     through the ``old-model`` route, on every backfilled pair: what the backfill runs before its first
     bridge fit (whose sample may be most of a small collection), so the items already moved are
     merged on one scale with the rest from the first pairs on. Nothing is fitted but the maps; the
     route of a user's bridge is chosen again first (:func:`_given_routes`), a fitted bridge's route
-    keeps its maps until the next bridge fit. Returns ``{space/direction: agreed queries, or None}``."""
+    keeps its maps until the next bridge fit (``log`` hears of a route it changes: trial AE saw i2t leave
+    the XBT given without a word). Returns ``{space/direction: agreed queries, or None}``."""
     cfg = cfg or FitBridgesConfig()
     plan = collection.plan
     if plan.calibration:
@@ -50,6 +51,8 @@ def fit_merge_maps(collection: Collection, *, cfg: FitBridgesConfig | None = Non
                 if given is not None:
                     routes, held, bridged = given
                     rerouted.append((sid, d, routes))
+                    _say_rerouted(log or (lambda _m: None), plan.route(sid, d) or RouteChoice("bridge"), routes, sid, d,
+                                  "your --bridge", held.sizes)
                     found[sid, d] = _merge_maps(d, routes, held, bridged, pairs, cfg)
 
     def commit(p: Plan) -> Plan:

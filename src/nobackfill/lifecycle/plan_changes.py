@@ -90,7 +90,8 @@ def upgrade_collection(collection: Collection, model: str | Path, *, bridges: Se
                 raise UpgradeRefused(
                     f"upgrade {u.directory}: its {side} space {space} ({u.source.get('name') if side == 'source' else u.target.get('name')}) "
                     f"is neither the new model's ({Path(str(model)).name}: {sid}) nor a space of collection "
-                    f"{collection.path} ({', '.join(_space_label(plan, s) for s in sorted(known))})")
+                    f"{collection.path} ({', '.join(_space_label(plan, s) for s in sorted(known))}); bridges compose "
+                    "only through the collection's own spaces (upgrade to the model in between first)")
         if not u.is_bridge and u.source_id != sid:
             raise UpgradeRefused(f"upgrade {u.directory} is an encoder upgrade of the model of space {u.source_id}, "
                                  f"not of the new model {Path(str(model)).name} ({sid})")
