@@ -395,6 +395,10 @@ def test_a_missing_data_folder_is_not_found_in_both_clients(client, tmp_path):
     (tmp_path / "afile").write_text("x")
     with pytest.raises(InvalidRequest, match="a file, not a data folder"):
         client.add(folder=tmp_path / "afile")
+    with pytest.raises(NotFound, match="nosuch.txt: no such text file"):  # (trial AF: 422 "text file not found")
+        client.add(text_file=tmp_path / "nosuch.txt")
+    with pytest.raises(InvalidRequest, match="a folder, not a text file"):
+        client.add(text_file=tmp_path)
 
 
 def test_metadata_with_a_number_json_has_not_is_refused_alike(client, world):
@@ -643,3 +647,31 @@ def test_following_a_servers_backfill_waits_for_its_last_bridge_fit():
 
     rep = _follow(Server(), {"done": 0}, None, 0.0)
     assert len(polled) == 4 and rep["stopped"] == "done" and rep["committed"] == 10
+
+
+def test_following_a_servers_backfill_prints_what_its_fits_say():
+    """Trial AF: over HTTP `collection backfill URL` printed none of the fits' lines (a route leaving
+    the bridge given among them) that a run in process prints; the fits keep them, the follower says
+    each new one once."""
+    from nobackfill.client.remote import _follow
+
+    fits = [{"pairs": 64, "said": ["fitting bridges on 64 backfilled pairs"]}]
+    later = fits + [{"pairs": 128, "said": ["fitting bridges on 128 backfilled pairs",
+                                            "  s t2i: the serving bridge stays (your --bridge); its route ...: "
+                                            "bridge -> old-model"]}]
+    states = iter([({"state": "running", "done": 5, "worker": "running"}, fits),
+                   ({"state": "running", "done": 9, "worker": "running"}, later),
+                   ({"state": "done", "done": 10, "worker": "idle"}, later)])
+    now: list = [None, fits]
+
+    class Server:
+        def backfill_status(self):
+            now[:] = next(states)
+            return now[0]
+
+        def status(self):
+            return {"fitted_bridges": {"merge_maps_said": ["early line"], "fits": now[1]}}
+
+    said: list = []
+    _follow(Server(), {"done": 0}, None, 0.0, said.append)
+    assert said == later[1]["said"]  # (what was said before the follow began is not said again)

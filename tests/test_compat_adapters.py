@@ -179,7 +179,7 @@ def test_an_xbt_resume_on_other_pairs_is_refused_naming_the_data(tmp_path, monke
         m.setattr(XBTTraining, "loss", stop_at_3)
         with pytest.raises(TrainingInterrupted):
             train_xbt(tiny_encoder(seed=1), Projection(32, 16), _pairs(), cfg, tmp_path / "up", target=target,
-                      data=tmp_path / "pairs_a")
+                      data=tmp_path / "pairs_a", corpus=tmp_path / "corpus_a")
     other = Pairs(images(16, "val"), captions(16))
     with pytest.raises(ResumeMismatch, match=r"was written by a run with data '.*pairs_a' \(now '.*pairs_b'\), "
                                              r"data contents '[0-9a-f]{16}' \(now '[0-9a-f]{16}'\)"):
@@ -187,6 +187,13 @@ def test_an_xbt_resume_on_other_pairs_is_refused_naming_the_data(tmp_path, monke
                   data=tmp_path / "pairs_b")
     with pytest.raises(ResumeMismatch, match=r"with data contents '[0-9a-f]{16}' \(now '[0-9a-f]{16}'\)"):
         train_xbt(tiny_encoder(seed=1), Projection(32, 16), other, cfg, tmp_path / "up", target=target)
+    other_phi = Projection(32, 16)  # stage 1 trained again on another --text-corpus (trial AF: resumed)
+    with torch.no_grad():
+        next(other_phi.parameters()).add_(0.01)
+    with pytest.raises(ResumeMismatch, match=r"with text corpus '.*corpus_a' \(now '.*corpus_b'\), stage 1 \(phi\) "
+                                             r"'[0-9a-f]{16}' \(now '[0-9a-f]{16}'\)"):
+        train_xbt(tiny_encoder(seed=1), other_phi, _pairs(), cfg, tmp_path / "up", target=target,
+                  data=tmp_path / "pairs_a", corpus=tmp_path / "corpus_b")
     # the same pairs read from elsewhere (a copy, a moved folder) resume
     _, res = train_xbt(tiny_encoder(seed=1), Projection(32, 16), _pairs(), cfg, tmp_path / "up", target=target,
                        data=tmp_path / "pairs_moved")

@@ -237,6 +237,9 @@ def test_an_upgrade_without_a_bridge_backfills_a_sample_first_then_fits_and_refi
     # fits once the sample is in (80 pairs), at each doubling (160, 320), and at the end (360)
     assert calls == [80, 160, 320, 360]
     assert [f["pairs"] for f in st["fits"]] == calls
+    # each fit keeps what it said (a backfill followed over HTTP prints it: trial AF)
+    assert all(f["said"][0] == f"fitting bridges on {f['pairs']} backfilled pairs (the backfill goes on once they "
+               "are chosen)" and f["said"][-1].startswith(f"bridges fitted on {f['pairs']} pairs") for f in st["fits"])
     assert st["next"] is None  # the backfill is done: no threshold left to announce
     assert [u for u in c.plan.upgrades if u.kind == "fitted"]
 

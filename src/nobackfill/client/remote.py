@@ -290,7 +290,7 @@ class RemoteClient(Client):
         before = self.backfill_status() if wait else None
         st = self._call("POST", f"/v1/backfill/{'resume' if resume else 'start'}", json=body,
                         backfill=True)
-        return st if before is None else _follow(self, before, progress, poll_s)
+        return st if before is None else _follow(self, before, progress, poll_s, log)
 
     def backfill_pause(self) -> dict[str, Any]:
         return self._call("POST", "/v1/backfill/pause", backfill=True)
@@ -316,13 +316,26 @@ def _backfill_body(order: str, rate: float | None, engine: str, actors: int | No
             **({"gpus_per_actor": gpus_per_actor} if gpus_per_actor else {})}
 
 
+def _fit_lines(client: RemoteClient) -> list[str]:
+    """What the collection's bridge fits said so far (each fit's lines, the merge maps' early ones)."""
+    fb = client.status().get("fitted_bridges") or {}
+    return [*fb.get("merge_maps_said", []), *(m for f in fb.get("fits", []) for m in f.get("said", []))]
+
+
 def _follow(client: RemoteClient, before: dict[str, Any], progress: Callable[[int], None] | None,
-            poll_s: float) -> dict[str, Any]:
+            poll_s: float, log: Callable[[str], None] | None = None) -> dict[str, Any]:
     """The server's backfill followed until its worker stops: the report a run in process gives
-    (``committed``, ``seconds``, ``stopped``); ServerError if the worker failed."""
+    (``committed``, ``seconds``, ``stopped``); ServerError if the worker failed. ``log`` hears what
+    the bridge fits of the server's worker say, as a run in process does (trial AF: nothing)."""
     t0, seen = time.monotonic(), before["done"]
+    told = len(_fit_lines(client)) if log is not None else 0
     while True:
         st = client.backfill_status()
+        if log is not None:
+            lines = _fit_lines(client)
+            for line in lines[told:]:
+                log(line)
+            told = len(lines)
         if progress is not None and st["done"] > seen:
             progress(st["done"] - seen)
         seen = max(seen, st["done"])

@@ -26,7 +26,8 @@ from typing import TYPE_CHECKING, Any, Callable, Sequence
 import numpy as np
 
 from ..catalog.items import added_id_problem
-from ..data.folder import CAPTIONS_FILE, DataFormatError, check_data_folder, image_problem, load_pairs
+from ..data.folder import (CAPTIONS_FILE, DataFormatError, MissingDataError, check_data_folder, image_problem,
+                           load_pairs)
 from ..encoders.base import encode
 from ..progress import progress_bar
 from .collection import Collection, Item, vector_key
@@ -251,8 +252,10 @@ def read_text_file(path: str | Path, *, limit: int | None = None, langs: Sequenc
     :class:`~nobackfill.data.folder.DataFormatError` naming the file and line(s), or with
     ``skip_bad`` is skipped, counted and named (``problems``)."""
     p = Path(path)
-    if not p.is_file():
-        raise DataFormatError("text file not found", p)
+    if not p.is_file():  # (a missing one: NotFound, as a missing data folder is; trial AF)
+        if p.exists():
+            raise DataFormatError("a folder, not a text file (one text a line, or .jsonl)", p)
+        raise MissingDataError("no such text file", p)
     jsonl = p.suffix == ".jsonl"
     wanted = set(langs) if langs else None
     if wanted is not None and not jsonl:

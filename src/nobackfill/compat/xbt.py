@@ -325,17 +325,21 @@ class XBTTraining(_PairMethod):
 
 def train_xbt(new, phi: Projection, pairs: Pairs, cfg: XBTConfig, out: str | Path, *, target: dict,
               progress: bool = False, command: str | None = None,
-              evaluate: Callable[[], dict] | None = None, data: str | Path | None = None
-              ) -> tuple[UpgradedEncoder, TrainResult]:
-    """Stage 2 end to end on ``pairs`` (read from ``data``: named where a resume finds other pairs);
-    writes an ``xbt`` upgrade into ``out``. ``new`` is modified in place (adapters attached);
-    ``target`` names the old space (``space_info``)."""
+              evaluate: Callable[[], dict] | None = None, data: str | Path | None = None,
+              corpus: str | Path | None = None) -> tuple[UpgradedEncoder, TrainResult]:
+    """Stage 2 end to end on ``pairs`` (read from ``data``) from ``phi`` (trained on the text ``corpus``):
+    a resume that finds other pairs or another phi is refused, naming those folders; writes an ``xbt``
+    upgrade into ``out``. ``new`` is modified in place (adapters attached); ``target`` names the old
+    space (``space_info``)."""
     up = new_upgraded_encoder(new, phi, target, cfg.adapters, kind="xbt")
     recipe = {"stage": 2, "config": cfg.to_dict(), "n_pairs": len(pairs), "command": command}
     method = XBTTraining(up, cfg, recipe)
     images = pairs.images if isinstance(pairs.images, np.ndarray) else [str(i) for i in pairs.images]
     method.run_settings = {"data": str(Path(data).resolve()) if data else None,  # other --pairs: refused, named
-                           "data contents": data_digest(images, list(pairs.captions))}
+                           "data contents": data_digest(images, list(pairs.captions)),
+                           # (trial AF: another --text-corpus retrained stage 1, and stage 2 resumed on the new phi)
+                           "text corpus": str(Path(corpus).resolve()) if corpus else None,
+                           "stage 1 (phi)": data_digest([t.detach().cpu().numpy() for t in phi.state_dict().values()])}
     res = train(method, PairBatches(pairs, cfg.batch_size, cfg.loop.seed), cfg.loop, out, evaluate=evaluate,
                 progress=progress)
     up.train(False)
@@ -402,5 +406,5 @@ def upgrade_xbt(old: str | Path, new: str | Path, text_corpus: str | Path, pairs
         phi, target = Projection.load(stage1), up1.target
     log(f"stage 2: XBT on {len(pair_data)} image-text pairs (old model not loaded) ...")
     up, r2 = train_xbt(new_enc, phi, pair_data, cfg.stage2, out, target=target, progress=progress, command=command,
-                       data=pairs)
+                       data=pairs, corpus=text_corpus if stage1 is None else stage1)
     return up, {"stage1": r1, "stage2": r2}

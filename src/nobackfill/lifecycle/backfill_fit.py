@@ -141,6 +141,7 @@ def fit_summary(collection: Collection) -> dict[str, Any]:
             "overdue": bool(nxt is not None and served >= nxt and fitting is None and st.get("fits") is not None
                             and served < total),
             "next_at_end": nxt is not None and nxt >= total,  # a doubling past the collection: the end's fit
+            "merge_maps_said": (st.get("merge_maps") or {}).get("said", []),  # (the fits': in "fits")
             "enabled": bool(st) and bool(plan.old_spaces()),  # (nothing is fitted once the old spaces are retired)
             **({"error": st["error"]} if st.get("error") else {})}
 
@@ -207,6 +208,19 @@ def _served_count(collection: Collection, target: str) -> int:
 MERGE_FIRST = 64
 
 
+def _kept(log: Callable[[str], None] | None) -> tuple[list[str], Callable[[str], None]]:
+    """A ``log`` that also keeps what it is told (a fit's lines, recorded with the fit: a server's
+    backfill followed over HTTP prints them as a run in process does)."""
+    said: list[str] = []
+
+    def say(m: str) -> None:
+        said.append(m)
+        if log is not None:
+            log(m)
+
+    return said, say
+
+
 def _fit_merge(collection: Collection, n: int, log: Callable[[str], None] | None = None) -> None:
     """Before the first bridge fit: the merge's score maps alone
     (:func:`~.merge_maps.fit_merge_maps`), once per doubling of the pairs, under the fit lock (one
@@ -219,8 +233,9 @@ def _fit_merge(collection: Collection, n: int, log: Callable[[str], None] | None
             return  # a bridge fit or another worker came first
         from .merge_maps import fit_merge_maps
 
+        said, say = _kept(log)
         try:
-            st["merge_maps"] = {"pairs": n, "agreed": fit_merge_maps(collection, log=log)}
+            st["merge_maps"] = {"pairs": n, "agreed": fit_merge_maps(collection, log=say), "said": said}
         except Exception as e:  # the raw merge serves on
             st["error"] = f"score maps: {type(e).__name__}: {e}"
         st["merge_next"] = 2 * n
@@ -284,7 +299,7 @@ def maybe_fit(collection: Collection, *, final: bool | None = False, pool: Any =
             cfg = FitBridgesConfig(fit=FitConfig(**{k: tuple(v) if isinstance(v, list) else v
                                                     for k, v in (st.get("fit") or {}).items()}),
                                    queries=tuple(st.get("queries") or ()))
-        say = log or (lambda _m: None)
+        said, say = _kept(log)  # kept with the fit: a server's backfill followed over HTTP prints them too
         # status names the fit while it runs (seconds to half a minute, when the backfill seems to stall)
         st["fitting"] = {"pairs": n, "owner": new_owner(), "since": _iso(), "at": _now()}
         _write(collection, FIT_FILE, st)
@@ -292,7 +307,7 @@ def maybe_fit(collection: Collection, *, final: bool | None = False, pool: Any =
         say(f"fitting bridges on {n} backfilled pairs (the backfill goes on once they are chosen)")
         t0 = time.monotonic()
         try:
-            report = fit_collection_bridges(collection, cfg=cfg, pool=pool, log=log)
+            report = fit_collection_bridges(collection, cfg=cfg, pool=pool, log=say)
         except Exception as e:  # a failed fit never stops the backfill: it is recorded, the serving bridge stays
             st["error"] = f"{type(e).__name__}: {e}"
             st["next"] = 2 * max(n, 1)
@@ -307,10 +322,11 @@ def maybe_fit(collection: Collection, *, final: bool | None = False, pool: Any =
                            **({"skipped": {k: e["skipped"] for k, e in entries if e.get("skipped")}}
                               if any(e.get("skipped") for _, e in entries) else {})})
         st["next"] = None if final else 2 * max(n, 1)  # the backfill is done: no pairs will come
-        _write(collection, FIT_FILE, st)
         swapped = st["fits"][-1]["swapped"]
         say(f"bridges fitted on {n} pairs in {time.monotonic() - t0:.1f}s: "
             + (f"swapped in for {', '.join(swapped)}" if swapped else "the serving ones kept"))
+        st["fits"][-1]["said"] = said
+        _write(collection, FIT_FILE, st)
         return report
 
 

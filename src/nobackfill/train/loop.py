@@ -178,8 +178,11 @@ class TrainResult:
 
 
 #: settings that do not change what is trained (a resume may change them): a run's data folder is
-#: one (the same data elsewhere resumes); what it holds is compared (``"data contents"``)
-_RESUME_FREE = ("threads", "log_every", "checkpoint_every", "data")
+#: one (the same data elsewhere resumes); what it holds is compared (``"data contents"``), and so is
+#: what an XBT stage 2 starts from (``"stage 1 (phi)"``, trained on its ``"text corpus"``)
+_RESUME_FREE = ("threads", "log_every", "checkpoint_every", "data", "text corpus")
+#: a compared setting -> the resume-free one that says where it came from (named when both differ)
+_SOURCE_OF = {"data contents": "data", "stage 1 (phi)": "text corpus"}
 
 
 class ResumeMismatch(ValueError):
@@ -212,9 +215,10 @@ def check_resume(path: Path, saved: dict[str, Any] | None, cfg: LoopConfig, *, m
         raise ResumeMismatch(f"{path} was written by a run of {saved_method} (now {method}): give another --out "
                              f"(or delete {path.name} to start afresh)")
     diff = setting_changes({**(saved_run or {}), **(saved or {})}, {**(run or {}), **asdict(cfg)})  # data first
-    was_at, now_at = (saved_run or {}).get("data"), (run or {}).get("data")
-    if any(d.startswith("data contents ") for d in diff) and was_at and now_at and was_at != now_at:
-        diff.insert(0, f"data {was_at!r} (now {now_at!r})")  # (where the other data came from)
+    for compared, source in reversed(_SOURCE_OF.items()):  # (where the other data came from)
+        was_at, now_at = (saved_run or {}).get(source), (run or {}).get(source)
+        if any(d.startswith(f"{compared} ") for d in diff) and was_at and now_at and was_at != now_at:
+            diff.insert(0, f"{source} {was_at!r} (now {now_at!r})")
     if diff:
         raise ResumeMismatch(f"{path} was written by a run with {', '.join(diff)}: rerun with its settings to "
                              f"resume it, or give another --out (or delete {path.name} to start afresh)")
