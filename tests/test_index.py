@@ -431,6 +431,8 @@ def test_a_gallery_says_its_factory_index_is_searched_exactly_until_it_can_be_tr
     x = l2_normalise(np.random.default_rng(2).standard_normal((40, DIM)).astype(np.float32))
     g = Gallery.create(tmp_path / "g", space_id=SPACE_A, dim=DIM, model="m", backend="IVF64,Flat")
     g.add("image", [f"i{k}" for k in range(len(x))], x, space_id=SPACE_A)
+    # before a search builds it, an index to train is not named as if it existed (trial AF)
+    assert Gallery.open(tmp_path / "g").index_info()["image"]["in_use"] is None
     assert g.search("image", x[:2], k=1, space_id=SPACE_A).ids == [["i0"], ["i1"]]
     for info in (g.index_info()["image"], Gallery.open(tmp_path / "g").index_info()["image"]):
         assert info["in_use"] == "Flat" and "40 rows cannot train 'IVF64,Flat' yet" in info["waiting"], info
