@@ -670,8 +670,10 @@ def test_following_a_servers_backfill_prints_what_its_fits_say():
             return now[0]
 
         def status(self):
-            return {"fitted_bridges": {"merge_maps_said": ["early line"], "fits": now[1]}}
+            maps = ["maps at 64 pairs"] if now[1] is fits else ["maps at 128 pairs: a route changed"]
+            return {"fitted_bridges": {"merge_maps_said": maps, "fits": now[1]}}
 
     said: list = []
     _follow(Server(), {"done": 0}, None, 0.0, said.append)
-    assert said == later[1]["said"]  # (what was said before the follow began is not said again)
+    # what was said before the follow began is not said again; the maps' refit says its own line
+    assert said == ["maps at 128 pairs: a route changed", *later[1]["said"]]

@@ -316,10 +316,13 @@ def _backfill_body(order: str, rate: float | None, engine: str, actors: int | No
             **({"gpus_per_actor": gpus_per_actor} if gpus_per_actor else {})}
 
 
-def _fit_lines(client: RemoteClient) -> list[str]:
-    """What the collection's bridge fits said so far (each fit's lines, the merge maps' early ones)."""
+def _fit_lines(client: RemoteClient) -> list[tuple[Any, str]]:
+    """What the collection's bridge fits said so far, each line with a key that tells it from the
+    others (the merge maps' early lines, refitted at each doubling until the first bridge fit, by
+    their text; a fit's by its place)."""
     fb = client.status().get("fitted_bridges") or {}
-    return [*fb.get("merge_maps_said", []), *(m for f in fb.get("fits", []) for m in f.get("said", []))]
+    return [*((("maps", m), m) for m in fb.get("merge_maps_said", [])),
+            *(((i, j), m) for i, f in enumerate(fb.get("fits", [])) for j, m in enumerate(f.get("said", [])))]
 
 
 def _follow(client: RemoteClient, before: dict[str, Any], progress: Callable[[int], None] | None,
@@ -328,14 +331,14 @@ def _follow(client: RemoteClient, before: dict[str, Any], progress: Callable[[in
     (``committed``, ``seconds``, ``stopped``); ServerError if the worker failed. ``log`` hears what
     the bridge fits of the server's worker say, as a run in process does (trial AF: nothing)."""
     t0, seen = time.monotonic(), before["done"]
-    told = len(_fit_lines(client)) if log is not None else 0
+    told = {key for key, _ in _fit_lines(client)} if log is not None else set()
     while True:
         st = client.backfill_status()
         if log is not None:
-            lines = _fit_lines(client)
-            for line in lines[told:]:
-                log(line)
-            told = len(lines)
+            for key, line in _fit_lines(client):
+                if key not in told:
+                    told.add(key)
+                    log(line)
         if progress is not None and st["done"] > seen:
             progress(st["done"] - seen)
         seen = max(seen, st["done"])
