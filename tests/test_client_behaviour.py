@@ -677,3 +677,15 @@ def test_following_a_servers_backfill_prints_what_its_fits_say():
     _follow(Server(), {"done": 0}, None, 0.0, said.append)
     # what was said before the follow began is not said again; the maps' refit says its own line
     assert said == ["maps at 128 pairs: a route changed", *later[1]["said"]]
+
+
+def test_a_cold_search_checks_its_arguments_before_loading_the_model(tmp_path):
+    """Trial AE: `collection search --k 0` or `--target video` waited ~4 s for the model to load
+    before its one-line refusal."""
+    Client(tmp_path / "c").create(MODELS / "world-old")
+    cold = Client(tmp_path / "c")
+    with pytest.raises(InvalidRequest, match="k must be an integer between 1 and 1000, got 0"):
+        cold.search(text="a red circle", k=0)
+    with pytest.raises(InvalidRequest, match="target must be 'image' or 'text', got 'video'"):
+        cold.search(text="a red circle", target="video")
+    assert cold.pool.loaded() == []

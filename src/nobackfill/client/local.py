@@ -277,13 +277,14 @@ class LocalClient(Client):
         if text is not None:
             self.limits.check_text(text)
         check_image_file(image)
+        k = self.limits.check_k(k)  # (the arguments before a cold search loads the model: trial AE waited 4 s)
+        if target is not None and target not in ("image", "text"):
+            raise ValueError(f"target must be 'image' or 'text', got {target!r}")
         if not self._searchers:
             self._first_search()
         else:
             self._check_present()
-        r = self.searcher(merge).search(text=text, image=image, k=self.limits.check_k(k), target=target,
-                                        filter=filter)
-        return _results(r)
+        return _results(self.searcher(merge).search(text=text, image=image, k=k, target=target, filter=filter))
 
     def _first_search(self) -> None:
         """Before this client's first search: load the current model in a thread while this one
