@@ -11,7 +11,7 @@ import numpy as np
 
 from .vector_index import VectorIndex
 
-__all__ = ["FactoryIndex", "FlatIndex", "HNSWIndex"]
+__all__ = ["FactoryIndex", "FlatIndex", "HNSWIndex", "needs_training"]
 
 #: faiss' ``swig_ptr``, imported by the first search (importing nobackfill does not import faiss;
 #: a ``from faiss import`` per search costs a microsecond)
@@ -174,6 +174,17 @@ def _faiss_message(e: BaseException) -> str:
     return re.sub(r"^'.*?' failed: ", "", first)  # (the assertion's C++ text)
 
 
+def needs_training(factory: str, dim: int) -> bool:
+    """Whether faiss' ``factory`` index must be trained before it takes rows (IVF, PQ; not Flat or
+    HNSW); True for a string faiss refuses (no index of it answers)."""
+    import faiss
+
+    try:
+        return not faiss.index_factory(int(dim), factory, faiss.METRIC_INNER_PRODUCT).is_trained
+    except RuntimeError:
+        return True
+
+
 class FactoryIndex(_FaissIndex):
     """Any faiss index from a factory string (``faiss.index_factory`` with inner product), with
     search parameters (``efSearch``, ``nprobe``, ...) applied through ``faiss.ParameterSpace``.
@@ -193,8 +204,7 @@ class FactoryIndex(_FaissIndex):
         self.waiting: str | None = None  # why the rows are searched exactly for now (see the class doc)
         if _index is None:
             _index = self._new_index(int(dim))
-        elif isinstance(faiss.downcast_index(_index), faiss.IndexFlat) and \
-                not isinstance(faiss.downcast_index(self._new_index(int(dim))), faiss.IndexFlat):
+        elif isinstance(faiss.downcast_index(_index), faiss.IndexFlat) and needs_training(factory, dim):
             self.waiting = f"too few rows to train {factory!r} ({int(_index.ntotal)})"  # (a cached stand-in)
         super().__init__(dim, _index)
         self._set_params()

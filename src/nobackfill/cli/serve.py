@@ -151,10 +151,10 @@ def _check_ray_address(address: Optional[str]) -> None:
     each start answered 503; ``local`` made the first start end the server, exit 1)."""
     if address is None:
         return
-    from ..lifecycle.cluster.ray_address import ray_address_form_error
+    from ..lifecycle.cluster.ray_address import own_ray, ray_address_form_error
 
     why = ray_address_form_error(address, "--ray-address")
-    if why is None and address.strip() == "local":
+    if why is None and own_ray(address):
         why = ("--ray-address local: a server joins a running Ray cluster: start one (`ray start --head`) and give "
                "auto, or give its HOST:PORT")
     if why:

@@ -174,7 +174,7 @@ def train_text_xbt(new, phi: Projection, captions: Sequence[Sequence[str]], cfg:
     Checkpoints and the log go to ``out`` (nothing is exported there); ``data``: where the captions
     came from (named where a resume finds other captions). Returns ``(the upgraded
     encoder (eval mode), TrainResult, trainable parameter counts)``."""
-    from ..train.checkpoint import data_digest
+    from ..train.checkpoint import data_settings
     from ..train.loop import train
     from ..train.text_pairs import CaptionPairBatches, TextPairContrastive
 
@@ -191,8 +191,7 @@ def train_text_xbt(new, phi: Projection, captions: Sequence[Sequence[str]], cfg:
     method = TextPairContrastive(new, head=phi, learn_temperature=False, log_scale=LOG_LOGIT_SCALE)
     loop = dataclasses.replace(cfg.loop, seed=seed, threads=threads)
     pairs = [list(c[:cfg.images]) for c in captions]
-    method.run_settings = {"data": str(Path(data).resolve()) if data else None,  # a resume on other captions:
-                           "data contents": data_digest(pairs)}  # refused, naming both folders (trial AC)
+    method.run_settings = data_settings(data, pairs)  # a resume on other captions: refused, naming both folders
     batches = CaptionPairBatches(pairs, cfg.batch_size, seed=seed)
     ev = (lambda: evaluate(up)) if evaluate is not None else None
     res = train(method, batches, loop, out, evaluate=ev, progress=progress, export=False)

@@ -40,7 +40,7 @@ import torch
 from ..config import to_dict
 from ..train.contrastive import info_nce
 from ..evaluate import texts_sha256
-from ..train.checkpoint import data_digest
+from ..train.checkpoint import data_digest, data_settings
 from ..train.loop import LoopConfig, Method, TrainResult, setting_changes, train
 from .adapters import AdapterConfig, check_adapter_config
 from .bridges import PhiBridge
@@ -335,8 +335,7 @@ def train_xbt(new, phi: Projection, pairs: Pairs, cfg: XBTConfig, out: str | Pat
     recipe = {"stage": 2, "config": cfg.to_dict(), "n_pairs": len(pairs), "command": command}
     method = XBTTraining(up, cfg, recipe)
     images = pairs.images if isinstance(pairs.images, np.ndarray) else [str(i) for i in pairs.images]
-    method.run_settings = {"data": str(Path(data).resolve()) if data else None,  # other --pairs: refused, named
-                           "data contents": data_digest(images, list(pairs.captions)),
+    method.run_settings = {**data_settings(data, images, list(pairs.captions)),  # other --pairs: refused, named
                            # (trial AF: another --text-corpus retrained stage 1, and stage 2 resumed on the new phi)
                            "text corpus": str(Path(corpus).resolve()) if corpus else None,
                            "stage 1 (phi)": data_digest([t.detach().cpu().numpy() for t in phi.state_dict().values()])}

@@ -14,6 +14,7 @@ from typing import Any, Callable
 from .atomic_files import _dir_lock, _fsync_dir, _now, atomic_write_bytes, atomic_write_stream
 from ..ann.auto_index import AUTO_GRAPH_AT
 from ..ann.backends import AutoIndex, VectorIndex, load_index, make_index, parse_spec
+from ..ann.faiss_indexes import needs_training
 from .manifest import MODALITIES, _chunk_key
 
 __all__ = ["GalleryIndex"]
@@ -134,7 +135,9 @@ class GalleryIndex:
             stamp = json.loads(self._index_paths(modality)[1].read_text(encoding="utf-8"))
         except (OSError, ValueError):  # none written: below its threshold, auto searches exactly
             if not self.backend.startswith("auto"):  # (an index to train is not named before it is built:
-                return (self.backend if _untrained_index_works(self.backend, self.dim) else None), None  # trial AF)
+                kind, opts = parse_spec(self.backend)
+                trained_later = kind == "faiss" and needs_training(opts["factory"], self.dim)
+                return (None if trained_later else self.backend), None  # trial AF)
             _kind, opts = parse_spec(self.backend)
             return ("Flat" if self.count(modality) < int(opts.get("at", AUTO_GRAPH_AT)) else None), None
         if not self.backend.startswith("auto") and "in_use" not in stamp:
@@ -198,20 +201,6 @@ class GalleryIndex:
                 atomic_write_bytes(key_path, json.dumps(stamp).encode("utf-8"))
         except OSError as e:
             log.warning("could not cache index %s: %s", data_path, e)
-
-
-def _untrained_index_works(backend: str, dim: int) -> bool:
-    """Whether ``backend``'s index answers as built, untrained (Flat, HNSW), unlike IVF or PQ, which
-    are trained on the rows of their first build (searched exactly until there are enough)."""
-    kind, opts = parse_spec(backend)
-    if kind != "faiss":
-        return True
-    import faiss
-
-    try:
-        return bool(faiss.index_factory(int(dim), opts["factory"], faiss.METRIC_INNER_PRODUCT).is_trained)
-    except RuntimeError:
-        return False
 
 
 def _read_checked(backend: str, dim: int, path: Path, sha256: Any) -> VectorIndex | None:

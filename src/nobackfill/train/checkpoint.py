@@ -23,7 +23,8 @@ import torch
 
 from .._safetensors import save_tensors
 
-__all__ = ["CHECKPOINT_FILE", "LEGACY_CHECKPOINT_FILE", "NotRunState", "data_digest", "load_state", "save_state"]
+__all__ = ["CHECKPOINT_FILE", "LEGACY_CHECKPOINT_FILE", "NotRunState", "data_digest", "data_settings", "load_state",
+           "save_state"]
 
 #: the file a run's checkpoint is kept in, in its output folder
 CHECKPOINT_FILE = "checkpoint.safetensors"
@@ -94,6 +95,12 @@ def data_digest(*parts: Any) -> str:
     for part in parts:
         feed(part)
     return h.hexdigest()[:16]
+
+
+def data_settings(path: str | Path | None, *parts: Any) -> dict[str, Any]:
+    """A run's settings of what it trains on: where it was read (``data``, resolved: free to change on a
+    resume, named when the contents differ) and :func:`data_digest` of ``parts`` (``data contents``)."""
+    return {"data": str(Path(path).resolve()) if path else None, "data contents": data_digest(*parts)}
 
 
 def _pack(obj: Any, tensors: dict[str, torch.Tensor], storages: set[int]) -> Any:

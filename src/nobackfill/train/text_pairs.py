@@ -25,7 +25,7 @@ from torch import nn
 
 from ..encoders.minilm import MiniLMTextEncoder
 from .contrastive import info_nce
-from .checkpoint import data_digest
+from .checkpoint import data_settings
 from .loop import LoopConfig, Method, TrainResult, train, write_recipe
 
 #: CLIP's initial logit scale, log(1 / 0.07) = 2.6592 (the XBT paper's fixed temperature value)
@@ -228,9 +228,7 @@ def train_text_model(captions: Sequence[Sequence[str]], val_query: Sequence[str]
     tokenizer = train_bpe_tokenizer(corpus, model.vocab_size, model.max_length)
     encoder = tiny_bert_encoder(tokenizer, model, seed=ts.seed, name=out.name)
     method = TextPairContrastive(encoder)
-    method.run_settings = {"data": str(Path(data).resolve()) if data else None,
-                           "data contents": data_digest([list(col) for col in captions], list(val_query),
-                                                        list(val_gallery))}
+    method.run_settings = data_settings(data, [list(col) for col in captions], list(val_query), list(val_gallery))
     batches = CaptionPairBatches(captions, ts.batch_size, seed=ts.seed)
 
     def evaluate() -> dict[str, float]:

@@ -23,7 +23,7 @@ from ..encoders.tokenizer import train_bpe_tokenizer
 from ..encoders.zoo import Preset, create_model, get_preset
 from ..metrics.retrieval import retrieval_metrics
 from .contrastive import ContrastivePretraining
-from .checkpoint import data_digest
+from .checkpoint import data_settings
 from .loop import LoopConfig, TrainResult, train, write_recipe
 
 log = logging.getLogger(__name__)
@@ -75,8 +75,7 @@ def train_preset(preset: str | Preset, data: str | Path, out: str | Path, *, ste
     encoder.meta.update({"name": out.name, "concepts": asdict(concepts)})
     method = ContrastivePretraining(encoder, save_dtype=rec.save_dtype)
     # what it trains on first: a resume on another world or folder is refused naming it (trial AB)
-    method.run_settings = {"data": str(Path(data).resolve()),
-                           "data contents": data_digest(asdict(spec) if spec is not None else corpus),
+    method.run_settings = {**data_settings(data, asdict(spec) if spec is not None else corpus),
                            "preset": asdict(preset), "stream": bool(spec is not None and stream)}
     if spec is not None and stream:
         from ..data.batches import WorldBatches

@@ -12,7 +12,7 @@ import os
 import socket
 from pathlib import Path
 
-__all__ = ["CLI_RETRY", "PROBE_S", "RayUnreachable", "check_ray_address", "ray_address_error",
+__all__ = ["CLI_RETRY", "PROBE_S", "RayUnreachable", "check_ray_address", "own_ray", "ray_address_error",
            "ray_address_form_error"]
 
 #: seconds a TCP connect to a cluster's address may take before the address is said not to answer
@@ -90,7 +90,7 @@ def ray_address_error(address: str | None, timeout_s: float = PROBE_S, *, retry:
     host resolved as given), or when Ray finds the cluster itself (None, ``auto``, ``local``); else
     one line naming the address, why, what to do (start a cluster there, or ``retry``) and
     ``outcome``."""
-    if address is None or address.strip() == "local":  # a Ray of this run's own
+    if own_ray(address):
         return None
     if address.strip() == "auto":
         return _auto_error(timeout_s, outcome)
@@ -126,10 +126,16 @@ def ray_address_error(address: str | None, timeout_s: float = PROBE_S, *, retry:
             f"(`{start}`) or {retry}; {outcome}")
 
 
+def own_ray(address: str | None) -> bool:
+    """Whether ``address`` asks for a Ray of the run's own (none given, or Ray's word ``local``) rather
+    than a cluster to join."""
+    return address is None or address.strip() == "local"
+
+
 def ray_address_form_error(address: str, option: str = "--address") -> str | None:
     """None when ``address`` has a form Ray takes (``HOST:PORT``, ``ray://HOST[:PORT]``, ``auto``,
     ``local``), else one line saying what is (``option``: the option that gave it). Nothing is dialled."""
-    if address.strip() in ("auto", "local") or _host_port(address) is not None:
+    if own_ray(address) or address.strip() == "auto" or _host_port(address) is not None:
         return None
     return (f"{option} {address!r}: not an address Ray takes: give HOST:PORT (the GCS port of a Ray head, "
             "`ray start --head --port PORT`), ray://HOST:PORT or auto")

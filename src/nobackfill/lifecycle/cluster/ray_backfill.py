@@ -44,7 +44,7 @@ from ..backfill_commit import (Session, WorkerReport, commit_batch, finish_shard
 from ..backfill_fit import maybe_fit
 from ..backfill_jobs import (DEFAULT_LEASE_S, BackfillError, BackfillJob, Pacer, _job_lock, _leases, _now, _renew, _swap,
                             record_unreadable)
-from .ray_address import CLI_RETRY, PROBE_S, RayUnreachable, check_ray_address, ray_address_error  # noqa: F401
+from .ray_address import CLI_RETRY, PROBE_S, RayUnreachable, check_ray_address, own_ray, ray_address_error  # noqa: F401
 
 __all__ = ["JOIN_S", "PROBE_S", "RAY_MISSING", "PoolLoader", "RayOptions", "RayUnreachable", "check_ray_address",
            "import_ray", "ray_address_error", "run_ray_worker"]
@@ -105,7 +105,7 @@ class RayOptions:
             raise ValueError("ray: gpus_per_actor and cpus_per_actor must be >= 0")
         if self.join_s is not None and not self.join_s > 0:
             raise ValueError("ray: join_s must be > 0")
-        if self.address is not None and self.address.strip() == "local":
+        if self.address is not None and own_ray(self.address):
             self.address = None  # Ray's word for a Ray of this run's own: started as without an address
             # (trial AC: ray.init("local") in the joining thread ended the process, exit 1, without a word)
         check_ray_address(self.address)  # before anything is started: a run refused at once, not hung

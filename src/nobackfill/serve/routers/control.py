@@ -55,8 +55,10 @@ def _engine(svc: Service, req: BackfillRequest, fn: Any) -> Any:
         svc.client.collection.storage.backfill_workers(1, "ray")
     except ValueError as e:
         raise ApiError(422, str(e), "engine") from None
+    from ...lifecycle.cluster.ray_address import own_ray
+
     address = svc.settings.ray_address
-    if not address or address.strip() == "local":  # (local: a Ray of the request's own, in a worker thread)
+    if not address or own_ray(address):  # (local: a Ray of the request's own, in a worker thread)
         raise ApiError(409, "this server runs no Ray backfill: start it with --ray-address (auto: the Ray cluster "
                             "of this machine) to accept engine 'ray'", "engine")
     start = functools.partial(fn, engine="ray", ray_address=address, actors=req.actors,
