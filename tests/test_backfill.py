@@ -149,6 +149,37 @@ def test_adds_during_a_backfill_go_to_the_new_space_and_deletes_stay_deleted(tmp
     assert victim not in {h.id for h in hits} and "late" in {h.id for h in hits}
 
 
+def test_an_item_deleted_or_replaced_while_its_batch_embeds_leaves_no_vector_behind(tmp_path, monkeypatch):
+    """Trial AD's D5: a delete landing while a batch embeds left the item's new vector stored (never
+    served, yet a backfilled pair until retire). The commit now leaves out versions no longer live."""
+    c, old, new, pool, _ = _upgraded(tmp_path)
+    start_backfill(c, new, order="sequential")
+    texts = [it for it in c.items().values() if it.modality == "text"]
+    deleted, replaced = texts[0], texts[1]
+    embed, calls = new.encode_texts, []
+
+    def embed_then_change(rows, **kw):
+        out = embed(rows, **kw)
+        if not calls:  # the first batch of texts: both items are in it (sequential, batch of all)
+            calls.append(1)
+            c.delete([deleted.id])
+            add_items(c, new, [text_item("new words for it", id=replaced.id)], progress=False)
+        return out
+
+    monkeypatch.setattr(new, "encode_texts", embed_then_change)
+    rep = run_worker(c, new, batch_size=100)
+    assert calls and rep.stopped == "done"
+    g = c.gallery(new.space_id)
+    stored = set(g.ids("text"))
+    assert deleted.key not in stored and replaced.key not in stored  # the old version of the replaced item
+    live = c.items()
+    assert deleted.id not in live and live[replaced.id].key in stored  # its new version: embedded later
+    assert backfill_status(c)["done"] == backfill_status(c)["total"]
+    assert not c.verify()
+    retire_space(c, old.space_id)
+    assert g.count("text") == len([it for it in c.items().values() if it.modality == "text"])
+
+
 def test_an_upgrade_during_a_backfill_is_refused(tmp_path):
     c, old, new, pool, _ = _upgraded(tmp_path)
     start_backfill(c, new, order="sequential")

@@ -37,7 +37,7 @@ from .._atomic import _crash_point
 from .._atomic import fsync_dir as _fsync_dir
 from .schema import (_ROW_COLS, CATALOG_FILE, PAGE, CatalogError, CatalogUnreachable, Row, _chunks, _create_tables,
                      _header, _index_upgrades, _row, _rows_by, catalog_error, check_collection_name, filter_sql,
-                     one_line, redact, unsourced_sql)
+                     one_line, redact, rows_by_key, unsourced_sql)
 from .connections import KeptConnections
 from .sqlite_connect import _sqlite_connect
 from .writer import KEYED_PAGES_DOC, VECTORS_TS_DOC, Writer
@@ -279,6 +279,10 @@ class Catalog(KeptConnections):
 
     def rows_by_id(self, ids: Sequence[str]) -> dict[str, Row]:
         return _rows_by(self.query, "id", ids)
+
+    def rows_by_key(self, keys: Sequence[str]) -> list[Row]:
+        """The live rows of item versions ``keys`` (:func:`~.schema.rows_by_key`)."""
+        return rows_by_key(self.query, keys)
 
     def rows(self, modality: str | None = None, where: str = "", params: Sequence[Any] = ()) -> Iterator[Row]:
         """Every live item (of ``modality``), in insertion order."""

@@ -12,7 +12,7 @@ from typing import Any, Iterator, Mapping, Protocol, Sequence
 
 from .plan import Plan
 
-__all__ = ["CATALOG_FILE", "NAME_MAX", "PAGE", "CatalogError", "CatalogUnreachable", "Row", "check_collection_name",
+__all__ = ["CATALOG_FILE", "NAME_MAX", "PAGE", "CatalogError", "CatalogUnreachable", "Row", "check_collection_name", "rows_by_key",
            "filter_sql", "one_line", "redact", "unsourced_sql"]
 
 CATALOG_FILE = "catalog.sqlite"
@@ -230,6 +230,15 @@ def _json_type_sql(w: Any) -> str:
     if isinstance(w, str):
         return "= 'text'"
     return "IN ('integer', 'real', 'true', 'false')"
+
+
+def rows_by_key(query: Any, keys: Sequence[str]) -> list[Row]:
+    """The live rows of item versions ``keys``, found by id: a key is its item's id, or the id,
+    ``#`` and a hex version (:func:`~nobackfill.catalog.items.vector_key`), so the id index
+    serves (the catalog keeps no index of keys)."""
+    want = set(keys)
+    ids = {k.rpartition("#")[0] for k in want if "#" in k} | want
+    return [r for r in _rows_by(query, "id", sorted(ids)).values() if r.key in want]
 
 
 def _rows_by(query: Any, column: str, values: Sequence[str]) -> dict[str, Row]:

@@ -11,7 +11,7 @@ from typing import Any, Iterable, Sequence
 import numpy as np
 
 from .plan import Plan
-from .schema import _ROW_COLS, PAGE, CatalogDatabase, CatalogError, Row, _header, _row, _rows_by
+from .schema import _ROW_COLS, PAGE, CatalogDatabase, CatalogError, Row, _header, _row, _rows_by, rows_by_key
 
 __all__ = ["KEYED_PAGES_DOC", "ROWS_PER_INSERT", "VECTORS_TS_DOC", "Writer"]
 
@@ -74,12 +74,8 @@ class Writer:
         return _rows_by(lambda s, p: self.execute(s, p).fetchall(), "id", ids)
 
     def rows_by_key(self, keys: Sequence[str]) -> list[Row]:
-        """The live rows of item versions ``keys``, found by id: a key is its item's id, or the id,
-        ``#`` and a hex version (:func:`~nobackfill.catalog.items.vector_key`), so the id index
-        serves (the catalog keeps no index of keys)."""
-        want = set(keys)
-        ids = {k.rpartition("#")[0] for k in want if "#" in k} | want
-        return [r for r in self.rows_by_id(list(ids)).values() if r.key in want]
+        """The live rows of item versions ``keys`` (:func:`~.schema.rows_by_key`)."""
+        return rows_by_key(lambda s, p: self.execute(s, p).fetchall(), keys)
 
     def rows_served_by(self, space: str) -> list[Row]:
         return list(map(_row, self.execute(f"SELECT {_ROW_COLS} FROM items WHERE space = ? ORDER BY rid",

@@ -7,7 +7,9 @@ backfill lock it checks that the job is still the one the batch was read for (it
 running, and that the caller's owner still holds the shard's lease (renewed by the same
 compare-and-set); then the vectors go in first, keyed by the item's version (``Item.key``) in the
 target space's store (a row already there is skipped), then one catalog transaction per modality
-serves those versions from the target space (:meth:`Collection.put_vectors`). A retried or late
+serves those versions from the target space (:meth:`Collection.put_vectors`). Versions no longer
+live (an item deleted or replaced while its batch embedded) are left out at the commit: no vector
+is stored for them, and no pair counted (:func:`live_part`). A retried or late
 write (a Ray task run twice, a worker whose lease was taken over) therefore adds nothing: the
 vectors are there and the catalog already serves them, or the check refuses it.
 """
@@ -259,7 +261,8 @@ def commit_batch(collection: Collection, job: BackfillJob, shard: int, owner: st
             return (now.state if now is not None and now.epoch == job.epoch else "job removed"), 0, 0
         if not _renew(collection, shard, owner, lease_s, rate):
             return "lost", 0, 0
-        fresh, n = list(sample_keys), 0
+        keys, vecs = live_part(collection, keys, vecs)
+        fresh, n = [(m, k) for m, k in sample_keys if k in set(keys.get(m, ()))], 0
         g = collection.gallery(job.target)
         # every worker's store of the target is made under this lock, so one read time serves the lookups
         # below (in run_worker, the one taken at the claim: its lease, renewed above, was its own since)
@@ -273,6 +276,21 @@ def commit_batch(collection: Collection, job: BackfillJob, shard: int, owner: st
         if n:
             _failpoint()
     return "ok", n, len(fresh)
+
+
+def live_part(collection: Collection, keys: dict[str, list[str]],
+              vecs: dict[str, np.ndarray]) -> tuple[dict[str, list[str]], dict[str, np.ndarray]]:
+    """The rows of ``keys`` / ``vecs`` whose item versions are still live in the catalog (one read):
+    a batch embeds for seconds, and an item deleted or given new content meanwhile must not leave a
+    vector behind (it would never be served, yet count as a backfilled pair until retire)."""
+    live = {r.key for r in collection.catalog.rows_by_key([k for m in vecs for k in keys[m]])}
+    out_keys: dict[str, list[str]] = {}
+    out_vecs: dict[str, np.ndarray] = {}
+    for m, v in vecs.items():
+        rows = [i for i, k in enumerate(keys[m]) if k in live]
+        if rows:
+            out_keys[m], out_vecs[m] = [keys[m][i] for i in rows], np.asarray(v)[rows]
+    return out_keys, out_vecs
 
 
 def keys_of(batch: Sequence[Item]) -> dict[str, list[str]]:
