@@ -785,6 +785,33 @@ def test_a_runs_rate_is_shared_by_the_workers_that_can_hold_a_shard(tmp_path, mo
     assert rates == [4.0, 4.0]
 
 
+def test_with_worker_processes_the_commands_own_worker_names_its_lines_as_they_do(tmp_path, monkeypatch):
+    """Trial AE: with --workers 2 the fits of the command's own worker printed bare, the worker
+    processes' prefixed ``worker pid P:``; each worker's lines are named, this process's too."""
+    import types
+
+    import nobackfill.lifecycle.backfill as bf
+
+    c, old, new, pool, _ = _upgraded(tmp_path)
+    proc = types.SimpleNamespace(pid=4242, join=lambda: None)
+    monkeypatch.setattr(bf, "start_workers", lambda *a, **kw: [(proc, tmp_path / "w.json")])
+    monkeypatch.setattr(bf, "follow_workers", lambda *a, **kw: contextlib.nullcontext())
+    monkeypatch.setattr(bf, "stopped_with", lambda *a, **kw: contextlib.nullcontext())
+    monkeypatch.setattr(bf, "join_workers", lambda procs: [])
+    monkeypatch.setattr(bf, "run_report", lambda *a: {})
+    monkeypatch.setattr(bf, "run_worker", lambda *a, **kw: kw["log"]("fitting bridges on 8 backfilled pairs\n  t2i: x")
+                        or bf.WorkerReport(owner="x"))
+    said: list[str] = []
+    bf.run_backfill(c, new, order="sequential", workers=2, pool=pool, log=said.append)
+    me = f"worker pid {os.getpid()}: "
+    assert said[-1] == f"{me}fitting bridges on 8 backfilled pairs\n{me}  t2i: x", said
+    said.clear()
+    bf.cancel_backfill(c)
+    monkeypatch.setattr(bf, "start_workers", lambda *a, **kw: [])
+    bf.run_backfill(c, new, order="sequential", workers=1, pool=pool, log=said.append)  # alone: bare, as before
+    assert said[-1] == "fitting bridges on 8 backfilled pairs\n  t2i: x", said
+
+
 @pytest.mark.parametrize("order", ["sequential", "uncertainty"])
 def test_an_unreadable_source_is_named_and_the_backfill_goes_on(tmp_path, order):
     """An image file gone (or corrupt) after it was added: the backfill embeds everything else, names

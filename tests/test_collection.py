@@ -293,8 +293,13 @@ def test_legacy_gallery_opens_as_a_one_space_collection(tmp_path):
     g = build_gallery(old, tmp_path / "g", images=[(f"img:{p.name}", p) for p in ds_images],
                       texts=[("txt:1", "hello world", {}), ("txt:2", "another text", {})], model_ref=OLD_REF,
                       progress=False)
+    files = sorted(p.relative_to(g.path) for p in g.path.rglob("*"))
+    from nobackfill.lifecycle.backfill import backfill_status
+
     c = Collection.open(g.path)
     assert c.is_legacy_gallery and c.count("image") == 4 and c.count("text") == 2
+    assert backfill_status(c)["state"] == "none" and c.status()  # reads: trial AE saw a .backfill-lock made
+    assert sorted(p.relative_to(g.path) for p in g.path.rglob("*")) == files
     s = Searcher(c, pool=pool_with((OLD_REF, old)))
     assert s.search(text="hello world", k=1, target="text").hits[0].id == "txt:1"
     c.delete(["txt:2"])  # the first write makes it a collection; the gallery stays valid

@@ -91,6 +91,10 @@ def test_delete_pin_and_errors_leave_the_collection_unchanged(coll):
     assert r.exit_code == 2 and "no item with id 'no-such-item'" in r.output
     r = invoke("collection", "create", coll / "photos", "--model", MODELS / "world-old")
     assert r.exit_code == 2 and "already holds a collection" in r.output
+    not_a_model = coll / "empty-dir"
+    not_a_model.mkdir(exist_ok=True)  # refused for the location before any model loads (it would fail to)
+    r = invoke("collection", "create", coll / "photos", "--model", not_a_model)
+    assert r.exit_code == 2 and "already holds a collection" in r.output, r.output
     r = invoke("collection", "search", coll / "photos", "--text", "")
     assert r.exit_code == 2 and "empty" in r.output
     r = invoke("collection", "upgrade", coll / "photos", "--model", MODELS / "world-new")  # a rerun: nothing to do

@@ -339,6 +339,16 @@ class Catalog(KeptConnections):
                                                (len(prefix), prefix)))
 
     # ------------------------------------------------------------------ locks
+    def held_elsewhere(self, name: str) -> bool:
+        """Whether another holder has lock ``name`` now (a read: beside a SQLite catalog, a lock never
+        taken has no file, and none is made; a plain gallery stays unwritten by ``status``)."""
+        if self.dialect == "sqlite":
+            assert self._lock_dir is not None
+            if not (self._lock_dir / f".{name}-lock").exists():
+                return False
+        with self.lock(name, blocking=False) as taken:
+            return not taken
+
     @contextlib.contextmanager
     def lock(self, name: str, blocking: bool = True) -> Iterator[bool]:
         """An exclusive named lock held by this process until the block ends (or the process dies):

@@ -94,6 +94,7 @@ class LocalClient(Client):
         from ..search.models import model_ref
 
         ref = model_ref(check_path(model, "model"))
+        Collection.check_new(self.target, backend)  # refused before the model loads (seconds)
         enc = self.pool.get(ref)
         self._collection = Collection.create(self.target, space_id=enc.space_id, dim=enc.embed_dim, model=ref,
                                              name=getattr(enc, "name", ""), backend=backend,

@@ -133,6 +133,21 @@ class Collection(CollectionWrites, CollectionStatus):
     # ------------------------------------------------------------------ construction
 
     @classmethod
+    def check_new(cls, path: str | Path, backend: str | None = None) -> Any:
+        """The storage at ``path`` if a collection can be created there (nothing holds one; ``backend``,
+        where given, a valid index spec), else the refusal :meth:`create` would give: callable before
+        a model loads, so a mistyped location is refused in a moment."""
+        storage = open_storage(path)
+        storage.check_creatable()
+        if storage.exists():
+            raise FileExistsError(f"{storage} already holds a collection: use it as it is (add, import, upgrade ... "
+                                  "name it), or choose another location (nobackfill deletes no collection: remove "
+                                  "it yourself to start over)")
+        if backend is not None:
+            validate_spec(backend)
+        return storage
+
+    @classmethod
     def create(cls, path: str | Path, *, space_id: str, dim: int, model: str, name: str = "",
                modalities: Sequence[str] = MODALITIES, backend: str = "auto",
                collection_name: str | None = None, adopt: Mapping[str, Any] | None = None) -> "Collection":
@@ -148,12 +163,7 @@ class Collection(CollectionWrites, CollectionStatus):
         ``adopt``: the space's vectors are a collection the user already has, registered in place
         (:meth:`~.storage.Storage.adopt_space`; Milvus storage only).
         """
-        storage = open_storage(path)
-        storage.check_creatable()
-        if storage.exists():
-            raise FileExistsError(f"{storage} already holds a collection: use it as it is (add, import, upgrade ... "
-                                  "name it), or choose another location (nobackfill deletes no collection: remove "
-                                  "it yourself to start over)")
+        storage = cls.check_new(path)
         own = f"{SPACE_DIR}/{_space_dirname(space_id)}"
         stray = storage.stray_entries(own)  # empty, or what a killed create of the same collection left
         if stray:

@@ -60,7 +60,7 @@ from .backfill_jobs import (DEFAULT_LEASE_S, JOB_DIR, JOB_FILE, LEASE_DIR, ORDER
                             _stopped_workers, _take_shard, _write, backfill_running, describe_holders,
                             record_unreadable, unreadable_items, unreadable_note)
 from .backfill_fit import first_maps_gap, maybe_fit, running_fit, sample_first  # noqa: F401
-from .cluster.processes import follow_workers, join_workers, run_report, start_workers, stopped_with
+from .cluster.processes import follow_workers, join_workers, named_log, run_report, start_workers, stopped_with
 from ..collection.ingest import encode_readable
 from .backfill_order import (ORDERS, _encode, _held, _pending, _route_failure, _uncertainty_order,  # noqa: F401
                              one_read_time)
@@ -242,8 +242,7 @@ def backfill_status(collection: Collection) -> dict[str, Any]:
 def _lock_held_elsewhere(collection: Collection) -> bool:
     """Another process (or thread) holds the backfill lock now: a live worker (a lock goes with its
     process), between two leases (trial H: status said idle while the uncertainty order was fitted)."""
-    with collection.catalog.lock(JOB_DIR, blocking=False) as taken:
-        return not taken
+    return collection.catalog.held_elsewhere(JOB_DIR)
 
 
 def run_worker(collection: Collection, encoder: Any, *, batch_size: int = 64, rate: float | None = None,
@@ -423,7 +422,7 @@ def run_backfill(collection: Collection, encoder: Any, *, order: str = "uncertai
     with follow_workers(procs, lambda: backfill_status(collection)["done"], progress, log):
         with stopped_with(procs, log=log):  # a Ctrl-C here stops the worker processes too (each after its batch)
             rep = run_worker(collection, encoder, batch_size=batch_size, rate=per_rate, limit=limits[0],
-                             lease_s=lease_s, progress=None if procs else progress, log=log)
+                             lease_s=lease_s, progress=None if procs else progress, log=named_log(log) if procs else log)
             for p, _ in procs:  # (their last lines and batches, before the end of the block reads them)
                 p.join()
     return run_report(backfill_status(collection), rep, [rep.as_dict(), *join_workers(procs)], procs, t0)

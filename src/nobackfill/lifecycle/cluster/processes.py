@@ -12,6 +12,7 @@ and records ``stopped: "the process that started this worker exited"`` in ``back
 from __future__ import annotations
 
 import contextlib
+import os
 import json
 import tempfile
 import threading
@@ -19,8 +20,8 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
-__all__ = ["INTERRUPTED", "PARENT_GONE", "TERMINATED", "follow_workers", "join_workers", "parent_gone", "run_report",
-           "start_workers", "stopped_with"]
+__all__ = ["INTERRUPTED", "PARENT_GONE", "TERMINATED", "follow_workers", "join_workers", "named_log", "parent_gone",
+           "run_report", "start_workers", "stopped_with"]
 
 #: how a worker process records that it stopped because the process that started it exited
 PARENT_GONE = "the process that started this worker exited"
@@ -73,10 +74,19 @@ def parent_gone(cause: Path | None = None) -> Callable[[], str | None]:
 def _say(msg: str) -> None:
     """What a worker process has to say (the bridge fits it runs): a line on the stderr it shares
     with the command that started it, naming itself."""
-    import os
     import sys
 
     print(f"worker pid {os.getpid()}: {msg}", file=sys.stderr, flush=True)
+
+
+def named_log(log: Callable[[str], None] | None) -> Callable[[str], None] | None:
+    """``log`` with each line prefixed as a worker process's are (``worker pid P:``, this process's
+    pid): with ``--workers N`` the command's own process is one of the N workers (trial AE: its fits
+    printed bare, the other workers' named)."""
+    if log is None:
+        return None
+    me = os.getpid()
+    return lambda msg: log("\n".join(f"worker pid {me}: {line}" for line in str(msg).splitlines() or [""]))
 
 
 def _say_to(path: Path) -> Callable[[str], None]:
