@@ -402,7 +402,7 @@ def test_factory_spec_parsing_and_errors():
         make_index("IVF8,PQ5", DIM)
 
 
-def test_a_factory_index_too_small_to_train_searches_exactly_until_it_can_be_trained():
+def test_a_factory_index_too_small_to_train_searches_exactly_until_it_can_be_trained(caplog, capfd):
     """Trial AE: a collection created with ``IVF1024,PQ16`` and 60 vectors answered every search with
     faiss' training error. Its rows are searched exactly until a block brings enough to train it,
     across a save and load (the stand-in is what is cached)."""
@@ -417,8 +417,14 @@ def test_a_factory_index_too_small_to_train_searches_exactly_until_it_can_be_tra
     again = load_index("IVF64,Flat:nprobe=64", DIM, idx.to_bytes())
     assert again.waiting and again.ntotal == 20
     assert again.search(x[15:16], 1)[1][0, 0] == 15
-    again.add(x[20:])  # 300 rows: trained now, every row kept in its order
+    capfd.readouterr()
+    with caplog.at_level("WARNING", logger="nobackfill.ann"):
+        again.add(x[20:])  # 300 rows: trained now, every row kept in its order
     assert again.waiting is None and again.ntotal == 300
+    # fewer than faiss advises (64 lists x 39): said once as our warning, not by faiss' C++ on stderr
+    said = [r.getMessage() for r in caplog.records if r.name == "nobackfill.ann"]
+    assert len(said) == 1 and "trained on 300 rows, fewer than faiss advises for its 64 IVF lists (2496)" in said[0]
+    assert "WARNING clustering" not in capfd.readouterr().err
     assert again.search(x[[5, 150, 299]], 1)[1][:, 0].tolist() == [5, 150, 299]  # nprobe 64: every list
     mask = np.zeros(300, bool)
     mask[200:] = True

@@ -4,6 +4,8 @@ over shared plumbing (:class:`_FaissIndex`: masks as faiss selectors, serialisat
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import re
 from typing import Any, Callable
 
@@ -174,6 +176,32 @@ def _faiss_message(e: BaseException) -> str:
     return re.sub(r"^'.*?' failed: ", "", first)  # (the assertion's C++ text)
 
 
+def _clustering_advice(index: Any, n: int, factory: str) -> list[str]:
+    """Before ``index`` trains on ``n`` rows: where they are fewer than its k-means advise (``k`` x
+    ``min_points_per_centroid``, 39, for the IVF lists and the PQ's centroids), the lines to say as
+    our own warning once it trained; faiss' own line of it is turned off (its C++ prints it on stderr
+    whatever the log level: a server's log held one per training). The training is unchanged: that
+    setting decides the warning only."""
+    import faiss
+
+    params = []
+    with contextlib.suppress(Exception):
+        ivf = faiss.downcast_index(faiss.extract_index_ivf(index))
+        params.append((ivf.nlist, ivf.cp, "IVF lists"))
+        index = ivf
+    pq = getattr(faiss.downcast_index(index), "pq", None)
+    if pq is not None:
+        params.append((pq.ksub, pq.cp, "PQ centroids per sub-vector"))
+    out = []
+    for k, cp, what in params:
+        advised = int(k) * int(cp.min_points_per_centroid)
+        if n < advised:
+            out.append(f"index {factory!r} is trained on {n} rows, fewer than faiss advises for its {int(k)} {what} "
+                       f"({advised}): its searches may find less than the same index trained on more")
+        cp.min_points_per_centroid = 0
+    return out
+
+
 def needs_training(factory: str, dim: int) -> bool:
     """Whether faiss' ``factory`` index must be trained before it takes rows (IVF, PQ; not Flat or
     HNSW); True for a string faiss refuses (no index of it answers)."""
@@ -238,7 +266,10 @@ class FactoryIndex(_FaissIndex):
         rows = vectors if not self.ntotal else np.vstack([self._storage().reconstruct_n(0, self.ntotal), vectors])
         index = self._new_index(self.dim)
         try:  # IVF / PQ: trained on the rows of the first build that has enough of them
+            advice = _clustering_advice(index, len(rows), self.factory)
             index.train(rows)
+            for line in advice:
+                logging.getLogger("nobackfill.ann").warning(line)
             self.waiting = None
         except RuntimeError as e:
             index = faiss.IndexFlatIP(self.dim)
