@@ -12,8 +12,8 @@ from typing import Any, Iterator, Mapping, Protocol, Sequence
 
 from .plan import Plan
 
-__all__ = ["CATALOG_FILE", "NAME_MAX", "PAGE", "CatalogError", "CatalogUnreachable", "Row", "check_collection_name", "rows_by_key",
-           "filter_sql", "one_line", "redact", "unsourced_sql"]
+__all__ = ["CATALOG_FILE", "NAME_MAX", "PAGE", "CatalogError", "CatalogUnreachable", "Row", "check_collection_name",
+           "filter_sql", "one_line", "redact", "rows_by_key", "unsourced_sql"]
 
 CATALOG_FILE = "catalog.sqlite"
 FORMAT = "nobackfill-catalog"

@@ -262,7 +262,8 @@ def commit_batch(collection: Collection, job: BackfillJob, shard: int, owner: st
         if not _renew(collection, shard, owner, lease_s, rate):
             return "lost", 0, 0
         keys, vecs = live_part(collection, keys, vecs)
-        fresh, n = [(m, k) for m, k in sample_keys if k in set(keys.get(m, ()))], 0
+        kept = {(m, k) for m, ks in keys.items() for k in ks}
+        fresh, n = [mk for mk in sample_keys if tuple(mk) in kept], 0
         g = collection.gallery(job.target)
         # every worker's store of the target is made under this lock, so one read time serves the lookups
         # below (in run_worker, the one taken at the claim: its lease, renewed above, was its own since)
@@ -282,7 +283,9 @@ def live_part(collection: Collection, keys: dict[str, list[str]],
               vecs: dict[str, np.ndarray]) -> tuple[dict[str, list[str]], dict[str, np.ndarray]]:
     """The rows of ``keys`` / ``vecs`` whose item versions are still live in the catalog (one read):
     a batch embeds for seconds, and an item deleted or given new content meanwhile must not leave a
-    vector behind (it would never be served, yet count as a backfilled pair until retire)."""
+    vector behind (it would never be served, yet count as a backfilled pair until retire). A delete
+    landing between this read and the store still can (the catalog and the vector store are two
+    writes): one vector, never served, gone at retire."""
     live = {r.key for r in collection.catalog.rows_by_key([k for m in vecs for k in keys[m]])}
     out_keys: dict[str, list[str]] = {}
     out_vecs: dict[str, np.ndarray] = {}

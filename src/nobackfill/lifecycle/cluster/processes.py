@@ -12,8 +12,8 @@ and records ``stopped: "the process that started this worker exited"`` in ``back
 from __future__ import annotations
 
 import contextlib
-import os
 import json
+import os
 import tempfile
 import threading
 import time
