@@ -634,6 +634,23 @@ def test_api_pause_then_resume_goes_on_at_once(served):
     assert _bf(api)["state"] == "done" and not c.verify()
 
 
+def test_api_resume_keeps_the_runs_rate_cap_unless_given_another(served):
+    """Trial AG: a backfill started at rate 10 ran uncapped after a pause and a resume (resume had
+    its own default, no cap); status shows the cap in force."""
+    api, c, enc = served
+    enc.hold_calls(1, 3)
+    assert _api(api, "/v1/backfill/start", {"order": "sequential", "rate": 500.0})["rate_cap"] == 500.0
+    for k, given, cap in ((1, {}, 500.0), (3, {"rate": 800.0}, 800.0)):
+        enc.wait_reached(k)
+        _api(api, "/v1/backfill/pause")
+        enc.open(k)
+        _poll(lambda: _bf(api)["worker"] == "idle", "the paused worker to stop")
+        assert _bf(api)["rate_cap"] is None  # no worker runs
+        assert _api(api, "/v1/backfill/resume", {"order": "sequential", **given})["rate_cap"] == cap
+    _poll(lambda: _finished(api), "the resumed backfill to finish")
+    assert _bf(api)["state"] == "done" and _bf(api)["rate_cap"] is None
+
+
 def test_api_resume_before_the_paused_worker_stopped(served):
     """A resume while the paused worker is still in its batch: that worker goes on."""
     api, c, enc = served

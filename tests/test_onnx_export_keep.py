@@ -123,3 +123,26 @@ def test_the_cli_says_what_it_kept_and_what_is_gone(full, tmp_path):
             f"(nobackfill export-onnx {w} --towers image exports it again)") in r.stdout
     assert "earlier int8 export" not in r.stdout
     assert json.loads((w / "onnx" / "export.json").read_text())["towers"].keys() == {"text"}
+
+
+def test_an_int8_record_that_is_no_record_is_left_out_with_a_warning(full, tmp_path, caplog):
+    """Trial AG: ``towers.image.int8 = "x"`` in export.json made ``--onnx int8`` (serve, search) die
+    with an AttributeError, and ``export-onnx --towers text`` kept it and crashed printing it (exit 1,
+    the export written). That copy is now left out, said, and the rest serves."""
+    from typer.testing import CliRunner
+
+    from nobackfill.cli import app
+
+    d = _copy(full, tmp_path / "m")
+    p = d / "onnx" / "export.json"
+    rec = json.loads(p.read_text())
+    rec["towers"]["image"]["int8"] = "x"
+    p.write_text(json.dumps(rec))
+    with caplog.at_level("WARNING"):
+        enc = onnx_encoder(load_encoder(d), d, int8=True)
+    assert "image tower's int8 record is 'x'" in caplog.text  # the image tower in fp32, the text one in int8
+    assert enc.runtimes() == {"text": "onnx-int8", "image": "onnx"}
+    r = CliRunner().invoke(app, ["export-onnx", str(d), "--towers", "text"])
+    assert r.exit_code == 0, r.output
+    assert "note: the earlier int8 export of image is gone: its record is no export's record" in r.stdout
+    assert "int8" not in json.loads(p.read_text())["towers"]["image"]

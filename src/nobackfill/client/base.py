@@ -242,7 +242,8 @@ class Client:
         raise NotImplementedError
 
     def backfill_resume(self, order: str = "uncertainty", rate: float | None = None) -> dict[str, Any]:
-        """Resume a paused backfill (none paused: start one, as ``backfill_start(resume=True)``)."""
+        """Resume a paused backfill (none paused: start one, as ``backfill_start(resume=True)``);
+        without ``rate`` the cap of the run it resumes in this client (or server) is kept."""
         raise NotImplementedError
 
     def backfill_cancel(self) -> dict[str, Any]:

@@ -399,10 +399,13 @@ class LocalClient(Client):
     def _start_thread(self, order: str, rate: float | None, ray: Any = None) -> dict[str, Any]:
         """A paused job runs again; a worker thread still in its batch goes on (it re-checks the
         job before it stops), else one is started (``ray``: a Ray pipeline's driver)."""
-        from ..lifecycle.backfill import backfill_running, run_worker, start_backfill
+        from ..lifecycle.backfill import BackfillJob, backfill_running, run_worker, start_backfill
 
         with self.write_lock:
             enc = self.encoder()
+            job = BackfillJob.load(self.collection)
+            if rate is None and job is not None and job.state == "paused":
+                rate = self.worker.rate_cap  # a resume keeps the run's cap (trial AG: it ran uncapped)
             start_backfill(self.collection, enc, order=order, pool=self.pool)  # resumes a paused job
 
             def one_run() -> Any:
@@ -418,7 +421,7 @@ class LocalClient(Client):
                 job = backfill_running(self.collection)
                 return rep.stopped in ("paused", "job removed") and job is not None and job.state == "running"
 
-            self.worker.start(one_run, resumed)  # (none while one is active: it sees the resumed job, goes on)
+            self.worker.start(one_run, resumed, rate)  # (none while one is active: it sees the resumed job, goes on)
         return self.backfill_status()
 
     @refusals

@@ -21,7 +21,8 @@ __all__ = ["BackgroundWorker"]
 
 class BackgroundWorker:
     """The client's background backfill worker: ``active`` (a thread runs, or is deciding whether to
-    go on), ``error`` and ``stopped`` (why it last stopped), ``thread``."""
+    go on), ``error`` and ``stopped`` (why it last stopped), ``thread``, ``rate_cap`` (the items per
+    second its run was capped at, None: none; a resume keeps it unless given another)."""
 
     def __init__(self) -> None:
         self.lock = threading.Lock()
@@ -29,19 +30,22 @@ class BackgroundWorker:
         self.error: str | None = None
         self.stopped: str | None = None
         self.active = False
+        self.rate_cap: float | None = None
         self._stop_why: str | None = None
 
     def stop_reason(self) -> str | None:
         """Why the running worker is to stop (None: go on); a worker's ``stop`` callable."""
         return self._stop_why
 
-    def start(self, one_run: Callable[[], Any], resumed: Callable[[Any], bool]) -> bool:
-        """Run ``one_run()`` in a new thread, again while ``resumed(report)`` (the job runs again after
-        it stopped for a pause); False, and nothing started, when a worker is active already."""
+    def start(self, one_run: Callable[[], Any], resumed: Callable[[Any], bool], rate_cap: float | None = None) -> bool:
+        """Run ``one_run()`` (capped at ``rate_cap`` items/s) in a new thread, again while
+        ``resumed(report)`` (the job runs again after it stopped for a pause); False, and nothing
+        started, when a worker is active already (it goes on at its own cap)."""
         with self.lock:
             if self.active:
                 return False
             self.active, self.error, self.stopped, self._stop_why = True, None, None, None
+            self.rate_cap = rate_cap
 
         def work() -> None:
             try:
@@ -72,10 +76,11 @@ class BackgroundWorker:
         return not (thread is not None and thread.is_alive())
 
     def annotate(self, st: dict[str, Any]) -> dict[str, Any]:
-        """``st`` (the job's status) with this worker: ``worker`` (running | idle), ``worker_stopped``
-        (why it last stopped), ``error``."""
+        """``st`` (the job's status) with this worker: ``worker`` (running | idle), ``rate_cap`` (its
+        run's, while it runs), ``worker_stopped`` (why it last stopped), ``error``."""
         active = self.active
         st["worker"] = "running" if active else "idle"
+        st["rate_cap"] = self.rate_cap if active else None
         if active and st["state"] == "idle":  # this worker is about to take a shard
             st["state"] = "running"
             st.pop("note", None)

@@ -185,7 +185,8 @@ def _keep_earlier(parent: Path, earlier: dict[str, Any] | None, encoder: Any, to
     their files are unchanged (sha256 as recorded). Returns ``(their entries, {what: why it is not
     kept})``; an int8 copy that cannot be kept drops only that copy (``what``: ``"<tower> int8"``)."""
     kept: dict[str, Any] = {}
-    dropped: dict[str, str] = {}
+    dropped: dict[str, str] = {w: why for w, why in (earlier or {}).get("unreadable", {}).items()
+                               if w.removesuffix(" int8") not in towers}
     for tower, entry in (earlier or {"towers": {}})["towers"].items():
         if tower in towers:
             continue
@@ -342,6 +343,14 @@ def onnx_export_info(model_dir: str | Path, *, warn: bool = False) -> dict[str, 
     else:
         why = "not an export's record (no towers)"
     if isinstance(info, dict) and isinstance(info.get("towers"), dict):
+        for tower, entry in info["towers"].items():  # an int8 record that is no record: that copy is left out
+            if isinstance(entry, dict) and "int8" in entry and not isinstance(entry["int8"], dict):
+                if warn:
+                    log.warning("%s: its %s tower's int8 record is %r, not an export's; that copy is not used "
+                                "(nobackfill export-onnx %s --int8 writes it again)", path, tower, entry["int8"],
+                                model_dir)
+                info["towers"][tower] = {k: v for k, v in entry.items() if k != "int8"}
+                info.setdefault("unreadable", {})[f"{tower} int8"] = "its record is no export's record"
         return info
     if warn:
         log.warning("%s: %s; queries run on torch (nobackfill export-onnx %s writes the export again)", path,

@@ -99,6 +99,9 @@ class BackfillStatus(_Open):
     note: Optional[str] = Field(None, description="What to do when no worker runs.")
     worker: Optional[str] = Field(None, description="This server's worker: running | idle (after a pause or a cancel it "
                                                   "stays running until its batch is committed).")
+    rate_cap: Optional[float] = Field(None, description="This server's worker: the items per second its run is capped "
+                                                        "at while it runs (a resume keeps it unless given another); "
+                                                        "null: no cap.")
     worker_stopped: Optional[str] = Field(None, description="Why this server's worker stopped, when it gave up.")
     error: Optional[str] = Field(None, description="The error that stopped this server's worker.")
 

@@ -203,7 +203,8 @@ class BackfillRequest(BaseModel):
 
     model_config = _STRICT
     order: Literal["sequential", "random", "uncertainty"] = "uncertainty"
-    rate: Optional[float] = Field(None, gt=0, allow_inf_nan=False, description="Items per second at most.")
+    rate: Optional[float] = Field(None, gt=0, allow_inf_nan=False, description="Items per second at most (a resume "
+                                  "without one keeps the cap of the run it resumes).")
     engine: Literal["local", "ray"] = Field("local", description="Who embeds: the server's own worker (local) "
                                             "or a Ray Data pipeline on the server's Ray cluster (ray; the server "
                                             "must be started with --ray-address).")
