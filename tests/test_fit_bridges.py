@@ -302,6 +302,8 @@ def test_cli_upgrade_without_a_bridge_backfills_fits_and_status_shows_it(tmp_pat
     assert "fits bridges" in " ".join(r.output.split())
     # where the first fit comes: here the default sample (at least 512 a modality) is the whole collection
     assert "the first fit after its sample of 180 of 180 items (100%)" in " ".join(r.output.split())
+    # no step left to the user (trial AG: "uncalibrated defaults ... pass --calibrate DATA" read as one)
+    assert "chosen without labels as the backfill goes" in " ".join(r.output.split()) and "pass --calibrate" not in r.output
     assert backfill_fit.fit_state(Collection.open(c.path)) is not None
     r = cli("collection", "backfill", c.path, "--order", "random", "--batch-size", 32)
     assert r.exit_code == 0, r.output

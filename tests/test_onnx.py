@@ -268,6 +268,30 @@ def test_export_on_first_load_falls_back_to_torch_when_it_cannot_write(tmp_path,
     assert "could not export" in caplog.text and "serving it on torch" in caplog.text
 
 
+def test_the_shipped_minilm_by_name_is_exported_and_served_from_its_directory(tmp_path, monkeypatch):
+    """Trial AG: ``export-onnx minilm`` failed on the name (``[Errno 2] ... 'minilm'``), and a
+    collection whose model is the alias served its queries on torch in every mode, saying nothing.
+    The name opens the package's directory for both (a copy here: the package is left as it is)."""
+    from typer.testing import CliRunner
+
+    import nobackfill.encoders.minilm as minilm
+    from nobackfill.cli import app
+
+    monkeypatch.delenv("NOBACKFILL_ONNX", raising=False)
+    assert load_encoder(minilm.pretrained_model_dir()).name == "all-MiniLM-L6-v2"  # as by the name (not "model")
+    d = tmp_path / "minilm-copy"
+    shutil.copytree(minilm.pretrained_model_dir(), d)
+    monkeypatch.setattr(minilm, "pretrained_model_dir", lambda: d)
+    assert not isinstance(ModelPool().query_encoder("minilm"), OnnxEncoder)  # no export yet: torch
+    r = CliRunner().invoke(app, ["export-onnx", "minilm"])
+    assert r.exit_code == 0, r.output
+    assert f"text: {d / 'onnx' / 'text.onnx'}" in r.stdout and onnx_export_info(d)["towers"].keys() == {"text"}
+    enc = ModelPool().query_encoder("minilm")
+    assert isinstance(enc, OnnxEncoder) and enc.runtimes() == {"text": "onnx"}
+    want = load_encoder("minilm").encode_texts(TEXTS)
+    assert np.abs(enc.encode_texts(TEXTS) - want).max() <= 1e-4
+
+
 def test_an_unknown_onnx_mode_is_refused_naming_it(monkeypatch):
     with pytest.raises(ValueError, match=r"onnx must be one of auto, export, int8, off \(or 0: off, 1: auto\), got 'fast'"):
         ModelPool(onnx="fast")

@@ -262,6 +262,10 @@ def print_upgrade(name: str, rep: Any, st: dict[str, Any], seconds: float, *, ca
                          "the old-model route serves"))
     if calibrated:
         results.print(f"  merge: {rep.merge} (chosen on the calibration split)")
+    elif fits.get("enabled"):  # (trial AG: "pass --calibrate" read as a step the no-bridge upgrade needs)
+        results.print("  routes and merge are chosen without labels as the backfill goes: the merge's score maps "
+                      "from its first backfilled items, the routes with each bridge fit (--calibrate DATA chooses "
+                      "them on labelled data instead)")
     else:
         kept = " (the merge keeps the score maps fitted without labels that still hold: spaces each reached by " \
                "its own model)" if st.get("merge_without_labels") else ""

@@ -99,7 +99,8 @@ def _end_without_threads_left(unfinished: list[str]) -> None:
 
 
 def export_onnx(
-    model: Path = typer.Argument(..., help="A model directory (e.g. models/world-old or a local CLIP)."),
+    model: Path = typer.Argument(..., help="A model directory (e.g. models/world-old or a local CLIP), or minilm "
+                                           "(the shipped all-MiniLM-L6-v2: exported beside it, in its package)."),
     int8: bool = typer.Option(False, "--int8", help="Also write dynamically quantised int8 towers (used only with "
                                                    "NOBACKFILL_ONNX=int8: they change the vectors slightly)."),
     towers: Optional[str] = typer.Option(None, help="Comma-separated towers to export (default: every tower the "
@@ -112,9 +113,11 @@ def export_onnx(
     one as it was). With --towers, the earlier export's other towers are kept where they were exported from
     the same weights and their files are unchanged. The service, the searcher and the client then run them
     when onnxruntime is installed (pip install 'nobackfill[onnx]'); NOBACKFILL_ONNX=0 keeps torch."""
+    from ..encoders import model_directory
     from ..encoders.onnx import export_onnx as export
     from ..encoders.onnx import onnx_export_info
 
+    model = model_directory(model)  # (minilm: the shipped model's directory, named in what is printed)
     before = onnx_export_info(model) or {"towers": {}}
     try:
         with console.status(f"exporting {model} to ONNX"):

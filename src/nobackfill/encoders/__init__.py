@@ -29,6 +29,17 @@ def list_presets() -> list[str]:
 PRETRAINED_TEXT_ALIASES = ("minilm", "pretrained", "all-MiniLM-L6-v2")
 
 
+def model_directory(ref: str | Path) -> Path:
+    """The directory a model reference opens: the shipped all-MiniLM-L6-v2's for one of
+    :data:`PRETRAINED_TEXT_ALIASES` (when no directory of that name exists), else ``ref`` itself
+    (what an ONNX export is written beside: trial AG, ``export-onnx minilm`` failed on the name)."""
+    if str(ref) in PRETRAINED_TEXT_ALIASES and not Path(ref).exists():
+        from .minilm import pretrained_model_dir
+
+        return pretrained_model_dir()
+    return Path(ref)
+
+
 def load_encoder(directory: str | Path) -> DualEncoder:
     """Open a saved model directory, choosing the implementation from its config (or the shipped
     all-MiniLM-L6-v2 for one of :data:`PRETRAINED_TEXT_ALIASES`)."""
@@ -69,4 +80,4 @@ def load_encoder(directory: str | Path) -> DualEncoder:
 
 
 __all__ = ["PRETRAINED_TEXT_ALIASES", "DualEncoder", "TokenOutput", "TokenizerMissing", "CLIPDualEncoder", "create_model", "get_preset", "list_presets",
-           "load_encoder", "l2_normalise"]
+           "load_encoder", "l2_normalise", "model_directory"]

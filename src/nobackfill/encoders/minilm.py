@@ -44,6 +44,17 @@ def pretrained_model_dir() -> Path:
     return directory
 
 
+def _name_of(directory: Path) -> str:
+    """A model directory's readable name: its folder's, or all-MiniLM-L6-v2 for the package's own
+    folder (named ``model``: trial AG saw a space named "model" where the alias names it)."""
+    try:
+        if directory.resolve() == pretrained_model_dir().resolve():
+            return PRETRAINED_NAME
+    except (ModuleNotFoundError, FileNotFoundError):
+        pass
+    return directory.name
+
+
 class MiniLMTextEncoder(HFEncoderMixin, DualEncoder):
     """A BERT-style ``AutoModel`` + mean pooling + L2 normalisation behind :class:`DualEncoder`
     (texts only)."""
@@ -87,11 +98,11 @@ class MiniLMTextEncoder(HFEncoderMixin, DualEncoder):
         model = AutoModel.from_pretrained(directory, local_files_only=True, dtype=torch.float32)
         tokenizer = load_tokenizer(directory, model.config.vocab_size)
         meta_path = directory / NOBACKFILL_META
-        meta = json.loads(meta_path.read_text()) if meta_path.is_file() else {"name": directory.name}
+        meta = json.loads(meta_path.read_text()) if meta_path.is_file() else {"name": _name_of(directory)}
         if meta.get("kind", cls.kind) != cls.kind:
             raise ValueError(f"{meta_path}: kind {meta.get('kind')!r} is not {cls.kind!r}")
         meta.pop("space_id", None)
-        meta.setdefault("name", directory.name)
+        meta.setdefault("name", _name_of(directory))
         return cls(model, tokenizer, meta, max_length=max_length)
 
     # ----------------------------------------------------------------- identity

@@ -237,11 +237,11 @@ def export_onnx(model_dir: str | Path, *, int8: bool = False, towers: Sequence[s
     were exported from the same weights and their files are unchanged (copied into the new export;
     the returned dict's ``"earlier"``, not written to ``export.json``, says ``{"kept": [towers],
     "dropped": {what: why}}``)."""
-    from . import load_encoder
+    from . import load_encoder, model_directory
 
     if graph not in GRAPHS:
         raise ValueError(f"graph: one of {', '.join(GRAPHS)}, not {graph!r}")
-    model_dir = Path(model_dir)
+    model_dir = model_directory(model_dir)  # (a shipped model's name: its directory)
     encoder = load_encoder(model_dir)
     if not hasattr(encoder, "text_features"):
         raise ValueError(f"{model_dir}: {type(encoder).__name__} has no exportable towers")

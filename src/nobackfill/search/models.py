@@ -73,12 +73,17 @@ def _export_on_first_load(encoder: DualEncoder, ref: str) -> None:
 def _on_onnx(encoder: DualEncoder, ref: str, mode: str | None = None, threads: int | None = None) -> DualEncoder:
     """``encoder`` on ONNX Runtime where the model directory holds a checked export of it (made now
     with mode ``export``)."""
+    from ..encoders import model_directory
+
     mode = onnx_mode(mode)
-    if mode == "off" or not Path(ref).is_dir():
+    if mode == "off":
+        return encoder
+    directory = model_directory(ref)  # a shipped model's name (minilm): its package's directory
+    if not directory.is_dir():
         return encoder
     if mode == "export" and hasattr(encoder, "text_features"):
-        _export_on_first_load(encoder, ref)
-    return onnx_encoder(encoder, ref, int8=mode == "int8", threads=threads)
+        _export_on_first_load(encoder, str(directory))
+    return onnx_encoder(encoder, directory, int8=mode == "int8", threads=threads)
 
 
 class ModelPool:
