@@ -291,6 +291,14 @@ def test_the_cli_adopts_a_milvus_collection_with_a_real_model(tmp_path):
             f"milvus-lite:{lite}#{theirs}"]
     r = run(app, args + ["--vector-field", "embedding"])
     assert r.exit_code == 2 and "--id-field" in r.output and "--modality" in r.output
+    gone = f"gone{uuid.uuid4().hex[:6]}"  # rows whose images are gone: the model check has nothing to read
+    _user_collection(client, gone, enc.encode_images([Path(p) for p in paths]), [p + ".gone" for p in paths])
+    r = run(app, args[:-1] + [f"milvus-lite:{lite}#{gone}", "--vector-field", "embedding", "--id-field", "pk",
+                              "--source-field", "image_path", "--modality", "image"])
+    assert r.exit_code == 2 and "has a readable source" in r.output, r.output
+    # a refusal makes nothing in their Milvus (trial AH: the check whether ours existed made a meta collection)
+    assert sorted(client.list_collections()) == sorted([theirs, gone])
+    client.release_collection(theirs)  # as in a new milvus-lite process: the model check loads it (trial AH: traceback)
     r = run(app, args + ["--vector-field", "embedding", "--id-field", "pk", "--source-field", "image_path",
                          "--modality", "image"])
     assert r.exit_code == 0, r.output

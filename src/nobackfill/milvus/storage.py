@@ -222,6 +222,9 @@ class MilvusStorage(Storage):
     def read_manifest(self) -> bytes | None:
         if self._lite_path is not None and not self._lite_path.exists():
             return None  # no milvus-lite database there: nothing to read (and none made by a reader)
+        if self._client is None and not self._connect().has_collection(self.meta):
+            return None  # nothing of ours there: and asking made none (trial AH: a refused adoption left
+            # nb_<name>_meta in the user's Milvus file, made by the check whether a collection existed)
         return self.read_doc("collection.json")
 
     def read_chunk(self, name: str) -> bytes:
