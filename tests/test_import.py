@@ -459,7 +459,20 @@ def test_a_reimport_says_what_changed_and_what_it_found_stored(tmp_path):
 
     assert "added 6, already there 0" in run("e.npy")
     out = run("f.npy")
-    assert "added 2, already there 4" in out and "stored already" not in out
+    assert "added 2 (of them 2 replacing other content under their ids), already there 4" in out, out
+    assert "stored already" not in out
+    # an id holding a text given an image: refused as add refuses it, nothing changed (trial AH: replaced, unsaid)
+    folder = make_folder(tmp_path / "d", n_images=2, captions_per_image=1)
+    imgs = sorted((folder / "images").iterdir())
+    (tmp_path / "i.jsonl").write_text("".join(json.dumps({"id": i, "path": str(p)}) + "\n"
+                                              for i, p in zip(["fresh", "t3"], imgs)))
+    np.save(tmp_path / "i.npy", enc.encode_images(imgs))
+    before = Collection.open(coll).items()
+    r = runner.invoke(app, ["collection", "import", coll, "--from", f"npy:{tmp_path / 'i.npy'}", "--table",
+                            str(tmp_path / "i.jsonl"), "--id-column", "id", "--source-column", "path",
+                            "--modality", "image", "--trust-model"])
+    assert r.exit_code == 2 and "row 2: id 't3' already holds a stored text item, not an image one" in r.output, r.output
+    assert Collection.open(coll).items() == before
     r = runner.invoke(app, ["collection", "status", coll])
     assert "imported 6 item(s) from" in r.output and "imported 6 item(s) read, 2 of them new or changed" in r.output
     r = runner.invoke(app, ["collection", "delete", coll, "--id", "t0", "--id", "t2"])

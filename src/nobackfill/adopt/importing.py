@@ -40,6 +40,7 @@ from ..gallery.chunks import CheckedIds
 from ..gallery.manifest import MODALITIES
 from ..gallery.types import DuplicateIdError, SpaceMismatchError
 from ..ann.vector_index import all_finite
+from .import_report import ImportReport
 
 if TYPE_CHECKING:  # the encoder module pulls in torch
     from ..encoders.base import DualEncoder
@@ -120,6 +121,29 @@ def add_vectors(collection: Collection, ids: Sequence[str], vectors: np.ndarray,
         report.added = collection.commit_rows(rows, stored=(staged.space, hint), skip_unchanged=True)
     report.unchanged = len(rows) - report.added
     return report
+
+
+def held_other_content(collection: Collection, ids: Sequence[str], vectors: np.ndarray,
+                       modality: str | Sequence[str], where: str) -> int:
+    """How many of ``ids`` the collection holds with another vector (what an import of these rows
+    replaces: counted, said); refused (``DuplicateIdError``, nothing of the batch written) where one
+    holds an item of the other modality, as ``add`` refuses it (trial AH: an import turned image
+    ``000005`` into a text and said "added 200, already there 0")."""
+    ids = list(ids)
+    old = collection.catalog.rows_by_id(ids)
+    if not old:
+        return 0
+    mods = [modality] * len(ids) if isinstance(modality, str) else list(modality)
+    other = [j for j, i in enumerate(ids) if i in old and old[i].modality != mods[j]]
+    if other:
+        j = other[0]
+        more = f" (and {len(other) - 1} more ids)" if len(other) > 1 else ""
+        raise DuplicateIdError(f"{where}: row {j + 1}: id {ids[j]!r} already holds a stored {old[ids[j]].modality} "
+                               f"item, not {'an image' if mods[j] == 'image' else 'a text'} one{more}: delete it "
+                               "first to replace it, or give the new item another id")
+    held = [j for j, i in enumerate(ids) if i in old]
+    keys = vector_rev(np.ascontiguousarray(np.asarray(vectors)[held], np.float32), prefix="#")
+    return sum(old[ids[j]].key != ids[j] + k for j, k in zip(held, keys))
 
 
 @dataclass
@@ -247,34 +271,6 @@ def _store(g: Any, modality: str, keys: list[str], vectors: np.ndarray, space: s
     added = g.add(modality, keys, vectors, None, space_id=space, skip_existing=True)
     pos = g.positions(modality, keys)
     return added, [pos.get(k) for k in keys]  # (None: a store that does not say)
-
-
-@dataclass
-class ImportReport:
-    """What :func:`import_source` did."""
-
-    source: str
-    collection: str
-    created: bool
-    items: int = 0  # items read from the source
-    added: int = 0
-    unchanged: int = 0
-    stored: int = 0
-    seconds: float = 0.0
-    model_check: dict[str, Any] = field(default_factory=dict)
-    warnings: list[str] = field(default_factory=list)
-    #: the peak resident memory (MB) of the process that committed the catalog's rows, when one did
-    commit_worker_peak_rss_mb: float = 0.0
-
-    @property
-    def items_per_s(self) -> float:
-        return self.items / self.seconds if self.seconds > 0 else 0.0
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"source": self.source, "collection": self.collection, "created": self.created, "items": self.items,
-                "added": self.added, "unchanged": self.unchanged, "stored": self.stored,
-                "seconds": round(self.seconds, 3), "items_per_s": round(self.items_per_s, 1),
-                "model_check": self.model_check, "warnings": list(self.warnings)}
 
 
 def _prefetched(batches: Iterator[Any]) -> Iterator[Any]:
@@ -448,6 +444,7 @@ def import_source(target: "str | Path | Collection", source: "ImportSource", enc
                           backend=backend, modalities=list(getattr(encoder, "modalities", MODALITIES)))
     report = ImportReport(source=source.describe(), collection=where, created=existing is None, model_check=check)
     total = VectorsReport()
+    held_items = existing is not None and existing.count() > 0  # (ids can collide only with what was there)
     with c.ingesting(wait=wait), cyclic_gc_paused(), \
             progress_bar(progress, f"importing {Path(where).name}", int(source.rows)) as advance:
         apart = _StoreAndHandOver(c, CommitWorker(c.path)) if _commit_apart(c, source, commit_process) else None
@@ -463,6 +460,8 @@ def import_source(target: "str | Path | Collection", source: "ImportSource", enc
             for n, batch in enumerate(_prefetched(source.batches()), start=1):
                 at = f"{source.describe()} rows {batch.row0 + 1}-{batch.row_end}"
                 ends[n] = (batch.row_end, len(batch))
+                if held_items:
+                    report.replaced += held_other_content(c, batch.ids, batch.vectors, batch.modality, at)
                 if apart is None:
                     total.merge(add_vectors(c, batch.ids, batch.vectors, modality=batch.modality,
                                             sources=batch.sources, metadata=batch.metadata,

@@ -26,8 +26,9 @@ def print_import(client: Any, source: str, rep: Any) -> None:
               f"there {rep['unchanged']}; its vectors were not copied and nobackfill never writes to it")
     else:
         found = rep.added - rep.stored if rep.stored is not None else 0
-        results.print(f"{rep.items} item(s) read from {escape(rep.source)}: added {rep.added}, already there "
-              f"{rep.unchanged} in {rep.seconds:.1f}s ({rep.items_per_s:,.0f} items/s)"
+        results.print(f"{rep.items} item(s) read from {escape(rep.source)}: added {rep.added}"
+              + (f" (of them {rep.replaced} replacing other content under their ids)" if rep.replaced else "")
+              + f", already there {rep.unchanged} in {rep.seconds:.1f}s ({rep.items_per_s:,.0f} items/s)"
               + (f"; {found} of the added with their vectors stored already (new metadata or source, an "
                  "interrupted import's, a deleted item's: not stored again)" if found > 0 else ""))
     local = getattr(client, "collection", None)  # a server builds its own graph indexes

@@ -143,6 +143,7 @@ class LocalClient(Client):
                 metadata_columns: Sequence[str] | None = None) -> ImportResult:
         from ..adopt.importing import ModelCheckRefused, import_source
         from ..adopt.sources import open_source
+        from ..gallery.types import DuplicateIdError
         from ..encoders.meta import ModelInfo, remembered
         from ..search.models import model_ref
 
@@ -168,11 +169,13 @@ class LocalClient(Client):
                                     backend=backend, progress=progress, wait=wait)
             except ModelCheckRefused as e:
                 raise Conflict(409, str(e), "model") from None
+            except DuplicateIdError as e:  # an id holding an item of the other modality (as add refuses it)
+                raise Conflict(409, str(e), "id") from None
         self.pool.remember(ref)  # loaded here, its fingerprint computed: a later trusted import needs neither
         # an open collection took the rows itself; an unopened one is opened on first use
         return ImportResult(items=rep.items, added=rep.added, unchanged=rep.unchanged, seconds=round(rep.seconds, 3),
                             model_check=rep.model_check, warnings=list(rep.warnings), source=rep.source,
-                            stored=rep.stored)
+                            stored=rep.stored, replaced=rep.replaced)
 
     @refusals
     def adopt(self, source: str, *, model: str | Path, vector_field: str, id_field: str, modality: str,

@@ -103,6 +103,7 @@ class ImportResult(_Result):
     warnings: list[str] = field(default_factory=list)
     source: str = ""
     stored: int | None = None  # vectors written; the rest of ``added`` had theirs stored already
+    replaced: int = 0  # of ``added``: ids the collection held with another vector
 
     @property
     def items_per_s(self) -> float:

@@ -386,8 +386,9 @@ def add_items(collection: Collection, encoder: "DualEncoder", items: Sequence[It
         if other:  # before anything is written: an image's id never silently becomes a caption's (or back)
             it, old = other[0]
             more = f" (and {len(other) - 1} more ids)" if len(other) > 1 else ""
-            raise DuplicateIdError(f"id {it.id!r} already holds a stored {old.modality} item, not a {it.modality} "
-                                   f"one{more}: delete it first to replace it, or give the new item another id")
+            raise DuplicateIdError(f"id {it.id!r} already holds a stored {old.modality} item, not "
+                                   f"{'an image' if it.modality == 'image' else 'a text'} one{more}: delete it first "
+                                   "to replace it, or give the new item another id")
         for it in by_id.values():
             old = live.get(it.id)
             if old is not None and _same_content(old, it):

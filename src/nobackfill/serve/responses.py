@@ -160,6 +160,8 @@ class ImportResult(BaseModel):
     unchanged: int = Field(..., description="Already held with the same vector, source and metadata.")
     stored: int = Field(0, description="Vectors this import wrote; the rest of `added` had theirs stored already "
                                        "(new metadata or source, an interrupted import's, a deleted item's).")
+    replaced: int = Field(0, description="Of `added`: ids the collection held with another vector, replaced "
+                                         "(an id holding an item of the other modality is refused: 409).")
     seconds: float
     model_check: dict[str, Any] = Field(..., description="The model check's verdict, or {skipped: true}.")
     warnings: list[str] = Field(default_factory=list)
