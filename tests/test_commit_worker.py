@@ -259,3 +259,26 @@ def test_a_batch_is_six_columns_of_one_length(tmp_path):
             worker.submit("s", [["a", "b"], ["text"], ["a#00"], ["{}"], ["{}"], [0]])
     finally:
         worker.abort()
+
+
+def test_a_killed_worker_is_one_collection_error_not_a_pipe_traceback(tmp_path):
+    """Trial AH: the OOM killer's SIGKILL of the worker made the import print two tracebacks
+    (BrokenPipeError, then CommitWorkerError during its handling), exit 1. The error is the worker's
+    alone, a CollectionError: a command says it in one line."""
+    from nobackfill.catalog.items import CollectionError
+    from nobackfill.cli._common import user_errors
+
+    enc = HashEncoder(16, "a")
+    c = Collection.create(tmp_path / "c", space_id=enc.space_id, dim=16, model=OLD_REF)
+    worker = CommitWorker(c.path)
+    try:
+        worker._proc.kill()
+        worker._proc.wait()
+        with pytest.raises(CommitWorkerError, match=r"ended \(exit status -9\) after 0 of 0 batches") as got:
+            for _ in range(50):  # (the pipe's buffer takes the first frames)
+                worker.submit("s", [["a"] * 2000, ["text"] * 2000, ["a#00"] * 2000, ["{}"] * 2000, ["{}"] * 2000,
+                                    [0] * 2000])
+        assert isinstance(got.value, CollectionError) and isinstance(got.value, user_errors())
+        assert got.value.__context__ is None and got.value.__cause__ is None
+    finally:
+        worker.abort()

@@ -487,7 +487,8 @@ def import_source(target: "str | Path | Collection", source: "ImportSource", enc
             if apart is not None:
                 apart.abort()
             if isinstance(e, Exception) and e.args and isinstance(e.args[0], str):  # what stayed, and how to finish
-                e.args = (e.args[0] + source.committed_note(*stayed, where, unsure=apart is not None), *e.args[1:])
+                e.args = (e.args[0] + source.committed_note(*stayed, where, unsure=apart is not None,
+                                                            table=isinstance(e, ValueError)), *e.args[1:])
             raise
         record = {"from": source.describe(), "items": report.items, "added": total.added, "model_check": check,
                   "at": datetime.now(timezone.utc).isoformat(timespec="seconds")}

@@ -38,6 +38,8 @@ from typing import IO, Any, Sequence
 
 import orjson
 
+from ..catalog.items import CollectionError
+
 __all__ = ["CommitWorker", "CommitWorkerError"]
 
 _LEN = struct.Struct("<Q")
@@ -45,8 +47,10 @@ _LEN = struct.Struct("<Q")
 GROUP_ROWS = 262144
 
 
-class CommitWorkerError(RuntimeError):
-    """The worker refused a batch or died (the message says which, with its last words)."""
+class CommitWorkerError(CollectionError, RuntimeError):
+    """The worker refused a batch or died (the message says which, with its last words): a
+    collection error, which a command says in one line (trial AH: a killed worker gave two
+    tracebacks)."""
 
 
 def _write_frame(out: IO[bytes], obj: Any) -> None:
@@ -119,9 +123,12 @@ class CommitWorker:
             raise ValueError("a batch is six columns of one length: ids, modalities, keys, sources, metadata, rows")
         try:
             _write_frame(self._proc.stdin, {"space": space, "columns": columns})
+            gone = False
         except (BrokenPipeError, OSError):
-            self._take(block=True)  # the worker is gone: its last answer says why
-            raise self._died() from None
+            gone = True
+        if gone:  # (outside the except: its error is the worker's, not the pipe's)
+            self._take(block=True)  # its last answer says why, if it gave one
+            raise self._died()
         self._sent += 1
         done = self._take(block=False)
         while self._sent - self.committed >= self.max_pending:

@@ -288,11 +288,13 @@ class ImportSource:
                         raise err
                 m += len(chunk)
 
-    def committed_note(self, rows: int, items: int, where: str, *, unsure: bool = False) -> str:
+    def committed_note(self, rows: int, items: int, where: str, *, unsure: bool = False, table: bool = True) -> str:
         """What an import that failed says of what it had committed (``items`` items, up to row
-        ``rows`` of this source) and how to finish it."""
-        finish = "fix the table and run the same command again to finish the import (the committed rows are found " \
-                 "unchanged)"
+        ``rows`` of this source) and how to finish it (``table``: the source's rows were at fault,
+        else the catalog, the store or the process: trial AH read "fix the table" after a database
+        stopped)."""
+        finish = ("fix the table and run" if table else "run") + " the same command again to finish the import (the " \
+            "committed rows are found unchanged)"
         if not items:
             return (f"; any batch of {self._description} committed to {where} before this error stays there: {finish}"
                     if unsure else f" (nothing of {self._description} was committed to {where})")
