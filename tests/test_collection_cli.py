@@ -133,9 +133,10 @@ def test_backfill_progress_and_retire(coll):
     st = js("collection", "status", coll / "photos")
     assert st["backfill"]["fraction"] == 1.0
     r = invoke("collection", "retire", coll / "photos", "--space", old_sid)
-    assert r.exit_code == 0, r.output
+    assert r.exit_code == 0 and "retired; its vectors were dropped" in " ".join(r.output.split()), r.output
     r = invoke("collection", "status", coll / "photos")
-    assert r.exit_code == 0 and "retired" in next(line for line in r.output.splitlines() if old_sid in line)
+    assert r.exit_code == 0 and "retired: its vectors were dropped" in next(line for line in r.output.splitlines()
+                                                                         if old_sid in line)
     out = js("collection", "search", coll / "photos", "--text", "a red circle", "--k", 5)
     assert {h["route"] for h in out["hits"]} == {"native"}
 

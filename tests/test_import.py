@@ -479,3 +479,21 @@ def test_a_reimport_says_what_changed_and_what_it_found_stored(tmp_path):
     assert r.exit_code == 0, r.output
     out = run("f.npy")
     assert "added 2, already there 4" in out and "2 of the added with their vectors stored already" in out
+
+
+def test_the_index_hint_after_an_import_names_the_collection_as_given(tmp_path, monkeypatch):
+    """Trial AH: after an import past the exact-search size into ``DIR?catalog=postgresql://...``,
+    the hint said ``nobackfill collection index DIR``, which is not the collection. The hint names
+    what the command was given (here a relative path, as typed)."""
+    from nobackfill.ann.backends import AUTO_GRAPH_AT
+
+    monkeypatch.chdir(tmp_path)
+    n = AUTO_GRAPH_AT + 10
+    v = np.random.default_rng(0).standard_normal((n, 64)).astype(np.float32)
+    np.save("e.npy", v / np.linalg.norm(v, axis=1, keepdims=True))
+    Path("t.jsonl").write_text("".join(f'{{"id": "t{i}"}}\n' for i in range(n)))
+    r = runner.invoke(app, ["collection", "import", "rel/coll", "--model", str(ROOT / "models" / "world-old"),
+                            "--from", "npy:e.npy", "--table", "t.jsonl", "--id-column", "id", "--modality", "text",
+                            "--trust-model"], terminal_width=400)
+    assert r.exit_code == 0, r.output
+    assert "index is built by `nobackfill collection index rel/coll`" in " ".join(r.output.split()), r.output

@@ -304,3 +304,14 @@ def test_the_cli_adopts_a_milvus_collection_with_a_real_model(tmp_path):
     assert r.exit_code == 0, r.output
     assert "model check: these vectors match" in r.output and "adopted" in r.output and "6 item(s)" in r.output
     assert _fingerprint(client, theirs) == before
+
+
+def test_retiring_an_adopted_space_says_the_users_collection_is_kept():
+    """Trial AH: retiring the space of a Milvus collection adopted in place said "its vectors were
+    removed" / "dropped", while only its registration goes (import.md); said as it is."""
+    from nobackfill.cli._collection_print import retired_words
+
+    assert retired_words({"imports": [{"from": "milvus-lite:x#products", "in_place": True}]}) == \
+        "its registration was forgotten; the adopted Milvus collection is kept as it was"
+    assert retired_words({"imports": [{"from": "npy:e.npy"}]}) == retired_words({}) == "its vectors were dropped"
+

@@ -35,10 +35,13 @@ def print_import(client: Any, source: str, rep: Any) -> None:
     st = local.status() if local is not None else client.status()  # (the counts only: no backfill status)
     results.print(f"collection {st['path']}: {st['items']['image']} images, {st['items']['text']} texts"
           + (f"; {st['unsourced']} without a source (cannot be backfilled)" if st.get("unsourced") else ""))
+    from ..catalog.schema import redact
+
+    named = redact(str(getattr(client, "target", None) or st["path"]))  # as given (trial AH: a URI's bare folder)
     for m in (local.missing_graph_indexes() if local is not None else []):
         console.print(f"searchable now (exact search of the {m['count']:,} {m['modality']} vectors of space "
                       f"{escape(m['space'])}); their {m['graph']} index is built by `nobackfill collection index "
-                      f"{escape(st['path'])}`, or in the background by `nobackfill serve`")
+                      f"{escape(named)}`, or in the background by `nobackfill serve`")
 
 
 def print_indexes(rep: dict) -> None:
@@ -180,11 +183,20 @@ def index_line(info: dict, served: dict | None = None) -> str:
     return f"{backend}: " + ", ".join(parts)
 
 
+def retired_words(space: dict) -> str:
+    """What retiring ``space`` (its status entry) did to its vectors: dropped, or for a Milvus
+    collection adopted in place, its registration forgotten (the user's collection is kept as it
+    was: trial AH read "its vectors were dropped" there)."""
+    if any(imp.get("in_place") for imp in space.get("imports") or []):
+        return "its registration was forgotten; the adopted Milvus collection is kept as it was"
+    return "its vectors were dropped"
+
+
 def print_spaces(spaces: dict) -> None:
     for sid, s in spaces.items():
         results.print(f"  {'*' if s['current'] else ' '} {s['name']:<16} {sid}  images {s.get('image', 0)}, texts "
                   f"{s.get('text', 0)}  ({s['model']})"
-                  + ("  (retired: its vectors were dropped; no longer searched)" if s.get("retired") else ""))
+                  + (f"  (retired: {retired_words(s)}; no longer searched)" if s.get("retired") else ""))
         for imp in s.get("imports", []):
             mc = imp.get("model_check") or {}
             how = "model check skipped (--trust-model)" if mc.get("skipped") else \

@@ -18,7 +18,7 @@ from ._common import (console, emit_json, fail, langs_option, redact, report_ski
                       user_errors, warn_truncated)
 from ._collection_print import (interrupt_report, parse_filter, parse_fit_sample, print_backfill, print_backfill_run,
                                 print_fitted, print_import, print_indexes, print_routes, print_spaces, print_upgrade,
-                                upgraded_already)
+                                retired_words, upgraded_already)
 from .gallery import print_hits
 
 collection_app = typer.Typer(no_args_is_help=True, help="Collections: a gallery that keeps working across model "
@@ -486,6 +486,7 @@ def retire(
     if as_json:
         return _echo(res)
     dropped = res["dropped_unsourced"]
+    gone = "" if res.get("already") else retired_words(_client(name).status()["spaces"].get(res["retired"], {}))
     results.print(f"space {space} of {name} was retired already; nothing to do" if res.get("already") else
-                  f"space {space} of {name} retired; its vectors were removed"
+                  f"space {space} of {name} retired; {gone}"
                   + (f"; {dropped} item(s) without a source were deleted with it" if dropped else ""))
