@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import re
 import time
 from pathlib import Path
@@ -399,6 +400,9 @@ def test_a_missing_data_folder_is_not_found_in_both_clients(client, tmp_path):
         client.add(text_file=tmp_path / "nosuch.txt")
     with pytest.raises(InvalidRequest, match="a folder, not a text file"):
         client.add(text_file=tmp_path)
+    os.mkfifo(tmp_path / "fifo")  # (trial AH: a pipe was called "a folder")
+    with pytest.raises(InvalidRequest, match=r"fifo: not a regular file \(a pipe or a device\)"):
+        client.add(text_file=tmp_path / "fifo")
 
 
 def test_metadata_with_a_number_json_has_not_is_refused_alike(client, world):

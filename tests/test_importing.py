@@ -196,3 +196,16 @@ def test_the_joined_id_test_passes_only_ids_each_test_passes(ids):
     elif good:  # a good list it sends to the one-by-one test: spaces at an id's end, or a character
         # that is allowed but not printable
         assert any(i[:1] == " " or i[-1:] == " " or not i.isprintable() for i in ids)
+
+
+def test_a_table_line_that_is_not_json_is_named_with_its_column(tmp_path):
+    """One line naming the file, the line and the column (trial AH read "... character at at column 26")."""
+    from nobackfill.adopt.sources import open_source
+
+    np.save(tmp_path / "e.npy", np.eye(2, 8, dtype=np.float32))
+    (tmp_path / "t.jsonl").write_text('{"id": "a"}\n{"id": "b\u0001"}\n')
+    with pytest.raises(ValueError) as e:
+        src = open_source(f"npy:{tmp_path / 'e.npy'}", table=tmp_path / "t.jsonl", id_column="id", modality="text")
+        list(src.batches())
+    msg = str(e.value)
+    assert "t.jsonl row 2: invalid JSON (Invalid control character at column 10)" in msg and "at at" not in msg

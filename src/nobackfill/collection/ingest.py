@@ -253,8 +253,9 @@ def read_text_file(path: str | Path, *, limit: int | None = None, langs: Sequenc
     ``skip_bad`` is skipped, counted and named (``problems``)."""
     p = Path(path)
     if not p.is_file():  # (a missing one: NotFound, as a missing data folder is; trial AF)
-        if p.exists():
-            raise DataFormatError("a folder, not a text file (one text a line, or .jsonl)", p)
+        if p.exists():  # (a pipe or a device is no folder either: trial AH read "a folder" for /dev/stdin)
+            raise DataFormatError(("a folder, not a text file" if p.is_dir() else "not a regular file (a pipe or a "
+                                   "device): give a text file") + " (one text a line, or .jsonl)", p)
         raise MissingDataError("no such text file", p)
     jsonl = p.suffix == ".jsonl"
     wanted = set(langs) if langs else None

@@ -169,7 +169,8 @@ class _LineTable(_Table):
         try:
             obj = json.loads(line)
         except json.JSONDecodeError as e:
-            raise SourceError(f"invalid JSON ({e.msg} at column {e.colno})", self.path, row) from None
+            raise SourceError(f"invalid JSON ({e.msg.removesuffix(' at')} at column {e.colno})", self.path,
+                              row) from None
         if not isinstance(obj, dict):
             raise SourceError(f"each line must be a JSON object, got {type(obj).__name__}", self.path, row)
         return obj
