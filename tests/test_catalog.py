@@ -261,6 +261,11 @@ def test_a_milvus_uri_names_its_postgresql_catalog_by_its_fragment():
     assert parse_uri(f"milvus-lite:/d/m.db#x?catalog={pg}")[1]["catalog"] == f"{pg}#x"
     assert parse_uri(f"milvus://h:1#photos?catalog={pg}#shared")[1]["catalog"] == f"{pg}#shared"
     assert parse_uri(f"/data/c?catalog={pg}#c")[1]["catalog"] == f"{pg}#c"
+    # a folder named in the Milvus URIs' order (trial AH: a folder 'c#shop' and a collection 'default')
+    assert parse_uri(f"/data/c#shop?catalog={pg}")[1] == {"path": "/data/c", "catalog": f"{pg}#shop"}
+    assert parse_uri("/data/c#shop")[1] == {"path": "/data/c#shop"}  # no catalog: a folder's own name
+    with pytest.raises(ValueError, match="name the collection once"):
+        parse_uri(f"/data/c#shop?catalog={pg}#other")
     with pytest.raises(ValueError, match=r"milvus-lite database is a file whose name ends in \.db, got '/tmp/x'"):
         parse_uri("milvus-lite:/tmp/x#y")  # refused before pymilvus sees it (its own error is a traceback)
 

@@ -43,6 +43,13 @@ def parse_uri(uri: str | Path) -> tuple[str, dict[str, str]]:
     if "://" in s:
         raise ValueError(f"{s}: unknown storage URI scheme (use a local path, milvus-lite:PATH#NAME or "
                          "milvus://HOST:PORT[/DB]#NAME, optionally ?catalog=postgresql://...)")
+    if sep and "#" in s:  # DIR#NAME?catalog=URL, the order of the Milvus URIs (trial AH: a folder "DIR#NAME")
+        s, _, name = s.rpartition("#")
+        own = catalog.rpartition("#")[2] if "#" in catalog else None
+        if not s or not name or (own is not None and own != name):
+            raise ValueError(f"{uri}: name the collection once: DIR?catalog=postgresql://...#NAME (or DIR#NAME"
+                             "?catalog=postgresql://...)")
+        extra = _named(extra, name)
     return "local", {"path": s, **extra}
 
 
