@@ -89,7 +89,7 @@ def _payload(modality: str, source: dict[str, Any]) -> str:
 def _pages(client: Any, name: str, fields: list[str], batch_rows: int):
     """The user's rows, ``batch_rows`` at a time (only ``fields``: never the vectors). A released
     collection is loaded first, as its store does (milvus-lite forgets the load in each new process:
-    trial AG saw every fresh adoption with the model check end in pymilvus' traceback)."""
+    trial AH saw every fresh adoption with the model check end in pymilvus' traceback)."""
     from ..milvus.connection import _loaded
 
     it = _loaded(client, name, lambda: client.query_iterator(name, batch_size=int(batch_rows), filter="",
