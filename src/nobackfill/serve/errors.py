@@ -127,8 +127,22 @@ def _public(request: Request, text: str) -> str:
 
 
 # ----------------------------------------------------------------------------- the handlers
+def _shown(request: Request, status: int, detail: str) -> str:
+    """``detail`` as the request's key may read it: a 503 (a storage that did not answer) names the
+    catalog's or Milvus' host, port, database and user for an admin key only; a read key is told it
+    did not answer (trial AH: serve.md says responses name no storage URI). The log has it whole."""
+    if status == 503:
+        auth = request.headers.get("authorization", "")
+        token = auth[7:].strip() if auth[:7].lower() == "bearer " else None
+        if request.app.state.service.settings.keys.role_of(token) != "admin":
+            log.warning("storage unreachable (said to a client without its address): %s", detail)
+            return ("the collection's storage (its catalog database or vector server) does not answer: retry later "
+                    "(an admin key's answer, and the server's log, name it)")
+    return _public(request, detail)
+
+
 async def api_error(request: Request, exc: ApiError) -> JSONResponse:
-    return error_response(exc.status, _public(request, exc.detail), exc.field)
+    return error_response(exc.status, _shown(request, exc.status, exc.detail), exc.field)
 
 
 async def invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
@@ -169,7 +183,7 @@ def library_error(e: BaseException, field: str | None = None) -> ApiError | None
 async def unreachable(request: Request, exc: ConnectionError) -> JSONResponse:
     """A catalog or Milvus server that did not answer, wherever a route met it: 503, naming it."""
     err = library_error(exc) or ApiError(503, str(exc), None)
-    return error_response(err.status, _public(request, err.detail), err.field)
+    return error_response(err.status, _shown(request, err.status, err.detail), err.field)
 
 
 async def server_error(_request: Request, exc: Exception) -> JSONResponse:
