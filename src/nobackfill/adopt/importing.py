@@ -38,7 +38,7 @@ from ..catalog.items import JsonRows, id_problem, plain_ids, rows_json
 from .model_check import DEFAULT_SAMPLES, DEFAULT_THRESHOLD, check_model, sample_rows, skipped_check
 from ..gallery.chunks import CheckedIds
 from ..gallery.manifest import MODALITIES
-from ..gallery.types import DuplicateIdError, SpaceMismatchError
+from ..gallery.types import DuplicateIdError, SpaceMismatchError, other_modality_error
 from ..ann.vector_index import all_finite
 from .import_report import ImportReport
 
@@ -61,9 +61,10 @@ class VectorsReport:
     added: int = 0  # committed: new ids, new vectors under existing ids, or new sources / metadata
     unchanged: int = 0  # already held with the same vector, source and metadata
     stored: int = 0  # vectors written to the store (fewer when held already, e.g. stored by a killed run)
+    replaced: int = 0  # of the added: ids held with another vector (counted with ``check_held``)
 
     def merge(self, other: "VectorsReport") -> None:
-        for k in ("added", "unchanged", "stored"):
+        for k in ("added", "unchanged", "stored", "replaced"):
             setattr(self, k, getattr(self, k) + getattr(other, k))
 
     def to_dict(self) -> dict[str, int]:
@@ -103,7 +104,7 @@ def vector_rev(vectors: np.ndarray, prefix: str = "") -> list[str]:
 def add_vectors(collection: Collection, ids: Sequence[str], vectors: np.ndarray, *,
                 modality: str | Sequence[str], sources: Sequence[Mapping[str, Any]] | None = None,
                 metadata: Sequence[Mapping[str, Any]] | None = None, space_id: str | None = None,
-                where: str = "batch") -> VectorsReport:
+                where: str = "batch", check_held: bool = False) -> VectorsReport:
     """Add one batch of items with their precomputed vectors (of the collection's current model).
 
     ``modality``: one for the batch or one per row; ``sources``: per row, what the item can be
@@ -111,10 +112,11 @@ def add_vectors(collection: Collection, ids: Sequence[str], vectors: np.ndarray,
     is none: the item is searchable but cannot be backfilled); ``metadata``: per row, returned with
     hits and filterable. ``space_id`` (default: the current one) must be the current space.
     ``where`` names the batch in errors. Raises ``ValueError`` (nothing written) for a bad id, an id
-    given twice in the batch, lengths that differ, or vectors that are not finite ``(n, dim)``."""
+    given twice in the batch, lengths that differ, or vectors that are not finite ``(n, dim)``.
+    ``check_held``: count the ids held with another vector, refuse one holding the other modality."""
     staged = _stage_vectors(collection, ids, vectors, modality=modality, sources=sources, metadata=metadata,
-                            space_id=space_id, where=where)
-    report = VectorsReport(stored=staged.stored)
+                            space_id=space_id, where=where, check_held=check_held)
+    report = VectorsReport(stored=staged.stored, replaced=staged.replaced)
     rows = staged.rows()
     if rows:
         hint = {k: p for k, p in zip(staged.keys, staged.positions) if p is not None}
@@ -123,27 +125,16 @@ def add_vectors(collection: Collection, ids: Sequence[str], vectors: np.ndarray,
     return report
 
 
-def held_other_content(collection: Collection, ids: Sequence[str], vectors: np.ndarray,
-                       modality: str | Sequence[str], where: str) -> int:
-    """How many of ``ids`` the collection holds with another vector (what an import of these rows
-    replaces: counted, said); refused (``DuplicateIdError``, nothing of the batch written) where one
-    holds an item of the other modality, as ``add`` refuses it (trial AH: an import turned image
-    ``000005`` into a text and said "added 200, already there 0")."""
-    ids = list(ids)
+def _replaced(collection: Collection, ids: list[str], keys: Sequence[str], mods: list[str], where: str) -> int:
+    """How many of ``ids`` the collection holds under another key (another vector: what the batch
+    replaces, counted and said); an id holding an item of the other modality is refused, as ``add``
+    refuses it (trial AH: an import turned image ``000005`` into a text, "added 200, already there 0")."""
     old = collection.catalog.rows_by_id(ids)
-    if not old:
-        return 0
-    mods = [modality] * len(ids) if isinstance(modality, str) else list(modality)
     other = [j for j, i in enumerate(ids) if i in old and old[i].modality != mods[j]]
     if other:
         j = other[0]
-        more = f" (and {len(other) - 1} more ids)" if len(other) > 1 else ""
-        raise DuplicateIdError(f"{where}: row {j + 1}: id {ids[j]!r} already holds a stored {old[ids[j]].modality} "
-                               f"item, not {'an image' if mods[j] == 'image' else 'a text'} one{more}: delete it "
-                               "first to replace it, or give the new item another id")
-    held = [j for j, i in enumerate(ids) if i in old]
-    keys = vector_rev(np.ascontiguousarray(np.asarray(vectors)[held], np.float32), prefix="#")
-    return sum(old[ids[j]].key != ids[j] + k for j, k in zip(held, keys))
+        raise other_modality_error(ids[j], old[ids[j]].modality, mods[j], len(other) - 1, f"{where}: row {j + 1}")
+    return sum(i in old and old[i].key != k for i, k in zip(ids, keys))
 
 
 @dataclass
@@ -159,6 +150,7 @@ class _Staged:
     space: str
     positions: list[int | None]  # each row's row in the space's store (None: the store does not say)
     stored: int = 0  # vectors written (the others were held already)
+    replaced: int = 0  # ids held under another key (counted where asked: ``check_held``)
 
     def rows(self) -> list[tuple[str, str, str, str, str]]:
         """The rows :meth:`~nobackfill.collection.collection.Collection.commit_rows` takes."""
@@ -172,10 +164,11 @@ class _Staged:
 
 def _stage_vectors(collection: Collection, ids: Sequence[str], vectors: np.ndarray, *,
                    modality: str | Sequence[str], sources: Sequence[Mapping[str, Any]] | None,
-                   metadata: Sequence[Mapping[str, Any]] | None, space_id: str | None, where: str) -> _Staged:
+                   metadata: Sequence[Mapping[str, Any]] | None, space_id: str | None, where: str,
+                   check_held: bool = False) -> _Staged:
     """The checks of :func:`add_vectors`, then the batch's vectors stored: what is left to commit."""
     staged, v = _checked_batch(collection, ids, vectors, modality=modality, sources=sources, metadata=metadata,
-                               space_id=space_id, where=where)
+                               space_id=space_id, where=where, check_held=check_held)
     _store_batch(collection, staged, v)
     return staged
 
@@ -183,9 +176,9 @@ def _stage_vectors(collection: Collection, ids: Sequence[str], vectors: np.ndarr
 def _checked_batch(collection: Collection, ids: Sequence[str], vectors: np.ndarray, *,
                    modality: str | Sequence[str], sources: Sequence[Mapping[str, Any]] | None,
                    metadata: Sequence[Mapping[str, Any]] | None, space_id: str | None,
-                   where: str) -> tuple[_Staged, np.ndarray]:
+                   where: str, check_held: bool = False) -> tuple[_Staged, np.ndarray]:
     """The checks of :func:`add_vectors`, keys and JSON: the batch ready to store (its vectors as
-    checked float32 rows beside it), nothing written yet."""
+    checked float32 rows beside it), nothing written yet; ``check_held``: :func:`_replaced` too."""
     n = len(ids)
     current = collection.current_space
     if space_id is not None and space_id != current:
@@ -228,8 +221,9 @@ def _checked_batch(collection: Collection, ids: Sequence[str], vectors: np.ndarr
                 raise DuplicateIdError(f"{where}: id {i!r} is given twice (rows {seen[i] + 1} and {row + 1})")
     # distinct ids, each printable: their keys are distinct non-empty strings without NUL
     keys = CheckedIds(map(str.__add__, ids, vector_rev(v, prefix="#")))
+    replaced = _replaced(collection, ids, keys, mods, where) if check_held else 0
     try:
-        return _Staged(ids, mods, keys, rows_json(srcs), rows_json(metas), current, []), v
+        return _Staged(ids, mods, keys, rows_json(srcs), rows_json(metas), current, [], replaced=replaced), v
     except (TypeError, ValueError) as e:
         raise ValueError(f"{where}: sources and metadata must be JSON objects of JSON values: {e}") from None
 
@@ -460,17 +454,17 @@ def import_source(target: "str | Path | Collection", source: "ImportSource", enc
             for n, batch in enumerate(_prefetched(source.batches()), start=1):
                 at = f"{source.describe()} rows {batch.row0 + 1}-{batch.row_end}"
                 ends[n] = (batch.row_end, len(batch))
-                if held_items:
-                    report.replaced += held_other_content(c, batch.ids, batch.vectors, batch.modality, at)
                 if apart is None:
                     total.merge(add_vectors(c, batch.ids, batch.vectors, modality=batch.modality,
                                             sources=batch.sources, metadata=batch.metadata,
-                                            space_id=encoder.space_id, where=at))
+                                            space_id=encoder.space_id, where=at, check_held=held_items))
                     committed = [n]
                 else:
-                    committed = apart.put(*_checked_batch(c, batch.ids, batch.vectors, modality=batch.modality,
-                                                          sources=batch.sources, metadata=batch.metadata,
-                                                          space_id=encoder.space_id, where=at))
+                    staged, v = _checked_batch(c, batch.ids, batch.vectors, modality=batch.modality,
+                                               sources=batch.sources, metadata=batch.metadata,
+                                               space_id=encoder.space_id, where=at, check_held=held_items)
+                    total.replaced += staged.replaced
+                    committed = apart.put(staged, v)
                 report.items += len(batch)
                 advance(batch.row_end - done)
                 done = batch.row_end
@@ -494,7 +488,8 @@ def import_source(target: "str | Path | Collection", source: "ImportSource", enc
                   "at": datetime.now(timezone.utc).isoformat(timespec="seconds")}
         if total.added or not any(r.get("from") == record["from"] for r in c.plan.space(encoder.space_id).imports):
             c.set_plan(lambda p: p.with_import(encoder.space_id, record))  # (a run that changed nothing: no record)
-    report.added, report.unchanged, report.stored = total.added, total.unchanged, total.stored
+    report.added, report.unchanged, report.stored, report.replaced = total.added, total.unchanged, total.stored, \
+        total.replaced
     report.warnings = list(source.warnings)
     report.seconds = time.perf_counter() - t0
     return report

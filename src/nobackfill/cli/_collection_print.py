@@ -11,7 +11,7 @@ import typer
 from rich.markup import escape
 
 from .._interrupts import terminated
-from ._common import console, fail, results
+from ._common import console, fail, redact, results
 
 
 def print_import(client: Any, source: str, rep: Any) -> None:
@@ -35,8 +35,6 @@ def print_import(client: Any, source: str, rep: Any) -> None:
     st = local.status() if local is not None else client.status()  # (the counts only: no backfill status)
     results.print(f"collection {st['path']}: {st['items']['image']} images, {st['items']['text']} texts"
           + (f"; {st['unsourced']} without a source (cannot be backfilled)" if st.get("unsourced") else ""))
-    from ..catalog.schema import redact
-
     named = redact(str(getattr(client, "target", None) or st["path"]))  # as given (trial AH: a URI's bare folder)
     for m in (local.missing_graph_indexes() if local is not None else []):
         console.print(f"searchable now (exact search of the {m['count']:,} {m['modality']} vectors of space "

@@ -33,7 +33,7 @@ from ..progress import progress_bar
 from .collection import Collection, Item, vector_key
 from ..gallery.atomic_files import file_sha256
 from ..gallery.manifest import MODALITIES
-from ..gallery.types import DuplicateIdError, SpaceMismatchError
+from ..gallery.types import DuplicateIdError, SpaceMismatchError, other_modality_error
 
 if TYPE_CHECKING:  # importing the encoder module pulls in torch
     from ..encoders.base import DualEncoder
@@ -386,10 +386,7 @@ def add_items(collection: Collection, encoder: "DualEncoder", items: Sequence[It
         other = [(it, live[it.id]) for it in by_id.values() if it.id in live and live[it.id].modality != it.modality]
         if other:  # before anything is written: an image's id never silently becomes a caption's (or back)
             it, old = other[0]
-            more = f" (and {len(other) - 1} more ids)" if len(other) > 1 else ""
-            raise DuplicateIdError(f"id {it.id!r} already holds a stored {old.modality} item, not "
-                                   f"{'an image' if it.modality == 'image' else 'a text'} one{more}: delete it first "
-                                   "to replace it, or give the new item another id")
+            raise other_modality_error(it.id, old.modality, it.modality, len(other) - 1)
         for it in by_id.values():
             old = live.get(it.id)
             if old is not None and _same_content(old, it):

@@ -50,6 +50,16 @@ class DuplicateIdError(ValueError):
     """An id occurs twice in a batch, or is already in the gallery."""
 
 
+def other_modality_error(item_id: str, held: str, given: str, more: int = 0, where: str = "") -> DuplicateIdError:
+    """The refusal of an item whose id holds a stored item of the other modality (``held``, where
+    ``given`` came): an image's id never silently becomes a caption's, by ``add`` or ``import``;
+    ``more``: how many other ids of the batch do the same; ``where``: the batch and row, said first."""
+    return DuplicateIdError(f"{where + ': ' if where else ''}id {item_id!r} already holds a stored {held} item, not "
+                            f"{'an image' if given == 'image' else 'a text'} one"
+                            f"{f' (and {more} more ids)' if more else ''}: delete it first to replace it, or give "
+                            "the new item another id")
+
+
 @runtime_checkable
 class Bridge(Protocol):
     """Maps queries from space ``source`` into space ``target`` (e.g. a new model onto an old gallery)."""
