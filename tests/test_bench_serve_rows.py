@@ -95,14 +95,18 @@ def test_the_tower_is_timed_by_query_length_on_the_same_texts_cut_short():
     assert {n for _, n in seen} == set(QUERY_WORDS)  # the whole texts were not timed again
 
 
-def test_the_encoders_take_turns_on_the_same_batches():
-    """Timed call by call in turn, so a slow moment of the machine falls on every encoder alike."""
+def test_the_encoders_take_turns_block_by_block_on_the_same_batches():
+    """Timed in turns of a few calls, each after a pause and an untimed call (another runtime's
+    spinning threads park first), every encoder on the same batches."""
     from nobackfill.bench.serve_encoders import _ms_per_query
 
     calls = []
     encoders = {name: (lambda name: lambda b: calls.append((name, tuple(b))))(name) for name in ("a", "b")}
-    got = _ms_per_query(encoders, [f"t{i}" for i in range(7)], batch=3, seconds=0.0)
+    got = _ms_per_query(encoders, [f"t{i}" for i in range(7)], batch=3, seconds=0.0, block=2, settle=0.0)
     assert set(got) == {"a", "b"} and all(v >= 0 for v in got.values())
-    assert [c[0] for c in calls] == ["a", "b"] * (len(calls) // 2) and len(calls) >= 12
-    assert all(calls[i][1] == calls[i + 1][1] for i in range(0, len(calls), 2))  # the same batch, in turn
-    assert calls[2][1] == ("t0", "t1", "t2") and calls[4][1] == ("t3", "t4", "t5")
+    calls = calls[2:]  # the warm-ups
+    turn = 1 + 2  # the untimed call, then the block
+    assert [c[0] for c in calls] == (["a"] * turn + ["b"] * turn) * (len(calls) // (2 * turn)) and len(calls) >= 12
+    a, b = calls[:turn], calls[turn:2 * turn]
+    assert [c[1] for c in a] == [c[1] for c in b]  # the same batches, in turn
+    assert a[1][1] == ("t0", "t1", "t2") and a[2][1] == ("t3", "t4", "t5") and a[0][1] == a[1][1]

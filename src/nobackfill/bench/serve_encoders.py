@@ -38,21 +38,28 @@ def _b32_sized(tokenizer_from: Path, out: Path) -> Path:
 
 
 def _ms_per_query(encoders: dict[str, Callable[[list[str]], Any]], texts: Sequence[str], batch: int,
-                  seconds: float) -> dict[str, float]:
+                  seconds: float, block: int = 5, settle: float = 0.05) -> dict[str, float]:
     """Median milliseconds per query of each of ``encoders`` on batches of ``batch`` texts, over
-    ~``seconds``. The encoders take turns call by call on the same batch, so a slow moment of the
-    machine (another process) falls on all of them alike."""
+    ~``seconds``. The encoders take turns block by block (``block`` timed calls each, on the same
+    batches), so a slow moment of the machine falls on all of them alike; before its block each
+    encoder waits ``settle`` seconds and makes one untimed call, so the threads another runtime left
+    spinning (libgomp's and ONNX Runtime's wait busily after a call) have parked and do not take the
+    cores from the one being timed (on two cores, timing call by call in turn put torch's 2-thread
+    query at 59 ms against 35 ms alone)."""
     for encode in encoders.values():
         encode(list(texts[:batch]))  # warm-up
     times: dict[str, list[float]] = {name: [] for name in encoders}
     i, t_end = 0, time.perf_counter() + seconds
-    while time.perf_counter() < t_end or i < 5:
-        b = [texts[(i * batch + j) % len(texts)] for j in range(batch)]
+    while time.perf_counter() < t_end or i < 2 * block:
+        batches = [[texts[((i + k) * batch + j) % len(texts)] for j in range(batch)] for k in range(block)]
         for name, encode in encoders.items():
-            t0 = time.perf_counter()
-            encode(b)
-            times[name].append((time.perf_counter() - t0) * 1000 / batch)
-        i += 1
+            time.sleep(settle)
+            encode(batches[0])
+            for b in batches:
+                t0 = time.perf_counter()
+                encode(b)
+                times[name].append((time.perf_counter() - t0) * 1000 / batch)
+        i += block
     return {name: round(float(np.median(t)), 3) for name, t in times.items()}
 
 
