@@ -120,3 +120,47 @@ def test_a_signal_while_the_program_exits_ends_it_at_once_without_a_traceback(si
     r = subprocess.run([sys.executable, "-c", child], capture_output=True, text=True, timeout=120)
     assert r.returncode == code and r.stdout.splitlines()[-1] == "exiting", (r.returncode, r.stdout, r.stderr)
     assert "Traceback" not in r.stderr, r.stderr
+
+
+@pytest.mark.parametrize("name", ["[bold]demo", "p:thumbs_up:", "con:x", "a[/]b"])
+def test_names_print_as_written_not_as_markup_or_emoji(tmp_path, name, monkeypatch):
+    """Trial AI D6: `collection create '[bold]demo'` printed "collection demo", 'p:thumbs_up:' an emoji
+    (and '[/]' would raise rich's markup error): what a command prints names the collection as given,
+    on stdout and in its errors on stderr, while the messages' own colours stay."""
+    from pathlib import Path
+
+    from typer.testing import CliRunner
+
+    from nobackfill.cli import app
+
+    monkeypatch.chdir(tmp_path)
+    models = Path(__file__).resolve().parents[1] / "models"
+    r = CliRunner().invoke(app, ["collection", "create", name, "--model", str(models / "world-old")])
+    assert r.exit_code == 0 and f"collection {name}" in r.output and (tmp_path / name).is_dir(), r.output
+    r = CliRunner().invoke(app, ["collection", "status", name])
+    assert r.exit_code == 0 and f"collection {name}:" in r.output, r.output
+    r = CliRunner().invoke(app, ["collection", "create", name, "--model", str(models / "world-old")])
+    assert r.exit_code == 2 and name in r.output and "error:" in r.output, r.output
+
+
+def test_the_consoles_print_text_as_written_unless_told_markup(capsys):
+    from nobackfill.cli._common import console, results
+
+    results.print("[bold]x :thumbs_up: [/]")
+    console.print("[red]error:[/red] y", markup=True)
+    out, err = capsys.readouterr()
+    assert out.strip() == "[bold]x :thumbs_up: [/]" and err.strip() == "error: y"
+
+
+def test_a_worker_that_did_its_share_while_another_holds_the_rest_says_so(capsys):
+    """Trial AI D4: the process that committed half a 2-shard job said "none was left for this one"
+    and advised --shards M, which it had been given."""
+    busy = [{"pid": 7, "host": "vm", "shard": 0, "since": "T"}]
+    base = {"done": 1195, "total": 1200, "fraction": 0.996, "seconds": 36.5, "busy": busy, "shards": 2}
+    print_backfill_run("photos", {**base, "committed": 600}, None)
+    out = capsys.readouterr().out
+    assert "this process's share is done (600 committed in 36.5s" in out and "pid 7 on vm" in out
+    assert "none was left" not in out and "--shards M" not in out
+    print_backfill_run("photos", {**base, "committed": 0}, None)
+    out = capsys.readouterr().out
+    assert "none was left for this one" in out and "--shards M" in out

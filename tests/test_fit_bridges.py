@@ -39,9 +39,9 @@ def _backfilled(tmp_path, n_images: int = 120, limit: int | None = None):
 
 
 def test_pairs_are_the_items_in_both_spaces(tmp_path):
-    c, old, new, pool = _backfilled(tmp_path, n_images=40, limit=60)
+    c, old, new, pool = _backfilled(tmp_path, n_images=40, limit=70)  # (a first batch of 64: the merge's maps)
     pairs = backfilled_pairs(c, old.space_id)
-    assert sum(len(p.keys) for p in pairs.values()) == 60
+    assert sum(len(p.keys) for p in pairs.values()) == 70
     for p in pairs.values():
         assert p.new.shape[1] == 16 and p.old.shape[1] == 12 and len(p.keys) == len(p.new) == len(p.old)
 
@@ -192,8 +192,8 @@ def test_merge_maps_without_labels_never_replace_a_labelled_calibration(tmp_path
 
 
 def test_too_few_pairs_fit_nothing(tmp_path):
-    c, old, new, pool = _backfilled(tmp_path, n_images=20, limit=10)
-    rep = fit_collection_bridges(c, cfg=CFG, pool=pool)
+    c, old, new, pool = _backfilled(tmp_path, n_images=40, limit=10)  # (64 pairs: the first batch)
+    rep = fit_collection_bridges(c, cfg=dataclasses.replace(CFG, min_pairs=65), pool=pool)
     assert "skipped" in rep[old.space_id] and not [u for u in c.plan.upgrades if u.kind == "fitted"]
 
 
@@ -292,16 +292,24 @@ def test_cli_upgrade_without_a_bridge_backfills_fits_and_status_shows_it(tmp_pat
     old, new, _ = related_pair()
     pool = pool_with((OLD_REF, old), (NEW_REF, new))
     data = make_folder(tmp_path / "data", n_images=60, captions_per_image=2)
-    c = Collection.create(tmp_path / "c", space_id=old.space_id, dim=old.embed_dim, model=OLD_REF, name="old")
-    add_items(c, old, folder_items(data).items, progress=False)
+    c0, c = (Collection.create(tmp_path / n, space_id=old.space_id, dim=old.embed_dim, model=OLD_REF, name="old")
+             for n in ("c0", "c"))
+    for coll in (c0, c):
+        add_items(coll, old, folder_items(data).items, progress=False)
     monkeypatch.setattr(models, "ModelPool", lambda: pool)
     monkeypatch.setattr(fit_bridges, "FitBridgesConfig", lambda: CFG)
     cli = lambda *a: CliRunner().invoke(app, [str(x) for x in a])  # noqa: E731
-    r = cli("collection", "upgrade", c.path, "--model", NEW_REF)
+    r = cli("collection", "upgrade", c0.path, "--model", NEW_REF)
     assert r.exit_code == 0, r.output
     assert "fits bridges" in " ".join(r.output.split())
-    # where the first fit comes: here the default sample (at least 512 a modality) is the whole collection
+    # where the first fit comes: here the default sample (at least 512 a modality) is the whole collection,
+    # where a bridge would serve no query (trial AI D3): the command says how to fit one earlier
     assert "the first fit after its sample of 180 of 180 items (100%)" in " ".join(r.output.split())
+    assert "--fit-sample 0.05,64 fits the first one after 64 items" in " ".join(r.output.split())
+    r = cli("collection", "upgrade", c.path, "--model", NEW_REF, "--fit-sample", "0.1,40")
+    assert r.exit_code == 0 and "first fit after its sample of 80 of 180 items (44%)" in " ".join(r.output.split()), \
+        r.output
+    assert "--fit-sample 0.05,64" not in r.output
     # no step left to the user (trial AG: "uncalibrated defaults ... pass --calibrate DATA" read as one)
     assert "chosen without labels as the backfill goes" in " ".join(r.output.split()) and "pass --calibrate" not in r.output
     assert backfill_fit.fit_state(Collection.open(c.path)) is not None
@@ -309,7 +317,7 @@ def test_cli_upgrade_without_a_bridge_backfills_fits_and_status_shows_it(tmp_pat
     assert r.exit_code == 0, r.output
     r = cli("collection", "status", c.path)
     out = " ".join(r.output.split())
-    assert r.exit_code == 0 and "fitted bridge t2i" in out and "bridge fits at 180 pairs" in out, out
+    assert r.exit_code == 0 and "fitted bridge t2i" in out and re.search(r"bridge fits at \d+, 180 pairs", out), out
     assert "next at" not in out  # done: no more pairs will come
     assert re.search(r"held-out agreement \d\.\d{3} over \d+ held-out queries", out)  # what the score was on
     assert "(chosen without labels, with the fitted bridge)" in out and "routes chosen without labels" in out
@@ -420,8 +428,9 @@ def test_retiring_a_space_drops_the_bridges_fitted_into_it(tmp_path):
     from nobackfill.compat.fitted.stored import DOC_DIR
     from nobackfill.lifecycle.backfill import retire_space
 
-    c, old, new, pool = _backfilled(tmp_path, n_images=60)
+    c, old, new, pool = _backfilled(tmp_path, n_images=60, limit=150)  # (the old space serves 30 items)
     fit_collection_bridges(c, cfg=CFG, pool=pool)
+    run_backfill(c, new, order="random", batch_size=64)  # then the rest: the old space serves nothing
     sid = old.space_id
     stem = f"{DOC_DIR}/fitted-{sid}-"
     assert [u for u in c.plan.upgrades if u.kind == "fitted"] and c.catalog.list_docs(stem)
@@ -442,7 +451,7 @@ def test_a_space_is_not_retired_during_a_fit_and_a_fit_never_serves_a_retired_sp
     from nobackfill.lifecycle.backfill import BackfillError, retire_space
     from nobackfill.lifecycle.backfill_jobs import JOB_DIR
 
-    c, old, new, pool = _backfilled(tmp_path, n_images=60)
+    c, old, new, pool = _backfilled(tmp_path, n_images=60, limit=150)  # (the old space serves 30 items)
     sid = old.space_id
     plan = c.plan
     with c.catalog.lock(f"{JOB_DIR}/fit"):
@@ -675,8 +684,9 @@ def test_an_upgrade_waits_for_no_running_fit_and_the_last_models_bridges_serve_n
     from nobackfill.lifecycle.fit_bridges import fitted_bridges
     from nobackfill.lifecycle.plan_changes import UpgradeRefused
 
-    c, old, new, pool = _backfilled(tmp_path, n_images=60)
+    c, old, new, pool = _backfilled(tmp_path, n_images=60, limit=150)  # (the old space serves 30 items)
     fit_collection_bridges(c, cfg=CFG, pool=pool)
+    run_backfill(c, new, order="random", batch_size=64)  # then the rest: the old space serves nothing
     c = Collection.open(c.path)
     assert fitted_bridges(c.plan) and fitted_status(c.plan)
     newer = HashEncoder(20, "newer", name="newer")
@@ -720,3 +730,12 @@ def test_a_last_fit_cut_short_runs_at_the_next_start_of_the_done_backfill(tmp_pa
     st = backfill_fit.fit_state(c)
     assert rep["committed"] == 0 and calls[-1] == len(c.items()) and st["fits"][-1]["pairs"] == len(c.items())
     assert st["next"] is None and not backfill_fit.fit_summary(c)["next_at_end"]
+
+
+def test_an_old_space_that_serves_no_item_is_not_fitted_for(tmp_path):
+    """Trial AI D2: after a whole backfill (or in a chain, the space in between) an old space serves
+    nothing, yet each fit fitted bridges into it and status asked for `--queries` on its behalf."""
+    c, old, new, pool = _backfilled(tmp_path, n_images=40)
+    assert not sum(c.served_counts()["served"].get(old.space_id, {}).values())
+    assert fit_collection_bridges(c, cfg=CFG, pool=pool) == {}
+    assert not [u for u in c.plan.upgrades if u.kind == "fitted"]

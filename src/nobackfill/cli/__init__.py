@@ -78,7 +78,7 @@ class _Root(TyperGroup):
             else:
                 note = interrupt_note()
                 said = "interrupted" + (" (SIGTERM)" if by_sigterm else "") + (f": {note}" if note else "")
-            console.print(f"[yellow]{escape(said)}[/yellow]")
+            console.print(f"[yellow]{escape(said)}[/yellow]", markup=True)
             raise typer.Exit(code=143 if by_sigterm else 130) from None
         except (FileExistsError, IsADirectoryError, NotADirectoryError, PermissionError) as e:
             from ._common import fail

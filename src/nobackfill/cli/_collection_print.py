@@ -18,15 +18,15 @@ def print_import(client: Any, source: str, rep: Any) -> None:
     """What an import (a dict for Milvus in place) did, and the collection after it."""
     adopted = isinstance(rep, dict)
     for w in ([] if adopted else rep.warnings):
-        console.print(f"[yellow]warning:[/yellow] {escape(w)}")
+        console.print(f"[yellow]warning:[/yellow] {escape(w)}", markup=True)
     mc = rep["model_check"] if adopted else rep.model_check
-    results.print("model check: skipped (--trust-model)" if mc.get("skipped") else f"model check: {escape(mc['message'])}")
+    results.print("model check: skipped (--trust-model)" if mc.get("skipped") else f"model check: {mc['message']}")
     if adopted:
-        results.print(f"adopted {escape(source)} in place: {rep['items']} item(s), added {rep['added']}, already "
+        results.print(f"adopted {source} in place: {rep['items']} item(s), added {rep['added']}, already "
               f"there {rep['unchanged']}; its vectors were not copied and nobackfill never writes to it")
     else:
         found = rep.added - rep.stored if rep.stored is not None else 0
-        results.print(f"{rep.items} item(s) read from {escape(rep.source)}: added {rep.added}"
+        results.print(f"{rep.items} item(s) read from {rep.source}: added {rep.added}"
               + (f" (of them {rep.replaced} replacing other content under their ids)" if rep.replaced else "")
               + f", already there {rep.unchanged} in {rep.seconds:.1f}s ({rep.items_per_s:,.0f} items/s)"
               + (f"; {found} of the added with their vectors stored already (new metadata or source, an "
@@ -38,8 +38,8 @@ def print_import(client: Any, source: str, rep: Any) -> None:
     named = redact(str(getattr(client, "target", None) or st["path"]))  # as given (trial AH: a URI's bare folder)
     for m in (local.missing_graph_indexes() if local is not None else []):
         console.print(f"searchable now (exact search of the {m['count']:,} {m['modality']} vectors of space "
-                      f"{escape(m['space'])}); their {m['graph']} index is built by `nobackfill collection index "
-                      f"{escape(named)}`, or in the background by `nobackfill serve`")
+                      f"{m['space']}); their {m['graph']} index is built by `nobackfill collection index "
+                      f"{named}`, or in the background by `nobackfill serve`")
 
 
 def print_indexes(rep: dict) -> None:
@@ -49,7 +49,7 @@ def print_indexes(rep: dict) -> None:
                       "exactly, with none)")
     for m in rep["indexes"]:
         state = "building in the server" if m.get("building") else f"{m.get('in_use')} in use"
-        results.print(f"space {escape(m['space'])}: {m['count']:,} {m['modality']} vectors, {m['graph']} index: {state}")
+        results.print(f"space {m['space']}: {m['count']:,} {m['modality']} vectors, {m['graph']} index: {state}")
 
 
 @contextlib.contextmanager
@@ -83,7 +83,8 @@ def interrupt_report(client: Any, name: str, kind: str = "add") -> Iterator[None
             rerun = ("; the server finishes the request it was sent" if remote else "") + (
                 ". Run the same command again to finish: items already there are skipped, nothing is embedded or "
                 "imported twice." if kind == "add" else ".")
-        console.print(f"[yellow]interrupted{' (SIGTERM)' if by_sigterm else ''}:[/yellow] {escape(what)}" + rerun)
+        console.print(f"[yellow]interrupted{' (SIGTERM)' if by_sigterm else ''}:[/yellow] {escape(what)}" + escape(rerun),
+                      markup=True)
         raise typer.Exit(code=143 if by_sigterm else 130) from None
 
 
@@ -98,17 +99,20 @@ def print_routes(routes: dict) -> None:
             how = ("pinned" if r["pinned"] else "chosen without labels, with the bridge given" if given
                    else "chosen without labels, with the fitted bridge" if "fitted" in cal
                    else "calibrated" if r["calibrated"] else "default, uncalibrated")
-            results.print(escape(f"  space {sid} {d}: {r['route']}" + (f" w={r['w']}" if r["w"] is not None else "")
+            results.print((f"  space {sid} {d}: {r['route']}" + (f" w={r['w']}" if r["w"] is not None else "")
                              + f" ({how})" + (f"  {nums}" if nums else "")))
 
 
 def print_fitted(fitted: dict | None) -> None:
     """The bridges fitted from the backfill in service: family, pairs, held-out score, when."""
+    if fitted and fitted.get("maps_only") and not fitted.get("serving"):
+        results.print("  bridge fits: off (upgraded with --no-fit-bridge): the old spaces serve through the old model, "
+                      "merged with the moved items by score maps fitted from the backfilled pairs")
     if not fitted or not (fitted.get("enabled") or fitted.get("serving")):
         return
     for b in fitted.get("serving", []):
         on = f" over {b['heldout_queries']} held-out queries" if b.get("heldout_queries") else ""
-        results.print(escape(f"  fitted bridge {b['direction']} -> space {b['space']}: {b['family']} "
+        results.print((f"  fitted bridge {b['direction']} -> space {b['space']}: {b['family']} "
                              f"({b['candidate']}) on {b['pairs']} pairs, held-out agreement {b['heldout']:.3f}{on}, "
                              f"v{b['version']}, {b['fitted_at']}"))
     if not fitted.get("enabled") and not fitted.get("fits"):
@@ -116,20 +120,20 @@ def print_fitted(fitted: dict | None) -> None:
     nxt = fitted.get("next")
     done = ", ".join(str(f["pairs"]) for f in fitted.get("fits", []))
     then = ("; next at the end of the backfill" if fitted.get("next_at_end") else f"; next at {nxt} backfilled pairs")
-    results.print(escape("  bridge fits" + (f" at {done} pairs" if done else ": none yet")
+    results.print(("  bridge fits" + (f" at {done} pairs" if done else ": none yet")
                          + (then if nxt and fitted.get("enabled") else "")
                          + (f"; last error: {fitted['error']}" if fitted.get("error") else "")))
     if fitted.get("overdue"):
-        results.print(escape(f"  the fit due at {nxt} pairs has not run (the worker that was to fit it stopped): "
+        results.print((f"  the fit due at {nxt} pairs has not run (the worker that was to fit it stopped): "
                              "the next backfill commit fits"))
     if fitted.get("fitting"):
         f = fitted["fitting"]
         host, pid = (str(f.get("owner", "")).split(":") + ["?", "?"])[:2]
-        results.print(escape(f"  bridge fit running: on {f['pairs']} pairs since {f['since']} (pid {pid} on {host}); "
+        results.print((f"  bridge fit running: on {f['pairs']} pairs since {f['since']} (pid {pid} on {host}); "
                              "the serving bridges stay until it swaps a better one in"))
     last = (fitted.get("fits") or [{}])[-1]
     for key, why in sorted((last.get("skipped") or {}).items()):
-        results.print(escape(f"  no fitted bridge for {key.split('/')[-1]} -> space {key.split('/')[0]}: {why}"))
+        results.print((f"  no fitted bridge for {key.split('/')[-1]} -> space {key.split('/')[0]}: {why}"))
 
 
 def parse_fit_sample(text: Optional[str]) -> dict | None:
@@ -202,7 +206,7 @@ def print_spaces(spaces: dict) -> None:
             changed = imp.get("added", imp.get("items"))
             read = f"{imp.get('items')} item(s)" + \
                 (f" read, {changed} of them new or changed," if changed != imp.get("items") else "")
-            results.print(escape(f"      imported {read} from {imp.get('from')} at {imp.get('at')}; " + how))
+            results.print((f"      imported {read} from {imp.get('from')} at {imp.get('at')}; " + how))
         if s.get("index"):
             results.print("      index: " + index_line(s["index"], {"image": s.get("image", 0), "text": s.get("text", 0)}))
 
@@ -211,7 +215,7 @@ def print_backfill(bf: dict) -> None:
     per = ", ".join(f"{m} {v['done']}/{v['total']}" for m, v in bf["per_modality"].items())
     eta = f", ETA {bf['eta_s']:.0f}s at {bf['rate']:.1f} items/s" if bf.get("eta_s") else ""
     results.print(f"  backfill into the current space: {bf['done']}/{bf['total']} ({100 * bf['fraction']:.1f}%; {per})"
-              + escape(f" [{bf['state']}{', order ' + bf['order'] if bf.get('order') else ''}{eta}]"))
+              + (f" [{bf['state']}{', order ' + bf['order'] if bf.get('order') else ''}{eta}]"))
     if bf.get("no_source"):
         results.print(f"    no source: cannot be backfilled: {bf['no_source']} item(s) (imported without one; "
                   "searched in their space until it is retired)")
@@ -220,7 +224,7 @@ def print_backfill(bf: dict) -> None:
         results.print(f"    worker: pid {w['pid']} on {w['host']} ({ray}shard {w['shard']}, since {w['since']}, "
                       f"{w.get('rate', 0.0):.1f} items/s)")
     if bf.get("note"):
-        results.print(f"    [yellow]{escape(bf['note'])}[/yellow]")
+        results.print(f"    [yellow]{escape(bf['note'])}[/yellow]", markup=True)
 
 
 def print_backfill_run(name: str, st: dict, limit: Optional[int]) -> None:
@@ -235,11 +239,14 @@ def print_backfill_run(name: str, st: dict, limit: Optional[int]) -> None:
     if st.get("busy"):  # every unfinished shard is leased: say who works, not a silent "0 committed"
         who = "; ".join(f"pid {w['pid']} on {w['host']} (shard {w['shard']}, since {w['since']})" for w in st["busy"])
         n = st.get("shards") or len(st["busy"])
+        if st["committed"]:  # it did its share (trial AI D4: read as a refusal, with advice already followed)
+            results.print(f"{head}; this process's share is done ({done}); the rest is another process's: {who}. "
+                          "Follow it with `nobackfill collection status`.")
+            return
         results.print(f"{head}; another process is doing the work: {who}; each of the job's {n} shard(s) is taken, "
-                      "so none was left for this one" + (f" ({done} before that)" if st["committed"] else "")
-                      + ". Follow it with `nobackfill collection status`. (A job's shards are set by the run that "
-                      "started it, --shards, default its --workers: to share one among M machines, start it with "
-                      "--shards M.)")
+                      "so none was left for this one. Follow it with `nobackfill collection status`. (A job's "
+                      "shards are set by the run that started it, --shards, default its --workers: to share one "
+                      "among M machines, start it with --shards M.)")
         return
     if not st.get("committed") and st["done"] >= st["total"] and st.get("state") == "done":
         # nothing was left to do (trial V / X: "0/0 items (100.0%)", "3000/3000 ... 0 committed")
@@ -253,9 +260,9 @@ def print_backfill_run(name: str, st: dict, limit: Optional[int]) -> None:
         results.print(f"backfill of {name}: nothing to backfill; {why}")
         return
     stopped = {"limit": f"stopped at --limit {limit}; run again to go on"}.get(st.get("stopped"), st.get("stopped"))
-    results.print(f"{head}; {done}" + (f" ({escape(stopped)})" if stopped else ""))
+    results.print(f"{head}; {done}" + (f" ({stopped})" if stopped else ""))
     if st.get("unreadable") and st.get("note"):  # sources gone or corrupt: named, the rest went on
-        results.print(f"  [yellow]{escape(st['note'])}[/yellow]")
+        results.print(f"  [yellow]{escape(st['note'])}[/yellow]", markup=True)
 
 
 def print_upgrade(name: str, rep: Any, st: dict[str, Any], seconds: float, *, calibrated: bool, bridged: bool) -> None:
@@ -271,8 +278,16 @@ def print_upgrade(name: str, rep: Any, st: dict[str, Any], seconds: float, *, ca
                       "FRACTION,MIN,MAX sets the sample); until then "
                       + ("the bridge given serves (the fit tests its route too)" if bridged else
                          "the old-model route serves"))
+        if n >= total / 2:  # (trial AI D3: on a small collection the fit came when no query could use it)
+            results.print(f"  on a collection this small that is when {100 * n / total:.0f}% of the items are in the "
+                          "new space already, where a bridge serves only the rest: --fit-sample 0.05,64 fits the "
+                          "first one after 64 items of each modality")
     if calibrated:
         results.print(f"  merge: {rep.merge} (chosen on the calibration split)")
+    elif fits.get("maps_only"):  # (trial AI: --no-fit-bridge had left the merge raw)
+        results.print("  no bridge is fitted (--no-fit-bridge): the old-model route serves, and the merge's score maps "
+                      "are fitted without labels from the backfill's first backfilled items, then at each doubling "
+                      "(--calibrate DATA chooses routes and merge on labelled data instead)")
     elif fits.get("enabled"):  # (trial AG: "pass --calibrate" read as a step the no-bridge upgrade needs)
         results.print("  routes and merge are chosen without labels as the backfill goes: the merge's score maps "
                       "from its first backfilled items, the routes with each bridge fit (--calibrate DATA chooses "

@@ -25,7 +25,12 @@ T = TypeVar("T")
 class _Console(Console):
     """A rich console whose printed text never shows a catalog's password: every string printed has
     its ``postgresql://USER:PASSWORD@`` part shown as ``USER:***@`` (a command echoes the collection
-    URI it was given in many messages)."""
+    URI it was given in many messages). Text prints as written: no rich markup and no emoji codes
+    unless a call passes ``markup=True`` (its interpolated parts escaped), so a collection named
+    ``[bold]demo`` or ``p:thumbs_up:``, a path, a caption print whole (trial AI D6)."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**{"markup": False, "emoji": False, **kwargs})
 
     def print(self, *objects: Any, **kwargs: Any) -> None:  # type: ignore[override]
         super().print(*(redact(o) if isinstance(o, str) else o for o in objects), **kwargs)
@@ -67,7 +72,7 @@ def fail(msg: "str | BaseException") -> NoReturn:
         if status in (401, 403):  # a server's key: the command line reads it from the environment
             msg = msg.replace("(send Authorization: Bearer KEY)", "").rstrip() + \
                 ": the command line sends the key in NOBACKFILL_API_KEY" + (" (an admin key)" if status == 403 else "")
-    console.print(f"[red]error:[/red] {escape(in_flags(msg))}")
+    console.print(f"[red]error:[/red] {escape(in_flags(msg))}", markup=True)
     raise typer.Exit(code=2)
 
 
@@ -139,7 +144,7 @@ def report_skipped(count: int, images: Any = (), problems: Any = (), root: Optio
     path -> why, or paths) and the first ``limit`` skipped-line messages."""
     if not count:
         return
-    console.print(f"[yellow]skipped {count} bad line(s)/image(s)[/yellow]")
+    console.print(f"[yellow]skipped {count} bad line(s)/image(s)[/yellow]", markup=True)
     why = images if isinstance(images, dict) else dict.fromkeys(images, "")
     for path, reason in why.items():
         if root is not None and Path(path).is_absolute():
@@ -305,7 +310,8 @@ def warn_truncated(encoder, texts, where=None) -> int:
         longest = max(cut, key=lambda i: len(texts[i]))
         place = f" ({where[longest]})" if where else ""
         console.print(f"[yellow]warning: {len(cut)} caption(s) exceed the model's {encoder.max_length} tokens and are "
-                      f"embedded truncated; the longest has {len(texts[longest])} characters{place}[/yellow]")
+                      f"embedded truncated; the longest has {len(texts[longest])} characters{escape(place)}[/yellow]",
+                      markup=True)
     return len(cut)
 
 

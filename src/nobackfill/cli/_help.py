@@ -57,7 +57,7 @@ def usage_error(e) -> int:
 
     ctx = getattr(e, "ctx", None)
     hint = f" (see '{ctx.command_path} --help')" if ctx is not None and ctx.command.get_help_option(ctx) else ""
-    console.print(f"[red]error:[/red] {escape(e.format_message() + hint)}")
+    console.print(f"[red]error:[/red] {escape(e.format_message() + hint)}", markup=True)
     return e.exit_code
 
 

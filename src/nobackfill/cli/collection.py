@@ -12,7 +12,6 @@ from pathlib import Path
 from typing import Any, List, Optional
 
 import typer
-from rich.markup import escape
 
 from ._common import (console, emit_json, fail, langs_option, redact, report_skipped, results, skip_bad_hint,
                       user_errors, warn_truncated)
@@ -218,7 +217,9 @@ def upgrade(
                                                    "(unlike other commands' --langs, English unless named)."),
     fit_bridge: Optional[bool] = typer.Option(None, "--fit-bridge/--no-fit-bridge",
                                               help="Fit bridges from the backfill's own pairs: it starts with a "
-                                                   "sample of each modality (default: when no --bridge is given)."),
+                                                   "sample of each modality (default: when no --bridge is given). "
+                                                   "Off with no --bridge, the old-model route serves and the "
+                                                   "merge's score maps are still fitted from the pairs."),
     queries: Optional[Path] = typer.Option(None, help="Example search texts, no labels (one a line, or JSONL "
                                                       "{\"text\"}; at most 2,000 of 300 characters): the fitted "
                                                       "bridges for text queries are scored on them, the only text "
@@ -311,7 +312,8 @@ def status(
             basis = ""
         elif st.get("merge_without_labels"):
             basis = " (score maps fitted without labels, on the queries both models answer alike); routes " + \
-                    ("chosen without labels" if fitted_routes else "uncalibrated (no bridge fitted yet)")
+                    ("chosen without labels" if fitted_routes else "uncalibrated (bridge fits off)"
+                     if (st.get("fitted_bridges") or {}).get("maps_only") else "uncalibrated (no bridge fitted yet)")
         else:
             basis = " (uncalibrated default); routes " + ("chosen without labels (no labels calibrated them)"
                                                          if fitted_routes else "uncalibrated")
@@ -349,9 +351,9 @@ def get(
         fail(e)
     if as_json:
         return _echo(item)
-    results.print(escape(f"{item.id}: {item.modality}, served by space {item.space}"))
+    results.print((f"{item.id}: {item.modality}, served by space {item.space}"))
     for k, v in item.metadata.items():
-        results.print(escape(f"  {k}: {json.dumps(v, ensure_ascii=False)}"))
+        results.print((f"  {k}: {json.dumps(v, ensure_ascii=False)}"))
 
 
 @collection_app.command("route")

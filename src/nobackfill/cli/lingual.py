@@ -177,7 +177,7 @@ def _learn_and_save(learner, task_list, out: Path) -> None:
                 learner.learn(task, work, progress=True)
             except TrainingInterrupted as e:  # not the loop's "no checkpoint yet": these tasks never checkpoint
                 console.print(f"[yellow]interrupted at step {e.step} of {e.steps} (learning {task.lang}); nothing "
-                              f"was written: lingual learn does not checkpoint, a rerun starts afresh[/yellow]")
+                              f"was written: lingual learn does not checkpoint, a rerun starts afresh[/yellow]", markup=True)
                 raise typer.Exit(code=130) from None
         learner.save(work / ".saved")
         (work / ".saved").replace(out)

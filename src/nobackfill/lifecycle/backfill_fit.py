@@ -73,10 +73,14 @@ def fit_settings(fit_sample: Mapping[str, Any] | None = None, queries: Sequence[
 
 
 def enable_fit(collection: Collection, target: str, fit_sample: Mapping[str, Any] | None = None,
-               queries: Sequence[str] = ()) -> dict[str, Any]:
+               queries: Sequence[str] = (), bridges: bool = True) -> dict[str, Any]:
     """Record that the backfill into ``target`` fits bridges (sample first, then refits) with the
-    settings of :func:`fit_settings`."""
-    state = {"target": target, **fit_settings(fit_sample, queries), "next": None, "fits": []}
+    settings of :func:`fit_settings`; with ``bridges`` False (an upgrade without a bridge whose user
+    turned the fits off) only the merge's score maps, at each doubling of the pairs, in the backfill's
+    own order: the old space's items, served through the old model, are still merged on one scale
+    with the moved ones (on raw scores a new user measured Multi30K R@1 0.472 -> 0.344 half-way)."""
+    state = {"target": target, **fit_settings(fit_sample, queries), "next": None, "fits": [],
+             **({} if bridges else {"bridges": False})}
     _write(collection, FIT_FILE, state)
     return state
 
@@ -142,7 +146,9 @@ def fit_summary(collection: Collection) -> dict[str, Any]:
                             and served < total),
             "next_at_end": nxt is not None and nxt >= total,  # a doubling past the collection: the end's fit
             "merge_maps_said": (st.get("merge_maps") or {}).get("said", []),  # (the fits': in "fits")
-            "enabled": bool(st) and bool(plan.old_spaces()),  # (nothing is fitted once the old spaces are retired)
+            # (nothing is fitted once the old spaces are retired)
+            "enabled": bool(st) and st.get("bridges", True) and bool(plan.old_spaces()),
+            "maps_only": bool(st) and st.get("bridges") is False and bool(plan.old_spaces()),
             **({"error": st["error"]} if st.get("error") else {})}
 
 
@@ -168,7 +174,7 @@ def sample_first(collection: Collection, pending: Sequence[Any], ids: list[str],
     front, when the upgrade fits bridges (the uncertainty order puts it at the head of the sample it
     measures); returns the order and the sample's size, the first fit's threshold (0: no fitting)."""
     st = fit_state(collection)
-    if st is None:
+    if st is None or st.get("bridges") is False:
         return ids, 0
     from .fit_bridges import scene_of
 
@@ -264,6 +270,10 @@ def maybe_fit(collection: Collection, *, final: bool | None = False, pool: Any =
     backfill job is done) and pairs came since the last fit; the report, or None. Once the backfill
     is done and fitted on every pair, no threshold is left (``next`` None: status announces none)."""
     st = fit_state(collection)
+    if st is not None and st.get("bridges") is False:  # the merge's maps alone, at each doubling
+        if _served_count(collection, st["target"]) >= int(st.get("merge_next") or MERGE_FIRST):
+            _fit_merge(collection, _served_count(collection, st["target"]), log)
+        return None
     if st is None or st.get("next") is None:
         return None
     if final is None:

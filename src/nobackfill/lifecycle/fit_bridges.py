@@ -272,18 +272,17 @@ def fit_collection_bridges(collection: Collection, *, cfg: FitBridgesConfig | No
     (``scored``: the held-out queries and gallery items the choice was scored on)."""
     cfg = cfg or FitBridgesConfig()
     say = log or (lambda _m: None)
-    plan = collection.plan
-    pool = pool or ModelPool()
+    plan, pool = collection.plan, pool or ModelPool()
     cache = collection_cache(collection)
-    planner = RoutePlanner(plan, pool)
-    users = users_planner(plan, pool)
+    planner, users = RoutePlanner(plan, pool), users_planner(plan, pool)
     serving = fitted_bridges(plan)
+    served = collection.served_counts()["served"]  # a space that serves nothing needs no bridge (trial AI D2)
     report: dict[str, Any] = {}
     changes: list[tuple[UpgradeRecord, str, dict[str, Any], dict[str, Any]]] = []
     rerouted: list[tuple[UpgradeRecord, dict[str, Any]]] = []  # a serving bridge kept, its route chosen again
     rerouted_given: list[tuple[str, str, dict[str, Any]]] = []  # likewise the user's registered bridge
     merge_maps: dict[tuple[str, str], dict[str, Any] | None] = {}  # the merge's maps without labels (_merge_maps)
-    for space in plan.old_spaces():
+    for space in (s for s in plan.old_spaces() if sum(served.get(s.space_id, {}).values())):
         sid = space.space_id
         pairs = backfilled_pairs(collection, sid, plan)
         if not pairs or max(len(p.keys) for p in pairs.values()) < cfg.min_pairs:

@@ -139,6 +139,8 @@ def upgrade_collection(collection: Collection, model: str | Path, *, bridges: Se
             enable_fit(collection, sid, fit_sample, queries)
             say(("" if bridges else "no bridge given: ") + "the backfill starts with a sample of each modality and "
                 "fits bridges from it")
+        elif not bridges and not calibration:  # the old-model route serves: its merge's maps still fitted
+            enable_fit(collection, sid, bridges=False)
     return committed
 
 

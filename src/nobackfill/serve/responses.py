@@ -144,7 +144,8 @@ class Status(_Open):
     catalog: Optional[str] = Field(None, description="Where the catalog is kept: sqlite | postgresql.")
     fitted_bridges: dict[str, Any] = Field(default_factory=dict, description=(
         "An upgrade without a bridge: the bridges fitted from the backfill's own pairs (serving, fits, next, "
-        "items, enabled; fitting: {pairs, owner, since} while a fit runs; error when a fit failed)."))
+        "items, enabled; maps_only: fit_bridges was off, only the merge's score maps are fitted; fitting: "
+        "{pairs, owner, since} while a fit runs; error when a fit failed)."))
     merge_without_labels: bool = Field(False, description="The merge's score maps were fitted without labels, by "
                                                           "the fits of an upgrade without a bridge (on the queries "
                                                           "where the old and the new model agree).")

@@ -242,7 +242,9 @@ class UpgradeRequest(BaseModel):
     calibrate_langs: str = Field("en", max_length=255, pattern=r"^[a-z]{2,3}(,[a-z]{2,3})*$",
                                  description="Caption languages of the calibration data, comma-separated.")
     fit_bridges: Optional[bool] = Field(None, description="Fit bridges from the backfill's own pairs (default: "
-                                                          "when no bridge is given).")
+                                                          "when no bridge is given). False with no bridge: the "
+                                                          "old-model route serves, and the merge's score maps are "
+                                                          "still fitted from the pairs.")
     queries: list[Annotated[str, Field(max_length=300)]] = Field(
         default_factory=list, max_length=2000, description="Example search texts (no labels, at most 300 "
                                                            "characters each; blank ones and repeats are left out) "
