@@ -731,11 +731,3 @@ def test_a_last_fit_cut_short_runs_at_the_next_start_of_the_done_backfill(tmp_pa
     assert rep["committed"] == 0 and calls[-1] == len(c.items()) and st["fits"][-1]["pairs"] == len(c.items())
     assert st["next"] is None and not backfill_fit.fit_summary(c)["next_at_end"]
 
-
-def test_an_old_space_that_serves_no_item_is_not_fitted_for(tmp_path):
-    """Trial AI D2: after a whole backfill (or in a chain, the space in between) an old space serves
-    nothing, yet each fit fitted bridges into it and status asked for `--queries` on its behalf."""
-    c, old, new, pool = _backfilled(tmp_path, n_images=40)
-    assert not sum(c.served_counts()["served"].get(old.space_id, {}).values())
-    assert fit_collection_bridges(c, cfg=CFG, pool=pool) == {}
-    assert not [u for u in c.plan.upgrades if u.kind == "fitted"]

@@ -276,13 +276,12 @@ def fit_collection_bridges(collection: Collection, *, cfg: FitBridgesConfig | No
     cache = collection_cache(collection)
     planner, users = RoutePlanner(plan, pool), users_planner(plan, pool)
     serving = fitted_bridges(plan)
-    served = collection.served_counts()["served"]  # a space that serves nothing needs no bridge (trial AI D2)
     report: dict[str, Any] = {}
     changes: list[tuple[UpgradeRecord, str, dict[str, Any], dict[str, Any]]] = []
     rerouted: list[tuple[UpgradeRecord, dict[str, Any]]] = []  # a serving bridge kept, its route chosen again
     rerouted_given: list[tuple[str, str, dict[str, Any]]] = []  # likewise the user's registered bridge
     merge_maps: dict[tuple[str, str], dict[str, Any] | None] = {}  # the merge's maps without labels (_merge_maps)
-    for space in (s for s in plan.old_spaces() if sum(served.get(s.space_id, {}).values())):
+    for space in plan.old_spaces():
         sid = space.space_id
         pairs = backfilled_pairs(collection, sid, plan)
         if not pairs or max(len(p.keys) for p in pairs.values()) < cfg.min_pairs:
