@@ -164,3 +164,15 @@ def test_a_worker_that_did_its_share_while_another_holds_the_rest_says_so(capsys
     print_backfill_run("photos", {**base, "committed": 0}, None)
     out = capsys.readouterr().out
     assert "none was left for this one" in out and "--shards M" in out
+
+
+def test_status_names_a_skipped_direction_only_for_a_space_that_serves_items(capsys):
+    """Trial AI D2: status asked for `--queries` ("no captions to hold out") for a space in between
+    that held no item any more."""
+    from nobackfill.cli._collection_print import print_fitted
+
+    fitted = {"enabled": True, "fits": [{"pairs": 64, "skipped": {"empty/t2i": "no captions to hold out",
+                                                                   "full/t2i": "too few pairs"}}], "next": 128}
+    print_fitted(fitted, {"empty": {"image": 0, "text": 0}, "full": {"image": 3, "text": 0}})
+    out = capsys.readouterr().out
+    assert "-> space full: too few pairs" in out and "space empty" not in out

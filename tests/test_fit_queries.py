@@ -127,16 +127,19 @@ def test_cli_upgrade_reads_queries_and_status_says_why_without(tmp_path, monkeyp
     assert r.exit_code == 0, r.output
     assert backfill_fit.fit_state(Collection.open(c.path))["queries"] == QUERIES[:5]
     (tmp_path / "bad.jsonl").write_text('{"txt": "x"}\n')
-    c2, *_ = _images_only(tmp_path / "second", n=40)
+    c2, *_ = _images_only(tmp_path / "second", n=150)
     r = cli("collection", "upgrade", c2.path, "--model", NEW_REF, "--queries", tmp_path / "bad.jsonl")
     assert r.exit_code == 2 and "bad.jsonl" in r.output and "line 1" in r.output
     assert Collection.open(c2.path).plan.current == old.space_id  # refused before anything changed
-    r = cli("collection", "upgrade", c2.path, "--model", NEW_REF)
+    r = cli("collection", "upgrade", c2.path, "--model", NEW_REF, "--fit-sample", "0.5,16")
     assert r.exit_code == 0, r.output
-    run_backfill(Collection.open(c2.path), new, order="sequential", batch_size=32)
+    run_backfill(Collection.open(c2.path), new, order="sequential", batch_size=32, limit=100)  # 50 left old
     r = cli("collection", "status", c2.path)
     out = " ".join(r.output.split())
     assert r.exit_code == 0 and "no fitted bridge for t2i" in out and "--queries FILE" in out, out
+    run_backfill(Collection.open(c2.path), new, order="sequential", batch_size=32)  # the rest: the old space is empty
+    out = " ".join(cli("collection", "status", c2.path).output.split())
+    assert "no fitted bridge for t2i" not in out, out  # (trial AI D2: advice for a space that serves nothing)
 
 
 def test_http_upgrade_takes_queries_and_names_the_field_when_refused(tmp_path):

@@ -29,8 +29,9 @@ def progress_bar(enabled: bool, label: str, total: int | None, unit: str | None 
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
     extra = [TextColumn(f"{{task.fields[rate]}} {unit}/s")] if unit else []
-    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), *extra,
-                  TimeRemainingColumn(), transient=False, console=Console(stderr=True)) as p:
+    # the label as written (it may name a collection or a file: "[bold]x" is not markup here)
+    with Progress(TextColumn("{task.description}", markup=False), BarColumn(), MofNCompleteColumn(), *extra,
+                  TimeRemainingColumn(), transient=False, console=Console(stderr=True, emoji=False)) as p:
         task = p.add_task(label, total=total, rate="-")
 
         def advance(n: int = 1) -> None:

@@ -103,8 +103,10 @@ def print_routes(routes: dict) -> None:
                              + f" ({how})" + (f"  {nums}" if nums else "")))
 
 
-def print_fitted(fitted: dict | None) -> None:
-    """The bridges fitted from the backfill in service: family, pairs, held-out score, when."""
+def print_fitted(fitted: dict | None, spaces: dict | None = None) -> None:
+    """The bridges fitted from the backfill in service: family, pairs, held-out score, when. A
+    direction the last fit skipped is named only for a space of ``spaces`` (status's) that still
+    serves items (trial AI D2: status asked for `--queries` for a space holding none)."""
     if fitted and fitted.get("maps_only") and not fitted.get("serving"):
         results.print("  bridge fits: off (upgraded with --no-fit-bridge): the old spaces serve through the old model, "
                       "merged with the moved items by score maps fitted from the backfilled pairs")
@@ -132,7 +134,10 @@ def print_fitted(fitted: dict | None) -> None:
         results.print((f"  bridge fit running: on {f['pairs']} pairs since {f['since']} (pid {pid} on {host}); "
                              "the serving bridges stay until it swaps a better one in"))
     last = (fitted.get("fits") or [{}])[-1]
+    empty = {sid for sid, sp in (spaces or {}).items() if not sp.get("image", 0) and not sp.get("text", 0)}
     for key, why in sorted((last.get("skipped") or {}).items()):
+        if key.split("/")[0] in empty:
+            continue
         results.print((f"  no fitted bridge for {key.split('/')[-1]} -> space {key.split('/')[0]}: {why}"))
 
 

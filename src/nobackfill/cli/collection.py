@@ -318,7 +318,7 @@ def status(
             basis = " (uncalibrated default); routes " + ("chosen without labels (no labels calibrated them)"
                                                          if fitted_routes else "uncalibrated")
         results.print(f"  merge: {st['merge']}{basis}")
-    print_fitted(st.get("fitted_bridges"))
+    print_fitted(st.get("fitted_bridges"), st["spaces"])
     print_backfill(st["backfill"])
 
 
