@@ -99,8 +99,8 @@ def print_routes(routes: dict) -> None:
             how = ("pinned" if r["pinned"] else "chosen without labels, with the bridge given" if given
                    else "chosen without labels, with the fitted bridge" if "fitted" in cal
                    else "calibrated" if r["calibrated"] else "default, uncalibrated")
-            results.print((f"  space {sid} {d}: {r['route']}" + (f" w={r['w']}" if r["w"] is not None else "")
-                             + f" ({how})" + (f"  {nums}" if nums else "")))
+            results.print(f"  space {sid} {d}: {r['route']}" + (f" w={r['w']}" if r["w"] is not None else "")
+                             + f" ({how})" + (f"  {nums}" if nums else ""))
 
 
 def print_fitted(fitted: dict | None, spaces: dict | None = None) -> None:
@@ -114,31 +114,31 @@ def print_fitted(fitted: dict | None, spaces: dict | None = None) -> None:
         return
     for b in fitted.get("serving", []):
         on = f" over {b['heldout_queries']} held-out queries" if b.get("heldout_queries") else ""
-        results.print((f"  fitted bridge {b['direction']} -> space {b['space']}: {b['family']} "
+        results.print(f"  fitted bridge {b['direction']} -> space {b['space']}: {b['family']} "
                              f"({b['candidate']}) on {b['pairs']} pairs, held-out agreement {b['heldout']:.3f}{on}, "
-                             f"v{b['version']}, {b['fitted_at']}"))
+                             f"v{b['version']}, {b['fitted_at']}")
     if not fitted.get("enabled") and not fitted.get("fits"):
         return
     nxt = fitted.get("next")
     done = ", ".join(str(f["pairs"]) for f in fitted.get("fits", []))
     then = ("; next at the end of the backfill" if fitted.get("next_at_end") else f"; next at {nxt} backfilled pairs")
-    results.print(("  bridge fits" + (f" at {done} pairs" if done else ": none yet")
+    results.print("  bridge fits" + (f" at {done} pairs" if done else ": none yet")
                          + (then if nxt and fitted.get("enabled") else "")
-                         + (f"; last error: {fitted['error']}" if fitted.get("error") else "")))
+                         + (f"; last error: {fitted['error']}" if fitted.get("error") else ""))
     if fitted.get("overdue"):
-        results.print((f"  the fit due at {nxt} pairs has not run (the worker that was to fit it stopped): "
-                             "the next backfill commit fits"))
+        results.print(f"  the fit due at {nxt} pairs has not run (the worker that was to fit it stopped): "
+                             "the next backfill commit fits")
     if fitted.get("fitting"):
         f = fitted["fitting"]
         host, pid = (str(f.get("owner", "")).split(":") + ["?", "?"])[:2]
-        results.print((f"  bridge fit running: on {f['pairs']} pairs since {f['since']} (pid {pid} on {host}); "
-                             "the serving bridges stay until it swaps a better one in"))
+        results.print(f"  bridge fit running: on {f['pairs']} pairs since {f['since']} (pid {pid} on {host}); "
+                             "the serving bridges stay until it swaps a better one in")
     last = (fitted.get("fits") or [{}])[-1]
     empty = {sid for sid, sp in (spaces or {}).items() if not sp.get("image", 0) and not sp.get("text", 0)}
     for key, why in sorted((last.get("skipped") or {}).items()):
         if key.split("/")[0] in empty:
             continue
-        results.print((f"  no fitted bridge for {key.split('/')[-1]} -> space {key.split('/')[0]}: {why}"))
+        results.print(f"  no fitted bridge for {key.split('/')[-1]} -> space {key.split('/')[0]}: {why}")
 
 
 def parse_fit_sample(text: Optional[str]) -> dict | None:
@@ -211,7 +211,7 @@ def print_spaces(spaces: dict) -> None:
             changed = imp.get("added", imp.get("items"))
             read = f"{imp.get('items')} item(s)" + \
                 (f" read, {changed} of them new or changed," if changed != imp.get("items") else "")
-            results.print((f"      imported {read} from {imp.get('from')} at {imp.get('at')}; " + how))
+            results.print(f"      imported {read} from {imp.get('from')} at {imp.get('at')}; " + how)
         if s.get("index"):
             results.print("      index: " + index_line(s["index"], {"image": s.get("image", 0), "text": s.get("text", 0)}))
 

@@ -351,9 +351,9 @@ def get(
         fail(e)
     if as_json:
         return _echo(item)
-    results.print((f"{item.id}: {item.modality}, served by space {item.space}"))
+    results.print(f"{item.id}: {item.modality}, served by space {item.space}")
     for k, v in item.metadata.items():
-        results.print((f"  {k}: {json.dumps(v, ensure_ascii=False)}"))
+        results.print(f"  {k}: {json.dumps(v, ensure_ascii=False)}")
 
 
 @collection_app.command("route")

@@ -271,8 +271,9 @@ def maybe_fit(collection: Collection, *, final: bool | None = False, pool: Any =
     is done and fitted on every pair, no threshold is left (``next`` None: status announces none)."""
     st = fit_state(collection)
     if st is not None and st.get("bridges") is False:  # the merge's maps alone, at each doubling
-        if _served_count(collection, st["target"]) >= int(st.get("merge_next") or MERGE_FIRST):
-            _fit_merge(collection, _served_count(collection, st["target"]), log)
+        n = _served_count(collection, st["target"])
+        if n >= int(st.get("merge_next") or MERGE_FIRST):
+            _fit_merge(collection, n, log)
         return None
     if st is None or st.get("next") is None:
         return None
