@@ -50,7 +50,10 @@ def test_the_worker_processes_of_a_killed_backfill_command_stop_and_hand_their_s
     ok("collection", "upgrade", path, "--model", MODELS / "world-new", "--no-fit-bridge")
     cmd = [sys.executable, "-c", "from nobackfill.cli import app; app()", "collection", "backfill", str(path),
            "--workers", "2", "--rate", "2", "--batch-size", "1", "--order", "sequential"]
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    tmp = tmp_path / "tmp"  # the command's temporary files: the worker's report folder must not be left there
+    tmp.mkdir()
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+                            env={**os.environ, "TMPDIR": str(tmp)})
     try:
         # both workers hold a shard: the command's own and the process it started
         st = _wait(lambda: (s := backfill_status(Collection.open(path)))["workers"] == 2 and s, 120)
@@ -71,6 +74,7 @@ def test_the_worker_processes_of_a_killed_backfill_command_stop_and_hand_their_s
     assert st["workers"] == 0 and st["state"] != "done", st
     assert st["last_worker"]["pid"] == child[0] and st["last_worker"]["stopped"] == PARENT_GONE, st
     assert st["done"] >= done_before and not Collection.open(path).verify()
+    assert not list(tmp.glob("nobackfill-workers-*")), list(tmp.rglob("*"))
     # a later run finishes the job
     ok("collection", "backfill", path, "--workers", "2")
     assert backfill_status(Collection.open(path))["state"] == "done"

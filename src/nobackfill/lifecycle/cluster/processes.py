@@ -121,6 +121,13 @@ def _worker_main(run_worker: Callable[..., Any], path: str, model: str, kwargs: 
         say(f"stopped: {e}" + ("" if "run the same command again" in str(e) else
                                  " (what was committed stays: run the same command again to go on)"))
         raise SystemExit(1) from None
+    if stop() == PARENT_GONE:  # no one left to read the report: the folder goes (a killed command left one in /tmp)
+        for left in (Path(report), _log_file(Path(report)), _cause_file(Path(report))):
+            with contextlib.suppress(OSError):
+                left.unlink()
+        with contextlib.suppress(OSError):
+            Path(report).parent.rmdir()
+        return
     Path(report).write_text(json.dumps(rep.as_dict()))
 
 
