@@ -69,6 +69,10 @@ def test_the_tables_name_every_row():
     assert "| ONNX Runtime fp32, CLIP text graph, idle threads spinning (as torch's) | 2 | 1.2 | 0.4 | 5.00x |" in md
     assert "| whole texts | 2 | - | 30.0 | 6.0 | 2.0 | 1.5 | 2.00x | 2.0 (3.00x) | 1.5 |" in md
     assert "spinning (as torch's) | 1 |" not in md
+    floor = {**speed, "by_threads": {"1": {**row, "onnx_fp32_products_only": {"batch_1_ms_per_query": 1.0,
+                                                                              "batch_32_ms_per_query": 0.3}}}}
+    md = encoders_markdown({"speed": floor, "int8_recall": recall})
+    assert "| ONNX Runtime fp32, the weight products alone (a floor for any fp32 graph) | 1 | 1.0 | 0.3 | 3.00x | - |" in md
     old = encoders_markdown({"speed": {k: v for k, v in speed.items() if k not in ("graph", "max_abs_diff_fp32_traced")},
                              "int8_recall": recall})  # a result written before the traced row: no such row
     assert "| ONNX Runtime fp32, traced graph | 1 | 1.5 | 0.5 | 2.00x | 1.0e-07 |" in old and "| ONNX Runtime fp32, traced graph | 1 | 2.0" not in old
@@ -110,3 +114,18 @@ def test_the_encoders_take_turns_block_by_block_on_the_same_batches():
     a, b = calls[:turn], calls[turn:2 * turn]
     assert [c[1] for c in a] == [c[1] for c in b]  # the same batches, in turn
     assert a[1][1] == ("t0", "t1", "t2") and a[2][1] == ("t3", "t4", "t5") and a[0][1] == a[1][1]
+
+
+def test_the_products_floor_runs_every_weight_product_the_graph_runs():
+    """The floor of an fp32 graph: each layer's query/key/value product over every token (the last
+    layer's query for the pooled row only), then output and MLP products, then the projection."""
+    from nobackfill.bench.serve_encoders import _products_only
+
+    enc = load_encoder(MODEL)
+    text = enc.model.text_model
+    layers, d = len(text.encoder.layers), text.config.hidden_size
+    out = _products_only(enc, 1)(["a red circle", "a b"])
+    tokens = max(len(i) for i in enc.tokenizer(["a red circle", "a b"])["input_ids"])
+    assert [o.shape for o in out[:layers - 1]] == [(2, tokens, 3 * d)] * (layers - 1)
+    assert out[layers - 1].shape == (2, tokens, 2 * d) and out[layers].shape == (2, 1, d)  # last layer: kv, pooled q
+    assert out[-1].shape == (2, 1, enc.model.text_projection.weight.shape[0]) and len(out) == layers + 2
