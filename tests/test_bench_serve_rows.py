@@ -119,12 +119,12 @@ def test_the_encoders_take_turns_block_by_block_on_the_same_batches():
 def test_the_products_floor_runs_every_weight_product_the_graph_runs():
     """The floor of an fp32 graph: each layer's query/key/value product over every token (the last
     layer's query for the pooled row only), then output and MLP products, then the projection."""
-    from nobackfill.bench.serve_encoders import _products_only
+    from nobackfill.bench.serve_products import products_floor
 
     enc = load_encoder(MODEL)
     text = enc.model.text_model
     layers, d = len(text.encoder.layers), text.config.hidden_size
-    out = _products_only(enc, 1)(["a red circle", "a b"])
+    out = products_floor(enc, 1)(["a red circle", "a b"])
     tokens = max(len(i) for i in enc.tokenizer(["a red circle", "a b"])["input_ids"])
     assert [o.shape for o in out[:layers - 1]] == [(2, tokens, 3 * d)] * (layers - 1)
     assert out[layers - 1].shape == (2, tokens, 2 * d) and out[layers].shape == (2, 1, d)  # last layer: kv, pooled q

@@ -26,6 +26,7 @@ __all__ = [
     "ID_PATTERN",
     "ID_RULE",
     "MAX_ID_LENGTH",
+    "MAX_IMAGE_METADATA_BYTES",
     "added_id_problem",
     "id_problem",
     "metadata_json",
@@ -89,6 +90,10 @@ def id_problem(item_id: object) -> str | None:
 #: or to a JSON schema). Imported and adopted items keep their ids as :func:`id_problem` allows.
 ID_PATTERN = (r"^[^./\\\[\x00-\x20\x7f\x85\xa0\u1680\u2000-\u200a\u2028\u2029\u202f\u205f\u3000\ufeff]"
               r"[^/\\\x00-\x1f\x7f]*$")
+#: the longest metadata of an image added through a client, as compact ASCII JSON: over HTTP it travels
+#: in a part header (``X-Item-Metadata``), which the server's multipart parser takes up to ~4 KB; a
+#: data folder's images are held to it in process too, so a folder adds alike on a path and a URL
+MAX_IMAGE_METADATA_BYTES = 4096
 ID_RULE = (f"1 to {MAX_ID_LENGTH} characters, no '/', '\\' or control characters, not starting with '.', '[' or "
            "a space")
 

@@ -33,8 +33,10 @@ def index(
     """Embed a data folder's images and captions into a model-versioned gallery (resumable). The
     folder is read as `collection add` reads it: images no caption mentions are embedded too, and
     a folder without captions.jsonl is its images."""
+    from ..client.upload import read_files
     from ..collection.ingest import index_folder
     from ..data.folder import split_folder
+    from ..search.limits import Limits
     from ..encoders import load_encoder
     from ..gallery.build import StoreBusyError
 
@@ -52,8 +54,9 @@ def index(
         check_buildable(backend, enc.embed_dim)  # (hnsw:M=0, a faiss string faiss does not take) before the data
         check_gallery_folder(out, enc.space_id)  # before the data is read, and no lock left in a folder refused
         root = split_folder(data, split)
-        g, read = index_folder(enc, root, out, model_ref=str(model), langs=[x for x in langs.split(",") if x] or None,
-                               skip_bad=skip_bad, backend=backend, wait=wait,
+        _, read = read_files(root, split, None, [x for x in langs.split(",") if x] or None, skip_bad,
+                             Limits().max_caption_chars)  # the folder as `collection add` reads it (trial AJ)
+        g, read = index_folder(enc, root, out, model_ref=str(model), backend=backend, wait=wait, read=read,
                                before_embed=lambda r: _warn_long_captions(enc, r, root))
         texts = [(it.id, it.source["text"]) for it in read.items if it.modality == "text"]
         if tokens:

@@ -106,7 +106,7 @@ class RemoteClient(Client):
         requests within the server's limits (:mod:`.upload`). The server embeds, waits for another
         adder and builds its indexes itself (``wait``, ``build_indexes``, ``log`` are not used;
         ``before_embed`` is not called: the server knows what it embeds)."""
-        from .upload import given_items, one_source, read_files, upload_items
+        from .upload import drop_oversized, given_items, one_source, read_files, upload_items
 
         one_source(texts, images, folder, text_file)
         rows = texts if texts is not None else images
@@ -118,6 +118,7 @@ class RemoteClient(Client):
             else:
                 items, read = read_files(folder, split, text_file, langs, skip_bad,
                                          self._server_limits().max_caption_chars)
+            items = drop_oversized(items, read, self.limits(), skip_bad)
         except (OSError, ValueError) as e:
             raise as_client_error(e) or e
         out = upload_items(self._call, items, self.limits(), chunk_size=chunk_size, progress=progress)

@@ -13,19 +13,19 @@ from dataclasses import fields
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
-from ..catalog.items import ID_PATTERN, ID_RULE, added_id_problem, metadata_json, row_json
-from .errors import ClientError, InvalidRequest
+from ..catalog.items import ID_PATTERN, ID_RULE, MAX_IMAGE_METADATA_BYTES, added_id_problem, metadata_json, row_json
+from .errors import ClientError, InvalidRequest, TooLarge
 from .types import AddResult
 
 __all__ = ["ID_HEADER", "ID_PATTERN", "ID_RULE", "MAX_METADATA_BYTES", "METADATA_HEADER", "RESERVED_METADATA",
-           "added_id_problem", "check_ids", "check_metadata", "given_items", "load_calibration", "one_source", "read_files", "upload_items"]
+           "added_id_problem", "check_ids", "check_metadata", "drop_oversized", "given_items", "load_calibration", "one_source", "read_files", "upload_items"]
 
 #: the part headers of an uploaded image (multipart ``POST /v1/items``): its item id, and its
 #: metadata as a JSON object (ASCII: part headers are no place for other bytes)
 ID_HEADER, METADATA_HEADER = "X-Item-Id", "X-Item-Metadata"
 #: the longest ``X-Item-Metadata`` header (its JSON, in bytes): what the server's multipart parser
 #: takes in one header line (python-multipart: 4,224 bytes, the header's name included)
-MAX_METADATA_BYTES = 4096
+MAX_METADATA_BYTES = MAX_IMAGE_METADATA_BYTES
 #: metadata keys an uploaded image cannot carry: the server sets them (``path``: where it keeps the file)
 RESERVED_METADATA = ("path", "id", "sha256")
 
@@ -50,7 +50,7 @@ def read_files(folder: str | Path | None, split: str, text_file: str | Path | No
         read, where = read_text_file(text_file, langs=langs, skip_bad=skip_bad), Path(text_file)
     else:
         root = split_folder(folder, split)  # type: ignore[arg-type]
-        read, where = folder_items(root, langs=langs, skip_bad=skip_bad), Path(root) / CAPTIONS_FILE
+        read, where = folder_items(root, langs=langs, skip_bad=skip_bad), Path(root).absolute() / CAPTIONS_FILE
     if max_chars is not None:
         keep = []
         for it in read.items:
@@ -66,6 +66,46 @@ def read_files(folder: str | Path | None, split: str, text_file: str | Path | No
             read.uncaptioned = sum(it.modality == "image" and it.id not in captioned for it in keep)
         read.items = keep
     return read.items, read
+
+
+#: what a request's multipart framing and headers add to an image's bytes, at most (a generous bound)
+PART_OVERHEAD = 8192
+
+
+def drop_oversized(items: list, read: Any, limits: dict[str, Any], skip_bad: bool) -> list:
+    """``items`` without the images whose file cannot travel in one request to the server (its bytes
+    over ``limits["max_body_bytes"]``, ``serve --max-body-mb``): each is refused naming its file
+    before anything is sent (an ``images[n]`` of the call for items ``read`` is None for, a bad image
+    of the folder or file read otherwise), or with ``skip_bad`` skipped with the captions of its
+    folder that name it (trial AJ: a 23 MB camera JPEG failed the whole folder's upload, named by no
+    file). In process there is no such limit."""
+    from ..data.folder import DataFormatError
+
+    limit = int(limits.get("max_body_bytes") or 0)
+    if not limit:
+        return items
+    dropped: set[str] = set()
+    for n, it in enumerate(x for x in items if x.modality == "image"):
+        path = Path(it.source["path"])
+        size = path.stat().st_size if path.is_file() else 0
+        if size + PART_OVERHEAD <= limit:
+            continue
+        why = (f"{size} bytes, more than the server takes in one request ({limit} bytes: serve --max-body-mb); "
+               "not uploaded")
+        if read is None:
+            raise TooLarge(413, f"images[{n}] ({path}): {why}; nothing was added", f"images[{n}]")
+        read.skip(DataFormatError(f"image {path.name!r}: {why}", path, skippable=True), skip_bad)
+        read.skipped_images[str(path)] = why
+        dropped.add(it.id)
+    for it in items:
+        if it.modality == "text" and it.metadata.get("image_id") in dropped:
+            line = read.lines.get(it.id)
+            read.skip(DataFormatError(f"{'' if line is None else f'captions line {line}: '}a caption of the image "
+                                      f"{it.metadata.get('image')!r}, which is not uploaded", skippable=True), skip_bad)
+    if dropped and read is not None:  # (an image not uploaded is no image without captions either)
+        captioned = {it.metadata.get("image_id") for it in items if it.modality == "text"}
+        read.uncaptioned -= len(dropped - captioned)
+    return [it for it in items if it.id not in dropped and it.metadata.get("image_id") not in dropped]
 
 
 def given_items(texts: Any, images: Any, ids: Any, check_text: Callable[[Any, str], str] | None = None) -> list:

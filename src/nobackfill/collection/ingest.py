@@ -25,9 +25,9 @@ from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 import numpy as np
 
-from ..catalog.items import added_id_problem
+from ..catalog.items import MAX_IMAGE_METADATA_BYTES, added_id_problem
 from ..data.folder import (CAPTIONS_FILE, DataFormatError, MissingDataError, check_data_folder, image_problem,
-                           load_pairs)
+                           load_pairs, loads_json_line)
 from ..encoders.base import encode
 from ..progress import progress_bar
 from .collection import Collection, Item, vector_key
@@ -108,19 +108,20 @@ def index_pairs(encoder: "DualEncoder", data: Any, out: str | Path, *, model_ref
 
 def index_folder(encoder: "DualEncoder", folder: str | Path, out: str | Path, *, model_ref: str,
                  langs: Sequence[str] | None = None, skip_bad: bool = False, backend: str = "flat",
-                 progress: bool = True, wait: bool = False,
-                 before_embed: Callable[["FolderItems"], None] | None = None) -> tuple[Any, "FolderItems"]:
+                 progress: bool = True, wait: bool = False, before_embed: Callable[["FolderItems"], None] | None = None,
+                 read: "FolderItems | None" = None) -> tuple[Any, "FolderItems"]:
     """Embed a data folder into a single-space gallery as ``collection add`` reads it
     (:func:`folder_items`: its captioned images and captions, every other image too, and a folder
     without captions is its images), under the same ids. Resumable. Returns the gallery and what
     was read (skipped lines and images, images without captions); ``before_embed(read)`` is told
-    first."""
+    first. ``read``: the folder as already read (the client's rules applied: ``read_files``)."""
     from ..gallery.build import build_gallery
 
-    read = folder_items(folder, langs=langs, skip_bad=skip_bad)
+    read = read if read is not None else folder_items(folder, langs=langs, skip_bad=skip_bad)
     if before_embed is not None:
         before_embed(read)
-    images = {it.id: (it.id, it.source["path"]) for it in read.items if it.modality == "image"}
+    images = {it.id: (it.id, it.source["path"], {k: v for k, v in it.metadata.items() if k != "path"})
+              for it in read.items if it.modality == "image"}  # (its labels, as a collection keeps them)
     texts = {it.id: (it.id, it.source["text"], {k: v for k, v in it.metadata.items() if k != "text"})
              for it in read.items if it.modality == "text"}
     return build_gallery(encoder, out, images=list(images.values()), texts=list(texts.values()), model_ref=model_ref,
@@ -183,19 +184,30 @@ def folder_items(folder: str | Path, *, langs: Sequence[str] | None = None, skip
         out.skipped_images.update(ds.skipped_images)
         image_ids: list[str] = []
         captions: dict[str, Item] = {}
+        too_large = _labels_too_large(ds)
         for rel, labels in zip(ds.images, ds.image_labels):  # load_pairs decoded each one already
             it = image_item(root / rel, metadata={"labels": labels} if labels else {})
-            out.items.append(it)
-            image_ids.append(it.id)
             referenced.add(rel)
+            image_ids.append(it.id)
+            if rel not in too_large:
+                out.items.append(it)
         image_set = set(image_ids)
         for j, caption in enumerate(ds.captions):
             i = int(ds.caption_image[j])
+            if ds.images[i] in too_large:  # each of its lines is a bad line, as an unreadable image's are
+                out.skipped_images[ds.images[i]] = too_large[ds.images[i]]
+                out.skip(DataFormatError(f"image {ds.images[i]!r}: {too_large[ds.images[i]]}", root / CAPTIONS_FILE,
+                                         ds.caption_lines[j], skippable=True), skip_bad)
+                continue
             extra = dict(ds.extra[j])
             own_id = extra.pop("id", None)
             if own_id is not None and (not isinstance(own_id, str) or not own_id.strip()):
                 out.skip(DataFormatError(f"field 'id' must be a non-empty string, got {own_id!r}", root / CAPTIONS_FILE,
                                          ds.caption_lines[j], skippable=True), skip_bad)
+                continue
+            if own_id is not None and (problem := added_id_problem(own_id)) is not None:  # (as a text file's line)
+                out.skip(DataFormatError(f"field 'id': {problem}", root / CAPTIONS_FILE, ds.caption_lines[j],
+                                         skippable=True), skip_bad)
                 continue
             meta = {"lang": ds.langs[j], "image": ds.images[i], "image_id": image_ids[i], **extra}
             it = text_item(caption, id=own_id, image_id=image_ids[i], metadata=meta)
@@ -235,6 +247,19 @@ def folder_items(folder: str | Path, *, langs: Sequence[str] | None = None, skip
     if not out.items:
         raise DataFormatError("no images and no captions found (a data folder holds image files and/or "
                               f"a {CAPTIONS_FILE})", root)
+    return out
+
+
+def _labels_too_large(ds: Any) -> dict[str, str]:
+    """The images of ``ds`` (a :class:`~nobackfill.data.folder.PairDataset`) whose labels, the
+    metadata their item gets, are over :data:`~nobackfill.catalog.items.MAX_IMAGE_METADATA_BYTES` as
+    compact ASCII JSON -> why: what the HTTP API takes with an image, held in process too so that a
+    folder adds alike on a path and a URL (trial AJ: the whole add failed over HTTP, named by an index)."""
+    out = {}
+    for rel, labels in zip(ds.images, ds.image_labels):
+        if labels and (n := len(json.dumps({"labels": labels}, ensure_ascii=True, separators=(",", ":")))) \
+                > MAX_IMAGE_METADATA_BYTES:
+            out[rel] = f"its labels are {n} bytes as JSON, at most {MAX_IMAGE_METADATA_BYTES} are kept with an image"
     return out
 
 
@@ -284,8 +309,8 @@ def read_text_file(path: str | Path, *, limit: int | None = None, langs: Sequenc
             it = text_item(line.rstrip("\r\n"))
         else:
             try:
-                obj = json.loads(line.strip())
-            except json.JSONDecodeError as e:
+                obj = loads_json_line(line.strip())
+            except ValueError as e:  # (json.JSONDecodeError too)
                 bad(no, f"invalid JSON: {e}")
                 continue
             if not isinstance(obj, dict) or not isinstance(obj.get("text"), str) or not obj["text"].strip():

@@ -236,6 +236,24 @@ def image_problem(path: Path) -> str | None:
     return None
 
 
+def _not_json(constant: str) -> Any:
+    raise ValueError(f"{constant} is no JSON value (a number must be finite; write null for a missing one)")
+
+
+def _finite(text: str) -> float:
+    value = float(text)
+    if value in (float("inf"), float("-inf")):
+        _not_json(f"{text} (infinite as a float)")
+    return value
+
+
+def loads_json_line(text: str) -> Any:
+    """``json.loads(text)`` of one line of a data file, refusing what JSON is not and what cannot be
+    stored as metadata: ``NaN`` / ``Infinity`` (Python's reader takes them) and a number too large
+    for a float (``ValueError``: the line is a bad line, named by file and line)."""
+    return json.loads(text, parse_constant=_not_json, parse_float=_finite)
+
+
 def _read_lines(path: Path) -> Iterator[tuple[int, str | None, str | None]]:
     """Yield ``(line_no, text, decode_error)`` for each line of ``path`` (1-based)."""
     with open(path, "rb") as fh:
@@ -319,8 +337,8 @@ def load_pairs(
         if not text.strip():
             continue
         try:
-            obj = json.loads(text.strip())  # a line's newline is not part of its JSON
-        except json.JSONDecodeError as exc:
+            obj = loads_json_line(text.strip())  # a line's newline is not part of its JSON
+        except ValueError as exc:  # (json.JSONDecodeError too)
             bad(no, f"invalid JSON: {exc}")
             continue
         try:

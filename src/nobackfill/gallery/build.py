@@ -49,7 +49,7 @@ def build_gallery(
     encoder: "DualEncoder",
     out: str | Path,
     *,
-    images: Sequence[tuple[str, str | Path]] = (),
+    images: Sequence[tuple[str, str | Path] | tuple[str, str | Path, dict[str, Any]]] = (),
     texts: Sequence[tuple[str, str, dict[str, Any]]] = (),
     model_ref: str,
     backend: str = "flat",
@@ -58,10 +58,10 @@ def build_gallery(
     wait: bool = False,
     on_commit: Callable[[int], None] | None = None,
 ) -> Gallery:
-    """Embed ``images`` (id, path) and ``texts`` (id, text, metadata) into the gallery at ``out``.
+    """Embed ``images`` (id, path[, metadata]) and ``texts`` (id, text, metadata) into the gallery at ``out``.
 
     Creates the gallery (space and dim from ``encoder``, ``model_ref`` recorded as its model) or
-    resumes it: ids already committed are skipped. Image metadata is ``{"path": str(path)}``;
+    resumes it: ids already committed are skipped. Image metadata is ``{"path": str(path), **metadata}``;
     text metadata is ``{"text": text, **metadata}``. Returns the open gallery.
 
     One build at a time per gallery: another process building into ``out`` makes this one raise
@@ -103,8 +103,8 @@ def _embed_into(gallery: Gallery, encoder: "DualEncoder", images, texts, chunk_s
     space = gallery.space_id
 
     jobs = [
-        _Job("image", [str(i) for i, _ in images], [Path(p) for _, p in images],
-             [{"path": str(p)} for _, p in images],
+        _Job("image", [str(t[0]) for t in images], [Path(t[1]) for t in images],
+             [{"path": str(t[1]), **(t[2] if len(t) > 2 else {})} for t in images],  # type: ignore[misc]
              lambda batch: encoder.encode_images(batch, progress=False)),
         _Job("text", [str(t[0]) for t in texts], [t[1] for t in texts],
              [{"text": t[1], **(t[2] or {})} for t in texts],
