@@ -114,9 +114,10 @@ BAD_LINES = {
     "escape_dotdot": (json.dumps({"image": "images/../../x.png", "caption": "x", "lang": "en"}),
                       "escapes the data folder"),
     "escape_absolute": (json.dumps({"image": "/etc/hosts", "caption": "x", "lang": "en"}),
-                        "escapes the data folder"),
+                        "is absolute: give the path relative to the data folder"),
     "escape_drive": (json.dumps({"image": "C:\\x.png", "caption": "x", "lang": "en"}),
-                     "escapes the data folder"),
+                     "is absolute: give the path relative to the data folder"),
+    "nan": ('{"image": "images/a.png", "caption": "x", "lang": "en", "score": NaN}', "NaN is no JSON value"),
     "missing_image": (json.dumps({"image": "images/nope.png", "caption": "x", "lang": "en"}),
                       "image 'images/nope.png': image file not found"),
 }

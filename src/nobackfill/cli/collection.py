@@ -75,7 +75,7 @@ def add(
                                                    "(with --split). Images no caption mentions are added too."),
     split: str = typer.Option("test", help="Split when --data is a world root."),
     langs: str = langs_option(),
-    texts: Optional[Path] = typer.Option(None, help="A text file (one text a line) or JSONL ({\"text\", \"id\", ...}) "
+    texts: Optional[Path] = typer.Option(None, help="A text file (one text a line) or, named *.jsonl, JSONL ({\"text\", \"id\", ...}) "
                                                     "of texts to add."),
     skip_bad: bool = typer.Option(False, help="Skip malformed lines and unreadable images (and report how many)."),
     wait: bool = typer.Option(False, help="If another process is adding to this collection, wait for it instead "

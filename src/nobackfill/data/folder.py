@@ -213,8 +213,9 @@ def _normalise_image_path(image: str) -> str:
     the folder may point elsewhere)."""
     posix = image.replace("\\", "/")
     norm = posixpath.normpath(posix)
-    if posix.startswith("/") or PureWindowsPath(image).drive or norm in (".", "..") \
-            or norm.startswith("../"):
+    if posix.startswith("/") or PureWindowsPath(image).drive:
+        raise ValueError(f"image path {image!r} is absolute: give the path relative to the data folder")
+    if norm in (".", "..") or norm.startswith("../"):
         raise ValueError(f"image path {image!r} escapes the data folder "
                          "(must be a relative path to a file inside it)")
     return norm
