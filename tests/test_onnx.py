@@ -333,6 +333,9 @@ def test_int8_without_an_int8_export_says_it_runs_fp32(tmp_path, caplog):
     with caplog.at_level("WARNING", logger="nobackfill.encoders.onnx"):
         enc = onnx_encoder(load_encoder(d), d, int8=True)
     assert enc.runtimes()["text"] == "onnx" and "no int8 export" in caplog.text
+    # trial AJ (D9): docs/serve.md said such a tower runs on torch; it says what runs
+    doc = " ".join((ROOT / "docs" / "serve.md").read_text(encoding="utf-8").split())
+    assert "a tower exported without an int8 copy is logged as a warning and runs on its fp32 export" in doc
 
 
 def test_onnx_embeds_queries_and_torch_the_stored_items(exported, tmp_path, monkeypatch):

@@ -352,6 +352,55 @@ def test_serve_cli_roots(tmp_path, monkeypatch):
     assert "--models-root" in help_text and "--upgrades-root" in help_text
 
 
+def test_serve_on_a_port_in_use_is_one_line_before_serving(tmp_path, monkeypatch):
+    """Trial AJ (D6): ``serve --port P`` with P in use printed "serving ... on http://..." and then
+    uvicorn's own ERROR line, exit 3. It is one line naming host:port, exit 2, nothing said to serve:
+    before the models load, and again where the port was taken while they loaded."""
+    import socket
+
+    import uvicorn
+    from typer.testing import CliRunner
+
+    import nobackfill.serve as serve
+    from nobackfill.cli import app as cli
+
+    class Fake:
+        class state:
+            class service:
+                unfinished: list = []
+
+    ran, loaded = [], []
+    monkeypatch.setattr(uvicorn, "run", lambda *a, **kw: ran.append(kw))
+    keys = tmp_path / "keys.toml"
+    keys.write_text(f'read = ["{READ}"]\n')
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        monkeypatch.setattr(serve, "create_app", lambda settings: loaded.append(settings) or Fake())
+        r = CliRunner().invoke(cli, ["serve", "photos", "--keys", str(keys), "--port", str(port)])
+    assert r.exit_code == 2 and not loaded and not ran, r.output
+    assert r.output.strip() == f"error: 127.0.0.1:{port} is already in use (another server listens there); " \
+                               "choose another --port", r.output
+    holder = []
+
+    def load_while_another_takes_the_port(settings):
+        holder.append(socket.create_server(("127.0.0.1", port)))
+        return Fake()
+
+    monkeypatch.setattr(serve, "create_app", load_while_another_takes_the_port)
+    try:
+        r = CliRunner().invoke(cli, ["serve", "photos", "--keys", str(keys), "--port", str(port)])
+    finally:
+        for sock in holder:
+            sock.close()
+    assert r.exit_code == 2 and holder and not ran and "serving" not in r.output, r.output
+    assert f"127.0.0.1:{port} is already in use" in r.output and len(r.output.strip().splitlines()) == 1, r.output
+    monkeypatch.setattr(serve, "create_app", lambda settings: Fake())
+    r = CliRunner().invoke(cli, ["serve", "photos", "--keys", str(keys), "--port", str(port)])
+    assert r.exit_code == 0 and ran and "serving photos on" in r.output, r.output  # free again: it serves
+
+
 def test_a_body_past_the_limit_is_a_413_without_a_length(env):
     api, c, _, _ = env
 
@@ -450,6 +499,33 @@ def test_metrics_show_the_query_cache(env):
     assert {x.split('tower="')[1].split('"')[0] for x in runs} >= {"text"}
 
 
+def test_metrics_tell_apart_two_query_models_of_one_directory_name(env):
+    """Trial AJ (D7): a collection upgraded from models/world-old to models/v2/world-old (another
+    model, one directory name) showed ``nobackfill_query_encoder{model="world-old",...}`` twice with
+    the same labels, which Prometheus refuses. Each series names its model's space too: unique."""
+    import shutil
+    from collections import Counter
+
+    from pathlib import Path
+
+    from prometheus_client.parser import text_string_to_metric_families
+
+    root = Path(__file__).resolve().parents[1]
+    api, _, _, tmp = env
+    other = tmp / "v2" / "world-old"
+    shutil.copytree(root / "models" / "world-new", other, ignore=shutil.ignore_patterns("onnx"))
+    pool = api.app.state.service.pool
+    spaces = {pool.query_encoder(str(d)).space_id for d in (root / "models" / "world-old", other)}
+    assert len(spaces) == 2
+    pool.query_encoder(f"{root}/models/./world-old")  # one model under two references: one series
+    families = {f.name: f for f in text_string_to_metric_families(api.get("/metrics").text)}
+    series = [tuple(sorted(x.labels.items())) for x in families["nobackfill_query_encoder"].samples]
+    assert series and not [x for x, n in Counter(series).items() if n > 1], series
+    ours = [dict(x) for x in series if dict(x)["model"] == "world-old"]
+    assert {(x["space"], x["tower"]) for x in ours} == {(sp, t) for sp in spaces for t in ("image", "text")}, ours
+    assert all(dict(x)["space"] for x in series), series  # the stand-ins' spaces too
+
+
 def test_the_api_docs_pages_load_nothing_from_another_host(env):
     """``/docs`` (Swagger UI) and ``/redoc`` name no CDN: their scripts and styles come from the
     server itself (the package's copy), so the pages work offline (issue 44, item 12)."""
@@ -497,6 +573,27 @@ def test_a_json_adds_metadata_refusal_names_the_bodys_own_field(env):
                  headers={**h(ADMIN), "Content-Type": "application/json"})
     body = r.json()
     assert r.status_code == 422 and body["field"] == "items[1]" and body["detail"].startswith("items[1]"), body
+    assert state(c) == before
+
+
+@pytest.mark.parametrize("value, shown", [("NaN", "nan"), ("Infinity", "inf"), ("-Infinity", "-inf")])
+def test_a_literal_nan_in_a_json_body_is_the_422_naming_the_item_and_field(env, value, shown):
+    """Trial AJ (D5): a literal ``NaN`` / ``Infinity`` (what Python's ``json.dumps`` writes) was a 400
+    "malformed JSON" naming no item; it is the 422 serve.md promises, as ``1e400`` already was, in a
+    JSON body and in an image part's metadata header. Malformed JSON stays a 400."""
+    api, c, data, _ = env
+    before = state(c)
+    body = b'{"items": [{"text": "fine"}, {"text": "q", "score": %s}]}' % value.encode()
+    r = api.post("/v1/items", content=body, headers={**h(ADMIN), "Content-Type": "application/json"})
+    got = r.json()
+    assert r.status_code == 422 and got["field"] == "items[1]", got
+    assert got["detail"].startswith("items[1]: ") and f"'score' is {shown}" in got["detail"], got
+    files = [("images", ("a.png", png(), "image/png", {"X-Item-Metadata": '{"score": %s}' % value}))]
+    got = api.post("/v1/items", files=files, headers=h(ADMIN)).json()
+    assert got["field"] == "images[0]" and f"'score' is {shown}" in got["detail"], got
+    r = api.post("/v1/items", content=b'{"items": [{"text": "fine"},]}',
+                 headers={**h(ADMIN), "Content-Type": "application/json"})
+    assert r.status_code == 400 and r.json()["detail"].startswith("malformed JSON"), r.text
     assert state(c) == before
 
 

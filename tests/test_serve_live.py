@@ -346,6 +346,38 @@ def test_web_page_error_states_clear_on_the_next_success(live, browser, tmp_path
     assert not _errors(browser)
 
 
+def test_web_page_shows_an_image_hit_as_an_image_and_every_route(live, browser, tmp_path):
+    """Trial AJ (D8, D10): an image whose metadata has a ``text`` key showed as a caption card without
+    its thumbnail (the page guessed by the key, not the result's modality); the status panel left out
+    the old space's i2i route although the page searches image -> image."""
+    import json
+
+    import httpx
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import Select, WebDriverWait
+
+    img = sorted((live.root / "world" / "test" / "images").iterdir())[-1]
+    part = ("images", (img.name, img.read_bytes(), "image/png",
+                       {"X-Item-Id": "withtext-1", "X-Item-Metadata": json.dumps({"text": "holiday photo, a red circle"})}))
+    r = httpx.post(live.url + "/v1/items", files=[part], headers={"Authorization": f"Bearer {ADMIN}"}, timeout=60)
+    assert r.status_code == 200 and r.json()["ids"] == ["withtext-1"], r.text
+    try:
+        _viewport(browser, 1280, 900)
+        _open(browser, live)
+        wait = WebDriverWait(browser, 60)
+        old = "#spaces .space:not(.current) .routes"
+        wait.until(lambda b: "i2i " in b.find_element(By.CSS_SELECTOR, old).text)
+        Select(browser.find_element(By.ID, "target")).select_by_value("image")
+        browser.find_element(By.ID, "file").send_keys(str(img))
+        wait.until(lambda b: "images for the image" in b.find_element(By.ID, "message").text)
+        hit = browser.find_element(By.CSS_SELECTOR, "#results .hit[data-id='withtext-1']")
+        assert not hit.find_elements(By.CSS_SELECTOR, ".caption"), hit.text
+        wait.until(lambda b: hit.find_element(By.TAG_NAME, "img").get_attribute("src").startswith("blob:"))
+        assert not browser.find_elements(By.CSS_SELECTOR, "#results .hit .caption")  # images, every one
+    finally:
+        httpx.delete(live.url + "/v1/items/withtext-1", headers={"Authorization": f"Bearer {ADMIN}"}, timeout=60)
+
+
 def test_web_page_names_a_fitted_bridge_beside_its_route(live, browser, tmp_path):
     """A collection upgraded with no bridge, backfilled (bridges fitted from its pairs) and the t2i
     route pinned to the fitted bridge: the status panel names the bridge beside the route."""

@@ -64,6 +64,7 @@ def serve(
         socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
     except (OSError, UnicodeError) as e:
         fail(f"--host {host!r} does not resolve to an address ({e})")
+    _check_port_free(host, port)
     if onnx is not None and onnx.strip().lower() not in ONNX_CHOICES:
         fail(f"--onnx must be one of {', '.join(ONNX_CHOICES)}, got {onnx!r}")
     _check_ray_address(ray_address)
@@ -78,9 +79,29 @@ def serve(
             app.state.service.client.backfill_start(backfill)
     except user_errors() as e:
         fail(e)
+    _check_port_free(host, port)  # again: loading the models took a while
     console.print(f"serving {collection} on http://{host}:{port}/ (API docs: /docs)")
     uvicorn.run(app, host=host, port=port, log_level=log_level)
     _end_without_threads_left(app.state.service.unfinished)
+
+
+def _check_port_free(host: str, port: int) -> None:
+    """Fail (one line, exit 2) where ``host:port`` cannot be bound as uvicorn binds it, before
+    anything says "serving" (trial AJ: the line, then uvicorn's own error and exit 3)."""
+    import errno
+    import socket
+
+    where = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn: a port in TIME_WAIT is free
+        sock.bind((host, port))
+    except OSError as e:
+        if e.errno == errno.EADDRINUSE:
+            fail(f"{where} is already in use (another server listens there); choose another --port")
+        fail(f"cannot listen on {where}: {e.strerror or e}")
+    finally:
+        sock.close()
 
 
 def _end_without_threads_left(unfinished: list[str]) -> None:

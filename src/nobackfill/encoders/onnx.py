@@ -418,8 +418,9 @@ def onnx_encoder(encoder: DualEncoder, model_dir: str | Path, *, int8: bool = Fa
     session's intra-op threads, None for ONNX Runtime's default; ``spin``: given ``threads``, whether
     its idle threads wait busily, see :func:`_session`); otherwise
     ``encoder`` itself. A file whose sha256 differs from the export's record is not used. Where an
-    export is there but cannot be used as asked (other weights, a file changed, no int8 copy, no
-    onnxruntime), the log says why (a warning) and that tower runs on torch."""
+    export is there but cannot be used as asked (other weights, a file changed, no
+    onnxruntime), the log says why (a warning) and that tower runs on torch; ``int8`` for a tower
+    with no int8 copy: a warning, and it runs on its fp32 export."""
     info = onnx_export_info(model_dir, warn=True)
     if info is None:
         return encoder

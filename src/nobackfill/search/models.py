@@ -146,6 +146,16 @@ class ModelPool:
             out[f"{ref} via {'+'.join(Path(d).name for d in dirs)}"] = {t: "torch" for t in e.modalities}
         return out
 
+    def query_towers(self) -> list[tuple[str, str, str, str]]:
+        """``(reference, space id, tower, runtime)`` of each query tower loaded so far, as
+        :meth:`runtimes` names them; the space id tells apart two models of one directory name."""
+        with self._lock:
+            spaces = {ref: e.space_id for ref, e in self._queries.items()}
+            spaces |= {f"{ref} via {'+'.join(Path(d).name for d in dirs)}": e.space_id
+                       for (ref, dirs), e in self._upgraded.items()}
+        return [(ref, spaces.get(ref, ""), tower, runtime) for ref, towers in self.runtimes().items()
+                for tower, runtime in towers.items()]
+
     def remember(self, ref: str | Path) -> None:
         """Record what the model at ``ref`` is (:mod:`nobackfill.encoders.meta`), once, if this pool
         loaded it from its directory (never an encoder given by :meth:`put`)."""

@@ -46,13 +46,15 @@ def content_type(request: Request, *, multipart: bool) -> str:
     raise ApiError(415, f"content-type: {main or raw!r} is not taken here (send {takes})", "content-type")
 
 
-def parse_json(raw: bytes) -> Any:
-    """Strict JSON (RFC 8259: no NaN / Infinity, UTF-8, no lone surrogates); 400 else."""
+def parse_json(raw: bytes, *, constants: bool = False) -> Any:
+    """Strict JSON (RFC 8259: UTF-8, no lone surrogates); 400 else. ``NaN`` / ``Infinity`` /
+    ``-Infinity`` are refused unless ``constants``: then they read as floats (as ``1e400`` reads as
+    infinity), so the validation after names the item and field that holds one."""
     def constant(name: str) -> Any:
         raise ValueError(f"{name} is not JSON")
 
     try:
-        obj = json.loads(raw.decode("utf-8"), parse_constant=constant)
+        obj = json.loads(raw.decode("utf-8"), parse_constant=None if constants else constant)
         json.dumps(obj, ensure_ascii=False).encode("utf-8")  # lone surrogates fail here
     except (ValueError, UnicodeError, RecursionError) as e:  # JSONDecodeError is a ValueError
         raise ApiError(400, f"malformed JSON: {e}" if raw.strip() else "malformed JSON: the body is empty",
@@ -64,7 +66,7 @@ async def json_body(request: Request, model: Any) -> Any:
     """The request's JSON body validated by ``model`` (strict: 400 malformed, 422 invalid)."""
     from pydantic import ValidationError
 
-    obj = parse_json(await request.body())
+    obj = parse_json(await request.body(), constants=True)  # NaN is refused by the 422 naming its field
     try:
         return model.model_validate(obj)
     except ValidationError as e:
@@ -177,7 +179,7 @@ def part_metadata(part: UploadFile, i: int) -> dict[str, Any]:
     if len(data) > MAX_METADATA_BYTES:
         raise ApiError(422, f"{at}: {METADATA_HEADER} is {len(data)} bytes, at most {MAX_METADATA_BYTES}", at)
     try:
-        meta = parse_json(data)
+        meta = parse_json(data, constants=True)  # a NaN is refused below naming the part, as 1e400 is
     except ApiError:
         raise ApiError(422, f"{at}: {METADATA_HEADER} is not valid JSON", at) from None
     if not isinstance(meta, dict):

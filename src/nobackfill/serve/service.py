@@ -235,10 +235,14 @@ class _QueryCacheMetrics:
         yield GaugeMetricFamily("nobackfill_query_cache_size", "Most text query embeddings held (0: off)",
                                 value=st["size"])
         runs = GaugeMetricFamily("nobackfill_query_encoder", "1 for each query tower loaded: its model (the "
-                                 "directory's name), tower and runtime (torch, onnx, onnx-int8)",
-                                 labels=["model", "tower", "runtime"])
-        runtimes = getattr(self.service.pool, "runtimes", None)
-        for ref, towers in (runtimes() if runtimes else {}).items():
-            for tower, runtime in towers.items():
-                runs.add_metric([Path(ref).name, tower, runtime], 1)
+                                 "directory's name), space (its space id: two models of one directory name "
+                                 "differ there), tower and runtime (torch, onnx, onnx-int8)",
+                                 labels=["model", "space", "tower", "runtime"])
+        towers = getattr(self.service.pool, "query_towers", None)
+        seen = set()  # one series each: two references to one model (models/m, ./models/m) are one
+        for ref, space, tower, runtime in towers() if towers else ():
+            labels = (Path(ref).name, space, tower, runtime)  # ("world-new via world-old-to-new": a bridge's)
+            if labels not in seen:
+                seen.add(labels)
+                runs.add_metric(list(labels), 1)
         yield runs

@@ -59,17 +59,16 @@ function thumbnail(id) {
 
 const NAMES = { image: "images", text: "captions" };
 
-function card(hit) {
+function card(hit, modality) { // modality: the result's (every hit of a search is of it)
   const el = document.createElement("div");
   el.className = "hit";
   el.dataset.id = hit.id;
   el.tabIndex = 0;
   const route = `<span class="tag ${hit.route === "native" ? "native" : ""}"></span>`;
   const meta = `<div class="meta"><span>#${hit.rank} · ${hit.score.toFixed(3)}</span>${route}</div>`;
-  const text = (hit.metadata || hit).text;  // the item's metadata, whole under "metadata"
-  if (text !== undefined) {
+  if (modality === "text") { // (an image's metadata may hold a "text" key too: still an image)
     el.innerHTML = `<div class="caption"></div>${meta}`;
-    el.querySelector(".caption").textContent = text;
+    el.querySelector(".caption").textContent = (hit.metadata || {}).text ?? ""; // the item's metadata, whole
   } else {
     el.innerHTML = `<img alt=""><div class="unreadable">image not readable here</div>${meta}`;
     thumbnail(hit.id).then((url) => { el.querySelector("img").src = url; }, (err) => {
@@ -110,7 +109,7 @@ function begin(text) {
 function show(n, result, label) {
   if (n !== action) return;
   clearResults();
-  $("results").replaceChildren(...result.hits.map(card));
+  $("results").replaceChildren(...result.hits.map((hit) => card(hit, result.modality)));
   const spaces = new Set(result.hits.map((h) => h.space)).size;
   const what = NAMES[result.modality] || result.modality + "s";
   if (!result.hits.length) return say(`No ${what} for ${label}.`);
@@ -178,6 +177,7 @@ keyInput.addEventListener("change", () => {
 });
 
 // ------------------------------------------------------------------ the collection panel
+const DIRECTIONS = ["t2i", "i2t", "t2t", "i2i"]; // every search the page makes (i2i: an image, target images)
 function clearStatus(text, error = false) {
   const c = $("collection");
   c.textContent = text;
@@ -211,7 +211,7 @@ async function refresh() {
       const fitted = Object.fromEntries(((st.fitted_bridges || {}).serving || []).filter((b) => b.space === id)
         .map((b) => [b.direction, b]));
       const how = (b) => (b.family === "ensemble" && b.candidate ? `mean of ${b.candidate}` : b.family);
-      const routes = st.routes[id] ? Object.entries(st.routes[id]).filter(([d]) => d === "t2i" || d === "i2t" || d === "t2t") : [];
+      const routes = st.routes[id] ? Object.entries(st.routes[id]).filter(([d]) => DIRECTIONS.includes(d)) : [];
       const route = empty ? "serves nothing now: every item is in a newer space (retire it to drop its vectors)"
         : routes.length ? routes.map(([d, r]) => `${d} ${r.route}` + (fitted[d] && r.route !== "old-model"
           ? ` (fitted, ${fitted[d].pairs} pairs)` : "")).join(", ") : "native";
