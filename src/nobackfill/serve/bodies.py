@@ -179,7 +179,7 @@ def part_metadata(part: UploadFile, i: int) -> dict[str, Any]:
     if len(data) > MAX_METADATA_BYTES:
         raise ApiError(422, f"{at}: {METADATA_HEADER} is {len(data)} bytes, at most {MAX_METADATA_BYTES}", at)
     try:
-        meta = parse_json(data, constants=True)  # a NaN is refused below naming the part, as 1e400 is
+        meta = parse_json(data)  # (a NaN here: not valid JSON, 422 naming the part and the header)
     except ApiError:
         raise ApiError(422, f"{at}: {METADATA_HEADER} is not valid JSON", at) from None
     if not isinstance(meta, dict):
