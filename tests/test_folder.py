@@ -118,6 +118,8 @@ BAD_LINES = {
     "escape_drive": (json.dumps({"image": "C:\\x.png", "caption": "x", "lang": "en"}),
                      "is absolute: give the path relative to the data folder"),
     "nan": ('{"image": "images/a.png", "caption": "x", "lang": "en", "score": NaN}', "NaN is no JSON value"),
+    "image_id": (json.dumps({"image": "images/a.png", "caption": "x", "lang": "en", "image_id": "img-zzz"}),
+                 "field 'image_id' is set from 'image'"),
     "missing_image": (json.dumps({"image": "images/nope.png", "caption": "x", "lang": "en"}),
                       "image 'images/nope.png': image file not found"),
 }

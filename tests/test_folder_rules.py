@@ -120,3 +120,12 @@ def test_index_reads_a_folder_as_collection_add_does_and_keeps_labels(tmp_path):
     hits = [g.search(text="red", filter={"labels.class": "red circle"}).hits,
             c.search(text="red", filter={"labels.class": "red circle"}).hits]
     assert [h.id for h in hits[0]] == [h.id for h in hits[1]] and len(hits[0]) == 1
+
+
+def test_an_empty_result_says_so_instead_of_an_empty_table(tmp_path):
+    folder = _folder(tmp_path, [{"image": "p0.png", "caption": "a red thing", "lang": "en",
+                                 "labels": {"class": "red circle"}}], n_images=1)
+    ok("collection", "create", tmp_path / "c", "--model", MODELS / "world-old")
+    ok("collection", "add", tmp_path / "c", "--data", folder)
+    out = ok("collection", "search", tmp_path / "c", "--text", "red", "--filter", 'labels.class="blue"').output
+    assert "no images for" in out and "nothing the search may return matched" in out and "rank" not in out, out

@@ -149,6 +149,9 @@ def print_hits(r, as_json: bool, k: int, space_names: dict[str, str] | None = No
     from rich.table import Table
     from rich.text import Text
 
+    if not r.hits:  # (an empty table titled "top 10 images for ..." read as a display fault: trial AJ)
+        Console().print(Text(f"no {r.modality}s for {r.query}: nothing the search may return matched"))
+        return
     names = space_names or {}
     if len(set(names.values())) < len(names) or not all(names.values()):
         names = {}  # two spaces of one name (or a nameless one): their ids

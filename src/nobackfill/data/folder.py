@@ -204,6 +204,8 @@ def _parse_record(obj: Any) -> tuple[str, str, str, dict, dict]:
         labels = {}
     elif not isinstance(labels, dict):
         raise ValueError(f"field 'labels' must be an object, got {type(labels).__name__}")
+    if "image_id" in obj:  # (it was kept, and replaced the link to the line's image: trial AJ)
+        raise ValueError("field 'image_id' is set from 'image' (the id of that image's item); leave it out")
     extra = {k: v for k, v in obj.items() if k not in _KNOWN}
     return _normalise_image_path(obj["image"]), obj["caption"], obj["lang"], labels, extra
 
