@@ -693,3 +693,22 @@ def test_a_cold_search_checks_its_arguments_before_loading_the_model(tmp_path):
     with pytest.raises(InvalidRequest, match="target must be 'image' or 'text', got 'video'"):
         cold.search(text="a red circle", target="video")
     assert cold.pool.loaded() == []
+
+
+def test_a_status_in_process_has_every_key_the_http_one_has(world, tmp_path):
+    """Trial AJ: `status()` in process lacked the keys the server's answer fills with null (phase,
+    note, last_worker, error, ...) and a space's `imports`; the README promises the same return
+    types. Every field of the HTTP response models is there, before and after an upgrade."""
+    from nobackfill.serve.responses import BackfillStatus, SpaceStatus, Status
+
+    c = Client(tmp_path / "c")
+    c.create(MODELS / "world-old")
+    c.add(texts=["a red circle", "a blue square"])
+    for upgraded in (False, True):
+        if upgraded:
+            c.upgrade(MODELS / "world-new", fit_bridges=False)
+        st = c.status()
+        assert set(Status.model_fields) <= set(st), set(Status.model_fields) - set(st)
+        assert all(set(SpaceStatus.model_fields) <= set(s) for s in st["spaces"].values()), st["spaces"]
+        assert set(BackfillStatus.model_fields) <= set(st["backfill"]), set(BackfillStatus.model_fields) - set(st["backfill"])
+        assert set(BackfillStatus.model_fields) <= set(c.backfill_status())

@@ -21,6 +21,10 @@ from .upload import check_items, given_items, load_calibration, one_source, read
 
 __all__ = ["LocalClient"]
 
+#: keys of a backfill's status that only some states have: null otherwise, in process as over HTTP
+NULLABLE_BACKFILL_KEYS = ("order", "target", "shards", "engine", "eta_s", "phase", "sample", "last_worker", "note",
+                          "worker", "rate_cap", "worker_stopped", "error")
+
 logger = logging.getLogger("nobackfill.client")
 
 
@@ -459,7 +463,10 @@ class LocalClient(Client):
         idle), ``worker_stopped`` (why it last stopped), ``error``."""
         from ..lifecycle.backfill import backfill_status
 
-        return self.worker.annotate(backfill_status(self.collection))
+        st = self.worker.annotate(backfill_status(self.collection))
+        for key in NULLABLE_BACKFILL_KEYS:  # null when they do not apply, as over HTTP (trial AJ)
+            st.setdefault(key, None)
+        return st
 
     def close(self, timeout: float | None = 30.0) -> None:
         """Stop this client's backfill worker, if one runs (before its next batch: its shard handed

@@ -192,9 +192,8 @@ class CollectionStatus:
         for s in plan.spaces:
             spaces[s.space_id] = {"name": s.name, "model": s.model, "dim": s.dim, "current": s.space_id == plan.current,
                                   "retired": s.retired, "modalities": list(s.modalities),
-                                  **counts.get(s.space_id, {m: 0 for m in MODALITIES})}
-            if s.imports:
-                spaces[s.space_id]["imports"] = [dict(i) for i in s.imports]
+                                  **counts.get(s.space_id, {m: 0 for m in MODALITIES}),
+                                  "imports": [dict(i) for i in s.imports]}
             if not s.retired:
                 # a catalog-only status opens the stores of collections adopted in place only (their own index)
                 opened = index_info or any(r.get("in_place") for r in s.imports)
