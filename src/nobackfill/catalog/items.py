@@ -27,6 +27,7 @@ __all__ = [
     "ID_RULE",
     "MAX_ID_LENGTH",
     "MAX_IMAGE_METADATA_BYTES",
+    "image_metadata_json",
     "added_id_problem",
     "id_problem",
     "metadata_json",
@@ -218,6 +219,14 @@ def metadata_problem(meta: Any, at: str = "") -> str | None:
             if (p := metadata_problem(v, f"{at}[{i}]")) is not None:
                 return p
     return None
+
+
+def image_metadata_json(meta: Mapping[str, Any]) -> str:
+    """An image's metadata as the compact ASCII JSON it travels in over HTTP (``X-Item-Metadata``),
+    measured against :data:`MAX_IMAGE_METADATA_BYTES` in process and over HTTP alike; ``ValueError``
+    for what is no JSON value."""
+    plain = json.loads(row_json(meta)) if meta else {}
+    return json.dumps(plain, ensure_ascii=True, allow_nan=False, separators=(",", ":"))
 
 
 def metadata_json(meta: Mapping[str, Any]) -> str:

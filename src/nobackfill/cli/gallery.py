@@ -54,10 +54,10 @@ def index(
         check_buildable(backend, enc.embed_dim)  # (hnsw:M=0, a faiss string faiss does not take) before the data
         check_gallery_folder(out, enc.space_id)  # before the data is read, and no lock left in a folder refused
         root = split_folder(data, split)
-        _, read = read_files(root, split, None, [x for x in langs.split(",") if x] or None, skip_bad,
+        _, read = read_files(data, split, None, [x for x in langs.split(",") if x] or None, skip_bad,
                              Limits().max_caption_chars)  # the folder as `collection add` reads it (trial AJ)
-        g, read = index_folder(enc, root, out, model_ref=str(model), backend=backend, wait=wait, read=read,
-                               before_embed=lambda r: _warn_long_captions(enc, r, root))
+        g = index_folder(enc, read, out, model_ref=str(model), backend=backend, wait=wait,
+                         before_embed=lambda r: _warn_long_captions(enc, r, root))
         texts = [(it.id, it.source["text"]) for it in read.items if it.modality == "text"]
         if tokens:
             from ..late.rerank import store_gallery_tokens

@@ -13,7 +13,8 @@ from dataclasses import fields
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
-from ..catalog.items import ID_PATTERN, ID_RULE, MAX_IMAGE_METADATA_BYTES, added_id_problem, metadata_json, row_json
+from ..catalog.items import (ID_PATTERN, ID_RULE, MAX_IMAGE_METADATA_BYTES, added_id_problem, image_metadata_json,
+                             metadata_json, row_json)
 from .errors import ClientError, InvalidRequest, TooLarge
 from .types import AddResult
 
@@ -276,7 +277,7 @@ def _image_headers(it: Any, at: str) -> dict[str, str]:
     meta = {k: v for k, v in it.metadata.items() if k not in RESERVED_METADATA}
     if meta:
         try:
-            text = json.dumps(_plain_metadata(meta), ensure_ascii=True, allow_nan=False, separators=(",", ":"))
+            text = image_metadata_json(meta)
         except (TypeError, ValueError) as e:
             raise InvalidRequest(422, f"{at}: its metadata is not a JSON object of JSON values ({e})", at) from None
         if len(text) > MAX_METADATA_BYTES:

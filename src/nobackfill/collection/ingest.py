@@ -18,14 +18,13 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 import numpy as np
 
-from ..catalog.items import MAX_IMAGE_METADATA_BYTES, added_id_problem
+from ..catalog.items import MAX_IMAGE_METADATA_BYTES, added_id_problem, image_metadata_json
 from ..data.folder import (CAPTIONS_FILE, DataFormatError, MissingDataError, check_data_folder, image_problem,
                            load_pairs, loads_json_line)
 from ..encoders.base import encode
@@ -106,18 +105,15 @@ def index_pairs(encoder: "DualEncoder", data: Any, out: str | Path, *, model_ref
                          progress=progress, wait=wait)
 
 
-def index_folder(encoder: "DualEncoder", folder: str | Path, out: str | Path, *, model_ref: str,
-                 langs: Sequence[str] | None = None, skip_bad: bool = False, backend: str = "flat",
-                 progress: bool = True, wait: bool = False, before_embed: Callable[["FolderItems"], None] | None = None,
-                 read: "FolderItems | None" = None) -> tuple[Any, "FolderItems"]:
-    """Embed a data folder into a single-space gallery as ``collection add`` reads it
-    (:func:`folder_items`: its captioned images and captions, every other image too, and a folder
-    without captions is its images), under the same ids. Resumable. Returns the gallery and what
-    was read (skipped lines and images, images without captions); ``before_embed(read)`` is told
-    first. ``read``: the folder as already read (the client's rules applied: ``read_files``)."""
+def index_folder(encoder: "DualEncoder", read: "FolderItems", out: str | Path, *, model_ref: str,
+                 backend: str = "flat", progress: bool = True, wait: bool = False,
+                 before_embed: Callable[["FolderItems"], None] | None = None) -> Any:
+    """Embed a data folder as read for ``collection add`` (``read``: the client's ``read_files``, its
+    captioned images and captions, every other image too, the caption limit applied) into a
+    single-space gallery, under the same ids, the images' labels kept. Resumable. Returns the
+    gallery; ``before_embed(read)`` is told first."""
     from ..gallery.build import build_gallery
 
-    read = read if read is not None else folder_items(folder, langs=langs, skip_bad=skip_bad)
     if before_embed is not None:
         before_embed(read)
     images = {it.id: (it.id, it.source["path"], {k: v for k, v in it.metadata.items() if k != "path"})
@@ -125,7 +121,7 @@ def index_folder(encoder: "DualEncoder", folder: str | Path, out: str | Path, *,
     texts = {it.id: (it.id, it.source["text"], {k: v for k, v in it.metadata.items() if k != "text"})
              for it in read.items if it.modality == "text"}
     return build_gallery(encoder, out, images=list(images.values()), texts=list(texts.values()), model_ref=model_ref,
-                         backend=backend, progress=progress, wait=wait), read
+                         backend=backend, progress=progress, wait=wait)
 
 
 class UnembeddableItem(ValueError):
@@ -257,8 +253,7 @@ def _labels_too_large(ds: Any) -> dict[str, str]:
     folder adds alike on a path and a URL (trial AJ: the whole add failed over HTTP, named by an index)."""
     out = {}
     for rel, labels in zip(ds.images, ds.image_labels):
-        if labels and (n := len(json.dumps({"labels": labels}, ensure_ascii=True, separators=(",", ":")))) \
-                > MAX_IMAGE_METADATA_BYTES:
+        if labels and (n := len(image_metadata_json({"labels": labels}))) > MAX_IMAGE_METADATA_BYTES:
             out[rel] = f"its labels are {n} bytes as JSON, at most {MAX_IMAGE_METADATA_BYTES} are kept with an image"
     return out
 

@@ -134,27 +134,25 @@ class ModelPool:
                 enc = self._queries[key] = _on_onnx(plain, key, self.onnx, self.onnx_threads)
         return enc
 
-    def runtimes(self) -> dict[str, dict[str, str]]:
-        """How each query encoder loaded so far runs, by reference and tower: ``torch``, ``onnx`` or
-        ``onnx-int8``; a model with an XBT upgrade's adapters (the query side of a bridge) as
-        ``"REF via UPGRADE"``, always on torch."""
+    def query_towers(self) -> list[tuple[str, str, str, str]]:
+        """``(reference, space id, tower, runtime)`` of each query tower loaded so far: runtime
+        ``torch``, ``onnx`` or ``onnx-int8``; a model with an XBT upgrade's adapters (the query side
+        of a bridge) as ``"REF via UPGRADE"``, always on torch. The space id tells apart two models
+        of one directory name."""
         with self._lock:
             encs, ups = sorted(self._queries.items()), sorted(self._upgraded.items())
-        out = {ref: e.runtimes() if isinstance(e, OnnxEncoder) else {t: "torch" for t in e.modalities}
-               for ref, e in encs}
-        for (ref, dirs), e in ups:
-            out[f"{ref} via {'+'.join(Path(d).name for d in dirs)}"] = {t: "torch" for t in e.modalities}
-        return out
+        named = [(ref, e, e.runtimes() if isinstance(e, OnnxEncoder) else {t: "torch" for t in e.modalities})
+                 for ref, e in encs]
+        named += [(f"{ref} via {'+'.join(Path(d).name for d in dirs)}", e, {t: "torch" for t in e.modalities})
+                  for (ref, dirs), e in ups]
+        return [(ref, e.space_id, tower, runtime) for ref, e, towers in named for tower, runtime in towers.items()]
 
-    def query_towers(self) -> list[tuple[str, str, str, str]]:
-        """``(reference, space id, tower, runtime)`` of each query tower loaded so far, as
-        :meth:`runtimes` names them; the space id tells apart two models of one directory name."""
-        with self._lock:
-            spaces = {ref: e.space_id for ref, e in self._queries.items()}
-            spaces |= {f"{ref} via {'+'.join(Path(d).name for d in dirs)}": e.space_id
-                       for (ref, dirs), e in self._upgraded.items()}
-        return [(ref, spaces.get(ref, ""), tower, runtime) for ref, towers in self.runtimes().items()
-                for tower, runtime in towers.items()]
+    def runtimes(self) -> dict[str, dict[str, str]]:
+        """:meth:`query_towers` by reference and tower: ``{ref: {tower: runtime}}``."""
+        out: dict[str, dict[str, str]] = {}
+        for ref, _space, tower, runtime in self.query_towers():
+            out.setdefault(ref, {})[tower] = runtime
+        return out
 
     def remember(self, ref: str | Path) -> None:
         """Record what the model at ``ref`` is (:mod:`nobackfill.encoders.meta`), once, if this pool
