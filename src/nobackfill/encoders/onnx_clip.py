@@ -4,11 +4,15 @@ It computes what transformers' ``CLIPModel.get_text_features`` followed by L2 no
 (``export_onnx`` checks it against torch and falls back to the traced export above its tolerance),
 built for a query at batch 1:
 
-- **about eight nodes a layer**: ONNX Runtime's fused ``Attention`` (``com.microsoft``: the query,
+- **about a dozen nodes a layer**: ONNX Runtime's fused ``Attention`` (``com.microsoft``: the query,
   key and value projections in one product, the causal and padding masks inside), then MatMul + bias,
   ``QuickGelu``, ``LayerNormalization``. The traced export holds ~56 nodes a layer, most of them
   the shape arithmetic of reshapes; each is a dispatch and, on several threads, a hand-off between
   them.
+- **the activations as rows** ``[batch * sequence, width]``, given three axes only for ``Attention``:
+  on rows ONNX Runtime fuses each MatMul + bias into one ``Gemm`` (after a three-axis MatMul the bias
+  stays a separate ``Add``, ~3 % of a batch-1 query on one thread; the graph as written still holds
+  the MatMul that int8 quantisation replaces).
 - **the last layer for the pooled row only**: CLIP's text embedding is the last layer's activation at
   the end-of-text token, layer-normalised and projected (Radford et al. 2021, sec. 2.4), and under the
   causal mask no other row of the last layer reaches it; that layer computes keys and values for every
@@ -56,7 +60,7 @@ class _Graph:
         return out
 
     def linear(self, x: str, weight: Any, bias: Any, name: str) -> str:
-        """``x @ weight.T + bias`` (torch's Linear layout)."""
+        """``x @ weight.T + bias`` (torch's Linear layout) of the rows ``x`` (two axes)."""
         y = self.op("MatMul", [x, self.const(f"{name}.w", weight.T)], f"{name}.xw")
         return self.op("Add", [y, self.const(f"{name}.b", bias)], name)
 
@@ -96,9 +100,17 @@ def _eos_index(g: _Graph, eos_token_id: int) -> str:
     return g.op("ArgMax", [ids], "eos", axis=1, keepdims=1)
 
 
+def _pooled_row(g: _Graph, rows: str, index: str, name: str) -> str:
+    """``{name}_eos``: the pooled token's row of each query (``[batch, d]``) from ``rows`` (``[batch *
+    sequence, d]``); ``index``: its position, ``[batch, 1, d]``."""
+    three = g.op("Reshape", [rows, "shape3"], f"{name}3")
+    return g.op("Reshape", [g.op("GatherElements", [three, index], f"{name}_eos3", axis=1), "flat"], f"{name}_eos")
+
+
 def _pooled_attention(g: _Graph, x: str, attn: Any, heads: int, name: str) -> str:
-    """Self-attention of the last layer for the pooled row ``{name}.x_eos`` only (``[batch, 1, d]``):
-    keys and values of every token of ``x``, masked to the real tokens at or before it."""
+    """Self-attention of the last layer for the pooled row ``{name}.x_eos`` only (``[batch, d]``):
+    keys and values of every token of ``x`` (``[batch * sequence, d]``), masked to the real tokens at or
+    before it."""
     d = attn.q_proj.weight.shape[0]
     hd = d // heads
     i64 = lambda *v: np.array(v, np.int64)  # noqa: E731
@@ -114,8 +126,9 @@ def _pooled_attention(g: _Graph, x: str, attn: Any, heads: int, name: str) -> st
     key_bias = g.op("Where", [keep, g.const("f0", np.array(0, np.float32)), g.const("fmin", np.array(-1e30, np.float32))],
                     "key_bias")
     key_bias = g.op("Unsqueeze", [key_bias, g.const("ax12", i64(1, 2))], "key_bias4")  # [B, 1, 1, S]
-    qh = g.op("Transpose", [g.op("Reshape", [q, g.const("qshape", i64(0, 1, heads, hd))], "q4")], "qh", perm=[0, 2, 1, 3])
-    kvh = g.op("Transpose", [g.op("Reshape", [kv, g.const("kvshape", i64(0, 0, 2, heads, hd))], "kv5")], "kvh",
+    qh = g.op("Transpose", [g.op("Reshape", [q, g.const("qshape", i64(-1, 1, heads, hd))], "q4")], "qh", perm=[0, 2, 1, 3])
+    kvshape = g.op("Concat", ["ids_shape", g.const("kvtail", i64(2, heads, hd))], "kvshape", axis=0)
+    kvh = g.op("Transpose", [g.op("Reshape", [kv, kvshape], "kv5")], "kvh",
                perm=[2, 0, 3, 4, 1])  # [2, B, heads, hd, S]
     k, v = g.op("Split", [kvh], ["kT", "vT"], axis=0, num_outputs=2)
     k = g.op("Squeeze", [k, "zero"], "k")  # [B, heads, hd, S]
@@ -123,7 +136,7 @@ def _pooled_attention(g: _Graph, x: str, attn: Any, heads: int, name: str) -> st
     scores = g.op("Mul", [g.op("MatMul", [qh, k], "qk"), g.const("scale", np.array(hd ** -0.5, np.float32))], "scores")
     p = g.op("Softmax", [g.op("Add", [scores, key_bias], "masked")], "p", axis=-1)
     o = g.op("Transpose", [g.op("MatMul", [p, v], "pv")], "pvt", perm=[0, 2, 1, 3])
-    return g.op("Reshape", [o, g.const("oshape", i64(0, 1, d))], f"{name}.attn")
+    return g.op("Reshape", [o, g.const("oshape", i64(-1, d))], f"{name}.attn")
 
 
 def clip_text_graph(encoder: Any) -> Any | None:
@@ -144,8 +157,11 @@ def clip_text_graph(encoder: Any) -> Any | None:
     seq = g.op("Slice", [g.op("Shape", ["input_ids"], "ids_shape"), g.const("one", i64(1)), g.const("two", i64(2))], "seq")
     g.op("Squeeze", [seq, "zero"], "seq_scalar")
     pos = g.op("Slice", [g.const("pos_emb", text.embeddings.position_embedding.weight), "zero", seq, "zero"], "pos")
-    h = g.op("Add", [g.op("Gather", [g.const("tok_emb", text.embeddings.token_embedding.weight), "input_ids"], "tok"), pos],
+    h3 = g.op("Add", [g.op("Gather", [g.const("tok_emb", text.embeddings.token_embedding.weight), "input_ids"], "tok"), pos],
              "h0")
+    width = int(text.config.hidden_size)
+    g.op("Concat", ["ids_shape", g.const("width1", i64(width))], "shape3", axis=0)  # [batch, sequence, width]
+    h = g.op("Reshape", [h3, g.const("flat", i64(-1, width))], "h0_rows")  # the rows from here on
     g.op("Cast", ["attention_mask"], "mask32", to=6)
     _eos_index(g, cfg.eos_token_id)  # "eos": [batch, 1], read by the pooled layer
     pending: str | None = None  # the previous MLP's output, added to the residual by the next norm
@@ -160,13 +176,15 @@ def clip_text_graph(encoder: Any) -> Any | None:
         if i < len(layers) - 1:
             qkv_w = torch.cat([attn.q_proj.weight, attn.k_proj.weight, attn.v_proj.weight]).T
             qkv_b = torch.cat([attn.q_proj.bias, attn.k_proj.bias, attn.v_proj.bias])
-            a = g.op("Attention", [x, g.const(f"{name}.qkv.w", qkv_w), g.const(f"{name}.qkv.b", qkv_b), "mask32"],
-                     f"{name}.attn", domain=MS, num_heads=heads, unidirectional=1)
-        else:  # the pooled row from here on: [B, 1, d]
-            width = g.const("eos_shape", i64(1, 1, attn.q_proj.weight.shape[0]))
-            index = g.op("Expand", [g.op("Unsqueeze", ["eos", g.const("ax2", i64(2))], "eos3"), width], "eos_index")
-            h = g.op("GatherElements", [h, index], f"{name}.h_eos", axis=1)
-            g.op("GatherElements", [x, index], f"{name}.x_eos", axis=1)
+            x3 = g.op("Reshape", [x, "shape3"], f"{name}.x3")
+            a = g.op("Attention", [x3, g.const(f"{name}.qkv.w", qkv_w), g.const(f"{name}.qkv.b", qkv_b), "mask32"],
+                     f"{name}.attn3", domain=MS, num_heads=heads, unidirectional=1)
+            a = g.op("Reshape", [a, "flat"], f"{name}.attn")
+        else:  # the pooled row from here on: [B, d]
+            span = g.const("eos_shape", i64(1, 1, width))
+            index = g.op("Expand", [g.op("Unsqueeze", ["eos", g.const("ax2", i64(2))], "eos3"), span], "eos_index")
+            h = _pooled_row(g, h, index, f"{name}.h")
+            _pooled_row(g, x, index, f"{name}.x")
             a = _pooled_attention(g, x, attn, heads, name)
         o = g.linear(a, attn.out_proj.weight, attn.out_proj.bias, f"{name}.out")
         x2, h = g.add_norm(o, h, layer.layer_norm2, eps, f"{name}.ln2")
@@ -176,8 +194,7 @@ def clip_text_graph(encoder: Any) -> Any | None:
         pending = g.linear(m, layer.mlp.fc2.weight, layer.mlp.fc2.bias, f"{name}.fc2")
     assert pending is not None
     final, _ = g.add_norm(pending, h, text.final_layer_norm, eps, "final")
-    pooled = g.op("Squeeze", [final, g.const("axis1", i64(1))], "pooled")
-    projected = g.op("MatMul", [pooled, g.const("projection", model.text_projection.weight.T)], "projected")
+    projected = g.op("MatMul", [final, g.const("projection", model.text_projection.weight.T)], "projected")
     g.op("LpNormalization", [projected], "embedding", axis=-1, p=2)
     dim = int(model.text_projection.weight.shape[0])
     graph = helper.make_graph(
