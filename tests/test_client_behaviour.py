@@ -653,6 +653,57 @@ def test_following_a_servers_backfill_waits_for_its_last_bridge_fit():
     assert len(polled) == 4 and rep["stopped"] == "done" and rep["committed"] == 10
 
 
+def test_following_a_servers_backfill_counts_what_its_worker_committed():
+    """Trial AK: `collection backfill URL` said "1350 committed" where its worker re-embedded at most
+    1,202: it counted the growth of ``done``, which items added meanwhile (embedded by the current
+    model) grow too, and dropped the training sample's count. The server's worker thread counts what
+    it commits; a follower reports the part since it began (the whole run of a thread started since,
+    the rest of the same thread's)."""
+    from nobackfill.client.remote import _follow
+
+    class Server:
+        def __init__(self, answers):
+            self.answers = iter(answers)
+
+        def backfill_status(self):
+            return next(self.answers)
+
+    def end(run, committed, sample):
+        return {"state": "done", "done": 1350, "worker": "idle", "worker_stopped": "done",
+                "worker_run": {"run": run, "committed": committed, "sample_committed": sample}}
+
+    # a thread started by this call (the last one, run 3, had ended): 150 items were added meanwhile
+    before = {"done": 0, "worker": "idle", "worker_run": {"run": 3, "committed": 40, "sample_committed": 0}}
+    rep = _follow(Server([end(4, 1200, 64)]), before, None, 0.0)
+    assert (rep["committed"], rep["sample_committed"]) == (1200, 64)
+    # joined a thread already running (the same run): only what it committed since
+    before = {"done": 300, "worker": "running", "worker_run": {"run": 4, "committed": 300, "sample_committed": 64}}
+    rep = _follow(Server([end(4, 1200, 64)]), before, None, 0.0)
+    assert (rep["committed"], rep["sample_committed"]) == (900, 0)
+    # a server without the counts: the growth of done, as before
+    rep = _follow(Server([{"state": "done", "done": 50, "worker": "idle"}]), {"done": 10}, None, 0.0)
+    assert (rep["committed"], rep["sample_committed"]) == (40, 0)
+
+
+def test_a_backfill_run_reports_what_it_committed_alike_in_process_and_over_http(client):
+    """Trial AK: over HTTP a followed run's ``committed`` counted items added during it, and its
+    training sample's count was always 0. Both faces report the run's own commits and sample; items
+    added while it runs (embedded by the current model) are not among them."""
+    client.upgrade(MODELS / "world-new" if type(client).__name__ == "LocalClient" else "world-new")
+    added = []
+
+    def progress(n: int) -> None:  # items added while the run goes on
+        if not added:
+            added.append(client.add(texts=[{"text": f"added during the run {i}", "id": f"during-{i}"}
+                                           for i in range(3)]).added)
+
+    rep = client.backfill_start(wait=True, progress=progress)
+    st = client.backfill_status()
+    assert added == [3] and st["done"] == st["total"] == 33, st
+    assert rep["committed"] == 30 and 0 < rep["sample_committed"] == st["sample"] <= 30, rep
+    assert client.backfill_start(wait=True)["committed"] == 0
+
+
 def test_following_a_servers_backfill_prints_what_its_fits_say():
     """Trial AF: over HTTP `collection backfill URL` printed none of the fits' lines (a route leaving
     the bridge given among them) that a run in process prints; the fits keep them, the follower says

@@ -23,7 +23,7 @@ __all__ = ["LocalClient"]
 
 #: keys of a backfill's status that only some states have: null otherwise, in process as over HTTP
 NULLABLE_BACKFILL_KEYS = ("order", "target", "shards", "engine", "eta_s", "phase", "sample", "last_worker", "note",
-                          "worker", "rate_cap", "worker_stopped", "error")
+                          "worker", "rate_cap", "worker_stopped", "error", "worker_run")
 
 logger = logging.getLogger("nobackfill.client")
 
@@ -418,11 +418,12 @@ class LocalClient(Client):
             def one_run() -> Any:
                 if ray is None:  # (its bridge fits told to this module's logger; status names them too)
                     return run_worker(self.collection, enc, rate=rate, batch_size=32, log=logger.info,
-                                      stop=self.worker.stop_reason)
+                                      stop=self.worker.stop_reason, progress=self.worker.progress)
                 from ..lifecycle.cluster.ray_backfill import run_ray_worker
 
                 return run_ray_worker(self.collection, self._loader(), uri=self.target, options=ray, rate=rate,
-                                      batch_size=32, log=logger.info, stop=self.worker.stop_reason)
+                                      batch_size=32, log=logger.info, stop=self.worker.stop_reason,
+                                      progress=self.worker.progress)
 
             def resumed(rep: Any) -> bool:
                 job = backfill_running(self.collection)

@@ -349,8 +349,19 @@ def _follow(client: RemoteClient, before: dict[str, Any], progress: Callable[[in
             break  # (done: once the server's worker has also run the last bridge fit, as a run in process does)
         time.sleep(poll_s)
     stopped = "done" if st["state"] == "done" else st.get("worker_stopped") or st["state"]
-    return {**st, "committed": st["done"] - before["done"], "sample_committed": 0,
-            "seconds": round(time.monotonic() - t0, 2), "stopped": stopped, "busy": []}
+    return {**st, **_committed(before, st), "seconds": round(time.monotonic() - t0, 2), "stopped": stopped, "busy": []}
+
+
+def _committed(before: dict[str, Any], after: dict[str, Any]) -> dict[str, int]:
+    """What the server's worker committed between the statuses ``before`` and ``after`` (the same
+    thread's counts then and now, or the whole run of one started since), as a run in process
+    reports it; from a server without ``worker_run``: the growth of ``done`` (which counts items
+    added meanwhile too)."""
+    run, was = after.get("worker_run"), before.get("worker_run")
+    if not run:
+        return {"committed": after["done"] - before["done"], "sample_committed": 0}
+    base = was if was and was["run"] == run["run"] else {"committed": 0, "sample_committed": 0}
+    return {k: run[k] - base[k] for k in ("committed", "sample_committed")}
 
 
 def _str(p: str | Path | None) -> str | None:

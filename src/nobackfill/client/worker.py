@@ -22,7 +22,8 @@ __all__ = ["BackgroundWorker"]
 class BackgroundWorker:
     """The client's background backfill worker: ``active`` (a thread runs, or is deciding whether to
     go on), ``error`` and ``stopped`` (why it last stopped), ``thread``, ``rate_cap`` (the items per
-    second its run was capped at, None: none; a resume keeps it unless given another)."""
+    second its run was capped at, None: none; a resume keeps it unless given another), ``run`` (the
+    thread's number, from 1) and what it ``committed`` (the training sample's part: ``sample``)."""
 
     def __init__(self) -> None:
         self.lock = threading.Lock()
@@ -32,6 +33,11 @@ class BackgroundWorker:
         self.active = False
         self.rate_cap: float | None = None
         self._stop_why: str | None = None
+        self.run, self.committed, self.sample, self._live = 0, 0, 0, 0
+
+    def progress(self, n: int) -> None:
+        """A worker's ``progress``: ``n`` more items committed by the run now going (exact once it ends)."""
+        self._live += n
 
     def stop_reason(self) -> str | None:
         """Why the running worker is to stop (None: go on); a worker's ``stop`` callable."""
@@ -46,12 +52,15 @@ class BackgroundWorker:
                 return False
             self.active, self.error, self.stopped, self._stop_why = True, None, None, None
             self.rate_cap = rate_cap
+            self.run, self.committed, self.sample, self._live = self.run + 1, 0, 0, 0
 
         def work() -> None:
             try:
                 while True:
                     rep = one_run()
                     with self.lock:
+                        self.committed, self.sample = self.committed + rep.committed, self.sample + rep.sample
+                        self._live = 0
                         if self._stop_why is None and resumed(rep):
                             continue  # resumed (or started anew) while this worker was stopping
                         self.stopped, self.active = rep.reason(), False
@@ -77,7 +86,8 @@ class BackgroundWorker:
 
     def annotate(self, st: dict[str, Any]) -> dict[str, Any]:
         """``st`` (the job's status) with this worker: ``worker`` (running | idle), ``rate_cap`` (its
-        run's, while it runs), ``worker_stopped`` (why it last stopped), ``error``."""
+        run's, while it runs), ``worker_stopped`` (why it last stopped), ``error``, ``worker_run`` (its
+        thread's number and what it committed so far: ``{run, committed, sample_committed}``)."""
         active = self.active
         st["worker"] = "running" if active else "idle"
         st["rate_cap"] = self.rate_cap if active else None
@@ -89,4 +99,6 @@ class BackgroundWorker:
             st["error"] = self.error
         if self.stopped and not active:
             st["worker_stopped"] = self.stopped
+        if self.run:
+            st["worker_run"] = {"run": self.run, "committed": self.committed + self._live, "sample_committed": self.sample}
         return st

@@ -104,6 +104,9 @@ class BackfillStatus(_Open):
                                                         "null: no cap.")
     worker_stopped: Optional[str] = Field(None, description="Why this server's worker stopped, when it gave up.")
     error: Optional[str] = Field(None, description="The error that stopped this server's worker.")
+    worker_run: Optional[dict[str, int]] = Field(None, description="This server's worker thread: {run (its number, from "
+                                                                "1), committed (items it committed so far), "
+                                                                "sample_committed (of them the training sample's)}.")
 
 
 class SpaceStatus(_Open):
