@@ -269,6 +269,33 @@ def test_a_killed_holders_lease_is_taken_over_at_once(tmp_path):
     assert backfill_status(Collection.open(c.path))["workers"] == 1
 
 
+def test_a_copy_taken_during_a_backfill_has_no_worker_and_its_shards_are_free(tmp_path):
+    """Trial AK: after ``cp -r`` of a collection during its backfill, the copy's status said the
+    original's worker ran on it (with an ETA), though nothing works on the copy. A lease names the
+    place of the collection it was taken in; on this host one from another place is no live worker
+    of this copy: status says so, and a worker of the copy takes the shard at once."""
+    import shutil
+    import socket
+
+    from nobackfill.lifecycle.backfill import _write
+    from nobackfill.lifecycle.backfill_jobs import place_of
+
+    c, old, new, pool, data = _upgraded(tmp_path, n_images=12, captions=1)
+    start_backfill(c, new, order="sequential", shards=1)
+    live = {"owner": f"{socket.gethostname()}:{os.getpid()}:original", "expires": time.time() + 3600, "since": "",
+            "rate": 5.0, "renewed": time.time(), "place": place_of(c)}
+    _write(c, "leases/shard-0.json", live)
+    assert backfill_status(Collection.open(c.path))["workers"] == 1
+    copy = Collection.open(Path(shutil.copytree(c.path, tmp_path / "copy")))
+    assert place_of(copy) != place_of(c) is not None
+    st = backfill_status(copy)
+    assert st["workers"] == 0 and st["state"] == "idle" and st["eta_s"] is None, st
+    assert "copy of the collection" in st["last_worker"]["stopped"] and "copy of the collection" in st["note"]
+    rep = run_worker(copy, new, batch_size=5, lease_s=3600)
+    assert rep.committed == st["total"] and backfill_status(Collection.open(copy.path))["done"] == st["total"]
+    assert backfill_status(Collection.open(c.path))["workers"] == 1  # the original's worker is still its own
+
+
 def test_status_names_a_killed_worker_not_an_earlier_one_that_said_why(tmp_path):
     """Trial I: after a ``kill -9`` of a run, status said the last worker was an earlier run's, with
     that run's reason (paused). A worker killed since the last recorded stop left its lease

@@ -55,7 +55,7 @@ from .backfill_commit import (Session, WorkerReport, _all_shards_done, _finalize
 # the job store's and the orders' names stay importable from here (tests and other modules do)
 from .backfill_jobs import (DEFAULT_LEASE_S, JOB_DIR, JOB_FILE, LEASE_DIR, ORDER_FILE, SAMPLE_FILE,  # noqa: F401
                             UNREADABLE_FILE, WORKERS_FILE, BackfillBusy, BackfillError, BackfillJob, _holder,
-                            Pacer, _holder_gone, _iso, _job_lock, _last_worker, _leases, _now, _order_ids, _parse_owner,
+                            Pacer, lease_gone, _iso, _job_lock, _last_worker, _leases, _now, _order_ids, _parse_owner,
                             _read, _release, _renew,
                             _stopped_workers, _take_shard, _write, backfill_running, describe_holders,
                             record_unreadable, unreadable_items, unreadable_note)
@@ -187,7 +187,7 @@ def backfill_status(collection: Collection) -> dict[str, Any]:
     leases = _leases(collection) if job else {}
     now = _now()
     live = {s: v for s, v in leases.items() if v.get("expires", 0) > now and not v.get("done")
-            and not _holder_gone(str(v.get("owner", "")))}
+            and not lease_gone(collection, v)}
     out["workers"] = len(live)
     out["holders"] = [_holder(s, v) for s, v in sorted(live.items())]
     engines = sorted({str(v.get("engine", "local")) for v in live.values()})

@@ -19,7 +19,7 @@ from typing import Any, Callable, Mapping, Sequence
 import numpy as np
 
 from ..collection.collection import Collection
-from .backfill_jobs import JOB_DIR, BackfillJob, _holder_gone, _iso, _now, _read, _write, new_owner
+from .backfill_jobs import JOB_DIR, BackfillJob, _iso, _now, _read, _write, lease_gone, new_owner, place_of
 
 FIT_FILE = "fit.json"
 #: a fit marked running longer ago than this is not shown as running (its process, on another
@@ -158,7 +158,7 @@ def running_fit(collection: Collection, st: dict[str, Any] | None = None) -> dic
     than :data:`FIT_SHOWN_S` ago is not running."""
     st = fit_state(collection) if st is None else st
     fitting = (st or {}).get("fitting")
-    if not fitting or _holder_gone(str(fitting.get("owner", ""))) or \
+    if not fitting or lease_gone(collection, fitting) or \
             _now() - float(fitting.get("at", 0.0)) > FIT_SHOWN_S:
         return None
     return fitting
@@ -312,7 +312,8 @@ def maybe_fit(collection: Collection, *, final: bool | None = False, pool: Any =
                                    queries=tuple(st.get("queries") or ()))
         said, say = _kept(log)  # kept with the fit: a server's backfill followed over HTTP prints them too
         # status names the fit while it runs (seconds to half a minute, when the backfill seems to stall)
-        st["fitting"] = {"pairs": n, "owner": new_owner(), "since": _iso(), "at": _now()}
+        st["fitting"] = {"pairs": n, "owner": new_owner(), "since": _iso(), "at": _now(),
+                         **({"place": place} if (place := place_of(collection)) else {})}
         _write(collection, FIT_FILE, st)
         del st["fitting"]
         say(f"fitting bridges on {n} backfilled pairs (the backfill goes on once they are chosen)")

@@ -195,10 +195,13 @@ def _last_worker(collection: Collection, dead: Sequence[dict[str, Any]] = ()) ->
         idle = last is not None and str(last.get("stopped", "")).startswith("no free shard")  # says nothing of the work
         if (t > (last or {}).get("t", 0.0) or idle) and lease.get("owner") not in obj:
             host, pid = _parse_owner(str(lease.get("owner", "")))
+            copied = lease.get("place") is not None and host == socket.gethostname() and \
+                lease["place"] != place_of(collection)
             last = {"owner": lease.get("owner"), "host": host, "pid": pid, "at": _iso(t), "t": t,
-                    "stopped": "it stopped without saying why (killed, its machine gone, or the catalog unreachable "
-                               "as it stopped): its lease was "
-                               "left unfinished", "engine": lease.get("engine", "local")}
+                    "stopped": "its lease came with a copy of the collection taken while it worked on the original "
+                               "(no worker ran on this copy)" if copied else
+                               "it stopped without saying why (killed, its machine gone, or the catalog unreachable "
+                               "as it stopped): its lease was left unfinished", "engine": lease.get("engine", "local")}
     return last
 
 
@@ -216,10 +219,32 @@ def new_owner(tag: str = "") -> str:
     return f"{socket.gethostname()}:{os.getpid()}:{tag}{uuid.uuid4().hex[:8]}"
 
 
-def _holder_gone(owner: str) -> bool:
-    """``owner`` (``host:pid:tag``) names a process of this host that has exited."""
+def place_of(collection: Collection) -> str | None:
+    """Where ``collection`` lies on this host: the ``device:inode`` of its SQLite catalog's folder
+    (None for a catalog on a server), written into the leases and fits its workers take, so that
+    one copied with the collection (``cp -r`` during a backfill: trial AK) is told from a worker of
+    this copy."""
+    if collection.catalog.dialect != "sqlite":
+        return None
+    try:
+        st = os.stat(Path(collection.catalog.location).parent)
+    except (OSError, ValueError):
+        return None
+    return f"{st.st_dev}:{st.st_ino}"
+
+
+def _holder_gone(owner: str, place: str | None = None, here: str | None = None) -> bool:
+    """``owner`` (``host:pid:tag``) names a process of this host that has exited or that, its lease
+    or fit written at ``place``, works on another copy of the collection than the one at ``here``."""
     host, pid = _parse_owner(owner)
-    return host == socket.gethostname() and pid is not None and not pid_alive(pid)
+    if host != socket.gethostname():
+        return False
+    return (pid is not None and not pid_alive(pid)) or (place is not None and here is not None and place != here)
+
+
+def lease_gone(collection: Collection, lease: dict[str, Any]) -> bool:
+    """The holder of ``lease`` (or fit) of ``collection`` has exited or works on another copy of it."""
+    return _holder_gone(str(lease.get("owner", "")), lease.get("place"), place_of(collection))
 
 
 def _take_shard(collection: Collection, job: BackfillJob, owner: str,
@@ -232,8 +257,9 @@ def _take_shard(collection: Collection, job: BackfillJob, owner: str,
     for s in range(job.shards):
         raw, lease = leases.get(s, (None, None))
         if lease is None or (not lease.get("done") and (lease.get("expires", 0) <= now or lease.get("owner") == owner
-                                                        or _holder_gone(str(lease.get("owner", ""))))):
-            new = {"owner": owner, "expires": now + lease_s, "since": _iso(now), "rate": 0.0, "renewed": now}
+                                                        or lease_gone(collection, lease))):
+            new = {"owner": owner, "expires": now + lease_s, "since": _iso(now), "rate": 0.0, "renewed": now,
+                   **({"place": place} if (place := place_of(collection)) else {})}
             if _swap(collection, s, raw, new):
                 return s, []
             lease = _leases(collection).get(s)  # taken by another worker meanwhile
