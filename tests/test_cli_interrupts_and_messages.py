@@ -176,3 +176,22 @@ def test_status_names_a_skipped_direction_only_for_a_space_that_serves_items(cap
     print_fitted(fitted, {"empty": {"image": 0, "text": 0}, "full": {"image": 3, "text": 0}})
     out = capsys.readouterr().out
     assert "-> space full: too few pairs" in out and "space empty" not in out
+
+
+def test_an_upgrade_lists_only_the_routes_into_what_the_older_space_holds(capsys):
+    """Trial AK D6: the upgrade of a collection of images alone listed i2t and t2t routes, into
+    captions it does not have. Given status's spaces, the route lines are those into a modality the
+    space holds, with one line naming the rest; without them (the route command) all are listed."""
+    from nobackfill.cli._collection_print import print_routes
+
+    route = {"route": "old-model", "w": None, "pinned": False, "calibrated": False, "calibration": {}}
+    routes = {"old": {d: dict(route) for d in ("t2i", "i2i", "i2t", "t2t")}}
+    print_routes(routes, {"old": {"image": 40, "text": 0}})
+    out = capsys.readouterr().out.splitlines()
+    assert out[0] == "  space old holds no texts: i2t, t2t not shown (they would answer nothing)", out
+    assert [line.split(":")[0] for line in out[1:]] == ["  space old t2i", "  space old i2i"]
+    print_routes(routes, {"old": {"image": 0, "text": 5}})
+    out = capsys.readouterr().out
+    assert "holds no images: t2i, i2i not shown" in out and "old t2t: old-model" in out and "old i2i:" not in out
+    print_routes(routes)
+    assert len(capsys.readouterr().out.splitlines()) == 4

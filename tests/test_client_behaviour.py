@@ -763,3 +763,17 @@ def test_a_status_in_process_has_every_key_the_http_one_has(world, tmp_path):
         assert all(set(SpaceStatus.model_fields) <= set(s) for s in st["spaces"].values()), st["spaces"]
         assert set(BackfillStatus.model_fields) <= set(st["backfill"]), set(BackfillStatus.model_fields) - set(st["backfill"])
         assert set(BackfillStatus.model_fields) <= set(c.backfill_status())
+
+
+def test_an_add_result_prints_short():
+    """Trial AK: the docs' ``print(photos.add(folder=...))`` printed every id (400 KB for 15,000
+    items). Its repr keeps every field and cuts long lists and dicts after a few entries, saying how
+    many it left out; the fields themselves stay whole."""
+    ids = [f"item-{i}" for i in range(15000)]
+    r = AddResult(added=15000, ids=ids, skipped_images={f"bad-{i}.png": "not an image" for i in range(9)})
+    text = repr(r)
+    assert len(text) < 400 and "added=15000" in text and "(14997 more)" in text and "(6 more)" in text, text
+    assert text.startswith("AddResult(") and "'item-0'" in text and "'item-14999'" not in text and r.ids == ids
+    assert repr(AddResult(added=2, ids=["a", "b"])) == ("AddResult(added=2, replaced=0, unchanged=0, metadata_updated=0, "
+                                                        "recovered=0, skipped=0, ids=['a', 'b'], problems=[], "
+                                                        "skipped_images={}, uncaptioned=0)")

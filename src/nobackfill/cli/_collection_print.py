@@ -88,9 +88,17 @@ def interrupt_report(client: Any, name: str, kind: str = "add") -> Iterator[None
         raise typer.Exit(code=143 if by_sigterm else 130) from None
 
 
-def print_routes(routes: dict) -> None:
-    """The route table (per older space and direction) a client call returned."""
+def print_routes(routes: dict, spaces: dict | None = None) -> None:
+    """The route table (per older space and direction) a client call returned; given ``spaces``
+    (status's), only the directions into a modality the space holds items of (trial AK: an upgrade
+    of images alone listed the routes of text queries into its captions, i2t and t2t)."""
     for sid, dirs in routes.items():
+        held = {m for m in ("image", "text") if (spaces.get(sid) or {}).get(m)} if spaces is not None else None
+        none = [d for d in dirs if held is not None and ("image" if d.endswith("i") else "text") not in held]
+        if none:
+            what = {frozenset(): "items", frozenset({"image"}): "texts", frozenset({"text"}): "images"}[frozenset(held)]
+            results.print(f"  space {sid} holds no {what}: {', '.join(none)} not shown (they would answer nothing)")
+            dirs = {d: r for d, r in dirs.items() if d not in none}
         for d, r in dirs.items():
             cal = r["calibration"]
             nums = ", ".join(f"{k} R@1 {v['R@1']:.3f}" + (f" (w={v['w']})" if "w" in v else "")
@@ -274,7 +282,7 @@ def print_upgrade(name: str, rep: Any, st: dict[str, Any], seconds: float, *, ca
     """What `collection upgrade` did: the current model, the routes, the bridges' fits to come, the merge."""
     results.print(f"collection {name}: current model is now {st['spaces'][rep.current]['name']} (space {rep.current}) "
                   f"after {seconds:.1f}s; nothing was re-embedded")
-    print_routes(rep.routes)
+    print_routes(rep.routes, st.get("spaces"))
     fits = (st.get("fitted_bridges") or {}) if not calibrated else {}
     if fits.get("enabled") and fits.get("next") is not None:
         n, total = fits["next"], max(int(fits.get("items") or 0), 1)

@@ -24,7 +24,8 @@ def serve(
                                      "('model') lie under it."),
     upgrades_root: Path = typer.Option(Path("upgrades"), help="Upgrade directories (bridges) that POST /v1/upgrade "
                                        "may name ('bridges') lie under it."),
-    data_root: Optional[Path] = typer.Option(None, help="Calibration data that upgrade requests may name lies under it."),
+    data_root: Optional[Path] = typer.Option(None, help="Files that requests may name (calibration data, files to "
+                                                        "add) lie under it; responses show paths under it relative to it."),
     uploads: Optional[Path] = typer.Option(None, help="Where uploaded images are kept (default: <collection>/uploads; "
                                            "required for a collection in Milvus, which has no folder: a directory every "
                                            "replica reaches)."),

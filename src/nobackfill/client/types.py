@@ -90,6 +90,22 @@ class AddResult(_Result):
     skipped_images: dict[str, str] = field(default_factory=dict)  # image (as given) -> why it was skipped
     uncaptioned: int = 0  # a folder's images that no caption mentions (added too)
 
+    def __repr__(self) -> str:
+        """Every field, its lists and dicts cut to their first few entries (an add of a folder holds
+        thousands of ids: trial AK printed 400 KB)."""
+        return f"AddResult({', '.join(f'{f.name}={_short(getattr(self, f.name))}' for f in fields(self))})"
+
+
+def _short(value: Any, shown: int = 3) -> str:
+    """``repr(value)``, a list or dict of more than ``shown`` + 1 entries cut after ``shown`` with the
+    number left out."""
+    if not isinstance(value, (list, dict)) or len(value) <= shown + 1:
+        return repr(value)
+    more = f"... ({len(value) - shown} more)"
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"{k!r}: {v!r}" for k, v in list(value.items())[:shown]) + f", {more}}}"
+    return "[" + ", ".join(repr(v) for v in value[:shown]) + f", {more}]"
+
 
 @dataclass
 class ImportResult(_Result):

@@ -19,7 +19,9 @@ class _Open(BaseModel):
 
 class Hit(_Open):
     """One result; ``metadata`` is the item's metadata, whole (``text`` of a caption, ``path`` of an
-    image relative to the collection or the data root...). Its keys are also flattened in beside the
+    image relative to the collection or to a root the server was started with, such as its data root;
+    an image stored elsewhere by its file name only: the service never shows the server's own
+    absolute paths). Its keys are also flattened in beside the
     hit's own fields, as earlier releases gave them, but for those named rank, score, id, space,
     route or metadata: read ``metadata``."""
 
