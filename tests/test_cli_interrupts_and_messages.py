@@ -195,3 +195,16 @@ def test_an_upgrade_lists_only_the_routes_into_what_the_older_space_holds(capsys
     assert "holds no images: t2i, i2i not shown" in out and "old t2t: old-model" in out and "old i2i:" not in out
     print_routes(routes)
     assert len(capsys.readouterr().out.splitlines()) == 4
+
+
+def test_the_index_line_of_a_milvus_collection_adopted_in_place():
+    """Trial AL D1: `collection status` of a collection that adopted a Milvus collection in place
+    failed with KeyError 'count': an adopted space's index says what it is, not how many vectors
+    nobackfill stores (it stores none)."""
+    from nobackfill.cli._collection_print import index_line
+
+    adopted = {"image": {"in_use": "HNSW", "metric": "COSINE", "adopted": "products", "search_params": {"ef": 128}}}
+    assert index_line(adopted, {"image": 300}) == ("the Milvus collection 'products' adopted in place (image vectors; "
+                                                   "its own index HNSW, COSINE, ef 128)")
+    own = {"image": {"backend": "milvus", "in_use": "HNSW", "count": 5}}
+    assert index_line(own, {"image": 5}) == "milvus: HNSW over 5 stored image vectors"

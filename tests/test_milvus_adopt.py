@@ -304,6 +304,8 @@ def test_the_cli_adopts_a_milvus_collection_with_a_real_model(tmp_path):
     assert r.exit_code == 0, r.output
     assert "model check: these vectors match" in r.output and "adopted" in r.output and "6 item(s)" in r.output
     assert _fingerprint(client, theirs) == before
+    r = run(app, ["collection", "status", f"milvus-lite:{lite}#ours"])  # (trial AL: KeyError 'count')
+    assert r.exit_code == 0 and f"the Milvus collection {theirs!r} adopted in place" in r.output, r.output
 
 
 def test_retiring_an_adopted_space_says_the_users_collection_is_kept():

@@ -174,6 +174,12 @@ class Item:
         return None
 
     @property
+    def sourced(self) -> bool:
+        """Whether there is something to embed this item again from (an image's path, a caption's
+        text; :func:`~nobackfill.catalog.schema.unsourced_sql` is the catalog's form of the converse)."""
+        return bool(self.source.get("path" if self.modality == "image" else "text"))
+
+    @property
     def payload(self) -> str:
         """What an encoder embeds: the image path or the caption text."""
         return self.source["path"] if self.modality == "image" else self.source["text"]

@@ -187,6 +187,11 @@ def index_line(info: dict, served: dict | None = None) -> str:
     vectors, how many are not searched (trial J read 49 images beside "Flat for 50 images")."""
     parts = []
     for m, i in info.items():
+        if i.get("adopted"):  # a user's Milvus collection searched in place (trial AL: KeyError 'count')
+            ps = ", ".join(f"{k} {v}" for k, v in (i.get("search_params") or {}).items())
+            parts.append(f"the Milvus collection {i['adopted']!r} adopted in place ({m} vectors; its own index "
+                         f"{i.get('in_use') or '?'}, {i.get('metric') or '?'}" + (f", {ps}" if ps else "") + ")")
+            continue
         idle = int(i["count"]) - int((served or {}).get(m, i["count"]))
         parts.append((f"{i['in_use']} over " if i.get("in_use") else "") + f"{i['count']} stored {m} vectors"
                      + ("" if i.get("in_use") else " (their index is loaded at the first search)")
@@ -194,8 +199,8 @@ def index_line(info: dict, served: dict | None = None) -> str:
                         if idle > 0 else "")
                      + (" (graph index building; searches exact meanwhile)" if i.get("building") else "")
                      + (f" (searched exactly until they can train it: {i['waiting']})" if i.get("waiting") else ""))
-    backend = next(iter(info.values()))["backend"]
-    return f"{backend}: " + ", ".join(parts)
+    backend = next((i["backend"] for i in info.values() if i.get("backend")), None)
+    return (f"{backend}: " if backend else "") + ", ".join(parts)
 
 
 def retired_words(space: dict) -> str:

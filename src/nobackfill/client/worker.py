@@ -59,7 +59,8 @@ class BackgroundWorker:
                 while True:
                     rep = one_run()
                     with self.lock:
-                        self.committed, self.sample = self.committed + rep.committed, self.sample + rep.sample
+                        self.committed += getattr(rep, "committed", 0)  # (a run's WorkerReport)
+                        self.sample += getattr(rep, "sample", 0)
                         self._live = 0
                         if self._stop_why is None and resumed(rep):
                             continue  # resumed (or started anew) while this worker was stopping

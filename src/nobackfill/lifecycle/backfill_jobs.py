@@ -324,8 +324,13 @@ def unreadable_note(collection: Collection, ids: Sequence[str]) -> tuple[int, st
 
 
 def unreadable_items(collection: Collection, job: "BackfillJob | None") -> dict[str, Any]:
-    """This job's unreadable items: ``{"ids": [...], "count": n, "named": {id: why}}`` (empty for none)."""
+    """This job's unreadable items that still wait for it, live and not served by its target:
+    ``{"ids": [...], "count": n, "named": {id: why}}`` (empty for none; trial AL: status named items
+    deleted since, or retired with their space)."""
     obj = _read(collection, UNREADABLE_FILE) if job is not None else None
     if not obj or obj.get("epoch") != job.epoch:
         return {"ids": [], "count": 0, "named": {}}
-    return obj
+    live = collection.serving(obj["ids"])
+    ids = [i for i in obj["ids"] if i in live and live[i][1] != job.target]
+    keep = set(ids)
+    return {**obj, "ids": ids, "count": len(ids), "named": {i: w for i, w in obj["named"].items() if i in keep}}

@@ -23,8 +23,10 @@ def _pending(collection: Collection, target: str, items: dict[str, Item] | None 
     mods = set(collection.space(target).modalities)
     if items is None:  # the catalog knows what the target serves (the current space: first in order)
         return collection.not_served_by(target, mods, sourced=True)
-    held = _held(collection.store_for_lookup(target), [it for it in items.values() if it.modality in mods])
-    return [it for it in items.values() if it.modality in mods and it.key not in held[it.modality]]
+    # (trial AL: an image imported with a url alone was ordered, then read as the path '.')
+    mine = [it for it in items.values() if it.modality in mods and it.sourced]
+    held = _held(collection.store_for_lookup(target), mine)
+    return [it for it in mine if it.key not in held[it.modality]]
 
 
 def one_read_time(store: Any) -> Any:
