@@ -433,3 +433,15 @@ def test_a_diverging_training_is_one_line_naming_the_step_and_what_to_change(lat
     assert said.startswith("error: contrastive: the loss is nan at step "), said
     assert "the training diverged; try a lower learning rate" in said, said
     assert "has these settings: delete it (or give another --out) to train with others" in said, said
+
+
+def test_late_train_kd_refuses_a_teacher_without_an_image_tower(late_setup, tmp_path) -> None:
+    """trial AL: ``late train --kind kd --teacher models/m30k-old-text`` ended in a traceback
+    (AttributeError: 'BertConfig' object has no attribute 'vision_config')."""
+    root, text_only = late_setup["root"], Path(__file__).resolve().parents[1] / "models" / "m30k-old-text"
+    r = _invoke("late", "train", "--kind", "kd", "--world", root / "world", "--preset", root / "student.toml",
+                "--teacher", text_only, "--steps", "2", "--batch-size", "4", "--out", tmp_path / "kd")
+    assert r.exit_code == 2 and len(r.output.strip().splitlines()) == 1, r.output
+    said = " ".join(r.output.split())
+    assert said.startswith(f"error: {text_only}: the model embeds only text (it has no image tower)"), said
+    assert not (tmp_path / "kd").exists()

@@ -94,3 +94,31 @@ def test_compat_train_cli_checks_option_types_and_ranges(tmp_path):
     with pytest.raises(ValueError, match="option ce_weight: must be a finite number >= 0 and <= 1"):
         create_method("dsimplex-hoc", ce_weight=1.5)
     assert create_method("bct", influence_weight=2).cfg.influence_weight == 2.0
+
+
+def test_compat_train_refuses_sizes_out_of_range_before_any_work(tmp_path):
+    """trial AL: `--n-render-train 0` ended in numpy's "need at least one array to stack" after the
+    evaluation split was rendered; `--train-steps 0` was named as the loop's --steps (T here)."""
+    import pytest
+
+    cases = {("--n-render-train", "0"): "--n-render-train (rendered items) must be >= 1, got 0",
+             ("--n-render-eval", "-3"): "--n-render-eval (rendered items) must be >= 1, got -3",
+             ("--train-steps", "0"): "--train-steps (optimiser steps per model) must be >= 1, got 0",
+             ("--epochs", "-1"): "--epochs must be >= 0",
+             ("--first-fraction", "1.5"): "--first-fraction must be in [0, 1)",
+             ("--set", "sequence.batch_size=0"): "batch_size must be >= 1, got 0",
+             ("--set", "data.world_seed=-1"): "world_seed and class_seed must be >= 0"}
+    for flag, message in cases.items():
+        out, cache = tmp_path / "out", tmp_path / "cache"
+        for cmd in (["compat", "train", "--method", "bct", "--out", str(out)],
+                    ["bench", "compat-steps", "--quick", "--json", str(out / "b.json"), "--work-dir", str(out)]):
+            if cmd[0] == "bench" and flag[0] in ("--train-steps", "--set"):
+                continue  # (the bench takes --train-steps 0 as "not given"; its --set keys differ)
+            r = CliRunner().invoke(app, [*cmd, "--cache-dir", str(cache), *TINY, *flag])
+            assert r.exit_code == 2 and len(r.output.strip().splitlines()) == 1, r.output
+            assert message in " ".join(r.output.split()), r.output
+            assert not out.exists() and not cache.exists()
+    from nobackfill.compat.learning.data import _render
+
+    with pytest.raises(ValueError, match="none of the 1 train items rendered holds one object.*n_render_train"):
+        _render(0, "train", 1, False)

@@ -89,7 +89,10 @@ def test_a_default_that_names_a_shipped_model_is_found_from_any_working_director
 
 @pytest.mark.parametrize("backend, says", [("IVF9999,Zork", "could not parse code description Zork"),
                                            ("PQ17", "should be a multiple of the number of subquantizers"),
-                                           ("hnsw:M=0", "hnsw options must be >= 1")])
+                                           ("hnsw:M=0", "hnsw options must be >= 1"),
+                                           ("IVF8,Flat:nprobe=0",
+                                            "option nprobe must be >= 1, got 0 in 'IVF8,Flat:nprobe=0'"),
+                                           ("HNSW32:efSearch=-1", "option efSearch must be >= 1, got -1 in")])
 def test_an_index_spec_that_cannot_be_built_is_refused_before_anything_is_stored(tmp_path, backend, says):
     """trial U: `collection create --backend IVF9999,Zork` was accepted and every later search failed
     with faiss' C++ internals."""
@@ -102,3 +105,25 @@ def test_an_index_spec_that_cannot_be_built_is_refused_before_anything_is_stored
     with pytest.raises(ValueError, match=says):
         Gallery.create(tmp_path / "g", space_id="s", dim=64, model="m", backend=backend)
     assert not (tmp_path / "c").exists() and not (tmp_path / "g").exists()
+
+
+@pytest.mark.parametrize("backend", ["IVF8,Flat:nprobe=0", "HNSW32:efSearch=0", "IVF8,Flat:efSearch=4,nprobe=-1"])
+def test_a_faiss_search_parameter_below_1_is_refused_when_parsed_and_when_an_index_opens(tmp_path, backend):
+    """trial AL: `--backend IVF8,Flat:nprobe=0` was accepted at create and import, and every search
+    failed with faiss' RuntimeError ('cur_nprobe > 0' failed); an index stored with such a string (an
+    older build's) is refused with the same line when it opens."""
+    import numpy as np
+
+    from nobackfill.ann.backends import load_index, make_index, validate_spec
+    from nobackfill.collection.collection import Collection
+
+    with pytest.raises(ValueError, match=r"faiss search option \w+ must be >= 1, got -?\d+ in '"):
+        validate_spec(backend)
+    with pytest.raises(ValueError, match="must be >= 1"):
+        Collection.check_new(tmp_path / "c", backend)  # (before a model loads)
+    assert not (tmp_path / "c").exists()
+    good = make_index(backend.split(":")[0], 16)
+    good.add(np.random.default_rng(0).standard_normal((400, 16)).astype(np.float32))
+    with pytest.raises(ValueError, match="faiss search option .* must be >= 1") as e:
+        load_index(backend, 16, good.to_bytes())
+    assert "cur_nprobe" not in str(e.value) and ".cpp" not in str(e.value)

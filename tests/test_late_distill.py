@@ -152,3 +152,16 @@ def test_kd_needs_matching_patch_grid(tiny) -> None:
     p.write_text((root / "student.toml").read_text().replace("patch_size = 16", "patch_size = 32"))
     with pytest.raises(ValueError, match="patch grid"):
         TargetCMLIDistillation(create_model(get_preset(p), tok), teacher)
+
+
+def test_kd_refuses_a_teacher_without_an_image_tower(tiny) -> None:
+    """trial AL: a text-only teacher (a MiniLM) failed with AttributeError ('vision_config')."""
+    from pathlib import Path
+
+    from nobackfill.encoders import create_model, get_preset, load_encoder
+    from nobackfill.late.distill import TargetCMLIDistillation
+
+    root, tok, _ = tiny
+    text_only = load_encoder(Path(__file__).resolve().parents[1] / "models" / "m30k-old-text")
+    with pytest.raises(ValueError, match="has no image tower"):
+        TargetCMLIDistillation(create_model(get_preset(root / "student.toml"), tok), text_only)

@@ -62,6 +62,10 @@ def _learn(model, data, out, cache, *extra, tasks="en,de"):
     (["--threads", "0"], "threads must be >= 1, got 0"),
     (["--set", "warmup_frac=2"], "warmup_frac must be in [0, 1], got 2"),
     (["--set", "weight_decay=-0.1"], "weight_decay must be a finite number >= 0, got -0.1"),
+    # trial AL: -3 was blamed on the data ("no 'de' captions ..."), 0 trained on every image
+    (["--train-images", "-3"], "--train-images must be >= 1, got -3 (leave it out to train on every train image)"),
+    (["--train-images", "0"], "--train-images must be >= 1, got 0 (leave it out to train on every train image)"),
+    (["--train-lines", "0"], "--train-lines must be >= 1, got 0 (leave it out to train on every line)"),
 ])
 def test_learn_refuses_out_of_range_settings_before_anything(world, tmp_path, args, says, show):
     data, model, _, cache = world

@@ -94,12 +94,13 @@ def _parse_options(rest: str, allowed: dict[str, type], kind: str, spec: str) ->
 
 
 def validate_spec(spec: str) -> str:
-    """Checks ``spec`` without building anything; returns it normalised (``kind[:k=v,...]``, or the
-    factory string with its search parameters)."""
+    """Checks ``spec`` without building anything (a faiss search parameter's range too); returns it
+    normalised (``kind[:k=v,...]``, or the factory string with its search parameters)."""
     kind, opts = parse_spec(spec)
     if kind == "faiss":
         opts = dict(opts)
         factory = opts.pop("factory")
+        FactoryIndex.check_params(factory, opts)
         return factory + (":" + ",".join(f"{k}={v}" for k, v in opts.items()) if opts else "")
     return kind + (":" + ",".join(f"{k}={v}" for k, v in opts.items()) if opts else "")
 

@@ -228,6 +228,7 @@ class FactoryIndex(_FaissIndex):
     def __init__(self, dim: int, factory: str = "Flat", _index: Any = None, **params: Any) -> None:
         import faiss
 
+        self.check_params(factory, params)
         self.factory, self.params = factory, dict(params)
         self.waiting: str | None = None  # why the rows are searched exactly for now (see the class doc)
         if _index is None:
@@ -236,6 +237,15 @@ class FactoryIndex(_FaissIndex):
             self.waiting = f"too few rows to train {factory!r} ({int(_index.ntotal)})"  # (a cached stand-in)
         super().__init__(dim, _index)
         self._set_params()
+
+    @classmethod
+    def check_params(cls, factory: str, params: dict[str, Any]) -> None:
+        """Refuse (``ValueError``) an integer search parameter below 1 (``nprobe=0``, ``efSearch=-1``):
+        faiss takes it and fails at every search (trial AL)."""
+        for name, value in params.items():
+            if cls.options.get(name) is int and int(value) < 1:
+                spec = factory + ":" + ",".join(f"{k}={v}" for k, v in params.items())
+                raise ValueError(f"faiss search option {name} must be >= 1, got {value} in {spec!r}")
 
     def _new_index(self, dim: int) -> Any:
         import faiss

@@ -61,6 +61,9 @@ def late_train(
         if spec is None:
             raise FileNotFoundError(f"{world}: {'no world.json' if Path(world).is_dir() else 'no such folder'}")
         t = load_encoder(teacher)
+        if cfg.kind == "kd" and "image" not in getattr(t, "modalities", ("image", "text")):  # (trial AL)
+            raise ValueError(f"{teacher}: the model embeds only text (it has no image tower): a kd teacher must "
+                             "embed images (its image patches are distilled)")
         loop = cfg.loop
         kd = dataclasses.replace(cfg.kd, seed=loop.seed) if cfg.kind == "kd" else None
         _, r = train_world_method(cfg.kind, out, spec, t.tokenizer, preset=cfg.preset, batch_size=cfg.batch_size,

@@ -97,8 +97,10 @@ def learn(
     lr: Optional[float] = typer.Option(None, help="Learning rate (constant after 10% warm-up); the default was "
                                                   "chosen for TEIR on Multi30K val and world val."),
     vocab_size: Optional[int] = typer.Option(None, help="Per-task vocabulary size (paper: 10K)."),
-    train_lines: Optional[int] = typer.Option(None, help="Multi30K: train on the first N task-1 lines."),
-    train_images: Optional[int] = typer.Option(None, help="World: train on the first N train images."),
+    train_lines: Optional[int] = typer.Option(None, help="Multi30K: train on the first N task-1 lines (N >= 1; "
+                                                         "default: every line)."),
+    train_images: Optional[int] = typer.Option(None, help="World: train on the first N train images (N >= 1; "
+                                                          "default: every train image)."),
     cache_dir: Path = typer.Option(Path("runs/cache"), help="Embedding cache for the frozen English targets."),
     seed: Optional[int] = typer.Option(None),
     threads: Optional[int] = typer.Option(None, help="torch threads."),
@@ -118,7 +120,8 @@ def learn(
     cfg = resolve_config(CLLConfig, LEARN_DEFAULTS, config, set_, show=show_config, flags={
         "method": method, "teir": teir, "teir_scale": teir_scale, "teir_task_tokens": teir_tokens,
         "oracle_vocab": oracle_vocab, "steps": steps, "batch_size": batch_size, "lr": lr,
-        "task_vocab_size": vocab_size, "seed": seed, "threads": threads})
+        "task_vocab_size": vocab_size, "seed": seed, "threads": threads},
+        check=lambda _c: _check_learn_sizes(train_lines, train_images))
     torch.set_num_threads(cfg.threads)
     try:
         langs = _split_langs(tasks, "--tasks")
@@ -136,6 +139,14 @@ def learn(
         fail(e)
     _learn_and_save(learner, task_list, out)
     console.print(f"wrote {out} (languages: {', '.join(learner.learned)})")
+
+
+def _check_learn_sizes(train_lines: Optional[int], train_images: Optional[int]) -> None:
+    """Refuse (``ValueError``) ``--train-lines`` / ``--train-images`` below 1 (trial AL: -3 was blamed on
+    the data, 0 trained on every image); left out, they mean everything."""
+    for flag, value, what in (("--train-lines", train_lines, "line"), ("--train-images", train_images, "train image")):
+        if value is not None and value < 1:
+            raise ValueError(f"{flag} must be >= 1, got {value} (leave it out to train on every {what})")
 
 
 def _check_learn_output(out: Path, model: str) -> None:
@@ -156,7 +167,7 @@ def _learn_tasks(enc, saved, langs: list[str], data: Path, train_lines: Optional
     if is_multi30k(data):
         return multi30k_tasks(data, todo, train_lines)
     d = load_eval_data(data, "train", langs=["en", *todo])
-    if train_images:
+    if train_images is not None:
         d = d.subset_images(np.arange(min(train_images, len(d))))
     return world_tasks(d, enc.encode_images(d.image_paths()), todo)
 

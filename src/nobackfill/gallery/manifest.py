@@ -17,7 +17,7 @@ import orjson
 from ..ann.key_index import KeyIndex
 
 from .atomic_files import _sha256, atomic_write_bytes, read_tagged_json
-from ..ann.backends import validate_spec
+from ..ann.backends import parse_spec
 from .types import CorruptGalleryError, NotAGalleryError
 
 __all__ = ["CHUNK_DIR", "FORMAT_NAME", "FORMAT_VERSION", "MANIFEST", "MODALITIES"]
@@ -51,7 +51,7 @@ def _read_manifest(root: Path) -> dict[str, Any]:
                 raise ValueError(f"field {key!r} missing or not {typ.__name__}")
         if m["dim"] <= 0:
             raise ValueError(f"dim must be positive, got {m['dim']}")
-        validate_spec(m["backend"])
+        parse_spec(m["backend"])  # (its form: a search parameter out of range is refused when the index opens)
         mods = m.get("modalities")
         if not isinstance(mods, dict) or set(mods) != set(MODALITIES):
             raise ValueError(f"'modalities' must have exactly the keys {MODALITIES}")

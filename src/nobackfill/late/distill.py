@@ -128,6 +128,9 @@ class TargetCMLIDistillation(ContrastivePretraining):
         super().__init__(student, save_dtype=save_dtype)
         self.teacher = teacher
         self.config = cfg = config or KDConfig()
+        if not hasattr(getattr(getattr(teacher, "model", None), "config", None), "vision_config"):
+            raise ValueError(f"teacher {getattr(teacher, 'name', '')!r} has no image tower (or is no CLIP model of "
+                             "this project): Target-CMLI distils its image patches")
         teacher.model.eval().requires_grad_(False)
         s_grid = student.model.config.vision_config
         t_grid = teacher.model.config.vision_config

@@ -97,6 +97,11 @@ class DataConfig:
     step_backbones: str = ""
 
     def __post_init__(self) -> None:
+        for name in ("n_render_train", "n_render_eval"):  # (trial AL: 0 ended in numpy's "need at least one array")
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} (rendered items) must be >= 1, got {getattr(self, name)}")
+        if self.world_seed < 0 or self.class_seed < 0:
+            raise ValueError(f"world_seed and class_seed must be >= 0, got {self.world_seed} and {self.class_seed}")
         if not 2 <= self.n_train_classes < N_WORLD_CLASSES:
             raise ValueError(f"n_train_classes must be in [2, {N_WORLD_CLASSES - 1}], got {self.n_train_classes}")
         if self.eval_classes not in ("all", "unseen"):
@@ -216,6 +221,10 @@ def _render(seed: int, split: str, n: int, progress: bool) -> tuple[np.ndarray, 
             if len(scene.objects) == 1:
                 pixels.append(px)
                 labels.append(scene.labels()["class_id"])
+    if not pixels:
+        field = "n_render_train" if split == "train" else "n_render_eval"
+        raise ValueError(f"too few rendered items: none of the {n} {split} items rendered holds one object (about 1 "
+                         f"in 3 does): raise {field}")
     return np.stack(pixels), np.asarray(labels, np.int64)
 
 

@@ -82,6 +82,16 @@ class SequenceConfig:
     def __post_init__(self) -> None:
         if self.steps < 2:  # compatibility is between models: one has nothing to be compatible with (AC was nan)
             raise ValueError(f"steps (T, the models of the sequence) must be >= 2, got {self.steps}")
+        if self.train_steps < 1:  # (trial AL: 0 was refused as the loop's "--steps must be positive")
+            raise ValueError(f"train_steps (optimiser steps per model) must be >= 1, got {self.train_steps}")
+        if not self.epochs >= 0:
+            raise ValueError(f"epochs must be >= 0 (0: train_steps per model), got {self.epochs}")
+        if not 0 <= self.first_fraction < 1:  # (before the data is read, not after)
+            raise ValueError(f"first_fraction must be in [0, 1) (0: {self.steps} equal tasks), "
+                             f"got {self.first_fraction}")
+        for name, low in (("batch_size", 1), ("memory_per_class", 0), ("threads", 0)):  # (threads 0: torch's default)
+            if getattr(self, name) < low:
+                raise ValueError(f"{name} must be >= {low}, got {getattr(self, name)}")
         if self.metric not in METRICS:
             raise ValueError(f"metric must be one of {sorted(METRICS)}, got {self.metric!r}")
 
