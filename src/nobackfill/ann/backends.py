@@ -73,8 +73,8 @@ def parse_spec(spec: str) -> tuple[str, dict[str, Any]]:
     if kind not in _BACKENDS:
         names = ", ".join(k for k in known_backends() if k != "faiss")
         raise ValueError(f"unknown index backend {kind!r} in {spec!r}; known: {names}, or a faiss index factory "
-                         "string such as Flat, HNSW32, IVF1024,PQ16 (search parameters after ':', e.g. "
-                         "HNSW32:efSearch=128)")
+                         "string such as Flat, HNSW32, IVF1024,PQ16 (in faiss' capitals; search parameters after "
+                         "':', e.g. HNSW32:efSearch=128)")
     return kind, _parse_options(rest, _BACKENDS[kind].options, kind, spec)
 
 
@@ -86,10 +86,13 @@ def _parse_options(rest: str, allowed: dict[str, type], kind: str, spec: str) ->
         if not eq or name not in allowed:
             known = ", ".join(allowed) or "none"
             raise ValueError(f"bad option {item!r} for backend {kind!r} in {spec!r}; options: {known}")
+        if name in opts:  # (trial AM: the last one won, silently)
+            raise ValueError(f"option {name!r} is given twice in {spec!r}")
         try:
             opts[name] = allowed[name](value.strip())
         except ValueError:
-            raise ValueError(f"option {name!r} of {spec!r} must be {allowed[name].__name__}") from None
+            extra = " (options are separated by ',', after one ':')" if ":" in value else ""
+            raise ValueError(f"option {name!r} of {spec!r} must be {allowed[name].__name__}{extra}") from None
     return opts
 
 

@@ -240,12 +240,12 @@ class FactoryIndex(_FaissIndex):
 
     @classmethod
     def check_params(cls, factory: str, params: dict[str, Any]) -> None:
-        """Refuse (``ValueError``) an integer search parameter below 1 (``nprobe=0``, ``efSearch=-1``):
-        faiss takes it and fails at every search (trial AL)."""
+        """Refuse (``ValueError``) an integer search parameter below 1 (``nprobe=0``, ``efSearch=-1``) or
+        past faiss' int (2**31 - 1): faiss takes it and fails at every search (trials AL, AM)."""
         for name, value in params.items():
-            if cls.options.get(name) is int and int(value) < 1:
+            if cls.options.get(name) is int and not 1 <= int(value) <= 2**31 - 1:
                 spec = factory + ":" + ",".join(f"{k}={v}" for k, v in params.items())
-                raise ValueError(f"faiss search option {name} must be >= 1, got {value} in {spec!r}")
+                raise ValueError(f"faiss search option {name} must be in [1, 2147483647], got {value} in {spec!r}")
 
     def _new_index(self, dim: int) -> Any:
         import faiss
@@ -260,7 +260,11 @@ class FactoryIndex(_FaissIndex):
 
         if self.waiting is None:
             for name, value in self.params.items():
-                faiss.ParameterSpace().set_index_parameter(self._index, name, value)
+                try:
+                    faiss.ParameterSpace().set_index_parameter(self._index, name, value)
+                except RuntimeError:  # (trial AM: a traceback for HNSW32:nprobe=4)
+                    raise ValueError(f"faiss search option {name} does not apply to the index {self.factory!r} "
+                                     "(efSearch: HNSW indexes; nprobe: IVF indexes)") from None
 
     @classmethod
     def from_bytes(cls, data: bytes, dim: int, **options: Any) -> "FactoryIndex":
