@@ -45,8 +45,7 @@ def test_sequential_backfill_moves_every_item_and_search_answers_natively(tmp_pa
     assert {h.route for h in hits} == {"native"} and len(hits) == 12
     from nobackfill.lifecycle.verify import check_models  # (trial AL: "no item with a readable source")
 
-    assert check_models(c, pool=pool)[old.space_id]["message"] == f"not checked: space {old.space_id} serves no item " \
-                                                                  "(it holds no item now)"
+    assert check_models(c, pool=pool)[old.space_id]["message"] == f"not checked: space {old.space_id} holds no item now"
     retire_space(c, old.space_id)
     assert not (c.path / c.space(old.space_id).dir).exists()
     assert Searcher(c, pool=pool).search(text="caption 1 of image 2 seed 0", k=1, target="text").hits[0].route == "native"
@@ -271,6 +270,18 @@ def test_a_killed_holders_lease_is_taken_over_at_once(tmp_path):
     start_backfill(c, new, order="sequential", shards=1)  # nothing left to do, but the lease is checked first
     _write(c, "leases/shard-0.json", live)
     assert backfill_status(Collection.open(c.path))["workers"] == 1
+
+
+def test_a_backfill_with_nothing_to_do_keeps_the_job_as_it_ran(tmp_path):
+    """Trial AM: `collection backfill --order sequential` on a collection backfilled in random order
+    said "nothing to backfill" and rewrote the job: status then named an order that never ran."""
+    c, old, new, pool, _ = _upgraded(tmp_path)
+    run_backfill(c, new, order="random", batch_size=6)
+    before = backfill_status(c)
+    assert before["state"] == "done" and before["order"] == "random"
+    for order in ("sequential", "uncertainty"):
+        out = run_backfill(c, new, order=order, batch_size=6)
+        assert out["committed"] == 0 and backfill_status(c) == before
 
 
 def test_a_copy_taken_during_a_backfill_has_no_worker_and_its_shards_are_free(tmp_path):

@@ -683,6 +683,12 @@ def test_following_a_servers_backfill_counts_what_its_worker_committed():
     # a server without the counts: the growth of done, as before
     rep = _follow(Server([{"state": "done", "done": 50, "worker": "idle"}]), {"done": 10}, None, 0.0)
     assert (rep["committed"], rep["sample_committed"]) == (40, 0)
+    # the progress told is the worker's commits, not done (trial AM: 947/900 with items added meanwhile)
+    told = []
+    mid = {"state": "running", "done": 700, "worker": "running", "worker_run": {"run": 4, "committed": 500,
+                                                                                 "sample_committed": 64}}
+    _follow(Server([mid, end(4, 900, 64)]), {"done": 0, "worker": "idle"}, told.append, 0.0)
+    assert told == [500, 400]
 
 
 def test_a_backfill_run_reports_what_it_committed_alike_in_process_and_over_http(client):

@@ -331,7 +331,7 @@ def _follow(client: RemoteClient, before: dict[str, Any], progress: Callable[[in
     """The server's backfill followed until its worker stops: the report a run in process gives
     (``committed``, ``seconds``, ``stopped``); ServerError if the worker failed. ``log`` hears what
     the bridge fits of the server's worker say, as a run in process does (trial AF: nothing)."""
-    t0, seen = time.monotonic(), before["done"]
+    t0, seen = time.monotonic(), 0  # committed by the worker so far (trial AM: done, 947/900, counted adds)
     told = {key for key, _ in _fit_lines(client)} if log is not None else set()
     while True:
         st = client.backfill_status()
@@ -340,9 +340,10 @@ def _follow(client: RemoteClient, before: dict[str, Any], progress: Callable[[in
                 if key not in told:
                     told.add(key)
                     log(line)
-        if progress is not None and st["done"] > seen:
-            progress(st["done"] - seen)
-        seen = max(seen, st["done"])
+        now = _committed(before, st)["committed"]
+        if progress is not None and now > seen:
+            progress(now - seen)
+        seen = max(seen, now)
         if st.get("error"):
             raise ServerError(500, f"the server's backfill worker stopped: {st['error']}", "backfill")
         if st["state"] in ("paused", "none") or st.get("worker") == "idle":

@@ -7,22 +7,21 @@ accuracy rises from the upgraded system's to the new model's without a window of
 Here that is the collection's ordinary search: an item committed to the current space is served by
 it (native route) and never by its old space again; its old vector stays until ``retire``.
 
-FastFill (Jaeckle et al., ICLR 2023, arXiv 2303.04766): backfill in order of predicted
-uncertainty instead of at random. Order ``uncertainty`` takes a random sample (5 %, at least 64
-items), measures how badly each sampled item is served *now*, through the collection's own routes,
-using the pairs the collection holds (a caption's ``image_id``): an image's captions should find
-it first, an image should find one of its captions first. The workers then backfill the sample
-first, like any other items (the job's ``sample`` phase: it counts against a worker's ``limit`` and
-may take several runs); once it is all committed, the worker that notices fits the head and writes
-the order of the rest (phase ``order``). A small
-head ``h(v_old)`` (ridge regression on the old embedding, one per old space and modality) learns
-that failure, and the remaining items go worst-predicted first. Where the sample has no such
-pairs (uncaptioned images, text-only collections) the head learns FastFill's own target instead,
-the transformation error ``1 - cos(psi(v_old), v_new)`` of a linear map ``psi`` from the old space
-to the new one, cross-fitted on the sample. Two structural rules complete the order: modalities are
-interleaved in proportion (text->image search gains only from backfilled images, image->text only
-from captions), and captions go one per image first (an image query is answered once any of its
-captions is found).
+FastFill (Jaeckle et al., ICLR 2023, arXiv 2303.04766): backfill in order of predicted uncertainty
+instead of at random. Order ``uncertainty`` takes a random sample (5 %, at least 64 items), measures
+how badly each sampled item is served *now*, through the collection's own routes, using the pairs
+the collection holds (a caption's ``image_id``): an image's captions should find it first, an image
+should find one of its captions first. The workers then backfill the sample first, like any other
+items (the job's ``sample`` phase: it counts against a worker's ``limit`` and may take several
+runs); once it is all committed, the worker that notices fits the head and writes the order of the
+rest (phase ``order``). A small head ``h(v_old)`` (ridge regression on the old embedding, one per
+old space and modality) learns that failure, and the remaining items go worst-predicted first. Where
+the sample has no such pairs (uncaptioned images, text-only collections) the head learns FastFill's
+own target instead, the transformation error ``1 - cos(psi(v_old), v_new)`` of a linear map ``psi``
+from the old space to the new one, cross-fitted on the sample. Two structural rules complete the
+order: modalities are interleaved in proportion (text->image search gains only from backfilled
+images, image->text only from captions), and captions go one per image first (an image query is
+answered once any of its captions is found).
 
 The job lives in ``<collection>/backfill/``: ``job.json`` (target space, order, shards, state, phase),
 ``order.json`` (item ids in backfill order), ``sample.json`` (the uncertainty sample and its
@@ -56,9 +55,8 @@ from .backfill_commit import (Session, WorkerReport, _all_shards_done, _finalize
 from .backfill_jobs import (DEFAULT_LEASE_S, JOB_DIR, JOB_FILE, LEASE_DIR, ORDER_FILE, SAMPLE_FILE,  # noqa: F401
                             UNREADABLE_FILE, WORKERS_FILE, BackfillBusy, BackfillError, BackfillJob, _holder,
                             Pacer, lease_gone, _iso, _job_lock, _last_worker, _leases, _now, _order_ids, _parse_owner,
-                            _read, _release, _renew,
-                            _stopped_workers, _take_shard, _write, backfill_running, describe_holders,
-                            record_unreadable, unreadable_items, unreadable_note)
+                            _read, _release, _renew, _stopped_workers, _take_shard, _write, backfill_running,
+                            describe_holders, record_unreadable, unreadable_items, unreadable_note)
 from .backfill_fit import first_maps_gap, maybe_fit, running_fit, sample_first  # noqa: F401
 from .cluster.processes import follow_workers, join_workers, named_log, run_report, start_workers, stopped_with
 from ..collection.ingest import encode_readable
@@ -98,6 +96,8 @@ def start_backfill(collection: Collection, encoder: Any, *, order: str = "uncert
                 job.save(collection)
             return job
         pending = _pending(collection, target)
+        if job is not None and job.target == target and not pending:  # done, and still: kept as it ran (trial AM)
+            return job
         ids: list[str]
         n_sample, phase = 0, "order"
         if order == "sequential":
@@ -119,9 +119,9 @@ def start_backfill(collection: Collection, encoder: Any, *, order: str = "uncert
             if n_sample:
                 say(f"uncertainty order: measuring how {n_sample} sampled items are served now{of_fit}; they are "
                     "backfilled first (they count against --limit), then the order of the rest is fitted")
-            from ..search.models import ModelPool
-
             if pool is None:
+                from ..search.models import ModelPool
+
                 pool = ModelPool()
                 pool.put(collection.space(target).model, encoder)
             labels = _route_failure(collection, pool, sample, collection.items())
@@ -472,12 +472,13 @@ def _retire(collection: Collection, space_id: str, drop_unsourced: bool) -> Plan
     entry = collection.space(space_id)
     _refuse_losing_a_modality(collection, space_id)
     left = _pending(collection, collection.current_space)
-    if left:
-        unread, why = unreadable_note(collection, [it.id for it in left])
-        raise BackfillError(f"cannot retire space {space_id} of {collection.path}: {len(left)} item(s) have no vector "
-                            "in the current space yet" + ("" if unread == len(left) else
-                                                          " (run `nobackfill collection backfill`)") + why)
     orphans = collection.unsourced_ids(space_id)
+    if left:  # (with the items without a source too: trial AM met them only after deleting these)
+        unread, why = unreadable_note(collection, [it.id for it in left])
+        why += f"; {len(orphans)} more have no source (--drop-unsourced deletes them with it)" if orphans else ""
+        run = "" if unread == len(left) else " (run `nobackfill collection backfill`)"
+        raise BackfillError(f"cannot retire space {space_id} of {collection.path}: {len(left)} item(s) have no vector "
+                            f"in the current space yet{run}{why}")
     if orphans and not drop_unsourced:
         raise BackfillError(f"cannot retire space {space_id} of {collection.path}: {len(orphans)} item(s) it serves "
                             "have no source to embed them again from (imported without one), so retiring it would "

@@ -95,9 +95,8 @@ def check_models(collection: Any, samples: int = 64, seed: int = 0, pool: Any = 
         space = collection.space(sid)
         picked = collection_samples(collection, sid, samples, seed)
         if not picked:  # (trial AL: an emptied space was said to lack readable sources)
-            what = "with a readable source" if sum(served.get(sid, {}).values()) else "(it holds no item now)"
-            out[sid] = {"model": space.model, "n": 0, "accepted": True,
-                        "message": f"not checked: space {sid} serves no item {what}"}
+            what = "serves no item with a readable source" if sum(served.get(sid, {}).values()) else "holds no item now"
+            out[sid] = {"model": space.model, "n": 0, "accepted": True, "message": f"not checked: space {sid} {what}"}
             continue
         enc = pool.get(space.model, sid, what=f"model of space {space.label}")
         # vectors imported from a lossy index are checked with the threshold their import's check measured
