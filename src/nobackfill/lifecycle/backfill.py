@@ -264,7 +264,7 @@ def run_worker(collection: Collection, encoder: Any, *, batch_size: int = 64, ra
     with Session(collection, rep) as s, contextlib.ExitStack() as read_time:
         while True:
             read_time.close()
-            claimed = next_shard(collection, owner, lease_s, rep, limit, poll_s)
+            claimed = next_shard(collection, owner, lease_s, rep, limit, poll_s, log)
             if claimed is None:
                 return rep
             job, s.shard = claimed

@@ -202,12 +202,17 @@ def claim_shard(collection: Collection, owner: str, lease_s: float, rep: WorkerR
 
 
 def next_shard(collection: Collection, owner: str, lease_s: float, rep: WorkerReport, limit: int | None,
-               poll_s: float = 0.2) -> tuple[BackfillJob, int] | None:
-    """:func:`claim_shard`, unless ``limit`` items were embedded already (then ``rep.stopped`` says so)."""
+               poll_s: float = 0.2, log: Callable[[str], None] | None = None) -> tuple[BackfillJob, int] | None:
+    """:func:`claim_shard`, unless ``limit`` items were embedded already (then ``rep.stopped`` says so).
+    A job found done runs the bridges' last fit if one is owed (``log`` hears of it): a fit cut short by
+    a SIGTERM runs at the next start, which keeps the done job as it ran (trial AM)."""
     if limit is not None and rep.embedded >= limit:
         rep.stopped = "limit"
         return None
-    return claim_shard(collection, owner, lease_s, rep, poll_s)
+    claimed = claim_shard(collection, owner, lease_s, rep, poll_s)
+    if claimed is None and rep.stopped == "done":
+        maybe_fit(collection, final=None, log=log)
+    return claimed
 
 
 def shard_ids(collection: Collection, job: BackfillJob, shard: int) -> tuple[list[str], set[str]]:

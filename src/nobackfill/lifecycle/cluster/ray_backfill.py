@@ -396,7 +396,7 @@ def run_ray_worker(collection: Collection, load: Callable[[], Any], *, uri: str 
     try:
         with Session(collection, rep) as s:
             while True:
-                claimed = next_shard(collection, owner, lease_s, rep, limit)
+                claimed = next_shard(collection, owner, lease_s, rep, limit, log=log)
                 if claimed is None:
                     return rep
                 job, s.shard = claimed
