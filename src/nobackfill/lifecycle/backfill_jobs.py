@@ -195,8 +195,7 @@ def _last_worker(collection: Collection, dead: Sequence[dict[str, Any]] = ()) ->
         idle = last is not None and str(last.get("stopped", "")).startswith("no free shard")  # says nothing of the work
         if (t > (last or {}).get("t", 0.0) or idle) and lease.get("owner") not in obj:
             host, pid = _parse_owner(str(lease.get("owner", "")))
-            copied = lease.get("place") is not None and host == socket.gethostname() and \
-                lease["place"] != place_of(collection)
+            copied = _taken_elsewhere(collection, lease)
             last = {"owner": lease.get("owner"), "host": host, "pid": pid, "at": _iso(t), "t": t,
                     "stopped": "its lease came with a copy of the collection taken while it worked on the original "
                                "(no worker ran on this copy)" if copied else
@@ -233,18 +232,22 @@ def place_of(collection: Collection) -> str | None:
     return f"{st.st_dev}:{st.st_ino}"
 
 
-def _holder_gone(owner: str, place: str | None = None, here: str | None = None) -> bool:
-    """``owner`` (``host:pid:tag``) names a process of this host that has exited or that, its lease
-    or fit written at ``place``, works on another copy of the collection than the one at ``here``."""
+def _holder_gone(owner: str) -> bool:
+    """``owner`` (``host:pid:tag``) names a process of this host that has exited."""
     host, pid = _parse_owner(owner)
-    if host != socket.gethostname():
+    return host == socket.gethostname() and pid is not None and not pid_alive(pid)
+
+
+def _taken_elsewhere(collection: Collection, lease: dict[str, Any]) -> bool:
+    """``lease`` (or fit) was taken by a process of this host in another copy of ``collection``."""
+    if lease.get("place") is None or _parse_owner(str(lease.get("owner", "")))[0] != socket.gethostname():
         return False
-    return (pid is not None and not pid_alive(pid)) or (place is not None and here is not None and place != here)
+    return lease["place"] != place_of(collection)
 
 
 def lease_gone(collection: Collection, lease: dict[str, Any]) -> bool:
     """The holder of ``lease`` (or fit) of ``collection`` has exited or works on another copy of it."""
-    return _holder_gone(str(lease.get("owner", "")), lease.get("place"), place_of(collection))
+    return _holder_gone(str(lease.get("owner", ""))) or _taken_elsewhere(collection, lease)
 
 
 def _take_shard(collection: Collection, job: BackfillJob, owner: str,
